@@ -1,0 +1,1 @@
+"""Adapters for the ports: embedded (in-process, local files, memory) and Google Cloud."""

@@ -1,0 +1,113 @@
+"""The embedded default: an in-process bus, a local directory and an in-memory state store.
+
+No network, no emulator: `xdiag analyze` runs the pipeline's stages over these.
+"""
+
+from __future__ import annotations
+
+import copy
+import shutil
+import threading
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+from xdiag.model import Message
+
+
+class InProcessBus:
+    """Delivers messages to registered handlers, in publish order, on `drain()`."""
+
+    def __init__(self) -> None:
+        self._handlers: dict[str, Callable[[Message], None]] = {}
+        self._queue: deque[tuple[str, Message]] = deque()
+        self.delivered: list[tuple[str, Message]] = []
+
+    def subscribe(self, topic: str, handler: Callable[[Message], None]) -> None:
+        self._handlers[topic] = handler
+
+    def publish(self, topic: str, message: Message) -> None:
+        # A JSON round trip, as on the wire: a handler never shares an object with its publisher.
+        self._queue.append((topic, type(message).model_validate_json(message.model_dump_json())))
+
+    def drain(self) -> int:
+        """Runs handlers until no message is left; returns how many were delivered."""
+        count = 0
+        while self._queue:
+            topic, message = self._queue.popleft()
+            handler = self._handlers.get(topic)
+            if handler is None:
+                raise LookupError(f"no handler subscribed to topic {topic!r}")
+            handler(message)
+            self.delivered.append((topic, message))
+            count += 1
+        return count
+
+
+def _path_of(uri: str) -> Path:
+    parsed = urlparse(uri)
+    if parsed.scheme in ("", "file"):
+        return Path(unquote(parsed.path) if parsed.scheme else uri)
+    raise ValueError(f"the local blob store cannot hold {uri!r}; use a file path or file:// URI")
+
+
+class LocalBlobStore:
+    """Objects are files; URIs are paths or file:// URIs."""
+
+    def put(self, uri: str, data: bytes, content_type: str = "application/octet-stream") -> str:
+        path = _path_of(uri)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_bytes(data)
+        tmp.replace(path)  # readers never see a half-written file
+        return uri
+
+    def get(self, uri: str) -> bytes:
+        return _path_of(uri).read_bytes()
+
+    def exists(self, uri: str) -> bool:
+        return _path_of(uri).exists()
+
+    def local_path(self, uri: str) -> Path:
+        return _path_of(uri)
+
+    def copy_in(self, source: Path, uri: str) -> str:
+        path = _path_of(uri)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, path)
+        return uri
+
+
+class MemoryStateStore:
+    """Documents in a dict, guarded by a lock; `create` is the atomic create-if-absent."""
+
+    def __init__(self) -> None:
+        self._docs: dict[str, dict[str, dict[str, Any]]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, collection: str, key: str) -> dict[str, Any] | None:
+        with self._lock:
+            doc = self._docs.get(collection, {}).get(key)
+            return copy.deepcopy(doc) if doc is not None else None
+
+    def set(self, collection: str, key: str, value: dict[str, Any]) -> None:
+        with self._lock:
+            self._docs.setdefault(collection, {})[key] = copy.deepcopy(value)
+
+    def update(self, collection: str, key: str, fields: dict[str, Any]) -> None:
+        with self._lock:
+            self._docs.setdefault(collection, {}).setdefault(key, {}).update(copy.deepcopy(fields))
+
+    def create(self, collection: str, key: str, value: dict[str, Any]) -> bool:
+        with self._lock:
+            docs = self._docs.setdefault(collection, {})
+            if key in docs:
+                return False
+            docs[key] = copy.deepcopy(value)
+            return True
+
+    def list(self, collection: str) -> list[tuple[str, dict[str, Any]]]:
+        with self._lock:
+            return [(k, copy.deepcopy(v)) for k, v in sorted(self._docs.get(collection, {}).items())]

@@ -1,0 +1,74 @@
+"""The pipeline on one machine: the stages wired to the embedded adapters.
+
+`xdiag analyze` calls `analyze_session`; tests call it too. Nothing here talks to a network.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from xdiag.adapters.embedded import InProcessBus, LocalBlobStore, MemoryStateStore
+from xdiag.locate import LocatedSession
+from xdiag.model import Analysis, CaptureReady
+from xdiag.profile.reader import DEFAULT_MAX_PROFILE_BYTES
+from xdiag.stages import ANALYSES, HANDLERS, TOPIC_CAPTURES, Dependencies, SessionLoader
+
+
+def analysis_id_for(files: list[Path]) -> str:
+    """Stable per session contents' identity (paths, sizes, mtimes): re-analysing the same files gives the same id."""
+    digest = hashlib.sha256()
+    for f in sorted(files):
+        stat = f.stat()
+        digest.update(f"{f.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    return digest.hexdigest()[:16]
+
+
+def build_embedded(
+    max_bytes: int = DEFAULT_MAX_PROFILE_BYTES,
+    on_event: Callable[[str, dict[str, Any]], None] | None = None,
+    read_progress=None,
+    investigators: dict[str, Callable] | None = None,
+) -> tuple[Dependencies, InProcessBus]:
+    bus = InProcessBus()
+    blobs = LocalBlobStore()
+    deps = Dependencies(
+        bus=bus,
+        blobs=blobs,
+        state=MemoryStateStore(),
+        sessions=SessionLoader(blobs, max_bytes=max_bytes, progress=read_progress),
+    )
+    if investigators:
+        deps.investigators.update(investigators)
+    if on_event:
+        deps.on_event = on_event
+    for topic, (message_type, handler) in HANDLERS.items():
+        bus.subscribe(topic, lambda message, handler=handler: handler(message, deps))
+    return deps, bus
+
+
+def analyze_session(
+    located: LocatedSession,
+    out_dir: Path,
+    investigator: str = "rules",
+    deps_and_bus: tuple[Dependencies, InProcessBus] | None = None,
+) -> Analysis:
+    """Runs every stage over one session; returns the stored analysis (status DONE or FAILED)."""
+    deps, bus = deps_and_bus or build_embedded()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    analysis_id = analysis_id_for(located.files)
+    bus.publish(
+        TOPIC_CAPTURES,
+        CaptureReady(
+            analysis_id=analysis_id,
+            run_id=located.run,
+            session_id=located.name,
+            profile_uris=[str(f.resolve()) for f in located.files],
+            output_uri=str(out_dir.resolve()),
+            investigator=investigator,
+        ),
+    )
+    bus.drain()
+    return Analysis.model_validate(deps.state.get(ANALYSES, analysis_id))

@@ -1,0 +1,17 @@
+"""Errors the stages record and the CLI reports as a one-line reason."""
+
+
+class XdiagError(Exception):
+    """Base of xdiag's own errors: the message is meant for the user, as is."""
+
+
+class ProfileError(XdiagError):
+    """The input is not a readable profile session (missing, empty, corrupt, too large)."""
+
+
+class NotAvailable(XdiagError):
+    """A tool's data does not exist on this platform or in this profile; the message says why."""
+
+
+class UnknownTool(XdiagError):
+    """A tool name that is not in the registry."""

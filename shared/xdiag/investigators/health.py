@@ -1,0 +1,127 @@
+"""The health snapshot: the broad tools' numbers gathered into one record, and the OPTIMAL test.
+
+Every value here is copied from a tool summary (the `sources` map says which), so a
+finding that quotes the snapshot quotes a tool.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from xdiag.model import ToolResult
+
+LOW_INTENSITY_FLOPS_PER_BYTE = 1.0
+"""Ops doing under one FLOP per byte moved are memory-bound on any current CPU, GPU or TPU."""
+
+HEALTHY = {
+    "compute_percent_min": 80.0,
+    "collective_percent_max": 10.0,
+    "compile_percent_max": 2.0,
+    "host_sync_percent_max": 5.0,
+    "compiler_issue_percent_max": 10.0,
+    "low_intensity_percent_max": 50.0,
+}
+"""The OPTIMAL short-cut: all of these hold, and memory risk is not HIGH."""
+
+
+def _summary(results: dict[str, ToolResult], tool: str) -> dict[str, Any]:
+    result = results.get(tool)
+    return result.summary if result is not None and result.ok else {}
+
+
+def low_intensity_share(results: dict[str, ToolResult]) -> tuple[float | None, list[dict]]:
+    """Share of op time (percent) in ops under LOW_INTENSITY_FLOPS_PER_BYTE, and those ops."""
+    profile = results.get("get_hlo_op_profile")
+    if profile is None or not profile.ok:
+        return None, []
+    ops = profile.detail.get("ops", [])
+    costed = [o for o in ops if o.get("arithmetic_intensity_flops_per_byte") is not None]
+    if not costed:
+        return None, []
+    # Pure data movement (0 FLOPs: copies, transposes, converts) is the detect_* tools' subject; memory-bound
+    # here means ops that do arithmetic, but too little per byte they move.
+    low = [
+        o for o in costed
+        if 0 < o["arithmetic_intensity_flops_per_byte"] < LOW_INTENSITY_FLOPS_PER_BYTE
+    ]
+    return round(sum(o["share_of_op_time_percent"] for o in low), 2), low
+
+
+def health_snapshot(results: dict[str, ToolResult]) -> dict[str, Any]:
+    step = _summary(results, "get_step_trace")
+    overview = _summary(results, "get_xprof_overview")
+    kpi = _summary(results, "get_kpi_metrics")
+    memory = _summary(results, "get_memory_profile")
+    util = _summary(results, "get_utilization_viewer")
+    roofline = _summary(results, "get_roofline_model")
+    ops = _summary(results, "get_hlo_op_profile")
+    low_share, _ = low_intensity_share(results)
+    snapshot: dict[str, Any] = {
+        "platform": overview.get("platform"),
+        "steps": step.get("steps"),
+        "step_source": step.get("step_source"),
+        "step_time_ms": step.get("step_time_ms_mean"),
+        "step_time_cv_percent": step.get("step_time_cv_percent"),
+        "breakdown_percent": {
+            k.removesuffix("_percent"): step.get(k)
+            for k in ("compute_percent", "collective_percent", "compile_percent", "host_sync_percent",
+                      "dispatch_percent", "host_other_percent")
+            if step.get(k) is not None
+        },
+        "device_idle_percent": step.get("device_idle_percent"),
+        "utilization_percent": util.get("busy_percent_mean"),
+        "achieved_gflops_per_s": kpi.get("achieved_gflops_per_s_during_ops"),
+        "roofline_efficiency_percent": roofline.get("flop_rate_utilization_percent"),
+        "peak_memory_gib": memory.get("peak_memory_gib"),
+        "memory_capacity_gib": memory.get("capacity_gib"),
+        "memory_headroom_percent": memory.get("headroom_percent"),
+        "oom_risk": memory.get("oom_risk"),
+        "top_op": ops.get("top_op"),
+        "top_op_share_percent": ops.get("top_op_share_percent"),
+        "top_category": ops.get("top_category"),
+        "low_intensity_op_percent": low_share,
+        "compiler": {
+            "layout_copies_percent": _summary(results, "detect_layout_mismatch_copies").get("share_of_op_time_percent"),
+            "unfused_data_movement_percent": _summary(results, "detect_unfused_reshapes").get("share_of_op_time_percent"),
+            "widening_converts_percent": _summary(results, "detect_unnecessary_convert_reduce").get("share_of_op_time_percent"),
+        },
+        "per_step": {
+            k: step.get(k)
+            for k in ("ops_per_step_mean", "dispatches_per_step_mean", "compiles_per_step_mean", "steps_with_compiles",
+                      "syncs_per_step_mean", "callbacks_per_step_mean")
+        },
+        "sources": {
+            "steps, breakdown, per_step": "get_step_trace",
+            "utilization_percent": "get_utilization_viewer",
+            "memory": "get_memory_profile",
+            "roofline_efficiency_percent": "get_roofline_model",
+            "top_op, low_intensity_op_percent": "get_hlo_op_profile",
+            "compiler": "detect_layout_mismatch_copies, detect_unfused_reshapes, detect_unnecessary_convert_reduce",
+        },
+    }
+    snapshot["unhealthy_because"] = _unhealthy_reasons(snapshot)
+    snapshot["healthy"] = not snapshot["unhealthy_because"]
+    return snapshot
+
+
+def _unhealthy_reasons(s: dict[str, Any]) -> list[str]:
+    reasons = []
+    b = s["breakdown_percent"]
+    if not s.get("steps") or b.get("compute") is None:
+        return ["no step or op timing could be measured"]
+    if b["compute"] < HEALTHY["compute_percent_min"]:
+        reasons.append(f"devices compute {b['compute']}% of step time (< {HEALTHY['compute_percent_min']}%)")
+    if (b.get("collective") or 0) > HEALTHY["collective_percent_max"]:
+        reasons.append(f"collectives take {b['collective']}% of step time")
+    if (b.get("compile") or 0) > HEALTHY["compile_percent_max"]:
+        reasons.append(f"compilation takes {b['compile']}% of step time")
+    if (b.get("host_sync") or 0) > HEALTHY["host_sync_percent_max"]:
+        reasons.append(f"host syncs take {b['host_sync']}% of step time")
+    if s.get("oom_risk") == "HIGH":
+        reasons.append("out-of-memory risk is HIGH")
+    for key, value in s["compiler"].items():
+        if (value or 0) > HEALTHY["compiler_issue_percent_max"]:
+            reasons.append(f"{key.removesuffix('_percent').replace('_', ' ')} take {value}% of op time")
+    if (s.get("low_intensity_op_percent") or 0) > HEALTHY["low_intensity_percent_max"]:
+        reasons.append(f"{s['low_intensity_op_percent']}% of op time is in memory-bound ops")
+    return reasons

@@ -1,0 +1,390 @@
+"""The rule engine: a deterministic investigator that needs no network.
+
+Each rule reads the health snapshot and the broad tools' outputs, and when its signal is
+present forms a hypothesis with a score (the share of step or op time at stake). The
+strongest hypotheses get the follow-up tool calls (at most four, counted by the caller),
+and each becomes a finding whose evidence quotes tool outputs by name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from xdiag.investigators.health import LOW_INTENSITY_FLOPS_PER_BYTE, low_intensity_share
+from xdiag.model import Diagnosis, Evidence, Finding, FollowUpCall, Status, ToolResult
+
+CallTool = Callable[[str, dict[str, Any], str], ToolResult | None]
+"""call_tool(name, args, hypothesis) -> result, or None once the follow-up budget is spent."""
+
+
+@dataclass
+class Hypothesis:
+    key: str
+    score: float  # percent of step time (or op time) at stake; orders hypotheses and sets priority
+    title: str
+    whats_happening: str
+    evidence: list[Evidence]
+    expected_impact: str
+    fix: str
+    follow_up: tuple[str, dict[str, Any]] | None = None
+    extra_evidence: Callable[[ToolResult], list[Evidence]] | None = field(default=None, repr=False)
+
+    @property
+    def priority(self) -> str:
+        return "P0" if self.score >= 40 else "P1" if self.score >= 15 else "P2"
+
+
+def _s(results: dict[str, ToolResult], tool: str) -> dict[str, Any]:
+    r = results.get(tool)
+    return r.summary if r is not None and r.ok else {}
+
+
+def _d(results: dict[str, ToolResult], tool: str) -> dict[str, Any]:
+    r = results.get(tool)
+    return r.detail if r is not None and r.ok else {}
+
+
+def _ev(tool: str, metric: str, value: Any, note: str = "") -> Evidence:
+    return Evidence(tool=tool, metric=metric, value=value, note=note)
+
+
+def _saving(step_ms: float | None, share: float) -> str:
+    if not step_ms:
+        return f"up to {share:.0f}% of step time"
+    after = step_ms * (1 - share / 100)
+    return f"up to {share:.0f}% shorter steps: {step_ms:.3g} ms → about {after:.3g} ms if this time were removed"
+
+
+def _events_evidence(result: ToolResult) -> list[Evidence]:
+    s = result.summary
+    out = [_ev("aggregate_xplane_events", f"events matching {s.get('pattern')!r}", s.get("matches"),
+               f"{s.get('total_ms')} ms in total, mean {s.get('mean_us')} µs")]
+    top = result.detail.get("top_names", [])[:3]
+    if top:
+        out.append(_ev("aggregate_xplane_events", "top matching events",
+                       ", ".join(f"{t['name']} ({t['total_ms']} ms)" for t in top)))
+    return out
+
+
+def _neighborhood_evidence(result: ToolResult) -> list[Evidence]:
+    s = result.summary
+    out = [_ev("get_hlo_neighborhood", f"{s.get('op')} in {s.get('module')}", s.get("shape"),
+               f"opcode {s.get('opcode')}; framework op {s.get('framework_op') or 'unknown'}")]
+    if s.get("producers"):
+        out.append(_ev("get_hlo_neighborhood", "fed by", ", ".join(s["producers"][:4])))
+    if s.get("consumers"):
+        out.append(_ev("get_hlo_neighborhood", "used by", ", ".join(s["consumers"][:4])))
+    if s.get("source"):
+        out.append(_ev("get_hlo_neighborhood", "source line", s["source"]))
+    return out
+
+
+def _hypotheses(health: dict[str, Any], results: dict[str, ToolResult]) -> list[Hypothesis]:
+    step = _s(results, "get_step_trace")
+    b = health.get("breakdown_percent", {})
+    step_ms = health.get("step_time_ms")
+    steps_n = step.get("steps") or 0
+    out: list[Hypothesis] = []
+    if not step:
+        return out
+    compute = b.get("compute", 0.0)
+    host_other = b.get("host_other", 0.0)
+    dispatch = b.get("dispatch", 0.0)
+    compute_ms = (step_ms or 0) * compute / 100
+    dispatches = step.get("dispatches_per_step_mean") or 0
+    ops_per_step = step.get("ops_per_step_mean") or 0
+    base = [
+        _ev("get_step_trace", "step_time_ms_mean", step_ms, f"over {steps_n} steps ({step.get('step_source')})"),
+        _ev("get_step_trace", "compute_percent", compute),
+    ]
+
+    # Too little work per step: the device finishes its work quickly and fixed per-step costs dominate.
+    small_work = compute < 50 and compute_ms < 1.0 and dispatches <= 3 and (step_ms or 0) < 10
+    if small_work:
+        out.append(Hypothesis(
+            "low_utilization", 100 - compute,
+            "Too little work per step: fixed per-step overhead dominates",
+            f"Each step keeps the device busy for only {compute_ms:.3g} ms of {step_ms:.3g} ms "
+            f"({compute}%); the rest is per-step overhead (dispatch {dispatch}%, host {host_other}%) that does "
+            "not shrink with the work, so the hardware mostly waits.",
+            base + [_ev("get_step_trace", "dispatches_per_step_mean", dispatches),
+                    _ev("get_step_trace", "ops_per_step_mean", ops_per_step),
+                    _ev("get_utilization_viewer", "busy_percent_mean", _s(results, "get_utilization_viewer").get("busy_percent_mean"))],
+            f"Throughput per step can grow ~{100 / max(compute, 1):.3g}× before the device becomes the limit "
+            f"(device busy {compute}% now).",
+            "Give each step more work: a larger batch per step, several micro-steps inside one jitted function "
+            "(jax.lax.scan or fori_loop over steps), or fewer, larger devices; keep the data on the device between steps.",
+        ))
+
+    # Op-by-op dispatch: many small jitted dispatches per step.
+    if dispatches >= 20 and dispatch >= 10:
+        score = dispatch
+        out.append(Hypothesis(
+            "dispatch_overhead", score,
+            "Op-by-op dispatch: the step runs as many small separately dispatched computations",
+            f"Each step dispatches {dispatches:.0f} separate computations from Python; each pays launch and "
+            f"Python overhead, and the device computes only {compute}% of the step.",
+            base + [_ev("get_step_trace", "dispatches_per_step_mean", dispatches),
+                    _ev("get_step_trace", "dispatch_percent", dispatch),
+                    _ev("get_step_trace", "ops_per_step_mean", ops_per_step)],
+            _saving(step_ms, min(100 - compute, 95)),
+            "Put the whole step under one jax.jit (or torch.compile) so it is one compiled program; avoid "
+            "eager jnp calls in the training loop; hoist Python-side loops into lax.scan/fori_loop.",
+            follow_up=("aggregate_xplane_events", {"pattern": r"^(PjitFunction|PmapFunction)\(", "line": "python"}),
+            extra_evidence=_events_evidence,
+        ))
+
+    # Recompilation: compile events inside the measured steps.
+    compiles = step.get("compiles_per_step_mean") or 0
+    compile_pct = b.get("compile", 0.0)
+    with_compiles = step.get("steps_with_compiles") or 0
+    if compile_pct >= 5 or (with_compiles >= 2 and compiles > 0):
+        recompiled = _s(results, "list_hlo_modules").get("recompiled_names") or {}
+        ev = base + [_ev("get_step_trace", "compile_percent", compile_pct),
+                     _ev("get_step_trace", "steps_with_compiles", with_compiles, f"of {steps_n} steps"),
+                     _ev("get_step_trace", "compiles_per_step_mean", compiles)]
+        if recompiled:
+            ev.append(_ev("list_hlo_modules", "recompiled_names", recompiled, "module name -> compiled versions"))
+        out.append(Hypothesis(
+            "recompilation", max(compile_pct, 15.0),
+            "Recompilation inside the training loop",
+            f"{with_compiles} of {steps_n} steps compile a program ({compile_pct}% of step time); a jitted "
+            "function is being retraced, typically because an input shape, dtype or a static argument changes.",
+            ev,
+            _saving(step_ms, compile_pct),
+            "Keep shapes static: pad or bucket variable-length batches to a few sizes, mark true constants with "
+            "static_argnums, avoid passing changing Python scalars; check with jax.log_compiles / "
+            "jax.explain_cache_misses which argument triggers it.",
+            follow_up=("aggregate_xplane_events", {"pattern": r"compile|lower_sharding_computation|lower_jaxpr"}),
+            extra_evidence=_events_evidence,
+        ))
+
+    # Blocking host <-> device syncs and host callbacks.
+    sync_pct = b.get("host_sync", 0.0)
+    syncs = step.get("syncs_per_step_mean") or 0
+    callbacks = step.get("callbacks_per_step_mean") or 0
+    callback_share = (_s(results, "get_hlo_op_profile").get("category_percent") or {}).get("host_callback", 0.0)
+    # One wait at the end of a step is the usual pattern; several per step, or callbacks, are the problem.
+    if (syncs >= 2 and sync_pct >= 5) or (sync_pct >= 10 and not small_work) or callbacks >= 1 or callback_share >= 5:
+        out.append(Hypothesis(
+            "host_sync", max(sync_pct, callback_share),
+            "Blocking host–device synchronisation inside the step",
+            f"The host waits on device results {syncs:g} times per step"
+            + (f" and calls back into Python {callbacks:g} times" if callbacks else "")
+            + f"; {sync_pct}% of step time is spent blocked, which also stops the host from queueing the next step.",
+            base + [_ev("get_step_trace", "host_sync_percent", sync_pct),
+                    _ev("get_step_trace", "syncs_per_step_mean", syncs),
+                    _ev("get_step_trace", "callbacks_per_step_mean", callbacks)]
+            + ([_ev("get_hlo_op_profile", "category_percent.host_callback", callback_share)] if callback_share else []),
+            _saving(step_ms, max(sync_pct, callback_share)),
+            "Remove per-step .item()/float()/np.asarray()/jax.device_get on device arrays; accumulate metrics on "
+            "the device and fetch them every N steps (or asynchronously); replace jax.pure_callback / "
+            "debug.callback in the hot path with jnp code.",
+            follow_up=("aggregate_xplane_events", {"pattern": r"np\.asarray|device_get|Await|ToLiteral|callback|__array__|item"}),
+            extra_evidence=_events_evidence,
+        ))
+
+    # Input pipeline / host-bound: the step's time is host work the device waits for.
+    if host_other >= 30 and not small_work:
+        out.append(Hypothesis(
+            "input_bound", host_other,
+            "Host-bound step: the device waits for host work outside the compiled step",
+            f"{host_other}% of each step ({(step_ms or 0) * host_other / 100:.3g} ms) has no device op, "
+            "compilation, transfer or dispatch running: the host is busy in Python or input processing "
+            "(data loading, preprocessing, batching) while the device idles.",
+            base + [_ev("get_step_trace", "host_other_percent", host_other),
+                    _ev("get_step_trace", "device_idle_percent", step.get("device_idle_percent"))],
+            _saving(step_ms, host_other),
+            "Move input work off the critical path: prefetch and preprocess batches in background workers "
+            "(tf.data / grain / a DataLoader with workers and prefetch), put batches on the device ahead of use "
+            "(jax.device_put of the next batch while this one runs), and move per-step numpy work into the jitted step.",
+            follow_up=("aggregate_xplane_events", {"pattern": ".", "line": "python"}),
+            extra_evidence=_events_evidence,
+        ))
+
+    # Collectives.
+    collective = b.get("collective", 0.0)
+    op_collective = (_s(results, "get_hlo_op_profile").get("category_percent") or {}).get("collective", 0.0)
+    if collective >= 15 or op_collective >= 30:
+        ops = [o for o in _d(results, "get_hlo_op_profile").get("ops", []) if o.get("category") == "collective"]
+        ev = base + [_ev("get_step_trace", "collective_percent", collective),
+                     _ev("get_hlo_op_profile", "category_percent.collective", op_collective)]
+        if ops:
+            ev.append(_ev("get_hlo_op_profile", f"top collective {ops[0]['op']}", ops[0]["total_ms"],
+                          f"ms over {ops[0]['count']} runs; shape {ops[0].get('shape', '?')}"))
+        out.append(Hypothesis(
+            "collectives", max(collective, op_collective * compute / 100),
+            "Collective communication dominates the step",
+            f"Collective ops (all-reduce, all-gather, …) take {op_collective}% of op time and the devices spend "
+            f"{collective}% of the step only communicating; compute per device is too small to hide it.",
+            ev,
+            _saving(step_ms, collective),
+            "Communicate less or overlap it: larger per-device batch (more compute per byte sent), shard "
+            "parameters/optimizer state (FSDP/ZeRO) instead of replicating, all-reduce gradients in bf16, and "
+            "let XLA overlap collectives with compute (async collectives, latency-hiding scheduler).",
+            follow_up=("get_hlo_neighborhood", {"op": ops[0]["op"], "module": ops[0]["module"]}) if ops and ops[0].get("module") else None,
+            extra_evidence=_neighborhood_evidence,
+        ))
+
+    # Compiler inefficiencies read from the HLO.
+    for tool, key, title, happening, fix in (
+        ("detect_layout_mismatch_copies", "layout_copies",
+         "Layout-changing copies and transposes take a large share of op time",
+         "Ops that only move data into another layout (transposes, layout copies) take {share}% of op time; "
+         "the largest is {op} {shape} ({why}).",
+         "Keep one layout end to end: write einsum/dot dimension orders so no explicit transpose is needed "
+         "(jnp.einsum with the output order you consume), avoid .T/jnp.transpose/swapaxes between matmuls, and "
+         "let XLA pick layouts (no manual layout constraints); re-check with detect_layout_mismatch_copies."),
+        ("detect_unnecessary_convert_reduce", "widening_converts",
+         "Low-precision data is widened before reductions",
+         "Ops that convert {widening} just to reduce take {share}% of op time; the largest is {op} {shape}, "
+         "which materialises the wider copy and moves twice the bytes.",
+         "Reduce with an accumulator type instead of converting the input: jnp.sum(x, dtype=jnp.float32) "
+         "or lax.dot_general(..., preferred_element_type=jnp.float32) so XLA fuses the widening into the "
+         "reduction; keep activations in bf16 end to end."),
+        ("detect_unfused_reshapes", "unfused_data_movement",
+         "Data-movement ops run unfused",
+         "Reshape/transpose/copy/broadcast ops run as separate kernels and take {share}% of op time; the "
+         "largest is {op} {shape}.",
+         "Let XLA fuse them: avoid optimization barriers and host round-trips between them, express the "
+         "reshapes inside the jitted function, and prefer layouts that make reshapes bitcasts."),
+    ):
+        s = _s(results, tool)
+        share = s.get("share_of_op_time_percent") or 0.0
+        if share < 10 or not s.get("top_op"):
+            continue
+        if key == "unfused_data_movement" and any(h.key == "layout_copies" for h in out):
+            continue  # the same ops, already reported as layout copies
+        top = (_d(results, tool).get("ops") or [{}])[0]
+        out.append(Hypothesis(
+            key, share * compute / 100 if compute else share,
+            title,
+            happening.format(share=share, op=s["top_op"], shape=s.get("top_op_shape", ""),
+                             why=s.get("top_op_why", ""), widening=s.get("widening", "")),
+            base + [_ev(tool, "share_of_op_time_percent", share), _ev(tool, "count", s.get("count")),
+                    _ev(tool, f"top op {s['top_op']}", top.get("total_ms"),
+                        f"ms over {top.get('count')} runs; shape {top.get('shape') or top.get('converted_shape')}")],
+            f"up to {share:.0f}% less op time; {_saving(step_ms, share * compute / 100 if compute else share)}",
+            fix,
+            follow_up=("get_hlo_neighborhood", {"op": s["top_op"], "module": top.get("module", "")}) if top.get("module") else None,
+            extra_evidence=_neighborhood_evidence,
+        ))
+
+    # Memory-bound ops (low arithmetic intensity) dominating the op time.
+    low_share, low_ops = low_intensity_share(results)
+    if low_share is not None and low_share >= 50 and compute >= 30:
+        top = max(low_ops, key=lambda o: o["total_ms"])
+        out.append(Hypothesis(
+            "memory_bound", low_share * compute / 100,
+            "Memory-bound ops dominate: the step moves bytes, not math",
+            f"{low_share}% of op time is in ops doing under {LOW_INTENSITY_FLOPS_PER_BYTE:g} FLOP per byte "
+            f"moved; the largest is {top['op']} ({top.get('shape')}, "
+            f"{top['arithmetic_intensity_flops_per_byte']} FLOP/byte at {top.get('achieved_gib_per_s')} GiB/s).",
+            base + [_ev("get_hlo_op_profile", "low_intensity_op_share_percent", low_share),
+                    _ev("get_hlo_op_profile", f"{top['op']} arithmetic_intensity_flops_per_byte",
+                        top["arithmetic_intensity_flops_per_byte"]),
+                    _ev("get_hlo_op_profile", f"{top['op']} achieved_gib_per_s", top.get("achieved_gib_per_s")),
+                    _ev("get_hlo_op_profile", f"{top['op']} share_of_op_time_percent", top["share_of_op_time_percent"])],
+            "Bandwidth-bound work speeds up only by moving fewer bytes: fusing k passes into one cuts its time "
+            f"up to k×; at stake: {low_share}% of op time.",
+            "Move fewer bytes: fuse chains of elementwise ops and reductions into one pass (keep them in one jit, "
+            "avoid materialising intermediates), use bf16 for activations, recompute cheap values instead of "
+            "storing them, and batch small reductions together.",
+            follow_up=("get_hlo_neighborhood", {"op": top["op"], "module": top.get("module", "")}) if top.get("module") else None,
+            extra_evidence=_neighborhood_evidence,
+        ))
+
+    # Memory pressure.
+    if health.get("oom_risk") in ("HIGH", "MEDIUM"):
+        mem = _s(results, "get_memory_profile")
+        out.append(Hypothesis(
+            "memory_pressure", 50.0 if health["oom_risk"] == "HIGH" else 15.0,
+            f"Out-of-memory risk {health['oom_risk']}",
+            f"Peak memory {mem.get('peak_memory_gib')} GiB of {mem.get('capacity_gib')} GiB "
+            f"({mem.get('headroom_percent')}% headroom).",
+            [_ev("get_memory_profile", "peak_memory_gib", mem.get("peak_memory_gib")),
+             _ev("get_memory_profile", "capacity_gib", mem.get("capacity_gib")),
+             _ev("get_memory_profile", "headroom_percent", mem.get("headroom_percent"))],
+            "Avoids an out-of-memory failure as batch or sequence length grows.",
+            "Cut peak memory: activation checkpointing (jax.checkpoint / remat), donate buffers "
+            "(donate_argnums), shard optimizer state, lower precision for activations.",
+        ))
+
+    # A straggling host.
+    hosts = _s(results, "get_hosts")
+    if (hosts.get("step_time_spread_percent") or 0) >= 20:
+        out.append(Hypothesis(
+            "straggler_host", min(hosts["step_time_spread_percent"], 60.0),
+            f"Host {hosts['slowest_host']} is a straggler",
+            f"Its mean step time is {hosts['step_time_spread_percent']}% above the fastest host's; in synchronous "
+            "training every host waits for it.",
+            [_ev("get_hosts", "step_time_spread_percent", hosts["step_time_spread_percent"]),
+             _ev("get_hosts", "slowest_host", hosts["slowest_host"])],
+            f"Up to {hosts['step_time_spread_percent']:.0f}% faster steps on the other hosts.",
+            "Compare that host's input pipeline and hardware health; balance data shards.",
+            follow_up=("get_hosts", {}),
+        ))
+    return sorted(out, key=lambda h: -h.score)
+
+
+class RuleEngine:
+    """Deterministic investigator: rules over the tool outputs, no network."""
+
+    name = "rules"
+
+    def investigate(self, health: dict[str, Any], results: dict[str, ToolResult], call_tool: CallTool) -> Diagnosis:
+        if health.get("healthy"):
+            b = health["breakdown_percent"]
+            return Diagnosis(
+                status=Status.OPTIMAL,
+                summary=(
+                    f"The workload is healthy: over {health['steps']} steps of {health['step_time_ms']:.4g} ms the "
+                    f"devices compute {b.get('compute')}% of the time, with {b.get('host_other', 0)}% host work, "
+                    f"{b.get('collective', 0)}% collectives and {b.get('compile', 0)}% compilation. "
+                    f"The busiest op is {health.get('top_op')} ({health.get('top_op_share_percent')}% of op time, "
+                    f"{health.get('top_category')}). No follow-up investigation was needed."
+                ),
+                investigator=self.name,
+            )
+        hypotheses = _hypotheses(health, results)
+        calls: list[FollowUpCall] = []
+        for hypothesis in hypotheses:
+            if hypothesis.follow_up is None:
+                continue
+            name, args = hypothesis.follow_up
+            result = call_tool(name, args, hypothesis.title)
+            if result is None:
+                break  # the follow-up budget is spent
+            calls.append(FollowUpCall(tool=name, args=args, hypothesis=hypothesis.title, status=result.status, reason=result.reason))
+            if result.ok and hypothesis.extra_evidence:
+                hypothesis.evidence.extend(hypothesis.extra_evidence(result))
+        findings = [
+            Finding(priority=h.priority, key=h.key, title=h.title, whats_happening=h.whats_happening,
+                    evidence=h.evidence, expected_impact=h.expected_impact, fix=h.fix)
+            for h in hypotheses
+        ]
+        reasons = health.get("unhealthy_because", [])
+        if not findings:
+            summary = (
+                "The health snapshot is not clean (" + "; ".join(reasons) + "), but no rule matched a known "
+                "bottleneck pattern strongly enough to report; see the key metrics and the tool outputs."
+            )
+        else:
+            top = findings[0]
+            b = health.get("breakdown_percent", {})
+            summary = (
+                f"{len(findings)} issue(s) found; the biggest: {top.title.lower()} ({top.priority}). "
+                f"Steps take {health.get('step_time_ms'):.4g} ms, of which the devices compute {b.get('compute')}%. "
+                + (f"Also: {', '.join(f.title.lower() for f in findings[1:3])}. " if len(findings) > 1 else "")
+                + f"{len(calls)} follow-up tool call(s) gathered the evidence below."
+            )
+        return Diagnosis(
+            status=Status.NEEDS_ATTENTION,
+            summary=summary,
+            findings=findings,
+            hypotheses=[f"{h.title} (score {h.score:.1f})" for h in hypotheses],
+            follow_up_calls=calls,
+            investigator=self.name,
+        )

@@ -1,0 +1,154 @@
+"""Typed records and messages of the pipeline: JSON on the wire, versioned.
+
+Every message carries the ids that make a redelivery harmless (`analysis_id`, `tool`):
+each stage's writes are keyed by them, so running a handler twice changes nothing.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from enum import Enum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SCHEMA_VERSION = 1
+
+
+def utc_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+class Status(str, Enum):
+    OPTIMAL = "OPTIMAL"
+    NEEDS_ATTENTION = "NEEDS_ATTENTION"
+    FAILED = "FAILED"
+
+
+class ToolStatus(str, Enum):
+    OK = "ok"
+    NOT_AVAILABLE = "not_available"
+    FAILED = "failed"
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    version: int = SCHEMA_VERSION
+
+
+class CaptureReady(Message):
+    """A session's files are in the blob store: analyse them (topic `captures`)."""
+
+    analysis_id: str
+    run_id: str
+    session_id: str
+    profile_uris: list[str]
+    output_uri: str  # where tools/<tool>.json, analysis.json and summary.html go
+    investigator: str = "rules"
+
+
+class ToolRun(Message):
+    """Run one tool over one session (topic `tool-runs`)."""
+
+    analysis_id: str
+    tool: str
+    args: dict[str, Any] = Field(default_factory=dict)
+
+
+class ToolDone(Message):
+    """One tool's result is stored (topic `tool-results`)."""
+
+    analysis_id: str
+    tool: str
+
+
+class InvestigationReady(Message):
+    """All broad tools are in (topic `investigations`)."""
+
+    analysis_id: str
+
+
+class ReportReady(Message):
+    """The diagnosis is stored: render it (topic `reports`)."""
+
+    analysis_id: str
+
+
+class ToolResult(BaseModel):
+    """What one tool said about one session: a compact summary and the full detail."""
+
+    tool: str
+    status: ToolStatus
+    summary: dict[str, Any] = Field(default_factory=dict)
+    detail: dict[str, Any] = Field(default_factory=dict)
+    reason: str | None = None  # why not available / why it failed
+    source: str = ""  # which analysis produced it (xdiag host-plane analysis, XProf converter …)
+    args: dict[str, Any] = Field(default_factory=dict)
+    duration_ms: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.status == ToolStatus.OK
+
+
+class Evidence(BaseModel):
+    """One quoted fact: a number or op name and the tool output it came from."""
+
+    tool: str
+    metric: str
+    value: Any
+    note: str = ""
+
+
+class Finding(BaseModel):
+    priority: Literal["P0", "P1", "P2"]
+    key: str  # stable identifier of the kind of problem, e.g. "input_bound"
+    title: str
+    whats_happening: str
+    evidence: list[Evidence]
+    expected_impact: str
+    fix: str
+    verified: bool = True  # False when a number in the evidence appears in no tool output
+
+
+class FollowUpCall(BaseModel):
+    tool: str
+    args: dict[str, Any] = Field(default_factory=dict)
+    hypothesis: str = ""
+    status: ToolStatus = ToolStatus.OK
+    reason: str | None = None
+
+
+class Diagnosis(BaseModel):
+    """What an investigator concluded."""
+
+    status: Status
+    summary: str
+    findings: list[Finding] = Field(default_factory=list)
+    hypotheses: list[str] = Field(default_factory=list)
+    follow_up_calls: list[FollowUpCall] = Field(default_factory=list)
+    investigator: str = "rules"
+    investigator_note: str = ""  # e.g. why Gemini was not used
+
+
+class Analysis(BaseModel):
+    """The state of one analysis of one session; `analysis.json` on disk."""
+
+    version: int = SCHEMA_VERSION
+    analysis_id: str
+    run_id: str
+    session_id: str
+    profile_uris: list[str]
+    output_uri: str
+    status: Literal["PENDING", "RUNNING_TOOLS", "INVESTIGATING", "RENDERING", "DONE", "FAILED"] = "PENDING"
+    result: Status | None = None
+    failure_reason: str | None = None
+    profile: dict[str, Any] = Field(default_factory=dict)  # platform, hosts, devices, size, events
+    health: dict[str, Any] = Field(default_factory=dict)
+    diagnosis: Diagnosis | None = None
+    tools: dict[str, dict[str, Any]] = Field(default_factory=dict)  # tool -> {status, reason, duration_ms}
+    timings_ms: dict[str, float] = Field(default_factory=dict)
+    report_uri: str | None = None
+    investigator: str = "rules"
+    created_at: str = Field(default_factory=utc_now)
+    updated_at: str = Field(default_factory=utc_now)

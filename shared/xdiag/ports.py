@@ -1,0 +1,41 @@
+"""The ports the stages talk through. Adapters: `xdiag.adapters.*`.
+
+Stages never import a cloud client: they get a Bus, a BlobStore and a StateStore.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from xdiag.model import Message
+
+
+class Bus(Protocol):
+    def publish(self, topic: str, message: Message) -> None:
+        """Deliver `message` to whatever handles `topic` (at least once)."""
+
+
+class BlobStore(Protocol):
+    def put(self, uri: str, data: bytes, content_type: str = "application/octet-stream") -> str:
+        """Write an object; returns its URI."""
+
+    def get(self, uri: str) -> bytes: ...
+
+    def exists(self, uri: str) -> bool: ...
+
+    def local_path(self, uri: str) -> Any:
+        """A local file with the object's bytes (the object itself where it is local, else a cached download)."""
+
+
+class StateStore(Protocol):
+    def get(self, collection: str, key: str) -> dict[str, Any] | None: ...
+
+    def set(self, collection: str, key: str, value: dict[str, Any]) -> None: ...
+
+    def update(self, collection: str, key: str, fields: dict[str, Any]) -> None:
+        """Merge `fields` into the document (creating it if absent)."""
+
+    def create(self, collection: str, key: str, value: dict[str, Any]) -> bool:
+        """Create-if-absent; True only for the one caller that created it (the fan-in's claim)."""
+
+    def list(self, collection: str) -> list[tuple[str, dict[str, Any]]]: ...

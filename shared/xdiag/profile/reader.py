@@ -1,0 +1,296 @@
+"""Reads XSpace files (`*.xplane.pb`) into a `Session`, one plane at a time.
+
+The file is memory-mapped and its top-level fields are walked by hand, so only one
+decoded XPlane exists at any moment; each plane is turned into numpy columns and its
+protobuf objects are dropped before the next is parsed. Anything that is not a readable
+XSpace is refused with a `ProfileError` that says what is wrong and where.
+"""
+
+from __future__ import annotations
+
+import mmap
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+from google.protobuf.message import DecodeError
+
+from xdiag.errors import ProfileError
+from xdiag.profile import schema
+from xdiag.profile.space import (
+    NO_VALUE,
+    NUMERIC_STATS,
+    STRING_STATS,
+    HloComputation,
+    HloInstruction,
+    HloModule,
+    HostProfile,
+    Line,
+    Plane,
+    Session,
+)
+
+DEFAULT_MAX_PROFILE_BYTES = 2 * 1024**3
+"""Refuse larger sessions by default: the managed service's own capture limit."""
+
+_WIRE_VARINT, _WIRE_I64, _WIRE_LEN, _WIRE_I32 = 0, 1, 2, 5
+_XSPACE_FIELDS = {1: "planes", 2: "errors", 3: "warnings", 4: "hostnames"}
+
+Progress = Callable[[str, int, int], None]
+"""progress(what, done_bytes, total_bytes)"""
+
+
+def _varint(buf, pos: int, end: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        if pos >= end:
+            raise ProfileError(f"truncated varint at byte {pos}")
+        byte = buf[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return result, pos
+        shift += 7
+        if shift > 63:
+            raise ProfileError(f"malformed varint at byte {pos}")
+
+
+def _top_level_fields(buf, size: int, name: str) -> Iterator[tuple[int, int, int]]:
+    """Yields (field number, start, end) of each length-delimited XSpace field."""
+    pos = 0
+    while pos < size:
+        tag_at = pos
+        key, pos = _varint(buf, pos, size)
+        number, wire = key >> 3, key & 7
+        if number not in _XSPACE_FIELDS or wire != _WIRE_LEN:
+            raise ProfileError(
+                f"{name}: not an XSpace profile (unexpected field {number} with wire type {wire} at byte {tag_at}); "
+                "the file may be corrupt, mangled by a text-mode transfer, or not an *.xplane.pb"
+            )
+        length, pos = _varint(buf, pos, size)
+        if pos + length > size:
+            raise ProfileError(
+                f"{name}: truncated: field {_XSPACE_FIELDS[number]!r} at byte {tag_at} declares {length} bytes "
+                f"but only {size - pos} remain"
+            )
+        yield number, pos, pos + length
+        pos += length
+
+
+def _stat_value(stat, stat_names: dict[int, str]) -> object:
+    kind = stat.WhichOneof("value")
+    if kind is None:
+        return None
+    if kind == "ref_value":
+        return stat_names.get(stat.ref_value, "")
+    value = getattr(stat, kind)
+    return value
+
+
+def _stats_dict(stats, stat_names: dict[int, str]) -> dict[str, object]:
+    return {stat_names.get(s.metadata_id, str(s.metadata_id)): _stat_value(s, stat_names) for s in stats}
+
+
+def _decode_line(proto_line, stat_names: dict[int, str], intern: Callable[[str], int]) -> Line:
+    events = proto_line.events
+    count = len(events)
+    metadata_id = np.empty(count, dtype=np.int64)
+    offset_ps = np.empty(count, dtype=np.int64)
+    duration_ps = np.empty(count, dtype=np.int64)
+    numeric_ids = {sid: name for sid, name in stat_names.items() if name in NUMERIC_STATS}
+    string_ids = {sid: name for sid, name in stat_names.items() if name in STRING_STATS}
+    numeric: dict[str, np.ndarray] = {}
+    strings: dict[str, np.ndarray] = {}
+    for index, event in enumerate(events):
+        metadata_id[index] = event.metadata_id
+        offset_ps[index] = event.offset_ps
+        duration_ps[index] = event.duration_ps
+        for stat in event.stats:
+            sid = stat.metadata_id
+            name = numeric_ids.get(sid)
+            if name is not None:
+                column = numeric.get(name)
+                if column is None:
+                    column = numeric[name] = np.full(count, NO_VALUE, dtype=np.int64)
+                kind = stat.WhichOneof("value")
+                if kind in ("int64_value", "uint64_value", "double_value"):
+                    column[index] = int(min(getattr(stat, kind), 2**63 - 1))
+                continue
+            name = string_ids.get(sid)
+            if name is not None:
+                column = strings.get(name)
+                if column is None:
+                    column = strings[name] = np.full(count, -1, dtype=np.int32)
+                value = _stat_value(stat, stat_names)
+                if isinstance(value, str):
+                    column[index] = intern(value)
+    return Line(
+        id=proto_line.id,
+        name=proto_line.name,
+        display_name=proto_line.display_name or proto_line.name,
+        timestamp_ns=proto_line.timestamp_ns,
+        metadata_id=metadata_id,
+        offset_ps=offset_ps,
+        duration_ps=duration_ps,
+        numeric=numeric,
+        strings=strings,
+    )
+
+
+def _hlo_module(proto_bytes: bytes, host: str, fallback_id: int) -> HloModule | None:
+    try:
+        module = schema.HloProto.FromString(proto_bytes).hlo_module
+    except DecodeError:
+        return None
+    computations: dict[str, HloComputation] = {}
+    id_to_computation = {c.id: c.name for c in module.computations}
+    for computation in module.computations:
+        id_to_name = {i.id: i.name for i in computation.instructions}
+        instructions = []
+        for ins in computation.instructions:
+            shape = ins.shape
+            dtype = schema.PRIMITIVE_TYPES.get(shape.element_type, f"type{shape.element_type}")
+            instructions.append(
+                HloInstruction(
+                    name=ins.name,
+                    opcode=ins.opcode,
+                    dtype=dtype,
+                    dims=tuple(shape.dimensions),
+                    layout=tuple(shape.layout.minor_to_major),
+                    operands=tuple(id_to_name.get(i, str(i)) for i in ins.operand_ids),
+                    fusion_kind=ins.fusion_kind,
+                    op_name=ins.metadata.op_name,
+                    source=f"{ins.metadata.source_file}:{ins.metadata.source_line}" if ins.metadata.source_file else "",
+                    called=tuple(id_to_computation.get(i, str(i)) for i in ins.called_computation_ids),
+                    tuple_shapes=tuple(
+                        (schema.PRIMITIVE_TYPES.get(t.element_type, "?"), tuple(t.dimensions)) for t in shape.tuple_shapes
+                    ),
+                    custom_call_target=ins.custom_call_target,
+                    lhs_contracting=tuple(ins.dot_dimension_numbers.lhs_contracting_dimensions),
+                )
+            )
+        computations[computation.name] = HloComputation(computation.name, instructions)
+    entry = module.entry_computation_name or id_to_computation.get(module.entry_computation_id, "")
+    if entry not in computations and computations:
+        entry = list(computations)[-1]
+    return HloModule(
+        name=module.name, program_id=module.id or fallback_id, entry=entry, computations=computations, host=host
+    )
+
+
+def _decode_plane(data: bytes, host: str, modules: list[HloModule], name: str, at: int) -> Plane:
+    try:
+        proto = schema.XPlane.FromString(data)
+    except DecodeError as exc:
+        raise ProfileError(f"{name}: the plane at byte {at} is not a valid XPlane ({exc})") from None
+    stat_names = {key: meta.name for key, meta in proto.stat_metadata.items()}
+    strings: list[str] = []
+    string_index: dict[str, int] = {}
+
+    def intern(value: str) -> int:
+        index = string_index.get(value)
+        if index is None:
+            index = string_index[value] = len(strings)
+            strings.append(value)
+        return index
+
+    event_names: dict[int, str] = {}
+    display_names: dict[int, str] = {}
+    metadata_stats: dict[int, dict[str, object]] = {}
+    for key, meta in proto.event_metadata.items():
+        event_names[key] = meta.name
+        if meta.display_name:
+            display_names[key] = meta.display_name
+        if meta.stats:
+            stats = {}
+            for stat in meta.stats:
+                stat_name = stat_names.get(stat.metadata_id, str(stat.metadata_id))
+                if stat_name in ("Hlo Proto", "hlo_proto"):
+                    module = _hlo_module(stat.bytes_value, host, key)
+                    if module is not None:
+                        modules.append(module)
+                    continue
+                stats[stat_name] = _stat_value(stat, stat_names)
+            metadata_stats[key] = stats
+    lines = [_decode_line(line, stat_names, intern) for line in proto.lines]
+    plane = Plane(
+        id=proto.id,
+        name=proto.name,
+        host=host,
+        event_names=event_names,
+        event_display_names=display_names,
+        event_metadata_stats=metadata_stats,
+        stats={k: v for k, v in _stats_dict(proto.stats, stat_names).items() if not isinstance(v, bytes)},
+        strings=strings,
+        lines=lines,
+    )
+    del proto
+    return plane
+
+
+def read_host(path: Path, progress: Progress | None = None) -> tuple[HostProfile, list[HloModule]]:
+    """Reads one `*.xplane.pb`; raises ProfileError with a precise reason when it can't."""
+    name = path.name
+    if not path.exists():
+        raise ProfileError(f"{path}: no such file")
+    size = path.stat().st_size
+    if size == 0:
+        raise ProfileError(f"{name}: empty file (0 bytes); the capture wrote nothing")
+    planes: list[Plane] = []
+    modules: list[HloModule] = []
+    texts: dict[str, list[str]] = {"errors": [], "warnings": [], "hostnames": []}
+    with path.open("rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        fields = list(_top_level_fields(buf, size, name))
+        host = path.name.removesuffix(".xplane.pb")
+        for number, start, end in fields:
+            if number != 1:
+                texts[_XSPACE_FIELDS[number]].append(bytes(buf[start:end]).decode("utf-8", "replace"))
+        if texts["hostnames"]:
+            host = texts["hostnames"][0]
+        for number, start, end in fields:
+            if number == 1:
+                planes.append(_decode_plane(buf[start:end], host, modules, name, start))
+                if progress:
+                    progress(f"read {name}", end, size)
+    known = [p for p in planes if p.name.startswith(("/host:", "/device:"))]
+    if not known:
+        raise ProfileError(f"{name}: no profile planes (/host:* or /device:*) found; not an XProf profile")
+    return (
+        HostProfile(
+            hostname=host, path=path, size_bytes=size, planes=planes, errors=texts["errors"], warnings=texts["warnings"]
+        ),
+        modules,
+    )
+
+
+def read_session(
+    paths: list[Path],
+    name: str | None = None,
+    max_bytes: int = DEFAULT_MAX_PROFILE_BYTES,
+    progress: Progress | None = None,
+) -> Session:
+    """Reads every host file of one capture into a Session."""
+    if not paths:
+        raise ProfileError("no *.xplane.pb files in the session")
+    total = sum(p.stat().st_size for p in paths if p.exists())
+    if total > max_bytes:
+        raise ProfileError(
+            f"profile is {total / 1024**3:.2f} GiB, over the {max_bytes / 1024**3:.2f} GiB limit; "
+            "capture a shorter window or raise --max-profile-gib"
+        )
+    hosts: list[HostProfile] = []
+    modules: list[HloModule] = []
+    for path in sorted(paths):
+        host, host_modules = read_host(path, progress)
+        hosts.append(host)
+        modules.extend(host_modules)
+    timestamps = [line.timestamp_ns for h in hosts for p in h.planes for line in p.lines if len(line)]
+    origin = min(timestamps) if timestamps else 0
+    for host in hosts:
+        for plane in host.planes:
+            for line in plane.lines:
+                line.start_ps = (line.timestamp_ns - origin) * 1000 + line.offset_ps
+    unique: dict[tuple[str, int], HloModule] = {}
+    for module in modules:
+        unique.setdefault((module.name, module.program_id), module)
+    return Session(name=name or paths[0].parent.name, hosts=hosts, hlo_modules=list(unique.values()), origin_ns=origin)

@@ -1,0 +1,250 @@
+"""The compact, read-once representation of a profile session that every tool reads.
+
+A session is one capture: one XSpace file per host. Events are kept per line as numpy
+columns (start, duration, name id and the handful of stats the analyses use), never as
+protobuf objects, so memory stays a small multiple of the file size.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+
+NO_VALUE = np.iinfo(np.int64).min
+"""Sentinel in numeric stat columns for events that do not carry the stat."""
+
+NUMERIC_STATS = (
+    "step_num",
+    "group_id",
+    "program_id",
+    "_p",
+    "_c",
+    "device_ordinal",
+    "correlation_id",
+    "bytes_allocated",
+    "bytes_reserved",
+    "peak_bytes_in_use",
+    "requested_bytes",
+    "allocation_bytes",
+    "device_offset_ps",
+    "device_duration_ps",
+    "flops",
+    "bytes_accessed",
+    "model_flops",
+)
+"""Stats kept as int64 columns (doubles are rounded)."""
+
+STRING_STATS = ("hlo_op", "hlo_module", "tf_op", "kernel_details", "memcpy_details", "step_name", "hlo_category", "tf_op_type")
+"""Stats kept as indexes into the plane's string table."""
+
+
+@dataclass
+class Line:
+    """One timeline (a thread, a stream, 'XLA Ops'…) and its events as columns."""
+
+    id: int
+    name: str
+    display_name: str
+    timestamp_ns: int
+    metadata_id: np.ndarray  # int64: key into Plane.event_names
+    offset_ps: np.ndarray  # int64: relative to timestamp_ns
+    duration_ps: np.ndarray  # int64
+    numeric: dict[str, np.ndarray] = field(default_factory=dict)  # stat -> int64 column, NO_VALUE where absent
+    strings: dict[str, np.ndarray] = field(default_factory=dict)  # stat -> int32 column into Plane.strings, -1 where absent
+    start_ps: np.ndarray | None = None  # int64: relative to Session.origin_ns, set once the session is read
+
+    def __len__(self) -> int:
+        return len(self.metadata_id)
+
+    @property
+    def end_ps(self) -> np.ndarray:
+        return self.start_ps + self.duration_ps
+
+
+@dataclass
+class Plane:
+    """One XPlane: `/host:CPU`, `/device:GPU:0`, `/host:metadata`, `Task Environment`…"""
+
+    id: int
+    name: str
+    host: str
+    event_names: dict[int, str]
+    event_display_names: dict[int, str]
+    event_metadata_stats: dict[int, dict[str, object]]
+    stats: dict[str, object]
+    strings: list[str]
+    lines: list[Line]
+
+    @property
+    def is_device(self) -> bool:
+        return self.name.startswith("/device:")
+
+    @property
+    def event_count(self) -> int:
+        return sum(len(line) for line in self.lines)
+
+    def string(self, index: int) -> str | None:
+        return self.strings[index] if index >= 0 else None
+
+    def names_of(self, line: Line) -> np.ndarray:
+        """Event names of a line as an object array (built on demand; not cached)."""
+        lookup = np.array([""], dtype=object)
+        if self.event_names:
+            top = max(self.event_names)
+            lookup = np.empty(top + 1, dtype=object)
+            lookup[:] = ""
+            for key, name in self.event_names.items():
+                if key >= 0:
+                    lookup[key] = name
+        ids = np.clip(line.metadata_id, 0, len(lookup) - 1)
+        return lookup[ids]
+
+
+@dataclass
+class HloInstruction:
+    name: str
+    opcode: str
+    dtype: str
+    dims: tuple[int, ...]
+    layout: tuple[int, ...]  # minor_to_major
+    operands: tuple[str, ...]
+    fusion_kind: str
+    op_name: str  # framework op path from OpMetadata
+    source: str  # "file:line" from OpMetadata, "" when absent
+    called: tuple[str, ...]  # names of called computations
+    tuple_shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    custom_call_target: str = ""
+    lhs_contracting: tuple[int, ...] = ()  # dot only
+
+    @property
+    def shape_text(self) -> str:
+        if self.dtype == "tuple":
+            return "(" + ", ".join(f"{t}[{','.join(map(str, d))}]" for t, d in self.tuple_shapes) + ")"
+        layout = "{" + ",".join(map(str, self.layout)) + "}" if self.layout else ""
+        return f"{self.dtype}[{','.join(map(str, self.dims))}]{layout}"
+
+
+@dataclass
+class HloComputation:
+    name: str
+    instructions: list[HloInstruction]
+
+    @cached_property
+    def by_name(self) -> dict[str, HloInstruction]:
+        return {i.name: i for i in self.instructions}
+
+
+@dataclass
+class HloModule:
+    """An HLO module the profile carries (from the `/host:metadata` plane)."""
+
+    name: str
+    program_id: int
+    entry: str
+    computations: dict[str, HloComputation]
+    host: str
+
+    @property
+    def display_name(self) -> str:
+        """The name with its id, as XProf's memory and graph viewers want it: `jit_step(36)`."""
+        return f"{self.name}({self.program_id})"
+
+    @property
+    def entry_computation(self) -> HloComputation:
+        return self.computations[self.entry]
+
+    def find(self, instruction_name: str) -> tuple[HloComputation, HloInstruction] | None:
+        for computation in self.computations.values():
+            instruction = computation.by_name.get(instruction_name)
+            if instruction is not None:
+                return computation, instruction
+        return None
+
+    @cached_property
+    def fused_opcodes(self) -> dict[str, list[str]]:
+        """For each fusion instruction of any computation: the opcodes it fuses."""
+        out: dict[str, list[str]] = {}
+        for computation in self.computations.values():
+            for instruction in computation.instructions:
+                if instruction.opcode == "fusion" and instruction.called:
+                    called = self.computations.get(instruction.called[0])
+                    if called is not None:
+                        out[instruction.name] = [i.opcode for i in called.instructions]
+        return out
+
+
+@dataclass
+class HostProfile:
+    """What one host's XSpace file held."""
+
+    hostname: str
+    path: Path
+    size_bytes: int
+    planes: list[Plane]
+    errors: list[str]
+    warnings: list[str]
+
+
+_DEVICE_RE = re.compile(r"^/device:(?P<kind>[A-Z]+):(?P<index>\d+)")
+
+
+@dataclass
+class Session:
+    """One capture: every host's planes and the HLO modules, read once."""
+
+    name: str
+    hosts: list[HostProfile]
+    hlo_modules: list[HloModule]
+    origin_ns: int
+    cache: dict[str, object] = field(default_factory=dict, repr=False)  # derived tables shared by tools
+
+    @property
+    def planes(self) -> list[Plane]:
+        return [plane for host in self.hosts for plane in host.planes]
+
+    @property
+    def paths(self) -> list[Path]:
+        return [host.path for host in self.hosts]
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(host.size_bytes for host in self.hosts)
+
+    @property
+    def event_count(self) -> int:
+        return sum(plane.event_count for plane in self.planes)
+
+    def device_planes(self, with_events: bool = False) -> list[Plane]:
+        planes = [p for p in self.planes if _DEVICE_RE.match(p.name)]
+        return [p for p in planes if p.event_count] if with_events else planes
+
+    def host_planes(self) -> list[Plane]:
+        return [p for p in self.planes if p.name == "/host:CPU"]
+
+    @property
+    def platform(self) -> str:
+        """TPU, GPU or CPU: the accelerator the profile's device planes name, else CPU."""
+        kinds = {m.group("kind") for p in self.device_planes() if (m := _DEVICE_RE.match(p.name))}
+        for kind in ("TPU", "GPU"):
+            if kind in kinds:
+                return kind
+        return "CPU"
+
+    def module(self, name_or_display: str) -> HloModule | None:
+        for module in self.hlo_modules:
+            if name_or_display in (module.name, module.display_name):
+                return module
+        return None
+
+    def module_for(self, name: str, program_id: int | None = None) -> HloModule | None:
+        """The module a profile event names; prefer the one with the matching program id."""
+        candidates = [m for m in self.hlo_modules if m.name == name or m.display_name == name]
+        if program_id is not None:
+            exact = [m for m in candidates if m.program_id == program_id]
+            if exact:
+                return exact[0]
+        return candidates[0] if candidates else None

@@ -1,0 +1,499 @@
+"""Derived tables every tool reads: XLA op executions, steps, and time accounting.
+
+Built once per session from the compact event columns and cached on the session, so the
+15 tools share one pass over the events. Works the same on host planes (XLA:CPU ops run
+as events on the CPU client's threads) and device planes (GPU streams, TPU `XLA Ops`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from xdiag.profile.space import NO_VALUE, HloInstruction, HloModule, Line, Plane, Session
+
+COLLECTIVE_OPCODES = {
+    "all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute", "collective-broadcast",
+    "all-reduce-start", "all-reduce-done", "all-gather-start", "all-gather-done", "collective-permute-start",
+    "collective-permute-done", "send", "recv", "send-done", "recv-done", "ragged-all-to-all",
+}
+DATA_MOVEMENT_OPCODES = {
+    "copy", "transpose", "reshape", "broadcast", "slice", "concatenate", "pad", "dynamic-slice",
+    "dynamic-update-slice", "gather", "scatter", "copy-start", "copy-done", "reverse", "iota",
+}
+STRUCTURAL_OPCODES = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast"}
+COMPILE_EVENT = re.compile(
+    r"backend_compile|lower_sharding_computation|lower_jaxpr_to_stablehlo|jit_compile|_cached_compilation|"
+    r"XlaCompile|compile_or_get_cached|PjitFunction::Compile|PjRtClient::Compile|Compile\b"
+)
+SYNC_EVENT = re.compile(
+    r"np\.asarray|device_get|block_until_ready|__array__|_value\b|copy_to_host|TransferFromDevice|"
+    r"CopyToHost|BlockHostUntilReady|PjRtBuffer::ToLiteral|ToLiteralSync|\.item\b|__float__|__int__"
+)
+CALLBACK_EVENT = re.compile(
+    r"pure_callback|io_callback|debug_callback|_wrapped_callback|host_callback|xla_python_\w*callback|PyCallback"
+)
+"""Python running as a host callback from compiled code (not e.g. the runtime's 'rendezvous callback')."""
+DISPATCH_EVENT = re.compile(r"^PjitFunction\(|^PmapFunction\(|ExecuteHelper|LoadedExecutable::Execute\b")
+EXECUTE_EVENT = re.compile(r"LoadedExecutable::Execute(Helper\w*|Sharded\w*)?$|^PjRtCApiLoadedExecutable::Execute$")
+"""One event per compiled program launched: counts dispatches without the nesting of PjitFunction events."""
+STEP_STAT = "step_num"
+
+
+@dataclass
+class OpTable:
+    """One row per XLA op execution (an HLO instruction run on a device)."""
+
+    name: np.ndarray  # object: HLO instruction name
+    module: np.ndarray  # object: HLO module name
+    program_id: np.ndarray  # int64, NO_VALUE when unknown
+    device: np.ndarray  # object: "<host> CPU:<ordinal>" or "<host> /device:GPU:0"
+    start_ps: np.ndarray
+    end_ps: np.ndarray
+    category: np.ndarray  # object, see categorize()
+
+    def __len__(self) -> int:
+        return len(self.name)
+
+    @property
+    def duration_ps(self) -> np.ndarray:
+        return self.end_ps - self.start_ps
+
+    def take(self, mask: np.ndarray) -> OpTable:
+        return OpTable(*(getattr(self, f)[mask] for f in self.__dataclass_fields__))
+
+
+@dataclass
+class HostEvents:
+    """Events of the host threads that are not XLA ops: dispatches, compiles, syncs, annotations."""
+
+    host: str
+    names: np.ndarray  # object
+    line: np.ndarray  # object
+    start_ps: np.ndarray
+    end_ps: np.ndarray
+    step_num: np.ndarray  # int64, NO_VALUE unless a step annotation
+
+
+@dataclass
+class Step:
+    host: str
+    number: int
+    start_ps: int
+    end_ps: int
+
+    @property
+    def duration_ps(self) -> int:
+        return self.end_ps - self.start_ps
+
+
+def _cached(session: Session, key: str, build):
+    if key not in session.cache:
+        session.cache[key] = build()
+    return session.cache[key]
+
+
+def merge_intervals(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The union of [start, end) intervals as sorted, disjoint intervals."""
+    if len(starts) == 0:
+        return np.empty(0, np.int64), np.empty(0, np.int64)
+    order = np.argsort(starts, kind="stable")
+    s, e = starts[order], ends[order]
+    running_end = np.maximum.accumulate(e)
+    new_segment = np.empty(len(s), dtype=bool)
+    new_segment[0] = True
+    new_segment[1:] = s[1:] > running_end[:-1]
+    seg_index = np.cumsum(new_segment) - 1
+    merged_s = s[new_segment]
+    merged_e = np.zeros(len(merged_s), dtype=np.int64)
+    np.maximum.at(merged_e, seg_index, running_end)
+    return merged_s, merged_e
+
+
+def covered(starts: np.ndarray, ends: np.ndarray, win_s: np.ndarray, win_e: np.ndarray) -> np.ndarray:
+    """For each window, how much of it the union of the intervals covers (ps)."""
+    ms, me = merge_intervals(starts, ends)
+    win_s, win_e = np.asarray(win_s, dtype=np.int64), np.asarray(win_e, dtype=np.int64)
+    if len(ms) == 0:
+        return np.zeros(len(win_s), dtype=np.int64)
+    prefix = np.concatenate([[0], np.cumsum(me - ms)])
+
+    def upto(t: np.ndarray) -> np.ndarray:
+        idx = np.searchsorted(ms, t, side="right") - 1
+        safe = np.clip(idx, 0, None)
+        inside = np.minimum(t, me[safe]) - ms[safe]
+        return np.where(idx >= 0, prefix[safe] + np.clip(inside, 0, None), 0)
+
+    return upto(win_e) - upto(win_s)
+
+
+def categorize(instruction: HloInstruction | None, module: HloModule | None, name: str) -> str:
+    """The op's category: matmul, convolution, collective, reduction, convert, data_movement,
+    elementwise, custom_call, host_callback, control_flow or other."""
+    if instruction is None:
+        return _category_from_name(name)
+    opcode = instruction.opcode
+    if opcode in COLLECTIVE_OPCODES:
+        return "collective"
+    if opcode == "custom-call":
+        target = instruction.custom_call_target.lower()
+        if "callback" in target or "callback" in name.lower():
+            return "host_callback"
+        if any(k in target for k in ("gemm", "matmul", "cublas", "hipblas", "triton_gemm")):
+            return "matmul"
+        if "conv" in target:
+            return "convolution"
+        return "custom_call"
+    if opcode == "fusion" and module is not None:
+        fused = set(module.fused_opcodes.get(instruction.name, [])) - STRUCTURAL_OPCODES
+        if fused & COLLECTIVE_OPCODES:
+            return "collective"
+        if "dot" in fused:
+            return "matmul"
+        if "convolution" in fused:
+            return "convolution"
+        if fused & {"reduce", "reduce-window"}:
+            return "reduction"
+        if fused and fused <= {"convert"}:
+            return "convert"
+        if fused and fused <= DATA_MOVEMENT_OPCODES:
+            return "data_movement"
+        if "custom-call" in fused:
+            return "custom_call"
+        return "elementwise"
+    if opcode == "dot":
+        return "matmul"
+    if opcode == "convolution":
+        return "convolution"
+    if opcode in ("reduce", "reduce-window", "sort"):
+        return "reduction"
+    if opcode == "convert":
+        return "convert"
+    if opcode in DATA_MOVEMENT_OPCODES:
+        return "data_movement"
+    if opcode in ("while", "conditional", "call"):
+        return "control_flow"
+    if opcode in STRUCTURAL_OPCODES:
+        return "other"
+    return "elementwise"
+
+
+def _category_from_name(name: str) -> str:
+    base = name.lower().lstrip("%")
+    if base.startswith(("memcpy", "memset")):
+        return "memcpy"
+    if any(base.startswith(op) for op in COLLECTIVE_OPCODES) or "all-reduce" in base or "allreduce" in base:
+        return "collective"
+    if "callback" in base:
+        return "host_callback"
+    if base.startswith(("dot", "gemm", "cublas")) or "matmul" in base or "gemm" in base:
+        return "matmul"
+    if base.startswith(("convolution", "conv")):
+        return "convolution"
+    if base.startswith(("reduce", "reduction")):
+        return "reduction"
+    if base.startswith("convert"):
+        return "convert"
+    if base.startswith(tuple(DATA_MOVEMENT_OPCODES)):
+        return "data_movement"
+    if base.startswith("custom-call"):
+        return "custom_call"
+    if "fusion" in base:
+        return "elementwise"
+    return "other"
+
+
+def _strings_of(plane: Plane, column: np.ndarray) -> np.ndarray:
+    table = np.array(plane.strings + [""], dtype=object)
+    return table[np.where(column >= 0, column, len(plane.strings))]
+
+
+def _tpu_op_name(text: str) -> str:
+    # TPU 'XLA Ops' events are named by HLO text: "%copy-start.2 = (f32[...]) copy-start(...)".
+    if text.startswith("%"):
+        return text[1:].split(" ", 1)[0]
+    return text
+
+
+_SKIP_DEVICE_LINES = {"XLA Modules", "Steps", "TensorFlow Ops", "TensorFlow Name Scope", "XLA TraceMe", "Async XLA Ops", "Overlay"}
+
+
+def _module_spans(plane: Plane) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """(starts, ends, names) of the plane's 'XLA Modules' line, sorted by start."""
+    for line in plane.lines:
+        if line.name == "XLA Modules" and len(line):
+            names = np.array([_module_name(n) for n in plane.names_of(line)], dtype=object)
+            order = np.argsort(line.start_ps, kind="stable")
+            return line.start_ps[order], line.end_ps[order], names[order]
+    return None
+
+
+def _module_name(text: str) -> str:
+    # 'XLA Modules' events are named "jit_f(12190760917235803885)": the module name and a fingerprint.
+    return text.split("(", 1)[0]
+
+
+def _line_ops(plane: Plane, line: Line, host: str, has_xla_ops_line: bool) -> dict[str, np.ndarray] | None:
+    """The XLA op (or GPU kernel) executions one line holds, or None when it holds none."""
+    hlo_op = line.strings.get("hlo_op")
+    count = len(line)
+    if plane.is_device:
+        if line.name in _SKIP_DEVICE_LINES or not count:
+            return None
+        if line.name == "XLA Ops":
+            display = plane.event_display_names
+            lookup = {k: _tpu_op_name(display.get(k) or plane.event_names.get(k, "")) for k in np.unique(line.metadata_id)}
+            names = np.array([lookup[k] for k in line.metadata_id], dtype=object)
+            modules = np.full(count, "", dtype=object)
+            spans = _module_spans(plane)
+            if spans is not None:
+                idx = np.searchsorted(spans[0], line.start_ps, side="right") - 1
+                inside = (idx >= 0) & (line.start_ps < spans[1][np.clip(idx, 0, None)])
+                modules = np.where(inside, spans[2][np.clip(idx, 0, None)], "")
+        elif line.name.startswith("Stream") and not has_xla_ops_line:
+            names = plane.names_of(line)
+            if hlo_op is not None:
+                names = np.where(hlo_op >= 0, _strings_of(plane, hlo_op), names)
+            elif "tf_op" in line.strings:
+                names = np.where(line.strings["tf_op"] >= 0, _strings_of(plane, line.strings["tf_op"]), names)
+            modules = _strings_of(plane, line.strings["hlo_module"]) if "hlo_module" in line.strings else np.full(count, "", object)
+        else:
+            return None
+        mask = np.ones(count, dtype=bool)
+        device = np.full(count, f"{host} {plane.name}", dtype=object)
+    else:
+        if hlo_op is None or not (hlo_op >= 0).any():
+            return None
+        mask = hlo_op >= 0
+        names = _strings_of(plane, hlo_op[mask])
+        modules = _strings_of(plane, line.strings["hlo_module"][mask]) if "hlo_module" in line.strings else np.full(mask.sum(), "", object)
+        ordinal = line.numeric.get("device_ordinal")
+        if ordinal is not None:
+            device = np.array([f"{host} CPU:{o}" if o != NO_VALUE else f"{host} CPU" for o in ordinal[mask]], dtype=object)
+        else:
+            device = np.full(mask.sum(), f"{host} CPU", dtype=object)
+    program = line.numeric.get("program_id")
+    return {
+        "name": names if len(names) == mask.sum() else names[mask],
+        "module": modules if len(modules) == mask.sum() else modules[mask],
+        "program_id": program[mask] if program is not None else np.full(mask.sum(), NO_VALUE, np.int64),
+        "device": device,
+        "start_ps": line.start_ps[mask],
+        "end_ps": line.end_ps[mask],
+        "flow": line.numeric["_p"][mask] if "_p" in line.numeric else np.full(mask.sum(), NO_VALUE, np.int64),
+    }
+
+
+def _flow_ends(plane: Plane) -> tuple[np.ndarray, np.ndarray]:
+    """Flow id -> end time of the `end: <op>` events that finish async XLA:CPU ops."""
+    ids, ends = [], []
+    for line in plane.lines:
+        consumer = line.numeric.get("_c")
+        if consumer is None:
+            continue
+        names = plane.names_of(line)
+        is_end = np.fromiter((n.startswith("end: ") for n in names), dtype=bool, count=len(names))
+        mask = is_end & (consumer != NO_VALUE)
+        ids.append(consumer[mask])
+        ends.append(line.end_ps[mask])
+    if not ids:
+        return np.empty(0, np.int64), np.empty(0, np.int64)
+    ids_all, ends_all = np.concatenate(ids), np.concatenate(ends)
+    order = np.argsort(ids_all)
+    return ids_all[order], ends_all[order]
+
+
+def op_table(session: Session) -> OpTable:
+    """Every XLA op execution in the session, with its real end and its category."""
+
+    def build() -> OpTable:
+        parts: list[dict[str, np.ndarray]] = []
+        # With device planes, XLA ops are the device's events; host threads only launch them.
+        use_devices = bool(session.device_planes(with_events=True))
+        for host in session.hosts:
+            for plane in host.planes:
+                if plane.is_device != use_devices or not (plane.is_device or plane.name == "/host:CPU"):
+                    continue
+                flow_ids, flow_ends = _flow_ends(plane) if not plane.is_device else (np.empty(0, np.int64),) * 2
+                has_xla_ops_line = any(line.name == "XLA Ops" and len(line) for line in plane.lines)
+                for line in plane.lines:
+                    ops = _line_ops(plane, line, host.hostname, has_xla_ops_line)
+                    if ops is None:
+                        continue
+                    if len(flow_ids):
+                        pos = np.searchsorted(flow_ids, ops["flow"])
+                        pos = np.clip(pos, 0, len(flow_ids) - 1)
+                        hit = (flow_ids[pos] == ops["flow"]) & (ops["flow"] != NO_VALUE)
+                        ops["end_ps"] = np.where(hit, np.maximum(ops["end_ps"], flow_ends[pos]), ops["end_ps"])
+                    parts.append(ops)
+        if not parts:
+            empty_o, empty_i = np.empty(0, object), np.empty(0, np.int64)
+            return OpTable(empty_o, empty_o, empty_i, empty_o, empty_i, empty_i, empty_o)
+        cols = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+        categories = np.empty(len(cols["name"]), dtype=object)
+        cache: dict[tuple[str, str, int], str] = {}
+        for i, (name, module_name, pid) in enumerate(zip(cols["name"], cols["module"], cols["program_id"])):
+            key = (name, module_name, int(pid))
+            category = cache.get(key)
+            if category is None:
+                module = session.module_for(module_name, None if pid == NO_VALUE else int(pid)) if module_name else None
+                found = module.find(name) if module else None
+                category = cache[key] = categorize(found[1] if found else None, module, name)
+            categories[i] = category
+        order = np.argsort(cols["start_ps"], kind="stable")
+        return OpTable(
+            name=cols["name"][order],
+            module=cols["module"][order],
+            program_id=cols["program_id"][order],
+            device=cols["device"][order],
+            start_ps=cols["start_ps"][order],
+            end_ps=cols["end_ps"][order],
+            category=categories[order],
+        )
+
+    return _cached(session, "op_table", build)
+
+
+def host_events(session: Session) -> list[HostEvents]:
+    """Per host: the host-thread events that are not XLA ops (python, dispatch, runtime)."""
+
+    def build() -> list[HostEvents]:
+        out = []
+        for host in session.hosts:
+            names, lines, starts, ends, steps = [], [], [], [], []
+            for plane in host.planes:
+                if plane.name != "/host:CPU":
+                    continue
+                for line in plane.lines:
+                    hlo_op = line.strings.get("hlo_op")
+                    mask = np.ones(len(line), dtype=bool) if hlo_op is None else hlo_op < 0
+                    names.append(plane.names_of(line)[mask])
+                    lines.append(np.full(mask.sum(), line.name, dtype=object))
+                    starts.append(line.start_ps[mask])
+                    ends.append(line.end_ps[mask])
+                    step = line.numeric.get(STEP_STAT)
+                    steps.append(step[mask] if step is not None else np.full(mask.sum(), NO_VALUE, np.int64))
+            if names:
+                out.append(
+                    HostEvents(
+                        host=host.hostname,
+                        names=np.concatenate(names),
+                        line=np.concatenate(lines),
+                        start_ps=np.concatenate(starts),
+                        end_ps=np.concatenate(ends),
+                        step_num=np.concatenate(steps),
+                    )
+                )
+        return out
+
+    return _cached(session, "host_events", build)
+
+
+@dataclass
+class StepSet:
+    steps: list[Step]
+    source: str  # how steps were found: step annotations, device Steps line, module executions, whole profile
+    annotation: str  # the annotation or module name that marks a step
+
+
+def _device_steps(session: Session) -> list[Step]:
+    steps = []
+    for plane in session.device_planes(with_events=True):
+        for line in plane.lines:
+            if line.name == "Steps" and len(line):
+                names = plane.names_of(line)
+                for i in range(len(line)):
+                    number = int(names[i]) if str(names[i]).isdigit() else i
+                    steps.append(Step(plane.host, number, int(line.start_ps[i]), int(line.end_ps[i])))
+                return steps
+    return steps
+
+
+def step_set(session: Session) -> StepSet:
+    """The session's steps: step annotations first, then a device Steps line, then the
+    executions of the module that takes the most time, else the whole profile as one window."""
+
+    def build() -> StepSet:
+        steps: list[Step] = []
+        annotation = ""
+        for events in host_events(session):
+            marked = events.step_num != NO_VALUE
+            if marked.any():
+                annotation = str(events.names[marked][0])
+                for number, start, end in zip(events.step_num[marked], events.start_ps[marked], events.end_ps[marked]):
+                    steps.append(Step(events.host, int(number), int(start), int(end)))
+        if steps:
+            return StepSet(sorted(steps, key=lambda s: (s.host, s.start_ps)), "step annotations", annotation)
+        steps = _device_steps(session)
+        if steps:
+            return StepSet(steps, "device Steps line", "Steps")
+        module_steps = _module_line_steps(session)
+        if module_steps:
+            return module_steps
+        ops = op_table(session)
+        if len(ops):
+            modules, inverse = np.unique(ops.module, return_inverse=True)
+            totals = np.bincount(inverse, weights=ops.duration_ps.astype(float))
+            main = modules[int(np.argmax(totals))]
+            if main:
+                executions = _module_executions(ops, main)
+                if len(executions) >= 2:
+                    return StepSet(executions, "executions of the busiest XLA module", str(main))
+        bounds = _profile_bounds(session)
+        host = session.hosts[0].hostname if session.hosts else ""
+        return StepSet([Step(host, 0, bounds[0], bounds[1])] if bounds[1] > bounds[0] else [], "whole profile", "")
+
+    return _cached(session, "step_set", build)
+
+
+def _module_line_steps(session: Session) -> StepSet | None:
+    """Executions of the busiest module on the first device's 'XLA Modules' line, as steps."""
+    for plane in session.device_planes(with_events=True):
+        spans = _module_spans(plane)
+        if spans is None or len(spans[0]) < 2:
+            continue
+        starts, ends, names = spans
+        uniq, inverse = np.unique(names, return_inverse=True)
+        main = uniq[int(np.argmax(np.bincount(inverse, weights=(ends - starts).astype(float))))]
+        mask = names == main
+        steps = [Step(plane.host, i, int(a), int(b)) for i, (a, b) in enumerate(zip(starts[mask], ends[mask]))]
+        if len(steps) >= 2:
+            return StepSet(steps, "executions of the busiest XLA module (device XLA Modules line)", str(main))
+    return None
+
+
+def _module_executions(ops: OpTable, module: str) -> list[Step]:
+    """Windows from one start of `module`'s ops to the next: a step without annotations."""
+    mask = ops.module == module
+    starts, ends, devices = ops.start_ps[mask], ops.end_ps[mask], ops.device[mask]
+    first_device = devices[0]
+    starts, ends = starts[devices == first_device], ends[devices == first_device]
+    # A new execution starts where the gap to the previous op is the largest kind of gap.
+    gaps = starts[1:] - np.maximum.accumulate(ends)[:-1]
+    if len(gaps) == 0:
+        return []
+    threshold = max(np.percentile(gaps, 90), 1)
+    boundaries = np.concatenate([[0], np.nonzero(gaps >= threshold)[0] + 1])
+    out = []
+    host = first_device.split(" ", 1)[0]
+    for i, begin in enumerate(boundaries):
+        stop = boundaries[i + 1] if i + 1 < len(boundaries) else len(starts)
+        out.append(Step(host, i, int(starts[begin]), int(ends[begin:stop].max())))
+    return out
+
+
+def _profile_bounds(session: Session) -> tuple[int, int]:
+    lo, hi = None, None
+    for plane in session.planes:
+        for line in plane.lines:
+            if len(line):
+                s, e = int(line.start_ps.min()), int(line.end_ps.max())
+                lo = s if lo is None else min(lo, s)
+                hi = e if hi is None else max(hi, e)
+    return (lo or 0, hi or 0)
+
+
+def profile_window_ps(session: Session) -> tuple[int, int]:
+    return _cached(session, "bounds", lambda: _profile_bounds(session))

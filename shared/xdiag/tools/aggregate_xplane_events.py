@@ -1,0 +1,76 @@
+"""aggregate_xplane_events: how often, how long and how far apart do matching events happen?"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from xdiag.errors import NotAvailable
+from xdiag.profile.space import Session
+from xdiag.tools.registry import ToolOutput, tool
+
+
+@tool(
+    "aggregate_xplane_events",
+    "Events whose name matches a regular expression, per host, plane and line: count, total, mean and max "
+    "duration, and the gaps between consecutive matches.",
+    parameters={
+        "pattern": {"type": "string", "description": "regular expression matched against event names", "required": True},
+        "plane": {"type": "string", "description": "only planes whose name contains this (e.g. '/host:CPU')"},
+        "line": {"type": "string", "description": "only lines whose name contains this (e.g. 'python')"},
+    },
+)
+def aggregate_xplane_events(session: Session, pattern: str, plane: str | None = None, line: str | None = None) -> ToolOutput:
+    """summary: pattern, matches, total_ms, mean_us, max_us, mean_gap_ms, max_gap_ms, distinct_names.
+    detail: groups per host/plane/line, top names by time."""
+    try:
+        regex = re.compile(pattern)
+    except re.error as exc:
+        raise ValueError(f"pattern {pattern!r} is not a valid regular expression: {exc}") from None
+    groups, names_time, durations, gaps = [], {}, [], []
+    for p in session.planes:
+        if plane and plane not in p.name:
+            continue
+        matching_ids = {k for k, n in p.event_names.items() if regex.search(n)}
+        matching_ids |= {k for k, n in p.event_display_names.items() if regex.search(n)}
+        if not matching_ids:
+            continue
+        ids = np.fromiter(matching_ids, dtype=np.int64)
+        for ln in p.lines:
+            if line and line not in ln.name:
+                continue
+            mask = np.isin(ln.metadata_id, ids)
+            if not mask.any():
+                continue
+            d = ln.duration_ps[mask]
+            s = np.sort(ln.start_ps[mask])
+            e_sorted = ln.end_ps[mask][np.argsort(ln.start_ps[mask])]
+            g = (s[1:] - np.maximum.accumulate(e_sorted)[:-1]) if len(s) > 1 else np.empty(0, np.int64)
+            durations.append(d)
+            gaps.append(np.clip(g, 0, None))
+            uniq, inverse = np.unique(ln.metadata_id[mask], return_inverse=True)
+            per_name = np.bincount(inverse, weights=d.astype(float))
+            for mid, total in zip(uniq, per_name):
+                name = p.event_names.get(int(mid), "")
+                names_time[name] = names_time.get(name, 0.0) + total
+            groups.append(
+                {"host": p.host, "plane": p.name, "line": ln.name, "count": int(mask.sum()),
+                 "total_ms": round(float(d.sum()) / 1e9, 4), "max_us": round(float(d.max()) / 1e6, 3),
+                 "mean_gap_ms": round(float(g.mean()) / 1e9, 4) if len(g) else None}
+            )
+    if not groups:
+        raise NotAvailable(f"no event matches {pattern!r}" + (f" on planes with {plane!r}" if plane else "") + (f", lines with {line!r}" if line else ""))
+    d_all = np.concatenate(durations)
+    g_all = np.concatenate(gaps) if gaps else np.empty(0)
+    summary = {
+        "pattern": pattern, "matches": int(len(d_all)), "total_ms": round(float(d_all.sum()) / 1e9, 4),
+        "mean_us": round(float(d_all.mean()) / 1e6, 3), "max_us": round(float(d_all.max()) / 1e6, 3),
+        "mean_gap_ms": round(float(g_all.mean()) / 1e9, 4) if len(g_all) else None,
+        "max_gap_ms": round(float(g_all.max()) / 1e9, 4) if len(g_all) else None,
+        "distinct_names": len(names_time),
+    }
+    top = sorted(names_time.items(), key=lambda kv: -kv[1])[:20]
+    detail = {"groups": sorted(groups, key=lambda g: -g["total_ms"])[:50],
+              "top_names": [{"name": n, "total_ms": round(t / 1e9, 4)} for n, t in top]}
+    return ToolOutput(summary, detail, "profile events")

@@ -1,0 +1,54 @@
+"""Small helpers the tool modules share."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from xdiag.errors import NotAvailable
+from xdiag.profile.space import Session
+
+HOST_PLANE_SOURCE = "xdiag host-plane analysis (XLA:CPU ops on the CPU client threads, step annotations)"
+DEVICE_PLANE_SOURCE = "xdiag device-plane analysis"
+XPROF_SOURCE = "XProf converters (xprof {version})"
+
+
+def ms(ps: float | np.ndarray) -> float:
+    return round(float(ps) / 1e9, 4)
+
+
+def percent(part: float, whole: float) -> float:
+    return round(100.0 * part / whole, 2) if whole else 0.0
+
+
+def xprof_source() -> str:
+    try:
+        from importlib.metadata import version
+
+        return XPROF_SOURCE.format(version=version("xprof"))
+    except Exception:  # pragma: no cover - xprof is a pinned dependency
+        return XPROF_SOURCE.format(version="?")
+
+
+def views(session: Session):
+    """XProf's own views of a device profile, built once per session (on a private copy)."""
+    if session.platform == "CPU":
+        raise NotAvailable(
+            "XProf's converters need a /device:* plane; this is a CPU profile (XLA:CPU ops run on host threads)"
+        )
+    if "xprof_views" not in session.cache:
+        from xdiag.xprof_views import XprofViews
+
+        session.cache["xprof_views"] = XprofViews(session.paths)
+    return session.cache["xprof_views"]
+
+
+def try_view(session: Session, method: str, **kwargs) -> tuple[dict[str, Any] | None, str | None]:
+    """(view, None) or (None, reason): XProf views are an enrichment, never a reason to fail a tool."""
+    try:
+        return getattr(views(session), method)(**kwargs), None
+    except NotAvailable as exc:
+        return None, str(exc)
+    except Exception as exc:  # XProf's converters log and return nothing on many inputs
+        return None, f"XProf {method} failed: {type(exc).__name__}: {exc}"

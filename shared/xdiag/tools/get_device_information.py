@@ -1,0 +1,58 @@
+"""get_device_information: what hardware and software produced this profile?"""
+
+from __future__ import annotations
+
+from xdiag.profile.space import Session
+from xdiag.timeline import op_table
+from xdiag.tools.common import HOST_PLANE_SOURCE, try_view
+from xdiag.tools.registry import ToolOutput, tool
+
+_DEVICE_STATS = (
+    "device_type_string", "peak_teraflops_per_second", "peak_hbm_bw_gigabytes_per_second", "core_count",
+    "clock_rate", "memory_bandwidth", "memory_size", "compute_cap_major", "compute_cap_minor", "device_vendor",
+)
+
+
+@tool(
+    "get_device_information",
+    "Device type and count, per-device peak FLOP/s, memory size and bandwidth as the profile records them, "
+    "and the framework versions; for CPU profiles the number of XLA:CPU devices.",
+)
+def get_device_information(session: Session) -> ToolOutput:
+    """summary: platform, device_type, device_count, devices_with_events, peak_teraflops_per_second,
+    peak_hbm_bw_gigabytes_per_second, memory_size_bytes, versions. detail: per-device stats, xprof view."""
+    versions: dict[str, str] = {}
+    for plane in session.planes:
+        if plane.name == "/host:metadata":
+            versions.update({k: str(v) for k, v in plane.stats.items() if k.endswith("_version")})
+    devices = []
+    for plane in session.device_planes():
+        devices.append(
+            {"host": plane.host, "plane": plane.name, "events": plane.event_count,
+             **{k: v for k, v in plane.stats.items() if k in _DEVICE_STATS}}
+        )
+    summary: dict = {"platform": session.platform, "versions": versions}
+    if devices:
+        first = devices[0]
+        summary.update(
+            device_count=len(devices),
+            devices_with_events=sum(1 for d in devices if d["events"]),
+            device_type=first.get("device_type_string") or first.get("device_vendor") or session.platform,
+        )
+        for key in ("peak_teraflops_per_second", "peak_hbm_bw_gigabytes_per_second", "core_count",
+                    "memory_size", "memory_bandwidth", "compute_cap_major", "compute_cap_minor", "clock_rate"):
+            if first.get(key) is not None:
+                summary[key] = first[key]
+        detail = {"devices": devices}
+        view, reason = try_view(session, "device_information")
+        detail["xprof"] = view if view is not None else {"available": False, "reason": reason}
+        return ToolOutput(summary, detail, "profile device planes")
+    cpu_devices = sorted({d for d in op_table(session).device})
+    summary.update(device_type="CPU (XLA:CPU)", device_count=len(cpu_devices), devices_with_events=len(cpu_devices))
+    threads = sorted({line.name for p in session.host_planes() for line in p.lines if line.name.startswith("tf_XLA")})
+    detail = {
+        "devices": cpu_devices,
+        "xla_cpu_threads": len(threads),
+        "not_available": {"peak_flops": "a CPU profile records no peak FLOP/s or memory bandwidth"},
+    }
+    return ToolOutput(summary, detail, HOST_PLANE_SOURCE)

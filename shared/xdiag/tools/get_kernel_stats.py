@@ -1,0 +1,62 @@
+"""get_kernel_stats: which GPU kernels take the time, and which XLA ops launched them?"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from xdiag.errors import NotAvailable
+from xdiag.profile.space import Session
+from xdiag.tools.common import try_view
+from xdiag.tools.registry import ToolOutput, tool
+
+
+@tool(
+    "get_kernel_stats",
+    "GPU kernels by total time: launches, total and mean duration, the XLA op and module that launched each, "
+    "and launch parameters where recorded. Not available on TPU or CPU profiles.",
+    parameters={"top_n": {"type": "integer", "description": "how many kernels to list (default 20)"}},
+)
+def get_kernel_stats(session: Session, top_n: int = 20) -> ToolOutput:
+    """summary: kernels, launches, total_kernel_ms, top_kernel, top_kernel_share_percent. detail: kernels, xprof."""
+    if session.platform != "GPU":
+        raise NotAvailable(f"kernel statistics exist only for GPU profiles; this is a {session.platform} profile")
+    per_name: dict[str, dict] = {}
+    for plane in session.device_planes(with_events=True):
+        for line in plane.lines:
+            if not line.name.startswith("Stream") or "Memcpy" in line.name or "Memset" in line.name:
+                continue
+            hlo_op = line.strings.get("hlo_op")
+            details = line.strings.get("kernel_details")
+            uniq, inverse = np.unique(line.metadata_id, return_inverse=True)
+            totals = np.bincount(inverse, weights=line.duration_ps.astype(float))
+            counts = np.bincount(inverse)
+            first = np.full(len(uniq), -1)
+            first[inverse[::-1]] = np.arange(len(inverse))[::-1]
+            for k, mid in enumerate(uniq):
+                name = plane.event_names.get(int(mid), "")
+                if name.startswith(("Memcpy", "Memset")):
+                    continue
+                row = per_name.setdefault(name, {"kernel": name, "launches": 0, "total_ps": 0.0})
+                row["launches"] += int(counts[k])
+                row["total_ps"] += float(totals[k])
+                if hlo_op is not None and hlo_op[first[k]] >= 0:
+                    row["hlo_op"] = plane.string(int(hlo_op[first[k]]))
+                if details is not None and details[first[k]] >= 0:
+                    row["kernel_details"] = plane.string(int(details[first[k]]))[:200]
+    if not per_name:
+        raise NotAvailable("the GPU device planes hold no kernel events (only memory copies or nothing)")
+    rows = sorted(per_name.values(), key=lambda r: -r["total_ps"])
+    total = sum(r["total_ps"] for r in rows)
+    for r in rows:
+        r["total_ms"] = round(r.pop("total_ps") / 1e9, 4)
+        r["mean_us"] = round(r["total_ms"] * 1e3 / r["launches"], 3)
+        r["share_percent"] = round(100 * r["total_ms"] * 1e9 / total, 2) if total else 0.0
+    summary = {
+        "kernels": len(rows), "launches": sum(r["launches"] for r in rows), "total_kernel_ms": round(total / 1e9, 4),
+        "top_kernel": rows[0]["kernel"][:160], "top_kernel_share_percent": rows[0]["share_percent"],
+        "mean_kernel_us": round(total / 1e6 / sum(r["launches"] for r in rows), 3),
+    }
+    detail: dict = {"kernels": rows[: max(top_n, 1)]}
+    view, reason = try_view(session, "kernel_stats", top_n=top_n)
+    detail["xprof"] = view if view is not None else {"available": False, "reason": reason}
+    return ToolOutput(summary, detail, "GPU device planes")

@@ -1,0 +1,54 @@
+"""get_kpi_metrics: the handful of numbers that say how well the workload runs."""
+
+from __future__ import annotations
+
+from xdiag.breakdown import step_rows, summarize_steps
+from xdiag.errors import NotAvailable
+from xdiag.profile.space import Session
+from xdiag.tools.common import DEVICE_PLANE_SOURCE, HOST_PLANE_SOURCE, try_view
+from xdiag.tools.ops import op_stats
+from xdiag.tools.registry import ToolOutput, tool
+
+
+@tool(
+    "get_kpi_metrics",
+    "Key performance indicators: step time, steps per second, device compute share, achieved FLOP rate "
+    "(from HLO shapes), and on TPU/GPU XProf's duty cycle, roofline utilisation and peak HBM.",
+)
+def get_kpi_metrics(session: Session) -> ToolOutput:
+    """summary: step_time_ms, steps_per_second, compute_percent, device_idle_percent, achieved_gflops_per_s
+    (FLOPs counted from HLO shapes over op time; None where the profile has no HLO), plus xprof_* on devices."""
+    rows = step_rows(session)
+    if not rows:
+        raise NotAvailable("no steps and no XLA ops in the profile: nothing to measure")
+    steps = summarize_steps(rows)
+    stats = op_stats(session)
+    costed = [s for s in stats if s.cost and s.cost["flops_known"]]
+    flops = sum(s.cost["flops"] * s.count for s in costed)
+    op_seconds = sum(s.total_ps for s in costed) / 1e12
+    total_step_s = sum(r.step_ms for r in rows) / 1e3
+    summary = {
+        "step_time_ms": steps["step_time_ms_mean"],
+        "steps_per_second": round(len(rows) / total_step_s, 3) if total_step_s else None,
+        "compute_percent": steps["compute_percent"],
+        "device_idle_percent": steps["device_idle_percent"],
+        "achieved_gflops_per_s_during_ops": round(flops / op_seconds / 1e9, 3) if op_seconds and flops else None,
+        "achieved_gflops_per_s_over_steps": round(flops / total_step_s / 1e9, 3) if total_step_s and flops else None,
+        "hlo_costed_op_share_percent": round(
+            100 * sum(s.total_ps for s in costed) / max(sum(s.total_ps for s in stats), 1), 2
+        ),
+    }
+    detail: dict = {}
+    source = HOST_PLANE_SOURCE if session.platform == "CPU" else DEVICE_PLANE_SOURCE
+    if session.platform != "CPU":
+        view, reason = try_view(session, "kpi_metrics")
+        detail["xprof"] = view if view is not None else {"available": False, "reason": reason}
+        for key, value in (view or {}).items():
+            if key != "detail" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                summary[f"xprof_{key}"] = value
+    else:
+        detail["not_available"] = {
+            "peak_hbm_gib": "CPU profiles record no device memory",
+            "roofline_utilization": "CPU profiles carry no peak FLOP/s or bandwidth to compare with",
+        }
+    return ToolOutput(summary, detail, source)

@@ -1,0 +1,57 @@
+"""get_xprof_overview: what ran, on what, and is the device kept busy?"""
+
+from __future__ import annotations
+
+from xdiag.breakdown import step_rows, summarize_steps
+from xdiag.profile.space import Session
+from xdiag.timeline import profile_window_ps, step_set
+from xdiag.tools.common import DEVICE_PLANE_SOURCE, HOST_PLANE_SOURCE, ms, try_view
+from xdiag.tools.ops import category_totals, op_stats
+from xdiag.tools.registry import ToolOutput, tool
+
+
+@tool(
+    "get_xprof_overview",
+    "Overview of the session: platform, hosts, devices, profile window, step time, the share of step time the "
+    "devices compute, the top ops and categories; on TPU/GPU also XProf's overview page (duty cycle, bottleneck).",
+)
+def get_xprof_overview(session: Session) -> ToolOutput:
+    """summary: platform, hosts, devices_with_events, profile_window_ms, events, steps, step_time_ms_mean,
+    compute_percent, device_idle_percent, top_op, top_category. detail: top 5 ops, categories, xprof overview."""
+    rows = step_rows(session)
+    steps = summarize_steps(rows)
+    stats = op_stats(session)
+    lo, hi = profile_window_ps(session)
+    summary = {
+        "platform": session.platform,
+        "hosts": len(session.hosts),
+        "devices_with_events": len(session.device_planes(with_events=True)) or None,
+        "profile_window_ms": ms(hi - lo),
+        "events": session.event_count,
+        "profile_bytes": session.size_bytes,
+        "xla_op_executions": sum(s.count for s in stats),
+        "steps": steps.get("steps", 0),
+        "step_source": step_set(session).source,
+        "step_time_ms_mean": steps.get("step_time_ms_mean"),
+        "compute_percent": steps.get("compute_percent"),
+        "device_idle_percent": steps.get("device_idle_percent"),
+        "top_op": stats[0].name if stats else None,
+        "top_category": next(iter(category_totals(stats)), None) if stats else None,
+    }
+    total = sum(s.total_ps for s in stats)
+    detail = {"top_ops": [s.row(total) for s in stats[:5]], "categories_ms": category_totals(stats)}
+    if session.platform == "CPU":
+        detail["note"] = (
+            "XProf's own overview counts XLA:CPU work as 'All Others' and calls almost every CPU workload "
+            "'input-bound'; xdiag measures the host plane instead and does not repeat that verdict"
+        )
+        source = HOST_PLANE_SOURCE
+    else:
+        view, reason = try_view(session, "overview")
+        detail["xprof"] = view if view is not None else {"available": False, "reason": reason}
+        if view:
+            for key in ("duty_cycle_percent", "step_time_ms", "bottleneck"):
+                if view.get(key) is not None:
+                    summary[f"xprof_{key}"] = view[key]
+        source = DEVICE_PLANE_SOURCE
+    return ToolOutput(summary, detail, source)

@@ -1,0 +1,60 @@
+"""llo_load / llo_query: TPU low-level (LLO) instruction traces, where the capture has them."""
+
+from __future__ import annotations
+
+from xdiag.errors import NotAvailable
+from xdiag.profile.space import Session
+from xdiag.tools.aggregate_xplane_events import aggregate_xplane_events
+from xdiag.tools.registry import ToolOutput, tool
+
+LLO_LINES = frozenset({
+    "Pallas Primitives", "Source Lines", "Source code", "LLO Instructions", "SALU Instructions",
+    "VALU Instructions", "EUP Instructions", "XLU Instructions", "VLD Instructions", "VST Instructions",
+})
+
+
+def _llo_lines(session: Session) -> list[tuple[str, str, int]]:
+    return [(p.name, ln.name, len(ln)) for p in session.device_planes() for ln in p.lines if ln.name in LLO_LINES and len(ln)]
+
+
+def _require_llo(session: Session) -> list[tuple[str, str, int]]:
+    if session.platform != "TPU":
+        raise NotAvailable(f"LLO traces exist only in TPU captures; this is a {session.platform} profile")
+    lines = _llo_lines(session)
+    if not lines:
+        raise NotAvailable("this TPU capture has no LLO lines (capture with LLO tracing enabled to get them)")
+    return lines
+
+
+@tool("llo_load", "Whether the TPU capture carries LLO-level lines, and how many events each holds.")
+def llo_load(session: Session) -> ToolOutput:
+    """summary: llo_lines, events. detail: per plane/line counts."""
+    lines = _require_llo(session)
+    return ToolOutput(
+        {"llo_lines": len(lines), "events": sum(n for _, _, n in lines)},
+        {"lines": [{"plane": p, "line": ln, "events": n} for p, ln, n in lines]},
+        "TPU device planes",
+    )
+
+
+@tool(
+    "llo_query",
+    "LLO events matching a regular expression on the TPU's LLO lines: count, time and gaps.",
+    parameters={"pattern": {"type": "string", "description": "regular expression over LLO event names", "required": True}},
+)
+def llo_query(session: Session, pattern: str) -> ToolOutput:
+    """summary/detail: as aggregate_xplane_events, restricted to LLO lines."""
+    results = []
+    for _, line_name, _ in _require_llo(session):
+        try:
+            results.append(aggregate_xplane_events(session, pattern=pattern, plane="/device:TPU", line=line_name))
+        except NotAvailable:
+            continue
+    if not results:
+        raise NotAvailable(f"no LLO event matches {pattern!r}")
+    summary = {
+        "pattern": pattern,
+        "matches": sum(r.summary["matches"] for r in results),
+        "total_ms": round(sum(r.summary["total_ms"] for r in results), 4),
+    }
+    return ToolOutput(summary, {"groups": [g for r in results for g in r.detail["groups"]]}, "TPU LLO lines")

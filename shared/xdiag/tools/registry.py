@@ -1,0 +1,146 @@
+"""The tool registry: one tool, one question, a typed result.
+
+A tool is a function `(session, **args) -> ToolOutput`. It raises `NotAvailable` when the
+profile or platform lacks its data; any other exception is a failure the stage records.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from xdiag.errors import NotAvailable, UnknownTool
+from xdiag.model import ToolResult, ToolStatus
+from xdiag.profile.space import Session
+
+
+@dataclass
+class ToolOutput:
+    summary: dict[str, Any]
+    detail: dict[str, Any] = field(default_factory=dict)
+    source: str = "xdiag"
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    name: str
+    question: str  # the one question the tool answers; also its description for an LLM
+    func: Callable[..., ToolOutput]
+    parameters: dict[str, dict[str, Any]]  # arg -> {"type": ..., "description": ..., "required": bool}
+    broad: bool
+    follow_up: bool
+
+
+REGISTRY: dict[str, ToolSpec] = {}
+
+BROAD_TOOLS = (
+    "get_xprof_overview",
+    "get_step_trace",
+    "get_kpi_metrics",
+    "get_device_information",
+    "get_hosts",
+    "get_utilization_viewer",
+    "get_smart_suggestions",
+    "get_roofline_model",
+    "get_hlo_op_profile",
+    "detect_layout_mismatch_copies",
+    "detect_unfused_reshapes",
+    "detect_unnecessary_convert_reduce",
+    "list_hlo_modules",
+    "get_memory_profile",
+    "get_peak_allocations",
+)
+"""The broad collection every session gets, in the order the report lists them."""
+
+FOLLOW_UP_TOOLS = (
+    "get_hosts",
+    "get_roofline_model",
+    "get_hlo_op_profile",
+    "get_hlo_neighborhood",
+    "aggregate_xplane_events",
+    "get_kernel_stats",
+    "llo_load",
+    "llo_query",
+)
+"""What an investigator may call after the broad collection."""
+
+
+def tool(name: str, question: str, parameters: dict[str, dict[str, Any]] | None = None):
+    """Registers a tool function under `name`."""
+
+    def register(func: Callable[..., ToolOutput]) -> Callable[..., ToolOutput]:
+        REGISTRY[name] = ToolSpec(
+            name=name,
+            question=question,
+            func=func,
+            parameters=parameters or {},
+            broad=name in BROAD_TOOLS,
+            follow_up=name in FOLLOW_UP_TOOLS,
+        )
+        return func
+
+    return register
+
+
+def validate_args(spec: ToolSpec, args: dict[str, Any]) -> dict[str, Any]:
+    """Checks names and types of arguments; raises ValueError with the reason."""
+    unknown = set(args) - set(spec.parameters)
+    if unknown:
+        raise ValueError(f"{spec.name} takes no argument(s) {sorted(unknown)}; it takes {sorted(spec.parameters)}")
+    types = {"string": str, "integer": int, "number": (int, float), "boolean": bool}
+    for arg, param in spec.parameters.items():
+        if arg not in args:
+            if param.get("required"):
+                raise ValueError(f"{spec.name} needs argument {arg!r} ({param.get('description', '')})")
+            continue
+        expected = types.get(param.get("type", "string"), object)
+        if not isinstance(args[arg], expected) or (expected is int and isinstance(args[arg], bool)):
+            raise ValueError(f"{spec.name}: argument {arg!r} must be a {param.get('type')}, got {args[arg]!r}")
+    return args
+
+
+def run_tool(session: Session, name: str, args: dict[str, Any] | None = None) -> ToolResult:
+    """Runs one tool and records what happened; never raises for a tool's own failure."""
+    from xdiag import tools as _  # noqa: F401  (importing the package registers every tool)
+
+    spec = REGISTRY.get(name)
+    if spec is None:
+        raise UnknownTool(f"unknown tool {name!r}; known tools: {', '.join(sorted(REGISTRY))}")
+    args = dict(args or {})
+    started = time.perf_counter()
+    try:
+        validate_args(spec, args)
+        output = spec.func(session, **args)
+    except NotAvailable as exc:
+        return ToolResult(
+            tool=name,
+            status=ToolStatus.NOT_AVAILABLE,
+            reason=str(exc),
+            args=args,
+            duration_ms=(time.perf_counter() - started) * 1000,
+        )
+    except ValueError as exc:
+        return ToolResult(
+            tool=name, status=ToolStatus.FAILED, reason=f"bad arguments: {exc}", args=args, duration_ms=0.0
+        )
+    except Exception as exc:  # a tool's bug must not stop the pipeline: record it precisely
+        where = traceback.extract_tb(exc.__traceback__)[-1]
+        return ToolResult(
+            tool=name,
+            status=ToolStatus.FAILED,
+            reason=f"{type(exc).__name__}: {exc} (at {where.filename.rsplit('/', 1)[-1]}:{where.lineno})",
+            args=args,
+            duration_ms=(time.perf_counter() - started) * 1000,
+        )
+    return ToolResult(
+        tool=name,
+        status=ToolStatus.OK,
+        summary=output.summary,
+        detail=output.detail,
+        source=output.source,
+        args=args,
+        duration_ms=(time.perf_counter() - started) * 1000,
+    )

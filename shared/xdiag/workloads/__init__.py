@@ -1,0 +1,140 @@
+"""Known-problem JAX workloads for testing xdiag's profile analysis.
+
+Each workload is a small, real JAX program with ONE clear, known performance
+problem (plus one healthy control). They are profiled with the real JAX
+profiler by :mod:`xdiag.workloads.capture` (``python -m xdiag.workloads``) and
+the resulting ``*.xplane.pb`` files are fed to the analyser, which must find
+``Workload.expected_finding`` from the profile's own numbers.
+``capture_workload(name, logdir, steps=None)`` (from
+:mod:`xdiag.workloads.capture`, re-exported here) returns the written
+``.xplane.pb`` path.
+
+Every workload module (``xdiag.workloads.<name>``) exposes:
+
+* ``DEFAULT_STEPS``: number of measured steps the capture runs by default;
+* ``setup() -> state``: builds arrays and jitted functions (the step's own
+  programs compile on the first ``step`` call, i.e. during warm-up);
+* ``step(state, i) -> state``: one training step; ``i`` is a global step
+  counter that keeps increasing across warm-up and measured steps;
+* ``run(steps) -> None``: setup + ``steps`` steps, unprofiled.
+
+The modules use only jax, numpy and the standard library and run on any JAX
+backend (CPU, GPU, TPU). Importing this package does not import jax; the
+workload modules are imported lazily.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from types import ModuleType
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A registered workload.
+
+    name: registry key, also the module name ``xdiag.workloads.<name>``.
+    problem: one-line description of the known performance problem.
+    expected_finding: short stable key the analyser should report for it.
+    needs_devices: devices the workload needs; on CPU the capture forces this
+        many host devices via ``--xla_force_host_platform_device_count``.
+    """
+
+    name: str
+    problem: str
+    expected_finding: str
+    needs_devices: int = 1
+
+
+class WorkloadSkipped(RuntimeError):
+    """Raised when a workload cannot show its problem on this machine
+    (e.g. the collective workload with a single accelerator)."""
+
+
+_ALL = [
+    Workload(
+        "healthy",
+        "compute-bound MLP training step (big matmuls, fwd+bwd+SGD in one jit, donated weights) run back to back",
+        "optimal",
+    ),
+    Workload(
+        "input_bound",
+        "each step builds its batch on the host in Python/numpy, taking longer than the small jitted step",
+        "input_bound",
+    ),
+    Workload(
+        "dispatch_bound",
+        "un-jitted op-by-op code: hundreds of tiny eager jnp ops per step, time is per-op dispatch overhead",
+        "dispatch_overhead",
+    ),
+    Workload(
+        "recompilation",
+        "jitted function called with a new batch size every step, so XLA recompiles every step",
+        "recompilation",
+    ),
+    Workload(
+        "host_sync",
+        "step blocks on device->host transfers (float(loss), np.asarray) and a host callback inside the jit",
+        "host_sync",
+    ),
+    Workload(
+        "memory_bound",
+        "jitted step of elementwise ops and reductions over tens of MB (no matmul): low arithmetic intensity",
+        "memory_bound",
+    ),
+    Workload(
+        "layout_transpose",
+        "jitted step dominated by materialised transposes/copies of large 4-D tensors that only change layout",
+        "layout_copies",
+    ),
+    Workload(
+        "widening_convert",
+        "bf16 data widened to f32 around large reductions, so convert and reduce ops dominate the step",
+        "widening_converts",
+    ),
+    Workload(
+        "collective_bound",
+        "sharded step over 4 devices with tiny compute and large all-reduce/all-gather each step",
+        "collectives",
+        needs_devices=4,
+    ),
+    Workload(
+        "small_steps",
+        "correct jitted step on tiny arrays: step time is fixed per-step overhead, device mostly idle",
+        "low_utilization",
+    ),
+]
+
+WORKLOADS: dict[str, Workload] = {w.name: w for w in _ALL}
+
+
+def load_module(name: str) -> ModuleType:
+    """Import and return the module implementing workload ``name``."""
+    if name not in WORKLOADS:
+        raise KeyError(f"unknown workload {name!r}; known: {', '.join(WORKLOADS)}")
+    return importlib.import_module(f"{__name__}.{name}")
+
+
+def run_workload(name: str, steps: int | None = None) -> None:
+    """Run workload ``name`` in this process for ``steps`` steps, unprofiled.
+
+    Uses the module's ``DEFAULT_STEPS`` when ``steps`` is None. A multi-device
+    workload uses however many devices this process has (see capture for
+    forcing host devices).
+    """
+    module = load_module(name)
+    module.run(module.DEFAULT_STEPS if steps is None else steps)
+
+
+def __getattr__(attr: str):
+    # Lazy re-export (importing capture eagerly would make
+    # ``python -m xdiag.workloads.capture`` warn about a pre-imported module).
+    if attr == "capture_workload":
+        from xdiag.workloads.capture import capture_workload
+
+        return capture_workload
+    raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")
+
+
+__all__ = ["WORKLOADS", "Workload", "WorkloadSkipped", "capture_workload", "load_module", "run_workload"]

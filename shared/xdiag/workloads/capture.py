@@ -1,0 +1,166 @@
+"""Profile workloads with the real JAX profiler, each in its own subprocess.
+
+For every workload a fresh Python process is started (so XLA flags such as
+``--xla_force_host_platform_device_count`` take effect before jax is imported
+and no compile cache or profiler state leaks between workloads). The child:
+
+1. calls the module's ``setup()`` and runs ``WARMUP_STEPS`` steps outside the
+   trace (compiling everything the steps need);
+2. runs the measured steps inside ``jax.profiler.trace(<logdir>/<name>)``,
+   each step inside ``jax.profiler.StepTraceAnnotation("train", step_num=k)``
+   (k = 0..steps-1) and, unless the module sets ``BLOCK_EACH_STEP = False``,
+   blocks on the step's outputs inside the annotation so that the step's
+   device work falls inside it;
+3. reports the ``<logdir>/<name>/plugins/profile/<session>/<host>.xplane.pb``
+   it wrote.
+
+Use :func:`capture_workload` from Python or ``python -m xdiag.workloads``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from xdiag.workloads import WORKLOADS, WorkloadSkipped, load_module
+
+WARMUP_STEPS = 2
+CHILD_TIMEOUT_S = 600
+_RESULT_MARK = "XDIAG_CAPTURE_RESULT "
+_SKIP_MARK = "XDIAG_CAPTURE_SKIP "
+_SKIP_RC = 3
+_PKG_ROOT = Path(__file__).resolve().parents[2]  # directory holding the xdiag package
+
+
+class WorkloadFailed(RuntimeError):
+    """A workload's capture subprocess failed."""
+
+
+@dataclass(frozen=True)
+class CaptureResult:
+    name: str
+    path: Path  # the .xplane.pb written
+    size_bytes: int
+    steps: int
+    steps_wall_s: float  # wall time of the measured steps (inside the trace)
+    process_wall_s: float  # wall time of the whole subprocess
+
+
+def child_env(name: str) -> dict[str, str]:
+    """Environment for the capture subprocess of workload ``name``."""
+    env = dict(os.environ)
+    paths = [str(_PKG_ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    need = WORKLOADS[name].needs_devices
+    flags = env.get("XLA_FLAGS", "")
+    if need > 1 and "xla_force_host_platform_device_count" not in flags:
+        # Only affects the CPU (host) platform; harmless on GPU/TPU.
+        env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={need}".strip()
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    return env
+
+
+def capture(name: str, logdir: str | os.PathLike, steps: int | None = None) -> CaptureResult:
+    """Profile workload ``name`` in a subprocess; return what it wrote.
+
+    Raises WorkloadSkipped if the workload cannot run here (e.g. too few
+    devices), WorkloadFailed if the subprocess fails.
+    """
+    if name not in WORKLOADS:
+        raise KeyError(f"unknown workload {name!r}; known: {', '.join(WORKLOADS)}")
+    logdir = Path(logdir).resolve()
+    try:
+        (logdir / name).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise WorkloadFailed(f"workload {name!r}: cannot create {logdir / name}: {exc}") from exc
+    cmd = [sys.executable, "-m", "xdiag.workloads.capture", name, str(logdir)]
+    if steps is not None:
+        cmd.append(str(int(steps)))
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(
+            cmd, env=child_env(name), capture_output=True, text=True, timeout=CHILD_TIMEOUT_S
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise WorkloadFailed(f"workload {name!r} timed out after {CHILD_TIMEOUT_S}s") from exc
+    process_wall = time.perf_counter() - t0
+    lines = proc.stdout.splitlines()
+    if proc.returncode == _SKIP_RC:
+        reason = next((l[len(_SKIP_MARK):] for l in lines if l.startswith(_SKIP_MARK)), "skipped")
+        raise WorkloadSkipped(f"{name}: {reason}")
+    result = next((l[len(_RESULT_MARK):] for l in lines if l.startswith(_RESULT_MARK)), None)
+    if proc.returncode != 0 or result is None:
+        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-25:])
+        raise WorkloadFailed(f"workload {name!r} failed (exit code {proc.returncode}):\n{tail}")
+    info = json.loads(result)
+    path = Path(info["path"])
+    return CaptureResult(
+        name=name,
+        path=path,
+        size_bytes=path.stat().st_size,
+        steps=info["steps"],
+        steps_wall_s=info["steps_wall_s"],
+        process_wall_s=process_wall,
+    )
+
+
+def capture_workload(name: str, logdir: str | os.PathLike, steps: int | None = None) -> Path:
+    """Profile workload ``name`` into ``<logdir>/<name>/`` and return the
+    ``.xplane.pb`` path. ``steps`` defaults to the module's DEFAULT_STEPS."""
+    return capture(name, logdir, steps).path
+
+
+def _child_main(name: str, logdir: str, steps: int | None) -> int:
+    """Runs inside the subprocess: warm up, then trace the measured steps."""
+    import jax
+
+    module = load_module(name)
+    steps = module.DEFAULT_STEPS if steps is None else steps
+    block_each_step = getattr(module, "BLOCK_EACH_STEP", True)
+    try:
+        state = module.setup()
+    except WorkloadSkipped as exc:
+        print(_SKIP_MARK + str(exc), flush=True)
+        return _SKIP_RC
+    for i in range(WARMUP_STEPS):
+        state = module.step(state, i)
+    jax.block_until_ready(state)
+
+    out = Path(logdir) / name
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    with jax.profiler.trace(str(out)):
+        t0 = time.perf_counter()
+        for k in range(steps):
+            with jax.profiler.StepTraceAnnotation("train", step_num=k):
+                state = module.step(state, WARMUP_STEPS + k)
+                if block_each_step:
+                    jax.block_until_ready(state)
+        jax.block_until_ready(state)
+        steps_wall = time.perf_counter() - t0
+    written = [
+        p for p in out.glob("plugins/profile/*/*.xplane.pb") if p.stat().st_mtime >= started - 1.0
+    ]
+    if not written:
+        print(f"no .xplane.pb written under {out}", file=sys.stderr)
+        return 1
+    path = max(written, key=lambda p: p.stat().st_mtime)
+    print(
+        _RESULT_MARK
+        + json.dumps({"path": str(path), "steps": steps, "steps_wall_s": round(steps_wall, 4)}),
+        flush=True,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    # Child entry point: python -m xdiag.workloads.capture NAME LOGDIR [STEPS]
+    _args = sys.argv[1:]
+    if len(_args) not in (2, 3):
+        sys.exit("usage: python -m xdiag.workloads.capture NAME LOGDIR [STEPS]  (internal; use python -m xdiag.workloads)")
+    sys.exit(_child_main(_args[0], _args[1], int(_args[2]) if len(_args) == 3 else None))
