@@ -109,9 +109,9 @@ def step_rows(session: Session) -> list[StepRow]:
             is_sync = _match(events.names, SYNC_EVENT)
             is_dispatch = _match(events.names, DISPATCH_EVENT)
             is_callback = _match(events.names, CALLBACK_EVENT)
+            # One launch shows as several nested execute events (C API, PjRt, stream executor): count the outermost.
             is_execute = _match(events.names, EXECUTE_EVENT)
-            if not is_execute.any():  # runtimes without an execute event: count outermost dispatches
-                is_execute = _outermost(is_dispatch, events.line, events.start_ps, events.end_ps)
+            is_execute = _outermost(is_execute if is_execute.any() else is_dispatch, events.line, events.start_ps, events.end_ps)
             is_compile_outer = _outermost(is_compile, events.line, events.start_ps, events.end_ps)
             sync_count = _outermost(is_sync, events.line, events.start_ps, events.end_ps)
             callback_count = _outermost(is_callback, events.line, events.start_ps, events.end_ps)

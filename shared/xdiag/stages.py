@@ -238,7 +238,7 @@ def investigate(message: InvestigationReady, deps: Dependencies) -> None:
         chosen = analysis.investigator if analysis.investigator in deps.investigators else "rules"
         investigator = deps.investigators[chosen]()
         diagnosis = investigator.investigate(health, results, call_tool)
-        diagnosis.follow_up_calls.extend(c for c in refused if c not in diagnosis.follow_up_calls)
+        diagnosis.follow_up_calls.extend(refused)
         if chosen != analysis.investigator and not diagnosis.investigator_note:
             diagnosis.investigator_note = f"investigator {analysis.investigator!r} is not configured; used the rule engine"
         analysis.health = health

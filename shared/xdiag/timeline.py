@@ -23,6 +23,8 @@ DATA_MOVEMENT_OPCODES = {
     "copy", "transpose", "reshape", "broadcast", "slice", "concatenate", "pad", "dynamic-slice",
     "dynamic-update-slice", "gather", "scatter", "copy-start", "copy-done", "reverse", "iota",
 }
+ASYNC_COPY_OPCODES = {"copy-start", "copy-done"}
+"""Copies between memory spaces (e.g. host offload on TPU): transfers, not layout work."""
 STRUCTURAL_OPCODES = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast"}
 COMPILE_EVENT = re.compile(
     r"backend_compile|lower_sharding_computation|lower_jaxpr_to_stablehlo|jit_compile|_cached_compilation|"
@@ -37,9 +39,10 @@ CALLBACK_EVENT = re.compile(
 )
 """Python running as a host callback from compiled code (not e.g. the runtime's 'rendezvous callback')."""
 DISPATCH_EVENT = re.compile(r"^PjitFunction\(|^PmapFunction\(|ExecuteHelper|LoadedExecutable::Execute\b")
-EXECUTE_EVENT = re.compile(r"LoadedExecutable::Execute(Helper\w*|Sharded\w*)?$|^PjRtCApiLoadedExecutable::Execute$")
+EXECUTE_EVENT = re.compile(r"LoadedExecutable::Execute(Helper\w*|Sharded\w*)?$|LoadedExecutable::Execute \(")
 """One event per compiled program launched: counts dispatches without the nesting of PjitFunction events."""
 STEP_STAT = "step_num"
+_KERNEL_SUFFIX = re.compile(r"_(\d+)$")
 
 
 @dataclass
@@ -130,13 +133,15 @@ def covered(starts: np.ndarray, ends: np.ndarray, win_s: np.ndarray, win_e: np.n
 
 
 def categorize(instruction: HloInstruction | None, module: HloModule | None, name: str) -> str:
-    """The op's category: matmul, convolution, collective, reduction, convert, data_movement,
-    elementwise, custom_call, host_callback, control_flow or other."""
+    """The op's category: matmul, convolution, collective, async_copy, reduction, convert, data_movement,
+    elementwise, custom_call, host_callback, control_flow, memcpy or other."""
     if instruction is None:
         return _category_from_name(name)
     opcode = instruction.opcode
     if opcode in COLLECTIVE_OPCODES:
         return "collective"
+    if opcode in ASYNC_COPY_OPCODES:
+        return "async_copy"
     if opcode == "custom-call":
         target = instruction.custom_call_target.lower()
         if "callback" in target or "callback" in name.lower():
@@ -184,11 +189,13 @@ def _category_from_name(name: str) -> str:
     base = name.lower().lstrip("%")
     if base.startswith(("memcpy", "memset")):
         return "memcpy"
+    if base.startswith(tuple(ASYNC_COPY_OPCODES)):
+        return "async_copy"
     if any(base.startswith(op) for op in COLLECTIVE_OPCODES) or "all-reduce" in base or "allreduce" in base:
         return "collective"
     if "callback" in base:
         return "host_callback"
-    if base.startswith(("dot", "gemm", "cublas")) or "matmul" in base or "gemm" in base:
+    if base.startswith(("dot", "gemm", "cublas")) or any(k in base for k in ("matmul", "gemm", "xmma", "cutlass", "wgmma")):
         return "matmul"
     if base.startswith(("convolution", "conv")):
         return "convolution"
@@ -255,7 +262,10 @@ def _line_ops(plane: Plane, line: Line, host: str, has_xla_ops_line: bool) -> di
         elif line.name.startswith("Stream") and not has_xla_ops_line:
             names = plane.names_of(line)
             if hlo_op is not None:
-                names = np.where(hlo_op >= 0, _strings_of(plane, hlo_op), names)
+                # Kernels run inside a CUDA graph carry the command buffer's name as hlo_op: keep the kernel's.
+                op_names = _strings_of(plane, hlo_op)
+                is_buffer = np.fromiter((n.startswith("command_buffer") for n in op_names), dtype=bool, count=count)
+                names = np.where((hlo_op >= 0) & ~is_buffer, op_names, names)
             elif "tf_op" in line.strings:
                 names = np.where(line.strings["tf_op"] >= 0, _strings_of(plane, line.strings["tf_op"]), names)
             modules = _strings_of(plane, line.strings["hlo_module"]) if "hlo_module" in line.strings else np.full(count, "", object)
@@ -334,14 +344,22 @@ def op_table(session: Session) -> OpTable:
         cols = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
         categories = np.empty(len(cols["name"]), dtype=object)
         cache: dict[tuple[str, str, int], str] = {}
-        for i, (name, module_name, pid) in enumerate(zip(cols["name"], cols["module"], cols["program_id"])):
+        names = cols["name"]
+        resolved: dict[tuple[str, str, int], tuple[str, str]] = {}
+        for i, (name, module_name, pid) in enumerate(zip(names, cols["module"], cols["program_id"])):
             key = (name, module_name, int(pid))
-            category = cache.get(key)
-            if category is None:
+            hit = resolved.get(key)
+            if hit is None:
                 module = session.module_for(module_name, None if pid == NO_VALUE else int(pid)) if module_name else None
+                hlo_name = name
                 found = module.find(name) if module else None
-                category = cache[key] = categorize(found[1] if found else None, module, name)
-            categories[i] = category
+                if found is None and module is not None:
+                    # GPU kernels are named after their HLO instruction with '.N' written '_N'.
+                    hlo_name = _KERNEL_SUFFIX.sub(r".\1", name)
+                    found = module.find(hlo_name)
+                    hlo_name = hlo_name if found else name
+                hit = resolved[key] = (hlo_name, categorize(found[1] if found else None, module, name))
+            names[i], categories[i] = hit
         order = np.argsort(cols["start_ps"], kind="stable")
         return OpTable(
             name=cols["name"][order],

@@ -22,29 +22,65 @@ on the instance too; `conversion_counts` shows how often each conversion ran (al
 
 XProf logs a great deal from C++ to fd 2 and from Python to the root logger. While a conversion
 runs, fd 2 goes to a scratch file and records from xprof's modules are demoted; both are
-re-logged at DEBUG on this module's logger (and parse errors become `ProfileError`).
+re-logged at DEBUG on this module's logger (and parse errors become `ProfileError`). The switch
+is process-wide, so whatever another thread writes to fd 2 during a conversion (tens of ms on
+these profiles) lands in that DEBUG record too. `close()` (or the context manager) removes the
+private copy and the fingerprint/owner/lock files XProf's client keeps for it under its cache
+folder; XProf's client stays routed for the life of the process (it delegates everything else).
 
-What each view gives on the shared profiles (`/work/shared/profiles`, xprof 2.24.2):
+What each view gives on the shared profiles (`shared/profiles`, xprof 2.24.2). TPU = TPU v6e inference
+(4 cores); V100 = 8 x V100 TF BERT worker, no XLA; MI300X = JAX gemm, and conv_8gpu after a slash.
+"NA" = raises NotAvailable, with the reason given.
 
-| view | TPU v6e inference | V100 TF BERT (no XLA) | MI300X JAX gemm / conv_8gpu |
-|---|---|---|---|
-| overview | duty cycle 86.5%, idle 13.4%, MXU 0.0%, flop-rate util 4.35% (roofline), HBM bound; step time None (no step markers) | step time 21.3 ms; duty cycle, idle, MXU None (TPU-only); roofline figures None (0 ops analysed) | roofline util 1.26% / conv 3.81%, custom calls 34% (gemm); step time, duty cycle None |
-| step_trace | NotAvailable: no step markers | 1 step, 21.31 ms: compute 69.8%, idle 30.2% | NotAvailable: no step markers |
-| kpi_metrics | duty 86.5, flop util 4.35, peak HBM 20.02 GiB of 31.25 (64.1%), MXU 0 | step 21.3 ms, peak HBM 5.78 of 14.41 GiB; duty, MXU, flop util None | flop util 1.26 (mixed provenance, 99% FLOPs shape-derived), peak 0.45 of 143.99 GiB |
-| device_information | TPU v6 Lite, 4 cores, 918 TFLOP/s, HBM 1525.5 GiB/s, ridge 560.4 | "GPU" (XProf cannot tell the vendor), HBM 836.4 GiB/s; peak FLOP rate unknown (0 -> None) | AMD GPU - gfx942, 1307 TFLOP/s, HBM 2479.6 GiB/s, ridge 491.1 |
-| utilization | NotAvailable: no hardware performance counters in the trace | NotAvailable (same) | NotAvailable (same) |
-| smart_suggestions | 0 suggestions | 0 suggestions | 0 suggestions |
-| roofline | 4.35% roofline, HBM bound, 66.3 GiB/s HBM, 4.47 GFLOP/s, 17 ops | NotAvailable: 0 HLO ops analysed, peak FLOP rate 0 | gemm 1.26% HBM bound (custom calls shape-derived) |
-| hlo_op_profile | copy-done 83.6% of 363.7 s core time, idle 13.4%; top op copy-done.4 | NotAvailable: only IDLE (no XLA ops) | custom-call 34.0%, idle 63.9%; top op custom-call.1 |
-| memory_profile | peak 20.02 GiB (stack reservation) of 31.25 GiB on allocator 1 | peak 5.78 GiB of 14.41 GiB on GPU_6_bfc (+ largest live tensors) | gemm 0.45 of 143.99 GiB; conv 1.61 GiB on each of 8 GPUs |
-| peak_allocations | jit_f 20.0 GiB (4 x 5 GiB buffers), 4 modules | NotAvailable: no HLO modules | jit_dot(49) 0.32 GiB, 16 modules (conv: jit_forward_3d_conv) |
-| kernel_stats | NotAvailable: TPUs have no GPU kernel launches (see hlo_op_profile) | 15 kernels, 29.7 ms; FillPhiloxRandomKernelLaunch 26.6% | gemm 12 kernels, Cijk_* hipBLASLt GEMMs on matrix cores; conv 8 kernels |
+overview
+  TPU     duty cycle 86.5%, idle 13.4%, MXU 0.0%, flop-rate util 4.35% (the roofline figure), HBM bound;
+          step time None (no step markers)
+  V100    step time 21.3 ms; duty cycle, idle, MXU None (TPU-only); roofline figures None (0 ops analysed)
+  MI300X  flop-rate util 1.26% / 2.12%, HBM bound, custom calls 34% of device time (gemm); step time None
+step_trace
+  TPU     NA: no step markers
+  V100    1 step of 21.31 ms: compute 69.8%, idle 30.2%
+  MI300X  NA: no step markers
+kpi_metrics
+  TPU     duty 86.5, flop util 4.35, peak HBM 20.02 of 31.25 GiB (64.1%), MXU 0.0, step time None
+  V100    step 21.3 ms, peak 5.78 of 14.41 GiB (40.1%); duty, MXU, flop util None
+  MI300X  flop util 1.26 ("mixed": 99% of FLOPs shape-derived) / 2.12 ("opaque_custom_call");
+          peak 0.45 / 1.61 of 143.99 GiB
+device_information
+  TPU     TPU v6 Lite, 918 TFLOP/s, HBM 1525.5 GiB/s, ridge 560.4 FLOP/byte, VMEM r/w 21696/15020 GiB/s
+  V100    "GPU" (XProf cannot tell the vendor), HBM 836.4 GiB/s; peak FLOP rate None (XProf says 0)
+  MI300X  AMD GPU - gfx942, 1307 TFLOP/s, HBM 2479.6 GiB/s, ridge 491.1 FLOP/byte
+utilization
+  all     NA: no hardware performance-counter samples in the trace
+smart_suggestions
+  all     0 suggestions
+roofline
+  TPU     4.35% of roofline, HBM bound, HBM 66.3 GiB/s, 4.47 GFLOP/s, 17 ops
+  V100    NA: 0 HLO ops analysed, peak FLOP rate 0
+  MI300X  1.26%, HBM bound, 16 ops / 2.12%, HBM bound, opaque custom calls
+hlo_op_profile
+  TPU     copy-done 83.6% of 363.7 s core time, idle 13.4%, top op copy-done.4 (21.4%)
+  V100    NA: op_profile holds only IDLE (no XLA programs)
+  MI300X  custom-call 34.0%, idle 63.9%, top op custom-call.1 / idle 96.7% (8 GPUs), input_transpose_fusion
+memory_profile
+  TPU     peak 20.02 GiB (a stack reservation) of 31.25 GiB, allocator 1 of 4
+  V100    peak 5.78 of 14.41 GiB on GPU_6_bfc; the largest live tensors at the peak, named by TF op
+  MI300X  0.45 GiB on GPU_0_bfc / 1.61 GiB on each of 8 GPUs
+peak_allocations
+  TPU     jit_f 20.0 GiB (4 buffers of 5 GiB), 4 modules
+  V100    NA: no HLO modules
+  MI300X  jit_dot(49) 0.32 GiB of 16 modules / jit_forward_3d_conv(15) 1.08 GiB
+kernel_stats
+  TPU     NA: a TPU has no GPU kernel launches (see hlo_op_profile)
+  V100    15 kernels, 29.7 ms; FillPhiloxRandomKernelLaunch 26.6%; no tensor-core kernels
+  MI300X  12 kernels, 3.48 ms, Cijk_* GEMMs 93% on matrix cores / 8 kernels, 28.1 ms, input_transpose_fusion.kd 51%
 
-Time on this machine (2 cores), every view of one instance, first call (later calls are dict
-look-ups): TPU 0.4 s in all (overview 0.15 s, the first view pays the op_stats conversion;
-memory_profile 0.05 s; peak_allocations 0.05 s, it converts each HLO module's buffers; the rest
-under 0.03 s); V100 0.35 s; MI300X gemm 0.15 s; conv 0.2 s. XProf's CLI, one process per tool,
-takes seconds each because every call re-reads the profile.
+Time on this machine (2 cores, warm disk), every view of a fresh instance in a fresh process: TPU
+0.37 s, V100 0.55 s, MI300X gemm 0.25 s, conv 0.22 s. The first view pays XProf's op_stats
+conversion and native start-up (overview 0.12-0.3 s); memory_profile 5-130 ms (1.9 MB of JSON on
+the V100), peak_allocations 10-30 ms (one memory_viewer conversion per HLO module), every other
+view under 70 ms, and every repeated call is a dictionary look-up. XProf's CLI, one process per
+tool, re-reads the profile each time (design.md: ~41 s for the ten main tools on a 22 MB profile).
 
 Quirks of xprof 2.24.2 worked around here:
 - The tools return "N/A", "-nan", percent strings and -1.0 for missing values; all become numbers
@@ -97,6 +133,7 @@ _MIB = 1024**2
 _XPLANE_SUFFIX = ".xplane.pb"
 _FETCH_PARAMS_IGNORED = frozenset({"format", "tqx", "bypass_cache", "use_saved_result"})
 """Fetch parameters that do not change what a converter returns (see raw_to_tool_data)."""
+_CUSTOM_CALL_REASON = "XProf reports the custom-call share only when custom calls take 10% of device time or more"
 _PARSE_ERROR = re.compile(r"can't parse|cannot parse|failed to parse|data_loss|not a valid", re.IGNORECASE)
 
 
@@ -145,13 +182,13 @@ def _number(value: Any) -> float | int | None:
         return value if math.isfinite(value) else None
     if isinstance(value, str):
         text = value.strip().removesuffix("%").strip()
+        if re.fullmatch(r"[+-]?\d+", text):
+            return int(text)  # int64 fields arrive as strings; float() would round them
         try:
             number = float(text)
         except ValueError:
             return None
-        if not math.isfinite(number):
-            return None
-        return int(number) if re.fullmatch(r"[+-]?\d+", text) else number
+        return number if math.isfinite(number) else None
     return None
 
 
@@ -189,6 +226,11 @@ def _gib(byte_count: Any) -> float | None:
     return round(number / _GIB, 3) if number is not None else None
 
 
+def _scaled(value: Any, factor: float, digits: int) -> float | None:
+    number = _non_negative(value)
+    return round(number * factor, digits) if number is not None else None
+
+
 def _percent(part: float | None, whole: float | None) -> float | None:
     if part is None or not whole:
         return None
@@ -199,8 +241,8 @@ def _clean(value: Any) -> Any:
     """Makes nested tool output xdiag-shaped: percent/number strings become numbers, "N/A" and
     NaN disappear, keys keep their names."""
     if isinstance(value, dict):
-        cleaned = {str(key): _clean(item) for key, item in value.items()}
-        return {key: item for key, item in cleaned.items() if item is not None}
+        cleaned = {str(key): item if str(key).endswith("_id") else _clean(item) for key, item in value.items()}
+        return {key: item for key, item in cleaned.items() if item not in (None, "")}
     if isinstance(value, (list, tuple)):
         return [_clean(item) for item in value]
     if isinstance(value, bool) or value is None:
@@ -211,6 +253,8 @@ def _clean(value: Any) -> Any:
         stripped = value.strip()
         if stripped.upper() in ("N/A", "NA", "NAN", "-NAN", "UNKNOWN", ""):
             return None
+        if stripped.lower() in ("true", "false"):
+            return stripped.lower() == "true"
         if re.fullmatch(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?%?", stripped):
             return _number(stripped)
         return value
@@ -227,7 +271,8 @@ def _datatable_rows(table: Any) -> list[dict[str, Any]]:
     rows = []
     for row in table.get("rows", []):
         cells = row.get("c", []) if isinstance(row, dict) else []
-        rows.append({ids[i]: (cell.get("v") if isinstance(cell, dict) else cell) for i, cell in enumerate(cells) if i < len(ids)})
+        values = [cell.get("v") if isinstance(cell, dict) else cell for cell in cells]
+        rows.append(dict(zip(ids, values)))
     return rows
 
 
@@ -249,7 +294,8 @@ def _properties(tables: Any) -> dict[str, Any]:
 
 def _with_reasons(result: dict[str, Any], reasons: dict[str, str]) -> dict[str, Any]:
     """Adds `unavailable` (key -> why it is None) for top-level keys that came out as None."""
-    missing = {key: reasons.get(key, "XProf has no value for it on this profile") for key, value in result.items() if value is None}
+    default = "XProf has no value for it on this profile"
+    missing = {key: reasons.get(key, default) for key, value in result.items() if value is None}
     if missing:
         result["unavailable"] = missing
     return result
@@ -275,6 +321,7 @@ class _QuietXprof:
     _LOGGERS = ("", "absl", "tensorboard")
 
     def __init__(self) -> None:
+        self._thread = threading.local()  # nesting depth per thread: only the outermost window logs
         self._lock = threading.Lock()
         self._users = 0
         self._saved_fd: int | None = None
@@ -284,11 +331,14 @@ class _QuietXprof:
     @contextlib.contextmanager
     def __call__(self) -> Iterator[list[str]]:
         lines: list[str] = []
+        depth = getattr(self._thread, "depth", 0)
+        self._thread.depth = depth + 1
         start = self._enter()
         try:
             yield lines
         finally:
-            lines.extend(self._exit(start))
+            self._thread.depth = depth
+            lines.extend(self._exit(start, outermost=depth == 0))
 
     def _enter(self) -> int | None:
         with self._lock:
@@ -306,7 +356,7 @@ class _QuietXprof:
             self._users += 1
             return os.lseek(self._scratch.fileno(), 0, os.SEEK_CUR)
 
-    def _exit(self, start: int | None) -> list[str]:
+    def _exit(self, start: int | None, outermost: bool) -> list[str]:
         if start is None:
             return []
         _flush_stderr()
@@ -322,7 +372,7 @@ class _QuietXprof:
                 self._scratch = self._saved_fd = None
                 for name in self._LOGGERS:
                     logging.getLogger(name).removeFilter(self._filter)
-        if text.strip():
+        if outermost and text.strip():
             log.debug("XProf stderr:\n%s", text[-20_000:])
         return text.splitlines()
 
@@ -455,7 +505,9 @@ class XprofViews:
     Thread-safe; instances on different sessions may run concurrently.
     """
 
-    def __init__(self, xplane_paths: Sequence[str | os.PathLike[str]] | str | os.PathLike[str], workdir: Path | None = None):
+    def __init__(
+        self, xplane_paths: Sequence[str | os.PathLike[str]] | str | os.PathLike[str], workdir: Path | None = None
+    ):
         if isinstance(xplane_paths, (str, os.PathLike)):
             xplane_paths = [xplane_paths]
         originals = [Path(p).expanduser().absolute() for p in xplane_paths]
@@ -517,18 +569,19 @@ class XprofViews:
                 return
             with _OWNERS_LOCK:
                 _OWNERS.pop(os.path.realpath(self.run_dir), None)
-            self._side_files.extend(self._xprof_side_files())
+            if self.conversion_counts:
+                self._side_files.extend(self._xprof_side_files())
             self._finalizer()
 
     def _xprof_side_files(self) -> list[str]:
         """The fingerprint, owner and lock files LocalXprofClient keeps for this run folder."""
-        client_module = _xprof().client
         scopes = [[str(p) for p in self._files]] + ([[str(p)] for p in self._files] if len(self._files) > 1 else [])
         files: list[str] = []
         for paths in scopes:
-            with contextlib.suppress(Exception):
-                scope = client_module._compute_op_stats_scope(self.run_dir, paths)
-                files += [str(scope.fp_file), str(scope.owner_file), str(scope.owner_dir / f"{scope.run_dir_hash}.lock")]
+            with contextlib.suppress(Exception):  # best effort: private API of xprof_client
+                scope = _xprof().client._compute_op_stats_scope(self.run_dir, paths)
+                lock = scope.owner_dir / f"{scope.run_dir_hash}.lock"
+                files += [str(scope.fp_file), str(scope.owner_file), str(lock)]
         return files
 
     # the views
@@ -749,14 +802,11 @@ class XprofViews:
             return self._overview_tool().get("run_environment", {}).get("device_type")
         return None
 
-    def _is_tpu(self) -> bool:
-        return str(self._device_type() or "").upper().startswith("TPU")
-
     def _no_steps_reason(self) -> str:
         for row in _datatable_rows(_table_with(self._page("overview_page"), "severity")):
             message = str(row.get("message") or "")
             if "step" in message.lower():
-                return "no step markers: XProf says " + message.split(". ")[0].strip().rstrip(".")
+                return f'no step markers (XProf: "{message.split(". ")[0].strip().rstrip(".")}")'
         return "XProf measured no step time in this profile (no step markers)"
 
     def _roofline_tool(self) -> dict:
@@ -765,7 +815,8 @@ class XprofViews:
         except (FileNotFoundError, ValueError, RuntimeError) as error:
             raise NotAvailable(f"XProf's roofline_model failed on this profile ({error})") from error
         if data.get("status") == "NO_DATA" or "program" not in data:
-            raise NotAvailable(f"XProf's roofline_model has no data for this profile: {data.get('message', 'no program row')}")
+            message = data.get("message", "no program row")
+            raise NotAvailable(f"XProf's roofline_model has no data for this profile: {message}")
         if not data.get("total_operations_analyzed"):
             peak = _positive(data.get("device_info", {}).get("peak_flop_rate"))
             raise NotAvailable(
@@ -794,13 +845,14 @@ class XprofViews:
         reasons = {
             "step_time_ms": self._no_steps_reason(),
             "step_time_stddev_ms": "no step time",
-            "duty_cycle_percent": "XProf's overview reports the device duty cycle for TPUs only" if not is_tpu else "not in XProf's overview",
-            "device_idle_percent": "XProf's overview reports device idle time for TPUs only" if not is_tpu else "not in XProf's overview",
+            "duty_cycle_percent": "XProf's overview reports the device duty cycle for TPUs only",
+            "device_idle_percent": "XProf's overview reports device idle time for TPUs only",
             "mxu_utilization_percent": f"MXU utilisation is a TPU figure; this device is {device_type}",
         }
-        for key in ("flop_rate_utilization_percent", "memory_bw_utilization_percent", "hbm_bw_utilization_percent", "bound_by"):
+        roofline_keys = ("flop_rate_utilization_percent", "memory_bw_utilization_percent", "hbm_bw_utilization_percent")
+        for key in (*roofline_keys, "bound_by"):
             reasons[key] = roofline_gap or "not in XProf's overview"
-        reasons["custom_call_share_percent"] = "custom calls take under 10% of device time (XProf reports 10% and more)"
+        reasons["custom_call_share_percent"] = _CUSTOM_CALL_REASON
 
         def roofline_figure(key: str) -> Any:
             return None if roofline_gap else _number(perf.get(key))
@@ -811,7 +863,7 @@ class XprofViews:
             {
                 "operation": row.get("operation"),
                 "category": row.get("category"),
-                "self_time_percent": _round(100.0 * row["selfTimePercent"], 2) if _number(row.get("selfTimePercent")) is not None else None,
+                "self_time_percent": _scaled(row.get("selfTimePercent"), 100.0, 2),
             }
             for row in _datatable_rows(_table_with(page, "selfTimePercent"))[:DEFAULT_TOP_N]
         ]
@@ -822,7 +874,7 @@ class XprofViews:
             "host_count": _int(env.get("host_count")),
             "is_training": _bool(env.get("is_training")),
             "step_time_ms": step_time,
-            "step_time_stddev_ms": _number(perf.get("steptime_ms_standard_deviation")) if step_time is not None else None,
+            "step_time_stddev_ms": _number(perf.get("steptime_ms_standard_deviation")) if step_time else None,
             "duty_cycle_percent": _number(perf.get("device_duty_cycle_percent")),
             "device_idle_percent": _number(perf.get("device_idle_time_percent")) if is_tpu else None,
             "mxu_utilization_percent": _number(perf.get("mxu_utilization_percent")) if is_tpu else None,
@@ -916,7 +968,7 @@ class XprofViews:
         try:
             info = self._tool("get_device_information", _xprof().device_information)
         except (FileNotFoundError, ValueError, RuntimeError) as error:
-            raise NotAvailable(f"XProf's roofline_model gives no device information for this profile ({error})") from error
+            raise NotAvailable(f"XProf's roofline_model gives no device information ({error})") from error
         try:
             env = self._overview_tool().get("run_environment", {})
         except NotAvailable:
@@ -944,7 +996,7 @@ class XprofViews:
             "megacore": _bool(info.get("megacore")),
             "has_cmem": _bool(info.get("has_cmem")),
         }
-        if all(result[key] is None for key in ("peak_flop_rate_gflops", "peak_hbm_bw_gibs")) and not result["device_type"]:
+        if result["peak_flop_rate_gflops"] is None and result["peak_hbm_bw_gibs"] is None and not result["device_type"]:
             raise NotAvailable("XProf's roofline_model knows nothing about this device (no type, no peaks)")
         _with_reasons(result, {
             "peak_flop_rate_gflops": "XProf reports the peak FLOP rate as 0 (unknown) for this device",
@@ -989,7 +1041,7 @@ class XprofViews:
         suggestions = [
             {
                 "rule": item.get("ruleName") or item.get("rule_name"),
-                "text": re.sub(r"<[^>]+>", "", str(item.get("suggestionText") or item.get("suggestion_text") or "")).strip(),
+                "text": re.sub(r"<[^>]+>", "", str(item.get("suggestionText") or item.get("suggestion_text"))).strip(),
             }
             for item in page.get("suggestions", [])
             if isinstance(item, dict)
@@ -1007,7 +1059,9 @@ class XprofViews:
             "hbm_bw_utilization_percent": _number(program.get("hbm_bw_utilization_percent")),
             "bound_by": program.get("bound_by") if program.get("bound_by") not in (None, "", "Unknown") else None,
             "operational_intensity_flop_per_byte": _number(program.get("operational_intensity_flop_per_byte")),
-            "bottleneck_operational_intensity_flop_per_byte": _number(program.get("bottleneck_operational_intensity_flop_per_byte")),
+            "bottleneck_operational_intensity_flop_per_byte": _number(
+                program.get("bottleneck_operational_intensity_flop_per_byte")
+            ),
             "bound_by_ridge_point_flop_per_byte": _positive(program.get("bound_by_ridge_point_flop_per_byte")),
             "measured_flop_rate_gflops": _number(program.get("measured_flop_rate_gflops")),
             "measured_memory_bw_gibs": _number(program.get("measured_memory_bw_gibs")),
@@ -1022,7 +1076,7 @@ class XprofViews:
             "ops_analyzed": _int(data.get("total_operations_analyzed")),
         }
         _with_reasons(result, {
-            "custom_call_share_percent": "custom calls take under 10% of device time (XProf reports 10% and more)",
+            "custom_call_share_percent": _CUSTOM_CALL_REASON,
             "bound_by_ridge_point_flop_per_byte": "no ridge point for this bound",
             "peak_flop_rate_gflops": "XProf reports the peak FLOP rate as 0 (unknown) for this device",
         })
@@ -1033,7 +1087,10 @@ class XprofViews:
             "top_operations": top,
             "device_info": _clean({k: v for k, v in device.items() if k != "units"}),
             "custom_call_warning": data.get("custom_call_warning"),
-            "note": "total_time_ms sums op time over all cores; measured_memory_bw_gibs counts every memory space, compare hbm_bw_gibs with peak_hbm_bw_gibs",
+            "note": (
+                "total_time_ms sums op time over all cores; measured_memory_bw_gibs counts every memory space, "
+                "compare hbm_bw_gibs with peak_hbm_bw_gibs"
+            ),
         }
         return result
 
@@ -1054,13 +1111,15 @@ class XprofViews:
         idle_ms = sum(_number(c.get("total_self_time_ms")) or 0.0 for c in summary if c not in busy)
 
         def op_row(op: dict) -> dict:
-            parts = str(op.get("name", "")).split("/")
-            program = parts[1] if len(parts) > 2 and parts[0] in ("by_program", "by_category") else None
+            # "by_program/jit_dot(49)/custom-call/custom-call.1 [jit(dot)/dot_general:]": the label in
+            # brackets (provenance or custom-call target) may itself contain slashes.
+            path, bracket, label = str(op.get("name", "")).partition(" [")
+            parts = path.split("/")
             source = f"{op['source_file']}:{op.get('source_line', 0)}" if op.get("source_file") else None
             self_ms = _number(op.get("total_self_time_ms"))
             return {
-                "name": parts[-1],
-                "program": program if parts[0] == "by_program" else None,
+                "name": parts[-1] + (bracket + label if bracket else ""),
+                "program": parts[1] if len(parts) > 2 and parts[0] == "by_program" else None,
                 "category": op.get("category"),
                 "self_time_ms": _round(self_ms, 4),
                 "time_percent": _percent(self_ms, total_ms),
@@ -1071,8 +1130,14 @@ class XprofViews:
                 "source": source,
             }
 
-        def busy_ops(key: str) -> list[dict]:
-            return [op for op in ops.get(key, []) if str(op.get("category", "")).upper() != "IDLE" and not str(op.get("name", "")).endswith("IDLE")]
+        def busy_ops(key: str, measure: str | None = None) -> list[dict]:
+            return [
+                op
+                for op in ops.get(key, [])
+                if str(op.get("category", "")).upper() != "IDLE"
+                and not str(op.get("name", "")).endswith("IDLE")
+                and (measure is None or (_number(op.get(measure)) or 0) > 0)
+            ]
 
         by_time = [op_row(op) for op in busy_ops("top_by_time")]
         top_category = busy[0]
@@ -1099,9 +1164,12 @@ class XprofViews:
                     for c in summary[:top_n]
                 ],
                 "top_ops_by_time": by_time[:top_n],
-                "top_ops_by_flops": [op_row(op) for op in busy_ops("top_by_flops") if (_number(op.get("flops")) or 0) > 0][:top_n],
-                "top_ops_by_bytes": [op_row(op) for op in busy_ops("top_by_bytes_accessed") if (_number(op.get("bytes_accessed")) or 0) > 0][:top_n],
-                "note": "total_time_ms and self times are core time summed over all cores; flops are XLA cost-model (or shape-derived for custom calls)",
+                "top_ops_by_flops": [op_row(op) for op in busy_ops("top_by_flops", "flops")[:top_n]],
+                "top_ops_by_bytes": [op_row(op) for op in busy_ops("top_by_bytes_accessed", "bytes_accessed")[:top_n]],
+                "note": (
+                    "total_time_ms and self times are core time summed over all cores; flops come from XLA's "
+                    "cost model (shape-derived for custom calls)"
+                ),
             },
         }
         return result
@@ -1141,17 +1209,21 @@ class XprofViews:
                     "heap_at_peak_gib": _gib(peak.get("heapAllocatedBytes")),
                     "stack_at_peak_gib": _gib(peak.get("stackReservedBytes")),
                     "free_at_peak_gib": _gib(peak.get("freeMemoryBytes")),
-                    "fragmentation_at_peak_percent": _round(100.0 * f, 2) if (f := _non_negative(peak.get("fragmentation"))) is not None else None,
-                    "peak_time_ms": _round(t / 1e9, 3) if (t := _non_negative(summary.get("peakStatsTimePs"))) is not None else None,
+                    "fragmentation_at_peak_percent": _scaled(peak.get("fragmentation"), 100.0, 2),
+                    "peak_time_ms": _scaled(summary.get("peakStatsTimePs"), 1e-9, 3),
                     "_capacity_bytes": _int(summary.get("memoryCapacity")),
                 })
                 raw_by_name[label] = allocator
         if not allocators:
-            raise NotAvailable("XProf's memory_profile found no allocator activity in this profile (no memory allocation events were traced)")
+            raise NotAvailable(
+                "XProf's memory_profile found no allocator activity in this profile "
+                "(no memory allocation events were traced)"
+            )
         devices = [a for a in allocators if a["kind"] == "device" and (a["peak_in_use_bytes"] or 0) > 0]
         if not devices:
             raise NotAvailable("XProf's memory_profile has host allocators only, no device memory activity")
-        peak = max(devices, key=lambda a: a["peak_in_use_bytes"])
+        # XProf's allocator order varies from run to run; ties (TPU cores at the same peak) go to the lowest name.
+        peak = min(devices, key=lambda a: (-a["peak_in_use_bytes"], _natural(a["allocator"])))
         capacity = peak["_capacity_bytes"] if (peak["_capacity_bytes"] or 0) > 0 else None
         result = {
             "peak_hbm_gib": peak["peak_in_use_gib"],
@@ -1165,14 +1237,18 @@ class XprofViews:
             "fragmentation_at_peak_percent": peak["fragmentation_at_peak_percent"],
             "device_allocator_count": len([a for a in allocators if a["kind"] == "device"]),
         }
-        _with_reasons(result, {"memory_capacity_gib": "the allocator reports no capacity", "hbm_utilization_percent": "no capacity"})
+        no_capacity = "the allocator reports no capacity"
+        _with_reasons(result, {"memory_capacity_gib": no_capacity, "hbm_utilization_percent": no_capacity})
         for allocator in allocators:
             allocator.pop("_capacity_bytes")
-        allocators.sort(key=lambda a: (a["kind"] != "device", -(a["peak_in_use_bytes"] or 0)))
+        allocators.sort(key=lambda a: (a["kind"] != "device", -(a["peak_in_use_bytes"] or 0), _natural(a["allocator"])))
         result["detail"] = {
             "allocators": allocators[:DEFAULT_TOP_N],
             "largest_allocations_at_peak": _allocations_at_peak(raw_by_name[peak["allocator"]])[:DEFAULT_TOP_N],
-            "note": "capacity is that of the allocator holding the peak (XProf's get_memory_profile takes the largest of any allocator, host included)",
+            "note": (
+                "capacity is that of the allocator holding the peak (XProf's get_memory_profile takes the largest "
+                "capacity of any allocator, host included)"
+            ),
         }
         return result
 
@@ -1216,7 +1292,10 @@ class XprofViews:
         result["top_buffer_mib"] = top_buffer.get("size_mib")
         result["detail"] = {
             "modules": rows,
-            "note": "buffers under 1 MiB are summed into 'Others'; same-size buffers of one base name are summed into 'name.*'",
+            "note": (
+                "buffers under 1 MiB are summed into 'Others'; same-size buffers of one base name are summed "
+                "into 'name.*'"
+            ),
         }
         return result
 
@@ -1230,7 +1309,9 @@ class XprofViews:
                     f"XProf's kernel_stats lists GPU kernel launches; a TPU ({device_type}) runs XLA ops "
                     "without kernel launches, see hlo_op_profile"
                 )
-            raise NotAvailable(f"XProf's kernel_stats found no GPU kernel events in this profile (device: {device_type})")
+            raise NotAvailable(
+                f"XProf's kernel_stats found no GPU kernel events in this profile (device: {device_type})"
+            )
         rows.sort(key=lambda r: -(_number(r.get("total_duration_us")) or 0.0))
         total_us = sum(_number(r.get("total_duration_us")) or 0.0 for r in rows)
 
@@ -1267,9 +1348,17 @@ class XprofViews:
             "tensor_core_eligible_time_percent": _percent(time_where("is_op_tensor_core_eligible"), total_us),
             "detail": {
                 "kernels": kernels,
-                "note": "one row per kernel, op and launch configuration; registers and occupancy are None where the trace does not record them (0 in XProf)",
+                "note": (
+                    "one row per kernel, op and launch configuration; registers and occupancy are None where the "
+                    "trace does not record them (0 in XProf)"
+                ),
             },
         }
+
+
+def _natural(name: str) -> tuple:
+    """Sort key that puts GPU_2_bfc before GPU_10_bfc."""
+    return tuple((0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", name))
 
 
 def _allocations_at_peak(allocator: dict) -> list[dict]:
@@ -1295,7 +1384,7 @@ def _allocations_at_peak(allocator: dict) -> list[dict]:
             "data_type": meta.get("dataType") if meta.get("dataType") not in (None, "", "INVALID") else None,
             "shape": meta.get("tensorShape") if meta.get("tensorShape") not in (None, "", "unknown") else None,
         })
-    rows.sort(key=lambda r: -r["size_mib"] * r["occurrences"])
+    rows.sort(key=lambda r: (-r["size_mib"] * r["occurrences"], r["op_name"] or ""))
     return rows
 
 

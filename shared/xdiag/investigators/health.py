@@ -20,6 +20,7 @@ HEALTHY = {
     "host_sync_percent_max": 5.0,
     "compiler_issue_percent_max": 10.0,
     "low_intensity_percent_max": 50.0,
+    "data_movement_percent_max": 50.0,
 }
 """The OPTIMAL short-cut: all of these hold, and memory risk is not HIGH."""
 
@@ -56,6 +57,8 @@ def health_snapshot(results: dict[str, ToolResult]) -> dict[str, Any]:
     roofline = _summary(results, "get_roofline_model")
     ops = _summary(results, "get_hlo_op_profile")
     low_share, _ = low_intensity_share(results)
+    categories = ops.get("category_percent") or {}
+    moving = sum(categories.get(c, 0.0) for c in ("async_copy", "memcpy", "data_movement"))
     snapshot: dict[str, Any] = {
         "platform": overview.get("platform"),
         "steps": step.get("steps"),
@@ -71,7 +74,8 @@ def health_snapshot(results: dict[str, ToolResult]) -> dict[str, Any]:
         "device_idle_percent": step.get("device_idle_percent"),
         "utilization_percent": util.get("busy_percent_mean"),
         "achieved_gflops_per_s": kpi.get("achieved_gflops_per_s_during_ops"),
-        "roofline_efficiency_percent": roofline.get("flop_rate_utilization_percent"),
+        "roofline_efficiency_percent": roofline.get("roofline_efficiency_percent"),
+        "bound_by": roofline.get("bound_by"),
         "peak_memory_gib": memory.get("peak_memory_gib"),
         "memory_capacity_gib": memory.get("capacity_gib"),
         "memory_headroom_percent": memory.get("headroom_percent"),
@@ -80,6 +84,7 @@ def health_snapshot(results: dict[str, ToolResult]) -> dict[str, Any]:
         "top_op_share_percent": ops.get("top_op_share_percent"),
         "top_category": ops.get("top_category"),
         "low_intensity_op_percent": low_share,
+        "data_movement_op_percent": round(moving, 2) if categories else None,
         "compiler": {
             "layout_copies_percent": _summary(results, "detect_layout_mismatch_copies").get("share_of_op_time_percent"),
             "unfused_data_movement_percent": _summary(results, "detect_unfused_reshapes").get("share_of_op_time_percent"),
@@ -122,6 +127,8 @@ def _unhealthy_reasons(s: dict[str, Any]) -> list[str]:
     for key, value in s["compiler"].items():
         if (value or 0) > HEALTHY["compiler_issue_percent_max"]:
             reasons.append(f"{key.removesuffix('_percent').replace('_', ' ')} take {value}% of op time")
+    if (s.get("data_movement_op_percent") or 0) > HEALTHY["data_movement_percent_max"]:
+        reasons.append(f"{s['data_movement_op_percent']}% of op time moves data (copies, transfers) instead of computing")
     if (s.get("low_intensity_op_percent") or 0) > HEALTHY["low_intensity_percent_max"]:
         reasons.append(f"{s['low_intensity_op_percent']}% of op time is in memory-bound ops")
     return reasons

@@ -119,7 +119,7 @@ def _hypotheses(health: dict[str, Any], results: dict[str, ToolResult]) -> list[
         ))
 
     # Op-by-op dispatch: many small jitted dispatches per step.
-    if dispatches >= 20 and dispatch >= 10:
+    if (dispatches >= 20 and dispatch >= 10) or (dispatches >= 3 and dispatch >= 20):
         score = dispatch
         out.append(Hypothesis(
             "dispatch_overhead", score,
@@ -166,8 +166,9 @@ def _hypotheses(health: dict[str, Any], results: dict[str, ToolResult]) -> list[
     syncs = step.get("syncs_per_step_mean") or 0
     callbacks = step.get("callbacks_per_step_mean") or 0
     callback_share = (_s(results, "get_hlo_op_profile").get("category_percent") or {}).get("host_callback", 0.0)
-    # One wait at the end of a step is the usual pattern; several per step, or callbacks, are the problem.
-    if (syncs >= 2 and sync_pct >= 5) or (sync_pct >= 10 and not small_work) or callbacks >= 1 or callback_share >= 5:
+    # One wait at the end of a step is the usual pattern (and on a fast device its latency shows as
+    # host_sync time); several waits per step, or host callbacks, are the problem.
+    if (syncs >= 2 and sync_pct >= 5) or callbacks >= 1 or callback_share >= 5:
         out.append(Hypothesis(
             "host_sync", max(sync_pct, callback_share),
             "Blocking host–device synchronisation inside the step",
@@ -296,6 +297,56 @@ def _hypotheses(health: dict[str, Any], results: dict[str, ToolResult]) -> list[
             extra_evidence=_neighborhood_evidence,
         ))
 
+    # Transfers between memory spaces (async copies, host offload, memcpy) dominating device time.
+    categories = _s(results, "get_hlo_op_profile").get("category_percent") or {}
+    transfer_share = round(categories.get("async_copy", 0.0) + categories.get("memcpy", 0.0), 2)
+    if transfer_share >= 30:
+        ops = [o for o in _d(results, "get_hlo_op_profile").get("ops", []) if o.get("category") in ("async_copy", "memcpy")]
+        roof = _s(results, "get_roofline_model")
+        ev = base + [_ev("get_hlo_op_profile", "category_percent.async_copy+memcpy", transfer_share)]
+        if ops:
+            ev.append(_ev("get_hlo_op_profile", f"top transfer {ops[0]['op']}", ops[0]["total_ms"],
+                          f"ms over {ops[0]['count']} runs; shape {ops[0].get('shape', '?')}"))
+        if roof.get("bound_by"):
+            ev.append(_ev("get_roofline_model", "bound_by", roof["bound_by"]))
+        if roof.get("roofline_efficiency_percent") is not None:
+            ev.append(_ev("get_roofline_model", "roofline_efficiency_percent", roof["roofline_efficiency_percent"]))
+        out.append(Hypothesis(
+            "memory_transfers", transfer_share * max(compute, 1) / 100,
+            "Memory transfers dominate device time",
+            f"{transfer_share}% of device op time is copies between memory spaces (async copy-start/copy-done, "
+            "host offload, memcpy) rather than computation"
+            + (f"; the largest is {ops[0]['op']} ({ops[0].get('shape', '?')})" if ops else "") + ".",
+            ev,
+            f"up to {transfer_share:.0f}% less device time if the transfers were avoided or hidden behind compute.",
+            "Keep hot tensors resident in device memory (offload only what does not fit), overlap the transfers "
+            "with independent compute (prefetch the next chunk while this one computes), move fewer bytes "
+            "(lower precision, smaller offloaded state) and avoid host<->device copies inside the step.",
+            follow_up=("get_hlo_neighborhood", {"op": ops[0]["op"], "module": ops[0]["module"]})
+            if ops and ops[0].get("module") else None,
+            extra_evidence=_neighborhood_evidence,
+        ))
+
+    # XProf's roofline says memory-bound and far from the roof, though per-op intensity could not tell.
+    roof = _s(results, "get_roofline_model")
+    efficiency = roof.get("roofline_efficiency_percent")
+    already = any(h.key in ("memory_bound", "memory_transfers") for h in out)
+    if not already and str(roof.get("bound_by", "")).upper() in ("HBM", "MEMORY") and efficiency is not None and efficiency < 20:
+        out.append(Hypothesis(
+            "memory_bound", max(compute - efficiency, 0) / 2,
+            "Memory-bound: the program runs far below the roofline, limited by memory bandwidth",
+            f"XProf's roofline puts the program on the memory-bandwidth side (bound by {roof['bound_by']}) at "
+            f"{efficiency}% of the roofline; measured {roof.get('measured_memory_bw_gibs')} GiB/s of "
+            f"{roof.get('peak_hbm_bw_gibs')} GiB/s peak.",
+            base + [_ev("get_roofline_model", "bound_by", roof["bound_by"]),
+                    _ev("get_roofline_model", "roofline_efficiency_percent", efficiency),
+                    _ev("get_roofline_model", "operational_intensity_flop_per_byte", roof.get("operational_intensity_flop_per_byte")),
+                    _ev("get_roofline_model", "bound_by_ridge_point_flop_per_byte", roof.get("bound_by_ridge_point_flop_per_byte"))],
+            "Raising arithmetic intensity toward the ridge point moves the program up the roof.",
+            "Fuse memory-bound ops, keep activations in bf16, avoid materialising intermediates, and batch "
+            "more work per pass over the data.",
+        ))
+
     # Memory pressure.
     if health.get("oom_risk") in ("HIGH", "MEDIUM"):
         mem = _s(results, "get_memory_profile")
@@ -325,6 +376,27 @@ def _hypotheses(health: dict[str, Any], results: dict[str, ToolResult]) -> list[
             f"Up to {hosts['step_time_spread_percent']:.0f}% faster steps on the other hosts.",
             "Compare that host's input pipeline and hardware health; balance data shards.",
             follow_up=("get_hosts", {}),
+        ))
+    # Nothing above explains an idle device: say so with the numbers, rather than stay silent.
+    if compute < 80 and not any(h.score >= 15 for h in out):
+        util = _s(results, "get_utilization_viewer")
+        devices = _d(results, "get_utilization_viewer").get("devices", [])
+        idle = round(100 - compute - b.get("collective", 0.0), 2)
+        out.append(Hypothesis(
+            "device_idle", idle,
+            f"Devices idle for {idle}% of the step with no single host-side cause in the trace",
+            f"The devices compute {compute}% of the step; the host is busy outside the compiled step "
+            f"{host_other}% of it, and no compile, sync or dispatch explains the rest."
+            + (f" Device busy time ranges from {util.get('busy_percent_min')}% ({util.get('least_busy_device')}) "
+               f"to {util.get('busy_percent_max')}% across {util.get('devices')} devices." if devices else ""),
+            base + [_ev("get_step_trace", "device_idle_percent", step.get("device_idle_percent")),
+                    _ev("get_step_trace", "host_other_percent", host_other)]
+            + ([_ev("get_utilization_viewer", "busy_percent_min", util.get("busy_percent_min"), util.get("least_busy_device", "")),
+                _ev("get_utilization_viewer", "busy_percent_max", util.get("busy_percent_max"))] if devices else []),
+            _saving(step_ms, idle),
+            "Find what the devices wait for: capture again with host_tracer_level=2 and python_tracer_level=1 to "
+            "see host activity; balance work across devices if some are much less busy; check the input "
+            "pipeline and inter-device dependencies.",
         ))
     return sorted(out, key=lambda h: -h.score)
 

@@ -228,6 +228,17 @@ def _decode_plane(data: bytes, host: str, modules: list[HloModule], name: str, a
     return plane
 
 
+def _mangling_hint(buf, size: int) -> str:
+    """Names the usual cause of a corrupt profile: a text-mode copy that replaced invalid UTF-8."""
+    replaced = bytes(buf[: min(size, 1 << 20)]).count(b"\xef\xbf\xbd")
+    if replaced < 16:
+        return ""
+    return (
+        f"; it holds {replaced} copies of the bytes EF BF BD (U+FFFD) in its first MiB: it was mangled by a "
+        "text-mode transfer that replaced invalid UTF-8; copy the original again as binary"
+    )
+
+
 def read_host(path: Path, progress: Progress | None = None) -> tuple[HostProfile, list[HloModule]]:
     """Reads one `*.xplane.pb`; raises ProfileError with a precise reason when it can't."""
     name = path.name
@@ -240,7 +251,10 @@ def read_host(path: Path, progress: Progress | None = None) -> tuple[HostProfile
     modules: list[HloModule] = []
     texts: dict[str, list[str]] = {"errors": [], "warnings": [], "hostnames": []}
     with path.open("rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-        fields = list(_top_level_fields(buf, size, name))
+        try:
+            fields = list(_top_level_fields(buf, size, name))
+        except ProfileError as exc:
+            raise ProfileError(str(exc) + _mangling_hint(buf, size)) from None
         host = path.name.removesuffix(".xplane.pb")
         for number, start, end in fields:
             if number != 1:

@@ -22,7 +22,7 @@ def _layout_only(ins: HloInstruction, operand: HloInstruction | None) -> str | N
             return f"copy from layout {{{','.join(map(str, operand.layout))}}} to {{{','.join(map(str, ins.layout))}}}"
         if sorted(operand.dims) == sorted(ins.dims) and operand.dims != ins.dims:
             return "copy into permuted dimensions"
-        return "copy of the whole array (same shape and layout)"
+    return None  # a same-layout copy moves data but changes no layout: detect_unfused_reshapes reports it
     return None
 
 

@@ -23,7 +23,7 @@ def get_kernel_stats(session: Session, top_n: int = 20) -> ToolOutput:
     per_name: dict[str, dict] = {}
     for plane in session.device_planes(with_events=True):
         for line in plane.lines:
-            if not line.name.startswith("Stream") or "Memcpy" in line.name or "Memset" in line.name:
+            if not line.name.startswith("Stream"):
                 continue
             hlo_op = line.strings.get("hlo_op")
             details = line.strings.get("kernel_details")

@@ -41,8 +41,14 @@ def get_memory_profile(session: Session) -> ToolOutput:
     if session.platform != "CPU":
         view, reason = try_view(session, "memory_profile")
         if view is not None:
-            summary = {k: v for k, v in view.items() if k != "detail"}
-            summary.setdefault("oom_risk", _risk(summary.get("peak_memory_gib"), summary.get("capacity_gib")))
+            peak, capacity = view.get("peak_hbm_gib"), view.get("memory_capacity_gib")
+            summary = {
+                "peak_memory_gib": peak,
+                "capacity_gib": capacity,
+                "headroom_percent": round(100 * (1 - peak / capacity), 2) if peak and capacity else None,
+                "oom_risk": _risk(peak, capacity),
+                **{k: v for k, v in view.items() if k not in ("detail", "unavailable")},
+            }
             return ToolOutput(summary, {"xprof": view}, xprof_source())
     else:
         reason = "CPU profiles have no device memory"

@@ -50,7 +50,7 @@ def get_xprof_overview(session: Session) -> ToolOutput:
         view, reason = try_view(session, "overview")
         detail["xprof"] = view if view is not None else {"available": False, "reason": reason}
         if view:
-            for key in ("duty_cycle_percent", "step_time_ms", "bottleneck"):
+            for key in ("duty_cycle_percent", "step_time_ms", "flop_rate_utilization_percent", "bound_by"):
                 if view.get(key) is not None:
                     summary[f"xprof_{key}"] = view[key]
         source = DEVICE_PLANE_SOURCE

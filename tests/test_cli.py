@@ -1,0 +1,89 @@
+"""`xdiag analyze` as a user runs it: a real process, real files, exit codes and messages."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import shared_profile
+from xdiag.tools import BROAD_TOOLS
+
+
+def _xdiag(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "xdiag.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=300)
+
+
+def test_analyze_writes_tools_analysis_and_report(cpu_profiles, tmp_path):
+    done = _xdiag("analyze", str(cpu_profiles["recompilation"]), "--out", str(tmp_path / "o"), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    report = Path(done.stdout.strip())
+    assert report == (tmp_path / "o" / "summary.html").resolve() and report.exists()
+    assert sorted(p.stem for p in (tmp_path / "o" / "tools").glob("*.json") if not p.stem.startswith("followup")) == sorted(BROAD_TOOLS)
+    analysis = json.loads((tmp_path / "o" / "analysis.json").read_text())
+    assert analysis["result"] == "NEEDS_ATTENTION"
+    assert analysis["diagnosis"]["findings"][0]["key"] == "recompilation"
+    assert {"read", "tools", "investigate", "render"} <= set(analysis["timings_ms"])
+    assert "tool" in done.stderr and "15/15" in done.stderr  # progress lines
+
+
+def test_default_output_folder_is_named_after_the_session(cpu_profiles, tmp_path):
+    run_dir = cpu_profiles["healthy"].parents[3]  # <run>/plugins/profile/<session>/host.xplane.pb
+    done = _xdiag("analyze", str(run_dir), "-q", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    session = cpu_profiles["healthy"].parent.name
+    assert Path(done.stdout.strip()) == (tmp_path / "xdiag-out" / session / "summary.html").resolve()
+
+
+def _file(folder: Path, name: str, content: bytes) -> Path:
+    (folder / name).write_bytes(content)
+    return folder / name
+
+
+def _folder(folder: Path, name: str) -> Path:
+    (folder / name).mkdir()
+    return folder / name
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda d: d / "missing.xplane.pb", "no such file or directory"),
+        (lambda d: _folder(d, "empty-dir"), "no *.xplane.pb files"),
+        (lambda d: _file(d, "e.xplane.pb", b""), "empty file (0 bytes)"),
+        (lambda d: _file(d, "r.xplane.pb", os.urandom(3000)), "xdiag: r.xplane.pb"),
+    ],
+)
+def test_bad_input_exits_non_zero_with_one_line_reason(tmp_path, make, message):
+    target = make(tmp_path)
+    before = target.read_bytes() if target.is_file() else None
+    done = _xdiag("analyze", str(target), "--out", str(tmp_path / "o"), "-q", cwd=tmp_path)
+    assert done.returncode == 2
+    assert message in done.stderr
+    assert len([line for line in done.stderr.splitlines() if line.startswith("xdiag:")]) == 1
+    if before is not None:
+        assert target.read_bytes() == before
+
+
+def test_mangled_profile_reason_names_the_text_transfer(tmp_path):
+    mangled = shared_profile("bad/tpu_v6e_inference_text_mangled.xplane.pb")
+    done = _xdiag("analyze", str(mangled), "--out", str(tmp_path / "o"), "-q", cwd=tmp_path)
+    assert done.returncode == 2 and "text-mode transfer" in done.stderr
+    assert "FAILED" in (tmp_path / "o" / "summary.html").read_text()
+
+
+def test_one_tool_prints_json(cpu_profiles, tmp_path):
+    done = _xdiag("tool", "get_step_trace", str(cpu_profiles["healthy"]), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["summary"]["steps"] == 15
+
+
+def test_help_lists_the_commands(tmp_path):
+    done = _xdiag("--help", cwd=tmp_path)
+    assert done.returncode == 0
+    for command in ("analyze", "tools", "tool", "demo"):
+        assert command in done.stdout

@@ -1,0 +1,66 @@
+"""End to end on real profiles: each bundled workload's known problem is the top finding."""
+
+from __future__ import annotations
+
+import pytest
+
+from xdiag.embedded import analyze_session
+from xdiag.locate import locate_session
+from xdiag.model import Analysis, Status
+from xdiag.stages import MAX_FOLLOW_UP_CALLS
+from xdiag.tools import REGISTRY
+from xdiag.workloads import WORKLOADS
+
+H200_WORKLOADS = [w for w in WORKLOADS if w != "collective_bound"]  # one GPU: no collectives (tests/profiles/README.md)
+
+
+def _analyze(path, tmp_path) -> Analysis:
+    return analyze_session(locate_session(path), tmp_path / "out")
+
+
+def _check(analysis: Analysis, expected: str) -> None:
+    assert analysis.status == "DONE", analysis.failure_reason
+    diagnosis = analysis.diagnosis
+    if expected == "optimal":
+        assert diagnosis.status == Status.OPTIMAL, [f.title for f in diagnosis.findings]
+        assert diagnosis.follow_up_calls == [], "a healthy workload needs no follow-up tool calls"
+        assert analysis.health["healthy"] is True
+        return
+    assert diagnosis.status == Status.NEEDS_ATTENTION
+    top = diagnosis.findings[0]
+    assert top.key == expected, f"top finding {top.key!r}; all: {[(f.key, f.priority) for f in diagnosis.findings]}"
+    assert top.priority in ("P0", "P1")
+    assert top.evidence and all(e.tool in REGISTRY for e in top.evidence)
+    assert top.whats_happening and top.expected_impact and top.fix
+    made = [c for c in diagnosis.follow_up_calls if not (c.reason or "").startswith("refused")]
+    assert len(made) <= MAX_FOLLOW_UP_CALLS
+
+
+@pytest.mark.parametrize("workload", list(WORKLOADS))
+def test_cpu_workload_problem_is_the_top_finding(workload, cpu_profiles, tmp_path):
+    _check(_analyze(cpu_profiles[workload], tmp_path), WORKLOADS[workload].expected_finding)
+
+
+@pytest.mark.parametrize("workload", H200_WORKLOADS)
+def test_h200_workload_problem_is_the_top_finding(workload, h200_profiles, tmp_path):
+    _check(_analyze(h200_profiles[workload], tmp_path), WORKLOADS[workload].expected_finding)
+
+
+def test_evidence_points_at_the_right_ops(cpu_profiles, h200_profiles, tmp_path):
+    layout = _analyze(cpu_profiles["layout_transpose"], tmp_path / "a").diagnosis.findings[0]
+    assert any("transpose" in str(e.metric) + str(e.value) for e in layout.evidence)
+    convert = _analyze(h200_profiles["widening_convert"], tmp_path / "b").diagnosis.findings[0]
+    assert any("bf16->f32" in f"{e.value}" or "bf16" in f"{e.note}" for e in convert.evidence) or "bf16->f32" in convert.whats_happening
+    collectives = _analyze(cpu_profiles["collective_bound"], tmp_path / "c").diagnosis.findings[0]
+    assert any(e.metric.startswith("top collective") for e in collectives.evidence)
+
+
+def test_findings_quote_numbers_from_tool_outputs(cpu_profiles, tmp_path):
+    analysis = _analyze(cpu_profiles["input_bound"], tmp_path)
+    import json
+
+    tool_json = {p.stem: json.loads(p.read_text()) for p in (tmp_path / "out" / "tools").glob("*.json")}
+    finding = analysis.diagnosis.findings[0]
+    for evidence in finding.evidence:
+        if evidence.tool in tool_json and isinstance(evidence.value, (int, float)):
+            assert str(evidence.value) in json.dumps(tool_json[evidence.tool]), evidence

@@ -1,0 +1,144 @@
+"""The stages over the embedded adapters: at-least-once delivery, fan-in once, bad input recorded."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+from xdiag.embedded import analyze_session, build_embedded
+from xdiag.locate import locate_session
+from xdiag.model import CaptureReady, InvestigationReady, ReportReady, ToolDone, ToolRun
+from xdiag.stages import (
+    ANALYSES,
+    CLAIMS,
+    TOPIC_INVESTIGATIONS,
+    aggregate,
+    collect,
+    investigate,
+    render,
+    run_tool,
+    tools_collection,
+)
+from xdiag.tools import BROAD_TOOLS
+
+
+def _capture(path, out, analysis_id="a1") -> CaptureReady:
+    return CaptureReady(analysis_id=analysis_id, run_id="run", session_id="s1", profile_uris=[str(path)], output_uri=str(out))
+
+
+def test_every_message_delivered_twice_gives_one_analysis(cpu_profiles, tmp_path):
+    deps, bus = build_embedded()
+    duplicate_each = bus.publish
+
+    def publish_twice(topic, message):  # Pub/Sub delivers at least once
+        duplicate_each(topic, message)
+        duplicate_each(topic, message)
+
+    bus.publish = publish_twice
+    bus.publish("captures", _capture(cpu_profiles["input_bound"], tmp_path / "out"))
+    bus.drain()
+    investigations = [m for t, m in bus.delivered if t == TOPIC_INVESTIGATIONS]
+    assert len(investigations) == 2  # both copies of the one claim's message…
+    analysis = deps.state.get(ANALYSES, "a1")
+    assert analysis["status"] == "DONE" and analysis["result"] == "NEEDS_ATTENTION"
+    assert len([k for k, _ in deps.state.list(CLAIMS)]) == 1  # …from exactly one claim
+    assert len(analysis["diagnosis"]["follow_up_calls"]) <= 4
+    assert sorted(p.stem for p in (tmp_path / "out" / "tools").glob("*.json") if not p.stem.startswith("followup")) == sorted(BROAD_TOOLS)
+
+
+def test_duplicate_tool_result_fires_investigation_once(cpu_profiles, tmp_path):
+    deps, bus = build_embedded()
+    collect(_capture(cpu_profiles["healthy"], tmp_path), deps)
+    for tool in BROAD_TOOLS:
+        run_tool(ToolRun(analysis_id="a1", tool=tool), deps)
+    bus._queue.clear()
+    for _ in range(3):
+        aggregate(ToolDone(analysis_id="a1", tool="get_hosts"), deps)
+    assert [t for t, _ in bus._queue] == [TOPIC_INVESTIGATIONS]
+
+
+def test_aggregate_waits_for_all_15_tools(cpu_profiles, tmp_path):
+    deps, bus = build_embedded()
+    collect(_capture(cpu_profiles["healthy"], tmp_path), deps)
+    for tool in BROAD_TOOLS[:-1]:
+        run_tool(ToolRun(analysis_id="a1", tool=tool), deps)
+    bus._queue.clear()
+    aggregate(ToolDone(analysis_id="a1", tool=BROAD_TOOLS[0]), deps)
+    assert not bus._queue
+
+
+def test_rerunning_a_tool_does_not_recompute_it(cpu_profiles, tmp_path):
+    deps, _ = build_embedded()
+    collect(_capture(cpu_profiles["healthy"], tmp_path), deps)
+    run_tool(ToolRun(analysis_id="a1", tool="get_step_trace"), deps)
+    first = deps.state.get(tools_collection("a1"), "get_step_trace")
+    run_tool(ToolRun(analysis_id="a1", tool="get_step_trace"), deps)
+    assert deps.state.get(tools_collection("a1"), "get_step_trace") == first
+
+
+def test_investigate_and_render_twice_change_nothing(cpu_profiles, tmp_path):
+    deps, bus = build_embedded()
+    bus.publish("captures", _capture(cpu_profiles["host_sync"], tmp_path / "out"))
+    bus.drain()
+    before = deps.state.get(ANALYSES, "a1")
+    investigate(InvestigationReady(analysis_id="a1"), deps)
+    render(ReportReady(analysis_id="a1"), deps)
+    after = deps.state.get(ANALYSES, "a1")
+    assert after["diagnosis"] == before["diagnosis"] and after["status"] == "DONE"
+
+
+@pytest.mark.parametrize(
+    "content, reason",
+    [(b"", "empty file"), (os.urandom(2048), "not an XSpace profile|truncated|malformed")],
+)
+def test_bad_profile_fails_the_analysis_with_a_reason_and_keeps_the_file(tmp_path, content, reason):
+    bad = tmp_path / "bad.xplane.pb"
+    bad.write_bytes(content)
+    analysis = analyze_session(locate_session(bad), tmp_path / "out")
+    assert analysis.status == "FAILED"
+    import re
+
+    assert re.search(reason, analysis.failure_reason)
+    assert bad.read_bytes() == content, "the raw profile stays as it was"
+    html = (tmp_path / "out" / "summary.html").read_text()
+    assert "FAILED" in html and analysis.failure_reason.split(":")[0] in html
+
+
+def test_unknown_analysis_is_an_error_not_a_silent_pass(tmp_path):
+    deps, _ = build_embedded()
+    with pytest.raises(LookupError, match="unknown analysis"):
+        run_tool(ToolRun(analysis_id="nope", tool="get_hosts"), deps)
+    aggregate(ToolDone(analysis_id="nope", tool="get_hosts"), deps)  # fan-in ignores strays
+
+
+def test_unknown_tool_is_recorded_as_failed(cpu_profiles, tmp_path):
+    deps, _ = build_embedded()
+    collect(_capture(cpu_profiles["healthy"], tmp_path), deps)
+    run_tool(ToolRun(analysis_id="a1", tool="get_everything"), deps)
+    doc = deps.state.get(tools_collection("a1"), "get_everything")
+    assert doc["status"] == "failed" and "unknown tool" in doc["reason"]
+
+
+def test_follow_up_budget_is_enforced_by_the_stage(cpu_profiles, tmp_path):
+    from xdiag.model import Diagnosis, Status
+
+    class Greedy:
+        name = "greedy"
+
+        def investigate(self, health, results, call_tool):
+            answers = [call_tool("get_hosts", {}, "h") for _ in range(6)]
+            answers.append(call_tool("get_xprof_overview", {}, "not a follow-up"))
+            self.answers = answers
+            return Diagnosis(status=Status.NEEDS_ATTENTION, summary="s", investigator=self.name)
+
+    greedy = Greedy()
+    deps, bus = build_embedded(investigators={"greedy": lambda: greedy})
+    message = _capture(cpu_profiles["input_bound"], tmp_path / "out").model_copy(update={"investigator": "greedy"})
+    bus.publish("captures", message)
+    bus.drain()
+    assert [a is not None for a in greedy.answers[:6]] == [True] * 4 + [False] * 2
+    calls = deps.state.get(ANALYSES, "a1")["diagnosis"]["follow_up_calls"]
+    assert sum("limit of 4" in (c["reason"] or "") for c in calls) == 2
+    assert sum("not a follow-up tool" in (c["reason"] or "") for c in calls) == 1

@@ -1,0 +1,107 @@
+"""Reading XSpace files: what was read is named, what cannot be read is refused precisely."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+from tests.conftest import shared_profile
+from xdiag.errors import ProfileError
+from xdiag.locate import locate_session
+from xdiag.profile.reader import read_session
+
+
+def test_cpu_profile_names_its_planes_host_and_hlo_modules(cpu_profiles):
+    session = read_session([cpu_profiles["healthy"]])
+    assert session.platform == "CPU"
+    names = {p.name for p in session.planes}
+    assert {"/host:CPU", "/host:metadata"} <= names
+    assert not session.device_planes()
+    assert session.hosts[0].hostname
+    assert session.event_count > 100
+    train = [m for m in session.hlo_modules if m.name == "jit_train_step"]
+    assert train, [m.display_name for m in session.hlo_modules]
+    opcodes = {i.opcode for c in train[0].computations.values() for i in c.instructions}
+    assert "dot" in opcodes  # the MLP's matmuls are in the HLO the profile carries
+
+
+def test_step_annotations_are_read_as_columns(cpu_profiles):
+    session = read_session([cpu_profiles["healthy"]])
+    python = [line for p in session.host_planes() for line in p.lines if line.name == "python"][0]
+    steps = python.numeric["step_num"]
+    assert sorted(set(steps[steps >= 0].tolist())) == list(range(15))
+
+
+@pytest.mark.parametrize(
+    "relative, platform, devices",
+    [("tpu/tpu_v6e_inference.xplane.pb", "TPU", 4), ("gpu/v100x8_tf_bert_worker.xplane.pb", "GPU", 8),
+     ("gpu/mi300x_jax_gemm.xplane.pb", "GPU", 8)],
+)
+def test_device_profiles_name_their_platform(relative, platform, devices):
+    session = read_session([shared_profile(relative)])
+    assert session.platform == platform
+    assert len(session.device_planes()) == devices
+
+
+def test_h200_profile_is_gpu_with_one_device(h200_profiles):
+    session = read_session([h200_profiles["healthy"]])
+    assert session.platform == "GPU"
+    assert [p.name for p in session.device_planes()] == ["/device:GPU:0"]
+
+
+def _refused(path, match: str):
+    before = path.read_bytes() if path.is_file() else None
+    with pytest.raises(ProfileError, match=match):
+        read_session([path])
+    if before is not None:
+        assert path.read_bytes() == before, "the input must never be modified"
+
+
+def test_empty_file_is_refused(tmp_path):
+    empty = tmp_path / "empty.xplane.pb"
+    empty.write_bytes(b"")
+    _refused(empty, r"empty file \(0 bytes\)")
+
+
+def test_truncated_profile_is_refused(tmp_path, cpu_profiles):
+    data = cpu_profiles["healthy"].read_bytes()
+    cut = tmp_path / "cut.xplane.pb"
+    cut.write_bytes(data[: len(data) // 2])
+    _refused(cut, r"truncated: field 'planes' at byte \d+ declares \d+ bytes but only \d+ remain")
+
+
+def test_random_bytes_are_refused(tmp_path):
+    noise = tmp_path / "noise.xplane.pb"
+    noise.write_bytes(os.urandom(4096))
+    _refused(noise, r"not an XSpace profile|truncated|malformed")
+
+
+def test_text_mode_mangled_profile_is_refused_with_the_cause(tmp_path):
+    mangled = tmp_path / "mangled.xplane.pb"
+    shutil.copyfile(shared_profile("bad/tpu_v6e_inference_text_mangled.xplane.pb"), mangled)
+    _refused(mangled, r"EF BF BD")
+
+
+def test_oversized_session_is_refused_before_reading(cpu_profiles):
+    with pytest.raises(ProfileError, match=r"over the 0\.00 GiB limit"):
+        read_session([cpu_profiles["healthy"]], max_bytes=1000)
+
+
+def test_missing_path_and_empty_folder_are_refused(tmp_path):
+    with pytest.raises(ProfileError, match="no such file or directory"):
+        locate_session(tmp_path / "nope")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ProfileError, match=r"no \*\.xplane\.pb files"):
+        locate_session(tmp_path / "empty")
+
+
+def test_log_dir_resolves_to_newest_session(tmp_path, cpu_profiles):
+    for session in ("2026_01_01_00_00_00", "2026_02_01_00_00_00"):
+        folder = tmp_path / "run" / "plugins" / "profile" / session
+        folder.mkdir(parents=True)
+        shutil.copyfile(cpu_profiles["healthy"], folder / "host.xplane.pb")
+    located = locate_session(tmp_path / "run")
+    assert located.name == "2026_02_01_00_00_00" and located.run == "run"
+    assert locate_session(tmp_path / "run", "2026_01_01_00_00_00").name == "2026_01_01_00_00_00"

@@ -1,0 +1,332 @@
+"""summary.html rendering: status, findings in priority order, traceable evidence, honest gaps,
+escaping of profile text, and a page that needs nothing from the network.
+
+The Analysis and ToolResult values are typed in here: these tests pin down the rendering,
+not the analysis of any profile.
+"""
+
+from __future__ import annotations
+
+import re
+from html.parser import HTMLParser
+
+import pytest
+from xdiag.model import Analysis, Diagnosis, Evidence, Finding, FollowUpCall, Status, ToolResult, ToolStatus
+from xdiag.report import render_summary_html
+from xdiag.report.format import format_number, humanize_key, table
+
+XSS = "<script>alert(1)</script>"
+CPU_ROOFLINE_REASON = "a CPU profile records no peak FLOP/s or memory bandwidth, so there is no roof"
+MEMORY_REASON = "CPU profiles have no device memory; and the host threads recorded no allocator events"
+
+
+def _ok(tool: str, summary: dict, detail: dict | None = None, source: str = "xdiag host-plane analysis") -> ToolResult:
+    return ToolResult(tool=tool, status=ToolStatus.OK, summary=summary, detail=detail or {}, source=source,
+                      duration_ms=12.5)
+
+
+def _results(top_op: str = "dot.3") -> dict[str, ToolResult]:
+    steps = [
+        {"host": "vm", "step": i, "step_ms": 10.0 + i, "compute": 8.0 + i, "collective": 0.0, "compile": 0.0,
+         "host_sync": 0.5, "dispatch": 0.5, "host_other": 1.0, "ops": 8}
+        for i in range(120)
+    ]
+    ops = [
+        {"op": top_op, "module": "jit_train_step", "category": "matmul", "count": 15, "total_ms": 605.8348,
+         "avg_us": 40388.984, "share_of_op_time_percent": 61.2, "shape": "f32[8,64,512,16]{1,2,3,0}",
+         "arithmetic_intensity_flops_per_byte": 31.5, "achieved_gib_per_s": 0.774},
+        {"op": "custom-call.1", "module": "jit_train_step", "category": "custom_call", "count": 15, "total_ms": 100.0,
+         "avg_us": 6666.7, "share_of_op_time_percent": 10.1, "shape": "f32[1024]{0}"},
+        {"op": "fusion.2", "module": "jit_train_step", "category": "elementwise", "count": 15, "total_ms": 50.0,
+         "avg_us": 3333.3, "share_of_op_time_percent": 5.05, "shape": "x" * 300},
+    ]
+    categories = ["compute", "collective", "compile", "host_sync", "dispatch", "host_other"]
+    return {
+        "get_step_trace": _ok(
+            "get_step_trace", {"steps": 120, "step_time_ms_mean": 69.5, "compute_percent": 90.0},
+            {"categories": categories, "steps": steps},
+        ),
+        "get_roofline_model": ToolResult(tool="get_roofline_model", status=ToolStatus.NOT_AVAILABLE,
+                                         reason=CPU_ROOFLINE_REASON),
+        "get_memory_profile": ToolResult(tool="get_memory_profile", status=ToolStatus.NOT_AVAILABLE,
+                                         reason=MEMORY_REASON),
+        "get_peak_allocations": _ok(
+            "get_peak_allocations", {"module": "jit_train_step(16)", "largest_buffer_mib": 16.0},
+            {"buffers": [{"value": "x.1", "shape": "f32[8,16,512,64]", "mib": 16.0}]},
+        ),
+        "get_hlo_op_profile": _ok(
+            "get_hlo_op_profile", {"top_op": top_op, "top_op_share_percent": 61.2},
+            {"ops": ops, "categories_ms": {"matmul": 605.8, "custom_call": 100.0, "elementwise": 50.0}},
+        ),
+        "detect_layout_mismatch_copies": _ok(
+            "detect_layout_mismatch_copies", {"count": 0, "share_of_op_time_percent": 0}, {"ops": []}
+        ),
+        "detect_unfused_reshapes": ToolResult(tool="detect_unfused_reshapes", status=ToolStatus.FAILED,
+                                              reason="KeyError: 'shape' (at detect_unfused_reshapes.py:40)"),
+        "list_hlo_modules": _ok(
+            "list_hlo_modules", {"modules": 1},
+            {"modules": [{"module": "jit_train_step(16)", "instructions": 35, "op_time_ms": 2389.4}]},
+        ),
+        "get_hosts": _ok(
+            "get_hosts", {"hosts": 1}, {"hosts": [{"host": "vm", "planes": ["/host:CPU"], "events": 1203}]}
+        ),
+    }
+
+
+def _health(**overrides) -> dict:
+    health = {
+        "platform": "CPU", "steps": 120, "step_source": "step annotations", "step_time_ms": 69.5,
+        "breakdown_percent": {"compute": 90.0, "collective": 0.0, "compile": 0.0, "host_sync": 2.0, "dispatch": 3.0,
+                              "host_other": 5.0},
+        "device_idle_percent": 10.0, "utilization_percent": 90.0, "achieved_gflops_per_s": 3.397,
+        "roofline_efficiency_percent": None, "peak_memory_gib": None, "memory_capacity_gib": None,
+        "memory_headroom_percent": None, "oom_risk": None, "top_op": "dot.3", "top_op_share_percent": 61.2,
+        "top_category": "matmul", "low_intensity_op_percent": 3.0,
+        "compiler": {"layout_copies_percent": 0.0, "unfused_data_movement_percent": None,
+                     "widening_converts_percent": 0.0},
+    }
+    health.update(overrides)
+    return health
+
+
+def _analysis(**fields) -> Analysis:
+    base = {
+        "analysis_id": "a1b2c3", "run_id": "run-7", "session_id": "2026_01_12_00_26_20",
+        "profile_uris": ["gs://bucket/run-7/plugins/profile/2026_01_12_00_26_20/vm.xplane.pb"],
+        "output_uri": "gs://bucket/run-7/plugins/profile/2026_01_12_00_26_20/xdiag", "status": "DONE",
+        "profile": {"platform": "CPU", "hosts": ["vm"], "files": ["vm.xplane.pb"], "devices": None,
+                    "size_bytes": 179097, "events": 1203},
+    }
+    base.update(fields)
+    return Analysis(**base)
+
+
+def _finding(priority: str, title: str, tool: str, verified: bool = True, op: str = "dot.3") -> Finding:
+    return Finding(
+        priority=priority, key=title.lower().replace(" ", "_"), title=title,
+        whats_happening=f"{op} takes most of the step.",
+        evidence=[Evidence(tool=tool, metric=f"{op} share_of_op_time_percent", value=61.2, note="of op time"),
+                  Evidence(tool="get_step_trace", metric="step_time_ms_mean", value=69.5)],
+        expected_impact="up to 60% shorter steps", fix="Fuse the op.", verified=verified,
+    )
+
+
+def _needs_attention(op: str = "dot.3") -> Analysis:
+    diagnosis = Diagnosis(
+        status=Status.NEEDS_ATTENTION,
+        summary="Two issues found. The biggest is the layout copy. Steps take 69.5 ms.",
+        # P1 listed first on purpose: the page must put P0 first.
+        findings=[_finding("P1", "Host syncs inside the step", "aggregate_xplane_events", verified=False, op=op),
+                  _finding("P0", "Layout copies dominate", "detect_layout_mismatch_copies", op=op)],
+        hypotheses=["Layout copies dominate (score 74.4)", "Host syncs inside the step (score 20.0)"],
+        follow_up_calls=[FollowUpCall(tool="get_hlo_neighborhood", args={"op": op}, hypothesis="Layout copies dominate",
+                                      status=ToolStatus.OK)],
+        investigator="rules", investigator_note="rule engine; Gemini unavailable: no Vertex project configured",
+    )
+    return _analysis(result=Status.NEEDS_ATTENTION, diagnosis=diagnosis, health=_health(top_op=op))
+
+
+class _Structure(HTMLParser):
+    """Counts opened and closed tags, and records where void tags were closed wrongly."""
+
+    VOID = frozenset({"meta", "br", "wbr", "img", "hr", "input", "link", "area", "base", "col", "embed", "source"})
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stack: list[str] = []
+        self.errors: list[str] = []
+        self.counts: dict[str, int] = {}
+
+    def handle_starttag(self, tag, attrs):
+        self.counts[tag] = self.counts.get(tag, 0) + 1
+        if tag not in self.VOID:
+            self.stack.append(tag)
+
+    def handle_startendtag(self, tag, attrs):
+        self.counts[tag] = self.counts.get(tag, 0) + 1
+
+    def handle_endtag(self, tag):
+        if tag in self.VOID:
+            return
+        if not self.stack or self.stack[-1] != tag:
+            self.errors.append(f"</{tag}> closes <{self.stack[-1] if self.stack else None}>")
+            if tag in self.stack:
+                while self.stack and self.stack.pop() != tag:
+                    pass
+            return
+        self.stack.pop()
+
+
+def _parse(html: str) -> _Structure:
+    parser = _Structure()
+    parser.feed(html)
+    parser.close()
+    return parser
+
+
+def _assert_self_contained(html: str) -> None:
+    assert "<script" not in html.lower()
+    network_ref = re.search(r"""(?:src|href)\s*=\s*["']?\s*(?:https?:)?//""", html, re.IGNORECASE)
+    assert network_ref is None, "a resource from the network"
+    assert "http://" not in html and "https://" not in html
+    assert "@import" not in html and "url(" not in html
+    assert "<link" not in html.lower() and "<img" not in html.lower()
+
+
+def _assert_well_formed(html: str) -> _Structure:
+    s = _parse(html)
+    assert s.errors == []
+    assert s.stack == []
+    for tag in ("html", "head", "body", "main", "style"):
+        assert s.counts.get(tag) == 1, tag
+    return s
+
+
+def test_needs_attention_page_shows_status_and_findings_p0_first():
+    html = render_summary_html(_needs_attention(), _results())
+
+    assert "NEEDS_ATTENTION" in html
+    assert "Two issues found. The biggest is the layout copy." in html
+    p0, p1 = html.index("Layout copies dominate</span>"), html.index("Host syncs inside the step</span>")
+    assert p0 < p1
+    for label in ("What's happening", "Evidence", "Expected impact", "Fix"):
+        assert label in html
+    _assert_self_contained(html)
+    _assert_well_formed(html)
+
+
+def test_evidence_names_the_tool_of_every_number():
+    html = render_summary_html(_needs_attention(), _results())
+    evidence = re.findall(r'<table class="data evidence">(.*?)</table>', html, re.DOTALL)
+    assert len(evidence) == 2
+    assert "detect_layout_mismatch_copies" in evidence[0] and "aggregate_xplane_events" in evidence[1]
+    assert all("get_step_trace" in e and "61.2" in e for e in evidence)
+
+
+def test_unverified_finding_gets_a_badge():
+    html = render_summary_html(_needs_attention(), _results())
+    finding_p1 = html[html.index("Host syncs inside the step") - 400: html.index("Host syncs inside the step")]
+    assert "unverified" in finding_p1
+    finding_p0 = html[html.index("Layout copies dominate</span>") - 400: html.index("Layout copies dominate</span>")]
+    assert "unverified" not in finding_p0
+
+
+def test_investigator_and_follow_ups_are_shown():
+    html = render_summary_html(_needs_attention(), _results())
+    assert "rule engine; Gemini unavailable: no Vertex project configured" in html
+    follow_up = html[html.index('id="follow-up"'):html.index('id="step-time"')]
+    assert "Host syncs inside the step (score 20.0)" in follow_up
+    assert "get_hlo_neighborhood" in follow_up and "op: dot.3" in follow_up
+
+
+def test_missing_metric_says_not_available_with_the_tools_reason():
+    html = render_summary_html(_needs_attention(), _results())
+    metrics = html[html.index('id="metrics"'):html.index('id="findings"')]
+    roofline_card = metrics[metrics.index("Roofline efficiency"):][:800]
+    assert "not available" in roofline_card
+    assert CPU_ROOFLINE_REASON in roofline_card
+    memory_card = metrics[metrics.index("Peak memory"):][:800]
+    assert "not available" in memory_card and "CPU profiles have no device memory" in memory_card
+    failed_card = metrics[metrics.index("Unfused data movement"):][:800]
+    assert "failed" in failed_card and "KeyError" in failed_card
+    # Never a made-up number where the snapshot has None.
+    assert not re.search(r"Roofline efficiency</div>\s*<div class=\"value[^>]*>\d", metrics)
+
+
+def test_unavailable_tool_sections_say_why_in_one_line():
+    html = render_summary_html(_needs_attention(), _results())
+    roofline = html[html.index('id="roofline"'):html.index('id="memory"')]
+    assert f"not available: {CPU_ROOFLINE_REASON}" in roofline
+    assert "<table" not in roofline
+    compiler = html[html.index('id="compiler-checks"'):html.index('id="kernel-stats"')]
+    assert "failed: KeyError" in compiler
+    assert "no such ops found" in compiler
+    kernels = html[html.index('id="kernel-stats"'):html.index('id="custom-kernels"')]
+    assert "not collected" in kernels
+
+
+def test_detail_sections_render_tables_and_charts():
+    html = render_summary_html(_needs_attention(), _results())
+    steps = html[html.index('id="step-time"'):html.index('id="roofline"')]
+    assert steps.count("<svg") == 1
+    assert steps.count("<g><title>step ") == 100  # capped at 100 columns of 120 steps
+    assert "first 100 of 120 steps" in steps
+    assert "showing 30 of 120 rows" in steps  # the per-step table is bounded too
+    ops = html[html.index('id="hlo-op-profile"'):html.index('id="compiler-checks"')]
+    assert "<svg" in ops and "arith. intensity" in ops and "achieved GiB/s" in ops
+    custom = html[html.index('id="custom-kernels"'):html.index('id="modules"')]
+    assert "custom-call.1" in custom
+    tools = html[html.index('id="tools"'):]
+    for name in _results():
+        assert name in tools
+
+
+def test_long_values_are_cut_with_the_full_text_in_a_title():
+    html = render_summary_html(_needs_attention(), _results())
+    assert f'title="{"x" * 300}"' in html
+    assert "x" * 301 not in html
+
+
+def test_profile_text_is_escaped_everywhere():
+    results = _results(top_op=XSS)
+    results["get_hlo_op_profile"].detail["categories_ms"][XSS] = 1.0  # reaches an SVG label and its <title>
+    analysis = _needs_attention(op=XSS)
+    analysis.health["breakdown_percent"][XSS] = 1.0  # reaches the breakdown bar and its legend
+    analysis.diagnosis.investigator_note = XSS
+    html = render_summary_html(analysis, results)
+    assert XSS not in html
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    _assert_self_contained(html)
+    _assert_well_formed(html)
+
+
+def test_optimal_page():
+    diagnosis = Diagnosis(status=Status.OPTIMAL, summary="The workload is healthy: devices compute 95% of the time.",
+                          investigator="rules")
+    html = render_summary_html(_analysis(result=Status.OPTIMAL, diagnosis=diagnosis,
+                                         health=_health(breakdown_percent={"compute": 95.0, "host_other": 5.0})),
+                               _results())
+    assert 'class="banner OPTIMAL"' in html
+    assert "The workload is healthy" in html
+    assert "No findings: the workload passed the health check." in html
+    assert "banner NEEDS_ATTENTION" not in html
+    _assert_self_contained(html)
+    _assert_well_formed(html)
+
+
+def test_failed_analysis_without_diagnosis_health_or_results_still_renders():
+    analysis = _analysis(status="FAILED", result=Status.FAILED, profile={},
+                         failure_reason="vm.xplane.pb: truncated: field 'planes' declares 28501368332271 bytes")
+    html = render_summary_html(analysis, {})
+    assert 'class="banner FAILED"' in html
+    assert "truncated: field &#39;planes&#39; declares 28501368332271 bytes" in html
+    assert "The raw profile was kept at" in html
+    assert "gs://bucket/run-7/plugins/profile/2026_01_12_00_26_20/vm.xplane.pb" in html
+    assert "No tool ran" in html
+    _assert_self_contained(html)
+    _assert_well_formed(html)
+
+
+def test_failed_status_alone_marks_the_page_failed():
+    html = render_summary_html(_analysis(status="FAILED", failure_reason="profile object missing"), None)
+    assert 'class="banner FAILED"' in html and "profile object missing" in html
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [(1234567, "1,234,567"), (0.000012345, "1.23e-05"), (3.14159, "3.142"), (105.3891, "105.4"),
+     (12345.678, "12,346"), (0.0, "0"), (True, "yes"), (-0.5, "-0.5")],
+)
+def test_numbers_are_formatted_for_reading(value, text):
+    assert format_number(value) == text
+
+
+def test_tables_take_any_flat_dicts_and_stay_bounded():
+    rows = [{"op": f"op{i}", "total_ms": i * 1.5, "new_field_added_later": i} for i in range(45)]
+    t = table(rows, preferred=("total_ms",))
+    assert [c.key for c in t.columns] == ["total_ms", "op", "new_field_added_later"]
+    assert len(t.rows) == 30 and t.total == 45 and t.truncated
+    assert table([{"program_id": 4642, "events": 4642}]).rows[0][0].text == "4642"
+    assert table([{"program_id": 4642, "events": 4642}]).rows[0][1].text == "4,642"
+    assert humanize_key("achieved_gib_per_s") == "achieved GiB/s"
+    assert humanize_key("share_of_op_time_percent") == "share of op time %"

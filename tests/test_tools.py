@@ -1,0 +1,100 @@
+"""Each tool on real profiles, including its 'not available' answers."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import shared_profile
+from xdiag.model import ToolStatus
+from xdiag.profile.reader import read_session
+from xdiag.tools import BROAD_TOOLS, REGISTRY, run_tool
+
+
+@pytest.fixture(scope="module")
+def healthy_cpu(cpu_profiles):
+    return read_session([cpu_profiles["healthy"]])
+
+
+def test_registry_has_the_15_broad_tools_and_the_follow_ups():
+    assert len(BROAD_TOOLS) == 15 and set(BROAD_TOOLS) <= set(REGISTRY)
+    for name in ("get_hlo_neighborhood", "aggregate_xplane_events", "get_kernel_stats", "llo_load", "llo_query"):
+        assert name in REGISTRY
+
+
+def test_every_broad_tool_answers_on_a_cpu_profile(healthy_cpu):
+    for name in BROAD_TOOLS:
+        result = run_tool(healthy_cpu, name)
+        assert result.status in (ToolStatus.OK, ToolStatus.NOT_AVAILABLE), (name, result.reason)
+        if result.status == ToolStatus.NOT_AVAILABLE:
+            assert result.reason and not result.summary
+
+
+def test_step_trace_on_cpu_matches_the_annotations(healthy_cpu):
+    summary = run_tool(healthy_cpu, "get_step_trace").summary
+    assert summary["steps"] == 15 and summary["step_source"] == "step annotations"
+    parts = sum(summary[f"{c}_percent"] for c in ("compute", "collective", "compile", "host_sync", "dispatch", "host_other"))
+    assert parts == pytest.approx(100, abs=0.5)  # the categories partition the step time
+    assert summary["compute_percent"] > 80
+
+
+def test_op_profile_joins_hlo_shapes_and_costs(healthy_cpu):
+    result = run_tool(healthy_cpu, "get_hlo_op_profile", {"top_n": 5})
+    assert len(result.detail["ops"]) == 5
+    matmul = [o for o in result.detail["ops"] if o["category"] == "matmul"]
+    assert matmul and matmul[0]["flops_per_run"] > 0 and matmul[0]["arithmetic_intensity_flops_per_byte"] > 1
+
+
+@pytest.mark.parametrize("tool", ["get_roofline_model", "get_smart_suggestions", "get_kernel_stats", "llo_load"])
+def test_device_only_tools_say_why_on_cpu(healthy_cpu, tool):
+    result = run_tool(healthy_cpu, tool)
+    assert result.status == ToolStatus.NOT_AVAILABLE
+    assert "CPU" in result.reason
+
+
+def test_kernel_stats_on_h200_name_real_kernels(h200_profiles):
+    session = read_session([h200_profiles["healthy"]])
+    result = run_tool(session, "get_kernel_stats")
+    assert result.ok
+    assert any("gemm" in k["kernel"] for k in result.detail["kernels"])
+
+
+def test_llo_is_not_available_on_a_tpu_capture_without_llo_lines():
+    session = read_session([shared_profile("tpu/tpu_v6e_inference.xplane.pb")])
+    result = run_tool(session, "llo_load")
+    assert result.status == ToolStatus.NOT_AVAILABLE and "no LLO lines" in result.reason
+
+
+def test_detectors_find_their_pattern(cpu_profiles):
+    layout = run_tool(read_session([cpu_profiles["layout_transpose"]]), "detect_layout_mismatch_copies").summary
+    assert layout["share_of_op_time_percent"] > 30 and "transpose" in layout["top_op"]
+    convert = run_tool(read_session([cpu_profiles["widening_convert"]]), "detect_unnecessary_convert_reduce").summary
+    assert convert["widening"] == "bf16->f32" and convert["share_of_op_time_percent"] > 30
+    reshapes = run_tool(read_session([cpu_profiles["layout_transpose"]]), "detect_unfused_reshapes").summary
+    assert reshapes["count"] >= 1
+
+
+def test_hlo_neighborhood_and_bad_arguments(cpu_profiles):
+    session = read_session([cpu_profiles["widening_convert"]])
+    result = run_tool(session, "get_hlo_neighborhood", {"op": "wrapped_convert"})
+    assert result.ok and result.summary["opcode"] == "fusion" and result.summary["consumers"]
+    missing = run_tool(session, "get_hlo_neighborhood", {"op": "no_such_op"})
+    assert missing.status == ToolStatus.NOT_AVAILABLE and "no_such_op" in missing.reason
+    bad = run_tool(session, "get_hlo_neighborhood", {"op": 3})
+    assert bad.status == ToolStatus.FAILED and "must be a string" in bad.reason
+    unknown_arg = run_tool(session, "get_hosts", {"verbose": True})
+    assert unknown_arg.status == ToolStatus.FAILED and "verbose" in unknown_arg.reason
+
+
+def test_aggregate_events_counts_compiles_in_the_recompiling_workload(cpu_profiles):
+    session = read_session([cpu_profiles["recompilation"]])
+    result = run_tool(session, "aggregate_xplane_events", {"pattern": "backend_compile"})
+    assert result.ok and result.summary["matches"] >= 6
+    bad = run_tool(session, "aggregate_xplane_events", {"pattern": "("})
+    assert bad.status == ToolStatus.FAILED and "not a valid regular expression" in bad.reason
+
+
+def test_hosts_and_device_information_on_device_profiles():
+    session = read_session([shared_profile("tpu/tpu_v6e_inference.xplane.pb")])
+    info = run_tool(session, "get_device_information").summary
+    assert info["device_type"] == "TPU v6 Lite" and info["peak_teraflops_per_second"] == pytest.approx(918.0)
+    assert run_tool(session, "get_hosts").summary["hosts"] == 1

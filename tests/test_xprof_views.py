@@ -1,0 +1,409 @@
+"""xdiag.xprof_views against the shared real device profiles (TPU v6e, V100, MI300X).
+
+Each profile is copied into a temporary folder and its views are built once per module; the tests
+that need a fresh instance (counting conversions, threads, logging, clean-up) use the small
+MI300X and TPU profiles, so the whole file runs in a few seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shutil
+import threading
+import types
+from pathlib import Path
+
+import pytest
+
+from xdiag.errors import NotAvailable, ProfileError
+
+PROFILES = Path(__file__).resolve().parents[2] / "shared" / "profiles"
+pytestmark = pytest.mark.skipif(not PROFILES.is_dir(), reason=f"shared real-device profiles not found at {PROFILES}")
+pytest.importorskip("xprof", reason="the xprof wheel is not installed")
+
+from xdiag.xprof_views import XprofViews  # noqa: E402
+
+TPU = "tpu/tpu_v6e_inference.xplane.pb"
+V100 = "gpu/v100x8_tf_bert_worker.xplane.pb"
+MI300X = "gpu/mi300x_jax_gemm.xplane.pb"
+CORRUPT = "bad/tpu_v6e_inference_text_mangled.xplane.pb"
+VIEWS = (
+    "overview",
+    "step_trace",
+    "kpi_metrics",
+    "device_information",
+    "utilization",
+    "smart_suggestions",
+    "roofline",
+    "hlo_op_profile",
+    "memory_profile",
+    "peak_allocations",
+    "kernel_stats",
+)
+
+
+def _copy(name: str, folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    return Path(shutil.copy(PROFILES / name, folder))
+
+
+def _all_views(views: XprofViews) -> dict[str, dict | NotAvailable]:
+    outcomes: dict[str, dict | NotAvailable] = {}
+    for name in VIEWS:
+        try:
+            outcomes[name] = getattr(views, name)()
+        except NotAvailable as error:
+            outcomes[name] = error
+    return outcomes
+
+
+def _open(name: str, tmp_path_factory: pytest.TempPathFactory) -> types.SimpleNamespace:
+    originals = tmp_path_factory.mktemp("originals")
+    copy = _copy(name, originals)
+    before = sorted(p.name for p in originals.iterdir())
+    views = XprofViews([copy], workdir=tmp_path_factory.mktemp("work"))
+    return types.SimpleNamespace(views=views, outcomes=_all_views(views), originals=originals, before=before)
+
+
+@pytest.fixture(scope="module")
+def tpu(tmp_path_factory):
+    run = _open(TPU, tmp_path_factory)
+    yield run
+    run.views.close()
+
+
+@pytest.fixture(scope="module")
+def v100(tmp_path_factory):
+    run = _open(V100, tmp_path_factory)
+    yield run
+    run.views.close()
+
+
+@pytest.fixture(scope="module")
+def mi300x(tmp_path_factory):
+    run = _open(MI300X, tmp_path_factory)
+    yield run
+    run.views.close()
+
+
+def _view(run: types.SimpleNamespace, name: str) -> dict:
+    outcome = run.outcomes[name]
+    assert isinstance(outcome, dict), f"{name}: {outcome}"
+    return outcome
+
+
+def _missing(run: types.SimpleNamespace, name: str) -> str:
+    outcome = run.outcomes[name]
+    assert isinstance(outcome, NotAvailable), f"{name} should be NotAvailable, got {outcome}"
+    assert str(outcome).strip()
+    return str(outcome)
+
+
+# --- TPU v6e ---------------------------------------------------------------------------------------
+
+
+def test_tpu_overview_reproduces_duty_cycle_and_roofline_utilisation(tpu):
+    overview = _view(tpu, "overview")
+    assert overview["device_type"] == "TPU v6 Lite"
+    assert overview["device_core_count"] == 4
+    assert overview["duty_cycle_percent"] == pytest.approx(86.5)
+    assert overview["device_idle_percent"] == pytest.approx(13.4)
+    assert overview["flop_rate_utilization_percent"] == pytest.approx(4.35)
+    assert overview["mxu_utilization_percent"] == 0.0
+    assert overview["bound_by"] == "HBM"
+    assert overview["step_time_ms"] is None
+    assert "step marker" in overview["unavailable"]["step_time_ms"]
+
+
+def test_tpu_kpi_metrics_give_duty_cycle_peak_hbm_and_roofline(tpu):
+    kpi = _view(tpu, "kpi_metrics")
+    assert kpi["duty_cycle_percent"] == pytest.approx(86.5)
+    assert kpi["peak_hbm_gib"] == pytest.approx(20.0, abs=0.05)
+    assert kpi["memory_capacity_gib"] == pytest.approx(31.25, abs=0.01)
+    assert kpi["hbm_utilization_percent"] == pytest.approx(64.06, abs=0.05)
+    assert kpi["flop_rate_utilization_percent"] == pytest.approx(4.35)
+    assert kpi["flops_provenance"] == "xla_cost_model"
+    assert kpi["step_time_ms"] is None and "step_time_ms" in kpi["unavailable"]
+
+
+def test_tpu_roofline_and_device_information(tpu):
+    roofline = _view(tpu, "roofline")
+    assert roofline["roofline_efficiency_percent"] == pytest.approx(4.35)
+    assert roofline["bound_by"] == "HBM"
+    assert roofline["hbm_bw_gibs"] == pytest.approx(66.33, abs=0.01)
+    assert roofline["ops_analyzed"] == 17
+    assert "copy-done.4" in [op["name"] for op in roofline["detail"]["top_operations"]]
+    device = _view(tpu, "device_information")
+    assert device["peak_flop_rate_gflops"] == pytest.approx(918000.0)
+    assert device["peak_hbm_bw_gibs"] == pytest.approx(1525.5)
+    assert device["hbm_ridge_point_flop_per_byte"] == pytest.approx(560.442)
+    assert device["megacore"] is False
+
+
+def test_tpu_memory_profile_and_peak_allocations_agree_on_20_gib(tpu):
+    memory = _view(tpu, "memory_profile")
+    assert memory["peak_hbm_gib"] == pytest.approx(20.0, abs=0.05)
+    assert memory["peak_hbm_bytes"] == 21492671104
+    assert memory["stack_at_peak_gib"] == pytest.approx(20.0, abs=0.05)
+    assert memory["device_allocator_count"] == 4
+    peak = _view(tpu, "peak_allocations")
+    assert peak["module_count"] == 4
+    assert peak["peak_module"].startswith("jit_f(")
+    assert peak["peak_module_hbm_gib"] == pytest.approx(20.0, abs=0.05)
+    assert peak["top_buffer_mib"] == pytest.approx(5120.0)
+    one = tpu.views.peak_allocations(module="jit_f")
+    assert one["module"] == peak["peak_module"] and len(one["detail"]["modules"]) == 1
+    with pytest.raises(NotAvailable, match="no HLO module 'jit_nothing'"):
+        tpu.views.peak_allocations(module="jit_nothing")
+
+
+def test_tpu_hlo_op_profile_ranks_copy_done_and_caps_lists_at_top_n(tpu):
+    profile = _view(tpu, "hlo_op_profile")
+    assert profile["top_category"] == "copy-done"
+    assert profile["top_category_percent"] == pytest.approx(83.59, abs=0.05)
+    assert profile["idle_percent"] == pytest.approx(13.36, abs=0.05)
+    assert profile["top_op"] == "copy-done.4"
+    small = tpu.views.hlo_op_profile(top_n=2)
+    for key in ("categories", "top_ops_by_time", "top_ops_by_flops", "top_ops_by_bytes"):
+        assert 0 < len(small["detail"][key]) <= 2, key
+    assert small["detail"]["top_ops_by_time"][0]["program"].startswith("jit_f(")
+
+
+def test_tpu_has_no_steps_no_gpu_kernels_and_no_counters(tpu):
+    assert "step marker" in _missing(tpu, "step_trace")
+    assert re.search(r"TPU.*hlo_op_profile", _missing(tpu, "kernel_stats"))
+    assert "performance-counter" in _missing(tpu, "utilization")
+    assert _view(tpu, "smart_suggestions")["suggestion_count"] == 0
+
+
+# --- V100, TensorFlow without XLA ---------------------------------------------------------------
+
+
+def test_v100_kernel_stats_name_the_profiles_cuda_kernels(v100):
+    kernels = _view(v100, "kernel_stats")
+    assert kernels["kernel_count"] == 15
+    assert kernels["total_kernel_time_ms"] == pytest.approx(29.69, abs=0.01)
+    assert "FillPhiloxRandomKernelLaunch" in kernels["top_kernel"]
+    names = [k["kernel_name"] for k in kernels["detail"]["kernels"]]
+    assert any("Eigen::internal::EigenMetaKernel" in name for name in names)
+    top = v100.views.kernel_stats(top_n=3)
+    assert len(top["detail"]["kernels"]) == 3
+    assert top["detail"]["kernels"][0]["block_dim"] == "1024,1,1"
+    assert top["detail"]["kernels"][0]["registers_per_thread"] == 38
+
+
+def test_v100_step_trace_and_memory_capacity_of_the_peak_device(v100):
+    steps = _view(v100, "step_trace")
+    assert steps["step_count"] == 1
+    assert steps["step_time_ms"] == pytest.approx(21.31, abs=0.01)
+    assert steps["idle_percent"] == pytest.approx(30.2)
+    memory = _view(v100, "memory_profile")
+    assert memory["peak_hbm_gib"] == pytest.approx(5.78, abs=0.01)
+    assert memory["peak_allocator"] == "GPU_6_bfc"
+    # XProf's get_memory_profile divides by the 64 GiB host allocator; the device holds 14.4 GiB.
+    assert memory["memory_capacity_gib"] == pytest.approx(14.41, abs=0.01)
+    assert memory["hbm_utilization_percent"] == pytest.approx(40.12, abs=0.05)
+    largest = memory["detail"]["largest_allocations_at_peak"]
+    assert any((row["op_name"] or "").startswith("replica_6/bert_span_labeler") for row in largest)
+
+
+def test_v100_without_xla_has_no_roofline_hlo_ops_or_modules(v100):
+    assert "0 HLO ops" in _missing(v100, "roofline")
+    assert "no HLO ops" in _missing(v100, "hlo_op_profile")
+    assert "HLO modules" in _missing(v100, "peak_allocations")
+    overview = _view(v100, "overview")
+    assert overview["step_time_ms"] == pytest.approx(21.3)
+    assert overview["flop_rate_utilization_percent"] is None
+    assert "0 HLO ops" in overview["unavailable"]["flop_rate_utilization_percent"]
+    assert overview["duty_cycle_percent"] is None and "TPU" in overview["unavailable"]["duty_cycle_percent"]
+    device = _view(v100, "device_information")
+    assert device["peak_flop_rate_gflops"] is None and device["peak_hbm_bw_gibs"] == pytest.approx(836.372)
+
+
+# --- MI300X, JAX GEMM -----------------------------------------------------------------------------
+
+
+def test_mi300x_kernel_stats_and_shape_derived_roofline(mi300x):
+    kernels = _view(mi300x, "kernel_stats")
+    assert kernels["top_kernel"].startswith("Cijk_Ailk_Bljk")
+    assert kernels["detail"]["kernels"][0]["op_name"] == "jit(dot)/dot_general"
+    assert kernels["tensor_core_time_percent"] == pytest.approx(93.05, abs=0.05)
+    roofline = _view(mi300x, "roofline")
+    assert roofline["roofline_efficiency_percent"] == pytest.approx(1.26)
+    assert roofline["flops_provenance"] == "mixed"
+    kpi = _view(mi300x, "kpi_metrics")
+    assert kpi["flop_rate_utilization_percent"] == pytest.approx(1.26)
+    assert kpi["derived_flops_fraction"] == pytest.approx(0.9907, abs=1e-4)
+    assert _view(mi300x, "device_information")["device_type"] == "AMD GPU - gfx942"
+    assert _view(mi300x, "peak_allocations")["peak_module"] == "jit_dot(49)"
+    assert _view(mi300x, "hlo_op_profile")["top_op"] == "custom-call.1 [jit(dot)/dot_general:]"
+    assert "step marker" in _missing(mi300x, "step_trace")
+
+
+# --- on every profile -------------------------------------------------------------------------------
+
+
+def _walk(value, path="") -> None:
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _walk(item, f"{path}.{key}")
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _walk(item, f"{path}[{i}]")
+    elif isinstance(value, str):
+        assert value.strip().upper() not in ("N/A", "NAN", "-NAN"), path
+        assert not re.fullmatch(r"[+-]?\d+(\.\d+)?%", value.strip()), f"{path}: number as text {value!r}"
+    elif isinstance(value, float):
+        assert math.isfinite(value), path
+
+
+def test_views_are_plain_json_with_numbers_as_numbers_and_bounded_detail(tpu, v100, mi300x):
+    for run in (tpu, v100, mi300x):
+        for name, outcome in run.outcomes.items():
+            if isinstance(outcome, NotAvailable):
+                continue
+            assert json.loads(json.dumps(outcome)) == outcome, name
+            _walk(outcome, name)
+            assert "detail" in outcome, name
+            for key, value in outcome.items():
+                if key not in ("detail", "unavailable"):
+                    assert value is None or isinstance(value, (int, float, str, bool)), f"{name}.{key}"
+            for key, value in outcome.get("unavailable", {}).items():
+                assert outcome[key] is None and value, f"{name}.unavailable.{key}"
+            for key, value in outcome["detail"].items():
+                if isinstance(value, list):
+                    assert len(value) <= 20, f"{name}.detail.{key}"
+            assert len(json.dumps(outcome)) < 64_000, name
+
+
+def test_originals_folder_gets_no_new_files(tpu, v100, mi300x):
+    for run in (tpu, v100, mi300x):
+        assert sorted(p.name for p in run.originals.iterdir()) == run.before
+        # XProf did write its cache files, into the private copy.
+        assert (run.views.run_dir / "ALL_HOSTS.op_stats_v2.pb").is_file()
+
+
+# --- computing once, isolation, threads, noise, clean-up ---------------------------------------
+
+
+def test_each_conversion_runs_once_per_instance_and_not_across_instances(tmp_path, monkeypatch):
+    from xprof.convert import raw_to_tool_data
+
+    calls: list[tuple[str, str]] = []
+    real = raw_to_tool_data.xspace_to_tool_data
+
+    def counting(xspace_paths, tool, params, *args, **kwargs):
+        calls.append((tool, str(params.get("module_name"))))
+        return real(xspace_paths, tool, params, *args, **kwargs)
+
+    monkeypatch.setattr(raw_to_tool_data, "xspace_to_tool_data", counting)
+    copy = _copy(MI300X, tmp_path / "originals")
+    with XprofViews([copy], workdir=tmp_path / "a") as views:
+        first = _all_views(views)
+        again = _all_views(views)
+        views.kpi_metrics()
+        views.hlo_op_profile(top_n=3)
+        assert len(views.timings_s) == len(VIEWS) + 1  # + hlo_op_profile(top_n=3)
+        assert all(count == 1 for count in views.conversion_counts.values()), views.conversion_counts
+    assert {str(k): str(v) for k, v in first.items()} == {str(k): str(v) for k, v in again.items()}
+    per_conversion = {call: calls.count(call) for call in calls}
+    assert per_conversion[("overview_page", "None")] == 1  # overview, step trace, KPIs, device info share it
+    assert per_conversion[("roofline_model", "None")] == 1  # overview, roofline, KPIs, device info share it
+    assert per_conversion[("op_profile", "None")] == 1  # roofline, hlo_op_profile (two tools) share it
+    assert set(per_conversion.values()) == {1}, per_conversion
+
+    # A second instance on the same bytes converts again: results are per instance, not shared.
+    calls.clear()
+    with XprofViews([copy], workdir=tmp_path / "b") as other:
+        other.overview()
+    assert ("overview_page", "None") in calls
+
+
+def test_returned_dicts_are_copies(mi300x):
+    first = mi300x.views.overview()
+    first["duty_cycle_percent"] = 1.0
+    first["detail"].clear()
+    second = mi300x.views.overview()
+    assert second["duty_cycle_percent"] is None and second["detail"]
+
+
+def test_concurrent_instances_on_different_sessions_do_not_collide(tmp_path, tpu, mi300x):
+    results: dict[str, dict] = {}
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(2, timeout=30)
+
+    def work(name: str, profile: str) -> None:
+        try:
+            with XprofViews([_copy(profile, tmp_path / name)]) as views:
+                barrier.wait()
+                results[name] = {
+                    "kpi": views.kpi_metrics(),
+                    "roofline": views.roofline(),
+                    "memory": views.memory_profile(),
+                }
+        except BaseException as error:  # noqa: BLE001 (re-raised below in the main thread)
+            errors.append(error)
+
+    threads = [threading.Thread(target=work, args=("tpu", TPU)), threading.Thread(target=work, args=("mi300x", MI300X))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not errors, errors
+    for name, run in (("tpu", tpu), ("mi300x", mi300x)):
+        assert results[name]["kpi"] == _view(run, "kpi_metrics")
+        assert results[name]["roofline"] == _view(run, "roofline")
+        assert results[name]["memory"] == _view(run, "memory_profile")
+
+
+def test_xprof_logging_is_kept_off_stderr(tmp_path, capfd):
+    with XprofViews([_copy(MI300X, tmp_path / "originals")]) as views:
+        views.overview()
+        views.peak_allocations()
+        views.kernel_stats()
+    out, err = capfd.readouterr()
+    assert not re.search(r"^[IWEF]\d{4} ", err + out, re.MULTILINE), (err + out)[:2000]
+    assert "xplane_to" not in err
+
+
+def test_close_removes_the_private_copy(tmp_path):
+    copy = _copy(MI300X, tmp_path / "originals")
+    with XprofViews([copy]) as views:
+        views.memory_profile()
+        private = views.run_dir.parents[2]  # the temporary workdir
+        assert private.is_dir() and (views.run_dir / copy.name).exists()
+    assert not private.exists()
+    assert copy.is_file()
+    with pytest.raises(RuntimeError, match="closed"):
+        views.overview()
+
+
+def test_a_given_workdir_keeps_everything_but_the_session(tmp_path):
+    workdir = tmp_path / "work"
+    (workdir / "keep.txt").parent.mkdir(parents=True)
+    (workdir / "keep.txt").write_text("mine")
+    views = XprofViews([_copy(MI300X, tmp_path / "originals")], workdir=workdir)
+    assert views.run_dir.parent == workdir / "plugins" / "profile"
+    views.close()
+    views.close()
+    assert not views.run_dir.exists() and (workdir / "keep.txt").read_text() == "mine"
+
+
+def test_corrupt_profile_raises_profile_error_with_xprofs_reason(tmp_path):
+    with XprofViews([_copy(CORRUPT, tmp_path / "originals")]) as views:
+        with pytest.raises(ProfileError, match="Can't parse .* as binary proto"):
+            views.overview()
+        with pytest.raises(ProfileError):
+            views.kernel_stats()
+
+
+def test_missing_or_empty_files_are_refused(tmp_path):
+    with pytest.raises(ProfileError, match="no such file"):
+        XprofViews([tmp_path / "absent.xplane.pb"])
+    (tmp_path / "empty.xplane.pb").write_bytes(b"")
+    with pytest.raises(ProfileError, match="empty"):
+        XprofViews([tmp_path / "empty.xplane.pb"])
+    with pytest.raises(ProfileError, match="no xplane files"):
+        XprofViews([])
