@@ -43,10 +43,6 @@ class StepRow:
     callbacks: int
 
 
-def _match(names: np.ndarray, pattern) -> np.ndarray:
-    return np.fromiter((bool(pattern.search(n)) for n in names), dtype=bool, count=len(names))
-
-
 def _count_in(starts: np.ndarray, lo: int, hi: int) -> int:
     return int(np.count_nonzero((starts >= lo) & (starts < hi)))
 
@@ -105,12 +101,12 @@ def step_rows(session: Session) -> list[StepRow]:
 
         events = events_by_host.get(host)
         if events is not None:
-            is_compile = _match(events.names, COMPILE_EVENT)
-            is_sync = _match(events.names, SYNC_EVENT)
-            is_dispatch = _match(events.names, DISPATCH_EVENT)
-            is_callback = _match(events.names, CALLBACK_EVENT)
+            is_compile = events.matches(COMPILE_EVENT)
+            is_sync = events.matches(SYNC_EVENT)
+            is_dispatch = events.matches(DISPATCH_EVENT)
+            is_callback = events.matches(CALLBACK_EVENT)
             # One launch shows as several nested execute events (C API, PjRt, stream executor): count the outermost.
-            is_execute = _match(events.names, EXECUTE_EVENT)
+            is_execute = events.matches(EXECUTE_EVENT)
             is_execute = _outermost(is_execute if is_execute.any() else is_dispatch, events.line, events.start_ps, events.end_ps)
             is_compile_outer = _outermost(is_compile, events.line, events.start_ps, events.end_ps)
             sync_count = _outermost(is_sync, events.line, events.start_ps, events.end_ps)

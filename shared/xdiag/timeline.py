@@ -73,11 +73,20 @@ class HostEvents:
     """Events of the host threads that are not XLA ops: dispatches, compiles, syncs, annotations."""
 
     host: str
-    names: np.ndarray  # object
-    line: np.ndarray  # object
+    name_id: np.ndarray  # int64 index into name_table
+    name_table: list[str]
+    line: np.ndarray  # int64 line number (unique per host)
     start_ps: np.ndarray
     end_ps: np.ndarray
     step_num: np.ndarray  # int64, NO_VALUE unless a step annotation
+
+    def matches(self, pattern: re.Pattern) -> np.ndarray:
+        """Events whose name matches: the pattern runs once per distinct name, not once per event."""
+        table = np.fromiter((bool(pattern.search(n)) for n in self.name_table), dtype=bool, count=len(self.name_table))
+        return table[self.name_id] if len(table) else np.zeros(len(self.name_id), dtype=bool)
+
+    def name(self, index: int) -> str:
+        return self.name_table[int(self.name_id[index])]
 
 
 @dataclass
@@ -303,9 +312,8 @@ def _flow_ends(plane: Plane) -> tuple[np.ndarray, np.ndarray]:
         consumer = line.numeric.get("_c")
         if consumer is None:
             continue
-        names = plane.names_of(line)
-        is_end = np.fromiter((n.startswith("end: ") for n in names), dtype=bool, count=len(names))
-        mask = is_end & (consumer != NO_VALUE)
+        end_ids = np.array([k for k, n in plane.event_names.items() if n.startswith("end: ")], dtype=np.int64)
+        mask = np.isin(line.metadata_id, end_ids) & (consumer != NO_VALUE)
         ids.append(consumer[mask])
         ends.append(line.end_ps[mask])
     if not ids:
@@ -342,24 +350,27 @@ def op_table(session: Session) -> OpTable:
             empty_o, empty_i = np.empty(0, object), np.empty(0, np.int64)
             return OpTable(empty_o, empty_o, empty_i, empty_o, empty_i, empty_i, empty_o)
         cols = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-        categories = np.empty(len(cols["name"]), dtype=object)
         cache: dict[tuple[str, str, int], str] = {}
-        names = cols["name"]
-        resolved: dict[tuple[str, str, int], tuple[str, str]] = {}
-        for i, (name, module_name, pid) in enumerate(zip(names, cols["module"], cols["program_id"])):
-            key = (name, module_name, int(pid))
-            hit = resolved.get(key)
-            if hit is None:
-                module = session.module_for(module_name, None if pid == NO_VALUE else int(pid)) if module_name else None
-                hlo_name = name
-                found = module.find(name) if module else None
-                if found is None and module is not None:
-                    # GPU kernels are named after their HLO instruction with '.N' written '_N'.
-                    hlo_name = _KERNEL_SUFFIX.sub(r".\1", name)
-                    found = module.find(hlo_name)
-                    hlo_name = hlo_name if found else name
-                hit = resolved[key] = (hlo_name, categorize(found[1] if found else None, module, name))
-            names[i], categories[i] = hit
+        # Resolve each distinct (op, module, program) once, then scatter back to the rows.
+        keys = np.array([f"{n}\x00{m}\x00{p}" for n, m, p in zip(cols["name"], cols["module"], cols["program_id"])], dtype=object)
+        unique_keys, inverse = np.unique(keys, return_inverse=True)
+        resolved_names = np.empty(len(unique_keys), dtype=object)
+        resolved_categories = np.empty(len(unique_keys), dtype=object)
+        for k, key in enumerate(unique_keys):
+            name, module_name, pid_text = key.split("\x00")
+            pid = int(pid_text)
+            module = session.module_for(module_name, None if pid == NO_VALUE else pid) if module_name else None
+            hlo_name = name
+            found = module.find(name) if module else None
+            if found is None and module is not None:
+                # GPU kernels are named after their HLO instruction with '.N' written '_N'.
+                hlo_name = _KERNEL_SUFFIX.sub(r".\1", name)
+                found = module.find(hlo_name)
+                hlo_name = hlo_name if found else name
+            resolved_names[k] = hlo_name
+            resolved_categories[k] = categorize(found[1] if found else None, module, name)
+        cols["name"] = resolved_names[inverse]
+        categories = resolved_categories[inverse]
         order = np.argsort(cols["start_ps"], kind="stable")
         return OpTable(
             name=cols["name"][order],
@@ -374,30 +385,43 @@ def op_table(session: Session) -> OpTable:
     return _cached(session, "op_table", build)
 
 
+def _dense_ids(plane: Plane, offset: int) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """(sorted metadata ids, their global indexes, names) for mapping a plane's ids into one name table."""
+    ids = np.array(sorted(plane.event_names), dtype=np.int64)
+    return ids, np.arange(offset, offset + len(ids), dtype=np.int64), [plane.event_names[int(k)] for k in ids]
+
+
 def host_events(session: Session) -> list[HostEvents]:
     """Per host: the host-thread events that are not XLA ops (python, dispatch, runtime)."""
 
     def build() -> list[HostEvents]:
         out = []
         for host in session.hosts:
-            names, lines, starts, ends, steps = [], [], [], [], []
+            table: list[str] = []
+            name_ids, lines, starts, ends, steps = [], [], [], [], []
+            line_number = 0
             for plane in host.planes:
                 if plane.name != "/host:CPU":
                     continue
+                ids, global_ids, names = _dense_ids(plane, len(table))
+                table.extend(names)
                 for line in plane.lines:
+                    line_number += 1
                     hlo_op = line.strings.get("hlo_op")
                     mask = np.ones(len(line), dtype=bool) if hlo_op is None else hlo_op < 0
-                    names.append(plane.names_of(line)[mask])
-                    lines.append(np.full(mask.sum(), line.name, dtype=object))
+                    pos = np.clip(np.searchsorted(ids, line.metadata_id[mask]), 0, max(len(ids) - 1, 0))
+                    name_ids.append(global_ids[pos] if len(ids) else np.zeros(mask.sum(), np.int64))
+                    lines.append(np.full(mask.sum(), line_number, dtype=np.int64))
                     starts.append(line.start_ps[mask])
                     ends.append(line.end_ps[mask])
                     step = line.numeric.get(STEP_STAT)
                     steps.append(step[mask] if step is not None else np.full(mask.sum(), NO_VALUE, np.int64))
-            if names:
+            if name_ids:
                 out.append(
                     HostEvents(
                         host=host.hostname,
-                        names=np.concatenate(names),
+                        name_id=np.concatenate(name_ids),
+                        name_table=table,
                         line=np.concatenate(lines),
                         start_ps=np.concatenate(starts),
                         end_ps=np.concatenate(ends),
@@ -439,7 +463,7 @@ def step_set(session: Session) -> StepSet:
         for events in host_events(session):
             marked = events.step_num != NO_VALUE
             if marked.any():
-                annotation = str(events.names[marked][0])
+                annotation = events.name(int(np.argmax(marked)))
                 for number, start, end in zip(events.step_num[marked], events.start_ps[marked], events.end_ps[marked]):
                     steps.append(Step(events.host, int(number), int(start), int(end)))
         if steps:
