@@ -16,7 +16,7 @@ import numpy as np
 from google.protobuf.message import DecodeError
 
 from xdiag.errors import ProfileError
-from xdiag.profile import schema
+from xdiag.profile import schema, wire
 from xdiag.profile.space import (
     NO_VALUE,
     NUMERIC_STATS,
@@ -91,50 +91,71 @@ def _stats_dict(stats, stat_names: dict[int, str]) -> dict[str, object]:
     return {stat_names.get(s.metadata_id, str(s.metadata_id)): _stat_value(s, stat_names) for s in stats}
 
 
-def _decode_line(proto_line, stat_names: dict[int, str], intern: Callable[[str], int]) -> Line:
-    events = proto_line.events
-    count = len(events)
-    metadata_id = np.empty(count, dtype=np.int64)
-    offset_ps = np.empty(count, dtype=np.int64)
-    duration_ps = np.empty(count, dtype=np.int64)
-    numeric_ids = {sid: name for sid, name in stat_names.items() if name in NUMERIC_STATS}
-    string_ids = {sid: name for sid, name in stat_names.items() if name in STRING_STATS}
-    numeric: dict[str, np.ndarray] = {}
-    strings: dict[str, np.ndarray] = {}
-    for index, event in enumerate(events):
-        metadata_id[index] = event.metadata_id
-        offset_ps[index] = event.offset_ps
-        duration_ps[index] = event.duration_ps
-        for stat in event.stats:
-            sid = stat.metadata_id
-            name = numeric_ids.get(sid)
-            if name is not None:
-                column = numeric.get(name)
-                if column is None:
-                    column = numeric[name] = np.full(count, NO_VALUE, dtype=np.int64)
-                kind = stat.WhichOneof("value")
-                if kind in ("int64_value", "uint64_value", "double_value"):
-                    column[index] = int(min(getattr(stat, kind), 2**63 - 1))
-                continue
-            name = string_ids.get(sid)
-            if name is not None:
-                column = strings.get(name)
-                if column is None:
-                    column = strings[name] = np.full(count, -1, dtype=np.int32)
-                value = _stat_value(stat, stat_names)
-                if isinstance(value, str):
-                    column[index] = intern(value)
+def _decode_line(
+    arr: np.ndarray, start: int, end: int, stat_names: dict[int, str], columns: "_StatColumns",
+    intern: Callable[[str], int], where: str,
+) -> Line:
+    header, metadata_id, offset_ps, duration_ps, numeric, string_a, string_b, err, err_pos = wire.decode_line(
+        arr, start, end, columns.numeric_ids, columns.numeric_slots, len(columns.numeric_names),
+        columns.string_ids, columns.string_slots, len(columns.string_names),
+    )
+    if err:
+        raise ProfileError(f"{where}: a line at byte {start} is corrupt: {wire.ERRORS[err]} near byte {err_pos}")
+
+    def text(offset: int, length: int) -> str:
+        return bytes(arr[offset : offset + length]).decode("utf-8", "replace") if offset >= 0 else ""
+
+    numeric_columns = {}
+    for slot, name in enumerate(columns.numeric_names):
+        column = numeric[:, slot]
+        if (column != NO_VALUE).any():
+            numeric_columns[name] = np.ascontiguousarray(column)
+    string_columns = {}
+    for slot, name in enumerate(columns.string_names):
+        a, b = string_a[:, slot], string_b[:, slot]
+        present = a >= 0
+        if not present.any():
+            continue
+        column = np.full(len(a), -1, dtype=np.int32)
+        # Resolve each distinct reference or inline string once.
+        for value in np.unique(a[present & (b < 0)]):
+            column[(a == value) & (b < 0)] = intern(stat_names.get(int(value), ""))
+        inline = np.nonzero(present & (b >= 0))[0]
+        if len(inline):
+            cache: dict[tuple[int, int], int] = {}
+            for i in inline:
+                key = (int(a[i]), int(b[i]))
+                index = cache.get(key)
+                if index is None:
+                    index = cache[key] = intern(text(*key))
+                column[i] = index
+        string_columns[name] = column
+    name = text(int(header[4]), int(header[5]))
     return Line(
-        id=proto_line.id,
-        name=proto_line.name,
-        display_name=proto_line.display_name or proto_line.name,
-        timestamp_ns=proto_line.timestamp_ns,
+        id=int(header[0]),
+        name=name,
+        display_name=text(int(header[6]), int(header[7])) or name,
+        timestamp_ns=int(header[1]),
         metadata_id=metadata_id,
         offset_ps=offset_ps,
         duration_ps=duration_ps,
-        numeric=numeric,
-        strings=strings,
+        numeric=numeric_columns,
+        strings=string_columns,
     )
+
+
+class _StatColumns:
+    """Which stat-metadata ids of a plane become which event columns."""
+
+    def __init__(self, stat_names: dict[int, str]):
+        numeric = sorted((k, n) for k, n in stat_names.items() if n in NUMERIC_STATS)
+        strings = sorted((k, n) for k, n in stat_names.items() if n in STRING_STATS)
+        self.numeric_names = sorted({n for _, n in numeric})
+        self.string_names = sorted({n for _, n in strings})
+        self.numeric_ids = np.array([k for k, _ in numeric], dtype=np.int64)
+        self.numeric_slots = np.array([self.numeric_names.index(n) for _, n in numeric], dtype=np.int64)
+        self.string_ids = np.array([k for k, _ in strings], dtype=np.int64)
+        self.string_slots = np.array([self.string_names.index(n) for _, n in strings], dtype=np.int64)
 
 
 def _hlo_module(proto_bytes: bytes, host: str, fallback_id: int) -> HloModule | None:
@@ -178,11 +199,19 @@ def _hlo_module(proto_bytes: bytes, host: str, fallback_id: int) -> HloModule | 
     )
 
 
-def _decode_plane(data: bytes, host: str, modules: list[HloModule], name: str, at: int) -> Plane:
+_PLANE_METADATA_FIELDS = (1, 2, 4, 5, 6)  # id, name, event_metadata, stat_metadata, stats: all but the lines
+
+
+def _decode_plane(arr: np.ndarray, start: int, end: int, host: str, modules: list[HloModule], name: str) -> Plane:
+    numbers, tags, starts, ends, _, err, err_pos = wire.scan_fields(arr, start, end)
+    if err:
+        raise ProfileError(f"{name}: the plane at byte {start} is corrupt: {wire.ERRORS[err]} near byte {err_pos}")
+    # Everything but the lines is small: parse it as a protobuf message of its own.
+    metadata = b"".join(bytes(arr[tags[i] : ends[i]]) for i in np.nonzero(np.isin(numbers, _PLANE_METADATA_FIELDS))[0])
     try:
-        proto = schema.XPlane.FromString(data)
+        proto = schema.XPlane.FromString(metadata)
     except DecodeError as exc:
-        raise ProfileError(f"{name}: the plane at byte {at} is not a valid XPlane ({exc})") from None
+        raise ProfileError(f"{name}: the plane at byte {start} has corrupt metadata ({exc})") from None
     stat_names = {key: meta.name for key, meta in proto.stat_metadata.items()}
     strings: list[str] = []
     string_index: dict[str, int] = {}
@@ -212,8 +241,12 @@ def _decode_plane(data: bytes, host: str, modules: list[HloModule], name: str, a
                     continue
                 stats[stat_name] = _stat_value(stat, stat_names)
             metadata_stats[key] = stats
-    lines = [_decode_line(line, stat_names, intern) for line in proto.lines]
-    plane = Plane(
+    columns = _StatColumns(stat_names)
+    lines = [
+        _decode_line(arr, int(s_), int(e_), stat_names, columns, intern, name)
+        for s_, e_ in zip(starts[numbers == 3], ends[numbers == 3])
+    ]
+    return Plane(
         id=proto.id,
         name=proto.name,
         host=host,
@@ -224,8 +257,14 @@ def _decode_plane(data: bytes, host: str, modules: list[HloModule], name: str, a
         strings=strings,
         lines=lines,
     )
-    del proto
-    return plane
+
+
+def _release(buf: mmap.mmap, start: int, end: int) -> None:
+    """Drops the decoded plane's file pages from memory: they are clean and never read again."""
+    page = mmap.PAGESIZE
+    first = start - start % page
+    if hasattr(buf, "madvise") and end > first:
+        buf.madvise(mmap.MADV_DONTNEED, first, end - first)
 
 
 def _mangling_hint(buf, size: int) -> str:
@@ -261,11 +300,16 @@ def read_host(path: Path, progress: Progress | None = None) -> tuple[HostProfile
                 texts[_XSPACE_FIELDS[number]].append(bytes(buf[start:end]).decode("utf-8", "replace"))
         if texts["hostnames"]:
             host = texts["hostnames"][0]
-        for number, start, end in fields:
-            if number == 1:
-                planes.append(_decode_plane(buf[start:end], host, modules, name, start))
-                if progress:
-                    progress(f"read {name}", end, size)
+        arr = np.frombuffer(buf, dtype=np.uint8)
+        try:
+            for number, start, end in fields:
+                if number == 1:
+                    planes.append(_decode_plane(arr, start, end, host, modules, name))
+                    _release(buf, start, end)
+                    if progress:
+                        progress(f"read {name}", end, size)
+        finally:
+            del arr  # the mmap cannot close while a numpy view of it exists
     known = [p for p in planes if p.name.startswith(("/host:", "/device:"))]
     if not known:
         raise ProfileError(f"{name}: no profile planes (/host:* or /device:*) found; not an XProf profile")
