@@ -98,6 +98,7 @@ class Evidence(BaseModel):
     metric: str
     value: Any
     note: str = ""
+    verified: bool = True  # False when a number here appears in no tool output (model-written evidence)
 
 
 class Finding(BaseModel):
@@ -119,6 +120,46 @@ class FollowUpCall(BaseModel):
     reason: str | None = None
 
 
+class ModelCall(BaseModel):
+    """One request to a hosted model: what it cost and how long it took."""
+
+    phase: Literal["investigate", "answer"]
+    attempt: int = 1  # 2+ are retries after 429/5xx or a transport error
+    latency_ms: float = 0.0
+    prompt_tokens: int = 0
+    output_tokens: int = 0  # candidates
+    thoughts_tokens: int = 0
+    total_tokens: int = 0
+    error: str | None = None
+
+
+class GroundingCheck(BaseModel):
+    """A model-written finding whose evidence did not check out against the tool outputs."""
+
+    finding: str
+    action: Literal["unverified", "dropped"]
+    reasons: list[str] = Field(default_factory=list)
+
+
+class InvestigatorAudit(BaseModel):
+    """Cost and audit record of a model-backed investigation (Gemini on Vertex AI)."""
+
+    model: str
+    location: str = ""
+    prompt_version: str = ""
+    model_calls: int = 0  # requests sent, retries included
+    retries: int = 0
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    thoughts_tokens: int = 0
+    total_tokens: int = 0
+    latency_ms: float = 0.0  # time spent waiting for the model, all calls together
+    tool_calls: list[FollowUpCall] = Field(default_factory=list)  # every call the model asked for, refused ones too
+    calls: list[ModelCall] = Field(default_factory=list)
+    grounding: list[GroundingCheck] = Field(default_factory=list)
+    fallback_reason: str | None = None  # why the rule engine's diagnosis was used instead
+
+
 class Diagnosis(BaseModel):
     """What an investigator concluded."""
 
@@ -129,6 +170,7 @@ class Diagnosis(BaseModel):
     follow_up_calls: list[FollowUpCall] = Field(default_factory=list)
     investigator: str = "rules"
     investigator_note: str = ""  # e.g. why Gemini was not used
+    audit: InvestigatorAudit | None = None  # cost and audit of a model-backed investigation (absent for rules)
 
 
 class Analysis(BaseModel):

@@ -32,8 +32,9 @@ from xdiag.model import (
 from xdiag.ports import BlobStore, Bus, StateStore
 from xdiag.profile.reader import DEFAULT_MAX_PROFILE_BYTES, read_session
 from xdiag.profile.space import Session
-from xdiag.tools import BROAD_TOOLS, FOLLOW_UP_TOOLS
+from xdiag.tools import BROAD_TOOLS, FOLLOW_UP_TOOLS, REGISTRY
 from xdiag.tools import run_tool as execute_tool
+from xdiag.tools.registry import validate_args
 
 MAX_FOLLOW_UP_CALLS = 4
 
@@ -224,6 +225,12 @@ def investigate(message: InvestigationReady, deps: Dependencies) -> None:
             if name not in FOLLOW_UP_TOOLS:
                 refused.append(FollowUpCall(tool=name, args=args, hypothesis=hypothesis, status=ToolStatus.FAILED,
                                             reason=f"refused: {name!r} is not a follow-up tool"))
+                return ToolResult(tool=name, status=ToolStatus.FAILED, reason=refused[-1].reason)
+            try:  # a call with bad arguments is refused before it spends any of the budget
+                validate_args(REGISTRY[name], args)
+            except ValueError as exc:
+                refused.append(FollowUpCall(tool=name, args=args, hypothesis=hypothesis, status=ToolStatus.FAILED,
+                                            reason=f"refused: bad arguments: {exc}"))
                 return ToolResult(tool=name, status=ToolStatus.FAILED, reason=refused[-1].reason)
             if made[0] >= MAX_FOLLOW_UP_CALLS:
                 refused.append(FollowUpCall(tool=name, args=args, hypothesis=hypothesis, status=ToolStatus.FAILED,
