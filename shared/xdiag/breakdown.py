@@ -17,6 +17,7 @@ from xdiag.timeline import (
     DISPATCH_EVENT,
     EXECUTE_EVENT,
     SYNC_EVENT,
+    HostEvents,
     covered,
     host_events,
     op_table,
@@ -43,8 +44,10 @@ class StepRow:
     callbacks: int
 
 
-def _count_in(starts: np.ndarray, lo: int, hi: int) -> int:
-    return int(np.count_nonzero((starts >= lo) & (starts < hi)))
+def _counts(starts: np.ndarray, win_s: np.ndarray, win_e: np.ndarray) -> np.ndarray:
+    """For each window [s, e): how many of `starts` fall inside it."""
+    ordered = np.sort(starts)
+    return np.searchsorted(ordered, win_e, side="left") - np.searchsorted(ordered, win_s, side="left")
 
 
 def _outermost(mask: np.ndarray, line: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
@@ -63,6 +66,108 @@ def _outermost(mask: np.ndarray, line: np.ndarray, starts: np.ndarray, ends: np.
     return keep
 
 
+@dataclass
+class _HostSignals:
+    """A host's non-op events sorted into the breakdown's layers, and the outermost ones to count."""
+
+    layers: dict[str, tuple[np.ndarray, np.ndarray]]  # compile / host_sync / dispatch -> (starts, ends)
+    counted: dict[str, np.ndarray]  # dispatches / compiles / syncs / callbacks -> starts of counted events
+
+    @classmethod
+    def of(cls, events: HostEvents | None, callback_s: np.ndarray, callback_e: np.ndarray) -> _HostSignals:
+        empty = np.empty(0, np.int64)
+        if events is None:
+            return cls(
+                layers={"compile": (empty, empty), "host_sync": (callback_s, callback_e), "dispatch": (empty, empty)},
+                counted={"dispatches": empty, "compiles": empty, "syncs": empty, "callbacks": callback_s},
+            )
+        is_compile = events.matches(COMPILE_EVENT)
+        is_sync = events.matches(SYNC_EVENT)
+        is_dispatch = events.matches(DISPATCH_EVENT)
+        is_callback = events.matches(CALLBACK_EVENT)
+        # One launch shows as several nested execute events (C API, PjRt, stream executor): count the outermost.
+        is_execute = events.matches(EXECUTE_EVENT)
+
+        def outer(mask: np.ndarray) -> np.ndarray:
+            return events.start_ps[_outermost(mask, events.line, events.start_ps, events.end_ps)]
+
+        def span(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            return events.start_ps[mask], events.end_ps[mask]
+
+        sync_s, sync_e = span(is_sync | is_callback)
+        python_callbacks = outer(is_callback)
+        return cls(
+            layers={
+                "compile": span(is_compile),
+                # Host callbacks run as XLA ops but are Python on the host: host_sync, not compute.
+                "host_sync": (np.concatenate([sync_s, callback_s]), np.concatenate([sync_e, callback_e])),
+                "dispatch": span(is_dispatch),
+            },
+            counted={
+                "dispatches": outer(is_execute if is_execute.any() else is_dispatch),
+                "compiles": outer(is_compile),
+                "syncs": outer(is_sync),
+                "callbacks": callback_s if len(callback_s) >= len(python_callbacks) else python_callbacks,
+            },
+        )
+
+
+def _host_rows(host: str, host_steps: list, ops, events: HostEvents | None) -> list[StepRow]:
+    win_s = np.array([s.start_ps for s in host_steps], dtype=np.int64)
+    win_e = np.array([s.end_ps for s in host_steps], dtype=np.int64)
+    devices = sorted(set(ops.device)) or [""]
+    is_collective = ops.category == "collective"
+    is_callback_op = ops.category == "host_callback"
+    # Per device, then averaged: a 4-device host that is busy on one device is 25% busy.
+    compute = np.zeros(len(host_steps))
+    collective_only = np.zeros(len(host_steps))
+    for device in devices:
+        on_device = ops.device == device
+        device_ops = on_device & ~is_callback_op
+        computing = on_device & ~(is_collective | is_callback_op)
+        all_ops = covered(ops.start_ps[device_ops], ops.end_ps[device_ops], win_s, win_e)
+        compute_ops = covered(ops.start_ps[computing], ops.end_ps[computing], win_s, win_e)
+        compute += compute_ops
+        collective_only += all_ops - compute_ops
+    compute /= len(devices)
+    collective_only /= len(devices)
+
+    signals = _HostSignals.of(events, ops.start_ps[is_callback_op], ops.end_ps[is_callback_op])
+    # Each layer gets only the time that no earlier layer (ops first) already explains.
+    layer_s, layer_e = [ops.start_ps[~is_callback_op]], [ops.end_ps[~is_callback_op]]
+    explained = covered(layer_s[0], layer_e[0], win_s, win_e)
+    extra: dict[str, np.ndarray] = {}
+    for category in ("compile", "host_sync", "dispatch"):
+        starts, ends = signals.layers[category]
+        layer_s.append(starts)
+        layer_e.append(ends)
+        union = covered(np.concatenate(layer_s), np.concatenate(layer_e), win_s, win_e)
+        extra[category] = union - explained
+        explained = union
+    counts = {name: _counts(starts, win_s, win_e) for name, starts in signals.counted.items()}
+    op_counts = _counts(ops.start_ps, win_s, win_e)
+    rows = []
+    for i, step in enumerate(host_steps):
+        step_ps = max(step.duration_ps, 1)
+        ms = {
+            "compute": compute[i] / PS_PER_MS,
+            "collective": collective_only[i] / PS_PER_MS,
+            "compile": extra["compile"][i] / PS_PER_MS,
+            "host_sync": extra["host_sync"][i] / PS_PER_MS,
+            "dispatch": extra["dispatch"][i] / PS_PER_MS,
+            # Device idle time on a multi-device host is not host work: it stays out of host_other.
+            "host_other": max(step_ps - float(explained[i]), 0) / PS_PER_MS,
+        }
+        rows.append(
+            StepRow(
+                host=host, number=step.number, step_ms=step_ps / PS_PER_MS, ms=ms, ops=int(op_counts[i]),
+                dispatches=int(counts["dispatches"][i]), compiles=int(counts["compiles"][i]),
+                syncs=int(counts["syncs"][i]), callbacks=int(counts["callbacks"][i]),
+            )
+        )
+    return rows
+
+
 def step_rows(session: Session) -> list[StepRow]:
     """One row per step, cached on the session."""
     if "step_rows" in session.cache:
@@ -72,92 +177,8 @@ def step_rows(session: Session) -> list[StepRow]:
     events_by_host = {e.host: e for e in host_events(session)}
     rows: list[StepRow] = []
     for host in sorted({s.host for s in steps}):
-        host_steps = [s for s in steps if s.host == host]
-        win_s = np.array([s.start_ps for s in host_steps], dtype=np.int64)
-        win_e = np.array([s.end_ps for s in host_steps], dtype=np.int64)
         on_host = np.fromiter((d.startswith(host + " ") for d in ops.device), dtype=bool, count=len(ops))
-        host_ops = ops.take(on_host) if len(ops) else ops
-        devices = sorted(set(host_ops.device)) or [""]
-        is_collective = host_ops.category == "collective"
-        is_callback_op = host_ops.category == "host_callback"
-        not_compute = is_collective | is_callback_op
-        # Per device, then averaged: a 4-device host that is busy on one device is 25% busy.
-        compute = np.zeros(len(host_steps))
-        collective_only = np.zeros(len(host_steps))
-        for device in devices:
-            on_device = host_ops.device == device
-            device_ops = on_device & ~is_callback_op
-            all_ops = covered(host_ops.start_ps[device_ops], host_ops.end_ps[device_ops], win_s, win_e)
-            compute_ops = covered(
-                host_ops.start_ps[on_device & ~not_compute], host_ops.end_ps[on_device & ~not_compute], win_s, win_e
-            )
-            compute += compute_ops
-            collective_only += all_ops - compute_ops
-        compute /= len(devices)
-        collective_only /= len(devices)
-        # Host callbacks run as XLA ops but are Python on the host: they count as host_sync, not compute.
-        any_op_s, any_op_e = host_ops.start_ps[~is_callback_op], host_ops.end_ps[~is_callback_op]
-        callback_s, callback_e = host_ops.start_ps[is_callback_op], host_ops.end_ps[is_callback_op]
-
-        events = events_by_host.get(host)
-        if events is not None:
-            is_compile = events.matches(COMPILE_EVENT)
-            is_sync = events.matches(SYNC_EVENT)
-            is_dispatch = events.matches(DISPATCH_EVENT)
-            is_callback = events.matches(CALLBACK_EVENT)
-            # One launch shows as several nested execute events (C API, PjRt, stream executor): count the outermost.
-            is_execute = events.matches(EXECUTE_EVENT)
-            is_execute = _outermost(is_execute if is_execute.any() else is_dispatch, events.line, events.start_ps, events.end_ps)
-            is_compile_outer = _outermost(is_compile, events.line, events.start_ps, events.end_ps)
-            sync_count = _outermost(is_sync, events.line, events.start_ps, events.end_ps)
-            callback_count = _outermost(is_callback, events.line, events.start_ps, events.end_ps)
-        layers = [(any_op_s, any_op_e)]
-        explained_prev = covered(any_op_s, any_op_e, win_s, win_e)
-        extra: dict[str, np.ndarray] = {}
-        for category, mask in (
-            ("compile", is_compile if events is not None else None),
-            ("host_sync", (is_sync | is_callback) if events is not None else None),
-            ("dispatch", is_dispatch if events is not None else None),
-        ):
-            if mask is None and not (category == "host_sync" and len(callback_s)):
-                extra[category] = np.zeros(len(host_steps))
-                continue
-            if mask is not None:
-                layers.append((events.start_ps[mask], events.end_ps[mask]))
-            if category == "host_sync":
-                layers.append((callback_s, callback_e))
-            union = covered(np.concatenate([l[0] for l in layers]), np.concatenate([l[1] for l in layers]), win_s, win_e)
-            extra[category] = union - explained_prev
-            explained_prev = union
-        for i, step in enumerate(host_steps):
-            step_ps = max(step.duration_ps, 1)
-            explained = float(explained_prev[i])
-            ms = {
-                "compute": compute[i] / PS_PER_MS,
-                "collective": collective_only[i] / PS_PER_MS,
-                "compile": extra["compile"][i] / PS_PER_MS,
-                "host_sync": extra["host_sync"][i] / PS_PER_MS,
-                "dispatch": extra["dispatch"][i] / PS_PER_MS,
-                # Device idle time on a multi-device host is not host work: it stays out of host_other.
-                "host_other": max(step_ps - explained, 0) / PS_PER_MS,
-            }
-            lo, hi = step.start_ps, step.end_ps
-            rows.append(
-                StepRow(
-                    host=host,
-                    number=step.number,
-                    step_ms=step_ps / PS_PER_MS,
-                    ms=ms,
-                    ops=_count_in(host_ops.start_ps, lo, hi),
-                    dispatches=_count_in(events.start_ps[is_execute], lo, hi) if events is not None else 0,
-                    compiles=_count_in(events.start_ps[is_compile_outer], lo, hi) if events is not None else 0,
-                    syncs=_count_in(events.start_ps[sync_count], lo, hi) if events is not None else 0,
-                    callbacks=max(
-                        _count_in(events.start_ps[callback_count], lo, hi) if events is not None else 0,
-                        _count_in(callback_s, lo, hi),
-                    ),
-                )
-            )
+        rows += _host_rows(host, [s for s in steps if s.host == host], ops.take(on_host), events_by_host.get(host))
     session.cache["step_rows"] = rows
     return rows
 

@@ -74,24 +74,40 @@ def _progress_printer(quiet: bool):
 def analyze(
     path: Annotated[Path, typer.Argument(help=PATH_HELP)],
     out_dir: Annotated[Optional[Path], typer.Option("--out", help="Output folder (default ./xdiag-out/<session>).")] = None,
-    investigator: Annotated[str, typer.Option(help="rules (built-in, no network) or gemini.")] = "rules",
+    investigator: Annotated[str, typer.Option(envvar="XDIAG_INVESTIGATOR", help="rules (built-in, no network) or gemini (Vertex AI).")] = "rules",
     session: Annotated[Optional[str], typer.Option(help="Session name inside a log dir (default: the newest).")] = None,
     max_profile_gib: Annotated[float, typer.Option(help="Refuse sessions larger than this.")] = 2.0,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress lines; print only the report path.")] = False,
+    project: Annotated[Optional[str], typer.Option(help="Google Cloud project for Gemini on Vertex AI (env VERTEX_PROJECT).")] = None,
+    location: Annotated[Optional[str], typer.Option(help="Vertex AI location (env VERTEX_LOCATION; default us-central1).")] = None,
+    model: Annotated[Optional[str], typer.Option(help="Gemini model (env VERTEX_MODEL; default gemini-2.5-flash).")] = None,
 ) -> None:
-    """Analyse one profile session: 15 tools, an investigation, and summary.html."""
+    """Analyse one profile session: 15 tools, an investigation, and summary.html.
+
+    With --investigator gemini, Gemini on Vertex AI investigates (Application Default Credentials; VERTEX_BASE_URL
+    points it at a private endpoint); if it fails, the rule engine does, and the report says why.
+    """
     from xdiag.embedded import analyze_session, build_embedded
     from xdiag.locate import locate_session
 
     if investigator not in ("rules", "gemini"):
         _fail(f"unknown investigator {investigator!r}; use rules or gemini")
+    investigators = {}
+    if investigator == "gemini":
+        from xdiag.investigators.gemini import GeminiConfig, gemini_factory
+
+        try:
+            investigators["gemini"] = gemini_factory(GeminiConfig.from_env(project=project, location=location, model=model))
+        except ValueError as exc:
+            _fail(str(exc))
     try:
         located = locate_session(path, session)
     except XdiagError as exc:
         _fail(str(exc))
     target = out_dir or Path("xdiag-out") / located.name
     on_event, on_read = _progress_printer(quiet)
-    deps = build_embedded(max_bytes=int(max_profile_gib * 2**30), on_event=on_event, read_progress=on_read)
+    deps = build_embedded(max_bytes=int(max_profile_gib * 2**30), on_event=on_event, read_progress=on_read,
+                          investigators=investigators)
     analysis = analyze_session(located, target, investigator=investigator, deps_and_bus=deps)
     report = Path(analysis.report_uri) if analysis.report_uri else target / "summary.html"
     if analysis.status == "FAILED":

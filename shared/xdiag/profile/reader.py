@@ -28,6 +28,7 @@ from xdiag.profile.space import (
     Line,
     Plane,
     Session,
+    StatColumns,
 )
 
 DEFAULT_MAX_PROFILE_BYTES = 2 * 1024**3
@@ -95,9 +96,8 @@ def _decode_line(
     arr: np.ndarray, start: int, end: int, stat_names: dict[int, str], columns: "_StatColumns",
     intern: Callable[[str], int], where: str,
 ) -> Line:
-    header, metadata_id, offset_ps, duration_ps, numeric, string_a, string_b, err, err_pos = wire.decode_line(
-        arr, start, end, columns.numeric_ids, columns.numeric_slots, len(columns.numeric_names),
-        columns.string_ids, columns.string_slots, len(columns.string_names),
+    header, metadata_id, offset_ps, duration_ps, stat_event, stat_slot, stat_a, stat_b, err, err_pos = wire.decode_line(
+        arr, start, end, columns.numeric_ids, columns.numeric_slots, columns.string_ids, columns.string_slots
     )
     if err:
         raise ProfileError(f"{where}: a line at byte {start} is corrupt: {wire.ERRORS[err]} near byte {err_pos}")
@@ -105,31 +105,28 @@ def _decode_line(
     def text(offset: int, length: int) -> str:
         return bytes(arr[offset : offset + length]).decode("utf-8", "replace") if offset >= 0 else ""
 
-    numeric_columns = {}
-    for slot, name in enumerate(columns.numeric_names):
-        column = numeric[:, slot]
-        if (column != NO_VALUE).any():
-            numeric_columns[name] = np.ascontiguousarray(column)
-    string_columns = {}
-    for slot, name in enumerate(columns.string_names):
-        a, b = string_a[:, slot], string_b[:, slot]
-        present = a >= 0
-        if not present.any():
+    count = len(metadata_id)
+    numeric_columns = StatColumns(count, NO_VALUE, np.int64)
+    string_columns = StatColumns(count, -1, np.int32)
+    for slot in np.unique(stat_slot):
+        rows = stat_slot == slot
+        events, a, b = stat_event[rows], stat_a[rows], stat_b[rows]
+        if slot >= 0:
+            numeric_columns.put(columns.numeric_names[slot], events, a)
             continue
-        column = np.full(len(a), -1, dtype=np.int32)
+        values = np.empty(len(events), dtype=np.int32)
+        is_ref = b < 0
         # Resolve each distinct reference or inline string once.
-        for value in np.unique(a[present & (b < 0)]):
-            column[(a == value) & (b < 0)] = intern(stat_names.get(int(value), ""))
-        inline = np.nonzero(present & (b >= 0))[0]
-        if len(inline):
-            cache: dict[tuple[int, int], int] = {}
-            for i in inline:
-                key = (int(a[i]), int(b[i]))
-                index = cache.get(key)
-                if index is None:
-                    index = cache[key] = intern(text(*key))
-                column[i] = index
-        string_columns[name] = column
+        refs, ref_inverse = np.unique(a[is_ref], return_inverse=True)
+        values[is_ref] = np.array([intern(stat_names.get(int(r), "")) for r in refs], dtype=np.int32)[ref_inverse]
+        if (~is_ref).any():
+            pairs = np.stack([a[~is_ref], b[~is_ref]], axis=1)
+            unique_pairs, pair_inverse = np.unique(pairs, axis=0, return_inverse=True)
+            indexes = np.array([intern(text(int(o), int(n))) for o, n in unique_pairs], dtype=np.int32)
+            values[~is_ref] = indexes[pair_inverse.reshape(-1)]
+        string_columns.put(columns.string_names[-2 - slot], events, values)
+    if count and metadata_id.max() < 2**31 and metadata_id.min() >= 0:
+        metadata_id = metadata_id.astype(np.int32)
     name = text(int(header[4]), int(header[5]))
     return Line(
         id=int(header[0]),
@@ -137,7 +134,7 @@ def _decode_line(
         display_name=text(int(header[6]), int(header[7])) or name,
         timestamp_ns=int(header[1]),
         metadata_id=metadata_id,
-        offset_ps=offset_ps,
+        start_ps=offset_ps,
         duration_ps=duration_ps,
         numeric=numeric_columns,
         strings=string_columns,
@@ -347,7 +344,7 @@ def read_session(
     for host in hosts:
         for plane in host.planes:
             for line in plane.lines:
-                line.start_ps = (line.timestamp_ns - origin) * 1000 + line.offset_ps
+                line.start_ps += (line.timestamp_ns - origin) * 1000  # in place: no second copy
     unique: dict[tuple[str, int], HloModule] = {}
     for module in modules:
         unique.setdefault((module.name, module.program_id), module)

@@ -42,6 +42,43 @@ STRING_STATS = ("hlo_op", "hlo_module", "tf_op", "kernel_details", "memcpy_detai
 """Stats kept as indexes into the plane's string table."""
 
 
+class StatColumns:
+    """Per-event stat columns of one line, stored sparse (most stats are on few events) and handed out dense.
+
+    `columns[name]` / `.get(name)` build a dense array (fill value where the event lacks the stat) on each
+    call and keep nothing, so memory grows with the stats a profile has, not with events × stats.
+    """
+
+    def __init__(self, size: int, fill: int, dtype):
+        self._size, self._fill, self._dtype = size, fill, dtype
+        self._sparse: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+
+    def put(self, name: str, index: np.ndarray, values: np.ndarray) -> None:
+        self._sparse[name] = (index, values.astype(self._dtype, copy=False))
+
+    def sparse(self, name: str) -> tuple[np.ndarray, np.ndarray] | None:
+        """(event indexes, values) of the events that carry the stat, or None."""
+        return self._sparse.get(name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._sparse
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        index, values = self._sparse[name]
+        dense = np.full(self._size, self._fill, dtype=self._dtype)
+        dense[index] = values
+        return dense
+
+    def get(self, name: str, default=None):
+        return self[name] if name in self._sparse else default
+
+    def keys(self):
+        return self._sparse.keys()
+
+    def items(self):
+        return ((name, self[name]) for name in self._sparse)
+
+
 @dataclass
 class Line:
     """One timeline (a thread, a stream, 'XLA Ops'…) and its events as columns."""
@@ -50,12 +87,11 @@ class Line:
     name: str
     display_name: str
     timestamp_ns: int
-    metadata_id: np.ndarray  # int64: key into Plane.event_names
-    offset_ps: np.ndarray  # int64: relative to timestamp_ns
+    metadata_id: np.ndarray  # int32 (int64 if ids need it): key into Plane.event_names
+    start_ps: np.ndarray  # int64: relative to timestamp_ns as read; relative to Session.origin_ns once assembled
     duration_ps: np.ndarray  # int64
-    numeric: dict[str, np.ndarray] = field(default_factory=dict)  # stat -> int64 column, NO_VALUE where absent
-    strings: dict[str, np.ndarray] = field(default_factory=dict)  # stat -> int32 column into Plane.strings, -1 where absent
-    start_ps: np.ndarray | None = None  # int64: relative to Session.origin_ns, set once the session is read
+    numeric: StatColumns  # stat -> int64 column, NO_VALUE where absent
+    strings: StatColumns  # stat -> int32 column into Plane.strings, -1 where absent
 
     def __len__(self) -> int:
         return len(self.metadata_id)

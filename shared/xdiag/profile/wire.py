@@ -110,23 +110,6 @@ def scan_fields(buf, start, end):
 
 
 @njit(cache=True, nogil=True)
-def _count_events(buf, start, end):
-    count = 0
-    pos = start
-    while pos < end:
-        key, pos = _varint(buf, pos, end)
-        if pos < 0:
-            return -1, start
-        if key >> 3 == 4 and key & 7 == 2:
-            count += 1
-        nxt = _skip(buf, pos, end, key & 7)
-        if nxt < 0:
-            return -1, pos
-        pos = nxt
-    return count, end
-
-
-@njit(cache=True, nogil=True)
 def _slot(sorted_ids, slots, stat_id):
     i = np.searchsorted(sorted_ids, stat_id)
     if i < len(sorted_ids) and sorted_ids[i] == stat_id:
@@ -135,59 +118,47 @@ def _slot(sorted_ids, slots, stat_id):
 
 
 @njit(cache=True, nogil=True)
-def decode_line(buf, start, end, numeric_ids, numeric_slots, n_numeric, string_ids, string_slots, n_string):
-    """One XLine's header and its events as columns.
+def _decode_events(buf, start, end, numeric_ids, numeric_slots, string_ids, string_slots, fill,
+                   metadata_id, offset_ps, duration_ps, stat_event, stat_slot, stat_a, stat_b, header):
+    """One pass over a line. With fill=False only counts (events, kept stats); with fill=True also writes.
 
-    numeric_ids/numeric_slots: sorted stat-metadata ids kept as int64 columns and their column index;
-    string_ids/string_slots: the same for string stats, recorded as (ref id, -1) for ref_value or
-    (byte offset, length) for str_value, resolved to text by the caller.
-    header: [id, timestamp_ns, duration_ps, display_id, name_off, name_len, display_off, display_len]
-    """
-    header = np.full(8, -1, np.int64)
-    header[0] = 0
-    header[1] = 0
-    header[2] = 0
-    header[3] = 0
-    count, err_pos = _count_events(buf, start, end)
-    if count < 0:
-        count = 0
-        empty = np.empty(0, np.int64)
-        return (header, empty, empty, empty, np.empty((0, n_numeric), np.int64),
-                np.empty((0, n_string), np.int64), np.empty((0, n_string), np.int64), ERR_LENGTH, err_pos)
-    metadata_id = np.zeros(count, np.int64)
-    offset_ps = np.zeros(count, np.int64)
-    duration_ps = np.zeros(count, np.int64)
-    numeric = np.full((count, n_numeric), NO_VALUE, np.int64)
-    string_a = np.full((count, n_string), -1, np.int64)
-    string_b = np.full((count, n_string), -1, np.int64)
+    Kept stats are recorded sparsely as (event, slot, a, b): numeric slots are >= 0 with the value in a;
+    string slots are encoded as -2 - slot (-1 means not kept) with (ref id, -1) or (byte offset, length) in (a, b).
+    Returns (events, kept stats, error code, error position)."""
     pos = start
     e = 0
+    k = 0
     while pos < end:
         key, pos = _varint(buf, pos, end)
+        if pos < 0:
+            return e, k, ERR_VARINT, start
         number = key >> 3
         wire = key & 7
         if number == 4 and wire == 2:
             length, pos = _varint(buf, pos, end)
             event_end = pos + length
+            if pos < 0 or length < 0 or event_end > end:
+                return e, k, ERR_LENGTH, pos
             while pos < event_end:
                 ekey, pos = _varint(buf, pos, event_end)
                 if pos < 0:
-                    return header, metadata_id, offset_ps, duration_ps, numeric, string_a, string_b, ERR_VARINT, event_end
+                    return e, k, ERR_VARINT, event_end
                 enum = ekey >> 3
                 ewire = ekey & 7
                 if ewire == 0 and enum <= 3:
                     value, pos = _varint(buf, pos, event_end)
-                    if enum == 1:
-                        metadata_id[e] = value
-                    elif enum == 2:
-                        offset_ps[e] = value
-                    else:
-                        duration_ps[e] = value
+                    if fill:
+                        if enum == 1:
+                            metadata_id[e] = value
+                        elif enum == 2:
+                            offset_ps[e] = value
+                        else:
+                            duration_ps[e] = value
                 elif enum == 4 and ewire == 2:
                     slen, pos = _varint(buf, pos, event_end)
                     stat_end = pos + slen
-                    if slen < 0 or stat_end > event_end:
-                        return header, metadata_id, offset_ps, duration_ps, numeric, string_a, string_b, ERR_LENGTH, pos
+                    if pos < 0 or slen < 0 or stat_end > event_end:
+                        return e, k, ERR_LENGTH, pos
                     stat_id = np.int64(-1)
                     kind = np.int64(0)
                     a = np.int64(0)
@@ -195,7 +166,7 @@ def decode_line(buf, start, end, numeric_ids, numeric_slots, n_numeric, string_i
                     while pos < stat_end:
                         skey, pos = _varint(buf, pos, stat_end)
                         if pos < 0:
-                            return header, metadata_id, offset_ps, duration_ps, numeric, string_a, string_b, ERR_VARINT, stat_end
+                            return e, k, ERR_VARINT, stat_end
                         snum = skey >> 3
                         swire = skey & 7
                         if snum == 1 and swire == 0:
@@ -214,40 +185,79 @@ def decode_line(buf, start, end, numeric_ids, numeric_slots, n_numeric, string_i
                             pos += b
                         else:
                             pos = _skip(buf, pos, stat_end, swire)
-                        if pos < 0:
-                            return header, metadata_id, offset_ps, duration_ps, numeric, string_a, string_b, ERR_LENGTH, stat_end
+                        if pos < 0 or pos > stat_end:
+                            return e, k, ERR_LENGTH, stat_end
+                    slot = -1
                     if kind == 2 or kind == 3 or kind == 4:
                         slot = _slot(numeric_ids, numeric_slots, stat_id)
-                        if slot >= 0:
-                            numeric[e, slot] = a
+                        b = -1
                     elif kind == 5 or kind == 7:
-                        slot = _slot(string_ids, string_slots, stat_id)
-                        if slot >= 0:
-                            string_a[e, slot] = a
-                            string_b[e, slot] = b if kind == 5 else -1
+                        found = _slot(string_ids, string_slots, stat_id)
+                        if found >= 0:
+                            slot = -2 - found
+                            if kind == 7:
+                                b = -1
+                    if slot != -1:
+                        if fill:
+                            stat_event[k] = e
+                            stat_slot[k] = slot
+                            stat_a[k] = a
+                            stat_b[k] = b
+                        k += 1
                 else:
                     pos = _skip(buf, pos, event_end, ewire)
                     if pos < 0:
-                        return header, metadata_id, offset_ps, duration_ps, numeric, string_a, string_b, ERR_LENGTH, event_end
+                        return e, k, ERR_LENGTH, event_end
             e += 1
         elif wire == 0:
             value, pos = _varint(buf, pos, end)
-            if number == 1:
-                header[0] = value
-            elif number == 3:
-                header[1] = value
-            elif number == 9:
-                header[2] = value
-            elif number == 10:
-                header[3] = value
+            if fill:
+                if number == 1:
+                    header[0] = value
+                elif number == 3:
+                    header[1] = value
+                elif number == 9:
+                    header[2] = value
+                elif number == 10:
+                    header[3] = value
         elif wire == 2 and (number == 2 or number == 11):
             length, pos = _varint(buf, pos, end)
-            slot = 4 if number == 2 else 6
-            header[slot] = pos
-            header[slot + 1] = length
+            if fill:
+                slot = 4 if number == 2 else 6
+                header[slot] = pos
+                header[slot + 1] = length
             pos += length
         else:
             pos = _skip(buf, pos, end, wire)
-        if pos < 0:
-            return header, metadata_id, offset_ps, duration_ps, numeric, string_a, string_b, ERR_LENGTH, start
-    return header, metadata_id, offset_ps, duration_ps, numeric, string_a, string_b, OK, end
+        if pos < 0 or pos > end:
+            return e, k, ERR_LENGTH, start
+    return e, k, OK, end
+
+
+@njit(cache=True, nogil=True)
+def decode_line(buf, start, end, numeric_ids, numeric_slots, string_ids, string_slots):
+    """One XLine's header, its events as columns, and its kept stats as sparse rows.
+
+    numeric_ids/numeric_slots: sorted stat-metadata ids kept as numeric columns and their column index;
+    string_ids/string_slots: the same for string stats. Returns (header, metadata_id, offset_ps,
+    duration_ps, stat_event, stat_slot, stat_a, stat_b, err, err_pos); see _decode_events for the stats.
+    header: [id, timestamp_ns, duration_ps, display_id, name_off, name_len, display_off, display_len]
+    """
+    header = np.zeros(8, np.int64)
+    header[4:] = -1
+    empty = np.empty(0, np.int64)
+    events, kept, err, err_pos = _decode_events(
+        buf, start, end, numeric_ids, numeric_slots, string_ids, string_slots, False,
+        empty, empty, empty, empty, empty, empty, empty, header)
+    if err:
+        return header, empty, empty, empty, empty, empty, empty, empty, err, err_pos
+    metadata_id = np.zeros(events, np.int64)
+    offset_ps = np.zeros(events, np.int64)
+    duration_ps = np.zeros(events, np.int64)
+    stat_event = np.empty(kept, np.int64)
+    stat_slot = np.empty(kept, np.int64)
+    stat_a = np.empty(kept, np.int64)
+    stat_b = np.empty(kept, np.int64)
+    _decode_events(buf, start, end, numeric_ids, numeric_slots, string_ids, string_slots, True,
+                   metadata_id, offset_ps, duration_ps, stat_event, stat_slot, stat_a, stat_b, header)
+    return header, metadata_id, offset_ps, duration_ps, stat_event, stat_slot, stat_a, stat_b, OK, end

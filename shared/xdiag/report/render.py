@@ -15,7 +15,7 @@ from typing import Any
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
-from xdiag.model import Analysis, Finding, Status, ToolResult, ToolStatus
+from xdiag.model import Analysis, Finding, InvestigatorAudit, Status, ToolResult, ToolStatus
 from xdiag.report import charts
 from xdiag.report.format import (
     Block,
@@ -185,6 +185,17 @@ def _status(analysis: Analysis) -> str:
     return "INCOMPLETE"
 
 
+def _model_usage(audit: InvestigatorAudit) -> str:
+    """One line of the cost and audit record: model, requests, tokens, waiting time, tool calls."""
+    refused = sum(1 for c in audit.tool_calls if (c.reason or "").startswith("refused"))
+    return (f"{audit.model} ({audit.location}): {audit.model_calls} request(s)"
+            + (f" incl. {audit.retries} retr{'y' if audit.retries == 1 else 'ies'}" if audit.retries else "")
+            + f", {audit.total_tokens:,} tokens ({audit.prompt_tokens:,} in, {audit.output_tokens:,} out"
+            + (f", {audit.thoughts_tokens:,} thinking" if audit.thoughts_tokens else "")
+            + f"), {audit.latency_ms / 1000:.1f} s; {len(audit.tool_calls)} tool call(s) asked"
+            + (f", {refused} refused" if refused else ""))
+
+
 def _header(analysis: Analysis) -> list[tuple[str, Cell]]:
     p = analysis.profile or {}
     d = analysis.diagnosis
@@ -202,6 +213,7 @@ def _header(analysis: Analysis) -> list[tuple[str, Cell]]:
         ("Events", p.get("events")),
         ("HLO modules", p.get("hlo_modules")),
         ("Investigator", f"{investigator}; {note}" if note else investigator),
+        ("Model usage", _model_usage(d.audit) if d and d.audit else None),
         ("Created", analysis.created_at),
         ("Updated", analysis.updated_at),
     ]
