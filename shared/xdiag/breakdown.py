@@ -17,6 +17,7 @@ from xdiag.timeline import (
     DISPATCH_EVENT,
     EXECUTE_EVENT,
     SYNC_EVENT,
+    EventSelection,
     HostEvents,
     covered,
     host_events,
@@ -81,32 +82,30 @@ class _HostSignals:
                 layers={"compile": (empty, empty), "host_sync": (callback_s, callback_e), "dispatch": (empty, empty)},
                 counted={"dispatches": empty, "compiles": empty, "syncs": empty, "callbacks": callback_s},
             )
-        is_compile = events.matches(COMPILE_EVENT)
-        is_sync = events.matches(SYNC_EVENT)
-        is_dispatch = events.matches(DISPATCH_EVENT)
-        is_callback = events.matches(CALLBACK_EVENT)
-        # One launch shows as several nested execute events (C API, PjRt, stream executor): count the outermost.
-        is_execute = events.matches(EXECUTE_EVENT)
+        compile_, sync, dispatch, callback, execute = (
+            events.select(p) for p in (COMPILE_EVENT, SYNC_EVENT, DISPATCH_EVENT, CALLBACK_EVENT, EXECUTE_EVENT)
+        )
 
-        def outer(mask: np.ndarray) -> np.ndarray:
-            return events.start_ps[_outermost(mask, events.line, events.start_ps, events.end_ps)]
+        def outer(selected: EventSelection) -> np.ndarray:
+            everything = np.ones(len(selected.start_ps), dtype=bool)
+            return selected.start_ps[_outermost(everything, selected.line, selected.start_ps, selected.end_ps)]
 
-        def span(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-            return events.start_ps[mask], events.end_ps[mask]
-
-        sync_s, sync_e = span(is_sync | is_callback)
-        python_callbacks = outer(is_callback)
+        python_callbacks = outer(callback)
         return cls(
             layers={
-                "compile": span(is_compile),
+                "compile": (compile_.start_ps, compile_.end_ps),
                 # Host callbacks run as XLA ops but are Python on the host: host_sync, not compute.
-                "host_sync": (np.concatenate([sync_s, callback_s]), np.concatenate([sync_e, callback_e])),
-                "dispatch": span(is_dispatch),
+                "host_sync": (
+                    np.concatenate([sync.start_ps, callback.start_ps, callback_s]),
+                    np.concatenate([sync.end_ps, callback.end_ps, callback_e]),
+                ),
+                "dispatch": (dispatch.start_ps, dispatch.end_ps),
             },
             counted={
-                "dispatches": outer(is_execute if is_execute.any() else is_dispatch),
-                "compiles": outer(is_compile),
-                "syncs": outer(is_sync),
+                # One launch shows as several nested execute events (C API, PjRt, stream executor): count the outermost.
+                "dispatches": outer(execute if len(execute.start_ps) else dispatch),
+                "compiles": outer(compile_),
+                "syncs": outer(sync),
                 "callbacks": callback_s if len(callback_s) >= len(python_callbacks) else python_callbacks,
             },
         )

@@ -69,24 +69,74 @@ class OpTable:
 
 
 @dataclass
-class HostEvents:
-    """Events of the host threads that are not XLA ops: dispatches, compiles, syncs, annotations."""
+class EventSelection:
+    """Host-thread events whose names match a pattern (XLA op events excluded)."""
 
-    host: str
-    name_id: np.ndarray  # int64 index into name_table
-    name_table: list[str]
-    line: np.ndarray  # int64 line number (unique per host)
     start_ps: np.ndarray
     end_ps: np.ndarray
-    step_num: np.ndarray  # int64, NO_VALUE unless a step annotation
+    line: np.ndarray  # int32: which host line each event is on (for nesting)
 
-    def matches(self, pattern: re.Pattern) -> np.ndarray:
-        """Events whose name matches: the pattern runs once per distinct name, not once per event."""
-        table = np.fromiter((bool(pattern.search(n)) for n in self.name_table), dtype=bool, count=len(self.name_table))
-        return table[self.name_id] if len(table) else np.zeros(len(self.name_id), dtype=bool)
 
-    def name(self, index: int) -> str:
-        return self.name_table[int(self.name_id[index])]
+class HostEvents:
+    """A host's thread lines, queried by event-name pattern.
+
+    Nothing is copied up front: a query matches the pattern once per distinct event name, then
+    gathers only the matching events, so memory follows what the analysis asks for rather than
+    the profile's size.
+    """
+
+    def __init__(self, host: str, lines: list[tuple[Plane, Line]]):
+        self.host = host
+        self._lines = lines
+        self._selections: dict[str, EventSelection] = {}
+
+    def _non_op(self, line: Line) -> np.ndarray | None:
+        """Events that are not XLA ops (None: all of them)."""
+        sparse = line.strings.sparse("hlo_op")
+        if sparse is None:
+            return None
+        mask = np.ones(len(line), dtype=bool)
+        mask[sparse[0][sparse[1] >= 0]] = False
+        return mask
+
+    def select(self, pattern: re.Pattern) -> EventSelection:
+        if pattern.pattern in self._selections:
+            return self._selections[pattern.pattern]
+        starts, ends, lines = [], [], []
+        for number, (plane, line) in enumerate(self._lines):
+            ids = np.array([k for k, n in plane.event_names.items() if pattern.search(n)], dtype=np.int64)
+            if not len(ids):
+                continue
+            mask = np.isin(line.metadata_id, ids)
+            non_op = self._non_op(line)
+            if non_op is not None:
+                mask &= non_op
+            starts.append(line.start_ps[mask])
+            ends.append(line.start_ps[mask] + line.duration_ps[mask])
+            lines.append(np.full(int(mask.sum()), number, dtype=np.int32))
+        empty = np.empty(0, np.int64)
+        selection = EventSelection(
+            start_ps=np.concatenate(starts) if starts else empty,
+            end_ps=np.concatenate(ends) if ends else empty,
+            line=np.concatenate(lines) if lines else np.empty(0, np.int32),
+        )
+        self._selections[pattern.pattern] = selection
+        return selection
+
+    def step_annotations(self) -> tuple[str, list[tuple[int, int, int]]]:
+        """(annotation name, [(step number, start, end)]) from events that carry a step_num stat."""
+        name, steps = "", []
+        for plane, line in self._lines:
+            sparse = line.numeric.sparse(STEP_STAT)
+            if sparse is None:
+                continue
+            index, numbers = sparse
+            if not name and len(index):
+                name = plane.event_names.get(int(line.metadata_id[index[0]]), "")
+            for i, number in zip(index.tolist(), numbers.tolist()):
+                start = int(line.start_ps[i])
+                steps.append((number, start, start + int(line.duration_ps[i])))
+        return name, steps
 
 
 @dataclass
@@ -385,50 +435,14 @@ def op_table(session: Session) -> OpTable:
     return _cached(session, "op_table", build)
 
 
-def _dense_ids(plane: Plane, offset: int) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    """(sorted metadata ids, their global indexes, names) for mapping a plane's ids into one name table."""
-    ids = np.array(sorted(plane.event_names), dtype=np.int64)
-    return ids, np.arange(offset, offset + len(ids), dtype=np.int64), [plane.event_names[int(k)] for k in ids]
-
-
 def host_events(session: Session) -> list[HostEvents]:
-    """Per host: the host-thread events that are not XLA ops (python, dispatch, runtime)."""
+    """Per host: its /host:CPU thread lines, to query for dispatch, compile, sync and step events."""
 
     def build() -> list[HostEvents]:
-        out = []
-        for host in session.hosts:
-            table: list[str] = []
-            name_ids, lines, starts, ends, steps = [], [], [], [], []
-            line_number = 0
-            for plane in host.planes:
-                if plane.name != "/host:CPU":
-                    continue
-                ids, global_ids, names = _dense_ids(plane, len(table))
-                table.extend(names)
-                for line in plane.lines:
-                    line_number += 1
-                    hlo_op = line.strings.get("hlo_op")
-                    mask = np.ones(len(line), dtype=bool) if hlo_op is None else hlo_op < 0
-                    pos = np.clip(np.searchsorted(ids, line.metadata_id[mask]), 0, max(len(ids) - 1, 0))
-                    name_ids.append(global_ids[pos] if len(ids) else np.zeros(mask.sum(), np.int64))
-                    lines.append(np.full(mask.sum(), line_number, dtype=np.int64))
-                    starts.append(line.start_ps[mask])
-                    ends.append(line.end_ps[mask])
-                    step = line.numeric.get(STEP_STAT)
-                    steps.append(step[mask] if step is not None else np.full(mask.sum(), NO_VALUE, np.int64))
-            if name_ids:
-                out.append(
-                    HostEvents(
-                        host=host.hostname,
-                        name_id=np.concatenate(name_ids),
-                        name_table=table,
-                        line=np.concatenate(lines),
-                        start_ps=np.concatenate(starts),
-                        end_ps=np.concatenate(ends),
-                        step_num=np.concatenate(steps),
-                    )
-                )
-        return out
+        return [
+            HostEvents(host.hostname, [(plane, line) for plane in host.planes if plane.name == "/host:CPU" for line in plane.lines])
+            for host in session.hosts
+        ]
 
     return _cached(session, "host_events", build)
 
@@ -461,11 +475,9 @@ def step_set(session: Session) -> StepSet:
         steps: list[Step] = []
         annotation = ""
         for events in host_events(session):
-            marked = events.step_num != NO_VALUE
-            if marked.any():
-                annotation = events.name(int(np.argmax(marked)))
-                for number, start, end in zip(events.step_num[marked], events.start_ps[marked], events.end_ps[marked]):
-                    steps.append(Step(events.host, int(number), int(start), int(end)))
+            name, marked = events.step_annotations()
+            annotation = annotation or name
+            steps += [Step(events.host, number, start, end) for number, start, end in marked]
         if steps:
             return StepSet(sorted(steps, key=lambda s: (s.host, s.start_ps)), "step annotations", annotation)
         steps = _device_steps(session)

@@ -199,7 +199,10 @@ def _hlo_module(proto_bytes: bytes, host: str, fallback_id: int) -> HloModule | 
 _PLANE_METADATA_FIELDS = (1, 2, 4, 5, 6)  # id, name, event_metadata, stat_metadata, stats: all but the lines
 
 
-def _decode_plane(arr: np.ndarray, start: int, end: int, host: str, modules: list[HloModule], name: str) -> Plane:
+def _decode_plane(
+    arr: np.ndarray, start: int, end: int, host: str, modules: list[HloModule], name: str,
+    release: Callable[[int, int], None],
+) -> Plane:
     numbers, tags, starts, ends, _, err, err_pos = wire.scan_fields(arr, start, end)
     if err:
         raise ProfileError(f"{name}: the plane at byte {start} is corrupt: {wire.ERRORS[err]} near byte {err_pos}")
@@ -239,10 +242,10 @@ def _decode_plane(arr: np.ndarray, start: int, end: int, host: str, modules: lis
                 stats[stat_name] = _stat_value(stat, stat_names)
             metadata_stats[key] = stats
     columns = _StatColumns(stat_names)
-    lines = [
-        _decode_line(arr, int(s_), int(e_), stat_names, columns, intern, name)
-        for s_, e_ in zip(starts[numbers == 3], ends[numbers == 3])
-    ]
+    lines = []
+    for line_start, line_end in zip(starts[numbers == 3].tolist(), ends[numbers == 3].tolist()):
+        lines.append(_decode_line(arr, line_start, line_end, stat_names, columns, intern, name))
+        release(line_start, line_end)
     return Plane(
         id=proto.id,
         name=proto.name,
@@ -257,11 +260,14 @@ def _decode_plane(arr: np.ndarray, start: int, end: int, host: str, modules: lis
 
 
 def _release(buf: mmap.mmap, start: int, end: int) -> None:
-    """Drops the decoded plane's file pages from memory: they are clean and never read again."""
+    """Drops a decoded line's file pages from memory: they are clean and never read again.
+
+    Only whole pages inside [start, end) go, so a neighbour's bytes on a shared page stay."""
     page = mmap.PAGESIZE
-    first = start - start % page
-    if hasattr(buf, "madvise") and end > first:
-        buf.madvise(mmap.MADV_DONTNEED, first, end - first)
+    first = -(-start // page) * page
+    last = end - end % page
+    if hasattr(buf, "madvise") and last > first:
+        buf.madvise(mmap.MADV_DONTNEED, first, last - first)
 
 
 def _mangling_hint(buf, size: int) -> str:
@@ -301,8 +307,7 @@ def read_host(path: Path, progress: Progress | None = None) -> tuple[HostProfile
         try:
             for number, start, end in fields:
                 if number == 1:
-                    planes.append(_decode_plane(arr, start, end, host, modules, name))
-                    _release(buf, start, end)
+                    planes.append(_decode_plane(arr, start, end, host, modules, name, lambda a, b: _release(buf, a, b)))
                     if progress:
                         progress(f"read {name}", end, size)
         finally:
