@@ -379,7 +379,7 @@ class _Conversation:
                 retry = False
                 reason = f"unparseable response from Vertex AI ({type(exc).__name__}: {_clip(exc, 160)})"
             else:
-                self._account(call, response, began)
+                self._account(call, response)
                 return response
             finally:
                 call.latency_ms = round((time.perf_counter() - began) * 1000, 1)
@@ -391,7 +391,7 @@ class _Conversation:
             self.sleep(delay * (0.5 + random.random() / 2))
         raise AssertionError("unreachable")
 
-    def _account(self, call: ModelCall, response: Any, began: float) -> None:
+    def _account(self, call: ModelCall, response: Any) -> None:
         usage = getattr(response, "usage_metadata", None)
         if usage is None:
             return
