@@ -53,6 +53,7 @@ def instruction_cost(module: HloModule, name: str) -> dict | None:
     fused = module.fused_opcodes.get(ins.name, [])
     return {
         "flops_known": ins.opcode != "custom-call" and "custom-call" not in fused,
+        "cost_source": "HLO shapes",
         "flops": _flops(ins, computation, module),
         "bytes": read + written,
         "shape": ins.shape_text,

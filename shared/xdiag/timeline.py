@@ -248,6 +248,8 @@ def _category_from_name(name: str) -> str:
     base = name.lower().lstrip("%")
     if base.startswith(("memcpy", "memset")):
         return "memcpy"
+    if base in ("data formatting", "data movement"):
+        return "data_movement"
     if base.startswith(tuple(ASYNC_COPY_OPCODES)):
         return "async_copy"
     if any(base.startswith(op) for op in COLLECTIVE_OPCODES) or "all-reduce" in base or "allreduce" in base:
@@ -433,6 +435,46 @@ def op_table(session: Session) -> OpTable:
         )
 
     return _cached(session, "op_table", build)
+
+
+def profile_op_costs(session: Session) -> dict[tuple[str, str], dict]:
+    """(module, op) -> the cost the profiler recorded for it: FLOPs, bytes accessed, category, shape.
+
+    TPU (and newer GPU) 'XLA Ops' lines carry XLA's own cost model in their event metadata; where it
+    exists it is more exact than counting from HLO shapes.
+    """
+
+    def build() -> dict[tuple[str, str], dict]:
+        costs: dict[tuple[str, str], dict] = {}
+        for plane in session.device_planes(with_events=True):
+            spans = _module_spans(plane)
+            fingerprints = {}
+            if spans is not None:
+                for line in plane.lines:
+                    if line.name == "XLA Modules":
+                        for name in set(plane.names_of(line)):
+                            module, _, rest = name.partition("(")
+                            if rest.rstrip(")").isdigit():
+                                fingerprints[int(rest.rstrip(")"))] = module
+            for line in plane.lines:
+                if line.name != "XLA Ops":
+                    continue
+                for key in np.unique(line.metadata_id).tolist():
+                    stats = plane.event_metadata_stats.get(key) or {}
+                    if "flops" not in stats and "bytes_accessed" not in stats:
+                        continue
+                    op = _tpu_op_name(plane.event_display_names.get(key) or plane.event_names.get(key, ""))
+                    module = fingerprints.get(stats.get("program_id"), "")
+                    costs.setdefault((module, op), {
+                        "flops": float(stats.get("flops") or 0),
+                        "bytes": float(stats.get("bytes_accessed") or 0),
+                        "hlo_category": stats.get("hlo_category", ""),
+                        "shape": stats.get("shape_with_layout", ""),
+                        "source": str(stats.get("source", "")),
+                    })
+        return costs
+
+    return _cached(session, "profile_op_costs", build)
 
 
 def host_events(session: Session) -> list[HostEvents]:

@@ -8,7 +8,7 @@ import numpy as np
 
 from xdiag.hlo_cost import instruction_cost
 from xdiag.profile.space import NO_VALUE, Session
-from xdiag.timeline import op_table
+from xdiag.timeline import op_table, profile_op_costs
 
 
 @dataclass
@@ -51,6 +51,7 @@ class OpStat:
             )
             if self.cost["source"]:
                 row["source"] = self.cost["source"]
+            row["cost_source"] = self.cost.get("cost_source", "HLO shapes")
         elif self.cost:
             row.update(shape=self.cost["shape"], operand_shapes=self.cost["operand_shapes"], opcode=self.cost["opcode"],
                        framework_op=self.cost["op_name"], flops_per_run=None,
@@ -63,6 +64,7 @@ def op_stats(session: Session) -> list[OpStat]:
     if "op_stats" in session.cache:
         return session.cache["op_stats"]
     ops = op_table(session)
+    profile_costs = profile_op_costs(session)
     out: list[OpStat] = []
     if len(ops):
         keys = np.array([f"{m}\x00{n}" for m, n in zip(ops.module, ops.name)], dtype=object)
@@ -75,6 +77,14 @@ def op_stats(session: Session) -> list[OpStat]:
             module_name, name = key.split("\x00", 1)
             pid = ops.program_id[first[k]]
             module = session.module_for(module_name, None if pid == NO_VALUE else int(pid)) if module_name else None
+            cost = instruction_cost(module, name) if module else None
+            recorded = profile_costs.get((module_name, name))
+            if recorded:
+                # The profiler's own cost model beats counting from shapes.
+                cost = {**(cost or {"shape": recorded["shape"], "operand_shapes": [], "opcode": recorded["hlo_category"],
+                                    "fusion_kind": "", "op_name": "", "source": recorded["source"]}),
+                        "flops": recorded["flops"], "bytes": recorded["bytes"], "flops_known": True,
+                        "cost_source": "profile cost model"}
             out.append(
                 OpStat(
                     module=module_name,
@@ -82,7 +92,7 @@ def op_stats(session: Session) -> list[OpStat]:
                     category=str(ops.category[first[k]]),
                     count=int(counts[k]),
                     total_ps=int(totals[k]),
-                    cost=instruction_cost(module, name) if module else None,
+                    cost=cost,
                 )
             )
     out.sort(key=lambda s: -s.total_ps)
