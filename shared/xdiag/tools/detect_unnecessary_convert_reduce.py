@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from xdiag.errors import NotAvailable
 from xdiag.hlo_cost import shape_bytes
 from xdiag.profile.space import HloComputation, HloInstruction, HloModule, Session
-from xdiag.tools.hlo_checks import executed_instructions, hlo_coverage
+from xdiag.tools.hlo_checks import ExecutedInstruction, detect
 from xdiag.tools.registry import ToolOutput, tool
 
 NARROW = {"bf16", "f16", "f8e5m2", "f8e4m3fn", "f8e4m3", "f8e4m3fnuz", "f8e5m2fnuz", "f8e4m3b11fnuz", "f8e3m4"}
@@ -52,42 +51,24 @@ def _widening_converts(
     "shapes, the extra bytes the widening costs and the time of the ops that hold them.",
 )
 def detect_unnecessary_convert_reduce(session: Session) -> ToolOutput:
-    """summary: count, total_ms, share_of_op_time_percent, top_op, widening. detail: ops (top 20)."""
-    executed, total_ps = executed_instructions(session)
-    if not executed:
-        raise NotAvailable("no executed op could be matched to HLO carried in the profile")
-    found = []
-    for e in executed:
-        ins = e.instruction
-        fused = {i.opcode for i in e.fused()} - {"parameter", "bitcast", "constant", "tuple", "get-tuple-element"}
-        if ins.opcode == "convert" or fused == {"convert"}:
-            # The op itself is the widening; its users in the enclosing computation do the reducing.
-            hits = [h for h in _widening_converts(e.computation, e.module, as_convert=ins) if h[0].name == ins.name]
-        elif ins.opcode == "fusion" and ins.called and ins.called[0] in e.module.computations:
-            hits = _widening_converts(e.module.computations[ins.called[0]], e.module)
-        else:
-            hits = []
-        if not hits:
-            continue
-        convert, source, reducer = hits[0]
-        found.append(
-            {
-                "op": e.stat.name, "module": e.module.display_name, "opcode": ins.opcode,
-                "widening": f"{source.dtype}->{convert.dtype}", "converted_shape": convert.shape_text,
-                "source_shape": source.shape_text, "feeds": reducer,
-                "extra_bytes_per_run": shape_bytes(convert) - shape_bytes(source),
-                "count": e.stat.count, "total_ms": round(e.stat.total_ms, 4),
-                "share_of_op_time_percent": round(100 * e.stat.total_ps / total_ps, 2) if total_ps else 0.0,
-                "framework_op": convert.op_name or ins.op_name,
-            }
-        )
-    found.sort(key=lambda r: -r["total_ms"])
-    summary = {
-        "count": len(found),
-        "total_ms": round(sum(r["total_ms"] for r in found), 4),
-        "share_of_op_time_percent": round(sum(r["share_of_op_time_percent"] for r in found), 2),
-        **hlo_coverage(session),
-    }
-    if found:
-        summary.update(top_op=found[0]["op"], widening=found[0]["widening"], top_op_shape=found[0]["converted_shape"])
-    return ToolOutput(summary, {"ops": found[:20]}, "HLO carried in the profile, joined with op times")
+    """summary: count, total_ms, share_of_op_time_percent, top_op, widening, top_op_shape. detail: ops (top 20)."""
+    return detect(session, _widening_before_reduce, lambda top: {"widening": top["widening"], "top_op_shape": top["converted_shape"]})
+
+
+def _widening_before_reduce(e: ExecutedInstruction, total_ps: int) -> dict | None:
+    ins = e.instruction
+    if ins.opcode == "convert" or e.fused_opcodes() == {"convert"}:
+        # The op itself is the widening; its users in the enclosing computation do the reducing.
+        hits = [h for h in _widening_converts(e.computation, e.module, as_convert=ins) if h[0].name == ins.name]
+    elif ins.opcode == "fusion" and ins.called and ins.called[0] in e.module.computations:
+        hits = _widening_converts(e.module.computations[ins.called[0]], e.module)
+    else:
+        hits = []
+    if not hits:
+        return None
+    convert, source, reducer = hits[0]
+    return e.row(
+        total_ps, opcode=ins.opcode, widening=f"{source.dtype}->{convert.dtype}", converted_shape=convert.shape_text,
+        source_shape=source.shape_text, feeds=reducer, extra_bytes_per_run=shape_bytes(convert) - shape_bytes(source),
+        framework_op=convert.op_name or ins.op_name,
+    )

@@ -4,8 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from collections.abc import Callable
+
+from xdiag.errors import NotAvailable
 from xdiag.profile.space import HloComputation, HloInstruction, HloModule, Session
 from xdiag.tools.ops import OpStat, op_stats
+from xdiag.tools.registry import ToolOutput
+
+STRUCTURAL_OPCODES = {"parameter", "bitcast", "tuple", "get-tuple-element", "constant"}
+"""Instructions that move or compute nothing: left out when asking what a fusion does."""
+SOURCE = "HLO carried in the profile, joined with op times"
 
 
 @dataclass
@@ -17,6 +25,19 @@ class ExecutedInstruction:
 
     def operands(self) -> list[HloInstruction]:
         return [self.computation.by_name[o] for o in self.instruction.operands if o in self.computation.by_name]
+
+    def fused_opcodes(self) -> set[str]:
+        """What a fusion does, leaving out the structural instructions (empty for a plain instruction)."""
+        return {i.opcode for i in self.fused()} - STRUCTURAL_OPCODES
+
+    def row(self, total_ps: int, **fields) -> dict:
+        """A detector's row for this op: its own fields, then the op's time and share."""
+        return {
+            "op": self.stat.name, "module": self.module.display_name, **fields,
+            "count": self.stat.count, "total_ms": round(self.stat.total_ms, 4),
+            "share_of_op_time_percent": round(100 * self.stat.total_ps / total_ps, 2) if total_ps else 0.0,
+            "framework_op": fields.pop("framework_op", None) or self.instruction.op_name,
+        }
 
     def fused(self) -> list[HloInstruction]:
         """The instructions inside a fusion (empty for a plain instruction)."""
@@ -45,3 +66,25 @@ def hlo_coverage(session: Session) -> dict:
         "ops_with_hlo": len(executed),
         "op_time_with_hlo_percent": round(100 * joined / total_ps, 2) if total_ps else 0.0,
     }
+
+
+def detect(
+    session: Session,
+    finding: Callable[[ExecutedInstruction, int], dict | None],
+    top_fields: Callable[[dict], dict],
+) -> ToolOutput:
+    """Runs `finding` over every executed op with HLO; the rows it returns, busiest first, make the output."""
+    executed, total_ps = executed_instructions(session)
+    if not executed:
+        raise NotAvailable("no executed op could be matched to HLO carried in the profile")
+    found = [row for row in (finding(e, total_ps) for e in executed) if row]
+    found.sort(key=lambda r: -r["total_ms"])
+    summary = {
+        "count": len(found),
+        "total_ms": round(sum(r["total_ms"] for r in found), 4),
+        "share_of_op_time_percent": round(sum(r["share_of_op_time_percent"] for r in found), 2),
+        **hlo_coverage(session),
+    }
+    if found:
+        summary.update(top_op=found[0]["op"], **top_fields(found[0]))
+    return ToolOutput(summary, {"ops": found[:20]}, SOURCE)
