@@ -98,3 +98,47 @@ def test_hosts_and_device_information_on_device_profiles():
     info = run_tool(session, "get_device_information").summary
     assert info["device_type"] == "TPU v6 Lite" and info["peak_teraflops_per_second"] == pytest.approx(918.0)
     assert run_tool(session, "get_hosts").summary["hosts"] == 1
+
+
+def test_kpis_agree_with_the_step_trace(healthy_cpu):
+    kpi = run_tool(healthy_cpu, "get_kpi_metrics").summary
+    step = run_tool(healthy_cpu, "get_step_trace").summary
+    assert kpi["step_time_ms"] == step["step_time_ms_mean"]
+    assert kpi["achieved_gflops_per_s_during_ops"] > 0 and kpi["hlo_costed_op_share_percent"] > 90
+
+
+def test_utilization_sees_the_four_cpu_devices_of_the_collective_workload(cpu_profiles):
+    summary = run_tool(read_session([cpu_profiles["collective_bound"]]), "get_utilization_viewer").summary
+    assert summary["devices"] == 4 and 0 < summary["busy_percent_min"] <= summary["busy_percent_max"] <= 100
+
+
+def test_list_hlo_modules_shows_one_version_per_recompile(cpu_profiles):
+    summary = run_tool(read_session([cpu_profiles["recompilation"]]), "list_hlo_modules").summary
+    assert summary["recompiled_names"].get("jit_train_step", 0) >= 6
+
+
+def test_memory_and_roofline_come_from_xprof_on_tpu():
+    session = read_session([shared_profile("tpu/tpu_v6e_inference.xplane.pb")])
+    memory = run_tool(session, "get_memory_profile").summary
+    assert memory["peak_memory_gib"] == pytest.approx(20.0, abs=0.1) and memory["oom_risk"] == "LOW"
+    roofline = run_tool(session, "get_roofline_model").summary
+    assert roofline["roofline_efficiency_percent"] == pytest.approx(4.35) and roofline["bound_by"] == "HBM"
+    assert run_tool(session, "get_smart_suggestions").ok
+    assert run_tool(session, "get_peak_allocations").summary["module"].startswith("jit_")
+
+
+def test_h200_device_and_memory(h200_profiles):
+    session = read_session([h200_profiles["healthy"]])
+    info = run_tool(session, "get_device_information").summary
+    assert "H200" in info["device_type"] and info["core_count"] == 132
+    memory = run_tool(session, "get_memory_profile").summary
+    assert 0 < memory["peak_memory_gib"] < memory["capacity_gib"]
+    llo = run_tool(session, "llo_query", {"pattern": "."})
+    assert llo.status == ToolStatus.NOT_AVAILABLE and "GPU" in llo.reason
+
+
+def test_memory_profile_is_not_invented_on_cpu(healthy_cpu):
+    result = run_tool(healthy_cpu, "get_memory_profile")
+    assert result.status == ToolStatus.NOT_AVAILABLE and "CPU profiles have no device memory" in result.reason
+    peak = run_tool(healthy_cpu, "get_peak_allocations")
+    assert peak.ok and peak.summary["largest_buffer_mib"] > 0 and "HLO value sizes" in peak.summary["basis"]

@@ -8,7 +8,7 @@ from xdiag.tools.common import HOST_PLANE_SOURCE, try_view
 from xdiag.tools.registry import ToolOutput, tool
 
 _DEVICE_STATS = (
-    "device_type_string", "peak_teraflops_per_second", "peak_hbm_bw_gigabytes_per_second", "core_count",
+    "device_type_string", "gpu_device_name", "peak_teraflops_per_second", "peak_hbm_bw_gigabytes_per_second", "core_count",
     "clock_rate", "memory_bandwidth", "memory_size", "compute_cap_major", "compute_cap_minor", "device_vendor",
 )
 
@@ -37,7 +37,7 @@ def get_device_information(session: Session) -> ToolOutput:
         summary.update(
             device_count=len(devices),
             devices_with_events=sum(1 for d in devices if d["events"]),
-            device_type=first.get("device_type_string") or first.get("device_vendor") or session.platform,
+            device_type=first.get("device_type_string") or first.get("gpu_device_name") or first.get("device_vendor") or session.platform,
         )
         for key in ("peak_teraflops_per_second", "peak_hbm_bw_gigabytes_per_second", "core_count",
                     "memory_size", "memory_bandwidth", "compute_cap_major", "compute_cap_minor", "clock_rate"):
