@@ -1,0 +1,209 @@
+"""The read-once session as one file: written after the first read, memory-mapped by every later reader.
+
+In the cloud, `collect` reads a session's xplane files once and stores this file next to them;
+the 15 parallel `run_tool` invocations then map it instead of re-parsing the profile (for a 2 GiB
+profile: seconds instead of half a minute each, and the columns are shared page cache, not copies).
+
+Layout: an 8-byte magic, the header's length (8 bytes, little endian), a JSON header describing
+every plane, line and HLO module, then the raw column arrays, each 64-byte aligned. Arrays are
+described by dtype, shape and offset, and come back as read-only `np.memmap` views.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from xdiag.errors import ProfileError
+from xdiag.profile.space import (
+    NO_VALUE,
+    HloComputation,
+    HloInstruction,
+    HloModule,
+    HostProfile,
+    Line,
+    Plane,
+    Session,
+    StatColumns,
+)
+
+MAGIC = b"XDIAGS01"
+ALIGN = 64
+
+
+class _Layout:
+    """Assigns each array an aligned offset in the data section; the arrays are written after the header."""
+
+    def __init__(self):
+        self.arrays: list[tuple[int, np.ndarray]] = []
+        self._offset = 0
+
+    def array(self, values: np.ndarray) -> dict[str, Any]:
+        values = np.ascontiguousarray(values)
+        self._offset += -self._offset % ALIGN
+        ref = {"dtype": values.dtype.str, "shape": list(values.shape), "offset": self._offset}
+        self.arrays.append((self._offset, values))
+        self._offset += values.nbytes
+        return ref
+
+
+def _plain(value: Any) -> Any:
+    """Stat values as JSON can hold them (bytes are dropped: the analyses never read them)."""
+    if isinstance(value, (bytes, bytearray)):
+        return None
+    if isinstance(value, (np.integer,)):
+        return int(value)
+    if isinstance(value, (np.floating,)):
+        return float(value)
+    return value
+
+
+def _columns(layout: _Layout, columns: StatColumns) -> dict[str, Any]:
+    out = {}
+    for name in columns.keys():
+        index, values = columns.sparse(name)
+        out[name] = {"index": layout.array(index), "values": layout.array(values)}
+    return out
+
+
+def _module(module: HloModule) -> dict[str, Any]:
+    return {
+        "name": module.name, "program_id": module.program_id, "entry": module.entry, "host": module.host,
+        "computations": {
+            name: [
+                [i.name, i.opcode, i.dtype, list(i.dims), list(i.layout), list(i.operands), i.fusion_kind, i.op_name,
+                 i.source, list(i.called), [[t, list(d)] for t, d in i.tuple_shapes], i.custom_call_target,
+                 list(i.lhs_contracting)]
+                for i in computation.instructions
+            ]
+            for name, computation in module.computations.items()
+        },
+    }
+
+
+def save_session(session: Session, path: Path) -> int:
+    """Writes the session to `path` (atomically); returns its size in bytes."""
+    layout = _Layout()
+    hosts = []
+    for host in session.hosts:
+        planes = []
+        for plane in host.planes:
+            lines = [
+                {
+                    "id": line.id, "name": line.name, "display_name": line.display_name,
+                    "timestamp_ns": line.timestamp_ns,
+                    "metadata_id": layout.array(line.metadata_id),
+                    "start_ps": layout.array(line.start_ps),
+                    "duration_ps": layout.array(line.duration_ps),
+                    "numeric": _columns(layout, line.numeric),
+                    "strings": _columns(layout, line.strings),
+                }
+                for line in plane.lines
+            ]
+            planes.append({
+                "id": plane.id, "name": plane.name, "host": plane.host,
+                "event_names": {str(k): v for k, v in plane.event_names.items()},
+                "event_display_names": {str(k): v for k, v in plane.event_display_names.items()},
+                "event_metadata_stats": {
+                    str(k): {sk: _plain(sv) for sk, sv in stats.items()} for k, stats in plane.event_metadata_stats.items()
+                },
+                "stats": {k: _plain(v) for k, v in plane.stats.items()},
+                "strings": plane.strings,
+                "lines": lines,
+            })
+        hosts.append({
+            "hostname": host.hostname, "path": str(host.path), "size_bytes": host.size_bytes,
+            "errors": host.errors, "warnings": host.warnings, "planes": planes,
+        })
+    header = {
+        "name": session.name, "origin_ns": session.origin_ns, "hosts": hosts,
+        "hlo_modules": [_module(m) for m in session.hlo_modules],
+    }
+    encoded = json.dumps(header, separators=(",", ":")).encode()
+    encoded += b" " * (-(len(MAGIC) + 8 + len(encoded)) % ALIGN)  # the data section starts aligned
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("wb") as handle:
+        handle.write(MAGIC + struct.pack("<Q", len(encoded)) + encoded)
+        written = 0
+        for offset, values in layout.arrays:
+            handle.write(b"\0" * (offset - written))
+            handle.write(memoryview(values).cast("B"))
+            written = offset + values.nbytes
+    tmp.replace(path)
+    return path.stat().st_size
+
+
+def _array(mapped: np.memmap, ref: dict[str, Any]) -> np.ndarray:
+    dtype = np.dtype(ref["dtype"])
+    count = int(np.prod(ref["shape"])) if ref["shape"] else 1
+    return mapped[ref["offset"] : ref["offset"] + count * dtype.itemsize].view(dtype).reshape(ref["shape"])
+
+
+def _stat_columns(mapped, spec: dict[str, Any], size: int, fill: int, dtype) -> StatColumns:
+    columns = StatColumns(size, fill, dtype)
+    for name, ref in spec.items():
+        columns.put(name, _array(mapped, ref["index"]), _array(mapped, ref["values"]))
+    return columns
+
+
+def _instruction(row: list) -> HloInstruction:
+    (name, opcode, dtype, dims, layout, operands, fusion_kind, op_name, source, called, tuple_shapes, target, lhs) = row
+    return HloInstruction(
+        name=name, opcode=opcode, dtype=dtype, dims=tuple(dims), layout=tuple(layout), operands=tuple(operands),
+        fusion_kind=fusion_kind, op_name=op_name, source=source, called=tuple(called),
+        tuple_shapes=tuple((t, tuple(d)) for t, d in tuple_shapes), custom_call_target=target, lhs_contracting=tuple(lhs),
+    )
+
+
+def load_session(path: Path) -> Session:
+    """Maps a file written by save_session; raises ProfileError if it is not one."""
+    with path.open("rb") as handle:
+        head = handle.read(len(MAGIC) + 8)
+        if len(head) < len(MAGIC) + 8 or head[: len(MAGIC)] != MAGIC:
+            raise ProfileError(f"{path.name}: not an xdiag session file")
+        (length,) = struct.unpack("<Q", head[len(MAGIC) :])
+        try:
+            header = json.loads(handle.read(length))
+        except ValueError as exc:
+            raise ProfileError(f"{path.name}: corrupt session header ({exc})") from None
+    data_start = len(MAGIC) + 8 + length
+    mapped = np.memmap(path, dtype=np.uint8, mode="r", offset=data_start) if path.stat().st_size > data_start else np.empty(0, np.uint8)
+    hosts = []
+    for h in header["hosts"]:
+        planes = []
+        for p in h["planes"]:
+            lines = []
+            for ln in p["lines"]:
+                metadata_id = _array(mapped, ln["metadata_id"])
+                size = len(metadata_id)
+                lines.append(Line(
+                    id=ln["id"], name=ln["name"], display_name=ln["display_name"], timestamp_ns=ln["timestamp_ns"],
+                    metadata_id=metadata_id,
+                    start_ps=_array(mapped, ln["start_ps"]),
+                    duration_ps=_array(mapped, ln["duration_ps"]),
+                    numeric=_stat_columns(mapped, ln["numeric"], size, NO_VALUE, np.int64),
+                    strings=_stat_columns(mapped, ln["strings"], size, -1, np.int32),
+                ))
+            planes.append(Plane(
+                id=p["id"], name=p["name"], host=p["host"],
+                event_names={int(k): v for k, v in p["event_names"].items()},
+                event_display_names={int(k): v for k, v in p["event_display_names"].items()},
+                event_metadata_stats={int(k): v for k, v in p["event_metadata_stats"].items()},
+                stats=p["stats"], strings=p["strings"], lines=lines,
+            ))
+        hosts.append(HostProfile(
+            hostname=h["hostname"], path=Path(h["path"]), size_bytes=h["size_bytes"], planes=planes,
+            errors=h["errors"], warnings=h["warnings"],
+        ))
+    modules = [
+        HloModule(
+            name=m["name"], program_id=m["program_id"], entry=m["entry"], host=m["host"],
+            computations={n: HloComputation(n, [_instruction(r) for r in rows]) for n, rows in m["computations"].items()},
+        )
+        for m in header["hlo_modules"]
+    ]
+    return Session(name=header["name"], hosts=hosts, hlo_modules=modules, origin_ns=header["origin_ns"])
