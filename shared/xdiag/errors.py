@@ -15,3 +15,7 @@ class NotAvailable(XdiagError):
 
 class UnknownTool(XdiagError):
     """A tool name that is not in the registry."""
+
+
+class PoisonMessage(XdiagError):
+    """A message no retry can make work (malformed, an unknown session, a missing object): it goes to dead letters."""

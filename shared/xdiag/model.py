@@ -37,13 +37,17 @@ class Message(BaseModel):
 
 
 class CaptureReady(Message):
-    """A session's files are in the blob store: analyse them (topic `captures`)."""
+    """A session's files are in the blob store: analyse them (topic `captures`).
 
-    analysis_id: str
+    A manual request may name only `run_id` and `session_id`: collect then finds the session's files
+    in the bucket, derives the analysis id from their versions and puts the output beside them.
+    """
+
+    analysis_id: str | None = None
     run_id: str
     session_id: str
-    profile_uris: list[str]
-    output_uri: str  # where tools/<tool>.json, analysis.json and summary.html go
+    profile_uris: list[str] = Field(default_factory=list)
+    output_uri: str | None = None  # where tools/<tool>.json, analysis.json and summary.html go
     investigator: str = "rules"
 
 
@@ -72,6 +76,24 @@ class ReportReady(Message):
     """The diagnosis is stored: render it (topic `reports`)."""
 
     analysis_id: str
+
+
+class ProfileUploaded(Message):
+    """An object was written to the bucket (topic `profile-uploads`, from its object-finalize notification)."""
+
+    uri: str  # gs://BUCKET/NAME
+    generation: str = ""
+    size: int = 0
+
+
+class DeadLetter(Message):
+    """A message that ended on a dead-letter topic, with why (a dead-letter topic's subscriber receives it)."""
+
+    source_topic: str
+    data: str  # the message's bytes as text (undecodable bytes replaced)
+    attributes: dict[str, str] = Field(default_factory=dict)
+    reason: str
+    message_id: str = ""
 
 
 class ToolResult(BaseModel):
@@ -190,6 +212,7 @@ class Analysis(BaseModel):
     diagnosis: Diagnosis | None = None
     tools: dict[str, dict[str, Any]] = Field(default_factory=dict)  # tool -> {status, reason, duration_ms}
     timings_ms: dict[str, float] = Field(default_factory=dict)
+    timeline: dict[str, str] = Field(default_factory=dict)  # stage -> when it finished (UTC, ISO 8601)
     report_uri: str | None = None
     investigator: str = "rules"
     created_at: str = Field(default_factory=utc_now)

@@ -5,9 +5,19 @@ Stages never import a cloud client: they get a Bus, a BlobStore and a StateStore
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from xdiag.model import Message
+
+
+@dataclass(frozen=True)
+class BlobInfo:
+    """An object's identity: a new upload to the same URI has a new `generation`."""
+
+    uri: str
+    size: int
+    generation: str
 
 
 class Bus(Protocol):
@@ -25,6 +35,12 @@ class BlobStore(Protocol):
 
     def local_path(self, uri: str) -> Any:
         """A local file with the object's bytes (the object itself where it is local, else a cached download)."""
+
+    def list(self, prefix: str) -> list[BlobInfo]:
+        """Every object whose URI starts with `prefix`, at any depth."""
+
+    def stat(self, uri: str) -> BlobInfo | None:
+        """The object's identity, or None where there is no such object."""
 
 
 class StateStore(Protocol):

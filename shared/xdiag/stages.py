@@ -8,19 +8,24 @@ least once, so a second delivery finds its work done and changes nothing.
 
 from __future__ import annotations
 
+import hashlib
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from xdiag.errors import ProfileError, UnknownTool
+from xdiag.errors import PoisonMessage, ProfileError, UnknownTool
 from xdiag.investigators import RuleEngine, health_snapshot
+from xdiag.layout import analysis_id_for, output_uri, parse_profile_uri, session_files, session_prefix, state_key
 from xdiag.model import (
     Analysis,
     CaptureReady,
+    DeadLetter,
     Diagnosis,
     FollowUpCall,
     InvestigationReady,
+    ProfileUploaded,
     ReportReady,
     Status,
     ToolDone,
@@ -29,7 +34,7 @@ from xdiag.model import (
     ToolStatus,
     utc_now,
 )
-from xdiag.ports import BlobStore, Bus, StateStore
+from xdiag.ports import BlobInfo, BlobStore, Bus, StateStore
 from xdiag.profile.reader import DEFAULT_MAX_PROFILE_BYTES, read_session
 from xdiag.profile.space import Session
 from xdiag.tools import BROAD_TOOLS, FOLLOW_UP_TOOLS, REGISTRY
@@ -43,9 +48,26 @@ TOPIC_TOOL_RUNS = "tool-runs"
 TOPIC_TOOL_RESULTS = "tool-results"
 TOPIC_INVESTIGATIONS = "investigations"
 TOPIC_REPORTS = "reports"
+TOPIC_PROFILE_UPLOADS = "profile-uploads"
 
 ANALYSES = "analyses"
 CLAIMS = "claims"
+RUNS = "runs"
+DEAD_LETTERS = "dead_letters"
+
+
+def sessions_collection(run_id: str) -> str:
+    return f"{RUNS}/{state_key(run_id)}/sessions"
+
+
+def files_collection(run_id: str, session_id: str) -> str:
+    return f"{sessions_collection(run_id)}/{state_key(session_id)}/files"
+
+
+def letter_key(topic: str, data: bytes | str) -> str:
+    """One id per (topic, message bytes): a poison message delivered twice is one dead letter."""
+    raw = data.encode() if isinstance(data, str) else data
+    return hashlib.sha256(topic.encode() + b"\n" + raw).hexdigest()[:24]
 
 
 def tools_collection(analysis_id: str) -> str:
@@ -70,8 +92,13 @@ class SessionLoader:
         self._blobs, self._max_bytes, self._keep, self._progress = blobs, max_bytes, keep, progress
         self._sessions: dict[tuple[str, ...], Session] = {}
         self.read_ms: dict[tuple[str, ...], float] = {}
+        self._lock = threading.Lock()  # concurrent deliveries in one process read a session once
 
     def load(self, uris: list[str], name: str) -> Session:
+        with self._lock:
+            return self._load(uris, name)
+
+    def _load(self, uris: list[str], name: str) -> Session:
         key = tuple(uris)
         if key not in self._sessions:
             started = time.perf_counter()
@@ -95,6 +122,10 @@ class Dependencies:
     sessions: SessionLoader
     investigators: dict[str, Callable[[], Investigator]] = field(default_factory=lambda: {"rules": RuleEngine})
     on_event: Callable[[str, dict[str, Any]], None] = lambda stage, info: None  # progress reporting
+    profile_root: str = ""  # gs://BUCKET (or a folder): where a manual capture's run/session is looked up
+    quiet_period_s: float = 30.0  # register: a session is complete once no file of it arrived for this long
+    default_investigator: str = "rules"  # for sessions that register announces
+    sleep: Callable[[float], None] = time.sleep
 
 
 def _join(prefix: str, name: str) -> str:
@@ -125,8 +156,49 @@ def describe(session: Session) -> dict[str, Any]:
     }
 
 
+def resolve_capture(message: CaptureReady, deps: Dependencies) -> CaptureReady:
+    """Completes a manual request that names only the run and session (or only the files) from the bucket.
+
+    Raises PoisonMessage where no retry can help: an unknown session, a missing object, nowhere to write.
+    """
+    if message.analysis_id and message.profile_uris and message.output_uri:
+        return message
+    root = deps.profile_root
+    if message.profile_uris:
+        infos = [(uri, deps.blobs.stat(uri)) for uri in message.profile_uris]
+        missing = [uri for uri, info in infos if info is None]
+        if missing:
+            raise PoisonMessage(f"missing object: {', '.join(missing)}")
+        files = [info for _, info in infos]
+        named = parse_profile_uri(message.profile_uris[0])
+        root = named.root if named else root
+    elif not root:
+        raise PoisonMessage("the capture names no profile files, and no profile root is configured to look them up")
+    else:
+        files = session_files(deps.blobs, root, message.run_id, message.session_id)
+        if not files:
+            folder = session_prefix(root, message.run_id, message.session_id)
+            raise PoisonMessage(f"unknown session: no *.xplane.pb under {folder}")
+    if not message.output_uri and not root:
+        raise PoisonMessage("the capture names no output_uri, and its files are not in the <run>/plugins/profile/<session>/ layout")
+    analysis_id = message.analysis_id or analysis_id_for(message.run_id, message.session_id, files, message.investigator)
+    return message.model_copy(update={
+        "analysis_id": analysis_id,
+        "profile_uris": [info.uri for info in files],
+        "output_uri": message.output_uri or output_uri(root, message.run_id, message.session_id),
+    })
+
+
+def _fail_analysis(deps: Dependencies, analysis: Analysis, reason: str) -> None:
+    """Records why the analysis failed and has the report say so."""
+    analysis.status, analysis.result, analysis.failure_reason = "FAILED", Status.FAILED, reason
+    _save(deps, analysis)
+    deps.bus.publish(TOPIC_REPORTS, ReportReady(analysis_id=analysis.analysis_id))
+
+
 def collect(message: CaptureReady, deps: Dependencies) -> None:
     """Fan-out: record the analysis, read the session once, publish one ToolRun per broad tool."""
+    message = resolve_capture(message, deps)
     analysis = _load_analysis(deps, message.analysis_id)
     if analysis is None:
         fresh = Analysis(
@@ -137,21 +209,28 @@ def collect(message: CaptureReady, deps: Dependencies) -> None:
         analysis = _load_analysis(deps, message.analysis_id)
     if analysis.status in ("DONE", "FAILED"):
         return
+    if analysis.status != "PENDING":  # collected already: a copy must not write over a later stage's state
+        if analysis.status == "RUNNING_TOOLS":
+            _publish_tool_runs(deps, analysis)  # the first delivery may have died before publishing them all
+        return
     started = time.perf_counter()
     try:
         session = deps.sessions.load(analysis.profile_uris, analysis.session_id)
     except ProfileError as exc:
-        analysis.status, analysis.result, analysis.failure_reason = "FAILED", Status.FAILED, str(exc)
-        _save(deps, analysis)
         deps.on_event("collect", {"failed": str(exc)})
-        deps.bus.publish(TOPIC_REPORTS, ReportReady(analysis_id=analysis.analysis_id))
+        _fail_analysis(deps, analysis, str(exc))
         return
     analysis.profile = describe(session)
     analysis.status = "RUNNING_TOOLS"
     analysis.timings_ms["read"] = round(deps.sessions.read_ms.get(tuple(analysis.profile_uris), 0.0), 1)
     analysis.timings_ms["collect"] = round((time.perf_counter() - started) * 1000, 1)
+    analysis.timeline["collect"] = utc_now()
     _save(deps, analysis)
     deps.on_event("collect", analysis.profile)
+    _publish_tool_runs(deps, analysis)
+
+
+def _publish_tool_runs(deps: Dependencies, analysis: Analysis) -> None:
     done = {key for key, _ in deps.state.list(tools_collection(analysis.analysis_id))}
     for tool in BROAD_TOOLS:
         if tool not in done:
@@ -164,25 +243,29 @@ def _store_result(deps: Dependencies, analysis: Analysis, result: ToolResult, na
     return uri
 
 
+def _record_tool(deps: Dependencies, analysis: Analysis, result: ToolResult) -> None:
+    """The tool's full output to the blob store, its status and summary to its own document."""
+    uri = _store_result(deps, analysis, result, result.tool)
+    deps.state.set(
+        tools_collection(analysis.analysis_id),
+        result.tool,
+        {"status": result.status.value, "reason": result.reason, "summary": result.summary, "uri": uri,
+         "duration_ms": round(result.duration_ms, 2), "source": result.source, "finished_at": utc_now()},
+    )
+
+
 def run_tool(message: ToolRun, deps: Dependencies) -> None:
     """Runs one tool on the session and stores its result; a second delivery only re-announces it."""
     analysis = _load_analysis(deps, message.analysis_id)
     if analysis is None:
         raise LookupError(f"unknown analysis {message.analysis_id!r}: collect has not recorded it")
-    collection = tools_collection(analysis.analysis_id)
-    if deps.state.get(collection, message.tool) is None:
+    if deps.state.get(tools_collection(analysis.analysis_id), message.tool) is None:
         try:
             session = deps.sessions.load(analysis.profile_uris, analysis.session_id)
             result = execute_tool(session, message.tool, message.args)
         except (ProfileError, UnknownTool) as exc:
             result = ToolResult(tool=message.tool, status=ToolStatus.FAILED, reason=str(exc))
-        uri = _store_result(deps, analysis, result, message.tool)
-        deps.state.set(
-            collection,
-            message.tool,
-            {"status": result.status.value, "reason": result.reason, "summary": result.summary, "uri": uri,
-             "duration_ms": round(result.duration_ms, 2), "source": result.source},
-        )
+        _record_tool(deps, analysis, result)
         deps.on_event("run_tool", {"tool": message.tool, "status": result.status.value, "duration_ms": result.duration_ms})
     deps.bus.publish(TOPIC_TOOL_RESULTS, ToolDone(analysis_id=analysis.analysis_id, tool=message.tool))
 
@@ -255,6 +338,7 @@ def investigate(message: InvestigationReady, deps: Dependencies) -> None:
         analysis.tools = {t: {"status": r.status.value, "reason": r.reason, "duration_ms": round(r.duration_ms, 2)} for t, r in results.items()}
         analysis.timings_ms["tools"] = round(sum(r.duration_ms for r in results.values()), 1)
         analysis.timings_ms["investigate"] = round((time.perf_counter() - started) * 1000, 1)
+        analysis.timeline["investigate"] = utc_now()
         _save(deps, analysis)
         deps.on_event("investigate", {"status": diagnosis.status.value, "findings": len(diagnosis.findings)})
     deps.bus.publish(TOPIC_REPORTS, ReportReady(analysis_id=analysis.analysis_id))
@@ -267,6 +351,8 @@ def render(message: ReportReady, deps: Dependencies) -> None:
     analysis = _load_analysis(deps, message.analysis_id)
     if analysis is None:
         raise LookupError(f"unknown analysis {message.analysis_id!r}")
+    if analysis.status in ("DONE", "FAILED") and analysis.report_uri and deps.blobs.exists(analysis.report_uri):
+        return  # rendered already: a redelivery writes no second report
     started = time.perf_counter()
     results = load_results(deps, analysis)
     report_uri = _join(analysis.output_uri, "summary.html")
@@ -276,12 +362,95 @@ def render(message: ReportReady, deps: Dependencies) -> None:
     html = render_summary_html(analysis, results)
     deps.blobs.put(report_uri, html.encode(), "text/html; charset=utf-8")
     analysis.timings_ms["render"] = round((time.perf_counter() - started) * 1000, 1)
+    analysis.timeline["render"] = utc_now()
     deps.blobs.put(_join(analysis.output_uri, "analysis.json"), analysis.model_dump_json(indent=2).encode(), "application/json")
     _save(deps, analysis)
     deps.on_event("render", {"report": report_uri, "status": analysis.status})
 
 
+def register(message: ProfileUploaded, deps: Dependencies) -> None:
+    """Records one host's file of a session; once no newer file has come for the quiet period, announces the
+    session on `captures` (all its hosts in one CaptureReady). Objects outside the profile layout are ignored.
+
+    Only the delivery of the newest file waits out the quiet period; the others return at once. Announcing
+    is at-least-once (a crash between publish and record re-announces), which collect absorbs: the same
+    file versions always name the same analysis.
+    """
+    named = parse_profile_uri(message.uri)
+    if named is None:
+        deps.on_event("register", {"ignored": message.uri})
+        return
+    info = deps.blobs.stat(message.uri)
+    if info is None:
+        raise PoisonMessage(f"missing object: {message.uri} (deleted, or never written)")
+    files, session_key = files_collection(named.run, named.session), state_key(named.session)
+    record = {"uri": info.uri, "host": named.host, "size": info.size, "generation": info.generation,
+              "registered_at": time.time()}
+    known = deps.state.get(files, state_key(named.host))
+    if known is None or known.get("generation") != info.generation:  # a new file, or a new version of one
+        deps.state.set(files, state_key(named.host), record)
+        deps.state.update(RUNS, state_key(named.run), {
+            "run_id": named.run, "base_uri": f"{named.root}/{named.run}", "last_upload_at": utc_now()})
+        deps.state.update(sessions_collection(named.run), session_key, {
+            "run_id": named.run, "session_id": named.session, "kind": "programmatic", "status": "UPLOADING",
+            "updated_at": utc_now()})
+        deps.on_event("register", {"uri": info.uri, "host": named.host})
+    else:
+        record = known
+    while True:
+        registered = [doc for _, doc in deps.state.list(files)]
+        newest = max(doc["registered_at"] for doc in registered)
+        if record["registered_at"] < newest:
+            return  # a newer file arrived: its delivery announces the session
+        remaining = newest + deps.quiet_period_s - time.time()
+        if remaining <= 0:
+            break
+        deps.sleep(min(remaining, 1.0))
+    hosts = [BlobInfo(uri=doc["uri"], size=doc["size"], generation=doc["generation"]) for doc in registered]
+    capture = CaptureReady(
+        analysis_id=analysis_id_for(named.run, named.session, hosts, deps.default_investigator),
+        run_id=named.run, session_id=named.session, profile_uris=sorted(h.uri for h in hosts),
+        output_uri=output_uri(named.root, named.run, named.session), investigator=deps.default_investigator,
+    )
+    current = deps.state.get(sessions_collection(named.run), session_key) or {}
+    if current.get("status") == "COMPLETE" and current.get("analysis_id") == capture.analysis_id:
+        return  # announced already
+    deps.bus.publish(TOPIC_CAPTURES, capture)
+    deps.state.update(sessions_collection(named.run), session_key, {
+        "status": "COMPLETE", "analysis_id": capture.analysis_id, "hosts": sorted(doc["host"] for doc in registered),
+        "files": capture.profile_uris, "completed_at": utc_now(), "updated_at": utc_now()})
+    deps.on_event("register", {"complete": capture.session_id, "hosts": len(hosts), "analysis_id": capture.analysis_id})
+
+
+def dead_letter(message: DeadLetter, deps: Dependencies) -> None:
+    """Records a message that ended on a dead-letter topic; where it belonged to an analysis, lets that
+    analysis finish without it (a tool run becomes a failed tool, a lost stage fails the analysis)."""
+    key = letter_key(message.source_topic, message.data)
+    deps.state.set(DEAD_LETTERS, key, {**message.model_dump(), "at": utc_now()})
+    deps.on_event("dead_letter", {"topic": message.source_topic, "reason": message.reason})
+    message_type = HANDLERS.get(message.source_topic, (None,))[0]
+    try:
+        original = message_type.model_validate_json(message.data) if message_type else None
+    except ValueError:
+        return  # malformed: it belonged to nothing
+    analysis = _load_analysis(deps, original.analysis_id) if getattr(original, "analysis_id", None) else None
+    if analysis is None or analysis.status in ("DONE", "FAILED"):
+        return
+    if isinstance(original, ToolRun):
+        if deps.state.get(tools_collection(analysis.analysis_id), original.tool) is None:
+            reason = f"the tool's run was dead-lettered: {message.reason}"
+            _record_tool(deps, analysis, ToolResult(tool=original.tool, status=ToolStatus.FAILED, reason=reason))
+        deps.bus.publish(TOPIC_TOOL_RESULTS, ToolDone(analysis_id=analysis.analysis_id, tool=original.tool))
+    elif isinstance(original, (CaptureReady, InvestigationReady)):
+        _fail_analysis(deps, analysis, f"stage for {message.source_topic} was dead-lettered: {message.reason}")
+    elif isinstance(original, ReportReady):
+        analysis.status, analysis.result = "FAILED", Status.FAILED
+        analysis.failure_reason = f"rendering failed: {message.reason}"
+        _save(deps, analysis)
+
+
 HANDLERS: dict[str, tuple[type, Callable[[Any, Dependencies], None]]] = {
+    TOPIC_PROFILE_UPLOADS: (ProfileUploaded, register),
     TOPIC_CAPTURES: (CaptureReady, collect),
     TOPIC_TOOL_RUNS: (ToolRun, run_tool),
     TOPIC_TOOL_RESULTS: (ToolDone, aggregate),

@@ -15,6 +15,7 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 from xdiag.model import Message
+from xdiag.ports import BlobInfo
 
 
 class InProcessBus:
@@ -54,10 +55,24 @@ def _path_of(uri: str) -> Path:
 
 
 class LocalBlobStore:
-    """Objects are files; URIs are paths or file:// URIs."""
+    """Objects are files; URIs are paths or file:// URIs (and gs://BUCKET/NAME, as `buckets`/BUCKET/NAME, where
+    a folder for buckets is given: Cloud Storage's layout without the service)."""
+
+    def __init__(self, buckets: Path | None = None) -> None:
+        self.buckets = buckets
+
+    def _path(self, uri: str) -> Path:
+        if uri.startswith("gs://") and self.buckets is not None:
+            return self.buckets / uri[len("gs://"):]
+        return _path_of(uri)
+
+    def _uri(self, path: Path, like: str) -> str:
+        if like.startswith("gs://") and self.buckets is not None:
+            return "gs://" + path.relative_to(self.buckets).as_posix()
+        return str(path)
 
     def put(self, uri: str, data: bytes, content_type: str = "application/octet-stream") -> str:
-        path = _path_of(uri)
+        path = self._path(uri)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_bytes(data)
@@ -65,16 +80,31 @@ class LocalBlobStore:
         return uri
 
     def get(self, uri: str) -> bytes:
-        return _path_of(uri).read_bytes()
+        return self._path(uri).read_bytes()
 
     def exists(self, uri: str) -> bool:
-        return _path_of(uri).exists()
+        return self._path(uri).exists()
 
     def local_path(self, uri: str) -> Path:
-        return _path_of(uri)
+        return self._path(uri)
+
+    def stat(self, uri: str) -> BlobInfo | None:
+        try:
+            info = self._path(uri).stat()
+        except FileNotFoundError:
+            return None
+        return BlobInfo(uri=uri, size=info.st_size, generation=str(info.st_mtime_ns))
+
+    def list(self, prefix: str) -> list[BlobInfo]:
+        base = self._path(prefix)
+        folder = base if prefix.endswith("/") else base.parent
+        if not folder.is_dir():
+            return []
+        paths = [p for p in sorted(folder.rglob("*")) if p.is_file() and str(p).startswith(str(base))]
+        return [info for info in (self.stat(self._uri(p, prefix)) for p in paths) if info is not None]
 
     def copy_in(self, source: Path, uri: str) -> str:
-        path = _path_of(uri)
+        path = self._path(uri)
         path.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(source, path)
         return uri

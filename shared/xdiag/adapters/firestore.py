@@ -1,0 +1,66 @@
+"""The StateStore over Cloud Firestore (or its emulator, where FIRESTORE_EMULATOR_HOST is set).
+
+Collections are slash paths (`analyses/{id}/tools`). `create` is Firestore's own create-if-absent: the
+server refuses a second create of one document, so exactly one caller gets True, without a
+transaction (the emulator serialises contended transactions very slowly; the fan-in needs none).
+Firestore holds no array directly inside an array: such a value is stored as `{"__list__": [...]}`
+and comes back as the list it was.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from google.api_core import exceptions
+from google.cloud import firestore
+
+_NESTED = "__list__"
+
+
+def _encode(value: Any, in_array: bool = False) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _encode(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        items = [_encode(v, in_array=True) for v in value]
+        return {_NESTED: items} if in_array else items
+    return value
+
+
+def _decode(value: Any) -> Any:
+    if isinstance(value, dict):
+        if set(value) == {_NESTED}:
+            return [_decode(v) for v in value[_NESTED]]
+        return {k: _decode(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_decode(v) for v in value]
+    return value
+
+
+class FirestoreStateStore:
+    def __init__(self, client: firestore.Client) -> None:
+        self._client = client
+
+    def _doc(self, collection: str, key: str) -> firestore.DocumentReference:
+        return self._client.collection(collection).document(key)
+
+    def get(self, collection: str, key: str) -> dict[str, Any] | None:
+        snapshot = self._doc(collection, key).get()
+        return _decode(snapshot.to_dict()) if snapshot.exists else None
+
+    def set(self, collection: str, key: str, value: dict[str, Any]) -> None:
+        self._doc(collection, key).set(_encode(value))
+
+    def update(self, collection: str, key: str, fields: dict[str, Any]) -> None:
+        self._doc(collection, key).set(_encode(fields), merge=True)
+
+    def create(self, collection: str, key: str, value: dict[str, Any]) -> bool:
+        try:
+            self._doc(collection, key).create(_encode(value))
+        except exceptions.AlreadyExists:
+            return False
+        return True
+
+    def list(self, collection: str) -> list[tuple[str, dict[str, Any]]]:
+        return sorted(
+            ((s.id, _decode(s.to_dict())) for s in self._client.collection(collection).stream()), key=lambda kv: kv[0]
+        )

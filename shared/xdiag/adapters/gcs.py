@@ -1,0 +1,123 @@
+"""The BlobStore over Google Cloud Storage (or fake-gcs-server, where STORAGE_EMULATOR_HOST is set).
+
+URIs are `gs://BUCKET/NAME`. `local_path` downloads an object once per version into a bounded local
+cache shared by every process on the machine (files are renamed into place, so a reader never sees a
+half-written one); the least recently used entries go when the cache outgrows its limit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from pathlib import Path
+
+from google.api_core import exceptions
+from google.cloud import storage
+
+from xdiag.ports import BlobInfo
+
+DEFAULT_CACHE_BYTES = 4 * 2**30
+
+
+def split_uri(uri: str) -> tuple[str, str]:
+    if not uri.startswith("gs://"):
+        raise ValueError(f"not a Cloud Storage URI: {uri!r} (expected gs://BUCKET/NAME)")
+    bucket, _, name = uri[len("gs://") :].partition("/")
+    if not bucket:
+        raise ValueError(f"no bucket in {uri!r}")
+    return bucket, name
+
+
+def storage_client(project: str | None = None) -> storage.Client:
+    """A client for the real service, or an anonymous one for the emulator STORAGE_EMULATOR_HOST names."""
+    if os.environ.get("STORAGE_EMULATOR_HOST"):
+        from google.auth.credentials import AnonymousCredentials
+
+        return storage.Client(project=project or "xdiag-local", credentials=AnonymousCredentials())
+    return storage.Client(project=project)
+
+
+class GcsBlobStore:
+    def __init__(self, client: storage.Client, cache_dir: Path, cache_bytes: int = DEFAULT_CACHE_BYTES) -> None:
+        self._client = client
+        self.cache_dir = Path(cache_dir)
+        self.cache_bytes = cache_bytes
+        self._lock = threading.Lock()
+
+    def _blob(self, uri: str) -> storage.Blob:
+        bucket, name = split_uri(uri)
+        return self._client.bucket(bucket).blob(name)
+
+    def put(self, uri: str, data: bytes, content_type: str = "application/octet-stream") -> str:
+        self._blob(uri).upload_from_string(data, content_type=content_type)
+        return uri
+
+    def upload_file(self, source: Path, uri: str, content_type: str = "application/octet-stream") -> str:
+        self._blob(uri).upload_from_filename(str(source), content_type=content_type)
+        return uri
+
+    def get(self, uri: str) -> bytes:
+        try:
+            return self._blob(uri).download_as_bytes()
+        except exceptions.NotFound:
+            raise FileNotFoundError(uri) from None
+
+    def exists(self, uri: str) -> bool:
+        return self._blob(uri).exists()
+
+    def stat(self, uri: str) -> BlobInfo | None:
+        bucket, name = split_uri(uri)
+        blob = self._client.bucket(bucket).get_blob(name)
+        return None if blob is None else BlobInfo(uri=uri, size=int(blob.size or 0), generation=str(blob.generation))
+
+    def list(self, prefix: str) -> list[BlobInfo]:
+        bucket, name_prefix = split_uri(prefix)
+        return [
+            BlobInfo(uri=f"gs://{bucket}/{blob.name}", size=int(blob.size or 0), generation=str(blob.generation))
+            for blob in self._client.list_blobs(bucket, prefix=name_prefix)
+        ]
+
+    def local_path(self, uri: str) -> Path:
+        """The object's bytes in the local cache, downloaded once per generation."""
+        bucket, name = split_uri(uri)
+        blob = self._client.bucket(bucket).get_blob(name)
+        if blob is None:
+            raise FileNotFoundError(uri)
+        key = hashlib.sha256(f"{uri}#{blob.generation}".encode()).hexdigest()[:24]
+        target = self.cache_dir / key / name.rsplit("/", 1)[-1]  # keeps the host's file name
+        with self._lock:
+            if target.exists():
+                os.utime(target.parent)  # most recently used
+                return target
+            target.parent.mkdir(parents=True, exist_ok=True)
+            partial = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}.part")
+            try:
+                blob.download_to_filename(str(partial))
+                partial.replace(target)
+            except exceptions.NotFound:
+                raise FileNotFoundError(uri) from None
+            finally:
+                partial.unlink(missing_ok=True)
+            self._evict(keep=target.parent)
+        return target
+
+    def _evict(self, keep: Path) -> None:
+        """Drops the least recently used downloads until the cache fits its limit (never the one just made)."""
+        entries = []
+        for entry in self.cache_dir.iterdir():
+            files = [f for f in entry.iterdir() if f.is_file()] if entry.is_dir() else []
+            entries.append((entry.stat().st_mtime, entry, sum(f.stat().st_size for f in files), files))
+        total = sum(size for _, _, size, _ in entries)
+        for _, entry, size, files in sorted(entries, key=lambda e: e[0]):
+            if total <= self.cache_bytes:
+                break
+            if entry == keep:
+                continue
+            for f in files:
+                f.unlink(missing_ok=True)
+            try:
+                entry.rmdir()
+            except OSError:
+                continue  # another process is writing into it
+            total -= size

@@ -1,0 +1,32 @@
+"""The Bus over Google Cloud Pub/Sub (or its emulator, where PUBSUB_EMULATOR_HOST is set).
+
+A message is its JSON on the wire, with its type and schema version as attributes. `publish` returns
+once Pub/Sub has the message: a handler that returns has handed its next messages on, so acking its
+own delivery cannot lose them.
+"""
+
+from __future__ import annotations
+
+from google.cloud import pubsub_v1
+
+from xdiag.model import Message
+
+PUBLISH_TIMEOUT_S = 60.0
+
+
+class PubSubBus:
+    def __init__(self, project: str, publisher: pubsub_v1.PublisherClient | None = None) -> None:
+        self.project = project
+        self._publisher = publisher or pubsub_v1.PublisherClient()
+
+    def topic_path(self, topic: str) -> str:
+        return self._publisher.topic_path(self.project, topic)
+
+    def publish(self, topic: str, message: Message) -> None:
+        attributes = {"type": type(message).__name__, "version": str(message.version)}
+        self.publish_raw(topic, message.model_dump_json().encode(), attributes)
+
+    def publish_raw(self, topic: str, data: bytes, attributes: dict[str, str] | None = None) -> str:
+        """Publishes bytes as they are (a dead letter keeps the poison message's own bytes); returns the message id."""
+        future = self._publisher.publish(self.topic_path(topic), data, **(attributes or {}))
+        return future.result(timeout=PUBLISH_TIMEOUT_S)

@@ -1,0 +1,85 @@
+"""Where profiles and analyses live in a bucket: XProf's layout, so XProf/TensorBoard can open the same bucket.
+
+    <root>/<run>/plugins/profile/<session>/<host>.xplane.pb     the profile, one file per host
+    <root>/<run>/plugins/profile/<session>/xdiag/               the analysis: tools/, analysis.json, summary.html
+
+`<root>` is `gs://BUCKET` (or a local folder); `<run>` may itself hold slashes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from xdiag.locate import SUFFIX
+from xdiag.ports import BlobInfo, BlobStore
+
+PROFILE_DIR = "plugins/profile"
+OUTPUT_DIR = "xdiag"
+
+
+@dataclass(frozen=True)
+class ProfileObject:
+    """One host's file of one session, as named in the bucket."""
+
+    root: str
+    run: str
+    session: str
+    host: str
+
+    @property
+    def session_prefix(self) -> str:
+        return session_prefix(self.root, self.run, self.session)
+
+
+def parse_profile_uri(uri: str) -> ProfileObject | None:
+    """`<root>/<run>/plugins/profile/<session>/<host>.xplane.pb` -> its parts; None for any other object."""
+    head, sep, tail = uri.rpartition(f"/{PROFILE_DIR}/")
+    if not sep or "/" not in head.rstrip("/"):
+        return None
+    session, slash, file_name = tail.partition("/")
+    if not slash or "/" in file_name or not file_name.endswith(SUFFIX) or file_name == SUFFIX or not session:
+        return None
+    if uri.startswith("gs://"):
+        bucket_and_run = head.removeprefix("gs://")
+        bucket, _, run = bucket_and_run.partition("/")
+        root = f"gs://{bucket}"
+    else:
+        root, _, run = head.rpartition("/")
+    if not run or not root:
+        return None
+    return ProfileObject(root=root, run=run, session=session, host=file_name.removesuffix(SUFFIX))
+
+
+def session_prefix(root: str, run: str, session: str) -> str:
+    return f"{root.rstrip('/')}/{run.strip('/')}/{PROFILE_DIR}/{session}/"
+
+
+def output_uri(root: str, run: str, session: str) -> str:
+    return session_prefix(root, run, session) + OUTPUT_DIR
+
+
+def session_files(blobs: BlobStore, root: str, run: str, session: str) -> list[BlobInfo]:
+    """The session's host files (directly under its folder), sorted by URI."""
+    prefix = session_prefix(root, run, session)
+    return sorted(
+        (
+            info
+            for info in blobs.list(prefix)
+            if parse_profile_uri(info.uri) is not None and "/" not in info.uri[len(prefix) :]
+        ),
+        key=lambda info: info.uri,
+    )
+
+
+def analysis_id_for(run: str, session: str, files: list[BlobInfo], investigator: str) -> str:
+    """Stable for one set of file versions: a redelivered upload or capture names the same analysis."""
+    digest = hashlib.sha256(f"{run}\n{session}\n{investigator}".encode())
+    for info in sorted(files, key=lambda i: i.uri):
+        digest.update(f"\n{info.uri}:{info.generation}:{info.size}".encode())
+    return digest.hexdigest()[:20]
+
+
+def state_key(name: str) -> str:
+    """A run or session name as a document id (Firestore ids hold no slash)."""
+    return name.replace("/", "~")
