@@ -1,0 +1,12 @@
+"""Cloud Function `aggregate` (fan-in): a ToolDone on `tool-results` → once every broad tool is in, one
+InvestigationReady on `investigations`, claimed with a create-if-absent write."""
+
+import functions_framework
+from xdiag import stages
+from xdiag.cloud import pubsub_stage
+
+
+@functions_framework.cloud_event
+@pubsub_stage(stages.TOPIC_TOOL_RESULTS)
+def aggregate(message, deps):
+    stages.aggregate(message, deps)

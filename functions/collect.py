@@ -1,0 +1,12 @@
+"""Cloud Function `collect`: a CaptureReady on `captures` → the analysis recorded, one ToolRun per broad tool
+on `tool-runs`."""
+
+import functions_framework
+from xdiag import stages
+from xdiag.cloud import pubsub_stage
+
+
+@functions_framework.cloud_event
+@pubsub_stage(stages.TOPIC_CAPTURES)
+def collect(message, deps):
+    stages.collect(message, deps)

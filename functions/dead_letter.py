@@ -1,0 +1,12 @@
+"""Cloud Function `dead_letter`: a message on any `<topic>-dead-letter` → recorded in Firestore with the
+reason; a lost tool run becomes a failed tool, a lost stage fails its analysis, so no analysis hangs."""
+
+import functions_framework
+from xdiag import stages
+from xdiag.cloud import dead_letter_stage
+
+
+@functions_framework.cloud_event
+@dead_letter_stage
+def dead_letter(letter, deps):
+    stages.dead_letter(letter, deps)

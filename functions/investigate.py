@@ -1,0 +1,12 @@
+"""Cloud Function `investigate`: an InvestigationReady on `investigations` → the diagnosis (OPTIMAL, or
+findings from at most four follow-up tool calls), a ReportReady on `reports`."""
+
+import functions_framework
+from xdiag import stages
+from xdiag.cloud import pubsub_stage
+
+
+@functions_framework.cloud_event
+@pubsub_stage(stages.TOPIC_INVESTIGATIONS)
+def investigate(message, deps):
+    stages.investigate(message, deps)

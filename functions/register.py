@@ -1,0 +1,13 @@
+"""Cloud Function `register`: an object finalize on the profile bucket (Eventarc, or the bucket's Pub/Sub
+notification on `profile-uploads`) → records the host's file; after the quiet period, the whole session
+on `captures`."""
+
+import functions_framework
+from xdiag import stages
+from xdiag.cloud import storage_stage
+
+
+@functions_framework.cloud_event
+@storage_stage
+def register(upload, deps):
+    stages.register(upload, deps)

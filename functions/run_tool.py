@@ -1,0 +1,12 @@
+"""Cloud Function `run_tool`: a ToolRun on `tool-runs` → one tool over the session, its result stored, a
+ToolDone on `tool-results`."""
+
+import functions_framework
+from xdiag import stages
+from xdiag.cloud import pubsub_stage
+
+
+@functions_framework.cloud_event
+@pubsub_stage(stages.TOPIC_TOOL_RUNS)
+def run_tool(message, deps):
+    stages.run_tool(message, deps)

@@ -1,0 +1,292 @@
+"""The stages behind Cloud Functions: configuration, the Google Cloud adapters, and the wrappers that make a
+stage a CloudEvent function (decode the event → call the stage → the stage publishes the next message).
+
+Configuration is the environment:
+
+    GOOGLE_CLOUD_PROJECT     the project (default `xdiag-local` against the emulators)
+    XDIAG_BUCKET             the profile bucket: gs://BUCKET/<run>/plugins/profile/<session>/<host>.xplane.pb
+    XDIAG_QUIET_PERIOD_S     register: a session is complete once no file of it arrived for this long (30)
+    XDIAG_INVESTIGATOR       the investigator for sessions register announces (rules)
+    XDIAG_CACHE_DIR          where profiles are downloaded (a temporary folder); XDIAG_CACHE_GIB its limit (4)
+    XDIAG_MAX_PROFILE_GIB    sessions larger than this fail with the reason (2)
+    XDIAG_CONCURRENCY        deliveries one process works on at once (0: as many as its server threads); 1 for
+                             the stages that read a profile, like a Cloud Function instance's default concurrency
+    PUBSUB_EMULATOR_HOST, FIRESTORE_EMULATOR_HOST, STORAGE_EMULATOR_HOST   the emulators, where set
+
+What a function does with what goes wrong:
+- a poison message (malformed, an unknown session, a missing object: `PoisonMessage`) is published to the
+  topic's dead-letter topic with the reason, and acknowledged: no retry could help, and it blocks nothing;
+- any other exception is recorded (`failures/{key}`: the last error) and raised, so Pub/Sub redelivers with
+  backoff; after the subscription's maximum attempts Pub/Sub itself moves it to the dead-letter topic;
+- the `dead_letter` function records every dead letter (`dead_letters/{key}`) with the reason and lets the
+  analysis it belonged to finish without it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import functools
+import json
+import logging
+import os
+import signal
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from xdiag.errors import PoisonMessage
+from xdiag.events import PubSubDelivery, pubsub_delivery, storage_upload
+from xdiag.model import DeadLetter, utc_now
+from xdiag.profile.reader import DEFAULT_MAX_PROFILE_BYTES
+from xdiag.stages import HANDLERS, TOPIC_PROFILE_UPLOADS, Dependencies, SessionLoader, letter_key
+
+log = logging.getLogger("xdiag.cloud")
+
+FAILURES = "failures"
+DEAD_LETTER_SUFFIX = "-dead-letter"
+REASON_ATTRIBUTE = "xdiag_reason"
+
+
+def dead_letter_topic(topic: str) -> str:
+    """Each topic's dead-letter topic: where its poison messages end."""
+    return topic + DEAD_LETTER_SUFFIX
+
+
+@dataclass
+class CloudConfig:
+    project: str
+    bucket: str
+    quiet_period_s: float = 30.0
+    investigator: str = "rules"
+    cache_dir: Path = Path(tempfile.gettempdir()) / "xdiag-cache"
+    cache_bytes: int = 4 * 2**30
+    max_profile_bytes: int = DEFAULT_MAX_PROFILE_BYTES
+    concurrency: int = 0
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> CloudConfig:
+        env = os.environ if env is None else env
+        project = env.get("GOOGLE_CLOUD_PROJECT") or env.get("GCLOUD_PROJECT")
+        if not project and env.get("PUBSUB_EMULATOR_HOST"):
+            project = "xdiag-local"
+        if not project:
+            raise ValueError("set GOOGLE_CLOUD_PROJECT to the project that holds the topics and Firestore")
+        bucket = env.get("XDIAG_BUCKET", "").removeprefix("gs://").strip("/")
+        if not bucket:
+            raise ValueError("set XDIAG_BUCKET to the profile bucket (gs://BUCKET/<run>/plugins/profile/<session>/…)")
+        return cls(
+            project=project,
+            bucket=bucket,
+            quiet_period_s=float(env.get("XDIAG_QUIET_PERIOD_S", cls.quiet_period_s)),
+            investigator=env.get("XDIAG_INVESTIGATOR", cls.investigator),
+            cache_dir=Path(env.get("XDIAG_CACHE_DIR") or cls.cache_dir),
+            cache_bytes=int(float(env.get("XDIAG_CACHE_GIB", 4)) * 2**30),
+            max_profile_bytes=int(float(env.get("XDIAG_MAX_PROFILE_GIB", 2)) * 2**30),
+            concurrency=int(env.get("XDIAG_CONCURRENCY", 0)),
+        )
+
+    @property
+    def profile_root(self) -> str:
+        return f"gs://{self.bucket}"
+
+
+def firestore_client(project: str):
+    from google.cloud import firestore
+
+    return firestore.Client(project=project)
+
+
+def cloud_dependencies(config: CloudConfig) -> tuple[Dependencies, Callable[[str, bytes, dict[str, str]], Any]]:
+    """The stages' dependencies on Pub/Sub, Cloud Storage and Firestore, and a raw publisher for dead letters."""
+    from xdiag.adapters.firestore import FirestoreStateStore
+    from xdiag.adapters.gcs import GcsBlobStore, storage_client
+    from xdiag.adapters.pubsub import PubSubBus
+    from xdiag.investigators.gemini import investigators_from_env
+
+    bus = PubSubBus(config.project)
+    blobs = GcsBlobStore(storage_client(config.project), config.cache_dir, config.cache_bytes)
+    deps = Dependencies(
+        bus=bus,
+        blobs=blobs,
+        state=FirestoreStateStore(firestore_client(config.project)),
+        sessions=SessionLoader(blobs, max_bytes=config.max_profile_bytes),
+        on_event=lambda stage, info: log.info("%s %s", stage, info),
+        profile_root=config.profile_root,
+        quiet_period_s=config.quiet_period_s,
+        default_investigator=config.investigator,
+    )
+    deps.investigators.update(investigators_from_env())  # Gemini where VERTEX_PROJECT or XDIAG_INVESTIGATOR asks for it
+    return deps, bus.publish_raw
+
+
+class Runtime:
+    """What every function of one process shares: the dependencies and the dead-letter publisher."""
+
+    def __init__(
+        self, deps: Dependencies, publish_raw: Callable[[str, bytes, dict[str, str]], Any], concurrency: int = 0
+    ) -> None:
+        self.deps = deps
+        self.publish_raw = publish_raw
+        # Deliveries beyond the limit wait here, not in the HTTP server: gunicorn with one thread stalls a
+        # kept-alive push connection for its keep-alive timeout (2 s) between deliveries.
+        self.slots = threading.BoundedSemaphore(concurrency) if concurrency > 0 else contextlib.nullcontext()
+
+    def dead_letter(self, topic: str, data: bytes, attributes: dict[str, str], reason: str) -> None:
+        log.warning("dead letter on %s: %s", topic, reason)
+        self.publish_raw(dead_letter_topic(topic), data, {**attributes, REASON_ATTRIBUTE: reason[:1000]})
+
+    def record_failure(self, topic: str, data: bytes, error: BaseException) -> None:
+        """The last error of a message that will be redelivered: the dead letter's reason if it never succeeds."""
+        key = letter_key(topic, data)
+        try:
+            previous = self.deps.state.get(FAILURES, key) or {}
+            self.deps.state.set(
+                FAILURES,
+                key,
+                {
+                    "topic": topic,
+                    "last_error": f"{type(error).__name__}: {error}"[:1000],
+                    "attempts": int(previous.get("attempts", 0)) + 1,
+                    "at": utc_now(),
+                },
+            )
+        except Exception:  # the state store may be what failed; the retry matters more than the record
+            log.exception("could not record the failure of a message on %s", topic)
+
+
+_runtime: Runtime | None = None
+_runtime_lock = threading.Lock()
+
+
+def runtime() -> Runtime:
+    """The process's runtime, built from the environment on first use (after gunicorn forks its workers)."""
+    global _runtime
+    with _runtime_lock:
+        if _runtime is None:
+            logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+            faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID`: every thread's stack to the log
+            config = CloudConfig.from_env()
+            _runtime = Runtime(*cloud_dependencies(config), concurrency=config.concurrency)
+        return _runtime
+
+
+def use_runtime(value: Runtime | None) -> None:
+    """Wires the functions of this process to other dependencies (tests: the embedded adapters)."""
+    global _runtime
+    with _runtime_lock:
+        _runtime = value
+
+
+def pubsub_stage(topic: str) -> Callable[[Callable[[Any, Dependencies], None]], Callable[[Any], None]]:
+    """Makes `stage(message, deps)` a CloudEvent function for messages on `topic`."""
+    message_type = HANDLERS[topic][0]
+
+    def wrap(stage: Callable[[Any, Dependencies], None]) -> Callable[[Any], None]:
+        @functools.wraps(stage)
+        def function(event: Any) -> None:
+            started = time.perf_counter()
+            current = runtime()
+            delivery = _delivery_or_raw(event)
+            try:
+                try:
+                    message = message_type.model_validate_json(delivery.data)
+                except ValidationError as exc:
+                    raise PoisonMessage(f"malformed {message_type.__name__} message: {_short(exc)}") from None
+                with current.slots:
+                    stage(message, current.deps)
+                log.info(
+                    "%s: message %s handled in %.0f ms",
+                    topic,
+                    delivery.message_id,
+                    (time.perf_counter() - started) * 1000,
+                )
+            except PoisonMessage as exc:
+                current.dead_letter(topic, delivery.data, delivery.attributes, str(exc))
+            except Exception as exc:
+                current.record_failure(topic, delivery.data, exc)
+                raise  # Pub/Sub redelivers with backoff
+
+        return function
+
+    return wrap
+
+
+def storage_stage(stage: Callable[[Any, Dependencies], None]) -> Callable[[Any], None]:
+    """Makes `stage(upload, deps)` a CloudEvent function for object-finalize events (any form); other events pass."""
+
+    @functools.wraps(stage)
+    def function(event: Any) -> None:
+        current = runtime()
+        try:
+            upload = storage_upload(event)
+            if upload is not None:
+                with current.slots:
+                    stage(upload, current.deps)
+        except PoisonMessage as exc:
+            delivery = _delivery_or_raw(event)
+            current.dead_letter(TOPIC_PROFILE_UPLOADS, delivery.data, delivery.attributes, str(exc))
+        except Exception as exc:
+            current.record_failure(TOPIC_PROFILE_UPLOADS, _delivery_or_raw(event).data, exc)
+            raise
+
+    return function
+
+
+def dead_letter_stage(stage: Callable[[DeadLetter, Dependencies], None]) -> Callable[[Any], None]:
+    """Makes `stage(letter, deps)` a CloudEvent function for the dead-letter topics (`<topic>-dead-letter`)."""
+
+    @functools.wraps(stage)
+    def function(event: Any) -> None:
+        current = runtime()
+        delivery = _delivery_or_raw(event)
+        source = (
+            delivery.topic.removesuffix(DEAD_LETTER_SUFFIX)
+            if delivery.topic.endswith(DEAD_LETTER_SUFFIX)
+            else "unknown"
+        )
+        reason = delivery.attributes.get(REASON_ATTRIBUTE)
+        if not reason:  # moved here by Pub/Sub after its last attempt: the last recorded error says why
+            failure = current.deps.state.get(FAILURES, letter_key(source, delivery.data)) or {}
+            attempts = delivery.attributes.get("CloudPubSubDeadLetterSourceDeliveryCount") or failure.get(
+                "attempts", "?"
+            )
+            reason = f"failed {attempts} delivery attempts; last error: {failure.get('last_error', 'not recorded')}"
+        letter = DeadLetter(
+            source_topic=source,
+            data=delivery.data.decode("utf-8", errors="replace"),
+            attributes={k: v for k, v in delivery.attributes.items() if k != REASON_ATTRIBUTE},
+            reason=reason,
+            message_id=delivery.message_id,
+        )
+        stage(letter, current.deps)
+
+    return function
+
+
+def _delivery_or_raw(event: Any) -> PubSubDelivery:
+    """The Pub/Sub message of the event, or (for any other event) the event's data as the message bytes."""
+    try:
+        return pubsub_delivery(event)
+    except PoisonMessage:
+        data = event.data
+        raw = data if isinstance(data, bytes) else str(data).encode() if isinstance(data, str) else _json_bytes(data)
+        return PubSubDelivery(topic="", data=raw, attributes={"ce_type": str(event["type"])})
+
+
+def _json_bytes(value: Any) -> bytes:
+    return json.dumps(value, default=str).encode()
+
+
+def _short(exc: ValidationError) -> str:
+    errors = exc.errors()
+    first = errors[0] if errors else {}
+    where = ".".join(str(p) for p in first.get("loc", ())) or "message"
+    more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
+    return f"{where}: {first.get('msg', str(exc))}{more}"

@@ -1,0 +1,262 @@
+"""The Cloud Functions' entry points, fast: functions-framework's own app and test client, CloudEvents built with
+`cloudevents`, every form an event arrives in, and the stages wired to the embedded adapters (no emulator)."""
+
+from __future__ import annotations
+
+import base64
+import json
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from cloudevents.conversion import to_binary, to_structured
+from cloudevents.http import CloudEvent
+from functions_framework import create_app
+from xdiag.adapters.embedded import LocalBlobStore
+from xdiag.cloud import REASON_ATTRIBUTE, Runtime, use_runtime
+from xdiag.embedded import build_embedded
+from xdiag.model import CaptureReady, ToolRun
+from xdiag.stages import ANALYSES, DEAD_LETTERS, SessionLoader, letter_key, sessions_collection, tools_collection
+from xdiag.tools import BROAD_TOOLS
+
+FUNCTIONS = Path(__file__).resolve().parents[1] / "functions"
+PROJECT = "p"
+BUCKET = "profiles"
+
+
+class Wired:
+    """The functions of this process wired to in-process adapters; dead letters kept in a list."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.deps, self.bus = build_embedded()
+        self.deps.blobs = LocalBlobStore(buckets=tmp_path / "buckets")
+        self.deps.sessions = SessionLoader(self.deps.blobs)
+        self.deps.profile_root, self.deps.quiet_period_s = f"gs://{BUCKET}", 0.2
+        self.letters: list[tuple[str, bytes, dict[str, str]]] = []
+        use_runtime(Runtime(self.deps, lambda topic, data, attributes: self.letters.append((topic, data, attributes))))
+
+    def client(self, name: str):
+        return create_app(target=name, source=str(FUNCTIONS / f"{name}.py"), signature_type="cloudevent").test_client()
+
+    def queued(self, topic: str) -> list:
+        return [m for t, m in self.bus._queue if t == topic]
+
+    def upload(self, source: Path, name: str) -> str:
+        uri = f"gs://{BUCKET}/{name}"
+        self.deps.blobs.copy_in(source, uri)
+        return uri
+
+
+@pytest.fixture
+def wired(tmp_path):
+    yield Wired(tmp_path)
+    use_runtime(None)
+
+
+def _pubsub_event(topic: str, data: bytes, attributes: dict[str, str] | None = None) -> CloudEvent:
+    """The Eventarc form of a Pub/Sub message."""
+    return CloudEvent(
+        {
+            "type": "google.cloud.pubsub.topic.v1.messagePublished",
+            "source": f"//pubsub.googleapis.com/projects/{PROJECT}/topics/{topic}",
+        },
+        {
+            "message": {"data": base64.b64encode(data).decode(), "attributes": attributes or {}, "messageId": "42"},
+            "subscription": f"projects/{PROJECT}/subscriptions/{topic}-eventarc",
+        },
+    )
+
+
+def _push_body(data: bytes, attributes: dict[str, str] | None = None) -> dict:
+    """The Pub/Sub push form, as the emulator (and Pub/Sub) POSTs it."""
+    return {
+        "message": {
+            "data": base64.b64encode(data).decode(),
+            "attributes": attributes or {},
+            "messageId": "7",
+            "publishTime": "2026-11-30T00:00:00Z",
+        },
+        "subscription": f"projects/{PROJECT}/subscriptions/s",
+    }
+
+
+def _post_event(client, event: CloudEvent, structured: bool = False):
+    headers, body = (to_structured if structured else to_binary)(event)
+    return client.post("/", headers=headers, data=body)
+
+
+def _capture(wired: Wired, profile: Path, run: str = "r", session: str = "s1") -> CaptureReady:
+    uri = wired.upload(profile, f"{run}/plugins/profile/{session}/host0.xplane.pb")
+    return CaptureReady(
+        analysis_id="a1",
+        run_id=run,
+        session_id=session,
+        profile_uris=[uri],
+        output_uri=f"gs://{BUCKET}/{run}/plugins/profile/{session}/xdiag",
+    )
+
+
+@pytest.mark.parametrize("form", ["eventarc-binary", "eventarc-structured", "push"])
+def test_collect_accepts_every_pubsub_form_and_fans_out_15_tool_runs(wired, h200_profiles, form):
+    data = _capture(wired, h200_profiles["healthy"]).model_dump_json().encode()
+    client = wired.client("collect")
+    if form == "push":
+        answer = client.post(f"/projects/{PROJECT}/topics/captures", json=_push_body(data))
+    else:
+        answer = _post_event(client, _pubsub_event("captures", data), structured=form == "eventarc-structured")
+    assert answer.status_code == 200, answer.data
+    assert wired.deps.state.get(ANALYSES, "a1")["status"] == "RUNNING_TOOLS"
+    assert sorted(m.tool for m in wired.queued("tool-runs")) == sorted(BROAD_TOOLS)
+
+
+def test_register_accepts_the_eventarc_storage_finalize_event(wired, h200_profiles):
+    uri = wired.upload(h200_profiles["healthy"], "run-a/plugins/profile/s1/host0.xplane.pb")
+    event = CloudEvent(
+        {
+            "type": "google.cloud.storage.object.v1.finalized",
+            "source": f"//storage.googleapis.com/projects/_/buckets/{BUCKET}",
+            "subject": "objects/run-a/plugins/profile/s1/host0.xplane.pb",
+        },
+        {"bucket": BUCKET, "name": "run-a/plugins/profile/s1/host0.xplane.pb", "generation": "1", "size": "348257"},
+    )
+    assert _post_event(wired.client("register"), event).status_code == 200
+    [capture] = wired.queued("captures")
+    assert capture.profile_uris == [uri] and capture.run_id == "run-a" and capture.session_id == "s1"
+    assert capture.output_uri == f"gs://{BUCKET}/run-a/plugins/profile/s1/xdiag"
+
+
+def test_register_accepts_gcs_notification_attributes_and_groups_two_hosts(wired, h200_profiles):
+    uris = [
+        wired.upload(h200_profiles[w], f"run-b/plugins/profile/s2/host{i}.xplane.pb")
+        for i, w in enumerate(["healthy", "host_sync"])
+    ]
+
+    def notify(uri: str) -> int:  # the two notifications arrive within the quiet period, as two deliveries at once
+        name = uri.removeprefix(f"gs://{BUCKET}/")
+        attributes = {
+            "eventType": "OBJECT_FINALIZE",
+            "bucketId": BUCKET,
+            "objectId": name,
+            "payloadFormat": "JSON_API_V1",
+        }
+        body = _push_body(json.dumps({"name": name}).encode(), attributes)
+        return wired.client("register").post(f"/projects/{PROJECT}/topics/profile-uploads", json=body).status_code
+
+    with ThreadPoolExecutor(2) as pool:
+        assert list(pool.map(notify, uris)) == [200, 200]
+    [capture] = wired.queued("captures")  # one announcement, by the delivery of the newest file
+    assert capture.profile_uris == uris
+    session = wired.deps.state.get(sessions_collection("run-b"), "s2")
+    assert session["status"] == "COMPLETE" and session["hosts"] == ["host0", "host1"]
+
+
+def test_register_ignores_other_objects_and_other_storage_events(wired):
+    client = wired.client("register")
+    wired.deps.blobs.put(f"gs://{BUCKET}/run/plugins/profile/s/xdiag/summary.html", b"<html>")
+    for attributes in (
+        {"eventType": "OBJECT_FINALIZE", "bucketId": BUCKET, "objectId": "run/plugins/profile/s/xdiag/summary.html"},
+        {"eventType": "OBJECT_DELETE", "bucketId": BUCKET, "objectId": "run/plugins/profile/s/host.xplane.pb"},
+    ):
+        assert client.post("/projects/p/topics/profile-uploads", json=_push_body(b"{}", attributes)).status_code == 200
+    assert not wired.bus._queue and not wired.letters
+
+
+def test_a_finalize_for_a_missing_object_is_dead_lettered(wired):
+    attributes = {
+        "eventType": "OBJECT_FINALIZE",
+        "bucketId": BUCKET,
+        "objectId": "run/plugins/profile/s/gone.xplane.pb",
+    }
+    answer = wired.client("register").post("/projects/p/topics/profile-uploads", json=_push_body(b"{}", attributes))
+    assert answer.status_code == 200  # acknowledged: a retry cannot bring the object back
+    [(topic, _, sent)] = wired.letters
+    assert topic == "profile-uploads-dead-letter" and "missing object" in sent[REASON_ATTRIBUTE]
+
+
+@pytest.mark.parametrize(
+    "data, reason",
+    [
+        (b"{not json", "malformed CaptureReady"),
+        (b'{"run_id": "r"}', "session_id"),
+        (b'{"run_id": "nope", "session_id": "none"}', "unknown session"),
+    ],
+)
+def test_poison_capture_messages_are_dead_lettered_with_the_reason(wired, data, reason):
+    answer = _post_event(wired.client("collect"), _pubsub_event("captures", data, {"origin": "test"}))
+    assert answer.status_code == 200
+    [(topic, sent, attributes)] = wired.letters
+    assert topic == "captures-dead-letter" and sent == data  # the poison message's own bytes
+    assert reason in attributes[REASON_ATTRIBUTE] and attributes["origin"] == "test"
+
+
+def test_a_handler_that_raises_answers_500_and_records_the_error_for_the_retry(wired):
+    data = ToolRun(analysis_id="never-collected", tool="get_hosts").model_dump_json().encode()
+    answer = _post_event(wired.client("run_tool"), _pubsub_event("tool-runs", data))
+    assert answer.status_code == 500  # Pub/Sub redelivers with backoff
+    [(_, failure)] = wired.deps.state.list("failures")
+    assert failure["topic"] == "tool-runs" and "unknown analysis" in failure["last_error"] and failure["attempts"] == 1
+
+
+def test_a_dead_lettered_tool_run_becomes_a_failed_tool_so_the_analysis_completes(wired, h200_profiles):
+    from xdiag.stages import collect
+
+    collect(_capture(wired, h200_profiles["healthy"]), wired.deps)
+    wired.bus._queue.clear()
+    data = ToolRun(analysis_id="a1", tool="get_hosts").model_dump_json().encode()
+    wired.deps.state.set(
+        "failures", letter_key("tool-runs", data), {"last_error": "MemoryError: out of memory", "attempts": 5}
+    )
+    event = _pubsub_event("tool-runs-dead-letter", data, {"CloudPubSubDeadLetterSourceDeliveryCount": "5"})
+    assert _post_event(wired.client("dead_letter"), event).status_code == 200
+    tool = wired.deps.state.get(tools_collection("a1"), "get_hosts")
+    assert (
+        tool["status"] == "failed"
+        and "MemoryError: out of memory" in tool["reason"]
+        and "5 delivery attempts" in tool["reason"]
+    )
+    assert [m.tool for m in wired.queued("tool-results")] == ["get_hosts"]
+    [(_, letter)] = wired.deps.state.list(DEAD_LETTERS)
+    assert letter["source_topic"] == "tool-runs"
+
+
+def test_a_manual_capture_names_only_run_and_session(wired, h200_profiles):
+    for i, workload in enumerate(["healthy", "input_bound"]):
+        wired.upload(h200_profiles[workload], f"team/run-c/plugins/profile/s3/host{i}.xplane.pb")
+    data = b'{"run_id": "team/run-c", "session_id": "s3"}'
+    assert _post_event(wired.client("collect"), _pubsub_event("captures", data)).status_code == 200
+    [(analysis_id, analysis)] = wired.deps.state.list(ANALYSES)
+    assert (
+        len(analysis["profile_uris"]) == 2
+        and analysis["output_uri"] == f"gs://{BUCKET}/team/run-c/plugins/profile/s3/xdiag"
+    )
+    # the same request again names the same analysis (no second one)
+    assert _post_event(wired.client("collect"), _pubsub_event("captures", data)).status_code == 200
+    assert [k for k, _ in wired.deps.state.list(ANALYSES)] == [analysis_id]
+
+
+def test_the_whole_chain_through_the_functions_ends_in_summary_html(wired, h200_profiles):
+    """Every function in turn, fed what the previous one published, as Pub/Sub would."""
+    clients = {
+        topic: wired.client(name)
+        for topic, name in [
+            ("captures", "collect"),
+            ("tool-runs", "run_tool"),
+            ("tool-results", "aggregate"),
+            ("investigations", "investigate"),
+            ("reports", "render"),
+        ]
+    }
+    wired.bus.publish("captures", _capture(wired, h200_profiles["recompilation"]))
+    while wired.bus._queue:
+        topic, message = wired.bus._queue.popleft()
+        answer = clients[topic].post(
+            f"/projects/{PROJECT}/topics/{topic}", json=_push_body(message.model_dump_json().encode())
+        )
+        assert answer.status_code == 200, (topic, answer.data)
+    analysis = wired.deps.state.get(ANALYSES, "a1")
+    assert analysis["status"] == "DONE" and analysis["diagnosis"]["findings"][0]["key"] == "recompilation"
+    assert wired.deps.blobs.exists(analysis["report_uri"]) and set(analysis["timeline"]) == {
+        "collect",
+        "investigate",
+        "render",
+    }
