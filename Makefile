@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: demo test install clean
+.PHONY: demo test install clean bench up down
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -22,5 +22,17 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
+## up: the local stack (Pub/Sub + Firestore emulators, Cloud Storage emulator, every function); state in .xdiag-stack/
+up: $(STAMP)
+	$(BIN)/xdiag up
+
+## down: stop the local stack and everything it started
+down:
+	@if [ -x $(BIN)/xdiag ]; then $(BIN)/xdiag down; fi
+
+## bench: xdiag against XProf's converters on 5 MiB to 2 GiB profiles (about 20 minutes; see bench/README.md)
+bench: $(STAMP)
+	$(BIN)/python bench/run_bench.py --sizes 5,20,200,2048 --repeats 3
+
 clean:
-	rm -rf $(VENV) xdiag-out .pytest_cache
+	rm -rf $(VENV) xdiag-out .pytest_cache .xdiag-stack

@@ -51,3 +51,34 @@ def private_copy(tmp_path):
         return target
 
     return copy
+
+
+@pytest.fixture(scope="session")
+def local_stack(tmp_path_factory):
+    """The whole pipeline on the real emulators (Pub/Sub, Firestore, fake-gcs-server) and every function under
+    functions-framework, started once per test session and stopped (every process group) at its end, or by
+    its reaper if this process dies first. Its emulators' hosts are in os.environ while it runs.
+
+    Never skipped: where the Google Cloud CLI, its emulators or Java are missing, the tests fail saying what to
+    install."""
+    import os
+
+    from xdiag.localstack import LocalStack, StackError, StackSettings
+
+    stack = LocalStack(tmp_path_factory.mktemp("stack"), StackSettings(quiet_period_s=1.0, min_backoff_s=1.0, max_backoff_s=2.0))
+    try:
+        stack.start(owner_pid=os.getpid())
+    except StackError as exc:
+        pytest.fail(f"the emulator tests need the local stack: {exc}", pytrace=False)
+    saved = {key: os.environ.get(key) for key in stack.env}
+    os.environ.update(stack.env)
+    try:
+        yield stack
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        busy = stack.stop()
+        assert not busy, f"still listening after the stack stopped: {busy}"

@@ -188,6 +188,154 @@ def demo(
     analyze(xplane, out_dir / "analysis", "rules", None, 2.0, False)
 
 
+# --- the event-driven pipeline: the local stack, uploads, status ------------------------------------------
+
+STACK_DIR = typer.Option("--stack-dir", envvar="XDIAG_STACK_DIR", help="Where the local stack keeps its state and logs.")
+
+
+def _cloud_config(stack_dir: Path, bucket: Optional[str] = None):
+    """The pipeline's configuration: the environment, or else the local stack that `xdiag up` started."""
+    from xdiag.cloud_ops import client_config
+    from xdiag.localstack import load_stack_env
+
+    load_stack_env(stack_dir)
+    try:
+        return client_config(bucket)
+    except ValueError as exc:
+        _fail(f"{exc} (or start the local stack: `xdiag up`)")
+
+
+@app.command()
+def up(
+    stack_dir: Annotated[Path, STACK_DIR] = Path(".xdiag-stack"),
+    quiet_period: Annotated[float, typer.Option(help="Seconds without a new file before register declares a session complete.")] = 3.0,
+    bucket: Annotated[str, typer.Option(help="The profile bucket in the Cloud Storage emulator.")] = "xdiag-profiles",
+    project: Annotated[str, typer.Option(help="The project id the emulators use.")] = "xdiag-local",
+) -> None:
+    """Start the local stack: Pub/Sub and Firestore emulators, a Cloud Storage emulator, every function, topics and
+    push subscriptions, bucket notifications. Prints the environment that reaches it (`eval "$(xdiag up)"`)."""
+    from xdiag.localstack import LocalStack, StackError, StackSettings
+
+    started = time.perf_counter()
+    try:
+        stack = LocalStack(stack_dir, StackSettings(project=project, bucket=bucket, quiet_period_s=quiet_period)).start()
+    except StackError as exc:
+        _fail(str(exc), 1)
+    err.print(f"local stack up in {time.perf_counter() - started:.1f} s (state and logs: {stack.state_dir})", highlight=False, soft_wrap=True)
+    for name, port in stack.ports.items():
+        err.print(f"  [dim]{name:<12}[/] 127.0.0.1:{port}", highlight=False, soft_wrap=True)
+    for key, value in stack.env.items():
+        out.print(f"export {key}={value}", highlight=False, soft_wrap=True)
+
+
+@app.command()
+def down(stack_dir: Annotated[Path, STACK_DIR] = Path(".xdiag-stack")) -> None:
+    """Stop the local stack: every process group it started (the emulators' Java children too)."""
+    from xdiag.localstack import LocalStack, StackError
+
+    try:
+        stack = LocalStack.attach(stack_dir)
+    except StackError as exc:
+        err.print(str(exc), highlight=False, soft_wrap=True)
+        return
+    busy = stack.stop()
+    if busy:
+        _fail(f"still listening after the stop: {', '.join(busy)}", 1)
+    err.print("local stack stopped; nothing of it is listening", highlight=False, soft_wrap=True)
+
+
+@app.command()
+def upload(
+    path: Annotated[Path, typer.Argument(help=PATH_HELP)],
+    run: Annotated[str, typer.Option(help="The run the session belongs to: gs://BUCKET/<run>/plugins/profile/<session>/.")],
+    session: Annotated[Optional[str], typer.Option(help="Session name inside a log dir (default: the newest).")] = None,
+    bucket: Annotated[Optional[str], typer.Option(envvar="XDIAG_BUCKET", help="The profile bucket (default: the local stack's).")] = None,
+    wait: Annotated[bool, typer.Option(help="Wait for summary.html and print where the time went.")] = False,
+    timeout: Annotated[float, typer.Option(help="With --wait: give up after this many seconds.")] = 600.0,
+    stack_dir: Annotated[Path, STACK_DIR] = Path(".xdiag-stack"),
+) -> None:
+    """Upload a session's files to the profile bucket; its object-finalize notifications start the analysis."""
+    from xdiag.cloud_ops import stage_breakdown, state_store, upload_session, wait_for_analysis
+    from xdiag.layout import output_uri
+    from xdiag.locate import locate_session
+
+    config = _cloud_config(stack_dir, bucket)
+    try:
+        located = locate_session(path, session)
+    except XdiagError as exc:
+        _fail(str(exc))
+    started = time.time()
+    for uri in upload_session(located, run, config):
+        err.print(f"uploaded {uri}", highlight=False, soft_wrap=True)
+    report = output_uri(config.profile_root, run, located.name) + "/summary.html"
+    if wait:
+        state = state_store(config)
+        try:
+            analysis = wait_for_analysis(state, run, located.name, timeout, since=started)
+        except TimeoutError as exc:
+            _fail(str(exc), 1)
+        for stage in stage_breakdown(state, analysis, uploaded_at=started):
+            err.print(f"  {stage.name:<16} {stage.seconds:6.2f} s  [dim]{stage.note}[/]", highlight=False, soft_wrap=True)
+        err.print(f"{analysis['status']} {analysis.get('result') or ''} in {time.time() - started:.1f} s after the upload began",
+                  highlight=False, soft_wrap=True)
+    out.print(report, highlight=False, soft_wrap=True)
+
+
+@app.command()
+def status(
+    run: Annotated[Optional[str], typer.Option(help="Only this run.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="The status as JSON on stdout.")] = False,
+    stack_dir: Annotated[Path, STACK_DIR] = Path(".xdiag-stack"),
+) -> None:
+    """Runs, sessions and analyses with their stage and tool status, read from Firestore."""
+    from xdiag.cloud_ops import read_status, state_store
+
+    report = read_status(state_store(_cloud_config(stack_dir)), run)
+    if as_json:
+        sys.stdout.write(json.dumps(report, indent=2, default=str) + "\n")
+        return
+    if not report["runs"]:
+        out.print(f"no runs{f' named {run!r}' if run else ''} yet", highlight=False, soft_wrap=True)
+    for run_doc in report["runs"]:
+        out.print(f"[bold]{run_doc['run_id']}[/] [dim]{run_doc['base_uri']}[/]", highlight=False, soft_wrap=True)
+        for session_doc in run_doc["sessions"]:
+            hosts = ", ".join(session_doc.get("hosts") or [])
+            out.print(f"  session {session_doc['session_id']}: {session_doc['status']}{f' ({hosts})' if hosts else ''}", highlight=False, soft_wrap=True)
+            analysis = session_doc["analysis"]
+            if analysis is None:
+                continue
+            counts: dict[str, int] = {}
+            for tool_status in analysis["tools"].values():
+                counts[tool_status] = counts.get(tool_status, 0) + 1
+            out.print(f"    analysis {analysis['analysis_id']}: {analysis['status']} {analysis['result'] or ''}", highlight=False, soft_wrap=True)
+            out.print("      tools: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())), highlight=False, soft_wrap=True)
+            if analysis["stages"]:
+                out.print("      stages: " + " · ".join(f"{s['name']} {s['seconds']:.1f} s" for s in analysis["stages"]), highlight=False, soft_wrap=True)
+            if analysis["failure_reason"]:
+                out.print(f"      [red]failed[/]: {analysis['failure_reason']}", highlight=False, soft_wrap=True)
+            if analysis["report_uri"]:
+                out.print(f"      report: {analysis['report_uri']}", highlight=False, soft_wrap=True)
+    if report["dead_letters"]:
+        out.print(f"[yellow]{len(report['dead_letters'])} dead letter(s)[/]", highlight=False, soft_wrap=True)
+        for letter in report["dead_letters"]:
+            out.print(f"  {letter['source_topic']}: {letter['reason']}", highlight=False, soft_wrap=True)
+
+
+@app.command("publish-capture")
+def publish_capture(
+    run: Annotated[str, typer.Option(help="The run of the session.")],
+    session: Annotated[str, typer.Option(help="The session: gs://BUCKET/<run>/plugins/profile/<session>/.")],
+    investigator: Annotated[str, typer.Option(help="rules or gemini.")] = "rules",
+    analysis_id: Annotated[Optional[str], typer.Option(help="A fresh id re-analyses a session analysed before.")] = None,
+    stack_dir: Annotated[Path, STACK_DIR] = Path(".xdiag-stack"),
+) -> None:
+    """Analyse a session already in the bucket: publishes {"run_id", "session_id"} on the `captures` topic."""
+    from xdiag.cloud_ops import publish_capture as publish
+
+    message = publish(_cloud_config(stack_dir), run, session, investigator, analysis_id)
+    out.print(message.model_dump_json(exclude_none=True), highlight=False, soft_wrap=True)
+
+
 def main() -> None:  # console-script entry point
     app()
 

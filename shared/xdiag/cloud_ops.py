@@ -1,0 +1,161 @@
+"""What `xdiag upload`, `xdiag status` and `xdiag publish-capture` do against the pipeline (the cloud, or the
+local stack: its emulators' hosts are read from the stack's state where the environment does not name them)."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from xdiag.cloud import CloudConfig, firestore_client
+from xdiag.layout import session_prefix, state_key
+from xdiag.locate import LocatedSession
+from xdiag.model import CaptureReady
+from xdiag.ports import StateStore
+from xdiag.stages import (
+    ANALYSES,
+    CLAIMS,
+    DEAD_LETTERS,
+    RUNS,
+    TOPIC_CAPTURES,
+    files_collection,
+    sessions_collection,
+    tools_collection,
+)
+from xdiag.tools import BROAD_TOOLS
+
+
+def client_config(bucket: str | None = None) -> CloudConfig:
+    env = dict(os.environ)
+    if bucket:
+        env["XDIAG_BUCKET"] = bucket
+    return CloudConfig.from_env(env)
+
+
+def state_store(config: CloudConfig) -> StateStore:
+    from xdiag.adapters.firestore import FirestoreStateStore
+
+    return FirestoreStateStore(firestore_client(config.project))
+
+
+def upload_session(located: LocatedSession, run: str, config: CloudConfig) -> list[str]:
+    """Writes each host's file to gs://BUCKET/<run>/plugins/profile/<session>/<file>; returns the URIs."""
+    from xdiag.adapters.gcs import GcsBlobStore, storage_client
+
+    blobs = GcsBlobStore(storage_client(config.project), config.cache_dir)
+    prefix = session_prefix(config.profile_root, run, located.name)
+    return [blobs.upload_file(path, prefix + path.name) for path in located.files]
+
+
+def publish_capture(
+    config: CloudConfig, run: str, session: str, investigator: str = "rules", analysis_id: str | None = None
+) -> CaptureReady:
+    """The manual request: a CaptureReady naming the run and session; collect finds the files."""
+    from xdiag.adapters.pubsub import PubSubBus
+
+    message = CaptureReady(run_id=run, session_id=session, investigator=investigator, analysis_id=analysis_id)
+    PubSubBus(config.project).publish(TOPIC_CAPTURES, message)
+    return message
+
+
+def _epoch(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    try:
+        moment = datetime.fromisoformat(str(value))
+    except ValueError:
+        return None
+    return (moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)).timestamp()
+
+
+@dataclass
+class Stage:
+    name: str
+    seconds: float
+    note: str = ""
+
+
+def stage_breakdown(state: StateStore, analysis: dict[str, Any], uploaded_at: float | None = None) -> list[Stage]:
+    """Where the time from upload to summary.html went, from the timestamps the stages recorded."""
+    files = state.list(files_collection(analysis["run_id"], analysis["session_id"]))
+    session = state.get(sessions_collection(analysis["run_id"]), state_key(analysis["session_id"])) or {}
+    tools = [doc for _, doc in state.list(tools_collection(analysis["analysis_id"]))]
+    claim = state.get(CLAIMS, f"{analysis['analysis_id']}.investigate") or {}
+    timeline = analysis.get("timeline") or {}
+    registered = [doc["registered_at"] for _, doc in files if "registered_at" in doc]
+    points = [
+        ("notify+register", max(registered) if registered else None, f"{len(registered)} file(s)"),
+        ("quiet period", _epoch(session.get("completed_at")), ""),
+        ("collect", _epoch(timeline.get("collect")), f"read {analysis.get('timings_ms', {}).get('read', 0):.0f} ms"),
+        (
+            "tools",
+            max((_epoch(d.get("finished_at")) or 0 for d in tools), default=None),
+            f"{len(tools)} runs, {sum(d.get('duration_ms') or 0 for d in tools) / 1000:.2f} s in the tools",
+        ),
+        ("fan-in", _epoch(claim.get("at")), ""),
+        ("investigate", _epoch(timeline.get("investigate")), ""),
+        ("render", _epoch(timeline.get("render")), ""),
+    ]
+    start = (
+        uploaded_at
+        if uploaded_at is not None
+        else (min(registered) if registered else _epoch(analysis.get("created_at")))
+    )
+    stages, previous = [], start
+    for name, at, note in points:
+        if at is None or previous is None:
+            continue
+        stages.append(Stage(name, max(at - previous, 0.0), note))
+        previous = at
+    return stages
+
+
+def wait_for_analysis(
+    state: StateStore, run: str, session: str, timeout_s: float, since: float = 0.0
+) -> dict[str, Any]:
+    """Polls until the session's latest analysis is DONE or FAILED; TimeoutError otherwise."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        doc = state.get(sessions_collection(run), state_key(session)) or {}
+        if doc.get("analysis_id") and (_epoch(doc.get("completed_at")) or 0) >= since:
+            analysis = state.get(ANALYSES, doc["analysis_id"])
+            if analysis and analysis.get("status") in ("DONE", "FAILED") and analysis.get("report_uri"):
+                return analysis
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"no finished analysis of {run}/{session} after {timeout_s:.0f} s (`xdiag status --run {run}`)"
+            )
+        time.sleep(0.25)
+
+
+def read_status(state: StateStore, run: str | None = None) -> dict[str, Any]:
+    """Runs → sessions → analyses (with their tools' status), and the dead letters."""
+    runs = [(key, doc) for key, doc in state.list(RUNS) if run is None or doc.get("run_id") == run]
+    out: dict[str, Any] = {"runs": [], "dead_letters": [doc for _, doc in state.list(DEAD_LETTERS)]}
+    for key, run_doc in runs:
+        sessions = []
+        for _, session in state.list(sessions_collection(run_doc.get("run_id", key))):
+            analysis = state.get(ANALYSES, session["analysis_id"]) if session.get("analysis_id") else None
+            if analysis is not None:
+                tools = dict(state.list(tools_collection(analysis["analysis_id"])))
+                analysis = {
+                    "analysis_id": analysis["analysis_id"],
+                    "status": analysis["status"],
+                    "result": analysis.get("result"),
+                    "failure_reason": analysis.get("failure_reason"),
+                    "report_uri": analysis.get("report_uri"),
+                    "tools": {t: (tools[t]["status"] if t in tools else "pending") for t in BROAD_TOOLS},
+                    "timings_ms": analysis.get("timings_ms", {}),
+                    "stages": [vars(s) for s in stage_breakdown(state, analysis)],
+                }
+            sessions.append(
+                {**{k: session.get(k) for k in ("session_id", "status", "hosts", "completed_at")}, "analysis": analysis}
+            )
+        out["runs"].append(
+            {"run_id": run_doc.get("run_id", key), "base_uri": run_doc.get("base_uri"), "sessions": sessions}
+        )
+    return out

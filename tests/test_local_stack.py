@@ -1,0 +1,343 @@
+"""The event-driven pipeline running for real: the Pub/Sub, Firestore and Cloud Storage emulators, every function
+under functions-framework on its own port, push subscriptions with dead-letter topics (the `local_stack` fixture).
+
+Real profiles only: the committed H200 captures, two of them as two hosts of one session."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from xdiag.cloud import CloudConfig, cloud_dependencies
+from xdiag.cloud_ops import wait_for_analysis
+from xdiag.layout import output_uri, session_prefix
+from xdiag.localstack import LocalStack, group_members, listening
+from xdiag.model import CaptureReady, InvestigationReady, ReportReady, ToolDone, ToolRun
+from xdiag.stages import ANALYSES, CLAIMS, DEAD_LETTERS, letter_key, sessions_collection, tools_collection
+from xdiag.tools import BROAD_TOOLS
+
+
+class Cloud:
+    """Clients of the stack: the same adapters the functions use."""
+
+    def __init__(self, stack: LocalStack) -> None:
+        self.stack = stack
+        self.config = CloudConfig.from_env()
+        self.deps, _ = cloud_dependencies(self.config)
+        self.blobs, self.state = self.deps.blobs, self.deps.state
+
+    def upload(self, source: Path | bytes, run: str, session: str, host: str = "host0") -> str:
+        uri = session_prefix(self.config.profile_root, run, session) + f"{host}.xplane.pb"
+        if isinstance(source, bytes):
+            self.blobs.put(uri, source)
+        else:
+            self.blobs.upload_file(source, uri)
+        return uri
+
+    def finished(self, run: str, session: str, timeout_s: float = 120.0) -> dict:
+        try:
+            return wait_for_analysis(self.state, run, session, timeout_s)
+        except TimeoutError as exc:
+            raise AssertionError(f"{exc}\n{self.logs()}") from None
+
+    def publish(self, topic: str, message) -> str:
+        data = message if isinstance(message, bytes) else message.model_dump_json().encode()
+        return self.stack.publish(topic, data)
+
+    def log(self, name: str) -> str:
+        return Path(self.stack.processes[name]["log"]).read_text(errors="replace")
+
+    def handled(self, name: str, topic: str) -> int:
+        return len(re.findall(rf"{re.escape(topic)}: message \S+ handled", self.log(name)))
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {name}\n{self.stack.log_tail(name, 8)}" for name in self.stack.processes)
+
+    def dead_letters(self, marker: str) -> list[dict]:
+        return [doc for _, doc in self.state.list(DEAD_LETTERS) if marker in doc["data"]]
+
+
+def wait_until(predicate, timeout_s: float, what: str, cloud: Cloud | None = None):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}" + (f"\n{cloud.logs()}" if cloud else ""))
+
+
+@pytest.fixture(scope="module")
+def cloud(local_stack) -> Cloud:
+    return Cloud(local_stack)
+
+
+@pytest.fixture(scope="module")
+def healthy_done(cloud, h200_profiles) -> dict:
+    """One finished analysis of a one-host session (the H200 `healthy` profile)."""
+    cloud.upload(h200_profiles["healthy"], "dup-run", "s1")
+    return cloud.finished("dup-run", "s1")
+
+
+def test_a_two_host_session_uploaded_to_the_bucket_ends_in_summary_html_and_done(cloud, h200_profiles):
+    run, session = "e2e-run", "2026_11_30_12_00_00"
+    sources = {"host0": h200_profiles["recompilation"], "host1": h200_profiles["dispatch_bound"]}
+    uris = []
+    for host, source in sources.items():  # the files of one session arrive one by one
+        uris.append(cloud.upload(source, run, session, host))
+        time.sleep(0.3)
+    analysis = cloud.finished(run, session)
+    assert analysis["status"] == "DONE" and analysis["result"] == "NEEDS_ATTENTION", analysis.get("failure_reason")
+    assert analysis["profile_uris"] == uris and sorted(analysis["profile"]["files"]) == [
+        "host0.xplane.pb",
+        "host1.xplane.pb",
+    ]
+    tools = dict(cloud.state.list(tools_collection(analysis["analysis_id"])))
+    assert sorted(tools) == sorted(BROAD_TOOLS) and all(
+        doc["status"] in ("ok", "not_available") for doc in tools.values()
+    )
+    report = analysis["report_uri"]
+    assert report == output_uri(cloud.config.profile_root, run, session) + "/summary.html"
+    html = cloud.blobs.get(report).decode()
+    assert "NEEDS_ATTENTION" in html and "host0.xplane.pb" in html and "host1.xplane.pb" in html
+    session_doc = cloud.state.get(sessions_collection(run), session)
+    assert session_doc["status"] == "COMPLETE" and session_doc["hosts"] == ["host0", "host1"]
+    assert session_doc["analysis_id"] == analysis["analysis_id"]
+    for uri, source in zip(uris, sources.values(), strict=True):
+        assert cloud.blobs.get(uri) == source.read_bytes(), "the uploaded profile is never modified"
+
+
+def test_every_stage_message_delivered_again_changes_nothing(cloud, healthy_done):
+    analysis_id = healthy_done["analysis_id"]
+    before = cloud.state.get(ANALYSES, analysis_id)
+    tools_before = cloud.state.list(tools_collection(analysis_id))
+    claim_before = cloud.state.get(CLAIMS, f"{analysis_id}.investigate")
+    report_before = cloud.blobs.stat(healthy_done["report_uri"])
+    counts = {
+        ("aggregate", "tool-results"): cloud.handled("aggregate", "tool-results"),
+        ("render", "reports"): cloud.handled("render", "reports"),
+    }
+    capture = CaptureReady(
+        **{k: before[k] for k in ("analysis_id", "run_id", "session_id", "profile_uris", "output_uri", "investigator")}
+    )
+    ids = {("collect", "captures"): [cloud.publish("captures", capture)]}
+    ids[("run_tool", "tool-runs")] = [
+        cloud.publish("tool-runs", ToolRun(analysis_id=analysis_id, tool=t)) for t in BROAD_TOOLS
+    ]
+    ids[("aggregate", "tool-results")] = [
+        cloud.publish("tool-results", ToolDone(analysis_id=analysis_id, tool=t)) for t in BROAD_TOOLS
+    ]
+    ids[("investigate", "investigations")] = [
+        cloud.publish("investigations", InvestigationReady(analysis_id=analysis_id))
+    ]
+    ids[("render", "reports")] = [cloud.publish("reports", ReportReady(analysis_id=analysis_id))]
+    for (name, topic), message_ids in ids.items():
+        wait_until(
+            lambda name=name, topic=topic, ids=message_ids: all(f"{topic}: message {i} handled" in cloud.log(name)
+                                                                for i in ids),
+            60,
+            f"{name} to handle the copies",
+            cloud,
+        )
+    # what the copies publish in turn (run_tool re-announces its result, investigate its report) is handled too
+    wait_until(
+        lambda: cloud.handled("aggregate", "tool-results") >= counts[("aggregate", "tool-results")] + 30,
+        30,
+        "re-announced results",
+    )
+    wait_until(
+        lambda: cloud.handled("render", "reports") >= counts[("render", "reports")] + 2, 30, "re-announced reports"
+    )
+    assert cloud.state.get(ANALYSES, analysis_id) == before  # one analysis, one diagnosis, untouched
+    assert cloud.state.list(tools_collection(analysis_id)) == tools_before  # no tool ran twice
+    assert cloud.state.get(CLAIMS, f"{analysis_id}.investigate") == claim_before  # one investigation
+    assert cloud.blobs.stat(healthy_done["report_uri"]) == report_before  # one report, never rewritten
+
+
+def test_the_same_capture_delivered_three_times_at_once_gives_one_analysis_and_one_report(cloud, h200_profiles):
+    run, session = "triple-run", "s1"
+    cloud.upload(h200_profiles["input_bound"], run, session)  # register announces it once…
+    request = CaptureReady(run_id=run, session_id=session)  # …and a manual request names the same files twice
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(lambda _: cloud.publish("captures", request), range(2)))
+    analysis = cloud.finished(run, session)
+    assert analysis["status"] == "DONE"
+    analyses = [doc for _, doc in cloud.state.list(ANALYSES) if doc["run_id"] == run]
+    assert [a["analysis_id"] for a in analyses] == [analysis["analysis_id"]]
+    time.sleep(1.5)  # let any late copy finish
+    report = f"{run}/plugins/profile/{session}/xdiag/summary.html"
+    assert cloud.log("register").count(report) == 1, "summary.html was written once"  # each write notifies register
+
+
+def _analysis_of(cloud: Cloud, run: str, session: str) -> dict | None:
+    doc = cloud.state.get(sessions_collection(run), session) or {}
+    return cloud.state.get(ANALYSES, doc["analysis_id"]) if doc.get("analysis_id") else None
+
+
+def test_a_function_killed_mid_request_is_retried_and_the_analysis_completes(local_stack, cloud, h200_profiles):
+    run, session = "crash-run", "s1"
+    cloud.upload(h200_profiles["recompilation"], run, session)  # the largest: its first tool runs take a second or more
+    wait_until(
+        lambda: (a := _analysis_of(cloud, run, session)) and a["status"] == "RUNNING_TOOLS", 60, "the fan-out", cloud
+    )
+    killed = local_stack.crash("run_tool")  # both instances die holding a delivery
+    done_at_crash = len(cloud.state.list(tools_collection(_analysis_of(cloud, run, session)["analysis_id"])))
+    assert killed and done_at_crash < len(BROAD_TOOLS)
+    analysis = cloud.finished(run, session)
+    assert analysis["status"] == "DONE" and analysis["diagnosis"]["findings"][0]["key"] == "recompilation"
+    tools = dict(cloud.state.list(tools_collection(analysis["analysis_id"])))
+    assert sorted(tools) == sorted(BROAD_TOOLS) and not [t for t, d in tools.items() if d["status"] == "failed"]
+
+
+def test_a_handler_that_fails_is_retried_with_backoff_until_it_succeeds(cloud, h200_profiles):
+    """A tool run delivered before its analysis exists fails (500) and is redelivered until collect has run."""
+    run, session, analysis_id = "retry-run", "s1", f"retry-{uuid.uuid4().hex[:8]}"
+    cloud.upload(h200_profiles["widening_convert"], run, session)
+    early = ToolRun(analysis_id=analysis_id, tool="get_hosts")
+    cloud.publish("tool-runs", early)
+    key = letter_key("tool-runs", early.model_dump_json().encode())
+    wait_until(lambda: cloud.state.get("failures", key), 30, "the first failed delivery", cloud)
+    cloud.publish("captures", CaptureReady(run_id=run, session_id=session, analysis_id=analysis_id))
+    analysis = wait_until(
+        lambda: (doc := cloud.state.get(ANALYSES, analysis_id)) and doc["status"] == "DONE" and doc, 60, "DONE", cloud
+    )
+    assert analysis["result"] == "NEEDS_ATTENTION"
+    failure = cloud.state.get("failures", key)
+    assert "unknown analysis" in failure["last_error"] and failure["attempts"] >= 1
+    assert not cloud.dead_letters(analysis_id), "the retry succeeded: nothing was dead-lettered"
+
+
+def test_poison_messages_end_on_dead_letter_topics_recorded_and_block_nothing(cloud, h200_profiles):
+    marker = uuid.uuid4().hex[:8]
+    cloud.publish("captures", f'{{"run_id": "{marker}", not json'.encode())
+    cloud.publish("captures", CaptureReady(run_id=f"nope-{marker}", session_id="none"))
+    missing = f"gone-{marker}/plugins/profile/s/host0.xplane.pb"
+    cloud.stack.publish(
+        "profile-uploads",
+        json.dumps({"name": missing}).encode(),
+        {"eventType": "OBJECT_FINALIZE", "bucketId": cloud.config.bucket, "objectId": missing},
+    )
+    cloud.publish("investigations", InvestigationReady(analysis_id=f"unknown-{marker}"))  # raises on every delivery
+    cloud.upload(h200_profiles["small_steps"], f"good-{marker}", "s1")  # real work beside the poison
+    analysis = cloud.finished(f"good-{marker}", "s1")
+    assert analysis["status"] == "DONE"
+    letters = wait_until(
+        lambda: len(cloud.dead_letters(marker)) >= 4 and cloud.dead_letters(marker), 90, "four dead letters", cloud
+    )
+    reasons = {(letter["source_topic"], letter["reason"]) for letter in letters}
+    assert any(t == "captures" and "malformed CaptureReady" in r for t, r in reasons)
+    assert any(t == "captures" and "unknown session" in r for t, r in reasons)
+    assert any(t == "profile-uploads" and "missing object" in r and missing in r for t, r in reasons)
+    # the one that raised was retried with backoff, then moved by Pub/Sub itself after its last attempt
+    [retried] = [letter for letter in letters if letter["source_topic"] == "investigations"]
+    assert "5 delivery attempts" in retried["reason"] and "unknown analysis" in retried["reason"]
+    assert retried["attributes"]["CloudPubSubDeadLetterSourceSubscription"].endswith("investigations-push")
+
+
+def test_a_corrupt_profile_ends_failed_with_its_reason_and_stays_as_uploaded(cloud, h200_profiles):
+    corrupt = h200_profiles["healthy"].read_bytes()[:50_000]  # a real profile cut short
+    uri = cloud.upload(corrupt, "corrupt-run", "s1")
+    analysis = cloud.finished("corrupt-run", "s1")
+    assert analysis["status"] == "FAILED" and analysis["result"] == "FAILED"
+    assert re.search("truncated|malformed|not an XSpace", analysis["failure_reason"])
+    html = cloud.blobs.get(analysis["report_uri"]).decode()
+    assert "FAILED" in html and analysis["failure_reason"].split(":")[0] in html
+    assert cloud.blobs.get(uri) == corrupt
+
+
+def _xdiag(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "xdiag.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=env or dict(os.environ),
+        cwd=cwd,
+    )
+
+
+def test_manual_publish_with_gcloud_and_with_xdiag(cloud, healthy_done):
+    """The README's two ways of asking for an analysis of a session already in the bucket."""
+    gcloud_env = {
+        **os.environ,
+        "CLOUDSDK_API_ENDPOINT_OVERRIDES_PUBSUB": f"http://{os.environ['PUBSUB_EMULATOR_HOST']}/",
+        "CLOUDSDK_AUTH_DISABLE_CREDENTIALS": "true",
+        "CLOUDSDK_CORE_PROJECT": cloud.config.project,
+    }
+    message = json.dumps({"run_id": "dup-run", "session_id": "s1", "analysis_id": "by-gcloud"})
+    done = subprocess.run(
+        ["gcloud", "pubsub", "topics", "publish", "captures", f"--message={message}"],
+        capture_output=True,
+        text=True,
+        env=gcloud_env,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    done = _xdiag("publish-capture", "--run", "dup-run", "--session", "s1", "--analysis-id", "by-xdiag")
+    assert done.returncode == 0, done.stderr
+    for analysis_id in ("by-gcloud", "by-xdiag"):
+        analysis = wait_until(
+            lambda analysis_id=analysis_id: (doc := cloud.state.get(ANALYSES, analysis_id))
+            and doc["status"] == "DONE"
+            and doc,
+            60,
+            analysis_id,
+            cloud,
+        )
+        assert analysis["result"] == "OPTIMAL" and analysis["profile_uris"] == healthy_done["profile_uris"]
+    status = json.loads(_xdiag("status", "--run", "dup-run", "--json").stdout)
+    [session] = status["runs"][0]["sessions"]
+    assert session["status"] == "COMPLETE" and session["analysis"]["status"] == "DONE"
+    assert set(session["analysis"]["tools"].values()) <= {"ok", "not_available"}
+    assert [s["name"] for s in session["analysis"]["stages"]][-3:] == ["fan-in", "investigate", "render"]
+
+
+def test_xdiag_up_and_down_start_the_stack_and_leave_nothing_behind(tmp_path, h200_profiles):
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.endswith("_EMULATOR_HOST") and k not in ("XDIAG_BUCKET", "GOOGLE_CLOUD_PROJECT")
+    }
+    up = _xdiag("up", "--stack-dir", str(tmp_path / "stack"), "--quiet-period", "0.5", env=env)
+    try:
+        assert up.returncode == 0, up.stderr
+        assert "export PUBSUB_EMULATOR_HOST=127.0.0.1:" in up.stdout
+        stack = LocalStack.attach(tmp_path / "stack")
+        assert all(listening(port) for port in stack.ports.values())
+        done = _xdiag(
+            "upload",
+            str(h200_profiles["memory_bound"]),
+            "--run",
+            "cli-run",
+            "--wait",
+            "--stack-dir",
+            str(tmp_path / "stack"),
+            env=env,
+        )
+        assert done.returncode == 0, done.stderr + stack.log_tail("collect")
+        assert done.stdout.strip().endswith("cli-run/plugins/profile/memory_bound/xdiag/summary.html")
+        assert re.search(r"render\s+\d+\.\d+ s", done.stderr) and "DONE" in done.stderr
+    finally:
+        down = _xdiag("down", "--stack-dir", str(tmp_path / "stack"), env=env)
+    assert down.returncode == 0, down.stderr
+    assert not any(listening(port) for port in stack.ports.values())
+    assert not [name for name, p in stack.processes.items() if group_members(p["pid"])], (
+        "a process of the stack outlived it"
+    )
+
+
+def test_without_the_google_cloud_cli_the_stack_says_what_to_install(tmp_path):
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    env = {"PATH": str(bare), "HOME": str(tmp_path)}
+    done = _xdiag("up", "--stack-dir", str(tmp_path / "stack"), env=env)
+    assert done.returncode == 1
+    assert "Google Cloud CLI" in done.stderr and "pubsub-emulator" in done.stderr and "Java" in done.stderr
