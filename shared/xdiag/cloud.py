@@ -200,12 +200,15 @@ def pubsub_stage(topic: str) -> Callable[[Callable[[Any, Dependencies], None]], 
                 except ValidationError as exc:
                     raise PoisonMessage(f"malformed {message_type.__name__} message: {_short(exc)}") from None
                 with current.slots:
+                    running = time.perf_counter()
                     stage(message, current.deps)
+                done = time.perf_counter()
                 log.info(
-                    "%s: message %s handled in %.0f ms",
+                    "%s: message %s handled in %.0f ms (%.0f ms waiting for a slot)",
                     topic,
                     delivery.message_id,
-                    (time.perf_counter() - started) * 1000,
+                    (done - started) * 1000,
+                    (running - started) * 1000,
                 )
             except PoisonMessage as exc:
                 current.dead_letter(topic, delivery.data, delivery.attributes, str(exc))

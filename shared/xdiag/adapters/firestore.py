@@ -3,7 +3,7 @@
 Collections are slash paths (`analyses/{id}/tools`). `create` is Firestore's own create-if-absent: the
 server refuses a second create of one document, so exactly one caller gets True, without a
 transaction (the emulator serialises contended transactions very slowly; the fan-in needs none).
-Firestore holds no array directly inside an array: such a value is stored as `{"__list__": [...]}`
+Firestore holds no array directly inside an array: such a value is stored as `{"xdiag_nested_list": [...]}`
 and comes back as the list it was.
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 from google.api_core import exceptions
 from google.cloud import firestore
 
-_NESTED = "__list__"
+_NESTED = "xdiag_nested_list"  # Firestore reserves field names like __x__
 
 
 def _encode(value: Any, in_array: bool = False) -> Any:

@@ -1,0 +1,80 @@
+"""The Google Cloud adapters against the real emulators of the `local_stack` fixture."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+from xdiag.adapters.firestore import FirestoreStateStore
+from xdiag.adapters.gcs import GcsBlobStore, storage_client
+from xdiag.adapters.pubsub import PubSubBus
+from xdiag.cloud import CloudConfig, firestore_client
+from xdiag.model import ToolDone
+from xdiag.stages import DEAD_LETTERS
+
+
+def _state() -> FirestoreStateStore:
+    return FirestoreStateStore(firestore_client(CloudConfig.from_env().project))
+
+
+def _blobs(cache_dir, cache_bytes: int) -> GcsBlobStore:
+    return GcsBlobStore(storage_client(CloudConfig.from_env().project), cache_dir, cache_bytes)
+
+
+def test_create_if_absent_has_exactly_one_winner_among_concurrent_callers(local_stack):
+    state, key = _state(), f"claim-{uuid.uuid4().hex[:8]}"
+    with ThreadPoolExecutor(8) as pool:
+        winners = list(pool.map(lambda i: state.create("claims", key, {"by": i}), range(8)))
+    assert winners.count(True) == 1
+    assert state.get("claims", key)["by"] == winners.index(True)
+
+
+def test_documents_round_trip_with_nested_arrays_and_merge_updates(local_stack):
+    state, key = _state(), uuid.uuid4().hex[:8]
+    value = {"rows": [[1, 2.5, "a"], [], [[3]]], "n": None, "m": {"x": [1, [2]]}}
+    state.set("docs", key, value)
+    assert state.get("docs", key) == value
+    state.update("docs", key, {"extra": True})
+    assert state.get("docs", key) == {**value, "extra": True}
+    assert (key, {**value, "extra": True}) in state.list("docs")
+    assert state.get("docs", "absent") is None
+
+
+def test_local_path_downloads_once_per_version_into_a_bounded_cache(local_stack, tmp_path, h200_profiles):
+    bucket = f"gs://{CloudConfig.from_env().bucket}/adapters-{uuid.uuid4().hex[:8]}"
+    sources = [h200_profiles[w] for w in ("healthy", "input_bound", "memory_bound")]
+    limit = sources[0].stat().st_size + sources[1].stat().st_size  # room for two of the three
+    blobs = _blobs(tmp_path / "cache", limit)
+    uris = [blobs.upload_file(source, f"{bucket}/{source.name}") for source in sources]
+    first = blobs.local_path(uris[0])
+    assert first.name == sources[0].name and first.read_bytes() == sources[0].read_bytes()
+    assert blobs.local_path(uris[0]) == first  # cached: no second download
+    for uri in uris[1:]:
+        blobs.local_path(uri)
+    cached = sorted(p.name for p in (tmp_path / "cache").rglob("*.xplane.pb"))
+    assert sum(p.stat().st_size for p in (tmp_path / "cache").rglob("*.xplane.pb")) <= limit
+    assert sources[2].name in cached and sources[0].name not in cached  # the least recently used went
+    blobs.put(uris[2], b"a new version")
+    assert blobs.local_path(uris[2]).read_bytes() == b"a new version"
+    assert blobs.stat(uris[2]).size == len(b"a new version") and blobs.stat(f"{bucket}/none") is None
+    assert sorted(info.uri for info in blobs.list(f"{bucket}/")) == sorted(uris)
+
+
+def test_pubsub_bus_publishes_json_with_its_type_and_version(local_stack):
+    """Published on a dead-letter topic, the message comes back through the dead_letter function as it was sent."""
+    bus, marker = PubSubBus(CloudConfig.from_env().project), uuid.uuid4().hex[:8]
+    message = ToolDone(analysis_id=f"bus-{marker}", tool="get_hosts")
+    bus.publish("tool-results-dead-letter", message)
+    state = _state()
+
+    def recorded():
+        return [doc for _, doc in state.list(DEAD_LETTERS) if marker in doc["data"]]
+
+    deadline = time.monotonic() + 30
+    while not recorded() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    [letter] = recorded()
+    assert ToolDone.model_validate_json(letter["data"]) == message
+    assert letter["attributes"]["type"] == "ToolDone" and letter["attributes"]["version"] == "1"
+    assert letter["source_topic"] == "tool-results"
