@@ -43,7 +43,7 @@ class Wired:
 
     def upload(self, source: Path, name: str) -> str:
         uri = f"gs://{BUCKET}/{name}"
-        self.deps.blobs.copy_in(source, uri)
+        self.deps.blobs.put_file(source, uri)
         return uri
 
 

@@ -46,7 +46,7 @@ def test_local_path_downloads_once_per_version_into_a_bounded_cache(local_stack,
     sources = [h200_profiles[w] for w in ("healthy", "input_bound", "memory_bound")]
     limit = sources[0].stat().st_size + sources[1].stat().st_size  # room for two of the three
     blobs = _blobs(tmp_path / "cache", limit)
-    uris = [blobs.upload_file(source, f"{bucket}/{source.name}") for source in sources]
+    uris = [blobs.put_file(source, f"{bucket}/{source.name}") for source in sources]
     first = blobs.local_path(uris[0])
     assert first.name == sources[0].name and first.read_bytes() == sources[0].read_bytes()
     assert blobs.local_path(uris[0]) == first  # cached: no second download

@@ -39,7 +39,7 @@ class Cloud:
         if isinstance(source, bytes):
             self.blobs.put(uri, source)
         else:
-            self.blobs.upload_file(source, uri)
+            self.blobs.put_file(source, uri)
         return uri
 
     def finished(self, run: str, session: str, timeout_s: float = 120.0) -> dict:

@@ -116,7 +116,7 @@ def cloud_dependencies(config: CloudConfig) -> tuple[Dependencies, Callable[[str
         bus=bus,
         blobs=blobs,
         state=FirestoreStateStore(firestore_client(config.project)),
-        sessions=SessionLoader(blobs, max_bytes=config.max_profile_bytes),
+        sessions=SessionLoader(blobs, max_bytes=config.max_profile_bytes, prepare=True),
         on_event=lambda stage, info: log.info("%s %s", stage, info),
         profile_root=config.profile_root,
         quiet_period_s=config.quiet_period_s,

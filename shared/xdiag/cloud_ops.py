@@ -46,7 +46,7 @@ def upload_session(located: LocatedSession, run: str, config: CloudConfig) -> li
 
     blobs = GcsBlobStore(storage_client(config.project), config.cache_dir)
     prefix = session_prefix(config.profile_root, run, located.name)
-    return [blobs.upload_file(path, prefix + path.name) for path in located.files]
+    return [blobs.put_file(path, prefix + path.name) for path in located.files]
 
 
 def publish_capture(

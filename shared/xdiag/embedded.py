@@ -70,5 +70,8 @@ def analyze_session(
             investigator=investigator,
         ),
     )
-    bus.drain()
+    try:
+        bus.drain()
+    finally:
+        deps.sessions.close()  # XProf's private copies of the files go with the session
     return Analysis.model_validate(deps.state.get(ANALYSES, analysis_id))

@@ -6,6 +6,7 @@ Stages never import a cloud client: they get a Bus, a BlobStore and a StateStore
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 from xdiag.model import Message
@@ -28,6 +29,9 @@ class Bus(Protocol):
 class BlobStore(Protocol):
     def put(self, uri: str, data: bytes, content_type: str = "application/octet-stream") -> str:
         """Write an object; returns its URI."""
+
+    def put_file(self, source: Path, uri: str, content_type: str = "application/octet-stream") -> str:
+        """Write an object from a local file (streamed, for large ones); returns its URI."""
 
     def get(self, uri: str) -> bytes: ...
 

@@ -9,10 +9,12 @@ least once, so a second delivery finds its work done and changes nothing.
 from __future__ import annotations
 
 import hashlib
+import tempfile
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from xdiag.errors import PoisonMessage, ProfileError, UnknownTool
@@ -35,6 +37,7 @@ from xdiag.model import (
     utc_now,
 )
 from xdiag.ports import BlobInfo, BlobStore, Bus, StateStore
+from xdiag.profile.compact import load_session, save_session
 from xdiag.profile.reader import DEFAULT_MAX_PROFILE_BYTES, read_session
 from xdiag.profile.space import Session
 from xdiag.tools import BROAD_TOOLS, FOLLOW_UP_TOOLS, REGISTRY
@@ -85,33 +88,73 @@ class Investigator(Protocol):
     ) -> Diagnosis: ...
 
 
-class SessionLoader:
-    """Reads a session's files once and keeps the most recent sessions in memory."""
+PREPARED_SESSION = "session.xdiag"
+"""The read-once session, written next to the analysis output by collect when `prepare` is on."""
 
-    def __init__(self, blobs: BlobStore, max_bytes: int = DEFAULT_MAX_PROFILE_BYTES, keep: int = 2, progress=None):
+
+class SessionLoader:
+    """Reads a session once per process and keeps the most recent sessions in memory.
+
+    With `prepare` on (the cloud, where every stage is its own process), the first reader also
+    stores the decoded session as one file next to the analysis; later readers memory-map that
+    file instead of parsing the profile again (see xdiag.profile.compact).
+    """
+
+    def __init__(self, blobs: BlobStore, max_bytes: int = DEFAULT_MAX_PROFILE_BYTES, keep: int = 2, progress=None,
+                 prepare: bool = False):
         self._blobs, self._max_bytes, self._keep, self._progress = blobs, max_bytes, keep, progress
+        self._prepare = prepare
         self._sessions: dict[tuple[str, ...], Session] = {}
         self.read_ms: dict[tuple[str, ...], float] = {}
         self._lock = threading.Lock()  # concurrent deliveries in one process read a session once
 
-    def load(self, uris: list[str], name: str) -> Session:
+    def load(self, uris: list[str], name: str, prepared_uri: str | None = None) -> Session:
         with self._lock:
-            return self._load(uris, name)
+            return self._load(uris, name, prepared_uri)
 
-    def _load(self, uris: list[str], name: str) -> Session:
+    def close(self) -> None:
+        with self._lock:
+            for session in self._sessions.values():
+                session.close()
+            self._sessions.clear()
+
+    def _load(self, uris: list[str], name: str, prepared_uri: str | None) -> Session:
         key = tuple(uris)
         if key not in self._sessions:
             started = time.perf_counter()
             try:
-                paths = [self._blobs.local_path(uri) for uri in uris]
+                if prepared_uri and self._prepare and self._blobs.exists(prepared_uri):
+                    session = self._load_prepared(uris, prepared_uri)
+                else:
+                    session = read_session(
+                        [self._blobs.local_path(uri) for uri in uris], name=name, max_bytes=self._max_bytes,
+                        progress=self._progress,
+                    )
+                    if prepared_uri and self._prepare:
+                        self._store_prepared(session, prepared_uri)
             except FileNotFoundError as exc:
                 raise ProfileError(f"profile object missing: {exc}") from None
-            session = read_session(paths, name=name, max_bytes=self._max_bytes, progress=self._progress)
             while len(self._sessions) >= self._keep:
-                self._sessions.pop(next(iter(self._sessions)))
+                self._sessions.pop(next(iter(self._sessions))).close()
             self._sessions[key] = session
             self.read_ms[key] = (time.perf_counter() - started) * 1000
         return self._sessions[key]
+
+    def _store_prepared(self, session: Session, prepared_uri: str) -> None:
+        with tempfile.TemporaryDirectory() as folder:
+            path = Path(folder) / PREPARED_SESSION
+            save_session(session, path)
+            self._blobs.put_file(path, prepared_uri)
+
+    def _load_prepared(self, uris: list[str], prepared_uri: str) -> Session:
+        session = load_session(Path(self._blobs.local_path(prepared_uri)))
+        if session.platform != "CPU":
+            # XProf's converters read the xplane files themselves: give them this process's copies.
+            by_name = {uri.rsplit("/", 1)[-1]: uri for uri in uris}
+            for host in session.hosts:
+                if host.path.name in by_name:
+                    host.path = Path(self._blobs.local_path(by_name[host.path.name]))
+        return session
 
 
 @dataclass
@@ -215,7 +258,7 @@ def collect(message: CaptureReady, deps: Dependencies) -> None:
         return
     started = time.perf_counter()
     try:
-        session = deps.sessions.load(analysis.profile_uris, analysis.session_id)
+        session = _session(deps, analysis)
     except ProfileError as exc:
         deps.on_event("collect", {"failed": str(exc)})
         _fail_analysis(deps, analysis, str(exc))
@@ -228,6 +271,10 @@ def collect(message: CaptureReady, deps: Dependencies) -> None:
     _save(deps, analysis)
     deps.on_event("collect", analysis.profile)
     _publish_tool_runs(deps, analysis)
+
+
+def _session(deps: Dependencies, analysis: Analysis) -> Session:
+    return deps.sessions.load(analysis.profile_uris, analysis.session_id, _join(analysis.output_uri, PREPARED_SESSION))
 
 
 def _publish_tool_runs(deps: Dependencies, analysis: Analysis) -> None:
@@ -261,7 +308,7 @@ def run_tool(message: ToolRun, deps: Dependencies) -> None:
         raise LookupError(f"unknown analysis {message.analysis_id!r}: collect has not recorded it")
     if deps.state.get(tools_collection(analysis.analysis_id), message.tool) is None:
         try:
-            session = deps.sessions.load(analysis.profile_uris, analysis.session_id)
+            session = _session(deps, analysis)
             result = execute_tool(session, message.tool, message.args)
         except (ProfileError, UnknownTool) as exc:
             result = ToolResult(tool=message.tool, status=ToolStatus.FAILED, reason=str(exc))
@@ -300,7 +347,7 @@ def investigate(message: InvestigationReady, deps: Dependencies) -> None:
         started = time.perf_counter()
         results = load_results(deps, analysis)
         health = health_snapshot(results)
-        session = deps.sessions.load(analysis.profile_uris, analysis.session_id)
+        session = _session(deps, analysis)
         refused: list[FollowUpCall] = []
         made: list[int] = [0]
 

@@ -103,7 +103,7 @@ class LocalBlobStore:
         paths = [p for p in sorted(folder.rglob("*")) if p.is_file() and str(p).startswith(str(base))]
         return [info for info in (self.stat(self._uri(p, prefix)) for p in paths) if info is not None]
 
-    def copy_in(self, source: Path, uri: str) -> str:
+    def put_file(self, source: Path, uri: str, content_type: str = "application/octet-stream") -> str:
         path = self._path(uri)
         path.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(source, path)

@@ -53,7 +53,7 @@ class GcsBlobStore:
         self._blob(uri).upload_from_string(data, content_type=content_type)
         return uri
 
-    def upload_file(self, source: Path, uri: str, content_type: str = "application/octet-stream") -> str:
+    def put_file(self, source: Path, uri: str, content_type: str = "application/octet-stream") -> str:
         self._blob(uri).upload_from_filename(str(source), content_type=content_type)
         return uri
 

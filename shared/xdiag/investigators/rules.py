@@ -277,8 +277,10 @@ def _hypotheses(health: dict[str, Any], results: dict[str, ToolResult]) -> list[
     low_share, low_ops = low_intensity_share(results)
     if low_share is not None and low_share >= 50 and compute >= 30:
         top = max(low_ops, key=lambda o: o["total_ms"])
+        # Only part of bandwidth-bound time is recoverable (the bytes must still move), unlike idle or
+        # overhead time: half its share is the stake, so a stall that wastes all its time ranks above it.
         out.append(Hypothesis(
-            "memory_bound", low_share * compute / 100,
+            "memory_bound", 0.5 * low_share * compute / 100,
             "Memory-bound ops dominate: the step moves bytes, not math",
             f"{low_share}% of op time is in ops doing under {LOW_INTENSITY_FLOPS_PER_BYTE:g} FLOP per byte "
             f"moved; the largest is {top['op']} ({top.get('shape')}, "

@@ -254,6 +254,13 @@ class Session:
     def event_count(self) -> int:
         return sum(plane.event_count for plane in self.planes)
 
+    def close(self) -> None:
+        """Releases what derived views hold outside memory (XProf's private copies of the files)."""
+        for value in list(self.cache.values()):
+            if hasattr(value, "close"):
+                value.close()
+        self.cache.clear()
+
     def device_planes(self, with_events: bool = False) -> list[Plane]:
         planes = [p for p in self.planes if _DEVICE_RE.match(p.name)]
         return [p for p in planes if p.event_count] if with_events else planes
