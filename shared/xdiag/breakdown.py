@@ -26,8 +26,10 @@ from xdiag.timeline import (
 )
 
 PS_PER_MS = 1e9
+TRANSFER_CATEGORIES = ("async_copy", "memcpy")
+"""Op categories that only move data between memory spaces (host offload, H2D/D2H copies)."""
 
-CATEGORIES = ("compute", "collective", "compile", "host_sync", "dispatch", "host_other")
+CATEGORIES = ("compute", "collective", "transfer", "compile", "host_sync", "dispatch", "host_other")
 """Step-time categories, in precedence order; `host_other` is what no event explains:
 Python/input work outside the jitted computation (or nothing at all)."""
 
@@ -116,20 +118,27 @@ def _host_rows(host: str, host_steps: list, ops, events: HostEvents | None) -> l
     win_e = np.array([s.end_ps for s in host_steps], dtype=np.int64)
     devices = sorted(set(ops.device)) or [""]
     is_collective = ops.category == "collective"
+    is_transfer = np.isin(ops.category, TRANSFER_CATEGORIES)
     is_callback_op = ops.category == "host_callback"
-    # Per device, then averaged: a 4-device host that is busy on one device is 25% busy.
+    # Per device, then averaged: a 4-device host that is busy on one device is 25% busy. The device's busy
+    # time is split by precedence: computing, else communicating, else only moving data between memories.
     compute = np.zeros(len(host_steps))
     collective_only = np.zeros(len(host_steps))
+    transfer_only = np.zeros(len(host_steps))
     for device in devices:
         on_device = ops.device == device
-        device_ops = on_device & ~is_callback_op
-        computing = on_device & ~(is_collective | is_callback_op)
-        all_ops = covered(ops.start_ps[device_ops], ops.end_ps[device_ops], win_s, win_e)
-        compute_ops = covered(ops.start_ps[computing], ops.end_ps[computing], win_s, win_e)
-        compute += compute_ops
-        collective_only += all_ops - compute_ops
+
+        def busy(mask: np.ndarray) -> np.ndarray:
+            return covered(ops.start_ps[on_device & mask], ops.end_ps[on_device & mask], win_s, win_e)
+
+        computing = busy(~(is_collective | is_transfer | is_callback_op))
+        computing_or_collective = busy(~(is_transfer | is_callback_op))
+        compute += computing
+        collective_only += computing_or_collective - computing
+        transfer_only += busy(~is_callback_op) - computing_or_collective
     compute /= len(devices)
     collective_only /= len(devices)
+    transfer_only /= len(devices)
 
     signals = _HostSignals.of(events, ops.start_ps[is_callback_op], ops.end_ps[is_callback_op])
     # Each layer gets only the time that no earlier layer (ops first) already explains.
@@ -151,6 +160,7 @@ def _host_rows(host: str, host_steps: list, ops, events: HostEvents | None) -> l
         ms = {
             "compute": compute[i] / PS_PER_MS,
             "collective": collective_only[i] / PS_PER_MS,
+            "transfer": transfer_only[i] / PS_PER_MS,
             "compile": extra["compile"][i] / PS_PER_MS,
             "host_sync": extra["host_sync"][i] / PS_PER_MS,
             "dispatch": extra["dispatch"][i] / PS_PER_MS,
@@ -189,7 +199,7 @@ def summarize_steps(rows: list[StepRow]) -> dict:
     step_ms = np.array([r.step_ms for r in rows])
     total = float(step_ms.sum()) or 1.0
     shares = {f"{c}_percent": round(100 * sum(r.ms[c] for r in rows) / total, 2) for c in CATEGORIES}
-    idle = 100 - shares["compute_percent"] - shares["collective_percent"]
+    idle = 100 - shares["compute_percent"] - shares["collective_percent"] - shares["transfer_percent"]
     return {
         "steps": len(rows),
         "step_time_ms_mean": round(float(step_ms.mean()), 4),

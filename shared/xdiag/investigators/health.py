@@ -67,8 +67,8 @@ def health_snapshot(results: dict[str, ToolResult]) -> dict[str, Any]:
         "step_time_cv_percent": step.get("step_time_cv_percent"),
         "breakdown_percent": {
             k.removesuffix("_percent"): step.get(k)
-            for k in ("compute_percent", "collective_percent", "compile_percent", "host_sync_percent",
-                      "dispatch_percent", "host_other_percent")
+            for k in ("compute_percent", "collective_percent", "transfer_percent", "compile_percent",
+                      "host_sync_percent", "dispatch_percent", "host_other_percent")
             if step.get(k) is not None
         },
         "device_idle_percent": step.get("device_idle_percent"),

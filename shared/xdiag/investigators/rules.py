@@ -313,8 +313,9 @@ def _hypotheses(health: dict[str, Any], results: dict[str, ToolResult]) -> list[
             ev.append(_ev("get_roofline_model", "bound_by", roof["bound_by"]))
         if roof.get("roofline_efficiency_percent") is not None:
             ev.append(_ev("get_roofline_model", "roofline_efficiency_percent", roof["roofline_efficiency_percent"]))
+        busy = compute + b.get("collective", 0.0) + b.get("transfer", 0.0)
         out.append(Hypothesis(
-            "memory_transfers", transfer_share * max(compute, 1) / 100,
+            "memory_transfers", max(b.get("transfer", 0.0), transfer_share * busy / 100),
             "Memory transfers dominate device time",
             f"{transfer_share}% of device op time is copies between memory spaces (async copy-start/copy-done, "
             "host offload, memcpy) rather than computation"
@@ -383,7 +384,7 @@ def _hypotheses(health: dict[str, Any], results: dict[str, ToolResult]) -> list[
     if compute < 80 and not any(h.score >= 15 for h in out):
         util = _s(results, "get_utilization_viewer")
         devices = _d(results, "get_utilization_viewer").get("devices", [])
-        idle = round(100 - compute - b.get("collective", 0.0), 2)
+        idle = round(100 - compute - b.get("collective", 0.0) - b.get("transfer", 0.0), 2)
         out.append(Hypothesis(
             "device_idle", idle,
             f"Devices idle for {idle}% of the step with no single host-side cause in the trace",

@@ -17,6 +17,7 @@ from xdiag.report.format import format_number
 STEP_CATEGORY_COLORS = {
     "compute": "#3b78d8",
     "collective": "#8e5bd6",
+    "transfer": "#5aa469",
     "compile": "#e3a01b",
     "host_sync": "#d9534f",
     "dispatch": "#1aa3b3",

@@ -17,7 +17,7 @@ from xdiag.tools.registry import ToolOutput, tool
 )
 def get_step_trace(session: Session) -> ToolOutput:
     """summary: steps, step_source, step_time_ms_{mean,median,min,max}, step_time_cv_percent,
-    <category>_percent for compute/collective/compile/host_sync/dispatch/host_other, device_idle_percent,
+    <category>_percent for compute/collective/transfer/compile/host_sync/dispatch/host_other, device_idle_percent,
     ops/dispatches/compiles/syncs/callbacks per step. detail: per-step rows (first 200), xprof (device only)."""
     found = step_set(session)
     rows = step_rows(session)
@@ -29,6 +29,7 @@ def get_step_trace(session: Session) -> ToolOutput:
         "category_meaning": {
             "compute": "device busy running XLA ops (averaged over the host's devices)",
             "collective": "device busy only in collective ops (all-reduce, all-gather, …)",
+            "transfer": "device busy only moving data between memory spaces (async copies, host offload, memcpy)",
             "compile": "JIT compilation / lowering events on host threads",
             "host_sync": "host blocked on device results (np.asarray, device_get, …) or host callbacks",
             "dispatch": "dispatching jitted computations (PjitFunction…) not overlapped by device work",
