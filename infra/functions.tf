@@ -1,0 +1,384 @@
+# One Cloud Function (gen2) per entry point of functions/, built from this repository's source.
+#
+# The table below is the whole deployment of each function: what triggers it, what it may publish to, what it
+# may touch, its size and its environment. tests/test_infra.py holds it against the code (the entry points in
+# functions/, the topics each one consumes and publishes to, the variables it reads, whether it writes the
+# bucket, uses Firestore or calls Vertex AI), so a change in either that the other does not follow fails the tests.
+#
+#   trigger_topics  the topics whose push subscription delivers to it ([] for an HTTP function)
+#   publishes       the topics it may publish to (roles/pubsub.publisher on each, nothing else)
+#   bucket          "write" (roles/storage.objectUser), "read" (roles/storage.objectViewer) or "" on the profiles bucket
+#   firestore       roles/datastore.user    vertex: roles/aiplatform.user
+#   memory, cpu, timeout_s, max_instances, concurrency   the instance; override any with var.function_overrides
+#   env             its own variables, on top of local.common_env
+#
+# Sizes: a stage that reads a session (collect, run_tool, investigate) takes one delivery at a time; the bench
+# (bench/README.md) measured 4.9 GiB peak for a 2 GiB profile, and a function's /tmp (the download cache,
+# XDIAG_CACHE_GIB) is memory too, so those get 8 GiB. The others are small and take many deliveries at once
+# (register's deliveries mostly wait out the quiet period).
+
+locals {
+  functions = {
+    register = {
+      description    = "Object finalize on the profiles bucket -> the host's file recorded; after the quiet period, the session on captures."
+      entry_point    = "register"
+      trigger_topics = ["profile-uploads"]
+      publishes      = ["captures", "profile-uploads-dead-letter"]
+      bucket         = "read"
+      firestore      = true
+      vertex         = false
+      memory         = "1Gi"
+      cpu            = "1"
+      timeout_s      = 540
+      max_instances  = 20
+      concurrency    = 16
+      env            = { XDIAG_CACHE_GIB = "0.25", XDIAG_CONCURRENCY = "0", THREADS = "16" }
+    }
+    collect = {
+      description    = "CaptureReady on captures -> the analysis recorded, the session read once and stored prepared, one ToolRun per tool."
+      entry_point    = "collect"
+      trigger_topics = ["captures"]
+      publishes      = ["tool-runs", "reports", "captures-dead-letter"]
+      bucket         = "write"
+      firestore      = true
+      vertex         = false
+      memory         = "8Gi"
+      cpu            = "2"
+      timeout_s      = 540
+      max_instances  = 10
+      concurrency    = 1
+      env            = { XDIAG_CACHE_GIB = "3", XDIAG_CONCURRENCY = "1" }
+    }
+    run_tool = {
+      description    = "ToolRun on tool-runs -> one tool over the session, its result stored, ToolDone on tool-results."
+      entry_point    = "run_tool"
+      trigger_topics = ["tool-runs"]
+      publishes      = ["tool-results", "tool-runs-dead-letter"]
+      bucket         = "write"
+      firestore      = true
+      vertex         = false
+      memory         = "8Gi"
+      cpu            = "2"
+      timeout_s      = 540
+      max_instances  = 30
+      concurrency    = 1
+      env            = { XDIAG_CACHE_GIB = "3", XDIAG_CONCURRENCY = "1" }
+    }
+    aggregate = {
+      description    = "ToolDone on tool-results -> once every tool is in, one InvestigationReady (a create-if-absent claim)."
+      entry_point    = "aggregate"
+      trigger_topics = ["tool-results"]
+      publishes      = ["investigations", "tool-results-dead-letter"]
+      bucket         = ""
+      firestore      = true
+      vertex         = false
+      memory         = "512Mi"
+      cpu            = "1"
+      timeout_s      = 120
+      max_instances  = 10
+      concurrency    = 16
+      env            = { XDIAG_CACHE_GIB = "0.1", XDIAG_CONCURRENCY = "0" }
+    }
+    investigate = {
+      description    = "InvestigationReady on investigations -> the diagnosis (rule engine or Gemini, at most four follow-up tools), ReportReady."
+      entry_point    = "investigate"
+      trigger_topics = ["investigations"]
+      publishes      = ["reports", "investigations-dead-letter"]
+      bucket         = "write"
+      firestore      = true
+      vertex         = true
+      memory         = "8Gi"
+      cpu            = "2"
+      timeout_s      = 540
+      max_instances  = 10
+      concurrency    = 1
+      env            = { XDIAG_CACHE_GIB = "3", XDIAG_CONCURRENCY = "1" }
+    }
+    render = {
+      description    = "ReportReady on reports -> summary.html and analysis.json beside the profile, the analysis DONE or FAILED."
+      entry_point    = "render"
+      trigger_topics = ["reports"]
+      publishes      = ["reports-dead-letter"]
+      bucket         = "write"
+      firestore      = true
+      vertex         = false
+      memory         = "1Gi"
+      cpu            = "1"
+      timeout_s      = 300
+      max_instances  = 10
+      concurrency    = 4
+      env            = { XDIAG_CACHE_GIB = "0.25", XDIAG_CONCURRENCY = "0" }
+    }
+    dead_letter = {
+      description = "A message on any <topic>-dead-letter -> recorded with its reason; its analysis finishes without it."
+      entry_point = "dead_letter"
+      trigger_topics = [
+        "profile-uploads-dead-letter", "captures-dead-letter", "tool-runs-dead-letter", "tool-results-dead-letter",
+        "investigations-dead-letter", "reports-dead-letter", "alerts-dead-letter", "step-times-dead-letter",
+      ]
+      publishes     = ["tool-results", "reports"]
+      bucket        = "write"
+      firestore     = true
+      vertex        = false
+      memory        = "512Mi"
+      cpu           = "1"
+      timeout_s     = 300
+      max_instances = 5
+      concurrency   = 8
+      env           = { XDIAG_CACHE_GIB = "0.1", XDIAG_CONCURRENCY = "0" }
+    }
+    capture = {
+      description    = "A message on alerts (incident, monitor verdict, manual or snapshot request) -> a profile captured from the run's registered targets, CaptureReady on captures."
+      entry_point    = "capture"
+      trigger_topics = ["alerts"]
+      publishes      = ["captures", "alerts-dead-letter"]
+      bucket         = "write"
+      firestore      = true
+      vertex         = false
+      memory         = "4Gi"
+      cpu            = "2"
+      timeout_s      = 540
+      max_instances  = 10
+      concurrency    = 8 # a capture holds its delivery for the capture's duration, mostly waiting on the targets
+      env            = { XDIAG_CACHE_GIB = "0.5", XDIAG_CONCURRENCY = "0", THREADS = "8" }
+    }
+    monitor = {
+      description    = "Step times on step-times -> a baseline per run; a bad verdict on alerts when the step time degrades."
+      entry_point    = "monitor"
+      trigger_topics = ["step-times"]
+      publishes      = ["alerts", "step-times-dead-letter"]
+      bucket         = ""
+      firestore      = true
+      vertex         = false
+      memory         = "512Mi"
+      cpu            = "1"
+      timeout_s      = 120
+      max_instances  = 1 # one delivery at a time: each run's baseline is one document, read and written back
+      concurrency    = 1
+      env            = { XDIAG_CACHE_GIB = "0.1", XDIAG_CONCURRENCY = "1" }
+    }
+    control_plane = {
+      description    = "HTTP, behind IAM: the run registry (the ML Diagnostics SDK's machinelearning_run(base_url=...)), targets, sessions, analyses, captures, continuous profiling, step times."
+      entry_point    = "control_plane"
+      trigger_topics = []
+      publishes      = ["alerts", "step-times"]
+      bucket         = ""
+      firestore      = true
+      vertex         = false
+      memory         = "1Gi"
+      cpu            = "1"
+      timeout_s      = 300
+      max_instances  = 5
+      concurrency    = 16
+      env            = { XDIAG_CACHE_GIB = "0.1", XDIAG_CONCURRENCY = "0" }
+    }
+  }
+
+  # The functions that call the workloads' profiler servers (gRPC): through var.vpc_connector where one is set.
+  target_callers = ["capture", "control_plane"]
+
+  # What every function reads (xdiag.cloud.CloudConfig, xdiag.investigators.gemini.GeminiConfig). No emulator
+  # variable: their absence is what points the clients at the real services.
+  common_env = {
+    GOOGLE_CLOUD_PROJECT  = var.project
+    XDIAG_BUCKET          = google_storage_bucket.profiles.name
+    XDIAG_QUIET_PERIOD_S  = tostring(var.quiet_period_s)
+    XDIAG_INVESTIGATOR    = var.investigator
+    XDIAG_CACHE_DIR       = "/tmp/xdiag-cache"
+    XDIAG_MAX_PROFILE_GIB = tostring(var.max_profile_gib)
+    VERTEX_PROJECT        = var.project # Gemini is available to a capture that asks for it; the default is var.investigator
+    VERTEX_LOCATION       = var.vertex_location
+    VERTEX_MODEL          = var.model
+    NUMBA_CACHE_DIR       = "/tmp/numba-cache" # the profile reader's compiled decoder is cached where the instance may write
+
+    XDIAG_CAPTURE_COOLDOWN_S      = tostring(var.capture_cooldown_s)
+    XDIAG_CAPTURE_DURATION_MS     = tostring(var.capture_duration_ms)
+    XDIAG_CAPTURE_MAX_DURATION_MS = tostring(var.capture_max_duration_ms)
+    XDIAG_CAPTURE_ATTEMPTS        = tostring(var.capture_attempts)
+    XDIAG_ALERT_RUN_LABEL         = var.alert_run_label
+    XDIAG_MONITOR_MARGIN          = tostring(var.monitor_margin)
+    XDIAG_MONITOR_WARMUP_POINTS   = tostring(var.monitor_warmup_points)
+    XDIAG_MONITOR_BASELINE_POINTS = tostring(var.monitor_baseline_points)
+    XDIAG_MONITOR_WINDOW_POINTS   = tostring(var.monitor_window_points)
+    XDIAG_CONTROL_PLANE_AUTH      = "iam" # Cloud Functions IAM checks every caller: no token to keep secret
+  }
+
+  bucket_roles = {
+    write = "roles/storage.objectUser"
+    read  = "roles/storage.objectViewer"
+  }
+
+  settings = {
+    for name, fn in local.functions : name => merge(
+      {
+        memory        = fn.memory
+        cpu           = fn.cpu
+        timeout_s     = tostring(fn.timeout_s)
+        max_instances = tostring(fn.max_instances)
+        min_instances = "0"
+        concurrency   = tostring(fn.concurrency)
+      },
+      lookup(var.function_overrides, name, {}),
+    )
+  }
+
+  http_functions = [for name, fn in local.functions : name if length(fn.trigger_topics) == 0]
+}
+
+# --- the source: functions/*.py at the root (main.py exports every entry point), the xdiag package beside them --
+
+locals {
+  repo = "${path.module}/.."
+  package_files = setunion(
+    fileset("${local.repo}/shared/xdiag", "**/*.py"),
+    fileset("${local.repo}/shared/xdiag", "**/*.j2"),
+    fileset("${local.repo}/shared/xdiag", "**/*.md"),
+  )
+  source_files = merge(
+    { for f in fileset("${local.repo}/functions", "*.py") : f => "${local.repo}/functions/${f}" },
+    { for f in local.package_files : "xdiag/${f}" => "${local.repo}/shared/xdiag/${f}" if length(regexall("__pycache__", f)) == 0 },
+  )
+}
+
+data "archive_file" "source" {
+  type        = "zip"
+  output_path = "${path.module}/.build/functions-source.zip"
+
+  dynamic "source" {
+    for_each = local.source_files
+    content {
+      filename = source.key
+      content  = file(source.value)
+    }
+  }
+
+  source {
+    filename = "requirements.txt"
+    content  = file("${path.module}/requirements.txt")
+  }
+}
+
+resource "google_storage_bucket_object" "source" {
+  name   = "functions-${data.archive_file.source.output_md5}.zip"
+  bucket = google_storage_bucket.source.name
+  source = data.archive_file.source.output_path
+}
+
+# --- who builds them ----------------------------------------------------------------------------------------
+
+resource "google_service_account" "build" {
+  account_id   = "${var.name_prefix}-build"
+  display_name = "xdiag: builds the functions"
+
+  depends_on = [google_project_service.api]
+}
+
+resource "google_project_iam_member" "build" {
+  for_each = toset(["roles/logging.logWriter", "roles/artifactregistry.writer", "roles/storage.objectViewer"])
+
+  project = var.project
+  role    = each.key
+  member  = "serviceAccount:${google_service_account.build.email}"
+}
+
+# --- each function's identity and what it may do -------------------------------------------------------------
+
+resource "google_service_account" "function" {
+  for_each = local.functions
+
+  account_id   = "${var.name_prefix}-${replace(each.key, "_", "-")}"
+  display_name = "xdiag function ${each.key}"
+
+  depends_on = [google_project_service.api]
+}
+
+resource "google_pubsub_topic_iam_member" "publishes" {
+  for_each = merge([
+    for name, fn in local.functions : { for topic in fn.publishes : "${name}/${topic}" => { function = name, topic = topic } }
+  ]...)
+
+  topic  = local.topic_ids[each.value.topic]
+  role   = "roles/pubsub.publisher"
+  member = "serviceAccount:${google_service_account.function[each.value.function].email}"
+}
+
+resource "google_storage_bucket_iam_member" "profiles" {
+  for_each = { for name, fn in local.functions : name => fn.bucket if fn.bucket != "" }
+
+  bucket = google_storage_bucket.profiles.name
+  role   = local.bucket_roles[each.value]
+  member = "serviceAccount:${google_service_account.function[each.key].email}"
+}
+
+resource "google_project_iam_member" "firestore" {
+  for_each = { for name, fn in local.functions : name => fn if fn.firestore }
+
+  project = var.project
+  role    = "roles/datastore.user"
+  member  = "serviceAccount:${google_service_account.function[each.key].email}"
+}
+
+resource "google_project_iam_member" "vertex" {
+  for_each = { for name, fn in local.functions : name => fn if fn.vertex }
+
+  project = var.project
+  role    = "roles/aiplatform.user"
+  member  = "serviceAccount:${google_service_account.function[each.key].email}"
+}
+
+# --- the functions -------------------------------------------------------------------------------------------
+
+resource "google_cloudfunctions2_function" "function" {
+  for_each = local.functions
+
+  name        = "${var.name_prefix}-${replace(each.key, "_", "-")}"
+  location    = var.region
+  description = each.value.description
+  labels      = var.labels
+
+  build_config {
+    runtime         = var.python_runtime
+    entry_point     = each.value.entry_point
+    service_account = google_service_account.build.id
+
+    source {
+      storage_source {
+        bucket = google_storage_bucket.source.name
+        object = google_storage_bucket_object.source.name
+      }
+    }
+  }
+
+  # No event trigger: each function is invoked by its push subscription (pubsub.tf), which carries the retry
+  # and dead-letter policies; HTTP functions are invoked by the members of var.control_plane_invokers.
+  service_config {
+    service_account_email            = google_service_account.function[each.key].email
+    available_memory                 = local.settings[each.key].memory
+    available_cpu                    = local.settings[each.key].cpu
+    timeout_seconds                  = tonumber(local.settings[each.key].timeout_s)
+    max_instance_count               = tonumber(local.settings[each.key].max_instances)
+    min_instance_count               = tonumber(local.settings[each.key].min_instances)
+    max_instance_request_concurrency = tonumber(local.settings[each.key].concurrency)
+    environment_variables            = merge(local.common_env, each.value.env)
+    ingress_settings                 = "ALLOW_ALL" # Pub/Sub pushes from outside any VPC; every caller still needs IAM
+    all_traffic_on_latest_revision   = true
+    vpc_connector                    = var.vpc_connector != "" && contains(local.target_callers, each.key) ? var.vpc_connector : null
+    vpc_connector_egress_settings    = var.vpc_connector != "" && contains(local.target_callers, each.key) ? "PRIVATE_RANGES_ONLY" : null
+  }
+
+  depends_on = [
+    google_project_iam_member.build,
+    google_project_iam_member.firestore,
+    google_storage_bucket_iam_member.profiles,
+    google_firestore_database.default,
+  ]
+}
+
+resource "google_cloud_run_service_iam_member" "http_invokers" {
+  for_each = { for pair in setproduct(local.http_functions, var.control_plane_invokers) : "${pair[0]}/${pair[1]}" => pair }
+
+  location = var.region
+  service  = google_cloudfunctions2_function.function[each.value[0]].name
+  role     = "roles/run.invoker"
+  member   = each.value[1]
+}
