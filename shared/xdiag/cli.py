@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -78,6 +79,7 @@ def analyze(
     session: Annotated[Optional[str], typer.Option(help="Session name inside a log dir (default: the newest).")] = None,
     max_profile_gib: Annotated[float, typer.Option(help="Refuse sessions larger than this.")] = 2.0,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress lines; print only the report path.")] = False,
+    no_xprof_views: Annotated[bool, typer.Option("--no-xprof-views", help="Skip XProf's own converters on TPU/GPU profiles (they take seconds per view on large profiles); the tools that need them say so.")] = False,
     project: Annotated[Optional[str], typer.Option(help="Google Cloud project for Gemini on Vertex AI (env VERTEX_PROJECT).")] = None,
     location: Annotated[Optional[str], typer.Option(help="Vertex AI location (env VERTEX_LOCATION; default us-central1).")] = None,
     model: Annotated[Optional[str], typer.Option(help="Gemini model (env VERTEX_MODEL; default gemini-2.5-flash).")] = None,
@@ -92,6 +94,10 @@ def analyze(
 
     if investigator not in ("rules", "gemini"):
         _fail(f"unknown investigator {investigator!r}; use rules or gemini")
+    if no_xprof_views:
+        from xdiag.tools.common import XPROF_VIEWS_ENV
+
+        os.environ[XPROF_VIEWS_ENV] = "0"
     investigators = {}
     if investigator == "gemini":
         from xdiag.investigators.gemini import GeminiConfig, gemini_factory
@@ -185,7 +191,7 @@ def demo(
     except Exception as exc:  # the capture runs a subprocess: its failure is the user's answer
         _fail(f"capturing {workload} failed: {exc}", 1)
     err.print(f"captured {xplane} ({xplane.stat().st_size / 2**20:.2f} MiB)", highlight=False)
-    analyze(xplane, out_dir / "analysis", "rules", None, 2.0, False)
+    analyze(xplane, out_dir=out_dir / "analysis")
 
 
 # --- the event-driven pipeline: the local stack, uploads, status ------------------------------------------
@@ -334,6 +340,222 @@ def publish_capture(
 
     message = publish(_cloud_config(stack_dir), run, session, investigator, analysis_id)
     out.print(message.model_dump_json(exclude_none=True), highlight=False, soft_wrap=True)
+
+
+# --- capture: the control plane's API (the cloud, or the local stack) ------------------------------------
+
+URL_OPTION = typer.Option("--url", envvar="XDIAG_CONTROL_PLANE_URL", help="The control plane (default: the local stack's).")
+TOKEN_OPTION = typer.Option("--token", envvar="XDIAG_CONTROL_PLANE_TOKEN", help="Its bearer token (default: the local stack's).")
+HOSTS_HELP = "Registered target names, comma-separated (default: every target of the run)."
+
+
+def _control_plane(url: Optional[str], token: Optional[str], stack_dir: Path):
+    from xdiag.control_plane_client import ControlPlaneClient, ControlPlaneError
+    from xdiag.localstack import load_stack_env
+
+    env = load_stack_env(stack_dir)
+    url = url or env.get("XDIAG_CONTROL_PLANE_URL")
+    if not url:
+        _fail("no control plane: pass --url or set XDIAG_CONTROL_PLANE_URL (or start the local stack: `xdiag up`)")
+    try:
+        return ControlPlaneClient(url, token or env.get("XDIAG_CONTROL_PLANE_TOKEN"), timeout_s=30.0)
+    except ControlPlaneError as exc:
+        _fail(str(exc))
+
+
+def _call(what, *args, **kwargs):
+    from xdiag.control_plane_client import ControlPlaneError
+
+    try:
+        return what(*args, **kwargs)
+    except ControlPlaneError as exc:
+        _fail(str(exc), 2 if 400 <= exc.status < 500 else 1)
+
+
+def parse_duration_ms(text: str) -> int:
+    """`2s`, `500ms`, `1.5s`, `1m` (a bare number is seconds) → milliseconds."""
+    import re
+
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m)?\s*", text or "")
+    if not match:
+        raise typer.BadParameter(f"{text!r} is not a duration like 2s, 500ms or 1m")
+    return int(round(float(match.group(1)) * {"ms": 1, "s": 1000, "m": 60_000}[match.group(2) or "s"]))
+
+
+def _hosts(hosts: Optional[str]) -> Optional[list[str]]:
+    return [h.strip() for h in hosts.split(",") if h.strip()] if hosts else None
+
+
+def _wait_for_session(client, run: str, session: str, timeout: float) -> dict:
+    """Polls the session until its analysis is done, or the capture failed or found no buffer."""
+    deadline = time.monotonic() + timeout
+    while True:
+        doc = _call(client.session, run, session)
+        analysis = doc.get("analysis") or {}
+        if doc.get("status") in ("FAILED", "NO_BUFFER") or analysis.get("status") in ("DONE", "FAILED"):
+            return doc
+        if time.monotonic() > deadline:
+            _fail(f"session {session} of run {run} is still {doc.get('status')} after {timeout:.0f} s "
+                  f"(`xdiag sessions --run {run}`)", 1)
+        time.sleep(0.5)
+
+
+def _print_session(doc: dict, started: float | None = None) -> None:
+    analysis = doc.get("analysis") or {}
+    line = f"{doc['session_id']}: {doc.get('kind', '?')} {doc.get('status')}"
+    if analysis:
+        line += f", analysis {analysis.get('status')} {analysis.get('result') or ''}".rstrip()
+    if started is not None:
+        line += f" ({time.time() - started:.1f} s)"
+    err.print(line, highlight=False, soft_wrap=True)
+    for note in (doc.get("note"), doc.get("reason"), analysis.get("failure_reason")):
+        if note:
+            err.print(f"  {note}", highlight=False, soft_wrap=True)
+
+
+@app.command()
+def capture(
+    run: Annotated[str, typer.Option(help="The run whose registered targets to capture.")],
+    duration: Annotated[str, typer.Option(help="How long to capture: 2s, 500ms, 1m.")] = "2s",
+    hosts: Annotated[Optional[str], typer.Option(help=HOSTS_HELP)] = None,
+    host_tracer: Annotated[Optional[int], typer.Option("--host-tracer", help="Host tracer level 0-3 (default 2).")] = None,
+    device_tracer: Annotated[Optional[int], typer.Option("--device-tracer", help="Device tracer level 0-2 (default 1).")] = None,
+    python_tracer: Annotated[Optional[int], typer.Option("--python-tracer", help="Python tracer level 0-1 (default 0).")] = None,
+    session: Annotated[Optional[str], typer.Option(help="Name of the new session (default: a timestamp).")] = None,
+    wait: Annotated[bool, typer.Option(help="Wait for the analysis and print summary.html's URI.")] = True,
+    timeout: Annotated[float, typer.Option(help="With --wait: give up after this many seconds.")] = 600.0,
+    url: Annotated[Optional[str], URL_OPTION] = None,
+    token: Annotated[Optional[str], TOKEN_OPTION] = None,
+    stack_dir: Annotated[Path, STACK_DIR] = Path(".xdiag-stack"),
+) -> None:
+    """Capture a profile now from the run's registered profiler targets (all in parallel), then analyse it."""
+    client = _control_plane(url, token, stack_dir)
+    started = time.time()
+    answer = _call(client.capture, run, duration_ms=parse_duration_ms(duration), hosts=_hosts(hosts),
+                   host_tracer_level=host_tracer, device_tracer_level=device_tracer, python_tracer_level=python_tracer,
+                   session_id=session)
+    err.print(f"capture requested: run {run}, session {answer['session_id']}, {answer['duration_ms']} ms",
+              highlight=False, soft_wrap=True)
+    if not wait:
+        out.print(answer["session_id"], highlight=False)
+        return
+    doc = _wait_for_session(client, run, answer["session_id"], timeout)
+    _print_session(doc, started)
+    report = (doc.get("analysis") or {}).get("report_uri")
+    if doc.get("status") != "COMPLETE" or not report:
+        _fail(doc.get("reason") or "the capture failed", 1)
+    out.print(report, highlight=False, soft_wrap=True)
+
+
+continuous_app = typer.Typer(help="Continuous profiling in snapshot mode (TPU; CPU and GPU servers keep no buffer).",
+                             no_args_is_help=True)
+app.add_typer(continuous_app, name="continuous")
+
+
+@continuous_app.command("start")
+def continuous_start(
+    run: Annotated[str, typer.Option(help="The run.")],
+    hosts: Annotated[Optional[str], typer.Option(help=HOSTS_HELP)] = None,
+    device_tracer: Annotated[int, typer.Option("--device-tracer", help="Device tracer level 0-2.")] = 1,
+    url: Annotated[Optional[str], URL_OPTION] = None,
+    token: Annotated[Optional[str], TOKEN_OPTION] = None,
+    stack_dir: Annotated[Path, STACK_DIR] = Path(".xdiag-stack"),
+) -> None:
+    """Start continuous profiling on the run's targets (device traces into the profiler's circular buffer)."""
+    answer = _call(_control_plane(url, token, stack_dir).continuous, run, "start", hosts=_hosts(hosts),
+                   device_tracer_level=device_tracer)
+    _print_continuous(answer)
+
+
+@continuous_app.command("stop")
+def continuous_stop(
+    run: Annotated[str, typer.Option(help="The run.")],
+    hosts: Annotated[Optional[str], typer.Option(help=HOSTS_HELP)] = None,
+    url: Annotated[Optional[str], URL_OPTION] = None,
+    token: Annotated[Optional[str], TOKEN_OPTION] = None,
+    stack_dir: Annotated[Path, STACK_DIR] = Path(".xdiag-stack"),
+) -> None:
+    """Stop continuous profiling on the run's targets."""
+    _print_continuous(_call(_control_plane(url, token, stack_dir).continuous, run, "stop", hosts=_hosts(hosts)))
+
+
+@continuous_app.command("snapshot")
+def continuous_snapshot(
+    run: Annotated[str, typer.Option(help="The run.")],
+    name: Annotated[Optional[str], typer.Option(help="Name of the snapshot's session (default: a timestamp).")] = None,
+    hosts: Annotated[Optional[str], typer.Option(help=HOSTS_HELP)] = None,
+    wait: Annotated[bool, typer.Option(help="Wait for the snapshot (and its analysis).")] = True,
+    timeout: Annotated[float, typer.Option(help="With --wait: give up after this many seconds.")] = 600.0,
+    url: Annotated[Optional[str], URL_OPTION] = None,
+    token: Annotated[Optional[str], TOKEN_OPTION] = None,
+    stack_dir: Annotated[Path, STACK_DIR] = Path(".xdiag-stack"),
+) -> None:
+    """Save the circular buffer of every target as a session, analysed like any other."""
+    client = _control_plane(url, token, stack_dir)
+    started = time.time()
+    answer = _call(client.continuous, run, "snapshot", name=name, hosts=_hosts(hosts))
+    err.print(f"snapshot requested: run {run}, session {answer['session_id']}", highlight=False, soft_wrap=True)
+    if not wait:
+        out.print(answer["session_id"], highlight=False)
+        return
+    doc = _wait_for_session(client, run, answer["session_id"], timeout)
+    _print_session(doc, started)
+    report = (doc.get("analysis") or {}).get("report_uri")
+    if doc.get("status") != "COMPLETE" or not report:
+        _fail(doc.get("reason") or "the snapshot failed", 1)
+    out.print(report, highlight=False, soft_wrap=True)
+
+
+def _print_continuous(answer: dict) -> None:
+    err.print(f"continuous profiling {answer['state']} on run {answer['run_id']}", highlight=False, soft_wrap=True)
+    for name, target in sorted(answer.get("answers", {}).items()):
+        err.print(f"  {name}: {target['status']}{': ' + target['error'] if target.get('error') else ''}",
+                  highlight=False, soft_wrap=True)
+    if answer.get("note"):
+        err.print(f"  [dim]{answer['note']}[/]", highlight=False, soft_wrap=True)
+
+
+@app.command()
+def runs(
+    as_json: Annotated[bool, typer.Option("--json", help="As JSON on stdout.")] = False,
+    url: Annotated[Optional[str], URL_OPTION] = None,
+    token: Annotated[Optional[str], TOKEN_OPTION] = None,
+    stack_dir: Annotated[Path, STACK_DIR] = Path(".xdiag-stack"),
+) -> None:
+    """The runs the control plane knows (SDK-registered, attached, uploaded)."""
+    found = _call(_control_plane(url, token, stack_dir).runs)
+    if as_json:
+        sys.stdout.write(json.dumps(found, indent=2) + "\n")
+        return
+    for run in found:
+        out.print(f"[bold]{run['id']}[/] {run['display_name']} [dim]{run['base_uri'] or ''}[/]"
+                  f"{' state ' + run['state'] if run.get('state') else ''}"
+                  f"{' continuous ' + run['continuous'] if run.get('continuous') == 'on' else ''}",
+                  highlight=False, soft_wrap=True)
+    if not found:
+        out.print("no runs yet", highlight=False)
+
+
+@app.command()
+def sessions(
+    run: Annotated[str, typer.Option(help="The run.")],
+    as_json: Annotated[bool, typer.Option("--json", help="As JSON on stdout.")] = False,
+    url: Annotated[Optional[str], URL_OPTION] = None,
+    token: Annotated[Optional[str], TOKEN_OPTION] = None,
+    stack_dir: Annotated[Path, STACK_DIR] = Path(".xdiag-stack"),
+) -> None:
+    """A run's sessions: kind (programmatic, on_demand, snapshot, auto), status, analysis, report."""
+    found = _call(_control_plane(url, token, stack_dir).sessions, run)
+    if as_json:
+        sys.stdout.write(json.dumps(found, indent=2) + "\n")
+        return
+    for doc in found:
+        _print_session(doc)
+        report = (doc.get("analysis") or {}).get("report_uri")
+        if report:
+            out.print(f"  {report}", highlight=False, soft_wrap=True)
+    if not found:
+        out.print(f"run {run} has no sessions yet", highlight=False)
 
 
 def main() -> None:  # console-script entry point

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -31,8 +32,14 @@ def xprof_source() -> str:
         return XPROF_SOURCE.format(version="?")
 
 
+XPROF_VIEWS_ENV = "XDIAG_XPROF_VIEWS"
+"""Set to 0 to skip XProf's converters: on large device profiles they cost several seconds per view."""
+
+
 def views(session: Session):
     """XProf's own views of a device profile, built once per session (on a private copy)."""
+    if os.environ.get(XPROF_VIEWS_ENV, "1") == "0":
+        raise NotAvailable(f"XProf's converters are turned off ({XPROF_VIEWS_ENV}=0, or xdiag analyze --no-xprof-views)")
     if session.platform == "CPU":
         raise NotAvailable(
             "XProf's converters need a /device:* plane; this is a CPU profile (XLA:CPU ops run on host threads)"
