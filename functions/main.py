@@ -1,11 +1,17 @@
 """All entry points in one module, for deploying from this folder (`--entry-point collect`, …)."""
 
 from aggregate import aggregate
+from capture import capture
 from collect import collect
+from control_plane import control_plane
 from dead_letter import dead_letter
 from investigate import investigate
+from monitor import monitor
 from register import register
 from render import render
 from run_tool import run_tool
 
-__all__ = ["aggregate", "collect", "dead_letter", "investigate", "register", "render", "run_tool"]
+__all__ = [
+    "aggregate", "capture", "collect", "control_plane", "dead_letter", "investigate", "monitor", "register", "render",
+    "run_tool",
+]

@@ -13,6 +13,21 @@ Configuration is the environment:
                              the stages that read a profile, like a Cloud Function instance's default concurrency
     PUBSUB_EMULATOR_HOST, FIRESTORE_EMULATOR_HOST, STORAGE_EMULATOR_HOST   the emulators, where set
 
+Capture, monitor and control plane (`capture`, `monitor`, `control_plane`):
+
+    XDIAG_CAPTURE_COOLDOWN_S        one automatic capture per run inside this window, however many alerts (600)
+    XDIAG_CAPTURE_DURATION_MS       an alert's capture, and a request's default (2000)
+    XDIAG_CAPTURE_MAX_DURATION_MS   the longest capture a request may ask for (60000: the profiler's own deadline)
+    XDIAG_CAPTURE_ATTEMPTS          tracing attempts per target before its session is FAILED (3)
+    XDIAG_ALERT_RUN_LABEL           the incident label that names the run (run_id)
+    XDIAG_MONITOR_MARGIN            bad when the window's median step time is this much above the baseline (0.15)
+    XDIAG_MONITOR_WARMUP_POINTS     first step times left out of the baseline (5)
+    XDIAG_MONITOR_BASELINE_POINTS   step times whose median is the baseline (20)
+    XDIAG_MONITOR_WINDOW_POINTS     latest step times whose median is judged (10)
+    XDIAG_CONTROL_PLANE_TOKEN       the control plane's bearer token (basic auth with it as the password works too)
+    XDIAG_CONTROL_PLANE_AUTH        `iam`: Cloud Functions IAM checks callers, no token; with neither set, the
+                                    control plane refuses every request
+
 What a function does with what goes wrong:
 - a poison message (malformed, an unknown session, a missing object: `PoisonMessage`) is published to the
   topic's dead-letter topic with the reason, and acknowledged: no retry could help, and it blocks nothing;
@@ -35,16 +50,18 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
+from xdiag.control_plane import Access
 from xdiag.errors import PoisonMessage
 from xdiag.events import PubSubDelivery, pubsub_delivery, storage_upload
 from xdiag.model import DeadLetter, utc_now
 from xdiag.profile.reader import DEFAULT_MAX_PROFILE_BYTES
+from xdiag.registry import CaptureSettings, MonitorSettings
 from xdiag.stages import HANDLERS, TOPIC_PROFILE_UPLOADS, Dependencies, SessionLoader, letter_key
 
 log = logging.getLogger("xdiag.cloud")
@@ -69,6 +86,8 @@ class CloudConfig:
     cache_bytes: int = 4 * 2**30
     max_profile_bytes: int = DEFAULT_MAX_PROFILE_BYTES
     concurrency: int = 0
+    capture: CaptureSettings = field(default_factory=CaptureSettings)
+    monitor: MonitorSettings = field(default_factory=MonitorSettings)
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> CloudConfig:
@@ -90,6 +109,19 @@ class CloudConfig:
             cache_bytes=int(float(env.get("XDIAG_CACHE_GIB", 4)) * 2**30),
             max_profile_bytes=int(float(env.get("XDIAG_MAX_PROFILE_GIB", 2)) * 2**30),
             concurrency=int(env.get("XDIAG_CONCURRENCY", 0)),
+            capture=CaptureSettings(
+                cooldown_s=float(env.get("XDIAG_CAPTURE_COOLDOWN_S", CaptureSettings.cooldown_s)),
+                duration_ms=int(env.get("XDIAG_CAPTURE_DURATION_MS", CaptureSettings.duration_ms)),
+                max_duration_ms=int(env.get("XDIAG_CAPTURE_MAX_DURATION_MS", CaptureSettings.max_duration_ms)),
+                attempts=int(env.get("XDIAG_CAPTURE_ATTEMPTS", CaptureSettings.attempts)),
+                run_label=env.get("XDIAG_ALERT_RUN_LABEL", CaptureSettings.run_label),
+            ),
+            monitor=MonitorSettings(
+                margin=float(env.get("XDIAG_MONITOR_MARGIN", MonitorSettings.margin)),
+                warmup_points=int(env.get("XDIAG_MONITOR_WARMUP_POINTS", MonitorSettings.warmup_points)),
+                baseline_points=int(env.get("XDIAG_MONITOR_BASELINE_POINTS", MonitorSettings.baseline_points)),
+                window_points=int(env.get("XDIAG_MONITOR_WINDOW_POINTS", MonitorSettings.window_points)),
+            ),
         )
 
     @property
@@ -108,6 +140,7 @@ def cloud_dependencies(config: CloudConfig) -> tuple[Dependencies, Callable[[str
     from xdiag.adapters.firestore import FirestoreStateStore
     from xdiag.adapters.gcs import GcsBlobStore, storage_client
     from xdiag.adapters.pubsub import PubSubBus
+    from xdiag.adapters.xprof_profiler import XprofProfiler
     from xdiag.investigators.gemini import investigators_from_env
 
     bus = PubSubBus(config.project)
@@ -121,6 +154,9 @@ def cloud_dependencies(config: CloudConfig) -> tuple[Dependencies, Callable[[str
         profile_root=config.profile_root,
         quiet_period_s=config.quiet_period_s,
         default_investigator=config.investigator,
+        profiler=XprofProfiler(),
+        capture=config.capture,
+        monitor=config.monitor,
     )
     deps.investigators.update(investigators_from_env())  # Gemini where VERTEX_PROJECT or XDIAG_INVESTIGATOR asks for it
     return deps, bus.publish_raw
@@ -130,10 +166,12 @@ class Runtime:
     """What every function of one process shares: the dependencies and the dead-letter publisher."""
 
     def __init__(
-        self, deps: Dependencies, publish_raw: Callable[[str, bytes, dict[str, str]], Any], concurrency: int = 0
+        self, deps: Dependencies, publish_raw: Callable[[str, bytes, dict[str, str]], Any], concurrency: int = 0,
+        access: Access | None = None,
     ) -> None:
         self.deps = deps
         self.publish_raw = publish_raw
+        self.access = access or Access()  # who may call the control plane (nobody, unless configured)
         # Deliveries beyond the limit wait here, not in the HTTP server: gunicorn with one thread stalls a
         # kept-alive push connection for its keep-alive timeout (2 s) between deliveries.
         self.slots = threading.BoundedSemaphore(concurrency) if concurrency > 0 else contextlib.nullcontext()
@@ -173,7 +211,8 @@ def runtime() -> Runtime:
             logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
             faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 PID`: every thread's stack to the log
             config = CloudConfig.from_env()
-            _runtime = Runtime(*cloud_dependencies(config), concurrency=config.concurrency)
+            _runtime = Runtime(*cloud_dependencies(config), concurrency=config.concurrency,
+                               access=Access.from_env(os.environ))
         return _runtime
 
 
@@ -269,6 +308,24 @@ def dead_letter_stage(stage: Callable[[DeadLetter, Dependencies], None]) -> Call
             message_id=delivery.message_id,
         )
         stage(letter, current.deps)
+
+    return function
+
+
+def http_handler(
+    handle: Callable[[Dependencies, Access, str, str, dict[str, str], dict[str, str], bytes], Any],
+) -> Callable[[Any], Any]:
+    """Makes `handle(deps, access, method, path, query, headers, body) -> Reply` an HTTP function (a flask request
+    in, a JSON response out)."""
+
+    @functools.wraps(handle)
+    def function(request: Any) -> Any:
+        current = runtime()
+        reply = handle(current.deps, current.access, request.method, request.path, dict(request.args),
+                       dict(request.headers), request.get_data(cache=False))
+        if reply.status >= 500:
+            log.warning("%s %s: %s %s", request.method, request.path, reply.status, reply.body)
+        return json.dumps(reply.body, default=str), reply.status, {"Content-Type": "application/json"}
 
     return function
 

@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 from enum import Enum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 SCHEMA_VERSION = 1
 
@@ -217,3 +217,82 @@ class Analysis(BaseModel):
     investigator: str = "rules"
     created_at: str = Field(default_factory=utc_now)
     updated_at: str = Field(default_factory=utc_now)
+
+
+class Alert(Message):
+    """A message on `alerts`, whatever form it came in, in one shape (`source` says which form):
+
+    - `incident`: Cloud Monitoring's Pub/Sub notification (incident JSON, schema version 1.2); the run is named by a
+      label (`run_id` by default) in the metric, resource, metadata or policy labels; `state: closed` does nothing;
+    - `verdict`: a workload monitor's `{"run_id": …, "verdict": "bad", …}` (other verdicts do nothing);
+    - `manual`: `{"run_id": …, "duration_ms": …, "hosts": […], "host_tracer_level": …, "session_id": …}`;
+    - `snapshot`: `{"run_id": …, "action": "snapshot", "session_id": …, "hosts": […]}` (the control plane's).
+
+    `hosts` are names of registered targets, never addresses.
+    """
+
+    source: Literal["incident", "verdict", "manual", "snapshot"]
+    run_id: str | None = None
+    session_id: str | None = None
+    hosts: list[Any] | None = None
+    duration_ms: int | None = None
+    host_tracer_level: int | None = None
+    device_tracer_level: int | None = None
+    python_tracer_level: int | None = None
+    incident_id: str = ""
+    incident_state: str = ""  # open | closed
+    verdict: str = ""
+    summary: str = ""
+    labels: dict[str, str] = Field(default_factory=dict)  # an incident's labels, merged
+    detail: dict[str, Any] = Field(default_factory=dict)  # what else a verdict said
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_shape(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or "source" in data:
+            return data
+        if isinstance(data.get("incident"), dict):
+            return _from_incident(data["incident"])
+        if "verdict" in data:
+            known = {"run_id", "verdict", "summary", "version"}
+            return {"source": "verdict", "run_id": data.get("run_id"), "verdict": str(data.get("verdict")),
+                    "summary": str(data.get("summary") or ""), "detail": {k: v for k, v in data.items() if k not in known}}
+        if data.get("action") == "snapshot":
+            return {"source": "snapshot", **{k: v for k, v in data.items() if k != "action"}}
+        return {"source": "manual", **data}
+
+
+def _from_incident(incident: dict[str, Any]) -> dict[str, Any]:
+    labels: dict[str, str] = {}
+    metadata = incident.get("metadata") if isinstance(incident.get("metadata"), dict) else {}
+    for group in (
+        metadata.get("system_labels"),
+        incident.get("policy_user_labels"),
+        metadata.get("user_labels"),
+        (incident.get("resource") or {}).get("labels") if isinstance(incident.get("resource"), dict) else None,
+        (incident.get("metric") or {}).get("labels") if isinstance(incident.get("metric"), dict) else None,
+    ):  # later groups win: the metric's own labels name the run most precisely
+        if isinstance(group, dict):
+            labels.update({str(k): str(v) for k, v in group.items() if not isinstance(v, (dict, list))})
+    return {
+        "source": "incident",
+        "incident_id": str(incident.get("incident_id") or ""),
+        "incident_state": str(incident.get("state") or "").lower(),
+        "summary": str(incident.get("summary") or incident.get("policy_name") or "")[:1000],
+        "labels": labels,
+    }
+
+
+class StepPoint(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    step: int = Field(ge=0)
+    step_time_ms: float = Field(gt=0, le=86_400_000)
+    at: float = Field(default=0.0, ge=0)  # when the step ended (epoch seconds, the workload's clock)
+
+
+class StepTimes(Message):
+    """Step times a workload reported (topic `step-times`): the monitor's input."""
+
+    run_id: str
+    target: str = ""
+    points: list[StepPoint]

@@ -59,3 +59,21 @@ class StateStore(Protocol):
         """Create-if-absent; True only for the one caller that created it (the fan-in's claim)."""
 
     def list(self, collection: str) -> list[tuple[str, dict[str, Any]]]: ...
+
+    def delete(self, collection: str, key: str) -> None:
+        """Removes the document if it exists."""
+
+
+class Profiler(Protocol):
+    """A workload's profiler server (gRPC ProfilerService), called by address. Errors raise RuntimeError with the
+    server's gRPC status text (`UNAVAILABLE: …`)."""
+
+    def trace(self, address: str, logdir: Path, duration_ms: int, attempts: int, options: dict[str, int]) -> None:
+        """Captures for `duration_ms`; writes `<logdir>/plugins/profile/<timestamp>/<host>_<port>.xplane.pb`."""
+
+    def start_continuous(self, address: str, options: dict[str, int]) -> None: ...
+
+    def stop_continuous(self, address: str) -> None: ...
+
+    def snapshot(self, address: str, logdir: Path) -> None:
+        """Writes the continuous-profiling buffer like `trace` does (nothing where the platform keeps none)."""

@@ -21,6 +21,7 @@ from xdiag.errors import PoisonMessage, ProfileError, UnknownTool
 from xdiag.investigators import RuleEngine, health_snapshot
 from xdiag.layout import analysis_id_for, output_uri, parse_profile_uri, session_files, session_prefix, state_key
 from xdiag.model import (
+    Alert,
     Analysis,
     CaptureReady,
     DeadLetter,
@@ -30,6 +31,7 @@ from xdiag.model import (
     ProfileUploaded,
     ReportReady,
     Status,
+    StepTimes,
     ToolDone,
     ToolResult,
     ToolRun,
@@ -40,6 +42,7 @@ from xdiag.ports import BlobInfo, BlobStore, Bus, StateStore
 from xdiag.profile.compact import load_session, save_session
 from xdiag.profile.reader import DEFAULT_MAX_PROFILE_BYTES, read_session
 from xdiag.profile.space import Session
+from xdiag.registry import CAPTURED_KINDS, RUNS, CaptureSettings, MonitorSettings, run_for_path, run_path
 from xdiag.tools import BROAD_TOOLS, FOLLOW_UP_TOOLS, REGISTRY
 from xdiag.tools import run_tool as execute_tool
 from xdiag.tools.registry import validate_args
@@ -52,10 +55,11 @@ TOPIC_TOOL_RESULTS = "tool-results"
 TOPIC_INVESTIGATIONS = "investigations"
 TOPIC_REPORTS = "reports"
 TOPIC_PROFILE_UPLOADS = "profile-uploads"
+TOPIC_ALERTS = "alerts"  # capture requests: incidents, monitor verdicts, manual and snapshot requests
+TOPIC_STEP_TIMES = "step-times"  # step times workloads report, for the monitor
 
 ANALYSES = "analyses"
 CLAIMS = "claims"
-RUNS = "runs"
 DEAD_LETTERS = "dead_letters"
 
 
@@ -169,6 +173,9 @@ class Dependencies:
     quiet_period_s: float = 30.0  # register: a session is complete once no file of it arrived for this long
     default_investigator: str = "rules"  # for sessions that register announces
     sleep: Callable[[float], None] = time.sleep
+    profiler: Any = None  # the Profiler port (xdiag.ports.Profiler): the capture stage calls targets through it
+    capture: CaptureSettings = field(default_factory=CaptureSettings)
+    monitor: MonitorSettings = field(default_factory=MonitorSettings)
 
 
 def _join(prefix: str, name: str) -> str:
@@ -218,9 +225,9 @@ def resolve_capture(message: CaptureReady, deps: Dependencies) -> CaptureReady:
     elif not root:
         raise PoisonMessage("the capture names no profile files, and no profile root is configured to look them up")
     else:
-        files = session_files(deps.blobs, root, message.run_id, message.session_id)
+        files = session_files(deps.blobs, root, run_path(deps.state, message.run_id), message.session_id)
         if not files:
-            folder = session_prefix(root, message.run_id, message.session_id)
+            folder = session_prefix(root, run_path(deps.state, message.run_id), message.session_id)
             raise PoisonMessage(f"unknown session: no *.xplane.pb under {folder}")
     if not message.output_uri and not root:
         raise PoisonMessage("the capture names no output_uri, and its files are not in the <run>/plugins/profile/<session>/ layout")
@@ -228,7 +235,7 @@ def resolve_capture(message: CaptureReady, deps: Dependencies) -> CaptureReady:
     return message.model_copy(update={
         "analysis_id": analysis_id,
         "profile_uris": [info.uri for info in files],
-        "output_uri": message.output_uri or output_uri(root, message.run_id, message.session_id),
+        "output_uri": message.output_uri or output_uri(root, run_path(deps.state, message.run_id), message.session_id),
     })
 
 
@@ -427,19 +434,24 @@ def register(message: ProfileUploaded, deps: Dependencies) -> None:
     if named is None:
         deps.on_event("register", {"ignored": message.uri})
         return
+    run = run_for_path(deps.state, named.run)  # a run registered through the SDK lives in PREFIX/<run>
+    session_key = state_key(named.session)
+    if (deps.state.get(sessions_collection(run), session_key) or {}).get("kind") in CAPTURED_KINDS:
+        deps.on_event("register", {"ignored": message.uri, "why": "captured by xdiag: the capture announces it"})
+        return
     info = deps.blobs.stat(message.uri)
     if info is None:
         raise PoisonMessage(f"missing object: {message.uri} (deleted, or never written)")
-    files, session_key = files_collection(named.run, named.session), state_key(named.session)
+    files = files_collection(run, named.session)
     record = {"uri": info.uri, "host": named.host, "size": info.size, "generation": info.generation,
               "registered_at": time.time()}
     known = deps.state.get(files, state_key(named.host))
     if known is None or known.get("generation") != info.generation:  # a new file, or a new version of one
         deps.state.set(files, state_key(named.host), record)
-        deps.state.update(RUNS, state_key(named.run), {
-            "run_id": named.run, "base_uri": f"{named.root}/{named.run}", "last_upload_at": utc_now()})
-        deps.state.update(sessions_collection(named.run), session_key, {
-            "run_id": named.run, "session_id": named.session, "kind": "programmatic", "status": "UPLOADING",
+        deps.state.update(RUNS, state_key(run), {
+            "run_id": run, "base_uri": f"{named.root}/{named.run}", "last_upload_at": utc_now()})
+        deps.state.update(sessions_collection(run), session_key, {
+            "run_id": run, "session_id": named.session, "kind": "programmatic", "status": "UPLOADING",
             "updated_at": utc_now()})
         deps.on_event("register", {"uri": info.uri, "host": named.host})
     else:
@@ -455,15 +467,15 @@ def register(message: ProfileUploaded, deps: Dependencies) -> None:
         deps.sleep(min(remaining, 1.0))
     hosts = [BlobInfo(uri=doc["uri"], size=doc["size"], generation=doc["generation"]) for doc in registered]
     capture = CaptureReady(
-        analysis_id=analysis_id_for(named.run, named.session, hosts, deps.default_investigator),
-        run_id=named.run, session_id=named.session, profile_uris=sorted(h.uri for h in hosts),
+        analysis_id=analysis_id_for(run, named.session, hosts, deps.default_investigator),
+        run_id=run, session_id=named.session, profile_uris=sorted(h.uri for h in hosts),
         output_uri=output_uri(named.root, named.run, named.session), investigator=deps.default_investigator,
     )
-    current = deps.state.get(sessions_collection(named.run), session_key) or {}
+    current = deps.state.get(sessions_collection(run), session_key) or {}
     if current.get("status") == "COMPLETE" and current.get("analysis_id") == capture.analysis_id:
         return  # announced already
     deps.bus.publish(TOPIC_CAPTURES, capture)
-    deps.state.update(sessions_collection(named.run), session_key, {
+    deps.state.update(sessions_collection(run), session_key, {
         "status": "COMPLETE", "analysis_id": capture.analysis_id, "hosts": sorted(doc["host"] for doc in registered),
         "files": capture.profile_uris, "completed_at": utc_now(), "updated_at": utc_now()})
     deps.on_event("register", {"complete": capture.session_id, "hosts": len(hosts), "analysis_id": capture.analysis_id})
@@ -496,6 +508,18 @@ def dead_letter(message: DeadLetter, deps: Dependencies) -> None:
         _save(deps, analysis)
 
 
+def _capture(message: Alert, deps: Dependencies) -> None:
+    from xdiag.capture import capture  # the capture stage builds on this module
+
+    capture(message, deps)
+
+
+def _monitor(message: StepTimes, deps: Dependencies) -> None:
+    from xdiag.monitor import monitor
+
+    monitor(message, deps)
+
+
 HANDLERS: dict[str, tuple[type, Callable[[Any, Dependencies], None]]] = {
     TOPIC_PROFILE_UPLOADS: (ProfileUploaded, register),
     TOPIC_CAPTURES: (CaptureReady, collect),
@@ -503,5 +527,7 @@ HANDLERS: dict[str, tuple[type, Callable[[Any, Dependencies], None]]] = {
     TOPIC_TOOL_RESULTS: (ToolDone, aggregate),
     TOPIC_INVESTIGATIONS: (InvestigationReady, investigate),
     TOPIC_REPORTS: (ReportReady, render),
+    TOPIC_ALERTS: (Alert, _capture),
+    TOPIC_STEP_TIMES: (StepTimes, _monitor),
 }
 """Topic -> (message type, handler): the wiring every bus adapter uses."""

@@ -141,3 +141,7 @@ class MemoryStateStore:
     def list(self, collection: str) -> list[tuple[str, dict[str, Any]]]:
         with self._lock:
             return [(k, copy.deepcopy(v)) for k, v in sorted(self._docs.get(collection, {}).items())]
+
+    def delete(self, collection: str, key: str) -> None:
+        with self._lock:
+            self._docs.get(collection, {}).pop(key, None)

@@ -64,3 +64,6 @@ class FirestoreStateStore:
         return sorted(
             ((s.id, _decode(s.to_dict())) for s in self._client.collection(collection).stream()), key=lambda kv: kv[0]
         )
+
+    def delete(self, collection: str, key: str) -> None:
+        self._doc(collection, key).delete()

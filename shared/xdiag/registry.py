@@ -1,0 +1,168 @@
+"""The run registry: runs, their profiler targets and captured sessions in the state store, and the checks every
+id, address, duration and tracer level passes before anything is stored or any target is called.
+
+    runs/{run}                        the run: display name, its folder in the bucket (`path`), the SDK's fields,
+                                      continuous-profiling state, last automatic capture
+    runs/{run}/targets/{name}         a profiler target: host, port (registered by the workload, never by a message)
+    runs/{run}/sessions/{session}     a session: kind programmatic | on_demand | snapshot | auto, status, hosts, files
+    alerts/{key}                      every message on `alerts` and what became of it
+    monitors/{run}                    the monitor's baseline and window of step times
+
+A run's profiles live under `gs://BUCKET/<path>/plugins/profile/<session>/`. A run registered through the ML
+Diagnostics SDK with `gcs_path=gs://BUCKET/PREFIX` has `path` PREFIX/<run> (where the SDK's own `xprof()`
+writes); any other run's path is its id.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from xdiag.errors import XdiagError
+from xdiag.layout import state_key
+from xdiag.ports import StateStore
+
+RUNS = "runs"
+ALERTS = "alerts"
+MONITORS = "monitors"
+
+KIND_PROGRAMMATIC, KIND_ON_DEMAND, KIND_SNAPSHOT, KIND_AUTO = "programmatic", "on_demand", "snapshot", "auto"
+CAPTURED_KINDS = (KIND_ON_DEMAND, KIND_SNAPSHOT, KIND_AUTO)  # sessions the capture function announces itself
+
+_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._~-]{0,127}")  # `~` stands for `/` in a run uploaded under a folder
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_HOST_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
+_PREFIX_SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+TRACER_LEVELS = {"host_tracer_level": 3, "device_tracer_level": 2, "python_tracer_level": 1}
+
+
+class InvalidRequest(XdiagError):
+    """A request field failed its check; the message says which and why (an HTTP 400)."""
+
+
+@dataclass
+class CaptureSettings:
+    """How the capture function behaves (XDIAG_CAPTURE_* in the environment)."""
+
+    cooldown_s: float = 600.0  # one automatic capture per run inside this window, however many alerts arrive
+    duration_ms: int = 2000  # an alert's capture, and a request's default
+    max_duration_ms: int = 60_000  # the profiler's own session deadline is 60 s
+    attempts: int = 3  # tracing attempts per target before its session is FAILED
+    run_label: str = "run_id"  # the incident label that names the run
+
+
+@dataclass
+class MonitorSettings:
+    """How the monitor judges a run's step times (XDIAG_MONITOR_* in the environment)."""
+
+    margin: float = 0.15  # bad when the window's median is this much above the baseline
+    warmup_points: int = 5  # the first points (compilation, warm-up) are not part of the baseline
+    baseline_points: int = 20  # the baseline is the median of this many points after the warm-up
+    window_points: int = 10  # the degradation must hold for the median of this many latest points
+
+
+def check_run_id(value: Any) -> str:
+    if not isinstance(value, str) or not _RUN_ID.fullmatch(value):
+        raise InvalidRequest(
+            f"run id {value!r} is not valid: 1-128 characters, letters, digits, '.', '_', '-', '~' (for '/'), "
+            "starting with a letter or digit"
+        )
+    return value
+
+
+def check_name(value: Any, what: str) -> str:
+    if not isinstance(value, str) or not _NAME.fullmatch(value):
+        raise InvalidRequest(
+            f"{what} {value!r} is not valid: 1-128 characters, letters, digits, '.', '_', '-', "
+            "starting with a letter or digit"
+        )
+    return value
+
+
+def check_address(host: Any, port: Any) -> tuple[str, int]:
+    """A profiler target's address: a DNS name or an IP literal, and a port. Link-local (the metadata server),
+    multicast and unspecified addresses are refused."""
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        raise InvalidRequest(f"port {port!r} is not valid: an integer from 1 to 65535")
+    if not isinstance(host, str) or not host or len(host) > 253:
+        raise InvalidRequest(f"host {host!r} is not valid: a DNS name or an IP address")
+    try:
+        ip = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        if not all(_HOST_LABEL.fullmatch(label) for label in host.rstrip(".").split(".")) or host[0].isdigit() and \
+                host.replace(".", "").isdigit():
+            raise InvalidRequest(f"host {host!r} is not valid: a DNS name or an IP address") from None
+        return host, port
+    if ip.is_link_local or ip.is_multicast or ip.is_unspecified or ip.is_reserved:
+        raise InvalidRequest(f"host {host!r} is not a profiler target address (link-local, multicast or reserved)")
+    return str(ip), port
+
+
+def check_duration_ms(value: Any, settings: CaptureSettings) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 100 <= value <= settings.max_duration_ms:
+        raise InvalidRequest(
+            f"duration_ms {value!r} is not valid: an integer from 100 to {settings.max_duration_ms} (milliseconds)"
+        )
+    return value
+
+
+def check_tracer_levels(request: dict[str, Any]) -> dict[str, int]:
+    """The tracer levels a request sets (host 0-3, device 0-2, python 0-1)."""
+    levels = {}
+    for key, maximum in TRACER_LEVELS.items():
+        if key in request and request[key] is not None:
+            value = request[key]
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= maximum:
+                raise InvalidRequest(f"{key} {value!r} is not valid: an integer from 0 to {maximum}")
+            levels[key] = value
+    return levels
+
+
+def check_hosts(value: Any) -> list[str]:
+    """Target names a request selects (never addresses: a capture only calls registered targets)."""
+    if value is None:
+        return []
+    if not isinstance(value, list) or len(value) > 256:
+        raise InvalidRequest("hosts must be a list of registered target names")
+    return [check_name(name, "target name") for name in value]
+
+
+def check_prefix(base_blob_path: Any, bucket: str) -> str:
+    """`gs://BUCKET[/PREFIX]` → PREFIX ('' for the bucket's root); xdiag writes into its own bucket only."""
+    root = f"gs://{bucket}"
+    if not isinstance(base_blob_path, str) or not (base_blob_path == root or base_blob_path.startswith(root + "/")):
+        raise InvalidRequest(f"baseBlobPath {base_blob_path!r} is not in xdiag's bucket: it must start with {root}")
+    prefix = base_blob_path[len(root):].strip("/")
+    if prefix and not all(_PREFIX_SEGMENT.fullmatch(part) for part in prefix.split("/")):
+        raise InvalidRequest(f"baseBlobPath {base_blob_path!r} has a folder name that is not allowed")
+    return prefix
+
+
+def targets_collection(run_id: str) -> str:
+    return f"{RUNS}/{state_key(run_id)}/targets"
+
+
+def get_run(state: StateStore, run_id: str) -> dict[str, Any] | None:
+    return state.get(RUNS, state_key(run_id))
+
+
+def run_path(state: StateStore, run_id: str) -> str:
+    """The run's folder in the bucket: `<path>/plugins/profile/<session>/`."""
+    doc = get_run(state, run_id) or {}
+    return doc.get("path") or run_id
+
+
+def run_for_path(state: StateStore, path: str) -> str:
+    """The run whose folder is `path` (a run registered through the SDK lives in PREFIX/<run>); else the path itself."""
+    last = path.rsplit("/", 1)[-1]
+    if last != path:
+        doc = get_run(state, last)
+        if doc and doc.get("path") == path:
+            return last
+    return path
+
+
+def list_targets(state: StateStore, run_id: str) -> list[dict[str, Any]]:
+    return [doc for _, doc in state.list(targets_collection(run_id))]
