@@ -24,6 +24,7 @@ import base64
 import json
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -38,10 +39,12 @@ from typing import Any
 
 from xdiag.cloud import dead_letter_topic
 from xdiag.stages import (
+    TOPIC_ALERTS,
     TOPIC_CAPTURES,
     TOPIC_INVESTIGATIONS,
     TOPIC_PROFILE_UPLOADS,
     TOPIC_REPORTS,
+    TOPIC_STEP_TIMES,
     TOPIC_TOOL_RESULTS,
     TOPIC_TOOL_RUNS,
 )
@@ -54,6 +57,8 @@ PIPELINE_TOPICS = [
     TOPIC_TOOL_RESULTS,
     TOPIC_INVESTIGATIONS,
     TOPIC_REPORTS,
+    TOPIC_ALERTS,
+    TOPIC_STEP_TIMES,
 ]
 DEFAULT_STATE_DIR = Path(".xdiag-stack")
 STATE_FILE = "stack.json"
@@ -80,6 +85,7 @@ class FunctionSpec:
     concurrency: int = 0  # deliveries one process works on at once (0: one per server thread)
     workers: int = 1  # processes (instances)
     threads: int = 4  # server threads per process; never 1 (gunicorn then stalls kept-alive pushes for 2 s)
+    signature: str = "cloudevent"  # or "http" (the control plane)
 
 
 FUNCTIONS = (
@@ -90,6 +96,9 @@ FUNCTIONS = (
     FunctionSpec("investigate", (TOPIC_INVESTIGATIONS,), concurrency=1),
     FunctionSpec("render", (TOPIC_REPORTS,)),
     FunctionSpec("dead_letter", tuple(dead_letter_topic(t) for t in PIPELINE_TOPICS)),
+    FunctionSpec("capture", (TOPIC_ALERTS,), threads=16),  # a capture holds its delivery for its duration
+    FunctionSpec("monitor", (TOPIC_STEP_TIMES,), concurrency=1),  # one delivery at a time per run's document
+    FunctionSpec("control_plane", (), threads=8, signature="http"),
 )
 
 
@@ -102,6 +111,8 @@ class StackSettings:
     min_backoff_s: float = 1.0
     max_backoff_s: float = 10.0
     functions_dir: str = str(Path(__file__).resolve().parents[2] / "functions")
+    capture_cooldown_s: float = 60.0
+    token: str = ""  # the control plane's bearer token (a fresh one per start)
 
 
 @dataclass
@@ -233,6 +244,7 @@ class LocalStack:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         state = {"settings": asdict(self.settings), "ports": self.ports, "processes": self.processes, "env": self.env}
         tmp = self.state_file.with_suffix(".tmp")
+        tmp.touch(mode=0o600)  # it holds the control plane's token
         tmp.write_text(json.dumps(state, indent=2))
         tmp.replace(self.state_file)
 
@@ -247,6 +259,8 @@ class LocalStack:
             "STORAGE_EMULATOR_HOST": f"http://{HOST}:{self.ports['storage']}",
             "GOOGLE_CLOUD_PROJECT": self.settings.project,
             "XDIAG_BUCKET": self.settings.bucket,
+            "XDIAG_CONTROL_PLANE_URL": f"http://{HOST}:{self.ports['control_plane']}",
+            "XDIAG_CONTROL_PLANE_TOKEN": self.settings.token,
         }
 
     def alive(self) -> bool:
@@ -263,6 +277,7 @@ class LocalStack:
             self.state_file.unlink()
         tools = find_prerequisites()
         (self.state_dir / "logs").mkdir(parents=True, exist_ok=True)
+        self.settings.token = self.settings.token or secrets.token_urlsafe(24)
         deadline = time.monotonic() + timeout_s
         try:
             self.ports = {name: free_port() for name in ("pubsub", "firestore", "storage")}
@@ -380,7 +395,7 @@ class LocalStack:
                 "--source",
                 str(source),
                 "--signature-type",
-                "cloudevent",
+                spec.signature,
                 "--host",
                 HOST,
                 "--port",
@@ -395,6 +410,7 @@ class LocalStack:
                 "XDIAG_CONCURRENCY": str(spec.concurrency),
                 "WORKERS": str(spec.workers),
                 "XDG_RUNTIME_DIR": str(runtime_dir),  # gunicorn's control socket: one per function, not one shared
+                "XDIAG_CAPTURE_COOLDOWN_S": str(self.settings.capture_cooldown_s),
             },
         )
 
