@@ -20,6 +20,13 @@ locals {
     { for name in local.pipeline_topics : "${name}${local.dead_letter_suffix}" => google_pubsub_topic.dead_letter[name].id },
   )
 
+  # topic -> where its undeliverable messages go: a pipeline topic's to its dead-letter topic, a dead-letter
+  # topic's (a letter even the dead_letter function could not record) to the parking topic
+  dead_letter_of = merge(
+    { for name in local.pipeline_topics : name => google_pubsub_topic.dead_letter[name].id },
+    { for name in local.pipeline_topics : "${name}${local.dead_letter_suffix}" => google_pubsub_topic.unrecorded.id },
+  )
+
   # topic -> the function its push subscription delivers to (local.functions[*].trigger_topics)
   push_subscriptions = merge([
     for name, fn in local.functions : { for topic in fn.trigger_topics : topic => name }
@@ -98,7 +105,7 @@ resource "google_pubsub_subscription" "push" {
   }
 
   dead_letter_policy {
-    dead_letter_topic     = endswith(each.key, local.dead_letter_suffix) ? google_pubsub_topic.unrecorded.id : google_pubsub_topic.dead_letter[each.key].id
+    dead_letter_topic     = local.dead_letter_of[each.key]
     max_delivery_attempts = var.max_delivery_attempts
   }
 
