@@ -156,6 +156,7 @@ def _capture_session(
     """`continuous`: the run's continuous-profiling state, where an automatic capture took a snapshot (and falls back
     to an on-demand capture when the platform keeps no buffer)."""
     prefix = session_prefix(deps.profile_root, run_path(deps.state, run_id), session["session_id"])
+    session["started_at"] = utc_now()  # when the targets were called: the captured window begins about here
     with tempfile.TemporaryDirectory(prefix="xdiag-capture-") as folder:
         results = _from_all(deps, selected, Path(folder), snapshot, duration_ms, tracers)
         if continuous is not None and all(r["status"] == "no_buffer" for r in results.values()):

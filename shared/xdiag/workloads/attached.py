@@ -6,8 +6,8 @@
 
 It starts the JAX profiler server and registers with the control plane through `xdiag.workload.attach`
 (after `machinelearning_run(..., base_url=URL)` with `--sdk`, as a user of the ML Diagnostics SDK would), then
-runs jitted MLP steps (a few milliseconds of compute and a short host-side pause each) until `--seconds` pass or
-it is terminated. While `--slowdown-file` exists each step takes `--slowdown-ms` longer: a degradation for the
+runs jitted MLP steps (a few milliseconds of compute at the default `--batch` and `--hidden`, and a short host-side
+pause each) until `--seconds` pass or it is terminated. While `--slowdown-file` exists each step takes `--slowdown-ms` longer: a degradation for the
 monitor to find. `--steps-log` appends `{"step", "start", "ms"}` lines (for measuring a capture's overhead).
 """
 
@@ -35,6 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slowdown-file", default=None)
     parser.add_argument("--slowdown-ms", type=float, default=30.0)
     parser.add_argument("--pause-ms", type=float, default=10.0)
+    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--seconds", type=float, default=3600.0)
     parser.add_argument("--steps-log", default=None)
     args = parser.parse_args(argv)
@@ -55,8 +57,8 @@ def main(argv: list[str] | None = None) -> int:
         host=args.host, report_steps=args.report_steps, report_interval_s=args.report_interval,
     )
     key = jax.random.PRNGKey(0)
-    w1, w2 = jax.random.normal(key, (256, 512)) * 0.05, jax.random.normal(key, (512, 64)) * 0.05
-    x, y = jax.random.normal(key, (128, 256)), jnp.zeros((128, 64))
+    w1, w2 = jax.random.normal(key, (256, args.hidden)) * 0.05, jax.random.normal(key, (args.hidden, 64)) * 0.05
+    x, y = jax.random.normal(key, (args.batch, 256)), jnp.zeros((args.batch, 64))
 
     @jax.jit
     def train_step(w1, w2, x, y):
