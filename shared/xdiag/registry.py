@@ -91,11 +91,11 @@ def check_address(host: Any, port: Any) -> tuple[str, int]:
     try:
         ip = ipaddress.ip_address(host.strip("[]"))
     except ValueError:
-        if not all(_HOST_LABEL.fullmatch(label) for label in host.rstrip(".").split(".")) or host[0].isdigit() and \
-                host.replace(".", "").isdigit():
+        labels = host.rstrip(".").split(".")
+        if not all(_HOST_LABEL.fullmatch(label) for label in labels) or labels[-1].isdigit():  # 999.1.1.1 is no name
             raise InvalidRequest(f"host {host!r} is not valid: a DNS name or an IP address") from None
         return host, port
-    if ip.is_link_local or ip.is_multicast or ip.is_unspecified or ip.is_reserved:
+    if ip.is_link_local or ip.is_multicast or ip.is_unspecified or ip.is_reserved and not ip.is_loopback:
         raise InvalidRequest(f"host {host!r} is not a profiler target address (link-local, multicast or reserved)")
     return str(ip), port
 
@@ -151,7 +151,7 @@ def get_run(state: StateStore, run_id: str) -> dict[str, Any] | None:
 def run_path(state: StateStore, run_id: str) -> str:
     """The run's folder in the bucket: `<path>/plugins/profile/<session>/`."""
     doc = get_run(state, run_id) or {}
-    return doc.get("path") or run_id
+    return doc.get("path") or doc.get("run_id") or run_id  # an uploaded run's id is its folder (`~` was `/`)
 
 
 def run_for_path(state: StateStore, path: str) -> str:
