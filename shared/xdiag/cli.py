@@ -436,15 +436,7 @@ def capture(
                    session_id=session)
     err.print(f"capture requested: run {run}, session {answer['session_id']}, {answer['duration_ms']} ms",
               highlight=False, soft_wrap=True)
-    if not wait:
-        out.print(answer["session_id"], highlight=False)
-        return
-    doc = _wait_for_session(client, run, answer["session_id"], timeout)
-    _print_session(doc, started)
-    report = (doc.get("analysis") or {}).get("report_uri")
-    if doc.get("status") != "COMPLETE" or not report:
-        _fail(doc.get("reason") or "the capture failed", 1)
-    out.print(report, highlight=False, soft_wrap=True)
+    _finish_session(client, run, answer["session_id"], wait, timeout, started, "capture")
 
 
 continuous_app = typer.Typer(help="Continuous profiling in snapshot mode (TPU; CPU and GPU servers keep no buffer).",
@@ -495,14 +487,19 @@ def continuous_snapshot(
     started = time.time()
     answer = _call(client.continuous, run, "snapshot", name=name, hosts=_hosts(hosts))
     err.print(f"snapshot requested: run {run}, session {answer['session_id']}", highlight=False, soft_wrap=True)
+    _finish_session(client, run, answer["session_id"], wait, timeout, started, "snapshot")
+
+
+def _finish_session(client, run: str, session_id: str, wait: bool, timeout: float, started: float, what: str) -> None:
+    """Prints the new session's id, or waits for its analysis and prints summary.html's URI."""
     if not wait:
-        out.print(answer["session_id"], highlight=False)
+        out.print(session_id, highlight=False)
         return
-    doc = _wait_for_session(client, run, answer["session_id"], timeout)
+    doc = _wait_for_session(client, run, session_id, timeout)
     _print_session(doc, started)
     report = (doc.get("analysis") or {}).get("report_uri")
     if doc.get("status") != "COMPLETE" or not report:
-        _fail(doc.get("reason") or "the snapshot failed", 1)
+        _fail(doc.get("reason") or f"the {what} failed", 1)
     out.print(report, highlight=False, soft_wrap=True)
 
 
