@@ -105,3 +105,15 @@ def test_log_dir_resolves_to_newest_session(tmp_path, cpu_profiles):
     located = locate_session(tmp_path / "run")
     assert located.name == "2026_02_01_00_00_00" and located.run == "run"
     assert locate_session(tmp_path / "run", "2026_01_01_00_00_00").name == "2026_01_01_00_00_00"
+
+
+def test_hosts_that_recorded_the_same_hostname_stay_apart(tmp_path, h200_profiles):
+    for host, workload in (("hostA", "healthy"), ("hostB", "input_bound")):
+        shutil.copyfile(h200_profiles[workload], tmp_path / f"{host}.xplane.pb")
+    session = read_session(sorted(tmp_path.glob("*.xplane.pb")))
+    assert [h.hostname for h in session.hosts] == ["vm:hostA", "vm:hostB"]  # both captures say "vm"
+    assert {p.host for p in session.hosts[1].planes} == {"vm:hostB"}
+    from xdiag.tools import run_tool
+
+    hosts = run_tool(session, "get_hosts").summary
+    assert hosts["hosts"] == 2 and hosts["slowest_host"] == "vm:hostB" and hosts["step_time_spread_percent"] > 100

@@ -323,6 +323,19 @@ def read_host(path: Path, progress: Progress | None = None) -> tuple[HostProfile
     )
 
 
+def _distinct_host_names(read: list[tuple[HostProfile, list[HloModule]]]) -> None:
+    """Hosts that recorded the same hostname (containers, a default 'localhost') are told apart by file."""
+    counts: dict[str, int] = {}
+    for host, _ in read:
+        counts[host.hostname] = counts.get(host.hostname, 0) + 1
+    for host, host_modules in read:
+        if counts[host.hostname] > 1:
+            name = f"{host.hostname}:{host.path.name.removesuffix('.xplane.pb')}"
+            for item in (*host.planes, *host_modules):
+                item.host = name
+            host.hostname = name
+
+
 def read_session(
     paths: list[Path],
     name: str | None = None,
@@ -338,12 +351,10 @@ def read_session(
             f"profile is {total / 1024**3:.2f} GiB, over the {max_bytes / 1024**3:.2f} GiB limit; "
             "capture a shorter window or raise --max-profile-gib"
         )
-    hosts: list[HostProfile] = []
-    modules: list[HloModule] = []
-    for path in sorted(paths):
-        host, host_modules = read_host(path, progress)
-        hosts.append(host)
-        modules.extend(host_modules)
+    read = [read_host(path, progress) for path in sorted(paths)]
+    _distinct_host_names(read)
+    hosts = [host for host, _ in read]
+    modules = [module for _, host_modules in read for module in host_modules]
     timestamps = [line.timestamp_ns for h in hosts for p in h.planes for line in p.lines if len(line)]
     origin = min(timestamps) if timestamps else 0
     for host in hosts:
