@@ -402,7 +402,6 @@ def op_table(session: Session) -> OpTable:
             empty_o, empty_i = np.empty(0, object), np.empty(0, np.int64)
             return OpTable(empty_o, empty_o, empty_i, empty_o, empty_i, empty_i, empty_o)
         cols = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-        cache: dict[tuple[str, str, int], str] = {}
         # Resolve each distinct (op, module, program) once, then scatter back to the rows.
         keys = np.array([f"{n}\x00{m}\x00{p}" for n, m, p in zip(cols["name"], cols["module"], cols["program_id"])], dtype=object)
         unique_keys, inverse = np.unique(keys, return_inverse=True)

@@ -26,7 +26,6 @@ collectives would be compiled away, so :func:`setup` raises
 
 from __future__ import annotations
 
-from functools import partial
 
 import jax
 import jax.numpy as jnp
