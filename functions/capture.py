@@ -3,9 +3,9 @@ snapshot request) → a profile captured from the run's registered targets, writ
 on `captures`."""
 
 import functions_framework
-from xdiag import stages
-from xdiag.capture import capture as capture_stage
-from xdiag.cloud import pubsub_stage
+from xdiag.pipeline import stages
+from xdiag.capture.stage import capture as capture_stage
+from xdiag.cloud.runtime import pubsub_stage
 
 
 @functions_framework.cloud_event

@@ -1,10 +1,10 @@
 """Cloud Function `control_plane` (HTTP): the run registry. The ML Diagnostics SDK's self-hosted contract
 (`PATCH /v1/machineLearningRuns/{id}`) and xdiag's endpoints: profiler targets, runs, sessions, analyses,
-on-demand captures, continuous profiling (see xdiag.control_plane)."""
+on-demand captures, continuous profiling (see xdiag.capture.control_plane)."""
 
 import functions_framework
-from xdiag import control_plane as plane
-from xdiag.cloud import http_handler
+from xdiag.capture import control_plane as plane
+from xdiag.cloud.runtime import http_handler
 
 
 @functions_framework.http

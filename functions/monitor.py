@@ -2,9 +2,9 @@
 the step time degrades past the margin for the window."""
 
 import functions_framework
-from xdiag import stages
-from xdiag.cloud import pubsub_stage
-from xdiag.monitor import monitor as monitor_stage
+from xdiag.pipeline import stages
+from xdiag.cloud.runtime import pubsub_stage
+from xdiag.capture.monitor import monitor as monitor_stage
 
 
 @functions_framework.cloud_event

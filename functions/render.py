@@ -2,8 +2,8 @@
 the analysis DONE (or FAILED) in Firestore."""
 
 import functions_framework
-from xdiag import stages
-from xdiag.cloud import pubsub_stage
+from xdiag.pipeline import stages
+from xdiag.cloud.runtime import pubsub_stage
 
 
 @functions_framework.cloud_event

@@ -1,6 +1,6 @@
 # State: runs/, runs/{run}/sessions/, analyses/, analyses/{id}/tools/, claims/, failures/, dead_letters/ in the
 # (default) database, which the code's clients use. The state store reads documents by key and whole
-# collections (xdiag.adapters.firestore); it runs no query that filters or orders on a field, so Firestore's
+# collections (xdiag.cloud.firestore); it runs no query that filters or orders on a field, so Firestore's
 # automatic single-field indexes are all it needs and no composite index is declared here
 # (tests/test_infra.py fails the day the code runs such a query without one).
 #

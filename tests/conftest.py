@@ -63,7 +63,7 @@ def local_stack(tmp_path_factory):
     install."""
     import os
 
-    from xdiag.localstack import LocalStack, StackError, StackSettings
+    from xdiag.cloud.localstack import LocalStack, StackError, StackSettings
 
     stack = LocalStack(tmp_path_factory.mktemp("stack"), StackSettings(quiet_period_s=1.0, min_backoff_s=1.0, max_backoff_s=2.0))
     try:

@@ -1,5 +1,5 @@
 """Capture for real: a JAX program in a subprocess serves the profiler (`jax.profiler.start_server`) and attaches
-itself with `xdiag.workload.attach`, the run is created by the official ML Diagnostics SDK, and the capture,
+itself with `xdiag.capture.workload.attach`, the run is created by the official ML Diagnostics SDK, and the capture,
 monitor and control-plane functions run on the emulators with the rest of the chain (the `local_stack` fixture).
 """
 
@@ -16,10 +16,10 @@ import uuid
 from pathlib import Path
 
 import pytest
-from xdiag.control_plane_client import ControlPlaneClient, ControlPlaneError
-from xdiag.layout import state_key
-from xdiag.registry import ALERTS, get_run
-from xdiag.stages import ANALYSES, sessions_collection
+from xdiag.capture.client import ControlPlaneClient, ControlPlaneError
+from xdiag.pipeline.layout import state_key
+from xdiag.pipeline.runs import ALERTS, get_run
+from xdiag.pipeline.stages import ANALYSES, sessions_collection
 
 from tests.test_local_stack import Cloud, wait_until
 

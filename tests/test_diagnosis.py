@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from xdiag.embedded import analyze_session
-from xdiag.locate import locate_session
+from xdiag.cloud.embedded import analyze_session
+from xdiag.profile.locate import locate_session
 from xdiag.model import Analysis, Status
-from xdiag.stages import MAX_FOLLOW_UP_CALLS
+from xdiag.pipeline.stages import MAX_FOLLOW_UP_CALLS
 from xdiag.tools import REGISTRY
 from xdiag.workloads import WORKLOADS
 

@@ -12,11 +12,11 @@ import pytest
 from cloudevents.conversion import to_binary, to_structured
 from cloudevents.http import CloudEvent
 from functions_framework import create_app
-from xdiag.adapters.embedded import LocalBlobStore
-from xdiag.cloud import REASON_ATTRIBUTE, Runtime, use_runtime
-from xdiag.embedded import build_embedded
+from xdiag.cloud.memory import LocalBlobStore
+from xdiag.cloud.runtime import REASON_ATTRIBUTE, Runtime, use_runtime
+from xdiag.cloud.embedded import build_embedded
 from xdiag.model import CaptureReady, ToolRun
-from xdiag.stages import ANALYSES, DEAD_LETTERS, SessionLoader, letter_key, sessions_collection, tools_collection
+from xdiag.pipeline.stages import ANALYSES, DEAD_LETTERS, SessionLoader, letter_key, sessions_collection, tools_collection
 from xdiag.tools import BROAD_TOOLS
 
 FUNCTIONS = Path(__file__).resolve().parents[1] / "functions"
@@ -198,7 +198,7 @@ def test_a_handler_that_raises_answers_500_and_records_the_error_for_the_retry(w
 
 
 def test_a_dead_lettered_tool_run_becomes_a_failed_tool_so_the_analysis_completes(wired, h200_profiles):
-    from xdiag.stages import collect
+    from xdiag.pipeline.stages import collect
 
     collect(_capture(wired, h200_profiles["healthy"]), wired.deps)
     wired.bus._queue.clear()

@@ -6,12 +6,12 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
-from xdiag.adapters.firestore import FirestoreStateStore
-from xdiag.adapters.gcs import GcsBlobStore, storage_client
-from xdiag.adapters.pubsub import PubSubBus
-from xdiag.cloud import CloudConfig, firestore_client
+from xdiag.cloud.firestore import FirestoreStateStore
+from xdiag.cloud.gcs import GcsBlobStore, storage_client
+from xdiag.cloud.pubsub import PubSubBus
+from xdiag.cloud.runtime import CloudConfig, firestore_client
 from xdiag.model import ToolDone
-from xdiag.stages import DEAD_LETTERS
+from xdiag.pipeline.stages import DEAD_LETTERS
 
 
 def _state() -> FirestoreStateStore:

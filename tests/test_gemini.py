@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.fake_vertex import FakeVertex, Reply, answer, calls, error, static_credentials, text, usage
-from xdiag.embedded import analyze_session, build_embedded
+from xdiag.cloud.embedded import analyze_session, build_embedded
 from xdiag.investigators import health_snapshot
 from xdiag.investigators.gemini import (
     FALLBACK_NOTE,
@@ -31,9 +31,9 @@ from xdiag.investigators.gemini import (
     investigators_from_env,
     load_prompt,
 )
-from xdiag.locate import locate_session
+from xdiag.profile.locate import locate_session
 from xdiag.model import Analysis, ToolResult
-from xdiag.stages import MAX_FOLLOW_UP_CALLS
+from xdiag.pipeline.stages import MAX_FOLLOW_UP_CALLS
 from xdiag.tools import FOLLOW_UP_TOOLS, REGISTRY
 
 ROOT = Path(__file__).resolve().parents[1]

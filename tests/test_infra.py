@@ -275,8 +275,8 @@ def code_contract() -> CodeContract:
                              if isinstance(n, (ast.Name, ast.Attribute))}
                     if not isinstance(decorator, ast.Call):
                         contract.consumes.update(named & topics)
-                        # a decorator that decodes storage events (xdiag.events.storage_upload)
-                        contract.storage_events |= "xdiag.events.storage_upload" in index.callees(target)
+                        # a decorator that decodes storage events (xdiag.cloud.events.storage_upload)
+                        contract.storage_events |= "xdiag.cloud.events.storage_upload" in index.callees(target)
                     reads_suffix |= suffix in named
             if reads_suffix and not contract.consumes:
                 contract.consumes = {t + suffix for t in topics}
@@ -308,7 +308,7 @@ def _effects(index: CodeIndex, reached: set[str], contract: FunctionContract, su
                     if topic is not None:
                         contract.publishes.add(topic)
                     elif (isinstance(first, ast.Call)
-                          and index.resolve(first.func, module) == "xdiag.cloud.dead_letter_topic"):
+                          and index.resolve(first.func, module) == "xdiag.cloud.runtime.dead_letter_topic"):
                         contract.publishes.update(t + suffix for t in contract.consumes if not t.endswith(suffix))
                     elif receiver and receiver[-1] not in ("_publisher", "publisher"):
                         contract.unresolved.append(f"{where}: publishes to {ast.unparse(first)}")
@@ -419,7 +419,7 @@ def _topics() -> set[str]:
 
 
 def _dead_letter(topic: str) -> str:
-    from xdiag.cloud import dead_letter_topic
+    from xdiag.cloud.runtime import dead_letter_topic
 
     return dead_letter_topic(topic)
 
@@ -536,8 +536,8 @@ def test_every_push_subscription_has_an_oidc_token_a_retry_policy_and_a_dead_let
     assert parked["topic"] == "${google_pubsub_topic.unrecorded.id}" and "push_config" not in parked
     attempts = infra().variables["max_delivery_attempts"]["default"]
     assert 5 <= attempts <= 100  # Pub/Sub's bounds
-    # The same numbers as the local stack's subscriptions (xdiag.localstack).
-    from xdiag.localstack import StackSettings
+    # The same numbers as the local stack's subscriptions (xdiag.cloud.localstack).
+    from xdiag.cloud.localstack import StackSettings
 
     assert attempts == StackSettings().max_delivery_attempts
     local_ack = [n.values[i].value for n in ast.walk(ast.parse((PACKAGE / "localstack.py").read_text()))
@@ -575,7 +575,7 @@ def test_every_environment_variable_the_code_reads_is_set_for_the_functions_that
 
 
 def test_a_function_that_reads_one_session_at_a_time_takes_one_delivery_at_a_time():
-    from xdiag.localstack import FUNCTIONS as LOCAL
+    from xdiag.cloud.localstack import FUNCTIONS as LOCAL
 
     for spec in LOCAL:
         if spec.name in _table() and spec.concurrency == 1:
@@ -656,9 +656,9 @@ def test_control_plane_is_behind_iam_and_its_url_is_an_output():
 
 
 def test_cloud_monitoring_notifies_the_alerts_topic():
-    alerts = CodeIndex().constants.get("xdiag.stages.TOPIC_ALERTS")
+    alerts = CodeIndex().constants.get("xdiag.pipeline.stages.TOPIC_ALERTS")
     if alerts is None:
-        pytest.skip("the code has no alerts topic (xdiag.stages.TOPIC_ALERTS)")
+        pytest.skip("the code has no alerts topic (xdiag.pipeline.stages.TOPIC_ALERTS)")
     assert alerts in _topics()
     channel = infra().resource("google_monitoring_notification_channel", "alerts")
     assert channel["type"] == "pubsub"

@@ -6,10 +6,10 @@ import os
 
 import pytest
 
-from xdiag.embedded import analyze_session, build_embedded
-from xdiag.locate import locate_session
+from xdiag.cloud.embedded import analyze_session, build_embedded
+from xdiag.profile.locate import locate_session
 from xdiag.model import CaptureReady, InvestigationReady, ReportReady, ToolDone, ToolRun
-from xdiag.stages import (
+from xdiag.pipeline.stages import (
     ANALYSES,
     CLAIMS,
     TOPIC_INVESTIGATIONS,

@@ -9,7 +9,7 @@ import pytest
 
 from tests.conftest import shared_profile
 from xdiag.errors import ProfileError
-from xdiag.locate import locate_session
+from xdiag.profile.locate import locate_session
 from xdiag.profile.reader import read_session
 
 

@@ -1,4 +1,4 @@
-"""xdiag.xprof_views against the shared real device profiles (TPU v6e, V100, MI300X).
+"""xdiag.analysis.xprof.runner against the shared real device profiles (TPU v6e, V100, MI300X).
 
 Each profile is copied into a temporary folder and its views are built once per module; the tests
 that need a fresh instance (counting conversions, threads, logging, clean-up) use the small
@@ -23,7 +23,7 @@ PROFILES = Path(__file__).resolve().parents[2] / "shared" / "profiles"
 pytestmark = pytest.mark.skipif(not PROFILES.is_dir(), reason=f"shared real-device profiles not found at {PROFILES}")
 pytest.importorskip("xprof", reason="the xprof wheel is not installed")
 
-from xdiag.xprof_views import XprofViews  # noqa: E402
+from xdiag.analysis.xprof.runner import XprofViews  # noqa: E402
 
 TPU = "tpu/tpu_v6e_inference.xplane.pb"
 V100 = "gpu/v100x8_tf_bert_worker.xplane.pb"

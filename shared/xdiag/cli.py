@@ -89,8 +89,8 @@ def analyze(
     With --investigator gemini, Gemini on Vertex AI investigates (Application Default Credentials; VERTEX_BASE_URL
     points it at a private endpoint); if it fails, the rule engine does, and the report says why.
     """
-    from xdiag.embedded import analyze_session, build_embedded
-    from xdiag.locate import locate_session
+    from xdiag.cloud.embedded import analyze_session, build_embedded
+    from xdiag.profile.locate import locate_session
 
     if investigator not in ("rules", "gemini"):
         _fail(f"unknown investigator {investigator!r}; use rules or gemini")
@@ -147,7 +147,7 @@ def one_tool(
     session: Annotated[Optional[str], typer.Option(help="Session name inside a log dir.")] = None,
 ) -> None:
     """Run one tool on a session and print its JSON result."""
-    from xdiag.locate import locate_session
+    from xdiag.profile.locate import locate_session
     from xdiag.profile.reader import read_session
     from xdiag.tools import REGISTRY, run_tool
 
@@ -201,8 +201,8 @@ STACK_DIR = typer.Option("--stack-dir", envvar="XDIAG_STACK_DIR", help="Where th
 
 def _cloud_config(stack_dir: Path, bucket: Optional[str] = None):
     """The pipeline's configuration: the environment, or else the local stack that `xdiag up` started."""
-    from xdiag.cloud_ops import client_config
-    from xdiag.localstack import load_stack_env
+    from xdiag.cloud.operations import client_config
+    from xdiag.cloud.localstack import load_stack_env
 
     load_stack_env(stack_dir)
     try:
@@ -220,7 +220,7 @@ def up(
 ) -> None:
     """Start the local stack: Pub/Sub and Firestore emulators, a Cloud Storage emulator, every function, topics and
     push subscriptions, bucket notifications. Prints the environment that reaches it (`eval "$(xdiag up)"`)."""
-    from xdiag.localstack import LocalStack, StackError, StackSettings
+    from xdiag.cloud.localstack import LocalStack, StackError, StackSettings
 
     started = time.perf_counter()
     try:
@@ -237,7 +237,7 @@ def up(
 @app.command()
 def down(stack_dir: Annotated[Path, STACK_DIR] = Path(".xdiag-stack")) -> None:
     """Stop the local stack: every process group it started (the emulators' Java children too)."""
-    from xdiag.localstack import LocalStack, StackError
+    from xdiag.cloud.localstack import LocalStack, StackError
 
     try:
         stack = LocalStack.attach(stack_dir)
@@ -261,9 +261,9 @@ def upload(
     stack_dir: Annotated[Path, STACK_DIR] = Path(".xdiag-stack"),
 ) -> None:
     """Upload a session's files to the profile bucket; its object-finalize notifications start the analysis."""
-    from xdiag.cloud_ops import stage_breakdown, state_store, upload_session, wait_for_analysis
-    from xdiag.layout import output_uri
-    from xdiag.locate import locate_session
+    from xdiag.cloud.operations import stage_breakdown, state_store, upload_session, wait_for_analysis
+    from xdiag.pipeline.layout import output_uri
+    from xdiag.profile.locate import locate_session
 
     config = _cloud_config(stack_dir, bucket)
     try:
@@ -294,7 +294,7 @@ def status(
     stack_dir: Annotated[Path, STACK_DIR] = Path(".xdiag-stack"),
 ) -> None:
     """Runs, sessions and analyses with their stage and tool status, read from Firestore."""
-    from xdiag.cloud_ops import read_status, state_store
+    from xdiag.cloud.operations import read_status, state_store
 
     report = read_status(state_store(_cloud_config(stack_dir)), run)
     if as_json:
@@ -336,7 +336,7 @@ def publish_capture(
     stack_dir: Annotated[Path, STACK_DIR] = Path(".xdiag-stack"),
 ) -> None:
     """Analyse a session already in the bucket: publishes {"run_id", "session_id"} on the `captures` topic."""
-    from xdiag.cloud_ops import publish_capture as publish
+    from xdiag.cloud.operations import publish_capture as publish
 
     message = publish(_cloud_config(stack_dir), run, session, investigator, analysis_id)
     out.print(message.model_dump_json(exclude_none=True), highlight=False, soft_wrap=True)
@@ -350,8 +350,8 @@ HOSTS_HELP = "Registered target names, comma-separated (default: every target of
 
 
 def _control_plane(url: Optional[str], token: Optional[str], stack_dir: Path):
-    from xdiag.control_plane_client import ControlPlaneClient, ControlPlaneError
-    from xdiag.localstack import load_stack_env
+    from xdiag.capture.client import ControlPlaneClient, ControlPlaneError
+    from xdiag.cloud.localstack import load_stack_env
 
     env = load_stack_env(stack_dir)
     url = url or env.get("XDIAG_CONTROL_PLANE_URL")
@@ -364,7 +364,7 @@ def _control_plane(url: Optional[str], token: Optional[str], stack_dir: Path):
 
 
 def _call(what, *args, **kwargs):
-    from xdiag.control_plane_client import ControlPlaneError
+    from xdiag.capture.client import ControlPlaneError
 
     try:
         return what(*args, **kwargs)

@@ -47,7 +47,7 @@ from xdiag.model import (
     ToolResult,
     ToolStatus,
 )
-from xdiag.stages import MAX_FOLLOW_UP_CALLS
+from xdiag.pipeline.stages import MAX_FOLLOW_UP_CALLS
 from xdiag.tools import FOLLOW_UP_TOOLS, REGISTRY
 
 PROMPT_VERSION = "v1"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from math import prod
 
-from xdiag.hlo_cost import shape_bytes
+from xdiag.analysis.hlo_cost import shape_bytes
 from xdiag.profile.space import HloInstruction, Session
 from xdiag.tools.hlo_checks import STRUCTURAL_OPCODES, ExecutedInstruction, detect
 from xdiag.tools.registry import ToolOutput, tool

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from xdiag.hlo_cost import shape_bytes
+from xdiag.analysis.hlo_cost import shape_bytes
 from xdiag.profile.space import Session
-from xdiag.timeline import DATA_MOVEMENT_OPCODES
+from xdiag.analysis.timeline import DATA_MOVEMENT_OPCODES
 from xdiag.tools.hlo_checks import ExecutedInstruction, detect
 from xdiag.tools.registry import ToolOutput, tool
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from xdiag.breakdown import step_rows
+from xdiag.analysis.breakdown import step_rows
 from xdiag.profile.space import Session
 from xdiag.tools.registry import ToolOutput, tool
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from xdiag.breakdown import step_rows, summarize_steps
+from xdiag.analysis.breakdown import step_rows, summarize_steps
 from xdiag.errors import NotAvailable
 from xdiag.profile.space import Session
 from xdiag.tools.common import DEVICE_PLANE_SOURCE, HOST_PLANE_SOURCE, try_view

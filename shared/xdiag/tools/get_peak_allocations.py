@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from xdiag.errors import NotAvailable
-from xdiag.hlo_cost import shape_bytes
+from xdiag.analysis.hlo_cost import shape_bytes
 from xdiag.profile.space import Session
 from xdiag.tools.common import try_view, xprof_source
 from xdiag.tools.ops import op_stats

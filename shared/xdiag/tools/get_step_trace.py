@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from xdiag.breakdown import CATEGORIES, step_rows, summarize_steps
+from xdiag.analysis.breakdown import CATEGORIES, step_rows, summarize_steps
 from xdiag.errors import NotAvailable
 from xdiag.profile.space import Session
-from xdiag.timeline import step_set
+from xdiag.analysis.timeline import step_set
 from xdiag.tools.common import DEVICE_PLANE_SOURCE, HOST_PLANE_SOURCE, try_view
 from xdiag.tools.registry import ToolOutput, tool
 

@@ -6,7 +6,7 @@ import numpy as np
 
 from xdiag.errors import NotAvailable
 from xdiag.profile.space import Session
-from xdiag.timeline import covered, op_table, step_set
+from xdiag.analysis.timeline import covered, op_table, step_set
 from xdiag.tools.common import DEVICE_PLANE_SOURCE, HOST_PLANE_SOURCE, percent, try_view
 from xdiag.tools.registry import ToolOutput, tool
 

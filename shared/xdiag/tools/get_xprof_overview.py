@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from xdiag.breakdown import step_rows, summarize_steps
+from xdiag.analysis.breakdown import step_rows, summarize_steps
 from xdiag.profile.space import Session
-from xdiag.timeline import profile_window_ps, step_set
+from xdiag.analysis.timeline import profile_window_ps, step_set
 from xdiag.tools.common import DEVICE_PLANE_SOURCE, HOST_PLANE_SOURCE, ms, try_view
 from xdiag.tools.ops import category_totals, op_stats
 from xdiag.tools.registry import ToolOutput, tool

@@ -4,7 +4,7 @@
     python -m xdiag.workloads.attached --port 9999 --control-plane URL --run RUN [--sdk] [--report-steps]
         [--slowdown-file PATH] [--seconds N] [--steps-log PATH]
 
-It starts the JAX profiler server and registers with the control plane through `xdiag.workload.attach`
+It starts the JAX profiler server and registers with the control plane through `xdiag.capture.workload.attach`
 (after `machinelearning_run(..., base_url=URL)` with `--sdk`, as a user of the ML Diagnostics SDK would), then
 runs jitted MLP steps (a few milliseconds of compute at the default `--batch` and `--hidden`, and a short host-side
 pause each) until `--seconds` pass or it is terminated. While `--slowdown-file` exists each step takes `--slowdown-ms` longer: a degradation for the
@@ -45,14 +45,14 @@ def main(argv: list[str] | None = None) -> int:
     import jax
     import jax.numpy as jnp
 
-    import xdiag.workload
+    import xdiag.capture.workload
 
     if args.sdk:
         from google_cloud_mldiagnostics import machinelearning_run
 
         machinelearning_run(name=args.run or "attached", gcs_path=args.gcs_path, base_url=args.control_plane,
                             on_demand_xprof=False, metrics_record_interval_sec=0)
-    attached = xdiag.workload.attach(
+    attached = xdiag.capture.workload.attach(
         control_plane=args.control_plane, port=args.port, run=None if args.sdk else args.run, name=args.name,
         host=args.host, report_steps=args.report_steps, report_interval_s=args.report_interval,
     )

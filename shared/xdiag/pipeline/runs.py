@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from xdiag.errors import XdiagError
-from xdiag.layout import state_key
-from xdiag.ports import StateStore
+from xdiag.pipeline.layout import state_key
+from xdiag.pipeline.ports import StateStore
 
 RUNS = "runs"
 ALERTS = "alerts"

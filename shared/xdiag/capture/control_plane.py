@@ -16,7 +16,7 @@ xdiag's own endpoints (JSON in and out):
     GET    /v1/runs                                 runs
     GET    /v1/runs/{run}                           one run (targets, continuous profiling, last capture)
     GET    /v1/runs/{run}/targets                   profiler targets
-    POST   /v1/runs/{run}/targets                   {"name", "host", "port"}: register one (what xdiag.workload does)
+    POST   /v1/runs/{run}/targets                   {"name", "host", "port"}: register one (what xdiag.capture.workload does)
     DELETE /v1/runs/{run}/targets/{name}
     GET    /v1/runs/{run}/sessions                  sessions (kind, status, analysis, report)
     GET    /v1/runs/{run}/sessions/{session}
@@ -50,10 +50,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from xdiag.capture import new_session_id, set_continuous
-from xdiag.layout import state_key
+from xdiag.capture.stage import new_session_id, set_continuous
+from xdiag.pipeline.layout import state_key
 from xdiag.model import Alert, StepTimes, utc_now
-from xdiag.registry import (
+from xdiag.pipeline.runs import (
     KIND_ON_DEMAND,
     KIND_SNAPSHOT,
     RUNS,
@@ -69,7 +69,7 @@ from xdiag.registry import (
     list_targets,
     targets_collection,
 )
-from xdiag.stages import ANALYSES, TOPIC_ALERTS, TOPIC_STEP_TIMES, Dependencies, sessions_collection
+from xdiag.pipeline.stages import ANALYSES, TOPIC_ALERTS, TOPIC_STEP_TIMES, Dependencies, sessions_collection
 
 MAX_BODY_BYTES = 64 * 1024
 MAX_TARGETS = 1024
@@ -413,7 +413,7 @@ def _selection(deps: Dependencies, run_id: str, body: dict[str, Any]) -> list[st
     if unknown:
         raise InvalidRequest(f"not registered target(s) of run {run_id!r}: {', '.join(unknown)}")
     if not registered:
-        raise InvalidRequest(f"run {run_id!r} has no registered profiler targets (xdiag.workload.attach registers them)")
+        raise InvalidRequest(f"run {run_id!r} has no registered profiler targets (xdiag.capture.workload.attach registers them)")
     return hosts
 
 

@@ -56,15 +56,15 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from xdiag.control_plane import Access
+from xdiag.capture.control_plane import Access
 from xdiag.errors import PoisonMessage
-from xdiag.events import PubSubDelivery, pubsub_delivery, storage_upload
+from xdiag.cloud.events import PubSubDelivery, pubsub_delivery, storage_upload
 from xdiag.model import DeadLetter, utc_now
 from xdiag.profile.reader import DEFAULT_MAX_PROFILE_BYTES
-from xdiag.registry import CaptureSettings, MonitorSettings
-from xdiag.stages import HANDLERS, TOPIC_PROFILE_UPLOADS, Dependencies, SessionLoader, letter_key
+from xdiag.pipeline.runs import CaptureSettings, MonitorSettings
+from xdiag.pipeline.stages import HANDLERS, TOPIC_PROFILE_UPLOADS, Dependencies, SessionLoader, letter_key
 
-log = logging.getLogger("xdiag.cloud")
+log = logging.getLogger("xdiag.cloud.runtime")
 
 FAILURES = "failures"
 DEAD_LETTER_SUFFIX = "-dead-letter"
@@ -137,10 +137,10 @@ def firestore_client(project: str):
 
 def cloud_dependencies(config: CloudConfig) -> tuple[Dependencies, Callable[[str, bytes, dict[str, str]], Any]]:
     """The stages' dependencies on Pub/Sub, Cloud Storage and Firestore, and a raw publisher for dead letters."""
-    from xdiag.adapters.firestore import FirestoreStateStore
-    from xdiag.adapters.gcs import GcsBlobStore, storage_client
-    from xdiag.adapters.pubsub import PubSubBus
-    from xdiag.adapters.xprof_profiler import XprofProfiler
+    from xdiag.cloud.firestore import FirestoreStateStore
+    from xdiag.cloud.gcs import GcsBlobStore, storage_client
+    from xdiag.cloud.pubsub import PubSubBus
+    from xdiag.capture.profiler import XprofProfiler
     from xdiag.investigators.gemini import investigators_from_env
 
     bus = PubSubBus(config.project)

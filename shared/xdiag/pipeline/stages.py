@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from xdiag.errors import PoisonMessage, ProfileError, UnknownTool
 from xdiag.investigators import RuleEngine, health_snapshot
-from xdiag.layout import analysis_id_for, output_uri, parse_profile_uri, session_files, session_prefix, state_key
+from xdiag.pipeline.layout import analysis_id_for, output_uri, parse_profile_uri, session_files, session_prefix, state_key
 from xdiag.model import (
     Alert,
     Analysis,
@@ -38,11 +38,11 @@ from xdiag.model import (
     ToolStatus,
     utc_now,
 )
-from xdiag.ports import BlobInfo, BlobStore, Bus, StateStore
+from xdiag.pipeline.ports import BlobInfo, BlobStore, Bus, StateStore
 from xdiag.profile.compact import load_session, save_session
 from xdiag.profile.reader import DEFAULT_MAX_PROFILE_BYTES, read_session
 from xdiag.profile.space import Session
-from xdiag.registry import CAPTURED_KINDS, RUNS, CaptureSettings, MonitorSettings, run_for_path, run_path
+from xdiag.pipeline.runs import CAPTURED_KINDS, RUNS, CaptureSettings, MonitorSettings, run_for_path, run_path
 from xdiag.tools import BROAD_TOOLS, FOLLOW_UP_TOOLS, REGISTRY
 from xdiag.tools import run_tool as execute_tool
 from xdiag.tools.registry import validate_args
@@ -173,7 +173,7 @@ class Dependencies:
     quiet_period_s: float = 30.0  # register: a session is complete once no file of it arrived for this long
     default_investigator: str = "rules"  # for sessions that register announces
     sleep: Callable[[float], None] = time.sleep
-    profiler: Any = None  # the Profiler port (xdiag.ports.Profiler): the capture stage calls targets through it
+    profiler: Any = None  # the Profiler port (xdiag.pipeline.ports.Profiler): the capture stage calls targets through it
     capture: CaptureSettings = field(default_factory=CaptureSettings)
     monitor: MonitorSettings = field(default_factory=MonitorSettings)
 
@@ -509,13 +509,13 @@ def dead_letter(message: DeadLetter, deps: Dependencies) -> None:
 
 
 def _capture(message: Alert, deps: Dependencies) -> None:
-    from xdiag.capture import capture  # the capture stage builds on this module
+    from xdiag.capture.stage import capture  # the capture stage builds on this module
 
     capture(message, deps)
 
 
 def _monitor(message: StepTimes, deps: Dependencies) -> None:
-    from xdiag.monitor import monitor
+    from xdiag.capture.monitor import monitor
 
     monitor(message, deps)
 

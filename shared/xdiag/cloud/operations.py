@@ -9,12 +9,12 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from xdiag.cloud import CloudConfig, firestore_client
-from xdiag.layout import session_prefix, state_key
-from xdiag.locate import LocatedSession
+from xdiag.cloud.runtime import CloudConfig, firestore_client
+from xdiag.pipeline.layout import session_prefix, state_key
+from xdiag.profile.locate import LocatedSession
 from xdiag.model import CaptureReady
-from xdiag.ports import StateStore
-from xdiag.stages import (
+from xdiag.pipeline.ports import StateStore
+from xdiag.pipeline.stages import (
     ANALYSES,
     CLAIMS,
     DEAD_LETTERS,
@@ -35,14 +35,14 @@ def client_config(bucket: str | None = None) -> CloudConfig:
 
 
 def state_store(config: CloudConfig) -> StateStore:
-    from xdiag.adapters.firestore import FirestoreStateStore
+    from xdiag.cloud.firestore import FirestoreStateStore
 
     return FirestoreStateStore(firestore_client(config.project))
 
 
 def upload_session(located: LocatedSession, run: str, config: CloudConfig) -> list[str]:
     """Writes each host's file to gs://BUCKET/<run>/plugins/profile/<session>/<file>; returns the URIs."""
-    from xdiag.adapters.gcs import GcsBlobStore, storage_client
+    from xdiag.cloud.gcs import GcsBlobStore, storage_client
 
     blobs = GcsBlobStore(storage_client(config.project), config.cache_dir)
     prefix = session_prefix(config.profile_root, run, located.name)
@@ -53,7 +53,7 @@ def publish_capture(
     config: CloudConfig, run: str, session: str, investigator: str = "rules", analysis_id: str | None = None
 ) -> CaptureReady:
     """The manual request: a CaptureReady naming the run and session; collect finds the files."""
-    from xdiag.adapters.pubsub import PubSubBus
+    from xdiag.cloud.pubsub import PubSubBus
 
     message = CaptureReady(run_id=run, session_id=session, investigator=investigator, analysis_id=analysis_id)
     PubSubBus(config.project).publish(TOPIC_CAPTURES, message)

@@ -1,6 +1,6 @@
 """The monitor stage (topic `step-times`): a run's step times → a baseline → a `bad` verdict on `alerts`.
 
-The workload reports step times (`xdiag.workload`, through the control plane). Per run the monitor skips the
+The workload reports step times (`xdiag.capture.workload`, through the control plane). Per run the monitor skips the
 warm-up points, takes the median of the next `baseline_points` as the baseline, then watches the median of the
 latest `window_points`: once it is more than `margin` (15% by default) above the baseline, it publishes
 `{"run_id": …, "verdict": "bad", …}` on `alerts`, once, and again only after the run has recovered. So automatic
@@ -15,10 +15,10 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from xdiag.layout import state_key
+from xdiag.pipeline.layout import state_key
 from xdiag.model import Alert, StepTimes, utc_now
-from xdiag.registry import MONITORS, check_run_id
-from xdiag.stages import TOPIC_ALERTS, Dependencies
+from xdiag.pipeline.runs import MONITORS, check_run_id
+from xdiag.pipeline.stages import TOPIC_ALERTS, Dependencies
 
 KEEP_POINTS = 200  # the latest points kept per run, besides the baseline
 

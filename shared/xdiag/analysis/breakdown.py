@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from xdiag.profile.space import Session
-from xdiag.timeline import (
+from xdiag.analysis.timeline import (
     CALLBACK_EVENT,
     COMPILE_EVENT,
     DISPATCH_EVENT,

@@ -38,8 +38,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from xdiag.cloud import dead_letter_topic
-from xdiag.stages import (
+from xdiag.cloud.runtime import dead_letter_topic
+from xdiag.pipeline.stages import (
     TOPIC_ALERTS,
     TOPIC_CAPTURES,
     TOPIC_INVESTIGATIONS,
@@ -111,7 +111,7 @@ class StackSettings:
     max_delivery_attempts: int = 5  # Pub/Sub's minimum
     min_backoff_s: float = 1.0
     max_backoff_s: float = 10.0
-    functions_dir: str = str(Path(__file__).resolve().parents[2] / "functions")
+    functions_dir: str = str(Path(__file__).resolve().parents[3] / "functions")
     capture_cooldown_s: float = 60.0
     token: str = ""  # the control plane's bearer token (a fresh one per start)
 
@@ -353,8 +353,8 @@ class LocalStack:
             if owner_pid is not None:
                 self._spawn(
                     "reaper",
-                    [sys.executable, "-m", "xdiag.localstack", "reap", str(self.state_dir), str(owner_pid)],
-                    "xdiag.localstack reap",
+                    [sys.executable, "-m", "xdiag.cloud.localstack", "reap", str(self.state_dir), str(owner_pid)],
+                    "xdiag.cloud.localstack reap",
                 )
         except BaseException:
             self.stop()
@@ -586,4 +586,4 @@ if __name__ == "__main__":
     if len(sys.argv) == 4 and sys.argv[1] == "reap":
         _reap(sys.argv[2], int(sys.argv[3]))
     else:
-        sys.exit("usage: python -m xdiag.localstack reap STATE_DIR OWNER_PID")
+        sys.exit("usage: python -m xdiag.cloud.localstack reap STATE_DIR OWNER_PID")

@@ -15,7 +15,7 @@ from pathlib import Path
 from google.api_core import exceptions
 from google.cloud import storage
 
-from xdiag.ports import BlobInfo
+from xdiag.pipeline.ports import BlobInfo
 
 DEFAULT_CACHE_BYTES = 4 * 2**30
 

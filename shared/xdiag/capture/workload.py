@@ -1,7 +1,7 @@
 """Inside the workload: make this process a profiler target of xdiag, and (optionally) report its step times.
 
-    import xdiag.workload
-    attached = xdiag.workload.attach(control_plane=XDIAG_URL, port=9999)      # after machinelearning_run(...)
+    import xdiag.capture.workload
+    attached = xdiag.capture.workload.attach(control_plane=XDIAG_URL, port=9999)      # after machinelearning_run(...)
     for batch in data:
         with attached.step():                                                   # optional: feeds the monitor
             train_step(batch)
@@ -33,7 +33,7 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
-log = logging.getLogger("xdiag.workload")
+log = logging.getLogger("xdiag.capture.workload")
 
 MAX_QUEUED_POINTS = 10_000
 MAX_BATCH = 1000
@@ -154,7 +154,7 @@ class Attachment:
             self._stop.wait(wait)
 
     def _register(self) -> None:
-        from xdiag.control_plane_client import ControlPlaneError
+        from xdiag.capture.client import ControlPlaneError
 
         if self.create_run:
             try:
@@ -189,7 +189,7 @@ def attach(
     """Registers this process's profiler server with xdiag; returns at once (the network work runs in the
     background). Never raises: a misconfiguration is logged and an inert Attachment returned."""
     try:
-        from xdiag.control_plane_client import ControlPlaneClient
+        from xdiag.capture.client import ControlPlaneClient
 
         url = control_plane or os.environ.get("XDIAG_CONTROL_PLANE_URL")
         sdk_run = _sdk_run_id()

@@ -24,10 +24,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from xdiag.layout import analysis_id_for, output_uri, session_prefix, state_key
+from xdiag.pipeline.layout import analysis_id_for, output_uri, session_prefix, state_key
 from xdiag.model import Alert, CaptureReady, utc_now
-from xdiag.ports import BlobInfo
-from xdiag.registry import (
+from xdiag.pipeline.ports import BlobInfo
+from xdiag.pipeline.runs import (
     ALERTS,
     KIND_AUTO,
     KIND_ON_DEMAND,
@@ -43,7 +43,7 @@ from xdiag.registry import (
     list_targets,
     run_path,
 )
-from xdiag.stages import CLAIMS, TOPIC_ALERTS, TOPIC_CAPTURES, Dependencies, letter_key, sessions_collection
+from xdiag.pipeline.stages import CLAIMS, TOPIC_ALERTS, TOPIC_CAPTURES, Dependencies, letter_key, sessions_collection
 
 DEFAULT_TRACERS = {"host_tracer_level": 2, "device_tracer_level": 1, "python_tracer_level": 0}
 NO_BUFFER = (

@@ -15,7 +15,7 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 from xdiag.model import Message
-from xdiag.ports import BlobInfo
+from xdiag.pipeline.ports import BlobInfo
 
 
 class InProcessBus:

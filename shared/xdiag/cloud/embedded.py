@@ -10,11 +10,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from xdiag.adapters.embedded import InProcessBus, LocalBlobStore, MemoryStateStore
-from xdiag.locate import LocatedSession
+from xdiag.cloud.memory import InProcessBus, LocalBlobStore, MemoryStateStore
+from xdiag.profile.locate import LocatedSession
 from xdiag.model import Analysis, CaptureReady
 from xdiag.profile.reader import DEFAULT_MAX_PROFILE_BYTES
-from xdiag.stages import ANALYSES, HANDLERS, TOPIC_CAPTURES, Dependencies, SessionLoader
+from xdiag.pipeline.stages import ANALYSES, HANDLERS, TOPIC_CAPTURES, Dependencies, SessionLoader
 
 
 def analysis_id_for(files: list[Path]) -> str:

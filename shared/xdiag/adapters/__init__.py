@@ -1,1 +1,0 @@
-"""Adapters for the ports: embedded (in-process, local files, memory) and Google Cloud."""
