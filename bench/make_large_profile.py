@@ -17,7 +17,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-
 from xdiag.profile import wire
 
 XSPACE_PLANES, XPLANE_LINES = 1, 3

@@ -2,11 +2,11 @@
 InvestigationReady on `investigations`, claimed with a create-if-absent write."""
 
 import functions_framework
-from xdiag.pipeline import stages
 from xdiag.cloud.runtime import pubsub_stage
+from xdiag.pipeline import stages, topics
 
 
 @functions_framework.cloud_event
-@pubsub_stage(stages.TOPIC_TOOL_RESULTS)
+@pubsub_stage(topics.TOPIC_TOOL_RESULTS)
 def aggregate(message, deps):
     stages.aggregate(message, deps)

@@ -3,12 +3,12 @@ snapshot request) → a profile captured from the run's registered targets, writ
 on `captures`."""
 
 import functions_framework
-from xdiag.pipeline import stages
 from xdiag.capture.stage import capture as capture_stage
 from xdiag.cloud.runtime import pubsub_stage
+from xdiag.pipeline import topics
 
 
 @functions_framework.cloud_event
-@pubsub_stage(stages.TOPIC_ALERTS)
+@pubsub_stage(topics.TOPIC_ALERTS)
 def capture(message, deps):
     capture_stage(message, deps)

@@ -2,11 +2,11 @@
 on `tool-runs`."""
 
 import functions_framework
-from xdiag.pipeline import stages
 from xdiag.cloud.runtime import pubsub_stage
+from xdiag.pipeline import stages, topics
 
 
 @functions_framework.cloud_event
-@pubsub_stage(stages.TOPIC_CAPTURES)
+@pubsub_stage(topics.TOPIC_CAPTURES)
 def collect(message, deps):
     stages.collect(message, deps)

@@ -2,8 +2,8 @@
 reason; a lost tool run becomes a failed tool, a lost stage fails its analysis, so no analysis hangs."""
 
 import functions_framework
-from xdiag.pipeline import stages
 from xdiag.cloud.runtime import dead_letter_stage
+from xdiag.pipeline import stages
 
 
 @functions_framework.cloud_event

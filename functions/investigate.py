@@ -2,11 +2,11 @@
 findings from at most four follow-up tool calls), a ReportReady on `reports`."""
 
 import functions_framework
-from xdiag.pipeline import stages
 from xdiag.cloud.runtime import pubsub_stage
+from xdiag.pipeline import stages, topics
 
 
 @functions_framework.cloud_event
-@pubsub_stage(stages.TOPIC_INVESTIGATIONS)
+@pubsub_stage(topics.TOPIC_INVESTIGATIONS)
 def investigate(message, deps):
     stages.investigate(message, deps)

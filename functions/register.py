@@ -3,8 +3,8 @@ notification on `profile-uploads`) → records the host's file; after the quiet 
 on `captures`."""
 
 import functions_framework
-from xdiag.pipeline import stages
 from xdiag.cloud.runtime import storage_stage
+from xdiag.pipeline import stages
 
 
 @functions_framework.cloud_event

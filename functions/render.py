@@ -2,11 +2,11 @@
 the analysis DONE (or FAILED) in Firestore."""
 
 import functions_framework
-from xdiag.pipeline import stages
 from xdiag.cloud.runtime import pubsub_stage
+from xdiag.pipeline import stages, topics
 
 
 @functions_framework.cloud_event
-@pubsub_stage(stages.TOPIC_REPORTS)
+@pubsub_stage(topics.TOPIC_REPORTS)
 def render(message, deps):
     stages.render(message, deps)

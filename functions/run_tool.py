@@ -2,11 +2,11 @@
 ToolDone on `tool-results`."""
 
 import functions_framework
-from xdiag.pipeline import stages
 from xdiag.cloud.runtime import pubsub_stage
+from xdiag.pipeline import stages, topics
 
 
 @functions_framework.cloud_event
-@pubsub_stage(stages.TOPIC_TOOL_RUNS)
+@pubsub_stage(topics.TOPIC_TOOL_RUNS)
 def run_tool(message, deps):
     stages.run_tool(message, deps)

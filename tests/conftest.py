@@ -12,7 +12,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from xdiag.workloads import WORKLOADS
 from xdiag.workloads.capture import capture_workload
 

@@ -19,7 +19,7 @@ import pytest
 from xdiag.capture.client import ControlPlaneClient, ControlPlaneError
 from xdiag.pipeline.layout import state_key
 from xdiag.pipeline.runs import ALERTS, get_run
-from xdiag.pipeline.stages import ANALYSES, sessions_collection
+from xdiag.pipeline.topics import ANALYSES, sessions_collection
 
 from tests.test_local_stack import Cloud, wait_until
 

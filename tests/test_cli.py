@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from xdiag.tools import BROAD_TOOLS
 
 from tests.conftest import shared_profile
-from xdiag.tools import BROAD_TOOLS
 
 
 def _xdiag(*args: str, cwd: Path) -> subprocess.CompletedProcess:

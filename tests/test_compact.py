@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from tests.conftest import H200, SHARED_PROFILES
 from xdiag.errors import ProfileError
 from xdiag.profile.compact import load_session, save_session
 from xdiag.profile.reader import read_session
 from xdiag.tools import BROAD_TOOLS, run_tool
+
+from tests.conftest import H200, SHARED_PROFILES
 
 PROFILES = sorted(H200.glob("*.xplane.pb")) + sorted(p for p in SHARED_PROFILES.glob("*/*.xplane.pb") if "bad" not in p.parts)
 

@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 from functions_framework import create_app
+from xdiag.capture.control_plane import Access
+from xdiag.capture.monitor import monitor
+from xdiag.capture.workload import attach
+from xdiag.cloud.embedded import build_embedded
 from xdiag.cloud.memory import LocalBlobStore
 from xdiag.cloud.runtime import Runtime, use_runtime
-from xdiag.capture.control_plane import Access
-from xdiag.cloud.embedded import build_embedded
 from xdiag.model import Alert, StepPoint, StepTimes
-from xdiag.capture.monitor import monitor
 from xdiag.pipeline.runs import MonitorSettings
-from xdiag.capture.workload import attach
 
 FUNCTIONS = Path(__file__).resolve().parents[1] / "functions"
 TOKEN = "s3cret-token"

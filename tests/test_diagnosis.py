@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import pytest
-
 from xdiag.cloud.embedded import analyze_session
-from xdiag.profile.locate import locate_session
+from xdiag.investigators import MAX_FOLLOW_UP_CALLS
 from xdiag.model import Analysis, Status
-from xdiag.pipeline.stages import MAX_FOLLOW_UP_CALLS
+from xdiag.profile.locate import locate_session
 from xdiag.tools import REGISTRY
 from xdiag.workloads import WORKLOADS
 

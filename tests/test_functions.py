@@ -12,11 +12,12 @@ import pytest
 from cloudevents.conversion import to_binary, to_structured
 from cloudevents.http import CloudEvent
 from functions_framework import create_app
+from xdiag.cloud.embedded import build_embedded
 from xdiag.cloud.memory import LocalBlobStore
 from xdiag.cloud.runtime import REASON_ATTRIBUTE, Runtime, use_runtime
-from xdiag.cloud.embedded import build_embedded
 from xdiag.model import CaptureReady, ToolRun
-from xdiag.pipeline.stages import ANALYSES, DEAD_LETTERS, SessionLoader, letter_key, sessions_collection, tools_collection
+from xdiag.pipeline.deps import SessionLoader
+from xdiag.pipeline.topics import ANALYSES, DEAD_LETTERS, letter_key, sessions_collection, tools_collection
 from xdiag.tools import BROAD_TOOLS
 
 FUNCTIONS = Path(__file__).resolve().parents[1] / "functions"

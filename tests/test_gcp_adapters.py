@@ -11,7 +11,7 @@ from xdiag.cloud.gcs import GcsBlobStore, storage_client
 from xdiag.cloud.pubsub import PubSubBus
 from xdiag.cloud.runtime import CloudConfig, firestore_client
 from xdiag.model import ToolDone
-from xdiag.pipeline.stages import DEAD_LETTERS
+from xdiag.pipeline.topics import DEAD_LETTERS
 
 
 def _state() -> FirestoreStateStore:

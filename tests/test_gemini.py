@@ -14,14 +14,12 @@ import re
 import subprocess
 import sys
 import tomllib
-from markupsafe import escape as _escape
 from pathlib import Path
 
 import pytest
-
-from tests.fake_vertex import FakeVertex, Reply, answer, calls, error, static_credentials, text, usage
+from markupsafe import escape as _escape
 from xdiag.cloud.embedded import analyze_session, build_embedded
-from xdiag.investigators import health_snapshot
+from xdiag.investigators import MAX_FOLLOW_UP_CALLS, health_snapshot
 from xdiag.investigators.gemini import (
     FALLBACK_NOTE,
     PROMPT_VERSION,
@@ -31,10 +29,11 @@ from xdiag.investigators.gemini import (
     investigators_from_env,
     load_prompt,
 )
-from xdiag.profile.locate import locate_session
 from xdiag.model import Analysis, ToolResult
-from xdiag.pipeline.stages import MAX_FOLLOW_UP_CALLS
+from xdiag.profile.locate import locate_session
 from xdiag.tools import FOLLOW_UP_TOOLS, REGISTRY
+
+from tests.fake_vertex import FakeVertex, Reply, answer, calls, error, static_credentials, text, usage
 
 ROOT = Path(__file__).resolve().parents[1]
 H200 = ROOT / "tests" / "profiles" / "h200"
@@ -458,7 +457,6 @@ def test_cli_refuses_gemini_without_a_project(tmp_path):
 
 def test_cli_runs_gemini_with_application_default_credentials(tmp_path, monkeypatch):
     from typer.testing import CliRunner
-
     from xdiag.cli import app
 
     asked_adc: list[object] = []

@@ -139,13 +139,15 @@ class CodeIndex:
         return self.constants.get(name) if name else None
 
     def methods_named(self, module: str, attr: str) -> list[str]:
+        """Methods called `attr` of the classes in the module or in the package modules it imports from."""
+        near = {module} | {imported.rpartition(".")[0] for imported in self.names.get(module, {}).values()}
         return [name for name in self.defs
-                if self.def_module[name] == module and name.count(".") > module.count(".") + 1
+                if self.def_module[name] in near and name.count(".") > self.def_module[name].count(".") + 1
                 and name.rsplit(".", 1)[1] == attr]
 
     def callees(self, name: str) -> set[str]:
         """What a function may call: the functions it names (a class: its constructor), and for calls on objects
-        the code cannot type (`deps.sessions.load`), the methods of that name in the caller's own module."""
+        the code cannot type (`deps.sessions.load`), the methods of that name in the caller's own module and the modules it imports from."""
         node, module = self.defs[name], self.def_module[name]
         cls = name.rsplit(".", 1)[0] if name.rsplit(".", 1)[0] in self.classes else None
         local = _local_names(node)
@@ -241,7 +243,7 @@ def _signature(decorator: ast.AST) -> str | None:
 @cache
 def code_contract() -> CodeContract:
     index = CodeIndex()
-    suffix = index.constants["xdiag.cloud.DEAD_LETTER_SUFFIX"]
+    suffix = index.constants["xdiag.cloud.runtime.DEAD_LETTER_SUFFIX"]
     topics = {value for name, value in index.constants.items()
               if name.startswith("xdiag.") and name.rsplit(".", 1)[1].startswith("TOPIC_")}
     contracts: dict[str, FunctionContract] = {}
@@ -508,7 +510,7 @@ def test_every_subscription_pushes_to_an_existing_function_the_way_the_local_sta
     assert endpoint.startswith("${google_cloudfunctions2_function.function[each.value].service_config[0].uri}")
     # The emulator's push endpoint carries the topic's path, which functions-framework turns into the topic the
     # code reads (the dead_letter function tells the source topic by it): the same path in the cloud.
-    local_stack = (PACKAGE / "localstack.py").read_text()
+    local_stack = (PACKAGE / "cloud" / "localstack.py").read_text()
     assert "/projects/{project}/topics/{topic}" in local_stack
     assert endpoint.endswith("/projects/${var.project}/topics/${each.key}")
     assert push["topic"] == "${local.topic_ids[each.key]}"
@@ -540,7 +542,7 @@ def test_every_push_subscription_has_an_oidc_token_a_retry_policy_and_a_dead_let
     from xdiag.cloud.localstack import StackSettings
 
     assert attempts == StackSettings().max_delivery_attempts
-    local_ack = [n.values[i].value for n in ast.walk(ast.parse((PACKAGE / "localstack.py").read_text()))
+    local_ack = [n.values[i].value for n in ast.walk(ast.parse((PACKAGE / "cloud" / "localstack.py").read_text()))
                  if isinstance(n, ast.Dict) for i, k in enumerate(n.keys)
                  if isinstance(k, ast.Constant) and k.value == "ackDeadlineSeconds"]
     assert local_ack == [push["ack_deadline_seconds"]], local_ack
@@ -656,9 +658,9 @@ def test_control_plane_is_behind_iam_and_its_url_is_an_output():
 
 
 def test_cloud_monitoring_notifies_the_alerts_topic():
-    alerts = CodeIndex().constants.get("xdiag.pipeline.stages.TOPIC_ALERTS")
+    alerts = CodeIndex().constants.get("xdiag.pipeline.topics.TOPIC_ALERTS")
     if alerts is None:
-        pytest.skip("the code has no alerts topic (xdiag.pipeline.stages.TOPIC_ALERTS)")
+        pytest.skip("the code has no alerts topic (xdiag.pipeline.topics.TOPIC_ALERTS)")
     assert alerts in _topics()
     channel = infra().resource("google_monitoring_notification_channel", "alerts")
     assert channel["type"] == "pubsub"

@@ -16,12 +16,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from xdiag.cloud.runtime import CloudConfig, cloud_dependencies
-from xdiag.cloud.operations import wait_for_analysis
-from xdiag.pipeline.layout import output_uri, session_prefix
 from xdiag.cloud.localstack import LocalStack, group_members, listening
+from xdiag.cloud.operations import wait_for_analysis
+from xdiag.cloud.runtime import CloudConfig, cloud_dependencies
 from xdiag.model import CaptureReady, InvestigationReady, ReportReady, ToolDone, ToolRun
-from xdiag.pipeline.stages import ANALYSES, CLAIMS, DEAD_LETTERS, letter_key, sessions_collection, tools_collection
+from xdiag.pipeline.layout import output_uri, session_prefix
+from xdiag.pipeline.topics import ANALYSES, CLAIMS, DEAD_LETTERS, letter_key, sessions_collection, tools_collection
 from xdiag.tools import BROAD_TOOLS
 
 

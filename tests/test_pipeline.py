@@ -5,21 +5,11 @@ from __future__ import annotations
 import os
 
 import pytest
-
 from xdiag.cloud.embedded import analyze_session, build_embedded
-from xdiag.profile.locate import locate_session
 from xdiag.model import CaptureReady, InvestigationReady, ReportReady, ToolDone, ToolRun
-from xdiag.pipeline.stages import (
-    ANALYSES,
-    CLAIMS,
-    TOPIC_INVESTIGATIONS,
-    aggregate,
-    collect,
-    investigate,
-    render,
-    run_tool,
-    tools_collection,
-)
+from xdiag.pipeline.stages import aggregate, collect, investigate, render, run_tool
+from xdiag.pipeline.topics import ANALYSES, CLAIMS, TOPIC_INVESTIGATIONS, tools_collection
+from xdiag.profile.locate import locate_session
 from xdiag.tools import BROAD_TOOLS
 
 

@@ -6,11 +6,11 @@ import os
 import shutil
 
 import pytest
-
-from tests.conftest import shared_profile
 from xdiag.errors import ProfileError
 from xdiag.profile.locate import locate_session
 from xdiag.profile.reader import read_session
+
+from tests.conftest import shared_profile
 
 
 def test_cpu_profile_names_its_planes_host_and_hlo_modules(cpu_profiles):

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
-
-from tests.conftest import shared_profile
 from xdiag.model import ToolStatus
 from xdiag.profile.reader import read_session
 from xdiag.tools import BROAD_TOOLS, REGISTRY, run_tool
+
+from tests.conftest import shared_profile
 
 
 @pytest.fixture(scope="module")

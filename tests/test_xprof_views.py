@@ -16,14 +16,13 @@ import types
 from pathlib import Path
 
 import pytest
-
 from xdiag.errors import NotAvailable, ProfileError
 
 PROFILES = Path(__file__).resolve().parents[2] / "shared" / "profiles"
 pytestmark = pytest.mark.skipif(not PROFILES.is_dir(), reason=f"shared real-device profiles not found at {PROFILES}")
 pytest.importorskip("xprof", reason="the xprof wheel is not installed")
 
-from xdiag.analysis.xprof.runner import XprofViews  # noqa: E402
+from xdiag.analysis.xprof import XprofViews  # noqa: E402
 
 TPU = "tpu/tpu_v6e_inference.xplane.pb"
 V100 = "gpu/v100x8_tf_bert_worker.xplane.pb"

@@ -201,8 +201,8 @@ STACK_DIR = typer.Option("--stack-dir", envvar="XDIAG_STACK_DIR", help="Where th
 
 def _cloud_config(stack_dir: Path, bucket: Optional[str] = None):
     """The pipeline's configuration: the environment, or else the local stack that `xdiag up` started."""
-    from xdiag.cloud.operations import client_config
     from xdiag.cloud.localstack import load_stack_env
+    from xdiag.cloud.operations import client_config
 
     load_stack_env(stack_dir)
     try:

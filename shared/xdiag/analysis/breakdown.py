@@ -10,7 +10,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from xdiag.profile.space import Session
 from xdiag.analysis.timeline import (
     CALLBACK_EVENT,
     COMPILE_EVENT,
@@ -24,6 +23,7 @@ from xdiag.analysis.timeline import (
     op_table,
     step_set,
 )
+from xdiag.profile.space import Session
 
 PS_PER_MS = 1e9
 TRANSFER_CATEGORIES = ("async_copy", "memcpy")

@@ -51,8 +51,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from xdiag.capture.stage import new_session_id, set_continuous
-from xdiag.pipeline.layout import state_key
 from xdiag.model import Alert, StepTimes, utc_now
+from xdiag.pipeline.deps import Dependencies
+from xdiag.pipeline.layout import state_key
 from xdiag.pipeline.runs import (
     KIND_ON_DEMAND,
     KIND_SNAPSHOT,
@@ -69,7 +70,7 @@ from xdiag.pipeline.runs import (
     list_targets,
     targets_collection,
 )
-from xdiag.pipeline.stages import ANALYSES, TOPIC_ALERTS, TOPIC_STEP_TIMES, Dependencies, sessions_collection
+from xdiag.pipeline.topics import ANALYSES, TOPIC_ALERTS, TOPIC_STEP_TIMES, sessions_collection
 
 MAX_BODY_BYTES = 64 * 1024
 MAX_TARGETS = 1024

@@ -15,10 +15,11 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from xdiag.pipeline.layout import state_key
 from xdiag.model import Alert, StepTimes, utc_now
+from xdiag.pipeline.deps import Dependencies
+from xdiag.pipeline.layout import state_key
 from xdiag.pipeline.runs import MONITORS, check_run_id
-from xdiag.pipeline.stages import TOPIC_ALERTS, Dependencies
+from xdiag.pipeline.topics import TOPIC_ALERTS
 
 KEEP_POINTS = 200  # the latest points kept per run, besides the baseline
 

@@ -24,8 +24,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from xdiag.pipeline.layout import analysis_id_for, output_uri, session_prefix, state_key
 from xdiag.model import Alert, CaptureReady, utc_now
+from xdiag.pipeline.deps import Dependencies
+from xdiag.pipeline.layout import analysis_id_for, output_uri, session_prefix, state_key
 from xdiag.pipeline.ports import BlobInfo
 from xdiag.pipeline.runs import (
     ALERTS,
@@ -43,7 +44,7 @@ from xdiag.pipeline.runs import (
     list_targets,
     run_path,
 )
-from xdiag.pipeline.stages import CLAIMS, TOPIC_ALERTS, TOPIC_CAPTURES, Dependencies, letter_key, sessions_collection
+from xdiag.pipeline.topics import CLAIMS, TOPIC_ALERTS, TOPIC_CAPTURES, letter_key, sessions_collection
 
 DEFAULT_TRACERS = {"host_tracer_level": 2, "device_tracer_level": 1, "python_tracer_level": 0}
 NO_BUFFER = (

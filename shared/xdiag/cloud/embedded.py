@@ -11,10 +11,12 @@ from pathlib import Path
 from typing import Any
 
 from xdiag.cloud.memory import InProcessBus, LocalBlobStore, MemoryStateStore
-from xdiag.profile.locate import LocatedSession
+from xdiag.handlers import HANDLERS
 from xdiag.model import Analysis, CaptureReady
+from xdiag.pipeline.deps import Dependencies, SessionLoader
+from xdiag.pipeline.topics import ANALYSES, TOPIC_CAPTURES
+from xdiag.profile.locate import LocatedSession
 from xdiag.profile.reader import DEFAULT_MAX_PROFILE_BYTES
-from xdiag.pipeline.stages import ANALYSES, HANDLERS, TOPIC_CAPTURES, Dependencies, SessionLoader
 
 
 def analysis_id_for(files: list[Path]) -> str:

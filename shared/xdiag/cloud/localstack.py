@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from xdiag.cloud.runtime import dead_letter_topic
-from xdiag.pipeline.stages import (
+from xdiag.pipeline.topics import (
     TOPIC_ALERTS,
     TOPIC_CAPTURES,
     TOPIC_INVESTIGATIONS,

@@ -10,20 +10,20 @@ from datetime import datetime, timezone
 from typing import Any
 
 from xdiag.cloud.runtime import CloudConfig, firestore_client
-from xdiag.pipeline.layout import session_prefix, state_key
-from xdiag.profile.locate import LocatedSession
 from xdiag.model import CaptureReady
+from xdiag.pipeline.layout import session_prefix, state_key
 from xdiag.pipeline.ports import StateStore
-from xdiag.pipeline.stages import (
+from xdiag.pipeline.stages import RUNS
+from xdiag.pipeline.topics import (
     ANALYSES,
     CLAIMS,
     DEAD_LETTERS,
-    RUNS,
     TOPIC_CAPTURES,
     files_collection,
     sessions_collection,
     tools_collection,
 )
+from xdiag.profile.locate import LocatedSession
 from xdiag.tools import BROAD_TOOLS
 
 

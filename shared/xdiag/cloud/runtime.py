@@ -57,12 +57,14 @@ from typing import Any
 from pydantic import ValidationError
 
 from xdiag.capture.control_plane import Access
-from xdiag.errors import PoisonMessage
 from xdiag.cloud.events import PubSubDelivery, pubsub_delivery, storage_upload
+from xdiag.errors import PoisonMessage
+from xdiag.handlers import HANDLERS
 from xdiag.model import DeadLetter, utc_now
-from xdiag.profile.reader import DEFAULT_MAX_PROFILE_BYTES
+from xdiag.pipeline.deps import Dependencies, SessionLoader
 from xdiag.pipeline.runs import CaptureSettings, MonitorSettings
-from xdiag.pipeline.stages import HANDLERS, TOPIC_PROFILE_UPLOADS, Dependencies, SessionLoader, letter_key
+from xdiag.pipeline.topics import TOPIC_PROFILE_UPLOADS, letter_key
+from xdiag.profile.reader import DEFAULT_MAX_PROFILE_BYTES
 
 log = logging.getLogger("xdiag.cloud.runtime")
 
@@ -137,10 +139,10 @@ def firestore_client(project: str):
 
 def cloud_dependencies(config: CloudConfig) -> tuple[Dependencies, Callable[[str, bytes, dict[str, str]], Any]]:
     """The stages' dependencies on Pub/Sub, Cloud Storage and Firestore, and a raw publisher for dead letters."""
+    from xdiag.capture.profiler import XprofProfiler
     from xdiag.cloud.firestore import FirestoreStateStore
     from xdiag.cloud.gcs import GcsBlobStore, storage_client
     from xdiag.cloud.pubsub import PubSubBus
-    from xdiag.capture.profiler import XprofProfiler
     from xdiag.investigators.gemini import investigators_from_env
 
     bus = PubSubBus(config.project)

@@ -3,4 +3,7 @@
 from xdiag.investigators.health import health_snapshot
 from xdiag.investigators.rules import RuleEngine
 
-__all__ = ["RuleEngine", "health_snapshot"]
+MAX_FOLLOW_UP_CALLS = 4
+"""An investigation's budget of follow-up tool calls, whoever investigates (the investigate stage enforces it)."""
+
+__all__ = ["MAX_FOLLOW_UP_CALLS", "RuleEngine", "health_snapshot"]

@@ -34,6 +34,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
+from xdiag.investigators import MAX_FOLLOW_UP_CALLS
 from xdiag.investigators.rules import CallTool, RuleEngine
 from xdiag.model import (
     Diagnosis,
@@ -47,7 +48,6 @@ from xdiag.model import (
     ToolResult,
     ToolStatus,
 )
-from xdiag.pipeline.stages import MAX_FOLLOW_UP_CALLS
 from xdiag.tools import FOLLOW_UP_TOOLS, REGISTRY
 
 PROMPT_VERSION = "v1"

@@ -11,8 +11,8 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from xdiag.profile.locate import SUFFIX
 from xdiag.pipeline.ports import BlobInfo, BlobStore
+from xdiag.profile.locate import SUFFIX
 
 PROFILE_DIR = "plugins/profile"
 OUTPUT_DIR = "xdiag"

@@ -8,174 +8,56 @@ least once, so a second delivery finds its work done and changes nothing.
 
 from __future__ import annotations
 
-import hashlib
-import tempfile
-import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from xdiag.errors import PoisonMessage, ProfileError, UnknownTool
-from xdiag.investigators import RuleEngine, health_snapshot
-from xdiag.pipeline.layout import analysis_id_for, output_uri, parse_profile_uri, session_files, session_prefix, state_key
+from xdiag.investigators import MAX_FOLLOW_UP_CALLS, health_snapshot
 from xdiag.model import (
-    Alert,
     Analysis,
     CaptureReady,
     DeadLetter,
-    Diagnosis,
     FollowUpCall,
     InvestigationReady,
     ProfileUploaded,
     ReportReady,
     Status,
-    StepTimes,
     ToolDone,
     ToolResult,
     ToolRun,
     ToolStatus,
     utc_now,
 )
-from xdiag.pipeline.ports import BlobInfo, BlobStore, Bus, StateStore
-from xdiag.profile.compact import load_session, save_session
-from xdiag.profile.reader import DEFAULT_MAX_PROFILE_BYTES, read_session
+from xdiag.pipeline.deps import PREPARED_SESSION, Dependencies
+from xdiag.pipeline.layout import (
+    analysis_id_for,
+    output_uri,
+    parse_profile_uri,
+    session_files,
+    session_prefix,
+    state_key,
+)
+from xdiag.pipeline.ports import BlobInfo
+from xdiag.pipeline.runs import CAPTURED_KINDS, RUNS, run_for_path, run_path
+from xdiag.pipeline.topics import (
+    ANALYSES,
+    CLAIMS,
+    DEAD_LETTERS,
+    MESSAGE_TYPES,
+    TOPIC_CAPTURES,
+    TOPIC_INVESTIGATIONS,
+    TOPIC_REPORTS,
+    TOPIC_TOOL_RESULTS,
+    TOPIC_TOOL_RUNS,
+    files_collection,
+    letter_key,
+    sessions_collection,
+    tools_collection,
+)
 from xdiag.profile.space import Session
-from xdiag.pipeline.runs import CAPTURED_KINDS, RUNS, CaptureSettings, MonitorSettings, run_for_path, run_path
 from xdiag.tools import BROAD_TOOLS, FOLLOW_UP_TOOLS, REGISTRY
 from xdiag.tools import run_tool as execute_tool
 from xdiag.tools.registry import validate_args
-
-MAX_FOLLOW_UP_CALLS = 4
-
-TOPIC_CAPTURES = "captures"
-TOPIC_TOOL_RUNS = "tool-runs"
-TOPIC_TOOL_RESULTS = "tool-results"
-TOPIC_INVESTIGATIONS = "investigations"
-TOPIC_REPORTS = "reports"
-TOPIC_PROFILE_UPLOADS = "profile-uploads"
-TOPIC_ALERTS = "alerts"  # capture requests: incidents, monitor verdicts, manual and snapshot requests
-TOPIC_STEP_TIMES = "step-times"  # step times workloads report, for the monitor
-
-ANALYSES = "analyses"
-CLAIMS = "claims"
-DEAD_LETTERS = "dead_letters"
-
-
-def sessions_collection(run_id: str) -> str:
-    return f"{RUNS}/{state_key(run_id)}/sessions"
-
-
-def files_collection(run_id: str, session_id: str) -> str:
-    return f"{sessions_collection(run_id)}/{state_key(session_id)}/files"
-
-
-def letter_key(topic: str, data: bytes | str) -> str:
-    """One id per (topic, message bytes): a poison message delivered twice is one dead letter."""
-    raw = data.encode() if isinstance(data, str) else data
-    return hashlib.sha256(topic.encode() + b"\n" + raw).hexdigest()[:24]
-
-
-def tools_collection(analysis_id: str) -> str:
-    return f"{ANALYSES}/{analysis_id}/tools"
-
-
-class Investigator(Protocol):
-    name: str
-
-    def investigate(
-        self,
-        health: dict[str, Any],
-        results: dict[str, ToolResult],
-        call_tool: Callable[[str, dict[str, Any], str], ToolResult | None],
-    ) -> Diagnosis: ...
-
-
-PREPARED_SESSION = "session.xdiag"
-"""The read-once session, written next to the analysis output by collect when `prepare` is on."""
-
-
-class SessionLoader:
-    """Reads a session once per process and keeps the most recent sessions in memory.
-
-    With `prepare` on (the cloud, where every stage is its own process), the first reader also
-    stores the decoded session as one file next to the analysis; later readers memory-map that
-    file instead of parsing the profile again (see xdiag.profile.compact).
-    """
-
-    def __init__(self, blobs: BlobStore, max_bytes: int = DEFAULT_MAX_PROFILE_BYTES, keep: int = 2, progress=None,
-                 prepare: bool = False):
-        self._blobs, self._max_bytes, self._keep, self._progress = blobs, max_bytes, keep, progress
-        self._prepare = prepare
-        self._sessions: dict[tuple[str, ...], Session] = {}
-        self.read_ms: dict[tuple[str, ...], float] = {}
-        self._lock = threading.Lock()  # concurrent deliveries in one process read a session once
-
-    def load(self, uris: list[str], name: str, prepared_uri: str | None = None) -> Session:
-        with self._lock:
-            return self._load(uris, name, prepared_uri)
-
-    def close(self) -> None:
-        with self._lock:
-            for session in self._sessions.values():
-                session.close()
-            self._sessions.clear()
-
-    def _load(self, uris: list[str], name: str, prepared_uri: str | None) -> Session:
-        key = tuple(uris)
-        if key not in self._sessions:
-            started = time.perf_counter()
-            try:
-                if prepared_uri and self._prepare and self._blobs.exists(prepared_uri):
-                    session = self._load_prepared(uris, prepared_uri)
-                else:
-                    session = read_session(
-                        [self._blobs.local_path(uri) for uri in uris], name=name, max_bytes=self._max_bytes,
-                        progress=self._progress,
-                    )
-                    if prepared_uri and self._prepare:
-                        self._store_prepared(session, prepared_uri)
-            except FileNotFoundError as exc:
-                raise ProfileError(f"profile object missing: {exc}") from None
-            while len(self._sessions) >= self._keep:
-                self._sessions.pop(next(iter(self._sessions))).close()
-            self._sessions[key] = session
-            self.read_ms[key] = (time.perf_counter() - started) * 1000
-        return self._sessions[key]
-
-    def _store_prepared(self, session: Session, prepared_uri: str) -> None:
-        with tempfile.TemporaryDirectory() as folder:
-            path = Path(folder) / PREPARED_SESSION
-            save_session(session, path)
-            self._blobs.put_file(path, prepared_uri)
-
-    def _load_prepared(self, uris: list[str], prepared_uri: str) -> Session:
-        session = load_session(Path(self._blobs.local_path(prepared_uri)))
-        if session.platform != "CPU":
-            # XProf's converters read the xplane files themselves: give them this process's copies.
-            by_name = {uri.rsplit("/", 1)[-1]: uri for uri in uris}
-            for host in session.hosts:
-                if host.path.name in by_name:
-                    host.path = Path(self._blobs.local_path(by_name[host.path.name]))
-        return session
-
-
-@dataclass
-class Dependencies:
-    bus: Bus
-    blobs: BlobStore
-    state: StateStore
-    sessions: SessionLoader
-    investigators: dict[str, Callable[[], Investigator]] = field(default_factory=lambda: {"rules": RuleEngine})
-    on_event: Callable[[str, dict[str, Any]], None] = lambda stage, info: None  # progress reporting
-    profile_root: str = ""  # gs://BUCKET (or a folder): where a manual capture's run/session is looked up
-    quiet_period_s: float = 30.0  # register: a session is complete once no file of it arrived for this long
-    default_investigator: str = "rules"  # for sessions that register announces
-    sleep: Callable[[float], None] = time.sleep
-    profiler: Any = None  # the Profiler port (xdiag.pipeline.ports.Profiler): the capture stage calls targets through it
-    capture: CaptureSettings = field(default_factory=CaptureSettings)
-    monitor: MonitorSettings = field(default_factory=MonitorSettings)
 
 
 def _join(prefix: str, name: str) -> str:
@@ -487,7 +369,7 @@ def dead_letter(message: DeadLetter, deps: Dependencies) -> None:
     key = letter_key(message.source_topic, message.data)
     deps.state.set(DEAD_LETTERS, key, {**message.model_dump(), "at": utc_now()})
     deps.on_event("dead_letter", {"topic": message.source_topic, "reason": message.reason})
-    message_type = HANDLERS.get(message.source_topic, (None,))[0]
+    message_type = MESSAGE_TYPES.get(message.source_topic)
     try:
         original = message_type.model_validate_json(message.data) if message_type else None
     except ValueError:
@@ -506,28 +388,3 @@ def dead_letter(message: DeadLetter, deps: Dependencies) -> None:
         analysis.status, analysis.result = "FAILED", Status.FAILED
         analysis.failure_reason = f"rendering failed: {message.reason}"
         _save(deps, analysis)
-
-
-def _capture(message: Alert, deps: Dependencies) -> None:
-    from xdiag.capture.stage import capture  # the capture stage builds on this module
-
-    capture(message, deps)
-
-
-def _monitor(message: StepTimes, deps: Dependencies) -> None:
-    from xdiag.capture.monitor import monitor
-
-    monitor(message, deps)
-
-
-HANDLERS: dict[str, tuple[type, Callable[[Any, Dependencies], None]]] = {
-    TOPIC_PROFILE_UPLOADS: (ProfileUploaded, register),
-    TOPIC_CAPTURES: (CaptureReady, collect),
-    TOPIC_TOOL_RUNS: (ToolRun, run_tool),
-    TOPIC_TOOL_RESULTS: (ToolDone, aggregate),
-    TOPIC_INVESTIGATIONS: (InvestigationReady, investigate),
-    TOPIC_REPORTS: (ReportReady, render),
-    TOPIC_ALERTS: (Alert, _capture),
-    TOPIC_STEP_TIMES: (StepTimes, _monitor),
-}
-"""Topic -> (message type, handler): the wiring every bus adapter uses."""

@@ -45,7 +45,7 @@ def views(session: Session):
             "XProf's converters need a /device:* plane; this is a CPU profile (XLA:CPU ops run on host threads)"
         )
     if "xprof_views" not in session.cache:
-        from xdiag.analysis.xprof.runner import XprofViews
+        from xdiag.analysis.xprof import XprofViews
 
         session.cache["xprof_views"] = XprofViews(session.paths)
     return session.cache["xprof_views"]

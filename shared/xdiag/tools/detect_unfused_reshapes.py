@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from xdiag.analysis.hlo_cost import shape_bytes
-from xdiag.profile.space import Session
 from xdiag.analysis.timeline import DATA_MOVEMENT_OPCODES
+from xdiag.profile.space import Session
 from xdiag.tools.hlo_checks import ExecutedInstruction, detect
 from xdiag.tools.registry import ToolOutput, tool
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from xdiag.profile.space import Session
 from xdiag.analysis.timeline import op_table
+from xdiag.profile.space import Session
 from xdiag.tools.common import HOST_PLANE_SOURCE, try_view
 from xdiag.tools.registry import ToolOutput, tool
 

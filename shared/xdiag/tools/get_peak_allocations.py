@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from xdiag.errors import NotAvailable
 from xdiag.analysis.hlo_cost import shape_bytes
+from xdiag.errors import NotAvailable
 from xdiag.profile.space import Session
 from xdiag.tools.common import try_view, xprof_source
 from xdiag.tools.ops import op_stats

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from xdiag.analysis.breakdown import CATEGORIES, step_rows, summarize_steps
+from xdiag.analysis.timeline import step_set
 from xdiag.errors import NotAvailable
 from xdiag.profile.space import Session
-from xdiag.analysis.timeline import step_set
 from xdiag.tools.common import DEVICE_PLANE_SOURCE, HOST_PLANE_SOURCE, try_view
 from xdiag.tools.registry import ToolOutput, tool
 

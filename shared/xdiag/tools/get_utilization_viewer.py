@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from xdiag.analysis.timeline import covered, op_table, step_set
 from xdiag.errors import NotAvailable
 from xdiag.profile.space import Session
-from xdiag.analysis.timeline import covered, op_table, step_set
 from xdiag.tools.common import DEVICE_PLANE_SOURCE, HOST_PLANE_SOURCE, percent, try_view
 from xdiag.tools.registry import ToolOutput, tool
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from xdiag.analysis.breakdown import step_rows, summarize_steps
-from xdiag.profile.space import Session
 from xdiag.analysis.timeline import profile_window_ps, step_set
+from xdiag.profile.space import Session
 from xdiag.tools.common import DEVICE_PLANE_SOURCE, HOST_PLANE_SOURCE, ms, try_view
 from xdiag.tools.ops import category_totals, op_stats
 from xdiag.tools.registry import ToolOutput, tool

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from xdiag.errors import NotAvailable
 from xdiag.profile.space import HloComputation, HloInstruction, HloModule, Session

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from xdiag.analysis.hlo_cost import instruction_cost
-from xdiag.profile.space import NO_VALUE, Session
 from xdiag.analysis.timeline import op_table, profile_op_costs
+from xdiag.profile.space import NO_VALUE, Session
 
 
 @dataclass

@@ -26,11 +26,11 @@ collectives would be compiled away, so :func:`setup` raises
 
 from __future__ import annotations
 
-
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from xdiag.workloads import WorkloadSkipped
 from xdiag.workloads._common import pick, run_steps

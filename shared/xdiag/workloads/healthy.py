@@ -15,7 +15,6 @@ compiles, transfers or host callbacks inside the trace.
 
 from __future__ import annotations
 
-
 import jax
 import jax.numpy as jnp
 

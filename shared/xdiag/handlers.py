@@ -1,0 +1,42 @@
+"""The stage table: which handler consumes each topic. The one module that knows every stage.
+
+Bus adapters (in-process, Pub/Sub push, Cloud Functions) wire topics to handlers from here; the stages themselves
+import only what lies below them (xdiag.pipeline, xdiag.capture), so there is no import circle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from xdiag.capture.monitor import monitor
+from xdiag.capture.stage import capture
+from xdiag.pipeline.deps import Dependencies
+from xdiag.pipeline.stages import aggregate, collect, investigate, register, render, run_tool
+from xdiag.pipeline.topics import (
+    MESSAGE_TYPES,
+    TOPIC_ALERTS,
+    TOPIC_CAPTURES,
+    TOPIC_INVESTIGATIONS,
+    TOPIC_PROFILE_UPLOADS,
+    TOPIC_REPORTS,
+    TOPIC_STEP_TIMES,
+    TOPIC_TOOL_RESULTS,
+    TOPIC_TOOL_RUNS,
+)
+
+_STAGES: dict[str, Callable[[Any, Dependencies], None]] = {
+    TOPIC_PROFILE_UPLOADS: register,
+    TOPIC_CAPTURES: collect,
+    TOPIC_TOOL_RUNS: run_tool,
+    TOPIC_TOOL_RESULTS: aggregate,
+    TOPIC_INVESTIGATIONS: investigate,
+    TOPIC_REPORTS: render,
+    TOPIC_ALERTS: capture,
+    TOPIC_STEP_TIMES: monitor,
+}
+
+HANDLERS: dict[str, tuple[type, Callable[[Any, Dependencies], None]]] = {
+    topic: (MESSAGE_TYPES[topic], stage) for topic, stage in _STAGES.items()
+}
+"""Topic -> (message type, handler): the wiring every bus adapter uses."""
