@@ -16,18 +16,21 @@ from xdiag.analysis.timeline import (
     DISPATCH_EVENT,
     EXECUTE_EVENT,
     SYNC_EVENT,
+    TRANSFER_OP_CATEGORIES,
     EventSelection,
     HostEvents,
+    OpTable,
     covered,
     host_events,
+    merge_intervals,
+    module_spans,
     op_table,
     step_set,
 )
 from xdiag.profile.space import Session
 
 PS_PER_MS = 1e9
-TRANSFER_CATEGORIES = ("async_copy", "memcpy")
-"""Op categories that only move data between memory spaces (host offload, H2D/D2H copies)."""
+TRANSFER_CATEGORIES = TRANSFER_OP_CATEGORIES
 
 CATEGORIES = ("compute", "collective", "transfer", "compile", "host_sync", "dispatch", "host_other")
 """Step-time categories, in precedence order; `host_other` is what no event explains:
@@ -45,6 +48,7 @@ class StepRow:
     compiles: int  # compile events inside the step
     syncs: int  # blocking host<-device transfers inside the step
     callbacks: int
+    device: str | None = None  # the device whose own step this is; None: the host's step over its devices
 
 
 def _counts(starts: np.ndarray, win_s: np.ndarray, win_e: np.ndarray) -> np.ndarray:
@@ -113,32 +117,82 @@ class _HostSignals:
         )
 
 
-def _host_rows(host: str, host_steps: list, ops, events: HostEvents | None) -> list[StepRow]:
-    win_s = np.array([s.start_ps for s in host_steps], dtype=np.int64)
-    win_e = np.array([s.end_ps for s in host_steps], dtype=np.int64)
-    devices = sorted(set(ops.device)) or [""]
+@dataclass
+class DevicePartition:
+    """One device's own time in its windows, split by what it was doing (ps per window)."""
+
+    compute: np.ndarray
+    collective: np.ndarray
+    transfer: np.ndarray
+
+
+def partition_device(ops: OpTable, win_s: np.ndarray, win_e: np.ndarray) -> DevicePartition:
+    """Split one device's busy time in each window: computing, else communicating, else only moving data.
+
+    Waiting is not compute: a control-flow op that encloses others (a while loop whose body all-reduces) and
+    the tail of an op paired with a later `end:` event are "weak" compute that a collective running at the
+    same time outranks; an op's own event still outranks the collective (overlapped communication is hidden).
+    """
     is_collective = ops.category == "collective"
     is_transfer = np.isin(ops.category, TRANSFER_CATEGORIES)
+    is_callback = ops.category == "host_callback"
+    is_container = ops.category == "control_flow"
+    strong = ~(is_collective | is_transfer | is_callback | is_container)
+    tail = strong & (ops.end_ps > ops.event_end_ps)
+    layers = [
+        (ops.start_ps[strong], ops.event_end_ps[strong]),
+        (ops.start_ps[is_collective], ops.end_ps[is_collective]),
+        (np.concatenate([ops.start_ps[is_container], ops.event_end_ps[tail]]),
+         np.concatenate([ops.end_ps[is_container], ops.end_ps[tail]])),
+        (ops.start_ps[is_transfer], ops.end_ps[is_transfer]),
+    ]
+    union_s, union_e, totals = [], [], []
+    for starts, ends in layers:
+        union_s.append(starts)
+        union_e.append(ends)
+        totals.append(covered(np.concatenate(union_s), np.concatenate(union_e), win_s, win_e))
+    strong_ps, with_collective, with_weak, everything = totals
+    return DevicePartition(
+        compute=strong_ps + (with_weak - with_collective),
+        collective=with_collective - strong_ps,
+        transfer=everything - with_weak,
+    )
+
+
+@dataclass
+class DeviceRow:
+    """One device over its own steps: the per-device spread behind the means."""
+
+    device: str
+    steps: int
+    step_ms: float  # mean
+    ms: dict[str, float]  # compute / collective / transfer / idle, summed over its steps
+
+
+def _timeline_rows(
+    host: str, device: str | None, steps: list, ops: OpTable, devices: list[str], events: HostEvents | None
+) -> tuple[list[StepRow], list[DeviceRow]]:
+    """Rows for one timeline: a host's steps (every active device of it partitioned in them and averaged)
+    or one device's own steps."""
+    win_s = np.array([s.start_ps for s in steps], dtype=np.int64)
+    win_e = np.array([s.end_ps for s in steps], dtype=np.int64)
     is_callback_op = ops.category == "host_callback"
-    # Per device, then averaged: a 4-device host that is busy on one device is 25% busy. The device's busy
-    # time is split by precedence: computing, else communicating, else only moving data between memories.
-    compute = np.zeros(len(host_steps))
-    collective_only = np.zeros(len(host_steps))
-    transfer_only = np.zeros(len(host_steps))
-    for device in devices:
-        on_device = ops.device == device
-
-        def busy(mask: np.ndarray) -> np.ndarray:
-            return covered(ops.start_ps[on_device & mask], ops.end_ps[on_device & mask], win_s, win_e)
-
-        computing = busy(~(is_collective | is_transfer | is_callback_op))
-        computing_or_collective = busy(~(is_transfer | is_callback_op))
-        compute += computing
-        collective_only += computing_or_collective - computing
-        transfer_only += busy(~is_callback_op) - computing_or_collective
-    compute /= len(devices)
-    collective_only /= len(devices)
-    transfer_only /= len(devices)
+    compute = np.zeros(len(steps))
+    collective = np.zeros(len(steps))
+    transfer = np.zeros(len(steps))
+    device_rows = []
+    span_ms = float((win_e - win_s).sum()) / PS_PER_MS
+    for name in devices:
+        part = partition_device(ops.take(ops.device == name), win_s, win_e)
+        compute += part.compute
+        collective += part.collective
+        transfer += part.transfer
+        busy = {"compute": part.compute.sum(), "collective": part.collective.sum(), "transfer": part.transfer.sum()}
+        ms = {k: float(v) / PS_PER_MS for k, v in busy.items()}
+        ms["idle"] = max(span_ms - sum(ms.values()), 0.0)
+        device_rows.append(DeviceRow(name, len(steps), span_ms / max(len(steps), 1), ms))
+    if devices:
+        compute, collective, transfer = (x / len(devices) for x in (compute, collective, transfer))
 
     signals = _HostSignals.of(events, ops.start_ps[is_callback_op], ops.end_ps[is_callback_op])
     # Each layer gets only the time that no earlier layer (ops first) already explains.
@@ -155,12 +209,12 @@ def _host_rows(host: str, host_steps: list, ops, events: HostEvents | None) -> l
     counts = {name: _counts(starts, win_s, win_e) for name, starts in signals.counted.items()}
     op_counts = _counts(ops.start_ps, win_s, win_e)
     rows = []
-    for i, step in enumerate(host_steps):
+    for i, step in enumerate(steps):
         step_ps = max(step.duration_ps, 1)
         ms = {
             "compute": compute[i] / PS_PER_MS,
-            "collective": collective_only[i] / PS_PER_MS,
-            "transfer": transfer_only[i] / PS_PER_MS,
+            "collective": collective[i] / PS_PER_MS,
+            "transfer": transfer[i] / PS_PER_MS,
             "compile": extra["compile"][i] / PS_PER_MS,
             "host_sync": extra["host_sync"][i] / PS_PER_MS,
             "dispatch": extra["dispatch"][i] / PS_PER_MS,
@@ -171,25 +225,75 @@ def _host_rows(host: str, host_steps: list, ops, events: HostEvents | None) -> l
             StepRow(
                 host=host, number=step.number, step_ms=step_ps / PS_PER_MS, ms=ms, ops=int(op_counts[i]),
                 dispatches=int(counts["dispatches"][i]), compiles=int(counts["compiles"][i]),
-                syncs=int(counts["syncs"][i]), callbacks=int(counts["callbacks"][i]),
+                syncs=int(counts["syncs"][i]), callbacks=int(counts["callbacks"][i]), device=device,
             )
         )
-    return rows
+    return rows, device_rows
+
+
+def _build(session: Session) -> tuple[list[StepRow], list[DeviceRow]]:
+    ops = op_table(session)
+    found = step_set(session)
+    events_by_host = {e.host: e for e in host_events(session)}
+    active = sorted(set(ops.device.tolist()) - set(found.transfer_only))
+    timelines: dict[tuple[str, str | None], list] = {}
+    for step in found.steps:
+        timelines.setdefault((step.host, step.device), []).append(step)
+    rows: list[StepRow] = []
+    device_rows: list[DeviceRow] = []
+    for (host, device), steps in sorted(timelines.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")):
+        if device is None:
+            mask = np.fromiter((d.startswith(host + " ") for d in ops.device), dtype=bool, count=len(ops))
+            devices = [d for d in active if d.startswith(host + " ")]
+        else:
+            mask = ops.device == device
+            devices = [device]
+        steps = sorted(steps, key=lambda s: s.start_ps)
+        timeline_rows, timeline_devices = _timeline_rows(host, device, steps, ops.take(mask), devices, events_by_host.get(host))
+        rows += timeline_rows
+        device_rows += timeline_devices
+    return rows, device_rows
 
 
 def step_rows(session: Session) -> list[StepRow]:
-    """One row per step, cached on the session."""
-    if "step_rows" in session.cache:
-        return session.cache["step_rows"]
-    ops = op_table(session)
-    steps = step_set(session).steps
-    events_by_host = {e.host: e for e in host_events(session)}
-    rows: list[StepRow] = []
-    for host in sorted({s.host for s in steps}):
-        on_host = np.fromiter((d.startswith(host + " ") for d in ops.device), dtype=bool, count=len(ops))
-        rows += _host_rows(host, [s for s in steps if s.host == host], ops.take(on_host), events_by_host.get(host))
-    session.cache["step_rows"] = rows
-    return rows
+    """One row per step and timeline (a host's annotated steps, or one device's own steps), cached on the session."""
+    if "step_rows" not in session.cache:
+        session.cache["step_rows"], session.cache["device_rows"] = _build(session)
+    return session.cache["step_rows"]
+
+
+def device_rows(session: Session) -> list[DeviceRow]:
+    """One row per active device: its own time in its own steps split into compute/collective/transfer/idle."""
+    step_rows(session)
+    return session.cache["device_rows"]
+
+
+def device_spread(rows: list[DeviceRow]) -> dict:
+    """Mean over active devices of each share of their own step time, with the least and most busy device named."""
+    if not rows:
+        return {}
+    def share(row: DeviceRow, key: str) -> float:
+        return 100 * row.ms[key] / max(row.step_ms * row.steps, 1e-12)
+    busy = [share(r, "compute") + share(r, "collective") + share(r, "transfer") for r in rows]
+    least, most = int(np.argmin(busy)), int(np.argmax(busy))
+    return {
+        "active_devices": len(rows),
+        "device_busy_percent_mean": round(float(np.mean(busy)), 2),
+        "device_busy_percent_min": round(busy[least], 2),
+        "least_busy_device": rows[least].device,
+        "device_busy_percent_max": round(busy[most], 2),
+        "most_busy_device": rows[most].device,
+        **{f"device_{k}_percent_mean": round(float(np.mean([share(r, k) for r in rows])), 2)
+           for k in ("compute", "collective", "transfer", "idle")},
+    }
+
+
+def device_table(rows: list[DeviceRow]) -> list[dict]:
+    return [
+        {"device": r.device, "steps": r.steps, "step_ms_mean": round(r.step_ms, 4),
+         **{f"{k}_percent": round(100 * v / max(r.step_ms * r.steps, 1e-12), 2) for k, v in r.ms.items()}}
+        for r in rows
+    ]
 
 
 def summarize_steps(rows: list[StepRow]) -> dict:
@@ -198,10 +302,13 @@ def summarize_steps(rows: list[StepRow]) -> dict:
         return {"steps": 0}
     step_ms = np.array([r.step_ms for r in rows])
     total = float(step_ms.sum()) or 1.0
+    timelines = {(r.host, r.device) for r in rows}
     shares = {f"{c}_percent": round(100 * sum(r.ms[c] for r in rows) / total, 2) for c in CATEGORIES}
     idle = 100 - shares["compute_percent"] - shares["collective_percent"] - shares["transfer_percent"]
     return {
-        "steps": len(rows),
+        # Steps per timeline (a host, or a device with steps of its own): the same step seen on 4 devices is 1 step.
+        "steps": int(round(len(rows) / len(timelines))),
+        "timelines": len(timelines),
         "step_time_ms_mean": round(float(step_ms.mean()), 4),
         "step_time_ms_median": round(float(np.median(step_ms)), 4),
         "step_time_ms_min": round(float(step_ms.min()), 4),
@@ -216,3 +323,104 @@ def summarize_steps(rows: list[StepRow]) -> dict:
         "syncs_per_step_mean": round(float(np.mean([r.syncs for r in rows])), 2),
         "callbacks_per_step_mean": round(float(np.mean([r.callbacks for r in rows])), 2),
     }
+
+
+@dataclass
+class DutyCycle:
+    """One device's activity over its whole capture window, the measure XProf's duty cycle uses."""
+
+    device: str
+    window_ms: float  # first activity start -> last activity end
+    busy_ms: float
+    idle_outside_steps_ms: float  # idle time in the window that lies outside this device's steps
+    largest_gap_ms: float
+    largest_gap_where: str  # before the first step / between steps / inside a step / after the last step
+
+    @property
+    def busy_percent(self) -> float:
+        return round(100 * self.busy_ms / self.window_ms, 2) if self.window_ms else 0.0
+
+
+def _activity(session: Session, device: str, ops: OpTable) -> tuple[np.ndarray, np.ndarray]:
+    """A device's activity intervals: its program executions where the plane records them (TPU `XLA Modules`,
+    as XProf counts), else its ops."""
+    for plane in session.device_planes(with_events=True):
+        if f"{plane.host} {plane.name}" == device:
+            spans = module_spans(plane)
+            if spans is not None:
+                return spans[0], spans[1]
+    mask = ops.device == device
+    return ops.start_ps[mask], ops.end_ps[mask]
+
+
+def duty_cycles(session: Session) -> list[DutyCycle]:
+    """Per active device: busy share of its whole window, and where its longest idle gap lies relative to its
+    steps, so a difference between in-step idle and XProf's duty cycle can be explained."""
+    if "duty_cycles" in session.cache:
+        return session.cache["duty_cycles"]
+    ops = op_table(session)
+    found = step_set(session)
+    out = []
+    for device in sorted(set(ops.device.tolist()) - set(found.transfer_only)):
+        host = device.split(" ", 1)[0]
+        steps = [s for s in found.steps if s.device == device] or [s for s in found.steps if s.device is None and s.host == host]
+        starts, ends = merge_intervals(*_activity(session, device, ops))
+        if not len(starts):
+            continue
+        lo, hi = int(starts[0]), int(ends[-1])
+        win_s = np.array([s.start_ps for s in steps], dtype=np.int64)
+        win_e = np.array([s.end_ps for s in steps], dtype=np.int64)
+        in_steps = covered(win_s, win_e, np.array([lo]), np.array([hi]))[0] if len(steps) else 0
+        busy_in_steps = covered(starts, ends, win_s, win_e).sum() if len(steps) else 0
+        busy = int((ends - starts).sum())
+        gaps = starts[1:] - ends[:-1]
+        largest, where = 0.0, ""
+        if len(gaps):
+            k = int(np.argmax(gaps))
+            largest = float(gaps[k]) / PS_PER_MS
+            gap_s, gap_e = int(ends[k]), int(starts[k + 1])
+            if not len(steps):
+                where = "no steps"
+            elif gap_e <= win_s.min():
+                where = "before the first step"
+            elif gap_s >= win_e.max():
+                where = "after the last step"
+            elif covered(win_s, win_e, np.array([gap_s]), np.array([gap_e]))[0] >= (gap_e - gap_s) // 2:
+                where = "inside a step"
+            else:
+                where = "between steps"
+        out.append(DutyCycle(
+            device=device, window_ms=(hi - lo) / PS_PER_MS, busy_ms=busy / PS_PER_MS,
+            idle_outside_steps_ms=max(hi - lo - int(in_steps) - (busy - int(busy_in_steps)), 0) / PS_PER_MS,
+            largest_gap_ms=largest, largest_gap_where=where,
+        ))
+    session.cache["duty_cycles"] = out
+    return out
+
+
+def _duration(ms: float) -> str:
+    return f"{ms / 1000:.3g} s" if ms >= 1000 else f"{ms:.3g} ms"
+
+
+def duty_summary(cycles: list[DutyCycle], in_step_busy_percent: float | None) -> dict:
+    """Busy share over the whole window (mean over devices) beside the in-step share, and why they differ."""
+    if not cycles:
+        return {}
+    window_busy = round(float(np.mean([c.busy_percent for c in cycles])), 2)
+    widest = max(cycles, key=lambda c: c.largest_gap_ms)
+    out = {
+        "window_busy_percent": window_busy,
+        "idle_outside_steps_ms": round(float(np.mean([c.idle_outside_steps_ms for c in cycles])), 4),
+        "largest_idle_gap_ms": round(widest.largest_gap_ms, 4),
+        "largest_idle_gap_where": widest.largest_gap_where,
+        "largest_idle_gap_device": widest.device,
+    }
+    if in_step_busy_percent is not None and abs(window_busy - in_step_busy_percent) >= 5:
+        out["window_vs_step_note"] = (
+            f"Over the whole capture window the devices are busy {window_busy}% of the time, against "
+            f"{round(in_step_busy_percent, 2)}% inside the steps. The difference is idle time outside the steps: "
+            f"{_duration(out['idle_outside_steps_ms'])} per device (largest idle gap {_duration(widest.largest_gap_ms)}, "
+            f"{widest.largest_gap_where} on {widest.device}), e.g. warm-up, compilation or host work before the "
+            "first step; XProf's duty cycle counts it, the step breakdown does not."
+        )
+    return out

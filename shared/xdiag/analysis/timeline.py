@@ -8,7 +8,7 @@ as events on the CPU client's threads) and device planes (GPU streams, TPU `XLA 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -25,6 +25,8 @@ DATA_MOVEMENT_OPCODES = {
 }
 ASYNC_COPY_OPCODES = {"copy-start", "copy-done"}
 """Copies between memory spaces (e.g. host offload on TPU): transfers, not layout work."""
+TRANSFER_OP_CATEGORIES = ("async_copy", "memcpy")
+"""Op categories that only move data between memory spaces (host offload, H2D/D2H copies)."""
 STRUCTURAL_OPCODES = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast"}
 COMPILE_EVENT = re.compile(
     r"backend_compile|lower_sharding_computation|lower_jaxpr_to_stablehlo|jit_compile|_cached_compilation|"
@@ -54,8 +56,9 @@ class OpTable:
     program_id: np.ndarray  # int64, NO_VALUE when unknown
     device: np.ndarray  # object: "<host> CPU:<ordinal>" or "<host> /device:GPU:0"
     start_ps: np.ndarray
-    end_ps: np.ndarray
+    end_ps: np.ndarray  # the op's real end: its `end: <op>` event's end where it has one (XLA:CPU async ops)
     category: np.ndarray  # object, see categorize()
+    event_end_ps: np.ndarray  # int64: the end of the op's own event (before any `end:` pairing)
 
     def __len__(self) -> int:
         return len(self.name)
@@ -145,6 +148,7 @@ class Step:
     number: int
     start_ps: int
     end_ps: int
+    device: str | None = None  # the device whose own timeline this step is on; None: every device of the host
 
     @property
     def duration_ps(self) -> int:
@@ -288,7 +292,7 @@ def _tpu_op_name(text: str) -> str:
 _SKIP_DEVICE_LINES = {"XLA Modules", "Steps", "TensorFlow Ops", "TensorFlow Name Scope", "XLA TraceMe", "Async XLA Ops", "Overlay"}
 
 
-def _module_spans(plane: Plane) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+def module_spans(plane: Plane) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """(starts, ends, names) of the plane's 'XLA Modules' line, sorted by start."""
     for line in plane.lines:
         if line.name == "XLA Modules" and len(line):
@@ -315,7 +319,7 @@ def _line_ops(plane: Plane, line: Line, host: str, has_xla_ops_line: bool) -> di
             lookup = {k: _tpu_op_name(display.get(k) or plane.event_names.get(k, "")) for k in np.unique(line.metadata_id)}
             names = np.array([lookup[k] for k in line.metadata_id], dtype=object)
             modules = np.full(count, "", dtype=object)
-            spans = _module_spans(plane)
+            spans = module_spans(plane)
             if spans is not None:
                 idx = np.searchsorted(spans[0], line.start_ps, side="right") - 1
                 inside = (idx >= 0) & (line.start_ps < spans[1][np.clip(idx, 0, None)])
@@ -353,6 +357,7 @@ def _line_ops(plane: Plane, line: Line, host: str, has_xla_ops_line: bool) -> di
         "device": device,
         "start_ps": line.start_ps[mask],
         "end_ps": line.end_ps[mask],
+        "event_end_ps": line.end_ps[mask],
         "flow": line.numeric["_p"][mask] if "_p" in line.numeric else np.full(mask.sum(), NO_VALUE, np.int64),
     }
 
@@ -400,7 +405,7 @@ def op_table(session: Session) -> OpTable:
                     parts.append(ops)
         if not parts:
             empty_o, empty_i = np.empty(0, object), np.empty(0, np.int64)
-            return OpTable(empty_o, empty_o, empty_i, empty_o, empty_i, empty_i, empty_o)
+            return OpTable(empty_o, empty_o, empty_i, empty_o, empty_i, empty_i, empty_o, empty_i)
         cols = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
         # Resolve each distinct (op, module, program) once, then scatter back to the rows.
         keys = np.array([f"{n}\x00{m}\x00{p}" for n, m, p in zip(cols["name"], cols["module"], cols["program_id"])], dtype=object)
@@ -431,6 +436,7 @@ def op_table(session: Session) -> OpTable:
             start_ps=cols["start_ps"][order],
             end_ps=cols["end_ps"][order],
             category=categories[order],
+            event_end_ps=cols["event_end_ps"][order],
         )
 
     return _cached(session, "op_table", build)
@@ -446,7 +452,7 @@ def profile_op_costs(session: Session) -> dict[tuple[str, str], dict]:
     def build() -> dict[tuple[str, str], dict]:
         costs: dict[tuple[str, str], dict] = {}
         for plane in session.device_planes(with_events=True):
-            spans = _module_spans(plane)
+            spans = module_spans(plane)
             fingerprints = {}
             if spans is not None:
                 for line in plane.lines:
@@ -491,26 +497,130 @@ def host_events(session: Session) -> list[HostEvents]:
 @dataclass
 class StepSet:
     steps: list[Step]
-    source: str  # how steps were found: step annotations, device Steps line, module executions, whole profile
+    source: str  # how steps were found: step annotations, device Steps line, module executions, op period, whole window
     annotation: str  # the annotation or module name that marks a step
+    sources: dict[str, str] = field(default_factory=dict)  # device -> how its own steps were found (device steps only)
+    transfer_only: list[str] = field(default_factory=list)  # devices that only copied data: not compute timelines
 
 
-def _device_steps(session: Session) -> list[Step]:
-    steps = []
+MIN_PERIOD_MATCH = 0.9
+"""Share of ops that must repeat one period later for an op sequence to count as a repeating step."""
+CLEAR_PERIOD_MATCH = 0.99
+"""A multiple of the period that repeats this exactly is the step (layers repeat inside a step, steps repeat whole)."""
+_MAX_PERIOD_OPS = 50_000  # ops looked at to find the period; the period then applies to the whole device timeline
+_MAX_PERIOD_CANDIDATES = 64
+
+
+def repeating_period(tokens: np.ndarray) -> tuple[int, float] | None:
+    """(period, match) of the smallest repeating unit of a token sequence seen at least twice, else None.
+
+    Candidate periods are the distances between successive occurrences of one token; a candidate holds when
+    at least MIN_PERIOD_MATCH of the tokens equal the token one period later (captures start and stop inside
+    a step, and a step's data-dependent parts may differ).
+    """
+    codes = np.unique(np.asarray(tokens[:_MAX_PERIOD_OPS]), return_inverse=True)[1]
+    n = len(codes)
+    if n < 4:
+        return None
+    order = np.lexsort((np.arange(n), codes))
+    same = codes[order][1:] == codes[order][:-1]
+    distances = (order[1:] - order[:-1])[same]
+    distances = distances[(distances >= 1) & (distances <= n // 2)]
+    if not len(distances):
+        return None
+    values, counts = np.unique(distances, return_counts=True)
+    candidates = np.sort(values[np.argsort(-counts, kind="stable")[:_MAX_PERIOD_CANDIDATES]])
+    match = {int(p): float(np.mean(codes[:-p] == codes[p:])) for p in candidates}
+    held = [p for p in match if match[p] >= MIN_PERIOD_MATCH]
+    if not held:
+        return None
+    period = held[0]
+    if match[period] < CLEAR_PERIOD_MATCH:
+        clearer = [p for p in held if p % period == 0 and match[p] >= CLEAR_PERIOD_MATCH]
+        period = clearer[0] if clearer else period
+    return period, round(match[period], 3)
+
+
+def _device_of(plane: Plane) -> str:
+    return f"{plane.host} {plane.name}"
+
+
+def transfer_only_devices(session: Session) -> list[str]:
+    """Devices whose every op only copies data (H2D/D2H memcpy, async copies): not compute timelines."""
+
+    def build() -> list[str]:
+        ops = op_table(session)
+        moving = np.isin(ops.category, TRANSFER_OP_CATEGORIES)
+        devices = set(ops.device.tolist())
+        return sorted(devices - set(ops.device[~moving].tolist()))
+
+    return _cached(session, "transfer_only_devices", build)
+
+
+def _windows_from_starts(host: str, device: str, starts: np.ndarray, last_end: int) -> list[Step]:
+    """Steps from one start to the next (the gaps between them are idle time in the step); the last ends at `last_end`."""
+    ends = np.append(starts[1:], last_end)
+    return [Step(host, i, int(a), int(b), device) for i, (a, b) in enumerate(zip(starts, ends)) if b > a]
+
+
+def _device_steps_lines(session: Session) -> dict[str, list[Step]]:
+    """Device -> steps from that device's own `Steps` line (each device runs its step at its own time)."""
+    out: dict[str, list[Step]] = {}
     for plane in session.device_planes(with_events=True):
         for line in plane.lines:
             if line.name == "Steps" and len(line):
                 names = plane.names_of(line)
-                for i in range(len(line)):
-                    number = int(names[i]) if str(names[i]).isdigit() else i
-                    steps.append(Step(plane.host, number, int(line.start_ps[i]), int(line.end_ps[i])))
-                return steps
-    return steps
+                device = _device_of(plane)
+                out[device] = [
+                    Step(plane.host, int(n) if str(n).isdigit() else i, int(line.start_ps[i]), int(line.end_ps[i]), device)
+                    for i, n in enumerate(names)
+                ]
+                break
+    return out
+
+
+def _module_line_steps(plane: Plane) -> tuple[list[Step], str] | None:
+    """Executions of the plane's busiest module on its `XLA Modules` line, each from its start to the next's."""
+    spans = module_spans(plane)
+    if spans is None or len(spans[0]) < 2:
+        return None
+    starts, ends, names = spans
+    uniq, inverse = np.unique(names, return_inverse=True)
+    main = uniq[int(np.argmax(np.bincount(inverse, weights=(ends - starts).astype(float))))]
+    mask = names == main
+    if mask.sum() < 2:
+        return None
+    return _windows_from_starts(plane.host, _device_of(plane), starts[mask], int(ends[mask].max())), str(main)
+
+
+def _op_sequence_steps(ops: OpTable, device: str) -> tuple[list[Step], str]:
+    """A device without step markers: the period of its op sequence (module and op name) as the step,
+    from the first op of one repetition to the first of the next; else its whole window as one step."""
+    mask = ops.device == device
+    starts, ends = ops.start_ps[mask], ops.end_ps[mask]
+    host = device.split(" ", 1)[0]
+    tokens = np.array([f"{m}\x00{n}" for m, n in zip(ops.module[mask], ops.name[mask])], dtype=object)
+    found = repeating_period(tokens)
+    if found is not None:
+        period, match = found
+        # A step begins after the longest pause: the phase of the period preceded by the largest mean gap.
+        gaps = np.concatenate([[0], starts[1:] - np.maximum.accumulate(ends)[:-1]])
+        phase_gap = np.bincount(np.arange(len(gaps)) % period, weights=gaps.astype(float), minlength=period)
+        phase = int(np.argmax(phase_gap[: min(period, len(gaps))]))
+        first = np.arange(phase, len(starts), period)
+        if len(first) >= 2:
+            steps = _windows_from_starts(host, device, starts[first], int(ends[first[-1]:].max()))
+            return steps, f"repeating op sequence ({period} ops per step, {round(100 * match)}% repeat)"
+    return [Step(host, 0, int(starts.min()), int(ends.max()), device)], NO_REPEATING_STEP
+
+
+NO_REPEATING_STEP = "no repeating step: the capture window as one step"
 
 
 def step_set(session: Session) -> StepSet:
-    """The session's steps: step annotations first, then a device Steps line, then the
-    executions of the module that takes the most time, else the whole profile as one window."""
+    """The session's steps. Step annotations (host-wide) first; else each device's own timeline: its `Steps`
+    line, else its `XLA Modules` executions, else the period of its op sequence, else its whole window.
+    One device's windows are never applied to another; devices that only copied data get no steps."""
 
     def build() -> StepSet:
         steps: list[Step] = []
@@ -521,62 +631,34 @@ def step_set(session: Session) -> StepSet:
             steps += [Step(events.host, number, start, end) for number, start, end in marked]
         if steps:
             return StepSet(sorted(steps, key=lambda s: (s.host, s.start_ps)), "step annotations", annotation)
-        steps = _device_steps(session)
-        if steps:
-            return StepSet(steps, "device Steps line", "Steps")
-        module_steps = _module_line_steps(session)
-        if module_steps:
-            return module_steps
         ops = op_table(session)
-        if len(ops):
-            modules, inverse = np.unique(ops.module, return_inverse=True)
-            totals = np.bincount(inverse, weights=ops.duration_ps.astype(float))
-            main = modules[int(np.argmax(totals))]
-            if main:
-                executions = _module_executions(ops, main)
-                if len(executions) >= 2:
-                    return StepSet(executions, "executions of the busiest XLA module", str(main))
-        bounds = _profile_bounds(session)
-        host = session.hosts[0].hostname if session.hosts else ""
-        return StepSet([Step(host, 0, bounds[0], bounds[1])] if bounds[1] > bounds[0] else [], "whole profile", "")
+        moving_only = transfer_only_devices(session)
+        by_line = _device_steps_lines(session)
+        sources: dict[str, str] = {}
+        markers: dict[str, str] = {}
+        planes = {_device_of(p): p for p in session.device_planes(with_events=True)}
+        for device in sorted(set(ops.device.tolist()) - set(moving_only)):
+            if device in by_line:
+                steps += by_line[device]
+                sources[device], markers[device] = "device Steps line", "Steps"
+                continue
+            executions = _module_line_steps(planes[device]) if device in planes else None
+            if executions is not None:
+                steps += executions[0]
+                sources[device] = "executions of the busiest XLA module, start to start (device XLA Modules line)"
+                markers[device] = executions[1]
+                continue
+            found, sources[device] = _op_sequence_steps(ops, device)
+            steps += found
+        if not steps:
+            bounds = _profile_bounds(session)
+            host = session.hosts[0].hostname if session.hosts else ""
+            return StepSet([Step(host, 0, bounds[0], bounds[1])] if bounds[1] > bounds[0] else [], "whole profile", "")
+        common = max(set(sources.values()), key=list(sources.values()).count)
+        marker = next((markers[d] for d in sources if sources[d] == common and d in markers), "")
+        return StepSet(steps, common, marker, sources, moving_only)
 
     return _cached(session, "step_set", build)
-
-
-def _module_line_steps(session: Session) -> StepSet | None:
-    """Executions of the busiest module on the first device's 'XLA Modules' line, as steps."""
-    for plane in session.device_planes(with_events=True):
-        spans = _module_spans(plane)
-        if spans is None or len(spans[0]) < 2:
-            continue
-        starts, ends, names = spans
-        uniq, inverse = np.unique(names, return_inverse=True)
-        main = uniq[int(np.argmax(np.bincount(inverse, weights=(ends - starts).astype(float))))]
-        mask = names == main
-        steps = [Step(plane.host, i, int(a), int(b)) for i, (a, b) in enumerate(zip(starts[mask], ends[mask]))]
-        if len(steps) >= 2:
-            return StepSet(steps, "executions of the busiest XLA module (device XLA Modules line)", str(main))
-    return None
-
-
-def _module_executions(ops: OpTable, module: str) -> list[Step]:
-    """Windows from one start of `module`'s ops to the next: a step without annotations."""
-    mask = ops.module == module
-    starts, ends, devices = ops.start_ps[mask], ops.end_ps[mask], ops.device[mask]
-    first_device = devices[0]
-    starts, ends = starts[devices == first_device], ends[devices == first_device]
-    # A new execution starts where the gap to the previous op is the largest kind of gap.
-    gaps = starts[1:] - np.maximum.accumulate(ends)[:-1]
-    if len(gaps) == 0:
-        return []
-    threshold = max(np.percentile(gaps, 90), 1)
-    boundaries = np.concatenate([[0], np.nonzero(gaps >= threshold)[0] + 1])
-    out = []
-    host = first_device.split(" ", 1)[0]
-    for i, begin in enumerate(boundaries):
-        stop = boundaries[i + 1] if i + 1 < len(boundaries) else len(starts)
-        out.append(Step(host, i, int(starts[begin]), int(ends[begin:stop].max())))
-    return out
 
 
 def _profile_bounds(session: Session) -> tuple[int, int]:

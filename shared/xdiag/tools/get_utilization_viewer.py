@@ -4,32 +4,32 @@ from __future__ import annotations
 
 import numpy as np
 
-from xdiag.analysis.timeline import covered, op_table, step_set
+from xdiag.analysis.breakdown import device_rows, device_table
+from xdiag.analysis.timeline import op_table, step_set
 from xdiag.errors import NotAvailable
 from xdiag.profile.space import Session
-from xdiag.tools.common import DEVICE_PLANE_SOURCE, HOST_PLANE_SOURCE, percent, try_view
+from xdiag.tools.common import DEVICE_PLANE_SOURCE, HOST_PLANE_SOURCE, try_view
 from xdiag.tools.registry import ToolOutput, tool
 
 
 @tool(
     "get_utilization_viewer",
-    "Per device: the share of the stepped window in which it runs XLA ops, and the least and most busy device.",
+    "Per active device: the share of its own steps in which it runs XLA ops, and the least and most busy device; "
+    "devices that only copied data are listed apart.",
 )
 def get_utilization_viewer(session: Session) -> ToolOutput:
     """summary: devices, busy_percent_mean, busy_percent_min, least_busy_device. detail: per-device rows."""
     ops = op_table(session)
     if not len(ops):
         raise NotAvailable("the profile holds no XLA op executions to measure device busy time from")
-    steps = step_set(session).steps
-    rows = []
-    for device in sorted(set(ops.device)):
-        host = device.split(" ", 1)[0]
-        windows = [s for s in steps if s.host == host] or steps
-        win_s = np.array([s.start_ps for s in windows]) if windows else np.array([ops.start_ps.min()])
-        win_e = np.array([s.end_ps for s in windows]) if windows else np.array([ops.end_ps.max()])
-        mask = ops.device == device
-        busy = covered(ops.start_ps[mask], ops.end_ps[mask], win_s, win_e).sum()
-        rows.append({"device": device, "busy_percent": percent(busy, (win_e - win_s).sum()), "op_executions": int(mask.sum())})
+    found = step_set(session)
+    rows = [
+        {"device": r["device"], "busy_percent": round(r["compute_percent"] + r["collective_percent"] + r["transfer_percent"], 2),
+         "steps": r["steps"], "op_executions": int((ops.device == r["device"]).sum())}
+        for r in device_table(device_rows(session))
+    ]
+    if not rows:
+        raise NotAvailable("no device ran anything but data copies: there is no compute timeline to measure")
     busy = [r["busy_percent"] for r in rows]
     summary = {
         "devices": len(rows),
@@ -37,8 +37,15 @@ def get_utilization_viewer(session: Session) -> ToolOutput:
         "busy_percent_min": min(busy),
         "busy_percent_max": max(busy),
         "least_busy_device": min(rows, key=lambda r: r["busy_percent"])["device"],
+        "most_busy_device": max(rows, key=lambda r: r["busy_percent"])["device"],
     }
-    detail: dict = {"devices": rows, "window": "the steps (or the whole profile where there are none)"}
+    if found.transfer_only:
+        summary["transfer_only_devices"] = found.transfer_only
+    detail: dict = {
+        "devices": rows,
+        "window": "each device's own steps (a host's annotated steps, or the device's own step windows)",
+        "transfer_only_devices": found.transfer_only,
+    }
     if session.platform != "CPU":
         view, reason = try_view(session, "utilization")
         detail["xprof"] = view if view is not None else {"available": False, "reason": reason}
