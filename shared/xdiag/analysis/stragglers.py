@@ -1,0 +1,173 @@
+"""Stragglers: who arrives last at each collective, and how long the others wait for it.
+
+In synchronous data-parallel work every participant leaves a collective together, so step times match even
+when one participant is slow; the slow one shows as the participant that arrives last while the others wait
+inside the collective (TraceLens's per-rank straggler summary; DeepSpeed's "straggler effect"). The hosts of
+one session share a clock only approximately, so each instance is aligned on its end, which all participants
+share: a participant's arrival is its start relative to its own end of the collective.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from xdiag.analysis.timeline import op_table, step_set
+from xdiag.profile.space import Session
+
+PS_PER_MS = 1e9
+MIN_LAST_ARRIVAL_SHARE = 0.6
+"""A straggler arrives last at most instances of the collectives it takes part in (chance is 1/participants)."""
+MIN_WAIT_SHARE_OF_STEP = 0.05
+"""...and the others' waiting for it is a visible share of their step time."""
+
+
+@dataclass
+class Participant:
+    name: str  # a host (across hosts) or a device (within one host)
+    instances: int = 0
+    last_arrivals: int = 0
+    wait_ps: int = 0  # time it waited inside collectives for the last participant
+    caused_wait_ps: int = 0  # the others' waiting in the instances where it arrived last
+
+    def row(self, steps: int) -> dict:
+        per_step = max(steps, 1)
+        return {
+            "participant": self.name,
+            "collective_instances": self.instances,
+            "last_arrivals": self.last_arrivals,
+            "last_arrival_share_percent": round(100 * self.last_arrivals / self.instances, 1) if self.instances else 0.0,
+            "collective_wait_ms_per_step": round(self.wait_ps / per_step / PS_PER_MS, 4),
+            "caused_wait_ms_per_step": round(self.caused_wait_ps / per_step / PS_PER_MS, 4),
+        }
+
+
+@dataclass
+class Arrivals:
+    level: str  # "hosts" or "devices": who the participants are
+    instances: int
+    skew_ms_mean: float
+    skew_ms_max: float
+    participants: dict[str, Participant] = field(default_factory=dict)
+    examples: list[dict] = field(default_factory=list)  # a few aligned instances, for the report
+
+
+def _instance_keys(session: Session, devices: np.ndarray, names: np.ndarray, modules: np.ndarray, starts: np.ndarray) -> list[tuple]:
+    """(module, op, step, occurrence): the same collective in the same step on every participant.
+
+    Step numbers come from the hosts' step annotations, which synchronous training numbers alike on every host;
+    without them, the k-th execution on each participant is the same instance."""
+    found = step_set(session)
+    annotated = {}
+    for step in found.steps:
+        if step.device is None:
+            annotated.setdefault(step.host, []).append(step)
+    windows = {
+        host: (np.array([s.start_ps for s in steps]), np.array([s.end_ps for s in steps]), np.array([s.number for s in steps]))
+        for host, steps in annotated.items()
+    }
+    counter: dict[tuple, int] = {}
+    keys = []
+    for device, name, module, start in zip(devices.tolist(), names.tolist(), modules.tolist(), starts.tolist()):
+        host = device.split(" ", 1)[0]
+        step = -1
+        if host in windows:
+            win_s, win_e, numbers = windows[host]
+            k = int(np.searchsorted(win_s, start, side="right")) - 1
+            if k >= 0 and start < win_e[k]:
+                step = int(numbers[k])
+        base = (module, name, step)
+        occurrence = counter.get((device, *base), 0)
+        counter[(device, *base)] = occurrence + 1
+        keys.append((*base, occurrence))
+    return keys
+
+
+def collective_arrivals(session: Session) -> Arrivals | None:
+    """Per collective instance with two or more participants: arrival skew, who came last, who waited how long.
+    None when the session has no collective that several participants run."""
+    if "collective_arrivals" in session.cache:
+        return session.cache["collective_arrivals"]
+    ops = op_table(session)
+    mask = ops.category == "collective"
+    result = None
+    if mask.sum() >= 2:
+        devices, starts, ends = ops.device[mask], ops.start_ps[mask], ops.end_ps[mask]
+        order = np.argsort(starts, kind="stable")
+        devices, starts, ends = devices[order], starts[order], ends[order]
+        names, modules = ops.name[mask][order], ops.module[mask][order]
+        hosts = np.array([d.split(" ", 1)[0] for d in devices], dtype=object)
+        level = "hosts" if len(set(hosts.tolist())) >= 2 else "devices"
+        who = hosts if level == "hosts" else devices
+        instances: dict[tuple, dict[str, int]] = {}
+        for key, participant, start, end in zip(_instance_keys(session, devices, names, modules, starts), who.tolist(), starts.tolist(), ends.tolist()):
+            # Arrival relative to the instance's end; a host with several devices arrives with its last device.
+            arrival = start - end
+            members = instances.setdefault(key, {})
+            members[participant] = max(members.get(participant, arrival), arrival)
+        participants: dict[str, Participant] = {}
+        skews, examples = [], []
+        for key, members in instances.items():
+            if len(members) < 2:
+                continue
+            last = max(members, key=members.get)
+            latest = members[last]
+            skews.append(latest - min(members.values()))
+            for name, arrival in members.items():
+                p = participants.setdefault(name, Participant(name))
+                p.instances += 1
+                p.wait_ps += latest - arrival
+            participants[last].last_arrivals += 1
+            participants[last].caused_wait_ps += sum(latest - a for a in members.values())
+            if len(examples) < 5:
+                examples.append({
+                    "op": key[1], "module": key[0], "step": key[2], "last": last,
+                    "arrival_before_end_ms": {n: round(-a / PS_PER_MS, 4) for n, a in sorted(members.items())},
+                    "skew_ms": round(skews[-1] / PS_PER_MS, 4),
+                })
+        if skews:
+            result = Arrivals(
+                level=level, instances=len(skews),
+                skew_ms_mean=round(float(np.mean(skews)) / PS_PER_MS, 4),
+                skew_ms_max=round(float(np.max(skews)) / PS_PER_MS, 4),
+                participants=dict(sorted(participants.items())), examples=examples,
+            )
+    session.cache["collective_arrivals"] = result
+    return result
+
+
+def straggler(arrivals: Arrivals | None, steps: int, step_ms: float) -> Participant | None:
+    """The participant that arrives last at most collectives and makes the others wait a visible share of their
+    step (MIN_LAST_ARRIVAL_SHARE, MIN_WAIT_SHARE_OF_STEP); None when no one does."""
+    if arrivals is None or len(arrivals.participants) < 2 or not step_ms:
+        return None
+    candidate = max(arrivals.participants.values(), key=lambda p: (p.last_arrivals, p.caused_wait_ps))
+    share = candidate.last_arrivals / max(candidate.instances, 1)
+    others = len(arrivals.participants) - 1
+    waited_ms_per_step = candidate.caused_wait_ps / max(steps, 1) / others / PS_PER_MS
+    if share < MIN_LAST_ARRIVAL_SHARE or waited_ms_per_step < MIN_WAIT_SHARE_OF_STEP * step_ms:
+        return None
+    return candidate
+
+
+CAUSES = {
+    "host_other": "input or host work outside the compiled step (nothing runs on its device meanwhile)",
+    "compute": "more device compute per step than its peers",
+    "dispatch": "more time dispatching programs",
+    "host_sync": "more time blocked on device results or host callbacks",
+    "compile": "compilation inside its steps",
+    "transfer": "more data copies between memories",
+    "idle": "more idle device time before it reaches the collective",
+}
+
+
+def own_cause(own: dict[str, float], peers: list[dict[str, float]]) -> tuple[str, float] | None:
+    """The category of its own step (ms per step) that exceeds its peers' mean the most: why it is late."""
+    if not peers:
+        return None
+    excess = {k: own.get(k, 0.0) - float(np.mean([p.get(k, 0.0) for p in peers])) for k in CAUSES if k in own}
+    if not excess:
+        return None
+    key = max(excess, key=excess.get)
+    return (key, round(excess[key], 4)) if excess[key] > 0 else None
