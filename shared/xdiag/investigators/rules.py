@@ -50,6 +50,10 @@ def _ev(tool: str, metric: str, value: Any, note: str = "") -> Evidence:
     return Evidence(tool=tool, metric=metric, value=value, note=note)
 
 
+def _sentence(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
 def _saving(step_ms: float | None, share: float) -> str:
     if not step_ms:
         return f"up to {share:.0f}% of step time"
@@ -79,6 +83,56 @@ def _neighborhood_evidence(result: ToolResult) -> list[Evidence]:
     if s.get("source"):
         out.append(_ev("get_hlo_neighborhood", "source line", s["source"]))
     return out
+
+
+_STRAGGLER_FIX = {
+    "host_other": "Fix that host's input path: prefetch and preprocess its batches in background workers, check its "
+    "data shard (size, storage, decoding cost) against the others', and look for host-side contention (other "
+    "processes, CPU throttling) on that machine.",
+    "compute": "Balance the work: give that participant a shard the same size as the others' (sequence lengths, "
+    "padding, uneven batch split), and check its hardware (clocks, thermal throttling, a degraded device or link).",
+}
+
+
+def _straggler_hypothesis(results: dict[str, ToolResult], step_ms: float | None) -> Hypothesis | None:
+    """The participant that arrives last at the collectives, from get_hosts' alignment of collective instances."""
+    hosts = _s(results, "get_hosts")
+    name = hosts.get("straggler")
+    if not name or not step_ms:
+        return None
+    kind = "Host" if hosts.get("participant_level") == "hosts" else "Device"
+    wait = hosts["straggler_caused_wait_ms_per_step"]
+    wait_share = round(100 * wait / step_ms, 2)
+    cause = hosts.get("straggler_cause")
+    cause_text = (_d(results, "get_hosts").get("straggler_cause") or "") if cause else ""
+    excess = hosts.get("straggler_cause_excess_ms_per_step")
+    own = (f" Its own step shows why: {cause_text} — {excess:.3g} ms per step more than its peers."
+           if cause else " Its own step breakdown does not show a cause that its peers lack.")
+    evidence = [
+        _ev("get_hosts", "straggler", name, f"participants: {hosts.get('participant_level')}"),
+        _ev("get_hosts", "straggler_last_arrival_share_percent", hosts["straggler_last_arrival_share_percent"],
+            f"of {hosts.get('collective_instances')} collective instances, aligned on their end"),
+        _ev("get_hosts", "arrival_skew_ms_mean", hosts.get("arrival_skew_ms_mean"),
+            f"max {hosts.get('arrival_skew_ms_max')} ms"),
+        _ev("get_hosts", "straggler_caused_wait_ms_per_step", wait, "each other participant waits this long per step"),
+        _ev("get_step_trace", "step_time_ms_mean", step_ms),
+    ]
+    if cause:
+        evidence.append(_ev("get_hosts", "straggler_cause", cause, f"+{excess} ms per step over its peers"))
+    return Hypothesis(
+        "straggler_host", wait_share,
+        f"{kind} {name} is a straggler: the others wait for it at every collective",
+        f"{kind} {name} arrives last at {hosts['straggler_last_arrival_share_percent']}% of the "
+        f"{hosts.get('collective_instances')} collective instances (arrival skew {hosts.get('arrival_skew_ms_mean')} ms "
+        f"on average); every other participant waits {wait:.3g} ms per step inside the collective for it "
+        f"({wait_share}% of the {step_ms:.4g} ms step), so all step times match the slowest one's.{own}",
+        evidence,
+        f"Up to {wait_share:.0f}% shorter steps for every participant: {step_ms:.4g} ms → about "
+        f"{step_ms - wait:.3g} ms if it arrived with the others.",
+        _STRAGGLER_FIX.get(cause or "", "Profile that participant alone: compare its input pipeline, its share of "
+                           "the work and its hardware health with the others'."),
+        follow_up=("get_hosts", {}),
+    )
 
 
 def _hypotheses(health: dict[str, Any], results: dict[str, ToolResult]) -> list[Hypothesis]:
@@ -168,16 +222,22 @@ def _hypotheses(health: dict[str, Any], results: dict[str, ToolResult]) -> list[
     callback_share = (_s(results, "get_hlo_op_profile").get("category_percent") or {}).get("host_callback", 0.0)
     # One wait at the end of a step is the usual pattern (and on a fast device its latency shows as
     # host_sync time); several waits per step, or host callbacks, are the problem.
-    if (syncs >= 2 and sync_pct >= 5) or callbacks >= 1 or callback_share >= 5:
+    if ((syncs >= 2 and sync_pct >= 5) or callbacks >= 1 or callback_share >= 5) and max(sync_pct, callback_share) >= 1:
+        # Say only what was measured: a wait count or share of 0 is no evidence and must not read as a finding.
+        what = [f"the host waits on device results {syncs:g} times per step"] if syncs else []
+        if callbacks:
+            what.append(f"calls back into Python {callbacks:g} times per step")
+        if callback_share:
+            what.append(f"host callbacks take {callback_share}% of device op time")
         out.append(Hypothesis(
             "host_sync", max(sync_pct, callback_share),
             "Blocking host–device synchronisation inside the step",
-            f"The host waits on device results {syncs:g} times per step"
-            + (f" and calls back into Python {callbacks:g} times" if callbacks else "")
-            + f"; {sync_pct}% of step time is spent blocked, which also stops the host from queueing the next step.",
-            base + [_ev("get_step_trace", "host_sync_percent", sync_pct),
-                    _ev("get_step_trace", "syncs_per_step_mean", syncs),
-                    _ev("get_step_trace", "callbacks_per_step_mean", callbacks)]
+            _sentence("; ".join(what) or "the host blocks on the device")
+            + (f"; {sync_pct}% of step time is spent blocked, which also stops the host from queueing the next step."
+               if sync_pct else "; the device waits while Python runs."),
+            base + ([_ev("get_step_trace", "host_sync_percent", sync_pct)] if sync_pct else [])
+            + ([_ev("get_step_trace", "syncs_per_step_mean", syncs)] if syncs else [])
+            + ([_ev("get_step_trace", "callbacks_per_step_mean", callbacks)] if callbacks else [])
             + ([_ev("get_hlo_op_profile", "category_percent.host_callback", callback_share)] if callback_share else []),
             _saving(step_ms, max(sync_pct, callback_share)),
             "Remove per-step .item()/float()/np.asarray()/jax.device_get on device arrays; accumulate metrics on "
@@ -366,25 +426,29 @@ def _hypotheses(health: dict[str, Any], results: dict[str, ToolResult]) -> list[
             "(donate_argnums), shard optimizer state, lower precision for activations.",
         ))
 
-    # A straggling host.
-    hosts = _s(results, "get_hosts")
-    if (hosts.get("step_time_spread_percent") or 0) >= 20:
-        out.append(Hypothesis(
-            "straggler_host", min(hosts["step_time_spread_percent"], 60.0),
-            f"Host {hosts['slowest_host']} is a straggler",
-            f"Its mean step time is {hosts['step_time_spread_percent']}% above the fastest host's; in synchronous "
-            "training every host waits for it.",
-            [_ev("get_hosts", "step_time_spread_percent", hosts["step_time_spread_percent"]),
-             _ev("get_hosts", "slowest_host", hosts["slowest_host"])],
-            f"Up to {hosts['step_time_spread_percent']:.0f}% faster steps on the other hosts.",
-            "Compare that host's input pipeline and hardware health; balance data shards.",
-            follow_up=("get_hosts", {}),
-        ))
+    # A straggler: the participant the others wait for at the collectives, named with its own cause.
+    straggler = _straggler_hypothesis(results, step_ms)
+    if straggler is not None:
+        out.append(straggler)
+    else:
+        hosts = _s(results, "get_hosts")
+        if (hosts.get("step_time_spread_percent") or 0) >= 20:
+            out.append(Hypothesis(
+                "straggler_host", min(hosts["step_time_spread_percent"], 60.0),
+                f"Host {hosts['slowest_host']} is a straggler",
+                f"Its mean step time is {hosts['step_time_spread_percent']}% above the fastest host's; the hosts do "
+                "not run in lockstep, so the slowest one sets the pace of whatever waits for all of them.",
+                [_ev("get_hosts", "step_time_spread_percent", hosts["step_time_spread_percent"]),
+                 _ev("get_hosts", "slowest_host", hosts["slowest_host"])],
+                f"Up to {hosts['step_time_spread_percent']:.0f}% faster steps on the other hosts.",
+                "Compare that host's input pipeline and hardware health; balance data shards.",
+                follow_up=("get_hosts", {}),
+            ))
     # Nothing above explains an idle device: say so with the numbers, rather than stay silent.
-    if compute < 80 and not any(h.score >= 15 for h in out):
+    idle = round(100 - compute - b.get("collective", 0.0) - b.get("transfer", 0.0), 2)
+    if compute < 80 and idle >= 10 and not any(h.score >= 15 for h in out):
         util = _s(results, "get_utilization_viewer")
         devices = _d(results, "get_utilization_viewer").get("devices", [])
-        idle = round(100 - compute - b.get("collective", 0.0) - b.get("transfer", 0.0), 2)
         out.append(Hypothesis(
             "device_idle", idle,
             f"Devices idle for {idle}% of the step with no single host-side cause in the trace",
@@ -401,7 +465,38 @@ def _hypotheses(health: dict[str, Any], results: dict[str, ToolResult]) -> list[
             "see host activity; balance work across devices if some are much less busy; check the input "
             "pipeline and inter-device dependencies.",
         ))
-    return sorted(out, key=lambda h: -h.score)
+    return sorted(_reconcile(out, b), key=lambda h: -h.score)
+
+
+def _reconcile(out: list[Hypothesis], b: dict[str, float]) -> list[Hypothesis]:
+    """One cause, one finding: time a stronger explanation already accounts for is not reported twice."""
+    found = {h.key: h for h in out}
+    straggler = found.get("straggler_host")
+    if straggler is not None and "straggler_cause" in {e.metric for e in straggler.evidence}:
+        waited = straggler.score
+        collectives = found.get("collectives")
+        if collectives is not None:
+            # The others' wait for the straggler shows as collective time; it is the straggler's finding.
+            collectives.score = max(collectives.score - waited, 0.0)
+            if collectives.score < 5:
+                out = [h for h in out if h.key != "collectives"]
+        cause = next(e.value for e in straggler.evidence if e.metric == "straggler_cause")
+        if cause == "host_other" and "input_bound" in found:
+            out = [h for h in out if h.key != "input_bound"]  # the host time is the straggler's own, not everyone's
+    dispatch = found.get("dispatch_overhead")
+    if dispatch is not None and "input_bound" in found and "dispatches_per_step_mean" in {e.metric for e in dispatch.evidence}:
+        dispatches = next(e.value for e in dispatch.evidence if e.metric == "dispatches_per_step_mean")
+        if dispatches >= 20:
+            # Op-by-op code: the host time between many small launches is the Python that drives them.
+            host_other = found["input_bound"].score
+            dispatch.score = min(dispatch.score + host_other, 100.0)
+            dispatch.whats_happening += (
+                f" Between the launches the host runs Python for another {host_other}% of the step with no device "
+                "work: in op-by-op code that is the driving loop's own overhead, counted here rather than as input."
+            )
+            dispatch.evidence.append(_ev("get_step_trace", "host_other_percent", b.get("host_other")))
+            out = [h for h in out if h.key != "input_bound"]
+    return out
 
 
 class RuleEngine:
