@@ -10,7 +10,8 @@ from xdiag.profile.locate import locate_session
 from xdiag.tools import REGISTRY
 from xdiag.workloads import WORKLOADS
 
-H200_WORKLOADS = [w for w in WORKLOADS if w != "collective_bound"]  # one GPU: no collectives (tests/profiles/README.md)
+# One GPU: no collectives, no second process (tests/profiles/README.md).
+H200_WORKLOADS = [w for w, spec in WORKLOADS.items() if spec.needs_devices == 1 and spec.processes == 1]
 
 
 def _analyze(path, tmp_path) -> Analysis:

@@ -39,12 +39,15 @@ class Workload:
     expected_finding: short stable key the analyser should report for it.
     needs_devices: devices the workload needs; on CPU the capture forces this
         many host devices via ``--xla_force_host_platform_device_count``.
+    processes: processes the capture starts (``jax.distributed`` on 127.0.0.1 with gloo CPU collectives), each
+        writing its own profile into one session folder.
     """
 
     name: str
     problem: str
     expected_finding: str
     needs_devices: int = 1
+    processes: int = 1
 
 
 class WorkloadSkipped(RuntimeError):
@@ -98,6 +101,30 @@ _ALL = [
         "sharded step over 4 devices with tiny compute and large all-reduce/all-gather each step",
         "collectives",
         needs_devices=4,
+    ),
+    Workload(
+        "collective_dominated",
+        "data-parallel step on 8 devices: a small gradient per device, all-reduced with a large buffer inside a scan",
+        "collectives",
+        needs_devices=8,
+    ),
+    Workload(
+        "healthy_data_parallel",
+        "data-parallel step on 2 devices: a large matmul pass per device, a small gradient all-reduce",
+        "optimal",
+        needs_devices=2,
+    ),
+    Workload(
+        "straggler_input",
+        "2 processes in sync (jax.distributed): one prepares its input on the host, the other waits in every all-reduce",
+        "straggler_host",
+        processes=2,
+    ),
+    Workload(
+        "straggler_compute",
+        "2 processes in sync (jax.distributed): one computes ~6x more per step, the other waits in every all-reduce",
+        "straggler_host",
+        processes=2,
     ),
     Workload(
         "small_steps",

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -34,6 +36,7 @@ CHILD_TIMEOUT_S = 600
 _RESULT_MARK = "XDIAG_CAPTURE_RESULT "
 _SKIP_MARK = "XDIAG_CAPTURE_SKIP "
 _SKIP_RC = 3
+_DISTRIBUTED_ENV = "XDIAG_CAPTURE_DISTRIBUTED"  # "coordinator,processes,process" for a multi-process workload
 _PKG_ROOT = Path(__file__).resolve().parents[2]  # directory holding the xdiag package
 
 
@@ -81,37 +84,85 @@ def capture(name: str, logdir: str | os.PathLike, steps: int | None = None) -> C
     cmd = [sys.executable, "-m", "xdiag.workloads.capture", name, str(logdir)]
     if steps is not None:
         cmd.append(str(int(steps)))
+    processes = WORKLOADS[name].processes
     t0 = time.perf_counter()
-    try:
-        proc = subprocess.run(
-            cmd, env=child_env(name), capture_output=True, text=True, timeout=CHILD_TIMEOUT_S
-        )
-    except subprocess.TimeoutExpired as exc:
-        raise WorkloadFailed(f"workload {name!r} timed out after {CHILD_TIMEOUT_S}s") from exc
+    if processes > 1:
+        info = _run_processes(name, cmd, processes, logdir / name)
+    else:
+        info = _run_child(name, cmd, child_env(name))
     process_wall = time.perf_counter() - t0
-    lines = proc.stdout.splitlines()
-    if proc.returncode == _SKIP_RC:
-        reason = next((l[len(_SKIP_MARK):] for l in lines if l.startswith(_SKIP_MARK)), "skipped")
-        raise WorkloadSkipped(f"{name}: {reason}")
-    result = next((l[len(_RESULT_MARK):] for l in lines if l.startswith(_RESULT_MARK)), None)
-    if proc.returncode != 0 or result is None:
-        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-25:])
-        raise WorkloadFailed(f"workload {name!r} failed (exit code {proc.returncode}):\n{tail}")
-    info = json.loads(result)
     path = Path(info["path"])
     return CaptureResult(
         name=name,
         path=path,
-        size_bytes=path.stat().st_size,
+        size_bytes=sum(p.stat().st_size for p in path.glob("*.xplane.pb")) if path.is_dir() else path.stat().st_size,
         steps=info["steps"],
         steps_wall_s=info["steps_wall_s"],
         process_wall_s=process_wall,
     )
 
 
+def _run_child(name: str, cmd: list[str], env: dict[str, str]) -> dict:
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
+    except subprocess.TimeoutExpired as exc:
+        raise WorkloadFailed(f"workload {name!r} timed out after {CHILD_TIMEOUT_S}s") from exc
+    return _child_result(name, proc.returncode, proc.stdout, proc.stderr)
+
+
+def _child_result(name: str, returncode: int, stdout: str, stderr: str) -> dict:
+    lines = stdout.splitlines()
+    if returncode == _SKIP_RC:
+        reason = next((line[len(_SKIP_MARK):] for line in lines if line.startswith(_SKIP_MARK)), "skipped")
+        raise WorkloadSkipped(f"{name}: {reason}")
+    result = next((line[len(_RESULT_MARK):] for line in lines if line.startswith(_RESULT_MARK)), None)
+    if returncode != 0 or result is None:
+        tail = "\n".join((stderr or stdout).strip().splitlines()[-25:])
+        raise WorkloadFailed(f"workload {name!r} failed (exit code {returncode}):\n{tail}")
+    return json.loads(result)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _run_processes(name: str, cmd: list[str], processes: int, out: Path) -> dict:
+    """Start `processes` children that join one jax.distributed job on 127.0.0.1, each tracing its own steps;
+    gather their profiles into one session folder, one file per process."""
+    coordinator = f"127.0.0.1:{_free_port()}"
+    children = []
+    for process in range(processes):
+        env = child_env(name)
+        env[_DISTRIBUTED_ENV] = f"{coordinator},{processes},{process}"
+        children.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    results = []
+    try:
+        for child in children:
+            stdout, stderr = child.communicate(timeout=CHILD_TIMEOUT_S)
+            results.append((child.returncode, stdout, stderr))
+    except subprocess.TimeoutExpired as exc:
+        raise WorkloadFailed(f"workload {name!r} timed out after {CHILD_TIMEOUT_S}s") from exc
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+    infos = [_child_result(name, *result) for result in results]
+    session = out / "session"
+    session.mkdir(parents=True, exist_ok=True)
+    for process, info in enumerate(infos):
+        written = Path(info["path"])
+        # Each process names its file after the machine; on one machine they would collide.
+        shutil.copyfile(written, session / f"{written.name.removesuffix('.xplane.pb')}_process{process}.xplane.pb")
+    return {"path": str(session), "steps": infos[0]["steps"], "steps_wall_s": max(i["steps_wall_s"] for i in infos)}
+
+
 def capture_workload(name: str, logdir: str | os.PathLike, steps: int | None = None) -> Path:
     """Profile workload ``name`` into ``<logdir>/<name>/`` and return the
-    ``.xplane.pb`` path. ``steps`` defaults to the module's DEFAULT_STEPS."""
+    ``.xplane.pb`` path (a multi-process workload: the session folder holding one file per process).
+    ``steps`` defaults to the module's DEFAULT_STEPS."""
     return capture(name, logdir, steps).path
 
 
@@ -119,6 +170,12 @@ def _child_main(name: str, logdir: str, steps: int | None) -> int:
     """Runs inside the subprocess: warm up, then trace the measured steps."""
     import jax
 
+    distributed = os.environ.get(_DISTRIBUTED_ENV)
+    process = ""
+    if distributed:
+        coordinator, processes, process = distributed.split(",")
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        jax.distributed.initialize(coordinator_address=coordinator, num_processes=int(processes), process_id=int(process))
     module = load_module(name)
     steps = module.DEFAULT_STEPS if steps is None else steps
     block_each_step = getattr(module, "BLOCK_EACH_STEP", True)
@@ -131,7 +188,7 @@ def _child_main(name: str, logdir: str, steps: int | None) -> int:
         state = module.step(state, i)
     jax.block_until_ready(state)
 
-    out = Path(logdir) / name
+    out = Path(logdir) / name / (f"process{process}" if distributed else "")
     out.mkdir(parents=True, exist_ok=True)
     started = time.time()
     with jax.profiler.trace(str(out)):

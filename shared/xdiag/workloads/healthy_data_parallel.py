@@ -1,0 +1,31 @@
+"""Healthy data parallelism on 4 devices: compute dominates, the gradient all-reduce is small.
+
+Problem: none. The same data-parallel step as ``collective_dominated`` (per-device forward/backward over its batch
+shard inside a ``lax.scan`` of micro-batches, gradients all-reduced with ``psum``), but each device does a large
+matmul pass (512-wide weights, 1024 rows per micro-batch) and all-reduces only its 1 MB weight gradient.
+
+What a profile shows: on each of the 4 devices (``device_ordinal`` 0..3 on the XLA threads) dot fusions fill
+nearly the whole step; the all-reduces are a few percent of it. A diagnosis must stay OPTIMAL.
+"""
+
+from __future__ import annotations
+
+from xdiag.workloads import _data_parallel as data_parallel
+from xdiag.workloads._common import pick, run_steps
+
+DEFAULT_STEPS = 6
+DEVICES = 2
+
+
+def setup():
+    return data_parallel.setup(
+        data_parallel.mesh_of(DEVICES), batch_per_device=pick(4096, 16384), width=pick(512, 4096),
+        micro_batches=1, extra_grad_elements=0,
+    )
+
+
+step = data_parallel.step
+
+
+def run(steps: int = DEFAULT_STEPS) -> None:
+    run_steps(setup, step, steps)

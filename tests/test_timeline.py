@@ -1,0 +1,140 @@
+"""Steps, per-device timelines, busy/idle and stragglers on real profiles (issue 11 point 1, issue 12).
+
+The shared accelerator profiles' numbers come from ../shared/profiles/EXPECTED.md (an expert reading of the raw
+planes and XProf's views); the multi-device and multi-process sessions are captured here from the bundled
+workloads (tests/conftest.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from xdiag.analysis.timeline import repeating_period, step_set
+from xdiag.cloud.embedded import analyze_session
+from xdiag.profile.locate import locate_session
+from xdiag.profile.reader import read_session
+from xdiag.tools import run_tool
+
+from tests.conftest import shared_profile
+
+
+def _tool(path, name):
+    session = read_session(sorted(path.glob("*.xplane.pb")) if path.is_dir() else [path])
+    result = run_tool(session, name)
+    assert result.ok, result.reason
+    return session, result
+
+
+def _device(rows, suffix):
+    return next(r for r in rows if r["device"].endswith(suffix))
+
+
+# --- steps without step markers -------------------------------------------------------------------------------
+
+
+def test_a_repeating_op_sequence_is_found_and_a_layer_inside_a_step_is_not_taken_for_it():
+    layer = ["matmul", "add", "tanh"]
+    step = ["embed"] + layer * 6 + ["loss", "update"]
+    assert repeating_period(np.array(step * 5, dtype=object)) == (len(step), 1.0)
+    # A capture that starts and stops inside a step still repeats.
+    assert repeating_period(np.array((step * 4)[5:-3], dtype=object))[0] == len(step)
+    rng = np.random.default_rng(0)
+    assert repeating_period(rng.integers(0, 50, 400).astype(str).astype(object)) is None
+
+
+def test_tpu_steps_run_from_one_execution_to_the_next_so_gaps_count_and_xprofs_idle_is_explained():
+    _, result = _tool(shared_profile("tpu/tpu_v6e_inference.xplane.pb"), "get_step_trace")
+    s = result.summary
+    assert s["timelines"] == 4 and s["steps"] == 100  # each core its own timeline of 100 executions of jit_f
+    assert "start to start" in s["step_source"]
+    assert s["device_idle_percent"] < 1  # ~1 µs between executions: the steady state is not idle
+    # XProf's duty cycle (86.5%) counts the ~5.5 s before the first execution; xdiag says so.
+    assert s["window_busy_percent"] == pytest.approx(86.5, abs=1.5)
+    assert s["largest_idle_gap_where"] == "before the first step"
+    assert s["largest_idle_gap_ms"] == pytest.approx(5547, rel=0.02)
+    assert "before the first step" in s["window_vs_step_note"]
+
+
+def test_tpu_step_windows_are_each_cores_own():
+    session = read_session([shared_profile("tpu/tpu_v6e_inference.xplane.pb")])
+    steps = step_set(session).steps
+    by_device = {}
+    for step in steps:
+        by_device.setdefault(step.device, []).append(step)
+    assert len(by_device) == 4
+    for device_steps in by_device.values():
+        ends = np.array([s.end_ps for s in device_steps[:-1]])
+        starts = np.array([s.start_ps for s in device_steps[1:]])
+        assert (starts == ends).all()  # start to start: no gap falls between two steps
+
+
+def test_v100_each_gpu_is_busy_in_its_own_step_window_and_the_memcpy_only_gpu_is_apart():
+    _, result = _tool(shared_profile("gpu/v100x8_tf_bert_worker.xplane.pb"), "get_step_trace")
+    rows = result.detail["devices"]
+    gpu4, gpu6 = _device(rows, "GPU:4"), _device(rows, "GPU:6")
+    assert gpu4["compute_percent"] == pytest.approx(74.6, abs=1.5)
+    assert gpu6["compute_percent"] == pytest.approx(69.8, abs=1.5)  # XProf: 21.3 ms step, compute 69.8%
+    assert gpu6["step_ms_mean"] == pytest.approx(21.3, abs=0.2)
+    assert [d.rsplit(" ", 1)[1] for d in result.summary["transfer_only_devices"]] == ["/device:GPU:1"]
+    assert result.summary["active_devices"] == 2
+    assert result.summary["least_busy_device"].endswith("GPU:6") and result.summary["device_busy_percent_min"] > 60
+    session, util = _tool(shared_profile("gpu/v100x8_tf_bert_worker.xplane.pb"), "get_utilization_viewer")
+    assert util.summary["devices"] == 2 and util.summary["busy_percent_min"] > 60  # never "0% busy on GPU:6"
+    step6 = next(s for s in step_set(session).steps if s.device.endswith("GPU:6"))
+    step4 = next(s for s in step_set(session).steps if s.device.endswith("GPU:4"))
+    assert (step6.start_ps - step4.start_ps) / 1e9 == pytest.approx(647, abs=10)  # GPU:6 runs ~650 ms later
+
+
+def test_mi300x_attention_busy_is_measured_over_the_whole_window_including_host_gaps():
+    _, result = _tool(shared_profile("gpu/mi300x_jax_attention.xplane.pb"), "get_step_trace")
+    s = result.summary
+    assert s["step_source"].startswith("repeating op sequence") and s["steps"] == 3
+    assert s["compute_percent"] == pytest.approx(11.6, abs=1.0)  # not 34% inside cut-out steps
+    assert s["device_idle_percent"] == pytest.approx(88, abs=1.5)
+    assert s["steps"] * s["step_time_ms_mean"] == pytest.approx(32.6, abs=0.5)  # the steps cover the window
+
+
+@pytest.mark.parametrize("profile, idle", [
+    ("gpu/mi300x_jax_gemm.xplane.pb", 64), ("gpu/mi300x_jax_elementwise.xplane.pb", 62),
+    ("gpu/mi300x_jax_conv_8gpu.xplane.pb", 97),
+])
+def test_mi300x_device_idle_matches_the_expert_reading(profile, idle):
+    _, result = _tool(shared_profile(profile), "get_step_trace")
+    assert result.summary["device_idle_percent"] == pytest.approx(idle, abs=3)
+
+
+# --- several devices, several hosts ----------------------------------------------------------------------------
+
+
+def test_collective_bound_devices_read_as_collective_bound_each_on_its_own(cpu_profiles):
+    _, result = _tool(cpu_profiles["collective_dominated"], "get_step_trace")
+    assert result.summary["active_devices"] == 8
+    assert result.summary["collective_percent"] > 50 and result.summary["compute_percent"] < 40
+    # Each device, not just the mean: the psum inside the scan's while loop is waiting, not compute.
+    assert min(r["collective_percent"] for r in result.detail["devices"]) > 40
+
+
+def test_healthy_data_parallel_devices_compute(cpu_profiles):
+    _, result = _tool(cpu_profiles["healthy_data_parallel"], "get_step_trace")
+    assert result.summary["active_devices"] == 2
+    assert result.summary["device_compute_percent_mean"] > 80 and result.summary["collective_percent"] < 10
+
+
+@pytest.mark.parametrize("workload, cause", [("straggler_input", "host_other"), ("straggler_compute", "compute")])
+def test_the_straggler_arrives_last_and_its_own_breakdown_says_why(workload, cause, cpu_profiles, tmp_path):
+    session, result = _tool(cpu_profiles[workload], "get_hosts")
+    s = result.summary
+    hosts = result.detail["hosts"]
+    slow = next(h for h in hosts if h["host"].endswith("process1"))
+    fast = next(h for h in hosts if h["host"].endswith("process0"))
+    assert s["participant_level"] == "hosts" and s["straggler"] == slow["host"]
+    assert s["straggler_last_arrival_share_percent"] >= 80 and s["collective_instances"] >= 4
+    assert s["arrival_skew_ms_mean"] > 10
+    assert s["straggler_cause"] == cause
+    # Lockstep: same step times; the fast host waits inside the all-reduce, the slow one hardly does.
+    assert slow["step_time_ms_mean"] == pytest.approx(fast["step_time_ms_mean"], rel=0.1)
+    assert fast["collective_wait_ms_per_step"] > 10 and slow["collective_wait_ms_per_step"] < 1
+    assert fast["collective_percent"] > 40
+    analysis = analyze_session(locate_session(cpu_profiles[workload]), tmp_path / "out")
+    findings = analysis.diagnosis.findings
+    assert findings[0].key == "straggler_host" and slow["host"] in findings[0].title
+    assert "input_bound" not in {f.key for f in findings}  # the slow host's input is not everyone's
