@@ -1,4 +1,4 @@
-"""CLI: python -m xdiag.workloads NAME [NAME...] --logdir DIR [--steps N] [--all] [--list]
+"""CLI: python -m xdiag.workloads NAME [NAME...] --logdir DIR [--steps N] [--all] [--list] [--fixed]
 
 Profiles each named workload in its own subprocess (see xdiag.workloads.capture)
 and prints one line per workload with the .xplane.pb path and its size.
@@ -24,6 +24,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=None, help="measured steps (default: per workload)")
     parser.add_argument("--all", action="store_true", help="capture every workload")
     parser.add_argument("--list", action="store_true", help="list workloads and their problems")
+    parser.add_argument("--fixed", action="store_true",
+                        help="run each workload with its problem fixed (its fixed_step), into <logdir>/<name>-fixed/")
     args = parser.parse_args(argv)
 
     if args.list:
@@ -49,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = []
     for name in names:
         try:
-            r = capture(name, args.logdir, args.steps)
+            r = capture(name, args.logdir, args.steps, fixed=args.fixed)
         except WorkloadSkipped as exc:
             print(f"SKIPPED {exc}", flush=True)
             continue

@@ -68,8 +68,9 @@ def child_env(name: str) -> dict[str, str]:
     return env
 
 
-def capture(name: str, logdir: str | os.PathLike, steps: int | None = None) -> CaptureResult:
-    """Profile workload ``name`` in a subprocess; return what it wrote.
+def capture(name: str, logdir: str | os.PathLike, steps: int | None = None, fixed: bool = False) -> CaptureResult:
+    """Profile workload ``name`` in a subprocess; return what it wrote. ``fixed`` runs the module's
+    ``fixed_step`` (the known problem fixed) into ``<logdir>/<name>-fixed/``, for before/after comparisons.
 
     Raises WorkloadSkipped if the workload cannot run here (e.g. too few
     devices), WorkloadFailed if the subprocess fails.
@@ -77,17 +78,18 @@ def capture(name: str, logdir: str | os.PathLike, steps: int | None = None) -> C
     if name not in WORKLOADS:
         raise KeyError(f"unknown workload {name!r}; known: {', '.join(WORKLOADS)}")
     logdir = Path(logdir).resolve()
+    folder = f"{name}-fixed" if fixed else name
     try:
-        (logdir / name).mkdir(parents=True, exist_ok=True)
+        (logdir / folder).mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise WorkloadFailed(f"workload {name!r}: cannot create {logdir / name}: {exc}") from exc
-    cmd = [sys.executable, "-m", "xdiag.workloads.capture", name, str(logdir)]
-    if steps is not None:
-        cmd.append(str(int(steps)))
+        raise WorkloadFailed(f"workload {name!r}: cannot create {logdir / folder}: {exc}") from exc
+    cmd = [sys.executable, "-m", "xdiag.workloads.capture", name, str(logdir), str(int(steps)) if steps else "0"]
+    if fixed:
+        cmd.append("--fixed")
     processes = WORKLOADS[name].processes
     t0 = time.perf_counter()
     if processes > 1:
-        info = _run_processes(name, cmd, processes, logdir / name)
+        info = _run_processes(name, cmd, processes, logdir / folder)
     else:
         info = _run_child(name, cmd, child_env(name))
     process_wall = time.perf_counter() - t0
@@ -159,14 +161,14 @@ def _run_processes(name: str, cmd: list[str], processes: int, out: Path) -> dict
     return {"path": str(session), "steps": infos[0]["steps"], "steps_wall_s": max(i["steps_wall_s"] for i in infos)}
 
 
-def capture_workload(name: str, logdir: str | os.PathLike, steps: int | None = None) -> Path:
-    """Profile workload ``name`` into ``<logdir>/<name>/`` and return the
+def capture_workload(name: str, logdir: str | os.PathLike, steps: int | None = None, fixed: bool = False) -> Path:
+    """Profile workload ``name`` into ``<logdir>/<name>/`` (``<name>-fixed/`` with the fix) and return the
     ``.xplane.pb`` path (a multi-process workload: the session folder holding one file per process).
     ``steps`` defaults to the module's DEFAULT_STEPS."""
-    return capture(name, logdir, steps).path
+    return capture(name, logdir, steps, fixed).path
 
 
-def _child_main(name: str, logdir: str, steps: int | None) -> int:
+def _child_main(name: str, logdir: str, steps: int | None, fixed: bool = False) -> int:
     """Runs inside the subprocess: warm up, then trace the measured steps."""
     import jax
 
@@ -177,7 +179,11 @@ def _child_main(name: str, logdir: str, steps: int | None) -> int:
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
         jax.distributed.initialize(coordinator_address=coordinator, num_processes=int(processes), process_id=int(process))
     module = load_module(name)
-    steps = module.DEFAULT_STEPS if steps is None else steps
+    steps = steps or module.DEFAULT_STEPS
+    if fixed and not hasattr(module, "fixed_step"):
+        print(f"workload {name!r} has no fixed variant (no fixed_step)", file=sys.stderr)
+        return 1
+    step = module.fixed_step if fixed else module.step
     block_each_step = getattr(module, "BLOCK_EACH_STEP", True)
     try:
         state = module.setup()
@@ -185,17 +191,17 @@ def _child_main(name: str, logdir: str, steps: int | None) -> int:
         print(_SKIP_MARK + str(exc), flush=True)
         return _SKIP_RC
     for i in range(WARMUP_STEPS):
-        state = module.step(state, i)
+        state = step(state, i)
     jax.block_until_ready(state)
 
-    out = Path(logdir) / name / (f"process{process}" if distributed else "")
+    out = Path(logdir) / (f"{name}-fixed" if fixed else name) / (f"process{process}" if distributed else "")
     out.mkdir(parents=True, exist_ok=True)
     started = time.time()
     with jax.profiler.trace(str(out)):
         t0 = time.perf_counter()
         for k in range(steps):
             with jax.profiler.StepTraceAnnotation("train", step_num=k):
-                state = module.step(state, WARMUP_STEPS + k)
+                state = step(state, WARMUP_STEPS + k)
                 if block_each_step:
                     jax.block_until_ready(state)
         jax.block_until_ready(state)
@@ -216,8 +222,8 @@ def _child_main(name: str, logdir: str, steps: int | None) -> int:
 
 
 if __name__ == "__main__":
-    # Child entry point: python -m xdiag.workloads.capture NAME LOGDIR [STEPS]
-    _args = sys.argv[1:]
-    if len(_args) not in (2, 3):
-        sys.exit("usage: python -m xdiag.workloads.capture NAME LOGDIR [STEPS]  (internal; use python -m xdiag.workloads)")
-    sys.exit(_child_main(_args[0], _args[1], int(_args[2]) if len(_args) == 3 else None))
+    # Child entry point: python -m xdiag.workloads.capture NAME LOGDIR STEPS [--fixed]  (STEPS 0: the default)
+    _args = [a for a in sys.argv[1:] if a != "--fixed"]
+    if len(_args) != 3:
+        sys.exit("usage: python -m xdiag.workloads.capture NAME LOGDIR STEPS [--fixed]  (internal; use python -m xdiag.workloads)")
+    sys.exit(_child_main(_args[0], _args[1], int(_args[2]), "--fixed" in sys.argv[1:]))
