@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -553,6 +554,298 @@ def sessions(
             out.print(f"  {report}", highlight=False, soft_wrap=True)
     if not found:
         out.print(f"run {run} has no sessions yet", highlight=False)
+
+
+# --- stored sessions: the viewer, before/after, reports, share links, monitored events ---------------------------
+
+RUN_HELP = "The run: its id, or its display name (the ML Diagnostics SDK gives runs a UUID; the name works too)."
+SESSION_HELP = "RUN/SESSION, or SESSION with --run."
+
+
+def resolve_run(client, text: str) -> str:
+    """A run's id from its id or its display name (unique)."""
+    runs = _call(client.runs)
+    if any(r["run_id"] == text or r["id"] == text for r in runs):
+        return text
+    named = [r["run_id"] for r in runs if r.get("display_name") == text]
+    if len(named) > 1:
+        _fail(f"{len(named)} runs are named {text!r}: {', '.join(named)}; give the run's id")
+    return named[0] if named else text  # unknown: the control plane says so
+
+
+def _run_and_session(client, spec: str, run: Optional[str]) -> tuple[str, str]:
+    if run:
+        return resolve_run(client, run), spec
+    head, sep, tail = spec.rpartition("/")
+    if not sep or not head or not tail:
+        _fail(f"{spec!r}: name the session as RUN/SESSION, or pass --run")
+    return resolve_run(client, head), tail
+
+
+# --- view ------------------------------------------------------------------------------------------------------
+
+
+def _bucket_source(stack_dir: Path, view_dir: Path):
+    """The profile bucket of the local stack or of a cloud deployment, where one is configured; else None."""
+    from xdiag.cloud.localstack import load_stack_env
+    from xdiag.cloud.operations import client_config
+
+    load_stack_env(stack_dir)
+    try:
+        config = client_config()
+    except ValueError:
+        return None
+    from xdiag.cloud.gcs import GcsBlobStore, storage_client
+    from xdiag.cloud.operations import state_store
+    from xdiag.pipeline.layout import state_key
+    from xdiag.pipeline.runs import run_for_path
+    from xdiag.pipeline.topics import sessions_collection
+    from xdiag.viewer.sources import CACHE_BYTES, BucketSource
+
+    state = state_store(config)
+
+    def kind_of(run_path: str, session: str) -> str | None:
+        doc = state.get(sessions_collection(run_for_path(state, run_path)), state_key(session)) or {}
+        return doc.get("kind")
+
+    blobs = GcsBlobStore(storage_client(config.project), view_dir / "cache", CACHE_BYTES)
+    return BucketSource(root=config.profile_root, blobs=blobs, emulator=bool(os.environ.get("STORAGE_EMULATOR_HOST")),
+                        kind_of=kind_of)
+
+
+@app.command()
+def view(
+    store: Annotated[Path, typer.Option(help="The embedded default's local store: the folders `xdiag analyze` wrote.")] = Path("xdiag-out"),
+    run: Annotated[Optional[list[str]], typer.Option(help="Only this run's sessions (repeatable; default: every run).")] = None,
+    port: Annotated[int, typer.Option(help="The viewer's port (0: any free one).")] = 8791,
+    bind: Annotated[str, typer.Option(help="The address XProf listens on (0.0.0.0: every interface).")] = "127.0.0.1",
+    bucket: Annotated[bool, typer.Option("--bucket/--no-bucket", help="Include the local stack's (or the configured) profile bucket.")] = True,
+    view_dir: Annotated[Path, typer.Option(help="xdiag's folder for the viewer: the session tree XProf reads, the bucket's mirror, XProf's log.")] = Path(".xdiag-view"),
+    stack_dir: Annotated[Path, STACK_DIR] = Path(".xdiag-stack"),
+) -> None:
+    """Start XProf's own viewer over every run's sessions (the local store, and the local stack's or the cloud's
+    bucket); prints its URL and serves until interrupted."""
+    from xdiag.viewer.links import session_link
+    from xdiag.viewer.server import ViewerError, start_xprof
+    from xdiag.viewer.sources import plan_view
+
+    view_dir = view_dir.absolute()
+    source = _bucket_source(stack_dir, view_dir) if bucket else None
+    plan = plan_view(view_dir, store.absolute(), source, run or [])
+    for note in plan.notes:
+        err.print(f"[dim]{note}[/]", highlight=False, soft_wrap=True)
+    if not plan.sessions:
+        err.print("no sessions yet: analyse one (`xdiag analyze`), or upload or capture one on the local stack",
+                  highlight=False, soft_wrap=True)
+    try:
+        server = start_xprof(plan.logdir, view_dir / "xprof.log", port=port or None, bind=bind)
+    except ViewerError as exc:
+        _fail(str(exc), 1)
+    for s in plan.sessions:
+        err.print(f"  {s.name}  [bold]{s.kind}[/]  {session_link(s.run, s.session, 'trace_viewer@', server.url)}",
+                  highlight=False, soft_wrap=True)
+    out.print(server.url, highlight=False, soft_wrap=True)
+    sys.stdout.flush()
+
+    def interrupted(*_) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupted)
+    try:
+        server.process.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+    if server.process.returncode not in (0, -signal.SIGTERM, -signal.SIGKILL):
+        _fail(f"XProf's server exited with status {server.process.returncode} (log: {server.log})", 1)
+
+
+# --- diff and report -------------------------------------------------------------------------------------------
+
+
+def _local_outputs(path: Path, label: str):
+    """An analysis folder as it is, or a profile (file, session folder, log dir) analysed first by the embedded
+    default into ./xdiag-out/<session>."""
+    from xdiag.cloud.memory import LocalBlobStore
+    from xdiag.compare.outputs import ANALYSIS_FILE, load_outputs
+
+    if path.is_dir() and (path / ANALYSIS_FILE).exists():
+        return load_outputs(LocalBlobStore(), str(path.absolute()), label)
+    from xdiag.cloud.embedded import analyze_session, build_embedded
+    from xdiag.profile.locate import locate_session
+
+    located = locate_session(path, None)
+    target = Path("xdiag-out") / located.name
+    err.print(f"analysing {path} into {target}", highlight=False, soft_wrap=True)
+    analysis = analyze_session(located, target, deps_and_bus=build_embedded())
+    if analysis.status == "FAILED":
+        _fail(f"{label}: the analysis failed: {analysis.failure_reason}")
+    return load_outputs(LocalBlobStore(), str(target.absolute()), label)
+
+
+def _stored_outputs(spec: str, run: Optional[str], url, token, stack_dir: Path):
+    """A session analysed by the pipeline (RUN/SESSION): its outputs read from the bucket."""
+    from xdiag.cloud.gcs import GcsBlobStore, storage_client
+    from xdiag.cloud.operations import client_config
+    from xdiag.compare.outputs import load_outputs
+
+    client = _control_plane(url, token, stack_dir)
+    run_id, session_id = _run_and_session(client, spec, run)
+    report = ((_call(client.session, run_id, session_id).get("analysis") or {}).get("report_uri"))
+    if not report:
+        _fail(f"session {session_id} of run {run_id} has no finished analysis yet (`xdiag sessions --run {run_id}`)")
+    config = client_config()
+    blobs = GcsBlobStore(storage_client(config.project), Path(config.cache_dir))
+    return load_outputs(blobs, report.rsplit("/", 1)[0], f"{run_id}/{session_id}")
+
+
+def _outputs(spec: str, run, url, token, stack_dir: Path):
+    try:
+        return _local_outputs(Path(spec), spec) if Path(spec).exists() else _stored_outputs(spec, run, url, token, stack_dir)
+    except XdiagError as exc:
+        _fail(str(exc))
+
+
+@app.command()
+def diff(
+    baseline: Annotated[str, typer.Argument(help="Before: an analysis folder, a profile (analysed first), or RUN/SESSION.")],
+    candidate: Annotated[str, typer.Argument(help="After: the same forms.")],
+    out_dir: Annotated[Optional[Path], typer.Option("--out", help="Where diff.html and diff.json go (default ./xdiag-out/diff-<before>-<after>).")] = None,
+    run: Annotated[Optional[str], typer.Option(help=RUN_HELP + " For sessions named without their run.")] = None,
+    top: Annotated[int, typer.Option(help="Ops and kernels listed per group.")] = 15,
+    url: Annotated[Optional[str], URL_OPTION] = None,
+    token: Annotated[Optional[str], TOKEN_OPTION] = None,
+    stack_dir: Annotated[Path, STACK_DIR] = Path(".xdiag-stack"),
+) -> None:
+    """Compare two sessions: step time and its breakdown, ops and kernels per step, memory peak, findings."""
+    from xdiag.compare.html import write_diff
+    from xdiag.compare.sessions import compare_sessions
+
+    before = _outputs(baseline, run, url, token, stack_dir)
+    after = _outputs(candidate, run, url, token, stack_dir)
+    result = compare_sessions(before, after, top=top)
+    name = f"diff-{result.baseline.session_id}-{result.candidate.session_id}"
+    _, html = write_diff(result, out_dir or Path("xdiag-out") / name)
+    for line in result.headline:
+        err.print(f"  {line}", highlight=False, soft_wrap=True)
+    out.print(str(html), highlight=False, soft_wrap=True)
+
+
+@app.command()
+def report(
+    session: Annotated[str, typer.Argument(help="An analysis folder, or " + SESSION_HELP)],
+    run: Annotated[Optional[str], typer.Option(help=RUN_HELP)] = None,
+    open_it: Annotated[bool, typer.Option("--open", help="Open it in the browser.")] = False,
+    out_dir: Annotated[Path, typer.Option("--out", help="Where a report from the bucket is saved.")] = Path("xdiag-reports"),
+    url: Annotated[Optional[str], URL_OPTION] = None,
+    token: Annotated[Optional[str], TOKEN_OPTION] = None,
+    stack_dir: Annotated[Path, STACK_DIR] = Path(".xdiag-stack"),
+) -> None:
+    """Fetch a session's summary.html (from the bucket, or a local analysis folder) and print its path; --open
+    opens it."""
+    local = Path(session) / "summary.html"
+    if local.exists():
+        path = local.absolute()
+    else:
+        from xdiag.cloud.gcs import GcsBlobStore, storage_client
+        from xdiag.cloud.operations import client_config
+
+        client = _control_plane(url, token, stack_dir)
+        run_id, session_id = _run_and_session(client, session, run)
+        uri = (_call(client.session, run_id, session_id).get("analysis") or {}).get("report_uri")
+        if not uri:
+            _fail(f"session {session_id} of run {run_id} has no report yet (`xdiag sessions --run {run_id}`)")
+        config = client_config()
+        path = (out_dir / run_id.replace("/", "~") / session_id / "summary.html").absolute()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(GcsBlobStore(storage_client(config.project), Path(config.cache_dir)).get(uri))
+        err.print(f"downloaded {uri}", highlight=False, soft_wrap=True)
+    if open_it:
+        import webbrowser
+
+        webbrowser.open(path.as_uri())
+    out.print(str(path), highlight=False, soft_wrap=True)
+
+
+# --- share links and monitored events --------------------------------------------------------------------------
+
+
+@app.command()
+def share(
+    session: Annotated[str, typer.Argument(help=SESSION_HELP)],
+    expires: Annotated[str, typer.Option(help="How long the link works: 7d (the most), 12h, 30m, 90s.")] = "7d",
+    run: Annotated[Optional[str], typer.Option(help=RUN_HELP)] = None,
+    url: Annotated[Optional[str], URL_OPTION] = None,
+    token: Annotated[Optional[str], TOKEN_OPTION] = None,
+    stack_dir: Annotated[Path, STACK_DIR] = Path(".xdiag-stack"),
+) -> None:
+    """A link to the session's report that stops working after --expires (a V4 signed URL), recorded with who
+    asked and when; refused for runs you cannot read."""
+    from urllib.parse import quote
+
+    from xdiag.capture.share import parse_expiry
+
+    try:
+        seconds = parse_expiry(expires)
+    except ValueError as exc:
+        _fail(str(exc))
+    client = _control_plane(url, token, stack_dir)
+    run_id, session_id = _run_and_session(client, session, run)
+    link = _call(client.request, "POST", f"/v1/runs/{quote(run_id, safe='~')}/sessions/{quote(session_id)}:share",
+                 {"expires_s": seconds})
+    err.print(f"link {link['link_id']} for {run_id}/{session_id}, by {link['by']}, valid until {link['expires_at']} "
+              f"(checked by {link['checked_by']})", highlight=False, soft_wrap=True)
+    for label, viewer in (link.get("viewer") or {}).items():
+        err.print(f"  [dim]{label} in the viewer: {viewer}[/]", highlight=False, soft_wrap=True)
+    out.print(link["url"], highlight=False, soft_wrap=True)
+
+
+events_app = typer.Typer(help="Monitored events: alerts and monitor verdicts, and the capture or cool-down each led to.",
+                         invoke_without_command=True)
+app.add_typer(events_app, name="events")
+
+
+@events_app.callback()
+def events(
+    ctx: typer.Context,
+    run: Annotated[Optional[str], typer.Option(help=RUN_HELP)] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="As JSON on stdout.")] = False,
+    url: Annotated[Optional[str], URL_OPTION] = None,
+    token: Annotated[Optional[str], TOKEN_OPTION] = None,
+    stack_dir: Annotated[Path, STACK_DIR] = Path(".xdiag-stack"),
+) -> None:
+    """List the degradation events seen (oldest first): source, outcome, the capture each led to."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from urllib.parse import quote
+
+    client = _control_plane(url, token, stack_dir)
+    query = f"?run={quote(resolve_run(client, run), safe='~')}" if run else ""
+    found = _call(client.request, "GET", f"/v1/events{query}")["events"]
+    if as_json:
+        sys.stdout.write(json.dumps(found, indent=2) + "\n")
+        return
+    for e in found:
+        target = f" → session {e['session_id']}" if e.get("session_id") else ""
+        out.print(f"{e['id']}  {e['received_at']}  {e['run_id'] or '-'}  {e['source']}  [bold]{e['outcome']}[/]{target}",
+                  highlight=False, soft_wrap=True)
+    if not found:
+        out.print("no events yet", highlight=False)
+
+
+@events_app.command("describe")
+def events_describe(
+    event_id: Annotated[str, typer.Argument(help="The event's id (from `xdiag events`).")],
+    url: Annotated[Optional[str], URL_OPTION] = None,
+    token: Annotated[Optional[str], TOKEN_OPTION] = None,
+    stack_dir: Annotated[Path, STACK_DIR] = Path(".xdiag-stack"),
+) -> None:
+    """One event with the analyser's details: baseline, window, step times, the capture and its report."""
+    from urllib.parse import quote
+
+    event = _call(_control_plane(url, token, stack_dir).request, "GET", f"/v1/events/{quote(event_id)}")
+    sys.stdout.write(json.dumps(event, indent=2, default=str) + "\n")
 
 
 def main() -> None:  # console-script entry point

@@ -21,6 +21,10 @@ xdiag's own endpoints (JSON in and out):
     GET    /v1/runs/{run}/sessions                  sessions (kind, status, analysis, report)
     GET    /v1/runs/{run}/sessions/{session}
     GET    /v1/runs/{run}/analyses
+    POST   /v1/runs/{run}/sessions/{session}:share  {"expires_s"} → a V4 signed link to the report (xdiag.capture.share)
+    PUT    /v1/runs/{run}/readers                   {"readers": [principals]}: who may read the run ([]: every caller)
+    GET    /v1/events[?run=R], /v1/events/{id}      monitored events (xdiag.capture.monitored_events)
+    GET    /v1/links/<bucket>/<object>?X-Goog-…     the local stack's link endpoint (no token: the signature is it)
     POST   /v1/runs/{run}/captures                  {"duration_ms", "hosts", "host_tracer_level", …} → 202, on `alerts`
     POST   /v1/runs/{run}/continuous:start          {"hosts", "device_tracer_level"}
     POST   /v1/runs/{run}/continuous:stop           {"hosts"}
@@ -50,6 +54,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from xdiag.capture import sharing_routes
+from xdiag.capture.share import ShareRefused
 from xdiag.capture.stage import new_session_id, set_continuous
 from xdiag.model import Alert, StepTimes, utc_now
 from xdiag.pipeline.deps import Dependencies
@@ -109,7 +115,8 @@ class Access:
 @dataclass
 class Reply:
     status: int
-    body: dict[str, Any]
+    body: dict[str, Any] | bytes  # bytes: an object served as it is (the local link endpoint)
+    content_type: str = "application/json"
 
 
 class RequestError(Exception):
@@ -118,8 +125,9 @@ class RequestError(Exception):
         self.status = status
 
 
-STATUS_NAMES = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED",
-                409: "ALREADY_EXISTS", 413: "INVALID_ARGUMENT", 502: "UNAVAILABLE", 503: "UNAVAILABLE"}
+STATUS_NAMES = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 404: "NOT_FOUND",
+                405: "METHOD_NOT_ALLOWED", 409: "ALREADY_EXISTS", 410: "EXPIRED", 413: "INVALID_ARGUMENT",
+                502: "UNAVAILABLE", 503: "UNAVAILABLE"}
 
 
 def _error(status: int, message: str) -> Reply:
@@ -131,14 +139,26 @@ def handle(
     body: bytes,
 ) -> Reply:
     """One request → one reply; never raises for a bad request."""
+    try:
+        if method == "GET" and path.startswith(sharing_routes.LINKS_PREFIX):  # its signature is the credential
+            status, content = sharing_routes.serve_link(deps, path, query, headers)
+            return Reply(status, content, "text/html; charset=utf-8")
+    except ShareRefused as exc:
+        return _error(exc.status, str(exc))
     denied = _check_access(access, headers)
     if denied:
         return denied
     try:
         if len(body) > MAX_BODY_BYTES:
             raise RequestError(413, f"the body is larger than {MAX_BODY_BYTES} bytes")
+        parsed = _json(body) if method in ("PATCH", "POST", "PUT") else {}
+        answered = sharing_routes.route(deps, access.iam, method, path, query, headers, parsed)
+        if answered is not None:
+            return Reply(*answered)
         route, args = _route(method, path)
-        return route(deps, args, query, _json(body) if method in ("PATCH", "POST") else {})
+        return route(deps, args, query, parsed)
+    except ShareRefused as exc:
+        return _error(exc.status, str(exc))
     except RequestError as exc:
         return _error(exc.status, str(exc))
     except InvalidRequest as exc:

@@ -67,7 +67,8 @@ def monitor(message: StepTimes, deps: Dependencies) -> None:
         )
         detail: dict[str, Any] = {"metric": "step_time_ms", "baseline_ms": round(baseline, 3),
                                   "window_median_ms": round(current, 3), "margin": settings.margin,
-                                  "window_points": len(window), "target": message.target, "source": "xdiag-monitor"}
+                                  "window_points": len(window), "target": message.target, "source": "xdiag-monitor",
+                                  "window_ms": [round(point, 3) for point in window]}
         deps.bus.publish(TOPIC_ALERTS, Alert(source="verdict", run_id=message.run_id, verdict="bad", summary=summary,
                                              detail=detail))
         deps.on_event("monitor", {"run": message.run_id, "verdict": "bad", "summary": summary})

@@ -64,7 +64,8 @@ def capture(alert: Alert, deps: Dependencies) -> None:
     """Handles one message on `alerts`; records what became of it in `alerts/{key}`. Never connects to an address
     the message names."""
     key = letter_key(TOPIC_ALERTS, alert.model_dump_json().encode())
-    record: dict[str, Any] = {"source": alert.source, "received_at": utc_now(), "summary": alert.summary}
+    record: dict[str, Any] = {"source": alert.source, "received_at": utc_now(), "summary": alert.summary,
+                              "detail": alert.detail}  # the analyser's own numbers, for `xdiag events describe`
     try:
         outcome = _handle(alert, deps, record)
     except InvalidRequest as exc:

@@ -38,6 +38,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from xdiag.capture.share import new_signing_key
+from xdiag.capture.sharing_routes import SHARE_KEY_ENV
 from xdiag.cloud.runtime import dead_letter_topic
 from xdiag.pipeline.topics import (
     TOPIC_ALERTS,
@@ -227,6 +229,12 @@ class LocalStack:
     def state_file(self) -> Path:
         return self.state_dir / STATE_FILE
 
+    @property
+    def share_key_file(self) -> Path:
+        """The key the control plane signs share links with (fresh at each start; the emulator checks no signature,
+        so the control plane's link endpoint does)."""
+        return self.state_dir / "share-key.json"
+
     @classmethod
     def attach(cls, state_dir: Path = DEFAULT_STATE_DIR) -> LocalStack:
         """The stack whose state is in `state_dir` (started by another process)."""
@@ -279,6 +287,7 @@ class LocalStack:
         tools = find_prerequisites()
         (self.state_dir / "logs").mkdir(parents=True, exist_ok=True)
         self.settings.token = self.settings.token or secrets.token_urlsafe(24)
+        new_signing_key(self.share_key_file, self.settings.project)  # signs the control plane's share links
         deadline = time.monotonic() + timeout_s
         try:
             self.ports = {name: free_port() for name in ("pubsub", "firestore", "storage")}
@@ -412,6 +421,7 @@ class LocalStack:
                 "WORKERS": str(spec.workers),
                 "XDG_RUNTIME_DIR": str(runtime_dir),  # gunicorn's control socket: one per function, not one shared
                 "XDIAG_CAPTURE_COOLDOWN_S": str(self.settings.capture_cooldown_s),
+                SHARE_KEY_ENV: str(self.share_key_file),
             },
         )
 

@@ -327,6 +327,8 @@ def http_handler(
                        dict(request.headers), request.get_data(cache=False))
         if reply.status >= 500:
             log.warning("%s %s: %s %s", request.method, request.path, reply.status, reply.body)
+        if isinstance(reply.body, bytes):  # an object served as it is (the local link endpoint)
+            return reply.body, reply.status, {"Content-Type": reply.content_type}
         return json.dumps(reply.body, default=str), reply.status, {"Content-Type": "application/json"}
 
     return function

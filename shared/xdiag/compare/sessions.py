@@ -1,0 +1,367 @@
+"""What changed between two analysed sessions: a before/after regression report from the analyses' own outputs.
+
+XProf CLI's `diff_sessions` compares total device time and per-kernel totals (kernel stats, KPIs, HLO stats);
+HTA's TraceDiff compares op counts and durations between two traces. This goes per step (two captures rarely hold
+the same number of steps), splits the step-time change by category (compute, host sync, input, …), ranks the ops
+and kernels that got slower or faster, compares the memory peak, and diffs the diagnosis itself: findings that
+appeared, went away, or changed priority.
+
+Every number comes from the two analyses' tool outputs (`tools/<tool>.json`, `analysis.json`); where one side has
+no data the comparison says so with the tool's reason, never a guessed number.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+STEP_TOOL, OPS_TOOL, KERNEL_TOOL, MEMORY_TOOL = "get_step_trace", "get_hlo_op_profile", "get_kernel_stats", "get_memory_profile"
+
+
+@dataclass
+class SessionOutputs:
+    """One analysed session: its analysis.json and the tool outputs it wrote (by tool name)."""
+
+    label: str  # what the user named it (a folder, RUN/SESSION)
+    analysis: dict[str, Any]
+    tools: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def tool(self, name: str) -> dict[str, Any] | None:
+        return self.tools.get(name)
+
+
+class SessionRef(BaseModel):
+    label: str
+    run_id: str | None = None
+    session_id: str | None = None
+    analysis_id: str | None = None
+    status: str | None = None  # OPTIMAL | NEEDS_ATTENTION | FAILED
+    report_uri: str | None = None
+    platform: str | None = None
+    steps: int | None = None
+
+
+class Change(BaseModel):
+    """One number on both sides. `delta` = candidate − baseline; `significant` says whether it stands out of the
+    step-to-step noise both captures show (None where the noise is unknown)."""
+
+    unit: str
+    baseline: float | None = None
+    candidate: float | None = None
+    delta: float | None = None
+    delta_percent: float | None = None
+    significant: bool | None = None
+    available: bool = True
+    reason: str = ""
+    source: str = ""
+
+
+class CategoryChange(BaseModel):
+    category: str
+    baseline_ms: float
+    candidate_ms: float
+    delta_ms: float
+    share_of_change_percent: float | None = None  # this category's part of the step-time change
+
+
+class OpChange(BaseModel):
+    name: str
+    category: str = ""
+    modules: list[str] = Field(default_factory=list)
+    baseline_ms_per_step: float
+    candidate_ms_per_step: float
+    delta_ms_per_step: float
+    baseline_runs_per_step: float
+    candidate_runs_per_step: float
+    status: str  # slower | faster | appeared | gone
+
+
+class OpsDiff(BaseModel):
+    """Ops (HLO ops) or kernels, per step: the largest changes first."""
+
+    available: bool = True
+    reason: str = ""
+    source: str = ""
+    baseline_ms_per_step: float | None = None
+    candidate_ms_per_step: float | None = None
+    slower: list[OpChange] = Field(default_factory=list)
+    faster: list[OpChange] = Field(default_factory=list)
+    appeared: list[OpChange] = Field(default_factory=list)
+    gone: list[OpChange] = Field(default_factory=list)
+    note: str = ""
+
+
+class FindingRef(BaseModel):
+    key: str
+    title: str
+    priority: str
+
+
+class FindingChange(BaseModel):
+    key: str
+    title: str
+    baseline_priority: str
+    candidate_priority: str
+
+
+class FindingsDiff(BaseModel):
+    baseline_status: str | None = None
+    candidate_status: str | None = None
+    appeared: list[FindingRef] = Field(default_factory=list)
+    gone: list[FindingRef] = Field(default_factory=list)
+    changed: list[FindingChange] = Field(default_factory=list)  # same finding, another priority
+    kept: list[FindingRef] = Field(default_factory=list)
+
+
+class SessionDiff(BaseModel):
+    version: int = 1
+    baseline: SessionRef
+    candidate: SessionRef
+    verdict: str  # faster | slower | unchanged | not_comparable
+    headline: list[str]  # a few plain sentences, every number from below
+    step_time: Change
+    breakdown: list[CategoryChange] = Field(default_factory=list)
+    ops: OpsDiff
+    kernels: OpsDiff
+    memory_peak: Change
+    findings: FindingsDiff
+
+
+def _summary(outputs: SessionOutputs, tool: str) -> dict[str, Any] | None:
+    result = outputs.tool(tool)
+    return result.get("summary") if result and result.get("status") == "ok" else None
+
+
+def _why_missing(outputs: SessionOutputs, tool: str) -> str:
+    result = outputs.tool(tool)
+    if result is None:
+        return f"{outputs.label}: the analysis holds no {tool} output (the tool was not run)"
+    return f"{outputs.label}: {tool} {result.get('status')}: {result.get('reason') or 'no reason given'}"
+
+
+def _ref(outputs: SessionOutputs) -> SessionRef:
+    a = outputs.analysis
+    steps = (_summary(outputs, STEP_TOOL) or {}).get("steps")
+    return SessionRef(
+        label=outputs.label, run_id=a.get("run_id"), session_id=a.get("session_id"), analysis_id=a.get("analysis_id"),
+        status=a.get("result") or a.get("status"), report_uri=a.get("report_uri"),
+        platform=(a.get("health") or {}).get("platform"), steps=steps if isinstance(steps, int) else None,
+    )
+
+
+def _change(unit: str, before: float, after: float, source: str, noise: float | None = None) -> Change:
+    delta = after - before
+    return Change(
+        unit=unit, baseline=round(before, 4), candidate=round(after, 4), delta=round(delta, 4),
+        delta_percent=round(100 * delta / before, 2) if before else None,
+        significant=None if noise is None else abs(delta) > noise, source=source,
+    )
+
+
+def _standard_error_ms(summary: dict[str, Any]) -> float | None:
+    mean, cv, steps = summary.get("step_time_ms_mean"), summary.get("step_time_cv_percent"), summary.get("steps")
+    if not isinstance(mean, (int, float)) or not isinstance(cv, (int, float)) or not isinstance(steps, int) or steps < 2:
+        return None
+    return mean * cv / 100 / math.sqrt(steps)
+
+
+def _step_time(a: SessionOutputs, b: SessionOutputs) -> Change:
+    sa, sb = _summary(a, STEP_TOOL), _summary(b, STEP_TOOL)
+    if not sa or not sb or sa.get("step_time_ms_mean") is None or sb.get("step_time_ms_mean") is None:
+        reason = _why_missing(a, STEP_TOOL) if not sa else _why_missing(b, STEP_TOOL)
+        return Change(unit="ms", available=False, reason=reason, source=STEP_TOOL)
+    se_a, se_b = _standard_error_ms(sa), _standard_error_ms(sb)
+    # Two standard errors of the difference of the means: a change inside it is the captures' own noise.
+    noise = 2 * math.hypot(se_a, se_b) if se_a is not None and se_b is not None else None
+    return _change("ms", sa["step_time_ms_mean"], sb["step_time_ms_mean"], STEP_TOOL, noise)
+
+
+def _category_ms(summary: dict[str, Any], categories: list[str]) -> dict[str, float]:
+    step = summary.get("step_time_ms_mean") or 0.0
+    return {c: step * (summary.get(f"{c}_percent") or 0.0) / 100 for c in categories}
+
+
+def _breakdown(a: SessionOutputs, b: SessionOutputs, step: Change) -> list[CategoryChange]:
+    sa, sb = _summary(a, STEP_TOOL), _summary(b, STEP_TOOL)
+    if not step.available or not sa or not sb:
+        return []
+    categories = []
+    for outputs in (a, b):
+        for name in ((outputs.tool(STEP_TOOL) or {}).get("detail") or {}).get("categories") or []:
+            if name not in categories:
+                categories.append(name)
+    before, after = _category_ms(sa, categories), _category_ms(sb, categories)
+    rows = []
+    for c in categories:
+        delta = after[c] - before[c]
+        if not before[c] and not after[c]:
+            continue  # neither side spent time there
+        rows.append(CategoryChange(
+            category=c, baseline_ms=round(before[c], 4), candidate_ms=round(after[c], 4), delta_ms=round(delta, 4),
+            share_of_change_percent=round(100 * delta / step.delta, 1) if step.delta else None,
+        ))
+    return sorted(rows, key=lambda r: -abs(r.delta_ms))
+
+
+@dataclass
+class _Row:
+    ms: float = 0.0
+    runs: float = 0.0
+    category: str = ""
+    modules: set[str] = field(default_factory=set)
+
+
+def _rows(outputs: SessionOutputs, tool: str, list_key: str, name_key: str, count_key: str,
+          module_key: str | None) -> dict[str, _Row] | None:
+    result = outputs.tool(tool)
+    if not result or result.get("status") != "ok":
+        return None
+    rows: dict[str, _Row] = {}
+    # Keyed by name alone: a fixed program often has another module name (jit_step → jit_step_fixed) while its
+    # ops keep theirs; the modules are listed beside each row.
+    for item in (result.get("detail") or {}).get(list_key) or []:
+        name = item.get(name_key)
+        if not name:
+            continue
+        row = rows.setdefault(name, _Row(category=item.get("category") or ""))
+        row.ms += float(item.get("total_ms") or 0.0)
+        row.runs += float(item.get(count_key) or 0)
+        module = item.get(module_key) if module_key else None
+        if module:
+            row.modules.add(module)
+    return rows
+
+
+def _ops_diff(a: SessionOutputs, b: SessionOutputs, tool: str, list_key: str, name_key: str, count_key: str,
+              module_key: str | None, top: int) -> OpsDiff:
+    rows_a = _rows(a, tool, list_key, name_key, count_key, module_key)
+    rows_b = _rows(b, tool, list_key, name_key, count_key, module_key)
+    if rows_a is None or rows_b is None:
+        return OpsDiff(available=False, source=tool,
+                       reason=_why_missing(a, tool) if rows_a is None else _why_missing(b, tool))
+    steps_a = (_summary(a, STEP_TOOL) or {}).get("steps") or 0
+    steps_b = (_summary(b, STEP_TOOL) or {}).get("steps") or 0
+    per_step = bool(steps_a and steps_b)
+    div_a, div_b = (steps_a, steps_b) if per_step else (1, 1)
+    changes = []
+    for name in rows_a.keys() | rows_b.keys():
+        ra, rb = rows_a.get(name), rows_b.get(name)
+        before = (ra.ms / div_a) if ra else 0.0
+        after = (rb.ms / div_b) if rb else 0.0
+        status = "appeared" if ra is None else "gone" if rb is None else "slower" if after > before else "faster"
+        changes.append(OpChange(
+            name=name, category=(rb or ra).category, modules=sorted((ra.modules if ra else set()) | (rb.modules if rb else set())),
+            baseline_ms_per_step=round(before, 6), candidate_ms_per_step=round(after, 6),
+            delta_ms_per_step=round(after - before, 6),
+            baseline_runs_per_step=round(ra.runs / div_a, 2) if ra else 0.0,
+            candidate_runs_per_step=round(rb.runs / div_b, 2) if rb else 0.0, status=status,
+        ))
+    changes.sort(key=lambda c: -abs(c.delta_ms_per_step))
+    notes = [((a.tool(tool) or {}).get("detail") or {}).get("note") or "", "" if per_step else
+             "one side has no steps: totals over the whole profile, not per step"]
+    picked = {s: [c for c in changes if c.status == s and c.delta_ms_per_step != 0][:top]
+              for s in ("slower", "faster", "appeared", "gone")}
+    return OpsDiff(
+        source=tool,
+        baseline_ms_per_step=round(sum(r.ms for r in rows_a.values()) / div_a, 4),
+        candidate_ms_per_step=round(sum(r.ms for r in rows_b.values()) / div_b, 4),
+        note="; ".join(n for n in notes if n),
+        **picked,
+    )
+
+
+def _kernel_outputs(outputs: SessionOutputs) -> SessionOutputs:
+    """Kernel stats are a broad tool or a follow-up, whichever the analysis ran."""
+    if KERNEL_TOOL in outputs.tools:
+        return outputs
+    follow_up = next((v for k, v in sorted(outputs.tools.items()) if k.startswith("followup-") and k.endswith(KERNEL_TOOL)), None)
+    return SessionOutputs(outputs.label, outputs.analysis, {**outputs.tools, KERNEL_TOOL: follow_up} if follow_up else outputs.tools)
+
+
+def _memory(a: SessionOutputs, b: SessionOutputs) -> Change:
+    sa, sb = _summary(a, MEMORY_TOOL), _summary(b, MEMORY_TOOL)
+    if not sa or not sb or sa.get("peak_memory_gib") is None or sb.get("peak_memory_gib") is None:
+        return Change(unit="GiB", available=False, source=MEMORY_TOOL,
+                      reason=_why_missing(a, MEMORY_TOOL) if not sa or sa.get("peak_memory_gib") is None else _why_missing(b, MEMORY_TOOL))
+    return _change("GiB", sa["peak_memory_gib"], sb["peak_memory_gib"], MEMORY_TOOL)
+
+
+def _findings(a: SessionOutputs, b: SessionOutputs) -> FindingsDiff:
+    def by_key(outputs: SessionOutputs) -> dict[str, dict[str, Any]]:
+        return {f["key"]: f for f in ((outputs.analysis.get("diagnosis") or {}).get("findings") or [])}
+
+    fa, fb = by_key(a), by_key(b)
+    ref = lambda f: FindingRef(key=f["key"], title=f["title"], priority=f["priority"])  # noqa: E731
+    return FindingsDiff(
+        baseline_status=a.analysis.get("result") or a.analysis.get("status"),
+        candidate_status=b.analysis.get("result") or b.analysis.get("status"),
+        appeared=[ref(f) for k, f in fb.items() if k not in fa],
+        gone=[ref(f) for k, f in fa.items() if k not in fb],
+        changed=[FindingChange(key=k, title=fb[k]["title"], baseline_priority=fa[k]["priority"],
+                               candidate_priority=fb[k]["priority"])
+                 for k in fa.keys() & fb.keys() if fa[k]["priority"] != fb[k]["priority"]],
+        kept=[ref(fb[k]) for k in fb if k in fa and fa[k]["priority"] == fb[k]["priority"]],
+    )
+
+
+def _verdict(step: Change) -> str:
+    if not step.available or step.delta is None:
+        return "not_comparable"
+    if step.significant is False or step.delta == 0:
+        return "unchanged"
+    return "faster" if step.delta < 0 else "slower"
+
+
+def _headline(verdict: str, step: Change, breakdown: list[CategoryChange], ops: OpsDiff,
+              findings: FindingsDiff, memory: Change) -> list[str]:
+    lines = []
+    if verdict == "not_comparable":
+        lines.append(f"Step times cannot be compared: {step.reason}.")
+    else:
+        word = {"faster": "faster", "slower": "slower", "unchanged": "about as fast"}[verdict]
+        change = f"{abs(step.delta_percent):.1f}% {word}" if verdict != "unchanged" and step.delta_percent is not None else word
+        lines.append(f"The candidate is {change} per step: {step.baseline:.4g} ms → {step.candidate:.4g} ms "
+                     f"({step.delta:+.4g} ms)." + (" The change is within the step-to-step noise of the captures."
+                                                   if verdict == "unchanged" and step.delta else ""))
+    if breakdown and step.delta:
+        top = breakdown[0]
+        lines.append(f"Most of the change is {top.category}: {top.baseline_ms:.4g} → {top.candidate_ms:.4g} ms per step "
+                     f"({top.delta_ms:+.4g} ms).")
+    if ops.available:
+        gone, came = ops.gone[:3], ops.appeared[:3]
+        moved = sorted(ops.faster + ops.slower, key=lambda c: -abs(c.delta_ms_per_step))[:1]
+        if gone:
+            lines.append("Gone: " + ", ".join(f"{c.name} ({c.baseline_ms_per_step:.4g} ms/step)" for c in gone) + ".")
+        if came:
+            lines.append("New: " + ", ".join(f"{c.name} ({c.candidate_ms_per_step:.4g} ms/step)" for c in came) + ".")
+        if moved:
+            c = moved[0]
+            lines.append(f"Largest change among ops in both: {c.name} {c.baseline_ms_per_step:.4g} → "
+                         f"{c.candidate_ms_per_step:.4g} ms/step.")
+    if findings.gone:
+        lines.append("Findings gone: " + ", ".join(f"{f.key} ({f.priority})" for f in findings.gone) + ".")
+    if findings.appeared:
+        lines.append("Findings that appeared: " + ", ".join(f"{f.key} ({f.priority})" for f in findings.appeared) + ".")
+    if memory.available and memory.delta:
+        lines.append(f"Memory peak {memory.baseline:.4g} → {memory.candidate:.4g} GiB ({memory.delta:+.4g} GiB).")
+    return lines
+
+
+def compare_sessions(baseline: SessionOutputs, candidate: SessionOutputs, top: int = 15) -> SessionDiff:
+    """The before/after comparison of two analysed sessions (baseline first)."""
+    step = _step_time(baseline, candidate)
+    breakdown = _breakdown(baseline, candidate, step)
+    ops = _ops_diff(baseline, candidate, OPS_TOOL, "ops", "op", "count", "module", top)
+    kernels = _ops_diff(_kernel_outputs(baseline), _kernel_outputs(candidate), KERNEL_TOOL, "kernels", "kernel",
+                        "launches", "hlo_op", top)
+    memory = _memory(baseline, candidate)
+    findings = _findings(baseline, candidate)
+    verdict = _verdict(step)
+    return SessionDiff(
+        baseline=_ref(baseline), candidate=_ref(candidate), verdict=verdict,
+        headline=_headline(verdict, step, breakdown, ops, findings, memory),
+        step_time=step, breakdown=breakdown, ops=ops, kernels=kernels, memory_peak=memory, findings=findings,
+    )

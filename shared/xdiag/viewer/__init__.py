@@ -1,0 +1,1 @@
+"""The viewer: XProf's own server over every run's sessions (`xdiag view`), and links into it from reports."""

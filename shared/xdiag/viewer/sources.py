@@ -1,0 +1,54 @@
+"""Which sessions `xdiag view` shows, and how XProf reaches each: the embedded default's local store, and the
+bucket of the local stack (mirrored read-only: XProf cannot read the emulator) or of a cloud deployment (XProf reads
+gs:// itself where it is the only source)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from xdiag.viewer.tree import ViewSession, bucket_sessions, build_view_tree, local_store_sessions
+
+CACHE_BYTES = 64 * 2**30  # the mirror of the bucket's sessions; least recently used downloads go past it
+
+
+@dataclass
+class ViewPlan:
+    logdir: str  # what XProf's --logdir gets: the view tree, or gs://BUCKET
+    sessions: list[ViewSession] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class BucketSource:
+    """A profile bucket: `root` gs://BUCKET, its BlobStore, whether it is the emulator, the kinds the state knows."""
+
+    root: str
+    blobs: object
+    emulator: bool
+    kind_of: object = None  # (run path, session) -> kind | None
+
+
+def plan_view(view_dir: Path, store: Path | None, bucket: BucketSource | None, runs: list[str]) -> ViewPlan:
+    """Builds the view tree (or picks gs:// directly) for the sessions of `runs` (all when empty)."""
+    local = [s for s in local_store_sessions(store) if not runs or s.run in runs] if store else []
+    notes = []
+    if store:
+        notes.append(f"local store {store}: {len(local)} analysed session(s), linked where they are")
+    remote: list[ViewSession] = []
+    if bucket is not None:
+        remote = bucket_sessions(bucket.blobs, bucket.root, bucket.kind_of, runs)
+        if not bucket.emulator and not local:
+            notes.append(f"{bucket.root}: {len(remote)} session(s); XProf reads the bucket itself")
+            return ViewPlan(logdir=bucket.root, sessions=remote, notes=notes)
+        why = ("XProf cannot read the Cloud Storage emulator's bucket (it opens sessions through google-cloud-storage "
+               "with Application Default Credentials, which the emulator setup has none of)" if bucket.emulator
+               else "one folder holds them beside the local store's")
+        notes.append(f"{bucket.root}: {len(remote)} session(s) mirrored read-only into {view_dir / 'cache'} "
+                     f"(downloaded once per object version): {why}")
+    tree = view_dir / "tree"
+    tree.mkdir(parents=True, exist_ok=True)
+    sessions = build_view_tree(tree, local, local_copy=lambda f: Path(f))
+    if remote:
+        sessions += build_view_tree(tree, remote, local_copy=bucket.blobs.local_path)
+    return ViewPlan(logdir=str(tree), sessions=sessions, notes=notes)

@@ -1,0 +1,120 @@
+"""The folder XProf's server reads: every run's sessions in XProf's own layout, built from where xdiag keeps them.
+
+    <view>/<run path>/plugins/profile/<session>/<host>.xplane.pb
+
+- the embedded default's local store (`xdiag analyze` writes `analysis.json` under `./xdiag-out`): each analysed
+  session's files, linked (symlinks) where they are;
+- a bucket on the Cloud Storage emulator: XProf 2.24.2 cannot read it directly (it lists the bucket through gcsfs,
+  which honours STORAGE_EMULATOR_HOST, but opens sessions through google-cloud-storage with Application Default
+  Credentials, which an emulator setup has none of: `run_tools` fails), so each file is downloaded once per object
+  generation into a local cache and linked from there. Read-only: nothing is written to the bucket.
+
+XProf writes its caches (`*.hlo_proto.pb`, `.cached_tools.json`, …) into each session folder; the folders here are
+xdiag's own, so the user's profile folders and the bucket stay untouched. Run and session names are the bucket's
+(`<run path>/<session>`, the name XProf shows and `viewer_links` uses); captured sessions carry their kind in their
+id (`<time>_<kind>_<hex>`), the others are `programmatic`.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from xdiag.pipeline.layout import PROFILE_DIR, parse_profile_uri
+from xdiag.profile.locate import SUFFIX
+
+KINDS = ("on_demand", "snapshot", "auto")  # the captured kinds, as capture names its sessions
+PROGRAMMATIC = "programmatic"
+
+
+@dataclass
+class ViewSession:
+    """One session as the viewer shows it: `<run>/<session>`, its kind, and its host files (local paths or URIs)."""
+
+    run: str
+    session: str
+    kind: str
+    files: list[str] = field(default_factory=list)
+    source: str = ""  # where it came from: the local store, or gs://BUCKET
+
+    @property
+    def name(self) -> str:
+        return f"{self.run}/{self.session}"
+
+
+def kind_from_id(session_id: str, known: str | None = None) -> str:
+    """The kind the control plane recorded, else the one capture put in the id, else programmatic."""
+    if known:
+        return known
+    return next((kind for kind in KINDS if f"_{kind}_" in session_id), PROGRAMMATIC)
+
+
+def local_store_sessions(store: Path) -> list[ViewSession]:
+    """Sessions analysed by the embedded default under `store` (each `analysis.json` names its profile files);
+    the newest analysis of a run/session wins."""
+    found: dict[str, tuple[float, ViewSession]] = {}
+    if not store.is_dir():
+        return []
+    for path in store.rglob("analysis.json"):
+        try:
+            analysis = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        files = [f for f in analysis.get("profile_uris") or [] if "://" not in f and Path(f).is_file()]
+        run, session = analysis.get("run_id") or "local", analysis.get("session_id")
+        if not files or not session:
+            continue
+        entry = ViewSession(run=run.strip("/"), session=session, kind=kind_from_id(session), files=files,
+                            source=str(store))
+        mtime = path.stat().st_mtime
+        if entry.name not in found or found[entry.name][0] < mtime:
+            found[entry.name] = (mtime, entry)
+    return [entry for _, entry in sorted(found.values(), key=lambda item: item[1].name)]
+
+
+def bucket_sessions(blobs, root: str, kind_of: Callable[[str, str], str | None] | None = None,
+                    runs: Iterable[str] = ()) -> list[ViewSession]:
+    """Every session in the bucket (`gs://BUCKET/<run>/plugins/profile/<session>/<host>.xplane.pb`); `kind_of(run,
+    session)` gives the kind the state store recorded; `runs` limits the listing to those run folders."""
+    prefixes = [f"{root.rstrip('/')}/{run.strip('/')}/" for run in runs] or [f"{root.rstrip('/')}/"]
+    sessions: dict[str, ViewSession] = {}
+    for prefix in prefixes:
+        for info in blobs.list(prefix):
+            parsed = parse_profile_uri(info.uri)
+            if parsed is None:
+                continue
+            key = f"{parsed.run}/{parsed.session}"
+            if key not in sessions:
+                known = kind_of(parsed.run, parsed.session) if kind_of else None
+                sessions[key] = ViewSession(run=parsed.run, session=parsed.session,
+                                            kind=kind_from_id(parsed.session, known), source=root)
+            sessions[key].files.append(info.uri)
+    return sorted(sessions.values(), key=lambda s: s.name)
+
+
+def build_view_tree(view_root: Path, sessions: Iterable[ViewSession], local_copy: Callable[[str], Path]) -> list[ViewSession]:
+    """Links every session's files into `view_root` in XProf's layout; `local_copy(file)` gives a local path for
+    a file (itself for a local file, the cached download for an object). A session whose files changed since the
+    last build loses XProf's caches with its old links. Returns the sessions linked."""
+    linked = []
+    for session in sessions:
+        folder = view_root / session.run / PROFILE_DIR / session.session
+        wanted = {}
+        for file in session.files:
+            name = file.rsplit("/", 1)[-1]
+            if not name.endswith(SUFFIX):
+                continue
+            wanted[name] = Path(local_copy(file)).resolve()
+        if not wanted:
+            continue
+        current = {p.name: p.resolve() for p in folder.glob(f"*{SUFFIX}")} if folder.is_dir() else {}
+        if current != wanted:
+            shutil.rmtree(folder, ignore_errors=True)  # XProf's caches of other files go with the old links
+            folder.mkdir(parents=True)
+            for name, target in wanted.items():
+                (folder / name).symlink_to(target)
+        linked.append(session)
+    return linked

@@ -1,0 +1,129 @@
+"""Share links and monitored events through the `control_plane` function, fast: functions-framework's test client over
+the embedded adapters (no emulator), the way test_control_plane.py runs. The same on the emulators, with `xdiag share`
+and `xdiag events`, is in test_viewer_stack.py.
+
+The link is a V4 signed URL (signed with a local service-account key, as on the local stack); the control plane's link
+endpoint checks its signature and expiry as Cloud Storage would, since the Cloud Storage emulator checks neither.
+"""
+
+from __future__ import annotations
+
+import time
+from urllib.parse import parse_qsl, urlsplit
+
+import pytest
+from xdiag.capture.control_plane import Access
+from xdiag.capture.share import LINKS, new_signing_key
+from xdiag.capture.sharing_routes import PRINCIPAL_ENV, SHARE_KEY_ENV
+from xdiag.cloud.runtime import use_runtime
+from xdiag.model import Alert
+from xdiag.pipeline.runs import ALERTS
+from xdiag.pipeline.topics import ANALYSES, sessions_collection
+
+from tests.test_control_plane import BUCKET, RUN, Plane
+
+REPORT = f"gs://{BUCKET}/runs/{RUN}/plugins/profile/s1/xdiag/summary.html"
+
+
+@pytest.fixture
+def plane(tmp_path, monkeypatch):
+    monkeypatch.setenv(SHARE_KEY_ENV, str(new_signing_key(tmp_path / "key.json", "xdiag-local")))
+    monkeypatch.setenv(PRINCIPAL_ENV, "user:alice@example.com")
+    plane = Plane(tmp_path, Access(token="s3cret-token"))
+    plane.create_run()
+    plane.deps.state.set(sessions_collection(RUN), "s1", {"run_id": RUN, "session_id": "s1", "kind": "on_demand",
+                                                          "status": "COMPLETE", "analysis_id": "a1"})
+    plane.deps.state.set(ANALYSES, "a1", {"analysis_id": "a1", "status": "DONE", "report_uri": REPORT})
+    plane.deps.blobs.put(REPORT, b"<html>the report</html>", "text/html")
+    yield plane
+    use_runtime(None)
+
+
+def _share(plane, expires_s=60, session="s1"):
+    return plane.call("POST", f"/v1/runs/{RUN}/sessions/{session}:share", {"expires_s": expires_s})
+
+
+def _fetch(plane, url: str, **change):
+    parts = urlsplit(url)
+    query = {**dict(parse_qsl(parts.query)), **change}
+    answer = plane.client.get(parts.path, query_string=query, headers={"Host": parts.netloc})
+    return answer.status_code, answer.data
+
+
+def test_a_share_link_fetches_the_report_until_it_expires_and_is_recorded_with_who_and_when(plane):
+    status, link = _share(plane, expires_s=2)
+    assert status == 201, link
+    assert "X-Goog-Signature=" in link["url"] and "X-Goog-Expires=2" in link["url"]
+    assert link["by"] == "user:alice@example.com" and link["object"] == REPORT
+    assert link["viewer"]["trace viewer"].endswith(f"run=runs%2F{RUN}%2Fs1&tag=trace_viewer%40")
+    record = plane.deps.state.get(LINKS, link["link_id"])
+    assert record["by"] == "user:alice@example.com" and record["at"] and record["expires_at"] > record["at"]
+    assert "url" not in record  # the URL is a credential: only its hash is kept
+    assert _fetch(plane, link["url"]) == (200, b"<html>the report</html>")  # no token: the signature is the credential
+    time.sleep(2.5)
+    status, body = _fetch(plane, link["url"])
+    assert status == 410 and b"expired" in body
+
+
+def test_a_tampered_or_foreign_link_is_refused(plane):
+    _, link = _share(plane, expires_s=600)
+    assert _fetch(plane, link["url"], **{"X-Goog-Expires": "604800"})[0] == 403  # a longer life is not signed
+    other = link["url"].replace("summary.html", "analysis.json")
+    assert _fetch(plane, other)[0] == 403
+    assert _fetch(plane, link["url"].split("?")[0])[0] == 403  # no signature at all
+    forged = link["url"].replace(f"/{BUCKET}/", "/other-bucket/")
+    assert _fetch(plane, forged)[0] == 403
+
+
+def test_sharing_is_refused_for_a_run_the_caller_cannot_read_and_for_a_session_without_report(plane):
+    status, answer = plane.call("PUT", f"/v1/runs/{RUN}/readers", {"readers": ["user:bob@example.com"]})
+    assert status == 200 and answer["readers"] == ["user:bob@example.com"]
+    before = plane.deps.state.list(LINKS)
+    status, answer = _share(plane)
+    assert status == 403 and "may not read run" in answer["error"]["message"]
+    assert plane.deps.state.list(LINKS) == before  # nothing signed, nothing recorded
+    status, answer = plane.call("PUT", f"/v1/runs/{RUN}/readers", {"readers": []})
+    assert status == 403  # a caller who cannot read the run cannot change who can
+    plane.deps.state.update("runs", RUN, {"readers": ["user:alice@example.com", "user:bob@example.com"]})
+    assert _share(plane)[0] == 201
+    assert _share(plane, session="nope")[0] == 404
+    assert plane.call("POST", "/v1/runs/ghost/sessions/s1:share", {"expires_s": 60})[0] == 404
+    assert _share(plane, expires_s=8 * 86400)[0] == 400  # past a V4 signed URL's 7 days
+    assert plane.call("POST", f"/v1/runs/{RUN}/sessions/s1:share", {"expires_s": 60}, headers={})[0] == 401
+
+
+def test_monitored_events_list_the_capture_and_the_cool_downs_and_describe_the_analyser_s_numbers(plane):
+    detail = {"metric": "step_time_ms", "baseline_ms": 10.0, "window_median_ms": 14.0, "window_ms": [14.0, 13.5]}
+    plane.deps.state.set(ALERTS, "e1", {"source": "verdict", "run_id": RUN, "received_at": "2026-12-01T00:00:00+00:00",
+                                        "outcome": "captured: session 's1' from 1 target(s), analysis a1",
+                                        "session_id": "s1", "detail": detail, "summary": "step time degraded"})
+    for n in range(2, 5):
+        plane.deps.state.set(ALERTS, f"e{n}", {"source": "incident", "run_id": RUN,
+                                               "received_at": f"2026-12-01T00:00:0{n}+00:00",
+                                               "outcome": f"cool-down: run {RUN!r} was captured automatically {n} s ago"})
+    status, answer = plane.call("GET", f"/v1/events?run={RUN}")
+    assert status == 200
+    assert [(e["id"], e["outcome"]) for e in answer["events"]] == [
+        ("e1", "captured"), ("e2", "cool-down"), ("e3", "cool-down"), ("e4", "cool-down")]
+    status, event = plane.call("GET", "/v1/events/e1")
+    assert status == 200 and event["analyser"] == detail
+    assert event["capture"]["kind"] == "on_demand" and event["capture"]["analysis"]["report_uri"] == REPORT
+    status, event = plane.call("GET", "/v1/events/e3")
+    assert event["cooled_down_by"] == "e1"
+    assert plane.call("GET", "/v1/events/nope")[0] == 404
+
+
+def test_the_capture_stage_keeps_the_alert_s_detail_for_describe(plane):
+    from xdiag.capture.stage import capture
+
+    # an unknown run: nothing is captured (no connection anywhere), and the record still keeps the detail
+    capture(Alert(source="verdict", run_id="ghost", verdict="bad", summary="slow", detail={"baseline_ms": 3.0}),
+            plane.deps)
+    [record] = [doc for _, doc in plane.deps.state.list(ALERTS)]
+    assert record["detail"] == {"baseline_ms": 3.0} and record["outcome"].startswith("ignored")
+
+
+def test_a_link_needs_the_signing_key_here_and_is_not_served_without_one(plane, monkeypatch):
+    _, link = _share(plane)
+    monkeypatch.delenv(SHARE_KEY_ENV)  # as in the cloud, where Cloud Storage checks the links itself
+    assert _fetch(plane, link["url"])[0] == 404
