@@ -162,7 +162,7 @@ locals {
       entry_point    = "control_plane"
       trigger_topics = []
       publishes      = ["alerts", "step-times"]
-      bucket         = ""
+      bucket         = "read" # the local link endpoint serves report objects (in the cloud, Cloud Storage does)
       firestore      = true
       vertex         = false
       memory         = "1Gi"
@@ -200,7 +200,8 @@ locals {
     XDIAG_MONITOR_WARMUP_POINTS   = tostring(var.monitor_warmup_points)
     XDIAG_MONITOR_BASELINE_POINTS = tostring(var.monitor_baseline_points)
     XDIAG_MONITOR_WINDOW_POINTS   = tostring(var.monitor_window_points)
-    XDIAG_CONTROL_PLANE_AUTH      = "iam" # Cloud Functions IAM checks every caller: no token to keep secret
+    XDIAG_CONTROL_PLANE_AUTH      = "iam"                # Cloud Functions IAM checks every caller: no token to keep secret
+    XDIAG_VIEWER_URL              = var.viewer_link_base # where share answers and reports link into the viewer
   }
 
   bucket_roles = {

@@ -45,3 +45,13 @@ output "alerts_notification_channel" {
   description = "The Cloud Monitoring notification channel that sends incidents to the alerts topic: add it to any alert policy whose incidents should capture a profile."
   value       = google_monitoring_notification_channel.alerts.id
 }
+
+output "viewer_service" {
+  description = "The viewer's Cloud Run service (XProf over the bucket): `gcloud run services proxy SERVICE --region REGION --port 8791`, then http://localhost:8791."
+  value       = one(google_cloud_run_v2_service.viewer[*].name)
+}
+
+output "viewer_url" {
+  description = "The viewer's URL (callers need roles/run.invoker: var.viewer_members)."
+  value       = one(google_cloud_run_v2_service.viewer[*].uri)
+}

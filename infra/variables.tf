@@ -245,3 +245,65 @@ variable "alert_run_id" {
   type        = string
   default     = ""
 }
+
+# --- the viewer (infra/viewer.tf) --------------------------------------------------------------------------------
+
+variable "viewer_image" {
+  description = "The XProf image built from infra/viewer/Dockerfile (gcloud builds submit infra/viewer --tag …). Empty: no viewer is deployed."
+  type        = string
+  default     = ""
+}
+
+variable "viewer_members" {
+  description = "Who may open the viewer (roles/run.invoker): IAM members such as user:alice@example.com, group:ml@example.com. Nobody is unauthenticated."
+  type        = list(string)
+  default     = []
+}
+
+variable "viewer_workers" {
+  description = "XProf worker sidecars per viewer instance (each converts one host's file at a time)."
+  type        = number
+  default     = 2
+}
+
+variable "viewer_max_instances" {
+  description = "The most viewer instances (each with its workers) Cloud Run starts under load; 0 when idle."
+  type        = number
+  default     = 5
+}
+
+variable "viewer_concurrency" {
+  description = "Requests one viewer instance takes at once before Cloud Run starts another."
+  type        = number
+  default     = 8
+}
+
+variable "viewer_cpu" {
+  description = "CPU of the viewer's frontend container."
+  type        = string
+  default     = "2"
+}
+
+variable "viewer_memory" {
+  description = "Memory of the viewer's frontend container (XProf holds a converted session in memory)."
+  type        = string
+  default     = "8Gi"
+}
+
+variable "viewer_worker_cpu" {
+  description = "CPU of each XProf worker sidecar."
+  type        = string
+  default     = "2"
+}
+
+variable "viewer_worker_memory" {
+  description = "Memory of each XProf worker sidecar."
+  type        = string
+  default     = "8Gi"
+}
+
+variable "viewer_link_base" {
+  description = "Where share links' and reports' viewer links point: the viewer as its users open it (`gcloud run services proxy <viewer_service> --port 8791` serves it at http://localhost:8791; put your IAP or domain URL here if you front it so)."
+  type        = string
+  default     = "http://localhost:8791"
+}

@@ -1,0 +1,105 @@
+"""The viewer's deployment (infra/viewer.tf) against XProf and the code, offline, like tests/test_infra.py: every flag
+given to XProf is one the pinned server accepts, the frontend sends work to exactly its worker sidecars, it scales
+to zero, only the named members may invoke it, its service account can read the bucket and add XProf's caches but
+never overwrite or delete, the image pins the xprof the code pins, and share links are signed through IAM."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+import tomllib
+
+import pytest
+
+from tests.test_infra import INFRA, REPO, _all_strings, _block, infra
+
+
+def _service() -> dict:
+    return infra().resource("google_cloud_run_v2_service", "viewer")
+
+
+def _containers() -> tuple[dict, dict]:
+    template = _block(_service(), "template")
+    [frontend] = template["containers"]
+    [dynamic] = [d["containers"] for d in template["dynamic"] if "containers" in d]
+    return frontend, dynamic
+
+
+def _flags(args: list[str]) -> dict[str, str]:
+    return dict((a.split("=", 1) + [""])[:2] for a in args)
+
+
+def _xprof_server_flags() -> set[str]:
+    from xprof import server
+
+    help_text = io.StringIO()
+    with contextlib.redirect_stdout(help_text), pytest.raises(SystemExit):
+        server.main(["--help"])
+    return set(re.findall(r"(--[a-z_]+)", help_text.getvalue()))
+
+
+def test_every_flag_the_viewer_gives_xprof_is_one_its_server_accepts():
+    frontend, workers = _containers()
+    accepted = _xprof_server_flags()
+    for args in (frontend["args"], workers["content"][0]["args"]):
+        assert set(_flags(args)) <= accepted, set(_flags(args)) - accepted
+    for args in (frontend["args"], workers["content"][0]["args"]):
+        flags = _flags(args)
+        assert flags["--logdir"] == "${local.viewer_logdir}" and "--hide_capture_profile_button" in flags
+    assert infra().locals["viewer_logdir"] == "gs://${google_storage_bucket.profiles.name}"
+
+
+def test_the_frontend_sends_work_to_exactly_its_worker_sidecars():
+    frontend, workers = _containers()
+    flags = _flags(frontend["args"])
+    # one plaintext stub per address (XProf's stub_factory), the workers' gRPC ports on the instance's loopback
+    assert flags["--worker_service_address"] == \
+        '${join(",", [for port in local.viewer_worker_ports : "127.0.0.1:${port}"])}'
+    assert workers["for_each"] == "${local.viewer_worker_ports}"
+    worker_flags = _flags(workers["content"][0]["args"])
+    assert worker_flags["--grpc_port"] == "${containers.value}"
+    assert _block(_block(workers["content"][0], "startup_probe"), "tcp_socket")["port"] == "${containers.value}"
+    # no port is used twice on the instance: the frontend's web and gRPC ports lie outside the workers' ranges
+    assert flags["--port"] == "${local.viewer_port}" and flags["--grpc_port"] == "${local.viewer_grpc_port}"
+    first_worker = int(re.search(r": (\d+) \+ i\]", infra().locals["viewer_worker_ports"]).group(1))
+    assert infra().locals["viewer_grpc_port"] < first_worker and infra().locals["viewer_port"] < 9000 < first_worker
+    assert frontend["depends_on"] == '${[for i, _ in local.viewer_worker_ports : "xprof-worker-${i}"]}'
+    assert frontend["ports"][0]["container_port"] == "${local.viewer_port}"
+
+
+def test_the_viewer_scales_to_zero_and_only_named_members_may_invoke_it():
+    scaling = _block(_block(_service(), "template"), "scaling")
+    assert scaling["min_instance_count"] == 0 and scaling["max_instance_count"] == "${var.viewer_max_instances}"
+    invokers = infra().resource("google_cloud_run_v2_service_iam_member", "viewer_members")
+    assert invokers["role"] == "roles/run.invoker" and "var.viewer_members" in invokers["for_each"]
+    assert infra().variables["viewer_members"]["default"] == []
+    strings = [s for s in _all_strings(infra().files["viewer.tf"])]
+    assert not any("allUsers" in s or "allAuthenticatedUsers" in s for s in strings)
+
+
+def test_the_viewer_reads_the_bucket_and_adds_caches_but_cannot_overwrite_or_delete():
+    roles = infra().resource("google_storage_bucket_iam_member", "viewer")
+    assert roles["for_each"] == \
+        '${local.viewer_enabled ? toset(["roles/storage.objectViewer", "roles/storage.objectCreator"]) : toset([])}'
+    assert roles["bucket"] == "${google_storage_bucket.profiles.name}"
+    assert roles["member"] == "serviceAccount:${google_service_account.viewer[0].email}"
+    assert _block(_service(), "template")["service_account"] == "${google_service_account.viewer[0].email}"
+
+
+def test_the_image_pins_the_xprof_the_code_pins():
+    pins = [r for r in tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+            if r.startswith("xprof==")]
+    dockerfile = (INFRA / "viewer" / "Dockerfile").read_text()
+    assert pins and pins[0] in dockerfile.split()
+    assert 'ENTRYPOINT ["python", "-m", "xprof.server"]' in dockerfile
+
+
+def test_share_links_are_signed_through_iam_as_the_control_plane_itself():
+    signer = infra().resource("google_service_account_iam_member", "control_plane_signs_links")
+    assert signer["role"] == "roles/iam.serviceAccountTokenCreator"
+    assert signer["service_account_id"] == '${google_service_account.function["control_plane"].name}'
+    assert signer["member"] == 'serviceAccount:${google_service_account.function["control_plane"].email}'
+    assert infra().locals["common_env"]["XDIAG_VIEWER_URL"] == "${var.viewer_link_base}"
+    assert {"viewer_service", "viewer_url"} <= set(infra().outputs)
+    assert "run.googleapis.com" in infra().locals["apis"]
