@@ -1,0 +1,139 @@
+"""The viewer, share links, monitored events and before/after on the local stack (the real emulators, every function,
+a real JAX workload attached through the ML Diagnostics SDK):
+
+- `xdiag view` serves a session captured by `xdiag capture` and one uploaded by `xdiag upload` from the stack's
+  bucket (mirrored read-only: XProf cannot read the emulator), checked against XProf's own endpoints;
+- `xdiag share` gives a link that fetches the report and stops working after its expiry (checked by the control
+  plane's link endpoint: fake-gcs-server serves V4 signed URLs whatever their expiry or signature);
+- `xdiag events` lists an alert storm's one capture and its cool-downs, and describes them;
+- `xdiag diff` on a bundled workload captured before and after its fix shows the fix's gain.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+from xdiag.capture.share import LINKS
+from xdiag.workloads.capture import capture_workload
+
+from tests import test_capture
+from tests.test_capture import _incident, _run_on, _xdiag
+from tests.test_local_stack import wait_until
+from tests.test_viewer import View, get
+
+pytestmark = pytest.mark.slow
+# test_capture's module fixtures, here too: the stack's clients, the control plane, a JAX workload the SDK registered
+cloud, plane, sdk_url, workload = test_capture.cloud, test_capture.plane, test_capture.sdk_url, test_capture.workload
+
+
+def _ok(answer) -> str:
+    assert answer.returncode == 0, f"{answer.args}\n{answer.stdout}\n{answer.stderr}"
+    return answer.stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def uploaded(local_stack, h200_profiles, tmp_path_factory) -> tuple[str, str]:
+    """A session uploaded with `xdiag upload --wait`: (run, session)."""
+    session = tmp_path_factory.mktemp("upload") / "plugins" / "profile" / "uploaded_1"
+    session.mkdir(parents=True)
+    (session / "vm.xplane.pb").write_bytes(h200_profiles["healthy"].read_bytes())
+    run = f"uploads-{uuid.uuid4().hex[:6]}"
+    _ok(_xdiag("upload", str(session), "--run", run, "--wait"))
+    return run, "uploaded_1"
+
+
+@pytest.fixture(scope="module")
+def captured(workload, plane) -> tuple[str, str, str]:
+    """A session captured with `xdiag capture` from the SDK-registered run: (run id, its folder, session)."""
+    report = _ok(_xdiag("capture", "--run", workload.run, "--duration", "1s"))
+    session = report.split("/plugins/profile/")[1].split("/")[0]
+    return workload.run, plane.run(workload.run)["path"], session
+
+
+def test_xdiag_view_serves_a_captured_and_an_uploaded_session_from_the_stack_bucket(uploaded, captured, tmp_path):
+    run, folder, session = captured
+    view = View(tmp_path, "--store", str(tmp_path / "no-local-store"), "--view-dir", str(tmp_path / "v"))
+    try:
+        status, runs = get(view.url + "/data/plugin/profile/runs")
+        listed = json.loads(runs)
+        assert f"{uploaded[0]}/{uploaded[1]}" in listed and f"{folder}/{session}" in listed, listed
+        for name in (f"{uploaded[0]}/{uploaded[1]}", f"{folder}/{session}"):
+            status, tools = get(f"{view.url}/data/plugin/profile/run_tools?run={name}")
+            assert "op_profile" in json.loads(tools)
+            status, hosts = get(f"{view.url}/data/plugin/profile/hosts?run={name}&tag=op_profile")
+            host = json.loads(hosts)[0]["hostname"]
+            status, data = get(f"{view.url}/data/plugin/profile/data?run={name}&tag=op_profile&host={host}")
+            assert status == 200 and json.loads(data)
+        said = view.err.read_text()
+        assert "mirrored read-only" in said and "XProf cannot read the Cloud Storage emulator" in said
+        assert f"{folder}/{session}  on_demand" in said and f"{uploaded[0]}/{uploaded[1]}  programmatic" in said
+    finally:
+        assert view.stop() == 0, view.err.read_text()
+
+
+def _fetch(url: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=30) as answer:
+            return answer.status, answer.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def test_xdiag_share_gives_a_link_that_fetches_the_report_and_stops_after_its_expiry(cloud, uploaded, captured):
+    run, session = uploaded
+    answer = _xdiag("share", f"{run}/{session}", "--expires", "4s")
+    link = _ok(answer)
+    status, body = _fetch(link)
+    assert status == 200 and b"<html" in body.lower() and session.encode() in body
+    [record] = [doc for _, doc in cloud.state.list(LINKS) if doc["run_id"] == run]
+    assert record["by"] and record["at"] and record["object"].endswith("/xdiag/summary.html")
+    time.sleep(5)
+    status, body = _fetch(link)
+    assert status == 410 and b"expired" in body
+    # the SDK gave the captured run a UUID; its display name finds it too
+    display = next(r["display_name"] for r in json.loads(_ok(_xdiag("runs", "--json"))) if r["id"] == captured[0])
+    assert display != captured[0]
+    assert _fetch(_ok(_xdiag("share", f"{display}/{captured[2]}", "--expires", "1m")))[0] == 200
+
+
+def test_xdiag_events_list_an_alert_storm_s_one_capture_and_its_cool_downs(cloud, plane, workload):
+    run = _run_on(plane, workload, f"storm-{uuid.uuid4().hex[:6]}")
+    for n in range(10):
+        cloud.stack.publish("alerts", _incident(run, n=n))
+    events = wait_until(lambda: len(found := json.loads(_ok(_xdiag("events", "--run", run, "--json")))) == 10 and found,
+                        90, "ten events", cloud)
+    outcomes = [e["outcome"] for e in events]
+    assert outcomes.count("captured") == 1 and outcomes.count("cool-down") == 9, outcomes
+    [captured] = [e for e in events if e["outcome"] == "captured"]
+    assert captured["source"] == "incident" and captured["session_id"]
+    listing = _ok(_xdiag("events", "--run", run))
+    assert listing.count("cool-down") == 9 and f"session {captured['session_id']}" in listing
+    described = wait_until(lambda: (e := json.loads(_ok(_xdiag("events", "describe", captured["id"])))) and
+                           (e["capture"]["analysis"] or {}).get("status") == "DONE" and e, 180, "the capture's report",
+                           cloud)
+    assert described["capture"]["kind"] == "auto" and described["capture"]["analysis"]["report_uri"]
+    cooled = json.loads(_ok(_xdiag("events", "describe", next(e["id"] for e in events if e["outcome"] == "cool-down"))))
+    assert cooled["cooled_down_by"] == captured["id"]
+
+
+def test_xdiag_diff_of_a_workload_before_and_after_its_fix_shows_the_gain(cloud, tmp_path):
+    run = f"layout-{uuid.uuid4().hex[:6]}"
+    sessions = []
+    for fixed in (False, True):
+        profile = capture_workload("layout_transpose", tmp_path / "profiles", fixed=fixed)
+        _ok(_xdiag("upload", str(profile.parent), "--run", run, "--wait"))
+        sessions.append(profile.parent.name)
+    out = tmp_path / "diff"
+    html = Path(_ok(_xdiag("diff", f"{run}/{sessions[0]}", f"{run}/{sessions[1]}", "--out", str(out))))
+    diff = json.loads((out / "diff.json").read_text())
+    assert html == out / "diff.html" and html.exists()
+    assert diff["verdict"] == "faster" and diff["step_time"]["delta"] < 0 and diff["step_time"]["significant"]
+    assert "layout_copies" in [f["key"] for f in diff["findings"]["gone"]]
+    gone = [op["name"] for op in diff["ops"]["gone"]]
+    assert any("transpose" in name or "copy" in name for name in gone), gone
