@@ -20,7 +20,8 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from xdiag.cloud.embedded import analyze_session
 from xdiag.profile.locate import locate_session
-from xdiag.viewer.links import viewer_links
+from xdiag.model import Analysis
+from xdiag.report.viewer_links import viewer_links, viewer_links_for
 
 
 def get(url: str, timeout: float = 120):
@@ -91,6 +92,9 @@ def test_xdiag_view_serves_every_analysed_session_through_xprof_s_own_endpoints(
         status, config = get(view.url + "/data/plugin/profile/config")
         assert json.loads(config)["hideCaptureProfileButton"] is True
         # a report's viewer links name a session XProf lists, and open XProf's page
+        analysis = Analysis.model_validate_json((store / "xdiag-out" / "host_sync" / "analysis.json").read_text())
+        [(_, report_link), *_] = viewer_links_for(analysis)
+        assert parse_qs(urlsplit(report_link).query)["run"][0] in json.loads(runs)
         links = dict(viewer_links("train", "host_sync_session", view.url))
         assert parse_qs(urlsplit(links["trace viewer"]).query)["run"] == ["train/host_sync_session"]
         status, page = get(links["op profile"])

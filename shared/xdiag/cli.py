@@ -625,7 +625,7 @@ def view(
 ) -> None:
     """Start XProf's own viewer over every run's sessions (the local store, and the local stack's or the cloud's
     bucket); prints its URL and serves until interrupted."""
-    from xdiag.viewer.links import session_link
+    from xdiag.report.viewer_links import session_link
     from xdiag.viewer.server import ViewerError, start_xprof
     from xdiag.viewer.sources import plan_view
 

@@ -37,7 +37,7 @@ from xdiag.pipeline.deps import Dependencies
 from xdiag.pipeline.layout import state_key
 from xdiag.pipeline.runs import RUNS, InvalidRequest, check_name, check_run_id, get_run
 from xdiag.pipeline.topics import ANALYSES, sessions_collection
-from xdiag.viewer.links import viewer_links
+from xdiag.report.viewer_links import viewer_links
 
 SHARE_KEY_ENV = "XDIAG_SHARE_KEY_FILE"  # the local stack's link-signing key; unset in the cloud (IAM signs)
 PRINCIPAL_ENV = "XDIAG_CONTROL_PLANE_PRINCIPAL"  # who the local token stands for

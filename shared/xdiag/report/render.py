@@ -17,6 +17,7 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from xdiag.model import Analysis, Finding, InvestigatorAudit, Status, ToolResult, ToolStatus
 from xdiag.report import charts
+from xdiag.report.viewer_links import viewer_links_for
 from xdiag.report.format import (
     Block,
     Cell,
@@ -166,6 +167,7 @@ def _context(analysis: Analysis, results: dict[str, ToolResult]) -> dict[str, An
               "reason": c.reason} for c in diagnosis.follow_up_calls] if diagnosis else []
         ),
         "sections": sections,
+        "viewer_links": viewer_links_for(analysis),  # the session in XProf's viewer (see viewer_links)
         "no_results_reason": "" if results else (
             "No tool ran: the analysis failed before the tools could read the profile."
             if status == "FAILED" else f"No tool results yet (pipeline status: {analysis.status})."

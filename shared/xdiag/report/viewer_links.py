@@ -32,3 +32,17 @@ def session_link(run_path: str, session_id: str, tool: str, base_url: str | None
 def viewer_links(run_path: str, session_id: str, base_url: str | None = None) -> list[tuple[str, str]]:
     """(label, URL) for each tool page of the session a report links to."""
     return [(label, session_link(run_path, session_id, tool, base_url)) for label, tool in TOOLS]
+
+
+def run_path_of(output_uri: str, run_id: str) -> str:
+    """The run's folder as the viewer names it: from the analysis' place in the bucket
+    (`<root>/<run path>/plugins/profile/<session>/xdiag`), else (a local analysis) the run id."""
+    head, sep, _ = (output_uri or "").partition("/plugins/profile/")
+    if sep and head.startswith("gs://"):
+        return head.removeprefix("gs://").partition("/")[2] or run_id
+    return run_id
+
+
+def viewer_links_for(analysis) -> list[tuple[str, str]]:
+    """A report's links to its session in the viewer (`xdiag view`, or the viewer the deployment names)."""
+    return viewer_links(run_path_of(analysis.output_uri or "", analysis.run_id), analysis.session_id)
