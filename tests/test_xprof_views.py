@@ -320,6 +320,42 @@ def test_each_conversion_runs_once_per_instance_and_not_across_instances(tmp_pat
     assert ("overview_page", "None") in calls
 
 
+@pytest.mark.parametrize("fixture", ["tpu", "v100", "mi300x"])
+def test_prefetched_views_equal_the_in_process_ones(fixture, request, tmp_path, monkeypatch):
+    """prefetch() runs the conversions in worker processes, each on its own folder of links to the
+    file; every view must come out exactly as when each conversion runs in-process on demand."""
+    run = request.getfixturevalue(fixture)
+    name = {"tpu": TPU, "v100": V100, "mi300x": MI300X}[fixture]
+    monkeypatch.setenv("XDIAG_XPROF_PROCESSES", "2")
+    with XprofViews([_copy(name, tmp_path / "originals")]) as views:
+        assert views.prefetch() == 2
+        assert views.prefetch() == 0  # started once
+        outcomes = _all_views(views)
+        assert all(count == 1 for count in views.conversion_counts.values()), views.conversion_counts
+        assert {"overview_page", "kernel_stats", "smart_suggestion", "memory_profile"} <= set(views.worker_cpu_s)
+        folders = [Path(folder) for folder in views._worker_folders]
+        assert folders and all(folder.is_dir() for folder in folders)
+    assert not any(folder.exists() for folder in folders)
+    assert outcomes.keys() == run.outcomes.keys()
+    for view, outcome in run.outcomes.items():
+        if isinstance(outcome, dict):
+            assert outcomes[view] == outcome, view
+        else:
+            assert type(outcomes[view]) is type(outcome) and str(outcomes[view]) == str(outcome), view
+
+
+def test_prefetch_is_off_with_no_processes_and_a_corrupt_file_still_says_why(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDIAG_XPROF_PROCESSES", "0")
+    with XprofViews([_copy(MI300X, tmp_path / "a")]) as views:
+        assert views.prefetch() == 0 and not views.worker_cpu_s
+    monkeypatch.setenv("XDIAG_XPROF_PROCESSES", "2")
+    with XprofViews([_copy(CORRUPT, tmp_path / "b")]) as views:
+        assert views.prefetch() == 2
+        with pytest.raises(ProfileError, match="Can't parse .* as binary proto"):
+            views.overview()
+        assert str(tmp_path / "b") in str(views._unreadable)  # the original's path, not a worker's link
+
+
 def test_returned_dicts_are_copies(mi300x):
     first = mi300x.views.overview()
     first["duty_cycle_percent"] = 1.0

@@ -40,7 +40,7 @@ def build_embedded(
         bus=bus,
         blobs=blobs,
         state=MemoryStateStore(),
-        sessions=SessionLoader(blobs, max_bytes=max_bytes, progress=read_progress),
+        sessions=SessionLoader(blobs, max_bytes=max_bytes, progress=read_progress, prefetch_views=True),
     )
     if investigators:
         deps.investigators.update(investigators)

@@ -18,6 +18,7 @@ from xdiag.pipeline.runs import CaptureSettings, MonitorSettings
 from xdiag.profile.compact import load_session, save_session
 from xdiag.profile.reader import DEFAULT_MAX_PROFILE_BYTES, read_session
 from xdiag.profile.space import Session
+from xdiag.tools.common import prefetch_views
 
 
 class Investigator(Protocol):
@@ -40,13 +41,15 @@ class SessionLoader:
 
     With `prepare` on (the cloud, where every stage is its own process), the first reader also
     stores the decoded session as one file next to the analysis; later readers memory-map that
-    file instead of parsing the profile again (see xdiag.profile.compact).
+    file instead of parsing the profile again (see xdiag.profile.compact). With `prefetch_views`
+    on (one process runs every tool), XProf's conversions of a device session start in worker
+    processes as soon as it is read, and run while xdiag's own tools do.
     """
 
     def __init__(self, blobs: BlobStore, max_bytes: int = DEFAULT_MAX_PROFILE_BYTES, keep: int = 2, progress=None,
-                 prepare: bool = False):
+                 prepare: bool = False, prefetch_views: bool = False):
         self._blobs, self._max_bytes, self._keep, self._progress = blobs, max_bytes, keep, progress
-        self._prepare = prepare
+        self._prepare, self._prefetch_views = prepare, prefetch_views
         self._sessions: dict[tuple[str, ...], Session] = {}
         self.read_ms: dict[tuple[str, ...], float] = {}
         self._lock = threading.Lock()  # concurrent deliveries in one process read a session once
@@ -81,6 +84,8 @@ class SessionLoader:
                 self._sessions.pop(next(iter(self._sessions))).close()
             self._sessions[key] = session
             self.read_ms[key] = (time.perf_counter() - started) * 1000
+            if self._prefetch_views:
+                prefetch_views(session)
         return self._sessions[key]
 
     def _store_prepared(self, session: Session, prepared_uri: str) -> None:

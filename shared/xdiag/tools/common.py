@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from xdiag.errors import NotAvailable
+from xdiag.errors import NotAvailable, XdiagError
 from xdiag.profile.space import Session
 
 HOST_PLANE_SOURCE = "xdiag host-plane analysis (XLA:CPU ops on the CPU client threads, step annotations)"
@@ -49,6 +49,15 @@ def views(session: Session):
 
         session.cache["xprof_views"] = XprofViews(session.paths)
     return session.cache["xprof_views"]
+
+
+def prefetch_views(session: Session) -> None:
+    """Starts XProf's conversions for a device session in worker processes, so they run while xdiag's
+    own tools do (where one process runs every tool); nothing for CPU profiles or with the views off."""
+    try:
+        views(session).prefetch()
+    except XdiagError:  # the tools that use the views meet the same error and report it
+        return
 
 
 def try_view(session: Session, method: str, **kwargs) -> tuple[dict[str, Any] | None, str | None]:

@@ -20,6 +20,12 @@ by file *content*, shared by every process) is bypassed by calling the undecorat
 so two instances never see each other's results. Tool results and finished views are memoised
 on the instance too; `conversion_counts` shows how often each conversion ran (always 1).
 
+Concurrently, where one process runs every tool (`xdiag analyze`): `prefetch()` starts the
+conversions the views need in worker processes (XProf's C++ holds the GIL, so threads would not
+overlap), each converter family once, in its own folder of links to the same file; the views then
+wait for those results instead of converting. The results are the same as in-process ones
+(tests/test_xprof_views.py compares them); `XDIAG_XPROF_PROCESSES=0` turns it off.
+
 XProf logs a great deal from C++ to fd 2 and from Python to the root logger. While a conversion
 runs, fd 2 goes to a scratch file and records from xprof's modules are demoted; both are
 re-logged at DEBUG on this module's logger (and parse errors become `ProfileError`). The switch
@@ -102,11 +108,14 @@ Quirks of xprof 2.24.2 worked around here:
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import contextlib
 import copy
 import json
 import logging
+import multiprocessing
 import os
+import pickle
 import re
 import shutil
 import sys
@@ -330,11 +339,104 @@ def _link_or_copy(source: Path, target: Path) -> None:
         shutil.copyfile(source, target)
 
 
-def _remove_private_copy(path: str, xprof_side_files: list[str]) -> None:
+def _remove_private_copy(path: str, xprof_side_files: list[str], worker_folders: list[str]) -> None:
     shutil.rmtree(path, ignore_errors=True)
+    for folder in worker_folders:
+        shutil.rmtree(folder, ignore_errors=True)
     for side_file in xprof_side_files:
         with contextlib.suppress(OSError):
             os.unlink(side_file)
+
+
+# --- conversions in other processes -------------------------------------------------------------
+
+CONCURRENCY_ENV = "XDIAG_XPROF_PROCESSES"
+"""How many processes `XprofViews.prefetch` may run XProf's converters in at once (default: the
+CPUs this process may use); 0 turns prefetching off, so every conversion runs in-process on demand."""
+
+_OP_STATS_CONVERTERS = ("overview_page", "roofline_model", "op_profile", "pod_viewer")
+"""Converters that share the op_stats XProf saves in their folder: one process converts them in turn,
+the first computing op_stats and the others reusing them, as they do in-process."""
+
+
+def _planned_conversions(files: Sequence[Path]) -> list[list[tuple[str, dict[str, Any]]]]:
+    """The conversions the views ask for, grouped by process (heaviest groups first). Parameters are
+    the ones the views' fetches carry once the ignored ones are dropped, so the memo keys match."""
+    groups: list[list[tuple[str, dict[str, Any]]]] = [
+        [(name, {}) for name in _OP_STATS_CONVERTERS],
+        [("kernel_stats", {})],
+        [("smart_suggestion", {})],
+    ]
+    if len(files) == 1:
+        groups += [[("utilization_viewer", {})], [("memory_profile", {})]]
+    else:  # utilization_viewer takes one trace only, so the view does not ask; memory_profile goes per host
+        groups += [[("memory_profile", {"host": path.name.removesuffix(XPLANE_SUFFIX)})] for path in files]
+    return groups
+
+
+def _processes_allowed() -> int:
+    configured = os.environ.get(CONCURRENCY_ENV, "").strip()
+    if configured:
+        try:
+            return max(0, int(configured))
+        except ValueError:
+            log.warning("%s=%r is not a number; using the CPU count", CONCURRENCY_ENV, configured)
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _worker_context() -> multiprocessing.context.BaseContext:
+    """A forkserver that has imported XProf's converters once; each worker is a cheap fork of it
+    (forking this process instead would copy its threads' locks)."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["xprof.cli.internal.oss.xprof_client", __name__])
+    return context
+
+
+def _picklable(error: Exception) -> Exception:
+    try:
+        pickle.loads(pickle.dumps(error))
+        return error
+    except Exception:
+        return RuntimeError(f"{type(error).__name__}: {error}")
+
+
+def _settle(placeholder: concurrent.futures.Future, done: concurrent.futures.Future) -> None:
+    if done.cancelled():
+        placeholder.set_exception(RuntimeError("cancelled"))
+    elif done.exception() is not None:
+        placeholder.set_exception(done.exception())
+    else:
+        placeholder.set_result(done.result())
+
+
+def _convert_in_worker(run_dir: str, conversions: list[tuple[str, dict[str, Any]]]) -> list[tuple[Any, str, float]]:
+    """Runs in a worker process: each conversion as the router's local client runs it in-process,
+    with fd 2 captured per conversion; returns (outcome or exception, stderr text, CPU seconds) for each."""
+    from xprof.cli.internal.oss import xprof_client  # preloaded by the forkserver
+
+    client = xprof_client.LocalXprofClient()
+    results: list[tuple[Any, str, float]] = []
+    for tool_name, params in conversions:
+        cpu_started = time.process_time()
+        with tempfile.TemporaryFile() as scratch:
+            _flush_stderr()
+            saved = os.dup(2)
+            os.dup2(scratch.fileno(), 2)
+            try:
+                outcome: Any = client.fetch(tool_name, run_dir, **params)
+            except Exception as error:
+                outcome = _picklable(error)
+            finally:
+                _flush_stderr()
+                os.dup2(saved, 2)
+                os.close(saved)
+            scratch.seek(0)
+            text = scratch.read().decode("utf-8", errors="replace")
+        results.append((outcome, text, time.process_time() - cpu_started))
+    return results
 
 
 # --- the views ----------------------------------------------------------------------------------
@@ -376,16 +478,24 @@ class XprofViews:
             raise ProfileError(f"cannot set up the private copy in {self.run_dir}: {error}") from error
         self._removable = str(root if workdir is None else self.run_dir)
         self._side_files: list[str] = []
-        self._finalizer = weakref.finalize(self, _remove_private_copy, self._removable, self._side_files)
+        self._worker_folders: list[str] = []
+        self._worker_run_dirs: list[Path] = []
+        self._finalizer = weakref.finalize(
+            self, _remove_private_copy, self._removable, self._side_files, self._worker_folders
+        )
 
         self._lock = threading.RLock()
         self._conversions: dict[str, Any] = {}
+        self._pending: dict[str, tuple[concurrent.futures.Future, int]] = {}  # key -> (worker's future, index)
+        self._executor: concurrent.futures.ProcessPoolExecutor | None = None
         self._pages: dict[str, Any] = {}
         self._tools: dict[str, Any] = {}
         self._views: dict[str, Any] = {}
         self._unreadable: str | None = None
         self.conversion_counts: collections.Counter[str] = collections.Counter()
         """How often each conversion ran, keyed by converter and parameters; 1 each, by design."""
+        self.worker_cpu_s: dict[str, float] = {}
+        """CPU seconds of each conversion that ran in a worker process (see `prefetch`)."""
         self.timings_s: dict[str, float] = {}
         """Seconds each view took the first time (conversions included), keyed by view name."""
         with _OWNERS_LOCK:
@@ -413,20 +523,89 @@ class XprofViews:
                 return
             with _OWNERS_LOCK:
                 _OWNERS.pop(os.path.realpath(self.run_dir), None)
+            if self._executor is not None:
+                self._executor.shutdown(wait=True, cancel_futures=True)
+                self._executor = None
             if self.conversion_counts:
-                self._side_files.extend(self._xprof_side_files())
+                self._side_files.extend(self._xprof_side_files(self.run_dir))
+            for run_dir in self._worker_run_dirs:
+                self._side_files.extend(self._xprof_side_files(run_dir))
             self._finalizer()
 
-    def _xprof_side_files(self) -> list[str]:
-        """The fingerprint, owner and lock files LocalXprofClient keeps for this run folder."""
-        scopes = [[str(p) for p in self.files]] + ([[str(p)] for p in self.files] if len(self.files) > 1 else [])
+    def _xprof_side_files(self, run_dir: Path) -> list[str]:
+        """The fingerprint, owner and lock files LocalXprofClient keeps for a run folder of this session."""
+        links = [run_dir / path.name for path in self.files]
+        scopes = [[str(p) for p in links]] + ([[str(p)] for p in links] if len(links) > 1 else [])
         files: list[str] = []
         for paths in scopes:
             with contextlib.suppress(Exception):  # best effort: private API of xprof_client
-                scope = xprof_api().client._compute_op_stats_scope(self.run_dir, paths)
+                scope = xprof_api().client._compute_op_stats_scope(run_dir, paths)
                 lock = scope.owner_dir / f"{scope.run_dir_hash}.lock"
                 files += [str(scope.fp_file), str(scope.owner_file), str(lock)]
         return files
+
+    def prefetch(self) -> int:
+        """Starts the conversions the views need, concurrently, and returns at once.
+
+        XProf's C++ converters hold the GIL, so they run in worker processes (at most
+        `XDIAG_XPROF_PROCESSES`, default the CPU count): the op_stats family in one process, every
+        other converter in its own. Each process works in its own folder of links to the same
+        files (converters write side files next to their input, and a fresh op_stats conversion
+        clears the folder's saved results), so the only shared copy is the one file itself. A view
+        then waits for its conversion instead of running it; a conversion that failed in its worker
+        runs again in-process. Returns how many processes were started (0: off, or already started).
+        """
+        allowed = _processes_allowed()
+        with self._lock:
+            if self.closed:
+                raise RuntimeError(f"{self!r} is closed")
+            if allowed == 0 or self._executor is not None or self._unreadable:
+                return 0
+            groups = [
+                [(name, params) for name, params in group if self._memo_key(name, params) not in self._conversions]
+                for group in _planned_conversions(self.files)
+            ]
+            groups = [group for group in groups if group]
+            if not groups:
+                return 0
+            workers = min(allowed, len(groups))
+            planned = []
+            try:
+                for group in groups:
+                    planned.append((self._worker_run_dir(group[0][0]), group, concurrent.futures.Future()))
+            except OSError as error:  # no room for the folders: the views convert in-process on demand
+                log.debug("XProf conversions stay in-process: %s", error)
+                return 0
+            for _, group, placeholder in planned:
+                for index, (name, params) in enumerate(group):
+                    self._pending[self._memo_key(name, params)] = (placeholder, index)
+            self._executor = concurrent.futures.ProcessPoolExecutor(workers, mp_context=_worker_context())
+        # Starting the forkserver takes a Python start-up and XProf's import: not on the caller's time.
+        threading.Thread(
+            target=self._submit, args=(self._executor, planned), name="xprof-prefetch", daemon=True
+        ).start()
+        return workers
+
+    @staticmethod
+    def _submit(executor: concurrent.futures.ProcessPoolExecutor, planned: list) -> None:
+        for run_dir, group, placeholder in planned:
+            try:
+                future = executor.submit(_convert_in_worker, str(run_dir), group)
+            except Exception as error:  # shut down meanwhile, or no processes here: the views convert in-process
+                placeholder.set_exception(error)
+                continue
+            future.add_done_callback(lambda done, placeholder=placeholder: _settle(placeholder, done))
+
+    def _worker_run_dir(self, label: str) -> Path:
+        """A folder named like the private run folder, holding links to the same files."""
+        folder = Path(tempfile.mkdtemp(prefix=f"xdiag-xprof-{label}-"))
+        self._worker_folders.append(str(folder))
+        run_dir = folder / self.run_dir.name
+        run_dir.mkdir()
+        for path in self.files:
+            _link_or_copy(path.resolve(), run_dir / path.name)
+        self._worker_run_dirs.append(run_dir)
+        return run_dir
 
     # the views
 
@@ -548,11 +727,20 @@ class XprofViews:
             raise outcome
         return copy.deepcopy(outcome)
 
-    def _converted(self, tool_name: str, params: dict[str, Any], convert: Callable[[dict[str, Any]], Any]) -> Any:
-        """One conversion (a LocalXprofClient.fetch) per converter and parameters; called by the router."""
-        converter = _converter_name(tool_name)
+    @staticmethod
+    def _memo_key(tool_name: str, params: dict[str, Any]) -> str:
         params = {k: v for k, v in params.items() if k not in _FETCH_PARAMS_IGNORED}
-        key = converter + (json.dumps(params, sort_keys=True, default=str) if params else "")
+        return _converter_name(tool_name) + (json.dumps(params, sort_keys=True, default=str) if params else "")
+
+    def _converted(self, tool_name: str, params: dict[str, Any], convert: Callable[[dict[str, Any]], Any]) -> Any:
+        """One conversion (a LocalXprofClient.fetch) per converter and parameters; called by the router.
+        A conversion `prefetch` started in a worker is waited for (outside the lock) and taken from it."""
+        params = {k: v for k, v in params.items() if k not in _FETCH_PARAMS_IGNORED}
+        key = self._memo_key(tool_name, params)
+        with self._lock:
+            pending = self._pending.get(key) if key not in self._conversions else None
+        if pending is not None:
+            self._take_from_worker(key, *pending)
         with self._lock:
             if key not in self._conversions:
                 self.conversion_counts[key] += 1
@@ -561,24 +749,44 @@ class XprofViews:
                         outcome: Any = convert(params)
                     except Exception as error:  # kept, so a failing conversion is not retried either
                         outcome = error
-                data = outcome[1] if isinstance(outcome, tuple) and len(outcome) == 2 else outcome
-                if data is None and self._unreadable is None:
-                    self._unreadable = self._parse_failure(stderr_lines)
-                self._conversions[key] = outcome
+                self._keep_conversion(key, outcome, stderr_lines)
             outcome = self._conversions[key]
         if isinstance(outcome, Exception):
             raise outcome
         return outcome
 
+    def _take_from_worker(self, key: str, future: concurrent.futures.Future, index: int) -> None:
+        try:
+            outcome, stderr_text, cpu_s = future.result()[index]
+        except Exception as error:  # the worker died or could not start: convert in-process instead
+            log.debug("XProf worker for %s failed (%s); converting in-process", key, error)
+            with self._lock:
+                self._pending.pop(key, None)
+            return
+        with self._lock:
+            if self._pending.pop(key, None) is None or key in self._conversions:
+                return
+            self.conversion_counts[key] += 1
+            self.worker_cpu_s[key] = round(cpu_s, 4)
+            if stderr_text.strip():
+                log.debug("XProf stderr (%s, in a worker):\n%s", key, stderr_text[-20_000:])
+            self._keep_conversion(key, outcome, stderr_text.splitlines())
+
+    def _keep_conversion(self, key: str, outcome: Any, stderr_lines: Iterable[str]) -> None:
+        data = outcome[1] if isinstance(outcome, tuple) and len(outcome) == 2 else outcome
+        if data is None and self._unreadable is None:
+            self._unreadable = self._parse_failure(stderr_lines)
+        self._conversions[key] = outcome
+
     def _parse_failure(self, stderr_lines: Iterable[str]) -> str | None:
         """XProf's reason for not reading one of our files, from its error log lines."""
-        ours = [str(path) for path in self.files]
         names = [path.name for path in self.files]
         for line in stderr_lines:
             if line[:1] in ("E", "F") and _PARSE_ERROR.search(line) and any(name in line for name in names):
                 message = line.split("] ", 1)[-1].strip()
-                for path, original in zip(ours, self.originals):
-                    message = message.replace(path, str(original))
+                for run_dir in (self.run_dir, *self._worker_run_dirs):
+                    for name, original in zip(names, self.originals):
+                        message = message.replace(str(run_dir / name), str(original))
                 return f"XProf cannot read the profile: {message}"
         return None
 
@@ -677,5 +885,3 @@ class XprofViews:
         return None
 
     # builders
-
-
