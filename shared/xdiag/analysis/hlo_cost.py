@@ -1,8 +1,11 @@
 """FLOPs and bytes of an HLO instruction, from the shapes the profile's HLO carries.
 
-Used where the profile has no cost model of its own (XLA:CPU). Counts: a dot is
-2·|out|·K multiply-adds; an elementwise op one FLOP per output element; a reduce one per
-input element. Bytes are the operands read plus the result written, once each.
+Used where the profile has no cost model of its own (XLA:CPU, XLA:GPU). Counts: a dot is
+2·|out|·K multiply-adds, and so is a GEMM custom call (cuBLAS, hipBLASLt, TransformerEngine),
+whose K comes from the dot dimension numbers in its backend config, or else from its operand
+and result shapes; an elementwise op one FLOP per output element; a reduce one per input
+element. Bytes are the operands read plus the result written, once each (a GEMM's scratch
+workspace, the trailing s8/u8 buffer of its result tuple, is not traffic).
 """
 
 from __future__ import annotations
@@ -25,7 +28,50 @@ def shape_bytes(ins: HloInstruction) -> float:
     return prod(ins.dims) * BYTES_PER_ELEMENT.get(ins.dtype, 4) if ins.dtype in BYTES_PER_ELEMENT else 0.0
 
 
+GEMM_TARGETS = ("gemm", "matmul", "cublas", "hipblas", "rocblas", "triton_gemm")
+"""Custom-call targets that are matrix multiplications (cuBLAS `__cublas$gemm`, `__cublas$lt$matmul`,
+hipBLASLt, TransformerEngine `te_gemm*`)."""
+_WORKSPACE_TYPES = {"s8", "u8"}
+
+
+def is_gemm_call(ins: HloInstruction) -> bool:
+    target = ins.custom_call_target.lower()
+    return ins.opcode == "custom-call" and any(k in target for k in GEMM_TARGETS)
+
+
+def _result(ins: HloInstruction) -> tuple[str, tuple[int, ...]]:
+    """A custom call's real result: the first element of its tuple (the rest is workspace)."""
+    if ins.dtype == "tuple" and ins.tuple_shapes:
+        return ins.tuple_shapes[0]
+    return ins.dtype, ins.dims
+
+
+def gemm_flops(ins: HloInstruction, computation: HloComputation) -> float | None:
+    """2·B·M·N·K of a GEMM custom call, or None when its operands do not say K."""
+    operands = [computation.by_name.get(o) for o in ins.operands[:2]]
+    if len(operands) < 2 or any(o is None or len(o.dims) < 2 for o in operands):
+        return None
+    lhs, rhs = operands
+    _, out = _result(ins)
+    if ins.lhs_contracting:
+        return 2.0 * prod(out) * prod(lhs.dims[d] for d in ins.lhs_contracting if d < len(lhs.dims))
+    # No dimension numbers: |lhs|·|rhs| = B²·M·N·K² and |out| = B·M·N, with B the leading dims all three share.
+    batch = 1
+    for a, b, c in zip(lhs.dims[:-2], rhs.dims[:-2], out[:-2]):
+        if not a == b == c:
+            break
+        batch *= a
+    if not out or not prod(out):
+        return None
+    k = round((prod(lhs.dims) * prod(rhs.dims) / (prod(out) * batch)) ** 0.5)
+    if k < 1 or k not in lhs.dims or k not in rhs.dims or prod(lhs.dims) * prod(rhs.dims) != batch * prod(out) * k * k:
+        return None
+    return 2.0 * prod(out) * k
+
+
 def _flops(ins: HloInstruction, computation: HloComputation, module: HloModule) -> float:
+    if is_gemm_call(ins):
+        return gemm_flops(ins, computation) or 0.0
     if ins.opcode == "dot":
         lhs = computation.by_name.get(ins.operands[0]) if ins.operands else None
         k = prod(lhs.dims[d] for d in ins.lhs_contracting if d < len(lhs.dims)) if lhs is not None else 1
@@ -50,10 +96,13 @@ def instruction_cost(module: HloModule, name: str) -> dict | None:
     operands = [computation.by_name[o] for o in ins.operands if o in computation.by_name]
     read = sum(shape_bytes(o) for o in operands)
     written = shape_bytes(ins)
+    if ins.opcode == "custom-call" and ins.dtype == "tuple":
+        written = sum(prod(d) * BYTES_PER_ELEMENT.get(t, 4) for t, d in ins.tuple_shapes if t not in _WORKSPACE_TYPES)
     fused = module.fused_opcodes.get(ins.name, [])
+    gemm_known = is_gemm_call(ins) and gemm_flops(ins, computation) is not None
     return {
-        "flops_known": ins.opcode != "custom-call" and "custom-call" not in fused,
-        "cost_source": "HLO shapes",
+        "flops_known": gemm_known or (ins.opcode != "custom-call" and "custom-call" not in fused),
+        "cost_source": "HLO shapes (GEMM custom call: 2·B·M·N·K from its operands)" if gemm_known else "HLO shapes",
         "flops": _flops(ins, computation, module),
         "bytes": read + written,
         "shape": ins.shape_text,
@@ -62,4 +111,26 @@ def instruction_cost(module: HloModule, name: str) -> dict | None:
         "fusion_kind": ins.fusion_kind,
         "op_name": ins.op_name,
         "source": ins.source,
+        "program_memory_passes": memory_passes(module),
     }
+
+
+_NOT_KERNELS = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all", "partition-id", "replica-id"}
+
+
+def memory_passes(module: HloModule) -> float | None:
+    """How many times one execution of the program moves its own data: the bytes its top-level ops read and
+    write, over the bytes it must (its parameters read once, its result written once). 1.0 is one pass; several
+    kernels re-reading one array, or intermediates written and read back, raise it. None when nothing moves."""
+    entry = module.computations.get(module.entry)
+    ratio = None
+    if entry is not None and entry.instructions:
+        moved = 0.0
+        for ins in entry.instructions:
+            if ins.opcode in _NOT_KERNELS:
+                continue
+            moved += shape_bytes(ins) + sum(shape_bytes(entry.by_name[o]) for o in ins.operands if o in entry.by_name)
+        needed = sum(shape_bytes(i) for i in entry.instructions if i.opcode == "parameter")
+        needed += shape_bytes(entry.instructions[-1])  # the root: what the program returns
+        ratio = round(moved / needed, 2) if needed and moved else None
+    return ratio

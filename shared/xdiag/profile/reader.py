@@ -8,6 +8,7 @@ XSpace is refused with a `ProfileError` that says what is wrong and where.
 
 from __future__ import annotations
 
+import json
 import mmap
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -155,6 +156,27 @@ class _StatColumns:
         self.string_slots = np.array([self.string_names.index(n) for _, n in strings], dtype=np.int64)
 
 
+def _contraction(ins) -> dict[str, tuple[int, ...]]:
+    """lhs contracting and batch dimensions of a dot, or of a GEMM custom call (cuBLAS, hipBLASLt), whose
+    backend config carries the dot dimension numbers as JSON."""
+    numbers = ins.dot_dimension_numbers
+    if ins.opcode == "custom-call" and b"dot_dimension_numbers" in ins.backend_config:
+        try:
+            config = json.loads(ins.backend_config)
+        except ValueError:
+            return {}
+        found = next((v["dot_dimension_numbers"] for v in config.values()
+                      if isinstance(v, dict) and isinstance(v.get("dot_dimension_numbers"), dict)), {})
+        return {
+            "lhs_contracting": tuple(int(d) for d in found.get("lhs_contracting_dimensions", [])),
+            "lhs_batch": tuple(int(d) for d in found.get("lhs_batch_dimensions", [])),
+        }
+    return {
+        "lhs_contracting": tuple(numbers.lhs_contracting_dimensions),
+        "lhs_batch": tuple(numbers.lhs_batch_dimensions),
+    }
+
+
 def _hlo_module(proto_bytes: bytes, host: str, fallback_id: int) -> HloModule | None:
     try:
         module = schema.HloProto.FromString(proto_bytes).hlo_module
@@ -184,7 +206,7 @@ def _hlo_module(proto_bytes: bytes, host: str, fallback_id: int) -> HloModule | 
                         (schema.PRIMITIVE_TYPES.get(t.element_type, "?"), tuple(t.dimensions)) for t in shape.tuple_shapes
                     ),
                     custom_call_target=ins.custom_call_target,
-                    lhs_contracting=tuple(ins.dot_dimension_numbers.lhs_contracting_dimensions),
+                    **_contraction(ins),
                 )
             )
         computations[computation.name] = HloComputation(computation.name, instructions)

@@ -175,6 +175,7 @@ def _build_hlo_file() -> descriptor_pb2.FileDescriptorProto:
             ("id", 35, _INT64, _OPTIONAL),
             ("operand_ids", 36, _INT64, _REPEATED),
             ("called_computation_ids", 38, _INT64, _REPEATED),
+            ("backend_config", 43, _BYTES, _OPTIONAL),
         ],
     )
     _message(

@@ -154,7 +154,8 @@ class HloInstruction:
     called: tuple[str, ...]  # names of called computations
     tuple_shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()
     custom_call_target: str = ""
-    lhs_contracting: tuple[int, ...] = ()  # dot only
+    lhs_contracting: tuple[int, ...] = ()  # dot, and GEMM custom calls (from their backend config)
+    lhs_batch: tuple[int, ...] = ()  # dot, and GEMM custom calls
 
     @property
     def shape_text(self) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from xdiag.analysis.device_peaks import session_peaks
 from xdiag.analysis.timeline import op_table
 from xdiag.profile.space import Session
 from xdiag.tools.common import HOST_PLANE_SOURCE, try_view
@@ -19,8 +20,11 @@ _DEVICE_STATS = (
     "and the framework versions; for CPU profiles the number of XLA:CPU devices.",
 )
 def get_device_information(session: Session) -> ToolOutput:
-    """summary: platform, device_type, device_count, devices_with_events, peak_teraflops_per_second,
-    peak_hbm_bw_gigabytes_per_second, memory_size_bytes, versions. detail: per-device stats, xprof view."""
+    """summary: platform, framework (JAX | TensorFlow | PyTorch/XLA | None), device_type, device_count,
+    devices_with_events, the recorded stats (peak_teraflops_per_second, peak_hbm_bw_gigabytes_per_second,
+    memory_size, memory_bandwidth, compute capability, clock_rate), versions, and on TPU/GPU the checked peaks:
+    device_model, vendor, peak_tflops, peak_hbm_gb_per_s, ridge_flop_per_byte, flops_source / bandwidth_source
+    (datasheet with its URL, or recorded), recorded_peak_*, peak_warnings. detail: per-device stats, xprof view."""
     versions: dict[str, str] = {}
     for plane in session.planes:
         if plane.name == "/host:metadata":
@@ -31,7 +35,7 @@ def get_device_information(session: Session) -> ToolOutput:
             {"host": plane.host, "plane": plane.name, "events": plane.event_count,
              **{k: v for k, v in plane.stats.items() if k in _DEVICE_STATS}}
         )
-    summary: dict = {"platform": session.platform, "versions": versions}
+    summary: dict = {"platform": session.platform, "versions": versions, "framework": framework(session)}
     if devices:
         first = devices[0]
         summary.update(
@@ -43,6 +47,10 @@ def get_device_information(session: Session) -> ToolOutput:
                     "memory_size", "memory_bandwidth", "compute_cap_major", "compute_cap_minor", "clock_rate"):
             if first.get(key) is not None:
                 summary[key] = first[key]
+        peaks = session_peaks(session) or {}
+        summary.update({k: peaks.get(k) for k in ("device_model", "vendor", "peak_tflops", "peak_hbm_gb_per_s",
+                                                   "ridge_flop_per_byte", "flops_source", "bandwidth_source",
+                                                   "recorded_peak_tflops", "recorded_peak_hbm_gb_per_s", "peak_warnings")})
         detail = {"devices": devices}
         view, reason = try_view(session, "device_information")
         detail["xprof"] = view if view is not None else {"available": False, "reason": reason}
@@ -56,3 +64,21 @@ def get_device_information(session: Session) -> ToolOutput:
         "not_available": {"peak_flops": "a CPU profile records no peak FLOP/s or memory bandwidth"},
     }
     return ToolOutput(summary, detail, HOST_PLANE_SOURCE)
+
+
+def framework(session: Session) -> str | None:
+    """The framework that produced the profile, from what it left in the trace; None when nothing says."""
+    names = {m.name for m in session.hlo_modules}
+    if any(n.startswith("SyncTensorsGraph") for n in names):
+        return "PyTorch/XLA"
+    device_lines = {line.name for plane in session.device_planes(with_events=True) for line in plane.lines}
+    if "TensorFlow Ops" in device_lines and not names:
+        return "TensorFlow"
+    host_names = {n for plane in session.host_planes() for n in plane.event_names.values()}
+    if any(n.startswith(("PjitFunction", "PmapFunction")) for n in host_names) or any(n.startswith(("jit_", "pjit_")) for n in names):
+        return "JAX"
+    if "TensorFlow Ops" in device_lines or any(n.startswith(("__inference_", "__forward_")) for n in host_names):
+        return "TensorFlow"
+    if any(n.startswith(("aten::", "torch_xla")) for n in host_names):
+        return "PyTorch/XLA"
+    return None

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from xdiag.analysis.device_peaks import session_peaks
 from xdiag.errors import NotAvailable
 from xdiag.profile.space import Session
 from xdiag.tools.common import DEVICE_PLANE_SOURCE, HOST_PLANE_SOURCE, percent, try_view
-from xdiag.tools.ops import category_totals, op_stats
+from xdiag.tools.ops import category_totals, op_stats, roofline_summary, transfer_spans
 from xdiag.tools.registry import ToolOutput, tool
 
 
@@ -17,7 +18,13 @@ from xdiag.tools.registry import ToolOutput, tool
 )
 def get_hlo_op_profile(session: Session, top_n: int = 20) -> ToolOutput:
     """summary: op_count, total_op_time_ms, top_op, top_op_share_percent, top_category,
-    category_percent {category: % of op time}. detail: ops [top_n rows], categories_ms, xprof (device only)."""
+    category_percent {category: % of op time}; roofline_summary's memory_bound_op_percent, memory_passes,
+    memory_bandwidth_efficiency_percent, memory_bound_defect/why, dominant_ops_roofline_efficiency_percent,
+    dominant_ops_share_percent, dominant_ops, flagged_op_rows; async_copies (transfer_spans: copies, GB per copy,
+    measured link GB/s) where the profile has copy-start/copy-done pairs; and on TPU/GPU the checked peaks
+    (device_model, peak_tflops, peak_hbm_gb_per_s, ridge, sources, peak_warnings). detail: ops [top_n rows, each with
+    arithmetic intensity, achieved GFLOP/s and GB/s, and on TPU/GPU bound, roof, roofline efficiency and
+    flags], categories_ms, xprof (device only)."""
     stats = op_stats(session)
     if not stats:
         raise NotAvailable("the profile holds no XLA op executions (no hlo_op events on host threads or device planes)")
@@ -36,8 +43,17 @@ def get_hlo_op_profile(session: Session, top_n: int = 20) -> ToolOutput:
         "top_category": next(iter(categories)),
         "category_percent": {k: percent(v, total_ms) for k, v in categories.items()},
     }
+    peaks = session_peaks(session)
+    if peaks:
+        summary.update({k: peaks[k] for k in ("device_model", "peak_tflops", "peak_hbm_gb_per_s", "ridge_flop_per_byte",
+                                              "flops_source", "bandwidth_source", "peak_warnings")})
+    rows = [s.row(total_ps, peaks) for s in stats]
+    summary.update(roofline_summary(rows))
+    transfers = transfer_spans(session)
+    if transfers:
+        summary["async_copies"] = transfers
     detail = {
-        "ops": [s.row(total_ps) for s in stats[: max(top_n, 1)]],
+        "ops": rows[: max(top_n, 1)],
         "categories_ms": categories,
         "note": "op time is the sum of execution intervals; ops that overlap (several threads or streams) add up",
     }

@@ -6,7 +6,7 @@ from xdiag.analysis.breakdown import step_rows, summarize_steps
 from xdiag.errors import NotAvailable
 from xdiag.profile.space import Session
 from xdiag.tools.common import DEVICE_PLANE_SOURCE, HOST_PLANE_SOURCE, try_view
-from xdiag.tools.ops import op_stats
+from xdiag.tools.ops import TRANSFER_CATEGORIES, op_stats
 from xdiag.tools.registry import ToolOutput, tool
 
 
@@ -16,14 +16,17 @@ from xdiag.tools.registry import ToolOutput, tool
     "(from HLO shapes), and on TPU/GPU XProf's duty cycle, roofline utilisation and peak HBM.",
 )
 def get_kpi_metrics(session: Session) -> ToolOutput:
-    """summary: step_time_ms, steps_per_second, compute_percent, device_idle_percent, achieved_gflops_per_s
-    (FLOPs counted from HLO shapes over op time; None where the profile has no HLO), plus xprof_* on devices."""
+    """summary: step_time_ms, steps_per_second, compute_percent, device_idle_percent,
+    achieved_gflops_per_s_during_ops (FLOPs counted from HLO shapes, GEMM custom calls included, over the time
+    of those ops; transfers left out), achieved_gflops_per_s_over_steps, hlo_costed_op_share_percent (None
+    where the profile has no HLO), plus xprof_* on devices."""
     rows = step_rows(session)
     if not rows:
         raise NotAvailable("no steps and no XLA ops in the profile: nothing to measure")
     steps = summarize_steps(rows)
     stats = op_stats(session)
-    costed = [s for s in stats if s.cost and s.cost["flops_known"]]
+    # GEMM custom calls count (their FLOPs come from their shapes); transfers do not: their time is a wait.
+    costed = [s for s in stats if s.cost and s.cost["flops_known"] and s.category not in TRANSFER_CATEGORIES]
     flops = sum(s.cost["flops"] * s.count for s in costed)
     op_seconds = sum(s.total_ps for s in costed) / 1e12
     total_step_s = sum(r.step_ms for r in rows) / 1e3

@@ -2,27 +2,128 @@
 
 from __future__ import annotations
 
+from xdiag.analysis.device_peaks import session_peaks
 from xdiag.errors import NotAvailable
 from xdiag.profile.space import Session
-from xdiag.tools.common import views, xprof_source
+from xdiag.tools.common import try_view, xprof_source
+from xdiag.tools.ops import TRANSFER_CATEGORIES, op_stats
 from xdiag.tools.registry import ToolOutput, tool
+
+_COPY_CATEGORIES = ("copy-start", "copy-done", "async copy", "memcpy")
 
 
 @tool(
     "get_roofline_model",
-    "XProf's roofline model of a TPU/GPU profile: peak FLOP/s and bandwidth, ridge point, achieved FLOP rate "
-    "and its share of the roofline, and per op whether it is compute- or memory-bound.",
+    "The program's roofline against checked device peaks (datasheet or recorded, named): achieved FLOP/s and "
+    "bandwidth over device op time (idle excluded), compute- or memory-bound, efficiency; beside it XProf's "
+    "roofline (whose time includes device idle) with its impossible per-op rows flagged.",
     parameters={"top_n": {"type": "integer", "description": "how many ops to list (default 20)"}},
 )
 def get_roofline_model(session: Session, top_n: int = 20) -> ToolOutput:
-    """summary: XProf's roofline numbers (peak_flop_rate_gflops, peak_hbm_bw_gibs, ridge point, achieved
-    utilisation, memory/compute-bound op shares). Not available on CPU: a CPU profile records no peaks
-    (get_hlo_op_profile still gives each op's arithmetic intensity and achieved rate from HLO shapes)."""
+    """summary: xdiag's roofline over the ops whose FLOPs and bytes are known (transfers left out), over their
+    own time: op_time_achieved_tflops_per_s, op_time_achieved_gb_per_s, op_time_intensity_flop_per_byte,
+    op_time_bound_by (compute | HBM), op_time_roofline_efficiency_percent, costed_op_time_percent, time_basis;
+    the checked peaks (peak_tflops, peak_hbm_gb_per_s, ridge_flop_per_byte, flops_source, bandwidth_source,
+    peak_warnings); XProf's own figures under its names (roofline_efficiency_percent, bound_by,
+    peak_flop_rate_gflops, peak_hbm_bw_gibs, … over the capture window, idle included), xprof_idle_percent,
+    xprof_note (why the two differ), dma_stall_percent_of_top_ops (TPU), and xprof_impossible_op_rows (XProf's
+    per-op efficiencies above 100%, each with why it is not a measurement). Not available on CPU: a CPU
+    profile records no peaks (get_hlo_op_profile still gives each op's arithmetic intensity)."""
     if session.platform == "CPU":
         raise NotAvailable(
             "a CPU profile records no peak FLOP/s or memory bandwidth, so there is no roof; "
             "get_hlo_op_profile gives each op's arithmetic intensity and achieved rate from its HLO shapes"
         )
-    view = views(session).roofline()
-    summary = {k: v for k, v in view.items() if k != "detail"}
-    return ToolOutput(summary, {"xprof": view}, xprof_source())
+    peaks = session_peaks(session) or {}
+    summary: dict = {k: peaks.get(k) for k in ("device_model", "peak_tflops", "peak_hbm_gb_per_s", "ridge_flop_per_byte",
+                                                "flops_source", "bandwidth_source", "peak_warnings")}
+    summary.update(program_roofline(session, peaks))
+    detail: dict = {}
+    view, reason = try_view(session, "roofline")
+    if view is None:
+        detail["xprof"] = {"available": False, "reason": reason}
+    else:
+        detail["xprof"] = view
+        summary.update({k: v for k, v in view.items() if k not in ("detail", "unavailable")})
+        rows = view.get("detail", {}).get("top_operations", [])
+        summary["xprof_impossible_op_rows"] = _impossible_rows(rows, peaks)
+        stalls = [(r.get("dma_stall_percent"), r.get("total_self_time_ms")) for r in rows]
+        stalls = [(s, t) for s, t in stalls if s is not None and t]
+        if stalls and any(s for s, _ in stalls):
+            weight = sum(t for _, t in stalls)
+            summary["dma_stall_percent_of_top_ops"] = round(sum(s * t for s, t in stalls) / weight, 2)
+    ops_view, _ = try_view(session, "hlo_op_profile")
+    if ops_view and ops_view.get("idle_percent") is not None:
+        summary["xprof_idle_percent"] = ops_view["idle_percent"]
+        summary["xprof_note"] = _reconcile(summary)
+    return ToolOutput(summary, detail, xprof_source() + " and xdiag's HLO cost model")
+
+
+def program_roofline(session: Session, peaks: dict) -> dict:
+    """The whole program on the roofline: FLOPs and bytes of the costed ops over their own time."""
+    stats = op_stats(session)
+    total_ps = sum(s.total_ps for s in stats)
+    costed = [s for s in stats if s.cost and s.cost["flops_known"] and s.category not in TRANSFER_CATEGORIES]
+    flops = sum(s.cost["flops"] * s.count for s in costed)
+    moved = sum(s.cost["bytes"] * s.count for s in costed)
+    seconds = sum(s.total_ps for s in costed) / 1e12
+    out: dict = {
+        "costed_op_time_percent": round(100 * seconds * 1e12 / total_ps, 2) if total_ps else 0.0,
+        "time_basis": "device op time of the costed ops (idle and transfers excluded)",
+    }
+    if not seconds or not moved:
+        out["roofline_unavailable_because"] = "no op with known FLOPs and bytes ran on the device"
+        return out
+    intensity = flops / moved
+    out.update(
+        op_time_achieved_tflops_per_s=round(flops / seconds / 1e12, 3),
+        op_time_achieved_gb_per_s=round(moved / seconds / 1e9, 1),
+        op_time_intensity_flop_per_byte=round(intensity, 3),
+    )
+    peak_flops, peak_bw = peaks.get("peak_flops_per_s"), peaks.get("peak_hbm_bytes_per_s")
+    if peak_flops and peak_bw:
+        compute_bound = intensity * peak_bw >= peak_flops
+        efficiency = 100 * (flops / seconds / peak_flops if compute_bound else moved / seconds / peak_bw)
+        out.update(op_time_bound_by="compute" if compute_bound else "HBM",
+                   op_time_roofline_efficiency_percent=round(efficiency, 2))
+        if efficiency > 100:
+            out["op_time_flags"] = [f"{efficiency:.0f}% of the roof is not physically possible; see peak_warnings"]
+    return out
+
+
+def _reconcile(summary: dict) -> str:
+    """Why XProf's program efficiency and xdiag's differ, in numbers."""
+    idle, xprof, ours = summary["xprof_idle_percent"], summary.get("roofline_efficiency_percent"), summary.get(
+        "op_time_roofline_efficiency_percent")
+    text = f"XProf's roofline divides by a time that is {idle}% device idle"
+    if xprof is None or idle >= 100:
+        return text + "; xdiag's figures use device op time only"
+    busy = xprof / (1 - idle / 100)
+    text += f": its {xprof}% over the window is {busy:.3g}% over busy time"
+    if ours is not None and (ours > 1.5 * busy or busy > 1.5 * ours):
+        text += (f"; xdiag's {ours}% over op time counts each op's FLOPs and bytes from its HLO shapes (GEMM custom "
+                 f"calls included, {summary.get('costed_op_time_percent')}% of op time costed) against the checked "
+                 f"peaks; XProf's FLOP counts (provenance: {summary.get('flops_provenance') or 'its cost model'}) and "
+                 "recorded peaks differ")
+    return text
+
+
+def _impossible_rows(rows: list[dict], peaks: dict) -> list[dict]:
+    """XProf's per-op rows above 100% of the roof, with why they cannot be measurements."""
+    out = []
+    recorded, datasheet = peaks.get("recorded_peak_hbm_gb_per_s"), peaks.get("peak_hbm_gb_per_s")
+    for row in rows:
+        value = row.get("roofline_efficiency_percent")
+        if value is None or value <= 100:
+            continue
+        category = str(row.get("category", "")).lower()
+        if any(c in category for c in _COPY_CATEGORIES):
+            why = ("an async copy's bytes are counted as HBM traffic over the copy op's own event (its start or its "
+                   "wait), while they cross the host/peer link between copy-start and copy-done")
+        elif recorded and datasheet and recorded < datasheet / 1.15:
+            why = (f"XProf measures against the recorded {recorded:,.0f} GB/s, below the datasheet's {datasheet:,.0f} "
+                   f"GB/s; against the datasheet this op is at {value * recorded / datasheet:.0f}%")
+        else:
+            why = "above the device's peak: the op's cost (FLOPs/bytes) or the peak XProf uses is wrong"
+        out.append({"op": row.get("name"), "category": row.get("category"), "xprof_percent": value, "why": why})
+    return out[:10]

@@ -1,0 +1,161 @@
+"""Checked device peaks: which accelerator ran the profile, and its datasheet FLOP/s and HBM bandwidth.
+
+The peaks a profile records are not always right (XProf records about half the MI300X's HBM bandwidth, and
+none for a V100's FLOP/s), so every roofline figure xdiag shows is measured against a peak whose source is
+named: the vendor's datasheet where the device is identified, else what the profile recorded. A recorded peak
+that disagrees with the datasheet is reported, never silently used.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+RECORDED_MISMATCH_RATIO = 1.15
+"""A recorded peak more than 15% away from the datasheet's is called out as wrong."""
+
+
+@dataclass(frozen=True)
+class Datasheet:
+    model: str
+    peak_tflops: float  # dense bf16 (fp16 on V100, which has no bf16), tensor/matrix units, no sparsity
+    hbm_gb_per_s: float  # 1 GB = 1e9 bytes
+    source: str
+
+
+DATASHEETS = {
+    d.model: d
+    for d in (
+        # Google Cloud TPU system architecture pages (per chip, bf16).
+        Datasheet("TPU v4", 275, 1200, "https://cloud.google.com/tpu/docs/v4"),
+        Datasheet("TPU v5e", 197, 819, "https://cloud.google.com/tpu/docs/v5e"),
+        Datasheet("TPU v5p", 459, 2765, "https://cloud.google.com/tpu/docs/v5p"),
+        Datasheet("TPU v6e", 918, 1638, "https://cloud.google.com/tpu/docs/v6e"),
+        Datasheet("TPU7x", 2307, 7380, "https://cloud.google.com/tpu/docs/tpu7x"),
+        # NVIDIA data-center datasheets (SXM parts; dense Tensor Core bf16, fp16 on V100).
+        Datasheet("V100", 125, 900, "https://www.nvidia.com/en-us/data-center/v100/"),
+        Datasheet("A100", 312, 2039, "https://www.nvidia.com/en-us/data-center/a100/"),
+        Datasheet("H100", 989, 3350, "https://www.nvidia.com/en-us/data-center/h100/"),
+        Datasheet("H200", 989, 4800, "https://www.nvidia.com/en-us/data-center/h200/"),
+        Datasheet("B200", 2250, 8000, "https://www.nvidia.com/en-us/data-center/hgx/"),
+        # AMD Instinct product pages (dense bf16 matrix peak).
+        Datasheet("MI250X", 383, 3277, "https://www.amd.com/en/products/accelerators/instinct/mi200/mi250x.html"),
+        Datasheet("MI300X", 1307.4, 5300, "https://www.amd.com/en/products/accelerators/instinct/mi300/mi300x.html"),
+        Datasheet("MI325X", 1307.4, 6000, "https://www.amd.com/en/products/accelerators/instinct/mi300/mi325x.html"),
+        Datasheet("MI355X", 2516.6, 8000, "https://www.amd.com/en/products/accelerators/instinct/mi350/mi355x.html"),
+    )
+}
+
+_TPU_NAMES = (
+    ("v6 lite", "TPU v6e"), ("v6e", "TPU v6e"), ("v5 lite", "TPU v5e"), ("v5e", "TPU v5e"), ("v5p", "TPU v5p"),
+    ("7x", "TPU7x"), ("v7", "TPU7x"), ("ironwood", "TPU7x"), ("v5", "TPU v5p"), ("v4", "TPU v4"),
+)
+_GIB = 1024**3
+
+
+def identify(stats: dict[str, Any]) -> str | None:
+    """The datasheet model of a device plane, from the stats the profiler recorded on it; None if unknown."""
+    text = " ".join(str(stats.get(k, "")) for k in ("device_type_string", "gpu_device_name", "device_type")).lower()
+    if "tpu" in text:
+        return next((model for key, model in _TPU_NAMES if key in text), None)
+    for model in ("MI355X", "MI325X", "MI300X", "MI250X", "B200", "H200", "H100", "A100", "V100"):
+        if model.lower() in text:
+            return model
+    major, minor = stats.get("compute_cap_major"), stats.get("compute_cap_minor")
+    memory_gib = float(stats.get("memory_size") or 0) / _GIB
+    if major is None:
+        return None
+    if str(stats.get("device_vendor", "")).lower().startswith("amd"):
+        # ROCm reports the gfx target as the compute capability: gfx90a, gfx942, gfx950.
+        if (major, minor) == (9, 4):
+            return "MI325X" if memory_gib > 200 else "MI300X" if memory_gib > 150 else None
+        if (major, minor) == (9, 5):
+            return "MI355X" if float(stats.get("clock_rate") or 0) >= 2.3e6 else None
+        if (major, minor) == (9, 0):
+            return "MI250X" if memory_gib > 60 else None
+        return None
+    if (major, minor) == (7, 0):
+        return "V100"
+    if (major, minor) == (8, 0):
+        return "A100"
+    if (major, minor) == (9, 0):
+        return "H200" if memory_gib > 100 else "H100"
+    if (major, minor) == (10, 0):
+        return "B200"
+    return None
+
+
+def _vendor(model: str | None, stats: dict[str, Any]) -> str | None:
+    if model:
+        return "Google" if "TPU" in model else "AMD" if model.startswith("MI") else "NVIDIA"
+    vendor = str(stats.get("device_vendor", "")).lower()
+    return "AMD" if vendor.startswith("amd") else "NVIDIA" if vendor.startswith("nvidia") else None
+
+
+def recorded_peaks(stats: dict[str, Any]) -> tuple[float | None, float | None]:
+    """(FLOP/s, HBM bytes/s) as the profile recorded them on the device plane; None where absent or 0."""
+    flops = stats.get("peak_teraflops_per_second")
+    bandwidth = stats.get("peak_hbm_bw_gigabytes_per_second")
+    flops_per_s = float(flops) * 1e12 if flops else None
+    bytes_per_s = float(bandwidth) * 1e9 if bandwidth else (float(stats["memory_bandwidth"]) if stats.get("memory_bandwidth") else None)
+    return flops_per_s, bytes_per_s
+
+
+def checked_peaks(stats: dict[str, Any], xprof_flops_gflops: float | None = None,
+                  xprof_hbm_gibs: float | None = None) -> dict[str, Any]:
+    """The peaks to measure against, each with its source, and what disagrees.
+
+    Returns: device_model (or None), peak_flops_per_s, peak_hbm_bytes_per_s, ridge_flop_per_byte,
+    flops_source / bandwidth_source ("datasheet <url>" | "recorded in the profile" | "XProf's roofline_model"),
+    recorded_* (what the profile and XProf said), peak_warnings (one sentence per disagreement).
+    """
+    model = identify(stats)
+    sheet = DATASHEETS.get(model) if model else None
+    recorded_flops, recorded_bw = recorded_peaks(stats)
+    if recorded_flops is None and xprof_flops_gflops:
+        recorded_flops = xprof_flops_gflops * 1e9
+    if recorded_bw is None and xprof_hbm_gibs:
+        recorded_bw = xprof_hbm_gibs * _GIB
+    warnings = []
+    out: dict[str, Any] = {
+        "device_model": model,
+        "vendor": _vendor(model, stats),
+        "recorded_peak_tflops": round(recorded_flops / 1e12, 1) if recorded_flops else None,
+        "recorded_peak_hbm_gb_per_s": round(recorded_bw / 1e9, 1) if recorded_bw else None,
+    }
+    if sheet:
+        flops, bandwidth = sheet.peak_tflops * 1e12, sheet.hbm_gb_per_s * 1e9
+        out.update(flops_source=f"datasheet ({sheet.source})", bandwidth_source=f"datasheet ({sheet.source})")
+        for article, what, recorded, truth, unit, scale in (
+            ("a", "peak FLOP rate", recorded_flops, flops, "TFLOP/s", 1e12),
+            ("an", "HBM bandwidth", recorded_bw, bandwidth, "GB/s", 1e9),
+        ):
+            if recorded and not (1 / RECORDED_MISMATCH_RATIO <= recorded / truth <= RECORDED_MISMATCH_RATIO):
+                warnings.append(
+                    f"the profile records {article} {what} of {recorded / scale:,.0f} {unit} for this {model}, "
+                    f"{recorded / truth:.0%} of the datasheet's {truth / scale:,.0f} {unit}; efficiencies here use "
+                    "the datasheet, and any computed against the recorded figure are off by that ratio"
+                )
+    else:
+        flops, bandwidth = recorded_flops, recorded_bw
+        out.update(flops_source="recorded in the profile" if flops else None,
+                   bandwidth_source="recorded in the profile" if bandwidth else None)
+        if flops or bandwidth:
+            warnings.append("the device is not in xdiag's datasheet table, so its recorded peaks are used unchecked")
+    out.update(
+        peak_flops_per_s=flops,
+        peak_hbm_bytes_per_s=bandwidth,
+        peak_tflops=round(flops / 1e12, 1) if flops else None,
+        peak_hbm_gb_per_s=round(bandwidth / 1e9, 1) if bandwidth else None,
+        ridge_flop_per_byte=round(flops / bandwidth, 1) if flops and bandwidth else None,
+        peak_warnings=warnings,
+    )
+    return out
+
+
+def session_peaks(session) -> dict[str, Any] | None:
+    """checked_peaks() of the session's first device with events (cached); None on CPU, which records none."""
+    if "device_peaks" not in session.cache:
+        planes = session.device_planes(with_events=True) or session.device_planes()
+        session.cache["device_peaks"] = checked_peaks(planes[0].stats) if planes else None
+    return session.cache["device_peaks"]
