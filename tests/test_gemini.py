@@ -384,34 +384,36 @@ def _blame_the_top_op(body: dict) -> Reply:
 def _answer_from_the_evidence(body: dict) -> Reply:
     """The scripted Gemini's answer, quoting what the tools returned to it."""
     data = _profile_data(body)
-    convert = data["broad_tools"]["detect_unnecessary_convert_reduce"]["summary"]
+    layout = data["broad_tools"]["detect_layout_mismatch_copies"]["summary"]
     step = data["broad_tools"]["get_step_trace"]["summary"]
     hood = next(p["functionResponse"]["response"] for c in body["contents"] for p in c["parts"]
                 if "functionResponse" in p)["summary"]
     finding = {
-        "priority": "P0", "key": "widening_converts",
-        "title": f"Gemini blames {convert['top_op']}: a {convert['widening']} widening before the reduction",
-        "whats_happening": f"{convert['top_op']} converts {convert['widening']} and materialises "
-                           f"{convert['top_op_shape']} before reducing (Gemini's analysis).",
-        "evidence": [_row("detect_unnecessary_convert_reduce", "share_of_op_time_percent", convert["share_of_op_time_percent"]),
-                     _row("detect_unnecessary_convert_reduce", "top_op", convert["top_op"]),
+        "priority": "P0", "key": "layout_copies",
+        "title": f"Gemini blames {layout['top_op']}: a transpose that only changes the layout",
+        "whats_happening": f"{layout['top_op']} transposes {layout['top_op_shape']} into another layout "
+                           "(Gemini's analysis).",
+        "evidence": [_row("detect_layout_mismatch_copies", "share_of_op_time_percent", layout["share_of_op_time_percent"]),
+                     _row("detect_layout_mismatch_copies", "top_op", layout["top_op"]),
                      _row("get_step_trace", "step_time_ms_mean", step["step_time_ms_mean"], "ms"),
                      _row("get_hlo_neighborhood", f"{hood['op']} shape", hood["shape"])],
-        "expected_impact": "Gemini: the widened copy's bytes disappear from every step.",
-        "fix": "Gemini: reduce with jnp.sum(x, dtype=jnp.float32) instead of converting x first.",
+        "expected_impact": "Gemini: the transposed copy's bytes disappear from every step.",
+        "fix": "Gemini: write the einsum with the output order the next matmul consumes.",
     }
     return answer("Gemini's summary. One. Two. Three.", [finding])
 
 
 def test_a_real_profile_gets_gemini_blaming_the_right_op_with_evidence_from_the_tools(tmp_path):
+    # The H200 layout_transpose capture: its transposes are materialised (the widening_convert capture's converts
+    # are fused into the reductions on GPU, so no compiler tool flags an op there).
     out = tmp_path / "out"
     script = [_blame_the_top_op, text("Confirmed."), _answer_from_the_evidence]
-    analysis, fake = _analyze(H200 / "widening_convert.xplane.pb", out, script)
+    analysis, fake = _analyze(H200 / "layout_transpose.xplane.pb", out, script)
     asked = fake.requests[0]
     assert asked.function_responses() == [] and _profile_data(asked.body)["health_snapshot"]["healthy"] is False
     top = analysis.diagnosis.findings[0]
     assert analysis.diagnosis.investigator == "gemini"
-    assert top.title.startswith("Gemini blames input_reduce_fusion.1") and top.verified
+    assert top.title.startswith("Gemini blames input_transpose_fusion") and top.verified
     assert top.fix.startswith("Gemini:")
     outputs = _tool_json(out)
     for e in top.evidence:

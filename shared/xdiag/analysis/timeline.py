@@ -248,6 +248,10 @@ def categorize(instruction: HloInstruction | None, module: HloModule | None, nam
     return "elementwise"
 
 
+_ELEMENTWISE_KERNELS = ("eigenmetakernel", "tensorflow::functor::", "elementwise_kernel", "vectorized_elementwise")
+"""Kernels a framework launches one op at a time without a compiler (TensorFlow's Eigen kernels, PyTorch eager)."""
+
+
 def _category_from_name(name: str) -> str:
     base = name.lower().lstrip("%")
     if base.startswith(("memcpy", "memset")):
@@ -272,7 +276,7 @@ def _category_from_name(name: str) -> str:
         return "data_movement"
     if base.startswith("custom-call"):
         return "custom_call"
-    if "fusion" in base:
+    if "fusion" in base or any(k in base for k in _ELEMENTWISE_KERNELS):
         return "elementwise"
     return "other"
 

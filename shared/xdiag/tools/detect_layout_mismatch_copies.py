@@ -20,7 +20,6 @@ def _layout_only(ins: HloInstruction, operand: HloInstruction | None) -> str | N
         if sorted(operand.dims) == sorted(ins.dims) and operand.dims != ins.dims:
             return "copy into permuted dimensions"
     return None  # a same-layout copy moves data but changes no layout: detect_unfused_reshapes reports it
-    return None
 
 
 @tool(
@@ -29,8 +28,31 @@ def _layout_only(ins: HloInstruction, operand: HloInstruction | None) -> str | N
     "different minor-to-major order), with their shapes, bytes moved and share of op time.",
 )
 def detect_layout_mismatch_copies(session: Session) -> ToolOutput:
-    """summary: count, total_ms, share_of_op_time_percent, top_op, top_op_shape, top_op_why. detail: ops (top 20)."""
-    return detect(session, _layout_copy, lambda top: {"top_op_shape": top["shape"], "top_op_why": top["why"]})
+    """summary: count, total_ms, share_of_op_time_percent, top_op, top_op_shape, top_op_why,
+    top_op_next_to_convolution (the transpose feeds or follows a convolution: the conv's layout asks for it).
+    detail: ops (top 20, each with next_to_convolution)."""
+    return detect(session, _layout_copy, lambda top: {"top_op_shape": top["shape"], "top_op_why": top["why"],
+                                                      "top_op_next_to_convolution": top["next_to_convolution"]})
+
+
+def _is_convolution(ins: HloInstruction, module) -> bool:
+    if ins.opcode == "convolution":
+        return True
+    if ins.opcode == "custom-call":
+        return "conv" in ins.custom_call_target.lower()
+    return ins.opcode == "fusion" and "convolution" in module.fused_opcodes.get(ins.name, [])
+
+
+def _next_to_convolution(e: ExecutedInstruction) -> bool:
+    """Whether the op reads a convolution's result or feeds a convolution (through tuple plumbing)."""
+    by_name = e.computation.by_name
+    near = [by_name[o] for o in e.instruction.operands if o in by_name]
+    near += [u for u in e.computation.instructions if e.instruction.name in u.operands]
+    for _ in range(2):  # look through get-tuple-element / bitcast between the op and the convolution
+        near += [by_name[o] for n in near if n.opcode in ("get-tuple-element", "bitcast") for o in n.operands if o in by_name]
+        near += [u for n in near if n.opcode in ("get-tuple-element", "bitcast")
+                 for u in e.computation.instructions if n.name in u.operands]
+    return any(_is_convolution(n, e.module) for n in near)
 
 
 def _layout_copy(e: ExecutedInstruction, total_ps: int) -> dict | None:
@@ -52,4 +74,5 @@ def _layout_copy(e: ExecutedInstruction, total_ps: int) -> dict | None:
     return e.row(
         total_ps, opcode=ins.opcode, why=reason, shape=ins.shape_text, operand_shapes=[o.shape_text for o in operands],
         bytes_moved_per_run=shape_bytes(ins) + sum(shape_bytes(o) for o in operands),
+        next_to_convolution=_next_to_convolution(e),
     )

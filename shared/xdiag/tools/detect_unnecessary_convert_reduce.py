@@ -47,8 +47,9 @@ def _widening_converts(
 
 @tool(
     "detect_unnecessary_convert_reduce",
-    "Convert ops that widen low-precision data (bf16/f16/f8 to f32/f64) right before a reduction, with the "
-    "shapes, the extra bytes the widening costs and the time of the ops that hold them.",
+    "Convert ops that widen low-precision data (bf16/f16/f8 to f32/f64) and write the widened copy to memory "
+    "for a reduction to read back, with the shapes, the extra bytes the widening costs and the time of the ops "
+    "that hold them (converts fused into the reduction write nothing extra and are not listed).",
 )
 def detect_unnecessary_convert_reduce(session: Session) -> ToolOutput:
     """summary: count, total_ms, share_of_op_time_percent, top_op, widening, top_op_shape. detail: ops (top 20)."""
@@ -56,12 +57,14 @@ def detect_unnecessary_convert_reduce(session: Session) -> ToolOutput:
 
 
 def _widening_before_reduce(e: ExecutedInstruction, total_ps: int) -> dict | None:
+    """A widened copy this op writes to memory that a reduction then reads. A convert fused into the reduction
+    itself (XLA's usual bf16->f32 reduce fusion) widens in registers and writes nothing extra: not counted."""
     ins = e.instruction
     if ins.opcode == "convert" or e.fused_opcodes() == {"convert"}:
         # The op itself is the widening; its users in the enclosing computation do the reducing.
         hits = [h for h in _widening_converts(e.computation, e.module, as_convert=ins) if h[0].name == ins.name]
     elif ins.opcode == "fusion" and ins.called and ins.called[0] in e.module.computations:
-        hits = _widening_converts(e.module.computations[ins.called[0]], e.module)
+        hits = _widened_outputs(e)
     else:
         hits = []
     if not hits:
@@ -72,3 +75,43 @@ def _widening_before_reduce(e: ExecutedInstruction, total_ps: int) -> dict | Non
         source_shape=source.shape_text, feeds=reducer, extra_bytes_per_run=shape_bytes(convert) - shape_bytes(source),
         framework_op=convert.op_name or ins.op_name,
     )
+
+
+_ELEMENTWISE_PASS_THROUGH = {"bitcast", "reshape", "copy", "transpose", "negate", "abs", "multiply", "add", "subtract"}
+
+
+def _widened_outputs(e: ExecutedInstruction) -> list[tuple[HloInstruction, HloInstruction, str]]:
+    """(convert, its narrow source, the reducer reading it) for each narrow->wide convert whose widened array
+    is an output of the fusion (written to memory) and is read by a reduction outside it."""
+    called = e.module.computations[e.instruction.called[0]]
+    if not called.instructions:
+        return []
+    root = called.instructions[-1]
+    outputs = [called.by_name[o] for o in root.operands if o in called.by_name] if root.opcode == "tuple" else [root]
+    reducers = [u.name for u in e.computation.instructions if _reads(u, e.instruction.name, e.computation)
+                and _reduces(u, e.module)]
+    if not reducers:
+        return []
+    out = []
+    for output in outputs:
+        node = output
+        # Walk back through same-size elementwise ops to the convert that produced the widened array.
+        while node is not None and node.opcode in _ELEMENTWISE_PASS_THROUGH and node.operands:
+            node = called.by_name.get(node.operands[0])
+        if node is None or node.opcode != "convert" or node.dtype not in WIDE or not node.operands:
+            continue
+        source = called.by_name.get(node.operands[0])
+        if source is not None and source.dtype in NARROW and output.dims == node.dims:
+            out.append((node, source, reducers[0]))
+    return out
+
+
+def _reads(user: HloInstruction, name: str, computation: HloComputation) -> bool:
+    """Whether `user` reads the output of `name`, directly or through a get-tuple-element."""
+    for operand in user.operands:
+        if operand == name:
+            return True
+        producer = computation.by_name.get(operand)
+        if producer is not None and producer.opcode == "get-tuple-element" and name in producer.operands:
+            return True
+    return False
