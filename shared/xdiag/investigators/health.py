@@ -9,9 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from xdiag.model import ToolResult
-
-LOW_INTENSITY_FLOPS_PER_BYTE = 1.0
-"""Ops doing under one FLOP per byte moved are memory-bound on any current CPU, GPU or TPU."""
+from xdiag.tools.ops import memory_bound_rows
 
 HEALTHY = {
     "compute_percent_min": 80.0,
@@ -30,22 +28,18 @@ def _summary(results: dict[str, ToolResult], tool: str) -> dict[str, Any]:
     return result.summary if result is not None and result.ok else {}
 
 
+DOMINANT_EFFICIENCY_MIN_PERCENT = 30.0
+"""The ops that take most of the time must reach this share of their roof for a busy device to be healthy."""
+DMA_STALL_MAX_PERCENT = 20.0
+"""Share of the dominant ops' time spent waiting on their input copies (XProf's per-op DMA stall, TPU)."""
+
+
 def low_intensity_share(results: dict[str, ToolResult]) -> tuple[float | None, list[dict]]:
-    """Share of op time (percent) in ops under LOW_INTENSITY_FLOPS_PER_BYTE, and those ops."""
+    """Share of op time (percent) in memory-bound ops that do arithmetic, and those (listed) ops."""
     profile = results.get("get_hlo_op_profile")
-    if profile is None or not profile.ok:
+    if profile is None or not profile.ok or profile.summary.get("memory_bound_op_percent") is None:
         return None, []
-    ops = profile.detail.get("ops", [])
-    costed = [o for o in ops if o.get("arithmetic_intensity_flops_per_byte") is not None]
-    if not costed:
-        return None, []
-    # Pure data movement (0 FLOPs: copies, transposes, converts) is the detect_* tools' subject; memory-bound
-    # here means ops that do arithmetic, but too little per byte they move.
-    low = [
-        o for o in costed
-        if 0 < o["arithmetic_intensity_flops_per_byte"] < LOW_INTENSITY_FLOPS_PER_BYTE
-    ]
-    return round(sum(o["share_of_op_time_percent"] for o in low), 2), low
+    return profile.summary["memory_bound_op_percent"], memory_bound_rows(profile.detail.get("ops", []))
 
 
 def health_snapshot(results: dict[str, ToolResult]) -> dict[str, Any]:
@@ -56,7 +50,6 @@ def health_snapshot(results: dict[str, ToolResult]) -> dict[str, Any]:
     util = _summary(results, "get_utilization_viewer")
     roofline = _summary(results, "get_roofline_model")
     ops = _summary(results, "get_hlo_op_profile")
-    low_share, _ = low_intensity_share(results)
     categories = ops.get("category_percent") or {}
     moving = sum(categories.get(c, 0.0) for c in ("async_copy", "memcpy", "data_movement"))
     snapshot: dict[str, Any] = {
@@ -74,8 +67,11 @@ def health_snapshot(results: dict[str, ToolResult]) -> dict[str, Any]:
         "device_idle_percent": step.get("device_idle_percent"),
         "utilization_percent": util.get("busy_percent_mean"),
         "achieved_gflops_per_s": kpi.get("achieved_gflops_per_s_during_ops"),
-        "roofline_efficiency_percent": roofline.get("roofline_efficiency_percent"),
-        "bound_by": roofline.get("bound_by"),
+        # xdiag's roofline over device op time; XProf's divides by a window that includes device idle.
+        "roofline_efficiency_percent": roofline.get("op_time_roofline_efficiency_percent",
+                                                    roofline.get("roofline_efficiency_percent")),
+        "bound_by": roofline.get("op_time_bound_by", roofline.get("bound_by")),
+        "xprof_roofline_efficiency_percent": roofline.get("roofline_efficiency_percent"),
         "peak_memory_gib": memory.get("peak_memory_gib"),
         "memory_capacity_gib": memory.get("capacity_gib"),
         "memory_headroom_percent": memory.get("headroom_percent"),
@@ -83,7 +79,15 @@ def health_snapshot(results: dict[str, ToolResult]) -> dict[str, Any]:
         "top_op": ops.get("top_op"),
         "top_op_share_percent": ops.get("top_op_share_percent"),
         "top_category": ops.get("top_category"),
-        "low_intensity_op_percent": low_share,
+        "low_intensity_op_percent": ops.get("memory_bound_op_percent"),
+        "memory_bound_is_defect": ops.get("memory_bound_defect"),
+        "memory_passes": ops.get("memory_passes"),
+        "memory_bandwidth_efficiency_percent": ops.get("memory_bandwidth_efficiency_percent"),
+        "dominant_ops_roofline_efficiency_percent": ops.get("dominant_ops_roofline_efficiency_percent"),
+        "dominant_ops_share_percent": ops.get("dominant_ops_share_percent"),
+        "dma_stall_percent": roofline.get("dma_stall_percent_of_top_ops"),
+        "peaks": {k: ops.get(k) for k in ("device_model", "peak_tflops", "peak_hbm_gb_per_s", "flops_source",
+                                            "bandwidth_source", "peak_warnings") if ops.get(k) is not None} or None,
         "data_movement_op_percent": round(moving, 2) if categories else None,
         "compiler": {
             "layout_copies_percent": _summary(results, "detect_layout_mismatch_copies").get("share_of_op_time_percent"),
@@ -100,7 +104,8 @@ def health_snapshot(results: dict[str, ToolResult]) -> dict[str, Any]:
             "utilization_percent": "get_utilization_viewer",
             "memory": "get_memory_profile",
             "roofline_efficiency_percent": "get_roofline_model",
-            "top_op, low_intensity_op_percent": "get_hlo_op_profile",
+            "top_op, low_intensity_op_percent, memory_*, dominant_ops_*, peaks": "get_hlo_op_profile",
+            "dma_stall_percent": "get_roofline_model",
             "compiler": "detect_layout_mismatch_copies, detect_unfused_reshapes, detect_unnecessary_convert_reduce",
         },
     }
@@ -129,6 +134,11 @@ def _unhealthy_reasons(s: dict[str, Any]) -> list[str]:
             reasons.append(f"{key.removesuffix('_percent').replace('_', ' ')} take {value}% of op time")
     if (s.get("data_movement_op_percent") or 0) > HEALTHY["data_movement_percent_max"]:
         reasons.append(f"{s['data_movement_op_percent']}% of op time moves data (copies, transfers) instead of computing")
-    if (s.get("low_intensity_op_percent") or 0) > HEALTHY["low_intensity_percent_max"]:
-        reasons.append(f"{s['low_intensity_op_percent']}% of op time is in memory-bound ops")
+    if (s.get("low_intensity_op_percent") or 0) > HEALTHY["low_intensity_percent_max"] and s.get("memory_bound_is_defect"):
+        reasons.append(f"{s['low_intensity_op_percent']}% of op time is in memory-bound ops that move more bytes than needed")
+    efficiency = s.get("dominant_ops_roofline_efficiency_percent")
+    if efficiency is not None and efficiency < DOMINANT_EFFICIENCY_MIN_PERCENT:
+        reasons.append(f"the ops taking {s['dominant_ops_share_percent']}% of op time run at {efficiency}% of their roofline")
+    if (s.get("dma_stall_percent") or 0) > DMA_STALL_MAX_PERCENT:
+        reasons.append(f"the busiest ops wait on their input copies {s['dma_stall_percent']}% of their time")
     return reasons

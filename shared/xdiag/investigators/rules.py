@@ -12,7 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from xdiag.investigators.health import LOW_INTENSITY_FLOPS_PER_BYTE, low_intensity_share
+from xdiag.investigators import advice
+from xdiag.investigators.health import DMA_STALL_MAX_PERCENT, DOMINANT_EFFICIENCY_MIN_PERCENT, low_intensity_share
 from xdiag.model import Diagnosis, Evidence, Finding, FollowUpCall, Status, ToolResult
 
 CallTool = Callable[[str, dict[str, Any], str], ToolResult | None]
@@ -289,126 +290,10 @@ def _hypotheses(health: dict[str, Any], results: dict[str, ToolResult]) -> list[
             extra_evidence=_neighborhood_evidence,
         ))
 
-    # Compiler inefficiencies read from the HLO.
-    for tool, key, title, happening, fix in (
-        ("detect_layout_mismatch_copies", "layout_copies",
-         "Layout-changing copies and transposes take a large share of op time",
-         "Ops that only move data into another layout (transposes, layout copies) take {share}% of op time; "
-         "the largest is {op} {shape} ({why}).",
-         "Keep one layout end to end: write einsum/dot dimension orders so no explicit transpose is needed "
-         "(jnp.einsum with the output order you consume), avoid .T/jnp.transpose/swapaxes between matmuls, and "
-         "let XLA pick layouts (no manual layout constraints); re-check with detect_layout_mismatch_copies."),
-        ("detect_unnecessary_convert_reduce", "widening_converts",
-         "Low-precision data is widened before reductions",
-         "Ops that convert {widening} just to reduce take {share}% of op time; the largest is {op} {shape}, "
-         "which materialises the wider copy and moves twice the bytes.",
-         "Reduce with an accumulator type instead of converting the input: jnp.sum(x, dtype=jnp.float32) "
-         "or lax.dot_general(..., preferred_element_type=jnp.float32) so XLA fuses the widening into the "
-         "reduction; keep activations in bf16 end to end."),
-        ("detect_unfused_reshapes", "unfused_data_movement",
-         "Data-movement ops run unfused",
-         "Reshape/transpose/copy/broadcast ops run as separate kernels and take {share}% of op time; the "
-         "largest is {op} {shape}.",
-         "Let XLA fuse them: avoid optimization barriers and host round-trips between them, express the "
-         "reshapes inside the jitted function, and prefer layouts that make reshapes bitcasts."),
-    ):
-        s = _s(results, tool)
-        share = s.get("share_of_op_time_percent") or 0.0
-        if share < 10 or not s.get("top_op"):
-            continue
-        if key == "unfused_data_movement" and any(h.key == "layout_copies" for h in out):
-            continue  # the same ops, already reported as layout copies
-        top = (_d(results, tool).get("ops") or [{}])[0]
-        out.append(Hypothesis(
-            key, share * compute / 100 if compute else share,
-            title,
-            happening.format(share=share, op=s["top_op"], shape=s.get("top_op_shape", ""),
-                             why=s.get("top_op_why", ""), widening=s.get("widening", "")),
-            base + [_ev(tool, "share_of_op_time_percent", share), _ev(tool, "count", s.get("count")),
-                    _ev(tool, f"top op {s['top_op']}", top.get("total_ms"),
-                        f"ms over {top.get('count')} runs; shape {top.get('shape') or top.get('converted_shape')}")],
-            f"up to {share:.0f}% less op time; {_saving(step_ms, share * compute / 100 if compute else share)}",
-            fix,
-            follow_up=("get_hlo_neighborhood", {"op": s["top_op"], "module": top.get("module", "")}) if top.get("module") else None,
-            extra_evidence=_neighborhood_evidence,
-        ))
-
-    # Memory-bound ops (low arithmetic intensity) dominating the op time.
-    low_share, low_ops = low_intensity_share(results)
-    if low_share is not None and low_share >= 50 and compute >= 30:
-        top = max(low_ops, key=lambda o: o["total_ms"])
-        # Only part of bandwidth-bound time is recoverable (the bytes must still move), unlike idle or
-        # overhead time: half its share is the stake, so a stall that wastes all its time ranks above it.
-        out.append(Hypothesis(
-            "memory_bound", 0.5 * low_share * compute / 100,
-            "Memory-bound ops dominate: the step moves bytes, not math",
-            f"{low_share}% of op time is in ops doing under {LOW_INTENSITY_FLOPS_PER_BYTE:g} FLOP per byte "
-            f"moved; the largest is {top['op']} ({top.get('shape')}, "
-            f"{top['arithmetic_intensity_flops_per_byte']} FLOP/byte at {top.get('achieved_gib_per_s')} GiB/s).",
-            base + [_ev("get_hlo_op_profile", "low_intensity_op_share_percent", low_share),
-                    _ev("get_hlo_op_profile", f"{top['op']} arithmetic_intensity_flops_per_byte",
-                        top["arithmetic_intensity_flops_per_byte"]),
-                    _ev("get_hlo_op_profile", f"{top['op']} achieved_gib_per_s", top.get("achieved_gib_per_s")),
-                    _ev("get_hlo_op_profile", f"{top['op']} share_of_op_time_percent", top["share_of_op_time_percent"])],
-            "Bandwidth-bound work speeds up only by moving fewer bytes: fusing k passes into one cuts its time "
-            f"up to k×; at stake: {low_share}% of op time.",
-            "Move fewer bytes: fuse chains of elementwise ops and reductions into one pass (keep them in one jit, "
-            "avoid materialising intermediates), use bf16 for activations, recompute cheap values instead of "
-            "storing them, and batch small reductions together.",
-            follow_up=("get_hlo_neighborhood", {"op": top["op"], "module": top.get("module", "")}) if top.get("module") else None,
-            extra_evidence=_neighborhood_evidence,
-        ))
-
-    # Transfers between memory spaces (async copies, host offload, memcpy) dominating device time.
-    categories = _s(results, "get_hlo_op_profile").get("category_percent") or {}
-    transfer_share = round(categories.get("async_copy", 0.0) + categories.get("memcpy", 0.0), 2)
-    if transfer_share >= 30:
-        ops = [o for o in _d(results, "get_hlo_op_profile").get("ops", []) if o.get("category") in ("async_copy", "memcpy")]
-        roof = _s(results, "get_roofline_model")
-        ev = base + [_ev("get_hlo_op_profile", "category_percent.async_copy+memcpy", transfer_share)]
-        if ops:
-            ev.append(_ev("get_hlo_op_profile", f"top transfer {ops[0]['op']}", ops[0]["total_ms"],
-                          f"ms over {ops[0]['count']} runs; shape {ops[0].get('shape', '?')}"))
-        if roof.get("bound_by"):
-            ev.append(_ev("get_roofline_model", "bound_by", roof["bound_by"]))
-        if roof.get("roofline_efficiency_percent") is not None:
-            ev.append(_ev("get_roofline_model", "roofline_efficiency_percent", roof["roofline_efficiency_percent"]))
-        busy = compute + b.get("collective", 0.0) + b.get("transfer", 0.0)
-        out.append(Hypothesis(
-            "memory_transfers", max(b.get("transfer", 0.0), transfer_share * busy / 100),
-            "Memory transfers dominate device time",
-            f"{transfer_share}% of device op time is copies between memory spaces (async copy-start/copy-done, "
-            "host offload, memcpy) rather than computation"
-            + (f"; the largest is {ops[0]['op']} ({ops[0].get('shape', '?')})" if ops else "") + ".",
-            ev,
-            f"up to {transfer_share:.0f}% less device time if the transfers were avoided or hidden behind compute.",
-            "Keep hot tensors resident in device memory (offload only what does not fit), overlap the transfers "
-            "with independent compute (prefetch the next chunk while this one computes), move fewer bytes "
-            "(lower precision, smaller offloaded state) and avoid host<->device copies inside the step.",
-            follow_up=("get_hlo_neighborhood", {"op": ops[0]["op"], "module": ops[0]["module"]})
-            if ops and ops[0].get("module") else None,
-            extra_evidence=_neighborhood_evidence,
-        ))
-
-    # XProf's roofline says memory-bound and far from the roof, though per-op intensity could not tell.
-    roof = _s(results, "get_roofline_model")
-    efficiency = roof.get("roofline_efficiency_percent")
-    already = any(h.key in ("memory_bound", "memory_transfers") for h in out)
-    if not already and str(roof.get("bound_by", "")).upper() in ("HBM", "MEMORY") and efficiency is not None and efficiency < 20:
-        out.append(Hypothesis(
-            "memory_bound", max(compute - efficiency, 0) / 2,
-            "Memory-bound: the program runs far below the roofline, limited by memory bandwidth",
-            f"XProf's roofline puts the program on the memory-bandwidth side (bound by {roof['bound_by']}) at "
-            f"{efficiency}% of the roofline; measured {roof.get('measured_memory_bw_gibs')} GiB/s of "
-            f"{roof.get('peak_hbm_bw_gibs')} GiB/s peak.",
-            base + [_ev("get_roofline_model", "bound_by", roof["bound_by"]),
-                    _ev("get_roofline_model", "roofline_efficiency_percent", efficiency),
-                    _ev("get_roofline_model", "operational_intensity_flop_per_byte", roof.get("operational_intensity_flop_per_byte")),
-                    _ev("get_roofline_model", "bound_by_ridge_point_flop_per_byte", roof.get("bound_by_ridge_point_flop_per_byte"))],
-            "Raising arithmetic intensity toward the ridge point moves the program up the roof.",
-            "Fuse memory-bound ops, keep activations in bf16, avoid materialising intermediates, and batch "
-            "more work per pass over the data.",
-        ))
+    out += _compiler_hypotheses(health, results, base, out)
+    out += _roofline_hypotheses(health, results, base, out)
+    out += _transfer_hypotheses(health, results, base)
+    out += _unfused_kernel_hypotheses(health, results, base)
 
     # Memory pressure.
     if health.get("oom_risk") in ("HIGH", "MEDIUM"):
@@ -497,6 +382,233 @@ def _reconcile(out: list[Hypothesis], b: dict[str, float]) -> list[Hypothesis]:
             dispatch.evidence.append(_ev("get_step_trace", "host_other_percent", b.get("host_other")))
             out = [h for h in out if h.key != "input_bound"]
     return out
+
+
+
+def _sentence(text: str) -> str:
+    return text[:1].upper() + text[1:] + ("" if text.endswith(".") else ".")
+
+
+def _context(results: dict[str, ToolResult]) -> advice.Context:
+    return advice.context(_s(results, "get_device_information"))
+
+
+def _compiler_hypotheses(health: dict[str, Any], results: dict[str, ToolResult], base: list[Evidence],
+                         found: list[Hypothesis]) -> list[Hypothesis]:
+    """Compiler inefficiencies read from the HLO: layout copies, materialised widening converts, unfused
+    data movement."""
+    b = health.get("breakdown_percent", {})
+    compute, step_ms = b.get("compute", 0.0), health.get("step_time_ms")
+    ctx = _context(results)
+    layout = _s(results, "detect_layout_mismatch_copies")
+    out: list[Hypothesis] = []
+    for tool, key, title, happening, fix in (
+        ("detect_layout_mismatch_copies", "layout_copies",
+         "Layout-changing copies and transposes take a large share of op time",
+         "Ops that only move data into another layout (transposes, layout copies) take {share}% of op time; "
+         "the largest is {op} {shape} ({why})" + (", next to a convolution." if layout.get("top_op_next_to_convolution") else "."),
+         _sentence(advice.layout_fix(ctx, bool(layout.get("top_op_next_to_convolution"))) + "; re-check with detect_layout_mismatch_copies")),
+        ("detect_unnecessary_convert_reduce", "widening_converts",
+         "Low-precision data is widened and written to memory before reductions",
+         "Ops that convert {widening} and write the widened copy for a reduction to read back take {share}% of op "
+         "time; the largest is {op} {shape}, which materialises the wider copy and moves twice the bytes.",
+         "Reduce with an accumulator type instead of converting the input: jnp.sum(x, dtype=jnp.float32) "
+         "or lax.dot_general(..., preferred_element_type=jnp.float32) so XLA fuses the widening into the "
+         "reduction (it then widens in registers and writes nothing extra); keep activations in bf16 end to end."
+         if ctx.framework in (None, "JAX") else
+         "Reduce with an accumulator type instead of casting the whole input (tf.reduce_sum on bf16 with XLA, or "
+         "torch.sum(x, dtype=torch.float32)), so the widening happens inside the reduction kernel."),
+        ("detect_unfused_reshapes", "unfused_data_movement",
+         "Data-movement ops run unfused",
+         "Reshape/transpose/copy/broadcast ops run as separate kernels and take {share}% of op time; the "
+         "largest is {op} {shape}.",
+         "Let XLA fuse them: avoid optimization barriers and host round-trips between them, express the "
+         "reshapes inside the compiled function, and prefer layouts that make reshapes bitcasts."),
+    ):
+        s = _s(results, tool)
+        share = s.get("share_of_op_time_percent") or 0.0
+        if share < 10 or not s.get("top_op"):
+            continue
+        if key == "unfused_data_movement" and any(h.key == "layout_copies" for h in found + out):
+            continue  # the same ops, already reported as layout copies
+        top = (_d(results, tool).get("ops") or [{}])[0]
+        out.append(Hypothesis(
+            key, share * compute / 100 if compute else share,
+            title,
+            happening.format(share=share, op=s["top_op"], shape=s.get("top_op_shape", ""),
+                             why=s.get("top_op_why", ""), widening=s.get("widening", "")),
+            base + [_ev(tool, "share_of_op_time_percent", share), _ev(tool, "count", s.get("count")),
+                    _ev(tool, f"top op {s['top_op']}", top.get("total_ms"),
+                        f"ms over {top.get('count')} runs; shape {top.get('shape') or top.get('converted_shape')}")],
+            f"up to {share:.0f}% less op time; {_saving(step_ms, share * compute / 100 if compute else share)}",
+            fix,
+            follow_up=("get_hlo_neighborhood", {"op": s["top_op"], "module": top.get("module", "")}) if top.get("module") else None,
+            extra_evidence=_neighborhood_evidence,
+        ))
+    return out
+
+
+def _roofline_hypotheses(health: dict[str, Any], results: dict[str, ToolResult], base: list[Evidence],
+                         found: list[Hypothesis]) -> list[Hypothesis]:
+    """Memory-bound work that moves more bytes than it needs, and dominant ops far below their roof."""
+    b = health.get("breakdown_percent", {})
+    compute = b.get("compute", 0.0)
+    ops = _s(results, "get_hlo_op_profile")
+    ctx = _context(results)
+    out: list[Hypothesis] = []
+    low_share, low_ops = low_intensity_share(results)
+    ridge = ops.get("ridge_flop_per_byte")
+    below = f"below the device's ridge point ({ridge:g} FLOP/byte)" if ridge else "under 1 FLOP per byte moved"
+    # Memory-bound work near its roof in one pass over its data is the nature of the work, not a defect.
+    if low_share is not None and low_share >= 50 and compute >= 30 and ops.get("memory_bound_defect") and low_ops:
+        top = max(low_ops, key=lambda o: o["total_ms"])
+        evidence = base + [_ev("get_hlo_op_profile", "memory_bound_op_percent", low_share),
+                           _ev("get_hlo_op_profile", f"{top['op']} arithmetic_intensity_flops_per_byte",
+                               top["arithmetic_intensity_flops_per_byte"]),
+                           _ev("get_hlo_op_profile", f"{top['op']} achieved_gb_per_s", top.get("achieved_gb_per_s"))]
+        if ops.get("memory_passes") is not None:
+            evidence.append(_ev("get_hlo_op_profile", "memory_passes", ops["memory_passes"],
+                                "bytes the programs move per execution over the bytes they must read and write"))
+        if ops.get("memory_bandwidth_efficiency_percent") is not None:
+            evidence.append(_ev("get_hlo_op_profile", "memory_bandwidth_efficiency_percent",
+                                ops["memory_bandwidth_efficiency_percent"],
+                                f"of {ops.get('peak_hbm_gb_per_s')} GB/s ({ops.get('bandwidth_source')})"))
+        passes = ops.get("memory_passes") or 1.0
+        # Only the extra passes are recoverable (the data must still move once); bandwidth left unused, half of it.
+        recoverable = max(ops.get("memory_extra_pass_percent") or 0.0,
+                          low_share * (1 - (ops.get("memory_bandwidth_efficiency_percent") or 100) / 100) / 2)
+        out.append(Hypothesis(
+            "memory_bound", recoverable * compute / 100,
+            "Memory-bound ops move more bytes than the work needs",
+            f"{low_share}% of op time is in ops {below}; " + " and ".join(ops.get("memory_bound_why") or [])
+            + f". The largest is {top['op']} ({top.get('shape')}, {top['arithmetic_intensity_flops_per_byte']} "
+            f"FLOP/byte at {top.get('achieved_gb_per_s')} GB/s).",
+            evidence,
+            f"Bandwidth-bound time shrinks only with the bytes moved: making {passes:g} passes one, or using the "
+            f"bandwidth fully, cuts up to {recoverable:.0f}% of op time; the rest is the data's one necessary pass.",
+            _sentence(advice.fuse_passes(ctx)),
+            follow_up=("get_hlo_neighborhood", {"op": top["op"], "module": top.get("module", "")}) if top.get("module") else None,
+            extra_evidence=_neighborhood_evidence,
+        ))
+    # A busy device is not a healthy one when the ops that take most of its time run far below their roof.
+    efficiency = ops.get("dominant_ops_roofline_efficiency_percent")
+    roof = _s(results, "get_roofline_model")
+    stall = roof.get("dma_stall_percent_of_top_ops")
+    low_efficiency = efficiency is not None and efficiency < DOMINANT_EFFICIENCY_MIN_PERCENT
+    stalled = stall is not None and stall > DMA_STALL_MAX_PERCENT
+    if (low_efficiency or stalled) and not any(h.key in ("memory_bound", "memory_transfers") for h in found + out):
+        share = ops.get("dominant_ops_share_percent") or 0.0
+        bound = "compute" if "compute" in str(roof.get("op_time_bound_by", "")).lower() else "memory"
+        lost = share * (1 - (efficiency or 100) / 100) if low_efficiency else share * stall / 100
+        evidence = base + [_ev("get_hlo_op_profile", "dominant_ops", ", ".join(ops.get("dominant_ops") or [])),
+                           _ev("get_hlo_op_profile", "dominant_ops_share_percent", share)]
+        if efficiency is not None:
+            evidence.append(_ev("get_hlo_op_profile", "dominant_ops_roofline_efficiency_percent", efficiency,
+                                f"peaks: {ops.get('peak_tflops')} TFLOP/s, {ops.get('peak_hbm_gb_per_s')} GB/s ({ops.get('flops_source')})"))
+        if stalled:
+            evidence.append(_ev("get_roofline_model", "dma_stall_percent_of_top_ops", stall,
+                                "time the busiest ops wait on their input copies (XProf)"))
+        out.append(Hypothesis(
+            "low_kernel_efficiency", lost * compute / 100,
+            "The ops that take most of the time run far below their roofline",
+            f"The busiest ops ({share}% of op time) reach "
+            + (f"{efficiency}% of their roof" if efficiency is not None else "an unmeasured share of their roof")
+            + (f" and wait on their input copies {stall}% of their time" if stalled else "")
+            + ": the device is busy, but not productive.",
+            evidence,
+            f"Up to {lost:.0f}% of op time if they ran at their roof.",
+            _sentence(advice.kernel_efficiency_fix(ctx, bound)),
+        ))
+    return out
+
+
+def _transfer_hypotheses(health: dict[str, Any], results: dict[str, ToolResult], base: list[Evidence]) -> list[Hypothesis]:
+    """Transfers between memory spaces (async copies, host offload, memcpy) dominating device time; what
+    overlap can recover is bounded by the compute there is to overlap with."""
+    b = health.get("breakdown_percent", {})
+    compute, step_ms = b.get("compute", 0.0), health.get("step_time_ms")
+    profile = _s(results, "get_hlo_op_profile")
+    categories = profile.get("category_percent") or {}
+    transfer_share = round(categories.get("async_copy", 0.0) + categories.get("memcpy", 0.0), 2)
+    if transfer_share < 30:
+        return []
+    ops = [o for o in _d(results, "get_hlo_op_profile").get("ops", []) if o.get("category") in ("async_copy", "memcpy")]
+    ev = base + [_ev("get_hlo_op_profile", "category_percent.async_copy+memcpy", transfer_share)]
+    if ops:
+        ev.append(_ev("get_hlo_op_profile", f"top transfer {ops[0]['op']}", ops[0]["total_ms"],
+                      f"ms over {ops[0]['count']} runs; shape {ops[0].get('shape', '?')}"))
+    copies = profile.get("async_copies") or {}
+    link = copies.get("link_gb_per_s")
+    if copies:
+        ev.append(_ev("get_hlo_op_profile", "async_copies.gb_per_copy", copies.get("gb_per_copy"),
+                      f"{copies.get('copies')} copies, {copies.get('span_ms_mean')} ms from copy-start to copy-done on average"))
+    if link:
+        ev.append(_ev("get_hlo_op_profile", "async_copies.link_gb_per_s", link,
+                      "bytes over each copy's service time on its link, median"))
+    busy = compute + b.get("collective", 0.0) + b.get("transfer", 0.0)
+    memory = _s(results, "get_memory_profile")
+    compute_ms = (step_ms or 0) * compute / 100
+    impact = (
+        f"Overlap cannot hide more than the compute there is: compute is {compute}% of the step "
+        f"({compute_ms:.3g} ms), so better overlap recovers at most that; the transfers themselves take "
+        f"{b.get('transfer', transfer_share)}% of it"
+        + (f" at {link:g} GB/s per copy on the host link, which bounds them" if link else "")
+        + ". Only moving fewer bytes (or fewer times) shortens the step by more."
+    )
+    return [Hypothesis(
+        "memory_transfers", max(b.get("transfer", 0.0), transfer_share * busy / 100),
+        "Memory transfers dominate device time",
+        f"{transfer_share}% of device op time is copies between memory spaces (async copy-start/copy-done, "
+        "host offload, memcpy) rather than computation"
+        + (f"; the largest is {ops[0]['op']} ({ops[0].get('shape', '?')})" if ops else "")
+        + (f". Each copy moves {copies['gb_per_copy']:g} GB and up to {copies.get('copies_in_flight_max')} are in "
+           f"flight at once: the copies already overlap each other and the compute, so the limit is the link "
+           f"({link:g} GB/s), not a missing overlap" if copies and link else "") + ".",
+        ev,
+        impact,
+        _sentence(advice.transfer_fix(_context(results), memory.get("peak_memory_gib"), memory.get("capacity_gib"))),
+        follow_up=("get_hlo_neighborhood", {"op": ops[0]["op"], "module": ops[0]["module"]})
+        if ops and ops[0].get("module") else None,
+        extra_evidence=_neighborhood_evidence,
+    )]
+
+
+UNFUSED_KERNEL_MAX_US = 50.0
+"""Kernels shorter than this on average are small enough that launch gaps and one pass per op dominate."""
+
+
+def _unfused_kernel_hypotheses(health: dict[str, Any], results: dict[str, ToolResult], base: list[Evidence]) -> list[Hypothesis]:
+    """Many small elementwise kernels that no compiler fused (a framework running op by op without XLA)."""
+    b = health.get("breakdown_percent", {})
+    compute = b.get("compute", 0.0)
+    rows = _d(results, "get_hlo_op_profile").get("ops", [])
+    unfused = [o for o in rows if o.get("category") == "elementwise" and not o.get("module")]
+    share = round(sum(o["share_of_op_time_percent"] for o in unfused), 2)
+    kernels = sum(o["count"] for o in unfused)
+    mean_us = sum(o["total_ms"] for o in unfused) * 1e3 / kernels if kernels else 0.0
+    per_step = _s(results, "get_step_trace").get("ops_per_step_mean") or 0
+    if share < 50 or mean_us > UNFUSED_KERNEL_MAX_US or per_step < 100:
+        return []
+    ctx = _context(results)
+    idle = 100 - compute - b.get("collective", 0.0) - b.get("transfer", 0.0)
+    top = max(unfused, key=lambda o: o["total_ms"])
+    return [Hypothesis(
+        "unfused_kernels", share * compute / 100 / 2 + idle / 2,
+        "Many small unfused elementwise kernels: the step is launch-bound",
+        f"{share}% of device op time is {kernels} elementwise kernels with no compiled program behind them "
+        f"(mean {mean_us:.3g} µs each, {per_step:g} kernels per step), each reading and writing its operands in "
+        f"its own pass; between them the device idles {idle:.3g}% of the step waiting for the next launch"
+        + (f" ({ctx.framework} ops run one kernel each)" if ctx.framework else "") + ".",
+        base + [_ev("get_hlo_op_profile", "unfused elementwise share of op time", share),
+                _ev("get_hlo_op_profile", f"top kernel {top['op'][:80]}", top["total_ms"], f"ms over {top['count']} launches"),
+                _ev("get_step_trace", "ops_per_step_mean", per_step),
+                _ev("get_device_information", "framework", ctx.framework)],
+        "Fusing a chain of k elementwise ops into one kernel removes k-1 launches and k-1 passes over memory; "
+        f"at stake: the launch gaps ({idle:.3g}% of the step) and most of the {share}% of op time.",
+        _sentence(advice.compile_whole_step(ctx)
+                  + ("; XLA fuses a dropout's RandomUniform, GreaterEqual, Cast and Mul into one kernel"
+                     if ctx.framework == "TensorFlow" else "")),
+    )]
 
 
 class RuleEngine:
