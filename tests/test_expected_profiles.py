@@ -21,7 +21,6 @@ from xdiag.model import Status
 from xdiag.profile.locate import locate_session
 from xdiag.profile.space import HloComputation, HloInstruction
 
-TIMELINE_PENDING = "per-device steps and whole-window busy time are the `timeline` engineer's issue 11 point 1"
 
 
 class Diagnosed:
@@ -150,7 +149,6 @@ def test_tpu_offload_duty_cycle_is_explained(diagnosed):
     assert (d.health["device_idle_percent"] or 0) < 5  # between executions the gaps are ~1 µs
 
 
-@pytest.mark.xfail(strict=True, reason=TIMELINE_PENDING)
 def test_tpu_offload_idle_gap_before_the_first_execution_is_reported(diagnosed):
     d = diagnosed(TPU)
     found = []
@@ -186,7 +184,6 @@ def test_v100_tf_bert_top_finding_is_unfused_elementwise_kernels_with_tensorflow
     assert "device_idle" not in d.keys
 
 
-@pytest.mark.xfail(strict=True, reason=TIMELINE_PENDING)
 def test_v100_tf_bert_each_gpu_is_measured_in_its_own_step_window(diagnosed):
     d = diagnosed(V100)
     rows = _device_rows(d)
@@ -284,8 +281,7 @@ CONV = "gpu/mi300x_jax_conv_8gpu.xplane.pb"
 def test_mi300x_conv_transposes_come_from_the_convolution_layout(diagnosed):
     d = diagnosed(CONV)
     assert d.analysis.diagnosis.status == Status.NEEDS_ATTENTION
-    layout = d.finding("layout_copies")
-    assert layout.priority in ("P0", "P1")
+    layout = d.finding("layout_copies")  # ranked by its time at stake: op time is ~3% of the window
     assert "NHWC" in layout.fix and "MIOpen" in layout.fix
     assert "einsum" not in layout.fix and ".T" not in layout.fix
     profile = d.summary("get_hlo_op_profile")
@@ -294,14 +290,12 @@ def test_mi300x_conv_transposes_come_from_the_convolution_layout(diagnosed):
     assert d.summary("detect_layout_mismatch_copies")["top_op_next_to_convolution"] is True
 
 
-@pytest.mark.xfail(strict=True, reason=TIMELINE_PENDING)
 def test_mi300x_conv_host_gaps_rank_above_the_transposes(diagnosed):
     d = diagnosed(CONV)
     assert d.keys[0] in ("dispatch_overhead", "input_bound"), d.keys  # 97% of the window is host gaps
     assert d.keys.index("layout_copies") > 0
 
 
-@pytest.mark.xfail(strict=True, reason=TIMELINE_PENDING)
 @pytest.mark.parametrize("profile, idle_percent", [
     (GEMM, 64.0),  # 70-130 µs launch gaps between benchmark calls
     (ATTENTION, 88.4),  # eager calls and a ~20.5 ms host gap: busy ~11.6% of the 32.6 ms window
@@ -311,7 +305,7 @@ def test_mi300x_conv_host_gaps_rank_above_the_transposes(diagnosed):
 def test_device_idle_is_measured_over_the_whole_capture_window(diagnosed, profile, idle_percent):
     d = diagnosed(profile)
     assert _near(d.health["device_idle_percent"], idle_percent, 0.04)
-    assert _near(d.health["breakdown_percent"]["compute"], 100 - idle_percent, 0.1)
+    assert abs(d.health["breakdown_percent"]["compute"] - (100 - idle_percent)) <= 1.5
 
 
 # --- The text-mangled copy --------------------------------------------------------------------------------------
