@@ -137,3 +137,12 @@ def test_xdiag_diff_of_a_workload_before_and_after_its_fix_shows_the_gain(cloud,
     assert "layout_copies" in [f["key"] for f in diff["findings"]["gone"]]
     gone = [op["name"] for op in diff["ops"]["gone"]]
     assert any("transpose" in name or "copy" in name for name in gone), gone
+    # the pipeline compared the second session with the run's first itself: a report section and diff-previous.*
+    output = f"{cloud.config.profile_root}/{run}/plugins/profile/{sessions[1]}/xdiag"
+    previous = json.loads(cloud.blobs.get(f"{output}/diff-previous.json"))
+    assert previous["baseline"]["session_id"] == sessions[0] and previous["verdict"] == "faster"
+    summary = cloud.blobs.get(f"{output}/summary.html").decode()
+    assert "Compared with the previous session" in summary and 'href="diff-previous.html"' in summary
+    assert previous["headline"][0] in summary
+    assert "Compared with the previous session" not in cloud.blobs.get(
+        f"{cloud.config.profile_root}/{run}/plugins/profile/{sessions[0]}/xdiag/summary.html").decode()

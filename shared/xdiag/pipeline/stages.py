@@ -282,6 +282,7 @@ def investigate(message: InvestigationReady, deps: Dependencies) -> None:
 
 def render(message: ReportReady, deps: Dependencies) -> None:
     """Writes summary.html and analysis.json next to the profile; marks the analysis DONE (or FAILED)."""
+    from xdiag.pipeline.previous import compare_with_previous
     from xdiag.report import render_summary_html
 
     analysis = _load_analysis(deps, message.analysis_id)
@@ -295,7 +296,8 @@ def render(message: ReportReady, deps: Dependencies) -> None:
     analysis.report_uri = report_uri
     if analysis.status != "FAILED":
         analysis.status = "DONE"
-    html = render_summary_html(analysis, results)
+    previous = compare_with_previous(deps, analysis, results) if analysis.status == "DONE" else None
+    html = render_summary_html(analysis, results, previous=previous)
     deps.blobs.put(report_uri, html.encode(), "text/html; charset=utf-8")
     analysis.timings_ms["render"] = round((time.perf_counter() - started) * 1000, 1)
     analysis.timeline["render"] = utc_now()

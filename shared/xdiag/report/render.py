@@ -119,9 +119,12 @@ class Section:
     parts: list[Part] = field(default_factory=list)
 
 
-def render_summary_html(analysis: Analysis, results: Mapping[str, ToolResult] | None) -> str:
-    """The complete summary.html: one file with inline CSS and inline SVG, nothing fetched from anywhere."""
-    return _environment().get_template("summary.html.j2").render(**_context(analysis, dict(results or {})))
+def render_summary_html(analysis: Analysis, results: Mapping[str, ToolResult] | None, previous=None) -> str:
+    """The complete summary.html: one file with inline CSS and inline SVG, nothing fetched from anywhere.
+    `previous`: the comparison with the run's previous session (xdiag.compare's SessionDiff), where there is one."""
+    context = _context(analysis, dict(results or {}))
+    context["previous"] = previous  # its headline, and diff-previous.html beside the report
+    return _environment().get_template("summary.html.j2").render(**context)
 
 
 @lru_cache(maxsize=1)
