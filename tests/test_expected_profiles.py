@@ -17,7 +17,9 @@ from tests.conftest import shared_profile
 from xdiag.analysis.device_peaks import DATASHEETS, checked_peaks, identify
 from xdiag.analysis.hlo_cost import gemm_flops, is_gemm_call
 from xdiag.cloud.embedded import analyze_session
-from xdiag.model import Status
+from xdiag.investigators.health import health_snapshot
+from xdiag.investigators.rules import RuleEngine
+from xdiag.model import Status, ToolResult, ToolStatus
 from xdiag.profile.locate import locate_session
 from xdiag.profile.space import HloComputation, HloInstruction
 
@@ -369,3 +371,27 @@ def test_a_gemm_custom_call_without_dimension_numbers_gets_its_flops_from_its_sh
     not_a_gemm = HloInstruction("cc", "custom-call", "bf16", (4, 2048, 2048), (2, 1, 0), ("p0", "p1"), "", "", "", (),
                                 custom_call_target="tpu_custom_call")
     assert not is_gemm_call(not_a_gemm)
+
+
+def test_a_busy_device_whose_dominant_kernel_runs_far_below_its_roof_is_not_optimal():
+    """The class behind a false OPTIMAL seen on a TPU v6e: busy 95% of the step, its Pallas kernel at ~12% of peak."""
+    def ok(tool: str, summary: dict) -> ToolResult:
+        return ToolResult(tool=tool, status=ToolStatus.OK, summary=summary)
+
+    results = {
+        "get_step_trace": ok("get_step_trace", {"steps": 20, "step_time_ms_mean": 12.0, "compute_percent": 95.0}),
+        "get_hlo_op_profile": ok("get_hlo_op_profile", {
+            "category_percent": {"custom_call": 88.0, "elementwise": 12.0}, "memory_bound_op_percent": 4.0,
+            "dominant_ops_roofline_efficiency_percent": 12.0, "dominant_ops_share_percent": 88.0,
+            "dominant_ops": ["flash_attention_kernel (jit_step)"], "peak_tflops": 918.0, "peak_hbm_gb_per_s": 1638.0,
+            "flops_source": "datasheet (https://cloud.google.com/tpu/docs/v6e)"}),
+        "get_roofline_model": ok("get_roofline_model", {"op_time_bound_by": "compute"}),
+        "get_device_information": ok("get_device_information", {"platform": "TPU", "vendor": "Google", "framework": "JAX"}),
+    }
+    health = health_snapshot(results)
+    assert not health["healthy"] and any("12.0% of their roofline" in r for r in health["unhealthy_because"])
+    diagnosis = RuleEngine().investigate(health, results, lambda *args: None)
+    assert diagnosis.status == Status.NEEDS_ATTENTION
+    top = diagnosis.findings[0]
+    assert top.key == "low_kernel_efficiency" and top.priority == "P0"
+    assert "MXU" in top.fix and "Pallas" in top.fix  # TPU advice for a compute-bound kernel

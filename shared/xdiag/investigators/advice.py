@@ -38,7 +38,8 @@ def compile_whole_step(ctx: Context) -> str:
                 "TF_XLA_FLAGS=--tf_xla_auto_jit=2 for auto-clustering), so the elementwise chains fuse into one kernel")
     if ctx.framework == "PyTorch/XLA":
         return "keep the step inside one traced graph (no .item()/prints between ops; torch_xla.compile around the step)"
-    return "put the whole step under one jax.jit so XLA fuses it into a few kernels; hoist Python loops into lax.scan"
+    return ("put the whole step under one jax.jit so it is one compiled program that XLA fuses into a few kernels; "
+            "avoid eager jnp calls in the loop; hoist Python-side loops into lax.scan/fori_loop")
 
 
 def fuse_passes(ctx: Context) -> str:

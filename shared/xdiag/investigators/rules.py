@@ -185,8 +185,7 @@ def _hypotheses(health: dict[str, Any], results: dict[str, ToolResult]) -> list[
                     _ev("get_step_trace", "dispatch_percent", dispatch),
                     _ev("get_step_trace", "ops_per_step_mean", ops_per_step)],
             _saving(step_ms, min(100 - compute, 95)),
-            "Put the whole step under one jax.jit (or torch.compile) so it is one compiled program; avoid "
-            "eager jnp calls in the training loop; hoist Python-side loops into lax.scan/fori_loop.",
+            _sentence(advice.compile_whole_step(_context(results))),
             follow_up=("aggregate_xplane_events", {"pattern": r"^(PjitFunction|PmapFunction)\(", "line": "python"}),
             extra_evidence=_events_evidence,
         ))
