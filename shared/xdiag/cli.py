@@ -347,6 +347,7 @@ def publish_capture(
 
 URL_OPTION = typer.Option("--url", envvar="XDIAG_CONTROL_PLANE_URL", help="The control plane (default: the local stack's).")
 TOKEN_OPTION = typer.Option("--token", envvar="XDIAG_CONTROL_PLANE_TOKEN", help="Its bearer token (default: the local stack's).")
+RUN_HELP = "The run: its id, or its display name (the ML Diagnostics SDK gives runs a UUID; the name works too)."
 HOSTS_HELP = "Registered target names, comma-separated (default: every target of the run)."
 
 
@@ -416,7 +417,7 @@ def _print_session(doc: dict, started: float | None = None) -> None:
 
 @app.command()
 def capture(
-    run: Annotated[str, typer.Option(help="The run whose registered targets to capture.")],
+    run: Annotated[str, typer.Option(help="The run whose registered targets to capture (its id or display name).")],
     duration: Annotated[str, typer.Option(help="How long to capture: 2s, 500ms, 1m.")] = "2s",
     hosts: Annotated[Optional[str], typer.Option(help=HOSTS_HELP)] = None,
     host_tracer: Annotated[Optional[int], typer.Option("--host-tracer", help="Host tracer level 0-3 (default 2).")] = None,
@@ -431,6 +432,7 @@ def capture(
 ) -> None:
     """Capture a profile now from the run's registered profiler targets (all in parallel), then analyse it."""
     client = _control_plane(url, token, stack_dir)
+    run = resolve_run(client, run)
     started = time.time()
     answer = _call(client.capture, run, duration_ms=parse_duration_ms(duration), hosts=_hosts(hosts),
                    host_tracer_level=host_tracer, device_tracer_level=device_tracer, python_tracer_level=python_tracer,
@@ -447,7 +449,7 @@ app.add_typer(continuous_app, name="continuous")
 
 @continuous_app.command("start")
 def continuous_start(
-    run: Annotated[str, typer.Option(help="The run.")],
+    run: Annotated[str, typer.Option(help=RUN_HELP)],
     hosts: Annotated[Optional[str], typer.Option(help=HOSTS_HELP)] = None,
     device_tracer: Annotated[int, typer.Option("--device-tracer", help="Device tracer level 0-2.")] = 1,
     url: Annotated[Optional[str], URL_OPTION] = None,
@@ -455,26 +457,28 @@ def continuous_start(
     stack_dir: Annotated[Path, STACK_DIR] = Path(".xdiag-stack"),
 ) -> None:
     """Start continuous profiling on the run's targets (device traces into the profiler's circular buffer)."""
-    answer = _call(_control_plane(url, token, stack_dir).continuous, run, "start", hosts=_hosts(hosts),
+    client = _control_plane(url, token, stack_dir)
+    answer = _call(client.continuous, resolve_run(client, run), "start", hosts=_hosts(hosts),
                    device_tracer_level=device_tracer)
     _print_continuous(answer)
 
 
 @continuous_app.command("stop")
 def continuous_stop(
-    run: Annotated[str, typer.Option(help="The run.")],
+    run: Annotated[str, typer.Option(help=RUN_HELP)],
     hosts: Annotated[Optional[str], typer.Option(help=HOSTS_HELP)] = None,
     url: Annotated[Optional[str], URL_OPTION] = None,
     token: Annotated[Optional[str], TOKEN_OPTION] = None,
     stack_dir: Annotated[Path, STACK_DIR] = Path(".xdiag-stack"),
 ) -> None:
     """Stop continuous profiling on the run's targets."""
-    _print_continuous(_call(_control_plane(url, token, stack_dir).continuous, run, "stop", hosts=_hosts(hosts)))
+    client = _control_plane(url, token, stack_dir)
+    _print_continuous(_call(client.continuous, resolve_run(client, run), "stop", hosts=_hosts(hosts)))
 
 
 @continuous_app.command("snapshot")
 def continuous_snapshot(
-    run: Annotated[str, typer.Option(help="The run.")],
+    run: Annotated[str, typer.Option(help=RUN_HELP)],
     name: Annotated[Optional[str], typer.Option(help="Name of the snapshot's session (default: a timestamp).")] = None,
     hosts: Annotated[Optional[str], typer.Option(help=HOSTS_HELP)] = None,
     wait: Annotated[bool, typer.Option(help="Wait for the snapshot (and its analysis).")] = True,
@@ -485,6 +489,7 @@ def continuous_snapshot(
 ) -> None:
     """Save the circular buffer of every target as a session, analysed like any other."""
     client = _control_plane(url, token, stack_dir)
+    run = resolve_run(client, run)
     started = time.time()
     answer = _call(client.continuous, run, "snapshot", name=name, hosts=_hosts(hosts))
     err.print(f"snapshot requested: run {run}, session {answer['session_id']}", highlight=False, soft_wrap=True)
@@ -536,14 +541,15 @@ def runs(
 
 @app.command()
 def sessions(
-    run: Annotated[str, typer.Option(help="The run.")],
+    run: Annotated[str, typer.Option(help=RUN_HELP)],
     as_json: Annotated[bool, typer.Option("--json", help="As JSON on stdout.")] = False,
     url: Annotated[Optional[str], URL_OPTION] = None,
     token: Annotated[Optional[str], TOKEN_OPTION] = None,
     stack_dir: Annotated[Path, STACK_DIR] = Path(".xdiag-stack"),
 ) -> None:
     """A run's sessions: kind (programmatic, on_demand, snapshot, auto), status, analysis, report."""
-    found = _call(_control_plane(url, token, stack_dir).sessions, run)
+    client = _control_plane(url, token, stack_dir)
+    found = _call(client.sessions, resolve_run(client, run))
     if as_json:
         sys.stdout.write(json.dumps(found, indent=2) + "\n")
         return
@@ -558,7 +564,6 @@ def sessions(
 
 # --- stored sessions: the viewer, before/after, reports, share links, monitored events ---------------------------
 
-RUN_HELP = "The run: its id, or its display name (the ML Diagnostics SDK gives runs a UUID; the name works too)."
 SESSION_HELP = "RUN/SESSION, or SESSION with --run."
 
 
