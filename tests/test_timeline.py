@@ -54,6 +54,12 @@ def test_tpu_steps_run_from_one_execution_to_the_next_so_gaps_count_and_xprofs_i
     assert "before the first step" in s["window_vs_step_note"]
 
 
+def test_xprof_duty_cycle_is_reconciled_with_in_step_busy(private_copy):
+    _, result = _tool(private_copy(shared_profile("tpu/tpu_v6e_inference.xplane.pb")), "get_xprof_overview")
+    note = result.summary["duty_cycle_note"]
+    assert "86.5%" in note and "100.0% inside the steps" in note and "before the first step" in note
+
+
 def test_tpu_step_windows_are_each_cores_own():
     session = read_session([shared_profile("tpu/tpu_v6e_inference.xplane.pb")])
     steps = step_set(session).steps

@@ -398,7 +398,7 @@ def duty_cycles(session: Session) -> list[DutyCycle]:
     return out
 
 
-def _duration(ms: float) -> str:
+def duration_text(ms: float) -> str:
     return f"{ms / 1000:.3g} s" if ms >= 1000 else f"{ms:.3g} ms"
 
 
@@ -419,7 +419,7 @@ def duty_summary(cycles: list[DutyCycle], in_step_busy_percent: float | None) ->
         out["window_vs_step_note"] = (
             f"Over the whole capture window the devices are busy {window_busy}% of the time, against "
             f"{round(in_step_busy_percent, 2)}% inside the steps. The difference is idle time outside the steps: "
-            f"{_duration(out['idle_outside_steps_ms'])} per device (largest idle gap {_duration(widest.largest_gap_ms)}, "
+            f"{duration_text(out['idle_outside_steps_ms'])} per device (largest idle gap {duration_text(widest.largest_gap_ms)}, "
             f"{widest.largest_gap_where} on {widest.device}), e.g. warm-up, compilation or host work before the "
             "first step; XProf's duty cycle counts it, the step breakdown does not."
         )

@@ -19,8 +19,8 @@ from xdiag.profile.space import Session
 PS_PER_MS = 1e9
 MIN_LAST_ARRIVAL_SHARE = 0.6
 """A straggler arrives last at most instances of the collectives it takes part in (chance is 1/participants)."""
-MIN_WAIT_SHARE_OF_STEP = 0.05
-"""...and the others' waiting for it is a visible share of their step time."""
+MIN_WAIT_SHARE_OF_STEP = 0.10
+"""...and the others wait for it at least this share of their step (what a healthy step may spend in collectives)."""
 
 
 @dataclass

@@ -13,6 +13,7 @@ from xdiag.tools.ops import memory_bound_rows
 
 HEALTHY = {
     "compute_percent_min": 80.0,
+    "device_busy_percent_min": 50.0,
     "collective_percent_max": 10.0,
     "compile_percent_max": 2.0,
     "host_sync_percent_max": 5.0,
@@ -48,6 +49,7 @@ def health_snapshot(results: dict[str, ToolResult]) -> dict[str, Any]:
     kpi = _summary(results, "get_kpi_metrics")
     memory = _summary(results, "get_memory_profile")
     util = _summary(results, "get_utilization_viewer")
+    hosts = _summary(results, "get_hosts")
     roofline = _summary(results, "get_roofline_model")
     ops = _summary(results, "get_hlo_op_profile")
     categories = ops.get("category_percent") or {}
@@ -65,6 +67,19 @@ def health_snapshot(results: dict[str, ToolResult]) -> dict[str, Any]:
             if step.get(k) is not None
         },
         "device_idle_percent": step.get("device_idle_percent"),
+        "devices": {
+            k: step.get(k)
+            for k in ("active_devices", "device_busy_percent_min", "least_busy_device", "device_busy_percent_max",
+                      "most_busy_device", "transfer_only_devices", "window_busy_percent", "largest_idle_gap_ms",
+                      "largest_idle_gap_where")
+            if step.get(k) is not None
+        },
+        "straggler": {
+            k: hosts.get(k)
+            for k in ("straggler", "participant_level", "straggler_caused_wait_ms_per_step", "straggler_cause",
+                      "arrival_skew_ms_mean")
+            if hosts.get(k) is not None
+        },
         "utilization_percent": util.get("busy_percent_mean"),
         "achieved_gflops_per_s": kpi.get("achieved_gflops_per_s_during_ops"),
         # xdiag's roofline over device op time; XProf's divides by a window that includes device idle.
@@ -100,7 +115,8 @@ def health_snapshot(results: dict[str, ToolResult]) -> dict[str, Any]:
                       "syncs_per_step_mean", "callbacks_per_step_mean")
         },
         "sources": {
-            "steps, breakdown, per_step": "get_step_trace",
+            "steps, breakdown, per_step, devices": "get_step_trace",
+            "straggler": "get_hosts",
             "utilization_percent": "get_utilization_viewer",
             "memory": "get_memory_profile",
             "roofline_efficiency_percent": "get_roofline_model",
@@ -121,6 +137,17 @@ def _unhealthy_reasons(s: dict[str, Any]) -> list[str]:
         return ["no step or op timing could be measured"]
     if b["compute"] < HEALTHY["compute_percent_min"]:
         reasons.append(f"devices compute {b['compute']}% of step time (< {HEALTHY['compute_percent_min']}%)")
+    devices = s.get("devices") or {}
+    if (devices.get("device_busy_percent_min") or 100) < HEALTHY["device_busy_percent_min"]:
+        reasons.append(
+            f"device {devices.get('least_busy_device')} is busy only {devices['device_busy_percent_min']}% of its steps"
+        )
+    straggler = s.get("straggler") or {}
+    if straggler.get("straggler"):
+        reasons.append(
+            f"the others wait {straggler['straggler_caused_wait_ms_per_step']} ms per step for straggler "
+            f"{straggler['straggler']}"
+        )
     if (b.get("collective") or 0) > HEALTHY["collective_percent_max"]:
         reasons.append(f"collectives take {b['collective']}% of step time")
     if (b.get("compile") or 0) > HEALTHY["compile_percent_max"]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from xdiag.analysis.breakdown import step_rows, summarize_steps
+from xdiag.analysis.breakdown import duration_text, duty_cycles, duty_summary, step_rows, summarize_steps
 from xdiag.analysis.timeline import profile_window_ps, step_set
 from xdiag.profile.space import Session
 from xdiag.tools.common import DEVICE_PLANE_SOURCE, HOST_PLANE_SOURCE, ms, try_view
@@ -53,5 +53,27 @@ def get_xprof_overview(session: Session) -> ToolOutput:
             for key in ("duty_cycle_percent", "step_time_ms", "flop_rate_utilization_percent", "bound_by"):
                 if view.get(key) is not None:
                     summary[f"xprof_{key}"] = view[key]
+            note = _duty_cycle_note(session, summary)
+            if note:
+                summary["duty_cycle_note"] = note
         source = DEVICE_PLANE_SOURCE
     return ToolOutput(summary, detail, source)
+
+
+def _duty_cycle_note(session: Session, summary: dict) -> str | None:
+    """XProf's duty cycle beside xdiag's busy share over the same window and inside the steps: the same quantity
+    measured two ways, reconciled in words where they differ."""
+    xprof = summary.get("xprof_duty_cycle_percent")
+    idle = summary.get("device_idle_percent")
+    if xprof is None or idle is None:
+        return None
+    in_steps = round(100 - idle, 2)
+    window = duty_summary(duty_cycles(session), in_steps)
+    if not window:
+        return None
+    text = (f"XProf's duty cycle {xprof}% is device busy time over the whole capture window; xdiag measures "
+            f"{window['window_busy_percent']}% over the same window and {in_steps}% inside the steps.")
+    if abs(float(xprof) - in_steps) >= 5:
+        text += (f" The idle XProf counts lies outside the steps: {duration_text(window['idle_outside_steps_ms'])} per "
+                 f"device, the largest gap {duration_text(window['largest_idle_gap_ms'])} {window['largest_idle_gap_where']}.")
+    return text

@@ -43,6 +43,7 @@ class Workload:
         writing its own profile into one session folder.
     expected_by_platform: where a platform's compiler removes the problem, what
         the analyser should report there instead, and why (platform -> (key, why)).
+    xla_flags: extra XLA flags for the capture.
     """
 
     name: str
@@ -51,6 +52,7 @@ class Workload:
     needs_devices: int = 1
     processes: int = 1
     expected_by_platform: dict[str, tuple[str, str]] = field(default_factory=dict)
+    xla_flags: str = ""
 
     def expected_on(self, platform: str) -> str:
         """The finding expected on `platform` (CPU, GPU, TPU)."""
@@ -124,6 +126,9 @@ _ALL = [
         "data-parallel step on 2 devices: a large matmul pass per device, a small gradient all-reduce",
         "optimal",
         needs_devices=2,
+        # One thread per device: on a small CPU host, devices sharing one thread pool would finish their matmuls
+        # at different times and wait for each other in the all-reduce, which is contention, not the workload.
+        xla_flags="--xla_cpu_multi_thread_eigen=false",
     ),
     Workload(
         "straggler_input",

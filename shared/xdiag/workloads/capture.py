@@ -64,6 +64,9 @@ def child_env(name: str) -> dict[str, str]:
     if need > 1 and "xla_force_host_platform_device_count" not in flags:
         # Only affects the CPU (host) platform; harmless on GPU/TPU.
         env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={need}".strip()
+    extra = WORKLOADS[name].xla_flags
+    if extra:
+        env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {extra}".strip()
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     return env
 
