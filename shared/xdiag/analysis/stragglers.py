@@ -20,7 +20,8 @@ PS_PER_MS = 1e9
 MIN_LAST_ARRIVAL_SHARE = 0.6
 """A straggler arrives last at most instances of the collectives it takes part in (chance is 1/participants)."""
 MIN_WAIT_SHARE_OF_STEP = 0.10
-"""...and the others wait for it at least this share of their step (what a healthy step may spend in collectives)."""
+"""...and waiting for it costs, averaged over all participants, at least this share of the step: the share of
+collectives a healthy step may have (one device of two waiting 11% is 5.5% of the pair's time)."""
 
 
 @dataclass
@@ -138,14 +139,13 @@ def collective_arrivals(session: Session) -> Arrivals | None:
 
 
 def straggler(arrivals: Arrivals | None, steps: int, step_ms: float) -> Participant | None:
-    """The participant that arrives last at most collectives and makes the others wait a visible share of their
-    step (MIN_LAST_ARRIVAL_SHARE, MIN_WAIT_SHARE_OF_STEP); None when no one does."""
+    """The participant that arrives last at most collectives and makes the participants wait a visible share of
+    the step (MIN_LAST_ARRIVAL_SHARE, MIN_WAIT_SHARE_OF_STEP); None when no one does."""
     if arrivals is None or len(arrivals.participants) < 2 or not step_ms:
         return None
     candidate = max(arrivals.participants.values(), key=lambda p: (p.last_arrivals, p.caused_wait_ps))
     share = candidate.last_arrivals / max(candidate.instances, 1)
-    others = len(arrivals.participants) - 1
-    waited_ms_per_step = candidate.caused_wait_ps / max(steps, 1) / others / PS_PER_MS
+    waited_ms_per_step = candidate.caused_wait_ps / max(steps, 1) / len(arrivals.participants) / PS_PER_MS
     if share < MIN_LAST_ARRIVAL_SHARE or waited_ms_per_step < MIN_WAIT_SHARE_OF_STEP * step_ms:
         return None
     return candidate
