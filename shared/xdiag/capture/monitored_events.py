@@ -28,7 +28,7 @@ def _event(key: str, record: dict[str, Any]) -> dict[str, Any]:
     return {
         "id": key, "run_id": record.get("run_id"), "source": record.get("source"),
         "received_at": record.get("received_at"), "outcome": outcome_kind(record.get("outcome", "")),
-        "session_id": record.get("session_id") if outcome_kind(record.get("outcome", "")) != "cool-down" else None,
+        "session_id": record.get("session_id"),  # the session it captured (a cool-down captured none)
         "summary": record.get("summary") or "", "detail": record.get("outcome", ""),
     }
 
@@ -56,7 +56,7 @@ def describe_event(state, event_id: str) -> dict[str, Any] | None:
         captured = [e for e in list_events(state, run_id) if e["outcome"] == "captured"
                     and str(e["received_at"]) <= str(record.get("received_at"))]
         event["cooled_down_by"] = captured[-1]["id"] if captured else None
-    session_id = record.get("session_id") if event["outcome"] != "cool-down" else None
+    session_id = record.get("session_id")
     if run_id and session_id:
         session = state.get(sessions_collection(run_id), state_key(session_id)) or {}
         analysis = state.get(ANALYSES, session["analysis_id"]) if session.get("analysis_id") else None

@@ -129,19 +129,22 @@ def _set_readers(deps: Dependencies, run_id: str, body: dict[str, Any], caller: 
     return 200, {"run_id": run_id, "readers": readers}
 
 
+def _visible(deps: Dependencies, run_id: str | None, caller: str) -> bool:
+    """An event of a run the caller may read (or of no known run: an alert that named none, or an unknown one)."""
+    run = get_run(deps.state, run_id) if run_id else None
+    return run is None or may_read(run, caller)
+
+
 def _events(deps: Dependencies, rest: list[str], query: Mapping[str, str], caller: str) -> tuple[int, Any]:
     if rest:
         event = describe_event(deps.state, rest[0])
-        if event is None or event.get("run_id") and get_run(deps.state, event["run_id"]) and \
-                not may_read(get_run(deps.state, event["run_id"]), caller):
+        if event is None or not _visible(deps, event.get("run_id"), caller):
             raise ShareRefused(404, f"no event {rest[0]!r}")
         return 200, event
     run_id = query.get("run")
     if run_id:
         _readable_run(deps, run_id, caller)
-    events = [e for e in list_events(deps.state, run_id)
-              if not e["run_id"] or not get_run(deps.state, e["run_id"]) or may_read(get_run(deps.state, e["run_id"]), caller)]
-    return 200, {"events": events}
+    return 200, {"events": [e for e in list_events(deps.state, run_id) if _visible(deps, e["run_id"], caller)]}
 
 
 LINKS_PREFIX = LINK_PATH + "/"
