@@ -19,8 +19,10 @@ def load_outputs(blobs, output_uri: str, label: str) -> SessionOutputs:
     except FileNotFoundError:
         raise XdiagError(f"{label}: no {ANALYSIS_FILE} in {base} (is it an analysed session?)") from None
     tools = {}
-    # Tool outputs sit in tools/ beside analysis.json, or in the analysis' own folder when it keeps one.
-    for folder in (f"{base}/tools/", f"{base}/{analysis.get('analysis_id')}/tools/"):
+    # Tool outputs sit in tools/ beside analysis.json, or under the analysis' own folder (its output_uri) where the
+    # session's current analysis.json is a copy of it.
+    own = (analysis.get("output_uri") or base).rstrip("/")
+    for folder in dict.fromkeys((f"{base}/tools/", f"{own}/tools/")):
         for info in blobs.list(folder):
             name = info.uri[len(folder):]
             if "/" in name or not name.endswith(".json"):

@@ -30,8 +30,9 @@ def previous_analysis(deps: Dependencies, analysis: Analysis) -> dict[str, Any] 
 
 
 def compare_with_previous(deps: Dependencies, analysis: Analysis, results: dict[str, ToolResult]) -> SessionDiff | None:
-    """The comparison with the previous session, written beside the report; None where there is none (or its
-    outputs are gone: the report then has no such section, and this analysis is not held up)."""
+    """The comparison with the previous session, written beside the report (`analysis.report_uri`, set before the
+    call); None where there is none (or its outputs are gone: the report then has no such section, and this
+    analysis is not held up)."""
     previous = previous_analysis(deps, analysis)
     if previous is None:
         return None
@@ -42,7 +43,8 @@ def compare_with_previous(deps: Dependencies, analysis: Analysis, results: dict[
     after = SessionOutputs(label=f"{analysis.run_id}/{analysis.session_id}", analysis=analysis.model_dump(mode="json"),
                            tools={name: result.model_dump(mode="json") for name, result in results.items()})
     diff = compare_sessions(before, after)
-    base = analysis.output_uri.rstrip("/")
+    # beside summary.html, which links them
+    base = analysis.report_uri.rsplit("/", 1)[0] if analysis.report_uri else analysis.output_uri.rstrip("/")
     deps.blobs.put(f"{base}/{DIFF_JSON}", diff.model_dump_json(indent=2).encode(), "application/json")
     deps.blobs.put(f"{base}/{DIFF_HTML}", render_diff_html(diff).encode(), "text/html; charset=utf-8")
     return diff
