@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -600,6 +601,9 @@ def _bucket_source(stack_dir: Path, view_dir: Path):
         config = client_config()
     except ValueError:
         return None
+    from google.api_core.exceptions import GoogleAPIError
+    from google.auth.exceptions import GoogleAuthError
+
     from xdiag.cloud.gcs import GcsBlobStore, storage_client
     from xdiag.cloud.operations import state_store
     from xdiag.pipeline.layout import state_key
@@ -607,10 +611,14 @@ def _bucket_source(stack_dir: Path, view_dir: Path):
     from xdiag.pipeline.topics import sessions_collection
     from xdiag.viewer.sources import CACHE_BYTES, BucketSource
 
-    state = state_store(config)
+    state = functools.cache(lambda: state_store(config))  # made once, where a kind is first asked for
 
     def kind_of(run_path: str, session: str) -> str | None:
-        doc = state.get(sessions_collection(run_for_path(state, run_path)), state_key(session)) or {}
+        """The kind Firestore recorded; None (the kind in the session's id) where Firestore cannot be read."""
+        try:
+            doc = state().get(sessions_collection(run_for_path(state(), run_path)), state_key(session)) or {}
+        except (GoogleAPIError, GoogleAuthError):
+            return None
         return doc.get("kind")
 
     blobs = GcsBlobStore(storage_client(config.project), view_dir / "cache", CACHE_BYTES)
