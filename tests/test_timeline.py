@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from xdiag.analysis.timeline import repeating_period, step_set
+from xdiag.analysis.timeline import NO_REPEATING_STEP, repeating_period, step_set
 from xdiag.cloud.embedded import analyze_session
 from xdiag.profile.locate import locate_session
 from xdiag.profile.reader import read_session
@@ -97,6 +97,17 @@ def test_mi300x_attention_busy_is_measured_over_the_whole_window_including_host_
     assert s["compute_percent"] == pytest.approx(11.6, abs=1.0)  # not 34% inside cut-out steps
     assert s["device_idle_percent"] == pytest.approx(88, abs=1.5)
     assert s["steps"] * s["step_time_ms_mean"] == pytest.approx(32.6, abs=0.5)  # the steps cover the window
+
+
+def test_the_repeated_unit_is_a_program_sequence_and_different_programs_are_no_repetition():
+    session = read_session([shared_profile("gpu/mi300x_jax_conv_8gpu.xplane.pb")])
+    sources = step_set(session).sources
+    # GPU:0 also runs a varying number of input copies per call: its ops differ, its program launches repeat.
+    assert "program launches" in next(v for k, v in sources.items() if k.endswith("GPU:0"))
+    assert all("repeating" in v for v in sources.values())
+    # The GEMM benchmark runs jit_dot compiled six times (one program per benchmark case): no step repeats.
+    gemm = step_set(read_session([shared_profile("gpu/mi300x_jax_gemm.xplane.pb")]))
+    assert gemm.source == NO_REPEATING_STEP
 
 
 @pytest.mark.parametrize("profile, idle", [

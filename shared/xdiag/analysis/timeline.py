@@ -598,23 +598,31 @@ def _module_line_steps(plane: Plane) -> tuple[list[Step], str] | None:
 
 
 def _op_sequence_steps(ops: OpTable, device: str) -> tuple[list[Step], str]:
-    """A device without step markers: the period of its op sequence (module and op name) as the step,
-    from the first op of one repetition to the first of the next; else its whole window as one step."""
+    """A device without step markers: the repeating unit of its op sequence as the step, from the first op of one
+    repetition to the first of the next. First the sequence of ops (program and op name); else the sequence of
+    program launches (runs of ops of one program), which repeats even where a program's kernels vary; else the
+    device's whole window as one step."""
     mask = ops.device == device
     starts, ends = ops.start_ps[mask], ops.end_ps[mask]
     host = device.split(" ", 1)[0]
-    tokens = np.array([f"{m}\x00{n}" for m, n in zip(ops.module[mask], ops.name[mask])], dtype=object)
-    found = repeating_period(tokens)
-    if found is not None:
+    gaps = np.concatenate([[0], starts[1:] - np.maximum.accumulate(ends)[:-1]])
+    # A program is its module and compiled version: jit_dot for two shapes is two programs, not a repetition.
+    programs = np.array([f"{m}\x00{p}" for m, p in zip(ops.module[mask], ops.program_id[mask])], dtype=object)
+    launch_starts = np.flatnonzero(np.concatenate([[True], programs[1:] != programs[:-1]]))
+    for unit, positions, tokens in (
+        ("ops", np.arange(len(starts)), np.array([f"{p}\x00{n}" for p, n in zip(programs, ops.name[mask])], dtype=object)),
+        ("program launches", launch_starts, programs[launch_starts]),
+    ):
+        found = repeating_period(tokens)
+        if found is None:
+            continue
         period, match = found
         # A step begins after the longest pause: the phase of the period preceded by the largest mean gap.
-        gaps = np.concatenate([[0], starts[1:] - np.maximum.accumulate(ends)[:-1]])
-        phase_gap = np.bincount(np.arange(len(gaps)) % period, weights=gaps.astype(float), minlength=period)
-        phase = int(np.argmax(phase_gap[: min(period, len(gaps))]))
-        first = np.arange(phase, len(starts), period)
+        phase_gap = np.bincount(np.arange(len(positions)) % period, weights=gaps[positions].astype(float), minlength=period)
+        first = positions[np.arange(int(np.argmax(phase_gap[:period])), len(positions), period)]
         if len(first) >= 2:
             steps = _windows_from_starts(host, device, starts[first], int(ends[first[-1]:].max()))
-            return steps, f"repeating op sequence ({period} ops per step, {round(100 * match)}% repeat)"
+            return steps, f"repeating op sequence ({period} {unit} per step, {round(100 * match)}% repeat)"
     return [Step(host, 0, int(starts.min()), int(ends.max()), device)], NO_REPEATING_STEP
 
 
