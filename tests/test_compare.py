@@ -100,3 +100,10 @@ def test_xdiag_diff_on_two_analysis_folders_writes_diff_html_and_json(analysed, 
     assert Path(answer.stdout.strip()) == tmp_path / "out" / "diff.html"
     written = json.loads((tmp_path / "out" / "diff.json").read_text())
     assert written["baseline"]["session_id"] and written["headline"][0] in answer.stderr.replace("\n", " ")
+
+
+def test_xdiag_report_of_an_analysis_folder_prints_its_summary(analysed):
+    answer = subprocess.run([sys.executable, "-m", "xdiag.cli", "report", str(analysed["healthy"])],
+                            capture_output=True, text=True, timeout=120)
+    assert answer.returncode == 0, answer.stderr
+    assert Path(answer.stdout.strip()) == (analysed["healthy"] / "summary.html").absolute()

@@ -85,8 +85,10 @@ def _fetch(url: str) -> tuple[int, bytes]:
         return exc.code, exc.read()
 
 
-def test_xdiag_share_gives_a_link_that_fetches_the_report_and_stops_after_its_expiry(cloud, uploaded, captured):
+def test_xdiag_report_fetches_and_share_gives_a_link_that_stops_after_its_expiry(cloud, uploaded, captured, tmp_path):
     run, session = uploaded
+    saved = Path(_ok(_xdiag("report", f"{run}/{session}", "--out", str(tmp_path / "reports"))))
+    assert saved.is_relative_to(tmp_path / "reports") and session in saved.read_text()
     answer = _xdiag("share", f"{run}/{session}", "--expires", "4s")
     link = _ok(answer)
     status, body = _fetch(link)
