@@ -82,10 +82,10 @@ def health_snapshot(results: dict[str, ToolResult]) -> dict[str, Any]:
         },
         "utilization_percent": util.get("busy_percent_mean"),
         "achieved_gflops_per_s": kpi.get("achieved_gflops_per_s_during_ops"),
-        # xdiag's roofline over device op time; XProf's divides by a window that includes device idle.
-        "roofline_efficiency_percent": roofline.get("op_time_roofline_efficiency_percent",
-                                                    roofline.get("roofline_efficiency_percent")),
-        "bound_by": roofline.get("op_time_bound_by", roofline.get("bound_by")),
+        # xdiag's roofline over device op time (None where too little of it is costed); XProf's divides by a
+        # window that includes device idle, so it is kept apart.
+        "roofline_efficiency_percent": roofline.get("op_time_roofline_efficiency_percent"),
+        "bound_by": roofline.get("op_time_bound_by"),
         "xprof_roofline_efficiency_percent": roofline.get("roofline_efficiency_percent"),
         "peak_memory_gib": memory.get("peak_memory_gib"),
         "memory_capacity_gib": memory.get("capacity_gib"),

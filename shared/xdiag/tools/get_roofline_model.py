@@ -22,7 +22,8 @@ _COPY_CATEGORIES = ("copy-start", "copy-done", "async copy", "memcpy")
 def get_roofline_model(session: Session, top_n: int = 20) -> ToolOutput:
     """summary: xdiag's roofline over the ops whose FLOPs and bytes are known (transfers left out), over their
     own time: op_time_achieved_tflops_per_s, op_time_achieved_gb_per_s, op_time_intensity_flop_per_byte,
-    op_time_bound_by (compute | HBM), op_time_roofline_efficiency_percent, costed_op_time_percent, time_basis;
+    op_time_bound_by (compute | HBM), op_time_roofline_efficiency_percent, costed_op_time_percent (of the compute
+    op time; under 50% the figures are left out with roofline_unavailable_because), time_basis;
     the checked peaks (peak_tflops, peak_hbm_gb_per_s, ridge_flop_per_byte, flops_source, bandwidth_source,
     peak_warnings); XProf's own figures under its names (roofline_efficiency_percent, bound_by,
     peak_flop_rate_gflops, peak_hbm_bw_gibs, … over the capture window, idle included), xprof_idle_percent,
@@ -43,10 +44,10 @@ def get_roofline_model(session: Session, top_n: int = 20) -> ToolOutput:
     if view is None:
         detail["xprof"] = {"available": False, "reason": reason}
     else:
-        detail["xprof"] = view
         summary.update({k: v for k, v in view.items() if k not in ("detail", "unavailable")})
-        rows = view.get("detail", {}).get("top_operations", [])
-        summary["xprof_impossible_op_rows"] = _impossible_rows(rows, peaks)
+        rows = [dict(r) for r in view.get("detail", {}).get("top_operations", [])]
+        summary["xprof_impossible_op_rows"] = _mark_impossible_rows(rows, peaks)[:10]
+        detail["xprof"] = {**view, "detail": {**view.get("detail", {}), "top_operations": rows}}
         stalls = [(r.get("dma_stall_percent"), r.get("total_self_time_ms")) for r in rows]
         stalls = [(s, t) for s, t in stalls if s is not None and t]
         if stalls and any(s for s, _ in stalls):
@@ -59,20 +60,28 @@ def get_roofline_model(session: Session, top_n: int = 20) -> ToolOutput:
     return ToolOutput(summary, detail, xprof_source() + " and xdiag's HLO cost model")
 
 
+MIN_COSTED_PERCENT = 50.0
+"""The program's roofline speaks for it only when the ops with known FLOPs hold at least half its compute time."""
+
+
 def program_roofline(session: Session, peaks: dict) -> dict:
     """The whole program on the roofline: FLOPs and bytes of the costed ops over their own time."""
-    stats = op_stats(session)
-    total_ps = sum(s.total_ps for s in stats)
-    costed = [s for s in stats if s.cost and s.cost["flops_known"] and s.category not in TRANSFER_CATEGORIES]
+    working = [s for s in op_stats(session) if s.category not in TRANSFER_CATEGORIES]
+    working_ps = sum(s.total_ps for s in working)
+    costed = [s for s in working if s.cost and s.cost["flops_known"]]
     flops = sum(s.cost["flops"] * s.count for s in costed)
     moved = sum(s.cost["bytes"] * s.count for s in costed)
     seconds = sum(s.total_ps for s in costed) / 1e12
+    covered = round(100 * seconds * 1e12 / working_ps, 2) if working_ps else 0.0
     out: dict = {
-        "costed_op_time_percent": round(100 * seconds * 1e12 / total_ps, 2) if total_ps else 0.0,
+        "costed_op_time_percent": covered,
         "time_basis": "device op time of the costed ops (idle and transfers excluded)",
     }
-    if not seconds or not moved:
-        out["roofline_unavailable_because"] = "no op with known FLOPs and bytes ran on the device"
+    if not seconds or not moved or covered < MIN_COSTED_PERCENT:
+        out["roofline_unavailable_because"] = (
+            f"only {covered}% of the device's compute op time is in ops whose FLOPs and bytes are known (kernels "
+            "the profile's HLO does not name, or opaque custom calls)" if seconds else
+            "no op with known FLOPs and bytes ran on the device")
         return out
     intensity = flops / moved
     out.update(
@@ -108,8 +117,9 @@ def _reconcile(summary: dict) -> str:
     return text
 
 
-def _impossible_rows(rows: list[dict], peaks: dict) -> list[dict]:
-    """XProf's per-op rows above 100% of the roof, with why they cannot be measurements."""
+def _mark_impossible_rows(rows: list[dict], peaks: dict) -> list[dict]:
+    """XProf's per-op rows above 100% of the roof: each keeps its number and gets `not_a_measurement` (why);
+    returns them as {op, category, xprof_percent, why}."""
     out = []
     recorded, datasheet = peaks.get("recorded_peak_hbm_gb_per_s"), peaks.get("peak_hbm_gb_per_s")
     for row in rows:
@@ -125,5 +135,6 @@ def _impossible_rows(rows: list[dict], peaks: dict) -> list[dict]:
                    f"GB/s; against the datasheet this op is at {value * recorded / datasheet:.0f}%")
         else:
             why = "above the device's peak: the op's cost (FLOPs/bytes) or the peak XProf uses is wrong"
+        row["not_a_measurement"] = why
         out.append({"op": row.get("name"), "category": row.get("category"), "xprof_percent": value, "why": why})
-    return out[:10]
+    return out
