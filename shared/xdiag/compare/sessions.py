@@ -293,8 +293,10 @@ def _findings(a: SessionOutputs, b: SessionOutputs) -> FindingsDiff:
     def by_key(outputs: SessionOutputs) -> dict[str, dict[str, Any]]:
         return {f["key"]: f for f in ((outputs.analysis.get("diagnosis") or {}).get("findings") or [])}
 
+    def ref(finding: dict[str, Any]) -> FindingRef:
+        return FindingRef(key=finding["key"], title=finding["title"], priority=finding["priority"])
+
     fa, fb = by_key(a), by_key(b)
-    ref = lambda f: FindingRef(key=f["key"], title=f["title"], priority=f["priority"])  # noqa: E731
     return FindingsDiff(
         baseline_status=a.analysis.get("result") or a.analysis.get("status"),
         candidate_status=b.analysis.get("result") or b.analysis.get("status"),
