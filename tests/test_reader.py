@@ -117,3 +117,38 @@ def test_hosts_that_recorded_the_same_hostname_stay_apart(tmp_path, h200_profile
 
     hosts = run_tool(session, "get_hosts").summary
     assert hosts["hosts"] == 2 and hosts["slowest_host"] == "vm:hostB" and hosts["step_time_spread_percent"] > 100
+
+
+def test_lines_decoded_in_parallel_threads_equal_one_thread(monkeypatch):
+    """The decoder runs lines in a thread pool (it releases the GIL); every column must come out as
+    when one thread decodes the lines in order."""
+    import numpy as np
+    from xdiag.profile import reader
+
+    path = shared_profile("gpu/v100x8_tf_bert_worker.xplane.pb")
+
+    def columns(session):
+        out = []
+        for host in session.hosts:
+            for plane in host.planes:
+                out.append((plane.name, plane.strings))
+                for line in plane.lines:
+                    sparse = [(k, *cols.sparse(k)) for cols in (line.numeric, line.strings) for k in sorted(cols.keys())]
+                    out.append((line.id, line.name, line.metadata_id, line.start_ps, line.duration_ps, sparse))
+        return out
+
+    monkeypatch.setattr(reader, "READ_THREADS", 1)
+    one = columns(read_session([path]))
+    monkeypatch.setattr(reader, "READ_THREADS", 3)
+    many = columns(read_session([path]))
+    assert len(one) == len(many) > 10
+    for a, b in zip(one, many):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            if isinstance(x, np.ndarray):
+                assert x.dtype == y.dtype and np.array_equal(x, y)
+            elif isinstance(x, list) and x and isinstance(x[0], tuple):
+                for (name, i, v), (name2, i2, v2) in zip(x, y):
+                    assert name == name2 and np.array_equal(i, i2) and np.array_equal(v, v2)
+            else:
+                assert x == y

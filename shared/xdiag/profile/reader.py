@@ -2,14 +2,20 @@
 
 The file is memory-mapped and its top-level fields are walked by hand, so only one
 decoded XPlane exists at any moment; each plane is turned into numpy columns and its
-protobuf objects are dropped before the next is parsed. Anything that is not a readable
+protobuf objects are dropped before the next is parsed. A plane's lines are decoded a few at a
+time in parallel threads (the compiled decoder releases the GIL) and assembled in file order. Anything that is not a readable
 XSpace is refused with a `ProfileError` that says what is wrong and where.
 """
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures
+import contextlib
+import gc
 import json
 import mmap
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -93,13 +99,45 @@ def _stats_dict(stats, stat_names: dict[int, str]) -> dict[str, object]:
     return {stat_names.get(s.metadata_id, str(s.metadata_id)): _stat_value(s, stat_names) for s in stats}
 
 
+READ_THREADS = max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+"""Lines decoded at once: the compiled decoder releases the GIL, so lines decode in parallel threads."""
+
+
+def _wire_lines(arr: np.ndarray, spans: list[tuple[int, int]], columns: "_StatColumns") -> Iterator[tuple]:
+    """`wire.decode_line` of each (start, end), in order; up to READ_THREADS lines decode at once, a
+    few lines ahead of the caller (so memory holds only those beyond the lines already taken)."""
+
+    def decode(span: tuple[int, int]) -> tuple:
+        return wire.decode_line(
+            arr, span[0], span[1], columns.numeric_ids, columns.numeric_slots, columns.string_ids, columns.string_slots
+        )
+
+    if not spans:
+        return
+    yield decode(spans[0])  # in this thread: numba compiles or loads its cache once, not in every pool thread
+    if READ_THREADS < 2 or len(spans) < 3:
+        yield from map(decode, spans[1:])
+        return
+    with concurrent.futures.ThreadPoolExecutor(READ_THREADS, thread_name_prefix="xdiag-read") as pool:
+        ahead = collections.deque(pool.submit(decode, span) for span in spans[1 : 1 + 2 * READ_THREADS])
+        following = iter(spans[1 + 2 * READ_THREADS :])
+        try:
+            while ahead:
+                decoded = ahead.popleft().result()
+                span = next(following, None)
+                if span is not None:
+                    ahead.append(pool.submit(decode, span))
+                yield decoded
+        finally:
+            for future in ahead:
+                future.cancel()
+
+
 def _decode_line(
-    arr: np.ndarray, start: int, end: int, stat_names: dict[int, str], columns: "_StatColumns",
+    arr: np.ndarray, start: int, decoded: tuple, stat_names: dict[int, str], columns: "_StatColumns",
     intern: Callable[[str], int], where: str,
 ) -> Line:
-    header, metadata_id, offset_ps, duration_ps, stat_event, stat_slot, stat_a, stat_b, err, err_pos = wire.decode_line(
-        arr, start, end, columns.numeric_ids, columns.numeric_slots, columns.string_ids, columns.string_slots
-    )
+    header, metadata_id, offset_ps, duration_ps, stat_event, stat_slot, stat_a, stat_b, err, err_pos = decoded
     if err:
         raise ProfileError(f"{where}: a line at byte {start} is corrupt: {wire.ERRORS[err]} near byte {err_pos}")
 
@@ -265,9 +303,14 @@ def _decode_plane(
             metadata_stats[key] = stats
     columns = _StatColumns(stat_names)
     lines = []
-    for line_start, line_end in zip(starts[numbers == 3].tolist(), ends[numbers == 3].tolist()):
-        lines.append(_decode_line(arr, line_start, line_end, stat_names, columns, intern, name))
-        release(line_start, line_end)
+    spans = list(zip(starts[numbers == 3].tolist(), ends[numbers == 3].tolist()))
+    decoded_lines = _wire_lines(arr, spans, columns)
+    try:
+        for (line_start, line_end), decoded in zip(spans, decoded_lines):
+            lines.append(_decode_line(arr, line_start, decoded, stat_names, columns, intern, name))
+            release(line_start, line_end)
+    finally:
+        decoded_lines.close()  # waits for the lines still decoding before the file can close
     return Plane(
         id=proto.id,
         name=proto.name,
@@ -303,6 +346,22 @@ def _mangling_hint(buf, size: int) -> str:
     )
 
 
+@contextlib.contextmanager
+def _mapped(handle) -> Iterator[mmap.mmap]:
+    """The file mapped read-only; unmapped on exit once no numpy view of it is left. The first call of
+    the compiled decoder in a process (numba compiling or loading it) leaves the arguments in reference
+    cycles of its internal exceptions, so a collection runs before the mapping is closed again."""
+    buf = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+    try:
+        yield buf
+    finally:
+        try:
+            buf.close()
+        except BufferError:
+            gc.collect()
+            buf.close()
+
+
 def read_host(path: Path, progress: Progress | None = None) -> tuple[HostProfile, list[HloModule]]:
     """Reads one `*.xplane.pb`; raises ProfileError with a precise reason when it can't."""
     name = path.name
@@ -314,7 +373,7 @@ def read_host(path: Path, progress: Progress | None = None) -> tuple[HostProfile
     planes: list[Plane] = []
     modules: list[HloModule] = []
     texts: dict[str, list[str]] = {"errors": [], "warnings": [], "hostnames": []}
-    with path.open("rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+    with path.open("rb") as handle, _mapped(handle) as buf:
         try:
             fields = list(_top_level_fields(buf, size, name))
         except ProfileError as exc:
