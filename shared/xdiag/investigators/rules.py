@@ -51,10 +51,6 @@ def _ev(tool: str, metric: str, value: Any, note: str = "") -> Evidence:
     return Evidence(tool=tool, metric=metric, value=value, note=note)
 
 
-def _sentence(text: str) -> str:
-    return text[:1].upper() + text[1:]
-
-
 def _saving(step_ms: float | None, share: float) -> str:
     if not step_ms:
         return f"up to {share:.0f}% of step time"
@@ -232,9 +228,9 @@ def _hypotheses(health: dict[str, Any], results: dict[str, ToolResult]) -> list[
         out.append(Hypothesis(
             "host_sync", max(sync_pct, callback_share),
             "Blocking host–device synchronisation inside the step",
-            _sentence("; ".join(what) or "the host blocks on the device")
-            + (f"; {sync_pct}% of step time is spent blocked, which also stops the host from queueing the next step."
-               if sync_pct else "; the device waits while Python runs."),
+            _sentence(("; ".join(what) or "the host blocks on the device")
+                      + (f"; {sync_pct}% of step time is spent blocked, which also stops the host from queueing the "
+                         "next step" if sync_pct else "; the device waits while Python runs")),
             base + ([_ev("get_step_trace", "host_sync_percent", sync_pct)] if sync_pct else [])
             + ([_ev("get_step_trace", "syncs_per_step_mean", syncs)] if syncs else [])
             + ([_ev("get_step_trace", "callbacks_per_step_mean", callbacks)] if callbacks else [])
