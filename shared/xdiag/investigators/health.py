@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from xdiag.analysis.roofline import memory_bound_rows
 from xdiag.model import ToolResult
-from xdiag.tools.ops import memory_bound_rows
 
 HEALTHY = {
     "compute_percent_min": 80.0,

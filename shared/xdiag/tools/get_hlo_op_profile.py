@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from xdiag.analysis.device_peaks import session_peaks
+from xdiag.analysis.roofline import roofline_summary
+from xdiag.analysis.transfers import transfer_spans
 from xdiag.errors import NotAvailable
 from xdiag.profile.space import Session
 from xdiag.tools.common import DEVICE_PLANE_SOURCE, HOST_PLANE_SOURCE, percent, try_view
-from xdiag.tools.ops import category_totals, op_stats, roofline_summary, transfer_spans
+from xdiag.tools.ops import category_totals, op_stats
 from xdiag.tools.registry import ToolOutput, tool
 
 

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from xdiag.analysis.breakdown import step_rows, summarize_steps
+from xdiag.analysis.timeline import TRANSFER_OP_CATEGORIES
 from xdiag.errors import NotAvailable
 from xdiag.profile.space import Session
 from xdiag.tools.common import DEVICE_PLANE_SOURCE, HOST_PLANE_SOURCE, try_view
-from xdiag.tools.ops import TRANSFER_CATEGORIES, op_stats
+from xdiag.tools.ops import op_stats
 from xdiag.tools.registry import ToolOutput, tool
 
 
@@ -26,7 +27,7 @@ def get_kpi_metrics(session: Session) -> ToolOutput:
     steps = summarize_steps(rows)
     stats = op_stats(session)
     # GEMM custom calls count (their FLOPs come from their shapes); transfers do not: their time is a wait.
-    costed = [s for s in stats if s.cost and s.cost["flops_known"] and s.category not in TRANSFER_CATEGORIES]
+    costed = [s for s in stats if s.cost and s.cost["flops_known"] and s.category not in TRANSFER_OP_CATEGORIES]
     flops = sum(s.cost["flops"] * s.count for s in costed)
     op_seconds = sum(s.total_ps for s in costed) / 1e12
     total_step_s = sum(r.step_ms for r in rows) / 1e3

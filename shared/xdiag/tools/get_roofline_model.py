@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from xdiag.analysis.device_peaks import session_peaks
+from xdiag.analysis.timeline import TRANSFER_OP_CATEGORIES
 from xdiag.errors import NotAvailable
 from xdiag.profile.space import Session
 from xdiag.tools.common import try_view, xprof_source
-from xdiag.tools.ops import TRANSFER_CATEGORIES, op_stats
+from xdiag.tools.ops import op_stats
 from xdiag.tools.registry import ToolOutput, tool
 
 _COPY_CATEGORIES = ("copy-start", "copy-done", "async copy", "memcpy")
@@ -66,7 +67,7 @@ MIN_COSTED_PERCENT = 50.0
 
 def program_roofline(session: Session, peaks: dict) -> dict:
     """The whole program on the roofline: FLOPs and bytes of the costed ops over their own time."""
-    working = [s for s in op_stats(session) if s.category not in TRANSFER_CATEGORIES]
+    working = [s for s in op_stats(session) if s.category not in TRANSFER_OP_CATEGORIES]
     working_ps = sum(s.total_ps for s in working)
     costed = [s for s in working if s.cost and s.cost["flops_known"]]
     flops = sum(s.cost["flops"] * s.count for s in costed)

@@ -1,0 +1,112 @@
+"""Ops on the roofline: each costed op's bound, roof and efficiency against checked device peaks, and what
+the rows say together (memory-bound time that is a defect, how close the dominant ops come to their roof).
+
+Pure functions over op rows (tools.ops.OpStat.row) and peaks (analysis.device_peaks), so the op-profile tool,
+the health snapshot and the rules read one definition.
+"""
+
+from __future__ import annotations
+
+TRANSFER_RATE_REASON = (
+    "a transfer's bytes move between its start and its completion over a host or peer link, not during this "
+    "event's own time (the start, or the wait at the end)"
+)
+
+
+def roofline(row: dict, peaks: dict | None) -> dict:
+    """bound, roof_gflops_per_s, roofline_efficiency_percent and flags of one costed op row, against checked
+    peaks; {} without peaks (CPU) or without an achieved rate."""
+    if not peaks or not peaks.get("peak_flops_per_s") or not peaks.get("peak_hbm_bytes_per_s"):
+        return {}
+    intensity, achieved = row.get("arithmetic_intensity_flops_per_byte"), row.get("achieved_gflops_per_s")
+    bandwidth = row.get("achieved_gb_per_s")
+    if intensity is None or achieved is None or bandwidth is None:
+        return {}
+    peak_flops, peak_bw = peaks["peak_flops_per_s"], peaks["peak_hbm_bytes_per_s"]
+    compute_bound = intensity * peak_bw >= peak_flops
+    roof = peak_flops if compute_bound else intensity * peak_bw
+    efficiency = 100 * (achieved * 1e9 / peak_flops if compute_bound else bandwidth * 1e9 / peak_bw)
+    out: dict = {
+        "bound": "compute" if compute_bound else "memory",
+        "roof_gflops_per_s": round(roof / 1e9, 3),
+        "roofline_efficiency_percent": round(efficiency, 1),
+    }
+    if compute_bound and any(str(s).startswith(("f32", "f64")) for s in row.get("operand_shapes") or []):
+        # The datasheet peak is the 16-bit one; f32 operands run at a lower, device-specific rate (TF32, FP32).
+        out["efficiency_basis"] = "16-bit peak; this op's f32 operands have a lower peak"
+    if efficiency > 100:
+        out["flags"] = [
+            f"{efficiency:.0f}% of the {'compute' if compute_bound else 'bandwidth'} peak is not physically possible: "
+            "the peak is wrong, or the op's bytes/FLOPs are not what its shapes say (e.g. data served from a cache, "
+            "or moved by another engine); not a measurement"
+        ]
+    return out
+
+
+LOW_INTENSITY_FLOPS_PER_BYTE = 1.0
+"""Without device peaks (CPU): ops doing under one FLOP per byte moved are memory-bound on any current CPU."""
+EXTRA_PASSES_DEFECT_PERCENT = 20.0
+"""Op time that extra passes over the same data cost (re-reads, intermediates written and read back), above
+which memory-bound work is a defect rather than the nature of the work."""
+BANDWIDTH_EFFICIENCY_LOW_PERCENT = 30.0
+"""Memory-bound ops below this share of the HBM bandwidth roof leave most of the bandwidth unused."""
+
+
+def _weighted(rows: list[dict], key: str) -> float | None:
+    pairs = [(r[key], r["share_of_op_time_percent"]) for r in rows if r.get(key) is not None]
+    weight = sum(w for _, w in pairs)
+    return round(sum(v * w for v, w in pairs) / weight, 2) if weight else None
+
+
+def memory_bound_rows(rows: list[dict]) -> list[dict]:
+    """The rows on the memory side of the roofline that do arithmetic: below the device's ridge point (on CPU,
+    which records no peaks, under LOW_INTENSITY_FLOPS_PER_BYTE). A compute-bound op never counts; pure data
+    movement (0 FLOPs) is the detect_* tools' subject."""
+    return [
+        o for o in rows
+        if o.get("arithmetic_intensity_flops_per_byte") is not None and (o.get("flops_per_run") or 0) > 0
+        and (o["bound"] == "memory" if o.get("bound") else o["arithmetic_intensity_flops_per_byte"] < LOW_INTENSITY_FLOPS_PER_BYTE)
+    ]
+
+
+def roofline_summary(rows: list[dict]) -> dict:
+    """From every op row: memory_bound_op_percent, memory_passes (time-weighted passes of their programs over
+    their own data), memory_extra_pass_percent (op time those extra passes cost),
+    memory_bandwidth_efficiency_percent, memory_bound_defect and memory_bound_why (several passes, or bandwidth
+    left unused: memory-bound work near its roof is the nature of the work, not a defect),
+    and dominant_ops_roofline_efficiency_percent over the busiest ops with a measured efficiency covering half
+    the op time (None when they cover less: no peaks, or kernels the HLO does not name)."""
+    low = memory_bound_rows(rows)
+    passes = _weighted(low, "program_memory_passes")
+    # Only the passes beyond the first are avoidable: a program moving its data k times wastes (1 - 1/k) of it.
+    extra = round(sum(o["share_of_op_time_percent"] * (1 - 1 / max(o.get("program_memory_passes") or 1.0, 1.0))
+                      for o in low), 2)
+    bandwidth = _weighted([o for o in low if not o.get("flags")], "roofline_efficiency_percent")
+    why = []
+    if extra >= EXTRA_PASSES_DEFECT_PERCENT:
+        why.append(f"their programs move their own data {passes:g} times per execution, so {extra:g}% of op time "
+                   "goes to passes a fused program would not make")
+    if bandwidth is not None and bandwidth < BANDWIDTH_EFFICIENCY_LOW_PERCENT:
+        why.append(f"they reach only {bandwidth:g}% of the HBM bandwidth")
+    measured = sorted((o for o in rows if o.get("roofline_efficiency_percent") is not None and not o.get("flags")
+                       and not o.get("efficiency_basis")),
+                      key=lambda o: -o["share_of_op_time_percent"])
+    dominant, covered = [], 0.0
+    for row in measured:
+        dominant.append(row)
+        covered += row["share_of_op_time_percent"]
+        if covered >= 50:
+            break
+    costed = any(o.get("arithmetic_intensity_flops_per_byte") is not None for o in rows)
+    return {
+        "memory_bound_op_percent": round(sum(o["share_of_op_time_percent"] for o in low), 2) if costed else None,
+        "memory_passes": passes,
+        "memory_extra_pass_percent": extra,
+        "memory_bandwidth_efficiency_percent": bandwidth,
+        "memory_bound_defect": bool(why),
+        "memory_bound_why": why,
+        "dominant_ops_roofline_efficiency_percent": _weighted(dominant, "roofline_efficiency_percent") if covered >= 50 else None,
+        "dominant_ops_share_percent": round(covered, 2) if covered >= 50 else None,
+        "dominant_ops": [f"{o['op']} ({o['module']})" for o in dominant[:3]] if covered >= 50 else [],
+        "flagged_op_rows": sum(1 for o in rows if o.get("flags")),
+    }
