@@ -21,7 +21,10 @@ from xdiag.investigators.health import health_snapshot
 from xdiag.investigators.rules import RuleEngine
 from xdiag.model import Status, ToolResult, ToolStatus
 from xdiag.profile.locate import locate_session
-from xdiag.profile.space import HloComputation, HloInstruction
+from xdiag.profile.space import HloComputation, HloInstruction, HloModule
+from xdiag.tools.detect_unnecessary_convert_reduce import materialised_widening
+from xdiag.tools.hlo_checks import ExecutedInstruction
+from xdiag.tools.ops import OpStat
 
 
 
@@ -343,6 +346,7 @@ def test_text_mangled_profile_fails_with_the_cause(tmp_path):
     ({"device_vendor": "AMD", "compute_cap_major": 9, "compute_cap_minor": 4, "memory_size": 206e9}, "MI300X"),
     ({"device_vendor": "AMD", "compute_cap_major": 9, "compute_cap_minor": 4, "memory_size": 274e9}, "MI325X"),
     ({"device_vendor": "AMD", "compute_cap_major": 9, "compute_cap_minor": 5, "clock_rate": 2.4e6}, "MI355X"),
+    ({"device_vendor": "AMD", "compute_cap_major": 9, "compute_cap_minor": 5, "clock_rate": 2.2e6}, "MI350X"),
     ({"device_vendor": "AMD", "compute_cap_major": 9, "compute_cap_minor": 0, "memory_size": 68.7e9}, "MI250X"),
 ])
 def test_devices_are_identified_from_what_their_planes_record(stats, model):
@@ -395,3 +399,33 @@ def test_a_busy_device_whose_dominant_kernel_runs_far_below_its_roof_is_not_opti
     top = diagnosis.findings[0]
     assert top.key == "low_kernel_efficiency" and top.priority == "P0"
     assert "MXU" in top.fix and "Pallas" in top.fix  # TPU advice for a compute-bound kernel
+
+
+def _instruction(name, opcode, dtype, dims, operands=(), called=()):
+    return HloInstruction(name, opcode, dtype, tuple(dims), (), tuple(operands), "", "", "", tuple(called))
+
+
+def _widening_rows(fused: list[HloInstruction], consumer: HloInstruction) -> list[dict]:
+    """detect_unnecessary_convert_reduce's verdict on a fusion `fusion.1` made of `fused`, read by `consumer`."""
+    reducer = HloComputation("add", [_instruction("a", "parameter", "f32", ()), _instruction("b", "parameter", "f32", ()),
+                                     _instruction("s", "add", "f32", (), ("a", "b"))])
+    root = fused[-1]
+    entry = HloComputation("main", [_instruction("x", "parameter", "bf16", (4096, 4096)),
+                                    _instruction("fusion.1", "fusion", root.dtype, root.dims, ("x",), ("fused",)),
+                                    consumer])
+    module = HloModule("jit_step", 1, "main", {"main": entry, "fused": HloComputation("fused", fused), "add": reducer}, "h")
+    stat = OpStat("jit_step", "fusion.1", "elementwise", 10, 10**9, None)
+    row = materialised_widening(ExecutedInstruction(stat, module, entry, entry.by_name["fusion.1"]), 10**9)
+    return [row] if row else []
+
+
+def test_only_a_widened_copy_written_to_memory_is_a_widening_convert():
+    narrow = _instruction("p", "parameter", "bf16", (4096, 4096))
+    widen = _instruction("c", "convert", "f32", (4096, 4096), ("p",))
+    reduce_outside = _instruction("r", "reduce", "f32", (4096,), ("fusion.1",), ("add",))
+    written = _widening_rows([narrow, widen], reduce_outside)  # the fusion's output is the f32 copy
+    assert written and written[0]["widening"] == "bf16->f32" and written[0]["extra_bytes_per_run"] == 4096 * 4096 * 2
+    fused_reduce = _instruction("r", "reduce", "f32", (4096,), ("c",), ("add",))
+    narrowed = _instruction("n", "convert", "bf16", (4096,), ("r",))
+    use = _instruction("u", "negate", "bf16", (4096,), ("fusion.1",))
+    assert _widening_rows([narrow, widen, fused_reduce, narrowed], use) == []  # widened in registers only

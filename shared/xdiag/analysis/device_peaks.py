@@ -42,6 +42,7 @@ DATASHEETS = {
         Datasheet("MI250X", 383, 3277, "https://www.amd.com/en/products/accelerators/instinct/mi200/mi250x.html"),
         Datasheet("MI300X", 1307.4, 5300, "https://www.amd.com/en/products/accelerators/instinct/mi300/mi300x.html"),
         Datasheet("MI325X", 1307.4, 6000, "https://www.amd.com/en/products/accelerators/instinct/mi300/mi325x.html"),
+        Datasheet("MI350X", 2307.2, 8000, "https://www.amd.com/en/products/accelerators/instinct/mi350/mi350x.html"),
         Datasheet("MI355X", 2516.6, 8000, "https://www.amd.com/en/products/accelerators/instinct/mi350/mi355x.html"),
     )
 }
@@ -58,7 +59,7 @@ def identify(stats: dict[str, Any]) -> str | None:
     text = " ".join(str(stats.get(k, "")) for k in ("device_type_string", "gpu_device_name", "device_type")).lower()
     if "tpu" in text:
         return next((model for key, model in _TPU_NAMES if key in text), None)
-    for model in ("MI355X", "MI325X", "MI300X", "MI250X", "B200", "H200", "H100", "A100", "V100"):
+    for model in ("MI355X", "MI350X", "MI325X", "MI300X", "MI250X", "B200", "H200", "H100", "A100", "V100"):
         if model.lower() in text:
             return model
     major, minor = stats.get("compute_cap_major"), stats.get("compute_cap_minor")
@@ -70,7 +71,8 @@ def identify(stats: dict[str, Any]) -> str | None:
         if (major, minor) == (9, 4):
             return "MI325X" if memory_gib > 200 else "MI300X" if memory_gib > 150 else None
         if (major, minor) == (9, 5):
-            return "MI355X" if float(stats.get("clock_rate") or 0) >= 2.3e6 else None
+            # The same gfx950 die: the MI355X clocks to 2.4 GHz, the MI350X to 2.2 GHz (clock_rate is in kHz).
+            return "MI355X" if float(stats.get("clock_rate") or 0) >= 2.3e6 else "MI350X"
         if (major, minor) == (9, 0):
             return "MI250X" if memory_gib > 60 else None
         return None

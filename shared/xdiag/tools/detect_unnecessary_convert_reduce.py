@@ -53,10 +53,10 @@ def _widening_converts(
 )
 def detect_unnecessary_convert_reduce(session: Session) -> ToolOutput:
     """summary: count, total_ms, share_of_op_time_percent, top_op, widening, top_op_shape. detail: ops (top 20)."""
-    return detect(session, _widening_before_reduce, lambda top: {"widening": top["widening"], "top_op_shape": top["converted_shape"]})
+    return detect(session, materialised_widening, lambda top: {"widening": top["widening"], "top_op_shape": top["converted_shape"]})
 
 
-def _widening_before_reduce(e: ExecutedInstruction, total_ps: int) -> dict | None:
+def materialised_widening(e: ExecutedInstruction, total_ps: int) -> dict | None:
     """A widened copy this op writes to memory that a reduction then reads. A convert fused into the reduction
     itself (XLA's usual bf16->f32 reduce fusion) widens in registers and writes nothing extra: not counted."""
     ins = e.instruction
