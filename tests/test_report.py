@@ -34,7 +34,7 @@ def _results(top_op: str = "dot.3") -> dict[str, ToolResult]:
     ops = [
         {"op": top_op, "module": "jit_train_step", "category": "matmul", "count": 15, "total_ms": 605.8348,
          "avg_us": 40388.984, "share_of_op_time_percent": 61.2, "shape": "f32[8,64,512,16]{1,2,3,0}",
-         "arithmetic_intensity_flops_per_byte": 31.5, "achieved_gib_per_s": 0.774},
+         "arithmetic_intensity_flops_per_byte": 31.5, "achieved_gib_per_s": 0.774, "achieved_gflops_per_s": 26.2},
         {"op": "custom-call.1", "module": "jit_train_step", "category": "custom_call", "count": 15, "total_ms": 100.0,
          "avg_us": 6666.7, "share_of_op_time_percent": 10.1, "shape": "f32[1024]{0}"},
         {"op": "fusion.2", "module": "jit_train_step", "category": "elementwise", "count": 15, "total_ms": 50.0,
@@ -186,7 +186,10 @@ def test_needs_attention_page_shows_status_and_findings_p0_first():
     html = render_summary_html(_needs_attention(), _results())
 
     assert "NEEDS_ATTENTION" in html
-    assert "Two issues found. The biggest is the layout copy." in html
+    summary = html[html.index('id="summary"'):html.index('id="metrics"')]
+    assert "Needs attention: 2 findings (1 P0, 1 P1)" in summary
+    assert "The biggest cost (P0) is layout copies dominate" in summary and "Do first: fuse the op." in summary
+    assert "(s)" not in html  # counts are plural-aware, never "finding(s)"
     p0, p1 = html.index("Layout copies dominate</span>"), html.index("Host syncs inside the step</span>")
     assert p0 < p1
     for label in ("What's happening", "Evidence", "Expected impact", "Fix"):
@@ -214,7 +217,7 @@ def test_unverified_finding_gets_a_badge():
 def test_investigator_and_follow_ups_are_shown():
     html = render_summary_html(_needs_attention(), _results())
     assert "rule engine; Gemini unavailable: no Vertex project configured" in html
-    follow_up = html[html.index('id="follow-up"'):html.index('id="step-time"')]
+    follow_up = html[html.index('id="follow-up"'):html.index('id="tools"')]
     assert "Host syncs inside the step (score 20.0)" in follow_up
     assert "get_hlo_neighborhood" in follow_up and "op: dot.3" in follow_up
 
@@ -235,14 +238,15 @@ def test_missing_metric_says_not_available_with_the_tools_reason():
 
 def test_unavailable_tool_sections_say_why_in_one_line():
     html = render_summary_html(_needs_attention(), _results())
-    roofline = html[html.index('id="roofline"'):html.index('id="memory"')]
+    roofline = html[html.index('id="roofline"'):html.index('id="hlo-op-profile"')]
     assert f"not available: {CPU_ROOFLINE_REASON}" in roofline
-    assert "<table" not in roofline
-    compiler = html[html.index('id="compiler-checks"'):html.index('id="kernel-stats"')]
+    assert "No roofs: the device&#39;s peaks are unknown" in roofline and "<svg" in roofline  # intensity, no roofs
+    assert "<table" not in roofline  # the op table is in the op-profile section only
+    compiler = html[html.index('id="compiler-checks"'):html.index('id="memory"')]
     assert "failed: KeyError" in compiler
-    assert "no such ops found" in compiler
+    assert "none found" in compiler
     kernels = html[html.index('id="kernel-stats"'):html.index('id="custom-kernels"')]
-    assert "not collected" in kernels
+    assert "not run: get_kernel_stats was not called" in kernels
 
 
 def test_detail_sections_render_tables_and_charts():
@@ -251,11 +255,11 @@ def test_detail_sections_render_tables_and_charts():
     assert steps.count("<svg") == 1
     assert steps.count("<g><title>step ") == 100  # capped at 100 columns of 120 steps
     assert "first 100 of 120 steps" in steps
-    assert "showing 30 of 120 rows" in steps  # the per-step table is bounded too
-    ops = html[html.index('id="hlo-op-profile"'):html.index('id="compiler-checks"')]
-    assert "<svg" in ops and "arith. intensity" in ops and "achieved GiB/s" in ops
-    custom = html[html.index('id="custom-kernels"'):html.index('id="modules"')]
-    assert "custom-call.1" in custom
+    assert "all 120 rows</summary>" in steps  # the first rows shown, the rest folded
+    ops = html[html.index('id="hlo-op-profile"'):html.index('id="kernel-stats"')]
+    assert "<svg" in ops and ">intensity</th>" in ops and ">bandwidth</th>" in ops
+    assert ops.count('<tr class="group">') == 3  # each category heads its ops
+    assert "606 ms" in ops and "40.4 ms" in ops and "31.5 FLOP/B" in ops  # each number in its unit
     tools = html[html.index('id="tools"'):]
     for name in _results():
         assert name in tools
@@ -287,7 +291,8 @@ def test_optimal_page():
                                          health=_health(breakdown_percent={"compute": 95.0, "host_other": 5.0})),
                                _results())
     assert 'class="banner OPTIMAL"' in html
-    assert "The workload is healthy" in html
+    assert "Optimal: no bottleneck needs attention in this CPU profile." in html
+    assert "It covers 120 steps of 69.5 ms on average; the devices compute 95% of that time." in html
     assert "No findings: the workload passed the health check." in html
     assert "banner NEEDS_ATTENTION" not in html
     _assert_self_contained(html)
@@ -314,7 +319,7 @@ def test_failed_status_alone_marks_the_page_failed():
 
 @pytest.mark.parametrize(
     ("value", "text"),
-    [(1234567, "1,234,567"), (0.000012345, "1.23e-05"), (3.14159, "3.142"), (105.3891, "105.4"),
+    [(1234567, "1,234,567"), (0.000012345, "1.23e-05"), (3.14159, "3.14"), (105.3891, "105"),
      (12345.678, "12,346"), (0.0, "0"), (True, "yes"), (-0.5, "-0.5")],
 )
 def test_numbers_are_formatted_for_reading(value, text):
@@ -330,3 +335,113 @@ def test_tables_take_any_flat_dicts_and_stay_bounded():
     assert table([{"program_id": 4642, "events": 4642}]).rows[0][1].text == "4,642"
     assert humanize_key("achieved_gib_per_s") == "achieved GiB/s"
     assert humanize_key("share_of_op_time_percent") == "share of op time %"
+
+
+# ------------------------------------------------------------------ numbers checked, charts, new sections
+
+from xdiag.report.format import Limits, format_measure, humanize_numbers, measured_cell  # noqa: E402
+
+TPU_PEAKS = {"platform": "TPU", "device_type": "TPU v6 Lite", "peak_teraflops_per_second": 918.0,
+             "peak_hbm_bw_gigabytes_per_second": 1637.99}
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "text"),
+    [("avg_us", 219894.575, "220 ms"), ("step_time_ms_mean", 1310.2, "1.31 s"), ("total_ms", 0.0007, "700 ns"),
+     ("peak_hbm_bw_gibs", 2479.55, "2.66 TB/s"), ("peak_flop_rate_gflops", 918000.0, "918 TFLOP/s"),
+     ("peak_hbm_bytes", 21492671104, "20 GiB"), ("share_percent", 27.91, "27.9%"),
+     ("operational_intensity_flop_per_byte", 34.2961, "34.3 FLOP/B"), ("memory_bandwidth", 898048000000, "898 GB/s"),
+     ("clock_rate", 1530000, "1.53 GHz"), ("flops_per_run", 1342177280.0, "1.34 GFLOP"), ("program_id", 4642, "4642")],
+)
+def test_every_number_is_shown_in_a_human_unit(key, value, text):
+    assert measured_cell(key, value).text == text
+
+
+def test_values_outside_physical_range_are_flagged_not_shown():
+    efficiency = measured_cell("roofline_efficiency_percent", 54626898.28)
+    assert efficiency.text == "out of range" and efficiency.flagged and "54,626,898%" in efficiency.full
+    rate = measured_cell("achieved_gib_per_s", 3068793135.7, Limits(peak_bytes_per_s=1.64e12))
+    assert rate.text == "out of range" and "above the device's peak bandwidth" in rate.full
+    assert measured_cell("achieved_gib_per_s", 1223.8, Limits(peak_bytes_per_s=1.64e12)).text == "1.31 TB/s"
+    assert measured_cell("step_time_spread_percent", 140.0).text == "140%"  # not a share: may pass 100
+
+
+def test_numbers_in_prose_are_brought_to_human_precision():
+    assert humanize_numbers("10462.4908 ms in total, mean 528714.873 µs") == "10.5 s in total, mean 529 ms"
+    assert humanize_numbers("1.31e+03 ms → about 1.3e+03 ms") == "1.31 s → about 1.3 s"
+    assert humanize_numbers("shape f32[5,1024]{1,0} at x.py:2479") == "shape f32[5,1024]{1,0} at x.py:2479"
+    assert format_measure(96.55, "%") == "96.5%"
+
+
+def _device_results(**extra) -> dict[str, ToolResult]:
+    results = _results()
+    results["get_device_information"] = _ok("get_device_information", dict(TPU_PEAKS))
+    ops = results["get_hlo_op_profile"].detail["ops"]
+    ops.append({"op": "copy-start.3", "module": "jit_f", "category": "async_copy", "count": 400, "total_ms": 0.0007,
+                "avg_us": 0.002, "share_of_op_time_percent": 0.0, "arithmetic_intensity_flops_per_byte": 0.0,
+                "achieved_gflops_per_s": 0.0, "achieved_gib_per_s": 3068793135.724,
+                "source": "&lt;embedded module &#39;_launcher&#39;&gt;:153"})
+    results["get_roofline_model"] = _ok("get_roofline_model", {
+        "roofline_efficiency_percent": 4.35, "bound_by": "HBM", "peak_flop_rate_gflops": 918000.0,
+        "peak_hbm_bw_gibs": 1525.5, "worst_op_efficiency_percent": 192447054.51})
+    results.update(extra)
+    return results
+
+
+def test_roofline_chart_has_both_roofs_the_ridge_and_the_ops():
+    html = render_summary_html(_needs_attention(), _device_results())
+    roofline = html[html.index('id="roofline"'):html.index('id="hlo-op-profile"')]
+    assert 'class="roof"' in roofline and 'class="ridge"' in roofline and "ridge 560" in roofline
+    assert roofline.count('class="pt"') == 1  # dot.3; the copy with 0 FLOPs is listed, not plotted
+    assert "compute 918 TFLOP/s, memory bandwidth 1.64 TB/s, ridge point 560 FLOP/B" in roofline
+    assert "192,447,054" not in roofline.split("title=")[0] and "out of range" in roofline
+
+
+def test_source_lines_escaped_by_the_converter_are_escaped_once():
+    html = render_summary_html(_needs_attention(), _device_results())
+    assert "&lt;embedded module &#39;_launcher&#39;&gt;:153" in html
+    assert "&amp;lt;" not in html and "&amp;#39;" not in html
+
+
+def test_kernel_statistics_show_launch_facts_and_the_op():
+    kernels = _ok("get_kernel_stats", {"kernels": 1, "launches": 194, "total_kernel_ms": 7.9,
+                                       "tensor_core_time_percent": 0.0},
+                  {"kernels": [{"kernel": "void ns::Fill<Eigen::half, 3>(unsigned long long const*, long long)",
+                                "op": "dropout/RandomUniform", "launches": 194, "total_ms": 7.9083, "mean_us": 40.764,
+                                "share_percent": 26.64, "registers_per_thread": 38, "shared_memory_bytes": 0,
+                                "occupancy_percent": 50.0, "tensor_core": False}]}, source="GPU device planes")
+    html = render_summary_html(_needs_attention(), _device_results(get_kernel_stats=kernels))
+    section = html[html.index('id="kernel-stats"'):html.index('id="custom-kernels"')]
+    for text in ("ns::Fill&lt;…&gt;(…)", "RandomUniform", ">38<", "50%", "7.91 ms", "40.8 µs", ">no<"):
+        assert text in section, text
+
+
+def test_custom_kernels_and_the_reason_low_level_data_is_absent():
+    custom = _ok("get_custom_kernels", {"custom_kernels": 1, "total_ms": 3.2189, "share_of_op_time_percent": 92.62},
+                 {"kernels": [{"op": "custom-call.1", "kind": "library GEMM (cuBLAS/hipBLASLt)", "count": 15,
+                               "total_ms": 3.2189, "share_of_op_time_percent": 92.62, "flops_per_run": None,
+                               "flops_unknown_because": "custom calls run code whose FLOPs the HLO does not say"}],
+                  "low_level": {"available": False, "reason": "LLO traces exist only in TPU captures"}})
+    html = render_summary_html(_needs_attention(), _device_results(get_custom_kernels=custom))
+    section = html[html.index('id="custom-kernels"'):html.index('id="compiler-checks"')]
+    assert "custom-call.1" in section and "library GEMM (cuBLAS/hipBLASLt)" in section and "92.6%" in section
+    assert "FLOPs unknown for custom-call.1" in section
+    assert "LLO and counter data: not available: LLO traces exist only in TPU captures" in section
+
+
+def test_hosts_side_by_side_with_the_straggler_aligned():
+    hosts = _ok("get_hosts", {"hosts": 2, "straggler_host": "hostB"}, {
+        "hosts": [{"host": "hostA", "steps": 15, "step_time_ms_mean": 104.2, "compute_percent": 99.5,
+                   "breakdown_percent": {"compute": 60.0, "collective": 38.0, "host_other": 2.0}},
+                  {"host": "hostB", "steps": 15, "step_time_ms_mean": 104.4, "compute_percent": 57.0,
+                   "breakdown_percent": {"compute": 57.0, "host_other": 41.0, "collective": 2.0}}],
+        "straggler_timeline": {"step": 7, "collective": "all-reduce.3", "participants": [
+            {"participant": "hostA", "step_start_ms": 0.0, "step_end_ms": 104.0, "collective_start_ms": 61.0,
+             "collective_end_ms": 103.0},
+            {"participant": "hostB", "step_start_ms": 0.5, "step_end_ms": 104.2, "collective_start_ms": 101.0,
+             "collective_end_ms": 103.0}]}})
+    html = render_summary_html(_needs_attention(), _device_results(get_hosts=hosts))
+    section = html[html.index('id="hosts"'):html.index('id="step-time"')]
+    assert section.count('<div class="rowbar">') == 2  # one breakdown bar per host
+    assert "aligned on the end of all-reduce.3 (step 7): hostB arrives last" in section
+    assert section.count('class="coll last"') == 1 and "arrives last" in section

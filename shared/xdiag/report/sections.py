@@ -1,0 +1,614 @@
+"""The detail sections of the page, one per question, each built from the tool results that answer it.
+
+Each fact has one table: the op table lives in the op-profile section only; other sections name ops and link to
+it. A section whose tool did not run, failed or has no data for this platform says so, with the tool's reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from xdiag.model import ToolResult, ToolStatus
+from xdiag.report import charts
+from xdiag.report.summary import counted
+from xdiag.report.format import (
+    Block,
+    Cell,
+    Column,
+    Limits,
+    Table,
+    cell,
+    format_measure,
+    format_value,
+    humanize_numbers,
+    key_values,
+    measured_cell,
+    out_of_range,
+    plain_text,
+    short_kernel_name,
+    short_shape,
+    table,
+    unit_of,
+)
+
+TABLE_ROWS_SHOWN = 10
+MAX_OPS_ON_CHART = 40
+
+
+@dataclass
+class Part:
+    """What one tool contributes to a section, or why it cannot."""
+
+    heading: str = ""
+    tool: str = ""
+    source: str = ""
+    unavailable: str = ""  # "not available: …" / "failed: …" / "not run: …"
+    blocks: list[Block] = field(default_factory=list)
+
+
+@dataclass
+class Section:
+    anchor: str
+    title: str
+    intro: str = ""
+    parts: list[Part] = field(default_factory=list)
+
+
+def part_for(results: Mapping[str, ToolResult], tool: str, heading: str = "") -> tuple[Part, ToolResult | None]:
+    """A part for `tool`, with `unavailable` set (and None returned) unless the tool is ok."""
+    r = results.get(tool)
+    part = Part(heading=heading, tool=tool)
+    if r is None:
+        part.unavailable = f"not run: {tool} was not called for this profile"
+        return part, None
+    part.source = r.source
+    if r.status == ToolStatus.NOT_AVAILABLE:
+        part.unavailable = humanize_numbers(f"not available: {r.reason or 'no reason given'}")
+        return part, None
+    if r.status == ToolStatus.FAILED:
+        part.unavailable = humanize_numbers(f"failed: {r.reason or 'no reason recorded'}")
+        return part, None
+    return part, r
+
+
+def kv_blocks(data: Mapping[str, Any] | None, limits: Limits, title: str = "", skip: Sequence[str] = ()) -> list[Block]:
+    """A summary as label/value pairs in their units; a value the tool marked missing shows the tool's reason."""
+    data = dict(data or {})
+    reasons: dict[str, Any] = {}
+    for marker in ("unavailable", "not_available"):
+        if isinstance(data.get(marker), Mapping):
+            reasons.update(data.pop(marker))
+    rows = key_values(data, skip=skip, limits=limits)
+    for row in rows:
+        if row.value.missing and row.key in reasons:
+            row.value = Cell(text=f"not available: {plain_text(format_value(reasons.pop(row.key)))}", missing=True)
+    blocks = [Block(kind="kv", title=title, kv=rows)] if rows else []
+    blocks += [Block(kind="text", text=f"{k.replace('_', ' ')}: not available: {format_value(v)}", muted=True)
+               for k, v in reasons.items() if k not in data]
+    return blocks
+
+
+def table_block(rows: Any, title: str = "", limits: Limits = Limits(), empty: str = "", **options: Any) -> list[Block]:
+    t = table(rows, limits=limits, shown=TABLE_ROWS_SHOWN, **options) if isinstance(rows, list) else None
+    if t is None:
+        return [Block(kind="text", text=empty, muted=True)] if empty else []
+    return [Block(kind="table", title=title, table=t)]
+
+
+def _xprof_gap(detail: Mapping[str, Any]) -> list[Block]:
+    """One line where XProf's own view of this question is missing, with its reason."""
+    xprof = detail.get("xprof")
+    if isinstance(xprof, Mapping) and xprof.get("available") is False:
+        return [Block(kind="text", text=f"XProf's view: not available: {xprof.get('reason') or 'no reason given'}",
+                      muted=True)]
+    return []
+
+
+# ----------------------------------------------------------------------------------------------- peaks
+
+
+@dataclass(frozen=True)
+class Peaks:
+    flops_per_s: float | None
+    bytes_per_s: float | None
+    source: str  # where they come from, in words
+    note: str = ""  # the tools' word on how far to trust them (checked against a datasheet, recorded …)
+
+    @property
+    def limits(self) -> Limits:
+        return Limits(self.flops_per_s, self.bytes_per_s)
+
+    @property
+    def known(self) -> bool:
+        return bool(self.flops_per_s and self.bytes_per_s)
+
+
+_BASE = {"GFLOP/s": 1e9, "TFLOP/s": 1e12, "GiB/s": 2.0**30, "GB/s": 1e9, "B/s": 1.0}
+
+
+def device_peaks(results: Mapping[str, ToolResult]) -> Peaks:
+    """The device's peak FLOP rate and memory bandwidth, from the first tool that states them (device information
+    first: that is where checked peaks live), as FLOP/s and bytes/s."""
+    flops = bandwidth = None
+    sources: list[str] = []
+    notes: list[str] = []
+    for tool in ("get_device_information", "get_roofline_model"):
+        r = results.get(tool)
+        if r is None or not r.ok:
+            continue
+        for key, value in r.summary.items():
+            k = key.lower()
+            if isinstance(value, str) and "peak" in k and ("source" in k or "check" in k or "note" in k):
+                notes.append(value)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+                continue
+            unit = unit_of(key)
+            if flops is None and "peak" in k and unit in ("GFLOP/s", "TFLOP/s"):
+                flops = value * _BASE[unit]
+                sources.append(tool)
+            elif bandwidth is None and ("peak" in k or k == "memory_bandwidth") and unit in ("GiB/s", "GB/s", "B/s"):
+                bandwidth = value * _BASE[unit]
+                sources.append(tool)
+    return Peaks(flops, bandwidth, ", ".join(dict.fromkeys(sources)), "; ".join(dict.fromkeys(notes)))
+
+
+# ------------------------------------------------------------------------------------------- sections
+
+
+def step_time_section(results: Mapping[str, ToolResult], limits: Limits) -> Section:
+    section = Section("step-time", "Step time")
+    part, r = part_for(results, "get_step_trace")
+    section.parts.append(part)
+    if r is None:
+        return section
+    categories = r.detail.get("categories") or list(charts.STEP_CATEGORY_COLORS)
+    # The breakdown is the bar under the key metrics: not repeated here.
+    part.blocks += kv_blocks(r.summary, limits, skip=[f"{c}_percent" for c in categories])
+    steps = [s for s in r.detail.get("steps") or [] if isinstance(s, Mapping)]
+    meaning = r.detail.get("category_meaning") or {}
+    by_host: dict[str, list[Mapping[str, Any]]] = {}
+    for s in steps:
+        by_host.setdefault(str(s.get("host") or ""), []).append(s)
+    for host, rows in list(by_host.items())[:8]:
+        svg, legend = charts.step_columns(rows, categories, duration_text=lambda ms: format_measure(ms, "ms"))
+        shown = min(len(rows), charts.MAX_STEP_COLUMNS)
+        title = "Time per step, split by category" + (f" — host {host}" if len(by_host) > 1 else "")
+        if len(rows) > shown:
+            title += f" (first {shown} of {len(rows)} steps)"
+        part.blocks.append(Block(kind="chart", title=title, svg=svg,
+                                 legend=[(c, color, meaning.get(c, "")) for c, color, _ in legend]))
+    if len(by_host) > 8:
+        part.blocks.append(Block(kind="text", text=f"charts for the first 8 of {len(by_host)} hosts", muted=True))
+    # Per-step category times are in ms: named so, each cell says its unit.
+    step_rows = [{("step_time_ms" if k == "step_ms" else f"{k}_ms" if k in categories else k): v for k, v in s.items()}
+                 for s in steps]
+    part.blocks += table_block(step_rows, "Per-step rows", limits, limit=200,
+                               preferred=("host", "device", "step", "step_time_ms", *(f"{c}_ms" for c in categories)))
+    part.blocks += _xprof_gap(r.detail)
+    return section
+
+
+def _op_points(ops: Sequence[Mapping[str, Any]], limits: Limits) -> tuple[list[dict], list[str], float, list[str]]:
+    """Chart points of the ops that have both an intensity and a FLOP rate; the names of ops left off because
+    they do no arithmetic (and their share of op time); the names left off as out of range."""
+    points, no_flops, flagged = [], [], []
+    no_flops_share = 0.0
+    for o in ops[:MAX_OPS_ON_CHART]:
+        intensity = o.get("arithmetic_intensity_flops_per_byte")
+        rate = o.get("achieved_gflops_per_s")
+        share = o.get("share_of_op_time_percent") or 0.0
+        name = short_kernel_name(str(o.get("op") or "?"), 60)
+        if not isinstance(intensity, (int, float)) or not isinstance(rate, (int, float)) or intensity <= 0 or rate <= 0:
+            no_flops.append(name)
+            no_flops_share += share if isinstance(share, (int, float)) else 0.0
+            continue
+        reason = out_of_range("achieved_gflops_per_s", rate, limits) or out_of_range(
+            "achieved_gib_per_s", o.get("achieved_gib_per_s"), limits)
+        if reason:
+            flagged.append(f"{name} ({reason})")
+            continue
+        tip = (f"{name} [{o.get('category')}]\n{format_measure(intensity, 'intensity')}, "
+               f"{format_measure(rate, 'GFLOP/s')}\n{format_measure(o.get('total_ms'), 'ms')} "
+               f"({format_measure(share, '%')} of op time)")
+        if limits.peak_flops_per_s and limits.peak_bytes_per_s:
+            roof = min(limits.peak_flops_per_s, limits.peak_bytes_per_s * intensity)
+            tip += f"\n{format_measure(100 * rate * 1e9 / roof, '%')} of its roof"
+        points.append({"label": name, "intensity": float(intensity), "flops_per_s": float(rate) * 1e9,
+                       "time_share": float(share) / 100, "category": str(o.get("category") or "other"), "tip": tip})
+    return points, no_flops, no_flops_share, flagged
+
+
+def roofline_section(results: Mapping[str, ToolResult], peaks: Peaks) -> Section:
+    section = Section("roofline", "Roofline",
+                      intro="Each op at its arithmetic intensity (FLOP per byte moved) and achieved FLOP rate; the "
+                            "area of a point follows its share of op time. Left of the ridge point an op is limited "
+                            "by memory bandwidth, right of it by compute.")
+    part, ops_result = part_for(results, "get_hlo_op_profile", "Ops on the roofline")
+    section.parts.append(part)
+    if ops_result is not None:
+        ops = [o for o in ops_result.detail.get("ops") or [] if isinstance(o, Mapping)]
+        points, no_flops, no_flops_share, flagged = _op_points(ops, peaks.limits)
+        if peaks.known:
+            part.blocks.append(Block(kind="text", text=(
+                f"Roofs: compute {format_measure(peaks.flops_per_s / 1e9, 'GFLOP/s')}, memory bandwidth "
+                f"{format_measure(peaks.bytes_per_s, 'B/s')}, ridge point "
+                f"{format_measure(peaks.flops_per_s / peaks.bytes_per_s, 'intensity')} (from {peaks.source})"
+                + (f"; {peaks.note}" if peaks.note else "") + ".")))
+        else:
+            why = _peaks_missing_reason(results)
+            part.blocks.append(Block(kind="text", muted=True, text=(
+                f"No roofs: the device's peaks are unknown ({why}). The chart shows each op's measured intensity "
+                "and FLOP rate without them.")))
+        if points:
+            svg, legend = charts.roofline_chart(
+                points, peaks.flops_per_s if peaks.known else None, peaks.bytes_per_s if peaks.known else None,
+                rate_text=lambda v: format_measure(v / 1e9, "GFLOP/s"),
+                intensity_text=lambda v: format_measure(v, "intensity").removesuffix(" FLOP/B"),
+            )
+            part.blocks.append(Block(kind="chart", title=f"Roofline: {len(points)} of the slowest ops", svg=svg,
+                                     legend=legend))
+        else:
+            part.blocks.append(Block(kind="text", muted=True,
+                                     text="No op has both a FLOP count and a measured time, so none can be placed."))
+        if no_flops:
+            part.blocks.append(Block(kind="text", muted=True, text=(
+                f"Not on the chart: {len(no_flops)} ops with no FLOPs known or none done "
+                f"({format_measure(no_flops_share, '%')} of op time): {_names(no_flops)}.")))
+        if flagged:
+            part.blocks.append(Block(kind="text", muted=True, text=(
+                f"Not on the chart, their rates out of physical range: {_names(flagged, 3)}.")))
+    part, r = part_for(results, "get_roofline_model", "Whole program (XProf's roofline)")
+    section.parts.append(part)
+    if r is not None:
+        part.blocks += kv_blocks(r.summary, peaks.limits)
+        part.blocks += _xprof_gap(r.detail)
+    return section
+
+
+def _names(names: Sequence[str], limit: int = 6) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def _peaks_missing_reason(results: Mapping[str, ToolResult]) -> str:
+    r = results.get("get_roofline_model")
+    if r is not None and r.reason:
+        return r.reason
+    d = results.get("get_device_information")
+    platform = (d.summary.get("platform") if d is not None and d.ok else None) or "this"
+    return f"the {platform} profile records no peak FLOP rate or memory bandwidth"
+
+
+OP_TABLE_COLUMNS = (
+    ("op", "op"), ("count", "runs"), ("total_ms", "total"), ("avg_us", "mean"), ("share_of_op_time_percent", "share"),
+    ("arithmetic_intensity_flops_per_byte", "intensity"), ("achieved_gflops_per_s", "FLOP rate"),
+    ("achieved_gib_per_s", "bandwidth"), ("shape", "shape"),
+)
+
+
+def op_table(ops: Sequence[Mapping[str, Any]], categories_ms: Mapping[str, Any], limits: Limits) -> Table:
+    """The op table: ops grouped by category (largest first), each op with its module, framework op and source
+    line under its name."""
+    order = {c: i for i, c in enumerate(categories_ms)}
+    grouped = sorted(ops, key=lambda o: (order.get(o.get("category"), len(order)), -(o.get("total_ms") or 0)))
+    total_ms = sum(v for v in categories_ms.values() if isinstance(v, (int, float))) or None
+    columns = [Column(key, label) for key, label in OP_TABLE_COLUMNS]
+    rows, groups, seen = [], {}, set()
+    for o in grouped:
+        category = str(o.get("category") or "other")
+        if category not in seen:
+            seen.add(category)
+            ms = categories_ms.get(category)
+            share = f", {format_measure(100 * ms / total_ms, '%')} of op time" if ms is not None and total_ms else ""
+            groups[len(rows)] = f"{category}: {format_measure(ms, 'ms')}{share}" if ms is not None else category
+        row = []
+        for key, _ in OP_TABLE_COLUMNS:
+            value = o.get(key)
+            if key == "op":
+                name = plain_text(str(value))
+                short = short_kernel_name(name)
+                c = Cell(text=short, full=name if short != name else None, sub=_op_origin(o))
+            elif key == "shape":
+                c = cell(short_shape(value)) if value is not None else Cell(text="", missing=True)
+            else:
+                c = measured_cell(key, value, limits) if value is not None else Cell(text="", missing=True)
+            row.append(c)
+        rows.append(row)
+    return Table(columns=columns, rows=rows, total=len(rows), shown=TABLE_ROWS_SHOWN, group_rows=groups)
+
+
+def _op_origin(o: Mapping[str, Any]) -> str:
+    bits = [str(o.get("module") or ""), str(o.get("framework_op") or ""), str(o.get("source") or "")]
+    return " · ".join(plain_text(b) for b in bits if b)
+
+
+def op_profile_section(results: Mapping[str, ToolResult], limits: Limits) -> Section:
+    section = Section("hlo-op-profile", "HLO op profile")
+    part, r = part_for(results, "get_hlo_op_profile")
+    section.parts.append(part)
+    if r is None:
+        return section
+    part.blocks += kv_blocks(r.summary, limits, skip=("category_percent", "top_op", "top_op_module",
+                                                      "top_op_category", "top_op_share_percent", "top_category"))
+    categories = r.detail.get("categories_ms") or {}
+    if categories:
+        svg = charts.horizontal_bars(categories, value_text=lambda ms: format_measure(ms, "ms"))
+        part.blocks.append(Block(kind="chart", title="Op time by category", svg=svg))
+    ops = [o for o in r.detail.get("ops") or [] if isinstance(o, Mapping)]
+    if ops:
+        part.blocks.append(Block(kind="table", title=f"Slowest {len(ops)} ops, by category", table=op_table(ops, categories, limits)))
+    else:
+        part.blocks.append(Block(kind="text", text="no ops listed", muted=True))
+    if r.detail.get("note"):
+        part.blocks.append(Block(kind="text", text=str(r.detail["note"]), muted=True))
+    part.blocks += _xprof_gap(r.detail)
+    return section
+
+
+CHECKS = (
+    ("detect_layout_mismatch_copies", "Layout-changing copies and transposes"),
+    ("detect_unfused_reshapes", "Unfused reshapes, transposes and copies"),
+    ("detect_unnecessary_convert_reduce", "Widening converts around reductions"),
+)
+
+
+def compiler_section(results: Mapping[str, ToolResult], limits: Limits) -> Section:
+    section = Section("compiler-checks", "Compiler checks",
+                      intro="Ops the compiler could have avoided; each op's time and shape are in the op table.")
+    for tool, heading in CHECKS:
+        part, r = part_for(results, tool, heading)
+        section.parts.append(part)
+        if r is None:
+            continue
+        ops = [o for o in r.detail.get("ops") or [] if isinstance(o, Mapping)]
+        s = r.summary
+        if not ops and not s.get("count"):
+            part.blocks.append(Block(kind="text", text="none found", muted=True))
+        else:
+            names = [f"{o.get('op')} ({format_measure(o.get('total_ms'), 'ms')})" for o in ops]
+            part.blocks.append(Block(kind="text", text=(
+                f"{counted(s.get('count') or len(ops), 'op')}, {format_measure(s.get('share_of_op_time_percent'), '%')} of op "
+                f"time ({format_measure(s.get('total_ms'), 'ms')})" + (f": {_names(names)}" if names else "") + ".")))
+        coverage = s.get("op_time_with_hlo_percent")
+        if coverage is not None and coverage < 100:
+            part.blocks.append(Block(kind="text", muted=True, text=(
+                f"Checked {format_measure(coverage, '%')} of op time (the ops whose HLO the profile carries).")))
+    return section
+
+
+KERNEL_COLUMNS = (
+    "kernel", "op", "launches", "total_ms", "mean_us", "share_percent", "registers_per_thread", "shared_memory_bytes",
+    "occupancy_percent", "tensor_core",
+)
+
+
+def kernel_section(results: Mapping[str, ToolResult], limits: Limits) -> Section:
+    section = Section("kernel-stats", "Kernel statistics", intro="GPU kernels by total time.")
+    part, r = part_for(results, "get_kernel_stats")
+    section.parts.append(part)
+    if r is None:
+        return section
+    part.blocks += kv_blocks(r.summary, limits, skip=("top_kernel",))
+    rows = []
+    for k in r.detail.get("kernels") or []:
+        if not isinstance(k, Mapping):
+            continue
+        name = str(k.get("kernel") or "")
+        row = {key: k.get(key) for key in KERNEL_COLUMNS if k.get(key) is not None}
+        row["kernel"] = short_kernel_name(name)
+        row["op"] = k.get("op") or k.get("hlo_op")
+        if isinstance(k.get("tensor_core"), bool):
+            row["tensor_core"] = "yes" if k["tensor_core"] else "no"
+        rows.append(row)
+    part.blocks += table_block(rows, "Kernels", limits, empty="no kernels listed", preferred=KERNEL_COLUMNS,
+                               only=KERNEL_COLUMNS, labels={"shared_memory_bytes": "shared memory",
+                                                            "registers_per_thread": "registers",
+                                                            "occupancy_percent": "occupancy",
+                                                            "tensor_core": "Tensor Core", "share_percent": "share"})
+    part.blocks += _xprof_gap(r.detail)
+    return section
+
+
+CUSTOM_COLUMNS = (
+    "op", "kind", "count", "total_ms", "share_of_op_time_percent", "flops_per_run", "bytes_per_run",
+    "achieved_gflops_per_s", "efficiency_percent",
+)
+
+
+def custom_kernel_section(results: Mapping[str, ToolResult], limits: Limits) -> Section:
+    section = Section("custom-kernels", "Custom kernels",
+                      intro="Every custom call and hand-written kernel (Pallas, Mosaic, Triton, library GEMMs and "
+                            "convolutions) with its time share, and on TPU the low-level data the capture carries.")
+    part, r = part_for(results, "get_custom_kernels")
+    section.parts.append(part)
+    if r is None:
+        return section
+    kernels = [k for k in r.detail.get("kernels") or [] if isinstance(k, Mapping)]
+    if kernels:
+        part.blocks += kv_blocks(r.summary, limits, skip=("low_level",))
+        part.blocks += table_block(kernels, "", limits, preferred=CUSTOM_COLUMNS, only=CUSTOM_COLUMNS,
+                                   labels={"share_of_op_time_percent": "share", "flops_per_run": "FLOPs/run",
+                                           "bytes_per_run": "bytes/run", "achieved_gflops_per_s": "FLOP rate",
+                                           "efficiency_percent": "of peak"})
+        unknown = [str(k.get("op")) for k in kernels if k.get("flops_per_run") is None]
+        if unknown:
+            reason = next((k.get("flops_unknown_because") for k in kernels if k.get("flops_unknown_because")), "")
+            part.blocks.append(Block(kind="text", muted=True, text=(
+                f"FLOPs unknown for {_names(unknown, 4)}" + (f": {reason}" if reason else "") + ".")))
+    else:
+        part.blocks.append(Block(kind="text", muted=True, text=r.detail.get("none_because") or
+                                 "none in this profile: no custom call or hand-written kernel ran"))
+    low = r.detail.get("low_level")
+    if isinstance(low, Mapping):
+        if low.get("available"):
+            part.blocks += table_block(low.get("lines"), "Low-level lines in the capture (LLO, counters)", limits)
+        elif low.get("reason"):
+            part.blocks.append(Block(kind="text", muted=True, text=f"LLO and counter data: not available: {low['reason']}"))
+    return section
+
+
+def memory_section(results: Mapping[str, ToolResult], limits: Limits) -> Section:
+    section = Section("memory", "Memory")
+    part, r = part_for(results, "get_memory_profile", "Memory use and OOM risk")
+    section.parts.append(part)
+    if r is not None:
+        part.blocks += kv_blocks(r.summary, limits) + _xprof_gap(r.detail)
+    part, r = part_for(results, "get_peak_allocations", "Largest buffers")
+    section.parts.append(part)
+    if r is not None:
+        part.blocks += kv_blocks(r.summary, limits)
+        buffers = [{**b, "shape": short_shape(b.get("shape"))} if isinstance(b, Mapping) and "shape" in b else b
+                   for b in r.detail.get("buffers") or []]
+        part.blocks += table_block(buffers, "Buffers", limits, empty="no buffers listed")
+    return section
+
+
+def modules_section(results: Mapping[str, ToolResult], limits: Limits) -> Section:
+    section = Section("modules", "HLO modules")
+    part, r = part_for(results, "list_hlo_modules")
+    section.parts.append(part)
+    if r is not None:
+        part.blocks += kv_blocks(r.summary, limits)
+        part.blocks += table_block(r.detail.get("modules"), "", limits, empty="no modules listed")
+    return section
+
+
+def device_section(results: Mapping[str, ToolResult], limits: Limits) -> Section:
+    section = Section("devices", "Devices")
+    part, r = part_for(results, "get_device_information")
+    section.parts.append(part)
+    if r is not None:
+        part.blocks += kv_blocks(r.summary, limits)
+        devices = r.detail.get("devices")
+        if isinstance(devices, list) and devices:
+            busy = [d for d in devices if isinstance(d, Mapping) and d.get("events")]
+            part.blocks += table_block(devices, f"Devices ({len(busy)} of {len(devices)} with events)", limits,
+                                       preferred=("host", "plane", "events"))
+    return section
+
+
+# Pairs of the same quantity as xdiag and XProf measure it: (label, xdiag tool, key, XProf tool, key).
+XPROF_PAIRS = (
+    ("Step time", "get_step_trace", "step_time_ms_mean", "get_kpi_metrics", "xprof_step_time_ms"),
+    ("Device busy", "get_utilization_viewer", "busy_percent_mean", "get_kpi_metrics", "xprof_duty_cycle_percent"),
+    ("Roofline efficiency", "get_roofline_model", "roofline_efficiency_percent", "get_kpi_metrics",
+     "xprof_flop_rate_utilization_percent"),
+    ("Peak memory", "get_memory_profile", "peak_memory_gib", "get_kpi_metrics", "xprof_peak_hbm_gib"),
+    ("Memory capacity", "get_memory_profile", "capacity_gib", "get_kpi_metrics", "xprof_memory_capacity_gib"),
+)
+DIFFERENCE_RELATIVE = 0.1
+
+
+def xprof_section(results: Mapping[str, ToolResult], limits: Limits) -> Section:
+    """xdiag's and XProf's figure for the same quantity side by side, with a word where they differ."""
+    section = Section("xprof", "xdiag and XProf",
+                      intro="The same quantity as xdiag measures it and as XProf's own converters report it.")
+    part = Part(tool="get_kpi_metrics")
+    section.parts.append(part)
+    rows = []
+    for label, tool, key, xtool, xkey in XPROF_PAIRS:
+        mine, theirs = _summary_value(results, tool, key), _summary_value(results, xtool, xkey)
+        if mine is None and theirs is None:
+            continue
+        rows.append({"quantity": label, "xdiag": measured_cell(key, mine, limits).text if mine is not None else "n/a",
+                     "XProf": measured_cell(xkey, theirs, limits).text if theirs is not None else "n/a",
+                     "note": _difference_note(key, mine, theirs, results)})
+    if rows:
+        t = table(rows, shown=len(rows))
+        for row in t.rows:
+            row[-1] = Cell(text=row[-1].full or row[-1].text)  # the note is prose: never cut
+        part.blocks.append(Block(kind="table", table=t))
+    else:
+        kpi = results.get("get_kpi_metrics")
+        part.unavailable = ("not available: XProf reported none of these quantities for this profile"
+                            if kpi is not None and kpi.ok else f"not available: {(kpi.reason if kpi else None) or 'get_kpi_metrics did not run'}")
+    return section
+
+
+def _summary_value(results: Mapping[str, ToolResult], tool: str, key: str) -> Any:
+    r = results.get(tool)
+    value = r.summary.get(key) if r is not None and r.ok else None
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _difference_note(key: str, mine: Any, theirs: Any, results: Mapping[str, ToolResult]) -> str:
+    if mine is None or theirs is None:
+        return "only one side reports it"
+    if max(abs(mine), abs(theirs)) == 0 or abs(mine - theirs) <= DIFFERENCE_RELATIVE * max(abs(mine), abs(theirs)):
+        return "agree"
+    if key == "busy_percent_mean":
+        step = results.get("get_step_trace")
+        window = step.summary.get("window_busy_percent") if step is not None and step.ok else None
+        gap = step.summary.get("largest_gap_ms") if step is not None and step.ok else None
+        why = "XProf's duty cycle counts the whole capture window, idle gaps outside the steps included"
+        if isinstance(window, (int, float)):
+            why += f" (busy {format_measure(window, '%')} over the window"
+            why += f", largest gap {format_measure(gap, 'ms')})" if isinstance(gap, (int, float)) else ")"
+        return why
+    if key == "step_time_ms_mean":
+        return "the two cut steps differently (xdiag: see the step source above; XProf: its own step markers)"
+    if key == "roofline_efficiency_percent":
+        return "different FLOP counts or time bases (XProf counts idle time and XLA's cost model)"
+    return "differ"
+
+
+def _host_rows(hosts: Sequence[Mapping[str, Any]]) -> list[dict]:
+    keep = ("host", "steps", "step_time_ms_mean", "compute_percent", "collective_wait_ms", "collective_wait_percent",
+            "input_percent", "host_percent", "last_arrivals", "last_arrival_share_percent", "events")
+    return [{k: h.get(k) for k in keep if k in h} for h in hosts]
+
+
+def hosts_section(results: Mapping[str, ToolResult], limits: Limits) -> Section:
+    """One row per host, side by side; where a straggler is named, one step on every host on one aligned axis."""
+    section = Section("hosts", "Hosts")
+    part, r = part_for(results, "get_hosts")
+    section.parts.append(part)
+    if r is None:
+        return section
+    hosts = [h for h in r.detail.get("hosts") or [] if isinstance(h, Mapping)]
+    if len(hosts) <= 1:
+        name = hosts[0].get("host") if hosts else None
+        part.blocks.append(Block(kind="text", muted=True, text=(
+            f"One host{f' ({name})' if name else ''}: nothing to compare across hosts.")))
+        return section
+    part.blocks += kv_blocks(r.summary, limits)
+    bars = []
+    for h in hosts:
+        breakdown = h.get("breakdown_percent")
+        if isinstance(breakdown, Mapping) and breakdown:
+            svg, _ = charts.breakdown_bar(breakdown, None, height=18.0, labels=False)
+            bars.append((str(h.get("host")), svg))
+    part.blocks += table_block(_host_rows(hosts), "", limits)
+    if bars:
+        legend_cats = {c for h in hosts if isinstance(h.get("breakdown_percent"), Mapping) for c in h["breakdown_percent"]}
+        part.blocks.append(Block(kind="bars", title="Step-time breakdown per host", bars=bars,
+                                 legend=[(c, charts.color_for(c, i), "") for i, c in enumerate(
+                                     c for c in charts.STEP_CATEGORY_COLORS if c in legend_cats)]))
+    timeline = r.detail.get("straggler_timeline")
+    straggler = r.summary.get("straggler_host")
+    if isinstance(timeline, Mapping) and timeline.get("participants"):
+        svg = charts.host_timeline(timeline, duration_text=lambda ms: format_measure(ms, "ms"))
+        part.blocks.append(Block(kind="chart", svg=svg, title=(
+            f"One step on every host, aligned on the end of {timeline.get('collective') or 'the collective'}"
+            + (f" (step {timeline.get('step')})" if timeline.get("step") is not None else "")
+            + (f": {straggler} arrives last" if straggler else ""))))
+    elif straggler:
+        part.blocks.append(Block(kind="text", muted=True, text=(
+            "The aligned timeline of one step per host is not available: get_hosts reported no collective instance "
+            "to align on.")))
+    return section
+
+
+def tool_table(results: Mapping[str, ToolResult], order: Sequence[str]) -> Table | None:
+    rank = {t: i for i, t in enumerate(order)}
+    names = sorted(results, key=lambda t: (rank.get(t, len(rank)), t))
+    return table([{"tool": t, "status": results[t].status.value, "duration_ms": results[t].duration_ms,
+                   "source": results[t].source or None, "reason": results[t].reason} for t in names],
+                 limit=len(names), shown=len(names))
+
+
+Builder = Callable[[Mapping[str, ToolResult], Limits], Section]
+
+__all__ = ["Section", "Part", "device_peaks", "Peaks", "short_kernel_name", "short_shape"]

@@ -1,0 +1,231 @@
+"""The top of the page: the plain-language summary, the key metrics and the banner's count.
+
+The summary is written here from the analysis' own structured record (status, health, findings), the same way
+for every investigator: the verdict, the biggest cost with its number, what to do first, the expected gain.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from xdiag.model import Analysis, Finding, ToolResult, ToolStatus
+from xdiag.report.format import (
+    Cell,
+    Limits,
+    cell,
+    format_measure,
+    format_value,
+    humanize_numbers,
+    measured_cell,
+    out_of_range,
+    short_kernel_name,
+    tone_of,
+)
+
+PRIORITIES = ("P0", "P1", "P2")
+MAX_NOTE_CHARS = 110  # a metric card's reason line; the whole reason is in its title and in the detail sections
+
+
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """'1 finding', '3 findings': never 'finding(s)'."""
+    return f"{n:,} {noun if n == 1 else (plural or noun + 's')}"
+
+
+def priority_counts(findings: Sequence[Finding]) -> str:
+    """'2 findings (1 P0, 1 P1)'."""
+    parts = [f"{sum(1 for f in findings if f.priority == p)} {p}" for p in PRIORITIES if any(f.priority == p for f in findings)]
+    return counted(len(findings), "finding") + (f" ({', '.join(parts)})" if parts else "")
+
+
+def _first_sentence(text: str) -> str:
+    """The first sentence of `text` (up to '. ' or ';'), ending with a full stop, its numbers in human units."""
+    text = humanize_numbers(" ".join((text or "").split()))
+    match = re.search(r"(?<=[a-z0-9)%])(\.|;)\s", text)
+    sentence = text[: match.start()] if match else text.rstrip(".")
+    return sentence + "." if sentence else ""
+
+
+def _lower_first(text: str) -> str:
+    return text[:1].lower() + text[1:] if text[:2] != text[:2].upper() else text
+
+
+def _device_phrase(health: Mapping[str, Any], analysis: Analysis) -> str:
+    profile = analysis.profile or {}
+    platform = health.get("platform") or profile.get("platform")
+    hosts = profile.get("hosts")
+    n_hosts = len(hosts) if isinstance(hosts, list) else None
+    bits = [platform] if platform else []
+    if n_hosts and n_hosts > 1:
+        bits.append(f"{n_hosts} hosts")
+    return " ".join(bits)
+
+
+def summary_sentences(analysis: Analysis, status: str, findings: Sequence[Finding]) -> list[str]:
+    """3–5 sentences a reader can stop after: verdict, biggest cost with its number, what to do first, the gain."""
+    health = analysis.health or {}
+    if status == "FAILED":
+        return [f"The analysis failed: {analysis.failure_reason or 'no reason was recorded'}.",
+                "No diagnosis was made; the raw profile is kept where it was uploaded."]
+    step_ms = health.get("step_time_ms")
+    compute = (health.get("breakdown_percent") or {}).get("compute")
+    where = _device_phrase(health, analysis)
+    steps = health.get("steps")
+    step_text = (f"{counted(steps, 'step')} of {format_measure(step_ms, 'ms')} on average" if steps and step_ms
+                 else (f"steps of {format_measure(step_ms, 'ms')}" if step_ms else "the capture window"))
+    compute_text = f"; the devices compute {format_measure(compute, '%')} of that time" if compute is not None else ""
+    if status == "OPTIMAL":
+        out = [f"Optimal: no bottleneck needs attention in this {where + ' ' if where else ''}profile.",
+               f"It covers {step_text}{compute_text}."]
+        top, share = health.get("top_op"), health.get("top_op_share_percent")
+        if top and share is not None:
+            out.append(f"The busiest op is {short_kernel_name(top)} ({format_measure(share, '%')} of op time).")
+        return out
+    if status != "NEEDS_ATTENTION":
+        return [f"The analysis is not finished yet (pipeline status {analysis.status}); the sections below show "
+                "what the tools have reported so far."]
+    if not findings:
+        return [f"Needs attention, but no finding was reported: the profile covers {step_text}{compute_text}.",
+                "See the key metrics and the sections below."]
+    top = findings[0]
+    out = [f"Needs attention: {priority_counts(findings)} in this {where + ' ' if where else ''}profile, "
+           f"which covers {step_text}{compute_text}."]
+    happening = _first_sentence(top.whats_happening)
+    out.append(f"The biggest cost ({top.priority}) is {_lower_first(humanize_numbers(top.title).rstrip('.'))}"
+               + (f": {_lower_first(happening)}" if happening else "."))
+    fix = _first_sentence(top.fix)
+    if fix:
+        out.append(f"Do first: {_lower_first(fix)}")
+    impact = _first_sentence(top.expected_impact)
+    if impact:
+        out.append(f"Expected gain: {_lower_first(impact)}")
+    if len(findings) > 1:
+        others = ", ".join(_lower_first(f.title.rstrip(".")) for f in findings[1:3])
+        more = f" and {counted(len(findings) - 3, 'more')}" if len(findings) > 3 else ""
+        out.append(f"Also: {others}{more}.")
+    return out[:5]
+
+
+@dataclass(frozen=True)
+class Metric:
+    label: str
+    path: tuple[str, ...]  # keys into analysis.health
+    unit: str  # the unit of the health value: 'ms', '%', 'GiB', 'GFLOP/s' or '' (text)
+    tool: str  # the tool the number comes from (health.py copies it from that tool's summary)
+    hint: str = ""
+    key: bool = False  # one of the four key metrics shown first and larger
+
+
+METRICS = (
+    Metric("Step time", ("step_time_ms",), "ms", "get_step_trace", key=True),
+    Metric("Device compute", ("breakdown_percent", "compute"), "%", "get_step_trace", "of step time", key=True),
+    Metric("Memory headroom", ("memory_headroom_percent",), "%", "get_memory_profile", "of capacity free at peak",
+           key=True),
+    Metric("Roofline efficiency", ("roofline_efficiency_percent",), "%", "get_roofline_model",
+           "of the roof at the program's intensity", key=True),
+    Metric("Device idle", ("device_idle_percent",), "%", "get_step_trace", "of step time"),
+    Metric("Utilization", ("utilization_percent",), "%", "get_utilization_viewer", "mean busy time of the devices"),
+    Metric("Achieved compute", ("achieved_gflops_per_s",), "GFLOP/s", "get_kpi_metrics", "while ops run"),
+    Metric("Peak memory", ("peak_memory_gib",), "GiB", "get_memory_profile"),
+    Metric("OOM risk", ("oom_risk",), "", "get_memory_profile"),
+    Metric("Top op", ("top_op",), "", "get_hlo_op_profile"),
+    Metric("Low-intensity op time", ("low_intensity_op_percent",), "%", "get_hlo_op_profile",
+           "of op time in ops under 1 FLOP/byte"),
+    Metric("Layout copies", ("compiler", "layout_copies_percent"), "%", "detect_layout_mismatch_copies", "of op time"),
+    Metric("Unfused data movement", ("compiler", "unfused_data_movement_percent"), "%", "detect_unfused_reshapes",
+           "of op time"),
+    Metric("Widening converts", ("compiler", "widening_converts_percent"), "%", "detect_unnecessary_convert_reduce",
+           "of op time"),
+)
+_UNIT_KEYS = {"ms": "x_ms", "%": "x_percent", "GiB": "x_gib", "GFLOP/s": "x_gflops_per_s"}
+
+
+@dataclass
+class MetricCard:
+    label: str
+    value: Cell
+    tool: str
+    note: str = ""
+    missing: bool = False
+    tone: str = ""
+    note_full: str = ""  # the whole note when `note` was cut short
+    key: bool = False
+
+
+def why_missing(results: Mapping[str, ToolResult], tool: str) -> str:
+    """The reason a value from `tool` is missing, in the tool's own words where it gave them."""
+    r = results.get(tool)
+    if r is None:
+        return f"{tool} was not run"
+    if r.status == ToolStatus.NOT_AVAILABLE:
+        return f"{tool}: {r.reason or 'not available'}"
+    if r.status == ToolStatus.FAILED:
+        return f"{tool} failed: {r.reason or 'no reason recorded'}"
+    return f"{tool} did not report it"
+
+
+def lookup(data: Mapping[str, Any], path: Sequence[str]) -> Any:
+    value: Any = data
+    for key in path:
+        if not isinstance(value, Mapping):
+            return None
+        value = value.get(key)
+    return value
+
+
+def _short(text: str) -> tuple[str, str]:
+    text = humanize_numbers(text)
+    return (text, "") if len(text) <= MAX_NOTE_CHARS else (text[: MAX_NOTE_CHARS - 1] + "…", text)
+
+
+def metric_cards(health: Mapping[str, Any], results: Mapping[str, ToolResult], limits: Limits) -> list[MetricCard]:
+    cards = []
+    for m in METRICS:
+        value = lookup(health, m.path)
+        if value is None:
+            why = why_missing(results, m.tool).removeprefix(f"{m.tool}: ")
+            short, full = _short(why)
+            cards.append(MetricCard(m.label, Cell(text="not available", missing=True), m.tool, note=short,
+                                    note_full=full, missing=True, key=m.key))
+            continue
+        note = m.hint
+        if m.path == ("step_time_ms",):
+            steps, source = health.get("steps"), health.get("step_source")
+            note = f"mean over {format_value(steps)} steps" + (f" ({source})" if source else "")
+            if health.get("step_time_cv_percent") is not None:
+                note += f"; spread (CV) {format_measure(health['step_time_cv_percent'], '%')}"
+        elif m.path == ("peak_memory_gib",):
+            capacity = health.get("memory_capacity_gib")
+            # The peak came from the tool, so a missing capacity is the profile's gap, not the tool's.
+            note = f"of {format_measure(capacity, 'GiB')} capacity" if capacity is not None else "capacity not recorded"
+        elif m.path == ("memory_headroom_percent",) and health.get("memory_capacity_gib") is not None:
+            note = (f"{format_measure(health.get('peak_memory_gib'), 'GiB')} peak of "
+                    f"{format_measure(health['memory_capacity_gib'], 'GiB')}")
+        elif m.path == ("roofline_efficiency_percent",) and health.get("bound_by"):
+            note = f"{m.hint}; bound by {health['bound_by']}"
+        elif m.path == ("top_op",):
+            share, category = health.get("top_op_share_percent"), health.get("top_category")
+            note = ", ".join(x for x in (f"{format_measure(share, '%')} of op time" if share is not None else "",
+                                         f"top category {category}" if category else "") if x)
+        if isinstance(value, str):
+            text = cell(short_kernel_name(value), 34)
+            tone = tone_of(value) if m.path == ("oom_risk",) else ""
+        else:
+            text = measured_cell(_UNIT_KEYS.get(m.unit, m.label), value, limits)
+            tone = "warn" if text.flagged else ""
+            if text.flagged:
+                note = text.full or note
+        short, full = _short(note)
+        cards.append(MetricCard(m.label, text, m.tool, note=short, note_full=full, tone=tone, key=m.key))
+    return cards
+
+
+def breakdown_rest(breakdown: Mapping[str, Any]) -> float:
+    """The share of step time no category covers (the bar's unlabelled remainder), in percent."""
+    total = sum(v for v in breakdown.values() if isinstance(v, (int, float)))
+    return max(0.0, 100.0 - total)
+
+
+__all__ = ["summary_sentences", "metric_cards", "priority_counts", "counted", "why_missing", "out_of_range"]
