@@ -16,7 +16,9 @@ def healthy_cpu(cpu_profiles):
 
 
 def test_registry_has_the_15_broad_tools_and_the_follow_ups():
-    assert len(BROAD_TOOLS) == 15 and set(BROAD_TOOLS) <= set(REGISTRY)
+    # The managed service's 15, plus kernel statistics and custom kernels (issue 13: every report shows them).
+    assert len(BROAD_TOOLS) == 17 and set(BROAD_TOOLS) <= set(REGISTRY)
+    assert BROAD_TOOLS[-2:] == ("get_kernel_stats", "get_custom_kernels")
     for name in ("get_hlo_neighborhood", "aggregate_xplane_events", "get_kernel_stats", "llo_load", "llo_query"):
         assert name in REGISTRY
 

@@ -34,6 +34,8 @@ def _fail(message: str, code: int = 2) -> None:
 
 
 def _progress_printer(quiet: bool):
+    from xdiag.tools import BROAD_TOOLS
+
     started = time.perf_counter()
     state = {"tools": 0, "last_read": 0.0}
 
@@ -53,7 +55,7 @@ def _progress_printer(quiet: bool):
             state["tools"] += 1
             colour = {"ok": "green", "not_available": "yellow", "failed": "red"}[info["status"]]
             err.print(
-                f"{elapsed} tool   {state['tools']:2d}/15 {info['tool']:<36} [{colour}]{info['status']}[/] "
+                f"{elapsed} tool   {state['tools']:2d}/{len(BROAD_TOOLS)} {info['tool']:<36} [{colour}]{info['status']}[/] "
                 f"[dim]{info['duration_ms']:.0f} ms[/]",
                 highlight=False,
             )
@@ -86,7 +88,7 @@ def analyze(
     location: Annotated[Optional[str], typer.Option(help="Vertex AI location (env VERTEX_LOCATION; default us-central1).")] = None,
     model: Annotated[Optional[str], typer.Option(help="Gemini model (env VERTEX_MODEL; default gemini-2.5-flash).")] = None,
 ) -> None:
-    """Analyse one profile session: 15 tools, an investigation, and summary.html.
+    """Analyse one profile session: the broad tools, an investigation, and summary.html.
 
     With --investigator gemini, Gemini on Vertex AI investigates (Application Default Credentials; VERTEX_BASE_URL
     points it at a private endpoint); if it fails, the rule engine does, and the report says why.
@@ -132,7 +134,7 @@ def analyze(
 
 @app.command("tools")
 def list_tools() -> None:
-    """List the tools: the 15 broad ones every analysis runs, and the follow-ups."""
+    """List the tools: the broad ones every analysis runs, and the follow-ups."""
     from xdiag.tools import REGISTRY
 
     for name, spec in sorted(REGISTRY.items(), key=lambda kv: (not kv[1].broad, kv[0])):

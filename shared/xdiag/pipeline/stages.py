@@ -1,4 +1,4 @@
-"""The pipeline's stages: collect → run_tool ×15 → aggregate → investigate → render.
+"""The pipeline's stages: collect → run_tool × each broad tool → aggregate → investigate → render.
 
 Each stage is a handler `(message, deps)` that reads and writes through the ports and
 publishes the next message. The same handlers run in-process for `xdiag analyze` and

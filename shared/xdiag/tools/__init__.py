@@ -6,6 +6,7 @@ from xdiag.tools import (  # noqa: F401  (imported for registration)
     detect_unfused_reshapes,
     detect_unnecessary_convert_reduce,
     get_device_information,
+    get_custom_kernels,
     get_hlo_neighborhood,
     get_hlo_op_profile,
     get_hosts,

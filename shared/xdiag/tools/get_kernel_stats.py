@@ -17,7 +17,9 @@ from xdiag.tools.registry import ToolOutput, tool
     parameters={"top_n": {"type": "integer", "description": "how many kernels to list (default 20)"}},
 )
 def get_kernel_stats(session: Session, top_n: int = 20) -> ToolOutput:
-    """summary: kernels, launches, total_kernel_ms, top_kernel, top_kernel_share_percent. detail: kernels, xprof."""
+    """summary: kernels, launches, total_kernel_ms, top_kernel, top_kernel_share_percent, mean_kernel_us,
+    tensor_core_time_percent (XProf). detail: kernels [kernel, op, launches, total_ms, mean_us, share_percent,
+    registers_per_thread, shared_memory_bytes, occupancy_percent, grid, block, tensor_core where known], xprof."""
     if session.platform != "GPU":
         raise NotAvailable(f"kernel statistics exist only for GPU profiles; this is a {session.platform} profile")
     per_name: dict[str, dict] = {}
@@ -51,12 +53,46 @@ def get_kernel_stats(session: Session, top_n: int = 20) -> ToolOutput:
         r["total_ms"] = round(r.pop("total_ps") / 1e9, 4)
         r["mean_us"] = round(r["total_ms"] * 1e3 / r["launches"], 3)
         r["share_percent"] = round(100 * r["total_ms"] * 1e9 / total, 2) if total else 0.0
+    view, reason = try_view(session, "kernel_stats", top_n=top_n)
+    xprof_rows = {k.get("kernel_name"): k for k in ((view or {}).get("detail") or {}).get("kernels") or []}
+    for r in rows:
+        _add_launch_facts(r, xprof_rows.get(r["kernel"]))
     summary = {
         "kernels": len(rows), "launches": sum(r["launches"] for r in rows), "total_kernel_ms": round(total / 1e9, 4),
         "top_kernel": rows[0]["kernel"][:160], "top_kernel_share_percent": rows[0]["share_percent"],
         "mean_kernel_us": round(total / 1e6 / sum(r["launches"] for r in rows), 3),
     }
+    if view is not None:
+        for key in ("tensor_core_time_percent", "tensor_core_eligible_time_percent"):
+            if view.get(key) is not None:
+                summary[key] = view[key]
     detail: dict = {"kernels": rows[: max(top_n, 1)]}
-    view, reason = try_view(session, "kernel_stats", top_n=top_n)
     detail["xprof"] = view if view is not None else {"available": False, "reason": reason}
     return ToolOutput(summary, detail, "GPU device planes")
+
+
+_DETAIL_FIELDS = {"regs": "registers_per_thread", "shm": "shared_memory_bytes", "group_mem": "shared_memory_bytes",
+                  "occ_pct": "occupancy_percent", "grid": "grid", "block": "block"}
+
+
+def _add_launch_facts(row: dict, xprof: dict | None) -> None:
+    """Registers, shared memory, occupancy, grid/block, Tensor Core use and the launching op, from XProf's kernel
+    stats where it has the kernel, else from the event's own `kernel_details` ("regs:38 shm:0 grid:160,1,1 …")."""
+    for item in str(row.get("kernel_details") or "").split():
+        key, _, value = item.partition(":")
+        field = _DETAIL_FIELDS.get(key)
+        if field in ("grid", "block"):
+            row[field] = value
+        elif field and value.replace(".", "", 1).isdigit():
+            row[field] = float(value) if "." in value else int(value)
+    if row.get("occupancy_percent") == 0:
+        row.pop("occupancy_percent")  # 0% occupancy is "not computed": a running kernel occupies something
+    if xprof:
+        for source, target in (("registers_per_thread", "registers_per_thread"), ("shmem_bytes", "shared_memory_bytes"),
+                               ("occupancy_percent", "occupancy_percent"), ("uses_tensor_core", "tensor_core")):
+            if xprof.get(source) is not None:
+                row[target] = xprof[source]
+        if xprof.get("op_name") and not row.get("hlo_op"):
+            row["op"] = xprof["op_name"]
+    if row.get("hlo_op"):
+        row["op"] = row.pop("hlo_op")

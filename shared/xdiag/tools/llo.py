@@ -13,8 +13,33 @@ LLO_LINES = frozenset({
 })
 
 
+COUNTER_HINTS = ("_counters_", "counter", "tensor core", "tensorcore")
+"""Kernel-profiling TPU captures add counter and Tensor Core lines beside the LLO ones."""
+
+
 def _llo_lines(session: Session) -> list[tuple[str, str, int]]:
     return [(p.name, ln.name, len(ln)) for p in session.device_planes() for ln in p.lines if ln.name in LLO_LINES and len(ln)]
+
+
+def low_level_lines(session: Session) -> list[dict]:
+    """The LLO, counter and Tensor Core lines of a TPU capture, with their event counts."""
+    return [
+        {"plane": p.name, "line": ln.name, "events": len(ln)}
+        for p in session.device_planes()
+        for ln in p.lines
+        if len(ln) and (ln.name in LLO_LINES or any(h in ln.name.lower() for h in COUNTER_HINTS))
+    ]
+
+
+def low_level_gap(session: Session) -> str:
+    """Why a session has no LLO or counter lines ('' when it has some)."""
+    if session.platform != "TPU":
+        return f"LLO traces and TPU counters exist only in TPU captures; this is a {session.platform} profile"
+    if low_level_lines(session):
+        return ""
+    names = sorted({ln.name for p in session.device_planes() for ln in p.lines if len(ln)})
+    return ("this TPU capture carries no LLO, counter or Tensor Core lines (its device lines: "
+            + ", ".join(names) + "); capture with LLO tracing / kernel profiling enabled to get them")
 
 
 def _require_llo(session: Session) -> list[tuple[str, str, int]]:

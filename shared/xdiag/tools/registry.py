@@ -52,8 +52,12 @@ BROAD_TOOLS = (
     "list_hlo_modules",
     "get_memory_profile",
     "get_peak_allocations",
+    "get_kernel_stats",
+    "get_custom_kernels",
 )
-"""The broad collection every session gets, in the order the report lists them."""
+"""The broad collection every session gets, in the order the report lists them: the managed service's 15, then
+kernel statistics (GPU) and custom kernels, which the report needs on every profile (each says why where the
+platform has none)."""
 
 FOLLOW_UP_TOOLS = (
     "get_hosts",
