@@ -4,7 +4,9 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 
-.PHONY: demo test install clean bench up down
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
+
+.PHONY: demo test install browser clean bench up down
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -18,9 +20,16 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/xdiag demo
 
-## test: the whole suite (captures real JAX profiles once per run)
-test: $(STAMP)
+## test: the whole suite (captures real JAX profiles once per run; the report's browser tests need Chromium)
+test: $(STAMP) browser
 	$(BIN)/python -m pytest -q
+
+## browser: Debian's Chromium, which the report's browser tests drive (Playwright's own download cannot work
+## offline); installed only when missing, so a second run costs nothing
+browser:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || { \
+		echo "installing chromium (apt-get) for the report's browser tests"; \
+		$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium fonts-dejavu-core >/dev/null; }
 
 ## up: the local stack (Pub/Sub + Firestore emulators, Cloud Storage emulator, every function); state in .xdiag-stack/
 up: $(STAMP)

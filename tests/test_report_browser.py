@@ -1,0 +1,161 @@
+"""summary.html in a real browser: headless Chromium (the system's, driven by Playwright) opens the report of a real
+TPU, GPU and multi-host CPU session and of a failed analysis, as a reader would, at 1400 px and at phone width.
+
+Nothing may be fetched, nothing may log an error, every section is there with content or a reason, nothing
+scrolls sideways at 1400 px, and no NaN, undefined or escaped markup reaches the text. A full-page screenshot
+of each report is kept under tests/artifacts/ (gitignored) for a person to look at.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import shared_profile
+from xdiag.cloud.embedded import analyze_session
+from xdiag.profile.locate import locate_session
+
+ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
+DESKTOP, PHONE = 1400, 390
+SECTIONS = ("summary", "metrics", "findings", "hosts", "step-time", "roofline", "hlo-op-profile", "kernel-stats",
+            "custom-kernels", "compiler-checks", "memory", "xprof", "modules", "devices", "follow-up", "tools")
+FAILED_SECTIONS = ("summary", "metrics", "findings", "details", "follow-up", "tools")
+# What a section says when it has no data: the page must say it, not leave the section empty.
+REASON_WORDS = ("not available", "not run", "failed", "none", "one host", "no ")
+BAD_TEXT = re.compile(r"\bNaN\b|\bundefined\b|&lt;|&gt;|&amp;|&#39;|&quot;|\[object Object\]|\binf\b")
+DECIMAL = re.compile(r"(?<![\w.:/-])\d[\d,]*\.\d+(?![\w.])")
+
+
+def _raw_numbers(text: str) -> list[str]:
+    """Decimals with more than 4 significant digits (10462.4908, 5.4366): numbers not brought to human precision."""
+    return [n for n in DECIMAL.findall(text) if len(n.replace(",", "").replace(".", "").lstrip("0")) > 4]
+
+
+def _chromium() -> str:
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if not found:
+        pytest.fail("the browser tests need Chromium: `make test` installs it (apt-get install chromium)", pytrace=False)
+    return found
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    executable = _chromium()
+    with sync_playwright() as playwright:
+        # --no-sandbox: CI runs as root, where Chromium's sandbox refuses to start.
+        chromium = playwright.chromium.launch(executable_path=executable, args=["--no-sandbox"])
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+def _analyse(files: list[Path], folder: Path) -> Path:
+    folder.mkdir(parents=True)
+    for f in files:
+        shutil.copyfile(f, folder / f.name)
+    analysis = analyze_session(locate_session(folder if len(files) > 1 else folder / files[0].name), folder / "xdiag")
+    return Path(analysis.output_uri) / "summary.html"
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory, cpu_profiles) -> dict[str, Path]:
+    """platform -> summary.html of a real session."""
+    root = tmp_path_factory.mktemp("browser-reports")
+    hosts = root / "hosts-src"
+    hosts.mkdir()
+    # Two hosts of one session, as a multi-host capture lays them out: one file per host in one folder.
+    for host, workload in (("hostA", "healthy"), ("hostB", "input_bound")):
+        shutil.copyfile(cpu_profiles[workload], hosts / f"{host}.xplane.pb")
+    return {
+        "tpu": _analyse([shared_profile("tpu/tpu_v6e_inference.xplane.pb")], root / "tpu"),
+        "gpu": _analyse([shared_profile("gpu/v100x8_tf_bert_worker.xplane.pb")], root / "gpu"),
+        "gpu-gemm": _analyse([shared_profile("gpu/mi300x_jax_gemm.xplane.pb")], root / "gpu-gemm"),
+        "multihost-cpu": _analyse(sorted(hosts.glob("*.xplane.pb")), root / "multihost-cpu"),
+        "failed": _analyse([shared_profile("bad/tpu_v6e_inference_text_mangled.xplane.pb")], root / "failed"),
+    }
+
+
+def _open(browser, path: Path, width: int):
+    """The page at `width`, with every console error, page error and request it made."""
+    page = browser.new_page(viewport={"width": width, "height": 900})
+    seen = {"errors": [], "requests": []}
+    page.on("console", lambda m: seen["errors"].append(m.text) if m.type in ("error", "warning") else None)
+    page.on("pageerror", lambda e: seen["errors"].append(str(e)))
+    page.on("request", lambda r: seen["requests"].append(r.url))
+    page.goto(path.as_uri(), wait_until="load")
+    return page, seen
+
+
+def _overflowing(page) -> list[str]:
+    """Elements wider than their box (a table cut inside its scroller) and the page itself scrolling sideways."""
+    return page.evaluate("""() => {
+        const out = [];
+        const doc = document.documentElement;
+        if (doc.scrollWidth > doc.clientWidth + 1) out.push(`page ${doc.scrollWidth} > ${doc.clientWidth}`);
+        for (const el of document.querySelectorAll('main *')) {
+            if (el.closest('details:not([open])')) continue;
+            const style = getComputedStyle(el);
+            if (el.scrollWidth > el.clientWidth + 1 && ['auto', 'scroll', 'hidden'].includes(style.overflowX)
+                && el.tagName !== 'svg') {
+                out.push(`${el.tagName.toLowerCase()}.${el.className} ${el.scrollWidth} > ${el.clientWidth}: `
+                         + el.innerText.slice(0, 60));
+            }
+        }
+        return out;
+    }""")
+
+
+@pytest.mark.parametrize("platform", ["tpu", "gpu", "gpu-gemm", "multihost-cpu", "failed"])
+def test_report_reads_cleanly_in_chromium(browser, reports, platform):
+    path = reports[platform]
+    page, seen = _open(browser, path, DESKTOP)
+    try:
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / f"report-{platform}-{DESKTOP}.png"), full_page=True)
+        assert seen["errors"] == []
+        assert seen["requests"] == [path.as_uri()], "the report fetched something besides itself"
+        text = page.inner_text("body")
+        assert not BAD_TEXT.search(text), BAD_TEXT.search(text).group(0)
+        assert _raw_numbers(text) == []
+        for anchor in FAILED_SECTIONS if platform == "failed" else SECTIONS:
+            assert page.locator(f"section#{anchor}").count() == 1, f"section {anchor} is missing"
+            body = page.inner_text(f"section#{anchor}").split("\n", 1)[-1].strip()
+            assert body, f"section {anchor} is empty"
+            has_content = page.locator(f"section#{anchor} :is(table, svg, dl, .metric, article, p)").count() > 0
+            assert has_content or any(w in body.lower() for w in REASON_WORDS), f"section {anchor}: {body[:200]}"
+        assert _overflowing(page) == []
+    finally:
+        page.close()
+
+
+@pytest.mark.parametrize("platform", ["tpu", "gpu", "multihost-cpu"])
+def test_report_fits_a_phone_and_prints(browser, reports, platform):
+    page, seen = _open(browser, reports[platform], PHONE)
+    try:
+        page.screenshot(path=str(ARTIFACTS / f"report-{platform}-{PHONE}.png"), full_page=True)
+        width = page.evaluate("document.documentElement.scrollWidth")
+        assert width <= PHONE + 1, f"the page scrolls sideways on a phone: {width} px wide"
+        page.emulate_media(media="print")
+        assert page.pdf(format="A4")[:4] == b"%PDF"
+        assert seen["errors"] == []
+    finally:
+        page.close()
+
+
+def test_impossible_numbers_are_flagged_not_shown(browser, reports):
+    """The TPU profile's XProf rows say 54,626,898% of roofline and op rates of 3e9 GiB/s: the page must flag them."""
+    page, _ = _open(browser, reports["tpu"], DESKTOP)
+    try:
+        text = page.inner_text("body")
+        percents = [float(p.replace(",", "")) for p in re.findall(r"(\d[\d,]*(?:\.\d+)?)%", text)]
+        assert percents and max(percents) <= 100.0
+        assert page.locator("text=out of range").count() > 0
+        assert "embedded module '_launcher'" in text or "_launcher" not in text  # source lines read as plain text
+    finally:
+        page.close()
