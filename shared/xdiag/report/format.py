@@ -37,6 +37,7 @@ _UNIT_SUFFIXES = (
     ("_flops_per_byte", "intensity"), ("_flop_per_byte", "intensity"),
     ("_gigabytes_per_second", "GB/s"), ("_gib_per_s", "GiB/s"), ("_gb_per_s", "GB/s"), ("_gibs", "GiB/s"),
     ("_teraflops_per_second", "TFLOP/s"), ("_gflops_per_s", "GFLOP/s"), ("_gflop_per_s", "GFLOP/s"),
+    ("_tflops_per_s", "TFLOP/s"),
     ("_gflops", "GFLOP/s"), ("_tflops", "TFLOP/s"),
     ("_flops_per_run", "FLOP"), ("_flops", "FLOP"),
     ("_bytes_per_run", "B"), ("_bytes", "B"), ("_gib", "GiB"), ("_mib", "MiB"), ("_kib", "KiB"),
@@ -204,6 +205,9 @@ _PROSE_NUMBER = re.compile(
     r"(?<![\w.\[,])(\d{1,3}(?:,\d{3})+|\d+)(\.\d+)?(?:e([+-]?\d+))?\s?(ms|µs|us|ns|s|%|GiB|MiB|GB/s|GiB/s|TFLOP/s|GFLOP/s)(?![\w/])"
 )
 _PROSE_UNITS = {"us": "µs"}
+# A bare decimal with more digits than anyone reads ("20.017 of 31.2 GiB"); versions, addresses and times
+# (2.24.2, 34.83.195.179, 03:12:34.522) are left alone by the look-arounds.
+_PROSE_LONG_DECIMAL = re.compile(r"(?<![\w.:/-])\d+\.\d+(?![\w.])")
 
 
 def humanize_numbers(text: str) -> str:
@@ -215,7 +219,11 @@ def humanize_numbers(text: str) -> str:
         value = float(whole.replace(",", "") + (fraction or "") + (f"e{exponent}" if exponent else ""))
         return format_measure(value, _PROSE_UNITS.get(unit, unit))
 
-    return _PROSE_NUMBER.sub(repl, text) if text else text
+    def shorten(match: re.Match) -> str:
+        digits = match.group(0).replace(".", "").lstrip("0")
+        return _significant(float(match.group(0))) if len(digits) > 4 else match.group(0)
+
+    return _PROSE_LONG_DECIMAL.sub(shorten, _PROSE_NUMBER.sub(repl, text)) if text else text
 
 
 _LAYOUT = re.compile(r"\{[^{}]*\}")

@@ -34,6 +34,8 @@ from xdiag.report.format import (
 )
 
 TABLE_ROWS_SHOWN = 10
+MAX_STEP_CHARTS = 2
+MAX_STEP_ROWS = 400
 MAX_OPS_ON_CHART = 40
 
 
@@ -126,11 +128,15 @@ class Peaks:
 
 
 _BASE = {"GFLOP/s": 1e9, "TFLOP/s": 1e12, "GiB/s": 2.0**30, "GB/s": 1e9, "B/s": 1.0}
+# Checked peaks (datasheet, cross-checked with what the profile records) first; XProf's recorded ones after.
+CHECKED_PEAKS = (("peak_tflops", "peak_hbm_gb_per_s"),)
+PEAK_NOTES = ("flops_source", "bandwidth_source", "peak_warnings")
 
 
 def device_peaks(results: Mapping[str, ToolResult]) -> Peaks:
-    """The device's peak FLOP rate and memory bandwidth, from the first tool that states them (device information
-    first: that is where checked peaks live), as FLOP/s and bytes/s."""
+    """The device's peak FLOP rate and memory bandwidth as FLOP/s and bytes/s: the checked peaks where a tool
+    states them, else the first recorded ones (device information, then XProf's roofline); with the tools' word
+    on where they come from."""
     flops = bandwidth = None
     sources: list[str] = []
     notes: list[str] = []
@@ -138,11 +144,13 @@ def device_peaks(results: Mapping[str, ToolResult]) -> Peaks:
         r = results.get(tool)
         if r is None or not r.ok:
             continue
-        for key, value in r.summary.items():
-            k = key.lower()
-            if isinstance(value, str) and "peak" in k and ("source" in k or "check" in k or "note" in k):
-                notes.append(value)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+        for key in PEAK_NOTES:
+            value = r.summary.get(key)
+            notes += [str(v) for v in (value if isinstance(value, list) else [value]) if v]
+        keys = [k for pair in CHECKED_PEAKS for k in pair if k in r.summary] + list(r.summary)
+        for key in keys:
+            value, k = r.summary[key], key.lower()
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0 or "recorded" in k:
                 continue
             unit = unit_of(key)
             if flops is None and "peak" in k and unit in ("GFLOP/s", "TFLOP/s"):
@@ -151,6 +159,7 @@ def device_peaks(results: Mapping[str, ToolResult]) -> Peaks:
             elif bandwidth is None and ("peak" in k or k == "memory_bandwidth") and unit in ("GiB/s", "GB/s", "B/s"):
                 bandwidth = value * _BASE[unit]
                 sources.append(tool)
+    notes = [n.replace("datasheet (", "datasheet: ").rstrip(")") if n.startswith("datasheet (") else n for n in notes]
     return Peaks(flops, bandwidth, ", ".join(dict.fromkeys(sources)), "; ".join(dict.fromkeys(notes)))
 
 
@@ -168,23 +177,26 @@ def step_time_section(results: Mapping[str, ToolResult], limits: Limits) -> Sect
     part.blocks += kv_blocks(r.summary, limits, skip=[f"{c}_percent" for c in categories])
     steps = [s for s in r.detail.get("steps") or [] if isinstance(s, Mapping)]
     meaning = r.detail.get("category_meaning") or {}
-    by_host: dict[str, list[Mapping[str, Any]]] = {}
+    # One chart per participant (a device where the steps are per device, else a host), the first few of them.
+    by_participant: dict[str, list[Mapping[str, Any]]] = {}
     for s in steps:
-        by_host.setdefault(str(s.get("host") or ""), []).append(s)
-    for host, rows in list(by_host.items())[:8]:
+        by_participant.setdefault(str(s.get("device") or s.get("host") or ""), []).append(s)
+    kind = "device" if any(s.get("device") for s in steps) else "host"
+    for name, rows in list(by_participant.items())[:MAX_STEP_CHARTS]:
         svg, legend = charts.step_columns(rows, categories, duration_text=lambda ms: format_measure(ms, "ms"))
         shown = min(len(rows), charts.MAX_STEP_COLUMNS)
-        title = "Time per step, split by category" + (f" — host {host}" if len(by_host) > 1 else "")
+        title = "Time per step, split by category" + (f" — {kind} {name}" if len(by_participant) > 1 else "")
         if len(rows) > shown:
             title += f" (first {shown} of {len(rows)} steps)"
         part.blocks.append(Block(kind="chart", title=title, svg=svg,
                                  legend=[(c, color, meaning.get(c, "")) for c, color, _ in legend]))
-    if len(by_host) > 8:
-        part.blocks.append(Block(kind="text", text=f"charts for the first 8 of {len(by_host)} hosts", muted=True))
-    # Per-step category times are in ms: named so, each cell says its unit.
-    step_rows = [{("step_time_ms" if k == "step_ms" else f"{k}_ms" if k in categories else k): v for k, v in s.items()}
-                 for s in steps]
-    part.blocks += table_block(step_rows, "Per-step rows", limits, limit=200,
+    if len(by_participant) > MAX_STEP_CHARTS:
+        part.blocks.append(Block(kind="text", muted=True, text=(
+            f"Charts for the first {MAX_STEP_CHARTS} of {len(by_participant)} {kind}s; the rows below have them all.")))
+    # Per-step category times are in ms: named so, each cell says its unit. A device's name includes its host.
+    step_rows = [{("step_time_ms" if k == "step_ms" else f"{k}_ms" if k in categories else k): v
+                  for k, v in s.items() if not (k == "host" and s.get("device"))} for s in steps]
+    part.blocks += table_block(step_rows, "Per-step rows", limits, limit=MAX_STEP_ROWS,
                                preferred=("host", "device", "step", "step_time_ms", *(f"{c}_ms" for c in categories)))
     part.blocks += _xprof_gap(r.detail)
     return section
@@ -205,6 +217,7 @@ def _op_points(ops: Sequence[Mapping[str, Any]], limits: Limits) -> tuple[list[d
             no_flops_share += share if isinstance(share, (int, float)) else 0.0
             continue
         reason = out_of_range("achieved_gflops_per_s", rate, limits) or out_of_range(
+            "achieved_gb_per_s", o.get("achieved_gb_per_s"), limits) or out_of_range(
             "achieved_gib_per_s", o.get("achieved_gib_per_s"), limits)
         if reason:
             flagged.append(f"{name} ({reason})")
@@ -212,7 +225,9 @@ def _op_points(ops: Sequence[Mapping[str, Any]], limits: Limits) -> tuple[list[d
         tip = (f"{name} [{o.get('category')}]\n{format_measure(intensity, 'intensity')}, "
                f"{format_measure(rate, 'GFLOP/s')}\n{format_measure(o.get('total_ms'), 'ms')} "
                f"({format_measure(share, '%')} of op time)")
-        if limits.peak_flops_per_s and limits.peak_bytes_per_s:
+        if o.get("roofline_efficiency_percent") is not None:
+            tip += f"\n{format_measure(o['roofline_efficiency_percent'], '%')} of its roof"
+        elif limits.peak_flops_per_s and limits.peak_bytes_per_s:
             roof = min(limits.peak_flops_per_s, limits.peak_bytes_per_s * intensity)
             tip += f"\n{format_measure(100 * rate * 1e9 / roof, '%')} of its roof"
         points.append({"label": name, "intensity": float(intensity), "flops_per_s": float(rate) * 1e9,
@@ -259,12 +274,29 @@ def roofline_section(results: Mapping[str, ToolResult], peaks: Peaks) -> Section
         if flagged:
             part.blocks.append(Block(kind="text", muted=True, text=(
                 f"Not on the chart, their rates out of physical range: {_names(flagged, 3)}.")))
-    part, r = part_for(results, "get_roofline_model", "Whole program (XProf's roofline)")
+    part, r = part_for(results, "get_roofline_model", "The whole program")
     section.parts.append(part)
     if r is not None:
-        part.blocks += kv_blocks(r.summary, peaks.limits)
+        summary = {k: v for k, v in r.summary.items() if k not in ROOFLINE_SHOWN_ABOVE}
+        own = {k: v for k, v in summary.items() if k.startswith(("op_time_", "costed_op_time", "time_basis"))}
+        xprof = {k.removeprefix("xprof_"): v for k, v in summary.items() if k not in own}
+        if own:
+            part.blocks += kv_blocks(own, peaks.limits, title="xdiag, over device op time (idle excluded)")
+        part.blocks += kv_blocks(xprof, peaks.limits, title="XProf, over the whole program (idle included)"
+                                 if own else "", skip=("impossible_op_rows", "note"))
+        impossible = [row for row in r.summary.get("xprof_impossible_op_rows") or [] if isinstance(row, Mapping)]
+        if impossible:
+            why = next((row.get("why") for row in impossible if row.get("why")), "")
+            part.blocks.append(Block(kind="text", muted=True, text=(
+                f"XProf's per-op rows put {_names([str(row.get('op')) for row in impossible], 4)} above 100% of "
+                "the roofline: not measurements, so not shown" + (f" ({why})" if why else "") + ".")))
         part.blocks += _xprof_gap(r.detail)
     return section
+
+
+# Shown in the "Roofs" line above the chart.
+ROOFLINE_SHOWN_ABOVE = ("device_model", "peak_tflops", "peak_hbm_gb_per_s", "ridge_flop_per_byte", "flops_source",
+                        "bandwidth_source", "peak_warnings", "peak_flop_rate_gflops", "peak_hbm_bw_gibs")
 
 
 def _names(names: Sequence[str], limit: int = 6) -> str:
@@ -284,7 +316,7 @@ def _peaks_missing_reason(results: Mapping[str, ToolResult]) -> str:
 OP_TABLE_COLUMNS = (
     ("op", "op"), ("count", "runs"), ("total_ms", "total"), ("avg_us", "mean"), ("share_of_op_time_percent", "share"),
     ("arithmetic_intensity_flops_per_byte", "intensity"), ("achieved_gflops_per_s", "FLOP rate"),
-    ("achieved_gib_per_s", "bandwidth"), ("shape", "shape"),
+    ("achieved_gb_per_s", "bandwidth"), ("roofline_efficiency_percent", "of roof"), ("shape", "shape"),
 )
 
 
@@ -312,6 +344,10 @@ def op_table(ops: Sequence[Mapping[str, Any]], categories_ms: Mapping[str, Any],
                 c = Cell(text=short, full=name if short != name else None, sub=_op_origin(o))
             elif key == "shape":
                 c = cell(short_shape(value)) if value is not None else Cell(text="", missing=True)
+            elif value is None and key.startswith("achieved") and o.get("rate_not_measured_because"):
+                c = Cell(text="not measured", full=str(o["rate_not_measured_because"]), missing=True)
+            elif key == "achieved_gb_per_s" and value is None and o.get("achieved_gib_per_s") is not None:
+                c = measured_cell("achieved_gib_per_s", o["achieved_gib_per_s"], limits)  # before checked peaks
             else:
                 c = measured_cell(key, value, limits) if value is not None else Cell(text="", missing=True)
             row.append(c)
@@ -493,8 +529,8 @@ def device_section(results: Mapping[str, ToolResult], limits: Limits) -> Section
 XPROF_PAIRS = (
     ("Step time", "get_step_trace", "step_time_ms_mean", "get_kpi_metrics", "xprof_step_time_ms"),
     ("Device busy", "get_utilization_viewer", "busy_percent_mean", "get_kpi_metrics", "xprof_duty_cycle_percent"),
-    ("Roofline efficiency", "get_roofline_model", "roofline_efficiency_percent", "get_kpi_metrics",
-     "xprof_flop_rate_utilization_percent"),
+    ("Roofline efficiency", "get_roofline_model", "op_time_roofline_efficiency_percent", "get_roofline_model",
+     "roofline_efficiency_percent"),
     ("Peak memory", "get_memory_profile", "peak_memory_gib", "get_kpi_metrics", "xprof_peak_hbm_gib"),
     ("Memory capacity", "get_memory_profile", "capacity_gib", "get_kpi_metrics", "xprof_memory_capacity_gib"),
 )
@@ -540,8 +576,11 @@ def _difference_note(key: str, mine: Any, theirs: Any, results: Mapping[str, Too
         return "agree"
     if key == "busy_percent_mean":
         step = results.get("get_step_trace")
+        note = step.summary.get("window_vs_step_note") if step is not None and step.ok else None
+        if note:
+            return str(note)  # the step tool's own account of where the window's idle time is
         window = step.summary.get("window_busy_percent") if step is not None and step.ok else None
-        gap = step.summary.get("largest_gap_ms") if step is not None and step.ok else None
+        gap = step.summary.get("largest_idle_gap_ms") if step is not None and step.ok else None
         why = "XProf's duty cycle counts the whole capture window, idle gaps outside the steps included"
         if isinstance(window, (int, float)):
             why += f" (busy {format_measure(window, '%')} over the window"
@@ -549,55 +588,71 @@ def _difference_note(key: str, mine: Any, theirs: Any, results: Mapping[str, Too
         return why
     if key == "step_time_ms_mean":
         return "the two cut steps differently (xdiag: see the step source above; XProf: its own step markers)"
-    if key == "roofline_efficiency_percent":
-        return "different FLOP counts or time bases (XProf counts idle time and XLA's cost model)"
+    if key == "op_time_roofline_efficiency_percent":
+        return ("xdiag measures over device op time with checked peaks and custom-call FLOPs; XProf over the "
+                "whole program, idle included, with XLA's cost model")
     return "differ"
 
 
-def _host_rows(hosts: Sequence[Mapping[str, Any]]) -> list[dict]:
-    keep = ("host", "steps", "step_time_ms_mean", "compute_percent", "collective_wait_ms", "collective_wait_percent",
-            "input_percent", "host_percent", "last_arrivals", "last_arrival_share_percent", "events")
-    return [{k: h.get(k) for k in keep if k in h} for h in hosts]
+HOST_COLUMNS = ("host", "steps", "step_time_ms_mean", "compute_percent", "collective_percent", "host_other_percent",
+                "input_percent", "collective_wait_ms", "collective_wait_percent", "last_arrivals",
+                "last_arrival_share_percent")
+DEVICE_COLUMNS = ("device", "steps", "step_ms_mean", "compute_percent", "collective_percent", "transfer_percent",
+                  "idle_percent", "busy_percent")
+
+
+def _breakdown_of(row: Mapping[str, Any]) -> dict[str, float]:
+    """A participant's step-time breakdown: its `breakdown_percent`, or its `<category>_percent` fields."""
+    given = row.get("breakdown_percent")
+    if isinstance(given, Mapping):
+        return {str(k): v for k, v in given.items() if isinstance(v, (int, float))}
+    return {c: row[f"{c}_percent"] for c in charts.STEP_CATEGORY_COLORS
+            if isinstance(row.get(f"{c}_percent"), (int, float))}
 
 
 def hosts_section(results: Mapping[str, ToolResult], limits: Limits) -> Section:
-    """One row per host, side by side; where a straggler is named, one step on every host on one aligned axis."""
-    section = Section("hosts", "Hosts")
+    """One row per host, side by side; where a straggler is named, one step on every host on one aligned axis;
+    then the per-device spread."""
+    section = Section("hosts", "Hosts and devices")
     part, r = part_for(results, "get_hosts")
     section.parts.append(part)
     if r is None:
         return section
     hosts = [h for h in r.detail.get("hosts") or [] if isinstance(h, Mapping)]
-    if len(hosts) <= 1:
+    devices = [d for d in r.detail.get("devices") or [] if isinstance(d, Mapping)]
+    part.blocks += kv_blocks(r.summary, limits)
+    if len(hosts) > 1:
+        part.blocks += table_block([{k: h[k] for k in HOST_COLUMNS if k in h} for h in hosts], "One row per host",
+                                   limits, labels={"host_other_percent": "host/input"})
+        bars = []
+        for h in hosts:
+            breakdown = _breakdown_of(h)
+            if breakdown:
+                svg, _ = charts.breakdown_bar(breakdown, None, height=18.0, labels=False)
+                bars.append((str(h.get("host")), svg))
+        if bars:
+            shown = {c for h in hosts for c, v in _breakdown_of(h).items() if v}
+            part.blocks.append(Block(kind="bars", title="Step-time breakdown per host", bars=bars, legend=[
+                (c, charts.color_for(c, i), "") for i, c in enumerate(charts.STEP_CATEGORY_COLORS) if c in shown]))
+    else:
         name = hosts[0].get("host") if hosts else None
         part.blocks.append(Block(kind="text", muted=True, text=(
             f"One host{f' ({name})' if name else ''}: nothing to compare across hosts.")))
-        return section
-    part.blocks += kv_blocks(r.summary, limits)
-    bars = []
-    for h in hosts:
-        breakdown = h.get("breakdown_percent")
-        if isinstance(breakdown, Mapping) and breakdown:
-            svg, _ = charts.breakdown_bar(breakdown, None, height=18.0, labels=False)
-            bars.append((str(h.get("host")), svg))
-    part.blocks += table_block(_host_rows(hosts), "", limits)
-    if bars:
-        legend_cats = {c for h in hosts if isinstance(h.get("breakdown_percent"), Mapping) for c in h["breakdown_percent"]}
-        part.blocks.append(Block(kind="bars", title="Step-time breakdown per host", bars=bars,
-                                 legend=[(c, charts.color_for(c, i), "") for i, c in enumerate(
-                                     c for c in charts.STEP_CATEGORY_COLORS if c in legend_cats)]))
     timeline = r.detail.get("straggler_timeline")
-    straggler = r.summary.get("straggler_host")
+    straggler = r.summary.get("straggler_host") or r.summary.get("straggler")
     if isinstance(timeline, Mapping) and timeline.get("participants"):
         svg = charts.host_timeline(timeline, duration_text=lambda ms: format_measure(ms, "ms"))
         part.blocks.append(Block(kind="chart", svg=svg, title=(
-            f"One step on every host, aligned on the end of {timeline.get('collective') or 'the collective'}"
+            f"One step on every participant, aligned on the end of {timeline.get('collective') or 'the collective'}"
             + (f" (step {timeline.get('step')})" if timeline.get("step") is not None else "")
             + (f": {straggler} arrives last" if straggler else ""))))
     elif straggler:
         part.blocks.append(Block(kind="text", muted=True, text=(
             "The aligned timeline of one step per host is not available: get_hosts reported no collective instance "
             "to align on.")))
+    if len(devices) > 1:
+        part.blocks += table_block([{k: d[k] for k in DEVICE_COLUMNS if k in d} for d in devices],
+                                   f"Per device ({len(devices)})", limits, labels={"step_ms_mean": "step time"})
     return section
 
 

@@ -124,7 +124,7 @@ METRICS = (
     Metric("Memory headroom", ("memory_headroom_percent",), "%", "get_memory_profile", "of capacity free at peak",
            key=True),
     Metric("Roofline efficiency", ("roofline_efficiency_percent",), "%", "get_roofline_model",
-           "of the roof at the program's intensity", key=True),
+           "of the roof at the ops' intensity", key=True),
     Metric("Device idle", ("device_idle_percent",), "%", "get_step_trace", "of step time"),
     Metric("Utilization", ("utilization_percent",), "%", "get_utilization_viewer", "mean busy time of the devices"),
     Metric("Achieved compute", ("achieved_gflops_per_s",), "GFLOP/s", "get_kpi_metrics", "while ops run"),
