@@ -13,6 +13,7 @@ from xdiag.cloud.embedded import analyze_session
 from xdiag.profile.locate import locate_session
 from xdiag.profile.reader import read_session
 from xdiag.tools import run_tool
+from xdiag.workloads.capture import capture_workload
 
 from tests.conftest import shared_profile
 
@@ -117,6 +118,22 @@ def test_the_repeated_unit_is_a_program_sequence_and_different_programs_are_no_r
 def test_mi300x_device_idle_matches_the_expert_reading(profile, idle):
     _, result = _tool(shared_profile(profile), "get_step_trace")
     assert result.summary["device_idle_percent"] == pytest.approx(idle, abs=3)
+
+
+@pytest.fixture(scope="module")
+def unmarked_input_bound(tmp_path_factory):
+    """The input_bound workload captured without step annotations, as many real captures are."""
+    return capture_workload("input_bound", tmp_path_factory.mktemp("unmarked"), steps=6, step_markers=False)
+
+
+def test_without_step_markers_the_hosts_launches_of_the_program_are_the_steps(unmarked_input_bound, tmp_path):
+    # XLA:CPU's threads interleave its ops, so the op sequence does not repeat exactly; the launches do.
+    _, result = _tool(unmarked_input_bound, "get_step_trace")
+    s = result.summary
+    assert s["step_source"].startswith("host launches") and 4 <= s["steps"] <= 6
+    assert s["host_other_percent"] > 60
+    analysis = analyze_session(locate_session(unmarked_input_bound), tmp_path / "out")
+    assert analysis.diagnosis.findings[0].key == "input_bound"
 
 
 # --- several devices, several hosts ----------------------------------------------------------------------------

@@ -627,6 +627,36 @@ def _op_sequence_steps(ops: OpTable, device: str) -> tuple[list[Step], str]:
 
 
 NO_REPEATING_STEP = "no repeating step: the capture window as one step"
+_JITTED_MODULE = re.compile(r"^(jit|pmap)_(.+)$")
+
+
+def _host_launch_steps(session: Session, ops: OpTable, device: str) -> list[Step] | None:
+    """Steps from the host's launches of the device's busiest program (`PjitFunction(f)` for module `jit_f`, one
+    compiled version), from one launch to the next: the repeated unit where the device's op sequence does not
+    repeat exactly (threads interleave, data-dependent ops)."""
+    mask = ops.device == device
+    modules, inverse = np.unique(ops.module[mask], return_inverse=True)
+    busiest = str(modules[int(np.argmax(np.bincount(inverse, weights=ops.duration_ps[mask].astype(float))))])
+    named = _JITTED_MODULE.match(busiest)
+    host = device.split(" ", 1)[0]
+    events = next((e for e in host_events(session) if e.host == host), None)
+    if named is None or events is None or len(np.unique(ops.program_id[mask][ops.module[mask] == busiest])) != 1:
+        return None  # one function compiled for several shapes: its launches are different programs
+    kind = "PjitFunction" if named.group(1) == "jit" else "PmapFunction"
+    launches = events.select(re.compile(rf"^{kind}\({re.escape(named.group(2))}\)$"))
+    order = np.argsort(launches.start_ps, kind="stable")
+    starts, ends = launches.start_ps[order], launches.end_ps[order]
+    outer = np.ones(len(starts), dtype=bool)  # a launch nested in another (a jitted call inside one) is one launch
+    outer[1:] = starts[1:] >= np.maximum.accumulate(ends)[:-1]
+    starts = starts[outer]
+    if len(starts) < 2:
+        return None
+    steps = _windows_from_starts(host, device, starts, int(ops.end_ps[mask].max()))
+    # The last launch has no next one to end its step; where its window is far shorter than the others', the
+    # host work that precedes each launch is missing from it: a partial step, left out.
+    if len(steps) >= 3 and steps[-1].duration_ps < 0.5 * np.median([s.duration_ps for s in steps[:-1]]):
+        steps = steps[:-1]
+    return steps
 
 
 def step_set(session: Session) -> StepSet:
@@ -661,6 +691,11 @@ def step_set(session: Session) -> StepSet:
                 markers[device] = executions[1]
                 continue
             found, sources[device] = _op_sequence_steps(ops, device)
+            if sources[device] == NO_REPEATING_STEP:
+                launches = _host_launch_steps(session, ops, device)
+                if launches is not None:
+                    found, markers[device] = launches, "host launches"
+                    sources[device] = "host launches of the busiest program, start to start"
             steps += found
         if not steps:
             bounds = _profile_bounds(session)

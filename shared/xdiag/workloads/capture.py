@@ -19,6 +19,7 @@ Use :func:`capture_workload` from Python or ``python -m xdiag.workloads``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -71,9 +72,16 @@ def child_env(name: str) -> dict[str, str]:
     return env
 
 
-def capture(name: str, logdir: str | os.PathLike, steps: int | None = None, fixed: bool = False) -> CaptureResult:
+def _folder(name: str, fixed: bool, step_markers: bool) -> str:
+    return name + ("-fixed" if fixed else "") + ("" if step_markers else "-unmarked")
+
+
+def capture(
+    name: str, logdir: str | os.PathLike, steps: int | None = None, fixed: bool = False, step_markers: bool = True
+) -> CaptureResult:
     """Profile workload ``name`` in a subprocess; return what it wrote. ``fixed`` runs the module's
     ``fixed_step`` (the known problem fixed) into ``<logdir>/<name>-fixed/``, for before/after comparisons.
+    ``step_markers=False`` leaves out the step annotations (into ``<name>-unmarked/``), as many real captures do.
 
     Raises WorkloadSkipped if the workload cannot run here (e.g. too few
     devices), WorkloadFailed if the subprocess fails.
@@ -81,7 +89,7 @@ def capture(name: str, logdir: str | os.PathLike, steps: int | None = None, fixe
     if name not in WORKLOADS:
         raise KeyError(f"unknown workload {name!r}; known: {', '.join(WORKLOADS)}")
     logdir = Path(logdir).resolve()
-    folder = f"{name}-fixed" if fixed else name
+    folder = _folder(name, fixed, step_markers)
     try:
         (logdir / folder).mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -89,6 +97,8 @@ def capture(name: str, logdir: str | os.PathLike, steps: int | None = None, fixe
     cmd = [sys.executable, "-m", "xdiag.workloads.capture", name, str(logdir), str(int(steps)) if steps else "0"]
     if fixed:
         cmd.append("--fixed")
+    if not step_markers:
+        cmd.append("--no-step-markers")
     processes = WORKLOADS[name].processes
     t0 = time.perf_counter()
     if processes > 1:
@@ -164,14 +174,16 @@ def _run_processes(name: str, cmd: list[str], processes: int, out: Path) -> dict
     return {"path": str(session), "steps": infos[0]["steps"], "steps_wall_s": max(i["steps_wall_s"] for i in infos)}
 
 
-def capture_workload(name: str, logdir: str | os.PathLike, steps: int | None = None, fixed: bool = False) -> Path:
+def capture_workload(
+    name: str, logdir: str | os.PathLike, steps: int | None = None, fixed: bool = False, step_markers: bool = True
+) -> Path:
     """Profile workload ``name`` into ``<logdir>/<name>/`` (``<name>-fixed/`` with the fix) and return the
     ``.xplane.pb`` path (a multi-process workload: the session folder holding one file per process).
     ``steps`` defaults to the module's DEFAULT_STEPS."""
-    return capture(name, logdir, steps, fixed).path
+    return capture(name, logdir, steps, fixed, step_markers).path
 
 
-def _child_main(name: str, logdir: str, steps: int | None, fixed: bool = False) -> int:
+def _child_main(name: str, logdir: str, steps: int | None, fixed: bool = False, step_markers: bool = True) -> int:
     """Runs inside the subprocess: warm up, then trace the measured steps."""
     import jax
 
@@ -197,13 +209,14 @@ def _child_main(name: str, logdir: str, steps: int | None, fixed: bool = False) 
         state = step(state, i)
     jax.block_until_ready(state)
 
-    out = Path(logdir) / (f"{name}-fixed" if fixed else name) / (f"process{process}" if distributed else "")
+    out = Path(logdir) / _folder(name, fixed, step_markers) / (f"process{process}" if distributed else "")
     out.mkdir(parents=True, exist_ok=True)
     started = time.time()
     with jax.profiler.trace(str(out)):
         t0 = time.perf_counter()
         for k in range(steps):
-            with jax.profiler.StepTraceAnnotation("train", step_num=k):
+            marker = jax.profiler.StepTraceAnnotation("train", step_num=k) if step_markers else contextlib.nullcontext()
+            with marker:
                 state = step(state, WARMUP_STEPS + k)
                 if block_each_step:
                     jax.block_until_ready(state)
@@ -225,8 +238,11 @@ def _child_main(name: str, logdir: str, steps: int | None, fixed: bool = False) 
 
 
 if __name__ == "__main__":
-    # Child entry point: python -m xdiag.workloads.capture NAME LOGDIR STEPS [--fixed]  (STEPS 0: the default)
-    _args = [a for a in sys.argv[1:] if a != "--fixed"]
+    # Child entry point: python -m xdiag.workloads.capture NAME LOGDIR STEPS [--fixed] [--no-step-markers]
+    # (STEPS 0: the default)
+    _flags = {"--fixed", "--no-step-markers"}
+    _args = [a for a in sys.argv[1:] if a not in _flags]
     if len(_args) != 3:
-        sys.exit("usage: python -m xdiag.workloads.capture NAME LOGDIR STEPS [--fixed]  (internal; use python -m xdiag.workloads)")
-    sys.exit(_child_main(_args[0], _args[1], int(_args[2]), "--fixed" in sys.argv[1:]))
+        sys.exit("usage: python -m xdiag.workloads.capture NAME LOGDIR STEPS [--fixed] [--no-step-markers]  "
+                 "(internal; use python -m xdiag.workloads)")
+    sys.exit(_child_main(_args[0], _args[1], int(_args[2]), "--fixed" in sys.argv[1:], "--no-step-markers" not in sys.argv[1:]))
