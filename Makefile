@@ -12,6 +12,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m xdiag.profile.reader  # numba compiles the profile decoder into its cache now, not on the first analysis
 	rm -f $(VENV)/.installed-* && touch $@
 
 install: $(STAMP)

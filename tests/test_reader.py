@@ -152,3 +152,9 @@ def test_lines_decoded_in_parallel_threads_equal_one_thread(monkeypatch):
                     assert name == name2 and np.array_equal(i, i2) and np.array_equal(v, v2)
             else:
                 assert x == y
+
+
+def test_warm_up_reads_its_own_two_event_profile():
+    from xdiag.profile.reader import warm_up
+
+    warm_up()  # `make install` runs it: it must read the profile it builds, whatever numba's cache holds

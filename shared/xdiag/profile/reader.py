@@ -446,3 +446,30 @@ def read_session(
     for module in modules:
         unique.setdefault((module.name, module.program_id), module)
     return Session(name=name or paths[0].parent.name, hosts=hosts, hlo_modules=list(unique.values()), origin_ns=origin)
+
+
+def warm_up() -> None:
+    """Reads a two-event profile, so numba compiles the wire decoder into its cache (next to wire.py)
+    now rather than on the first analysis (`make install` runs this; a fresh checkout compiles once)."""
+    import tempfile
+
+    space = schema.XSpace()
+    plane = space.planes.add(id=1, name="/host:CPU")
+    for stat_id, stat_name in ((1, "step_num"), (2, "hlo_op")):
+        plane.stat_metadata[stat_id].id = stat_id
+        plane.stat_metadata[stat_id].name = stat_name
+    plane.event_metadata[1].id = 1
+    plane.event_metadata[1].name = "step"
+    line = plane.lines.add(id=1, name="warm-up", timestamp_ns=1)
+    for offset in (0, 10):
+        event = line.events.add(metadata_id=1, offset_ps=offset, duration_ps=5)
+        event.stats.add(metadata_id=1, int64_value=offset)
+        event.stats.add(metadata_id=2, str_value="op")
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "warm-up.xplane.pb"
+        path.write_bytes(space.SerializeToString())
+        read_session([path])
+
+
+if __name__ == "__main__":
+    warm_up()
