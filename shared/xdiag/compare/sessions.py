@@ -330,7 +330,7 @@ def _headline(verdict: str, step: Change, breakdown: list[CategoryChange], ops: 
                                                    if verdict == "unchanged" and step.delta else ""))
     if breakdown and step.delta:
         top = breakdown[0]
-        lines.append(f"Most of the change is {top.category}: {top.baseline_ms:.4g} → {top.candidate_ms:.4g} ms per step "
+        lines.append(f"Most of the change is {top.category.replace('_', ' ')}: {top.baseline_ms:.4g} → {top.candidate_ms:.4g} ms per step "
                      f"({top.delta_ms:+.4g} ms).")
     if ops.available:
         gone, came = ops.gone[:3], ops.appeared[:3]
