@@ -67,11 +67,8 @@ def _analyse(files: list[Path], folder: Path) -> Path:
 def reports(tmp_path_factory, cpu_profiles) -> dict[str, Path]:
     """platform -> summary.html of a real session."""
     root = tmp_path_factory.mktemp("browser-reports")
-    hosts = root / "hosts-src"
-    hosts.mkdir()
-    # Two hosts of one session, as a multi-host capture lays them out: one file per host in one folder.
-    for host, workload in (("hostA", "healthy"), ("hostB", "input_bound")):
-        shutil.copyfile(cpu_profiles[workload], hosts / f"{host}.xplane.pb")
+    # A real multi-process jax.distributed session (one file per process), one process slowed by its input.
+    hosts = cpu_profiles["straggler_input"]
     return {
         "tpu": _analyse([shared_profile("tpu/tpu_v6e_inference.xplane.pb")], root / "tpu"),
         "gpu": _analyse([shared_profile("gpu/v100x8_tf_bert_worker.xplane.pb")], root / "gpu"),
@@ -144,6 +141,17 @@ def test_report_fits_a_phone_and_prints(browser, reports, platform):
         page.emulate_media(media="print")
         assert page.pdf(format="A4")[:4] == b"%PDF"
         assert seen["errors"] == []
+    finally:
+        page.close()
+
+
+def test_multi_host_page_names_the_straggler_on_an_aligned_step(browser, reports):
+    page, _ = _open(browser, reports["multihost-cpu"], DESKTOP)
+    try:
+        hosts = page.inner_text("section#hosts")
+        assert "One row per host" in hosts and "arrives last" in hosts
+        assert page.locator("section#hosts svg .coll.last").count() == 1  # the straggler's bar, outlined
+        assert page.locator("section#hosts .rowbar").count() == 2  # one breakdown bar per host
     finally:
         page.close()
 

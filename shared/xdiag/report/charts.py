@@ -290,7 +290,7 @@ def host_timeline(timeline: Mapping[str, Any], duration_text=format_duration) ->
     left, right, row_h, top = 190.0, 20.0, 30.0, 8.0
     width = 1000.0
     plot_w = width - left - right
-    height = top + row_h * len(rows) + 40
+    height = top + row_h * len(rows) + 26
 
     def px(t: float) -> float:
         return left + plot_w * (t - t0) / span
@@ -326,7 +326,10 @@ def host_timeline(timeline: Mapping[str, Any], duration_text=format_duration) ->
     if end is not None:
         out.append(_LINE.format(px(end), top, px(end), base, "ridgeline"))
     out.append(_LINE.format(left, base, width - right, base, "axisline"))
-    out.append(_TEXT.format(left, base + 16, "tick", "start", "0"))
-    out.append(_TEXT.format(width - right, base + 16, "tick", "end", duration_text(span)))
-    out.append(_TEXT.format(left + plot_w / 2, base + 32, "axis", "middle", "time from the first start"))
+    if end is not None:  # times read back from the collective's end, which every participant leaves together
+        out.append(_TEXT.format(left, base + 16, "tick", "start", f"{duration_text(end - t0)} before"))
+        out.append(_TEXT.format(px(end), base + 16, "tick", "end", "the collective ends"))
+    else:
+        out.append(_TEXT.format(left, base + 16, "tick", "start", "0"))
+        out.append(_TEXT.format(width - right, base + 16, "tick", "end", duration_text(span)))
     return _SVG.format("chart", height, "one step per host", Markup("").join(out))

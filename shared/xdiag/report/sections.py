@@ -595,8 +595,8 @@ def _difference_note(key: str, mine: Any, theirs: Any, results: Mapping[str, Too
 
 
 HOST_COLUMNS = ("host", "steps", "step_time_ms_mean", "compute_percent", "collective_percent", "host_other_percent",
-                "input_percent", "collective_wait_ms", "collective_wait_percent", "last_arrivals",
-                "last_arrival_share_percent")
+                "host_other_ms_per_step", "collective_wait_ms_per_step", "last_arrivals", "last_arrival_share_percent",
+                "caused_wait_ms_per_step")
 DEVICE_COLUMNS = ("device", "steps", "step_ms_mean", "compute_percent", "collective_percent", "transfer_percent",
                   "idle_percent", "busy_percent")
 
@@ -608,6 +608,25 @@ def _breakdown_of(row: Mapping[str, Any]) -> dict[str, float]:
         return {str(k): v for k, v in given.items() if isinstance(v, (int, float))}
     return {c: row[f"{c}_percent"] for c in charts.STEP_CATEGORY_COLORS
             if isinstance(row.get(f"{c}_percent"), (int, float))}
+
+
+def _aligned_picture(instances: Any) -> dict | None:
+    """One collective instance as the aligned picture: the typical one (its arrival skew nearest the mean), each
+    participant in the collective from its arrival to the common end (time 0), the window from the first arrival."""
+    rows = [i for i in instances or [] if isinstance(i, Mapping) and isinstance(i.get("arrival_before_end_ms"), Mapping)]
+    if not rows:
+        return None
+    mean = sum(_number(i.get("skew_ms")) for i in rows) / len(rows)
+    instance = min(rows, key=lambda i: abs(_number(i.get("skew_ms")) - mean))
+    arrivals = {str(k): _number(v) for k, v in instance["arrival_before_end_ms"].items()}
+    first = max(arrivals.values())
+    return {"step": instance.get("step"), "collective": instance.get("op"), "participants": [
+        {"participant": name, "step_start_ms": -first, "step_end_ms": 0.0, "collective_start_ms": -before,
+         "collective_end_ms": 0.0} for name, before in arrivals.items()]}
+
+
+def _number(value: Any) -> float:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
 
 
 def hosts_section(results: Mapping[str, ToolResult], limits: Limits) -> Section:
@@ -622,6 +641,9 @@ def hosts_section(results: Mapping[str, ToolResult], limits: Limits) -> Section:
     devices = [d for d in r.detail.get("devices") or [] if isinstance(d, Mapping)]
     part.blocks += kv_blocks(r.summary, limits)
     if len(hosts) > 1:
+        # A host's own row and its row as a collective participant (arrivals, waits caused) side by side.
+        joined = {str(p.get("participant")): p for p in r.detail.get("participants") or [] if isinstance(p, Mapping)}
+        hosts = [{**joined.get(str(h.get("host")), {}), **h} for h in hosts]
         part.blocks += table_block([{k: h[k] for k in HOST_COLUMNS if k in h} for h in hosts], "One row per host",
                                    limits, labels={"host_other_percent": "host/input"})
         bars = []
@@ -638,14 +660,15 @@ def hosts_section(results: Mapping[str, ToolResult], limits: Limits) -> Section:
         name = hosts[0].get("host") if hosts else None
         part.blocks.append(Block(kind="text", muted=True, text=(
             f"One host{f' ({name})' if name else ''}: nothing to compare across hosts.")))
-    timeline = r.detail.get("straggler_timeline")
+    timeline = r.detail.get("straggler_timeline") or _aligned_picture(r.detail.get("aligned_instances"))
     straggler = r.summary.get("straggler_host") or r.summary.get("straggler")
     if isinstance(timeline, Mapping) and timeline.get("participants"):
         svg = charts.host_timeline(timeline, duration_text=lambda ms: format_measure(ms, "ms"))
         part.blocks.append(Block(kind="chart", svg=svg, title=(
             f"One step on every participant, aligned on the end of {timeline.get('collective') or 'the collective'}"
             + (f" (step {timeline.get('step')})" if timeline.get("step") is not None else "")
-            + (f": {straggler} arrives last" if straggler else ""))))
+            + (f": {straggler} arrives last" if straggler else "")
+            + ". Purple: time in the collective, waiting for the others.")))
     elif straggler:
         part.blocks.append(Block(kind="text", muted=True, text=(
             "The aligned timeline of one step per host is not available: get_hosts reported no collective instance "
