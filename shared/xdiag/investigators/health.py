@@ -104,6 +104,7 @@ def health_snapshot(results: dict[str, ToolResult]) -> dict[str, Any]:
         "peaks": {k: ops.get(k) for k in ("device_model", "peak_tflops", "peak_hbm_gb_per_s", "flops_source",
                                             "bandwidth_source", "peak_warnings") if ops.get(k) is not None} or None,
         "data_movement_op_percent": round(moving, 2) if categories else None,
+        "host_callback_op_percent": categories.get("host_callback") if categories else None,
         "compiler": {
             "layout_copies_percent": _summary(results, "detect_layout_mismatch_copies").get("share_of_op_time_percent"),
             "unfused_data_movement_percent": _summary(results, "detect_unfused_reshapes").get("share_of_op_time_percent"),
@@ -158,6 +159,9 @@ def _unhealthy_reasons(s: dict[str, Any]) -> list[str]:
     waits = (per_step.get("syncs_per_step_mean") or 0) >= 2 or (per_step.get("callbacks_per_step_mean") or 0) >= 1
     if (b.get("host_sync") or 0) > HEALTHY["host_sync_percent_max"] and waits:
         reasons.append(f"host syncs take {b['host_sync']}% of step time")
+    callbacks = per_step.get("callbacks_per_step_mean") or 0
+    if callbacks >= 1 and max(b.get("host_sync") or 0, s.get("host_callback_op_percent") or 0) >= 1:
+        reasons.append(f"the step calls back into Python {callbacks:g} times")
     if s.get("oom_risk") == "HIGH":
         reasons.append("out-of-memory risk is HIGH")
     for key, value in s["compiler"].items():
