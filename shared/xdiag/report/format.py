@@ -234,23 +234,29 @@ def short_shape(shape: Any) -> str:
     return _LAYOUT.sub("", shape) if isinstance(shape, str) else format_value(shape)
 
 
-def short_kernel_name(name: str, limit: int = 90) -> str:
-    """A C++ kernel name without template arguments and parameter list:
-    `void ns::Kernel<T, U>(int, float*)` -> `ns::Kernel<…>(…)`."""
+_QUALIFIER = re.compile(r"\b(?:\w+::)+")
+
+
+def short_kernel_name(name: str, limit: int = 140) -> str:
+    """A C++ kernel name as a reader tells kernels apart: no return type, no parameter list, no namespaces
+    inside the template arguments (`void ns::Kernel<ns::A<half>, 16>(int, float*)` -> `ns::Kernel<A<half>, 16>`),
+    cut at `limit`. Names that are not C++ (HLO op names) come back as they are."""
     text = name.removeprefix("void ").strip()
-    out, depth = [], 0
-    for ch in text:
-        if ch in "<(":
+    if "<" not in text and "(" not in text:
+        return text if len(text) <= limit else text[: limit - 1] + "…"
+    head, angle, rest = text.partition("<")
+    params = head.find("(")
+    if params > 0:  # no template: `ns::kernel(args)` -> `ns::kernel(…)`
+        head, angle, rest = head[:params], "", "(…)"
+    elif angle:
+        depth, end = 1, len(rest)
+        for i, ch in enumerate(rest):
+            depth += (ch == "<") - (ch == ">")
             if depth == 0:
-                out.append(ch + "…")
-            depth += 1
-        elif ch in ">)":
-            depth = max(depth - 1, 0)
-            if depth == 0:
-                out.append(ch)
-        elif depth == 0:
-            out.append(ch)
-    short = "".join(out)
+                end = i
+                break
+        rest = _QUALIFIER.sub("", rest[:end]) + ">"
+    short = head + angle + rest
     return short if len(short) <= limit else short[: limit - 1] + "…"
 
 

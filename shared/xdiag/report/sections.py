@@ -35,6 +35,7 @@ from xdiag.report.format import (
 
 TABLE_ROWS_SHOWN = 10
 MAX_STEP_CHARTS = 2
+MIN_STEPS_CHARTED = 4  # a chart of one to three columns says no more than the rows do
 MAX_STEP_ROWS = 400
 MAX_OPS_ON_CHART = 40
 
@@ -82,6 +83,8 @@ def kv_blocks(data: Mapping[str, Any] | None, limits: Limits, title: str = "", s
     for marker in ("unavailable", "not_available"):
         if isinstance(data.get(marker), Mapping):
             reasons.update(data.pop(marker))
+    # A field the tool left empty with no word on why says nothing: left out (a reason, where given, is shown).
+    data = {k: v for k, v in data.items() if v not in (None, [], {}, "") or k in reasons}
     rows = key_values(data, skip=skip, limits=limits)
     for row in rows:
         if row.value.missing and row.key in reasons:
@@ -182,7 +185,8 @@ def step_time_section(results: Mapping[str, ToolResult], limits: Limits) -> Sect
     for s in steps:
         by_participant.setdefault(str(s.get("device") or s.get("host") or ""), []).append(s)
     kind = "device" if any(s.get("device") for s in steps) else "host"
-    for name, rows in list(by_participant.items())[:MAX_STEP_CHARTS]:
+    charted = [(name, rows) for name, rows in by_participant.items() if len(rows) >= MIN_STEPS_CHARTED]
+    for name, rows in charted[:MAX_STEP_CHARTS]:
         svg, legend = charts.step_columns(rows, categories, duration_text=lambda ms: format_measure(ms, "ms"))
         shown = min(len(rows), charts.MAX_STEP_COLUMNS)
         title = "Time per step, split by category" + (f" — {kind} {name}" if len(by_participant) > 1 else "")
@@ -190,9 +194,9 @@ def step_time_section(results: Mapping[str, ToolResult], limits: Limits) -> Sect
             title += f" (first {shown} of {len(rows)} steps)"
         part.blocks.append(Block(kind="chart", title=title, svg=svg,
                                  legend=[(c, color, meaning.get(c, "")) for c, color, _ in legend]))
-    if len(by_participant) > MAX_STEP_CHARTS:
+    if len(charted) > MAX_STEP_CHARTS:
         part.blocks.append(Block(kind="text", muted=True, text=(
-            f"Charts for the first {MAX_STEP_CHARTS} of {len(by_participant)} {kind}s; the rows below have them all.")))
+            f"Charts for the first {MAX_STEP_CHARTS} of {len(charted)} {kind}s; the rows below have them all.")))
     # Per-step category times are in ms: named so, each cell says its unit. A device's name includes its host.
     step_rows = [{("step_time_ms" if k == "step_ms" else f"{k}_ms" if k in categories else k): v
                   for k, v in s.items() if not (k == "host" and s.get("device"))} for s in steps]
@@ -278,7 +282,8 @@ def roofline_section(results: Mapping[str, ToolResult], peaks: Peaks) -> Section
     section.parts.append(part)
     if r is not None:
         summary = {k: v for k, v in r.summary.items() if k not in ROOFLINE_SHOWN_ABOVE}
-        own = {k: v for k, v in summary.items() if k.startswith(("op_time_", "costed_op_time", "time_basis"))}
+        own = {k: v for k, v in summary.items()
+               if k.startswith(("op_time_", "costed_op_time", "time_basis", "roofline_unavailable"))}
         xprof = {k.removeprefix("xprof_"): v for k, v in summary.items() if k not in own}
         if own:
             part.blocks += kv_blocks(own, peaks.limits, title="xdiag, over device op time (idle excluded)")
@@ -352,7 +357,10 @@ def op_table(ops: Sequence[Mapping[str, Any]], categories_ms: Mapping[str, Any],
                 c = measured_cell(key, value, limits) if value is not None else Cell(text="", missing=True)
             row.append(c)
         rows.append(row)
-    return Table(columns=columns, rows=rows, total=len(rows), shown=TABLE_ROWS_SHOWN, group_rows=groups)
+    # A column no op has a value in (no FLOPs on a profile without HLO) says nothing: left out.
+    keep = [i for i, (key, _) in enumerate(OP_TABLE_COLUMNS) if key == "op" or any(not r[i].missing for r in rows)]
+    return Table(columns=[columns[i] for i in keep], rows=[[r[i] for i in keep] for r in rows], total=len(rows),
+                 shown=TABLE_ROWS_SHOWN, group_rows=groups)
 
 
 def _op_origin(o: Mapping[str, Any]) -> str:
@@ -366,8 +374,8 @@ def op_profile_section(results: Mapping[str, ToolResult], limits: Limits) -> Sec
     section.parts.append(part)
     if r is None:
         return section
-    part.blocks += kv_blocks(r.summary, limits, skip=("category_percent", "top_op", "top_op_module",
-                                                      "top_op_category", "top_op_share_percent", "top_category"))
+    part.blocks += kv_blocks(r.summary, limits, skip=("category_percent", "top_op", "top_op_module", "top_op_category",
+                                                      "top_op_share_percent", "top_category", *ROOFLINE_SHOWN_ABOVE))
     categories = r.detail.get("categories_ms") or {}
     if categories:
         svg = charts.horizontal_bars(categories, value_text=lambda ms: format_measure(ms, "ms"))
@@ -434,7 +442,8 @@ def kernel_section(results: Mapping[str, ToolResult], limits: Limits) -> Section
         name = str(k.get("kernel") or "")
         row = {key: k.get(key) for key in KERNEL_COLUMNS if k.get(key) is not None}
         row["kernel"] = short_kernel_name(name)
-        row["op"] = k.get("op") or k.get("hlo_op")
+        if k.get("op") or k.get("hlo_op"):
+            row["op"] = k.get("op") or k.get("hlo_op")
         if isinstance(k.get("tensor_core"), bool):
             row["tensor_core"] = "yes" if k["tensor_core"] else "no"
         rows.append(row)

@@ -17,7 +17,6 @@ from xdiag.report.format import (
     Limits,
     cell,
     format_measure,
-    format_value,
     humanize_numbers,
     measured_cell,
     out_of_range,
@@ -57,10 +56,8 @@ def _device_phrase(health: Mapping[str, Any], analysis: Analysis) -> str:
     platform = health.get("platform") or profile.get("platform")
     hosts = profile.get("hosts")
     n_hosts = len(hosts) if isinstance(hosts, list) else None
-    bits = [platform] if platform else []
-    if n_hosts and n_hosts > 1:
-        bits.append(f"{n_hosts} hosts")
-    return " ".join(bits)
+    bits = [f"{n_hosts}-host"] if n_hosts and n_hosts > 1 else []
+    return " ".join(bits + ([platform] if platform else []))
 
 
 def summary_sentences(analysis: Analysis, status: str, findings: Sequence[Finding]) -> list[str]:
@@ -93,8 +90,8 @@ def summary_sentences(analysis: Analysis, status: str, findings: Sequence[Findin
     out = [f"Needs attention: {priority_counts(findings)} in this {where + ' ' if where else ''}profile, "
            f"which covers {step_text}{compute_text}."]
     happening = _first_sentence(top.whats_happening)
-    out.append(f"The biggest cost ({top.priority}) is {_lower_first(humanize_numbers(top.title).rstrip('.'))}"
-               + (f": {_lower_first(happening)}" if happening else "."))
+    out.append(f"The biggest cost ({top.priority}): {_lower_first(humanize_numbers(top.title).rstrip('.'))}"
+               + (f" — {_lower_first(happening)}" if happening else "."))
     fix = _first_sentence(top.fix)
     if fix:
         out.append(f"Do first: {_lower_first(fix)}")
@@ -163,7 +160,12 @@ def why_missing(results: Mapping[str, ToolResult], tool: str) -> str:
         return f"{tool}: {r.reason or 'not available'}"
     if r.status == ToolStatus.FAILED:
         return f"{tool} failed: {r.reason or 'no reason recorded'}"
-    return f"{tool} did not report it"
+    # A tool that ran may say itself why a figure is missing (`…_because`, an `unavailable` map).
+    said = [str(v) for k, v in r.summary.items() if k.endswith("_because") and v]
+    for marker in ("unavailable", "not_available"):
+        if isinstance(r.summary.get(marker), Mapping):
+            said += [str(v) for v in r.summary[marker].values() if v]
+    return f"{tool}: {said[0]}" if said else f"{tool} did not report it"
 
 
 def lookup(data: Mapping[str, Any], path: Sequence[str]) -> Any:
@@ -193,7 +195,8 @@ def metric_cards(health: Mapping[str, Any], results: Mapping[str, ToolResult], l
         note = m.hint
         if m.path == ("step_time_ms",):
             steps, source = health.get("steps"), health.get("step_source")
-            note = f"mean over {format_value(steps)} steps" + (f" ({source})" if source else "")
+            note = (f"mean over {counted(steps, 'step')}" if isinstance(steps, int) else "mean") + (
+                f" ({source})" if source else "")
             if health.get("step_time_cv_percent") is not None:
                 note += f"; spread (CV) {format_measure(health['step_time_cv_percent'], '%')}"
         elif m.path == ("peak_memory_gib",):
