@@ -92,5 +92,8 @@ def test_help_lists_the_commands(tmp_path):
 def test_no_xprof_views_turns_the_converters_off_and_says_so(tmp_path, h200_profiles):
     done = _xdiag("analyze", str(h200_profiles["widening_convert"]), "--out", str(tmp_path / "o"), "-q", "--no-xprof-views", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
+    suggestions = json.loads((tmp_path / "o" / "tools" / "get_smart_suggestions.json").read_text())
+    assert suggestions["status"] == "not_available" and "XDIAG_XPROF_VIEWS=0" in suggestions["reason"]
+    # The roofline keeps xdiag's own figures against the checked peaks and says where XProf's went.
     roofline = json.loads((tmp_path / "o" / "tools" / "get_roofline_model.json").read_text())
-    assert roofline["status"] == "not_available" and "XDIAG_XPROF_VIEWS=0" in roofline["reason"]
+    assert "XDIAG_XPROF_VIEWS=0" in roofline["detail"]["xprof"]["reason"]
