@@ -12,7 +12,8 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[test]'
-	$(BIN)/python -m xdiag.profile.reader  # numba compiles the profile decoder into its cache now, not on the first analysis
+	$(BIN)/python -m xdiag.profile.build_wire  # the profile decoder compiled ahead of time (numba-free reads); needs a C compiler
+	$(BIN)/python -m xdiag.profile.reader  # reads a two-event profile: without the build above, numba compiles and caches now
 	rm -f $(VENV)/.installed-* && touch $@
 
 install: $(STAMP)

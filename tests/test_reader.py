@@ -158,3 +158,62 @@ def test_warm_up_reads_its_own_two_event_profile():
     from xdiag.profile.reader import warm_up
 
     warm_up()  # `make install` runs it: it must read the profile it builds, whatever numba's cache holds
+
+
+_SESSION_DIGEST = """
+import hashlib, sys
+from pathlib import Path
+from xdiag.profile import wire
+from xdiag.profile.reader import read_session
+digest = hashlib.sha256()
+for host in read_session([Path(sys.argv[1])]).hosts:
+    for plane in host.planes:
+        digest.update(repr((plane.name, plane.strings, sorted(plane.event_names.items()))).encode())
+        for line in plane.lines:
+            digest.update(repr((line.id, line.name, line.timestamp_ns, str(line.metadata_id.dtype))).encode())
+            for column in (line.metadata_id, line.start_ps, line.duration_ps):
+                digest.update(column.tobytes())
+            for stats in (line.numeric, line.strings):
+                for name in sorted(stats.keys()):
+                    index, values = stats.sparse(name)
+                    digest.update(name.encode() + index.tobytes() + values.tobytes())
+print(wire._ahead_of_time is not None, "numba" in sys.modules, digest.hexdigest())
+"""
+
+
+def test_the_ahead_of_time_decoder_reads_exactly_what_numba_does():
+    """`make install` builds the decoder ahead of time (python -m xdiag.profile.build_wire); a read
+    with it must give the same session as numba's, without importing numba."""
+    import subprocess
+    import sys
+
+    from xdiag.profile import wire
+
+    if wire._load_ahead_of_time() is None:
+        pytest.skip("the ahead-of-time decoder is not built here (python -m xdiag.profile.build_wire)")
+    path = shared_profile("gpu/v100x8_tf_bert_worker.xplane.pb")
+    outputs = {}
+    for jit in ("0", "1"):
+        env = {**os.environ, "XDIAG_WIRE_JIT": jit}
+        done = subprocess.run([sys.executable, "-c", _SESSION_DIGEST, str(path)], env=env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-2000:]
+        outputs[jit] = done.stdout.split()
+    assert outputs["0"][:2] == ["True", "False"]  # ahead of time, numba not imported
+    assert outputs["1"][:2] == ["False", "True"]
+    assert outputs["0"][2] == outputs["1"][2]
+
+
+def test_an_ahead_of_time_decoder_built_from_another_wire_py_is_not_used(tmp_path, monkeypatch):
+    from xdiag.profile import wire
+
+    stamp = tmp_path / "_wire_compiled.source"
+    stamp.write_text("0" * 64 + "\n")
+    monkeypatch.setattr(wire, "SOURCE_STAMP", stamp)
+    assert wire._load_ahead_of_time() is None
+    stamp.write_text(wire.source_digest() + "\n")
+    monkeypatch.delenv("XDIAG_WIRE_JIT", raising=False)
+    try:
+        import xdiag.profile._wire_compiled  # noqa: F401
+    except ImportError:
+        pytest.skip("the ahead-of-time decoder is not built here")
+    assert wire._load_ahead_of_time() is not None

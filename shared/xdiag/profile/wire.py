@@ -7,12 +7,56 @@ small parts (plane metadata, HLO protos) go through protobuf messages.
 
 Every function returns an error code instead of raising (numba), with the byte position
 where decoding failed; `reader.py` turns that into a ProfileError.
+
+Compiled ahead of time where it can be: `python -m xdiag.profile.build_wire` (`make install` runs it)
+writes `_wire_compiled*.so` next to this file, an extension module that needs neither numba nor
+LLVM at run time (numba's import and first call cost ~0.6 s CPU and ~150 MB of memory per
+process). Without it (no C compiler at install, `XDIAG_WIRE_JIT=1`), the same functions are
+compiled by numba on first use and cached in `__pycache__`.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
+from pathlib import Path
+
 import numpy as np
-from numba import njit
+
+SOURCE_STAMP = Path(__file__).with_name("_wire_compiled.source")
+"""The sha256 of the wire.py the ahead-of-time module was built from: a module built from another
+version of this file is not used."""
+
+
+def source_digest() -> str:
+    return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+
+
+def _load_ahead_of_time():
+    if os.environ.get("XDIAG_WIRE_JIT") == "1":
+        return None
+    try:
+        from xdiag.profile import _wire_compiled
+    except ImportError:
+        return None
+    try:
+        built_from = SOURCE_STAMP.read_text().strip()
+    except OSError:
+        return None
+    return _wire_compiled if built_from == source_digest() else None
+
+
+_ahead_of_time = _load_ahead_of_time()
+
+
+def njit(**options):
+    """numba's njit where the ahead-of-time module is missing; otherwise the plain function (only the
+    ahead-of-time build compiles it), so numba is never imported."""
+    if _ahead_of_time is not None:
+        return lambda function: function
+    from numba import njit as numba_njit
+
+    return numba_njit(**options)
 
 NO_VALUE = np.iinfo(np.int64).min
 
@@ -261,3 +305,8 @@ def decode_line(buf, start, end, numeric_ids, numeric_slots, string_ids, string_
     _decode_events(buf, start, end, numeric_ids, numeric_slots, string_ids, string_slots, True,
                    metadata_id, offset_ps, duration_ps, stat_event, stat_slot, stat_a, stat_b, header)
     return header, metadata_id, offset_ps, duration_ps, stat_event, stat_slot, stat_a, stat_b, OK, end
+
+
+if _ahead_of_time is not None:
+    scan_fields = _ahead_of_time.scan_fields  # noqa: F811 (the ahead-of-time build of the functions above)
+    decode_line = _ahead_of_time.decode_line  # noqa: F811

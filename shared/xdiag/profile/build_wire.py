@@ -1,0 +1,51 @@
+"""Compiles the profile decoder (`wire.py`) ahead of time into `_wire_compiled*.so` next to it.
+
+    python -m xdiag.profile.build_wire        # `make install` runs it; needs a C compiler
+
+numba's pycc turns the exported functions into an extension module that needs only numpy at
+run time, so reading a profile no longer imports numba and LLVM. The signatures are the ones the
+reader calls with: the read-only byte view of the memory-mapped file, int64 positions and int64
+id/slot arrays. Where this fails (no compiler), wire.py compiles with numba on first use instead.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+MODULE = "_wire_compiled"
+
+
+def build() -> Path:
+    os.environ["XDIAG_WIRE_JIT"] = "1"  # the numba-decorated functions, whatever is built already
+    from numba import types
+    from numba.pycc import CC
+
+    from xdiag.profile import wire
+
+    if wire._ahead_of_time is not None:
+        raise RuntimeError("wire.py was imported with the ahead-of-time module before the build")
+    wire.SOURCE_STAMP.unlink(missing_ok=True)  # a failed build leaves no stamp, so no stale module is used
+    buffer = types.Array(types.uint8, 1, "C", readonly=True)
+    column = types.Array(types.int64, 1, "C")
+    count = types.int64
+    compiler = CC(MODULE)
+    compiler.output_dir = str(Path(wire.__file__).parent)
+    compiler.verbose = False
+    compiler.export("scan_fields", types.Tuple((column,) * 5 + (count, count))(buffer, count, count))(
+        wire.scan_fields.py_func
+    )
+    compiler.export(
+        "decode_line", types.Tuple((column,) * 8 + (count, count))(buffer, count, count, column, column, column, column)
+    )(wire.decode_line.py_func)
+    compiler.compile()
+    wire.SOURCE_STAMP.write_text(wire.source_digest() + "\n")
+    return Path(compiler.output_dir) / compiler.output_file
+
+
+if __name__ == "__main__":
+    try:
+        print(f"compiled the profile decoder ahead of time: {build()}")
+    except Exception as error:  # no compiler here: numba compiles on first use instead
+        print(f"the profile decoder stays compiled on first use (numba): {type(error).__name__}: {error}", file=sys.stderr)
