@@ -251,22 +251,42 @@ def roofline_chart(
         rx, ry = px(ridge), py(peak_flops_per_s)
         out.append(_LINE.format(rx, ry, rx, top + plot_h, "ridgeline"))
         out.append(_RIDGE.format(rx, ry, f"ridge point: {intensity_text(ridge)}"))
-        out.append(_TEXT.format(rx + 6, ry + 16, "note", "start", f"ridge {intensity_text(ridge)}"))
+        out.append(_TEXT.format(rx - 8, ry - 8, "note", "end", f"ridge {intensity_text(ridge)}"))
         out.append(_TEXT.format(width - right - 4, ry - 6, "note", "end",
                                 f"compute roof {rate_text(peak_flops_per_s)}"))
         out.append(_TEXT.format(max(left + 8, rx - 8), top + plot_h - 8, "region", "end", "← memory-bound"))
         out.append(_TEXT.format(min(width - right - 8, rx + 8), top + plot_h - 8, "region", "start", "compute-bound →"))
     categories: dict[str, str] = {}
     ordered = sorted(points, key=lambda p: -p["time_share"])  # small points drawn last stay visible
-    for i, p in enumerate(ordered):
+    placed: list[tuple[float, float, float, float]] = []  # label boxes already drawn: the roof's own first
+    if roofs:
+        rx, ry = px(ridge), py(peak_flops_per_s)
+        ridge_w = _text_width(f"ridge {intensity_text(ridge)}", 12.0)
+        roof_w = _text_width(f"compute roof {rate_text(peak_flops_per_s)}", 12.0)
+        placed += [(rx - 8 - ridge_w, ry - 20, rx - 8, ry - 4), (width - right - 4 - roof_w, ry - 18, width - right, ry - 2)]
+    circles = []
+    for p in ordered:
         color = categories.setdefault(p["category"], category_color(p["category"], len(categories)))
         radius = 4 + 18 * math.sqrt(max(min(p["time_share"], 1.0), 0.0))
         cx, cy = px(p["intensity"]), py(p["flops_per_s"])
         out.append(_CIRCLE.format(cx, cy, radius, color, p["tip"]))
-        if i < 6:  # names of the biggest few only, or the chart becomes text
-            anchor = "end" if cx > left + plot_w * 0.8 else "start"
-            dx = -(radius + 4) if anchor == "end" else radius + 4
-            out.append(_TEXT.format(cx + dx, cy + 4, "ptlabel", anchor, _label(p["label"], 28)))
+        circles.append((p, cx, cy, radius))
+    # Names after every point, and only where they cover no other point or name (the tooltips have them all).
+    for i, (p, cx, cy, radius) in enumerate(circles[:6]):
+        text = _label(p["label"], 28)
+        w = _text_width(text, 12.0)
+        others = [(x2 - r2, y2 - r2, x2 + r2, y2 + r2) for j, (_, x2, y2, r2) in enumerate(circles) if j != i]
+        # Right of the point, left of it, under it: the first place that covers nothing.
+        for anchor, x, y in (("start", cx + radius + 4, cy + 4), ("end", cx - radius - 4, cy + 4),
+                             ("middle", cx, cy + radius + 14)):
+            x0 = {"start": x, "end": x - w, "middle": x - w / 2}[anchor]
+            box = (x0, y - 14, x0 + w, y + 2)
+            inside = left <= box[0] and box[2] <= width - right and box[3] <= top + plot_h
+            if inside and not any(box[0] < b[2] and b[0] < box[2] and box[1] < b[3] and b[1] < box[3]
+                                  for b in placed + others):
+                placed.append(box)
+                out.append(_TEXT.format(x, y, "ptlabel", anchor, text))
+                break
     svg = _SVG.format("chart roofline", height, "roofline chart", Markup("").join(out))
     return svg, [(c, color, "") for c, color in categories.items()]
 

@@ -211,11 +211,14 @@ def _op_points(ops: Sequence[Mapping[str, Any]], limits: Limits) -> tuple[list[d
     they do no arithmetic (and their share of op time); the names left off as out of range."""
     points, no_flops, flagged = [], [], []
     no_flops_share = 0.0
+    names = [str(o.get("op")) for o in ops[:MAX_OPS_ON_CHART]]
     for o in ops[:MAX_OPS_ON_CHART]:
         intensity = o.get("arithmetic_intensity_flops_per_byte")
         rate = o.get("achieved_gflops_per_s")
         share = o.get("share_of_op_time_percent") or 0.0
         name = short_kernel_name(str(o.get("op") or "?"), 60)
+        if names.count(str(o.get("op"))) > 1 and o.get("module"):
+            name += f" ({o['module']})"  # one op name in several programs: the program tells them apart
         if not isinstance(intensity, (int, float)) or not isinstance(rate, (int, float)) or intensity <= 0 or rate <= 0:
             no_flops.append(name)
             no_flops_share += share if isinstance(share, (int, float)) else 0.0
