@@ -237,6 +237,9 @@ def test_mi300x_gemms_are_compute_bound_near_peak_not_memory_bound(diagnosed):
 def test_mi300x_gemm_top_finding_is_dispatch_overhead_between_calls(diagnosed):
     d = diagnosed(GEMM)
     assert d.keys[0] == "dispatch_overhead", d.keys
+    # The kernels are efficient, and the diagnosis says so beside XProf's window figure.
+    summary = d.analysis.diagnosis.summary
+    assert "of their compute roof" in summary and "XProf's 1.26%" in summary
 
 
 # --- MI300X attention, eager --------------------------------------------------------------------------------

@@ -606,6 +606,21 @@ def _unfused_kernel_hypotheses(health: dict[str, Any], results: dict[str, ToolRe
     )]
 
 
+def _roofline_sentence(health: dict[str, Any]) -> str:
+    """How well the device's ops use it while they run, beside XProf's window figure when that differs."""
+    efficiency, bound = health.get("roofline_efficiency_percent"), health.get("bound_by")
+    if efficiency is None or not bound:
+        return ""
+    peaks = health.get("peaks") or {}
+    text = (f"While they run, the device's ops reach {efficiency}% of their {'compute' if bound == 'compute' else 'bandwidth'} "
+            f"roof ({peaks.get('device_model') or 'device'} peaks from the {str(peaks.get('flops_source', 'profile')).split(' (')[0]})")
+    xprof = health.get("xprof_roofline_efficiency_percent")
+    if xprof is not None and abs(xprof - efficiency) > max(5.0, 0.2 * efficiency):
+        text += (f"; XProf's {xprof}% is over the capture window, idle included, with its own FLOP counts "
+                 "(get_roofline_model's xprof_note reconciles the two)")
+    return text + ". "
+
+
 class RuleEngine:
     """Deterministic investigator: rules over the tool outputs, no network."""
 
@@ -621,7 +636,7 @@ class RuleEngine:
                     f"devices compute {b.get('compute')}% of the time, with {b.get('host_other', 0)}% host work, "
                     f"{b.get('collective', 0)}% collectives and {b.get('compile', 0)}% compilation. "
                     f"The busiest op is {health.get('top_op')} ({health.get('top_op_share_percent')}% of op time, "
-                    f"{health.get('top_category')}). No follow-up investigation was needed."
+                    f"{health.get('top_category')}). " + _roofline_sentence(health) + "No follow-up investigation was needed."
                 ),
                 investigator=self.name,
             )
@@ -654,6 +669,7 @@ class RuleEngine:
             summary = (
                 f"{len(findings)} issue(s) found; the biggest: {top.title.lower()} ({top.priority}). "
                 f"Steps take {health.get('step_time_ms'):.4g} ms, of which the devices compute {b.get('compute')}%. "
+                + _roofline_sentence(health)
                 + (f"Also: {', '.join(f.title.lower() for f in findings[1:3])}. " if len(findings) > 1 else "")
                 + f"{len(calls)} follow-up tool call(s) gathered the evidence below."
             )
