@@ -166,7 +166,8 @@ def test_the_straggler_arrives_last_and_its_own_breakdown_says_why(workload, cau
     assert s["straggler_cause"] == cause
     # Lockstep: same step times; the fast host waits inside the all-reduce, the slow one hardly does.
     assert slow["step_time_ms_mean"] == pytest.approx(fast["step_time_ms_mean"], rel=0.1)
-    assert fast["collective_wait_ms_per_step"] > 10 and slow["collective_wait_ms_per_step"] < 1
+    assert fast["collective_wait_ms_per_step"] > 10
+    assert slow["collective_wait_ms_per_step"] < fast["collective_wait_ms_per_step"] / 4
     assert fast["collective_percent"] > 40
     analysis = analyze_session(locate_session(cpu_profiles[workload]), tmp_path / "out")
     findings = analysis.diagnosis.findings
