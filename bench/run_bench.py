@@ -1,10 +1,20 @@
 """xdiag against XProf's own converters, side by side, on profiles of increasing size.
 
-    python bench/run_bench.py [--sizes 5,20,200,2048] [--repeats 3] [--xprof-max-mib 256] [--out bench/results]
+    python bench/run_bench.py [--sizes 5,20,200,2048] [--captures host_sync:760] [--repeats 3]
+                              [--device-profiles A.xplane.pb,...] [--device-large-mib 93]
+                              [--xprof-max-mib 256] [--out bench/results]
 
 1. Profiles: real CPU captures of the bundled `dispatch_bound` workload (the Python tracer on, so
    the event count per MiB is high) at about 5 and 20 MiB, then larger ones made by
-   `make_large_profile.py`, which replicates the 20 MiB capture's real lines in time.
+   `make_large_profile.py`, which replicates the 20 MiB capture's real lines in time; and real
+   captures of other workloads (`--captures NAME:STEPS`), whose events carry more bytes each, so
+   XProf's converters are cheaper per byte on them.
+   Device profiles: the real ones named by `--device-profiles` and one of `--device-large-mib` made
+   from the largest one's real device lines. Each is analysed three ways: xdiag's own analysis
+   (XProf's views off), the whole analysis (XProf's views concurrently in worker processes, the
+   default) and the whole analysis with every conversion in-process one after another; beside them
+   XProf's converters alone. CPU time counts every process of a run (the bench reaps orphaned
+   workers as a child subreaper), wall time is the command's.
 2. Each size is analysed by `xdiag analyze` (all 15 tools, the investigation and the report) and
    by XProf's converters (`xprof.convert.raw_to_tool_data.xspace_to_tool_data` for the views
    XProf's UI computes), alternating, each run in a fresh process on a private copy of the file.
@@ -19,9 +29,11 @@ Never run as a test: timings depend on the machine.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import platform
+import resource
 import shutil
 import statistics
 import subprocess
@@ -33,6 +45,11 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
+DEVICE_PROFILES = (
+    REPO / "tests" / "profiles" / "h200" / "recompilation.xplane.pb",
+    REPO.parent / "shared" / "profiles" / "gpu" / "v100x8_tf_bert_worker.xplane.pb",
+    REPO.parent / "shared" / "profiles" / "tpu" / "tpu_v6e_inference.xplane.pb",
+)
 XPROF_VIEWS = (
     "overview_page", "op_profile", "roofline_model", "hlo_stats", "memory_profile", "framework_op_stats",
     "input_pipeline_analyzer", "kernel_stats", "utilization_viewer", "smart_suggestion", "pod_viewer",
@@ -47,19 +64,49 @@ for view in sys.argv[2:]:
 """
 
 
+def _become_subreaper() -> None:
+    """Orphaned descendants (XProf's forkserver and its workers) are re-parented to this process, so
+    their CPU time reaches RUSAGE_CHILDREN once they are reaped."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass
+
+
+def _reap_orphans(limit_s: float = 30.0) -> None:
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            time.sleep(0.05)
+
+
+def _children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def _run(cmd: list[str], env: dict | None = None) -> dict:
-    """Runs one process; its wall time, CPU time and peak RSS (from wait4)."""
-    started = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - started
-    out, err = proc.stdout.read().decode(), proc.stderr.read().decode()
-    proc.stdout.close()
-    proc.stderr.close()
-    code = os.waitstatus_to_exitcode(status)
-    if code != 0:
-        raise RuntimeError(f"{' '.join(cmd[:4])}… exited {code}: {err.strip().splitlines()[-1:] or out[-300:]}")
-    return {"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime, "peak_rss_mib": usage.ru_maxrss / 1024, "stdout": out}
+    """Runs one process: wall time, peak RSS (its own, from wait4) and CPU time of it and every
+    process it started (those it left behind are reaped here first)."""
+    cpu_before = _children_cpu_s()
+    with tempfile.TemporaryFile() as out_file, tempfile.TemporaryFile() as err_file:
+        started = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=out_file, stderr=err_file, env=env)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - started
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        _reap_orphans()
+        out_file.seek(0)
+        err_file.seek(0)
+        out, err = out_file.read().decode(), err_file.read().decode()
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd[:4])}… exited {proc.returncode}: {err.strip().splitlines()[-1:] or out[-300:]}")
+    return {"wall_s": wall, "cpu_s": _children_cpu_s() - cpu_before, "peak_rss_mib": usage.ru_maxrss / 1024,
+            "stdout": out}
 
 
 def _private_copy(profile: Path, workdir: Path) -> Path:
@@ -72,9 +119,10 @@ def _private_copy(profile: Path, workdir: Path) -> Path:
     return target
 
 
-def run_xdiag(profile: Path, workdir: Path) -> dict:
+def run_xdiag(profile: Path, workdir: Path, **env: str) -> dict:
     out = Path(tempfile.mkdtemp(dir=workdir))
-    result = _run([sys.executable, "-m", "xdiag.cli", "analyze", str(_private_copy(profile, workdir)), "--out", str(out), "-q"])
+    result = _run([sys.executable, "-m", "xdiag.cli", "analyze", str(_private_copy(profile, workdir)), "--out", str(out), "-q"],
+                  env={**os.environ, **env})
     analysis = json.loads((out / "analysis.json").read_text())
     result["split_ms"] = {k: analysis["timings_ms"].get(k) for k in ("read", "tools", "investigate", "render")}
     result["events"] = analysis["profile"]["events"]
@@ -85,10 +133,16 @@ def run_xprof(profile: Path, workdir: Path) -> dict:
     return _run([sys.executable, "-c", XPROF_SCRIPT, str(_private_copy(profile, workdir)), *XPROF_VIEWS])
 
 
-def make_profiles(sizes_mib: list[float], workdir: Path) -> list[Path]:
-    """Real captures for the small sizes, real lines replicated in time for the large ones."""
+def make_profiles(sizes_mib: list[float], captures: list[tuple[str, int]], workdir: Path) -> list[Path]:
+    """Real captures for the small sizes, real lines replicated in time for the large ones, then the
+    real captures of other workloads."""
     sys.path.insert(0, str(REPO / "shared"))
-    from xdiag.workloads.capture import capture_workload
+    from xdiag.workloads.capture import capture_workload as capture_afresh
+
+    def capture_workload(workload: str, logdir: Path, steps: int) -> Path:
+        """A capture already in --workdir (an earlier run of the bench) is used again."""
+        earlier = sorted(logdir.glob("**/*.xplane.pb"))
+        return earlier[-1] if earlier else capture_afresh(workload, logdir, steps=steps)
 
     profiles = []
     base: Path | None = None
@@ -101,11 +155,60 @@ def make_profiles(sizes_mib: list[float], workdir: Path) -> list[Path]:
             if base is None:
                 base = capture_workload("dispatch_bound", workdir / "capture-base", steps=240)
             path = workdir / f"large-{size:g}.xplane.pb"
-            subprocess.run([sys.executable, str(REPO / "bench" / "make_large_profile.py"), str(base), str(path),
-                            "--size-mib", str(size)], check=True, env={**os.environ, "PYTHONPATH": str(REPO / "shared")})
+            _replicate(base, path, size)
         profiles.append(path)
         print(f"profile {path.name}: {path.stat().st_size / 2**20:.1f} MiB", flush=True)
+    for workload, steps in captures:
+        path = capture_workload(workload, workdir / f"capture-{workload}-{steps}", steps=steps)
+        profiles.append(path)
+        print(f"profile {workload} ({steps} steps): {path.stat().st_size / 2**20:.1f} MiB", flush=True)
     return profiles
+
+
+def _replicate(source: Path, target: Path, size_mib: float) -> None:
+    if target.exists():  # made by an earlier run of the bench in this --workdir
+        return
+    subprocess.run([sys.executable, str(REPO / "bench" / "make_large_profile.py"), str(source), str(target),
+                    "--size-mib", str(size_mib)], check=True, env={**os.environ, "PYTHONPATH": str(REPO / "shared")})
+
+
+def _label(profile: Path, workdir: Path) -> str:
+    """The row's name: the capture folder's name (capture-20, capture-memory_bound-200) or the file's."""
+    try:
+        return profile.relative_to(workdir).parts[0].removesuffix(".xplane.pb")
+    except ValueError:
+        return profile.name.removesuffix(".xplane.pb")
+
+
+def _median(runs: list[dict]) -> dict:
+    return {k: round(statistics.median(r[k] for r in runs), 3) for k in ("wall_s", "cpu_s", "peak_rss_mib")}
+
+
+def bench_device(profiles: list[Path], repeats: int, workdir: Path) -> list[dict]:
+    """Per device profile: xdiag's own analysis, the whole analysis with XProf's views concurrent and
+    with them one after another, and XProf's converters alone; medians and ratios to xdiag's own."""
+    modes = {
+        "own": {"XDIAG_XPROF_VIEWS": "0"},
+        "whole_concurrent": {},
+        "whole_sequential": {"XDIAG_XPROF_PROCESSES": "0"},
+    }
+    rows = []
+    for profile in profiles:
+        runs: dict[str, list[dict]] = {mode: [] for mode in (*modes, "xprof")}
+        for _ in range(repeats):
+            for mode, env in modes.items():
+                runs[mode].append(run_xdiag(profile, workdir, **env))
+            runs["xprof"].append(run_xprof(profile, workdir))
+        row = {"profile": profile.name.removesuffix(".xplane.pb"), "size_mib": round(profile.stat().st_size / 2**20, 1),
+               "events": runs["own"][0]["events"]}
+        for mode, results in runs.items():
+            row[mode] = _median(results)
+        own = row["own"]["wall_s"]
+        row["ratio_whole_over_own"] = round(row["whole_concurrent"]["wall_s"] / own, 2)
+        row["ratio_sequential_over_own"] = round(row["whole_sequential"]["wall_s"] / own, 2)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
 
 
 def _fit(x: list[float], y: list[float]) -> float | None:
@@ -127,6 +230,12 @@ def machine() -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="5,20,200,2048", help="profile sizes in MiB")
+    parser.add_argument("--captures", default="host_sync:760",
+                        help="more real CPU captures as WORKLOAD:STEPS, comma-separated ('' for none)")
+    parser.add_argument("--device-profiles", default=",".join(str(p) for p in DEVICE_PROFILES),
+                        help="real device profiles, comma-separated ('' for none)")
+    parser.add_argument("--device-large-mib", type=float, default=93,
+                        help="also a device profile of this size from the largest one's real lines (0: none)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--xprof-max-mib", type=float, default=256,
                         help="skip XProf above this size (its converters need many times the file size in RAM)")
@@ -136,36 +245,49 @@ def main() -> None:
     sizes = [float(s) for s in args.sizes.split(",")]
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="xdiag-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)
+    _become_subreaper()
+    captures = [(name, int(steps)) for name, steps in (c.split(":") for c in args.captures.split(",") if c)]
     rows = []
-    for profile in make_profiles(sizes, workdir):
+    for profile in make_profiles(sizes, captures, workdir):
         size_mib = profile.stat().st_size / 2**20
         runs: dict[str, list[dict]] = {"xdiag": [], "xprof": []}
         for _ in range(args.repeats):  # alternate, so drift on the machine hits both alike
             runs["xdiag"].append(run_xdiag(profile, workdir))
             if size_mib <= args.xprof_max_mib:
                 runs["xprof"].append(run_xprof(profile, workdir))
-        row = {"profile": profile.name, "size_mib": round(size_mib, 1), "events": runs["xdiag"][0]["events"]}
+        row = {"profile": _label(profile, workdir), "size_mib": round(size_mib, 1), "events": runs["xdiag"][0]["events"]}
         for tool, results in runs.items():
             if results:
-                row[tool] = {k: round(statistics.median(r[k] for r in results), 3) for k in ("wall_s", "cpu_s", "peak_rss_mib")}
+                row[tool] = _median(results)
             else:
                 row[tool] = {"not_run": f"over --xprof-max-mib {args.xprof_max_mib:g}"}
         row["xdiag"]["split_ms"] = {k: statistics.median(r["split_ms"][k] for r in runs["xdiag"]) for k in runs["xdiag"][0]["split_ms"]}
         row["xdiag"]["peak_rss_over_size"] = round(row["xdiag"]["peak_rss_mib"] / size_mib, 2)
         if runs["xprof"]:
             row["ratio_wall_xdiag_over_xprof"] = round(row["xdiag"]["wall_s"] / row["xprof"]["wall_s"], 3)
+            row["ratio_cpu_xdiag_over_xprof"] = round(row["xdiag"]["cpu_s"] / row["xprof"]["cpu_s"], 3)
             row["ratio_rss_xdiag_over_xprof"] = round(row["xdiag"]["peak_rss_mib"] / row["xprof"]["peak_rss_mib"], 3)
         rows.append(row)
         print(json.dumps(row), flush=True)
-    sizes_x = [r["size_mib"] for r in rows]
+    device_profiles = [Path(p) for p in args.device_profiles.split(",") if p]
+    if device_profiles and args.device_large_mib:
+        largest = max(device_profiles, key=lambda p: p.stat().st_size)
+        large = workdir / f"{largest.name.removesuffix('.xplane.pb')}-x{args.device_large_mib:g}mib.xplane.pb"
+        _replicate(largest, large, args.device_large_mib)
+        device_profiles.append(large)
+    device_rows = bench_device(device_profiles, args.repeats, workdir)
+    scaled = rows[: len(sizes)]  # the dispatch_bound series; the other captures are not points of it
+    sizes_x = [r["size_mib"] for r in scaled]
     growth = {
-        "xdiag_wall_exponent": _fit(sizes_x, [r["xdiag"]["wall_s"] for r in rows]),
-        "xdiag_rss_exponent": _fit(sizes_x, [r["xdiag"]["peak_rss_mib"] for r in rows]),
+        "xdiag_wall_exponent": _fit(sizes_x, [r["xdiag"]["wall_s"] for r in scaled]),
+        "xdiag_cpu_exponent": _fit(sizes_x, [r["xdiag"]["cpu_s"] for r in scaled]),
+        "xdiag_rss_exponent": _fit(sizes_x, [r["xdiag"]["peak_rss_mib"] for r in scaled]),
     }
-    measured = [r for r in rows if "wall_s" in r["xprof"]]
+    measured = [r for r in scaled if "wall_s" in r["xprof"]]
     growth["xprof_wall_exponent"] = _fit([r["size_mib"] for r in measured], [r["xprof"]["wall_s"] for r in measured])
     growth["xprof_rss_exponent"] = _fit([r["size_mib"] for r in measured], [r["xprof"]["peak_rss_mib"] for r in measured])
     report = {"machine": machine(), "repeats": args.repeats, "xprof_views": list(XPROF_VIEWS), "rows": rows, "growth": growth,
+              "device_rows": device_rows,
               "date": time.strftime("%Y-%m-%d")}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(report, indent=2) + "\n")
@@ -179,21 +301,40 @@ def render_markdown(report: dict) -> str:
         f"Measured {report['date']} on {m['cores']} cores, {m['memory_gib']} GiB, {m['platform']}, Python {m['python']}; "
         f"median of {report['repeats']} runs, each in a fresh process.",
         "",
-        "| profile | MiB | events | xdiag wall s | xdiag CPU s | xdiag peak RSS MiB | RSS/size | XProf wall s | XProf CPU s | XProf peak RSS MiB | wall xdiag/XProf | xdiag read / tools / investigate / render ms |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| profile | MiB | events | xdiag wall s | xdiag CPU s | xdiag peak RSS MiB | RSS/size | XProf wall s | XProf CPU s "
+        "| XProf peak RSS MiB | wall xdiag/XProf | CPU xdiag/XProf | RSS xdiag/XProf | xdiag read / tools / investigate / render ms |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in report["rows"]:
         x, p = r["xdiag"], r["xprof"]
         split = " / ".join(f"{x['split_ms'][k]:.0f}" for k in ("read", "tools", "investigate", "render"))
         if "wall_s" in p:
-            xp = f"{p['wall_s']} | {p['cpu_s']} | {p['peak_rss_mib']:.0f} | {r['ratio_wall_xdiag_over_xprof']}"
+            xp = (f"{p['wall_s']} | {p['cpu_s']} | {p['peak_rss_mib']:.0f} | {r['ratio_wall_xdiag_over_xprof']} | "
+                  f"{r.get('ratio_cpu_xdiag_over_xprof', '')} | {r['ratio_rss_xdiag_over_xprof']}")
         else:
-            xp = f"not run ({p['not_run']}) | | | "
+            xp = f"not run ({p['not_run']}) | | | | | "
         lines.append(f"| {r['profile']} | {r['size_mib']} | {r['events']:,} | {x['wall_s']} | {x['cpu_s']} | "
                      f"{x['peak_rss_mib']:.0f} | {x['peak_rss_over_size']} | {xp} | {split} |")
     g = report["growth"]
-    lines += ["", f"Growth with size (exponent of a power-law fit; 1 = linear): xdiag time {g['xdiag_wall_exponent']}, "
-              f"xdiag memory {g['xdiag_rss_exponent']}, XProf time {g['xprof_wall_exponent']}, XProf memory {g['xprof_rss_exponent']}.", ""]
+    lines += ["", f"Growth with size (exponent of a power-law fit over the dispatch_bound sizes; 1 = linear): "
+              f"xdiag wall {g['xdiag_wall_exponent']}, CPU {g.get('xdiag_cpu_exponent')}, memory {g['xdiag_rss_exponent']}; "
+              f"XProf wall {g['xprof_wall_exponent']}, memory {g['xprof_rss_exponent']}.", ""]
+    if report.get("device_rows"):
+        lines += [
+            "Device profiles: xdiag's own analysis (XProf's views off), the whole analysis with XProf's views in "
+            "worker processes (default) and one after another in-process, and XProf's converters alone. CPU counts "
+            "every process of the run; peak RSS is the main process's.",
+            "",
+            "| profile | MiB | events | own wall s | own CPU s | whole wall s | whole CPU s | whole RSS MiB "
+            "| sequential wall s | sequential CPU s | XProf alone wall s | XProf alone CPU s | whole/own | sequential/own |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r in report["device_rows"]:
+            o, w, q, p = r["own"], r["whole_concurrent"], r["whole_sequential"], r["xprof"]
+            lines.append(f"| {r['profile']} | {r['size_mib']} | {r['events']:,} | {o['wall_s']} | {o['cpu_s']} | "
+                         f"{w['wall_s']} | {w['cpu_s']} | {w['peak_rss_mib']:.0f} | {q['wall_s']} | {q['cpu_s']} | "
+                         f"{p['wall_s']} | {p['cpu_s']} | {r['ratio_whole_over_own']} | {r['ratio_sequential_over_own']} |")
+        lines.append("")
     return "\n".join(lines)
 
 
