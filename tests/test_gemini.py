@@ -484,3 +484,55 @@ def test_cli_runs_gemini_with_application_default_credentials(tmp_path, monkeypa
     assert analysis["investigator"] == "gemini" and analysis["diagnosis"]["investigator"] == "gemini"
     assert analysis["diagnosis"]["findings"][0]["title"] == LAYOUT_FINDING["title"]
     assert analysis["diagnosis"]["audit"]["model"] == "gemini-2.5-pro"
+
+
+# (e) grounding per metric, titles and the summary ------------------------------------------------------------
+
+
+def test_an_evidence_value_must_be_what_the_cited_tool_reported_under_the_cited_metric(tmp_path):
+    """The step count (15) is not a compute share: it counted as verified before because 15 appears in some tool
+    output. A title's and the summary's numbers are checked too."""
+    misquoted = dict(LAYOUT_FINDING, title="Compute share misquoted", evidence=[
+        _row("detect_layout_mismatch_copies", "share_of_op_time_percent", 59.6),
+        _row("get_step_trace", "compute_percent", 15, "%")])  # 15 is get_step_trace's `steps`
+    invented_title = dict(LAYOUT_FINDING, priority="P1", key="layout_copies_2",
+                          title="Transposes take 42.713% of the step",  # no cited tool reported 42.713
+                          evidence=[_row("detect_layout_mismatch_copies", "share_of_op_time_percent", 59.6)])
+    honest = dict(LAYOUT_FINDING, priority="P2", key="compute", title="Compute is 57.21% of the step",
+                  evidence=[_row("get_step_trace", "compute_percent", 57.21, "%")])
+    summary = "The profile needs attention: 81.437% of the time is lost to layout copies."  # 81.437: no tool said so
+    analysis, _ = _analyze(LAYOUT, tmp_path / "out", [text("Done."), answer(summary, [misquoted, invented_title,
+                                                                                       honest])])
+    d = analysis.diagnosis
+    found = {f.title: f for f in d.findings}
+    assert [e.verified for e in found["Compute share misquoted"].evidence] == [True, False]
+    assert not found["Compute share misquoted"].verified and not found["Transposes take 42.713% of the step"].verified
+    assert found["Compute is 57.21% of the step"].verified
+    checks = {c.finding: c for c in d.audit.grounding}
+    assert any("compute_percent" in r and "15" in r for r in checks["Compute share misquoted"].reasons)
+    assert any(r.startswith("title: 42.713") for r in checks["Transposes take 42.713% of the step"].reasons)
+    assert checks["summary"].reasons == ["summary: 81.437 appear(s) in no tool output"]
+    assert "the summary quotes numbers no tool reported" in d.investigator_note
+
+
+# (f) model-chosen regular expressions and arguments -----------------------------------------------------------
+
+
+def test_a_catastrophic_regular_expression_runs_in_linear_time_and_bad_arguments_cost_nothing(tmp_path):
+    """`^(\\w+\\s?)+\\x00$` backtracks exponentially in Python's `re` over event names (the analysis hung); RE2 runs it
+    in linear time. A depth out of range and a pattern RE2 cannot compile are refused before they are charged."""
+    script = [
+        calls(("aggregate_xplane_events", {"pattern": r"^(\w+\s?)+\x00$"}),
+              ("get_hlo_neighborhood", {"op": "input_transpose_fusion", "depth": 7}),
+              ("aggregate_xplane_events", {"pattern": r"(fusion)\1"})),
+        text("Done."),
+        answer(SUMMARY, [LAYOUT_FINDING]),
+    ]
+    analysis, fake = _analyze(LAYOUT, tmp_path / "out", script)
+    replies = [r["response"] for r in fake.requests[1].function_responses()]
+    assert replies[0].get("status") in ("ok", "not_available"), replies[0]
+    assert "must be from 1 to 3" in replies[1]["error"]
+    assert "RE2" in replies[2]["error"]
+    calls_made = analysis.diagnosis.follow_up_calls
+    charged = [c for c in calls_made if not (c.reason or "").startswith("refused")]
+    assert [c.tool for c in charged] == ["aggregate_xplane_events"], "only the valid call spent the budget"

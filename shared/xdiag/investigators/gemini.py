@@ -231,34 +231,37 @@ def _numbers_in_text(text: str) -> list[tuple[str, float]]:
     return [(m.group(), float(m.group())) for m in _NUMBER.finditer(text)]
 
 
-class ToolNumbers:
-    """Every number that appears in some tool output (numeric fields and numbers inside strings)."""
+_STANDALONE_NUMBER = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?:[eE][-+]?\d+)?(?![\w])")
 
-    def __init__(self, outputs: list[Any]):
-        found: set[float] = set()
 
-        def walk(value: Any) -> None:
-            if isinstance(value, bool) or value is None:
-                return
-            if isinstance(value, (int, float)):
-                if math.isfinite(value):
-                    found.add(abs(float(value)))
-            elif isinstance(value, str):
-                found.update(n for _, n in _numbers_in_text(value))
-            elif isinstance(value, Mapping):
-                for k, v in value.items():
-                    walk(str(k))
-                    walk(v)
-            elif isinstance(value, (list, tuple)):
-                for v in value:
-                    walk(v)
+def _quoted_numbers(prose: str) -> list[str]:
+    """The numbers a sentence quotes (59.6% or 30 ms), not digits inside names (bf16, fusion.1, f32[8,128])."""
+    return [m.group() for m in _STANDALONE_NUMBER.finditer(re.sub(r"\w+\[[^\]]*\]", " ", prose))]
 
-        for output in outputs:
-            walk(output)
-        self._sorted = sorted(found)
+
+def _key(text: str) -> str:
+    """A metric or field name as compared: lower case, words joined by `_` (`Step time (ms)` → `step_time_ms`)."""
+    return "_".join(re.findall(r"[a-z0-9]+", text.lower()))
+
+
+class _Numbers:
+    """A sorted set of numbers; a token matches one to its own precision (0.93 quotes 0.9298)."""
+
+    def __init__(self) -> None:
+        self._found: set[float] = set()
+        self._sorted: list[float] | None = None
+
+    def add(self, value: float) -> None:
+        if math.isfinite(value):
+            self._found.add(abs(float(value)))
+            self._sorted = None
+
+    def __bool__(self) -> bool:
+        return bool(self._found)
 
     def contains(self, token: str) -> bool:
-        """True when a tool number equals `token` as written (to its own precision: 0.93 quotes 0.9298)."""
+        if self._sorted is None:
+            self._sorted = sorted(self._found)
         x = float(token)
         if "e" in token.lower():
             tolerance = abs(x) * 1e-3
@@ -267,6 +270,65 @@ class ToolNumbers:
             tolerance = 0.5 * 10 ** -decimals + abs(x) * 1e-9
         i = bisect.bisect_left(self._sorted, x - tolerance)
         return i < len(self._sorted) and self._sorted[i] <= x + tolerance
+
+
+class ToolNumbers:
+    """The numbers each tool's outputs hold, and under which metric: a field's own numbers under its name (at any
+    depth), and a row's numbers under each name the row carries (an op's time under the op's name)."""
+
+    def __init__(self, outputs: Mapping[str, list[Any]]):
+        self._tool: dict[str, _Numbers] = {}
+        self._metric: dict[tuple[str, str], _Numbers] = {}
+        self.everything = _Numbers()
+        for tool, values in outputs.items():
+            for value in values:
+                self._walk(tool, value, ())
+
+    def _numbers(self, tool: str, metric: str) -> _Numbers:
+        return self._metric.setdefault((tool, metric), _Numbers())
+
+    def _walk(self, tool: str, value: Any, names: tuple[str, ...]) -> list[float]:
+        """Indexes `value` reached under the field names `names`; returns the numbers it holds."""
+        found: list[float] = []
+        if isinstance(value, bool) or value is None:
+            return found
+        if isinstance(value, (int, float)):
+            found = [float(value)] if math.isfinite(value) else []
+        elif isinstance(value, str):
+            found = [n for _, n in _numbers_in_text(value)]
+        elif isinstance(value, Mapping):
+            labels = [_key(v) for v in value.values() if isinstance(v, str) and 0 < len(v) <= 200]
+            row: list[float] = []
+            for k, v in value.items():
+                row += self._walk(tool, v, (*names[-1:], _key(str(k))))
+            for label in labels:  # a row's numbers count under the op (or host, or module) it names
+                for number in row:
+                    self._numbers(tool, label).add(number)
+            found = row
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                found += self._walk(tool, v, names)
+        for number in found:
+            self._tool.setdefault(tool, _Numbers()).add(number)
+            self.everything.add(number)
+            for name in names[-1:]:
+                self._numbers(tool, name).add(number)
+        return found
+
+    def of_tool(self, tool: str) -> _Numbers:
+        return self._tool.get(tool) or _Numbers()
+
+    def of_metric(self, tool: str, metric: str) -> _Numbers | None:
+        """The numbers the tool reported under `metric` (a field name, a dotted path's last field, or a row's name);
+        None where the tool's output has no such metric."""
+        words = metric.split()
+        candidates = [_key(metric), *(_key(w) for w in reversed(words)),
+                      *(_key(part) for w in reversed(words) for part in reversed(re.split(r"[.\[\]/:]+", w)))]
+        for candidate in candidates:
+            numbers = self._metric.get((tool, candidate))
+            if numbers:
+                return numbers
+        return None
 
 
 def _value(text: str) -> Any:
@@ -283,7 +345,10 @@ def _value(text: str) -> Any:
 def ground(
     answer: GeminiAnswer, tools_with_output: set[str], numbers: ToolNumbers
 ) -> tuple[list[Finding], list[GroundingCheck]]:
-    """The answer's findings checked against the tool outputs; what did not check out, and what was done."""
+    """The answer checked against the tool outputs, metric by metric: each evidence value must be a number the
+    cited tool reported under the cited metric (its note's numbers, somewhere in that tool's output); the numbers
+    in a finding's title must come from the tools it cites, and those in the summary from some tool. What did not
+    check out is recorded, with what was done: unverified, or dropped where no evidence row held."""
     findings, checks = [], []
     for f in answer.findings:
         evidence, reasons = [], []
@@ -291,9 +356,21 @@ def ground(
             problems = []
             if e.tool not in tools_with_output:
                 problems.append(f"cites {e.tool!r}, which gave no output in this analysis")
-            missing = [tok for tok, _ in _numbers_in_text(f"{e.metric} {e.value} {e.note}") if not numbers.contains(tok)]
-            if missing:
-                problems.append(f"{e.tool} {e.metric}: {', '.join(dict.fromkeys(missing))} appear(s) in no tool output")
+            else:
+                under_metric = numbers.of_metric(e.tool, e.metric)
+                values = [tok for tok, _ in _numbers_in_text(f"{e.value}")]
+                if values and under_metric is None:
+                    problems.append(f"{e.tool} reported no metric {e.metric!r}")
+                elif under_metric is not None:
+                    wrong = [tok for tok in values if not under_metric.contains(tok)]
+                    if wrong:
+                        problems.append(f"{e.tool} {e.metric}: {', '.join(dict.fromkeys(wrong))} is not what "
+                                        f"{e.tool} reported as {e.metric!r}")
+                in_tool = numbers.of_tool(e.tool)
+                stray = [tok for tok, _ in _numbers_in_text(e.note) if not in_tool.contains(tok)]
+                if stray:
+                    problems.append(f"{e.tool} {e.metric} note: {', '.join(dict.fromkeys(stray))} appear(s) in no "
+                                    f"output of {e.tool}")
             reasons += problems
             evidence.append(Evidence(tool=e.tool, metric=e.metric, value=_value(e.value), note=e.note,
                                      verified=not problems))
@@ -302,11 +379,22 @@ def ground(
             checks.append(GroundingCheck(finding=f.title, action="dropped",
                                          reasons=reasons or ["no evidence quoted from a tool output"]))
             continue
+        cited = {e.tool for e in f.evidence if e.tool in tools_with_output}
+        in_title = [tok for tok in _quoted_numbers(f.title)
+                    if not any(numbers.of_tool(tool).contains(tok) for tool in cited)]
+        if in_title:
+            reasons.append(f"title: {', '.join(dict.fromkeys(in_title))} appear(s) in none of the cited tools' "
+                           f"outputs ({', '.join(sorted(cited))})")
         if reasons:
             checks.append(GroundingCheck(finding=f.title, action="unverified", reasons=reasons))
         findings.append(Finding(priority=f.priority, key=f.key, title=f.title, whats_happening=f.whats_happening,
                                 evidence=evidence, expected_impact=f.expected_impact, fix=f.fix,
                                 verified=not reasons))
+    in_summary = [tok for tok in _quoted_numbers(answer.summary) if not numbers.everything.contains(tok)]
+    if in_summary:
+        checks.append(GroundingCheck(finding="summary", action="unverified",
+                                     reasons=[f"summary: {', '.join(dict.fromkeys(in_summary))} appear(s) in no tool "
+                                              "output"]))
     findings.sort(key=lambda x: x.priority)  # stable: the model's order within a priority
     return findings, checks
 
@@ -477,8 +565,9 @@ class GeminiInvestigator:
             automatic_function_calling=types.AutomaticFunctionCallingConfig(disable=True),
             temperature=self.config.temperature,
         )
-        outputs: list[Any] = [health] + [r.model_dump(mode="json", include={"summary", "detail", "reason"})
-                                         for r in results.values()]
+        outputs: dict[str, list[Any]] = {"health_snapshot": [health]}
+        for name, r in results.items():
+            outputs.setdefault(name, []).append(r.model_dump(mode="json", include={"summary", "detail", "reason"}))
         cited = {name for name, r in results.items() if r.status != ToolStatus.FAILED}
         for _ in range(MAX_INVESTIGATION_TURNS):
             content = _candidate_content(chat.generate(contents, with_tools, "investigate"))
@@ -502,7 +591,8 @@ class GeminiInvestigator:
                     audit.tool_calls.append(record)
                     if not (result.reason or "").startswith("refused"):
                         made.append(record)
-                        outputs.append(result.model_dump(mode="json", include={"summary", "detail", "reason"}))
+                        outputs.setdefault(name, []).append(
+                            result.model_dump(mode="json", include={"summary", "detail", "reason"}))
                         if result.status != ToolStatus.FAILED:
                             cited.add(name)
                     payload = function_response(result)
@@ -528,9 +618,12 @@ class GeminiInvestigator:
                 if answer.findings else "its answer had no findings for an unhealthy profile")
         unverified = sum(not f.verified for f in findings)
         dropped = sum(c.action == "dropped" for c in checks)
+        summary_unverified = any(c.finding == "summary" for c in checks)
         note = f"{self.config.model} on Vertex AI ({self.config.location}), prompts {PROMPT_VERSION}"
         if unverified or dropped:
             note += f"; grounding: {unverified} finding(s) unverified, {dropped} dropped"
+        if summary_unverified:
+            note += "; the summary quotes numbers no tool reported"
         return Diagnosis(
             status=Status.NEEDS_ATTENTION,
             summary=answer.summary,

@@ -15,7 +15,8 @@ from xdiag.tools.registry import ToolOutput, tool
     parameters={
         "op": {"type": "string", "description": "HLO instruction name, e.g. 'transpose.3' or 'convert_reduce_fusion'", "required": True},
         "module": {"type": "string", "description": "HLO module name or name(id); default: the module that ran the op longest"},
-        "depth": {"type": "integer", "description": "hops before and after (1-3, default 1)"},
+        "depth": {"type": "integer", "description": "hops before and after (1-3, default 1)", "minimum": 1,
+                  "maximum": 3},
     },
 )
 def get_hlo_neighborhood(session: Session, op: str, module: str | None = None, depth: int = 1) -> ToolOutput:

@@ -16,7 +16,8 @@ from xdiag.tools.registry import ToolOutput, tool
     "get_hlo_op_profile",
     "Which HLO ops take the most time (per op: count, total and average time, category, shapes, FLOPs, bytes, "
     "arithmetic intensity), and how op time splits across categories.",
-    parameters={"top_n": {"type": "integer", "description": "how many ops to list (default 20)"}},
+    parameters={"top_n": {"type": "integer", "description": "how many ops to list (1-200, default 20)", "minimum": 1,
+                         "maximum": 200}},
 )
 def get_hlo_op_profile(session: Session, top_n: int = 20) -> ToolOutput:
     """summary: op_count, total_op_time_ms, top_op, top_op_share_percent, top_category,

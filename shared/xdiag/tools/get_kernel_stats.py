@@ -14,7 +14,8 @@ from xdiag.tools.registry import ToolOutput, tool
     "get_kernel_stats",
     "GPU kernels by total time: launches, total and mean duration, the XLA op and module that launched each, "
     "and launch parameters where recorded. Not available on TPU or CPU profiles.",
-    parameters={"top_n": {"type": "integer", "description": "how many kernels to list (default 20)"}},
+    parameters={"top_n": {"type": "integer", "description": "how many kernels to list (1-200, default 20)",
+                         "minimum": 1, "maximum": 200}},
 )
 def get_kernel_stats(session: Session, top_n: int = 20) -> ToolOutput:
     """summary: kernels, launches, total_kernel_ms, top_kernel, top_kernel_share_percent, mean_kernel_us,

@@ -18,7 +18,8 @@ _COPY_CATEGORIES = ("copy-start", "copy-done", "async copy", "memcpy")
     "The program's roofline against checked device peaks (datasheet or recorded, named): achieved FLOP/s and "
     "bandwidth over device op time (idle excluded), compute- or memory-bound, efficiency; beside it XProf's "
     "roofline (whose time includes device idle) with its impossible per-op rows flagged.",
-    parameters={"top_n": {"type": "integer", "description": "how many ops to list (default 20)"}},
+    parameters={"top_n": {"type": "integer", "description": "how many ops to list (1-200, default 20)", "minimum": 1,
+                         "maximum": 200}},
 )
 def get_roofline_model(session: Session, top_n: int = 20) -> ToolOutput:
     """summary: xdiag's roofline over the ops whose FLOPs and bytes are known (transfers left out), over their

@@ -90,7 +90,8 @@ def tool(name: str, question: str, parameters: dict[str, dict[str, Any]] | None 
 
 
 def validate_args(spec: ToolSpec, args: dict[str, Any]) -> dict[str, Any]:
-    """Checks names and types of arguments; raises ValueError with the reason."""
+    """Checks names, types, ranges (`minimum`/`maximum`) and regular expressions (`format: re2`) of arguments;
+    raises ValueError with the reason. A model's call is checked here before it is charged to the budget."""
     unknown = set(args) - set(spec.parameters)
     if unknown:
         raise ValueError(f"{spec.name} takes no argument(s) {sorted(unknown)}; it takes {sorted(spec.parameters)}")
@@ -100,10 +101,34 @@ def validate_args(spec: ToolSpec, args: dict[str, Any]) -> dict[str, Any]:
             if param.get("required"):
                 raise ValueError(f"{spec.name} needs argument {arg!r} ({param.get('description', '')})")
             continue
+        value = args[arg]
         expected = types.get(param.get("type", "string"), object)
-        if not isinstance(args[arg], expected) or (expected is int and isinstance(args[arg], bool)):
-            raise ValueError(f"{spec.name}: argument {arg!r} must be a {param.get('type')}, got {args[arg]!r}")
+        if not isinstance(value, expected) or (expected in (int, (int, float)) and isinstance(value, bool)):
+            raise ValueError(f"{spec.name}: argument {arg!r} must be a {param.get('type')}, got {value!r}")
+        low, high = param.get("minimum"), param.get("maximum")
+        if (low is not None and value < low) or (high is not None and value > high):
+            raise ValueError(f"{spec.name}: argument {arg!r} must be from {low} to {high}, got {value!r}")
+        if isinstance(value, str) and len(value) > param.get("max_length", 1000):
+            raise ValueError(f"{spec.name}: argument {arg!r} is longer than {param.get('max_length', 1000)} characters")
+        if param.get("format") == "re2":
+            compile_pattern(value)
     return args
+
+
+def compile_pattern(pattern: str) -> Any:
+    """A regular expression from untrusted input (a model's tool call), compiled by RE2: matching takes time linear
+    in the text whatever the pattern (no backtracking, so no ReDoS); ValueError for what RE2 cannot compile
+    (backreferences, lookaround) or a pattern over its memory budget."""
+    import re2
+
+    options = re2.Options()
+    options.log_errors = False
+    options.max_mem = 8 << 20
+    try:
+        return re2.compile(pattern, options)
+    except re2.error as exc:
+        reason = exc.args[0].decode(errors="replace") if exc.args and isinstance(exc.args[0], bytes) else str(exc)
+        raise ValueError(f"pattern {pattern!r} is not a regular expression RE2 accepts: {reason}") from None
 
 
 def run_tool(session: Session, name: str, args: dict[str, Any] | None = None) -> ToolResult:
