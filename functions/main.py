@@ -10,8 +10,9 @@ from monitor import monitor
 from register import register
 from render import render
 from run_tool import run_tool
+from sweep import sweep
 
 __all__ = [
     "aggregate", "capture", "collect", "control_plane", "dead_letter", "investigate", "monitor", "register", "render",
-    "run_tool",
+    "run_tool", "sweep",
 ]

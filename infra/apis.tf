@@ -5,6 +5,7 @@ locals {
     "artifactregistry.googleapis.com", # the functions' container images
     "cloudbuild.googleapis.com",       # builds the functions from the source zip
     "cloudfunctions.googleapis.com",   # Cloud Functions gen2
+    "cloudscheduler.googleapis.com",   # the sweeper's tick
     "eventarc.googleapis.com",         # required by Cloud Functions gen2
     "firestore.googleapis.com",        # state
     "iam.googleapis.com",              # the functions' service accounts

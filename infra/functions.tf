@@ -115,6 +115,7 @@ locals {
       trigger_topics = [
         "profile-uploads-dead-letter", "captures-dead-letter", "tool-runs-dead-letter", "tool-results-dead-letter",
         "investigations-dead-letter", "reports-dead-letter", "alerts-dead-letter", "step-times-dead-letter",
+        "sweeps-dead-letter",
       ]
       publishes     = ["tool-results", "reports"]
       bucket        = "write"
@@ -157,6 +158,21 @@ locals {
       concurrency    = 1
       env            = { XDIAG_CACHE_GIB = "0.1", XDIAG_CONCURRENCY = "1" }
     }
+    sweep = {
+      description    = "A tick on sweeps (Cloud Scheduler) -> every analysis past its deadline repaired (its lost stage published again) or, after the bounded repairs, FAILED with the reason."
+      entry_point    = "sweep"
+      trigger_topics = ["sweeps"]
+      publishes      = ["captures", "tool-runs", "tool-results", "investigations", "reports", "sweeps-dead-letter"]
+      bucket         = ""
+      firestore      = true
+      vertex         = false
+      memory         = "512Mi"
+      cpu            = "1"
+      timeout_s      = 300
+      max_instances  = 1 # one sweep at a time (a second would find each repair claimed already)
+      concurrency    = 1
+      env            = { XDIAG_CACHE_GIB = "0.1", XDIAG_CONCURRENCY = "1" }
+    }
     control_plane = {
       description    = "HTTP, behind IAM: the run registry (the ML Diagnostics SDK's machinelearning_run(base_url=...)), targets, sessions, analyses, captures, continuous profiling, step times."
       entry_point    = "control_plane"
@@ -180,9 +196,16 @@ locals {
   # What every function reads (xdiag.cloud.CloudConfig, xdiag.investigators.gemini.GeminiConfig). No emulator
   # variable: their absence is what points the clients at the real services.
   common_env = {
-    GOOGLE_CLOUD_PROJECT  = var.project
-    XDIAG_BUCKET          = google_storage_bucket.profiles.name
-    XDIAG_QUIET_PERIOD_S  = tostring(var.quiet_period_s)
+    GOOGLE_CLOUD_PROJECT = var.project
+    XDIAG_BUCKET         = google_storage_bucket.profiles.name
+    XDIAG_QUIET_PERIOD_S = tostring(var.quiet_period_s)
+
+    XDIAG_MULTI_HOST_QUIET_PERIOD_S = tostring(var.multi_host_quiet_period_s)
+    XDIAG_STAGE_DEADLINE_S          = tostring(var.stage_deadline_s)
+    XDIAG_MAX_REPAIRS               = tostring(var.max_repairs)
+    XDIAG_INVESTIGATION_DEADLINE_S  = tostring(var.investigation_deadline_s)
+    XDIAG_ALLOW_LOOPBACK_TARGETS    = "0" # a capture never calls this instance's own loopback (the local stack may)
+
     XDIAG_INVESTIGATOR    = var.investigator
     XDIAG_CACHE_DIR       = "/tmp/xdiag-cache"
     XDIAG_MAX_PROFILE_GIB = tostring(var.max_profile_gib)
@@ -191,17 +214,19 @@ locals {
     VERTEX_MODEL          = var.model
     NUMBA_CACHE_DIR       = "/tmp/numba-cache" # the profile reader's compiled decoder is cached where the instance may write
 
-    XDIAG_CAPTURE_COOLDOWN_S      = tostring(var.capture_cooldown_s)
-    XDIAG_CAPTURE_DURATION_MS     = tostring(var.capture_duration_ms)
-    XDIAG_CAPTURE_MAX_DURATION_MS = tostring(var.capture_max_duration_ms)
-    XDIAG_CAPTURE_ATTEMPTS        = tostring(var.capture_attempts)
-    XDIAG_ALERT_RUN_LABEL         = var.alert_run_label
-    XDIAG_MONITOR_MARGIN          = tostring(var.monitor_margin)
-    XDIAG_MONITOR_WARMUP_POINTS   = tostring(var.monitor_warmup_points)
-    XDIAG_MONITOR_BASELINE_POINTS = tostring(var.monitor_baseline_points)
-    XDIAG_MONITOR_WINDOW_POINTS   = tostring(var.monitor_window_points)
-    XDIAG_CONTROL_PLANE_AUTH      = "iam"                # Cloud Functions IAM checks every caller: no token to keep secret
-    XDIAG_VIEWER_URL              = var.viewer_link_base # where share answers and reports link into the viewer
+    XDIAG_CAPTURE_COOLDOWN_S          = tostring(var.capture_cooldown_s)
+    XDIAG_CAPTURE_DURATION_MS         = tostring(var.capture_duration_ms)
+    XDIAG_CAPTURE_MAX_DURATION_MS     = tostring(var.capture_max_duration_ms)
+    XDIAG_CAPTURE_ATTEMPTS            = tostring(var.capture_attempts)
+    XDIAG_ALERT_RUN_LABEL             = var.alert_run_label
+    XDIAG_MONITOR_MARGIN              = tostring(var.monitor_margin)
+    XDIAG_MONITOR_WARMUP_POINTS       = tostring(var.monitor_warmup_points)
+    XDIAG_MONITOR_BASELINE_POINTS     = tostring(var.monitor_baseline_points)
+    XDIAG_MONITOR_WINDOW_S            = tostring(var.monitor_window_s)
+    XDIAG_MONITOR_MIN_WINDOW_POINTS   = tostring(var.monitor_min_window_points)
+    XDIAG_MONITOR_CONSECUTIVE_WINDOWS = tostring(var.monitor_consecutive_windows)
+    XDIAG_CONTROL_PLANE_AUTH          = "iam"                # Cloud Functions IAM checks every caller: no token to keep secret
+    XDIAG_VIEWER_URL                  = var.viewer_link_base # where share answers and reports link into the viewer
   }
 
   bucket_roles = {

@@ -77,6 +77,36 @@ variable "quiet_period_s" {
   default     = 30
 }
 
+variable "multi_host_quiet_period_s" {
+  description = "register: the quiet period while fewer files of a session are in than its run has hosts (XDIAG_MULTI_HOST_QUIET_PERIOD_S)."
+  type        = number
+  default     = 120
+}
+
+variable "stage_deadline_s" {
+  description = "sweep: an analysis without progress for this long has its lost stage published again (XDIAG_STAGE_DEADLINE_S); above the longest function timeout."
+  type        = number
+  default     = 900
+}
+
+variable "max_repairs" {
+  description = "sweep: repairs of one analysis before it is FAILED with the reason (XDIAG_MAX_REPAIRS)."
+  type        = number
+  default     = 3
+}
+
+variable "investigation_deadline_s" {
+  description = "investigate: the whole investigation, follow-up tool calls included (XDIAG_INVESTIGATION_DEADLINE_S)."
+  type        = number
+  default     = 300
+}
+
+variable "sweep_schedule" {
+  description = "How often Cloud Scheduler ticks the sweeper (cron, in var.region's Cloud Scheduler)."
+  type        = string
+  default     = "* * * * *"
+}
+
 variable "max_profile_gib" {
   description = "Sessions larger than this fail with the reason (XDIAG_MAX_PROFILE_GIB). Raise the memory of collect and run_tool with it (function_overrides)."
   type        = number
@@ -174,10 +204,22 @@ variable "monitor_baseline_points" {
   default     = 20
 }
 
-variable "monitor_window_points" {
-  description = "monitor: latest step times whose median is judged (XDIAG_MONITOR_WINDOW_POINTS)."
+variable "monitor_window_s" {
+  description = "monitor: seconds of step times whose median is judged as one window (XDIAG_MONITOR_WINDOW_S)."
   type        = number
   default     = 10
+}
+
+variable "monitor_min_window_points" {
+  description = "monitor: fewest step times a window needs to be judged (XDIAG_MONITOR_MIN_WINDOW_POINTS)."
+  type        = number
+  default     = 5
+}
+
+variable "monitor_consecutive_windows" {
+  description = "monitor: windows in a row above the margin before the verdict is bad (XDIAG_MONITOR_CONSECUTIVE_WINDOWS); with the defaults a slowdown must last 30 s."
+  type        = number
+  default     = 3
 }
 
 variable "vpc_connector" {

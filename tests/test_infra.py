@@ -711,6 +711,7 @@ def test_the_apis_every_resource_needs_are_enabled():
         "google_storage_bucket": {"storage"},
         "google_monitoring_notification_channel": {"monitoring"},
         "google_service_account": {"iam"},
+        "google_cloud_scheduler_job": {"cloudscheduler"},
     }
     enabled = {api.removesuffix(".googleapis.com") for api in infra().locals["apis"]}
     for kind, apis in needs.items():

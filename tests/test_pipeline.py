@@ -6,6 +6,7 @@ import os
 
 import pytest
 from xdiag.cloud.embedded import analyze_session, build_embedded
+from xdiag.errors import PoisonMessage
 from xdiag.model import CaptureReady, InvestigationReady, ReportReady, ToolDone, ToolRun
 from xdiag.pipeline.stages import aggregate, collect, investigate, render, run_tool
 from xdiag.pipeline.topics import ANALYSES, CLAIMS, TOPIC_INVESTIGATIONS, tools_collection
@@ -32,7 +33,7 @@ def test_every_message_delivered_twice_gives_one_analysis(cpu_profiles, tmp_path
     assert len(investigations) == 2  # both copies of the one claim's message…
     analysis = deps.state.get(ANALYSES, "a1")
     assert analysis["status"] == "DONE" and analysis["result"] == "NEEDS_ATTENTION"
-    assert len([k for k, _ in deps.state.list(CLAIMS)]) == 1  # …from exactly one claim
+    assert [k for k, _ in deps.state.list(CLAIMS) if k.endswith(".investigate")] == ["a1.investigate"]  # one claim
     assert len(analysis["diagnosis"]["follow_up_calls"]) <= 4
     assert sorted(p.stem for p in (tmp_path / "out" / "tools").glob("*.json") if not p.stem.startswith("followup")) == sorted(BROAD_TOOLS)
 
@@ -99,15 +100,16 @@ def test_unknown_analysis_is_an_error_not_a_silent_pass(tmp_path):
     deps, _ = build_embedded()
     with pytest.raises(LookupError, match="unknown analysis"):
         run_tool(ToolRun(analysis_id="nope", tool="get_hosts"), deps)
-    aggregate(ToolDone(analysis_id="nope", tool="get_hosts"), deps)  # fan-in ignores strays
+    with pytest.raises(PoisonMessage, match="unknown analysis"):  # dead-lettered with the reason, not dropped
+        aggregate(ToolDone(analysis_id="nope", tool="get_hosts"), deps)
 
 
-def test_unknown_tool_is_recorded_as_failed(cpu_profiles, tmp_path):
+def test_a_tool_that_is_not_a_broad_tool_is_refused_and_adds_nothing(cpu_profiles, tmp_path):
     deps, _ = build_embedded()
     collect(_capture(cpu_profiles["healthy"], tmp_path), deps)
-    run_tool(ToolRun(analysis_id="a1", tool="get_everything"), deps)
-    doc = deps.state.get(tools_collection("a1"), "get_everything")
-    assert doc["status"] == "failed" and "unknown tool" in doc["reason"]
+    with pytest.raises(PoisonMessage, match="not one of the broad tools"):
+        run_tool(ToolRun(analysis_id="a1", tool="get_everything"), deps)
+    assert deps.state.get(tools_collection("a1"), "get_everything") is None
 
 
 def test_follow_up_budget_is_enforced_by_the_stage(cpu_profiles, tmp_path):
@@ -131,3 +133,42 @@ def test_follow_up_budget_is_enforced_by_the_stage(cpu_profiles, tmp_path):
     calls = deps.state.get(ANALYSES, "a1")["diagnosis"]["follow_up_calls"]
     assert sum("limit of 4" in (c["reason"] or "") for c in calls) == 2
     assert sum("not a follow-up tool" in (c["reason"] or "") for c in calls) == 1
+
+
+def test_the_investigation_deadline_holds_during_a_tool_call(cpu_profiles, tmp_path, monkeypatch):
+    """A follow-up tool still running at the investigation's deadline is answered as stopped (the investigation
+    goes on), and a call after the deadline is refused before it runs."""
+    import threading
+
+    from xdiag.model import Diagnosis, Status
+    from xdiag.pipeline import stages
+
+    release = threading.Event()
+    real = stages.execute_tool
+
+    def stuck(session, name, args):  # a tool that does not return while the investigation waits
+        if name == "get_hosts":
+            release.wait(60)
+        return real(session, name, args)
+
+    class Patient:
+        name = "patient"
+
+        def investigate(self, health, results, call_tool):
+            self.answers = [call_tool("get_hosts", {}, "h"), call_tool("get_roofline_model", {}, "r")]
+            return Diagnosis(status=Status.NEEDS_ATTENTION, summary="s", investigator=self.name)
+
+    patient = Patient()
+    monkeypatch.setattr(stages, "execute_tool", stuck)
+    deps, bus = build_embedded(investigators={"patient": lambda: patient})
+    deps.investigation_deadline_s = 0.5
+    bus.publish("captures", _capture(cpu_profiles["healthy"], tmp_path / "out").model_copy(
+        update={"investigator": "patient"}))
+    try:
+        bus.drain()
+    finally:
+        release.set()
+    stopped, refused = patient.answers
+    assert stopped.status.value == "failed" and "still running at the investigation's deadline" in stopped.reason
+    assert refused.status.value == "failed" and "deadline of 0.5 s has passed" in refused.reason
+    assert deps.state.get(ANALYSES, "a1")["status"] == "DONE"

@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 
 from xdiag.errors import XdiagError
+from xdiag.ids import check_name, check_run_id
 
 app = typer.Typer(
     help="xdiag: capture ML workload profiles and diagnose them (OPTIMAL, or prioritised findings with evidence and fixes).",
@@ -31,6 +32,14 @@ PATH_HELP = "An *.xplane.pb file, a folder of one session's *.xplane.pb (one per
 def _fail(message: str, code: int = 2) -> None:
     err.print(f"[bold red]xdiag:[/] {message}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
+
+
+def _checked(check, *args) -> None:
+    """An id from the command line through the one id grammar (xdiag.ids); exits 2 with the reason otherwise."""
+    try:
+        check(*args)
+    except XdiagError as exc:
+        _fail(str(exc))
 
 
 def _progress_printer(quiet: bool):
@@ -271,7 +280,9 @@ def upload(
 
     config = _cloud_config(stack_dir, bucket)
     try:
+        check_run_id(run)
         located = locate_session(path, session)
+        check_name(located.name, "session id")
     except XdiagError as exc:
         _fail(str(exc))
     started = time.time()
@@ -288,6 +299,9 @@ def upload(
             err.print(f"  {stage.name:<16} {stage.seconds:6.2f} s  [dim]{stage.note}[/]", highlight=False, soft_wrap=True)
         err.print(f"{analysis['status']} {analysis.get('result') or ''} in {time.time() - started:.1f} s after the upload began",
                   highlight=False, soft_wrap=True)
+        if analysis["status"] == "FAILED":
+            out.print(analysis.get("report_uri") or report, highlight=False, soft_wrap=True)
+            _fail(f"the analysis FAILED: {analysis.get('failure_reason')}", 1)
     out.print(report, highlight=False, soft_wrap=True)
 
 
@@ -300,7 +314,10 @@ def status(
     """Runs, sessions and analyses with their stage and tool status, read from Firestore."""
     from xdiag.cloud.operations import read_status, state_store
 
-    report = read_status(state_store(_cloud_config(stack_dir)), run)
+    config = _cloud_config(stack_dir)
+    if run is not None:
+        _checked(check_run_id, run)
+    report = read_status(state_store(config), run, config.stage_deadline_s)
     if as_json:
         sys.stdout.write(json.dumps(report, indent=2, default=str) + "\n")
         return
@@ -323,8 +340,17 @@ def status(
                 out.print("      stages: " + " · ".join(f"{s['name']} {s['seconds']:.1f} s" for s in analysis["stages"]), highlight=False, soft_wrap=True)
             if analysis["failure_reason"]:
                 out.print(f"      [red]failed[/]: {analysis['failure_reason']}", highlight=False, soft_wrap=True)
+            if analysis["overdue_s"]:
+                out.print(f"      [red]OVERDUE[/]: no progress in {analysis['status']} for {analysis['overdue_s']:.0f} s past "
+                          f"its deadline ({analysis['repairs']} repair(s) so far)", highlight=False, soft_wrap=True)
             if analysis["report_uri"]:
                 out.print(f"      report: {analysis['report_uri']}", highlight=False, soft_wrap=True)
+    if report["overdue"]:
+        out.print(f"[red]{len(report['overdue'])} analysis(es) past their deadline[/] (the sweeper repairs them, then "
+                  "fails them with the reason)", highlight=False, soft_wrap=True)
+        for late in report["overdue"]:
+            out.print(f"  {late['analysis_id']} ({late['run_id']}/{late['session_id']}): {late['status']}, "
+                      f"{late['overdue_s']:.0f} s overdue, {late['repairs']} repair(s)", highlight=False, soft_wrap=True)
     if report["dead_letters"]:
         out.print(f"[yellow]{len(report['dead_letters'])} dead letter(s)[/]", highlight=False, soft_wrap=True)
         for letter in report["dead_letters"]:
@@ -342,6 +368,11 @@ def publish_capture(
     """Analyse a session already in the bucket: publishes {"run_id", "session_id"} on the `captures` topic."""
     from xdiag.cloud.operations import publish_capture as publish
 
+    _checked(check_run_id, run)
+    _checked(check_name, session, "session id")
+    _checked(check_name, investigator, "investigator")
+    if analysis_id is not None:
+        _checked(check_name, analysis_id, "analysis id")
     message = publish(_cloud_config(stack_dir), run, session, investigator, analysis_id)
     out.print(message.model_dump_json(exclude_none=True), highlight=False, soft_wrap=True)
 

@@ -19,3 +19,8 @@ class UnknownTool(XdiagError):
 
 class PoisonMessage(XdiagError):
     """A message no retry can make work (malformed, an unknown session, a missing object): it goes to dead letters."""
+
+
+class InvalidRequest(XdiagError, ValueError):
+    """A request field or message id failed its check; the message says which and why (an HTTP 400, a refused
+    message)."""

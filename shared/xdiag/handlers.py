@@ -13,6 +13,7 @@ from xdiag.capture.monitor import monitor
 from xdiag.capture.stage import capture
 from xdiag.pipeline.deps import Dependencies
 from xdiag.pipeline.stages import aggregate, collect, investigate, register, render, run_tool
+from xdiag.pipeline.sweep import sweep
 from xdiag.pipeline.topics import (
     MESSAGE_TYPES,
     TOPIC_ALERTS,
@@ -21,6 +22,7 @@ from xdiag.pipeline.topics import (
     TOPIC_PROFILE_UPLOADS,
     TOPIC_REPORTS,
     TOPIC_STEP_TIMES,
+    TOPIC_SWEEPS,
     TOPIC_TOOL_RESULTS,
     TOPIC_TOOL_RUNS,
 )
@@ -34,6 +36,7 @@ _STAGES: dict[str, Callable[[Any, Dependencies], None]] = {
     TOPIC_REPORTS: render,
     TOPIC_ALERTS: capture,
     TOPIC_STEP_TIMES: monitor,
+    TOPIC_SWEEPS: sweep,
 }
 
 HANDLERS: dict[str, tuple[type, Callable[[Any, Dependencies], None]]] = {

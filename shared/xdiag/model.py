@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from xdiag.ids import AnalysisId, InvestigatorName, RunId, SessionId, ToolName
+
 SCHEMA_VERSION = 1
 
 
@@ -32,8 +34,12 @@ class ToolStatus(str, Enum):
 
 
 class Message(BaseModel):
+    """Every id a message carries is checked against one grammar (`xdiag.ids`): a message whose id could name
+    another document or folder is malformed, refused with the reason, and handled by nobody."""
+
     model_config = ConfigDict(extra="forbid")
     version: int = SCHEMA_VERSION
+    attempt: int = Field(default=0, ge=0, le=1000)  # the sweeper's repair number: a repair is a new message
 
 
 class CaptureReady(Message):
@@ -43,39 +49,44 @@ class CaptureReady(Message):
     in the bucket, derives the analysis id from their versions and puts the output beside them.
     """
 
-    analysis_id: str | None = None
-    run_id: str
-    session_id: str
-    profile_uris: list[str] = Field(default_factory=list)
-    output_uri: str | None = None  # where tools/<tool>.json, analysis.json and summary.html go
-    investigator: str = "rules"
+    analysis_id: AnalysisId | None = None
+    run_id: RunId
+    session_id: SessionId
+    profile_uris: list[str] = Field(default_factory=list, max_length=1024)
+    output_uri: str | None = None  # in the cloud, derived from run and session: a message naming another is refused
+    investigator: InvestigatorName = "rules"
 
 
 class ToolRun(Message):
     """Run one tool over one session (topic `tool-runs`)."""
 
-    analysis_id: str
-    tool: str
+    analysis_id: AnalysisId
+    tool: ToolName
     args: dict[str, Any] = Field(default_factory=dict)
 
 
 class ToolDone(Message):
     """One tool's result is stored (topic `tool-results`)."""
 
-    analysis_id: str
-    tool: str
+    analysis_id: AnalysisId
+    tool: ToolName
 
 
 class InvestigationReady(Message):
     """All broad tools are in (topic `investigations`)."""
 
-    analysis_id: str
+    analysis_id: AnalysisId
 
 
 class ReportReady(Message):
     """The diagnosis is stored: render it (topic `reports`)."""
 
-    analysis_id: str
+    analysis_id: AnalysisId
+
+
+class SweepRequest(Message):
+    """Look for analyses past their deadline and repair or fail them (topic `sweeps`: Cloud Scheduler, or the local
+    stack's timer). Carries nothing: the sweeper reads the state."""
 
 
 class ProfileUploaded(Message):
@@ -203,10 +214,15 @@ class Analysis(BaseModel):
     run_id: str
     session_id: str
     profile_uris: list[str]
-    output_uri: str
-    status: Literal["PENDING", "RUNNING_TOOLS", "INVESTIGATING", "RENDERING", "DONE", "FAILED"] = "PENDING"
+    output_uri: str  # the session's analysis folder: its current summary.html and analysis.json
+    status: Literal["PENDING", "RUNNING_TOOLS", "INVESTIGATING", "RENDERING", "DONE", "FAILED", "SUPERSEDED"] = "PENDING"
     result: Status | None = None
     failure_reason: str | None = None
+    inputs: list[dict[str, Any]] = Field(default_factory=list)  # [{uri, generation, size}]: exactly what is analysed
+    work_uri: str = ""  # this analysis' own files (tools/, follow-ups, its report); "" → output_uri
+    superseded_by: str | None = None  # a newer analysis of the session's changed files
+    repairs: int = 0  # how often the sweeper re-published a lost stage
+    last_repair: dict[str, Any] | None = None  # the sweeper's last repair: when, in which status, what was missing
     profile: dict[str, Any] = Field(default_factory=dict)  # platform, hosts, devices, size, events
     health: dict[str, Any] = Field(default_factory=dict)
     diagnosis: Diagnosis | None = None
@@ -293,6 +309,6 @@ class StepPoint(BaseModel):
 class StepTimes(Message):
     """Step times a workload reported (topic `step-times`): the monitor's input."""
 
-    run_id: str
-    target: str = ""
+    run_id: RunId
+    target: str = Field(default="", max_length=128)
     points: list[StepPoint]

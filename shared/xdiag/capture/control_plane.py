@@ -60,17 +60,16 @@ from xdiag.capture.stage import new_session_id, set_continuous
 from xdiag.model import Alert, StepTimes, utc_now
 from xdiag.pipeline.deps import Dependencies
 from xdiag.pipeline.layout import state_key
+from xdiag.errors import InvalidRequest
+from xdiag.ids import check_name, check_run_id
 from xdiag.pipeline.runs import (
     KIND_ON_DEMAND,
     KIND_SNAPSHOT,
     RUNS,
-    InvalidRequest,
     check_address,
     check_duration_ms,
     check_hosts,
-    check_name,
     check_prefix,
-    check_run_id,
     check_tracer_levels,
     get_run,
     list_targets,
@@ -378,7 +377,7 @@ def _add_target(deps: Dependencies, args: list[str], query: Mapping[str, str], b
     if unknown:
         raise InvalidRequest(f"unknown field(s): {', '.join(sorted(unknown))}")
     name = check_name(body.get("name"), "target name")
-    host, port = check_address(body.get("host"), body.get("port"))
+    host, port = check_address(body.get("host"), body.get("port"), deps.capture.allow_loopback)
     _known_run(deps, args[0])
     targets = {doc["name"]: doc for doc in list_targets(deps.state, args[0])}
     if name not in targets and len(targets) >= MAX_TARGETS:

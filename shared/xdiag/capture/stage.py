@@ -28,20 +28,21 @@ from xdiag.model import Alert, CaptureReady, utc_now
 from xdiag.pipeline.deps import Dependencies
 from xdiag.pipeline.layout import analysis_id_for, output_uri, session_prefix, state_key
 from xdiag.pipeline.ports import BlobInfo
+from xdiag.errors import InvalidRequest
+from xdiag.ids import check_name, check_run_id
 from xdiag.pipeline.runs import (
     ALERTS,
     KIND_AUTO,
     KIND_ON_DEMAND,
     KIND_SNAPSHOT,
     RUNS,
-    InvalidRequest,
+    CaptureSettings,
     check_duration_ms,
     check_hosts,
-    check_name,
-    check_run_id,
     check_tracer_levels,
     get_run,
     list_targets,
+    resolve_target,
     run_path,
 )
 from xdiag.pipeline.topics import CLAIMS, TOPIC_ALERTS, TOPIC_CAPTURES, letter_key, sessions_collection
@@ -151,6 +152,13 @@ def _address(target: dict[str, Any]) -> str:
     return f"[{host}]:{target['port']}" if ":" in host else f"{host}:{target['port']}"
 
 
+def _resolved_address(target: dict[str, Any], settings: CaptureSettings) -> str:
+    """What the profiler calls: the target's name resolved and checked again now (a name re-pointed since its
+    registration reaches nothing registration would have refused), as an IP address."""
+    return _address({"host": resolve_target(target["host"], target["port"], settings.allow_loopback),
+                     "port": target["port"]})
+
+
 def _capture_session(
     deps: Dependencies, run_id: str, session: dict[str, Any], selected: list[dict[str, Any]], snapshot: bool,
     continuous: dict[str, Any] | None, duration_ms: int, tracers: dict[str, int],
@@ -216,7 +224,10 @@ def _from_all(
     def one(target: dict[str, Any]) -> dict[str, Any]:
         logdir = folder / target["name"]
         logdir.mkdir(parents=True, exist_ok=True)
-        address = _address(target)
+        try:
+            address = _resolved_address(target, deps.capture)
+        except InvalidRequest as exc:
+            return {"status": "failed", "error": f"refused: {exc}"}
         try:
             if snapshot:
                 deps.profiler.snapshot(address, logdir)
@@ -259,10 +270,11 @@ def set_continuous(
     options = {"device_tracer_level": device_tracer_level, "host_tracer_level": 0, "python_tracer_level": 0}
 
     def one(target: dict[str, Any]) -> dict[str, Any]:
+        address = _resolved_address(target, deps.capture)
         if start:
-            deps.profiler.start_continuous(_address(target), options)
+            deps.profiler.start_continuous(address, options)
         else:
-            deps.profiler.stop_continuous(_address(target))
+            deps.profiler.stop_continuous(address)
         return {"status": "ok"}
 
     answers: dict[str, dict[str, Any]] = {}

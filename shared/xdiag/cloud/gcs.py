@@ -78,12 +78,16 @@ class GcsBlobStore:
             for blob in self._client.list_blobs(bucket, prefix=name_prefix)
         ]
 
-    def local_path(self, uri: str) -> Path:
-        """The object's bytes in the local cache, downloaded once per generation."""
+    def local_path(self, uri: str, generation: str | None = None) -> Path:
+        """The object's bytes in the local cache, downloaded once per generation: that generation where one is
+        named (FileNotFoundError where it is gone: replaced or deleted since), else the live one."""
         bucket, name = split_uri(uri)
-        blob = self._client.bucket(bucket).get_blob(name)
-        if blob is None:
-            raise FileNotFoundError(uri)
+        if generation:
+            blob = self._client.bucket(bucket).blob(name, generation=int(generation))
+        else:
+            blob = self._client.bucket(bucket).get_blob(name)
+            if blob is None:
+                raise FileNotFoundError(uri)
         key = hashlib.sha256(f"{uri}#{blob.generation}".encode()).hexdigest()[:24]
         target = self.cache_dir / key / name.rsplit("/", 1)[-1]  # keeps the host's file name
         with self._lock:
@@ -96,7 +100,7 @@ class GcsBlobStore:
                 blob.download_to_filename(str(partial))
                 partial.replace(target)
             except exceptions.NotFound:
-                raise FileNotFoundError(uri) from None
+                raise FileNotFoundError(f"{uri} generation {blob.generation}: gone (replaced or deleted)") from None
             finally:
                 partial.unlink(missing_ok=True)
             self._evict(keep=target.parent)

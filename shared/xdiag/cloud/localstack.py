@@ -10,7 +10,11 @@ free port of 127.0.0.1 and in its own process group:
 - every function of `functions/` under functions-framework, on its own port (the pipeline's stages, `capture`,
   `monitor`, and the HTTP function `control_plane`, whose bearer token is made fresh at each start);
 - the topics, each with its dead-letter topic, and push subscriptions to
-  `http://127.0.0.1:PORT/projects/P/topics/T` with a dead-letter policy and a retry backoff.
+  `http://127.0.0.1:PORT/projects/P/topics/T` with a dead-letter policy and a retry backoff (a dead-letter topic's
+  subscription too: what even `dead_letter` cannot record is parked on `dead-letters-unrecorded`, pull subscription
+  `dead-letters-unrecorded-pull`);
+- a timer that publishes on `sweeps` every `sweep_interval_s` (Cloud Scheduler's job in the cloud), so the
+  sweeper repairs or fails analyses left without progress.
 
 Its state (ports, process groups, the environment that reaches it) is `<state_dir>/stack.json`; logs are in
 `<state_dir>/logs/`. `stop()` (`xdiag down`, `make down`) signals each process group (the emulators'
@@ -48,6 +52,7 @@ from xdiag.pipeline.topics import (
     TOPIC_PROFILE_UPLOADS,
     TOPIC_REPORTS,
     TOPIC_STEP_TIMES,
+    TOPIC_SWEEPS,
     TOPIC_TOOL_RESULTS,
     TOPIC_TOOL_RUNS,
 )
@@ -62,7 +67,9 @@ PIPELINE_TOPICS = [
     TOPIC_REPORTS,
     TOPIC_ALERTS,
     TOPIC_STEP_TIMES,
+    TOPIC_SWEEPS,
 ]
+UNRECORDED_TOPIC = "dead-letters-unrecorded"  # a letter even dead_letter could not record, kept for a person
 DEFAULT_STATE_DIR = Path(".xdiag-stack")
 STATE_FILE = "stack.json"
 
@@ -101,6 +108,7 @@ FUNCTIONS = (
     FunctionSpec("dead_letter", tuple(dead_letter_topic(t) for t in PIPELINE_TOPICS)),
     FunctionSpec("capture", (TOPIC_ALERTS,), threads=16),  # a capture holds its delivery for its duration
     FunctionSpec("monitor", (TOPIC_STEP_TIMES,), concurrency=1),  # one delivery at a time per run's document
+    FunctionSpec("sweep", (TOPIC_SWEEPS,), concurrency=1),  # the timer's ticks: one sweep at a time
     FunctionSpec("control_plane", (), threads=8, signature="http"),
 )
 
@@ -110,6 +118,10 @@ class StackSettings:
     project: str = "xdiag-local"
     bucket: str = "xdiag-profiles"
     quiet_period_s: float = 3.0
+    multi_host_quiet_period_s: float = 10.0  # while fewer files are in than the run has hosts
+    stage_deadline_s: float = 90.0  # an analysis without progress this long is repaired …
+    max_repairs: int = 2  # … twice, then FAILED: a lost stage is repaired within ~2 minutes, or flagged within ~5
+    sweep_interval_s: float = 20.0  # the timer that ticks the sweeper (Cloud Scheduler's job in the cloud)
     max_delivery_attempts: int = 5  # Pub/Sub's minimum
     min_backoff_s: float = 1.0
     max_backoff_s: float = 10.0
@@ -270,6 +282,7 @@ class LocalStack:
             "XDIAG_BUCKET": self.settings.bucket,
             "XDIAG_CONTROL_PLANE_URL": f"http://{HOST}:{self.ports['control_plane']}",
             "XDIAG_CONTROL_PLANE_TOKEN": self.settings.token,
+            "XDIAG_STAGE_DEADLINE_S": str(self.settings.stage_deadline_s),  # `xdiag status` flags overdue analyses by it
         }
 
     def alive(self) -> bool:
@@ -306,6 +319,7 @@ class LocalStack:
             for topic in PIPELINE_TOPICS:
                 self._put_topic(topic)
                 self._put_topic(dead_letter_topic(topic))
+            self._put_topic(UNRECORDED_TOPIC)
             self._spawn(
                 "storage",
                 [
@@ -359,6 +373,15 @@ class LocalStack:
                 )
                 for topic in spec.topics:
                     self._put_subscription(topic, self.ports[spec.name])
+            status, answer = http("PUT", self._pubsub(f"subscriptions/{UNRECORDED_TOPIC}-pull"),
+                                  {"topic": f"projects/{self.settings.project}/topics/{UNRECORDED_TOPIC}"})
+            if status not in (200, 409):
+                raise StackError(f"creating the {UNRECORDED_TOPIC} subscription failed: {status} {answer}")
+            self._spawn(
+                "timer",
+                [sys.executable, "-m", "xdiag.cloud.localstack", "tick", str(self.state_dir)],
+                "xdiag.cloud.localstack tick",
+            )
             if owner_pid is not None:
                 self._spawn(
                     "reaper",
@@ -415,6 +438,9 @@ class LocalStack:
             extra_env={
                 **self.env,
                 "XDIAG_QUIET_PERIOD_S": str(self.settings.quiet_period_s),
+                "XDIAG_MULTI_HOST_QUIET_PERIOD_S": str(self.settings.multi_host_quiet_period_s),
+                "XDIAG_MAX_REPAIRS": str(self.settings.max_repairs),
+                "XDIAG_ALLOW_LOOPBACK_TARGETS": "1",  # the workloads profiled here listen on 127.0.0.1
                 "XDIAG_CACHE_DIR": str(self.state_dir / "cache"),
                 "THREADS": str(spec.threads),
                 "XDIAG_CONCURRENCY": str(spec.concurrency),
@@ -474,14 +500,27 @@ class LocalStack:
                 "maximumBackoff": f"{self.settings.max_backoff_s}s",
             },
         }
-        if topic in PIPELINE_TOPICS:
-            body["deadLetterPolicy"] = {
-                "deadLetterTopic": f"projects/{project}/topics/{dead_letter_topic(topic)}",
-                "maxDeliveryAttempts": self.settings.max_delivery_attempts,
-            }
-        status, answer = http("PUT", self._pubsub(f"subscriptions/{topic}-push"), body)
-        if status not in (200, 409):
+        # A pipeline topic's undeliverable messages go to its dead-letter topic; a dead-letter topic's (a letter
+        # even dead_letter could not record) to the parking topic: no subscription retries forever.
+        parking = dead_letter_topic(topic) if topic in PIPELINE_TOPICS else UNRECORDED_TOPIC
+        body["deadLetterPolicy"] = {
+            "deadLetterTopic": f"projects/{project}/topics/{parking}",
+            "maxDeliveryAttempts": self.settings.max_delivery_attempts,
+        }
+        name = f"subscriptions/{topic}-push"
+        status, answer = http("PUT", self._pubsub(name), body)
+        if status == 409:  # there already (a stack restarted on a running emulator): it gets these policies again
+            mask = "ackDeadlineSeconds,pushConfig,retryPolicy,deadLetterPolicy"
+            status, answer = http("PATCH", self._pubsub(name), {"subscription": body, "updateMask": mask})
+        if status != 200:
             raise StackError(f"creating the push subscription for {topic} failed: {status} {answer}")
+
+    def subscription(self, topic: str) -> dict[str, Any]:
+        """The push subscription of `topic` as the emulator has it (its policies)."""
+        status, body = http("GET", self._pubsub(f"subscriptions/{topic}-push"))
+        if status != 200:
+            raise StackError(f"no push subscription for {topic}: {status} {body}")
+        return body
 
     def publish(self, topic: str, data: bytes, attributes: dict[str, str] | None = None) -> str:
         """Publishes raw bytes on a topic of the stack (tests, `xdiag publish-capture`); returns the message id."""
@@ -546,6 +585,11 @@ class LocalStack:
             os.kill(pid, signal.SIGKILL)
         return workers
 
+    def freeze(self, name: str) -> None:
+        """SIGSTOPs a function's process group: an instance that hangs holding the deliveries pushed to it (the
+        emulator then redelivers none of them before their ack deadline, 600 s). `restart` ends it."""
+        self._signal(name, signal.SIGSTOP)
+
     def restart(self, name: str, timeout_s: float = 60.0) -> None:
         """Starts a function again on its port (after `kill`)."""
         spec = next(s for s in FUNCTIONS if s.name == name)
@@ -592,8 +636,21 @@ def _reap(state_dir: str, owner_pid: int) -> None:
         time.sleep(1.0)
 
 
+def _tick(state_dir: str) -> None:
+    """The local stack's Cloud Scheduler: `{}` on the sweeps topic every `sweep_interval_s`, while the stack is up."""
+    stack = LocalStack.attach(Path(state_dir))
+    while stack.state_file.exists():
+        time.sleep(stack.settings.sweep_interval_s)
+        try:
+            stack.publish(TOPIC_SWEEPS, b"{}")
+        except (StackError, OSError):
+            continue  # the emulator is stopping, or busy: the next tick sweeps
+
+
 if __name__ == "__main__":
     if len(sys.argv) == 4 and sys.argv[1] == "reap":
         _reap(sys.argv[2], int(sys.argv[3]))
+    elif len(sys.argv) == 3 and sys.argv[1] == "tick":
+        _tick(sys.argv[2])
     else:
-        sys.exit("usage: python -m xdiag.cloud.localstack reap STATE_DIR OWNER_PID")
+        sys.exit("usage: python -m xdiag.cloud.localstack reap STATE_DIR OWNER_PID | tick STATE_DIR")

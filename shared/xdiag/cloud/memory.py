@@ -85,8 +85,11 @@ class LocalBlobStore:
     def exists(self, uri: str) -> bool:
         return self._path(uri).exists()
 
-    def local_path(self, uri: str) -> Path:
-        return self._path(uri)
+    def local_path(self, uri: str, generation: str | None = None) -> Path:
+        path = self._path(uri)
+        if generation and (info := self.stat(uri)) is not None and info.generation != generation:
+            raise FileNotFoundError(f"{uri}: replaced since (generation {generation}, now {info.generation})")
+        return path
 
     def stat(self, uri: str) -> BlobInfo | None:
         try:

@@ -6,15 +6,16 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from typing import Any
 
 from xdiag.cloud.runtime import CloudConfig, firestore_client
 from xdiag.model import CaptureReady
 from xdiag.pipeline.layout import session_prefix, state_key
 from xdiag.pipeline.ports import StateStore
-from xdiag.pipeline.stages import RUNS
+from xdiag.pipeline.runs import RUNS
+from xdiag.pipeline.sweep import epoch, overdue_s
 from xdiag.pipeline.topics import (
+    ACTIVE_ANALYSES,
     ANALYSES,
     CLAIMS,
     DEAD_LETTERS,
@@ -60,18 +61,6 @@ def publish_capture(
     return message
 
 
-def _epoch(value: Any) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, (int, float)):
-        return float(value)
-    try:
-        moment = datetime.fromisoformat(str(value))
-    except ValueError:
-        return None
-    return (moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)).timestamp()
-
-
 @dataclass
 class Stage:
     name: str
@@ -89,21 +78,21 @@ def stage_breakdown(state: StateStore, analysis: dict[str, Any], uploaded_at: fl
     registered = [doc["registered_at"] for _, doc in files if "registered_at" in doc]
     points = [
         ("notify+register", max(registered) if registered else None, f"{len(registered)} file(s)"),
-        ("quiet period", _epoch(session.get("completed_at")), ""),
-        ("collect", _epoch(timeline.get("collect")), f"read {analysis.get('timings_ms', {}).get('read', 0):.0f} ms"),
+        ("quiet period", epoch(session.get("completed_at")), ""),
+        ("collect", epoch(timeline.get("collect")), f"read {analysis.get('timings_ms', {}).get('read', 0):.0f} ms"),
         (
             "tools",
-            max((_epoch(d.get("finished_at")) or 0 for d in tools), default=None),
+            max((epoch(d.get("finished_at")) or 0 for d in tools), default=None),
             f"{len(tools)} runs, {sum(d.get('duration_ms') or 0 for d in tools) / 1000:.2f} s in the tools",
         ),
-        ("fan-in", _epoch(claim.get("at")), ""),
-        ("investigate", _epoch(timeline.get("investigate")), ""),
-        ("render", _epoch(timeline.get("render")), ""),
+        ("fan-in", epoch(claim.get("at")), ""),
+        ("investigate", epoch(timeline.get("investigate")), ""),
+        ("render", epoch(timeline.get("render")), ""),
     ]
     start = (
         uploaded_at
         if uploaded_at is not None
-        else (min(registered) if registered else _epoch(analysis.get("created_at")))
+        else (min(registered) if registered else epoch(analysis.get("created_at")))
     )
     stages, previous = [], start
     for name, at, note in points:
@@ -117,13 +106,15 @@ def stage_breakdown(state: StateStore, analysis: dict[str, Any], uploaded_at: fl
 def wait_for_analysis(
     state: StateStore, run: str, session: str, timeout_s: float, since: float = 0.0
 ) -> dict[str, Any]:
-    """Polls until the session's latest analysis is DONE or FAILED; TimeoutError otherwise."""
+    """Polls until the session's current analysis is DONE (its report written) or FAILED; TimeoutError otherwise.
+    A late host or a replaced file makes a newer analysis current: that is the one waited for."""
     deadline = time.monotonic() + timeout_s
     while True:
         doc = state.get(sessions_collection(run), state_key(session)) or {}
-        if doc.get("analysis_id") and (_epoch(doc.get("completed_at")) or 0) >= since:
+        if doc.get("analysis_id") and (epoch(doc.get("completed_at")) or 0) >= since:
             analysis = state.get(ANALYSES, doc["analysis_id"])
-            if analysis and analysis.get("status") in ("DONE", "FAILED") and analysis.get("report_uri"):
+            if analysis and (analysis.get("status") == "FAILED"
+                             or analysis.get("status") == "DONE" and analysis.get("report_uri")):
                 return analysis
         if time.monotonic() > deadline:
             raise TimeoutError(
@@ -132,10 +123,27 @@ def wait_for_analysis(
         time.sleep(0.25)
 
 
-def read_status(state: StateStore, run: str | None = None) -> dict[str, Any]:
-    """Runs → sessions → analyses (with their tools' status), and the dead letters."""
+def overdue_analyses(state: StateStore, deadline_s: float, run: str | None = None) -> list[dict[str, Any]]:
+    """Every analysis not finished and past its deadline (no progress for `deadline_s`): what the sweeper repairs,
+    and what `xdiag status` flags."""
+    now, found = time.time(), []
+    for key, _ in state.list(ACTIVE_ANALYSES):
+        doc = state.get(ANALYSES, key)
+        if doc is None or (run is not None and doc.get("run_id") != run):
+            continue
+        late = overdue_s(state, doc, deadline_s, now)
+        if late > 0:
+            found.append({"analysis_id": key, "run_id": doc.get("run_id"), "session_id": doc.get("session_id"),
+                          "status": doc.get("status"), "overdue_s": round(late, 1), "repairs": doc.get("repairs", 0),
+                          "last_repair": doc.get("last_repair")})
+    return found
+
+
+def read_status(state: StateStore, run: str | None = None, deadline_s: float = 900.0) -> dict[str, Any]:
+    """Runs → sessions → analyses (with their tools' status), the analyses past their deadline, the dead letters."""
     runs = [(key, doc) for key, doc in state.list(RUNS) if run is None or doc.get("run_id") == run]
-    out: dict[str, Any] = {"runs": [], "dead_letters": [doc for _, doc in state.list(DEAD_LETTERS)]}
+    out: dict[str, Any] = {"runs": [], "dead_letters": [doc for _, doc in state.list(DEAD_LETTERS)],
+                           "overdue": overdue_analyses(state, deadline_s, run)}
     for key, run_doc in runs:
         sessions = []
         for _, session in state.list(sessions_collection(run_doc.get("run_id", key))):
@@ -148,6 +156,8 @@ def read_status(state: StateStore, run: str | None = None) -> dict[str, Any]:
                     "result": analysis.get("result"),
                     "failure_reason": analysis.get("failure_reason"),
                     "report_uri": analysis.get("report_uri"),
+                    "repairs": analysis.get("repairs", 0),
+                    "overdue_s": round(overdue_s(state, analysis, deadline_s), 1),
                     "tools": {t: (tools[t]["status"] if t in tools else "pending") for t in BROAD_TOOLS},
                     "timings_ms": analysis.get("timings_ms", {}),
                     "stages": [vars(s) for s in stage_breakdown(state, analysis)],

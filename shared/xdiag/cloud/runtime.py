@@ -6,6 +6,10 @@ Configuration is the environment:
     GOOGLE_CLOUD_PROJECT     the project (default `xdiag-local` against the emulators)
     XDIAG_BUCKET             the profile bucket: gs://BUCKET/<run>/plugins/profile/<session>/<host>.xplane.pb
     XDIAG_QUIET_PERIOD_S     register: a session is complete once no file of it arrived for this long (30)
+    XDIAG_MULTI_HOST_QUIET_PERIOD_S  …this long while fewer files are in than the run has hosts (120)
+    XDIAG_STAGE_DEADLINE_S   the sweeper repairs an analysis without progress for this long (900)
+    XDIAG_MAX_REPAIRS        repairs before the sweeper fails the analysis with the reason (3)
+    XDIAG_INVESTIGATION_DEADLINE_S  the whole investigation, follow-up tool calls included (300)
     XDIAG_INVESTIGATOR       the investigator for sessions register announces (rules)
     XDIAG_CACHE_DIR          where profiles are downloaded (a temporary folder); XDIAG_CACHE_GIB its limit (4)
     XDIAG_MAX_PROFILE_GIB    sessions larger than this fail with the reason (2)
@@ -20,10 +24,13 @@ Capture, monitor and control plane (`capture`, `monitor`, `control_plane`):
     XDIAG_CAPTURE_MAX_DURATION_MS   the longest capture a request may ask for (60000: the profiler's own deadline)
     XDIAG_CAPTURE_ATTEMPTS          tracing attempts per target before its session is FAILED (3)
     XDIAG_ALERT_RUN_LABEL           the incident label that names the run (run_id)
+    XDIAG_ALLOW_LOOPBACK_TARGETS    1: loopback profiler targets are allowed (the local stack only; 0 in the cloud)
     XDIAG_MONITOR_MARGIN            bad when the window's median step time is this much above the baseline (0.15)
     XDIAG_MONITOR_WARMUP_POINTS     first step times left out of the baseline (5)
     XDIAG_MONITOR_BASELINE_POINTS   step times whose median is the baseline (20)
-    XDIAG_MONITOR_WINDOW_POINTS     latest step times whose median is judged (10)
+    XDIAG_MONITOR_WINDOW_S          seconds of steps whose median is judged as one window (10)
+    XDIAG_MONITOR_MIN_WINDOW_POINTS fewest steps a window needs to be judged (5)
+    XDIAG_MONITOR_CONSECUTIVE_WINDOWS  windows in a row above the margin before the verdict is bad (3)
     XDIAG_CONTROL_PLANE_TOKEN       the control plane's bearer token (basic auth with it as the password works too)
     XDIAG_CONTROL_PLANE_AUTH        `iam`: Cloud Functions IAM checks callers, no token; with neither set, the
                                     control plane refuses every request
@@ -83,6 +90,10 @@ class CloudConfig:
     project: str
     bucket: str
     quiet_period_s: float = 30.0
+    multi_host_quiet_period_s: float = 120.0
+    stage_deadline_s: float = 900.0
+    max_repairs: int = 3
+    investigation_deadline_s: float = 300.0
     investigator: str = "rules"
     cache_dir: Path = Path(tempfile.gettempdir()) / "xdiag-cache"
     cache_bytes: int = 4 * 2**30
@@ -106,6 +117,10 @@ class CloudConfig:
             project=project,
             bucket=bucket,
             quiet_period_s=float(env.get("XDIAG_QUIET_PERIOD_S", cls.quiet_period_s)),
+            multi_host_quiet_period_s=float(env.get("XDIAG_MULTI_HOST_QUIET_PERIOD_S", cls.multi_host_quiet_period_s)),
+            stage_deadline_s=float(env.get("XDIAG_STAGE_DEADLINE_S", cls.stage_deadline_s)),
+            max_repairs=int(env.get("XDIAG_MAX_REPAIRS", cls.max_repairs)),
+            investigation_deadline_s=float(env.get("XDIAG_INVESTIGATION_DEADLINE_S", cls.investigation_deadline_s)),
             investigator=env.get("XDIAG_INVESTIGATOR", cls.investigator),
             cache_dir=Path(env.get("XDIAG_CACHE_DIR") or cls.cache_dir),
             cache_bytes=int(float(env.get("XDIAG_CACHE_GIB", 4)) * 2**30),
@@ -117,12 +132,16 @@ class CloudConfig:
                 max_duration_ms=int(env.get("XDIAG_CAPTURE_MAX_DURATION_MS", CaptureSettings.max_duration_ms)),
                 attempts=int(env.get("XDIAG_CAPTURE_ATTEMPTS", CaptureSettings.attempts)),
                 run_label=env.get("XDIAG_ALERT_RUN_LABEL", CaptureSettings.run_label),
+                allow_loopback=env.get("XDIAG_ALLOW_LOOPBACK_TARGETS", "0").lower() in ("1", "true", "yes"),
             ),
             monitor=MonitorSettings(
                 margin=float(env.get("XDIAG_MONITOR_MARGIN", MonitorSettings.margin)),
                 warmup_points=int(env.get("XDIAG_MONITOR_WARMUP_POINTS", MonitorSettings.warmup_points)),
                 baseline_points=int(env.get("XDIAG_MONITOR_BASELINE_POINTS", MonitorSettings.baseline_points)),
-                window_points=int(env.get("XDIAG_MONITOR_WINDOW_POINTS", MonitorSettings.window_points)),
+                window_s=float(env.get("XDIAG_MONITOR_WINDOW_S", MonitorSettings.window_s)),
+                min_window_points=int(env.get("XDIAG_MONITOR_MIN_WINDOW_POINTS", MonitorSettings.min_window_points)),
+                consecutive_windows=int(env.get("XDIAG_MONITOR_CONSECUTIVE_WINDOWS",
+                                                MonitorSettings.consecutive_windows)),
             ),
         )
 
@@ -144,17 +163,23 @@ def cloud_dependencies(config: CloudConfig) -> tuple[Dependencies, Callable[[str
     from xdiag.cloud.gcs import GcsBlobStore, storage_client
     from xdiag.cloud.pubsub import PubSubBus
     from xdiag.investigators.gemini import investigators_from_env
+    from xdiag.pipeline.publish_once import PublishOnce
 
     bus = PubSubBus(config.project)
     blobs = GcsBlobStore(storage_client(config.project), config.cache_dir, config.cache_bytes)
+    state = FirestoreStateStore(firestore_client(config.project))
     deps = Dependencies(
-        bus=bus,
+        bus=PublishOnce(bus, state),  # a duplicate delivery publishes nothing twice
         blobs=blobs,
-        state=FirestoreStateStore(firestore_client(config.project)),
+        state=state,
         sessions=SessionLoader(blobs, max_bytes=config.max_profile_bytes, prepare=True),
         on_event=lambda stage, info: log.info("%s %s", stage, info),
         profile_root=config.profile_root,
         quiet_period_s=config.quiet_period_s,
+        multi_host_quiet_period_s=config.multi_host_quiet_period_s,
+        stage_deadline_s=config.stage_deadline_s,
+        max_repairs=config.max_repairs,
+        investigation_deadline_s=config.investigation_deadline_s,
         default_investigator=config.investigator,
         profiler=XprofProfiler(),
         capture=config.capture,
@@ -245,11 +270,12 @@ def pubsub_stage(topic: str) -> Callable[[Callable[[Any, Dependencies], None]], 
                     stage(message, current.deps)
                 done = time.perf_counter()
                 log.info(
-                    "%s: message %s handled in %.0f ms (%.0f ms waiting for a slot)",
+                    "%s: message %s handled in %.0f ms (%.0f ms waiting for a slot) %s",
                     topic,
                     delivery.message_id,
                     (done - started) * 1000,
                     (running - started) * 1000,
+                    _ids(message),
                 )
             except PoisonMessage as exc:
                 current.dead_letter(topic, delivery.data, delivery.attributes, str(exc))
@@ -283,33 +309,47 @@ def storage_stage(stage: Callable[[Any, Dependencies], None]) -> Callable[[Any],
     return function
 
 
+MAX_LETTER_ATTRIBUTES, MAX_ATTRIBUTE_CHARS = 32, 1024
+
+
 def dead_letter_stage(stage: Callable[[DeadLetter, Dependencies], None]) -> Callable[[Any], None]:
-    """Makes `stage(letter, deps)` a CloudEvent function for the dead-letter topics (`<topic>-dead-letter`)."""
+    """Makes `stage(letter, deps)` a CloudEvent function for the dead-letter topics (`<topic>-dead-letter`).
+
+    A letter it cannot record is logged (its size and first bytes: the last resort) and raised, so it is retried
+    up to the dead-letter subscription's own attempt limit, then parked on `dead-letters-unrecorded`."""
 
     @functools.wraps(stage)
     def function(event: Any) -> None:
         current = runtime()
         delivery = _delivery_or_raw(event)
-        source = (
-            delivery.topic.removesuffix(DEAD_LETTER_SUFFIX)
-            if delivery.topic.endswith(DEAD_LETTER_SUFFIX)
-            else "unknown"
-        )
-        reason = delivery.attributes.get(REASON_ATTRIBUTE)
-        if not reason:  # moved here by Pub/Sub after its last attempt: the last recorded error says why
-            failure = current.deps.state.get(FAILURES, letter_key(source, delivery.data)) or {}
-            attempts = delivery.attributes.get("CloudPubSubDeadLetterSourceDeliveryCount") or failure.get(
-                "attempts", "?"
+        try:
+            source = (
+                delivery.topic.removesuffix(DEAD_LETTER_SUFFIX)
+                if delivery.topic.endswith(DEAD_LETTER_SUFFIX) and delivery.topic.removesuffix(DEAD_LETTER_SUFFIX) in HANDLERS
+                else "unknown"
             )
-            reason = f"failed {attempts} delivery attempts; last error: {failure.get('last_error', 'not recorded')}"
-        letter = DeadLetter(
-            source_topic=source,
-            data=delivery.data.decode("utf-8", errors="replace"),
-            attributes={k: v for k, v in delivery.attributes.items() if k != REASON_ATTRIBUTE},
-            reason=reason,
-            message_id=delivery.message_id,
-        )
-        stage(letter, current.deps)
+            reason = delivery.attributes.get(REASON_ATTRIBUTE)
+            if not reason:  # moved here by Pub/Sub after its last attempt: the last recorded error says why
+                failure = current.deps.state.get(FAILURES, letter_key(source, delivery.data)) or {}
+                attempts = delivery.attributes.get("CloudPubSubDeadLetterSourceDeliveryCount") or failure.get(
+                    "attempts", "?"
+                )
+                reason = f"failed {attempts} delivery attempts; last error: {failure.get('last_error', 'not recorded')}"
+            attributes = {k[:MAX_ATTRIBUTE_CHARS]: v[:MAX_ATTRIBUTE_CHARS]
+                          for k, v in list(delivery.attributes.items())[:MAX_LETTER_ATTRIBUTES] if k != REASON_ATTRIBUTE}
+            letter = DeadLetter(
+                source_topic=source,
+                data=delivery.data.decode("utf-8", errors="replace"),
+                attributes=attributes,
+                reason=reason[:2000],
+                message_id=delivery.message_id[:200],
+            )
+            stage(letter, current.deps)
+        except Exception as exc:
+            log.error("dead letter on %s NOT recorded (%s: %s): %d bytes, attributes %s, beginning %r", delivery.topic,
+                      type(exc).__name__, str(exc)[:500], len(delivery.data), dict(list(delivery.attributes.items())[:8]),
+                      delivery.data[:2000])
+            raise
 
     return function
 
@@ -342,6 +382,12 @@ def _delivery_or_raw(event: Any) -> PubSubDelivery:
         data = event.data
         raw = data if isinstance(data, bytes) else str(data).encode() if isinstance(data, str) else _json_bytes(data)
         return PubSubDelivery(topic="", data=raw, attributes={"ce_type": str(event["type"])})
+
+
+def _ids(message: Any) -> str:
+    """The ids a message carries, for the log line that says it was handled."""
+    fields = ("analysis_id", "tool", "run_id", "session_id", "attempt")
+    return " ".join(f"{k}={getattr(message, k)}" for k in fields if getattr(message, k, None) not in (None, "", 0))
 
 
 def _json_bytes(value: Any) -> bytes:

@@ -13,7 +13,8 @@ from typing import Any, Protocol
 from xdiag.errors import ProfileError
 from xdiag.investigators import RuleEngine
 from xdiag.model import Diagnosis, ToolResult
-from xdiag.pipeline.ports import BlobStore, Bus, StateStore
+from xdiag.pipeline.layout import PREPARED_DIR, inputs_key
+from xdiag.pipeline.ports import BlobInfo, BlobStore, Bus, StateStore
 from xdiag.pipeline.runs import CaptureSettings, MonitorSettings
 from xdiag.profile.compact import load_session, save_session
 from xdiag.profile.reader import DEFAULT_MAX_PROFILE_BYTES, read_session
@@ -32,31 +33,29 @@ class Investigator(Protocol):
     ) -> Diagnosis: ...
 
 
-PREPARED_SESSION = "session.xdiag"
-"""The read-once session, written next to the analysis output by collect when `prepare` is on."""
-
-
 class SessionLoader:
-    """Reads a session once per process and keeps the most recent sessions in memory.
+    """Reads a session once per process and keeps the most recent sessions in memory, keyed by the exact inputs
+    (every file's URI, generation and size): a replaced file or one more host is another session, never the old one.
 
-    With `prepare` on (the cloud, where every stage is its own process), the first reader also
-    stores the decoded session as one file next to the analysis; later readers memory-map that
-    file instead of parsing the profile again (see xdiag.profile.compact). With `prefetch_views`
-    on (one process runs every tool), XProf's conversions of a device session start in worker
-    processes as soon as it is read, and run while xdiag's own tools do.
+    With `prepare` on (the cloud, where every stage is its own process), the first reader also stores the decoded
+    session as one file, named by the same key, in the session's analysis folder; later readers of the same inputs
+    memory-map that file instead of parsing the profile again (see xdiag.profile.compact). With `prefetch_views`
+    on (one process runs every tool), XProf's conversions of a device session start in worker processes as soon as
+    it is read, and run while xdiag's own tools do.
     """
 
     def __init__(self, blobs: BlobStore, max_bytes: int = DEFAULT_MAX_PROFILE_BYTES, keep: int = 2, progress=None,
                  prepare: bool = False, prefetch_views: bool = False):
         self._blobs, self._max_bytes, self._keep, self._progress = blobs, max_bytes, keep, progress
         self._prepare, self._prefetch_views = prepare, prefetch_views
-        self._sessions: dict[tuple[str, ...], Session] = {}
-        self.read_ms: dict[tuple[str, ...], float] = {}
+        self._sessions: dict[tuple[BlobInfo, ...], Session] = {}
+        self.read_ms: dict[tuple[BlobInfo, ...], float] = {}
         self._lock = threading.Lock()  # concurrent deliveries in one process read a session once
 
-    def load(self, uris: list[str], name: str, prepared_uri: str | None = None) -> Session:
+    def load(self, inputs: list[BlobInfo], name: str, output: str | None = None) -> Session:
+        """The session of exactly these file versions; ProfileError where one is gone or was replaced since."""
         with self._lock:
-            return self._load(uris, name, prepared_uri)
+            return self._load(tuple(sorted(inputs, key=lambda i: i.uri)), name, output)
 
     def close(self) -> None:
         with self._lock:
@@ -64,22 +63,22 @@ class SessionLoader:
                 session.close()
             self._sessions.clear()
 
-    def _load(self, uris: list[str], name: str, prepared_uri: str | None) -> Session:
-        key = tuple(uris)
+    def _load(self, key: tuple[BlobInfo, ...], name: str, output: str | None) -> Session:
         if key not in self._sessions:
             started = time.perf_counter()
+            prepared = f"{output.rstrip('/')}/{PREPARED_DIR}/{inputs_key(list(key))}.xdiag" if output else None
             try:
-                if prepared_uri and self._prepare and self._blobs.exists(prepared_uri):
-                    session = self._load_prepared(uris, prepared_uri)
+                if prepared and self._prepare and self._blobs.exists(prepared):
+                    session = self._load_prepared(key, prepared)
                 else:
                     session = read_session(
-                        [self._blobs.local_path(uri) for uri in uris], name=name, max_bytes=self._max_bytes,
-                        progress=self._progress,
+                        [self._blobs.local_path(i.uri, i.generation) for i in key], name=name,
+                        max_bytes=self._max_bytes, progress=self._progress,
                     )
-                    if prepared_uri and self._prepare:
-                        self._store_prepared(session, prepared_uri)
+                    if prepared and self._prepare:
+                        self._store_prepared(session, prepared)
             except FileNotFoundError as exc:
-                raise ProfileError(f"profile object missing: {exc}") from None
+                raise ProfileError(f"profile object missing or replaced since the analysis began: {exc}") from None
             while len(self._sessions) >= self._keep:
                 self._sessions.pop(next(iter(self._sessions))).close()
             self._sessions[key] = session
@@ -90,18 +89,19 @@ class SessionLoader:
 
     def _store_prepared(self, session: Session, prepared_uri: str) -> None:
         with tempfile.TemporaryDirectory() as folder:
-            path = Path(folder) / PREPARED_SESSION
+            path = Path(folder) / "session.xdiag"
             save_session(session, path)
             self._blobs.put_file(path, prepared_uri)
 
-    def _load_prepared(self, uris: list[str], prepared_uri: str) -> Session:
+    def _load_prepared(self, key: tuple[BlobInfo, ...], prepared_uri: str) -> Session:
         session = load_session(Path(self._blobs.local_path(prepared_uri)))
         if session.platform != "CPU":
             # XProf's converters read the xplane files themselves: give them this process's copies.
-            by_name = {uri.rsplit("/", 1)[-1]: uri for uri in uris}
+            by_name = {i.uri.rsplit("/", 1)[-1]: i for i in key}
             for host in session.hosts:
                 if host.path.name in by_name:
-                    host.path = Path(self._blobs.local_path(by_name[host.path.name]))
+                    found = by_name[host.path.name]
+                    host.path = Path(self._blobs.local_path(found.uri, found.generation))
         return session
 
 
@@ -115,6 +115,10 @@ class Dependencies:
     on_event: Callable[[str, dict[str, Any]], None] = lambda stage, info: None  # progress reporting
     profile_root: str = ""  # gs://BUCKET (or a folder): where a manual capture's run/session is looked up
     quiet_period_s: float = 30.0  # register: a session is complete once no file of it arrived for this long
+    multi_host_quiet_period_s: float = 120.0  # …this long where the run has several hosts and not all are in yet
+    stage_deadline_s: float = 900.0  # an analysis with no progress for this long is repaired by the sweeper
+    max_repairs: int = 3  # repairs before the sweeper fails the analysis with the reason
+    investigation_deadline_s: float = 300.0  # the whole investigation, follow-up tool calls included
     default_investigator: str = "rules"  # for sessions that register announces
     sleep: Callable[[float], None] = time.sleep
     profiler: Any = None  # the Profiler port (xdiag.pipeline.ports.Profiler): the capture stage calls targets through it

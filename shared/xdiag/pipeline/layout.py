@@ -16,6 +16,8 @@ from xdiag.profile.locate import SUFFIX
 
 PROFILE_DIR = "plugins/profile"
 OUTPUT_DIR = "xdiag"
+ANALYSES_DIR = "analyses"  # <session>/xdiag/analyses/<analysis_id>/: one analysis' own files
+PREPARED_DIR = "prepared"  # <session>/xdiag/prepared/<inputs key>.xdiag: a decoded session, keyed by its exact inputs
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,20 @@ def session_prefix(root: str, run: str, session: str) -> str:
 
 def output_uri(root: str, run: str, session: str) -> str:
     return session_prefix(root, run, session) + OUTPUT_DIR
+
+
+def analysis_folder(output: str, analysis_id: str) -> str:
+    """Where one analysis of a session keeps its own files: tools/, follow-ups, its report."""
+    return f"{output.rstrip('/')}/{ANALYSES_DIR}/{analysis_id}"
+
+
+def inputs_key(files: list[BlobInfo]) -> str:
+    """One key per exact set of file versions (URI, generation, size): what derived artefacts are keyed by, never
+    the URIs alone (a replaced file, or one more host, is other inputs)."""
+    digest = hashlib.sha256()
+    for info in sorted(files, key=lambda i: i.uri):
+        digest.update(f"{info.uri}:{info.generation}:{info.size}\n".encode())
+    return digest.hexdigest()[:24]
 
 
 def session_files(blobs: BlobStore, root: str, run: str, session: str) -> list[BlobInfo]:

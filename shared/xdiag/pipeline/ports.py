@@ -37,8 +37,9 @@ class BlobStore(Protocol):
 
     def exists(self, uri: str) -> bool: ...
 
-    def local_path(self, uri: str) -> Any:
-        """A local file with the object's bytes (the object itself where it is local, else a cached download)."""
+    def local_path(self, uri: str, generation: str | None = None) -> Any:
+        """A local file with the object's bytes (the object itself where it is local, else a cached download): of
+        that generation where one is named (FileNotFoundError where it was replaced or deleted since)."""
 
     def list(self, prefix: str) -> list[BlobInfo]:
         """Every object whose URI starts with `prefix`, at any depth."""

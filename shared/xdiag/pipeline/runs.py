@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import socket
 from dataclasses import dataclass
 from typing import Any
 
-from xdiag.errors import XdiagError
+from xdiag.errors import InvalidRequest
+from xdiag.ids import check_name
 from xdiag.pipeline.layout import state_key
 from xdiag.pipeline.ports import StateStore
 
@@ -31,15 +33,9 @@ MONITORS = "monitors"
 KIND_PROGRAMMATIC, KIND_ON_DEMAND, KIND_SNAPSHOT, KIND_AUTO = "programmatic", "on_demand", "snapshot", "auto"
 CAPTURED_KINDS = (KIND_ON_DEMAND, KIND_SNAPSHOT, KIND_AUTO)  # sessions the capture function announces itself
 
-_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._~-]{0,127}")  # `~` stands for `/` in a run uploaded under a folder
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _HOST_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
 _PREFIX_SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 TRACER_LEVELS = {"host_tracer_level": 3, "device_tracer_level": 2, "python_tracer_level": 1}
-
-
-class InvalidRequest(XdiagError):
-    """A request field failed its check; the message says which and why (an HTTP 400)."""
 
 
 @dataclass
@@ -51,53 +47,86 @@ class CaptureSettings:
     max_duration_ms: int = 60_000  # the profiler's own session deadline is 60 s
     attempts: int = 3  # tracing attempts per target before its session is FAILED
     run_label: str = "run_id"  # the incident label that names the run
+    allow_loopback: bool = False  # loopback targets: only the local stack (XDIAG_ALLOW_LOOPBACK_TARGETS=1)
 
 
 @dataclass
 class MonitorSettings:
-    """How the monitor judges a run's step times (XDIAG_MONITOR_* in the environment)."""
+    """How the monitor judges a run's step times (XDIAG_MONITOR_* in the environment).
 
-    margin: float = 0.15  # bad when the window's median is this much above the baseline
+    A verdict is `bad` only for a sustained slowdown: the median step time of each window of `window_s` seconds
+    (with at least `min_window_points` steps in it) above the baseline by more than `margin`, for
+    `consecutive_windows` windows in a row: by default 3 windows of 10 s, so at least 30 s of slowdown. A busy
+    machine's scattered slow steps, or a burst of a second or two, move no window's median that far."""
+
+    margin: float = 0.15  # bad when a window's median is this much above the baseline
     warmup_points: int = 5  # the first points (compilation, warm-up) are not part of the baseline
     baseline_points: int = 20  # the baseline is the median of this many points after the warm-up
-    window_points: int = 10  # the degradation must hold for the median of this many latest points
+    window_s: float = 10.0  # the median is taken over the steps that ended in each window of this many seconds
+    min_window_points: int = 5  # a window with fewer steps says too little to be judged
+    consecutive_windows: int = 3  # this many judged windows in a row above the margin make a slowdown sustained
 
 
-def check_run_id(value: Any) -> str:
-    if not isinstance(value, str) or not _RUN_ID.fullmatch(value):
-        raise InvalidRequest(
-            f"run id {value!r} is not valid: 1-128 characters, letters, digits, '.', '_', '-', '~' (for '/'), "
-            "starting with a letter or digit"
-        )
-    return value
+METADATA_NAMES = frozenset({"metadata", "metadata.google.internal", "metadata.goog"})
+"""Names of the cloud's metadata server: never a profiler target, whatever they resolve to here."""
 
 
-def check_name(value: Any, what: str) -> str:
-    if not isinstance(value, str) or not _NAME.fullmatch(value):
-        raise InvalidRequest(
-            f"{what} {value!r} is not valid: 1-128 characters, letters, digits, '.', '_', '-', "
-            "starting with a letter or digit"
-        )
-    return value
-
-
-def check_address(host: Any, port: Any) -> tuple[str, int]:
-    """A profiler target's address: a DNS name or an IP literal, and a port. Link-local (the metadata server),
-    multicast and unspecified addresses are refused."""
+def check_address(host: Any, port: Any, allow_loopback: bool = False) -> tuple[str, int]:
+    """A profiler target's address as registered: a DNS name or an IP literal, and a port. The name is resolved and
+    every address it resolves to is checked (`resolve_target`): a name cannot smuggle in an address a literal
+    could not. Returns the host as given (an IP literal normalised) and the port."""
     if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
         raise InvalidRequest(f"port {port!r} is not valid: an integer from 1 to 65535")
     if not isinstance(host, str) or not host or len(host) > 253:
         raise InvalidRequest(f"host {host!r} is not valid: a DNS name or an IP address")
     try:
-        ip = ipaddress.ip_address(host.strip("[]"))
+        host = str(ipaddress.ip_address(host.strip("[]")))
     except ValueError:
         labels = host.rstrip(".").split(".")
-        if not all(_HOST_LABEL.fullmatch(label) for label in labels) or labels[-1].isdigit():  # 999.1.1.1 is no name
+        if not all(_HOST_LABEL.fullmatch(label) for label in labels):
             raise InvalidRequest(f"host {host!r} is not valid: a DNS name or an IP address") from None
-        return host, port
-    if ip.is_link_local or ip.is_multicast or ip.is_unspecified or ip.is_reserved and not ip.is_loopback:
-        raise InvalidRequest(f"host {host!r} is not a profiler target address (link-local, multicast or reserved)")
-    return str(ip), port
+    resolve_target(host, port, allow_loopback)
+    return host, port
+
+
+def resolve_target(host: str, port: int, allow_loopback: bool = False) -> str:
+    """The address to call for a registered target, resolved now (at registration, and again at capture time, so
+    a name re-pointed since cannot reach what registration refused). Refuses link-local (the metadata server),
+    multicast, unspecified, reserved and broadcast addresses, the metadata server's names, and loopback unless
+    the deployment allows it (the local stack); InvalidRequest with the reason."""
+    if host.rstrip(".").lower() in METADATA_NAMES:
+        raise InvalidRequest(f"host {host!r} is the metadata server, not a profiler target")
+    try:
+        found = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as exc:
+        raise InvalidRequest(f"host {host!r} does not resolve ({exc})") from None
+    addresses = sorted({info[4][0].split("%", 1)[0] for info in found})
+    if not addresses:
+        raise InvalidRequest(f"host {host!r} does not resolve")
+    for text in addresses:
+        refused = _refused(ipaddress.ip_address(text), allow_loopback)
+        if refused:
+            shown = host if host == text else f"{host!r} (resolves to {text})"
+            raise InvalidRequest(f"host {shown} is not a profiler target address: {refused}")
+    return addresses[0]
+
+
+def _refused(ip: ipaddress.IPv4Address | ipaddress.IPv6Address, allow_loopback: bool) -> str:
+    """Why an address may not be called ('' where it may)."""
+    mapped = getattr(ip, "ipv4_mapped", None)
+    if mapped is not None:
+        ip = mapped
+    if ip.is_loopback:
+        return "" if allow_loopback else "loopback (allowed only where the deployment is the local stack)"
+    if ip.is_link_local:
+        return "link-local (the metadata server lives there)"
+    if ip.is_multicast:
+        return "multicast"
+    if ip.is_unspecified:
+        return "unspecified"
+    if ip.is_reserved or ip == ipaddress.ip_address("255.255.255.255"):
+        return "reserved"
+    return ""
 
 
 def check_duration_ms(value: Any, settings: CaptureSettings) -> int:

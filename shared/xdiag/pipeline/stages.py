@@ -1,17 +1,25 @@
-"""The pipeline's stages: collect → run_tool × each broad tool → aggregate → investigate → render.
+"""The pipeline's stages: register → collect → run_tool × each broad tool → aggregate → investigate → render, and
+dead_letter.
 
 Each stage is a handler `(message, deps)` that reads and writes through the ports and
 publishes the next message. The same handlers run in-process for `xdiag analyze` and
 behind Cloud Functions in the cloud. Every handler is idempotent: Pub/Sub delivers at
 least once, so a second delivery finds its work done and changes nothing.
+
+Every derived artefact is keyed by exact inputs: an analysis records the generation and size of every file it
+covers, reads exactly those versions, and keeps its own files in its own folder; only the session's current
+analysis writes the session's report. A late host or a replaced file makes a newer analysis current, and the
+older one stops at its next stage (SUPERSEDED).
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
-from xdiag.errors import PoisonMessage, ProfileError, UnknownTool
+from xdiag.errors import InvalidRequest, PoisonMessage, ProfileError, UnknownTool
+from xdiag.ids import check_name, check_run_id
 from xdiag.investigators import MAX_FOLLOW_UP_CALLS, health_snapshot
 from xdiag.model import (
     Analysis,
@@ -28,9 +36,11 @@ from xdiag.model import (
     ToolStatus,
     utc_now,
 )
-from xdiag.pipeline.deps import PREPARED_SESSION, Dependencies
+from xdiag.pipeline.deps import Dependencies
 from xdiag.pipeline.layout import (
+    analysis_folder,
     analysis_id_for,
+    inputs_key,
     output_uri,
     parse_profile_uri,
     session_files,
@@ -38,12 +48,14 @@ from xdiag.pipeline.layout import (
     state_key,
 )
 from xdiag.pipeline.ports import BlobInfo
-from xdiag.pipeline.runs import CAPTURED_KINDS, RUNS, run_for_path, run_path
+from xdiag.pipeline.runs import CAPTURED_KINDS, RUNS, list_targets, run_for_path, run_path
 from xdiag.pipeline.topics import (
+    ACTIVE_ANALYSES,
     ANALYSES,
     CLAIMS,
     DEAD_LETTERS,
     MESSAGE_TYPES,
+    TERMINAL,
     TOPIC_CAPTURES,
     TOPIC_INVESTIGATIONS,
     TOPIC_REPORTS,
@@ -72,6 +84,8 @@ def _load_analysis(deps: Dependencies, analysis_id: str) -> Analysis | None:
 def _save(deps: Dependencies, analysis: Analysis) -> None:
     analysis.updated_at = utc_now()
     deps.state.set(ANALYSES, analysis.analysis_id, analysis.model_dump(mode="json"))
+    if analysis.status in TERMINAL:
+        deps.state.delete(ACTIVE_ANALYSES, analysis.analysis_id)
 
 
 def describe(session: Session) -> dict[str, Any]:
@@ -88,93 +102,159 @@ def describe(session: Session) -> dict[str, Any]:
     }
 
 
-def resolve_capture(message: CaptureReady, deps: Dependencies) -> CaptureReady:
-    """Completes a manual request that names only the run and session (or only the files) from the bucket.
+def resolve_capture(message: CaptureReady, deps: Dependencies) -> tuple[CaptureReady, list[BlobInfo]]:
+    """Completes a request (a manual one may name only the run and session) and the exact file versions it covers.
 
-    Raises PoisonMessage where no retry can help: an unknown session, a missing object, nowhere to write.
+    Where a profile root is configured (the cloud), the files must lie in the session's own folder and the output
+    goes beside them, derived from the run and session: a message naming other files or another output folder is
+    refused. Raises PoisonMessage where no retry can help: an unknown session, a missing object, such a location.
     """
-    if message.analysis_id and message.profile_uris and message.output_uri:
-        return message
     root = deps.profile_root
+    folder = run_path(deps.state, message.run_id) if root else message.run_id
     if message.profile_uris:
         infos = [(uri, deps.blobs.stat(uri)) for uri in message.profile_uris]
         missing = [uri for uri, info in infos if info is None]
         if missing:
             raise PoisonMessage(f"missing object: {', '.join(missing)}")
         files = [info for _, info in infos]
-        named = parse_profile_uri(message.profile_uris[0])
-        root = named.root if named else root
+        if root:
+            own = session_prefix(root, folder, message.session_id)
+            for uri in message.profile_uris:
+                named = parse_profile_uri(uri)
+                if named is None or named.session_prefix != own:
+                    raise PoisonMessage(f"profile file {uri} is not in the session's folder {own}: a capture "
+                                        "analyses its own session's files only")
     elif not root:
         raise PoisonMessage("the capture names no profile files, and no profile root is configured to look them up")
     else:
-        files = session_files(deps.blobs, root, run_path(deps.state, message.run_id), message.session_id)
+        files = session_files(deps.blobs, root, folder, message.session_id)
         if not files:
-            folder = session_prefix(root, run_path(deps.state, message.run_id), message.session_id)
-            raise PoisonMessage(f"unknown session: no *.xplane.pb under {folder}")
-    if not message.output_uri and not root:
-        raise PoisonMessage("the capture names no output_uri, and its files are not in the <run>/plugins/profile/<session>/ layout")
+            raise PoisonMessage(f"unknown session: no *.xplane.pb under {session_prefix(root, folder, message.session_id)}")
+    if root:
+        derived = output_uri(root, folder, message.session_id)
+        if message.output_uri not in (None, derived):
+            raise PoisonMessage(f"output_uri {message.output_uri} is not the session's output folder {derived}: "
+                                "output locations are derived from the run and session, never taken from a message")
+        out = derived
+    elif message.output_uri:
+        out = message.output_uri
+    else:
+        raise PoisonMessage("the capture names no output_uri, and no profile root is configured to derive it")
     analysis_id = message.analysis_id or analysis_id_for(message.run_id, message.session_id, files, message.investigator)
-    return message.model_copy(update={
-        "analysis_id": analysis_id,
-        "profile_uris": [info.uri for info in files],
-        "output_uri": message.output_uri or output_uri(root, run_path(deps.state, message.run_id), message.session_id),
-    })
+    resolved = message.model_copy(update={"analysis_id": analysis_id, "profile_uris": sorted(i.uri for i in files),
+                                          "output_uri": out})
+    return resolved, sorted(files, key=lambda i: i.uri)
 
 
-def _fail_analysis(deps: Dependencies, analysis: Analysis, reason: str) -> None:
+def _inputs(analysis: Analysis) -> list[BlobInfo]:
+    return [BlobInfo(uri=i["uri"], size=int(i["size"]), generation=str(i["generation"])) for i in analysis.inputs]
+
+
+def _work(analysis: Analysis) -> str:
+    return analysis.work_uri or analysis.output_uri
+
+
+def is_current(deps: Dependencies, analysis: Analysis) -> bool:
+    """False (and the analysis marked SUPERSEDED, once) where its session has moved on to other files: a host
+    arrived late, or a file was replaced, and a newer analysis covers them. Its stages then stop, and it never
+    writes the session's report."""
+    if analysis.status == "SUPERSEDED":
+        return False
+    session = deps.state.get(sessions_collection(analysis.run_id), state_key(analysis.session_id)) or {}
+    newer = session.get("analysis_id")
+    if not newer or newer == analysis.analysis_id or session.get("inputs_key") in (None, inputs_key(_inputs(analysis))):
+        return True
+    if analysis.status not in TERMINAL:
+        analysis.status, analysis.superseded_by = "SUPERSEDED", newer
+        analysis.failure_reason = (f"superseded by analysis {newer}: the session's files changed (a host arrived late "
+                                   "or a file was replaced) and the newer analysis covers them")
+        _save(deps, analysis)
+        deps.on_event("superseded", {"analysis_id": analysis.analysis_id, "by": newer})
+    return False
+
+
+def _claim_session(deps: Dependencies, analysis: Analysis) -> None:
+    """A manual request whose files are the session's live files (newer than its current analysis') becomes the
+    session's current analysis."""
+    if not deps.profile_root:
+        return
+    key = inputs_key(_inputs(analysis))
+    session = deps.state.get(sessions_collection(analysis.run_id), state_key(analysis.session_id))
+    if session is None or session.get("inputs_key") in (None, key):
+        return
+    live = session_files(deps.blobs, deps.profile_root, run_path(deps.state, analysis.run_id), analysis.session_id)
+    if inputs_key(live) == key:
+        deps.state.update(sessions_collection(analysis.run_id), state_key(analysis.session_id), {
+            "analysis_id": analysis.analysis_id, "inputs_key": key, "updated_at": utc_now()})
+
+
+def fail_analysis(deps: Dependencies, analysis: Analysis, reason: str) -> None:
     """Records why the analysis failed and has the report say so."""
     analysis.status, analysis.result, analysis.failure_reason = "FAILED", Status.FAILED, reason
     _save(deps, analysis)
-    deps.bus.publish(TOPIC_REPORTS, ReportReady(analysis_id=analysis.analysis_id))
+    deps.bus.publish(TOPIC_REPORTS, ReportReady(analysis_id=analysis.analysis_id, attempt=analysis.repairs))
 
 
 def collect(message: CaptureReady, deps: Dependencies) -> None:
-    """Fan-out: record the analysis, read the session once, publish one ToolRun per broad tool."""
-    message = resolve_capture(message, deps)
+    """Fan-out: record the analysis with its exact inputs, read the session once, publish one ToolRun per tool."""
+    message, files = resolve_capture(message, deps)
     analysis = _load_analysis(deps, message.analysis_id)
     if analysis is None:
         fresh = Analysis(
             analysis_id=message.analysis_id, run_id=message.run_id, session_id=message.session_id,
             profile_uris=message.profile_uris, output_uri=message.output_uri, investigator=message.investigator,
+            inputs=[{"uri": i.uri, "generation": i.generation, "size": i.size} for i in files],
+            work_uri=analysis_folder(message.output_uri, message.analysis_id) if deps.profile_root else "",
         )
-        deps.state.create(ANALYSES, message.analysis_id, fresh.model_dump(mode="json"))
+        if deps.state.create(ANALYSES, message.analysis_id, fresh.model_dump(mode="json")):
+            deps.state.set(ACTIVE_ANALYSES, fresh.analysis_id, {"at": utc_now()})
+            _claim_session(deps, fresh)
         analysis = _load_analysis(deps, message.analysis_id)
-    if analysis.status in ("DONE", "FAILED"):
+    if analysis.status in TERMINAL or not is_current(deps, analysis):
         return
     if analysis.status != "PENDING":  # collected already: a copy must not write over a later stage's state
         if analysis.status == "RUNNING_TOOLS":
-            _publish_tool_runs(deps, analysis)  # the first delivery may have died before publishing them all
+            publish_tool_runs(deps, analysis)  # the first delivery may have died before publishing them all
         return
     started = time.perf_counter()
     try:
         session = _session(deps, analysis)
     except ProfileError as exc:
         deps.on_event("collect", {"failed": str(exc)})
-        _fail_analysis(deps, analysis, str(exc))
+        fail_analysis(deps, analysis, str(exc))
         return
     analysis.profile = describe(session)
     analysis.status = "RUNNING_TOOLS"
-    analysis.timings_ms["read"] = round(deps.sessions.read_ms.get(tuple(analysis.profile_uris), 0.0), 1)
+    analysis.timings_ms["read"] = round(deps.sessions.read_ms.get(_loader_key(analysis), 0.0), 1)
     analysis.timings_ms["collect"] = round((time.perf_counter() - started) * 1000, 1)
     analysis.timeline["collect"] = utc_now()
     _save(deps, analysis)
     deps.on_event("collect", analysis.profile)
-    _publish_tool_runs(deps, analysis)
+    publish_tool_runs(deps, analysis)
+
+
+def _loader_key(analysis: Analysis) -> tuple[BlobInfo, ...]:
+    return tuple(sorted(_inputs(analysis), key=lambda i: i.uri))
 
 
 def _session(deps: Dependencies, analysis: Analysis) -> Session:
-    return deps.sessions.load(analysis.profile_uris, analysis.session_id, _join(analysis.output_uri, PREPARED_SESSION))
+    if not analysis.inputs:  # recorded before inputs were: the files as they are now
+        analysis.inputs = [{"uri": i.uri, "generation": i.generation, "size": i.size}
+                           for i in (deps.blobs.stat(uri) for uri in analysis.profile_uris) if i is not None]
+    return deps.sessions.load(_inputs(analysis), analysis.session_id, analysis.output_uri)
 
 
-def _publish_tool_runs(deps: Dependencies, analysis: Analysis) -> None:
+def publish_tool_runs(deps: Dependencies, analysis: Analysis, attempt: int = 0) -> list[str]:
+    """ToolRuns for the broad tools without a result; returns their names."""
     done = {key for key, _ in deps.state.list(tools_collection(analysis.analysis_id))}
-    for tool in BROAD_TOOLS:
-        if tool not in done:
-            deps.bus.publish(TOPIC_TOOL_RUNS, ToolRun(analysis_id=analysis.analysis_id, tool=tool))
+    missing = [tool for tool in BROAD_TOOLS if tool not in done]
+    for tool in missing:
+        deps.bus.publish(TOPIC_TOOL_RUNS, ToolRun(analysis_id=analysis.analysis_id, tool=tool, attempt=attempt))
+    return missing
 
 
 def _store_result(deps: Dependencies, analysis: Analysis, result: ToolResult, name: str) -> str:
-    uri = _join(analysis.output_uri, f"tools/{name}.json")
+    uri = _join(_work(analysis), f"tools/{name}.json")
     deps.blobs.put(uri, result.model_dump_json(indent=2).encode(), "application/json")
     return uri
 
@@ -191,10 +271,15 @@ def _record_tool(deps: Dependencies, analysis: Analysis, result: ToolResult) -> 
 
 
 def run_tool(message: ToolRun, deps: Dependencies) -> None:
-    """Runs one tool on the session and stores its result; a second delivery only re-announces it."""
+    """Runs one broad tool on the session and stores its result; a second delivery only re-announces it (and the
+    bus publishes an announcement once)."""
+    if message.tool not in BROAD_TOOLS:
+        raise PoisonMessage(f"tool {message.tool!r} is not one of the broad tools an analysis runs")
     analysis = _load_analysis(deps, message.analysis_id)
     if analysis is None:
         raise LookupError(f"unknown analysis {message.analysis_id!r}: collect has not recorded it")
+    if analysis.status in TERMINAL or not is_current(deps, analysis):
+        return  # finished, failed or superseded: nothing waits for this tool any more
     if deps.state.get(tools_collection(analysis.analysis_id), message.tool) is None:
         try:
             session = _session(deps, analysis)
@@ -203,20 +288,27 @@ def run_tool(message: ToolRun, deps: Dependencies) -> None:
             result = ToolResult(tool=message.tool, status=ToolStatus.FAILED, reason=str(exc))
         _record_tool(deps, analysis, result)
         deps.on_event("run_tool", {"tool": message.tool, "status": result.status.value, "duration_ms": result.duration_ms})
-    deps.bus.publish(TOPIC_TOOL_RESULTS, ToolDone(analysis_id=analysis.analysis_id, tool=message.tool))
+    deps.bus.publish(TOPIC_TOOL_RESULTS, ToolDone(analysis_id=analysis.analysis_id, tool=message.tool,
+                                                 attempt=message.attempt))
 
 
 def aggregate(message: ToolDone, deps: Dependencies) -> None:
     """Fan-in: when every broad tool has a result, claim the investigation exactly once."""
+    if message.tool not in BROAD_TOOLS:
+        raise PoisonMessage(f"tool {message.tool!r} is not one of the broad tools an analysis runs")
     analysis = _load_analysis(deps, message.analysis_id)
-    if analysis is None or analysis.status in ("DONE", "FAILED"):
+    if analysis is None:
+        raise PoisonMessage(f"unknown analysis {message.analysis_id!r}: no analysis was recorded, so no tool of it ran")
+    if analysis.status in TERMINAL or not is_current(deps, analysis):
         return
     done = {key for key, _ in deps.state.list(tools_collection(analysis.analysis_id))}
     if not set(BROAD_TOOLS) <= done:
         return
     if deps.state.create(CLAIMS, f"{analysis.analysis_id}.investigate", {"at": utc_now()}):
+        deps.state.update(ANALYSES, analysis.analysis_id, {"status": "INVESTIGATING", "updated_at": utc_now()})
         deps.on_event("aggregate", {"tools": len(done)})
-        deps.bus.publish(TOPIC_INVESTIGATIONS, InvestigationReady(analysis_id=analysis.analysis_id))
+        deps.bus.publish(TOPIC_INVESTIGATIONS, InvestigationReady(analysis_id=analysis.analysis_id,
+                                                                  attempt=message.attempt))
 
 
 def load_results(deps: Dependencies, analysis: Analysis) -> dict[str, ToolResult]:
@@ -227,44 +319,71 @@ def load_results(deps: Dependencies, analysis: Analysis) -> dict[str, ToolResult
     return results
 
 
+class FollowUps:
+    """The follow-up calls of one investigation: unknown tools and bad arguments refused before they are charged,
+    at most MAX_FOLLOW_UP_CALLS run, each inside what is left of the investigation's deadline."""
+
+    def __init__(self, deps: Dependencies, analysis: Analysis, session: Session, deadline_s: float) -> None:
+        self.deps, self.analysis, self.session = deps, analysis, session
+        self.deadline_s, self.started = deadline_s, time.monotonic()
+        self.refused: list[FollowUpCall] = []
+        self.made = 0
+
+    def _refuse(self, name: str, args: dict[str, Any], hypothesis: str, reason: str) -> ToolResult:
+        self.refused.append(FollowUpCall(tool=name, args=args, hypothesis=hypothesis, status=ToolStatus.FAILED,
+                                         reason=reason))
+        return ToolResult(tool=name, status=ToolStatus.FAILED, reason=reason)
+
+    def __call__(self, name: str, args: dict[str, Any], hypothesis: str) -> ToolResult | None:
+        if name not in FOLLOW_UP_TOOLS:
+            return self._refuse(name, args, hypothesis, f"refused: {name!r} is not a follow-up tool")
+        try:  # a call with bad arguments is refused before it spends any of the budget
+            validate_args(REGISTRY[name], args)
+        except ValueError as exc:
+            return self._refuse(name, args, hypothesis, f"refused: bad arguments: {exc}")
+        if self.made >= MAX_FOLLOW_UP_CALLS:
+            self._refuse(name, args, hypothesis, f"refused: the limit of {MAX_FOLLOW_UP_CALLS} follow-up calls is reached")
+            return None
+        left = self.deadline_s - (time.monotonic() - self.started)
+        if left <= 0:
+            return self._refuse(name, args, hypothesis,
+                                f"refused: the investigation's deadline of {self.deadline_s:g} s has passed")
+        self.made += 1
+        result = self._run_within(name, args, left)
+        _store_result(self.deps, self.analysis, result, f"followup-{self.made}-{name}")
+        self.deps.on_event("follow_up", {"tool": name, "status": result.status.value})
+        return result
+
+    def _run_within(self, name: str, args: dict[str, Any], left: float) -> ToolResult:
+        """The tool in a worker thread, waited for no longer than the deadline allows; past it the call is answered
+        as failed and the investigation goes on without it (the thread finishes on its own, its result unused)."""
+        outcome: list[ToolResult] = []
+        worker = threading.Thread(target=lambda: outcome.append(execute_tool(self.session, name, args)),
+                                  name=f"follow-up {name}", daemon=True)
+        worker.start()
+        worker.join(left)
+        if outcome:
+            return outcome[0]
+        return ToolResult(tool=name, status=ToolStatus.FAILED, args=args, duration_ms=left * 1000,
+                          reason=f"stopped: still running at the investigation's deadline of {self.deadline_s:g} s")
+
+
 def investigate(message: InvestigationReady, deps: Dependencies) -> None:
     """Health snapshot → OPTIMAL, or hypotheses with at most MAX_FOLLOW_UP_CALLS follow-up tools → findings."""
     analysis = _load_analysis(deps, message.analysis_id)
     if analysis is None:
         raise LookupError(f"unknown analysis {message.analysis_id!r}")
+    if analysis.status == "SUPERSEDED" or not is_current(deps, analysis):
+        return
     if analysis.diagnosis is None and analysis.status != "FAILED":
         started = time.perf_counter()
         results = load_results(deps, analysis)
         health = health_snapshot(results)
-        session = _session(deps, analysis)
-        refused: list[FollowUpCall] = []
-        made: list[int] = [0]
-
-        def call_tool(name: str, args: dict[str, Any], hypothesis: str) -> ToolResult | None:
-            if name not in FOLLOW_UP_TOOLS:
-                refused.append(FollowUpCall(tool=name, args=args, hypothesis=hypothesis, status=ToolStatus.FAILED,
-                                            reason=f"refused: {name!r} is not a follow-up tool"))
-                return ToolResult(tool=name, status=ToolStatus.FAILED, reason=refused[-1].reason)
-            try:  # a call with bad arguments is refused before it spends any of the budget
-                validate_args(REGISTRY[name], args)
-            except ValueError as exc:
-                refused.append(FollowUpCall(tool=name, args=args, hypothesis=hypothesis, status=ToolStatus.FAILED,
-                                            reason=f"refused: bad arguments: {exc}"))
-                return ToolResult(tool=name, status=ToolStatus.FAILED, reason=refused[-1].reason)
-            if made[0] >= MAX_FOLLOW_UP_CALLS:
-                refused.append(FollowUpCall(tool=name, args=args, hypothesis=hypothesis, status=ToolStatus.FAILED,
-                                            reason=f"refused: the limit of {MAX_FOLLOW_UP_CALLS} follow-up calls is reached"))
-                return None
-            made[0] += 1
-            result = execute_tool(session, name, args)
-            _store_result(deps, analysis, result, f"followup-{made[0]}-{name}")
-            deps.on_event("follow_up", {"tool": name, "status": result.status.value})
-            return result
-
+        follow_ups = FollowUps(deps, analysis, _session(deps, analysis), deps.investigation_deadline_s)
         chosen = analysis.investigator if analysis.investigator in deps.investigators else "rules"
         investigator = deps.investigators[chosen]()
-        diagnosis = investigator.investigate(health, results, call_tool)
-        diagnosis.follow_up_calls.extend(refused)
+        diagnosis = investigator.investigate(health, results, follow_ups)
+        diagnosis.follow_up_calls.extend(follow_ups.refused)
         if chosen != analysis.investigator and not diagnosis.investigator_note:
             diagnosis.investigator_note = f"investigator {analysis.investigator!r} is not configured; used the rule engine"
         analysis.health = health
@@ -277,11 +396,12 @@ def investigate(message: InvestigationReady, deps: Dependencies) -> None:
         analysis.timeline["investigate"] = utc_now()
         _save(deps, analysis)
         deps.on_event("investigate", {"status": diagnosis.status.value, "findings": len(diagnosis.findings)})
-    deps.bus.publish(TOPIC_REPORTS, ReportReady(analysis_id=analysis.analysis_id))
+    deps.bus.publish(TOPIC_REPORTS, ReportReady(analysis_id=analysis.analysis_id, attempt=message.attempt))
 
 
 def render(message: ReportReady, deps: Dependencies) -> None:
-    """Writes summary.html and analysis.json next to the profile; marks the analysis DONE (or FAILED)."""
+    """Writes summary.html and analysis.json into the analysis' own folder and, for the session's current analysis,
+    beside the profile; marks the analysis DONE (or FAILED). One render per report request."""
     from xdiag.pipeline.previous import compare_with_previous
     from xdiag.report import render_summary_html
 
@@ -290,33 +410,60 @@ def render(message: ReportReady, deps: Dependencies) -> None:
         raise LookupError(f"unknown analysis {message.analysis_id!r}")
     if analysis.status in ("DONE", "FAILED") and analysis.report_uri and deps.blobs.exists(analysis.report_uri):
         return  # rendered already: a redelivery writes no second report
+    if not is_current(deps, analysis):
+        return
+    if not deps.state.create(CLAIMS, f"{analysis.analysis_id}.render.{message.attempt}", {"at": utc_now()}):
+        return  # a copy delivered at the same time renders it; a lost render is the sweeper's to repeat
     started = time.perf_counter()
     results = load_results(deps, analysis)
-    report_uri = _join(analysis.output_uri, "summary.html")
-    analysis.report_uri = report_uri
     if analysis.status != "FAILED":
         analysis.status = "DONE"
+    own, beside = _work(analysis), analysis.output_uri
+    analysis.report_uri = _join(beside, "summary.html")
+    analysis.timeline["render"] = utc_now()
     previous = compare_with_previous(deps, analysis, results) if analysis.status == "DONE" else None
     html = render_summary_html(analysis, results, previous=previous)
-    deps.blobs.put(report_uri, html.encode(), "text/html; charset=utf-8")
     analysis.timings_ms["render"] = round((time.perf_counter() - started) * 1000, 1)
-    analysis.timeline["render"] = utc_now()
-    deps.blobs.put(_join(analysis.output_uri, "analysis.json"), analysis.model_dump_json(indent=2).encode(), "application/json")
+    folders = [own, beside] if own != beside else [beside]
+    for folder in folders:
+        if folder == beside and not is_current(deps, analysis):
+            return  # superseded meanwhile: the session's report is the newer analysis'
+        deps.blobs.put(_join(folder, "summary.html"), html.encode(), "text/html; charset=utf-8")
+        deps.blobs.put(_join(folder, "analysis.json"), analysis.model_dump_json(indent=2).encode(), "application/json")
     _save(deps, analysis)
-    deps.on_event("render", {"report": report_uri, "status": analysis.status})
+    deps.on_event("render", {"report": analysis.report_uri, "status": analysis.status})
+
+
+def _expected_hosts(deps: Dependencies, run: str) -> int:
+    """How many hosts the run's sessions have, as far as the run says: its registered profiler targets (one per
+    host of an attached workload) and the most hosts an earlier session of it had. 1 where nothing says more."""
+    run_doc = deps.state.get(RUNS, state_key(run)) or {}
+    return max(1, len(list_targets(deps.state, run)), int(run_doc.get("max_hosts") or 0),
+               int(run_doc.get("expected_hosts") or 0))
 
 
 def register(message: ProfileUploaded, deps: Dependencies) -> None:
     """Records one host's file of a session; once no newer file has come for the quiet period, announces the
-    session on `captures` (all its hosts in one CaptureReady). Objects outside the profile layout are ignored.
+    session on `captures` (all its hosts in one CaptureReady). Objects outside the profile layout, or whose run,
+    session or host is not a valid id, are ignored.
 
-    Only the delivery of the newest file waits out the quiet period; the others return at once. Announcing
-    is at-least-once (a crash between publish and record re-announces), which collect absorbs: the same
-    file versions always name the same analysis.
+    The quiet period is `quiet_period_s`, or `multi_host_quiet_period_s` while fewer files are in than the run has
+    hosts (its registered targets, its earlier sessions): a slow host's late notification does not split the
+    session. A file arriving after the announcement (a late host, a replaced file) announces the session again
+    with all its files: that analysis supersedes the earlier one, which stops and never writes the session's
+    report. Only the delivery of the newest file waits; the others return at once. Announcing is at-least-once,
+    which collect absorbs: the same file versions always name the same analysis.
     """
     named = parse_profile_uri(message.uri)
     if named is None:
         deps.on_event("register", {"ignored": message.uri})
+        return
+    try:
+        check_run_id(named.run)
+        check_name(named.session, "session id")
+        check_name(named.host, "host file name")
+    except InvalidRequest as exc:
+        deps.on_event("register", {"ignored": message.uri, "why": str(exc)})
         return
     run = run_for_path(deps.state, named.run)  # a run registered through the SDK lives in PREFIX/<run>
     session_key = state_key(named.session)
@@ -340,12 +487,14 @@ def register(message: ProfileUploaded, deps: Dependencies) -> None:
         deps.on_event("register", {"uri": info.uri, "host": named.host})
     else:
         record = known
+    expected = _expected_hosts(deps, run)
     while True:
         registered = [doc for _, doc in deps.state.list(files)]
         newest = max(doc["registered_at"] for doc in registered)
         if record["registered_at"] < newest:
             return  # a newer file arrived: its delivery announces the session
-        remaining = newest + deps.quiet_period_s - time.time()
+        quiet = deps.quiet_period_s if len(registered) >= expected else deps.multi_host_quiet_period_s
+        remaining = newest + quiet - time.time()
         if remaining <= 0:
             break
         deps.sleep(min(remaining, 1.0))
@@ -358,34 +507,54 @@ def register(message: ProfileUploaded, deps: Dependencies) -> None:
     current = deps.state.get(sessions_collection(run), session_key) or {}
     if current.get("status") == "COMPLETE" and current.get("analysis_id") == capture.analysis_id:
         return  # announced already
-    deps.bus.publish(TOPIC_CAPTURES, capture)
+    # The session's current analysis first (a stage of the one it replaces then stops), the announcement after.
     deps.state.update(sessions_collection(run), session_key, {
-        "status": "COMPLETE", "analysis_id": capture.analysis_id, "hosts": sorted(doc["host"] for doc in registered),
-        "files": capture.profile_uris, "completed_at": utc_now(), "updated_at": utc_now()})
+        "status": "COMPLETE", "analysis_id": capture.analysis_id, "inputs_key": inputs_key(hosts),
+        "hosts": sorted(doc["host"] for doc in registered), "files": capture.profile_uris,
+        "completed_at": utc_now(), "updated_at": utc_now(),
+        **({"previous_analysis_id": current["analysis_id"]} if current.get("analysis_id") else {})})
+    if len(hosts) > expected:  # the next session of the run waits for this many hosts
+        deps.state.update(RUNS, state_key(run), {"max_hosts": len(hosts)})
+    deps.bus.publish(TOPIC_CAPTURES, capture)
     deps.on_event("register", {"complete": capture.session_id, "hosts": len(hosts), "analysis_id": capture.analysis_id})
 
 
+DEAD_LETTER_EXCERPT_BYTES = 8 * 1024  # what a dead letter keeps in Firestore; the whole payload goes to the bucket
+DEAD_LETTER_FOLDER = "xdiag-dead-letters"  # gs://BUCKET/xdiag-dead-letters/<topic>/<key>: outside any run's folder
+
+
 def dead_letter(message: DeadLetter, deps: Dependencies) -> None:
-    """Records a message that ended on a dead-letter topic; where it belonged to an analysis, lets that
-    analysis finish without it (a tool run becomes a failed tool, a lost stage fails the analysis)."""
+    """Records a message that ended on a dead-letter topic (a bounded excerpt in Firestore, the whole payload in the
+    bucket); where it belonged to an analysis, lets that analysis finish without it (a tool run becomes a failed
+    tool, a lost stage fails the analysis). The letter's own ids are checked before they are used."""
     key = letter_key(message.source_topic, message.data)
-    deps.state.set(DEAD_LETTERS, key, {**message.model_dump(), "at": utc_now()})
-    deps.on_event("dead_letter", {"topic": message.source_topic, "reason": message.reason})
+    raw = message.data.encode("utf-8", errors="replace")
+    record = {**message.model_dump(), "data": raw[:DEAD_LETTER_EXCERPT_BYTES].decode("utf-8", errors="replace"),
+              "size_bytes": len(raw), "truncated": len(raw) > DEAD_LETTER_EXCERPT_BYTES, "at": utc_now()}
+    if deps.profile_root:
+        record["payload_uri"] = deps.blobs.put(
+            f"{deps.profile_root}/{DEAD_LETTER_FOLDER}/{state_key(message.source_topic)}/{key}", raw,
+            "application/octet-stream")
+    deps.state.set(DEAD_LETTERS, key, record)
+    deps.on_event("dead_letter", {"topic": message.source_topic, "reason": message.reason[:300]})
     message_type = MESSAGE_TYPES.get(message.source_topic)
     try:
         original = message_type.model_validate_json(message.data) if message_type else None
     except ValueError:
-        return  # malformed: it belonged to nothing
+        return  # malformed, or an id outside the grammar: it belonged to nothing
     analysis = _load_analysis(deps, original.analysis_id) if getattr(original, "analysis_id", None) else None
-    if analysis is None or analysis.status in ("DONE", "FAILED"):
+    if analysis is None or analysis.status in TERMINAL:
         return
     if isinstance(original, ToolRun):
+        if original.tool not in BROAD_TOOLS:
+            return
         if deps.state.get(tools_collection(analysis.analysis_id), original.tool) is None:
             reason = f"the tool's run was dead-lettered: {message.reason}"
             _record_tool(deps, analysis, ToolResult(tool=original.tool, status=ToolStatus.FAILED, reason=reason))
-        deps.bus.publish(TOPIC_TOOL_RESULTS, ToolDone(analysis_id=analysis.analysis_id, tool=original.tool))
+        deps.bus.publish(TOPIC_TOOL_RESULTS, ToolDone(analysis_id=analysis.analysis_id, tool=original.tool,
+                                                     attempt=original.attempt))
     elif isinstance(original, (CaptureReady, InvestigationReady)):
-        _fail_analysis(deps, analysis, f"stage for {message.source_topic} was dead-lettered: {message.reason}")
+        fail_analysis(deps, analysis, f"stage for {message.source_topic} was dead-lettered: {message.reason}")
     elif isinstance(original, ReportReady):
         analysis.status, analysis.result = "FAILED", Status.FAILED
         analysis.failure_reason = f"rendering failed: {message.reason}"

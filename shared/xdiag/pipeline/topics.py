@@ -12,6 +12,7 @@ from xdiag.model import (
     ProfileUploaded,
     ReportReady,
     StepTimes,
+    SweepRequest,
     ToolDone,
     ToolRun,
 )
@@ -26,10 +27,15 @@ TOPIC_REPORTS = "reports"
 TOPIC_PROFILE_UPLOADS = "profile-uploads"
 TOPIC_ALERTS = "alerts"  # capture requests: incidents, monitor verdicts, manual and snapshot requests
 TOPIC_STEP_TIMES = "step-times"  # step times workloads report, for the monitor
+TOPIC_SWEEPS = "sweeps"  # the sweeper's tick: Cloud Scheduler in the cloud, a timer in the local stack
 
 ANALYSES = "analyses"
 CLAIMS = "claims"
 DEAD_LETTERS = "dead_letters"
+ACTIVE_ANALYSES = "active_analyses"  # one document per analysis not yet DONE, FAILED or SUPERSEDED: the sweeper's list
+
+ACTIVE = ("PENDING", "RUNNING_TOOLS", "INVESTIGATING", "RENDERING")
+TERMINAL = ("DONE", "FAILED", "SUPERSEDED")
 
 
 def sessions_collection(run_id: str) -> str:
@@ -59,5 +65,6 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
     TOPIC_REPORTS: ReportReady,
     TOPIC_ALERTS: Alert,
     TOPIC_STEP_TIMES: StepTimes,
+    TOPIC_SWEEPS: SweepRequest,
 }
 """Topic -> the message type it carries (xdiag.handlers maps each topic to its stage)."""
