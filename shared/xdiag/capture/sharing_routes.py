@@ -33,9 +33,11 @@ from xdiag.capture.share import (
     make_link,
     may_read,
 )
+from xdiag.errors import InvalidRequest
+from xdiag.ids import check_name, check_run_id
 from xdiag.pipeline.deps import Dependencies
 from xdiag.pipeline.layout import state_key
-from xdiag.pipeline.runs import RUNS, InvalidRequest, check_name, check_run_id, get_run
+from xdiag.pipeline.runs import RUNS, get_run
 from xdiag.pipeline.topics import ANALYSES, sessions_collection
 from xdiag.report.viewer_links import viewer_links
 
