@@ -106,15 +106,14 @@ def stage_breakdown(state: StateStore, analysis: dict[str, Any], uploaded_at: fl
 def wait_for_analysis(
     state: StateStore, run: str, session: str, timeout_s: float, since: float = 0.0
 ) -> dict[str, Any]:
-    """Polls until the session's current analysis is DONE (its report written) or FAILED; TimeoutError otherwise.
+    """Polls until the session's current analysis is DONE or FAILED with its report written; TimeoutError otherwise.
     A late host or a replaced file makes a newer analysis current: that is the one waited for."""
     deadline = time.monotonic() + timeout_s
     while True:
         doc = state.get(sessions_collection(run), state_key(session)) or {}
         if doc.get("analysis_id") and (epoch(doc.get("completed_at")) or 0) >= since:
             analysis = state.get(ANALYSES, doc["analysis_id"])
-            if analysis and (analysis.get("status") == "FAILED"
-                             or analysis.get("status") == "DONE" and analysis.get("report_uri")):
+            if analysis and analysis.get("status") in ("DONE", "FAILED") and analysis.get("report_uri"):
                 return analysis
         if time.monotonic() > deadline:
             raise TimeoutError(
