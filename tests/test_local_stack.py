@@ -149,7 +149,7 @@ def test_every_stage_message_delivered_again_changes_nothing(cloud, healthy_done
         )
     # the copies publish nothing in turn (each message is published once): only the copies themselves arrive
     wait_until(
-        lambda: cloud.handled("aggregate", "tool-results") >= counts[("aggregate", "tool-results")] + 15,
+        lambda: cloud.handled("aggregate", "tool-results") >= counts[("aggregate", "tool-results")] + len(BROAD_TOOLS),
         30,
         "the copies of the results",
     )
