@@ -19,9 +19,9 @@ def load_outputs(blobs, output_uri: str, label: str) -> SessionOutputs:
     except FileNotFoundError:
         raise XdiagError(f"{label}: no {ANALYSIS_FILE} in {base} (is it an analysed session?)") from None
     tools = {}
-    # Tool outputs sit in tools/ beside analysis.json, or under the analysis' own folder (its output_uri) where the
+    # Tool outputs sit in tools/ beside analysis.json, or under the analysis' own folder (its work_uri) where the
     # session's current analysis.json is a copy of it.
-    own = (analysis.get("output_uri") or base).rstrip("/")
+    own = (analysis.get("work_uri") or analysis.get("output_uri") or base).rstrip("/")
     for folder in dict.fromkeys((f"{base}/tools/", f"{own}/tools/")):
         for info in blobs.list(folder):
             name = info.uri[len(folder):]
