@@ -133,6 +133,20 @@ def _wire_lines(arr: np.ndarray, spans: list[tuple[int, int]], columns: "_StatCo
                 future.cancel()
 
 
+def _unique_ints(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`np.unique(values, return_inverse=True)` for integers, in linear time where their range is small
+    (stat slots and stat-name ids are): a count per value instead of a sort."""
+    if not len(values):
+        return values[:0], np.zeros(0, dtype=np.intp)
+    low, high = int(values.min()), int(values.max())
+    if high - low > 4 * len(values) + 65536:
+        return np.unique(values, return_inverse=True)
+    present = np.bincount(values - low, minlength=high - low + 1) > 0
+    unique = np.flatnonzero(present) + low
+    position = np.cumsum(present) - 1
+    return unique.astype(values.dtype, copy=False), position[values - low].astype(np.intp, copy=False)
+
+
 def _decode_line(
     arr: np.ndarray, start: int, decoded: tuple, stat_names: dict[int, str], columns: "_StatColumns",
     intern: Callable[[str], int], where: str,
@@ -147,7 +161,7 @@ def _decode_line(
     count = len(metadata_id)
     numeric_columns = StatColumns(count, NO_VALUE, np.int64)
     string_columns = StatColumns(count, -1, np.int32)
-    for slot in np.unique(stat_slot):
+    for slot in _unique_ints(stat_slot)[0].tolist():
         rows = stat_slot == slot
         events, a, b = stat_event[rows], stat_a[rows], stat_b[rows]
         if slot >= 0:
@@ -155,14 +169,18 @@ def _decode_line(
             continue
         values = np.empty(len(events), dtype=np.int32)
         is_ref = b < 0
-        # Resolve each distinct reference or inline string once.
-        refs, ref_inverse = np.unique(a[is_ref], return_inverse=True)
+        # Resolve each distinct reference once, each inline string (its own bytes in the file) in file order.
+        refs, ref_inverse = _unique_ints(a[is_ref])
         values[is_ref] = np.array([intern(stat_names.get(int(r), "")) for r in refs], dtype=np.int32)[ref_inverse]
         if (~is_ref).any():
-            pairs = np.stack([a[~is_ref], b[~is_ref]], axis=1)
-            unique_pairs, pair_inverse = np.unique(pairs, axis=0, return_inverse=True)
-            indexes = np.array([intern(text(int(o), int(n))) for o, n in unique_pairs], dtype=np.int32)
-            values[~is_ref] = indexes[pair_inverse.reshape(-1)]
+            offsets, lengths = a[~is_ref], b[~is_ref]
+            if len(offsets) > 1 and not (np.diff(offsets) > 0).all():  # never from the decoder; kept exact anyway
+                pairs, inverse = np.unique(np.stack([offsets, lengths], axis=1), axis=0, return_inverse=True)
+                offsets, lengths = pairs[:, 0], pairs[:, 1]
+            else:
+                inverse = np.arange(len(offsets))
+            indexes = np.array([intern(text(o, n)) for o, n in zip(offsets.tolist(), lengths.tolist())], dtype=np.int32)
+            values[~is_ref] = indexes[inverse.reshape(-1)]
         string_columns.put(columns.string_names[-2 - slot], events, values)
     if count and metadata_id.max() < 2**31 and metadata_id.min() >= 0:
         metadata_id = metadata_id.astype(np.int32)
