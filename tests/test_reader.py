@@ -217,3 +217,23 @@ def test_an_ahead_of_time_decoder_built_from_another_wire_py_is_not_used(tmp_pat
     except ImportError:
         pytest.skip("the ahead-of-time decoder is not built here")
     assert wire._load_ahead_of_time() is not None
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        [5, -3, 5, 7, -3, 0, 12],
+        [2**40, 3, 2**40, -(2**50)],  # a wide range: numpy's own sort
+        [],
+        ["jit_f\x00491\x00dot.3", "jit_f\x00491\x00add", "jit_g\x00-1\x00add", "jit_f\x00491\x00add", ""],
+    ],
+)
+def test_unique_with_inverse_is_numpys_unique(values):
+    import numpy as np
+    from xdiag.profile.columns import unique_with_inverse
+
+    array = np.array(values, dtype=object if values and isinstance(values[0], str) else np.int64)
+    unique, inverse = unique_with_inverse(array)
+    expected_unique, expected_inverse = np.unique(array, return_inverse=True)
+    assert unique.dtype == expected_unique.dtype and list(unique) == list(expected_unique)
+    assert np.array_equal(inverse, expected_inverse) and np.array_equal(unique[inverse], array)

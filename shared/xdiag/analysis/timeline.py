@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from xdiag.profile.columns import unique_with_inverse
 from xdiag.profile.space import NO_VALUE, HloInstruction, HloModule, Line, Plane, Session
 
 COLLECTIVE_OPCODES = {
@@ -413,7 +414,7 @@ def op_table(session: Session) -> OpTable:
         cols = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
         # Resolve each distinct (op, module, program) once, then scatter back to the rows.
         keys = np.array([f"{n}\x00{m}\x00{p}" for n, m, p in zip(cols["name"], cols["module"], cols["program_id"])], dtype=object)
-        unique_keys, inverse = np.unique(keys, return_inverse=True)
+        unique_keys, inverse = unique_with_inverse(keys)  # hashed, not sorted: millions of rows on large profiles
         resolved_names = np.empty(len(unique_keys), dtype=object)
         resolved_categories = np.empty(len(unique_keys), dtype=object)
         for k, key in enumerate(unique_keys):

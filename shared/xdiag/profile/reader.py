@@ -24,6 +24,7 @@ from google.protobuf.message import DecodeError
 
 from xdiag.errors import ProfileError
 from xdiag.profile import schema, wire
+from xdiag.profile.columns import unique_with_inverse
 from xdiag.profile.space import (
     NO_VALUE,
     NUMERIC_STATS,
@@ -133,20 +134,6 @@ def _wire_lines(arr: np.ndarray, spans: list[tuple[int, int]], columns: "_StatCo
                 future.cancel()
 
 
-def _unique_ints(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """`np.unique(values, return_inverse=True)` for integers, in linear time where their range is small
-    (stat slots and stat-name ids are): a count per value instead of a sort."""
-    if not len(values):
-        return values[:0], np.zeros(0, dtype=np.intp)
-    low, high = int(values.min()), int(values.max())
-    if high - low > 4 * len(values) + 65536:
-        return np.unique(values, return_inverse=True)
-    present = np.bincount(values - low, minlength=high - low + 1) > 0
-    unique = np.flatnonzero(present) + low
-    position = np.cumsum(present) - 1
-    return unique.astype(values.dtype, copy=False), position[values - low].astype(np.intp, copy=False)
-
-
 def _decode_line(
     arr: np.ndarray, start: int, decoded: tuple, stat_names: dict[int, str], columns: "_StatColumns",
     intern: Callable[[str], int], where: str,
@@ -161,7 +148,7 @@ def _decode_line(
     count = len(metadata_id)
     numeric_columns = StatColumns(count, NO_VALUE, np.int64)
     string_columns = StatColumns(count, -1, np.int32)
-    for slot in _unique_ints(stat_slot)[0].tolist():
+    for slot in unique_with_inverse(stat_slot)[0].tolist():
         rows = stat_slot == slot
         events, a, b = stat_event[rows], stat_a[rows], stat_b[rows]
         if slot >= 0:
@@ -170,7 +157,7 @@ def _decode_line(
         values = np.empty(len(events), dtype=np.int32)
         is_ref = b < 0
         # Resolve each distinct reference once, each inline string (its own bytes in the file) in file order.
-        refs, ref_inverse = _unique_ints(a[is_ref])
+        refs, ref_inverse = unique_with_inverse(a[is_ref])
         values[is_ref] = np.array([intern(stat_names.get(int(r), "")) for r in refs], dtype=np.int32)[ref_inverse]
         if (~is_ref).any():
             offsets, lengths = a[~is_ref], b[~is_ref]

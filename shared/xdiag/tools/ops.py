@@ -9,6 +9,7 @@ import numpy as np
 from xdiag.analysis.hlo_cost import instruction_cost
 from xdiag.analysis.roofline import TRANSFER_RATE_REASON, roofline
 from xdiag.analysis.timeline import TRANSFER_OP_CATEGORIES, op_table, profile_op_costs
+from xdiag.profile.columns import unique_with_inverse
 from xdiag.profile.space import NO_VALUE, Session
 
 
@@ -87,7 +88,7 @@ def op_stats(session: Session) -> list[OpStat]:
     out: list[OpStat] = []
     if len(ops):
         keys = np.array([f"{m}\x00{p}\x00{n}" for m, p, n in zip(ops.module, ops.program_id, ops.name)], dtype=object)
-        unique, inverse = np.unique(keys, return_inverse=True)
+        unique, inverse = unique_with_inverse(keys)  # hashed, not sorted: millions of rows on large profiles
         totals = np.bincount(inverse, weights=ops.duration_ps.astype(float))
         counts = np.bincount(inverse)
         first = np.full(len(unique), -1)

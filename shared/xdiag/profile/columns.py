@@ -1,0 +1,43 @@
+"""`np.unique(values, return_inverse=True)` in linear time for the columns xdiag factorises.
+
+numpy sorts: for small integer ranges (stat slots, stat-name ids) a count per value does the same
+work without the sort, and for object arrays of strings (per-op keys, millions of rows on large
+profiles) sorting compares Python strings n·log n times where hashing each once and sorting only
+the distinct keys gives the same answer. Results are exactly numpy's: the distinct values sorted,
+and for each row the index of its value among them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def unique_with_inverse(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(sorted distinct values, index of each row's value among them), as np.unique gives them."""
+    if values.dtype == object:
+        return _unique_objects(values)
+    if np.issubdtype(values.dtype, np.integer):
+        return _unique_small_ints(values)
+    return np.unique(values, return_inverse=True)
+
+
+def _unique_small_ints(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    if not len(values):
+        return values[:0], np.zeros(0, dtype=np.intp)
+    low, high = int(values.min()), int(values.max())
+    if high - low > 4 * len(values) + 65536:  # a wide range: numpy's sort is the cheaper way
+        return np.unique(values, return_inverse=True)
+    present = np.bincount(values - low, minlength=high - low + 1) > 0
+    position = np.cumsum(present) - 1
+    return (np.flatnonzero(present) + low).astype(values.dtype, copy=False), position[values - low].astype(np.intp)
+
+
+def _unique_objects(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    codes: dict[object, int] = {}
+    first_seen = np.fromiter((codes.setdefault(v, len(codes)) for v in values), dtype=np.intp, count=len(values))
+    distinct = np.empty(len(codes), dtype=object)
+    distinct[:] = list(codes)
+    order = np.argsort(distinct)  # distinct keys only; they compare as np.unique compares them
+    rank = np.empty(len(order), dtype=np.intp)
+    rank[order] = np.arange(len(order))
+    return distinct[order], rank[first_seen]
