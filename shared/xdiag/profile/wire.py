@@ -307,6 +307,36 @@ def decode_line(buf, start, end, numeric_ids, numeric_slots, string_ids, string_
     return header, metadata_id, offset_ps, duration_ps, stat_event, stat_slot, stat_a, stat_b, OK, end
 
 
+_released_gil_decoder = None
+
+
+def decoder_releasing_the_gil():
+    """`decode_line` compiled by numba with the GIL released, so lines decode in parallel threads.
+
+    The ahead-of-time module's wrappers hold the GIL; for a profile large enough that parallel
+    decoding outweighs numba's start-up (its import, ~150 MB), the reader asks for this one: a second
+    copy of this module, compiled by numba (cached like the fallback)."""
+    global _released_gil_decoder
+    if _ahead_of_time is None:
+        return decode_line
+    if _released_gil_decoder is None:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("xdiag.profile._wire_jit", __file__)
+        module = importlib.util.module_from_spec(spec)
+        previous = os.environ.get("XDIAG_WIRE_JIT")
+        os.environ["XDIAG_WIRE_JIT"] = "1"
+        try:
+            spec.loader.exec_module(module)
+        finally:
+            if previous is None:
+                os.environ.pop("XDIAG_WIRE_JIT", None)
+            else:
+                os.environ["XDIAG_WIRE_JIT"] = previous
+        _released_gil_decoder = module.decode_line
+    return _released_gil_decoder
+
+
 if _ahead_of_time is not None:
     scan_fields = _ahead_of_time.scan_fields  # noqa: F811 (the ahead-of-time build of the functions above)
     decode_line = _ahead_of_time.decode_line  # noqa: F811
