@@ -92,7 +92,7 @@ def test_aggregate_events_counts_compiles_in_the_recompiling_workload(cpu_profil
     result = run_tool(session, "aggregate_xplane_events", {"pattern": "backend_compile"})
     assert result.ok and result.summary["matches"] >= 6
     bad = run_tool(session, "aggregate_xplane_events", {"pattern": "("})
-    assert bad.status == ToolStatus.FAILED and "not a valid regular expression" in bad.reason
+    assert bad.status == ToolStatus.FAILED and "is not a regular expression RE2 accepts" in bad.reason
 
 
 def test_hosts_and_device_information_on_device_profiles():
