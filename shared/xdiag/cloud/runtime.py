@@ -345,6 +345,8 @@ def dead_letter_stage(stage: Callable[[DeadLetter, Dependencies], None]) -> Call
                 message_id=delivery.message_id[:200],
             )
             stage(letter, current.deps)
+            log.info("%s: message %s handled (recorded as dead letter %s)", delivery.topic, delivery.message_id,
+                     letter_key(source, delivery.data))
         except Exception as exc:
             log.error("dead letter on %s NOT recorded (%s: %s): %d bytes, attributes %s, beginning %r", delivery.topic,
                       type(exc).__name__, str(exc)[:500], len(delivery.data), dict(list(delivery.attributes.items())[:8]),
