@@ -6,6 +6,7 @@ The local stack's bucket (captured and uploaded sessions, mirrored) is in test_v
 from __future__ import annotations
 
 import gzip
+import html
 import json
 import os
 import signal
@@ -95,6 +96,9 @@ def test_xdiag_view_serves_every_analysed_session_through_xprof_s_own_endpoints(
         analysis = Analysis.model_validate_json((store / "xdiag-out" / "host_sync" / "analysis.json").read_text())
         [(_, report_link), *_] = viewer_links_for(analysis)
         assert parse_qs(urlsplit(report_link).query)["run"][0] in json.loads(runs)
+        summary = (store / "xdiag-out" / "host_sync" / "summary.html").read_text()
+        for label, link in viewer_links_for(analysis):  # the report shows them as links
+            assert f'<a href="{html.escape(link)}">{label}</a>' in summary
         links = dict(viewer_links("train", "host_sync_session", view.url))
         assert parse_qs(urlsplit(links["trace viewer"]).query)["run"] == ["train/host_sync_session"]
         status, page = get(links["op profile"])
