@@ -127,10 +127,11 @@ def unmarked_input_bound(tmp_path_factory):
 
 
 def test_without_step_markers_the_hosts_launches_of_the_program_are_the_steps(unmarked_input_bound, tmp_path):
-    # XLA:CPU's threads interleave its ops, so the op sequence does not repeat exactly; the launches do.
+    # XLA:CPU's threads may interleave the step's ops, so its op sequence repeats exactly on some runs and not on
+    # others; where it does not, the host's launches of the program give the steps. Either way the steps are found.
     _, result = _tool(unmarked_input_bound, "get_step_trace")
     s = result.summary
-    assert s["step_source"].startswith("host launches") and 4 <= s["steps"] <= 6
+    assert s["step_source"].startswith(("host launches", "repeating op sequence")) and 4 <= s["steps"] <= 6
     assert s["host_other_percent"] > 60
     analysis = analyze_session(locate_session(unmarked_input_bound), tmp_path / "out")
     assert analysis.diagnosis.findings[0].key == "input_bound"

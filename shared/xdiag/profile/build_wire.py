@@ -11,7 +11,9 @@ id/slot arrays. Where this fails (no compiler), wire.py compiles with numba on f
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 MODULE = "_wire_compiled"
@@ -19,6 +21,12 @@ MODULE = "_wire_compiled"
 
 def build() -> Path:
     os.environ["XDIAG_WIRE_JIT"] = "1"  # the numba-decorated functions, whatever is built already
+    # pycc compiles the cached helpers in an environment numba records as '<dynamic>': cached there, a later
+    # numba process could not load them (ModuleNotFoundError), so this build keeps numba's cache to itself.
+    if "numba" in sys.modules:
+        raise RuntimeError("numba was imported before the build could give it its own cache folder")
+    cache_dir = tempfile.mkdtemp(prefix="xdiag-build-wire-")
+    os.environ["NUMBA_CACHE_DIR"] = cache_dir
     from numba import types
     from numba.pycc import CC
 
@@ -39,7 +47,10 @@ def build() -> Path:
     compiler.export(
         "decode_line", types.Tuple((column,) * 8 + (count, count))(buffer, count, count, column, column, column, column)
     )(wire.decode_line.py_func)
-    compiler.compile()
+    try:
+        compiler.compile()
+    finally:
+        shutil.rmtree(cache_dir, ignore_errors=True)
     wire.SOURCE_STAMP.write_text(wire.source_digest() + "\n")
     return Path(compiler.output_dir) / compiler.output_file
 

@@ -56,7 +56,15 @@ def njit(**options):
         return lambda function: function
     from numba import njit as numba_njit
 
+    if os.environ.get(_UNCACHED_COPY_ENV) == "1":
+        options["cache"] = False
     return numba_njit(**options)
+
+
+_UNCACHED_COPY_ENV = "XDIAG_WIRE_UNCACHED_COPY"
+"""Set while decoder_releasing_the_gil() compiles its second copy of this file: numba would cache that copy under
+this file's name with an environment it cannot import again ('<dynamic>'), and every later numba process that
+found those entries would fail to load them. Compiled once per process instead (only for large profiles)."""
 
 NO_VALUE = np.iinfo(np.int64).min
 
@@ -324,15 +332,19 @@ def decoder_releasing_the_gil():
 
         spec = importlib.util.spec_from_file_location("xdiag.profile._wire_jit", __file__)
         module = importlib.util.module_from_spec(spec)
-        previous = os.environ.get("XDIAG_WIRE_JIT")
-        os.environ["XDIAG_WIRE_JIT"] = "1"
+        saved_jit, saved_uncached = os.environ.get("XDIAG_WIRE_JIT"), os.environ.get(_UNCACHED_COPY_ENV)
+        os.environ["XDIAG_WIRE_JIT"] = os.environ[_UNCACHED_COPY_ENV] = "1"
         try:
             spec.loader.exec_module(module)
         finally:
-            if previous is None:
+            if saved_jit is None:
                 os.environ.pop("XDIAG_WIRE_JIT", None)
             else:
-                os.environ["XDIAG_WIRE_JIT"] = previous
+                os.environ["XDIAG_WIRE_JIT"] = saved_jit
+            if saved_uncached is None:
+                os.environ.pop(_UNCACHED_COPY_ENV, None)
+            else:
+                os.environ[_UNCACHED_COPY_ENV] = saved_uncached
         _released_gil_decoder = module.decode_line
     return _released_gil_decoder
 

@@ -1,4 +1,4 @@
-"""Straggler by compute: 2 processes (``jax.distributed``, gloo), the last one's device runs ~6x the others'
+"""Straggler by compute: 2 processes (``jax.distributed``, gloo), the last one's device runs ~20x the others'
 matmul chain each step; the other waits for it inside every all-reduce. See ``_distributed``.
 
 What a profile shows (one ``*.xplane.pb`` per process in one session folder): equal step times on both hosts;
