@@ -247,13 +247,13 @@ def test_a_degrading_step_time_reported_by_the_workload_makes_the_monitor_say_ba
     slow = tmp_path / "slow"
     run = f"monitor-{uuid.uuid4().hex[:6]}"
     degrading = Workload(tmp_path, "--run", run, "--control-plane", local_stack.env["XDIAG_CONTROL_PLANE_URL"],
-                         "--report-steps", "--pause-ms", "100", "--slowdown-ms", "100", "--slowdown-file", str(slow))
+                         "--report-steps", "--pause-ms", "100", "--slowdown-ms", "400", "--slowdown-file", str(slow))
     try:
         degrading.ready()
         monitor = wait_until(lambda: (doc := cloud.state.get("monitors", state_key(run))) and doc.get("baseline_ms")
                              and doc, 120, "the monitor's baseline", cloud)
         assert monitor["verdict"] in ("warming_up", "good") and not _sessions(cloud, run)
-        slow.touch()  # every step now takes 100 ms longer
+        slow.touch()  # every step now takes 400 ms longer (past a baseline taken under load)
         [session] = wait_until(lambda: [s for s in _sessions(cloud, run) if s.get("analysis_id")], 120,
                                "the monitor's capture", cloud)
     finally:
