@@ -13,6 +13,7 @@ import re
 import shutil
 import threading
 import types
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -332,7 +333,9 @@ def test_prefetched_views_equal_the_in_process_ones(fixture, request, tmp_path, 
         assert views.prefetch() == 0  # started once
         outcomes = _all_views(views)
         assert all(count == 1 for count in views.conversion_counts.values()), views.conversion_counts
-        assert {"overview_page", "kernel_stats", "smart_suggestion", "memory_profile"} <= set(views.worker_cpu_s)
+        assert {"overview_page", "kernel_stats", "memory_profile"} <= set(views.worker_cpu_s)
+        # converted only where it could suggest something (the TPU profile has barrier-cores events)
+        assert ("smart_suggestion" in views.worker_cpu_s) == views.may_have_suggestions() == (fixture == "tpu")
         folders = [Path(folder) for folder in views._worker_folders]
         assert folders and all(folder.is_dir() for folder in folders)
     assert not any(folder.exists() for folder in folders)
@@ -432,6 +435,72 @@ def test_corrupt_profile_raises_profile_error_with_xprofs_reason(tmp_path):
             views.overview()
         with pytest.raises(ProfileError):
             views.kernel_stats()
+
+
+# --- conversions whose answers are known, or shared ---------------------------------------------
+
+H200 = Path(__file__).resolve().parent / "profiles" / "h200"
+DEVICE_PROFILES = sorted(H200.glob("*.xplane.pb")) + sorted(
+    p for p in PROFILES.glob("*/*.xplane.pb") if p.parent.name != "bad"
+)
+
+
+def _outcome(view: Callable[[], dict]) -> dict | str:
+    try:
+        return view()
+    except NotAvailable as error:
+        return f"NotAvailable: {error}"
+
+
+@pytest.mark.parametrize("profile", DEVICE_PROFILES, ids=lambda p: p.name)
+def test_answers_known_from_the_files_bytes_are_the_converters_own(profile, tmp_path, monkeypatch):
+    """No real profile holds performance-counter samples, and only the TPU one `barrier-cores` events, so the
+    utilization view and (on the GPUs) the smart-suggestion view answer without converting; with the
+    conversions forced, XProf must say the same."""
+    copy = Path(shutil.copy(profile, tmp_path))
+    with XprofViews([copy]) as known:
+        assert not known.may_have_counter_samples()
+        assert known.may_have_suggestions() == (profile.parent.name == "tpu")
+        known_answers = (_outcome(known.utilization), _outcome(known.smart_suggestions))
+        converted_here = {key.split("{")[0] for key in known.conversion_counts}
+        assert "utilization_viewer" not in converted_here
+        assert ("smart_suggestion" in converted_here) == known.may_have_suggestions()
+    with XprofViews([copy]) as converted:
+        monkeypatch.setattr(converted, "may_have_counter_samples", lambda: True)
+        monkeypatch.setattr(converted, "may_have_suggestions", lambda: True)
+        converted_answers = (_outcome(converted.utilization), _outcome(converted.smart_suggestions))
+        assert {"utilization_viewer", "smart_suggestion"} <= {key.split("{")[0] for key in converted.conversion_counts}
+    assert known_answers == converted_answers
+    assert "performance-counter samples" in known_answers[0] and known_answers[1]["suggestion_count"] == 0
+
+
+def test_only_the_audited_smart_suggestion_rules_are_skipped(tmp_path, monkeypatch):
+    from xdiag.analysis.xprof import runner
+
+    copy = _copy(MI300X, tmp_path / "originals")
+    with XprofViews([copy]) as views:
+        assert not views.may_have_suggestions()
+        monkeypatch.setattr(runner, "_xprof_version", lambda: "2.25.0")
+        assert views.may_have_suggestions()  # another xprof may have other rules: convert
+    marked = tmp_path / "marked.xplane.pb"
+    marked.write_bytes(copy.read_bytes() + b"barrier-cores counter_value")  # names anywhere in a file count
+    monkeypatch.undo()
+    with XprofViews([marked]) as views:
+        assert views.may_have_suggestions() and views.may_have_counter_samples()
+
+
+def test_plan_puts_kernel_stats_with_op_stats_and_skips_known_answers(tmp_path):
+    from xdiag.analysis.xprof.runner import _planned_conversions
+
+    one = [tmp_path / "host.xplane.pb"]
+    plan = _planned_conversions(one, counter_samples=True, suggestions=True)
+    op_stats_group = next(group for group in plan if ("overview_page", {}) in group)
+    assert ("kernel_stats", {}) in op_stats_group  # a table of op_stats: computed once, in that process
+    assert [("utilization_viewer", {})] in plan and [("smart_suggestion", {})] in plan
+    converters = [name for group in plan for name, _ in group]
+    assert sorted(converters) == sorted(set(converters))  # each once
+    lean = [name for group in _planned_conversions(one, counter_samples=False, suggestions=False) for name, _ in group]
+    assert "utilization_viewer" not in lean and "smart_suggestion" not in lean and "memory_profile" in lean
 
 
 def test_missing_or_empty_files_are_refused(tmp_path):

@@ -22,7 +22,8 @@ on the instance too; `conversion_counts` shows how often each conversion ran (al
 
 Concurrently, where one process runs every tool (`xdiag analyze`): `prefetch()` starts the
 conversions the views need in worker processes (XProf's C++ holds the GIL, so threads would not
-overlap), each converter family once, in its own folder of links to the same file; the views then
+overlap), each converter family once (the converters that read op_stats, smart_suggestion aside, in
+one process), in its own folder of links to the same file; the views then
 wait for those results instead of converting. The results are the same as in-process ones
 (tests/test_xprof_views.py compares them); `XDIAG_XPROF_PROCESSES=0` turns it off.
 
@@ -57,9 +58,10 @@ device_information
   V100    "GPU" (XProf cannot tell the vendor), HBM 836.4 GiB/s; peak FLOP rate None (XProf says 0)
   MI300X  AMD GPU - gfx942, 1307 TFLOP/s, HBM 2479.6 GiB/s, ridge 491.1 FLOP/byte
 utilization
-  all     NA: no hardware performance-counter samples in the trace
+  all     NA: no hardware performance-counter samples in the trace (known without converting: no
+          file holds the `counter_value` stat name)
 smart_suggestions
-  all     0 suggestions
+  all     0 suggestions (known without converting: no file holds the name `barrier-cores`)
 roofline
   TPU     4.35% of roofline, HBM bound, HBM 66.3 GiB/s, 4.47 GFLOP/s, 17 ops
   V100    NA: 0 HLO ops analysed, peak FLOP rate 0
@@ -103,6 +105,16 @@ Quirks of xprof 2.24.2 worked around here:
   proto"); that line is picked out of the captured log to raise `ProfileError`.
 - memory_profile and utilization_viewer accept one trace only; memory_profile is asked per host
   for multi-file sessions, utilization answers NotAvailable for them.
+
+Two conversions whose answer a scan of the files' bytes can tell in advance are not run where it
+can (they cost seconds each on large profiles, as much as the op_stats conversion):
+- utilization_viewer builds rows only from events carrying the `counter_value` stat (hardware
+  performance-counter samples); a file without that stat name has none, and the answer is NO_DATA.
+- smart_suggestion in xprof 2.24.2 registers one rule, BarrierCoresRule: a suggestion when events
+  named `barrier-cores` take 10% of their steps or more (it preprocesses every XSpace to measure
+  that). Without that name in a file it suggests nothing. Other xprof versions are converted.
+`may_have_counter_samples` / `may_have_suggestions` say which; tests/test_xprof_views.py compares
+these answers with the converters' own on every real device profile.
 """
 
 from __future__ import annotations
@@ -111,8 +123,11 @@ import collections
 import concurrent.futures
 import contextlib
 import copy
+import functools
+import importlib.metadata
 import json
 import logging
+import mmap
 import multiprocessing
 import os
 import pickle
@@ -354,21 +369,28 @@ CONCURRENCY_ENV = "XDIAG_XPROF_PROCESSES"
 """How many processes `XprofViews.prefetch` may run XProf's converters in at once (default: the
 CPUs this process may use); 0 turns prefetching off, so every conversion runs in-process on demand."""
 
-_OP_STATS_CONVERTERS = ("overview_page", "roofline_model", "op_profile", "pod_viewer")
+_OP_STATS_CONVERTERS = ("overview_page", "roofline_model", "op_profile", "pod_viewer", "kernel_stats")
 """Converters that share the op_stats XProf saves in their folder: one process converts them in turn,
-the first computing op_stats and the others reusing them, as they do in-process."""
+the first computing op_stats and the others reusing them, as they do in-process (kernel_stats is a
+table of op_stats' kernel_stats_db: in a process of its own it would compute op_stats again).
+smart_suggestion reads op_stats too but is not among them: it also builds a memory profile of its
+own (seconds on large profiles), which would lengthen this process, and its saved result changes the
+folder's op_stats signature, so a converter after it would compute op_stats again."""
 
 
-def _planned_conversions(files: Sequence[Path]) -> list[list[tuple[str, dict[str, Any]]]]:
+def _planned_conversions(
+    files: Sequence[Path], counter_samples: bool, suggestions: bool
+) -> list[list[tuple[str, dict[str, Any]]]]:
     """The conversions the views ask for, grouped by process (heaviest groups first). Parameters are
-    the ones the views' fetches carry once the ignored ones are dropped, so the memo keys match."""
-    groups: list[list[tuple[str, dict[str, Any]]]] = [
-        [(name, {}) for name in _OP_STATS_CONVERTERS],
-        [("kernel_stats", {})],
-        [("smart_suggestion", {})],
-    ]
+    the ones the views' fetches carry once the ignored ones are dropped, so the memo keys match.
+    Without possible counter samples or suggestions the views do not ask for those conversions."""
+    groups: list[list[tuple[str, dict[str, Any]]]] = [[(name, {}) for name in _OP_STATS_CONVERTERS]]
+    if suggestions:
+        groups.append([("smart_suggestion", {})])
     if len(files) == 1:
-        groups += [[("utilization_viewer", {})], [("memory_profile", {})]]
+        groups.append([("memory_profile", {})])
+        if counter_samples:
+            groups.append([("utilization_viewer", {})])
     else:  # utilization_viewer takes one trace only, so the view does not ask; memory_profile goes per host
         groups += [[("memory_profile", {"host": path.name.removesuffix(XPLANE_SUFFIX)})] for path in files]
     return groups
@@ -439,6 +461,29 @@ def _convert_in_worker(run_dir: str, conversions: list[tuple[str, dict[str, Any]
     return results
 
 
+# --- answers known from the files' bytes -------------------------------------------------------
+
+_COUNTER_SAMPLE_STAT = b"counter_value"
+"""The stat utilization_viewer takes performance-counter samples from (XProf's StatType kCounterValue)."""
+_BARRIER_CORES_EVENT = b"barrier-cores"
+"""The event xprof 2.24.2's only smart-suggestion rule (BarrierCoresRule) measures."""
+_SMART_SUGGESTION_AUDITED_VERSION = "2.24.2"
+"""The xprof version whose smart_suggestion rule set was read (the wheel registers BarrierCoresRule only)."""
+
+
+@functools.cache
+def _xprof_version() -> str | None:
+    try:
+        return importlib.metadata.version("xprof")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _file_holds(path: Path, name: bytes) -> bool:
+    with path.open("rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        return mapped.find(name) >= 0
+
+
 # --- the views ----------------------------------------------------------------------------------
 
 
@@ -492,6 +537,7 @@ class XprofViews:
         self._tools: dict[str, Any] = {}
         self._views: dict[str, Any] = {}
         self._unreadable: str | None = None
+        self._mentioned: dict[bytes, bool] = {}
         self.conversion_counts: collections.Counter[str] = collections.Counter()
         """How often each conversion ran, keyed by converter and parameters; 1 each, by design."""
         self.worker_cpu_s: dict[str, float] = {}
@@ -563,7 +609,9 @@ class XprofViews:
                 return 0
             groups = [
                 [(name, params) for name, params in group if self._memo_key(name, params) not in self._conversions]
-                for group in _planned_conversions(self.files)
+                for group in _planned_conversions(
+                    self.files, self.may_have_counter_samples(), self.may_have_suggestions()
+                )
             ]
             groups = [group for group in groups if group]
             if not groups:
@@ -840,6 +888,28 @@ class XprofViews:
         if isinstance(outcome, Exception):
             raise outcome
         return outcome
+
+    # answers known from the files' bytes (see the module docstring)
+
+    def may_have_counter_samples(self) -> bool:
+        """False when no file holds the stat name utilization_viewer reads counter samples from."""
+        return self._mentions(_COUNTER_SAMPLE_STAT)
+
+    def may_have_suggestions(self) -> bool:
+        """False when smart_suggestion (the rule set audited for xprof's version) cannot suggest anything."""
+        return _xprof_version() != _SMART_SUGGESTION_AUDITED_VERSION or self._mentions(_BARRIER_CORES_EVENT)
+
+    def _mentions(self, name: bytes) -> bool:
+        """Whether any file holds these bytes (a string in a protobuf is stored as its UTF-8 bytes)."""
+        with self._lock:
+            if name not in self._mentioned:
+                self._mentioned[name] = any(_file_holds(path, name) for path in self.files)
+            return self._mentioned[name]
+
+    def require_readable(self) -> None:
+        """Raises ProfileError if XProf cannot read the files (as a conversion of them would)."""
+        with contextlib.suppress(NotAvailable):
+            self.overview_tool()
 
     # shared pieces
 
