@@ -238,3 +238,43 @@ def test_unique_with_inverse_is_numpys_unique(values):
     expected_unique, expected_inverse = np.unique(array, return_inverse=True)
     assert unique.dtype == expected_unique.dtype and list(unique) == list(expected_unique)
     assert np.array_equal(inverse, expected_inverse) and np.array_equal(unique[inverse], array)
+
+
+def test_event_times_are_packed_where_they_fit_and_read_back_exactly(h200_profiles):
+    """A line's times are kept as uint32 ns from its least time where they fit (TimeColumn), else int64 ps; the
+    tools must get back exactly the ps the file holds, shifted to the session's origin, either way."""
+    import numpy as np
+    from xdiag.profile import schema
+    from xdiag.profile.space import TimeColumn
+
+    path = h200_profiles["healthy"]
+    session = read_session([path])
+    space = schema.XSpace.FromString(path.read_bytes())
+    read = {(p.name, ln.id): ln for p in session.planes for ln in p.lines}
+    narrow = with_events = 0
+    for plane in space.planes:
+        for line in plane.lines:
+            got = read[(plane.name, line.id)]
+            shift = (line.timestamp_ns - session.origin_ns) * 1000 if len(line.events) else 0
+            offsets = np.array([e.offset_ps for e in line.events], dtype=np.int64)
+            assert np.array_equal(got.start_ps, offsets + shift)
+            assert np.array_equal(got.duration_ps, np.array([e.duration_ps for e in line.events], dtype=np.int64))
+            assert got.start_ps.dtype == got.duration_ps.dtype == np.int64
+            narrow += got.starts.values.dtype == got.durations.values.dtype == np.uint32
+            with_events += len(line.events) > 0
+    assert narrow == with_events >= 4  # its host and device lines record whole ns over far less than 4.3 s
+
+    # The decision on one real line's start times: narrow as read; wide where a time is not a whole ns and the
+    # span exceeds 2**32 ps, or where the span exceeds 2**32 ns; exact in every case, shifted too.
+    line = max((ln for p in session.planes for ln in p.lines), key=len)
+    times = line.start_ps
+    assert int(times.max() - times.min()) >= 2**32  # over 4.3 ms: in ps it does not fit 32 bits
+    sub_ns, long_span = times.copy(), times.copy()
+    sub_ns[len(times) // 2] += 1
+    long_span[-1] += 2**32 * 1000
+    for values, dtype in ((times, np.uint32), (sub_ns, np.int64), (long_span, np.int64)):
+        column = TimeColumn.pack(values.copy())
+        assert column.values.dtype == dtype
+        assert np.array_equal(column.ps(), values)
+        column.shift(-12_345_000)
+        assert np.array_equal(column.ps(), values - 12_345_000)

@@ -174,3 +174,28 @@ def test_the_straggler_arrives_last_and_its_own_breakdown_says_why(workload, cau
     findings = analysis.diagnosis.findings
     assert findings[0].key == "straggler_host" and slow["host"] in findings[0].title
     assert "input_bound" not in {f.key for f in findings}  # the slow host's input is not everyone's
+
+
+def test_union_of_merged_intervals_covers_what_the_union_of_all_intervals_does(h200_profiles):
+    """The breakdown adds each layer to the union of the layers before it already merged (union_with) instead of
+    merging every interval again: the same coverage per window, on a real profile's ops and host events; and
+    merge_intervals answers the same whether its input comes sorted or not."""
+    from xdiag.analysis.timeline import (
+        DISPATCH_EVENT, covered, covered_by_merged, host_events, merge_intervals, op_table, union_with,
+    )
+
+    session = read_session([h200_profiles["dispatch_bound"]])
+    ops = op_table(session)
+    dispatch = host_events(session)[0].select(DISPATCH_EVENT)
+    assert len(ops) > 1000 and len(dispatch.start_ps) > 100
+    lo, hi = int(min(ops.start_ps.min(), dispatch.start_ps.min())), int(max(ops.end_ps.max(), dispatch.end_ps.max()))
+    edges = np.linspace(lo, hi, 41).astype(np.int64)
+    win_s, win_e = edges[:-1], edges[1:]
+    everything = covered(np.concatenate([ops.start_ps, dispatch.start_ps]), np.concatenate([ops.end_ps, dispatch.end_ps]),
+                         win_s, win_e)
+    layered = covered_by_merged(union_with(merge_intervals(ops.start_ps, ops.end_ps), dispatch.start_ps, dispatch.end_ps),
+                                win_s, win_e)
+    assert np.array_equal(everything, layered) and everything.sum() > 0
+    shuffled = np.random.default_rng(0).permutation(len(ops))
+    for a, b in zip(merge_intervals(ops.start_ps, ops.end_ps), merge_intervals(ops.start_ps[shuffled], ops.end_ps[shuffled])):
+        assert np.array_equal(a, b)

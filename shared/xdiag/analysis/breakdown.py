@@ -21,11 +21,13 @@ from xdiag.analysis.timeline import (
     HostEvents,
     OpTable,
     covered,
+    covered_by_merged,
     host_events,
     merge_intervals,
     module_spans,
     op_table,
     step_set,
+    union_with,
 )
 from xdiag.profile.space import Session
 
@@ -146,11 +148,12 @@ def partition_device(ops: OpTable, win_s: np.ndarray, win_e: np.ndarray) -> Devi
          np.concatenate([ops.end_ps[is_container], ops.end_ps[tail]])),
         (ops.start_ps[is_transfer], ops.end_ps[is_transfer]),
     ]
-    union_s, union_e, totals = [], [], []
+    totals = []
+    union = merge_intervals(*layers[0])
     for starts, ends in layers:
-        union_s.append(starts)
-        union_e.append(ends)
-        totals.append(covered(np.concatenate(union_s), np.concatenate(union_e), win_s, win_e))
+        if totals:  # each layer joins the union of the ones before it
+            union = union_with(union, starts, ends)
+        totals.append(covered_by_merged(union, win_s, win_e))
     strong_ps, with_collective, with_weak, everything = totals
     return DevicePartition(
         compute=strong_ps + (with_weak - with_collective),
@@ -196,14 +199,12 @@ def _timeline_rows(
 
     signals = _HostSignals.of(events, ops.start_ps[is_callback_op], ops.end_ps[is_callback_op])
     # Each layer gets only the time that no earlier layer (ops first) already explains.
-    layer_s, layer_e = [ops.start_ps[~is_callback_op]], [ops.end_ps[~is_callback_op]]
-    explained = covered(layer_s[0], layer_e[0], win_s, win_e)
+    merged = merge_intervals(ops.start_ps[~is_callback_op], ops.end_ps[~is_callback_op])
+    explained = covered_by_merged(merged, win_s, win_e)
     extra: dict[str, np.ndarray] = {}
     for category in ("compile", "host_sync", "dispatch"):
-        starts, ends = signals.layers[category]
-        layer_s.append(starts)
-        layer_e.append(ends)
-        union = covered(np.concatenate(layer_s), np.concatenate(layer_e), win_s, win_e)
+        merged = union_with(merged, *signals.layers[category])
+        union = covered_by_merged(merged, win_s, win_e)
         extra[category] = union - explained
         explained = union
     counts = {name: _counts(starts, win_s, win_e) for name, starts in signals.counted.items()}

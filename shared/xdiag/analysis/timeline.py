@@ -69,6 +69,10 @@ class OpTable:
         return self.end_ps - self.start_ps
 
     def take(self, mask: np.ndarray) -> OpTable:
+        """The rows of a boolean mask; the table itself where the mask selects every row (nothing writes into
+        a table's columns, and on large profiles a copy is hundreds of MB)."""
+        if mask.dtype == bool and len(mask) == len(self) and mask.all():
+            return self
         return OpTable(*(getattr(self, f)[mask] for f in self.__dataclass_fields__))
 
 
@@ -115,8 +119,9 @@ class HostEvents:
             non_op = self._non_op(line)
             if non_op is not None:
                 mask &= non_op
-            starts.append(line.start_ps[mask])
-            ends.append(line.start_ps[mask] + line.duration_ps[mask])
+            selected = line.start_ps[mask]
+            starts.append(selected)
+            ends.append(selected + line.duration_ps[mask])
             lines.append(np.full(int(mask.sum()), number, dtype=np.int32))
         empty = np.empty(0, np.int64)
         selection = EventSelection(
@@ -137,9 +142,9 @@ class HostEvents:
             index, numbers = sparse
             if not name and len(index):
                 name = plane.event_names.get(int(line.metadata_id[index[0]]), "")
-            for i, number in zip(index.tolist(), numbers.tolist()):
-                start = int(line.start_ps[i])
-                steps.append((number, start, start + int(line.duration_ps[i])))
+            starts = line.start_ps[index]
+            ends = starts + line.duration_ps[index]
+            steps += zip(numbers.tolist(), starts.tolist(), ends.tolist())
         return name, steps
 
 
@@ -163,25 +168,45 @@ def _cached(session: Session, key: str, build):
 
 
 def merge_intervals(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The union of [start, end) intervals as sorted, disjoint intervals."""
+    """The union of [start, end) intervals as sorted, disjoint intervals.
+
+    Inputs run to tens of millions of intervals on large profiles: temporaries are freed as soon as done
+    and the sort is skipped where the starts are already in order."""
     if len(starts) == 0:
         return np.empty(0, np.int64), np.empty(0, np.int64)
-    order = np.argsort(starts, kind="stable")
-    s, e = starts[order], ends[order]
-    running_end = np.maximum.accumulate(e)
+    if len(starts) < 2 or bool((starts[1:] >= starts[:-1]).all()):
+        s, running_end = starts, np.array(ends, dtype=np.int64)
+    else:
+        order = np.argsort(starts, kind="stable")
+        s, running_end = starts[order], ends[order].astype(np.int64, copy=False)
+        del order
+    np.maximum.accumulate(running_end, out=running_end)
     new_segment = np.empty(len(s), dtype=bool)
     new_segment[0] = True
-    new_segment[1:] = s[1:] > running_end[:-1]
-    seg_index = np.cumsum(new_segment) - 1
+    np.greater(s[1:], running_end[:-1], out=new_segment[1:])
     merged_s = s[new_segment]
-    merged_e = np.zeros(len(merged_s), dtype=np.int64)
-    np.maximum.at(merged_e, seg_index, running_end)
+    # running_end never decreases, so a segment's end is its value at the segment's last interval.
+    last = np.flatnonzero(new_segment)
+    last[:-1] = last[1:] - 1
+    last[-1] = len(s) - 1
+    merged_e = np.maximum(running_end[last], 0)
     return merged_s, merged_e
+
+
+def union_with(merged: tuple[np.ndarray, np.ndarray], starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """merge_intervals of the merged intervals and more: the same union as merging every interval again,
+    at the size of the merged ones instead of all the intervals before."""
+    return merge_intervals(np.concatenate([merged[0], starts]), np.concatenate([merged[1], ends]))
 
 
 def covered(starts: np.ndarray, ends: np.ndarray, win_s: np.ndarray, win_e: np.ndarray) -> np.ndarray:
     """For each window, how much of it the union of the intervals covers (ps)."""
-    ms, me = merge_intervals(starts, ends)
+    return covered_by_merged(merge_intervals(starts, ends), win_s, win_e)
+
+
+def covered_by_merged(merged: tuple[np.ndarray, np.ndarray], win_s: np.ndarray, win_e: np.ndarray) -> np.ndarray:
+    """covered() of intervals already merged (merge_intervals' answer)."""
+    ms, me = merged
     win_s, win_e = np.asarray(win_s, dtype=np.int64), np.asarray(win_e, dtype=np.int64)
     if len(ms) == 0:
         return np.zeros(len(win_s), dtype=np.int64)
@@ -326,8 +351,9 @@ def _line_ops(plane: Plane, line: Line, host: str, has_xla_ops_line: bool) -> di
             modules = np.full(count, "", dtype=object)
             spans = module_spans(plane)
             if spans is not None:
-                idx = np.searchsorted(spans[0], line.start_ps, side="right") - 1
-                inside = (idx >= 0) & (line.start_ps < spans[1][np.clip(idx, 0, None)])
+                starts = line.start_ps
+                idx = np.searchsorted(spans[0], starts, side="right") - 1
+                inside = (idx >= 0) & (starts < spans[1][np.clip(idx, 0, None)])
                 modules = np.where(inside, spans[2][np.clip(idx, 0, None)], "")
         elif line.name.startswith("Stream") and not has_xla_ops_line:
             names = plane.names_of(line)
@@ -355,14 +381,15 @@ def _line_ops(plane: Plane, line: Line, host: str, has_xla_ops_line: bool) -> di
         else:
             device = np.full(mask.sum(), f"{host} CPU", dtype=object)
     program = line.numeric.get("program_id")
+    ends = line.end_ps[mask]
     return {
         "name": names if len(names) == mask.sum() else names[mask],
         "module": modules if len(modules) == mask.sum() else modules[mask],
         "program_id": program[mask] if program is not None else np.full(mask.sum(), NO_VALUE, np.int64),
         "device": device,
         "start_ps": line.start_ps[mask],
-        "end_ps": line.end_ps[mask],
-        "event_end_ps": line.end_ps[mask],
+        "end_ps": ends,
+        "event_end_ps": ends,  # the same array: the flow pairing replaces end_ps, never writes into it
         "flow": line.numeric["_p"][mask] if "_p" in line.numeric else np.full(mask.sum(), NO_VALUE, np.int64),
     }
 
@@ -411,15 +438,18 @@ def op_table(session: Session) -> OpTable:
         if not parts:
             empty_o, empty_i = np.empty(0, object), np.empty(0, np.int64)
             return OpTable(empty_o, empty_o, empty_i, empty_o, empty_i, empty_i, empty_o, empty_i)
-        cols = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-        # Resolve each distinct (op, module, program) once, then scatter back to the rows.
-        keys = np.array([f"{n}\x00{m}\x00{p}" for n, m, p in zip(cols["name"], cols["module"], cols["program_id"])], dtype=object)
-        unique_keys, inverse = unique_with_inverse(keys)  # hashed, not sorted: millions of rows on large profiles
-        resolved_names = np.empty(len(unique_keys), dtype=object)
-        resolved_categories = np.empty(len(unique_keys), dtype=object)
-        for k, key in enumerate(unique_keys):
-            name, module_name, pid_text = key.split("\x00")
-            pid = int(pid_text)
+        cols = {k: np.concatenate([p.pop(k) for p in parts]) for k in list(parts[0]) if k != "flow"}
+        del parts
+        # Resolve each distinct (op, module, program) once, then scatter back to the rows: hashed, one row at a
+        # time, so no per-row key is kept (millions of rows on large profiles).
+        codes: dict[tuple[str, str, int], int] = {}
+        inverse = np.fromiter(
+            (codes.setdefault(key, len(codes)) for key in zip(cols["name"], cols["module"], cols["program_id"].tolist())),
+            dtype=np.intp, count=len(cols["name"]),
+        )
+        resolved_names = np.empty(len(codes), dtype=object)
+        resolved_categories = np.empty(len(codes), dtype=object)
+        for k, (name, module_name, pid) in enumerate(codes):
             module = session.module_for(module_name, None if pid == NO_VALUE else pid) if module_name else None
             hlo_name = name
             found = module.find(name) if module else None
@@ -430,19 +460,13 @@ def op_table(session: Session) -> OpTable:
                 hlo_name = hlo_name if found else name
             resolved_names[k] = hlo_name
             resolved_categories[k] = categorize(found[1] if found else None, module, name)
+        del codes
         cols["name"] = resolved_names[inverse]
-        categories = resolved_categories[inverse]
+        cols["category"] = resolved_categories[inverse]
+        del inverse
         order = np.argsort(cols["start_ps"], kind="stable")
-        return OpTable(
-            name=cols["name"][order],
-            module=cols["module"][order],
-            program_id=cols["program_id"][order],
-            device=cols["device"][order],
-            start_ps=cols["start_ps"][order],
-            end_ps=cols["end_ps"][order],
-            category=categories[order],
-            event_end_ps=cols["event_end_ps"][order],
-        )
+        # In time order, one column at a time: the unordered column goes as soon as its ordered copy exists.
+        return OpTable(**{f: cols.pop(f)[order] for f in OpTable.__dataclass_fields__})
 
     return _cached(session, "op_table", build)
 
@@ -576,8 +600,9 @@ def _device_steps_lines(session: Session) -> dict[str, list[Step]]:
             if line.name == "Steps" and len(line):
                 names = plane.names_of(line)
                 device = _device_of(plane)
+                starts, ends = line.start_ps.tolist(), line.end_ps.tolist()
                 out[device] = [
-                    Step(plane.host, int(n) if str(n).isdigit() else i, int(line.start_ps[i]), int(line.end_ps[i]), device)
+                    Step(plane.host, int(n) if str(n).isdigit() else i, starts[i], ends[i], device)
                     for i, n in enumerate(names)
                 ]
                 break

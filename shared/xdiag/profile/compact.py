@@ -6,7 +6,8 @@ profile: seconds instead of half a minute each, and the columns are shared page 
 
 Layout: an 8-byte magic, the header's length (8 bytes, little endian), a JSON header describing
 every plane, line and HLO module, then the raw column arrays, each 64-byte aligned. Arrays are
-described by dtype, shape and offset, and come back as read-only `np.memmap` views.
+described by dtype, shape and offset, and come back as read-only `np.memmap` views; a line's times
+are stored packed, as read (`TimeColumn`: values, scale and base).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from xdiag.profile.space import (
     Plane,
     Session,
     StatColumns,
+    TimeColumn,
 )
 
 MAGIC = b"XDIAGS01"
@@ -97,8 +99,10 @@ def save_session(session: Session, path: Path) -> int:
                     "id": line.id, "name": line.name, "display_name": line.display_name,
                     "timestamp_ns": line.timestamp_ns,
                     "metadata_id": layout.array(line.metadata_id),
-                    "start_ps": layout.array(line.start_ps),
-                    "duration_ps": layout.array(line.duration_ps),
+                    "start_ps": layout.array(line.starts.values),
+                    "start_scale": line.starts.scale, "start_base": line.starts.base,
+                    "duration_ps": layout.array(line.durations.values),
+                    "duration_scale": line.durations.scale, "duration_base": line.durations.base,
                     "numeric": _columns(layout, line.numeric),
                     "strings": _columns(layout, line.strings),
                 }
@@ -150,6 +154,11 @@ def _stat_columns(mapped, spec: dict[str, Any], size: int, fill: int, dtype) -> 
     return columns
 
 
+def _times(mapped, line: dict[str, Any], column: str) -> TimeColumn:
+    # Files written before times were packed hold int64 ps and no scale or base.
+    return TimeColumn(_array(mapped, line[f"{column}_ps"]), line.get(f"{column}_scale", 1), line.get(f"{column}_base", 0))
+
+
 def _instruction(row: list) -> HloInstruction:
     (name, opcode, dtype, dims, layout, operands, fusion_kind, op_name, source, called, tuple_shapes, target, lhs) = row[:13]
     lhs_batch = row[13] if len(row) > 13 else []  # files written before batch dimensions were kept
@@ -185,8 +194,8 @@ def load_session(path: Path) -> Session:
                 lines.append(Line(
                     id=ln["id"], name=ln["name"], display_name=ln["display_name"], timestamp_ns=ln["timestamp_ns"],
                     metadata_id=metadata_id,
-                    start_ps=_array(mapped, ln["start_ps"]),
-                    duration_ps=_array(mapped, ln["duration_ps"]),
+                    starts=_times(mapped, ln, "start"),
+                    durations=_times(mapped, ln, "duration"),
                     numeric=_stat_columns(mapped, ln["numeric"], size, NO_VALUE, np.int64),
                     strings=_stat_columns(mapped, ln["strings"], size, -1, np.int32),
                 ))

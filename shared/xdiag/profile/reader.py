@@ -12,6 +12,9 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import contextlib
+import ctypes
+import ctypes.util
+import functools
 import gc
 import json
 import mmap
@@ -37,6 +40,7 @@ from xdiag.profile.space import (
     Plane,
     Session,
     StatColumns,
+    TimeColumn,
 )
 
 DEFAULT_MAX_PROFILE_BYTES = 2 * 1024**3
@@ -47,6 +51,27 @@ _XSPACE_FIELDS = {1: "planes", 2: "errors", 3: "warnings", 4: "hostnames"}
 
 Progress = Callable[[str, int, int], None]
 """progress(what, done_bytes, total_bytes)"""
+
+
+LARGE_ALLOCATION_BYTES = 1 << 20
+"""Allocations from this size up get pages of their own from the OS and give them back when freed (see
+_return_large_arrays_to_the_os)."""
+
+
+@functools.cache
+def _return_large_arrays_to_the_os() -> None:
+    """glibc's malloc serves a large block from its heap once a block that size was freed (its mmap threshold
+    rises up to 32 MiB), and keeps freed heap memory for reuse. The read frees each line's int64 decoder output
+    after packing it, and the tools free full-length temporaries: with the default, that memory stays in the
+    process (about a third of the 2 GiB bench profile's peak). A fixed threshold maps every large array on its
+    own, so freeing it returns its memory at once. Only where the C library is glibc; once per process."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return
+    m_mmap_threshold = -3
+    mallopt(ctypes.c_int(m_mmap_threshold), ctypes.c_int(LARGE_ALLOCATION_BYTES))
 
 
 def _varint(buf, pos: int, end: int) -> tuple[int, int]:
@@ -153,6 +178,8 @@ def _decode_line(
         return bytes(arr[offset : offset + length]).decode("utf-8", "replace") if offset >= 0 else ""
 
     count = len(metadata_id)
+    if count < 2**31:
+        stat_event = stat_event.astype(np.int32)  # event indexes: half the bytes of the decoder's int64
     numeric_columns = StatColumns(count, NO_VALUE, np.int64)
     string_columns = StatColumns(count, -1, np.int32)
     for slot in unique_with_inverse(stat_slot)[0].tolist():
@@ -176,8 +203,9 @@ def _decode_line(
             indexes = np.array([intern(text(o, n)) for o, n in zip(offsets.tolist(), lengths.tolist())], dtype=np.int32)
             values[~is_ref] = indexes[inverse.reshape(-1)]
         string_columns.put(columns.string_names[-2 - slot], events, values)
-    if count and metadata_id.max() < 2**31 and metadata_id.min() >= 0:
-        metadata_id = metadata_id.astype(np.int32)
+    if count and metadata_id.min() >= 0 and metadata_id.max() < 2**31:
+        top = int(metadata_id.max())  # the narrowest type that holds the line's ids: most of a line's bytes are columns
+        metadata_id = metadata_id.astype(np.uint8 if top < 2**8 else np.uint16 if top < 2**16 else np.int32)
     name = text(int(header[4]), int(header[5]))
     return Line(
         id=int(header[0]),
@@ -185,8 +213,8 @@ def _decode_line(
         display_name=text(int(header[6]), int(header[7])) or name,
         timestamp_ns=int(header[1]),
         metadata_id=metadata_id,
-        start_ps=offset_ps,
-        duration_ps=duration_ps,
+        starts=TimeColumn.pack(offset_ps),
+        durations=TimeColumn.pack(duration_ps),
         numeric=numeric_columns,
         strings=string_columns,
     )
@@ -442,6 +470,7 @@ def read_session(
     """Reads every host file of one capture into a Session."""
     if not paths:
         raise ProfileError("no *.xplane.pb files in the session")
+    _return_large_arrays_to_the_os()
     total = sum(p.stat().st_size for p in paths if p.exists())
     if total > max_bytes:
         raise ProfileError(
@@ -457,7 +486,7 @@ def read_session(
     for host in hosts:
         for plane in host.planes:
             for line in plane.lines:
-                line.start_ps += (line.timestamp_ns - origin) * 1000  # in place: no second copy
+                line.starts.shift((line.timestamp_ns - origin) * 1000)
     unique: dict[tuple[str, int], HloModule] = {}
     for module in modules:
         unique.setdefault((module.name, module.program_id), module)

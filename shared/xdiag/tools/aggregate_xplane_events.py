@@ -40,8 +40,10 @@ def aggregate_xplane_events(session: Session, pattern: str, plane: str | None = 
             if not mask.any():
                 continue
             d = ln.duration_ps[mask]
-            s = np.sort(ln.start_ps[mask])
-            e_sorted = ln.end_ps[mask][np.argsort(ln.start_ps[mask])]
+            starts = ln.start_ps[mask]
+            order = np.argsort(starts)
+            s = starts[order]
+            e_sorted = (starts + d)[order]
             g = (s[1:] - np.maximum.accumulate(e_sorted)[:-1]) if len(s) > 1 else np.empty(0, np.int64)
             durations.append(d)
             gaps.append(np.clip(g, 0, None))
