@@ -278,3 +278,20 @@ def test_event_times_are_packed_where_they_fit_and_read_back_exactly(h200_profil
         assert np.array_equal(column.ps(), values)
         column.shift(-12_345_000)
         assert np.array_equal(column.ps(), values - 12_345_000)
+
+
+def test_factorize_rows_groups_a_real_op_tables_rows_as_their_string_keys_do(h200_profiles):
+    """op_table and op_stats group rows by (module, program, op) as tuples hashed one at a time instead of a
+    string key per row: the same groups as the string keys on a real profile's ops, each row's own values."""
+    import numpy as np
+    from xdiag.analysis.timeline import op_table
+    from xdiag.profile.columns import factorize_rows, unique_with_inverse
+
+    ops = op_table(read_session([h200_profiles["dispatch_bound"]]))
+    distinct, inverse = factorize_rows(ops.module, ops.program_id, ops.name)
+    keys = np.array([f"{m}\x00{p}\x00{n}" for m, p, n in zip(ops.module, ops.program_id, ops.name)], dtype=object)
+    _, by_key = unique_with_inverse(keys)
+    assert 1 < len(distinct) < len(ops)
+    assert len(set(zip(by_key.tolist(), inverse.tolist()))) == len(distinct)  # one group for one key, and back
+    for row in (0, len(ops) // 2, len(ops) - 1):
+        assert distinct[inverse[row]] == (ops.module[row], int(ops.program_id[row]), ops.name[row])

@@ -178,15 +178,20 @@ def test_the_straggler_arrives_last_and_its_own_breakdown_says_why(workload, cau
 
 def test_union_of_merged_intervals_covers_what_the_union_of_all_intervals_does(h200_profiles):
     """The breakdown adds each layer to the union of the layers before it already merged (union_with) instead of
-    merging every interval again: the same coverage per window, on a real profile's ops and host events; and
-    merge_intervals answers the same whether its input comes sorted or not."""
+    merging every interval again, and merges host events line by line (HostEvents.union): the same coverage per
+    window, on a real profile's ops and host events; and merge_intervals answers the same whether its input comes
+    sorted or not."""
     from xdiag.analysis.timeline import (
         DISPATCH_EVENT, covered, covered_by_merged, host_events, merge_intervals, op_table, union_with,
     )
 
     session = read_session([h200_profiles["dispatch_bound"]])
     ops = op_table(session)
-    dispatch = host_events(session)[0].select(DISPATCH_EVENT)
+    events = host_events(session)[0]
+    line_by_line = events.union(DISPATCH_EVENT)  # merged per line, then together: nothing selected before it
+    dispatch = events.select(DISPATCH_EVENT)
+    for a, b in zip(line_by_line, merge_intervals(dispatch.start_ps, dispatch.end_ps)):
+        assert np.array_equal(a, b)
     assert len(ops) > 1000 and len(dispatch.start_ps) > 100
     lo, hi = int(min(ops.start_ps.min(), dispatch.start_ps.min())), int(max(ops.end_ps.max(), dispatch.end_ps.max()))
     edges = np.linspace(lo, hi, 41).astype(np.int64)

@@ -90,9 +90,7 @@ class _HostSignals:
                 layers={"compile": (empty, empty), "host_sync": (callback_s, callback_e), "dispatch": (empty, empty)},
                 counted={"dispatches": empty, "compiles": empty, "syncs": empty, "callbacks": callback_s},
             )
-        compile_, sync, dispatch, callback, execute = (
-            events.select(p) for p in (COMPILE_EVENT, SYNC_EVENT, DISPATCH_EVENT, CALLBACK_EVENT, EXECUTE_EVENT)
-        )
+        compile_, sync, callback, execute = (events.select(p) for p in (COMPILE_EVENT, SYNC_EVENT, CALLBACK_EVENT, EXECUTE_EVENT))
 
         def outer(selected: EventSelection) -> np.ndarray:
             everything = np.ones(len(selected.start_ps), dtype=bool)
@@ -107,11 +105,11 @@ class _HostSignals:
                     np.concatenate([sync.start_ps, callback.start_ps, callback_s]),
                     np.concatenate([sync.end_ps, callback.end_ps, callback_e]),
                 ),
-                "dispatch": (dispatch.start_ps, dispatch.end_ps),
+                "dispatch": events.union(DISPATCH_EVENT),  # only its union is needed: not every event gathered
             },
             counted={
                 # One launch shows as several nested execute events (C API, PjRt, stream executor): count the outermost.
-                "dispatches": outer(execute if len(execute.start_ps) else dispatch),
+                "dispatches": outer(execute if len(execute.start_ps) else events.select(DISPATCH_EVENT)),
                 "compiles": outer(compile_),
                 "syncs": outer(sync),
                 "callbacks": callback_s if len(callback_s) >= len(python_callbacks) else python_callbacks,

@@ -1,4 +1,5 @@
-"""`np.unique(values, return_inverse=True)` in linear time for the columns xdiag factorises.
+"""Factorising columns: `np.unique(values, return_inverse=True)` in linear time, and the distinct rows of
+several columns without a key per row.
 
 numpy sorts: for small integer ranges (stat slots, stat-name ids) a count per value does the same
 work without the sort, and for object arrays of strings (per-op keys, millions of rows on large
@@ -41,3 +42,24 @@ def _unique_objects(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     rank = np.empty(len(order), dtype=np.intp)
     rank[order] = np.arange(len(order))
     return distinct[order], rank[first_seen]
+
+
+def factorize_rows(*columns: np.ndarray) -> tuple[list[tuple], np.ndarray]:
+    """The distinct rows of equal-length columns, in first-seen order, and the index of each row's among them.
+
+    Rows are hashed one at a time as tuples, so no key is kept per row (a string key per row costs ~100 bytes,
+    hundreds of MB on profiles with millions of ops); integer columns take part as codes of their distinct values.
+    """
+    parts, decoded = [], []
+    for column in columns:
+        if column.dtype == object:
+            parts.append(column)
+            decoded.append(None)
+        else:
+            values, codes = unique_with_inverse(column)
+            parts.append(codes.tolist())
+            decoded.append(values.tolist())
+    index: dict[tuple, int] = {}
+    inverse = np.fromiter((index.setdefault(row, len(index)) for row in zip(*parts)), dtype=np.intp, count=len(columns[0]))
+    rows = [tuple(value if values is None else values[value] for value, values in zip(row, decoded)) for row in index]
+    return rows, inverse

@@ -14,7 +14,6 @@ import concurrent.futures
 import contextlib
 import ctypes
 import ctypes.util
-import functools
 import gc
 import json
 import mmap
@@ -53,25 +52,16 @@ Progress = Callable[[str, int, int], None]
 """progress(what, done_bytes, total_bytes)"""
 
 
-LARGE_ALLOCATION_BYTES = 1 << 20
-"""Allocations from this size up get pages of their own from the OS and give them back when freed (see
-_return_large_arrays_to_the_os)."""
-
-
-@functools.cache
-def _return_large_arrays_to_the_os() -> None:
-    """glibc's malloc serves a large block from its heap once a block that size was freed (its mmap threshold
-    rises up to 32 MiB), and keeps freed heap memory for reuse. The read frees each line's int64 decoder output
-    after packing it, and the tools free full-length temporaries: with the default, that memory stays in the
-    process (about a third of the 2 GiB bench profile's peak). A fixed threshold maps every large array on its
-    own, so freeing it returns its memory at once. Only where the C library is glibc; once per process."""
+def _return_freed_memory_to_the_os() -> None:
+    """glibc's malloc keeps freed memory for reuse; the read frees each line's int64 decoder output once it is
+    packed, between the packed columns it keeps, so that memory would stay in the process for good (a third of
+    the 200 MiB bench profile's memory after the read). malloc_trim hands its free pages back. Only where the C
+    library is glibc."""
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
+        trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
     except (OSError, AttributeError):
         return
-    m_mmap_threshold = -3
-    mallopt(ctypes.c_int(m_mmap_threshold), ctypes.c_int(LARGE_ALLOCATION_BYTES))
+    trim(ctypes.c_size_t(0))
 
 
 def _varint(buf, pos: int, end: int) -> tuple[int, int]:
@@ -470,7 +460,6 @@ def read_session(
     """Reads every host file of one capture into a Session."""
     if not paths:
         raise ProfileError("no *.xplane.pb files in the session")
-    _return_large_arrays_to_the_os()
     total = sum(p.stat().st_size for p in paths if p.exists())
     if total > max_bytes:
         raise ProfileError(
@@ -487,6 +476,7 @@ def read_session(
         for plane in host.planes:
             for line in plane.lines:
                 line.starts.shift((line.timestamp_ns - origin) * 1000)
+    _return_freed_memory_to_the_os()
     unique: dict[tuple[str, int], HloModule] = {}
     for module in modules:
         unique.setdefault((module.name, module.program_id), module)

@@ -109,7 +109,11 @@ class TimeColumn:
         # way is several times cheaper than integer division and remainder over a large profile's columns.
         ns = ps / 1000.0
         if (ns == np.trunc(ns)).all():
-            return cls(ns.astype(np.uint32), 1000, base)
+            # float64 -> int32 converts several times faster than -> uint32: shift into int32's range and back.
+            ns -= 2**31
+            values = ns.astype(np.int32).view(np.uint32)
+            values ^= np.uint32(2**31)
+            return cls(values, 1000, base)
         del ns
         if span < 2**32:
             return cls(ps.astype(np.uint32), 1, base)

@@ -9,7 +9,7 @@ import numpy as np
 from xdiag.analysis.hlo_cost import instruction_cost
 from xdiag.analysis.roofline import TRANSFER_RATE_REASON, roofline
 from xdiag.analysis.timeline import TRANSFER_OP_CATEGORIES, op_table, profile_op_costs
-from xdiag.profile.columns import unique_with_inverse
+from xdiag.profile.columns import factorize_rows, unique_with_inverse
 from xdiag.profile.space import NO_VALUE, Session
 
 
@@ -87,8 +87,10 @@ def op_stats(session: Session) -> list[OpStat]:
     profile_costs = profile_op_costs(session)
     out: list[OpStat] = []
     if len(ops):
-        keys = np.array([f"{m}\x00{p}\x00{n}" for m, p, n in zip(ops.module, ops.program_id, ops.name)], dtype=object)
-        unique, inverse = unique_with_inverse(keys)  # hashed, not sorted: millions of rows on large profiles
+        # Distinct rows first (millions of ops on large profiles), then their keys in np.unique's order.
+        distinct, first_seen = factorize_rows(ops.module, ops.program_id, ops.name)
+        unique, rank = unique_with_inverse(np.array([f"{m}\x00{p}\x00{n}" for m, p, n in distinct], dtype=object))
+        inverse = rank[first_seen]
         totals = np.bincount(inverse, weights=ops.duration_ps.astype(float))
         counts = np.bincount(inverse)
         first = np.full(len(unique), -1)
