@@ -23,7 +23,7 @@ PROFILES = Path(__file__).resolve().parents[2] / "shared" / "profiles"
 pytestmark = pytest.mark.skipif(not PROFILES.is_dir(), reason=f"shared real-device profiles not found at {PROFILES}")
 pytest.importorskip("xprof", reason="the xprof wheel is not installed")
 
-from xdiag.analysis.xprof import XprofViews  # noqa: E402
+from xdiag.analysis.xprof import XprofViews, runner  # noqa: E402
 
 TPU = "tpu/tpu_v6e_inference.xplane.pb"
 V100 = "gpu/v100x8_tf_bert_worker.xplane.pb"
@@ -351,6 +351,13 @@ def test_prefetch_is_off_with_no_processes_and_a_corrupt_file_still_says_why(tmp
     monkeypatch.setenv("XDIAG_XPROF_PROCESSES", "0")
     with XprofViews([_copy(MI300X, tmp_path / "a")]) as views:
         assert views.prefetch() == 0 and not views.worker_cpu_s
+    monkeypatch.delenv("XDIAG_XPROF_PROCESSES")  # by default a small session converts in-process, a large one not
+    with XprofViews([_copy(MI300X, tmp_path / "c")]) as views:
+        assert views.prefetch() == 0 and not views.worker_cpu_s
+        assert views.overview()["device_type"]
+    monkeypatch.setattr(runner, "PREFETCH_MIN_BYTES", 1)
+    with XprofViews([_copy(MI300X, tmp_path / "d")]) as views:
+        assert views.prefetch() >= 1  # as many as the CPUs allow, up to its two conversion groups
     monkeypatch.setenv("XDIAG_XPROF_PROCESSES", "2")
     with XprofViews([_copy(CORRUPT, tmp_path / "b")]) as views:
         assert views.prefetch() == 2
@@ -475,8 +482,6 @@ def test_answers_known_from_the_files_bytes_are_the_converters_own(profile, tmp_
 
 
 def test_only_the_audited_smart_suggestion_rules_are_skipped(tmp_path, monkeypatch):
-    from xdiag.analysis.xprof import runner
-
     copy = _copy(MI300X, tmp_path / "originals")
     with XprofViews([copy]) as views:
         assert not views.may_have_suggestions()
