@@ -11,8 +11,9 @@
    XProf's converters are cheaper per byte on them.
    Device profiles: the real ones named by `--device-profiles` and one of `--device-large-mib` made
    from the largest one's real device lines. Each is analysed three ways: xdiag's own analysis
-   (XProf's views off), the whole analysis (XProf's views concurrently in worker processes, the
-   default) and the whole analysis with every conversion in-process one after another; beside them
+   (XProf's views off), the whole analysis (the default: XProf's views concurrently in worker
+   processes for sessions of 16 MiB or more, in-process below) and the whole analysis with every
+   conversion in-process one after another; beside them
    XProf's converters alone. CPU time counts every process of a run (the bench reaps orphaned
    workers as a child subreaper), wall time is the command's.
 2. Each size is analysed by `xdiag analyze` (all 15 tools, the investigation and the report) and
@@ -185,8 +186,9 @@ def _median(runs: list[dict]) -> dict:
 
 
 def bench_device(profiles: list[Path], repeats: int, workdir: Path) -> list[dict]:
-    """Per device profile: xdiag's own analysis, the whole analysis with XProf's views concurrent and
-    with them one after another, and XProf's converters alone; medians and ratios to xdiag's own."""
+    """Per device profile: xdiag's own analysis, the whole analysis as it runs by default (XProf's views
+    concurrent from 16 MiB) and with them one after another, and XProf's converters alone; medians and
+    ratios to xdiag's own."""
     modes = {
         "own": {"XDIAG_XPROF_VIEWS": "0"},
         "whole_concurrent": {},
@@ -321,8 +323,8 @@ def render_markdown(report: dict) -> str:
               f"XProf wall {g['xprof_wall_exponent']}, memory {g['xprof_rss_exponent']}.", ""]
     if report.get("device_rows"):
         lines += [
-            "Device profiles: xdiag's own analysis (XProf's views off), the whole analysis with XProf's views in "
-            "worker processes (default) and one after another in-process, and XProf's converters alone. CPU counts "
+            "Device profiles: xdiag's own analysis (XProf's views off), the whole analysis as it runs by default "
+            "(XProf's views in worker processes from 16 MiB, in-process below) and one after another in-process, and XProf's converters alone. CPU counts "
             "every process of the run; peak RSS is the main process's.",
             "",
             "| profile | MiB | events | own wall s | own CPU s | whole wall s | whole CPU s | whole RSS MiB "
