@@ -234,7 +234,8 @@ def _build(session: Session) -> tuple[list[StepRow], list[DeviceRow]]:
     ops = op_table(session)
     found = step_set(session)
     events_by_host = {e.host: e for e in host_events(session)}
-    active = sorted(set(ops.device.tolist()) - set(found.transfer_only))
+    all_devices = set(ops.device.tolist())
+    active = sorted(all_devices - set(found.transfer_only))
     timelines: dict[tuple[str, str | None], list] = {}
     for step in found.steps:
         timelines.setdefault((step.host, step.device), []).append(step)
@@ -242,7 +243,8 @@ def _build(session: Session) -> tuple[list[StepRow], list[DeviceRow]]:
     device_rows: list[DeviceRow] = []
     for (host, device), steps in sorted(timelines.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")):
         if device is None:
-            mask = np.fromiter((d.startswith(host + " ") for d in ops.device), dtype=bool, count=len(ops))
+            on_host = {d: d.startswith(host + " ") for d in all_devices}  # per device, then looked up per op
+            mask = np.fromiter(map(on_host.__getitem__, ops.device), dtype=bool, count=len(ops))
             devices = [d for d in active if d.startswith(host + " ")]
         else:
             mask = ops.device == device

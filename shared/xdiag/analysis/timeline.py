@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from xdiag.profile.columns import factorize_rows
+from xdiag.profile.columns import factorize_rows, unique_with_inverse
 from xdiag.profile.space import NO_VALUE, HloInstruction, HloModule, Line, Plane, Session
 
 COLLECTIVE_OPCODES = {
@@ -403,7 +403,10 @@ def _line_ops(plane: Plane, line: Line, host: str, has_xla_ops_line: bool) -> di
         modules = _strings_of(plane, line.strings["hlo_module"][mask]) if "hlo_module" in line.strings else np.full(mask.sum(), "", object)
         ordinal = line.numeric.get("device_ordinal")
         if ordinal is not None:
-            device = np.array([f"{host} CPU:{o}" if o != NO_VALUE else f"{host} CPU" for o in ordinal[mask]], dtype=object)
+            # One label per ordinal, shared by its rows (a string per row is ~60 bytes on millions of ops).
+            ordinals, inverse = unique_with_inverse(ordinal[mask])
+            labels = [f"{host} CPU:{o}" if o != NO_VALUE else f"{host} CPU" for o in ordinals.tolist()]
+            device = np.array(labels, dtype=object)[inverse]
         else:
             device = np.full(mask.sum(), f"{host} CPU", dtype=object)
     program = line.numeric.get("program_id")

@@ -23,7 +23,8 @@ def transfer_spans(session: Session) -> dict | None:
     ops = op_table(session)
     if not len(ops):
         return None
-    done_mask = np.array([str(n).startswith("copy-done") for n in ops.name], dtype=bool)
+    is_done = {n: str(n).startswith("copy-done") for n in set(ops.name.tolist())}  # per name, then looked up per op
+    done_mask = np.fromiter(map(is_done.__getitem__, ops.name), dtype=bool, count=len(ops))
     if not done_mask.any():
         return None
     pairs: dict[tuple[str, str], list[tuple[int, int, int, float]]] = {}  # (device, direction) -> (start, end, wait, bytes)

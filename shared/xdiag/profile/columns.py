@@ -59,7 +59,8 @@ def factorize_rows(*columns: np.ndarray) -> tuple[list[tuple], np.ndarray]:
             values, codes = unique_with_inverse(column)
             parts.append(codes.tolist())
             decoded.append(values.tolist())
-    index: dict[tuple, int] = {}
-    inverse = np.fromiter((index.setdefault(row, len(index)) for row in zip(*parts)), dtype=np.intp, count=len(columns[0]))
+    # Two passes that run in C (dict.fromkeys, map), not a Python step per row.
+    index = {row: position for position, row in enumerate(dict.fromkeys(zip(*parts)))}
+    inverse = np.fromiter(map(index.__getitem__, zip(*parts)), dtype=np.intp, count=len(columns[0]))
     rows = [tuple(value if values is None else values[value] for value, values in zip(row, decoded)) for row in index]
     return rows, inverse
