@@ -127,13 +127,13 @@ the ahead-of-time one is built: numba's start-up is then small beside the decodi
 def _wire_lines(
     arr: np.ndarray, spans: list[tuple[int, int]], columns: "_StatColumns", decode_line: Callable[..., tuple]
 ) -> Iterator[tuple]:
-    """`decode_line` of each (start, end), in order; up to READ_THREADS lines decode at once, a
-    few lines ahead of the caller (so memory holds only those beyond the lines already taken)."""
+    """`decode_line` of each (start, end), packed (_packed), in order; up to READ_THREADS lines decode at once,
+    a few lines ahead of the caller (so memory holds only those beyond the lines already taken)."""
 
     def decode(span: tuple[int, int]) -> tuple:
-        return decode_line(
+        return _packed(decode_line(
             arr, span[0], span[1], columns.numeric_ids, columns.numeric_slots, columns.string_ids, columns.string_slots
-        )
+        ))
 
     if not spans:
         return
@@ -156,11 +156,28 @@ def _wire_lines(
                 future.cancel()
 
 
+def _packed(decoded: tuple) -> tuple:
+    """A decoded line with its event columns in their narrow forms: times as TimeColumns, event-name ids in the
+    narrowest type that holds them, stat event indexes as int32. Runs in the thread that decoded the line (numpy
+    releases the GIL), so the decoder's int64 columns live there only briefly."""
+    header, metadata_id, offset_ps, duration_ps, stat_event, stat_slot, stat_a, stat_b, err, err_pos = decoded
+    if err:
+        return decoded
+    count = len(metadata_id)
+    if count and metadata_id.min() >= 0 and metadata_id.max() < 2**31:
+        top = int(metadata_id.max())
+        metadata_id = metadata_id.astype(np.uint8 if top < 2**8 else np.uint16 if top < 2**16 else np.int32)
+    if count < 2**31:
+        stat_event = stat_event.astype(np.int32)
+    starts, durations = TimeColumn.pack(offset_ps), TimeColumn.pack(duration_ps)
+    return header, metadata_id, starts, durations, stat_event, stat_slot, stat_a, stat_b, err, err_pos
+
+
 def _decode_line(
     arr: np.ndarray, start: int, decoded: tuple, stat_names: dict[int, str], columns: "_StatColumns",
     intern: Callable[[str], int], where: str,
 ) -> Line:
-    header, metadata_id, offset_ps, duration_ps, stat_event, stat_slot, stat_a, stat_b, err, err_pos = decoded
+    header, metadata_id, starts, durations, stat_event, stat_slot, stat_a, stat_b, err, err_pos = decoded
     if err:
         raise ProfileError(f"{where}: a line at byte {start} is corrupt: {wire.ERRORS[err]} near byte {err_pos}")
 
@@ -168,8 +185,6 @@ def _decode_line(
         return bytes(arr[offset : offset + length]).decode("utf-8", "replace") if offset >= 0 else ""
 
     count = len(metadata_id)
-    if count < 2**31:
-        stat_event = stat_event.astype(np.int32)  # event indexes: half the bytes of the decoder's int64
     numeric_columns = StatColumns(count, NO_VALUE, np.int64)
     string_columns = StatColumns(count, -1, np.int32)
     for slot in unique_with_inverse(stat_slot)[0].tolist():
@@ -193,9 +208,6 @@ def _decode_line(
             indexes = np.array([intern(text(o, n)) for o, n in zip(offsets.tolist(), lengths.tolist())], dtype=np.int32)
             values[~is_ref] = indexes[inverse.reshape(-1)]
         string_columns.put(columns.string_names[-2 - slot], events, values)
-    if count and metadata_id.min() >= 0 and metadata_id.max() < 2**31:
-        top = int(metadata_id.max())  # the narrowest type that holds the line's ids: most of a line's bytes are columns
-        metadata_id = metadata_id.astype(np.uint8 if top < 2**8 else np.uint16 if top < 2**16 else np.int32)
     name = text(int(header[4]), int(header[5]))
     return Line(
         id=int(header[0]),
@@ -203,8 +215,8 @@ def _decode_line(
         display_name=text(int(header[6]), int(header[7])) or name,
         timestamp_ns=int(header[1]),
         metadata_id=metadata_id,
-        starts=TimeColumn.pack(offset_ps),
-        durations=TimeColumn.pack(duration_ps),
+        starts=starts,
+        durations=durations,
         numeric=numeric_columns,
         strings=string_columns,
     )
