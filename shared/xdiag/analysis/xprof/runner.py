@@ -85,10 +85,10 @@ kernel_stats
   MI300X  12 kernels, 3.48 ms, Cijk_* GEMMs 93% on matrix cores / 8 kernels, 28.1 ms, input_transpose_fusion.kd 51%
 
 Time on this machine (2 cores, warm disk), every view of a fresh instance in a fresh process: TPU
-0.37 s, V100 0.55 s, MI300X gemm 0.25 s, conv 0.22 s. The first view pays XProf's op_stats
-conversion and native start-up (overview 0.12-0.3 s); memory_profile 5-130 ms (1.9 MB of JSON on
+0.37 s, V100 0.33 s, MI300X gemm 0.16 s, conv 0.15 s. The first view pays XProf's op_stats
+conversion and native start-up (overview 0.11-0.25 s); memory_profile 3-60 ms (1.9 MB of JSON on
 the V100), peak_allocations 10-30 ms (one memory_viewer conversion per HLO module), every other
-view under 70 ms, and every repeated call is a dictionary look-up. XProf's CLI, one process per
+view under 60 ms, and every repeated call is a dictionary look-up. XProf's CLI, one process per
 tool, re-reads the profile each time (design.md: ~41 s for the ten main tools on a 22 MB profile).
 
 Quirks of xprof 2.24.2 worked around here:
