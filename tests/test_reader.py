@@ -276,6 +276,8 @@ def test_event_times_are_packed_where_they_fit_and_read_back_exactly(h200_profil
         column = TimeColumn.pack(values.copy())
         assert column.values.dtype == dtype
         assert np.array_equal(column.ps(), values)
+        some = np.arange(len(values)) % 3 == 1
+        assert np.array_equal(column.at(some), values[some]) and np.array_equal(column.at(np.flatnonzero(some)), values[some])
         column.shift(-12_345_000)
         assert np.array_equal(column.ps(), values - 12_345_000)
 

@@ -119,8 +119,8 @@ class HostEvents:
             non_op = self._non_op(line)
             if non_op is not None:
                 mask &= non_op
-            starts = line.start_ps[mask]
-            yield number, starts, starts + line.duration_ps[mask]
+            starts = line.starts.at(mask)
+            yield number, starts, starts + line.durations.at(mask)
 
     def select(self, pattern: re.Pattern) -> EventSelection:
         if pattern.pattern in self._selections:
@@ -166,8 +166,8 @@ class HostEvents:
             index, numbers = sparse
             if not name and len(index):
                 name = plane.event_names.get(int(line.metadata_id[index[0]]), "")
-            starts = line.start_ps[index]
-            ends = starts + line.duration_ps[index]
+            starts = line.starts.at(index)
+            ends = starts + line.durations.at(index)
             steps += zip(numbers.tolist(), starts.tolist(), ends.tolist())
         return name, steps
 
@@ -410,13 +410,13 @@ def _line_ops(plane: Plane, line: Line, host: str, has_xla_ops_line: bool) -> di
         else:
             device = np.full(mask.sum(), f"{host} CPU", dtype=object)
     program = line.numeric.get("program_id")
-    ends = line.end_ps[mask]
+    ends = line.end_ps_at(mask)
     return {
         "name": names if len(names) == mask.sum() else names[mask],
         "module": modules if len(modules) == mask.sum() else modules[mask],
         "program_id": program[mask] if program is not None else np.full(mask.sum(), NO_VALUE, np.int64),
         "device": device,
-        "start_ps": line.start_ps[mask],
+        "start_ps": line.starts.at(mask),
         "end_ps": ends,
         "event_end_ps": ends,  # the same array: the flow pairing replaces end_ps, never writes into it
         "flow": line.numeric["_p"][mask] if "_p" in line.numeric else np.full(mask.sum(), NO_VALUE, np.int64),
@@ -433,7 +433,7 @@ def _flow_ends(plane: Plane) -> tuple[np.ndarray, np.ndarray]:
         end_ids = np.array([k for k, n in plane.event_names.items() if n.startswith("end: ")], dtype=np.int64)
         mask = np.isin(line.metadata_id, end_ids) & (consumer != NO_VALUE)
         ids.append(consumer[mask])
-        ends.append(line.end_ps[mask])
+        ends.append(line.end_ps_at(mask))
     if not ids:
         return np.empty(0, np.int64), np.empty(0, np.int64)
     ids_all, ends_all = np.concatenate(ids), np.concatenate(ends)

@@ -134,6 +134,15 @@ class TimeColumn:
             out += self.base
         return out
 
+    def at(self, index: np.ndarray) -> np.ndarray:
+        """ps()[index] (positions or a boolean mask) without building the whole column."""
+        out = self.values[index].astype(np.int64, copy=False)
+        if self.scale != 1:
+            out *= self.scale
+        if self.base:
+            out += self.base
+        return out
+
     def shift(self, ps: int) -> None:
         """Adds `ps` to every time: in the base where there is one, else in place."""
         if self.is_wide:
@@ -149,7 +158,8 @@ class Line:
     """One timeline (a thread, a stream, 'XLA Ops'…) and its events as columns.
 
     `start_ps`, `duration_ps` and `end_ps` are int64 ps built from the packed `starts` and `durations` on
-    each access (see TimeColumn): take them once per use, not once per event.
+    each access (see TimeColumn): take them once per use, not once per event; `starts.at(index)`,
+    `durations.at(index)` and `end_ps_at(index)` build only the events asked for.
     """
 
     def __init__(
@@ -173,6 +183,12 @@ class Line:
     @property
     def duration_ps(self) -> np.ndarray:
         return self.durations.ps()
+
+    def end_ps_at(self, index: np.ndarray) -> np.ndarray:
+        """end_ps[index] (positions or a boolean mask) without building the whole columns."""
+        ends = self.starts.at(index)
+        ends += self.durations.at(index)
+        return ends
 
     @property
     def end_ps(self) -> np.ndarray:

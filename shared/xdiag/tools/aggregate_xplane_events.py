@@ -39,8 +39,8 @@ def aggregate_xplane_events(session: Session, pattern: str, plane: str | None = 
             mask = np.isin(ln.metadata_id, ids)
             if not mask.any():
                 continue
-            d = ln.duration_ps[mask]
-            starts = ln.start_ps[mask]
+            d = ln.durations.at(mask)
+            starts = ln.starts.at(mask)
             order = np.argsort(starts)
             s = starts[order]
             e_sorted = (starts + d)[order]

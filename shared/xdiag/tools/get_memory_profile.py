@@ -24,7 +24,7 @@ def _allocator_events(session: Session) -> dict[str, np.ndarray] | None:
             mask = (column >= 0) & (allocated >= 0)
             peak.append(column[mask])
             in_use.append(allocated[mask])
-            times.append(line.start_ps[mask])
+            times.append(line.starts.at(mask))
     if not peak or not sum(len(p) for p in peak):
         return None
     return {"peak": np.concatenate(peak), "in_use": np.concatenate(in_use), "t": np.concatenate(times)}
