@@ -14,25 +14,26 @@
 #
 # Sizes: a stage that reads a session (collect, run_tool, investigate) takes one delivery at a time; the bench
 # (bench/README.md) measured 4.9 GiB peak for a 2 GiB profile, and a function's /tmp (the download cache,
-# XDIAG_CACHE_GIB) is memory too, so those get 8 GiB. The others are small and take many deliveries at once
-# (register's deliveries mostly wait out the quiet period).
+# XDIAG_CACHE_GIB) is memory too, so those get 8 GiB. So does register: its deliveries mostly wait out the quiet
+# period, many at once, and one of them at a time per instance reads the session meanwhile and stores it
+# prepared (collect and the tools then only map it). The others are small and take many deliveries at once.
 
 locals {
   functions = {
     register = {
-      description    = "Object finalize on the profiles bucket -> the host's file recorded; after the quiet period, the session on captures."
+      description    = "Object finalize on the profiles bucket -> the host's file recorded, the session read and stored prepared during the quiet period, then announced on captures."
       entry_point    = "register"
       trigger_topics = ["profile-uploads"]
       publishes      = ["captures", "profile-uploads-dead-letter"]
-      bucket         = "read"
+      bucket         = "write"
       firestore      = true
       vertex         = false
-      memory         = "1Gi"
-      cpu            = "1"
+      memory         = "8Gi"
+      cpu            = "2"
       timeout_s      = 540
       max_instances  = 20
       concurrency    = 16
-      env            = { XDIAG_CACHE_GIB = "0.25", XDIAG_CONCURRENCY = "0", THREADS = "16" }
+      env            = { XDIAG_CACHE_GIB = "3", XDIAG_CONCURRENCY = "0", THREADS = "16" }
     }
     collect = {
       description    = "CaptureReady on captures -> the analysis recorded, the session read once and stored prepared, one ToolRun per tool."

@@ -151,6 +151,44 @@ def test_register_accepts_gcs_notification_attributes_and_groups_two_hosts(wired
     assert session["status"] == "COMPLETE" and session["hosts"] == ["host0", "host1"]
 
 
+def test_register_reads_the_session_during_the_quiet_period_and_collect_maps_it(wired, h200_profiles, tmp_path,
+                                                                               monkeypatch):
+    """With preparing on (the cloud), the newest file's delivery stores the decoded session while it waits out the
+    quiet period; collect then loads that file, not the profile. A profile that cannot be read is still announced:
+    collect reads it and records why."""
+    events: list[tuple[str, dict]] = []
+    wired.deps.on_event = lambda stage, info: events.append((stage, info))
+    wired.deps.sessions = SessionLoader(wired.deps.blobs, prepare=True)
+    cut = tmp_path / "cut.xplane.pb"
+    cut.write_bytes(h200_profiles["healthy"].read_bytes()[:50_000])  # a real profile cut short
+    for run, source in (("run-p", h200_profiles["healthy"]), ("run-q", cut)):
+        uri = wired.upload(source, f"{run}/plugins/profile/s1/host0.xplane.pb")
+        attributes = {"eventType": "OBJECT_FINALIZE", "bucketId": BUCKET,
+                      "objectId": uri.removeprefix(f"gs://{BUCKET}/"), "payloadFormat": "JSON_API_V1"}
+        body = _push_body(json.dumps({"name": attributes["objectId"]}).encode(), attributes)
+        assert wired.client("register").post(f"/projects/{PROJECT}/topics/profile-uploads", json=body).status_code == 200
+    healthy, cut_short = wired.queued("captures")
+    prepared = sorted(p.relative_to(tmp_path / "buckets" / BUCKET).as_posix()
+                      for p in (tmp_path / "buckets" / BUCKET).rglob("prepared/*.xdiag"))
+    assert [p.split("/")[0] for p in prepared] == ["run-p"]
+    assert ("register", {"prepared": "s1", "files": 1}) in events and ("register", {"not prepared": "s1"}) in events
+
+    import xdiag.pipeline.deps as deps_module
+
+    reads, read_session = [], deps_module.read_session
+    monkeypatch.setattr(deps_module, "read_session", lambda paths, **kw: reads.append(paths) or read_session(paths, **kw))
+    wired.deps.sessions = SessionLoader(wired.deps.blobs, prepare=True)  # a fresh collect instance: nothing in memory
+    wired.bus._queue.clear()
+    for capture in (healthy, cut_short):
+        body = _push_body(capture.model_dump_json().encode())
+        assert wired.client("collect").post(f"/projects/{PROJECT}/topics/captures", json=body).status_code == 200
+    loaded = wired.deps.state.get(ANALYSES, healthy.analysis_id)
+    assert loaded["status"] == "RUNNING_TOOLS" and len(wired.queued("tool-runs")) == len(BROAD_TOOLS)
+    assert [[Path(p).parts[-5] for p in paths] for paths in reads] == [["run-q"]]  # only the unreadable one was read
+    failed = wired.deps.state.get(ANALYSES, cut_short.analysis_id)
+    assert failed["status"] == "FAILED" and "truncated" in failed["failure_reason"]
+
+
 def test_register_ignores_other_objects_and_other_storage_events(wired):
     client = wired.client("register")
     wired.deps.blobs.put(f"gs://{BUCKET}/run/plugins/profile/s/xdiag/summary.html", b"<html>")

@@ -6,11 +6,15 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
+from google.api_core.exceptions import DeadlineExceeded
+from google.cloud import pubsub_v1
+
 from xdiag.cloud.firestore import FirestoreStateStore
 from xdiag.cloud.gcs import GcsBlobStore, storage_client
 from xdiag.cloud.pubsub import PubSubBus
 from xdiag.cloud.runtime import CloudConfig, firestore_client
 from xdiag.model import ToolDone
+from xdiag.pipeline.publish_once import PublishOnce
 from xdiag.pipeline.topics import DEAD_LETTERS
 
 
@@ -78,3 +82,49 @@ def test_pubsub_bus_publishes_json_with_its_type_and_version(local_stack):
     assert ToolDone.model_validate_json(letter["data"]) == message
     assert letter["attributes"]["type"] == "ToolDone" and letter["attributes"]["version"] == "1"
     assert letter["source_topic"] == "tool-results"
+
+
+def test_a_file_given_up_on_upload_is_the_cached_copy_of_the_version_written(local_stack, tmp_path, h200_profiles):
+    """What collect does with the prepared session: no stage on this machine downloads it again."""
+    bucket = f"gs://{CloudConfig.from_env().bucket}/adapters-{uuid.uuid4().hex[:8]}"
+    blobs = _blobs(tmp_path / "cache", 2**30)
+    given = tmp_path / "given.xplane.pb"
+    given.write_bytes(h200_profiles["healthy"].read_bytes())
+    uri = blobs.put_file(given, f"{bucket}/given.xplane.pb", cache_source=True)
+    cached = blobs.local_path(uri, blobs.stat(uri).generation)
+    assert cached.samefile(given) and cached.parent.parent == tmp_path / "cache"
+    kept = blobs.put_file(h200_profiles["healthy"], f"{bucket}/kept.xplane.pb")  # the caller's own file: not linked
+    downloaded = blobs.local_path(kept)
+    assert not downloaded.samefile(h200_profiles["healthy"]) and downloaded.read_bytes() == given.read_bytes()
+
+
+def test_publish_all_hands_over_each_message_once_however_often_it_is_repeated(local_stack):
+    """A fan-out through PublishOnce over the real bus, repeated (a redelivered collect) and overlapping: a pull
+    subscription of its own receives every message once, as it was sent."""
+
+    project, marker = CloudConfig.from_env().project, uuid.uuid4().hex[:8]
+    publisher, subscriber = pubsub_v1.PublisherClient(), pubsub_v1.SubscriberClient()
+    topic, subscription = publisher.topic_path(project, f"all-{marker}"), subscriber.subscription_path(project, f"all-{marker}")
+    publisher.create_topic(name=topic)
+    subscriber.create_subscription(name=subscription, topic=topic)
+    bus = PublishOnce(PubSubBus(project), _state())
+    messages = [ToolDone(analysis_id=f"all-{marker}", tool=t) for t in ("get_hosts", "get_step_trace", "get_kpi_metrics")]
+    bus.publish_all(f"all-{marker}", [])  # a fan-out with nothing left to run (the sweeper's repair) is no error
+    bus.publish_all(f"all-{marker}", messages[:2])
+    bus.publish_all(f"all-{marker}", messages[:2])
+    bus.publish_all(f"all-{marker}", messages[1:])
+
+    received, deadline = [], time.monotonic() + 20
+    while time.monotonic() < deadline:  # until 2 s after the third: a duplicate would arrive within them
+        try:
+            pulled = subscriber.pull(subscription=subscription, max_messages=10, timeout=2).received_messages
+        except DeadlineExceeded:
+            pulled = []
+        received += [item.message for item in pulled]
+        if pulled:
+            subscriber.acknowledge(subscription=subscription, ack_ids=[item.ack_id for item in pulled])
+        if len(received) >= 3:
+            deadline = min(deadline, time.monotonic() + 2)
+    assert sorted((ToolDone.model_validate_json(m.data) for m in received), key=lambda m: m.tool) == \
+        sorted(messages, key=lambda m: m.tool)
+    assert {m.attributes["type"] for m in received} == {"ToolDone"}

@@ -7,7 +7,7 @@ What the code expects is derived from the code itself (its syntax tree), never f
   a decorator names in its own body (`@storage_stage`: `TOPIC_PROFILE_UPLOADS`), or every dead-letter topic
   (`@dead_letter_stage`, which reads the `-dead-letter` suffix);
 - what a function does, from everything its entry point can reach (calls followed through the xdiag package):
-  the topics it publishes to (`….publish(TOPIC_X, …)`, and `dead_letter_topic(…)` of the topics it consumes),
+  the topics it publishes to (`….publish(TOPIC_X, …)` or `publish_all`, and `dead_letter_topic(…)` of the topics it consumes),
   the environment variables it reads (`os.environ[…]`, `env.get("X")`, `os.getenv`), whether it writes or only
   reads the bucket (`….blobs.put(…)` or any other `….blobs.…`), Firestore (`….state.…`) and whether it runs an
   investigator (`….investigators[…]()`: Gemini on Vertex AI).
@@ -304,7 +304,7 @@ def _effects(index: CodeIndex, reached: set[str], contract: FunctionContract, su
             if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute):
                 chain = tuple(_attribute_chain(sub.func))
                 receiver, method = chain[:-1], chain[-1] if chain else ""
-                if method in ("publish", "publish_raw") and sub.args:
+                if method in ("publish", "publish_all", "publish_raw") and sub.args:
                     first = sub.args[0]
                     topic = index.constant(first, module)
                     if topic is not None:

@@ -53,8 +53,25 @@ class GcsBlobStore:
         self._blob(uri).upload_from_string(data, content_type=content_type)
         return uri
 
-    def put_file(self, source: Path, uri: str, content_type: str = "application/octet-stream") -> str:
-        self._blob(uri).upload_from_filename(str(source), content_type=content_type)
+    def put_file(self, source: Path, uri: str, content_type: str = "application/octet-stream",
+                 cache_source: bool = False) -> str:
+        """Uploads the file. With `cache_source`, links it into the local cache as the version just written: a
+        reader of that version in any process of this machine (the stages after collect, on the local stack)
+        downloads nothing. A link, not a copy (in a Cloud Function /tmp is memory), hence only for a file the
+        caller gives up."""
+        blob = self._blob(uri)
+        blob.upload_from_filename(str(source), content_type=content_type)
+        if cache_source and blob.generation is not None:
+            target = self._cache_target(uri, blob.generation)
+            with self._lock:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    os.link(source, target)
+                except FileExistsError:
+                    pass
+                except OSError:  # another file system: a later reader downloads it
+                    return uri
+                self._evict(keep=target.parent)
         return uri
 
     def get(self, uri: str) -> bytes:
@@ -78,6 +95,10 @@ class GcsBlobStore:
             for blob in self._client.list_blobs(bucket, prefix=name_prefix)
         ]
 
+    def _cache_target(self, uri: str, generation: int | str) -> Path:
+        key = hashlib.sha256(f"{uri}#{generation}".encode()).hexdigest()[:24]
+        return self.cache_dir / key / uri.rsplit("/", 1)[-1]  # keeps the host's file name
+
     def local_path(self, uri: str, generation: str | None = None) -> Path:
         """The object's bytes in the local cache, downloaded once per generation: that generation where one is
         named (FileNotFoundError where it is gone: replaced or deleted since), else the live one."""
@@ -88,8 +109,7 @@ class GcsBlobStore:
             blob = self._client.bucket(bucket).get_blob(name)
             if blob is None:
                 raise FileNotFoundError(uri)
-        key = hashlib.sha256(f"{uri}#{blob.generation}".encode()).hexdigest()[:24]
-        target = self.cache_dir / key / name.rsplit("/", 1)[-1]  # keeps the host's file name
+        target = self._cache_target(uri, blob.generation)
         with self._lock:
             if target.exists():
                 os.utime(target.parent)  # most recently used

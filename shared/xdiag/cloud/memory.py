@@ -9,7 +9,7 @@ import copy
 import shutil
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
@@ -32,6 +32,10 @@ class InProcessBus:
     def publish(self, topic: str, message: Message) -> None:
         # A JSON round trip, as on the wire: a handler never shares an object with its publisher.
         self._queue.append((topic, type(message).model_validate_json(message.model_dump_json())))
+
+    def publish_all(self, topic: str, messages: Sequence[Message]) -> None:
+        for message in messages:
+            self.publish(topic, message)
 
     def drain(self) -> int:
         """Runs handlers until no message is left; returns how many were delivered."""
@@ -106,8 +110,9 @@ class LocalBlobStore:
         paths = [p for p in sorted(folder.rglob("*")) if p.is_file() and str(p).startswith(str(base))]
         return [info for info in (self.stat(self._uri(p, prefix)) for p in paths) if info is not None]
 
-    def put_file(self, source: Path, uri: str, content_type: str = "application/octet-stream") -> str:
-        path = self._path(uri)
+    def put_file(self, source: Path, uri: str, content_type: str = "application/octet-stream",
+                 cache_source: bool = False) -> str:
+        path = self._path(uri)  # the object is a local file already: nothing to cache
         path.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(source, path)
         return uri

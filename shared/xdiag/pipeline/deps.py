@@ -33,13 +33,19 @@ class Investigator(Protocol):
     ) -> Diagnosis: ...
 
 
+def _prepared_uri(key: tuple[BlobInfo, ...], output: str) -> str:
+    """The prepared session of exactly these inputs, in the session's output folder."""
+    return f"{output.rstrip('/')}/{PREPARED_DIR}/{inputs_key(list(key))}.xdiag"
+
+
 class SessionLoader:
     """Reads a session once per process and keeps the most recent sessions in memory, keyed by the exact inputs
     (every file's URI, generation and size): a replaced file or one more host is another session, never the old one.
 
-    With `prepare` on (the cloud, where every stage is its own process), the first reader also stores the decoded
-    session as one file, named by the same key, in the session's analysis folder; later readers of the same inputs
-    memory-map that file instead of parsing the profile again (see xdiag.profile.compact). With `prefetch_views`
+    With `prepare` on (the cloud, where every stage is its own process), the first reader (register, during the quiet
+    period; else collect) also stores the decoded session as one file, named by the same key, in the session's
+    output folder; later readers of the same inputs memory-map that file instead of parsing the profile again (see
+    xdiag.profile.compact). With `prefetch_views`
     on (one process runs every tool), XProf's conversions of a device session start in worker processes as soon as
     it is read, and run while xdiag's own tools do.
     """
@@ -51,6 +57,7 @@ class SessionLoader:
         self._sessions: dict[tuple[BlobInfo, ...], Session] = {}
         self.read_ms: dict[tuple[BlobInfo, ...], float] = {}
         self._lock = threading.Lock()  # concurrent deliveries in one process read a session once
+        self._preparing = threading.Lock()
 
     def load(self, inputs: list[BlobInfo], name: str, output: str | None = None) -> Session:
         """The session of exactly these file versions; ProfileError where one is gone or was replaced since."""
@@ -63,10 +70,35 @@ class SessionLoader:
                 session.close()
             self._sessions.clear()
 
+    def prepare(self, inputs: list[BlobInfo], name: str, output: str) -> bool:
+        """Reads the session and stores it prepared, keeping nothing in memory: what register does with the quiet
+        period's wait, so that collect and the tools only map the prepared file. Only where this loader prepares,
+        the session is not stored yet and no other preparation runs in this process (a delivery never queues
+        behind another session's read: its own quiet period runs meanwhile). False where it did not; an unreadable
+        session is left to collect, which records why."""
+        key = tuple(sorted(inputs, key=lambda i: i.uri))
+        prepared = _prepared_uri(key, output)
+        if not self._prepare or not self._preparing.acquire(blocking=False):
+            return False
+        try:
+            if self._blobs.exists(prepared):
+                return True
+            session = read_session([self._blobs.local_path(i.uri, i.generation) for i in key], name=name,
+                                   max_bytes=self._max_bytes)
+            try:
+                self._store_prepared(session, prepared)
+            finally:
+                session.close()
+            return True
+        except (ProfileError, FileNotFoundError):
+            return False
+        finally:
+            self._preparing.release()
+
     def _load(self, key: tuple[BlobInfo, ...], name: str, output: str | None) -> Session:
         if key not in self._sessions:
             started = time.perf_counter()
-            prepared = f"{output.rstrip('/')}/{PREPARED_DIR}/{inputs_key(list(key))}.xdiag" if output else None
+            prepared = _prepared_uri(key, output) if output else None
             try:
                 if prepared and self._prepare and self._blobs.exists(prepared):
                     session = self._load_prepared(key, prepared)
@@ -91,7 +123,7 @@ class SessionLoader:
         with tempfile.TemporaryDirectory() as folder:
             path = Path(folder) / "session.xdiag"
             save_session(session, path)
-            self._blobs.put_file(path, prepared_uri)
+            self._blobs.put_file(path, prepared_uri, cache_source=True)  # a temporary file, ours alone
 
     def _load_prepared(self, key: tuple[BlobInfo, ...], prepared_uri: str) -> Session:
         session = load_session(Path(self._blobs.local_path(prepared_uri)))

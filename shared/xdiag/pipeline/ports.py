@@ -5,6 +5,7 @@ Stages never import a cloud client: they get a Bus, a BlobStore and a StateStore
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -25,15 +26,22 @@ class Bus(Protocol):
     def publish(self, topic: str, message: Message) -> None:
         """Deliver `message` to whatever handles `topic` (at least once)."""
 
+    def publish_all(self, topic: str, messages: Sequence[Message]) -> None:
+        """`publish` each; returns once every one is handed over (a fan-out in one round trip, not one each)."""
+
 
 class BlobStore(Protocol):
     def put(self, uri: str, data: bytes, content_type: str = "application/octet-stream") -> str:
         """Write an object; returns its URI."""
 
-    def put_file(self, source: Path, uri: str, content_type: str = "application/octet-stream") -> str:
-        """Write an object from a local file (streamed, for large ones); returns its URI."""
+    def put_file(self, source: Path, uri: str, content_type: str = "application/octet-stream",
+                 cache_source: bool = False) -> str:
+        """Write an object from a local file (streamed, for large ones); returns its URI. With `cache_source` the
+        caller gives the file up (it must not change afterwards): it becomes the local copy of the version written,
+        which `local_path` then returns without a download."""
 
-    def get(self, uri: str) -> bytes: ...
+    def get(self, uri: str) -> bytes:
+        """An object's bytes; FileNotFoundError where there is none."""
 
     def exists(self, uri: str) -> bool: ...
 

@@ -11,6 +11,8 @@ it a new message.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 from xdiag.model import Message, utc_now
 from xdiag.pipeline.ports import Bus, StateStore
@@ -27,11 +29,27 @@ class PublishOnce:
         self._bus, self._state = bus, state
 
     def publish(self, topic: str, message: Message) -> None:
-        key = publish_key(topic, message.model_dump_json().encode())
-        if not self._state.create(PUBLISHED, key, {"topic": topic, "at": utc_now()}):
+        self.publish_all(topic, [message])
+
+    def publish_all(self, topic: str, messages: Sequence[Message]) -> None:
+        if not messages:
+            return
+        keys = [publish_key(topic, message.model_dump_json().encode()) for message in messages]
+
+        def claim(key: str) -> bool:
+            return self._state.create(PUBLISHED, key, {"topic": topic, "at": utc_now()})
+
+        if len(keys) == 1:
+            claimed = [claim(keys[0])]
+        else:  # a fan-out's claims at once: each is a round trip to the state store
+            with ThreadPoolExecutor(max_workers=min(len(keys), 16)) as pool:
+                claimed = list(pool.map(claim, keys))
+        fresh = [(key, message) for key, message, first in zip(keys, messages, claimed) if first]
+        if not fresh:
             return  # published before
         try:
-            self._bus.publish(topic, message)
+            self._bus.publish_all(topic, [message for _, message in fresh])
         except BaseException:
-            self._state.delete(PUBLISHED, key)  # not published: the retry of this delivery publishes it
+            for key, _ in fresh:  # not published (or not known to be): the retry of this delivery publishes them
+                self._state.delete(PUBLISHED, key)
             raise

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from xdiag.errors import InvalidRequest, PoisonMessage, ProfileError, UnknownTool
@@ -38,6 +39,7 @@ from xdiag.model import (
 )
 from xdiag.pipeline.deps import Dependencies
 from xdiag.pipeline.layout import (
+    ProfileObject,
     analysis_folder,
     analysis_id_for,
     inputs_key,
@@ -248,8 +250,8 @@ def publish_tool_runs(deps: Dependencies, analysis: Analysis, attempt: int = 0) 
     """ToolRuns for the broad tools without a result; returns their names."""
     done = {key for key, _ in deps.state.list(tools_collection(analysis.analysis_id))}
     missing = [tool for tool in BROAD_TOOLS if tool not in done]
-    for tool in missing:
-        deps.bus.publish(TOPIC_TOOL_RUNS, ToolRun(analysis_id=analysis.analysis_id, tool=tool, attempt=attempt))
+    deps.bus.publish_all(TOPIC_TOOL_RUNS, [ToolRun(analysis_id=analysis.analysis_id, tool=tool, attempt=attempt)
+                                           for tool in missing])
     return missing
 
 
@@ -312,11 +314,19 @@ def aggregate(message: ToolDone, deps: Dependencies) -> None:
 
 
 def load_results(deps: Dependencies, analysis: Analysis) -> dict[str, ToolResult]:
-    results = {}
-    for tool, doc in deps.state.list(tools_collection(analysis.analysis_id)):
-        if doc.get("uri") and deps.blobs.exists(doc["uri"]):
-            results[tool] = ToolResult.model_validate_json(deps.blobs.get(doc["uri"]))
-    return results
+    """Every recorded tool result whose output is still in the blob store, fetched at once (a round trip each)."""
+
+    def fetch(uri: str) -> ToolResult | None:
+        try:
+            return ToolResult.model_validate_json(deps.blobs.get(uri))
+        except FileNotFoundError:
+            return None
+
+    stored = [(tool, doc["uri"]) for tool, doc in deps.state.list(tools_collection(analysis.analysis_id))
+              if doc.get("uri")]
+    with ThreadPoolExecutor(max_workers=max(1, min(len(stored), 16))) as pool:
+        fetched = pool.map(fetch, [uri for _, uri in stored])
+        return {tool: result for (tool, _), result in zip(stored, fetched) if result is not None}
 
 
 class FollowUps:
@@ -442,6 +452,23 @@ def _expected_hosts(deps: Dependencies, run: str) -> int:
                int(run_doc.get("expected_hosts") or 0))
 
 
+def _hosts(registered: list[dict[str, Any]]) -> list[BlobInfo]:
+    return [BlobInfo(uri=doc["uri"], size=doc["size"], generation=doc["generation"]) for doc in registered]
+
+
+def _prepare_during_quiet_period(deps: Dependencies, hosts: list[BlobInfo], named: ProfileObject) -> None:
+    """The session read and stored prepared (xdiag.profile.compact) under the key of exactly these files, so collect
+    and the tools map it instead of reading the profile after the quiet period. Best effort: whatever goes wrong
+    here, collect reads the files itself and records the precise reason where they cannot be read."""
+    try:
+        done = deps.sessions.prepare(hosts, named.session, output_uri(named.root, named.run, named.session))
+    except Exception as exc:  # noqa: BLE001 - an optimisation must never cost the announcement
+        deps.on_event("register", {"not prepared": f"{type(exc).__name__}: {exc}"[:300]})
+        return
+    deps.on_event("register", {"prepared": named.session, "files": len(hosts)} if done else
+                  {"not prepared": named.session})
+
+
 def register(message: ProfileUploaded, deps: Dependencies) -> None:
     """Records one host's file of a session; once no newer file has come for the quiet period, announces the
     session on `captures` (all its hosts in one CaptureReady). Objects outside the profile layout, or whose run,
@@ -451,8 +478,9 @@ def register(message: ProfileUploaded, deps: Dependencies) -> None:
     hosts (its registered targets, its earlier sessions): a slow host's late notification does not split the
     session. A file arriving after the announcement (a late host, a replaced file) announces the session again
     with all its files: that analysis supersedes the earlier one, which stops and never writes the session's
-    report. Only the delivery of the newest file waits; the others return at once. Announcing is at-least-once,
-    which collect absorbs: the same file versions always name the same analysis.
+    report. Only the delivery of the newest file waits; the others return at once. While it waits with every host
+    in, it reads the session and stores it prepared, so collect and the tools start from the decoded columns.
+    Announcing is at-least-once, which collect absorbs: the same file versions always name the same analysis.
     """
     named = parse_profile_uri(message.uri)
     if named is None:
@@ -488,6 +516,7 @@ def register(message: ProfileUploaded, deps: Dependencies) -> None:
     else:
         record = known
     expected = _expected_hosts(deps, run)
+    prepared = False
     while True:
         registered = [doc for _, doc in deps.state.list(files)]
         newest = max(doc["registered_at"] for doc in registered)
@@ -497,8 +526,12 @@ def register(message: ProfileUploaded, deps: Dependencies) -> None:
         remaining = newest + quiet - time.time()
         if remaining <= 0:
             break
+        if not prepared and len(registered) >= expected:  # every host is in: read the session while the period runs
+            prepared = True
+            _prepare_during_quiet_period(deps, _hosts(registered), named)
+            continue
         deps.sleep(min(remaining, 1.0))
-    hosts = [BlobInfo(uri=doc["uri"], size=doc["size"], generation=doc["generation"]) for doc in registered]
+    hosts = _hosts(registered)
     capture = CaptureReady(
         analysis_id=analysis_id_for(run, named.session, hosts, deps.default_investigator),
         run_id=run, session_id=named.session, profile_uris=sorted(h.uri for h in hosts),
