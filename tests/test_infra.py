@@ -591,7 +591,7 @@ def test_a_function_that_reads_one_session_at_a_time_takes_one_delivery_at_a_tim
         if spec.name in _table() and spec.concurrency == 1:
             fn = _table()[spec.name]
             assert fn["concurrency"] == 1 and fn["env"]["XDIAG_CONCURRENCY"] == "1", spec.name
-    # The tool runner reads the largest sessions: the most memory (bench/README.md: 4.9 GiB peak for 2 GiB).
+    # The tool runner reads the largest sessions: the most memory (bench/README.md: 2.2 GiB peak for 2 GiB).
     gib = {name: _gib(fn["memory"]) for name, fn in _table().items()}
     assert gib["run_tool"] >= 8 and gib["run_tool"] == max(gib.values()), gib
     # The download cache lives in /tmp, which is memory in Cloud Functions: it must leave room for the work.
