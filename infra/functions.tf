@@ -13,8 +13,8 @@
 #   env             its own variables, on top of local.common_env
 #
 # Sizes: a stage that reads a session (collect, run_tool, investigate) takes one delivery at a time; the bench
-# (bench/README.md) measured 2.2 GiB peak for a 2 GiB profile (4.9 GiB before narrower columns), and a function's /tmp (the download cache,
-# XDIAG_CACHE_GIB) is memory too, so those get 8 GiB. So does register: its deliveries mostly wait out the quiet
+# (bench/README.md) measured 2.2 GiB peak for a 2 GiB profile (4.9 GiB before narrower columns), and a function's
+# /tmp (the download cache, XDIAG_CACHE_GIB) is memory too, so those get 8 GiB. So does register: its deliveries mostly wait out the quiet
 # period, many at once, and one of them at a time per instance reads the session meanwhile and stores it
 # prepared (collect and the tools then only map it). The others are small and take many deliveries at once.
 
