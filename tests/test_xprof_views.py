@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import shutil
 import threading
@@ -516,3 +517,88 @@ def test_missing_or_empty_files_are_refused(tmp_path):
         XprofViews([tmp_path / "empty.xplane.pb"])
     with pytest.raises(ProfileError, match="no xplane files"):
         XprofViews([])
+
+
+def _loader_inputs(paths: list[Path]):
+    from xdiag.cloud.memory import LocalBlobStore
+
+    blobs = LocalBlobStore()
+    return blobs, [blobs.stat(str(path)) for path in paths]
+
+
+def test_a_device_sessions_conversions_start_before_the_read_and_serve_its_views(tmp_path, monkeypatch, mi300x):
+    """Where one process runs every tool, the loader starts XProf's conversions before its own read (the files'
+    plane names already say GPU) and the session's views are those: converted once each, in the worker, equal to
+    the in-process ones."""
+    from xdiag.pipeline.deps import SessionLoader
+    from xdiag.tools.common import views as session_views
+
+    monkeypatch.setattr(runner, "PREFETCH_MIN_BYTES", 1)
+    monkeypatch.delenv("XDIAG_XPROF_PROCESSES", raising=False)
+    started = []
+    real_prefetch = XprofViews.prefetch
+
+    def recording_prefetch(self):
+        started.append((self, reads[:]))
+        return real_prefetch(self)
+
+    reads: list[str] = []
+    import xdiag.pipeline.deps as deps_module
+
+    real_read = deps_module.read_session
+
+    def recording_read(paths, **kwargs):
+        reads.append("read")
+        return real_read(paths, **kwargs)
+
+    monkeypatch.setattr(XprofViews, "prefetch", recording_prefetch)
+    monkeypatch.setattr(deps_module, "read_session", recording_read)
+    blobs, inputs = _loader_inputs([_copy(MI300X, tmp_path / "originals")])
+    loader = SessionLoader(blobs, prefetch_views=True)
+    try:
+        session = loader.load(inputs, "s")
+        assert started and started[0][1] == []  # prefetch ran before the read
+        early = started[0][0]
+        assert session_views(session) is early
+        assert early.overview() == mi300x.views.overview()
+        assert "overview_page" in early.worker_cpu_s and set(early.conversion_counts.values()) == {1}
+    finally:
+        loader.close()
+    assert early.closed
+
+
+def test_no_conversions_start_before_the_read_of_a_cpu_profile_or_an_unreadable_file(
+    tmp_path, monkeypatch, cpu_profiles
+):
+    from xdiag.tools.common import start_views
+
+    monkeypatch.setattr(runner, "PREFETCH_MIN_BYTES", 1)
+    assert start_views([cpu_profiles["healthy"]]) is None  # plane names: /host:CPU only
+    assert start_views([_copy(CORRUPT, tmp_path / "bad")]) is None  # the read says why
+    monkeypatch.setenv("XDIAG_XPROF_VIEWS", "0")
+    assert start_views([_copy(MI300X, tmp_path / "off")]) is None
+
+
+def test_worker_processes_leave_this_process_a_cpu(monkeypatch):
+    monkeypatch.delenv("XDIAG_XPROF_PROCESSES", raising=False)
+    big = runner.PREFETCH_MIN_BYTES
+    for cpus, workers in ((1, 1), (2, 1), (4, 3)):
+        monkeypatch.setattr(runner.os, "sched_getaffinity", lambda _pid, n=cpus: set(range(n)))
+        assert runner._processes_allowed(big) == workers
+        assert runner._processes_allowed(big - 1) == 0  # small sessions convert in-process
+    monkeypatch.setenv("XDIAG_XPROF_PROCESSES", "3")
+    assert runner._processes_allowed(1) == 3
+
+
+def test_the_workers_run_with_glibcs_malloc_on_huge_pages(tmp_path, monkeypatch):
+    """The forkserver the workers fork from is started with WORKER_MALLOC_TUNABLES (glibc reads it at start)."""
+    import multiprocessing.forkserver
+
+    monkeypatch.setenv("XDIAG_XPROF_PROCESSES", "1")
+    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+    with XprofViews([_copy(MI300X, tmp_path / "a")]) as views:
+        assert views.prefetch() == 1
+        views.overview()
+        assert views._executor.submit(os.getenv, "GLIBC_TUNABLES").result() == runner.WORKER_MALLOC_TUNABLES
+    assert "GLIBC_TUNABLES" not in os.environ  # this process's own environment is as it was
+    assert multiprocessing.forkserver._forkserver._forkserver_pid is not None

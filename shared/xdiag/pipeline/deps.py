@@ -19,7 +19,7 @@ from xdiag.pipeline.runs import CaptureSettings, MonitorSettings
 from xdiag.profile.compact import load_session, save_session
 from xdiag.profile.reader import DEFAULT_MAX_PROFILE_BYTES, read_session
 from xdiag.profile.space import Session
-from xdiag.tools.common import prefetch_views
+from xdiag.tools.common import adopt_views, prefetch_views, start_views
 
 
 class Investigator(Protocol):
@@ -46,8 +46,8 @@ class SessionLoader:
     period; else collect) also stores the decoded session as one file, named by the same key, in the session's
     output folder; later readers of the same inputs memory-map that file instead of parsing the profile again (see
     xdiag.profile.compact). With `prefetch_views`
-    on (one process runs every tool), XProf's conversions of a device session start in worker processes as soon as
-    it is read, and run while xdiag's own tools do.
+    on (one process runs every tool), XProf's conversions of a device session start in worker processes before it
+    is read (the files' plane names tell a device profile), and run while xdiag's own read and tools do.
     """
 
     def __init__(self, blobs: BlobStore, max_bytes: int = DEFAULT_MAX_PROFILE_BYTES, keep: int = 2, progress=None,
@@ -103,10 +103,16 @@ class SessionLoader:
                 if prepared and self._prepare and self._blobs.exists(prepared):
                     session = self._load_prepared(key, prepared)
                 else:
-                    session = read_session(
-                        [self._blobs.local_path(i.uri, i.generation) for i in key], name=name,
-                        max_bytes=self._max_bytes, progress=self._progress,
-                    )
+                    paths = [self._blobs.local_path(i.uri, i.generation) for i in key]
+                    early = (start_views(paths) if self._prefetch_views and sum(i.size for i in key) <= self._max_bytes
+                             else None)
+                    try:
+                        session = read_session(paths, name=name, max_bytes=self._max_bytes, progress=self._progress)
+                    except BaseException:
+                        if early is not None:
+                            early.close()
+                        raise
+                    adopt_views(session, early)
                     if prepared and self._prepare:
                         self._store_prepared(session, prepared)
             except FileNotFoundError as exc:

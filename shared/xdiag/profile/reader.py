@@ -101,6 +101,31 @@ def _top_level_fields(buf, size: int, name: str) -> Iterator[tuple[int, int, int
         pos += length
 
 
+def plane_names(path: Path) -> list[str]:
+    """The names of a file's planes, read from each plane's first fields without decoding its lines
+    (milliseconds on any size): enough to tell a device profile from a CPU one before the read."""
+    with path.open("rb") as handle, _mapped(handle) as buf:
+        size = len(buf)
+        names = []
+        for number, start, end in _top_level_fields(buf, size, path.name):
+            if number != 1:
+                continue
+            pos = start
+            while pos < end:  # XPlane: id (1, varint), then name (2); serialised in field order
+                key, pos = _varint(buf, pos, end)
+                if key & 7 == _WIRE_VARINT:
+                    _, pos = _varint(buf, pos, end)
+                    continue
+                if key & 7 != _WIRE_LEN:
+                    break
+                length, pos = _varint(buf, pos, end)
+                if key >> 3 == 2:
+                    names.append(bytes(buf[pos:pos + length]).decode("utf-8", "replace"))
+                    break
+                pos += length
+        return names
+
+
 def _stat_value(stat, stat_names: dict[int, str]) -> object:
     kind = stat.WhichOneof("value")
     if kind is None:

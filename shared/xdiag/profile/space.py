@@ -8,6 +8,7 @@ protobuf objects, so memory stays a small multiple of the file size.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -327,6 +328,15 @@ class HostProfile:
 _DEVICE_RE = re.compile(r"^/device:(?P<kind>[A-Z]+):(?P<index>\d+)")
 
 
+def platform_of(plane_names: Iterable[str]) -> str:
+    """TPU, GPU or CPU: the accelerator that planes of these names belong to, else CPU."""
+    kinds = {m.group("kind") for name in plane_names if (m := _DEVICE_RE.match(name))}
+    for kind in ("TPU", "GPU"):
+        if kind in kinds:
+            return kind
+    return "CPU"
+
+
 @dataclass
 class Session:
     """One capture: every host's planes and the HLO modules, read once."""
@@ -370,11 +380,7 @@ class Session:
     @property
     def platform(self) -> str:
         """TPU, GPU or CPU: the accelerator the profile's device planes name, else CPU."""
-        kinds = {m.group("kind") for p in self.device_planes() if (m := _DEVICE_RE.match(p.name))}
-        for kind in ("TPU", "GPU"):
-            if kind in kinds:
-                return kind
-        return "CPU"
+        return platform_of(p.name for p in self.planes)
 
     def module(self, name_or_display: str) -> HloModule | None:
         for module in self.hlo_modules:

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from xdiag.errors import NotAvailable, XdiagError
-from xdiag.profile.space import Session
+from xdiag.profile.reader import plane_names
+from xdiag.profile.space import Session, platform_of
 
 HOST_PLANE_SOURCE = "xdiag host-plane analysis (XLA:CPU ops on the CPU client threads, step annotations)"
 DEVICE_PLANE_SOURCE = "xdiag device-plane analysis"
@@ -49,6 +52,37 @@ def views(session: Session):
 
         session.cache["xprof_views"] = XprofViews(session.paths)
     return session.cache["xprof_views"]
+
+
+def start_views(paths: Sequence[Path]):
+    """XProf's views of a session about to be read, their conversions already started (`prefetch`), where the
+    files' plane names show a device profile; else None. Started before xdiag's own read, the conversions overlap
+    it too. The views become the session's through `adopt_views` once it is read."""
+    if os.environ.get(XPROF_VIEWS_ENV, "1") == "0":
+        return None
+    try:
+        if platform_of(name for path in paths for name in plane_names(Path(path))) == "CPU":
+            return None
+        from xdiag.analysis.xprof import XprofViews
+
+        early = XprofViews(sorted(Path(path) for path in paths))
+    except (XdiagError, OSError, ValueError):  # the read meets the same problem and says what it is
+        return None
+    try:
+        early.prefetch()
+    except XdiagError:  # the views meet it again when asked, and report it
+        pass
+    return early
+
+
+def adopt_views(session: Session, early) -> None:
+    """Makes views from `start_views` the session's own (the ones `views` returns)."""
+    if early is None:
+        return
+    if session.platform == "CPU" or "xprof_views" in session.cache:
+        early.close()
+        return
+    session.cache["xprof_views"] = early
 
 
 def prefetch_views(session: Session) -> None:
