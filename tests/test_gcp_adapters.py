@@ -43,6 +43,9 @@ def test_documents_round_trip_with_nested_arrays_and_merge_updates(local_stack):
     assert state.get("docs", key) == {**value, "extra": True}
     assert (key, {**value, "extra": True}) in state.list("docs")
     assert state.get("docs", "absent") is None
+    state.set(f"docs/{key}/tools", "t", {"n": 1})
+    assert state.get_many([(f"docs/{key}/tools", "t"), ("docs", "absent"), ("docs", key)]) == [
+        {"n": 1}, None, {**value, "extra": True}]  # in the order asked, whatever order the server answers in
 
 
 def test_local_path_downloads_once_per_version_into_a_bounded_cache(local_stack, tmp_path, h200_profiles):

@@ -9,6 +9,7 @@ and comes back as the list it was.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from google.api_core import exceptions
@@ -46,6 +47,11 @@ class FirestoreStateStore:
     def get(self, collection: str, key: str) -> dict[str, Any] | None:
         snapshot = self._doc(collection, key).get()
         return _decode(snapshot.to_dict()) if snapshot.exists else None
+
+    def get_many(self, refs: Sequence[tuple[str, str]]) -> list[dict[str, Any] | None]:
+        documents = [self._doc(collection, key) for collection, key in refs]
+        found = {snapshot.reference.path: snapshot for snapshot in self._client.get_all(documents)}  # any order
+        return [_decode(s.to_dict()) if (s := found.get(d.path)) is not None and s.exists else None for d in documents]
 
     def set(self, collection: str, key: str, value: dict[str, Any]) -> None:
         self._doc(collection, key).set(_encode(value))

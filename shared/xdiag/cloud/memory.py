@@ -130,6 +130,9 @@ class MemoryStateStore:
             doc = self._docs.get(collection, {}).get(key)
             return copy.deepcopy(doc) if doc is not None else None
 
+    def get_many(self, refs: Sequence[tuple[str, str]]) -> list[dict[str, Any] | None]:
+        return [self.get(collection, key) for collection, key in refs]
+
     def set(self, collection: str, key: str, value: dict[str, Any]) -> None:
         with self._lock:
             self._docs.setdefault(collection, {})[key] = copy.deepcopy(value)

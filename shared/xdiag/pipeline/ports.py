@@ -59,6 +59,9 @@ class BlobStore(Protocol):
 class StateStore(Protocol):
     def get(self, collection: str, key: str) -> dict[str, Any] | None: ...
 
+    def get_many(self, refs: Sequence[tuple[str, str]]) -> list[dict[str, Any] | None]:
+        """`get` of each (collection, key), in that order, in one round trip."""
+
     def set(self, collection: str, key: str, value: dict[str, Any]) -> None: ...
 
     def update(self, collection: str, key: str, fields: dict[str, Any]) -> None:

@@ -274,15 +274,19 @@ def _record_tool(deps: Dependencies, analysis: Analysis, result: ToolResult) -> 
 
 def run_tool(message: ToolRun, deps: Dependencies) -> None:
     """Runs one broad tool on the session and stores its result; a second delivery only re-announces it (and the
-    bus publishes an announcement once)."""
+    bus publishes an announcement once). The analysis and the tool's record come in one read, the fan-out's cost
+    being its round trips; whether a newer analysis superseded this one is the fan-in's check (`aggregate` marks
+    it SUPERSEDED, and the tool runs after that see the status and stop)."""
     if message.tool not in BROAD_TOOLS:
         raise PoisonMessage(f"tool {message.tool!r} is not one of the broad tools an analysis runs")
-    analysis = _load_analysis(deps, message.analysis_id)
-    if analysis is None:
+    analysis_doc, recorded = deps.state.get_many(
+        [(ANALYSES, message.analysis_id), (tools_collection(message.analysis_id), message.tool)])
+    if analysis_doc is None:
         raise LookupError(f"unknown analysis {message.analysis_id!r}: collect has not recorded it")
-    if analysis.status in TERMINAL or not is_current(deps, analysis):
+    analysis = Analysis.model_validate(analysis_doc)
+    if analysis.status in TERMINAL:
         return  # finished, failed or superseded: nothing waits for this tool any more
-    if deps.state.get(tools_collection(analysis.analysis_id), message.tool) is None:
+    if recorded is None:
         try:
             session = _session(deps, analysis)
             result = execute_tool(session, message.tool, message.args)
