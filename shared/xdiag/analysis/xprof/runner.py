@@ -455,9 +455,12 @@ _FORKSERVER_START_LOCK = threading.Lock()
 
 
 def _start_forkserver() -> None:
-    """Starts this process's forkserver (a no-op while it runs) with `WORKER_MALLOC_TUNABLES` in its environment,
-    which glibc reads only when a program starts; a GLIBC_TUNABLES the user set is kept as it is. Another thread
-    starting a program meanwhile inherits the setting too, which only changes how its malloc maps memory."""
+    """Starts this process's forkserver (a no-op while it runs; it only spawns the process, which imports on its
+    own) with `WORKER_MALLOC_TUNABLES` in its environment, which glibc reads only when a program starts; a
+    GLIBC_TUNABLES the user set is kept as it is. The variable is in this process's environment for the few
+    milliseconds of the spawn: `prefetch` calls this from its caller's thread, before starting its own (C's setenv
+    is not safe against another thread's getenv); another program started meanwhile would inherit the setting too,
+    which only changes how its malloc maps memory."""
     with _FORKSERVER_START_LOCK:
         if "GLIBC_TUNABLES" in os.environ:
             multiprocessing.forkserver.ensure_running()
@@ -682,7 +685,11 @@ class XprofViews:
                 for index, (name, params) in enumerate(group):
                     self._pending[self._memo_key(name, params)] = (placeholder, index)
             self._executor = concurrent.futures.ProcessPoolExecutor(workers, mp_context=_worker_context())
-        # Starting the forkserver takes a Python start-up and XProf's import: not on the caller's time.
+        try:  # here, before another thread of ours starts: see _start_forkserver
+            _start_forkserver()
+        except Exception as error:  # the executor starts it as usual (without the tunables), or fails below
+            log.debug("the XProf forkserver did not start ahead: %s", error)
+        # Its Python start-up and XProf's import happen in the forkserver: not on the caller's time.
         threading.Thread(
             target=self._submit, args=(self._executor, planned), name="xprof-prefetch", daemon=True
         ).start()
@@ -690,10 +697,6 @@ class XprofViews:
 
     @staticmethod
     def _submit(executor: concurrent.futures.ProcessPoolExecutor, planned: list) -> None:
-        try:
-            _start_forkserver()
-        except Exception as error:  # the executor starts it as usual (without the tunables), or fails below
-            log.debug("the XProf forkserver did not start ahead: %s", error)
         for run_dir, group, placeholder in planned:
             try:
                 future = executor.submit(_convert_in_worker, str(run_dir), group)
