@@ -579,12 +579,12 @@ def test_no_conversions_start_before_the_read_of_a_cpu_profile_or_an_unreadable_
     assert start_views([_copy(MI300X, tmp_path / "off")]) is None
 
 
-def test_worker_processes_leave_this_process_a_cpu(monkeypatch):
+def test_as_many_workers_as_cpus_for_a_large_session_none_for_a_small_one(monkeypatch):
     monkeypatch.delenv("XDIAG_XPROF_PROCESSES", raising=False)
     big = runner.PREFETCH_MIN_BYTES
-    for cpus, workers in ((1, 1), (2, 1), (4, 3)):
+    for cpus in (1, 2, 4):
         monkeypatch.setattr(runner.os, "sched_getaffinity", lambda _pid, n=cpus: set(range(n)))
-        assert runner._processes_allowed(big) == workers
+        assert runner._processes_allowed(big) == cpus
         assert runner._processes_allowed(big - 1) == 0  # small sessions convert in-process
     monkeypatch.setenv("XDIAG_XPROF_PROCESSES", "3")
     assert runner._processes_allowed(1) == 3

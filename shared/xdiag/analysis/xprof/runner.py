@@ -370,13 +370,13 @@ def _remove_private_copy(path: str, xprof_side_files: list[str], worker_folders:
 # --- conversions in other processes -------------------------------------------------------------
 
 CONCURRENCY_ENV = "XDIAG_XPROF_PROCESSES"
-"""How many processes `XprofViews.prefetch` may run XProf's converters in at once (default: one fewer
-than the CPUs this process may use, at least one, for sessions of PREFETCH_MIN_BYTES or more, else 0);
-0 turns prefetching off, so every conversion runs in-process on demand. The CPU left is xdiag's own
-analysis's. Where groups outnumber workers, a worker converts them in turn and reuses the memory the
-last one freed: on the 85 MiB H200 bench profile (2 cores), one worker converting op_stats then
-memory_profile took as long as two converting at once (7.6 s whole analysis, median of 4) for 10.3
-instead of 12.8 s of CPU, the two at once each faulting in ~1.6 GB of fresh memory."""
+"""How many processes `XprofViews.prefetch` may run XProf's converters in at once (default: the
+CPUs this process may use, for sessions of PREFETCH_MIN_BYTES or more, else 0); 0 turns prefetching
+off, so every conversion runs in-process on demand. Where groups outnumber workers, a worker converts
+them in turn and reuses the memory the last one freed. One worker fewer than the CPUs (leaving one to
+xdiag's own analysis) was measured on the 85 MiB H200 bench profile on 2 cores: ~2 s less CPU (one
+worker converting op_stats then memory_profile instead of two each faulting in ~1.6 GB of fresh
+memory at once) but no faster: 7.5-8.3 s against 7.6-7.8 s whole (medians of 4, three sittings)."""
 
 _OP_STATS_CONVERTERS = ("overview_page", "roofline_model", "op_profile", "pod_viewer", "kernel_stats")
 """Converters that share the op_stats XProf saves in their folder: one process converts them in turn,
@@ -419,14 +419,13 @@ def _processes_allowed(session_bytes: int) -> int:
         try:
             return max(0, int(configured))
         except ValueError:
-            log.warning("%s=%r is not a number; using one fewer than the CPUs", CONCURRENCY_ENV, configured)
+            log.warning("%s=%r is not a number; using the CPU count", CONCURRENCY_ENV, configured)
     if session_bytes < PREFETCH_MIN_BYTES:
         return 0
     try:
-        cpus = len(os.sched_getaffinity(0))
+        return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
-        cpus = os.cpu_count() or 1
-    return max(1, cpus - 1)
+        return os.cpu_count() or 1
 
 
 def _worker_context() -> multiprocessing.context.BaseContext:
@@ -649,7 +648,7 @@ class XprofViews:
         """Starts the conversions the views need, concurrently, and returns at once.
 
         XProf's C++ converters hold the GIL, so they run in worker processes (at most
-        `XDIAG_XPROF_PROCESSES`; by default one fewer than the CPUs, or none for sessions under
+        `XDIAG_XPROF_PROCESSES`; by default the CPU count, or none for sessions under
         PREFETCH_MIN_BYTES, whose conversions cost less than starting workers): the op_stats
         family in one group, every other converter in its own, the groups handed to the workers in
         turn. Each group works in its own folder of links to the same files (converters write side
