@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import shutil
 import threading
@@ -588,17 +587,3 @@ def test_as_many_workers_as_cpus_for_a_large_session_none_for_a_small_one(monkey
         assert runner._processes_allowed(big - 1) == 0  # small sessions convert in-process
     monkeypatch.setenv("XDIAG_XPROF_PROCESSES", "3")
     assert runner._processes_allowed(1) == 3
-
-
-def test_the_workers_run_with_glibcs_malloc_on_huge_pages(tmp_path, monkeypatch):
-    """The forkserver the workers fork from is started with WORKER_MALLOC_TUNABLES (glibc reads it at start)."""
-    import multiprocessing.forkserver
-
-    monkeypatch.setenv("XDIAG_XPROF_PROCESSES", "1")
-    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
-    with XprofViews([_copy(MI300X, tmp_path / "a")]) as views:
-        assert views.prefetch() == 1
-        views.overview()
-        assert views._executor.submit(os.getenv, "GLIBC_TUNABLES").result() == runner.WORKER_MALLOC_TUNABLES
-    assert "GLIBC_TUNABLES" not in os.environ  # this process's own environment is as it was
-    assert multiprocessing.forkserver._forkserver._forkserver_pid is not None

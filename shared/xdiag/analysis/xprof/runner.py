@@ -27,8 +27,7 @@ one group), in its own folder of links to the same file; the views then
 wait for those results instead of converting. The results are the same as in-process ones
 (tests/test_xprof_views.py compares them); `XDIAG_XPROF_PROCESSES=0` turns it off, and sessions
 under 16 MiB (PREFETCH_MIN_BYTES) convert in-process unless it is set. The loader calls it before its
-own read (`xdiag.tools.common.start_views`), and the workers run with glibc's malloc on huge pages
-(WORKER_MALLOC_TUNABLES).
+own read (`xdiag.tools.common.start_views`), so the conversions overlap the read too.
 
 XProf logs a great deal from C++ to fd 2 and from Python to the root logger. While a conversion
 runs, fd 2 goes to a scratch file and records from xprof's modules are demoted; both are
@@ -132,7 +131,6 @@ import json
 import logging
 import mmap
 import multiprocessing
-import multiprocessing.forkserver
 import os
 import pickle
 import re
@@ -376,7 +374,10 @@ off, so every conversion runs in-process on demand. Where groups outnumber worke
 them in turn and reuses the memory the last one freed. One worker fewer than the CPUs (leaving one to
 xdiag's own analysis) was measured on the 85 MiB H200 bench profile on 2 cores: ~2 s less CPU (one
 worker converting op_stats then memory_profile instead of two each faulting in ~1.6 GB of fresh
-memory at once) but no faster: 7.5-8.3 s against 7.6-7.8 s whole (medians of 4, three sittings)."""
+memory at once) but no faster: 7.5-8.3 s against 7.4-7.8 s whole (medians of 4, three sittings).
+glibc's malloc on transparent huge pages in the workers (GLIBC_TUNABLES glibc.malloc.hugetlb=1) cut
+each conversion's system time alone, but with two workers faulting at once it cost 9.6 against 7.4 s
+whole, so the workers run with the environment they inherit."""
 
 _OP_STATS_CONVERTERS = ("overview_page", "roofline_model", "op_profile", "pod_viewer", "kernel_stats")
 """Converters that share the op_stats XProf saves in their folder: one process converts them in turn,
@@ -434,41 +435,6 @@ def _worker_context() -> multiprocessing.context.BaseContext:
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["xprof.cli.internal.oss.xprof_client", __name__])
     return context
-
-
-WORKER_MALLOC_TUNABLES = ":".join((
-    "glibc.malloc.hugetlb=1",
-    "glibc.malloc.trim_threshold=4294967296",
-    "glibc.malloc.mmap_threshold=33554432",
-    "glibc.malloc.top_pad=268435456",
-))
-"""glibc's malloc in the worker processes: on transparent huge pages, and keeping what a conversion frees for the
-next one in the same worker (no trimming, no mmap for blocks under 32 MiB). XProf's converters allocate about 18
-times the file in small blocks (1.6 GB for the 85 MiB H200 bench profile) and touch each page once: with 4 KiB
-pages ~390,000 page faults, and on this project's 2-core VM more system time than user time. Measured there, each
-conversion alone in a fresh process: overview_page 5.3-5.5 -> 3.6-3.8 s, memory_profile 3.2-4.8 -> 2.1 s, both in
-one process 6.8-8.8 -> 5.5 s (4,600 page faults instead of 414,000), peak RSS the same. An older glibc ignores
-these tunables; a kernel with transparent huge pages off ignores the advice."""
-
-_FORKSERVER_START_LOCK = threading.Lock()
-
-
-def _start_forkserver() -> None:
-    """Starts this process's forkserver (a no-op while it runs; it only spawns the process, which imports on its
-    own) with `WORKER_MALLOC_TUNABLES` in its environment, which glibc reads only when a program starts; a
-    GLIBC_TUNABLES the user set is kept as it is. The variable is in this process's environment for the few
-    milliseconds of the spawn: `prefetch` calls this from its caller's thread, before starting its own (C's setenv
-    is not safe against another thread's getenv); another program started meanwhile would inherit the setting too,
-    which only changes how its malloc maps memory."""
-    with _FORKSERVER_START_LOCK:
-        if "GLIBC_TUNABLES" in os.environ:
-            multiprocessing.forkserver.ensure_running()
-            return
-        os.environ["GLIBC_TUNABLES"] = WORKER_MALLOC_TUNABLES
-        try:
-            multiprocessing.forkserver.ensure_running()
-        finally:
-            os.environ.pop("GLIBC_TUNABLES", None)
 
 
 def _picklable(error: Exception) -> Exception:
@@ -684,11 +650,7 @@ class XprofViews:
                 for index, (name, params) in enumerate(group):
                     self._pending[self._memo_key(name, params)] = (placeholder, index)
             self._executor = concurrent.futures.ProcessPoolExecutor(workers, mp_context=_worker_context())
-        try:  # here, before another thread of ours starts: see _start_forkserver
-            _start_forkserver()
-        except Exception as error:  # the executor starts it as usual (without the tunables), or fails below
-            log.debug("the XProf forkserver did not start ahead: %s", error)
-        # Its Python start-up and XProf's import happen in the forkserver: not on the caller's time.
+        # Starting the forkserver takes a Python start-up and XProf's import: not on the caller's time.
         threading.Thread(
             target=self._submit, args=(self._executor, planned), name="xprof-prefetch", daemon=True
         ).start()
