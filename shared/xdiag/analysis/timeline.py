@@ -111,8 +111,12 @@ class HostEvents:
 
     def _matching(self, pattern: re.Pattern) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
         """(line number, starts, ends) of each line's non-op events whose names match."""
+        ids_by_plane: dict[int, np.ndarray] = {}  # a plane's names are matched once, not once per line (hundreds)
         for number, (plane, line) in enumerate(self._lines):
-            ids = np.array([k for k, n in plane.event_names.items() if pattern.search(n)], dtype=np.int64)
+            ids = ids_by_plane.get(id(plane))
+            if ids is None:
+                ids = np.array([k for k, n in plane.event_names.items() if pattern.search(n)], dtype=np.int64)
+                ids_by_plane[id(plane)] = ids
             if not len(ids):
                 continue
             mask = np.isin(line.metadata_id, ids)
