@@ -254,8 +254,13 @@ def test_a_degrading_step_time_reported_by_the_workload_makes_the_monitor_say_ba
                              and doc, 120, "the monitor's baseline", cloud)
         assert monitor["verdict"] in ("warming_up", "good") and not _sessions(cloud, run)
         slow.touch()  # every step now takes 400 ms longer (past a baseline taken under load)
-        [session] = wait_until(lambda: [s for s in _sessions(cloud, run) if s.get("analysis_id")], 120,
-                               "the monitor's capture", cloud)
+        try:
+            [session] = wait_until(lambda: [s for s in _sessions(cloud, run) if s.get("analysis_id")], 120,
+                                   "the monitor's capture", cloud)
+        except AssertionError as timed_out:  # say what the monitor saw, and the run's sessions and alerts
+            state = {k: v for k, v in (cloud.state.get("monitors", state_key(run)) or {}).items() if k != "open"}
+            raise AssertionError(f"monitor: {state}\nsessions: {_sessions(cloud, run)}\n"
+                                 f"alerts: {_alerts(cloud, run)}\n{timed_out}") from None
     finally:
         degrading.stop()
     assert session["kind"] == "auto" and session["trigger"] == "verdict"

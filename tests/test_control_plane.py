@@ -201,14 +201,14 @@ def test_a_cloud_monitoring_incident_names_its_run_by_a_label_wherever_it_is(pla
     assert Alert.model_validate_json(alert.model_dump_json()) == alert  # the shape survives the wire
 
 
-def _steps(start: int, times: list[float], began_at: float = 1_000.0) -> list[StepTimes]:
+def _steps(start: int, times: list[float], began_at: float = 1_000.0, batch: int = 50) -> list[StepTimes]:
     """Step times as a workload reports them: each step ends when the previous one did plus its own time; batches
-    of 50."""
+    of `batch`."""
     points, at = [], began_at
     for i, ms in enumerate(times):
         at += ms / 1000
         points.append(StepPoint(step=start + i, step_time_ms=ms, at=at))
-    return [StepTimes(run_id="r", target="h", points=points[i:i + 50]) for i in range(0, len(points), 50)]
+    return [StepTimes(run_id="r", target="h", points=points[i:i + batch]) for i in range(0, len(points), batch)]
 
 
 def busy_machine_noise(seconds: float, step_ms: float, seed: int) -> list[float]:
@@ -226,10 +226,11 @@ def busy_machine_noise(seconds: float, step_ms: float, seed: int) -> list[float]
     return times
 
 
-def _judge(times: list[float]) -> tuple[dict, list]:
+def _judge(times: list[float], batch: int = 50) -> tuple[dict, list]:
+    """The monitor's state and alerts after 5 warm-up steps, 20 baseline steps of 25 ms, then `times`."""
     deps, bus = build_embedded()
     deps.state.set("runs", "r", {"run_id": "r"})
-    for batch in _steps(0, [500.0, 400.0, 300.0, 200.0, 150.0] + [25.0] * 20 + times):
+    for batch in _steps(0, [500.0, 400.0, 300.0, 200.0, 150.0] + [25.0] * 20 + times, batch=batch):
         monitor(batch, deps)
     return deps.state.get("monitors", "r"), [m for t, m in bus._queue if t == "alerts"]
 
@@ -254,6 +255,17 @@ def test_the_monitor_says_bad_once_when_the_step_time_degrades_for_three_windows
     assert [w["above"] for w in state["windows"]][-3:] == [True, True, True]
     state_again, alerts_again = _judge(noise + slow + slow[:200])
     assert len(alerts_again) == 1, "still bad: no second verdict"
+
+
+@pytest.mark.parametrize("batch", [25, 5, 1])
+def test_a_baseline_completed_by_a_whole_batch_still_lets_later_windows_be_judged(batch):
+    """The report that completes the baseline has no step left to judge (25 = 5 warm-up + 20 baseline points): the
+    windows start at the next report's steps. (They used to start nowhere: the run was never judged, seen as the
+    monitor's capture timing out in a fresh-clone CI run.)"""
+    state, alerts = _judge([125.0] * 400, batch=batch)  # 50 s at 5x the baseline
+    [alert] = alerts
+    assert alert.detail["baseline_ms"] == 25.0 and alert.detail["window_median_ms"] == 125.0
+    assert state["verdict"] == "bad" and state["origin"] is not None
 
 
 def test_step_times_for_an_unknown_run_are_refused_and_create_no_monitor():

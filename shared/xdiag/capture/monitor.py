@@ -77,7 +77,9 @@ def _judge(doc: dict[str, Any], points: list[tuple[float, float]], settings) -> 
     baseline = doc["baseline_ms"]
     threshold = baseline * (1 + settings.margin)
     opened = doc.setdefault("open", [])
-    origin = doc.setdefault("origin", min((at for at, _ in points), default=None))
+    if doc.get("origin") is None:  # windows count from the first judged step (None where a report had none left)
+        doc["origin"] = min((at for at, _ in points), default=None)
+    origin = doc["origin"]
     if origin is None:
         return None
     closed_until = doc.get("closed_until", -1)  # the last window index judged
