@@ -230,8 +230,8 @@ def _judge(times: list[float], batch: int = 50) -> tuple[dict, list]:
     """The monitor's state and alerts after 5 warm-up steps, 20 baseline steps of 25 ms, then `times`."""
     deps, bus = build_embedded()
     deps.state.set("runs", "r", {"run_id": "r"})
-    for batch in _steps(0, [500.0, 400.0, 300.0, 200.0, 150.0] + [25.0] * 20 + times, batch=batch):
-        monitor(batch, deps)
+    for report in _steps(0, [500.0, 400.0, 300.0, 200.0, 150.0] + [25.0] * 20 + times, batch=batch):
+        monitor(report, deps)
     return deps.state.get("monitors", "r"), [m for t, m in bus._queue if t == "alerts"]
 
 
