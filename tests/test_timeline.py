@@ -176,6 +176,25 @@ def test_the_straggler_arrives_last_and_its_own_breakdown_says_why(workload, cau
     assert "input_bound" not in {f.key for f in findings}  # the slow host's input is not everyone's
 
 
+def test_a_capture_whose_flow_ids_repeat_later_breaks_down_as_the_capture_did(cpu_profiles, tmp_path):
+    """XLA:CPU's async ops end at the `end:` event of their flow. Here every line of a real capture is repeated
+    later in time, flow ids and all (bench/make_large_profile.py, as a long capture whose id counter restarted
+    would): each op must end at its own flow's end, not at a later copy's seconds away, which read as a device
+    busy 100% of every step."""
+    from bench.make_large_profile import build
+
+    source = cpu_profiles["dispatch_bound"]
+    doubled = tmp_path / "doubled.xplane.pb"
+    copies, _ = build(source, doubled, size_mib=2.5 * source.stat().st_size / 2**20)
+    assert copies == 2
+    _, once = _tool(source, "get_step_trace")
+    _, twice = _tool(doubled, "get_step_trace")
+    assert twice.summary["steps"] == 2 * once.summary["steps"]
+    assert once.summary["compute_percent"] < 50 and once.summary["dispatch_percent"] > 20
+    for key in ("compute_percent", "dispatch_percent", "device_busy_percent_mean"):
+        assert twice.summary[key] == pytest.approx(once.summary[key], abs=1.0)
+
+
 def test_union_of_merged_intervals_covers_what_the_union_of_all_intervals_does(h200_profiles):
     """The breakdown adds each layer to the union of the layers before it already merged (union_with) instead of
     merging every interval again, and merges host events line by line (HostEvents.union): the same coverage per

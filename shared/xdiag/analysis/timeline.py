@@ -428,7 +428,7 @@ def _line_ops(plane: Plane, line: Line, host: str, has_xla_ops_line: bool) -> di
 
 
 def _flow_ends(plane: Plane) -> tuple[np.ndarray, np.ndarray]:
-    """Flow id -> end time of the `end: <op>` events that finish async XLA:CPU ops."""
+    """Flow ids and end times of the `end: <op>` events that finish async XLA:CPU ops, ordered by (id, end)."""
     ids, ends = [], []
     for line in plane.lines:
         consumer = line.numeric.get("_c")
@@ -441,8 +441,40 @@ def _flow_ends(plane: Plane) -> tuple[np.ndarray, np.ndarray]:
     if not ids:
         return np.empty(0, np.int64), np.empty(0, np.int64)
     ids_all, ends_all = np.concatenate(ids), np.concatenate(ends)
-    order = np.argsort(ids_all)
+    order = np.lexsort((ends_all, ids_all))
     return ids_all[order], ends_all[order]
+
+
+def _flow_finish(flow_ids: np.ndarray, flow_ends: np.ndarray, flow: np.ndarray, start_ps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For each op, whether a flow's `end:` event finishes it and when: the first end of its flow id at or after the
+    op's start. A flow id is normally unique, but a long capture may reuse one (its counter restarting), and
+    pairing with another op's end would stretch an op over seconds."""
+    hit = np.zeros(len(flow), dtype=bool)
+    finish = np.zeros(len(flow), dtype=np.int64)
+    has_flow = np.flatnonzero(flow != NO_VALUE)
+    if not len(flow_ids) or not len(has_flow):
+        return hit, finish
+    ids, starts = flow[has_flow], start_ps[has_flow]
+    # One merged order by (id, time), an op before an end at the same time; each op's match is the next end
+    # in that order, if it carries the same id.
+    keys_id = np.concatenate([ids, flow_ids])
+    keys_time = np.concatenate([starts, flow_ends])
+    is_end = np.concatenate([np.zeros(len(ids), bool), np.ones(len(flow_ids), bool)])
+    order = np.lexsort((is_end, keys_time, keys_id))
+    position = np.empty(len(order), dtype=np.int64)
+    position[order] = np.arange(len(order))
+    end_at = np.where(is_end[order], np.arange(len(order)), len(order))
+    next_end = np.minimum.accumulate(end_at[::-1])[::-1]  # the first end at or after each position
+    after = position[: len(ids)] + 1
+    candidate = np.full(len(ids), len(order))
+    inside = after < len(order)
+    candidate[inside] = next_end[after[inside]]
+    found = candidate < len(order)
+    matched = np.zeros(len(ids), dtype=bool)
+    matched[found] = keys_id[order[candidate[found]]] == ids[found]
+    hit[has_flow[matched]] = True
+    finish[has_flow[matched]] = keys_time[order[candidate[matched]]]
+    return hit, finish
 
 
 def op_table(session: Session) -> OpTable:
@@ -463,10 +495,8 @@ def op_table(session: Session) -> OpTable:
                     if ops is None:
                         continue
                     if len(flow_ids):
-                        pos = np.searchsorted(flow_ids, ops["flow"])
-                        pos = np.clip(pos, 0, len(flow_ids) - 1)
-                        hit = (flow_ids[pos] == ops["flow"]) & (ops["flow"] != NO_VALUE)
-                        ops["end_ps"] = np.where(hit, np.maximum(ops["end_ps"], flow_ends[pos]), ops["end_ps"])
+                        hit, finish = _flow_finish(flow_ids, flow_ends, ops["flow"], ops["start_ps"])
+                        ops["end_ps"] = np.where(hit, np.maximum(ops["end_ps"], finish), ops["end_ps"])
                     parts.append(ops)
         if not parts:
             empty_o, empty_i = np.empty(0, object), np.empty(0, np.int64)
