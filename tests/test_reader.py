@@ -72,6 +72,32 @@ def test_truncated_profile_is_refused(tmp_path, cpu_profiles):
     _refused(cut, r"truncated: field 'planes' at byte \d+ declares \d+ bytes but only \d+ remain")
 
 
+def test_a_corrupt_line_inside_an_intact_file_is_refused_with_where(tmp_path, h200_profiles):
+    """Every length up to the line is right; inside the line, the last event claims more bytes than the line has
+    (its length varint's last byte raised by one). The reader must say which line, not fail to unmap the file."""
+    import numpy as np
+    from xdiag.profile import wire
+
+    data = bytearray(h200_profiles["host_sync"].read_bytes())
+    arr = np.frombuffer(bytes(data), dtype=np.uint8)
+
+    def fields(start, end):
+        numbers, tags, starts, ends, _, err, _ = wire.scan_fields(arr, start, end)
+        assert not err
+        return list(zip(numbers.tolist(), tags.tolist(), starts.tolist(), ends.tolist()))
+
+    lines = (f for plane in fields(0, len(arr)) if plane[0] == 1 for f in fields(plane[2], plane[3]) if f[0] == 3)
+    line = next(f for f in lines if any(g[0] == 4 for g in fields(f[2], f[3])))
+    _, event_tag, event_start, event_end = [g for g in fields(line[2], line[3]) if g[0] == 4][-1]
+    assert event_end == line[3]  # the line's last field: a longer event runs past the line
+    length_end = event_start - 1  # the last byte of the event's length varint
+    assert data[length_end] < 0x7F
+    data[length_end] += 1
+    corrupt = tmp_path / "corrupt-line.xplane.pb"
+    corrupt.write_bytes(bytes(data))
+    _refused(corrupt, rf"a line at byte {line[2]} is corrupt: a field's length runs past the end of its message")
+
+
 def test_random_bytes_are_refused(tmp_path):
     noise = tmp_path / "noise.xplane.pb"
     noise.write_bytes(os.urandom(4096))

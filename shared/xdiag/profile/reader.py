@@ -18,6 +18,7 @@ import gc
 import json
 import mmap
 import os
+import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -422,6 +423,11 @@ def _mapped(handle) -> Iterator[mmap.mmap]:
     buf = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
     try:
         yield buf
+    except BaseException as exc:
+        # The frames the error came through hold views of the map for as long as the error lives: without their
+        # locals the map can close, and the caller gets the error (a corrupt line's ProfileError), not a BufferError.
+        traceback.clear_frames(exc.__traceback__)
+        raise
     finally:
         try:
             buf.close()
