@@ -445,35 +445,27 @@ def _flow_ends(plane: Plane) -> tuple[np.ndarray, np.ndarray]:
     return ids_all[order], ends_all[order]
 
 
-def _flow_finish(flow_ids: np.ndarray, flow_ends: np.ndarray, flow: np.ndarray, start_ps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _flow_finish(
+    flow_ids: np.ndarray, flow_ends: np.ndarray, flow: np.ndarray, start_ps: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """For each op, whether a flow's `end:` event finishes it and when: the first end of its flow id at or after the
-    op's start. A flow id is normally unique, but a long capture may reuse one (its counter restarting), and
-    pairing with another op's end would stretch an op over seconds."""
-    hit = np.zeros(len(flow), dtype=bool)
-    finish = np.zeros(len(flow), dtype=np.int64)
-    has_flow = np.flatnonzero(flow != NO_VALUE)
-    if not len(flow_ids) or not len(has_flow):
-        return hit, finish
-    ids, starts = flow[has_flow], start_ps[has_flow]
-    # One merged order by (id, time), an op before an end at the same time; each op's match is the next end
-    # in that order, if it carries the same id.
-    keys_id = np.concatenate([ids, flow_ids])
-    keys_time = np.concatenate([starts, flow_ends])
-    is_end = np.concatenate([np.zeros(len(ids), bool), np.ones(len(flow_ids), bool)])
-    order = np.lexsort((is_end, keys_time, keys_id))
-    position = np.empty(len(order), dtype=np.int64)
-    position[order] = np.arange(len(order))
-    end_at = np.where(is_end[order], np.arange(len(order)), len(order))
-    next_end = np.minimum.accumulate(end_at[::-1])[::-1]  # the first end at or after each position
-    after = position[: len(ids)] + 1
-    candidate = np.full(len(ids), len(order))
-    inside = after < len(order)
-    candidate[inside] = next_end[after[inside]]
-    found = candidate < len(order)
-    matched = np.zeros(len(ids), dtype=bool)
-    matched[found] = keys_id[order[candidate[found]]] == ids[found]
-    hit[has_flow[matched]] = True
-    finish[has_flow[matched]] = keys_time[order[candidate[matched]]]
+    op's start (`flow_ids`, `flow_ends` ordered by id, then end). A flow id is normally unique, but a long capture
+    may reuse one (its counter restarting), and pairing with another op's end would stretch an op over seconds."""
+    first = np.searchsorted(flow_ids, flow, "left")
+    lo, hi = first.copy(), np.searchsorted(flow_ids, flow, "right")
+    last = hi.copy()
+    # Each op's ends are in time order: bisect every op's range at once until it closes on the first end that is
+    # not before the op's start (one round where its id is unique).
+    while True:
+        open_ = np.flatnonzero(lo < hi)
+        if not len(open_):
+            break
+        mid = (lo[open_] + hi[open_]) // 2
+        later = flow_ends[mid] >= start_ps[open_]
+        hi[open_[later]] = mid[later]
+        lo[open_[~later]] = mid[~later] + 1
+    hit = (lo < last) & (flow != NO_VALUE)
+    finish = np.where(hit, flow_ends[np.minimum(lo, len(flow_ends) - 1)], 0)
     return hit, finish
 
 
