@@ -348,7 +348,6 @@ NOT_SET_IN_CLOUD = {
     "XDIAG_CONTROL_PLANE_AUTH=iam instead",
     "XDIAG_WIRE_JIT": "forces the numba-compiled profile decoder over the ahead-of-time one (build_wire, tests); "
     "unset, a deployment uses whichever it has",
-    "XDIAG_WIRE_UNCACHED_COPY": "set by the profile decoder itself, only while it compiles its GIL-releasing copy",
     "XDIAG_XPROF_VIEWS": "a switch that turns XProf's converters off (xdiag analyze --no-xprof-views); unset, the "
     "deployed stages run them",
     "XDIAG_CONTROL_PLANE_PRINCIPAL": "who the local token stands for; behind IAM the caller's verified identity is",

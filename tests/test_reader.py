@@ -166,7 +166,6 @@ def test_lines_decoded_in_parallel_threads_equal_one_thread(monkeypatch):
     monkeypatch.setattr(reader, "READ_THREADS", 1)
     one = columns(read_session([path]))
     monkeypatch.setattr(reader, "READ_THREADS", 3)
-    monkeypatch.setattr(reader, "PARALLEL_DECODE_BYTES", 0)  # numba's GIL-releasing decoder, as for large files
     many = columns(read_session([path]))
     assert len(one) == len(many) > 10
     for a, b in zip(one, many):

@@ -6,6 +6,10 @@ numba's pycc turns the exported functions into an extension module that needs on
 run time, so reading a profile no longer imports numba and LLVM. The signatures are the ones the
 reader calls with: the read-only byte view of the memory-mapped file, int64 positions and int64
 id/slot arrays. Where this fails (no compiler), wire.py compiles with numba on first use instead.
+
+The exported wrappers release the GIL around the compiled code, as `@njit(nogil=True)` does, so the
+reader's threads decode lines in parallel. pycc has no option for it: the build compiles with
+numba's own `release_gil` flag set (`_ReleasingTheGil`).
 """
 
 from __future__ import annotations
@@ -29,6 +33,17 @@ def build() -> Path:
     os.environ["NUMBA_CACHE_DIR"] = cache_dir
     from numba import types
     from numba.pycc import CC
+    from numba.pycc import compiler as pycc_compiler
+
+    class _ReleasingTheGil(pycc_compiler.Flags):
+        """pycc's compile flags with numba's `release_gil` on: each exported wrapper unboxes its arguments,
+        releases the GIL, runs the compiled function and takes the GIL back to box the results."""
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.release_gil = True
+
+    pycc_compiler.Flags = _ReleasingTheGil  # the name pycc's _cull_exports builds its flags from
 
     from xdiag.profile import wire
 

@@ -145,19 +145,12 @@ READ_THREADS = max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_
 """Lines decoded at once: the compiled decoder releases the GIL, so lines decode in parallel threads."""
 
 
-PARALLEL_DECODE_BYTES = 256 * 2**20
-"""From this file size up, lines decode in parallel threads with numba's GIL-releasing decoder even where
-the ahead-of-time one is built: numba's start-up is then small beside the decoding time saved."""
-
-
-def _wire_lines(
-    arr: np.ndarray, spans: list[tuple[int, int]], columns: "_StatColumns", decode_line: Callable[..., tuple]
-) -> Iterator[tuple]:
+def _wire_lines(arr: np.ndarray, spans: list[tuple[int, int]], columns: "_StatColumns") -> Iterator[tuple]:
     """`decode_line` of each (start, end), packed (_packed), in order; up to READ_THREADS lines decode at once,
     a few lines ahead of the caller (so memory holds only those beyond the lines already taken)."""
 
     def decode(span: tuple[int, int]) -> tuple:
-        return _packed(decode_line(
+        return _packed(wire.decode_line(
             arr, span[0], span[1], columns.numeric_ids, columns.numeric_slots, columns.string_ids, columns.string_slots
         ))
 
@@ -329,7 +322,7 @@ _PLANE_METADATA_FIELDS = (1, 2, 4, 5, 6)  # id, name, event_metadata, stat_metad
 
 def _decode_plane(
     arr: np.ndarray, start: int, end: int, host: str, modules: list[HloModule], name: str,
-    release: Callable[[int, int], None], parallel: bool = False,
+    release: Callable[[int, int], None],
 ) -> Plane:
     numbers, tags, starts, ends, _, err, err_pos = wire.scan_fields(arr, start, end)
     if err:
@@ -372,8 +365,7 @@ def _decode_plane(
     columns = _StatColumns(stat_names)
     lines = []
     spans = list(zip(starts[numbers == 3].tolist(), ends[numbers == 3].tolist()))
-    decode_line = wire.decoder_releasing_the_gil() if parallel else wire.decode_line
-    decoded_lines = _wire_lines(arr, spans, columns, decode_line)
+    decoded_lines = _wire_lines(arr, spans, columns)
     try:
         for (line_start, line_end), decoded in zip(spans, decoded_lines):
             lines.append(_decode_line(arr, line_start, decoded, stat_names, columns, intern, name))
@@ -459,13 +451,10 @@ def read_host(path: Path, progress: Progress | None = None) -> tuple[HostProfile
         if texts["hostnames"]:
             host = texts["hostnames"][0]
         arr = np.frombuffer(buf, dtype=np.uint8)
-        parallel = READ_THREADS > 1 and size >= PARALLEL_DECODE_BYTES
         try:
             for number, start, end in fields:
                 if number == 1:
-                    planes.append(_decode_plane(
-                        arr, start, end, host, modules, name, lambda a, b: _release(buf, a, b), parallel=parallel
-                    ))
+                    planes.append(_decode_plane(arr, start, end, host, modules, name, lambda a, b: _release(buf, a, b)))
                     if progress:
                         progress(f"read {name}", end, size)
         finally:

@@ -12,7 +12,8 @@ Compiled ahead of time where it can be: `python -m xdiag.profile.build_wire` (`m
 writes `_wire_compiled*.so` next to this file, an extension module that needs neither numba nor
 LLVM at run time (numba's import and first call cost ~0.6 s CPU and ~150 MB of memory per
 process). Without it (no C compiler at install, `XDIAG_WIRE_JIT=1`), the same functions are
-compiled by numba on first use and cached in `__pycache__`.
+compiled by numba on first use and cached in `__pycache__`. Both release the GIL while they run,
+so the reader decodes lines in parallel threads.
 """
 
 from __future__ import annotations
@@ -24,12 +25,14 @@ from pathlib import Path
 import numpy as np
 
 SOURCE_STAMP = Path(__file__).with_name("_wire_compiled.source")
-"""The sha256 of the wire.py the ahead-of-time module was built from: a module built from another
-version of this file is not used."""
+"""The sha256 of the wire.py and build_wire.py the ahead-of-time module was built from: a module built from
+another version of either (other code, other compiler flags) is not used."""
 
 
 def source_digest() -> str:
-    return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+    digest = hashlib.sha256(Path(__file__).read_bytes())
+    digest.update(Path(__file__).with_name("build_wire.py").read_bytes())
+    return digest.hexdigest()
 
 
 def _load_ahead_of_time():
@@ -56,15 +59,8 @@ def njit(**options):
         return lambda function: function
     from numba import njit as numba_njit
 
-    if os.environ.get(_UNCACHED_COPY_ENV) == "1":
-        options["cache"] = False
     return numba_njit(**options)
 
-
-_UNCACHED_COPY_ENV = "XDIAG_WIRE_UNCACHED_COPY"
-"""Set while decoder_releasing_the_gil() compiles its second copy of this file: numba would cache that copy under
-this file's name with an environment it cannot import again ('<dynamic>'), and every later numba process that
-found those entries would fail to load them. Compiled once per process instead (only for large profiles)."""
 
 NO_VALUE = np.iinfo(np.int64).min
 
@@ -199,6 +195,8 @@ def _decode_events(buf, start, end, numeric_ids, numeric_slots, string_ids, stri
                 ewire = ekey & 7
                 if ewire == 0 and enum <= 3:
                     value, pos = _varint(buf, pos, event_end)
+                    if pos < 0:
+                        return e, k, ERR_VARINT, event_end
                     if fill:
                         if enum == 1:
                             metadata_id[e] = value
@@ -313,40 +311,6 @@ def decode_line(buf, start, end, numeric_ids, numeric_slots, string_ids, string_
     _decode_events(buf, start, end, numeric_ids, numeric_slots, string_ids, string_slots, True,
                    metadata_id, offset_ps, duration_ps, stat_event, stat_slot, stat_a, stat_b, header)
     return header, metadata_id, offset_ps, duration_ps, stat_event, stat_slot, stat_a, stat_b, OK, end
-
-
-_released_gil_decoder = None
-
-
-def decoder_releasing_the_gil():
-    """`decode_line` compiled by numba with the GIL released, so lines decode in parallel threads.
-
-    The ahead-of-time module's wrappers hold the GIL; for a profile large enough that parallel
-    decoding outweighs numba's start-up (its import, ~150 MB), the reader asks for this one: a second
-    copy of this module, compiled by numba (cached like the fallback)."""
-    global _released_gil_decoder
-    if _ahead_of_time is None:
-        return decode_line
-    if _released_gil_decoder is None:
-        import importlib.util
-
-        spec = importlib.util.spec_from_file_location("xdiag.profile._wire_jit", __file__)
-        module = importlib.util.module_from_spec(spec)
-        saved_jit, saved_uncached = os.environ.get("XDIAG_WIRE_JIT"), os.environ.get(_UNCACHED_COPY_ENV)
-        os.environ["XDIAG_WIRE_JIT"] = os.environ[_UNCACHED_COPY_ENV] = "1"
-        try:
-            spec.loader.exec_module(module)
-        finally:
-            if saved_jit is None:
-                os.environ.pop("XDIAG_WIRE_JIT", None)
-            else:
-                os.environ["XDIAG_WIRE_JIT"] = saved_jit
-            if saved_uncached is None:
-                os.environ.pop(_UNCACHED_COPY_ENV, None)
-            else:
-                os.environ[_UNCACHED_COPY_ENV] = saved_uncached
-        _released_gil_decoder = module.decode_line
-    return _released_gil_decoder
 
 
 if _ahead_of_time is not None:
