@@ -88,7 +88,7 @@ def test_a_corrupt_line_inside_an_intact_file_is_refused_with_where(tmp_path, h2
 
     lines = (f for plane in fields(0, len(arr)) if plane[0] == 1 for f in fields(plane[2], plane[3]) if f[0] == 3)
     line = next(f for f in lines if any(g[0] == 4 for g in fields(f[2], f[3])))
-    _, event_tag, event_start, event_end = [g for g in fields(line[2], line[3]) if g[0] == 4][-1]
+    _, _, event_start, event_end = [g for g in fields(line[2], line[3]) if g[0] == 4][-1]
     assert event_end == line[3]  # the line's last field: a longer event runs past the line
     length_end = event_start - 1  # the last byte of the event's length varint
     assert data[length_end] < 0x7F

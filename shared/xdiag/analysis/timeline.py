@@ -451,8 +451,7 @@ def _flow_finish(
     """For each op, whether a flow's `end:` event finishes it and when: the first end of its flow id at or after the
     op's start (`flow_ids`, `flow_ends` ordered by id, then end). A flow id is normally unique, but a long capture
     may reuse one (its counter restarting), and pairing with another op's end would stretch an op over seconds."""
-    first = np.searchsorted(flow_ids, flow, "left")
-    lo, hi = first.copy(), np.searchsorted(flow_ids, flow, "right")
+    lo, hi = np.searchsorted(flow_ids, flow, "left"), np.searchsorted(flow_ids, flow, "right")
     last = hi.copy()
     # Each op's ends are in time order: bisect every op's range at once until it closes on the first end that is
     # not before the op's start (one round where its id is unique).
