@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 from pathlib import Path
 
@@ -52,11 +53,11 @@ def private_copy(tmp_path):
     return copy
 
 
-@pytest.fixture(scope="session")
-def local_stack(tmp_path_factory):
+@contextlib.contextmanager
+def running_local_stack(tmp_path_factory):
     """The whole pipeline on the real emulators (Pub/Sub, Firestore, fake-gcs-server) and every function under
-    functions-framework, started once per test session and stopped (every process group) at its end, or by
-    its reaper if this process dies first. Its emulators' hosts are in os.environ while it runs.
+    functions-framework, stopped (every process group) on exit, or by its reaper if this process dies first. Its
+    emulators' hosts are in os.environ while it runs (and what was there before, after).
 
     Never skipped: where the Google Cloud CLI, its emulators or Java are missing, the tests fail saying what to
     install."""
@@ -85,3 +86,11 @@ def local_stack(tmp_path_factory):
                 os.environ[key] = value
         busy = stack.stop()
         assert not busy, f"still listening after the stack stopped: {busy}"
+
+
+@pytest.fixture(scope="session")
+def local_stack(tmp_path_factory):
+    """One local stack (running_local_stack) for the test session. Tests that freeze or kill its functions use one
+    of their own (tests/test_faults.py): see there why."""
+    with running_local_stack(tmp_path_factory) as stack:
+        yield stack
