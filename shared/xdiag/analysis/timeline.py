@@ -430,11 +430,11 @@ def _line_ops(plane: Plane, line: Line, host: str, has_xla_ops_line: bool) -> di
 def _flow_ends(plane: Plane) -> tuple[np.ndarray, np.ndarray]:
     """Flow ids and end times of the `end: <op>` events that finish async XLA:CPU ops, ordered by (id, end)."""
     ids, ends = [], []
+    end_ids = np.array([k for k, n in plane.event_names.items() if n.startswith("end: ")], dtype=np.int64)
     for line in plane.lines:
         consumer = line.numeric.get("_c")
         if consumer is None:
             continue
-        end_ids = np.array([k for k, n in plane.event_names.items() if n.startswith("end: ")], dtype=np.int64)
         mask = np.isin(line.metadata_id, end_ids) & (consumer != NO_VALUE)
         ids.append(consumer[mask])
         ends.append(line.end_ps_at(mask))
