@@ -67,8 +67,13 @@ def test_llo_is_not_available_on_a_tpu_capture_without_llo_lines():
 
 
 def test_detectors_find_their_pattern(cpu_profiles):
-    layout = run_tool(read_session([cpu_profiles["layout_transpose"]]), "detect_layout_mismatch_copies").summary
-    assert layout["share_of_op_time_percent"] > 30 and "transpose" in layout["top_op"]
+    layout_result = run_tool(read_session([cpu_profiles["layout_transpose"]]), "detect_layout_mismatch_copies")
+    layout = layout_result.summary
+    assert layout["share_of_op_time_percent"] > 30
+    # The workload's transposes and the layout-changing copies XLA adds beside them take about the same time: which
+    # one comes first varies between captures, and both are the pattern.
+    assert "transpose:" in layout["top_op_why"] or "copy from layout" in layout["top_op_why"]
+    assert any("transpose" in op["op"] for op in layout_result.detail["ops"])
     convert = run_tool(read_session([cpu_profiles["widening_convert"]]), "detect_unnecessary_convert_reduce").summary
     assert convert["widening"] == "bf16->f32" and convert["share_of_op_time_percent"] > 30
     reshapes = run_tool(read_session([cpu_profiles["layout_transpose"]]), "detect_unfused_reshapes").summary
