@@ -268,6 +268,23 @@ def test_a_baseline_completed_by_a_whole_batch_still_lets_later_windows_be_judge
     assert state["verdict"] == "bad" and state["origin"] is not None
 
 
+def test_a_cool_down_received_just_before_the_storm_s_capture_names_that_capture():
+    """Ten incidents delivered at once: the one that claimed the capture may have been received a moment after some
+    that fell into its cool-down. Each cool-down names the capture it fell into (seen as None in a make test)."""
+    from xdiag.capture.monitored_events import describe_event
+    from xdiag.pipeline.runs import ALERTS
+
+    deps, _ = build_embedded()
+    deps.state.set(ALERTS, "early", {"run_id": "r", "source": "incident", "received_at": "2026-12-02T01:00:00.100Z",
+                                     "outcome": "cool-down: run 'r' is being captured already"})
+    deps.state.set(ALERTS, "winner", {"run_id": "r", "source": "incident", "received_at": "2026-12-02T01:00:00.105Z",
+                                      "outcome": "captured: session s1"})
+    deps.state.set(ALERTS, "late", {"run_id": "r", "source": "incident", "received_at": "2026-12-02T01:00:09.000Z",
+                                    "outcome": "cool-down: run 'r' was captured automatically 9 s ago"})
+    assert describe_event(deps.state, "early")["cooled_down_by"] == "winner"
+    assert describe_event(deps.state, "late")["cooled_down_by"] == "winner"
+
+
 def test_step_times_for_an_unknown_run_are_refused_and_create_no_monitor():
     deps, _ = build_embedded()
     with pytest.raises(PoisonMessage, match="unknown run"):

@@ -53,9 +53,13 @@ def describe_event(state, event_id: str) -> dict[str, Any] | None:
                                                              "bad_at", "verdicts", "seen")}
             event["monitor"]["latest_step_times_ms"] = (monitor.get("points") or [])[-20:]
     if event["outcome"] == "cool-down" and run_id:
-        captured = [e for e in list_events(state, run_id) if e["outcome"] == "captured"
-                    and str(e["received_at"]) <= str(record.get("received_at"))]
-        event["cooled_down_by"] = captured[-1]["id"] if captured else None
+        # The capture received last before it; in a storm delivered at once, the one that claimed the capture may
+        # have been received a moment after it: then the first capture after it.
+        received = str(record.get("received_at"))
+        captured = [e for e in list_events(state, run_id) if e["outcome"] == "captured"]
+        before = [e for e in captured if str(e["received_at"]) <= received]
+        after = [e for e in captured if str(e["received_at"]) > received]
+        event["cooled_down_by"] = before[-1]["id"] if before else after[0]["id"] if after else None
     session_id = record.get("session_id")
     if run_id and session_id:
         session = state.get(sessions_collection(run_id), state_key(session_id)) or {}
