@@ -481,6 +481,26 @@ def test_answers_known_from_the_files_bytes_are_the_converters_own(profile, tmp_
     assert "performance-counter samples" in known_answers[0] and known_answers[1]["suggestion_count"] == 0
 
 
+def _comparable(outcome: dict | NotAvailable) -> dict | str:
+    return outcome if isinstance(outcome, dict) else f"{type(outcome).__name__}: {outcome}"
+
+
+@pytest.mark.parametrize("profile", DEVICE_PROFILES, ids=lambda p: p.name)
+def test_views_without_the_python_tracers_events_are_the_views_of_the_whole_file(profile, tmp_path):
+    """The private copy leaves out the Python tracer's events (xdiag.profile.slim) because XProf's answers do not
+    use them: every view, from every converter xdiag runs, must be what XProf gives for the file as it is."""
+    copy = Path(shutil.copy(profile, tmp_path))
+    with XprofViews([copy]) as slim, XprofViews([copy], python_events=True) as whole:
+        jax_profile = profile.parent.name == "h200" or profile.name.startswith("mi300x")  # TF's V100 and the TPU: none
+        assert (slim.python_events_left_out > 0) == jax_profile
+        assert whole.python_events_left_out == 0 and whole.files[0].is_symlink()
+        if jax_profile:
+            assert not slim.files[0].is_symlink() and slim.files[0].stat().st_size < copy.stat().st_size
+        slim_views = {name: _comparable(outcome) for name, outcome in _all_views(slim).items()}
+        whole_views = {name: _comparable(outcome) for name, outcome in _all_views(whole).items()}
+    assert slim_views == whole_views
+
+
 def test_only_the_audited_smart_suggestion_rules_are_skipped(tmp_path, monkeypatch):
     copy = _copy(MI300X, tmp_path / "originals")
     with XprofViews([copy]) as views:

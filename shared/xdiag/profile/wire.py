@@ -313,6 +313,47 @@ def decode_line(buf, start, end, numeric_ids, numeric_slots, string_ids, string_
     return header, metadata_id, offset_ps, duration_ps, stat_event, stat_slot, stat_a, stat_b, OK, end
 
 
+@njit(cache=True, nogil=True)
+def line_without_events(buf, start, end, dropped_metadata, out):
+    """One XLine's fields less the events whose leading field is a metadata_id flagged in `dropped_metadata`
+    (nonzero at that index), copied
+    into `out` when it is large enough (pass an empty one to count first). Every other byte is kept as it is.
+    Returns (kept bytes, dropped events, err, err_pos)."""
+    fill = len(out) > 0
+    kept = 0
+    dropped = 0
+    pos = start
+    while pos < end:
+        field_start = pos
+        key, pos = _varint(buf, pos, end)
+        if pos < 0:
+            return kept, dropped, ERR_VARINT, field_start
+        drop = False
+        if key >> 3 == 4 and key & 7 == 2:
+            length, pos = _varint(buf, pos, end)
+            if pos < 0:
+                return kept, dropped, ERR_VARINT, field_start
+            if length < 0 or pos + length > end:
+                return kept, dropped, ERR_LENGTH, field_start
+            if length > 1 and buf[pos] == 0x08:  # XEvent field 1 (metadata_id), serialised first
+                metadata_id, after = _varint(buf, pos + 1, pos + length)
+                if after > 0 and 0 <= metadata_id < len(dropped_metadata):
+                    drop = dropped_metadata[metadata_id] != 0
+            pos += length
+        else:
+            pos = _skip(buf, pos, end, key & 7)
+            if pos < 0:
+                return kept, dropped, ERR_WIRE_TYPE if pos == -3 else ERR_LENGTH if pos == -2 else ERR_VARINT, field_start
+        if drop:
+            dropped += 1
+        else:
+            if fill:
+                out[kept:kept + pos - field_start] = buf[field_start:pos]
+            kept += pos - field_start
+    return kept, dropped, OK, end
+
+
 if _ahead_of_time is not None:
     scan_fields = _ahead_of_time.scan_fields  # noqa: F811 (the ahead-of-time build of the functions above)
     decode_line = _ahead_of_time.decode_line  # noqa: F811
+    line_without_events = _ahead_of_time.line_without_events  # noqa: F811

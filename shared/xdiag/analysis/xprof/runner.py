@@ -1,8 +1,10 @@
 """XProf's own analyses of one device (TPU/GPU) profile session, in-process, each computed at most once.
 
-`XprofViews` links the session's `*.xplane.pb` files into a private
+`XprofViews` puts the session's `*.xplane.pb` files in a private
 `<workdir>/plugins/profile/<session>/` (XProf's converters write `ALL_HOSTS.op_stats_v2.pb`,
-`*.hlo_proto.pb` … next to their input, so never next to the originals) and answers each view by
+`*.hlo_proto.pb` … next to their input, so never next to the originals): a link to each file, or, where
+its host plane holds the Python tracer's events, a copy without them (`xdiag.profile.slim`: the views are
+the same, XProf's conversions a third as long on such profiles). It answers each view by
 calling the XProf CLI tool functions that ship in the `xprof` wheel (`xprof.cli.tools.*`,
 `xprof.cli.internal.xprof_data`), or the converter itself where no tool reads it (kernel_stats,
 smart_suggestion, memory_profile). Every view returns a plain JSON-serialisable dict: a compact
@@ -159,6 +161,7 @@ from xdiag.analysis.xprof import (
 )
 from xdiag.analysis.xprof.common import DEFAULT_TOP_N, XPLANE_SUFFIX, as_positive, datatable_rows, table_with, xprof_api
 from xdiag.errors import NotAvailable, ProfileError, XdiagError
+from xdiag.profile import slim
 
 log = logging.getLogger(__name__)
 
@@ -356,6 +359,16 @@ def _link_or_copy(source: Path, target: Path) -> None:
         shutil.copyfile(source, target)
 
 
+def _copy_without_python_events(original: Path, target: Path) -> int:
+    """Events left out of the copy written to `target`; 0 where none were (nothing written: link the original).
+    A file the copy cannot walk goes to XProf as it is, to get XProf's own reason."""
+    try:
+        return slim.write_without_python_events(original, target)
+    except (ProfileError, OSError) as error:
+        log.debug("%s goes to XProf as it is: %s", original, error)
+        return 0
+
+
 def _remove_private_copy(path: str, xprof_side_files: list[str], worker_folders: list[str]) -> None:
     shutil.rmtree(path, ignore_errors=True)
     for folder in worker_folders:
@@ -517,8 +530,13 @@ class XprofViews:
     """
 
     def __init__(
-        self, xplane_paths: Sequence[str | os.PathLike[str]] | str | os.PathLike[str], workdir: Path | None = None
+        self,
+        xplane_paths: Sequence[str | os.PathLike[str]] | str | os.PathLike[str],
+        workdir: Path | None = None,
+        python_events: bool = False,
     ):
+        """`python_events=True` gives XProf the files as they are; by default the private copy leaves out the
+        Python tracer's events, which XProf's views do not use (`xdiag.profile.slim`)."""
         if isinstance(xplane_paths, (str, os.PathLike)):
             xplane_paths = [xplane_paths]
         originals = [Path(p).expanduser().absolute() for p in xplane_paths]
@@ -534,9 +552,14 @@ class XprofViews:
         root = Path(tempfile.mkdtemp(prefix="xdiag-xprof-")) if workdir is None else Path(workdir).absolute()
         self.run_dir: Path = _make_session_dir(root / "plugins" / "profile", _session_name(originals))
         self.files: list[Path] = []
+        self.python_events_left_out = 0
+        """Python-tracer events the private copy leaves out, all files together."""
         try:
             for original, name in zip(originals, _link_names(originals)):
-                _link_or_copy(original, self.run_dir / name)
+                left_out = 0 if python_events else _copy_without_python_events(original, self.run_dir / name)
+                if not left_out:
+                    _link_or_copy(original, self.run_dir / name)
+                self.python_events_left_out += left_out
                 self.files.append(self.run_dir / name)
         except OSError as error:
             shutil.rmtree(root if workdir is None else self.run_dir, ignore_errors=True)
