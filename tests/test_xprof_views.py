@@ -501,6 +501,19 @@ def test_views_without_the_python_tracers_events_are_the_views_of_the_whole_file
     assert slim_views == whole_views
 
 
+def test_a_truncated_profile_with_python_events_goes_to_xprof_as_it_is_and_gets_xprofs_reason(tmp_path):
+    """The copy without Python events cannot be made of a file cut short: XProf gets the file itself (a link), and
+    its reason (a short read, which names no file) becomes a ProfileError naming the original."""
+    whole = H200 / "recompilation.xplane.pb"
+    truncated = tmp_path / "originals" / whole.name
+    truncated.parent.mkdir()
+    truncated.write_bytes(whole.read_bytes()[: whole.stat().st_size * 3 // 4])
+    with XprofViews([truncated]) as views:
+        assert views.python_events_left_out == 0 and views.files[0].is_symlink()
+        with pytest.raises(ProfileError, match=f"XProf cannot read the profile: {truncated}: .*truncated"):
+            views.overview()
+
+
 def test_only_the_audited_smart_suggestion_rules_are_skipped(tmp_path, monkeypatch):
     copy = _copy(MI300X, tmp_path / "originals")
     with XprofViews([copy]) as views:

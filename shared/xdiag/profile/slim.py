@@ -9,10 +9,11 @@ profile, every view is the same without them (tests/test_xprof_views.py compares
 of that profile takes 1.9 s instead of 6.0 s. XProf's trace viewer shows them, so the viewer keeps serving the
 originals.
 
-The copy is made from the memory-mapped file, never parsing an event: each host line's fields are scanned
-(the compiled `wire.scan_fields`), events whose metadata is a Python function's are masked out of the line's
-bytes, and every other byte (other planes, the host plane's metadata, the other events, field order) is copied
-as it is. An event is dropped only when its first field names Python metadata; anything else is kept.
+The copy is made from the memory-mapped file, never parsing an event: one compiled pass over each host line
+(`wire.line_without_events`) counts what stays, a second copies it, so only the host plane's and its lines'
+lengths are written anew. Every other byte (other planes, the host plane's metadata, the other events, field
+order) is copied as it is. An event is dropped only when its first field names Python metadata; anything else
+is kept. 0.18 s for the 85 MiB profile.
 """
 
 from __future__ import annotations

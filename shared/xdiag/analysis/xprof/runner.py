@@ -169,6 +169,8 @@ log = logging.getLogger(__name__)
 _FETCH_PARAMS_IGNORED = frozenset({"format", "tqx", "bypass_cache", "use_saved_result"})
 """Fetch parameters that do not change what a converter returns (see raw_to_tool_data)."""
 _PARSE_ERROR = re.compile(r"can't parse|cannot parse|failed to parse|data_loss|not a valid", re.IGNORECASE)
+_SHORT_READ = "Read less bytes than requested"
+"""What XProf logs, naming no file, when a file ends before its protobuf does (a truncated profile)."""
 
 
 # --- numbers -------------------------------------------------------------------------------
@@ -875,12 +877,17 @@ class XprofViews:
         """XProf's reason for not reading one of our files, from its error log lines."""
         names = [path.name for path in self.files]
         for line in stderr_lines:
-            if line[:1] in ("E", "F") and _PARSE_ERROR.search(line) and any(name in line for name in names):
+            if line[:1] not in ("E", "F"):
+                continue
+            if _PARSE_ERROR.search(line) and any(name in line for name in names):
                 message = line.split("] ", 1)[-1].strip()
                 for run_dir in (self.run_dir, *self._worker_run_dirs):
                     for name, original in zip(names, self.originals):
                         message = message.replace(str(run_dir / name), str(original))
                 return f"XProf cannot read the profile: {message}"
+            if _SHORT_READ in line:
+                files = ", ".join(str(original) for original in self.originals)
+                return f"XProf cannot read the profile: {files}: {_SHORT_READ.lower()} (the file ends early: truncated?)"
         return None
 
     def _check_readable(self) -> None:
