@@ -61,6 +61,8 @@ class OpTable:
     end_ps: np.ndarray  # the op's real end: its `end: <op>` event's end where it has one (XLA:CPU async ops)
     category: np.ndarray  # object, see categorize()
     event_end_ps: np.ndarray  # int64: the end of the op's own event (before any `end:` pairing)
+    op: np.ndarray  # int32: the row's index in op_keys
+    op_keys: tuple[tuple[str, int, str], ...] = ()  # the distinct (module, program_id, name) rows, not one per row
 
     def __len__(self) -> int:
         return len(self.name)
@@ -74,7 +76,10 @@ class OpTable:
         a table's columns, and on large profiles a copy is hundreds of MB)."""
         if mask.dtype == bool and len(mask) == len(self) and mask.all():
             return self
-        return OpTable(*(getattr(self, f)[mask] for f in self.__dataclass_fields__))
+        return OpTable(**{f: getattr(self, f)[mask] for f in _ROW_FIELDS}, op_keys=self.op_keys)
+
+
+_ROW_FIELDS = tuple(f for f in OpTable.__dataclass_fields__ if f != "op_keys")
 
 
 @dataclass
@@ -491,7 +496,7 @@ def op_table(session: Session) -> OpTable:
                     parts.append(ops)
         if not parts:
             empty_o, empty_i = np.empty(0, object), np.empty(0, np.int64)
-            return OpTable(empty_o, empty_o, empty_i, empty_o, empty_i, empty_i, empty_o, empty_i)
+            return OpTable(empty_o, empty_o, empty_i, empty_o, empty_i, empty_i, empty_o, empty_i, np.empty(0, np.int32))
         cols = {k: np.concatenate([p.pop(k) for p in parts]) for k in list(parts[0]) if k != "flow"}
         del parts
         # Resolve each distinct (op, module, program) once, then scatter back to the rows.
@@ -511,10 +516,12 @@ def op_table(session: Session) -> OpTable:
             resolved_categories[k] = categorize(found[1] if found else None, module, name)
         cols["name"] = resolved_names[inverse]
         cols["category"] = resolved_categories[inverse]
+        cols["op"] = inverse.astype(np.int32)  # so per-op sums need not factorise millions of rows again
+        op_keys = tuple((module_name, int(pid), resolved_names[k]) for k, (_, module_name, pid) in enumerate(distinct))
         del inverse
         order = np.argsort(cols["start_ps"], kind="stable")
         # In time order, one column at a time: the unordered column goes as soon as its ordered copy exists.
-        return OpTable(**{f: cols.pop(f)[order] for f in OpTable.__dataclass_fields__})
+        return OpTable(**{f: cols.pop(f)[order] for f in _ROW_FIELDS}, op_keys=op_keys)
 
     return _cached(session, "op_table", build)
 

@@ -9,7 +9,7 @@ import numpy as np
 from xdiag.analysis.hlo_cost import instruction_cost
 from xdiag.analysis.roofline import TRANSFER_RATE_REASON, roofline
 from xdiag.analysis.timeline import TRANSFER_OP_CATEGORIES, op_table, profile_op_costs
-from xdiag.profile.columns import factorize_rows, unique_with_inverse
+from xdiag.profile.columns import unique_with_inverse
 from xdiag.profile.space import NO_VALUE, Session
 
 
@@ -87,10 +87,9 @@ def op_stats(session: Session) -> list[OpStat]:
     profile_costs = profile_op_costs(session)
     out: list[OpStat] = []
     if len(ops):
-        # Distinct rows first (millions of ops on large profiles), then their keys in np.unique's order.
-        distinct, first_seen = factorize_rows(ops.module, ops.program_id, ops.name)
-        unique, rank = unique_with_inverse(np.array([f"{m}\x00{p}\x00{n}" for m, p, n in distinct], dtype=object))
-        inverse = rank[first_seen]
+        # The table's distinct rows (millions of ops on large profiles, a few thousand keys), in np.unique's order.
+        unique, rank = unique_with_inverse(np.array([f"{m}\x00{p}\x00{n}" for m, p, n in ops.op_keys], dtype=object))
+        inverse = rank[ops.op]
         totals = np.bincount(inverse, weights=ops.duration_ps.astype(float))
         counts = np.bincount(inverse)
         first = np.full(len(unique), -1)
