@@ -18,27 +18,15 @@ from pathlib import Path
 
 import numpy as np
 from xdiag.profile import wire
+from xdiag.profile.slim import encode_varint
 
 XSPACE_PLANES, XPLANE_LINES = 1, 3
 LINE_ID, LINE_TIMESTAMP_NS = 1, 3
 
 
-def _varint(value: int) -> bytes:
-    value &= (1 << 64) - 1
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
 def _field(number: int, wire_type: int, payload: bytes) -> bytes:
-    key = _varint(number << 3 | wire_type)
-    return key + (_varint(len(payload)) + payload if wire_type == 2 else payload)
+    key = encode_varint(number << 3 | wire_type)
+    return key + (encode_varint(len(payload)) + payload if wire_type == 2 else payload)
 
 
 def _fields(arr: np.ndarray, start: int, end: int):
@@ -54,7 +42,7 @@ def _line_copy(arr: np.ndarray, start: int, end: int, copy: int, shift_ns: int) 
         if number in (LINE_ID, LINE_TIMESTAMP_NS) and wire_type == 0:
             value, _ = _read_varint(arr, value_start)
             value = value * 1000 + copy if number == LINE_ID else value + copy * shift_ns
-            out += _varint(number << 3) + _varint(value)
+            out += encode_varint(number << 3) + encode_varint(value)
         else:
             out += arr[tag:value_end].tobytes()
     return bytes(out)

@@ -40,7 +40,9 @@ _MAX_FLAGGED_ID = 2**24
 _ONE_BYTE_KEYS = {1: 0x0A, 3: 0x1A}  # XSpace.planes and XPlane.lines, length-delimited
 
 
-def _varint_bytes(value: int) -> bytes:
+def encode_varint(value: int) -> bytes:
+    """Protobuf's varint of an int (negative ones as their 64-bit two's complement, as int64 fields are)."""
+    value &= (1 << 64) - 1
     out = bytearray()
     while True:
         byte = value & 0x7F
@@ -131,14 +133,14 @@ def _write_with_new_host_plane(arr: np.ndarray, target: Path, plane_tag: int, pl
     """The file with the host plane's length and its thinned lines rewritten (keys stay: one byte each), all
     else copied; one line's bytes in memory at a time."""
     numbers, tags, starts, ends = plane_fields
-    line_keys = {i: bytes([_ONE_BYTE_KEYS[_PLANE_LINES]]) + _varint_bytes(kept) for i, kept in kept_bytes.items()}
+    line_keys = {i: bytes([_ONE_BYTE_KEYS[_PLANE_LINES]]) + encode_varint(kept) for i, kept in kept_bytes.items()}
     plane_bytes = sum(
         len(line_keys[i]) + kept_bytes[i] if i in kept_bytes else int(ends[i] - tags[i]) for i in range(len(numbers))
     )
     try:
         with target.open("wb") as out:
             out.write(arr[:plane_tag])
-            out.write(bytes([_ONE_BYTE_KEYS[1]]) + _varint_bytes(plane_bytes))
+            out.write(bytes([_ONE_BYTE_KEYS[1]]) + encode_varint(plane_bytes))
             for i in range(len(numbers)):
                 if i not in kept_bytes:
                     out.write(arr[tags[i] : ends[i]])
