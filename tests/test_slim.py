@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 from xdiag.errors import ProfileError
-from xdiag.profile import schema
+from xdiag.profile import schema, wire
 from xdiag.profile.slim import HOST_THREADS_PLANE, PYTHON_EVENT_PREFIX, write_without_python_events
 
 H200 = Path(__file__).resolve().parent / "profiles" / "h200"
@@ -60,3 +61,21 @@ def test_a_file_it_cannot_walk_is_refused_and_leaves_no_copy(tmp_path):
     with pytest.raises(ProfileError, match="truncated"):
         write_without_python_events(truncated, target)
     assert not target.exists()
+
+
+def test_the_compiled_copy_refuses_a_buffer_too_small_instead_of_writing_past_it():
+    """The copy's second pass writes into a buffer the first pass sized; a file changed in between must not make the
+    compiled code write past it (no bounds checks there)."""
+    data = np.frombuffer(RECOMPILATION.read_bytes(), np.uint8)
+    host = next(p for p in schema.XSpace.FromString(data.tobytes()).planes if p.name == HOST_THREADS_PLANE)
+    flags = np.zeros(max(host.event_metadata) + 1, np.uint8)
+    flags[[k for k, meta in host.event_metadata.items() if meta.name.startswith(PYTHON_EVENT_PREFIX)]] = 1
+    line = max(host.lines, key=lambda line: len(line.events)).SerializeToString()
+    line_bytes = np.frombuffer(line, np.uint8)
+    kept, dropped, err, _ = wire.line_without_events(line_bytes, 0, len(line), flags, np.empty(0, np.uint8))
+    assert err == wire.OK and dropped > 1000 and 0 < kept < len(line)
+    exact = np.zeros(kept, np.uint8)
+    assert wire.line_without_events(line_bytes, 0, len(line), flags, exact)[::2] == (kept, wire.OK)
+    assert len(schema.XLine.FromString(exact.tobytes()).events) == len(schema.XLine.FromString(line).events) - dropped
+    short = np.zeros(kept - 1, np.uint8)
+    assert wire.line_without_events(line_bytes, 0, len(line), flags, short)[2] == wire.ERR_LENGTH

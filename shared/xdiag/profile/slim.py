@@ -146,7 +146,8 @@ def _write_with_new_host_plane(arr: np.ndarray, target: Path, plane_tag: int, pl
                     out.write(arr[tags[i] : ends[i]])
                     continue
                 body = np.empty(kept_bytes[i], np.uint8)
-                _line_without(arr, int(starts[i]), int(ends[i]), python_metadata, body, name)
+                if _line_without(arr, int(starts[i]), int(ends[i]), python_metadata, body, name)[0] != len(body):
+                    raise ProfileError(f"{name}: the host line at byte {starts[i]} changed while it was copied")
                 out.write(line_keys[i])
                 out.write(body)
             out.write(arr[plane_end:])

@@ -316,8 +316,8 @@ def decode_line(buf, start, end, numeric_ids, numeric_slots, string_ids, string_
 @njit(cache=True, nogil=True)
 def line_without_events(buf, start, end, dropped_metadata, out):
     """One XLine's fields less the events whose leading field is a metadata_id flagged in `dropped_metadata`
-    (nonzero at that index), copied
-    into `out` when it is large enough (pass an empty one to count first). Every other byte is kept as it is.
+    (nonzero at that index). With an empty `out` it only counts; otherwise it copies the kept fields into `out`,
+    stopping with ERR_LENGTH rather than writing past its end. Every other byte is kept as it is.
     Returns (kept bytes, dropped events, err, err_pos)."""
     fill = len(out) > 0
     kept = 0
@@ -348,6 +348,8 @@ def line_without_events(buf, start, end, dropped_metadata, out):
             dropped += 1
         else:
             if fill:
+                if kept + pos - field_start > len(out):
+                    return kept, dropped, ERR_LENGTH, field_start
                 out[kept:kept + pos - field_start] = buf[field_start:pos]
             kept += pos - field_start
     return kept, dropped, OK, end
