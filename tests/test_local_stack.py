@@ -325,9 +325,12 @@ def test_xdiag_up_and_down_start_the_stack_and_leave_nothing_behind(tmp_path, h2
         assert done.returncode == 0, done.stderr + stack.log_tail("collect")
         assert done.stdout.strip().endswith("cli-run/plugins/profile/memory_bound/xdiag/summary.html")
         assert re.search(r"render\s+\d+\.\d+ s", done.stderr) and "DONE" in done.stderr
+        # the device profile's tool runs keep XProf's private copy in their function's TMPDIR, in the stack folder
+        assert list((tmp_path / "stack" / "tmp" / "run_tool").glob("xdiag-xprof-*/plugins/profile/*/*.xplane.pb"))
     finally:
         down = _xdiag("down", "--stack-dir", str(tmp_path / "stack"), env=env)
     assert down.returncode == 0, down.stderr
+    assert not (tmp_path / "stack" / "tmp").exists()  # whatever an instance left there (a killed one leaves it all)
     assert not any(listening(port) for port in stack.ports.values())
     assert not [name for name, p in stack.processes.items() if group_members(p["pid"])], (
         "a process of the stack outlived it"

@@ -17,9 +17,11 @@ free port of 127.0.0.1 and in its own process group:
   sweeper repairs or fails analyses left without progress.
 
 Its state (ports, process groups, the environment that reaches it) is `<state_dir>/stack.json`; logs are in
-`<state_dir>/logs/`. `stop()` (`xdiag down`, `make down`) signals each process group (the emulators'
-launchers leave their Java child running when only the launcher is signalled), waits for every member to
-exit, and checks that nothing listens on the stack's ports any more. Started with an owner process (the
+`<state_dir>/logs/`; each function's temporary files (TMPDIR) are in `<state_dir>/tmp/<function>/`. `stop()`
+(`xdiag down`, `make down`) signals each process group (the emulators' launchers leave their Java child running
+when only the launcher is signalled), waits for every member to exit, checks that nothing listens on the stack's
+ports any more, and then removes the functions' temporary files (what a killed instance could not: XProf's
+private copies of device profiles among them). Started with an owner process (the
 tests), a reaper stops the stack when the owner dies without stopping it.
 """
 
@@ -72,6 +74,7 @@ PIPELINE_TOPICS = [
 UNRECORDED_TOPIC = "dead-letters-unrecorded"  # a letter even dead_letter could not record, kept for a person
 DEFAULT_STATE_DIR = Path(".xdiag-stack")
 STATE_FILE = "stack.json"
+TEMPORARY_DIR = "tmp"  # under the state dir: each function's TMPDIR, removed by stop()
 
 INSTALL_GCLOUD = (
     "install the Google Cloud CLI with its emulators (Debian/Ubuntu packages google-cloud-cli, "
@@ -415,6 +418,8 @@ class LocalStack:
         source = Path(self.settings.functions_dir) / f"{spec.name}.py"
         runtime_dir = self.state_dir / "run" / spec.name
         runtime_dir.mkdir(parents=True, exist_ok=True)
+        temporary_dir = self.state_dir / TEMPORARY_DIR / spec.name
+        temporary_dir.mkdir(parents=True, exist_ok=True)
         if not source.exists():
             raise StackError(
                 f"{source} is missing: set StackSettings.functions_dir to the repository's functions/ folder"
@@ -448,6 +453,7 @@ class LocalStack:
                 "XDIAG_CONCURRENCY": str(spec.concurrency),
                 "WORKERS": str(spec.workers),
                 "XDG_RUNTIME_DIR": str(runtime_dir),  # gunicorn's control socket: one per function, not one shared
+                "TMPDIR": str(temporary_dir),
                 "XDIAG_CAPTURE_COOLDOWN_S": str(self.settings.capture_cooldown_s),
                 SHARE_KEY_ENV: str(self.share_key_file),
             },
@@ -610,6 +616,8 @@ class LocalStack:
             busy = [name for name, port in self.ports.items() if listening(port)]
         self.state_file.unlink(missing_ok=True)
         self.processes = {}
+        if not busy:
+            shutil.rmtree(self.state_dir / TEMPORARY_DIR, ignore_errors=True)
         return [f"{name} on {HOST}:{self.ports[name]}" for name in busy]
 
 
