@@ -496,7 +496,8 @@ def op_table(session: Session) -> OpTable:
                     parts.append(ops)
         if not parts:
             empty_o, empty_i = np.empty(0, object), np.empty(0, np.int64)
-            return OpTable(empty_o, empty_o, empty_i, empty_o, empty_i, empty_i, empty_o, empty_i, np.empty(0, np.int32))
+            no_ops = np.empty(0, np.int32)
+            return OpTable(empty_o, empty_o, empty_i, empty_o, empty_i, empty_i, empty_o, empty_i, no_ops)
         cols = {k: np.concatenate([p.pop(k) for p in parts]) for k in list(parts[0]) if k != "flow"}
         del parts
         # Resolve each distinct (op, module, program) once, then scatter back to the rows.

@@ -122,8 +122,8 @@ def _write(arr: np.ndarray, buf, name: str, target: Path) -> int:
         if dropped == 0:
             return 0
         plane_tag = fields[index - 1][2] if index else 0  # right after the field before it
-        _write_with_new_host_plane(arr, target, plane_tag, end, (numbers, tags, starts, ends), kept_bytes, python_metadata,
-                                   name)
+        plane_fields = (numbers, tags, starts, ends)
+        _write_with_new_host_plane(arr, target, plane_tag, end, plane_fields, kept_bytes, python_metadata, name)
         return dropped
     return 0
 

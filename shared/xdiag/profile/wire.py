@@ -343,7 +343,8 @@ def line_without_events(buf, start, end, dropped_metadata, out):
         else:
             pos = _skip(buf, pos, end, key & 7)
             if pos < 0:
-                return kept, dropped, ERR_WIRE_TYPE if pos == -3 else ERR_LENGTH if pos == -2 else ERR_VARINT, field_start
+                err = ERR_WIRE_TYPE if pos == -3 else ERR_LENGTH if pos == -2 else ERR_VARINT
+                return kept, dropped, err, field_start
         if drop:
             dropped += 1
         else:

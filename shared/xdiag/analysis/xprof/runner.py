@@ -887,7 +887,7 @@ class XprofViews:
                 return f"XProf cannot read the profile: {message}"
             if _SHORT_READ in line:
                 files = ", ".join(str(original) for original in self.originals)
-                return f"XProf cannot read the profile: {files}: {_SHORT_READ.lower()} (the file ends early: truncated?)"
+                return f"XProf cannot read the profile: {files}: {_SHORT_READ.lower()} (it ends early: truncated?)"
         return None
 
     def _check_readable(self) -> None:
