@@ -320,19 +320,31 @@ def _hlo_module(proto_bytes: bytes, host: str, fallback_id: int) -> HloModule | 
 _PLANE_METADATA_FIELDS = (1, 2, 4, 5, 6)  # id, name, event_metadata, stat_metadata, stats: all but the lines
 
 
+def plane_fields(arr: np.ndarray, start: int, end: int, name: str) -> tuple[np.ndarray, ...]:
+    """The fields of the plane at [start, end): (numbers, tag starts, value starts, value ends, wire types)."""
+    numbers, tags, starts, ends, wires, err, err_pos = wire.scan_fields(arr, start, end)
+    if err:
+        raise ProfileError(f"{name}: the plane at byte {start} is corrupt: {wire.ERRORS[err]} near byte {err_pos}")
+    return numbers, tags, starts, ends, wires
+
+
+def plane_metadata(arr: np.ndarray, start: int, fields: tuple[np.ndarray, ...], name: str) -> schema.XPlane:
+    """Everything of a plane but its lines (small), parsed as a protobuf message of its own."""
+    numbers, tags, _, ends, _ = fields
+    metadata = b"".join(bytes(arr[tags[i] : ends[i]]) for i in np.flatnonzero(np.isin(numbers, _PLANE_METADATA_FIELDS)))
+    try:
+        return schema.XPlane.FromString(metadata)
+    except DecodeError as exc:
+        raise ProfileError(f"{name}: the plane at byte {start} has corrupt metadata ({exc})") from None
+
+
 def _decode_plane(
     arr: np.ndarray, start: int, end: int, host: str, modules: list[HloModule], name: str,
     release: Callable[[int, int], None],
 ) -> Plane:
-    numbers, tags, starts, ends, _, err, err_pos = wire.scan_fields(arr, start, end)
-    if err:
-        raise ProfileError(f"{name}: the plane at byte {start} is corrupt: {wire.ERRORS[err]} near byte {err_pos}")
-    # Everything but the lines is small: parse it as a protobuf message of its own.
-    metadata = b"".join(bytes(arr[tags[i] : ends[i]]) for i in np.nonzero(np.isin(numbers, _PLANE_METADATA_FIELDS))[0])
-    try:
-        proto = schema.XPlane.FromString(metadata)
-    except DecodeError as exc:
-        raise ProfileError(f"{name}: the plane at byte {start} has corrupt metadata ({exc})") from None
+    fields = plane_fields(arr, start, end, name)
+    numbers, _, starts, ends, _ = fields
+    proto = plane_metadata(arr, start, fields, name)
     stat_names = {key: meta.name for key, meta in proto.stat_metadata.items()}
     strings: list[str] = []
     string_index: dict[str, int] = {}

@@ -23,11 +23,10 @@ import os
 from pathlib import Path
 
 import numpy as np
-from google.protobuf.message import DecodeError
 
 from xdiag.errors import ProfileError
 from xdiag.profile import schema, wire
-from xdiag.profile.reader import _PLANE_METADATA_FIELDS, _mapped, _top_level_fields
+from xdiag.profile.reader import _mapped, _top_level_fields, plane_fields, plane_metadata
 
 HOST_THREADS_PLANE = "/host:CPU"
 """XProf's host plane (kHostThreadsPlaneName): where the Python tracer's events are."""
@@ -54,13 +53,6 @@ def encode_varint(value: int) -> bytes:
             return bytes(out)
 
 
-def _scan(arr: np.ndarray, start: int, end: int, what: str, name: str):
-    numbers, tags, starts, ends, wires, err, err_pos = wire.scan_fields(arr, start, end)
-    if err:
-        raise ProfileError(f"{name}: {what} at byte {start} is corrupt: {wire.ERRORS[err]} near byte {err_pos}")
-    return numbers, tags, starts, ends, wires
-
-
 def _line_without(arr: np.ndarray, start: int, end: int, python_metadata: np.ndarray, out: np.ndarray, name: str):
     kept, dropped, err, err_pos = wire.line_without_events(arr, start, end, python_metadata, out)
     if err:
@@ -68,12 +60,7 @@ def _line_without(arr: np.ndarray, start: int, end: int, python_metadata: np.nda
     return kept, dropped
 
 
-def _python_metadata_flags(arr: np.ndarray, numbers, tags, ends, name: str) -> np.ndarray:
-    metadata = b"".join(bytes(arr[tags[i] : ends[i]]) for i in np.flatnonzero(np.isin(numbers, _PLANE_METADATA_FIELDS)))
-    try:
-        plane = schema.XPlane.FromString(metadata)
-    except DecodeError as exc:
-        raise ProfileError(f"{name}: the host plane has corrupt metadata ({exc})") from None
+def _python_metadata_flags(plane: schema.XPlane) -> np.ndarray:
     python = [key for key, meta in plane.event_metadata.items() if meta.name.startswith(PYTHON_EVENT_PREFIX)]
     if not python or min(python) < 0 or max(python) >= _MAX_FLAGGED_ID:
         return np.zeros(0, np.uint8)  # ids beyond a small table (not written so by any profiler seen): keep all
@@ -105,10 +92,11 @@ def _write(arr: np.ndarray, buf, name: str, target: Path) -> int:
     for index, (number, start, end) in enumerate(fields):
         if number != 1:
             continue
-        numbers, tags, starts, ends, wires = _scan(arr, start, end, "a plane", name)
+        fields_of_plane = plane_fields(arr, start, end, name)
+        numbers, tags, starts, ends, wires = fields_of_plane
         if _plane_name(arr, numbers, starts, ends) != HOST_THREADS_PLANE:
             continue
-        python_metadata = _python_metadata_flags(arr, numbers, tags, ends, name)
+        python_metadata = _python_metadata_flags(plane_metadata(arr, start, fields_of_plane, name))
         if len(python_metadata) == 0:
             return 0
         nothing = np.empty(0, np.uint8)
@@ -122,17 +110,17 @@ def _write(arr: np.ndarray, buf, name: str, target: Path) -> int:
         if dropped == 0:
             return 0
         plane_tag = fields[index - 1][2] if index else 0  # right after the field before it
-        plane_fields = (numbers, tags, starts, ends)
-        _write_with_new_host_plane(arr, target, plane_tag, end, plane_fields, kept_bytes, python_metadata, name)
+        layout = (numbers, tags, starts, ends)
+        _write_with_new_host_plane(arr, target, plane_tag, end, layout, kept_bytes, python_metadata, name)
         return dropped
     return 0
 
 
-def _write_with_new_host_plane(arr: np.ndarray, target: Path, plane_tag: int, plane_end: int, plane_fields,
+def _write_with_new_host_plane(arr: np.ndarray, target: Path, plane_tag: int, plane_end: int, layout,
                                kept_bytes: dict[int, int], python_metadata: np.ndarray, name: str) -> None:
     """The file with the host plane's length and its thinned lines rewritten (keys stay: one byte each), all
     else copied; one line's bytes in memory at a time."""
-    numbers, tags, starts, ends = plane_fields
+    numbers, tags, starts, ends = layout
     line_keys = {i: bytes([_ONE_BYTE_KEYS[_PLANE_LINES]]) + encode_varint(kept) for i, kept in kept_bytes.items()}
     plane_bytes = sum(
         len(line_keys[i]) + kept_bytes[i] if i in kept_bytes else int(ends[i] - tags[i]) for i in range(len(numbers))
