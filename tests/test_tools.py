@@ -6,6 +6,7 @@ import pytest
 from xdiag.model import ToolStatus
 from xdiag.profile.reader import read_session
 from xdiag.tools import BROAD_TOOLS, REGISTRY, run_tool
+from xdiag.tools.common import xprof_source
 
 from tests.conftest import shared_profile
 
@@ -142,6 +143,14 @@ def test_h200_device_and_memory(h200_profiles):
     assert 0 < memory["peak_memory_gib"] < memory["capacity_gib"]
     llo = run_tool(session, "llo_query", {"pattern": "."})
     assert llo.status == ToolStatus.NOT_AVAILABLE and "GPU" in llo.reason
+
+
+def test_peak_allocations_take_the_busiest_module_the_profile_carries(h200_profiles):
+    # Its busiest ops include autotuning kernels named after modules that are not in the profile (gemm_fusion_dot.4).
+    session = read_session([h200_profiles["recompilation"]])
+    peak = run_tool(session, "get_peak_allocations")
+    assert peak.ok, peak.reason
+    assert peak.summary["module"].startswith("jit_train_step(") and peak.source == xprof_source()
 
 
 def test_memory_profile_is_not_invented_on_cpu(healthy_cpu):

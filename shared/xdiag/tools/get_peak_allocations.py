@@ -24,9 +24,10 @@ def get_peak_allocations(session: Session, module: str | None = None) -> ToolOut
     if module and target is None:
         raise NotAvailable(f"no HLO module named {module!r} in this profile")
     if target is None:
-        stats = op_stats(session)
-        names = [s.module for s in stats if s.module]
-        target = session.module(names[0]) if names else (session.hlo_modules[0] if session.hlo_modules else None)
+        # Busiest first; ops can name modules the profile does not carry (XLA's GPU autotuner compiles each
+        # candidate fusion as a module of its own, e.g. `gemm_fusion_dot.4`), so take the busiest it carries.
+        carried = (session.module(s.module) for s in op_stats(session) if s.module)
+        target = next((m for m in carried if m is not None), session.hlo_modules[0] if session.hlo_modules else None)
     if target is None:
         raise NotAvailable("the profile carries no HLO modules to size buffers from")
     if session.platform != "CPU":
