@@ -1,7 +1,8 @@
 """xdiag.profile.slim: the copy of a profile that XProf's converters get, without the Python tracer's events.
 
 Its bytes are checked against protobuf itself: the real profile parsed, the Python events removed from the
-message, serialised again. That XProf's views are the same on it is tests/test_xprof_views.py's part."""
+message, serialised again; so is the copy holding the metadata plane alone, that XProf's HLO protos come from.
+That XProf's views are the same on them is tests/test_xprof_views.py's part."""
 
 from __future__ import annotations
 
@@ -11,10 +12,17 @@ import numpy as np
 import pytest
 from xdiag.errors import ProfileError
 from xdiag.profile import schema, wire
-from xdiag.profile.slim import HOST_THREADS_PLANE, PYTHON_EVENT_PREFIX, write_without_python_events
+from xdiag.profile.slim import (
+    HOST_THREADS_PLANE,
+    METADATA_PLANE,
+    PYTHON_EVENT_PREFIX,
+    write_metadata_plane,
+    write_without_python_events,
+)
 
 H200 = Path(__file__).resolve().parent / "profiles" / "h200"
 RECOMPILATION = H200 / "recompilation.xplane.pb"  # 234,000 of its 295,000 host events are the Python tracer's
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "profiles"
 
 
 def _python_events_removed(data: bytes) -> tuple[bytes, int]:
@@ -79,3 +87,37 @@ def test_the_compiled_copy_refuses_a_buffer_too_small_instead_of_writing_past_it
     assert len(schema.XLine.FromString(exact.tobytes()).events) == len(schema.XLine.FromString(line).events) - dropped
     short = np.zeros(kept - 1, np.uint8)
     assert wire.line_without_events(line_bytes, 0, len(line), flags, short)[2] == wire.ERR_LENGTH
+
+
+@pytest.mark.parametrize(
+    "profile", [RECOMPILATION, SHARED / "tpu" / "tpu_v6e_inference.xplane.pb"], ids=lambda p: p.name
+)
+def test_the_metadata_copy_is_the_profile_with_its_metadata_plane_alone(profile, tmp_path):
+    """The TPU profile has it after its device planes, the H200 one first."""
+    if not profile.exists():
+        pytest.skip(f"shared real-device profiles not found at {SHARED}")
+    target = tmp_path / profile.name
+    assert write_metadata_plane(profile, target)
+    space = schema.XSpace.FromString(profile.read_bytes())
+    modules = sum(len(m.stats) for p in space.planes if p.name == METADATA_PLANE for m in p.event_metadata.values())
+    kept = [p for p in space.planes if p.name == METADATA_PLANE]
+    del space.planes[:]
+    space.planes.extend(kept)
+    copy = schema.XSpace.FromString(target.read_bytes())
+    assert copy.SerializeToString(deterministic=True) == space.SerializeToString(deterministic=True)
+    assert [p.name for p in copy.planes] == [METADATA_PLANE] and modules > 0
+    assert target.stat().st_size < profile.stat().st_size / 10
+
+
+def test_a_file_without_a_metadata_plane_gets_no_metadata_copy(tmp_path):
+    """TensorFlow's V100 profile: no XLA, no HLO modules, no metadata plane."""
+    v100 = SHARED / "gpu" / "v100x8_tf_bert_worker.xplane.pb"
+    if not v100.exists():
+        pytest.skip(f"shared real-device profiles not found at {SHARED}")
+    target = tmp_path / "copy.xplane.pb"
+    assert not write_metadata_plane(v100, target) and not target.exists()
+    truncated = tmp_path / "truncated.xplane.pb"
+    truncated.write_bytes(RECOMPILATION.read_bytes()[: RECOMPILATION.stat().st_size // 2])
+    with pytest.raises(ProfileError, match="truncated"):
+        write_metadata_plane(truncated, target)
+    assert not target.exists()

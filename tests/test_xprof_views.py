@@ -501,6 +501,25 @@ def test_views_without_the_python_tracers_events_are_the_views_of_the_whole_file
     assert slim_views == whole_views
 
 
+@pytest.mark.parametrize("profile", DEVICE_PROFILES, ids=lambda p: p.name)
+def test_hlo_protos_from_the_metadata_plane_are_the_ones_xprof_extracts_from_the_whole_file(
+    profile, tmp_path, monkeypatch
+):
+    """XProf's memory viewer gets its HLO modules from a copy holding the metadata plane alone: the same modules,
+    and the same buffers in each, as when XProf extracts them from the whole file itself."""
+    copy = Path(shutil.copy(profile, tmp_path))
+    with XprofViews([copy]) as from_metadata:
+        ours = _comparable(_outcome(from_metadata.peak_allocations))
+        our_files = sorted(p.name for p in from_metadata.run_dir.glob("*.hlo_proto.pb"))
+    with XprofViews([copy]) as from_whole:
+        monkeypatch.setattr(from_whole, "extract_hlo_protos", lambda: None)
+        xprofs = _comparable(_outcome(from_whole.peak_allocations))
+        xprofs_files = sorted(p.name for p in from_whole.run_dir.glob("*.hlo_proto.pb"))
+    assert ours == xprofs and our_files == xprofs_files
+    modules = [name for name in our_files if name != "NO_MODULE.hlo_proto.pb"]
+    assert bool(modules) == (profile.name != Path(V100).name)  # TensorFlow without XLA: no modules
+
+
 def test_a_truncated_profile_with_python_events_goes_to_xprof_as_it_is_and_gets_xprofs_reason(tmp_path):
     """The copy without Python events cannot be made of a file cut short: XProf gets the file itself (a link), and
     its reason (a short read, which names no file) becomes a ProfileError naming the original."""

@@ -106,25 +106,25 @@ def plane_names(path: Path) -> list[str]:
     """The names of a file's planes, read from each plane's first fields without decoding its lines
     (milliseconds on any size): enough to tell a device profile from a CPU one before the read."""
     with path.open("rb") as handle, _mapped(handle) as buf:
-        size = len(buf)
-        names = []
-        for number, start, end in _top_level_fields(buf, size, path.name):
-            if number != 1:
-                continue
-            pos = start
-            while pos < end:  # XPlane: id (1, varint), then name (2); serialised in field order
-                key, pos = _varint(buf, pos, end)
-                if key & 7 == _WIRE_VARINT:
-                    _, pos = _varint(buf, pos, end)
-                    continue
-                if key & 7 != _WIRE_LEN:
-                    break
-                length, pos = _varint(buf, pos, end)
-                if key >> 3 == 2:
-                    names.append(bytes(buf[pos:pos + length]).decode("utf-8", "replace"))
-                    break
-                pos += length
-        return names
+        return [plane_name(buf, start, end) for number, start, end in _top_level_fields(buf, len(buf), path.name)
+                if number == 1]
+
+
+def plane_name(buf, start: int, end: int) -> str:
+    """The name of the plane at [start, end), from its first fields ("" where it has none)."""
+    pos = start
+    while pos < end:  # XPlane: id (1, varint), then name (2); serialised in field order
+        key, pos = _varint(buf, pos, end)
+        if key & 7 == _WIRE_VARINT:
+            _, pos = _varint(buf, pos, end)
+            continue
+        if key & 7 != _WIRE_LEN:
+            break
+        length, pos = _varint(buf, pos, end)
+        if key >> 3 == 2:
+            return bytes(buf[pos:pos + length]).decode("utf-8", "replace")
+        pos += length
+    return ""
 
 
 def _stat_value(stat, stat_names: dict[int, str]) -> object:

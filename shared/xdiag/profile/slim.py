@@ -14,6 +14,10 @@ The copy is made from the memory-mapped file, never parsing an event: one compil
 lengths are written anew. Every other byte (other planes, the host plane's metadata, the other events, field
 order) is copied as it is. An event is dropped only when its first field names Python metadata; anything else
 is kept. 0.18 s for the 85 MiB profile.
+
+`write_metadata_plane` writes a second, small copy: the metadata plane alone, which holds every HLO module and no
+event. XProf extracts its `*.hlo_proto.pb` files (what its memory viewer reads) from it in milliseconds, where from
+the whole file it parses every event again (0.4 s for the 85 MiB profile).
 """
 
 from __future__ import annotations
@@ -26,10 +30,12 @@ import numpy as np
 
 from xdiag.errors import ProfileError
 from xdiag.profile import schema, wire
-from xdiag.profile.reader import _mapped, _top_level_fields, plane_fields, plane_metadata
+from xdiag.profile.reader import _mapped, _top_level_fields, plane_fields, plane_metadata, plane_name
 
 HOST_THREADS_PLANE = "/host:CPU"
 """XProf's host plane (kHostThreadsPlaneName): where the Python tracer's events are."""
+METADATA_PLANE = "/host:metadata"
+"""XProf's metadata plane (kMetadataPlaneName): where the profilers put each HLO module, and no events."""
 PYTHON_EVENT_PREFIX = "$"
 """How the Python tracer names its events (`$file.py:line function`, `$builtins len`)."""
 
@@ -85,6 +91,33 @@ def write_without_python_events(source: Path, target: Path) -> int:
             return _write(arr, buf, source.name, target)
         finally:
             del arr  # the map cannot close while a view of it exists
+
+
+def write_metadata_plane(source: Path, target: Path) -> bool:
+    """Writes `source` to `target` with its metadata plane alone (and the XSpace's few other fields, the host
+    names among them): the HLO modules, without a single event. False, writing nothing, where it has no
+    metadata plane. Raises ProfileError where the file cannot be walked; a partial `target` is removed."""
+    with source.open("rb") as handle, _mapped(handle) as buf:
+        kept: list[tuple[int, int]] = []  # (tag, end) of each field to copy
+        found = False
+        tag = 0
+        for number, start, end in _top_level_fields(buf, len(buf), source.name):
+            is_metadata = number == 1 and plane_name(buf, start, end) == METADATA_PLANE
+            if number != 1 or is_metadata:
+                kept.append((tag, end))
+            found |= is_metadata
+            tag = end
+        if not found:
+            return False
+        try:
+            with target.open("wb") as out:
+                for tag, end in kept:
+                    out.write(buf[tag:end])
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(target)
+            raise
+        return True
 
 
 def _write(arr: np.ndarray, buf, name: str, target: Path) -> int:

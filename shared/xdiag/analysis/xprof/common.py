@@ -33,6 +33,7 @@ def xprof_api() -> types.SimpleNamespace:
         get_top_hlo_ops_tool,
         get_utilization_viewer_tool,
     )
+    from xprof.convert import raw_to_tool_data
 
     return types.SimpleNamespace(
         package_dir=os.path.dirname(os.path.abspath(xprof.__file__)) + os.sep,
@@ -47,6 +48,7 @@ def xprof_api() -> types.SimpleNamespace:
         memory_profile=get_memory_profile_tool.get_memory_profile,
         peak_allocations=get_peak_allocations_tool.get_peak_allocations,
         utilization=get_utilization_viewer_tool.get_utilization_viewer,
+        tool_names=raw_to_tool_data.xspace_to_tool_names,
     )
 
 

@@ -33,6 +33,7 @@ def _resolve_module(modules: list[dict], wanted: str) -> dict:
 
 
 def build(views: XprofViews, module: str | None) -> dict:
+    views.extract_hlo_protos()
     try:
         data = views.tool("get_peak_allocations", xprof_api().peak_allocations, limit=0)
     except (FileNotFoundError, ValueError, RuntimeError) as error:
