@@ -350,6 +350,8 @@ NOT_SET_IN_CLOUD = {
     "unset, a deployment uses whichever it has",
     "XDIAG_XPROF_VIEWS": "a switch that turns XProf's converters off (xdiag analyze --no-xprof-views); unset, the "
     "deployed stages run them",
+    "XDIAG_XPROF_PROCESSES": "how many worker processes XProf's converters may use where one process runs every "
+    "tool (xdiag analyze); the deployed stages run one tool per delivery and never start workers",
     "XDIAG_CONTROL_PLANE_PRINCIPAL": "who the local token stands for; behind IAM the caller's verified identity is",
     "XDIAG_SHARE_KEY_FILE": "the local stack's link-signing key; in the cloud the control plane signs through IAM "
     "and Cloud Storage checks the links",

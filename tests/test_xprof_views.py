@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import shutil
+import subprocess
+import sys
 import threading
 import types
 from collections.abc import Callable
@@ -23,7 +26,8 @@ PROFILES = Path(__file__).resolve().parents[2] / "shared" / "profiles"
 pytestmark = pytest.mark.skipif(not PROFILES.is_dir(), reason=f"shared real-device profiles not found at {PROFILES}")
 pytest.importorskip("xprof", reason="the xprof wheel is not installed")
 
-from xdiag.analysis.xprof import XprofViews, runner  # noqa: E402
+from xdiag.analysis.xprof import XprofViews, runner, worker  # noqa: E402
+from xdiag.cli import main as app_main  # noqa: E402
 
 TPU = "tpu/tpu_v6e_inference.xplane.pb"
 V100 = "gpu/v100x8_tf_bert_worker.xplane.pb"
@@ -355,7 +359,7 @@ def test_prefetch_is_off_with_no_processes_and_a_corrupt_file_still_says_why(tmp
     with XprofViews([_copy(MI300X, tmp_path / "c")]) as views:
         assert views.prefetch() == 0 and not views.worker_cpu_s
         assert views.overview()["device_type"]
-    monkeypatch.setattr(runner, "PREFETCH_MIN_BYTES", 1)
+    monkeypatch.setattr(worker, "PREFETCH_MIN_BYTES", 1)
     with XprofViews([_copy(MI300X, tmp_path / "d")]) as views:
         assert views.prefetch() >= 1  # as many as the CPUs allow, up to its two conversion groups
     monkeypatch.setenv("XDIAG_XPROF_PROCESSES", "2")
@@ -584,7 +588,7 @@ def test_a_device_sessions_conversions_start_before_the_read_and_serve_its_views
     from xdiag.pipeline.deps import SessionLoader
     from xdiag.tools.common import views as session_views
 
-    monkeypatch.setattr(runner, "PREFETCH_MIN_BYTES", 1)
+    monkeypatch.setattr(worker, "PREFETCH_MIN_BYTES", 1)
     monkeypatch.delenv("XDIAG_XPROF_PROCESSES", raising=False)
     started = []
     real_prefetch = XprofViews.prefetch
@@ -613,9 +617,34 @@ def test_a_device_sessions_conversions_start_before_the_read_and_serve_its_views
         assert session_views(session) is early
         assert early.overview() == mi300x.views.overview()
         assert "overview_page" in early.worker_cpu_s and set(early.conversion_counts.values()) == {1}
+        assert early.memory_profile() == mi300x.views.memory_profile() and "memory_profile" in early.worker_cpu_s
+        # the op_stats group (what the first view waits for) at this process's priority, memory_profile's lower
+        base = os.getpriority(os.PRIO_PROCESS, 0)
+        lowered = min(19, base + worker.LATER_GROUPS_NICENESS)
+        priorities = sorted(os.getpriority(os.PRIO_PROCESS, pid) for pid in early._executor._processes)
+        assert priorities == ([base, lowered] if len(priorities) == 2 else [lowered])
     finally:
         loader.close()
     assert early.closed
+
+
+def test_the_workers_forkserver_imports_what_the_main_script_does_and_nothing_heavy(monkeypatch):
+    """Each worker runs the caller's main script again; the forkserver imports the modules it took names from, so
+    the workers find them imported. The worker module itself imports neither numpy nor xdiag's views."""
+    script = types.ModuleType("__main__")
+    script.__file__ = "/usr/local/bin/xdiag"
+    script.sys = sys
+    script.main = app_main
+    monkeypatch.setitem(sys.modules, "__main__", script)
+    assert worker._main_script_imports() == ["sys", "xdiag.cli"]
+    del script.__file__  # python -c or an interactive main: the workers do not run it again
+    assert worker._main_script_imports() == []
+    code = (
+        "import sys, xdiag.analysis.xprof.worker; "
+        "print(sorted(m for m in ('numpy', 'xdiag.analysis.xprof.runner', 'xprof') if m in sys.modules))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == "[]"
 
 
 def test_no_conversions_start_before_the_read_of_a_cpu_profile_or_an_unreadable_file(
@@ -623,7 +652,7 @@ def test_no_conversions_start_before_the_read_of_a_cpu_profile_or_an_unreadable_
 ):
     from xdiag.tools.common import start_views
 
-    monkeypatch.setattr(runner, "PREFETCH_MIN_BYTES", 1)
+    monkeypatch.setattr(worker, "PREFETCH_MIN_BYTES", 1)
     assert start_views([cpu_profiles["healthy"]]) is None  # plane names: /host:CPU only
     assert start_views([_copy(CORRUPT, tmp_path / "bad")]) is None  # the read says why
     monkeypatch.setenv("XDIAG_XPROF_VIEWS", "0")
@@ -632,10 +661,10 @@ def test_no_conversions_start_before_the_read_of_a_cpu_profile_or_an_unreadable_
 
 def test_as_many_workers_as_cpus_for_a_large_session_none_for_a_small_one(monkeypatch):
     monkeypatch.delenv("XDIAG_XPROF_PROCESSES", raising=False)
-    big = runner.PREFETCH_MIN_BYTES
+    big = worker.PREFETCH_MIN_BYTES
     for cpus in (1, 2, 4):
         monkeypatch.setattr(runner.os, "sched_getaffinity", lambda _pid, n=cpus: set(range(n)))
-        assert runner._processes_allowed(big) == cpus
-        assert runner._processes_allowed(big - 1) == 0  # small sessions convert in-process
+        assert worker.processes_allowed(big) == cpus
+        assert worker.processes_allowed(big - 1) == 0  # small sessions convert in-process
     monkeypatch.setenv("XDIAG_XPROF_PROCESSES", "3")
-    assert runner._processes_allowed(1) == 3
+    assert worker.processes_allowed(1) == 3

@@ -63,6 +63,9 @@ def start_views(paths: Sequence[Path]):
     try:
         if platform_of(name for path in paths for name in plane_names(Path(path))) == "CPU":
             return None
+        from xdiag.analysis.xprof import worker
+
+        worker.start_server(sum(Path(path).stat().st_size for path in paths))  # starts while the views' copy is made
         from xdiag.analysis.xprof import XprofViews
 
         early = XprofViews(sorted(Path(path) for path in paths))

@@ -29,8 +29,10 @@ overlap), each converter family once (the converters that read op_stats, smart_s
 one group), in its own folder of links to the same file; the views then
 wait for those results instead of converting. The results are the same as in-process ones
 (tests/test_xprof_views.py compares them); `XDIAG_XPROF_PROCESSES=0` turns it off, and sessions
-under 16 MiB (PREFETCH_MIN_BYTES) convert in-process unless it is set. The loader calls it before its
-own read (`xdiag.tools.common.start_views`), so the conversions overlap the read too.
+under 16 MiB (worker.PREFETCH_MIN_BYTES) convert in-process unless it is set. The loader calls it before its
+own read (`xdiag.tools.common.start_views`), so the conversions overlap the read too, and starts the workers'
+forkserver (`worker.start_server`) before the private copy is written. The workers of every group but the
+first, which the first view waits for, run at a lower priority (worker.LATER_GROUPS_NICENESS).
 
 XProf logs a great deal from C++ to fd 2 and from Python to the root logger. While a conversion
 runs, fd 2 goes to a scratch file and records from xprof's modules are demoted; both are
@@ -133,12 +135,9 @@ import importlib.metadata
 import json
 import logging
 import mmap
-import multiprocessing
 import os
-import pickle
 import re
 import shutil
-import sys
 import tempfile
 import threading
 import time
@@ -159,8 +158,10 @@ from xdiag.analysis.xprof import (
     smart_suggestions,
     step_trace,
     utilization,
+    worker,
 )
 from xdiag.analysis.xprof.common import DEFAULT_TOP_N, XPLANE_SUFFIX, as_positive, datatable_rows, table_with, xprof_api
+from xdiag.analysis.xprof.worker import flush_stderr
 from xdiag.errors import NotAvailable, ProfileError, XdiagError
 from xdiag.profile import slim
 
@@ -219,7 +220,7 @@ class _QuietXprof:
     def _enter(self) -> int | None:
         with self._lock:
             if self._users == 0:
-                _flush_stderr()
+                flush_stderr()
                 try:
                     scratch = tempfile.TemporaryFile()
                     saved = os.dup(2)
@@ -235,7 +236,7 @@ class _QuietXprof:
     def _exit(self, start: int | None, outermost: bool) -> list[str]:
         if start is None:
             return []
-        _flush_stderr()
+        flush_stderr()
         with self._lock:
             fd = self._scratch.fileno()
             end = os.lseek(fd, 0, os.SEEK_CUR)
@@ -251,11 +252,6 @@ class _QuietXprof:
         if outermost and text.strip():
             log.debug("XProf stderr:\n%s", text[-20_000:])
         return text.splitlines()
-
-
-def _flush_stderr() -> None:
-    with contextlib.suppress(Exception):
-        sys.stderr.flush()
 
 
 _quiet = _QuietXprof()
@@ -383,18 +379,6 @@ def _remove_private_copy(path: str, xprof_side_files: list[str], worker_folders:
 
 # --- conversions in other processes -------------------------------------------------------------
 
-CONCURRENCY_ENV = "XDIAG_XPROF_PROCESSES"
-"""How many processes `XprofViews.prefetch` may run XProf's converters in at once (default: the
-CPUs this process may use, for sessions of PREFETCH_MIN_BYTES or more, else 0); 0 turns prefetching
-off, so every conversion runs in-process on demand. Where groups outnumber workers, a worker converts
-them in turn and reuses the memory the last one freed. One worker fewer than the CPUs (leaving one to
-xdiag's own analysis) was measured on the 85 MiB H200 bench profile on 2 cores: ~2 s less CPU (one
-worker converting op_stats then memory_profile instead of two each faulting in ~1.6 GB of fresh
-memory at once) but no faster: 7.5-8.3 s against 7.4-7.8 s whole (medians of 4, three sittings).
-glibc's malloc on transparent huge pages in the workers (GLIBC_TUNABLES glibc.malloc.hugetlb=1) cut
-each conversion's system time alone, but with two workers faulting at once it cost 9.6 against 7.4 s
-whole, so the workers run with the environment they inherit."""
-
 _OP_STATS_CONVERTERS = ("overview_page", "roofline_model", "op_profile", "pod_viewer", "kernel_stats")
 """Converters that share the op_stats XProf saves in their folder: one process converts them in turn,
 the first computing op_stats and the others reusing them, as they do in-process (kernel_stats is a
@@ -407,7 +391,8 @@ folder's op_stats signature, so a converter after it would compute op_stats agai
 def _planned_conversions(
     files: Sequence[Path], counter_samples: bool, suggestions: bool
 ) -> list[list[tuple[str, dict[str, Any]]]]:
-    """The conversions the views ask for, grouped by process (heaviest groups first). Parameters are
+    """The conversions the views ask for, grouped by process: the op_stats group first (the first view, the
+    overview, waits for it; prefetch lowers the priority of the later ones), then the rest. Parameters are
     the ones the views' fetches carry once the ignored ones are dropped, so the memo keys match.
     Without possible counter samples or suggestions the views do not ask for those conversions."""
     groups: list[list[tuple[str, dict[str, Any]]]] = [[(name, {}) for name in _OP_STATS_CONVERTERS]]
@@ -422,45 +407,6 @@ def _planned_conversions(
     return groups
 
 
-PREFETCH_MIN_BYTES = 16 * 2**20
-"""Sessions smaller than this (all files together) convert in-process unless `XDIAG_XPROF_PROCESSES`
-says otherwise: worker processes cost about 0.6 s of CPU to start (a forkserver, and each worker
-importing the parent's main module), more than such a profile's conversions take (about 0.1 s of CPU
-per MiB). Measured on 2 loaded cores, the 0.8-6.4 MiB real device profiles were analysed 15-60%
-faster in-process; the 85 MiB one gains from the workers."""
-
-
-def _processes_allowed(session_bytes: int) -> int:
-    configured = os.environ.get(CONCURRENCY_ENV, "").strip()
-    if configured:
-        try:
-            return max(0, int(configured))
-        except ValueError:
-            log.warning("%s=%r is not a number; using the CPU count", CONCURRENCY_ENV, configured)
-    if session_bytes < PREFETCH_MIN_BYTES:
-        return 0
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
-def _worker_context() -> multiprocessing.context.BaseContext:
-    """A forkserver that has imported XProf's converters once; each worker is a cheap fork of it
-    (forking this process instead would copy its threads' locks)."""
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["xprof.cli.internal.oss.xprof_client", __name__])
-    return context
-
-
-def _picklable(error: Exception) -> Exception:
-    try:
-        pickle.loads(pickle.dumps(error))
-        return error
-    except Exception:
-        return RuntimeError(f"{type(error).__name__}: {error}")
-
-
 def _settle(placeholder: concurrent.futures.Future, done: concurrent.futures.Future) -> None:
     if done.cancelled():
         placeholder.set_exception(RuntimeError("cancelled"))
@@ -468,33 +414,6 @@ def _settle(placeholder: concurrent.futures.Future, done: concurrent.futures.Fut
         placeholder.set_exception(done.exception())
     else:
         placeholder.set_result(done.result())
-
-
-def _convert_in_worker(run_dir: str, conversions: list[tuple[str, dict[str, Any]]]) -> list[tuple[Any, str, float]]:
-    """Runs in a worker process: each conversion as the router's local client runs it in-process,
-    with fd 2 captured per conversion; returns (outcome or exception, stderr text, CPU seconds) for each."""
-    from xprof.cli.internal.oss import xprof_client  # preloaded by the forkserver
-
-    client = xprof_client.LocalXprofClient()
-    results: list[tuple[Any, str, float]] = []
-    for tool_name, params in conversions:
-        cpu_started = time.process_time()
-        with tempfile.TemporaryFile() as scratch:
-            _flush_stderr()
-            saved = os.dup(2)
-            os.dup2(scratch.fileno(), 2)
-            try:
-                outcome: Any = client.fetch(tool_name, run_dir, **params)
-            except Exception as error:
-                outcome = _picklable(error)
-            finally:
-                _flush_stderr()
-                os.dup2(saved, 2)
-                os.close(saved)
-            scratch.seek(0)
-            text = scratch.read().decode("utf-8", errors="replace")
-        results.append((outcome, text, time.process_time() - cpu_started))
-    return results
 
 
 # --- answers known from the files' bytes -------------------------------------------------------
@@ -642,15 +561,15 @@ class XprofViews:
 
         XProf's C++ converters hold the GIL, so they run in worker processes (at most
         `XDIAG_XPROF_PROCESSES`; by default the CPU count, or none for sessions under
-        PREFETCH_MIN_BYTES, whose conversions cost less than starting workers): the op_stats
+        worker.PREFETCH_MIN_BYTES, whose conversions cost less than starting workers): the op_stats
         family in one group, every other converter in its own, the groups handed to the workers in
-        turn. Each group works in its own folder of links to the same files (converters write side
-        files next to their input, and a fresh op_stats conversion clears the folder's saved
-        results), so the only shared copy is the one file itself. A view
+        turn, every group after the first at a lower priority. Each group works in its own folder of
+        links to the same files (converters write side files next to their input, and a fresh op_stats
+        conversion clears the folder's saved results), so the only shared copy is the one file itself. A view
         then waits for its conversion instead of running it; a conversion that failed in its worker
         runs again in-process. Returns how many processes were started (0: off, or already started).
         """
-        allowed = _processes_allowed(sum(path.stat().st_size for path in self.files))
+        allowed = worker.processes_allowed(sum(path.stat().st_size for path in self.files))
         with self._lock:
             if self.closed:
                 raise RuntimeError(f"{self!r} is closed")
@@ -676,7 +595,7 @@ class XprofViews:
             for _, group, placeholder in planned:
                 for index, (name, params) in enumerate(group):
                     self._pending[self._memo_key(name, params)] = (placeholder, index)
-            self._executor = concurrent.futures.ProcessPoolExecutor(workers, mp_context=_worker_context())
+            self._executor = concurrent.futures.ProcessPoolExecutor(workers, mp_context=worker.context())
         # Starting the forkserver takes a Python start-up and XProf's import: not on the caller's time.
         threading.Thread(
             target=self._submit, args=(self._executor, planned), name="xprof-prefetch", daemon=True
@@ -685,9 +604,10 @@ class XprofViews:
 
     @staticmethod
     def _submit(executor: concurrent.futures.ProcessPoolExecutor, planned: list) -> None:
-        for run_dir, group, placeholder in planned:
+        for index, (run_dir, group, placeholder) in enumerate(planned):
             try:
-                future = executor.submit(_convert_in_worker, str(run_dir), group)
+                niceness = worker.LATER_GROUPS_NICENESS if index else 0
+                future = executor.submit(worker.convert, str(run_dir), group, niceness)
             except Exception as error:  # shut down meanwhile, or no processes here: the views convert in-process
                 placeholder.set_exception(error)
                 continue

@@ -1,0 +1,151 @@
+"""The processes XProf's converters run in (`XprofViews.prefetch`, runner.py): how many, how they start, what they run.
+
+Apart from the runner so that the forkserver the workers fork from imports XProf's client and this module alone,
+not numpy and xdiag's views (~0.2 s less), and so that starting it (`start_server`) imports nothing heavy either:
+the first worker's op_stats conversion is what the first view waits for. Nothing here may import more than the
+standard library and, in the workers, XProf's client.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing
+import multiprocessing.forkserver
+import os
+import pickle
+import sys
+import tempfile
+import time
+import types
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+CONCURRENCY_ENV = "XDIAG_XPROF_PROCESSES"
+"""How many processes `XprofViews.prefetch` may run XProf's converters in at once (default: the
+CPUs this process may use, for sessions of PREFETCH_MIN_BYTES or more, else 0); 0 turns prefetching
+off, so every conversion runs in-process on demand. Where groups outnumber workers, a worker converts
+them in turn and reuses the memory the last one freed. One worker fewer than the CPUs (leaving one to
+xdiag's own analysis) was measured on the 85 MiB H200 bench profile on 2 cores: ~2 s less CPU (one
+worker converting op_stats then memory_profile instead of two each faulting in ~1.6 GB of fresh
+memory at once) but no faster: 7.5-8.3 s against 7.4-7.8 s whole (medians of 4, three sittings).
+glibc's malloc on transparent huge pages in the workers (GLIBC_TUNABLES glibc.malloc.hugetlb=1) cut
+each conversion's system time alone, but with two workers faulting at once it cost 9.6 against 7.4 s
+whole, so the workers run with the environment they inherit."""
+
+PREFETCH_MIN_BYTES = 16 * 2**20
+"""Sessions smaller than this (all files together) convert in-process unless `XDIAG_XPROF_PROCESSES`
+says otherwise: worker processes cost CPU to start (the forkserver's Python start-up and imports, each worker's
+fork), about what such a profile's conversions take (about 0.1 s of CPU per MiB). On the 6.4 MiB H200
+recompilation profile, 2 cores: 1.28 s whole with workers against 1.32 s in-process, for 1.85 against 1.45 s of
+CPU (medians of 5); the 0.8-6.4 MiB real device profiles were 15-60% faster in-process before the forkserver got
+lighter. The 85 MiB one gains from the workers."""
+
+LATER_GROUPS_NICENESS = 10
+"""How much lower the priority of workers converting the groups after the first (memory_profile, smart_suggestion,
+utilization_viewer) is. The views wait for the first group (op_stats: the overview, the first tool) long before
+they ask for the others, so where busy processes outnumber the cores the first worker gets the CPU."""
+
+
+def processes_allowed(session_bytes: int) -> int:
+    configured = os.environ.get(CONCURRENCY_ENV, "").strip()
+    if configured:
+        try:
+            return max(0, int(configured))
+        except ValueError:
+            log.warning("%s=%r is not a number; using the CPU count", CONCURRENCY_ENV, configured)
+    if session_bytes < PREFETCH_MIN_BYTES:
+        return 0
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def context() -> multiprocessing.context.BaseContext:
+    """A forkserver that has imported XProf's client, this module and what the caller's main script imports once;
+    each worker is a cheap fork of it (forking the caller instead would copy its threads' locks)."""
+    forkserver = multiprocessing.get_context("forkserver")
+    forkserver.set_forkserver_preload([*_main_script_imports(), "xprof.cli.internal.oss.xprof_client", __name__])
+    return forkserver
+
+
+def _main_script_imports() -> list[str]:
+    """The modules the caller's main script or module took its names from (`from xdiag.cli import main` in the
+    `xdiag` script). Each worker runs that script again (multiprocessing does, so that what it defines can be
+    unpickled): with them imported in the forkserver, it costs nothing, where it cost each worker of `xdiag analyze`
+    0.1 s of CPU before converting. Preloading "__main__" itself does not do it: Python 3.11's forkserver is
+    never given the script's path."""
+    main = sys.modules.get("__main__")
+    if main is None or not (getattr(main, "__file__", None) or getattr(main, "__spec__", None)):
+        return []  # an interactive or -c main: the workers do not run it again
+    modules = set()
+    for value in vars(main).values():
+        if isinstance(value, types.ModuleType):
+            modules.add(value.__name__)
+        elif isinstance(value, (types.FunctionType, type)) and isinstance(value.__module__, str):
+            modules.add(value.__module__)
+    modules -= {"__main__", "__mp_main__", "builtins"}
+    return sorted(modules)
+
+
+def start_server(session_bytes: int) -> None:
+    """Starts the forkserver now where `prefetch` would use workers for a session this large (a Python start-up and
+    XProf's client import, ~0.15 s, on a core the caller's own start-up leaves free) instead of at the first
+    submit, after the private copy is written. Does nothing where prefetching is off; where the forkserver cannot
+    start, prefetch meets the same error and the views convert in-process."""
+    if processes_allowed(session_bytes) == 0:
+        return
+    try:
+        context()
+        multiprocessing.forkserver.ensure_running()
+    except Exception as error:
+        log.debug("no forkserver for XProf's workers: %s", error)
+
+
+def flush_stderr() -> None:
+    with contextlib.suppress(Exception):
+        sys.stderr.flush()
+
+
+def picklable(error: Exception) -> Exception:
+    try:
+        pickle.loads(pickle.dumps(error))
+        return error
+    except Exception:
+        return RuntimeError(f"{type(error).__name__}: {error}")
+
+
+def convert(
+    run_dir: str, conversions: list[tuple[str, dict[str, Any]]], niceness: int = 0
+) -> list[tuple[Any, str, float]]:
+    """Each conversion as the router's local client runs it in-process, with fd 2 captured per conversion; returns
+    (outcome or exception, stderr text, CPU seconds) for each. `niceness` first lowers this process's priority, for
+    the rest of its life (an unprivileged process cannot raise it again): prefetch submits the group the views wait
+    for first, and at 0, so a lowered worker only ever takes groups submitted after it."""
+    from xprof.cli.internal.oss import xprof_client  # preloaded by the forkserver
+
+    if niceness:
+        with contextlib.suppress(OSError):
+            os.nice(niceness)
+    client = xprof_client.LocalXprofClient()
+    results: list[tuple[Any, str, float]] = []
+    for tool_name, params in conversions:
+        cpu_started = time.process_time()
+        with tempfile.TemporaryFile() as scratch:
+            flush_stderr()
+            saved = os.dup(2)
+            os.dup2(scratch.fileno(), 2)
+            try:
+                outcome: Any = client.fetch(tool_name, run_dir, **params)
+            except Exception as error:
+                outcome = picklable(error)
+            finally:
+                flush_stderr()
+                os.dup2(saved, 2)
+                os.close(saved)
+            scratch.seek(0)
+            text = scratch.read().decode("utf-8", errors="replace")
+        results.append((outcome, text, time.process_time() - cpu_started))
+    return results
