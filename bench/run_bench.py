@@ -122,7 +122,7 @@ def _private_copy(profile: Path, workdir: Path) -> Path:
 
 def run_xdiag(profile: Path, workdir: Path, **env: str) -> dict:
     out = Path(tempfile.mkdtemp(dir=workdir))
-    result = _run([sys.executable, "-m", "xdiag.cli", "analyze", str(_private_copy(profile, workdir)), "--out", str(out), "-q"],
+    result = _run([str(Path(sys.executable).with_name("xdiag")), "analyze", str(_private_copy(profile, workdir)), "--out", str(out), "-q"],
                   env={**os.environ, **env})
     analysis = json.loads((out / "analysis.json").read_text())
     result["split_ms"] = {k: analysis["timings_ms"].get(k) for k in ("read", "tools", "investigate", "render")}
