@@ -265,6 +265,38 @@ def test_unique_with_inverse_is_numpys_unique(values):
     assert np.array_equal(inverse, expected_inverse) and np.array_equal(unique[inverse], array)
 
 
+@pytest.mark.parametrize(
+    ("values", "members"),
+    [
+        ([5, 1, 5, 7, 3, 0, 12], [5, 12, 99]),
+        ([2**40, 3, 2**40], [3, 2**40]),  # spread wide: numpy's own isin
+        ([4, -1, 4], [-1]),  # negative: likewise
+        ([], [1]),
+        ([1, 2], []),
+    ],
+)
+def test_isin_ids_is_numpys_isin(values, members):
+    import numpy as np
+    from xdiag.profile.columns import isin_ids
+
+    values, members = np.array(values, dtype=np.int64), np.array(members, dtype=np.int64)
+    assert np.array_equal(isin_ids(values, members), np.isin(values, members))
+
+
+def test_isin_ids_on_a_real_profiles_lines(h200_profiles):
+    import numpy as np
+    from xdiag.profile.columns import isin_ids
+
+    session = read_session([h200_profiles["recompilation"]])
+    checked = 0
+    for plane in session.planes:
+        members = np.array(sorted(plane.event_names)[::3], dtype=np.int64)
+        for line in plane.lines:
+            assert np.array_equal(isin_ids(line.metadata_id, members), np.isin(line.metadata_id, members))
+            checked += len(line)
+    assert checked > 100_000
+
+
 def test_event_times_are_packed_where_they_fit_and_read_back_exactly(h200_profiles):
     """A line's times are kept as uint32 ns from its least time where they fit (TimeColumn), else int64 ps; the
     tools must get back exactly the ps the file holds, shifted to the session's origin, either way."""

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from xdiag.profile.columns import factorize_rows, unique_with_inverse
+from xdiag.profile.columns import factorize_rows, isin_ids, unique_with_inverse
 from xdiag.profile.space import NO_VALUE, HloInstruction, HloModule, Line, Plane, Session
 
 COLLECTIVE_OPCODES = {
@@ -124,7 +124,7 @@ class HostEvents:
                 ids_by_plane[id(plane)] = ids
             if not len(ids):
                 continue
-            mask = np.isin(line.metadata_id, ids)
+            mask = isin_ids(line.metadata_id, ids)
             non_op = self._non_op(line)
             if non_op is not None:
                 mask &= non_op
@@ -440,7 +440,7 @@ def _flow_ends(plane: Plane) -> tuple[np.ndarray, np.ndarray]:
         consumer = line.numeric.get("_c")
         if consumer is None:
             continue
-        mask = np.isin(line.metadata_id, end_ids) & (consumer != NO_VALUE)
+        mask = isin_ids(line.metadata_id, end_ids) & (consumer != NO_VALUE)
         ids.append(consumer[mask])
         ends.append(line.end_ps_at(mask))
     if not ids:

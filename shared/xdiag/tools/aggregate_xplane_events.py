@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from xdiag.errors import NotAvailable
+from xdiag.profile.columns import isin_ids
 from xdiag.profile.space import Session
 from xdiag.tools.registry import ToolOutput, compile_pattern, tool
 
@@ -36,7 +37,7 @@ def aggregate_xplane_events(session: Session, pattern: str, plane: str | None = 
         for ln in p.lines:
             if line and line not in ln.name:
                 continue
-            mask = np.isin(ln.metadata_id, ids)
+            mask = isin_ids(ln.metadata_id, ids)
             if not mask.any():
                 continue
             d = ln.durations.at(mask)
