@@ -223,3 +223,20 @@ def test_union_of_merged_intervals_covers_what_the_union_of_all_intervals_does(h
     shuffled = np.random.default_rng(0).permutation(len(ops))
     for a, b in zip(merge_intervals(ops.start_ps, ops.end_ps), merge_intervals(ops.start_ps[shuffled], ops.end_ps[shuffled])):
         assert np.array_equal(a, b)
+
+
+def test_kernels_run_inside_a_cuda_graph_keep_their_own_names(h200_profiles):
+    """Kernels replayed from a CUDA graph carry the command buffer's name as hlo_op (all 720 on the H200 healthy
+    profile's stream): the op table names them by the kernel, as XProf's kernel stats do."""
+    from xdiag.analysis.timeline import _KERNEL_SUFFIX, op_table
+
+    session = read_session([h200_profiles["healthy"]])
+    plane, stream = next(
+        (plane, line) for plane in session.planes if plane.is_device for line in plane.lines if "hlo_op" in line.strings
+    )
+    hlo_ops = [plane.strings[i] for i in stream.strings["hlo_op"].tolist() if i >= 0]
+    assert len(hlo_ops) == len(stream) == 720 and all(name.startswith("command_buffer") for name in hlo_ops)
+    names = set(op_table(session).name.tolist())
+    assert not any(str(name).startswith("command_buffer") for name in names)
+    # each kernel is there by its name, or by its HLO instruction's where the kernel writes '.N' as '_N'
+    assert all(kernel in names or _KERNEL_SUFFIX.sub(r".\1", kernel) in names for kernel in set(plane.names_of(stream)))

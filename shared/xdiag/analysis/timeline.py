@@ -395,7 +395,9 @@ def _line_ops(plane: Plane, line: Line, host: str, has_xla_ops_line: bool) -> di
             if hlo_op is not None:
                 # Kernels run inside a CUDA graph carry the command buffer's name as hlo_op: keep the kernel's.
                 op_names = _strings_of(plane, hlo_op)
-                is_buffer = np.fromiter((n.startswith("command_buffer") for n in op_names), dtype=bool, count=count)
+                ids, inverse = unique_with_inverse(hlo_op)  # each distinct name tested once, not once per kernel
+                buffer_ids = [i >= 0 and plane.strings[i].startswith("command_buffer") for i in ids.tolist()]
+                is_buffer = np.array(buffer_ids, dtype=bool)[inverse]
                 names = np.where((hlo_op >= 0) & ~is_buffer, op_names, names)
             elif "tf_op" in line.strings:
                 names = np.where(line.strings["tf_op"] >= 0, _strings_of(plane, line.strings["tf_op"]), names)
