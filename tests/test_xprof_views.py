@@ -215,7 +215,7 @@ def test_v100_step_trace_and_memory_capacity_of_the_peak_device(v100):
 
 def test_v100_without_xla_has_no_roofline_hlo_ops_or_modules(v100):
     assert "0 HLO ops" in _missing(v100, "roofline")
-    assert "no HLO ops" in _missing(v100, "hlo_op_profile")
+    assert "no HLO ops" in _missing(v100, "hlo_op_profile") and "no XLA programs" in _missing(v100, "hlo_op_profile")
     assert "HLO modules" in _missing(v100, "peak_allocations")
     overview = _view(v100, "overview")
     assert overview["step_time_ms"] == pytest.approx(21.3)
@@ -668,3 +668,14 @@ def test_as_many_workers_as_cpus_for_a_large_session_none_for_a_small_one(monkey
         assert worker.processes_allowed(big - 1) == 0  # small sessions convert in-process
     monkeypatch.setenv("XDIAG_XPROF_PROCESSES", "3")
     assert worker.processes_allowed(1) == 3
+
+
+def test_an_op_profile_without_ops_says_the_kernels_ran_from_command_buffers_where_they_did(tmp_path):
+    """XLA:GPU replays most of these H200 profiles' kernels from CUDA graphs (their hlo_op names a command buffer),
+    and XProf's op_profile attributes none of them to an HLO op. The reason must say so, not that the profile has no
+    XLA programs: it carries them, and xdiag's own op table names their kernels."""
+    with XprofViews([Path(shutil.copy(H200 / "healthy.xplane.pb", tmp_path))]) as views:
+        assert views.may_have_command_buffers() and views.may_have_hlo_modules()
+        reason = _outcome(lambda: views.hlo_op_profile())
+    assert reason.startswith("NotAvailable: XProf's op_profile holds no HLO ops") and "command buffers" in reason
+    assert "no XLA programs" not in reason

@@ -14,6 +14,20 @@ if TYPE_CHECKING:
     from xdiag.analysis.xprof.runner import XprofViews
 
 
+def _why_no_ops(views: XprofViews) -> str:
+    """What the files say about an op_profile with no HLO op: XLA programs whose kernels ran from command buffers
+    (CUDA graphs: the kernels' HLO op names the buffer, which XProf does not map to an HLO instruction; 6 of the 9
+    H200 profiles in tests/), or no XLA program at all (TensorFlow's V100 profile)."""
+    if views.may_have_command_buffers():
+        return (
+            "the GPU kernels may have run from XLA command buffers (CUDA graphs), whose kernels XProf does not "
+            "attribute to HLO instructions; xdiag's own op table names them by kernel"
+        )
+    if not views.may_have_hlo_modules():
+        return "the profile carries no XLA programs (no HLO modules)"
+    return "XProf attributed none of the device time to an HLO instruction"
+
+
 def build(views: XprofViews, top_n: int) -> dict:
     try:
         categories = views.tool("get_hlo_op_profile", xprof_api().hlo_op_profile, view="category", top_n=0)
@@ -25,8 +39,7 @@ def build(views: XprofViews, top_n: int) -> dict:
     busy = [c for c in summary if str(c.get("category", "")).upper() != "IDLE"]
     if not busy:
         raise NotAvailable(
-            f"XProf's op_profile holds no HLO ops on this profile, only idle time ({total_ms} ms): "
-            "the profile has no XLA programs on the device"
+            f"XProf's op_profile holds no HLO ops on this profile, only idle time ({total_ms} ms): {_why_no_ops(views)}"
         )
     idle_ms = sum(as_number(c.get("total_self_time_ms")) or 0.0 for c in summary if c not in busy)
 

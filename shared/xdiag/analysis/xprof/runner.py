@@ -76,6 +76,7 @@ roofline
 hlo_op_profile
   TPU     copy-done 83.6% of 363.7 s core time, idle 13.4%, top op copy-done.4 (21.4%)
   V100    NA: op_profile holds only IDLE (no XLA programs)
+  H200    6 of the 9 in tests/: NA, only IDLE (their XLA kernels run from command buffers, CUDA graphs)
   MI300X  custom-call 34.0%, idle 63.9%, top op custom-call.1 / idle 96.7% (8 GPUs), input_transpose_fusion
 memory_profile
   TPU     peak 20.02 GiB (a stack reservation) of 31.25 GiB, allocator 1 of 4
@@ -420,6 +421,8 @@ def _settle(placeholder: concurrent.futures.Future, done: concurrent.futures.Fut
 
 _COUNTER_SAMPLE_STAT = b"counter_value"
 """The stat utilization_viewer takes performance-counter samples from (XProf's StatType kCounterValue)."""
+_COMMAND_BUFFER = b"command_buffer"
+"""The HLO op name (`command_buffer`, `command_buffer.3`) of kernels XLA:GPU replays from a CUDA graph."""
 _BARRIER_CORES_EVENT = b"barrier-cores"
 """The event xprof 2.24.2's only smart-suggestion rule (BarrierCoresRule) measures."""
 _SMART_SUGGESTION_AUDITED_VERSION = "2.24.2"
@@ -906,6 +909,15 @@ class XprofViews:
     def may_have_counter_samples(self) -> bool:
         """False when no file holds the stat name utilization_viewer reads counter samples from."""
         return self._mentions(_COUNTER_SAMPLE_STAT)
+
+    def may_have_command_buffers(self) -> bool:
+        """False when no file holds the name XLA gives kernels run from a command buffer (a CUDA graph) as their
+        HLO op; XProf's op_profile does not attribute those kernels to HLO instructions."""
+        return self._mentions(_COMMAND_BUFFER)
+
+    def may_have_hlo_modules(self) -> bool:
+        """False when no file holds the metadata plane, where the profilers put the HLO modules."""
+        return self._mentions(slim.METADATA_PLANE.encode())
 
     def may_have_suggestions(self) -> bool:
         """False when smart_suggestion (the rule set audited for xprof's version) cannot suggest anything."""
