@@ -20,9 +20,10 @@ from xdiag.profile.slim import (
     write_without_python_events,
 )
 
+from tests.conftest import shared_profile
+
 H200 = Path(__file__).resolve().parent / "profiles" / "h200"
 RECOMPILATION = H200 / "recompilation.xplane.pb"  # 234,000 of its 295,000 host events are the Python tracer's
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "profiles"
 
 
 def _python_events_removed(data: bytes) -> tuple[bytes, int]:
@@ -89,13 +90,10 @@ def test_the_compiled_copy_refuses_a_buffer_too_small_instead_of_writing_past_it
     assert wire.line_without_events(line_bytes, 0, len(line), flags, short)[2] == wire.ERR_LENGTH
 
 
-@pytest.mark.parametrize(
-    "profile", [RECOMPILATION, SHARED / "tpu" / "tpu_v6e_inference.xplane.pb"], ids=lambda p: p.name
-)
+@pytest.mark.parametrize("profile", ["h200/recompilation", "tpu/tpu_v6e_inference"])
 def test_the_metadata_copy_is_the_profile_with_its_metadata_plane_alone(profile, tmp_path):
     """The TPU profile has it after its device planes, the H200 one first."""
-    if not profile.exists():
-        pytest.skip(f"shared real-device profiles not found at {SHARED}")
+    profile = RECOMPILATION if profile.startswith("h200/") else shared_profile(f"{profile}.xplane.pb")
     target = tmp_path / profile.name
     assert write_metadata_plane(profile, target)
     space = schema.XSpace.FromString(profile.read_bytes())
@@ -111,9 +109,7 @@ def test_the_metadata_copy_is_the_profile_with_its_metadata_plane_alone(profile,
 
 def test_a_file_without_a_metadata_plane_gets_no_metadata_copy(tmp_path):
     """TensorFlow's V100 profile: no XLA, no HLO modules, no metadata plane."""
-    v100 = SHARED / "gpu" / "v100x8_tf_bert_worker.xplane.pb"
-    if not v100.exists():
-        pytest.skip(f"shared real-device profiles not found at {SHARED}")
+    v100 = shared_profile("gpu/v100x8_tf_bert_worker.xplane.pb")
     target = tmp_path / "copy.xplane.pb"
     assert not write_metadata_plane(v100, target) and not target.exists()
     truncated = tmp_path / "truncated.xplane.pb"

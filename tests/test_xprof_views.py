@@ -663,7 +663,7 @@ def test_as_many_workers_as_cpus_for_a_large_session_none_for_a_small_one(monkey
     monkeypatch.delenv("XDIAG_XPROF_PROCESSES", raising=False)
     big = worker.PREFETCH_MIN_BYTES
     for cpus in (1, 2, 4):
-        monkeypatch.setattr(runner.os, "sched_getaffinity", lambda _pid, n=cpus: set(range(n)))
+        monkeypatch.setattr(worker.os, "sched_getaffinity", lambda _pid, n=cpus: set(range(n)))
         assert worker.processes_allowed(big) == cpus
         assert worker.processes_allowed(big - 1) == 0  # small sessions convert in-process
     monkeypatch.setenv("XDIAG_XPROF_PROCESSES", "3")
@@ -675,7 +675,7 @@ def test_an_op_profile_without_ops_says_the_kernels_ran_from_command_buffers_whe
     and XProf's op_profile attributes none of them to an HLO op. The reason must say so, not that the profile has no
     XLA programs: it carries them, and xdiag's own op table names their kernels."""
     with XprofViews([Path(shutil.copy(H200 / "healthy.xplane.pb", tmp_path))]) as views:
-        assert views.may_have_command_buffers() and views.may_have_hlo_modules()
+        assert views.may_have_command_buffers() and views.has_metadata_plane()
         reason = _outcome(lambda: views.hlo_op_profile())
     assert reason.startswith("NotAvailable: XProf's op_profile holds no HLO ops") and "command buffers" in reason
     assert "no XLA programs" not in reason

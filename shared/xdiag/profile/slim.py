@@ -39,7 +39,7 @@ METADATA_PLANE = "/host:metadata"
 PYTHON_EVENT_PREFIX = "$"
 """How the Python tracer names its events (`$file.py:line function`, `$builtins len`)."""
 
-_PLANE_NAME, _PLANE_LINES = 2, 3
+_PLANE_LINES = 3
 _MAX_FLAGGED_ID = 2**24
 """Python metadata ids are flagged in a table indexed by id; the profilers number metadata from 1."""
 _ONE_BYTE_KEYS = {1: 0x0A, 3: 0x1A}  # XSpace.planes and XPlane.lines, length-delimited
@@ -73,11 +73,6 @@ def _python_metadata_flags(plane: schema.XPlane) -> np.ndarray:
     flags = np.zeros(max(python) + 1, np.uint8)  # indexed by metadata id: 1 for a Python function's
     flags[python] = 1
     return flags
-
-
-def _plane_name(arr: np.ndarray, numbers, starts, ends) -> str:
-    at = np.flatnonzero(numbers == _PLANE_NAME)
-    return bytes(arr[starts[at[-1]] : ends[at[-1]]]).decode("utf-8", "replace") if len(at) else ""
 
 
 def write_without_python_events(source: Path, target: Path) -> int:
@@ -125,10 +120,10 @@ def _write(arr: np.ndarray, buf, name: str, target: Path) -> int:
     for index, (number, start, end) in enumerate(fields):
         if number != 1:
             continue
+        if plane_name(buf, start, end) != HOST_THREADS_PLANE:
+            continue
         fields_of_plane = plane_fields(arr, start, end, name)
         numbers, tags, starts, ends, wires = fields_of_plane
-        if _plane_name(arr, numbers, starts, ends) != HOST_THREADS_PLANE:
-            continue
         python_metadata = _python_metadata_flags(plane_metadata(arr, start, fields_of_plane, name))
         if len(python_metadata) == 0:
             return 0

@@ -23,7 +23,7 @@ def _why_no_ops(views: XprofViews) -> str:
             "the GPU kernels may have run from XLA command buffers (CUDA graphs), whose kernels XProf does not "
             "attribute to HLO instructions; xdiag's own op table names them by kernel"
         )
-    if not views.may_have_hlo_modules():
+    if not views.has_metadata_plane():
         return "the profile carries no XLA programs (no HLO modules)"
     return "XProf attributed none of the device time to an HLO instruction"
 

@@ -165,6 +165,7 @@ from xdiag.analysis.xprof.common import DEFAULT_TOP_N, XPLANE_SUFFIX, as_positiv
 from xdiag.analysis.xprof.worker import flush_stderr
 from xdiag.errors import NotAvailable, ProfileError, XdiagError
 from xdiag.profile import slim
+from xdiag.profile.reader import plane_names
 
 log = logging.getLogger(__name__)
 
@@ -915,9 +916,10 @@ class XprofViews:
         HLO op; XProf's op_profile does not attribute those kernels to HLO instructions."""
         return self._mentions(_COMMAND_BUFFER)
 
-    def may_have_hlo_modules(self) -> bool:
-        """False when no file holds the metadata plane, where the profilers put the HLO modules."""
-        return self._mentions(slim.METADATA_PLANE.encode())
+    def has_metadata_plane(self) -> bool:
+        """Whether any file has the metadata plane, where the profilers put the HLO modules (from the planes' names:
+        milliseconds, whatever the size)."""
+        return any(slim.METADATA_PLANE in plane_names(path) for path in self.files)
 
     def may_have_suggestions(self) -> bool:
         """False when smart_suggestion (the rule set audited for xprof's version) cannot suggest anything."""
