@@ -339,6 +339,55 @@ def test_event_times_are_packed_where_they_fit_and_read_back_exactly(h200_profil
         assert np.array_equal(column.ps(), values - 12_345_000)
 
 
+def test_decoded_events_and_kept_stats_are_protobufs_own_parse(h200_profiles):
+    """The decoder reads a line in one pass, growing its columns past a first guess from the line's size: every
+    event's metadata id and every kept stat, in file order, must be what protobuf's own parse of the file says,
+    on lines that outgrow that guess in events and in stats."""
+    import numpy as np
+    from xdiag.profile import schema
+    from xdiag.profile.space import NUMERIC_STATS, STRING_STATS
+
+    path = h200_profiles["recompilation"]
+    session = read_session([path])
+    space = schema.XSpace.FromString(path.read_bytes())
+    read = {(p.name, ln.id): (p, ln) for p in session.planes for ln in p.lines}
+    first_guess = 64  # bytes per event decode_line first makes room for (wire.py)
+    outgrown_events = outgrown_stats = stats_checked = 0
+    for plane in space.planes:
+        names = {k: m.name for k, m in plane.stat_metadata.items()}
+        for line in plane.lines:
+            got_plane, got = read[(plane.name, line.id)]
+            assert got.metadata_id.tolist() == [e.metadata_id for e in line.events]
+            numeric = {name: ([], []) for name in NUMERIC_STATS}
+            strings = {name: ([], []) for name in STRING_STATS}
+            for index, event in enumerate(line.events):
+                for stat in event.stats:
+                    name, kind = names.get(stat.metadata_id, ""), stat.WhichOneof("value")
+                    if name in numeric and kind in ("double_value", "uint64_value", "int64_value"):
+                        value = getattr(stat, kind)
+                        value = int(value) if kind == "double_value" else int(np.uint64(value).astype(np.int64))
+                        numeric[name][0].append(index)
+                        numeric[name][1].append(value)
+                    elif name in strings and kind in ("str_value", "ref_value"):
+                        strings[name][0].append(index)
+                        text = stat.str_value if kind == "str_value" else names.get(stat.ref_value, "")
+                        strings[name][1].append(text)
+            kept = 0
+            for name, (events, values) in numeric.items():
+                column = got.numeric.sparse(name)
+                assert (column[0].tolist(), column[1].tolist()) == (events, values) if column else not events, name
+                kept += len(events)
+            for name, (events, values) in strings.items():
+                column = got.strings.sparse(name)
+                assert (column[0].tolist(), [got_plane.strings[i] for i in column[1]]) == (events, values) \
+                    if column else not events, name
+                kept += len(events)
+            stats_checked += kept
+            outgrown_events += len(line.events) > max(64, line.ByteSize() // first_guess)
+            outgrown_stats += kept > max(64, line.ByteSize() // first_guess)
+    assert outgrown_events > 0 and outgrown_stats > 0 and stats_checked > 10_000
+
+
 def test_factorize_rows_groups_a_real_op_tables_rows_as_their_string_keys_do(h200_profiles):
     """op_table and op_stats group rows by (module, program, op) as tuples hashed one at a time instead of a
     string key per row: the same groups as the string keys on a real profile's ops, each row's own values."""

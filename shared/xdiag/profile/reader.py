@@ -188,6 +188,10 @@ def _packed(decoded: tuple) -> tuple:
         metadata_id = metadata_id.astype(np.uint8 if top < 2**8 else np.uint16 if top < 2**16 else np.int32)
     if count < 2**31:
         stat_event = stat_event.astype(np.int32)
+    # Stats grouped by slot, each slot's in event order: a stable sort of one-byte slots is numpy's radix sort
+    # (linear). `_decode_line`, in the caller's thread, then takes each slot's stats as a slice.
+    order = np.argsort(stat_slot.astype(np.int8), kind="stable")
+    stat_slot, stat_event, stat_a, stat_b = stat_slot[order], stat_event[order], stat_a[order], stat_b[order]
     starts, durations = TimeColumn.pack(offset_ps), TimeColumn.pack(duration_ps)
     return header, metadata_id, starts, durations, stat_event, stat_slot, stat_a, stat_b, err, err_pos
 
@@ -206,11 +210,14 @@ def _decode_line(
     count = len(metadata_id)
     numeric_columns = StatColumns(count, NO_VALUE, np.int64)
     string_columns = StatColumns(count, -1, np.int32)
-    for slot in unique_with_inverse(stat_slot)[0].tolist():
-        rows = stat_slot == slot
-        events, a, b = stat_event[rows], stat_a[rows], stat_b[rows]
+    bounds = [0, *(np.flatnonzero(stat_slot[1:] != stat_slot[:-1]) + 1).tolist(), len(stat_slot)]
+    for low, high in zip(bounds[:-1], bounds[1:]):  # the slots in ascending order (`_packed` sorted them)
+        if low == high:
+            continue
+        slot = int(stat_slot[low])
+        events, a, b = stat_event[low:high], stat_a[low:high], stat_b[low:high]
         if slot >= 0:
-            numeric_columns.put(columns.numeric_names[slot], events, a)
+            numeric_columns.put(columns.numeric_names[slot], events, a.copy())  # not a view keeping every slot's
             continue
         values = np.empty(len(events), dtype=np.int32)
         is_ref = b < 0

@@ -165,50 +165,60 @@ def _slot(sorted_ids, slots, stat_id):
     return -1
 
 
+NO_ROOM = -1
+"""`_decode_events`' answer where an event or its stats do not fit the columns given: grow them and go on."""
+
+
 @njit(cache=True, nogil=True)
-def _decode_events(buf, start, end, numeric_ids, numeric_slots, string_ids, string_slots, fill,
+def _decode_events(buf, line_start, pos, end, numeric_ids, numeric_slots, string_ids, string_slots, e, k,
                    metadata_id, offset_ps, duration_ps, stat_event, stat_slot, stat_a, stat_b, header):
-    """One pass over a line. With fill=False only counts (events, kept stats); with fill=True also writes.
+    """Decodes a line's fields from `pos` on into the columns, from event `e` and kept stat `k` on.
 
     Kept stats are recorded sparsely as (event, slot, a, b): numeric slots are >= 0 with the value in a;
-    string slots are encoded as -2 - slot (-1 means not kept) with (ref id, -1) or (byte offset, length) in (a, b).
-    Returns (events, kept stats, error code, error position)."""
-    pos = start
-    e = 0
-    k = 0
+    string slots are encoded as -2 - slot with (ref id, -1) or (byte offset, length) in (a, b).
+    Returns (pos, events, kept stats, code, error position): code OK at the end of the line; NO_ROOM where an
+    event or its stats did not fit, with pos, events and kept stats as they were before that event; else an
+    error code. The columns are parameters, never reassigned here: numba compiled a loop that grew them itself
+    4x slower (4.3 against 1.0 s for the 200 MiB bench profile's lines)."""
     while pos < end:
+        field_start = pos
         key, pos = _varint(buf, pos, end)
         if pos < 0:
-            return e, k, ERR_VARINT, start
+            return pos, e, k, ERR_VARINT, line_start
         number = key >> 3
         wire = key & 7
         if number == 4 and wire == 2:
             length, pos = _varint(buf, pos, end)
             event_end = pos + length
             if pos < 0 or length < 0 or event_end > end:
-                return e, k, ERR_LENGTH, pos
+                return pos, e, k, ERR_LENGTH, pos
+            if e == len(metadata_id):
+                return field_start, e, k, NO_ROOM, 0
+            k_before = k
+            metadata_id[e] = 0
+            offset_ps[e] = 0
+            duration_ps[e] = 0
             while pos < event_end:
                 ekey, pos = _varint(buf, pos, event_end)
                 if pos < 0:
-                    return e, k, ERR_VARINT, event_end
+                    return pos, e, k, ERR_VARINT, event_end
                 enum = ekey >> 3
                 ewire = ekey & 7
                 if ewire == 0 and enum <= 3:
                     value, pos = _varint(buf, pos, event_end)
                     if pos < 0:
-                        return e, k, ERR_VARINT, event_end
-                    if fill:
-                        if enum == 1:
-                            metadata_id[e] = value
-                        elif enum == 2:
-                            offset_ps[e] = value
-                        else:
-                            duration_ps[e] = value
+                        return pos, e, k, ERR_VARINT, event_end
+                    if enum == 1:
+                        metadata_id[e] = value
+                    elif enum == 2:
+                        offset_ps[e] = value
+                    else:
+                        duration_ps[e] = value
                 elif enum == 4 and ewire == 2:
                     slen, pos = _varint(buf, pos, event_end)
                     stat_end = pos + slen
                     if pos < 0 or slen < 0 or stat_end > event_end:
-                        return e, k, ERR_LENGTH, pos
+                        return pos, e, k, ERR_LENGTH, pos
                     stat_id = np.int64(-1)
                     kind = np.int64(0)
                     a = np.int64(0)
@@ -216,7 +226,7 @@ def _decode_events(buf, start, end, numeric_ids, numeric_slots, string_ids, stri
                     while pos < stat_end:
                         skey, pos = _varint(buf, pos, stat_end)
                         if pos < 0:
-                            return e, k, ERR_VARINT, stat_end
+                            return pos, e, k, ERR_VARINT, stat_end
                         snum = skey >> 3
                         swire = skey & 7
                         if snum == 1 and swire == 0:
@@ -236,7 +246,7 @@ def _decode_events(buf, start, end, numeric_ids, numeric_slots, string_ids, stri
                         else:
                             pos = _skip(buf, pos, stat_end, swire)
                         if pos < 0 or pos > stat_end:
-                            return e, k, ERR_LENGTH, stat_end
+                            return pos, e, k, ERR_LENGTH, stat_end
                     slot = -1
                     if kind == 2 or kind == 3 or kind == 4:
                         slot = _slot(numeric_ids, numeric_slots, stat_id)
@@ -248,69 +258,82 @@ def _decode_events(buf, start, end, numeric_ids, numeric_slots, string_ids, stri
                             if kind == 7:
                                 b = -1
                     if slot != -1:
-                        if fill:
-                            stat_event[k] = e
-                            stat_slot[k] = slot
-                            stat_a[k] = a
-                            stat_b[k] = b
+                        if k == len(stat_event):
+                            return field_start, e, k_before, NO_ROOM, 0
+                        stat_event[k] = e
+                        stat_slot[k] = slot
+                        stat_a[k] = a
+                        stat_b[k] = b
                         k += 1
                 else:
                     pos = _skip(buf, pos, event_end, ewire)
                     if pos < 0:
-                        return e, k, ERR_LENGTH, event_end
+                        return pos, e, k, ERR_LENGTH, event_end
             e += 1
         elif wire == 0:
             value, pos = _varint(buf, pos, end)
-            if fill:
-                if number == 1:
-                    header[0] = value
-                elif number == 3:
-                    header[1] = value
-                elif number == 9:
-                    header[2] = value
-                elif number == 10:
-                    header[3] = value
+            if number == 1:
+                header[0] = value
+            elif number == 3:
+                header[1] = value
+            elif number == 9:
+                header[2] = value
+            elif number == 10:
+                header[3] = value
         elif wire == 2 and (number == 2 or number == 11):
             length, pos = _varint(buf, pos, end)
-            if fill:
-                slot = 4 if number == 2 else 6
-                header[slot] = pos
-                header[slot + 1] = length
+            slot = 4 if number == 2 else 6
+            header[slot] = pos
+            header[slot + 1] = length
             pos += length
         else:
             pos = _skip(buf, pos, end, wire)
         if pos < 0 or pos > end:
-            return e, k, ERR_LENGTH, start
-    return e, k, OK, end
+            return pos, e, k, ERR_LENGTH, line_start
+    return pos, e, k, OK, end
+
+
+@njit(cache=True, nogil=True)
+def _grown(column, used):
+    """A column twice the size of `column` (growing costs time linear in the final size), its first `used` kept."""
+    bigger = np.empty(max(64, 2 * len(column)), np.int64)
+    bigger[:used] = column[:used]
+    return bigger
 
 
 @njit(cache=True, nogil=True)
 def decode_line(buf, start, end, numeric_ids, numeric_slots, string_ids, string_slots):
-    """One XLine's header, its events as columns, and its kept stats as sparse rows.
+    """One XLine's header, its events as columns, and its kept stats as sparse rows, in one pass over its bytes.
 
     numeric_ids/numeric_slots: sorted stat-metadata ids kept as numeric columns and their column index;
     string_ids/string_slots: the same for string stats. Returns (header, metadata_id, offset_ps,
     duration_ps, stat_event, stat_slot, stat_a, stat_b, err, err_pos); see _decode_events for the stats.
     header: [id, timestamp_ns, duration_ps, display_id, name_off, name_len, display_off, display_len]
+    The columns start at a guess from the line's size and double when full, so every byte is parsed once (the
+    decoder used to count a line's events and stats first and fill the columns in a second pass: 1.6 against
+    1.0 s for the 200 MiB bench profile's lines). They are returned at their exact size.
     """
     header = np.zeros(8, np.int64)
     header[4:] = -1
-    empty = np.empty(0, np.int64)
-    events, kept, err, err_pos = _decode_events(
-        buf, start, end, numeric_ids, numeric_slots, string_ids, string_slots, False,
-        empty, empty, empty, empty, empty, empty, empty, header)
+    guess = max(64, (end - start) // 64)  # events of real profiles take 20-100 bytes
+    events = [np.empty(guess, np.int64) for _ in range(3)]
+    stats = [np.empty(guess, np.int64) for _ in range(4)]
+    pos, e, k = start, 0, 0
+    while True:
+        pos, e, k, err, err_pos = _decode_events(
+            buf, start, pos, end, numeric_ids, numeric_slots, string_ids, string_slots, e, k,
+            events[0], events[1], events[2], stats[0], stats[1], stats[2], stats[3], header)
+        if err != NO_ROOM:
+            break
+        if e == len(events[0]):
+            events = [_grown(column, e) for column in events]
+        else:
+            stats = [_grown(column, k) for column in stats]
     if err:
+        empty = np.empty(0, np.int64)
         return header, empty, empty, empty, empty, empty, empty, empty, err, err_pos
-    metadata_id = np.zeros(events, np.int64)
-    offset_ps = np.zeros(events, np.int64)
-    duration_ps = np.zeros(events, np.int64)
-    stat_event = np.empty(kept, np.int64)
-    stat_slot = np.empty(kept, np.int64)
-    stat_a = np.empty(kept, np.int64)
-    stat_b = np.empty(kept, np.int64)
-    _decode_events(buf, start, end, numeric_ids, numeric_slots, string_ids, string_slots, True,
-                   metadata_id, offset_ps, duration_ps, stat_event, stat_slot, stat_a, stat_b, header)
-    return header, metadata_id, offset_ps, duration_ps, stat_event, stat_slot, stat_a, stat_b, OK, end
+    return (header, events[0][:e].copy(), events[1][:e].copy(), events[2][:e].copy(), stats[0][:k].copy(),
+            stats[1][:k].copy(), stats[2][:k].copy(), stats[3][:k].copy(), OK, end)
 
 
 @njit(cache=True, nogil=True)
