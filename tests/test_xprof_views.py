@@ -27,7 +27,6 @@ pytestmark = pytest.mark.skipif(not PROFILES.is_dir(), reason=f"shared real-devi
 pytest.importorskip("xprof", reason="the xprof wheel is not installed")
 
 from xdiag.analysis.xprof import XprofViews, runner, worker  # noqa: E402
-from xdiag.cli import main as app_main  # noqa: E402
 
 TPU = "tpu/tpu_v6e_inference.xplane.pb"
 V100 = "gpu/v100x8_tf_bert_worker.xplane.pb"
@@ -628,23 +627,48 @@ def test_a_device_sessions_conversions_start_before_the_read_and_serve_its_views
     assert early.closed
 
 
-def test_the_workers_forkserver_imports_what_the_main_script_does_and_nothing_heavy(monkeypatch):
-    """Each worker runs the caller's main script again; the forkserver imports the modules it took names from, so
-    the workers find them imported. The worker module itself imports neither numpy nor xdiag's views."""
-    script = types.ModuleType("__main__")
-    script.__file__ = "/usr/local/bin/xdiag"
-    script.sys = sys
-    script.main = app_main
-    monkeypatch.setitem(sys.modules, "__main__", script)
-    assert worker._main_script_imports() == ["sys", "xdiag.cli"]
-    del script.__file__  # python -c or an interactive main: the workers do not run it again
-    assert worker._main_script_imports() == []
+def test_the_worker_module_imports_nothing_heavy():
+    """The forkserver imports the worker module: it must import neither numpy nor xdiag's views."""
     code = (
-        "import sys, xdiag.analysis.xprof.worker; "
+        "import sys, xdiag.analysis.xprof.worker, xdiag.analysis.xprof.forkserver_setup; "
         "print(sorted(m for m in ('numpy', 'xdiag.analysis.xprof.runner', 'xprof') if m in sys.modules))"
     )
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert loaded.strip() == "[]"
+
+
+_UNGUARDED_SCRIPT = """
+import json, os, sys
+from pathlib import Path
+from xdiag.analysis.xprof import XprofViews
+from xdiag.cloud.embedded import analyze_session
+from xdiag.profile.locate import locate_session
+
+with open(sys.argv[2], "a") as runs:  # a line each time this script runs, in any process
+    runs.write(str(os.getpid()) + " ")
+started = []
+prefetch = XprofViews.prefetch
+XprofViews.prefetch = lambda views: started.append(prefetch(views)) or started[-1]
+analysis = analyze_session(locate_session(Path(sys.argv[1]), None), Path(sys.argv[3]))
+print(json.dumps({"status": analysis.status, "overview": analysis.tools["get_xprof_overview"]["status"],
+                  "workers": max(started, default=0)}))
+"""
+
+
+def test_a_script_without_a_main_guard_runs_once_while_workers_convert(tmp_path):
+    """multiprocessing starts each forkserver child by running the caller's main script again. A script that calls
+    analyze_session at its top level, with no `if __name__ == "__main__":`, ran its whole analysis again in every
+    XProf worker; the workers must not run it, and still convert."""
+    script = tmp_path / "analyse.py"
+    script.write_text(_UNGUARDED_SCRIPT)
+    runs = tmp_path / "runs.txt"
+    env = {**os.environ, "XDIAG_XPROF_PROCESSES": "2"}  # workers for this 6.4 MiB profile too
+    profile = Path(__file__).parent / "profiles" / "h200" / "recompilation.xplane.pb"
+    done = subprocess.run([sys.executable, str(script), str(profile), str(runs), str(tmp_path / "out")],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.splitlines()[-1]) == {"status": "DONE", "overview": "ok", "workers": 2}
+    assert len(runs.read_text().split()) == 1, runs.read_text()  # in its own process only
 
 
 def test_no_conversions_start_before_the_read_of_a_cpu_profile_or_an_unreadable_file(

@@ -17,7 +17,6 @@ import pickle
 import sys
 import tempfile
 import time
-import types
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -64,30 +63,14 @@ def processes_allowed(session_bytes: int) -> int:
 
 
 def context() -> multiprocessing.context.BaseContext:
-    """A forkserver that has imported XProf's client, this module and what the caller's main script imports once;
-    each worker is a cheap fork of it (forking the caller instead would copy its threads' locks)."""
+    """A forkserver that has imported XProf's client and this module once; each worker is a cheap fork of it
+    (forking the caller instead would copy its threads' locks). It also imports `forkserver_setup`, so that the
+    workers never run the caller's main script again."""
     forkserver = multiprocessing.get_context("forkserver")
-    forkserver.set_forkserver_preload([*_main_script_imports(), "xprof.cli.internal.oss.xprof_client", __name__])
+    forkserver.set_forkserver_preload(
+        ["xprof.cli.internal.oss.xprof_client", __name__, "xdiag.analysis.xprof.forkserver_setup"]
+    )
     return forkserver
-
-
-def _main_script_imports() -> list[str]:
-    """The modules the caller's main script or module took its names from (`from xdiag.cli import main` in the
-    `xdiag` script). Each worker runs that script again (multiprocessing does, so that what it defines can be
-    unpickled): with them imported in the forkserver, it costs nothing, where it cost each worker of `xdiag analyze`
-    0.1 s of CPU before converting. Preloading "__main__" itself does not do it: Python 3.11's forkserver is
-    never given the script's path."""
-    main = sys.modules.get("__main__")
-    if main is None or not (getattr(main, "__file__", None) or getattr(main, "__spec__", None)):
-        return []  # an interactive or -c main: the workers do not run it again
-    modules = set()
-    for value in vars(main).values():
-        if isinstance(value, types.ModuleType):
-            modules.add(value.__name__)
-        elif isinstance(value, (types.FunctionType, type)) and isinstance(value.__module__, str):
-            modules.add(value.__module__)
-    modules -= {"__main__", "__mp_main__", "builtins"}
-    return sorted(modules)
 
 
 def start_server(session_bytes: int) -> None:
