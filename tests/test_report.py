@@ -450,3 +450,33 @@ def test_hosts_side_by_side_with_the_straggler_aligned():
     assert section.count('<div class="rowbar">') == 2  # one breakdown bar per host
     assert "aligned on the end of all-reduce.3 (step 7): hostB arrives last" in section
     assert section.count('class="coll last"') == 1 and "arrives last" in section
+
+
+def test_compiled_templates_are_cached_by_source_and_a_broken_cache_never_fails_a_render(tmp_path, monkeypatch):
+    """summary.html's template is compiled once and loaded after (Jinja's cache, keyed by the template's source):
+    the page must be the same either way, and a cache that cannot be written or holds garbage costs a compile,
+    never the report."""
+    from xdiag.report import render
+
+    analysis, results = _needs_attention(), _results()
+
+    def page_with(cache) -> str:
+        monkeypatch.setattr(render, "bytecode_cache", lambda: cache)
+        render._environment.cache_clear()
+        try:
+            return render_summary_html(analysis, results)
+        finally:
+            render._environment.cache_clear()
+
+    uncached = page_with(None)
+    folder = tmp_path / "cache"
+    folder.mkdir(mode=0o700)
+    cache = render._BestEffortBytecodeCache(str(folder))
+    assert page_with(cache) == uncached and len(list(folder.iterdir())) == 1  # compiled, then stored
+    assert page_with(cache) == uncached  # loaded
+    for stored in folder.iterdir():
+        stored.write_bytes(b"not a compiled template")
+    assert page_with(cache) == uncached
+    not_a_folder = tmp_path / "file"
+    not_a_folder.write_text("")
+    assert page_with(render._BestEffortBytecodeCache(str(not_a_folder))) == uncached  # neither read nor written

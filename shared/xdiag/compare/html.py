@@ -9,6 +9,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from xdiag.compare.sessions import SessionDiff
 from xdiag.report.format import MISSING, format_number, humanize_key
+from xdiag.report.render import bytecode_cache
 
 TEMPLATES = Path(__file__).parent / "templates"
 
@@ -26,7 +27,7 @@ def _plain(value: float | None, unit: str = "") -> str:
 
 def render_diff_html(diff: SessionDiff) -> str:
     env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(["html", "j2"]),
-                      trim_blocks=True, lstrip_blocks=True)
+                      trim_blocks=True, lstrip_blocks=True, bytecode_cache=bytecode_cache())
     env.filters.update(signed=_signed, plain=_plain, label=humanize_key)
     return env.get_template("diff.html.j2").render(d=diff)
 

@@ -11,6 +11,7 @@ Everything here returns plain text; the template escapes it. Nothing is marked s
 
 from __future__ import annotations
 
+import functools
 import html
 import math
 import re
@@ -77,6 +78,7 @@ def label_of(key: str) -> str:
     return humanize_key(k)
 
 
+@functools.lru_cache(maxsize=4096)  # a report asks for the same few dozen keys once per table cell: thousands
 def unit_of(key: str) -> str:
     """The unit a field's name declares ('' when none): '%', 'ms', 'µs', 'GiB', 'GiB/s', 'GFLOP/s', 'FLOP', …"""
     k = str(key).lower()
