@@ -5,7 +5,7 @@ functions the script defines can be unpickled. A script without an `if __name__ 
 `analyze_session` at its top level) then ran its whole analysis again in every worker. XProf's workers need nothing
 from the main script (they run `worker.convert`, an importable function), so in this forkserver, and the workers
 forked from it, the step that runs the main script is a no-op. Cheaper too: a worker of `xdiag analyze` no longer
-re-runs the `xdiag` script (0.1 s of CPU each), and the forkserver no longer imports what it imports.
+re-runs the `xdiag` script (0.1 s of CPU each), so the forkserver need not import that script's modules ahead.
 
 The forkserver is one per process: a caller that also starts forkserver processes of its own after an analysis
 gets this one, whose children do not run its main script (functions defined there cannot reach them).

@@ -1,9 +1,9 @@
 """The processes XProf's converters run in (`XprofViews.prefetch`, runner.py): how many, how they start, what they run.
 
 Apart from the runner so that the forkserver the workers fork from imports XProf's client, this module and
-`forkserver_setup` alone, not numpy and xdiag's views (~0.2 s less), and so that starting it (`start_server`) imports nothing heavy either:
-the first worker's op_stats conversion is what the first view waits for. Nothing here may import more than the
-standard library and, in the workers, XProf's client.
+`forkserver_setup` alone, not numpy and xdiag's views (~0.2 s less), and so that starting it (`start_server`)
+imports nothing heavy either: the first worker's op_stats conversion is what the first view waits for. Nothing here
+may import more than the standard library and, in the workers, XProf's client.
 """
 
 from __future__ import annotations
