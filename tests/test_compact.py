@@ -1,10 +1,14 @@
-"""The prepared session file gives the tools exactly what reading the profile gives them."""
+"""The prepared session file gives the tools exactly what reading the profile gives them, with the shared tables it
+carries or without them."""
 
 from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
+from xdiag.analysis import prepared as prepared_tables
+from xdiag.analysis import timeline
 from xdiag.errors import ProfileError
 from xdiag.profile.compact import load_session, save_session
 from xdiag.profile.reader import read_session
@@ -23,19 +27,57 @@ def _outputs(session) -> dict:
     return out
 
 
+def _same_tables(built, adopted) -> None:
+    """Every column of the op table with its dtype, and the rows with their values' types (a NumPy float rounds
+    otherwise than a Python one)."""
+    ops, stored = built.cache["op_table"], adopted.cache["op_table"]
+    for column in timeline._ROW_FIELDS:
+        assert getattr(stored, column).dtype == getattr(ops, column).dtype, column
+        assert np.array_equal(getattr(stored, column), getattr(ops, column)), column
+    assert stored.keys() == ops.keys()
+    for key in ("step_set", "step_rows", "device_rows"):
+        assert repr(adopted.cache[key]) == repr(built.cache[key]), key
+
+
 @pytest.mark.parametrize("profile", PROFILES, ids=lambda p: p.name)
-def test_prepared_session_gives_the_same_tool_results(profile, tmp_path):
+def test_prepared_session_and_its_tables_give_the_same_tool_results(profile, tmp_path):
     prepared = tmp_path / "session.xdiag"
-    save_session(read_session([profile]), prepared)
-    assert _outputs(load_session(prepared)) == _outputs(read_session([profile]))
+    session = read_session([profile])
+    save_session(session, prepared, prepared_tables.export(session))
+    loaded = load_session(prepared)
+    assert prepared_tables.adopt(loaded) and not loaded.stored_tables
+    _same_tables(session, loaded)
+    assert _outputs(loaded) == _outputs(read_session([profile]))
+
+
+def test_tables_of_other_code_are_rebuilt_not_adopted(h200_profiles, tmp_path, monkeypatch):
+    prepared = tmp_path / "session.xdiag"
+    session = read_session([h200_profiles["small_steps"]])
+    save_session(session, prepared, prepared_tables.export(session))
+    monkeypatch.setattr(prepared_tables, "code_digest", lambda: "another version of the analysis")
+    loaded = load_session(prepared)
+    assert not prepared_tables.adopt(loaded) and "op_table" not in loaded.cache
+    assert _outputs(loaded) == _outputs(session)
 
 
 def test_prepared_cpu_session_gives_the_same_tool_results(cpu_profiles, tmp_path):
     prepared = tmp_path / "session.xdiag"
-    save_session(read_session([cpu_profiles["recompilation"]]), prepared)
+    save_session(read_session([cpu_profiles["recompilation"]]), prepared)  # without tables: the tools build them
     loaded = load_session(prepared)
+    assert not prepared_tables.adopt(loaded)
     assert _outputs(loaded) == _outputs(read_session([cpu_profiles["recompilation"]]))
     assert [m.display_name for m in loaded.hlo_modules]  # the HLO travels too
+
+
+@pytest.mark.parametrize("workload", ["dispatch_bound", "host_sync", "collective_bound"])
+def test_prepared_cpu_tables_give_the_same_tool_results(cpu_profiles, workload, tmp_path):
+    prepared = tmp_path / "session.xdiag"
+    session = read_session([cpu_profiles[workload]])
+    save_session(session, prepared, prepared_tables.export(session))
+    loaded = load_session(prepared)
+    assert prepared_tables.adopt(loaded)
+    _same_tables(session, loaded)
+    assert _outputs(loaded) == _outputs(read_session([cpu_profiles[workload]]))
 
 
 def test_a_file_that_is_not_a_prepared_session_is_refused(tmp_path, cpu_profiles):

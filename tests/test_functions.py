@@ -12,6 +12,7 @@ import pytest
 from cloudevents.conversion import to_binary, to_structured
 from cloudevents.http import CloudEvent
 from functions_framework import create_app
+from xdiag.analysis import timeline
 from xdiag.cloud.embedded import build_embedded
 from xdiag.cloud.memory import LocalBlobStore
 from xdiag.cloud.runtime import REASON_ATTRIBUTE, Runtime, use_runtime
@@ -177,6 +178,8 @@ def test_register_reads_the_session_during_the_quiet_period_and_collect_maps_it(
 
     reads, read_session = [], deps_module.read_session
     monkeypatch.setattr(deps_module, "read_session", lambda paths, **kw: reads.append(paths) or read_session(paths, **kw))
+    built, line_ops = [], timeline._line_ops  # the op table is built from lines only where no stored one is adopted
+    monkeypatch.setattr(timeline, "_line_ops", lambda *args: built.append(args) or line_ops(*args))
     wired.deps.sessions = SessionLoader(wired.deps.blobs, prepare=True)  # a fresh collect instance: nothing in memory
     wired.bus._queue.clear()
     for capture in (healthy, cut_short):
@@ -187,6 +190,12 @@ def test_register_reads_the_session_during_the_quiet_period_and_collect_maps_it(
     assert [[Path(p).parts[-5] for p in paths] for paths in reads] == [["run-q"]]  # only the unreadable one was read
     failed = wired.deps.state.get(ANALYSES, cut_short.analysis_id)
     assert failed["status"] == "FAILED" and "truncated" in failed["failure_reason"]
+    # A tool run maps the tables register built with the session (xdiag.analysis.prepared), and builds none.
+    run = next(r for r in wired.queued("tool-runs") if r.tool == "get_step_trace")
+    body = _push_body(run.model_dump_json().encode())
+    assert wired.client("run_tool").post(f"/projects/{PROJECT}/topics/tool-runs", json=body).status_code == 200
+    assert wired.deps.state.get(tools_collection(healthy.analysis_id), "get_step_trace")["status"] == "ok"
+    assert not built
 
 
 def test_register_ignores_other_objects_and_other_storage_events(wired):

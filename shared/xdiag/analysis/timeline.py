@@ -62,7 +62,13 @@ class OpTable:
     category: np.ndarray  # object, see categorize()
     event_end_ps: np.ndarray  # int64: the end of the op's own event (before any `end:` pairing)
     op: np.ndarray  # int32: the row's index in op_keys
+    device_code: np.ndarray  # int32: the row's index in device_labels
     op_keys: tuple[tuple[str, int, str], ...] = ()  # the distinct (module, program_id, name) rows, not one per row
+    op_categories: tuple[str, ...] = ()  # the category of each of op_keys
+    device_labels: tuple[str, ...] = ()  # the distinct devices
+
+    # name, module, program_id, category and device are functions of op and device_code: the table's codes say
+    # all of it (xdiag.analysis.prepared stores a table so), the object columns are there for the analyses' ease.
 
     def __len__(self) -> int:
         return len(self.name)
@@ -76,10 +82,21 @@ class OpTable:
         a table's columns, and on large profiles a copy is hundreds of MB)."""
         if mask.dtype == bool and len(mask) == len(self) and mask.all():
             return self
-        return OpTable(**{f: getattr(self, f)[mask] for f in _ROW_FIELDS}, op_keys=self.op_keys)
+        return OpTable(**{f: getattr(self, f)[mask] for f in _ROW_FIELDS}, **self.keys())
+
+    def keys(self) -> dict[str, tuple]:
+        """What the codes index: op_keys, op_categories, device_labels."""
+        return {f: getattr(self, f) for f in _KEY_FIELDS}
 
 
-_ROW_FIELDS = tuple(f for f in OpTable.__dataclass_fields__ if f != "op_keys")
+_KEY_FIELDS = ("op_keys", "op_categories", "device_labels")
+_ROW_FIELDS = tuple(f for f in OpTable.__dataclass_fields__ if f not in _KEY_FIELDS)
+
+
+def empty_op_table() -> OpTable:
+    text, times, codes = np.empty(0, object), np.empty(0, np.int64), np.empty(0, np.int32)
+    return OpTable(name=text, module=text, program_id=times, device=text, start_ps=times, end_ps=times, category=text,
+                   event_end_ps=times, op=codes, device_code=codes)
 
 
 @dataclass
@@ -405,7 +422,7 @@ def _line_ops(plane: Plane, line: Line, host: str, has_xla_ops_line: bool) -> di
         else:
             return None
         mask = np.ones(count, dtype=bool)
-        device = np.full(count, f"{host} {plane.name}", dtype=object)
+        labels, device = [f"{host} {plane.name}"], np.zeros(count, np.int32)
     else:
         if hlo_op is None or not (hlo_op >= 0).any():
             return None
@@ -415,18 +432,18 @@ def _line_ops(plane: Plane, line: Line, host: str, has_xla_ops_line: bool) -> di
         ordinal = line.numeric.get("device_ordinal")
         if ordinal is not None:
             # One label per ordinal, shared by its rows (a string per row is ~60 bytes on millions of ops).
-            ordinals, inverse = unique_with_inverse(ordinal[mask])
+            ordinals, device = unique_with_inverse(ordinal[mask])
             labels = [f"{host} CPU:{o}" if o != NO_VALUE else f"{host} CPU" for o in ordinals.tolist()]
-            device = np.array(labels, dtype=object)[inverse]
         else:
-            device = np.full(mask.sum(), f"{host} CPU", dtype=object)
+            labels, device = [f"{host} CPU"], np.zeros(mask.sum(), np.int32)
     program = line.numeric.get("program_id")
     ends = line.end_ps_at(mask)
     return {
         "name": names if len(names) == mask.sum() else names[mask],
         "module": modules if len(modules) == mask.sum() else modules[mask],
         "program_id": program[mask] if program is not None else np.full(mask.sum(), NO_VALUE, np.int64),
-        "device": device,
+        "device_code": device,  # an index in device_labels, made the table's own index by op_table
+        "device_labels": labels,
         "start_ps": line.starts.at(mask),
         "end_ps": ends,
         "event_end_ps": ends,  # the same array: the flow pairing replaces end_ps, never writes into it
@@ -497,11 +514,14 @@ def op_table(session: Session) -> OpTable:
                         ops["end_ps"] = np.where(hit, np.maximum(ops["end_ps"], finish), ops["end_ps"])
                     parts.append(ops)
         if not parts:
-            empty_o, empty_i = np.empty(0, object), np.empty(0, np.int64)
-            no_ops = np.empty(0, np.int32)
-            return OpTable(empty_o, empty_o, empty_i, empty_o, empty_i, empty_i, empty_o, empty_i, no_ops)
+            return empty_op_table()
+        devices: dict[str, int] = {}  # label -> the table's device code, in first-seen order
+        for part in parts:
+            codes = [devices.setdefault(label, len(devices)) for label in part.pop("device_labels")]
+            part["device_code"] = np.array(codes, np.int32)[part["device_code"]]
         cols = {k: np.concatenate([p.pop(k) for p in parts]) for k in list(parts[0]) if k != "flow"}
         del parts
+        cols["device"] = np.array(list(devices), dtype=object)[cols["device_code"]]
         # Resolve each distinct (op, module, program) once, then scatter back to the rows.
         distinct, inverse = factorize_rows(cols["name"], cols["module"], cols["program_id"])
         resolved_names = np.empty(len(distinct), dtype=object)
@@ -524,7 +544,8 @@ def op_table(session: Session) -> OpTable:
         del inverse
         order = np.argsort(cols["start_ps"], kind="stable")
         # In time order, one column at a time: the unordered column goes as soon as its ordered copy exists.
-        return OpTable(**{f: cols.pop(f)[order] for f in _ROW_FIELDS}, op_keys=op_keys)
+        return OpTable(**{f: cols.pop(f)[order] for f in _ROW_FIELDS}, op_keys=op_keys,
+                       op_categories=tuple(resolved_categories.tolist()), device_labels=tuple(devices))
 
     return _cached(session, "op_table", build)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import tempfile
 import threading
 import time
@@ -10,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from xdiag.analysis import prepared as prepared_tables
 from xdiag.errors import ProfileError
 from xdiag.investigators import RuleEngine
 from xdiag.model import Diagnosis, ToolResult
@@ -20,6 +22,8 @@ from xdiag.profile.compact import load_session, save_session
 from xdiag.profile.reader import DEFAULT_MAX_PROFILE_BYTES, read_session
 from xdiag.profile.space import Session
 from xdiag.tools.common import adopt_views, prefetch_views, start_views
+
+log = logging.getLogger(__name__)
 
 
 class Investigator(Protocol):
@@ -44,7 +48,8 @@ class SessionLoader:
 
     With `prepare` on (the cloud, where every stage is its own process), the first reader (register, during the quiet
     period; else collect) also stores the decoded session as one file, named by the same key, in the session's
-    output folder; later readers of the same inputs memory-map that file instead of parsing the profile again (see
+    output folder, with the tables every tool builds first (xdiag.analysis.prepared); later readers of the same inputs
+    memory-map that file instead of parsing the profile again, and take the tables instead of building them (see
     xdiag.profile.compact). With `prefetch_views`
     on (one process runs every tool), XProf's conversions of a device session start in worker processes before it
     is read (the files' plane names tell a device profile), and run while xdiag's own read and tools do.
@@ -126,13 +131,19 @@ class SessionLoader:
         return self._sessions[key]
 
     def _store_prepared(self, session: Session, prepared_uri: str) -> None:
+        try:  # the tables every tool builds first, built once here (xdiag.analysis.prepared)
+            tables = prepared_tables.export(session)
+        except Exception:  # noqa: BLE001 - each tool then builds them and records what fails, as without them
+            log.warning("the prepared session %s goes without its shared tables", prepared_uri, exc_info=True)
+            tables = None
         with tempfile.TemporaryDirectory() as folder:
             path = Path(folder) / "session.xdiag"
-            save_session(session, path)
+            save_session(session, path, tables)
             self._blobs.put_file(path, prepared_uri, cache_source=True)  # a temporary file, ours alone
 
     def _load_prepared(self, key: tuple[BlobInfo, ...], prepared_uri: str) -> Session:
         session = load_session(Path(self._blobs.local_path(prepared_uri)))
+        prepared_tables.adopt(session)
         if session.platform != "CPU":
             # XProf's converters read the xplane files themselves: give them this process's copies.
             by_name = {i.uri.rsplit("/", 1)[-1]: i for i in key}

@@ -7,7 +7,9 @@ profile: seconds instead of half a minute each, and the columns are shared page 
 Layout: an 8-byte magic, the header's length (8 bytes, little endian), a JSON header describing
 every plane, line and HLO module, then the raw column arrays, each 64-byte aligned. Arrays are
 described by dtype, shape and offset, and come back as read-only `np.memmap` views; a line's times
-are stored packed, as read (`TimeColumn`: values, scale and base).
+are stored packed, as read (`TimeColumn`: values, scale and base). The header also carries the tables
+derived from the session that its writer gave (`xdiag.analysis.prepared`: the op table and the steps every
+tool builds first), their arrays in the same data section.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from xdiag.profile.space import (
 
 MAGIC = b"XDIAGS01"
 ALIGN = 64
+ARRAY_KEY = "__array__"  # in a stored table: where an array is, in the data section
 
 
 class _Layout:
@@ -87,8 +90,33 @@ def _module(module: HloModule) -> dict[str, Any]:
     }
 
 
-def save_session(session: Session, path: Path) -> int:
-    """Writes the session to `path` (atomically); returns its size in bytes."""
+def _tree(value: Any, layout: _Layout) -> Any:
+    """A JSON tree whose numeric arrays go to the data section, each replaced by its reference."""
+    if isinstance(value, np.ndarray):
+        if value.dtype == object:
+            raise TypeError("object arrays cannot be stored: store codes and the values they index")
+        return {ARRAY_KEY: layout.array(value)}
+    if isinstance(value, dict):
+        return {str(k): _tree(v, layout) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_tree(v, layout) for v in value]
+    return _plain(value)
+
+
+def _untree(value: Any, mapped: np.memmap) -> Any:
+    if isinstance(value, dict):
+        if ARRAY_KEY in value:
+            return _array(mapped, value[ARRAY_KEY])
+        return {k: _untree(v, mapped) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_untree(v, mapped) for v in value]
+    return value
+
+
+def save_session(session: Session, path: Path, tables: dict[str, Any] | None = None) -> int:
+    """Writes the session to `path` (atomically); returns its size in bytes. `tables` (derived from the session: a
+    JSON tree whose leaves may be numeric arrays) travel with it and come back as the loaded session's
+    `stored_tables`, their arrays memory-mapped like the columns."""
     layout = _Layout()
     hosts = []
     for host in session.hosts:
@@ -126,6 +154,7 @@ def save_session(session: Session, path: Path) -> int:
     header = {
         "name": session.name, "origin_ns": session.origin_ns, "hosts": hosts,
         "hlo_modules": [_module(m) for m in session.hlo_modules],
+        "tables": _tree(tables or {}, layout),
     }
     encoded = json.dumps(header, separators=(",", ":")).encode()
     encoded += b" " * (-(len(MAGIC) + 8 + len(encoded)) % ALIGN)  # the data section starts aligned
@@ -217,4 +246,5 @@ def load_session(path: Path) -> Session:
         )
         for m in header["hlo_modules"]
     ]
-    return Session(name=header["name"], hosts=hosts, hlo_modules=modules, origin_ns=header["origin_ns"])
+    return Session(name=header["name"], hosts=hosts, hlo_modules=modules, origin_ns=header["origin_ns"],
+                   stored_tables=_untree(header.get("tables", {}), mapped))

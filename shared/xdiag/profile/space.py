@@ -346,6 +346,8 @@ class Session:
     hlo_modules: list[HloModule]
     origin_ns: int
     cache: dict[str, object] = field(default_factory=dict, repr=False)  # derived tables shared by tools
+    stored_tables: dict = field(default_factory=dict, repr=False)
+    """Derived tables a prepared session file carried, as stored (xdiag.analysis.prepared puts them in the cache)."""
 
     @property
     def planes(self) -> list[Plane]:
