@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,8 @@ from xdiag.analysis import breakdown, timeline
 from xdiag.analysis.breakdown import DeviceRow, StepRow
 from xdiag.analysis.timeline import OpTable, Step, StepSet
 from xdiag.profile.space import Session
+
+log = logging.getLogger(__name__)
 
 FORMAT = 1
 _STORED_COLUMNS = ("op", "device_code", "start_ps", "end_ps", "event_end_ps")
@@ -106,17 +109,22 @@ def _op_table(stored: dict[str, Any]) -> OpTable:
 
 def adopt(session: Session) -> bool:
     """Puts the tables a prepared file carried in the session's cache; False (and nothing put) where it carried
-    none, or tables of other code."""
+    none, tables of other code, or tables that do not decode (the tools then build their own)."""
     stored, session.stored_tables = session.stored_tables, {}
     if not stored or stored.get("code") != code_digest():
         return False
-    step_set = _untyped(stored["step_set"])
-    tables = {
-        "op_table": _op_table(stored["op_table"]),
-        "step_set": StepSet(**{**step_set, "steps": [Step(*step) for step in step_set["steps"]]}),
-        "step_rows": [StepRow(**row) for row in _untyped(stored["step_rows"])],
-        "device_rows": [DeviceRow(**row) for row in _untyped(stored["device_rows"])],
-    }
+    try:
+        step_set = _untyped(stored["step_set"])
+        tables = {
+            "op_table": _op_table(stored["op_table"]),
+            "step_set": StepSet(**{**step_set, "steps": [Step(*step) for step in step_set["steps"]]}),
+            "step_rows": [StepRow(**row) for row in _untyped(stored["step_rows"])],
+            "device_rows": [DeviceRow(**row) for row in _untyped(stored["device_rows"])],
+        }
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        log.warning("the prepared session of %s carries tables that do not decode (%s: %s); the tools build them",
+                    session.name, type(exc).__name__, exc)
+        return False
     for key, table in tables.items():
         session.cache.setdefault(key, table)
     return True
