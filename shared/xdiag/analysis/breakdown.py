@@ -133,10 +133,10 @@ def partition_device(ops: OpTable, win_s: np.ndarray, win_e: np.ndarray) -> Devi
     the tail of an op paired with a later `end:` event are "weak" compute that a collective running at the
     same time outranks; an op's own event still outranks the collective (overlapped communication is hidden).
     """
-    is_collective = ops.category == "collective"
-    is_transfer = np.isin(ops.category, TRANSFER_CATEGORIES)
-    is_callback = ops.category == "host_callback"
-    is_container = ops.category == "control_flow"
+    is_collective = ops.in_categories(["collective"])
+    is_transfer = ops.in_categories(TRANSFER_CATEGORIES)
+    is_callback = ops.in_categories(["host_callback"])
+    is_container = ops.in_categories(["control_flow"])
     strong = ~(is_collective | is_transfer | is_callback | is_container)
     tail = strong & (ops.end_ps > ops.event_end_ps)
     layers = [
@@ -177,14 +177,14 @@ def _timeline_rows(
     or one device's own steps."""
     win_s = np.array([s.start_ps for s in steps], dtype=np.int64)
     win_e = np.array([s.end_ps for s in steps], dtype=np.int64)
-    is_callback_op = ops.category == "host_callback"
+    is_callback_op = ops.in_categories(["host_callback"])
     compute = np.zeros(len(steps))
     collective = np.zeros(len(steps))
     transfer = np.zeros(len(steps))
     device_rows = []
     span_ms = float((win_e - win_s).sum()) / PS_PER_MS
     for name in devices:
-        part = partition_device(ops.take(ops.device == name), win_s, win_e)
+        part = partition_device(ops.take(ops.on_device(name)), win_s, win_e)
         compute += part.compute
         collective += part.collective
         transfer += part.transfer
@@ -234,7 +234,7 @@ def _build(session: Session) -> tuple[list[StepRow], list[DeviceRow]]:
     ops = op_table(session)
     found = step_set(session)
     events_by_host = {e.host: e for e in host_events(session)}
-    all_devices = set(ops.device.tolist())
+    all_devices = set(ops.devices())
     active = sorted(all_devices - set(found.transfer_only))
     timelines: dict[tuple[str, str | None], list] = {}
     for step in found.steps:
@@ -243,11 +243,11 @@ def _build(session: Session) -> tuple[list[StepRow], list[DeviceRow]]:
     device_rows: list[DeviceRow] = []
     for (host, device), steps in sorted(timelines.items(), key=lambda kv: (kv[0][0], kv[0][1] or "")):
         if device is None:
-            on_host = {d: d.startswith(host + " ") for d in all_devices}  # per device, then looked up per op
-            mask = np.fromiter(map(on_host.__getitem__, ops.device), dtype=bool, count=len(ops))
+            on_host = np.array([d.startswith(host + " ") for d in ops.device_labels], dtype=bool)  # per device code
+            mask = on_host[ops.device_code]
             devices = [d for d in active if d.startswith(host + " ")]
         else:
-            mask = ops.device == device
+            mask = ops.on_device(device)
             devices = [device]
         steps = sorted(steps, key=lambda s: s.start_ps)
         timeline_rows, timeline_devices = _timeline_rows(host, device, steps, ops.take(mask), devices, events_by_host.get(host))
@@ -350,7 +350,7 @@ def _activity(session: Session, device: str, ops: OpTable) -> tuple[np.ndarray, 
             spans = module_spans(plane)
             if spans is not None:
                 return spans[0], spans[1]
-    mask = ops.device == device
+    mask = ops.on_device(device)
     return ops.start_ps[mask], ops.end_ps[mask]
 
 
@@ -362,7 +362,7 @@ def duty_cycles(session: Session) -> list[DutyCycle]:
     ops = op_table(session)
     found = step_set(session)
     out = []
-    for device in sorted(set(ops.device.tolist()) - set(found.transfer_only)):
+    for device in sorted(set(ops.devices()) - set(found.transfer_only)):
         host = device.split(" ", 1)[0]
         steps = [s for s in found.steps if s.device == device] or [s for s in found.steps if s.device is None and s.host == host]
         starts, ends = merge_intervals(*_activity(session, device, ops))

@@ -2,9 +2,10 @@
 
 In the cloud each tool runs in its own instance, on the prepared session (`xdiag.profile.compact`), and every one of
 them would first build the same tables from the columns: the op table, the steps, and the per-step and per-device
-rows. That is 0.08 s of each instance on a 20 MiB capture and 0.75 s on a 200 MiB one, which a tool that then takes
-0.1 ms pays in full. The stage that prepares the session (register during the quiet period, else collect) builds
-them once (`export`) and stores them beside the columns; `adopt` puts them in a loaded session's cache.
+rows. That is 0.08 s of each instance on a 20 MiB capture, 0.75 s on a 200 MiB one and 5-10 s on 2 GiB, which a
+tool that then takes 0.1 ms pays in full. The stage that prepares the session (register during the quiet period,
+else collect) builds them once (`export`) and stores them beside the columns; `adopt` puts them in a loaded
+session's cache.
 
 An op table is stored as its codes, times and distinct keys: its object columns (name, module, program id,
 category, device) are functions of the op and device codes (`OpTable`), rebuilt by one gather each. Tables another
@@ -31,7 +32,7 @@ log = logging.getLogger(__name__)
 
 FORMAT = 1
 _STORED_COLUMNS = ("op", "device_code", "start_ps", "end_ps", "event_end_ps")
-_SCALAR_KEY = "numpy"
+_SCALAR_KEY = "__numpy__"  # a key no row, device or category is named
 
 
 @functools.cache

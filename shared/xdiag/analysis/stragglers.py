@@ -91,7 +91,7 @@ def collective_arrivals(session: Session) -> Arrivals | None:
     if "collective_arrivals" in session.cache:
         return session.cache["collective_arrivals"]
     ops = op_table(session)
-    mask = ops.category == "collective"
+    mask = ops.in_categories(["collective"])
     result = None
     if mask.sum() >= 2:
         devices, starts, ends = ops.device[mask], ops.start_ps[mask], ops.end_ps[mask]

@@ -8,7 +8,7 @@ as events on the CPU client's threads) and device planes (GPU streams, TPU `XLA 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -83,6 +83,23 @@ class OpTable:
         if mask.dtype == bool and len(mask) == len(self) and mask.all():
             return self
         return OpTable(**{f: getattr(self, f)[mask] for f in _ROW_FIELDS}, **self.keys())
+
+    def on_device(self, device: str) -> np.ndarray:
+        """The rows on `device`, as a boolean mask: its code compared, not a string per row."""
+        if device not in self.device_labels:
+            return np.zeros(len(self), dtype=bool)
+        return self.device_code == self.device_labels.index(device)
+
+    def in_categories(self, categories: Iterable[str]) -> np.ndarray:
+        """The rows whose category is one of `categories`, as a boolean mask: each op's category tested once."""
+        wanted = set(categories)
+        return np.array([c in wanted for c in self.op_categories], dtype=bool)[self.op] if len(self) else \
+            np.zeros(0, dtype=bool)
+
+    def devices(self) -> list[str]:
+        """The devices the rows are on, sorted."""
+        present = np.flatnonzero(np.bincount(self.device_code, minlength=len(self.device_labels)))
+        return sorted(self.device_labels[i] for i in present.tolist())
 
     def keys(self) -> dict[str, tuple]:
         """What the codes index: op_keys, op_categories, device_labels."""
@@ -658,9 +675,9 @@ def transfer_only_devices(session: Session) -> list[str]:
 
     def build() -> list[str]:
         ops = op_table(session)
-        moving = np.isin(ops.category, TRANSFER_OP_CATEGORIES)
-        devices = set(ops.device.tolist())
-        return sorted(devices - set(ops.device[~moving].tolist()))
+        moving = ops.in_categories(TRANSFER_OP_CATEGORIES)
+        computing = {ops.device_labels[code] for code in np.unique(ops.device_code[~moving]).tolist()}
+        return sorted(set(ops.devices()) - computing)
 
     return _cached(session, "transfer_only_devices", build)
 
@@ -707,7 +724,7 @@ def _op_sequence_steps(ops: OpTable, device: str) -> tuple[list[Step], str]:
     repetition to the first of the next. First the sequence of ops (program and op name); else the sequence of
     program launches (runs of ops of one program), which repeats even where a program's kernels vary; else the
     device's whole window as one step."""
-    mask = ops.device == device
+    mask = ops.on_device(device)
     starts, ends = ops.start_ps[mask], ops.end_ps[mask]
     host = device.split(" ", 1)[0]
     gaps = np.concatenate([[0], starts[1:] - np.maximum.accumulate(ends)[:-1]])
@@ -739,7 +756,7 @@ def _host_launch_steps(session: Session, ops: OpTable, device: str) -> list[Step
     """Steps from the host's launches of the device's busiest program (`PjitFunction(f)` for module `jit_f`, one
     compiled version), from one launch to the next: the repeated unit where the device's op sequence does not
     repeat exactly (threads interleave, data-dependent ops)."""
-    mask = ops.device == device
+    mask = ops.on_device(device)
     modules, inverse = np.unique(ops.module[mask], return_inverse=True)
     busiest = str(modules[int(np.argmax(np.bincount(inverse, weights=ops.duration_ps[mask].astype(float))))])
     named = _JITTED_MODULE.match(busiest)
@@ -784,7 +801,7 @@ def step_set(session: Session) -> StepSet:
         sources: dict[str, str] = {}
         markers: dict[str, str] = {}
         planes = {_device_of(p): p for p in session.device_planes(with_events=True)}
-        for device in sorted(set(ops.device.tolist()) - set(moving_only)):
+        for device in sorted(set(ops.devices()) - set(moving_only)):
             if device in by_line:
                 steps += by_line[device]
                 sources[device], markers[device] = "device Steps line", "Steps"

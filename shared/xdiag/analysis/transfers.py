@@ -39,8 +39,8 @@ def transfer_spans(session: Session) -> dict | None:
         source = computation.by_name.get(start_op.operands[0]) if start_op.operands else None
         direction = "to_device" if source is not None and source.opcode == "parameter" else "from_device"
         size = shape_bytes(done)
-        for device in np.unique(ops.device):
-            on_device = (ops.device == device) & (ops.module == module_name)
+        for device in ops.devices():
+            on_device = ops.on_device(device) & (ops.module == module_name)
             starts = np.sort(ops.start_ps[on_device & (ops.name == start_op.name)])
             done_rows = on_device & (ops.name == done_name)
             order = np.argsort(ops.end_ps[done_rows])

@@ -25,7 +25,7 @@ def get_utilization_viewer(session: Session) -> ToolOutput:
     found = step_set(session)
     rows = [
         {"device": r["device"], "busy_percent": round(r["compute_percent"] + r["collective_percent"] + r["transfer_percent"], 2),
-         "steps": r["steps"], "op_executions": int((ops.device == r["device"]).sum())}
+         "steps": r["steps"], "op_executions": int(ops.on_device(r["device"]).sum())}
         for r in device_table(device_rows(session))
     ]
     if not rows:
