@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from xdiag.analysis import prepared as prepared_tables
 from xdiag.analysis import timeline
+from xdiag.analysis.breakdown import StepRow
 from xdiag.errors import ProfileError
 from xdiag.profile.compact import load_session, save_session
 from xdiag.profile.reader import read_session
@@ -31,7 +32,7 @@ def _same_tables(built, adopted) -> None:
     """Every column of the op table with its dtype, and the rows with their values' types (a NumPy float rounds
     otherwise than a Python one)."""
     ops, stored = built.cache["op_table"], adopted.cache["op_table"]
-    for column in timeline._ROW_FIELDS:
+    for column in (*timeline.OpTable.STORED, *timeline.OpTable.CODED):
         assert getattr(stored, column).dtype == getattr(ops, column).dtype, column
         assert np.array_equal(getattr(stored, column), getattr(ops, column)), column
     assert stored.keys() == ops.keys()
@@ -50,13 +51,23 @@ def test_prepared_session_and_its_tables_give_the_same_tool_results(profile, tmp
     assert _outputs(loaded) == _outputs(read_session([profile]))
 
 
+def test_rows_keep_each_value_and_its_type_through_the_file():
+    """Columns of one NumPy type, of mixed types, and rows of differing shapes (stored value by value)."""
+    rows = [StepRow("h", 0, np.float64(1.25), {"compute": np.float64(0.5), "host_other": 0.75}, 3, 1, 0, 0, 0),
+            StepRow("h", np.int64(1), 2.5, {"compute": np.float64(1 / 3), "host_other": 0.1}, 4, 1, 0, 1, 0, "d")]
+    differing = [*rows, StepRow("h", 2, 1.0, {"compute": 1.0}, 0, 0, 0, 0, 0)]
+    for table in (rows, differing):
+        stored = json.loads(json.dumps(prepared_tables._as_columns(table)))
+        assert repr([StepRow(**row) for row in prepared_tables._from_columns(stored)]) == repr(table)
+
+
 def test_tables_of_other_code_or_damaged_are_rebuilt_not_adopted(h200_profiles, tmp_path, monkeypatch):
     prepared = tmp_path / "session.xdiag"
     session = read_session([h200_profiles["small_steps"]])
     save_session(session, prepared, prepared_tables.export(session))
     expected = _outputs(session)
     loaded = load_session(prepared)
-    del loaded.stored_tables["step_set"]["steps"]  # damaged: the tools build the tables themselves
+    del loaded.stored_tables["steps"]["paths"]  # damaged: the tools build the tables themselves
     assert not prepared_tables.adopt(loaded) and "op_table" not in loaded.cache
     assert _outputs(loaded) == expected
     monkeypatch.setattr(prepared_tables, "code_digest", lambda: "another version of the analysis")

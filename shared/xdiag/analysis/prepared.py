@@ -7,9 +7,9 @@ tool that then takes 0.1 ms pays in full. The stage that prepares the session (r
 else collect) builds them once (`export`) and stores them beside the columns; `adopt` puts them in a loaded
 session's cache.
 
-An op table is stored as its codes, times and distinct keys: its object columns (name, module, program id,
-category, device) are functions of the op and device codes (`OpTable`), rebuilt by one gather each. Tables another
-version of the analysis code stored are left out (their `code` digest differs), and the tools build their own.
+An op table is stored as it is held, its codes, times and distinct keys (its names, categories and devices are
+gathered from the codes where a tool reads them: `OpTable`). Tables another version of the analysis code stored
+are left out (their `code` digest differs), and the tools build their own.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import dataclasses
 import functools
 import hashlib
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,6 @@ from xdiag.profile.space import Session
 log = logging.getLogger(__name__)
 
 FORMAT = 1
-_STORED_COLUMNS = ("op", "device_code", "start_ps", "end_ps", "event_end_ps")
 _SCALAR_KEY = "__numpy__"  # a key no row, device or category is named
 
 
@@ -47,8 +47,8 @@ def code_digest() -> str:
 
 
 def _typed(value: Any) -> Any:
-    """A tree of the rows' values with each NumPy scalar marked by its type: a row's float64 is rounded as NumPy
-    rounds, a float as Python does, and the tools' answers must not change with the tables' origin."""
+    """A tree with each NumPy scalar marked by its type: a row's float64 is rounded as NumPy rounds, a float as
+    Python does, and the tools' answers must not change with the tables' origin."""
     if isinstance(value, np.generic):
         return {_SCALAR_KEY: value.dtype.str, "value": value.item()}
     if isinstance(value, dict):
@@ -68,44 +68,76 @@ def _untyped(value: Any) -> Any:
     return value
 
 
+def _leaves(row: dict[str, Any], prefix: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Any]]:
+    for key, value in row.items():
+        if isinstance(value, dict) and value:
+            yield from _leaves(value, (*prefix, key))
+        else:
+            yield (*prefix, key), value
+
+
+def _as_columns(rows: list[Any]) -> dict[str, Any]:
+    """Dataclass rows as one column per field (per key of a dict field), each column's NumPy type said once: tens of
+    thousands of steps decode in a few gathers, not a walk over every value. Rows of differing shapes are stored
+    value by value."""
+    leaves = [dict(_leaves(dataclasses.asdict(row))) for row in rows]
+    paths = list(leaves[0]) if leaves else []
+    if any(list(row) != paths for row in leaves):
+        return {"rows": _typed([dataclasses.asdict(row) for row in rows])}
+    columns = []
+    for path in paths:
+        values = [row[path] for row in leaves]
+        kinds = {value.dtype.str if isinstance(value, np.generic) else "" for value in values}
+        kind = kinds.pop() if len(kinds) == 1 else None
+        columns.append({"kind": kind, "values": [value.item() for value in values] if kind else
+                        values if kind == "" else _typed(values)})
+    return {"paths": [list(path) for path in paths], "columns": columns}
+
+
+def _from_columns(stored: dict[str, Any]) -> list[dict[str, Any]]:
+    if "rows" in stored:
+        return _untyped(stored["rows"])
+    columns = []
+    for column in stored["columns"]:
+        kind, values = column["kind"], column["values"]
+        columns.append(list(np.array(values, dtype=kind)) if kind else values if kind == "" else _untyped(values))
+    rows = []
+    for values in zip(*columns):
+        row: dict[str, Any] = {}
+        for path, value in zip(stored["paths"], values):
+            target = row
+            for key in path[:-1]:
+                target = target.setdefault(key, {})
+            target[path[-1]] = value
+        rows.append(row)
+    return rows
+
+
 def export(session: Session) -> dict[str, Any]:
     """The shared tables of the session (built here where not built yet), as `compact.save_session` stores them."""
     ops = timeline.op_table(session)
     steps = timeline.step_set(session)
     return {
         "code": code_digest(),
+        **{f"op_table.{name}": getattr(ops, name) for name in OpTable.STORED},
         "op_table": {
-            "columns": {name: getattr(ops, name) for name in _STORED_COLUMNS},
             "op_keys": [list(key) for key in ops.op_keys],
             "op_categories": list(ops.op_categories),
             "device_labels": list(ops.device_labels),
         },
-        "step_set": _typed({**dataclasses.asdict(steps), "steps": [dataclasses.astuple(step) for step in steps.steps]}),
-        "step_rows": _typed([dataclasses.asdict(row) for row in breakdown.step_rows(session)]),
-        "device_rows": _typed([dataclasses.asdict(row) for row in breakdown.device_rows(session)]),
+        "step_set": _typed({field.name: getattr(steps, field.name) for field in dataclasses.fields(steps)
+                            if field.name != "steps"}),
+        "steps": _as_columns(steps.steps),
+        "step_rows": _as_columns(breakdown.step_rows(session)),
+        "device_rows": _as_columns(breakdown.device_rows(session)),
     }
 
 
 def _op_table(stored: dict[str, Any]) -> OpTable:
-    columns = stored["columns"]
-    keys = [tuple(key) for key in stored["op_keys"]]
-    op, device_code = columns["op"], columns["device_code"]
-
-    def per_op(values: list, dtype=object) -> np.ndarray:
-        return np.array(values, dtype=dtype)[op] if values else np.empty(0, dtype)
-
-    return OpTable(
-        name=per_op([key[2] for key in keys]),
-        module=per_op([key[0] for key in keys]),
-        program_id=per_op([key[1] for key in keys], np.int64),
-        category=per_op(stored["op_categories"]),
-        device=np.array(stored["device_labels"], dtype=object)[device_code] if stored["device_labels"] else
-        np.empty(0, object),
-        **columns,
-        op_keys=tuple(keys),
-        op_categories=tuple(stored["op_categories"]),
-        device_labels=tuple(stored["device_labels"]),
-    )
+    keys = stored["op_table"]
+    return OpTable(**{name: stored[f"op_table.{name}"] for name in OpTable.STORED},
+                   op_keys=tuple(tuple(key) for key in keys["op_keys"]), op_categories=tuple(keys["op_categories"]),
+                   device_labels=tuple(keys["device_labels"]))
 
 
 def adopt(session: Session) -> bool:
@@ -115,12 +147,12 @@ def adopt(session: Session) -> bool:
     if not stored or stored.get("code") != code_digest():
         return False
     try:
-        step_set = _untyped(stored["step_set"])
+        steps = [Step(**row) for row in _from_columns(stored["steps"])]
         tables = {
-            "op_table": _op_table(stored["op_table"]),
-            "step_set": StepSet(**{**step_set, "steps": [Step(*step) for step in step_set["steps"]]}),
-            "step_rows": [StepRow(**row) for row in _untyped(stored["step_rows"])],
-            "device_rows": [DeviceRow(**row) for row in _untyped(stored["device_rows"])],
+            "op_table": _op_table(stored),
+            "step_set": StepSet(**_untyped(stored["step_set"]), steps=steps),
+            "step_rows": [StepRow(**row) for row in _from_columns(stored["step_rows"])],
+            "device_rows": [DeviceRow(**row) for row in _from_columns(stored["device_rows"])],
         }
     except (KeyError, TypeError, ValueError, IndexError) as exc:
         log.warning("the prepared session of %s carries tables that do not decode (%s: %s); the tools build them",

@@ -49,29 +49,59 @@ STEP_STAT = "step_num"
 _KERNEL_SUFFIX = re.compile(r"_(\d+)$")
 
 
-@dataclass
 class OpTable:
-    """One row per XLA op execution (an HLO instruction run on a device)."""
+    """One row per XLA op execution (an HLO instruction run on a device).
 
-    name: np.ndarray  # object: HLO instruction name
-    module: np.ndarray  # object: HLO module name
-    program_id: np.ndarray  # int64, NO_VALUE when unknown
-    device: np.ndarray  # object: "<host> CPU:<ordinal>" or "<host> /device:GPU:0"
-    start_ps: np.ndarray
-    end_ps: np.ndarray  # the op's real end: its `end: <op>` event's end where it has one (XLA:CPU async ops)
-    category: np.ndarray  # object, see categorize()
-    event_end_ps: np.ndarray  # int64: the end of the op's own event (before any `end:` pairing)
-    op: np.ndarray  # int32: the row's index in op_keys
-    device_code: np.ndarray  # int32: the row's index in device_labels
-    op_keys: tuple[tuple[str, int, str], ...] = ()  # the distinct (module, program_id, name) rows, not one per row
-    op_categories: tuple[str, ...] = ()  # the category of each of op_keys
-    device_labels: tuple[str, ...] = ()  # the distinct devices
+    Stored per row: start_ps; end_ps, the op's real end (its `end: <op>` event's end where it has one, XLA:CPU
+    async ops); event_end_ps, the end of its own event (before any `end:` pairing); op, the row's index in op_keys
+    (the distinct (module, program_id, name) rows, with op_categories beside them); device_code, its index in
+    device_labels. name, module, program_id (NO_VALUE when unknown), category (see categorize()) and device
+    ("<host> CPU:<ordinal>", "<host> /device:GPU:0") are functions of the codes: columns gathered from them on
+    first use and kept, so a table (or a selection of its rows) whose names are never read never holds them.
+    """
 
-    # name, module, program_id, category and device are functions of op and device_code: the table's codes say
-    # all of it (xdiag.analysis.prepared stores a table so), the object columns are there for the analyses' ease.
+    STORED = ("start_ps", "end_ps", "event_end_ps", "op", "device_code")
+    CODED = ("name", "module", "program_id", "category", "device")
+    KEYS = ("op_keys", "op_categories", "device_labels")
+
+    def __init__(self, *, start_ps: np.ndarray, end_ps: np.ndarray, event_end_ps: np.ndarray, op: np.ndarray,
+                 device_code: np.ndarray, op_keys: tuple[tuple[str, int, str], ...] = (),
+                 op_categories: tuple[str, ...] = (), device_labels: tuple[str, ...] = (),
+                 _per_code: dict[str, np.ndarray] | None = None):
+        self.start_ps, self.end_ps, self.event_end_ps = start_ps, end_ps, event_end_ps
+        self.op, self.device_code = op, device_code
+        self.op_keys, self.op_categories = tuple(op_keys), tuple(op_categories)
+        self.device_labels = tuple(device_labels)
+        self._per_code = {} if _per_code is None else _per_code  # a coded column's value per code, shared by selections
+        self._columns: dict[str, np.ndarray] = {}
+
+    def _values_per_code(self, name: str) -> np.ndarray:
+        if name == "device":
+            return np.array(self.device_labels or ("",), dtype=object)
+        if name == "category":
+            return np.array(self.op_categories or ("",), dtype=object)
+        if name == "program_id":
+            return np.array([key[1] for key in self.op_keys] or [NO_VALUE], dtype=np.int64)
+        index = {"module": 0, "name": 2}[name]
+        return np.array([key[index] for key in self.op_keys] or [""], dtype=object)
+
+    def _coded(self, name: str) -> np.ndarray:
+        column = self._columns.get(name)
+        if column is None:
+            if name not in self._per_code:
+                self._per_code[name] = self._values_per_code(name)
+            codes = self.device_code if name == "device" else self.op
+            column = self._columns[name] = self._per_code[name][codes]
+        return column
+
+    name = property(lambda self: self._coded("name"))
+    module = property(lambda self: self._coded("module"))
+    program_id = property(lambda self: self._coded("program_id"))
+    category = property(lambda self: self._coded("category"))
+    device = property(lambda self: self._coded("device"))
 
     def __len__(self) -> int:
-        return len(self.name)
+        return len(self.op)
 
     @property
     def duration_ps(self) -> np.ndarray:
@@ -82,7 +112,7 @@ class OpTable:
         a table's columns, and on large profiles a copy is hundreds of MB)."""
         if mask.dtype == bool and len(mask) == len(self) and mask.all():
             return self
-        return OpTable(**{f: getattr(self, f)[mask] for f in _ROW_FIELDS}, **self.keys())
+        return OpTable(**{f: getattr(self, f)[mask] for f in self.STORED}, **self.keys(), _per_code=self._per_code)
 
     def on_device(self, device: str) -> np.ndarray:
         """The rows on `device`, as a boolean mask: its code compared, not a string per row."""
@@ -103,17 +133,12 @@ class OpTable:
 
     def keys(self) -> dict[str, tuple]:
         """What the codes index: op_keys, op_categories, device_labels."""
-        return {f: getattr(self, f) for f in _KEY_FIELDS}
-
-
-_KEY_FIELDS = ("op_keys", "op_categories", "device_labels")
-_ROW_FIELDS = tuple(f for f in OpTable.__dataclass_fields__ if f not in _KEY_FIELDS)
+        return {f: getattr(self, f) for f in self.KEYS}
 
 
 def empty_op_table() -> OpTable:
-    text, times, codes = np.empty(0, object), np.empty(0, np.int64), np.empty(0, np.int32)
-    return OpTable(name=text, module=text, program_id=times, device=text, start_ps=times, end_ps=times, category=text,
-                   event_end_ps=times, op=codes, device_code=codes)
+    times, codes = np.empty(0, np.int64), np.empty(0, np.int32)
+    return OpTable(start_ps=times, end_ps=times, event_end_ps=times, op=codes, device_code=codes)
 
 
 @dataclass
@@ -538,9 +563,8 @@ def op_table(session: Session) -> OpTable:
             part["device_code"] = np.array(codes, np.int32)[part["device_code"]]
         cols = {k: np.concatenate([p.pop(k) for p in parts]) for k in list(parts[0]) if k != "flow"}
         del parts
-        cols["device"] = np.array(list(devices), dtype=object)[cols["device_code"]]
-        # Resolve each distinct (op, module, program) once, then scatter back to the rows.
-        distinct, inverse = factorize_rows(cols["name"], cols["module"], cols["program_id"])
+        # Resolve each distinct (op, module, program) once; a row keeps only its index among them.
+        distinct, inverse = factorize_rows(cols.pop("name"), cols.pop("module"), cols.pop("program_id"))
         resolved_names = np.empty(len(distinct), dtype=object)
         resolved_categories = np.empty(len(distinct), dtype=object)
         for k, (name, module_name, pid) in enumerate(distinct):
@@ -554,14 +578,12 @@ def op_table(session: Session) -> OpTable:
                 hlo_name = hlo_name if found else name
             resolved_names[k] = hlo_name
             resolved_categories[k] = categorize(found[1] if found else None, module, name)
-        cols["name"] = resolved_names[inverse]
-        cols["category"] = resolved_categories[inverse]
         cols["op"] = inverse.astype(np.int32)  # so per-op sums need not factorise millions of rows again
         op_keys = tuple((module_name, int(pid), resolved_names[k]) for k, (_, module_name, pid) in enumerate(distinct))
         del inverse
         order = np.argsort(cols["start_ps"], kind="stable")
         # In time order, one column at a time: the unordered column goes as soon as its ordered copy exists.
-        return OpTable(**{f: cols.pop(f)[order] for f in _ROW_FIELDS}, op_keys=op_keys,
+        return OpTable(**{f: cols.pop(f)[order] for f in OpTable.STORED}, op_keys=op_keys,
                        op_categories=tuple(resolved_categories.tolist()), device_labels=tuple(devices))
 
     return _cached(session, "op_table", build)

@@ -37,7 +37,7 @@ from xdiag.profile.space import (
 
 MAGIC = b"XDIAGS01"
 ALIGN = 64
-ARRAY_KEY = "__array__"  # in a stored table: where an array is, in the data section
+ARRAY_KEY = "__array__"  # a stored table that is an array: where it is in the data section
 
 
 class _Layout:
@@ -90,33 +90,28 @@ def _module(module: HloModule) -> dict[str, Any]:
     }
 
 
-def _tree(value: Any, layout: _Layout) -> Any:
-    """A JSON tree whose numeric arrays go to the data section, each replaced by its reference."""
-    if isinstance(value, np.ndarray):
-        if value.dtype == object:
-            raise TypeError("object arrays cannot be stored: store codes and the values they index")
-        return {ARRAY_KEY: layout.array(value)}
-    if isinstance(value, dict):
-        return {str(k): _tree(v, layout) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_tree(v, layout) for v in value]
-    return _plain(value)
+def _stored(tables: dict[str, Any], layout: _Layout) -> dict[str, Any]:
+    """Each table that is a numeric array goes to the data section, replaced by its reference; the others stay as
+    they are (JSON)."""
+    out = {}
+    for key, value in tables.items():
+        if isinstance(value, np.ndarray):
+            if value.dtype == object:
+                raise TypeError(f"table {key}: object arrays cannot be stored; store codes and the values they index")
+            value = {ARRAY_KEY: layout.array(value)}
+        out[key] = value
+    return out
 
 
-def _untree(value: Any, mapped: np.memmap) -> Any:
-    if isinstance(value, dict):
-        if ARRAY_KEY in value:
-            return _array(mapped, value[ARRAY_KEY])
-        return {k: _untree(v, mapped) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_untree(v, mapped) for v in value]
-    return value
+def _loaded(tables: dict[str, Any], mapped: np.memmap) -> dict[str, Any]:
+    return {key: _array(mapped, value[ARRAY_KEY]) if isinstance(value, dict) and ARRAY_KEY in value else value
+            for key, value in tables.items()}
 
 
 def save_session(session: Session, path: Path, tables: dict[str, Any] | None = None) -> int:
-    """Writes the session to `path` (atomically); returns its size in bytes. `tables` (derived from the session: a
-    JSON tree whose leaves may be numeric arrays) travel with it and come back as the loaded session's
-    `stored_tables`, their arrays memory-mapped like the columns."""
+    """Writes the session to `path` (atomically); returns its size in bytes. `tables` (derived from the session, by
+    name: numeric arrays, or anything JSON holds) travel with it and come back as the loaded session's
+    `stored_tables`, the arrays memory-mapped like the columns."""
     layout = _Layout()
     hosts = []
     for host in session.hosts:
@@ -154,7 +149,7 @@ def save_session(session: Session, path: Path, tables: dict[str, Any] | None = N
     header = {
         "name": session.name, "origin_ns": session.origin_ns, "hosts": hosts,
         "hlo_modules": [_module(m) for m in session.hlo_modules],
-        "tables": _tree(tables or {}, layout),
+        "tables": _stored(tables or {}, layout),
     }
     encoded = json.dumps(header, separators=(",", ":")).encode()
     encoded += b" " * (-(len(MAGIC) + 8 + len(encoded)) % ALIGN)  # the data section starts aligned
@@ -247,4 +242,4 @@ def load_session(path: Path) -> Session:
         for m in header["hlo_modules"]
     ]
     return Session(name=header["name"], hosts=hosts, hlo_modules=modules, origin_ns=header["origin_ns"],
-                   stored_tables=_untree(header.get("tables", {}), mapped))
+                   stored_tables=_loaded(header.get("tables", {}), mapped))
