@@ -2,7 +2,7 @@
 
 In the cloud each tool runs in its own instance, on the prepared session (`xdiag.profile.compact`), and every one of
 them would first build the same tables from the columns: the op table, the steps, and the per-step and per-device
-rows. That is 0.08 s of each instance on a 20 MiB capture, 0.75 s on a 200 MiB one and 5-10 s on 2 GiB, which a
+rows. That is 0.08 s of each instance on a 20 MiB capture, 0.4-0.7 s on a 200 MiB one and 5-9 s on 2 GiB, which a
 tool that then takes 0.1 ms pays in full. The stage that prepares the session (register during the quiet period,
 else collect) builds them once (`export`) and stores them beside the columns; `adopt` puts them in a loaded
 session's cache.
