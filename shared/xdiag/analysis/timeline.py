@@ -126,9 +126,10 @@ class OpTable:
         return np.array([c in wanted for c in self.op_categories], dtype=bool)[self.op] if len(self) else \
             np.zeros(0, dtype=bool)
 
-    def devices(self) -> list[str]:
-        """The devices the rows are on, sorted."""
-        present = np.flatnonzero(np.bincount(self.device_code, minlength=len(self.device_labels)))
+    def devices(self, mask: np.ndarray | None = None) -> list[str]:
+        """The devices the rows (those of `mask`, a boolean mask, where given) are on, sorted."""
+        codes = self.device_code if mask is None else self.device_code[mask]
+        present = np.flatnonzero(np.bincount(codes, minlength=len(self.device_labels)))
         return sorted(self.device_labels[i] for i in present.tolist())
 
     def keys(self) -> dict[str, tuple]:
@@ -698,8 +699,7 @@ def transfer_only_devices(session: Session) -> list[str]:
     def build() -> list[str]:
         ops = op_table(session)
         moving = ops.in_categories(TRANSFER_OP_CATEGORIES)
-        computing = {ops.device_labels[code] for code in np.unique(ops.device_code[~moving]).tolist()}
-        return sorted(set(ops.devices()) - computing)
+        return sorted(set(ops.devices()) - set(ops.devices(~moving)))
 
     return _cached(session, "transfer_only_devices", build)
 
