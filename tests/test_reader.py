@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 from xdiag.errors import ProfileError
@@ -131,6 +132,15 @@ def test_log_dir_resolves_to_newest_session(tmp_path, cpu_profiles):
     located = locate_session(tmp_path / "run")
     assert located.name == "2026_02_01_00_00_00" and located.run == "run"
     assert locate_session(tmp_path / "run", "2026_01_01_00_00_00").name == "2026_01_01_00_00_00"
+
+
+def test_paths_relative_to_the_working_directory_are_located(tmp_path, cpu_profiles, monkeypatch):
+    shutil.copyfile(cpu_profiles["healthy"], tmp_path / "mine.xplane.pb")
+    monkeypatch.chdir(tmp_path)
+    by_file = locate_session(Path("mine.xplane.pb"))
+    assert (by_file.name, by_file.run, by_file.files) == ("mine", "local", [tmp_path / "mine.xplane.pb"])
+    by_folder = locate_session(Path("."))
+    assert (by_folder.name, by_folder.files) == (tmp_path.name, [tmp_path / "mine.xplane.pb"])
 
 
 def test_hosts_that_recorded_the_same_hostname_stay_apart(tmp_path, h200_profiles):

@@ -25,6 +25,7 @@ def locate_session(path: Path, session: str | None = None) -> LocatedSession:
     """PATH is one *.xplane.pb, a folder of one session's hosts, or a log dir with plugins/profile/<session>/."""
     if not path.exists():
         raise ProfileError(f"{path}: no such file or directory")
+    path = path.absolute()  # a bare `file.xplane.pb` or `.` has no parents to name the session and run by
     if path.is_file():
         if not path.name.endswith(SUFFIX) and not path.name.endswith(".pb"):
             raise ProfileError(f"{path}: not an *.xplane.pb file")
