@@ -147,7 +147,8 @@ def test_every_stage_message_delivered_again_changes_nothing(cloud, healthy_done
             f"{name} to handle the copies",
             cloud,
         )
-    # the copies publish nothing in turn (each message is published once): only the copies themselves arrive
+    # the copies publish nothing new in turn: the tool runs' copies only re-announce their results (to a fan-in that
+    # takes them as before), the other stages' copies publish nothing
     wait_until(
         lambda: cloud.handled("aggregate", "tool-results") >= counts[("aggregate", "tool-results")] + len(BROAD_TOOLS),
         30,

@@ -6,10 +6,19 @@ import os
 
 import pytest
 from xdiag.cloud.embedded import analyze_session, build_embedded
+from xdiag.cloud.memory import InProcessBus, MemoryStateStore
 from xdiag.errors import PoisonMessage
 from xdiag.model import CaptureReady, InvestigationReady, ReportReady, ToolDone, ToolRun
+from xdiag.pipeline.publish_once import PUBLISHED, PublishOnce
 from xdiag.pipeline.stages import aggregate, collect, investigate, render, run_tool
-from xdiag.pipeline.topics import ANALYSES, CLAIMS, TOPIC_INVESTIGATIONS, tools_collection
+from xdiag.pipeline.topics import (
+    ANALYSES,
+    CLAIMS,
+    TOPIC_INVESTIGATIONS,
+    TOPIC_TOOL_RESULTS,
+    TOPIC_TOOL_RUNS,
+    tools_collection,
+)
 from xdiag.profile.locate import locate_session
 from xdiag.tools import BROAD_TOOLS
 
@@ -47,6 +56,19 @@ def test_duplicate_tool_result_fires_investigation_once(cpu_profiles, tmp_path):
     for _ in range(3):
         aggregate(ToolDone(analysis_id="a1", tool="get_hosts"), deps)
     assert [t for t, _ in bus._queue] == [TOPIC_INVESTIGATIONS]
+
+
+def test_fan_in_messages_go_without_a_claim_and_the_others_once():
+    """The fan-in takes a repeated ToolDone as the first (above), so it is published again, without a round trip to
+    claim it; a repeated ToolRun would run its tool twice, so it is published once."""
+    bus, state = InProcessBus(), MemoryStateStore()
+    once = PublishOnce(bus, state)
+    run, done = ToolRun(analysis_id="a1", tool="get_hosts"), ToolDone(analysis_id="a1", tool="get_hosts")
+    for _ in range(2):
+        once.publish(TOPIC_TOOL_RUNS, run)
+        once.publish(TOPIC_TOOL_RESULTS, done)
+    assert list(bus._queue) == [(TOPIC_TOOL_RUNS, run), (TOPIC_TOOL_RESULTS, done), (TOPIC_TOOL_RESULTS, done)]
+    assert len(state.list(PUBLISHED)) == 1
 
 
 def test_aggregate_waits_for_all_15_tools(cpu_profiles, tmp_path):

@@ -6,6 +6,10 @@ first publisher claims the key with a create-if-absent write (`published/{key}`)
 claim back, so the redelivery publishes. A process killed between the claim and the publish loses that message:
 the sweeper (xdiag.pipeline.sweep) finds the analysis without progress and publishes a repair, whose `attempt` number makes
 it a new message.
+
+Fan-in messages (`tool-results`) go without a claim: their consumer takes a copy as it takes the first (the fan-in
+reads the tools' records again, and its own claim starts the investigation once), so a claim per tool run would cost
+a round trip and buy nothing.
 """
 
 from __future__ import annotations
@@ -16,8 +20,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 from xdiag.model import Message, utc_now
 from xdiag.pipeline.ports import Bus, StateStore
+from xdiag.pipeline.topics import TOPIC_TOOL_RESULTS
 
 PUBLISHED = "published"
+UNCLAIMED_TOPICS = frozenset({TOPIC_TOOL_RESULTS})
 
 
 def publish_key(topic: str, data: bytes) -> str:
@@ -33,6 +39,9 @@ class PublishOnce:
 
     def publish_all(self, topic: str, messages: Sequence[Message]) -> None:
         if not messages:
+            return
+        if topic in UNCLAIMED_TOPICS:
+            self._bus.publish_all(topic, messages)
             return
         keys = [publish_key(topic, message.model_dump_json().encode()) for message in messages]
 
