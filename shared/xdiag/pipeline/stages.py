@@ -300,8 +300,8 @@ def run_tool(message: ToolRun, deps: Dependencies) -> None:
 
 def aggregate(message: ToolDone, deps: Dependencies) -> None:
     """Fan-in: when every broad tool has a result, claim the investigation exactly once. The tools' records are read
-    first: every delivery but the last ends there, in one round trip (three before: 0.25 s of the local stack's two
-    cores per analysis), and only the last reads the analysis and whether a newer one superseded it."""
+    first: every delivery but the last ends there, in one round trip (three before), and only the last reads the
+    analysis and whether a newer one superseded it."""
     if message.tool not in BROAD_TOOLS:
         raise PoisonMessage(f"tool {message.tool!r} is not one of the broad tools an analysis runs")
     done = {key for key, _ in deps.state.list(tools_collection(message.analysis_id))}
