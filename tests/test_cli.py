@@ -97,3 +97,18 @@ def test_no_xprof_views_turns_the_converters_off_and_says_so(tmp_path, h200_prof
     # The roofline keeps xdiag's own figures against the checked peaks and says where XProf's went.
     roofline = json.loads((tmp_path / "o" / "tools" / "get_roofline_model.json").read_text())
     assert "XDIAG_XPROF_VIEWS=0" in roofline["detail"]["xprof"]["reason"]
+
+
+def test_in_process_commands_leave_the_callers_garbage_collector_alone(cpu_profiles, tmp_path):
+    """`xdiag` as its own process freezes the collector after its imports and at exit (faster, bench/README.md); a
+    program that runs a command in-process keeps its collector as it was."""
+    import gc
+
+    from typer.testing import CliRunner
+    from xdiag.cli import app
+
+    frozen = gc.get_freeze_count()
+    result = CliRunner().invoke(app, ["analyze", str(cpu_profiles["healthy"]), "--out", str(tmp_path / "o"), "-q"])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "o" / "summary.html").exists()
+    assert gc.get_freeze_count() == frozen

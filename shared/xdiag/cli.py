@@ -27,6 +27,19 @@ app = typer.Typer(
 err = Console(stderr=True)
 out = Console()
 
+_OWN_PROCESS = False
+"""True where xdiag runs as its own console script (`main`): only then does it freeze the garbage collector (a program
+that calls the commands in-process keeps its collector as it was)."""
+
+
+def _freeze_collector() -> None:
+    """Puts every object alive now out of the collector's reach for the rest of the process: the modules imported
+    for a command live as long as the process, and at exit the interpreter's shutdown would otherwise collect over
+    everything still alive (0.13 s after analysing the 85 MiB bench profile; bench/README.md, ninth round)."""
+    if _OWN_PROCESS:
+        gc.freeze()
+
+
 PATH_HELP = "An *.xplane.pb file, a folder of one session's *.xplane.pb (one per host), or an XProf log dir (…/plugins/profile/<session>/)."
 
 
@@ -106,7 +119,7 @@ def analyze(
     from xdiag.cloud.embedded import analyze_session, build_embedded
     from xdiag.profile.locate import locate_session
 
-    gc.freeze()  # the modules just imported live as long as the process: no collection need traverse them again
+    _freeze_collector()
     if investigator not in ("rules", "gemini"):
         _fail(f"unknown investigator {investigator!r}; use rules or gemini")
     if no_xprof_views:
@@ -897,12 +910,12 @@ def events_describe(
 
 
 def main() -> None:  # console-script entry point
+    global _OWN_PROCESS
+    _OWN_PROCESS = True
     try:
         app()
     finally:
-        # Otherwise the interpreter's shutdown collects over everything still alive: 0.1 s after analysing the 85 MiB
-        # bench profile, for nothing that needs collecting (bench/README.md, ninth round).
-        gc.freeze()
+        _freeze_collector()
 
 
 if __name__ == "__main__":
