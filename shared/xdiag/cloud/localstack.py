@@ -183,10 +183,18 @@ def find_prerequisites() -> Prerequisites:
     return Prerequisites(java=java, pubsub_launcher=pubsub, firestore_launcher=firestore, fake_gcs=fake_gcs)
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
+def free_ports(count: int) -> list[int]:
+    """`count` distinct free ports. Every socket stays bound until all are chosen: a port chosen and released at once
+    can be chosen again by the next call, and two functions then meet on one port (the Pub/Sub emulator pushed
+    register's messages to investigate)."""
+    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind((HOST, 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
 
 
 def listening(port: int) -> bool:
@@ -308,8 +316,8 @@ class LocalStack:
         new_signing_key(self.share_key_file, self.settings.project)  # signs the control plane's share links
         deadline = time.monotonic() + timeout_s
         try:
-            self.ports = {name: free_port() for name in ("pubsub", "firestore", "storage")}
-            self.ports.update({spec.name: free_port() for spec in FUNCTIONS})
+            names = ["pubsub", "firestore", "storage", *(spec.name for spec in FUNCTIONS)]
+            self.ports = dict(zip(names, free_ports(len(names)), strict=True))
             self._spawn(
                 "pubsub", [tools.pubsub_launcher, f"--host={HOST}", f"--port={self.ports['pubsub']}"], "pubsub-emulator"
             )
