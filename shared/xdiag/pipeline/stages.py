@@ -306,12 +306,12 @@ def aggregate(message: ToolDone, deps: Dependencies) -> None:
         raise PoisonMessage(f"tool {message.tool!r} is not one of the broad tools an analysis runs")
     done = {key for key, _ in deps.state.list(tools_collection(message.analysis_id))}
     if done and not set(BROAD_TOOLS) <= done:
-        return
+        return  # more results to come: the last one's delivery goes on
     analysis = _load_analysis(deps, message.analysis_id)
     if analysis is None:
         raise PoisonMessage(f"unknown analysis {message.analysis_id!r}: no analysis was recorded, so no tool of it ran")
-    if analysis.status in TERMINAL or not is_current(deps, analysis) or not done:
-        return
+    if not done or analysis.status in TERMINAL or not is_current(deps, analysis):
+        return  # no result of a known analysis (a stray message), or nothing waits for its investigation
     if deps.state.create(CLAIMS, f"{analysis.analysis_id}.investigate", {"at": utc_now()}):
         deps.state.update(ANALYSES, analysis.analysis_id, {"status": "INVESTIGATING", "updated_at": utc_now()})
         deps.on_event("aggregate", {"tools": len(done)})
