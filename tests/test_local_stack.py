@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from xdiag.cloud.localstack import LocalStack, group_members, listening
+from xdiag.cloud.localstack import EMULATOR_JVM_OPTIONS, LocalStack, group_members, listening
 from xdiag.cloud.operations import wait_for_analysis
 from xdiag.cloud.runtime import CloudConfig, cloud_dependencies
 from xdiag.model import CaptureReady, InvestigationReady, ReportReady, ToolDone, ToolRun
@@ -313,6 +313,9 @@ def test_xdiag_up_and_down_start_the_stack_and_leave_nothing_behind(tmp_path, h2
         assert "export PUBSUB_EMULATOR_HOST=127.0.0.1:" in up.stdout
         stack = LocalStack.attach(tmp_path / "stack")
         assert all(listening(port) for port in stack.ports.values())
+        for emulator in ("pubsub", "firestore"):  # each JVM says which options it picked up, first in its log
+            log = Path(stack.processes[emulator]["log"]).read_text(errors="replace")
+            assert f"Picked up JAVA_TOOL_OPTIONS: {EMULATOR_JVM_OPTIONS}" in log, log[:500]
         done = _xdiag(
             "upload",
             str(h200_profiles["memory_bound"]),
