@@ -48,6 +48,7 @@ from typing import Any
 from xdiag.capture.share import new_signing_key
 from xdiag.capture.sharing_routes import SHARE_KEY_ENV
 from xdiag.cloud.runtime import dead_letter_topic
+from xdiag.local_ports import free_ports
 from xdiag.pipeline.topics import (
     TOPIC_ALERTS,
     TOPIC_CAPTURES,
@@ -189,20 +190,6 @@ def find_prerequisites() -> Prerequisites:
     return Prerequisites(java=java, pubsub_launcher=pubsub, firestore_launcher=firestore, fake_gcs=fake_gcs)
 
 
-def free_ports(count: int) -> list[int]:
-    """`count` distinct free ports. Every socket stays bound until all are chosen: a port chosen and released at once
-    can be chosen again by the next call, and two functions then meet on one port (the Pub/Sub emulator pushed
-    register's messages to investigate)."""
-    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind((HOST, 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
-
-
 def listening(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.settimeout(0.5)
@@ -323,7 +310,7 @@ class LocalStack:
         deadline = time.monotonic() + timeout_s
         try:
             names = ["pubsub", "firestore", "storage", *(spec.name for spec in FUNCTIONS)]
-            self.ports = dict(zip(names, free_ports(len(names)), strict=True))
+            self.ports = dict(zip(names, free_ports(len(names), HOST), strict=True))
             jvm = {"JAVA_TOOL_OPTIONS": f"{EMULATOR_JVM_OPTIONS} {os.environ.get('JAVA_TOOL_OPTIONS', '')}".strip()}
             self._spawn(
                 "pubsub",

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,14 +18,10 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from xdiag.local_ports import free_ports
+
 RUNS_PATH = "/data/plugin/profile/runs"
 BIND_ENV = "XDIAG_VIEWER_BIND"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -57,9 +52,11 @@ def start_xprof(logdir: str, log: Path, port: int | None = None, bind: str = "12
                 hide_capture_button: bool = True, timeout_s: float = 60.0, env: dict[str, str] | None = None) -> XprofServer:
     """Starts XProf's server over `logdir` (a folder, or gs://BUCKET for Cloud Storage) and returns once it
     answers its session list."""
-    port = port or free_port()
+    chosen = free_ports(3)  # three, so one differs from a `port` given
+    port = port or chosen[0]
+    grpc_port = next(p for p in chosen if p != port)
     argv = [sys.executable, "-m", "xdiag.viewer.server", f"--logdir={logdir}", f"--port={port}",
-            f"--grpc_port={free_port()}"]
+            f"--grpc_port={grpc_port}"]
     if hide_capture_button:
         argv.append("--hide_capture_profile_button")
     log.parent.mkdir(parents=True, exist_ok=True)
