@@ -34,6 +34,24 @@ def test_create_if_absent_has_exactly_one_winner_among_concurrent_callers(local_
     assert state.get("claims", key)["by"] == winners.index(True)
 
 
+def test_create_many_creates_each_absent_document_and_leaves_the_others(local_stack):
+    state, marker = _state(), uuid.uuid4().hex[:8]
+    state.set("claims", f"{marker}-b", {"by": "earlier"})
+    docs = [(f"{marker}-a", {"by": 1}), (f"{marker}-b", {"by": 2}), (f"{marker}-c", {"by": [[3]]}),
+            (f"{marker}-a", {"by": 4})]
+    assert state.create_many("claims", docs) == [True, False, True, False]  # a key given twice: its first creates it
+    assert state.get_many([("claims", f"{marker}-{k}") for k in "abc"]) == [{"by": 1}, {"by": "earlier"}, {"by": [[3]]}]
+    assert state.create_many("claims", docs[:3]) == [False, False, False]
+    assert state.create_many("claims", []) == []
+    def overlapping(i: int) -> list[bool]:
+        return state.create_many("claims", [(f"{marker}-x{j}", {"by": i}) for j in range(i, i + 6)])
+
+    with ThreadPoolExecutor(4) as pool:  # overlapping batches: each document has exactly one creator
+        batches = list(pool.map(overlapping, range(4)))
+    created = [f"{marker}-x{j}" for i, batch in enumerate(batches) for j, won in zip(range(i, i + 6), batch) if won]
+    assert sorted(created) == sorted({f"{marker}-x{j}" for j in range(9)})
+
+
 def test_documents_round_trip_with_nested_arrays_and_merge_updates(local_stack):
     state, key = _state(), uuid.uuid4().hex[:8]
     value = {"rows": [[1, 2.5, "a"], [], [[3]]], "n": None, "m": {"x": [1, [2]]}}

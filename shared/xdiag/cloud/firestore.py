@@ -14,8 +14,11 @@ from typing import Any
 
 from google.api_core import exceptions
 from google.cloud import firestore
+from google.cloud.firestore_v1.bulk_batch import BulkWriteBatch
+from google.rpc import code_pb2
 
 _NESTED = "xdiag_nested_list"  # Firestore reserves field names like __x__
+_BATCH_WRITE_LIMIT = 500  # writes per BatchWrite request
 
 
 def _encode(value: Any, in_array: bool = False) -> Any:
@@ -65,6 +68,29 @@ class FirestoreStateStore:
         except exceptions.AlreadyExists:
             return False
         return True
+
+    def create_many(self, collection: str, docs: Sequence[tuple[str, dict[str, Any]]]) -> list[bool]:
+        """One BatchWrite per 500 documents: each create succeeds or fails on its own (ALREADY_EXISTS: False),
+        unlike a WriteBatch's commit, which fails whole. A key given twice is created once, by its first."""
+        first_values: dict[str, dict[str, Any]] = {}
+        for key, value in docs:
+            first_values.setdefault(key, value)
+        unique = list(first_values.items())
+        created: dict[str, bool] = {}
+        for start in range(0, len(unique), _BATCH_WRITE_LIMIT):
+            chunk = unique[start:start + _BATCH_WRITE_LIMIT]
+            batch = BulkWriteBatch(self._client)
+            for key, value in chunk:
+                batch.create(self._doc(collection, key), _encode(value))
+            for (key, _), status in zip(chunk, batch.commit().status, strict=True):
+                if status.code not in (code_pb2.OK, code_pb2.ALREADY_EXISTS):
+                    raise exceptions.from_grpc_status(status.code, f"create {collection}/{key}: {status.message}")
+                created[key] = status.code == code_pb2.OK
+        answers, seen = [], set()
+        for key, _ in docs:
+            answers.append(created[key] and key not in seen)
+            seen.add(key)
+        return answers
 
     def list(self, collection: str) -> list[tuple[str, dict[str, Any]]]:
         return sorted(

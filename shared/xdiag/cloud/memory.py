@@ -149,6 +149,9 @@ class MemoryStateStore:
             docs[key] = copy.deepcopy(value)
             return True
 
+    def create_many(self, collection: str, docs: Sequence[tuple[str, dict[str, Any]]]) -> list[bool]:
+        return [self.create(collection, key, value) for key, value in docs]
+
     def list(self, collection: str) -> list[tuple[str, dict[str, Any]]]:
         with self._lock:
             return [(k, copy.deepcopy(v)) for k, v in sorted(self._docs.get(collection, {}).items())]

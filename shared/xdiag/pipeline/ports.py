@@ -70,6 +70,9 @@ class StateStore(Protocol):
     def create(self, collection: str, key: str, value: dict[str, Any]) -> bool:
         """Create-if-absent; True only for the one caller that created it (the fan-in's claim)."""
 
+    def create_many(self, collection: str, docs: Sequence[tuple[str, dict[str, Any]]]) -> list[bool]:
+        """`create` of each (key, value), in that order, in one round trip: True where this call created it."""
+
     def list(self, collection: str) -> list[tuple[str, dict[str, Any]]]: ...
 
     def delete(self, collection: str, key: str) -> None:

@@ -2,10 +2,10 @@
 twice) publish nothing a second time.
 
 A message's key is its topic and bytes (deterministic: the same ToolRun of the same analysis is the same key). The
-first publisher claims the key with a create-if-absent write (`published/{key}`); a publish that fails gives the
-claim back, so the redelivery publishes. A process killed between the claim and the publish loses that message:
-the sweeper (xdiag.pipeline.sweep) finds the analysis without progress and publishes a repair, whose `attempt` number makes
-it a new message.
+first publisher claims the key with a create-if-absent write (`published/{key}`; a fan-out's keys all in one round
+trip, `create_many`); a publish that fails gives the claim back, so the redelivery publishes. A process killed
+between the claim and the publish loses that message: the sweeper (xdiag.pipeline.sweep) finds the analysis without
+progress and publishes a repair, whose `attempt` number makes it a new message.
 
 Fan-in messages (`tool-results`) go without a claim: their consumer takes a copy as it takes the first (the fan-in
 reads the tools' records again, and its own claim starts the investigation once), so a claim per tool run would cost
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 from xdiag.model import Message, utc_now
 from xdiag.pipeline.ports import Bus, StateStore
@@ -44,15 +43,7 @@ class PublishOnce:
             self._bus.publish_all(topic, messages)
             return
         keys = [publish_key(topic, message.model_dump_json().encode()) for message in messages]
-
-        def claim(key: str) -> bool:
-            return self._state.create(PUBLISHED, key, {"topic": topic, "at": utc_now()})
-
-        if len(keys) == 1:
-            claimed = [claim(keys[0])]
-        else:  # a fan-out's claims at once: each is a round trip to the state store
-            with ThreadPoolExecutor(max_workers=min(len(keys), 16)) as pool:
-                claimed = list(pool.map(claim, keys))
+        claimed = self._state.create_many(PUBLISHED, [(key, {"topic": topic, "at": utc_now()}) for key in keys])
         fresh = [(key, message) for key, message, first in zip(keys, messages, claimed) if first]
         if not fresh:
             return  # published before
