@@ -211,7 +211,9 @@ def collect(message: CaptureReady, deps: Dependencies) -> None:
         if deps.state.create(ANALYSES, message.analysis_id, fresh.model_dump(mode="json")):
             deps.state.set(ACTIVE_ANALYSES, fresh.analysis_id, {"at": utc_now()})
             _claim_session(deps, fresh)
-        analysis = _load_analysis(deps, message.analysis_id)
+            analysis = fresh
+        else:  # another delivery recorded it first: its record is the one
+            analysis = _load_analysis(deps, message.analysis_id)
     if analysis.status in TERMINAL or not is_current(deps, analysis):
         return
     if analysis.status != "PENDING":  # collected already: a copy must not write over a later stage's state
@@ -232,7 +234,7 @@ def collect(message: CaptureReady, deps: Dependencies) -> None:
     analysis.timeline["collect"] = utc_now()
     _save(deps, analysis)
     deps.on_event("collect", analysis.profile)
-    publish_tool_runs(deps, analysis)
+    publish_tool_runs(deps, analysis, done=set())  # none ran: tool runs are published only once RUNNING_TOOLS is saved
 
 
 def _loader_key(analysis: Analysis) -> tuple[BlobInfo, ...]:
@@ -246,9 +248,13 @@ def _session(deps: Dependencies, analysis: Analysis) -> Session:
     return deps.sessions.load(_inputs(analysis), analysis.session_id, analysis.output_uri)
 
 
-def publish_tool_runs(deps: Dependencies, analysis: Analysis, attempt: int = 0) -> list[str]:
-    """ToolRuns for the broad tools without a result; returns their names."""
-    done = {key for key, _ in deps.state.list(tools_collection(analysis.analysis_id))}
+def publish_tool_runs(
+    deps: Dependencies, analysis: Analysis, attempt: int = 0, done: set[str] | None = None
+) -> list[str]:
+    """ToolRuns for the broad tools without a result (`done`: those with one, where the caller knows); returns their
+    names."""
+    if done is None:
+        done = {key for key, _ in deps.state.list(tools_collection(analysis.analysis_id))}
     missing = [tool for tool in BROAD_TOOLS if tool not in done]
     deps.bus.publish_all(TOPIC_TOOL_RUNS, [ToolRun(analysis_id=analysis.analysis_id, tool=tool, attempt=attempt)
                                            for tool in missing])
@@ -310,8 +316,8 @@ def aggregate(message: ToolDone, deps: Dependencies) -> None:
     analysis = _load_analysis(deps, message.analysis_id)
     if analysis is None:
         raise PoisonMessage(f"unknown analysis {message.analysis_id!r}: no analysis was recorded, so no tool of it ran")
-    if not done or analysis.status in TERMINAL or not is_current(deps, analysis):
-        return  # no result of a known analysis (a stray message), or nothing waits for its investigation
+    if not done or analysis.status != "RUNNING_TOOLS" or not is_current(deps, analysis):
+        return  # a stray message (no result), an investigation claimed already (or finished), or a superseded analysis
     if deps.state.create(CLAIMS, f"{analysis.analysis_id}.investigate", {"at": utc_now()}):
         deps.state.update(ANALYSES, analysis.analysis_id, {"status": "INVESTIGATING", "updated_at": utc_now()})
         deps.on_event("aggregate", {"tools": len(done)})
