@@ -30,15 +30,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "bench"), str(REPO / "shared")]
 
 from run_bench import machine, make_profiles, run_xdiag  # noqa: E402
-from xdiag.cloud.localstack import LocalStack, StackSettings  # noqa: E402
+from xdiag.cloud.localstack import LocalStack, StackSettings, group_members  # noqa: E402
 
 STAGES = ("notify+register", "quiet period", "collect", "tools", "fan-in", "investigate", "render")
 
 
 def stack_cpu_s(stack: LocalStack) -> dict[str, float]:
     """CPU seconds used so far by each part of the stack (emulators, functions), its live processes together."""
-    from xdiag.cloud.localstack import group_members
-
     used = {}
     for name, process in stack.processes.items():
         ticks = 0
