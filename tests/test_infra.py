@@ -352,6 +352,10 @@ NOT_SET_IN_CLOUD = {
     "deployed stages run them",
     "XDIAG_XPROF_PROCESSES": "how many worker processes XProf's converters may use where one process runs every "
     "tool (xdiag analyze); the deployed stages run one tool per delivery and never start workers",
+    "XDIAG_XPROF_ALLOCATOR": "the malloc of XProf's worker processes (xdiag analyze); the deployed stages never start "
+    "workers",
+    "LD_PRELOAD": "set only while XProf's worker processes start (their malloc), which the deployed stages never do",
+    "MIMALLOC_ALLOW_THP": "likewise: the worker processes' mimalloc option, set only while they start",
     "XDIAG_CONTROL_PLANE_PRINCIPAL": "who the local token stands for; behind IAM the caller's verified identity is",
     "XDIAG_SHARE_KEY_FILE": "the local stack's link-signing key; in the cloud the control plane signs through IAM "
     "and Cloud Storage checks the links",

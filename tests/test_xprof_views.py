@@ -694,6 +694,39 @@ def test_as_many_workers_as_cpus_for_a_large_session_none_for_a_small_one(monkey
     assert worker.processes_allowed(1) == 3
 
 
+_ALLOCATOR_SCRIPT = """
+import json, os
+from concurrent.futures import ProcessPoolExecutor
+from xdiag.analysis.xprof import worker
+
+before = dict(os.environ)
+worker.ensure_server()
+with ProcessPoolExecutor(1, mp_context=worker.context()) as pool:
+    mapped = pool.submit(worker.mapped_allocator).result()
+print(json.dumps({"chosen": worker.allocator_library(), "mapped": mapped, "caller": worker.mapped_allocator(),
+                  "environment_kept": dict(os.environ) == before}))
+"""
+
+
+@pytest.mark.parametrize("choice", ["", "system", "/nonexistent/libmalloc.so"])
+def test_xprofs_workers_run_with_the_chosen_malloc_and_the_caller_keeps_its_own(choice):
+    """XProf's converters spend a sixth of their time in glibc's malloc and free; their workers preload the pinned
+    mimalloc unless told otherwise (`XDIAG_XPROF_ALLOCATOR`). A choice that cannot be loaded falls back to the
+    system's. The caller's process and environment stay as they were. In a fresh interpreter each: the forkserver is
+    one per process, and its environment is fixed when it starts."""
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", worker.ALLOCATOR_ENV)}
+    env[worker.ALLOCATOR_ENV] = choice
+    done = subprocess.run([sys.executable, "-c", _ALLOCATOR_SCRIPT], capture_output=True, text=True, env=env,
+                          timeout=120, check=True)
+    report = json.loads(done.stdout.splitlines()[-1])
+    assert report["environment_kept"] and report["caller"] is None
+    if choice:
+        assert report["chosen"] is None and report["mapped"] is None
+    else:
+        assert Path(report["chosen"]).name.startswith("libmimalloc.so.")
+        assert os.path.realpath(report["mapped"]) == os.path.realpath(report["chosen"])
+
+
 def test_an_op_profile_without_ops_says_the_kernels_ran_from_command_buffers_where_they_did(tmp_path):
     """XLA:GPU replays most of these H200 profiles' kernels from CUDA graphs (their hlo_op names a command buffer),
     and XProf's op_profile attributes none of them to an HLO op. The reason must say so, not that the profile has no

@@ -608,6 +608,10 @@ class XprofViews:
 
     @staticmethod
     def _submit(executor: concurrent.futures.ProcessPoolExecutor, planned: list) -> None:
+        try:
+            worker.ensure_server()  # with its allocator, where `start_server` has not started it already
+        except Exception as error:  # the first submit meets it again, and the views convert in-process
+            log.debug("no forkserver for XProf's workers: %s", error)
         for index, (run_dir, group, placeholder) in enumerate(planned):
             try:
                 niceness = worker.LATER_GROUPS_NICENESS if index else 0
