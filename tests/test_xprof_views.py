@@ -627,6 +627,35 @@ def test_a_device_sessions_conversions_start_before_the_read_and_serve_its_views
     assert early.closed
 
 
+def test_views_a_caller_started_before_building_the_loader_are_the_ones_its_load_adopts(tmp_path, mi300x):
+    """`xdiag analyze` starts XProf's conversions as soon as the session is located, before it imports the pipeline
+    (xdiag.analysis.xprof.start_views), and hands them to the loader: the load of those files takes them instead of
+    starting its own; views nobody loads, or handed over twice, are closed, not leaked."""
+    from xdiag.analysis.xprof import start_views
+    from xdiag.pipeline.deps import SessionLoader
+    from xdiag.tools.common import views as session_views
+
+    files = [_copy(MI300X, tmp_path / "originals")]
+    blobs, inputs = _loader_inputs(files)
+    loader = SessionLoader(blobs, prefetch_views=True)
+    replaced, early = start_views(files), start_views(files)
+    try:
+        loader.take_views(files, replaced)
+        loader.take_views(files, early)
+        assert replaced.closed and not early.closed  # a second hand-over of the same files replaces the first
+        session = loader.load(inputs, "s")
+        assert session_views(session) is early
+        assert early.overview() == mi300x.views.overview()
+    finally:
+        loader.close()
+    assert early.closed
+    unused = SessionLoader(blobs, prefetch_views=True)
+    never_loaded = start_views(files)
+    unused.take_views(files, never_loaded)
+    unused.close()
+    assert never_loaded.closed
+
+
 def test_the_worker_module_imports_nothing_heavy():
     """The forkserver imports the worker module: it must import neither numpy nor xdiag's views."""
     code = (
@@ -674,11 +703,13 @@ def test_a_script_without_a_main_guard_runs_once_while_workers_convert(tmp_path)
 def test_no_conversions_start_before_the_read_of_a_cpu_profile_or_an_unreadable_file(
     tmp_path, monkeypatch, cpu_profiles
 ):
-    from xdiag.tools.common import start_views
+    from xdiag.analysis.xprof import start_views
 
     monkeypatch.setattr(worker, "PREFETCH_MIN_BYTES", 1)
     assert start_views([cpu_profiles["healthy"]]) is None  # plane names: /host:CPU only
     assert start_views([_copy(CORRUPT, tmp_path / "bad")]) is None  # the read says why
+    gpu = _copy(MI300X, tmp_path / "big")
+    assert start_views([gpu], max_bytes=gpu.stat().st_size - 1) is None  # over the limit: the read refuses it
     monkeypatch.setenv("XDIAG_XPROF_VIEWS", "0")
     assert start_views([_copy(MI300X, tmp_path / "off")]) is None
 

@@ -116,14 +116,12 @@ def analyze(
     With --investigator gemini, Gemini on Vertex AI investigates (Application Default Credentials; VERTEX_BASE_URL
     points it at a private endpoint); if it fails, the rule engine does, and the report says why.
     """
-    from xdiag.cloud.embedded import analyze_session, build_embedded
     from xdiag.profile.locate import locate_session
 
-    _freeze_collector()
     if investigator not in ("rules", "gemini"):
         _fail(f"unknown investigator {investigator!r}; use rules or gemini")
     if no_xprof_views:
-        from xdiag.tools.common import XPROF_VIEWS_ENV
+        from xdiag.analysis.xprof import XPROF_VIEWS_ENV
 
         os.environ[XPROF_VIEWS_ENV] = "0"
     investigators = {}
@@ -138,10 +136,17 @@ def analyze(
         located = locate_session(path, session)
     except XdiagError as exc:
         _fail(str(exc))
+    from xdiag.analysis.xprof import start_views
+
+    max_bytes = int(max_profile_gib * 2**30)
+    started_views = start_views(located.files, max_bytes)  # before the pipeline's imports, on the core they leave idle
+    from xdiag.cloud.embedded import analyze_session, build_embedded
+
+    _freeze_collector()
     target = out_dir or Path("xdiag-out") / located.name
     on_event, on_read = _progress_printer(quiet)
-    deps = build_embedded(max_bytes=int(max_profile_gib * 2**30), on_event=on_event, read_progress=on_read,
-                          investigators=investigators)
+    deps = build_embedded(max_bytes=max_bytes, on_event=on_event, read_progress=on_read,
+                          investigators=investigators, started_views=(located.files, started_views))
     analysis = analyze_session(located, target, investigator=investigator, deps_and_bus=deps)
     report = Path(analysis.report_uri) if analysis.report_uri else target / "summary.html"
     if analysis.status == "FAILED":

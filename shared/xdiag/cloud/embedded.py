@@ -33,7 +33,9 @@ def build_embedded(
     on_event: Callable[[str, dict[str, Any]], None] | None = None,
     read_progress=None,
     investigators: dict[str, Callable] | None = None,
+    started_views: tuple[list[Path], Any] | None = None,
 ) -> tuple[Dependencies, InProcessBus]:
+    """`started_views`: (files, XProf's views of them) that the caller started early (`SessionLoader.take_views`)."""
     bus = InProcessBus()
     blobs = LocalBlobStore()
     deps = Dependencies(
@@ -42,6 +44,8 @@ def build_embedded(
         state=MemoryStateStore(),
         sessions=SessionLoader(blobs, max_bytes=max_bytes, progress=read_progress, prefetch_views=True),
     )
+    if started_views:
+        deps.sessions.take_views(*started_views)
     if investigators:
         deps.investigators.update(investigators)
     if on_event:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from xdiag.analysis import prepared as prepared_tables
+from xdiag.analysis.xprof import start_views
 from xdiag.errors import ProfileError
 from xdiag.investigators import RuleEngine
 from xdiag.model import Diagnosis, ToolResult
@@ -21,7 +22,7 @@ from xdiag.pipeline.runs import CaptureSettings, MonitorSettings
 from xdiag.profile.compact import load_session, save_session
 from xdiag.profile.reader import DEFAULT_MAX_PROFILE_BYTES, read_session
 from xdiag.profile.space import Session
-from xdiag.tools.common import adopt_views, prefetch_views, start_views
+from xdiag.tools.common import adopt_views, prefetch_views
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +36,10 @@ class Investigator(Protocol):
         results: dict[str, ToolResult],
         call_tool: Callable[[str, dict[str, Any], str], ToolResult | None],
     ) -> Diagnosis: ...
+
+
+def _local_key(paths: list[Path]) -> tuple[str, ...]:
+    return tuple(sorted(str(Path(path).resolve()) for path in paths))
 
 
 def _prepared_uri(key: tuple[BlobInfo, ...], output: str) -> str:
@@ -60,6 +65,7 @@ class SessionLoader:
         self._blobs, self._max_bytes, self._keep, self._progress = blobs, max_bytes, keep, progress
         self._prepare, self._prefetch_views = prepare, prefetch_views
         self._sessions: dict[tuple[BlobInfo, ...], Session] = {}
+        self._started_views: dict[tuple[str, ...], Any] = {}  # local paths -> views a caller started (take_views)
         self.read_ms: dict[tuple[BlobInfo, ...], float] = {}
         self._lock = threading.Lock()  # concurrent deliveries in one process read a session once
         self._preparing = threading.Lock()
@@ -74,6 +80,21 @@ class SessionLoader:
             for session in self._sessions.values():
                 session.close()
             self._sessions.clear()
+            for views in self._started_views.values():
+                views.close()
+            self._started_views.clear()
+
+    def take_views(self, paths: list[Path], views: Any) -> None:
+        """XProf's views of these local files, started by the caller before it built this loader
+        (`xdiag.analysis.xprof.start_views`, which `xdiag analyze` calls before its own imports): the load of exactly
+        these files adopts them instead of starting its own. Closed with the loader if no load takes them."""
+        if views is None:
+            return
+        with self._lock:
+            previous = self._started_views.pop(_local_key(paths), None)
+            if previous is not None:
+                previous.close()
+            self._started_views[_local_key(paths)] = views
 
     def prepare(self, inputs: list[BlobInfo], name: str, output: str) -> bool:
         """Reads the session and stores it prepared, keeping nothing in memory: what register does with the quiet
@@ -109,8 +130,9 @@ class SessionLoader:
                     session = self._load_prepared(key, prepared)
                 else:
                     paths = [self._blobs.local_path(i.uri, i.generation) for i in key]
-                    early = (start_views(paths) if self._prefetch_views and sum(i.size for i in key) <= self._max_bytes
-                             else None)
+                    early = self._started_views.pop(_local_key(paths), None)
+                    if early is None and self._prefetch_views:
+                        early = start_views(paths, self._max_bytes)
                     try:
                         session = read_session(paths, name=name, max_bytes=self._max_bytes, progress=self._progress)
                     except BaseException:

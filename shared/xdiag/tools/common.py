@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from xdiag.analysis.xprof import XPROF_VIEWS_ENV
 from xdiag.errors import NotAvailable, XdiagError
-from xdiag.profile.reader import plane_names
-from xdiag.profile.space import Session, platform_of
+from xdiag.profile.space import Session
 
 HOST_PLANE_SOURCE = "xdiag host-plane analysis (XLA:CPU ops on the CPU client threads, step annotations)"
 DEVICE_PLANE_SOURCE = "xdiag device-plane analysis"
@@ -35,8 +33,6 @@ def xprof_source() -> str:
         return XPROF_SOURCE.format(version="?")
 
 
-XPROF_VIEWS_ENV = "XDIAG_XPROF_VIEWS"
-"""Set to 0 to skip XProf's converters: on large device profiles they cost several seconds per view."""
 
 
 def views(session: Session):
@@ -54,32 +50,8 @@ def views(session: Session):
     return session.cache["xprof_views"]
 
 
-def start_views(paths: Sequence[Path]):
-    """XProf's views of a session about to be read, their conversions already started (`prefetch`), where the
-    files' plane names show a device profile; else None. Started before xdiag's own read, the conversions overlap
-    it too. The views become the session's through `adopt_views` once it is read."""
-    if os.environ.get(XPROF_VIEWS_ENV, "1") == "0":
-        return None
-    try:
-        if platform_of(name for path in paths for name in plane_names(Path(path))) == "CPU":
-            return None
-        from xdiag.analysis.xprof import worker
-
-        worker.start_server(sum(Path(path).stat().st_size for path in paths))  # starts while the views' copy is made
-        from xdiag.analysis.xprof import XprofViews
-
-        early = XprofViews(sorted(Path(path) for path in paths))
-    except (XdiagError, OSError, ValueError):  # the read meets the same problem and says what it is
-        return None
-    try:
-        early.prefetch()
-    except XdiagError:  # the views meet it again when asked, and report it
-        pass
-    return early
-
-
 def adopt_views(session: Session, early) -> None:
-    """Makes views from `start_views` the session's own (the ones `views` returns)."""
+    """Makes views from `xdiag.analysis.xprof.start_views` the session's own (the ones `views` returns)."""
     if early is None:
         return
     if session.platform == "CPU" or "xprof_views" in session.cache:

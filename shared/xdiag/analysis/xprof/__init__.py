@@ -4,12 +4,54 @@ worker processes run (imported alone there, so this package imports the runner o
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from xdiag.analysis.xprof.runner import XprofViews
 
-__all__ = ["XprofViews"]
+__all__ = ["XPROF_VIEWS_ENV", "XprofViews", "start_views"]
+
+XPROF_VIEWS_ENV = "XDIAG_XPROF_VIEWS"
+"""Set to 0 to skip XProf's converters: on large device profiles they cost several seconds per view."""
+
+
+def start_views(paths: Sequence[Path], max_bytes: int | None = None) -> XprofViews | None:
+    """XProf's views of a session about to be read, their conversions already started (`XprofViews.prefetch`), where
+    the views are on and the files' plane names show a device profile; else None: a CPU profile, a session over
+    `max_bytes` or files the read will refuse and say why.
+
+    Imports the runner and the reader alone, not the tools, so that a caller can start the conversions before its own
+    imports: `xdiag analyze` calls it as soon as the session is located (on two cores the conversions then take the
+    core those imports leave idle; bench/README.md, eleventh round), the loader where no caller did."""
+    import os
+
+    from xdiag.errors import XdiagError
+    from xdiag.profile.reader import plane_names
+    from xdiag.profile.space import platform_of
+
+    if os.environ.get(XPROF_VIEWS_ENV, "1") == "0":
+        return None
+    try:
+        size = sum(Path(path).stat().st_size for path in paths)
+        if (max_bytes is not None and size > max_bytes) or platform_of(
+            name for path in paths for name in plane_names(Path(path))
+        ) == "CPU":
+            return None
+        from xdiag.analysis.xprof import worker
+
+        worker.start_server(size)  # starts while the views' copy is made
+        from xdiag.analysis.xprof.runner import XprofViews
+
+        early = XprofViews(sorted(Path(path) for path in paths))
+    except (XdiagError, OSError, ValueError):  # the read meets the same problem and says what it is
+        return None
+    try:
+        early.prefetch()
+    except XdiagError:  # the views meet it again when asked, and report it
+        pass
+    return early
 
 
 def __getattr__(name: str) -> Any:

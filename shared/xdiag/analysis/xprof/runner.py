@@ -29,10 +29,12 @@ overlap), each converter family once (the converters that read op_stats, smart_s
 one group), in its own folder of links to the same file; the views then
 wait for those results instead of converting. The results are the same as in-process ones
 (tests/test_xprof_views.py compares them); `XDIAG_XPROF_PROCESSES=0` turns it off, and sessions
-under 16 MiB (worker.PREFETCH_MIN_BYTES) convert in-process unless it is set. The loader calls it before its
-own read (`xdiag.tools.common.start_views`), so the conversions overlap the read too, and starts the workers'
-forkserver (`worker.start_server`) before the private copy is written. The workers of every group but the
-first, which the first view waits for, run at a lower priority (worker.LATER_GROUPS_NICENESS).
+under 16 MiB (worker.PREFETCH_MIN_BYTES) convert in-process unless it is set. `xdiag analyze` calls it as soon
+as the session is located, before its own imports, and the loader before its read where no caller did
+(`xdiag.analysis.xprof.start_views`), so the conversions overlap both; the workers' forkserver starts
+(`worker.start_server`) before the private copy is written, with mimalloc as the workers' malloc
+(`worker.ALLOCATOR_ENV`). The workers of every group but the first, which the first view waits for, run at a
+lower priority (worker.LATER_GROUPS_NICENESS).
 
 XProf logs a great deal from C++ to fd 2 and from Python to the root logger. While a conversion
 runs, fd 2 goes to a scratch file and records from xprof's modules are demoted; both are
