@@ -29,7 +29,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "bench"), str(REPO / "shared")]
 
-from run_bench import machine, make_profiles, run_xdiag  # noqa: E402
+from run_bench import compile_bytecode, machine, make_profiles, run_xdiag  # noqa: E402
 from xdiag.cloud.localstack import LocalStack, StackSettings, group_members  # noqa: E402
 
 STAGES = ("notify+register", "quiet period", "collect", "tools", "fan-in", "investigate", "render")
@@ -92,6 +92,7 @@ def main() -> None:
 
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="xdiag-cloud-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)
+    compile_bytecode()
     [profile] = make_profiles([args.size_mib], [], workdir)
     stack = LocalStack(workdir / "stack", StackSettings(quiet_period_s=args.quiet_period)).start(owner_pid=os.getpid())
     os.environ.update(stack.env)

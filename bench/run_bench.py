@@ -30,6 +30,7 @@ Never run as a test: timings depend on the machine.
 from __future__ import annotations
 
 import argparse
+import compileall
 import ctypes
 import json
 import os
@@ -233,13 +234,25 @@ def _fit(x: list[float], y: list[float]) -> float | None:
     return round(float(np.polyfit(np.log(x), np.log(y), 1)[0]), 2)
 
 
+def compile_bytecode() -> None:
+    """xdiag's modules compiled to bytecode before anything is timed, as pip's install compiles them: in a checkout
+    installed editable, where PYTHONDONTWRITEBYTECODE is set (as on these machines), every run would otherwise compile
+    the modules it imports again (~0.3 s of each run's time, more than half of a small profile's own analysis)."""
+    compileall.compile_dir(REPO / "shared" / "xdiag", quiet=1)
+
+
 def machine() -> dict:
+    sys.path.insert(0, str(REPO / "shared"))
+    from xdiag.analysis.xprof.worker import allocator_library
+
+    malloc = allocator_library()
     return {
         "cpu": platform.processor() or platform.machine(),
         "cores": os.cpu_count(),
         "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
         "python": platform.python_version(),
         "platform": platform.platform(),
+        "xprof_workers_malloc": Path(malloc).name if malloc else "system",
     }
 
 
@@ -262,6 +275,7 @@ def main() -> None:
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="xdiag-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)
     _become_subreaper()
+    compile_bytecode()
     captures = [(name, int(steps)) for name, steps in (c.split(":") for c in args.captures.split(",") if c)]
     rows = []
     for profile in make_profiles(sizes, captures, workdir):
@@ -315,7 +329,8 @@ def render_markdown(report: dict) -> str:
     m = report["machine"]
     lines = [
         f"Measured {report['date']} on {m['cores']} cores, {m['memory_gib']} GiB, {m['platform']}, Python {m['python']}; "
-        f"median of {report['repeats']} runs, each in a fresh process.",
+        f"median of {report['repeats']} runs, each in a fresh process; XProf's workers' malloc: "
+        f"{m.get('xprof_workers_malloc', 'system')}.",
         "",
         "| profile | MiB | events | xdiag wall s | xdiag CPU s | xdiag peak RSS MiB | RSS/size | XProf wall s | XProf CPU s "
         "| XProf peak RSS MiB | wall xdiag/XProf | CPU xdiag/XProf | RSS xdiag/XProf | xdiag read / tools / investigate / render ms |",
