@@ -1,8 +1,9 @@
-"""xdiag.profile.slim: the copy of a profile that XProf's converters get, without the Python tracer's events.
+"""xdiag.profile.slim: the copy of a profile that XProf's converters get, without the host events they make no use of.
 
-Its bytes are checked against protobuf itself: the real profile parsed, the Python events removed from the
-message, serialised again; so is the copy holding the metadata plane alone, that XProf's HLO protos come from.
-That XProf's views are the same on them is tests/test_xprof_views.py's part."""
+Its bytes are checked against protobuf itself: the real profile parsed, the events removed from the message by the
+rule written out plainly here (XProf's nesting of a line's events simulated in Python), serialised again; so is the
+copy holding the metadata plane alone, that XProf's HLO protos come from. That XProf's views are the same on them
+is tests/test_xprof_views.py's part."""
 
 from __future__ import annotations
 
@@ -12,12 +13,13 @@ import numpy as np
 import pytest
 from xdiag.errors import ProfileError
 from xdiag.profile import schema, wire
+from xdiag.analysis.xprof.host_events import xprof_ignores
 from xdiag.profile.slim import (
     HOST_THREADS_PLANE,
     METADATA_PLANE,
     PYTHON_EVENT_PREFIX,
     write_metadata_plane,
-    write_without_python_events,
+    write_without_unused_events,
 )
 
 from tests.conftest import shared_profile
@@ -26,40 +28,92 @@ H200 = Path(__file__).resolve().parent / "profiles" / "h200"
 RECOMPILATION = H200 / "recompilation.xplane.pb"  # 234,000 of its 295,000 host events are the Python tracer's
 
 
-def _python_events_removed(data: bytes) -> tuple[bytes, int]:
-    """The profile's XSpace without the Python events, serialised with map entries sorted by key; how many went."""
+def _nesting_parents(spans: list[tuple[int, int]]) -> list[int]:
+    """XProf's EventForest::ConnectIntraThread: each event's parent is the innermost earlier event still open that
+    includes it (-1: none)."""
+    parents, stack = [], []
+    for begin, end in spans:
+        while stack and not (spans[stack[-1]][0] <= begin and end <= spans[stack[-1]][1]):
+            stack.pop()
+        parents.append(stack[-1] if stack else -1)
+        stack.append(len(parents) - 1)
+    return parents
+
+
+def _leaving_out_keeps_parents(events, left_out: list[bool], async_stats: set[int]) -> bool:
+    """Whether every kept event's parent, once the `left_out` events are gone, is its nearest ancestor that stays;
+    only for lines in XProf's order (by start, the longer first) with no asynchronous event."""
+    spans = [(event.offset_ps, event.offset_ps + event.duration_ps) for event in events]
+    if any(event.WhichOneof("data") != "offset_ps" or event.duration_ps < 0 for event in events):
+        return False
+    if any(stat.metadata_id in async_stats for event in events for stat in event.stats):
+        return False
+    if any(b < a or (b == a and e2 >= e1) for (a, e1), (b, e2) in zip(spans, spans[1:])):
+        return False
+    before = _nesting_parents(spans)
+    kept = [i for i, out in enumerate(left_out) if not out]
+    after = _nesting_parents([spans[i] for i in kept])
+    for position, i in enumerate(kept):
+        ancestor = before[i]
+        while ancestor >= 0 and left_out[ancestor]:
+            ancestor = before[ancestor]
+        if ancestor != (kept[after[position]] if after[position] >= 0 else -1):
+            return False
+    return True
+
+
+def _unused_events_removed(data: bytes, unread_name=None) -> tuple[bytes, int]:
+    """The profile's XSpace without the Python events, and with `unread_name`, without the stat-less events of the
+    names it says XProf gives no meaning, line by line where that keeps the other events' parents; serialised
+    with map entries sorted by key; how many went."""
     space = schema.XSpace.FromString(data)
     removed = 0
     for plane in space.planes:
         if plane.name != HOST_THREADS_PLANE:
             continue
         python = {key for key, meta in plane.event_metadata.items() if meta.name.startswith(PYTHON_EVENT_PREFIX)}
+        unread = {key for key, meta in plane.event_metadata.items()
+                  if unread_name and key not in python and not (meta.stats or meta.metadata or meta.child_id)
+                  and unread_name(meta.name)}
+        async_stats = {key for key, meta in plane.stat_metadata.items() if meta.name == "_a"}
         for line in plane.lines:
             kept = [event for event in line.events if event.metadata_id not in python]
+            left_out = [event.metadata_id in unread and not event.stats for event in kept]
+            if any(left_out) and _leaving_out_keeps_parents(kept, left_out, async_stats):
+                kept = [event for event, out in zip(kept, left_out) if not out]
             removed += len(line.events) - len(kept)
             del line.events[:]
             line.events.extend(kept)
     return space.SerializeToString(deterministic=True), removed
 
 
+@pytest.mark.parametrize("unread_name", [None, xprof_ignores], ids=["python-only", "xprof-ignores"])
 @pytest.mark.parametrize("profile", [RECOMPILATION, H200 / "host_sync.xplane.pb"], ids=lambda p: p.name)
-def test_the_copy_is_the_profile_less_its_python_events_and_nothing_else(profile, tmp_path):
+def test_the_copy_is_the_profile_less_its_unused_events_and_nothing_else(profile, unread_name, tmp_path):
     target = tmp_path / profile.name
-    left_out = write_without_python_events(profile, target)
-    expected, removed = _python_events_removed(profile.read_bytes())
+    left_out = write_without_unused_events(profile, target, unread_name)
+    expected, removed = _unused_events_removed(profile.read_bytes(), unread_name)
     assert left_out == removed > 1000
     # every field, unknown ones included, compared in one canonical order (the profiler writes maps unsorted)
     assert schema.XSpace.FromString(target.read_bytes()).SerializeToString(deterministic=True) == expected
     assert target.stat().st_size < profile.stat().st_size
 
 
+def test_xprofs_unread_names_leave_out_most_of_jaxs_other_host_events(tmp_path):
+    python_only = write_without_unused_events(RECOMPILATION, tmp_path / "python_only.xplane.pb")
+    thinned = write_without_unused_events(RECOMPILATION, tmp_path / "thinned.xplane.pb", xprof_ignores)
+    host = next(p for p in schema.XSpace.FromString(RECOMPILATION.read_bytes()).planes if p.name == HOST_THREADS_PLANE)
+    others = sum(len(line.events) for line in host.lines) - python_only
+    assert (thinned - python_only) > others / 2
+
+
 def test_a_file_with_no_python_events_is_not_copied(tmp_path):
     """A profile captured without the Python tracer: nothing to leave out, so nothing is written (the caller links)."""
     stripped = tmp_path / "stripped.xplane.pb"
-    stripped.write_bytes(_python_events_removed(RECOMPILATION.read_bytes())[0])
-    assert not _python_events_removed(stripped.read_bytes())[1]
+    stripped.write_bytes(_unused_events_removed(RECOMPILATION.read_bytes())[0])
+    assert not _unused_events_removed(stripped.read_bytes())[1]
     target = tmp_path / "copy.xplane.pb"
-    assert write_without_python_events(stripped, target) == 0
+    assert write_without_unused_events(stripped, target) == 0
     assert not target.exists()
 
 
@@ -68,7 +122,7 @@ def test_a_file_it_cannot_walk_is_refused_and_leaves_no_copy(tmp_path):
     truncated.write_bytes(RECOMPILATION.read_bytes()[: RECOMPILATION.stat().st_size // 2])
     target = tmp_path / "copy.xplane.pb"
     with pytest.raises(ProfileError, match="truncated"):
-        write_without_python_events(truncated, target)
+        write_without_unused_events(truncated, target)
     assert not target.exists()
 
 
@@ -117,3 +171,42 @@ def test_a_file_without_a_metadata_plane_gets_no_metadata_copy(tmp_path):
     with pytest.raises(ProfileError, match="truncated"):
         write_metadata_plane(truncated, target)
     assert not target.exists()
+
+
+def _line_of(events: list[tuple[object, int, int]]) -> np.ndarray:
+    """An XLine of real host events (copies of the recompilation profile's), each placed at (offset, duration)."""
+    line = schema.XLine(id=1, name="thread")
+    for event, offset, duration in events:
+        copy = line.events.add()
+        copy.CopyFrom(event)
+        copy.offset_ps, copy.duration_ps = offset, duration
+    return np.frombuffer(line.SerializeToString(), np.uint8)
+
+
+def test_stat_less_events_stay_where_leaving_them_out_would_change_another_events_parent():
+    """XProf's grouping makes an event's parent the innermost earlier event still open that includes it. A left-out
+    event that only partly overlaps another changes the parents of the events after it; so does a line out of
+    XProf's order, or one with an asynchronous event (not nested at all): there the copy keeps them."""
+    host = next(p for p in schema.XSpace.FromString(RECOMPILATION.read_bytes()).planes if p.name == HOST_THREADS_PLANE)
+    unread = {key for key, meta in host.event_metadata.items()
+              if not meta.name.startswith(PYTHON_EVENT_PREFIX) and not meta.stats and xprof_ignores(meta.name)}
+    events = [event for line in host.lines for event in line.events]
+    plain = next(event for event in events if event.metadata_id in unread and not event.stats)
+    with_stats = next(event for event in events if event.stats)
+    flags = np.zeros(max(host.event_metadata) + 1, np.uint8)
+    flags[sorted(unread)] = wire.DROP_WITHOUT_STATS
+    some_stat = with_stats.stats[0].metadata_id
+
+    def walk(layout, async_stat=-1):
+        line = _line_of(layout)
+        kept, dropped, _, dropped_python, safe, err, _ = wire.thinned_line(line, 0, len(line), flags, async_stat)
+        assert err == wire.OK and dropped == 1 and dropped_python == 0
+        return safe
+
+    nested = [(with_stats, 0, 10), (plain, 2, 6), (with_stats, 3, 2), (with_stats, 8, 1)]
+    assert walk(nested)
+    partly_overlapping = [(with_stats, 0, 10), (plain, 2, 10), (with_stats, 3, 2)]  # its child's parent would change
+    assert not walk(partly_overlapping)
+    out_of_order = [(with_stats, 0, 10), (with_stats, 5, 1), (plain, 2, 6)]
+    assert not walk(out_of_order)
+    assert not walk(nested, async_stat=some_stat)

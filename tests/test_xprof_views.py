@@ -27,6 +27,7 @@ pytestmark = pytest.mark.skipif(not PROFILES.is_dir(), reason=f"shared real-devi
 pytest.importorskip("xprof", reason="the xprof wheel is not installed")
 
 from xdiag.analysis.xprof import XprofViews, runner, worker  # noqa: E402
+from xdiag.profile import slim  # noqa: E402
 
 TPU = "tpu/tpu_v6e_inference.xplane.pb"
 V100 = "gpu/v100x8_tf_bert_worker.xplane.pb"
@@ -489,19 +490,34 @@ def _comparable(outcome: dict | NotAvailable) -> dict | str:
 
 
 @pytest.mark.parametrize("profile", DEVICE_PROFILES, ids=lambda p: p.name)
-def test_views_without_the_python_tracers_events_are_the_views_of_the_whole_file(profile, tmp_path):
-    """The private copy leaves out the Python tracer's events (xdiag.profile.slim) because XProf's answers do not
-    use them: every view, from every converter xdiag runs, must be what XProf gives for the file as it is."""
+def test_views_without_the_events_xprof_makes_no_use_of_are_the_views_of_the_whole_file(profile, tmp_path):
+    """The private copy leaves out the Python tracer's events and the stat-less host events whose names XProf gives
+    no meaning (xdiag.profile.slim, host_events) because XProf's answers do not use them: every view, from every
+    converter xdiag runs, must be what XProf gives for the file as it is."""
     copy = Path(shutil.copy(profile, tmp_path))
-    with XprofViews([copy]) as slim, XprofViews([copy], python_events=True) as whole:
+    python_only = slim.write_without_unused_events(copy, tmp_path / "python_only.xplane.pb")
+    with XprofViews([copy]) as thinned, XprofViews([copy], all_events=True) as whole:
         jax_profile = profile.parent.name == "h200" or profile.name.startswith("mi300x")  # TF's V100 and the TPU: none
-        assert (slim.python_events_left_out > 0) == jax_profile
-        assert whole.python_events_left_out == 0 and whole.files[0].is_symlink()
-        if jax_profile:
-            assert not slim.files[0].is_symlink() and slim.files[0].stat().st_size < copy.stat().st_size
-        slim_views = {name: _comparable(outcome) for name, outcome in _all_views(slim).items()}
+        assert (python_only > 0) == jax_profile
+        if jax_profile:  # JAX's runtime and compiler events: most host events that are not the Python tracer's
+            assert thinned.events_left_out > python_only
+            assert not thinned.files[0].is_symlink() and thinned.files[0].stat().st_size < copy.stat().st_size
+        assert whole.events_left_out == 0 and whole.files[0].is_symlink()
+        thinned_views = {name: _comparable(outcome) for name, outcome in _all_views(thinned).items()}
         whole_views = {name: _comparable(outcome) for name, outcome in _all_views(whole).items()}
-    assert slim_views == whole_views
+    assert thinned_views == whole_views
+
+
+def test_another_xprof_version_gets_a_copy_without_the_python_tracers_events_alone(tmp_path, monkeypatch):
+    """The names XProf gives a meaning were read for one xprof version; another may know more, so its copy keeps
+    every event but the Python tracer's."""
+    copy = Path(shutil.copy(H200 / "recompilation.xplane.pb", tmp_path))
+    python_only = slim.write_without_unused_events(copy, tmp_path / "python_only.xplane.pb")
+    with XprofViews([copy]) as audited:
+        assert audited.events_left_out > python_only
+    monkeypatch.setattr(runner, "_xprof_version", lambda: "2.25.0")
+    with XprofViews([copy]) as other:
+        assert other.events_left_out == python_only
 
 
 @pytest.mark.parametrize("profile", DEVICE_PROFILES, ids=lambda p: p.name)
@@ -523,7 +539,7 @@ def test_hlo_protos_from_the_metadata_plane_are_the_ones_xprof_extracts_from_the
     assert bool(modules) == (profile.name != Path(V100).name)  # TensorFlow without XLA: no modules
 
 
-def test_a_truncated_profile_with_python_events_goes_to_xprof_as_it_is_and_gets_xprofs_reason(tmp_path):
+def test_a_truncated_profile_goes_to_xprof_as_it_is_and_gets_xprofs_reason(tmp_path):
     """The copy without Python events cannot be made of a file cut short: XProf gets the file itself (a link), and
     its reason (a short read, which names no file) becomes a ProfileError naming the original."""
     whole = H200 / "recompilation.xplane.pb"
@@ -531,7 +547,7 @@ def test_a_truncated_profile_with_python_events_goes_to_xprof_as_it_is_and_gets_
     truncated.parent.mkdir()
     truncated.write_bytes(whole.read_bytes()[: whole.stat().st_size * 3 // 4])
     with XprofViews([truncated]) as views:
-        assert views.python_events_left_out == 0 and views.files[0].is_symlink()
+        assert views.events_left_out == 0 and views.files[0].is_symlink()
         with pytest.raises(ProfileError, match=f"XProf cannot read the profile: {truncated}: .*truncated"):
             views.overview()
 
@@ -767,3 +783,18 @@ def test_an_op_profile_without_ops_says_the_kernels_ran_from_command_buffers_whe
         reason = _outcome(lambda: views.hlo_op_profile())
     assert reason.startswith("NotAvailable: XProf's op_profile holds no HLO ops") and "command buffers" in reason
     assert "no XLA programs" not in reason
+
+
+def test_the_host_event_names_xprof_reads_are_in_its_native_library():
+    """The table of names XProf's event types are looked up by was copied from the TSL xprof 2.24.2 bundles: each
+    name must be a string of the wheel's converter library (a typo would let events of that name be left out)."""
+    from xdiag.analysis.xprof import host_events
+
+    assert runner._xprof_version() == host_events.AUDITED_VERSION
+    library = Path(runner.xprof_api().package_dir) / "convert" / "profiler_plugin_c_api.so"
+    strings = set(re.findall(rb"[\x20-\x7e]{4,}", library.read_bytes()))
+    missing = [name for name in host_events.HOST_EVENT_TYPE_NAMES if name.encode() not in strings]
+    assert not missing
+    assert not host_events.xprof_ignores("TraceContext") and not host_events.xprof_ignores("ExecutorState::Process")
+    assert not host_events.xprof_ignores("MemcpyHToD") and not host_events.xprof_ignores("train_step")
+    assert host_events.xprof_ignores("RunInvariantCheckers")

@@ -336,12 +336,202 @@ def decode_line(buf, start, end, numeric_ids, numeric_slots, string_ids, string_
             stats[1][:k].copy(), stats[2][:k].copy(), stats[3][:k].copy(), OK, end)
 
 
+DROP_EVENT = 1
+"""`line_without_events` flag: every event of this metadata id goes."""
+DROP_WITHOUT_STATS = 2
+"""`line_without_events` flag: an event of this metadata id goes where it carries no stats of its own."""
+_EVENT_FIELD_OFFSET = 2
+_EVENT_FIELD_DURATION = 3
+_EVENT_FIELD_STATS = 4
+
+
+@njit(cache=True, nogil=True)
+def _field_value(buf, pos, end, number):
+    """Where the value of the first field with this number in the message buf[pos:end] starts (after its key); -1
+    where it has none, -2 where the message cannot be walked."""
+    while pos < end:
+        key, pos = _varint(buf, pos, end)
+        if pos < 0:
+            return -2
+        if key >> 3 == number:
+            return pos
+        pos = _skip(buf, pos, end, key & 7)
+        if pos < 0:
+            return -2
+    return -1
+
+
+@njit(cache=True, nogil=True)
+def _event_has_stats(buf, pos, end):
+    """Whether the XEvent in buf[pos:end] has a stats field (XEvent field 4); an unreadable event counts as having
+    them, so it is kept."""
+    return _field_value(buf, pos, end, _EVENT_FIELD_STATS) != -1
+
+
+@njit(cache=True, nogil=True)
+def _stat_has_metadata(buf, pos, end, metadata_id):
+    """Whether the XStat in buf[pos:end] names this stat metadata id (XStat field 1); unreadable counts as yes."""
+    value_at = _field_value(buf, pos, end, 1)
+    if value_at == -1:
+        return False
+    if value_at < 0:
+        return True
+    value, after = _varint(buf, value_at, end)
+    return after < 0 or value == metadata_id
+
+
+@njit(cache=True, nogil=True)
+def _nesting_parents(begins, ends, stat_less, keep_stat_less):
+    """XProf's event grouping's parents within one line (EventForest::ConnectIntraThread): each event's parent is
+    the innermost earlier event still open that includes it, -1 for none. Without `keep_stat_less`, the `stat_less`
+    events are left out (parent -2)."""
+    count = len(begins)
+    parents = np.full(count, -2, np.int64)
+    stack = np.empty(count, np.int64)
+    depth = 0
+    for i in range(count):
+        if stat_less[i] != 0 and not keep_stat_less:
+            continue
+        parents[i] = -1
+        while depth > 0:
+            top = stack[depth - 1]
+            if begins[top] <= begins[i] and ends[i] <= ends[top]:
+                parents[i] = top
+                break
+            depth -= 1
+        stack[depth] = i
+        depth += 1
+    return parents
+
+
+@njit(cache=True, nogil=True)
+def _flag_of(buf, pos, end, dropped_metadata):
+    """The `dropped_metadata` flag of the XEvent in buf[pos:end] (from its leading metadata_id), 0 for none."""
+    if end - pos > 1 and buf[pos] == 0x08:  # XEvent field 1 (metadata_id), serialised first
+        metadata_id, after = _varint(buf, pos + 1, end)
+        if after > 0 and 0 <= metadata_id < len(dropped_metadata):
+            return dropped_metadata[metadata_id]
+    return 0
+
+
+@njit(cache=True, nogil=True)
+def thinned_line(buf, start, end, dropped_metadata, async_stat_id):
+    """What `line_without_events` leaves of one XLine, two ways, in one walk: (kept bytes, dropped events) with every
+    flag of `dropped_metadata`; the same with its DROP_EVENT flags alone; whether the first is safe; err; err_pos.
+
+    Safe means leaving out the DROP_WITHOUT_STATS events changes no kept event's enclosing events but by them: every
+    kept event's parent (as XProf's event grouping finds it, on the line less its DROP_EVENT events) is, once they
+    are gone, its nearest ancestor that stays. XProf passes step groups from parent to child, so the kept events'
+    groups stay as they were. Only where the events are stored in XProf's order (by start, the longer first among
+    equal starts; two with the same start and duration are not) and none is asynchronous (it carries the
+    `async_stat_id` stat; XProf leaves those out of its nesting). A line with no such event to leave out is safe."""
+    begins = np.empty(1024, np.int64)
+    ends = np.empty(1024, np.int64)
+    stat_less = np.empty(1024, np.int64)  # 1 for an event left out as DROP_WITHOUT_STATS
+    count = 0
+    kept_all = 0
+    dropped_all = 0
+    kept_python = 0
+    dropped_python = 0
+    in_order = True
+    pos = start
+    while pos < end:
+        field_start = pos
+        key, pos = _varint(buf, pos, end)
+        if pos < 0:
+            return kept_all, dropped_all, kept_python, dropped_python, False, ERR_VARINT, field_start
+        if key >> 3 != 4 or key & 7 != 2:
+            pos = _skip(buf, pos, end, key & 7)
+            if pos < 0:
+                err = ERR_WIRE_TYPE if pos == -3 else ERR_LENGTH if pos == -2 else ERR_VARINT
+                return kept_all, dropped_all, kept_python, dropped_python, False, err, field_start
+            kept_all += pos - field_start
+            kept_python += pos - field_start
+            continue
+        length, pos = _varint(buf, pos, end)
+        if pos < 0:
+            return kept_all, dropped_all, kept_python, dropped_python, False, ERR_VARINT, field_start
+        if length < 0 or pos + length > end:
+            return kept_all, dropped_all, kept_python, dropped_python, False, ERR_LENGTH, field_start
+        event_end = pos + length
+        size = event_end - field_start
+        flag = _flag_of(buf, pos, event_end, dropped_metadata)
+        if flag == DROP_EVENT:
+            dropped_all += 1
+            dropped_python += 1
+            pos = event_end
+            continue
+        kept_python += size
+        has_offset = False
+        has_stats = False
+        asynchronous = False
+        begin = np.int64(0)
+        duration = np.int64(0)
+        field = pos
+        while field < event_end and field >= 0:
+            field_key, field = _varint(buf, field, event_end)
+            if field < 0:
+                break
+            if field_key == _EVENT_FIELD_OFFSET << 3:
+                begin, field = _varint(buf, field, event_end)
+                has_offset = True
+            elif field_key == _EVENT_FIELD_DURATION << 3:
+                duration, field = _varint(buf, field, event_end)
+            elif field_key == (_EVENT_FIELD_STATS << 3) | 2:
+                has_stats = True
+                stat_length, field = _varint(buf, field, event_end)
+                if field < 0 or stat_length < 0 or field + stat_length > event_end:
+                    field = -1
+                    break
+                if async_stat_id >= 0 and _stat_has_metadata(buf, field, field + stat_length, async_stat_id):
+                    asynchronous = True
+                field += stat_length
+            else:
+                has_stats |= field_key >> 3 == _EVENT_FIELD_STATS  # malformed stats: kept, as line_without_events does
+                field = _skip(buf, field, event_end, field_key & 7)
+        if field < 0 or not has_offset or duration < 0 or asynchronous:
+            in_order = False  # unreadable, without a time or asynchronous: the line keeps its stat-less events
+        elif count > 0 and (begin < begins[count - 1] or (begin == begins[count - 1] and begin + duration >= ends[count - 1])):
+            in_order = False
+        drop = flag == DROP_WITHOUT_STATS and not has_stats
+        if drop:
+            dropped_all += 1
+        else:
+            kept_all += size
+        if in_order:
+            if count == len(begins):
+                begins = _grown(begins, count)
+                ends = _grown(ends, count)
+                stat_less = _grown(stat_less, count)
+            begins[count] = begin
+            ends[count] = begin + duration
+            stat_less[count] = 1 if drop else 0
+            count += 1
+        pos = event_end
+    if dropped_all == dropped_python:
+        return kept_all, dropped_all, kept_python, dropped_python, True, OK, end
+    if not in_order:
+        return kept_all, dropped_all, kept_python, dropped_python, False, OK, end
+    before = _nesting_parents(begins[:count], ends[:count], stat_less[:count], True)
+    after = _nesting_parents(begins[:count], ends[:count], stat_less[:count], False)
+    for i in range(count):
+        if stat_less[i] != 0:
+            continue
+        ancestor = before[i]
+        while ancestor >= 0 and stat_less[ancestor] != 0:
+            ancestor = before[ancestor]
+        if ancestor != after[i]:
+            return kept_all, dropped_all, kept_python, dropped_python, False, OK, end
+    return kept_all, dropped_all, kept_python, dropped_python, True, OK, end
+
+
 @njit(cache=True, nogil=True)
 def line_without_events(buf, start, end, dropped_metadata, out):
-    """One XLine's fields less the events whose leading field is a metadata_id flagged in `dropped_metadata`
-    (nonzero at that index). With an empty `out` it only counts; otherwise it copies the kept fields into `out`,
-    stopping with ERR_LENGTH rather than writing past its end. Every other byte is kept as it is.
-    Returns (kept bytes, dropped events, err, err_pos)."""
+    """One XLine's fields less the events whose leading field is a metadata_id flagged in `dropped_metadata`:
+    DROP_EVENT at that index drops the event, DROP_WITHOUT_STATS drops it where it has no stats of its own (see
+    `stat_less_drops_keep_parents` for where that is safe). With an empty `out` it only counts; otherwise it copies
+    the kept fields into `out`, stopping with ERR_LENGTH rather than writing past its end. Every other byte is kept
+    as it is. Returns (kept bytes, dropped events, err, err_pos)."""
     fill = len(out) > 0
     kept = 0
     dropped = 0
@@ -358,10 +548,11 @@ def line_without_events(buf, start, end, dropped_metadata, out):
                 return kept, dropped, ERR_VARINT, field_start
             if length < 0 or pos + length > end:
                 return kept, dropped, ERR_LENGTH, field_start
-            if length > 1 and buf[pos] == 0x08:  # XEvent field 1 (metadata_id), serialised first
-                metadata_id, after = _varint(buf, pos + 1, pos + length)
-                if after > 0 and 0 <= metadata_id < len(dropped_metadata):
-                    drop = dropped_metadata[metadata_id] != 0
+            flag = _flag_of(buf, pos, pos + length, dropped_metadata)
+            if flag == DROP_EVENT:
+                drop = True
+            elif flag == DROP_WITHOUT_STATS:
+                drop = not _event_has_stats(buf, pos, pos + length)
             pos += length
         else:
             pos = _skip(buf, pos, end, key & 7)
@@ -383,3 +574,4 @@ if _ahead_of_time is not None:
     scan_fields = _ahead_of_time.scan_fields  # noqa: F811 (the ahead-of-time build of the functions above)
     decode_line = _ahead_of_time.decode_line  # noqa: F811
     line_without_events = _ahead_of_time.line_without_events  # noqa: F811
+    thinned_line = _ahead_of_time.thinned_line  # noqa: F811

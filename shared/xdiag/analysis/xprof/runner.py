@@ -3,8 +3,9 @@
 `XprofViews` puts the session's `*.xplane.pb` files in a private
 `<workdir>/plugins/profile/<session>/` (XProf's converters write `ALL_HOSTS.op_stats_v2.pb`,
 `*.hlo_proto.pb` … next to their input, so never next to the originals): a link to each file, or, where
-its host plane holds the Python tracer's events, a copy without them (`xdiag.profile.slim`: the views are
-the same, XProf's conversions a third as long on such profiles), and the HLO protos XProf's memory viewer reads,
+its host plane holds events XProf makes no use of, a copy without them (`xdiag.profile.slim`: the Python tracer's
+events, and for the audited xprof version the stat-less events whose names it gives no meaning, `host_events`; the
+views are the same, XProf's conversions a third as long on such profiles), and the HLO protos XProf's memory viewer reads,
 extracted from the metadata plane alone (`extract_hlo_protos`). It answers each view by
 calling the XProf CLI tool functions that ship in the `xprof` wheel (`xprof.cli.tools.*`,
 `xprof.cli.internal.xprof_data`), or the converter itself where no tool reads it (kernel_stats,
@@ -152,6 +153,7 @@ from typing import Any
 from xdiag.analysis.xprof import (
     device_information,
     hlo_op_profile,
+    host_events,
     kernel_stats,
     kpi_metrics,
     memory_profile,
@@ -362,11 +364,11 @@ def _link_or_copy(source: Path, target: Path) -> None:
         shutil.copyfile(source, target)
 
 
-def _copy_without_python_events(original: Path, target: Path) -> int:
+def _copy_without_unused_events(original: Path, target: Path) -> int:
     """Events left out of the copy written to `target`; 0 where none were (nothing written: link the original).
     A file the copy cannot walk goes to XProf as it is, to get XProf's own reason."""
     try:
-        return slim.write_without_python_events(original, target)
+        return slim.write_without_unused_events(original, target, host_events.unread_name_filter(_xprof_version()))
     except (ProfileError, OSError) as error:
         log.debug("%s goes to XProf as it is: %s", original, error)
         return 0
@@ -461,10 +463,10 @@ class XprofViews:
         self,
         xplane_paths: Sequence[str | os.PathLike[str]] | str | os.PathLike[str],
         workdir: Path | None = None,
-        python_events: bool = False,
+        all_events: bool = False,
     ):
-        """`python_events=True` gives XProf the files as they are; by default the private copy leaves out the
-        Python tracer's events, which XProf's views do not use (`xdiag.profile.slim`)."""
+        """`all_events=True` gives XProf the files as they are; by default the private copy leaves out the host
+        events XProf's views make no use of (`xdiag.profile.slim`, `host_events`)."""
         if isinstance(xplane_paths, (str, os.PathLike)):
             xplane_paths = [xplane_paths]
         originals = [Path(p).expanduser().absolute() for p in xplane_paths]
@@ -480,14 +482,14 @@ class XprofViews:
         root = Path(tempfile.mkdtemp(prefix="xdiag-xprof-")) if workdir is None else Path(workdir).absolute()
         self.run_dir: Path = _make_session_dir(root / "plugins" / "profile", _session_name(originals))
         self.files: list[Path] = []
-        self.python_events_left_out = 0
-        """Python-tracer events the private copy leaves out, all files together."""
+        self.events_left_out = 0
+        """Host events the private copy leaves out, all files together."""
         try:
             for original, name in zip(originals, _link_names(originals)):
-                left_out = 0 if python_events else _copy_without_python_events(original, self.run_dir / name)
+                left_out = 0 if all_events else _copy_without_unused_events(original, self.run_dir / name)
                 if not left_out:
                     _link_or_copy(original, self.run_dir / name)
-                self.python_events_left_out += left_out
+                self.events_left_out += left_out
                 self.files.append(self.run_dir / name)
         except OSError as error:
             shutil.rmtree(root if workdir is None else self.run_dir, ignore_errors=True)
