@@ -50,7 +50,7 @@ PYTHON_EVENT_PREFIX = "$"
 """How the Python tracer names its events (`$file.py:line function`, `$builtins len`)."""
 _THREADS = min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
 """Threads that walk the host lines at once."""
-T = TypeVar("T")
+_T = TypeVar("_T")
 _ASYNC_STAT = "_a"
 """The stat that marks an event asynchronous (XProf's kIsAsync): XProf leaves such events out of its nesting."""
 
@@ -81,7 +81,7 @@ def _line_without(arr: np.ndarray, start: int, end: int, flags: np.ndarray, out:
     return kept, dropped
 
 
-def _in_order(function: Callable[[int], T], items: list[int]) -> Iterator[T]:
+def _in_order(function: Callable[[int], _T], items: list[int]) -> Iterator[_T]:
     """`function` of each item, in order, computed in up to `_THREADS` threads (the compiled walks release the GIL)
     at most `_THREADS` items ahead of the one consumed: the copy holds a few lines' bytes at a time."""
     threads = min(_THREADS, len(items))
@@ -108,7 +108,8 @@ def _thinned(arr: np.ndarray, start: int, end: int, flags: np.ndarray, python_on
     stat-less events is safe (`wire.thinned_line`), else the Python tracer's alone."""
     if flags is python_only:
         return (*_line_without(arr, start, end, flags, np.empty(0, np.uint8), name), flags)
-    kept, dropped, kept_python, dropped_python, safe, err, err_pos = wire.thinned_line(arr, start, end, flags, async_stat)
+    kept, dropped, kept_python, dropped_python, safe, err, err_pos = wire.thinned_line(
+        arr, start, end, flags, async_stat)
     if err:
         raise ProfileError(f"{name}: the host line at byte {start} is corrupt: {wire.ERRORS[err]} near byte {err_pos}")
     return (kept, dropped, flags) if safe else (kept_python, dropped_python, python_only)
@@ -136,7 +137,8 @@ def _metadata_flags(plane: schema.XPlane, unread_name: Callable[[str], bool] | N
 def write_without_unused_events(source: Path, target: Path, unread_name: Callable[[str], bool] | None = None) -> int:
     """Writes `source` to `target` without the host-plane events XProf's converters make no use of and returns how
     many it dropped: the Python tracer's events and, where `unread_name` is given, the events without stats whose
-    names it says XProf gives no meaning (on nested lines: `wire.line_without_events`). With none to drop it writes
+    names it says XProf gives no meaning, on the lines where that keeps every other event's parent in XProf's
+    grouping (`wire.thinned_line`). With none to drop it writes
     nothing and returns 0 (link the original instead). Raises ProfileError where the file cannot be walked (the
     reader says the same, precisely); a partial `target` is removed."""
     with source.open("rb") as handle, _mapped(handle) as buf:
@@ -190,10 +192,11 @@ def _write(arr: np.ndarray, buf, name: str, target: Path, unread_name: Callable[
         python_only = flags if not (flags == wire.DROP_WITHOUT_STATS).any() else np.where(
             flags == wire.DROP_EVENT, flags, 0).astype(np.uint8)
         async_stat = next((key for key, meta in metadata.stat_metadata.items() if meta.name == _ASYNC_STAT), -1)
-        kept_lines: dict[int, tuple[int, np.ndarray]] = {}  # plane field -> (kept bytes, flags), for lines that lose events
+        kept_lines: dict[int, tuple[int, np.ndarray]] = {}  # plane field -> (kept bytes, flags), lines that lose events
         dropped = 0
         lines = np.flatnonzero((numbers == _PLANE_LINES) & (wires == 2)).tolist()
-        walked = _in_order(lambda i: _thinned(arr, int(starts[i]), int(ends[i]), flags, python_only, async_stat, name), lines)
+        walked = _in_order(
+            lambda i: _thinned(arr, int(starts[i]), int(ends[i]), flags, python_only, async_stat, name), lines)
         for i, (kept, line_dropped, line_flags) in zip(lines, walked):
             if line_dropped:
                 kept_lines[i] = (kept, line_flags)
@@ -225,16 +228,14 @@ def _write_with_new_host_plane(arr: np.ndarray, target: Path, plane_tag: int, pl
         len(line_keys[i]) + kept_lines[i][0] if i in kept_lines else int(ends[i] - tags[i]) for i in range(len(numbers))
     )
     try:
-        with target.open("wb") as out:
+        with target.open("wb") as out, contextlib.closing(_in_order(thinned_body, sorted(kept_lines))) as bodies:
             out.write(arr[:plane_tag])
             out.write(bytes([_ONE_BYTE_KEYS[1]]) + encode_varint(plane_bytes))
-            thinned = sorted(kept_lines)
-            bodies = zip(thinned, _in_order(thinned_body, thinned))
             for i in range(len(numbers)):
                 if i not in kept_lines:
                     out.write(arr[tags[i] : ends[i]])
                     continue
-                _, body = next(bodies)
+                body = next(bodies)
                 out.write(line_keys[i])
                 out.write(body)
             out.write(arr[plane_end:])

@@ -491,7 +491,8 @@ def thinned_line(buf, start, end, dropped_metadata, async_stat_id):
                 field = _skip(buf, field, event_end, field_key & 7)
         if field < 0 or not has_offset or duration < 0 or asynchronous:
             in_order = False  # unreadable, without a time or asynchronous: the line keeps its stat-less events
-        elif count > 0 and (begin < begins[count - 1] or (begin == begins[count - 1] and begin + duration >= ends[count - 1])):
+        elif count > 0 and (begin < begins[count - 1]
+                            or (begin == begins[count - 1] and begin + duration >= ends[count - 1])):
             in_order = False
         drop = flag == DROP_WITHOUT_STATS and not has_stats
         if drop:

@@ -3,10 +3,10 @@
 `XprofViews` puts the session's `*.xplane.pb` files in a private
 `<workdir>/plugins/profile/<session>/` (XProf's converters write `ALL_HOSTS.op_stats_v2.pb`,
 `*.hlo_proto.pb` … next to their input, so never next to the originals): a link to each file, or, where
-its host plane holds events XProf makes no use of, a copy without them (`xdiag.profile.slim`: the Python tracer's
-events, and for the audited xprof version the stat-less events whose names it gives no meaning, `host_events`; the
-views are the same, XProf's conversions a third as long on such profiles), and the HLO protos XProf's memory viewer reads,
-extracted from the metadata plane alone (`extract_hlo_protos`). It answers each view by
+its host plane holds events XProf makes no use of, a copy without them (`xdiag.profile.slim`: the Python
+tracer's events, and for the audited xprof version the stat-less events whose names it gives no meaning,
+`host_events`; the views are the same, XProf's conversions a third as long on such profiles), and the HLO protos
+XProf's memory viewer reads, extracted from the metadata plane alone (`extract_hlo_protos`). It answers each view by
 calling the XProf CLI tool functions that ship in the `xprof` wheel (`xprof.cli.tools.*`,
 `xprof.cli.internal.xprof_data`), or the converter itself where no tool reads it (kernel_stats,
 smart_suggestion, memory_profile). Every view returns a plain JSON-serialisable dict: a compact
