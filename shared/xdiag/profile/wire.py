@@ -468,7 +468,7 @@ def thinned_line(buf, start, end, dropped_metadata, async_stat_id):
         begin = np.int64(0)
         duration = np.int64(0)
         field = pos
-        while field < event_end and field >= 0:
+        while 0 <= field < event_end:
             field_key, field = _varint(buf, field, event_end)
             if field < 0:
                 break
@@ -489,6 +489,7 @@ def thinned_line(buf, start, end, dropped_metadata, async_stat_id):
             else:
                 has_stats |= field_key >> 3 == _EVENT_FIELD_STATS  # malformed stats: kept, as line_without_events does
                 field = _skip(buf, field, event_end, field_key & 7)
+        has_stats |= field < 0  # an unreadable event is kept, as `_event_has_stats` keeps it
         if field < 0 or not has_offset or duration < 0 or asynchronous:
             in_order = False  # unreadable, without a time or asynchronous: the line keeps its stat-less events
         elif count > 0 and (begin < begins[count - 1]
@@ -530,7 +531,7 @@ def thinned_line(buf, start, end, dropped_metadata, async_stat_id):
 def line_without_events(buf, start, end, dropped_metadata, out):
     """One XLine's fields less the events whose leading field is a metadata_id flagged in `dropped_metadata`:
     DROP_EVENT at that index drops the event, DROP_WITHOUT_STATS drops it where it has no stats of its own (see
-    `stat_less_drops_keep_parents` for where that is safe). With an empty `out` it only counts; otherwise it copies
+    `thinned_line` for where that is safe). With an empty `out` it only counts; otherwise it copies
     the kept fields into `out`, stopping with ERR_LENGTH rather than writing past its end. Every other byte is kept
     as it is. Returns (kept bytes, dropped events, err, err_pos)."""
     fill = len(out) > 0
