@@ -66,8 +66,8 @@ def build() -> Path:
     compiler.export("line_without_events", types.Tuple((count,) * 4)(buffer, count, count, flags, flags))(
         wire.line_without_events.py_func
     )
-    compiler.export("thinned_line", types.Tuple((count,) * 4 + (types.boolean, count, count))(
-        buffer, count, count, flags, count))(wire.thinned_line.py_func)
+    compiler.export("thinned_line", types.Tuple((count, count, types.boolean, count, count))(
+        buffer, count, count, flags, count, flags))(wire.thinned_line.py_func)
     try:
         compiler.compile()
     finally:

@@ -362,13 +362,6 @@ def _field_value(buf, pos, end, number):
 
 
 @njit(cache=True, nogil=True)
-def _event_has_stats(buf, pos, end):
-    """Whether the XEvent in buf[pos:end] has a stats field (XEvent field 4); an unreadable event counts as having
-    them, so it is kept."""
-    return _field_value(buf, pos, end, _EVENT_FIELD_STATS) != -1
-
-
-@njit(cache=True, nogil=True)
 def _stat_has_metadata(buf, pos, end, metadata_id):
     """Whether the XStat in buf[pos:end] names this stat metadata id (XStat field 1); unreadable counts as yes."""
     value_at = _field_value(buf, pos, end, 1)
@@ -378,30 +371,6 @@ def _stat_has_metadata(buf, pos, end, metadata_id):
         return True
     value, after = _varint(buf, value_at, end)
     return after < 0 or value == metadata_id
-
-
-@njit(cache=True, nogil=True)
-def _nesting_parents(begins, ends, stat_less, keep_stat_less):
-    """XProf's event grouping's parents within one line (EventForest::ConnectIntraThread): each event's parent is
-    the innermost earlier event still open that includes it, -1 for none. Without `keep_stat_less`, the `stat_less`
-    events are left out (parent -2)."""
-    count = len(begins)
-    parents = np.full(count, -2, np.int64)
-    stack = np.empty(count, np.int64)
-    depth = 0
-    for i in range(count):
-        if stat_less[i] != 0 and not keep_stat_less:
-            continue
-        parents[i] = -1
-        while depth > 0:
-            top = stack[depth - 1]
-            if begins[top] <= begins[i] and ends[i] <= ends[top]:
-                parents[i] = top
-                break
-            depth -= 1
-        stack[depth] = i
-        depth += 1
-    return parents
 
 
 @njit(cache=True, nogil=True)
@@ -415,125 +384,147 @@ def _flag_of(buf, pos, end, dropped_metadata):
 
 
 @njit(cache=True, nogil=True)
-def thinned_line(buf, start, end, dropped_metadata, async_stat_id):
-    """What `line_without_events` leaves of one XLine, two ways, in one walk: (kept bytes, dropped events) with every
-    flag of `dropped_metadata`; the same with its DROP_EVENT flags alone; whether the first is safe; err; err_pos.
+def thinned_line(buf, start, end, dropped_metadata, async_stat_id, out):
+    """`line_without_events` with every flag of `dropped_metadata`, where that is safe: copies into `out` (with an
+    empty `out` it only counts) every field of one XLine but the DROP_EVENT events and the DROP_WITHOUT_STATS ones
+    without stats of their own, checking as it goes that leaving the latter out is safe. Returns (kept bytes,
+    dropped events, safe, err, err_pos); where not safe it stops there (kept and dropped then count only what it
+    walked), and the line is to lose its DROP_EVENT events alone.
 
     Safe means leaving out the DROP_WITHOUT_STATS events changes no kept event's enclosing events but by them: every
     kept event's parent (as XProf's event grouping finds it, on the line less its DROP_EVENT events) is, once they
     are gone, its nearest ancestor that stays. XProf passes step groups from parent to child, so the kept events'
     groups stay as they were. Only where the events are stored in XProf's order (by start, the longer first among
     equal starts; two with the same start and duration are not) and none is asynchronous (it carries the
-    `async_stat_id` stat; XProf leaves those out of its nesting). A line with no such event to leave out is safe."""
-    begins = np.empty(1024, np.int64)
-    ends = np.empty(1024, np.int64)
-    stat_less = np.empty(1024, np.int64)  # 1 for an event left out as DROP_WITHOUT_STATS
-    count = 0
-    kept_all = 0
-    dropped_all = 0
-    kept_python = 0
-    dropped_python = 0
-    in_order = True
+    `async_stat_id` stat; XProf leaves those out of its nesting). A line with no such event to leave out is safe.
+
+    XProf's nesting (EventForest::ConnectIntraThread: each event's parent is the innermost earlier event still open
+    that includes it) is simulated both ways in the one walk, each with a stack of the open events: the line as it
+    is, where each open event also carries its nearest ancestor that stays, and the line without the events left
+    out."""
+    fill = len(out) > 0
+    open_begins = np.empty(64, np.int64)  # the line less its DROP_EVENT events: open events, innermost last
+    open_ends = np.empty(64, np.int64)
+    open_kept = np.empty(64, np.int64)  # the nearest of them (or itself) that stays: its ordinal, -1 for none
+    depth = 0
+    kept_begins = np.empty(64, np.int64)  # the line without the events left out: open events
+    kept_ends = np.empty(64, np.int64)
+    kept_ids = np.empty(64, np.int64)
+    kept_depth = 0
+    ordinal = 0
+    checking = True  # the line so far is in XProf's order, every event timed and none asynchronous
+    last_begin = np.int64(0)
+    last_end = np.int64(0)
+    stat_less_dropped = 0
+    kept = 0
+    dropped = 0
     pos = start
     while pos < end:
         field_start = pos
         key, pos = _varint(buf, pos, end)
         if pos < 0:
-            return kept_all, dropped_all, kept_python, dropped_python, False, ERR_VARINT, field_start
+            return kept, dropped, False, ERR_VARINT, field_start
         if key >> 3 != 4 or key & 7 != 2:
             pos = _skip(buf, pos, end, key & 7)
             if pos < 0:
                 err = ERR_WIRE_TYPE if pos == -3 else ERR_LENGTH if pos == -2 else ERR_VARINT
-                return kept_all, dropped_all, kept_python, dropped_python, False, err, field_start
-            kept_all += pos - field_start
-            kept_python += pos - field_start
-            continue
-        length, pos = _varint(buf, pos, end)
-        if pos < 0:
-            return kept_all, dropped_all, kept_python, dropped_python, False, ERR_VARINT, field_start
-        if length < 0 or pos + length > end:
-            return kept_all, dropped_all, kept_python, dropped_python, False, ERR_LENGTH, field_start
-        event_end = pos + length
-        size = event_end - field_start
-        flag = _flag_of(buf, pos, event_end, dropped_metadata)
-        if flag == DROP_EVENT:
-            dropped_all += 1
-            dropped_python += 1
-            pos = event_end
-            continue
-        kept_python += size
-        has_offset = False
-        has_stats = False
-        asynchronous = False
-        begin = np.int64(0)
-        duration = np.int64(0)
-        field = pos
-        while 0 <= field < event_end:
-            field_key, field = _varint(buf, field, event_end)
-            if field < 0:
-                break
-            if field_key == _EVENT_FIELD_OFFSET << 3:
-                begin, field = _varint(buf, field, event_end)
-                has_offset = True
-            elif field_key == _EVENT_FIELD_DURATION << 3:
-                duration, field = _varint(buf, field, event_end)
-            elif field_key == (_EVENT_FIELD_STATS << 3) | 2:
-                has_stats = True
-                stat_length, field = _varint(buf, field, event_end)
-                if field < 0 or stat_length < 0 or field + stat_length > event_end:
-                    field = -1
-                    break
-                if async_stat_id >= 0 and _stat_has_metadata(buf, field, field + stat_length, async_stat_id):
-                    asynchronous = True
-                field += stat_length
-            else:
-                has_stats |= field_key >> 3 == _EVENT_FIELD_STATS  # malformed stats: kept, as line_without_events does
-                field = _skip(buf, field, event_end, field_key & 7)
-        has_stats |= field < 0  # an unreadable event is kept, as `_event_has_stats` keeps it
-        if field < 0 or not has_offset or duration < 0 or asynchronous:
-            in_order = False  # unreadable, without a time or asynchronous: the line keeps its stat-less events
-        elif count > 0 and (begin < begins[count - 1]
-                            or (begin == begins[count - 1] and begin + duration >= ends[count - 1])):
-            in_order = False
-        drop = flag == DROP_WITHOUT_STATS and not has_stats
-        if drop:
-            dropped_all += 1
+                return kept, dropped, False, err, field_start
         else:
-            kept_all += size
-        if in_order:
-            if count == len(begins):
-                begins = _grown(begins, count)
-                ends = _grown(ends, count)
-                stat_less = _grown(stat_less, count)
-            begins[count] = begin
-            ends[count] = begin + duration
-            stat_less[count] = 1 if drop else 0
-            count += 1
-        pos = event_end
-    if dropped_all == dropped_python:
-        return kept_all, dropped_all, kept_python, dropped_python, True, OK, end
-    if not in_order:
-        return kept_all, dropped_all, kept_python, dropped_python, False, OK, end
-    before = _nesting_parents(begins[:count], ends[:count], stat_less[:count], True)
-    after = _nesting_parents(begins[:count], ends[:count], stat_less[:count], False)
-    for i in range(count):
-        if stat_less[i] != 0:
-            continue
-        ancestor = before[i]
-        while ancestor >= 0 and stat_less[ancestor] != 0:
-            ancestor = before[ancestor]
-        if ancestor != after[i]:
-            return kept_all, dropped_all, kept_python, dropped_python, False, OK, end
-    return kept_all, dropped_all, kept_python, dropped_python, True, OK, end
+            length, pos = _varint(buf, pos, end)
+            if pos < 0:
+                return kept, dropped, False, ERR_VARINT, field_start
+            if length < 0 or pos + length > end:
+                return kept, dropped, False, ERR_LENGTH, field_start
+            event_end = pos + length
+            flag = _flag_of(buf, pos, event_end, dropped_metadata)
+            if flag == DROP_EVENT:
+                dropped += 1
+                pos = event_end
+                continue
+            has_offset = False
+            has_stats = False
+            asynchronous = False
+            begin = np.int64(0)
+            duration = np.int64(0)
+            field = pos
+            while 0 <= field < event_end:
+                field_key, field = _varint(buf, field, event_end)
+                if field < 0:
+                    break
+                if field_key == _EVENT_FIELD_OFFSET << 3:
+                    begin, field = _varint(buf, field, event_end)
+                    has_offset = True
+                elif field_key == _EVENT_FIELD_DURATION << 3:
+                    duration, field = _varint(buf, field, event_end)
+                elif field_key == (_EVENT_FIELD_STATS << 3) | 2:
+                    has_stats = True
+                    stat_length, field = _varint(buf, field, event_end)
+                    if field < 0 or stat_length < 0 or field + stat_length > event_end:
+                        field = -1
+                        break
+                    if async_stat_id >= 0 and _stat_has_metadata(buf, field, field + stat_length, async_stat_id):
+                        asynchronous = True
+                    field += stat_length
+                else:
+                    has_stats |= field_key >> 3 == _EVENT_FIELD_STATS  # stats of another wire type: kept
+                    field = _skip(buf, field, event_end, field_key & 7)
+            has_stats |= field < 0  # an unreadable event is kept
+            drop = flag == DROP_WITHOUT_STATS and not has_stats
+            if checking and (field < 0 or not has_offset or duration < 0 or asynchronous or (
+                    ordinal > 0 and (begin < last_begin or (begin == last_begin and begin + duration >= last_end)))):
+                checking = False  # unreadable, untimed, asynchronous or out of order: XProf's nesting is not followed
+                if stat_less_dropped:
+                    return kept, dropped, False, OK, field_start
+            if drop and not checking:
+                return kept, dropped, False, OK, field_start
+            if checking:
+                last_begin = begin
+                last_end = begin + duration
+                while depth > 0 and not (open_begins[depth - 1] <= begin and last_end <= open_ends[depth - 1]):
+                    depth -= 1
+                nearest_kept = open_kept[depth - 1] if depth > 0 else -1
+                if depth == len(open_begins):
+                    open_begins = _grown(open_begins, depth)
+                    open_ends = _grown(open_ends, depth)
+                    open_kept = _grown(open_kept, depth)
+                open_begins[depth] = begin
+                open_ends[depth] = last_end
+                open_kept[depth] = nearest_kept if drop else ordinal
+                depth += 1
+                if not drop:
+                    while kept_depth > 0 and not (kept_begins[kept_depth - 1] <= begin
+                                                  and last_end <= kept_ends[kept_depth - 1]):
+                        kept_depth -= 1
+                    if (kept_ids[kept_depth - 1] if kept_depth > 0 else -1) != nearest_kept:
+                        return kept, dropped, False, OK, field_start
+                    if kept_depth == len(kept_begins):
+                        kept_begins = _grown(kept_begins, kept_depth)
+                        kept_ends = _grown(kept_ends, kept_depth)
+                        kept_ids = _grown(kept_ids, kept_depth)
+                    kept_begins[kept_depth] = begin
+                    kept_ends[kept_depth] = last_end
+                    kept_ids[kept_depth] = ordinal
+                    kept_depth += 1
+                ordinal += 1
+            pos = event_end
+            if drop:
+                dropped += 1
+                stat_less_dropped += 1
+                continue
+        if fill:
+            if kept + pos - field_start > len(out):
+                return kept, dropped, False, ERR_LENGTH, field_start
+            out[kept:kept + pos - field_start] = buf[field_start:pos]
+        kept += pos - field_start
+    return kept, dropped, True, OK, end
 
 
 @njit(cache=True, nogil=True)
 def line_without_events(buf, start, end, dropped_metadata, out):
-    """One XLine's fields less the events whose leading field is a metadata_id flagged in `dropped_metadata`:
-    DROP_EVENT at that index drops the event, DROP_WITHOUT_STATS drops it where it has no stats of its own (see
-    `thinned_line` for where that is safe). With an empty `out` it only counts; otherwise it copies
-    the kept fields into `out`, stopping with ERR_LENGTH rather than writing past its end. Every other byte is kept
-    as it is. Returns (kept bytes, dropped events, err, err_pos)."""
+    """One XLine's fields less the events whose leading field is a metadata_id flagged DROP_EVENT in
+    `dropped_metadata` (`thinned_line` also drops the DROP_WITHOUT_STATS ones, where that is safe). With an empty
+    `out` it only counts; otherwise it copies the kept fields into `out`, stopping with ERR_LENGTH rather than
+    writing past its end. Every other byte is kept as it is. Returns (kept bytes, dropped events, err, err_pos)."""
     fill = len(out) > 0
     kept = 0
     dropped = 0
@@ -550,11 +541,7 @@ def line_without_events(buf, start, end, dropped_metadata, out):
                 return kept, dropped, ERR_VARINT, field_start
             if length < 0 or pos + length > end:
                 return kept, dropped, ERR_LENGTH, field_start
-            flag = _flag_of(buf, pos, pos + length, dropped_metadata)
-            if flag == DROP_EVENT:
-                drop = True
-            elif flag == DROP_WITHOUT_STATS:
-                drop = not _event_has_stats(buf, pos, pos + length)
+            drop = _flag_of(buf, pos, pos + length, dropped_metadata) == DROP_EVENT
             pos += length
         else:
             pos = _skip(buf, pos, end, key & 7)
