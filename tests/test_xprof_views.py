@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 import types
 from collections.abc import Callable
 from pathlib import Path
@@ -632,15 +633,32 @@ def test_a_device_sessions_conversions_start_before_the_read_and_serve_its_views
         assert session_views(session) is early
         assert early.overview() == mi300x.views.overview()
         assert "overview_page" in early.worker_cpu_s and set(early.conversion_counts.values()) == {1}
-        assert early.memory_profile() == mi300x.views.memory_profile() and "memory_profile" in early.worker_cpu_s
         # the op_stats group (what the first view waits for) at this process's priority, memory_profile's lower
         base = os.getpriority(os.PRIO_PROCESS, 0)
         lowered = min(19, base + worker.LATER_GROUPS_NICENESS)
-        priorities = sorted(os.getpriority(os.PRIO_PROCESS, pid) for pid in early._executor._processes)
+        workers = list(early._executor._processes)
+        priorities = sorted(os.getpriority(os.PRIO_PROCESS, pid) for pid in workers)
         assert priorities == ([base, lowered] if len(priorities) == 2 else [lowered])
+        assert early.memory_profile() == mi300x.views.memory_profile() and "memory_profile" in early.worker_cpu_s
+        # what the wait for a worker may have computed early is what the views compute in their turn
+        for view in ("peak_allocations", "roofline", "hlo_op_profile"):
+            assert _outcome(getattr(early, view)) == _outcome(getattr(mi300x.views, view))
+        # every conversion taken, the workers exit while the analysis goes on, before close()
+        deadline = time.monotonic() + 30
+        while any(_running(pid) for pid in workers) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(_running(pid) for pid in workers) and not early.closed
     finally:
         loader.close()
     assert early.closed
+
+
+def _running(pid: int) -> bool:
+    """Whether the process is there and not a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def test_views_a_caller_started_before_building_the_loader_are_the_ones_its_load_adopts(tmp_path, mi300x):

@@ -28,12 +28,19 @@ def _why_no_ops(views: XprofViews) -> str:
     return "XProf attributed none of the device time to an HLO instruction"
 
 
-def build(views: XprofViews, top_n: int) -> dict:
+def answers(views: XprofViews) -> tuple[dict, dict]:
+    """XProf's CLI answers the view is built from (memoised by `views`): the categories, and every op ranked by
+    time, FLOPs and bytes."""
     try:
         categories = views.tool("get_hlo_op_profile", xprof_api().hlo_op_profile, view="category", top_n=0)
         ops = views.tool("get_top_hlo_ops", xprof_api().top_hlo_ops, limit=0)
     except (FileNotFoundError, ValueError, RuntimeError) as error:
         raise NotAvailable(f"XProf's op_profile has no HLO ops for this profile ({error})") from error
+    return categories, ops
+
+
+def build(views: XprofViews, top_n: int) -> dict:
+    categories, ops = answers(views)
     summary = categories.get("category_summary", [])
     total_ms = as_number(categories.get("total_profile_time_ms"))
     busy = [c for c in summary if str(c.get("category", "")).upper() != "IDLE"]

@@ -32,15 +32,21 @@ def _resolve_module(modules: list[dict], wanted: str) -> dict:
     raise NotAvailable(f"no HLO module {wanted!r} in this profile; modules: {', '.join(names[:10])}")
 
 
-def build(views: XprofViews, module: str | None) -> dict:
+def every_module(views: XprofViews) -> dict:
+    """XProf's peak-allocation table of every HLO module (one memory_viewer conversion per module), memoised by
+    `views`: needs no op_stats, so the runner also computes it while the views wait for a worker's conversion."""
     views.extract_hlo_protos()
     try:
-        data = views.tool("get_peak_allocations", xprof_api().peak_allocations, limit=0)
+        return views.tool("get_peak_allocations", xprof_api().peak_allocations, limit=0)
     except (FileNotFoundError, ValueError, RuntimeError) as error:
         raise NotAvailable(
             "the profile has no XLA HLO modules with a buffer assignment, so XProf's memory_viewer "
             f"has nothing to show ({error})"
         ) from error
+
+
+def build(views: XprofViews, module: str | None) -> dict:
+    data = every_module(views)
     modules = data.get("modules", [])
     if not modules:
         raise NotAvailable("XProf's memory_viewer returned no HLO module buffers for this profile")

@@ -35,7 +35,9 @@ as the session is located, before its own imports, and the loader before its rea
 (`xdiag.analysis.xprof.start_views`), so the conversions overlap both; the workers' forkserver starts
 (`worker.start_server`) before the private copy is written, with mimalloc as the workers' malloc
 (`worker.ALLOCATOR_ENV`). The workers of every group but the first, which the first view waits for, run at a
-lower priority (worker.LATER_GROUPS_NICENESS).
+lower priority (worker.LATER_GROUPS_NICENESS). A view about to wait for a worker first does the work the views will
+need that no conversion still in a worker holds up (`_work_while_waiting`), and once every conversion is taken the
+workers exit, freeing their memory while the analysis goes on.
 
 XProf logs a great deal from C++ to fd 2 and from Python to the root logger. While a conversion
 runs, fd 2 goes to a scratch file and records from xprof's modules are demoted; both are
@@ -511,6 +513,7 @@ class XprofViews:
         self._views: dict[str, Any] = {}
         self._unreadable: str | None = None
         self._hlo_protos_extracted = False
+        self._done_while_waiting: set[str] = set()
         self._mentioned: dict[bytes, bool] = {}
         self.conversion_counts: collections.Counter[str] = collections.Counter()
         """How often each conversion ran, keyed by converter and parameters; 1 each, by design."""
@@ -769,7 +772,7 @@ class XprofViews:
         with self._lock:
             pending = self._pending.get(key) if key not in self._conversions else None
         if pending is not None:
-            self._take_from_worker(key, *pending)
+            self._take_from_worker(key, pending[0])
         with self._lock:
             if key not in self._conversions:
                 self.conversion_counts[key] += 1
@@ -784,22 +787,55 @@ class XprofViews:
             raise outcome
         return outcome
 
-    def _take_from_worker(self, key: str, future: concurrent.futures.Future, index: int) -> None:
+    def _take_from_worker(self, key: str, future: concurrent.futures.Future) -> None:
+        """Waits for the worker's group that converts `key`, then keeps every conversion of that group."""
+        if not future.done():
+            self._work_while_waiting()
         try:
-            outcome, stderr_text, cpu_s = future.result()[index]
-        except Exception as error:  # the worker died or could not start: convert in-process instead
+            results = future.result()
+        except Exception as error:  # the worker died or could not start: the group converts in-process instead
             log.debug("XProf worker for %s failed (%s); converting in-process", key, error)
-            with self._lock:
-                self._pending.pop(key, None)
-            return
+            results = None
         with self._lock:
-            if self._pending.pop(key, None) is None or key in self._conversions:
+            for taken, (group, position) in list(self._pending.items()):
+                if group is not future:
+                    continue
+                del self._pending[taken]
+                if results is None or taken in self._conversions:
+                    continue
+                outcome, stderr_text, cpu_s = results[position]
+                self.conversion_counts[taken] += 1
+                self.worker_cpu_s[taken] = round(cpu_s, 4)
+                if stderr_text.strip():
+                    log.debug("XProf stderr (%s, in a worker):\n%s", taken, stderr_text[-20_000:])
+                self._keep_conversion(taken, outcome, stderr_text.splitlines())
+            self._release_workers_when_done()
+
+    def _work_while_waiting(self) -> None:
+        """Work the views will ask for and that needs no conversion still in a worker, done by a thread about to wait
+        for one instead of after: XProf's peak-allocation table (the HLO protos' extraction and a memory_viewer
+        conversion per module, which no worker runs) from the start, and once the op_stats family is in hand, the
+        CLI answers read from it (each parses op_profile's JSON: ~20 ms apiece on the 85 MiB bench profile, while
+        the views wait for memory_profile). Each once; a failure is memoised for its view to report."""
+        with self._lock:
+            if self.closed or self._unreadable:
                 return
-            self.conversion_counts[key] += 1
-            self.worker_cpu_s[key] = round(cpu_s, 4)
-            if stderr_text.strip():
-                log.debug("XProf stderr (%s, in a worker):\n%s", key, stderr_text[-20_000:])
-            self._keep_conversion(key, outcome, stderr_text.splitlines())
+            op_stats_in_hand = all(self._memo_key(name, {}) in self._conversions for name in _OP_STATS_CONVERTERS)
+            work = {"peak_allocations": lambda: self.has_metadata_plane() and peak_allocations.every_module(self)}
+            if op_stats_in_hand:
+                work.update(roofline=self.roofline_tool, hlo_op_profile=lambda: hlo_op_profile.answers(self))
+            for name, do in work.items():
+                if name in self._done_while_waiting:
+                    continue
+                self._done_while_waiting.add(name)
+                with contextlib.suppress(XdiagError):
+                    do()
+
+    def _release_workers_when_done(self) -> None:
+        """Lets the workers exit once no conversion of theirs is still to be taken (called under the lock): they
+        free their memory while the analysis goes on, and `close()` finds them gone instead of joining them."""
+        if not self._pending and self._executor is not None:
+            self._executor.shutdown(wait=False)
 
     def _keep_conversion(self, key: str, outcome: Any, stderr_lines: Iterable[str]) -> None:
         data = outcome[1] if isinstance(outcome, tuple) and len(outcome) == 2 else outcome
