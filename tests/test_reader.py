@@ -155,11 +155,18 @@ def test_hosts_that_recorded_the_same_hostname_stay_apart(tmp_path, h200_profile
     assert hosts["hosts"] == 2 and hosts["slowest_host"] == "vm:hostB" and hosts["step_time_spread_percent"] > 100
 
 
-def test_lines_decoded_in_parallel_threads_equal_one_thread(monkeypatch):
+def test_the_read_leaves_busy_processes_their_cores():
+    from xdiag.profile.reader import READ_THREADS, _CPUS, read_threads
+
+    assert read_threads() == READ_THREADS == max(1, min(4, _CPUS))
+    assert read_threads(_CPUS) == read_threads(_CPUS + 3) == 1
+    assert read_threads(1) == max(1, min(READ_THREADS, _CPUS - 1))
+
+
+def test_lines_decoded_in_parallel_threads_equal_one_thread():
     """The decoder runs lines in a thread pool (it releases the GIL); every column must come out as
     when one thread decodes the lines in order."""
     import numpy as np
-    from xdiag.profile import reader
 
     path = shared_profile("gpu/v100x8_tf_bert_worker.xplane.pb")
 
@@ -173,10 +180,8 @@ def test_lines_decoded_in_parallel_threads_equal_one_thread(monkeypatch):
                     out.append((line.id, line.name, line.metadata_id, line.start_ps, line.duration_ps, sparse))
         return out
 
-    monkeypatch.setattr(reader, "READ_THREADS", 1)
-    one = columns(read_session([path]))
-    monkeypatch.setattr(reader, "READ_THREADS", 3)
-    many = columns(read_session([path]))
+    one = columns(read_session([path], threads=1))
+    many = columns(read_session([path], threads=3))
     assert len(one) == len(many) > 10
     for a, b in zip(one, many):
         assert len(a) == len(b)

@@ -29,6 +29,7 @@ pytest.importorskip("xprof", reason="the xprof wheel is not installed")
 
 from xdiag.analysis.xprof import XprofViews, runner, worker  # noqa: E402
 from xdiag.profile import slim  # noqa: E402
+from xdiag.profile.reader import read_threads  # noqa: E402
 
 TPU = "tpu/tpu_v6e_inference.xplane.pb"
 V100 = "gpu/v100x8_tf_bert_worker.xplane.pb"
@@ -619,7 +620,7 @@ def test_a_device_sessions_conversions_start_before_the_read_and_serve_its_views
     real_read = deps_module.read_session
 
     def recording_read(paths, **kwargs):
-        reads.append("read")
+        reads.append(kwargs["threads"])
         return real_read(paths, **kwargs)
 
     monkeypatch.setattr(XprofViews, "prefetch", recording_prefetch)
@@ -630,6 +631,8 @@ def test_a_device_sessions_conversions_start_before_the_read_and_serve_its_views
         session = loader.load(inputs, "s")
         assert started and started[0][1] == []  # prefetch ran before the read
         early = started[0][0]
+        # the read left the workers converting meanwhile their cores
+        assert early.workers_converting >= 1 and reads == [read_threads(early.workers_converting)]
         assert session_views(session) is early
         assert early.overview() == mi300x.views.overview()
         assert "overview_page" in early.worker_cpu_s and set(early.conversion_counts.values()) == {1}
@@ -647,7 +650,7 @@ def test_a_device_sessions_conversions_start_before_the_read_and_serve_its_views
         deadline = time.monotonic() + 30
         while any(_running(pid) for pid in workers) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not any(_running(pid) for pid in workers) and not early.closed
+        assert not any(_running(pid) for pid in workers) and not early.closed and not early.workers_converting
     finally:
         loader.close()
     assert early.closed

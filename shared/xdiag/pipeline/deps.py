@@ -20,7 +20,7 @@ from xdiag.pipeline.layout import PREPARED_DIR, inputs_key
 from xdiag.pipeline.ports import BlobInfo, BlobStore, Bus, StateStore
 from xdiag.pipeline.runs import CaptureSettings, MonitorSettings
 from xdiag.profile.compact import load_session, save_session
-from xdiag.profile.reader import DEFAULT_MAX_PROFILE_BYTES, read_session
+from xdiag.profile.reader import DEFAULT_MAX_PROFILE_BYTES, read_session, read_threads
 from xdiag.profile.space import Session
 from xdiag.tools.common import adopt_views, prefetch_views
 
@@ -133,8 +133,10 @@ class SessionLoader:
                     early = self._started_views.pop(_local_key(paths), None)
                     if early is None and self._prefetch_views:
                         early = start_views(paths, self._max_bytes)
+                    threads = read_threads(early.workers_converting if early is not None else 0)
                     try:
-                        session = read_session(paths, name=name, max_bytes=self._max_bytes, progress=self._progress)
+                        session = read_session(paths, name=name, max_bytes=self._max_bytes, progress=self._progress,
+                                               threads=threads)
                     except BaseException:
                         if early is not None:
                             early.close()

@@ -141,12 +141,21 @@ def _stats_dict(stats, stat_names: dict[int, str]) -> dict[str, object]:
     return {stat_names.get(s.metadata_id, str(s.metadata_id)): _stat_value(s, stat_names) for s in stats}
 
 
-READ_THREADS = max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+_CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+READ_THREADS = max(1, min(4, _CPUS))
 """Lines decoded at once: the compiled decoder releases the GIL, so lines decode in parallel threads."""
 
 
-def _wire_lines(arr: np.ndarray, spans: list[tuple[int, int]], columns: "_StatColumns") -> Iterator[tuple]:
-    """`decode_line` of each (start, end), packed (_packed), in order; up to READ_THREADS lines decode at once,
+def read_threads(busy_processes: int = 0) -> int:
+    """Lines to decode at once while `busy_processes` other processes (XProf's conversions, which the analysis waits
+    for) use this process's cores: the cores they leave, at least one. On two cores with two conversions running, the
+    85 MiB bench profile's whole analysis took 2.4 s instead of 2.55 s with one thread, its read being off the
+    critical path (bench/README.md, thirteenth round)."""
+    return max(1, min(READ_THREADS, _CPUS - busy_processes))
+
+
+def _wire_lines(arr: np.ndarray, spans: list[tuple[int, int]], columns: "_StatColumns", threads: int) -> Iterator[tuple]:
+    """`decode_line` of each (start, end), packed (_packed), in order; up to `threads` lines decode at once,
     a few lines ahead of the caller (so memory holds only those beyond the lines already taken)."""
 
     def decode(span: tuple[int, int]) -> tuple:
@@ -157,12 +166,12 @@ def _wire_lines(arr: np.ndarray, spans: list[tuple[int, int]], columns: "_StatCo
     if not spans:
         return
     yield decode(spans[0])  # in this thread: numba compiles or loads its cache once, not in every pool thread
-    if READ_THREADS < 2 or len(spans) < 3:
+    if threads < 2 or len(spans) < 3:
         yield from map(decode, spans[1:])
         return
-    with concurrent.futures.ThreadPoolExecutor(READ_THREADS, thread_name_prefix="xdiag-read") as pool:
-        ahead = collections.deque(pool.submit(decode, span) for span in spans[1 : 1 + 2 * READ_THREADS])
-        following = iter(spans[1 + 2 * READ_THREADS :])
+    with concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="xdiag-read") as pool:
+        ahead = collections.deque(pool.submit(decode, span) for span in spans[1 : 1 + 2 * threads])
+        following = iter(spans[1 + 2 * threads :])
         try:
             while ahead:
                 decoded = ahead.popleft().result()
@@ -348,7 +357,7 @@ def plane_metadata(arr: np.ndarray, start: int, fields: tuple[np.ndarray, ...], 
 
 def _decode_plane(
     arr: np.ndarray, start: int, end: int, host: str, modules: list[HloModule], name: str,
-    release: Callable[[int, int], None],
+    release: Callable[[int, int], None], threads: int,
 ) -> Plane:
     fields = plane_fields(arr, start, end, name)
     numbers, _, starts, ends, _ = fields
@@ -385,7 +394,7 @@ def _decode_plane(
     columns = _StatColumns(stat_names)
     lines = []
     spans = list(zip(starts[numbers == 3].tolist(), ends[numbers == 3].tolist()))
-    decoded_lines = _wire_lines(arr, spans, columns)
+    decoded_lines = _wire_lines(arr, spans, columns, threads)
     try:
         for (line_start, line_end), decoded in zip(spans, decoded_lines):
             lines.append(_decode_line(arr, line_start, decoded, stat_names, columns, intern, name))
@@ -448,8 +457,10 @@ def _mapped(handle) -> Iterator[mmap.mmap]:
             buf.close()
 
 
-def read_host(path: Path, progress: Progress | None = None) -> tuple[HostProfile, list[HloModule]]:
-    """Reads one `*.xplane.pb`; raises ProfileError with a precise reason when it can't."""
+def read_host(path: Path, progress: Progress | None = None, threads: int = READ_THREADS,
+              ) -> tuple[HostProfile, list[HloModule]]:
+    """Reads one `*.xplane.pb`, decoding up to `threads` lines at once; raises ProfileError with a precise reason
+    when it can't."""
     name = path.name
     if not path.exists():
         raise ProfileError(f"{path}: no such file")
@@ -474,7 +485,8 @@ def read_host(path: Path, progress: Progress | None = None) -> tuple[HostProfile
         try:
             for number, start, end in fields:
                 if number == 1:
-                    planes.append(_decode_plane(arr, start, end, host, modules, name, lambda a, b: _release(buf, a, b)))
+                    planes.append(_decode_plane(arr, start, end, host, modules, name, lambda a, b: _release(buf, a, b),
+                                                threads))
                     if progress:
                         progress(f"read {name}", end, size)
         finally:
@@ -508,8 +520,10 @@ def read_session(
     name: str | None = None,
     max_bytes: int = DEFAULT_MAX_PROFILE_BYTES,
     progress: Progress | None = None,
+    threads: int = READ_THREADS,
 ) -> Session:
-    """Reads every host file of one capture into a Session."""
+    """Reads every host file of one capture into a Session, decoding up to `threads` lines at once (1 where other
+    processes need the cores more: XProf's conversions that the analysis waits for)."""
     if not paths:
         raise ProfileError("no *.xplane.pb files in the session")
     total = sum(p.stat().st_size for p in paths if p.exists())
@@ -518,7 +532,7 @@ def read_session(
             f"profile is {total / 1024**3:.2f} GiB, over the {max_bytes / 1024**3:.2f} GiB limit; "
             "capture a shorter window or raise --max-profile-gib"
         )
-    read = [read_host(path, progress) for path in sorted(paths)]
+    read = [read_host(path, progress, threads) for path in sorted(paths)]
     _distinct_host_names(read)
     hosts = [host for host, _ in read]
     modules = [module for _, host_modules in read for module in host_modules]

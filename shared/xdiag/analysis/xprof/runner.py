@@ -508,6 +508,7 @@ class XprofViews:
         self._conversions: dict[str, Any] = {}
         self._pending: dict[str, tuple[concurrent.futures.Future, int]] = {}  # key -> (worker's future, index)
         self._executor: concurrent.futures.ProcessPoolExecutor | None = None
+        self._workers = 0
         self._pages: dict[str, Any] = {}
         self._tools: dict[str, Any] = {}
         self._views: dict[str, Any] = {}
@@ -538,6 +539,12 @@ class XprofViews:
     @property
     def closed(self) -> bool:
         return not self._finalizer.alive
+
+    @property
+    def workers_converting(self) -> int:
+        """How many worker processes `prefetch` started whose conversions are not all taken yet (0 for none)."""
+        with self._lock:
+            return self._workers if self._executor is not None and self._pending else 0
 
     def close(self) -> None:
         """Removes the private copy (and XProf's per-run-folder files under its cache folder)."""
@@ -607,6 +614,7 @@ class XprofViews:
                 for index, (name, params) in enumerate(group):
                     self._pending[self._memo_key(name, params)] = (placeholder, index)
             self._executor = concurrent.futures.ProcessPoolExecutor(workers, mp_context=worker.context())
+            self._workers = workers
         # Starting the forkserver takes a Python start-up and XProf's import: not on the caller's time.
         threading.Thread(
             target=self._submit, args=(self._executor, planned), name="xprof-prefetch", daemon=True
