@@ -154,7 +154,8 @@ def read_threads(busy_processes: int = 0) -> int:
     return max(1, min(READ_THREADS, _CPUS - busy_processes))
 
 
-def _wire_lines(arr: np.ndarray, spans: list[tuple[int, int]], columns: "_StatColumns", threads: int) -> Iterator[tuple]:
+def _wire_lines(arr: np.ndarray, spans: list[tuple[int, int]], columns: "_StatColumns", threads: int,
+                ) -> Iterator[tuple]:
     """`decode_line` of each (start, end), packed (_packed), in order; up to `threads` lines decode at once,
     a few lines ahead of the caller (so memory holds only those beyond the lines already taken)."""
 

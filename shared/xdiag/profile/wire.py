@@ -477,7 +477,7 @@ def thinned_line(buf, start, end, dropped_metadata, async_stat_id, out):
                     return kept, dropped, False, OK, field_start
             if drop and not checking:
                 return kept, dropped, False, OK, field_start
-            if checking:
+            if checking:  # the two stacks inline: as helpers returning the grown arrays, the walk took ~10% longer
                 last_begin = begin
                 last_end = begin + duration
                 while depth > 0 and not (open_begins[depth - 1] <= begin and last_end <= open_ends[depth - 1]):
