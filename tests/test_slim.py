@@ -99,6 +99,23 @@ def test_the_copy_is_the_profile_less_its_unused_events_and_nothing_else(profile
     assert target.stat().st_size < profile.stat().st_size
 
 
+def test_the_copy_is_the_same_where_the_kernel_cannot_copy_between_files(tmp_path, monkeypatch):
+    """The new host plane goes from a scratch file into the copy with copy_file_range, or by reads and writes where
+    the kernel refuses (another filesystem, an old kernel)."""
+    in_kernel = write_without_unused_events(RECOMPILATION, tmp_path / "in_kernel.xplane.pb", xprof_ignores)
+
+    refusals = []
+
+    def refused(*args, **kwargs):
+        refusals.append(args)
+        raise OSError(18, "Invalid cross-device link")
+
+    monkeypatch.setattr("os.copy_file_range", refused)
+    by_hand = write_without_unused_events(RECOMPILATION, tmp_path / "by_hand.xplane.pb", xprof_ignores)
+    assert refusals and by_hand == in_kernel > 1000
+    assert (tmp_path / "by_hand.xplane.pb").read_bytes() == (tmp_path / "in_kernel.xplane.pb").read_bytes()
+
+
 def test_xprofs_unread_names_leave_out_most_of_jaxs_other_host_events(tmp_path):
     python_only = write_without_unused_events(RECOMPILATION, tmp_path / "python_only.xplane.pb")
     thinned = write_without_unused_events(RECOMPILATION, tmp_path / "thinned.xplane.pb", xprof_ignores)

@@ -229,15 +229,22 @@ def _write_with_new_host_plane(arr: np.ndarray, target: Path, plane_span: tuple[
         plane_bytes = plane.tell()
         try:
             with target.open("wb", buffering=0) as out:
-                out.write(arr[:plane_tag])
-                out.write(bytes([_ONE_BYTE_KEYS[1]]) + encode_varint(plane_bytes))
+                _write_all(out, arr[:plane_tag])
+                _write_all(out, bytes([_ONE_BYTE_KEYS[1]]) + encode_varint(plane_bytes))
                 _append(plane, out, plane_bytes)
-                out.write(arr[plane_end:])
+                _write_all(out, arr[plane_end:])
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(target)
             raise
     return dropped
+
+
+def _write_all(out, data) -> None:
+    """`data` written to the unbuffered file `out`, however many calls it takes (one write(2) stops short of 2 GiB)."""
+    view = memoryview(data)
+    while view:
+        view = view[out.write(view):]
 
 
 def _append(source, out, size: int) -> None:
@@ -256,5 +263,5 @@ def _append(source, out, size: int) -> None:
         chunk = source.read(min(size - copied, 2**24))
         if not chunk:
             raise OSError(f"the scratch copy of the host plane ends at byte {copied} of {size}")
-        out.write(chunk)
+        _write_all(out, chunk)
         copied += len(chunk)
