@@ -823,8 +823,9 @@ class XprofViews:
         """Work the views will ask for and that needs no conversion still in a worker, done by a thread about to wait
         for one instead of after: XProf's peak-allocation table (the HLO protos' extraction and a memory_viewer
         conversion per module, which no worker runs) from the start, and once the op_stats family is in hand, the
-        CLI answers read from it (each parses op_profile's JSON: ~20 ms apiece on the 85 MiB bench profile, while
-        the views wait for memory_profile). Each once; a failure is memoised for its view to report."""
+        CLI answers read from it (each parses op_profile's JSON: tens of ms apiece on the 85 MiB bench profile, while
+        the views wait for memory_profile). Each once; whatever fails is left for its own view to meet and report
+        (`tool` memoises the failure), never raised to the view that waits."""
         with self._lock:
             if self.closed or self._unreadable:
                 return
@@ -836,7 +837,7 @@ class XprofViews:
                 if name in self._done_while_waiting:
                     continue
                 self._done_while_waiting.add(name)
-                with contextlib.suppress(XdiagError):
+                with contextlib.suppress(Exception):
                     do()
 
     def _release_workers_when_done(self) -> None:
