@@ -419,8 +419,8 @@ def thinned_line(buf, start, end, dropped_metadata, async_stat_id, out):
     kept = 0
     dropped = 0
     pos = start
-    while pos < end:
-        field_start = pos
+    while pos < end:  # the line's fields walked here as in line_without_events: through a shared helper returning each
+        field_start = pos  # field's bounds, this walk took ~45% longer (the ahead-of-time build, 0.36 against 0.25 s)
         key, pos = _varint(buf, pos, end)
         if pos < 0:
             return kept, dropped, False, ERR_VARINT, field_start
