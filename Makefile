@@ -41,11 +41,12 @@ up: $(STAMP)
 down:
 	@if [ -x $(BIN)/xdiag ]; then $(BIN)/xdiag down; fi
 
-## bench: xdiag against XProf's converters on 5 MiB to 2 GiB profiles, then the cloud path on the local stack
-## (about 25 minutes; see bench/README.md)
+## bench: xdiag against XProf's converters on 5 MiB to 2 GiB profiles, then the cloud path on the local stack, then
+## the memory XProf's conversions hold against xdiag's estimate (about 25 minutes; see bench/README.md)
 bench: $(STAMP)
 	$(BIN)/python bench/run_bench.py --sizes 5,20,200,2048 --repeats 3
 	$(BIN)/python bench/cloud_bench.py --size-mib 20 --repeats 3
+	$(BIN)/python bench/xprof_memory.py
 
 clean:
 	rm -rf $(VENV) xdiag-out .pytest_cache .xdiag-stack

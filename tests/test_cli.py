@@ -99,6 +99,22 @@ def test_no_xprof_views_turns_the_converters_off_and_says_so(tmp_path, h200_prof
     assert "XDIAG_XPROF_VIEWS=0" in roofline["detail"]["xprof"]["reason"]
 
 
+def test_xprofs_views_that_would_not_fit_in_memory_are_skipped_with_the_reason_in_the_report(
+        tmp_path, h200_profiles, monkeypatch):
+    """Less memory than XProf's conversions need (a budget of 10 MiB here): the analysis still finishes with xdiag's
+    own findings, and the tools and the report say why XProf's views are missing and what to do."""
+    monkeypatch.setenv("XDIAG_XPROF_MEMORY_GIB", "0.01")
+    done = _xdiag("analyze", str(h200_profiles["recompilation"]), "--out", str(tmp_path / "o"), "-q", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    analysis = json.loads((tmp_path / "o" / "analysis.json").read_text())
+    assert analysis["status"] == "DONE" and analysis["diagnosis"]["findings"][0]["key"] == "recompilation"
+    overview = json.loads((tmp_path / "o" / "tools" / "get_xprof_overview.json").read_text())
+    reason = json.dumps(overview)
+    assert "XProf's converters would need about" in reason and "XDIAG_XPROF_MEMORY_GIB=0.01" in reason
+    report = (tmp_path / "o" / "summary.html").read_text()
+    assert "XProf&#39;s converters would need about" in report and "set XDIAG_XPROF_MEMORY_GIB to allow more" in report
+
+
 def test_in_process_commands_leave_the_callers_garbage_collector_alone(cpu_profiles, tmp_path):
     """`xdiag` as its own process freezes the collector after its imports and at exit (faster, bench/README.md); a
     program that runs a command in-process keeps its collector as it was."""

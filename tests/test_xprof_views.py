@@ -27,7 +27,7 @@ PROFILES = Path(__file__).resolve().parents[2] / "shared" / "profiles"
 pytestmark = pytest.mark.skipif(not PROFILES.is_dir(), reason=f"shared real-device profiles not found at {PROFILES}")
 pytest.importorskip("xprof", reason="the xprof wheel is not installed")
 
-from xdiag.analysis.xprof import XprofViews, runner, worker  # noqa: E402
+from xdiag.analysis.xprof import XprofViews, memory_budget, runner, worker  # noqa: E402
 from xdiag.profile import slim  # noqa: E402
 from xdiag.profile.reader import read_threads  # noqa: E402
 
@@ -589,6 +589,42 @@ def test_missing_or_empty_files_are_refused(tmp_path):
         XprofViews([tmp_path / "empty.xplane.pb"])
     with pytest.raises(ProfileError, match="no xplane files"):
         XprofViews([])
+
+
+def test_conversions_that_would_not_fit_in_memory_are_not_started_and_the_views_say_why(tmp_path, monkeypatch, tpu):
+    """With less memory than a conversion is estimated to need (here: a budget of 10 MiB), no XSpace conversion
+    starts, in a worker or in-process, and every view it feeds answers why, with the figures; the peak-allocation
+    table, read from the HLO modules alone, is still XProf's, and utilization still answers from the file's bytes
+    (no counter samples to convert)."""
+    monkeypatch.setenv(memory_budget.MEMORY_ENV, "0.01")
+    monkeypatch.setenv("XDIAG_XPROF_PROCESSES", "2")
+    with XprofViews([_copy(TPU, tmp_path / "originals")]) as views:
+        assert views.prefetch() == 0 and views.workers_converting == 0
+        outcomes = _all_views(views)
+        need = memory_budget.conversion_bytes(views.xspace_bytes)
+    refused = {name for name, outcome in outcomes.items() if isinstance(outcome, runner.ConversionTooLarge)}
+    assert refused == set(VIEWS) - {"peak_allocations", "utilization"}, outcomes
+    reason = str(outcomes["overview"])
+    assert f"would need about {need / 2**20:.0f} MiB" in reason
+    assert "more than the 10 MiB they may use (XDIAG_XPROF_MEMORY_GIB=0.01)" in reason
+    assert all(str(outcomes[name]) == reason for name in refused)
+    assert outcomes["peak_allocations"] == tpu.outcomes["peak_allocations"]
+    # the same answer, less the device's name (the overview's)
+    assert str(outcomes["utilization"]).split(" (device:")[0] == str(tpu.outcomes["utilization"]).split(" (device:")[0]
+    assert set(views.conversion_counts) <= {key for key in views.conversion_counts if key.startswith("memory_viewer")}
+
+
+def test_prefetch_starts_only_as_many_workers_as_fit_in_memory(tmp_path, monkeypatch, mi300x):
+    """Room for one conversion at a time: one worker converts the groups in turn, and the views are the same."""
+    monkeypatch.setenv("XDIAG_XPROF_PROCESSES", "2")
+    with XprofViews([_copy(MI300X, tmp_path / "originals")]) as views:
+        one_and_a_half = 1.5 * memory_budget.conversion_bytes(views.xspace_bytes) / memory_budget.GIB
+        monkeypatch.setenv(memory_budget.MEMORY_ENV, f"{one_and_a_half:.6f}")
+        assert views.prefetch() == 1
+        outcomes = _all_views(views)
+        assert {"overview_page", "memory_profile"} <= set(views.worker_cpu_s)
+    for view, outcome in mi300x.outcomes.items():
+        assert _comparable(outcomes[view]) == _comparable(outcome), view
 
 
 def _loader_inputs(paths: list[Path]):

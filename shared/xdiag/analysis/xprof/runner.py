@@ -39,6 +39,11 @@ lower priority (worker.LATER_GROUPS_NICENESS). A view about to wait for a worker
 need that no conversion still in a worker holds up (`_work_while_waiting`), and once every conversion is taken the
 workers exit, freeing their memory while the analysis goes on.
 
+Memory: each conversion holds 8-26x the bytes it reads while it runs (`memory_budget`). `prefetch` starts only as
+many workers as fit side by side in the memory available, and a conversion that would not fit at all is not started:
+the views it feeds raise `ConversionTooLarge` (a NotAvailable) with the estimate, the budget and what to do, instead
+of the OOM killer ending the analysis; the HLO-module views (peak_allocations) still answer.
+
 XProf logs a great deal from C++ to fd 2 and from Python to the root logger. While a conversion
 runs, fd 2 goes to a scratch file and records from xprof's modules are demoted; both are
 re-logged at DEBUG on this module's logger (and parse errors become `ProfileError`). The switch
@@ -158,6 +163,7 @@ from xdiag.analysis.xprof import (
     host_events,
     kernel_stats,
     kpi_metrics,
+    memory_budget,
     memory_profile,
     overview,
     peak_allocations,
@@ -181,6 +187,13 @@ _FETCH_PARAMS_IGNORED = frozenset({"format", "tqx", "bypass_cache", "use_saved_r
 _PARSE_ERROR = re.compile(r"can't parse|cannot parse|failed to parse|data_loss|not a valid", re.IGNORECASE)
 _SHORT_READ = "Read less bytes than requested"
 """What XProf logs, naming no file, when a file ends before its protobuf does (a truncated profile)."""
+_HLO_PROTO_CONVERTERS = frozenset({"memory_viewer", "graph_viewer"})
+"""Converters that read the HLO protos `extract_hlo_protos` puts in the run folder, not the XSpace: their memory is
+that of one HLO module, so `memory_budget` does not hold them back."""
+
+
+class ConversionTooLarge(NotAvailable):
+    """An XProf conversion not started because it would not fit in memory (`memory_budget.refusal` says why)."""
 
 
 # --- numbers -------------------------------------------------------------------------------
@@ -496,6 +509,8 @@ class XprofViews:
         except OSError as error:
             shutil.rmtree(root if workdir is None else self.run_dir, ignore_errors=True)
             raise ProfileError(f"cannot set up the private copy in {self.run_dir}: {error}") from error
+        self.xspace_bytes = sum(path.stat().st_size for path in self.files)
+        """The bytes XProf's converters read (the private copy): what their memory is estimated from."""
         self._removable = str(root if workdir is None else self.run_dir)
         self._side_files: list[str] = []
         self._worker_folders: list[str] = []
@@ -513,6 +528,10 @@ class XprofViews:
         self._tools: dict[str, Any] = {}
         self._views: dict[str, Any] = {}
         self._unreadable: str | None = None
+        self._too_large: str | None = None
+        """Why conversions of this session are not started (`memory_budget.refusal`), once one was refused."""
+        self._refusals = 0
+        """How many times a fetch met a conversion refused for memory (`tool` tells its own calls by it)."""
         self._hlo_protos_extracted = False
         self._done_while_waiting: set[str] = set()
         self._mentioned: dict[bytes, bool] = {}
@@ -587,7 +606,11 @@ class XprofViews:
         then waits for its conversion instead of running it; a conversion that failed in its worker
         runs again in-process. Returns how many processes were started (0: off, or already started).
         """
-        allowed = worker.processes_allowed(sum(path.stat().st_size for path in self.files))
+        allowed = worker.processes_allowed(self.xspace_bytes)
+        fit = memory_budget.conversions_that_fit(self.xspace_bytes) if allowed else None
+        if fit is not None and fit < allowed:
+            log.debug("XProf conversions of %s: memory for %d at once, not %d", self.run_dir, fit, allowed)
+            allowed = fit  # none: each view converts in-process, or answers why it cannot
         with self._lock:
             if self.closed:
                 raise RuntimeError(f"{self!r} is closed")
@@ -783,14 +806,22 @@ class XprofViews:
             self._take_from_worker(key, pending[0])
         with self._lock:
             if key not in self._conversions:
-                self.conversion_counts[key] += 1
-                with _quiet() as stderr_lines:
-                    try:
-                        outcome: Any = convert(params)
-                    except Exception as error:  # kept, so a failing conversion is not retried either
-                        outcome = error
-                self._keep_conversion(key, outcome, stderr_lines)
+                too_large = None if _converter_name(tool_name) in _HLO_PROTO_CONVERTERS else (
+                    memory_budget.refusal(self.xspace_bytes))
+                if too_large is not None:  # kept too: the view answers why, and nothing is tried again
+                    self._too_large = too_large
+                    self._conversions[key] = ConversionTooLarge(too_large)
+                else:
+                    self.conversion_counts[key] += 1
+                    with _quiet() as stderr_lines:
+                        try:
+                            outcome: Any = convert(params)
+                        except Exception as error:  # kept, so a failing conversion is not retried either
+                            outcome = error
+                    self._keep_conversion(key, outcome, stderr_lines)
             outcome = self._conversions[key]
+            if isinstance(outcome, ConversionTooLarge):
+                self._refusals += 1
         if isinstance(outcome, Exception):
             raise outcome
         return outcome
@@ -904,6 +935,7 @@ class XprofViews:
                 self._check_readable()
                 _install_router()
                 undecorated = getattr(function, "__wrapped__", None)
+                refusals = self._refusals
                 try:
                     with _quiet():
                         if undecorated is not None:
@@ -913,6 +945,8 @@ class XprofViews:
                     outcome: Any = json.loads(text) if isinstance(text, str) else text
                 except Exception as error:
                     outcome = error
+                if self._refusals != refusals:  # XProf's tool functions turn a failed fetch into an error text
+                    outcome = ConversionTooLarge(self._too_large)
                 self._tools[key] = outcome
             outcome = self._tools[key]
         self._check_readable()
