@@ -3,11 +3,12 @@
     python bench/xprof_memory.py [PROFILE ...] [--out bench/results]
 
 For each profile (default: every real device profile here, tests/profiles/h200 and ../shared/profiles; name
-run_bench.py's 85 MiB one, `<workdir>/recompilation-x93mib.xplane.pb`, to add it), the copy XProf reads (`XprofViews`' private copy: without the host
-events it makes no use of) is converted by op_stats (`overview_page`) and by `memory_profile`, each in a fresh process
-with the workers' malloc (`worker.allocator_library`). The figure is the growth of the process's peak resident memory
-over the conversion (ru_maxrss after, less before), beside `memory_budget.conversion_bytes` of the copy. Results go
-to `<out>/xprof_memory.md`. Never run as a test: the figures depend on the machine.
+run_bench.py's 85 MiB one, `<workdir>/recompilation-x93mib.xplane.pb`, to add it), the copy XProf reads
+(`XprofViews`' private copy: without the host events it makes no use of) is converted by op_stats (`overview_page`)
+and by `memory_profile`, each in a fresh process with the workers' malloc (`worker.allocator_library`). The figure is
+the growth of the process's resident memory to its peak over the conversion (VmHWM after, less VmRSS before),
+beside `memory_budget.conversion_bytes` of the copy. Results go to `<out>/xprof_memory.md`. Never run as a test: the
+figures depend on the machine.
 """
 
 from __future__ import annotations

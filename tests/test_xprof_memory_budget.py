@@ -95,7 +95,8 @@ def test_the_configured_budget_replaces_the_measured_one(tmp_path, monkeypatch):
     monkeypatch.setenv(MEMORY_ENV, "1.5")
     assert memory_budget.budget(root) == memory_budget.Budget(int(1.5 * GIB), f"{MEMORY_ENV}=1.5")
     profile = 20 * MIB
-    assert memory_budget.conversions_that_fit(profile, root) == int(1.5 * GIB) // memory_budget.conversion_bytes(profile)
+    one = memory_budget.conversion_bytes(profile)
+    assert memory_budget.conversions_that_fit(profile, root) == int(1.5 * GIB) // one
     monkeypatch.setenv(MEMORY_ENV, "plenty")  # not a number: as if unset
     assert memory_budget.budget(root).bytes == int(20 * GIB * memory_budget.SHARE)
 
