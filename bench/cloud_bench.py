@@ -1,6 +1,6 @@
 """The cloud path on the local stack: upload → summary.html, against the single-process `xdiag analyze` of the same file.
 
-    python bench/cloud_bench.py [--size-mib 20] [--repeats 3] [--quiet-period 3] [--out bench/results]
+    python bench/cloud_bench.py [--size-mib 20] [--repeats 3] [--quiet-period 3] [--out bench/results] [--profile P]
 
 The profile is run_bench.py's real `dispatch_bound` capture of that size. The bench starts the local stack (`xdiag up`:
 the Pub/Sub and Firestore emulators, the Cloud Storage emulator, every function) in a folder of its own, uploads the
@@ -88,12 +88,14 @@ def main() -> None:
     parser.add_argument("--quiet-period", type=float, default=3.0, help="register's quiet period, as `xdiag up`'s")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     parser.add_argument("--workdir", type=Path, default=None, help="captures are kept and reused here")
+    parser.add_argument("--profile", type=Path, default=None,
+                        help="this profile instead of the capture (a device profile: XProf's views on the stack)")
     args = parser.parse_args()
 
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="xdiag-cloud-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)
     compile_bytecode()
-    [profile] = make_profiles([args.size_mib], [], workdir)
+    [profile] = [args.profile] if args.profile else make_profiles([args.size_mib], [], workdir)
     stack = LocalStack(workdir / "stack", StackSettings(quiet_period_s=args.quiet_period)).start(owner_pid=os.getpid())
     os.environ.update(stack.env)
     uploads, singles = [], []

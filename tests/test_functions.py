@@ -173,6 +173,11 @@ def test_register_reads_the_session_during_the_quiet_period_and_collect_maps_it(
                       for p in (tmp_path / "buckets" / BUCKET).rglob("prepared/*.xdiag"))
     assert [p.split("/")[0] for p in prepared] == ["run-p"]
     assert ("register", {"prepared": "s1", "files": 1}) in events and ("register", {"not prepared": "s1"}) in events
+    # XProf's views of the device session, recorded once beside it for every tool instance (xdiag.analysis.xprof.stored)
+    [recorded] = (tmp_path / "buckets" / BUCKET).rglob("prepared/*.xprof-views.json")
+    views = json.loads(recorded.read_text())["views"]
+    assert {"overview", "step_trace", "memory_profile", "hlo_op_profile(top_n=20)"} <= set(views)
+    assert any(key.startswith("peak_allocations(module=") for key in views)
 
     import xdiag.pipeline.deps as deps_module
 
@@ -190,12 +195,18 @@ def test_register_reads_the_session_during_the_quiet_period_and_collect_maps_it(
     assert [[Path(p).parts[-5] for p in paths] for paths in reads] == [["run-q"]]  # only the unreadable one was read
     failed = wired.deps.state.get(ANALYSES, cut_short.analysis_id)
     assert failed["status"] == "FAILED" and "truncated" in failed["failure_reason"]
-    # A tool run maps the tables register built with the session (xdiag.analysis.prepared), and builds none.
-    run = next(r for r in wired.queued("tool-runs") if r.tool == "get_step_trace")
-    body = _push_body(run.model_dump_json().encode())
-    assert wired.client("run_tool").post(f"/projects/{PROJECT}/topics/tool-runs", json=body).status_code == 200
-    assert wired.deps.state.get(tools_collection(healthy.analysis_id), "get_step_trace")["status"] == "ok"
-    assert not built
+    # A tool run maps the tables register built with the session (xdiag.analysis.prepared), and builds none; its
+    # XProf views come from register's record: no private copy, no conversion.
+    from xdiag.analysis.xprof import runner
+
+    made, init = [], runner.XprofViews.__init__
+    monkeypatch.setattr(runner.XprofViews, "__init__", lambda self, *a, **k: made.append(a) or init(self, *a, **k))
+    for tool in ("get_step_trace", "get_xprof_overview", "get_memory_profile", "get_peak_allocations"):
+        run = next(r for r in wired.queued("tool-runs") if r.tool == tool)
+        body = _push_body(run.model_dump_json().encode())
+        assert wired.client("run_tool").post(f"/projects/{PROJECT}/topics/tool-runs", json=body).status_code == 200
+        assert wired.deps.state.get(tools_collection(healthy.analysis_id), tool)["status"] == "ok"
+    assert not built and not made
 
 
 def test_register_ignores_other_objects_and_other_storage_events(wired):

@@ -87,7 +87,7 @@ def healthy_done(cloud, h200_profiles) -> dict:
     return cloud.finished("dup-run", "s1")
 
 
-def test_a_two_host_session_uploaded_to_the_bucket_ends_in_summary_html_and_done(cloud, h200_profiles):
+def test_a_two_host_session_uploaded_to_the_bucket_ends_in_summary_html_and_done(cloud, h200_profiles, local_stack):
     run, session = "e2e-run", "2026_11_30_12_00_00"
     sources = {"host0": h200_profiles["recompilation"], "host1": h200_profiles["dispatch_bound"]}
     uris = []
@@ -113,6 +113,12 @@ def test_a_two_host_session_uploaded_to_the_bucket_ends_in_summary_html_and_done
     assert session_doc["analysis_id"] == analysis["analysis_id"]
     for uri, source in zip(uris, sources.values(), strict=True):
         assert cloud.blobs.get(uri) == source.read_bytes(), "the uploaded profile is never modified"
+    # register recorded XProf's views once, beside the prepared session; the tool instances converted nothing
+    output = output_uri(cloud.config.profile_root, run, session)
+    recorded = [b.uri for b in cloud.blobs.list(f"{output}/prepared/") if b.uri.endswith(".xprof-views.json")]
+    assert len(recorded) == 1 and "overview" in json.loads(cloud.blobs.get(recorded[0]))["views"]
+    assert tools["get_xprof_overview"]["status"] == "ok"
+    assert not list((local_stack.state_dir / "tmp" / "run_tool").glob(f"xdiag-xprof-*/plugins/profile/{session}"))
 
 
 def test_every_stage_message_delivered_again_changes_nothing(cloud, healthy_done):
@@ -329,8 +335,9 @@ def test_xdiag_up_and_down_start_the_stack_and_leave_nothing_behind(tmp_path, h2
         assert done.returncode == 0, done.stderr + stack.log_tail("collect")
         assert done.stdout.strip().endswith("cli-run/plugins/profile/memory_bound/xdiag/summary.html")
         assert re.search(r"render\s+\d+\.\d+ s", done.stderr) and "DONE" in done.stderr
-        # the device profile's tool runs keep XProf's private copy in their function's TMPDIR, in the stack folder
-        assert list((tmp_path / "stack" / "tmp" / "run_tool").glob("xdiag-xprof-*/plugins/profile/*/*.xplane.pb"))
+        # the device profile's tool runs answer XProf's views from register's record (xdiag.analysis.xprof.stored):
+        # no private copy in their function's TMPDIR, no conversion
+        assert not list((tmp_path / "stack" / "tmp" / "run_tool").glob("xdiag-xprof-*"))
     finally:
         down = _xdiag("down", "--stack-dir", str(tmp_path / "stack"), env=env)
     assert down.returncode == 0, down.stderr

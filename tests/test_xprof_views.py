@@ -27,7 +27,7 @@ PROFILES = Path(__file__).resolve().parents[2] / "shared" / "profiles"
 pytestmark = pytest.mark.skipif(not PROFILES.is_dir(), reason=f"shared real-device profiles not found at {PROFILES}")
 pytest.importorskip("xprof", reason="the xprof wheel is not installed")
 
-from xdiag.analysis.xprof import XprofViews, memory_budget, runner, worker  # noqa: E402
+from xdiag.analysis.xprof import XprofViews, memory_budget, runner, stored, worker  # noqa: E402
 from xdiag.profile import slim  # noqa: E402
 from xdiag.profile.reader import read_threads  # noqa: E402
 
@@ -625,6 +625,31 @@ def test_prefetch_starts_only_as_many_workers_as_fit_in_memory(tmp_path, monkeyp
         assert {"overview_page", "memory_profile"} <= set(views.worker_cpu_s)
     for view, outcome in mi300x.outcomes.items():
         assert _comparable(outcomes[view]) == _comparable(outcome), view
+
+
+@pytest.mark.parametrize("fixture", ["tpu", "v100", "mi300x"])
+def test_recorded_views_are_answered_as_recorded_without_converting_and_the_others_convert(fixture, request, tmp_path):
+    """What register records once (xdiag.analysis.xprof.stored), through JSON as it is stored: every recorded view,
+    and every recorded reason, comes back as the views gave it, with no XprofViews made and no file fetched; a view
+    with other arguments converts, on the files asked for then, and is XProf's."""
+    run = request.getfixturevalue(fixture)
+    calls = [*stored.BROAD_CALLS, ("peak_allocations", {"module": None})]
+    recorded = json.loads(json.dumps(stored.record(run.views, calls)))
+    fetched: list[bool] = []
+    copy = _copy({"tpu": TPU, "v100": V100, "mi300x": MI300X}[fixture], tmp_path)
+    answers = stored.StoredViews(recorded, lambda: fetched.append(True) or [copy])
+    for method, arguments in calls:
+        try:
+            outcome = getattr(answers, method)(**arguments)
+        except NotAvailable as error:
+            outcome = error
+        assert _comparable(outcome) == _comparable(run.outcomes[method]), method
+    assert answers.converted is None and not fetched
+    assert _outcome(lambda: answers.kernel_stats(top_n=2)) == _outcome(lambda: run.views.kernel_stats(top_n=2))
+    assert _outcome(lambda: answers.hlo_op_profile(top_n=3)) == _outcome(lambda: run.views.hlo_op_profile(top_n=3))
+    assert answers.converted is not None and fetched == [True]
+    answers.close()
+    assert answers.converted.closed
 
 
 def _loader_inputs(paths: list[Path]):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import tempfile
 import threading
@@ -22,7 +23,7 @@ from xdiag.pipeline.runs import CaptureSettings, MonitorSettings
 from xdiag.profile.compact import load_session, save_session
 from xdiag.profile.reader import DEFAULT_MAX_PROFILE_BYTES, read_session, read_threads
 from xdiag.profile.space import Session
-from xdiag.tools.common import adopt_views, prefetch_views
+from xdiag.tools.common import adopt_stored_views, adopt_views, broad_view_calls, prefetch_views
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,11 @@ def _prepared_uri(key: tuple[BlobInfo, ...], output: str) -> str:
     return f"{output.rstrip('/')}/{PREPARED_DIR}/{inputs_key(list(key))}.xdiag"
 
 
+def _views_uri(prepared_uri: str) -> str:
+    """XProf's views recorded with a prepared session (xdiag.analysis.xprof.stored), beside it."""
+    return prepared_uri.removesuffix(".xdiag") + ".xprof-views.json"
+
+
 class SessionLoader:
     """Reads a session once per process and keeps the most recent sessions in memory, keyed by the exact inputs
     (every file's URI, generation and size): a replaced file or one more host is another session, never the old one.
@@ -55,9 +61,11 @@ class SessionLoader:
     period; else collect) also stores the decoded session as one file, named by the same key, in the session's
     output folder, with the tables every tool builds first (xdiag.analysis.prepared); later readers of the same inputs
     memory-map that file instead of parsing the profile again, and take the tables instead of building them (see
-    xdiag.profile.compact). With `prefetch_views`
-    on (one process runs every tool), XProf's conversions of a device session start in worker processes before it
-    is read (the files' plane names tell a device profile), and run while xdiag's own read and tools do.
+    xdiag.profile.compact). Register also records XProf's views of a device session beside it (its conversions
+    started before its read), so that the tool instances answer them without converting (xdiag.analysis.xprof.stored).
+    With `prefetch_views` on (one process runs every tool), XProf's conversions of a device session start in worker
+    processes before it is read (the files' plane names tell a device profile), and run while xdiag's own read and
+    tools do.
     """
 
     def __init__(self, blobs: BlobStore, max_bytes: int = DEFAULT_MAX_PROFILE_BYTES, keep: int = 2, progress=None,
@@ -106,19 +114,26 @@ class SessionLoader:
         prepared = _prepared_uri(key, output)
         if not self._prepare or not self._preparing.acquire(blocking=False):
             return False
+        early = None
         try:
             if self._blobs.exists(prepared):
                 return True
-            session = read_session([self._blobs.local_path(i.uri, i.generation) for i in key], name=name,
-                                   max_bytes=self._max_bytes)
+            paths = [self._blobs.local_path(i.uri, i.generation) for i in key]
+            early = start_views(paths, self._max_bytes)  # a device session's conversions, while it is read
+            session = read_session(paths, name=name, max_bytes=self._max_bytes,
+                                   threads=read_threads(early.workers_converting if early is not None else 0))
             try:
                 self._store_prepared(session, prepared)
+                if early is not None:
+                    self._store_views(session, early, _views_uri(prepared))
             finally:
                 session.close()
             return True
         except (ProfileError, FileNotFoundError):
             return False
         finally:
+            if early is not None:
+                early.close()
             self._preparing.release()
 
     def _load(self, key: tuple[BlobInfo, ...], name: str, output: str | None) -> Session:
@@ -165,17 +180,46 @@ class SessionLoader:
             save_session(session, path, tables)
             self._blobs.put_file(path, prepared_uri, cache_source=True)  # a temporary file, ours alone
 
+    def _store_views(self, session: Session, views: Any, views_uri: str) -> None:
+        """XProf's views the broad tools ask for, recorded beside the prepared session. Best effort: without the
+        record each tool instance converts for itself, as before."""
+        from xdiag.analysis.xprof.stored import record
+
+        try:
+            recorded = record(views, broad_view_calls(session))
+            self._blobs.put(views_uri, json.dumps(recorded).encode(), "application/json")
+        except Exception:  # noqa: BLE001 - an optimisation: the tools still convert what they need
+            log.warning("XProf's views of %s are not recorded", views_uri, exc_info=True)
+
     def _load_prepared(self, key: tuple[BlobInfo, ...], prepared_uri: str) -> Session:
         session = load_session(Path(self._blobs.local_path(prepared_uri)))
         prepared_tables.adopt(session)
-        if session.platform != "CPU":
-            # XProf's converters read the xplane files themselves: give them this process's copies.
-            by_name = {i.uri.rsplit("/", 1)[-1]: i for i in key}
+        if session.platform == "CPU":
+            return session
+        by_name = {i.uri.rsplit("/", 1)[-1]: i for i in key}
+
+        def local_files() -> list[Path]:  # XProf's converters read the xplane files themselves: this process's copies
             for host in session.hosts:
                 if host.path.name in by_name:
                     found = by_name[host.path.name]
                     host.path = Path(self._blobs.local_path(found.uri, found.generation))
+            return session.paths
+
+        stored = self._recorded_views(_views_uri(prepared_uri))
+        if stored is None:
+            local_files()
+        else:  # the files are fetched only for a view the record does not hold
+            adopt_stored_views(session, stored, local_files)
         return session
+
+    def _recorded_views(self, views_uri: str) -> dict[str, Any] | None:
+        try:
+            return json.loads(self._blobs.get(views_uri))
+        except FileNotFoundError:
+            return None
+        except ValueError:  # not JSON: the tools convert, as without a record
+            log.warning("XProf's views recorded at %s cannot be read; the tools convert", views_uri)
+            return None
 
 
 @dataclass

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -58,6 +60,26 @@ def adopt_views(session: Session, early) -> None:
         early.close()
         return
     session.cache["xprof_views"] = early
+
+
+def broad_view_calls(session: Session) -> list[tuple[str, dict[str, Any]]]:
+    """The XProf views the broad tools ask for on this session, with the arguments they pass (the session's busiest
+    HLO module for get_peak_allocations): what register records once for every tool instance
+    (`xdiag.analysis.xprof.stored`)."""
+    from xdiag.analysis.xprof.stored import BROAD_CALLS
+    from xdiag.tools.get_peak_allocations import busiest_module
+
+    module = busiest_module(session)
+    return [*BROAD_CALLS, *([("peak_allocations", {"module": module.display_name})] if module is not None else [])]
+
+
+def adopt_stored_views(session: Session, stored: dict[str, Any], files: Callable[[], list[Path]]) -> None:
+    """Makes XProf's views recorded for this session (`xdiag.analysis.xprof.stored.record`) the session's own: its
+    tools answer them without converting; `files` gives the local xplane files for a view the record lacks."""
+    from xdiag.analysis.xprof.stored import StoredViews
+
+    if session.platform != "CPU" and "xprof_views" not in session.cache:
+        session.cache["xprof_views"] = StoredViews(stored, files)
 
 
 def prefetch_views(session: Session) -> None:

@@ -24,10 +24,7 @@ def get_peak_allocations(session: Session, module: str | None = None) -> ToolOut
     if module and target is None:
         raise NotAvailable(f"no HLO module named {module!r} in this profile")
     if target is None:
-        # Busiest first; ops can name modules the profile does not carry (XLA's GPU autotuner compiles each
-        # candidate fusion as a module of its own, e.g. `gemm_fusion_dot.4`), so take the busiest it carries.
-        carried = (session.module(s.module) for s in op_stats(session) if s.module)
-        target = next((m for m in carried if m is not None), session.hlo_modules[0] if session.hlo_modules else None)
+        target = busiest_module(session)
     if target is None:
         raise NotAvailable("the profile carries no HLO modules to size buffers from")
     if session.platform != "CPU":
@@ -53,3 +50,11 @@ def get_peak_allocations(session: Session, module: str | None = None) -> ToolOut
         "basis": "HLO value sizes (the profile has no buffer assignment); an upper bound of what is live at once",
     }
     return ToolOutput(summary, {"buffers": values[:20]}, "HLO shapes carried in the profile")
+
+
+def busiest_module(session: Session):
+    """The HLO module the tool sizes by default: the busiest one the profile carries. Ops can name modules the
+    profile does not carry (XLA's GPU autotuner compiles each candidate fusion as a module of its own, e.g.
+    `gemm_fusion_dot.4`), so the busiest carried one, else the first."""
+    carried = (session.module(s.module) for s in op_stats(session) if s.module)
+    return next((m for m in carried if m is not None), session.hlo_modules[0] if session.hlo_modules else None)

@@ -196,6 +196,15 @@ class ConversionTooLarge(NotAvailable):
     """An XProf conversion not started because it would not fit in memory (`memory_budget.refusal` says why)."""
 
 
+def view_key(method: str, **arguments: Any) -> str:
+    """The key a view is memoised under (and stored under, `xdiag.analysis.xprof.stored`): its name, with its
+    arguments (top_n as an int, module as its repr) where it takes any."""
+    if not arguments:
+        return method
+    shown = ", ".join(f"{name}={int(value) if name == 'top_n' else value!r}" for name, value in arguments.items())
+    return f"{method}({shown})"
+
+
 # --- numbers -------------------------------------------------------------------------------
 
 
@@ -735,7 +744,7 @@ class XprofViews:
         top_ops_by_time, top_ops_by_flops, top_ops_by_bytes (top_n rows each).
         NotAvailable when op_profile holds no HLO ops (only idle time).
         """
-        return self._view(f"hlo_op_profile(top_n={int(top_n)})", lambda: hlo_op_profile.build(self, max(1, int(top_n))))
+        return self._view(view_key("hlo_op_profile", top_n=top_n), lambda: hlo_op_profile.build(self, max(1, int(top_n))))
 
     def memory_profile(self) -> dict:
         """Device memory over the capture (memory_profile), per allocator.
@@ -755,7 +764,7 @@ class XprofViews:
         `module` may be the full name (`jit_f(1219…)`), or a unique base name or prefix.
         Detail: modules (20), each with top_buffers (20). NotAvailable without HLO modules.
         """
-        return self._view(f"peak_allocations(module={module!r})", lambda: peak_allocations.build(self, module))
+        return self._view(view_key("peak_allocations", module=module), lambda: peak_allocations.build(self, module))
 
     def kernel_stats(self, top_n: int = DEFAULT_TOP_N) -> dict:
         """GPU kernels (XProf's kernel_stats converter).
@@ -765,7 +774,7 @@ class XprofViews:
         Detail: kernels (top_n by total time: launch config, registers, occupancy, op).
         NotAvailable on TPUs (no kernel launches: see hlo_op_profile) and without kernel events.
         """
-        return self._view(f"kernel_stats(top_n={int(top_n)})", lambda: kernel_stats.build(self, max(1, int(top_n))))
+        return self._view(view_key("kernel_stats", top_n=top_n), lambda: kernel_stats.build(self, max(1, int(top_n))))
 
     # memoisation
 
