@@ -21,7 +21,7 @@
 locals {
   functions = {
     register = {
-      description    = "Object finalize on the profiles bucket -> the host's file recorded, the session read and stored prepared during the quiet period, then announced on captures."
+      description    = "Object finalize on the profiles bucket -> the host's file recorded, the session read and stored prepared (with XProf's views of a device session) during the quiet period, then announced on captures."
       entry_point    = "register"
       trigger_topics = ["profile-uploads"]
       publishes      = ["captures", "profile-uploads-dead-letter"]

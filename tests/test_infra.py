@@ -350,11 +350,12 @@ NOT_SET_IN_CLOUD = {
     "unset, a deployment uses whichever it has",
     "XDIAG_XPROF_VIEWS": "a switch that turns XProf's converters off (xdiag analyze --no-xprof-views); unset, the "
     "deployed stages run them",
-    "XDIAG_XPROF_PROCESSES": "how many worker processes XProf's converters may use where one process runs every "
-    "tool (xdiag analyze); the deployed stages run one tool per delivery and never start workers",
-    "XDIAG_XPROF_ALLOCATOR": "the malloc of XProf's worker processes (xdiag analyze); the deployed stages never start "
-    "workers",
-    "LD_PRELOAD": "set only while XProf's worker processes start (their malloc), which the deployed stages never do",
+    "XDIAG_XPROF_PROCESSES": "how many worker processes XProf's converters may use; unset, as many as the CPUs "
+    "(register starts them for device sessions of 16 MiB or more, while it prepares the session)",
+    "XDIAG_XPROF_ALLOCATOR": "the malloc of XProf's worker processes; unset, the pinned mimalloc",
+    "XDIAG_XPROF_MEMORY_GIB": "the memory XProf's conversions may use; unset, a share of what the function's "
+    "container has left under its memory limit (xdiag.analysis.xprof.memory_budget)",
+    "LD_PRELOAD": "set only while XProf's worker processes start (their malloc)",
     "MIMALLOC_ALLOW_THP": "likewise: the worker processes' mimalloc option, set only while they start",
     "XDIAG_CONTROL_PLANE_PRINCIPAL": "who the local token stands for; behind IAM the caller's verified identity is",
     "XDIAG_SHARE_KEY_FILE": "the local stack's link-signing key; in the cloud the control plane signs through IAM "
