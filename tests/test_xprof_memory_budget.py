@@ -98,8 +98,9 @@ def test_the_configured_budget_replaces_the_measured_one(tmp_path, monkeypatch):
     profile = 20 * MIB
     one = memory_budget.conversion_bytes(profile)
     assert memory_budget.conversions_that_fit(profile, root) == int(1.5 * GIB) // one
-    monkeypatch.setenv(MEMORY_ENV, "plenty")  # not a number: as if unset
-    assert memory_budget.budget(root).bytes == int(20 * GIB * memory_budget.SHARE)
+    for unusable in ("plenty", "inf"):  # not a finite number: as if unset
+        monkeypatch.setenv(MEMORY_ENV, unusable)
+        assert memory_budget.budget(root).bytes == int(20 * GIB * memory_budget.SHARE)
 
 
 def test_a_refusal_gives_the_estimate_the_budget_and_what_to_do(tmp_path, monkeypatch):

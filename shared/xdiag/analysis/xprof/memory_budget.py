@@ -20,9 +20,12 @@ Only the standard library here: the runner imports it before anything heavy.
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 MEMORY_ENV = "XDIAG_XPROF_MEMORY_GIB"
 """GiB XProf's conversions may use, all at once, instead of `SHARE` of the memory available when they start."""
@@ -57,8 +60,8 @@ def budget(root: Path = Path("/")) -> Budget | None:
     if configured:
         try:
             return Budget(max(0, int(float(configured) * GIB)), f"{MEMORY_ENV}={configured}")
-        except ValueError:
-            pass  # not a number: the measured budget, as if unset
+        except (ValueError, OverflowError):  # not a finite number: the measured budget, as if unset
+            log.warning("%s=%r is not a number of GiB; using the memory available", MEMORY_ENV, configured)
     found = available(root)
     if found is None:
         return None
