@@ -47,13 +47,14 @@ def record(views: XprofViews, calls: Iterable[tuple[str, dict[str, Any]]]) -> di
     """Each call's view from `views` (computed there, or taken from its memo), as a JSON-serialisable record."""
     answers: dict[str, dict[str, Any]] = {}
     for method, arguments in calls:
+        key = view_key(method, **arguments)
         try:
-            answers[view_key(method, **arguments)] = {"view": getattr(views, method)(**arguments)}
+            answers[key] = {"view": getattr(views, method)(**arguments)}
         except ConversionTooLarge:
             continue  # the loading process decides with its own memory
         except XdiagError as error:
-            kind = type(error).__name__ if type(error).__name__ in _ERRORS else "NotAvailable"
-            answers[view_key(method, **arguments)] = {"error": kind, "reason": str(error)}
+            kind = type(error).__name__
+            answers[key] = {"error": kind if kind in _ERRORS else "NotAvailable", "reason": str(error)}
     return {"format": FORMAT, "views": answers}
 
 
