@@ -13,10 +13,8 @@ from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
-from rich.console import Console
 
 from xdiag.errors import XdiagError
-from xdiag.ids import check_name, check_run_id
 
 app = typer.Typer(
     help="xdiag: capture ML workload profiles and diagnose them (OPTIMAL, or prioritised findings with evidence and fixes).",
@@ -24,8 +22,28 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-err = Console(stderr=True)
-out = Console()
+
+
+class _Console:
+    """A rich Console made on first use: `xdiag analyze` starts XProf's conversions of a device session before it
+    imports rich (or pydantic, which xdiag.ids needs), so that they start that much sooner (bench/README.md,
+    fifteenth round)."""
+
+    def __init__(self, **options: Any) -> None:
+        self._options = options
+
+    @functools.cached_property
+    def _console(self) -> Any:
+        from rich.console import Console
+
+        return Console(**self._options)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._console, name)
+
+
+err = _Console(stderr=True)
+out = _Console()
 
 _OWN_PROCESS = False
 """True where xdiag runs as its own console script (`main`): only then does it freeze the garbage collector (a program
@@ -300,6 +318,8 @@ def upload(
 
     config = _cloud_config(stack_dir, bucket)
     try:
+        from xdiag.ids import check_name, check_run_id
+
         check_run_id(run)
         located = locate_session(path, session)
         check_name(located.name, "session id")
@@ -333,6 +353,7 @@ def status(
 ) -> None:
     """Runs, sessions and analyses with their stage and tool status, read from Firestore."""
     from xdiag.cloud.operations import read_status, state_store
+    from xdiag.ids import check_run_id
 
     config = _cloud_config(stack_dir)
     if run is not None:
@@ -387,6 +408,7 @@ def publish_capture(
 ) -> None:
     """Analyse a session already in the bucket: publishes {"run_id", "session_id"} on the `captures` topic."""
     from xdiag.cloud.operations import publish_capture as publish
+    from xdiag.ids import check_name, check_run_id
 
     _checked(check_run_id, run)
     _checked(check_name, session, "session id")
