@@ -313,13 +313,12 @@ def upload(
 ) -> None:
     """Upload a session's files to the profile bucket; its object-finalize notifications start the analysis."""
     from xdiag.cloud.operations import stage_breakdown, state_store, upload_session, wait_for_analysis
+    from xdiag.ids import check_name, check_run_id
     from xdiag.pipeline.layout import output_uri
     from xdiag.profile.locate import locate_session
 
     config = _cloud_config(stack_dir, bucket)
     try:
-        from xdiag.ids import check_name, check_run_id
-
         check_run_id(run)
         located = locate_session(path, session)
         check_name(located.name, "session id")
