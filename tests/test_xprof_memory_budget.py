@@ -1,8 +1,9 @@
 """xdiag.analysis.xprof.memory_budget: the memory XProf's conversions may take, read from this machine's /proc and its
 memory cgroup (v1 or v2), and the estimate it is set against, checked against real conversions of real profiles.
 
-The cgroup layouts are written under a temporary root in the kernel's own file formats: this machine's cgroup has no
-memory limit, so a limited v1 or v2 container cannot be read here for real (the real /proc is read too)."""
+The cgroup layouts are written under a temporary root in the kernel's own file formats, v1 and v2; where this machine
+lets the test make memory cgroups (root, v1 here), a limited one and an unlimited one under a limited parent are made
+and read for real from inside by a child process."""
 
 from __future__ import annotations
 
@@ -58,6 +59,50 @@ def test_a_v2_container_limit_less_its_unreclaimable_use_bounds_the_budget(tmp_p
         "sys/fs/cgroup/jobs/train/memory.stat": f"anon {2 * GIB}\nfile {GIB}\ninactive_file {GIB}\nactive_file 0\n",
     })
     assert memory_budget.available(root) == (6 * GIB, "left under this container's memory limit")
+
+
+def test_a_limit_on_a_parent_cgroup_binds_where_the_own_cgroup_has_none(tmp_path):
+    """A systemd slice or a pod above the container may hold the limit: the least headroom on the way up counts,
+    each level's use measured at that level (siblings' use included)."""
+    v2 = _tree(tmp_path / "v2", {
+        "proc/meminfo": MEMINFO,
+        "proc/self/cgroup": "0::/train.slice/job.scope\n",
+        "sys/fs/cgroup/train.slice/job.scope/memory.max": "max\n",
+        "sys/fs/cgroup/train.slice/job.scope/memory.current": f"{GIB}\n",
+        "sys/fs/cgroup/train.slice/memory.max": f"{4 * GIB}\n",
+        "sys/fs/cgroup/train.slice/memory.current": f"{3 * GIB}\n",
+        "sys/fs/cgroup/train.slice/memory.stat": "inactive_file 0\n",
+        "sys/fs/cgroup/memory.max": "max\n",
+    })
+    assert memory_budget.available(v2) == (GIB, "left under this container's memory limit")
+    # both limited: the tighter headroom wins, here the container's own
+    both = _tree(tmp_path / "both", {
+        "proc/meminfo": MEMINFO,
+        "proc/self/cgroup": "0::/pod/container\n",
+        "sys/fs/cgroup/pod/container/memory.max": f"{2 * GIB}\n",
+        "sys/fs/cgroup/pod/container/memory.current": f"{GIB + GIB // 2}\n",
+        "sys/fs/cgroup/pod/memory.max": f"{8 * GIB}\n",
+        "sys/fs/cgroup/pod/memory.current": f"{2 * GIB}\n",
+    })
+    assert memory_budget.available(both)[0] == GIB // 2
+    v1 = _tree(tmp_path / "v1", {
+        "proc/meminfo": MEMINFO,
+        "proc/self/cgroup": "4:memory:/batch/job\n",
+        "sys/fs/cgroup/memory/batch/job/memory.limit_in_bytes": "9223372036854771712\n",
+        "sys/fs/cgroup/memory/batch/job/memory.usage_in_bytes": f"{GIB}\n",
+        "sys/fs/cgroup/memory/batch/memory.limit_in_bytes": f"{3 * GIB}\n",
+        "sys/fs/cgroup/memory/batch/memory.usage_in_bytes": f"{2 * GIB}\n",
+        "sys/fs/cgroup/memory/batch/memory.stat": f"total_inactive_file {GIB // 2}\n",
+    })
+    assert memory_budget.available(v1)[0] == GIB + GIB // 2
+    # a cgroup outside the namespace's view ("/.."): only the mount's root, the container's own, is read
+    outside = _tree(tmp_path / "outside", {
+        "proc/meminfo": MEMINFO,
+        "proc/self/cgroup": "0::/../../system.slice/other\n",
+        "sys/fs/cgroup/memory.max": f"{2 * GIB}\n",
+        "sys/fs/cgroup/memory.current": f"{GIB}\n",
+    })
+    assert memory_budget.available(outside)[0] == GIB
 
 
 def test_a_v1_memory_cgroup_is_read_and_its_no_limit_value_ignored(tmp_path):
@@ -166,25 +211,42 @@ def _writable_memory_cgroup(name: str) -> tuple[Path, str] | None:
     return None
 
 
+def _available_inside(cgroup: Path) -> tuple[int, str, str]:
+    """What a fresh Python process put in `cgroup` reads: (bytes left, what they are, the budget's source)."""
+    code = ("from xdiag.analysis.xprof import memory_budget; found = memory_budget.available(); "
+            "print(found[0], found[1]); print(memory_budget.budget().source)")
+    done = subprocess.run(["sh", "-c", f'echo $$ > "{cgroup}/cgroup.procs" && exec "$0" -c "$1"', sys.executable,
+                           code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    first, source = done.stdout.splitlines()
+    left, where = first.split(" ", 1)
+    return int(left), where, source
+
+
 def test_a_real_memory_cgroup_limit_is_what_the_budget_is_set_against(tmp_path):
     """A process in a memory cgroup limited to 512 MiB (made here, where this machine lets us) reads that limit less
-    its own use, below the machine's MemAvailable, as what its conversions may take a share of."""
+    its own use, below the machine's MemAvailable, as what its conversions may take a share of; and so does a process
+    in an unlimited cgroup made under that one (the limit on its parent binds it)."""
     made = _writable_memory_cgroup(f"xdiag-test-{os.getpid()}")
     if made is None:
         pytest.skip("no memory cgroup this test may create here (it needs root, or a delegated memory controller)")
     cgroup, limit_file = made
+    child = cgroup / "unlimited"
     try:
         (cgroup / limit_file).write_text(str(512 * MIB))
-        code = ("from xdiag.analysis.xprof import memory_budget; found = memory_budget.available(); "
-                "print(found[0], found[1]); print(memory_budget.budget().source)")
-        done = subprocess.run(["sh", "-c", f'echo $$ > "{cgroup}/cgroup.procs" && exec "$0" -c "$1"', sys.executable,
-                               code], capture_output=True, text=True, timeout=120)
-        assert done.returncode == 0, done.stderr
-        first, source = done.stdout.splitlines()
-        left, where = first.split(" ", 1)
+        left, where, source = _available_inside(cgroup)
         assert where == "left under this container's memory limit"
-        assert 256 * MIB < int(left) < 512 * MIB  # the limit less what Python and xdiag's import took
+        assert 256 * MIB < left < 512 * MIB  # the limit less what Python and xdiag's import took
         assert source.startswith("80% of the ") and source.endswith(" MiB left under this container's memory limit")
+
+        if limit_file == "memory.max":  # v2: the child gets a memory controller of its own only if delegated
+            (cgroup / "cgroup.subtree_control").write_text("+memory")
+        child.mkdir()
+        assert int((child / limit_file).read_text().replace("max", str(2**63))) >= 2**60  # no limit of its own
+        left, where, _ = _available_inside(child)
+        assert where == "left under this container's memory limit"
+        assert 256 * MIB < left < 512 * MIB
     finally:
-        with contextlib.suppress(OSError):
-            cgroup.rmdir()
+        for folder in (child, cgroup):
+            with contextlib.suppress(OSError):
+                folder.rmdir()

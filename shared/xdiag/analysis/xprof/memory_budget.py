@@ -12,7 +12,8 @@ started: the views it feeds answer NotAvailable with the figures and what to do,
 The estimate is deliberately above every measurement (`BYTES_PER_PROFILE_BYTE`, `BASE_BYTES`: at least 1.4x each
 figure measured, 1.8x on the copies xdiag gives XProf), and it is set against what the machine or the container has
 available when the conversions start (`available`): /proc/meminfo's MemAvailable and the memory cgroup's limit less
-its use (v1 or v2; reclaimable file cache counts as free), the smaller, of which the conversions may take `SHARE`.
+its use, for the process's own cgroup and each one above it (v1 or v2; reclaimable file cache counts as free), the
+smallest, of which the conversions may take `SHARE`.
 `XDIAG_XPROF_MEMORY_GIB` sets that amount instead (more to allow larger sessions where the estimate is too cautious,
 less to keep memory for other work).
 Only the standard library here: the runner imports it before anything heavy.
@@ -70,8 +71,8 @@ def budget(root: Path = Path("/")) -> Budget | None:
 
 
 def available(root: Path = Path("/")) -> tuple[int, str] | None:
-    """(bytes, what they are) this process can still take: the smaller of the machine's MemAvailable and its memory
-    cgroup's limit less its use; None where neither can be read."""
+    """(bytes, what they are) this process can still take: the smaller of the machine's MemAvailable and the least
+    headroom of its memory cgroup and the cgroups above it; None where neither can be read."""
     candidates = []
     meminfo = _meminfo_available(root)
     if meminfo is not None:
@@ -137,29 +138,41 @@ def _stat_value(text: str | None, name: str) -> int:
 
 
 def _cgroup_headroom(root: Path) -> int | None:
-    """The memory cgroup's limit less what it uses that cannot be reclaimed (usage less inactive file cache), for
-    the cgroup this process is in (/proc/self/cgroup), v2 or v1; None where there is no limit or no cgroup."""
+    """The least headroom of the memory cgroup this process is in (/proc/self/cgroup, v2 or v1) and of each cgroup
+    above it: a limit less what that cgroup uses that cannot be reclaimed (usage less inactive file cache). A limit
+    set on a parent (a systemd slice, a pod above its container) binds as much as one's own. None where no cgroup
+    on the way up has a limit, or there is no cgroup."""
     membership = _read(root / "proc" / "self" / "cgroup") or ""
+    headrooms = []
     for line in membership.splitlines():
         if line.count(":") < 2:
             continue
         _, controllers, path = line.split(":", 2)
-        path = path.strip().lstrip("/")
         if controllers == "":  # v2: one unified hierarchy
-            folders = [root / "sys" / "fs" / "cgroup" / path, root / "sys" / "fs" / "cgroup"]
+            mount = root / "sys" / "fs" / "cgroup"
             files = ("memory.max", "memory.current", "inactive_file")
         elif "memory" in controllers.split(","):  # v1
-            folders = [root / "sys" / "fs" / "cgroup" / "memory" / path, root / "sys" / "fs" / "cgroup" / "memory"]
+            mount = root / "sys" / "fs" / "cgroup" / "memory"
             files = ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")
         else:
             continue
-        for folder in folders:
-            limit_text, usage_text = _read(folder / files[0]), _read(folder / files[1])
-            if limit_text is None or usage_text is None:
-                continue
-            limit_text, usage_text = limit_text.strip(), usage_text.strip()
-            if not limit_text.isdigit() or not usage_text.isdigit() or int(limit_text) >= _UNLIMITED:
-                break  # "max", or no limit at this level
-            in_use = int(usage_text) - _stat_value(_read(folder / "memory.stat"), files[2])
-            return max(0, int(limit_text) - max(0, in_use))
-    return None
+        parts = [part for part in path.strip().split("/") if part]
+        if ".." in parts:  # a cgroup outside this namespace's view: only the mount's root is ours to read
+            parts = []
+        for depth in range(len(parts), -1, -1):  # own cgroup first, the mount's root last
+            headroom = _headroom(mount.joinpath(*parts[:depth]), files)
+            if headroom is not None:
+                headrooms.append(headroom)
+    return min(headrooms) if headrooms else None
+
+
+def _headroom(folder: Path, files: tuple[str, str, str]) -> int | None:
+    """One cgroup's limit less its unreclaimable use; None where it has no limit or is not there to read."""
+    limit_text, usage_text = _read(folder / files[0]), _read(folder / files[1])
+    if limit_text is None or usage_text is None:
+        return None
+    limit_text, usage_text = limit_text.strip(), usage_text.strip()
+    if not limit_text.isdigit() or not usage_text.isdigit() or int(limit_text) >= _UNLIMITED:
+        return None  # "max", or no limit at this level
+    in_use = int(usage_text) - _stat_value(_read(folder / "memory.stat"), files[2])
+    return max(0, int(limit_text) - max(0, in_use))
