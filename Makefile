@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+BENCH_WORK ?= .bench-work
 
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
@@ -42,11 +43,12 @@ down:
 	@if [ -x $(BIN)/xdiag ]; then $(BIN)/xdiag down; fi
 
 ## bench: xdiag against XProf's converters on 5 MiB to 2 GiB profiles, then the cloud path on the local stack, then
-## the memory XProf's conversions hold against xdiag's estimate (about 25 minutes; see bench/README.md)
+## the memory XProf's conversions hold against xdiag's estimate (about 25 minutes; see bench/README.md). The captures
+## and the large profiles built from them (2.4 GiB) stay in $(BENCH_WORK) for the next run; `make clean` removes them.
 bench: $(STAMP)
-	$(BIN)/python bench/run_bench.py --sizes 5,20,200,2048 --repeats 3
-	$(BIN)/python bench/cloud_bench.py --size-mib 20 --repeats 3
-	$(BIN)/python bench/xprof_memory.py
+	$(BIN)/python bench/run_bench.py --sizes 5,20,200,2048 --repeats 3 --workdir $(BENCH_WORK)
+	$(BIN)/python bench/cloud_bench.py --size-mib 20 --repeats 3 --workdir $(BENCH_WORK)
+	$(BIN)/python bench/xprof_memory.py --workdir $(BENCH_WORK)
 
 clean:
-	rm -rf $(VENV) xdiag-out .pytest_cache .xdiag-stack
+	rm -rf $(VENV) xdiag-out .pytest_cache .xdiag-stack $(BENCH_WORK)

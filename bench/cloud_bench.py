@@ -18,8 +18,10 @@ go to `<out>/cloud.json` and `<out>/cloud.md`. Never run as a test: timings depe
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -94,6 +96,8 @@ def main() -> None:
 
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="xdiag-cloud-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)
+    if args.workdir is None:  # nothing to reuse it for: its captures and large profiles (GiBs) go at exit
+        atexit.register(shutil.rmtree, workdir, ignore_errors=True)
     compile_bytecode()
     [profile] = [args.profile] if args.profile else make_profiles([args.size_mib], [], workdir)
     stack = LocalStack(workdir / "stack", StackSettings(quiet_period_s=args.quiet_period)).start(owner_pid=os.getpid())

@@ -30,6 +30,7 @@ Never run as a test: timings depend on the machine.
 from __future__ import annotations
 
 import argparse
+import atexit
 import compileall
 import ctypes
 import json
@@ -274,6 +275,8 @@ def main() -> None:
     sizes = [float(s) for s in args.sizes.split(",")]
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="xdiag-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)
+    if args.workdir is None:  # nothing to reuse it for: its captures and large profiles (GiBs) go at exit
+        atexit.register(shutil.rmtree, workdir, ignore_errors=True)
     _become_subreaper()
     compile_bytecode()
     captures = [(name, int(steps)) for name, steps in (c.split(":") for c in args.captures.split(",") if c)]

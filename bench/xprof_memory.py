@@ -1,9 +1,9 @@
 """The memory each XProf conversion of a device profile holds, against the estimate xdiag sets its budget with.
 
-    python bench/xprof_memory.py [PROFILE ...] [--out bench/results]
+    python bench/xprof_memory.py [PROFILE ...] [--workdir WORKDIR] [--out bench/results]
 
-For each profile (default: every real device profile here, tests/profiles/h200 and ../shared/profiles; name
-run_bench.py's 85 MiB one, `<workdir>/recompilation-x93mib.xplane.pb`, to add it), the copy XProf reads
+For each profile (default: every real device profile here, tests/profiles/h200 and ../shared/profiles, then the
+device profiles run_bench.py built in `--workdir` from real device lines, `*-x*mib.xplane.pb`), the copy XProf reads
 (`XprofViews`' private copy: without the host events it makes no use of) is converted by op_stats (`overview_page`)
 and by `memory_profile`, each in a fresh process with the workers' malloc (`worker.allocator_library`). The figure is
 the growth of the process's resident memory to its peak over the conversion (VmHWM after, less VmRSS before),
@@ -42,10 +42,11 @@ print(before, status("VmHWM:"))
 """
 
 
-def default_profiles() -> list[Path]:
+def default_profiles(workdir: Path | None = None) -> list[Path]:
     found = sorted((REPO / "tests" / "profiles" / "h200").glob("*.xplane.pb"))
     shared = REPO.parent / "shared" / "profiles"
-    return found + sorted(p for folder in ("tpu", "gpu") for p in (shared / folder).glob("*.xplane.pb"))
+    built = sorted(workdir.glob("*-x*mib.xplane.pb")) if workdir is not None else []
+    return found + sorted(p for folder in ("tpu", "gpu") for p in (shared / folder).glob("*.xplane.pb")) + built
 
 
 def grown_bytes(run_dir: Path, converter: str, scratch: Path) -> int:
@@ -64,12 +65,14 @@ def grown_bytes(run_dir: Path, converter: str, scratch: Path) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("profiles", nargs="*", type=Path)
+    parser.add_argument("--workdir", type=Path, default=None,
+                        help="run_bench.py's --workdir: its large device profiles are measured after the real ones")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     args = parser.parse_args()
     rows = ["| profile | MiB XProf reads | " + " | ".join(f"{c} MiB (x the copy)" for c in CONVERTERS)
             + " | estimate MiB |", "|---|---|" + "---|" * len(CONVERTERS) + "---|"]
     with tempfile.TemporaryDirectory(prefix="xdiag-xprof-memory-") as scratch:
-        for profile in args.profiles or default_profiles():
+        for profile in args.profiles or default_profiles(args.workdir):
             run_dir = Path(scratch) / profile.stem / "plugins" / "profile" / "session"
             run_dir.mkdir(parents=True)
             copy = run_dir / profile.name
