@@ -96,7 +96,7 @@ def main() -> None:
 
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="xdiag-cloud-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    if args.workdir is None:  # nothing to reuse it for: its captures and large profiles (GiBs) go at exit
+    if args.workdir is None:  # nothing to reuse it for: its capture and the stack's files go at exit
         atexit.register(shutil.rmtree, workdir, ignore_errors=True)
     compile_bytecode()
     [profile] = [args.profile] if args.profile else make_profiles([args.size_mib], [], workdir)
