@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from xdiag.analysis.hlo_cost import shape_bytes
 from xdiag.errors import NotAvailable
-from xdiag.profile.space import Session
+from xdiag.profile.space import HloModule, Session
 from xdiag.tools.common import try_view, xprof_source
 from xdiag.tools.ops import op_stats
 from xdiag.tools.registry import ToolOutput, tool
@@ -52,7 +52,7 @@ def get_peak_allocations(session: Session, module: str | None = None) -> ToolOut
     return ToolOutput(summary, {"buffers": values[:20]}, "HLO shapes carried in the profile")
 
 
-def busiest_module(session: Session):
+def busiest_module(session: Session) -> HloModule | None:
     """The HLO module the tool sizes by default: the busiest one the profile carries. Ops can name modules the
     profile does not carry (XLA's GPU autotuner compiles each candidate fusion as a module of its own, e.g.
     `gemm_fusion_dot.4`), so the busiest carried one, else the first."""
