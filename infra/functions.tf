@@ -36,7 +36,7 @@ locals {
       env            = { XDIAG_CACHE_GIB = "3", XDIAG_CONCURRENCY = "0", THREADS = "16" }
     }
     collect = {
-      description    = "CaptureReady on captures -> the analysis recorded, the session read once and stored prepared, one ToolRun per tool."
+      description    = "CaptureReady on captures -> the analysis recorded, the session read once and stored prepared (with XProf's views of a device session) where register did not, one ToolRun per tool."
       entry_point    = "collect"
       trigger_topics = ["captures"]
       publishes      = ["tool-runs", "reports", "captures-dead-letter"]

@@ -209,6 +209,40 @@ def test_register_reads_the_session_during_the_quiet_period_and_collect_maps_it(
     assert not built and not made
 
 
+def test_collect_records_xprofs_views_with_the_session_it_prepares_where_register_did_not(wired, h200_profiles, tmp_path,
+                                                                                          monkeypatch):
+    """Register's quiet period can run out before it prepares (a short period, a slow store): collect then reads the
+    device session and stores it prepared, and records XProf's views beside it too, before the tool runs go out: the
+    tool instances answer them from the record, whichever stage prepared."""
+    wired.deps.sessions = SessionLoader(wired.deps.blobs, prepare=False)  # register: no preparation
+    uri = wired.upload(h200_profiles["healthy"], "run-c/plugins/profile/s1/host0.xplane.pb")
+    attributes = {"eventType": "OBJECT_FINALIZE", "bucketId": BUCKET,
+                  "objectId": uri.removeprefix(f"gs://{BUCKET}/"), "payloadFormat": "JSON_API_V1"}
+    body = _push_body(json.dumps({"name": attributes["objectId"]}).encode(), attributes)
+    assert wired.client("register").post(f"/projects/{PROJECT}/topics/profile-uploads", json=body).status_code == 200
+    [capture] = wired.queued("captures")
+    assert not list((tmp_path / "buckets" / BUCKET).rglob("prepared/*"))
+
+    wired.deps.sessions = SessionLoader(wired.deps.blobs, prepare=True)  # collect, as in the cloud
+    wired.bus._queue.clear()
+    body = _push_body(capture.model_dump_json().encode())
+    assert wired.client("collect").post(f"/projects/{PROJECT}/topics/captures", json=body).status_code == 200
+    [recorded] = (tmp_path / "buckets" / BUCKET).rglob("prepared/*.xprof-views.json")
+    assert {"overview", "memory_profile", "hlo_op_profile(top_n=20)"} <= set(json.loads(recorded.read_text())["views"])
+
+    from xdiag.analysis.xprof import runner
+
+    made, init = [], runner.XprofViews.__init__
+    monkeypatch.setattr(runner.XprofViews, "__init__", lambda self, *a, **k: made.append(a) or init(self, *a, **k))
+    wired.deps.sessions = SessionLoader(wired.deps.blobs, prepare=True)  # a fresh tool instance
+    for tool in ("get_xprof_overview", "get_memory_profile"):
+        run = next(r for r in wired.queued("tool-runs") if r.tool == tool)
+        body = _push_body(run.model_dump_json().encode())
+        assert wired.client("run_tool").post(f"/projects/{PROJECT}/topics/tool-runs", json=body).status_code == 200
+        assert wired.deps.state.get(tools_collection(capture.analysis_id), tool)["status"] == "ok"
+    assert not made
+
+
 def test_register_ignores_other_objects_and_other_storage_events(wired):
     client = wired.client("register")
     wired.deps.blobs.put(f"gs://{BUCKET}/run/plugins/profile/s/xdiag/summary.html", b"<html>")

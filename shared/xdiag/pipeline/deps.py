@@ -61,8 +61,9 @@ class SessionLoader:
     period; else collect) also stores the decoded session as one file, named by the same key, in the session's
     output folder, with the tables every tool builds first (xdiag.analysis.prepared); later readers of the same inputs
     memory-map that file instead of parsing the profile again, and take the tables instead of building them (see
-    xdiag.profile.compact). Register also records XProf's views of a device session beside it (its conversions
-    started before its read), so that the tool instances answer them without converting (xdiag.analysis.xprof.stored).
+    xdiag.profile.compact). Whoever stores it also records XProf's views of a device session beside it (its
+    conversions started before its read), so that the tool instances answer them without converting
+    (xdiag.analysis.xprof.stored).
     With `prefetch_views` on (one process runs every tool), XProf's conversions of a device session start in worker
     processes before it is read (the files' plane names tell a device profile), and run while xdiag's own read and
     tools do.
@@ -123,9 +124,7 @@ class SessionLoader:
             session = read_session(paths, name=name, max_bytes=self._max_bytes,
                                    threads=read_threads(early.workers_converting if early is not None else 0))
             try:
-                self._store_prepared(session, prepared)
-                if early is not None:
-                    self._store_views(session, early, _views_uri(prepared))
+                self._store_prepared(session, prepared, early)
             finally:
                 session.close()
             return True
@@ -146,8 +145,8 @@ class SessionLoader:
                 else:
                     paths = [self._blobs.local_path(i.uri, i.generation) for i in key]
                     early = self._started_views.pop(_local_key(paths), None)
-                    if early is None and self._prefetch_views:
-                        early = start_views(paths, self._max_bytes)
+                    if early is None and (self._prefetch_views or (prepared and self._prepare)):
+                        early = start_views(paths, self._max_bytes)  # converting while the session is read
                     threads = read_threads(early.workers_converting if early is not None else 0)
                     try:
                         session = read_session(paths, name=name, max_bytes=self._max_bytes, progress=self._progress,
@@ -157,8 +156,8 @@ class SessionLoader:
                             early.close()
                         raise
                     adopt_views(session, early)
-                    if prepared and self._prepare:
-                        self._store_prepared(session, prepared)
+                    if prepared and self._prepare:  # register did not (its quiet period ran out first): here, so
+                        self._store_prepared(session, prepared, early)  # the tool instances still need not convert
             except FileNotFoundError as exc:
                 raise ProfileError(f"profile object missing or replaced since the analysis began: {exc}") from None
             while len(self._sessions) >= self._keep:
@@ -169,7 +168,11 @@ class SessionLoader:
                 prefetch_views(session)
         return self._sessions[key]
 
-    def _store_prepared(self, session: Session, prepared_uri: str) -> None:
+    def _store_prepared(self, session: Session, prepared_uri: str, views: Any = None) -> None:
+        """The decoded session with its shared tables, and first the record of `views` (XProf's views of a device
+        session, or None), so that whoever finds the prepared file finds the record with it."""
+        if views is not None:
+            self._store_views(session, views, _views_uri(prepared_uri))
         try:  # the tables every tool builds first, built once here (xdiag.analysis.prepared)
             tables = prepared_tables.export(session)
         except Exception:  # noqa: BLE001 - each tool then builds them and records what fails, as without them
