@@ -151,11 +151,42 @@ _ALL = [
 
 WORKLOADS: dict[str, Workload] = {w.name: w for w in _ALL}
 
+# Programs whose problem only an accelerator shows (host callbacks as send/recv, memory spaces, the MXU) and small
+# real models. They run on a CPU too (scaled down, for the driver's own test), but the suite captures only WORKLOADS
+# there; their TPU captures are committed under tests/profiles/tpu_v5e/ (see its README).
+_ACCELERATOR = [
+    Workload("host_callback_step", "a pure_callback inside the jitted step (TPU: send/recv to the host)", "host_sync"),
+    Workload("host_transfers", "device_put of a 64 MiB numpy batch and np.asarray of the result every step",
+             "memory_transfers"),
+    Workload("host_offload", "three 64 MiB buffers in pinned_host memory copied to HBM and back inside each step",
+             "memory_transfers"),
+    Workload("pallas_small_blocks", "a Pallas f32 matmul with 128x128 blocks and a 128-wide contraction chunk",
+             "low_kernel_efficiency"),
+    Workload("f32_highest_matmul", "f32 MLP training step with matmuls at precision=HIGHEST (multi-pass on the MXU)",
+             "low_kernel_efficiency"),
+    Workload("padded_heads", "attention with head_dim 72: every product's head dimension padded to 128",
+             "low_kernel_efficiency"),
+    Workload("gpt_train", "GPT-style decoder training step (bf16, 4 layers, d_model 1024, seq 1024) in one jit",
+             "optimal"),
+    Workload("kv_decode", "batch-1 KV-cache decoding of 32 tokens under fori_loop: weights streamed once per token",
+             "memory_bound"),
+    Workload("kv_decode_b64", "kv_decode at batch 64: the same weight reads serve 64 sequences", "memory_bound"),
+    Workload("conv_net_train", "ResNet-style conv net training step (bf16, NHWC, batch norm) in one jit", "optimal"),
+    Workload("lstm_scan", "LSTM over 1,024 dependent time steps under lax.scan (batch 8, hidden 256)",
+             "latency_bound"),
+    Workload("running_sum", "cumsum over 8,192-element rows: a sliding-window reduction far below the HBM roof",
+             "memory_bound"),
+    Workload("host_augment_loop", "unannotated loop: numpy augmentation, jnp.asarray and small programs per iteration",
+             "input_bound"),
+]
+
+ACCELERATOR_WORKLOADS: dict[str, Workload] = {w.name: w for w in _ACCELERATOR}
+
 
 def load_module(name: str) -> ModuleType:
-    """Import and return the module implementing workload ``name``."""
-    if name not in WORKLOADS:
-        raise KeyError(f"unknown workload {name!r}; known: {', '.join(WORKLOADS)}")
+    """Import and return the module implementing workload ``name`` (bundled or accelerator)."""
+    if name not in WORKLOADS and name not in ACCELERATOR_WORKLOADS:
+        raise KeyError(f"unknown workload {name!r}; known: {', '.join([*WORKLOADS, *ACCELERATOR_WORKLOADS])}")
     return importlib.import_module(f"{__name__}.{name}")
 
 
@@ -180,4 +211,4 @@ def __getattr__(attr: str):
     raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")
 
 
-__all__ = ["WORKLOADS", "Workload", "WorkloadSkipped", "capture_workload", "load_module", "run_workload"]
+__all__ = ["ACCELERATOR_WORKLOADS", "WORKLOADS", "Workload", "WorkloadSkipped", "capture_workload", "load_module", "run_workload"]

@@ -183,6 +183,34 @@ def capture_workload(
     return capture(name, logdir, steps, fixed, step_markers).path
 
 
+def trace_steps(step, state, out: Path, steps: int, step_markers: bool = True,
+                block_each_step: bool = True) -> tuple[Path, float] | None:
+    """Warm up (``WARMUP_STEPS`` steps outside the trace, compiling what the steps need), then run ``steps`` steps
+    inside ``jax.profiler.trace(out)``, each in a ``train`` step annotation unless ``step_markers`` is False.
+    Returns the ``.xplane.pb`` written and the measured steps' wall time, or None when the profiler wrote nothing."""
+    import jax
+
+    for i in range(WARMUP_STEPS):
+        state = step(state, i)
+    jax.block_until_ready(state)
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    with jax.profiler.trace(str(out)):
+        t0 = time.perf_counter()
+        for k in range(steps):
+            marker = jax.profiler.StepTraceAnnotation("train", step_num=k) if step_markers else contextlib.nullcontext()
+            with marker:
+                state = step(state, WARMUP_STEPS + k)
+                if block_each_step:
+                    jax.block_until_ready(state)
+        jax.block_until_ready(state)
+        steps_wall = time.perf_counter() - t0
+    written = [p for p in out.glob("plugins/profile/*/*.xplane.pb") if p.stat().st_mtime >= started - 1.0]
+    if not written:
+        return None
+    return max(written, key=lambda p: p.stat().st_mtime), steps_wall
+
+
 def _child_main(name: str, logdir: str, steps: int | None, fixed: bool = False, step_markers: bool = True) -> int:
     """Runs inside the subprocess: warm up, then trace the measured steps."""
     import jax
@@ -199,36 +227,17 @@ def _child_main(name: str, logdir: str, steps: int | None, fixed: bool = False, 
         print(f"workload {name!r} has no fixed variant (no fixed_step)", file=sys.stderr)
         return 1
     step = module.fixed_step if fixed else module.step
-    block_each_step = getattr(module, "BLOCK_EACH_STEP", True)
     try:
         state = module.setup()
     except WorkloadSkipped as exc:
         print(_SKIP_MARK + str(exc), flush=True)
         return _SKIP_RC
-    for i in range(WARMUP_STEPS):
-        state = step(state, i)
-    jax.block_until_ready(state)
-
     out = Path(logdir) / _folder(name, fixed, step_markers) / (f"process{process}" if distributed else "")
-    out.mkdir(parents=True, exist_ok=True)
-    started = time.time()
-    with jax.profiler.trace(str(out)):
-        t0 = time.perf_counter()
-        for k in range(steps):
-            marker = jax.profiler.StepTraceAnnotation("train", step_num=k) if step_markers else contextlib.nullcontext()
-            with marker:
-                state = step(state, WARMUP_STEPS + k)
-                if block_each_step:
-                    jax.block_until_ready(state)
-        jax.block_until_ready(state)
-        steps_wall = time.perf_counter() - t0
-    written = [
-        p for p in out.glob("plugins/profile/*/*.xplane.pb") if p.stat().st_mtime >= started - 1.0
-    ]
-    if not written:
+    traced = trace_steps(step, state, out, steps, step_markers, getattr(module, "BLOCK_EACH_STEP", True))
+    if traced is None:
         print(f"no .xplane.pb written under {out}", file=sys.stderr)
         return 1
-    path = max(written, key=lambda p: p.stat().st_mtime)
+    path, steps_wall = traced
     print(
         _RESULT_MARK
         + json.dumps({"path": str(path), "steps": steps, "steps_wall_s": round(steps_wall, 4)}),
