@@ -17,7 +17,7 @@ DEFAULT_STEPS = 8
 
 
 def _sizes() -> dict:
-    return pick(dict(batch=8, image=32, widths=(16, 32)), dict(batch=128, image=112, widths=(64, 128, 256, 512)))
+    return pick(dict(batch=8, image=32, widths=(16, 32)), dict(batch=256, image=224, widths=(64, 128, 256, 512)))
 
 
 def _conv(x, w, stride=1):

@@ -46,13 +46,15 @@ def train_step(w, images, targets):
 
 
 def _augment(rng: np.random.Generator, pool: np.ndarray, batch: int, side: int) -> tuple[np.ndarray, np.ndarray]:
+    # Vectorised numpy (a few large array ops, as a real input pipeline's transforms are), not a Python loop per image.
     idx = rng.integers(0, pool.shape[0], batch)
-    out = np.empty((batch, side, side, 3), np.float32)
-    for j, k in enumerate(idx):
-        y, x = rng.integers(0, pool.shape[1] - side, 2)
-        crop = pool[k, y:y + side, x:x + side]
-        out[j] = crop[:, ::-1] if rng.random() < 0.5 else crop
-    return out, rng.integers(0, 10, batch)
+    y, x = rng.integers(0, pool.shape[1] - side, 2)
+    images = pool[idx, y:y + side, x:x + side]
+    flip = rng.random(batch) < 0.5
+    images[flip] = images[flip, :, ::-1]
+    images = images + rng.normal(0.0, 0.05, images.shape).astype(np.float32)  # noise augmentation
+    images = np.clip(images * rng.uniform(0.8, 1.2, (batch, 1, 1, 1)).astype(np.float32), -3, 3)
+    return images, rng.integers(0, 10, batch)
 
 
 def setup():

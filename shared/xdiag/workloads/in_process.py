@@ -53,6 +53,9 @@ def capture_all(names: list[str], logdir: Path, steps: int | None = None) -> dic
         except Exception as exc:  # noqa: BLE001 - one failing workload must not cost the others their capture
             entry = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc(limit=6)}
         entry["process_wall_s"] = round(time.perf_counter() - t0, 2)
+        stats = device.memory_stats() or {}  # what the workload left allocated (None on platforms without stats)
+        if "bytes_in_use" in stats:
+            entry["device_bytes_in_use_after"] = stats["bytes_in_use"]
         manifest["workloads"][name] = entry
         state = None
         gc.collect()

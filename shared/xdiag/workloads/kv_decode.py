@@ -11,6 +11,8 @@ The loop (``while``) wraps every op of its body: its own time is only the loop's
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -25,9 +27,9 @@ def _sizes() -> dict:
     return pick(dict(d=256, layers=2, ctx=128), dict(d=2048, layers=8, ctx=1024))
 
 
-def make(batch: int):
+def make(batch: int, ctx: int | None = None):
     c = _sizes()
-    d, layers, ctx = c["d"], c["layers"], c["ctx"]
+    d, layers, ctx = c["d"], c["layers"], ctx or c["ctx"]
     heads = d // 128 if d >= 128 else 1
     keys = iter(jax.random.split(jax.random.key(0), 4 * layers + 2))
 
@@ -38,7 +40,7 @@ def make(batch: int):
               for _ in range(layers)]
     cache = jnp.zeros((layers, 2, batch, ctx, heads, d // heads), jnp.bfloat16)
 
-    @jax.jit
+    @functools.partial(jax.jit, donate_argnums=1)
     def generate(params, cache, x, start):
         def one_token(t, carry):
             x, cache = carry

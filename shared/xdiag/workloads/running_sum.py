@@ -1,6 +1,6 @@
 """Cumulative sums along a long axis: the compiler's sliding-window reduction runs far below the memory roof.
 
-Problem: ``jnp.cumsum`` over 8,192 elements of each of 2,048 rows (f32, 64 MiB in, 64 MiB out). XLA lowers a
+Problem: ``jnp.cumsum`` over 16,384 elements of each of 4,096 rows (f32, 256 MiB in, 256 MiB out). XLA lowers a
 cumulative sum to a ``reduce-window`` (a window the length of the axis), a kernel that rereads its input many times
 and reaches a few percent of the HBM bandwidth; the op is "memory-bound" only in name: the cure is another
 algorithm or kernel (``jax.lax.associative_scan``, a blocked scan, or cumsum over a shorter axis), not fusion.
@@ -17,7 +17,7 @@ DEFAULT_STEPS = 8
 
 
 def _shape() -> tuple[int, int]:
-    return pick((256, 1024), (2048, 8192))
+    return pick((256, 1024), (4096, 16384))
 
 
 @jax.jit
