@@ -1,0 +1,145 @@
+"""Real TPU v5e profiles (tests/profiles/tpu_v5e, see its README): the expert reading of each.
+
+Every workload's known problem must be the top finding (`Workload.expected_on("TPU")`); beyond that, the numbers a
+TPU expert checks first: steps as the program really iterates, rates against a hand calculation from the
+workload's shapes and the measured step, host callbacks and transfers read as what they are, loops counted by
+their own time, and the kind of memory-bound.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from xdiag.cloud.embedded import analyze_session
+from xdiag.model import Analysis, Status
+from xdiag.profile.locate import locate_session
+from xdiag.workloads import ACCELERATOR_WORKLOADS, WORKLOADS
+
+from tests.test_diagnosis import _check
+
+TPU = Path(__file__).resolve().parent / "profiles" / "tpu_v5e"
+MANIFEST = json.loads((TPU / "manifest.json").read_text())["workloads"]
+PROFILES = {p.name.removesuffix(".xplane.pb"): p for p in sorted(TPU.glob("*.xplane.pb"))}
+EXPECTED = {name: {**WORKLOADS, **ACCELERATOR_WORKLOADS}[name].expected_on("TPU") for name in PROFILES}
+V5E_PEAK_TFLOPS, V5E_HBM_GB_S = 197.0, 819.0  # datasheet (cloud.google.com/tpu/docs/v5e)
+
+
+@pytest.fixture(scope="module")
+def analyses(tmp_path_factory) -> dict[str, tuple[Analysis, Path]]:
+    """Each profile analysed once by the rule engine: name -> (analysis, its output folder)."""
+    out = tmp_path_factory.mktemp("tpu-v5e")
+    return {name: (analyze_session(locate_session(path), out / name), out / name) for name, path in PROFILES.items()}
+
+
+def _tool(out: Path, tool: str) -> dict:
+    return json.loads((out / "tools" / f"{tool}.json").read_text())
+
+
+def _step_s(analysis: Analysis) -> float:
+    return analysis.health["step_time_ms"] / 1e3
+
+
+def test_every_captured_workload_is_here():
+    assert set(PROFILES) == {name for name, entry in MANIFEST.items() if "steps" in entry}
+    assert len(PROFILES) >= 20
+
+
+@pytest.mark.parametrize("workload", sorted(PROFILES))
+def test_tpu_workload_problem_is_the_top_finding(workload, analyses):
+    _check(analyses[workload][0], EXPECTED[workload])
+
+
+@pytest.mark.parametrize("workload", sorted(PROFILES))
+def test_no_roofline_efficiency_above_100_percent_is_a_measurement(workload, analyses):
+    analysis, out = analyses[workload]
+    assert (analysis.health.get("roofline_efficiency_percent") or 0) <= 100
+    for row in _tool(out, "get_hlo_op_profile")["detail"].get("ops", []):
+        if (row.get("roofline_efficiency_percent") or 0) > 100:
+            assert row.get("not_a_measurement"), f"{row['op']}: {row['roofline_efficiency_percent']}% shown as measured"
+
+
+def test_host_callback_is_host_traffic_not_a_collective(analyses):
+    """One chip communicates with no other device: the callback's send/recv to the host is a host sync."""
+    for name in ("host_callback_step", "host_sync"):
+        health = analyses[name][0].health
+        assert health["breakdown_percent"]["collective"] == 0, name
+        assert not any(f.key == "collectives" for f in analyses[name][0].diagnosis.findings), name
+
+
+def test_per_step_transfers_are_read_from_the_host_lines(analyses):
+    """device_put / np.asarray leave nothing on the device's op lines: the transfer share comes from the host."""
+    health = analyses["host_transfers"][0].health
+    assert health["breakdown_percent"]["transfer"] >= 50, health["breakdown_percent"]
+
+
+def test_unannotated_iteration_of_several_programs_is_one_step(analyses):
+    """host_augment_loop runs 8 iterations of 5 programs each; the device's Steps line splits each in several."""
+    analysis = analyses["host_augment_loop"][0]
+    entry = MANIFEST["host_augment_loop"]
+    assert analysis.health["steps"] in (entry["steps"] - 1, entry["steps"])  # the first may be cut by the trace start
+    assert _step_s(analysis) == pytest.approx(entry["steps_wall_s"] / entry["steps"], rel=0.15)
+
+
+def test_annotated_steps_are_the_annotations(analyses):
+    for name, (analysis, _) in analyses.items():
+        if name != "host_augment_loop":
+            assert analysis.health["step_source"] == "step annotations", name
+            assert analysis.health["steps"] == MANIFEST[name]["steps"], name
+
+
+# Model FLOPs per step from the workloads' shapes (what the user's program asks for, not the MXU's passes).
+def _mlp_train_flops(batch: int, dims: list[int], input_grad_of_first: bool = False) -> float:
+    products = [2 * batch * a * b for a, b in zip(dims, dims[1:])]
+    # forward + weight gradients, + activation gradients of every layer but the first
+    return 2 * sum(products) + sum(products[1:]) + (products[0] if input_grad_of_first else 0)
+
+
+HAND_FLOPS_PER_STEP = {
+    # healthy: MLP 4096 -> 8192 x4 -> 4096 (4 hidden, 1 out) at batch 4096, forward + backward
+    "healthy": _mlp_train_flops(4096, [4096, 8192, 8192, 8192, 8192, 4096]),
+    # f32_highest_matmul: 3 layers of 4096x4096 at batch 4096
+    "f32_highest_matmul": _mlp_train_flops(4096, [4096, 4096, 4096, 4096]),
+    # pallas_small_blocks: 8 products f32[2048,1024] x f32[1024,2048] per step
+    "pallas_small_blocks": 8 * 2 * 2048 * 1024 * 2048,
+}
+
+
+@pytest.mark.parametrize("workload", sorted(HAND_FLOPS_PER_STEP))
+def test_achieved_rate_matches_a_hand_calculation(workload, analyses):
+    analysis = analyses[workload][0]
+    hand_gflops = HAND_FLOPS_PER_STEP[workload] / _step_s(analysis) / 1e9
+    assert analysis.health["achieved_gflops_per_s"] == pytest.approx(hand_gflops, rel=0.15)
+
+
+def test_f32_highest_is_not_optimal_at_a_sixth_of_the_bf16_rate(analyses):
+    analysis = analyses["f32_highest_matmul"][0]
+    assert analysis.diagnosis.status == Status.NEEDS_ATTENTION
+    assert analysis.health["achieved_gflops_per_s"] / 1e3 < 0.3 * V5E_PEAK_TFLOPS
+
+
+def _weight_bytes_per_token(d: int = 2048, layers: int = 8) -> float:
+    return layers * (d * 3 * d + d * d + d * 4 * d + 4 * d * d) * 2  # bf16
+
+
+def test_decode_loop_is_memory_bound_at_the_bandwidth_roof(analyses):
+    """kv_decode streams ~805 MB of weights per token, 32 tokens per step: ~81% of the v5e's HBM bandwidth."""
+    analysis = analyses["kv_decode"][0]
+    hand_percent = 32 * _weight_bytes_per_token() / _step_s(analysis) / (V5E_HBM_GB_S * 1e9) * 100
+    assert analysis.health["memory_bound_kind"] == "at_bandwidth_roof"
+    assert analysis.health["memory_bandwidth_efficiency_percent"] == pytest.approx(hand_percent, rel=0.15)
+
+
+def test_sliding_window_reduction_is_memory_bound_far_below_the_roof(analyses):
+    assert analyses["running_sum"][0].health["memory_bound_kind"] == "below_bandwidth_roof"
+
+
+@pytest.mark.parametrize("workload", ["kv_decode", "kv_decode_b64", "lstm_scan"])
+def test_a_loop_counts_only_its_own_time(workload, analyses):
+    """`while` wraps its body's ops; ranked by its own (self) time it is never a top op."""
+    ops = _tool(analyses[workload][1], "get_hlo_op_profile")["detail"]["ops"]
+    loops = [row for row in ops if row["op"].startswith("while")]
+    assert loops and all(row["share_of_op_time_percent"] < 10 for row in loops), [
+        (row["op"], row["share_of_op_time_percent"]) for row in loops]
+    assert analyses[workload][0].health["top_category"] != "control_flow"
