@@ -2,7 +2,8 @@
 a real JAX workload attached through the ML Diagnostics SDK):
 
 - `xdiag view` serves a session captured by `xdiag capture` and one uploaded by `xdiag upload` from the stack's
-  bucket (mirrored read-only: XProf cannot read the emulator), checked against XProf's own endpoints;
+  bucket (mirrored read-only: XProf cannot read the emulator), checked against XProf's own endpoints, and skips
+  objects whose names would leave its tree or cannot be file names;
 - `xdiag share` gives a link that fetches the report and stops working after its expiry (checked by the control
   plane's link endpoint: fake-gcs-server serves V4 signed URLs whatever their expiry or signature);
 - `xdiag events` lists an alert storm's one capture and its cool-downs, and describes them;
@@ -75,6 +76,42 @@ def test_xdiag_view_serves_a_captured_and_an_uploaded_session_from_the_stack_buc
         assert f"{folder}/{session}  on_demand" in said and f"{uploaded[0]}/{uploaded[1]}  programmatic" in said
     finally:
         assert view.stop() == 0, view.err.read_text()
+
+
+def test_xdiag_view_skips_objects_whose_names_leave_its_tree_or_are_too_long_and_says_so(
+        local_stack, h200_profiles, tmp_path):
+    """Object names are anyone's who can write to the bucket: `..` segments once made `xdiag view` delete and relink
+    folders outside its tree, and one run name longer than a file name crashed every view of the bucket."""
+    from google.cloud import storage as gcs
+    from xdiag.cloud.gcs import storage_client
+
+    bucket = storage_client().create_bucket(f"view-names-{uuid.uuid4().hex[:8]}")
+    profile = h200_profiles["healthy"].read_bytes()
+    # the view's tree is tmp_path/v/tree, so "../../" from a run folder is tmp_path
+    victims = {tmp_path / "victim" / "plugins" / "profile" / "keep" / "vm.xplane.pb": b"the user's profile",
+               tmp_path / "victim2" / "plugins" / "profile" / "other" / "x.xplane.pb": b"another profile"}
+    for path, data in victims.items():
+        path.parent.mkdir(parents=True)
+        path.write_bytes(data)
+    names = ["good-run/plugins/profile/s1/vm.xplane.pb",
+             "../../victim/plugins/profile/keep/vm.xplane.pb",  # would relink the user's file to these bytes
+             "../../victim2/plugins/profile/../h.xplane.pb",  # would remove victim2/plugins
+             f"{'r' * 300}/plugins/profile/s1/vm.xplane.pb"]  # a run folder name longer than a file name may be
+    for name in names:
+        gcs.Blob(name, bucket).upload_from_string(profile if name.startswith("good") else b"attacker's bytes")
+    view = View(tmp_path, "--store", str(tmp_path / "no-local-store"), "--view-dir", str(tmp_path / "v"),
+                env={"XDIAG_BUCKET": bucket.name})
+    try:
+        status, runs = get(view.url + "/data/plugin/profile/runs")
+        assert json.loads(runs) == ["good-run/s1"]
+        said = view.err.read_text()
+        assert "skipped 3 object(s) whose names are not xdiag ids" in said, said
+        assert "../../victim/plugins/profile/keep/vm.xplane.pb" in said and "is not valid" in said
+    finally:
+        assert view.stop() == 0, view.err.read_text()
+    for path, data in victims.items():
+        assert not path.is_symlink() and path.read_bytes() == data
+    assert not list((tmp_path / "v" / "tree").glob("r*"))
 
 
 def _fetch(url: str) -> tuple[int, bytes]:

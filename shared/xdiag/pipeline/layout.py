@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
+from xdiag.ids import check_name, check_run_id
 from xdiag.pipeline.ports import BlobInfo, BlobStore
 from xdiag.profile.locate import SUFFIX
 
@@ -51,6 +52,15 @@ def parse_profile_uri(uri: str) -> ProfileObject | None:
     if not run or not root:
         return None
     return ProfileObject(root=root, run=run, session=session, host=file_name.removesuffix(SUFFIX))
+
+
+def check_profile_object(named: ProfileObject) -> ProfileObject:
+    """The object's run, session and host are xdiag ids (InvalidRequest with the reason otherwise): a bucket's
+    object names are anyone's, and these become folders and file names (no `..`, none too long for a file)."""
+    check_run_id(named.run)
+    check_name(named.session, "session id")
+    check_name(named.host, "host file name")
+    return named
 
 
 def session_prefix(root: str, run: str, session: str) -> str:

@@ -20,7 +20,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from xdiag.errors import InvalidRequest, PoisonMessage, ProfileError, UnknownTool
-from xdiag.ids import check_name, check_run_id
 from xdiag.investigators import MAX_FOLLOW_UP_CALLS, health_snapshot
 from xdiag.model import (
     Analysis,
@@ -42,6 +41,7 @@ from xdiag.pipeline.layout import (
     ProfileObject,
     analysis_folder,
     analysis_id_for,
+    check_profile_object,
     inputs_key,
     output_uri,
     parse_profile_uri,
@@ -499,9 +499,7 @@ def register(message: ProfileUploaded, deps: Dependencies) -> None:
         deps.on_event("register", {"ignored": message.uri})
         return
     try:
-        check_run_id(named.run)
-        check_name(named.session, "session id")
-        check_name(named.host, "host file name")
+        check_profile_object(named)
     except InvalidRequest as exc:
         deps.on_event("register", {"ignored": message.uri, "why": str(exc)})
         return

@@ -4,10 +4,11 @@ gs:// itself where it is the only source)."""
 
 from __future__ import annotations
 
+import fcntl
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from xdiag.viewer.tree import ViewSession, bucket_sessions, build_view_tree, local_store_sessions
+from xdiag.viewer.tree import Found, ViewSession, bucket_sessions, build_view_tree, local_store_sessions
 
 CACHE_BYTES = 64 * 2**30  # the mirror of the bucket's sessions; least recently used downloads go past it
 
@@ -31,13 +32,17 @@ class BucketSource:
 
 def plan_view(view_dir: Path, store: Path | None, bucket: BucketSource | None, runs: list[str]) -> ViewPlan:
     """Builds the view tree (or picks gs:// directly) for the sessions of `runs` (all when empty)."""
-    local = [s for s in local_store_sessions(store) if not runs or s.run in runs] if store else []
+    in_store = local_store_sessions(store) if store else Found()
+    local = [s for s in in_store.sessions if not runs or s.run in runs]
     notes = []
     if store:
         notes.append(f"local store {store}: {len(local)} analysed session(s), linked where they are")
+        notes += _skipped_notes(in_store.skipped, f"local store {store}")
     remote: list[ViewSession] = []
     if bucket is not None:
-        remote = bucket_sessions(bucket.blobs, bucket.root, bucket.kind_of, runs)
+        in_bucket = bucket_sessions(bucket.blobs, bucket.root, bucket.kind_of, runs)
+        remote = in_bucket.sessions
+        notes += _skipped_notes(in_bucket.skipped, bucket.root)
         if not bucket.emulator and not local:
             notes.append(f"{bucket.root}: {len(remote)} session(s); XProf reads the bucket itself")
             return ViewPlan(logdir=bucket.root, sessions=remote, notes=notes)
@@ -48,7 +53,17 @@ def plan_view(view_dir: Path, store: Path | None, bucket: BucketSource | None, r
                      f"(downloaded once per object version): {why}")
     tree = view_dir / "tree"
     tree.mkdir(parents=True, exist_ok=True)
-    sessions = build_view_tree(tree, local, local_copy=lambda f: Path(f))
-    if remote:
-        sessions += build_view_tree(tree, remote, local_copy=bucket.blobs.local_path)
+    with open(view_dir / "tree.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another `xdiag view` of this folder may be relinking the same sessions
+        sessions = build_view_tree(tree, local, local_copy=lambda f: Path(f))
+        if remote:
+            sessions += build_view_tree(tree, remote, local_copy=bucket.blobs.local_path)
     return ViewPlan(logdir=str(tree), sessions=sessions, notes=notes)
+
+
+def _skipped_notes(skipped: list[str], where: str, shown: int = 5) -> list[str]:
+    if not skipped:
+        return []
+    more = f" (and {len(skipped) - shown} more)" if len(skipped) > shown else ""
+    return [f"{where}: skipped {len(skipped)} object(s) whose names are not xdiag ids{more}:"] + \
+        [f"  {line}" for line in skipped[:shown]]

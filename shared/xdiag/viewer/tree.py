@@ -12,7 +12,9 @@
 XProf writes its caches (`*.hlo_proto.pb`, `.cached_tools.json`, …) into each session folder; the folders here are
 xdiag's own, so the user's profile folders and the bucket stay untouched. Run and session names are the bucket's
 (`<run path>/<session>`, the name XProf shows and `viewer_links` uses); captured sessions carry their kind in their
-id (`<time>_<kind>_<hex>`), the others are `programmatic`.
+id (`<time>_<kind>_<hex>`), the others are `programmatic`. Those names are anyone's who can write an object or an
+`analysis.json`, and here they become folders that are removed and relinked: a session whose run, session or host
+name is not an xdiag id (xdiag.ids: no `..`, no segment too long for a file name) is skipped, and said so.
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from xdiag.pipeline.layout import PROFILE_DIR, parse_profile_uri
+from xdiag.errors import InvalidRequest
+from xdiag.ids import check_name, check_run_id
+from xdiag.pipeline.layout import PROFILE_DIR, check_profile_object, parse_profile_uri
 from xdiag.profile.locate import SUFFIX
 
 KINDS = ("on_demand", "snapshot", "auto")  # the captured kinds, as capture names its sessions
@@ -52,12 +56,21 @@ def kind_from_id(session_id: str, known: str | None = None) -> str:
     return next((kind for kind in KINDS if f"_{kind}_" in session_id), PROGRAMMATIC)
 
 
-def local_store_sessions(store: Path) -> list[ViewSession]:
+@dataclass
+class Found:
+    """The sessions a source holds, and what it holds that cannot be shown safely (each with the reason)."""
+
+    sessions: list[ViewSession] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+
+def local_store_sessions(store: Path) -> Found:
     """Sessions analysed by the embedded default under `store` (each `analysis.json` names its profile files);
     the newest analysis of a run/session wins."""
     found: dict[str, tuple[float, ViewSession]] = {}
+    skipped = []
     if not store.is_dir():
-        return []
+        return Found()
     for path in store.rglob("analysis.json"):
         try:
             analysis = json.loads(path.read_text())
@@ -67,24 +80,39 @@ def local_store_sessions(store: Path) -> list[ViewSession]:
         run, session = analysis.get("run_id") or "local", analysis.get("session_id")
         if not files or not session:
             continue
+        try:
+            check_run_id(run.strip("/") if isinstance(run, str) else run)
+            check_name(session, "session id")
+            for file in files:
+                check_name(Path(file).name.removesuffix(SUFFIX), "host file name")
+        except InvalidRequest as exc:
+            skipped.append(f"{path}: {exc}")
+            continue
         entry = ViewSession(run=run.strip("/"), session=session, kind=kind_from_id(session), files=files,
                             source=str(store))
         mtime = path.stat().st_mtime
         if entry.name not in found or found[entry.name][0] < mtime:
             found[entry.name] = (mtime, entry)
-    return [entry for _, entry in sorted(found.values(), key=lambda item: item[1].name)]
+    return Found([entry for _, entry in sorted(found.values(), key=lambda item: item[1].name)], skipped)
 
 
 def bucket_sessions(blobs, root: str, kind_of: Callable[[str, str], str | None] | None = None,
-                    runs: Iterable[str] = ()) -> list[ViewSession]:
+                    runs: Iterable[str] = ()) -> Found:
     """Every session in the bucket (`gs://BUCKET/<run>/plugins/profile/<session>/<host>.xplane.pb`); `kind_of(run,
-    session)` gives the kind the state store recorded; `runs` limits the listing to those run folders."""
+    session)` gives the kind the state store recorded; `runs` limits the listing to those run folders. Objects in
+    the profile layout whose names are not xdiag ids are skipped (register ignores them the same way)."""
     prefixes = [f"{root.rstrip('/')}/{run.strip('/')}/" for run in runs] or [f"{root.rstrip('/')}/"]
     sessions: dict[str, ViewSession] = {}
+    skipped = []
     for prefix in prefixes:
         for info in blobs.list(prefix):
             parsed = parse_profile_uri(info.uri)
             if parsed is None:
+                continue
+            try:
+                check_profile_object(parsed)
+            except InvalidRequest as exc:
+                skipped.append(f"{_shown(info.uri)}: {exc}")
                 continue
             key = f"{parsed.run}/{parsed.session}"
             if key not in sessions:
@@ -92,7 +120,11 @@ def bucket_sessions(blobs, root: str, kind_of: Callable[[str, str], str | None] 
                 sessions[key] = ViewSession(run=parsed.run, session=parsed.session,
                                             kind=kind_from_id(parsed.session, known), source=root)
             sessions[key].files.append(info.uri)
-    return sorted(sessions.values(), key=lambda s: s.name)
+    return Found(sorted(sessions.values(), key=lambda s: s.name), skipped)
+
+
+def _shown(uri: str, limit: int = 160) -> str:
+    return uri if len(uri) <= limit else uri[:limit - 1] + "…"
 
 
 def build_view_tree(view_root: Path, sessions: Iterable[ViewSession], local_copy: Callable[[str], Path]) -> list[ViewSession]:
