@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from xdiag.workloads import WORKLOADS, WorkloadSkipped
+from xdiag.workloads import ACCELERATOR_WORKLOADS, WORKLOADS, WorkloadSkipped
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,10 +29,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if args.list:
-        width = max(map(len, WORKLOADS))
+        width = max(map(len, [*WORKLOADS, *ACCELERATOR_WORKLOADS]))
         for w in WORKLOADS.values():
             devices = f" [needs {w.needs_devices} devices]" if w.needs_devices > 1 else ""
-            print(f"{w.name:<{width}}  {w.expected_finding:<18} {w.problem}{devices}")
+            print(f"{w.name:<{width}}  {w.expected_finding:<21} {w.problem}{devices}")
+        print("\naccelerator workloads (capture them in one process: python -m xdiag.workloads.in_process --accelerator)")
+        for w in ACCELERATOR_WORKLOADS.values():
+            print(f"{w.name:<{width}}  {w.expected_finding:<21} {w.problem}")
         return 0
 
     names = list(WORKLOADS) if args.all else args.names
