@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
@@ -121,3 +122,128 @@ def test_xdiag_view_with_nothing_to_show_still_serves_and_says_so(tmp_path):
         assert "no sessions yet" in view.err.read_text()
     finally:
         assert view.stop() == 0
+
+
+def _answer(url: str) -> tuple[int, bytes]:
+    try:
+        return get(url, timeout=60)
+    except urllib.error.HTTPError as refused:
+        return refused.code, refused.read()
+
+
+def test_xdiag_view_serves_only_its_own_sessions_and_never_a_path_a_request_names(store, h200_profiles, tmp_path):
+    """XProf joins `run` onto its log dir (an absolute one replaces it) and takes `session_path`/`run_path` as they
+    come: it converted any xplane on the machine and wrote its caches beside it."""
+    outside = tmp_path / "elsewhere" / "plugins" / "profile" / "x"
+    outside.mkdir(parents=True)
+    (outside / "secret.xplane.pb").write_bytes(h200_profiles["healthy"].read_bytes())
+    stale = tmp_path / "v" / "tree" / "earlier" / "plugins" / "profile" / "old"  # linked by an earlier view
+    stale.mkdir(parents=True)
+    (stale / "vm.xplane.pb").write_bytes(h200_profiles["healthy"].read_bytes())
+    view = View(tmp_path, "--store", str(store / "xdiag-out"), "--no-bucket", "--view-dir", str(tmp_path / "v"))
+    try:
+        status, runs = get(view.url + "/data/plugin/profile/runs")
+        assert sorted(json.loads(runs)) == ["train/healthy_session", "train/host_sync_session"]
+        data = view.url + "/data/plugin/profile/data?tag=overview_page&host=secret&run="
+        assert _answer(data + f"{tmp_path / 'elsewhere'}/x")[0] == 404
+        assert _answer(data + "../../elsewhere/x")[0] == 404
+        assert _answer(view.url + "/data/plugin/profile/data?tag=overview_page&run=earlier/old")[0] == 404
+        assert _answer(view.url + "/data/plugin/profile/data?tag=overview_page&run=x&session_path=" + str(outside))[0] == 403
+        assert _answer(view.url + "/data/plugin/profile/runs?run_path=" + str(outside.parent))[0] == 403
+        assert _answer(view.url + "/data/plugin/profile/capture_profile?service_addr=127.0.0.1:1")[0] == 403
+        status, tools = _answer(view.url + "/data/plugin/profile/run_tools?run=train/healthy_session")
+        assert status == 200 and "overview_page" in json.loads(tools)
+    finally:
+        assert view.stop() == 0, view.err.read_text()
+    assert sorted(p.name for p in outside.iterdir()) == ["secret.xplane.pb"]  # nothing converted, nothing written
+
+
+def _outward_address() -> str:
+    """An address of this machine on an interface other than loopback (the one its default route leaves by)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))  # UDP: nothing is sent
+        except OSError:
+            pytest.skip("this machine has no interface but loopback: nothing to check the worker against")
+        return probe.getsockname()[0]
+
+
+def _worker_port(logdir: Path) -> int:
+    """The gRPC port of the XProf server `xdiag view` started over `logdir` (from its command line)."""
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            args = cmdline.read_bytes().decode().split("\0")
+        except OSError:
+            continue
+        if "xdiag.viewer.server" in args and f"--logdir={logdir}" in args:
+            return int(next(a for a in args if a.startswith("--grpc_port=")).split("=")[1])
+    raise AssertionError(f"no XProf server over {logdir}")
+
+
+def test_xprof_s_worker_answers_only_on_the_loopback_interface(store, tmp_path):
+    """XProf's gRPC worker has no authentication and converts any path it is sent (GetProfileData(session_id=…)):
+    it listened on every interface."""
+    view = View(tmp_path, "--store", str(store / "xdiag-out"), "--no-bucket", "--view-dir", str(tmp_path / "v"))
+    try:
+        port = _worker_port(tmp_path / "v" / "tree")
+        with socket.socket() as near:
+            assert near.connect_ex(("127.0.0.1", port)) == 0  # the frontend's own way to it
+        with socket.socket() as far:
+            far.settimeout(5)
+            assert far.connect_ex((_outward_address(), port)) != 0
+        # and the viewer still converts through it
+        status, data = get(view.url + "/data/plugin/profile/data?run=train/healthy_session&tag=overview_page")
+        assert status == 200 and json.loads(data)
+    finally:
+        assert view.stop() == 0, view.err.read_text()
+
+
+def test_a_taken_port_is_refused_with_the_reason_not_answered_with_another_s_url(store, tmp_path):
+    first = View(tmp_path, "--store", str(store / "xdiag-out"), "--no-bucket", "--view-dir",
+                 str(tmp_path / "v1"))
+    try:
+        port = str(urlsplit(first.url).port)
+        second = subprocess.run([sys.executable, "-m", "xdiag.cli", "view", "--port", port, "--store",
+                                 str(store / "xdiag-out"), "--no-bucket", "--view-dir", str(tmp_path / "v2")],
+                                capture_output=True, text=True, timeout=120, cwd=tmp_path, stdin=subprocess.DEVNULL)
+        assert second.returncode != 0 and not second.stdout.strip(), second.stdout
+        assert f"port {port}" in second.stderr and "taken" in second.stderr, second.stderr
+    finally:
+        assert first.stop() == 0
+
+
+def _build_tree_when_all_are_ready(view_dir: Path, store: Path, ready, built) -> None:
+    from xdiag.viewer.sources import plan_view
+
+    ready.wait()
+    try:
+        built.put(len(plan_view(view_dir, store, None, []).sessions))
+    except Exception as exc:  # the parent asserts on what each view met
+        built.put(repr(exc))
+
+
+def test_several_xdiag_views_of_one_folder_build_it_at_once_without_failing(store, tmp_path):
+    """Two `xdiag view` in one folder removed and relinked the same session folders at once (FileExistsError)."""
+    import multiprocessing
+
+    # more sessions than the store fixture's two, so the views' relinking overlaps: the same analysis, other names
+    many = tmp_path / "store"
+    analysis = json.loads((store / "xdiag-out" / "healthy" / "analysis.json").read_text())
+    for n in range(40):
+        (many / f"s{n}").mkdir(parents=True)
+        (many / f"s{n}" / "analysis.json").write_text(json.dumps({**analysis, "session_id": f"session_{n}"}))
+    fork = multiprocessing.get_context("fork")
+    views = 6
+    for round_ in range(3):
+        ready, built = fork.Barrier(views), fork.Queue()
+        processes = [fork.Process(target=_build_tree_when_all_are_ready, args=(tmp_path / f"v{round_}", many, ready,
+                                                                              built)) for _ in range(views)]
+        for process in processes:
+            process.start()
+        answers = [built.get(timeout=120) for _ in processes]
+        for process in processes:
+            process.join(30)
+        assert answers == [40] * views
+        for n in range(40):
+            folder = tmp_path / f"v{round_}" / "tree" / analysis["run_id"] / "plugins" / "profile" / f"session_{n}"
+            assert [p.name for p in folder.iterdir()] == ["vm.xplane.pb"]

@@ -725,7 +725,8 @@ def view(
         err.print("no sessions yet: analyse one (`xdiag analyze`), or upload or capture one on the local stack",
                   highlight=False, soft_wrap=True)
     try:
-        server = start_xprof(plan.logdir, view_dir / "xprof.log", port=port or None, bind=bind)
+        server = start_xprof(plan.logdir, view_dir / "xprof.log", [s.name for s in plan.sessions], port=port or None,
+                             bind=bind)
     except ViewerError as exc:
         _fail(str(exc), 1)
     for s in plan.sessions:
