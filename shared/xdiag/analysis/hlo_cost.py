@@ -3,7 +3,8 @@
 Used where the profile has no cost model of its own (XLA:CPU, XLA:GPU). Counts: a dot is
 2·|out|·K multiply-adds, and so is a GEMM custom call (cuBLAS, hipBLASLt, TransformerEngine),
 whose K comes from the dot dimension numbers in its backend config, or else from its operand
-and result shapes; an elementwise op one FLOP per output element; a reduce one per input
+and result shapes; a convolution (HLO or cuDNN/MIOpen custom call) 2·|out|·C·R·S from its
+dimension numbers; an elementwise op one FLOP per output element; a reduce one per input
 element. Bytes are the operands read plus the result written, once each (a GEMM's scratch
 workspace, the trailing s8/u8 buffer of its result tuple, is not traffic).
 """
@@ -69,9 +70,43 @@ def gemm_flops(ins: HloInstruction, computation: HloComputation) -> float | None
     return 2.0 * prod(out) * k
 
 
+CONV_TARGETS = {
+    "__cudnn$convForward": "forward", "__cudnn$convBiasActivationForward": "forward",
+    "__cudnn$convForwardGraph": "forward", "__cudnn$convBackwardInput": "backward_input",
+    "__cudnn$convBackwardFilter": "backward_filter",
+}
+"""Convolution custom calls (cuDNN on CUDA, MIOpen on ROCm under the same names) and which convolution each
+runs. XLA keeps the forward convolution's window and dimension numbers on all three."""
+
+
+def conv_flops(ins: HloInstruction, computation: HloComputation) -> float | None:
+    """2·|output|·C·R·S… of a convolution or conv custom call: each output element of the forward convolution
+    sums kernel-input-features × kernel-window products. None where the dimension numbers are missing.
+
+    The forward output and kernel are, per direction: forward (result, operand 1); backward input (operand 0,
+    the output's gradient; operand 1); backward filter (operand 1, the output's gradient; the result)."""
+    direction = "forward" if ins.opcode == "convolution" else CONV_TARGETS.get(ins.custom_call_target)
+    if direction is None or not ins.conv_kernel_dims:
+        return None
+    operands = [computation.by_name.get(o) for o in ins.operands[:2]]
+    if len(operands) < 2 or None in operands:
+        return None
+    _, result = _result(ins)
+    output, kernel = {
+        "forward": (result, operands[1].dims),
+        "backward_input": (operands[0].dims, operands[1].dims),
+        "backward_filter": (operands[1].dims, result),
+    }[direction]
+    if max(ins.conv_kernel_dims) >= len(kernel):
+        return None
+    return 2.0 * prod(output) * prod(kernel[d] for d in ins.conv_kernel_dims)
+
+
 def _flops(ins: HloInstruction, computation: HloComputation, module: HloModule) -> float:
     if is_gemm_call(ins):
         return gemm_flops(ins, computation) or 0.0
+    if ins.opcode == "convolution" or ins.custom_call_target in CONV_TARGETS:
+        return conv_flops(ins, computation) or 0.0
     if ins.opcode == "dot":
         lhs = computation.by_name.get(ins.operands[0]) if ins.operands else None
         k = prod(lhs.dims[d] for d in ins.lhs_contracting if d < len(lhs.dims)) if lhs is not None else 1
@@ -100,9 +135,13 @@ def instruction_cost(module: HloModule, name: str) -> dict | None:
         written = sum(prod(d) * BYTES_PER_ELEMENT.get(t, 4) for t, d in ins.tuple_shapes if t not in _WORKSPACE_TYPES)
     fused = module.fused_opcodes.get(ins.name, [])
     gemm_known = is_gemm_call(ins) and gemm_flops(ins, computation) is not None
+    conv_known = ins.custom_call_target in CONV_TARGETS and conv_flops(ins, computation) is not None
+    source = ("HLO shapes (GEMM custom call: 2·B·M·N·K from its operands)" if gemm_known else
+              "HLO shapes (convolution custom call: 2·|output|·C·R·S from its dimension numbers)" if conv_known else
+              "HLO shapes")
     return {
-        "flops_known": gemm_known or (ins.opcode != "custom-call" and "custom-call" not in fused),
-        "cost_source": "HLO shapes (GEMM custom call: 2·B·M·N·K from its operands)" if gemm_known else "HLO shapes",
+        "flops_known": gemm_known or conv_known or (ins.opcode != "custom-call" and "custom-call" not in fused),
+        "cost_source": source,
         "flops": _flops(ins, computation, module),
         "bytes": read + written,
         "shape": ins.shape_text,

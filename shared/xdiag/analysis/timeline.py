@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from xdiag.analysis.hlo_cost import is_gemm_call
 from xdiag.profile.columns import factorize_rows, isin_ids, unique_with_inverse
 from xdiag.profile.space import NO_VALUE, HloInstruction, HloModule, Line, Plane, Session
 
@@ -65,7 +66,7 @@ class OpTable:
     KEYS = ("op_keys", "op_categories", "device_labels")
 
     def __init__(self, *, start_ps: np.ndarray, end_ps: np.ndarray, event_end_ps: np.ndarray, op: np.ndarray,
-                 device_code: np.ndarray, op_keys: tuple[tuple[str, int, str], ...] = (),
+                 device_code: np.ndarray, op_keys: tuple[tuple[str, int, str, str], ...] = (),
                  op_categories: tuple[str, ...] = (), device_labels: tuple[str, ...] = (),
                  _per_code: dict[str, np.ndarray] | None = None):
         self.start_ps, self.end_ps, self.event_end_ps = start_ps, end_ps, event_end_ps
@@ -330,7 +331,7 @@ def categorize(instruction: HloInstruction | None, module: HloModule | None, nam
         target = instruction.custom_call_target.lower()
         if "callback" in target or "callback" in name.lower():
             return "host_callback"
-        if any(k in target for k in ("gemm", "matmul", "cublas", "hipblas", "triton_gemm")):
+        if is_gemm_call(instruction):
             return "matmul"
         if "conv" in target:
             return "convolution"
@@ -436,6 +437,7 @@ def _line_ops(plane: Plane, line: Line, host: str, has_xla_ops_line: bool) -> di
     """The XLA op (or GPU kernel) executions one line holds, or None when it holds none."""
     hlo_op = line.strings.get("hlo_op")
     count = len(line)
+    gpu: dict[str, np.ndarray] = {}  # GPU kernels: their own names, whether a CUDA graph ran them, their launch
     if plane.is_device:
         if line.name in _SKIP_DEVICE_LINES or not count:
             return None
@@ -451,17 +453,21 @@ def _line_ops(plane: Plane, line: Line, host: str, has_xla_ops_line: bool) -> di
                 inside = (idx >= 0) & (starts < spans[1][np.clip(idx, 0, None)])
                 modules = np.where(inside, spans[2][np.clip(idx, 0, None)], "")
         elif line.name.startswith("Stream") and not has_xla_ops_line:
-            names = plane.names_of(line)
+            names = kernels = plane.names_of(line)
+            in_graph = np.zeros(count, dtype=bool)
             if hlo_op is not None:
                 # Kernels run inside a CUDA graph carry the command buffer's name as hlo_op: keep the kernel's.
                 op_names = _strings_of(plane, hlo_op)
                 ids, inverse = unique_with_inverse(hlo_op)  # each distinct name tested once, not once per kernel
                 buffer_ids = [i >= 0 and plane.strings[i].startswith("command_buffer") for i in ids.tolist()]
-                is_buffer = np.array(buffer_ids, dtype=bool)[inverse]
-                names = np.where((hlo_op >= 0) & ~is_buffer, op_names, names)
+                in_graph = np.array(buffer_ids, dtype=bool)[inverse]
+                names = np.where((hlo_op >= 0) & ~in_graph, op_names, names)
             elif "tf_op" in line.strings:
                 names = np.where(line.strings["tf_op"] >= 0, _strings_of(plane, line.strings["tf_op"]), names)
             modules = _strings_of(plane, line.strings["hlo_module"]) if "hlo_module" in line.strings else np.full(count, "", object)
+            launch = line.numeric.get("correlation_id")
+            gpu = {"kernel": kernels, "in_graph": in_graph,
+                   "launch": launch if launch is not None else np.full(count, NO_VALUE, np.int64)}
         else:
             return None
         mask = np.ones(count, dtype=bool)
@@ -491,6 +497,7 @@ def _line_ops(plane: Plane, line: Line, host: str, has_xla_ops_line: bool) -> di
         "end_ps": ends,
         "event_end_ps": ends,  # the same array: the flow pairing replaces end_ps, never writes into it
         "flow": line.numeric["_p"][mask] if "_p" in line.numeric else np.full(mask.sum(), NO_VALUE, np.int64),
+        **gpu,  # a device line's mask selects every row
     }
 
 
@@ -535,6 +542,46 @@ def _flow_finish(
     return hit, finish
 
 
+def _name_graph_gemms(session: Session, cols: dict[str, np.ndarray]) -> None:
+    """Names the library GEMM kernels a CUDA graph ran after the custom calls that launched them.
+
+    Inside a graph a kernel's hlo_op names the command buffer, not its instruction, and a cuBLAS kernel is named
+    by the library, not after an instruction as XLA's own kernels are. One graph launch (one correlation id on one
+    device) runs its commands in the module's schedule order, so where a launch holds exactly as many such GEMM
+    kernels as the module has GEMM custom calls, the k-th kernel is the k-th call. Launches that hold another
+    number stay unnamed (their FLOPs unknown)."""
+    candidates = np.flatnonzero(cols["in_graph"] & (cols["launch"] != NO_VALUE))
+    if not len(candidates):
+        return
+    groups: dict[tuple, list[int]] = {}
+    for row, key in zip(candidates.tolist(), zip(cols["device_code"][candidates].tolist(),
+                                                  cols["module"][candidates].tolist(),
+                                                  cols["program_id"][candidates].tolist(),
+                                                  cols["launch"][candidates].tolist())):
+        groups.setdefault(key, []).append(row)
+    calls: dict[tuple[str, int], tuple[HloModule | None, list[str]]] = {}
+    library_gemm: dict[tuple[str, int, str], bool] = {}
+    for (_, module_name, pid, _), rows in groups.items():
+        if (module_name, pid) not in calls:
+            module = session.module_for(module_name, None if pid == NO_VALUE else pid) if module_name else None
+            calls[(module_name, pid)] = module, [i.name for i in module.entry_computation.instructions
+                                                 if is_gemm_call(i)] if module is not None else []
+        module, scheduled = calls[(module_name, pid)]
+        if not scheduled:
+            continue
+        gemm_rows = []
+        for row in rows:
+            kernel = cols["kernel"][row]
+            if (module_name, pid, kernel) not in library_gemm:
+                named = module.find(kernel) or module.find(_KERNEL_SUFFIX.sub(r".\1", kernel))
+                library_gemm[(module_name, pid, kernel)] = named is None and _category_from_name(kernel) == "matmul"
+            if library_gemm[(module_name, pid, kernel)]:
+                gemm_rows.append(row)
+        if len(gemm_rows) == len(scheduled):
+            ordered = np.array(gemm_rows)[np.argsort(cols["start_ps"][gemm_rows], kind="stable")]
+            cols["name"][ordered] = scheduled
+
+
 def op_table(session: Session) -> OpTable:
     """Every XLA op execution in the session, with its real end and its category."""
 
@@ -562,13 +609,24 @@ def op_table(session: Session) -> OpTable:
         for part in parts:
             codes = [devices.setdefault(label, len(devices)) for label in part.pop("device_labels")]
             part["device_code"] = np.array(codes, np.int32)[part["device_code"]]
+        if any("kernel" in p for p in parts):
+            for part in parts:
+                size = len(part["name"])
+                part.setdefault("kernel", np.full(size, "", object))
+                part.setdefault("in_graph", np.zeros(size, dtype=bool))
+                part.setdefault("launch", np.full(size, NO_VALUE, np.int64))
         cols = {k: np.concatenate([p.pop(k) for p in parts]) for k in list(parts[0]) if k != "flow"}
         del parts
-        # Resolve each distinct (op, module, program) once; a row keeps only its index among them.
-        distinct, inverse = factorize_rows(cols.pop("name"), cols.pop("module"), cols.pop("program_id"))
+        kernel_columns = ()
+        if "kernel" in cols:
+            _name_graph_gemms(session, cols)
+            del cols["in_graph"], cols["launch"]
+            kernel_columns = (cols.pop("kernel"),)
+        # Resolve each distinct (op, module, program[, kernel]) once; a row keeps only its index among them.
+        distinct, inverse = factorize_rows(cols.pop("name"), cols.pop("module"), cols.pop("program_id"), *kernel_columns)
         resolved_names = np.empty(len(distinct), dtype=object)
         resolved_categories = np.empty(len(distinct), dtype=object)
-        for k, (name, module_name, pid) in enumerate(distinct):
+        for k, (name, module_name, pid, *_) in enumerate(distinct):
             module = session.module_for(module_name, None if pid == NO_VALUE else pid) if module_name else None
             hlo_name = name
             found = module.find(name) if module else None
@@ -580,7 +638,8 @@ def op_table(session: Session) -> OpTable:
             resolved_names[k] = hlo_name
             resolved_categories[k] = categorize(found[1] if found else None, module, name)
         cols["op"] = inverse.astype(np.int32)  # so per-op sums need not factorise millions of rows again
-        op_keys = tuple((module_name, int(pid), resolved_names[k]) for k, (_, module_name, pid) in enumerate(distinct))
+        op_keys = tuple((module_name, int(pid), resolved_names[k], kernel[0] if kernel else "")
+                        for k, (_, module_name, pid, *kernel) in enumerate(distinct))
         del inverse
         order = np.argsort(cols["start_ps"], kind="stable")
         # In time order, one column at a time: the unordered column goes as soon as its ordered copy exists.

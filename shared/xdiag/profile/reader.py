@@ -294,6 +294,41 @@ def _contraction(ins) -> dict[str, tuple[int, ...]]:
     }
 
 
+def _conv_kernel_dims(ins) -> tuple[int, ...]:
+    """A convolution's (or conv custom call's) kernel input-feature dimension, then its spatial dimensions."""
+    if not ins.HasField("convolution_dimension_numbers"):
+        return ()
+    numbers = ins.convolution_dimension_numbers
+    return (numbers.kernel_input_feature_dimension, *numbers.kernel_spatial_dimensions)
+
+
+def _fusion_backend_kind(ins) -> str:
+    """What emits a custom fusion (`__triton`, `__triton_nested_gemm_fusion`, `__ynn_fusion`, …): the `kind` its
+    backend config names; "" for other instructions or where the config does not say."""
+    if ins.opcode != "fusion" or ins.fusion_kind != "kCustom" or b'"kind"' not in ins.backend_config:
+        return ""
+    try:
+        config = json.loads(ins.backend_config)
+    except ValueError:
+        return ""
+    if not isinstance(config, dict):
+        return ""
+    # XLA:GPU keeps it under fusion_backend_config, XLA:CPU under fusion_config.
+    fusion = config.get("fusion_backend_config") or config.get("fusion_config")
+    return str(fusion.get("kind", "")) if isinstance(fusion, dict) else ""
+
+
+def _scheduled(computation, sequence) -> list:
+    """The computation's instructions in the order the device runs them (the module's schedule), where the
+    schedule covers them all; else in the proto's order. Kernels that carry no instruction name of their own
+    (those of a CUDA graph) are matched to their instructions by this order."""
+    if sequence is None or len(sequence.instruction_ids) != len(computation.instructions):
+        return list(computation.instructions)
+    by_id = {ins.id: ins for ins in computation.instructions}
+    ordered = [by_id.get(i) for i in sequence.instruction_ids]
+    return ordered if None not in ordered else list(computation.instructions)
+
+
 def _hlo_module(proto_bytes: bytes, host: str, fallback_id: int) -> HloModule | None:
     try:
         module = schema.HloProto.FromString(proto_bytes).hlo_module
@@ -304,7 +339,7 @@ def _hlo_module(proto_bytes: bytes, host: str, fallback_id: int) -> HloModule | 
     for computation in module.computations:
         id_to_name = {i.id: i.name for i in computation.instructions}
         instructions = []
-        for ins in computation.instructions:
+        for ins in _scheduled(computation, module.schedule.sequences.get(computation.id)):
             shape = ins.shape
             dtype = schema.PRIMITIVE_TYPES.get(shape.element_type, f"type{shape.element_type}")
             instructions.append(
@@ -323,6 +358,8 @@ def _hlo_module(proto_bytes: bytes, host: str, fallback_id: int) -> HloModule | 
                         (schema.PRIMITIVE_TYPES.get(t.element_type, "?"), tuple(t.dimensions)) for t in shape.tuple_shapes
                     ),
                     custom_call_target=ins.custom_call_target,
+                    conv_kernel_dims=_conv_kernel_dims(ins),
+                    fusion_backend_kind=_fusion_backend_kind(ins),
                     **_contraction(ins),
                 )
             )

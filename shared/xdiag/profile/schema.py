@@ -142,6 +142,15 @@ def _build_hlo_file() -> descriptor_pb2.FileDescriptorProto:
     )
     _message(
         f,
+        "ConvolutionDimensionNumbers",
+        [("kernel_input_feature_dimension", 3, _INT64, _OPTIONAL), ("kernel_spatial_dimensions", 6, _INT64, _REPEATED)],
+    )
+    _message(f, "InstructionSequence", [("instruction_ids", 1, _INT64, _REPEATED)])
+    schedule = _message(f, "HloScheduleProto", [])
+    schedule.field.add(name="sequences", number=1, type=_MESSAGE, label=_REPEATED,
+                       type_name=_map_entry(f, schedule, "SequencesEntry", "InstructionSequence"))
+    _message(
+        f,
         "ShapeProto",
         [
             ("element_type", 2, _INT32, _OPTIONAL),
@@ -170,6 +179,7 @@ def _build_hlo_file() -> descriptor_pb2.FileDescriptorProto:
             ("metadata", 7, _MESSAGE, _OPTIONAL, "OpMetadata"),
             ("fusion_kind", 11, _STRING, _OPTIONAL),
             ("dimensions", 14, _INT64, _REPEATED),
+            ("convolution_dimension_numbers", 16, _MESSAGE, _OPTIONAL, "ConvolutionDimensionNumbers"),
             ("custom_call_target", 28, _STRING, _OPTIONAL),
             ("dot_dimension_numbers", 30, _MESSAGE, _OPTIONAL, "DotDimensionNumbers"),
             ("id", 35, _INT64, _OPTIONAL),
@@ -197,6 +207,7 @@ def _build_hlo_file() -> descriptor_pb2.FileDescriptorProto:
             ("computations", 3, _MESSAGE, _REPEATED, "HloComputationProto"),
             ("id", 5, _INT64, _OPTIONAL),
             ("entry_computation_id", 6, _INT64, _OPTIONAL),
+            ("schedule", 7, _MESSAGE, _OPTIONAL, "HloScheduleProto"),
         ],
     )
     _message(f, "HloProto", [("hlo_module", 1, _MESSAGE, _OPTIONAL, "HloModuleProto")])

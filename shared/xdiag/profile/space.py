@@ -255,6 +255,8 @@ class HloInstruction:
     custom_call_target: str = ""
     lhs_contracting: tuple[int, ...] = ()  # dot, and GEMM custom calls (from their backend config)
     lhs_batch: tuple[int, ...] = ()  # dot, and GEMM custom calls
+    conv_kernel_dims: tuple[int, ...] = ()  # convolutions: the kernel's input-feature dimension, then its spatial ones
+    fusion_backend_kind: str = ""  # custom fusions: what emits them (`__triton`, `__ynn_fusion`, …), from the backend config
 
     @property
     def shape_text(self) -> str:

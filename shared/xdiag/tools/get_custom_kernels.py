@@ -33,6 +33,25 @@ def kernel_kind(target: str) -> str:
     return next((kind for key, kind in KERNEL_KINDS if key in low), target or "custom call")
 
 
+CUSTOM_FUSION_KINDS = (
+    ("triton", "Triton (XLA fusion)"),
+    ("ynn", "YNNPACK (XLA:CPU fusion)"),
+    ("onednn", "oneDNN (XLA:CPU fusion)"),
+    ("cudnn", "cuDNN (XLA fusion)"),
+    ("dynamic_slice", "custom fusion (XLA address computation)"),
+)
+"""(text in a custom fusion's backend kind, lower case) -> what emits it; XLA marks every one `kCustom`."""
+
+
+def custom_fusion_kind(backend_kind: str) -> str:
+    """What emits a custom fusion, from the kind its backend config names; said plainly when it names none."""
+    low = backend_kind.lower()
+    found = next((kind for key, kind in CUSTOM_FUSION_KINDS if key in low), None)
+    if found:
+        return found
+    return f"custom fusion ({backend_kind})" if backend_kind else "custom fusion (its backend config names no emitter)"
+
+
 def _custom(session: Session, stat: OpStat) -> tuple[str, str] | None:
     """(kind, target) when `stat` is a custom kernel: a custom call, a custom (Triton) fusion, or an op the
     timeline could only place as a custom call."""
@@ -44,8 +63,9 @@ def _custom(session: Session, stat: OpStat) -> tuple[str, str] | None:
         if ins.opcode == "custom-call":
             return kernel_kind(ins.custom_call_target or stat.name), ins.custom_call_target
         if ins.opcode == "fusion" and "custom" in ins.fusion_kind.lower():
-            return ("Triton (XLA fusion)" if "custom-call" not in module.fused_opcodes.get(ins.name, []) else
-                    "custom call (fused)"), ins.fusion_kind
+            if "custom-call" in module.fused_opcodes.get(ins.name, []):
+                return "custom call (fused)", ins.fusion_backend_kind or ins.fusion_kind
+            return custom_fusion_kind(ins.fusion_backend_kind), ins.fusion_backend_kind or ins.fusion_kind
         return None
     if stat.category == "custom_call":
         return kernel_kind(stat.name), ""

@@ -88,10 +88,13 @@ def op_stats(session: Session) -> list[OpStat]:
     out: list[OpStat] = []
     if len(ops):
         # The table's distinct rows (millions of ops on large profiles, a few thousand keys), in np.unique's order.
-        unique, rank = unique_with_inverse(np.array([f"{m}\x00{p}\x00{n}" for m, p, n in ops.op_keys], dtype=object))
+        # An op's distinct keys differ only in the kernel (a GPU op may launch several: im2col, then its GEMM).
+        unique, rank = unique_with_inverse(np.array([f"{m}\x00{p}\x00{n}" for m, p, n, *_ in ops.op_keys], dtype=object))
         inverse = rank[ops.op]
         totals = np.bincount(inverse, weights=ops.duration_ps.astype(float))
-        counts = np.bincount(inverse)
+        # An execution launches each of its kernels once: an op ran as often as its most launched kernel.
+        counts = np.zeros(len(unique), np.int64)
+        np.maximum.at(counts, rank, np.bincount(ops.op, minlength=len(rank)))
         first = np.full(len(unique), -1)
         first[inverse[::-1]] = np.arange(len(inverse))[::-1]
         shared_names = _names_with_several_programs(session)
