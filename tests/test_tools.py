@@ -135,6 +135,30 @@ def test_memory_and_roofline_come_from_xprof_on_tpu():
     assert run_tool(session, "get_peak_allocations").summary["module"].startswith("jit_")
 
 
+def test_largest_buffers_sum_only_what_is_live_together():
+    # TPU v6e host offload: six 10 GiB copy-start tuples and 5 GiB arrays, most in host memory or aliases of
+    # each other; what the device holds at once is what XProf's allocator measured, on a 31.2 GiB chip.
+    session = read_session([shared_profile("tpu/tpu_v6e_inference.xplane.pb")])
+    memory = run_tool(session, "get_memory_profile").summary
+    buffers = run_tool(session, "get_peak_allocations")
+    assert buffers.ok and "top10_total_mib" not in buffers.summary
+    assert buffers.summary["live_at_once_gib"] <= memory["capacity_gib"]
+    assert buffers.summary["live_at_once_gib"] == pytest.approx(memory["peak_memory_gib"], rel=0.02)
+    assert all("(" not in b["shape"] for b in buffers.detail["buffers"]), "a tuple is not a buffer"
+
+
+def test_memory_capacity_is_the_device_and_the_allocator_limit_is_named():
+    # MI300X: XProf's capacity is the BFC allocator's limit, 75% of the 192 GiB the device plane records.
+    session = read_session([shared_profile("gpu/mi300x_jax_gemm.xplane.pb")])
+    memory = run_tool(session, "get_memory_profile").summary
+    device_bytes = session.device_planes()[0].stats["memory_size"]
+    assert memory["capacity_gib"] == pytest.approx(device_bytes / 2**30, rel=1e-3)
+    assert memory["allocator_limit_gib"] == pytest.approx(0.75 * memory["capacity_gib"], rel=0.01)
+    assert memory["headroom_percent"] == pytest.approx(
+        100 * (1 - memory["peak_memory_gib"] / memory["allocator_limit_gib"]), abs=0.05)
+    assert not {"peak_hbm_gib", "memory_capacity_gib", "hbm_utilization_percent"} & set(memory), "said twice"
+
+
 def test_h200_device_and_memory(h200_profiles):
     session = read_session([h200_profiles["healthy"]])
     info = run_tool(session, "get_device_information").summary

@@ -89,6 +89,7 @@ def health_snapshot(results: dict[str, ToolResult]) -> dict[str, Any]:
         "xprof_roofline_efficiency_percent": roofline.get("roofline_efficiency_percent"),
         "peak_memory_gib": memory.get("peak_memory_gib"),
         "memory_capacity_gib": memory.get("capacity_gib"),
+        "allocator_limit_gib": memory.get("allocator_limit_gib"),
         "memory_headroom_percent": memory.get("headroom_percent"),
         "oom_risk": memory.get("oom_risk"),
         "top_op": ops.get("top_op"),
@@ -164,11 +165,12 @@ def _unhealthy_reasons(s: dict[str, Any]) -> list[str]:
         reasons.append(f"the step calls back into Python {callbacks:g} times")
     if s.get("oom_risk") == "HIGH":
         reasons.append("out-of-memory risk is HIGH")
-    for key, value in s["compiler"].items():
-        if (value or 0) > HEALTHY["compiler_issue_percent_max"]:
-            reasons.append(f"{key.removesuffix('_percent').replace('_', ' ')} take {value}% of op time")
+    op_time_shares = [(key.removesuffix("_percent").replace("_", " "), value) for key, value in s["compiler"].items()
+                      if (value or 0) > HEALTHY["compiler_issue_percent_max"]]
     if (s.get("data_movement_op_percent") or 0) > HEALTHY["data_movement_percent_max"]:
-        reasons.append(f"{s['data_movement_op_percent']}% of op time moves data (copies, transfers) instead of computing")
+        op_time_shares.append(("ops that move data (copies, transfers) instead of computing",
+                               s["data_movement_op_percent"]))
+    reasons += _one_line_per_share(op_time_shares)
     if (s.get("low_intensity_op_percent") or 0) > HEALTHY["low_intensity_percent_max"] and s.get("memory_bound_is_defect"):
         reasons.append(f"{s['low_intensity_op_percent']}% of op time is in memory-bound ops that move more bytes than needed")
     efficiency = s.get("dominant_ops_roofline_efficiency_percent")
@@ -177,3 +179,17 @@ def _unhealthy_reasons(s: dict[str, Any]) -> list[str]:
     if (s.get("dma_stall_percent") or 0) > DMA_STALL_MAX_PERCENT:
         reasons.append(f"the busiest ops wait on their input copies {s['dma_stall_percent']}% of their time")
     return reasons
+
+
+def _one_line_per_share(shares: list[tuple[str, float]]) -> list[str]:
+    """'<what> take <x>% of op time', one line per figure: checks that find the same ops (a transpose is a layout
+    copy, unfused data movement and data movement at once) share a line instead of repeating the number."""
+    by_figure: dict[str, list[str]] = {}
+    for what, value in shares:
+        by_figure.setdefault(f"{value:.3g}", []).append(what)
+    lines = []
+    for figure, names in by_figure.items():
+        named = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+        same = " (the same ops, found by each check)" if len(names) > 1 else ""
+        lines.append(f"{named} take {figure}% of op time{same}")
+    return lines

@@ -360,6 +360,7 @@ def _hlo_module(proto_bytes: bytes, host: str, fallback_id: int) -> HloModule | 
                     custom_call_target=ins.custom_call_target,
                     conv_kernel_dims=_conv_kernel_dims(ins),
                     fusion_backend_kind=_fusion_backend_kind(ins),
+                    memory_space=shape.layout.memory_space,
                     **_contraction(ins),
                 )
             )

@@ -129,7 +129,7 @@ def _build_xplane_file() -> descriptor_pb2.FileDescriptorProto:
 
 def _build_hlo_file() -> descriptor_pb2.FileDescriptorProto:
     f = descriptor_pb2.FileDescriptorProto(name="xdiag/hlo_subset.proto", package="xdiag.hlo", syntax="proto2")
-    _message(f, "LayoutProto", [("minor_to_major", 1, _INT64, _REPEATED)])
+    _message(f, "LayoutProto", [("minor_to_major", 1, _INT64, _REPEATED), ("memory_space", 8, _INT64, _OPTIONAL)])
     _message(
         f,
         "DotDimensionNumbers",

@@ -257,6 +257,7 @@ class HloInstruction:
     lhs_batch: tuple[int, ...] = ()  # dot, and GEMM custom calls
     conv_kernel_dims: tuple[int, ...] = ()  # convolutions: the kernel's input-feature dimension, then its spatial ones
     fusion_backend_kind: str = ""  # custom fusions: what emits them (`__triton`, `__ynn_fusion`, …), from the backend config
+    memory_space: int = 0  # of an array value's layout: 0 the device's memory; others (TPU host memory: 5) not
 
     @property
     def shape_text(self) -> str:

@@ -50,6 +50,9 @@ BARE_UNITS = {
     "memory_bandwidth": "B/s", "clock_rate": "kHz", "memory_size": "B", "bytes": "B", "size_bytes": "B",
     "flops_per_run": "FLOP", "bytes_per_run": "B", "ms": "ms", "shmem_bytes": "B", "mib": "MiB", "gib": "GiB",
 }
+# Fields named only by their unit: labelled by what they measure, since each value is shown in its own unit.
+_QUANTITY_OF_UNIT = {"mib": "size", "gib": "size", "kib": "size", "bytes": "size", "b": "size", "ms": "time",
+                     "us": "time", "µs": "time", "ns": "time"}
 # Percentages that are not shares of a whole may exceed 100 (how much slower the slowest host is, the spread).
 _UNBOUNDED_PERCENT = ("spread", "cv", "growth", "increase", "skew", "slower", "change", "overhead_vs")
 _IDENTIFIER_KEYS = ("id", "step", "rank", "pid", "tid")
@@ -66,6 +69,8 @@ def label_of(key: str) -> str:
     """A field's label without its unit (the value says it): `step_time_ms_mean` -> `step time mean`,
     `achieved_gib_per_s` -> `achieved`, `share_of_op_time_percent` -> `share of op time`."""
     k = str(key)
+    if k.lower() in _QUANTITY_OF_UNIT:
+        return _QUANTITY_OF_UNIT[k.lower()]  # a column named by its unit holds values in any unit: '10 GiB' under MiB
     if not unit_of(k) or k.lower() in BARE_UNITS:
         return humanize_key(k)
     for suffix, _ in _UNIT_SUFFIXES:
@@ -467,6 +472,13 @@ def key_values(data: Mapping[str, Any] | None, skip: Sequence[str] = (), max_cha
         if k in skip or _is_nested_value(v):
             continue
         rows.append(KeyValue(label=label_of(k), key=str(k), value=measured_cell(k, v, limits, max_chars)))
+    # A name and its measure read alike once the unit is dropped (`largest_buffer`, `largest_buffer_mib`): the
+    # measure says what it is.
+    labels = [row.label for row in rows]
+    for row in rows:
+        quantity = _QUANTITY_OF_UNIT.get(unit_of(row.key).lower(), "")
+        if labels.count(row.label) > 1 and quantity and unit_of(row.key):
+            row.label = f"{row.label} {quantity}"
     return rows
 
 

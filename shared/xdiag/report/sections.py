@@ -600,6 +600,12 @@ def _difference_note(key: str, mine: Any, theirs: Any, results: Mapping[str, Too
         return why
     if key == "step_time_ms_mean":
         return "the two cut steps differently (xdiag: see the step source above; XProf: its own step markers)"
+    if key == "capacity_gib":
+        memory = results.get("get_memory_profile")
+        limit = memory.summary.get("allocator_limit_gib") if memory is not None and memory.ok else None
+        if isinstance(limit, (int, float)) and abs(limit - theirs) <= DIFFERENCE_RELATIVE * theirs:
+            return ("xdiag's is the device's memory; XProf's is the allocator's limit, which xdiag shows as "
+                    "allocator limit")
     if key == "op_time_roofline_efficiency_percent":
         return ("xdiag measures over device op time with checked peaks and custom-call FLOPs; XProf over the "
                 "whole program, idle included, with XLA's cost model")

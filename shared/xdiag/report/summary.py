@@ -123,7 +123,9 @@ METRICS = (
     Metric("Roofline efficiency", ("roofline_efficiency_percent",), "%", "get_roofline_model",
            "of the roof at the ops' intensity", key=True),
     Metric("Device idle", ("device_idle_percent",), "%", "get_step_trace", "of step time"),
-    Metric("Utilization", ("utilization_percent",), "%", "get_utilization_viewer", "mean busy time of the devices"),
+    # Busy is compute, collectives and transfers together: named so beside "Device compute", which is one of them.
+    Metric("Device busy", ("utilization_percent",), "%", "get_utilization_viewer",
+           "of step time running any op (compute, collectives, transfers)"),
     Metric("Achieved compute", ("achieved_gflops_per_s",), "GFLOP/s", "get_kpi_metrics", "while ops run"),
     Metric("Peak memory", ("peak_memory_gib",), "GiB", "get_memory_profile"),
     Metric("OOM risk", ("oom_risk",), "", "get_memory_profile"),
@@ -200,12 +202,13 @@ def metric_cards(health: Mapping[str, Any], results: Mapping[str, ToolResult], l
             if health.get("step_time_cv_percent") is not None:
                 note += f"; spread (CV) {format_measure(health['step_time_cv_percent'], '%')}"
         elif m.path == ("peak_memory_gib",):
-            capacity = health.get("memory_capacity_gib")
             # The peak came from the tool, so a missing capacity is the profile's gap, not the tool's.
-            note = f"of {format_measure(capacity, 'GiB')} capacity" if capacity is not None else "capacity not recorded"
+            capacity = _capacity_text(health)
+            note = f"of {capacity}" if capacity else "capacity not recorded"
         elif m.path == ("memory_headroom_percent",) and health.get("memory_capacity_gib") is not None:
-            note = (f"{format_measure(health.get('peak_memory_gib'), 'GiB')} peak of "
-                    f"{format_measure(health['memory_capacity_gib'], 'GiB')}")
+            note = f"{format_measure(health.get('peak_memory_gib'), 'GiB')} peak of {_capacity_text(health)}"
+        elif m.path == ("utilization_percent",):
+            note = _busy_note(health) or m.hint
         elif m.path == ("roofline_efficiency_percent",) and health.get("bound_by"):
             note = f"{m.hint}; bound by {health['bound_by']}"
         elif m.path == ("top_op",):
@@ -223,6 +226,25 @@ def metric_cards(health: Mapping[str, Any], results: Mapping[str, ToolResult], l
         short, full = _short(note)
         cards.append(MetricCard(m.label, text, m.tool, note=short, note_full=full, tone=tone, key=m.key))
     return cards
+
+
+def _busy_note(health: Mapping[str, Any]) -> str:
+    """What the busy time is made of: 'of step time running any op: compute 3% + transfer 97%'."""
+    breakdown = health.get("breakdown_percent") or {}
+    parts = [f"{c} {format_measure(breakdown[c], '%')}" for c in ("compute", "collective", "transfer")
+             if isinstance(breakdown.get(c), (int, float)) and breakdown[c] > 0]
+    return f"of step time running any op: {' + '.join(parts)}" if len(parts) > 1 else ""
+
+
+def _capacity_text(health: Mapping[str, Any]) -> str:
+    """'31.2 GiB capacity', or where the allocator may use less than the device has, both named: 'the allocator's
+    144 GiB limit (device memory 192 GiB)'; '' where the capacity is not recorded."""
+    capacity, limit = health.get("memory_capacity_gib"), health.get("allocator_limit_gib")
+    if capacity is None:
+        return ""
+    if limit is not None:
+        return f"the allocator's {format_measure(limit, 'GiB')} limit (device memory {format_measure(capacity, 'GiB')})"
+    return f"{format_measure(capacity, 'GiB')} capacity"
 
 
 def breakdown_rest(breakdown: Mapping[str, Any]) -> float:

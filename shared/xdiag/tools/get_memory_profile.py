@@ -36,19 +36,17 @@ def _allocator_events(session: Session) -> dict[str, np.ndarray] | None:
     "it, headroom and out-of-memory risk (LOW/MEDIUM/HIGH).",
 )
 def get_memory_profile(session: Session) -> ToolOutput:
-    """summary: peak_memory_gib, average_in_use_gib, capacity_gib, headroom_percent, oom_risk.
-    From XProf's memory_profile on TPU/GPU; from allocator events on host threads otherwise."""
+    """summary: peak_memory_gib, average_in_use_gib, capacity_gib (the device's memory where the profile records
+    it, else the allocator's), capacity_source, allocator_limit_gib (where the allocator may use less than the
+    device has: XLA's GPU client takes 75% by default), headroom_percent and oom_risk (both against the limit
+    that runs out first). From XProf's memory_profile on TPU/GPU; from allocator events on host threads otherwise."""
+    device_memory = _device_memory_gib(session)
     if session.platform != "CPU":
         view, reason = try_view(session, "memory_profile")
         if view is not None:
-            peak, capacity = view.get("peak_hbm_gib"), view.get("memory_capacity_gib")
-            summary = {
-                "peak_memory_gib": peak,
-                "capacity_gib": capacity,
-                "headroom_percent": round(100 * (1 - peak / capacity), 2) if peak and capacity else None,
-                "oom_risk": _risk(peak, capacity),
-                **{k: v for k, v in view.items() if k not in ("detail", "unavailable")},
-            }
+            summary = _capacity(view.get("peak_hbm_gib"), device_memory, view.get("memory_capacity_gib"))
+            # The view's own names for the peak, the capacity and their ratio are shown once, under the names above.
+            summary.update({k: v for k, v in view.items() if k not in _SAID_ABOVE})
             return ToolOutput(summary, {"xprof": view}, xprof_source())
     else:
         reason = "CPU profiles have no device memory"
@@ -57,21 +55,45 @@ def get_memory_profile(session: Session) -> ToolOutput:
         raise NotAvailable(
             f"{reason}; and the host threads recorded no allocator events (MemoryAllocation with bytes stats)"
         )
-    capacity = None
-    for plane in session.device_planes():
-        if plane.stats.get("memory_size"):
-            capacity = float(plane.stats["memory_size"]) / GIB
-            break
-    peak = float(events["peak"].max()) / GIB
-    summary = {
-        "peak_memory_gib": round(peak, 4),
-        "average_in_use_gib": round(float(events["in_use"].mean()) / GIB, 4),
-        "capacity_gib": round(capacity, 3) if capacity else None,
-        "headroom_percent": round(100 * (1 - peak / capacity), 2) if capacity else None,
-        "oom_risk": _risk(peak, capacity),
-        "allocator_events": int(len(events["peak"])),
-    }
+    summary = _capacity(round(float(events["peak"].max()) / GIB, 4), device_memory, None)
+    summary["average_in_use_gib"] = round(float(events["in_use"].mean()) / GIB, 4)
+    summary["allocator_events"] = int(len(events["peak"]))
     return ToolOutput(summary, {"from": "allocator events on host threads", "xprof_reason": reason}, "allocator events")
+
+
+# XProf's memory_profile fields that say again what _capacity states (the peak twice, the capacity, used/capacity).
+_SAID_ABOVE = ("detail", "unavailable", "peak_hbm_gib", "peak_hbm_bytes", "memory_capacity_gib",
+               "hbm_utilization_percent")
+# An allocator limit within this fraction of the device's memory is the device's memory (rounding, reserved pages).
+_SAME_CAPACITY = 0.02
+
+
+def _device_memory_gib(session: Session) -> float | None:
+    """The device's memory as its plane records it (`memory_size`, bytes; GPU planes carry it), else None."""
+    sizes = [float(p.stats["memory_size"]) for p in session.device_planes() if p.stats.get("memory_size")]
+    return round(max(sizes) / GIB, 3) if sizes else None
+
+
+def _capacity(peak: float | None, device_memory: float | None, allocator_limit: float | None) -> dict:
+    """The peak against the device's memory, and the allocator's limit named as such where it is lower: the
+    headroom and the OOM risk are measured against whichever runs out first."""
+    limited = bool(allocator_limit and device_memory and allocator_limit < device_memory * (1 - _SAME_CAPACITY))
+    capacity = device_memory or allocator_limit
+    limit = allocator_limit if limited else capacity
+    summary = {
+        "peak_memory_gib": peak,
+        "capacity_gib": capacity,
+        "capacity_source": (
+            "the device's memory (its plane's memory_size)" if device_memory
+            else "the allocator's capacity (the profile records no device memory size)" if capacity else None
+        ),
+        "allocator_limit_gib": allocator_limit if limited else None,
+        "headroom_percent": round(100 * (1 - peak / limit), 2) if peak and limit else None,
+        "headroom_of": (f"the allocator's limit ({allocator_limit:g} GiB of {device_memory:g} GiB device memory)"
+                        if limited else None),
+        "oom_risk": _risk(peak, limit),
+    }
+    return {k: v for k, v in summary.items() if v is not None or k in ("peak_memory_gib", "capacity_gib")}
 
 
 def _risk(peak_gib: float | None, capacity_gib: float | None) -> str | None:

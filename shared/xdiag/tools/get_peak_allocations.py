@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from xdiag.analysis.hlo_cost import shape_bytes
 from xdiag.errors import NotAvailable
-from xdiag.profile.space import HloModule, Session
+from xdiag.profile.space import HloComputation, HloInstruction, HloModule, Session
 from xdiag.tools.common import try_view, xprof_source
 from xdiag.tools.ops import op_stats
 from xdiag.tools.registry import ToolOutput, tool
 
 MIB = 2**20
+GIB = 2**30
 
 
 @tool(
@@ -19,7 +20,8 @@ MIB = 2**20
     parameters={"module": {"type": "string", "description": "HLO module name or name(id); default the busiest"}},
 )
 def get_peak_allocations(session: Session, module: str | None = None) -> ToolOutput:
-    """summary: module, largest_buffer_mib, largest_buffer, top10_total_mib. detail: buffers (top 20)."""
+    """summary: module, largest_buffer, largest_buffer_shape, largest_buffer_mib, and without XProf's buffer
+    assignment (CPU, or no memory viewer) live_at_once_gib, live_at_once_at, basis. detail: buffers (top 20)."""
     target = session.module(module) if module else None
     if module and target is None:
         raise NotAvailable(f"no HLO module named {module!r} in this profile")
@@ -31,25 +33,104 @@ def get_peak_allocations(session: Session, module: str | None = None) -> ToolOut
         view, reason = try_view(session, "peak_allocations", module=target.display_name)
         if view is not None:
             summary = {k: v for k, v in view.items() if k != "detail"}
-            return ToolOutput({"module": target.display_name, **summary}, {"xprof": view}, xprof_source())
-    values = [
-        {"value": i.name, "shape": i.shape_text, "opcode": i.opcode, "mib": round(shape_bytes(i) / MIB, 4),
-         "framework_op": i.op_name}
-        for i in target.entry_computation.instructions
-        if i.opcode not in ("tuple", "get-tuple-element", "bitcast") and shape_bytes(i) > 0
-    ]
+            modules = view.get("detail", {}).get("modules") or [{}]
+            return ToolOutput({"module": target.display_name, **summary},
+                              {"xprof": view, "buffers": modules[0].get("top_buffers", [])}, xprof_source())
+    values = _device_values(target.entry_computation)
     if not values:
-        raise NotAvailable(f"module {target.display_name} defines no sized values")
-    values.sort(key=lambda v: -v["mib"])
+        raise NotAvailable(f"module {target.display_name} defines no sized values in device memory")
+    live_bytes, live_at = _live_at_once(target.entry_computation)
+    largest = max(values, key=lambda v: v["size_mib"])
     summary = {
         "module": target.display_name,
-        "largest_buffer": values[0]["value"],
-        "largest_buffer_shape": values[0]["shape"],
-        "largest_buffer_mib": values[0]["mib"],
-        "top10_total_mib": round(sum(v["mib"] for v in values[:10]), 4),
-        "basis": "HLO value sizes (the profile has no buffer assignment); an upper bound of what is live at once",
+        "largest_buffer": largest["value"],
+        "largest_buffer_shape": largest["shape"],
+        "largest_buffer_mib": largest["size_mib"],
+        "live_at_once_gib": round(live_bytes / GIB, 4),
+        "live_at_once_at": live_at,
+        "basis": (
+            "HLO value sizes (the profile has no buffer assignment): the entry computation's values in device "
+            "memory that are live together in its scheduled order (tuples and bitcasts hold no buffer of their "
+            "own, an async copy's destination is live from its start; host-memory values left out; temporaries "
+            "inside fusions and loop bodies not counted)"
+        ),
     }
+    values.sort(key=lambda v: -v["size_mib"])
     return ToolOutput(summary, {"buffers": values[:20]}, "HLO shapes carried in the profile")
+
+# Ops whose result is another value's buffer (or a tuple of them), not a new one.
+_ALIASING = ("tuple", "get-tuple-element", "bitcast")
+
+
+def _holds_no_buffer(ins: HloInstruction, by_name: dict[str, HloInstruction]) -> bool:
+    """A result that is other values' buffers: a tuple, a bitcast, an async start's tuple (its operands, and the
+    destination its done returns), a done whose start returned an array (the start's buffer)."""
+    if ins.opcode in _ALIASING or ins.dtype == "tuple":
+        return True
+    start = _start_of(ins, by_name)
+    return start is not None and start.dtype != "tuple"
+
+
+def _start_of(ins: HloInstruction, by_name: dict[str, HloInstruction]) -> HloInstruction | None:
+    """The start of an async pair whose done `ins` is (copy-done of copy-start, all-gather-done, …)."""
+    start = by_name.get(ins.operands[0]) if ins.operands and ins.opcode.endswith("-done") else None
+    return start if start is not None and start.opcode.endswith("-start") else None
+
+
+def _in_device_memory(ins: HloInstruction) -> bool:
+    return ins.memory_space == 0 and shape_bytes(ins) > 0
+
+
+def _device_values(computation: HloComputation) -> list[dict]:
+    """Each buffer the computation's instructions define in device memory, once."""
+    by_name = computation.by_name
+    return [
+        {"value": i.name, "shape": i.shape_text, "opcode": i.opcode, "size_mib": round(shape_bytes(i) / MIB, 4),
+         "framework_op": i.op_name}
+        for i in computation.instructions
+        if not _holds_no_buffer(i, by_name) and _in_device_memory(i)
+    ]
+
+
+def _live_at_once(computation: HloComputation) -> tuple[float, str]:
+    """The most bytes of device-memory values live together, in the computation's instruction order (XLA writes
+    a scheduled module's entry in its schedule's order), and the instruction where that happens. A value is live
+    from its definition (an async done's buffer from its start) to its last use, through the tuples and
+    bitcasts that alias it; parameters from the start, the root's buffers to the end."""
+    instructions = computation.instructions
+    if not instructions:
+        return 0.0, ""
+    by_name = computation.by_name
+    index = {i.name: n for n, i in enumerate(instructions)}
+    done_of = {start.name: i.name for i in instructions if (start := _start_of(i, by_name)) is not None}
+    spans: dict[str, list[int]] = {}  # buffer (its defining value) -> [first index, last index]
+    stands_for: dict[str, set[str]] = {}  # a value -> the buffers it is
+    for n, i in enumerate(instructions):
+        if _holds_no_buffer(i, by_name):
+            stands_for[i.name] = set().union(*(stands_for.get(o, set()) for o in i.operands))
+            if i.name in done_of:
+                stands_for[i.name].add(done_of[i.name])  # the destination the start allocates
+        else:
+            stands_for[i.name] = {i.name}
+            if _in_device_memory(i):
+                start = _start_of(i, by_name)
+                spans[i.name] = [0 if i.opcode == "parameter" else index[start.name] if start else n, n]
+        for operand in i.operands:
+            for buffer in stands_for.get(operand, ()):
+                if buffer in spans:
+                    spans[buffer][1] = max(spans[buffer][1], n)
+    last = len(instructions) - 1
+    for buffer in stands_for.get(instructions[-1].name, ()):
+        if buffer in spans:
+            spans[buffer][1] = last  # the program's result
+    live = [0.0] * len(instructions)
+    for name, (first, end) in spans.items():
+        if by_name[name].opcode == "parameter":
+            end = last  # the caller owns the arguments: live for the whole program
+        for n in range(first, end + 1):
+            live[n] += shape_bytes(by_name[name])
+    peak = max(range(len(live)), key=live.__getitem__)
+    return live[peak], instructions[peak].name
 
 
 def busiest_module(session: Session) -> HloModule | None:
