@@ -226,8 +226,15 @@ locals {
     XDIAG_MONITOR_WINDOW_S            = tostring(var.monitor_window_s)
     XDIAG_MONITOR_MIN_WINDOW_POINTS   = tostring(var.monitor_min_window_points)
     XDIAG_MONITOR_CONSECUTIVE_WINDOWS = tostring(var.monitor_consecutive_windows)
-    XDIAG_CONTROL_PLANE_AUTH          = "iam"                # Cloud Functions IAM checks every caller: no token to keep secret
-    XDIAG_VIEWER_URL                  = var.viewer_link_base # where share answers and reports link into the viewer
+    XDIAG_CONTROL_PLANE_AUTH          = "iam" # Cloud Functions IAM checks every caller: no token to keep secret
+    # The control plane verifies every caller's ID token for these audiences (xdiag.capture.identity): its
+    # deterministic run.app and cloudfunctions.net URLs, and any other its callers' tokens name
+    XDIAG_CONTROL_PLANE_AUDIENCE = join(",", concat([
+      "https://${var.name_prefix}-control-plane-${data.google_project.this.number}.${var.region}.run.app",
+      "https://${var.region}-${var.project}.cloudfunctions.net/${var.name_prefix}-control-plane",
+    ], var.control_plane_audiences))
+    XDIAG_CONTROL_PLANE_ADMINS = join(",", var.control_plane_admins) # read and share every run, name readers
+    XDIAG_VIEWER_URL           = var.viewer_link_base                # where share answers and reports link into the viewer
   }
 
   bucket_roles = {

@@ -244,6 +244,18 @@ variable "function_overrides" {
 
 # --- the control plane ---------------------------------------------------------------------------------------
 
+variable "control_plane_admins" {
+  description = "Who may read and share every run and name any run's readers (IAM principals, e.g. user:admin@example.com). Everyone else reads only the runs they created or were named readers of."
+  type        = list(string)
+  default     = []
+}
+
+variable "control_plane_audiences" {
+  description = "More audiences an ID token for the control plane may name, beyond its run.app and cloudfunctions.net URLs (e.g. the URL `terraform output control_plane_url` prints, where `gcloud run services proxy` mints tokens for it)."
+  type        = list(string)
+  default     = []
+}
+
 variable "control_plane_invokers" {
   description = "Who may call the control plane (and so the ML Diagnostics SDK's machinelearning_run(base_url=…)): IAM members such as user:alice@example.com, group:ml@example.com, serviceAccount:trainer@P.iam.gserviceaccount.com. Nobody is unauthenticated."
   type        = list(string)

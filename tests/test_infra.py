@@ -360,6 +360,9 @@ NOT_SET_IN_CLOUD = {
     "XDIAG_CONTROL_PLANE_PRINCIPAL": "who the local token stands for; behind IAM the caller's verified identity is",
     "XDIAG_SHARE_KEY_FILE": "the local stack's link-signing key; in the cloud the control plane signs through IAM "
     "and Cloud Storage checks the links",
+    "XDIAG_CONTROL_PLANE_URL": "where the local stack's link endpoint answers; in the cloud links are Cloud "
+    "Storage's own",
+    "XDIAG_ID_TOKEN_CERTS_URL": "the keys ID tokens are checked against; unset, Google's (tests sign their own)",
 }
 
 

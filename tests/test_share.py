@@ -1,6 +1,7 @@
-"""Share links and monitored events through the `control_plane` function, fast: functions-framework's test client over
-the embedded adapters (no emulator), the way test_control_plane.py runs. The same on the emulators, with `xdiag share`
-and `xdiag events`, is in test_viewer_stack.py.
+"""Share links, run readers and monitored events through the `control_plane` function, fast: functions-framework's test
+client over the embedded adapters (no emulator), the way test_control_plane.py runs, behind IAM as in the cloud: every
+caller carries an ID token signed by a local stand-in for Google's keys (tests/fake_google_certs.py) and verified by
+google-auth. The same on the emulators, with `xdiag share` and `xdiag events`, is in test_viewer_stack.py.
 
 The link is a V4 signed URL (signed with a local service-account key, as on the local stack); the control plane's link
 endpoint checks its signature and expiry as Cloud Storage would, since the Cloud Storage emulator checks neither.
@@ -14,39 +15,61 @@ from urllib.parse import parse_qsl, urlsplit
 import pytest
 from xdiag.capture.control_plane import Access
 from xdiag.capture.share import LINKS, new_signing_key
-from xdiag.capture.sharing_routes import PRINCIPAL_ENV, SHARE_KEY_ENV
+from xdiag.capture.sharing_routes import LINK_BASE_ENV, SHARE_KEY_ENV
 from xdiag.cloud.runtime import use_runtime
 from xdiag.model import Alert
 from xdiag.pipeline.runs import ALERTS
 from xdiag.pipeline.topics import ANALYSES, sessions_collection
 
-from tests.test_control_plane import BUCKET, RUN, Plane
+from tests.fake_google_certs import FakeGoogleCerts, bearer
+from tests.test_control_plane import BUCKET, RUN, SDK_BODY, SDK_MASK, Plane
 
 REPORT = f"gs://{BUCKET}/runs/{RUN}/plugins/profile/s1/xdiag/summary.html"
+AUDIENCE = "https://xdiag-control-plane-123456789.us-central1.run.app"
+LINK_BASE = "http://control-plane.test:8080"  # where the link endpoint answers, by configuration
+ADMIN = "admin@example.com"
+
+
+@pytest.fixture(scope="module")
+def google():
+    certs = FakeGoogleCerts()
+    yield certs
+    certs.close()
+
+
+def _as(google: FakeGoogleCerts, email: str) -> dict[str, str]:
+    return bearer(google.token(email, AUDIENCE))
 
 
 @pytest.fixture
-def plane(tmp_path, monkeypatch):
+def plane(tmp_path, monkeypatch, google):
     monkeypatch.setenv(SHARE_KEY_ENV, str(new_signing_key(tmp_path / "key.json", "xdiag-local")))
-    monkeypatch.setenv(PRINCIPAL_ENV, "user:alice@example.com")
-    plane = Plane(tmp_path, Access(token="s3cret-token"))
-    plane.create_run()
+    monkeypatch.setenv(LINK_BASE_ENV, LINK_BASE)
+    access = Access.from_env({"XDIAG_CONTROL_PLANE_AUTH": "iam", "XDIAG_CONTROL_PLANE_AUDIENCE": AUDIENCE,
+                              "XDIAG_ID_TOKEN_CERTS_URL": google.url, "XDIAG_CONTROL_PLANE_ADMINS": f"user:{ADMIN}"})
+    plane = Plane(tmp_path, access)
+    alice = _as(google, "alice@example.com")
+    status, _ = plane.call("PATCH", f"/v1/machineLearningRuns?update_mask={SDK_MASK}&allow_missing=true", SDK_BODY,
+                           headers=alice)
+    assert status == 200
     plane.deps.state.set(sessions_collection(RUN), "s1", {"run_id": RUN, "session_id": "s1", "kind": "on_demand",
                                                           "status": "COMPLETE", "analysis_id": "a1"})
-    plane.deps.state.set(ANALYSES, "a1", {"analysis_id": "a1", "status": "DONE", "report_uri": REPORT})
+    plane.deps.state.set(ANALYSES, "a1", {"analysis_id": "a1", "status": "DONE", "report_uri": REPORT, "run_id": RUN})
     plane.deps.blobs.put(REPORT, b"<html>the report</html>", "text/html")
+    plane.alice = alice
     yield plane
     use_runtime(None)
 
 
-def _share(plane, expires_s=60, session="s1"):
-    return plane.call("POST", f"/v1/runs/{RUN}/sessions/{session}:share", {"expires_s": expires_s})
+def _share(plane, expires_s=60, session="s1", headers=None):
+    return plane.call("POST", f"/v1/runs/{RUN}/sessions/{session}:share", {"expires_s": expires_s},
+                      headers=headers or plane.alice)
 
 
 def _fetch(plane, url: str, **change):
     parts = urlsplit(url)
     query = {**dict(parse_qsl(parts.query)), **change}
-    answer = plane.client.get(parts.path, query_string=query, headers={"Host": parts.netloc})
+    answer = plane.client.get(parts.path, query_string=query)  # no token: the signature is the credential
     return answer.status_code, answer.data
 
 
@@ -75,21 +98,80 @@ def test_a_tampered_or_foreign_link_is_refused(plane):
     assert _fetch(plane, forged)[0] == 403
 
 
-def test_sharing_is_refused_for_a_run_the_caller_cannot_read_and_for_a_session_without_report(plane):
-    status, answer = plane.call("PUT", f"/v1/runs/{RUN}/readers", {"readers": ["user:bob@example.com"]})
-    assert status == 200 and answer["readers"] == ["user:bob@example.com"]
+def test_sharing_is_refused_for_a_run_the_caller_cannot_read_and_for_a_session_without_report(plane, google):
+    bob = _as(google, "bob@example.com")
     before = plane.deps.state.list(LINKS)
-    status, answer = _share(plane)
+    status, answer = _share(plane, headers=bob)
     assert status == 403 and "may not read run" in answer["error"]["message"]
     assert plane.deps.state.list(LINKS) == before  # nothing signed, nothing recorded
-    status, answer = plane.call("PUT", f"/v1/runs/{RUN}/readers", {"readers": []})
-    assert status == 403  # a caller who cannot read the run cannot change who can
-    plane.deps.state.update("runs", RUN, {"readers": ["user:alice@example.com", "user:bob@example.com"]})
-    assert _share(plane)[0] == 201
+    status, answer = plane.call("PUT", f"/v1/runs/{RUN}/readers", {"readers": ["user:bob@example.com"]},
+                                headers=plane.alice)
+    assert status == 200 and answer["readers"] == ["user:bob@example.com"]
+    assert _share(plane, headers=bob)[0] == 201
     assert _share(plane, session="nope")[0] == 404
-    assert plane.call("POST", "/v1/runs/ghost/sessions/s1:share", {"expires_s": 60})[0] == 404
+    assert plane.call("POST", "/v1/runs/ghost/sessions/s1:share", {"expires_s": 60}, headers=plane.alice)[0] == 404
     assert _share(plane, expires_s=8 * 86400)[0] == 400  # past a V4 signed URL's 7 days
     assert plane.call("POST", f"/v1/runs/{RUN}/sessions/s1:share", {"expires_s": 60}, headers={})[0] == 401
+
+
+def test_behind_iam_only_a_google_signed_id_token_for_this_service_names_the_caller(plane, google):
+    """The caller was read from the token's payload unchecked: `alg: none` with any e-mail passed as that reader."""
+    alice = "alice@example.com"
+    refused = {
+        "alg none": bearer(google.unsigned_token(alice, AUDIENCE)),
+        "another key": bearer(google.foreign_token(alice, AUDIENCE)),
+        "another audience": bearer(google.token(alice, "https://other-service.example")),
+        "expired": bearer(google.token(alice, AUDIENCE, lifetime_s=-120, iat=int(time.time()) - 900)),
+        "another issuer": bearer(google.token(alice, AUDIENCE, iss="https://evil.example")),
+        "unverified e-mail": bearer(google.token(alice, AUDIENCE, email_verified=False)),
+        "no token": {},
+        "not a token": bearer("x.y.z"),
+    }
+    for why, headers in refused.items():
+        status, answer = plane.call("GET", f"/v1/runs/{RUN}", headers=headers)
+        assert status == 401, (why, answer)
+    assert plane.call("GET", f"/v1/runs/{RUN}", headers=plane.alice)[0] == 200
+
+
+def test_a_run_is_read_by_its_owners_readers_and_administrators_only_and_only_owners_name_readers(plane, google):
+    bob, carol, admin = (_as(google, f"{name}@example.com") for name in ("bob", "carol", "admin"))
+    run_paths = [f"/v1/runs/{RUN}", f"/v1/runs/{RUN}/sessions", f"/v1/runs/{RUN}/sessions/s1",
+                 f"/v1/runs/{RUN}/analyses", f"/v1/runs/{RUN}/targets", f"/v1/machineLearningRuns/{RUN}",
+                 f"/v1/events?run={RUN}"]
+    for path in run_paths:  # a non-reader got 200 and the report URIs
+        status, answer = plane.call("GET", path, headers=bob)
+        assert status == 403, (path, answer)
+    assert [r["run_id"] for r in plane.call("GET", "/v1/runs", headers=bob)[1]["runs"]] == []
+    # the first caller to name readers of a run took it over
+    status, answer = plane.call("PUT", f"/v1/runs/{RUN}/readers", {"readers": ["user:bob@example.com"]}, headers=bob)
+    assert status == 403 and not plane.deps.state.get("runs", RUN).get("readers")
+    assert plane.call("PATCH", f"/v1/machineLearningRuns/{RUN}?update_mask=workload.state",
+                      {"workload": {"state": "STATE_FAILED"}}, headers=bob)[0] == 403
+    # the owner names a reader: the reader reads, and still may not name readers; others still may not read
+    assert plane.call("PUT", f"/v1/runs/{RUN}/readers", {"readers": ["user:bob@example.com"]},
+                      headers=plane.alice)[0] == 200
+    for path in run_paths:
+        assert plane.call("GET", path, headers=bob)[0] == 200, path
+        assert plane.call("GET", path, headers=carol)[0] == 403, path
+    status, answer = plane.call("PUT", f"/v1/runs/{RUN}/readers", {"readers": ["user:carol@example.com"]}, headers=bob)
+    assert status == 403 and "not an owner" in answer["error"]["message"]
+    # a run nobody claimed (uploaded straight to the bucket: register records it without owners) is the admins'
+    plane.deps.state.set("runs", "uploaded", {"run_id": "uploaded", "base_uri": f"gs://{BUCKET}/uploaded"})
+    assert plane.call("GET", "/v1/runs/uploaded", headers=plane.alice)[0] == 403
+    assert plane.call("PUT", "/v1/runs/uploaded/readers", {"readers": ["user:alice@example.com"]},
+                      headers=plane.alice)[0] == 403
+    assert plane.call("GET", "/v1/runs/uploaded", headers=admin)[0] == 200
+    assert plane.call("PUT", "/v1/runs/uploaded/readers", {"readers": ["user:carol@example.com"]},
+                      headers=admin)[0] == 200
+    assert plane.call("GET", "/v1/runs/uploaded", headers=carol)[0] == 200
+
+
+def test_a_share_link_s_host_is_the_configured_endpoint_whatever_host_the_request_names(plane):
+    """The link's host came from the request's Host header: a link minted through any name pointed there."""
+    status, link = plane.call("POST", f"/v1/runs/{RUN}/sessions/s1:share", {"expires_s": 60},
+                              headers={**plane.alice, "Host": "evil.example"})
+    assert status == 201 and urlsplit(link["url"]).netloc == urlsplit(LINK_BASE).netloc, link["url"]
+    assert _fetch(plane, link["url"]) == (200, b"<html>the report</html>")
 
 
 def test_monitored_events_list_the_capture_and_the_cool_downs_and_describe_the_analyser_s_numbers(plane):
@@ -101,16 +183,16 @@ def test_monitored_events_list_the_capture_and_the_cool_downs_and_describe_the_a
         plane.deps.state.set(ALERTS, f"e{n}", {"source": "incident", "run_id": RUN,
                                                "received_at": f"2026-12-01T00:00:0{n}+00:00",
                                                "outcome": f"cool-down: run {RUN!r} was captured automatically {n} s ago"})
-    status, answer = plane.call("GET", f"/v1/events?run={RUN}")
+    status, answer = plane.call("GET", f"/v1/events?run={RUN}", headers=plane.alice)
     assert status == 200
     assert [(e["id"], e["outcome"]) for e in answer["events"]] == [
         ("e1", "captured"), ("e2", "cool-down"), ("e3", "cool-down"), ("e4", "cool-down")]
-    status, event = plane.call("GET", "/v1/events/e1")
+    status, event = plane.call("GET", "/v1/events/e1", headers=plane.alice)
     assert status == 200 and event["analyser"] == detail
     assert event["capture"]["kind"] == "on_demand" and event["capture"]["analysis"]["report_uri"] == REPORT
-    status, event = plane.call("GET", "/v1/events/e3")
+    status, event = plane.call("GET", "/v1/events/e3", headers=plane.alice)
     assert event["cooled_down_by"] == "e1"
-    assert plane.call("GET", "/v1/events/nope")[0] == 404
+    assert plane.call("GET", "/v1/events/nope", headers=plane.alice)[0] == 404
 
 
 def test_the_capture_stage_keeps_the_alert_s_detail_for_describe(plane):

@@ -37,8 +37,9 @@ limited alphabet, so none escapes its document or its folder; a run's folder is 
 
 Access: with `XDIAG_CONTROL_PLANE_TOKEN` set, every request carries `Authorization: Bearer TOKEN` (or HTTP basic
 auth with the token as the password: the SDK sends that for `base_url=http://xdiag:TOKEN@HOST:PORT`). With
-`XDIAG_CONTROL_PLANE_AUTH=iam` Cloud Functions IAM checks the caller instead. With neither, every request is
-refused: the control plane is never open by accident.
+`XDIAG_CONTROL_PLANE_AUTH=iam` Cloud Functions IAM lets invokers in and every request's ID token is verified here
+(xdiag.capture.identity). With neither, every request is refused: the control plane is never open by accident.
+A run is read (and captured, and changed) only by its owners, its readers and the administrators.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from xdiag.capture import sharing_routes
+from xdiag.capture.identity import Identity, Unauthenticated, Who
 from xdiag.capture.share import ShareRefused
 from xdiag.capture.stage import new_session_id, set_continuous
 from xdiag.model import Alert, StepTimes, utc_now
@@ -100,15 +102,20 @@ _TEXT = re.compile(r"[^\x00-\x1f\x7f]{0,512}")
 
 @dataclass(frozen=True)
 class Access:
-    """Who may call: a shared token, Cloud Functions IAM in front, or (neither) nobody."""
+    """Who may call: a shared token, verified ID tokens behind IAM, or (neither) nobody; and who the caller is."""
 
     token: str | None = None
     iam: bool = False
+    identity: Identity | None = None  # None: Identity.from_env({}, iam)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Access:
-        return cls(token=env.get("XDIAG_CONTROL_PLANE_TOKEN") or None,
-                   iam=env.get("XDIAG_CONTROL_PLANE_AUTH", "").lower() == "iam")
+        iam = env.get("XDIAG_CONTROL_PLANE_AUTH", "").lower() == "iam"
+        return cls(token=env.get("XDIAG_CONTROL_PLANE_TOKEN") or None, iam=iam, identity=Identity.from_env(env, iam))
+
+    def who(self, headers: Mapping[str, str]) -> Who:
+        identity = self.identity or Identity.from_env({}, self.iam)
+        return Who(identity, identity.caller(headers))
 
 
 @dataclass
@@ -140,7 +147,7 @@ def handle(
     """One request → one reply; never raises for a bad request."""
     try:
         if method == "GET" and path.startswith(sharing_routes.LINKS_PREFIX):  # its signature is the credential
-            status, content = sharing_routes.serve_link(deps, path, query, headers)
+            status, content = sharing_routes.serve_link(deps, path, query)
             return Reply(status, content, "text/html; charset=utf-8")
     except ShareRefused as exc:
         return _error(exc.status, str(exc))
@@ -148,14 +155,18 @@ def handle(
     if denied:
         return denied
     try:
+        who = access.who(headers)
+    except Unauthenticated as exc:
+        return _error(401, str(exc))
+    try:
         if len(body) > MAX_BODY_BYTES:
             raise RequestError(413, f"the body is larger than {MAX_BODY_BYTES} bytes")
         parsed = _json(body) if method in ("PATCH", "POST", "PUT") else {}
-        answered = sharing_routes.route(deps, access.iam, method, path, query, headers, parsed)
+        answered = sharing_routes.route(deps, who, method, path, query, parsed)
         if answered is not None:
             return Reply(*answered)
         route, args = _route(method, path)
-        return route(deps, args, query, parsed)
+        return route(deps, args, query, parsed, who)
     except ShareRefused as exc:
         return _error(exc.status, str(exc))
     except RequestError as exc:
@@ -229,10 +240,12 @@ def _route(method: str, path: str):
     raise RequestError(404, f"no endpoint {method} {path}")
 
 
-def _known_run(deps: Dependencies, run_id: str) -> dict[str, Any]:
+def _known_run(deps: Dependencies, run_id: str, who: Who) -> dict[str, Any]:
     run = get_run(deps.state, check_run_id(run_id))
     if run is None:
         raise RequestError(404, f"unknown run {run_id!r}")
+    if not who.may_read(run):
+        raise RequestError(403, f"{who.caller} may not read run {run_id!r}")
     return run
 
 
@@ -285,7 +298,8 @@ def _check_field(name: str, value: Any, run_id: str, bucket: str) -> Any:
     return value
 
 
-def _patch_run(deps: Dependencies, args: list[str], query: Mapping[str, str], body: dict[str, Any]) -> Reply:
+def _patch_run(deps: Dependencies, args: list[str], query: Mapping[str, str], body: dict[str, Any],
+               who: Who) -> Reply:
     allow = (query.get("allow_missing") or query.get("allowMissing") or "false").lower()
     if allow not in ("true", "false"):
         raise InvalidRequest(f"allow_missing {allow!r} is not true or false")
@@ -301,6 +315,8 @@ def _patch_run(deps: Dependencies, args: list[str], query: Mapping[str, str], bo
     existing = get_run(deps.state, run_id)
     if existing is None and allow != "true":
         raise RequestError(404, f"unknown run {run_id!r} (allow_missing is false)")
+    if existing is not None and not who.may_read(existing):
+        raise RequestError(403, f"{who.caller} may not change run {run_id!r}")
     now = utc_now()
     resource = dict((existing or {}).get("resource") or {})
     for name, value in changes.items():
@@ -321,6 +337,7 @@ def _patch_run(deps: Dependencies, args: list[str], query: Mapping[str, str], bo
     doc["base_uri"] = f"{deps.profile_root}/{doc['path']}"
     if existing is None:
         doc["created_at"] = now
+        doc["owners"] = [who.caller]  # the creator names the run's readers
     deps.state.update(RUNS, state_key(run_id), doc)
     return Reply(200, _sdk_resource(get_run(deps.state, run_id)))
 
@@ -335,8 +352,9 @@ def _sdk_resource(run: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _get_sdk_run(deps: Dependencies, args: list[str], query: Mapping[str, str], body: dict[str, Any]) -> Reply:
-    return Reply(200, _sdk_resource(_known_run(deps, args[0])))
+def _get_sdk_run(deps: Dependencies, args: list[str], query: Mapping[str, str], body: dict[str, Any],
+                 who: Who) -> Reply:
+    return Reply(200, _sdk_resource(_known_run(deps, args[0], who)))
 
 
 # --- xdiag's endpoints -----------------------------------------------------------------------------------
@@ -356,29 +374,34 @@ def _run_summary(key: str, run: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _list_runs(deps: Dependencies, args: list[str], query: Mapping[str, str], body: dict[str, Any]) -> Reply:
-    return Reply(200, {"runs": [_run_summary(key, run) for key, run in deps.state.list(RUNS)]})
+def _list_runs(deps: Dependencies, args: list[str], query: Mapping[str, str], body: dict[str, Any],
+               who: Who) -> Reply:
+    return Reply(200, {"runs": [_run_summary(key, run) for key, run in deps.state.list(RUNS)
+                                if who.may_read(run)]})
 
 
-def _get_run(deps: Dependencies, args: list[str], query: Mapping[str, str], body: dict[str, Any]) -> Reply:
-    run = _known_run(deps, args[0])
+def _get_run(deps: Dependencies, args: list[str], query: Mapping[str, str], body: dict[str, Any],
+             who: Who) -> Reply:
+    run = _known_run(deps, args[0], who)
     return Reply(200, {**_run_summary(state_key(args[0]), run), "path": run.get("path"),
                        "resource": run.get("resource"), "continuous": run.get("continuous") or {"state": "off"},
                        "targets": list_targets(deps.state, args[0])})
 
 
-def _list_targets(deps: Dependencies, args: list[str], query: Mapping[str, str], body: dict[str, Any]) -> Reply:
-    _known_run(deps, args[0])
+def _list_targets(deps: Dependencies, args: list[str], query: Mapping[str, str], body: dict[str, Any],
+                  who: Who) -> Reply:
+    _known_run(deps, args[0], who)
     return Reply(200, {"targets": list_targets(deps.state, args[0])})
 
 
-def _add_target(deps: Dependencies, args: list[str], query: Mapping[str, str], body: dict[str, Any]) -> Reply:
+def _add_target(deps: Dependencies, args: list[str], query: Mapping[str, str], body: dict[str, Any],
+                who: Who) -> Reply:
     unknown = set(body) - {"name", "host", "port"}
     if unknown:
         raise InvalidRequest(f"unknown field(s): {', '.join(sorted(unknown))}")
     name = check_name(body.get("name"), "target name")
     host, port = check_address(body.get("host"), body.get("port"), deps.capture.allow_loopback)
-    _known_run(deps, args[0])
+    _known_run(deps, args[0], who)
     targets = {doc["name"]: doc for doc in list_targets(deps.state, args[0])}
     if name not in targets and len(targets) >= MAX_TARGETS:
         raise InvalidRequest(f"run {args[0]!r} has {MAX_TARGETS} targets already")
@@ -388,8 +411,9 @@ def _add_target(deps: Dependencies, args: list[str], query: Mapping[str, str], b
     return Reply(200, target)
 
 
-def _delete_target(deps: Dependencies, args: list[str], query: Mapping[str, str], body: dict[str, Any]) -> Reply:
-    _known_run(deps, args[0])
+def _delete_target(deps: Dependencies, args: list[str], query: Mapping[str, str], body: dict[str, Any],
+                   who: Who) -> Reply:
+    _known_run(deps, args[0], who)
     name = check_name(args[1], "target name")
     if deps.state.get(targets_collection(args[0]), name) is None:
         raise RequestError(404, f"run {args[0]!r} has no target {name!r}")
@@ -406,21 +430,24 @@ def _session_view(deps: Dependencies, session: dict[str, Any]) -> dict[str, Any]
     return view
 
 
-def _list_sessions(deps: Dependencies, args: list[str], query: Mapping[str, str], body: dict[str, Any]) -> Reply:
-    _known_run(deps, args[0])
+def _list_sessions(deps: Dependencies, args: list[str], query: Mapping[str, str], body: dict[str, Any],
+                   who: Who) -> Reply:
+    _known_run(deps, args[0], who)
     return Reply(200, {"sessions": [_session_view(deps, doc) for _, doc in deps.state.list(sessions_collection(args[0]))]})
 
 
-def _get_session(deps: Dependencies, args: list[str], query: Mapping[str, str], body: dict[str, Any]) -> Reply:
-    _known_run(deps, args[0])
+def _get_session(deps: Dependencies, args: list[str], query: Mapping[str, str], body: dict[str, Any],
+                 who: Who) -> Reply:
+    _known_run(deps, args[0], who)
     session = deps.state.get(sessions_collection(args[0]), state_key(check_name(args[1], "session id")))
     if session is None:
         raise RequestError(404, f"run {args[0]!r} has no session {args[1]!r}")
     return Reply(200, _session_view(deps, session))
 
 
-def _list_analyses(deps: Dependencies, args: list[str], query: Mapping[str, str], body: dict[str, Any]) -> Reply:
-    run = _known_run(deps, args[0])
+def _list_analyses(deps: Dependencies, args: list[str], query: Mapping[str, str], body: dict[str, Any],
+                   who: Who) -> Reply:
+    run = _known_run(deps, args[0], who)
     keep = ("analysis_id", "session_id", "status", "result", "failure_reason", "report_uri", "created_at")
     analyses = [{k: doc.get(k) for k in keep} for _, doc in deps.state.list(ANALYSES) if doc.get("run_id") == run["run_id"]]
     return Reply(200, {"analyses": analyses})
@@ -447,7 +474,8 @@ def _new_session(deps: Dependencies, run_id: str, requested: Any, kind: str) -> 
     return session_id
 
 
-def _request_capture(deps: Dependencies, args: list[str], query: Mapping[str, str], body: dict[str, Any]) -> Reply:
+def _request_capture(deps: Dependencies, args: list[str], query: Mapping[str, str], body: dict[str, Any],
+                     who: Who) -> Reply:
     known = {"duration_ms", "hosts", "session_id", "host_tracer_level", "device_tracer_level", "python_tracer_level"}
     unknown = set(body) - known
     if unknown:
@@ -455,7 +483,7 @@ def _request_capture(deps: Dependencies, args: list[str], query: Mapping[str, st
     run_id = check_run_id(args[0])
     duration_ms = check_duration_ms(body.get("duration_ms", deps.capture.duration_ms), deps.capture)
     levels = check_tracer_levels(body)
-    _known_run(deps, run_id)
+    _known_run(deps, run_id, who)
     hosts = _selection(deps, run_id, body)
     session_id = _new_session(deps, run_id, body.get("session_id"), KIND_ON_DEMAND)
     alert = Alert(source="manual", run_id=run_id, session_id=session_id, hosts=hosts or None, duration_ms=duration_ms,
@@ -465,14 +493,14 @@ def _request_capture(deps: Dependencies, args: list[str], query: Mapping[str, st
                        "duration_ms": duration_ms, "hosts": hosts or "all"})
 
 
-def _continuous(deps: Dependencies, args: list[str], body: dict[str, Any], start: bool) -> Reply:
+def _continuous(deps: Dependencies, args: list[str], body: dict[str, Any], start: bool, who: Who) -> Reply:
     allowed = {"hosts", "device_tracer_level"} if start else {"hosts"}
     unknown = set(body) - allowed
     if unknown:
         raise InvalidRequest(f"unknown field(s): {', '.join(sorted(unknown))}")
     run_id = check_run_id(args[0])
     level = check_tracer_levels({"device_tracer_level": body.get("device_tracer_level", 1)})["device_tracer_level"]
-    _known_run(deps, run_id)
+    _known_run(deps, run_id, who)
     hosts = _selection(deps, run_id, body)
     state = set_continuous(deps, run_id, start, hosts or None, level)
     if not any(answer["status"] == "ok" for answer in state["answers"].values()):
@@ -481,27 +509,31 @@ def _continuous(deps: Dependencies, args: list[str], body: dict[str, Any], start
     return Reply(200, {"run_id": run_id, **state})
 
 
-def _continuous_start(deps: Dependencies, args: list[str], query: Mapping[str, str], body: dict[str, Any]) -> Reply:
-    return _continuous(deps, args, body, start=True)
+def _continuous_start(deps: Dependencies, args: list[str], query: Mapping[str, str], body: dict[str, Any],
+                      who: Who) -> Reply:
+    return _continuous(deps, args, body, start=True, who=who)
 
 
-def _continuous_stop(deps: Dependencies, args: list[str], query: Mapping[str, str], body: dict[str, Any]) -> Reply:
-    return _continuous(deps, args, body, start=False)
+def _continuous_stop(deps: Dependencies, args: list[str], query: Mapping[str, str], body: dict[str, Any],
+                     who: Who) -> Reply:
+    return _continuous(deps, args, body, start=False, who=who)
 
 
-def _snapshot(deps: Dependencies, args: list[str], query: Mapping[str, str], body: dict[str, Any]) -> Reply:
+def _snapshot(deps: Dependencies, args: list[str], query: Mapping[str, str], body: dict[str, Any],
+              who: Who) -> Reply:
     unknown = set(body) - {"name", "hosts"}
     if unknown:
         raise InvalidRequest(f"unknown field(s): {', '.join(sorted(unknown))}")
     run_id = check_run_id(args[0])
-    _known_run(deps, run_id)
+    _known_run(deps, run_id, who)
     hosts = _selection(deps, run_id, body)
     session_id = _new_session(deps, run_id, body.get("name"), KIND_SNAPSHOT)
     deps.bus.publish(TOPIC_ALERTS, Alert(source="snapshot", run_id=run_id, session_id=session_id, hosts=hosts or None))
     return Reply(202, {"run_id": run_id, "session_id": session_id, "kind": KIND_SNAPSHOT, "status": "REQUESTED"})
 
 
-def _report_steps(deps: Dependencies, args: list[str], query: Mapping[str, str], body: dict[str, Any]) -> Reply:
+def _report_steps(deps: Dependencies, args: list[str], query: Mapping[str, str], body: dict[str, Any],
+                  who: Who) -> Reply:
     run_id = check_run_id(args[0])
     points = body.get("points")
     if not isinstance(points, list) or not 0 < len(points) <= MAX_POINTS:
@@ -512,6 +544,6 @@ def _report_steps(deps: Dependencies, args: list[str], query: Mapping[str, str],
     except ValidationError as exc:
         first = exc.errors()[0]
         raise InvalidRequest(f"points: {'.'.join(str(p) for p in first['loc'])}: {first['msg']}") from None
-    _known_run(deps, run_id)
+    _known_run(deps, run_id, who)
     deps.bus.publish(TOPIC_STEP_TIMES, message)
     return Reply(202, {"run_id": run_id, "accepted": len(message.points)})

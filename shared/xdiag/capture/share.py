@@ -9,15 +9,11 @@ would — the V4 signature (RSA-SHA256 over the canonical request, with the stac
 `X-Goog-Date` + `X-Goog-Expires` — before it serves the object. Every link issued is `links/{id}` in the state
 store: run, session, object, who asked, when, until when.
 
-Who may share: a caller who may read the run. A run may name its readers (`readers`: principals such as
-`user:alice@example.com`, set with `PUT /v1/runs/{run}/readers`); a run without readers is readable by every caller
-the control plane lets in (the project's members behind IAM, or the local token's holder).
+Who may share: a caller who may read the run (xdiag.capture.identity: its owners, its readers, the administrators).
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import datetime as dt
 import hashlib
 import json
@@ -53,27 +49,6 @@ def parse_expiry(text: str) -> int:
     if not MIN_EXPIRY_S <= seconds <= MAX_EXPIRY_S:
         raise ValueError(f"expiry {text!r} is outside 1 second to 7 days (the longest a V4 signed URL lives)")
     return seconds
-
-
-def caller_of(headers: Mapping[str, str], iam: bool, local_principal: str) -> str:
-    """Who is calling: behind IAM the e-mail of the ID token Cloud Run already verified; with the local token, the
-    principal the token stands for."""
-    if not iam:
-        return local_principal
-    auth = headers.get("Authorization") or headers.get("authorization") or ""
-    token = auth.partition(" ")[2].strip()
-    try:
-        payload = token.split(".")[1]
-        claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
-        email = claims["email"]
-    except (IndexError, KeyError, ValueError, binascii.Error):
-        return "unknown"
-    return f"serviceAccount:{email}" if email.endswith(".gserviceaccount.com") else f"user:{email}"
-
-
-def may_read(run: Mapping[str, Any], caller: str) -> bool:
-    readers = run.get("readers")
-    return not readers or caller in readers
 
 
 @dataclass

@@ -2,7 +2,7 @@
 xdiag.capture.monitored_events):
 
     POST /v1/runs/{run}/sessions/{session}:share   {"expires_s"} → 201 {"url", "expires_at", "link_id", "by", "at", …}
-    PUT  /v1/runs/{run}/readers                    {"readers": ["user:alice@example.com", …]} ([] : every caller)
+    PUT  /v1/runs/{run}/readers                    {"readers": ["user:alice@example.com", …]} (by an owner)
     GET  /v1/events[?run=R]                        the monitored events, oldest first
     GET  /v1/events/{id}                           one event with the analyser's details, its capture and report
     GET  /v1/links/<bucket>/<object>?X-Goog-…      the local stack's link endpoint: the object, if the V4 signature
@@ -19,6 +19,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from xdiag.capture.monitored_events import describe_event, list_events
 from xdiag.capture.share import (
@@ -28,11 +29,10 @@ from xdiag.capture.share import (
     IamSigner,
     KeySigner,
     ShareRefused,
-    caller_of,
     check_signed_link,
     make_link,
-    may_read,
 )
+from xdiag.capture.identity import Who
 from xdiag.errors import InvalidRequest
 from xdiag.ids import check_name, check_run_id
 from xdiag.pipeline.deps import Dependencies
@@ -42,8 +42,7 @@ from xdiag.pipeline.topics import ANALYSES, sessions_collection
 from xdiag.report.viewer_links import viewer_links
 
 SHARE_KEY_ENV = "XDIAG_SHARE_KEY_FILE"  # the local stack's link-signing key; unset in the cloud (IAM signs)
-PRINCIPAL_ENV = "XDIAG_CONTROL_PLANE_PRINCIPAL"  # who the local token stands for
-LOCAL_PRINCIPAL = "user:local-operator"
+LINK_BASE_ENV = "XDIAG_CONTROL_PLANE_URL"  # where the local link endpoint answers: the control plane itself
 MAX_READERS = 100
 
 
@@ -52,13 +51,24 @@ def _key_file() -> Path | None:
     return Path(value) if value else None
 
 
-def serve_link(deps: Dependencies, path: str, query: Mapping[str, str], headers: Mapping[str, str]) -> tuple[int, Any]:
-    """The local link endpoint: checks what Cloud Storage would, then serves the object."""
+def _local_signer() -> KeySigner | None:
+    """The local stack's signer, its links on the configured link endpoint (never on the Host a request names:
+    a link is only as trustworthy as its host); None in the cloud."""
     key_file = _key_file()
     if key_file is None:
+        return None
+    base = os.environ.get(LINK_BASE_ENV)
+    if not base:
+        raise ShareRefused(503, f"{SHARE_KEY_ENV} is set but {LINK_BASE_ENV} is not: no link endpoint to point at")
+    return KeySigner(key_file, base)
+
+
+def serve_link(deps: Dependencies, path: str, query: Mapping[str, str]) -> tuple[int, Any]:
+    """The local link endpoint: checks what Cloud Storage would, then serves the object."""
+    signer = _local_signer() if _key_file() else None
+    if signer is None:
         raise ShareRefused(404, "no link endpoint here: in the cloud, links are Cloud Storage's own signed URLs")
-    host = headers.get("Host") or headers.get("host") or ""
-    bucket, name = check_signed_link(path, query, host, KeySigner(key_file, "").public_key(),
+    bucket, name = check_signed_link(path, query, urlsplit(signer.base_url).netloc, signer.public_key(),
                                      dt.datetime.now(dt.timezone.utc))
     if f"gs://{bucket}" != deps.profile_root:
         raise ShareRefused(404, f"bucket {bucket!r} is not xdiag's")
@@ -68,85 +78,83 @@ def serve_link(deps: Dependencies, path: str, query: Mapping[str, str], headers:
         raise ShareRefused(404, f"gs://{bucket}/{name} is gone") from None
 
 
-def route(deps: Dependencies, iam: bool, method: str, path: str, query: Mapping[str, str],
-          headers: Mapping[str, str], body: dict[str, Any]) -> tuple[int, Any] | None:
+def route(deps: Dependencies, who: Who, method: str, path: str, query: Mapping[str, str],
+          body: dict[str, Any]) -> tuple[int, Any] | None:
     parts = path.strip("/").split("/")
-    caller = caller_of(headers, iam, os.environ.get(PRINCIPAL_ENV) or LOCAL_PRINCIPAL)
     if parts[:2] == ["v1", "events"] and method == "GET" and len(parts) in (2, 3):
-        return _events(deps, parts[2:], query, caller)
+        return _events(deps, parts[2:], query, who)
     if len(parts) == 5 and parts[:2] == ["v1", "runs"] and parts[3] == "sessions" and parts[4].endswith(":share"):
         if method != "POST":
             raise ShareRefused(405, f"{method} is not allowed on {path}")
-        return _share(deps, iam, parts[2], parts[4].removesuffix(":share"), body, caller, headers)
+        return _share(deps, parts[2], parts[4].removesuffix(":share"), body, who)
     if len(parts) == 4 and parts[:2] == ["v1", "runs"] and parts[3] == "readers":
         if method != "PUT":
             raise ShareRefused(405, f"{method} is not allowed on {path}")
-        return _set_readers(deps, parts[2], body, caller)
+        return _set_readers(deps, parts[2], body, who)
     return None
 
 
-def _readable_run(deps: Dependencies, run_id: str, caller: str) -> dict[str, Any]:
+def _readable_run(deps: Dependencies, run_id: str, who: Who) -> dict[str, Any]:
     run = get_run(deps.state, check_run_id(run_id))
     if run is None:
         raise ShareRefused(404, f"unknown run {run_id!r}")
-    if not may_read(run, caller):
-        raise ShareRefused(403, f"{caller} may not read run {run_id!r} (its readers: {', '.join(run['readers'])})")
+    if not who.may_read(run):
+        raise ShareRefused(403, f"{who.caller} may not read run {run_id!r}")
     return run
 
 
-def _share(deps: Dependencies, iam: bool, run_id: str, session_id: str, body: dict[str, Any], caller: str,
-           headers: Mapping[str, str]) -> tuple[int, Any]:
+def _share(deps: Dependencies, run_id: str, session_id: str, body: dict[str, Any], who: Who) -> tuple[int, Any]:
     unknown = set(body) - {"expires_s"}
     if unknown:
         raise InvalidRequest(f"unknown field(s): {', '.join(sorted(unknown))}")
     expires_s = body.get("expires_s", MAX_EXPIRY_S)
     if isinstance(expires_s, bool) or not isinstance(expires_s, int) or not MIN_EXPIRY_S <= expires_s <= MAX_EXPIRY_S:
         raise InvalidRequest(f"expires_s {expires_s!r} is not valid: an integer from {MIN_EXPIRY_S} to {MAX_EXPIRY_S}")
-    run = _readable_run(deps, run_id, caller)
+    run = _readable_run(deps, run_id, who)
     session = deps.state.get(sessions_collection(run_id), state_key(check_name(session_id, "session id")))
     if session is None:
         raise ShareRefused(404, f"run {run_id!r} has no session {session_id!r}")
     analysis = deps.state.get(ANALYSES, session["analysis_id"]) if session.get("analysis_id") else None
     if not analysis or not analysis.get("report_uri"):
         raise ShareRefused(404, f"session {session_id!r} of run {run_id!r} has no report yet")
-    key_file = _key_file()
-    host = headers.get("Host") or headers.get("host") or ""
-    signer = KeySigner(key_file, f"http://{host}") if key_file else IamSigner()
-    link = make_link(deps.state, signer, run_id, session_id, analysis["report_uri"], caller, expires_s)
+    local = _local_signer()
+    link = make_link(deps.state, local or IamSigner(), run_id, session_id, analysis["report_uri"], who.caller, expires_s)
     run_path = run.get("path") or run_id
     link["viewer"] = dict(viewer_links(run_path, session_id))
-    link["checked_by"] = "xdiag's link endpoint (the Cloud Storage emulator does not enforce expiry)" if key_file \
+    link["checked_by"] = "xdiag's link endpoint (the Cloud Storage emulator does not enforce expiry)" if local \
         else "Cloud Storage (V4 signed URL)"
     return 201, link
 
 
-def _set_readers(deps: Dependencies, run_id: str, body: dict[str, Any], caller: str) -> tuple[int, Any]:
+def _set_readers(deps: Dependencies, run_id: str, body: dict[str, Any], who: Who) -> tuple[int, Any]:
     readers = body.get("readers")
     if set(body) != {"readers"} or not isinstance(readers, list) or len(readers) > MAX_READERS or not all(
             isinstance(r, str) and r.partition(":")[0] in ("user", "group", "serviceAccount", "domain") and r.partition(":")[2]
             for r in readers):
         raise InvalidRequest('readers must be {"readers": ["user:EMAIL" | "group:EMAIL" | "serviceAccount:EMAIL", …]}')
-    _readable_run(deps, run_id, caller)
+    run = _readable_run(deps, run_id, who)
+    if not who.identity.may_name_readers(run, who.caller):  # a reader, or the first to ask, takes nothing over
+        raise ShareRefused(403, f"{who.caller} is not an owner of run {run_id!r}: only its owners name its readers")
     deps.state.update(RUNS, state_key(run_id), {"readers": readers})
     return 200, {"run_id": run_id, "readers": readers}
 
 
-def _visible(deps: Dependencies, run_id: str | None, caller: str) -> bool:
+def _visible(deps: Dependencies, run_id: str | None, who: Who) -> bool:
     """An event of a run the caller may read (or of no known run: an alert that named none, or an unknown one)."""
     run = get_run(deps.state, run_id) if run_id else None
-    return run is None or may_read(run, caller)
+    return run is None or who.may_read(run)
 
 
-def _events(deps: Dependencies, rest: list[str], query: Mapping[str, str], caller: str) -> tuple[int, Any]:
+def _events(deps: Dependencies, rest: list[str], query: Mapping[str, str], who: Who) -> tuple[int, Any]:
     if rest:
         event = describe_event(deps.state, rest[0])
-        if event is None or not _visible(deps, event.get("run_id"), caller):
+        if event is None or not _visible(deps, event.get("run_id"), who):
             raise ShareRefused(404, f"no event {rest[0]!r}")
         return 200, event
     run_id = query.get("run")
     if run_id:
-        _readable_run(deps, run_id, caller)
-    return 200, {"events": [e for e in list_events(deps.state, run_id) if _visible(deps, e["run_id"], caller)]}
+        _readable_run(deps, run_id, who)
+    return 200, {"events": [e for e in list_events(deps.state, run_id) if _visible(deps, e["run_id"], who)]}
 
 
 LINKS_PREFIX = LINK_PATH + "/"
