@@ -15,6 +15,10 @@
 # the reports' viewer links use). The capture button is hidden: captures go through the control plane.
 # The viewer reads the bucket and may create objects in it (XProf keeps its caches beside each session); it can
 # neither overwrite nor delete an object, so profiles and reports stay as written.
+#
+# Every container runs `python -m xdiag.viewer.server` (infra/viewer/Dockerfile): XProf's main behind xdiag's guard
+# (only sessions XProf lists in the bucket, no path from a request, no capture) with its gRPC worker confined to the
+# loopback interface (SO_BINDTODEVICE, which the second-generation execution environment's Linux kernel allows).
 
 locals {
   viewer_enabled      = var.viewer_image != ""
@@ -48,6 +52,7 @@ resource "google_cloud_run_v2_service" "viewer" {
   labels              = var.labels
 
   template {
+    execution_environment            = "EXECUTION_ENVIRONMENT_GEN2" # a Linux kernel: the workers' loopback-only binding
     service_account                  = google_service_account.viewer[0].email
     timeout                          = "900s" # a large profile's first conversion takes minutes
     max_instance_request_concurrency = var.viewer_concurrency

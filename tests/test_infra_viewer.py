@@ -1,18 +1,32 @@
 """The viewer's deployment (infra/viewer.tf) against XProf and the code, offline, like tests/test_infra.py: every flag
 given to XProf is one the pinned server accepts, the frontend sends work to exactly its worker sidecars, it scales
 to zero, only the named members may invoke it, its service account can read the bucket and add XProf's caches but
-never overwrite or delete, the image pins the xprof the code pins, and share links are signed through IAM."""
+never overwrite or delete, the image pins the xprof the code pins, and share links are signed through IAM; and the
+image's own modules, laid out as its Dockerfile copies them, run XProf behind xdiag's guard (a real XProf server)."""
 
 from __future__ import annotations
 
 import contextlib
+import gzip
 import io
+import json
+import os
 import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
 import tomllib
+import urllib.error
+import urllib.request
 
 import pytest
+from xdiag.local_ports import free_ports
 
 from tests.test_infra import INFRA, REPO, _all_strings, _block, infra
+from tests.test_viewer import _outward_address
 
 
 def _service() -> dict:
@@ -92,7 +106,8 @@ def test_the_image_pins_the_xprof_the_code_pins():
             if r.startswith("xprof==")]
     dockerfile = (INFRA / "viewer" / "Dockerfile").read_text()
     assert pins and pins[0] in dockerfile.split()
-    assert 'ENTRYPOINT ["python", "-m", "xprof.server"]' in dockerfile
+    assert 'ENTRYPOINT ["python", "-m", "xdiag.viewer.server"]' in dockerfile
+    assert _block(_service(), "template")["execution_environment"] == "EXECUTION_ENVIRONMENT_GEN2"
 
 
 def test_share_links_are_signed_through_iam_as_the_control_plane_itself():
@@ -103,3 +118,67 @@ def test_share_links_are_signed_through_iam_as_the_control_plane_itself():
     assert infra().locals["common_env"]["XDIAG_VIEWER_URL"] == "${var.viewer_link_base}"
     assert {"viewer_service", "viewer_url"} <= set(infra().outputs)
     assert "run.googleapis.com" in infra().locals["apis"]
+
+
+def _image_layout(root) -> dict[str, str]:
+    """The xdiag files the Dockerfile copies, laid out under `root` as in the image (PYTHONPATH=/opt/xdiag)."""
+    dockerfile = (INFRA / "viewer" / "Dockerfile").read_text()
+    env = dict(re.findall(r"^ENV (\w+)=(\S+)$", dockerfile, re.M))
+    for line in re.findall(r"^COPY (.+)$", dockerfile, re.M):
+        *sources, target = line.split()
+        assert target.startswith(env["PYTHONPATH"] + "/")
+        for source in sources:
+            placed = root / target.removeprefix("/") / (REPO / source).name
+            placed.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(REPO / source, placed)
+    return {"PYTHONPATH": str(root / env["PYTHONPATH"].removeprefix("/"))}
+
+
+def test_the_image_s_modules_run_xprof_behind_the_guard_serving_only_what_it_lists_in_its_log_dir(h200_profiles, tmp_path):
+    """The Cloud Run viewer's rules: no session list is given, so the guard allows what XProf lists under its log dir
+    (the bucket there; a folder here), follows no path a request names, and keeps the worker on loopback."""
+    tree = tmp_path / "logdir" / "r" / "plugins" / "profile" / "s1"
+    tree.mkdir(parents=True)
+    (tree / "vm.xplane.pb").write_bytes(h200_profiles["healthy"].read_bytes())
+    outside = tmp_path / "elsewhere" / "plugins" / "profile" / "x"
+    outside.mkdir(parents=True)
+    (outside / "secret.xplane.pb").write_bytes(h200_profiles["healthy"].read_bytes())
+    port, grpc_port = free_ports(2)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("XDIAG_VIEWER_")}
+    env.update(_image_layout(tmp_path / "image"), XDIAG_VIEWER_BIND="127.0.0.1")  # Cloud Run's is every interface
+    with open(tmp_path / "xprof.log", "wb") as log:
+        process = subprocess.Popen([sys.executable, "-m", "xdiag.viewer.server", f"--logdir={tmp_path / 'logdir'}",
+                                    f"--port={port}", f"--grpc_port={grpc_port}",
+                                    f"--worker_service_address=127.0.0.1:{grpc_port}", "--hide_capture_profile_button"],
+                                   stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp_path, start_new_session=True)
+
+    def get(path: str) -> tuple[int, bytes]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=120) as answer:
+                data = answer.read()
+                return answer.status, gzip.decompress(data) if answer.headers.get("Content-Encoding") == "gzip" else data
+        except urllib.error.HTTPError as refused:
+            return refused.code, refused.read()
+
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert process.poll() is None, (tmp_path / "xprof.log").read_text()[-2000:]
+            try:
+                status, runs = get("/data/plugin/profile/runs")
+                break
+            except OSError:
+                assert time.monotonic() < deadline, (tmp_path / "xprof.log").read_text()[-2000:]
+                time.sleep(0.3)
+        assert json.loads(runs) == ["r/s1"]
+        status, data = get("/data/plugin/profile/data?run=r/s1&tag=overview_page")
+        assert status == 200 and json.loads(data)
+        assert get(f"/data/plugin/profile/data?run={tmp_path / 'elsewhere'}/x&tag=overview_page&host=secret")[0] == 404
+        assert get(f"/data/plugin/profile/runs?session_path={outside}")[0] == 403
+        with socket.socket() as far:
+            far.settimeout(5)
+            assert far.connect_ex((_outward_address(), grpc_port)) != 0
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(30)
+    assert sorted(p.name for p in outside.iterdir()) == ["secret.xplane.pb"]
