@@ -15,6 +15,7 @@ from xdiag.analysis.timeline import (
     COMPILE_EVENT,
     DISPATCH_EVENT,
     EXECUTE_EVENT,
+    JITTED_CALL_EVENT,
     SYNC_EVENT,
     TRANSFER_OP_CATEGORIES,
     EventSelection,
@@ -34,9 +35,16 @@ from xdiag.profile.space import Session
 PS_PER_MS = 1e9
 TRANSFER_CATEGORIES = TRANSFER_OP_CATEGORIES
 
-CATEGORIES = ("compute", "collective", "transfer", "compile", "host_sync", "dispatch", "host_other")
-"""Step-time categories, in precedence order; `host_other` is what no event explains:
-Python/input work outside the jitted computation (or nothing at all)."""
+CATEGORIES = ("compute", "collective", "transfer", "compile", "warm_up", "host_sync", "dispatch", "host_other")
+"""Step-time categories, in precedence order; `warm_up` is the first call of a program where it takes far longer
+than its later calls (allocation, autotuning, loading); `host_other` is what no event explains: Python/input
+work outside the jitted computation (or nothing at all)."""
+HOST_LAYERS = ("compile", "warm_up", "host_sync", "dispatch")
+"""The host-side categories that host events explain, in precedence order."""
+
+WARM_UP_MIN_RATIO = 3.0
+"""A first call counts as warm-up when it takes at least this many times its function's median later call."""
+WARM_UP_MIN_EXCESS_PS = 1_000_000_000  # and at least 1 ms longer: a few µs of noise is no warm-up
 
 
 @dataclass
@@ -76,10 +84,68 @@ def _outermost(mask: np.ndarray, line: np.ndarray, starts: np.ndarray, ends: np.
 
 
 @dataclass
+class WarmUpCall:
+    """The first call of a jitted function that takes far longer than its later calls."""
+
+    host: str
+    function: str
+    start_ps: int
+    end_ps: int
+    later_call_ms_median: float
+
+    @property
+    def ms(self) -> float:
+        return (self.end_ps - self.start_ps) / PS_PER_MS
+
+
+def warm_up_calls(events: HostEvents) -> list[WarmUpCall]:
+    """The first call of each function that takes far longer than its later calls (WARM_UP_MIN_RATIO): the
+    warm-up a benchmark or training loop pays once (buffer allocation, autotuning, loading the program)."""
+    calls = events.select(JITTED_CALL_EVENT)
+    keep = _outermost(np.ones(len(calls.start_ps), dtype=bool), calls.line, calls.start_ps, calls.end_ps)
+    starts, ends, names = calls.start_ps[keep], calls.end_ps[keep], events.names(JITTED_CALL_EVENT)[keep]
+    out = []
+    for name in np.unique(names):
+        idx = np.flatnonzero(names == name)
+        if len(idx) < 3:  # the first call and at least two later ones to compare it with
+            continue
+        idx = idx[np.argsort(starts[idx], kind="stable")]
+        durations = ends[idx] - starts[idx]
+        later = float(np.median(durations[1:]))
+        if durations[0] >= WARM_UP_MIN_RATIO * later and durations[0] - later >= WARM_UP_MIN_EXCESS_PS:
+            out.append(WarmUpCall(events.host, str(name), int(starts[idx[0]]), int(ends[idx[0]]), later / PS_PER_MS))
+    return out
+
+
+def largest_sync_event(events: HostEvents) -> tuple[str, float] | None:
+    """(name, total ms) of the blocking wait that takes the most host time, outermost events only."""
+    waits = events.select(SYNC_EVENT)
+    if not len(waits.start_ps):
+        return None
+    keep = _outermost(np.ones(len(waits.start_ps), dtype=bool), waits.line, waits.start_ps, waits.end_ps)
+    names = events.names(SYNC_EVENT)[keep]
+    durations = (waits.end_ps - waits.start_ps)[keep].astype(float)
+    unique, inverse = np.unique(names, return_inverse=True)
+    totals = np.bincount(inverse, weights=durations)
+    top = int(np.argmax(totals))
+    return str(unique[top]), float(totals[top]) / PS_PER_MS
+
+
+def _launching_thread(selected: EventSelection) -> np.ndarray:
+    """Starts of the outermost launches on the thread that launched most: one SPMD launch shows once on the
+    calling thread and again on each device's execute thread, and is one launch."""
+    if not len(selected.start_ps):
+        return selected.start_ps
+    outer = _outermost(np.ones(len(selected.start_ps), dtype=bool), selected.line, selected.start_ps, selected.end_ps)
+    lines, counts = np.unique(selected.line[outer], return_counts=True)
+    return selected.start_ps[outer & (selected.line == lines[int(np.argmax(counts))])]
+
+
+@dataclass
 class _HostSignals:
     """A host's non-op events sorted into the breakdown's layers, and the outermost ones to count."""
 
-    layers: dict[str, tuple[np.ndarray, np.ndarray]]  # compile / host_sync / dispatch -> (starts, ends)
+    layers: dict[str, tuple[np.ndarray, np.ndarray]]  # compile / warm_up / host_sync / dispatch -> (starts, ends)
     counted: dict[str, np.ndarray]  # dispatches / compiles / syncs / callbacks -> starts of counted events
 
     @classmethod
@@ -87,7 +153,8 @@ class _HostSignals:
         empty = np.empty(0, np.int64)
         if events is None:
             return cls(
-                layers={"compile": (empty, empty), "host_sync": (callback_s, callback_e), "dispatch": (empty, empty)},
+                layers={"compile": (empty, empty), "warm_up": (empty, empty), "host_sync": (callback_s, callback_e),
+                        "dispatch": (empty, empty)},
                 counted={"dispatches": empty, "compiles": empty, "syncs": empty, "callbacks": callback_s},
             )
         compile_, sync, callback, execute = (events.select(p) for p in (COMPILE_EVENT, SYNC_EVENT, CALLBACK_EVENT, EXECUTE_EVENT))
@@ -97,9 +164,12 @@ class _HostSignals:
             return selected.start_ps[_outermost(everything, selected.line, selected.start_ps, selected.end_ps)]
 
         python_callbacks = outer(callback)
+        warm_up = warm_up_calls(events)
         return cls(
             layers={
                 "compile": (compile_.start_ps, compile_.end_ps),
+                "warm_up": (np.array([w.start_ps for w in warm_up], dtype=np.int64),
+                            np.array([w.end_ps for w in warm_up], dtype=np.int64)),
                 # Host callbacks run as XLA ops but are Python on the host: host_sync, not compute.
                 "host_sync": (
                     np.concatenate([sync.start_ps, callback.start_ps, callback_s]),
@@ -109,7 +179,7 @@ class _HostSignals:
             },
             counted={
                 # One launch shows as several nested execute events (C API, PjRt, stream executor): count the outermost.
-                "dispatches": outer(execute if len(execute.start_ps) else events.select(DISPATCH_EVENT)),
+                "dispatches": _launching_thread(execute if len(execute.start_ps) else events.select(DISPATCH_EVENT)),
                 "compiles": outer(compile_),
                 "syncs": outer(sync),
                 "callbacks": callback_s if len(callback_s) >= len(python_callbacks) else python_callbacks,
@@ -200,7 +270,7 @@ def _timeline_rows(
     merged = merge_intervals(ops.start_ps[~is_callback_op], ops.end_ps[~is_callback_op])
     explained = covered_by_merged(merged, win_s, win_e)
     extra: dict[str, np.ndarray] = {}
-    for category in ("compile", "host_sync", "dispatch"):
+    for category in HOST_LAYERS:
         merged = union_with(merged, *signals.layers[category])
         union = covered_by_merged(merged, win_s, win_e)
         extra[category] = union - explained
@@ -214,9 +284,7 @@ def _timeline_rows(
             "compute": compute[i] / PS_PER_MS,
             "collective": collective[i] / PS_PER_MS,
             "transfer": transfer[i] / PS_PER_MS,
-            "compile": extra["compile"][i] / PS_PER_MS,
-            "host_sync": extra["host_sync"][i] / PS_PER_MS,
-            "dispatch": extra["dispatch"][i] / PS_PER_MS,
+            **{category: extra[category][i] / PS_PER_MS for category in HOST_LAYERS},
             # Device idle time on a multi-device host is not host work: it stays out of host_other.
             "host_other": max(step_ps - float(explained[i]), 0) / PS_PER_MS,
         }
@@ -269,23 +337,29 @@ def device_rows(session: Session) -> list[DeviceRow]:
     return session.cache["device_rows"]
 
 
+BUSY_PARTS = ("compute", "collective", "transfer")
+"""A device is busy while it computes, communicates or moves data: one definition for every busy figure."""
+
+
 def device_spread(rows: list[DeviceRow]) -> dict:
-    """Mean over active devices of each share of their own step time, with the least and most busy device named."""
+    """Each share of the active devices' own step time, with the least and most busy device named. The means
+    weigh each device by its step time, as the step breakdown does, so the busy share is one number everywhere."""
     if not rows:
         return {}
     def share(row: DeviceRow, key: str) -> float:
         return 100 * row.ms[key] / max(row.step_ms * row.steps, 1e-12)
-    busy = [share(r, "compute") + share(r, "collective") + share(r, "transfer") for r in rows]
+    busy = [sum(share(r, k) for k in BUSY_PARTS) for r in rows]
     least, most = int(np.argmin(busy)), int(np.argmax(busy))
+    total_ms = sum(r.step_ms * r.steps for r in rows) or 1e-12
+    means = {k: 100 * sum(r.ms[k] for r in rows) / total_ms for k in (*BUSY_PARTS, "idle")}
     return {
         "active_devices": len(rows),
-        "device_busy_percent_mean": round(float(np.mean(busy)), 2),
+        "device_busy_percent_mean": round(sum(means[k] for k in BUSY_PARTS), 2),
         "device_busy_percent_min": round(busy[least], 2),
         "least_busy_device": rows[least].device,
         "device_busy_percent_max": round(busy[most], 2),
         "most_busy_device": rows[most].device,
-        **{f"device_{k}_percent_mean": round(float(np.mean([share(r, k) for r in rows])), 2)
-           for k in ("compute", "collective", "transfer", "idle")},
+        **{f"device_{k}_percent_mean": round(v, 2) for k, v in means.items()},
     }
 
 

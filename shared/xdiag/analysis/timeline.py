@@ -43,9 +43,13 @@ CALLBACK_EVENT = re.compile(
     r"pure_callback|io_callback|debug_callback|_wrapped_callback|host_callback|xla_python_\w*callback|PyCallback"
 )
 """Python running as a host callback from compiled code (not e.g. the runtime's 'rendezvous callback')."""
-DISPATCH_EVENT = re.compile(r"^PjitFunction\(|^PmapFunction\(|ExecuteHelper|LoadedExecutable::Execute\b")
+DISPATCH_EVENT = re.compile(r"^PjitFunction\(|^PmapFunction\(|ExecuteHelper|LoadedExecutable::Execute\b|^ExecutorState::Process$")
+"""Launching work: a jitted call or program execution (JAX, PjRt), or TensorFlow's executor running a graph's ops
+one by one (each op launches its own kernel)."""
 EXECUTE_EVENT = re.compile(r"LoadedExecutable::Execute(Helper\w*|Sharded\w*)?$|LoadedExecutable::Execute \(")
 """One event per compiled program launched: counts dispatches without the nesting of PjitFunction events."""
+JITTED_CALL_EVENT = re.compile(r"^PjitFunction\(|^PmapFunction\(")
+"""One Python call of a jitted function, named after it: its first call is where warm-up shows."""
 STEP_STAT = "step_num"
 _KERNEL_SUFFIX = re.compile(r"_(\d+)$")
 
@@ -175,8 +179,8 @@ class HostEvents:
         mask[sparse[0][sparse[1] >= 0]] = False
         return mask
 
-    def _matching(self, pattern: re.Pattern) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
-        """(line number, starts, ends) of each line's non-op events whose names match."""
+    def _matching(self, pattern: re.Pattern) -> Iterator[tuple[int, np.ndarray, np.ndarray, np.ndarray]]:
+        """(line number, starts, ends, metadata ids) of each line's non-op events whose names match."""
         ids_by_plane: dict[int, np.ndarray] = {}  # a plane's names are matched once, not once per line (hundreds)
         for number, (plane, line) in enumerate(self._lines):
             ids = ids_by_plane.get(id(plane))
@@ -190,13 +194,13 @@ class HostEvents:
             if non_op is not None:
                 mask &= non_op
             starts = line.starts.at(mask)
-            yield number, starts, starts + line.durations.at(mask)
+            yield number, starts, starts + line.durations.at(mask), line.metadata_id[mask]
 
     def select(self, pattern: re.Pattern) -> EventSelection:
         if pattern.pattern in self._selections:
             return self._selections[pattern.pattern]
         starts, ends, lines = [], [], []
-        for number, line_starts, line_ends in self._matching(pattern):
+        for number, line_starts, line_ends, _ in self._matching(pattern):
             starts.append(line_starts)
             ends.append(line_ends)
             lines.append(np.full(len(line_starts), number, dtype=np.int32))
@@ -209,6 +213,15 @@ class HostEvents:
         self._selections[pattern.pattern] = selection
         return selection
 
+    def names(self, pattern: re.Pattern) -> np.ndarray:
+        """The names of the events `select(pattern)` returns, in the same order."""
+        names = []
+        for number, _, _, ids in self._matching(pattern):
+            unique, inverse = np.unique(ids, return_inverse=True)  # a few distinct names, many events: look up each once
+            event_names = self._lines[number][0].event_names
+            names.append(np.array([event_names.get(int(i), "") for i in unique], dtype=object)[inverse])
+        return np.concatenate(names) if names else np.empty(0, dtype=object)
+
     def union(self, pattern: re.Pattern) -> tuple[np.ndarray, np.ndarray]:
         """merge_intervals of the matching events, built line by line: each line's events merge on their own
         first (nested calls collapse), so the events are never gathered in one place (the dispatch events of
@@ -218,7 +231,7 @@ class HostEvents:
                 selected = self._selections[pattern.pattern]
                 merged = merge_intervals(selected.start_ps, selected.end_ps)
             else:
-                per_line = [merge_intervals(starts, ends) for _, starts, ends in self._matching(pattern)]
+                per_line = [merge_intervals(starts, ends) for _, starts, ends, _ in self._matching(pattern)]
                 merged = merge_intervals(
                     np.concatenate([s for s, _ in per_line]) if per_line else np.empty(0, np.int64),
                     np.concatenate([e for _, e in per_line]) if per_line else np.empty(0, np.int64),

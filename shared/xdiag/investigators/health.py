@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from xdiag.analysis.breakdown import CATEGORIES
 from xdiag.analysis.roofline import memory_bound_rows
 from xdiag.model import ToolResult
 
@@ -61,10 +62,9 @@ def health_snapshot(results: dict[str, ToolResult]) -> dict[str, Any]:
         "step_time_ms": step.get("step_time_ms_mean"),
         "step_time_cv_percent": step.get("step_time_cv_percent"),
         "breakdown_percent": {
-            k.removesuffix("_percent"): step.get(k)
-            for k in ("compute_percent", "collective_percent", "transfer_percent", "compile_percent",
-                      "host_sync_percent", "dispatch_percent", "host_other_percent")
-            if step.get(k) is not None
+            category: step.get(f"{category}_percent")
+            for category in CATEGORIES
+            if step.get(f"{category}_percent") is not None
         },
         "device_idle_percent": step.get("device_idle_percent"),
         "devices": {

@@ -20,6 +20,7 @@ STEP_CATEGORY_COLORS = {
     "collective": "#8e5bd6",
     "transfer": "#5aa469",
     "compile": "#e3a01b",
+    "warm_up": "#b5894b",
     "host_sync": "#d9534f",
     "dispatch": "#1aa3b3",
     "host_other": "#9aa6b2",

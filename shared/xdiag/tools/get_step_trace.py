@@ -9,10 +9,12 @@ from xdiag.analysis.breakdown import (
     device_table,
     duty_cycles,
     duty_summary,
+    largest_sync_event,
     step_rows,
     summarize_steps,
+    warm_up_calls,
 )
-from xdiag.analysis.timeline import step_set
+from xdiag.analysis.timeline import host_events, step_set
 from xdiag.errors import NotAvailable
 from xdiag.profile.space import Session
 from xdiag.tools.common import DEVICE_PLANE_SOURCE, HOST_PLANE_SOURCE, try_view
@@ -26,11 +28,13 @@ from xdiag.tools.registry import ToolOutput, tool
 )
 def get_step_trace(session: Session) -> ToolOutput:
     """summary: steps (per timeline), timelines, step_source, step_time_ms_{mean,median,min,max},
-    step_time_cv_percent, <category>_percent for compute/collective/transfer/compile/host_sync/dispatch/host_other,
+    step_time_cv_percent, <category>_percent for compute/collective/transfer/compile/warm_up/host_sync/dispatch/host_other,
     device_idle_percent, ops/dispatches/compiles/syncs/callbacks per step; per-device spread (active_devices,
     device_busy_percent_{mean,min,max} with least/most_busy_device, device_<part>_percent_mean);
     transfer_only_devices; window_busy_percent (busy over each device's whole window, as XProf's duty cycle),
-    idle_outside_steps_ms, largest_idle_gap_{ms,where,device}, window_vs_step_note where they differ.
+    idle_outside_steps_ms, largest_idle_gap_{ms,where,device}, window_vs_step_note where they differ;
+    warm_up_function, first_call_ms, later_call_ms_median (the longest first call that is a warm-up) and
+    largest_sync_event, largest_sync_event_ms where the host records them.
     detail: per-device rows, step sources, duty cycle per device, per-step rows (first 200), xprof (device only)."""
     found = step_set(session)
     rows = step_rows(session)
@@ -41,6 +45,7 @@ def get_step_trace(session: Session) -> ToolOutput:
     summary.update(device_spread(devices))
     if found.transfer_only:
         summary["transfer_only_devices"] = found.transfer_only
+    summary.update(_host_call_facts(session))
     cycles = duty_cycles(session)
     summary.update(duty_summary(cycles, 100 - summary["device_idle_percent"] if "device_idle_percent" in summary else None))
     detail = {
@@ -50,9 +55,13 @@ def get_step_trace(session: Session) -> ToolOutput:
             "collective": "device busy only in collective ops (all-reduce, all-gather, …)",
             "transfer": "device busy only moving data between memory spaces (async copies, host offload, memcpy)",
             "compile": "JIT compilation / lowering events on host threads",
-            "host_sync": "host blocked on device results (np.asarray, device_get, …) or host callbacks",
-            "dispatch": "dispatching jitted computations (PjitFunction…) not overlapped by device work",
-            "host_other": "no device op, compile, sync or dispatch: Python/input work outside the compiled step",
+            "warm_up": "the first call of a jitted function where it takes far longer than its later calls "
+            "(allocation, autotuning, loading), not overlapped by device work",
+            "host_sync": "host blocked on device results (np.asarray, device_get, block_until_ready, …) or host callbacks",
+            "dispatch": "launching work (jitted calls, program executions, TensorFlow's executor running ops one by one) "
+            "not overlapped by device work",
+            "host_other": "no device op and no compile, warm-up, sync or launch event: Python or input work between "
+            "calls outside the compiled step",
         },
         "devices": device_table(devices),
         "transfer_only_devices": {
@@ -78,3 +87,18 @@ def get_step_trace(session: Session) -> ToolOutput:
         view, reason = try_view(session, "step_trace")
         detail["xprof"] = view if view is not None else {"available": False, "reason": reason}
     return ToolOutput(summary, detail, source)
+
+
+def _host_call_facts(session: Session) -> dict:
+    """The warm-up call and the blocking wait behind the warm_up and host_sync shares, named from the host's events."""
+    out: dict = {}
+    warm = [w for events in host_events(session) for w in warm_up_calls(events)]
+    if warm:
+        longest = max(warm, key=lambda w: w.ms)
+        out.update({"warm_up_function": longest.function, "first_call_ms": round(longest.ms, 4),
+                    "later_call_ms_median": round(longest.later_call_ms_median, 4)})
+    waits = [w for events in host_events(session) if (w := largest_sync_event(events)) is not None]
+    if waits:
+        name, ms = max(waits, key=lambda w: w[1])
+        out.update({"largest_sync_event": name, "largest_sync_event_ms": round(ms, 4)})
+    return out

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import numpy as np
 
-from xdiag.analysis.breakdown import device_rows, device_table
+from xdiag.analysis.breakdown import device_rows, device_spread, device_table
 from xdiag.analysis.timeline import op_table, step_set
 from xdiag.errors import NotAvailable
 from xdiag.profile.space import Session
@@ -33,7 +32,8 @@ def get_utilization_viewer(session: Session) -> ToolOutput:
     busy = [r["busy_percent"] for r in rows]
     summary = {
         "devices": len(rows),
-        "busy_percent_mean": round(float(np.mean(busy)), 2),
+        # The same busy share as get_step_trace's (weighted by each device's step time): one value per fact.
+        "busy_percent_mean": device_spread(device_rows(session))["device_busy_percent_mean"],
         "busy_percent_min": min(busy),
         "busy_percent_max": max(busy),
         "least_busy_device": min(rows, key=lambda r: r["busy_percent"])["device"],
