@@ -300,7 +300,8 @@ def test_mi300x_conv_transposes_come_from_the_convolution_layout(diagnosed):
 
 def test_mi300x_conv_host_gaps_rank_above_the_transposes(diagnosed):
     d = diagnosed(CONV)
-    assert d.keys[0] in ("dispatch_overhead", "input_bound"), d.keys  # 97% of the window is host gaps
+    # 97% of the window is the host: blocking waits between calls and the first call (warm-up), not the device
+    assert d.keys[0] in ("dispatch_overhead", "input_bound", "host_sync", "warm_up"), d.keys
     assert d.keys.index("layout_copies") > 0
 
 

@@ -48,6 +48,8 @@ LOW_INTENSITY_FLOPS_PER_BYTE = 1.0
 EXTRA_PASSES_DEFECT_PERCENT = 20.0
 """Op time that extra passes over the same data cost (re-reads, intermediates written and read back), above
 which memory-bound work is a defect rather than the nature of the work."""
+MEMORY_BOUND_FINDING_MIN_PERCENT = 50.0
+"""Share of op time memory-bound ops must take for their defect to be a finding (and to fail the health check)."""
 BANDWIDTH_EFFICIENCY_LOW_PERCENT = 30.0
 """Memory-bound ops below this share of the HBM bandwidth roof leave most of the bandwidth unused."""
 
@@ -98,13 +100,21 @@ def roofline_summary(rows: list[dict]) -> dict:
         if covered >= 50:
             break
     costed = any(o.get("arithmetic_intensity_flops_per_byte") is not None for o in rows)
+    share = round(sum(o["share_of_op_time_percent"] for o in low), 2) if costed else None
+    note = {}
+    if why and share is not None and share < MEMORY_BOUND_FINDING_MIN_PERCENT:
+        # The flag is shown beside the findings: say why it is not one of them.
+        note["memory_bound_defect_note"] = (
+            f"not a finding: memory-bound ops take {share:g}% of op time, under the "
+            f"{MEMORY_BOUND_FINDING_MIN_PERCENT:g}% at which their extra passes become one")
     return {
-        "memory_bound_op_percent": round(sum(o["share_of_op_time_percent"] for o in low), 2) if costed else None,
+        "memory_bound_op_percent": share,
         "memory_passes": passes,
         "memory_extra_pass_percent": extra,
         "memory_bandwidth_efficiency_percent": bandwidth,
         "memory_bound_defect": bool(why),
         "memory_bound_why": why,
+        **note,
         "dominant_ops_roofline_efficiency_percent": _weighted(dominant, "roofline_efficiency_percent") if covered >= 50 else None,
         "dominant_ops_share_percent": round(covered, 2) if covered >= 50 else None,
         "dominant_ops": [f"{o['op']} ({o['module']})" for o in dominant[:3]] if covered >= 50 else [],

@@ -86,8 +86,10 @@ def transfer_fix(ctx: Context, peak_memory_gib: float | None, capacity_gib: floa
     """Levers for time spent moving data between memories."""
     fits = ""
     if peak_memory_gib is not None and capacity_gib:
-        fits = (f" (peak device memory is {peak_memory_gib:g} of {capacity_gib:g} GiB, so check whether the offloaded "
-                "buffers fit once the others are freed)")
+        # TPU host offload parks device buffers in host memory; on a GPU the copies are the program's own inputs/outputs.
+        fits = (f" (peak device memory is {peak_memory_gib:g} of {capacity_gib:g} GiB, so check whether the "
+                + ("offloaded buffers fit once the others are freed)" if ctx.platform == "TPU" else
+                   "copied arrays can stay on the device instead)"))
     if ctx.platform == "TPU":
         return ("move fewer bytes over the host link: keep the buffers that are offloaded on the device if they fit"
                 + fits + ", offload fewer or smaller arrays (bf16, only what does not fit), offload less often, and "
@@ -117,3 +119,31 @@ def kernel_efficiency_fix(ctx: Context, bound: str) -> str:
         return ("raise achieved bandwidth: larger, lane-aligned arrays (last dim multiple of 128), and for Pallas "
                 "kernels bigger blocks and deeper pipelining (pltpu.emit_pipeline / more buffers) so copies overlap")
     return "raise achieved bandwidth: larger contiguous arrays per kernel, fewer tiny kernels, aligned last dimensions"
+
+
+def sync_fix(ctx: Context, wait_event: str | None, callbacks: bool) -> str:
+    """How to stop the host blocking on the device, from the wait the profile shows."""
+    parts = []
+    if wait_event and "block_until_ready" in wait_event:
+        parts.append("the host blocks on every call's result (block_until_ready): block once after the loop (or "
+                     "every N steps) so the host queues the next call while the device runs; where the wait lasts "
+                     "longer than the device work it waits for, the time goes to the runtime's completion path, "
+                     "not the device")
+    else:
+        fetch = {"TensorFlow": ".numpy()/float() on tensors", "PyTorch/XLA": ".item()/.cpu()/print on tensors"}.get(
+            ctx.framework or "", ".item()/float()/np.asarray()/jax.device_get on device arrays")
+        parts.append(f"remove per-step {fetch}; accumulate metrics on the device and fetch them every N steps "
+                     "(or asynchronously)")
+    if callbacks:
+        parts.append("replace jax.pure_callback / debug.callback in the hot path with jnp code")
+    return "; ".join(parts)
+
+
+def warm_up_fix(ctx: Context) -> str:
+    """How to keep a one-time first-call cost out of the measured steps."""
+    if ctx.framework == "TensorFlow":
+        return ("run one warm-up step before the measured loop (and before starting the profiler), so tf.function "
+                "tracing, autotuning and allocation are paid outside it")
+    return ("run one warm-up call before the measured loop (and before starting the profiler), or compile ahead of "
+            "time (jax.jit(f).lower(*args).compile()); a persistent compilation cache "
+            "(jax_compilation_cache_dir) keeps compilation out of later runs")

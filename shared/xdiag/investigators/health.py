@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from xdiag.analysis.breakdown import CATEGORIES
-from xdiag.analysis.roofline import memory_bound_rows
+from xdiag.analysis.roofline import MEMORY_BOUND_FINDING_MIN_PERCENT, memory_bound_rows
 from xdiag.model import ToolResult
 
 HEALTHY = {
@@ -19,7 +19,7 @@ HEALTHY = {
     "compile_percent_max": 2.0,
     "host_sync_percent_max": 5.0,
     "compiler_issue_percent_max": 10.0,
-    "low_intensity_percent_max": 50.0,
+    "low_intensity_percent_max": MEMORY_BOUND_FINDING_MIN_PERCENT,
     "data_movement_percent_max": 50.0,
 }
 """The OPTIMAL short-cut: all of these hold, and memory risk is not HIGH."""

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from xdiag.investigators import advice
+from xdiag.analysis.roofline import MEMORY_BOUND_FINDING_MIN_PERCENT
 from xdiag.investigators.health import DMA_STALL_MAX_PERCENT, DOMINANT_EFFICIENCY_MIN_PERCENT, low_intensity_share
 from xdiag.model import Diagnosis, Evidence, Finding, FollowUpCall, Status, ToolResult
 
@@ -49,6 +50,12 @@ def _d(results: dict[str, ToolResult], tool: str) -> dict[str, Any]:
 
 def _ev(tool: str, metric: str, value: Any, note: str = "") -> Evidence:
     return Evidence(tool=tool, metric=metric, value=value, note=note)
+
+
+def _shape_note(row: dict, key: str = "shape") -> str:
+    """"; shape S" where the profile gives the op's shape, else nothing: never a placeholder."""
+    shape = row.get(key) or row.get("converted_shape")
+    return f"; shape {shape}" if shape else ""
 
 
 def _saving(step_ms: float | None, share: float) -> str:
@@ -158,8 +165,8 @@ def _hypotheses(health: dict[str, Any], results: dict[str, ToolResult]) -> list[
             "low_utilization", 100 - compute,
             "Too little work per step: fixed per-step overhead dominates",
             f"Each step keeps the device busy for only {compute_ms:.3g} ms of {step_ms:.3g} ms "
-            f"({compute}%); the rest is per-step overhead (dispatch {dispatch}%, host {host_other}%) that does "
-            "not shrink with the work, so the hardware mostly waits.",
+            f"({compute}%); the rest is per-step overhead ({_overhead_text(b)}) that does not shrink with the work, "
+            "so the hardware mostly waits.",
             base + [_ev("get_step_trace", "dispatches_per_step_mean", dispatches),
                     _ev("get_step_trace", "ops_per_step_mean", ops_per_step),
                     _ev("get_utilization_viewer", "busy_percent_mean", _s(results, "get_utilization_viewer").get("busy_percent_mean"))],
@@ -180,7 +187,7 @@ def _hypotheses(health: dict[str, Any], results: dict[str, ToolResult]) -> list[
             base + [_ev("get_step_trace", "dispatches_per_step_mean", dispatches),
                     _ev("get_step_trace", "dispatch_percent", dispatch),
                     _ev("get_step_trace", "ops_per_step_mean", ops_per_step)],
-            _saving(step_ms, min(100 - compute, 95)),
+            _saving(step_ms, score),
             _sentence(advice.compile_whole_step(_context(results))),
             follow_up=("aggregate_xplane_events", {"pattern": r"^(PjitFunction|PmapFunction)\(", "line": "python"}),
             extra_evidence=_events_evidence,
@@ -216,31 +223,55 @@ def _hypotheses(health: dict[str, Any], results: dict[str, ToolResult]) -> list[
     syncs = step.get("syncs_per_step_mean") or 0
     callbacks = step.get("callbacks_per_step_mean") or 0
     callback_share = (_s(results, "get_hlo_op_profile").get("category_percent") or {}).get("host_callback", 0.0)
+    busy = compute + b.get("collective", 0.0) + b.get("transfer", 0.0)
+    callback_step = round(callback_share * busy / 100, 2)  # callbacks run as device ops: their share of the step
+    largest_wait = _largest_non_compute(b) == "host_sync" and sync_pct >= 15
     # One wait at the end of a step is the usual pattern (and on a fast device its latency shows as
-    # host_sync time); several waits per step, or host callbacks, are the problem.
-    if ((syncs >= 2 and sync_pct >= 5) or callbacks >= 1 or callback_share >= 5) and max(sync_pct, callback_share) >= 1:
+    # host_sync time); several waits per step, host callbacks, or a wait that is the step's largest
+    # non-compute time are the problem.
+    if (((syncs >= 2 and sync_pct >= 5) or callbacks >= 1 or callback_share >= 5 or (largest_wait and not small_work))
+            and max(sync_pct, callback_step) >= 1):
+        wait_name, wait_ms = step.get("largest_sync_event"), step.get("largest_sync_event_ms")
         # Say only what was measured: a wait count or share of 0 is no evidence and must not read as a finding.
         what = [f"the host waits on device results {syncs:g} times per step"] if syncs else []
         if callbacks:
             what.append(f"calls back into Python {callbacks:g} times per step")
         if callback_share:
-            what.append(f"host callbacks take {callback_share}% of device op time")
+            what.append(f"host callbacks take {callback_share}% of device op time ({callback_step}% of the step)")
+        score = min(max(sync_pct, callback_step), 100.0)
         out.append(Hypothesis(
-            "host_sync", max(sync_pct, callback_share),
+            "host_sync", score,
             "Blocking host–device synchronisation inside the step",
             _sentence(("; ".join(what) or "the host blocks on the device")
-                      + (f"; {sync_pct}% of step time is spent blocked, which also stops the host from queueing the "
-                         "next step" if sync_pct else "; the device waits while Python runs")),
+                      + (f"; {sync_pct}% of step time is spent blocked with no device op running, which also stops "
+                         "the host from queueing the next step" if sync_pct else "; the device waits while Python runs")
+                      + (f"; the longest wait is {wait_name} ({wait_ms:.4g} ms in all)" if wait_name else "")),
             base + ([_ev("get_step_trace", "host_sync_percent", sync_pct)] if sync_pct else [])
             + ([_ev("get_step_trace", "syncs_per_step_mean", syncs)] if syncs else [])
+            + ([_ev("get_step_trace", "largest_sync_event", wait_name, f"{wait_ms} ms in all")] if wait_name else [])
             + ([_ev("get_step_trace", "callbacks_per_step_mean", callbacks)] if callbacks else [])
             + ([_ev("get_hlo_op_profile", "category_percent.host_callback", callback_share)] if callback_share else []),
-            _saving(step_ms, max(sync_pct, callback_share)),
-            "Remove per-step .item()/float()/np.asarray()/jax.device_get on device arrays; accumulate metrics on "
-            "the device and fetch them every N steps (or asynchronously); replace jax.pure_callback / "
-            "debug.callback in the hot path with jnp code.",
-            follow_up=("aggregate_xplane_events", {"pattern": r"np\.asarray|device_get|Await|ToLiteral|callback|__array__|item"}),
+            _saving(step_ms, score),
+            _sentence(advice.sync_fix(_context(results), wait_name, bool(callbacks or callback_share))),
+            follow_up=("aggregate_xplane_events", {"pattern": r"np\.asarray|device_get|Await|ToLiteral|callback|__array__|item|block_until_ready"}),
             extra_evidence=_events_evidence,
+        ))
+
+    # Warm-up: the first call of a jitted function takes far longer than its later ones.
+    warm_up = b.get("warm_up", 0.0)
+    if warm_up >= 5 and step.get("first_call_ms"):
+        first_ms, later_ms = step["first_call_ms"], step.get("later_call_ms_median")
+        out.append(Hypothesis(
+            "warm_up", warm_up,
+            "The first call is a warm-up far longer than the later calls",
+            f"The first call of {step.get('warm_up_function')} takes {first_ms:.4g} ms against {later_ms:.3g} ms for "
+            f"the later calls (median): a one-time cost (compilation cache lookup, buffer allocation, autotuning, "
+            f"loading the program) that falls inside the measured steps, {warm_up}% of step time.",
+            base + [_ev("get_step_trace", "warm_up_percent", warm_up),
+                    _ev("get_step_trace", "first_call_ms", first_ms, str(step.get("warm_up_function"))),
+                    _ev("get_step_trace", "later_call_ms_median", later_ms)],
+            _saving(step_ms, warm_up) + "; paid once per process, so it matters for short jobs and for timing",
+            _sentence(advice.warm_up_fix(_context(results))),
         ))
 
     # Input pipeline / host-bound: the step's time is host work the device waits for.
@@ -270,7 +301,7 @@ def _hypotheses(health: dict[str, Any], results: dict[str, ToolResult]) -> list[
                      _ev("get_hlo_op_profile", "category_percent.collective", op_collective)]
         if ops:
             ev.append(_ev("get_hlo_op_profile", f"top collective {ops[0]['op']}", ops[0]["total_ms"],
-                          f"ms over {ops[0]['count']} runs; shape {ops[0].get('shape', '?')}"))
+                          f"ms over {ops[0]['count']} runs{_shape_note(ops[0])}"))
         out.append(Hypothesis(
             "collectives", max(collective, op_collective * compute / 100),
             "Collective communication dominates the step",
@@ -345,10 +376,31 @@ def _hypotheses(health: dict[str, Any], results: dict[str, ToolResult]) -> list[
             "see host activity; balance work across devices if some are much less busy; check the input "
             "pipeline and inter-device dependencies.",
         ))
-    return sorted(_reconcile(out, b), key=lambda h: -h.score)
+    kept = [h for h in _reconcile(out, b, step_ms) if h.key in NOT_TIME_FINDINGS or h.score >= MIN_FINDING_PERCENT]
+    return sorted(kept, key=lambda h: -h.score)
 
 
-def _reconcile(out: list[Hypothesis], b: dict[str, float]) -> list[Hypothesis]:
+MIN_FINDING_PERCENT = 1.0
+"""A finding must stake at least this share of the step: below it, it is noise in the report."""
+NOT_TIME_FINDINGS = {"memory_pressure"}
+"""Findings whose score is a risk level, not a share of step time."""
+NON_COMPUTE = ("collective", "transfer", "compile", "warm_up", "host_sync", "dispatch", "host_other")
+
+
+def _largest_non_compute(b: dict[str, float]) -> str | None:
+    """The breakdown category, other than compute, that takes the most step time."""
+    shares = {k: b.get(k) or 0.0 for k in NON_COMPUTE}
+    key = max(shares, key=shares.get)
+    return key if shares[key] > 0 else None
+
+
+def _overhead_text(b: dict[str, float]) -> str:
+    """The non-compute shares of the step that the breakdown measured, largest first."""
+    parts = sorted(((k, b.get(k) or 0.0) for k in NON_COMPUTE), key=lambda kv: -kv[1])
+    return ", ".join(f"{k.replace('_', ' ')} {v}%" for k, v in parts if v >= 1) or "no single host-side cause"
+
+
+def _reconcile(out: list[Hypothesis], b: dict[str, float], step_ms: float | None) -> list[Hypothesis]:
     """One cause, one finding: time a stronger explanation already accounts for is not reported twice."""
     found = {h.key: h for h in out}
     straggler = found.get("straggler_host")
@@ -363,6 +415,10 @@ def _reconcile(out: list[Hypothesis], b: dict[str, float]) -> list[Hypothesis]:
         cause = next(e.value for e in straggler.evidence if e.metric == "straggler_cause")
         if cause == "host_other" and "input_bound" in found:
             out = [h for h in out if h.key != "input_bound"]  # the host time is the straggler's own, not everyone's
+    if "unfused_kernels" in found and "dispatch_overhead" in found:
+        # The framework's op-by-op launches are the launch gaps the unfused-kernels finding already stakes.
+        out = [h for h in out if h.key != "dispatch_overhead"]
+        found.pop("dispatch_overhead")
     dispatch = found.get("dispatch_overhead")
     if dispatch is not None and "input_bound" in found and "dispatches_per_step_mean" in {e.metric for e in dispatch.evidence}:
         dispatches = next(e.value for e in dispatch.evidence if e.metric == "dispatches_per_step_mean")
@@ -375,6 +431,7 @@ def _reconcile(out: list[Hypothesis], b: dict[str, float]) -> list[Hypothesis]:
                 "work: in op-by-op code that is the driving loop's own overhead, counted here rather than as input."
             )
             dispatch.evidence.append(_ev("get_step_trace", "host_other_percent", b.get("host_other")))
+            dispatch.expected_impact = _saving(step_ms, dispatch.score)
             out = [h for h in out if h.key != "input_bound"]
     return out
 
@@ -430,11 +487,10 @@ def _compiler_hypotheses(health: dict[str, Any], results: dict[str, ToolResult],
         out.append(Hypothesis(
             key, share * compute / 100 if compute else share,
             title,
-            happening.format(share=share, op=s["top_op"], shape=s.get("top_op_shape", ""),
+            happening.format(share=share, op=s["top_op"], shape=s.get("top_op_shape") or "",
                              why=s.get("top_op_why", ""), widening=s.get("widening", "")),
             base + [_ev(tool, "share_of_op_time_percent", share), _ev(tool, "count", s.get("count")),
-                    _ev(tool, f"top op {s['top_op']}", top.get("total_ms"),
-                        f"ms over {top.get('count')} runs; shape {top.get('shape') or top.get('converted_shape')}")],
+                    _ev(tool, f"top op {s['top_op']}", top.get("total_ms"), f"ms over {top.get('count')} runs{_shape_note(top)}")],
             f"up to {share:.0f}% less op time; {_saving(step_ms, share * compute / 100 if compute else share)}",
             fix,
             follow_up=("get_hlo_neighborhood", {"op": s["top_op"], "module": top.get("module", "")}) if top.get("module") else None,
@@ -455,7 +511,8 @@ def _roofline_hypotheses(health: dict[str, Any], results: dict[str, ToolResult],
     ridge = ops.get("ridge_flop_per_byte")
     below = f"below the device's ridge point ({ridge:g} FLOP/byte)" if ridge else "under 1 FLOP per byte moved"
     # Memory-bound work near its roof in one pass over its data is the nature of the work, not a defect.
-    if low_share is not None and low_share >= 50 and compute >= 30 and ops.get("memory_bound_defect") and low_ops:
+    if (low_share is not None and low_share >= MEMORY_BOUND_FINDING_MIN_PERCENT and compute >= 30
+            and ops.get("memory_bound_defect") and low_ops):
         top = max(low_ops, key=lambda o: o["total_ms"])
         evidence = base + [_ev("get_hlo_op_profile", "memory_bound_op_percent", low_share),
                            _ev("get_hlo_op_profile", f"{top['op']} arithmetic_intensity_flops_per_byte",
@@ -531,7 +588,7 @@ def _transfer_hypotheses(health: dict[str, Any], results: dict[str, ToolResult],
     ev = base + [_ev("get_hlo_op_profile", "category_percent.async_copy+memcpy", transfer_share)]
     if ops:
         ev.append(_ev("get_hlo_op_profile", f"top transfer {ops[0]['op']}", ops[0]["total_ms"],
-                      f"ms over {ops[0]['count']} runs; shape {ops[0].get('shape', '?')}"))
+                      f"ms over {ops[0]['count']} runs{_shape_note(ops[0])}"))
     copies = profile.get("async_copies") or {}
     link = copies.get("link_gb_per_s")
     if copies:
@@ -553,9 +610,11 @@ def _transfer_hypotheses(health: dict[str, Any], results: dict[str, ToolResult],
     return [Hypothesis(
         "memory_transfers", max(b.get("transfer", 0.0), transfer_share * busy / 100),
         "Memory transfers dominate device time",
-        f"{transfer_share}% of device op time is copies between memory spaces (async copy-start/copy-done, "
-        "host offload, memcpy) rather than computation"
-        + (f"; the largest is {ops[0]['op']} ({ops[0].get('shape', '?')})" if ops else "")
+        f"{transfer_share}% of device op time is copies between memory spaces ("
+        + ("async copy-start/copy-done, host offload" if _context(results).platform == "TPU" else
+           "memcpy between host and device, async copies")
+        + ") rather than computation"
+        + (f"; the largest is {ops[0]['op']}" + (f" ({ops[0]['shape']})" if ops[0].get("shape") else "") if ops else "")
         + (f". Each copy moves {copies['gb_per_copy']:g} GB and up to {copies.get('copies_in_flight_max')} are in "
            f"flight at once: the copies already overlap each other and the compute, so the limit is the link "
            f"({link:g} GB/s), not a missing overlap" if copies and link else "") + ".",
@@ -621,6 +680,28 @@ def _roofline_sentence(health: dict[str, Any]) -> str:
     return text + ". "
 
 
+def _flags_not_findings(health: dict[str, Any], keys: set[str]) -> str:
+    """The health flags the report shows that are not findings, each with why: a flag never stands unexplained."""
+    notes = []
+    low, compute = health.get("low_intensity_op_percent"), (health.get("breakdown_percent") or {}).get("compute", 0.0)
+    if health.get("memory_bound_is_defect") and "memory_bound" not in keys:
+        passes = health.get("memory_passes")
+        flag = f"the op profile's memory-bound defect ({low}% of op time" + (f", {passes:g} passes" if passes and passes > 1 else "") + ")"
+        if (low or 0) < MEMORY_BOUND_FINDING_MIN_PERCENT:
+            notes.append(f"{flag} is not a finding: under the {MEMORY_BOUND_FINDING_MIN_PERCENT:g}% of op time at which "
+                         "it becomes one")
+        elif compute < 30:
+            notes.append(f"{flag} is not a finding: the devices compute only {compute}% of the step, so op time is "
+                         "not where the step's time goes")
+    efficiency = health.get("dominant_ops_roofline_efficiency_percent")
+    if efficiency is not None and efficiency < DOMINANT_EFFICIENCY_MIN_PERCENT and "low_kernel_efficiency" not in keys:
+        covered = keys & {"memory_bound", "memory_transfers"}
+        notes.append(f"the busiest ops' {efficiency}% of their roofline is not a finding of its own: "
+                     + (f"the {' and '.join(sorted(covered)).replace('_', ' ')} finding covers the same ops" if covered
+                        else f"the time it could recover is under {MIN_FINDING_PERCENT:g}% of the step"))
+    return ("Not findings: " + "; ".join(notes) + ". ") if notes else ""
+
+
 class RuleEngine:
     """Deterministic investigator: rules over the tool outputs, no network."""
 
@@ -636,7 +717,8 @@ class RuleEngine:
                     f"devices compute {b.get('compute')}% of the time, with {b.get('host_other', 0)}% host work, "
                     f"{b.get('collective', 0)}% collectives and {b.get('compile', 0)}% compilation. "
                     f"The busiest op is {health.get('top_op')} ({health.get('top_op_share_percent')}% of op time, "
-                    f"{health.get('top_category')}). " + _roofline_sentence(health) + "No follow-up investigation was needed."
+                    f"{health.get('top_category')}). " + _roofline_sentence(health)
+                    + _flags_not_findings(health, set()) + "No follow-up investigation was needed."
                 ),
                 investigator=self.name,
             )
@@ -671,6 +753,7 @@ class RuleEngine:
                 f"Steps take {health.get('step_time_ms'):.4g} ms, of which the devices compute {b.get('compute')}%. "
                 + _roofline_sentence(health)
                 + (f"Also: {', '.join(f.title.lower() for f in findings[1:3])}. " if len(findings) > 1 else "")
+                + _flags_not_findings(health, {f.key for f in findings})
                 + f"{len(calls)} follow-up tool call(s) gathered the evidence below."
             )
         return Diagnosis(
