@@ -56,6 +56,14 @@ def test_evidence_points_at_the_right_ops(cpu_profiles, h200_profiles, tmp_path)
     assert any(e.metric.startswith("top collective") for e in collectives.evidence)
 
 
+def test_collective_fix_follows_what_the_top_collective_shows(cpu_profiles, tmp_path):
+    # collective_dominated all-reduces its gradients once per micro-batch (2) inside a scan, with a 4 MB extra buffer
+    top = _analyze(cpu_profiles["collective_dominated"], tmp_path).diagnosis.findings[0]
+    assert top.key == "collectives"
+    assert "2 times per device and step inside a loop" in top.fix and "reduce once per step" in top.fix
+    assert "f32[1048576] carries" in top.fix
+
+
 def test_findings_quote_numbers_from_tool_outputs(cpu_profiles, tmp_path):
     analysis = _analyze(cpu_profiles["input_bound"], tmp_path)
     import json

@@ -8,6 +8,8 @@ and each becomes a finding whose evidence quotes tool outputs by name.
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -309,9 +311,7 @@ def _hypotheses(health: dict[str, Any], results: dict[str, ToolResult]) -> list[
             f"{collective}% of the step only communicating; compute per device is too small to hide it.",
             ev,
             _saving(step_ms, collective),
-            "Communicate less or overlap it: larger per-device batch (more compute per byte sent), shard "
-            "parameters/optimizer state (FSDP/ZeRO) instead of replicating, all-reduce gradients in bf16, and "
-            "let XLA overlap collectives with compute (async collectives, latency-hiding scheduler).",
+            _sentence(_collective_fix(ops[0] if ops else None, step, health)),
             follow_up=("get_hlo_neighborhood", {"op": ops[0]["op"], "module": ops[0]["module"]}) if ops and ops[0].get("module") else None,
             extra_evidence=_neighborhood_evidence,
         ))
@@ -435,6 +435,45 @@ def _reconcile(out: list[Hypothesis], b: dict[str, float], step_ms: float | None
             out = [h for h in out if h.key != "input_bound"]
     return out
 
+
+
+_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4, "s32": 4, "u32": 4,
+                "f64": 8, "s64": 8, "u64": 8}
+_ARRAY_SHAPE = re.compile(r"^([a-z]+\d*)\[([\d,]*)\]")
+
+
+def _array_bytes(shape: str) -> int | None:
+    """Bytes of one HLO array shape text ("f32[1048576]{0}"); None where the type is not a plain array."""
+    match = _ARRAY_SHAPE.match(shape)
+    if not match or match.group(1) not in _DTYPE_BYTES:
+        return None
+    return _DTYPE_BYTES[match.group(1)] * math.prod(int(d) for d in match.group(2).split(",") if d)
+
+
+def _collective_fix(top: dict | None, step: dict[str, Any], health: dict[str, Any]) -> str:
+    """What the top collective's own row shows: how often it runs per device and step, inside a loop or not,
+    and which operand carries its bytes; the general levers only where the row shows nothing more."""
+    generic = ("communicate less or overlap it: larger per-device batch (more compute per byte sent), shard "
+               "parameters/optimizer state (FSDP/ZeRO) instead of replicating, all-reduce gradients in bf16, and let "
+               "XLA overlap collectives with compute (async collectives, latency-hiding scheduler)")
+    if not top:
+        return generic
+    parts = []
+    device_steps = (step.get("steps") or 0) * ((health.get("devices") or {}).get("active_devices") or 1)
+    runs = top["count"] / device_steps if device_steps else 0
+    scope = str(top.get("framework_op") or "")
+    if runs >= 1.5 and ("while/body" in scope or "scan" in scope):
+        parts.append(f"{top['op']} runs {runs:.3g} times per device and step inside a loop ({scope}), on the same "
+                     "shapes each time: accumulate over the loop's iterations (micro-batches) and reduce once per step")
+    sizes = [(s, b) for s in top.get("operand_shapes") or [] if (b := _array_bytes(s)) is not None]
+    total = sum(b for _, b in sizes)
+    if len(sizes) > 1 and total:
+        shape, largest = max(sizes, key=lambda sb: sb[1])
+        if largest >= 0.8 * total:
+            parts.append(f"its operand {shape.split('{')[0]} carries {100 * largest / total:.0f}% of the "
+                         f"{total / 1e6:.3g} MB each run sends: check that this buffer must be reduced every step, "
+                         "and reduce it in bf16 or shard it instead of replicating it")
+    return "; ".join(parts + ["otherwise " + generic]) if parts else generic
 
 
 def _sentence(text: str) -> str:
