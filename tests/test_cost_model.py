@@ -7,11 +7,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.conftest import H200, shared_profile
+from tests.conftest import H200, TESTS, shared_profile
+from xdiag.investigators.health import health_snapshot
 from xdiag.profile.reader import read_session
 from xdiag.tools.registry import run_tool
 
 TOLERANCE = 0.15
+TPU_V5E = TESTS / "profiles" / "tpu_v5e"
 
 
 def _kernel_time_s(session, keep) -> tuple[float, dict[str, int]]:
@@ -97,3 +99,75 @@ def test_custom_fusions_are_named_after_what_emits_them_not_all_triton(cpu_profi
     assert all(k["kind"] == "YNNPACK (XLA:CPU fusion)" for k in fusions if "ynn" in k["target"])
     gpu = run_tool(read_session([H200 / "input_bound.xplane.pb"]), "get_custom_kernels").detail["kernels"]
     assert gpu and all(k["kind"] == "Triton (XLA fusion)" and "triton" in k["target"] for k in gpu)
+
+
+def _tpu_op_time_s(session, prefix: str) -> tuple[float, int]:
+    """Seconds and executions of the TPU ops (the `XLA Ops` line's events) whose HLO name starts with `prefix`."""
+    seconds, count = 0.0, 0
+    for plane in session.device_planes(with_events=True):
+        for line in plane.lines:
+            if line.name != "XLA Ops":
+                continue
+            names = [(plane.event_display_names.get(k) or plane.event_names.get(k, "")).lstrip("%").split(" ")[0]
+                     for k in line.metadata_id.tolist()]
+            mask = np.array([n.startswith(prefix) for n in names], dtype=bool)
+            seconds += float(line.duration_ps[mask].sum()) / 1e12
+            count += int(mask.sum())
+    return seconds, count
+
+
+def test_a_pallas_matmul_is_costed_from_its_operand_shapes():
+    # TPU v5e `pallas_small_blocks`: 8 Pallas products per step, f32[2048,1024]·f32[1024,2048] -> f32[2048,2048]
+    # with small blocks. XLA's cost model records 0 FLOPs for a custom call; the HLO gives the operand shapes.
+    session = read_session([TPU_V5E / "pallas_small_blocks.xplane.pb"])
+    seconds, executions = _tpu_op_time_s(session, "small_block_matmul")
+    assert executions == 8 * 10  # 8 products x 10 steps
+    flops_per_run = 2 * 2048 * 2048 * 1024  # 2·M·N·K
+    hand_rate = flops_per_run * executions / seconds
+
+    rows = [r for r in _rows(session) if r["op"].startswith("small_block_matmul")]
+    assert len(rows) == 8 and all(r["flops_per_run"] == flops_per_run for r in rows)
+    assert all("matrix product" in r["cost_source"] for r in rows)
+    rate = sum(r["flops_per_run"] * r["count"] for r in rows) / (sum(r["total_ms"] for r in rows) / 1e3)
+    assert rate == pytest.approx(hand_rate, rel=TOLERANCE)
+    # Far below the v5e's 197 TFLOP/s: the small blocks are the workload's problem, and the diagnosis sees it.
+    assert hand_rate < 0.3 * 197e12
+    profile = run_tool(session, "get_hlo_op_profile").summary
+    assert profile["dominant_ops_roofline_efficiency_percent"] < 30 and not profile["dominant_ops_unmeasured"]
+
+
+def _snapshot(session) -> dict:
+    tools = ("get_step_trace", "get_hlo_op_profile", "get_kpi_metrics")
+    return health_snapshot({name: run_tool(session, name) for name in tools})
+
+
+def test_optimal_needs_the_dominant_ops_measured_at_30_percent_of_their_roof():
+    # H200 healthy: the TF32 GEMMs that dominate are measured, against the TF32 roof (494.7 TFLOP/s).
+    healthy = _snapshot(read_session([H200 / "healthy.xplane.pb"]))
+    assert healthy["dominant_ops_roofline_efficiency_percent"] >= 30 and not healthy["dominant_ops_unmeasured"]
+    assert not any("dominant" in r or "roofline" in r for r in healthy["unhealthy_because"])
+    # H200 recompilation: what dominates is XLA's autotuner (redzone checks, delay kernels), which no HLO names:
+    # the snapshot says the efficiency is not measured and why, and the headline rate is left out with its reason
+    # rather than computed over the 0.1% of op time whose FLOPs are known.
+    session = read_session([H200 / "recompilation.xplane.pb"])
+    snapshot = _snapshot(session)
+    assert snapshot["dominant_ops_unmeasured"] and "FLOPs unknown" in snapshot["dominant_ops_unmeasured"][0]
+    assert any("not measured" in r for r in snapshot["unhealthy_because"])
+    kpi = run_tool(session, "get_kpi_metrics").summary
+    assert kpi["achieved_gflops_per_s_during_ops"] is None and kpi["achieved_rate_covers_op_time_percent"] < 50
+    assert "compute op time" in kpi["achieved_rate_unavailable_because"]
+
+
+def test_each_program_gets_the_time_of_the_kernels_it_launched():
+    # MI300X GEMM: six `jit_dot` programs share one name; each one's hipBLASLt call is its own op time, and the
+    # busiest is the one whose calls take the most (52.7% of op time), not a 0.8% dtype conversion.
+    session = read_session([shared_profile("gpu/mi300x_jax_gemm.xplane.pb")])
+    modules = run_tool(session, "list_hlo_modules")
+    per_program: dict[str, float] = {}
+    for row in _rows(session):
+        per_program[row["module"]] = per_program.get(row["module"], 0.0) + row["total_ms"]
+    rows = {r["module"]: r["op_time_ms"] for r in modules.detail["modules"]}
+    assert {m: rows[m] for m in per_program if m in rows} == pytest.approx({m: t for m, t in per_program.items() if m in rows}, abs=1e-3)
+    busiest = max(per_program, key=per_program.get)
+    assert busiest.startswith("jit_dot(") and modules.summary["busiest_module"] == busiest
+    assert modules.summary["busiest_module_share_percent"] > 50

@@ -21,6 +21,10 @@ class Datasheet:
     peak_tflops: float  # dense bf16 (fp16 on V100, which has no bf16), tensor/matrix units, no sparsity
     hbm_gb_per_s: float  # 1 GB = 1e9 bytes
     source: str
+    f32_matmul_tflops: float | None = None
+    """Dense matrix rate with f32 operands, from the same page: TF32 tensor cores (A100 on, MI300X/MI325X), FP32
+    matrix cores (MI250X), FP32 CUDA cores (V100). None where the page gives none (TPUs: the MXU multiplies in
+    bf16, f32 at higher precision in several bf16 passes; the 16-bit peak is their roof)."""
 
 
 DATASHEETS = {
@@ -32,16 +36,17 @@ DATASHEETS = {
         Datasheet("TPU v5p", 459, 2765, "https://cloud.google.com/tpu/docs/v5p"),
         Datasheet("TPU v6e", 918, 1638, "https://cloud.google.com/tpu/docs/v6e"),
         Datasheet("TPU7x", 2307, 7380, "https://cloud.google.com/tpu/docs/tpu7x"),
-        # NVIDIA data-center datasheets (SXM parts; dense Tensor Core bf16, fp16 on V100).
-        Datasheet("V100", 125, 900, "https://www.nvidia.com/en-us/data-center/v100/"),
-        Datasheet("A100", 312, 2039, "https://www.nvidia.com/en-us/data-center/a100/"),
-        Datasheet("H100", 989, 3350, "https://www.nvidia.com/en-us/data-center/h100/"),
-        Datasheet("H200", 989, 4800, "https://www.nvidia.com/en-us/data-center/h200/"),
-        Datasheet("B200", 2250, 8000, "https://www.nvidia.com/en-us/data-center/hgx/"),
-        # AMD Instinct product pages (dense bf16 matrix peak).
-        Datasheet("MI250X", 383, 3277, "https://www.amd.com/en/products/accelerators/instinct/mi200/mi250x.html"),
-        Datasheet("MI300X", 1307.4, 5300, "https://www.amd.com/en/products/accelerators/instinct/mi300/mi300x.html"),
-        Datasheet("MI325X", 1307.4, 6000, "https://www.amd.com/en/products/accelerators/instinct/mi300/mi325x.html"),
+        # NVIDIA data-center datasheets (SXM parts; dense Tensor Core bf16, fp16 on V100; TF32 dense, half the
+        # "with sparsity" figure the pages give; FP32 on V100).
+        Datasheet("V100", 125, 900, "https://www.nvidia.com/en-us/data-center/v100/", 15.7),
+        Datasheet("A100", 312, 2039, "https://www.nvidia.com/en-us/data-center/a100/", 156),
+        Datasheet("H100", 989, 3350, "https://www.nvidia.com/en-us/data-center/h100/", 494.7),
+        Datasheet("H200", 989, 4800, "https://www.nvidia.com/en-us/data-center/h200/", 494.7),
+        Datasheet("B200", 2250, 8000, "https://www.nvidia.com/en-us/data-center/hgx/", 1125),
+        # AMD Instinct product pages (dense bf16 matrix peak; TF32 matrix, FP32 matrix on MI250X).
+        Datasheet("MI250X", 383, 3277, "https://www.amd.com/en/products/accelerators/instinct/mi200/mi250x.html", 95.7),
+        Datasheet("MI300X", 1307.4, 5300, "https://www.amd.com/en/products/accelerators/instinct/mi300/mi300x.html", 653.7),
+        Datasheet("MI325X", 1307.4, 6000, "https://www.amd.com/en/products/accelerators/instinct/mi300/mi325x.html", 653.7),
         Datasheet("MI350X", 2307.2, 8000, "https://www.amd.com/en/products/accelerators/instinct/mi350/mi350x.html"),
         Datasheet("MI355X", 2516.6, 8000, "https://www.amd.com/en/products/accelerators/instinct/mi350/mi355x.html"),
     )
@@ -108,6 +113,7 @@ def checked_peaks(stats: dict[str, Any], xprof_flops_gflops: float | None = None
     """The peaks to measure against, each with its source, and what disagrees.
 
     Returns: device_model (or None), peak_flops_per_s, peak_hbm_bytes_per_s, ridge_flop_per_byte,
+    peak_f32_matmul_flops_per_s and f32_matmul_basis (the roof of ops with f32 operands; None where unknown),
     flops_source / bandwidth_source ("datasheet <url>" | "recorded in the profile" | "XProf's roofline_model"),
     recorded_* (what the profile and XProf said), peak_warnings (one sentence per disagreement).
     """
@@ -144,7 +150,15 @@ def checked_peaks(stats: dict[str, Any], xprof_flops_gflops: float | None = None
                    bandwidth_source="recorded in the profile" if bandwidth else None)
         if flops or bandwidth:
             warnings.append("the device is not in xdiag's datasheet table, so its recorded peaks are used unchecked")
+    f32_flops = sheet.f32_matmul_tflops * 1e12 if sheet and sheet.f32_matmul_tflops else None
+    if f32_flops:
+        out["f32_matmul_basis"] = f"f32 operands: {sheet.f32_matmul_tflops:g} TFLOP/s (TF32/FP32 matrix rate, datasheet)"
+    elif model and "TPU" in model:
+        f32_flops = flops
+        out["f32_matmul_basis"] = ("f32 operands: the MXU's bf16 peak (it multiplies in bf16; f32 at higher "
+                                   "precision takes several passes)")
     out.update(
+        peak_f32_matmul_flops_per_s=f32_flops,
         peak_flops_per_s=flops,
         peak_hbm_bytes_per_s=bandwidth,
         peak_tflops=round(flops / 1e12, 1) if flops else None,

@@ -70,6 +70,29 @@ def gemm_flops(ins: HloInstruction, computation: HloComputation) -> float | None
     return 2.0 * prod(out) * k
 
 
+def custom_kernel_cost(ins: HloInstruction, computation: HloComputation) -> tuple[float, float | None, str] | None:
+    """(FLOPs, bytes or None, how they were found) of a custom kernel whose code the HLO does not show (a Pallas /
+    Mosaic / Triton custom call): the cost estimate its author attached, else, where its two operands and result
+    have exactly the shapes of a matrix product ([B..,M,K]·[B..,K,N] -> [B..,M,N]), 2·B·M·N·K. None otherwise."""
+    if ins.opcode != "custom-call" or is_gemm_call(ins) or ins.custom_call_target in CONV_TARGETS:
+        return None
+    if ins.kernel_cost_estimate:
+        flops, moved = ins.kernel_cost_estimate[:2]
+        return flops, moved or None, "the kernel's own cost estimate (its backend config)"
+    operands = [computation.by_name.get(o) for o in ins.operands]
+    if len(operands) != 2 or None in operands or ins.dtype == "tuple" or len(ins.dims) < 2:
+        return None
+    lhs, rhs = operands
+    if not (len(lhs.dims) == len(rhs.dims) == len(ins.dims)) or lhs.dims[:-2] != ins.dims[:-2] or rhs.dims[:-2] != ins.dims[:-2]:
+        return None
+    (m, n), (a, b), (c, d) = ins.dims[-2:], lhs.dims[-2:], rhs.dims[-2:]
+    # lhs [M,K] or [K,M], rhs [K,N] or [N,K]: one K shared, the others the result's M and N.
+    for k in {a, b}:
+        if sorted((a, b)) == sorted((m, k)) and sorted((c, d)) == sorted((k, n)):
+            return 2.0 * prod(ins.dims) * k, None, "operand shapes of a matrix product (inferred: the kernel's code is not read)"
+    return None
+
+
 CONV_TARGETS = {
     "__cudnn$convForward": "forward", "__cudnn$convBiasActivationForward": "forward",
     "__cudnn$convForwardGraph": "forward", "__cudnn$convBackwardInput": "backward_input",
@@ -107,6 +130,9 @@ def _flops(ins: HloInstruction, computation: HloComputation, module: HloModule) 
         return gemm_flops(ins, computation) or 0.0
     if ins.opcode == "convolution" or ins.custom_call_target in CONV_TARGETS:
         return conv_flops(ins, computation) or 0.0
+    custom = custom_kernel_cost(ins, computation)
+    if custom is not None:
+        return custom[0]
     if ins.opcode == "dot":
         lhs = computation.by_name.get(ins.operands[0]) if ins.operands else None
         k = prod(lhs.dims[d] for d in ins.lhs_contracting if d < len(lhs.dims)) if lhs is not None else 1
@@ -136,11 +162,15 @@ def instruction_cost(module: HloModule, name: str) -> dict | None:
     fused = module.fused_opcodes.get(ins.name, [])
     gemm_known = is_gemm_call(ins) and gemm_flops(ins, computation) is not None
     conv_known = ins.custom_call_target in CONV_TARGETS and conv_flops(ins, computation) is not None
+    custom = custom_kernel_cost(ins, computation)
+    if custom is not None and custom[1]:
+        read, written = custom[1], 0.0  # the author's bytes accessed: reads and writes together
     source = ("HLO shapes (GEMM custom call: 2·B·M·N·K from its operands)" if gemm_known else
               "HLO shapes (convolution custom call: 2·|output|·C·R·S from its dimension numbers)" if conv_known else
-              "HLO shapes")
+              f"custom kernel: {custom[2]}" if custom is not None else "HLO shapes")
     return {
-        "flops_known": gemm_known or conv_known or (ins.opcode != "custom-call" and "custom-call" not in fused),
+        "flops_known": gemm_known or conv_known or custom is not None
+        or (ins.opcode != "custom-call" and "custom-call" not in fused),
         "cost_source": source,
         "flops": _flops(ins, computation, module),
         "bytes": read + written,

@@ -23,6 +23,10 @@ def roofline(row: dict, peaks: dict | None) -> dict:
     if intensity is None or achieved is None or bandwidth is None:
         return {}
     peak_flops, peak_bw = peaks["peak_flops_per_s"], peaks["peak_hbm_bytes_per_s"]
+    wide = any(str(s).startswith(("f32", "f64")) for s in row.get("operand_shapes") or [])
+    f32_peak = peaks.get("peak_f32_matmul_flops_per_s")
+    if wide and f32_peak:
+        peak_flops = f32_peak  # f32 operands have their own, lower roof (TF32/FP32 matrix rate)
     compute_bound = intensity * peak_bw >= peak_flops
     roof = peak_flops if compute_bound else intensity * peak_bw
     efficiency = 100 * (achieved * 1e9 / peak_flops if compute_bound else bandwidth * 1e9 / peak_bw)
@@ -31,9 +35,12 @@ def roofline(row: dict, peaks: dict | None) -> dict:
         "roof_gflops_per_s": round(roof / 1e9, 3),
         "roofline_efficiency_percent": round(efficiency, 1),
     }
-    if compute_bound and any(str(s).startswith(("f32", "f64")) for s in row.get("operand_shapes") or []):
-        # The datasheet peak is the 16-bit one; f32 operands run at a lower, device-specific rate (TF32, FP32).
-        out["efficiency_basis"] = "16-bit peak; this op's f32 operands have a lower peak"
+    if compute_bound and wide:
+        if f32_peak:
+            out["roof_basis"] = peaks.get("f32_matmul_basis") or "f32 operands' own peak"
+        else:
+            # Only the 16-bit peak is known; f32 operands run at a lower, device-specific rate (TF32, FP32).
+            out["efficiency_basis"] = "16-bit peak; this op's f32 operands have a lower peak"
     if efficiency > 100:
         out["flags"] = [
             f"{efficiency:.0f}% of the {'compute' if compute_bound else 'bandwidth'} peak is not physically possible: "
@@ -76,8 +83,11 @@ def roofline_summary(rows: list[dict]) -> dict:
     their own data), memory_extra_pass_percent (op time those extra passes cost),
     memory_bandwidth_efficiency_percent, memory_bound_defect and memory_bound_why (several passes, or bandwidth
     left unused: memory-bound work near its roof is the nature of the work, not a defect),
-    and dominant_ops_roofline_efficiency_percent over the busiest ops with a measured efficiency covering half
-    the op time (None when they cover less: no peaks, or kernels the HLO does not name)."""
+    and, over the ops that dominate the op time (dominant_rows): dominant_ops_share_percent, dominant_ops,
+    dominant_ops_roofline_efficiency_percent (time-weighted, over those with a measured efficiency where they
+    hold at least half the dominant ops' time),
+    dominant_ops_measured_share_percent (the op time those hold) and dominant_ops_unmeasured (each other one,
+    with why: FLOPs unknown, an impossible value, or only a lower bound)."""
     low = memory_bound_rows(rows)
     passes = _weighted(low, "program_memory_passes")
     # Only the passes beyond the first are avoidable: a program moving its data k times wastes (1 - 1/k) of it.
@@ -90,15 +100,10 @@ def roofline_summary(rows: list[dict]) -> dict:
                    "goes to passes a fused program would not make")
     if bandwidth is not None and bandwidth < BANDWIDTH_EFFICIENCY_LOW_PERCENT:
         why.append(f"they reach only {bandwidth:g}% of the HBM bandwidth")
-    measured = sorted((o for o in rows if o.get("roofline_efficiency_percent") is not None and not o.get("flags")
-                       and not o.get("efficiency_basis")),
-                      key=lambda o: -o["share_of_op_time_percent"])
-    dominant, covered = [], 0.0
-    for row in measured:
-        dominant.append(row)
-        covered += row["share_of_op_time_percent"]
-        if covered >= 50:
-            break
+    dominant = dominant_rows(rows)
+    measured = [o for o in dominant if _measured(o)]
+    covered = round(sum(o["share_of_op_time_percent"] for o in dominant), 2)
+    measured_share = sum(o["share_of_op_time_percent"] for o in measured)
     costed = any(o.get("arithmetic_intensity_flops_per_byte") is not None for o in rows)
     share = round(sum(o["share_of_op_time_percent"] for o in low), 2) if costed else None
     note = {}
@@ -115,8 +120,44 @@ def roofline_summary(rows: list[dict]) -> dict:
         "memory_bound_defect": bool(why),
         "memory_bound_why": why,
         **note,
-        "dominant_ops_roofline_efficiency_percent": _weighted(dominant, "roofline_efficiency_percent") if covered >= 50 else None,
-        "dominant_ops_share_percent": round(covered, 2) if covered >= 50 else None,
-        "dominant_ops": [f"{o['op']} ({o['module']})" for o in dominant[:3]] if covered >= 50 else [],
+        # Over at least half of the dominant ops' time, or it would speak for ops it did not measure.
+        "dominant_ops_roofline_efficiency_percent": _weighted(measured, "roofline_efficiency_percent")
+        if measured_share >= covered / 2 else None,
+        "dominant_ops_share_percent": covered or None,
+        "dominant_ops_measured_share_percent": round(measured_share, 2) if dominant else None,
+        "dominant_ops": [f"{o['op']} ({o['module']})" for o in dominant[:3]],
+        "dominant_ops_unmeasured": [f"{o['op']} ({o['share_of_op_time_percent']}% of op time): {_unmeasured_why(o)}"
+                                    for o in dominant if not _measured(o)][:5],
         "flagged_op_rows": sum(1 for o in rows if o.get("flags")),
     }
+
+
+def dominant_rows(rows: list[dict]) -> list[dict]:
+    """The ops that dominate the compute op time: the busiest rows (transfers left out: their time is a wait)
+    that together hold half of it; rows under 1% of op time (a long tail) are not counted among them."""
+    working = sorted((o for o in rows if o.get("category") not in ("async_copy", "memcpy")),
+                     key=lambda o: -o["share_of_op_time_percent"])
+    total = sum(o["share_of_op_time_percent"] for o in working)
+    dominant, covered = [], 0.0
+    for row in working:
+        if covered >= total / 2 or row["share_of_op_time_percent"] < 1.0:
+            break
+        dominant.append(row)
+        covered += row["share_of_op_time_percent"]
+    return dominant
+
+
+def _measured(row: dict) -> bool:
+    return row.get("roofline_efficiency_percent") is not None and not row.get("flags") and not row.get("efficiency_basis")
+
+
+def _unmeasured_why(row: dict) -> str:
+    if row.get("flags"):
+        return "its efficiency is above the peak, so not a measurement"
+    if row.get("efficiency_basis"):
+        return f"only a lower bound is known ({row['roofline_efficiency_percent']}% of the {row['efficiency_basis']})"
+    if row.get("flops_unknown_because"):
+        return f"FLOPs unknown: {row['flops_unknown_because']}"
+    if row.get("flops_per_run") is None:
+        return "FLOPs unknown: the profile's HLO does not name this kernel's instruction"
+    return "no device peaks to measure against"

@@ -82,6 +82,7 @@ def health_snapshot(results: dict[str, ToolResult]) -> dict[str, Any]:
         },
         "utilization_percent": util.get("busy_percent_mean"),
         "achieved_gflops_per_s": kpi.get("achieved_gflops_per_s_during_ops"),
+        "achieved_rate_covers_op_time_percent": kpi.get("achieved_rate_covers_op_time_percent"),
         # xdiag's roofline over device op time (None where too little of it is costed); XProf's divides by a
         # window that includes device idle, so it is kept apart.
         "roofline_efficiency_percent": roofline.get("op_time_roofline_efficiency_percent"),
@@ -101,6 +102,8 @@ def health_snapshot(results: dict[str, ToolResult]) -> dict[str, Any]:
         "memory_bandwidth_efficiency_percent": ops.get("memory_bandwidth_efficiency_percent"),
         "dominant_ops_roofline_efficiency_percent": ops.get("dominant_ops_roofline_efficiency_percent"),
         "dominant_ops_share_percent": ops.get("dominant_ops_share_percent"),
+        "dominant_ops_measured_share_percent": ops.get("dominant_ops_measured_share_percent"),
+        "dominant_ops_unmeasured": ops.get("dominant_ops_unmeasured") or [],
         "dma_stall_percent": roofline.get("dma_stall_percent_of_top_ops"),
         "peaks": {k: ops.get(k) for k in ("device_model", "peak_tflops", "peak_hbm_gb_per_s", "flops_source",
                                             "bandwidth_source", "peak_warnings") if ops.get(k) is not None} or None,
@@ -176,6 +179,11 @@ def _unhealthy_reasons(s: dict[str, Any]) -> list[str]:
     efficiency = s.get("dominant_ops_roofline_efficiency_percent")
     if efficiency is not None and efficiency < DOMINANT_EFFICIENCY_MIN_PERCENT:
         reasons.append(f"the ops taking {s['dominant_ops_share_percent']}% of op time run at {efficiency}% of their roofline")
+    elif s.get("peaks") and s.get("dominant_ops_unmeasured"):
+        # On an accelerator OPTIMAL needs the dominant ops measured against their roof; unmeasured is not healthy.
+        reasons.append(
+            f"the roofline efficiency of the ops that dominate op time is not measured, so OPTIMAL cannot be shown: "
+            + "; ".join(s["dominant_ops_unmeasured"]))
     if (s.get("dma_stall_percent") or 0) > DMA_STALL_MAX_PERCENT:
         reasons.append(f"the busiest ops wait on their input copies {s['dma_stall_percent']}% of their time")
     return reasons

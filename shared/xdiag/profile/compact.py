@@ -83,7 +83,8 @@ def _module(module: HloModule) -> dict[str, Any]:
                 [i.name, i.opcode, i.dtype, list(i.dims), list(i.layout), list(i.operands), i.fusion_kind, i.op_name,
                  i.source, list(i.called), [[t, list(d)] for t, d in i.tuple_shapes], i.custom_call_target,
                  list(i.lhs_contracting), list(i.lhs_batch), list(i.conv_kernel_dims), i.fusion_backend_kind,
-                 i.memory_space]
+                 i.memory_space,
+                 list(i.kernel_cost_estimate)]
                 for i in computation.instructions
             ]
             for name, computation in module.computations.items()
@@ -190,12 +191,14 @@ def _instruction(row: list) -> HloInstruction:
     conv_kernel_dims = row[14] if len(row) > 14 else []  # files written before convolutions were costed
     fusion_backend_kind = row[15] if len(row) > 15 else ""
     memory_space = row[16] if len(row) > 16 else 0  # files written before memory spaces were kept
+    kernel_cost_estimate = row[17] if len(row) > 17 else []
     return HloInstruction(
         name=name, opcode=opcode, dtype=dtype, dims=tuple(dims), layout=tuple(layout), operands=tuple(operands),
         fusion_kind=fusion_kind, op_name=op_name, source=source, called=tuple(called),
         tuple_shapes=tuple((t, tuple(d)) for t, d in tuple_shapes), custom_call_target=target, lhs_contracting=tuple(lhs),
         lhs_batch=tuple(lhs_batch), conv_kernel_dims=tuple(conv_kernel_dims),
         fusion_backend_kind=fusion_backend_kind, memory_space=memory_space,
+        kernel_cost_estimate=tuple(kernel_cost_estimate),
     )
 
 

@@ -318,6 +318,23 @@ def _fusion_backend_kind(ins) -> str:
     return str(fusion.get("kind", "")) if isinstance(fusion, dict) else ""
 
 
+def _kernel_cost_estimate(ins) -> tuple[float, ...]:
+    """(FLOPs, bytes accessed) a custom kernel's author gave it (Pallas `cost_estimate=`, carried in the custom
+    call's backend config as `cost_estimate`); () where it has none."""
+    if ins.opcode != "custom-call" or b'"cost_estimate"' not in ins.backend_config:
+        return ()
+    try:
+        config = json.loads(ins.backend_config)
+    except ValueError:
+        return ()
+    places = [config, config.get("custom_call_config")] if isinstance(config, dict) else []
+    estimate = next((p["cost_estimate"] for p in places if isinstance(p, dict) and isinstance(p.get("cost_estimate"), dict)), {})
+    try:
+        return (float(estimate["flops"]), float(estimate.get("bytes_accessed", 0)))
+    except (KeyError, TypeError, ValueError):
+        return ()
+
+
 def _scheduled(computation, sequence) -> list:
     """The computation's instructions in the order the device runs them (the module's schedule), where the
     schedule covers them all; else in the proto's order. Kernels that carry no instruction name of their own
@@ -361,6 +378,7 @@ def _hlo_module(proto_bytes: bytes, host: str, fallback_id: int) -> HloModule | 
                     conv_kernel_dims=_conv_kernel_dims(ins),
                     fusion_backend_kind=_fusion_backend_kind(ins),
                     memory_space=shape.layout.memory_space,
+                    kernel_cost_estimate=_kernel_cost_estimate(ins),
                     **_contraction(ins),
                 )
             )

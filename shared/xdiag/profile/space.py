@@ -256,6 +256,7 @@ class HloInstruction:
     lhs_contracting: tuple[int, ...] = ()  # dot, and GEMM custom calls (from their backend config)
     lhs_batch: tuple[int, ...] = ()  # dot, and GEMM custom calls
     conv_kernel_dims: tuple[int, ...] = ()  # convolutions: the kernel's input-feature dimension, then its spatial ones
+    kernel_cost_estimate: tuple[float, ...] = ()  # custom kernels (Pallas): (FLOPs, bytes) their author estimated
     fusion_backend_kind: str = ""  # custom fusions: what emits them (`__triton`, `__ynn_fusion`, …), from the backend config
     memory_space: int = 0  # of an array value's layout: 0 the device's memory; others (TPU host memory: 5) not
 

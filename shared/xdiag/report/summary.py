@@ -211,6 +211,8 @@ def metric_cards(health: Mapping[str, Any], results: Mapping[str, ToolResult], l
             note = _busy_note(health) or m.hint
         elif m.path == ("roofline_efficiency_percent",) and health.get("bound_by"):
             note = f"{m.hint}; bound by {health['bound_by']}"
+        elif m.path == ("achieved_gflops_per_s",) and health.get("achieved_rate_covers_op_time_percent") is not None:
+            note = f"{m.hint}, over the {format_measure(health['achieved_rate_covers_op_time_percent'], '%')} of compute op time whose FLOPs are known"
         elif m.path == ("top_op",):
             share, category = health.get("top_op_share_percent"), health.get("top_category")
             note = ", ".join(x for x in (f"{format_measure(share, '%')} of op time" if share is not None else "",

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from xdiag.analysis.breakdown import step_rows, summarize_steps
-from xdiag.analysis.timeline import TRANSFER_OP_CATEGORIES
 from xdiag.errors import NotAvailable
 from xdiag.profile.space import Session
 from xdiag.tools.common import DEVICE_PLANE_SOURCE, HOST_PLANE_SOURCE, try_view
-from xdiag.tools.ops import op_stats
+from xdiag.tools.ops import costed_work, op_stats
 from xdiag.tools.registry import ToolOutput, tool
 
 
@@ -19,17 +18,17 @@ from xdiag.tools.registry import ToolOutput, tool
 def get_kpi_metrics(session: Session) -> ToolOutput:
     """summary: step_time_ms, steps_per_second, compute_percent, device_idle_percent,
     achieved_gflops_per_s_during_ops (FLOPs counted from HLO shapes, GEMM custom calls included, over the time
-    of those ops; transfers left out), achieved_gflops_per_s_over_steps, hlo_costed_op_share_percent (None
-    where the profile has no HLO), plus xprof_* on devices."""
+    of those ops; transfers left out), achieved_gflops_per_s_over_steps, achieved_rate_covers_op_time_percent
+    (the compute op time those ops hold; under 50% both rates are left out, with achieved_rate_unavailable_because),
+    hlo_costed_op_share_percent (of all op time, transfers included), plus xprof_* on devices."""
     rows = step_rows(session)
     if not rows:
         raise NotAvailable("no steps and no XLA ops in the profile: nothing to measure")
     steps = summarize_steps(rows)
     stats = op_stats(session)
     # GEMM custom calls count (their FLOPs come from their shapes); transfers do not: their time is a wait.
-    costed = [s for s in stats if s.cost and s.cost["flops_known"] and s.category not in TRANSFER_OP_CATEGORIES]
-    flops = sum(s.cost["flops"] * s.count for s in costed)
-    op_seconds = sum(s.total_ps for s in costed) / 1e12
+    work = costed_work(session)
+    costed, flops, op_seconds = work.stats, work.flops, work.seconds
     total_step_s = sum(r.step_ms for r in rows) / 1e3
     summary = {
         "step_time_ms": steps["step_time_ms_mean"],
@@ -38,10 +37,15 @@ def get_kpi_metrics(session: Session) -> ToolOutput:
         "device_idle_percent": steps["device_idle_percent"],
         "achieved_gflops_per_s_during_ops": round(flops / op_seconds / 1e9, 3) if op_seconds and flops else None,
         "achieved_gflops_per_s_over_steps": round(flops / total_step_s / 1e9, 3) if total_step_s and flops else None,
+        "achieved_rate_covers_op_time_percent": work.covered_percent,
         "hlo_costed_op_share_percent": round(
             100 * sum(s.total_ps for s in costed) / max(sum(s.total_ps for s in stats), 1), 2
         ),
     }
+    if flops and not work.speaks_for_the_program:
+        # A rate over a fraction of the work is not the program's: left out, with why.
+        summary["achieved_gflops_per_s_during_ops"] = summary["achieved_gflops_per_s_over_steps"] = None
+        summary["achieved_rate_unavailable_because"] = work.not_representative_because()
     detail: dict = {}
     source = HOST_PLANE_SOURCE if session.platform == "CPU" else DEVICE_PLANE_SOURCE
     if session.platform != "CPU":

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from xdiag.analysis.device_peaks import session_peaks
-from xdiag.analysis.timeline import TRANSFER_OP_CATEGORIES
 from xdiag.errors import NotAvailable
 from xdiag.profile.space import Session
 from xdiag.tools.common import try_view, xprof_source
-from xdiag.tools.ops import op_stats
+from xdiag.tools.ops import costed_work
 from xdiag.tools.registry import ToolOutput, tool
 
 _COPY_CATEGORIES = ("copy-start", "copy-done", "async copy", "memcpy")
@@ -62,28 +61,18 @@ def get_roofline_model(session: Session, top_n: int = 20) -> ToolOutput:
     return ToolOutput(summary, detail, xprof_source() + " and xdiag's HLO cost model")
 
 
-MIN_COSTED_PERCENT = 50.0
-"""The program's roofline speaks for it only when the ops with known FLOPs hold at least half its compute time."""
-
-
 def program_roofline(session: Session, peaks: dict) -> dict:
-    """The whole program on the roofline: FLOPs and bytes of the costed ops over their own time."""
-    working = [s for s in op_stats(session) if s.category not in TRANSFER_OP_CATEGORIES]
-    working_ps = sum(s.total_ps for s in working)
-    costed = [s for s in working if s.cost and s.cost["flops_known"]]
-    flops = sum(s.cost["flops"] * s.count for s in costed)
-    moved = sum(s.cost["bytes"] * s.count for s in costed)
-    seconds = sum(s.total_ps for s in costed) / 1e12
-    covered = round(100 * seconds * 1e12 / working_ps, 2) if working_ps else 0.0
+    """The whole program on the roofline: FLOPs and bytes of the costed ops over their own time; its efficiency
+    the time the ops would take at their own roofs (compute or bandwidth, f32 operands against their own peak)
+    over the time they took, bound by whichever side holds more of that time."""
+    work = costed_work(session)
+    costed, flops, moved, seconds = work.stats, work.flops, work.bytes, work.seconds
     out: dict = {
-        "costed_op_time_percent": covered,
+        "costed_op_time_percent": work.covered_percent,
         "time_basis": "device op time of the costed ops (idle and transfers excluded)",
     }
-    if not seconds or not moved or covered < MIN_COSTED_PERCENT:
-        out["roofline_unavailable_because"] = (
-            f"only {covered}% of the device's compute op time is in ops whose FLOPs and bytes are known (kernels "
-            "the profile's HLO does not name, or opaque custom calls)" if seconds else
-            "no op with known FLOPs and bytes ran on the device")
+    if not moved or not work.speaks_for_the_program:
+        out["roofline_unavailable_because"] = work.not_representative_because()
         return out
     intensity = flops / moved
     out.update(
@@ -93,9 +82,17 @@ def program_roofline(session: Session, peaks: dict) -> dict:
     )
     peak_flops, peak_bw = peaks.get("peak_flops_per_s"), peaks.get("peak_hbm_bytes_per_s")
     if peak_flops and peak_bw:
-        compute_bound = intensity * peak_bw >= peak_flops
-        efficiency = 100 * (flops / seconds / peak_flops if compute_bound else moved / seconds / peak_bw)
-        out.update(op_time_bound_by="compute" if compute_bound else "HBM",
+        # Each op against its own roof (f32 operands have a lower one): the time the ops would take at their
+        # roofs over the time they took.
+        compute_s = memory_s = 0.0
+        for stat in costed:
+            f32_peak = peaks.get("peak_f32_matmul_flops_per_s")
+            wide = f32_peak and any(str(o).startswith(("f32", "f64")) for o in stat.cost.get("operand_shapes") or [])
+            flop_s = stat.cost["flops"] * stat.count / (f32_peak if wide else peak_flops)
+            byte_s = stat.cost["bytes"] * stat.count / peak_bw
+            compute_s, memory_s = (compute_s + flop_s, memory_s) if flop_s >= byte_s else (compute_s, memory_s + byte_s)
+        efficiency = 100 * (compute_s + memory_s) / seconds
+        out.update(op_time_bound_by="compute" if compute_s >= memory_s else "HBM",
                    op_time_roofline_efficiency_percent=round(efficiency, 2))
         if efficiency > 100:
             out["op_time_flags"] = [f"{efficiency:.0f}% of the roof is not physically possible; see peak_warnings"]

@@ -31,7 +31,8 @@ def list_hlo_modules(session: Session) -> ToolOutput:
             {"module": module.display_name, "name": module.name, "program_id": module.program_id, "host": module.host,
              "instructions": instructions, "entry_fusions": fusions,
              "entry_instructions": len(module.entry_computation.instructions) if module.entry else 0,
-             "op_time_ms": round(op_ms.get(module.name, 0.0), 4)}
+             # op_stats names a program by its name, or by name and id where several programs share the name.
+             "op_time_ms": round(op_ms.get(module.display_name, op_ms.get(module.name, 0.0)), 4)}
         )
     by_name: dict[str, set[int]] = defaultdict(set)
     for module in session.hlo_modules:
