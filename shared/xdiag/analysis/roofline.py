@@ -14,7 +14,7 @@ TRANSFER_RATE_REASON = (
 
 
 def roofline(row: dict, peaks: dict | None) -> dict:
-    """bound, roof_gflops_per_s, roofline_efficiency_percent and flags of one costed op row, against checked
+    """bound, roof_gflops_per_s, roofline_efficiency_percent and not_a_measurement (why, above 100%) of one costed op row, against checked
     peaks; {} without peaks (CPU) or without an achieved rate."""
     if not peaks or not peaks.get("peak_flops_per_s") or not peaks.get("peak_hbm_bytes_per_s"):
         return {}
@@ -42,11 +42,11 @@ def roofline(row: dict, peaks: dict | None) -> dict:
             # Only the 16-bit peak is known; f32 operands run at a lower, device-specific rate (TF32, FP32).
             out["efficiency_basis"] = "16-bit peak; this op's f32 operands have a lower peak"
     if efficiency > 100:
-        out["flags"] = [
+        # The same key as XProf's impossible rows (get_roofline_model): the number stays, marked with why.
+        out["not_a_measurement"] = (
             f"{efficiency:.0f}% of the {'compute' if compute_bound else 'bandwidth'} peak is not physically possible: "
             "the peak is wrong, or the op's bytes/FLOPs are not what its shapes say (e.g. data served from a cache, "
-            "or moved by another engine); not a measurement"
-        ]
+            "or moved by another engine)")
     return out
 
 
@@ -93,7 +93,7 @@ def roofline_summary(rows: list[dict]) -> dict:
     # Only the passes beyond the first are avoidable: a program moving its data k times wastes (1 - 1/k) of it.
     extra = round(sum(o["share_of_op_time_percent"] * (1 - 1 / max(o.get("program_memory_passes") or 1.0, 1.0))
                       for o in low), 2)
-    bandwidth = _weighted([o for o in low if not o.get("flags")], "roofline_efficiency_percent")
+    bandwidth = _weighted([o for o in low if not o.get("not_a_measurement")], "roofline_efficiency_percent")
     why = []
     if extra >= EXTRA_PASSES_DEFECT_PERCENT:
         why.append(f"their programs move their own data {passes:g} times per execution, so {extra:g}% of op time "
@@ -128,7 +128,7 @@ def roofline_summary(rows: list[dict]) -> dict:
         "dominant_ops": [f"{o['op']} ({o['module']})" for o in dominant[:3]],
         "dominant_ops_unmeasured": [f"{o['op']} ({o['share_of_op_time_percent']}% of op time): {_unmeasured_why(o)}"
                                     for o in dominant if not _measured(o)][:5],
-        "flagged_op_rows": sum(1 for o in rows if o.get("flags")),
+        "flagged_op_rows": sum(1 for o in rows if o.get("not_a_measurement")),
     }
 
 
@@ -148,11 +148,11 @@ def dominant_rows(rows: list[dict]) -> list[dict]:
 
 
 def _measured(row: dict) -> bool:
-    return row.get("roofline_efficiency_percent") is not None and not row.get("flags") and not row.get("efficiency_basis")
+    return row.get("roofline_efficiency_percent") is not None and not row.get("not_a_measurement") and not row.get("efficiency_basis")
 
 
 def _unmeasured_why(row: dict) -> str:
-    if row.get("flags"):
+    if row.get("not_a_measurement"):
         return "its efficiency is above the peak, so not a measurement"
     if row.get("efficiency_basis"):
         return f"only a lower bound is known ({row['roofline_efficiency_percent']}% of the {row['efficiency_basis']})"

@@ -27,7 +27,7 @@ def get_hlo_op_profile(session: Session, top_n: int = 20) -> ToolOutput:
     measured link GB/s) where the profile has copy-start/copy-done pairs; and on TPU/GPU the checked peaks
     (device_model, peak_tflops, peak_hbm_gb_per_s, ridge, sources, peak_warnings). detail: ops [top_n rows, each with
     arithmetic intensity, achieved GFLOP/s and GB/s, and on TPU/GPU bound, roof, roofline efficiency and
-    flags], categories_ms, xprof (device only)."""
+    not_a_measurement], categories_ms, xprof (device only)."""
     stats = op_stats(session)
     if not stats:
         raise NotAvailable("the profile holds no XLA op executions (no hlo_op events on host threads or device planes)")

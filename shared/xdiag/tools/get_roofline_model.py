@@ -92,10 +92,14 @@ def program_roofline(session: Session, peaks: dict) -> dict:
             byte_s = stat.cost["bytes"] * stat.count / peak_bw
             compute_s, memory_s = (compute_s + flop_s, memory_s) if flop_s >= byte_s else (compute_s, memory_s + byte_s)
         efficiency = 100 * (compute_s + memory_s) / seconds
-        out.update(op_time_bound_by="compute" if compute_s >= memory_s else "HBM",
-                   op_time_roofline_efficiency_percent=round(efficiency, 2))
+        out["op_time_bound_by"] = "compute" if compute_s >= memory_s else "HBM"
         if efficiency > 100:
-            out["op_time_flags"] = [f"{efficiency:.0f}% of the roof is not physically possible; see peak_warnings"]
+            # Not a measurement: left out of the figure the report shows, with why.
+            out["roofline_unavailable_because"] = (
+                f"{efficiency:.0f}% of the roof is not physically possible: a peak is wrong (see peak_warnings) or "
+                "some ops' bytes or FLOPs are not what their shapes say (data held on chip, moved by another engine)")
+        else:
+            out["op_time_roofline_efficiency_percent"] = round(efficiency, 2)
     return out
 
 

@@ -28,7 +28,7 @@ class OpStat:
 
     def row(self, total_op_ps: int, peaks: dict | None = None) -> dict:
         """The op's table row; with the device's checked peaks (device_peaks.session_peaks) also its roofline:
-        bound (compute|memory), roof_gflops_per_s, roofline_efficiency_percent and flags for values a
+        bound (compute|memory), roof_gflops_per_s, roofline_efficiency_percent and not_a_measurement (why) for values a
         measurement cannot have (above the peak, transfers timed by their wait)."""
         row = {
             "op": self.name,
