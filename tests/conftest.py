@@ -54,7 +54,7 @@ def private_copy(tmp_path):
 
 
 @contextlib.contextmanager
-def running_local_stack(tmp_path_factory):
+def running_local_stack(tmp_path_factory, settings=None):
     """The whole pipeline on the real emulators (Pub/Sub, Firestore, fake-gcs-server) and every function under
     functions-framework, stopped (every process group) on exit, or by its reaper if this process dies first. Its
     emulators' hosts are in os.environ while it runs (and what was there before, after).
@@ -67,8 +67,8 @@ def running_local_stack(tmp_path_factory):
 
     # Short enough for tests: a multi-host session waits 8 s for its late hosts; the sweeper ticks every 3 s and
     # repairs an analysis 30 s without progress (far above one tool's run here), failing it after 3 repairs.
-    settings = StackSettings(quiet_period_s=1.0, multi_host_quiet_period_s=8.0, stage_deadline_s=30.0, max_repairs=3,
-                             sweep_interval_s=3.0, min_backoff_s=1.0, max_backoff_s=2.0)
+    settings = settings or StackSettings(quiet_period_s=1.0, multi_host_quiet_period_s=8.0, stage_deadline_s=30.0,
+                                         max_repairs=3, sweep_interval_s=3.0, min_backoff_s=1.0, max_backoff_s=2.0)
     stack = LocalStack(tmp_path_factory.mktemp("stack"), settings)
     try:
         stack.start(owner_pid=os.getpid())
@@ -84,6 +84,8 @@ def running_local_stack(tmp_path_factory):
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+        if stack.state_file.exists():  # the services as they are now (a test may have restarted some: `xdiag up`)
+            stack = LocalStack.attach(stack.state_dir)
         busy = stack.stop()
         assert not busy, f"still listening after the stack stopped: {busy}"
 

@@ -270,15 +270,26 @@ def up(
     project: Annotated[str, typer.Option(help="The project id the emulators use.")] = "xdiag-local",
 ) -> None:
     """Start the local stack: Pub/Sub and Firestore emulators, a Cloud Storage emulator, every function, topics and
-    push subscriptions, bucket notifications. Prints the environment that reaches it (`eval "$(xdiag up)"`)."""
-    from xdiag.cloud.localstack import LocalStack, StackError, StackSettings
+    push subscriptions, bucket notifications; the bucket and Firestore's documents of the last stack in this folder are
+    there again. Where a stack is up already, starts again only its services that are down (a crashed emulator or
+    function). Prints the environment that reaches it (`eval "$(xdiag up)"`)."""
+    from xdiag.cloud.localstack import STATE_FILE, LocalStack, StackError, StackSettings
 
     started = time.perf_counter()
     try:
-        stack = LocalStack(stack_dir, StackSettings(project=project, bucket=bucket, quiet_period_s=quiet_period)).start()
+        running = LocalStack.attach(stack_dir) if (stack_dir / STATE_FILE).exists() else None
+        if running is not None and running.alive():
+            restarted = running.restart_down()
+            stack = running
+            err.print(f"local stack in {stack.state_dir} is up; restarted {', '.join(restarted)}" if restarted else
+                      f"local stack in {stack.state_dir} is up; nothing of it is down", highlight=False, soft_wrap=True)
+        else:
+            stack = LocalStack(stack_dir, StackSettings(project=project, bucket=bucket,
+                                                        quiet_period_s=quiet_period)).start()
+            err.print(f"local stack up in {time.perf_counter() - started:.1f} s (state and logs: {stack.state_dir})",
+                      highlight=False, soft_wrap=True)
     except StackError as exc:
         _fail(str(exc), 1)
-    err.print(f"local stack up in {time.perf_counter() - started:.1f} s (state and logs: {stack.state_dir})", highlight=False, soft_wrap=True)
     for name, port in stack.ports.items():
         err.print(f"  [dim]{name:<12}[/] 127.0.0.1:{port}", highlight=False, soft_wrap=True)
     for key, value in stack.env.items():
@@ -348,16 +359,25 @@ def upload(
 def status(
     run: Annotated[Optional[str], typer.Option(help="Only this run.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="The status as JSON on stdout.")] = False,
+    timeout: Annotated[float, typer.Option(help="Give up, saying so, when Firestore has not answered in this many seconds.")] = 60.0,
     stack_dir: Annotated[Path, STACK_DIR] = Path(".xdiag-stack"),
 ) -> None:
-    """Runs, sessions and analyses with their stage and tool status, read from Firestore."""
-    from xdiag.cloud.operations import read_status, state_store
+    """Runs, sessions and analyses with their stage and tool status, read from Firestore; exits 1 naming the service
+    that is down where one does not answer."""
+    from xdiag.cloud.operations import read_status, state_store, unreachable_emulators, within
     from xdiag.ids import check_run_id
 
     config = _cloud_config(stack_dir)
     if run is not None:
         _checked(check_run_id, run)
-    report = read_status(state_store(config), run, config.stage_deadline_s)
+    down = unreachable_emulators()
+    if down:
+        _fail("; ".join(down) + " (`xdiag up` starts again what of the local stack is down)", 1)
+    try:
+        report = within(timeout, f"Firestore (project {config.project})",
+                        lambda: read_status(state_store(config), run, config.stage_deadline_s))
+    except TimeoutError as exc:
+        _fail(f"{exc}: it is down or unreachable", 1)
     if as_json:
         sys.stdout.write(json.dumps(report, indent=2, default=str) + "\n")
         return

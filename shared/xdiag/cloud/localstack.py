@@ -24,6 +24,13 @@ when only the launcher is signalled), waits for every member to exit, checks tha
 ports any more, and then removes the functions' temporary files (what a killed instance could not: XProf's
 private copies of device profiles among them). Started with an owner process (the
 tests), a reaper stops the stack when the owner dies without stopping it.
+
+What the stack holds outlives it, in `<state_dir>/data/`: fake-gcs-server keeps the bucket's objects on its filesystem
+backend (`data/storage/`), and Firestore's documents are exported to `data/firestore-exports/` at every timer tick and
+by `stop()`, and imported at the next start (the emulator keeps them in memory only). `xdiag down; xdiag up` loses
+nothing; a Firestore emulator killed outright loses at most one tick's writes, which the sweeper finds missing (files
+in the bucket without their analysis) and repairs. `restart_down()` (what `xdiag up` does where a stack is up)
+starts again only the services that are down, each on its own port.
 """
 
 from __future__ import annotations
@@ -82,6 +89,8 @@ requests) C2's compilations cost more CPU than they give back. The Firestore emu
 to 2.0 ms after 300 requests, and from 3.0 to 1.9 ms after 2,000 (bench/README.md, tenth round). A JAVA_TOOL_OPTIONS
 of the caller's comes after these, so it wins."""
 TEMPORARY_DIR = "tmp"  # under the state dir: each function's TMPDIR, removed by stop()
+DATA_DIR = "data"  # under the state dir: what outlives the stack (the bucket's files, Firestore's exports)
+FIRESTORE_EXPORTS = "firestore-exports"  # under the data dir: the newest export of Firestore's documents
 
 INSTALL_GCLOUD = (
     "install the Google Cloud CLI with its emulators (Debian/Ubuntu packages google-cloud-cli, "
@@ -123,6 +132,8 @@ FUNCTIONS = (
     FunctionSpec("sweep", (TOPIC_SWEEPS,), concurrency=1),  # the timer's ticks: one sweep at a time
     FunctionSpec("control_plane", (), threads=8, signature="http"),
 )
+SERVICE_ORDER = ("pubsub", "firestore", "storage", *(spec.name for spec in FUNCTIONS), "timer")
+"""The order services (re)start in: fake-gcs-server publishes on a Pub/Sub topic, which must exist first."""
 
 
 @dataclass
@@ -226,6 +237,12 @@ def group_members(pgid: int) -> list[int]:
     return members
 
 
+def latest_firestore_export(exports: Path) -> Path | None:
+    """The metadata file of the newest complete Firestore export in `exports` (what `--import-data` takes)."""
+    found = sorted(exports.glob("*/*.overall_export_metadata"), key=lambda p: p.stat().st_mtime) if exports.is_dir() else []
+    return found[-1] if found else None
+
+
 def _cmdline(pid: int) -> str:
     try:
         return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
@@ -297,11 +314,13 @@ class LocalStack:
     # --- start --------------------------------------------------------------------------------------
 
     def start(self, owner_pid: int | None = None, timeout_s: float = 120.0) -> LocalStack:
-        """Starts everything and returns once the pipeline accepts work; on any failure stops what it started."""
+        """Starts everything and returns once the pipeline accepts work; on any failure stops what it started. The
+        bucket's objects and Firestore's documents of an earlier stack in this state dir are there again (DATA_DIR)."""
         if self.state_file.exists():
             previous = LocalStack.attach(self.state_dir)
             if previous.alive():
-                raise StackError(f"a local stack is already up in {self.state_dir}: `xdiag down` first")
+                raise StackError(f"a local stack is already up in {self.state_dir}: `xdiag down` first "
+                                 "(`xdiag up` restarts only what of it is down)")
             self.state_file.unlink()
         tools = find_prerequisites()
         (self.state_dir / "logs").mkdir(parents=True, exist_ok=True)
@@ -311,88 +330,20 @@ class LocalStack:
         try:
             names = ["pubsub", "firestore", "storage", *(spec.name for spec in FUNCTIONS)]
             self.ports = dict(zip(names, free_ports(len(names), HOST), strict=True))
-            jvm = {"JAVA_TOOL_OPTIONS": f"{EMULATOR_JVM_OPTIONS} {os.environ.get('JAVA_TOOL_OPTIONS', '')}".strip()}
-            self._spawn(
-                "pubsub",
-                [tools.pubsub_launcher, f"--host={HOST}", f"--port={self.ports['pubsub']}"],
-                "pubsub-emulator",
-                extra_env=jvm,
-            )
-            self._spawn(
-                "firestore",
-                [tools.firestore_launcher, "start", f"--host={HOST}", f"--port={self.ports['firestore']}"],
-                "firestore-emulator",
-                extra_env=jvm,
-            )
+            self._spawn_pubsub(tools)
+            self._spawn_firestore(tools)
             for spec in FUNCTIONS:  # their imports take a few seconds: overlap them with the emulators' start-up
                 self._spawn_function(spec)
             self._wait(lambda: self._pubsub_ready(), "the Pub/Sub emulator", "pubsub", deadline)
-            for topic in PIPELINE_TOPICS:
-                self._put_topic(topic)
-                self._put_topic(dead_letter_topic(topic))
-            self._put_topic(UNRECORDED_TOPIC)
-            self._spawn(
-                "storage",
-                [
-                    tools.fake_gcs,
-                    "-scheme",
-                    "http",
-                    "-host",
-                    HOST,
-                    "-port",
-                    str(self.ports["storage"]),
-                    "-external-url",
-                    f"http://{HOST}:{self.ports['storage']}",
-                    "-backend",
-                    "memory",
-                    "-log-level",
-                    "warn",
-                    "-event.pubsub-project-id",
-                    self.settings.project,
-                    "-event.pubsub-topic",
-                    TOPIC_PROFILE_UPLOADS,
-                    "-event.bucket",
-                    self.settings.bucket,
-                    "-event.list",
-                    "finalize",
-                ],
-                "fake-gcs-server",
-                extra_env={"PUBSUB_EMULATOR_HOST": self.env["PUBSUB_EMULATOR_HOST"]},
-            )
-            self._wait(
-                lambda: http("GET", f"http://{HOST}:{self.ports['storage']}/storage/v1/b")[0] == 200,
-                "the Cloud Storage emulator",
-                "storage",
-                deadline,
-            )
-            status, body = http(
-                "POST",
-                f"http://{HOST}:{self.ports['storage']}/storage/v1/b?project={self.settings.project}",
-                {"name": self.settings.bucket},
-            )
-            if status not in (200, 409):
-                raise StackError(f"creating bucket {self.settings.bucket} failed: {status} {body}")
-            self._wait(
-                lambda: http("GET", f"http://{HOST}:{self.ports['firestore']}/")[0] == 200,
-                "the Firestore emulator",
-                "firestore",
-                deadline,
-            )
+            self._put_topics()
+            self._start_storage(tools, deadline)
+            self._wait_firestore(deadline)
             for spec in FUNCTIONS:
                 self._wait(
                     lambda spec=spec: listening(self.ports[spec.name]), f"function {spec.name}", spec.name, deadline
                 )
-                for topic in spec.topics:
-                    self._put_subscription(topic, self.ports[spec.name])
-            status, answer = http("PUT", self._pubsub(f"subscriptions/{UNRECORDED_TOPIC}-pull"),
-                                  {"topic": f"projects/{self.settings.project}/topics/{UNRECORDED_TOPIC}"})
-            if status not in (200, 409):
-                raise StackError(f"creating the {UNRECORDED_TOPIC} subscription failed: {status} {answer}")
-            self._spawn(
-                "timer",
-                [sys.executable, "-m", "xdiag.cloud.localstack", "tick", str(self.state_dir)],
-                "xdiag.cloud.localstack tick",
-            )
+            self._put_subscriptions()
+            self._spawn_timer()
             if owner_pid is not None:
                 self._spawn(
                     "reaper",
@@ -403,6 +354,133 @@ class LocalStack:
             self.stop()
             raise
         return self
+
+    # --- each service, started on its port (at start, and again where it is down) -------------------------
+
+    @property
+    def data_dir(self) -> Path:
+        return self.state_dir / DATA_DIR
+
+    def _jvm_env(self) -> dict[str, str]:
+        return {"JAVA_TOOL_OPTIONS": f"{EMULATOR_JVM_OPTIONS} {os.environ.get('JAVA_TOOL_OPTIONS', '')}".strip()}
+
+    def _spawn_pubsub(self, tools: Prerequisites) -> None:
+        self._spawn("pubsub", [tools.pubsub_launcher, f"--host={HOST}", f"--port={self.ports['pubsub']}"],
+                    "pubsub-emulator", extra_env=self._jvm_env())
+
+    def _spawn_firestore(self, tools: Prerequisites) -> None:
+        """The Firestore emulator, with the documents of the newest export imported (it keeps them in memory only)."""
+        argv = [tools.firestore_launcher, "start", f"--host={HOST}", f"--port={self.ports['firestore']}"]
+        newest = latest_firestore_export(self.data_dir / FIRESTORE_EXPORTS)
+        if newest is not None:
+            argv.append(f"--import-data={newest}")
+        self._spawn("firestore", argv, "firestore-emulator", extra_env=self._jvm_env())
+
+    def _wait_firestore(self, deadline: float) -> None:
+        self._wait(lambda: http("GET", f"http://{HOST}:{self.ports['firestore']}/")[0] == 200, "the Firestore emulator",
+                   "firestore", deadline)
+
+    def _start_storage(self, tools: Prerequisites, deadline: float) -> None:
+        """fake-gcs-server on its filesystem backend (the objects outlive it), publishing OBJECT_FINALIZE on
+        `profile-uploads` (the topic must exist first), and the bucket."""
+        root = self.data_dir / "storage"
+        root.mkdir(parents=True, exist_ok=True)
+        self._spawn(
+            "storage",
+            [tools.fake_gcs, "-scheme", "http", "-host", HOST, "-port", str(self.ports["storage"]),
+             "-external-url", f"http://{HOST}:{self.ports['storage']}", "-backend", "filesystem",
+             "-filesystem-root", str(root), "-log-level", "warn",
+             "-event.pubsub-project-id", self.settings.project, "-event.pubsub-topic", TOPIC_PROFILE_UPLOADS,
+             "-event.bucket", self.settings.bucket, "-event.list", "finalize"],
+            "fake-gcs-server",
+            extra_env={"PUBSUB_EMULATOR_HOST": self.env["PUBSUB_EMULATOR_HOST"]},
+        )
+        self._wait(lambda: http("GET", f"http://{HOST}:{self.ports['storage']}/storage/v1/b")[0] == 200,
+                   "the Cloud Storage emulator", "storage", deadline)
+        status, body = http("POST", f"http://{HOST}:{self.ports['storage']}/storage/v1/b?project={self.settings.project}",
+                            {"name": self.settings.bucket})
+        if status not in (200, 409):
+            raise StackError(f"creating bucket {self.settings.bucket} failed: {status} {body}")
+
+    def _put_topics(self) -> None:
+        for topic in PIPELINE_TOPICS:
+            self._put_topic(topic)
+            self._put_topic(dead_letter_topic(topic))
+        self._put_topic(UNRECORDED_TOPIC)
+
+    def _put_subscriptions(self) -> None:
+        for spec in FUNCTIONS:
+            for topic in spec.topics:
+                self._put_subscription(topic, self.ports[spec.name])
+        status, answer = http("PUT", self._pubsub(f"subscriptions/{UNRECORDED_TOPIC}-pull"),
+                              {"topic": f"projects/{self.settings.project}/topics/{UNRECORDED_TOPIC}"})
+        if status not in (200, 409):
+            raise StackError(f"creating the {UNRECORDED_TOPIC} subscription failed: {status} {answer}")
+
+    def _spawn_timer(self) -> None:
+        self._spawn("timer", [sys.executable, "-m", "xdiag.cloud.localstack", "tick", str(self.state_dir)],
+                    "xdiag.cloud.localstack tick")
+
+    def running(self, name: str) -> bool:
+        """Whether the service is up: a live member of its process group, and its port answering where it has one."""
+        process = self.processes.get(name)
+        if process is None or not any(process["marker"] in _cmdline(pid) for pid in group_members(process["pid"])):
+            return False
+        return name not in self.ports or listening(self.ports[name])
+
+    def down_services(self) -> list[str]:
+        """The stack's services that are down (killed, crashed), in the order they start in."""
+        return [name for name in SERVICE_ORDER if name in self.processes and not self.running(name)]
+
+    def restart_down(self, timeout_s: float = 120.0) -> list[str]:
+        """Starts again, each on its own port, only the services that are down, and returns their names: an emulator
+        with its data (the bucket's files, Firestore's newest export), Pub/Sub with its topics and subscriptions
+        again (a restarted emulator has none), a function, the timer. What the others hold is not touched; what a
+        killed service lost in flight (a push, a message) the sweeper finds and repairs."""
+        down = self.down_services()
+        if not down:
+            return []
+        tools = find_prerequisites()
+        deadline = time.monotonic() + timeout_s
+        self.kill(down)  # what is left of each (a launcher whose Java child died, a hung server)
+        for name in down:
+            if name == "pubsub":
+                self._spawn_pubsub(tools)
+                self._wait(lambda: self._pubsub_ready(), "the Pub/Sub emulator", "pubsub", deadline)
+                self._put_topics()
+                self._put_subscriptions()
+            elif name == "firestore":
+                self._spawn_firestore(tools)
+                self._wait_firestore(deadline)
+            elif name == "storage":
+                self._start_storage(tools, deadline)
+            elif name == "timer":
+                self._spawn_timer()
+            else:
+                spec = next(s for s in FUNCTIONS if s.name == name)
+                self._spawn_function(spec)
+                self._wait(lambda: listening(self.ports[name]), f"function {name}", name, deadline)
+        return down
+
+    def export_firestore(self) -> Path | None:
+        """Firestore's documents to a new export under the data dir (the emulator keeps them in memory only); the
+        older exports go. Returns the export's metadata file, or None where the emulator did not answer."""
+        exports = self.data_dir / FIRESTORE_EXPORTS
+        exports.mkdir(parents=True, exist_ok=True)
+        try:
+            status, body = http(
+                "POST", f"http://{HOST}:{self.ports['firestore']}/emulator/v1/projects/{self.settings.project}:export",
+                {"database": f"projects/{self.settings.project}/databases/(default)", "export_directory": str(exports)},
+                timeout=60)
+        except OSError:
+            return None
+        if status != 200:
+            return None
+        newest = latest_firestore_export(exports)
+        for metadata in exports.glob("*/*.overall_export_metadata"):  # complete older ones (never one being written)
+            if newest is not None and metadata.parent != newest.parent:
+                shutil.rmtree(metadata.parent, ignore_errors=True)
+        return newest
 
     def _spawn(self, name: str, argv: list[str], marker: str, extra_env: dict[str, str] | None = None) -> None:
         log_path = self.state_dir / "logs" / f"{name}.log"
@@ -614,6 +692,8 @@ class LocalStack:
     def stop(self) -> list[str]:
         """Stops every process group of the stack; returns the ports still listening (none, normally)."""
         me = os.getpid()
+        if "firestore" in self.processes and self.running("firestore"):
+            self.export_firestore()  # the emulator keeps its documents in memory: the next start imports them
         self.kill([name for name, process in self.processes.items() if process["pid"] != me], signal.SIGTERM)
         until = time.monotonic() + 10
         busy = [name for name, port in self.ports.items() if listening(port)]
@@ -653,14 +733,18 @@ def _reap(state_dir: str, owner_pid: int) -> None:
 
 
 def _tick(state_dir: str) -> None:
-    """The local stack's Cloud Scheduler: `{}` on the sweeps topic every `sweep_interval_s`, while the stack is up."""
+    """The local stack's Cloud Scheduler: `{}` on the sweeps topic every `sweep_interval_s`, while the stack is up;
+    and at each tick Firestore's documents exported to the data dir, so that a Firestore emulator killed outright
+    loses at most one interval's writes (which the sweeper then finds missing and repairs from the bucket)."""
     stack = LocalStack.attach(Path(state_dir))
     while stack.state_file.exists():
         time.sleep(stack.settings.sweep_interval_s)
         try:
             stack.publish(TOPIC_SWEEPS, b"{}")
         except (StackError, OSError):
-            continue  # the emulator is stopping, or busy: the next tick sweeps
+            pass  # the emulator is stopping, or busy: the next tick sweeps
+        if listening(stack.ports["firestore"]):
+            stack.export_firestore()
 
 
 if __name__ == "__main__":

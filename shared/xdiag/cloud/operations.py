@@ -4,7 +4,10 @@ local stack: its emulators' hosts are read from the stack's state where the envi
 from __future__ import annotations
 
 import os
+import socket
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +42,49 @@ def state_store(config: CloudConfig) -> StateStore:
     from xdiag.cloud.firestore import FirestoreStateStore
 
     return FirestoreStateStore(firestore_client(config.project))
+
+
+EMULATORS = (("Firestore", "FIRESTORE_EMULATOR_HOST"), ("Pub/Sub", "PUBSUB_EMULATOR_HOST"),
+             ("Cloud Storage", "STORAGE_EMULATOR_HOST"))
+
+
+def unreachable_emulators(env: dict[str, str] | None = None, timeout_s: float = 2.0) -> list[str]:
+    """Each emulator the environment names that does not accept a connection, in words (none in the cloud)."""
+    env = os.environ if env is None else env
+    down = []
+    for service, variable in EMULATORS:
+        address = env.get(variable, "").removeprefix("http://").removeprefix("https://").rstrip("/")
+        if not address:
+            continue
+        host, _, port = address.rpartition(":")
+        try:
+            with socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s):
+                pass
+        except (OSError, ValueError) as exc:
+            down.append(f"the {service} emulator at {address} is not answering ({exc.strerror or exc})")
+    return down
+
+
+def within(seconds: float, what: str, work: Callable[[], Any]) -> Any:
+    """`work()`'s answer, or TimeoutError saying what did not answer in time (a client that retries for minutes
+    against a service that is down never makes a command hang)."""
+    answer: list[Any] = []
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            answer.append(work())
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            failure.append(exc)
+
+    worker = threading.Thread(target=run, daemon=True, name=what)
+    worker.start()
+    worker.join(seconds)
+    if failure:
+        raise failure[0]
+    if not answer:
+        raise TimeoutError(f"{what} did not answer within {seconds:g} s")
+    return answer[0]
 
 
 def upload_session(located: LocatedSession, run: str, config: CloudConfig) -> list[str]:
@@ -113,8 +159,9 @@ def wait_for_analysis(
         doc = state.get(sessions_collection(run), state_key(session)) or {}
         if doc.get("analysis_id") and (epoch(doc.get("completed_at")) or 0) >= since:
             analysis = state.get(ANALYSES, doc["analysis_id"])
-            if analysis and analysis.get("status") in ("DONE", "FAILED") and analysis.get("report_uri"):
-                return analysis
+            if (analysis and analysis.get("status") in ("DONE", "FAILED")
+                    and analysis.get("report_uri") == f"{analysis['output_uri']}/summary.html"):
+                return analysis  # its report is the session's (not one written while more files were arriving)
         if time.monotonic() > deadline:
             raise TimeoutError(
                 f"no finished analysis of {run}/{session} after {timeout_s:.0f} s (`xdiag status --run {run}`)"
@@ -125,7 +172,7 @@ def wait_for_analysis(
 def overdue_analyses(state: StateStore, deadline_s: float, run: str | None = None) -> list[dict[str, Any]]:
     """Every analysis not finished and past its deadline (no progress for `deadline_s`): what the sweeper repairs,
     and what `xdiag status` flags."""
-    now, found = time.time(), []
+    now, found = state.now(), []  # the store's clock, which the stages' times are compared with
     for key, _ in state.list(ACTIVE_ANALYSES):
         doc = state.get(ANALYSES, key)
         if doc is None or (run is not None and doc.get("run_id") != run):
