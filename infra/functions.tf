@@ -160,11 +160,11 @@ locals {
       env            = { XDIAG_CACHE_GIB = "0.1", XDIAG_CONCURRENCY = "1" }
     }
     sweep = {
-      description    = "A tick on sweeps (Cloud Scheduler) -> every analysis past its deadline repaired (its lost stage published again) or, after the bounded repairs, FAILED with the reason."
+      description    = "A tick on sweeps (Cloud Scheduler) -> every session with files and no analysis of them announced again, every analysis past its deadline repaired (its lost stage published again) or, after the bounded repairs, FAILED with the reason."
       entry_point    = "sweep"
       trigger_topics = ["sweeps"]
-      publishes      = ["captures", "tool-runs", "tool-results", "investigations", "reports", "sweeps-dead-letter"]
-      bucket         = ""
+      publishes      = ["profile-uploads", "captures", "tool-runs", "tool-results", "investigations", "reports", "sweeps-dead-letter"]
+      bucket         = "read" # lists the session files: an upload whose notification was lost is found there
       firestore      = true
       vertex         = false
       memory         = "512Mi"

@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import base64
+import errno
 import json
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -353,3 +355,79 @@ def test_the_whole_chain_through_the_functions_ends_in_summary_html(wired, h200_
         "investigate",
         "render",
     }
+
+
+# --- issue 39: sessions under load, a full disk, oversized bodies ---------------------------------------------
+
+
+def _notify(wired: Wired, name: str) -> int:
+    """The bucket's Pub/Sub notification of one object, pushed to register."""
+    attributes = {"eventType": "OBJECT_FINALIZE", "bucketId": BUCKET, "objectId": name}
+    body = _push_body(json.dumps({"name": name}).encode(), attributes)
+    return wired.client("register").post(f"/projects/{PROJECT}/topics/profile-uploads", json=body).status_code
+
+
+def test_notifications_handled_late_one_by_one_announce_the_session_once_with_every_host(wired, h200_profiles):
+    """The quiet period counts from the files' upload times, and the session is what its folder holds. Failed before:
+    four hosts uploaded within a moment, their notifications handled one by one after a backlog, announced the session
+    four times (1, 2, 3 and 4 hosts), each analysis DONE and each writing summary.html."""
+    names = [f"run-c/plugins/profile/s3/host{i}.xplane.pb" for i in range(4)]
+    profiles = ["healthy", "host_sync", "small_steps", "input_bound"]
+    uris = [wired.upload(h200_profiles[p], name) for p, name in zip(profiles, names, strict=True)]
+    time.sleep(wired.deps.quiet_period_s * 2)  # the backlog: the quiet period is over before the first is handled
+    for name in names:  # in upload order, each after the quiet period of the one before
+        assert _notify(wired, name) == 200
+        time.sleep(wired.deps.quiet_period_s * 1.5)
+    [capture] = wired.queued("captures")
+    assert capture.profile_uris == uris
+    session = wired.deps.state.get(sessions_collection("run-c"), "s3")
+    assert session["hosts"] == ["host0", "host1", "host2", "host3"] and session["status"] == "COMPLETE"
+
+
+def test_a_report_is_not_the_sessions_while_its_folder_holds_files_the_analysis_did_not_cover(wired, h200_profiles):
+    """Failed before: an analysis announced with one host wrote the session's summary.html although a second host's
+    file was in the folder (its own announcement still to come), and `upload --wait` returned it."""
+    from xdiag.cloud.operations import wait_for_analysis
+
+    capture = _capture(wired, h200_profiles["healthy"])
+    wired.upload(h200_profiles["host_sync"], "r/plugins/profile/s1/host1.xplane.pb")  # arrived after the announcement
+    wired.bus.publish("captures", capture)
+    wired.bus.drain()
+    analysis = wired.deps.state.get(ANALYSES, "a1")
+    assert analysis["status"] == "DONE" and analysis["report_uri"] == f"{analysis['work_uri']}/summary.html"
+    assert wired.deps.blobs.exists(analysis["report_uri"])
+    assert not wired.deps.blobs.exists(f"{capture.output_uri}/summary.html")
+    wired.deps.state.set(sessions_collection("r"), "s1", {"analysis_id": "a1", "status": "COMPLETE"})
+    with pytest.raises(TimeoutError):
+        wait_for_analysis(wired.deps.state, "r", "s1", timeout_s=0.5)
+
+
+class FullDisk(LocalBlobStore):
+    """A named fake: the machine's disk is full, so every download into the local cache fails as it then does."""
+
+    def local_path(self, uri: str, generation: str | None = None) -> Path:
+        raise OSError(errno.ENOSPC, "No space left on device", str(uri))
+
+
+def test_a_full_disk_is_the_reason_a_stuck_analysis_fails_with(wired, h200_profiles):
+    """Failed before: the analysis FAILED with "collect never read the session"; the real cause was only in
+    failures/."""
+    capture = _capture(wired, h200_profiles["healthy"])
+    wired.deps.blobs = FullDisk(buckets=wired.deps.blobs.buckets)
+    wired.deps.sessions = SessionLoader(wired.deps.blobs)
+    answer = wired.client("collect").post(f"/projects/{PROJECT}/topics/captures",
+                                          json=_push_body(capture.model_dump_json().encode()))
+    assert answer.status_code == 500  # retried: the disk may have room later
+    wired.deps.stage_deadline_s, wired.deps.max_repairs = 0.0, 0  # the sweeper's deadline has passed
+    assert wired.client("sweep").post(f"/projects/{PROJECT}/topics/sweeps", json=_push_body(b"{}")).status_code == 200
+    analysis = wired.deps.state.get(ANALYSES, "a1")
+    assert analysis["status"] == "FAILED" and "No space left on device" in analysis["failure_reason"]
+
+
+@pytest.mark.parametrize("name", ["register", "collect", "dead_letter"])
+def test_a_body_over_pubsubs_limit_is_refused_at_the_door(wired, name):
+    """Failed before: a 30 MB POST was read whole and handled (held a server thread for its ack deadline)."""
+    answer = wired.client(name).post(f"/projects/{PROJECT}/topics/t", data=b"x" * (30 * 2**20),
+                                     headers={"Content-Type": "application/json"})
+    assert answer.status_code == 413
+    assert not wired.letters and not wired.bus._queue and not wired.deps.state.list("failures")

@@ -357,3 +357,59 @@ def test_without_the_google_cloud_cli_the_stack_says_what_to_install(tmp_path):
     done = _xdiag("up", "--stack-dir", str(tmp_path / "stack"), env=env)
     assert done.returncode == 1
     assert "Google Cloud CLI" in done.stderr and "pubsub-emulator" in done.stderr and "Java" in done.stderr
+
+
+def test_a_gzip_bomb_is_refused_while_it_is_decoded_never_inflated_whole(cloud, tmp_path):
+    """Failed before: an object stored with Content-Encoding: gzip was inflated whole into the cache (3.1 MB stored,
+    3.0 GiB decoded) before any size check."""
+    import gzip
+
+    from xdiag.cloud.gcs import GcsBlobStore, split_uri, storage_client
+    from xdiag.errors import ProfileError
+
+    member = gzip.compress(bytes(64 * 2**20), compresslevel=9)  # 64 MiB of zeros in ~64 KiB
+    uri = session_prefix(cloud.config.profile_root, "bomb-run", "s1") + "host0.xplane.pb"
+    bucket, name = split_uri(uri)
+    blob = storage_client(cloud.config.project).bucket(bucket).blob(name)
+    blob.content_encoding = "gzip"
+    blob.upload_from_string(member * 8, content_type="application/octet-stream")  # 512 MiB decoded, 8 gzip members
+    limit = 16 * 2**20
+    store = GcsBlobStore(storage_client(cloud.config.project), tmp_path / "cache", max_object_bytes=limit)
+    with pytest.raises(ProfileError, match="Content-Encoding: gzip .* decodes to more than"):
+        store.local_path(uri)
+    assert sum(f.stat().st_size for f in (tmp_path / "cache").rglob("*") if f.is_file()) == 0  # nothing kept
+    small = session_prefix(cloud.config.profile_root, "bomb-run", "s2") + "host0.xplane.pb"
+    blob = storage_client(cloud.config.project).bucket(bucket).blob(split_uri(small)[1])
+    blob.content_encoding = "gzip"
+    blob.upload_from_string(gzip.compress(b"profile bytes" * 1000) * 2)  # within the limit: decoded, every member
+    assert store.local_path(small).read_bytes() == b"profile bytes" * 2000
+
+
+def test_a_sweeper_whose_clock_is_an_hour_ahead_repairs_no_analysis_that_is_on_time(cloud):
+    """Failed before: the sweeper compared the stages' times with its own clock and "repaired" 46 of 50 healthy
+    analyses when that clock was an hour ahead. It runs here in a process whose clock is an hour ahead (its
+    time.time(), the clock the sweeper read), against the stack's Firestore."""
+    analysis_id = f"on-time-{uuid.uuid4().hex[:8]}"
+    analysis = {"analysis_id": analysis_id, "run_id": "clock-run", "session_id": "s1", "profile_uris": [],
+                "output_uri": f"{cloud.config.profile_root}/clock-run/plugins/profile/s1/xdiag", "status": "PENDING"}
+    from xdiag.model import Analysis, utc_now
+    from xdiag.pipeline.topics import ACTIVE_ANALYSES
+
+    cloud.state.set(ANALYSES, analysis_id, Analysis.model_validate(analysis).model_dump(mode="json"))  # collect is reading
+    cloud.state.set(ACTIVE_ANALYSES, analysis_id, {"at": utc_now()})
+    script = (
+        "import time\n"
+        "_real = time.time\n"
+        "time.time = lambda: _real() + 3600  # this machine's clock, an hour ahead\n"
+        "from xdiag.cloud.runtime import CloudConfig, cloud_dependencies\n"
+        "from xdiag.model import SweepRequest\n"
+        "from xdiag.pipeline.sweep import sweep\n"
+        "deps, _ = cloud_dependencies(CloudConfig.from_env())\n"
+        "deps.stage_deadline_s = 600.0\n"
+        "sweep(SweepRequest(), deps)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    after = cloud.state.get(ANALYSES, analysis_id)
+    assert after["repairs"] == 0 and after["status"] == "PENDING" and after.get("last_repair") is None
+    cloud.state.delete(ACTIVE_ANALYSES, analysis_id)

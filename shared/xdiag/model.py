@@ -223,6 +223,7 @@ class Analysis(BaseModel):
     superseded_by: str | None = None  # a newer analysis of the session's changed files
     repairs: int = 0  # how often the sweeper re-published a lost stage
     last_repair: dict[str, Any] | None = None  # the sweeper's last repair: when, in which status, what was missing
+    last_error: dict[str, Any] | None = None  # the last error a stage raised on it (then retried): topic, error, when
     profile: dict[str, Any] = Field(default_factory=dict)  # platform, hosts, devices, size, events
     health: dict[str, Any] = Field(default_factory=dict)
     diagnosis: Diagnosis | None = None

@@ -89,6 +89,11 @@ def storage_upload(event: Any) -> ProfileUploaded | None:
         resource = {}  # notifications with payload NONE carry the attributes only
     if not isinstance(resource, dict):
         resource = {}
+    if "uri" in resource and not attributes.get("objectId"):  # a ProfileUploaded itself (the sweeper's re-announcement)
+        try:
+            return ProfileUploaded.model_validate(resource)
+        except ValueError as exc:
+            raise PoisonMessage(f"malformed ProfileUploaded message: {exc}") from None
     return _upload(
         attributes.get("bucketId") or resource.get("bucket"),
         attributes.get("objectId") or resource.get("name"),

@@ -2,22 +2,31 @@
 
 URIs are `gs://BUCKET/NAME`. `local_path` downloads an object once per version into a bounded local
 cache shared by every process on the machine (files are renamed into place, so a reader never sees a
-half-written one); the least recently used entries go when the cache outgrows its limit.
+half-written one); the least recently used entries go when the cache outgrows its limit, and all but the one
+being written when the disk is full (the download is then tried once more).
+
+An object is downloaded as stored (never transcoded by the service) and no larger than `max_object_bytes`: its stored
+size is checked first, and one stored with `Content-Encoding: gzip` is inflated here, chunk by chunk, stopping at the
+limit, so a small compressed object cannot fill the disk (in Cloud Functions, memory) before any size check.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import threading
+import zlib
 from pathlib import Path
 
 from google.api_core import exceptions
 from google.cloud import storage
 
+from xdiag.errors import ProfileError
 from xdiag.pipeline.ports import BlobInfo
 
 DEFAULT_CACHE_BYTES = 4 * 2**30
+INFLATE_CHUNK = 1 << 20  # bytes decoded at a time: a gzip bomb never holds more than this in memory
 
 
 def split_uri(uri: str) -> tuple[str, str]:
@@ -38,11 +47,19 @@ def storage_client(project: str | None = None) -> storage.Client:
     return storage.Client(project=project)
 
 
+def _info(uri: str, blob: storage.Blob) -> BlobInfo:
+    updated = blob.updated or blob.time_created  # the store's clock, not this machine's
+    return BlobInfo(uri=uri, size=int(blob.size or 0), generation=str(blob.generation),
+                    updated=updated.timestamp() if updated is not None else None)
+
+
 class GcsBlobStore:
-    def __init__(self, client: storage.Client, cache_dir: Path, cache_bytes: int = DEFAULT_CACHE_BYTES) -> None:
+    def __init__(self, client: storage.Client, cache_dir: Path, cache_bytes: int = DEFAULT_CACHE_BYTES,
+                 max_object_bytes: int | None = None) -> None:
         self._client = client
         self.cache_dir = Path(cache_dir)
         self.cache_bytes = cache_bytes
+        self.max_object_bytes = max_object_bytes  # stored and decoded: a larger object is refused with the reason
         self._lock = threading.Lock()
 
     def _blob(self, uri: str) -> storage.Blob:
@@ -86,14 +103,11 @@ class GcsBlobStore:
     def stat(self, uri: str) -> BlobInfo | None:
         bucket, name = split_uri(uri)
         blob = self._client.bucket(bucket).get_blob(name)
-        return None if blob is None else BlobInfo(uri=uri, size=int(blob.size or 0), generation=str(blob.generation))
+        return None if blob is None else _info(uri, blob)
 
     def list(self, prefix: str) -> list[BlobInfo]:
         bucket, name_prefix = split_uri(prefix)
-        return [
-            BlobInfo(uri=f"gs://{bucket}/{blob.name}", size=int(blob.size or 0), generation=str(blob.generation))
-            for blob in self._client.list_blobs(bucket, prefix=name_prefix)
-        ]
+        return [_info(f"gs://{bucket}/{blob.name}", blob) for blob in self._client.list_blobs(bucket, prefix=name_prefix)]
 
     def _cache_target(self, uri: str, generation: int | str) -> Path:
         key = hashlib.sha256(f"{uri}#{generation}".encode()).hexdigest()[:24]
@@ -117,24 +131,74 @@ class GcsBlobStore:
             target.parent.mkdir(parents=True, exist_ok=True)
             partial = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}.part")
             try:
-                blob.download_to_filename(str(partial))
+                if blob.size is None:  # a generation named: its size and encoding not fetched yet
+                    blob.reload()
+                try:
+                    self._download(uri, blob, partial)
+                except OSError as exc:
+                    if exc.errno != errno.ENOSPC:
+                        raise
+                    self._evict(keep=target.parent, limit=0)  # the disk is full: everything else goes, then once more
+                    try:
+                        self._download(uri, blob, partial)
+                    except OSError as again:
+                        if again.errno != errno.ENOSPC:
+                            raise
+                        raise OSError(errno.ENOSPC, f"No space left on device for {uri} ({blob.size} bytes stored) in "
+                                      f"the download cache {self.cache_dir}, with every other download evicted") from None
                 partial.replace(target)
             except exceptions.NotFound:
                 raise FileNotFoundError(f"{uri} generation {blob.generation}: gone (replaced or deleted)") from None
             finally:
                 partial.unlink(missing_ok=True)
+                partial.with_name(partial.name + ".gz").unlink(missing_ok=True)
             self._evict(keep=target.parent)
         return target
 
-    def _evict(self, keep: Path) -> None:
-        """Drops the least recently used downloads until the cache fits its limit (never the one just made)."""
+    def _download(self, uri: str, blob: storage.Blob, path: Path) -> None:
+        """The object's bytes into `path` as stored, gzip-encoded ones inflated here; ProfileError where the stored or
+        the decoded size is over the limit (the decoding stops there)."""
+        limit = self.max_object_bytes
+        if limit is not None and (blob.size or 0) > limit:
+            raise ProfileError(f"{uri} is {blob.size / 2**30:.2f} GiB as stored, over the {limit / 2**30:.2f} GiB limit")
+        if (blob.content_encoding or "").lower() != "gzip":
+            blob.download_to_filename(str(path), raw_download=True)
+            return
+        compressed = path.with_name(path.name + ".gz")
+        blob.download_to_filename(str(compressed), raw_download=True)
+        inflate, written = zlib.decompressobj(wbits=32 + zlib.MAX_WBITS), 0  # a gzip header
+        try:
+            with open(compressed, "rb") as source, open(path, "wb") as out:
+                while chunk := source.read(INFLATE_CHUNK):
+                    while chunk:
+                        data = inflate.decompress(chunk, INFLATE_CHUNK)
+                        chunk = inflate.unconsumed_tail
+                        if inflate.eof:  # one gzip member ends; a file may hold several, each decoded in turn
+                            chunk = inflate.unused_data + chunk
+                            inflate = zlib.decompressobj(wbits=32 + zlib.MAX_WBITS)
+                        written += len(data)
+                        if limit is not None and written > limit:
+                            raise ProfileError(
+                                f"{uri} is stored with Content-Encoding: gzip ({blob.size} bytes) and decodes to more "
+                                f"than the {limit / 2**30:.2f} GiB limit; decoding stopped there")
+                        out.write(data)
+        except zlib.error as exc:
+            raise ProfileError(f"{uri} is stored with Content-Encoding: gzip but is not valid gzip: {exc}") from None
+        finally:
+            compressed.unlink(missing_ok=True)
+
+    def _evict(self, keep: Path, limit: int | None = None) -> None:
+        """Drops the least recently used downloads until the cache fits `limit` (its own limit by default), never the
+        one just made. A download another process is reading stays readable (an unlinked file lives while open)."""
+        limit = self.cache_bytes if limit is None else limit
         entries = []
         for entry in self.cache_dir.iterdir():
-            files = [f for f in entry.iterdir() if f.is_file()] if entry.is_dir() else []
+            # never a download in flight (".<name>.<pid>.<thread>.part"): its writer renames it into place
+            files = [f for f in entry.iterdir() if f.is_file() and not f.name.startswith(".")] if entry.is_dir() else []
             entries.append((entry.stat().st_mtime, entry, sum(f.stat().st_size for f in files), files))
         total = sum(size for _, _, size, _ in entries)
         for _, entry, size, files in sorted(entries, key=lambda e: e[0]):
-            if total <= self.cache_bytes:
+            if total <= limit:
                 break
             if entry == keep:
                 continue

@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import shutil
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -100,7 +101,7 @@ class LocalBlobStore:
             info = self._path(uri).stat()
         except FileNotFoundError:
             return None
-        return BlobInfo(uri=uri, size=info.st_size, generation=str(info.st_mtime_ns))
+        return BlobInfo(uri=uri, size=info.st_size, generation=str(info.st_mtime_ns), updated=info.st_mtime)
 
     def list(self, prefix: str) -> list[BlobInfo]:
         base = self._path(prefix)
@@ -159,3 +160,6 @@ class MemoryStateStore:
     def delete(self, collection: str, key: str) -> None:
         with self._lock:
             self._docs.get(collection, {}).pop(key, None)
+
+    def now(self) -> float:
+        return time.time()  # the store lives in this process: its clock is this process's

@@ -63,14 +63,15 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from xdiag.capture.control_plane import Access
+from xdiag.capture.control_plane import MAX_BODY_BYTES, Access
 from xdiag.cloud.events import PubSubDelivery, pubsub_delivery, storage_upload
-from xdiag.errors import PoisonMessage
+from xdiag.errors import InvalidRequest, PoisonMessage
+from xdiag.ids import check_name
 from xdiag.handlers import HANDLERS
 from xdiag.model import DeadLetter, utc_now
 from xdiag.pipeline.deps import Dependencies, SessionLoader
 from xdiag.pipeline.runs import CaptureSettings, MonitorSettings
-from xdiag.pipeline.topics import TOPIC_PROFILE_UPLOADS, letter_key
+from xdiag.pipeline.topics import ANALYSES, TOPIC_PROFILE_UPLOADS, letter_key
 from xdiag.profile.reader import DEFAULT_MAX_PROFILE_BYTES
 
 log = logging.getLogger("xdiag.cloud.runtime")
@@ -166,7 +167,8 @@ def cloud_dependencies(config: CloudConfig) -> tuple[Dependencies, Callable[[str
     from xdiag.pipeline.publish_once import PublishOnce
 
     bus = PubSubBus(config.project)
-    blobs = GcsBlobStore(storage_client(config.project), config.cache_dir, config.cache_bytes)
+    blobs = GcsBlobStore(storage_client(config.project), config.cache_dir, config.cache_bytes,
+                         max_object_bytes=config.max_profile_bytes)
     state = FirestoreStateStore(firestore_client(config.project))
     deps = Dependencies(
         bus=PublishOnce(bus, state),  # a duplicate delivery publishes nothing twice
@@ -222,6 +224,10 @@ class Runtime:
                     "at": utc_now(),
                 },
             )
+            analysis_id = _analysis_id_of(data)
+            if analysis_id and self.deps.state.get(ANALYSES, analysis_id) is not None:  # the analysis says why too
+                self.deps.state.update(ANALYSES, analysis_id, {"last_error": {
+                    "topic": topic, "error": f"{type(error).__name__}: {error}"[:1000], "at": utc_now()}})
         except Exception:  # the state store may be what failed; the retry matters more than the record
             log.exception("could not record the failure of a message on %s", topic)
 
@@ -253,6 +259,7 @@ def use_runtime(value: Runtime | None) -> None:
 def pubsub_stage(topic: str) -> Callable[[Callable[[Any, Dependencies], None]], Callable[[Any], None]]:
     """Makes `stage(message, deps)` a CloudEvent function for messages on `topic`."""
     message_type = HANDLERS[topic][0]
+    refuse_bodies_over(MAX_PUSH_BODY_BYTES)
 
     def wrap(stage: Callable[[Any, Dependencies], None]) -> Callable[[Any], None]:
         @functools.wraps(stage)
@@ -290,6 +297,7 @@ def pubsub_stage(topic: str) -> Callable[[Callable[[Any, Dependencies], None]], 
 
 def storage_stage(stage: Callable[[Any, Dependencies], None]) -> Callable[[Any], None]:
     """Makes `stage(upload, deps)` a CloudEvent function for object-finalize events (any form); other events pass."""
+    refuse_bodies_over(MAX_PUSH_BODY_BYTES)
 
     @functools.wraps(stage)
     def function(event: Any) -> None:
@@ -310,6 +318,19 @@ def storage_stage(stage: Callable[[Any, Dependencies], None]) -> Callable[[Any],
 
 
 MAX_LETTER_ATTRIBUTES, MAX_ATTRIBUTE_CHARS = 32, 1024
+MAX_PUSH_BODY_BYTES = 14 * 2**20  # a Pub/Sub message is at most 10 MB, pushed base64-encoded in a JSON envelope
+
+
+def refuse_bodies_over(max_bytes: int) -> None:
+    """A request body over `max_bytes` is answered 413 at the door, before it is read (a larger one holds a server
+    thread while it streams in). functions-framework imports a function's source inside its Flask app's context, so
+    the decorators below set the app's limit (the largest, where one app serves several functions)."""
+    import flask
+
+    if flask.has_app_context():
+        config = flask.current_app.config
+        config["MAX_CONTENT_LENGTH"] = max(config.get("MAX_CONTENT_LENGTH") or 0, max_bytes)
+
 
 
 def dead_letter_stage(stage: Callable[[DeadLetter, Dependencies], None]) -> Callable[[Any], None]:
@@ -317,6 +338,7 @@ def dead_letter_stage(stage: Callable[[DeadLetter, Dependencies], None]) -> Call
 
     A letter it cannot record is logged (its size and first bytes: the last resort) and raised, so it is retried
     up to the dead-letter subscription's own attempt limit, then parked on `dead-letters-unrecorded`."""
+    refuse_bodies_over(MAX_PUSH_BODY_BYTES)
 
     @functools.wraps(stage)
     def function(event: Any) -> None:
@@ -361,6 +383,7 @@ def http_handler(
 ) -> Callable[[Any], Any]:
     """Makes `handle(deps, access, method, path, query, headers, body) -> Reply` an HTTP function (a flask request
     in, a JSON response out)."""
+    refuse_bodies_over(MAX_BODY_BYTES)  # the control plane's own limit, at the door
 
     @functools.wraps(handle)
     def function(request: Any) -> Any:
@@ -384,6 +407,16 @@ def _delivery_or_raw(event: Any) -> PubSubDelivery:
         data = event.data
         raw = data if isinstance(data, bytes) else str(data).encode() if isinstance(data, str) else _json_bytes(data)
         return PubSubDelivery(topic="", data=raw, attributes={"ce_type": str(event["type"])})
+
+
+def _analysis_id_of(data: bytes) -> str | None:
+    """The valid analysis id a message names, if any."""
+    try:
+        value = json.loads(data)
+        analysis_id = value.get("analysis_id") if isinstance(value, dict) else None
+        return check_name(analysis_id, "analysis id") if isinstance(analysis_id, str) else None
+    except (ValueError, InvalidRequest):
+        return None
 
 
 def _ids(message: Any) -> str:

@@ -6,7 +6,7 @@ Stages never import a cloud client: they get a Bus, a BlobStore and a StateStore
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -15,11 +15,14 @@ from xdiag.model import Message
 
 @dataclass(frozen=True)
 class BlobInfo:
-    """An object's identity: a new upload to the same URI has a new `generation`."""
+    """An object's identity: a new upload to the same URI has a new `generation`. `updated`: when the store wrote
+    this version (seconds since the epoch, by the store's clock; None where the store did not say), not part of the
+    identity."""
 
     uri: str
     size: int
     generation: str
+    updated: float | None = field(default=None, compare=False)
 
 
 class Bus(Protocol):
@@ -77,6 +80,10 @@ class StateStore(Protocol):
 
     def delete(self, collection: str, key: str) -> None:
         """Removes the document if it exists."""
+
+    def now(self) -> float:
+        """The store's own clock (seconds since the epoch): what times written by several machines are compared
+        with, never the caller's clock, which may be off."""
 
 
 class Profiler(Protocol):

@@ -129,7 +129,7 @@ def resolve_capture(message: CaptureReady, deps: Dependencies) -> tuple[CaptureR
     elif not root:
         raise PoisonMessage("the capture names no profile files, and no profile root is configured to look them up")
     else:
-        files = session_files(deps.blobs, root, folder, message.session_id)
+        files = live_files(deps, root, folder, message.session_id)
         if not files:
             raise PoisonMessage(f"unknown session: no *.xplane.pb under {session_prefix(root, folder, message.session_id)}")
     if root:
@@ -146,6 +146,25 @@ def resolve_capture(message: CaptureReady, deps: Dependencies) -> tuple[CaptureR
     resolved = message.model_copy(update={"analysis_id": analysis_id, "profile_uris": sorted(i.uri for i in files),
                                           "output_uri": out})
     return resolved, sorted(files, key=lambda i: i.uri)
+
+
+def valid_profile_object(uri: str) -> ProfileObject | None:
+    """The run, session and host an object names where it is a host file of a session and every id is valid."""
+    named = parse_profile_uri(uri)
+    if named is None:
+        return None
+    try:
+        check_run_id(named.run)
+        check_name(named.session, "session id")
+        check_name(named.host, "host file name")
+    except InvalidRequest:
+        return None
+    return named
+
+
+def live_files(deps: Dependencies, root: str, run_folder: str, session: str) -> list[BlobInfo]:
+    """The session's host files as its folder holds them now, those whose host name is a valid id (sorted by URI)."""
+    return [info for info in session_files(deps.blobs, root, run_folder, session) if valid_profile_object(info.uri)]
 
 
 def _inputs(analysis: Analysis) -> list[BlobInfo]:
@@ -184,7 +203,7 @@ def _claim_session(deps: Dependencies, analysis: Analysis) -> None:
     session = deps.state.get(sessions_collection(analysis.run_id), state_key(analysis.session_id))
     if session is None or session.get("inputs_key") in (None, key):
         return
-    live = session_files(deps.blobs, deps.profile_root, run_path(deps.state, analysis.run_id), analysis.session_id)
+    live = live_files(deps, deps.profile_root, run_path(deps.state, analysis.run_id), analysis.session_id)
     if inputs_key(live) == key:
         deps.state.update(sessions_collection(analysis.run_id), state_key(analysis.session_id), {
             "analysis_id": analysis.analysis_id, "inputs_key": key, "updated_at": utc_now()})
@@ -446,7 +465,10 @@ def render(message: ReportReady, deps: Dependencies) -> None:
     previous = compare_with_previous(deps, analysis, results) if analysis.status == "DONE" else None
     html = render_summary_html(analysis, results, previous=previous)
     analysis.timings_ms["render"] = round((time.perf_counter() - started) * 1000, 1)
-    folders = [own, beside] if own != beside else [beside]
+    assembling = _being_assembled(deps, analysis)
+    if assembling and own != beside:
+        analysis.report_uri = _join(own, "summary.html")  # its own report only: the session's waits for its files
+    folders = [own] if assembling and own != beside else [own, beside] if own != beside else [beside]
     for folder in folders:
         if folder == beside and not is_current(deps, analysis):
             return  # superseded meanwhile: the session's report is the newer analysis'
@@ -454,6 +476,15 @@ def render(message: ReportReady, deps: Dependencies) -> None:
         deps.blobs.put(_join(folder, "analysis.json"), analysis.model_dump_json(indent=2).encode(), "application/json")
     _save(deps, analysis)
     deps.on_event("render", {"report": analysis.report_uri, "status": analysis.status})
+
+
+def _being_assembled(deps: Dependencies, analysis: Analysis) -> bool:
+    """True where the session's folder holds other files than the analysis covers (a host uploaded after its
+    announcement, a replaced file): a newer analysis of them is coming, and the session's report is that one's."""
+    if not deps.profile_root or not analysis.inputs:
+        return False
+    live = live_files(deps, deps.profile_root, run_path(deps.state, analysis.run_id), analysis.session_id)
+    return bool(live) and inputs_key(live) != inputs_key(_inputs(analysis))
 
 
 def _expected_hosts(deps: Dependencies, run: str) -> int:
@@ -464,8 +495,16 @@ def _expected_hosts(deps: Dependencies, run: str) -> int:
                int(run_doc.get("expected_hosts") or 0))
 
 
-def _hosts(registered: list[dict[str, Any]]) -> list[BlobInfo]:
-    return [BlobInfo(uri=doc["uri"], size=doc["size"], generation=doc["generation"]) for doc in registered]
+def store_clock(deps: Dependencies):
+    """This process's clock set to the state store's (one read): times the stores wrote (objects' upload times, the
+    stages' records) are compared with it, never with a local clock that may be off."""
+    offset = deps.state.now() - time.time()
+    return lambda: time.time() + offset
+
+
+def _newest(files: list[BlobInfo]) -> BlobInfo:
+    """The session's newest file by the store's upload time (its URI breaks ties, so every delivery agrees)."""
+    return max(files, key=lambda info: (info.updated or 0.0, info.uri))
 
 
 def _prepare_during_quiet_period(deps: Dependencies, hosts: list[BlobInfo], named: ProfileObject) -> None:
@@ -482,17 +521,20 @@ def _prepare_during_quiet_period(deps: Dependencies, hosts: list[BlobInfo], name
 
 
 def register(message: ProfileUploaded, deps: Dependencies) -> None:
-    """Records one host's file of a session; once no newer file has come for the quiet period, announces the
-    session on `captures` (all its hosts in one CaptureReady). Objects outside the profile layout, or whose run,
-    session or host is not a valid id, are ignored.
+    """Records one host's file of a session; once no file of the session has been uploaded for the quiet period,
+    announces the session on `captures` (every file in its folder, in one CaptureReady). Objects outside the profile
+    layout, or whose run, session or host is not a valid id, are ignored.
 
-    The quiet period is `quiet_period_s`, or `multi_host_quiet_period_s` while fewer files are in than the run has
-    hosts (its registered targets, its earlier sessions): a slow host's late notification does not split the
-    session. A file arriving after the announcement (a late host, a replaced file) announces the session again
-    with all its files: that analysis supersedes the earlier one, which stops and never writes the session's
-    report. Only the delivery of the newest file waits; the others return at once. While it waits with every host
-    in, it reads the session and stores it prepared, so collect and the tools start from the decoded columns.
-    Announcing is at-least-once, which collect absorbs: the same file versions always name the same analysis.
+    The session is what its folder in the bucket holds, and the quiet period counts from the newest file's upload
+    time (the store's, compared with the store's clock), not from when its notification was handled: notifications
+    handled seconds or minutes late (a busy register, a backlog) neither split a session nor wait twice. Only the
+    delivery of the session's newest file waits (and announces); the others return at once. The period is
+    `quiet_period_s`, or `multi_host_quiet_period_s` while fewer files are in than the run has hosts (its registered
+    targets, its earlier sessions). A file uploaded after the announcement (a late host, a replaced file) announces
+    the session again with all its files: that analysis supersedes the earlier one, which stops and never writes the
+    session's report. While it waits with every host in, it reads the session and stores it prepared, so collect and
+    the tools start from the decoded columns. Announcing is at-least-once, which collect absorbs: the same file
+    versions always name the same analysis.
     """
     named = parse_profile_uri(message.uri)
     if named is None:
@@ -512,39 +554,37 @@ def register(message: ProfileUploaded, deps: Dependencies) -> None:
     if info is None:
         raise PoisonMessage(f"missing object: {message.uri} (deleted, or never written)")
     files = files_collection(run, named.session)
-    record = {"uri": info.uri, "host": named.host, "size": info.size, "generation": info.generation,
-              "registered_at": time.time()}
     known = deps.state.get(files, state_key(named.host))
     if known is None or known.get("generation") != info.generation:  # a new file, or a new version of one
-        deps.state.set(files, state_key(named.host), record)
+        deps.state.set(files, state_key(named.host), {
+            "uri": info.uri, "host": named.host, "size": info.size, "generation": info.generation,
+            "uploaded_at": info.updated, "registered_at": time.time()})
         deps.state.update(RUNS, state_key(run), {
             "run_id": run, "base_uri": f"{named.root}/{named.run}", "last_upload_at": utc_now()})
         deps.state.update(sessions_collection(run), session_key, {
             "run_id": run, "session_id": named.session, "kind": "programmatic", "status": "UPLOADING",
             "updated_at": utc_now()})
         deps.on_event("register", {"uri": info.uri, "host": named.host})
-    else:
-        record = known
     expected = _expected_hosts(deps, run)
+    now = store_clock(deps)
     prepared = False
     while True:
-        registered = [doc for _, doc in deps.state.list(files)]
-        newest = max(doc["registered_at"] for doc in registered)
-        if record["registered_at"] < newest:
-            return  # a newer file arrived: its delivery announces the session
-        quiet = deps.quiet_period_s if len(registered) >= expected else deps.multi_host_quiet_period_s
-        remaining = newest + quiet - time.time()
+        hosts = live_files(deps, named.root, named.run, named.session)
+        newest = _newest(hosts) if hosts else None
+        if newest is None or (newest.uri, newest.generation) != (info.uri, info.generation):
+            return  # a newer file is in the folder (or this one is gone): that file's delivery announces the session
+        quiet = deps.quiet_period_s if len(hosts) >= expected else deps.multi_host_quiet_period_s
+        remaining = (newest.updated if newest.updated is not None else now()) + quiet - now()
         if remaining <= 0:
             break
-        if not prepared and len(registered) >= expected:  # every host is in: read the session while the period runs
+        if not prepared and len(hosts) >= expected:  # every host is in: read the session while the period runs
             prepared = True
-            _prepare_during_quiet_period(deps, _hosts(registered), named)
+            _prepare_during_quiet_period(deps, hosts, named)
             continue
         deps.sleep(min(remaining, 1.0))
-    hosts = _hosts(registered)
     capture = CaptureReady(
         analysis_id=analysis_id_for(run, named.session, hosts, deps.default_investigator),
-        run_id=run, session_id=named.session, profile_uris=sorted(h.uri for h in hosts),
+        run_id=run, session_id=named.session, profile_uris=[h.uri for h in hosts],
         output_uri=output_uri(named.root, named.run, named.session), investigator=deps.default_investigator,
     )
     current = deps.state.get(sessions_collection(run), session_key) or {}
@@ -553,7 +593,7 @@ def register(message: ProfileUploaded, deps: Dependencies) -> None:
     # The session's current analysis first (a stage of the one it replaces then stops), the announcement after.
     deps.state.update(sessions_collection(run), session_key, {
         "status": "COMPLETE", "analysis_id": capture.analysis_id, "inputs_key": inputs_key(hosts),
-        "hosts": sorted(doc["host"] for doc in registered), "files": capture.profile_uris,
+        "hosts": sorted(parse_profile_uri(h.uri).host for h in hosts), "files": capture.profile_uris,
         "completed_at": utc_now(), "updated_at": utc_now(),
         **({"previous_analysis_id": current["analysis_id"]} if current.get("analysis_id") else {})})
     if len(hosts) > expected:  # the next session of the run waits for this many hosts

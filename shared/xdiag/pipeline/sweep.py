@@ -1,5 +1,15 @@
 """The sweeper (topic `sweeps`, every minute from Cloud Scheduler; every few seconds from the local stack's timer):
-no analysis stays stuck.
+no upload stays without its analysis, and no analysis stays stuck.
+
+Between an upload and its analysis: a notification Pub/Sub never delivered (Pub/Sub down, register down when it was
+pushed), a register that died waiting out the quiet period, an announcement collect never received. The sweeper
+lists the bucket's session files and finds every session whose newest file is older than the quiet period plus
+`stage_deadline_s` and that has no analysis of exactly its files (none announced, or the one announced never recorded
+by collect); it announces it again, as a new message: the newest file's notification to register, or, where register
+announced an analysis collect never recorded, that CaptureReady. After `max_repairs` it gives up and records why on the
+session (`FAILED`). Sessions are remembered as settled by the upload time of their newest file (`sweeper/uploads`,
+`since`): a sweep reads the state of the sessions with a file uploaded since, not of the whole bucket; a Firestore
+that lost its documents has lost that mark too, and the next sweep checks every session again.
 
 A function killed mid-delivery, a message the emulator or Pub/Sub holds back, a fan-in whose claim was made but
 whose message was lost: each leaves an analysis with no progress. Every active analysis has a deadline: its last
@@ -14,19 +24,35 @@ publish-once keys let them through):
     RENDERING        the ReportReady again
 
 After `max_repairs` repairs without the analysis finishing, it is FAILED with the reason (which stage, what was
-missing), and the report says so. An analysis whose session moved on to newer files is marked SUPERSEDED instead.
-Concurrent sweeps repair each analysis once: repair n is a create-if-absent claim.
+missing, and the last error a stage recorded on it), and the report says so. An analysis whose session moved on to
+newer files is marked SUPERSEDED instead. Concurrent sweeps repair each analysis once: repair n is a create-if-absent
+claim.
+
+Every time is compared with the state store's clock (`StateStore.now`), never the sweeper's own: a sweeper whose
+clock is off repairs nothing that is on time.
 """
 
 from __future__ import annotations
 
-import time
+import hashlib
 from datetime import datetime, timezone
 from typing import Any
 
-from xdiag.model import Analysis, CaptureReady, InvestigationReady, ReportReady, SweepRequest, ToolDone, utc_now
+from xdiag.model import (
+    Analysis,
+    CaptureReady,
+    InvestigationReady,
+    ProfileUploaded,
+    ReportReady,
+    SweepRequest,
+    ToolDone,
+    utc_now,
+)
 from xdiag.pipeline.deps import Dependencies
-from xdiag.pipeline.stages import fail_analysis, is_current, publish_tool_runs
+from xdiag.pipeline.layout import inputs_key, output_uri, state_key
+from xdiag.pipeline.ports import BlobInfo
+from xdiag.pipeline.runs import CAPTURED_KINDS, run_for_path
+from xdiag.pipeline.stages import fail_analysis, is_current, publish_tool_runs, valid_profile_object
 from xdiag.pipeline.topics import (
     ACTIVE,
     ACTIVE_ANALYSES,
@@ -34,8 +60,10 @@ from xdiag.pipeline.topics import (
     CLAIMS,
     TOPIC_CAPTURES,
     TOPIC_INVESTIGATIONS,
+    TOPIC_PROFILE_UPLOADS,
     TOPIC_REPORTS,
     TOPIC_TOOL_RESULTS,
+    sessions_collection,
     tools_collection,
 )
 from xdiag.tools import BROAD_TOOLS
@@ -63,17 +91,23 @@ def last_progress(analysis: dict[str, Any], tools: list[dict[str, Any]], claim: 
 
 
 def overdue_s(state, analysis: dict[str, Any], deadline_s: float, now: float | None = None) -> float:
-    """How far past its deadline an active analysis is (0 where it is not): what `xdiag status` shows."""
+    """How far past its deadline an active analysis is (0 where it is not), by the store's clock: what `xdiag status`
+    shows."""
     if analysis.get("status") not in ACTIVE:
         return 0.0
     tools = [doc for _, doc in state.list(tools_collection(analysis["analysis_id"]))]
     claim = state.get(CLAIMS, f"{analysis['analysis_id']}.investigate")
-    late = (now or time.time()) - last_progress(analysis, tools, claim) - deadline_s
+    late = (now if now is not None else state.now()) - last_progress(analysis, tools, claim) - deadline_s
     return max(late, 0.0)
 
 
+SWEEPER = "sweeper"  # `uploads`: {since}: sessions whose newest file is older are settled
+UPLOAD_REPAIRS = "upload_repairs"  # one per session the sweeper announced again: repairs, when, what was missing
+
+
 def sweep(message: SweepRequest, deps: Dependencies) -> None:
-    now = time.time()
+    now = deps.state.now()  # the store's clock: the times compared below were written by other machines
+    sweep_uploads(deps, now)
     for key, _ in deps.state.list(ACTIVE_ANALYSES):
         doc = deps.state.get(ANALYSES, key)
         if doc is None or doc.get("status") not in ACTIVE:
@@ -96,14 +130,88 @@ def sweep(message: SweepRequest, deps: Dependencies) -> None:
                 f"{repair - 1} repair(s): {missing}"))
             deps.on_event("sweep", {"analysis_id": analysis.analysis_id, "failed": missing})
             continue
-        deps.state.update(ANALYSES, analysis.analysis_id, {
-            "repairs": repair, "last_repair": {"at": utc_now(), "status": analysis.status, "missing": missing}})
+        deps.state.update(ANALYSES, analysis.analysis_id, {"repairs": repair, "last_repair": {
+            "at": datetime.fromtimestamp(now, timezone.utc).isoformat(), "status": analysis.status, "missing": missing}})
         _repair(deps, analysis, repair)
         deps.on_event("sweep", {"analysis_id": analysis.analysis_id, "repair": repair, "missing": missing})
 
 
+def sweep_uploads(deps: Dependencies, now: float) -> None:
+    """Announces again every session with files in the bucket and no analysis of exactly them, once its newest file
+    is older than the quiet period plus the stage deadline (register had its chance)."""
+    if not deps.profile_root:
+        return
+    settle_s = max(deps.quiet_period_s, deps.multi_host_quiet_period_s) + deps.stage_deadline_s
+    since = float((deps.state.get(SWEEPER, "uploads") or {}).get("since") or 0.0)
+    sessions: dict[tuple[str, str], list[BlobInfo]] = {}
+    for info in deps.blobs.list(deps.profile_root.rstrip("/") + "/"):
+        named = valid_profile_object(info.uri)
+        if named is not None:
+            sessions.setdefault((named.run, named.session), []).append(info)
+    next_since = now - settle_s  # what is younger is checked again at the next sweep
+    for (folder, session), files in sessions.items():
+        newest = max(files, key=lambda info: (info.updated or 0.0, info.uri))
+        uploaded = newest.updated if newest.updated is not None else now
+        if uploaded < since or now - uploaded < settle_s:
+            continue  # settled at an earlier sweep, or register still has its chance
+        if _repair_announcement(deps, folder, session, sorted(files, key=lambda i: i.uri), newest, now):
+            next_since = min(next_since, uploaded)  # not settled yet: checked again until it is
+    deps.state.set(SWEEPER, "uploads", {"since": next_since, "at": utc_now()})
+
+
+def _repair_announcement(deps: Dependencies, folder: str, session: str, files: list[BlobInfo], newest: BlobInfo,
+                         now: float) -> bool:
+    """Announces the session again where it has no analysis of exactly `files`; True while it is not settled."""
+    run = run_for_path(deps.state, folder)
+    doc = deps.state.get(sessions_collection(run), state_key(session)) or {}
+    if doc.get("kind") in CAPTURED_KINDS:
+        return False  # xdiag captured it: the capture announces it and records what fails
+    key = inputs_key(files)
+    announced = doc.get("inputs_key") == key and doc.get("analysis_id")
+    if announced and deps.state.get(ANALYSES, doc["analysis_id"]) is not None:
+        return False  # analysed (or under way: the analyses' sweep watches it)
+    repair_key = hashlib.sha256(f"{run}\n{session}\n{key}".encode()).hexdigest()[:24]
+    record = deps.state.get(UPLOAD_REPAIRS, repair_key) or {}
+    if record.get("gave_up"):
+        return False
+    if now - float(record.get("at_s") or 0.0) < deps.stage_deadline_s:
+        return True  # repaired less than a deadline ago: the repair gets its chance
+    repair = int(record.get("repairs") or 0) + 1
+    if not deps.state.create(CLAIMS, f"{repair_key}.announce.{repair}", {"at": utc_now()}):
+        return True  # another sweep is repairing it
+    missing = (f"analysis {doc['analysis_id']} was announced but collect never recorded it" if announced else
+               f"no analysis of its {len(files)} file(s) was announced (the upload's notification never reached "
+               "register, or register stopped before the quiet period ended)")
+    where = {"run_id": run, "session_id": session, "inputs_key": key, "missing": missing}
+    if repair > deps.max_repairs:
+        reason = f"never analysed after {repair - 1} repair(s): {missing}"
+        deps.state.set(UPLOAD_REPAIRS, repair_key, {**where, "repairs": repair - 1, "at_s": now, "gave_up": True})
+        deps.state.update(sessions_collection(run), state_key(session), {
+            "run_id": run, "session_id": session, "status": "FAILED", "failure_reason": reason, "updated_at": utc_now()})
+        deps.on_event("sweep", {"session": f"{run}/{session}", "failed": reason})
+        return False
+    deps.state.set(UPLOAD_REPAIRS, repair_key, {**where, "repairs": repair, "at_s": now, "at": utc_now()})
+    if announced:
+        deps.bus.publish(TOPIC_CAPTURES, CaptureReady(
+            analysis_id=doc["analysis_id"], run_id=run, session_id=session, profile_uris=[f.uri for f in files],
+            output_uri=output_uri(deps.profile_root, folder, session), investigator=deps.default_investigator,
+            attempt=repair))
+    else:
+        deps.bus.publish(TOPIC_PROFILE_UPLOADS, ProfileUploaded(
+            uri=newest.uri, generation=newest.generation, size=newest.size, attempt=repair))
+    deps.on_event("sweep", {"session": f"{run}/{session}", "repair": repair, "missing": missing})
+    return True
+
+
 def _missing(deps: Dependencies, analysis: Analysis) -> str:
-    """What the analysis waits for, in words."""
+    """What the analysis waits for, in words, with the last error a stage raised on it (the real cause: a full disk,
+    a service that refused)."""
+    waiting = _waiting_for(deps, analysis)
+    error = analysis.last_error or {}
+    return f"{waiting}; last error on {error.get('topic')}: {error.get('error')}" if error.get("error") else waiting
+
+
+def _waiting_for(deps: Dependencies, analysis: Analysis) -> str:
     if analysis.status == "RUNNING_TOOLS":
         done = {key for key, _ in deps.state.list(tools_collection(analysis.analysis_id))}
         lost = [tool for tool in BROAD_TOOLS if tool not in done]
