@@ -413,3 +413,40 @@ def test_a_sweeper_whose_clock_is_an_hour_ahead_repairs_no_analysis_that_is_on_t
     after = cloud.state.get(ANALYSES, analysis_id)
     assert after["repairs"] == 0 and after["status"] == "PENDING" and after.get("last_repair") is None
     cloud.state.delete(ACTIVE_ANALYSES, analysis_id)
+
+
+FULL_DISK_SCRIPT = """
+import json, sys
+from pathlib import Path
+from xdiag.cloud.gcs import GcsBlobStore, storage_client
+cache, uris = Path(sys.argv[1]), sys.argv[2:]
+store = GcsBlobStore(storage_client(), cache, cache_bytes=2**30)  # its own limit far above the disk's room
+answers = []
+for uri in uris:
+    try:
+        answers.append({"uri": uri, "kept": [p.name for p in cache.rglob("*.xplane.pb")],
+                        "size": store.local_path(uri).stat().st_size})
+    except OSError as exc:
+        answers.append({"uri": uri, "error": str(exc)})
+print(json.dumps(answers))
+"""
+
+
+def test_a_full_disk_evicts_the_download_cache_and_then_says_no_space_left_on_device(cloud, tmp_path):
+    """Failed before: a download that found the disk full failed (the cache full of older downloads stayed full), and
+    the analysis said "collect never read the session". The cache here is a 3 MiB tmpfs of its own (a user and mount
+    namespace: no root needed), against the stack's Cloud Storage emulator."""
+    if subprocess.run(["unshare", "-rm", "true"], capture_output=True).returncode != 0:
+        pytest.skip("unprivileged user namespaces are off here: no small file system of our own to fill")
+    sizes = {"a": 1_200_000, "b": 1_200_000, "c": 1_200_000, "huge": 4_000_000}
+    uris = [cloud.upload(os.urandom(size), "full-disk-run", name) for name, size in sizes.items()]
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    mount = f"mount -t tmpfs -o size=3m tmpfs {cache} && exec \"$0\" -c \"$1\" {cache} {' '.join(uris)}"
+    done = subprocess.run(["unshare", "-rm", "sh", "-c", mount, sys.executable, FULL_DISK_SCRIPT],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    a, b, c, huge = json.loads(done.stdout)
+    assert a["size"] == b["size"] == c["size"] == 1_200_000  # c fitted once a and b were evicted
+    assert sorted(c["kept"]) == ["host0.xplane.pb", "host0.xplane.pb"]  # a and b were in the cache before c
+    assert "No space left on device" in huge["error"] and "every other download evicted" in huge["error"]

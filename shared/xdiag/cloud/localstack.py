@@ -26,10 +26,10 @@ private copies of device profiles among them). Started with an owner process (th
 tests), a reaper stops the stack when the owner dies without stopping it.
 
 What the stack holds outlives it, in `<state_dir>/data/`: fake-gcs-server keeps the bucket's objects on its filesystem
-backend (`data/storage/`), and Firestore's documents are exported to `data/firestore-exports/` at every timer tick and
-by `stop()`, and imported at the next start (the emulator keeps them in memory only). `xdiag down; xdiag up` loses
-nothing; a Firestore emulator killed outright loses at most one tick's writes, which the sweeper finds missing (files
-in the bucket without their analysis) and repairs. `restart_down()` (what `xdiag up` does where a stack is up)
+backend (`data/storage/`), and Firestore's documents are exported to `data/firestore-exports/` every 10 s (by the
+timer) and by `stop()`, and imported at the next start (the emulator keeps them in memory only). `xdiag down; xdiag up`
+loses nothing; a Firestore emulator killed outright loses at most the writes since its last export, which the sweeper
+finds missing (files in the bucket without their analysis) and repairs. `restart_down()` (what `xdiag up` does where a stack is up)
 starts again only the services that are down, each on its own port.
 """
 
@@ -91,6 +91,7 @@ of the caller's comes after these, so it wins."""
 TEMPORARY_DIR = "tmp"  # under the state dir: each function's TMPDIR, removed by stop()
 DATA_DIR = "data"  # under the state dir: what outlives the stack (the bucket's files, Firestore's exports)
 FIRESTORE_EXPORTS = "firestore-exports"  # under the data dir: the newest export of Firestore's documents
+FIRESTORE_EXPORT_INTERVAL_S = 10.0  # at most one export per this long (and per timer tick): each costs the emulator CPU
 
 INSTALL_GCLOUD = (
     "install the Google Cloud CLI with its emulators (Debian/Ubuntu packages google-cloud-cli, "
@@ -734,17 +735,20 @@ def _reap(state_dir: str, owner_pid: int) -> None:
 
 def _tick(state_dir: str) -> None:
     """The local stack's Cloud Scheduler: `{}` on the sweeps topic every `sweep_interval_s`, while the stack is up;
-    and at each tick Firestore's documents exported to the data dir, so that a Firestore emulator killed outright
-    loses at most one interval's writes (which the sweeper then finds missing and repairs from the bucket)."""
+    and Firestore's documents exported to the data dir every FIRESTORE_EXPORT_INTERVAL_S (at a tick), so that a
+    Firestore emulator killed outright loses at most that long's writes (which the sweeper then finds missing and
+    repairs from the bucket)."""
     stack = LocalStack.attach(Path(state_dir))
+    exported = time.monotonic()
     while stack.state_file.exists():
         time.sleep(stack.settings.sweep_interval_s)
         try:
             stack.publish(TOPIC_SWEEPS, b"{}")
         except (StackError, OSError):
             pass  # the emulator is stopping, or busy: the next tick sweeps
-        if listening(stack.ports["firestore"]):
+        if time.monotonic() - exported >= FIRESTORE_EXPORT_INTERVAL_S and listening(stack.ports["firestore"]):
             stack.export_firestore()
+            exported = time.monotonic()
 
 
 if __name__ == "__main__":

@@ -151,15 +151,10 @@ def resolve_capture(message: CaptureReady, deps: Dependencies) -> tuple[CaptureR
 def valid_profile_object(uri: str) -> ProfileObject | None:
     """The run, session and host an object names where it is a host file of a session and every id is valid."""
     named = parse_profile_uri(uri)
-    if named is None:
-        return None
     try:
-        check_run_id(named.run)
-        check_name(named.session, "session id")
-        check_name(named.host, "host file name")
+        return check_profile_object(named) if named is not None else None
     except InvalidRequest:
         return None
-    return named
 
 
 def live_files(deps: Dependencies, root: str, run_folder: str, session: str) -> list[BlobInfo]:
