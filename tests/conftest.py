@@ -67,8 +67,11 @@ def running_local_stack(tmp_path_factory, settings=None):
 
     # Short enough for tests: a multi-host session waits 8 s for its late hosts; the sweeper ticks every 3 s and
     # repairs an analysis 30 s without progress (far above one tool's run here), failing it after 3 repairs.
+    # Its bucket in memory: a test here uploads object names Cloud Storage takes and the filesystem backend cannot hold
+    # (a path segment over 255 bytes); tests/test_durability.py runs the default, the bucket on disk.
     settings = settings or StackSettings(quiet_period_s=1.0, multi_host_quiet_period_s=8.0, stage_deadline_s=30.0,
-                                         max_repairs=3, sweep_interval_s=3.0, min_backoff_s=1.0, max_backoff_s=2.0)
+                                         max_repairs=3, sweep_interval_s=3.0, min_backoff_s=1.0, max_backoff_s=2.0,
+                                         storage_backend="memory")
     stack = LocalStack(tmp_path_factory.mktemp("stack"), settings)
     try:
         stack.start(owner_pid=os.getpid())

@@ -151,6 +151,9 @@ class StackSettings:
     max_backoff_s: float = 10.0
     functions_dir: str = str(Path(__file__).resolve().parents[3] / "functions")
     capture_cooldown_s: float = 60.0
+    # "filesystem": the bucket outlives the stack (data/storage/), but holds no object name with a path segment over
+    # 255 bytes (a file name there; Cloud Storage takes them); "memory": any name, lost with the emulator
+    storage_backend: str = "filesystem"
     token: str = ""  # the control plane's bearer token (a fresh one per start)
 
 
@@ -382,14 +385,14 @@ class LocalStack:
                    "firestore", deadline)
 
     def _start_storage(self, tools: Prerequisites, deadline: float) -> None:
-        """fake-gcs-server on its filesystem backend (the objects outlive it), publishing OBJECT_FINALIZE on
-        `profile-uploads` (the topic must exist first), and the bucket."""
+        """fake-gcs-server on its filesystem backend (the objects outlive it; `storage_backend`), publishing
+        OBJECT_FINALIZE on `profile-uploads` (the topic must exist first), and the bucket."""
         root = self.data_dir / "storage"
         root.mkdir(parents=True, exist_ok=True)
         self._spawn(
             "storage",
             [tools.fake_gcs, "-scheme", "http", "-host", HOST, "-port", str(self.ports["storage"]),
-             "-external-url", f"http://{HOST}:{self.ports['storage']}", "-backend", "filesystem",
+             "-external-url", f"http://{HOST}:{self.ports['storage']}", "-backend", self.settings.storage_backend,
              "-filesystem-root", str(root), "-log-level", "warn",
              "-event.pubsub-project-id", self.settings.project, "-event.pubsub-topic", TOPIC_PROFILE_UPLOADS,
              "-event.bucket", self.settings.bucket, "-event.list", "finalize"],
