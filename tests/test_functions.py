@@ -431,3 +431,21 @@ def test_a_body_over_pubsubs_limit_is_refused_at_the_door(wired, name):
                                      headers={"Content-Type": "application/json"})
     assert answer.status_code == 413
     assert not wired.letters and not wired.bus._queue and not wired.deps.state.list("failures")
+
+
+def test_an_announcement_collect_never_received_is_published_again_by_the_sweeper(wired, h200_profiles):
+    """Failed before: with collect down while register announced, the session stayed COMPLETE with no analysis for
+    good (the sweeper watched analyses only, and there was none)."""
+    name = "run-d/plugins/profile/s4/host0.xplane.pb"
+    wired.upload(h200_profiles["host_sync"], name)
+    assert _notify(wired, name) == 200
+    [lost] = wired.queued("captures")
+    wired.bus._queue.clear()  # pushed to a collect that was down: never delivered again
+    assert wired.deps.state.get(ANALYSES, lost.analysis_id) is None
+    wired.deps.stage_deadline_s = wired.deps.multi_host_quiet_period_s = 0.0  # past the time register had
+    assert wired.client("sweep").post(f"/projects/{PROJECT}/topics/sweeps", json=_push_body(b"{}")).status_code == 200
+    [again] = wired.queued("captures")
+    assert again.analysis_id == lost.analysis_id and again.profile_uris == lost.profile_uris and again.attempt == 1
+    wired.bus.drain()
+    analysis = wired.deps.state.get(ANALYSES, lost.analysis_id)
+    assert analysis["status"] == "DONE" and analysis["diagnosis"]["findings"][0]["key"] == "host_sync"
