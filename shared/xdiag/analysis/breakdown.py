@@ -13,10 +13,7 @@ import numpy as np
 from xdiag.analysis.timeline import (
     CALLBACK_EVENT,
     COMPILE_EVENT,
-    DISPATCH_EVENT,
-    EXECUTE_EVENT,
     JITTED_CALL_EVENT,
-    SYNC_EVENT,
     TRANSFER_OP_CATEGORIES,
     EventSelection,
     HostEvents,
@@ -119,11 +116,11 @@ def warm_up_calls(events: HostEvents) -> list[WarmUpCall]:
 
 def largest_sync_event(events: HostEvents) -> tuple[str, float] | None:
     """(name, total ms) of the blocking wait that takes the most host time, outermost events only."""
-    waits = events.select(SYNC_EVENT)
+    waits = events.select(events.vocabulary.sync)
     if not len(waits.start_ps):
         return None
     keep = _outermost(np.ones(len(waits.start_ps), dtype=bool), waits.line, waits.start_ps, waits.end_ps)
-    names = events.names(SYNC_EVENT)[keep]
+    names = events.names(events.vocabulary.sync)[keep]
     durations = (waits.end_ps - waits.start_ps)[keep].astype(float)
     unique, inverse = np.unique(names, return_inverse=True)
     totals = np.bincount(inverse, weights=durations)
@@ -157,7 +154,8 @@ class _HostSignals:
                         "dispatch": (empty, empty)},
                 counted={"dispatches": empty, "compiles": empty, "syncs": empty, "callbacks": callback_s},
             )
-        compile_, sync, callback, execute = (events.select(p) for p in (COMPILE_EVENT, SYNC_EVENT, CALLBACK_EVENT, EXECUTE_EVENT))
+        words = events.vocabulary
+        compile_, sync, callback, execute = (events.select(p) for p in (COMPILE_EVENT, words.sync, CALLBACK_EVENT, words.execute))
 
         def outer(selected: EventSelection) -> np.ndarray:
             everything = np.ones(len(selected.start_ps), dtype=bool)
@@ -175,11 +173,12 @@ class _HostSignals:
                     np.concatenate([sync.start_ps, callback.start_ps, callback_s]),
                     np.concatenate([sync.end_ps, callback.end_ps, callback_e]),
                 ),
-                "dispatch": events.union(DISPATCH_EVENT),  # only its union is needed: not every event gathered
+                "dispatch": events.union(words.dispatch),  # only its union is needed: not every event gathered
             },
             counted={
                 # One launch shows as several nested execute events (C API, PjRt, stream executor): count the outermost.
-                "dispatches": _launching_thread(execute if len(execute.start_ps) else events.select(DISPATCH_EVENT)),
+                "dispatches": (_launching_thread if words.one_launch_on_several_threads else outer)(
+                    execute if len(execute.start_ps) else events.select(words.dispatch)),
                 "compiles": outer(compile_),
                 "syncs": outer(sync),
                 "callbacks": callback_s if len(callback_s) >= len(python_callbacks) else python_callbacks,

@@ -16,6 +16,7 @@ import numpy as np
 from xdiag.analysis.hlo_cost import is_gemm_call
 from xdiag.profile.columns import factorize_rows, isin_ids, unique_with_inverse
 from xdiag.profile.space import NO_VALUE, HloInstruction, HloModule, Line, Plane, Session
+from xdiag.profile.trace_json import FORMAT_STAT, KINETO
 
 COLLECTIVE_OPCODES = {
     "all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute", "collective-broadcast",
@@ -50,6 +51,36 @@ EXECUTE_EVENT = re.compile(r"LoadedExecutable::Execute(Helper\w*|Sharded\w*)?$|L
 """One event per compiled program launched: counts dispatches without the nesting of PjitFunction events."""
 JITTED_CALL_EVENT = re.compile(r"^PjitFunction\(|^PmapFunction\(")
 """One Python call of a jitted function, named after it: its first call is where warm-up shows."""
+
+
+@dataclass(frozen=True)
+class HostVocabulary:
+    """What a host's events are called in one runtime's words: a blocking sync, a launch (its time), a launch (one
+    counted per program or kernel)."""
+
+    sync: re.Pattern
+    dispatch: re.Pattern
+    execute: re.Pattern
+    one_launch_on_several_threads: bool = True
+    """An SPMD launch shows on the calling thread and again on each device's thread (PjRt); PyTorch's autograd
+    thread launches its own kernels, each once."""
+
+
+XLA_HOST = HostVocabulary(SYNC_EVENT, DISPATCH_EVENT, EXECUTE_EVENT)
+_CUDA_LAUNCH = re.compile(
+    r"^(cuda|hip|cu)(Ext)?(Module)?LaunchKernel(ExC)?(_v2|_ptsz)?$|^(cuda|hip)LaunchCooperativeKernel\w*$|"
+    r"^(cuda|hip|cu)GraphLaunch$"
+)
+PYTORCH_HOST = HostVocabulary(
+    # .item()/.cpu()/print of a tensor wait in aten::_local_scalar_dense or a blocking copy; explicit waits are
+    # the runtime's synchronize calls. cudaMemcpyAsync is left out: it blocks only on pageable memory.
+    sync=re.compile(r"^(cuda|hip)(Stream|Device|Event)Synchronize$|^(cuda|hip)Memcpy$|^hipMemcpyWithStream$|"
+                    r"^aten::_local_scalar_dense$"),
+    dispatch=_CUDA_LAUNCH,
+    execute=_CUDA_LAUNCH,
+    one_launch_on_several_threads=False,
+)
+"""PyTorch eager on CUDA/ROCm (Kineto traces): every kernel is its own launch, every sync a runtime call."""
 STEP_STAT = "step_num"
 _KERNEL_SUFFIX = re.compile(r"_(\d+)$")
 
@@ -164,8 +195,9 @@ class HostEvents:
     the profile's size.
     """
 
-    def __init__(self, host: str, lines: list[tuple[Plane, Line]]):
+    def __init__(self, host: str, lines: list[tuple[Plane, Line]], vocabulary: HostVocabulary = XLA_HOST):
         self.host = host
+        self.vocabulary = vocabulary
         self._lines = lines
         self._selections: dict[str, EventSelection] = {}
         self._unions: dict[str, tuple[np.ndarray, np.ndarray]] = {}
@@ -387,6 +419,11 @@ _ELEMENTWISE_KERNELS = ("eigenmetakernel", "tensorflow::functor::", "elementwise
 """Kernels a framework launches one op at a time without a compiler (TensorFlow's Eigen kernels, PyTorch eager)."""
 
 
+_CONVOLUTION_KERNELS = ("cudnn::detail::dgrad", "cudnn::detail::wgrad", "implicit_convolve", "conv2d_grouped_direct",
+                        "convolve_sgemm", "_fprop_", "_dgrad_", "_wgrad_", "miopensp3asmconv", "naive_conv")
+"""cuDNN/MIOpen convolution kernels (forward, data and weight gradients) as eager frameworks launch them."""
+
+
 def _category_from_name(name: str) -> str:
     base = name.lower().lstrip("%")
     if base.startswith(("memcpy", "memset")):
@@ -395,12 +432,15 @@ def _category_from_name(name: str) -> str:
         return "data_movement"
     if base.startswith(tuple(ASYNC_COPY_OPCODES)):
         return "async_copy"
-    if any(base.startswith(op) for op in COLLECTIVE_OPCODES) or "all-reduce" in base or "allreduce" in base:
+    if any(base.startswith(op) for op in COLLECTIVE_OPCODES) or "all-reduce" in base or "allreduce" in base or \
+            base.startswith(("nccl", "rccl")):  # NCCL/RCCL kernels: ncclDevKernel_AllGather_RING_LL, ncclKernel_…
         return "collective"
     if "callback" in base:
         return "host_callback"
-    if base.startswith(("dot", "gemm", "cublas")) or any(k in base for k in ("matmul", "gemm", "xmma", "cutlass", "wgmma")):
-        return "matmul"
+    if any(k in base for k in _CONVOLUTION_KERNELS):
+        return "convolution"
+    if base.startswith(("dot", "gemm", "cublas", "cijk_", "bmm_")) or any(k in base for k in ("matmul", "gemm", "xmma", "cutlass", "wgmma")):
+        return "matmul"  # cijk_: Tensile/hipBLASLt GEMMs (ROCm); bmm_: cuBLASLt batched GEMMs
     if base.startswith(("convolution", "conv")):
         return "convolution"
     if base.startswith(("reduce", "reduction")):
@@ -706,10 +746,12 @@ def host_events(session: Session) -> list[HostEvents]:
     """Per host: its /host:CPU thread lines, to query for dispatch, compile, sync and step events."""
 
     def build() -> list[HostEvents]:
-        return [
-            HostEvents(host.hostname, [(plane, line) for plane in host.planes if plane.name == "/host:CPU" for line in plane.lines])
-            for host in session.hosts
-        ]
+        out = []
+        for host in session.hosts:
+            planes = [plane for plane in host.planes if plane.name == "/host:CPU"]
+            vocabulary = PYTORCH_HOST if any(p.stats.get(FORMAT_STAT) == KINETO for p in planes) else XLA_HOST
+            out.append(HostEvents(host.hostname, [(plane, line) for plane in planes for line in plane.lines], vocabulary))
+        return out
 
     return _cached(session, "host_events", build)
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from xdiag.errors import ProfileError
+from xdiag.profile.trace_json import TRACE_SUFFIXES, is_trace_file
 
 SUFFIX = ".xplane.pb"
 
@@ -18,17 +19,23 @@ class LocatedSession:
 
 
 def _xplanes(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.iterdir() if p.is_file() and p.name.endswith(SUFFIX))
+    """A folder's profiles: its xplanes, else its Chrome/Kineto trace files (one per host or rank)."""
+    files = sorted(p for p in folder.iterdir() if p.is_file())
+    return [p for p in files if p.name.endswith(SUFFIX)] or [p for p in files if is_trace_file(p)]
 
 
 def locate_session(path: Path, session: str | None = None) -> LocatedSession:
-    """PATH is one *.xplane.pb, a folder of one session's hosts, or a log dir with plugins/profile/<session>/."""
+    """PATH is one *.xplane.pb or Kineto/Chrome trace (*.pt.trace.json[.gz], *.json[.gz]), a folder of one session's
+    hosts (or ranks), or a log dir with plugins/profile/<session>/."""
     if not path.exists():
         raise ProfileError(f"{path}: no such file or directory")
     path = path.absolute()  # a bare `file.xplane.pb` or `.` has no parents to name the session and run by
     if path.is_file():
+        if is_trace_file(path):
+            suffix = next(s for s in TRACE_SUFFIXES if path.name.endswith(s))
+            return LocatedSession(path.name.removesuffix(suffix), [path], "local")
         if not path.name.endswith(SUFFIX) and not path.name.endswith(".pb"):
-            raise ProfileError(f"{path}: not an *.xplane.pb file")
+            raise ProfileError(f"{path}: not an *.xplane.pb file, nor a Kineto/Chrome trace (*.json, *.json.gz)")
         run = path.parents[3].name if len(path.parents) > 3 and path.parents[1].name == "profile" else "local"
         name = path.parent.name if path.parents[1].name == "profile" else path.name.removesuffix(SUFFIX)
         return LocatedSession(name, [path], run)
@@ -49,4 +56,4 @@ def locate_session(path: Path, session: str | None = None) -> LocatedSession:
             return LocatedSession(session, _xplanes(chosen[0]), run)
         newest = sessions[-1]  # XProf names sessions by timestamp, so the last is the newest
         return LocatedSession(newest.name, _xplanes(newest), run)
-    raise ProfileError(f"{path}: no *{SUFFIX} files here or under plugins/profile/<session>/")
+    raise ProfileError(f"{path}: no *{SUFFIX} files (nor *.json[.gz] traces) here or under plugins/profile/<session>/")

@@ -28,6 +28,7 @@ from google.protobuf.message import DecodeError
 from xdiag.errors import ProfileError
 from xdiag.profile import schema, wire
 from xdiag.profile.columns import unique_with_inverse
+from xdiag.profile.trace_json import is_trace_file, read_trace_host
 from xdiag.profile.space import (
     NO_VALUE,
     NUMERIC_STATS,
@@ -589,7 +590,8 @@ def read_session(
             f"profile is {total / 1024**3:.2f} GiB, over the {max_bytes / 1024**3:.2f} GiB limit; "
             "capture a shorter window or raise --max-profile-gib"
         )
-    read = [read_host(path, progress, threads) for path in sorted(paths)]
+    read = [(read_trace_host(path), []) if is_trace_file(path) else read_host(path, progress, threads)
+            for path in sorted(paths)]
     _distinct_host_names(read)
     hosts = [host for host, _ in read]
     modules = [module for _, host_modules in read for module in host_modules]

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from xdiag.analysis.xprof import XPROF_VIEWS_ENV
+from xdiag.profile.trace_json import trace_format
 from xdiag.errors import NotAvailable, XdiagError
 from xdiag.profile.space import Session
 
@@ -45,6 +46,10 @@ def views(session: Session):
         raise NotAvailable(
             "XProf's converters need a /device:* plane; this is a CPU profile (XLA:CPU ops run on host threads)"
         )
+    read_from = trace_format(session)
+    if read_from is not None:
+        raise NotAvailable(f"XProf's converters read *.xplane.pb files; this session was read from a {read_from}, "
+                           "which XProf's views cannot open (Perfetto UI or chrome://tracing can)")
     if "xprof_views" not in session.cache:
         from xdiag.analysis.xprof import XprofViews
 

@@ -1,0 +1,404 @@
+"""Reads Chrome trace JSON (PyTorch Kineto `*.pt.trace.json[.gz]`, and the `trace.json.gz` XProf writes for JAX)
+into the same `HostProfile` the xplane reader makes, so every tool reads it unchanged.
+
+One file is one process (one rank). The file is streamed once (gzip or plain; `ijson`'s C parser), each event
+turned into columns as it arrives, so memory holds the columns, never the decoded JSON.
+
+Kineto traces become planes the way XProf lays out a GPU profile: `/host:CPU` with a line per thread (cpu_op,
+user_annotation incl. `ProfilerStep#N` with its step number, cuda_runtime / cuda_driver calls with their
+correlation id, python_function), and `/device:GPU:N` with a `Stream #S` line per stream (kernels, memcpy,
+memset, with correlation id and `kernel_details`), a `GPU annotations` line and a `Syncs` line (cuda_sync).
+`deviceProperties` become the device planes' stats (name, SMs, memory, compute capability), `distributedInfo`
+the host plane's (rank, world size, backend). XProf's Chrome traces keep their own planes and lines: each process
+is a plane (`/device:TPU:0`, `/host:CPU`), each thread a line, each event's args its stats.
+"""
+
+from __future__ import annotations
+
+import gzip
+import re
+from array import array
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import ijson
+import numpy as np
+
+from xdiag.errors import ProfileError
+from xdiag.profile.space import (
+    NO_VALUE, NUMERIC_STATS, STRING_STATS, HostProfile, Line, Plane, Session, StatColumns, TimeColumn,
+)
+
+TRACE_SUFFIXES = (".trace.json.gz", ".trace.json", ".json.gz", ".json")
+KINETO = "PyTorch Kineto trace (Chrome trace JSON)"
+XPROF_CHROME = "XProf Chrome trace (trace.json)"
+FORMAT_STAT = "trace_format"
+"""Host-plane stat naming the format a trace file was read from (absent for xplanes)."""
+
+_DEVICE_CATEGORIES = {"kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset", "gpu_user_annotation", "cuda_sync"}
+"""Kineto categories that happen on the GPU (lower-cased: old traces write `Kernel`, `Memcpy`, `Memset`)."""
+_SKIPPED_CATEGORIES = {"trace"}  # the profiler's own span over the whole capture
+_PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+)$")
+_TOP_KEYS = ("deviceProperties", "distributedInfo")
+"""The top-level keys read beside the events: each costs a parse of the file until it is found (Kineto writes them
+first), so only what the analyses use."""
+_CHUNK = 1 << 20
+
+
+def is_trace_file(path: Path) -> bool:
+    return path.name.endswith(TRACE_SUFFIXES)
+
+
+def trace_format(session: Session) -> str | None:
+    """The trace format the session's files were read from (KINETO, XPROF_CHROME); None for xplanes."""
+    for plane in session.host_planes():
+        if plane.stats.get(FORMAT_STAT):
+            return str(plane.stats[FORMAT_STAT])
+    return None
+
+
+def _ps(value: Any) -> int:
+    """µs (int, or Decimal with up to six fractional digits: ps) to integer ps, exactly."""
+    if isinstance(value, int):
+        return value * 1_000_000
+    if isinstance(value, Decimal):
+        return int(value * 1_000_000)
+    if isinstance(value, str):
+        return int(Decimal(value) * 1_000_000)
+    return int(round(float(value) * 1_000_000))
+
+
+class _LineColumns:
+    """One line's events as they arrive: name ids, start and duration (ps from the file's base), sparse stats."""
+
+    def __init__(self, line_id: int, name: str):
+        self.id, self.name = line_id, name
+        self.names, self.starts, self.durations = array("l"), array("q"), array("q")
+        self.numeric: dict[str, tuple[array, array]] = {}
+        self.strings: dict[str, tuple[array, array]] = {}
+
+    def add(self, name_id: int, start_ps: int, duration_ps: int) -> int:
+        self.names.append(name_id)
+        self.starts.append(start_ps)
+        self.durations.append(duration_ps)
+        return len(self.names) - 1
+
+    def put(self, table: dict, stat: str, index: int, value: int) -> None:
+        if stat not in table:
+            table[stat] = (array("q"), array("q"))
+        table[stat][0].append(index)
+        table[stat][1].append(value)
+
+    def earliest_ps(self) -> int | None:
+        return min(self.starts) if len(self.starts) else None
+
+    def line(self, base_ns: int, shift_ps: int) -> Line:
+        """The finished line, its times `shift_ps` later (so none is before the line's timestamp)."""
+        count = len(self.names)
+        numeric, strings = StatColumns(count, NO_VALUE, np.int64), StatColumns(count, -1, np.int32)
+        for table, columns in ((self.numeric, numeric), (self.strings, strings)):
+            for stat, (index, values) in table.items():
+                columns.put(stat, np.frombuffer(index, np.int64).astype(np.int32), np.frombuffer(values, np.int64))
+        metadata = np.frombuffer(self.names, np.int64) if count else np.empty(0, np.int64)
+        top = int(metadata.max()) if count else 0
+        metadata = metadata.astype(np.uint8 if top < 2**8 else np.uint16 if top < 2**16 else np.int32)
+        return Line(self.id, self.name, self.name, base_ns, metadata,
+                    TimeColumn.pack(np.frombuffer(self.starts, np.int64) + shift_ps),
+                    TimeColumn.pack(np.frombuffer(self.durations, np.int64).copy()), numeric, strings)
+
+
+class _PlaneColumns:
+    def __init__(self, plane_id: int, name: str):
+        self.id, self.name = plane_id, name
+        self.names: dict[str, int] = {}
+        self.metadata_stats: dict[int, dict[str, object]] = {}
+        self.strings: dict[str, int] = {}
+        self.lines: dict[object, _LineColumns] = {}
+        self.stats: dict[str, object] = {}
+
+    def name_id(self, name: str) -> int:
+        found = self.names.get(name)
+        if found is None:
+            found = self.names[name] = len(self.names)
+        return found
+
+    def string_id(self, text: str) -> int:
+        found = self.strings.get(text)
+        if found is None:
+            found = self.strings[text] = len(self.strings)
+        return found
+
+    def line(self, key: object, name: str) -> _LineColumns:
+        found = self.lines.get(key)
+        if found is None:
+            found = self.lines[key] = _LineColumns(len(self.lines), name)
+        return found
+
+    def earliest_ps(self) -> int | None:
+        starts = [found for line in self.lines.values() if (found := line.earliest_ps()) is not None]
+        return min(starts) if starts else None
+
+    def plane(self, host: str, base_ns: int, shift_ps: int, line_names: dict[object, str]) -> Plane:
+        lines = []
+        for key, columns in self.lines.items():
+            columns.name = line_names.get(key, columns.name)
+            lines.append(columns.line(base_ns, shift_ps))
+        return Plane(self.id, self.name, host, {v: k for k, v in self.names.items()}, {}, self.metadata_stats,
+                     self.stats, list(self.strings), lines)
+
+
+def _int(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError, ArithmeticError):
+        try:
+            return int(Decimal(str(value)))
+        except ArithmeticError:
+            return None
+
+
+def _kernel_details(args: dict) -> str | None:
+    """The launch facts in XProf's `kernel_details` form ("regs:38 shm:0 grid:160,1,1 block:256,1,1 occ_pct:50")."""
+    parts = []
+    for key, label in (("registers per thread", "regs"), ("shared memory", "shm")):
+        if args.get(key) is not None:
+            parts.append(f"{label}:{args[key]}")
+    for key in ("grid", "block"):
+        if isinstance(args.get(key), list):
+            parts.append(f"{key}:{','.join(str(v) for v in args[key])}")
+    if args.get("est. achieved occupancy %") is not None:
+        parts.append(f"occ_pct:{args['est. achieved occupancy %']}")
+    return " ".join(parts) or None
+
+
+class _TraceBuilder:
+    """Turns streamed events into planes: Kineto's categories into XProf's layout, XProf's own processes as they are."""
+
+    def __init__(self):
+        self.planes: dict[object, _PlaneColumns] = {}
+        self.process_names: dict[object, str] = {}
+        self.thread_names: dict[tuple[object, object], str] = {}
+        self.base_us: int | None = None
+        self.events = 0
+        self.kineto_events = 0
+        self.flows = 0
+
+    def _plane(self, key: object, name: str) -> _PlaneColumns:
+        found = self.planes.get(key)
+        if found is None:
+            found = self.planes[key] = _PlaneColumns(len(self.planes) + 1, name)
+        return found
+
+    def add(self, event: dict) -> None:
+        phase = event.get("ph")
+        if phase == "M":
+            args = event.get("args") or {}
+            if event.get("name") == "process_name":
+                self.process_names[event.get("pid")] = str(args.get("name", ""))
+            elif event.get("name") == "thread_name":
+                self.thread_names[(event.get("pid"), event.get("tid"))] = str(args.get("name", ""))
+            return
+        if phase in ("s", "f", "t"):
+            self.flows += 1
+            return
+        if phase != "X" or "ts" not in event:
+            return  # instant, counter and async events carry no duration the analyses use
+        category = str(event.get("cat") or "").lower()
+        if category in _SKIPPED_CATEGORIES:
+            return
+        self.events += 1
+        if self.base_us is None:
+            self.base_us = int(event["ts"])
+        start = _ps(event["ts"]) - self.base_us * 1_000_000
+        duration = max(0, _ps(event.get("dur", 0)))
+        args = event.get("args") or {}
+        name = str(event.get("name", ""))
+        if category:
+            self.kineto_events += 1
+            self._add_kineto(event, category, name, start, duration, args)
+        else:
+            self._add_xprof(event, name, start, duration, args)
+
+    def _add_kineto(self, event: dict, category: str, name: str, start: int, duration: int, args: dict) -> None:
+        if category in _DEVICE_CATEGORIES:
+            device = _int(args.get("device"))
+            if device is None:
+                device = _int(event.get("pid")) or 0
+            plane = self._plane(("device", device), f"/device:GPU:{device}")
+            if category == "gpu_user_annotation":
+                line = plane.line("annotations", "GPU annotations")
+            elif category == "cuda_sync":
+                line = plane.line("syncs", "Syncs")
+            else:
+                stream = _int(args.get("stream"))
+                if stream is None:
+                    stream = _int(str(event.get("tid", "0")).rsplit(" ", 1)[-1]) or 0
+                line = plane.line(("stream", stream), f"Stream #{stream}")
+            index = line.add(plane.name_id(name), start, duration)
+            correlation = _int(args.get("correlation"))
+            if correlation is not None:
+                line.put(line.numeric, "correlation_id", index, correlation)
+            details = _kernel_details(args) if category == "kernel" else None
+            if details:
+                line.put(line.strings, "kernel_details", index, plane.string_id(details))
+            return
+        plane = self._plane("host", "/host:CPU")
+        pid, tid = event.get("pid"), event.get("tid")
+        line = plane.line((pid, tid), f"thread {tid}")
+        index = line.add(plane.name_id(name), start, duration)
+        step = _PROFILER_STEP.match(name)
+        if step:
+            line.put(line.numeric, "step_num", index, int(step.group(1)))
+        correlation = _int(args.get("correlation"))
+        if correlation is not None:
+            line.put(line.numeric, "correlation_id", index, correlation)
+
+    def _add_xprof(self, event: dict, name: str, start: int, duration: int, args: dict) -> None:
+        pid, tid = event.get("pid"), event.get("tid")
+        plane = self._plane(("process", pid), self.process_names.get(pid) or f"process {pid}")
+        line = plane.line((pid, tid), f"thread {tid}")
+        name_id = plane.name_id(name)
+        index = line.add(name_id, start, duration)
+        if name_id not in plane.metadata_stats and args:
+            # XProf writes an op's cost (flops, bytes_accessed, hlo_category) on every event; the plane keeps it once.
+            plane.metadata_stats[name_id] = {k: _number_or_text(v) for k, v in args.items()
+                                             if k not in ("long_name", "source_stack", "memory_access_breakdown")}
+        for key, value in args.items():
+            if key in NUMERIC_STATS:
+                number = _int(value)
+                if number is not None:
+                    line.put(line.numeric, key, index, number)
+            elif key in STRING_STATS:
+                line.put(line.strings, key, index, plane.string_id(str(value)))
+
+    def host(self, path: Path, top: dict[str, Any]) -> HostProfile:
+        if not self.events:
+            raise ProfileError(f"{path.name}: a trace with no complete ('X') events; nothing to analyse")
+        kineto = bool(self.kineto_events) or any(key in top for key in _TOP_KEYS)
+        for key, plane in self.planes.items():
+            if key not in ("host",) and not (isinstance(key, tuple) and key[0] == "process"):
+                continue
+            if isinstance(key, tuple):
+                plane.name = self.process_names.get(key[1]) or plane.name
+        self._describe(top, kineto)
+        info = top.get("distributedInfo") or {}
+        rank = info.get("rank")
+        hostname = path.name.removesuffix(next(s for s in TRACE_SUFFIXES if path.name.endswith(s)))
+        if rank is not None and len(str(hostname)) > 40:
+            hostname = f"rank{rank}"
+        # Events are written out of time order (the first one read need not be the earliest): every time is made
+        # relative to the earliest, whole ns, as xplanes' are to their line's timestamp.
+        earliest = min((found for p in self.planes.values() if (found := p.earliest_ps()) is not None), default=0)
+        earliest_ns = earliest // 1000
+        base_ns = (self.base_us or 0) * 1000 + earliest_ns
+        planes = sorted((p.plane(hostname, base_ns, -earliest_ns * 1000, self.thread_names)
+                         for p in self.planes.values()), key=lambda p: p.id)
+        warnings = [] if self.events else ["no complete events"]
+        return HostProfile(hostname=hostname, path=path, size_bytes=path.stat().st_size, planes=planes, errors=[],
+                           warnings=warnings)
+
+    def _describe(self, top: dict[str, Any], kineto: bool) -> None:
+        """The format, the rank and the devices' properties as plane stats, in the names XProf's planes use."""
+        host = self.planes.get("host") or next((p for p in self.planes.values() if p.name == "/host:CPU"), None)
+        if host is None:
+            host = self._plane("host", "/host:CPU")
+        host.stats[FORMAT_STAT] = KINETO if kineto else XPROF_CHROME
+        info = top.get("distributedInfo") or {}
+        for key in ("rank", "world_size", "backend"):
+            if info.get(key) is not None:
+                host.stats[f"distributed_{key}"] = info[key] if key == "backend" else int(info[key])
+        properties = {int(p["id"]): p for p in top.get("deviceProperties") or [] if isinstance(p, dict) and "id" in p}
+        devices = {key: plane for key, plane in self.planes.items() if isinstance(key, tuple) and key[0] == "device"}
+        for key, plane in devices.items():
+            found = properties.get(key[1])
+            if found is None and len(properties) == 1 and len(devices) == 1:
+                found = next(iter(properties.values()))  # the one device described is the one used (renumbered)
+            if found is None:
+                continue
+            name = str(found.get("name", ""))
+            amd = "AMD" in name or "warpSize" in found and int(found["warpSize"]) == 64
+            plane.stats.update({
+                "gpu_device_name": name, "device_vendor": "AMD" if amd else "Nvidia",
+                "core_count": _int(found.get("numSms")), "memory_size": _int(found.get("totalGlobalMem")),
+                "compute_cap_major": _int(found.get("computeMajor")), "compute_cap_minor": _int(found.get("computeMinor")),
+            })
+            plane.stats = {k: v for k, v in plane.stats.items() if v is not None}
+
+
+def _number_or_text(value: Any) -> object:
+    if isinstance(value, Decimal):
+        return float(value)
+    if isinstance(value, (int, float)):
+        return value
+    text = str(value)
+    try:
+        return int(text)
+    except ValueError:
+        try:
+            return float(text)
+        except ValueError:
+            return text
+
+
+def _opened(path: Path):
+    with path.open("rb") as probe:
+        magic = probe.read(2)
+    return gzip.open(path, "rb") if magic == b"\x1f\x8b" else path.open("rb")
+
+
+def _first_byte(path: Path) -> bytes:
+    with _opened(path) as handle:
+        try:
+            head = handle.read(4096)
+        except (OSError, EOFError) as exc:
+            raise ProfileError(f"{path.name}: not a readable gzip file ({exc})") from None
+    stripped = head.lstrip()
+    if stripped.startswith(b"\xef\xbb\xbf"):
+        stripped = stripped[3:].lstrip()
+    return stripped[:1]
+
+
+def read_trace_host(path: Path) -> HostProfile:
+    """Reads one Kineto or XProf Chrome trace file (plain or gzip) in one streamed pass; raises ProfileError when it
+    is neither (not JSON, or JSON without `traceEvents`)."""
+    if not path.exists():
+        raise ProfileError(f"{path}: no such file")
+    if path.stat().st_size == 0:
+        raise ProfileError(f"{path.name}: empty file (0 bytes); the capture wrote nothing")
+    first = _first_byte(path)
+    if first not in (b"{", b"["):
+        raise ProfileError(f"{path.name}: neither an XProf profile nor a Chrome/Kineto trace (it is not JSON: it "
+                           f"starts with {first!r})")
+    builder = _TraceBuilder()
+    events: list = ijson.sendable_list()
+    events_parser = ijson.items_coro(events, "item" if first == b"[" else "traceEvents.item")
+    top_values = {key: ijson.sendable_list() for key in (_TOP_KEYS if first == b"{" else ())}
+    searching = {key: ijson.items_coro(values, key) for key, values in top_values.items()}
+    try:
+        with _opened(path) as handle:
+            while chunk := handle.read(_CHUNK):
+                events_parser.send(chunk)
+                for key in list(searching):
+                    searching[key].send(chunk)
+                    if top_values[key]:
+                        del searching[key]  # a key appears once: its parser stops as soon as it has it
+                for event in events:
+                    if isinstance(event, dict):
+                        builder.add(event)
+                del events[:]
+            for parser in (events_parser, *searching.values()):
+                parser.close()
+            for event in events:
+                if isinstance(event, dict):
+                    builder.add(event)
+    except ijson.common.IncompleteJSONError as exc:
+        raise ProfileError(f"{path.name}: not a complete JSON trace ({str(exc).strip()[:200]}); the file may be "
+                           "truncated") from None
+    except (OSError, EOFError) as exc:
+        raise ProfileError(f"{path.name}: unreadable ({exc})") from None
+    top = {key: values[0] for key, values in top_values.items() if values}
+    if first == b"{" and not builder.events and not builder.process_names:
+        raise ProfileError(f"{path.name}: JSON without trace events (no 'traceEvents'): neither an XProf profile "
+                           "nor a Chrome/Kineto trace")
+    return builder.host(path, top)
