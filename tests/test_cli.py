@@ -56,6 +56,7 @@ def _folder(folder: Path, name: str) -> Path:
         (lambda d: _folder(d, "empty-dir"), "no *.xplane.pb files"),
         (lambda d: _file(d, "e.xplane.pb", b""), "empty file (0 bytes)"),
         (lambda d: _file(d, "r.xplane.pb", os.urandom(3000)), "xdiag: r.xplane.pb"),
+        (lambda d: _file(d, "config.json", b'{"lr": 0.1}'), "neither an XProf profile nor a Chrome/Kineto trace"),
     ],
 )
 def test_bad_input_exits_non_zero_with_one_line_reason(tmp_path, make, message):

@@ -12,7 +12,7 @@ from typing import Any
 class Context:
     platform: str  # TPU | GPU | CPU
     vendor: str | None  # Google | NVIDIA | AMD
-    framework: str | None  # JAX | TensorFlow | PyTorch/XLA
+    framework: str | None  # JAX | TensorFlow | PyTorch/XLA | PyTorch (eager, from a Kineto trace)
 
     @property
     def rocm(self) -> bool:
@@ -38,6 +38,10 @@ def compile_whole_step(ctx: Context) -> str:
                 "TF_XLA_FLAGS=--tf_xla_auto_jit=2 for auto-clustering), so the elementwise chains fuse into one kernel")
     if ctx.framework == "PyTorch/XLA":
         return "keep the step inside one traced graph (no .item()/prints between ops; torch_xla.compile around the step)"
+    if ctx.framework == "PyTorch":
+        return ("torch.compile the model (or the whole train step) so its elementwise chains fuse into few kernels, and "
+                "capture the step in a CUDA graph (torch.compile(mode=\"reduce-overhead\"), or torch.cuda.graphs) so it "
+                "launches once instead of once per kernel")
     return ("put the whole step under one jax.jit so it is one compiled program that XLA fuses into a few kernels; "
             "avoid eager jnp calls in the loop; hoist Python-side loops into lax.scan/fori_loop")
 
@@ -95,6 +99,10 @@ def transfer_fix(ctx: Context, peak_memory_gib: float | None, capacity_gib: floa
                 + fits + ", offload fewer or smaller arrays (bf16, only what does not fit), offload less often, and "
                 "give each offload a longer compute phase to overlap with (more work per transferred byte); in JAX "
                 "the offload is chosen by memory kinds (pinned_host) and jax.checkpoint offload policies")
+    if ctx.framework == "PyTorch":
+        return ("move fewer bytes between host and device: keep tensors resident on the GPU" + fits + "; where a batch "
+                "must cross, use a DataLoader with pin_memory=True and tensor.to(device, non_blocking=True), so the "
+                "copy runs from pinned memory and overlaps compute instead of blocking")
     if ctx.platform == "GPU":
         return ("move fewer bytes between host and device: keep tensors resident" + fits + ", use pinned host "
                 "memory and asynchronous copies on a separate stream so they overlap compute, and batch small "
@@ -130,7 +138,9 @@ def sync_fix(ctx: Context, wait_event: str | None, callbacks: bool) -> str:
                      "longer than the device work it waits for, the time goes to the runtime's completion path, "
                      "not the device")
     else:
-        fetch = {"TensorFlow": ".numpy()/float() on tensors", "PyTorch/XLA": ".item()/.cpu()/print on tensors"}.get(
+        fetch = {"TensorFlow": ".numpy()/float() on tensors", "PyTorch/XLA": ".item()/.cpu()/print on tensors",
+                 "PyTorch": ".item()/.cpu()/print on tensors and torch.cuda.synchronize() calls (with "
+                            "torch.cuda.set_sync_debug_mode(\"warn\") naming each hidden one)"}.get(
             ctx.framework or "", ".item()/float()/np.asarray()/jax.device_get on device arrays")
         parts.append(f"remove per-step {fetch}; accumulate metrics on the device and fetch them every N steps "
                      "(or asynchronously)")
@@ -141,9 +151,68 @@ def sync_fix(ctx: Context, wait_event: str | None, callbacks: bool) -> str:
 
 def warm_up_fix(ctx: Context) -> str:
     """How to keep a one-time first-call cost out of the measured steps."""
+    if ctx.framework == "PyTorch":
+        return ("run warm-up iterations before the measured ones (torch.profiler.schedule(wait=1, warmup=2, active=N)), "
+                "so CUDA context creation, lazy module loading, cuDNN autotuning and allocator growth are paid "
+                "outside them")
     if ctx.framework == "TensorFlow":
         return ("run one warm-up step before the measured loop (and before starting the profiler), so tf.function "
                 "tracing, autotuning and allocation are paid outside it")
     return ("run one warm-up call before the measured loop (and before starting the profiler), or compile ahead of "
             "time (jax.jit(f).lower(*args).compile()); a persistent compilation cache "
             "(jax_compilation_cache_dir) keeps compilation out of later runs")
+
+
+def more_work_per_step(ctx: Context) -> str:
+    """When fixed per-step costs dominate a small step."""
+    if ctx.framework == "PyTorch":
+        return ("Give each step more work: a larger batch per step, or capture the step in a CUDA graph "
+                "(torch.compile(mode=\"reduce-overhead\")) so its fixed launch cost is paid once; keep the data on the "
+                "GPU between steps.")
+    return ("Give each step more work: a larger batch per step, several micro-steps inside one jitted function "
+            "(jax.lax.scan or fori_loop over steps), or fewer, larger devices; keep the data on the device between steps.")
+
+
+def static_shapes(ctx: Context) -> str:
+    """When programs are compiled again inside the measured steps."""
+    if ctx.framework == "PyTorch":
+        return ("Keep shapes static for torch.compile: pad or bucket variable-length batches to a few sizes, mark "
+                "dimensions that do vary with torch._dynamo.mark_dynamic (or dynamic=True); TORCH_LOGS=recompiles "
+                "says which guard failed.")
+    return ("Keep shapes static: pad or bucket variable-length batches to a few sizes, mark true constants with "
+            "static_argnums, avoid passing changing Python scalars; check with jax.log_compiles / "
+            "jax.explain_cache_misses which argument triggers it.")
+
+
+def feed_input(ctx: Context) -> str:
+    """When the device waits for host work (input, Python) between its work."""
+    if ctx.framework == "PyTorch":
+        return ("Move input work off the critical path: DataLoader(num_workers=N, pin_memory=True, "
+                "persistent_workers=True, prefetch_factor=2+), copies with non_blocking=True; where the host is "
+                "busy launching eager ops, torch.compile the model and capture the step in a CUDA graph; "
+                "optimizer.zero_grad(set_to_none=True) and fused optimizers (foreach/fused=True) cut per-parameter "
+                "host work.")
+    return ("Move input work off the critical path: prefetch and preprocess batches in background workers "
+            "(tf.data / grain / a DataLoader with workers and prefetch), put batches on the device ahead of use "
+            "(jax.device_put of the next batch while this one runs), and move per-step numpy work into the jitted step.")
+
+
+def communicate_less(ctx: Context) -> str:
+    """The general levers when collectives are not hidden behind compute."""
+    if ctx.framework == "PyTorch":
+        return ("communicate less or overlap it: larger per-GPU batch (more compute per byte sent), DDP with "
+                "gradient buckets sized to overlap the backward pass (bucket_cap_mb) and "
+                "gradient_as_bucket_view=True, FSDP/ZeRO sharding instead of replication, bf16 gradient "
+                "all-reduce (a DDP comm hook), and gradient accumulation with no_sync() between all-reduces")
+    return ("communicate less or overlap it: larger per-device batch (more compute per byte sent), shard "
+            "parameters/optimizer state (FSDP/ZeRO) instead of replicating, all-reduce gradients in bf16, and let "
+            "XLA overlap collectives with compute (async collectives, latency-hiding scheduler)")
+
+
+def cut_peak_memory(ctx: Context) -> str:
+    """When peak memory is near capacity."""
+    if ctx.framework == "PyTorch":
+        return ("Cut peak memory: activation checkpointing (torch.utils.checkpoint), bf16 autocast, FSDP sharding "
+                "of parameters and optimizer state, optimizer.zero_grad(set_to_none=True).")
+    return ("Cut peak memory: activation checkpointing (jax.checkpoint / remat), donate buffers "
+            "(donate_argnums), shard optimizer state, lower precision for activations.")

@@ -174,8 +174,7 @@ def _hypotheses(health: dict[str, Any], results: dict[str, ToolResult]) -> list[
                     _ev("get_utilization_viewer", "busy_percent_mean", _s(results, "get_utilization_viewer").get("busy_percent_mean"))],
             f"Throughput per step can grow ~{100 / max(compute, 1):.3g}× before the device becomes the limit "
             f"(device busy {compute}% now).",
-            "Give each step more work: a larger batch per step, several micro-steps inside one jitted function "
-            "(jax.lax.scan or fori_loop over steps), or fewer, larger devices; keep the data on the device between steps.",
+            advice.more_work_per_step(_context(results)),
         ))
 
     # Op-by-op dispatch: many small jitted dispatches per step.
@@ -213,9 +212,7 @@ def _hypotheses(health: dict[str, Any], results: dict[str, ToolResult]) -> list[
             "function is being retraced, typically because an input shape, dtype or a static argument changes.",
             ev,
             _saving(step_ms, compile_pct),
-            "Keep shapes static: pad or bucket variable-length batches to a few sizes, mark true constants with "
-            "static_argnums, avoid passing changing Python scalars; check with jax.log_compiles / "
-            "jax.explain_cache_misses which argument triggers it.",
+            advice.static_shapes(_context(results)),
             follow_up=("aggregate_xplane_events", {"pattern": r"compile|lower_sharding_computation|lower_jaxpr"}),
             extra_evidence=_events_evidence,
         ))
@@ -287,9 +284,7 @@ def _hypotheses(health: dict[str, Any], results: dict[str, ToolResult]) -> list[
             base + [_ev("get_step_trace", "host_other_percent", host_other),
                     _ev("get_step_trace", "device_idle_percent", step.get("device_idle_percent"))],
             _saving(step_ms, host_other),
-            "Move input work off the critical path: prefetch and preprocess batches in background workers "
-            "(tf.data / grain / a DataLoader with workers and prefetch), put batches on the device ahead of use "
-            "(jax.device_put of the next batch while this one runs), and move per-step numpy work into the jitted step.",
+            advice.feed_input(_context(results)),
             follow_up=("aggregate_xplane_events", {"pattern": ".", "line": "python"}),
             extra_evidence=_events_evidence,
         ))
@@ -311,7 +306,7 @@ def _hypotheses(health: dict[str, Any], results: dict[str, ToolResult]) -> list[
             f"{collective}% of the step only communicating; compute per device is too small to hide it.",
             ev,
             _saving(step_ms, collective),
-            _sentence(_collective_fix(ops[0] if ops else None, step, health)),
+            _sentence(_collective_fix(ops[0] if ops else None, step, health, _context(results))),
             follow_up=("get_hlo_neighborhood", {"op": ops[0]["op"], "module": ops[0]["module"]}) if ops and ops[0].get("module") else None,
             extra_evidence=_neighborhood_evidence,
         ))
@@ -333,8 +328,7 @@ def _hypotheses(health: dict[str, Any], results: dict[str, ToolResult]) -> list[
              _ev("get_memory_profile", "capacity_gib", mem.get("capacity_gib")),
              _ev("get_memory_profile", "headroom_percent", mem.get("headroom_percent"))],
             "Avoids an out-of-memory failure as batch or sequence length grows.",
-            "Cut peak memory: activation checkpointing (jax.checkpoint / remat), donate buffers "
-            "(donate_argnums), shard optimizer state, lower precision for activations.",
+            advice.cut_peak_memory(_context(results)),
         ))
 
     # A straggler: the participant the others wait for at the collectives, named with its own cause.
@@ -450,12 +444,10 @@ def _array_bytes(shape: str) -> int | None:
     return _DTYPE_BYTES[match.group(1)] * math.prod(int(d) for d in match.group(2).split(",") if d)
 
 
-def _collective_fix(top: dict | None, step: dict[str, Any], health: dict[str, Any]) -> str:
+def _collective_fix(top: dict | None, step: dict[str, Any], health: dict[str, Any], ctx: advice.Context) -> str:
     """What the top collective's own row shows: how often it runs per device and step, inside a loop or not,
     and which operand carries its bytes; the general levers only where the row shows nothing more."""
-    generic = ("communicate less or overlap it: larger per-device batch (more compute per byte sent), shard "
-               "parameters/optimizer state (FSDP/ZeRO) instead of replicating, all-reduce gradients in bf16, and let "
-               "XLA overlap collectives with compute (async collectives, latency-hiding scheduler)")
+    generic = advice.communicate_less(ctx)
     if not top:
         return generic
     parts = []

@@ -69,6 +69,7 @@ from xdiag.pipeline.topics import (
     tools_collection,
 )
 from xdiag.profile.space import Session
+from xdiag.profile.trace_json import trace_format
 from xdiag.tools import BROAD_TOOLS, FOLLOW_UP_TOOLS, REGISTRY
 from xdiag.tools import run_tool as execute_tool
 from xdiag.tools.registry import validate_args
@@ -101,6 +102,7 @@ def describe(session: Session) -> dict[str, Any]:
         "events": session.event_count,
         "hlo_modules": len(session.hlo_modules),
         "warnings": [w for h in session.hosts for w in h.warnings][:5],
+        "format": trace_format(session) or "XProf XSpace (*.xplane.pb)",
     }
 
 

@@ -367,6 +367,8 @@ def read_trace_host(path: Path) -> HostProfile:
     if path.stat().st_size == 0:
         raise ProfileError(f"{path.name}: empty file (0 bytes); the capture wrote nothing")
     first = _first_byte(path)
+    if not first:
+        raise ProfileError(f"{path.name}: empty trace (nothing but whitespace once decompressed)")
     if first not in (b"{", b"["):
         raise ProfileError(f"{path.name}: neither an XProf profile nor a Chrome/Kineto trace (it is not JSON: it "
                            f"starts with {first!r})")

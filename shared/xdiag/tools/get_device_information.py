@@ -5,6 +5,7 @@ from __future__ import annotations
 from xdiag.analysis.device_peaks import session_peaks
 from xdiag.analysis.timeline import op_table
 from xdiag.profile.space import Session
+from xdiag.profile.trace_json import KINETO, trace_format
 from xdiag.tools.common import HOST_PLANE_SOURCE, try_view
 from xdiag.tools.registry import ToolOutput, tool
 
@@ -68,6 +69,8 @@ def get_device_information(session: Session) -> ToolOutput:
 
 def framework(session: Session) -> str | None:
     """The framework that produced the profile, from what it left in the trace; None when nothing says."""
+    if trace_format(session) == KINETO:
+        return "PyTorch"  # eager PyTorch: Kineto traces come from torch.profiler (PyTorch/XLA writes xplanes)
     names = {m.name for m in session.hlo_modules}
     if any(n.startswith("SyncTensorsGraph") for n in names):
         return "PyTorch/XLA"
