@@ -422,6 +422,18 @@ _ELEMENTWISE_KERNELS = ("eigenmetakernel", "tensorflow::functor::", "elementwise
 _CONVOLUTION_KERNELS = ("cudnn::detail::dgrad", "cudnn::detail::wgrad", "implicit_convolve", "conv2d_grouped_direct",
                         "convolve_sgemm", "_fprop_", "_dgrad_", "_wgrad_", "miopensp3asmconv", "naive_conv")
 """cuDNN/MIOpen convolution kernels (forward, data and weight gradients) as eager frameworks launch them."""
+_KERNEL_NAME_CATEGORIES = (
+    ("collective", ("all_reduce", "all_gather", "allgather", "reduce_scatter", "alltoall", "all_to_all")),
+    ("convolution", _CONVOLUTION_KERNELS + ("scudnn", "winograd", "_alg0_engine", "_alg1_engine")),
+    ("reduction", ("reduce_kernel", "bn_fw_", "bn_bw_", "batch_norm", "layer_norm", "rms_norm", "rmsnorm", "softmax",
+                   "welford", "triton_red_", "triton_per_")),
+    ("data_movement", ("catarraybatchedcopy", "batched_transpose", "nchwtonhwc", "nhwctonchw", "indexselect",
+                       "index_select", "gather_kernel", "scatter_kernel")),
+    ("elementwise", ("multi_tensor_apply", "triton_poi_")),
+    ("matmul", ("nvjet", "fmha", "flash_fwd", "flash_bwd", "flash_attn", "triton_tem_")),
+)
+"""Kernels an eager framework (PyTorch, its libraries and Inductor's Triton kernels) launches, by what their names
+say they do; checked in this order, before the generic rules (a split-K GEMM's reduce is a reduction)."""
 
 
 def _category_from_name(name: str) -> str:
@@ -437,8 +449,9 @@ def _category_from_name(name: str) -> str:
         return "collective"
     if "callback" in base:
         return "host_callback"
-    if any(k in base for k in _CONVOLUTION_KERNELS):
-        return "convolution"
+    for category, parts in _KERNEL_NAME_CATEGORIES:
+        if any(part in base for part in parts):
+            return category
     if base.startswith(("dot", "gemm", "cublas", "cijk_", "bmm_")) or any(k in base for k in ("matmul", "gemm", "xmma", "cutlass", "wgmma")):
         return "matmul"  # cijk_: Tensile/hipBLASLt GEMMs (ROCm); bmm_: cuBLASLt batched GEMMs
     if base.startswith(("convolution", "conv")):
