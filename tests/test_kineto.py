@@ -208,8 +208,9 @@ READINGS: dict[str, Reading] = {
         also=("collectives",)),
     "kineto_HTA_ns_resolution_resnet_V100_rank0.pt.trace.json.gz": Reading(
         "ResNet training on one V100 (ns-resolution timestamps): five steps (35, 72, then ~95.6 ms: the first two "
-        "are cut by the capture), the GPU busy 98.4% of them. Device-bound: the step is the GPU's work.",
-        "OPTIMAL", None, 5, 78.83, {"compute": 96.52, "transfer": 0.93}),
+        "are cut by the capture), the GPU busy 98.4% of them. Device-bound: the step is the GPU's work; with no FLOPs "
+        "for its kernels (not yet counted from the CPU ops' input shapes) OPTIMAL cannot be shown, and nothing is found.",
+        "NEEDS_ATTENTION", None, 5, 78.83, {"compute": 96.52, "transfer": 0.93}),
     "kineto_HTA_trace_diff_control_A100x8.json.gz": Reading(
         "Rank 3 of 8 (A100, FBGEMM embeddings): six 77.5 ms steps; the GPU computes 60.5% and only communicates "
         "18.9% (NCCL send/recv is 26% of GPU op time): exposed communication is the largest loss.",
@@ -222,8 +223,9 @@ READINGS: dict[str, Reading] = {
         step_source="repeating op sequence"),
     "kineto_TraceLens_h100_Qwen1.5-0.5B-Chat.json.gz": Reading(
         "Qwen1.5-0.5B inference on an H100, one 47.2 ms step: the GPU computes 91.4% of it (bf16 GEMMs on "
-        "Tensor Cores); nothing to fix at this level.",
-        "OPTIMAL", None, 1, 47.15, {"compute": 91.35}),
+        "Tensor Cores); over half of the kernel time is eager elementwise kernels (unfused_kernels: torch.compile "
+        "would fuse them).",
+        "NEEDS_ATTENTION", "unfused_kernels", 1, 47.15, {"compute": 91.35}),
     "kineto_TraceLens_h100_bert-small.json.gz": Reading(
         "bert-small inference on an H100, one 4.43 ms step of 61 kernels: the GPU computes 6.9% of it; the host "
         "(Python and 60 launches) takes the rest.",
@@ -235,8 +237,8 @@ READINGS: dict[str, Reading] = {
     "kineto_TraceLens_mi300x_sglang_Qwen3-8B_prefilldecode.json.gz": Reading(
         "SGLang serving Qwen3-8B on one MI300X, no ProfilerStep: 39 repetitions of a 14-kernel decode unit "
         "(12.7 ms), the GPU busy 99.8% of them (hipBLASLt GEMMs lead); the capture's idle half is the 493 ms "
-        "before the first request.",
-        "OPTIMAL", None, 39, 12.67, {"compute": 99.75}, step_source="repeating op sequence"),
+        "before the first request. No FLOPs for its kernels yet, so OPTIMAL cannot be shown; nothing is found.",
+        "NEEDS_ATTENTION", None, 39, 12.67, {"compute": 99.75}, step_source="repeating op sequence"),
     "kineto_pytorch-kineto_tbplugin_resnet50_V100.pt.trace.json.gz": Reading(
         "The TensorBoard plugin's ResNet-50 sample (V100, the old Kineto format): six 174.8 ms steps; the GPU is "
         "busy 60.6%; the rest is the single-process DataLoader (_SingleProcessDataLoaderIter.__next__: 416 ms "
