@@ -14,7 +14,7 @@ from html.parser import HTMLParser
 import pytest
 from xdiag.model import Analysis, Diagnosis, Evidence, Finding, FollowUpCall, Status, ToolResult, ToolStatus
 from xdiag.report import render_summary_html
-from xdiag.report.format import format_number, humanize_key, table
+from xdiag.report.format import Cell, format_number, humanize_key, key_values, table
 from xdiag.report.viewer_links import viewer_url
 
 XSS = "<script>alert(1)</script>"
@@ -348,6 +348,25 @@ from xdiag.report.format import Limits, format_measure, humanize_numbers, measur
 
 TPU_PEAKS = {"platform": "TPU", "device_type": "TPU v6 Lite", "peak_teraflops_per_second": 918.0,
              "peak_hbm_bw_gigabytes_per_second": 1637.99}
+
+
+def test_a_column_named_by_its_unit_is_headed_by_what_it_measures():
+    # A buffer of 5,120 MiB reads "5 GiB": a column headed "MiB" would hold GiB.
+    t = table([{"value": "copy-done", "mib": 5120.0}, {"value": "param", "mib": 0.5}])
+    assert [c.label for c in t.columns] == ["value", "size"]
+    assert [r[1].text for r in t.rows] == ["5 GiB", "512 KiB"]
+
+
+def test_a_name_and_its_measure_read_apart():
+    rows = key_values({"largest_buffer": "copy-done", "largest_buffer_mib": 5120.0, "top_buffer_mib": 128.0})
+    assert [r.label for r in rows] == ["largest buffer", "largest buffer size", "top buffer"]
+
+
+def test_long_names_wrap_at_their_separators_never_inside_a_word():
+    assert Cell(text="tensorflow::functor::FillKernel").segments == ["tensorflow::", "functor::", "FillKernel"]
+    assert Cell(text="top kernel void tensorflow::functor::FillPhiloxRandomKernelLaunch").segments == [
+        "top kernel void tensorflow::", "functor::", "FillPhiloxRandomKernelLaunch"]
+    assert Cell(text="library GEMM (cuBLAS/hipBLASLt)").segments == ["library GEMM (cuBLAS/hipBLASLt)"]
 
 
 @pytest.mark.parametrize(

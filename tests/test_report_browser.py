@@ -73,6 +73,7 @@ def reports(tmp_path_factory, cpu_profiles) -> dict[str, Path]:
         "tpu": _analyse([shared_profile("tpu/tpu_v6e_inference.xplane.pb")], root / "tpu"),
         "gpu": _analyse([shared_profile("gpu/v100x8_tf_bert_worker.xplane.pb")], root / "gpu"),
         "gpu-gemm": _analyse([shared_profile("gpu/mi300x_jax_gemm.xplane.pb")], root / "gpu-gemm"),
+        "gpu-conv": _analyse([shared_profile("gpu/mi300x_jax_conv_8gpu.xplane.pb")], root / "gpu-conv"),
         "multihost-cpu": _analyse(sorted(hosts.glob("*.xplane.pb")), root / "multihost-cpu"),
         "failed": _analyse([shared_profile("bad/tpu_v6e_inference_text_mangled.xplane.pb")], root / "failed"),
     }
@@ -141,6 +142,118 @@ def test_report_fits_a_phone_and_prints(browser, reports, platform):
         page.emulate_media(media="print")
         assert page.pdf(format="A4")[:4] == b"%PDF"
         assert seen["errors"] == []
+    finally:
+        page.close()
+
+
+MIN_CHART_TEXT_PX = 9.0
+
+# The words of the elements `selector` finds that the reader sees cut across lines ("comp ute"): a run of letters
+# and digits has no line-break opportunity (Unicode line breaking), so only a forced break can split it; breaks
+# at punctuation ("f32[5,1024]" / "{1,0}") and at the template's <wbr> are the text's own.
+_BROKEN_WORDS = r"""(selector) => {
+    const broken = [];
+    for (const el of document.querySelectorAll(selector)) {
+        if (el.closest('details:not([open])') || !el.getClientRects().length) continue;
+        const walker = document.createTreeWalker(el, NodeFilter.SHOW_TEXT);
+        for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+            for (const m of node.textContent.matchAll(/[A-Za-z0-9]+/g)) {
+                const range = document.createRange();
+                range.setStart(node, m.index);
+                range.setEnd(node, m.index + m[0].length);
+                const lines = new Set([...range.getClientRects()].filter(r => r.width > 0).map(r => Math.round(r.top)));
+                if (lines.size > 1) broken.push(m[0]);
+            }
+        }
+    }
+    return broken;
+}"""
+
+
+def _chart_text_px(page) -> list[tuple[str, float]]:
+    """Each visible text of the page's charts with the size it is drawn at, in CSS pixels (an SVG drawn 1000
+    units wide in a 305 px box draws 12-unit text at 3.7 px; an axis title is turned, not scaled, by its rotation)."""
+    return page.evaluate("""() => [...document.querySelectorAll('svg.chart text')]
+        .filter(t => t.getClientRects().length && !t.closest('details:not([open])'))
+        .map(t => [t.textContent, parseFloat(getComputedStyle(t).fontSize) * Math.hypot(t.getScreenCTM().a, t.getScreenCTM().b)])""")
+
+
+def _evidence_tables(page) -> list[dict]:
+    """Each evidence table's width against its box's, and whether the box scrolls sideways."""
+    return page.evaluate("""() => [...document.querySelectorAll('table.evidence')].map(t => ({
+        table: t.scrollWidth, box: t.parentElement.clientWidth,
+        scrolls: ['auto', 'scroll'].includes(getComputedStyle(t.parentElement).overflowX)}))""")
+
+
+@pytest.mark.parametrize("width", [DESKTOP, PHONE])
+@pytest.mark.parametrize("platform", ["tpu", "gpu", "gpu-gemm", "gpu-conv", "multihost-cpu"])
+def test_charts_legends_and_evidence_stay_readable(browser, reports, platform, width):
+    """At 1400 and at 390 px: chart text at least 9 px (the chart scrolls rather than shrinks), no legend or
+    evidence word broken across lines, an evidence table wider than its box scrolls in it, the page does not."""
+    page, seen = _open(browser, reports[platform], width)
+    try:
+        sizes = _chart_text_px(page)
+        assert sizes, "the page draws no chart text"
+        small = [(text, round(px, 1)) for text, px in sizes if px < MIN_CHART_TEXT_PX]
+        assert small == [], f"chart text under {MIN_CHART_TEXT_PX} px at {width} px: {small[:5]}"
+        assert page.evaluate(_BROKEN_WORDS, ".legend li") == []
+        assert page.evaluate(_BROKEN_WORDS, "table.evidence td") == []
+        tables = _evidence_tables(page)
+        assert platform == "multihost-cpu" or tables, "no finding with evidence to measure"
+        for t in tables:
+            assert t["table"] <= t["box"] + 1 or t["scrolls"], f"an evidence table is cut at {width} px: {t}"
+        assert page.evaluate("document.documentElement.scrollWidth") <= width + 1
+        assert seen["errors"] == []
+    finally:
+        page.close()
+
+
+_PAGE_FACTS = """() => {
+    const card = label => [...document.querySelectorAll('.metric')].find(m => m.querySelector('.label').textContent === label);
+    const pair = label => [...document.querySelectorAll('section#xprof tr')].find(r => r.cells[0].textContent === label);
+    const idle = card('Device idle'), busy = pair('Device busy');
+    return {
+        cards: [...document.querySelectorAll('.metric .label')].map(l => l.textContent),
+        idle: idle ? idle.querySelector('.value').textContent : null,
+        busy: busy ? busy.cells[1].textContent : null,
+        why: [...document.querySelectorAll('ul.why li')].map(li => li.textContent),
+        kv_labels: [...document.querySelectorAll('dl.kv')].map(dl => [...dl.querySelectorAll('dt')].map(dt => dt.textContent)),
+        headers: [...document.querySelectorAll('th')].map(th => th.textContent),
+        peak_card: card('Peak memory') ? card('Peak memory').innerText : '',
+        memory: document.querySelector('section#memory') ? document.querySelector('section#memory').innerText : '',
+    };
+}"""
+
+
+@pytest.mark.parametrize("platform", ["tpu", "gpu", "gpu-gemm", "gpu-conv", "multihost-cpu"])
+def test_each_fact_has_one_value_on_the_page(browser, reports, platform):
+    """Busy and idle are one fact (busy in the steps is 100% less idle, wherever it is stated); the health check
+    names a figure once (MI300X conv: layout copies, unfused data movement and data movement are the same 53.4%);
+    no two rows of a block read alike, no column is headed by a unit; the memory card's capacity is the memory
+    section's, and an allocator limit below the device's memory is named as such (MI300X: 144 of 192 GiB)."""
+    page, _ = _open(browser, reports[platform], DESKTOP)
+    try:
+        facts = page.evaluate(_PAGE_FACTS)
+        assert "Utilization" not in facts["cards"] and "Device busy" not in facts["cards"]
+        if facts["idle"] and facts["busy"]:
+            idle, busy = float(facts["idle"].rstrip("%")), float(facts["busy"].rstrip("%"))
+            assert busy == pytest.approx(100 - idle, abs=0.06), (facts["idle"], facts["busy"])
+        figures = [f for line in facts["why"] for f in set(re.findall(r"\d[\d.]*%", line))]
+        assert len(figures) == len(set(figures)), facts["why"]
+        for labels in facts["kv_labels"]:
+            assert len(labels) == len(set(labels)), labels
+        assert not {"B", "KiB", "MiB", "GiB", "ms", "µs"} & set(facts["headers"])
+        capacity = re.search(r"capacity\n([\d.]+ [GMT]iB)", facts["memory"])
+        if capacity:
+            assert capacity.group(1) in facts["peak_card"], (capacity.group(1), facts["peak_card"])
+            limit = re.search(r"allocator limit\n([\d.]+ [GMT]iB)", facts["memory"])
+            assert (limit is not None) == ("allocator's" in facts["peak_card"])
+            if limit:
+                assert f"allocator's {limit.group(1)} limit" in facts["peak_card"]
+        if platform == "gpu-gemm":
+            assert "allocator's 144 GiB limit (device memory 192 GiB)" in facts["peak_card"]
+        if platform == "tpu":
+            assert re.search(r"live at once\n20 GiB", facts["memory"]), "the offload's buffers live together"
     finally:
         page.close()
 

@@ -143,7 +143,9 @@ def _unhealthy_reasons(s: dict[str, Any]) -> list[str]:
     if b["compute"] < HEALTHY["compute_percent_min"]:
         reasons.append(f"devices compute {b['compute']}% of step time (< {HEALTHY['compute_percent_min']}%)")
     devices = s.get("devices") or {}
-    if (devices.get("device_busy_percent_min") or 100) < HEALTHY["device_busy_percent_min"]:
+    # One active device is the whole: its busy share is the compute line above, said again another way.
+    if (devices.get("active_devices") or 0) > 1 and (devices.get("device_busy_percent_min") or 100) < HEALTHY[
+            "device_busy_percent_min"]:
         reasons.append(
             f"device {devices.get('least_busy_device')} is busy only {devices['device_busy_percent_min']}% of its steps"
         )

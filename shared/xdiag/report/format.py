@@ -24,7 +24,9 @@ MISSING = "n/a"
 MAX_ROWS = 30
 MAX_CELL_CHARS = 80
 SIGNIFICANT_DIGITS = 3
-_BREAK_AFTER = re.compile(r"(?<=[,/_])")
+_BREAK_AFTER = re.compile(r"(?<=[,/_])|(?<=::)")
+_LONG_WORD = 14  # characters: a shorter name never needs a break of its own
+_LONG_WORD_IN_PROSE = 24  # in a sentence, words up to this wrap whole with the line ("(cuBLAS/hipBLASLt)")
 
 _TOKENS = {
     "percent": "%", "ms": "ms", "us": "µs", "ns": "ns", "gib": "GiB", "mib": "MiB", "kib": "KiB", "gb": "GB",
@@ -52,7 +54,8 @@ BARE_UNITS = {
 }
 # Fields named only by their unit: labelled by what they measure, since each value is shown in its own unit.
 _QUANTITY_OF_UNIT = {"mib": "size", "gib": "size", "kib": "size", "bytes": "size", "b": "size", "ms": "time",
-                     "us": "time", "µs": "time", "ns": "time"}
+                     "us": "time", "µs": "time", "ns": "time", "gflop/s": "FLOP rate", "tflop/s": "FLOP rate",
+                     "gb/s": "bandwidth", "gib/s": "bandwidth", "b/s": "bandwidth"}
 # Percentages that are not shares of a whole may exceed 100 (how much slower the slowest host is, the spread).
 _UNBOUNDED_PERCENT = ("spread", "cv", "growth", "increase", "skew", "slower", "change", "overhead_vs")
 _IDENTIFIER_KEYS = ("id", "step", "rank", "pid", "tid")
@@ -318,11 +321,18 @@ class Cell:
 
     @property
     def segments(self) -> list[str]:
-        """`text` cut after , / _ where it has no spaces: the template puts a <wbr> between segments, so
-        shapes and op names can wrap in a narrow column instead of widening the table."""
-        if not self.wrap or self.numeric or " " in self.text or len(self.text) <= 14:
+        """`text` with its long unspaced words (shapes, op and kernel names) cut after , / _ and `::`: the
+        template puts a <wbr> between segments, so they can wrap in a narrow column instead of widening the
+        table or being broken letter by letter."""
+        if not self.wrap or self.numeric or len(self.text) <= _LONG_WORD:
             return [self.text]
-        return [s for s in _BREAK_AFTER.split(self.text) if s]
+        longest = _LONG_WORD if " " not in self.text else _LONG_WORD_IN_PROSE
+        out = [""]
+        for word in re.split(r"(\s+)", self.text):
+            pieces = [p for p in _BREAK_AFTER.split(word) if p] if len(word) > longest else [word]
+            out[-1] += pieces[0] if pieces else ""
+            out += pieces[1:]
+        return out
 
     @property
     def long(self) -> bool:

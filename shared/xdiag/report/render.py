@@ -218,10 +218,11 @@ def _metric_key(metric: str) -> str:
 
 
 def _finding_view(f: Finding, limits: Limits) -> dict[str, Any]:
-    rows = [[Cell(text=e.tool, wrap=False), cell(e.metric, 70),
+    # metric, value, tool, note: on a phone the metric and its value are what the first screen width shows.
+    rows = [[cell(e.metric, 70),
              measured_cell(_metric_key(e.metric), humanize_numbers(e.value) if isinstance(e.value, str) else e.value,
                            limits, 60),
-             cell(humanize_numbers(e.note or ""), 90)]
+             Cell(text=e.tool, wrap=False), cell(humanize_numbers(e.note or ""), 90)]
             for e in f.evidence]
     return {
         "priority": f.priority,

@@ -176,8 +176,10 @@ def step_time_section(results: Mapping[str, ToolResult], limits: Limits) -> Sect
     if r is None:
         return section
     categories = r.detail.get("categories") or list(charts.STEP_CATEGORY_COLORS)
-    # The breakdown is the bar under the key metrics: not repeated here.
-    part.blocks += kv_blocks(r.summary, limits, skip=[f"{c}_percent" for c in categories])
+    # The breakdown is the bar under the key metrics: not repeated here, nor its per-device means (the same shares
+    # averaged another way, 72.2% beside 72.1%); the spread across devices (least and most busy) stays.
+    per_device_means = ["device_busy_percent_mean", *(f"device_{c}_percent_mean" for c in (*categories, "idle"))]
+    part.blocks += kv_blocks(r.summary, limits, skip=[*(f"{c}_percent" for c in categories), *per_device_means])
     steps = [s for s in r.detail.get("steps") or [] if isinstance(s, Mapping)]
     meaning = r.detail.get("category_meaning") or {}
     # One chart per participant (a device where the steps are per device, else a host), the first few of them.
@@ -523,12 +525,19 @@ def modules_section(results: Mapping[str, ToolResult], limits: Limits) -> Sectio
     return section
 
 
+# XProf's own names for the peaks the profile records (TPU planes, GPU planes), which get_device_information
+# restates as recorded_peak_*.
+RECORDED_PEAK_FIELDS = ("peak_teraflops_per_second", "peak_hbm_bw_gigabytes_per_second", "memory_bandwidth")
+
+
 def device_section(results: Mapping[str, ToolResult], limits: Limits) -> Section:
     section = Section("devices", "Devices")
     part, r = part_for(results, "get_device_information")
     section.parts.append(part)
     if r is not None:
-        part.blocks += kv_blocks(r.summary, limits)
+        # The peaks the profile records are shown once, as "recorded peak" beside the checked ones.
+        restated = RECORDED_PEAK_FIELDS if any(k.startswith("recorded_peak") for k in r.summary) else ()
+        part.blocks += kv_blocks(r.summary, limits, skip=restated)
         devices = r.detail.get("devices")
         if isinstance(devices, list) and devices:
             busy = [d for d in devices if isinstance(d, Mapping) and d.get("events")]
@@ -540,7 +549,7 @@ def device_section(results: Mapping[str, ToolResult], limits: Limits) -> Section
 # Pairs of the same quantity as xdiag and XProf measure it: (label, xdiag tool, key, XProf tool, key).
 XPROF_PAIRS = (
     ("Step time", "get_step_trace", "step_time_ms_mean", "get_kpi_metrics", "xprof_step_time_ms"),
-    ("Device busy", "get_utilization_viewer", "busy_percent_mean", "get_kpi_metrics", "xprof_duty_cycle_percent"),
+    ("Device busy", "get_step_trace", "busy_percent_in_steps", "get_kpi_metrics", "xprof_duty_cycle_percent"),
     ("Roofline efficiency", "get_roofline_model", "op_time_roofline_efficiency_percent", "get_roofline_model",
      "roofline_efficiency_percent"),
     ("Peak memory", "get_memory_profile", "peak_memory_gib", "get_kpi_metrics", "xprof_peak_hbm_gib"),
@@ -575,9 +584,17 @@ def xprof_section(results: Mapping[str, ToolResult], limits: Limits) -> Section:
     return section
 
 
+# Figures the page states that a tool gives as their complement: the busy share of the steps is what the
+# breakdown leaves idle, so it reads the same here as in the bar and in the step tool's window note.
+_DERIVED = {"busy_percent_in_steps": ("device_idle_percent", lambda idle: round(100 - idle, 2))}
+
+
 def _summary_value(results: Mapping[str, ToolResult], tool: str, key: str) -> Any:
     r = results.get(tool)
-    value = r.summary.get(key) if r is not None and r.ok else None
+    source, derive = _DERIVED.get(key, (key, None))
+    value = r.summary.get(source) if r is not None and r.ok else None
+    if derive is not None and isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = derive(value)
     return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
@@ -586,7 +603,7 @@ def _difference_note(key: str, mine: Any, theirs: Any, results: Mapping[str, Too
         return "only one side reports it"
     if max(abs(mine), abs(theirs)) == 0 or abs(mine - theirs) <= DIFFERENCE_RELATIVE * max(abs(mine), abs(theirs)):
         return "agree"
-    if key == "busy_percent_mean":
+    if key == "busy_percent_in_steps":
         step = results.get("get_step_trace")
         note = step.summary.get("window_vs_step_note") if step is not None and step.ok else None
         if note:

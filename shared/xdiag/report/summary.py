@@ -122,10 +122,8 @@ METRICS = (
            key=True),
     Metric("Roofline efficiency", ("roofline_efficiency_percent",), "%", "get_roofline_model",
            "of the roof at the ops' intensity", key=True),
+    # Idle and busy are one fact: the card says what the busy rest is made of (transfers are busy, not compute).
     Metric("Device idle", ("device_idle_percent",), "%", "get_step_trace", "of step time"),
-    # Busy is compute, collectives and transfers together: named so beside "Device compute", which is one of them.
-    Metric("Device busy", ("utilization_percent",), "%", "get_utilization_viewer",
-           "of step time running any op (compute, collectives, transfers)"),
     Metric("Achieved compute", ("achieved_gflops_per_s",), "GFLOP/s", "get_kpi_metrics", "while ops run"),
     Metric("Peak memory", ("peak_memory_gib",), "GiB", "get_memory_profile"),
     Metric("OOM risk", ("oom_risk",), "", "get_memory_profile"),
@@ -207,8 +205,9 @@ def metric_cards(health: Mapping[str, Any], results: Mapping[str, ToolResult], l
             note = f"of {capacity}" if capacity else "capacity not recorded"
         elif m.path == ("memory_headroom_percent",) and health.get("memory_capacity_gib") is not None:
             note = f"{format_measure(health.get('peak_memory_gib'), 'GiB')} peak of {_capacity_text(health)}"
-        elif m.path == ("utilization_percent",):
-            note = _busy_note(health) or m.hint
+        elif m.path == ("device_idle_percent",):
+            busy = _busy_text(health)
+            note = f"of step time; busy the rest: {busy}" if busy else m.hint
         elif m.path == ("roofline_efficiency_percent",) and health.get("bound_by"):
             note = f"{m.hint}; bound by {health['bound_by']}"
         elif m.path == ("achieved_gflops_per_s",) and health.get("achieved_rate_covers_op_time_percent") is not None:
@@ -230,12 +229,12 @@ def metric_cards(health: Mapping[str, Any], results: Mapping[str, ToolResult], l
     return cards
 
 
-def _busy_note(health: Mapping[str, Any]) -> str:
-    """What the busy time is made of: 'of step time running any op: compute 3% + transfer 97%'."""
+def _busy_text(health: Mapping[str, Any]) -> str:
+    """What the devices' busy time is made of, where it is more than compute: 'compute 3% + transfer 97%'."""
     breakdown = health.get("breakdown_percent") or {}
     parts = [f"{c} {format_measure(breakdown[c], '%')}" for c in ("compute", "collective", "transfer")
              if isinstance(breakdown.get(c), (int, float)) and breakdown[c] > 0]
-    return f"of step time running any op: {' + '.join(parts)}" if len(parts) > 1 else ""
+    return " + ".join(parts) if len(parts) > 1 else ""
 
 
 def _capacity_text(health: Mapping[str, Any]) -> str:
