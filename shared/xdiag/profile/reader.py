@@ -381,6 +381,8 @@ def _hlo_module(proto_bytes: bytes, host: str, fallback_id: int) -> HloModule | 
                     memory_space=shape.layout.memory_space,
                     kernel_cost_estimate=_kernel_cost_estimate(ins),
                     **_contraction(ins),
+                    tuple_memory_spaces=tuple(t.layout.memory_space for t in shape.tuple_shapes),
+                    is_host_transfer=ins.is_host_transfer,
                 )
             )
         computations[computation.name] = HloComputation(computation.name, instructions)

@@ -186,6 +186,7 @@ def _build_hlo_file() -> descriptor_pb2.FileDescriptorProto:
             ("operand_ids", 36, _INT64, _REPEATED),
             ("called_computation_ids", 38, _INT64, _REPEATED),
             ("backend_config", 43, _BYTES, _OPTIONAL),
+            ("is_host_transfer", 47, _BOOL, _OPTIONAL),
         ],
     )
     _message(

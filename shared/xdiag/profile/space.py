@@ -259,6 +259,8 @@ class HloInstruction:
     kernel_cost_estimate: tuple[float, ...] = ()  # custom kernels (Pallas): (FLOPs, bytes) their author estimated
     fusion_backend_kind: str = ""  # custom fusions: what emits them (`__triton`, `__ynn_fusion`, …), from the backend config
     memory_space: int = 0  # of an array value's layout: 0 the device's memory; others (TPU host memory: 5) not
+    tuple_memory_spaces: tuple[int, ...] = ()  # of a tuple value: each element's memory space (copy-start: dest, src)
+    is_host_transfer: bool = False  # a send/recv (and its done) that moves data to or from the host, not a device
 
     @property
     def shape_text(self) -> str:
