@@ -30,16 +30,10 @@ V5E_PEAK_TFLOPS, V5E_HBM_GB_S = 197.0, 819.0  # datasheet (cloud.google.com/tpu/
 # removes its line (a fixed entry left here fails as XPASS).
 OPEN = {
     "test_tpu_workload_problem_is_the_top_finding[conv_net_train]": "top finding wrong on TPU (issues 36/40)",
-    "test_tpu_workload_problem_is_the_top_finding[host_callback_step]": "top finding wrong on TPU (issues 36/40)",
-    "test_tpu_workload_problem_is_the_top_finding[host_offload]": "top finding wrong on TPU (issues 36/40)",
     "test_tpu_workload_problem_is_the_top_finding[host_sync]": "top finding wrong on TPU (issues 36/40)",
-    "test_tpu_workload_problem_is_the_top_finding[host_transfers]": "top finding wrong on TPU (issues 36/40)",
     "test_tpu_workload_problem_is_the_top_finding[lstm_scan]": "top finding wrong on TPU (issues 36/40)",
     "test_tpu_workload_problem_is_the_top_finding[padded_heads]": "top finding wrong on TPU (issues 36/40)",
     "test_tpu_workload_problem_is_the_top_finding[widening_convert]": "top finding wrong on TPU (issues 36/40)",
-    "test_host_callback_is_host_traffic_not_a_collective": "issues 36/40",
-    "test_per_step_transfers_are_read_from_the_host_lines": "issues 36/40",
-    "test_unannotated_iteration_of_several_programs_is_one_step": "issues 36/40",
     "test_achieved_rate_matches_a_hand_calculation[pallas_small_blocks]": "issues 36/40",
     "test_decode_loop_is_memory_bound_at_the_bandwidth_roof": "issues 36/40",
     "test_sliding_window_reduction_is_memory_bound_far_below_the_roof": "issues 36/40",

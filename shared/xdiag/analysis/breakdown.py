@@ -13,11 +13,13 @@ import numpy as np
 from xdiag.analysis.timeline import (
     CALLBACK_EVENT,
     COMPILE_EVENT,
+    HOST_TRANSFER_EVENT,
     JITTED_CALL_EVENT,
     TRANSFER_OP_CATEGORIES,
     EventSelection,
     HostEvents,
     OpTable,
+    callback_call_ops,
     covered,
     covered_by_merged,
     host_events,
@@ -36,8 +38,11 @@ CATEGORIES = ("compute", "collective", "transfer", "compile", "warm_up", "host_s
 """Step-time categories, in precedence order; `warm_up` is the first call of a program where it takes far longer
 than its later calls (allocation, autotuning, loading); `host_other` is what no event explains: Python/input
 work outside the jitted computation (or nothing at all)."""
-HOST_LAYERS = ("compile", "warm_up", "host_sync", "dispatch")
-"""The host-side categories that host events explain, in precedence order."""
+HOST_LAYERS = ("callback", "transfer", "compile", "warm_up", "host_sync", "dispatch")
+"""The layers host events explain, in precedence order, each booked in the category of its name but `callback`
+(the device's host-callback ops, and the copies that serve them) in host_sync; `transfer` (host<->device copies
+seen on the host's lines) comes before host_sync: np.asarray's wait for its read is the copy."""
+LAYER_CATEGORY = {"callback": "host_sync"}
 
 WARM_UP_MIN_RATIO = 3.0
 """A first call counts as warm-up when it takes at least this many times its function's median later call."""
@@ -56,6 +61,7 @@ class StepRow:
     syncs: int  # blocking host<-device transfers inside the step
     callbacks: int
     device: str | None = None  # the device whose own step this is; None: the host's step over its devices
+    host_transfer_ms: float = 0.0  # of ms["transfer"]: host<->device copies seen only on the host's lines
 
 
 def _counts(starts: np.ndarray, win_s: np.ndarray, win_e: np.ndarray) -> np.ndarray:
@@ -65,7 +71,7 @@ def _counts(starts: np.ndarray, win_s: np.ndarray, win_e: np.ndarray) -> np.ndar
 
 
 def _outermost(mask: np.ndarray, line: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """Of the events in `mask`, those not nested inside another masked event of the same line.
+    """Of the events in `mask`, those not nested inside another masked event of the same thread.
 
     The Python tracer nests `device_get` in `__float__` in `_value`…: one sync, not three.
     """
@@ -142,17 +148,18 @@ def _launching_thread(selected: EventSelection) -> np.ndarray:
 class _HostSignals:
     """A host's non-op events sorted into the breakdown's layers, and the outermost ones to count."""
 
-    layers: dict[str, tuple[np.ndarray, np.ndarray]]  # compile / warm_up / host_sync / dispatch -> (starts, ends)
+    layers: dict[str, tuple[np.ndarray, np.ndarray]]  # HOST_LAYERS -> (starts, ends)
     counted: dict[str, np.ndarray]  # dispatches / compiles / syncs / callbacks -> starts of counted events
 
     @classmethod
-    def of(cls, events: HostEvents | None, callback_s: np.ndarray, callback_e: np.ndarray) -> _HostSignals:
+    def of(cls, events: HostEvents | None, callback_s: np.ndarray, callback_e: np.ndarray,
+           callback_calls: np.ndarray) -> _HostSignals:
+        """callback_s/_e: the device's callback ops; callback_calls: the starts of those that begin a call."""
         empty = np.empty(0, np.int64)
         if events is None:
             return cls(
-                layers={"compile": (empty, empty), "warm_up": (empty, empty), "host_sync": (callback_s, callback_e),
-                        "dispatch": (empty, empty)},
-                counted={"dispatches": empty, "compiles": empty, "syncs": empty, "callbacks": callback_s},
+                layers={**{layer: (empty, empty) for layer in HOST_LAYERS}, "callback": (callback_s, callback_e)},
+                counted={"dispatches": empty, "compiles": empty, "syncs": empty, "callbacks": callback_calls},
             )
         words = events.vocabulary
         compile_, sync, callback, execute = (events.select(p) for p in (COMPILE_EVENT, words.sync, CALLBACK_EVENT, words.execute))
@@ -163,25 +170,38 @@ class _HostSignals:
 
         python_callbacks = outer(callback)
         warm_up = warm_up_calls(events)
+        dispatch = events.union(words.dispatch)  # only its union is needed: not every event gathered
+        transfer = events.select(HOST_TRANSFER_EVENT)
+        # A jitted call's own argument transfer (DevicePut inside PjitFunction) is part of its dispatch.
+        outside = covered_by_merged(dispatch, transfer.start_ps, transfer.end_ps) < transfer.end_ps - transfer.start_ps
+        dma = events.issued_until_done(HOST_TRANSFER_EVENT)
         return cls(
             layers={
+                # Host callbacks run as XLA ops but are Python on the host: host_sync, not compute; the copies that
+                # serve a callback are the callback's.
+                "callback": (callback_s, callback_e),
+                "transfer": (np.concatenate([transfer.start_ps[outside], dma[0]]),
+                             np.concatenate([transfer.end_ps[outside], dma[1]])),
                 "compile": (compile_.start_ps, compile_.end_ps),
                 "warm_up": (np.array([w.start_ps for w in warm_up], dtype=np.int64),
                             np.array([w.end_ps for w in warm_up], dtype=np.int64)),
-                # Host callbacks run as XLA ops but are Python on the host: host_sync, not compute.
                 "host_sync": (
-                    np.concatenate([sync.start_ps, callback.start_ps, callback_s]),
-                    np.concatenate([sync.end_ps, callback.end_ps, callback_e]),
+                    np.concatenate([sync.start_ps, callback.start_ps]),
+                    np.concatenate([sync.end_ps, callback.end_ps]),
                 ),
-                "dispatch": events.union(words.dispatch),  # only its union is needed: not every event gathered
+                "dispatch": dispatch,
             },
             counted={
-                # One launch shows as several nested execute events (C API, PjRt, stream executor): count the outermost.
+                # One launch shows as several nested execute events (C API, PjRt, stream executor), on the Python
+                # thread's line and the runtime's line of the same thread (`python3`, `main/<pid>` on a TPU, one
+                # thread in the selection): count the outermost.
                 "dispatches": (_launching_thread if words.one_launch_on_several_threads else outer)(
                     execute if len(execute.start_ps) else events.select(words.dispatch)),
                 "compiles": outer(compile_),
-                "syncs": outer(sync),
-                "callbacks": callback_s if len(callback_s) >= len(python_callbacks) else python_callbacks,
+                # One blocking read shows on several threads at once (the Python call, the runtime's transfer and
+                # its completion): the union's segments are the reads.
+                "syncs": merge_intervals(sync.start_ps, sync.end_ps)[0],
+                "callbacks": callback_calls if len(callback_calls) >= len(python_callbacks) else python_callbacks,
             },
         )
 
@@ -240,10 +260,11 @@ class DeviceRow:
 
 
 def _timeline_rows(
-    host: str, device: str | None, steps: list, ops: OpTable, devices: list[str], events: HostEvents | None
+    host: str, device: str | None, steps: list, ops: OpTable, devices: list[str], events: HostEvents | None,
+    call_begins: np.ndarray,
 ) -> tuple[list[StepRow], list[DeviceRow]]:
     """Rows for one timeline: a host's steps (every active device of it partitioned in them and averaged)
-    or one device's own steps."""
+    or one device's own steps. call_begins: per op code, whether the op begins a host callback call."""
     win_s = np.array([s.start_ps for s in steps], dtype=np.int64)
     win_e = np.array([s.end_ps for s in steps], dtype=np.int64)
     is_callback_op = ops.in_categories(["host_callback"])
@@ -264,15 +285,16 @@ def _timeline_rows(
     if devices:
         compute, collective, transfer = (x / len(devices) for x in (compute, collective, transfer))
 
-    signals = _HostSignals.of(events, ops.start_ps[is_callback_op], ops.end_ps[is_callback_op])
+    calls = call_begins[ops.op] if len(ops) else np.zeros(0, dtype=bool)
+    signals = _HostSignals.of(events, ops.start_ps[is_callback_op], ops.end_ps[is_callback_op], ops.start_ps[calls])
     # Each layer gets only the time that no earlier layer (ops first) already explains.
     merged = merge_intervals(ops.start_ps[~is_callback_op], ops.end_ps[~is_callback_op])
     explained = covered_by_merged(merged, win_s, win_e)
-    extra: dict[str, np.ndarray] = {}
-    for category in HOST_LAYERS:
-        merged = union_with(merged, *signals.layers[category])
+    extra = {LAYER_CATEGORY.get(layer, layer): np.zeros(len(steps), dtype=np.int64) for layer in HOST_LAYERS}
+    for layer in HOST_LAYERS:
+        merged = union_with(merged, *signals.layers[layer])
         union = covered_by_merged(merged, win_s, win_e)
-        extra[category] = union - explained
+        extra[LAYER_CATEGORY.get(layer, layer)] += union - explained
         explained = union
     counts = {name: _counts(starts, win_s, win_e) for name, starts in signals.counted.items()}
     op_counts = _counts(ops.start_ps, win_s, win_e)
@@ -282,8 +304,8 @@ def _timeline_rows(
         ms = {
             "compute": compute[i] / PS_PER_MS,
             "collective": collective[i] / PS_PER_MS,
-            "transfer": transfer[i] / PS_PER_MS,
-            **{category: extra[category][i] / PS_PER_MS for category in HOST_LAYERS},
+            "transfer": (transfer[i] + extra["transfer"][i]) / PS_PER_MS,
+            **{category: extra[category][i] / PS_PER_MS for category in extra if category != "transfer"},
             # Device idle time on a multi-device host is not host work: it stays out of host_other.
             "host_other": max(step_ps - float(explained[i]), 0) / PS_PER_MS,
         }
@@ -292,6 +314,7 @@ def _timeline_rows(
                 host=host, number=step.number, step_ms=step_ps / PS_PER_MS, ms=ms, ops=int(op_counts[i]),
                 dispatches=int(counts["dispatches"][i]), compiles=int(counts["compiles"][i]),
                 syncs=int(counts["syncs"][i]), callbacks=int(counts["callbacks"][i]), device=device,
+                host_transfer_ms=extra["transfer"][i] / PS_PER_MS,
             )
         )
     return rows, device_rows
@@ -299,6 +322,7 @@ def _timeline_rows(
 
 def _build(session: Session) -> tuple[list[StepRow], list[DeviceRow]]:
     ops = op_table(session)
+    call_begins = callback_call_ops(session)
     found = step_set(session)
     events_by_host = {e.host: e for e in host_events(session)}
     all_devices = set(ops.devices())
@@ -317,7 +341,8 @@ def _build(session: Session) -> tuple[list[StepRow], list[DeviceRow]]:
             mask = ops.on_device(device)
             devices = [device]
         steps = sorted(steps, key=lambda s: s.start_ps)
-        timeline_rows, timeline_devices = _timeline_rows(host, device, steps, ops.take(mask), devices, events_by_host.get(host))
+        timeline_rows, timeline_devices = _timeline_rows(host, device, steps, ops.take(mask), devices, events_by_host.get(host),
+                                                          call_begins)
         rows += timeline_rows
         device_rows += timeline_devices
     return rows, device_rows
@@ -378,7 +403,9 @@ def summarize_steps(rows: list[StepRow]) -> dict:
     total = float(step_ms.sum()) or 1.0
     timelines = {(r.host, r.device) for r in rows}
     shares = {f"{c}_percent": round(100 * sum(r.ms[c] for r in rows) / total, 2) for c in CATEGORIES}
-    idle = 100 - shares["compute_percent"] - shares["collective_percent"] - shares["transfer_percent"]
+    host_transfer = round(100 * sum(r.host_transfer_ms for r in rows) / total, 2)
+    # Copies the device's op lines do not show (the host re-tiles and DMAs them) leave the device's cores idle.
+    idle = 100 - shares["compute_percent"] - shares["collective_percent"] - (shares["transfer_percent"] - host_transfer)
     return {
         # Steps per timeline (a host, or a device with steps of its own): the same step seen on 4 devices is 1 step.
         "steps": int(round(len(rows) / len(timelines))),
@@ -389,6 +416,7 @@ def summarize_steps(rows: list[StepRow]) -> dict:
         "step_time_ms_max": round(float(step_ms.max()), 4),
         "step_time_cv_percent": round(float(100 * step_ms.std() / step_ms.mean()), 2) if step_ms.mean() else 0.0,
         **shares,
+        "host_transfer_percent": host_transfer,
         "device_idle_percent": round(max(idle, 0.0), 2),
         "ops_per_step_mean": round(float(np.mean([r.ops for r in rows])), 2),
         "dispatches_per_step_mean": round(float(np.mean([r.dispatches for r in rows])), 2),

@@ -28,9 +28,11 @@ DATA_MOVEMENT_OPCODES = {
     "dynamic-update-slice", "gather", "scatter", "copy-start", "copy-done", "reverse", "iota",
 }
 ASYNC_COPY_OPCODES = {"copy-start", "copy-done"}
-"""Copies between memory spaces (e.g. host offload on TPU): transfers, not layout work."""
+"""Copies between memory spaces: to or from the host (offload) a transfer, to or from on-chip memory a prefetch."""
 TRANSFER_OP_CATEGORIES = ("async_copy", "memcpy")
 """Op categories that only move data between memory spaces (host offload, H2D/D2H copies)."""
+COPY_OP_CATEGORIES = (*TRANSFER_OP_CATEGORIES, "prefetch")
+"""Op categories whose events are a copy's issue or its wait, not the copy: no rate or cost of their own."""
 STRUCTURAL_OPCODES = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast"}
 COMPILE_EVENT = re.compile(
     r"backend_compile|lower_sharding_computation|lower_jaxpr_to_stablehlo|jit_compile|_cached_compilation|"
@@ -41,9 +43,20 @@ SYNC_EVENT = re.compile(
     r"CopyToHost|BlockHostUntilReady|PjRtBuffer::ToLiteral|ToLiteralSync|\.item\b|__float__|__int__"
 )
 CALLBACK_EVENT = re.compile(
-    r"pure_callback|io_callback|debug_callback|_wrapped_callback|host_callback|xla_python_\w*callback|PyCallback"
+    r"pure_callback|io_callback|debug_callback|_wrapped_callback|\bhost_callback\b|xla_python_\w*callback|PyCallback"
 )
-"""Python running as a host callback from compiled code (not e.g. the runtime's 'rendezvous callback')."""
+"""Python running as a host callback from compiled code (not e.g. the runtime's 'rendezvous callback', nor a Python
+tracer event of a file whose name contains one of these words, e.g. `$host_callback_step.py:46 step`)."""
+HOST_TRANSFER_EVENT = re.compile(
+    r"\bdevice_put\b|DevicePut|BufferFromHostBuffer|Linearize|H2D Dispatch|D2H Dispatch|TransferToDevice|"
+    r"TransferFromDevice|TransferToInfeed|TransferFromOutfeed|DmaBuffer"
+)
+"""The host's side of host<->device copies (jax.device_put, the TPU runtime re-tiling a buffer for the link,
+Linearize / Delinearize and their transposes, the DMAs it issues, and mapping host buffers for DMA, e.g. pinned
+host memory an offloading program reads): a plain transfer leaves nothing on the device's op lines."""
+COMPLETION_SUFFIX = "=>Done"
+"""The TPU runtime marks the completion of what it issued (`X=>IssueEvent`) with a short `X=>IssueEvent=>Done`
+event: the DMA itself runs between the two, with no event of its own."""
 DISPATCH_EVENT = re.compile(r"^PjitFunction\(|^PmapFunction\(|ExecuteHelper|LoadedExecutable::Execute\b|^ExecutorState::Process$")
 """Launching work: a jitted call or program execution (JAX, PjRt), or TensorFlow's executor running a graph's ops
 one by one (each op launches its own kernel)."""
@@ -184,7 +197,7 @@ class EventSelection:
 
     start_ps: np.ndarray
     end_ps: np.ndarray
-    line: np.ndarray  # int32: which host line each event is on (for nesting)
+    line: np.ndarray  # int32: which host thread each event is on (for nesting; see HostEvents.thread_of_line)
 
 
 class HostEvents:
@@ -201,6 +214,7 @@ class HostEvents:
         self._lines = lines
         self._selections: dict[str, EventSelection] = {}
         self._unions: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self.thread_of_line = _threads_of_lines([line.name for _, line in lines])
 
     def _non_op(self, line: Line) -> np.ndarray | None:
         """Events that are not XLA ops (None: all of them)."""
@@ -235,7 +249,7 @@ class HostEvents:
         for number, line_starts, line_ends, _ in self._matching(pattern):
             starts.append(line_starts)
             ends.append(line_ends)
-            lines.append(np.full(len(line_starts), number, dtype=np.int32))
+            lines.append(np.full(len(line_starts), self.thread_of_line[number], dtype=np.int32))
         empty = np.empty(0, np.int64)
         selection = EventSelection(
             start_ps=np.concatenate(starts) if starts else empty,
@@ -271,6 +285,27 @@ class HostEvents:
             self._unions[pattern.pattern] = merged
         return self._unions[pattern.pattern]
 
+    def issued_until_done(self, pattern: re.Pattern) -> tuple[np.ndarray, np.ndarray]:
+        """(starts, ends) from each issue event matching `pattern` to its completion (`<issue name>=>Done`, the
+        first not yet taken after it, in order): what runs in between, e.g. a DMA, has no event of its own."""
+        done_names = {n for plane, _ in self._lines for n in plane.event_names.values()
+                      if n.endswith(COMPLETION_SUFFIX) and pattern.search(n)}
+        starts, ends = [], []
+        for done_name in sorted(done_names):
+            issued = self.select(re.compile(f"^{re.escape(done_name[:-len(COMPLETION_SUFFIX)])}$"))
+            done = self.select(re.compile(f"^{re.escape(done_name)}$"))
+            issue_starts = np.sort(issued.start_ps)
+            done_ends = np.sort(done.end_ps)
+            # FIFO: the k-th issue completes with the k-th completion that ends after it.
+            n = min(len(issue_starts), len(done_ends))
+            first = int(np.searchsorted(done_ends, issue_starts[0], side="right")) if n else 0
+            n = min(len(issue_starts), len(done_ends) - first)
+            if n > 0:
+                starts.append(issue_starts[:n])
+                ends.append(np.maximum(done_ends[first:first + n], issue_starts[:n]))
+        empty = np.empty(0, np.int64)
+        return (np.concatenate(starts), np.concatenate(ends)) if starts else (empty, empty)
+
     def step_annotations(self) -> tuple[str, list[tuple[int, int, int]]]:
         """(annotation name, [(step number, start, end)]) from events that carry a step_num stat."""
         name, steps = "", []
@@ -285,6 +320,23 @@ class HostEvents:
             ends = starts + line.durations.at(index)
             steps += zip(numbers.tolist(), starts.tolist(), ends.tolist())
         return name, steps
+
+
+_PYTHON_LINE = re.compile(r"^python[\d.]*$")
+_MAIN_THREAD_LINE = re.compile(r"^main/\d+$")
+
+
+def _threads_of_lines(names: list[str]) -> list[int]:
+    """Per host line, the thread it records: its own number, except that the Python tracer's line (`python3`) and
+    the runtime's line of the process's main thread (`main/<pid>`) are one thread, the one that runs the program's
+    Python, so a call seen on both (PjitFunction on one, its execute on the other) nests as one call. Where there
+    are several of either, which pairs up is unknown: each keeps its own."""
+    threads = list(range(len(names)))
+    python = [i for i, n in enumerate(names) if _PYTHON_LINE.match(n)]
+    main = [i for i, n in enumerate(names) if _MAIN_THREAD_LINE.match(n)]
+    if len(python) == 1 and len(main) == 1:
+        threads[main[0]] = python[0]
+    return threads
 
 
 @dataclass
@@ -362,16 +414,44 @@ def covered_by_merged(merged: tuple[np.ndarray, np.ndarray], win_s: np.ndarray, 
     return upto(win_e) - upto(win_s)
 
 
+HOST_MEMORY_SPACE = 5
+"""XLA's memory space of host memory (`S(5)` in a layout: pinned host buffers, host offload)."""
+
+
+def _copy_spaces(instruction: HloInstruction, module: HloModule | None) -> set[int]:
+    """The memory spaces an async copy reads and writes: a copy-start's result holds (destination, source, context);
+    a copy-done's are its copy-start's."""
+    if instruction.opcode == "copy-done" and module is not None and instruction.operands:
+        found = module.find(instruction.operands[0])
+        if found is not None and found[1].opcode == "copy-start":
+            instruction = found[1]
+    return set(instruction.tuple_memory_spaces[:2])
+
+
+def _async_copy_category(instruction: HloInstruction, module: HloModule | None) -> str:
+    """A copy to or from host memory moves data over the host link (async_copy, a transfer); one between device
+    memory and the on-chip memory (e.g. TPU `S(1)`) is the compiler's prefetch, overlapped with compute; one inside
+    device memory is data movement. Without memory spaces (files written before they were kept): async_copy."""
+    spaces = _copy_spaces(instruction, module)
+    if not spaces or HOST_MEMORY_SPACE in spaces:
+        return "async_copy"
+    return "prefetch" if spaces - {0} else "data_movement"
+
+
 def categorize(instruction: HloInstruction | None, module: HloModule | None, name: str) -> str:
-    """The op's category: matmul, convolution, collective, async_copy, reduction, convert, data_movement,
-    elementwise, custom_call, host_callback, control_flow, memcpy or other."""
+    """The op's category: matmul, convolution, collective, async_copy (to or from host memory), prefetch (to or
+    from on-chip memory), reduction, convert, data_movement, elementwise, custom_call, host_callback (Python
+    callbacks and host send/recv), control_flow, memcpy or other."""
     if instruction is None:
         return _category_from_name(name)
     opcode = instruction.opcode
+    if instruction.is_host_transfer:
+        # send/recv with the host (how a TPU runs a host callback): the device waits for the host, not a peer.
+        return "host_callback"
     if opcode in COLLECTIVE_OPCODES:
         return "collective"
     if opcode in ASYNC_COPY_OPCODES:
-        return "async_copy"
+        return _async_copy_category(instruction, module)
     if opcode == "custom-call":
         target = instruction.custom_call_target.lower()
         if "callback" in target or "callback" in name.lower():
@@ -715,6 +795,30 @@ def op_table(session: Session) -> OpTable:
     return _cached(session, "op_table", build)
 
 
+def callback_call_ops(session: Session) -> np.ndarray:
+    """Per op code (an index in op_table's op_keys): whether the op begins a host callback call. A TPU runs one
+    callback as a chain of host send/recv ops (send, send-done, recv, recv-done, each reading the one before):
+    only the chain's first op begins the call; every other callback op (e.g. a custom-call callback) is one call."""
+
+    def build() -> np.ndarray:
+        ops = op_table(session)
+        begins = np.zeros(len(ops.op_keys), dtype=bool)
+        for code, ((module_name, pid, name), category) in enumerate(zip(ops.op_keys, ops.op_categories)):
+            if category != "host_callback":
+                continue
+            module = session.module_for(module_name, None if pid == NO_VALUE else pid) if module_name else None
+            found = module.find(name) if module else None
+            if found is None or not found[1].is_host_transfer:
+                begins[code] = True
+                continue
+            computation, instruction = found
+            begins[code] = not any(computation.by_name[o].is_host_transfer
+                                   for o in instruction.operands if o in computation.by_name)
+        return begins
+
+    return _cached(session, "callback_call_ops", build)
+
+
 def profile_op_costs(session: Session) -> dict[tuple[str, str], dict]:
     """(module, op) -> the cost the profiler recorded for it: FLOPs, bytes accessed, category, shape.
 
@@ -888,13 +992,42 @@ def _op_sequence_steps(ops: OpTable, device: str) -> tuple[list[Step], str]:
         if found is None:
             continue
         period, match = found
-        # A step begins after the longest pause: the phase of the period preceded by the largest mean gap.
-        phase_gap = np.bincount(np.arange(len(positions)) % period, weights=gaps[positions].astype(float), minlength=period)
-        first = positions[np.arange(int(np.argmax(phase_gap[:period])), len(positions), period)]
+        first = _unit_starts(positions, gaps, period)
         if len(first) >= 2:
             steps = _windows_from_starts(host, device, starts[first], int(ends[first[-1]:].max()))
             return steps, f"repeating op sequence ({period} {unit} per step, {round(100 * match)}% repeat)"
     return [Step(host, 0, int(starts.min()), int(ends.max()), device)], NO_REPEATING_STEP
+
+
+def _unit_starts(positions: np.ndarray, gaps: np.ndarray, period: int) -> np.ndarray:
+    """The positions that begin a repeating unit of `period` items: a step begins after the longest pause, the
+    phase of the period preceded by the largest mean gap (`gaps`: idle time before each item)."""
+    phase_gap = np.bincount(np.arange(len(positions)) % period, weights=gaps[positions].astype(float), minlength=period)
+    return positions[np.arange(int(np.argmax(phase_gap[:period])), len(positions), period)]
+
+
+def _program_sequence_steps(plane: Plane, line_steps: list[Step]) -> tuple[list[Step], str] | None:
+    """Where the device's `Steps` line marks every program execution as a step but an iteration runs several
+    programs (a host loop that converts, normalises and trains in separate jitted calls): the repeating unit of
+    the whole program sequence, from its first program's start to the next unit's. None where the Steps line
+    marks fewer steps than programs ran, or the sequence repeats program by program."""
+    spans = module_spans(plane)
+    if spans is None or len(line_steps) < len(spans[0]):
+        return None
+    starts, ends, names = spans
+    found = repeating_period(names)
+    if found is None or found[0] < 2:
+        return None
+    period, match = found
+    gaps = np.concatenate([[0], starts[1:] - np.maximum.accumulate(ends)[:-1]])
+    first = _unit_starts(np.arange(len(starts)), gaps, period)
+    if len(first) < 2:
+        return None
+    steps = _windows_from_starts(plane.host, _device_of(plane), starts[first], int(ends[first[-1]:].max()))
+    # The last unit has no next one to end it: without the host work that follows each unit it is a partial step.
+    if len(steps) >= 3 and steps[-1].duration_ps < 0.5 * np.median([s.duration_ps for s in steps[:-1]]):
+        steps = steps[:-1]
+    return steps, f"repeating program sequence ({period} programs per step, {round(100 * match)}% repeat)"
 
 
 NO_REPEATING_STEP = "no repeating step: the capture window as one step"
@@ -952,6 +1085,11 @@ def step_set(session: Session) -> StepSet:
         planes = {_device_of(p): p for p in session.device_planes(with_events=True)}
         for device in sorted(set(ops.devices()) - set(moving_only)):
             if device in by_line:
+                grouped = _program_sequence_steps(planes[device], by_line[device]) if device in planes else None
+                if grouped is not None:
+                    steps += grouped[0]
+                    sources[device], markers[device] = grouped[1], "XLA Modules"
+                    continue
                 steps += by_line[device]
                 sources[device], markers[device] = "device Steps line", "Steps"
                 continue

@@ -110,6 +110,20 @@ def transfer_fix(ctx: Context, peak_memory_gib: float | None, capacity_gib: floa
     return "move fewer bytes between memories and keep hot arrays where they are used"
 
 
+def host_transfer_fix(ctx: Context) -> str:
+    """Levers for per-step copies between host and device memory (device_put, reading results back)."""
+    if ctx.framework == "PyTorch/XLA":
+        keep = "keep tensors on the XLA device between steps (no .cpu()/.numpy() per step)"
+    elif ctx.framework == "TensorFlow":
+        keep = "keep tensors on the device between steps and feed batches through tf.data with prefetch to the device"
+    else:
+        keep = ("keep arrays on the device between steps (jax.device_put once, not every step; no np.asarray of "
+                "large results per step)")
+    return (keep + "; overlap what must move with compute: put the next batch on the device while this step runs "
+            "(double buffering, prefetch to device), read back only what is logged and in a small dtype, every N "
+            "steps; a blocking read of a large array waits for the whole copy (and on a TPU for the host re-tiling it)")
+
+
 def kernel_efficiency_fix(ctx: Context, bound: str) -> str:
     """What to check when the dominant kernels run far below their roof."""
     if bound == "compute":

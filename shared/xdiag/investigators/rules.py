@@ -613,6 +613,9 @@ def _transfer_hypotheses(health: dict[str, Any], results: dict[str, ToolResult],
     profile = _s(results, "get_hlo_op_profile")
     categories = profile.get("category_percent") or {}
     transfer_share = round(categories.get("async_copy", 0.0) + categories.get("memcpy", 0.0), 2)
+    host_transfer = _s(results, "get_step_trace").get("host_transfer_percent") or 0.0
+    if transfer_share < 30 and host_transfer >= 30:
+        return [_host_transfer_hypothesis(health, results, base, host_transfer)]
     if transfer_share < 30:
         return []
     ops = [o for o in _d(results, "get_hlo_op_profile").get("ops", []) if o.get("category") in ("async_copy", "memcpy")]
@@ -648,14 +651,43 @@ def _transfer_hypotheses(health: dict[str, Any], results: dict[str, ToolResult],
         + (f"; the largest is {ops[0]['op']}" + (f" ({ops[0]['shape']})" if ops[0].get("shape") else "") if ops else "")
         + (f". Each copy moves {copies['gb_per_copy']:g} GB and up to {copies.get('copies_in_flight_max')} are in "
            f"flight at once: the copies already overlap each other and the compute, so the limit is the link "
-           f"({link:g} GB/s), not a missing overlap" if copies and link else "") + ".",
-        ev,
+           f"({link:g} GB/s), not a missing overlap" if copies and link else "")
+        + (f". Before and around them the host prepares the copies (mapping host buffers for DMA, re-tiling them) "
+           f"for {host_transfer}% of the step, with no device op running" if host_transfer >= 5 else "") + ".",
+        ev + ([_ev("get_step_trace", "host_transfer_percent", host_transfer,
+                   "host<->device copy work seen on the host's lines (DMA buffer mapping, Linearize/Delinearize)")]
+              if host_transfer >= 5 else []),
         impact,
         _sentence(advice.transfer_fix(_context(results), memory.get("peak_memory_gib"), memory.get("capacity_gib"))),
         follow_up=("get_hlo_neighborhood", {"op": ops[0]["op"], "module": ops[0]["module"]})
         if ops and ops[0].get("module") else None,
         extra_evidence=_neighborhood_evidence,
     )]
+
+
+def _host_transfer_hypothesis(health: dict[str, Any], results: dict[str, ToolResult], base: list[Evidence],
+                              host_transfer: float) -> Hypothesis:
+    """Host<->device copies that the device's op lines do not show (device_put, np.asarray of a result): their
+    time is read from the host's lines, and their fix is moving less or overlapping, not removing a wait."""
+    b = health.get("breakdown_percent", {})
+    step = _s(results, "get_step_trace")
+    syncs = step.get("syncs_per_step_mean") or 0
+    return Hypothesis(
+        "memory_transfers", host_transfer,
+        "Host–device transfers dominate the step",
+        f"{host_transfer}% of each step copies data between host and device memory (putting arrays on the device, "
+        f"reading results back: the host's transfer events and the DMAs they issue), while the device computes "
+        f"{b.get('compute', 0.0)}% of it"
+        + (f"; the host blocks on {syncs:g} reads per step until their copies finish" if syncs else "") + ".",
+        base + [_ev("get_step_trace", "host_transfer_percent", host_transfer,
+                    "host<->device copies seen on the host's lines (device_put, Linearize/Delinearize, DMAs)"),
+                _ev("get_step_trace", "transfer_percent", b.get("transfer"))]
+        + ([_ev("get_step_trace", "syncs_per_step_mean", syncs)] if syncs else []),
+        _saving(health.get("step_time_ms"), host_transfer),
+        _sentence(advice.host_transfer_fix(_context(results))),
+        follow_up=("aggregate_xplane_events", {"pattern": r"device_put|DevicePut|Linearize|TransferToDevice|TransferFromDevice"}),
+        extra_evidence=_events_evidence,
+    )
 
 
 UNFUSED_KERNEL_MAX_US = 50.0

@@ -23,13 +23,14 @@ from xdiag.tools.registry import ToolOutput, tool
 
 @tool(
     "get_step_trace",
-    "Step time (mean, median, spread) and its breakdown into device compute, collectives, compilation, "
+    "Step time (mean, median, spread) and its breakdown into device compute, collectives, transfers, compilation, "
     "blocking host syncs and callbacks, dispatch, and host work outside the compiled step; per-step rows.",
 )
 def get_step_trace(session: Session) -> ToolOutput:
     """summary: steps (per timeline), timelines, step_source, step_time_ms_{mean,median,min,max},
     step_time_cv_percent, <category>_percent for compute/collective/transfer/compile/warm_up/host_sync/dispatch/host_other,
-    device_idle_percent, ops/dispatches/compiles/syncs/callbacks per step; per-device spread (active_devices,
+    host_transfer_percent (the part of transfer seen only on the host's lines), device_idle_percent,
+    ops/dispatches/compiles/syncs/callbacks per step; per-device spread (active_devices,
     device_busy_percent_{mean,min,max} with least/most_busy_device, device_<part>_percent_mean);
     transfer_only_devices; window_busy_percent (busy over each device's whole window, as XProf's duty cycle),
     idle_outside_steps_ms, largest_idle_gap_{ms,where,device}, window_vs_step_note where they differ;
@@ -53,7 +54,9 @@ def get_step_trace(session: Session) -> ToolOutput:
         "category_meaning": {
             "compute": "device busy running XLA ops (averaged over the host's devices)",
             "collective": "device busy only in collective ops (all-reduce, all-gather, …)",
-            "transfer": "device busy only moving data between memory spaces (async copies, host offload, memcpy)",
+            "transfer": "moving data between memory spaces: the device busy only in copies (async copies to or from "
+                        "host memory, memcpy), and host<->device copies that show only on the host's lines "
+                        "(device_put, np.asarray's read: re-tiling and DMA), host_transfer_percent of the step",
             "compile": "JIT compilation / lowering events on host threads",
             "warm_up": "the first call of a jitted function where it takes far longer than its later calls "
             "(allocation, autotuning, loading), not overlapped by device work",

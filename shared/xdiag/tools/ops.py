@@ -8,7 +8,7 @@ import numpy as np
 
 from xdiag.analysis.hlo_cost import instruction_cost
 from xdiag.analysis.roofline import TRANSFER_RATE_REASON, roofline
-from xdiag.analysis.timeline import TRANSFER_OP_CATEGORIES, op_table, profile_op_costs
+from xdiag.analysis.timeline import COPY_OP_CATEGORIES, op_table, profile_op_costs
 from xdiag.profile.columns import unique_with_inverse
 from xdiag.profile.space import NO_VALUE, Session
 
@@ -52,7 +52,7 @@ class OpStat:
                 if self.cost["bytes"]
                 else None,
             )
-            if self.category in TRANSFER_OP_CATEGORIES:
+            if self.category in COPY_OP_CATEGORIES:
                 # An async copy's bytes cross a link between copy-start and copy-done; the op's own event is the
                 # start or the wait, so bytes over its time is no bandwidth (XProf shows such rows at 10^7 %).
                 row.update(achieved_gflops_per_s=None, achieved_gib_per_s=None, achieved_gb_per_s=None,
@@ -177,7 +177,7 @@ class CostedWork:
 
 
 def costed_work(session: Session) -> CostedWork:
-    working = [s for s in op_stats(session) if s.category not in TRANSFER_OP_CATEGORIES]
+    working = [s for s in op_stats(session) if s.category not in COPY_OP_CATEGORIES]
     working_ps = sum(s.total_ps for s in working)
     costed = [s for s in working if s.cost and s.cost["flops_known"]]
     seconds = sum(s.total_ps for s in costed) / 1e12
