@@ -803,7 +803,7 @@ def callback_call_ops(session: Session) -> np.ndarray:
     def build() -> np.ndarray:
         ops = op_table(session)
         begins = np.zeros(len(ops.op_keys), dtype=bool)
-        for code, ((module_name, pid, name), category) in enumerate(zip(ops.op_keys, ops.op_categories)):
+        for code, ((module_name, pid, name, *_), category) in enumerate(zip(ops.op_keys, ops.op_categories)):
             if category != "host_callback":
                 continue
             module = session.module_for(module_name, None if pid == NO_VALUE else pid) if module_name else None
