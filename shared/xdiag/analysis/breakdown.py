@@ -122,11 +122,12 @@ def warm_up_calls(events: HostEvents) -> list[WarmUpCall]:
 
 def largest_sync_event(events: HostEvents) -> tuple[str, float] | None:
     """(name, total ms) of the blocking wait that takes the most host time, outermost events only."""
-    waits = events.select(events.vocabulary.sync)
+    words = events.vocabulary
+    waits = events.select(words.sync, words.sync_stat)
     if not len(waits.start_ps):
         return None
     keep = _outermost(np.ones(len(waits.start_ps), dtype=bool), waits.line, waits.start_ps, waits.end_ps)
-    names = events.names(events.vocabulary.sync)[keep]
+    names = events.names(words.sync, words.sync_stat)[keep]
     durations = (waits.end_ps - waits.start_ps)[keep].astype(float)
     unique, inverse = np.unique(names, return_inverse=True)
     totals = np.bincount(inverse, weights=durations)
@@ -162,7 +163,8 @@ class _HostSignals:
                 counted={"dispatches": empty, "compiles": empty, "syncs": empty, "callbacks": callback_calls},
             )
         words = events.vocabulary
-        compile_, sync, callback, execute = (events.select(p) for p in (COMPILE_EVENT, words.sync, CALLBACK_EVENT, words.execute))
+        compile_, callback, execute = (events.select(p) for p in (COMPILE_EVENT, CALLBACK_EVENT, words.execute))
+        sync = events.select(words.sync, words.sync_stat)
 
         def outer(selected: EventSelection) -> np.ndarray:
             everything = np.ones(len(selected.start_ps), dtype=bool)

@@ -16,7 +16,7 @@ import numpy as np
 from xdiag.analysis.hlo_cost import is_gemm_call
 from xdiag.profile.columns import factorize_rows, isin_ids, unique_with_inverse
 from xdiag.profile.space import NO_VALUE, HloInstruction, HloModule, Line, Plane, Session
-from xdiag.profile.trace_json import FORMAT_STAT, KINETO
+from xdiag.profile.trace_json import BLOCKING_COPY_STAT, FORMAT_STAT, KINETO
 
 COLLECTIVE_OPCODES = {
     "all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute", "collective-broadcast",
@@ -74,6 +74,8 @@ class HostVocabulary:
     sync: re.Pattern
     dispatch: re.Pattern
     execute: re.Pattern
+    sync_stat: str | None = None
+    """A stat that marks further events as blocking syncs, whatever their name (PyTorch: async copies that block)."""
     one_launch_on_several_threads: bool = True
     """An SPMD launch shows on the calling thread and again on each device's thread (PjRt); PyTorch's autograd
     thread launches its own kernels, each once."""
@@ -91,6 +93,7 @@ PYTORCH_HOST = HostVocabulary(
                     r"^aten::_local_scalar_dense$"),
     dispatch=_CUDA_LAUNCH,
     execute=_CUDA_LAUNCH,
+    sync_stat=BLOCKING_COPY_STAT,
     one_launch_on_several_threads=False,
 )
 """PyTorch eager on CUDA/ROCm (Kineto traces): every kernel is its own launch, every sync a runtime call."""
@@ -225,28 +228,34 @@ class HostEvents:
         mask[sparse[0][sparse[1] >= 0]] = False
         return mask
 
-    def _matching(self, pattern: re.Pattern) -> Iterator[tuple[int, np.ndarray, np.ndarray, np.ndarray]]:
-        """(line number, starts, ends, metadata ids) of each line's non-op events whose names match."""
+    def _matching(self, pattern: re.Pattern, stat: str | None = None,
+                  ) -> Iterator[tuple[int, np.ndarray, np.ndarray, np.ndarray]]:
+        """(line number, starts, ends, metadata ids) of each line's non-op events whose names match (or that carry
+        `stat`)."""
         ids_by_plane: dict[int, np.ndarray] = {}  # a plane's names are matched once, not once per line (hundreds)
         for number, (plane, line) in enumerate(self._lines):
             ids = ids_by_plane.get(id(plane))
             if ids is None:
                 ids = np.array([k for k, n in plane.event_names.items() if pattern.search(n)], dtype=np.int64)
                 ids_by_plane[id(plane)] = ids
-            if not len(ids):
+            marked = line.numeric.sparse(stat) if stat else None
+            if not len(ids) and marked is None:
                 continue
             mask = isin_ids(line.metadata_id, ids)
+            if marked is not None:
+                mask[marked[0]] = True
             non_op = self._non_op(line)
             if non_op is not None:
                 mask &= non_op
             starts = line.starts.at(mask)
             yield number, starts, starts + line.durations.at(mask), line.metadata_id[mask]
 
-    def select(self, pattern: re.Pattern) -> EventSelection:
-        if pattern.pattern in self._selections:
-            return self._selections[pattern.pattern]
+    def select(self, pattern: re.Pattern, stat: str | None = None) -> EventSelection:
+        key = pattern.pattern if stat is None else f"{pattern.pattern}\x00{stat}"
+        if key in self._selections:
+            return self._selections[key]
         starts, ends, lines = [], [], []
-        for number, line_starts, line_ends, _ in self._matching(pattern):
+        for number, line_starts, line_ends, _ in self._matching(pattern, stat):
             starts.append(line_starts)
             ends.append(line_ends)
             lines.append(np.full(len(line_starts), self.thread_of_line[number], dtype=np.int32))
@@ -256,13 +265,13 @@ class HostEvents:
             end_ps=np.concatenate(ends) if ends else empty,
             line=np.concatenate(lines) if lines else np.empty(0, np.int32),
         )
-        self._selections[pattern.pattern] = selection
+        self._selections[key] = selection
         return selection
 
-    def names(self, pattern: re.Pattern) -> np.ndarray:
-        """The names of the events `select(pattern)` returns, in the same order."""
+    def names(self, pattern: re.Pattern, stat: str | None = None) -> np.ndarray:
+        """The names of the events `select(pattern, stat)` returns, in the same order."""
         names = []
-        for number, _, _, ids in self._matching(pattern):
+        for number, _, _, ids in self._matching(pattern, stat):
             unique, inverse = np.unique(ids, return_inverse=True)  # a few distinct names, many events: look up each once
             event_names = self._lines[number][0].event_names
             names.append(np.array([event_names.get(int(i), "") for i in unique], dtype=object)[inverse])

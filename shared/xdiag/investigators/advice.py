@@ -4,6 +4,7 @@ ROCm user is not sent to cuDNN."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -146,7 +147,11 @@ def kernel_efficiency_fix(ctx: Context, bound: str) -> str:
 def sync_fix(ctx: Context, wait_event: str | None, callbacks: bool) -> str:
     """How to stop the host blocking on the device, from the wait the profile shows."""
     parts = []
-    if wait_event and "block_until_ready" in wait_event:
+    if wait_event and re.search(r"Memcpy\w*Async", wait_event):
+        parts.append(f"the waits are copies from or to pageable host memory ({wait_event}), which the runtime performs "
+                     "synchronously: copy through pinned buffers (tensor.pin_memory(), DataLoader(pin_memory=True)) "
+                     "with non_blocking=True, and read results on the host only when they are needed")
+    elif wait_event and "block_until_ready" in wait_event:
         parts.append("the host blocks on every call's result (block_until_ready): block once after the loop (or "
                      "every N steps) so the host queues the next call while the device runs; where the wait lasts "
                      "longer than the device work it waits for, the time goes to the runtime's completion path, "

@@ -35,6 +35,10 @@ KINETO = "PyTorch Kineto trace (Chrome trace JSON)"
 XPROF_CHROME = "XProf Chrome trace (trace.json)"
 FORMAT_STAT = "trace_format"
 """Host-plane stat naming the format a trace file was read from (absent for xplanes)."""
+BLOCKING_COPY_STAT = "blocking_copy"
+"""On a runtime call that copies asynchronously (cudaMemcpyAsync): 1 where its copy is from or to pageable host
+memory (the GPU event says `Pageable`), which CUDA and HIP perform synchronously: the host waits for the stream."""
+_ASYNC_COPY_CALL = re.compile(r"^(cuda|hip)Memcpy\w*Async$")
 
 _DEVICE_CATEGORIES = {"kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset", "gpu_user_annotation", "cuda_sync"}
 """Kineto categories that happen on the GPU (lower-cased: old traces write `Kernel`, `Memcpy`, `Memset`)."""
@@ -183,6 +187,8 @@ class _TraceBuilder:
         self.events = 0
         self.kineto_events = 0
         self.flows = 0
+        self.async_copy_calls: list[tuple[_LineColumns, int, int]] = []  # (line, event index, correlation id)
+        self.pageable_copies: set[int] = set()  # correlation ids of GPU copies from or to pageable memory
 
     def _plane(self, key: object, name: str) -> _PlaneColumns:
         found = self.planes.get(key)
@@ -239,6 +245,8 @@ class _TraceBuilder:
             correlation = _int(args.get("correlation"))
             if correlation is not None:
                 line.put(line.numeric, "correlation_id", index, correlation)
+                if "Pageable" in name and category in ("gpu_memcpy", "memcpy"):
+                    self.pageable_copies.add(correlation)
             details = _kernel_details(args) if category == "kernel" else None
             if details:
                 line.put(line.strings, "kernel_details", index, plane.string_id(details))
@@ -253,6 +261,14 @@ class _TraceBuilder:
         correlation = _int(args.get("correlation"))
         if correlation is not None:
             line.put(line.numeric, "correlation_id", index, correlation)
+            if _ASYNC_COPY_CALL.match(name):
+                self.async_copy_calls.append((line, index, correlation))
+
+    def _mark_blocking_copies(self) -> None:
+        """The async copy calls whose GPU copy is pageable (known once both sides are read, in either order)."""
+        for line, index, correlation in self.async_copy_calls:
+            if correlation in self.pageable_copies:
+                line.put(line.numeric, BLOCKING_COPY_STAT, index, 1)
 
     def _add_xprof(self, event: dict, name: str, start: int, duration: int, args: dict) -> None:
         pid, tid = event.get("pid"), event.get("tid")
@@ -282,6 +298,7 @@ class _TraceBuilder:
             if isinstance(key, tuple):
                 plane.name = self.process_names.get(key[1]) or plane.name
         self._describe(top, kineto)
+        self._mark_blocking_copies()
         info = top.get("distributedInfo") or {}
         rank = info.get("rank")
         hostname = path.name.removesuffix(next(s for s in TRACE_SUFFIXES if path.name.endswith(s)))
