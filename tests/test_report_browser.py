@@ -253,7 +253,7 @@ def test_each_fact_has_one_value_on_the_page(browser, reports, platform):
         if platform == "gpu-gemm":
             assert "allocator's 144 GiB limit (device memory 192 GiB)" in facts["peak_card"]
         if platform == "tpu":
-            assert re.search(r"live at once\n20 GiB", facts["memory"]), "the offload's buffers live together"
+            assert re.search(r"HLO values live at once\n20 GiB", facts["memory"]), "the offload's buffers live together"
     finally:
         page.close()
 

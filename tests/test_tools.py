@@ -143,8 +143,8 @@ def test_largest_buffers_sum_only_what_is_live_together():
     memory = run_tool(session, "get_memory_profile").summary
     buffers = run_tool(session, "get_peak_allocations")
     assert buffers.ok and "top10_total_mib" not in buffers.summary
-    assert buffers.summary["live_at_once_gib"] <= memory["capacity_gib"]
-    assert buffers.summary["live_at_once_gib"] == pytest.approx(memory["peak_memory_gib"], rel=0.02)
+    assert buffers.summary["hlo_values_live_at_once_gib"] <= memory["capacity_gib"]
+    assert buffers.summary["hlo_values_live_at_once_gib"] == pytest.approx(memory["peak_memory_gib"], rel=0.02)
     assert all("(" not in b["shape"] for b in buffers.detail["buffers"]), "a tuple is not a buffer"
 
 

@@ -21,7 +21,8 @@ GIB = 2**30
 )
 def get_peak_allocations(session: Session, module: str | None = None) -> ToolOutput:
     """summary: module, largest_buffer, largest_buffer_shape, largest_buffer_mib, and without XProf's buffer
-    assignment (CPU, or no memory viewer) live_at_once_gib, live_at_once_at, basis. detail: buffers (top 20)."""
+    assignment (CPU, or no memory viewer) hlo_values_live_at_once_gib (an estimate from the HLO, beside the
+    measured peak of get_memory_profile), hlo_values_live_at_once_at, basis. detail: buffers (top 20)."""
     target = session.module(module) if module else None
     if module and target is None:
         raise NotAvailable(f"no HLO module named {module!r} in this profile")
@@ -46,8 +47,8 @@ def get_peak_allocations(session: Session, module: str | None = None) -> ToolOut
         "largest_buffer": largest["value"],
         "largest_buffer_shape": largest["shape"],
         "largest_buffer_mib": largest["size_mib"],
-        "live_at_once_gib": round(live_bytes / GIB, 4),
-        "live_at_once_at": live_at,
+        "hlo_values_live_at_once_gib": round(live_bytes / GIB, 4),
+        "hlo_values_live_at_once_at": live_at,
         "basis": (
             "HLO value sizes (the profile has no buffer assignment): the entry computation's values in device "
             "memory that are live together in its scheduled order (tuples and bitcasts hold no buffer of their "
