@@ -134,6 +134,14 @@ def checked_peaks(stats: dict[str, Any], xprof_flops_gflops: float | None = None
     if sheet:
         flops, bandwidth = sheet.peak_tflops * 1e12, sheet.hbm_gb_per_s * 1e9
         out.update(flops_source=f"datasheet ({sheet.source})", bandwidth_source=f"datasheet ({sheet.source})")
+        for key, recorded, truth, unit, scale in (("flops_source", recorded_flops, flops, "TFLOP/s", 1e12),
+                                                  ("bandwidth_source", recorded_bw, bandwidth, "GB/s", 1e9)):
+            if recorded and abs(recorded / truth - 1) >= 0.005:
+                # Say which figure is used where the profile's own differs (TPU v5e records 202.7 TFLOP/s, the
+                # datasheet says 197): XProf's utilisations divide by the recorded one.
+                out[key] += (f": {truth / scale:,.4g} {unit}, used rather than the {recorded / scale:,.4g} {unit} the "
+                             "profile records (XProf's utilisation divides by that) because it is the vendor's figure "
+                             "for this model, the same on every profile")
         for article, what, recorded, truth, unit, scale in (
             ("a", "peak FLOP rate", recorded_flops, flops, "TFLOP/s", 1e12),
             ("an", "HBM bandwidth", recorded_bw, bandwidth, "GB/s", 1e9),

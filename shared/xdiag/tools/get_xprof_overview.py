@@ -17,7 +17,9 @@ from xdiag.tools.registry import ToolOutput, tool
 )
 def get_xprof_overview(session: Session) -> ToolOutput:
     """summary: platform, hosts, devices_with_events, profile_window_ms, events, steps, step_time_ms_mean,
-    compute_percent, device_idle_percent, top_op, top_category. detail: top 5 ops, categories, xprof overview."""
+    compute_percent, device_idle_percent, top_op, top_category; on devices xprof_* (duty cycle, step time, FLOP rate
+    utilisation, bound by), duty_cycle_note and xprof_verdict_note (why xdiag's reading differs from XProf's
+    verdict, where it does). detail: top 5 ops, categories, xprof overview."""
     rows = step_rows(session)
     steps = summarize_steps(rows)
     stats = op_stats(session)
@@ -56,8 +58,26 @@ def get_xprof_overview(session: Session) -> ToolOutput:
             note = _duty_cycle_note(session, summary)
             if note:
                 summary["duty_cycle_note"] = note
+            note = _verdict_note(view, summary, steps)
+            if note:
+                summary["xprof_verdict_note"] = note
         source = DEVICE_PLANE_SOURCE
     return ToolOutput(summary, detail, source)
+
+
+def _verdict_note(view: dict, summary: dict, steps: dict) -> str | None:
+    """Why xdiag's reading differs from XProf's overview verdict, in one line, where it does."""
+    statement = str((view.get("detail") or {}).get("xprof_statement") or "")
+    idle = summary.get("device_idle_percent")
+    if "NOT input-bound" in statement and idle is not None and idle >= 50:
+        return (f"XProf calls the program NOT input-bound, counting only the time the device waits on its infeed "
+                f"queue, which JAX programs do not use (they take inputs as arguments); xdiag reads the host's lines: "
+                f"the device is idle {idle}% of the step and the host works outside the programs "
+                f"{steps.get('host_other_percent')}% of it")
+    if "No step time measured" in statement and summary.get("step_source") == "step annotations":
+        return ("XProf measures no step time because the device's Steps line, which the TPU runtime writes only for "
+                "some programs, is empty here; xdiag's steps are the host's step annotations")
+    return None
 
 
 def _duty_cycle_note(session: Session, summary: dict) -> str | None:
