@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from math import prod
 
+import numpy as np
+
 from xdiag.analysis.hlo_cost import shape_bytes
+from xdiag.analysis.timeline import op_table, profile_op_costs
 from xdiag.profile.space import HloInstruction, Session
 from xdiag.tools.hlo_checks import STRUCTURAL_OPCODES, ExecutedInstruction, detect
 from xdiag.tools.registry import ToolOutput, tool
@@ -29,10 +32,34 @@ def _layout_only(ins: HloInstruction, operand: HloInstruction | None) -> str | N
 )
 def detect_layout_mismatch_copies(session: Session) -> ToolOutput:
     """summary: count, total_ms, share_of_op_time_percent, top_op, top_op_shape, top_op_why,
-    top_op_next_to_convolution (the transpose feeds or follows a convolution: the conv's layout asks for it).
+    top_op_next_to_convolution (the transpose feeds or follows a convolution: the conv's layout asks for it);
+    xprof_data_formatting_percent and counted_ops_note where the profile files ops in XProf's categories (TPU).
     detail: ops (top 20, each with next_to_convolution)."""
-    return detect(session, _layout_copy, lambda top: {"top_op_shape": top["shape"], "top_op_why": top["why"],
-                                                      "top_op_next_to_convolution": top["next_to_convolution"]})
+    out = detect(session, _layout_copy, lambda top: {"top_op_shape": top["shape"], "top_op_why": top["why"],
+                                                     "top_op_next_to_convolution": top["next_to_convolution"]})
+    formatting = _xprof_data_formatting_percent(session)
+    if formatting is not None:
+        counted = out.summary["share_of_op_time_percent"]
+        out.summary["xprof_data_formatting_percent"] = formatting
+        out.summary["counted_ops_note"] = (
+            f"counted: copies and transposes whose result is laid out differently from their input ({counted}% of op "
+            f"time); XProf's 'data formatting' ({formatting}%) is a category of every copy, transpose and reshape op, "
+            "also those that move data without re-laying it (a value copied into another buffer in the same layout), "
+            "which detect_unfused_reshapes reports")
+    return out
+
+
+def _xprof_data_formatting_percent(session: Session) -> float | None:
+    """Share of device op time in ops the profile's own cost model files as 'data formatting' (TPU); None where
+    the profile records no op categories."""
+    costs = profile_op_costs(session)
+    if not costs:
+        return None
+    ops = op_table(session)
+    per_op = np.bincount(ops.op, weights=ops.duration_ps.astype(float), minlength=len(ops.op_keys))
+    formatting = sum(ps for (module, _, name, *_), ps in zip(ops.op_keys, per_op)
+                     if costs.get((module, name), {}).get("hlo_category") == "data formatting")
+    return round(100 * formatting / per_op.sum(), 2) if per_op.sum() else None
 
 
 def _is_convolution(ins: HloInstruction, module) -> bool:
