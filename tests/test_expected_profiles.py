@@ -23,6 +23,7 @@ from xdiag.model import Status, ToolResult, ToolStatus
 from xdiag.profile.locate import locate_session
 from xdiag.profile.space import HloComputation, HloInstruction, HloModule
 from xdiag.tools.detect_unnecessary_convert_reduce import materialised_widening
+from xdiag.tools.get_memory_profile import _capacity
 from xdiag.tools.hlo_checks import ExecutedInstruction
 from xdiag.tools.ops import OpStat
 
@@ -403,6 +404,24 @@ def test_a_busy_device_whose_dominant_kernel_runs_far_below_its_roof_is_not_opti
     top = diagnosis.findings[0]
     assert top.key == "low_kernel_efficiency" and top.priority == "P0"
     assert "MXU" in top.fix and "Pallas" in top.fix  # TPU advice for a compute-bound kernel
+
+
+def test_memory_pressure_is_measured_against_the_allocators_limit_and_says_so():
+    """XLA's GPU client may use 75% of the device by default: 135 GiB on a 192 GiB MI300X is 94% of what the
+    allocator may take (OOM risk HIGH, where 70% of the device would read LOW), and the finding names both figures."""
+    memory = _capacity(135.0, device_memory=192.0, allocator_limit=144.0)
+    assert memory["oom_risk"] == "HIGH" and memory["headroom_percent"] == pytest.approx(6.25, abs=0.01)
+    results = {
+        "get_step_trace": ToolResult(tool="get_step_trace", status=ToolStatus.OK,
+                                     summary={"steps": 20, "step_time_ms_mean": 12.0, "compute_percent": 95.0}),
+        "get_memory_profile": ToolResult(tool="get_memory_profile", status=ToolStatus.OK, summary=memory),
+        "get_device_information": ToolResult(tool="get_device_information", status=ToolStatus.OK,
+                                             summary={"platform": "GPU", "vendor": "AMD", "framework": "JAX"}),
+    }
+    diagnosis = RuleEngine().investigate(health_snapshot(results), results, lambda *args: None)
+    finding = next(f for f in diagnosis.findings if f.key == "memory_pressure")
+    assert "135.0 GiB of 144.0 GiB the allocator may use (192.0 GiB device memory)" in finding.whats_happening
+    assert any(e.metric == "allocator_limit_gib" and e.value == 144.0 for e in finding.evidence)
 
 
 def _instruction(name, opcode, dtype, dims, operands=(), called=()):

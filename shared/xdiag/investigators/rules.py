@@ -322,10 +322,12 @@ def _hypotheses(health: dict[str, Any], results: dict[str, ToolResult]) -> list[
         out.append(Hypothesis(
             "memory_pressure", 50.0 if health["oom_risk"] == "HIGH" else 15.0,
             f"Out-of-memory risk {health['oom_risk']}",
-            f"Peak memory {mem.get('peak_memory_gib')} GiB of {mem.get('capacity_gib')} GiB "
+            f"Peak memory {mem.get('peak_memory_gib')} GiB of {_memory_limit_text(mem)} "
             f"({mem.get('headroom_percent')}% headroom).",
             [_ev("get_memory_profile", "peak_memory_gib", mem.get("peak_memory_gib")),
              _ev("get_memory_profile", "capacity_gib", mem.get("capacity_gib")),
+             *([_ev("get_memory_profile", "allocator_limit_gib", mem["allocator_limit_gib"])]
+               if mem.get("allocator_limit_gib") is not None else []),
              _ev("get_memory_profile", "headroom_percent", mem.get("headroom_percent"))],
             "Avoids an out-of-memory failure as batch or sequence length grows.",
             advice.cut_peak_memory(_context(results)),
@@ -658,7 +660,8 @@ def _transfer_hypotheses(health: dict[str, Any], results: dict[str, ToolResult],
                    "host<->device copy work seen on the host's lines (DMA buffer mapping, Linearize/Delinearize)")]
               if host_transfer >= 5 else []),
         impact,
-        _sentence(advice.transfer_fix(_context(results), memory.get("peak_memory_gib"), memory.get("capacity_gib"))),
+        _sentence(advice.transfer_fix(_context(results), memory.get("peak_memory_gib"),
+                                      memory.get("allocator_limit_gib") or memory.get("capacity_gib"))),
         follow_up=("get_hlo_neighborhood", {"op": ops[0]["op"], "module": ops[0]["module"]})
         if ops and ops[0].get("module") else None,
         extra_evidence=_neighborhood_evidence,
@@ -827,3 +830,12 @@ class RuleEngine:
             follow_up_calls=calls,
             investigator=self.name,
         )
+
+
+def _memory_limit_text(memory: dict[str, Any]) -> str:
+    """'31.2 GiB', or where the allocator may use less than the device has: '144 GiB the allocator may use (192 GiB
+    device memory)': the headroom is measured against the limit that runs out first."""
+    capacity, limit = memory.get("capacity_gib"), memory.get("allocator_limit_gib")
+    if limit is None:
+        return f"{capacity} GiB"
+    return f"{limit} GiB the allocator may use ({capacity} GiB device memory)"
