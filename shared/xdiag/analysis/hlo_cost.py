@@ -160,6 +160,7 @@ def instruction_cost(module: HloModule, name: str) -> dict | None:
     if ins.opcode == "custom-call" and ins.dtype == "tuple":
         written = sum(prod(d) * BYTES_PER_ELEMENT.get(t, 4) for t, d in ins.tuple_shapes if t not in _WORKSPACE_TYPES)
     fused = module.fused_opcodes.get(ins.name, [])
+    precision = _matmul_precision(ins, module)
     gemm_known = is_gemm_call(ins) and gemm_flops(ins, computation) is not None
     conv_known = ins.custom_call_target in CONV_TARGETS and conv_flops(ins, computation) is not None
     custom = custom_kernel_cost(ins, computation)
@@ -181,7 +182,51 @@ def instruction_cost(module: HloModule, name: str) -> dict | None:
         "op_name": ins.op_name,
         "source": ins.source,
         "program_memory_passes": memory_passes(module),
+        "hbm_share": hbm_share(ins, operands),
+        "result_memory_space": ins.memory_space if ins.dtype != "tuple" else 0,
+        "in_loop_body": computation.name in module.loop_bodies,
+        **({"matmul_precision": precision} if precision else {}),
     }
+
+
+ON_CHIP_MEMORY_SPACE = 1
+"""A TPU's VMEM (`S(1)` in HLO text, XLA's docs/shapes.md); 0 is the device's HBM."""
+
+
+def _arrays(ins: HloInstruction) -> list[tuple[float, int]]:
+    """(bytes, memory space) of the instruction's result, or of each tuple element; the space 0 (HBM) where the
+    HLO does not say."""
+    if ins.dtype != "tuple":
+        return [(shape_bytes(ins), ins.memory_space)]
+    spaces = ins.tuple_memory_spaces
+    if len(spaces) != len(ins.tuple_shapes):
+        spaces = (0,) * len(ins.tuple_shapes)
+    return [(prod(d) * BYTES_PER_ELEMENT.get(t, 4), space) for (t, d), space in zip(ins.tuple_shapes, spaces)]
+
+
+def hbm_share(ins: HloInstruction, operands: list[HloInstruction]) -> float | None:
+    """The share of the op's operand and result bytes that live in the device's main memory (memory space 0),
+    where some live elsewhere: on a TPU in VMEM (S(1)), whose bytes never cross the HBM bus, so the HBM roofline
+    counts only this share (0: the op's data is all on chip). None where everything is in HBM (GPU, CPU)."""
+    if any(t == "tuple" for i in (ins, *operands) for t, _ in i.tuple_shapes):
+        return None  # a nested tuple's arrays are not listed (an async op's operand): its sizes are not known
+    arrays = [a for i in (ins, *operands) for a in _arrays(i)]
+    total = sum(size for size, _ in arrays)
+    in_hbm = sum(size for size, space in arrays if space == 0)
+    return round(in_hbm / total, 4) if total and in_hbm < total else None
+
+
+PRECISIONS = {1: "HIGH", 2: "HIGHEST"}
+"""XLA's PrecisionConfig values above DEFAULT: f32 matmuls the TPU's bf16 MXU runs in 3 (HIGH) or 6 (HIGHEST) passes."""
+
+
+def _matmul_precision(ins: HloInstruction, module: HloModule) -> str | None:
+    """HIGH or HIGHEST where the op (or a dot or convolution it fuses) asks for more than the default precision."""
+    inner = [ins]
+    if ins.opcode == "fusion" and ins.called and ins.called[0] in module.computations:
+        inner = module.computations[ins.called[0]].instructions
+    levels = [max(i.operand_precision) for i in inner if i.opcode in ("dot", "convolution") and i.operand_precision]
+    return PRECISIONS.get(max(levels)) if levels else None
 
 
 _NOT_KERNELS = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all", "partition-id", "replica-id"}
@@ -190,10 +235,12 @@ _NOT_KERNELS = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast"
 def memory_passes(module: HloModule) -> float | None:
     """How many times one execution of the program moves its own data: the bytes its top-level ops read and
     write, over the bytes it must (its parameters read once, its result written once). 1.0 is one pass; several
-    kernels re-reading one array, or intermediates written and read back, raise it. None when nothing moves."""
+    kernels re-reading one array, or intermediates written and read back, raise it. None when nothing moves, or
+    the program runs a loop."""
     entry = module.computations.get(module.entry)
     ratio = None
-    if entry is not None and entry.instructions:
+    # A loop re-reads its state every trip, as it must: the entry's bytes do not count a looping program's passes.
+    if entry is not None and entry.instructions and not any(i.opcode == "while" for i in entry.instructions):
         moved = 0.0
         for ins in entry.instructions:
             if ins.opcode in _NOT_KERNELS:

@@ -20,14 +20,15 @@ def roofline(row: dict, peaks: dict | None) -> dict:
         return {}
     intensity, achieved = row.get("arithmetic_intensity_flops_per_byte"), row.get("achieved_gflops_per_s")
     bandwidth = row.get("achieved_gb_per_s")
-    if intensity is None or achieved is None or bandwidth is None:
+    on_chip = bool(row.get("data_on_chip"))  # no HBM bytes: only the compute peak bounds it
+    if (intensity is None and not on_chip) or achieved is None or bandwidth is None:
         return {}
     peak_flops, peak_bw = peaks["peak_flops_per_s"], peaks["peak_hbm_bytes_per_s"]
     wide = any(str(s).startswith(("f32", "f64")) for s in row.get("operand_shapes") or [])
     f32_peak = peaks.get("peak_f32_matmul_flops_per_s")
     if wide and f32_peak:
         peak_flops = f32_peak  # f32 operands have their own, lower roof (TF32/FP32 matrix rate)
-    compute_bound = intensity * peak_bw >= peak_flops
+    compute_bound = on_chip or intensity * peak_bw >= peak_flops
     roof = peak_flops if compute_bound else intensity * peak_bw
     efficiency = 100 * (achieved * 1e9 / peak_flops if compute_bound else bandwidth * 1e9 / peak_bw)
     out: dict = {
@@ -78,12 +79,38 @@ def memory_bound_rows(rows: list[dict]) -> list[dict]:
     ]
 
 
-def roofline_summary(rows: list[dict]) -> dict:
+STARVED_INTENSITY_SHARE_OF_RIDGE = 0.1
+"""Memory-bound work at the bandwidth roof whose arithmetic intensity is under this share of the ridge point can
+reach no more than that share of the compute peak: where a loop re-reads the same arrays every trip (a decode step
+reading every weight for one token), only more work per byte read changes that."""
+
+
+def memory_bound_kind(low: list[dict]) -> tuple[str | None, float | None]:
+    """Which reading of "memory-bound" holds for the memory-bound rows, by where most of their time is:
+    at_bandwidth_roof (at >= BANDWIDTH_EFFICIENCY_LOW_PERCENT of the HBM bandwidth: the bytes set the time) or
+    below_bandwidth_roof (far below it: the kernel, not the bytes, sets the time); and the time-weighted bandwidth
+    efficiency of the rows of that kind. (None, None) without measured memory-bound rows."""
+    measured = [o for o in low if o.get("roofline_efficiency_percent") is not None and not o.get("not_a_measurement")]
+    below = [o for o in measured if o["roofline_efficiency_percent"] < BANDWIDTH_EFFICIENCY_LOW_PERCENT]
+    at = [o for o in measured if o not in below]
+    if not measured:
+        return None, None
+    share = lambda group: sum(o["share_of_op_time_percent"] for o in group)  # noqa: E731
+    kind, group = ("below_bandwidth_roof", below) if share(below) > share(at) else ("at_bandwidth_roof", at)
+    return kind, _weighted(group, "roofline_efficiency_percent")
+
+
+def roofline_summary(rows: list[dict], ridge_flop_per_byte: float | None = None) -> dict:
     """From every op row: memory_bound_op_percent, memory_passes (time-weighted passes of their programs over
     their own data), memory_extra_pass_percent (op time those extra passes cost),
-    memory_bandwidth_efficiency_percent, memory_bound_defect and memory_bound_why (several passes, or bandwidth
-    left unused: memory-bound work near its roof is the nature of the work, not a defect),
+    memory_bandwidth_efficiency_percent, memory_bound_kind (memory_bound_kind()) with
+    memory_bound_kind_bandwidth_percent, memory_intensity_flop_per_byte (time-weighted), memory_wait_percent (op
+    time waiting for async copies from HBM into on-chip memory), memory_bound_rereads_in_loops,
+    memory_bound_defect and memory_bound_why (far below the roof; at it with too little arithmetic per byte,
+    re-reading arrays every trip of a loop or making several passes: memory-bound work at its roof in one pass,
+    or with ample arithmetic per byte, is the nature of the work),
     and, over the ops that dominate the op time (dominant_rows): dominant_ops_share_percent, dominant_ops,
+    dominant_ops_matmul_precision (HIGH/HIGHEST where their matmuls ask for more than the default),
     dominant_ops_roofline_efficiency_percent (time-weighted, over those with a measured efficiency where they
     hold at least half the dominant ops' time),
     dominant_ops_measured_share_percent (the op time those hold) and dominant_ops_unmeasured (each other one,
@@ -94,12 +121,29 @@ def roofline_summary(rows: list[dict]) -> dict:
     extra = round(sum(o["share_of_op_time_percent"] * (1 - 1 / max(o.get("program_memory_passes") or 1.0, 1.0))
                       for o in low), 2)
     bandwidth = _weighted([o for o in low if not o.get("not_a_measurement")], "roofline_efficiency_percent")
+    kind, kind_bandwidth = memory_bound_kind(low)
+    intensity = _weighted(low, "arithmetic_intensity_flops_per_byte")
+    waits = round(sum(o["share_of_op_time_percent"] for o in rows if o.get("waits_for_on_chip_prefetch")), 2)
+    # Three readings: at the roof with a few FLOPs per byte, the bytes set the time (more work per byte read, or
+    # fewer bytes); far below the roof, the kernel does; at the roof with ample arithmetic per byte (convolutions
+    # fused with their normalisation), it is the nature of the work. Without peaks (CPU) only the passes tell.
+    few_flops_at_roof = (kind == "at_bandwidth_roof" and bool(ridge_flop_per_byte) and intensity is not None
+                         and intensity < STARVED_INTENSITY_SHARE_OF_RIDGE * ridge_flop_per_byte)
+    # Work a loop repeats reads the same arrays every trip (a decode step's weights, once per token): more work
+    # per trip amortises them. Work done once per step is read once, as it must be.
+    in_loops = sum(o["share_of_op_time_percent"] for o in low if o.get("in_loop_body"))
+    rereads = few_flops_at_roof and in_loops >= 0.5 * sum(o["share_of_op_time_percent"] for o in low)
     why = []
-    if extra >= EXTRA_PASSES_DEFECT_PERCENT:
+    if (kind is None or kind == "below_bandwidth_roof" or few_flops_at_roof) and extra >= EXTRA_PASSES_DEFECT_PERCENT:
         why.append(f"their programs move their own data {passes:g} times per execution, so {extra:g}% of op time "
                    "goes to passes a fused program would not make")
-    if bandwidth is not None and bandwidth < BANDWIDTH_EFFICIENCY_LOW_PERCENT:
-        why.append(f"they reach only {bandwidth:g}% of the HBM bandwidth")
+    if rereads:
+        why.append(f"they run in loops at {kind_bandwidth:g}% of the HBM bandwidth doing only {intensity:g} FLOP per "
+                   f"byte (the ridge point is {ridge_flop_per_byte:g}), reading the same arrays every trip, so the "
+                   "bytes, not the arithmetic, set the time"
+                   + (f", and the device waits {waits:g}% of op time for data it prefetches from HBM" if waits else ""))
+    if kind == "below_bandwidth_roof":
+        why.append(f"the ops holding most of that time reach only {kind_bandwidth:g}% of the HBM bandwidth")
     dominant = dominant_rows(rows)
     measured = [o for o in dominant if _measured(o)]
     covered = round(sum(o["share_of_op_time_percent"] for o in dominant), 2)
@@ -107,16 +151,21 @@ def roofline_summary(rows: list[dict]) -> dict:
     costed = any(o.get("arithmetic_intensity_flops_per_byte") is not None for o in rows)
     share = round(sum(o["share_of_op_time_percent"] for o in low), 2) if costed else None
     note = {}
-    if why and share is not None and share < MEMORY_BOUND_FINDING_MIN_PERCENT:
+    if why and share is not None and share + waits < MEMORY_BOUND_FINDING_MIN_PERCENT:
         # The flag is shown beside the findings: say why it is not one of them.
         note["memory_bound_defect_note"] = (
-            f"not a finding: memory-bound ops take {share:g}% of op time, under the "
-            f"{MEMORY_BOUND_FINDING_MIN_PERCENT:g}% at which their extra passes become one")
+            f"not a finding: memory-bound ops take {share + waits:g}% of op time, under the "
+            f"{MEMORY_BOUND_FINDING_MIN_PERCENT:g}% at which their defect becomes one")
     return {
         "memory_bound_op_percent": share,
         "memory_passes": passes,
         "memory_extra_pass_percent": extra,
         "memory_bandwidth_efficiency_percent": bandwidth,
+        "memory_bound_kind": kind,
+        "memory_wait_percent": waits,
+        "memory_bound_kind_bandwidth_percent": kind_bandwidth,
+        "memory_intensity_flop_per_byte": intensity,
+        "memory_bound_rereads_in_loops": bool(rereads),
         "memory_bound_defect": bool(why),
         "memory_bound_why": why,
         **note,
@@ -126,6 +175,8 @@ def roofline_summary(rows: list[dict]) -> dict:
         "dominant_ops_share_percent": covered or None,
         "dominant_ops_measured_share_percent": round(measured_share, 2) if dominant else None,
         "dominant_ops": [f"{o['op']} ({o['module']})" for o in dominant[:3]],
+        "dominant_ops_matmul_precision": next((o["matmul_precision"] for o in dominant if o.get("matmul_precision")),
+                                              None),
         "dominant_ops_unmeasured": [f"{o['op']} ({o['share_of_op_time_percent']}% of op time): {_unmeasured_why(o)}"
                                     for o in dominant if not _measured(o)][:5],
         "flagged_op_rows": sum(1 for o in rows if o.get("not_a_measurement")),
@@ -133,9 +184,11 @@ def roofline_summary(rows: list[dict]) -> dict:
 
 
 def dominant_rows(rows: list[dict]) -> list[dict]:
-    """The ops that dominate the compute op time: the busiest rows (transfers left out: their time is a wait)
+    """The ops that dominate the compute op time: the busiest rows (transfers and async waits left out: their
+    time is a wait)
     that together hold half of it; rows under 1% of op time (a long tail) are not counted among them."""
-    working = sorted((o for o in rows if o.get("category") not in ("async_copy", "memcpy")),
+    working = sorted((o for o in rows if o.get("category") not in ("async_copy", "memcpy")
+                      and not o.get("rate_not_measured_because")),
                      key=lambda o: -o["share_of_op_time_percent"])
     total = sum(o["share_of_op_time_percent"] for o in working)
     dominant, covered = [], 0.0
@@ -161,3 +214,32 @@ def _unmeasured_why(row: dict) -> str:
     if row.get("flops_per_run") is None:
         return "FLOPs unknown: the profile's HLO does not name this kernel's instruction"
     return "no device peaks to measure against"
+
+
+def loop_work(rows: list[dict]) -> dict:
+    """How the busiest ops (those covering half the op time) run: busiest_ops_mean_us (their time over their
+    executions), busiest_ops_efficiency_percent (time-weighted roofline efficiency, whatever its basis),
+    busiest_ops_share_percent, and, where their program runs loops, loop_trips_per_run (the busiest op's executions
+    per execution of its program's loops): thousands of sub-microsecond dependent steps are latency-bound."""
+    busiest, covered = [], 0.0
+    for row in sorted(rows, key=lambda o: -o["share_of_op_time_percent"]):
+        if row.get("category") == "control_flow":
+            continue
+        busiest.append(row)
+        covered += row["share_of_op_time_percent"]
+        if covered >= 50:
+            break
+    if not busiest:
+        return {}
+    executions = sum(o["count"] for o in busiest)
+    out = {
+        "busiest_ops_share_percent": round(covered, 2),
+        "busiest_ops_mean_us": round(sum(o["total_ms"] for o in busiest) * 1e3 / executions, 3) if executions else None,
+        "busiest_ops_efficiency_percent": _weighted(busiest, "roofline_efficiency_percent"),
+        "loop_trips_per_run": None,
+    }
+    top = busiest[0]
+    loops = sum(o["count"] for o in rows if o.get("category") == "control_flow" and o.get("module") == top.get("module"))
+    if loops:
+        out["loop_trips_per_run"] = round(top["count"] / loops, 1)
+    return out

@@ -159,6 +159,29 @@ class OpTable:
     def duration_ps(self) -> np.ndarray:
         return self.end_ps - self.start_ps
 
+    def self_duration_ps(self) -> np.ndarray:
+        """Each op's own time: a control-flow op (while, conditional, call: a `fori_loop`, a `scan`) encloses its
+        body's ops on the device's line, so its own time is its span less the time of the ops it encloses (those
+        ops, and the own time of loops nested in it); every other op's is its duration."""
+        durations = self.duration_ps
+        containers = np.flatnonzero(self.in_categories(["control_flow"]))
+        if not len(containers):
+            return durations
+        own = durations.copy()
+        for device in np.unique(self.device_code[containers]).tolist():
+            on_device = self.device_code == device
+            loops = containers[self.device_code[containers] == device]
+            loops = loops[np.lexsort((-self.end_ps[loops], self.start_ps[loops]))]  # outer before inner at one start
+            body = on_device & ~self.in_categories(["control_flow"])
+            starts, ends = self.start_ps[loops], self.end_ps[loops]
+            enclosed = covered(self.start_ps[body], self.end_ps[body], starts, ends)
+            # Innermost first: a loop's own time is known before the loops around it subtract it.
+            inner_end = np.searchsorted(starts, ends, side="left")
+            for k in range(len(loops) - 1, -1, -1):
+                nested = own[loops[k + 1 : inner_end[k]]].sum() if inner_end[k] > k + 1 else 0
+                own[loops[k]] = max(int(durations[loops[k]] - enclosed[k] - nested), 0)
+        return own
+
     def take(self, mask: np.ndarray) -> OpTable:
         """The rows of a boolean mask; the table itself where the mask selects every row (nothing writes into
         a table's columns, and on large profiles a copy is hundreds of MB)."""

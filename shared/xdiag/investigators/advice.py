@@ -59,6 +59,38 @@ def fuse_passes(ctx: Context) -> str:
     return base
 
 
+def more_work_per_byte(ctx: Context) -> str:
+    """What helps memory-bound work already at the bandwidth roof: more arithmetic per byte read, or fewer bytes."""
+    text = ("do more work per byte read: serve more rows per weight read (a larger batch, continuous batching of "
+            "requests in decoding), verify several tokens per weight read (speculative decoding), or read fewer bytes "
+            "(int8/fp8 weights and KV cache)")
+    if ctx.platform == "TPU":
+        return text + "; at this intensity faster kernels cannot help: the HBM bus is already near full"
+    return text + "; at this intensity faster kernels cannot help: the memory bus is already near full"
+
+
+def below_roof_fix(ctx: Context) -> str:
+    """What helps memory-bound ops that leave most of the bandwidth unused: the kernel or the algorithm."""
+    text = ("the kernel, not the bytes, sets the time: use another algorithm or kernel for these ops (for a "
+            "cumulative sum or scan that XLA lowers to a sliding-window reduce-window, jax.lax.associative_scan or a "
+            "blocked scan; a reduction along the minor axis instead of the major one)")
+    if ctx.platform in ("TPU", "GPU"):
+        return text + "; where XLA has no better lowering, a Pallas kernel that streams the array once"
+    return text
+
+
+def precision_fix(ctx: Context, precision: str) -> str:
+    """Matmuls that ask for more than the default precision run several passes on 16-bit matrix units."""
+    passes = {"HIGHEST": "6", "HIGH": "3"}.get(precision, "several")
+    if ctx.platform == "TPU":
+        where = f"f32 matmuls at precision={precision} run {passes} bf16 passes on the MXU"
+    else:
+        where = f"f32 matmuls at precision={precision} do not use the 16-bit tensor cores at full rate"
+    return (where + ": use the default precision or bf16 operands where the accuracy allows (precision=DEFAULT, "
+            "jax.default_matmul_precision('bfloat16')" + (", or HIGH for 3 passes" if ctx.platform == "TPU" else "")
+            + "), keeping f32 accumulation")
+
+
 def layout_fix(ctx: Context, next_to_convolution: bool) -> str:
     """Advice for layout-changing transposes/copies."""
     if next_to_convolution:

@@ -32,6 +32,9 @@ def _summary(results: dict[str, ToolResult], tool: str) -> dict[str, Any]:
 
 DOMINANT_EFFICIENCY_MIN_PERCENT = 30.0
 """The ops that take most of the time must reach this share of their roof for a busy device to be healthy."""
+LATENCY_BOUND = {"loop_trips_per_run_min": 64, "op_us_max": 5.0, "efficiency_percent_max": 30.0}
+"""Latency-bound: the busiest ops run thousands of times per loop (dependent steps), each a few microseconds
+or less, far below their roof: per-op latency, not bandwidth or arithmetic, sets the time."""
 DMA_STALL_MAX_PERCENT = 20.0
 """Share of the dominant ops' time spent waiting on their input copies (XProf's per-op DMA stall, TPU)."""
 
@@ -100,11 +103,15 @@ def health_snapshot(results: dict[str, ToolResult]) -> dict[str, Any]:
         "memory_bound_is_defect": ops.get("memory_bound_defect"),
         "memory_passes": ops.get("memory_passes"),
         "memory_bandwidth_efficiency_percent": ops.get("memory_bandwidth_efficiency_percent"),
+        "memory_bound_kind": ops.get("memory_bound_kind"),
+        "memory_wait_percent": ops.get("memory_wait_percent"),
         "dominant_ops_roofline_efficiency_percent": ops.get("dominant_ops_roofline_efficiency_percent"),
         "dominant_ops_share_percent": ops.get("dominant_ops_share_percent"),
         "dominant_ops_measured_share_percent": ops.get("dominant_ops_measured_share_percent"),
         "dominant_ops_unmeasured": ops.get("dominant_ops_unmeasured") or [],
         "dma_stall_percent": roofline.get("dma_stall_percent_of_top_ops"),
+        "loop_work": {k: ops.get(k) for k in ("busiest_ops_mean_us", "busiest_ops_efficiency_percent",
+                                              "busiest_ops_share_percent", "loop_trips_per_run")},
         "peaks": {k: ops.get(k) for k in ("device_model", "peak_tflops", "peak_hbm_gb_per_s", "flops_source",
                                             "bandwidth_source", "peak_warnings") if ops.get(k) is not None} or None,
         "data_movement_op_percent": round(moving, 2) if categories else None,
@@ -125,7 +132,7 @@ def health_snapshot(results: dict[str, ToolResult]) -> dict[str, Any]:
             "utilization_percent": "get_utilization_viewer",
             "memory": "get_memory_profile",
             "roofline_efficiency_percent": "get_roofline_model",
-            "top_op, low_intensity_op_percent, memory_*, dominant_ops_*, peaks": "get_hlo_op_profile",
+            "top_op, low_intensity_op_percent, memory_*, dominant_ops_*, loop_work, peaks": "get_hlo_op_profile",
             "dma_stall_percent": "get_roofline_model",
             "compiler": "detect_layout_mismatch_copies, detect_unfused_reshapes, detect_unnecessary_convert_reduce",
         },
@@ -176,8 +183,10 @@ def _unhealthy_reasons(s: dict[str, Any]) -> list[str]:
         op_time_shares.append(("ops that move data (copies, transfers) instead of computing",
                                s["data_movement_op_percent"]))
     reasons += _one_line_per_share(op_time_shares)
-    if (s.get("low_intensity_op_percent") or 0) > HEALTHY["low_intensity_percent_max"] and s.get("memory_bound_is_defect"):
-        reasons.append(f"{s['low_intensity_op_percent']}% of op time is in memory-bound ops that move more bytes than needed")
+    memory_bound = (s.get("low_intensity_op_percent") or 0) + (s.get("memory_wait_percent") or 0)
+    if memory_bound > HEALTHY["low_intensity_percent_max"] and s.get("memory_bound_is_defect"):
+        reasons.append(f"{memory_bound:.4g}% of op time is memory-bound ({s.get('memory_bound_kind') or 'no peaks'}) "
+                       "in a way its fix can change")
     efficiency = s.get("dominant_ops_roofline_efficiency_percent")
     if efficiency is not None and efficiency < DOMINANT_EFFICIENCY_MIN_PERCENT:
         reasons.append(f"the ops taking {s['dominant_ops_share_percent']}% of op time run at {efficiency}% of their roofline")
@@ -186,6 +195,10 @@ def _unhealthy_reasons(s: dict[str, Any]) -> list[str]:
         reasons.append(
             f"the roofline efficiency of the ops that dominate op time is not measured, so OPTIMAL cannot be shown: "
             + "; ".join(s["dominant_ops_unmeasured"]))
+    if is_latency_bound(s.get("loop_work") or {}):
+        work = s["loop_work"]
+        reasons.append(f"the busiest ops run {work['loop_trips_per_run']:g} times per loop, {work['busiest_ops_mean_us']} "
+                       f"us each, at {work['busiest_ops_efficiency_percent']}% of their roofline")
     if (s.get("dma_stall_percent") or 0) > DMA_STALL_MAX_PERCENT:
         reasons.append(f"the busiest ops wait on their input copies {s['dma_stall_percent']}% of their time")
     return reasons
@@ -203,3 +216,12 @@ def _one_line_per_share(shares: list[tuple[str, float]]) -> list[str]:
         same = " (the same ops, found by each check)" if len(names) > 1 else ""
         lines.append(f"{named} take {figure}% of op time{same}")
     return lines
+
+
+def is_latency_bound(work: dict[str, Any]) -> bool:
+    """LATENCY_BOUND holds for get_hlo_op_profile's loop_work numbers."""
+    trips, mean_us, efficiency = (work.get(k) for k in ("loop_trips_per_run", "busiest_ops_mean_us",
+                                                        "busiest_ops_efficiency_percent"))
+    return (trips is not None and trips >= LATENCY_BOUND["loop_trips_per_run_min"] and mean_us is not None
+            and mean_us <= LATENCY_BOUND["op_us_max"]
+            and (efficiency is None or efficiency < LATENCY_BOUND["efficiency_percent_max"]))

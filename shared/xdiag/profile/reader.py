@@ -380,6 +380,7 @@ def _hlo_module(proto_bytes: bytes, host: str, fallback_id: int) -> HloModule | 
                     fusion_backend_kind=_fusion_backend_kind(ins),
                     memory_space=shape.layout.memory_space,
                     kernel_cost_estimate=_kernel_cost_estimate(ins),
+                    operand_precision=tuple(ins.precision_config.operand_precision),
                     **_contraction(ins),
                     tuple_memory_spaces=tuple(t.layout.memory_space for t in shape.tuple_shapes),
                     is_host_transfer=ins.is_host_transfer,

@@ -130,6 +130,8 @@ def _build_xplane_file() -> descriptor_pb2.FileDescriptorProto:
 def _build_hlo_file() -> descriptor_pb2.FileDescriptorProto:
     f = descriptor_pb2.FileDescriptorProto(name="xdiag/hlo_subset.proto", package="xdiag.hlo", syntax="proto2")
     _message(f, "LayoutProto", [("minor_to_major", 1, _INT64, _REPEATED), ("memory_space", 8, _INT64, _OPTIONAL)])
+    # operand_precision: DEFAULT 0, HIGH 1, HIGHEST 2 per operand of a dot or convolution (xla_data.proto).
+    _message(f, "PrecisionConfig", [("operand_precision", 1, _INT32, _REPEATED)])
     _message(
         f,
         "DotDimensionNumbers",
@@ -187,6 +189,7 @@ def _build_hlo_file() -> descriptor_pb2.FileDescriptorProto:
             ("called_computation_ids", 38, _INT64, _REPEATED),
             ("backend_config", 43, _BYTES, _OPTIONAL),
             ("is_host_transfer", 47, _BOOL, _OPTIONAL),
+            ("precision_config", 51, _MESSAGE, _OPTIONAL, "PrecisionConfig"),
         ],
     )
     _message(

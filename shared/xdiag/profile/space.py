@@ -261,6 +261,7 @@ class HloInstruction:
     memory_space: int = 0  # of an array value's layout: 0 the device's memory; others (TPU host memory: 5) not
     tuple_memory_spaces: tuple[int, ...] = ()  # of a tuple value: each element's memory space (copy-start: dest, src)
     is_host_transfer: bool = False  # a send/recv (and its done) that moves data to or from the host, not a device
+    operand_precision: tuple[int, ...] = ()  # dot/convolution: per operand, 0 DEFAULT, 1 HIGH, 2 HIGHEST
 
     @property
     def shape_text(self) -> str:
@@ -305,6 +306,12 @@ class HloModule:
             if instruction is not None:
                 return computation, instruction
         return None
+
+    @cached_property
+    def loop_bodies(self) -> set[str]:
+        """The computations a `while` runs as its body or condition: their instructions run once per trip."""
+        return {name for computation in self.computations.values() for i in computation.instructions
+                if i.opcode == "while" for name in i.called}
 
     @cached_property
     def fused_opcodes(self) -> dict[str, list[str]]:

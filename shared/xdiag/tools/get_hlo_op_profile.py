@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from xdiag.analysis.device_peaks import session_peaks
-from xdiag.analysis.roofline import roofline_summary
+from xdiag.analysis.roofline import loop_work, roofline_summary
 from xdiag.analysis.transfers import transfer_spans
 from xdiag.errors import NotAvailable
 from xdiag.profile.space import Session
@@ -23,7 +23,8 @@ def get_hlo_op_profile(session: Session, top_n: int = 20) -> ToolOutput:
     """summary: op_count, total_op_time_ms, top_op, top_op_share_percent, top_category,
     category_percent {category: % of op time}; roofline_summary's memory_bound_op_percent, memory_passes,
     memory_bandwidth_efficiency_percent, memory_bound_defect/why, dominant_ops_roofline_efficiency_percent,
-    dominant_ops_share_percent, dominant_ops, flagged_op_rows; async_copies (transfer_spans: copies, GB per copy,
+    dominant_ops_share_percent, dominant_ops, flagged_op_rows; loop_work's busiest_ops_mean_us,
+    busiest_ops_efficiency_percent, busiest_ops_share_percent, loop_trips_per_run; async_copies (transfer_spans: copies, GB per copy,
     measured link GB/s) where the profile has copy-start/copy-done pairs; and on TPU/GPU the checked peaks
     (device_model, peak_tflops, peak_hbm_gb_per_s, ridge, sources, peak_warnings). detail: ops [top_n rows, each with
     arithmetic intensity, achieved GFLOP/s and GB/s, and on TPU/GPU bound, roof, roofline efficiency and
@@ -51,7 +52,8 @@ def get_hlo_op_profile(session: Session, top_n: int = 20) -> ToolOutput:
         summary.update({k: peaks[k] for k in ("device_model", "peak_tflops", "peak_hbm_gb_per_s", "ridge_flop_per_byte",
                                               "flops_source", "bandwidth_source", "peak_warnings")})
     rows = [s.row(total_ps, peaks) for s in stats]
-    summary.update(roofline_summary(rows))
+    summary.update(roofline_summary(rows, peaks.get("ridge_flop_per_byte") if peaks else None))
+    summary.update(loop_work(rows))
     transfers = transfer_spans(session)
     if transfers:
         summary["async_copies"] = transfers

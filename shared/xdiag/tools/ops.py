@@ -6,11 +6,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from xdiag.analysis.hlo_cost import instruction_cost
+from xdiag.analysis.hlo_cost import ON_CHIP_MEMORY_SPACE, instruction_cost
 from xdiag.analysis.roofline import TRANSFER_RATE_REASON, roofline
 from xdiag.analysis.timeline import COPY_OP_CATEGORIES, op_table, profile_op_costs
 from xdiag.profile.columns import unique_with_inverse
 from xdiag.profile.space import NO_VALUE, Session
+
+
+ASYNC_OPCODES = {"copy-start", "copy-done", "async-start", "async-done"}
+"""Ops whose event is the start of, or the wait for, work that runs between them."""
+CUSTOM_CODE_REASON = "custom calls and host callbacks run code whose FLOPs the HLO does not say"
+LOOP_COST_REASON = "a loop's FLOPs and bytes are its body's, counted in the rows of the body's ops"
 
 
 @dataclass
@@ -25,6 +31,26 @@ class OpStat:
     @property
     def total_ms(self) -> float:
         return self.total_ps / 1e9
+
+    @property
+    def moves_data_asynchronously(self) -> bool:
+        """A transfer, or the start of or wait for async work (copy-start/-done, async-start/-done): its bytes move
+        between its events, not during its own time."""
+        return self.category in COPY_OP_CATEGORIES or bool(self.cost and self.cost["opcode"] in ASYNC_OPCODES)
+
+    @property
+    def prefetch_wait(self) -> bool:
+        """The wait for an async copy or slice into on-chip memory (TPU VMEM: its result is in memory space 1 and
+        the HBM read runs between start and done): time the program waits on HBM bandwidth."""
+        return bool(self.cost and self.cost["opcode"] in ("copy-done", "async-done")
+                    and self.cost.get("result_memory_space") == ON_CHIP_MEMORY_SPACE)
+
+    @property
+    def hbm_bytes(self) -> float:
+        """Bytes per run that cross the HBM bus: the op's bytes, less the share of its arrays kept on chip (TPU
+        VMEM, which the HBM roofline does not bound)."""
+        share = self.cost.get("hbm_share") if self.cost else None
+        return (self.cost["bytes"] if self.cost else 0.0) * (1.0 if share is None else share)
 
     def row(self, total_op_ps: int, peaks: dict | None = None) -> dict:
         """The op's table row; with the device's checked peaks (device_peaks.session_peaks) also its roofline:
@@ -41,6 +67,8 @@ class OpStat:
         }
         if self.cost and self.cost["flops_known"]:
             seconds = self.total_ps / 1e12
+            # The roofline's bytes are those that cross the HBM bus: not those of arrays kept on chip (TPU VMEM).
+            share, hbm_bytes = self.cost.get("hbm_share"), self.hbm_bytes
             row.update(
                 shape=self.cost["shape"],
                 operand_shapes=self.cost["operand_shapes"],
@@ -48,20 +76,26 @@ class OpStat:
                 framework_op=self.cost["op_name"],
                 flops_per_run=self.cost["flops"],
                 bytes_per_run=self.cost["bytes"],
-                arithmetic_intensity_flops_per_byte=round(self.cost["flops"] / self.cost["bytes"], 3)
-                if self.cost["bytes"]
-                else None,
+                arithmetic_intensity_flops_per_byte=round(self.cost["flops"] / hbm_bytes, 3) if hbm_bytes else None,
             )
-            if self.category in COPY_OP_CATEGORIES:
-                # An async copy's bytes cross a link between copy-start and copy-done; the op's own event is the
-                # start or the wait, so bytes over its time is no bandwidth (XProf shows such rows at 10^7 %).
+            if share is not None:
+                row.update(hbm_bytes_per_run=round(hbm_bytes), hbm_share_of_bytes=share, data_on_chip=share == 0)
+            for key in ("matmul_precision", "in_loop_body"):
+                if self.cost.get(key):
+                    row[key] = self.cost[key]
+            if self.prefetch_wait:
+                row["waits_for_on_chip_prefetch"] = True
+            if self.moves_data_asynchronously:
+                # An async copy's bytes cross a link between copy-start and copy-done (an async slice's between
+                # async-start and async-done); the op's own event is the start or the wait, so bytes over its time
+                # is no bandwidth (XProf shows such rows at 10^7 %).
                 row.update(achieved_gflops_per_s=None, achieved_gib_per_s=None, achieved_gb_per_s=None,
                            rate_not_measured_because=TRANSFER_RATE_REASON)
             else:
                 row.update(
                     achieved_gflops_per_s=round(self.cost["flops"] * self.count / seconds / 1e9, 3) if seconds else None,
-                    achieved_gib_per_s=round(self.cost["bytes"] * self.count / seconds / 2**30, 3) if seconds else None,
-                    achieved_gb_per_s=round(self.cost["bytes"] * self.count / seconds / 1e9, 3) if seconds else None,
+                    achieved_gib_per_s=round(hbm_bytes * self.count / seconds / 2**30, 3) if seconds else None,
+                    achieved_gb_per_s=round(hbm_bytes * self.count / seconds / 1e9, 3) if seconds else None,
                 )
                 row.update(roofline(row, peaks))
             if self.cost.get("program_memory_passes") is not None:
@@ -72,7 +106,7 @@ class OpStat:
         elif self.cost:
             row.update(shape=self.cost["shape"], operand_shapes=self.cost["operand_shapes"], opcode=self.cost["opcode"],
                        framework_op=self.cost["op_name"], flops_per_run=None,
-                       flops_unknown_because="custom calls and host callbacks run code whose FLOPs the HLO does not say")
+                       flops_unknown_because=self.cost.get("flops_unknown_because", CUSTOM_CODE_REASON))
         return row
 
 
@@ -91,7 +125,7 @@ def op_stats(session: Session) -> list[OpStat]:
         # An op's distinct keys differ only in the kernel (a GPU op may launch several: im2col, then its GEMM).
         unique, rank = unique_with_inverse(np.array([f"{m}\x00{p}\x00{n}" for m, p, n, *_ in ops.op_keys], dtype=object))
         inverse = rank[ops.op]
-        totals = np.bincount(inverse, weights=ops.duration_ps.astype(float))
+        totals = np.bincount(inverse, weights=ops.self_duration_ps().astype(float))  # a loop without its body
         # An execution launches each of its kernels once: an op ran as often as its most launched kernel.
         counts = np.zeros(len(unique), np.int64)
         np.maximum.at(counts, rank, np.bincount(ops.op, minlength=len(rank)))
@@ -120,12 +154,17 @@ def op_stats(session: Session) -> list[OpStat]:
                 cost = {**(cost or {"shape": recorded["shape"], "operand_shapes": [], "opcode": recorded["hlo_category"],
                                     "fusion_kind": "", "op_name": "", "source": recorded["source"]}),
                         "flops": flops, "bytes": recorded["bytes"], "flops_known": True, "cost_source": source}
+            category = str(ops.category[first[k]])
+            if cost and category == "control_flow":
+                # Its body's ops carry the loop's FLOPs and bytes in their own rows: counting them here too would
+                # divide them by the loop's own time (dispatching its trips), not by the time they took.
+                cost = {**cost, "flops_known": False, "flops_unknown_because": LOOP_COST_REASON}
             label = module.display_name if module is not None and module_name in shared_names else module_name
             out.append(
                 OpStat(
                     module=label,
                     name=name,
-                    category=str(ops.category[first[k]]),
+                    category=category,
                     count=int(counts[k]),
                     total_ps=int(totals[k]),
                     cost=cost,
@@ -184,7 +223,8 @@ def costed_work(session: Session) -> CostedWork:
     return CostedWork(
         stats=costed,
         flops=sum(s.cost["flops"] * s.count for s in costed),
-        bytes=sum(s.cost["bytes"] * s.count for s in costed),
+        # HBM bytes only; an async op's bytes move between its start and its wait, counted by neither event.
+        bytes=sum(s.hbm_bytes * s.count for s in costed if not s.moves_data_asynchronously),
         seconds=seconds,
         covered_percent=round(100 * seconds * 1e12 / working_ps, 2) if working_ps else 0.0,
     )
