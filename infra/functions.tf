@@ -227,7 +227,7 @@ locals {
     XDIAG_MONITOR_MIN_WINDOW_POINTS   = tostring(var.monitor_min_window_points)
     XDIAG_MONITOR_CONSECUTIVE_WINDOWS = tostring(var.monitor_consecutive_windows)
     XDIAG_CONTROL_PLANE_AUTH          = "iam" # Cloud Functions IAM checks every caller: no token to keep secret
-    # The control plane verifies every caller's ID token for these audiences (xdiag.capture.identity): its
+    # The control plane verifies every caller's ID token for these audiences (xdiag.pipeline.identity): its
     # deterministic run.app and cloudfunctions.net URLs, and any other its callers' tokens name
     XDIAG_CONTROL_PLANE_AUDIENCE = join(",", concat([
       "https://${var.name_prefix}-control-plane-${data.google_project.this.number}.${var.region}.run.app",

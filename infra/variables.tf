@@ -314,6 +314,12 @@ variable "viewer_members" {
   default     = []
 }
 
+variable "viewer_audiences" {
+  description = "More audiences a viewer caller's ID token may name, beyond its run.app URL (e.g. `terraform output viewer_url` where it differs)."
+  type        = list(string)
+  default     = []
+}
+
 variable "viewer_workers" {
   description = "XProf worker sidecars per viewer instance (each converts one host's file at a time)."
   type        = number

@@ -10,7 +10,10 @@
 # therefore scales with load the way Cloud Run scales instances (0 when idle, up to viewer_max_instances, each with
 # var.viewer_workers workers), and several users' requests spread over instances and their workers.
 #
-# Access: Cloud Run IAM (roles/run.invoker for var.viewer_members only; nobody else, nothing public). Open it with
+# Access: Cloud Run IAM (roles/run.invoker for var.viewer_members only; nobody else, nothing public), and within it
+# each session only to the readers of its run (its owners, the readers they named, var.control_plane_admins), read
+# from Firestore as the control plane wrote them, the caller named by the ID token Cloud Run checked
+# (xdiag.viewer.access). Open it with
 # `gcloud run services proxy <viewer_service> --region <region> --port 8791`, then http://localhost:8791 (the port
 # the reports' viewer links use). The capture button is hidden: captures go through the control plane.
 # The viewer reads the bucket and may create objects in it (XProf keeps its caches beside each session); it can
@@ -40,6 +43,13 @@ resource "google_storage_bucket_iam_member" "viewer" {
   bucket   = google_storage_bucket.profiles.name
   role     = each.value
   member   = "serviceAccount:${google_service_account.viewer[0].email}"
+}
+
+resource "google_project_iam_member" "viewer_reads_runs" {
+  count   = local.viewer_enabled ? 1 : 0
+  project = var.project
+  role    = "roles/datastore.viewer" # the runs' owners and readers; it writes nothing there
+  member  = "serviceAccount:${google_service_account.viewer[0].email}"
 }
 
 resource "google_cloud_run_v2_service" "viewer" {
@@ -73,6 +83,24 @@ resource "google_cloud_run_v2_service" "viewer" {
         "--max_concurrent_worker_requests=${var.viewer_workers}",
         "--hide_capture_profile_button",
       ]
+      env {
+        name  = "XDIAG_VIEWER_AUTH"
+        value = "iam"
+      }
+      env {
+        name = "XDIAG_VIEWER_AUDIENCE" # what the callers' ID tokens name: its run.app URL, and any other given
+        value = join(",", concat([
+          "https://${var.name_prefix}-viewer-${data.google_project.this.number}.${var.region}.run.app",
+        ], var.viewer_audiences))
+      }
+      env {
+        name  = "XDIAG_VIEWER_ADMINS"
+        value = join(",", var.control_plane_admins)
+      }
+      env {
+        name  = "GOOGLE_CLOUD_PROJECT"
+        value = var.project
+      }
       ports {
         container_port = local.viewer_port
       }
@@ -116,7 +144,7 @@ resource "google_cloud_run_v2_service" "viewer" {
     }
   }
 
-  depends_on = [google_project_service.api, google_storage_bucket_iam_member.viewer]
+  depends_on = [google_project_service.api, google_storage_bucket_iam_member.viewer, google_project_iam_member.viewer_reads_runs]
 }
 
 resource "google_cloud_run_v2_service_iam_member" "viewer_members" {

@@ -21,6 +21,7 @@ import time
 import tomllib
 import urllib.error
 import urllib.request
+import uuid
 
 import pytest
 from xdiag.local_ports import free_ports
@@ -92,6 +93,17 @@ def test_the_viewer_scales_to_zero_and_only_named_members_may_invoke_it():
     assert not any("allUsers" in s or "allAuthenticatedUsers" in s for s in strings)
 
 
+def test_the_viewer_shows_each_session_to_the_readers_of_its_run_as_firestore_records_them():
+    frontend, _ = _containers()
+    env = {e["name"]: e["value"] for e in frontend["env"]}
+    assert env["XDIAG_VIEWER_AUTH"] == "iam" and "var.control_plane_admins" in env["XDIAG_VIEWER_ADMINS"]
+    assert "-viewer-${data.google_project.this.number}.${var.region}.run.app" in env["XDIAG_VIEWER_AUDIENCE"]
+    assert env["GOOGLE_CLOUD_PROJECT"] == "${var.project}"
+    reads = infra().resource("google_project_iam_member", "viewer_reads_runs")
+    assert reads["role"] == "roles/datastore.viewer"
+    assert reads["member"] == "serviceAccount:${google_service_account.viewer[0].email}"
+
+
 def test_the_viewer_reads_the_bucket_and_adds_caches_but_cannot_overwrite_or_delete():
     roles = infra().resource("google_storage_bucket_iam_member", "viewer")
     assert roles["for_each"] == \
@@ -101,11 +113,15 @@ def test_the_viewer_reads_the_bucket_and_adds_caches_but_cannot_overwrite_or_del
     assert _block(_service(), "template")["service_account"] == "${google_service_account.viewer[0].email}"
 
 
-def test_the_image_pins_the_xprof_the_code_pins():
-    pins = [r for r in tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
-            if r.startswith("xprof==")]
+def test_the_image_pins_what_the_code_pins():
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    pins = {r.split("==")[0]: r for r in [*project["dependencies"], *project["optional-dependencies"]["cloud"]]}
     dockerfile = (INFRA / "viewer" / "Dockerfile").read_text()
-    assert pins and pins[0] in dockerfile.split()
+    installed = [w for w in re.search(r"^RUN pip install (.+)$", dockerfile, re.M).group(1).split() if "==" in w]
+    assert "xprof==" + pins["xprof"].split("==")[1] in installed
+    for requirement in installed:
+        name = requirement.split("==")[0]
+        assert name == "gcsfs" or pins.get(name) == requirement, f"{requirement}: pyproject.toml pins {pins.get(name)}"
     assert 'ENTRYPOINT ["python", "-m", "xdiag.viewer.server"]' in dockerfile
     assert _block(_service(), "template")["execution_environment"] == "EXECUTION_ENVIRONMENT_GEN2"
 
@@ -134,27 +150,23 @@ def _image_layout(root) -> dict[str, str]:
     return {"PYTHONPATH": str(root / env["PYTHONPATH"].removeprefix("/"))}
 
 
-def test_the_image_s_modules_run_xprof_behind_the_guard_serving_only_what_it_lists_in_its_log_dir(h200_profiles, tmp_path):
-    """The Cloud Run viewer's rules: no session list is given, so the guard allows what XProf lists under its log dir
-    (the bucket there; a folder here), follows no path a request names, and keeps the worker on loopback."""
-    tree = tmp_path / "logdir" / "r" / "plugins" / "profile" / "s1"
-    tree.mkdir(parents=True)
-    (tree / "vm.xplane.pb").write_bytes(h200_profiles["healthy"].read_bytes())
-    outside = tmp_path / "elsewhere" / "plugins" / "profile" / "x"
-    outside.mkdir(parents=True)
-    (outside / "secret.xplane.pb").write_bytes(h200_profiles["healthy"].read_bytes())
+@contextlib.contextmanager
+def _image_server(tmp_path, logdir, **env_changes):
+    """XProf's server from the image's modules over `logdir`, bound to loopback (Cloud Run's binds every interface):
+    yields (get(path, headers) -> (status, body), its gRPC port); stopped on exit."""
     port, grpc_port = free_ports(2)
     env = {k: v for k, v in os.environ.items() if not k.startswith("XDIAG_VIEWER_")}
-    env.update(_image_layout(tmp_path / "image"), XDIAG_VIEWER_BIND="127.0.0.1")  # Cloud Run's is every interface
+    env.update(_image_layout(tmp_path / "image"), XDIAG_VIEWER_BIND="127.0.0.1", **env_changes)
     with open(tmp_path / "xprof.log", "wb") as log:
-        process = subprocess.Popen([sys.executable, "-m", "xdiag.viewer.server", f"--logdir={tmp_path / 'logdir'}",
+        process = subprocess.Popen([sys.executable, "-m", "xdiag.viewer.server", f"--logdir={logdir}",
                                     f"--port={port}", f"--grpc_port={grpc_port}",
                                     f"--worker_service_address=127.0.0.1:{grpc_port}", "--hide_capture_profile_button"],
                                    stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp_path, start_new_session=True)
 
-    def get(path: str) -> tuple[int, bytes]:
+    def get(path: str, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=120) as answer:
+            request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers=headers or {})
+            with urllib.request.urlopen(request, timeout=120) as answer:
                 data = answer.read()
                 return answer.status, gzip.decompress(data) if answer.headers.get("Content-Encoding") == "gzip" else data
         except urllib.error.HTTPError as refused:
@@ -165,11 +177,32 @@ def test_the_image_s_modules_run_xprof_behind_the_guard_serving_only_what_it_lis
         while True:
             assert process.poll() is None, (tmp_path / "xprof.log").read_text()[-2000:]
             try:
-                status, runs = get("/data/plugin/profile/runs")
+                get("/data/plugin/profile/runs")
                 break
             except OSError:
                 assert time.monotonic() < deadline, (tmp_path / "xprof.log").read_text()[-2000:]
                 time.sleep(0.3)
+        yield get, grpc_port
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(30)
+
+
+def _session(logdir, run_folder: str, session: str, profile) -> None:
+    tree = logdir / run_folder / "plugins" / "profile" / session
+    tree.mkdir(parents=True)
+    (tree / "vm.xplane.pb").write_bytes(profile.read_bytes())
+
+
+def test_the_image_s_modules_run_xprof_behind_the_guard_serving_only_what_it_lists_in_its_log_dir(h200_profiles, tmp_path):
+    """The Cloud Run viewer's rules: no session list is given, so the guard allows what XProf lists under its log dir
+    (the bucket there; a folder here), follows no path a request names, and keeps the worker on loopback."""
+    _session(tmp_path / "logdir", "r", "s1", h200_profiles["healthy"])
+    outside = tmp_path / "elsewhere" / "plugins" / "profile" / "x"
+    outside.mkdir(parents=True)
+    (outside / "secret.xplane.pb").write_bytes(h200_profiles["healthy"].read_bytes())
+    with _image_server(tmp_path, tmp_path / "logdir") as (get, grpc_port):
+        status, runs = get("/data/plugin/profile/runs")
         assert json.loads(runs) == ["r/s1"]
         status, data = get("/data/plugin/profile/data?run=r/s1&tag=overview_page")
         assert status == 200 and json.loads(data)
@@ -178,7 +211,54 @@ def test_the_image_s_modules_run_xprof_behind_the_guard_serving_only_what_it_lis
         with socket.socket() as far:
             far.settimeout(5)
             assert far.connect_ex((_outward_address(), grpc_port)) != 0
-    finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        process.wait(30)
     assert sorted(p.name for p in outside.iterdir()) == ["secret.xplane.pb"]
+
+
+@pytest.mark.slow
+def test_on_cloud_run_the_viewer_shows_each_session_only_to_the_readers_of_its_run(local_stack, h200_profiles, tmp_path):
+    """Failed before: every member the viewer's IAM let in listed and opened every run's sessions. Now the caller is
+    the one the ID token names (as Cloud Run's front end forwards it, signature removed, or signed), and a session
+    is the run's owners', readers' and the administrators' (a run nobody claimed: the administrators' only), the
+    runs read from the stack's Firestore emulator as the control plane wrote them."""
+    from xdiag.cloud.firestore import FirestoreStateStore
+    from xdiag.cloud.runtime import firestore_client
+
+    from tests.fake_google_certs import FakeGoogleCerts, as_cloud_run_forwards
+
+    state = FirestoreStateStore(firestore_client(local_stack.env["GOOGLE_CLOUD_PROJECT"]))
+    tag = uuid.uuid4().hex[:6]
+    alices, carols, unclaimed = f"alice-{tag}", f"carol-{tag}", f"uploaded-{tag}"
+    state.set("runs", alices, {"run_id": alices, "path": f"team/{alices}", "owners": ["user:alice@example.com"],
+                               "readers": ["user:bob@example.com"]})
+    state.set("runs", carols, {"run_id": carols, "owners": ["user:carol@example.com"]})
+    logdir = tmp_path / "logdir"
+    for folder in (f"team/{alices}", carols, unclaimed):
+        _session(logdir, folder, "s1", h200_profiles["healthy"])
+    google = FakeGoogleCerts()
+    audience = "https://xdiag-viewer-123456789.us-central1.run.app"
+
+    def as_(email: str, forwarded: bool = True) -> dict[str, str]:
+        token = google.token(email, audience)
+        return {"Authorization": f"Bearer {as_cloud_run_forwards(token) if forwarded else token}"}
+
+    try:
+        with _image_server(tmp_path, logdir, XDIAG_VIEWER_AUTH="iam", XDIAG_VIEWER_AUDIENCE=audience,
+                           XDIAG_VIEWER_ADMINS="user:admin@example.com", XDIAG_ID_TOKEN_CERTS_URL=google.url) as (get, _):
+            sessions = lambda who: sorted(json.loads(get("/data/plugin/profile/runs", who)[1]))  # noqa: E731
+            assert get("/data/plugin/profile/runs")[0] == 401
+            assert get("/data/plugin/profile/runs", {"Authorization": f"Bearer {google.unsigned_token('admin@example.com', audience)}"})[0] == 401
+            assert sessions(as_("alice@example.com")) == [f"team/{alices}/s1"]
+            assert sessions(as_("alice@example.com", forwarded=False)) == [f"team/{alices}/s1"]
+            assert sessions(as_("bob@example.com")) == [f"team/{alices}/s1"]
+            assert sessions(as_("carol@example.com")) == [f"{carols}/s1"]
+            assert sessions(as_("dave@example.com")) == []
+            assert sessions(as_("admin@example.com")) == sorted([f"team/{alices}/s1", f"{carols}/s1", f"{unclaimed}/s1"])
+            overview = "/data/plugin/profile/data?run={}&tag=overview_page"
+            assert get(overview.format(f"{carols}/s1"), as_("alice@example.com"))[0] == 404
+            assert get(overview.format(f"{unclaimed}/s1"), as_("carol@example.com"))[0] == 404
+            status, data = get(overview.format(f"team/{alices}/s1"), as_("bob@example.com"))
+            assert status == 200 and json.loads(data)
+    finally:
+        google.close()
+        for run in (alices, carols):
+            state.delete("runs", run)

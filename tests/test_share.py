@@ -21,7 +21,7 @@ from xdiag.model import Alert
 from xdiag.pipeline.runs import ALERTS
 from xdiag.pipeline.topics import ANALYSES, sessions_collection
 
-from tests.fake_google_certs import FakeGoogleCerts, bearer
+from tests.fake_google_certs import FakeGoogleCerts, as_cloud_run_forwards, bearer
 from tests.test_control_plane import BUCKET, RUN, SDK_BODY, SDK_MASK, Plane
 
 REPORT = f"gs://{BUCKET}/runs/{RUN}/plugins/profile/s1/xdiag/summary.html"
@@ -131,6 +131,25 @@ def test_behind_iam_only_a_google_signed_id_token_for_this_service_names_the_cal
         status, answer = plane.call("GET", f"/v1/runs/{RUN}", headers=headers)
         assert status == 401, (why, answer)
     assert plane.call("GET", f"/v1/runs/{RUN}", headers=plane.alice)[0] == 200
+
+
+def test_on_cloud_run_the_token_its_front_end_checked_names_the_caller_and_no_other_header_does(plane, google):
+    """Failed before: Cloud Run passes a token on with its signature removed, so every call the deployed control plane
+    received was refused (401) as "does not verify"; and with both headers sent, Cloud Run checks only
+    X-Serverless-Authorization and passes Authorization on unchecked, which then named the caller."""
+    alice, bob = "alice@example.com", "bob@example.com"
+    forwarded = {"Authorization": f"Bearer {as_cloud_run_forwards(google.token(alice, AUDIENCE))}"}
+    assert plane.call("GET", f"/v1/runs/{RUN}", headers=forwarded)[0] == 200
+    both = {"X-Serverless-Authorization": f"Bearer {as_cloud_run_forwards(google.token(bob, AUDIENCE))}",
+            **bearer(google.unsigned_token(alice, AUDIENCE))}  # alice's name in the header Cloud Run passed unchecked
+    status, answer = plane.call("GET", f"/v1/runs/{RUN}", headers=both)
+    assert status == 403, answer  # bob, who Cloud Run let in, is not a reader of alice's run
+    for why, token in {"another audience": google.token(alice, "https://other-service.example"),
+                       "expired": google.token(alice, AUDIENCE, lifetime_s=-120, iat=int(time.time()) - 900),
+                       "another issuer": google.token(alice, AUDIENCE, iss="https://evil.example"),
+                       "unverified e-mail": google.token(alice, AUDIENCE, email_verified=False)}.items():
+        status, answer = plane.call("GET", f"/v1/runs/{RUN}", headers=bearer(as_cloud_run_forwards(token)))
+        assert status == 401, (why, answer)
 
 
 def test_a_run_is_read_by_its_owners_readers_and_administrators_only_and_only_owners_name_readers(plane, google):

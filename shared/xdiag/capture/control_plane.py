@@ -38,7 +38,7 @@ limited alphabet, so none escapes its document or its folder; a run's folder is 
 Access: with `XDIAG_CONTROL_PLANE_TOKEN` set, every request carries `Authorization: Bearer TOKEN` (or HTTP basic
 auth with the token as the password: the SDK sends that for `base_url=http://xdiag:TOKEN@HOST:PORT`). With
 `XDIAG_CONTROL_PLANE_AUTH=iam` Cloud Functions IAM lets invokers in and every request's ID token is verified here
-(xdiag.capture.identity). With neither, every request is refused: the control plane is never open by accident.
+(xdiag.pipeline.identity). With neither, every request is refused: the control plane is never open by accident.
 A run is read (and captured, and changed) only by its owners, its readers and the administrators.
 """
 
@@ -56,7 +56,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from xdiag.capture import sharing_routes
-from xdiag.capture.identity import Identity, Unauthenticated, Who
+from xdiag.pipeline.identity import Identity, Unauthenticated, Who
 from xdiag.capture.share import ShareRefused
 from xdiag.capture.stage import new_session_id, set_continuous
 from xdiag.model import Alert, StepTimes, utc_now

@@ -9,7 +9,7 @@ would — the V4 signature (RSA-SHA256 over the canonical request, with the stac
 `X-Goog-Date` + `X-Goog-Expires` — before it serves the object. Every link issued is `links/{id}` in the state
 store: run, session, object, who asked, when, until when.
 
-Who may share: a caller who may read the run (xdiag.capture.identity: its owners, its readers, the administrators).
+Who may share: a caller who may read the run (xdiag.pipeline.identity: its owners, its readers, the administrators).
 """
 
 from __future__ import annotations

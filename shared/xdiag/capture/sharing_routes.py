@@ -32,7 +32,7 @@ from xdiag.capture.share import (
     check_signed_link,
     make_link,
 )
-from xdiag.capture.identity import Who
+from xdiag.pipeline.identity import Who
 from xdiag.errors import InvalidRequest
 from xdiag.ids import check_name, check_run_id
 from xdiag.pipeline.deps import Dependencies

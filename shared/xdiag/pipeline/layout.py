@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from xdiag.ids import check_name, check_run_id
 from xdiag.pipeline.ports import BlobInfo, BlobStore
+from xdiag.pipeline.run_index import state_key  # noqa: F401 (the pipeline's modules import it from here)
 from xdiag.profile.locate import SUFFIX
 
 PROFILE_DIR = "plugins/profile"
@@ -104,8 +105,3 @@ def analysis_id_for(run: str, session: str, files: list[BlobInfo], investigator:
     for info in sorted(files, key=lambda i: i.uri):
         digest.update(f"\n{info.uri}:{info.generation}:{info.size}".encode())
     return digest.hexdigest()[:20]
-
-
-def state_key(name: str) -> str:
-    """A run or session name as a document id (Firestore ids hold no slash)."""
-    return name.replace("/", "~")

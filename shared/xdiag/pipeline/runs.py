@@ -24,9 +24,9 @@ from typing import Any
 from xdiag.errors import InvalidRequest
 from xdiag.ids import check_name
 from xdiag.pipeline.layout import state_key
+from xdiag.pipeline.run_index import RUNS, get_run, run_for_path  # noqa: F401 (imported from here too)
 from xdiag.pipeline.ports import StateStore
 
-RUNS = "runs"
 ALERTS = "alerts"
 MONITORS = "monitors"
 
@@ -173,24 +173,10 @@ def targets_collection(run_id: str) -> str:
     return f"{RUNS}/{state_key(run_id)}/targets"
 
 
-def get_run(state: StateStore, run_id: str) -> dict[str, Any] | None:
-    return state.get(RUNS, state_key(run_id))
-
-
 def run_path(state: StateStore, run_id: str) -> str:
     """The run's folder in the bucket: `<path>/plugins/profile/<session>/`."""
     doc = get_run(state, run_id) or {}
     return doc.get("path") or doc.get("run_id") or run_id  # an uploaded run's id is its folder (`~` was `/`)
-
-
-def run_for_path(state: StateStore, path: str) -> str:
-    """The run whose folder is `path` (a run registered through the SDK lives in PREFIX/<run>); else the path itself."""
-    last = path.rsplit("/", 1)[-1]
-    if last != path:
-        doc = get_run(state, last)
-        if doc and doc.get("path") == path:
-            return last
-    return path
 
 
 def list_targets(state: StateStore, run_id: str) -> list[dict[str, Any]]:

@@ -12,7 +12,9 @@ loopback interface (the frontend is its only client, on the same machine or Clou
   sessions it linked; the Cloud Run viewer: those XProf lists in its bucket), otherwise 404, whether it exists
   or not; the session list shows only allowed sessions;
 - `session_path`, `run_path`, captures (they go through the control plane) and cache generation are refused;
-- `module_name` (read as a file name inside the session) may not hold a path.
+- `module_name` (read as a file name inside the session) may not hold a path;
+- on Cloud Run (xdiag.viewer.access), a session only to the readers of its run, every request from a verified
+  caller.
 
 Every answer carries `X-Xdiag-Viewer: <nonce>`, so whoever started the server knows the answer is its own and not
 another process's on the same port.
@@ -27,6 +29,9 @@ import stat
 from collections.abc import Callable, Iterable
 from http import HTTPStatus
 from urllib.parse import parse_qs
+
+from xdiag.pipeline.identity import Unauthenticated
+from xdiag.viewer.access import CALLER_KEY, RunReaders
 
 IDENTITY_HEADER = "X-Xdiag-Viewer"
 REFUSED_ROUTES = ("/capture_profile", "/generate_cache")
@@ -50,11 +55,21 @@ def refusal(path: str, query_string: str, allowed: Callable[[str], bool]) -> tup
     return None
 
 
-def guarded_app(app, allowed: Callable[[str], bool], nonce: str):
-    """XProf's WSGI app behind `refusal`, every answer marked with the nonce."""
+def guarded_app(app, allowed: Callable[[str], bool], nonce: str, readers: RunReaders | None = None):
+    """XProf's WSGI app behind `refusal`, every answer marked with the nonce. With `readers` (the viewer on Cloud
+    Run), every request needs a verified caller (401) and names only sessions of runs it may read (404 otherwise);
+    the caller is left in the environ (CALLER_KEY) for the session list."""
 
     def application(environ, start_response):
-        refused = refusal(environ.get("PATH_INFO", ""), environ.get("QUERY_STRING", ""), allowed)
+        may_see = allowed
+        refused = None
+        if readers is not None:
+            try:
+                caller = environ[CALLER_KEY] = readers.caller(environ)
+                may_see = lambda run: allowed(run) and readers.may_read(caller, run)  # noqa: E731
+            except Unauthenticated as why:
+                refused = 401, str(why)
+        refused = refused or refusal(environ.get("PATH_INFO", ""), environ.get("QUERY_STRING", ""), may_see)
         marked = [(IDENTITY_HEADER, nonce)]
         if refused:
             status, reason = refused

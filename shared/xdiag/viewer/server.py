@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from xdiag.local_ports import free_ports
+from xdiag.viewer.access import CALLER_KEY, RunReaders
 from xdiag.viewer.guard import IDENTITY_HEADER, confine_to_loopback, guarded_app, listed_sessions
 
 RUNS_PATH = "/data/plugin/profile/runs"
@@ -133,7 +134,8 @@ def _tail(log: Path, lines: int = 8) -> str:
 def _main() -> int:
     """XProf's own `main`, its web server bound to XDIAG_VIEWER_BIND instead of every interface, its worker to the
     loopback interface, its web app behind xdiag.viewer.guard (the sessions of XDIAG_VIEWER_SESSIONS, else those
-    XProf lists). XProf has no option for any of these."""
+    XProf lists; on Cloud Run, to the readers of their runs: xdiag.viewer.access). XProf has no option for any of
+    these."""
     from xprof import server
 
     bind = os.environ.get(BIND_ENV)
@@ -149,11 +151,19 @@ def _main() -> int:
             raise SystemExit(f"XProf's worker on port {port} could not be confined to the loopback interface: "
                              "not serving")
 
+    readers = RunReaders.from_env(os.environ)
+
     def make_guarded_app(plugin):
         every_session = plugin.runs_imp
         allowed = listed_sessions(listed).__contains__ if listed else _listing(every_session)
-        plugin.runs_imp = lambda request=None: [run for run in every_session(request) if allowed(run)]
-        return guarded_app(make_app(plugin), allowed, nonce)
+
+        def sessions(request=None) -> list[str]:
+            caller = getattr(request, "environ", {}).get(CALLER_KEY)
+            return [run for run in every_session(request) if allowed(run) and
+                    (readers is None or (caller is not None and readers.may_read(caller, run)))]
+
+        plugin.runs_imp = sessions
+        return guarded_app(make_app(plugin), allowed, nonce, readers)
 
     server._pywrap_profiler_plugin.start_grpc_server = start_confined_worker
     server.make_wsgi_app = make_guarded_app

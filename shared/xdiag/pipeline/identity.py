@@ -1,11 +1,15 @@
 """Who calls the control plane, and what they may do with a run.
 
-Behind IAM (`XDIAG_CONTROL_PLANE_AUTH=iam`) the caller is the e-mail of the Google-signed ID token in
-`Authorization: Bearer …`, verified here (google-auth: signature against Google's certificates, expiry, issuer, and
-an audience of `XDIAG_CONTROL_PLANE_AUDIENCE`, the control plane's URL): Cloud Run's front end lets in any
-invoker, but a header it passes on is not proof of who sent it. A token that does not verify is refused (401).
-With the local token the caller is the principal it stands for (`XDIAG_CONTROL_PLANE_PRINCIPAL`), who runs the
-stack: an administrator.
+Behind IAM (`XDIAG_CONTROL_PLANE_AUTH=iam`) the caller is the e-mail of the Google-signed ID token the request
+carries, in `X-Serverless-Authorization: Bearer …` where present (Cloud Run authenticates that header when both are
+sent and passes `Authorization` on unchecked, so that one could name anybody), else in `Authorization: Bearer …`.
+Cloud Run's front end checks the token against IAM and then replaces its signature with
+`SIGNATURE_REMOVED_BY_GOOGLE` before the request reaches the container: such a token is read on its claims
+(audience `XDIAG_CONTROL_PLANE_AUDIENCE`, Google's issuer, expiry, a verified e-mail), which holds only because
+infra/ lets no unauthenticated caller through that front end (no `allUsers` invoker; tests/test_infra.py checks).
+Any other token is verified here in full (google-auth: the signature against Google's certificates too). A token
+that does not hold is refused (401). With the local token the caller is the principal it stands for
+(`XDIAG_CONTROL_PLANE_PRINCIPAL`), who runs the stack: an administrator.
 
 A run is read by its owners (who created it through the control plane), its readers (`PUT /v1/runs/{run}/readers`,
 set by an owner) and the administrators (`XDIAG_CONTROL_PLANE_ADMINS`); by nobody else, so a run nobody claimed
@@ -20,6 +24,9 @@ from typing import Any
 
 GOOGLE_ISSUERS = ("accounts.google.com", "https://accounts.google.com")
 GOOGLE_CERTS_URL = "https://www.googleapis.com/oauth2/v1/certs"  # the keys Google signs ID tokens with
+CERTS_URL_ENV = "XDIAG_ID_TOKEN_CERTS_URL"  # another signer's keys (tests: tests/fake_google_certs.py)
+SIGNATURE_REMOVED = "SIGNATURE_REMOVED_BY_GOOGLE"  # what Cloud Run leaves of a token it verified
+SERVERLESS_HEADERS = ("X-Serverless-Authorization", "Authorization")  # the one Cloud Run authenticated comes first
 LOCAL_PRINCIPAL = "user:local-operator"
 
 
@@ -41,9 +48,9 @@ class Identity:
     @classmethod
     def from_env(cls, env: Mapping[str, str], iam: bool) -> Identity:
         principal = env.get("XDIAG_CONTROL_PLANE_PRINCIPAL") or LOCAL_PRINCIPAL
-        admins = set(_listed(env.get("XDIAG_CONTROL_PLANE_ADMINS")))
-        return cls(iam=iam, audiences=_listed(env.get("XDIAG_CONTROL_PLANE_AUDIENCE")),
-                   certs_url=env.get("XDIAG_ID_TOKEN_CERTS_URL") or GOOGLE_CERTS_URL, principal=principal,
+        admins = set(listed_values(env.get("XDIAG_CONTROL_PLANE_ADMINS")))
+        return cls(iam=iam, audiences=listed_values(env.get("XDIAG_CONTROL_PLANE_AUDIENCE")),
+                   certs_url=env.get(CERTS_URL_ENV) or GOOGLE_CERTS_URL, principal=principal,
                    admins=frozenset(admins if iam else admins | {principal}))  # the local token's holder runs it all
 
     def caller(self, headers: Mapping[str, str]) -> str:
@@ -53,9 +60,9 @@ class Identity:
         if not self.audiences:
             raise Unauthenticated("XDIAG_CONTROL_PLANE_AUDIENCE is not set: no ID token can be checked, so none is "
                                   "accepted")
-        scheme, _, token = (headers.get("Authorization") or headers.get("authorization") or "").partition(" ")
+        scheme, _, token = _bearer_header(headers).partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
-            raise Unauthenticated("send a Google-signed ID token for the control plane: Authorization: Bearer <token>")
+            raise Unauthenticated("send a Google-signed ID token for the service: Authorization: Bearer <token>")
         claims = verify_id_token(token.strip(), self.audiences, self.certs_url)
         email = claims["email"]
         return f"serviceAccount:{email}" if email.endswith(".gserviceaccount.com") else f"user:{email}"
@@ -78,16 +85,28 @@ class Who:
         return self.identity.may_read(run, self.caller)
 
 
+def _bearer_header(headers: Mapping[str, str]) -> str:
+    for name in SERVERLESS_HEADERS:
+        value = headers.get(name) or headers.get(name.lower())
+        if value:
+            return value
+    return ""
+
+
 def verify_id_token(token: str, audiences: Iterable[str], certs_url: str) -> dict[str, Any]:
-    """The token's claims, once its signature (a key of `certs_url`), expiry, issuer and audience hold and it names a
-    verified e-mail; Unauthenticated with the reason otherwise."""
-    from google.auth import exceptions
+    """The token's claims, once its signature (a key of `certs_url`; or Cloud Run's front end, which checked it and
+    left SIGNATURE_REMOVED in its place), expiry, issuer and audience hold and it names a verified e-mail;
+    Unauthenticated with the reason otherwise."""
+    from google.auth import exceptions, jwt
     from google.auth.transport.requests import Request
     from google.oauth2 import id_token
 
     try:
-        claims = id_token.verify_token(token, Request(), audience=list(audiences), certs_url=certs_url,
-                                       clock_skew_in_seconds=10)
+        if token.rsplit(".", 1)[-1] == SIGNATURE_REMOVED:
+            claims = _checked_claims(jwt.decode(token, verify=False), list(audiences))
+        else:
+            claims = id_token.verify_token(token, Request(), audience=list(audiences), certs_url=certs_url,
+                                           clock_skew_in_seconds=10)
     except (ValueError, exceptions.GoogleAuthError) as exc:
         raise Unauthenticated(f"the ID token does not verify: {str(exc)[:200]}") from None
     if claims.get("iss") not in GOOGLE_ISSUERS:
@@ -97,5 +116,19 @@ def verify_id_token(token: str, audiences: Iterable[str], certs_url: str) -> dic
     return claims
 
 
-def _listed(value: str | None) -> tuple[str, ...]:
+def _checked_claims(claims: dict[str, Any], audiences: list[str], clock_skew_s: int = 10) -> dict[str, Any]:
+    """What google-auth checks besides the signature: the audience, and the token's lifetime."""
+    import time
+
+    now = time.time()
+    if claims.get("aud") not in audiences:
+        raise ValueError(f"the token's audience {str(claims.get('aud'))[:100]!r} is not this service's")
+    if not isinstance(claims.get("exp"), (int, float)) or claims["exp"] + clock_skew_s < now:
+        raise ValueError("the token has expired")
+    if not isinstance(claims.get("iat"), (int, float)) or claims["iat"] - clock_skew_s > now:
+        raise ValueError("the token was issued in the future")
+    return claims
+
+
+def listed_values(value: str | None) -> tuple[str, ...]:
     return tuple(item.strip() for item in (value or "").split(",") if item.strip())
