@@ -29,9 +29,6 @@ V5E_PEAK_TFLOPS, V5E_HBM_GB_S = 197.0, 819.0  # datasheet (cloud.google.com/tpu/
 # What xdiag still reads wrong on these profiles (issues 36 and 40), each a strict xfail: the fix that closes one
 # removes its line (a fixed entry left here fails as XPASS).
 OPEN = {
-    "test_tpu_workload_problem_is_the_top_finding[host_sync]": "62% of the step is untraced host numpy on the weights "
-    "each micro-step copies back (np.abs(w1_host).max()): read as host-bound; the 13 reads and 4 callbacks per step "
-    "(35% of it: 17% copy, 19% wait) rank second",
     "test_tpu_workload_problem_is_the_top_finding[widening_convert]": "the step's one block_until_ready wait (29% of a "
     "1.9 ms step with no device op running) outranks the memory-bound passes (a third of 63% device time) as host_sync",
     "test_tpu_workload_problem_is_the_top_finding[padded_heads]": "top finding wrong on TPU (issues 36/40)",

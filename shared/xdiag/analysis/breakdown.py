@@ -13,6 +13,7 @@ import numpy as np
 from xdiag.analysis.timeline import (
     CALLBACK_EVENT,
     COMPILE_EVENT,
+    DEVICE_TO_HOST_COPY_EVENT,
     HOST_TRANSFER_EVENT,
     JITTED_CALL_EVENT,
     TRANSFER_OP_CATEGORIES,
@@ -62,6 +63,7 @@ class StepRow:
     callbacks: int
     device: str | None = None  # the device whose own step this is; None: the host's step over its devices
     host_transfer_ms: float = 0.0  # of ms["transfer"]: host<->device copies seen only on the host's lines
+    after_read_ms: float = 0.0  # of ms["host_other"]: host work that begins where a read of device data ends
 
 
 def _counts(starts: np.ndarray, win_s: np.ndarray, win_e: np.ndarray) -> np.ndarray:
@@ -151,6 +153,7 @@ class _HostSignals:
 
     layers: dict[str, tuple[np.ndarray, np.ndarray]]  # HOST_LAYERS -> (starts, ends)
     counted: dict[str, np.ndarray]  # dispatches / compiles / syncs / callbacks -> starts of counted events
+    read_ends: np.ndarray  # ends of the blocking reads that mostly copied data (not waited for the device)
 
     @classmethod
     def of(cls, events: HostEvents | None, callback_s: np.ndarray, callback_e: np.ndarray,
@@ -161,6 +164,7 @@ class _HostSignals:
             return cls(
                 layers={**{layer: (empty, empty) for layer in HOST_LAYERS}, "callback": (callback_s, callback_e)},
                 counted={"dispatches": empty, "compiles": empty, "syncs": empty, "callbacks": callback_calls},
+                read_ends=empty,
             )
         words = events.vocabulary
         compile_, callback, execute = (events.select(p) for p in (COMPILE_EVENT, CALLBACK_EVENT, words.execute))
@@ -177,6 +181,10 @@ class _HostSignals:
         # A jitted call's own argument transfer (DevicePut inside PjitFunction) is part of its dispatch.
         outside = covered_by_merged(dispatch, transfer.start_ps, transfer.end_ps) < transfer.end_ps - transfer.start_ps
         dma = events.issued_until_done(HOST_TRANSFER_EVENT)
+        reads = events.select(DEVICE_TO_HOST_COPY_EVENT)
+        read_dma = events.issued_until_done(DEVICE_TO_HOST_COPY_EVENT)
+        copies = merge_intervals(np.concatenate([reads.start_ps, read_dma[0]]),
+                                 np.concatenate([reads.end_ps, read_dma[1]]))
         return cls(
             layers={
                 # Host callbacks run as XLA ops but are Python on the host: host_sync, not compute; the copies that
@@ -205,7 +213,36 @@ class _HostSignals:
                 "syncs": merge_intervals(sync.start_ps, sync.end_ps)[0],
                 "callbacks": callback_calls if len(callback_calls) >= len(python_callbacks) else python_callbacks,
             },
+            read_ends=_copying_read_ends(sync, copies),
         )
+
+
+def _copying_read_ends(sync: EventSelection, copies: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    """Ends of the outermost blocking reads that spent most of their time copying data to the host (np.asarray of a
+    large array) rather than waiting for the device to finish (float(loss), block_until_ready): what the host does
+    right after such a read is work on the data it brought back."""
+    if not len(sync.start_ps):
+        return np.empty(0, np.int64)
+    keep = _outermost(np.ones(len(sync.start_ps), dtype=bool), sync.line, sync.start_ps, sync.end_ps)
+    starts, ends = sync.start_ps[keep], sync.end_ps[keep]
+    copying = 2 * covered_by_merged(copies, starts, ends) >= ends - starts
+    return np.unique(ends[copying & (ends > starts)])
+
+
+def _gaps_after(merged: tuple[np.ndarray, np.ndarray], marks: np.ndarray, win_s: np.ndarray,
+                win_e: np.ndarray) -> np.ndarray:
+    """Per window: the time in gaps of `merged` (nothing explained) that begin exactly where one of `marks` ends
+    an explained interval, up to the next explained interval or the window's end."""
+    starts, ends = merged
+    out = np.zeros(len(win_s), dtype=np.int64)
+    if not len(starts) or not len(marks):
+        return out
+    after = np.isin(ends, marks)
+    gap_s, gap_e = ends[after], np.append(starts[1:], np.iinfo(np.int64).max)[after]
+    for i, (lo, hi) in enumerate(zip(win_s, win_e)):
+        inside = (gap_s >= lo) & (gap_s < hi)
+        out[i] = int(np.minimum(gap_e[inside], hi).sum() - gap_s[inside].sum())
+    return out
 
 
 @dataclass
@@ -298,6 +335,7 @@ def _timeline_rows(
         union = covered_by_merged(merged, win_s, win_e)
         extra[LAYER_CATEGORY.get(layer, layer)] += union - explained
         explained = union
+    after_read = _gaps_after(merged, signals.read_ends, win_s, win_e)
     counts = {name: _counts(starts, win_s, win_e) for name, starts in signals.counted.items()}
     op_counts = _counts(ops.start_ps, win_s, win_e)
     rows = []
@@ -316,7 +354,7 @@ def _timeline_rows(
                 host=host, number=step.number, step_ms=step_ps / PS_PER_MS, ms=ms, ops=int(op_counts[i]),
                 dispatches=int(counts["dispatches"][i]), compiles=int(counts["compiles"][i]),
                 syncs=int(counts["syncs"][i]), callbacks=int(counts["callbacks"][i]), device=device,
-                host_transfer_ms=extra["transfer"][i] / PS_PER_MS,
+                host_transfer_ms=extra["transfer"][i] / PS_PER_MS, after_read_ms=after_read[i] / PS_PER_MS,
             )
         )
     return rows, device_rows
@@ -406,6 +444,7 @@ def summarize_steps(rows: list[StepRow]) -> dict:
     timelines = {(r.host, r.device) for r in rows}
     shares = {f"{c}_percent": round(100 * sum(r.ms[c] for r in rows) / total, 2) for c in CATEGORIES}
     host_transfer = round(100 * sum(r.host_transfer_ms for r in rows) / total, 2)
+    after_read = round(100 * sum(r.after_read_ms for r in rows) / total, 2)
     # Copies the device's op lines do not show (the host re-tiles and DMAs them) leave the device's cores idle.
     idle = 100 - shares["compute_percent"] - shares["collective_percent"] - (shares["transfer_percent"] - host_transfer)
     return {
@@ -419,6 +458,7 @@ def summarize_steps(rows: list[StepRow]) -> dict:
         "step_time_cv_percent": round(float(100 * step_ms.std() / step_ms.mean()), 2) if step_ms.mean() else 0.0,
         **shares,
         "host_transfer_percent": host_transfer,
+        "host_after_read_percent": after_read,
         "device_idle_percent": round(max(idle, 0.0), 2),
         "ops_per_step_mean": round(float(np.mean([r.ops for r in rows])), 2),
         "dispatches_per_step_mean": round(float(np.mean([r.dispatches for r in rows])), 2),

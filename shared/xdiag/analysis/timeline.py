@@ -39,7 +39,7 @@ COMPILE_EVENT = re.compile(
     r"XlaCompile|compile_or_get_cached|PjitFunction::Compile|PjRtClient::Compile|Compile\b"
 )
 SYNC_EVENT = re.compile(
-    r"np\.asarray|device_get|block_until_ready|__array__|_value\b|copy_to_host|TransferFromDevice|"
+    r"np\.asarray|device_get|block_until_ready|__array__|\b_value\b|copy_to_host|TransferFromDevice|"
     r"CopyToHost|BlockHostUntilReady|PjRtBuffer::ToLiteral|ToLiteralSync|\.item\b|__float__|__int__"
 )
 CALLBACK_EVENT = re.compile(
@@ -54,6 +54,11 @@ HOST_TRANSFER_EVENT = re.compile(
 """The host's side of host<->device copies (jax.device_put, the TPU runtime re-tiling a buffer for the link,
 Linearize / Delinearize and their transposes, the DMAs it issues, and mapping host buffers for DMA, e.g. pinned
 host memory an offloading program reads): a plain transfer leaves nothing on the device's op lines."""
+DEVICE_TO_HOST_COPY_EVENT = re.compile(
+    r"TransferFromDevice|D2H Dispatch|Delinearize|TransferFromOutfeed|CopyToHost|MemcpyDtoH|\bDtoH\b"
+)
+"""The host's side of device->host copies only (a read of a result: its DMA, and the TPU runtime's re-tiling of it
+for the host)."""
 COMPLETION_SUFFIX = "=>Done"
 """The TPU runtime marks the completion of what it issued (`X=>IssueEvent`) with a short `X=>IssueEvent=>Done`
 event: the DMA itself runs between the two, with no event of its own."""

@@ -275,7 +275,7 @@ def _hypotheses(health: dict[str, Any], results: dict[str, ToolResult]) -> list[
         ))
 
     # Input pipeline / host-bound: the step's time is host work the device waits for.
-    if host_other >= 30 and not small_work:
+    if host_other >= HOST_BOUND_MIN_PERCENT and not small_work:
         out.append(Hypothesis(
             "input_bound", host_other,
             "Host-bound step: the device waits for host work outside the compiled step",
@@ -373,7 +373,7 @@ def _hypotheses(health: dict[str, Any], results: dict[str, ToolResult]) -> list[
             "see host activity; balance work across devices if some are much less busy; check the input "
             "pipeline and inter-device dependencies.",
         ))
-    kept = [h for h in _reconcile(out, b, step_ms) if h.key in NOT_TIME_FINDINGS or h.score >= MIN_FINDING_PERCENT]
+    kept = [h for h in _reconcile(out, b, step_ms, step) if h.key in NOT_TIME_FINDINGS or h.score >= MIN_FINDING_PERCENT]
     return sorted(kept, key=lambda h: -h.score)
 
 
@@ -382,6 +382,31 @@ MIN_FINDING_PERCENT = 1.0
 NOT_TIME_FINDINGS = {"memory_pressure"}
 """Findings whose score is a risk level, not a share of step time."""
 NON_COMPUTE = ("collective", "transfer", "compile", "warm_up", "host_sync", "dispatch", "host_other")
+
+
+def _host_work_on_reads(out: list[Hypothesis], found: dict[str, Hypothesis], b: dict[str, float],
+                        step_ms: float | None, step: dict[str, Any]) -> list[Hypothesis]:
+    """Host time that begins where a read copying device arrays back ends is the host working on what it read
+    (numpy on fetched weights or activations): its fix is the reads' fix (compute it on the device, fetch less), not
+    an input pipeline's (prefetching cannot run ahead of data the device has not produced yet)."""
+    sync, host_bound = found.get("host_sync"), found.get("input_bound")
+    after_read = step.get("host_after_read_percent") or 0.0
+    if sync is None or host_bound is None or after_read < host_bound.score / 2:
+        return out
+    sync.score = min(sync.score + after_read, 100.0)
+    copies = b.get("transfer", 0.0)
+    sync.whats_happening += (
+        f" Right after the reads that copy arrays back (host–device copies take {copies}% of the step), the host works on "
+        f"what they returned for another {after_read}% of it before it dispatches more work, with the device idle: "
+        "that host time exists because of the reads, so it is counted here rather than as input work.")
+    sync.evidence.append(_ev("get_step_trace", "host_after_read_percent", after_read,
+                             f"of the {b.get('host_other')}% host time outside any traced call"))
+    sync.expected_impact = _saving(step_ms, sync.score)
+    sync.fix = _sentence(sync.fix.rstrip(".") + "; compute on the device (jnp) what the host computes on the arrays "
+                         "it fetches, and fetch only that result, not whole arrays")
+    host_bound.score = round(host_bound.score - after_read, 2)
+    found.pop("input_bound") if host_bound.score < HOST_BOUND_MIN_PERCENT else None
+    return [h for h in out if h.key != "input_bound" or "input_bound" in found]
 
 
 def _largest_non_compute(b: dict[str, float]) -> str | None:
@@ -397,9 +422,15 @@ def _overhead_text(b: dict[str, float]) -> str:
     return ", ".join(f"{k.replace('_', ' ')} {v}%" for k, v in parts if v >= 1) or "no single host-side cause"
 
 
-def _reconcile(out: list[Hypothesis], b: dict[str, float], step_ms: float | None) -> list[Hypothesis]:
+HOST_BOUND_MIN_PERCENT = 30.0
+"""Host time outside every explained event (host_other) at which the step reads as host-bound."""
+
+
+def _reconcile(out: list[Hypothesis], b: dict[str, float], step_ms: float | None,
+               step: dict[str, Any]) -> list[Hypothesis]:
     """One cause, one finding: time a stronger explanation already accounts for is not reported twice."""
     found = {h.key: h for h in out}
+    out = _host_work_on_reads(out, found, b, step_ms, step)
     straggler = found.get("straggler_host")
     if straggler is not None and "straggler_cause" in {e.metric for e in straggler.evidence}:
         waited = straggler.score
