@@ -84,6 +84,17 @@ def test_host_callback_is_host_traffic_not_a_collective(analyses):
         assert not any(f.key == "collectives" for f in analyses[name][0].diagnosis.findings), name
 
 
+def test_host_work_on_arrays_read_back_goes_with_the_reads(analyses):
+    """host_sync copies 64 MB of weights back four times per step, then runs numpy on them with the device idle:
+    that host time begins where the reads end, so it is the reads' cost; input_bound's and host_augment_loop's
+    host work (building batches) follows no read and stays host-bound."""
+    summary = _tool(analyses["host_sync"][1], "get_step_trace")["summary"]
+    assert summary["host_after_read_percent"] >= 0.9 * summary["host_other_percent"] > 0
+    assert [f.key for f in analyses["host_sync"][0].diagnosis.findings] == ["host_sync"]
+    for name in ("input_bound", "host_augment_loop"):
+        assert _tool(analyses[name][1], "get_step_trace")["summary"]["host_after_read_percent"] == 0, name
+
+
 def test_per_step_transfers_are_read_from_the_host_lines(analyses):
     """device_put / np.asarray leave nothing on the device's op lines: the transfer share comes from the host."""
     health = analyses["host_transfers"][0].health
