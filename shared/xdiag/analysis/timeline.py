@@ -8,7 +8,7 @@ as events on the CPU client's threads) and device planes (GPU streams, TPU `XLA 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -239,8 +239,10 @@ class HostEvents:
     the profile's size.
     """
 
-    def __init__(self, host: str, lines: list[tuple[Plane, Line]], vocabulary: HostVocabulary = XLA_HOST):
+    def __init__(self, host: str, lines: list[tuple[Plane, Line]], vocabulary: HostVocabulary = XLA_HOST,
+                 release: Callable[[], None] | None = None):
         self.host = host
+        self._release = release or (lambda: None)  # after each query: its pages go back (HostProfile.release_pages)
         self.vocabulary = vocabulary
         self._lines = lines
         self._selections: dict[str, EventSelection] = {}
@@ -277,6 +279,7 @@ class HostEvents:
                 mask &= non_op
             starts = line.starts.at(mask)
             yield number, starts, starts + line.durations.at(mask), line.metadata_id[mask]
+        self._release()
 
     def select(self, pattern: re.Pattern, stat: str | None = None) -> EventSelection:
         key = pattern.pattern if stat is None else f"{pattern.pattern}\x00{stat}"
@@ -356,6 +359,7 @@ class HostEvents:
             starts = line.starts.at(index)
             ends = starts + line.durations.at(index)
             steps += zip(numbers.tolist(), starts.tolist(), ends.tolist())
+        self._release()
         return name, steps
 
 
@@ -786,6 +790,7 @@ def op_table(session: Session) -> OpTable:
                         hit, finish = _flow_finish(flow_ids, flow_ends, ops["flow"], ops["start_ps"])
                         ops["end_ps"] = np.where(hit, np.maximum(ops["end_ps"], finish), ops["end_ps"])
                     parts.append(ops)
+            host.release_pages()  # its rows are taken: a many-host session holds one host's columns at a time
         if not parts:
             return empty_op_table()
         devices: dict[str, int] = {}  # label -> the table's device code, in first-seen order
@@ -865,7 +870,7 @@ def profile_op_costs(session: Session) -> dict[tuple[str, str], dict]:
 
     def build() -> dict[tuple[str, str], dict]:
         costs: dict[tuple[str, str], dict] = {}
-        for plane in session.device_planes(with_events=True):
+        for plane in session.host_by_host(session.device_planes(with_events=True)):
             spans = module_spans(plane)
             fingerprints = {}
             if spans is not None:
@@ -904,7 +909,8 @@ def host_events(session: Session) -> list[HostEvents]:
         for host in session.hosts:
             planes = [plane for plane in host.planes if plane.name == "/host:CPU"]
             vocabulary = PYTORCH_HOST if any(p.stats.get(FORMAT_STAT) == KINETO for p in planes) else XLA_HOST
-            out.append(HostEvents(host.hostname, [(plane, line) for plane in planes for line in plane.lines], vocabulary))
+            out.append(HostEvents(host.hostname, [(plane, line) for plane in planes for line in plane.lines], vocabulary,
+                                  host.release_pages))
         return out
 
     return _cached(session, "host_events", build)
@@ -1156,12 +1162,14 @@ def step_set(session: Session) -> StepSet:
 
 def _profile_bounds(session: Session) -> tuple[int, int]:
     lo, hi = None, None
-    for plane in session.planes:
-        for line in plane.lines:
-            if len(line):
-                s, e = int(line.start_ps.min()), int(line.end_ps.max())
-                lo = s if lo is None else min(lo, s)
-                hi = e if hi is None else max(hi, e)
+    for host in session.hosts:
+        for plane in host.planes:
+            for line in plane.lines:
+                if len(line):
+                    s, e = int(line.start_ps.min()), int(line.end_ps.max())
+                    lo = s if lo is None else min(lo, s)
+                    hi = e if hi is None else max(hi, e)
+        host.release_pages()
     return (lo or 0, hi or 0)
 
 

@@ -244,7 +244,7 @@ def load_session(path: Path) -> Session:
             ))
         hosts.append(HostProfile(
             hostname=h["hostname"], path=Path(h["path"]), size_bytes=h["size_bytes"], planes=planes,
-            errors=h["errors"], warnings=h["warnings"],
+            errors=h["errors"], warnings=h["warnings"], pages=mapped,
         ))
     modules = [
         HloModule(

@@ -143,6 +143,9 @@ def _stats_dict(stats, stat_names: dict[int, str]) -> dict[str, object]:
 
 
 _CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+BY_HOST_ENV = "XDIAG_READ_BY_HOST"
+"""`0`: a session of several hosts is read in this process, every host at once, as before the host-by-host read
+(the bench compares the two)."""
 READ_THREADS = max(1, min(4, _CPUS))
 """Lines decoded at once: the compiled decoder releases the GIL, so lines decode in parallel threads."""
 
@@ -582,9 +585,28 @@ def read_session(
     max_bytes: int = DEFAULT_MAX_PROFILE_BYTES,
     progress: Progress | None = None,
     threads: int = READ_THREADS,
+    by_host: bool | None = None,
 ) -> Session:
     """Reads every host file of one capture into a Session, decoding up to `threads` lines at once (1 where other
-    processes need the cores more: XProf's conversions that the analysis waits for)."""
+    processes need the cores more: XProf's conversions that the analysis waits for). A session of several hosts is
+    read host by host, each in its own worker process, and mapped (xdiag.profile.hosts_map): its memory is not the sum
+    of its hosts'."""
+    if by_host is None:
+        by_host = os.environ.get(BY_HOST_ENV, "1") != "0"
+    if len(paths) >= 2 and by_host:
+        from xdiag.profile.hosts_map import read_session_by_host
+
+        return read_session_by_host(paths, name=name, max_bytes=max_bytes, progress=progress, workers=threads)
+    total = session_bytes(paths, max_bytes)
+    read = [(read_trace_host(path), []) if is_trace_file(path) else read_host(path, progress, threads)
+            for path in sorted(paths)]
+    session = assemble_session(read, name or paths[0].parent.name)
+    _return_freed_memory_to_the_os()
+    return session
+
+
+def session_bytes(paths: list[Path], max_bytes: int) -> int:
+    """The session's size, all its files together; a ProfileError where it has none or is over `max_bytes`."""
     if not paths:
         raise ProfileError("no *.xplane.pb files in the session")
     total = sum(p.stat().st_size for p in paths if p.exists())
@@ -593,8 +615,12 @@ def read_session(
             f"profile is {total / 1024**3:.2f} GiB, over the {max_bytes / 1024**3:.2f} GiB limit; "
             "capture a shorter window or raise --max-profile-gib"
         )
-    read = [(read_trace_host(path), []) if is_trace_file(path) else read_host(path, progress, threads)
-            for path in sorted(paths)]
+    return total
+
+
+def assemble_session(read: list[tuple[HostProfile, list[HloModule]]], name: str) -> Session:
+    """The session of its hosts as read (in the session's file order): hosts of one hostname told apart, every
+    line's times from the session's earliest line, each HLO module once."""
     _distinct_host_names(read)
     hosts = [host for host, _ in read]
     modules = [module for _, host_modules in read for module in host_modules]
@@ -604,11 +630,10 @@ def read_session(
         for plane in host.planes:
             for line in plane.lines:
                 line.starts.shift((line.timestamp_ns - origin) * 1000)
-    _return_freed_memory_to_the_os()
     unique: dict[tuple[str, int], HloModule] = {}
     for module in modules:
         unique.setdefault((module.name, module.program_id), module)
-    return Session(name=name or paths[0].parent.name, hosts=hosts, hlo_modules=list(unique.values()), origin_ns=origin)
+    return Session(name=name, hosts=hosts, hlo_modules=list(unique.values()), origin_ns=origin)
 
 
 def warm_up() -> None:

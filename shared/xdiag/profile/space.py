@@ -7,8 +7,9 @@ protobuf objects, so memory stays a small multiple of the file size.
 
 from __future__ import annotations
 
+import mmap
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -145,9 +146,13 @@ class TimeColumn:
         return out
 
     def shift(self, ps: int) -> None:
-        """Adds `ps` to every time: in the base where there is one, else in place."""
+        """Adds `ps` to every time: in the base where there is one, else in place (into a copy where the values are
+        a read-only map's)."""
         if self.is_wide:
-            self.values += ps
+            if self.values.flags.writeable:
+                self.values += ps
+            elif ps:
+                self.values = self.values + ps
         else:
             self.base += ps
 
@@ -336,6 +341,16 @@ class HostProfile:
     planes: list[Plane]
     errors: list[str]
     warnings: list[str]
+    pages: object | None = field(default=None, repr=False, compare=False)
+    """The memory map its columns are views of, where they are (a host read by `xdiag.profile.hosts_map`)."""
+
+    def release_pages(self) -> None:
+        """Hands the pages of its mapped columns back (their values stay: a later read maps them in again from the
+        file), so that a pass over every host holds one host's columns at a time, not all of them. Nothing where
+        its columns are the process's own memory."""
+        mapped = getattr(self.pages, "_mmap", None)
+        if mapped is not None and hasattr(mapped, "madvise"):
+            mapped.madvise(mmap.MADV_DONTNEED)
 
 
 _DEVICE_RE = re.compile(r"^/device:(?P<kind>[A-Z]+):(?P<index>\d+)")
@@ -377,6 +392,21 @@ class Session:
     @property
     def event_count(self) -> int:
         return sum(plane.event_count for plane in self.planes)
+
+    def host_by_host(self, planes: Iterable[Plane]) -> Iterator[Plane]:
+        """`planes` (of this session, in its order) one by one, each host's mapped pages handed back once the caller
+        has gone past its planes (HostProfile.release_pages): a pass over the columns of every host holds one host's
+        at a time."""
+        owner = {id(plane): host for host in self.hosts for plane in host.planes}
+        current = None
+        for plane in planes:
+            host = owner.get(id(plane))
+            if current is not None and host is not current:
+                current.release_pages()
+            current = host
+            yield plane
+        if current is not None:
+            current.release_pages()
 
     def close(self) -> None:
         """Releases what derived views hold outside memory (XProf's private copies of the files)."""

@@ -26,7 +26,7 @@ def aggregate_xplane_events(session: Session, pattern: str, plane: str | None = 
     detail: groups per host/plane/line, top names by time."""
     regex = compile_pattern(pattern)  # RE2: linear time, whatever a model chose
     groups, names_time, durations, gaps = [], {}, [], []
-    for p in session.planes:
+    for p in session.host_by_host(session.planes):
         if plane and plane not in p.name:
             continue
         matching_ids = {k for k, n in p.event_names.items() if regex.search(n)}

@@ -24,7 +24,7 @@ def get_kernel_stats(session: Session, top_n: int = 20) -> ToolOutput:
     if session.platform != "GPU":
         raise NotAvailable(f"kernel statistics exist only for GPU profiles; this is a {session.platform} profile")
     per_name: dict[str, dict] = {}
-    for plane in session.device_planes(with_events=True):
+    for plane in session.host_by_host(session.device_planes(with_events=True)):
         for line in plane.lines:
             if not line.name.startswith("Stream"):
                 continue

@@ -15,7 +15,7 @@ GIB = 2**30
 def _allocator_events(session: Session) -> dict[str, np.ndarray] | None:
     """Allocator stats from MemoryAllocation/MemoryDeallocation events on host threads, if any."""
     peak, in_use, times = [], [], []
-    for plane in session.host_planes():
+    for plane in session.host_by_host(session.host_planes()):
         for line in plane.lines:
             column = line.numeric.get("peak_bytes_in_use")
             allocated = line.numeric.get("bytes_allocated")

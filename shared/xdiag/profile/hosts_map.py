@@ -1,0 +1,161 @@
+"""A many-host session read host by host: each host's file decoded by a worker process, its columns written to a
+file of its own and mapped back, so that the analysing process never holds every host's columns at once.
+
+Read in one process (`reader.read_session(..., by_host=False)`), a session's memory is the sum of its hosts' decoded
+columns: `xdiag analyze` of 24 hosts of a 20 MiB CPU capture peaked at 589 MiB against 130 MiB for one host. Here each
+host is the map's unit: `workers` worker processes (a fresh interpreter each, one per core at most) take the hosts one
+after another, decode each exactly as `read_host` does, write its columns and HLO modules to a prepared file
+(`compact.save_session`) and hand its memory back before the next, so a worker's peak is its largest host. The
+analysing process maps those files: a column costs it memory only while an analysis reads it, and the passes over
+every host's columns (the op table, host-event queries, the profile's bounds, the tools that scan lines) hand each
+host's pages back when they move on to the next (`HostProfile.release_pages`, `Session.host_by_host`). What it holds
+of its own is what the analyses derive: the op table, the steps, the per-step rows. The same analysis peaked at
+280 MiB (bench/README.md, sixteenth round). The session is `read_session`'s, column for column (origin, host names,
+HLO modules), so every tool answers the same (tests/test_hosts_map.py).
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+from xdiag.errors import ProfileError
+from xdiag.profile.compact import load_session, save_session
+from xdiag.profile.reader import (
+    DEFAULT_MAX_PROFILE_BYTES,
+    Progress,
+    _return_freed_memory_to_the_os,
+    assemble_session,
+    read_host,
+    session_bytes,
+)
+from xdiag.profile.space import HloModule, HostProfile, Session
+from xdiag.profile.trace_json import is_trace_file, read_trace_host
+
+_CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def map_workers(hosts: int, limit: int | None = None) -> int:
+    """Hosts decoded at once: one per core (or `limit`), no more than the hosts (each worker holds one decoded host)."""
+    return max(1, min(_CPUS, hosts, limit or _CPUS))
+
+
+def map_host(path: Path, out: Path) -> tuple[str, int]:
+    """The map stage of one host: decodes `path` (an xplane or a Chrome/Kineto trace) and writes its columns and its
+    HLO modules to `out`, times relative to each line's own timestamp as read. Returns (hostname, bytes written)."""
+    host, modules = (read_trace_host(path), []) if is_trace_file(path) else read_host(path, threads=1)
+    size = save_session(Session(name=host.hostname, hosts=[host], hlo_modules=modules, origin_ns=0), out)
+    return host.hostname, size
+
+
+def _mapped_host(path: Path, source: Path) -> tuple[HostProfile, list[HloModule]]:
+    loaded = load_session(path)
+    host = loaded.hosts[0]
+    host.path = source
+    return host, loaded.hlo_modules
+
+
+def read_session_by_host(
+    paths: list[Path],
+    name: str | None = None,
+    max_bytes: int = DEFAULT_MAX_PROFILE_BYTES,
+    workers: int | None = None,
+    progress: Progress | None = None,
+) -> Session:
+    """Every host file of one capture decoded by worker processes (at most `workers` at once) into a private
+    temporary folder, mapped, and the folder removed (a mapped file stays readable until it is unmapped: its disk
+    space goes with the session); the same Session as `read_session`."""
+    total = session_bytes(paths, max_bytes)
+    ordered = sorted(paths)
+    with tempfile.TemporaryDirectory(prefix="xdiag-hosts-") as scratch:
+        outs = [Path(scratch) / f"host-{index:05d}.xdiag" for index in range(len(ordered))]
+        _map_hosts(ordered, outs, map_workers(len(ordered), workers), progress, total)
+        read = [_mapped_host(out, path) for path, out in zip(ordered, outs)]
+    return assemble_session(read, name or paths[0].parent.name)
+
+
+def _map_hosts(paths: list[Path], outs: list[Path], workers: int, progress: Progress | None, total: int) -> None:
+    """map_host of each path into its out, by `workers` worker processes (`python -m xdiag.profile.hosts_map`: a
+    fresh interpreter, nothing of the caller's program imported again or inherited), each taking the next host as it
+    finishes one and handing the host's memory back before the next (its peak is its largest host, not the sum).
+    A host that cannot be read stops the map: no host is started after it, and the failure of the first such file
+    (in the session's order) is raised, a ProfileError with the worker's reason, which names the file."""
+    jobs = list(enumerate(zip(paths, outs)))
+    lock = threading.Lock()
+    failures: dict[int, str] = {}
+    done = [0]
+
+    def next_job() -> tuple[int, tuple[Path, Path]] | None:
+        with lock:
+            return jobs.pop(0) if jobs and not failures else None
+
+    def serve() -> None:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "xdiag.profile.hosts_map"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, env={**os.environ, "PYTHONWARNINGS": "ignore"}, text=True,
+        )
+        try:
+            while (job := next_job()) is not None:
+                index, (path, out) = job
+                worker.stdin.write(f"{path}\t{out}\n")
+                worker.stdin.flush()
+                answer = worker.stdout.readline().rstrip("\n").split("\t", 1)
+                if answer[0] == "ok":
+                    with lock:
+                        done[0] += path.stat().st_size
+                        if progress:
+                            progress(f"read {len(paths)} hosts", done[0], total)
+                    continue
+                if answer[0] == "failed":
+                    reason = answer[1]
+                else:  # the worker died (out of memory, a crash): its last words
+                    worker.kill()
+                    lines = worker.stderr.read().strip().splitlines()
+                    reason = (f"{path.name}: the host's reader exited with status {worker.wait()}: "
+                              f"{lines[-1] if lines else 'no output'}")
+                with lock:
+                    failures[index] = reason
+                return
+        finally:
+            if worker.poll() is None:
+                worker.stdin.close()
+                try:
+                    worker.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    worker.kill()
+                    worker.wait()
+
+    threads = [threading.Thread(target=serve, daemon=True) for _ in range(workers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if failures:
+        raise ProfileError(failures[min(failures)])
+
+
+def main() -> int:
+    """`python -m xdiag.profile.hosts_map`: a map worker. Reads `PATH<TAB>OUT` lines on stdin, maps each host
+    (map_host) and answers on stdout, a line per host: `ok<TAB>BYTES`, or `failed<TAB>REASON` where the file cannot
+    be read (a ProfileError). Its memory goes back to the system after each host."""
+    for request in sys.stdin:
+        path, out = request.rstrip("\n").split("\t")
+        try:
+            _, size = map_host(Path(path), Path(out))
+            answer = f"ok\t{size}"
+        except ProfileError as exc:
+            answer = "failed\t" + " ".join(str(exc).split())
+        gc.collect()
+        _return_freed_memory_to_the_os()
+        sys.stdout.write(answer + "\n")
+        sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
