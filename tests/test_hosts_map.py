@@ -147,3 +147,14 @@ def test_the_straggler_among_32_hosts_is_named(lockstep, tmp_path):
     analysis = analyze_session(locate_session(folder), tmp_path / "out")
     finding = analysis.diagnosis.findings[0]
     assert finding.key == "straggler_host" and slow in finding.title
+
+
+def test_a_worker_that_dies_is_reported_with_its_last_words(lockstep, tmp_path):
+    """Not a ProfileError inside the worker (here a folder where a host file should be: the worker's read raises
+    IsADirectoryError and the worker exits): the session's read fails naming the file and what the worker said."""
+    folder = _pod(tmp_path / "pod", lockstep["straggler_input"], 3)
+    (folder / "vm_process0_copy000.xplane.pb").unlink()
+    (folder / "vm_process0_copy000.xplane.pb").mkdir()
+    with pytest.raises(ProfileError, match=r"^vm_process0_copy000\.xplane\.pb: the host's reader exited with status 1: "
+                                           r"IsADirectoryError"):
+        read_session(_hosts(folder), by_host=True)

@@ -95,16 +95,20 @@ def _map_hosts(paths: list[Path], outs: list[Path], workers: int, progress: Prog
             return jobs.pop(0) if jobs and not failures else None
 
     def serve() -> None:
+        errors = tempfile.TemporaryFile()  # not a pipe: a worker that writes much there must not block on it
         worker = subprocess.Popen(
             [sys.executable, "-m", "xdiag.profile.hosts_map"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, env={**os.environ, "PYTHONWARNINGS": "ignore"}, text=True,
+            stderr=errors, env={**os.environ, "PYTHONWARNINGS": "ignore"}, text=True,
         )
         try:
             while (job := next_job()) is not None:
                 index, (path, out) = job
-                worker.stdin.write(f"{path}\t{out}\n")
-                worker.stdin.flush()
-                answer = worker.stdout.readline().rstrip("\n").split("\t", 1)
+                try:
+                    worker.stdin.write(f"{path}\t{out}\n")
+                    worker.stdin.flush()
+                    answer = worker.stdout.readline().rstrip("\n").split("\t", 1)
+                except OSError:  # BrokenPipeError: it had died already
+                    answer = [""]
                 if answer[0] == "ok":
                     with lock:
                         done[0] += path.stat().st_size
@@ -115,7 +119,8 @@ def _map_hosts(paths: list[Path], outs: list[Path], workers: int, progress: Prog
                     reason = answer[1]
                 else:  # the worker died (out of memory, a crash): its last words
                     worker.kill()
-                    lines = worker.stderr.read().strip().splitlines()
+                    errors.seek(0)
+                    lines = errors.read().decode("utf-8", "replace").strip().splitlines()
                     reason = (f"{path.name}: the host's reader exited with status {worker.wait()}: "
                               f"{lines[-1] if lines else 'no output'}")
                 with lock:
@@ -123,12 +128,17 @@ def _map_hosts(paths: list[Path], outs: list[Path], workers: int, progress: Prog
                 return
         finally:
             if worker.poll() is None:
-                worker.stdin.close()
+                try:
+                    worker.stdin.close()
+                except OSError:
+                    pass
                 try:
                     worker.wait(timeout=10)
                 except subprocess.TimeoutExpired:
                     worker.kill()
                     worker.wait()
+            worker.stdout.close()
+            errors.close()
 
     threads = [threading.Thread(target=serve, daemon=True) for _ in range(workers)]
     for thread in threads:
