@@ -383,6 +383,13 @@ def test_a_gzip_bomb_is_refused_while_it_is_decoded_never_inflated_whole(cloud, 
     blob.content_encoding = "gzip"
     blob.upload_from_string(gzip.compress(b"profile bytes" * 1000) * 2)  # within the limit: decoded, every member
     assert store.local_path(small).read_bytes() == b"profile bytes" * 2000
+    # Members whose ends fall on the inflater's output step (1 MiB): each member's remainder was read twice, so the
+    # decoded bytes doubled with every member (the stack's collect grew past 11 GiB on the bomb above, unlimited).
+    aligned = session_prefix(cloud.config.profile_root, "bomb-run", "s3") + "host0.xplane.pb"
+    blob = storage_client(cloud.config.project).bucket(bucket).blob(split_uri(aligned)[1])
+    blob.content_encoding = "gzip"
+    blob.upload_from_string(gzip.compress(bytes(2 * 2**20)) * 3)
+    assert store.local_path(aligned).stat().st_size == 6 * 2**20
 
 
 def test_a_sweeper_whose_clock_is_an_hour_ahead_repairs_no_analysis_that_is_on_time(cloud):

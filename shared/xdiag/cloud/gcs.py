@@ -174,7 +174,9 @@ class GcsBlobStore:
                         data = inflate.decompress(chunk, INFLATE_CHUNK)
                         chunk = inflate.unconsumed_tail
                         if inflate.eof:  # one gzip member ends; a file may hold several, each decoded in turn
-                            chunk = inflate.unused_data + chunk
+                            # The input after the member is in unused_data; where the member's end fell on the output
+                            # limit, unconsumed_tail holds the same bytes again (reading both doubled them each member).
+                            chunk = inflate.unused_data
                             inflate = zlib.decompressobj(wbits=32 + zlib.MAX_WBITS)
                         written += len(data)
                         if limit is not None and written > limit:
