@@ -158,3 +158,26 @@ def test_a_worker_that_dies_is_reported_with_its_last_words(lockstep, tmp_path):
     with pytest.raises(ProfileError, match=r"^vm_process0_copy000\.xplane\.pb: the host's reader exited with status 1: "
                                            r"IsADirectoryError"):
         read_session(_hosts(folder), by_host=True)
+
+
+def test_a_64_host_report_puts_the_straggler_first_and_shows_the_spread(lockstep, tmp_path):
+    """At pod scale the hosts section is read from the top: the straggler is the first row of the hosts table (not
+    row 64 of equal rows), a table gives the spread of step times and waits over the hosts, the breakdown bars
+    show the hosts at both ends, and the aligned step draws the first and last to arrive, the straggler outlined."""
+    folder = _pod(tmp_path / "pod", lockstep["straggler_input"], 64)
+    analysis = analyze_session(locate_session(folder), tmp_path / "out")
+    assert analysis.diagnosis.findings[0].key == "straggler_host"
+    hosts = json.loads((tmp_path / "out" / "tools" / "get_hosts.json").read_text())
+    straggler = hosts["summary"]["straggler"]
+    assert straggler.endswith("process1")
+    html = (tmp_path / "out" / "summary.html").read_text()
+    section = html[html.index('id="hosts"'):html.index('id="step-time"')]
+    assert "Over the 64 hosts" in section and "waiting in collectives per step" in section
+    table = section[section.index("One row per host"):]
+    first_row = table[table.index("<tbody"):][: table[table.index("<tbody"):].index("</tr>")]
+    assert straggler in first_row
+    assert section.count('<div class="rowbar">') == 10
+    assert "16 of the 64 participants (the 8 first and the 8 last to arrive)" in section
+    chart = section[section.index("<svg", section.index("16 of the 64 participants")):]
+    chart = chart[: chart.index("</svg>")]
+    assert chart.count('class="coll last"') == 1 and chart.count('class="coll') == 16 and straggler in chart

@@ -297,11 +297,25 @@ def roofline_chart(
 _HOST_ROW = Markup('<rect x="{:.1f}" y="{:.1f}" width="{:.1f}" height="{:.1f}" class="{}"><title>{}</title></rect>')
 
 
+ALIGNED_ROWS = 16
+"""Participants drawn on the aligned step at most: beyond it the first and the last to arrive, half each."""
+
+
+def _aligned_rows(rows: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """All the participants where they fit; else, in the order they arrive at the collective, the first and the last
+    ALIGNED_ROWS / 2 (the last to arrive, the straggler, is always among them)."""
+    if len(rows) <= ALIGNED_ROWS:
+        return rows
+    arrival = sorted(rows, key=lambda p: _num(p.get("collective_start_ms")) if p.get("collective_start_ms") is not None
+                     else math.inf)
+    return arrival[:ALIGNED_ROWS // 2] + arrival[-(ALIGNED_ROWS // 2):]
+
+
 def host_timeline(timeline: Mapping[str, Any], duration_text=format_duration) -> Markup:
     """One step on every participant on one time axis: the step window, what ran in it (where the tool gives
     segments), and the collective from each participant's arrival to the common end. The participant that
     arrives last is outlined and named."""
-    rows = [p for p in timeline.get("participants") or [] if isinstance(p, Mapping)][:16]
+    rows = _aligned_rows([p for p in timeline.get("participants") or [] if isinstance(p, Mapping)])
     starts = [_num(p.get(k)) for p in rows for k in ("step_start_ms", "collective_start_ms") if p.get(k) is not None]
     ends = [_num(p.get(k)) for p in rows for k in ("step_end_ms", "collective_end_ms") if p.get(k) is not None]
     if not rows or not starts or not ends:
