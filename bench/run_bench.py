@@ -3,6 +3,7 @@
     python bench/run_bench.py [--sizes 5,20,200,2048] [--captures host_sync:760] [--repeats 3]
                               [--device-profiles A.xplane.pb,...] [--device-large-mib 93]
                               [--xprof-max-mib 256] [--out bench/results]
+    python bench/run_bench.py --hosts 1,8,32,128 [--one-process-max-hosts 32] [--repeats 3] [--workdir DIR]
 
 1. Profiles: real CPU captures of the bundled `dispatch_bound` workload (the Python tracer on, so
    the event count per MiB is high) at about 5 and 20 MiB, then larger ones made by
@@ -24,6 +25,10 @@
    memory with size (a least-squares fit of log(cost) against log(size)).
 
 Results go to `<out>/results.json` and `<out>/results.md`, with the machine described.
+
+`--hosts` runs only the many-host bench instead (issue 37): sessions of N copies of the 20 MiB capture, each
+analysed host by host (the default read) and in one process, wall time, CPU time and the peak RSS of the largest
+single process; `<out>/hosts.{json,md}`.
 Never run as a test: timings depend on the machine.
 """
 
@@ -229,6 +234,70 @@ def bench_device(profiles: list[Path], repeats: int, workdir: Path) -> list[dict
     return rows
 
 
+def _pod(capture: Path, hosts: int, workdir: Path) -> Path:
+    """A session folder of `hosts` byte-for-byte copies of one real host capture (each its own file: nothing shared
+    in the page cache that separate hosts would not share), made once per --workdir."""
+    folder = workdir / f"hosts-{hosts}"
+    if len(list(folder.glob("*.xplane.pb"))) != hosts:
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        for k in range(hosts):
+            shutil.copyfile(capture, folder / f"host-{k:04d}.xplane.pb")
+    return folder
+
+
+def bench_hosts(capture: Path, hosts: list[int], repeats: int, workdir: Path, one_process_max: int) -> list[dict]:
+    """Per host count: `xdiag analyze` of a session of that many copies of `capture`, read host by host (the
+    default) and, up to `one_process_max` hosts, in one process (XDIAG_READ_BY_HOST=0); medians of wall time, CPU
+    time (every process) and the peak RSS of the largest single process (wait4 counts the analysing process and the
+    map workers it reaped), and the read's share of the wall time."""
+    rows = []
+    for count in hosts:
+        folder = _pod(capture, count, workdir)
+        modes = {"by_host": {}, **({"one_process": {"XDIAG_READ_BY_HOST": "0"}} if count <= one_process_max else {})}
+        runs: dict[str, list[dict]] = {mode: [] for mode in modes}
+        for _ in range(repeats):
+            for mode, env in modes.items():
+                out = Path(tempfile.mkdtemp(dir=workdir))
+                limit_gib = max(2.0, count * capture.stat().st_size / 2**30 + 1)  # the session's whole size is checked
+                result = _run([str(Path(sys.executable).with_name("xdiag")), "analyze", str(folder), "--out", str(out),
+                               "-q", "--max-profile-gib", f"{limit_gib:.1f}"], env={**os.environ, **env})
+                analysis = json.loads((out / "analysis.json").read_text())
+                result["read_s"] = analysis["timings_ms"]["read"] / 1000
+                runs[mode].append(result)
+                shutil.rmtree(out, ignore_errors=True)
+        row = {"hosts": count, "size_mib": round(count * capture.stat().st_size / 2**20, 1)}
+        for mode, results in runs.items():
+            row[mode] = {**_median(results), "read_s": round(statistics.median(r["read_s"] for r in results), 3)}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    single = next((r["by_host"]["peak_rss_mib"] for r in rows if r["hosts"] == 1), None)
+    for row in rows:
+        if single:
+            row["peak_rss_over_one_host"] = round(row["by_host"]["peak_rss_mib"] / single, 2)
+    return rows
+
+
+def render_hosts_markdown(report: dict) -> str:
+    m = report["machine"]
+    lines = [
+        f"# xdiag analyze on many-host sessions ({report['date']}, {m['cores']} cores, {m['memory_gib']} GiB, "
+        f"median of {report['repeats']})",
+        "",
+        f"Each host a copy of {report['capture']} ({report['capture_mib']} MiB, a real CPU capture).",
+        "",
+        "| hosts | MiB | host by host: wall s | CPU s | read s | peak RSS MiB (× one host) | one process: wall s "
+        "| CPU s | read s | peak RSS MiB |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in report["rows"]:
+        b, o = r["by_host"], r.get("one_process")
+        one = (f"{o['wall_s']} | {o['cpu_s']} | {o['read_s']} | {o['peak_rss_mib']:.0f}" if o else "not run | | |")
+        lines.append(f"| {r['hosts']} | {r['size_mib']} | {b['wall_s']} | {b['cpu_s']} | {b['read_s']} | "
+                     f"{b['peak_rss_mib']:.0f} ({r.get('peak_rss_over_one_host', '')}) | {one} |")
+    return "\n".join(lines) + "\n"
+
+
 def _fit(x: list[float], y: list[float]) -> float | None:
     if len(x) < 2:
         return None
@@ -271,6 +340,11 @@ def main() -> None:
                         help="skip XProf above this size (its converters need many times the file size in RAM)")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument("--hosts", default="",
+                        help="instead of the rest: many-host sessions of these host counts (e.g. 1,8,32,128), each "
+                             "host a copy of the 20 MiB capture; results/hosts.{json,md}")
+    parser.add_argument("--one-process-max-hosts", type=int, default=32,
+                        help="with --hosts: also read in one process up to this many hosts")
     args = parser.parse_args()
     sizes = [float(s) for s in args.sizes.split(",")]
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="xdiag-bench-"))
@@ -280,6 +354,17 @@ def main() -> None:
     _become_subreaper()
     compile_bytecode()
     captures = [(name, int(steps)) for name, steps in (c.split(":") for c in args.captures.split(",") if c)]
+    if args.hosts:
+        capture = make_profiles([20], [], workdir)[0]
+        report = {"machine": machine(), "repeats": args.repeats, "date": time.strftime("%Y-%m-%d"),
+                  "capture": _label(capture, workdir), "capture_mib": round(capture.stat().st_size / 2**20, 1),
+                  "rows": bench_hosts(capture, [int(h) for h in args.hosts.split(",")], args.repeats, workdir,
+                                      args.one_process_max_hosts)}
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "hosts.json").write_text(json.dumps(report, indent=2) + "\n")
+        (args.out / "hosts.md").write_text(render_hosts_markdown(report))
+        print(render_hosts_markdown(report))
+        return
     rows = []
     for profile in make_profiles(sizes, captures, workdir):
         size_mib = profile.stat().st_size / 2**20
