@@ -353,6 +353,8 @@ NOT_SET_IN_CLOUD = {
     "XDIAG_XPROF_PROCESSES": "how many worker processes XProf's converters may use; unset, as many as the CPUs "
     "(register starts them for device sessions of 16 MiB or more, while it prepares the session)",
     "XDIAG_XPROF_ALLOCATOR": "the malloc of XProf's worker processes; unset, the pinned mimalloc",
+    "XDIAG_READ_BY_HOST": "0 reads a many-host session in one process (the bench compares the two); unset, each "
+    "host is read by a worker process and mapped (xdiag.profile.hosts_map)",
     "XDIAG_XPROF_MEMORY_GIB": "the memory XProf's conversions may use; unset, a share of what the function's "
     "container has left under its memory limit (xdiag.analysis.xprof.memory_budget)",
     "LD_PRELOAD": "set only while XProf's worker processes start (their malloc)",
