@@ -182,6 +182,7 @@ def instruction_cost(module: HloModule, name: str) -> dict | None:
         "op_name": ins.op_name,
         "source": ins.source,
         "program_memory_passes": memory_passes(module),
+        **_handed_on_cost(handed_on(ins, operands, computation)),
         "hbm_share": hbm_share(ins, operands),
         "result_memory_space": ins.memory_space if ins.dtype != "tuple" else 0,
         "in_loop_body": computation.name in module.loop_bodies,
@@ -230,6 +231,34 @@ def _matmul_precision(ins: HloInstruction, module: HloModule) -> str | None:
 
 
 _NOT_KERNELS = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all", "partition-id", "replica-id"}
+
+
+def _handed_on(producer: HloInstruction, computation: HloComputation) -> bool:
+    """An array one kernel writes to the device's memory only for one other kernel to read back: not a parameter,
+    not what the program returns, not kept for a later use (a training step's activations, read again by the
+    backward pass), and not already on chip."""
+    users = computation.users.get(producer.name, [])
+    return (producer.opcode not in _NOT_KERNELS and producer.dtype != "tuple" and producer.memory_space == 0
+            and producer is not computation.instructions[-1] and len(users) == 1
+            and users[0].opcode not in _NOT_KERNELS)
+
+
+def _handed_on_cost(arrays: list[HloInstruction]) -> dict:
+    """handed_on_bytes, and handed_on_array ("bf16[64,2048,2048] (fusion name)", the largest) where there are any."""
+    if not arrays:
+        return {}
+    largest = max(arrays, key=shape_bytes)
+    return {"handed_on_bytes": sum(shape_bytes(a) for a in arrays),
+            "handed_on_array": f"{largest.shape_text.split('{')[0]} ({largest.opcode} {largest.name})"}
+
+
+def handed_on(ins: HloInstruction, operands: list[HloInstruction], computation: HloComputation) -> list[HloInstruction]:
+    """The op's result and operands that pass from one kernel straight to one other through the device's memory
+    (_handed_on): a kernel doing both would keep them on chip, as a fused attention keeps its scores."""
+    if ins.opcode in _NOT_KERNELS:
+        return []
+    arrays = [ins] + list({o.name: o for o in operands}.values())
+    return [a for a in arrays if _handed_on(a, computation)]
 
 
 def memory_passes(module: HloModule) -> float | None:

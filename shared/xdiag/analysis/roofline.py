@@ -133,10 +133,19 @@ def roofline_summary(rows: list[dict], ridge_flop_per_byte: float | None = None)
     # per trip amortises them. Work done once per step is read once, as it must be.
     in_loops = sum(o["share_of_op_time_percent"] for o in low if o.get("in_loop_body"))
     rereads = few_flops_at_roof and in_loops >= 0.5 * sum(o["share_of_op_time_percent"] for o in low)
+    # Arrays one kernel writes only for the next to read back once: bytes a kernel doing both would not move,
+    # whatever the arithmetic per byte (an attention's scores between its two products).
+    handed = round(sum(o["share_of_op_time_percent"] * (o.get("handed_on_share_of_bytes") or 0.0) for o in low), 2)
+    by_product = any(o.get("category") == "convolution" and (o.get("handed_on_share_of_bytes") or 0) >= 0.5 for o in low)
     why = []
     if (kind is None or kind == "below_bandwidth_roof" or few_flops_at_roof) and extra >= EXTRA_PASSES_DEFECT_PERCENT:
         why.append(f"their programs move their own data {passes:g} times per execution, so {extra:g}% of op time "
                    "goes to passes a fused program would not make")
+    elif handed >= EXTRA_PASSES_DEFECT_PERCENT:
+        top = max(low, key=lambda o: o["share_of_op_time_percent"] * (o.get("handed_on_share_of_bytes") or 0.0))
+        why.append(f"{handed:g}% of op time moves arrays that one kernel writes to memory only for the next one to "
+                   f"read back once (the largest: {top.get('handed_on_array')}, at {top['op']}), which a kernel doing "
+                   "both would keep on chip")
     if rereads:
         why.append(f"they run in loops at {kind_bandwidth:g}% of the HBM bandwidth doing only {intensity:g} FLOP per "
                    f"byte (the ridge point is {ridge_flop_per_byte:g}), reading the same arrays every trip, so the "
@@ -160,6 +169,8 @@ def roofline_summary(rows: list[dict], ridge_flop_per_byte: float | None = None)
         "memory_bound_op_percent": share,
         "memory_passes": passes,
         "memory_extra_pass_percent": extra,
+        "memory_handed_on_percent": handed,
+        "memory_handed_on_by_product": by_product and handed >= EXTRA_PASSES_DEFECT_PERCENT,
         "memory_bandwidth_efficiency_percent": bandwidth,
         "memory_bound_kind": kind,
         "memory_wait_percent": waits,

@@ -47,10 +47,15 @@ def compile_whole_step(ctx: Context) -> str:
             "avoid eager jnp calls in the loop; hoist Python-side loops into lax.scan/fori_loop")
 
 
-def fuse_passes(ctx: Context) -> str:
-    """How to move fewer bytes when a program makes several passes over the same data."""
+def fuse_passes(ctx: Context, product_result: bool = False) -> str:
+    """How to move fewer bytes when a program makes several passes over the same data; product_result: the array
+    written and read back is a matrix product's result (attention scores)."""
     base = ("move fewer bytes: let one kernel do what several passes do (compute the reductions that read the same "
             "array together, avoid materialising intermediates, recompute cheap values instead of storing them)")
+    if product_result:
+        base += ("; a matrix product's result that the next op reads once (attention scores before their softmax) "
+                 "need never reach memory: a fused kernel computes both, block by block (jax.nn.dot_product_attention, "
+                 "a flash-attention kernel)")
     if ctx.platform == "TPU":
         return base + "; where XLA will not fuse them, a Pallas kernel can read the array once from HBM"
     if ctx.platform == "GPU":

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from xdiag.investigators import advice
-from xdiag.analysis.roofline import MEMORY_BOUND_FINDING_MIN_PERCENT
+from xdiag.analysis.roofline import EXTRA_PASSES_DEFECT_PERCENT, MEMORY_BOUND_FINDING_MIN_PERCENT
 from xdiag.investigators.health import (DMA_STALL_MAX_PERCENT, DOMINANT_EFFICIENCY_MIN_PERCENT, is_latency_bound,
                                        low_intensity_share)
 from xdiag.model import Diagnosis, Evidence, Finding, FollowUpCall, Status, ToolResult
@@ -673,6 +673,9 @@ def _memory_bound_hypothesis(ops: dict[str, Any], low_share: float, low_ops: lis
     if ops.get("memory_passes") is not None:
         evidence.append(_ev("get_hlo_op_profile", "memory_passes", ops["memory_passes"],
                             "bytes the programs move per execution over the bytes they must read and write"))
+    if (ops.get("memory_handed_on_percent") or 0) >= EXTRA_PASSES_DEFECT_PERCENT:
+        evidence.append(_ev("get_hlo_op_profile", "memory_handed_on_percent", ops["memory_handed_on_percent"],
+                            "op time moving arrays one kernel writes only for one other to read back"))
     share = round(low_share + waits, 2)
     whats = (f"{low_share}% of op time is in ops {below}" + (f" and {waits}% waits for data prefetched from HBM"
                                                              if waits else "")
@@ -716,7 +719,8 @@ def _memory_bound_hypothesis(ops: dict[str, Any], low_share: float, low_ops: lis
         whats, evidence,
         f"Bandwidth-bound time shrinks only with the bytes moved: making {passes:g} passes one, or using the "
         f"bandwidth fully, cuts up to {recoverable:.0f}% of op time; the rest is the data's one necessary pass.",
-        _sentence(advice.fuse_passes(ctx)), follow_up=follow_up, extra_evidence=_neighborhood_evidence)
+        _sentence(advice.fuse_passes(ctx, bool(ops.get("memory_handed_on_by_product")))), follow_up=follow_up,
+        extra_evidence=_neighborhood_evidence)
 
 
 def _transfer_hypotheses(health: dict[str, Any], results: dict[str, ToolResult], base: list[Evidence]) -> list[Hypothesis]:

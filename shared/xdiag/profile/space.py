@@ -285,6 +285,15 @@ class HloComputation:
     def by_name(self) -> dict[str, HloInstruction]:
         return {i.name: i for i in self.instructions}
 
+    @cached_property
+    def users(self) -> dict[str, list[HloInstruction]]:
+        """For each instruction: the instructions of this computation that read its value."""
+        out: dict[str, list[HloInstruction]] = {}
+        for instruction in self.instructions:
+            for operand in dict.fromkeys(instruction.operands):
+                out.setdefault(operand, []).append(instruction)
+        return out
+
 
 @dataclass
 class HloModule:

@@ -100,6 +100,9 @@ class OpStat:
                 row.update(roofline(row, peaks))
             if self.cost.get("program_memory_passes") is not None:
                 row["program_memory_passes"] = self.cost["program_memory_passes"]
+            if self.cost.get("handed_on_bytes") and self.cost["bytes"]:
+                row["handed_on_share_of_bytes"] = round(min(self.cost["handed_on_bytes"] / self.cost["bytes"], 1.0), 4)
+                row["handed_on_array"] = self.cost["handed_on_array"]
             if self.cost["source"]:
                 row["source"] = self.cost["source"]
             row["cost_source"] = self.cost.get("cost_source", "HLO shapes")
