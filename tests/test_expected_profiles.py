@@ -9,6 +9,7 @@ behind the answers on devices and custom calls the shared profiles do not have.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
@@ -38,6 +39,7 @@ class Diagnosed:
         self.findings = analysis.diagnosis.findings
         self.keys = [f.key for f in self.findings]
         self.tools = {p.stem: json.loads(p.read_text()) for p in (out_dir / "tools").glob("*.json")}
+        self.report = (out_dir / "summary.html").read_text()
 
     def summary(self, tool: str) -> dict:
         return self.tools[tool]["summary"]
@@ -147,6 +149,22 @@ def test_tpu_offload_roofline_rows_above_100_percent_are_flagged_not_shown(diagn
             assert row.get("achieved_gib_per_s") is None and row["rate_not_measured_because"]
     _no_impossible_op_rows(d)
     assert "memory_bound" not in d.keys and "device_idle" not in d.keys
+
+
+def test_tpu_offload_roofline_says_it_speaks_for_the_compute_ops_alone(diagnosed):
+    """Failed before: the key card read "Roofline efficiency 73.2% of the roof at the ops' intensity" for a step that
+    is 97% host copies, and the roofline section said "costed op time 100%" under "13 ops with no FLOPs (96.5% of op
+    time)": both true of the compute ops alone, neither said so."""
+    d = diagnosed(TPU)
+    compute = d.health["breakdown_percent"]["compute"]
+    card = re.search(r"Roofline efficiency</div>(.*?)</div>\s*</div>", d.report, re.S).group(1)
+    assert f"over compute ops only ({round(compute)}% of step time)" in card, card
+    roof = d.summary("get_roofline_model")
+    assert roof["costed_compute_op_time_percent"] == 100.0 and "costed_op_time_percent" not in roof
+    left_off = re.search(r"Not on the chart: \d+ ops with no FLOPs known or none done \(([^)]*)\)", d.report).group(1)
+    copies = float(re.search(r"([\d.]+)% in copies and transfers, which the roofline leaves out", left_off).group(1))
+    categories = d.summary("get_hlo_op_profile")["category_percent"]
+    assert 0.9 * (categories["async_copy"] + categories.get("memcpy", 0)) <= copies <= categories["async_copy"] + 1
 
 
 def test_tpu_offload_duty_cycle_is_explained(diagnosed):

@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from xdiag.analysis.timeline import TRANSFER_OP_CATEGORIES
 from xdiag.model import ToolResult, ToolStatus
 from xdiag.report import charts
 from xdiag.report.summary import counted
@@ -208,11 +209,13 @@ def step_time_section(results: Mapping[str, ToolResult], limits: Limits) -> Sect
     return section
 
 
-def _op_points(ops: Sequence[Mapping[str, Any]], limits: Limits) -> tuple[list[dict], list[str], float, list[str]]:
+def _op_points(ops: Sequence[Mapping[str, Any]], limits: Limits
+               ) -> tuple[list[dict], list[str], tuple[float, float], list[str]]:
     """Chart points of the ops that have both an intensity and a FLOP rate; the names of ops left off because
-    they do no arithmetic (and their share of op time); the names left off as out of range."""
+    they do no arithmetic (and their share of op time, and the transfers' part of it); the names left off as out of
+    range."""
     points, no_flops, flagged = [], [], []
-    no_flops_share = 0.0
+    no_flops_share = no_flops_transfer_share = 0.0
     names = [str(o.get("op")) for o in ops[:MAX_OPS_ON_CHART]]
     for o in ops[:MAX_OPS_ON_CHART]:
         intensity = o.get("arithmetic_intensity_flops_per_byte")
@@ -224,6 +227,8 @@ def _op_points(ops: Sequence[Mapping[str, Any]], limits: Limits) -> tuple[list[d
         if not isinstance(intensity, (int, float)) or not isinstance(rate, (int, float)) or intensity <= 0 or rate <= 0:
             no_flops.append(name)
             no_flops_share += share if isinstance(share, (int, float)) else 0.0
+            if o.get("category") in TRANSFER_OP_CATEGORIES and isinstance(share, (int, float)):
+                no_flops_transfer_share += share
             continue
         reason = out_of_range("achieved_gflops_per_s", rate, limits) or out_of_range(
             "achieved_gb_per_s", o.get("achieved_gb_per_s"), limits) or out_of_range(
@@ -241,7 +246,7 @@ def _op_points(ops: Sequence[Mapping[str, Any]], limits: Limits) -> tuple[list[d
             tip += f"\n{format_measure(100 * rate * 1e9 / roof, '%')} of its roof"
         points.append({"label": name, "intensity": float(intensity), "flops_per_s": float(rate) * 1e9,
                        "time_share": float(share) / 100, "category": str(o.get("category") or "other"), "tip": tip})
-    return points, no_flops, no_flops_share, flagged
+    return points, no_flops, (no_flops_share, no_flops_transfer_share), flagged
 
 
 def roofline_section(results: Mapping[str, ToolResult], peaks: Peaks) -> Section:
@@ -253,7 +258,7 @@ def roofline_section(results: Mapping[str, ToolResult], peaks: Peaks) -> Section
     section.parts.append(part)
     if ops_result is not None:
         ops = [o for o in ops_result.detail.get("ops") or [] if isinstance(o, Mapping)]
-        points, no_flops, no_flops_share, flagged = _op_points(ops, peaks.limits)
+        points, no_flops, (no_flops_share, transfer_share), flagged = _op_points(ops, peaks.limits)
         if peaks.known:
             part.blocks.append(Block(kind="text", text=(
                 f"Roofs: compute {format_measure(peaks.flops_per_s / 1e9, 'GFLOP/s')}, memory bandwidth "
@@ -279,7 +284,11 @@ def roofline_section(results: Mapping[str, ToolResult], peaks: Peaks) -> Section
         if no_flops:
             part.blocks.append(Block(kind="text", muted=True, text=(
                 f"Not on the chart: {len(no_flops)} ops with no FLOPs known or none done "
-                f"({format_measure(no_flops_share, '%')} of op time): {_names(no_flops)}.")))
+                f"({format_measure(no_flops_share, '%')} of op time"
+                # Copies are outside the roofline's compute op time: say so, or 'costed 100%' reads as a contradiction.
+                + (f", {format_measure(transfer_share, '%')} in copies and transfers, which the roofline leaves out"
+                   if transfer_share >= 1 else "")
+                + f"): {_names(no_flops)}.")))
         if flagged:
             part.blocks.append(Block(kind="text", muted=True, text=(
                 f"Not on the chart, their rates out of physical range: {_names(flagged, 3)}.")))

@@ -208,8 +208,13 @@ def metric_cards(health: Mapping[str, Any], results: Mapping[str, ToolResult], l
         elif m.path == ("device_idle_percent",):
             busy = _busy_text(health)
             note = f"of step time; busy the rest: {busy}" if busy else m.hint
-        elif m.path == ("roofline_efficiency_percent",) and health.get("bound_by"):
-            note = f"{m.hint}; bound by {health['bound_by']}"
+        elif m.path == ("roofline_efficiency_percent",):
+            # The roofline is over compute ops only: where the devices are also busy moving data or communicating,
+            # say how much of the step it speaks for (TPU offload: 73% of the roof over 3% of the step).
+            compute = (health.get("breakdown_percent") or {}).get("compute")
+            scope = (f", over compute ops only ({format_measure(compute, '%')} of step time)"
+                     if _busy_text(health) and isinstance(compute, (int, float)) else "")
+            note = m.hint + scope + (f"; bound by {health['bound_by']}" if health.get("bound_by") else "")
         elif m.path == ("achieved_gflops_per_s",) and health.get("achieved_rate_covers_op_time_percent") is not None:
             note = f"{m.hint}, over the {format_measure(health['achieved_rate_covers_op_time_percent'], '%')} of compute op time whose FLOPs are known"
         elif m.path == ("top_op",):

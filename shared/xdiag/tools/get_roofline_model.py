@@ -23,8 +23,8 @@ _COPY_CATEGORIES = ("copy-start", "copy-done", "async copy", "memcpy")
 def get_roofline_model(session: Session, top_n: int = 20) -> ToolOutput:
     """summary: xdiag's roofline over the ops whose FLOPs and bytes are known (transfers left out), over their
     own time: op_time_achieved_tflops_per_s, op_time_achieved_gb_per_s, op_time_intensity_flop_per_byte,
-    op_time_bound_by (compute | HBM), op_time_roofline_efficiency_percent, costed_op_time_percent (of the compute
-    op time; under 50% the figures are left out with roofline_unavailable_because), time_basis;
+    op_time_bound_by (compute | HBM), op_time_roofline_efficiency_percent, costed_compute_op_time_percent
+    (of the compute op time; under 50% the figures are left out with roofline_unavailable_because), time_basis;
     the checked peaks (peak_tflops, peak_hbm_gb_per_s, ridge_flop_per_byte, flops_source, bandwidth_source,
     peak_warnings); XProf's own figures under its names (roofline_efficiency_percent, bound_by,
     peak_flop_rate_gflops, peak_hbm_bw_gibs, … over the capture window, idle included), xprof_idle_percent,
@@ -68,7 +68,7 @@ def program_roofline(session: Session, peaks: dict) -> dict:
     work = costed_work(session)
     costed, flops, moved, seconds = work.stats, work.flops, work.bytes, work.seconds
     out: dict = {
-        "costed_op_time_percent": work.covered_percent,
+        "costed_compute_op_time_percent": work.covered_percent,
         "time_basis": "device op time of the costed ops (idle and transfers excluded)",
     }
     if not moved or not work.speaks_for_the_program:
@@ -113,10 +113,11 @@ def _reconcile(summary: dict) -> str:
     busy = xprof / (1 - idle / 100)
     text += f": its {xprof}% over the window is {busy:.3g}% over busy time"
     if ours is not None and (ours > 1.5 * busy or busy > 1.5 * ours):
+        costed = summary.get("costed_compute_op_time_percent")
+        provenance = summary.get("flops_provenance") or "its cost model"
         text += (f"; xdiag's {ours}% over op time counts each op's FLOPs and bytes from its HLO shapes (GEMM custom "
-                 f"calls included, {summary.get('costed_op_time_percent')}% of op time costed) against the checked "
-                 f"peaks; XProf's FLOP counts (provenance: {summary.get('flops_provenance') or 'its cost model'}) and "
-                 "recorded peaks differ")
+                 f"calls included, {costed}% of compute op time costed) against the checked peaks; XProf's FLOP "
+                 f"counts (provenance: {provenance}) and recorded peaks differ")
     return text
 
 
