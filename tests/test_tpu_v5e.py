@@ -29,13 +29,7 @@ V5E_PEAK_TFLOPS, V5E_HBM_GB_S = 197.0, 819.0  # datasheet (cloud.google.com/tpu/
 
 # What xdiag still reads wrong on these profiles (issues 36 and 40), each a strict xfail: the fix that closes one
 # removes its line (a fixed entry left here fails as XPASS).
-OPEN = {
-    "test_tpu_workload_problem_is_the_top_finding[widening_convert]": "the step's one block_until_ready wait (29% of a "
-    "1.9 ms step with no device op running) outranks the memory-bound passes (a third of 63% device time) as host_sync",
-    "test_tpu_workload_problem_is_the_top_finding[padded_heads]": "read as memory_bound (P0): 88% of op time writes "
-    "and reads back the bf16[64,2048,2048] scores (537 MB per call, at 69-79% of the HBM roof, 72 FLOP/byte); the "
-    "head_dim padding the key names shows only in the 4% of relayout copies: answer key to review",
-}
+OPEN: dict[str, str] = {}
 
 
 @pytest.fixture(autouse=True)
