@@ -171,3 +171,59 @@ def test_each_program_gets_the_time_of_the_kernels_it_launched():
     busiest = max(per_program, key=per_program.get)
     assert busiest.startswith("jit_dot(") and modules.summary["busiest_module"] == busiest
     assert modules.summary["busiest_module_share_percent"] > 50
+
+
+# The backend config XLA:GPU gives a cuDNN flash attention call, as its own fused-MHA test writes it (batch 2, 6
+# heads, 2048 tokens, head_dim 128); no profile here holds one, since none was captured on an NVIDIA GPU with it.
+_FMHA_CONFIG = (
+    '{"operation_queue_id":"0","wait_on_operation_queues":[],"cudnn_fmha_backend_config":{"algorithm":{"algo_id":"0",'
+    '"math_type":"TENSOR_OP_MATH","tuning_knobs":{"17":"1","24":"0"},"is_cudnn_frontend":true,"workspace_size":"0"},'
+    '"fmha_scale":2,"dropout_rate":0,"bmm1_dot_dimension_numbers":{"lhs_contracting_dimensions":["3"],'
+    '"rhs_contracting_dimensions":["3"],"lhs_batch_dimensions":["0","1"],"rhs_batch_dimensions":["0","1"]},'
+    '"bmm2_dot_dimension_numbers":{"lhs_contracting_dimensions":["3"],"rhs_contracting_dimensions":["2"],'
+    '"lhs_batch_dimensions":["0","1"],"rhs_batch_dimensions":["0","1"]},"intermediate_tensor_shape":{'
+    '"element_type":"BF16","dimensions":["2","6","2048","2048"],"tuple_shapes":[]},"mask_type":"CAUSAL"}}'
+)
+
+
+def test_a_fused_attention_call_is_costed_from_the_scores_its_config_names():
+    from types import SimpleNamespace
+
+    from xdiag.analysis.hlo_cost import attention_flops, instruction_cost
+    from xdiag.profile.compact import _instruction, _module
+    from xdiag.profile.reader import _attention
+    from xdiag.profile.space import HloComputation, HloInstruction, HloModule
+
+    read = _attention(SimpleNamespace(opcode="custom-call", custom_call_target="__cudnn$fmhaSoftmax",
+                                      backend_config=_FMHA_CONFIG.encode()))
+    assert read == {"attention_scores": (2, 6, 2048, 2048), "attention_causal": True}
+    assert _attention(SimpleNamespace(opcode="custom-call", custom_call_target="__cublas$gemm",
+                                      backend_config=_FMHA_CONFIG.encode())) == {}
+
+    def array(name, dims):
+        return HloInstruction(name, "parameter", "bf16", dims, (), (), "", "", "", ())
+
+    qkv = [array(n, (2, 6, 2048, 128)) for n in ("q", "k", "v")]
+
+    def call(target, causal):
+        return HloInstruction("fmha", "custom-call", "tuple", (), (), ("q", "k", "v"), "", "", "", (),
+                              tuple_shapes=(("bf16", (2, 6, 2048, 128)), ("u8", (0,))), custom_call_target=target,
+                              attention_scores=(2, 6, 2048, 2048), attention_causal=causal)
+
+    b, h, s, d = 2, 6, 2048, 128
+    forward = 4 * b * h * s * s * d  # QKᵀ and PV: 2·B·H·Sq·Sk·D each
+    for target, causal, expected in (("__cudnn$fmhaSoftmax", False, forward),
+                                     ("__cudnn$fmhaSoftmax", True, forward / 2),  # the masked half is skipped
+                                     ("__cudnn$fmhaSoftmaxBackward", False, 2.5 * forward)):  # five products
+        ins = call(target, causal)
+        computation = HloComputation("main", [*qkv, ins])
+        assert attention_flops(ins, computation) == expected
+        cost = instruction_cost(HloModule("m", 1, "main", {"main": computation}, "host0"), "fmha")
+        assert cost["flops_known"] and cost["flops"] == expected and "fused attention" in cost["cost_source"]
+        [row] = [r for r in _module(HloModule("m", 1, "main", {"main": computation}, "host0"))["computations"]["main"]
+                 if r[0] == "fmha"]
+        assert _instruction(row) == ins  # kept by the prepared session file (register's, the map's) as read
+    # Scores that are not Q's (a config for other shapes): not costed rather than costed wrong.
+    wrong = HloInstruction("fmha", "custom-call", "tuple", (), (), ("q", "k", "v"), "", "", "", (),
+                           custom_call_target="__cudnn$fmhaSoftmax", attention_scores=(2, 6, 1024, 2048))
+    assert attention_flops(wrong, HloComputation("main", [*qkv, wrong])) is None

@@ -74,7 +74,8 @@ def custom_kernel_cost(ins: HloInstruction, computation: HloComputation) -> tupl
     """(FLOPs, bytes or None, how they were found) of a custom kernel whose code the HLO does not show (a Pallas /
     Mosaic / Triton custom call): the cost estimate its author attached, else, where its two operands and result
     have exactly the shapes of a matrix product ([B..,M,K]·[B..,K,N] -> [B..,M,N]), 2·B·M·N·K. None otherwise."""
-    if ins.opcode != "custom-call" or is_gemm_call(ins) or ins.custom_call_target in CONV_TARGETS:
+    if (ins.opcode != "custom-call" or is_gemm_call(ins) or ins.custom_call_target in CONV_TARGETS
+            or ins.attention_scores):
         return None
     if ins.kernel_cost_estimate:
         flops, moved = ins.kernel_cost_estimate[:2]
@@ -125,9 +126,28 @@ def conv_flops(ins: HloInstruction, computation: HloComputation) -> float | None
     return 2.0 * prod(output) * prod(kernel[d] for d in ins.conv_kernel_dims)
 
 
+def attention_flops(ins: HloInstruction, computation: HloComputation) -> float | None:
+    """The matrix products of a fused attention call, from the score matrix S = [B,H,Sq,Sk] its backend config
+    names and the head dimensions of Q (operand 0) and V (operand 2), each the last logical dimension:
+    forward QKᵀ and PV, 2·|S|·(D + Dv); backward (recomputed QKᵀ, dV, dP, dQ, dK) 2·|S|·(3·D + 2·Dv). A causal
+    mask halves it: flash kernels skip the masked blocks. None where the config or operands do not say."""
+    scores = ins.attention_scores
+    operands = [computation.by_name.get(o) for o in ins.operands[:3]]
+    if len(scores) < 2 or len(operands) < 3 or any(o is None or not o.dims for o in operands):
+        return None
+    q, _, v = operands
+    d, dv = q.dims[-1], v.dims[-1]
+    if prod(q.dims) * scores[-1] != prod(scores) * d:  # Q is not [B,H,Sq,D] in some order: the config is not Q's
+        return None
+    flops = 2.0 * prod(scores) * ((3 * d + 2 * dv) if ins.custom_call_target.endswith("Backward") else (d + dv))
+    return flops / 2 if ins.attention_causal else flops
+
+
 def _flops(ins: HloInstruction, computation: HloComputation, module: HloModule) -> float:
     if is_gemm_call(ins):
         return gemm_flops(ins, computation) or 0.0
+    if ins.attention_scores:
+        return attention_flops(ins, computation) or 0.0
     if ins.opcode == "convolution" or ins.custom_call_target in CONV_TARGETS:
         return conv_flops(ins, computation) or 0.0
     custom = custom_kernel_cost(ins, computation)
@@ -163,14 +183,17 @@ def instruction_cost(module: HloModule, name: str) -> dict | None:
     precision = _matmul_precision(ins, module)
     gemm_known = is_gemm_call(ins) and gemm_flops(ins, computation) is not None
     conv_known = ins.custom_call_target in CONV_TARGETS and conv_flops(ins, computation) is not None
+    attention_known = bool(ins.attention_scores) and attention_flops(ins, computation) is not None
     custom = custom_kernel_cost(ins, computation)
     if custom is not None and custom[1]:
         read, written = custom[1], 0.0  # the author's bytes accessed: reads and writes together
     source = ("HLO shapes (GEMM custom call: 2·B·M·N·K from its operands)" if gemm_known else
               "HLO shapes (convolution custom call: 2·|output|·C·R·S from its dimension numbers)" if conv_known else
+              "HLO shapes (fused attention custom call: its QKᵀ and PV products from the score matrix its backend "
+              "config names" + (", halved for the causal mask)" if ins.attention_causal else ")") if attention_known else
               f"custom kernel: {custom[2]}" if custom is not None else "HLO shapes")
     return {
-        "flops_known": gemm_known or conv_known or custom is not None
+        "flops_known": gemm_known or conv_known or attention_known or custom is not None
         or (ins.opcode != "custom-call" and "custom-call" not in fused),
         "cost_source": source,
         "flops": _flops(ins, computation, module),

@@ -84,7 +84,8 @@ def _module(module: HloModule) -> dict[str, Any]:
                  i.source, list(i.called), [[t, list(d)] for t, d in i.tuple_shapes], i.custom_call_target,
                  list(i.lhs_contracting), list(i.lhs_batch), list(i.conv_kernel_dims), i.fusion_backend_kind,
                  i.memory_space,
-                 list(i.kernel_cost_estimate), list(i.tuple_memory_spaces), i.is_host_transfer, list(i.operand_precision)]
+                 list(i.kernel_cost_estimate), list(i.tuple_memory_spaces), i.is_host_transfer, list(i.operand_precision),
+                 list(i.attention_scores), i.attention_causal]
                 for i in computation.instructions
             ]
             for name, computation in module.computations.items()
@@ -194,6 +195,7 @@ def _instruction(row: list) -> HloInstruction:
     kernel_cost_estimate = row[17] if len(row) > 17 else []
     tuple_memory_spaces, is_host_transfer = row[18:20] if len(row) > 19 else ([], False)  # before they were kept
     precision = row[20] if len(row) > 20 else []  # before operand precision was kept
+    attention_scores, attention_causal = row[21:23] if len(row) > 22 else ([], False)  # before attention was costed
     return HloInstruction(
         name=name, opcode=opcode, dtype=dtype, dims=tuple(dims), layout=tuple(layout), operands=tuple(operands),
         fusion_kind=fusion_kind, op_name=op_name, source=source, called=tuple(called),
@@ -202,7 +204,8 @@ def _instruction(row: list) -> HloInstruction:
         fusion_backend_kind=fusion_backend_kind, memory_space=memory_space,
         kernel_cost_estimate=tuple(kernel_cost_estimate),
         tuple_memory_spaces=tuple(tuple_memory_spaces), is_host_transfer=bool(is_host_transfer),
-        operand_precision=tuple(precision),
+        operand_precision=tuple(precision), attention_scores=tuple(attention_scores),
+        attention_causal=bool(attention_causal),
     )
 
 

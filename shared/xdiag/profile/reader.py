@@ -339,6 +339,25 @@ def _kernel_cost_estimate(ins) -> tuple[float, ...]:
         return ()
 
 
+ATTENTION_TARGET_PREFIX = "__cudnn$fmha"
+"""XLA:GPU's fused attention custom calls (cuDNN flash attention: `__cudnn$fmhaSoftmax`, `…ScaleBiasSoftmax`,
+`…Dropout`, and their `…Backward`), whose backend config names the score matrix they never write."""
+
+
+def _attention(ins) -> dict:
+    """A fused attention call's score dims [B,H,Sq,Sk] (`intermediate_tensor_shape`) and causal mask, from its
+    backend config; {} for any other instruction or a config without them."""
+    if ins.opcode != "custom-call" or not ins.custom_call_target.startswith(ATTENTION_TARGET_PREFIX):
+        return {}
+    try:
+        config = json.loads(ins.backend_config).get("cudnn_fmha_backend_config") or {}
+        scores = tuple(int(d) for d in config["intermediate_tensor_shape"]["dimensions"])
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return {}
+    causal = "CAUSAL" in str(config.get("mask_type", "")).upper() or config.get("is_causal_mask") is True
+    return {"attention_scores": scores, "attention_causal": causal}
+
+
 def _scheduled(computation, sequence) -> list:
     """The computation's instructions in the order the device runs them (the module's schedule), where the
     schedule covers them all; else in the proto's order. Kernels that carry no instruction name of their own
@@ -387,6 +406,7 @@ def _hlo_module(proto_bytes: bytes, host: str, fallback_id: int) -> HloModule | 
                     **_contraction(ins),
                     tuple_memory_spaces=tuple(t.layout.memory_space for t in shape.tuple_shapes),
                     is_host_transfer=ins.is_host_transfer,
+                    **_attention(ins),
                 )
             )
         computations[computation.name] = HloComputation(computation.name, instructions)

@@ -267,6 +267,8 @@ class HloInstruction:
     tuple_memory_spaces: tuple[int, ...] = ()  # of a tuple value: each element's memory space (copy-start: dest, src)
     is_host_transfer: bool = False  # a send/recv (and its done) that moves data to or from the host, not a device
     operand_precision: tuple[int, ...] = ()  # dot/convolution: per operand, 0 DEFAULT, 1 HIGH, 2 HIGHEST
+    attention_scores: tuple[int, ...] = ()  # fused attention custom calls (cuDNN): the score matrix's dims [B,H,Sq,Sk]
+    attention_causal: bool = False  # ... and whether its mask is causal (flash kernels skip the masked half)
 
     @property
     def shape_text(self) -> str:
