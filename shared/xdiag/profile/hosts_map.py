@@ -45,10 +45,11 @@ def map_workers(hosts: int, limit: int | None = None) -> int:
     return max(1, min(_CPUS, hosts, limit or _CPUS))
 
 
-def map_host(path: Path, out: Path) -> tuple[str, int]:
+def map_host(path: Path, out: Path, threads: int = 1) -> tuple[str, int]:
     """The map stage of one host: decodes `path` (an xplane or a Chrome/Kineto trace) and writes its columns and its
-    HLO modules to `out`, times relative to each line's own timestamp as read. Returns (hostname, bytes written)."""
-    host, modules = (read_trace_host(path), []) if is_trace_file(path) else read_host(path, threads=1)
+    HLO modules to `out`, times relative to each line's own timestamp as read, decoding up to `threads` lines at once.
+    Returns (hostname, bytes written)."""
+    host, modules = (read_trace_host(path), []) if is_trace_file(path) else read_host(path, threads=threads)
     size = save_session(Session(name=host.hostname, hosts=[host], hlo_modules=modules, origin_ns=0), out)
     return host.hostname, size
 
@@ -74,13 +75,16 @@ def read_session_by_host(
     ordered = sorted(paths)
     with tempfile.TemporaryDirectory(prefix="xdiag-hosts-") as scratch:
         outs = [Path(scratch) / f"host-{index:05d}.xdiag" for index in range(len(ordered))]
-        _map_hosts(ordered, outs, map_workers(len(ordered), workers), progress, total)
+        count = map_workers(len(ordered), workers)
+        # the cores the read may use, shared out: two hosts on four cores decode two lines at once each
+        _map_hosts(ordered, outs, count, max(1, (workers or _CPUS) // count), progress, total)
         read = [_mapped_host(out, path) for path, out in zip(ordered, outs)]
     return assemble_session(read, name or paths[0].parent.name)
 
 
-def _map_hosts(paths: list[Path], outs: list[Path], workers: int, progress: Progress | None, total: int) -> None:
-    """map_host of each path into its out, by `workers` worker processes (`python -m xdiag.profile.hosts_map`: a
+def _map_hosts(paths: list[Path], outs: list[Path], workers: int, threads: int, progress: Progress | None,
+               total: int) -> None:
+    """map_host of each path into its out (`threads` lines at once), by `workers` worker processes (`python -m xdiag.profile.hosts_map`: a
     fresh interpreter, nothing of the caller's program imported again or inherited), each taking the next host as it
     finishes one and handing the host's memory back before the next (its peak is its largest host, not the sum).
     A host that cannot be read stops the map: no host is started after it, and the failure of the first such file
@@ -104,7 +108,7 @@ def _map_hosts(paths: list[Path], outs: list[Path], workers: int, progress: Prog
             while (job := next_job()) is not None:
                 index, (path, out) = job
                 try:
-                    worker.stdin.write(f"{path}\t{out}\n")
+                    worker.stdin.write(f"{path}\t{out}\t{threads}\n")
                     worker.stdin.flush()
                     answer = worker.stdout.readline().rstrip("\n").split("\t", 1)
                 except OSError:  # BrokenPipeError: it had died already
@@ -140,23 +144,23 @@ def _map_hosts(paths: list[Path], outs: list[Path], workers: int, progress: Prog
             worker.stdout.close()
             errors.close()
 
-    threads = [threading.Thread(target=serve, daemon=True) for _ in range(workers)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    servers = [threading.Thread(target=serve, daemon=True) for _ in range(workers)]
+    for server in servers:
+        server.start()
+    for server in servers:
+        server.join()
     if failures:
         raise ProfileError(failures[min(failures)])
 
 
 def main() -> int:
-    """`python -m xdiag.profile.hosts_map`: a map worker. Reads `PATH<TAB>OUT` lines on stdin, maps each host
-    (map_host) and answers on stdout, a line per host: `ok<TAB>BYTES`, or `failed<TAB>REASON` where the file cannot
+    """`python -m xdiag.profile.hosts_map`: a map worker. Reads `PATH<TAB>OUT<TAB>THREADS` lines on stdin, maps each
+    host (map_host) and answers on stdout, a line per host: `ok<TAB>BYTES`, or `failed<TAB>REASON` where the file cannot
     be read (a ProfileError). Its memory goes back to the system after each host."""
     for request in sys.stdin:
-        path, out = request.rstrip("\n").split("\t")
+        path, out, threads = request.rstrip("\n").split("\t")
         try:
-            _, size = map_host(Path(path), Path(out))
+            _, size = map_host(Path(path), Path(out), int(threads))
             answer = f"ok\t{size}"
         except ProfileError as exc:
             answer = "failed\t" + " ".join(str(exc).split())
