@@ -24,7 +24,9 @@ def get_roofline_model(session: Session, top_n: int = 20) -> ToolOutput:
     """summary: xdiag's roofline over the ops whose FLOPs and bytes are known (transfers left out), over their
     own time: op_time_achieved_tflops_per_s, op_time_achieved_gb_per_s, op_time_intensity_flop_per_byte,
     op_time_bound_by (compute | HBM), op_time_roofline_efficiency_percent, costed_compute_op_time_percent
-    (of the compute op time; under 50% the figures are left out with roofline_unavailable_because), time_basis;
+    (of the compute op time; under 50% the figures are left out with roofline_unavailable_because), time_basis,
+    async_wait_percent (of the costed op time, waits for async copies: left out of the efficiency, which is the
+    op table's rows over their own time, and above 20% the efficiency is left out with why);
     the checked peaks (peak_tflops, peak_hbm_gb_per_s, ridge_flop_per_byte, flops_source, bandwidth_source,
     peak_warnings); XProf's own figures under its names (roofline_efficiency_percent, bound_by,
     peak_flop_rate_gflops, peak_hbm_bw_gibs, … over the capture window, idle included), xprof_idle_percent,
@@ -61,6 +63,11 @@ def get_roofline_model(session: Session, top_n: int = 20) -> ToolOutput:
     return ToolOutput(summary, detail, xprof_source() + " and xdiag's HLO cost model")
 
 
+MAX_ASYNC_WAIT_PERCENT = 20.0
+"""Above this share of the costed op time in async waits (a decode loop waiting on its weight prefetches), the
+program's op-by-op roofline is left out: the waits have no roof of their own."""
+
+
 def program_roofline(session: Session, peaks: dict) -> dict:
     """The whole program on the roofline: FLOPs and bytes of the costed ops over their own time; its efficiency
     the time the ops would take at their own roofs (compute or bandwidth, f32 operands against their own peak)
@@ -69,7 +76,7 @@ def program_roofline(session: Session, peaks: dict) -> dict:
     costed, flops, moved, seconds = work.stats, work.flops, work.bytes, work.seconds
     out: dict = {
         "costed_compute_op_time_percent": work.covered_percent,
-        "time_basis": "device op time of the costed ops (idle and transfers excluded)",
+        "time_basis": "device op time of the costed ops (idle, transfers and async waits excluded)",
     }
     if not moved or not work.speaks_for_the_program:
         out["roofline_unavailable_because"] = work.not_representative_because()
@@ -83,17 +90,28 @@ def program_roofline(session: Session, peaks: dict) -> dict:
     peak_flops, peak_bw = peaks.get("peak_flops_per_s"), peaks.get("peak_hbm_bytes_per_s")
     if peak_flops and peak_bw:
         # Each op against its own roof (f32 operands have a lower one): the time the ops would take at their
-        # roofs over the time they took.
-        compute_s = memory_s = 0.0
+        # roofs over the time they took, with the bytes the op table counts (HBM only: VMEM-held arrays are not
+        # bound by it). Async waits are left out, as their rows are: their bytes move between start and done.
+        compute_s = memory_s = timed_s = 0.0
         for stat in costed:
+            if stat.moves_data_asynchronously:
+                continue
             f32_peak = peaks.get("peak_f32_matmul_flops_per_s")
             wide = f32_peak and any(str(o).startswith(("f32", "f64")) for o in stat.cost.get("operand_shapes") or [])
             flop_s = stat.cost["flops"] * stat.count / (f32_peak if wide else peak_flops)
-            byte_s = stat.cost["bytes"] * stat.count / peak_bw
+            byte_s = stat.hbm_bytes * stat.count / peak_bw
             compute_s, memory_s = (compute_s + flop_s, memory_s) if flop_s >= byte_s else (compute_s, memory_s + byte_s)
-        efficiency = 100 * (compute_s + memory_s) / seconds
+            timed_s += stat.total_ps / 1e12
+        efficiency = 100 * (compute_s + memory_s) / timed_s if timed_s else 0.0
+        waits = 100 * (1 - timed_s / seconds) if seconds else 0.0
+        out["async_wait_percent"] = round(waits, 2)
         out["op_time_bound_by"] = "compute" if compute_s >= memory_s else "HBM"
-        if efficiency > 100:
+        if waits >= MAX_ASYNC_WAIT_PERCENT:
+            out["roofline_unavailable_because"] = (
+                f"{waits:.1f}% of the costed op time is waits for async copies (prefetches from HBM, transfers), "
+                "whose bytes move between their start and their wait: the ops' own roofs do not speak for the "
+                "program (get_hlo_op_profile's memory bandwidth efficiency counts those bytes)")
+        elif efficiency > 100:
             # Not a measurement: left out of the figure the report shows, with why.
             out["roofline_unavailable_because"] = (
                 f"{efficiency:.0f}% of the roof is not physically possible: a peak is wrong (see peak_warnings) or "
