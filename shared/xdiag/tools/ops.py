@@ -145,15 +145,22 @@ def op_stats(session: Session) -> list[OpStat]:
                 # XLA's cost model cannot see into a custom call and records 0 FLOPs for it: not a count.
                 recorded = None
             if recorded:
-                # The profiler's own cost model beats counting from shapes, but for the matrix products
-                # themselves: its count includes the MXU's extra passes at f32 precision (3x HIGH, 6x HIGHEST),
-                # work the program did not ask for; the rate of a matrix op is that of the product it computes.
+                # The profiler's own cost model beats counting from shapes, but where it counts work the program
+                # did not ask for: the MXU's extra passes at f32 precision (3x HIGH, 6x HIGHEST) in a matrix
+                # product, and in other fusions every element its converts and broadcasts touch (a matrix-vector
+                # product fused with its bf16->f32 converts: 5 "FLOPs" per weight where it does 2).
                 category = str(ops.category[first[k]])
-                shaped = cost["flops"] if cost and cost["flops_known"] and category in ("matmul", "convolution") else 0
+                # A reduce-window's shape count is one add per element, not per element of each window: the
+                # profile's count stands there.
+                windowed = module is not None and "reduce-window" in {cost and cost["opcode"],
+                                                                      *module.fused_opcodes.get(name, [])}
+                shaped = cost["flops"] if cost and cost["flops_known"] and not windowed else 0
                 flops, source = recorded["flops"], "profile cost model"
                 if shaped and flops > 1.5 * shaped:
-                    flops, source = shaped, (f"HLO shapes (the product the program asks for; the profile's count is "
-                                             f"{recorded['flops'] / shaped:.1f}x: the MXU's extra passes for f32 precision)")
+                    why = ("the MXU's extra passes for f32 precision" if category in ("matmul", "convolution") else
+                           "XLA's cost model counts each element its converts and broadcasts touch")
+                    flops, source = shaped, (f"HLO shapes (the arithmetic the program asks for; the profile's count "
+                                             f"is {recorded['flops'] / shaped:.1f}x: {why})")
                 cost = {**(cost or {"shape": recorded["shape"], "operand_shapes": [], "opcode": recorded["hlo_category"],
                                     "fusion_kind": "", "op_name": "", "source": recorded["source"]}),
                         "flops": flops, "bytes": recorded["bytes"], "flops_known": True, "cost_source": source}
