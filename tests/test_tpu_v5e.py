@@ -158,6 +158,9 @@ def _conv_net_train_flops(batch=256, image=224, widths=(64, 128, 256, 512)) -> f
 
 
 HAND_FLOPS_PER_STEP = {
+    # padded_heads: 4 attentions per step, each QKᵀ and PV over 64 heads x 2048² x head_dim 72 (XProf counts about
+    # half of it: 21.6 TFLOP/s over its busy time against ~41 by hand)
+    "padded_heads": 4 * 2 * 2 * 64 * 2048 * 2048 * 72,
     "gpt_train": _gpt_train_flops(),
     "conv_net_train": _conv_net_train_flops(),
     # healthy: MLP 4096 -> 8192 x4 -> 4096 (4 hidden, 1 out) at batch 4096, forward + backward
