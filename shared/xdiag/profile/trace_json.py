@@ -29,6 +29,7 @@ from xdiag.errors import ProfileError
 from xdiag.profile.space import (
     NO_VALUE, NUMERIC_STATS, STRING_STATS, HostProfile, Line, Plane, Session, StatColumns, TimeColumn,
 )
+from xdiag.profile.torch_op_cost import op_cost
 
 TRACE_SUFFIXES = (".trace.json.gz", ".trace.json", ".json.gz", ".json")
 KINETO = "PyTorch Kineto trace (Chrome trace JSON)"
@@ -39,6 +40,15 @@ BLOCKING_COPY_STAT = "blocking_copy"
 """On a runtime call that copies asynchronously (cudaMemcpyAsync): 1 where its copy is from or to pageable host
 memory (the GPU event says `Pageable`), which CUDA and HIP perform synchronously: the host waits for the stream."""
 _ASYNC_COPY_CALL = re.compile(r"^(cuda|hip)Memcpy\w*Async$")
+CPU_OP_STAT = "cpu_op"
+"""On a GPU kernel: the CPU op that launched it, with the input shapes its FLOPs were counted from
+("aten::addmm f32[64] f32[4096,100] f32[100,64]"); beside it the kernel's share of that op's `flops` and
+`bytes_accessed` (an op's FLOPs spread over the kernels it launched by their time, so each runs at the op's rate)."""
+SHAPES_STAT = "cpu_op_shapes"
+"""Host-plane stat: 1 where the trace's CPU ops carry input shapes (record_shapes=True), 0 where none does."""
+FLOPS_UNKNOWN_STAT = "cpu_op_flops_unknown"
+"""Host-plane stat: why some matrix-product or attention ops could not be costed (the first reason met)."""
+_CPU_OP, _KERNEL = 1, 2  # event kinds kept per line for linking launches to their CPU op
 
 _DEVICE_CATEGORIES = {"kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset", "gpu_user_annotation", "cuda_sync"}
 """Kineto categories that happen on the GPU (lower-cased: old traces write `Kernel`, `Memcpy`, `Memset`)."""
@@ -79,13 +89,15 @@ class _LineColumns:
     def __init__(self, line_id: int, name: str):
         self.id, self.name = line_id, name
         self.names, self.starts, self.durations = array("l"), array("q"), array("q")
+        self.kinds = array("b")  # _CPU_OP, _KERNEL or 0 per event
         self.numeric: dict[str, tuple[array, array]] = {}
         self.strings: dict[str, tuple[array, array]] = {}
 
-    def add(self, name_id: int, start_ps: int, duration_ps: int) -> int:
+    def add(self, name_id: int, start_ps: int, duration_ps: int, kind: int = 0) -> int:
         self.names.append(name_id)
         self.starts.append(start_ps)
         self.durations.append(duration_ps)
+        self.kinds.append(kind)
         return len(self.names) - 1
 
     def put(self, table: dict, stat: str, index: int, value: int) -> None:
@@ -189,6 +201,9 @@ class _TraceBuilder:
         self.flows = 0
         self.async_copy_calls: list[tuple[_LineColumns, int, int]] = []  # (line, event index, correlation id)
         self.pageable_copies: set[int] = set()  # correlation ids of GPU copies from or to pageable memory
+        self.op_costs: dict[tuple[int, int], dict] = {}  # (id of the host line, event index) -> op_cost of a CPU op
+        self.cpu_ops_with_shapes = 0
+        self.flops_unknown: str | None = None
 
     def _plane(self, key: object, name: str) -> _PlaneColumns:
         found = self.planes.get(key)
@@ -241,7 +256,7 @@ class _TraceBuilder:
                 if stream is None:
                     stream = _int(str(event.get("tid", "0")).rsplit(" ", 1)[-1]) or 0
                 line = plane.line(("stream", stream), f"Stream #{stream}")
-            index = line.add(plane.name_id(name), start, duration)
+            index = line.add(plane.name_id(name), start, duration, _KERNEL if category == "kernel" else 0)
             correlation = _int(args.get("correlation"))
             if correlation is not None:
                 line.put(line.numeric, "correlation_id", index, correlation)
@@ -254,7 +269,16 @@ class _TraceBuilder:
         plane = self._plane("host", "/host:CPU")
         pid, tid = event.get("pid"), event.get("tid")
         line = plane.line((pid, tid), f"thread {tid}")
-        index = line.add(plane.name_id(name), start, duration)
+        index = line.add(plane.name_id(name), start, duration, _CPU_OP if category == "cpu_op" else 0)
+        if category == "cpu_op":
+            if "Input Dims" in args:
+                self.cpu_ops_with_shapes += 1
+            cost = op_cost(name, args)
+            if cost is not None:
+                if "flops" in cost:
+                    self.op_costs[(id(line), index)] = cost
+                elif self.flops_unknown is None:
+                    self.flops_unknown = cost["reason"]
         step = _PROFILER_STEP.match(name)
         if step:
             line.put(line.numeric, "step_num", index, int(step.group(1)))
@@ -269,6 +293,77 @@ class _TraceBuilder:
         for line, index, correlation in self.async_copy_calls:
             if correlation in self.pageable_copies:
                 line.put(line.numeric, BLOCKING_COPY_STAT, index, 1)
+
+    def _launching_ops(self) -> dict[int, dict]:
+        """Correlation id of each runtime call whose innermost enclosing CPU op was costed -> that op's cost. The
+        innermost op is the one that launched: a matmul's own copies run inside it, but under a nested op (its
+        aten::copy_), never under the matmul directly."""
+        out: dict[int, dict] = {}
+        host = self.planes.get("host")
+        if host is None or not self.op_costs:
+            return out
+        costed_lines = {line_id for line_id, _ in self.op_costs}
+        for line in host.lines.values():
+            if "correlation_id" not in line.numeric:
+                continue
+            kinds = np.frombuffer(line.kinds, np.int8)
+            starts, durations = np.frombuffer(line.starts, np.int64), np.frombuffer(line.durations, np.int64)
+            launches, correlations = (np.frombuffer(a, np.int64) for a in line.numeric["correlation_id"])
+            ops = np.flatnonzero(kinds == _CPU_OP)
+            if id(line) not in costed_lines:
+                continue
+            # Ops and launches in start order (an op before the calls it encloses; the outer of two ops first).
+            items = sorted([(int(starts[i]), -int(durations[i]), 0, int(i)) for i in ops.tolist()]
+                           + [(int(starts[i]), 0, 1, int(i)) for i in launches.tolist()])
+            by_launch = dict(zip(launches.tolist(), correlations.tolist()))
+            stack: list[tuple[int, int]] = []  # (end, index) of the ops open at the moment
+            for start, negative_duration, is_launch, index in items:
+                while stack and stack[-1][0] < start:
+                    stack.pop()
+                if is_launch:
+                    end = start + int(durations[index])
+                    if stack and stack[-1][0] >= end:
+                        cost = self.op_costs.get((id(line), stack[-1][1]))
+                        if cost is not None:
+                            out[by_launch[index]] = cost
+                else:
+                    stack.append((start - negative_duration, index))
+        return out
+
+    def _cost_kernels(self) -> None:
+        """Each costed CPU op's FLOPs and bytes onto the kernels it launched (`flops`, `bytes_accessed`, CPU_OP_STAT),
+        spread by the kernels' time; the host plane says whether the trace has shapes and why some ops have none."""
+        host = self.planes.get("host")
+        if host is not None:
+            host.stats[SHAPES_STAT] = int(self.cpu_ops_with_shapes > 0)
+            if self.flops_unknown:
+                host.stats[FLOPS_UNKNOWN_STAT] = self.flops_unknown
+        launched = self._launching_ops()
+        if not launched:
+            return
+        kernels: dict[int, list[tuple[_PlaneColumns, _LineColumns, int, int]]] = {}  # id(cost) -> its kernels
+        costs: dict[int, dict] = {}
+        for key, plane in self.planes.items():
+            if not (isinstance(key, tuple) and key[0] == "device"):
+                continue
+            for line in plane.lines.values():
+                if "correlation_id" not in line.numeric:
+                    continue
+                kinds = np.frombuffer(line.kinds, np.int8)
+                indexes, correlations = (np.frombuffer(a, np.int64) for a in line.numeric["correlation_id"])
+                for index, correlation in zip(indexes.tolist(), correlations.tolist()):
+                    cost = launched.get(correlation)
+                    if cost is not None and kinds[index] == _KERNEL:
+                        costs[id(cost)] = cost
+                        kernels.setdefault(id(cost), []).append((plane, line, index, line.durations[index]))
+        for key, found in kernels.items():
+            cost = costs[key]
+            total = sum(duration for *_, duration in found)
+            for plane, line, index, duration in found:
+                share = duration / total if total else 1 / len(found)
+                line.put(line.numeric, "flops", index, round(cost["flops"] * share))
+                line.put(line.numeric, "bytes_accessed", index, round(cost["bytes"] * share))
+                line.put(line.strings, CPU_OP_STAT, index, plane.string_id(cost["label"]))
 
     def _add_xprof(self, event: dict, name: str, start: int, duration: int, args: dict) -> None:
         pid, tid = event.get("pid"), event.get("tid")
@@ -299,6 +394,7 @@ class _TraceBuilder:
                 plane.name = self.process_names.get(key[1]) or plane.name
         self._describe(top, kineto)
         self._mark_blocking_copies()
+        self._cost_kernels()
         info = top.get("distributedInfo") or {}
         rank = info.get("rank")
         hostname = path.name.removesuffix(next(s for s in TRACE_SUFFIXES if path.name.endswith(s)))

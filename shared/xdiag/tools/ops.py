@@ -11,6 +11,8 @@ from xdiag.analysis.roofline import TRANSFER_RATE_REASON, roofline
 from xdiag.analysis.timeline import COPY_OP_CATEGORIES, op_table, profile_op_costs
 from xdiag.profile.columns import unique_with_inverse
 from xdiag.profile.space import NO_VALUE, Session
+from xdiag.profile.torch_op_cost import NO_SHAPES_REASON, NOT_COSTED_REASON
+from xdiag.profile.trace_json import CPU_OP_STAT, FLOPS_UNKNOWN_STAT, KINETO, SHAPES_STAT, trace_format
 
 
 ASYNC_OPCODES = {"copy-start", "copy-done", "async-start", "async-done"}
@@ -122,6 +124,7 @@ def op_stats(session: Session) -> list[OpStat]:
         return session.cache["op_stats"]
     ops = op_table(session)
     profile_costs = profile_op_costs(session)
+    launched_costs = _launched_op_costs(session) if trace_format(session) == KINETO else None
     out: list[OpStat] = []
     if len(ops):
         # The table's distinct rows (millions of ops on large profiles, a few thousand keys), in np.unique's order.
@@ -165,6 +168,8 @@ def op_stats(session: Session) -> list[OpStat]:
                                     "fusion_kind": "", "op_name": "", "source": recorded["source"]}),
                         "flops": flops, "bytes": recorded["bytes"], "flops_known": True, "cost_source": source}
             category = str(ops.category[first[k]])
+            if launched_costs is not None and not module_name:
+                cost = _launched_cost(launched_costs, name, int(counts[k]), category)
             if cost and category == "control_flow":
                 # Its body's ops carry the loop's FLOPs and bytes in their own rows: counting them here too would
                 # divide them by the loop's own time (dispatching its trips), not by the time they took.
@@ -183,6 +188,56 @@ def op_stats(session: Session) -> list[OpStat]:
     out.sort(key=lambda s: -s.total_ps)
     session.cache["op_stats"] = out
     return out
+
+
+_COSTED_KINDS = ("matmul", "convolution", "attention")
+"""Kernel kinds whose FLOPs a PyTorch trace can give (from the launching op's shapes): the others' rows say none."""
+
+
+def _launched_op_costs(session: Session) -> dict:
+    """Kernel name -> [FLOPs, bytes, costed runs, FLOPs per CPU-op label] summed over the kernels a costed PyTorch CPU
+    op launched (the reader's `flops`/`bytes_accessed`/CPU_OP_STAT), with the host's reason for the rest."""
+    out: dict = {}
+    shapes = any(p.stats.get(SHAPES_STAT) for p in session.host_planes())
+    reasons = [str(p.stats[FLOPS_UNKNOWN_STAT]) for p in session.host_planes() if p.stats.get(FLOPS_UNKNOWN_STAT)]
+    out[None] = reasons[0] if reasons else NOT_COSTED_REASON if shapes else NO_SHAPES_REASON
+    for plane in session.device_planes(with_events=True):
+        for line in plane.lines:
+            flops = line.numeric.get("flops")
+            if flops is None:
+                continue
+            costed = np.flatnonzero(flops != NO_VALUE)
+            names = plane.names_of(line)[costed]
+            bytes_ = line.numeric["bytes_accessed"][costed]
+            labels = line.strings.get(CPU_OP_STAT)
+            for name, f, b, label in zip(names.tolist(), flops[costed].tolist(), bytes_.tolist(),
+                                         labels[costed].tolist() if labels is not None else [-1] * len(costed)):
+                entry = out.setdefault(name, [0, 0, 0, {}])
+                entry[0] += f
+                entry[1] += b
+                entry[2] += 1
+                text = plane.strings[label] if label >= 0 else ""
+                entry[3][text] = entry[3].get(text, 0) + f
+    return out
+
+
+def _launched_cost(costs: dict, name: str, count: int, category: str) -> dict | None:
+    """A PyTorch kernel row's cost from the CPU ops that launched it: known where every run was launched by a costed
+    op (a rate over part of the runs would not be the row's); else why not, for the kinds that do arithmetic."""
+    entry = costs.get(name)
+    if entry is not None and entry[2] >= count:
+        flops, bytes_, runs, labels = entry
+        label = max(labels, key=labels.get)
+        op_name, *shapes = label.split(" ")
+        return {"shape": "", "operand_shapes": [s for s in shapes if "[" in s], "opcode": op_name, "fusion_kind": "",
+                "op_name": label, "source": "", "flops": flops / runs, "bytes": bytes_ / runs, "flops_known": True,
+                "cost_source": "launching CPU op's input shapes (Kineto 'Input Dims'/'Input type')"}
+    if category not in _COSTED_KINDS and entry is None:
+        return None
+    because = costs[None] if entry is None else (
+        f"only {entry[2]} of its {count} runs were launched by a CPU op whose input shapes give its FLOPs")
+    return {"shape": "", "operand_shapes": [], "opcode": "", "fusion_kind": "", "op_name": "", "source": "",
+            "flops_known": False, "flops_unknown_because": because}
 
 
 def _names_with_several_programs(session: Session) -> set[str]:
