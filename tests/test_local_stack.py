@@ -16,11 +16,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from tests.conftest import SHARED_PROFILES
 from xdiag.cloud.localstack import EMULATOR_JVM_OPTIONS, LocalStack, group_members, listening
 from xdiag.cloud.operations import wait_for_analysis
 from xdiag.cloud.runtime import CloudConfig, cloud_dependencies
 from xdiag.model import CaptureReady, InvestigationReady, ReportReady, ToolDone, ToolRun
 from xdiag.pipeline.layout import output_uri, session_prefix
+from xdiag.profile.trace_json import KINETO
 from xdiag.pipeline.topics import ANALYSES, CLAIMS, DEAD_LETTERS, letter_key, sessions_collection, tools_collection
 from xdiag.tools import BROAD_TOOLS
 
@@ -121,6 +123,28 @@ def test_a_two_host_session_uploaded_to_the_bucket_ends_in_summary_html_and_done
     assert "overview" in json.loads(recorded)["views"]
     assert tools["get_xprof_overview"]["status"] == "ok"
     assert not list((local_stack.state_dir / "tmp" / "run_tool").glob(f"xdiag-xprof-*/plugins/profile/{session}"))
+
+
+def test_a_pytorch_trace_uploaded_to_a_session_folder_is_analysed_like_an_xplane(cloud):
+    """A Kineto trace (torch.profiler's `<worker>.pt.trace.json.gz`) in a session folder is registered, read and
+    reported; XProf's views are not available for it, with the reason."""
+    source = SHARED_PROFILES.parent / "traces" / "kineto_TraceLens_h100_bert-small.json.gz"
+    if not source.exists():
+        pytest.skip(f"{source} is not here: the public Kineto traces live in ../shared/traces")
+    run, session = "torch-run", "2026_12_04_11_00_00"
+    uri = session_prefix(cloud.config.profile_root, run, session) + "worker0.1764846000000.pt.trace.json.gz"
+    cloud.blobs.put_file(source, uri)
+    analysis = cloud.finished(run, session)
+    assert analysis["status"] == "DONE", analysis.get("failure_reason")
+    assert analysis["profile_uris"] == [uri] and analysis["profile"]["format"] == KINETO
+    assert cloud.state.get(sessions_collection(run), session)["hosts"] == ["worker0.1764846000000"]
+    tools = dict(cloud.state.list(tools_collection(analysis["analysis_id"])))
+    assert sorted(tools) == sorted(BROAD_TOOLS)
+    overview = json.loads(cloud.blobs.get(tools["get_xprof_overview"]["uri"]))  # xdiag's own, XProf's not available
+    assert overview["detail"]["xprof"]["available"] is False and "Perfetto" in overview["detail"]["xprof"]["reason"]
+    html = cloud.blobs.get(analysis["report_uri"]).decode()
+    assert KINETO in html and "worker0.1764846000000.pt.trace.json.gz" in html
+    assert cloud.blobs.get(uri) == source.read_bytes(), "the uploaded trace is never modified"
 
 
 def test_every_stage_message_delivered_again_changes_nothing(cloud, healthy_done):

@@ -194,3 +194,26 @@ def test_the_investigation_deadline_holds_during_a_tool_call(cpu_profiles, tmp_p
     assert stopped.status.value == "failed" and "still running at the investigation's deadline" in stopped.reason
     assert refused.status.value == "failed" and "deadline of 0.5 s has passed" in refused.reason
     assert deps.state.get(ANALYSES, "a1")["status"] == "DONE"
+
+
+def test_a_pytorch_trace_in_a_session_folder_is_a_host_file_and_xplanes_come_first(tmp_path):
+    """torch.profiler's `<worker>.pt.trace.json[.gz]` names a host of the session like `<host>.xplane.pb`; XProf's
+    own `<host>.trace.json.gz` beside an xplane (a view of it) and other JSON are not hosts; a folder holding both
+    formats is analysed from its xplanes, as `xdiag analyze` locates them."""
+    from xdiag.cloud.memory import LocalBlobStore
+    from xdiag.pipeline.layout import parse_profile_uri, session_files, session_prefix
+
+    root = str(tmp_path / "bucket")
+    prefix = session_prefix(root, "run", "s1")
+    named = parse_profile_uri(prefix + "worker0.1764846000000.pt.trace.json.gz")
+    assert named is not None and (named.session, named.host) == ("s1", "worker0.1764846000000")
+    assert parse_profile_uri(prefix + "rank1.pt.trace.json").host == "rank1"
+    for other in ("host0.trace.json.gz", "config.json", ".pt.trace.json.gz"):
+        assert parse_profile_uri(prefix + other) is None, other
+    store = LocalBlobStore()
+    store.put(prefix + "rank0.pt.trace.json.gz", b"{}")
+    store.put(prefix + "rank1.pt.trace.json.gz", b"{}")
+    assert [i.uri.rsplit("/", 1)[-1] for i in session_files(store, root, "run", "s1")] == [
+        "rank0.pt.trace.json.gz", "rank1.pt.trace.json.gz"]
+    store.put(prefix + "host0.xplane.pb", b"x")
+    assert [i.uri.rsplit("/", 1)[-1] for i in session_files(store, root, "run", "s1")] == ["host0.xplane.pb"]

@@ -1,6 +1,7 @@
 """Where profiles and analyses live in a bucket: XProf's layout, so XProf/TensorBoard can open the same bucket.
 
     <root>/<run>/plugins/profile/<session>/<host>.xplane.pb     the profile, one file per host
+    <root>/<run>/plugins/profile/<session>/<rank>.pt.trace.json.gz   or a PyTorch (Kineto) trace, one per rank
     <root>/<run>/plugins/profile/<session>/xdiag/               the analysis: tools/, analysis.json, summary.html
 
 `<root>` is `gs://BUCKET` (or a local folder); `<run>` may itself hold slashes.
@@ -16,6 +17,10 @@ from xdiag.pipeline.ports import BlobInfo, BlobStore
 from xdiag.pipeline.run_index import state_key  # noqa: F401 (the pipeline's modules import it from here)
 from xdiag.profile.locate import SUFFIX
 
+TRACE_OBJECT_SUFFIXES = (".pt.trace.json.gz", ".pt.trace.json")
+"""PyTorch profiler traces (torch.profiler's tensorboard_trace_handler names them so), registered and analysed like
+xplanes. Only these: XProf's own `<host>.trace.json.gz` beside an xplane is a view of that xplane, not a host."""
+PROFILE_SUFFIXES = (SUFFIX, *TRACE_OBJECT_SUFFIXES)
 PROFILE_DIR = "plugins/profile"
 OUTPUT_DIR = "xdiag"
 ANALYSES_DIR = "analyses"  # <session>/xdiag/analyses/<analysis_id>/: one analysis' own files
@@ -37,12 +42,14 @@ class ProfileObject:
 
 
 def parse_profile_uri(uri: str) -> ProfileObject | None:
-    """`<root>/<run>/plugins/profile/<session>/<host>.xplane.pb` -> its parts; None for any other object."""
+    """`<root>/<run>/plugins/profile/<session>/<host>.xplane.pb` (or `<host>.pt.trace.json[.gz]`) -> its parts; None
+    for any other object."""
     head, sep, tail = uri.rpartition(f"/{PROFILE_DIR}/")
     if not sep or "/" not in head.rstrip("/"):
         return None
     session, slash, file_name = tail.partition("/")
-    if not slash or "/" in file_name or not file_name.endswith(SUFFIX) or file_name == SUFFIX or not session:
+    suffix = next((s for s in PROFILE_SUFFIXES if file_name.endswith(s)), None)
+    if not slash or "/" in file_name or suffix is None or file_name == suffix or not session:
         return None
     if uri.startswith("gs://"):
         bucket_and_run = head.removeprefix("gs://")
@@ -52,7 +59,7 @@ def parse_profile_uri(uri: str) -> ProfileObject | None:
         root, _, run = head.rpartition("/")
     if not run or not root:
         return None
-    return ProfileObject(root=root, run=run, session=session, host=file_name.removesuffix(SUFFIX))
+    return ProfileObject(root=root, run=run, session=session, host=file_name.removesuffix(suffix))
 
 
 def check_profile_object(named: ProfileObject) -> ProfileObject:
@@ -87,9 +94,10 @@ def inputs_key(files: list[BlobInfo]) -> str:
 
 
 def session_files(blobs: BlobStore, root: str, run: str, session: str) -> list[BlobInfo]:
-    """The session's host files (directly under its folder), sorted by URI."""
+    """The session's host files (directly under its folder), sorted by URI: its xplanes, or where it has none its
+    PyTorch traces (one format per session, as `xdiag analyze` locates a folder's files)."""
     prefix = session_prefix(root, run, session)
-    return sorted(
+    files = sorted(
         (
             info
             for info in blobs.list(prefix)
@@ -97,6 +105,7 @@ def session_files(blobs: BlobStore, root: str, run: str, session: str) -> list[B
         ),
         key=lambda info: info.uri,
     )
+    return [i for i in files if i.uri.endswith(SUFFIX)] or files
 
 
 def analysis_id_for(run: str, session: str, files: list[BlobInfo], investigator: str) -> str:

@@ -133,7 +133,7 @@ def resolve_capture(message: CaptureReady, deps: Dependencies) -> tuple[CaptureR
     else:
         files = live_files(deps, root, folder, message.session_id)
         if not files:
-            raise PoisonMessage(f"unknown session: no *.xplane.pb under {session_prefix(root, folder, message.session_id)}")
+            raise PoisonMessage(f"unknown session: no *.xplane.pb (nor *.pt.trace.json[.gz]) under {session_prefix(root, folder, message.session_id)}")
     if root:
         derived = output_uri(root, folder, message.session_id)
         if message.output_uri not in (None, derived):

@@ -33,6 +33,10 @@ def start_views(paths: Sequence[Path], max_bytes: int | None = None) -> XprofVie
 
     if os.environ.get(XPROF_VIEWS_ENV, "1") == "0":
         return None
+    from xdiag.profile.trace_json import is_trace_file
+
+    if any(is_trace_file(Path(path)) for path in paths):
+        return None  # a Chrome/Kineto trace: XProf's converters read xplanes only
     try:
         size = sum(Path(path).stat().st_size for path in paths)
         if (max_bytes is not None and size > max_bytes) or platform_of(
