@@ -247,3 +247,35 @@ def test_several_xdiag_views_of_one_folder_build_it_at_once_without_failing(stor
         for n in range(40):
             folder = tmp_path / f"v{round_}" / "tree" / analysis["run_id"] / "plugins" / "profile" / f"session_{n}"
             assert [p.name for p in folder.iterdir()] == ["vm.xplane.pb"]
+
+
+def test_xdiag_view_of_a_session_holding_only_a_pytorch_trace_says_where_to_open_it(store, tmp_path):
+    """XProf's viewer reads xplanes only: a session analysed from a Kineto trace is not linked into its tree, and
+    `xdiag view` names the file and the viewers that open it (Perfetto UI, chrome://tracing) instead of failing."""
+    from tests.conftest import SHARED_PROFILES
+    from xdiag.viewer.sources import plan_view
+
+    source = SHARED_PROFILES.parent / "traces" / "kineto_TraceLens_h100_bert-small.json.gz"
+    if not source.exists():
+        pytest.skip(f"{source} is not here: the public Kineto traces live in ../shared/traces")
+    trace = tmp_path / "logs" / "rank0.pt.trace.json.gz"
+    trace.parent.mkdir(parents=True)
+    trace.write_bytes(source.read_bytes())
+    only_traces = tmp_path / "xdiag-out"
+    analysis = analyze_session(locate_session(trace, None), only_traces / "rank0")
+    assert analysis.status == "DONE", analysis.failure_reason
+    done = subprocess.run([sys.executable, "-m", "xdiag.cli", "view", "--port", "0", "--store", str(only_traces),
+                           "--no-bucket", "--view-dir", str(tmp_path / "v")],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0 and not done.stdout.strip(), (done.stdout, done.stderr)
+    said = " ".join(done.stderr.split())
+    assert "Perfetto" in said and "chrome://tracing" in said and "rank0.pt.trace.json.gz" in said, said
+    # Beside xplane sessions: those are linked for XProf, the trace's session is named with where to open it.
+    mixed = tmp_path / "mixed"
+    for folder in (store / "xdiag-out" / "healthy", only_traces / "rank0"):
+        (mixed / folder.name).mkdir(parents=True)
+        (mixed / folder.name / "analysis.json").write_bytes((folder / "analysis.json").read_bytes())
+    plan = plan_view(tmp_path / "v2", mixed, None, [])
+    assert [s.session for s in plan.traces] == [analysis.session_id]
+    assert len(plan.sessions) == 1 and all(f.endswith(".xplane.pb") for f in plan.sessions[0].files)
+    assert any("Perfetto" in note and str(trace) in note for note in plan.notes), plan.notes

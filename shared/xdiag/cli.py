@@ -741,6 +741,10 @@ def view(
     plan = plan_view(view_dir, store.absolute(), source, run or [])
     for note in plan.notes:
         err.print(f"[dim]{note}[/]", highlight=False, soft_wrap=True)
+    if not plan.sessions and plan.traces:
+        err.print(f"only PyTorch/Chrome traces here ({len(plan.traces)} session(s)): nothing for XProf's viewer to "
+                  "show; each can be opened where said above", highlight=False, soft_wrap=True)
+        return
     if not plan.sessions:
         err.print("no sessions yet: analyse one (`xdiag analyze`), or upload or capture one on the local stack",
                   highlight=False, soft_wrap=True)

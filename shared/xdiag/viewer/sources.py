@@ -8,7 +8,9 @@ import fcntl
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from xdiag.viewer.tree import Found, ViewSession, bucket_sessions, build_view_tree, local_store_sessions
+from xdiag.viewer.tree import (
+    Found, ViewSession, bucket_sessions, build_view_tree, local_store_sessions, split_traces, trace_note,
+)
 
 CACHE_BYTES = 64 * 2**30  # the mirror of the bucket's sessions; least recently used downloads go past it
 
@@ -18,6 +20,7 @@ class ViewPlan:
     logdir: str  # what XProf's --logdir gets: the view tree, or gs://BUCKET
     sessions: list[ViewSession] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    traces: list[ViewSession] = field(default_factory=list)  # sessions of PyTorch traces alone: not XProf's to open
 
 
 @dataclass
@@ -33,7 +36,7 @@ class BucketSource:
 def plan_view(view_dir: Path, store: Path | None, bucket: BucketSource | None, runs: list[str]) -> ViewPlan:
     """Builds the view tree (or picks gs:// directly) for the sessions of `runs` (all when empty)."""
     in_store = local_store_sessions(store) if store else Found()
-    local = [s for s in in_store.sessions if not runs or s.run in runs]
+    local, traces = split_traces([s for s in in_store.sessions if not runs or s.run in runs])
     notes = []
     if store:
         notes.append(f"local store {store}: {len(local)} analysed session(s), linked where they are")
@@ -41,11 +44,13 @@ def plan_view(view_dir: Path, store: Path | None, bucket: BucketSource | None, r
     remote: list[ViewSession] = []
     if bucket is not None:
         in_bucket = bucket_sessions(bucket.blobs, bucket.root, bucket.kind_of, runs)
-        remote = in_bucket.sessions
+        remote, remote_traces = split_traces(in_bucket.sessions)
+        traces += remote_traces
         notes += _skipped_notes(in_bucket.skipped, bucket.root)
         if not bucket.emulator and not local:
             notes.append(f"{bucket.root}: {len(remote)} session(s); XProf reads the bucket itself")
-            return ViewPlan(logdir=bucket.root, sessions=remote, notes=notes)
+            return ViewPlan(logdir=bucket.root, sessions=remote, notes=notes + [trace_note(s) for s in traces],
+                            traces=traces)
         why = ("XProf cannot read the Cloud Storage emulator's bucket (it opens sessions through google-cloud-storage "
                "with Application Default Credentials, which the emulator setup has none of)" if bucket.emulator
                else "one folder holds them beside the local store's")
@@ -58,7 +63,7 @@ def plan_view(view_dir: Path, store: Path | None, bucket: BucketSource | None, r
         sessions = build_view_tree(tree, local, local_copy=lambda f: Path(f))
         if remote:
             sessions += build_view_tree(tree, remote, local_copy=bucket.blobs.local_path)
-    return ViewPlan(logdir=str(tree), sessions=sessions, notes=notes)
+    return ViewPlan(logdir=str(tree), sessions=sessions, notes=notes + [trace_note(s) for s in traces], traces=traces)
 
 
 def _skipped_notes(skipped: list[str], where: str, shown: int = 5) -> list[str]:

@@ -123,6 +123,25 @@ def bucket_sessions(blobs, root: str, kind_of: Callable[[str, str], str | None] 
     return Found(sorted(sessions.values(), key=lambda s: s.name), skipped)
 
 
+TRACE_VIEWERS = ("the Perfetto UI (https://ui.perfetto.dev: 'Open trace file') or chrome://tracing ('Load'), which "
+                 "read Chrome/Kineto trace JSON, gzipped or not")
+"""Where a PyTorch (Kineto) trace is opened: XProf's viewer reads *.xplane.pb only."""
+
+
+def split_traces(sessions: list[ViewSession]) -> tuple[list[ViewSession], list[ViewSession]]:
+    """(sessions XProf can open: with an xplane, sessions holding only traces): a trace is for another viewer."""
+    xplanes = [s for s in sessions if any(f.endswith(SUFFIX) for f in s.files)]
+    return xplanes, [s for s in sessions if s not in xplanes]
+
+
+def trace_note(session: ViewSession) -> str:
+    """Where a session of traces alone can be opened, naming its files (local paths, or the bucket's URIs)."""
+    files = ", ".join(session.files[:4]) + (f" (and {len(session.files) - 4} more)" if len(session.files) > 4 else "")
+    fetch = " (fetch it first: gcloud storage cp URI .)" if any("://" in f for f in session.files) else ""
+    return (f"{session.name}: a PyTorch/Chrome trace, which XProf's viewer cannot open (it reads *{SUFFIX} only); "
+            f"open {files}{fetch} in {TRACE_VIEWERS}; xdiag's analysis of it is in its report (`xdiag report`)")
+
+
 def _shown(uri: str, limit: int = 160) -> str:
     return uri if len(uri) <= limit else uri[:limit - 1] + "…"
 
