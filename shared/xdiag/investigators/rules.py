@@ -637,7 +637,8 @@ def _roofline_hypotheses(health: dict[str, Any], results: dict[str, ToolResult],
             + (f" and wait on their input copies {stall}% of their time" if stalled else "")
             + (f"; their matmuls run at precision {precision}, whose extra passes the model's FLOPs do not count"
                if precision else "")
-            + ": the device is busy, but not productive.",
+            + (": the device is busy, but not productive." if compute >= 30 else
+               f"; the device computes only {compute}% of the step, and unproductively while it does."),
             evidence,
             f"Up to {lost:.0f}% of op time if they ran at their roof.",
             _sentence(advice.precision_fix(ctx, precision) if precision else advice.kernel_efficiency_fix(ctx, bound)),

@@ -42,8 +42,9 @@ memory (the GPU event says `Pageable`), which CUDA and HIP perform synchronously
 _ASYNC_COPY_CALL = re.compile(r"^(cuda|hip)Memcpy\w*Async$")
 CPU_OP_STAT = "cpu_op"
 """On a GPU kernel: the CPU op that launched it, with the input shapes its FLOPs were counted from
-("aten::addmm f32[64] f32[4096,100] f32[100,64]"); beside it the kernel's share of that op's `flops` and
-`bytes_accessed` (an op's FLOPs spread over the kernels it launched by their time, so each runs at the op's rate)."""
+("aten::addmm f32[4096,100] f32[100,64] f32[64]"); beside it that op's number in the file (OP_ID_STAT: the kernels
+of one op execution share it) and the op's whole FLOPs and bytes (OP_FLOPS_STAT, OP_BYTES_STAT)."""
+OP_ID_STAT, OP_FLOPS_STAT, OP_BYTES_STAT = "cpu_op_id", "cpu_op_flops", "cpu_op_bytes"
 SHAPES_STAT = "cpu_op_shapes"
 """Host-plane stat: 1 where the trace's CPU ops carry input shapes (record_shapes=True), 0 where none does."""
 FLOPS_UNKNOWN_STAT = "cpu_op_flops_unknown"
@@ -331,8 +332,9 @@ class _TraceBuilder:
         return out
 
     def _cost_kernels(self) -> None:
-        """Each costed CPU op's FLOPs and bytes onto the kernels it launched (`flops`, `bytes_accessed`, CPU_OP_STAT),
-        spread by the kernels' time; the host plane says whether the trace has shapes and why some ops have none."""
+        """On each kernel a costed CPU op launched: the op (OP_ID_STAT, CPU_OP_STAT) and its whole FLOPs and bytes
+        (OP_FLOPS_STAT, OP_BYTES_STAT), for the analysis to share out over the op's kernels; the host plane says
+        whether the trace has shapes and why some ops have none."""
         host = self.planes.get("host")
         if host is not None:
             host.stats[SHAPES_STAT] = int(self.cpu_ops_with_shapes > 0)
@@ -341,8 +343,7 @@ class _TraceBuilder:
         launched = self._launching_ops()
         if not launched:
             return
-        kernels: dict[int, list[tuple[_PlaneColumns, _LineColumns, int, int]]] = {}  # id(cost) -> its kernels
-        costs: dict[int, dict] = {}
+        numbers: dict[int, int] = {}  # id(cost) -> the op's number in this file
         for key, plane in self.planes.items():
             if not (isinstance(key, tuple) and key[0] == "device"):
                 continue
@@ -353,17 +354,13 @@ class _TraceBuilder:
                 indexes, correlations = (np.frombuffer(a, np.int64) for a in line.numeric["correlation_id"])
                 for index, correlation in zip(indexes.tolist(), correlations.tolist()):
                     cost = launched.get(correlation)
-                    if cost is not None and kinds[index] == _KERNEL:
-                        costs[id(cost)] = cost
-                        kernels.setdefault(id(cost), []).append((plane, line, index, line.durations[index]))
-        for key, found in kernels.items():
-            cost = costs[key]
-            total = sum(duration for *_, duration in found)
-            for plane, line, index, duration in found:
-                share = duration / total if total else 1 / len(found)
-                line.put(line.numeric, "flops", index, round(cost["flops"] * share))
-                line.put(line.numeric, "bytes_accessed", index, round(cost["bytes"] * share))
-                line.put(line.strings, CPU_OP_STAT, index, plane.string_id(cost["label"]))
+                    if cost is None or kinds[index] != _KERNEL:
+                        continue
+                    number = numbers.setdefault(id(cost), len(numbers))
+                    line.put(line.numeric, OP_ID_STAT, index, number)
+                    line.put(line.numeric, OP_FLOPS_STAT, index, cost["flops"])
+                    line.put(line.numeric, OP_BYTES_STAT, index, cost["bytes"])
+                    line.put(line.strings, CPU_OP_STAT, index, plane.string_id(cost["label"]))
 
     def _add_xprof(self, event: dict, name: str, start: int, duration: int, args: dict) -> None:
         pid, tid = event.get("pid"), event.get("tid")

@@ -8,11 +8,13 @@ import numpy as np
 
 from xdiag.analysis.hlo_cost import ON_CHIP_MEMORY_SPACE, instruction_cost
 from xdiag.analysis.roofline import TRANSFER_RATE_REASON, roofline
-from xdiag.analysis.timeline import COPY_OP_CATEGORIES, op_table, profile_op_costs
+from xdiag.analysis.timeline import COPY_OP_CATEGORIES, categorize, op_table, profile_op_costs
 from xdiag.profile.columns import unique_with_inverse
 from xdiag.profile.space import NO_VALUE, Session
 from xdiag.profile.torch_op_cost import NO_SHAPES_REASON, NOT_COSTED_REASON
-from xdiag.profile.trace_json import CPU_OP_STAT, FLOPS_UNKNOWN_STAT, KINETO, SHAPES_STAT, trace_format
+from xdiag.profile.trace_json import (
+    CPU_OP_STAT, FLOPS_UNKNOWN_STAT, KINETO, OP_BYTES_STAT, OP_FLOPS_STAT, OP_ID_STAT, SHAPES_STAT, trace_format,
+)
 
 
 ASYNC_OPCODES = {"copy-start", "copy-done", "async-start", "async-done"}
@@ -195,29 +197,42 @@ _COSTED_KINDS = ("matmul", "convolution", "attention")
 
 
 def _launched_op_costs(session: Session) -> dict:
-    """Kernel name -> [FLOPs, bytes, costed runs, FLOPs per CPU-op label] summed over the kernels a costed PyTorch CPU
-    op launched (the reader's `flops`/`bytes_accessed`/CPU_OP_STAT), with the host's reason for the rest."""
+    """Kernel name -> [FLOPs, bytes, costed runs, FLOPs per CPU-op label]: each costed PyTorch CPU op's FLOPs and
+    bytes (the reader's OP_FLOPS_STAT, OP_BYTES_STAT) shared out over the kernels it launched that do its arithmetic
+    (GEMM, convolution or attention kernels by name; all of them where none is named so) by their time, so each runs
+    at the op's rate; the op's other kernels (a bias copy, a memset) get none. None -> why the rest have none."""
     out: dict = {}
     shapes = any(p.stats.get(SHAPES_STAT) for p in session.host_planes())
     reasons = [str(p.stats[FLOPS_UNKNOWN_STAT]) for p in session.host_planes() if p.stats.get(FLOPS_UNKNOWN_STAT)]
     out[None] = reasons[0] if reasons else NOT_COSTED_REASON if shapes else NO_SHAPES_REASON
+    launched: dict[tuple, list] = {}  # (host, op number) -> its kernels: (name, duration ps, FLOPs, bytes, label)
+    kinds: dict[str, bool] = {}
     for plane in session.device_planes(with_events=True):
         for line in plane.lines:
-            flops = line.numeric.get("flops")
-            if flops is None:
+            number = line.numeric.get(OP_ID_STAT)
+            if number is None:
                 continue
-            costed = np.flatnonzero(flops != NO_VALUE)
+            costed = np.flatnonzero(number != NO_VALUE)
             names = plane.names_of(line)[costed]
-            bytes_ = line.numeric["bytes_accessed"][costed]
-            labels = line.strings.get(CPU_OP_STAT)
-            for name, f, b, label in zip(names.tolist(), flops[costed].tolist(), bytes_.tolist(),
-                                         labels[costed].tolist() if labels is not None else [-1] * len(costed)):
-                entry = out.setdefault(name, [0, 0, 0, {}])
-                entry[0] += f
-                entry[1] += b
-                entry[2] += 1
-                text = plane.strings[label] if label >= 0 else ""
-                entry[3][text] = entry[3].get(text, 0) + f
+            labels = line.strings[CPU_OP_STAT][costed]
+            for name, op, duration, flops, bytes_, label in zip(
+                    names.tolist(), number[costed].tolist(), line.durations.at(costed).tolist(),
+                    line.numeric[OP_FLOPS_STAT][costed].tolist(), line.numeric[OP_BYTES_STAT][costed].tolist(),
+                    labels.tolist()):
+                launched.setdefault((plane.host, op), []).append(
+                    (name, duration, flops, bytes_, plane.strings[label] if label >= 0 else ""))
+                if name not in kinds:
+                    kinds[name] = categorize(None, None, name) in _COSTED_KINDS
+    for kernels in launched.values():
+        doing = [k for k in kernels if kinds[k[0]]] or kernels
+        total = sum(k[1] for k in doing)
+        for name, duration, flops, bytes_, label in doing:
+            share = duration / total if total else 1 / len(doing)
+            entry = out.setdefault(name, [0.0, 0.0, 0, {}])
+            entry[0] += flops * share
+            entry[1] += bytes_ * share
+            entry[2] += 1
+            entry[3][label] = entry[3].get(label, 0.0) + flops * share
     return out
 
 
