@@ -221,6 +221,17 @@ def test_decode_rate_counts_the_arithmetic_the_program_asks_for(workload, batch,
     assert rate == pytest.approx(_decode_flops_per_step(batch) / _step_s(analysis) / 1e9, rel=0.15)
 
 
+def test_matrix_products_written_as_convolutions_are_matmuls(analyses):
+    """Failed before: gpt_train's top category was 'convolution' (72.8% of op time), a GPT having none: XLA:TPU
+    writes fused matrix products as convolutions whose windows never slide (its weight gradients contract the
+    batch whole; Q·Kᵀ and P·V take the heads as a base-dilated window). The conv net's 3x3 windows slide."""
+    gpt = _tool(analyses["gpt_train"][1], "get_hlo_op_profile")["summary"]
+    assert gpt["top_category"] == "matmul" and "convolution" not in gpt["category_percent"]
+    assert _tool(analyses["padded_heads"][1], "get_hlo_op_profile")["summary"]["category_percent"]["matmul"] > 40
+    conv = _tool(analyses["conv_net_train"][1], "get_hlo_op_profile")["summary"]
+    assert conv["top_category"] == "convolution" and conv["category_percent"]["convolution"] > 80
+
+
 def test_f32_highest_is_not_optimal_at_a_sixth_of_the_bf16_rate(analyses):
     analysis = analyses["f32_highest_matmul"][0]
     assert analysis.diagnosis.status == Status.NEEDS_ATTENTION

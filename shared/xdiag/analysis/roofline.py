@@ -136,7 +136,8 @@ def roofline_summary(rows: list[dict], ridge_flop_per_byte: float | None = None)
     # Arrays one kernel writes only for the next to read back once: bytes a kernel doing both would not move,
     # whatever the arithmetic per byte (an attention's scores between its two products).
     handed = round(sum(o["share_of_op_time_percent"] * (o.get("handed_on_share_of_bytes") or 0.0) for o in low), 2)
-    by_product = any(o.get("category") == "convolution" and (o.get("handed_on_share_of_bytes") or 0) >= 0.5 for o in low)
+    by_product = any(o.get("category") in ("matmul", "convolution") and (o.get("handed_on_share_of_bytes") or 0) >= 0.5
+                     for o in low)
     why = []
     if (kind is None or kind == "below_bandwidth_roof" or few_flops_at_roof) and extra >= EXTRA_PASSES_DEFECT_PERCENT:
         why.append(f"their programs move their own data {passes:g} times per execution, so {extra:g}% of op time "

@@ -509,7 +509,11 @@ def categorize(instruction: HloInstruction | None, module: HloModule | None, nam
         if "dot" in fused:
             return "matmul"
         if "convolution" in fused:
-            return "convolution"
+            called = module.computations.get(instruction.called[0]) if instruction.called else None
+            convolutions = [i for i in called.instructions if i.opcode == "convolution"] if called else []
+            # XLA:TPU fuses matrix products as convolutions whose windows never slide: a matmul to the reader.
+            return ("matmul" if convolutions and all(c.conv_is_matrix_product for c in convolutions)
+                    else "convolution")
         if fused & {"reduce", "reduce-window"}:
             return "reduction"
         if fused and fused <= {"convert"}:
@@ -522,7 +526,7 @@ def categorize(instruction: HloInstruction | None, module: HloModule | None, nam
     if opcode == "dot":
         return "matmul"
     if opcode == "convolution":
-        return "convolution"
+        return "matmul" if instruction.conv_is_matrix_product else "convolution"
     if opcode in ("reduce", "reduce-window", "sort"):
         return "reduction"
     if opcode == "convert":

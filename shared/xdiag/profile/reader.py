@@ -306,6 +306,30 @@ def _conv_kernel_dims(ins) -> tuple[int, ...]:
     return (numbers.kernel_input_feature_dimension, *numbers.kernel_spatial_dimensions)
 
 
+def _conv_is_matrix_product(ins, by_id: dict) -> bool:
+    """A convolution whose windows never slide: each spatial dimension contracted whole (the kernel as large as
+    the input, one output position), pointwise (a kernel of 1, every position kept), or a batch (a window as large
+    as the input, over the input base-dilated so that each output position sees one input position). XLA:TPU writes the
+    matrix products it fuses this way (a GPT's weight gradients: bf16[16,1024,16384] "convolved" with
+    [16,1024,1024] over its batch of 16; an attention's Q·Kᵀ over its heads, `convolution-base-dilated`)."""
+    if ins.opcode != "convolution" or not ins.HasField("convolution_dimension_numbers") or len(ins.operand_ids) < 2:
+        return False
+    numbers = ins.convolution_dimension_numbers
+    lhs, rhs = by_id.get(ins.operand_ids[0]), by_id.get(ins.operand_ids[1])
+    spatial = list(zip(numbers.input_spatial_dimensions, numbers.kernel_spatial_dimensions,
+                       numbers.output_spatial_dimensions))
+    if lhs is None or rhs is None or len(spatial) != len(numbers.kernel_spatial_dimensions):
+        return False
+    windows = list(ins.window.dimensions) if ins.HasField("window") else []
+    try:
+        sizes = [(lhs.shape.dimensions[i], rhs.shape.dimensions[k], ins.shape.dimensions[o],
+                  windows[n].base_dilation if n < len(windows) else 1) for n, (i, k, o) in enumerate(spatial)]
+    except IndexError:
+        return False
+    return all((window == size and out == 1) or (window == 1 and out == size)
+               or (window == size == out and dilation > 1) for size, window, out, dilation in sizes)
+
+
 def _fusion_backend_kind(ins) -> str:
     """What emits a custom fusion (`__triton`, `__triton_nested_gemm_fusion`, `__ynn_fusion`, …): the `kind` its
     backend config names; "" for other instructions or where the config does not say."""
@@ -378,6 +402,7 @@ def _hlo_module(proto_bytes: bytes, host: str, fallback_id: int) -> HloModule | 
     id_to_computation = {c.id: c.name for c in module.computations}
     for computation in module.computations:
         id_to_name = {i.id: i.name for i in computation.instructions}
+        by_id = {i.id: i for i in computation.instructions}
         instructions = []
         for ins in _scheduled(computation, module.schedule.sequences.get(computation.id)):
             shape = ins.shape
@@ -399,6 +424,7 @@ def _hlo_module(proto_bytes: bytes, host: str, fallback_id: int) -> HloModule | 
                     ),
                     custom_call_target=ins.custom_call_target,
                     conv_kernel_dims=_conv_kernel_dims(ins),
+                    conv_is_matrix_product=_conv_is_matrix_product(ins, by_id),
                     fusion_backend_kind=_fusion_backend_kind(ins),
                     memory_space=shape.layout.memory_space,
                     kernel_cost_estimate=_kernel_cost_estimate(ins),

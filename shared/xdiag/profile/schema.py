@@ -132,6 +132,9 @@ def _build_hlo_file() -> descriptor_pb2.FileDescriptorProto:
     _message(f, "LayoutProto", [("minor_to_major", 1, _INT64, _REPEATED), ("memory_space", 8, _INT64, _OPTIONAL)])
     # operand_precision: DEFAULT 0, HIGH 1, HIGHEST 2 per operand of a dot or convolution (xla_data.proto).
     _message(f, "PrecisionConfig", [("operand_precision", 1, _INT32, _REPEATED)])
+    _message(f, "WindowDimension", [("size", 1, _INT64, _OPTIONAL), ("stride", 2, _INT64, _OPTIONAL),
+                                    ("base_dilation", 6, _INT64, _OPTIONAL)])
+    _message(f, "Window", [("dimensions", 1, _MESSAGE, _REPEATED, "WindowDimension")])
     _message(
         f,
         "DotDimensionNumbers",
@@ -145,7 +148,8 @@ def _build_hlo_file() -> descriptor_pb2.FileDescriptorProto:
     _message(
         f,
         "ConvolutionDimensionNumbers",
-        [("kernel_input_feature_dimension", 3, _INT64, _OPTIONAL), ("kernel_spatial_dimensions", 6, _INT64, _REPEATED)],
+        [("kernel_input_feature_dimension", 3, _INT64, _OPTIONAL), ("kernel_spatial_dimensions", 6, _INT64, _REPEATED),
+         ("input_spatial_dimensions", 11, _INT64, _REPEATED), ("output_spatial_dimensions", 12, _INT64, _REPEATED)],
     )
     _message(f, "InstructionSequence", [("instruction_ids", 1, _INT64, _REPEATED)])
     schedule = _message(f, "HloScheduleProto", [])
@@ -181,6 +185,7 @@ def _build_hlo_file() -> descriptor_pb2.FileDescriptorProto:
             ("metadata", 7, _MESSAGE, _OPTIONAL, "OpMetadata"),
             ("fusion_kind", 11, _STRING, _OPTIONAL),
             ("dimensions", 14, _INT64, _REPEATED),
+            ("window", 15, _MESSAGE, _OPTIONAL, "Window"),
             ("convolution_dimension_numbers", 16, _MESSAGE, _OPTIONAL, "ConvolutionDimensionNumbers"),
             ("custom_call_target", 28, _STRING, _OPTIONAL),
             ("dot_dimension_numbers", 30, _MESSAGE, _OPTIONAL, "DotDimensionNumbers"),

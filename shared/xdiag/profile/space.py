@@ -269,6 +269,7 @@ class HloInstruction:
     operand_precision: tuple[int, ...] = ()  # dot/convolution: per operand, 0 DEFAULT, 1 HIGH, 2 HIGHEST
     attention_scores: tuple[int, ...] = ()  # fused attention custom calls (cuDNN): the score matrix's dims [B,H,Sq,Sk]
     attention_causal: bool = False  # ... and whether its mask is causal (flash kernels skip the masked half)
+    conv_is_matrix_product: bool = False  # a convolution whose windows never slide (XLA:TPU's fused matmuls)
 
     @property
     def shape_text(self) -> str:
