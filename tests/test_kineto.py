@@ -484,3 +484,87 @@ def test_flops_are_not_available_without_input_shapes(diagnosed):
     gemms = [r for r in d.tools["get_hlo_op_profile"]["detail"]["ops"] if r["category"] in ("matmul", "convolution")]
     assert gemms and all(r.get("flops_per_run") is None for r in gemms)
     assert all("record_shapes" in r["flops_unknown_because"] for r in gemms)
+
+
+RESNET_CHECKPOINTED = "kineto_TraceLens_mi300x_resnet_act_checkpoint.json.gz"
+
+
+def test_convolution_flops_from_the_recorded_shapes():
+    """Two of the MI300X ResNet's convolutions as the trace records them, against a hand count. The stem,
+    aten::miopen_convolution(bf16[10,3,224,224], bf16[64,3,7,7], padding [3,3], stride [2,2]): output 112x112
+    ((224 + 6 - 7) // 2 + 1), so 2 · 10·64·112·112 · 3·7·7 = 2,360,279,040 FLOPs; its backward computes the weight's
+    gradient only (output_mask [False, True, False]: no input gradient for the image), the same count once. A 3x3
+    512->512 at 7x7 backward computes both gradients: 2 · 2 · 10·512·7·7 · 512·9 = 4,624,220,160."""
+    from xdiag.profile.torch_op_cost import op_cost
+
+    events = [e for e in _complete_events(_raw(RESNET_CHECKPOINTED)) if e.get("cat") == "cpu_op"]
+
+    def first(name: str, weight: list[int], mask: str | None = None) -> dict:
+        return next(e for e in events if e["name"] == name and e["args"]["Input Dims"][name.endswith("backward") + 1]
+                    == weight and (mask is None or e["args"]["Concrete Inputs"][10] == mask))
+
+    stem = first("aten::miopen_convolution", [64, 3, 7, 7])
+    assert stem["args"]["Concrete Inputs"][3:5] == ["[3, 3]", "[2, 2]"]  # miopen's order: padding, then stride
+    cost = op_cost(stem["name"], stem["args"])
+    assert cost["flops"] == 2 * 10 * 64 * 112 * 112 * 3 * 7 * 7 == 2_360_279_040
+    assert cost["label"].endswith("-> bf16[10,64,112,112]")
+    for name in ("aten::convolution", "aten::_convolution"):  # the same call one level up: stride first
+        outer = next(e for e in events if e["name"] == name and e["args"]["Input Dims"][1] == [64, 3, 7, 7])
+        assert op_cost(name, outer["args"])["flops"] == cost["flops"]
+    backward = op_cost("aten::convolution_backward", first("aten::convolution_backward", [64, 3, 7, 7])["args"])
+    assert backward["flops"] == cost["flops"] and "(weight gradient)" in backward["label"]
+    both = op_cost("aten::convolution_backward",
+                   first("aten::convolution_backward", [512, 512, 3, 3], "[True, True, False]")["args"])
+    assert both["flops"] == 2 * 2 * 10 * 512 * 7 * 7 * 512 * 9 == 4_624_220_160
+
+
+def _resnet18_step_flops(batch: int) -> float:
+    """ResNet-18 at 224x224 by hand, per image: stem 112²·64·3·49 MACs; layer1 four 3x3 64->64 at 56²; layers 2-4
+    each a strided 3x3 (C->2C) to half the size, three 3x3 2C->2C and a 1x1 C->2C shortcut. A training step with
+    activation checkpointing of layers 1-4: the forward (F), its recomputation less the stem (F - S) and the
+    backward (two passes per convolution: input and weight gradients, less the stem's input gradient: 2F - S)."""
+    stem = 112 * 112 * 64 * 3 * 49
+    layer1 = 4 * 56 * 56 * 64 * 64 * 9
+    later = sum(side * side * (2 * c) * (c * 9 + 3 * 2 * c * 9 + c) for side, c in ((28, 64), (14, 128), (7, 256)))
+    forward, stem_flops = 2 * batch * (stem + layer1 + later), 2 * batch * stem
+    return forward + (forward - stem_flops) + (2 * forward - stem_flops)
+
+
+def test_convolution_flops_per_step_match_a_hand_count_of_resnet18():
+    """The MI300X ResNet (record_shapes on: Input Dims and Concrete Inputs) is ResNet-18 at batch 10, 224x224, with
+    activation checkpointing: 39 forward convolutions and 20 backwards per step. The FLOPs the reader gives the
+    convolution ops that launched its kernels (each op execution once) over its three steps are the hand count's
+    (140.4 GFLOP per step) within 15%."""
+    import numpy as np
+
+    from xdiag.profile.space import NO_VALUE
+    from xdiag.profile.trace_json import CPU_OP_STAT, OP_FLOPS_STAT, OP_ID_STAT
+
+    session = read_session([_trace(RESNET_CHECKPOINTED)])
+    ops: dict[int, tuple[str, int]] = {}
+    for plane in session.device_planes(with_events=True):
+        for line in plane.lines:
+            number = line.numeric.get(OP_ID_STAT)
+            for i in np.flatnonzero(number != NO_VALUE) if number is not None else []:
+                ops[int(number[i])] = (plane.strings[line.strings[CPU_OP_STAT][i]], int(line.numeric[OP_FLOPS_STAT][i]))
+    convolutions = [flops for label, flops in ops.values() if "convolution" in label]
+    steps, _ = _raw_steps_and_busy(_raw(RESNET_CHECKPOINTED))
+    assert len(convolutions) == (39 + 20) * len(steps)
+    hand = _resnet18_step_flops(batch=10)
+    assert hand == pytest.approx(140.36e9, rel=1e-3)
+    assert sum(convolutions) / len(steps) == pytest.approx(hand, rel=0.15)
+
+
+def test_kernels_launched_before_the_capture_keep_their_row_uncosted():
+    """The every-run rule: the MI300X ResNet's first GPU step (13.4-14.1 ms into the file) ran kernels whose launch
+    calls precede the capture (their correlation ids name no runtime call), so each convolution kernel has a quarter
+    of its runs with no known op: no row gets FLOPs, and the row says why."""
+    from xdiag.tools.ops import op_stats
+
+    session = read_session([_trace(RESNET_CHECKPOINTED)])
+    stats = op_stats(session)
+    total = sum(s.total_ps for s in stats)
+    rows = [s.row(total) for s in stats if s.category in ("matmul", "convolution")]
+    assert rows and all(r.get("flops_per_run") is None for r in rows)
+    early = [r for r in rows if "launched before the capture began" in r["flops_unknown_because"]]
+    assert len(early) == len(rows), [r["flops_unknown_because"] for r in rows]

@@ -2,14 +2,19 @@
 `Input type`, `Concrete Inputs`; written when the profiler ran with `record_shapes=True`).
 
 Only the ops whose work the shapes fix are counted: the matrix products (aten::mm, addmm, bmm, baddbmm, matmul,
-linear) and the fused attention forwards (flash, memory-efficient, cuDNN). FLOPs are the multiply-adds' 2·M·K·N
-(bias and scaling adds are not counted, as XLA's cost model and HTA/TraceLens do not); attention is its two
-products over the score entries the mask keeps, 2·B·H·(D+Dv) per entry. Bytes are each operand read once and the
-result written once: the least HBM traffic the op can have.
+linear), the fused attention forwards (flash, memory-efficient, cuDNN) and the convolutions (aten::convolution,
+_convolution, cudnn_/miopen_convolution and their transposes, convolution_backward). FLOPs are the multiply-adds'
+2·M·K·N (bias and scaling adds are not counted, as XLA's cost model and HTA/TraceLens do not); attention is its two
+products over the score entries the mask keeps, 2·B·H·(D+Dv) per entry; a convolution 2·|output|·(C_in/groups)·
+prod(kernel spatial), the output's shape from the input's, the weight's and the stride, padding and dilation in
+`Concrete Inputs` (a transposed one 2·|input|·(C_out/groups)·prod(kernel spatial), which needs none of them), and
+its backward that count once per gradient it computes (input, weight: its output mask). Bytes are each operand read
+once and the result written once: the least HBM traffic the op can have.
 """
 
 from __future__ import annotations
 
+import re
 from math import prod
 
 ELEMENT_BYTES = {
@@ -33,11 +38,25 @@ ATTENTION_OPS = {
     "aten::_scaled_dot_product_efficient_attention": ("BHSD", 6),
     "aten::_scaled_dot_product_cudnn_attention": ("BHSD", 6),
 }
-COSTED_OPS = (*GEMM_OPS, *ATTENTION_OPS)
+CONVOLUTION_OPS = {
+    # op -> index in its inputs of (stride, padding, dilation, output_padding, groups, transposed); transposed a
+    # bool where the op fixes it. cudnn_convolution[_transpose] lost its bias input in PyTorch 1.8: _convolution_args.
+    "aten::convolution": (3, 4, 5, 7, 8, 6),
+    "aten::_convolution": (3, 4, 5, 7, 8, 6),
+    "aten::cudnn_convolution": (4, 3, 5, None, 6, False),
+    "aten::miopen_convolution": (4, 3, 5, None, 6, False),
+    "aten::cudnn_convolution_transpose": (5, 3, 6, 4, 7, True),
+    "aten::miopen_convolution_transpose": (5, 3, 6, 4, 7, True),
+}
+CONVOLUTION_BACKWARD = "aten::convolution_backward"
+# convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed, output_padding,
+# groups, output_mask)
+_BACKWARD_TRANSPOSED, _BACKWARD_MASK = 7, 10
+COSTED_OPS = (*GEMM_OPS, *ATTENTION_OPS, *CONVOLUTION_OPS, CONVOLUTION_BACKWARD)
 NO_SHAPES_REASON = ("the trace was recorded without input shapes (torch.profiler's record_shapes=False): its CPU "
                     "ops carry no 'Input Dims', so their FLOPs cannot be counted")
-NOT_COSTED_REASON = ("the CPU op that launched it is not a matrix product or fused attention, whose FLOPs xdiag "
-                     "counts from its input shapes")
+NOT_COSTED_REASON = ("the CPU op that launched it is not a matrix product, convolution or fused attention, whose "
+                     "FLOPs xdiag counts from its input shapes")
 
 
 def _shape(dims, types, i: int) -> tuple[list[int], str] | None:
@@ -82,13 +101,18 @@ def _causal(name: str, concrete: list, index: int | None) -> bool | None:
 def op_cost(name: str, args: dict) -> dict | None:
     """{flops, bytes, label} of one CPU op from its recorded inputs; {reason} where it is an op counted here whose
     inputs do not give its FLOPs; None for ops not counted here."""
-    if name not in GEMM_OPS and name not in ATTENTION_OPS:
+    if name not in COSTED_OPS:
         return None
     dims, types = args.get("Input Dims"), args.get("Input type")
     if not isinstance(dims, list) or not isinstance(types, list):
         return {"reason": NO_SHAPES_REASON}
+    concrete = args.get("Concrete Inputs") or []
     if name in ATTENTION_OPS:
-        return _attention_cost(name, dims, types, args.get("Concrete Inputs") or [])
+        return _attention_cost(name, dims, types, concrete)
+    if name in CONVOLUTION_OPS:
+        return _convolution_cost(name, dims, types, concrete)
+    if name == CONVOLUTION_BACKWARD:
+        return _convolution_backward_cost(name, dims, types, concrete)
     first = 1 if name in ("aten::addmm", "aten::baddbmm") else 0
     a, b = _shape(dims, types, first), _shape(dims, types, first + 1)
     if a is None or b is None:
@@ -138,3 +162,107 @@ def _attention_cost(name: str, dims: list, types: list, concrete: list) -> dict:
     read = sum(prod(s) * ELEMENT_BYTES.get(t, size) for s, t in (q, k, v))
     return {"flops": flops, "bytes": read + batch * heads * sq * dv * size,
             "label": " ".join([name + (" causal" if causal else ""), *(_text(s, t) for s, t in (q, k, v))])}
+
+
+def _ints(value) -> list[int] | None:
+    """A recorded int list ("[2, 2]", or one int "1") as ints; None where it is not one (not recorded: "")."""
+    found = re.findall(r"-?\d+", str(value)) if value not in ("", None) else []
+    return [int(v) for v in found] if found and re.fullmatch(r"\[?[-\d,\s]*\]?", str(value)) else None
+
+
+def _per_dim(value, count: int) -> list[int] | None:
+    found = _ints(value)
+    if found is None:
+        return None
+    if len(found) == 1:
+        return found * count  # one value for every spatial dimension
+    return found if len(found) == count else None
+
+
+def _flag(value) -> bool | None:
+    return {"True": True, "False": False, "1": True, "0": False}.get(str(value))
+
+
+def _conv_operands(name: str, dims: list, types: list) -> tuple | str:
+    """(input, weight) shapes and types of a convolution op, or why they do not fit one."""
+    x, w = _shape(dims, types, 0), _shape(dims, types, 1)
+    if x is None or w is None or len(x[0]) < 3 or len(w[0]) != len(x[0]):
+        return f"{name}'s recorded inputs hold no input and weight of one convolution"
+    return x, w
+
+
+def _convolution_args(name: str, types: list) -> tuple:
+    *at, transposed = CONVOLUTION_OPS[name]
+    if name.startswith("aten::cudnn_") and len(types) > 2 and types[2] in ("ScalarList", "GenericList"):
+        # cudnn_convolution[_transpose](input, weight, padding, ...): no bias input since PyTorch 1.8
+        at = [None if i is None else i - 1 for i in at]
+    return (*at, transposed)
+
+
+def _convolution_cost(name: str, dims: list, types: list, concrete: list) -> dict:
+    operands = _conv_operands(name, dims, types)
+    if isinstance(operands, str):
+        return {"reason": operands}
+    (x, x_type), (w, w_type) = operands
+    stride_at, padding_at, dilation_at, output_padding_at, groups_at, transposed = _convolution_args(name, types)
+    if not isinstance(transposed, bool):
+        transposed = _flag(concrete[transposed]) if transposed < len(concrete) else None
+        if transposed is None:
+            return {"reason": f"{name}'s trace does not say whether it is transposed (no 'Concrete Inputs')"}
+    kernel = w[2:]
+    wanted = (stride_at, padding_at, dilation_at) + ((output_padding_at,) if transposed else ())
+    found = [_per_dim(concrete[i], len(kernel)) if i < len(concrete) else None for i in wanted]
+    groups = _ints(concrete[groups_at]) if transposed and groups_at < len(concrete) else [1]
+    if any(f is None for f in found) or not groups or len(groups) != 1:
+        return {"reason": f"{name}'s trace does not record its stride, padding and dilation ('Concrete Inputs'), "
+                          "which set its output's size"}
+    stride, padding, dilation = found[:3]
+    if transposed:  # the gradient of a convolution from `out` to `x`: its output is that convolution's input
+        spatial = [(size - 1) * s - 2 * p + d * (k - 1) + extra + 1
+                   for size, k, s, p, d, extra in zip(x[2:], kernel, stride, padding, dilation, found[3])]
+        out = [x[0], w[1] * groups[0], *spatial]
+    else:
+        spatial = [(size + 2 * p - d * (k - 1) - 1) // s + 1 if s > 0 else 0
+                   for size, k, s, p, d in zip(x[2:], kernel, stride, padding, dilation)]
+        out = [x[0], w[0], *spatial]
+    if any(size <= 0 for size in spatial):
+        return {"reason": f"{name}'s recorded shapes {x} and {w} give no output"}
+    # Weight [C_out, C_in/groups, *kernel] (transposed: [C_in, C_out/groups, *kernel]): each output element of a
+    # convolution, each input element of a transposed one, meets C_in/groups (C_out/groups) · prod(kernel) weights.
+    macs = (prod(x) if transposed else prod(out)) * w[1] * prod(kernel)
+    size = ELEMENT_BYTES.get(x_type)
+    if size is None:
+        return {"reason": f"{name}'s input type {x_type!r} has no known width"}
+    read = prod(x) * size + prod(w) * ELEMENT_BYTES.get(w_type, size)
+    bias = _shape(dims, types, 2)
+    if bias is not None and len(bias[0]) == 1:
+        read += prod(bias[0]) * ELEMENT_BYTES.get(bias[1], size)
+    label = f"{name} {_text(x, x_type)} {_text(w, w_type)} -> {_text(out, x_type)}"
+    return {"flops": 2 * macs, "bytes": read + prod(out) * size, "label": label}
+
+
+def _convolution_backward_cost(name: str, dims: list, types: list, concrete: list) -> dict:
+    grad = _shape(dims, types, 0)
+    operands = _conv_operands(name, dims[1:], types[1:])
+    if grad is None or isinstance(operands, str) or len(grad[0]) != len(operands[0][0]):
+        return {"reason": f"{name}'s recorded inputs hold no gradient, input and weight of one convolution"}
+    (x, x_type), (w, w_type) = operands
+    mask = _ints(str(concrete[_BACKWARD_MASK]).replace("True", "1").replace("False", "0")) \
+        if _BACKWARD_MASK < len(concrete) else None
+    transposed = _flag(concrete[_BACKWARD_TRANSPOSED]) if _BACKWARD_TRANSPOSED < len(concrete) else None
+    if mask is None or len(mask) != 3 or transposed is None:
+        return {"reason": f"{name}'s trace does not record which gradients it computes ('Concrete Inputs': "
+                          "output_mask)"}
+    # The forward's multiply-adds, once for the input's gradient and once for the weight's: a transposed
+    # convolution's over its input, a convolution's over its output (the gradient's shape).
+    macs = (prod(x) if transposed else prod(grad[0])) * w[1] * prod(w[2:])
+    passes = mask[0] + mask[1]
+    size = ELEMENT_BYTES.get(grad[1])
+    if size is None:
+        return {"reason": f"{name}'s input type {grad[1]!r} has no known width"}
+    read = (prod(grad[0]) + prod(x) + prod(w)) * size
+    written = (prod(x) if mask[0] else 0) + (prod(w) if mask[1] else 0)
+    gradients = "+".join(g for g, on in (("input", mask[0]), ("weight", mask[1])) if on) or "bias"
+    label = " ".join([f"{name} ({gradients} gradient{'s' if passes > 1 else ''})", _text(*grad), _text(x, x_type),
+                      _text(w, w_type)])
+    return {"flops": 2 * macs * passes, "bytes": read + written * size, "label": label}

@@ -45,6 +45,9 @@ CPU_OP_STAT = "cpu_op"
 ("aten::addmm f32[4096,100] f32[100,64] f32[64]"); beside it that op's number in the file (OP_ID_STAT: the kernels
 of one op execution share it) and the op's whole FLOPs and bytes (OP_FLOPS_STAT, OP_BYTES_STAT)."""
 OP_ID_STAT, OP_FLOPS_STAT, OP_BYTES_STAT = "cpu_op_id", "cpu_op_flops", "cpu_op_bytes"
+UNCAPTURED_LAUNCH_STAT = "launch_not_in_trace"
+"""On a GPU kernel: 1 where its correlation id names no runtime call in the trace: launched before the capture began
+(the GPU runs behind the host), so which CPU op launched it, and with what shapes, is not known."""
 SHAPES_STAT = "cpu_op_shapes"
 """Host-plane stat: 1 where the trace's CPU ops carry input shapes (record_shapes=True), 0 where none does."""
 FLOPS_UNKNOWN_STAT = "cpu_op_flops_unknown"
@@ -343,6 +346,8 @@ class _TraceBuilder:
         launched = self._launching_ops()
         if not launched:
             return
+        calls = {int(c) for line in host.lines.values() if "correlation_id" in line.numeric
+                 for c in np.frombuffer(line.numeric["correlation_id"][1], np.int64).tolist()} if host else set()
         numbers: dict[int, int] = {}  # id(cost) -> the op's number in this file
         for key, plane in self.planes.items():
             if not (isinstance(key, tuple) and key[0] == "device"):
@@ -353,6 +358,8 @@ class _TraceBuilder:
                 kinds = np.frombuffer(line.kinds, np.int8)
                 indexes, correlations = (np.frombuffer(a, np.int64) for a in line.numeric["correlation_id"])
                 for index, correlation in zip(indexes.tolist(), correlations.tolist()):
+                    if kinds[index] == _KERNEL and correlation not in calls:
+                        line.put(line.numeric, UNCAPTURED_LAUNCH_STAT, index, 1)
                     cost = launched.get(correlation)
                     if cost is None or kinds[index] != _KERNEL:
                         continue

@@ -13,7 +13,8 @@ from xdiag.profile.columns import unique_with_inverse
 from xdiag.profile.space import NO_VALUE, Session
 from xdiag.profile.torch_op_cost import NO_SHAPES_REASON, NOT_COSTED_REASON
 from xdiag.profile.trace_json import (
-    CPU_OP_STAT, FLOPS_UNKNOWN_STAT, KINETO, OP_BYTES_STAT, OP_FLOPS_STAT, OP_ID_STAT, SHAPES_STAT, trace_format,
+    CPU_OP_STAT, FLOPS_UNKNOWN_STAT, KINETO, OP_BYTES_STAT, OP_FLOPS_STAT, OP_ID_STAT, SHAPES_STAT,
+    UNCAPTURED_LAUNCH_STAT, trace_format,
 )
 
 
@@ -192,6 +193,7 @@ def op_stats(session: Session) -> list[OpStat]:
     return out
 
 
+_UNCAPTURED = ("launched before the capture",)  # a key no kernel name is: kernel name -> runs of it launched early
 _COSTED_KINDS = ("matmul", "convolution", "attention")
 """Kernel kinds whose FLOPs a PyTorch trace can give (from the launching op's shapes): the others' rows say none."""
 
@@ -200,15 +202,21 @@ def _launched_op_costs(session: Session) -> dict:
     """Kernel name -> [FLOPs, bytes, costed runs, FLOPs per CPU-op label]: each costed PyTorch CPU op's FLOPs and
     bytes (the reader's OP_FLOPS_STAT, OP_BYTES_STAT) shared out over the kernels it launched that do its arithmetic
     (GEMM, convolution or attention kernels by name; all of them where none is named so) by their time, so each runs
-    at the op's rate; the op's other kernels (a bias copy, a memset) get none. None -> why the rest have none."""
+    at the op's rate; the op's other kernels (a bias copy, a memset) get none. None -> why the rest have none;
+    _UNCAPTURED -> per kernel name, its runs launched before the capture began (UNCAPTURED_LAUNCH_STAT)."""
     out: dict = {}
     shapes = any(p.stats.get(SHAPES_STAT) for p in session.host_planes())
     reasons = [str(p.stats[FLOPS_UNKNOWN_STAT]) for p in session.host_planes() if p.stats.get(FLOPS_UNKNOWN_STAT)]
     out[None] = reasons[0] if reasons else NOT_COSTED_REASON if shapes else NO_SHAPES_REASON
     launched: dict[tuple, list] = {}  # (host, op number) -> its kernels: (name, duration ps, FLOPs, bytes, label)
     kinds: dict[str, bool] = {}
+    uncaptured: dict[str, int] = {}
     for plane in session.device_planes(with_events=True):
         for line in plane.lines:
+            early = line.numeric.get(UNCAPTURED_LAUNCH_STAT)
+            if early is not None:
+                for name in plane.names_of(line)[np.flatnonzero(early == 1)].tolist():
+                    uncaptured[name] = uncaptured.get(name, 0) + 1
             number = line.numeric.get(OP_ID_STAT)
             if number is None:
                 continue
@@ -233,6 +241,7 @@ def _launched_op_costs(session: Session) -> dict:
             entry[1] += bytes_ * share
             entry[2] += 1
             entry[3][label] = entry[3].get(label, 0.0) + flops * share
+    out[_UNCAPTURED] = uncaptured
     return out
 
 
@@ -243,14 +252,19 @@ def _launched_cost(costs: dict, name: str, count: int, category: str) -> dict | 
     if entry is not None and entry[2] >= count:
         flops, bytes_, runs, labels = entry
         label = max(labels, key=labels.get)
-        op_name, *shapes = label.split(" ")
-        return {"shape": "", "operand_shapes": [s for s in shapes if "[" in s], "opcode": op_name, "fusion_kind": "",
+        inputs, _, output = label.partition(" -> ")  # a convolution's label ends with its output's shape
+        op_name, *shapes = inputs.split(" ")
+        return {"shape": output, "operand_shapes": [s for s in shapes if "[" in s], "opcode": op_name, "fusion_kind": "",
                 "op_name": label, "source": "", "flops": flops / runs, "bytes": bytes_ / runs, "flops_known": True,
                 "cost_source": "launching CPU op's input shapes (Kineto 'Input Dims'/'Input type')"}
     if category not in _COSTED_KINDS and entry is None:
         return None
     because = costs[None] if entry is None else (
         f"only {entry[2]} of its {count} runs were launched by a CPU op whose input shapes give its FLOPs")
+    early = costs[_UNCAPTURED].get(name, 0)
+    if entry is not None and early:
+        because += (f"; {early} were launched before the capture began (their launch call is not in the trace), "
+                    "so their op and shapes are not known")
     return {"shape": "", "operand_shapes": [], "opcode": "", "fusion_kind": "", "op_name": "", "source": "",
             "flops_known": False, "flops_unknown_because": because}
 
