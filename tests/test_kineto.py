@@ -403,8 +403,12 @@ def test_a_file_that_is_neither_format_is_refused_with_the_reason(tmp_path):
 
 
 def test_trace_files_are_located_by_name_and_in_a_folder(tmp_path):
+    """A trace names its session (one file) or its host (a rank in a folder) by its name less the whole trace
+    ending: torch.profiler's `<worker>.pt.trace.json[.gz]` is `<worker>`, not `<worker>.pt`."""
     source = _trace("kineto_TraceLens_h100_bert-small.json.gz")
-    for file_name in ("rank0.pt.trace.json.gz", "run.trace.json", "plain.json"):
+    names = {"rank0.pt.trace.json.gz": "rank0", "rank1.pt.trace.json": "rank1", "run.trace.json": "run",
+             "plain.json": "plain"}
+    for file_name, name in names.items():
         target = tmp_path / file_name
         if file_name.endswith(".gz"):
             shutil.copyfile(source, target)
@@ -412,9 +416,13 @@ def test_trace_files_are_located_by_name_and_in_a_folder(tmp_path):
             target.write_bytes(gzip.decompress(source.read_bytes()))
         located = locate_session(target)
         assert located.files == [target.absolute()]
-        assert read_session(located.files).event_count > 0
+        assert located.name == name
+        session = read_session(located.files)
+        assert session.event_count > 0
+        assert [h.hostname for h in session.hosts] == [name]
     folder = locate_session(tmp_path)
-    assert len(folder.files) == 3  # one file per rank: one session of three hosts
+    assert len(folder.files) == len(names)  # one file per rank: one session of four hosts
+    assert sorted(h.hostname for h in read_session(folder.files).hosts) == sorted(names.values())
 
 
 # ---- FLOPs from the CPU ops' input shapes ------------------------------------------------------------------------

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from xdiag.errors import ProfileError
-from xdiag.profile.trace_json import TRACE_SUFFIXES, is_trace_file
+from xdiag.profile.trace_json import is_trace_file, trace_stem
 
 SUFFIX = ".xplane.pb"
 
@@ -32,8 +32,7 @@ def locate_session(path: Path, session: str | None = None) -> LocatedSession:
     path = path.absolute()  # a bare `file.xplane.pb` or `.` has no parents to name the session and run by
     if path.is_file():
         if is_trace_file(path):
-            suffix = next(s for s in TRACE_SUFFIXES if path.name.endswith(s))
-            return LocatedSession(path.name.removesuffix(suffix), [path], "local")
+            return LocatedSession(trace_stem(path.name), [path], "local")
         if not path.name.endswith(SUFFIX) and not path.name.endswith(".pb"):
             raise ProfileError(f"{path}: not an *.xplane.pb file, nor a Kineto/Chrome trace (*.json, *.json.gz)")
         run = path.parents[3].name if len(path.parents) > 3 and path.parents[1].name == "profile" else "local"

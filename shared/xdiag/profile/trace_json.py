@@ -31,7 +31,8 @@ from xdiag.profile.space import (
 )
 from xdiag.profile.torch_op_cost import op_cost
 
-TRACE_SUFFIXES = (".trace.json.gz", ".trace.json", ".json.gz", ".json")
+TRACE_SUFFIXES = (".pt.trace.json.gz", ".pt.trace.json", ".trace.json.gz", ".trace.json", ".json.gz", ".json")
+"""Trace file endings, the longest first: a name is its file's name less the first that fits (trace_stem)."""
 KINETO = "PyTorch Kineto trace (Chrome trace JSON)"
 XPROF_CHROME = "XProf Chrome trace (trace.json)"
 FORMAT_STAT = "trace_format"
@@ -66,6 +67,12 @@ _CHUNK = 1 << 20
 
 def is_trace_file(path: Path) -> bool:
     return path.name.endswith(TRACE_SUFFIXES)
+
+
+def trace_stem(file_name: str) -> str:
+    """The host (rank) or session a trace file names: torch.profiler's `rank0.pt.trace.json.gz` -> `rank0`,
+    XProf's `host.trace.json.gz` -> `host`, a plain `run.json` -> `run`."""
+    return file_name.removesuffix(next((s for s in TRACE_SUFFIXES if file_name.endswith(s)), ""))
 
 
 def trace_format(session: Session) -> str | None:
@@ -401,7 +408,7 @@ class _TraceBuilder:
         self._cost_kernels()
         info = top.get("distributedInfo") or {}
         rank = info.get("rank")
-        hostname = path.name.removesuffix(next(s for s in TRACE_SUFFIXES if path.name.endswith(s)))
+        hostname = trace_stem(path.name)
         if rank is not None and len(str(hostname)) > 40:
             hostname = f"rank{rank}"
         # Events are written out of time order (the first one read need not be the earliest): every time is made
