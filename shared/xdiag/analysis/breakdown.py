@@ -6,6 +6,7 @@ order of precedence, so they never double count and always add up to the step ti
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,7 +38,8 @@ TRANSFER_CATEGORIES = TRANSFER_OP_CATEGORIES
 
 CATEGORIES = ("compute", "collective", "transfer", "compile", "warm_up", "host_sync", "dispatch", "host_other")
 """Step-time categories, in precedence order; `warm_up` is the first call of a program where it takes far longer
-than its later calls (allocation, autotuning, loading); `host_other` is what no event explains: Python/input
+than its later calls (allocation, autotuning, loading), or a GPU runtime call far longer than its median (loading
+a kernel's module on first use, creating the context); `host_other` is what no event explains: Python/input
 work outside the jitted computation (or nothing at all)."""
 HOST_LAYERS = ("callback", "transfer", "compile", "warm_up", "host_sync", "dispatch")
 """The layers host events explain, in precedence order, each booked in the category of its name but `callback`
@@ -90,13 +92,15 @@ def _outermost(mask: np.ndarray, line: np.ndarray, starts: np.ndarray, ends: np.
 
 @dataclass
 class WarmUpCall:
-    """The first call of a jitted function that takes far longer than its later calls."""
+    """The first call of a jitted function that takes far longer than its later calls; or a GPU runtime call far
+    longer than its call's median (first_call False)."""
 
     host: str
     function: str
     start_ps: int
     end_ps: int
     later_call_ms_median: float
+    first_call: bool = True  # False: a GPU runtime call far longer than its call's median (_slow_runtime_calls)
 
     @property
     def ms(self) -> float:
@@ -119,6 +123,41 @@ def warm_up_calls(events: HostEvents) -> list[WarmUpCall]:
         later = float(np.median(durations[1:]))
         if durations[0] >= WARM_UP_MIN_RATIO * later and durations[0] - later >= WARM_UP_MIN_EXCESS_PS:
             out.append(WarmUpCall(events.host, str(name), int(starts[idx[0]]), int(ends[idx[0]]), later / PS_PER_MS))
+    if events.vocabulary.runtime_call is not None:
+        out += _slow_runtime_calls(events)
+    return out
+
+
+_COPY_CALL = re.compile(r"Memcpy")
+_NO_NAME = re.compile(r"(?!)")  # matches no event name: select by a stat alone
+
+
+def _slow_runtime_calls(events: HostEvents) -> list[WarmUpCall]:
+    """GPU runtime calls (HostVocabulary.runtime_call: not its syncs nor copies) that take far longer than their
+    call's median, by the first-call rule's ratio and excess (and, as there, two other calls to compare with): the
+    first cudaFree that sets up the context, a stream or library handle created once, the allocator growing; and a
+    launch that loads its kernel's module: only the first launch of its kernel (first_launch_stat), as a launch
+    that is slow at every step (a full launch queue, a lock) is not paid once."""
+    words = events.vocabulary
+    calls = events.select(words.runtime_call)
+    starts, ends, names = calls.start_ps, calls.end_ps, events.names(words.runtime_call)
+    firsts = events.select(_NO_NAME, words.first_launch_stat) if words.first_launch_stat else None
+    first_starts = set(zip(firsts.line.tolist(), firsts.start_ps.tolist())) if firsts is not None else set()
+    is_first = np.array([key in first_starts for key in zip(calls.line.tolist(), starts.tolist())], dtype=bool)
+    out = []
+    for name in np.unique(names):
+        if words.sync.search(str(name)) or _COPY_CALL.search(str(name)):
+            continue
+        idx = np.flatnonzero(names == name)
+        if len(idx) < 3:  # the slow call and at least two others to compare it with
+            continue
+        durations = ends[idx] - starts[idx]
+        median = float(np.median(durations))
+        slow = (durations >= WARM_UP_MIN_RATIO * median) & (durations - median >= WARM_UP_MIN_EXCESS_PS)
+        if words.dispatch.search(str(name)):
+            slow &= is_first[idx]
+        out += [WarmUpCall(events.host, str(name), int(starts[i]), int(ends[i]), median / PS_PER_MS, first_call=False)
+                for i in idx[slow]]
     return out
 
 

@@ -16,7 +16,7 @@ import numpy as np
 from xdiag.analysis.hlo_cost import is_gemm_call
 from xdiag.profile.columns import factorize_rows, isin_ids, unique_with_inverse
 from xdiag.profile.space import NO_VALUE, HloInstruction, HloModule, Line, Plane, Session
-from xdiag.profile.trace_json import BLOCKING_COPY_STAT, FORMAT_STAT, KINETO
+from xdiag.profile.trace_json import BLOCKING_COPY_STAT, FIRST_LAUNCH_STAT, FORMAT_STAT, KINETO
 
 COLLECTIVE_OPCODES = {
     "all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute", "collective-broadcast",
@@ -84,6 +84,13 @@ class HostVocabulary:
     one_launch_on_several_threads: bool = True
     """An SPMD launch shows on the calling thread and again on each device's thread (PjRt); PyTorch's autograd
     thread launches its own kernels, each once."""
+    runtime_call: re.Pattern | None = None
+    """The GPU runtime's API calls (CUDA/HIP: launches, allocations, stream and event calls), each as quick as the
+    last at steady state: one far longer than its call's median is a one-time cost (loading a kernel's module on
+    first use, creating the context, a stream or a library handle, growing the allocator), not per-call overhead.
+    Its syncs and copies are left out: how long they wait is the device's work, not the call's."""
+    first_launch_stat: str | None = None
+    """A stat on the launch that ran its kernel's first run: only there can a slow launch be loading the module."""
 
 
 XLA_HOST = HostVocabulary(SYNC_EVENT, DISPATCH_EVENT, EXECUTE_EVENT)
@@ -100,6 +107,8 @@ PYTORCH_HOST = HostVocabulary(
     execute=_CUDA_LAUNCH,
     sync_stat=BLOCKING_COPY_STAT,
     one_launch_on_several_threads=False,
+    runtime_call=re.compile(r"^(cuda|hip|cu)[A-Z]\w*$"),
+    first_launch_stat=FIRST_LAUNCH_STAT,
 )
 """PyTorch eager on CUDA/ROCm (Kineto traces): every kernel is its own launch, every sync a runtime call."""
 STEP_STAT = "step_num"

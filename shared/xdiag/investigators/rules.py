@@ -257,16 +257,26 @@ def _hypotheses(health: dict[str, Any], results: dict[str, ToolResult]) -> list[
             extra_evidence=_events_evidence,
         ))
 
-    # Warm-up: the first call of a jitted function takes far longer than its later ones.
+    # Warm-up: the first call of a jitted function takes far longer than its later ones (or a GPU runtime call far
+    # longer than its call's median: module loading, context creation).
     warm_up = b.get("warm_up", 0.0)
     if warm_up >= 5 and step.get("first_call_ms"):
         first_ms, later_ms = step["first_call_ms"], step.get("later_call_ms_median")
-        out.append(Hypothesis(
-            "warm_up", warm_up,
-            "The first call is a warm-up far longer than the later calls",
+        runtime = step.get("warm_up_is_a_runtime_call")
+        slow = step.get("slow_runtime_calls", 0)
+        happening = (
+            f"{slow} GPU runtime call{'s take' if slow != 1 else ' takes'} far longer than {'their' if slow != 1 else 'its'} "
+            f"call's median ({', '.join(step.get('slow_runtime_call_examples') or [])}): one-time work (loading a kernel's module on first use, creating the context, a stream or a "
+            f"library handle, growing the allocator), not per-call overhead, {warm_up}% of step time."
+            if runtime else
             f"The first call of {step.get('warm_up_function')} takes {first_ms:.4g} ms against {later_ms:.3g} ms for "
             f"the later calls (median): a one-time cost (compilation cache lookup, buffer allocation, autotuning, "
-            f"loading the program) that falls inside the measured steps, {warm_up}% of step time.",
+            f"loading the program) that falls inside the measured steps, {warm_up}% of step time.")
+        out.append(Hypothesis(
+            "warm_up", warm_up,
+            "One-time GPU runtime calls (initialisation, module loading) far longer than the others" if runtime
+            else "The first call is a warm-up far longer than the later calls",
+            happening,
             base + [_ev("get_step_trace", "warm_up_percent", warm_up),
                     _ev("get_step_trace", "first_call_ms", first_ms, str(step.get("warm_up_function"))),
                     _ev("get_step_trace", "later_call_ms_median", later_ms)],

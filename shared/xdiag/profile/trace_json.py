@@ -49,6 +49,9 @@ OP_ID_STAT, OP_FLOPS_STAT, OP_BYTES_STAT = "cpu_op_id", "cpu_op_flops", "cpu_op_
 UNCAPTURED_LAUNCH_STAT = "launch_not_in_trace"
 """On a GPU kernel: 1 where its correlation id names no runtime call in the trace: launched before the capture began
 (the GPU runs behind the host), so which CPU op launched it, and with what shapes, is not known."""
+FIRST_LAUNCH_STAT = "first_launch_of_kernel"
+"""On a runtime call: 1 where it launched the first run of its kernel in the trace (by name), where the runtime loads
+the kernel's module if it loads lazily (CUDA_MODULE_LOADING=LAZY, HIP's code objects)."""
 SHAPES_STAT = "cpu_op_shapes"
 """Host-plane stat: 1 where the trace's CPU ops carry input shapes (record_shapes=True), 0 where none does."""
 FLOPS_UNKNOWN_STAT = "cpu_op_flops_unknown"
@@ -305,6 +308,40 @@ class _TraceBuilder:
             if correlation in self.pageable_copies:
                 line.put(line.numeric, BLOCKING_COPY_STAT, index, 1)
 
+    def _kernels(self):
+        """(plane, line, event index, correlation id) of each GPU kernel that carries a correlation id."""
+        for key, plane in self.planes.items():
+            if not (isinstance(key, tuple) and key[0] == "device"):
+                continue
+            for line in plane.lines.values():
+                if "correlation_id" not in line.numeric:
+                    continue
+                kinds = np.frombuffer(line.kinds, np.int8)
+                indexes, correlations = (np.frombuffer(a, np.int64) for a in line.numeric["correlation_id"])
+                for index, correlation in zip(indexes.tolist(), correlations.tolist()):
+                    if kinds[index] == _KERNEL:
+                        yield plane, line, index, correlation
+
+    def _mark_first_launches(self) -> None:
+        """FIRST_LAUNCH_STAT on the runtime call that launched each kernel name's first run (the earliest call)."""
+        host = self.planes.get("host")
+        if host is None:
+            return
+        names = {id(plane): {v: k for k, v in plane.names.items()} for plane in self.planes.values()}
+        kernel_of = {correlation: names[id(plane)][line.names[index]]  # correlation id -> its kernel's name
+                     for plane, line, index, correlation in self._kernels()}
+        first: dict[str, tuple[int, _LineColumns, int]] = {}  # kernel name -> (start, line, index) of its first call
+        for line in host.lines.values():
+            if "correlation_id" not in line.numeric:
+                continue
+            indexes, correlations = (np.frombuffer(a, np.int64) for a in line.numeric["correlation_id"])
+            for index, correlation in zip(indexes.tolist(), correlations.tolist()):
+                kernel = kernel_of.get(correlation)
+                if kernel is not None and (kernel not in first or line.starts[index] < first[kernel][0]):
+                    first[kernel] = (line.starts[index], line, index)
+        for _, line, index in first.values():
+            line.put(line.numeric, FIRST_LAUNCH_STAT, index, 1)
+
     def _launching_ops(self) -> dict[int, dict]:
         """Correlation id of each runtime call whose innermost enclosing CPU op was costed -> that op's cost. The
         innermost op is the one that launched: a matmul's own copies run inside it, but under a nested op (its
@@ -356,25 +393,17 @@ class _TraceBuilder:
         calls = {int(c) for line in host.lines.values() if "correlation_id" in line.numeric
                  for c in np.frombuffer(line.numeric["correlation_id"][1], np.int64).tolist()} if host else set()
         numbers: dict[int, int] = {}  # id(cost) -> the op's number in this file
-        for key, plane in self.planes.items():
-            if not (isinstance(key, tuple) and key[0] == "device"):
+        for plane, line, index, correlation in self._kernels():
+            if correlation not in calls:
+                line.put(line.numeric, UNCAPTURED_LAUNCH_STAT, index, 1)
+            cost = launched.get(correlation)
+            if cost is None:
                 continue
-            for line in plane.lines.values():
-                if "correlation_id" not in line.numeric:
-                    continue
-                kinds = np.frombuffer(line.kinds, np.int8)
-                indexes, correlations = (np.frombuffer(a, np.int64) for a in line.numeric["correlation_id"])
-                for index, correlation in zip(indexes.tolist(), correlations.tolist()):
-                    if kinds[index] == _KERNEL and correlation not in calls:
-                        line.put(line.numeric, UNCAPTURED_LAUNCH_STAT, index, 1)
-                    cost = launched.get(correlation)
-                    if cost is None or kinds[index] != _KERNEL:
-                        continue
-                    number = numbers.setdefault(id(cost), len(numbers))
-                    line.put(line.numeric, OP_ID_STAT, index, number)
-                    line.put(line.numeric, OP_FLOPS_STAT, index, cost["flops"])
-                    line.put(line.numeric, OP_BYTES_STAT, index, cost["bytes"])
-                    line.put(line.strings, CPU_OP_STAT, index, plane.string_id(cost["label"]))
+            number = numbers.setdefault(id(cost), len(numbers))
+            line.put(line.numeric, OP_ID_STAT, index, number)
+            line.put(line.numeric, OP_FLOPS_STAT, index, cost["flops"])
+            line.put(line.numeric, OP_BYTES_STAT, index, cost["bytes"])
+            line.put(line.strings, CPU_OP_STAT, index, plane.string_id(cost["label"]))
 
     def _add_xprof(self, event: dict, name: str, start: int, duration: int, args: dict) -> None:
         pid, tid = event.get("pid"), event.get("tid")
@@ -405,6 +434,7 @@ class _TraceBuilder:
                 plane.name = self.process_names.get(key[1]) or plane.name
         self._describe(top, kineto)
         self._mark_blocking_copies()
+        self._mark_first_launches()
         self._cost_kernels()
         info = top.get("distributedInfo") or {}
         rank = info.get("rank")

@@ -59,7 +59,8 @@ def get_step_trace(session: Session) -> ToolOutput:
                         "(device_put, np.asarray's read: re-tiling and DMA), host_transfer_percent of the step",
             "compile": "JIT compilation / lowering events on host threads",
             "warm_up": "the first call of a jitted function where it takes far longer than its later calls "
-            "(allocation, autotuning, loading), not overlapped by device work",
+            "(allocation, autotuning, loading), or a GPU runtime call far longer than its median call (loading a "
+            "kernel's module on first use, creating the context or a stream), not overlapped by device work",
             "host_sync": "host blocked on device results (np.asarray, device_get, block_until_ready, …) or host callbacks",
             "dispatch": "launching work (jitted calls, program executions, TensorFlow's executor running ops one by one) "
             "not overlapped by device work",
@@ -100,6 +101,11 @@ def _host_call_facts(session: Session) -> dict:
         longest = max(warm, key=lambda w: w.ms)
         out.update({"warm_up_function": longest.function, "first_call_ms": round(longest.ms, 4),
                     "later_call_ms_median": round(longest.later_call_ms_median, 4)})
+        if not longest.first_call:  # GPU runtime calls far longer than their median (module loading, context)
+            slow = sorted((w for w in warm if not w.first_call), key=lambda w: -w.ms)
+            out.update(warm_up_is_a_runtime_call=True, slow_runtime_calls=len(slow),
+                       slow_runtime_call_examples=[f"{w.function} {w.ms:,.0f} ms (median {w.later_call_ms_median:.3g} ms)"
+                                                   for w in slow[:3]])
     waits = [w for events in host_events(session) if (w := largest_sync_event(events)) is not None]
     if waits:
         name, ms = max(waits, key=lambda w: w[1])
