@@ -215,8 +215,9 @@ READINGS: dict[str, Reading] = {
         {"compute": 16.78, "collective": 15.09, "transfer": 3.65, "host_sync": 42.77}, also=("collectives",)),
     "kineto_HTA_ns_resolution_resnet_V100_rank0.pt.trace.json.gz": Reading(
         "ResNet training on one V100 (ns-resolution timestamps): five steps (35, 72, then ~95.6 ms: the first two "
-        "are cut by the capture), the GPU busy 98.4% of them. Device-bound: the step is the GPU's work; with no FLOPs "
-        "for its kernels (not yet counted from the CPU ops' input shapes) OPTIMAL cannot be shown, and nothing is found.",
+        "are cut by the capture), the GPU busy 98.4% of them. Device-bound: the step is the GPU's work; recorded "
+        "without input shapes (its aten::cudnn_convolution ops carry no Input Dims), its kernels have no FLOPs, so "
+        "OPTIMAL cannot be shown, and nothing is found.",
         "NEEDS_ATTENTION", None, 5, 78.83, {"compute": 96.52, "transfer": 0.93}),
     "kineto_HTA_trace_diff_control_A100x8.json.gz": Reading(
         "Rank 3 of 8 (A100, FBGEMM embeddings): six 77.5 ms steps; the GPU computes 60.5% and only communicates "
@@ -242,7 +243,9 @@ READINGS: dict[str, Reading] = {
         also=("low_kernel_efficiency",)),
     "kineto_TraceLens_mi300x_resnet_act_checkpoint.json.gz": Reading(
         "ResNet with activation checkpointing, rank 0 of 8 on MI300X: three 16.2 ms steps; RCCL "
-        "(ncclDevKernel_Generic) is 71% of GPU op time and 66% of the step is communication alone.",
+        "(ncclDevKernel_Generic) is 71% of GPU op time and 66% of the step is communication alone. Its convolutions "
+        "are costed from their shapes (ResNet-18 at batch 10: 140.4 GFLOP per step, the hand count), but no kernel "
+        "row gets FLOPs: a quarter of each kernel's runs (the first GPU step) were launched before the capture began.",
         "NEEDS_ATTENTION", "collectives", 3, 16.21, {"compute": 26.46, "collective": 66.11, "transfer": 2.51}),
     "kineto_TraceLens_mi300x_sglang_Qwen3-8B_prefilldecode.json.gz": Reading(
         "SGLang serving Qwen3-8B on one MI300X, no ProfilerStep: 39 repetitions of a 14-kernel decode unit "
