@@ -360,6 +360,10 @@ def test_one_time_runtime_calls_are_warm_up_not_launch_overhead(diagnosed):
     finding = d.findings[0]
     assert "cudaLaunchKernel 3,056 ms" in finding.whats_happening and "cudaFree 6,009 ms" in finding.whats_happening
     assert "torch.profiler.schedule" in finding.fix
+    # Only calls inside the window it books are named: the 29.9 s cudaDeviceGetStreamPriorityRange before the first
+    # GPU op was the first example (and first_call_ms, longer than the window) before.
+    assert "cudaDeviceGetStreamPriorityRange" not in finding.whats_happening
+    assert d.summary("get_step_trace")["first_call_ms"] <= (end - start) / 1000
 
 
 def test_a_launch_slow_at_every_step_is_not_warm_up(diagnosed):

@@ -415,7 +415,8 @@ def _host_work_on_reads(out: list[Hypothesis], found: dict[str, Hypothesis], b: 
     sync.fix = _sentence(sync.fix.rstrip(".") + "; compute on the device (jnp) what the host computes on the arrays "
                          "it fetches, and fetch only that result, not whole arrays")
     host_bound.score = round(host_bound.score - after_read, 2)
-    found.pop("input_bound") if host_bound.score < HOST_BOUND_MIN_PERCENT else None
+    if host_bound.score < HOST_BOUND_MIN_PERCENT:
+        found.pop("input_bound")
     return [h for h in out if h.key != "input_bound" or "input_bound" in found]
 
 

@@ -14,7 +14,7 @@ from xdiag.analysis.breakdown import (
     summarize_steps,
     warm_up_calls,
 )
-from xdiag.analysis.timeline import host_events, step_set
+from xdiag.analysis.timeline import Step, host_events, step_set
 from xdiag.errors import NotAvailable
 from xdiag.profile.space import Session
 from xdiag.tools.common import DEVICE_PLANE_SOURCE, HOST_PLANE_SOURCE, try_view
@@ -46,7 +46,7 @@ def get_step_trace(session: Session) -> ToolOutput:
     summary.update(device_spread(devices))
     if found.transfer_only:
         summary["transfer_only_devices"] = found.transfer_only
-    summary.update(_host_call_facts(session))
+    summary.update(_host_call_facts(session, found.steps))
     cycles = duty_cycles(session)
     summary.update(duty_summary(cycles, 100 - summary["device_idle_percent"] if "device_idle_percent" in summary else None))
     detail = {
@@ -93,10 +93,15 @@ def get_step_trace(session: Session) -> ToolOutput:
     return ToolOutput(summary, detail, source)
 
 
-def _host_call_facts(session: Session) -> dict:
-    """The warm-up call and the blocking wait behind the warm_up and host_sync shares, named from the host's events."""
+def _host_call_facts(session: Session, steps: list[Step]) -> dict:
+    """The warm-up call and the blocking wait behind the warm_up and host_sync shares, named from the host's events:
+    only warm-up calls that overlap a step of their host, as the share counts only time inside the steps."""
     out: dict = {}
-    warm = [w for events in host_events(session) for w in warm_up_calls(events)]
+    windows: dict[str, list[tuple[int, int]]] = {}
+    for step in steps:
+        windows.setdefault(step.host, []).append((step.start_ps, step.end_ps))
+    warm = [w for events in host_events(session) for w in warm_up_calls(events)
+            if any(w.start_ps < end and w.end_ps > start for start, end in windows.get(w.host, []))]
     if warm:
         longest = max(warm, key=lambda w: w.ms)
         out.update({"warm_up_function": longest.function, "first_call_ms": round(longest.ms, 4),
