@@ -6,6 +6,7 @@ from collect import collect
 from control_plane import control_plane
 from dead_letter import dead_letter
 from investigate import investigate
+from map_host import map_host
 from monitor import monitor
 from register import register
 from render import render
@@ -13,6 +14,6 @@ from run_tool import run_tool
 from sweep import sweep
 
 __all__ = [
-    "aggregate", "capture", "collect", "control_plane", "dead_letter", "investigate", "monitor", "register", "render",
+    "aggregate", "capture", "collect", "control_plane", "dead_letter", "investigate", "map_host", "monitor", "register", "render",
     "run_tool", "sweep",
 ]

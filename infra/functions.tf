@@ -17,6 +17,14 @@
 # /tmp (the download cache, XDIAG_CACHE_GIB) is memory too, so those get 8 GiB. So does register: its deliveries mostly wait out the quiet
 # period, many at once, and one of them at a time per instance reads the session meanwhile and stores it
 # prepared (collect and the tools then only map it). The others are small and take many deliveries at once.
+#
+# Many-host sessions (XDIAG_MAP_HOSTS_FROM host files or more) are never decoded in one instance: map_host decodes
+# one host file per delivery (limit XDIAG_MAX_HOST_FILE_GIB = 2 GiB per file: the raw file and its prepared columns
+# in the /tmp cache, about 1.65x the file, plus the decode's 1.1x peak fit 8 GiB), up to max_instances at once; the
+# last host's delivery announces the session again and collect assembles the prepared hosts (the reduce). A session
+# of more than XDIAG_MAX_HOSTS (256) host files, a file over the per-file limit, or all files over
+# XDIAG_MAX_PROFILE_GIB together (what the reduce and each tool instance map) is FAILED with the reason at once,
+# never retried. Every delivery finishes inside its timeout_s, under the push subscriptions' 600 s ack deadline.
 
 locals {
   functions = {
@@ -39,7 +47,7 @@ locals {
       description    = "CaptureReady on captures -> the analysis recorded, the session read once and stored prepared (with XProf's views of a device session) where register did not, one ToolRun per tool."
       entry_point    = "collect"
       trigger_topics = ["captures"]
-      publishes      = ["tool-runs", "reports", "captures-dead-letter"]
+      publishes      = ["host-maps", "tool-runs", "reports", "captures-dead-letter"]
       bucket         = "write"
       firestore      = true
       vertex         = false
@@ -49,6 +57,21 @@ locals {
       max_instances  = 10
       concurrency    = 1
       env            = { XDIAG_CACHE_GIB = "3", XDIAG_CONCURRENCY = "1" }
+    }
+    map_host = {
+      description    = "HostMapRun on host-maps -> one host file of a many-host session decoded and stored prepared; the last host announces the session again on captures."
+      entry_point    = "map_host"
+      trigger_topics = ["host-maps"]
+      publishes      = ["captures", "host-maps-dead-letter"]
+      bucket         = "write"
+      firestore      = true
+      vertex         = false
+      memory         = "8Gi"
+      cpu            = "2"
+      timeout_s      = 540
+      max_instances  = 64
+      concurrency    = 1
+      env            = { XDIAG_CACHE_GIB = "4", XDIAG_CONCURRENCY = "1" }
     }
     run_tool = {
       description    = "ToolRun on tool-runs -> one tool over the session, its result stored, ToolDone on tool-results."
@@ -114,11 +137,11 @@ locals {
       description = "A message on any <topic>-dead-letter -> recorded with its reason; its analysis finishes without it."
       entry_point = "dead_letter"
       trigger_topics = [
-        "profile-uploads-dead-letter", "captures-dead-letter", "tool-runs-dead-letter", "tool-results-dead-letter",
+        "profile-uploads-dead-letter", "captures-dead-letter", "host-maps-dead-letter", "tool-runs-dead-letter", "tool-results-dead-letter",
         "investigations-dead-letter", "reports-dead-letter", "alerts-dead-letter", "step-times-dead-letter",
         "sweeps-dead-letter",
       ]
-      publishes     = ["tool-results", "reports"]
+      publishes     = ["captures", "tool-results", "reports"]
       bucket        = "write"
       firestore     = true
       vertex        = false
@@ -207,13 +230,16 @@ locals {
     XDIAG_INVESTIGATION_DEADLINE_S  = tostring(var.investigation_deadline_s)
     XDIAG_ALLOW_LOOPBACK_TARGETS    = "0" # a capture never calls this instance's own loopback (the local stack may)
 
-    XDIAG_INVESTIGATOR    = var.investigator
-    XDIAG_CACHE_DIR       = "/tmp/xdiag-cache"
-    XDIAG_MAX_PROFILE_GIB = tostring(var.max_profile_gib)
-    VERTEX_PROJECT        = var.project # Gemini is available to a capture that asks for it; the default is var.investigator
-    VERTEX_LOCATION       = var.vertex_location
-    VERTEX_MODEL          = var.model
-    NUMBA_CACHE_DIR       = "/tmp/numba-cache" # the profile reader's compiled decoder is cached where the instance may write
+    XDIAG_INVESTIGATOR      = var.investigator
+    XDIAG_CACHE_DIR         = "/tmp/xdiag-cache"
+    XDIAG_MAX_PROFILE_GIB   = tostring(var.max_profile_gib)
+    XDIAG_MAP_HOSTS_FROM    = tostring(var.map_hosts_from)
+    XDIAG_MAX_HOST_FILE_GIB = tostring(var.max_host_file_gib)
+    XDIAG_MAX_HOSTS         = tostring(var.max_hosts)
+    VERTEX_PROJECT          = var.project # Gemini is available to a capture that asks for it; the default is var.investigator
+    VERTEX_LOCATION         = var.vertex_location
+    VERTEX_MODEL            = var.model
+    NUMBA_CACHE_DIR         = "/tmp/numba-cache" # the profile reader's compiled decoder is cached where the instance may write
 
     XDIAG_CAPTURE_COOLDOWN_S          = tostring(var.capture_cooldown_s)
     XDIAG_CAPTURE_DURATION_MS         = tostring(var.capture_duration_ms)

@@ -8,9 +8,9 @@
 
 locals {
   pipeline_topics = [
-    "profile-uploads", "captures", "tool-runs", "tool-results", "investigations", "reports", # the analysis chain
-    "alerts", "step-times",                                                                  # capture and monitor
-    "sweeps",                                                                                # the sweeper's tick (scheduler.tf)
+    "profile-uploads", "captures", "host-maps", "tool-runs", "tool-results", "investigations", "reports", # the analysis chain
+    "alerts", "step-times",                                                                               # capture and monitor
+    "sweeps",                                                                                             # the sweeper's tick (scheduler.tf)
   ]
   uploads_topic      = "profile-uploads" # where the bucket's OBJECT_FINALIZE notifications go (register)
   dead_letter_suffix = "-dead-letter"

@@ -113,6 +113,24 @@ variable "max_profile_gib" {
   default     = 2
 }
 
+variable "map_hosts_from" {
+  description = "Sessions of this many host files or more are decoded one file per map_host invocation, in parallel, and assembled by collect (XDIAG_MAP_HOSTS_FROM); 0: collect reads every session whole."
+  type        = number
+  default     = 2
+}
+
+variable "max_host_file_gib" {
+  description = "The largest host file one map_host invocation decodes (XDIAG_MAX_HOST_FILE_GIB); a session with a larger one fails with the reason. Raise map_host's memory with it (function_overrides)."
+  type        = number
+  default     = 2
+}
+
+variable "max_hosts" {
+  description = "Host files one session may have (XDIAG_MAX_HOSTS); a session with more fails with the reason."
+  type        = number
+  default     = 256
+}
+
 variable "investigator" {
   description = "The investigator for sessions the pipeline announces itself: rules (no model) or gemini (XDIAG_INVESTIGATOR)."
   type        = string

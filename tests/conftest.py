@@ -30,6 +30,14 @@ def cpu_profiles(tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
+def lockstep(tmp_path_factory) -> dict[str, Path]:
+    """workload -> its session folder: one real xplane per process of a two-process jax.distributed job in lockstep
+    (process1 is the straggler)."""
+    logdir = tmp_path_factory.mktemp("lockstep")
+    return {name: capture_workload(name, logdir) for name in ("straggler_input", "straggler_compute")}
+
+
+@pytest.fixture(scope="session")
 def h200_profiles() -> dict[str, Path]:
     return {p.name.removesuffix(".xplane.pb"): p for p in sorted(H200.glob("*.xplane.pb"))}
 

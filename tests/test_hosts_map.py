@@ -16,14 +16,6 @@ from xdiag.errors import ProfileError
 from xdiag.profile.locate import locate_session
 from xdiag.profile.reader import BY_HOST_ENV, read_session
 from xdiag.tools import REGISTRY, run_tool
-from xdiag.workloads.capture import capture_workload
-
-
-@pytest.fixture(scope="module")
-def lockstep(tmp_path_factory) -> dict[str, Path]:
-    """workload -> its session folder: one xplane per process (process1 is the straggler)."""
-    logdir = tmp_path_factory.mktemp("lockstep")
-    return {name: capture_workload(name, logdir) for name in ("straggler_input", "straggler_compute")}
 
 
 def _hosts(session_dir: Path) -> list[Path]:

@@ -125,6 +125,36 @@ def test_a_two_host_session_uploaded_to_the_bucket_ends_in_summary_html_and_done
     assert not list((local_stack.state_dir / "tmp" / "run_tool").glob(f"xdiag-xprof-*/plugins/profile/{session}"))
 
 
+def test_a_16_host_session_is_mapped_one_invocation_per_host_with_the_embedded_findings(cloud, lockstep, tmp_path):
+    """Issue 37: each host file of a many-host session decoded by its own map_host delivery (two instances here),
+    collect assembling what they stored, and the same findings as `xdiag analyze` of the same folder. Real hosts: the
+    two-process straggler_compute job, its fast host copied to make 16."""
+    from tests.test_hosts_map import _pod
+    from xdiag.cloud.embedded import analyze_session
+    from xdiag.profile.locate import locate_session
+
+    run, session = f"pod16-{uuid.uuid4().hex[:6]}", "2026_12_04_15_00_00"
+    pod = _pod(tmp_path / "pod", lockstep["straggler_compute"], 16)
+    files = sorted(pod.glob("*.xplane.pb"))
+    with ThreadPoolExecutor(8) as pool:  # inside the quiet period: one announcement of all 16
+        list(pool.map(lambda path: cloud.upload(path, run, session, path.name.removesuffix(".xplane.pb")), files))
+    analysis = cloud.finished(run, session, timeout_s=240)
+    assert analysis["status"] == "DONE", analysis.get("failure_reason")
+    assert len(analysis["profile"]["hosts"]) == 16
+
+    shown = _xdiag("status", "--run", run)
+    assert shown.returncode == 0, shown.stderr
+    maps = re.findall(r"^\s+map (\S+): done [0-9.]+ s", shown.stdout, flags=re.M)
+    assert sorted(maps) == [path.name for path in files], shown.stdout  # one map_host invocation per host file
+    assert "host maps: 16 host file(s): 16 done" in shown.stdout
+    assert cloud.handled("map_host", "host-maps") >= 16
+
+    embedded = analyze_session(locate_session(pod), tmp_path / "embedded")
+    findings = [(f["key"], f["priority"], f["title"]) for f in analysis["diagnosis"]["findings"]]
+    assert findings == [(f.key, f.priority, f.title) for f in embedded.diagnosis.findings]
+    assert any(key == "straggler_host" and "process1" in title for key, _, title in findings)
+
+
 def test_a_pytorch_trace_uploaded_to_a_session_folder_is_analysed_like_an_xplane(cloud):
     """A Kineto trace (torch.profiler's `<worker>.pt.trace.json.gz`) in a session folder is registered, read and
     reported; XProf's views are not available for it, with the reason."""

@@ -86,6 +86,10 @@ def _progress_printer(quiet: bool):
         elapsed = f"[dim]{time.perf_counter() - started:6.2f}s[/]"
         if stage == "collect" and "failed" in info:
             err.print(f"{elapsed} [red]read failed[/]: {info['failed']}", highlight=False)
+        elif stage == "collect" and "mapping" in info:
+            err.print(f"{elapsed} map    {info['mapping']} of {info['hosts']} host file(s), one invocation each", highlight=False)
+        elif stage == "map_host":
+            err.print(f"{elapsed} map    {info['host']} {info['status'].lower()} [dim]{info['duration_ms']:.0f} ms[/]", highlight=False)
         elif stage == "collect":
             err.print(
                 f"{elapsed} read   {info['platform']} profile: {len(info['hosts'])} host(s), "
@@ -355,6 +359,31 @@ def upload(
     out.print(report, highlight=False, soft_wrap=True)
 
 
+HOST_MAP_ROWS = 32
+"""Up to this many hosts `xdiag status` lists every map invocation; beyond, the counts and the slowest."""
+
+
+def _print_host_maps(maps: list[dict[str, Any]]) -> None:
+    """The map stage of a many-host analysis: one line per host file's invocation (status, time, sizes)."""
+    if not maps:
+        return
+    counts: dict[str, int] = {}
+    for row in maps:
+        counts[row["status"]] = counts.get(row["status"], 0) + 1
+    out.print(f"      host maps: {len(maps)} host file(s): " + ", ".join(f"{n} {s.lower()}" for s, n in sorted(counts.items())),
+              highlight=False, soft_wrap=True)
+    shown = maps if len(maps) <= HOST_MAP_ROWS else sorted(maps, key=lambda r: -(r["duration_ms"] or 0))[:5]
+    if len(maps) > HOST_MAP_ROWS:
+        out.print("        the 5 slowest:", highlight=False)
+    for row in shown:
+        took = f" {row['duration_ms'] / 1000:.2f} s" if row["duration_ms"] is not None else ""
+        size = f", {row['input_bytes'] / 2**20:.1f} MiB" + (
+            f" → {row['prepared_bytes'] / 2**20:.1f} MiB prepared" if row.get("prepared_bytes") else "")
+        note = " (decoded for an earlier analysis)" if row["reused"] else ""
+        out.print(f"        map {row['host']}: {row['status'].lower()}{took}{size}{note}"
+                  + (f": {row['reason']}" if row.get("reason") else ""), highlight=False, soft_wrap=True)
+
+
 @app.command()
 def status(
     run: Annotated[Optional[str], typer.Option(help="Only this run.")] = None,
@@ -395,6 +424,7 @@ def status(
             for tool_status in analysis["tools"].values():
                 counts[tool_status] = counts.get(tool_status, 0) + 1
             out.print(f"    analysis {analysis['analysis_id']}: {analysis['status']} {analysis['result'] or ''}", highlight=False, soft_wrap=True)
+            _print_host_maps(analysis.get("host_maps") or [])
             out.print("      tools: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())), highlight=False, soft_wrap=True)
             if analysis["stages"]:
                 out.print("      stages: " + " · ".join(f"{s['name']} {s['seconds']:.1f} s" for s in analysis["stages"]), highlight=False, soft_wrap=True)

@@ -12,12 +12,13 @@ from typing import Any
 from xdiag.capture.monitor import monitor
 from xdiag.capture.stage import capture
 from xdiag.pipeline.deps import Dependencies
-from xdiag.pipeline.stages import aggregate, collect, investigate, register, render, run_tool
+from xdiag.pipeline.stages import aggregate, collect, investigate, map_host, register, render, run_tool
 from xdiag.pipeline.sweep import sweep
 from xdiag.pipeline.topics import (
     MESSAGE_TYPES,
     TOPIC_ALERTS,
     TOPIC_CAPTURES,
+    TOPIC_HOST_MAPS,
     TOPIC_INVESTIGATIONS,
     TOPIC_PROFILE_UPLOADS,
     TOPIC_REPORTS,
@@ -30,6 +31,7 @@ from xdiag.pipeline.topics import (
 _STAGES: dict[str, Callable[[Any, Dependencies], None]] = {
     TOPIC_PROFILE_UPLOADS: register,
     TOPIC_CAPTURES: collect,
+    TOPIC_HOST_MAPS: map_host,
     TOPIC_TOOL_RUNS: run_tool,
     TOPIC_TOOL_RESULTS: aggregate,
     TOPIC_INVESTIGATIONS: investigate,

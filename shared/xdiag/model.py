@@ -55,6 +55,16 @@ class CaptureReady(Message):
     profile_uris: list[str] = Field(default_factory=list, max_length=1024)
     output_uri: str | None = None  # in the cloud, derived from run and session: a message naming another is refused
     investigator: InvestigatorName = "rules"
+    hosts_mapped: bool = False  # the map stage's fan-in: every host file of the analysis is decoded (map_host)
+
+
+class HostMapRun(Message):
+    """Decode one host file of an analysis' session into its prepared columns (topic `host-maps`): the map stage of a
+    many-host session, one invocation per file version."""
+
+    analysis_id: AnalysisId
+    uri: str = Field(max_length=2048)
+    generation: str = Field(default="", max_length=64)
 
 
 class ToolRun(Message):
@@ -215,7 +225,7 @@ class Analysis(BaseModel):
     session_id: str
     profile_uris: list[str]
     output_uri: str  # the session's analysis folder: its current summary.html and analysis.json
-    status: Literal["PENDING", "RUNNING_TOOLS", "INVESTIGATING", "RENDERING", "DONE", "FAILED", "SUPERSEDED"] = "PENDING"
+    status: Literal["PENDING", "MAPPING_HOSTS", "RUNNING_TOOLS", "INVESTIGATING", "RENDERING", "DONE", "FAILED", "SUPERSEDED"] = "PENDING"
     result: Status | None = None
     failure_reason: str | None = None
     inputs: list[dict[str, Any]] = Field(default_factory=list)  # [{uri, generation, size}]: exactly what is analysed

@@ -59,6 +59,7 @@ from xdiag.local_ports import free_ports
 from xdiag.pipeline.topics import (
     TOPIC_ALERTS,
     TOPIC_CAPTURES,
+    TOPIC_HOST_MAPS,
     TOPIC_INVESTIGATIONS,
     TOPIC_PROFILE_UPLOADS,
     TOPIC_REPORTS,
@@ -72,6 +73,7 @@ HOST = "127.0.0.1"
 PIPELINE_TOPICS = [
     TOPIC_PROFILE_UPLOADS,
     TOPIC_CAPTURES,
+    TOPIC_HOST_MAPS,
     TOPIC_TOOL_RUNS,
     TOPIC_TOOL_RESULTS,
     TOPIC_INVESTIGATIONS,
@@ -121,6 +123,9 @@ class FunctionSpec:
 FUNCTIONS = (
     FunctionSpec("register", (TOPIC_PROFILE_UPLOADS,), threads=16),  # deliveries wait out the quiet period
     FunctionSpec("collect", (TOPIC_CAPTURES,), concurrency=1),  # the stages that read a profile: one at a time
+    # A many-host session's map stage: each instance decodes one host file at a time (its peak is that host's), two
+    # instances on two cores (the cloud runs up to max_instances of them).
+    FunctionSpec("map_host", (TOPIC_HOST_MAPS,), concurrency=1, workers=2),
     # Three instances of one delivery each (the cloud runs up to 30): a tool run is mostly round trips to the
     # emulators, so a third process shortens the fan-out (bench/cloud_bench.py: 1.05 -> 0.85 s) on two cores.
     FunctionSpec("run_tool", (TOPIC_TOOL_RUNS,), concurrency=1, workers=3),

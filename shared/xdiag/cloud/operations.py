@@ -13,8 +13,8 @@ from typing import Any
 
 from xdiag.cloud.runtime import CloudConfig, firestore_client
 from xdiag.model import CaptureReady
-from xdiag.pipeline.layout import session_prefix, state_key
-from xdiag.pipeline.ports import StateStore
+from xdiag.pipeline.layout import host_file_key, session_prefix, state_key
+from xdiag.pipeline.ports import BlobInfo, StateStore
 from xdiag.pipeline.runs import RUNS
 from xdiag.pipeline.sweep import epoch, overdue_s
 from xdiag.pipeline.topics import (
@@ -24,6 +24,7 @@ from xdiag.pipeline.topics import (
     DEAD_LETTERS,
     TOPIC_CAPTURES,
     files_collection,
+    host_maps_collection,
     sessions_collection,
     tools_collection,
 )
@@ -119,12 +120,16 @@ def stage_breakdown(state: StateStore, analysis: dict[str, Any], uploaded_at: fl
     files = state.list(files_collection(analysis["run_id"], analysis["session_id"]))
     session = state.get(sessions_collection(analysis["run_id"]), state_key(analysis["session_id"])) or {}
     tools = [doc for _, doc in state.list(tools_collection(analysis["analysis_id"]))]
+    maps = [doc for _, doc in state.list(host_maps_collection(analysis["analysis_id"]))]
     claim = state.get(CLAIMS, f"{analysis['analysis_id']}.investigate") or {}
     timeline = analysis.get("timeline") or {}
     registered = [doc["registered_at"] for _, doc in files if "registered_at" in doc]
     points = [
         ("notify+register", max(registered) if registered else None, f"{len(registered)} file(s)"),
         ("quiet period", epoch(session.get("completed_at")), ""),
+        *([("map hosts", max((epoch(d.get("finished_at")) or 0 for d in maps), default=None),
+            f"{len(maps)} map(s), {sum(d.get('duration_ms') or 0 for d in maps) / 1000:.2f} s in the maps")]
+          if maps else []),
         ("collect", epoch(timeline.get("collect")), f"read {analysis.get('timings_ms', {}).get('read', 0):.0f} ms"),
         (
             "tools",
@@ -185,6 +190,23 @@ def overdue_analyses(state: StateStore, deadline_s: float, run: str | None = Non
     return found
 
 
+def _host_maps(state: StateStore, analysis: dict[str, Any]) -> list[dict[str, Any]]:
+    """The map stage's invocations of a many-host analysis, one per host file in the session's order (pending where
+    none has recorded it yet); empty for a session read whole."""
+    recorded = dict(state.list(host_maps_collection(analysis["analysis_id"])))
+    if not recorded and analysis.get("status") != "MAPPING_HOSTS":
+        return []
+    rows = []
+    for info in sorted(analysis.get("inputs") or [], key=lambda i: i["uri"]):
+        key = host_file_key(BlobInfo(uri=info["uri"], size=int(info["size"]), generation=str(info["generation"])))
+        doc = recorded.get(key, {})
+        rows.append({"host": info["uri"].rsplit("/", 1)[-1], "status": doc.get("status", "pending"),
+                     "duration_ms": doc.get("duration_ms"), "input_bytes": int(info["size"]),
+                     "prepared_bytes": doc.get("prepared_bytes"), "reused": bool(doc.get("reused")),
+                     "reason": doc.get("reason")})
+    return rows
+
+
 def read_status(state: StateStore, run: str | None = None, deadline_s: float = 900.0) -> dict[str, Any]:
     """Runs → sessions → analyses (with their tools' status), the analyses past their deadline, the dead letters."""
     runs = [(key, doc) for key, doc in state.list(RUNS) if run is None or doc.get("run_id") == run]
@@ -205,6 +227,7 @@ def read_status(state: StateStore, run: str | None = None, deadline_s: float = 9
                     "repairs": analysis.get("repairs", 0),
                     "overdue_s": round(overdue_s(state, analysis, deadline_s), 1),
                     "tools": {t: (tools[t]["status"] if t in tools else "pending") for t in BROAD_TOOLS},
+                    "host_maps": _host_maps(state, analysis),
                     "timings_ms": analysis.get("timings_ms", {}),
                     "stages": [vars(s) for s in stage_breakdown(state, analysis)],
                 }

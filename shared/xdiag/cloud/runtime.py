@@ -12,7 +12,11 @@ Configuration is the environment:
     XDIAG_INVESTIGATION_DEADLINE_S  the whole investigation, follow-up tool calls included (300)
     XDIAG_INVESTIGATOR       the investigator for sessions register announces (rules)
     XDIAG_CACHE_DIR          where profiles are downloaded (a temporary folder); XDIAG_CACHE_GIB its limit (4)
-    XDIAG_MAX_PROFILE_GIB    sessions larger than this fail with the reason (2)
+    XDIAG_MAX_PROFILE_GIB    sessions larger than this, all host files together, fail with the reason (2)
+    XDIAG_MAP_HOSTS_FROM     sessions of this many host files or more are decoded one file per map_host invocation
+                             (2; 0: never, collect reads them whole)
+    XDIAG_MAX_HOST_FILE_GIB  the largest host file one map_host invocation decodes (2)
+    XDIAG_MAX_HOSTS          host files one session may have (256)
     XDIAG_CONCURRENCY        deliveries one process works on at once (0: as many as its server threads); 1 for
                              the stages that read a profile, like a Cloud Function instance's default concurrency
     PUBSUB_EMULATOR_HOST, FIRESTORE_EMULATOR_HOST, STORAGE_EMULATOR_HOST   the emulators, where set
@@ -99,6 +103,9 @@ class CloudConfig:
     cache_dir: Path = Path(tempfile.gettempdir()) / "xdiag-cache"
     cache_bytes: int = 4 * 2**30
     max_profile_bytes: int = DEFAULT_MAX_PROFILE_BYTES
+    map_hosts_from: int = 2
+    max_host_file_bytes: int = 2 * 2**30
+    max_hosts: int = 256
     concurrency: int = 0
     capture: CaptureSettings = field(default_factory=CaptureSettings)
     monitor: MonitorSettings = field(default_factory=MonitorSettings)
@@ -126,6 +133,9 @@ class CloudConfig:
             cache_dir=Path(env.get("XDIAG_CACHE_DIR") or cls.cache_dir),
             cache_bytes=int(float(env.get("XDIAG_CACHE_GIB", 4)) * 2**30),
             max_profile_bytes=int(float(env.get("XDIAG_MAX_PROFILE_GIB", 2)) * 2**30),
+            map_hosts_from=int(env.get("XDIAG_MAP_HOSTS_FROM", cls.map_hosts_from)),
+            max_host_file_bytes=int(float(env.get("XDIAG_MAX_HOST_FILE_GIB", 2)) * 2**30),
+            max_hosts=int(env.get("XDIAG_MAX_HOSTS", cls.max_hosts)),
             concurrency=int(env.get("XDIAG_CONCURRENCY", 0)),
             capture=CaptureSettings(
                 cooldown_s=float(env.get("XDIAG_CAPTURE_COOLDOWN_S", CaptureSettings.cooldown_s)),
@@ -174,7 +184,8 @@ def cloud_dependencies(config: CloudConfig) -> tuple[Dependencies, Callable[[str
         bus=PublishOnce(bus, state),  # a duplicate delivery publishes nothing twice
         blobs=blobs,
         state=state,
-        sessions=SessionLoader(blobs, max_bytes=config.max_profile_bytes, prepare=True),
+        sessions=SessionLoader(blobs, max_bytes=config.max_profile_bytes, prepare=True,
+                               map_hosts_from=config.map_hosts_from),
         on_event=lambda stage, info: log.info("%s %s", stage, info),
         profile_root=config.profile_root,
         quiet_period_s=config.quiet_period_s,
@@ -182,6 +193,8 @@ def cloud_dependencies(config: CloudConfig) -> tuple[Dependencies, Callable[[str
         stage_deadline_s=config.stage_deadline_s,
         max_repairs=config.max_repairs,
         investigation_deadline_s=config.investigation_deadline_s,
+        max_hosts=config.max_hosts,
+        max_host_file_bytes=config.max_host_file_bytes,
         default_investigator=config.investigator,
         profiler=XprofProfiler(),
         capture=config.capture,

@@ -17,11 +17,11 @@ from xdiag.analysis.xprof import start_views
 from xdiag.errors import ProfileError
 from xdiag.investigators import RuleEngine
 from xdiag.model import Diagnosis, ToolResult
-from xdiag.pipeline.layout import PREPARED_DIR, inputs_key
+from xdiag.pipeline.layout import PREPARED_DIR, inputs_key, prepared_host_uri
 from xdiag.pipeline.ports import BlobInfo, BlobStore, Bus, StateStore
 from xdiag.pipeline.runs import CaptureSettings, MonitorSettings
 from xdiag.profile.compact import load_session, save_session
-from xdiag.profile.reader import DEFAULT_MAX_PROFILE_BYTES, read_session, read_threads
+from xdiag.profile.reader import DEFAULT_MAX_PROFILE_BYTES, assemble_session, read_session, read_threads
 from xdiag.profile.space import Session
 from xdiag.tools.common import adopt_stored_views, adopt_views, broad_view_calls, prefetch_views
 
@@ -67,12 +67,16 @@ class SessionLoader:
     With `prefetch_views` on (one process runs every tool), XProf's conversions of a device session start in worker
     processes before it is read (the files' plane names tell a device profile), and run while xdiag's own read and
     tools do.
+    With `map_hosts_from` set (the cloud), a session of that many host files or more is never decoded in one process:
+    the map stage decodes each file in its own invocation (`map_host_file`, one prepared file per file version), and
+    the first reader of the session assembles those (`maps_hosts`).
     """
 
     def __init__(self, blobs: BlobStore, max_bytes: int = DEFAULT_MAX_PROFILE_BYTES, keep: int = 2, progress=None,
-                 prepare: bool = False, prefetch_views: bool = False):
+                 prepare: bool = False, prefetch_views: bool = False, map_hosts_from: int = 0):
         self._blobs, self._max_bytes, self._keep, self._progress = blobs, max_bytes, keep, progress
         self._prepare, self._prefetch_views = prepare, prefetch_views
+        self.map_hosts_from = map_hosts_from if prepare else 0
         self._sessions: dict[tuple[BlobInfo, ...], Session] = {}
         self._started_views: dict[tuple[str, ...], Any] = {}  # local paths -> views a caller started (take_views)
         self.read_ms: dict[tuple[BlobInfo, ...], float] = {}
@@ -105,6 +109,49 @@ class SessionLoader:
                 previous.close()
             self._started_views[_local_key(paths)] = views
 
+    @property
+    def max_bytes(self) -> int:
+        """The largest session (all its files together) this loader reads."""
+        return self._max_bytes
+
+    def maps_hosts(self, inputs: list[BlobInfo]) -> bool:
+        """True where the session's host files are decoded one per map invocation, not together by its reader."""
+        return bool(self.map_hosts_from) and len(inputs) >= self.map_hosts_from
+
+    def map_host_file(self, info: BlobInfo, output: str) -> tuple[str, int]:
+        """The map stage of one host file: decodes exactly this version (an xplane or a PyTorch trace) and stores its
+        columns and HLO modules at `prepared_host_uri`; returns (that URI, bytes written). ProfileError where the
+        file cannot be read, FileNotFoundError where it was replaced or deleted. Whatever it decoded goes back to the
+        system before it returns: one instance maps host after host at the peak of its largest."""
+        from xdiag.profile.hosts_map import map_host
+        from xdiag.profile.reader import _return_freed_memory_to_the_os
+
+        uri = prepared_host_uri(output, info)
+        if self._blobs.exists(uri):
+            return uri, int(getattr(self._blobs.stat(uri), "size", 0) or 0)
+        try:
+            with tempfile.TemporaryDirectory(prefix="xdiag-map-") as folder:
+                out = Path(folder) / "host.xdiag"
+                _, size = map_host(Path(self._blobs.local_path(info.uri, info.generation)), out, threads=read_threads(0))
+                self._blobs.put_file(out, uri)
+            return uri, size
+        finally:
+            import gc
+
+            gc.collect()
+            _return_freed_memory_to_the_os()
+
+    def _assemble_mapped(self, key: tuple[BlobInfo, ...], name: str, output: str) -> Session:
+        """The session of the map stage's prepared host files, in the session's file order: `read_session`'s, column
+        for column, with each host's columns mapped from its file, not held in memory."""
+        read = []
+        for info in key:
+            loaded = load_session(Path(self._blobs.local_path(prepared_host_uri(output, info))))
+            host = loaded.hosts[0]
+            host.path = Path(host.path.name)  # the map instance's copy: only the name holds here
+            read.append((host, loaded.hlo_modules))
+        return assemble_session(read, name)
+
     def prepare(self, inputs: list[BlobInfo], name: str, output: str) -> bool:
         """Reads the session and stores it prepared, keeping nothing in memory: what register does with the quiet
         period's wait, so that collect and the tools only map the prepared file. Only where this loader prepares,
@@ -113,8 +160,8 @@ class SessionLoader:
         session is left to collect, which records why."""
         key = tuple(sorted(inputs, key=lambda i: i.uri))
         prepared = _prepared_uri(key, output)
-        if not self._prepare or not self._preparing.acquire(blocking=False):
-            return False
+        if not self._prepare or self.maps_hosts(inputs) or not self._preparing.acquire(blocking=False):
+            return False  # (a session the map stage decodes host by host is never read whole, here neither)
         early = None
         try:
             if self._blobs.exists(prepared):
@@ -142,6 +189,17 @@ class SessionLoader:
             try:
                 if prepared and self._prepare and self._blobs.exists(prepared):
                     session = self._load_prepared(key, prepared)
+                elif prepared and self.maps_hosts(list(key)):  # the reduce: the map stage decoded every host
+                    session = self._assemble_mapped(key, name, output)
+                    early = None
+                    if session.platform != "CPU":  # XProf's converters read the xplane files themselves
+                        by_name = {i.uri.rsplit("/", 1)[-1]: i for i in key}
+                        for host in session.hosts:
+                            found = by_name[host.path.name]
+                            host.path = Path(self._blobs.local_path(found.uri, found.generation))
+                        early = start_views(session.paths, self._max_bytes)
+                    adopt_views(session, early)
+                    self._store_prepared(session, prepared, early)
                 else:
                     paths = [self._blobs.local_path(i.uri, i.generation) for i in key]
                     early = self._started_views.pop(_local_key(paths), None)
@@ -239,6 +297,8 @@ class Dependencies:
     stage_deadline_s: float = 900.0  # an analysis with no progress for this long is repaired by the sweeper
     max_repairs: int = 3  # repairs before the sweeper fails the analysis with the reason
     investigation_deadline_s: float = 300.0  # the whole investigation, follow-up tool calls included
+    max_hosts: int = 256  # host files one session may have (beyond: FAILED with the reason)
+    max_host_file_bytes: int = 2 * 2**30  # the largest host file the map stage decodes in one invocation
     default_investigator: str = "rules"  # for sessions that register announces
     sleep: Callable[[float], None] = time.sleep
     profiler: Any = None  # the Profiler port (xdiag.pipeline.ports.Profiler): the capture stage calls targets through it

@@ -25,6 +25,7 @@ PROFILE_DIR = "plugins/profile"
 OUTPUT_DIR = "xdiag"
 ANALYSES_DIR = "analyses"  # <session>/xdiag/analyses/<analysis_id>/: one analysis' own files
 PREPARED_DIR = "prepared"  # <session>/xdiag/prepared/<inputs key>.xdiag: a decoded session, keyed by its exact inputs
+PREPARED_HOSTS_DIR = "prepared/hosts"  # <session>/xdiag/prepared/hosts/<file version key>.xdiag: one decoded host file
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,17 @@ def inputs_key(files: list[BlobInfo]) -> str:
     for info in sorted(files, key=lambda i: i.uri):
         digest.update(f"{info.uri}:{info.generation}:{info.size}\n".encode())
     return digest.hexdigest()[:24]
+
+
+def host_file_key(info: BlobInfo) -> str:
+    """One key per version of one host file: its map's document and prepared file are named by it, so a session whose
+    other files change (a late host, a replaced file) maps only what changed."""
+    return inputs_key([info])
+
+
+def prepared_host_uri(output: str, info: BlobInfo) -> str:
+    """Where the map stage stores one host file's decoded columns, beside the session's analyses."""
+    return f"{output.rstrip('/')}/{PREPARED_HOSTS_DIR}/{host_file_key(info)}.xdiag"
 
 
 def session_files(blobs: BlobStore, root: str, run: str, session: str) -> list[BlobInfo]:

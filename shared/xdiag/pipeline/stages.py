@@ -1,5 +1,6 @@
 """The pipeline's stages: register → collect → run_tool × each broad tool → aggregate → investigate → render, and
-dead_letter.
+dead_letter. A many-host session (`SessionLoader.maps_hosts`) goes collect → map_host × each host file → collect
+again (the reduce) before its tools.
 
 Each stage is a handler `(message, deps)` that reads and writes through the ports and
 publishes the next message. The same handlers run in-process for `xdiag analyze` and
@@ -26,6 +27,7 @@ from xdiag.model import (
     CaptureReady,
     DeadLetter,
     FollowUpCall,
+    HostMapRun,
     InvestigationReady,
     ProfileUploaded,
     ReportReady,
@@ -42,9 +44,11 @@ from xdiag.pipeline.layout import (
     analysis_folder,
     analysis_id_for,
     check_profile_object,
+    host_file_key,
     inputs_key,
     output_uri,
     parse_profile_uri,
+    prepared_host_uri,
     session_files,
     session_prefix,
     state_key,
@@ -59,11 +63,13 @@ from xdiag.pipeline.topics import (
     MESSAGE_TYPES,
     TERMINAL,
     TOPIC_CAPTURES,
+    TOPIC_HOST_MAPS,
     TOPIC_INVESTIGATIONS,
     TOPIC_REPORTS,
     TOPIC_TOOL_RESULTS,
     TOPIC_TOOL_RUNS,
     files_collection,
+    host_maps_collection,
     letter_key,
     sessions_collection,
     tools_collection,
@@ -213,8 +219,59 @@ def fail_analysis(deps: Dependencies, analysis: Analysis, reason: str) -> None:
     deps.bus.publish(TOPIC_REPORTS, ReportReady(analysis_id=analysis.analysis_id, attempt=analysis.repairs))
 
 
+def beyond_limits(deps: Dependencies, files: list[BlobInfo]) -> str | None:
+    """Why a session cannot be analysed here, where it is over a limit: more host files than `max_hosts`, a file over
+    `max_host_file_bytes` (what one map invocation decodes) or, all files together, over the session limit (what the
+    reduce and each tool instance hold, mapped)."""
+    if len(files) > deps.max_hosts:
+        return (f"the session has {len(files)} host files, over the limit of {deps.max_hosts} hosts per session "
+                "(XDIAG_MAX_HOSTS); analyse a subset of its hosts in a session of their own")
+    big = [info for info in files if info.size > deps.max_host_file_bytes]
+    if big:
+        return (f"{big[0].uri.rsplit('/', 1)[-1]} is {big[0].size / 2**30:.2f} GiB, over the limit of "
+                f"{deps.max_host_file_bytes / 2**30:.2f} GiB per host file (XDIAG_MAX_HOST_FILE_GIB); capture a shorter "
+                "window, or raise the limit with the memory of map_host")
+    total = sum(info.size for info in files)
+    if deps.sessions.maps_hosts(files) and total > deps.sessions.max_bytes:  # (a session read whole: its reader says)
+        return (f"the session's {len(files)} host files are {total / 2**30:.2f} GiB together, over the "
+                f"{deps.sessions.max_bytes / 2**30:.2f} GiB limit per session (XDIAG_MAX_PROFILE_GIB: what the reduce "
+                "and each tool instance map); capture a shorter window or raise the limit with their memory")
+    return None
+
+
+def _map_hosts(deps: Dependencies, analysis: Analysis, attempt: int) -> tuple[str | None, bool]:
+    """The map stage of a many-host session: a HostMapRun per host file without a map record (a file whose version
+    was decoded for an earlier analysis is recorded at once, not decoded again). Returns (why the analysis fails,
+    where a host could not be decoded; whether maps are outstanding, the analysis then MAPPING_HOSTS)."""
+    inputs = _inputs(analysis)
+    records = dict(deps.state.list(host_maps_collection(analysis.analysis_id)))
+    for info in inputs:
+        record = records.get(host_file_key(info))
+        if record is not None and record.get("status") == "FAILED":
+            return record["reason"], False
+    missing = [info for info in inputs if host_file_key(info) not in records]
+    for info in list(missing):
+        if deps.blobs.exists(prepared_host_uri(analysis.output_uri, info)):  # mapped for an earlier analysis
+            deps.state.create(host_maps_collection(analysis.analysis_id), host_file_key(info), {
+                "status": "DONE", "uri": info.uri, "host": info.uri.rsplit("/", 1)[-1], "reused": True,
+                "duration_ms": 0.0, "finished_at": utc_now()})
+            missing.remove(info)
+    if not missing:
+        return None, False
+    if analysis.status == "PENDING":
+        analysis.status = "MAPPING_HOSTS"
+        analysis.timeline["map"] = utc_now()
+        _save(deps, analysis)
+        deps.on_event("collect", {"mapping": len(missing), "hosts": len(inputs)})
+    deps.bus.publish_all(TOPIC_HOST_MAPS, [HostMapRun(analysis_id=analysis.analysis_id, uri=info.uri,
+                                                      generation=info.generation, attempt=attempt) for info in missing])
+    return None, True
+
+
 def collect(message: CaptureReady, deps: Dependencies) -> None:
-    """Fan-out: record the analysis with its exact inputs, read the session once, publish one ToolRun per tool."""
+    """Fan-out: record the analysis with its exact inputs, read the session once, publish one ToolRun per tool.
+    A many-host session is first mapped, one map_host per host file; the maps' fan-in announces it here again, and
+    this read assembles what they decoded (the reduce)."""
     message, files = resolve_capture(message, deps)
     analysis = _load_analysis(deps, message.analysis_id)
     if analysis is None:
@@ -232,11 +289,24 @@ def collect(message: CaptureReady, deps: Dependencies) -> None:
             analysis = _load_analysis(deps, message.analysis_id)
     if analysis.status in TERMINAL or not is_current(deps, analysis):
         return
-    if analysis.status != "PENDING":  # collected already: a copy must not write over a later stage's state
-        if analysis.status == "RUNNING_TOOLS":
+    if analysis.status not in ("PENDING", "MAPPING_HOSTS"):  # collected already: a copy must not write over a
+        if analysis.status == "RUNNING_TOOLS":  # later stage's state
             publish_tool_runs(deps, analysis)  # the first delivery may have died before publishing them all
         return
     started = time.perf_counter()
+    over = beyond_limits(deps, files)
+    if over:
+        deps.on_event("collect", {"failed": over})
+        fail_analysis(deps, analysis, over)
+        return
+    if deps.sessions.maps_hosts(files):
+        failed, waiting = _map_hosts(deps, analysis, message.attempt)
+        if failed:
+            deps.on_event("collect", {"failed": failed})
+            fail_analysis(deps, analysis, failed)
+            return
+        if waiting:
+            return  # the maps' fan-in announces the session again once every host is in
     try:
         session = _session(deps, analysis)
     except ProfileError as exc:
@@ -318,6 +388,50 @@ def run_tool(message: ToolRun, deps: Dependencies) -> None:
         deps.on_event("run_tool", {"tool": message.tool, "status": result.status.value, "duration_ms": result.duration_ms})
     deps.bus.publish(TOPIC_TOOL_RESULTS, ToolDone(analysis_id=analysis.analysis_id, tool=message.tool,
                                                  attempt=message.attempt))
+
+
+def map_host(message: HostMapRun, deps: Dependencies) -> None:
+    """The map stage: decodes one host file of a many-host session into its prepared columns and records it; the
+    delivery that finds every host of the analysis recorded announces the session again on `captures`, once (a
+    create-if-absent claim), for collect to assemble. A file that cannot be read is recorded FAILED with the reason
+    (collect then fails the analysis, naming it); a second delivery decodes nothing again."""
+    analysis = _load_analysis(deps, message.analysis_id)
+    if analysis is None:
+        raise LookupError(f"unknown analysis {message.analysis_id!r}: collect has not recorded it")
+    if analysis.status != "MAPPING_HOSTS":
+        return  # reduced already, finished, failed or superseded: nothing waits for this host any more
+    info = next((i for i in _inputs(analysis) if i.uri == message.uri and i.generation == message.generation), None)
+    if info is None:
+        raise PoisonMessage(f"{message.uri} (generation {message.generation!r}) is not a file of analysis "
+                            f"{analysis.analysis_id}")
+    collection, key = host_maps_collection(analysis.analysis_id), host_file_key(info)
+    if deps.state.get(collection, key) is None:
+        started = time.perf_counter()
+        record: dict[str, Any] = {"uri": info.uri, "host": info.uri.rsplit("/", 1)[-1], "input_bytes": info.size}
+        try:
+            prepared, size = deps.sessions.map_host_file(info, analysis.output_uri)
+            record.update(status="DONE", prepared_uri=prepared, prepared_bytes=size)
+        except ProfileError as exc:
+            record.update(status="FAILED", reason=str(exc))
+        except FileNotFoundError:
+            record.update(status="FAILED", reason=f"{record['host']}: profile object missing or replaced since the "
+                                                  "analysis began")
+        record.update(duration_ms=round((time.perf_counter() - started) * 1000, 1), finished_at=utc_now())
+        deps.state.set(collection, key, record)
+        deps.on_event("map_host", {k: record.get(k) for k in ("host", "status", "duration_ms", "reason")})
+    _reduce_when_mapped(deps, analysis, message.attempt)
+
+
+def _reduce_when_mapped(deps: Dependencies, analysis: Analysis, attempt: int) -> None:
+    """The maps' fan-in: with every host file recorded, the session announced again for collect, once."""
+    done = {key for key, _ in deps.state.list(host_maps_collection(analysis.analysis_id))}
+    if not {host_file_key(info) for info in _inputs(analysis)} <= done:
+        return  # more hosts to come: the last one's delivery goes on
+    if deps.state.create(CLAIMS, f"{analysis.analysis_id}.reduce", {"at": utc_now()}):
+        deps.bus.publish(TOPIC_CAPTURES, CaptureReady(
+            analysis_id=analysis.analysis_id, run_id=analysis.run_id, session_id=analysis.session_id,
+            profile_uris=analysis.profile_uris, output_uri=analysis.output_uri, investigator=analysis.investigator,
+            hosts_mapped=True, attempt=attempt))
 
 
 def aggregate(message: ToolDone, deps: Dependencies) -> None:
@@ -633,6 +747,14 @@ def dead_letter(message: DeadLetter, deps: Dependencies) -> None:
             _record_tool(deps, analysis, ToolResult(tool=original.tool, status=ToolStatus.FAILED, reason=reason))
         deps.bus.publish(TOPIC_TOOL_RESULTS, ToolDone(analysis_id=analysis.analysis_id, tool=original.tool,
                                                      attempt=original.attempt))
+    elif isinstance(original, HostMapRun):
+        info = next((i for i in _inputs(analysis) if i.uri == original.uri), None)
+        if info is None or analysis.status != "MAPPING_HOSTS":
+            return
+        deps.state.create(host_maps_collection(analysis.analysis_id), host_file_key(info), {
+            "status": "FAILED", "uri": info.uri, "host": info.uri.rsplit("/", 1)[-1], "finished_at": utc_now(),
+            "reason": f"{info.uri.rsplit('/', 1)[-1]}: its map was dead-lettered: {message.reason}"})
+        _reduce_when_mapped(deps, analysis, original.attempt)
     elif isinstance(original, (CaptureReady, InvestigationReady)):
         fail_analysis(deps, analysis, f"stage for {message.source_topic} was dead-lettered: {message.reason}")
     elif isinstance(original, ReportReady):

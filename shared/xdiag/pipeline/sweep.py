@@ -18,6 +18,8 @@ most once per deadline), the sweeper repairs what is missing, as new messages (n
 publish-once keys let them through):
 
     PENDING          the CaptureReady again (collect reads the session and fans out)
+    MAPPING_HOSTS    the CaptureReady again (collect publishes a HostMapRun for every host file without a map
+                     record, or, with all in, assembles the session and fans out)
     RUNNING_TOOLS    a ToolRun for every tool without a result; with all in, a ToolDone (the fan-in check) or,
                      where the fan-in was claimed already, the InvestigationReady
     INVESTIGATING    the InvestigationReady again (investigate keeps a diagnosis it has)
@@ -49,7 +51,7 @@ from xdiag.model import (
     utc_now,
 )
 from xdiag.pipeline.deps import Dependencies
-from xdiag.pipeline.layout import inputs_key, output_uri, state_key
+from xdiag.pipeline.layout import host_file_key, inputs_key, output_uri, state_key
 from xdiag.pipeline.ports import BlobInfo
 from xdiag.pipeline.runs import CAPTURED_KINDS, run_for_path
 from xdiag.pipeline.stages import fail_analysis, is_current, publish_tool_runs, valid_profile_object
@@ -63,6 +65,7 @@ from xdiag.pipeline.topics import (
     TOPIC_PROFILE_UPLOADS,
     TOPIC_REPORTS,
     TOPIC_TOOL_RESULTS,
+    host_maps_collection,
     sessions_collection,
     tools_collection,
 )
@@ -83,8 +86,8 @@ def epoch(value: Any) -> float | None:
 
 
 def last_progress(analysis: dict[str, Any], tools: list[dict[str, Any]], claim: dict[str, Any] | None) -> float:
-    """When a stage last moved the analysis: its own last write, its newest tool result, its fan-in claim (a repair
-    is no progress: an analysis the sweeper keeps repairing stays overdue until a stage moves it)."""
+    """When a stage last moved the analysis: its own last write, its newest tool result (or host map), its fan-in
+    claim (a repair is no progress: an analysis the sweeper keeps repairing stays overdue until a stage moves it)."""
     moments = [epoch(analysis.get("updated_at")), epoch(analysis.get("created_at")),
                *(epoch(doc.get("finished_at")) for doc in tools), epoch((claim or {}).get("at"))]
     return max((m for m in moments if m is not None), default=0.0)
@@ -95,7 +98,8 @@ def overdue_s(state, analysis: dict[str, Any], deadline_s: float, now: float | N
     shows."""
     if analysis.get("status") not in ACTIVE:
         return 0.0
-    tools = [doc for _, doc in state.list(tools_collection(analysis["analysis_id"]))]
+    collection = (host_maps_collection if analysis.get("status") == "MAPPING_HOSTS" else tools_collection)
+    tools = [doc for _, doc in state.list(collection(analysis["analysis_id"]))]
     claim = state.get(CLAIMS, f"{analysis['analysis_id']}.investigate")
     late = (now if now is not None else state.now()) - last_progress(analysis, tools, claim) - deadline_s
     return max(late, 0.0)
@@ -203,6 +207,10 @@ def _repair_announcement(deps: Dependencies, folder: str, session: str, files: l
     return True
 
 
+def _blob(recorded: dict[str, Any]) -> BlobInfo:
+    return BlobInfo(uri=recorded["uri"], size=int(recorded["size"]), generation=str(recorded["generation"]))
+
+
 def _missing(deps: Dependencies, analysis: Analysis) -> str:
     """What the analysis waits for, in words, with the last error a stage raised on it (the real cause: a full disk,
     a service that refused)."""
@@ -218,13 +226,19 @@ def _waiting_for(deps: Dependencies, analysis: Analysis) -> str:
         if lost:
             return f"{len(lost)} tool(s) never reported: {', '.join(lost)}"
         return "every tool reported but the fan-in never started the investigation"
+    if analysis.status == "MAPPING_HOSTS":
+        mapped = {key for key, _ in deps.state.list(host_maps_collection(analysis.analysis_id))}
+        lost = [i["uri"].rsplit("/", 1)[-1] for i in analysis.inputs if host_file_key(_blob(i)) not in mapped]
+        if lost:
+            return f"{len(lost)} host file(s) never mapped: {', '.join(lost[:10])}{' …' if len(lost) > 10 else ''}"
+        return "every host file was mapped but the session was never assembled"
     return {"PENDING": "collect never read the session", "INVESTIGATING": "the investigation never finished",
             "RENDERING": "the report was never written"}.get(analysis.status, analysis.status)
 
 
 def _repair(deps: Dependencies, analysis: Analysis, repair: int) -> None:
     aid = analysis.analysis_id
-    if analysis.status == "PENDING":
+    if analysis.status in ("PENDING", "MAPPING_HOSTS"):
         deps.bus.publish(TOPIC_CAPTURES, CaptureReady(
             analysis_id=aid, run_id=analysis.run_id, session_id=analysis.session_id,
             profile_uris=analysis.profile_uris, output_uri=analysis.output_uri, investigator=analysis.investigator,

@@ -7,6 +7,7 @@ import hashlib
 from xdiag.model import (
     Alert,
     CaptureReady,
+    HostMapRun,
     InvestigationReady,
     Message,
     ProfileUploaded,
@@ -20,6 +21,7 @@ from xdiag.pipeline.layout import state_key
 from xdiag.pipeline.runs import RUNS
 
 TOPIC_CAPTURES = "captures"
+TOPIC_HOST_MAPS = "host-maps"  # one message per host file of a many-host session: its map stage
 TOPIC_TOOL_RUNS = "tool-runs"
 TOPIC_TOOL_RESULTS = "tool-results"
 TOPIC_INVESTIGATIONS = "investigations"
@@ -34,7 +36,7 @@ CLAIMS = "claims"
 DEAD_LETTERS = "dead_letters"
 ACTIVE_ANALYSES = "active_analyses"  # one document per analysis not yet DONE, FAILED or SUPERSEDED: the sweeper's list
 
-ACTIVE = ("PENDING", "RUNNING_TOOLS", "INVESTIGATING", "RENDERING")
+ACTIVE = ("PENDING", "MAPPING_HOSTS", "RUNNING_TOOLS", "INVESTIGATING", "RENDERING")
 TERMINAL = ("DONE", "FAILED", "SUPERSEDED")
 
 
@@ -56,9 +58,15 @@ def tools_collection(analysis_id: str) -> str:
     return f"{ANALYSES}/{analysis_id}/tools"
 
 
+def host_maps_collection(analysis_id: str) -> str:
+    """One document per host file the map stage decoded for the analysis (keyed by the file's version)."""
+    return f"{ANALYSES}/{analysis_id}/host_maps"
+
+
 MESSAGE_TYPES: dict[str, type[Message]] = {
     TOPIC_PROFILE_UPLOADS: ProfileUploaded,
     TOPIC_CAPTURES: CaptureReady,
+    TOPIC_HOST_MAPS: HostMapRun,
     TOPIC_TOOL_RUNS: ToolRun,
     TOPIC_TOOL_RESULTS: ToolDone,
     TOPIC_INVESTIGATIONS: InvestigationReady,

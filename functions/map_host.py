@@ -1,0 +1,12 @@
+"""Cloud Function `map_host`: a HostMapRun on `host-maps` → one host file of a many-host session decoded and stored
+prepared; the last host's delivery announces the session again on `captures` (collect's reduce)."""
+
+import functions_framework
+from xdiag.cloud.runtime import pubsub_stage
+from xdiag.pipeline import stages, topics
+
+
+@functions_framework.cloud_event
+@pubsub_stage(topics.TOPIC_HOST_MAPS)
+def map_host(message, deps):
+    stages.map_host(message, deps)
