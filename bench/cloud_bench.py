@@ -13,6 +13,13 @@ up to 0.25 s later, a figure printed beside it.
 
 The target it checks (issue 16): upload → summary.html ≤ quiet period + 1.5 × the single-process analysis. Results
 go to `<out>/cloud.json` and `<out>/cloud.md`. Never run as a test: timings depend on the machine.
+
+    python bench/cloud_bench.py --hosts 1,8,32 [--workdir DIR]
+
+runs the many-host bench instead (issue 37): per host count, a fresh stack, a session of that many copies of the
+20 MiB capture uploaded at once, and upload → summary.html with the stage split, the map stage's invocations (how
+many, their median and longest time) and the peak RSS of each function's largest process (VmHWM of every process of
+the function: its server and its workers). `<out>/hosts-stack.{json,md}`.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "bench"), str(REPO / "shared")]
 
-from run_bench import compile_bytecode, machine, make_profiles, run_xdiag  # noqa: E402
+from run_bench import _label, compile_bytecode, machine, make_profiles, run_xdiag  # noqa: E402
 from xdiag.cloud.localstack import LocalStack, StackSettings, group_members  # noqa: E402
 
 STAGES = ("notify+register", "quiet period", "collect", "tools", "fan-in", "investigate", "render")
@@ -83,6 +90,75 @@ def upload_once(profile: Path, run: str) -> dict:
             "tools_compute_s": round(analysis["timings_ms"].get("tools", 0) / 1000, 3)}
 
 
+def peak_rss_mib(stack: LocalStack) -> dict[str, float]:
+    """Per part of the stack, the largest peak RSS (VmHWM) of its live processes so far, MiB."""
+    peaks = {}
+    for name, process in stack.processes.items():
+        largest = 0
+        for pid in group_members(process["pid"]):
+            try:
+                for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                    if line.startswith("VmHWM:"):
+                        largest = max(largest, int(line.split()[1]))
+            except OSError:
+                continue
+        peaks[name] = round(largest / 1024, 1)
+    return peaks
+
+
+def bench_hosts_on_the_stack(capture: Path, counts: list[int], workdir: Path, quiet_period_s: float) -> list[dict]:
+    from run_bench import _pod
+    from xdiag.cloud.operations import client_config, read_status, state_store
+
+    rows = []
+    for count in counts:
+        folder = _pod(capture, count, workdir)
+        os.environ["XDIAG_MAX_PROFILE_GIB"] = f"{max(2.0, count * capture.stat().st_size / 2**30 + 1):.1f}"
+        stack = LocalStack(workdir / f"stack-{count}", StackSettings(quiet_period_s=quiet_period_s)).start(
+            owner_pid=os.getpid())
+        os.environ.update(stack.env)
+        try:
+            run = f"hosts-bench-{count}-{int(time.time())}"
+            upload = upload_once(folder, run)
+            status = read_status(state_store(client_config()), run)
+            analysis = status["runs"][0]["sessions"][0]["analysis"]
+            maps = [m["duration_ms"] / 1000 for m in analysis["host_maps"] if m["duration_ms"] is not None]
+            peaks = peak_rss_mib(stack)
+        finally:
+            stack.stop()
+            shutil.rmtree(workdir / f"stack-{count}", ignore_errors=True)
+        functions = {name: mib for name, mib in peaks.items() if name not in ("pubsub", "firestore", "storage", "timer")}
+        row = {"hosts": count, "size_mib": round(count * capture.stat().st_size / 2**20, 1), **upload,
+               "map_invocations": len(maps), "map_median_s": round(statistics.median(maps), 2) if maps else None,
+               "map_max_s": round(max(maps), 2) if maps else None, "peak_rss_mib": peaks,
+               "largest_function": max(functions, key=functions.get), "largest_function_mib": max(functions.values())}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
+def render_hosts_markdown(report: dict) -> str:
+    lines = [
+        f"# Many-host sessions on the local stack ({report['date']}, {report['machine']['cores']} cores, "
+        f"{report['machine']['memory_gib']} GiB)",
+        "",
+        f"Each host a copy of {report['capture']} ({report['capture_mib']} MiB, a real CPU capture); quiet period "
+        f"{report['quiet_period_s']:g} s; map_host runs 2 instances.",
+        "",
+        "| hosts | MiB | upload → summary.html s | map stage s | maps (median / longest s) | collect s | tools s | "
+        "peak RSS MiB: map_host | collect | run_tool | largest function process |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in report["rows"]:
+        st, peaks = r["stages_s"], r["peak_rss_mib"]
+        maps = f"{r['map_invocations']} ({r['map_median_s']} / {r['map_max_s']})" if r["map_invocations"] else "none"
+        lines.append(f"| {r['hosts']} | {r['size_mib']} | {r['total_s']} | {st.get('map hosts', 0):.2f} | {maps} | "
+                     f"{st.get('collect', 0):.2f} | {st.get('tools', 0):.2f} | {peaks.get('map_host')} | "
+                     f"{peaks.get('collect')} | {peaks.get('run_tool')} | {r['largest_function']} "
+                     f"{r['largest_function_mib']} |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size-mib", type=float, default=20, help="the dispatch_bound capture's size")
@@ -92,6 +168,7 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, default=None, help="captures are kept and reused here")
     parser.add_argument("--profile", type=Path, default=None,
                         help="this profile instead of the capture (a device profile: XProf's views on the stack)")
+    parser.add_argument("--hosts", default="", help="the many-host bench: comma-separated host counts, e.g. 1,8,32")
     args = parser.parse_args()
 
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="xdiag-cloud-bench-"))
@@ -99,6 +176,22 @@ def main() -> None:
     if args.workdir is None:  # nothing to reuse it for: its capture and the stack's files go at exit
         atexit.register(shutil.rmtree, workdir, ignore_errors=True)
     compile_bytecode()
+    if args.hosts:
+        capture = make_profiles([20], [], workdir)[0]
+        report = {"machine": machine(), "date": time.strftime("%Y-%m-%d"), "quiet_period_s": args.quiet_period,
+                  "capture": _label(capture, workdir), "capture_mib": round(capture.stat().st_size / 2**20, 1),
+                  "rows": bench_hosts_on_the_stack(capture, [int(h) for h in args.hosts.split(",")], workdir,
+                                                   args.quiet_period)}
+        args.out.mkdir(parents=True, exist_ok=True)
+        earlier = args.out / "hosts-stack.json"  # host counts not run again keep their rows (a long count runs alone)
+        if earlier.exists():
+            counts = {row["hosts"] for row in report["rows"]}
+            kept = [row for row in json.loads(earlier.read_text())["rows"] if row["hosts"] not in counts]
+            report["rows"] = sorted(kept + report["rows"], key=lambda row: row["hosts"])
+        (args.out / "hosts-stack.json").write_text(json.dumps(report, indent=2) + "\n")
+        (args.out / "hosts-stack.md").write_text(render_hosts_markdown(report))
+        print(render_hosts_markdown(report))
+        return
     [profile] = [args.profile] if args.profile else make_profiles([args.size_mib], [], workdir)
     stack = LocalStack(workdir / "stack", StackSettings(quiet_period_s=args.quiet_period)).start(owner_pid=os.getpid())
     os.environ.update(stack.env)

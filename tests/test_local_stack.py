@@ -110,6 +110,7 @@ def test_a_two_host_session_uploaded_to_the_bucket_ends_in_summary_html_and_done
     assert report == output_uri(cloud.config.profile_root, run, session) + "/summary.html"
     html = cloud.blobs.get(report).decode()
     assert "NEEDS_ATTENTION" in html and "host0.xplane.pb" in html and "host1.xplane.pb" in html
+    assert "XProf&#39;s figures cover all 2 hosts of the session together" in html  # which hosts its views cover
     session_doc = cloud.state.get(sessions_collection(run), session)
     assert session_doc["status"] == "COMPLETE" and session_doc["hosts"] == ["host0", "host1"]
     assert session_doc["analysis_id"] == analysis["analysis_id"]

@@ -117,6 +117,7 @@ def save_session(session: Session, path: Path, tables: dict[str, Any] | None = N
     `stored_tables`, the arrays memory-mapped like the columns."""
     layout = _Layout()
     hosts = []
+    last_array = []  # per host, how many arrays the layout holds once its columns are in
     for host in session.hosts:
         planes = []
         for plane in host.planes:
@@ -149,6 +150,7 @@ def save_session(session: Session, path: Path, tables: dict[str, Any] | None = N
             "hostname": host.hostname, "path": str(host.path), "size_bytes": host.size_bytes,
             "errors": host.errors, "warnings": host.warnings, "planes": planes,
         })
+        last_array.append(len(layout.arrays))
     header = {
         "name": session.name, "origin_ns": session.origin_ns, "hosts": hosts,
         "hlo_modules": [_module(m) for m in session.hlo_modules],
@@ -159,8 +161,11 @@ def save_session(session: Session, path: Path, tables: dict[str, Any] | None = N
     tmp = path.with_name(path.name + ".tmp")
     with tmp.open("wb") as handle:
         handle.write(MAGIC + struct.pack("<Q", len(encoded)) + encoded)
-        written = 0
-        for offset, values in layout.arrays:
+        written, host = 0, 0
+        for index, (offset, values) in enumerate(layout.arrays):
+            while host < len(last_array) and index >= last_array[host]:  # a mapped host's columns are all written:
+                session.hosts[host].release_pages()  # its pages go back (a many-host session is written host by host)
+                host += 1
             handle.write(b"\0" * (offset - written))
             handle.write(memoryview(values).cast("B"))
             written = offset + values.nbytes

@@ -569,8 +569,12 @@ DIFFERENCE_RELATIVE = 0.1
 
 def xprof_section(results: Mapping[str, ToolResult], limits: Limits) -> Section:
     """xdiag's and XProf's figure for the same quantity side by side, with a word where they differ."""
+    hosts = _summary_value(results, "get_hosts", "hosts")
+    covers = (f" XProf's figures cover all {hosts:g} hosts of the session together (its converters combine every "
+              "host's file, ALL_HOSTS; memory is the peak of the hosts' allocators); xdiag's are averaged over the "
+              "active devices of every host." if hosts and hosts > 1 else "")
     section = Section("xprof", "xdiag and XProf",
-                      intro="The same quantity as xdiag measures it and as XProf's own converters report it.")
+                      intro="The same quantity as xdiag measures it and as XProf's own converters report it." + covers)
     part = Part(tool="get_kpi_metrics")
     section.parts.append(part)
     rows = []
