@@ -9,7 +9,9 @@ user_annotation incl. `ProfilerStep#N` with its step number, cuda_runtime / cuda
 correlation id, python_function), and `/device:GPU:N` with a `Stream #S` line per stream (kernels, memcpy,
 memset, with correlation id and `kernel_details`), a `GPU annotations` line and a `Syncs` line (cuda_sync).
 `deviceProperties` become the device planes' stats (name, SMs, memory, compute capability), `distributedInfo`
-the host plane's (rank, world size, backend). XProf's Chrome traces keep their own planes and lines: each process
+the host plane's (rank, world size, backend). A CPU-only run (no GPU event: a gloo job, say) has no device to
+do the work: each host thread's outermost CPU ops and the communication backend's collective spans (`gloo:all_reduce`
+on its worker threads) are read as the host CPU's ops, as XLA:CPU ops are. XProf's Chrome traces keep their own planes and lines: each process
 is a plane (`/device:TPU:0`, `/host:CPU`), each thread a line, each event's args its stats.
 """
 
@@ -56,7 +58,17 @@ SHAPES_STAT = "cpu_op_shapes"
 """Host-plane stat: 1 where the trace's CPU ops carry input shapes (record_shapes=True), 0 where none does."""
 FLOPS_UNKNOWN_STAT = "cpu_op_flops_unknown"
 """Host-plane stat: why some matrix-product or attention ops could not be costed (the first reason met)."""
-_CPU_OP, _KERNEL = 1, 2  # event kinds kept per line for linking launches to their CPU op
+_CPU_OP, _KERNEL, _COMMS = 1, 2, 3  # event kinds kept per line (launch linking, a CPU-only run's ops)
+CPU_ONLY_OPS_STAT = "cpu_ops_as_device_ops"
+"""Host-plane stat: 1 where a Kineto trace has no GPU event (a CPU-only run): its CPU ops are then the work a device
+would do, and are read as the ops of the host's CPU (the `hlo_op` stat, as XLA:CPU ops carry it), each thread's
+outermost ops, and the communication backend's collectives (`gloo:all_reduce` on its worker threads) beside them."""
+_BACKEND_COLLECTIVE = re.compile(r"^(gloo|nccl|rccl|mpi|ucc|xccl|hccl):\w+")
+"""The communication backend's span of one collective (`gloo:all_reduce`, `nccl:all_reduce`): a gloo job runs it on
+the backend's worker thread from the moment the rank enqueues it to the moment every rank has contributed."""
+_ENQUEUE_OPS = re.compile(r"^c10d::|^record_param_comms$")
+"""The ops that only hand a collective to the backend (an async process group returns at once; the wait is
+elsewhere)."""
 
 _DEVICE_CATEGORIES = {"kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset", "gpu_user_annotation", "cuda_sync"}
 """Kineto categories that happen on the GPU (lower-cased: old traces write `Kernel`, `Memcpy`, `Memset`)."""
@@ -283,7 +295,8 @@ class _TraceBuilder:
         plane = self._plane("host", "/host:CPU")
         pid, tid = event.get("pid"), event.get("tid")
         line = plane.line((pid, tid), f"thread {tid}")
-        index = line.add(plane.name_id(name), start, duration, _CPU_OP if category == "cpu_op" else 0)
+        kind = _CPU_OP if category == "cpu_op" else _COMMS if _BACKEND_COLLECTIVE.match(name) else 0
+        index = line.add(plane.name_id(name), start, duration, kind)
         if category == "cpu_op":
             if "Input Dims" in args:
                 self.cpu_ops_with_shapes += 1
@@ -405,6 +418,31 @@ class _TraceBuilder:
             line.put(line.numeric, OP_BYTES_STAT, index, cost["bytes"])
             line.put(line.strings, CPU_OP_STAT, index, plane.string_id(cost["label"]))
 
+    def _mark_cpu_ops(self) -> None:
+        """A CPU-only run: on each host thread, the outermost CPU ops (an op enclosed by another is part of it) and the
+        backend's collective spans become the host CPU's ops (`hlo_op`); an op that only enqueues a collective
+        (c10d::*, record_param_comms) is not one (the work it hands over shows as the backend's span)."""
+        host = self.planes.get("host")
+        if host is None or any(isinstance(key, tuple) and key[0] == "device" for key in self.planes):
+            return
+        host.stats[CPU_ONLY_OPS_STAT] = 1
+        names = {v: k for k, v in host.names.items()}
+        for line in host.lines.values():
+            kinds = np.frombuffer(line.kinds, np.int8)
+            starts, durations = np.frombuffer(line.starts, np.int64), np.frombuffer(line.durations, np.int64)
+            candidates = [int(i) for i in np.flatnonzero((kinds == _CPU_OP) | (kinds == _COMMS)).tolist()
+                          if kinds[i] == _COMMS or not _ENQUEUE_OPS.match(names[line.names[i]])]
+            open_end, marked = None, []  # end of the outermost op open at the moment
+            for index in sorted(candidates, key=lambda i: (int(starts[i]), -int(durations[i]))):
+                start, end = int(starts[index]), int(starts[index] + durations[index])
+                if open_end is not None and end <= open_end and kinds[index] == _CPU_OP:
+                    continue  # inside an op already counted
+                if open_end is None or start >= open_end:
+                    open_end = end
+                marked.append(index)
+            for index in sorted(marked):
+                line.put(line.strings, "hlo_op", index, host.string_id(names[line.names[index]]))
+
     def _add_xprof(self, event: dict, name: str, start: int, duration: int, args: dict) -> None:
         pid, tid = event.get("pid"), event.get("tid")
         plane = self._plane(("process", pid), self.process_names.get(pid) or f"process {pid}")
@@ -435,6 +473,8 @@ class _TraceBuilder:
         self._describe(top, kineto)
         self._mark_blocking_copies()
         self._mark_first_launches()
+        if kineto:
+            self._mark_cpu_ops()
         self._cost_kernels()
         info = top.get("distributedInfo") or {}
         rank = info.get("rank")

@@ -10,11 +10,13 @@ from typing import Any
 import numpy as np
 
 from xdiag.analysis.xprof import XPROF_VIEWS_ENV
-from xdiag.profile.trace_json import trace_format
+from xdiag.profile.trace_json import KINETO, trace_format
 from xdiag.errors import NotAvailable, XdiagError
 from xdiag.profile.space import Session
 
 HOST_PLANE_SOURCE = "xdiag host-plane analysis (XLA:CPU ops on the CPU client threads, step annotations)"
+TORCH_CPU_SOURCE = ("xdiag host-plane analysis (PyTorch CPU ops and the backend's collectives on each rank's threads, "
+                    "step annotations)")
 DEVICE_PLANE_SOURCE = "xdiag device-plane analysis"
 XPROF_SOURCE = "XProf converters (xprof {version})"
 
@@ -38,18 +40,23 @@ def xprof_source() -> str:
 
 
 
+def host_plane_source(session: Session) -> str:
+    """Where a CPU profile's numbers come from: XLA:CPU ops, or a CPU-only PyTorch run's ops (a Kineto trace)."""
+    return TORCH_CPU_SOURCE if trace_format(session) == KINETO else HOST_PLANE_SOURCE
+
+
 def views(session: Session):
     """XProf's own views of a device profile, built once per session (on a private copy)."""
     if os.environ.get(XPROF_VIEWS_ENV, "1") == "0":
         raise NotAvailable(f"XProf's converters are turned off ({XPROF_VIEWS_ENV}=0, or xdiag analyze --no-xprof-views)")
-    if session.platform == "CPU":
-        raise NotAvailable(
-            "XProf's converters need a /device:* plane; this is a CPU profile (XLA:CPU ops run on host threads)"
-        )
     read_from = trace_format(session)
     if read_from is not None:
         raise NotAvailable(f"XProf's converters read *.xplane.pb files; this session was read from a {read_from}, "
                            "which XProf's views cannot open (Perfetto UI or chrome://tracing can)")
+    if session.platform == "CPU":
+        raise NotAvailable(
+            "XProf's converters need a /device:* plane; this is a CPU profile (XLA:CPU ops run on host threads)"
+        )
     if "xprof_views" not in session.cache:
         from xdiag.analysis.xprof import XprofViews
 

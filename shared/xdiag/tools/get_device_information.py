@@ -6,7 +6,7 @@ from xdiag.analysis.device_peaks import session_peaks
 from xdiag.analysis.timeline import op_table
 from xdiag.profile.space import Session
 from xdiag.profile.trace_json import KINETO, trace_format
-from xdiag.tools.common import HOST_PLANE_SOURCE, try_view
+from xdiag.tools.common import host_plane_source, try_view
 from xdiag.tools.registry import ToolOutput, tool
 
 _DEVICE_STATS = (
@@ -57,14 +57,15 @@ def get_device_information(session: Session) -> ToolOutput:
         detail["xprof"] = view if view is not None else {"available": False, "reason": reason}
         return ToolOutput(summary, detail, "profile device planes")
     cpu_devices = sorted({d for d in op_table(session).device})
-    summary.update(device_type="CPU (XLA:CPU)", device_count=len(cpu_devices), devices_with_events=len(cpu_devices))
+    summary.update(device_type="CPU (PyTorch)" if trace_format(session) == KINETO else "CPU (XLA:CPU)",
+                   device_count=len(cpu_devices), devices_with_events=len(cpu_devices))
     threads = sorted({line.name for p in session.host_planes() for line in p.lines if line.name.startswith("tf_XLA")})
     detail = {
         "devices": cpu_devices,
         "xla_cpu_threads": len(threads),
         "not_available": {"peak_flops": "a CPU profile records no peak FLOP/s or memory bandwidth"},
     }
-    return ToolOutput(summary, detail, HOST_PLANE_SOURCE)
+    return ToolOutput(summary, detail, host_plane_source(session))
 
 
 def framework(session: Session) -> str | None:

@@ -7,7 +7,7 @@ from xdiag.analysis.roofline import loop_work, roofline_summary
 from xdiag.analysis.transfers import transfer_spans
 from xdiag.errors import NotAvailable
 from xdiag.profile.space import Session
-from xdiag.tools.common import DEVICE_PLANE_SOURCE, HOST_PLANE_SOURCE, percent, try_view
+from xdiag.tools.common import DEVICE_PLANE_SOURCE, host_plane_source, percent, try_view
 from xdiag.tools.ops import category_totals, op_stats
 from xdiag.tools.registry import ToolOutput, tool
 
@@ -63,7 +63,7 @@ def get_hlo_op_profile(session: Session, top_n: int = 20) -> ToolOutput:
         "categories_ms": categories,
         "note": "op time is the sum of execution intervals; ops that overlap (several threads or streams) add up",
     }
-    source = HOST_PLANE_SOURCE if session.platform == "CPU" else DEVICE_PLANE_SOURCE
+    source = host_plane_source(session) if session.platform == "CPU" else DEVICE_PLANE_SOURCE
     if session.platform != "CPU":
         view, reason = try_view(session, "hlo_op_profile", top_n=top_n)
         detail["xprof"] = view if view is not None else {"available": False, "reason": reason}

@@ -5,7 +5,7 @@ from __future__ import annotations
 from xdiag.analysis.breakdown import step_rows, summarize_steps
 from xdiag.errors import NotAvailable
 from xdiag.profile.space import Session
-from xdiag.tools.common import DEVICE_PLANE_SOURCE, HOST_PLANE_SOURCE, try_view
+from xdiag.tools.common import DEVICE_PLANE_SOURCE, host_plane_source, try_view
 from xdiag.tools.ops import costed_work, op_stats
 from xdiag.tools.registry import ToolOutput, tool
 
@@ -47,7 +47,7 @@ def get_kpi_metrics(session: Session) -> ToolOutput:
         summary["achieved_gflops_per_s_during_ops"] = summary["achieved_gflops_per_s_over_steps"] = None
         summary["achieved_rate_unavailable_because"] = work.not_representative_because()
     detail: dict = {}
-    source = HOST_PLANE_SOURCE if session.platform == "CPU" else DEVICE_PLANE_SOURCE
+    source = host_plane_source(session) if session.platform == "CPU" else DEVICE_PLANE_SOURCE
     if session.platform != "CPU":
         view, reason = try_view(session, "kpi_metrics")
         detail["xprof"] = view if view is not None else {"available": False, "reason": reason}

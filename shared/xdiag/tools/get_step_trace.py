@@ -17,7 +17,7 @@ from xdiag.analysis.breakdown import (
 from xdiag.analysis.timeline import Step, host_events, step_set
 from xdiag.errors import NotAvailable
 from xdiag.profile.space import Session
-from xdiag.tools.common import DEVICE_PLANE_SOURCE, HOST_PLANE_SOURCE, try_view
+from xdiag.tools.common import DEVICE_PLANE_SOURCE, host_plane_source, try_view
 from xdiag.tools.registry import ToolOutput, tool
 
 
@@ -86,7 +86,7 @@ def get_step_trace(session: Session) -> ToolOutput:
             for r in rows[:200]
         ],
     }
-    source = HOST_PLANE_SOURCE if session.platform == "CPU" else DEVICE_PLANE_SOURCE
+    source = host_plane_source(session) if session.platform == "CPU" else DEVICE_PLANE_SOURCE
     if session.platform != "CPU":
         view, reason = try_view(session, "step_trace")
         detail["xprof"] = view if view is not None else {"available": False, "reason": reason}

@@ -7,7 +7,7 @@ from xdiag.analysis.breakdown import device_rows, device_spread, device_table
 from xdiag.analysis.timeline import op_table, step_set
 from xdiag.errors import NotAvailable
 from xdiag.profile.space import Session
-from xdiag.tools.common import DEVICE_PLANE_SOURCE, HOST_PLANE_SOURCE, try_view
+from xdiag.tools.common import DEVICE_PLANE_SOURCE, host_plane_source, try_view
 from xdiag.tools.registry import ToolOutput, tool
 
 
@@ -49,4 +49,4 @@ def get_utilization_viewer(session: Session) -> ToolOutput:
     if session.platform != "CPU":
         view, reason = try_view(session, "utilization")
         detail["xprof"] = view if view is not None else {"available": False, "reason": reason}
-    return ToolOutput(summary, detail, HOST_PLANE_SOURCE if session.platform == "CPU" else DEVICE_PLANE_SOURCE)
+    return ToolOutput(summary, detail, host_plane_source(session) if session.platform == "CPU" else DEVICE_PLANE_SOURCE)

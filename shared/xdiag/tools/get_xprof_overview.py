@@ -5,7 +5,7 @@ from __future__ import annotations
 from xdiag.analysis.breakdown import duration_text, duty_cycles, duty_summary, step_rows, summarize_steps
 from xdiag.analysis.timeline import profile_window_ps, step_set
 from xdiag.profile.space import Session
-from xdiag.tools.common import DEVICE_PLANE_SOURCE, HOST_PLANE_SOURCE, ms, try_view
+from xdiag.tools.common import DEVICE_PLANE_SOURCE, host_plane_source, ms, try_view
 from xdiag.tools.ops import category_totals, op_stats
 from xdiag.tools.registry import ToolOutput, tool
 
@@ -47,7 +47,7 @@ def get_xprof_overview(session: Session) -> ToolOutput:
             "XProf's own overview counts XLA:CPU work as 'All Others' and calls almost every CPU workload "
             "'input-bound'; xdiag measures the host plane instead and does not repeat that verdict"
         )
-        source = HOST_PLANE_SOURCE
+        source = host_plane_source(session)
     else:
         view, reason = try_view(session, "overview")
         detail["xprof"] = view if view is not None else {"available": False, "reason": reason}
