@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from xdiag.analysis.timeline import op_table, step_set
+from xdiag.analysis.timeline import merge_intervals, op_table, step_set
 from xdiag.profile.space import Session
 
 PS_PER_MS = 1e9
@@ -85,6 +85,12 @@ def _instance_keys(session: Session, devices: np.ndarray, names: np.ndarray, mod
     return keys
 
 
+def _union_ps(intervals: list[tuple[int, int]]) -> int:
+    pairs = np.array(intervals, np.int64).reshape(-1, 2)
+    starts, ends = merge_intervals(pairs[:, 0], pairs[:, 1])
+    return int((ends - starts).sum())
+
+
 def collective_arrivals(session: Session) -> Arrivals | None:
     """Per collective instance with two or more participants: arrival skew, who came last, who waited how long.
     None when the session has no collective that several participants run."""
@@ -102,13 +108,20 @@ def collective_arrivals(session: Session) -> Arrivals | None:
         level = "hosts" if len(set(hosts.tolist())) >= 2 else "devices"
         who = hosts if level == "hosts" else devices
         instances: dict[tuple, dict[str, int]] = {}
+        started: dict[tuple, dict[str, int]] = {}  # each member's start of the instance, on its own clock
         for key, participant, start, end in zip(_instance_keys(session, devices, names, modules, starts), who.tolist(), starts.tolist(), ends.tolist()):
             # Arrival relative to the instance's end; a host with several devices arrives with its last device.
             arrival = start - end
             members = instances.setdefault(key, {})
-            members[participant] = max(members.get(participant, arrival), arrival)
+            if arrival >= members.get(participant, arrival):
+                members[participant] = arrival
+                started.setdefault(key, {})[participant] = start
         participants: dict[str, Participant] = {}
         skews, examples = [], []
+        # Waits as intervals on each waiter's own clock: collectives in flight at once (DDP's buckets on gloo's
+        # worker threads, NCCL on several streams) wait for the same straggler at the same time, counted once.
+        waits: dict[str, list[tuple[int, int]]] = {}
+        caused: dict[tuple[str, str], list[tuple[int, int]]] = {}  # (last, waiter) -> the waiter's intervals
         for key, members in instances.items():
             if len(members) < 2:
                 continue
@@ -118,9 +131,14 @@ def collective_arrivals(session: Session) -> Arrivals | None:
             for name, arrival in members.items():
                 p = participants.setdefault(name, Participant(name))
                 p.instances += 1
-                p.wait_ps += latest - arrival
+                begin = started[key][name]
+                waits.setdefault(name, []).append((begin, begin + latest - arrival))
+                caused.setdefault((last, name), []).append((begin, begin + latest - arrival))
             participants[last].last_arrivals += 1
-            participants[last].caused_wait_ps += sum(latest - a for a in members.values())
+        for name, intervals in waits.items():
+            participants[name].wait_ps = _union_ps(intervals)
+        for (last, _), intervals in caused.items():
+            participants[last].caused_wait_ps += _union_ps(intervals)
             if len(examples) < 5:
                 examples.append({
                     "op": key[1], "module": key[0], "step": key[2], "last": last,
