@@ -256,7 +256,8 @@ def feed_input(ctx: Context) -> str:
 def communicate_less(ctx: Context) -> str:
     """The general levers when collectives are not hidden behind compute."""
     if ctx.framework == "PyTorch":
-        return ("communicate less or overlap it: larger per-GPU batch (more compute per byte sent), DDP with "
+        return (f"communicate less or overlap it: larger per-{'GPU' if ctx.platform == 'GPU' else 'rank'} batch "
+                "(more compute per byte sent), DDP with "
                 "gradient buckets sized to overlap the backward pass (bucket_cap_mb) and "
                 "gradient_as_bucket_view=True, FSDP/ZeRO sharding instead of replication, bf16 gradient "
                 "all-reduce (a DDP comm hook), and gradient accumulation with no_sync() between all-reduces")

@@ -82,7 +82,8 @@ def health_snapshot(results: dict[str, ToolResult]) -> dict[str, Any]:
             for k in ("straggler", "participant_level", "straggler_caused_wait_ms_per_step", "straggler_cause",
                       "arrival_skew_ms_mean")
             if hosts.get(k) is not None
-        },
+        } | ({"not_available": hosts["not_available"]["straggler"]}
+             if isinstance(hosts.get("not_available"), dict) and hosts["not_available"].get("straggler") else {}),
         "utilization_percent": util.get("busy_percent_mean"),
         "achieved_gflops_per_s": kpi.get("achieved_gflops_per_s_during_ops"),
         "achieved_rate_covers_op_time_percent": kpi.get("achieved_rate_covers_op_time_percent"),

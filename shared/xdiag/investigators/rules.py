@@ -108,6 +108,9 @@ def _straggler_hypothesis(results: dict[str, ToolResult], step_ms: float | None)
     if not name or not step_ms:
         return None
     kind = "Host" if hosts.get("participant_level") == "hosts" else "Device"
+    who = name
+    if hosts.get("straggler_rank") is not None:  # a rank of a distributed job, as its trace numbers it
+        kind, who = "Rank", f"{hosts['straggler_rank']} ({name})"
     wait = hosts["straggler_caused_wait_ms_per_step"]
     wait_share = round(100 * wait / step_ms, 2)
     cause = hosts.get("straggler_cause")
@@ -124,12 +127,14 @@ def _straggler_hypothesis(results: dict[str, ToolResult], step_ms: float | None)
         _ev("get_hosts", "straggler_caused_wait_ms_per_step", wait, "each other participant waits this long per step"),
         _ev("get_step_trace", "step_time_ms_mean", step_ms),
     ]
+    if who != name:
+        evidence.insert(1, _ev("get_hosts", "straggler_rank", hosts["straggler_rank"], "its rank, as its trace says"))
     if cause:
         evidence.append(_ev("get_hosts", "straggler_cause", cause, f"+{excess} ms per step over its peers"))
     return Hypothesis(
         "straggler_host", wait_share,
-        f"{kind} {name} is a straggler: the others wait for it at every collective",
-        f"{kind} {name} arrives last at {hosts['straggler_last_arrival_share_percent']}% of the "
+        f"{kind} {who} is a straggler: the others wait for it at every collective",
+        f"{kind} {who} arrives last at {hosts['straggler_last_arrival_share_percent']}% of the "
         f"{hosts.get('collective_instances')} collective instances (arrival skew {hosts.get('arrival_skew_ms_mean')} ms "
         f"on average); every other participant waits {wait:.3g} ms per step inside the collective for it "
         f"({wait_share}% of the {step_ms:.4g} ms step), so all step times match the slowest one's.{own}",
@@ -310,11 +315,18 @@ def _hypotheses(health: dict[str, Any], results: dict[str, ToolResult]) -> list[
         if ops:
             ev.append(_ev("get_hlo_op_profile", f"top collective {ops[0]['op']}", ops[0]["total_ms"],
                           f"ms over {ops[0]['count']} runs{_shape_note(ops[0])}"))
+        unseen = (_s(results, "get_hosts").get("not_available") or {}).get("straggler")
+        if unseen and _s(results, "get_hosts").get("ranks_not_in_session"):
+            # A lone rank's time in a collective is its transfer and its wait for the last rank, which only the
+            # other ranks' traces tell apart.
+            ev.append(_ev("get_hosts", "not_available.straggler", unseen))
         out.append(Hypothesis(
             "collectives", max(collective, op_collective * compute / 100),
             "Collective communication dominates the step",
             f"Collective ops (all-reduce, all-gather, …) take {op_collective}% of op time and the devices spend "
-            f"{collective}% of the step only communicating; compute per device is too small to hide it.",
+            f"{collective}% of the step only communicating; compute per device is too small to hide it."
+            + (" Part of that time may be waiting for a slower rank, which this session cannot show: "
+               f"{unseen}." if unseen and _s(results, "get_hosts").get("ranks_not_in_session") else ""),
             ev,
             _saving(step_ms, collective),
             _sentence(_collective_fix(ops[0] if ops else None, step, health, _context(results))),

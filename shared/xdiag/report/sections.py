@@ -642,7 +642,8 @@ def _difference_note(key: str, mine: Any, theirs: Any, results: Mapping[str, Too
     return "differ"
 
 
-HOST_COLUMNS = ("host", "steps", "step_time_ms_mean", "compute_percent", "collective_percent", "host_other_percent",
+HOST_COLUMNS = ("host", "rank", "steps", "step_time_ms_mean", "compute_percent", "collective_percent",
+                "host_other_percent",
                 "host_other_ms_per_step", "collective_wait_ms_per_step", "last_arrivals", "last_arrival_share_percent",
                 "caused_wait_ms_per_step")
 DEVICE_COLUMNS = ("device", "steps", "step_ms_mean", "compute_percent", "collective_percent", "transfer_percent",
@@ -748,7 +749,10 @@ def hosts_section(results: Mapping[str, ToolResult], limits: Limits) -> Section:
                 (c, charts.color_for(c, i), "") for i, c in enumerate(charts.STEP_CATEGORY_COLORS) if c in shown]))
     else:
         name = hosts[0].get("host") if hosts else None
+        rank, world = (hosts[0].get("rank"), hosts[0].get("world_size")) if hosts else (None, None)
         part.blocks.append(Block(kind="text", muted=True, text=(
+            f"One rank ({name}: rank {rank} of {world}): the other ranks' traces are not in the session, so there is "
+            "nothing to compare it with." if rank is not None and (world or 0) > 1 else
             f"One host{f' ({name})' if name else ''}: nothing to compare across hosts.")))
     timeline = r.detail.get("straggler_timeline") or _aligned_picture(r.detail.get("aligned_instances"))
     straggler = r.summary.get("straggler_host") or r.summary.get("straggler")

@@ -10,6 +10,43 @@ from xdiag.profile.space import Session
 from xdiag.tools.registry import ToolOutput, tool
 
 
+def _rank_of(host) -> dict:
+    """The host's place in its distributed job, as its trace says it (Kineto's `distributedInfo`): rank, world size
+    and backend; {} where the trace does not say."""
+    for plane in host.planes:
+        if plane.name == "/host:CPU" and plane.stats.get("distributed_rank") is not None:
+            found = {"rank": plane.stats["distributed_rank"], "world_size": plane.stats.get("distributed_world_size"),
+                     "backend": plane.stats.get("distributed_backend")}
+            return {k: v for k, v in found.items() if v is not None}
+    return {}
+
+
+def _ranks_missing(ranks: list[dict]) -> tuple[list[int], int] | None:
+    """(the ranks of the job whose traces are not in the session, the job's world size), where the traces name
+    their ranks and world size and some are missing; None otherwise."""
+    sizes = {r["world_size"] for r in ranks if r.get("world_size")}
+    if not sizes:
+        return None
+    world = max(sizes)
+    missing = sorted(set(range(world)) - {int(r["rank"]) for r in ranks if "rank" in r})
+    return (missing, world) if missing else None
+
+
+def _no_verdict_reason(ranks: list[dict], missing: tuple[list[int], int] | None, arrivals) -> str | None:
+    """Why no straggler verdict can be given, where none can: a lone rank of a multi-rank job (the others' traces
+    are not in the session), or ranks that share no collective instance."""
+    present = [r for r in ranks if "rank" in r]
+    if missing is not None and len(present) <= 1:
+        world = missing[1]
+        rank = present[0]["rank"] if present else "?"
+        return (f"this is rank {rank} of {world}: the session holds only this rank's trace, and the other "
+                f"{world - 1} ranks' traces are not in it; which rank arrives last at a collective shows only beside "
+                "the others' arrivals (analyse a folder holding every rank's trace)")
+    if len(ranks) >= 2 and arrivals is None:
+        return ("no collective instance is found on two or more hosts: nothing to align their arrivals on")
+    return None
+
+
 def _per_step_ms(rows: list[StepRow]) -> dict[str, float]:
     """A participant's mean ms per step in each category."""
     return {c: float(np.mean([r.ms[c] for r in rows])) for c in CATEGORIES} if rows else {}
@@ -22,16 +59,21 @@ def _per_step_ms(rows: list[StepRow]) -> dict[str, float]:
     "at each collective, the arrival skew, the wait it causes, and its own cause.",
 )
 def get_hosts(session: Session) -> ToolOutput:
-    """summary: hosts, slowest_host, step_time_spread_percent; where collectives are shared: participant_level,
-    collective_instances, arrival_skew_ms_{mean,max}, straggler (+ straggler_last_arrival_share_percent,
-    straggler_caused_wait_ms_per_step, straggler_cause, straggler_cause_excess_ms_per_step).
-    detail: per host: file, size, planes, devices, events, steps, step_time_ms_mean, <category>_percent,
-    collective_wait_ms_per_step, host_other_ms_per_step; participants (arrivals), examples; devices (spread)."""
+    """summary: hosts, slowest_host, step_time_spread_percent; where the traces name their ranks (Kineto's
+    distributedInfo): ranks_in_session, world_size, ranks_not_in_session; not_available.straggler where no verdict
+    can be given (a lone rank of a multi-rank job, hosts that share no collective); where collectives are shared:
+    participant_level, collective_instances, arrival_skew_ms_{mean,max}, straggler (+ straggler_rank,
+    straggler_last_arrival_share_percent, straggler_caused_wait_ms_per_step, straggler_cause,
+    straggler_cause_excess_ms_per_step).
+    detail: per host: rank, world_size, backend (where the trace says), file, size, planes, devices, events, steps,
+    step_time_ms_mean, <category>_percent, collective_wait_ms_per_step, host_other_ms_per_step; participants
+    (arrivals), examples; devices (spread); ranks_not_in_session."""
     rows = step_rows(session)
     arrivals = collective_arrivals(session)
+    ranks = [_rank_of(host) for host in session.hosts]
     waits = {p.name: p for p in arrivals.participants.values()} if arrivals else {}
     hosts = []
-    for host in session.hosts:
+    for host, rank in zip(session.hosts, ranks):
         mine = [r for r in rows if r.host == host.hostname]
         step_ms = [r.step_ms for r in mine]
         total = sum(step_ms)
@@ -39,6 +81,7 @@ def get_hosts(session: Session) -> ToolOutput:
         steps = len({r.number for r in mine})
         row = {
             "host": host.hostname,
+            **rank,
             "file": host.path.name,
             "bytes": host.size_bytes,
             "planes": [p.name for p in host.planes],
@@ -60,6 +103,12 @@ def get_hosts(session: Session) -> ToolOutput:
         hosts.append(row)
     timed = [h for h in hosts if h["step_time_ms_mean"]]
     summary: dict = {"hosts": len(hosts)}
+    missing = _ranks_missing(ranks)
+    if any(ranks):
+        summary["ranks_in_session"] = sorted(int(r["rank"]) for r in ranks if "rank" in r)
+        summary["world_size"] = max((r["world_size"] for r in ranks if r.get("world_size")), default=None)
+    if missing is not None:
+        summary["ranks_not_in_session"] = len(missing[0])
     if len(timed) >= 2:
         slowest = max(timed, key=lambda h: h["step_time_ms_mean"])
         fastest = min(timed, key=lambda h: h["step_time_ms_mean"])
@@ -87,6 +136,9 @@ def get_hosts(session: Session) -> ToolOutput:
         )
         slow = straggler(arrivals, steps, step_ms)
         if slow is not None:
+            rank = next((h["rank"] for h in hosts if h["host"] == slow.name and "rank" in h), None)
+            if arrivals.level == "hosts" and rank is not None:
+                summary["straggler_rank"] = rank
             summary.update(
                 straggler=slow.name,
                 straggler_last_arrival_share_percent=slow.row(steps)["last_arrival_share_percent"],
@@ -96,6 +148,11 @@ def get_hosts(session: Session) -> ToolOutput:
             if cause is not None:
                 summary.update(straggler_cause=cause[0], straggler_cause_excess_ms_per_step=cause[1])
                 detail["straggler_cause"] = CAUSES[cause[0]]
+    reason = None if "straggler" in summary else _no_verdict_reason(ranks, missing, arrivals)
+    if reason is not None:
+        summary["not_available"] = {"straggler": reason}
+    if missing is not None:
+        detail["ranks_not_in_session"] = missing[0]
     return ToolOutput(summary, detail, "profile hosts; collective alignment across participants")
 
 
