@@ -302,6 +302,8 @@ def test_a_pytorch_trace_gets_pytorch_advice_and_says_what_it_read(name, diagnos
     assert KINETO in d.html
     overview = d.tools["get_device_information"]["detail"].get("xprof") or {}
     assert overview.get("available") is False and "Perfetto" in overview.get("reason", ""), overview
+    # the report sends the reader to a viewer that opens the trace, not to XProf's, which cannot
+    assert "Open in XProf" not in d.html and "https://ui.perfetto.dev" in d.html and name in d.html
 
 
 def test_the_dataloader_is_the_host_gap_of_the_tbplugin_sample(diagnosed):

@@ -132,7 +132,7 @@ def _context(analysis: Analysis, results: dict[str, ToolResult]) -> dict[str, An
               "reason": c.reason} for c in diagnosis.follow_up_calls] if diagnosis else [],
         ),
         "sections": detail,
-        "viewer_links": viewer_links_for(analysis),  # the session in XProf's viewer (see viewer_links)
+        **_viewer(analysis),
         "no_results_reason": "" if results else (
             "No tool ran: the analysis failed before the tools could read the profile."
             if status == "FAILED" else f"No tool results yet (pipeline status: {analysis.status})."
@@ -235,6 +235,18 @@ def _finding_view(f: Finding, limits: Limits) -> dict[str, Any]:
         "fix": humanize_numbers(f.fix),
         "verified": f.verified,
     }
+
+
+def _viewer(analysis: Analysis) -> dict[str, Any]:
+    """Where the session opens: XProf's viewer for xplanes; for a session read from a Chrome/Kineto trace, which
+    XProf's viewer cannot open, the trace viewers that can."""
+    read_from = (analysis.profile or {}).get("format") or ""
+    if read_from and not read_from.startswith("XProf XSpace"):
+        files = ", ".join((analysis.profile or {}).get("files") or []) or "the trace file"
+        return {"viewer_links": [], "trace_viewer_note": (
+            f"This session was read from a {read_from}, which XProf's viewer cannot open: open {files} in the "
+            "Perfetto UI (https://ui.perfetto.dev) or chrome://tracing.")}
+    return {"viewer_links": viewer_links_for(analysis), "trace_viewer_note": ""}
 
 
 # ----------------------------------------------------------------------------------- detail sections
