@@ -62,8 +62,14 @@ BANDWIDTH_EFFICIENCY_LOW_PERCENT = 30.0
 """Memory-bound ops below this share of the HBM bandwidth roof leave most of the bandwidth unused."""
 
 
+def measured_share(row: dict) -> float:
+    """The share of op time a row's rates speak for: its costed runs' (a PyTorch kernel row some of whose runs no
+    costed op launched: costed_share_of_op_time_percent), else all of it."""
+    return row.get("costed_share_of_op_time_percent", row["share_of_op_time_percent"])
+
+
 def _weighted(rows: list[dict], key: str) -> float | None:
-    pairs = [(r[key], r["share_of_op_time_percent"]) for r in rows if r.get(key) is not None]
+    pairs = [(r[key], measured_share(r)) for r in rows if r.get(key) is not None]
     weight = sum(w for _, w in pairs)
     return round(sum(v * w for v, w in pairs) / weight, 2) if weight else None
 
@@ -95,7 +101,7 @@ def memory_bound_kind(low: list[dict]) -> tuple[str | None, float | None]:
     at = [o for o in measured if o not in below]
     if not measured:
         return None, None
-    share = lambda group: sum(o["share_of_op_time_percent"] for o in group)  # noqa: E731
+    share = lambda group: sum(measured_share(o) for o in group)  # noqa: E731
     kind, group = ("below_bandwidth_roof", below) if share(below) > share(at) else ("at_bandwidth_roof", at)
     return kind, _weighted(group, "roofline_efficiency_percent")
 
@@ -118,8 +124,7 @@ def roofline_summary(rows: list[dict], ridge_flop_per_byte: float | None = None)
     low = memory_bound_rows(rows)
     passes = _weighted(low, "program_memory_passes")
     # Only the passes beyond the first are avoidable: a program moving its data k times wastes (1 - 1/k) of it.
-    extra = round(sum(o["share_of_op_time_percent"] * (1 - 1 / max(o.get("program_memory_passes") or 1.0, 1.0))
-                      for o in low), 2)
+    extra = round(sum(measured_share(o) * (1 - 1 / max(o.get("program_memory_passes") or 1.0, 1.0)) for o in low), 2)
     bandwidth = _weighted([o for o in low if not o.get("not_a_measurement")], "roofline_efficiency_percent")
     kind, kind_bandwidth = memory_bound_kind(low)
     intensity = _weighted(low, "arithmetic_intensity_flops_per_byte")
@@ -131,11 +136,11 @@ def roofline_summary(rows: list[dict], ridge_flop_per_byte: float | None = None)
                          and intensity < STARVED_INTENSITY_SHARE_OF_RIDGE * ridge_flop_per_byte)
     # Work a loop repeats reads the same arrays every trip (a decode step's weights, once per token): more work
     # per trip amortises them. Work done once per step is read once, as it must be.
-    in_loops = sum(o["share_of_op_time_percent"] for o in low if o.get("in_loop_body"))
-    rereads = few_flops_at_roof and in_loops >= 0.5 * sum(o["share_of_op_time_percent"] for o in low)
+    in_loops = sum(measured_share(o) for o in low if o.get("in_loop_body"))
+    rereads = few_flops_at_roof and in_loops >= 0.5 * sum(measured_share(o) for o in low)
     # Arrays one kernel writes only for the next to read back once: bytes a kernel doing both would not move,
     # whatever the arithmetic per byte (an attention's scores between its two products).
-    handed = round(sum(o["share_of_op_time_percent"] * (o.get("handed_on_share_of_bytes") or 0.0) for o in low), 2)
+    handed = round(sum(measured_share(o) * (o.get("handed_on_share_of_bytes") or 0.0) for o in low), 2)
     by_product = any(o.get("category") in ("matmul", "convolution") and (o.get("handed_on_share_of_bytes") or 0) >= 0.5
                      for o in low)
     why = []
@@ -157,9 +162,10 @@ def roofline_summary(rows: list[dict], ridge_flop_per_byte: float | None = None)
     dominant = dominant_rows(rows)
     measured = [o for o in dominant if _measured(o)]
     covered = round(sum(o["share_of_op_time_percent"] for o in dominant), 2)
-    measured_share = sum(o["share_of_op_time_percent"] for o in measured)
+    # A row costed over some of its runs measures those runs' time only: the rest of it is not measured.
+    measured_time = sum(measured_share(o) for o in measured)
     costed = any(o.get("arithmetic_intensity_flops_per_byte") is not None for o in rows)
-    share = round(sum(o["share_of_op_time_percent"] for o in low), 2) if costed else None
+    share = round(sum(measured_share(o) for o in low), 2) if costed else None
     note = {}
     if why and share is not None and share + waits < MEMORY_BOUND_FINDING_MIN_PERCENT:
         # The flag is shown beside the findings: say why it is not one of them.
@@ -183,14 +189,17 @@ def roofline_summary(rows: list[dict], ridge_flop_per_byte: float | None = None)
         **note,
         # Over at least half of the dominant ops' time, or it would speak for ops it did not measure.
         "dominant_ops_roofline_efficiency_percent": _weighted(measured, "roofline_efficiency_percent")
-        if measured_share >= covered / 2 else None,
+        if measured_time >= covered / 2 else None,
         "dominant_ops_share_percent": covered or None,
-        "dominant_ops_measured_share_percent": round(measured_share, 2) if dominant else None,
+        "dominant_ops_measured_share_percent": round(measured_time, 2) if dominant else None,
         "dominant_ops": [f"{o['op']} ({o['module']})" for o in dominant[:3]],
         "dominant_ops_matmul_precision": next((o["matmul_precision"] for o in dominant if o.get("matmul_precision")),
                                               None),
-        "dominant_ops_unmeasured": [f"{o['op']} ({o['share_of_op_time_percent']}% of op time): {_unmeasured_why(o)}"
-                                    for o in dominant if not _measured(o)][:5],
+        "dominant_ops_unmeasured": ([f"{o['op']} ({o['share_of_op_time_percent']}% of op time): {_unmeasured_why(o)}"
+                                     for o in dominant if not _measured(o)]
+                                    + [f"{o['op']} ({round(o['share_of_op_time_percent'] - measured_share(o), 2)}% of "
+                                       f"op time, the runs not costed): rates over {o['rates_over']}"
+                                       for o in measured if o.get("rates_over")])[:5],
         "flagged_op_rows": sum(1 for o in rows if o.get("not_a_measurement")),
     }
 

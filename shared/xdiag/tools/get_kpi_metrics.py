@@ -39,7 +39,7 @@ def get_kpi_metrics(session: Session) -> ToolOutput:
         "achieved_gflops_per_s_over_steps": round(flops / total_step_s / 1e9, 3) if total_step_s and flops else None,
         "achieved_rate_covers_op_time_percent": work.covered_percent,
         "hlo_costed_op_share_percent": round(
-            100 * sum(s.total_ps for s in costed) / max(sum(s.total_ps for s in stats), 1), 2
+            100 * sum(s.costed_ps for s in costed) / max(sum(s.total_ps for s in stats), 1), 2
         ),
     }
     if flops and not work.speaks_for_the_program:

@@ -98,10 +98,10 @@ def program_roofline(session: Session, peaks: dict) -> dict:
                 continue
             f32_peak = peaks.get("peak_f32_matmul_flops_per_s")
             wide = f32_peak and any(str(o).startswith(("f32", "f64")) for o in stat.cost.get("operand_shapes") or [])
-            flop_s = stat.cost["flops"] * stat.count / (f32_peak if wide else peak_flops)
-            byte_s = stat.hbm_bytes * stat.count / peak_bw
+            flop_s = stat.cost["flops"] * stat.costed_count / (f32_peak if wide else peak_flops)
+            byte_s = stat.hbm_bytes * stat.costed_count / peak_bw
             compute_s, memory_s = (compute_s + flop_s, memory_s) if flop_s >= byte_s else (compute_s, memory_s + byte_s)
-            timed_s += stat.total_ps / 1e12
+            timed_s += stat.costed_ps / 1e12
         efficiency = 100 * (compute_s + memory_s) / timed_s if timed_s else 0.0
         waits = 100 * (1 - timed_s / seconds) if seconds else 0.0
         out["async_wait_percent"] = round(waits, 2)

@@ -38,6 +38,17 @@ class OpStat:
         return self.total_ps / 1e9
 
     @property
+    def costed_count(self) -> int:
+        """The runs its FLOPs and bytes per run speak for: all of them, but in a PyTorch kernel row some of whose
+        runs no costed CPU op launched (_launched_cost)."""
+        return int(self.cost.get("costed_runs", self.count)) if self.cost else self.count
+
+    @property
+    def costed_ps(self) -> int:
+        """The time of those runs: its rates are their FLOPs and bytes over their own time, never another run's."""
+        return int(self.cost.get("costed_ps", self.total_ps)) if self.cost else self.total_ps
+
+    @property
     def moves_data_asynchronously(self) -> bool:
         """A transfer, or the start of or wait for async work (copy-start/-done, async-start/-done): its bytes move
         between its events, not during its own time."""
@@ -71,7 +82,13 @@ class OpStat:
             "share_of_op_time_percent": round(100 * self.total_ps / total_op_ps, 2) if total_op_ps else 0.0,
         }
         if self.cost and self.cost["flops_known"]:
-            seconds = self.total_ps / 1e12
+            seconds, runs = self.costed_ps / 1e12, self.costed_count
+            if runs < self.count:
+                # A rate over some runs, theirs alone: the others' FLOPs are not known, nor counted in their time.
+                row.update(costed_runs=runs, costed_ms=round(self.costed_ps / 1e9, 4),
+                           costed_share_of_op_time_percent=round(100 * self.costed_ps / total_op_ps, 2)
+                           if total_op_ps else 0.0,
+                           rates_over=f"{runs} of {self.count} runs: {self.cost['uncosted_runs_because']}")
             # The roofline's bytes are those that cross the HBM bus: not those of arrays kept on chip (TPU VMEM).
             share, hbm_bytes = self.cost.get("hbm_share"), self.hbm_bytes
             row.update(
@@ -98,9 +115,9 @@ class OpStat:
                            rate_not_measured_because=TRANSFER_RATE_REASON)
             else:
                 row.update(
-                    achieved_gflops_per_s=round(self.cost["flops"] * self.count / seconds / 1e9, 3) if seconds else None,
-                    achieved_gib_per_s=round(hbm_bytes * self.count / seconds / 2**30, 3) if seconds else None,
-                    achieved_gb_per_s=round(hbm_bytes * self.count / seconds / 1e9, 3) if seconds else None,
+                    achieved_gflops_per_s=round(self.cost["flops"] * runs / seconds / 1e9, 3) if seconds else None,
+                    achieved_gib_per_s=round(hbm_bytes * runs / seconds / 2**30, 3) if seconds else None,
+                    achieved_gb_per_s=round(hbm_bytes * runs / seconds / 1e9, 3) if seconds else None,
                 )
                 row.update(roofline(row, peaks))
             if self.cost.get("program_memory_passes") is not None:
@@ -196,12 +213,16 @@ def op_stats(session: Session) -> list[OpStat]:
 _UNCAPTURED = ("launched before the capture",)  # a key no kernel name is: kernel name -> runs of it launched early
 _COSTED_KINDS = ("matmul", "convolution", "attention")
 """Kernel kinds whose FLOPs a PyTorch trace can give (from the launching op's shapes): the others' rows say none."""
+_NOT_ARITHMETIC = ("elementwise", "memcpy", "data_movement")
+"""Kernel kinds that never do a costed op's products (its bias copy, a layout change of an operand)."""
 
 
 def _launched_op_costs(session: Session) -> dict:
-    """Kernel name -> [FLOPs, bytes, costed runs, FLOPs per CPU-op label]: each costed PyTorch CPU op's FLOPs and
+    """Kernel name -> [FLOPs, bytes, costed runs, FLOPs per CPU-op label, their time in ps]: each costed PyTorch CPU
+    op's FLOPs and
     bytes (the reader's OP_FLOPS_STAT, OP_BYTES_STAT) shared out over the kernels it launched that do its arithmetic
-    (GEMM, convolution or attention kernels by name; all of them where none is named so) by their time, so each runs
+    (GEMM, convolution or attention kernels by name; where none is named so, all but its elementwise and copy
+    kernels, or all of them where those are all it launched) by their time, so each runs
     at the op's rate; the op's other kernels (a bias copy, a memset) get none. None -> why the rest have none;
     _UNCAPTURED -> per kernel name, its runs launched before the capture began (UNCAPTURED_LAUNCH_STAT)."""
     out: dict = {}
@@ -209,7 +230,7 @@ def _launched_op_costs(session: Session) -> dict:
     reasons = [str(p.stats[FLOPS_UNKNOWN_STAT]) for p in session.host_planes() if p.stats.get(FLOPS_UNKNOWN_STAT)]
     out[None] = reasons[0] if reasons else NOT_COSTED_REASON if shapes else NO_SHAPES_REASON
     launched: dict[tuple, list] = {}  # (host, op number) -> its kernels: (name, duration ps, FLOPs, bytes, label)
-    kinds: dict[str, bool] = {}
+    kinds: dict[str, str] = {}
     uncaptured: dict[str, int] = {}
     for plane in session.device_planes(with_events=True):
         for line in plane.lines:
@@ -230,41 +251,57 @@ def _launched_op_costs(session: Session) -> dict:
                 launched.setdefault((plane.host, op), []).append(
                     (name, duration, flops, bytes_, plane.strings[label] if label >= 0 else ""))
                 if name not in kinds:
-                    kinds[name] = categorize(None, None, name) in _COSTED_KINDS
+                    kinds[name] = categorize(None, None, name)
     for kernels in launched.values():
-        doing = [k for k in kernels if kinds[k[0]]] or kernels
+        # An op's elementwise and copy kernels (addmm's bias copied into the output before a cuBLAS gemv) never do
+        # its products: where no kernel is named a GEMM, convolution or attention, the FLOPs go to the others.
+        doing = ([k for k in kernels if kinds[k[0]] in _COSTED_KINDS]
+                 or [k for k in kernels if kinds[k[0]] not in _NOT_ARITHMETIC] or kernels)
         total = sum(k[1] for k in doing)
         for name, duration, flops, bytes_, label in doing:
             share = duration / total if total else 1 / len(doing)
-            entry = out.setdefault(name, [0.0, 0.0, 0, {}])
+            entry = out.setdefault(name, [0.0, 0.0, 0, {}, 0])
             entry[0] += flops * share
             entry[1] += bytes_ * share
             entry[2] += 1
             entry[3][label] = entry[3].get(label, 0.0) + flops * share
+            entry[4] += duration
     out[_UNCAPTURED] = uncaptured
     return out
 
 
 def _launched_cost(costs: dict, name: str, count: int, category: str) -> dict | None:
-    """A PyTorch kernel row's cost from the CPU ops that launched it: known where every run was launched by a costed
-    op (a rate over part of the runs would not be the row's); else why not, for the kinds that do arithmetic."""
+    """A PyTorch kernel row's cost from the CPU ops that launched it: FLOPs and bytes per run over the runs a costed
+    op launched, with those runs (costed_runs) and their time (costed_ps) where they are not all of them: the row's
+    rates are theirs over their own time; why the others have none (uncosted_runs_because). Where none is costed,
+    why not, for the kinds that do arithmetic."""
     entry = costs.get(name)
-    if entry is not None and entry[2] >= count:
-        flops, bytes_, runs, labels = entry
+    early = costs[_UNCAPTURED].get(name, 0)
+    if entry is not None and entry[2]:
+        flops, bytes_, runs, labels, costed_ps = entry
         label = max(labels, key=labels.get)
         inputs, _, output = label.partition(" -> ")  # a convolution's label ends with its output's shape
         op_name, *shapes = inputs.split(" ")
-        return {"shape": output, "operand_shapes": [s for s in shapes if "[" in s], "opcode": op_name, "fusion_kind": "",
-                "op_name": label, "source": "", "flops": flops / runs, "bytes": bytes_ / runs, "flops_known": True,
-                "cost_source": "launching CPU op's input shapes (Kineto 'Input Dims'/'Input type')"}
+        cost = {"shape": output, "operand_shapes": [s for s in shapes if "[" in s], "opcode": op_name,
+                "fusion_kind": "", "op_name": label, "source": "", "flops": flops / runs, "bytes": bytes_ / runs,
+                "flops_known": True, "cost_source": "launching CPU op's input shapes (Kineto 'Input Dims'/'Input type')"}
+        if runs < count:
+            others = count - runs
+            some = f"the other {others}" if early == others else f"{early} of the other {others}"
+            because = (f"{some} {'were' if early > 1 else 'was'} launched before the capture began (their launch call "
+                       "is not in the trace), so their op and shapes are not known" if early else "")
+            if others > early:
+                because += ("; " if because else "") + (
+                    f"{others - early} {'were' if others - early > 1 else 'was'} launched by a CPU op whose FLOPs "
+                    f"are not counted ({costs[None]})")
+            cost.update(costed_runs=runs, costed_ps=costed_ps, uncosted_runs_because=because)
+        return cost
     if category not in _COSTED_KINDS and entry is None:
         return None
-    because = costs[None] if entry is None else (
-        f"only {entry[2]} of its {count} runs were launched by a CPU op whose input shapes give its FLOPs")
-    early = costs[_UNCAPTURED].get(name, 0)
-    if entry is not None and early:
-        because += (f"; {early} were launched before the capture began (their launch call is not in the trace), "
-                    "so their op and shapes are not known")
+    because = costs[None]
+    if early:
+        because += (f"; {early} of its {count} runs were launched before the capture began (their launch call is not "
+                    "in the trace), so their op and shapes are not known")
     return {"shape": "", "operand_shapes": [], "opcode": "", "fusion_kind": "", "op_name": "", "source": "",
             "flops_known": False, "flops_unknown_because": because}
 
@@ -313,12 +350,13 @@ def costed_work(session: Session) -> CostedWork:
     working = [s for s in op_stats(session) if s.category not in COPY_OP_CATEGORIES]
     working_ps = sum(s.total_ps for s in working)
     costed = [s for s in working if s.cost and s.cost["flops_known"]]
-    seconds = sum(s.total_ps for s in costed) / 1e12
+    # The costed runs' time only: a row some of whose runs are costed counts those runs' FLOPs over their own time.
+    seconds = sum(s.costed_ps for s in costed) / 1e12
     return CostedWork(
         stats=costed,
-        flops=sum(s.cost["flops"] * s.count for s in costed),
+        flops=sum(s.cost["flops"] * s.costed_count for s in costed),
         # HBM bytes only; an async op's bytes move between its start and its wait, counted by neither event.
-        bytes=sum(s.hbm_bytes * s.count for s in costed if not s.moves_data_asynchronously),
+        bytes=sum(s.hbm_bytes * s.costed_count for s in costed if not s.moves_data_asynchronously),
         seconds=seconds,
         covered_percent=round(100 * seconds * 1e12 / working_ps, 2) if working_ps else 0.0,
     )
