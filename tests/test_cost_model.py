@@ -227,3 +227,45 @@ def test_a_fused_attention_call_is_costed_from_the_scores_its_config_names():
     wrong = HloInstruction("fmha", "custom-call", "tuple", (), (), ("q", "k", "v"), "", "", "", (),
                            custom_call_target="__cudnn$fmhaSoftmax", attention_scores=(2, 6, 1024, 2048))
     assert attention_flops(wrong, HloComputation("main", [*qkv, wrong])) is None
+
+
+def _attention_backward_record(name: str, layout: str, causal: bool) -> dict:
+    """A fused attention backward's CPU-op args as Kineto writes them, built on the pattern of the forward records in
+    ../shared/traces/kineto_TraceLens_h100_Qwen1.5-0.5B-Chat.json.gz (aten::_scaled_dot_product_flash_attention:
+    bf16[16,16,559,64] Q, K and V, `Scalar` inputs with their values in Concrete Inputs, tensors with ""). No shared
+    trace has a backward one: the inputs are those of the backward's own schema, (grad_out, query, key, value, out,
+    logsumexp, ...), its causal flag where that schema puts it (custom_mask_type for the efficient kernel)."""
+    from xdiag.profile.torch_op_cost import ATTENTION_BACKWARD_OPS
+
+    shape = [16, 16, 559, 64] if layout == "BHSD" else [16, 559, 16, 64]
+    flag_at = ATTENTION_BACKWARD_OPS[name][1][0]
+    count = flag_at + 3
+    dims = [shape, shape, shape, shape, shape, [16, 16, 559]] + [[] for _ in range(count - 6)]
+    types = ["c10::BFloat16"] * 5 + ["float"] + ["Scalar"] * (count - 6)
+    concrete = [""] * 6 + ["0"] * (count - 6)
+    concrete[flag_at] = ("1" if causal else "0") if name == "aten::_efficient_attention_backward" else str(causal)
+    return {"Input Dims": dims, "Input type": types, "Concrete Inputs": concrete}
+
+
+@pytest.mark.parametrize("name", [
+    "aten::_scaled_dot_product_flash_attention_backward", "aten::_flash_attention_backward",
+    "aten::_scaled_dot_product_efficient_attention_backward", "aten::_efficient_attention_backward",
+    "aten::_scaled_dot_product_cudnn_attention_backward",
+])
+def test_a_fused_attention_backward_is_two_and_a_half_forwards(name):
+    """Q, K, V bf16 of batch 16, 16 heads, 559 tokens, head size 64: the forward is 4·B·H·S²·D = 20,478,754,816
+    FLOPs (10,257,694,720 causal: the 156,520 of 559² score entries a causal mask keeps), the backward 2.5 times
+    that, read from the backward's own inputs and flag."""
+    from xdiag.profile.torch_op_cost import ATTENTION_BACKWARD_OPS, op_cost
+
+    layout = ATTENTION_BACKWARD_OPS[name][0]
+    full = op_cost(name, _attention_backward_record(name, layout, causal=False))
+    causal = op_cost(name, _attention_backward_record(name, layout, causal=True))
+    assert full["flops"] == 2.5 * 4 * 16 * 16 * 559 * 559 * 64 == 51_196_887_040
+    assert causal["flops"] == 2.5 * 2 * 16 * 16 * (559 * 560 // 2) * 128
+    assert "causal" in causal["label"] and "causal" not in full["label"]
+    # Q, K, V, out and its gradient read, the three gradients written: 8 arrays of 16·16·559·64 bf16.
+    assert full["bytes"] == 8 * 16 * 16 * 559 * 64 * 2
+    unknown = _attention_backward_record(name, layout, causal=True)
+    unknown["Concrete Inputs"] = []
+    assert "causal" in op_cost(name, unknown)["reason"]

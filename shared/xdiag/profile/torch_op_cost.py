@@ -2,7 +2,8 @@
 `Input type`, `Concrete Inputs`; written when the profiler ran with `record_shapes=True`).
 
 Only the ops whose work the shapes fix are counted: the matrix products (aten::mm, addmm, bmm, baddbmm, matmul,
-linear), the fused attention forwards (flash, memory-efficient, cuDNN) and the convolutions (aten::convolution,
+linear), the fused attention forwards (flash, memory-efficient, cuDNN) and their backwards (2.5x the forward's
+FLOPs: BACKWARD_ATTENTION_FACTOR) and the convolutions (aten::convolution,
 _convolution, cudnn_/miopen_convolution and their transposes, convolution_backward). FLOPs are the multiply-adds'
 2·M·K·N (bias and scaling adds are not counted, as XLA's cost model and HTA/TraceLens do not); attention is its two
 products over the score entries the mask keeps, 2·B·H·(D+Dv) per entry; a convolution 2·|output|·(C_in/groups)·
@@ -38,6 +39,20 @@ ATTENTION_OPS = {
     "aten::_scaled_dot_product_efficient_attention": ("BHSD", 6),
     "aten::_scaled_dot_product_cudnn_attention": ("BHSD", 6),
 }
+ATTENTION_BACKWARD_OPS = {
+    # op -> (layout of Q/K/V, indexes where its is_causal may be, the first that holds a bool): the inputs are
+    # (grad_out, query, key, value, ...). The SDPA efficient backward of PyTorch 2.0 had no attn_bias: is_causal at 6.
+    "aten::_flash_attention_backward": ("BSHD", (11,)),
+    "aten::_scaled_dot_product_flash_attention_backward": ("BHSD", (11,)),
+    "aten::_scaled_dot_product_efficient_attention_backward": ("BHSD", (11, 6)),
+    "aten::_efficient_attention_backward": ("BSHD", (14,)),  # custom_mask_type, not a flag: see _causal
+    "aten::_scaled_dot_product_cudnn_attention_backward": ("BHSD", (14,)),
+    "aten::_cudnn_attention_backward": ("BHSD", (14,)),
+}
+BACKWARD_ATTENTION_FACTOR = 2.5
+"""A fused attention backward's FLOPs over its forward's: it recomputes the scores (one product) and computes the
+gradients of Q, K, V and the scores (four), 2.5x the forward's two products at the forward's multiply-add count
+(FlashAttention's paper, and XLA's cost of a cuDNN fMHA backward, count it so)."""
 CONVOLUTION_OPS = {
     # op -> index in its inputs of (stride, padding, dilation, output_padding, groups, transposed); transposed a
     # bool where the op fixes it. cudnn_convolution[_transpose] lost its bias input in PyTorch 1.8: _convolution_args.
@@ -52,7 +67,7 @@ CONVOLUTION_BACKWARD = "aten::convolution_backward"
 # convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed, output_padding,
 # groups, output_mask)
 _BACKWARD_TRANSPOSED, _BACKWARD_MASK = 7, 10
-COSTED_OPS = (*GEMM_OPS, *ATTENTION_OPS, *CONVOLUTION_OPS, CONVOLUTION_BACKWARD)
+COSTED_OPS = (*GEMM_OPS, *ATTENTION_OPS, *ATTENTION_BACKWARD_OPS, *CONVOLUTION_OPS, CONVOLUTION_BACKWARD)
 NO_SHAPES_REASON = ("the trace was recorded without input shapes (torch.profiler's record_shapes=False): its CPU "
                     "ops carry no 'Input Dims', so their FLOPs cannot be counted")
 NOT_COSTED_REASON = ("the CPU op that launched it is not a matrix product, convolution or fused attention, whose "
@@ -90,12 +105,21 @@ def _matmul_dims(a: list[int], b: list[int]) -> tuple[int, int, int, int] | None
 
 
 def _causal(name: str, concrete: list, index: int | None) -> bool | None:
-    if name == "aten::_efficient_attention_forward":
-        value = concrete[9] if len(concrete) > 9 else ""
+    if name in ("aten::_efficient_attention_forward", "aten::_efficient_attention_backward"):
+        at = 9 if name.endswith("forward") else 14  # custom_mask_type: 0 none, 1 and 2 causal
+        value = concrete[at] if len(concrete) > at else ""
         return None if value in ("", None) else str(value) not in ("0",)
     if index is None or index >= len(concrete) or concrete[index] in ("", None):
         return None
     return str(concrete[index]) == "True"
+
+
+def _backward_causal(name: str, concrete: list) -> bool | None:
+    if name == "aten::_efficient_attention_backward":
+        return _causal(name, concrete, None)
+    found = [str(concrete[i]) for i in ATTENTION_BACKWARD_OPS[name][1]
+             if i < len(concrete) and str(concrete[i]) in ("True", "False")]
+    return None if not found else found[0] == "True"
 
 
 def op_cost(name: str, args: dict) -> dict | None:
@@ -107,7 +131,7 @@ def op_cost(name: str, args: dict) -> dict | None:
     if not isinstance(dims, list) or not isinstance(types, list):
         return {"reason": NO_SHAPES_REASON}
     concrete = args.get("Concrete Inputs") or []
-    if name in ATTENTION_OPS:
+    if name in ATTENTION_OPS or name in ATTENTION_BACKWARD_OPS:
         return _attention_cost(name, dims, types, concrete)
     if name in CONVOLUTION_OPS:
         return _convolution_cost(name, dims, types, concrete)
@@ -137,8 +161,11 @@ def op_cost(name: str, args: dict) -> dict | None:
 
 
 def _attention_cost(name: str, dims: list, types: list, concrete: list) -> dict:
-    layout, causal_index = ATTENTION_OPS[name]
-    q, k, v = (_shape(dims, types, i) for i in range(3))
+    """A fused attention forward's two products over the score entries its mask keeps; a backward's
+    BACKWARD_ATTENTION_FACTOR times its forward's, from its own query, key, value and causal flag."""
+    backward = name in ATTENTION_BACKWARD_OPS
+    layout = ATTENTION_BACKWARD_OPS[name][0] if backward else ATTENTION_OPS[name][0]
+    q, k, v = (_shape(dims, types, i + backward) for i in range(3))
     if q is None or k is None or v is None or not (len(q[0]) == len(k[0]) == len(v[0]) == 4):
         return {"reason": f"{name}'s recorded inputs hold no 4-D query, key and value (a packed variable-length "
                           "batch: its sequence lengths are not in the shapes)"}
@@ -146,7 +173,7 @@ def _attention_cost(name: str, dims: list, types: list, concrete: list) -> dict:
         (batch, sq, heads, d), (_, sk, _, _), dv = q[0], k[0], v[0][3]
     else:
         (batch, heads, sq, d), (_, _, sk, _), dv = q[0], k[0], v[0][3]
-    causal = _causal(name, concrete, causal_index)
+    causal = _backward_causal(name, concrete) if backward else _causal(name, concrete, ATTENTION_OPS[name][1])
     if causal is None:
         return {"reason": f"{name}'s trace does not say whether its mask is causal (no 'Concrete Inputs'), which "
                           "halves its FLOPs"}
@@ -160,8 +187,12 @@ def _attention_cost(name: str, dims: list, types: list, concrete: list) -> dict:
         kept = sq * sk - sq * (sq - 1) // 2 if sq <= sk else sk * (sk + 1) // 2
     flops = 2 * batch * heads * kept * (d + dv)
     read = sum(prod(s) * ELEMENT_BYTES.get(t, size) for s, t in (q, k, v))
-    return {"flops": flops, "bytes": read + batch * heads * sq * dv * size,
-            "label": " ".join([name + (" causal" if causal else ""), *(_text(s, t) for s, t in (q, k, v))])}
+    output = batch * heads * sq * dv * size
+    label = " ".join([name + (" causal" if causal else ""), *(_text(s, t) for s, t in (q, k, v))])
+    if backward:
+        # Reads Q, K, V, the output and its gradient; writes the gradients of Q, K and V.
+        return {"flops": round(BACKWARD_ATTENTION_FACTOR * flops), "bytes": 2 * read + 2 * output, "label": label}
+    return {"flops": flops, "bytes": read + output, "label": label}
 
 
 def _ints(value) -> list[int] | None:
