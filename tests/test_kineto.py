@@ -382,6 +382,47 @@ def test_a_launch_slow_at_every_step_is_not_warm_up(diagnosed):
     assert d.breakdown.get("warm_up", 0.0) == 0.0 and d.breakdown["dispatch"] > 5
 
 
+def _allocator_trace(path: Path, slow_steps: set[int], steps: int = 4) -> Path:
+    """A Kineto trace of `steps` 10 ms ProfilerStep#N windows, each with five cudaMalloc calls (10 µs) and a kernel
+    launch, the first cudaMalloc 4 ms long in the steps in `slow_steps`: the allocator freeing its cache and growing
+    it again (torch.cuda.empty_cache() every step, or fragmentation), as a real trace's cuda_runtime events are
+    written (cat, name, pid, tid, ts, dur, args.correlation)."""
+    events: list[dict] = []
+    correlation = 0
+    for step in range(steps):
+        start = 1_000 + step * 10_000
+        events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{step}", "pid": 1, "tid": 1,
+                       "ts": start, "dur": 9_900, "args": {}})
+        at = start + 10
+        for call in range(5):
+            correlation += 1
+            dur = 4_000 if call == 0 and step in slow_steps else 10
+            events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaMalloc", "pid": 1, "tid": 1, "ts": at,
+                           "dur": dur, "args": {"correlation": correlation}})
+            at += dur + 5
+        correlation += 1
+        events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": at,
+                       "dur": 5, "args": {"correlation": correlation}})
+        events.append({"ph": "X", "cat": "kernel", "name": "void gemm_kernel", "pid": 0, "tid": "stream 7",
+                       "ts": at + 20, "dur": 3_000, "args": {"device": 0, "stream": 7, "correlation": correlation}})
+    path.write_text(json.dumps({"traceEvents": events}))
+    return path
+
+
+@pytest.mark.parametrize("slow_steps, warm_up", [({0}, True), ({0, 1, 2, 3}, False), ({1, 2, 3}, False),
+                                                 ({2}, True)])
+def test_a_runtime_call_slow_in_most_steps_is_not_warm_up(tmp_path, slow_steps, warm_up):
+    """A cudaMalloc 4 ms long against a 10 µs median is warm-up where one step pays it (the first, or any one), and
+    per-step overhead where most of the trace's annotated steps do (ProfilerStep#N): the recurrence guard."""
+    from xdiag.analysis.breakdown import warm_up_calls
+    from xdiag.analysis.timeline import host_events
+
+    session = read_session([_allocator_trace(tmp_path / "w.pt.trace.json", slow_steps)])
+    found = [w for events in host_events(session) for w in warm_up_calls(events) if w.function == "cudaMalloc"]
+    assert len(found) == (len(slow_steps) if warm_up else 0), found
+    assert all(w.ms == pytest.approx(4.0) and w.later_call_ms_median == pytest.approx(0.01) for w in found)
+
+
 def test_blocking_pageable_copies_are_host_syncs(diagnosed):
     """cudaMemcpyAsync whose GPU copy is pageable blocks the host until the stream drains: 30 device-to-pageable
     copies hold the host 758 ms in '## sparse_data_dist ##' while the GPU copies for 0.08 ms."""

@@ -137,13 +137,15 @@ def _slow_runtime_calls(events: HostEvents) -> list[WarmUpCall]:
     call's median, by the first-call rule's ratio and excess (and, as there, two other calls to compare with): the
     first cudaFree that sets up the context, a stream or library handle created once, the allocator growing; and a
     launch that loads its kernel's module: only the first launch of its kernel (first_launch_stat), as a launch
-    that is slow at every step (a full launch queue, a lock) is not paid once."""
+    that is slow at every step (a full launch queue, a lock) is not paid once. Nor is another call that is slow in
+    most of the trace's annotated steps (_slow_in_most_steps: the allocator freeing and growing again each step)."""
     words = events.vocabulary
     calls = events.select(words.runtime_call)
     starts, ends, names = calls.start_ps, calls.end_ps, events.names(words.runtime_call)
     firsts = events.select(_NO_NAME, words.first_launch_stat) if words.first_launch_stat else None
     first_starts = set(zip(firsts.line.tolist(), firsts.start_ps.tolist())) if firsts is not None else set()
     is_first = np.array([key in first_starts for key in zip(calls.line.tolist(), starts.tolist())], dtype=bool)
+    steps = _annotated_steps(events)
     out = []
     for name in np.unique(names):
         if words.sync.search(str(name)) or _COPY_CALL.search(str(name)):
@@ -156,9 +158,31 @@ def _slow_runtime_calls(events: HostEvents) -> list[WarmUpCall]:
         slow = (durations >= WARM_UP_MIN_RATIO * median) & (durations - median >= WARM_UP_MIN_EXCESS_PS)
         if words.dispatch.search(str(name)):
             slow &= is_first[idx]
+        elif _slow_in_most_steps(starts[idx[slow]], steps):
+            continue
         out += [WarmUpCall(events.host, str(name), int(starts[i]), int(ends[i]), median / PS_PER_MS, first_call=False)
                 for i in idx[slow]]
     return out
+
+
+def _annotated_steps(events: HostEvents) -> list[tuple[int, int]]:
+    """(start, end) of each step the trace's own step annotations mark (ProfilerStep#N), one per step number."""
+    spans: dict[int, tuple[int, int]] = {}
+    for number, start, end in events.step_annotations()[1]:
+        found = spans.get(number)
+        spans[number] = (start, end) if found is None else (min(found[0], start), max(found[1], end))
+    return sorted(spans.values())
+
+
+def _slow_in_most_steps(slow_starts: np.ndarray, steps: list[tuple[int, int]]) -> bool:
+    """Whether a call's slow runs start in more than half of the annotated steps, and in two at least: a cost every
+    step pays (per-step overhead), not a one-time one. Without two steps to compare, nothing recurs."""
+    if len(steps) < 2 or not len(slow_starts):
+        return False
+    ordered = np.sort(slow_starts)
+    hit = sum(1 for start, end in steps
+              if np.searchsorted(ordered, end, side="left") > np.searchsorted(ordered, start, side="left"))
+    return hit >= 2 and hit > len(steps) / 2
 
 
 def largest_sync_event(events: HostEvents) -> tuple[str, float] | None:
