@@ -713,7 +713,7 @@ def _rows(name: str) -> tuple[dict[str, dict], object]:
     return {s.name: s.row(total, peaks) for s in stats}, costed_work(session)
 
 
-def test_a_row_some_of_whose_runs_launched_before_the_capture_is_rated_over_the_others():
+def test_a_row_some_of_whose_runs_launched_before_the_capture_is_rated_over_the_others(diagnosed):
     """H100 Qwen1.5: 73 of its bf16 GEMM kernel's 241 runs were launched before the capture began (their correlation
     ids name no runtime call; they run as long as the others: 53.9 µs against 52.7 µs on average). The row is rated
     over the 168 runs an aten::mm or addmm launched, their FLOPs (2·M·K·N of the op's Input Dims) over their own
@@ -733,6 +733,7 @@ def test_a_row_some_of_whose_runs_launched_before_the_capture_is_rated_over_the_
     assert row["flops_per_run"] * runs / (micros / 1e6) / 1e12 == pytest.approx(tflops, rel=0.15)
     assert row["costed_share_of_op_time_percent"] < row["share_of_op_time_percent"]
     assert 0 < row["roofline_efficiency_percent"] <= 100
+    assert "are over some of their runs only" in diagnosed(QWEN15).html  # the report says so beside the table
     # The program's costed share holds this row's costed runs' time, not its others'.
     assert work.seconds == pytest.approx(sum(s.costed_ps for s in work.stats) / 1e12)
     assert work.seconds < sum(s.total_ps for s in work.stats) / 1e12

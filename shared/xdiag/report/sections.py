@@ -397,6 +397,11 @@ def op_profile_section(results: Mapping[str, ToolResult], limits: Limits) -> Sec
     ops = [o for o in r.detail.get("ops") or [] if isinstance(o, Mapping)]
     if ops:
         part.blocks.append(Block(kind="table", title=f"Slowest {len(ops)} ops, by category", table=op_table(ops, categories, limits)))
+        partial = [o for o in ops if o.get("rates_over")]
+        if partial:  # a PyTorch kernel row rated over the runs a costed CPU op launched, not all of them
+            part.blocks.append(Block(kind="text", muted=True, text=(
+                f"FLOPs and rates of {len(partial)} of these ops are over some of their runs only ("
+                f"{str(partial[0].get('op'))[:60]}: over {partial[0]['rates_over']}).")))
     else:
         part.blocks.append(Block(kind="text", text="no ops listed", muted=True))
     if r.detail.get("note"):
