@@ -120,7 +120,8 @@ def roofline_summary(rows: list[dict], ridge_flop_per_byte: float | None = None)
     dominant_ops_roofline_efficiency_percent (time-weighted, over those with a measured efficiency where they
     hold at least half the dominant ops' time),
     dominant_ops_measured_share_percent (the op time those hold) and dominant_ops_unmeasured (each other one,
-    with why: FLOPs unknown, an impossible value, or only a lower bound)."""
+    with why: FLOPs unknown, an impossible value, or only a lower bound; and the runs of a row rated over some of
+    them only). Shares of measured rows are their costed runs' (measured_share), never time no rate speaks for."""
     low = memory_bound_rows(rows)
     passes = _weighted(low, "program_memory_passes")
     # Only the passes beyond the first are avoidable: a program moving its data k times wastes (1 - 1/k) of it.
