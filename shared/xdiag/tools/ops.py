@@ -342,8 +342,8 @@ class CostedWork:
         if not self.seconds:
             return "no op with known FLOPs and bytes ran on the device"
         return (f"only {self.covered_percent}% of the compute op time is in ops whose FLOPs and bytes are known "
-                "(kernels the profile's HLO does not name, or opaque custom calls); a rate over them would not be "
-                "the program's")
+                "(kernels that no HLO instruction or costed PyTorch op accounts for, opaque custom calls, runs "
+                "launched before the capture); a rate over them would not be the program's")
 
 
 def costed_work(session: Session) -> CostedWork:
