@@ -164,3 +164,14 @@ def test_a_map_delivered_twice_decodes_once_and_a_lost_one_is_published_again_by
     assert done["repairs"] == 1
     assert done["last_repair"]["missing"] == f"1 host file(s) never mapped: {lost[0].uri.rsplit('/', 1)[-1]}"
     assert sorted(pod.decoded()) == sorted(pod.maps(done))  # each host decoded exactly once
+
+
+def test_a_session_read_whole_has_only_the_session_limit(lockstep, tmp_path):
+    """The per-host limits are the map stage's (what one invocation decodes): where hosts are not mapped (`xdiag
+    analyze`, or XDIAG_MAP_HOSTS_FROM=0) a file over them is read, as before."""
+    pipeline = Pipeline(tmp_path / "buckets", map_hosts_from=0, max_hosts=1, max_host_file_bytes=1000)
+    pipeline.folder.parent.mkdir(parents=True)
+    _pod(pipeline.folder, lockstep["straggler_compute"], 2)
+    analysis = pipeline.announce()
+    assert analysis["status"] == "DONE", analysis.get("failure_reason")
+    assert pipeline.decoded() == [] and len(analysis["profile"]["hosts"]) == 2

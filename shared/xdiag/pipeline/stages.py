@@ -220,9 +220,12 @@ def fail_analysis(deps: Dependencies, analysis: Analysis, reason: str) -> None:
 
 
 def beyond_limits(deps: Dependencies, files: list[BlobInfo]) -> str | None:
-    """Why a session cannot be analysed here, where it is over a limit: more host files than `max_hosts`, a file over
-    `max_host_file_bytes` (what one map invocation decodes) or, all files together, over the session limit (what the
-    reduce and each tool instance hold, mapped)."""
+    """Why a session the map stage would decode cannot be analysed, where it is over a limit: more host files than
+    `max_hosts`, a file over `max_host_file_bytes` (what one map invocation decodes) or, all files together, over the
+    session limit (what the reduce and each tool instance hold, mapped). A session read whole (`xdiag analyze`, one
+    host) has only the session limit, which its reader checks."""
+    if not deps.sessions.maps_hosts(files):
+        return None
     if len(files) > deps.max_hosts:
         return (f"the session has {len(files)} host files, over the limit of {deps.max_hosts} hosts per session "
                 "(XDIAG_MAX_HOSTS); analyse a subset of its hosts in a session of their own")
@@ -232,7 +235,7 @@ def beyond_limits(deps: Dependencies, files: list[BlobInfo]) -> str | None:
                 f"{deps.max_host_file_bytes / 2**30:.2f} GiB per host file (XDIAG_MAX_HOST_FILE_GIB); capture a shorter "
                 "window, or raise the limit with the memory of map_host")
     total = sum(info.size for info in files)
-    if deps.sessions.maps_hosts(files) and total > deps.sessions.max_bytes:  # (a session read whole: its reader says)
+    if total > deps.sessions.max_bytes:
         return (f"the session's {len(files)} host files are {total / 2**30:.2f} GiB together, over the "
                 f"{deps.sessions.max_bytes / 2**30:.2f} GiB limit per session (XDIAG_MAX_PROFILE_GIB: what the reduce "
                 "and each tool instance map); capture a shorter window or raise the limit with their memory")
