@@ -13,8 +13,8 @@ from typing import Any
 
 from xdiag.cloud.runtime import CloudConfig, firestore_client
 from xdiag.model import CaptureReady
-from xdiag.pipeline.layout import host_file_key, session_prefix, state_key
-from xdiag.pipeline.ports import BlobInfo, StateStore
+from xdiag.pipeline.layout import host_file_key, recorded_input, session_prefix, state_key
+from xdiag.pipeline.ports import StateStore
 from xdiag.pipeline.runs import RUNS
 from xdiag.pipeline.sweep import epoch, overdue_s
 from xdiag.pipeline.topics import (
@@ -198,7 +198,7 @@ def _host_maps(state: StateStore, analysis: dict[str, Any]) -> list[dict[str, An
         return []
     rows = []
     for info in sorted(analysis.get("inputs") or [], key=lambda i: i["uri"]):
-        key = host_file_key(BlobInfo(uri=info["uri"], size=int(info["size"]), generation=str(info["generation"])))
+        key = host_file_key(recorded_input(info))
         doc = recorded.get(key, {})
         rows.append({"host": info["uri"].rsplit("/", 1)[-1], "status": doc.get("status", "pending"),
                      "duration_ms": doc.get("duration_ms"), "input_bytes": int(info["size"]),

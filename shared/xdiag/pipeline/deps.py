@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import tempfile
@@ -136,8 +137,6 @@ class SessionLoader:
                 self._blobs.put_file(out, uri)
             return uri, size
         finally:
-            import gc
-
             gc.collect()
             _return_freed_memory_to_the_os()
 

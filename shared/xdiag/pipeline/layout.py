@@ -94,6 +94,11 @@ def inputs_key(files: list[BlobInfo]) -> str:
     return digest.hexdigest()[:24]
 
 
+def recorded_input(recorded: dict) -> BlobInfo:
+    """One of an analysis' recorded inputs (`Analysis.inputs`: uri, generation, size) as the file version it names."""
+    return BlobInfo(uri=recorded["uri"], size=int(recorded["size"]), generation=str(recorded["generation"]))
+
+
 def host_file_key(info: BlobInfo) -> str:
     """One key per version of one host file: its map's document and prepared file are named by it, so a session whose
     other files change (a late host, a replaced file) maps only what changed."""

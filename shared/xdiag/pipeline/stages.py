@@ -49,6 +49,7 @@ from xdiag.pipeline.layout import (
     output_uri,
     parse_profile_uri,
     prepared_host_uri,
+    recorded_input,
     session_files,
     session_prefix,
     state_key,
@@ -171,7 +172,7 @@ def live_files(deps: Dependencies, root: str, run_folder: str, session: str) -> 
 
 
 def _inputs(analysis: Analysis) -> list[BlobInfo]:
-    return [BlobInfo(uri=i["uri"], size=int(i["size"]), generation=str(i["generation"])) for i in analysis.inputs]
+    return [recorded_input(i) for i in analysis.inputs]
 
 
 def _work(analysis: Analysis) -> str:
@@ -393,6 +394,11 @@ def run_tool(message: ToolRun, deps: Dependencies) -> None:
                                                  attempt=message.attempt))
 
 
+def _input_of(analysis: Analysis, message: HostMapRun) -> BlobInfo | None:
+    """The analysis' input a map run names (that URI at that generation), or None."""
+    return next((i for i in _inputs(analysis) if (i.uri, i.generation) == (message.uri, message.generation)), None)
+
+
 def map_host(message: HostMapRun, deps: Dependencies) -> None:
     """The map stage: decodes one host file of a many-host session into its prepared columns and records it; the
     delivery that finds every host of the analysis recorded announces the session again on `captures`, once (a
@@ -403,7 +409,7 @@ def map_host(message: HostMapRun, deps: Dependencies) -> None:
         raise LookupError(f"unknown analysis {message.analysis_id!r}: collect has not recorded it")
     if analysis.status != "MAPPING_HOSTS":
         return  # reduced already, finished, failed or superseded: nothing waits for this host any more
-    info = next((i for i in _inputs(analysis) if i.uri == message.uri and i.generation == message.generation), None)
+    info = _input_of(analysis, message)
     if info is None:
         raise PoisonMessage(f"{message.uri} (generation {message.generation!r}) is not a file of analysis "
                             f"{analysis.analysis_id}")
@@ -751,7 +757,7 @@ def dead_letter(message: DeadLetter, deps: Dependencies) -> None:
         deps.bus.publish(TOPIC_TOOL_RESULTS, ToolDone(analysis_id=analysis.analysis_id, tool=original.tool,
                                                      attempt=original.attempt))
     elif isinstance(original, HostMapRun):
-        info = next((i for i in _inputs(analysis) if i.uri == original.uri), None)
+        info = _input_of(analysis, original)
         if info is None or analysis.status != "MAPPING_HOSTS":
             return
         deps.state.create(host_maps_collection(analysis.analysis_id), host_file_key(info), {

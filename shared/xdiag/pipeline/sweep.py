@@ -51,7 +51,7 @@ from xdiag.model import (
     utc_now,
 )
 from xdiag.pipeline.deps import Dependencies
-from xdiag.pipeline.layout import host_file_key, inputs_key, output_uri, state_key
+from xdiag.pipeline.layout import host_file_key, inputs_key, output_uri, recorded_input, state_key
 from xdiag.pipeline.ports import BlobInfo
 from xdiag.pipeline.runs import CAPTURED_KINDS, run_for_path
 from xdiag.pipeline.stages import fail_analysis, is_current, publish_tool_runs, valid_profile_object
@@ -207,10 +207,6 @@ def _repair_announcement(deps: Dependencies, folder: str, session: str, files: l
     return True
 
 
-def _blob(recorded: dict[str, Any]) -> BlobInfo:
-    return BlobInfo(uri=recorded["uri"], size=int(recorded["size"]), generation=str(recorded["generation"]))
-
-
 def _missing(deps: Dependencies, analysis: Analysis) -> str:
     """What the analysis waits for, in words, with the last error a stage raised on it (the real cause: a full disk,
     a service that refused)."""
@@ -228,7 +224,7 @@ def _waiting_for(deps: Dependencies, analysis: Analysis) -> str:
         return "every tool reported but the fan-in never started the investigation"
     if analysis.status == "MAPPING_HOSTS":
         mapped = {key for key, _ in deps.state.list(host_maps_collection(analysis.analysis_id))}
-        lost = [i["uri"].rsplit("/", 1)[-1] for i in analysis.inputs if host_file_key(_blob(i)) not in mapped]
+        lost = [i["uri"].rsplit("/", 1)[-1] for i in analysis.inputs if host_file_key(recorded_input(i)) not in mapped]
         if lost:
             return f"{len(lost)} host file(s) never mapped: {', '.join(lost[:10])}{' …' if len(lost) > 10 else ''}"
         return "every host file was mapped but the session was never assembled"
