@@ -164,8 +164,10 @@ def op_stats(session: Session) -> list[OpStat]:
             module = session.module_for(module_name, None if pid == NO_VALUE else pid) if module_name else None
             cost = instruction_cost(module, name) if module else None
             recorded = profile_costs.get((module_name, name))
-            if recorded and not recorded["flops"] and cost and cost["opcode"] == "custom-call":
-                # XLA's cost model cannot see into a custom call and records 0 FLOPs for it: not a count.
+            if recorded and cost and cost["opcode"] == "custom-call" and (not recorded["flops"] or cost["library_kernel"]):
+                # XLA's cost model cannot see into a custom call and records 0 FLOPs for it, or the kernel author's
+                # estimate (flash attention's forward: the dense reference's, causal or not): not a count where the
+                # kernel's operands and known semantics give one.
                 recorded = None
             if recorded:
                 # The profiler's own cost model beats counting from shapes, but where it counts work the program

@@ -189,6 +189,23 @@ _ACCELERATOR = [
              "memory_bound"),
     Workload("host_augment_loop", "unannotated loop: numpy augmentation, jnp.asarray and small programs per iteration",
              "input_bound"),
+    Workload("decode_streamed", "batch-1 decoding, layers under lax.scan: each layer's weights streamed into VMEM "
+             "by async copies", "memory_bound"),
+    Workload("decode_streamed_b64", "decode_streamed at batch 64: the same streamed weights serve 64 sequences",
+             "memory_bound"),
+    Workload("gru_scan_train", "two-layer GRU trained over 1,024 dependent steps under lax.scan, weights in VMEM",
+             "latency_bound"),
+    Workload("flash_attention_train", "causal attention training step on JAX's Pallas flash-attention kernels",
+             "optimal"),
+    Workload("paged_attention_decode", "decode attention on JAX's Pallas paged-attention kernel over a paged KV cache",
+             "memory_bound"),
+    Workload("ragged_attention_serve", "mixed prefill and decode on JAX's Pallas ragged paged-attention kernel",
+             "memory_bound"),
+    Workload("megablox_moe", "MoE feed-forward layer on megablox grouped matmuls (Pallas), forward and backward",
+             "optimal"),
+    Workload("int8_matmul", "chained int8 x int8 -> int32 matrix products near the int8 MXU peak", "optimal"),
+    Workload("near_hbm_limit", "compute-bound training step whose program holds ~82% of HBM (a resident table)",
+             "memory_pressure"),
 ]
 
 ACCELERATOR_WORKLOADS: dict[str, Workload] = {w.name: w for w in _ACCELERATOR}
