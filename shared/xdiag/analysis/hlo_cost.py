@@ -214,6 +214,7 @@ def instruction_cost(module: HloModule, name: str) -> dict | None:
         **_handed_on_cost(handed_on(ins, operands, computation)),
         "hbm_share": hbm_share(ins, operands),
         "result_memory_space": ins.memory_space if ins.dtype != "tuple" else 0,
+        "result_bytes": shape_bytes(ins) if ins.dtype != "tuple" else 0.0,
         "in_loop_body": computation.name in module.loop_bodies,
         **({"matmul_precision": precision} if precision else {}),
     }

@@ -2,8 +2,8 @@
 
 Healthy: batch 2, 16 heads, sequence 4,096, head dim 128, bf16, causal, 512-wide blocks. The step is the kernel
 forward (``flash_attention``) and its backward (the dK/dV and dQ kernels) under ``jax.value_and_grad``; the
-kernels hold nearly all of the op time. Per step the arithmetic is 2·B·H·S²·D·(2 forward + 5 backward) halved by
-the causal mask, ~2.4 TFLOP, which the MXU-bound kernels run at a good share of the chip's bf16 peak. The kernels
+kernels hold most of the op time. The kernels' products per step are 2·B·H·S²·D·(2 forward + 4 dK/dV + 3 dQ)
+halved by the causal mask, 0.62 TFLOP, which the MXU-bound kernels run at about half the chip's bf16 peak. The kernels
 carry no cost estimate a profile reader can trust (the forward's counts the full S×S; the backward's none), so the
 rates come from the operands and the kernels' semantics.
 """

@@ -2,9 +2,10 @@
 
 Problem (a decode step's nature, not a defect): batch 32, 32 query heads over 8 KV heads, head dim 128, bf16 pages
 of 16 tokens, 2,048 tokens per sequence. Each call reads every sequence's K and V pages once
-(B·L·2·H_kv·D·2 bytes = 537 MB) and does 4·B·H_q·L·D FLOPs on them (~2 FLOPs per byte with 4 query heads per KV
-head): the kernel is bound by HBM bandwidth, and its time is the cache's size over it. The cure is fewer bytes
-per token (int8/fp8 KV cache, more query heads per KV head) or more queries per read (speculative decoding).
+(B·L·2·H_kv·D·2 bytes = 268 MB) and does 4·B·H_q·L·D FLOPs on them (4 FLOPs per byte with 4 query heads per KV
+head): the kernel is bound by HBM bandwidth. With 16-token pages and 8 pages per compute block, each of its DMAs
+moves 4 KB, and the kernel reaches a small share of the HBM roof: larger pages or more pages per compute block
+first; then fewer bytes per token (int8/fp8 KV cache) or more queries per read (speculative decoding).
 """
 
 from __future__ import annotations
