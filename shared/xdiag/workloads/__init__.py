@@ -217,7 +217,7 @@ _ACCELERATOR = [
              "opaque_kernel"),
     Workload("decode_prefetched", "batch-1 decoding of a 200 MB model: weight tiles prefetched into VMEM by async "
              "copies", "memory_bound"),
-    Workload("near_hbm_limit", "compute-bound training step whose program holds ~82% of HBM (a resident table)",
+    Workload("near_hbm_limit", "compute-bound training step whose program holds ~86% of HBM (a resident table)",
              "memory_pressure"),
 ]
 

@@ -1,9 +1,9 @@
-"""A compute-bound training step whose program holds ~85% of the device's memory (a large resident table).
+"""A compute-bound training step whose program holds ~86% of the device's memory (a large resident table).
 
 Problem: a recommendation-style step: a bf16 embedding table sized to most of the device's memory (donated, so
 XLA updates it in place), a gather of the batch's rows, and a bf16 MLP (d 4,096, 8 layers, batch 8,192) trained on
 them with the sampled rows' gradients scattered back into the table. The arithmetic is healthy (large matrix
-products); the risk is memory: the program's peak is ~85% of HBM, so a longer sequence, a bigger batch or a
+products); the risk is memory: the program's peak is ~86% of HBM, so a longer sequence, a bigger batch or a
 fragmented heap ends in an out-of-memory error. Levers: shard or offload the table (host memory, another chip),
 rematerialise activations (``jax.checkpoint``), smaller micro-batches.
 """
@@ -16,8 +16,9 @@ import jax.numpy as jnp
 from xdiag.workloads._common import pick, run_steps
 
 DEFAULT_STEPS = 8
-TARGET_FRACTION = 0.82
-"""The share of the device's memory the program should hold (on a device that reports its limit)."""
+TABLE_FRACTION = 0.80
+"""The share of the device's memory the table takes (on a device that reports its limit); with the MLP's weights,
+activations and gradients (~1 GiB) the program's peak is ~86% of a 16 GiB v5e."""
 LAYERS = 8
 
 
@@ -25,18 +26,16 @@ def _sizes() -> tuple[int, int, int]:
     return pick((256, 512, 64), (8192, 4096, 2048))  # (batch, d_model, embedding dim)
 
 
-def _table_rows(d: int, batch: int, dim: int) -> int:
-    stats = jax.devices()[0].memory_stats() or {}
-    limit = stats.get("bytes_limit")
+def _table_rows(dim: int) -> int:
+    limit = (jax.devices()[0].memory_stats() or {}).get("bytes_limit")
     if not limit:
         return 4096  # a CPU reports no limit: a small table, the same program
-    others = LAYERS * d * d * 2 * 3 + batch * d * 2 * (LAYERS * 3 + 4) + batch * dim * 2 * 4
-    return max(int((limit * TARGET_FRACTION - others) / (dim * 2)) // 1024 * 1024, 1024)
+    return int(limit * TABLE_FRACTION / (dim * 2)) // 1024 * 1024
 
 
 def setup():
     batch, d, dim = _sizes()
-    rows = _table_rows(d, batch, dim)
+    rows = _table_rows(dim)
     keys = iter(jax.random.split(jax.random.key(8), LAYERS + 4))
     table = jnp.zeros((rows, dim), jnp.bfloat16)
     proj = (jax.random.normal(next(keys), (dim, d)) / dim**0.5).astype(jnp.bfloat16)
