@@ -266,3 +266,153 @@ def test_a_loop_counts_only_its_own_time(workload, analyses):
     assert all(row["share_of_op_time_percent"] < 10 for row in loops), [
         (row["op"], row["share_of_op_time_percent"]) for row in loops]
     assert analyses[workload][0].health["top_category"] != "control_flow"
+
+
+# Issue 44: ordinary TPU jobs read as the chip runs them. Hand counts from each workload's shapes.
+FLASH_SHAPE = dict(batch=2, heads=16, seq=4096, head_dim=128)
+
+
+def _flash_kernel_flops(products: int, batch=2, heads=16, seq=4096, head_dim=128) -> float:
+    """`products` matrix products of 2·B·H·S²·D each, halved by the causal mask (the kernels skip the blocks above
+    the diagonal)."""
+    return products * 2 * batch * heads * seq * seq * head_dim / 2
+
+
+CHIP_HAND_FLOPS_PER_STEP = {
+    # eight int8 [8192,8192]x[8192,8192] products (XLA's cost model counts them at half)
+    "int8_matmul": 8 * 2 * 8192**3,
+    # flash attention: forward QKᵀ, PV; dK/dV recomputes QKᵀ and does dV, dP, dK; dQ recomputes QKᵀ, does dP, dQ
+    "flash_attention_train": _flash_kernel_flops(2 + 4 + 3),
+    # megablox: up and down grouped products forward (2·T·D·F each), dW_up, dW_down and dH backward (no dX)
+    "megablox_moe": 5 * 2 * 8192 * 2048 * 4096,
+    # GRU: per time step and layer x·W and h·U ([32,512]x[512,1536]); forward x3 for forward and backward
+    "gru_scan_train": 3 * 2 * 1024 * 2 * (2 * 32 * 512 * 1536),
+    # near_hbm_limit: rows·proj [8192,2048]x[2048,4096] and 8 layers of [8192,4096]x[4096,4096], forward x3
+    "near_hbm_limit": 3 * 2 * 8192 * (2048 * 4096 + 8 * 4096 * 4096),
+}
+
+
+@pytest.mark.parametrize("workload", sorted(CHIP_HAND_FLOPS_PER_STEP))
+def test_chip_rates_match_a_hand_count(workload, analyses):
+    """The rate over the time the device computes against the hand count: int8 products counted in full, the
+    flash kernels from their operands with the causal half skipped, megablox from its kernels' estimates."""
+    analysis = analyses[workload][0]
+    compute_s = _step_s(analysis) * analysis.health["breakdown_percent"]["compute"] / 100
+    assert analysis.health["achieved_gflops_per_s"] == pytest.approx(
+        CHIP_HAND_FLOPS_PER_STEP[workload] / compute_s / 1e9, rel=0.15)
+
+
+def test_int8_products_are_rated_against_the_int8_peak(analyses):
+    """Failed before: 172 TFLOP/s and '98% of the compute roof' against the bf16 peak (XLA counts an int8 product
+    at half). Each product: 2·8192³ integer ops in ~2.88 ms, ~382 TOP/s of the v5e's 394."""
+    rows = _tool(analyses["int8_matmul"][1], "get_hlo_op_profile")["detail"]["ops"]
+    products = [r for r in rows if r["category"] == "matmul"]
+    assert len(products) == 8
+    for row in products:
+        hand_tops = 2 * 8192**3 / (row["avg_us"] / 1e6) / 1e12
+        assert row["achieved_gflops_per_s"] / 1e3 == pytest.approx(hand_tops, rel=0.02)
+        assert row["roof_gflops_per_s"] == 394_000 and "int8" in row["roof_basis"]
+        assert 80 < row["roofline_efficiency_percent"] <= 100
+    products_s = sum(r["total_ms"] for r in products) / 1e3 / MANIFEST["int8_matmul"]["steps"]
+    assert analyses["int8_matmul"][0].health["roofline_efficiency_percent"] == pytest.approx(
+        100 * CHIP_HAND_FLOPS_PER_STEP["int8_matmul"] / products_s / 394e12, rel=0.05)
+
+
+@pytest.mark.parametrize("kernel, products", [("jvp_jit_flash_attention", 2), ("flash_mha_bwd_dkv", 4),
+                                              ("flash_mha_bwd_dq", 3)])
+def test_flash_attention_kernels_are_costed_from_their_operands(kernel, products, analyses):
+    """Failed before: the backward kernels had no FLOPs and the forward the dense reference's estimate (the full
+    S x S of a causal kernel), so the session could not be called healthy. Causal is read from the kernel's body
+    (it builds a positional iota); each kernel runs at about half the bf16 peak."""
+    rows = _tool(analyses["flash_attention_train"][1], "get_hlo_op_profile")["detail"]["ops"]
+    row = next(r for r in rows if r["op"].startswith(kernel))
+    assert row["flops_per_run"] == _flash_kernel_flops(products)
+    assert "causal" in row["cost_source"] and row["bound"] == "compute"
+    hand_tflops = _flash_kernel_flops(products) / (row["avg_us"] / 1e6) / 1e12
+    assert row["achieved_gflops_per_s"] / 1e3 == pytest.approx(hand_tflops, rel=0.01)
+    assert 40 < row["roofline_efficiency_percent"] < 60
+
+
+@pytest.mark.parametrize("workload, kv_bytes, other_bytes", [
+    # 32 sequences x 2,048 tokens x 8 KV heads x 128, K and V, bf16; q f32[32,32,1,128] in, the same out with its
+    # two f32[32,32,1,1] softmax statistics
+    ("paged_attention_decode", 2 * 32 * 2048 * 8 * 128 * 2, 2 * 32 * 32 * 128 * 4 + 2 * 32 * 32 * 4),
+    # 64 sequences x 1,024 tokens x 4 KV heads x 128, K and V, bf16; q bf16[1084,16,128] in and out
+    ("ragged_attention_serve", 2 * 64 * 1024 * 4 * 128 * 2, 2 * 1084 * 16 * 128 * 2)])
+def test_paged_attention_kernels_are_rated_on_the_cache_they_read(workload, kv_bytes, other_bytes, analyses):
+    """Failed before: the kernels had no FLOPs or bytes ('no rule matched'). Each call reads every sequence's K and
+    V pages once; the sequence lengths are runtime values, so the cost is an upper bound and says so."""
+    rows = _tool(analyses[workload][1], "get_hlo_op_profile")["detail"]["ops"]
+    kernels = [r for r in rows if r.get("opcode") == "custom-call"]
+    assert sum(r["share_of_op_time_percent"] for r in kernels) > 90
+    for row in kernels:
+        assert row["bytes_per_run"] == kv_bytes + other_bytes
+        assert "upper bound" in row["cost_source"] and row["bound"] == "memory"
+        assert row["achieved_gb_per_s"] == pytest.approx(kv_bytes / (row["avg_us"] / 1e6) / 1e9, rel=0.08)
+
+
+def test_small_pages_leave_the_paged_kernel_far_below_the_hbm_roof(analyses):
+    """16-token pages, 8 per compute block: 4 KB DMAs; the kernel reads its 268 MB at ~126 GB/s (15%)."""
+    analysis = analyses["paged_attention_decode"][0]
+    assert analysis.health["memory_bound_kind"] == "below_bandwidth_roof"
+    finding = analysis.diagnosis.findings[0]
+    assert finding.key == "memory_bound" and "below" in finding.title.lower()
+
+
+def test_a_decode_loop_fed_by_vmem_prefetches_is_rated_with_its_copies(analyses):
+    """decode_prefetched's matrix-vector fusions read weight tiles that async copies brought into VMEM: the loop's
+    HBM bytes are mostly the copies'. By hand: 8 layers x 12·1024² bf16 weights and a 2x8x512x1024 cache per
+    token, 32 tokens per call: 6.98 GB per call over the program's op time."""
+    analysis, out = analyses["decode_prefetched"]
+    summary = _tool(out, "get_hlo_op_profile")["summary"]
+    per_token = 8 * 12 * 1024 * 1024 * 2 + 8 * 2 * 512 * 1024 * 2
+    assert summary["program_hbm_gb_per_run"] == pytest.approx(32 * per_token / 1e9, rel=0.05)
+    op_s_per_call = summary["total_op_time_ms"] / 1e3 / MANIFEST["decode_prefetched"]["steps"]
+    assert summary["program_hbm_gb_per_s"] == pytest.approx(32 * per_token / op_s_per_call / 1e9, rel=0.05)
+    assert summary["program_hbm_async_copy_share_percent"] > 50 and summary["memory_wait_percent"] > 20
+    assert summary["memory_bound_kind"] == "at_bandwidth_roof" and summary["program_hbm_efficiency_percent"] > 80
+    finding = analysis.diagnosis.findings[0]
+    assert finding.key == "memory_bound"
+    assert any(e.metric == "program_hbm_gb_per_s" for e in finding.evidence)
+
+
+def test_ops_fed_from_vmem_are_never_rated_above_the_hbm_peak(analyses):
+    """Failed before: gru_scan_train was 'memory-bound at the HBM bandwidth roof', citing ops at 1,694-2,080 GB/s
+    (2.5x the v5e's 819). Those ops' weights sit in VMEM: no HBM rate is shown for them, and the reading is
+    latency (thousands of ~1 µs dependent steps)."""
+    rows = _tool(analyses["gru_scan_train"][1], "get_hlo_op_profile")["detail"]["ops"]
+    inferred = [r for r in rows if r.get("operands_on_chip_inferred")]
+    assert inferred and all(r["achieved_gb_per_s"] is None and r["bound"] == "compute" for r in inferred)
+    for analysis, out in analyses.values():
+        for row in _tool(out, "get_hlo_op_profile")["detail"]["ops"]:
+            if (row.get("achieved_gb_per_s") or 0) > V5E_HBM_GB_S * 1.05:
+                assert row.get("not_a_measurement"), row["op"]
+        for finding in analysis.diagnosis.findings:
+            for e in finding.evidence:
+                if e.metric.endswith("achieved_gb_per_s") and isinstance(e.value, (int, float)):
+                    assert e.value <= V5E_HBM_GB_S * 1.05, (finding.key, e)
+
+
+def test_every_custom_kernel_holding_a_fifth_of_op_time_is_costed_or_floored_and_read(analyses):
+    """Issue 44: each custom call with 20% of op time has FLOPs and bytes, or a stated floor, and a reading."""
+    for name, (analysis, out) in analyses.items():
+        for row in _tool(out, "get_hlo_op_profile")["detail"]["ops"]:
+            if row.get("opcode") != "custom-call" or row["share_of_op_time_percent"] < 20:
+                continue
+            costed = row.get("flops_per_run") is not None and row.get("bytes_per_run")
+            assert costed or row.get("achieved_gb_per_s_floor"), (name, row["op"])
+            read = analysis.diagnosis.status == Status.OPTIMAL or analysis.diagnosis.findings
+            assert read, name
+
+
+def test_a_kernel_no_one_can_cost_gets_its_own_finding_with_a_floor(analyses):
+    """pallas_rmsnorm: a hand-written Pallas kernel with no cost estimate and three operands holds the step. Its
+    floor: bf16[16384,4096] read and written, plus the scale, per call."""
+    analysis, out = analyses["pallas_rmsnorm"]
+    finding = analysis.diagnosis.findings[0]
+    assert finding.key == "opaque_kernel" and "CostEstimate" in finding.fix
+    rows = [r for r in _tool(out, "get_hlo_op_profile")["detail"]["ops"] if r.get("opcode") == "custom-call"]
+    floor = 2 * 16384 * 4096 * 2 + 4096 * 2
+    for row in rows:
+        assert row["bytes_floor_per_run"] == floor
+        assert row["achieved_gb_per_s_floor"] == pytest.approx(floor / (row["avg_us"] / 1e6) / 1e9, rel=0.01)

@@ -23,15 +23,12 @@ def roofline(row: dict, peaks: dict | None) -> dict:
     on_chip = bool(row.get("data_on_chip"))  # no HBM bytes: only the compute peak bounds it
     if (intensity is None and not on_chip) or achieved is None or bandwidth is None:
         return {}
-    peak_flops, peak_bw = peaks["peak_flops_per_s"], peaks["peak_hbm_bytes_per_s"]
+    peak_bw = peaks["peak_hbm_bytes_per_s"]
+    peak_flops = compute_peak(row.get("operand_shapes") or [], peaks)
     narrow = eight_bit_operands(row)
     wide = not narrow and any(str(s).startswith(("f32", "f64")) for s in row.get("operand_shapes") or [])
     f32_peak = peaks.get("peak_f32_matmul_flops_per_s")
     narrow_peak = peaks.get(EIGHT_BIT_PEAKS[narrow]) if narrow else None
-    if wide and f32_peak:
-        peak_flops = f32_peak  # f32 operands have their own, lower roof (TF32/FP32 matrix rate)
-    elif narrow_peak:
-        peak_flops = narrow_peak  # 8-bit products run at their own, higher rate (int8 on a v5e: twice bf16)
     if not on_chip and intensity and bandwidth * 1e9 > peak_bw * ON_CHIP_RATE_MARGIN:
         # Bytes the shapes say moved at a rate HBM cannot carry were served from on-chip memory (a TPU's VMEM, a
         # GPU's caches): HBM does not bound this op, and that rate is no HBM bandwidth.
@@ -72,6 +69,17 @@ def roofline(row: dict, peaks: dict | None) -> dict:
 EIGHT_BIT_PEAKS = {"int8": "peak_int8_ops_per_s", "fp8": "peak_fp8_flops_per_s"}
 ON_CHIP_RATE_MARGIN = 1.05
 """A rate this far over the HBM peak cannot be HBM traffic (within it: timing noise of one short op)."""
+
+
+def compute_peak(operand_shapes: list[str], peaks: dict) -> float:
+    """The compute roof of an op with these operands: the f32 matrix rate for f32/f64 operands, the int8 or fp8
+    rate for two 8-bit operands, else the 16-bit peak (where the datasheet gives no other)."""
+    narrow = eight_bit_operands({"operand_shapes": operand_shapes})
+    if narrow:
+        return peaks.get(EIGHT_BIT_PEAKS[narrow]) or peaks["peak_flops_per_s"]
+    if any(str(s).startswith(("f32", "f64")) for s in operand_shapes):
+        return peaks.get("peak_f32_matmul_flops_per_s") or peaks["peak_flops_per_s"]
+    return peaks["peak_flops_per_s"]
 
 
 def eight_bit_operands(row: dict) -> str | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from xdiag.analysis.device_peaks import session_peaks
+from xdiag.analysis.roofline import ON_CHIP_RATE_MARGIN, compute_peak
 from xdiag.errors import NotAvailable
 from xdiag.profile.space import Session
 from xdiag.tools.common import try_view, xprof_source
@@ -81,13 +82,19 @@ def program_roofline(session: Session, peaks: dict) -> dict:
     if not moved or not work.speaks_for_the_program:
         out["roofline_unavailable_because"] = work.not_representative_because()
         return out
-    intensity = flops / moved
+    peak_flops, peak_bw = peaks.get("peak_flops_per_s"), peaks.get("peak_hbm_bytes_per_s")
+    if peak_bw:
+        # Bytes no HBM could carry in their op's time were served on chip (roofline()): not HBM traffic.
+        on_chip = sum(stat.hbm_bytes * stat.costed_count for stat in costed if not stat.moves_data_asynchronously
+                      and stat.hbm_bytes * stat.costed_count / peak_bw > ON_CHIP_RATE_MARGIN * stat.costed_ps / 1e12)
+        moved -= on_chip
+        if on_chip:
+            out["on_chip_bytes_left_out_percent"] = round(100 * on_chip / (moved + on_chip), 1)
     out.update(
         op_time_achieved_tflops_per_s=round(flops / seconds / 1e12, 3),
         op_time_achieved_gb_per_s=round(moved / seconds / 1e9, 1),
-        op_time_intensity_flop_per_byte=round(intensity, 3),
+        op_time_intensity_flop_per_byte=round(flops / moved, 3) if moved else None,
     )
-    peak_flops, peak_bw = peaks.get("peak_flops_per_s"), peaks.get("peak_hbm_bytes_per_s")
     if peak_flops and peak_bw:
         # Each op against its own roof (f32 operands have a lower one): the time the ops would take at their
         # roofs over the time they took, with the bytes the op table counts (HBM only: VMEM-held arrays are not
@@ -96,10 +103,10 @@ def program_roofline(session: Session, peaks: dict) -> dict:
         for stat in costed:
             if stat.moves_data_asynchronously:
                 continue
-            f32_peak = peaks.get("peak_f32_matmul_flops_per_s")
-            wide = f32_peak and any(str(o).startswith(("f32", "f64")) for o in stat.cost.get("operand_shapes") or [])
-            flop_s = stat.cost["flops"] * stat.costed_count / (f32_peak if wide else peak_flops)
+            flop_s = stat.cost["flops"] * stat.costed_count / compute_peak(stat.cost.get("operand_shapes") or [], peaks)
             byte_s = stat.hbm_bytes * stat.costed_count / peak_bw
+            if byte_s > ON_CHIP_RATE_MARGIN * stat.costed_ps / 1e12:
+                byte_s = 0.0  # bytes no HBM could carry in its time: served on chip (roofline(): not HBM-bound)
             compute_s, memory_s = (compute_s + flop_s, memory_s) if flop_s >= byte_s else (compute_s, memory_s + byte_s)
             timed_s += stat.costed_ps / 1e12
         efficiency = 100 * (compute_s + memory_s) / timed_s if timed_s else 0.0
