@@ -90,7 +90,8 @@ def tool(name: str, question: str, parameters: dict[str, dict[str, Any]] | None 
 
 
 def validate_args(spec: ToolSpec, args: dict[str, Any]) -> dict[str, Any]:
-    """Checks names, types, ranges (`minimum`/`maximum`) and regular expressions (`format: re2`) of arguments;
+    """Checks names, types, ranges (`minimum`/`maximum`), choices (`enum`) and regular expressions (`format: re2`) of
+    arguments;
     raises ValueError with the reason. A model's call is checked here before it is charged to the budget."""
     unknown = set(args) - set(spec.parameters)
     if unknown:
@@ -110,6 +111,8 @@ def validate_args(spec: ToolSpec, args: dict[str, Any]) -> dict[str, Any]:
             raise ValueError(f"{spec.name}: argument {arg!r} must be from {low} to {high}, got {value!r}")
         if isinstance(value, str) and len(value) > param.get("max_length", 1000):
             raise ValueError(f"{spec.name}: argument {arg!r} is longer than {param.get('max_length', 1000)} characters")
+        if "enum" in param and value not in param["enum"]:
+            raise ValueError(f"{spec.name}: argument {arg!r} must be one of {param['enum']}, got {value!r}")
         if param.get("format") == "re2":
             compile_pattern(value)
     return args
