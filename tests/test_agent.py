@@ -168,6 +168,14 @@ def test_no_cache_keeps_nothing(tmp_path):
     assert not (tmp_path / "cache").exists()
 
 
+def test_a_cache_that_cannot_be_written_is_said_and_the_tool_still_answers(tmp_path):
+    (tmp_path / "a-file").write_text("not a folder")
+    env = {"XDIAG_LOCAL_CACHE_DIR": str(tmp_path / "a-file" / "cache")}
+    done = _xdiag("tool", "get_kpi_metrics", str(H200 / "healthy.xplane.pb"), cwd=tmp_path, env=env)
+    assert done.returncode == 0 and json.loads(done.stdout)["status"] == "ok"
+    assert "cannot be written" in done.stderr
+
+
 def test_a_failed_answer_is_never_kept(tmp_path):
     cache = ResultCache(tmp_path / "cache")
     files = [H200 / "healthy.xplane.pb"]

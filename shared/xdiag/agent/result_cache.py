@@ -18,6 +18,7 @@ import functools
 import hashlib
 import json
 import os
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -86,10 +87,14 @@ class ResultCache:
         return text
 
     def store_answer(self, files: list[Path], tool: str, args: dict[str, Any], result_json: str) -> None:
-        """Keeps a tool's JSON result (the caller keeps failures out)."""
+        """Keeps a tool's JSON result (the caller keeps failures out); a cache that cannot be written is said on
+        stderr and skipped: the answer stands without it."""
         entry = self.entry(files)
-        _write(self._answer_path(entry, tool, args), result_json.encode())
-        self._trim(entry)
+        try:
+            _write(self._answer_path(entry, tool, args), result_json.encode())
+            self._trim(entry)
+        except OSError as exc:
+            _unwritable(self.root, exc)
 
     def session(self, files: list[Path], name: str, max_bytes: int):
         """The session of these file versions: mapped from the entry where an earlier call decoded it, else read
@@ -111,15 +116,18 @@ class ResultCache:
                 _touch(entry)
                 return session
         session = read_session(files, name=name, max_bytes=max_bytes)
-        entry.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=entry, prefix=".", suffix=".part", delete=False) as part:
-            pass
         try:
-            save_session(session, Path(part.name), prepared.export(session))
-            os.replace(part.name, stored)  # readers never see a half-written file
-        finally:
-            Path(part.name).unlink(missing_ok=True)
-        self._trim(entry)
+            entry.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=entry, prefix=".", suffix=".part", delete=False) as part:
+                pass
+            try:
+                save_session(session, Path(part.name), prepared.export(session))
+                os.replace(part.name, stored)  # readers never see a half-written file
+            finally:
+                Path(part.name).unlink(missing_ok=True)
+            self._trim(entry)
+        except OSError as exc:
+            _unwritable(self.root, exc)
         return session
 
     def _trim(self, keep: Path) -> None:
@@ -152,6 +160,11 @@ def answer_tool(files: list[Path], session_name: str, tool: str, args: dict[str,
     if cache is not None and result.status.value != "failed":
         cache.store_answer(files, tool, key, text)
     return text, result.status.value
+
+
+def _unwritable(root: Path, exc: OSError) -> None:
+    print(f"xdiag: the result cache {root} cannot be written ({exc.strerror or exc}); answering without it "
+          "(XDIAG_LOCAL_CACHE_DIR names another folder, --no-cache skips it)", file=sys.stderr)
 
 
 def _touch(entry: Path) -> None:
