@@ -25,28 +25,34 @@ class Datasheet:
     """Dense matrix rate with f32 operands, from the same page: TF32 tensor cores (A100 on, MI300X/MI325X), FP32
     matrix cores (MI250X), FP32 CUDA cores (V100). None where the page gives none (TPUs: the MXU multiplies in
     bf16, f32 at higher precision in several bf16 passes; the 16-bit peak is their roof)."""
+    int8_tops: float | None = None
+    """Dense int8 matrix rate (tera-operations/s), from the same page; None where it gives none."""
+    fp8_tflops: float | None = None
+    """Dense fp8 matrix rate, from the same page; None where it gives none (or the device has no fp8 units)."""
 
 
 DATASHEETS = {
     d.model: d
     for d in (
         # Google Cloud TPU system architecture pages (per chip, bf16).
-        Datasheet("TPU v4", 275, 1200, "https://cloud.google.com/tpu/docs/v4"),
-        Datasheet("TPU v5e", 197, 819, "https://cloud.google.com/tpu/docs/v5e"),
-        Datasheet("TPU v5p", 459, 2765, "https://cloud.google.com/tpu/docs/v5p"),
-        Datasheet("TPU v6e", 918, 1638, "https://cloud.google.com/tpu/docs/v6e"),
-        Datasheet("TPU7x", 2307, 7380, "https://cloud.google.com/tpu/docs/tpu7x"),
+        Datasheet("TPU v4", 275, 1200, "https://cloud.google.com/tpu/docs/v4", int8_tops=275),
+        Datasheet("TPU v5e", 197, 819, "https://cloud.google.com/tpu/docs/v5e", int8_tops=394),
+        Datasheet("TPU v5p", 459, 2765, "https://cloud.google.com/tpu/docs/v5p", int8_tops=918),
+        Datasheet("TPU v6e", 918, 1638, "https://cloud.google.com/tpu/docs/v6e", int8_tops=1836),
+        Datasheet("TPU7x", 2307, 7380, "https://cloud.google.com/tpu/docs/tpu7x", fp8_tflops=4614),
         # NVIDIA data-center datasheets (SXM parts; dense Tensor Core bf16, fp16 on V100; TF32 dense, half the
         # "with sparsity" figure the pages give; FP32 on V100).
         Datasheet("V100", 125, 900, "https://www.nvidia.com/en-us/data-center/v100/", 15.7),
-        Datasheet("A100", 312, 2039, "https://www.nvidia.com/en-us/data-center/a100/", 156),
-        Datasheet("H100", 989, 3350, "https://www.nvidia.com/en-us/data-center/h100/", 494.7),
-        Datasheet("H200", 989, 4800, "https://www.nvidia.com/en-us/data-center/h200/", 494.7),
-        Datasheet("B200", 2250, 8000, "https://www.nvidia.com/en-us/data-center/hgx/", 1125),
+        Datasheet("A100", 312, 2039, "https://www.nvidia.com/en-us/data-center/a100/", 156, int8_tops=624),
+        Datasheet("H100", 989, 3350, "https://www.nvidia.com/en-us/data-center/h100/", 494.7, int8_tops=1979, fp8_tflops=1979),
+        Datasheet("H200", 989, 4800, "https://www.nvidia.com/en-us/data-center/h200/", 494.7, int8_tops=1979, fp8_tflops=1979),
+        Datasheet("B200", 2250, 8000, "https://www.nvidia.com/en-us/data-center/hgx/", 1125, int8_tops=4500, fp8_tflops=4500),
         # AMD Instinct product pages (dense bf16 matrix peak; TF32 matrix, FP32 matrix on MI250X).
         Datasheet("MI250X", 383, 3277, "https://www.amd.com/en/products/accelerators/instinct/mi200/mi250x.html", 95.7),
-        Datasheet("MI300X", 1307.4, 5300, "https://www.amd.com/en/products/accelerators/instinct/mi300/mi300x.html", 653.7),
-        Datasheet("MI325X", 1307.4, 6000, "https://www.amd.com/en/products/accelerators/instinct/mi300/mi325x.html", 653.7),
+        Datasheet("MI300X", 1307.4, 5300, "https://www.amd.com/en/products/accelerators/instinct/mi300/mi300x.html", 653.7,
+                  int8_tops=2614.9, fp8_tflops=2614.9),
+        Datasheet("MI325X", 1307.4, 6000, "https://www.amd.com/en/products/accelerators/instinct/mi300/mi325x.html", 653.7,
+                  int8_tops=2614.9, fp8_tflops=2614.9),
         Datasheet("MI350X", 2307.2, 8000, "https://www.amd.com/en/products/accelerators/instinct/mi350/mi350x.html"),
         Datasheet("MI355X", 2516.6, 8000, "https://www.amd.com/en/products/accelerators/instinct/mi350/mi355x.html"),
     )
@@ -114,6 +120,8 @@ def checked_peaks(stats: dict[str, Any], xprof_flops_gflops: float | None = None
 
     Returns: device_model (or None), peak_flops_per_s, peak_hbm_bytes_per_s, ridge_flop_per_byte,
     peak_f32_matmul_flops_per_s and f32_matmul_basis (the roof of ops with f32 operands; None where unknown),
+    peak_int8_ops_per_s and peak_fp8_flops_per_s (the roofs of 8-bit matrix products; None where the datasheet
+    gives none),
     flops_source / bandwidth_source ("datasheet <url>" | "recorded in the profile" | "XProf's roofline_model"),
     recorded_* (what the profile and XProf said), peak_warnings (one sentence per disagreement).
     """
@@ -165,6 +173,8 @@ def checked_peaks(stats: dict[str, Any], xprof_flops_gflops: float | None = None
         f32_flops = flops
         out["f32_matmul_basis"] = ("f32 operands: the MXU's bf16 peak (it multiplies in bf16; f32 at higher "
                                    "precision takes several passes)")
+    for key, rate in (("peak_int8_ops_per_s", sheet and sheet.int8_tops), ("peak_fp8_flops_per_s", sheet and sheet.fp8_tflops)):
+        out[key] = rate * 1e12 if rate else None
     out.update(
         peak_f32_matmul_flops_per_s=f32_flops,
         peak_flops_per_s=flops,

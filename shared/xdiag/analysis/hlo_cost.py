@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from math import prod
 
+from xdiag.analysis.library_kernels import library_kernel_cost
 from xdiag.profile.schema import BYTES_PER_ELEMENT
 from xdiag.profile.space import HloComputation, HloInstruction, HloModule
 
@@ -72,11 +73,15 @@ def gemm_flops(ins: HloInstruction, computation: HloComputation) -> float | None
 
 def custom_kernel_cost(ins: HloInstruction, computation: HloComputation) -> tuple[float, float | None, str] | None:
     """(FLOPs, bytes or None, how they were found) of a custom kernel whose code the HLO does not show (a Pallas /
-    Mosaic / Triton custom call): the cost estimate its author attached, else, where its two operands and result
+    Mosaic / Triton custom call): one of JAX's own Pallas kernels from its operands (library_kernels), else the
+    cost estimate its author attached, else, where its two operands and result
     have exactly the shapes of a matrix product ([B..,M,K]·[B..,K,N] -> [B..,M,N]), 2·B·M·N·K. None otherwise."""
     if (ins.opcode != "custom-call" or is_gemm_call(ins) or ins.custom_call_target in CONV_TARGETS
             or ins.attention_scores):
         return None
+    library = library_kernel_cost(ins, computation)
+    if library is not None:
+        return library
     if ins.kernel_cost_estimate:
         flops, moved = ins.kernel_cost_estimate[:2]
         return flops, moved or None, "the kernel's own cost estimate (its backend config)"
@@ -193,6 +198,7 @@ def instruction_cost(module: HloModule, name: str) -> dict | None:
               "config names" + (", halved for the causal mask)" if ins.attention_causal else ")") if attention_known else
               f"custom kernel: {custom[2]}" if custom is not None else "HLO shapes")
     return {
+        "library_kernel": custom is not None and library_kernel_cost(ins, computation) is not None,
         "flops_known": gemm_known or conv_known or attention_known or custom is not None
         or (ins.opcode != "custom-call" and "custom-call" not in fused),
         "cost_source": source,
@@ -208,6 +214,7 @@ def instruction_cost(module: HloModule, name: str) -> dict | None:
         **_handed_on_cost(handed_on(ins, operands, computation)),
         "hbm_share": hbm_share(ins, operands),
         "result_memory_space": ins.memory_space if ins.dtype != "tuple" else 0,
+        "result_bytes": shape_bytes(ins) if ins.dtype != "tuple" else 0.0,
         "in_loop_body": computation.name in module.loop_bodies,
         **({"matmul_precision": precision} if precision else {}),
     }

@@ -24,10 +24,23 @@ def roofline(row: dict, peaks: dict | None) -> dict:
     if (intensity is None and not on_chip) or achieved is None or bandwidth is None:
         return {}
     peak_flops, peak_bw = peaks["peak_flops_per_s"], peaks["peak_hbm_bytes_per_s"]
-    wide = any(str(s).startswith(("f32", "f64")) for s in row.get("operand_shapes") or [])
+    narrow = eight_bit_operands(row)
+    wide = not narrow and any(str(s).startswith(("f32", "f64")) for s in row.get("operand_shapes") or [])
     f32_peak = peaks.get("peak_f32_matmul_flops_per_s")
+    narrow_peak = peaks.get(EIGHT_BIT_PEAKS[narrow]) if narrow else None
     if wide and f32_peak:
         peak_flops = f32_peak  # f32 operands have their own, lower roof (TF32/FP32 matrix rate)
+    elif narrow_peak:
+        peak_flops = narrow_peak  # 8-bit products run at their own, higher rate (int8 on a v5e: twice bf16)
+    if not on_chip and intensity and bandwidth * 1e9 > peak_bw * ON_CHIP_RATE_MARGIN:
+        # Bytes the shapes say moved at a rate HBM cannot carry were served from on-chip memory (a TPU's VMEM, a
+        # GPU's caches): HBM does not bound this op, and that rate is no HBM bandwidth.
+        return {"bound": "compute", "roof_gflops_per_s": round(peak_flops / 1e9, 3),
+                "roofline_efficiency_percent": round(100 * achieved * 1e9 / peak_flops, 1),
+                "operands_on_chip_inferred": (
+                    f"its operand and result bytes would move at {bandwidth:,.0f} GB/s, over the HBM peak of "
+                    f"{peak_bw / 1e9:,.0f} GB/s: they are served from on-chip memory, so HBM bandwidth does not "
+                    "bound it and that figure is not an HBM rate")}
     compute_bound = on_chip or intensity * peak_bw >= peak_flops
     roof = peak_flops if compute_bound else intensity * peak_bw
     efficiency = 100 * (achieved * 1e9 / peak_flops if compute_bound else bandwidth * 1e9 / peak_bw)
@@ -36,6 +49,11 @@ def roofline(row: dict, peaks: dict | None) -> dict:
         "roof_gflops_per_s": round(roof / 1e9, 3),
         "roofline_efficiency_percent": round(efficiency, 1),
     }
+    if compute_bound and narrow:
+        if narrow_peak:
+            out["roof_basis"] = f"{narrow} operands: the datasheet's {narrow} matrix peak"
+        else:
+            out["efficiency_basis"] = f"16-bit peak; the datasheet gives no {narrow} peak for this device"
     if compute_bound and wide:
         if f32_peak:
             out["roof_basis"] = peaks.get("f32_matmul_basis") or "f32 operands' own peak"
@@ -49,6 +67,22 @@ def roofline(row: dict, peaks: dict | None) -> dict:
             "the peak is wrong, or the op's bytes/FLOPs are not what its shapes say (e.g. data served from a cache, "
             "or moved by another engine)")
     return out
+
+
+EIGHT_BIT_PEAKS = {"int8": "peak_int8_ops_per_s", "fp8": "peak_fp8_flops_per_s"}
+ON_CHIP_RATE_MARGIN = 1.05
+"""A rate this far over the HBM peak cannot be HBM traffic (within it: timing noise of one short op)."""
+
+
+def eight_bit_operands(row: dict) -> str | None:
+    """int8 or fp8 where at least two of the op's operands are of that 8-bit type (the two sides of a product),
+    else None."""
+    kinds = [("int8" if str(s).startswith(("s8[", "u8[")) else "fp8" if str(s).startswith("f8") else None)
+             for s in row.get("operand_shapes") or []]
+    for kind in ("int8", "fp8"):
+        if kinds.count(kind) >= 2:
+            return kind
+    return None
 
 
 LOW_INTENSITY_FLOPS_PER_BYTE = 1.0
@@ -106,7 +140,47 @@ def memory_bound_kind(low: list[dict]) -> tuple[str | None, float | None]:
     return kind, _weighted(group, "roofline_efficiency_percent")
 
 
-def roofline_summary(rows: list[dict], ridge_flop_per_byte: float | None = None) -> dict:
+PREFETCH_WAIT_SIGNIFICANT_PERCENT = 20.0
+"""Op time waiting for async copies from HBM above which a program's HBM traffic is mostly in those copies: its
+ops read on-chip memory, and only the program's bytes over its time measure its use of HBM."""
+
+
+def program_hbm_traffic(rows: list[dict], peak_hbm_gb_per_s: float | None) -> dict:
+    """The HBM traffic of the program holding most op time, async copies included: program_hbm_module,
+    program_hbm_gb_per_run (the bytes its ops move to and from HBM, plus the arrays its async copies bring into
+    on-chip memory), program_hbm_gb_per_s (over its op time), program_hbm_efficiency_percent (of the peak) and
+    program_hbm_async_copy_share_percent (of those bytes, the copies'). {} where the program has no async copies
+    from HBM (its ops' own rates already say it all) or no peak. Rows whose byte counts are not HBM traffic (a rate
+    over the peak) add their time but not their bytes: the rate is then a lower bound, and says so."""
+    if not peak_hbm_gb_per_s or not rows:
+        return {}
+    by_module: dict[str, float] = {}
+    for row in rows:
+        by_module[row["module"]] = by_module.get(row["module"], 0.0) + row["total_ms"]
+    module = max(by_module, key=by_module.get)
+    mine = [r for r in rows if r["module"] == module]
+    copied = sum((r.get("prefetched_hbm_bytes_per_run") or 0.0) * r["count"] for r in mine)
+    if not copied:
+        return {}
+    runs = max((r["count"] for r in mine if r.get("category") == "control_flow"), default=0) or None
+    own = sum(r.get("hbm_bytes_per_run", r.get("bytes_per_run") or 0.0) * r.get("costed_runs", r["count"])
+              for r in mine if r.get("achieved_gb_per_s") is not None and not r.get("not_a_measurement"))
+    left_out = round(sum(r["share_of_op_time_percent"] for r in mine if r.get("not_a_measurement")), 2)
+    seconds = by_module[module] / 1e3
+    rate = (own + copied) / seconds / 1e9
+    out = {"program_hbm_module": module,
+           "program_hbm_gb_per_s": round(rate, 1),
+           "program_hbm_efficiency_percent": round(100 * rate / peak_hbm_gb_per_s, 1),
+           "program_hbm_async_copy_share_percent": round(100 * copied / (own + copied), 1)}
+    if runs:
+        out["program_hbm_gb_per_run"] = round((own + copied) / runs / 1e9, 4)
+    if left_out:
+        out["program_hbm_note"] = (f"a lower bound: {left_out}% of op time is in ops whose byte counts are not HBM "
+                                   "traffic (over the peak), counted in the time but not the bytes")
+    return out
+
+
+def roofline_summary(rows: list[dict], ridge_flop_per_byte: float | None = None, program_hbm: dict | None = None) -> dict:
     """From every op row: memory_bound_op_percent, memory_passes (time-weighted passes of their programs over
     their own data), memory_extra_pass_percent (op time those extra passes cost),
     memory_bandwidth_efficiency_percent, memory_bound_kind (memory_bound_kind()) with
@@ -121,7 +195,9 @@ def roofline_summary(rows: list[dict], ridge_flop_per_byte: float | None = None)
     hold at least half the dominant ops' time),
     dominant_ops_measured_share_percent (the op time those hold) and dominant_ops_unmeasured (each other one,
     with why: FLOPs unknown, an impossible value, or only a lower bound; and the runs of a row rated over some of
-    them only). Shares of measured rows are their costed runs' (measured_share), never time no rate speaks for."""
+    them only). Shares of measured rows are their costed runs' (measured_share), never time no rate speaks for.
+    Where the ops wait on async copies from HBM for PREFETCH_WAIT_SIGNIFICANT_PERCENT of op time, the kind and the
+    bandwidth are the program's (program_hbm_traffic), copies included."""
     low = memory_bound_rows(rows)
     passes = _weighted(low, "program_memory_passes")
     # Only the passes beyond the first are avoidable: a program moving its data k times wastes (1 - 1/k) of it.
@@ -130,6 +206,12 @@ def roofline_summary(rows: list[dict], ridge_flop_per_byte: float | None = None)
     kind, kind_bandwidth = memory_bound_kind(low)
     intensity = _weighted(low, "arithmetic_intensity_flops_per_byte")
     waits = round(sum(o["share_of_op_time_percent"] for o in rows if o.get("waits_for_on_chip_prefetch")), 2)
+    program_rate = (program_hbm or {}).get("program_hbm_efficiency_percent")
+    if waits >= PREFETCH_WAIT_SIGNIFICANT_PERCENT and program_rate is not None and low:
+        # Its ops read what async copies brought on chip: the program's HBM bytes, copies included, over its time
+        # are what measure the bandwidth it uses, not the ops' own (on-chip) bytes.
+        kind = "at_bandwidth_roof" if program_rate >= BANDWIDTH_EFFICIENCY_LOW_PERCENT else "below_bandwidth_roof"
+        kind_bandwidth = bandwidth = program_rate
     # Three readings: at the roof with a few FLOPs per byte, the bytes set the time (more work per byte read, or
     # fewer bytes); far below the roof, the kernel does; at the roof with ample arithmetic per byte (convolutions
     # fused with their normalisation), it is the nature of the work. Without peaks (CPU) only the passes tell.

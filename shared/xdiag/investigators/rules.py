@@ -338,6 +338,7 @@ def _hypotheses(health: dict[str, Any], results: dict[str, ToolResult]) -> list[
     out += _roofline_hypotheses(health, results, base, out)
     out += _transfer_hypotheses(health, results, base)
     out += _unfused_kernel_hypotheses(health, results, base)
+    out += _opaque_kernel_hypotheses(health, results, base, out)
 
     # Memory pressure.
     if health.get("oom_risk") in ("HIGH", "MEDIUM"):
@@ -694,6 +695,10 @@ def _memory_bound_hypothesis(ops: dict[str, Any], low_share: float, low_ops: lis
     if waits:
         evidence.append(_ev("get_hlo_op_profile", "memory_wait_percent", waits,
                             "op time waiting for async copies from HBM into on-chip memory"))
+    if ops.get("program_hbm_gb_per_s") is not None:
+        evidence.append(_ev("get_hlo_op_profile", "program_hbm_gb_per_s", ops["program_hbm_gb_per_s"],
+                            f"{ops['program_hbm_module']}'s HBM bytes over its op time, "
+                            f"{ops['program_hbm_async_copy_share_percent']}% of them in its async copies into VMEM"))
     if ops.get("memory_passes") is not None:
         evidence.append(_ev("get_hlo_op_profile", "memory_passes", ops["memory_passes"],
                             "bytes the programs move per execution over the bytes they must read and write"))
@@ -868,6 +873,46 @@ def _unfused_kernel_hypotheses(health: dict[str, Any], results: dict[str, ToolRe
         _sentence(advice.compile_whole_step(ctx)
                   + ("; XLA fuses a dropout's RandomUniform, GreaterEqual, Cast and Mul into one kernel"
                      if ctx.framework == "TensorFlow" else "")),
+    )]
+
+
+OPAQUE_KERNEL_MIN_PERCENT = 20.0
+"""A custom kernel whose FLOPs no one can count that holds this share of op time always gets a finding."""
+
+
+def _opaque_kernel_hypotheses(health: dict[str, Any], results: dict[str, ToolResult], base: list[Evidence],
+                              found: list[Hypothesis]) -> list[Hypothesis]:
+    """Custom kernels (Pallas/Mosaic, Triton, library calls) holding OPAQUE_KERNEL_MIN_PERCENT of op time whose work
+    no cost model gives: their share, the bandwidth their operand and result bytes set as a floor, and how to see
+    inside. Where another finding already names them, that one speaks for them."""
+    rows = _d(results, "get_hlo_op_profile").get("ops", [])
+    opaque = [o for o in rows if o.get("opcode") == "custom-call" and o.get("flops_per_run") is None]
+    share = round(sum(o["share_of_op_time_percent"] for o in opaque), 2)
+    named = {o["op"] for h in found for e in h.evidence for o in opaque if o["op"] in str(e.metric)}
+    if share < OPAQUE_KERNEL_MIN_PERCENT or named:
+        return []
+    top = max(opaque, key=lambda o: o["share_of_op_time_percent"])
+    compute = health.get("breakdown_percent", {}).get("compute", 0.0)
+    peak_gb_s = (health.get("peaks") or {}).get("peak_hbm_gb_per_s")
+    floor = top.get("achieved_gb_per_s_floor")
+    floor_text = (f"; its operand and result bytes alone set a floor of {floor:,.0f} GB/s"
+                  + (f" ({100 * floor / peak_gb_s:.0f}% of the HBM peak)" if peak_gb_s else "") if floor else "")
+    return [Hypothesis(
+        "opaque_kernel", share * compute / 100 / 2,
+        "Custom kernels whose work no profile shows hold most of the op time",
+        f"{share}% of op time is in {len(opaque)} custom kernel(s) that carry no cost estimate and whose FLOPs the HLO "
+        f"does not say; the largest, {top['op'][:80]}, takes {top['share_of_op_time_percent']}%{floor_text}. How close "
+        "they run to the hardware's roofs cannot be measured from this profile.",
+        base + [_ev("get_hlo_op_profile", "custom kernels' share of op time (FLOPs unknown)", share),
+                _ev("get_hlo_op_profile", f"{top['op'][:80]} share_of_op_time_percent", top["share_of_op_time_percent"],
+                    f"{top['count']} runs, {top['avg_us']} µs each"),
+                *([_ev("get_hlo_op_profile", f"{top['op'][:80]} achieved_gb_per_s_floor", floor, top.get("floor_basis", ""))]
+                  if floor else [])],
+        f"Unknown until the kernel is costed: at stake is up to the {share}% of op time these kernels hold.",
+        "Give the kernel a cost estimate (Pallas: pallas_call(..., cost_estimate=pl.CostEstimate(flops=..., "
+        "transcendentals=..., bytes_accessed=...))) so that profiles rate it against the roofline; time its phases "
+        "inside with named scopes (jax.named_scope, pltpu.trace in a Mosaic kernel) and compare its FLOPs over its "
+        "time with the chip's peak.",
     )]
 
 

@@ -9,6 +9,8 @@ XSpace is refused with a `ProfileError` that says what is wrong and where.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import collections
 import concurrent.futures
 import contextlib
@@ -364,6 +366,22 @@ def _kernel_cost_estimate(ins) -> tuple[float, ...]:
         return ()
 
 
+MOSAIC_TARGET = "tpu_custom_call"
+"""A Pallas TPU kernel: its backend config carries the kernel's Mosaic module (MLIR bytecode, base64) as `body`."""
+
+
+def _kernel_position_mask(ins) -> bool:
+    """Whether a Mosaic kernel's body builds index iotas (`tpu.iota`, named in the bytecode's op table): the
+    positional mask of a causal attention kernel (JAX's flash kernels build none without it)."""
+    if ins.opcode != "custom-call" or ins.custom_call_target != MOSAIC_TARGET or b'"body"' not in ins.backend_config:
+        return False
+    try:
+        body = json.loads(ins.backend_config)["custom_call_config"]["body"]
+        return b"tpu.iota" in base64.b64decode(body)
+    except (ValueError, KeyError, TypeError, binascii.Error):
+        return False
+
+
 ATTENTION_TARGET_PREFIX = "__cudnn$fmha"
 """XLA:GPU's fused attention custom calls (cuDNN flash attention: `__cudnn$fmhaSoftmax`, `…ScaleBiasSoftmax`,
 `…Dropout`, and their `…Backward`), whose backend config names the score matrix they never write."""
@@ -434,6 +452,7 @@ def _hlo_module(proto_bytes: bytes, host: str, fallback_id: int) -> HloModule | 
                     tuple_memory_spaces=tuple(t.layout.memory_space for t in shape.tuple_shapes),
                     is_host_transfer=ins.is_host_transfer,
                     **_attention(ins),
+                    kernel_position_mask=_kernel_position_mask(ins),
                 )
             )
         computations[computation.name] = HloComputation(computation.name, instructions)

@@ -270,6 +270,7 @@ class HloInstruction:
     attention_scores: tuple[int, ...] = ()  # fused attention custom calls (cuDNN): the score matrix's dims [B,H,Sq,Sk]
     attention_causal: bool = False  # ... and whether its mask is causal (flash kernels skip the masked half)
     conv_is_matrix_product: bool = False  # a convolution whose windows never slide (XLA:TPU's fused matmuls)
+    kernel_position_mask: bool = False  # a Mosaic (Pallas TPU) kernel whose body builds index iotas: a positional mask
 
     @property
     def shape_text(self) -> str:

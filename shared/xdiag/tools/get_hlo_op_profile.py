@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from xdiag.analysis.device_peaks import session_peaks
-from xdiag.analysis.roofline import loop_work, roofline_summary
+from xdiag.analysis.roofline import loop_work, program_hbm_traffic, roofline_summary
 from xdiag.analysis.transfers import transfer_spans
 from xdiag.errors import NotAvailable
 from xdiag.profile.space import Session
@@ -21,7 +21,8 @@ from xdiag.tools.registry import ToolOutput, tool
 )
 def get_hlo_op_profile(session: Session, top_n: int = 20) -> ToolOutput:
     """summary: op_count, distinct_ops, op_executions, total_op_time_ms, top_op, top_op_module, top_op_category,
-    top_op_share_percent, top_category, category_percent {category: % of op time}; from the op rows
+    top_op_share_percent, top_category, category_percent {category: % of op time}; program_hbm_* (the program's HBM
+    traffic, async copies included: roofline.program_hbm_traffic); from the op rows
     (roofline.roofline_summary): memory_bound_op_percent, memory_passes, memory_extra_pass_percent,
     memory_handed_on_percent (op time moving arrays one kernel writes only for one other to read back),
     memory_handed_on_by_product, memory_bandwidth_efficiency_percent, memory_bound_kind,
@@ -58,7 +59,9 @@ def get_hlo_op_profile(session: Session, top_n: int = 20) -> ToolOutput:
         summary.update({k: peaks[k] for k in ("device_model", "peak_tflops", "peak_hbm_gb_per_s", "ridge_flop_per_byte",
                                               "flops_source", "bandwidth_source", "peak_warnings")})
     rows = [s.row(total_ps, peaks) for s in stats]
-    summary.update(roofline_summary(rows, peaks.get("ridge_flop_per_byte") if peaks else None))
+    program_hbm = program_hbm_traffic(rows, peaks.get("peak_hbm_gb_per_s") if peaks else None)
+    summary.update(program_hbm)
+    summary.update(roofline_summary(rows, peaks.get("ridge_flop_per_byte") if peaks else None, program_hbm))
     summary.update(loop_work(rows))
     transfers = transfer_spans(session)
     if transfers:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from xdiag.analysis.hlo_cost import ON_CHIP_MEMORY_SPACE, instruction_cost
-from xdiag.analysis.roofline import TRANSFER_RATE_REASON, roofline
+from xdiag.analysis.roofline import TRANSFER_RATE_REASON, eight_bit_operands, roofline
 from xdiag.analysis.timeline import COPY_OP_CATEGORIES, categorize, op_table, profile_op_costs
 from xdiag.profile.columns import unique_with_inverse
 from xdiag.profile.space import NO_VALUE, Session
@@ -107,6 +107,8 @@ class OpStat:
                     row[key] = self.cost[key]
             if self.prefetch_wait:
                 row["waits_for_on_chip_prefetch"] = True
+                # The array it waits for was read from HBM into VMEM by the copy it ends: HBM traffic of its program.
+                row["prefetched_hbm_bytes_per_run"] = self.cost.get("result_bytes") or 0.0
             if self.moves_data_asynchronously:
                 # An async copy's bytes cross a link between copy-start and copy-done (an async slice's between
                 # async-start and async-done); the op's own event is the start or the wait, so bytes over its time
@@ -120,6 +122,8 @@ class OpStat:
                     achieved_gb_per_s=round(hbm_bytes * runs / seconds / 1e9, 3) if seconds else None,
                 )
                 row.update(roofline(row, peaks))
+                if row.get("operands_on_chip_inferred"):
+                    row.update(achieved_gib_per_s=None, achieved_gb_per_s=None)  # no HBM rate: see that reason
             if self.cost.get("program_memory_passes") is not None:
                 row["program_memory_passes"] = self.cost["program_memory_passes"]
             if self.cost.get("handed_on_bytes") and self.cost["bytes"]:
@@ -132,7 +136,16 @@ class OpStat:
             row.update(shape=self.cost["shape"], operand_shapes=self.cost["operand_shapes"], opcode=self.cost["opcode"],
                        framework_op=self.cost["op_name"], flops_per_run=None,
                        flops_unknown_because=self.cost.get("flops_unknown_because", CUSTOM_CODE_REASON))
+            if self.cost["opcode"] == "custom-call" and self.cost["bytes"] and self.total_ps:
+                # What the kernel must at least have moved: its operands read and its results written once.
+                row.update(bytes_floor_per_run=self.cost["bytes"],
+                           achieved_gb_per_s_floor=round(self.cost["bytes"] * self.count / (self.total_ps / 1e12) / 1e9, 3),
+                           floor_basis=FLOOR_BASIS)
         return row
+
+
+FLOOR_BASIS = ("its operands read and its results written once: a bandwidth the kernel at least achieved (re-reads "
+               "inside it are not seen)")
 
 
 def op_stats(session: Session) -> list[OpStat]:
@@ -164,8 +177,10 @@ def op_stats(session: Session) -> list[OpStat]:
             module = session.module_for(module_name, None if pid == NO_VALUE else pid) if module_name else None
             cost = instruction_cost(module, name) if module else None
             recorded = profile_costs.get((module_name, name))
-            if recorded and not recorded["flops"] and cost and cost["opcode"] == "custom-call":
-                # XLA's cost model cannot see into a custom call and records 0 FLOPs for it: not a count.
+            if recorded and cost and cost["opcode"] == "custom-call" and (not recorded["flops"] or cost["library_kernel"]):
+                # XLA's cost model cannot see into a custom call and records 0 FLOPs for it, or the kernel author's
+                # estimate (flash attention's forward: the dense reference's, causal or not): not a count where the
+                # kernel's operands and known semantics give one.
                 recorded = None
             if recorded:
                 # The profiler's own cost model beats counting from shapes, but where it counts work the program
@@ -179,7 +194,11 @@ def op_stats(session: Session) -> list[OpStat]:
                                                                       *module.fused_opcodes.get(name, [])}
                 shaped = cost["flops"] if cost and cost["flops_known"] and not windowed else 0
                 flops, source = recorded["flops"], "profile cost model"
-                if shaped and flops > 1.5 * shaped:
+                if shaped and category in ("matmul", "convolution") and shaped > 1.5 * flops and eight_bit_operands(
+                        {"operand_shapes": cost["operand_shapes"]}):
+                    flops, source = shaped, (f"HLO shapes (the profile's count is {flops / shaped:.2g}x: XLA's cost "
+                                             "model counts an 8-bit product's multiply-adds at half)")
+                elif shaped and flops > 1.5 * shaped:
                     why = ("the MXU's extra passes for f32 precision" if category in ("matmul", "convolution") else
                            "XLA's cost model counts each element its converts and broadcasts touch")
                     flops, source = shaped, (f"HLO shapes (the arithmetic the program asks for; the profile's count "

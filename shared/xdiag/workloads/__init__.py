@@ -189,6 +189,36 @@ _ACCELERATOR = [
              "memory_bound"),
     Workload("host_augment_loop", "unannotated loop: numpy augmentation, jnp.asarray and small programs per iteration",
              "input_bound"),
+    Workload("decode_streamed", "batch-1 decoding, layers under lax.scan: each layer's weights streamed into VMEM "
+             "by async copies", "memory_bound"),
+    Workload("decode_streamed_b64", "decode_streamed at batch 64: the same streamed weights serve 64 sequences",
+             "memory_bound",
+             expected_by_platform={"TPU": (
+                 "unfused_data_movement", "the layer scan takes the 3.2 GB KV cache as its input and returns the "
+                 "updated one as its output, so XLA copies the whole cache once per token (copy.38, 9.8 ms at 80% of "
+                 "the HBM roof) and slices and re-inserts each layer's part around it: 84% of op time moves the "
+                 "cache instead of reading it; carrying the cache in the scan's carry (updated in place) removes it")}),
+    Workload("gru_scan_train", "two-layer GRU trained over 1,024 dependent steps under lax.scan, weights in VMEM",
+             "latency_bound"),
+    Workload("flash_attention_train", "causal attention training step on JAX's Pallas flash-attention kernels",
+             "optimal"),
+    Workload("paged_attention_decode", "decode attention on JAX's Pallas paged-attention kernel over a paged KV cache",
+             "memory_bound"),
+    Workload("ragged_attention_serve", "mixed prefill and decode on JAX's Pallas ragged paged-attention kernel",
+             "memory_bound",
+             expected_by_platform={"TPU": (
+                 "host_sync", "the four kernel calls read the 134 MB of K and V pages at 58-60% of the HBM roof "
+                 "(0.28 ms each), but the 1.9 ms serving step blocks on its result every time and the device idles "
+                 "40% of it between steps: the wait, not the kernel, is the larger loss")}),
+    Workload("megablox_moe", "MoE feed-forward layer on megablox grouped matmuls (Pallas), forward and backward",
+             "optimal"),
+    Workload("int8_matmul", "chained int8 x int8 -> int32 matrix products near the int8 MXU peak", "optimal"),
+    Workload("pallas_rmsnorm", "a hand-written Pallas RMSNorm kernel without a cost estimate holds the step",
+             "opaque_kernel"),
+    Workload("decode_prefetched", "batch-1 decoding of a 200 MB model: weight tiles prefetched into VMEM by async "
+             "copies", "memory_bound"),
+    Workload("near_hbm_limit", "compute-bound training step whose program holds ~86% of HBM (a resident table)",
+             "memory_pressure"),
 ]
 
 ACCELERATOR_WORKLOADS: dict[str, Workload] = {w.name: w for w in _ACCELERATOR}

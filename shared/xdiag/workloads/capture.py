@@ -184,9 +184,10 @@ def capture_workload(
 
 
 def trace_steps(step, state, out: Path, steps: int, step_markers: bool = True,
-                block_each_step: bool = True) -> tuple[Path, float] | None:
+                block_each_step: bool = True, perfetto: bool = False) -> tuple[Path, float] | None:
     """Warm up (``WARMUP_STEPS`` steps outside the trace, compiling what the steps need), then run ``steps`` steps
-    inside ``jax.profiler.trace(out)``, each in a ``train`` step annotation unless ``step_markers`` is False.
+    inside ``jax.profiler.trace(out)``, each in a ``train`` step annotation unless ``step_markers`` is False; with
+    ``perfetto`` the profiler also writes its Chrome trace (``perfetto_trace.json.gz``) beside the xplane.
     Returns the ``.xplane.pb`` written and the measured steps' wall time, or None when the profiler wrote nothing."""
     import jax
 
@@ -195,7 +196,7 @@ def trace_steps(step, state, out: Path, steps: int, step_markers: bool = True,
     jax.block_until_ready(state)
     out.mkdir(parents=True, exist_ok=True)
     started = time.time()
-    with jax.profiler.trace(str(out)):
+    with jax.profiler.trace(str(out), create_perfetto_trace=perfetto):
         t0 = time.perf_counter()
         for k in range(steps):
             marker = jax.profiler.StepTraceAnnotation("train", step_num=k) if step_markers else contextlib.nullcontext()

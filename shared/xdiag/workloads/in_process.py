@@ -26,8 +26,9 @@ from xdiag.workloads import ACCELERATOR_WORKLOADS, WORKLOADS, WorkloadSkipped, l
 from xdiag.workloads.capture import trace_steps
 
 
-def capture_all(names: list[str], logdir: Path, steps: int | None = None) -> dict:
-    """Capture each workload in turn; return the manifest (also written to ``logdir/manifest.json``)."""
+def capture_all(names: list[str], logdir: Path, steps: int | None = None, perfetto: frozenset[str] = frozenset()) -> dict:
+    """Capture each workload in turn; return the manifest (also written to ``logdir/manifest.json``). The workloads
+    named in ``perfetto`` also keep the profiler's Chrome trace (``chrome_trace`` in their entry)."""
     import jax
 
     device = jax.devices()[0]
@@ -41,13 +42,16 @@ def capture_all(names: list[str], logdir: Path, steps: int | None = None) -> dic
             state = module.setup()
             n = steps or module.DEFAULT_STEPS
             traced = trace_steps(module.step, state, logdir / name, n, getattr(module, "STEP_MARKERS", True),
-                                 getattr(module, "BLOCK_EACH_STEP", True))
+                                 getattr(module, "BLOCK_EACH_STEP", True), perfetto=name in perfetto)
             if traced is None:
                 entry = {"error": f"the profiler wrote no .xplane.pb under {logdir / name}"}
             else:
                 path, wall = traced
                 entry = {"path": str(path), "steps": n, "steps_wall_s": round(wall, 4),
                          "size_bytes": path.stat().st_size}
+                chrome = sorted(path.parent.glob("*.json.gz"))
+                if name in perfetto and chrome:
+                    entry["chrome_trace"] = str(chrome[0])
         except WorkloadSkipped as exc:
             entry = {"skipped": str(exc)}
         except Exception as exc:  # noqa: BLE001 - one failing workload must not cost the others their capture
@@ -72,6 +76,8 @@ def write_archive(manifest: dict, logdir: Path, archive: Path) -> None:
         for name, entry in manifest["workloads"].items():
             if "path" in entry:
                 tar.add(entry["path"], arcname=f"{name}.xplane.pb")
+            if "chrome_trace" in entry:
+                tar.add(entry["chrome_trace"], arcname=f"{name}.trace.json.gz")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, help="measured steps (default: each workload's DEFAULT_STEPS)")
     parser.add_argument("--accelerator", action="store_true", help="every accelerator workload")
     parser.add_argument("--all", action="store_true", help="every single-process workload, bundled and accelerator")
+    parser.add_argument("--perfetto", action="append", default=[], metavar="NAME",
+                        help="also keep this workload's Chrome trace (<name>.trace.json.gz in the archive); repeatable")
     args = parser.parse_args(argv)
     names = list(args.names)
     if args.all:
@@ -94,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown workload(s): {', '.join(unknown)}")
     args.logdir.mkdir(parents=True, exist_ok=True)
-    manifest = capture_all(list(dict.fromkeys(names)), args.logdir, args.steps)
+    manifest = capture_all(list(dict.fromkeys(names)), args.logdir, args.steps, frozenset(args.perfetto))
     if args.archive:
         write_archive(manifest, args.logdir, args.archive)
     failed = [n for n, e in manifest["workloads"].items() if "error" in e]

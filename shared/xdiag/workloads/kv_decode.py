@@ -27,8 +27,8 @@ def _sizes() -> dict:
     return pick(dict(d=256, layers=2, ctx=128), dict(d=2048, layers=8, ctx=1024))
 
 
-def make(batch: int, ctx: int | None = None):
-    c = _sizes()
+def make(batch: int, ctx: int | None = None, sizes: dict | None = None):
+    c = sizes or _sizes()
     d, layers, ctx = c["d"], c["layers"], ctx or c["ctx"]
     heads = d // 128 if d >= 128 else 1
     keys = iter(jax.random.split(jax.random.key(0), 4 * layers + 2))
