@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -299,9 +300,13 @@ def test_mcp_over_streamable_http_on_loopback(tmp_path):
     server = subprocess.Popen([sys.executable, "-m", "xdiag.cli", "mcp", "--http", "--port", "0"], cwd=tmp_path,
                               env=env, stderr=subprocess.PIPE, text=True)
     try:
-        line = server.stderr.readline()
-        url = re.search(r"http://127\.0\.0\.1:\d+/mcp", line)
-        assert url, line + server.stderr.read() if server.poll() is not None else line
+        said, url = [], None
+        for line in server.stderr:  # the line saying where it listens (after any warning of the imports)
+            said.append(line)
+            if url := re.search(r"http://127\.0\.0\.1:\d+/mcp", line):
+                break
+        assert url, "".join(said)
+        threading.Thread(target=server.stderr.read, daemon=True).start()  # a full pipe would stop the server
         anyio.run(_drive, lambda: Client(url.group(0), read_timeout_seconds=240), tmp_path)
     finally:
         server.terminate()
