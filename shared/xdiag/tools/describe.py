@@ -156,7 +156,8 @@ def help_text(spec: ToolSpec) -> str:
              spec.question, f"({kind} tool)", "", "Arguments:"]
     described = arguments(spec)
     for arg, d in described.items():
-        limits = [f"default {d['default']!r}" if "default" in d else "", "required" if d["required"] else "",
+        limits = [f"default {d['default']!r}" if d.get("default") is not None else "",
+                  "required" if d["required"] else "optional",
                   f"{d.get('minimum')}–{d.get('maximum')}" if "minimum" in d or "maximum" in d else "",
                   f"one of {', '.join(map(str, d['enum']))}" if "enum" in d else "",
                   "RE2 regular expression" if d.get("format") == "re2" else ""]
