@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 from pathlib import Path
 
@@ -19,6 +20,14 @@ from xdiag.workloads.capture import capture_workload
 TESTS = Path(__file__).resolve().parent
 H200 = TESTS / "profiles" / "h200"
 SHARED_PROFILES = TESTS.parents[1] / "shared" / "profiles"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def local_result_cache(tmp_path_factory) -> Path:
+    """`xdiag tool` and `xdiag mcp` keep answers per user (~/.cache/xdiag): the tests' go to a folder of their own."""
+    folder = tmp_path_factory.mktemp("local-result-cache")
+    os.environ["XDIAG_LOCAL_CACHE_DIR"] = str(folder)
+    return folder
 
 
 @pytest.fixture(scope="session")

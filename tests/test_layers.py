@@ -12,7 +12,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "shared" / "xdiag"
 
 LAYERS = [
-    {"errors", "ids", "model", "local_ports"},
+    {"errors", "ids", "model", "local_ports", "disk_cache"},
     {"profile"},
     {"analysis"},
     {"tools"},
@@ -23,6 +23,7 @@ LAYERS = [
     {"capture"},
     {"handlers"},
     {"cloud"},
+    {"agent"},
     {"cli", "workloads"},
 ]
 RANK = {name: rank for rank, names in enumerate(LAYERS) for name in names}

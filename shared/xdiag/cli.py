@@ -184,49 +184,119 @@ def analyze(
 
 
 @app.command("tools")
-def list_tools() -> None:
-    """List the tools: the broad ones every analysis runs, and the follow-ups."""
-    from xdiag.tools import REGISTRY
-
-    for name, spec in sorted(REGISTRY.items(), key=lambda kv: (not kv[1].broad, kv[0])):
-        kind = "broad" if spec.broad else "follow-up"
-        args = ", ".join(f"{a}{'*' if p.get('required') else ''}" for a, p in spec.parameters.items())
-        out.print(f"[bold]{name}[/] [dim]({kind}{'; args: ' + args if args else ''})[/]\n    {spec.question}", highlight=False)
-
-
-@app.command("tool")
-def one_tool(
-    name: Annotated[str, typer.Argument(help="Tool name (see `xdiag tools`).")],
-    path: Annotated[Path, typer.Argument(help=PATH_HELP)],
-    arg: Annotated[Optional[list[str]], typer.Option("--arg", help="Tool argument as key=value (repeatable).")] = None,
-    session: Annotated[Optional[str], typer.Option(help="Session name inside a log dir.")] = None,
+def list_tools(
+    as_json: Annotated[bool, typer.Option("--json", help="Every tool as JSON: question, arguments (type, default, limits), the fields its summary returns.")] = False,
 ) -> None:
-    """Run one tool on a session and print its JSON result."""
+    """List the tools: the broad ones every analysis runs, and the follow-ups."""
+    from xdiag.tools.describe import describe_all
+
+    described = describe_all()
+    if as_json:
+        sys.stdout.write(json.dumps(described, indent=2, default=str) + "\n")
+        return
+    for tool in described:
+        kind = "broad" if tool["broad"] else "follow-up"
+        args = ", ".join(f"{a}{'*' if p['required'] else ''}" for a, p in tool["arguments"].items())
+        out.print(f"[bold]{tool['name']}[/] [dim]({kind}{'; args: ' + args if args else ''})[/]\n    {tool['question']}",
+                  highlight=False)
+    err.print("[dim]`xdiag tool NAME --help`: a tool's arguments and the fields it returns[/]", highlight=False)
+
+
+@app.command("tool", context_settings={"help_option_names": []})
+def one_tool(
+    ctx: typer.Context,
+    name: Annotated[Optional[str], typer.Argument(help="Tool name (see `xdiag tools`).", show_default=False)] = None,
+    path: Annotated[Optional[Path], typer.Argument(help=PATH_HELP, show_default=False)] = None,
+    arg: Annotated[Optional[list[str]], typer.Option("--arg", help="Tool argument as key=value (repeatable), typed and checked as the tool declares.")] = None,
+    session: Annotated[Optional[str], typer.Option(help="Session name inside a log dir.")] = None,
+    no_cache: Annotated[bool, typer.Option("--no-cache", help="Decode the profile and run the tool afresh, keeping nothing (XDIAG_LOCAL_CACHE_DIR, ~/.cache/xdiag).")] = False,
+    max_profile_gib: Annotated[float, typer.Option(help="Refuse sessions larger than this.")] = 2.0,
+    show_help: Annotated[bool, typer.Option("--help", "-h", help="This help; with NAME, the tool's arguments and the fields it returns.")] = False,
+) -> None:
+    """Run one tool on a session and print its JSON result. The decoded profile and the answer are kept per file
+    version (a second call answers from the cache); a failed answer is never kept."""
+    if show_help or name is None:
+        if name is None:
+            out.print(ctx.get_help(), highlight=False)
+            return
+        from xdiag.tools import REGISTRY
+        from xdiag.tools.describe import help_text
+
+        if name not in REGISTRY:
+            _fail(f"unknown tool {name!r}; `xdiag tools` lists them")
+        sys.stdout.write(help_text(REGISTRY[name]) + "\n")
+        return
+    if path is None:
+        _fail(f"xdiag tool {name}: PATH is missing (`xdiag tool {name} --help`)")
+    from xdiag.agent.result_cache import ResultCache
     from xdiag.profile.locate import locate_session
-    from xdiag.profile.reader import read_session
-    from xdiag.tools import REGISTRY, run_tool
+
+    try:
+        located = locate_session(path, session)
+    except XdiagError as exc:
+        _fail(str(exc))
+    cache = None if no_cache else ResultCache.from_env()
+    given = dict(item.partition("=")[::2] for item in arg or [])  # the arguments as typed: what answers are kept by
+    kept = cache.answer(located.files, name, given) if cache is not None else None
+    if kept is not None:  # only a tool that exists, called with arguments that passed, has an answer kept
+        sys.stdout.write(kept)
+        return
+    from xdiag.agent.result_cache import answer_tool
+    from xdiag.tools import REGISTRY
+    from xdiag.tools.describe import parse_cli_args
 
     if name not in REGISTRY:
         _fail(f"unknown tool {name!r}; `xdiag tools` lists them")
-    args: dict[str, Any] = {}
-    for item in arg or []:
-        key, sep, value = item.partition("=")
-        if not sep:
-            _fail(f"--arg {item!r}: expected key=value")
-        kind = REGISTRY[name].parameters.get(key, {}).get("type")
-        try:
-            args[key] = int(value) if kind == "integer" else value
-        except ValueError:
-            _fail(f"--arg {key}: {value!r} is not an integer")
     try:
-        located = locate_session(path, session)
-        loaded = read_session(located.files, name=located.name)
+        args = parse_cli_args(REGISTRY[name], arg or [])
+    except ValueError as exc:
+        _fail(f"{exc} (`xdiag tool {name} --help`)")
+    try:
+        text, status = answer_tool(located.files, located.name, name, args, cache, int(max_profile_gib * 2**30),
+                                   key_args=given)
     except XdiagError as exc:
         _fail(str(exc))
-    result = run_tool(loaded, name, args)
-    sys.stdout.write(result.model_dump_json(indent=2) + "\n")
-    if result.status.value == "failed":
+    sys.stdout.write(text)
+    if status == "failed":
         raise typer.Exit(1)
+
+
+@app.command()
+def mcp(
+    http: Annotated[bool, typer.Option("--http", help="Serve streamable HTTP on 127.0.0.1 instead of stdio.")] = False,
+    port: Annotated[int, typer.Option(help="With --http: the port (0: any free one; the URL is printed on stderr).")] = 8792,
+    no_cache: Annotated[bool, typer.Option("--no-cache", help="Run every tool afresh, keeping nothing.")] = False,
+    max_profile_gib: Annotated[float, typer.Option(help="Refuse sessions larger than this.")] = 2.0,
+    stack_dir: Annotated[Path, STACK_DIR] = Path(".xdiag-stack"),
+) -> None:
+    """Serve xdiag to a coding agent over MCP (Gemini CLI, Claude Code, Cursor): every tool with its schema,
+    analyze, list_sessions and explain_finding. stdio by default (the agent starts `xdiag mcp`); --http serves
+    http://127.0.0.1:PORT/mcp. The README's "xdiag in your coding agent" has the configuration."""
+    try:
+        import mcp as _  # noqa: F401
+    except ImportError:
+        _fail("xdiag mcp needs the MCP SDK: pip install 'xdiag[mcp]'", 1)
+    from xdiag.agent.mcp_server import XdiagTools, serve_http, serve_stdio
+    from xdiag.agent.result_cache import ResultCache
+
+    tools = XdiagTools(None if no_cache else ResultCache.from_env(), int(max_profile_gib * 2**30), stack_dir)
+    if not http:
+        serve_stdio(tools)
+        return
+
+    def ready(bound: int) -> None:
+        err.print(f"xdiag MCP server at http://127.0.0.1:{bound}/mcp", highlight=False, soft_wrap=True)
+
+    serve_http(tools, port, on_ready=ready)
+
+
+@app.command()
+def skill() -> None:
+    """Print the agent skill (SKILL.md, the Agent Skills format Gemini CLI and Claude Code read): how to diagnose a
+    profile with xdiag, which tool answers which question, in which order, what the fields mean."""
+    from importlib.resources import files
+
+    sys.stdout.write(files("xdiag.agent").joinpath("SKILL.md").read_text())
 
 
 @app.command()

@@ -22,6 +22,7 @@ from pathlib import Path
 from google.api_core import exceptions
 from google.cloud import storage
 
+from xdiag.disk_cache import evict_least_recent
 from xdiag.errors import ProfileError
 from xdiag.pipeline.ports import BlobInfo
 
@@ -191,23 +192,5 @@ class GcsBlobStore:
 
     def _evict(self, keep: Path, limit: int | None = None) -> None:
         """Drops the least recently used downloads until the cache fits `limit` (its own limit by default), never the
-        one just made. A download another process is reading stays readable (an unlinked file lives while open)."""
-        limit = self.cache_bytes if limit is None else limit
-        entries = []
-        for entry in self.cache_dir.iterdir():
-            # never a download in flight (".<name>.<pid>.<thread>.part"): its writer renames it into place
-            files = [f for f in entry.iterdir() if f.is_file() and not f.name.startswith(".")] if entry.is_dir() else []
-            entries.append((entry.stat().st_mtime, entry, sum(f.stat().st_size for f in files), files))
-        total = sum(size for _, _, size, _ in entries)
-        for _, entry, size, files in sorted(entries, key=lambda e: e[0]):
-            if total <= limit:
-                break
-            if entry == keep:
-                continue
-            for f in files:
-                f.unlink(missing_ok=True)
-            try:
-                entry.rmdir()
-            except OSError:
-                continue  # another process is writing into it
-            total -= size
+        one just made."""
+        evict_least_recent(self.cache_dir, self.cache_bytes if limit is None else limit, keep)

@@ -34,8 +34,9 @@ from xdiag.profile.reader import (
     read_host,
     session_bytes,
 )
+from xdiag.profile.locate import is_trace_file
 from xdiag.profile.space import HloModule, HostProfile, Session
-from xdiag.profile.trace_json import is_trace_file, read_trace_host
+from xdiag.profile.trace_json import read_trace_host
 
 _CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 

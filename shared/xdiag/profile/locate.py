@@ -1,4 +1,6 @@
-"""Finds the session a user means: a file, a session folder, or an XProf log dir."""
+"""Finds the session a user means: a file, a session folder, or an XProf log dir; and what the files' names say
+(an xplane, or a Chrome/Kineto trace and the host it names). Imports nothing heavy: `xdiag tool` finds a cached
+answer through it."""
 
 from __future__ import annotations
 
@@ -6,9 +8,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from xdiag.errors import ProfileError
-from xdiag.profile.trace_json import is_trace_file, trace_stem
 
 SUFFIX = ".xplane.pb"
+TRACE_SUFFIXES = (".pt.trace.json.gz", ".pt.trace.json", ".trace.json.gz", ".trace.json", ".json.gz", ".json")
+"""Trace file endings, the longest first: a name is its file's name less the first that fits (trace_stem)."""
 
 
 @dataclass
@@ -16,6 +19,16 @@ class LocatedSession:
     name: str
     files: list[Path]
     run: str  # the run (log dir) name, "local" when unknown
+
+
+def is_trace_file(path: Path) -> bool:
+    return path.name.endswith(TRACE_SUFFIXES)
+
+
+def trace_stem(file_name: str) -> str:
+    """The host (rank) or session a trace file names: torch.profiler's `rank0.pt.trace.json.gz` -> `rank0`,
+    XProf's `host.trace.json.gz` -> `host`, a plain `run.json` -> `run`."""
+    return file_name.removesuffix(next((s for s in TRACE_SUFFIXES if file_name.endswith(s)), ""))
 
 
 def _xplanes(folder: Path) -> list[Path]:
@@ -42,17 +55,26 @@ def locate_session(path: Path, session: str | None = None) -> LocatedSession:
     if direct:
         run = path.parents[2].name if len(path.parents) > 2 and path.parent.name == "profile" else "local"
         return LocatedSession(path.name, direct, run)
+    sessions = log_dir_sessions(path)
+    if not sessions:
+        raise ProfileError(f"{path}: no *{SUFFIX} files (nor *.json[.gz] traces) here or under plugins/profile/<session>/")
+    if session is not None:
+        chosen = [s for s in sessions if s.name == session]
+        if not chosen:
+            raise ProfileError(f"{path}: no session {session!r}; sessions: {', '.join(s.name for s in sessions)}")
+        return chosen[0]
+    return sessions[-1]  # XProf names sessions by timestamp, so the last is the newest
+
+
+def log_dir_sessions(path: Path) -> list[LocatedSession]:
+    """The sessions of an XProf log dir (`<logdir>/plugins/profile/<session>/`, or its `profile/` or that folder
+    itself), oldest first; [] where there are none."""
+    path = path.absolute()
     for profile_dir, run in ((path / "plugins" / "profile", path.name), (path / "profile", path.parent.name), (path, path.parent.parent.name)):
         if not profile_dir.is_dir():
             continue
-        sessions = sorted(d for d in profile_dir.iterdir() if d.is_dir() and _xplanes(d))
-        if not sessions:
-            continue
-        if session is not None:
-            chosen = [d for d in sessions if d.name == session]
-            if not chosen:
-                raise ProfileError(f"{path}: no session {session!r}; sessions: {', '.join(d.name for d in sessions)}")
-            return LocatedSession(session, _xplanes(chosen[0]), run)
-        newest = sessions[-1]  # XProf names sessions by timestamp, so the last is the newest
-        return LocatedSession(newest.name, _xplanes(newest), run)
-    raise ProfileError(f"{path}: no *{SUFFIX} files (nor *.json[.gz] traces) here or under plugins/profile/<session>/")
+        sessions = [LocatedSession(d.name, files, run) for d in sorted(profile_dir.iterdir())
+                    if d.is_dir() and (files := _xplanes(d))]
+        if sessions:
+            return sessions
+    return []

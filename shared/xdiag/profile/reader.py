@@ -30,7 +30,8 @@ from google.protobuf.message import DecodeError
 from xdiag.errors import ProfileError
 from xdiag.profile import schema, wire
 from xdiag.profile.columns import unique_with_inverse
-from xdiag.profile.trace_json import is_trace_file, read_trace_host
+from xdiag.profile.locate import is_trace_file
+from xdiag.profile.trace_json import read_trace_host
 from xdiag.profile.space import (
     NO_VALUE,
     NUMERIC_STATS,

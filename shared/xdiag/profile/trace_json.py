@@ -28,13 +28,12 @@ import ijson
 import numpy as np
 
 from xdiag.errors import ProfileError
+from xdiag.profile.locate import trace_stem
 from xdiag.profile.space import (
     NO_VALUE, NUMERIC_STATS, STRING_STATS, HostProfile, Line, Plane, Session, StatColumns, TimeColumn,
 )
 from xdiag.profile.torch_op_cost import op_cost
 
-TRACE_SUFFIXES = (".pt.trace.json.gz", ".pt.trace.json", ".trace.json.gz", ".trace.json", ".json.gz", ".json")
-"""Trace file endings, the longest first: a name is its file's name less the first that fits (trace_stem)."""
 KINETO = "PyTorch Kineto trace (Chrome trace JSON)"
 XPROF_CHROME = "XProf Chrome trace (trace.json)"
 FORMAT_STAT = "trace_format"
@@ -78,16 +77,6 @@ _TOP_KEYS = ("deviceProperties", "distributedInfo")
 """The top-level keys read beside the events: each costs a parse of the file until it is found (Kineto writes them
 first), so only what the analyses use."""
 _CHUNK = 1 << 20
-
-
-def is_trace_file(path: Path) -> bool:
-    return path.name.endswith(TRACE_SUFFIXES)
-
-
-def trace_stem(file_name: str) -> str:
-    """The host (rank) or session a trace file names: torch.profiler's `rank0.pt.trace.json.gz` -> `rank0`,
-    XProf's `host.trace.json.gz` -> `host`, a plain `run.json` -> `run`."""
-    return file_name.removesuffix(next((s for s in TRACE_SUFFIXES if file_name.endswith(s)), ""))
 
 
 def trace_format(session: Session) -> str | None:

@@ -31,7 +31,7 @@ def _layout_only(ins: HloInstruction, operand: HloInstruction | None) -> str | N
     "different minor-to-major order), with their shapes, bytes moved and share of op time.",
 )
 def detect_layout_mismatch_copies(session: Session) -> ToolOutput:
-    """summary: count, total_ms, share_of_op_time_percent, top_op, top_op_shape, top_op_why,
+    """summary: count, total_ms, share_of_op_time_percent, ops_with_hlo, op_time_with_hlo_percent, top_op, top_op_shape, top_op_why,
     top_op_next_to_convolution (the transpose feeds or follows a convolution: the conv's layout asks for it);
     xprof_data_formatting_percent and counted_ops_note where the profile files ops in XProf's categories (TPU).
     detail: ops (top 20, each with next_to_convolution)."""

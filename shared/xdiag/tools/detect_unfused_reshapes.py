@@ -17,7 +17,7 @@ _MOVES = DATA_MOVEMENT_OPCODES - {"copy-start", "copy-done", "iota"}
     "op or as a fusion of nothing else), with their bytes and share of op time.",
 )
 def detect_unfused_reshapes(session: Session) -> ToolOutput:
-    """summary: count, total_ms, share_of_op_time_percent, top_op, top_op_shape, top_op_opcodes. detail: ops (top 20)."""
+    """summary: count, total_ms, share_of_op_time_percent, ops_with_hlo, op_time_with_hlo_percent (the ops the HLO names, and their share of op time), top_op, top_op_shape, top_op_opcodes. detail: ops (top 20)."""
     return detect(session, _unfused_move, lambda top: {"top_op_shape": top["shape"], "top_op_opcodes": top["opcodes"]})
 
 

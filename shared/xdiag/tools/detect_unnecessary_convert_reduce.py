@@ -52,7 +52,7 @@ def _widening_converts(
     "that hold them (converts fused into the reduction write nothing extra and are not listed).",
 )
 def detect_unnecessary_convert_reduce(session: Session) -> ToolOutput:
-    """summary: count, total_ms, share_of_op_time_percent, top_op, widening, top_op_shape. detail: ops (top 20)."""
+    """summary: count, total_ms, share_of_op_time_percent, ops_with_hlo, op_time_with_hlo_percent (the ops the HLO names, and their share of op time), top_op, widening, top_op_shape. detail: ops (top 20)."""
     return detect(session, materialised_widening, lambda top: {"widening": top["widening"], "top_op_shape": top["converted_shape"]})
 
 

@@ -23,7 +23,7 @@ _DEVICE_STATS = (
 def get_device_information(session: Session) -> ToolOutput:
     """summary: platform, framework (JAX | TensorFlow | PyTorch/XLA | None), device_type, device_count,
     devices_with_events, the recorded stats (peak_teraflops_per_second, peak_hbm_bw_gigabytes_per_second,
-    memory_size, memory_bandwidth, compute capability, clock_rate), versions, and on TPU/GPU the checked peaks:
+    memory_size, memory_bandwidth, compute_cap_{major,minor}, core_count, clock_rate), versions, and on TPU/GPU the checked peaks:
     device_model, vendor, peak_tflops, peak_hbm_gb_per_s, ridge_flop_per_byte, flops_source / bandwidth_source
     (datasheet with its URL, or recorded), recorded_peak_*, peak_warnings. detail: per-device stats, xprof view."""
     versions: dict[str, str] = {}

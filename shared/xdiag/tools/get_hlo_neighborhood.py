@@ -20,7 +20,7 @@ from xdiag.tools.registry import ToolOutput, tool
     },
 )
 def get_hlo_neighborhood(session: Session, op: str, module: str | None = None, depth: int = 1) -> ToolOutput:
-    """summary: op, module, opcode, shape, producers, consumers. detail: the neighbourhood's instructions."""
+    """summary: op, module, computation, opcode, shape, fusion_kind, framework_op, source, producers, consumers. detail: the neighbourhood's instructions."""
     depth = max(1, min(depth, 3))
     candidates = [session.module(module)] if module else [
         session.module_for(s.module) for s in op_stats(session) if s.name == op and s.module

@@ -20,15 +20,20 @@ from xdiag.tools.registry import ToolOutput, tool
                          "maximum": 200}},
 )
 def get_hlo_op_profile(session: Session, top_n: int = 20) -> ToolOutput:
-    """summary: op_count, total_op_time_ms, top_op, top_op_share_percent, top_category,
-    category_percent {category: % of op time}; program_hbm_traffic's program_hbm_* (async copies included);
-    roofline_summary's memory_bound_op_percent, memory_passes,
+    """summary: op_count, distinct_ops, op_executions, total_op_time_ms, top_op, top_op_module, top_op_category,
+    top_op_share_percent, top_category, category_percent {category: % of op time}; program_hbm_* (the program's HBM
+    traffic, async copies included: roofline.program_hbm_traffic); from the op rows
+    (roofline.roofline_summary): memory_bound_op_percent, memory_passes, memory_extra_pass_percent,
     memory_handed_on_percent (op time moving arrays one kernel writes only for one other to read back),
-    memory_bandwidth_efficiency_percent, memory_bound_defect/why, dominant_ops_roofline_efficiency_percent,
-    dominant_ops_share_percent, dominant_ops, flagged_op_rows; loop_work's busiest_ops_mean_us,
+    memory_handed_on_by_product, memory_bandwidth_efficiency_percent, memory_bound_kind,
+    memory_bound_kind_bandwidth_percent, memory_intensity_flop_per_byte, memory_wait_percent,
+    memory_bound_rereads_in_loops, memory_bound_defect/why, memory_bound_defect_note,
+    dominant_ops_roofline_efficiency_percent, dominant_ops_share_percent, dominant_ops, dominant_ops_matmul_precision,
+    dominant_ops_measured_share_percent, dominant_ops_unmeasured, flagged_op_rows; loop_work's busiest_ops_mean_us,
     busiest_ops_efficiency_percent, busiest_ops_share_percent, loop_trips_per_run; async_copies (transfer_spans: copies, GB per copy,
     measured link GB/s) where the profile has copy-start/copy-done pairs; and on TPU/GPU the checked peaks
-    (device_model, peak_tflops, peak_hbm_gb_per_s, ridge, sources, peak_warnings). detail: ops [top_n rows, each with
+    (device_model, peak_tflops, peak_hbm_gb_per_s, ridge_flop_per_byte, flops_source, bandwidth_source,
+    peak_warnings). detail: ops [top_n rows, each with
     arithmetic intensity, achieved GFLOP/s and GB/s, handed_on_share_of_bytes and handed_on_array where some of its
     bytes pass between two kernels only, and on TPU/GPU bound, roof, roofline efficiency and not_a_measurement], categories_ms, xprof (device only)."""
     stats = op_stats(session)

@@ -39,7 +39,7 @@ def get_memory_profile(session: Session) -> ToolOutput:
     """summary: peak_memory_gib, average_in_use_gib, capacity_gib (the device's memory where the profile records
     it, else the allocator's), capacity_source, allocator_limit_gib (where the allocator may use less than the
     device has: XLA's GPU client takes 75% by default), headroom_percent and oom_risk (both against the limit
-    that runs out first). From XProf's memory_profile on TPU/GPU; from allocator events on host threads otherwise."""
+    that runs out first). From XProf's memory profile on TPU/GPU; from allocator events on host threads otherwise (allocator_events: how many)."""
     device_memory = _device_memory_gib(session)
     if session.platform != "CPU":
         view, reason = try_view(session, "memory_profile")

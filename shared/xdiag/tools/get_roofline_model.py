@@ -28,7 +28,7 @@ def get_roofline_model(session: Session, top_n: int = 20) -> ToolOutput:
     (of the compute op time; under 50% the figures are left out with roofline_unavailable_because), time_basis,
     async_wait_percent (of the costed op time, waits for async copies: left out of the efficiency, which is the
     op table's rows over their own time, and above 20% the efficiency is left out with why);
-    the checked peaks (peak_tflops, peak_hbm_gb_per_s, ridge_flop_per_byte, flops_source, bandwidth_source,
+    the checked peaks (device_model, peak_tflops, peak_hbm_gb_per_s, ridge_flop_per_byte, flops_source, bandwidth_source,
     peak_warnings); XProf's own figures under its names (roofline_efficiency_percent, bound_by,
     peak_flop_rate_gflops, peak_hbm_bw_gibs, … over the capture window, idle included), xprof_idle_percent,
     xprof_note (why the two differ), dma_stall_percent_of_top_ops (TPU), and xprof_impossible_op_rows (XProf's

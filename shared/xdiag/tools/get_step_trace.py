@@ -27,10 +27,10 @@ from xdiag.tools.registry import ToolOutput, tool
     "blocking host syncs and callbacks, dispatch, and host work outside the compiled step; per-step rows.",
 )
 def get_step_trace(session: Session) -> ToolOutput:
-    """summary: steps (per timeline), timelines, step_source, step_time_ms_{mean,median,min,max},
+    """summary: steps (per timeline), timelines, step_source, step_marker, step_time_ms_{mean,median,min,max},
     step_time_cv_percent, <category>_percent for compute/collective/transfer/compile/warm_up/host_sync/dispatch/host_other,
     host_transfer_percent (the part of transfer seen only on the host's lines), device_idle_percent,
-    ops/dispatches/compiles/syncs/callbacks per step; per-device spread (active_devices,
+    {ops,dispatches,compiles,syncs,callbacks}_per_step_mean, steps_with_compiles; per-device spread (active_devices,
     device_busy_percent_{mean,min,max} with least/most_busy_device, device_<part>_percent_mean);
     transfer_only_devices; window_busy_percent (busy over each device's whole window, as XProf's duty cycle),
     idle_outside_steps_ms, largest_idle_gap_{ms,where,device}, window_vs_step_note where they differ;

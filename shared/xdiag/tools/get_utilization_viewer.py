@@ -17,7 +17,7 @@ from xdiag.tools.registry import ToolOutput, tool
     "devices that only copied data are listed apart.",
 )
 def get_utilization_viewer(session: Session) -> ToolOutput:
-    """summary: devices, busy_percent_mean, busy_percent_min, least_busy_device. detail: per-device rows."""
+    """summary: devices, busy_percent_{mean,min,max}, least/most_busy_device, transfer_only_devices. detail: per-device rows."""
     ops = op_table(session)
     if not len(ops):
         raise NotAvailable("the profile holds no XLA op executions to measure device busy time from")

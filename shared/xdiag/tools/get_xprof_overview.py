@@ -16,7 +16,8 @@ from xdiag.tools.registry import ToolOutput, tool
     "devices compute, the top ops and categories; on TPU/GPU also XProf's overview page (duty cycle, bottleneck).",
 )
 def get_xprof_overview(session: Session) -> ToolOutput:
-    """summary: platform, hosts, devices_with_events, profile_window_ms, events, steps, step_time_ms_mean,
+    """summary: platform, hosts, devices_with_events, profile_bytes, profile_window_ms, events, xla_op_executions,
+    steps, step_source, step_time_ms_mean,
     compute_percent, device_idle_percent, top_op, top_category; on devices xprof_* (duty cycle, step time, FLOP rate
     utilisation, bound by), duty_cycle_note and xprof_verdict_note (why xdiag's reading differs from XProf's
     verdict, where it does). detail: top 5 ops, categories, xprof overview."""

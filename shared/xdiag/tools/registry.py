@@ -1,7 +1,9 @@
 """The tool registry: one tool, one question, a typed result.
 
 A tool is a function `(session, **args) -> ToolOutput`. It raises `NotAvailable` when the
-profile or platform lacks its data; any other exception is a failure the stage records.
+profile or platform lacks its data; any other exception is a failure the stage records. Its docstring says what its
+summary and detail hold (`summary: <fields>. detail: <what>.`): `xdiag.tools.describe` reads it for `--help`, `xdiag
+tools --json` and the MCP schemas.
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ class ToolSpec:
     name: str
     question: str  # the one question the tool answers; also its description for an LLM
     func: Callable[..., ToolOutput]
-    parameters: dict[str, dict[str, Any]]  # arg -> {"type": ..., "description": ..., "required": bool}
+    # arg -> {"type": string | integer | number | boolean, "description", "required", and where they apply
+    # "minimum"/"maximum", "enum", "format": "re2", "max_length"}; the default is the function's (tools.describe)
+    parameters: dict[str, dict[str, Any]]
     broad: bool
     follow_up: bool
 
@@ -90,8 +94,9 @@ def tool(name: str, question: str, parameters: dict[str, dict[str, Any]] | None 
 
 
 def validate_args(spec: ToolSpec, args: dict[str, Any]) -> dict[str, Any]:
-    """Checks names, types, ranges (`minimum`/`maximum`) and regular expressions (`format: re2`) of arguments;
-    raises ValueError with the reason. A model's call is checked here before it is charged to the budget."""
+    """Checks names, types, ranges (`minimum`/`maximum`), choices (`enum`) and regular expressions (`format: re2`)
+    of arguments; raises ValueError with the reason. A model's call is checked here before it is charged to the
+    budget, and so are `xdiag tool --arg` and an MCP client's call."""
     unknown = set(args) - set(spec.parameters)
     if unknown:
         raise ValueError(f"{spec.name} takes no argument(s) {sorted(unknown)}; it takes {sorted(spec.parameters)}")
@@ -110,6 +115,8 @@ def validate_args(spec: ToolSpec, args: dict[str, Any]) -> dict[str, Any]:
             raise ValueError(f"{spec.name}: argument {arg!r} must be from {low} to {high}, got {value!r}")
         if isinstance(value, str) and len(value) > param.get("max_length", 1000):
             raise ValueError(f"{spec.name}: argument {arg!r} is longer than {param.get('max_length', 1000)} characters")
+        if "enum" in param and value not in param["enum"]:
+            raise ValueError(f"{spec.name}: argument {arg!r} must be one of {param['enum']}, got {value!r}")
         if param.get("format") == "re2":
             compile_pattern(value)
     return args

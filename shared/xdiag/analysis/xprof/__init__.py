@@ -33,7 +33,7 @@ def start_views(paths: Sequence[Path], max_bytes: int | None = None) -> XprofVie
 
     if os.environ.get(XPROF_VIEWS_ENV, "1") == "0":
         return None
-    from xdiag.profile.trace_json import is_trace_file
+    from xdiag.profile.locate import is_trace_file
 
     if any(is_trace_file(Path(path)) for path in paths):
         return None  # a Chrome/Kineto trace: XProf's converters read xplanes only
