@@ -416,3 +416,11 @@ def test_a_kernel_no_one_can_cost_gets_its_own_finding_with_a_floor(analyses):
     for row in rows:
         assert row["bytes_floor_per_run"] == floor
         assert row["achieved_gb_per_s_floor"] == pytest.approx(floor / (row["avg_us"] / 1e6) / 1e9, rel=0.01)
+
+
+def test_the_report_shows_floors_and_on_chip_operands_as_what_they_are(analyses):
+    """The op table says 'on chip' where an HBM rate would be impossible, and '≥' before a custom kernel's floor."""
+    gru = (analyses["gru_scan_train"][1] / "summary.html").read_text()
+    assert "on chip" in gru and "1,694" not in gru and "1694" not in gru
+    rmsnorm = (analyses["pallas_rmsnorm"][1] / "summary.html").read_text()
+    assert "≥ 65" in rmsnorm and "GB/s" in rmsnorm

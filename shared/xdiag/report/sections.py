@@ -365,6 +365,10 @@ def op_table(ops: Sequence[Mapping[str, Any]], categories_ms: Mapping[str, Any],
                 c = cell(short_shape(value)) if value is not None else Cell(text="", missing=True)
             elif value is None and key.startswith("achieved") and o.get("rate_not_measured_because"):
                 c = Cell(text="not measured", full=str(o["rate_not_measured_because"]), missing=True)
+            elif key == "achieved_gb_per_s" and value is None and o.get("operands_on_chip_inferred"):
+                c = Cell(text="on chip", full=str(o["operands_on_chip_inferred"]), missing=True)
+            elif key == "achieved_gb_per_s" and value is None and o.get("achieved_gb_per_s_floor") is not None:
+                c = Cell(text="≥ " + format_measure(o["achieved_gb_per_s_floor"], "GB/s"), full=str(o.get("floor_basis", "")))
             elif key == "achieved_gb_per_s" and value is None and o.get("achieved_gib_per_s") is not None:
                 c = measured_cell("achieved_gib_per_s", o["achieved_gib_per_s"], limits)  # before checked peaks
             else:
