@@ -119,11 +119,13 @@ def _weighted(rows: list[dict], key: str) -> float | None:
 def memory_bound_rows(rows: list[dict]) -> list[dict]:
     """The rows on the memory side of the roofline that do arithmetic: below the device's ridge point (on CPU,
     which records no peaks, under LOW_INTENSITY_FLOPS_PER_BYTE). A compute-bound op never counts; pure data
-    movement (0 FLOPs) is the detect_* tools' subject."""
+    movement (0 FLOPs) is the detect_* tools' subject. Ops fed by a streaming program's async copies
+    (fed_by_async_copies) count with them: HBM bandwidth bounds them through the copies."""
     return [
         o for o in rows
-        if o.get("arithmetic_intensity_flops_per_byte") is not None and (o.get("flops_per_run") or 0) > 0
-        and (o["bound"] == "memory" if o.get("bound") else o["arithmetic_intensity_flops_per_byte"] < LOW_INTENSITY_FLOPS_PER_BYTE)
+        if o.get("fed_by_async_copies") or (
+            o.get("arithmetic_intensity_flops_per_byte") is not None and (o.get("flops_per_run") or 0) > 0
+            and (o["bound"] == "memory" if o.get("bound") else o["arithmetic_intensity_flops_per_byte"] < LOW_INTENSITY_FLOPS_PER_BYTE))
     ]
 
 
@@ -138,7 +140,8 @@ def memory_bound_kind(low: list[dict]) -> tuple[str | None, float | None]:
     at_bandwidth_roof (at >= BANDWIDTH_EFFICIENCY_LOW_PERCENT of the HBM bandwidth: the bytes set the time) or
     below_bandwidth_roof (far below it: the kernel, not the bytes, sets the time); and the time-weighted bandwidth
     efficiency of the rows of that kind. (None, None) without measured memory-bound rows."""
-    measured = [o for o in low if o.get("roofline_efficiency_percent") is not None and not o.get("not_a_measurement")]
+    measured = [o for o in low if o.get("roofline_efficiency_percent") is not None and not o.get("not_a_measurement")
+                and not o.get("fed_by_async_copies")]  # theirs is a compute-roof share; the program's rate speaks
     below = [o for o in measured if o["roofline_efficiency_percent"] < BANDWIDTH_EFFICIENCY_LOW_PERCENT]
     at = [o for o in measured if o not in below]
     if not measured:
@@ -157,7 +160,8 @@ def program_hbm_traffic(rows: list[dict], peak_hbm_gb_per_s: float | None) -> di
     """The HBM traffic of the program holding most op time, async copies included: program_hbm_module,
     program_hbm_gb_per_run (the bytes its ops move to and from HBM, plus the arrays its async copies bring into
     on-chip memory), program_hbm_gb_per_s (over its op time), program_hbm_efficiency_percent (of the peak) and
-    program_hbm_async_copy_share_percent (of those bytes, the copies'). {} where the program has no async copies
+    program_hbm_async_copy_share_percent (of those bytes, the copies'), program_hbm_intensity_flop_per_byte (its
+    FLOPs over those bytes). {} where the program has no async copies
     from HBM (its ops' own rates already say it all) or no peak. Rows whose byte counts are not HBM traffic (a rate
     over the peak) add their time but not their bytes: the rate is then a lower bound, and says so."""
     if not peak_hbm_gb_per_s or not rows:
@@ -176,16 +180,39 @@ def program_hbm_traffic(rows: list[dict], peak_hbm_gb_per_s: float | None) -> di
     left_out = round(sum(r["share_of_op_time_percent"] for r in mine if r.get("not_a_measurement")), 2)
     seconds = by_module[module] / 1e3
     rate = (own + copied) / seconds / 1e9
+    flops = sum((r.get("flops_per_run") or 0.0) * r.get("costed_runs", r["count"]) for r in mine)
     out = {"program_hbm_module": module,
            "program_hbm_gb_per_s": round(rate, 1),
            "program_hbm_efficiency_percent": round(100 * rate / peak_hbm_gb_per_s, 1),
-           "program_hbm_async_copy_share_percent": round(100 * copied / (own + copied), 1)}
+           "program_hbm_async_copy_share_percent": round(100 * copied / (own + copied), 1),
+           "program_hbm_intensity_flop_per_byte": round(flops / (own + copied), 3)}
     if runs:
         out["program_hbm_gb_per_run"] = round((own + copied) / runs / 1e9, 4)
     if left_out:
         out["program_hbm_note"] = (f"a lower bound: {left_out}% of op time is in ops whose byte counts are not HBM "
                                    "traffic (over the peak), counted in the time but not the bytes")
     return out
+
+
+STREAMED_PROGRAM_COPY_SHARE_PERCENT = 50.0
+"""A program whose async copies carry at least this share of its HBM bytes streams its data through on-chip
+memory: its ops fed from there are bound by the copies' bandwidth, not by their own roofs."""
+FED_BY_ASYNC_COPIES = ("its operands were brought into on-chip memory by its program's async copies: the program's "
+                       "HBM rate (program_hbm_gb_per_s, the copies' bytes included), not its own, bounds it")
+
+
+def mark_fed_by_async_copies(rows: list[dict], program_hbm: dict) -> None:
+    """Marks (fed_by_async_copies) the ops of a streaming program (STREAMED_PROGRAM_COPY_SHARE_PERCENT) that do
+    arithmetic on data mostly held on chip, far below their compute roof: a decode loop's matrix-vector products
+    reading weight tiles prefetched into VMEM, whose rate on their own (on-chip) bytes says nothing."""
+    if (program_hbm.get("program_hbm_async_copy_share_percent") or 0) < STREAMED_PROGRAM_COPY_SHARE_PERCENT:
+        return
+    for row in rows:
+        share = row.get("hbm_share_of_bytes")
+        if (row["module"] == program_hbm["program_hbm_module"] and share is not None and share < 0.5
+                and (row.get("flops_per_run") or 0) > 0 and row.get("bound") == "compute"
+                and (row.get("roofline_efficiency_percent") or 0) < BANDWIDTH_EFFICIENCY_LOW_PERCENT):
+            row["fed_by_async_copies"] = FED_BY_ASYNC_COPIES
 
 
 def roofline_summary(rows: list[dict], ridge_flop_per_byte: float | None = None, program_hbm: dict | None = None) -> dict:
@@ -214,12 +241,16 @@ def roofline_summary(rows: list[dict], ridge_flop_per_byte: float | None = None,
     kind, kind_bandwidth = memory_bound_kind(low)
     intensity = _weighted(low, "arithmetic_intensity_flops_per_byte")
     waits = round(sum(o["share_of_op_time_percent"] for o in rows if o.get("waits_for_on_chip_prefetch")), 2)
-    program_rate = (program_hbm or {}).get("program_hbm_efficiency_percent")
-    if waits >= PREFETCH_WAIT_SIGNIFICANT_PERCENT and program_rate is not None and low:
+    program_hbm = program_hbm or {}
+    program_rate = program_hbm.get("program_hbm_efficiency_percent")
+    streamed = (waits >= PREFETCH_WAIT_SIGNIFICANT_PERCENT or (program_hbm.get("program_hbm_async_copy_share_percent")
+                                                               or 0) >= STREAMED_PROGRAM_COPY_SHARE_PERCENT)
+    if streamed and program_rate is not None and low:
         # Its ops read what async copies brought on chip: the program's HBM bytes, copies included, over its time
-        # are what measure the bandwidth it uses, not the ops' own (on-chip) bytes.
+        # are what measure the bandwidth it uses and its arithmetic per byte, not the ops' own (on-chip) bytes.
         kind = "at_bandwidth_roof" if program_rate >= BANDWIDTH_EFFICIENCY_LOW_PERCENT else "below_bandwidth_roof"
         kind_bandwidth = bandwidth = program_rate
+        intensity = program_hbm.get("program_hbm_intensity_flop_per_byte", intensity)
     # Three readings: at the roof with a few FLOPs per byte, the bytes set the time (more work per byte read, or
     # fewer bytes); far below the roof, the kernel does; at the roof with ample arithmetic per byte (convolutions
     # fused with their normalisation), it is the nature of the work. Without peaks (CPU) only the passes tell.
@@ -313,10 +344,13 @@ def dominant_rows(rows: list[dict]) -> list[dict]:
 
 
 def _measured(row: dict) -> bool:
-    return row.get("roofline_efficiency_percent") is not None and not row.get("not_a_measurement") and not row.get("efficiency_basis")
+    return (row.get("roofline_efficiency_percent") is not None and not row.get("not_a_measurement")
+            and not row.get("efficiency_basis") and not row.get("fed_by_async_copies"))
 
 
 def _unmeasured_why(row: dict) -> str:
+    if row.get("fed_by_async_copies"):
+        return row["fed_by_async_copies"]
     if row.get("not_a_measurement"):
         return "its efficiency is above the peak, so not a measurement"
     if row.get("efficiency_basis"):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from xdiag.analysis.device_peaks import session_peaks
-from xdiag.analysis.roofline import loop_work, program_hbm_traffic, roofline_summary
+from xdiag.analysis.roofline import loop_work, mark_fed_by_async_copies, program_hbm_traffic, roofline_summary
 from xdiag.analysis.transfers import transfer_spans
 from xdiag.errors import NotAvailable
 from xdiag.profile.space import Session
@@ -61,6 +61,7 @@ def get_hlo_op_profile(session: Session, top_n: int = 20) -> ToolOutput:
     rows = [s.row(total_ps, peaks) for s in stats]
     program_hbm = program_hbm_traffic(rows, peaks.get("peak_hbm_gb_per_s") if peaks else None)
     summary.update(program_hbm)
+    mark_fed_by_async_copies(rows, program_hbm)
     summary.update(roofline_summary(rows, peaks.get("ridge_flop_per_byte") if peaks else None, program_hbm))
     summary.update(loop_work(rows))
     transfers = transfer_spans(session)

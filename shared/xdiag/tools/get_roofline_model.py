@@ -26,8 +26,10 @@ def get_roofline_model(session: Session, top_n: int = 20) -> ToolOutput:
     own time: op_time_achieved_tflops_per_s, op_time_achieved_gb_per_s, op_time_intensity_flop_per_byte,
     op_time_bound_by (compute | HBM), op_time_roofline_efficiency_percent, costed_compute_op_time_percent
     (of the compute op time; under 50% the figures are left out with roofline_unavailable_because), time_basis,
-    async_wait_percent (of the costed op time, waits for async copies: left out of the efficiency, which is the
-    op table's rows over their own time, and above 20% the efficiency is left out with why);
+    async_wait_percent (of the costed op time, waits for async copies), prefetch_wait_percent (those of them
+    for prefetches into VMEM, which count in the efficiency with the bytes they bring across HBM; waits for
+    transfers are left out, and above 20% of the time the efficiency is left out with why), on_chip_bytes_left_out_percent
+    (shape bytes of ops too fast for HBM, served on chip);
     the checked peaks (device_model, peak_tflops, peak_hbm_gb_per_s, ridge_flop_per_byte, flops_source, bandwidth_source,
     peak_warnings); XProf's own figures under its names (roofline_efficiency_percent, bound_by,
     peak_flop_rate_gflops, peak_hbm_bw_gibs, … over the capture window, idle included), xprof_idle_percent,
@@ -65,8 +67,9 @@ def get_roofline_model(session: Session, top_n: int = 20) -> ToolOutput:
 
 
 MAX_ASYNC_WAIT_PERCENT = 20.0
-"""Above this share of the costed op time in async waits (a decode loop waiting on its weight prefetches), the
-program's op-by-op roofline is left out: the waits have no roof of their own."""
+"""Above this share of the costed op time in waits for async transfers (host offload, peer copies), the program's
+op-by-op roofline is left out: those waits have no roof of their own. Waits for prefetches into VMEM count with the
+bytes they bring across HBM."""
 
 
 def program_roofline(session: Session, peaks: dict) -> dict:
@@ -98,9 +101,15 @@ def program_roofline(session: Session, peaks: dict) -> dict:
     if peak_flops and peak_bw:
         # Each op against its own roof (f32 operands have a lower one): the time the ops would take at their
         # roofs over the time they took, with the bytes the op table counts (HBM only: VMEM-held arrays are not
-        # bound by it). Async waits are left out, as their rows are: their bytes move between start and done.
-        compute_s = memory_s = timed_s = 0.0
+        # bound by it). A prefetch into VMEM counts with its wait and the array it brought across HBM (a streaming
+        # program's ops read it there); other async waits are left out, as their rows are (a transfer's bytes
+        # cross a host or peer link between start and done).
+        compute_s = memory_s = timed_s = prefetch_s = 0.0
         for stat in costed:
+            if stat.prefetch_wait:
+                memory_s += (stat.cost.get("result_bytes") or 0.0) * stat.costed_count / peak_bw
+                prefetch_s += stat.costed_ps / 1e12
+                continue
             if stat.moves_data_asynchronously:
                 continue
             flop_s = stat.cost["flops"] * stat.costed_count / compute_peak(stat.cost.get("operand_shapes") or [], peaks)
@@ -109,15 +118,16 @@ def program_roofline(session: Session, peaks: dict) -> dict:
                 byte_s = 0.0  # bytes no HBM could carry in its time: served on chip (roofline(): not HBM-bound)
             compute_s, memory_s = (compute_s + flop_s, memory_s) if flop_s >= byte_s else (compute_s, memory_s + byte_s)
             timed_s += stat.costed_ps / 1e12
-        efficiency = 100 * (compute_s + memory_s) / timed_s if timed_s else 0.0
-        waits = 100 * (1 - timed_s / seconds) if seconds else 0.0
-        out["async_wait_percent"] = round(waits, 2)
+        efficiency = 100 * (compute_s + memory_s) / (timed_s + prefetch_s) if timed_s + prefetch_s else 0.0
+        waits = 100 * (1 - (timed_s + prefetch_s) / seconds) if seconds else 0.0  # transfers: no HBM roof
+        out["async_wait_percent"] = round(100 * (1 - timed_s / seconds) if seconds else 0.0, 2)
+        out["prefetch_wait_percent"] = round(100 * prefetch_s / seconds if seconds else 0.0, 2)
         out["op_time_bound_by"] = "compute" if compute_s >= memory_s else "HBM"
         if waits >= MAX_ASYNC_WAIT_PERCENT:
             out["roofline_unavailable_because"] = (
-                f"{waits:.1f}% of the costed op time is waits for async copies (prefetches from HBM, transfers), "
-                "whose bytes move between their start and their wait: the ops' own roofs do not speak for the "
-                "program (get_hlo_op_profile's memory bandwidth efficiency counts those bytes)")
+                f"{waits:.1f}% of the costed op time is waits for async transfers (to or from the host or a peer), "
+                "whose bytes cross another link between their start and their wait: the ops' own roofs do not "
+                "speak for the program")
         elif efficiency > 100:
             # Not a measurement: left out of the figure the report shows, with why.
             out["roofline_unavailable_because"] = (
