@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from xdiag.cloud.embedded import analyze_session
+from xdiag.investigators.health import OOM_RISKS_ABOVE_LOW, efficiency_not_measured
 from xdiag.model import Analysis
 from xdiag.profile.locate import locate_session
 from xdiag.workloads import WORKLOADS
@@ -120,6 +121,14 @@ def check_report(analysis: Analysis, tools: dict[str, dict], page: str) -> list[
     if (efficiency is not None and efficiency < 30 and not keys & {"low_kernel_efficiency", "memory_bound", "memory_transfers"}
             and not said_why):
         problems.append(f"the busiest ops run at {efficiency}% of their roof, with no finding and no reason why not")
+
+    # OPTIMAL needs LOW out-of-memory risk and a measured efficiency; a risk above LOW is always a finding.
+    if health.get("oom_risk") in OOM_RISKS_ABOVE_LOW and "memory_pressure" not in keys:
+        problems.append(f"out-of-memory risk {health['oom_risk']} with no memory_pressure finding")
+    if diagnosis.status.value == "OPTIMAL" and health.get("oom_risk") in OOM_RISKS_ABOVE_LOW:
+        problems.append(f"OPTIMAL with out-of-memory risk {health['oom_risk']}")
+    if diagnosis.status.value == "OPTIMAL" and efficiency_not_measured(health):
+        problems.append(f"OPTIMAL though {efficiency_not_measured(health)}")
 
     # One value per fact: the devices' busy share is the same number in every tool that reports it.
     step = tools.get("get_step_trace") or {}

@@ -262,14 +262,18 @@ READINGS: dict[str, Reading] = {
         "NEEDS_ATTENTION", "input_bound", 6, 174.83, {"compute": 54.87, "host_other": 42.55}),
     "jaxtrace_tpu-inference_qwen3-480b_2026_01_11_21_26_41.trace.json.gz": Reading(
         "XProf's trace.json of vLLM-TPU serving Qwen3-480B on two TPU cores: one 67.2 ms window of 3,454 ops per "
-        "core, the cores busy 99.98% (compute 94.8%, collectives 5.1%).",
-        "OPTIMAL", None, 1, 67.24, {"compute": 94.82, "collective": 5.13}, step_source="no repeating step"),
+        "core, the cores busy 99.98% (compute 94.8%, collectives 5.1%). The trace carries no HLO and no device "
+        "model, so no op's FLOPs, bytes or roof are known: busy is not efficient, and without a measured efficiency "
+        "it is not OPTIMAL (the .xplane.pb beside it would measure it).",
+        "NEEDS_ATTENTION", None, 1, 67.24, {"compute": 94.82, "collective": 5.13}, step_source="no repeating step"),
     "jaxtrace_tpu-inference_qwen3-480b_2026_01_12_00_26_20.trace.json.gz": Reading(
-        "The same serving run later: 4,682 ops per core in 65.7 ms, busy 99.98% (compute 98.8%).",
-        "OPTIMAL", None, 1, 65.75, {"compute": 98.84, "collective": 1.11}, step_source="no repeating step"),
+        "The same serving run later: 4,682 ops per core in 65.7 ms, busy 99.98% (compute 98.8%): no "
+        "efficiency measured, not OPTIMAL.",
+        "NEEDS_ATTENTION", None, 1, 65.75, {"compute": 98.84, "collective": 1.11}, step_source="no repeating step"),
     "jaxtrace_tpu-inference_qwen3-480b_2026_01_12_01_08_50.trace.json.gz": Reading(
-        "The same serving run later: 3,914 ops per core in 63.8 ms, busy 99.98% (compute 99.5%).",
-        "OPTIMAL", None, 1, 63.81, {"compute": 99.47}, step_source="no repeating step"),
+        "The same serving run later: 3,914 ops per core in 63.8 ms, busy 99.98% (compute 99.5%): no "
+        "efficiency measured, not OPTIMAL.",
+        "NEEDS_ATTENTION", None, 1, 63.81, {"compute": 99.47}, step_source="no repeating step"),
 }
 
 

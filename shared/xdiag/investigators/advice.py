@@ -266,10 +266,22 @@ def communicate_less(ctx: Context) -> str:
             "XLA overlap collectives with compute (async collectives, latency-hiding scheduler)")
 
 
-def cut_peak_memory(ctx: Context) -> str:
-    """When peak memory is near capacity."""
+def cut_peak_memory(ctx: Context, values_first: bool) -> str:
+    """When peak memory is near capacity: the lever for what holds the peak first. values_first: values the step
+    computes (activations, gradients): rematerialise them or split the batch; else its arguments (weights,
+    optimizer state, the batch): donate, shard, offload."""
     if ctx.framework == "PyTorch":
-        return ("Cut peak memory: activation checkpointing (torch.utils.checkpoint), bf16 autocast, FSDP sharding "
-                "of parameters and optimizer state, optimizer.zero_grad(set_to_none=True).")
-    return ("Cut peak memory: activation checkpointing (jax.checkpoint / remat), donate buffers "
-            "(donate_argnums), shard optimizer state, lower precision for activations.")
+        values = ("checkpoint the activations (torch.utils.checkpoint on the blocks that produce them) or run smaller "
+                  "micro-batches and accumulate their gradients")
+        arguments = ("shard parameters and optimizer state (FSDP), and free gradients between steps "
+                     "(optimizer.zero_grad(set_to_none=True))")
+    else:
+        values = ("rematerialise them (jax.checkpoint on the blocks that produce them, or a policy such as "
+                  "jax.checkpoint_policies.dots_with_no_batch_dims_saveable) or run smaller micro-batches and "
+                  "accumulate their gradients (k micro-batches hold about k times fewer activation bytes)")
+        arguments = ("donate the arguments the step replaces (jax.jit(..., donate_argnums=...)), so the updated "
+                     "weights and optimizer state reuse their buffers, and shard them over the devices"
+                     + (", or offload the optimizer state to host memory (memory_kind='pinned_host')"
+                        if ctx.platform == "TPU" else ""))
+    first, then = (values, arguments) if values_first else (arguments, values)
+    return f"Cut the peak where it is held: {first}; then {then}."

@@ -7,7 +7,8 @@ The loop, as the managed service runs it:
    goes through the stage's `call_tool`, which enforces the budget of four, refuses unknown tools and bad arguments;
    refusals go back to the model as errors and are recorded.
 4. A last request asks for the diagnosis under a response schema; its findings are checked against the tool
-   outputs (numbers that appear in none make a finding unverified; a finding with nothing that checks out is dropped).
+   outputs (numbers that appear in none make a finding unverified; a finding with nothing that checks out is dropped),
+   and an answer that calls the session OPTIMAL is refused (the snapshot it was given is not healthy).
 5. Any failure (Vertex error, timeout, quota, an unparseable answer) falls back to the rule engine, and the
    diagnosis says why. Cost and audit (model, calls, tokens, latency, tool calls) go into `Diagnosis.audit`.
 
@@ -36,6 +37,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from xdiag.investigators import MAX_FOLLOW_UP_CALLS
 from xdiag.investigators.rules import CallTool, RuleEngine
+from xdiag.investigators.verdict import claims_optimal
 from xdiag.model import (
     Diagnosis,
     Evidence,
@@ -610,6 +612,10 @@ class GeminiInvestigator:
             temperature=self.config.temperature,
         )
         answer = parse_answer(_text(_candidate_content(chat.generate(contents, answer_config, "answer"))))
+        if claims_optimal(answer.summary):
+            # Only a healthy snapshot is OPTIMAL, and that one never reaches the model.
+            raise GeminiUnavailable("its answer calls the session OPTIMAL or healthy, but the health snapshot is not: "
+                                    + "; ".join(health.get("unhealthy_because") or []))
         findings, checks = ground(answer, cited, ToolNumbers(outputs))
         audit.grounding = checks
         if not findings:

@@ -11,6 +11,7 @@ from typing import Any
 from xdiag.analysis.breakdown import CATEGORIES
 from xdiag.analysis.roofline import MEMORY_BOUND_FINDING_MIN_PERCENT, memory_bound_rows
 from xdiag.model import ToolResult
+from xdiag.profile.trace_json import XPROF_CHROME
 
 HEALTHY = {
     "compute_percent_min": 80.0,
@@ -22,7 +23,10 @@ HEALTHY = {
     "low_intensity_percent_max": MEMORY_BOUND_FINDING_MIN_PERCENT,
     "data_movement_percent_max": 50.0,
 }
-"""The OPTIMAL short-cut: all of these hold, and memory risk is not HIGH."""
+"""The OPTIMAL short-cut: all of these hold, the out-of-memory risk is LOW (or unknown), and the ops that dominate
+op time have a measured efficiency (efficiency_not_measured)."""
+OOM_RISKS_ABOVE_LOW = ("MEDIUM", "HIGH")
+"""get_memory_profile's risks that rule OPTIMAL out: a step near the memory limit fails when its inputs grow."""
 
 
 def _summary(results: dict[str, ToolResult], tool: str) -> dict[str, Any]:
@@ -60,6 +64,7 @@ def health_snapshot(results: dict[str, ToolResult]) -> dict[str, Any]:
     moving = sum(categories.get(c, 0.0) for c in ("async_copy", "memcpy", "data_movement"))
     snapshot: dict[str, Any] = {
         "platform": overview.get("platform"),
+        "read_from": _summary(results, "get_device_information").get("read_from"),
         "steps": step.get("steps"),
         "step_source": step.get("step_source"),
         "step_time_ms": step.get("step_time_ms_mean"),
@@ -87,6 +92,7 @@ def health_snapshot(results: dict[str, ToolResult]) -> dict[str, Any]:
         "utilization_percent": util.get("busy_percent_mean"),
         "achieved_gflops_per_s": kpi.get("achieved_gflops_per_s_during_ops"),
         "achieved_rate_covers_op_time_percent": kpi.get("achieved_rate_covers_op_time_percent"),
+        "roofline_unavailable_because": roofline.get("roofline_unavailable_because"),
         # xdiag's roofline over device op time (None where too little of it is costed); XProf's divides by a
         # window that includes device idle, so it is kept apart.
         "roofline_efficiency_percent": roofline.get("op_time_roofline_efficiency_percent"),
@@ -176,8 +182,9 @@ def _unhealthy_reasons(s: dict[str, Any]) -> list[str]:
     callbacks = per_step.get("callbacks_per_step_mean") or 0
     if callbacks >= 1 and max(b.get("host_sync") or 0, s.get("host_callback_op_percent") or 0) >= 1:
         reasons.append(f"the step calls back into Python {callbacks:g} times")
-    if s.get("oom_risk") == "HIGH":
-        reasons.append("out-of-memory risk is HIGH")
+    if s.get("oom_risk") in OOM_RISKS_ABOVE_LOW:
+        reasons.append(f"out-of-memory risk is {s['oom_risk']}: the peak of {s.get('peak_memory_gib')} GiB leaves "
+                       f"{s.get('memory_headroom_percent')}% of the memory free (OPTIMAL needs LOW risk)")
     op_time_shares = [(key.removesuffix("_percent").replace("_", " "), value) for key, value in s["compiler"].items()
                       if (value or 0) > HEALTHY["compiler_issue_percent_max"]]
     if (s.get("data_movement_op_percent") or 0) > HEALTHY["data_movement_percent_max"]:
@@ -191,11 +198,8 @@ def _unhealthy_reasons(s: dict[str, Any]) -> list[str]:
     efficiency = s.get("dominant_ops_roofline_efficiency_percent")
     if efficiency is not None and efficiency < DOMINANT_EFFICIENCY_MIN_PERCENT:
         reasons.append(f"the ops taking {s['dominant_ops_share_percent']}% of op time run at {efficiency}% of their roofline")
-    elif s.get("peaks") and s.get("dominant_ops_unmeasured"):
-        # On an accelerator OPTIMAL needs the dominant ops measured against their roof; unmeasured is not healthy.
-        reasons.append(
-            f"the roofline efficiency of the ops that dominate op time is not measured, so OPTIMAL cannot be shown: "
-            + "; ".join(s["dominant_ops_unmeasured"]))
+    elif efficiency is None and (unmeasured := efficiency_not_measured(s)):
+        reasons.append(unmeasured)
     if is_latency_bound(s.get("loop_work") or {}):
         work = s["loop_work"]
         reasons.append(f"the busiest ops run {work['loop_trips_per_run']:g} times per loop, {work['busiest_ops_mean_us']} "
@@ -203,6 +207,31 @@ def _unhealthy_reasons(s: dict[str, Any]) -> list[str]:
     if (s.get("dma_stall_percent") or 0) > DMA_STALL_MAX_PERCENT:
         reasons.append(f"the busiest ops wait on their input copies {s['dma_stall_percent']}% of their time")
     return reasons
+
+
+FLOPS_COVER_MIN_PERCENT = 50.0
+"""On a CPU (no roof: xdiag knows no CPU's peaks) the work is rated when FLOPs are known for this share of op time."""
+
+
+def efficiency_not_measured(s: dict[str, Any]) -> str | None:
+    """Why no efficiency of the work that dominates op time is measured, pointing to what would measure it; None
+    where it is measured, or on a CPU whose ops' FLOPs (and so their achieved rate) are known: no profile records a
+    CPU's peaks. Whatever else is healthy, such a session is never OPTIMAL: nothing shows the work runs well."""
+    if s.get("dominant_ops_roofline_efficiency_percent") is not None:
+        return None
+    covered = s.get("achieved_rate_covers_op_time_percent")
+    if s.get("platform") == "CPU" and (covered or 0) >= FLOPS_COVER_MIN_PERCENT:
+        return None
+    why = list(s.get("dominant_ops_unmeasured") or [])
+    if not why:
+        why.append(f"FLOPs are known for {covered or 0:g}% of op time"
+                   + (f" ({s['roofline_unavailable_because']})" if s.get("roofline_unavailable_because") else ""))
+    if s.get("read_from") == XPROF_CHROME:
+        why.append("this session was read from XProf's Chrome trace (trace.json), which carries no HLO (no FLOPs or "
+                   "bytes) and no device model: analyse the .xplane.pb that jax.profiler writes beside it (the same "
+                   "folder, <host>.xplane.pb), which holds the HLO and the device's own lines")
+    return ("no efficiency is measured for the work that dominates op time, so OPTIMAL cannot be shown: "
+            + "; ".join(why))
 
 
 def _one_line_per_share(shares: list[tuple[str, float]]) -> list[str]:

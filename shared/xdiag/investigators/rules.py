@@ -16,8 +16,8 @@ from typing import Any
 
 from xdiag.investigators import advice
 from xdiag.analysis.roofline import EXTRA_PASSES_DEFECT_PERCENT, MEMORY_BOUND_FINDING_MIN_PERCENT
-from xdiag.investigators.health import (DMA_STALL_MAX_PERCENT, DOMINANT_EFFICIENCY_MIN_PERCENT, is_latency_bound,
-                                       low_intensity_share)
+from xdiag.investigators.health import (DMA_STALL_MAX_PERCENT, DOMINANT_EFFICIENCY_MIN_PERCENT, OOM_RISKS_ABOVE_LOW,
+                                       is_latency_bound, low_intensity_share)
 from xdiag.model import Diagnosis, Evidence, Finding, FollowUpCall, Status, ToolResult
 
 CallTool = Callable[[str, dict[str, Any], str], ToolResult | None]
@@ -35,10 +35,16 @@ class Hypothesis:
     fix: str
     follow_up: tuple[str, dict[str, Any]] | None = None
     extra_evidence: Callable[[ToolResult], list[Evidence]] | None = field(default=None, repr=False)
+    ops: frozenset[tuple[str, str]] = frozenset()  # (module, op) whose time the finding stakes, where it names them
+    inflates: frozenset[tuple[str, str]] = frozenset()  # (module, op) reading the bytes this finding's ops write
 
     @property
     def priority(self) -> str:
         return "P0" if self.score >= 40 else "P1" if self.score >= 15 else "P2"
+
+    def finding(self) -> Finding:
+        return Finding(priority=self.priority, key=self.key, title=self.title, whats_happening=self.whats_happening,
+                       evidence=self.evidence, expected_impact=self.expected_impact, fix=self.fix)
 
 
 def _s(results: dict[str, ToolResult], tool: str) -> dict[str, Any]:
@@ -340,22 +346,9 @@ def _hypotheses(health: dict[str, Any], results: dict[str, ToolResult]) -> list[
     out += _unfused_kernel_hypotheses(health, results, base)
     out += _opaque_kernel_hypotheses(health, results, base, out)
 
-    # Memory pressure.
-    if health.get("oom_risk") in ("HIGH", "MEDIUM"):
-        mem = _s(results, "get_memory_profile")
-        out.append(Hypothesis(
-            "memory_pressure", 50.0 if health["oom_risk"] == "HIGH" else 15.0,
-            f"Out-of-memory risk {health['oom_risk']}",
-            f"Peak memory {mem.get('peak_memory_gib')} GiB of {_memory_limit_text(mem)} "
-            f"({mem.get('headroom_percent')}% headroom).",
-            [_ev("get_memory_profile", "peak_memory_gib", mem.get("peak_memory_gib")),
-             _ev("get_memory_profile", "capacity_gib", mem.get("capacity_gib")),
-             *([_ev("get_memory_profile", "allocator_limit_gib", mem["allocator_limit_gib"])]
-               if mem.get("allocator_limit_gib") is not None else []),
-             _ev("get_memory_profile", "headroom_percent", mem.get("headroom_percent"))],
-            "Avoids an out-of-memory failure as batch or sequence length grows.",
-            advice.cut_peak_memory(_context(results)),
-        ))
+    pressure = memory_pressure_hypothesis(health, results)
+    if pressure is not None:
+        out.append(pressure)
 
     # A straggler: the participant the others wait for at the collectives, named with its own cause.
     straggler = _straggler_hypothesis(results, step_ms)
@@ -397,7 +390,85 @@ def _hypotheses(health: dict[str, Any], results: dict[str, ToolResult]) -> list[
             "pipeline and inter-device dependencies.",
         ))
     kept = [h for h in _reconcile(out, b, step_ms, step) if h.key in NOT_TIME_FINDINGS or h.score >= MIN_FINDING_PERCENT]
-    return sorted(kept, key=lambda h: -h.score)
+    return _causes_first(sorted(kept, key=lambda h: -h.score))
+
+
+LARGEST_BUFFERS_NAMED = 3
+"""How many of the largest buffers a memory-pressure finding names."""
+
+
+def _largest_buffers(results: dict[str, ToolResult]) -> list[dict]:
+    """get_peak_allocations' largest buffers, largest first, each as {name, mib, shape, made_by, argument}: rows of
+    XProf's memory viewer (instruction, size) or of the HLO (value, shape, opcode, framework op)."""
+    rows = _d(results, "get_peak_allocations").get("buffers") or []
+    buffers = [{"name": r.get("value") or r.get("instruction"), "mib": r.get("size_mib"), "shape": r.get("shape"),
+                "made_by": r.get("framework_op"),
+                "argument": r["opcode"] == "parameter" if r.get("opcode") else None}
+               for r in rows if (r.get("value") or r.get("instruction")) and r.get("size_mib")]
+    return sorted(buffers, key=lambda b: -b["mib"])
+
+
+def _buffer_text(b: dict) -> str:
+    shape = f" {b['shape'].split('{')[0]}" if b.get("shape") else ""
+    kind = {True: "an argument", False: "a value the step computes"}.get(b["argument"], "")
+    about = ", ".join(x for x in (f"{b['mib']:g} MiB", kind, b.get("made_by") and f"from {b['made_by']}") if x)
+    return f"{b['name']}{shape} ({about})"
+
+
+def memory_pressure_hypothesis(health: dict[str, Any], results: dict[str, ToolResult]) -> Hypothesis | None:
+    """Out-of-memory risk above LOW: the peak against the limit, the largest buffers that make it (get_peak_allocations)
+    and the lever for what holds them: values the step computes (rematerialise, smaller micro-batches) or its
+    arguments (donate, shard, offload)."""
+    risk = health.get("oom_risk")
+    if risk not in OOM_RISKS_ABOVE_LOW:
+        return None
+    mem = _s(results, "get_memory_profile")
+    allocations = _s(results, "get_peak_allocations")
+    largest = _largest_buffers(results)
+    named = largest[:LARGEST_BUFFERS_NAMED]
+    typed = [b for b in largest if b["argument"] is not None]
+    argument_mib = sum(b["mib"] for b in typed if b["argument"])
+    value_mib = sum(b["mib"] for b in typed if not b["argument"])
+    values_first = value_mib >= argument_mib
+    module = allocations.get("module") or allocations.get("peak_module")
+    held = ""
+    if typed:
+        total = argument_mib + value_mib
+        held = (f" Of the {len(typed)} largest buffers ({total / 1024:.3g} GiB), "
+                f"{100 * value_mib / total:.0f}% are values the step computes (activations, gradients, temporaries) "
+                f"and {100 * argument_mib / total:.0f}% its arguments (weights, optimizer state, the batch).")
+    evidence = [_ev("get_memory_profile", "peak_memory_gib", mem.get("peak_memory_gib")),
+                _ev("get_memory_profile", "capacity_gib", mem.get("capacity_gib")),
+                *([_ev("get_memory_profile", "allocator_limit_gib", mem["allocator_limit_gib"])]
+                  if mem.get("allocator_limit_gib") is not None else []),
+                _ev("get_memory_profile", "headroom_percent", mem.get("headroom_percent")),
+                _ev("get_memory_profile", "oom_risk", risk)]
+    evidence += [_ev("get_peak_allocations", f"buffer {b['name']}", b["mib"], _buffer_text(b)) for b in named]
+    if allocations.get("hlo_values_live_at_once_gib") is not None:
+        evidence.append(_ev("get_peak_allocations", "hlo_values_live_at_once_gib",
+                            allocations["hlo_values_live_at_once_gib"],
+                            f"at {allocations.get('hlo_values_live_at_once_at')}"))
+    return Hypothesis(
+        "memory_pressure", 50.0 if risk == "HIGH" else 15.0,
+        f"Out-of-memory risk {risk}: the step's peak memory is near the limit",
+        f"Peak memory {mem.get('peak_memory_gib')} GiB of {_memory_limit_text(mem)} "
+        f"({mem.get('headroom_percent')}% headroom): a larger batch, a longer sequence or one more buffer may "
+        "not fit."
+        + (f" The largest buffers of {module or 'the busiest program'}: "
+           + "; ".join(_buffer_text(b) for b in named) + "." if named else
+           " Which buffers make the peak is not available: " + (_reason(results, "get_peak_allocations")
+                                                                 or "get_peak_allocations reported no buffer sizes")
+           + ".")
+        + held,
+        evidence,
+        "Avoids an out-of-memory failure as batch or sequence length grows, and makes room for a larger batch.",
+        advice.cut_peak_memory(_context(results), values_first),
+    )
+
+
+def _reason(results: dict[str, ToolResult], tool: str) -> str | None:
+    result = results.get(tool)
+    return result.reason if result is not None and not result.ok else None
 
 
 MIN_FINDING_PERCENT = 1.0
@@ -444,6 +515,33 @@ def _overhead_text(b: dict[str, float]) -> str:
     """The non-compute shares of the step that the breakdown measured, largest first."""
     parts = sorted(((k, b.get(k) or 0.0) for k in NON_COMPUTE), key=lambda kv: -kv[1])
     return ", ".join(f"{k.replace('_', ' ')} {v}%" for k, v in parts if v >= 1) or "no single host-side cause"
+
+
+def _program(module: str | None) -> str:
+    """An HLO module's name without the id the HLO checks add (`jit_step(8)` -> `jit_step`), as op rows name it."""
+    return re.sub(r"\(\d+\)$", "", module or "")
+
+
+def _causes_first(ranked: list[Hypothesis]) -> list[Hypothesis]:
+    """A finding whose ops add the bytes that make another finding's ops slow (a widening convert writes the f32 copy
+    that memory-bound reductions read back) is that symptom's cause: it stakes at least the symptom's time, comes
+    before it, and each says how they are linked."""
+    order = list(ranked)
+    for cause in ranked:
+        for symptom in ranked:
+            shared = sorted(op for _, op in cause.inflates & symptom.ops)
+            if symptom is cause or not shared:
+                continue
+            named = ", ".join(shared[:4])
+            cause.score = max(cause.score, symptom.score)
+            cause.whats_happening += (f" What these ops write is read by {named}, ops of the '{symptom.title}' "
+                                      "finding: this is that finding's cause, so it comes first.")
+            symptom.whats_happening += (f" {len(shared)} of these ops ({named}) read what the ops of the "
+                                        f"'{cause.title}' finding write: that finding is their cause and comes first.")
+            if order.index(cause) > order.index(symptom):
+                order.remove(cause)
+                order.insert(order.index(symptom), cause)
+    return order
 
 
 HOST_BOUND_MIN_PERCENT = 30.0
@@ -572,7 +670,8 @@ def _compiler_hypotheses(health: dict[str, Any], results: dict[str, ToolResult],
             continue
         if key == "unfused_data_movement" and any(h.key == "layout_copies" for h in found + out):
             continue  # the same ops, already reported as layout copies
-        top = (_d(results, tool).get("ops") or [{}])[0]
+        rows = _d(results, tool).get("ops") or [{}]
+        top = rows[0]
         out.append(Hypothesis(
             key, share * compute / 100 if compute else share,
             title,
@@ -584,6 +683,8 @@ def _compiler_hypotheses(health: dict[str, Any], results: dict[str, ToolResult],
             fix,
             follow_up=("get_hlo_neighborhood", {"op": s["top_op"], "module": top.get("module", "")}) if top.get("module") else None,
             extra_evidence=_neighborhood_evidence,
+            ops=frozenset((_program(r.get("module")), r["op"]) for r in rows if r.get("op")),
+            inflates=frozenset((_program(r.get("module")), reader) for r in rows for reader in r.get("read_by") or []),
         ))
     return out
 
@@ -712,6 +813,7 @@ def _memory_bound_hypothesis(ops: dict[str, Any], low_share: float, low_ops: lis
              + f". The largest is {top['op']} ({top.get('shape')}, {top['arithmetic_intensity_flops_per_byte']} "
              f"FLOP/byte at {top.get('achieved_gb_per_s')} GB/s).")
     follow_up = ("get_hlo_neighborhood", {"op": top["op"], "module": top.get("module", "")}) if top.get("module") else None
+    staked = frozenset((_program(o.get("module")), o["op"]) for o in low_ops)
     if kind == "below_bandwidth_roof":
         # Half the gap to the roof (a better kernel rarely reaches it), or the extra passes, whichever is larger.
         recoverable = max(ops.get("memory_extra_pass_percent") or 0.0, low_share * (1 - (kind_bandwidth or 100) / 100) / 2)
@@ -723,7 +825,8 @@ def _memory_bound_hypothesis(ops: dict[str, Any], low_share: float, low_ops: lis
             whats, evidence,
             f"The bytes themselves would take a fraction of this time at the roof: a better kernel or algorithm "
             f"recovers up to {recoverable:.0f}% of op time.",
-            _sentence(fix), follow_up=follow_up, extra_evidence=_neighborhood_evidence)
+            _sentence(fix), follow_up=follow_up, extra_evidence=_neighborhood_evidence,
+            ops=staked)
     if kind == "at_bandwidth_roof" and ops.get("memory_bound_rereads_in_loops"):
         ceiling = 100 * intensity / ridge if intensity is not None and ridge else None
         recoverable = share * (1 - (ceiling or 0) / 100)
@@ -738,7 +841,8 @@ def _memory_bound_hypothesis(ops: dict[str, Any], low_share: float, low_ops: lis
              if ceiling is not None else "")
             + "its time falls only with the bytes per unit of work; serving k rows or tokens per byte read does up "
             f"to k times the work in about the same time ({share:g}% of op time at stake).",
-            _sentence(fix), follow_up=follow_up, extra_evidence=_neighborhood_evidence)
+            _sentence(fix), follow_up=follow_up, extra_evidence=_neighborhood_evidence,
+            ops=staked)
     passes = ops.get("memory_passes") or 1.0
     # Only the extra passes are recoverable (the data must still move once); bandwidth left unused, half of it.
     recoverable = max(ops.get("memory_extra_pass_percent") or 0.0,
@@ -749,7 +853,7 @@ def _memory_bound_hypothesis(ops: dict[str, Any], low_share: float, low_ops: lis
         f"Bandwidth-bound time shrinks only with the bytes moved: making {passes:g} passes one, or using the "
         f"bandwidth fully, cuts up to {recoverable:.0f}% of op time; the rest is the data's one necessary pass.",
         _sentence(advice.fuse_passes(ctx, bool(ops.get("memory_handed_on_by_product")))), follow_up=follow_up,
-        extra_evidence=_neighborhood_evidence)
+        extra_evidence=_neighborhood_evidence, ops=staked)
 
 
 def _transfer_hypotheses(health: dict[str, Any], results: dict[str, ToolResult], base: list[Evidence]) -> list[Hypothesis]:
@@ -987,16 +1091,12 @@ class RuleEngine:
             calls.append(FollowUpCall(tool=name, args=args, hypothesis=hypothesis.title, status=result.status, reason=result.reason))
             if result.ok and hypothesis.extra_evidence:
                 hypothesis.evidence.extend(hypothesis.extra_evidence(result))
-        findings = [
-            Finding(priority=h.priority, key=h.key, title=h.title, whats_happening=h.whats_happening,
-                    evidence=h.evidence, expected_impact=h.expected_impact, fix=h.fix)
-            for h in hypotheses
-        ]
+        findings = [h.finding() for h in hypotheses]
         reasons = health.get("unhealthy_because", [])
         if not findings:
             summary = (
-                "The health snapshot is not clean (" + "; ".join(reasons) + "), but no rule matched a known "
-                "bottleneck pattern strongly enough to report; see the key metrics and the tool outputs."
+                "Not OPTIMAL: " + "; ".join(reasons) + ". No rule matched a known bottleneck pattern strongly enough "
+                "to report a finding; see the key metrics and the tool outputs."
             )
         else:
             top = findings[0]

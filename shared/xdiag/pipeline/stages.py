@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from xdiag.errors import InvalidRequest, PoisonMessage, ProfileError, UnknownTool
-from xdiag.investigators import MAX_FOLLOW_UP_CALLS, health_snapshot
+from xdiag.investigators import MAX_FOLLOW_UP_CALLS, checked_verdict, health_snapshot
 from xdiag.model import (
     Analysis,
     CaptureReady,
@@ -543,7 +543,7 @@ def investigate(message: InvestigationReady, deps: Dependencies) -> None:
         follow_ups = FollowUps(deps, analysis, _session(deps, analysis), deps.investigation_deadline_s)
         chosen = analysis.investigator if analysis.investigator in deps.investigators else "rules"
         investigator = deps.investigators[chosen]()
-        diagnosis = investigator.investigate(health, results, follow_ups)
+        diagnosis = checked_verdict(investigator.investigate(health, results, follow_ups), health, results)
         diagnosis.follow_up_calls.extend(follow_ups.refused)
         if chosen != analysis.investigator and not diagnosis.investigator_note:
             diagnosis.investigator_note = f"investigator {analysis.investigator!r} is not configured; used the rule engine"

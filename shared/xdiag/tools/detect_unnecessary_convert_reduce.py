@@ -52,7 +52,9 @@ def _widening_converts(
     "that hold them (converts fused into the reduction write nothing extra and are not listed).",
 )
 def detect_unnecessary_convert_reduce(session: Session) -> ToolOutput:
-    """summary: count, total_ms, share_of_op_time_percent, ops_with_hlo, op_time_with_hlo_percent (the ops the HLO names, and their share of op time), top_op, widening, top_op_shape. detail: ops (top 20)."""
+    """summary: count, total_ms, share_of_op_time_percent, ops_with_hlo, op_time_with_hlo_percent (the ops the HLO
+    names, and their share of op time), top_op, widening, top_op_shape. detail: ops (top 20), each with the widening,
+    the shapes, the reduction it feeds, read_by (every op that reads what it writes) and the extra bytes per run."""
     return detect(session, materialised_widening, lambda top: {"widening": top["widening"], "top_op_shape": top["converted_shape"]})
 
 
@@ -72,8 +74,9 @@ def materialised_widening(e: ExecutedInstruction, total_ps: int) -> dict | None:
     convert, source, reducer = hits[0]
     return e.row(
         total_ps, opcode=ins.opcode, widening=f"{source.dtype}->{convert.dtype}", converted_shape=convert.shape_text,
-        source_shape=source.shape_text, feeds=reducer, extra_bytes_per_run=shape_bytes(convert) - shape_bytes(source),
-        framework_op=convert.op_name or ins.op_name,
+        source_shape=source.shape_text, feeds=reducer,
+        read_by=[u.name for u in e.computation.instructions if _reads(u, ins.name, e.computation)],
+        extra_bytes_per_run=shape_bytes(convert) - shape_bytes(source), framework_op=convert.op_name or ins.op_name,
     )
 
 

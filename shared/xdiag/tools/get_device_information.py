@@ -21,7 +21,8 @@ _DEVICE_STATS = (
     "and the framework versions; for CPU profiles the number of XLA:CPU devices.",
 )
 def get_device_information(session: Session) -> ToolOutput:
-    """summary: platform, framework (JAX | TensorFlow | PyTorch/XLA | None), device_type, device_count,
+    """summary: platform, framework (JAX | TensorFlow | PyTorch/XLA | None), read_from (the trace format, where the
+    session was read from a Chrome trace rather than an xplane), device_type, device_count,
     devices_with_events, the recorded stats (peak_teraflops_per_second, peak_hbm_bw_gigabytes_per_second,
     memory_size, memory_bandwidth, compute_cap_{major,minor}, core_count, clock_rate), versions, and on TPU/GPU the checked peaks:
     device_model, vendor, peak_tflops, peak_hbm_gb_per_s, ridge_flop_per_byte, flops_source / bandwidth_source
@@ -37,6 +38,8 @@ def get_device_information(session: Session) -> ToolOutput:
              **{k: v for k, v in plane.stats.items() if k in _DEVICE_STATS}}
         )
     summary: dict = {"platform": session.platform, "versions": versions, "framework": framework(session)}
+    if trace_format(session):
+        summary["read_from"] = trace_format(session)
     if devices:
         first = devices[0]
         summary.update(

@@ -116,6 +116,11 @@ _ALL = [
         },
     ),
     Workload(
+        "widened_statistics",
+        "bf16 data widened once to f32, then read back by four dependent memory-bound reduction passes",
+        "widening_converts",
+    ),
+    Workload(
         "collective_bound",
         "sharded step over 4 devices with tiny compute and large all-reduce/all-gather each step",
         "collectives",
