@@ -152,7 +152,7 @@ def test_optimal_needs_the_dominant_ops_measured_at_30_percent_of_their_roof():
     session = read_session([H200 / "recompilation.xplane.pb"])
     snapshot = _snapshot(session)
     assert snapshot["dominant_ops_unmeasured"] and "FLOPs unknown" in snapshot["dominant_ops_unmeasured"][0]
-    assert any("not measured" in r for r in snapshot["unhealthy_because"])
+    assert any("no efficiency is measured" in r for r in snapshot["unhealthy_because"])
     kpi = run_tool(session, "get_kpi_metrics").summary
     assert kpi["achieved_gflops_per_s_during_ops"] is None and kpi["achieved_rate_covers_op_time_percent"] < 50
     assert "compute op time" in kpi["achieved_rate_unavailable_because"]

@@ -37,10 +37,10 @@ def get_peak_allocations(session: Session, module: str | None = None) -> ToolOut
             modules = view.get("detail", {}).get("modules") or [{}]
             return ToolOutput({"module": target.display_name, **summary},
                               {"xprof": view, "buffers": modules[0].get("top_buffers", [])}, xprof_source())
-    values = _device_values(target.entry_computation)
+    values = _device_values(target.entry_computation, target)
     if not values:
         raise NotAvailable(f"module {target.display_name} defines no sized values in device memory")
-    live_bytes, live_at = _live_at_once(target.entry_computation)
+    live_bytes, live_at = _live_at_once(target.entry_computation, target)
     largest = max(values, key=lambda v: v["size_mib"])
     summary = {
         "module": target.display_name,
@@ -52,7 +52,8 @@ def get_peak_allocations(session: Session, module: str | None = None) -> ToolOut
         "basis": (
             "HLO value sizes (the profile has no buffer assignment): the entry computation's values in device "
             "memory that are live together in its scheduled order (tuples and bitcasts hold no buffer of their "
-            "own, an async copy's destination is live from its start; host-memory values left out; temporaries "
+            "own, an async copy's destination is live from its start, an in-place scatter or dynamic-update-slice "
+            "is its operand's buffer; host-memory values left out; temporaries "
             "inside fusions and loop bodies not counted)"
         ),
     }
@@ -72,6 +73,25 @@ def _holds_no_buffer(ins: HloInstruction, by_name: dict[str, HloInstruction]) ->
     return start is not None and start.dtype != "tuple"
 
 
+_IN_PLACE = ("scatter", "dynamic-update-slice")
+
+
+def _updated_in_place(ins: HloInstruction, computation: HloComputation, module: HloModule | None) -> str | None:
+    """The operand whose buffer a scatter or dynamic-update-slice (alone, or at the root of a fusion) updates in
+    place: the one of the result's shape. XLA writes such an update into its operand's buffer, copying the operand
+    first (a copy of its own in the HLO) where it is still needed: a donated table's update is not a second table."""
+    root = ins
+    if ins.opcode == "fusion" and module is not None and ins.called and ins.called[0] in module.computations:
+        called = module.computations[ins.called[0]]
+        root = called.instructions[-1] if called.instructions else ins
+        while root.opcode == "bitcast" and root.operands and root.operands[0] in called.by_name:
+            root = called.by_name[root.operands[0]]
+    if root.opcode not in _IN_PLACE:
+        return None
+    return next((o for o in ins.operands if (v := computation.by_name.get(o)) is not None
+                 and v.dtype == ins.dtype and v.dims == ins.dims), None)
+
+
 def _start_of(ins: HloInstruction, by_name: dict[str, HloInstruction]) -> HloInstruction | None:
     """The start of an async pair whose done `ins` is (copy-done of copy-start, all-gather-done, …)."""
     start = by_name.get(ins.operands[0]) if ins.operands and ins.opcode.endswith("-done") else None
@@ -82,22 +102,24 @@ def _in_device_memory(ins: HloInstruction) -> bool:
     return ins.memory_space == 0 and shape_bytes(ins) > 0
 
 
-def _device_values(computation: HloComputation) -> list[dict]:
-    """Each buffer the computation's instructions define in device memory, once."""
+def _device_values(computation: HloComputation, module: HloModule | None = None) -> list[dict]:
+    """Each buffer the computation's instructions define in device memory, once (an in-place update is its
+    operand's buffer)."""
     by_name = computation.by_name
     return [
         {"value": i.name, "shape": i.shape_text, "opcode": i.opcode, "size_mib": round(shape_bytes(i) / MIB, 4),
          "framework_op": i.op_name}
         for i in computation.instructions
-        if not _holds_no_buffer(i, by_name) and _in_device_memory(i)
+        if not _holds_no_buffer(i, by_name) and _in_device_memory(i) and _updated_in_place(i, computation, module) is None
     ]
 
 
-def _live_at_once(computation: HloComputation) -> tuple[float, str]:
+def _live_at_once(computation: HloComputation, module: HloModule | None = None) -> tuple[float, str]:
     """The most bytes of device-memory values live together, in the computation's instruction order (XLA writes
     a scheduled module's entry in its schedule's order), and the instruction where that happens. A value is live
     from its definition (an async done's buffer from its start) to its last use, through the tuples and
-    bitcasts that alias it; parameters from the start, the root's buffers to the end."""
+    bitcasts that alias it (and the in-place updates that write into it); parameters from the start, the root's
+    buffers to the end."""
     instructions = computation.instructions
     if not instructions:
         return 0.0, ""
@@ -107,10 +129,13 @@ def _live_at_once(computation: HloComputation) -> tuple[float, str]:
     spans: dict[str, list[int]] = {}  # buffer (its defining value) -> [first index, last index]
     stands_for: dict[str, set[str]] = {}  # a value -> the buffers it is
     for n, i in enumerate(instructions):
+        in_place = _updated_in_place(i, computation, module)
         if _holds_no_buffer(i, by_name):
             stands_for[i.name] = set().union(*(stands_for.get(o, set()) for o in i.operands))
             if i.name in done_of:
                 stands_for[i.name].add(done_of[i.name])  # the destination the start allocates
+        elif in_place is not None:
+            stands_for[i.name] = set(stands_for.get(in_place, ()))  # its operand's buffer, updated
         else:
             stands_for[i.name] = {i.name}
             if _in_device_memory(i):

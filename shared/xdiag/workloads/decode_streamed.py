@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from xdiag.workloads._common import pick, run_steps
+from xdiag.workloads.kv_decode import decode_step
 
 DEFAULT_STEPS = 6
 BATCH = 1
@@ -74,11 +75,7 @@ def setup():
 
 
 def step(state, i):
-    generate, params, cache, x = state
-    ctx = cache.shape[3]
-    start = (i * NEW_TOKENS) % (ctx - NEW_TOKENS)
-    x, cache = generate(params, cache, x, start)
-    return generate, params, cache, x
+    return decode_step(state, i, NEW_TOKENS)
 
 
 def run(steps: int = DEFAULT_STEPS) -> None:

@@ -67,12 +67,17 @@ def setup():
     return make(BATCH)
 
 
-def step(state, i):
+def decode_step(state, i, new_tokens: int):
+    """One call of a `generate` built like make()'s: `new_tokens` tokens from a start that walks the cache."""
     generate, params, cache, x = state
     ctx = cache.shape[3]
-    start = (i * NEW_TOKENS) % (ctx - NEW_TOKENS)
+    start = (i * new_tokens) % (ctx - new_tokens)
     x, cache = generate(params, cache, x, start)
     return generate, params, cache, x
+
+
+def step(state, i):
+    return decode_step(state, i, NEW_TOKENS)
 
 
 def run(steps: int = DEFAULT_STEPS) -> None:
