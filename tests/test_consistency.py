@@ -49,7 +49,8 @@ FOREIGN_WORDS = {
 
 
 def _analysis(path: Path, tmp_path: Path) -> tuple[Analysis, dict[str, dict], str]:
-    """The analysis, its broad tools' summaries (those that answered) and the text of its summary.html."""
+    """The analysis, its broad tools' summaries (those that answered, and the op profile's rows as `op_rows`) and
+    the text of its summary.html."""
     out = tmp_path / "out"
     analysis = analyze_session(locate_session(path), out)
     assert analysis.status == "DONE", analysis.failure_reason
@@ -58,6 +59,8 @@ def _analysis(path: Path, tmp_path: Path) -> tuple[Analysis, dict[str, dict], st
         result = json.loads(file.read_text())
         if result.get("status") == "ok" and not file.name.startswith("followup-"):
             tools[file.stem] = result.get("summary") or {}
+            if file.stem == "get_hlo_op_profile":
+                tools["op_rows"] = (result.get("detail") or {}).get("ops") or []
     page = re.sub(r"<(style|script)\b.*?</\1>", " ", (out / "summary.html").read_text(), flags=re.S)
     return analysis, tools, html.unescape(re.sub(r"<[^>]+>", " ", page))
 
@@ -129,6 +132,19 @@ def check_report(analysis: Analysis, tools: dict[str, dict], page: str) -> list[
         problems.append(f"OPTIMAL with out-of-memory risk {health['oom_risk']}")
     if diagnosis.status.value == "OPTIMAL" and efficiency_not_measured(health):
         problems.append(f"OPTIMAL though {efficiency_not_measured(health)}")
+
+    # No rate above a hardware peak is shown as a measurement, and a custom kernel holding a fifth of op time is
+    # costed (FLOPs and bytes) or has a stated floor.
+    peak_gb_s = (tools.get("get_hlo_op_profile") or {}).get("peak_hbm_gb_per_s")
+    for row in tools.get("op_rows", []):
+        if (peak_gb_s and (row.get("achieved_gb_per_s") or 0) > 1.05 * peak_gb_s
+                or (row.get("roofline_efficiency_percent") or 0) > 100) and not row.get("not_a_measurement"):
+            problems.append(f"{row['op']} is shown at {row.get('achieved_gb_per_s')} GB/s, "
+                            f"{row.get('roofline_efficiency_percent')}% of its roof, as a measurement")
+        if row.get("opcode") == "custom-call" and row["share_of_op_time_percent"] >= 20:
+            if not (row.get("flops_per_run") is not None and row.get("bytes_per_run")) and not row.get("achieved_gb_per_s_floor"):
+                problems.append(f"custom kernel {row['op']} holds {row['share_of_op_time_percent']}% of op time with "
+                                "neither FLOPs and bytes nor a floor")
 
     # One value per fact: the devices' busy share is the same number in every tool that reports it.
     step = tools.get("get_step_trace") or {}
