@@ -256,10 +256,13 @@ def roofline_summary(rows: list[dict], ridge_flop_per_byte: float | None = None,
     # fused with their normalisation), it is the nature of the work. Without peaks (CPU) only the passes tell.
     few_flops_at_roof = (kind == "at_bandwidth_roof" and bool(ridge_flop_per_byte) and intensity is not None
                          and intensity < STARVED_INTENSITY_SHARE_OF_RIDGE * ridge_flop_per_byte)
-    # Work a loop repeats reads the same arrays every trip (a decode step's weights, once per token): more work
-    # per trip amortises them. Work done once per step is read once, as it must be.
+    # Work a loop repeats reads the same arrays every trip (a decode step's weights, once per token; a recurrent
+    # cell's, once per time step): more work per trip amortises them, up to the ridge point, whatever the
+    # arithmetic per byte now. Work done once per step is read once, as it must be.
     in_loops = sum(measured_share(o) for o in low if o.get("in_loop_body"))
-    rereads = few_flops_at_roof and in_loops >= 0.5 * sum(measured_share(o) for o in low)
+    under_ridge_at_roof = (kind == "at_bandwidth_roof" and bool(ridge_flop_per_byte) and intensity is not None
+                           and intensity < ridge_flop_per_byte)
+    rereads = under_ridge_at_roof and in_loops >= 0.5 * sum(measured_share(o) for o in low)
     # Arrays one kernel writes only for the next to read back once: bytes a kernel doing both would not move,
     # whatever the arithmetic per byte (an attention's scores between its two products).
     handed = round(sum(measured_share(o) * (o.get("handed_on_share_of_bytes") or 0.0) for o in low), 2)

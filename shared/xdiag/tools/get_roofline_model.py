@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from xdiag.analysis.device_peaks import session_peaks
-from xdiag.analysis.roofline import ON_CHIP_RATE_MARGIN, compute_peak
+from xdiag.analysis.roofline import ON_CHIP_RATE_MARGIN, STREAMED_PROGRAM_COPY_SHARE_PERCENT, compute_peak
 from xdiag.errors import NotAvailable
 from xdiag.profile.space import Session
 from xdiag.tools.common import try_view, xprof_source
-from xdiag.tools.ops import costed_work
+from xdiag.tools.ops import costed_work, op_stats
 from xdiag.tools.registry import ToolOutput, tool
 
 _COPY_CATEGORIES = ("copy-start", "copy-done", "async copy", "memcpy")
@@ -27,9 +27,11 @@ def get_roofline_model(session: Session, top_n: int = 20) -> ToolOutput:
     op_time_bound_by (compute | HBM), op_time_roofline_efficiency_percent, costed_compute_op_time_percent
     (of the compute op time; under 50% the figures are left out with roofline_unavailable_because), time_basis,
     async_wait_percent (of the costed op time, waits for async copies), prefetch_wait_percent (those of them
-    for prefetches into VMEM, which count in the efficiency with the bytes they bring across HBM; waits for
-    transfers are left out, and above 20% of the time the efficiency is left out with why), on_chip_bytes_left_out_percent
-    (shape bytes of ops too fast for HBM, served on chip);
+    for prefetches into VMEM that carry most of the program's HBM bytes, which then count in the efficiency with
+    the bytes they bring across HBM; other waits are left out, and above 20% of the time the efficiency is left
+    out with why), on_chip_bytes_left_out_percent
+    (shape bytes of ops too fast for HBM, served on chip), op_time_hbm_gb_per_s_with_prefetches (where the program
+    prefetches into VMEM: the ops' HBM bytes and the prefetched arrays over their time, waits included);
     the checked peaks (device_model, peak_tflops, peak_hbm_gb_per_s, ridge_flop_per_byte, flops_source, bandwidth_source,
     peak_warnings); XProf's own figures under its names (roofline_efficiency_percent, bound_by,
     peak_flop_rate_gflops, peak_hbm_bw_gibs, … over the capture window, idle included), xprof_idle_percent,
@@ -101,14 +103,20 @@ def program_roofline(session: Session, peaks: dict) -> dict:
     if peak_flops and peak_bw:
         # Each op against its own roof (f32 operands have a lower one): the time the ops would take at their
         # roofs over the time they took, with the bytes the op table counts (HBM only: VMEM-held arrays are not
-        # bound by it). A prefetch into VMEM counts with its wait and the array it brought across HBM (a streaming
-        # program's ops read it there); other async waits are left out, as their rows are (a transfer's bytes
-        # cross a host or peer link between start and done).
-        compute_s = memory_s = timed_s = prefetch_s = 0.0
+        # bound by it). Async waits are left out, as their rows are (their bytes move between start and done), but
+        # where prefetches into VMEM carry most of the program's HBM bytes (a decode loop streaming its weights), its
+        # ops read what they brought: each prefetch then counts with its wait and the array it brought across HBM.
+        prefetches = [stat for stat in op_stats(session) if stat.prefetch_wait]  # costed or not (category prefetch)
+        prefetched = sum((stat.cost.get("result_bytes") or 0.0) * stat.count for stat in prefetches)
+        streams = prefetched >= moved * STREAMED_PROGRAM_COPY_SHARE_PERCENT / (100 - STREAMED_PROGRAM_COPY_SHARE_PERCENT)
+        if not streams:
+            prefetches, prefetched = [], 0.0
+        prefetch_s = sum(stat.total_ps for stat in prefetches) / 1e12
+        memory_s = prefetched / peak_bw
+        compute_s = timed_s = costed_prefetch_s = 0.0
         for stat in costed:
-            if stat.prefetch_wait:
-                memory_s += (stat.cost.get("result_bytes") or 0.0) * stat.costed_count / peak_bw
-                prefetch_s += stat.costed_ps / 1e12
+            if stat.prefetch_wait and streams:
+                costed_prefetch_s += stat.costed_ps / 1e12
                 continue
             if stat.moves_data_asynchronously:
                 continue
@@ -119,15 +127,19 @@ def program_roofline(session: Session, peaks: dict) -> dict:
             compute_s, memory_s = (compute_s + flop_s, memory_s) if flop_s >= byte_s else (compute_s, memory_s + byte_s)
             timed_s += stat.costed_ps / 1e12
         efficiency = 100 * (compute_s + memory_s) / (timed_s + prefetch_s) if timed_s + prefetch_s else 0.0
-        waits = 100 * (1 - (timed_s + prefetch_s) / seconds) if seconds else 0.0  # transfers: no HBM roof
+        waits = 100 * (1 - (timed_s + costed_prefetch_s) / seconds) if seconds else 0.0  # transfers: no HBM roof
         out["async_wait_percent"] = round(100 * (1 - timed_s / seconds) if seconds else 0.0, 2)
-        out["prefetch_wait_percent"] = round(100 * prefetch_s / seconds if seconds else 0.0, 2)
+        with_prefetches = seconds - costed_prefetch_s + prefetch_s
+        out["prefetch_wait_percent"] = round(100 * prefetch_s / with_prefetches if with_prefetches else 0.0, 2)
+        if prefetches:
+            # The ops' own bytes (op_time_achieved_gb_per_s) and what their prefetches brought, over both's time.
+            out["op_time_hbm_gb_per_s_with_prefetches"] = round((moved + prefetched) / with_prefetches / 1e9, 1)
         out["op_time_bound_by"] = "compute" if compute_s >= memory_s else "HBM"
         if waits >= MAX_ASYNC_WAIT_PERCENT:
             out["roofline_unavailable_because"] = (
-                f"{waits:.1f}% of the costed op time is waits for async transfers (to or from the host or a peer), "
-                "whose bytes cross another link between their start and their wait: the ops' own roofs do not "
-                "speak for the program")
+                f"{waits:.1f}% of the costed op time is waits for async copies (prefetches that carry less than half "
+                "of the program's HBM bytes, transfers to or from the host or a peer), whose bytes move between their "
+                "start and their wait: the ops' own roofs do not speak for the program")
         elif efficiency > 100:
             # Not a measurement: left out of the figure the report shows, with why.
             out["roofline_unavailable_because"] = (

@@ -222,6 +222,18 @@ _ACCELERATOR = [
              "opaque_kernel"),
     Workload("decode_prefetched", "batch-1 decoding of a 200 MB model: weight tiles prefetched into VMEM by async "
              "copies", "memory_bound"),
+    Workload("flash_attention_full", "non-causal attention training step on JAX's Pallas flash kernels, 256-wide "
+             "blocks", "optimal"),
+    Workload("lstm_batch64", "LSTM (hidden 1,024, batch 64) under lax.scan re-reading its 16 MB of weights from HBM "
+             "every time step", "memory_bound"),
+    Workload("megablox_small_tiles", "megablox grouped matmul with 128-wide tiles: far below the HBM roof, one "
+             "short call per step", "memory_bound",
+             expected_by_platform={"TPU": (
+                 "host_sync", "the kernel holds 99% of op time at 28% of the HBM roof, but the step is one 1.5 ms "
+                 "call blocked on each time and the device idles a third of it between calls: the wait leads, the "
+                 "kernel's tiling follows as the second finding")}),
+    Workload("int8_weight_decode", "batch-1 decoding with int8 weights widened inside the products, prefetched "
+             "into VMEM", "memory_bound"),
     Workload("near_hbm_limit", "compute-bound training step whose program holds ~86% of HBM (a resident table)",
              "memory_pressure"),
 ]
