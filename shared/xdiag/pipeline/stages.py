@@ -331,11 +331,13 @@ def _loader_key(analysis: Analysis) -> tuple[BlobInfo, ...]:
     return tuple(sorted(_inputs(analysis), key=lambda i: i.uri))
 
 
-def _session(deps: Dependencies, analysis: Analysis) -> Session:
+def _session(deps: Dependencies, analysis: Analysis, events: bool = False) -> Session:
+    """The analysis' session; with `events` its hosts' events too (the follow-ups), where the broad tools read a
+    many-host session from its hosts' summaries."""
     if not analysis.inputs:  # recorded before inputs were: the files as they are now
         analysis.inputs = [{"uri": i.uri, "generation": i.generation, "size": i.size}
                            for i in (deps.blobs.stat(uri) for uri in analysis.profile_uris) if i is not None]
-    return deps.sessions.load(_inputs(analysis), analysis.session_id, analysis.output_uri)
+    return deps.sessions.load(_inputs(analysis), analysis.session_id, analysis.output_uri, events)
 
 
 def publish_tool_runs(
@@ -540,7 +542,7 @@ def investigate(message: InvestigationReady, deps: Dependencies) -> None:
         started = time.perf_counter()
         results = load_results(deps, analysis)
         health = health_snapshot(results)
-        follow_ups = FollowUps(deps, analysis, _session(deps, analysis), deps.investigation_deadline_s)
+        follow_ups = FollowUps(deps, analysis, _session(deps, analysis, events=True), deps.investigation_deadline_s)
         chosen = analysis.investigator if analysis.investigator in deps.investigators else "rules"
         investigator = deps.investigators[chosen]()
         diagnosis = investigator.investigate(health, results, follow_ups)
