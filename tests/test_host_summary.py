@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from xdiag.pipeline.deps import SessionLoader
 from xdiag.pipeline.layout import prepared_host_uri
 from xdiag.pipeline.topics import ANALYSES
 from xdiag.profile.reader import read_session
@@ -46,7 +47,7 @@ def test_every_broad_tool_answers_from_the_summaries_what_it_answers_from_the_wh
 
 def test_a_summary_session_holds_no_events(lockstep, tmp_path):
     """What is not in the summaries is refused with the reason, never answered from nothing: a follow-up that reads
-    events (aggregate_xplane_events) fails on the summary session and answers on the mapped one."""
+    events (aggregate_xplane_events) is not available on the summary session and answers on the mapped one."""
     paths = _hosts(_pod(tmp_path / "pod", lockstep["straggler_input"], 3))
     mapped, summaries = _summaries(paths)
     summarized = host_summary.summary_session(host_summary.assemble(summaries), mapped.name)
@@ -54,7 +55,7 @@ def test_a_summary_session_holds_no_events(lockstep, tmp_path):
     with pytest.raises(host_summary.ColumnsNotInSummary, match="prepared columns"):
         line.start_ps
     refused = run_tool(summarized, "aggregate_xplane_events", {"pattern": "PjitFunction"})
-    assert refused.status.value == "failed" and "prepared columns" in refused.reason
+    assert refused.status.value == "not_available" and "prepared columns" in refused.reason
     assert run_tool(mapped, "aggregate_xplane_events", {"pattern": "PjitFunction"}).ok
 
 
@@ -97,3 +98,38 @@ def test_the_reduce_stores_the_assembled_summary_and_no_session_of_columns(locks
     assert finding["key"] == "straggler_host" and "process1" in finding["title"]
     stored = pipeline.state.get(ANALYSES, analysis["analysis_id"])
     assert stored["tools"]["get_hosts"]["status"] == "ok"
+
+
+def _pipeline(tmp_path: Path, max_bytes: int) -> Pipeline:
+    pipeline = Pipeline(tmp_path / "buckets")
+    pipeline.deps.sessions = SessionLoader(pipeline.blobs, max_bytes=max_bytes, prepare=True, map_hosts_from=2)
+    pipeline.folder.parent.mkdir(parents=True)
+    return pipeline
+
+
+def test_a_summarised_session_is_bound_by_its_host_files_not_by_its_size(lockstep, tmp_path):
+    """The reduce and the tools read summaries, the follow-ups the hosts that matter: a session larger than the
+    session limit (XDIAG_MAX_PROFILE_GIB) is analysed, and a follow-up that reads events says which hosts it read."""
+    pipeline = _pipeline(tmp_path, max_bytes=100_000)
+    _pod(pipeline.folder, lockstep["straggler_input"], 6)
+    assert sum(p.stat().st_size for p in pipeline.folder.glob("*.xplane.pb")) > 100_000
+    analysis = pipeline.announce()
+    assert analysis["status"] == "DONE", analysis.get("failure_reason")
+    assert analysis["diagnosis"]["findings"][0]["key"] == "straggler_host"
+    session = pipeline.deps.sessions.load([pipeline.blobs.stat(i["uri"]) for i in analysis["inputs"]],
+                                          "pod-session", analysis["output_uri"], events=True)
+    covered = [host.hostname for host in session.hosts_with_events()]
+    assert any(host.endswith("process1") for host in covered) and len(covered) <= host_summary.FOLLOW_UP_HOSTS
+    events = run_tool(session, "aggregate_xplane_events", {"pattern": "PjitFunction"})
+    assert events.ok and events.summary["hosts_covered"] == covered and events.summary["hosts_in_session"] == 6
+
+
+def test_a_session_that_cannot_be_summarised_keeps_the_session_limit_and_says_why(h200_profiles, tmp_path):
+    pipeline = _pipeline(tmp_path, max_bytes=100_000)
+    pipeline.folder.mkdir()
+    for name in ("healthy", "host_sync"):
+        (pipeline.folder / f"{name}.xplane.pb").write_bytes(h200_profiles[name].read_bytes())
+    analysis = pipeline.announce()
+    assert analysis["status"] == "FAILED"
+    assert "over the 0.00 GiB limit per session" in analysis["failure_reason"]
+    assert "a GPU session: XProf's converters read its xplane files" in analysis["failure_reason"]

@@ -190,19 +190,19 @@ class SessionLoader:
                 early.close()
             self._preparing.release()
 
-    def _assembled_summary(self, key: tuple[BlobInfo, ...], output: str, summary: str) -> dict[str, Any] | None:
-        """The session's tables assembled from its hosts' summaries, stored at `summary` where not stored yet; None
-        where they cannot be (host_summary.NotSummarized: the session is assembled from its columns, as before)."""
+    def _assembled_summary(self, key: tuple[BlobInfo, ...], output: str, summary: str) -> tuple[dict | None, str]:
+        """(the session's tables assembled from its hosts' summaries, stored at `summary` where not stored yet, ""),
+        or (None, why they cannot be: host_summary.NotSummarized; the session is assembled from its columns)."""
         if self._blobs.exists(summary):
-            return host_summary.decode(self._blobs.get(summary))
+            return host_summary.decode(self._blobs.get(summary)), ""
         try:
             assembled = host_summary.assemble([host_summary.decode(self._blobs.get(
                 prepared_host_uri(output, info) + host_summary.SUFFIX)) for info in key])
         except (host_summary.NotSummarized, FileNotFoundError) as exc:
             log.info("the session of %s is assembled from its hosts' columns: %s", summary, exc)
-            return None
+            return None, str(exc)
         self._blobs.put(summary, host_summary.encode(assembled), "application/gzip")
-        return assembled
+        return assembled, ""
 
     def _load(self, key: tuple[BlobInfo, ...], name: str, output: str | None, events: bool = False) -> Session:
         mapped = bool(output) and self.maps_hosts(list(key))
@@ -211,15 +211,25 @@ class SessionLoader:
             started = time.perf_counter()
             prepared = _prepared_uri(key, output) if output else None
             try:
-                assembled = self._assembled_summary(key, output, _summary_uri(prepared)) if mapped else None
+                assembled, why_not = self._assembled_summary(key, output, _summary_uri(prepared)) if mapped else (None, "")
                 if assembled is not None and not events:  # the reduce and the broad tools: no host's columns
                     session = host_summary.summary_session(assembled, name)
-                elif assembled is not None:  # the follow-ups: every host's columns, mapped, the tables adopted
-                    session = self._assemble_mapped(key, name, output)
-                    host_summary.adopt(session, assembled)
+                elif assembled is not None:  # the follow-ups: the events of the hosts that matter, mapped
+                    session = host_summary.summary_session(assembled, name)
+                    for position in host_summary.hosts_that_matter(session):
+                        loaded = load_session(Path(self._blobs.local_path(prepared_host_uri(output, key[position]))))
+                        host_summary.take_events(session, position, loaded)
                 elif prepared and self._prepare and self._blobs.exists(prepared):
                     session = self._load_prepared(key, prepared)
-                elif prepared and self.maps_hosts(list(key)):  # the reduce: the map stage decoded every host
+                elif prepared and self.maps_hosts(list(key)):  # the reduce, from the hosts' columns
+                    total = sum(info.size for info in key)
+                    if total > self._max_bytes:
+                        raise ProfileError(
+                            f"the session's {len(key)} host files are {total / 2**30:.2f} GiB together, over the "
+                            f"{self._max_bytes / 2**30:.2f} GiB limit per session (XDIAG_MAX_PROFILE_GIB: what the "
+                            f"reduce and each tool instance map where a session's hosts cannot be summarised: "
+                            f"{why_not}); capture a shorter window or raise the limit "
+                            "with their memory")
                     session = self._assemble_mapped(key, name, output)
                     early = None
                     if session.platform != "CPU":  # XProf's converters read the xplane files themselves

@@ -222,9 +222,9 @@ def fail_analysis(deps: Dependencies, analysis: Analysis, reason: str) -> None:
 
 def beyond_limits(deps: Dependencies, files: list[BlobInfo]) -> str | None:
     """Why a session the map stage would decode cannot be analysed, where it is over a limit: more host files than
-    `max_hosts`, a file over `max_host_file_bytes` (what one map invocation decodes) or, all files together, over the
-    session limit (what the reduce and each tool instance hold, mapped). A session read whole (`xdiag analyze`, one
-    host) has only the session limit, which its reader checks."""
+    `max_hosts`, or a file over `max_host_file_bytes` (what one map invocation decodes). Its size all files together
+    binds only where it is assembled from its hosts' columns (deps.SessionLoader, after the maps: its hosts cannot
+    be summarised); a session read whole (`xdiag analyze`, one host) has only that limit, which its reader checks."""
     if not deps.sessions.maps_hosts(files):
         return None
     if len(files) > deps.max_hosts:
@@ -235,11 +235,6 @@ def beyond_limits(deps: Dependencies, files: list[BlobInfo]) -> str | None:
         return (f"{big[0].uri.rsplit('/', 1)[-1]} is {big[0].size / 2**30:.2f} GiB, over the limit of "
                 f"{deps.max_host_file_bytes / 2**30:.2f} GiB per host file (XDIAG_MAX_HOST_FILE_GIB); capture a shorter "
                 "window, or raise the limit with the memory of map_host")
-    total = sum(info.size for info in files)
-    if total > deps.sessions.max_bytes:
-        return (f"the session's {len(files)} host files are {total / 2**30:.2f} GiB together, over the "
-                f"{deps.sessions.max_bytes / 2**30:.2f} GiB limit per session (XDIAG_MAX_PROFILE_GIB: what the reduce "
-                "and each tool instance map); capture a shorter window or raise the limit with their memory")
     return None
 
 

@@ -31,7 +31,7 @@ import numpy as np
 
 from xdiag.analysis.breakdown import DeviceRow, DutyCycle, StepRow, WarmUpCall, device_rows, duty_cycles, step_rows
 from xdiag.analysis.prepared import _as_columns, _from_columns, _typed, _untyped
-from xdiag.analysis.stragglers import arrivals_of, collective_records
+from xdiag.analysis.stragglers import arrivals_of, collective_arrivals, collective_records, straggler
 from xdiag.analysis.timeline import (
     NO_REPEATING_STEP,
     Step,
@@ -349,11 +349,47 @@ def summary_session(assembled: dict[str, Any], name: str) -> Session:
                         lines=[_SummarizedLine(*line) for line in p["lines"]])
                   for p in h["planes"]]
         hosts.append(HostProfile(hostname=h["hostname"], path=Path(h["file"]), size_bytes=h["size_bytes"],
-                                 planes=planes, errors=h["errors"], warnings=h["warnings"]))
+                                 planes=planes, errors=h["errors"], warnings=h["warnings"], summarized=True))
     session = Session(name=name, hosts=hosts, hlo_modules=[module_from_record(m) for m in assembled["modules"]],
                       origin_ns=assembled["origin_ns"])
     adopt(session, assembled)
     return session
+
+
+FOLLOW_UP_HOSTS = 3
+"""Hosts whose events a follow-up reads in a session assembled from summaries: the straggler, the slowest, a sample."""
+
+
+def hosts_that_matter(session: Session, most: int = FOLLOW_UP_HOSTS) -> list[int]:
+    """The positions (in session.hosts) of the hosts a follow-up that reads events looks at, from the session's
+    tables: the straggler of the collectives across hosts, the host with the longest mean step, the first host."""
+    names = [host.hostname for host in session.hosts]
+    steps: dict[str, list[float]] = {}
+    for row in step_rows(session):
+        steps.setdefault(row.host, []).append(row.step_ms)
+    means = {host: float(np.mean(times)) for host, times in steps.items()}
+    chosen = []
+    arrivals = collective_arrivals(session)
+    if arrivals is not None and arrivals.level == "hosts" and means:
+        slow = straggler(arrivals, max(len(times) for times in steps.values()), float(np.mean(list(means.values()))))
+        if slow is not None and slow.name in names:
+            chosen.append(names.index(slow.name))
+    if means and max(means, key=means.get) in names:
+        chosen.append(names.index(max(means, key=means.get)))
+    chosen.append(0)
+    return list(dict.fromkeys(chosen))[:most]
+
+
+def take_events(session: Session, position: int, mapped: Session) -> None:
+    """The session's host at `position` replaced by the same host's prepared columns (`mapped`, the map stage's
+    file of it: times from each line's own timestamp), named and timed as the whole-session read names and times it."""
+    known, host = session.hosts[position], mapped.hosts[0]
+    host.hostname, host.path = known.hostname, known.path
+    for plane in host.planes:
+        plane.host = known.hostname
+        for line in plane.lines:
+            line.starts.shift((line.timestamp_ns - session.origin_ns) * 1000)
+    session.hosts[position] = host
 
 
 def encode(document: dict[str, Any]) -> bytes:
