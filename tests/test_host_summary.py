@@ -133,3 +133,16 @@ def test_a_session_that_cannot_be_summarised_keeps_the_session_limit_and_says_wh
     assert analysis["status"] == "FAILED"
     assert "over the 0.00 GiB limit per session" in analysis["failure_reason"]
     assert "a GPU session: XProf's converters read its xplane files" in analysis["failure_reason"]
+
+
+def test_the_straggler_among_128_hosts_is_named_from_the_summaries(lockstep, tmp_path):
+    """127 copies of the host that waits in every all-reduce and the one that prepares its input on the host: the
+    summaries name the straggler and its cause, as the 32-host whole read does (tests/test_hosts_map.py)."""
+    paths = _hosts(_pod(tmp_path / "pod", lockstep["straggler_input"], 128))
+    _, summaries = _summaries(paths)
+    session = host_summary.summary_session(host_summary.assemble(summaries), "pod")
+    hosts = run_tool(session, "get_hosts")
+    assert hosts.ok, hosts.reason
+    assert hosts.summary["hosts"] == 128 and hosts.summary["straggler"].endswith("process1")
+    assert hosts.summary["straggler_cause"] == "host_other"
+    assert [session.hosts[k].hostname for k in host_summary.hosts_that_matter(session)][0].endswith("process1")

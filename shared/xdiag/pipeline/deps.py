@@ -196,8 +196,8 @@ class SessionLoader:
         if self._blobs.exists(summary):
             return host_summary.decode(self._blobs.get(summary)), ""
         try:
-            assembled = host_summary.assemble([host_summary.decode(self._blobs.get(
-                prepared_host_uri(output, info) + host_summary.SUFFIX)) for info in key])
+            assembled = host_summary.assemble(host_summary.decode(self._blobs.get(
+                prepared_host_uri(output, info) + host_summary.SUFFIX)) for info in key)
         except (host_summary.NotSummarized, FileNotFoundError) as exc:
             log.info("the session of %s is assembled from its hosts' columns: %s", summary, exc)
             return None, str(exc)

@@ -24,6 +24,7 @@ import dataclasses
 import gzip
 import json
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -167,31 +168,39 @@ def _op_rows(session: Session) -> list[dict[str, Any]]:
     return rows
 
 
-def _named(summary: dict[str, Any], name: str) -> dict[str, Any]:
-    """The summary with its host's name in place of the placeholder, everywhere it appears."""
-    text = json.dumps(summary)
+def _named(part: Any, name: str) -> Any:
+    """A part of a host's summary with its host's name in place of the placeholder, everywhere it appears."""
+    text = json.dumps(part)
     return json.loads(text.replace(HOST, json.dumps(name)[1:-1]))
 
 
-def assemble(summaries: list[dict[str, Any]]) -> dict[str, Any]:
+def assemble(summaries: Iterable[dict[str, Any]]) -> dict[str, Any]:
     """The session's tables from its hosts' summaries (in the session's file order), as the whole-session read
-    builds them: a JSON document `adopt` and `summary_session` read. NotSummarized where they would differ."""
-    reasons = [f"{s['file']}: {s['not_summarized']}" for s in summaries if s.get("not_summarized")]
-    if reasons:
-        raise NotSummarized(reasons[0])
-    if any(s.get("format") != FORMAT for s in summaries):
-        raise NotSummarized("a host summary of another format")
-    counts: dict[str, int] = {}
+    builds them: a JSON document `adopt` and `summary_session` read. NotSummarized where they would differ. The
+    summaries are taken one at a time: of each, its tables and planes are kept, and its HLO modules not seen yet."""
+    named, stored, modules = [], [], {}
     for s in summaries:
-        counts[s["hostname"]] = counts.get(s["hostname"], 0) + 1
-    named = []
-    for s in summaries:  # as assemble_session tells apart hosts that recorded one name
-        name = s["hostname"] if counts[s["hostname"]] == 1 else f"{s['hostname']}:{s['file'].removesuffix('.xplane.pb')}"
-        named.append(_named(s, name) | {"hostname": name})
+        if s.get("not_summarized"):
+            raise NotSummarized(f"{s['file']}: {s['not_summarized']}")
+        if s.get("format") != FORMAT:
+            raise NotSummarized(f"{s['file']}: a host summary of another format")
+        named.append({key: s[key] for key in ("hostname", "file", "size_bytes", "errors", "warnings", "planes",
+                                               "origin_ns")})
+        stored.append(s["tables"])
+        for module in s["modules"]:
+            modules.setdefault((module["name"], module["program_id"]), (len(named) - 1, module))
+    counts: dict[str, int] = {}
+    for host in named:
+        counts[host["hostname"]] = counts.get(host["hostname"], 0) + 1
+    for host in named:  # as assemble_session tells apart hosts that recorded one name
+        if counts[host["hostname"]] > 1:
+            host["hostname"] = f"{host['hostname']}:{host['file'].removesuffix('.xplane.pb')}"
     origins = [s["origin_ns"] for s in named if s["origin_ns"] is not None]
     origin = min(origins) if origins else 0
     shifts = [(s["origin_ns"] - origin) * 1000 if s["origin_ns"] is not None else 0 for s in named]
-    tables = [_untyped(s["tables"]) for s in named]
+    tables = [_untyped(_named(table, host["hostname"])) for table, host in zip(stored, named)]
+    del stored
+    modules = {key: _named(module, named[k]["hostname"]) for key, (k, module) in modules.items()}
     by_name = sorted(range(len(named)), key=lambda k: named[k]["hostname"])
 
     sources = {t["step_set"]["source"] for t in tables}
@@ -229,10 +238,6 @@ def assemble(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     for k, table in enumerate(tables):
         warm += [{**row, "start_ps": row["start_ps"] + shifts[k], "end_ps": row["end_ps"] + shifts[k]}
                  for row in _from_columns(table["warm_up_calls"])]
-    modules: dict[tuple[str, int], dict] = {}
-    for s in named:
-        for module in s["modules"]:
-            modules.setdefault((module["name"], module["program_id"]), module)
     return {
         "format": FORMAT,
         "origin_ns": origin,
@@ -319,7 +324,7 @@ def adopt_mapped(session: Session, prepared: list[Path]) -> str | None:
     """Puts the tables assembled from the summaries beside the hosts' prepared files (in the session's order) in
     the session's cache; None, or why not (the session's tools then build their tables from its columns)."""
     try:
-        assembled = assemble([read(summary_path(path)) for path in prepared])
+        assembled = assemble(read(summary_path(path)) for path in prepared)
     except (NotSummarized, FileNotFoundError, ValueError, KeyError) as exc:
         return f"{type(exc).__name__}: {exc}"
     adopt(session, assembled)
