@@ -44,7 +44,7 @@ from xdiag.analysis.timeline import (
 )
 from xdiag.analysis.transfers import transfer_spans
 from xdiag.errors import XdiagError
-from xdiag.profile.compact import module_from_record, module_record
+from xdiag.profile.compact import _plain, module_from_record, module_record
 from xdiag.profile.reader import assemble_session
 from xdiag.profile.space import NO_VALUE, HloModule, HostProfile, Line, Plane, Session
 from xdiag.profile.trace_json import KINETO, trace_format
@@ -134,12 +134,6 @@ def _plane_record(plane: Plane) -> dict[str, Any]:
                 marks[mark] = text
     return {"id": plane.id, "name": plane.name, "stats": {k: _plain(v) for k, v in plane.stats.items()},
             "event_names": list(marks.values()), "lines": [[line.name, line.display_name, len(line)] for line in plane.lines]}
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, (bytes, bytearray)):
-        return None
-    return value.item() if isinstance(value, np.generic) else value
 
 
 def _op_rows(session: Session) -> list[dict[str, Any]]:
