@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from xdiag.pipeline.deps import SessionLoader
-from xdiag.pipeline.layout import prepared_host_uri
+from xdiag.pipeline.layout import host_summary_uri
 from xdiag.pipeline.topics import ANALYSES
 from xdiag.profile.reader import read_session
 from xdiag.tools import BROAD_TOOLS, run_tool
@@ -92,7 +92,7 @@ def test_the_reduce_stores_the_assembled_summary_and_no_session_of_columns(locks
     folder = pipeline.blobs.local_path(analysis["output_uri"] + "/prepared/x").parent  # the session's prepared files
     for name in sorted(p.name for p in pipeline.folder.glob("*.xplane.pb")):
         info = pipeline.blobs.stat(f"gs://bucket/pod-run/plugins/profile/pod-session/{name}")
-        assert pipeline.blobs.exists(prepared_host_uri(analysis["output_uri"], info) + host_summary.SUFFIX)
+        assert pipeline.blobs.exists(host_summary_uri(analysis["output_uri"], info))
     assert list(folder.glob("*" + host_summary.SUFFIX)) and not list(folder.glob("*.xdiag"))
     finding = analysis["diagnosis"]["findings"][0]
     assert finding["key"] == "straggler_host" and "process1" in finding["title"]

@@ -18,7 +18,7 @@ from xdiag.analysis.xprof import start_views
 from xdiag.errors import ProfileError
 from xdiag.investigators import RuleEngine
 from xdiag.model import Diagnosis, ToolResult
-from xdiag.pipeline.layout import PREPARED_DIR, inputs_key, prepared_host_uri
+from xdiag.pipeline.layout import PREPARED_DIR, host_summary_uri, inputs_key, prepared_host_uri
 from xdiag.pipeline.ports import BlobInfo, BlobStore, Bus, StateStore
 from xdiag.pipeline.runs import CaptureSettings, MonitorSettings
 from xdiag.profile.compact import load_session, save_session
@@ -135,14 +135,14 @@ class SessionLoader:
         from xdiag.profile.reader import _return_freed_memory_to_the_os
 
         uri = prepared_host_uri(output, info)
-        if self._blobs.exists(uri) and self._blobs.exists(uri + host_summary.SUFFIX):
+        if self._blobs.exists(uri) and self._blobs.exists(host_summary_uri(output, info)):
             return uri, int(getattr(self._blobs.stat(uri), "size", 0) or 0)
         try:
             with tempfile.TemporaryDirectory(prefix="xdiag-map-") as folder:
                 out = Path(folder) / "host.xdiag"
                 size, _ = host_summary.map_and_summarize(Path(self._blobs.local_path(info.uri, info.generation)), out,
                                                          threads=read_threads(0))
-                self._blobs.put_file(host_summary.summary_path(out), uri + host_summary.SUFFIX)
+                self._blobs.put_file(host_summary.summary_path(out), host_summary_uri(output, info))
                 self._blobs.put_file(out, uri)  # last: its presence says the host is mapped
             return uri, size
         finally:
@@ -197,7 +197,7 @@ class SessionLoader:
             return host_summary.decode(self._blobs.get(summary)), ""
         try:
             assembled = host_summary.assemble(host_summary.decode(self._blobs.get(
-                prepared_host_uri(output, info) + host_summary.SUFFIX)) for info in key)
+                host_summary_uri(output, info))) for info in key)
         except (host_summary.NotSummarized, FileNotFoundError) as exc:
             log.info("the session of %s is assembled from its hosts' columns: %s", summary, exc)
             return None, str(exc)

@@ -45,6 +45,7 @@ from xdiag.pipeline.layout import (
     analysis_id_for,
     check_profile_object,
     host_file_key,
+    host_summary_uri,
     inputs_key,
     output_uri,
     parse_profile_uri,
@@ -250,7 +251,8 @@ def _map_hosts(deps: Dependencies, analysis: Analysis, attempt: int) -> tuple[st
             return record["reason"], False
     missing = [info for info in inputs if host_file_key(info) not in records]
     for info in list(missing):
-        if deps.blobs.exists(prepared_host_uri(analysis.output_uri, info)):  # mapped for an earlier analysis
+        if (deps.blobs.exists(prepared_host_uri(analysis.output_uri, info))  # mapped for an earlier analysis
+                and deps.blobs.exists(host_summary_uri(analysis.output_uri, info))):
             deps.state.create(host_maps_collection(analysis.analysis_id), host_file_key(info), {
                 "status": "DONE", "uri": info.uri, "host": info.uri.rsplit("/", 1)[-1], "reused": True,
                 "duration_ms": 0.0, "finished_at": utc_now()})
