@@ -192,7 +192,11 @@ def assemble(summaries: Iterable[dict[str, Any]]) -> dict[str, Any]:
     origins = [s["origin_ns"] for s in named if s["origin_ns"] is not None]
     origin = min(origins) if origins else 0
     shifts = [(s["origin_ns"] - origin) * 1000 if s["origin_ns"] is not None else 0 for s in named]
-    tables = [_untyped(_named(table, host["hostname"])) for table, host in zip(stored, named)]
+    tables, long = [], []  # the per-step tables stay in their stored columns: joined column by column
+    for table, host in zip(stored, named):
+        table = _named(table, host["hostname"])
+        long.append({key: table.pop(key) for key in ("steps", "step_rows")})
+        tables.append(_untyped(table))
     del stored
     modules = {key: _named(module, named[k]["hostname"]) for key, (k, module) in modules.items()}
     by_name = sorted(range(len(named)), key=lambda k: named[k]["hostname"])
@@ -205,22 +209,23 @@ def assemble(summaries: Iterable[dict[str, Any]]) -> dict[str, Any]:
         raise NotSummarized("a host has no steps: the whole-session read spans its window with the others' steps")
     keep = by_name
 
-    steps, step_sources, markers, transfer_only = [], {}, {}, []
+    steps = _joined([long[k]["steps"] for k in keep], [shifts[k] for k in keep])
+    step_rows_joined = _joined([long[k]["step_rows"] for k in keep])
+    del long
+    step_sources, markers, transfer_only = {}, {}, []
     for k in keep:
-        for row in _from_columns(tables[k]["steps"]):
-            steps.append(Step(**{**row, "start_ps": row["start_ps"] + shifts[k], "end_ps": row["end_ps"] + shifts[k]}))
         step_sources.update(tables[k]["step_set"]["sources"])
         markers.update(tables[k]["step_set"]["markers"])
         transfer_only += tables[k]["step_set"]["transfer_only"]
     if all(annotated):
         annotation = next((t["step_set"]["annotation"] for t in tables if t["step_set"]["annotation"]), "")
-        found = StepSet(steps, "step annotations", annotation)
+        found = StepSet([], "step annotations", annotation)
     else:
         step_sources = dict(sorted(step_sources.items()))
         values = list(step_sources.values())
         common = max(set(values), key=values.count)
         marker = next((markers[d] for d in step_sources if step_sources[d] == common and d in markers), "")
-        found = StepSet(steps, common, marker, step_sources, sorted(transfer_only), dict(sorted(markers.items())))
+        found = StepSet([], common, marker, step_sources, sorted(transfer_only), dict(sorted(markers.items())))
 
     records = []
     for k, table in enumerate(tables):
@@ -241,8 +246,8 @@ def assemble(summaries: Iterable[dict[str, Any]]) -> dict[str, Any]:
         "tables": _typed({
             "op_stats": _combined_op_rows([t["op_stats"] for t in tables], list(modules.values())),
             "step_set": {f.name: getattr(found, f.name) for f in dataclasses.fields(found) if f.name != "steps"},
-            "steps": _as_columns(found.steps),
-            "step_rows": _as_columns([row for k in keep for row in _rows(tables[k]["step_rows"], StepRow)]),
+            "steps": steps,
+            "step_rows": step_rows_joined,
             "device_rows": _as_columns([row for k in keep for row in _rows(tables[k]["device_rows"], DeviceRow)]),
             "duty_cycles": _as_columns(sorted((row for k in by_name for row in _rows(tables[k]["duty_cycles"], DutyCycle)),
                                               key=lambda row: row.device)),
@@ -256,6 +261,34 @@ def assemble(summaries: Iterable[dict[str, Any]]) -> dict[str, Any]:
             "device_op_counts": dict(sorted((device, count) for t in tables for device, count in t["device_op_counts"].items())),
         }),
     }
+
+
+def _joined(parts: list[dict[str, Any]], shifts: list[int] | None = None) -> dict[str, Any]:
+    """Several hosts' stored rows (`_as_columns`, typed), one host after another, as one stored table, each host's
+    start_ps and end_ps moved by its shift: column by column where the hosts' columns agree (a session of many long
+    captures has millions of step rows, which row objects would hold many times over), else row by row."""
+    shifts = shifts or [0] * len(parts)
+    kept = [(part, shift) for part, shift in zip(parts, shifts) if part.get("paths") or part.get("rows")]
+    if not kept:
+        return _as_columns([])
+    paths = kept[0][0].get("paths")
+    kinds = [column["kind"] for column in kept[0][0]["columns"]] if paths else None
+    moved = [path in (["start_ps"], ["end_ps"]) for path in paths or []]
+    if paths and all(part.get("paths") == paths and [c["kind"] for c in part["columns"]] == kinds for part, _ in kept) \
+            and not any(move and kind is None for move, kind in zip(moved, kinds)):
+        columns = []
+        for index, (kind, move) in enumerate(zip(kinds, moved)):
+            values: list = []
+            for part, shift in kept:
+                column = part["columns"][index]["values"]
+                values.extend([value + shift for value in column] if move and shift else column)
+            columns.append({"kind": kind, "values": values})
+        return {"paths": paths, "columns": columns}
+    rows = []
+    for part, shift in kept:
+        rows += [{**row, **{key: row[key] + shift for key in ("start_ps", "end_ps") if key in row}}
+                 for row in _from_columns(_untyped(part))]
+    return {"rows": _typed(rows)}
 
 
 def _rows(stored: dict[str, Any], kind: type) -> list:
