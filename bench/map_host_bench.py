@@ -58,7 +58,8 @@ def projection(row: dict) -> dict:
         "hosts": HOSTS, "host_file_gib": round(row["file_mib"] / 1024, 2),
         "map_s_per_host": row["wall_s"], "map_fits_timeout": row["wall_s"] < MAP_HOST_TIMEOUT_S,
         # map_host's /tmp is memory: the downloaded file and its prepared columns, beside the decode's peak
-        "map_instance_gib": round((row["peak_rss_mib"] * 2**20 + row["file_mib"] * 2**20 + row["columns_bytes"]) / 2**30, 2),
+        "map_instance_gib": round((row["peak_rss_mib"] * 2**20 + row["file_mib"] * 2**20 + row["columns_bytes"])
+                                  / 2**30, 2),
         "map_instance_limit_gib": MAP_HOST_MEMORY_GIB,
         "summaries_mib_for_the_reduce": round(HOSTS * row["summary_bytes"] / 2**20, 2),
         "investigate_columns_gib": round(3 * row["columns_bytes"] / 2**30, 2),

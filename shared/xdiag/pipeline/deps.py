@@ -211,7 +211,8 @@ class SessionLoader:
             started = time.perf_counter()
             prepared = _prepared_uri(key, output) if output else None
             try:
-                assembled, why_not = self._assembled_summary(key, output, _summary_uri(prepared)) if mapped else (None, "")
+                assembled, why_not = (self._assembled_summary(key, output, _summary_uri(prepared)) if mapped
+                                      else (None, ""))
                 if assembled is not None and not events:  # the reduce and the broad tools: no host's columns
                     session = host_summary.summary_session(assembled, name)
                 elif assembled is not None:  # the follow-ups: the events of the hosts that matter, mapped

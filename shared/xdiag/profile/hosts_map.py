@@ -98,8 +98,8 @@ def read_session_by_host(
 
 def _map_hosts(paths: list[Path], outs: list[Path], workers: int, threads: int, progress: Progress | None,
                total: int, module: str = __name__) -> None:
-    """map_host of each path into its out (`threads` lines at once), by `workers` worker processes (`python -m module`: a
-    fresh interpreter, nothing of the caller's program imported again or inherited), each taking the next host as it
+    """map_host of each path into its out (`threads` lines at once), by `workers` worker processes (`python -m
+    module`: a fresh interpreter, nothing of the caller's program imported again or inherited), each taking the next host as it
     finishes one and handing the host's memory back before the next (its peak is its largest host, not the sum).
     A host that cannot be read stops the map: no host is started after it, and the failure of the first such file
     (in the session's order) is raised, a ProfileError with the worker's reason, which names the file."""

@@ -34,7 +34,6 @@ from xdiag.analysis.breakdown import DeviceRow, DutyCycle, StepRow, WarmUpCall, 
 from xdiag.analysis.prepared import _as_columns, _from_columns, _typed, _untyped
 from xdiag.analysis.stragglers import arrivals_of, collective_arrivals, collective_records, straggler
 from xdiag.analysis.timeline import (
-    NO_REPEATING_STEP,
     Step,
     StepSet,
     device_op_counts,
@@ -133,7 +132,8 @@ def _plane_record(plane: Plane) -> dict[str, Any]:
             if mark not in marks and text.startswith(mark):
                 marks[mark] = text
     return {"id": plane.id, "name": plane.name, "stats": {k: _plain(v) for k, v in plane.stats.items()},
-            "event_names": list(marks.values()), "lines": [[line.name, line.display_name, len(line)] for line in plane.lines]}
+            "event_names": list(marks.values()),
+            "lines": [[line.name, line.display_name, len(line)] for line in plane.lines]}
 
 
 def _op_rows(session: Session) -> list[dict[str, Any]]:
@@ -229,7 +229,8 @@ def assemble(summaries: Iterable[dict[str, Any]]) -> dict[str, Any]:
 
     records = []
     for k, table in enumerate(tables):
-        records += [(tuple(key), device, start + shifts[k], end + shifts[k]) for key, device, start, end in table["collectives"]]
+        records += [(tuple(key), device, start + shifts[k], end + shifts[k])
+                    for key, device, start, end in table["collectives"]]
     records.sort(key=lambda record: record[2])  # stable: ties keep the session's order, as the op table's
     bounds = [(t["bounds"][0] + shifts[k], t["bounds"][1] + shifts[k]) for k, t in enumerate(tables) if t["bounds"]]
     totals = [t["allocator_totals"] for t in tables if t["allocator_totals"]]
@@ -249,7 +250,8 @@ def assemble(summaries: Iterable[dict[str, Any]]) -> dict[str, Any]:
             "steps": steps,
             "step_rows": step_rows_joined,
             "device_rows": _as_columns([row for k in keep for row in _rows(tables[k]["device_rows"], DeviceRow)]),
-            "duty_cycles": _as_columns(sorted((row for k in by_name for row in _rows(tables[k]["duty_cycles"], DutyCycle)),
+            "duty_cycles": _as_columns(sorted((row for k in by_name
+                                               for row in _rows(tables[k]["duty_cycles"], DutyCycle)),
                                               key=lambda row: row.device)),
             "bounds": [min(b[0] for b in bounds), max(b[1] for b in bounds)] if bounds else [0, 0],
             "collectives": [[list(key), device, start, end] for key, device, start, end in records],
@@ -258,7 +260,8 @@ def assemble(summaries: Iterable[dict[str, Any]]) -> dict[str, Any]:
             "allocator_totals": {"peak_bytes": max(t["peak_bytes"] for t in totals),
                                  "in_use_bytes_sum": sum(t["in_use_bytes_sum"] for t in totals),
                                  "events": sum(t["events"] for t in totals)} if totals else None,
-            "device_op_counts": dict(sorted((device, count) for t in tables for device, count in t["device_op_counts"].items())),
+            "device_op_counts": dict(sorted((device, count) for t in tables
+                                            for device, count in t["device_op_counts"].items())),
         }),
     }
 
