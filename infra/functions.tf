@@ -20,11 +20,12 @@
 #
 # Many-host sessions (XDIAG_MAP_HOSTS_FROM host files or more) are never decoded in one instance: map_host decodes
 # one host file per delivery (limit XDIAG_MAX_HOST_FILE_GIB = 2 GiB per file: the raw file and its prepared columns
-# in the /tmp cache, about 1.65x the file, plus the decode's 1.1x peak fit 8 GiB), up to max_instances at once; the
-# last host's delivery announces the session again and collect assembles the prepared hosts (the reduce). A session
-# of more than XDIAG_MAX_HOSTS (256) host files, a file over the per-file limit, or all files over
-# XDIAG_MAX_PROFILE_GIB together (what the reduce and each tool instance map) is FAILED with the reason at once,
-# never retried. Every delivery finishes inside its timeout_s, under the push subscriptions' 600 s ack deadline.
+# in the /tmp cache, about 1.65x the file, plus the decode's 1.1x peak fit 8 GiB) and writes its summary beside its
+# columns, up to max_instances at once; the last host's delivery announces the session again and collect assembles
+# the session's tables from the summaries (the reduce), which the tool instances read. A session of more than
+# XDIAG_MAX_HOSTS (256) host files or a file over the per-file limit is FAILED with the reason at once; one whose hosts
+# cannot be summarised (TPU/GPU, PyTorch traces) and whose files are over XDIAG_MAX_PROFILE_GIB together (what the
+# reduce and each tool instance then map) is FAILED with the reason after its maps; never retried. Every delivery finishes inside its timeout_s, under the push subscriptions' 600 s ack deadline.
 
 locals {
   functions = {

@@ -91,69 +91,88 @@ def _union_ps(intervals: list[tuple[int, int]]) -> int:
     return int((ends - starts).sum())
 
 
+Record = tuple[tuple, str, int, int]
+"""One collective execution: (instance key, device, start ps, end ps)."""
+
+
+def collective_records(session: Session) -> list[Record]:
+    """Every collective execution of the session in start order (ties in the op table's order), with the key of its
+    instance (`_instance_keys`): what `arrivals_of` aligns. A host's records need only that host's ops and steps, so
+    the map stage records them host by host and the reduce concatenates them (xdiag.analysis.host_summary)."""
+    ops = op_table(session)
+    mask = ops.in_categories(["collective"])
+    if not mask.any():
+        return []
+    devices, starts, ends = ops.device[mask], ops.start_ps[mask], ops.end_ps[mask]
+    order = np.argsort(starts, kind="stable")
+    devices, starts, ends = devices[order], starts[order], ends[order]
+    names, modules = ops.name[mask][order], ops.module[mask][order]
+    keys = _instance_keys(session, devices, names, modules, starts)
+    return list(zip(keys, devices.tolist(), starts.tolist(), ends.tolist()))
+
+
 def collective_arrivals(session: Session) -> Arrivals | None:
     """Per collective instance with two or more participants: arrival skew, who came last, who waited how long.
     None when the session has no collective that several participants run."""
-    if "collective_arrivals" in session.cache:
-        return session.cache["collective_arrivals"]
-    ops = op_table(session)
-    mask = ops.in_categories(["collective"])
-    result = None
-    if mask.sum() >= 2:
-        devices, starts, ends = ops.device[mask], ops.start_ps[mask], ops.end_ps[mask]
-        order = np.argsort(starts, kind="stable")
-        devices, starts, ends = devices[order], starts[order], ends[order]
-        names, modules = ops.name[mask][order], ops.module[mask][order]
-        hosts = np.array([d.split(" ", 1)[0] for d in devices], dtype=object)
-        level = "hosts" if len(set(hosts.tolist())) >= 2 else "devices"
-        who = hosts if level == "hosts" else devices
-        instances: dict[tuple, dict[str, int]] = {}
-        started: dict[tuple, dict[str, int]] = {}  # each member's start of the instance, on its own clock
-        for key, participant, start, end in zip(_instance_keys(session, devices, names, modules, starts), who.tolist(), starts.tolist(), ends.tolist()):
-            # Arrival relative to the instance's end; a host with several devices arrives with its last device.
-            arrival = start - end
-            members = instances.setdefault(key, {})
-            if arrival >= members.get(participant, arrival):
-                members[participant] = arrival
-                started.setdefault(key, {})[participant] = start
-        participants: dict[str, Participant] = {}
-        skews, examples = [], []
-        # Waits as intervals on each waiter's own clock: collectives in flight at once (DDP's buckets on gloo's
-        # worker threads, NCCL on several streams) wait for the same straggler at the same time, counted once.
-        waits: dict[str, list[tuple[int, int]]] = {}
-        caused: dict[tuple[str, str], list[tuple[int, int]]] = {}  # (last, waiter) -> the waiter's intervals
-        for key, members in instances.items():
-            if len(members) < 2:
-                continue
-            last = max(members, key=members.get)
-            latest = members[last]
-            skews.append(latest - min(members.values()))
-            for name, arrival in members.items():
-                p = participants.setdefault(name, Participant(name))
-                p.instances += 1
-                begin = started[key][name]
-                waits.setdefault(name, []).append((begin, begin + latest - arrival))
-                caused.setdefault((last, name), []).append((begin, begin + latest - arrival))
-            participants[last].last_arrivals += 1
-        for name, intervals in waits.items():
-            participants[name].wait_ps = _union_ps(intervals)
-        for (last, _), intervals in caused.items():
-            participants[last].caused_wait_ps += _union_ps(intervals)
-            if len(examples) < 5:
-                examples.append({
-                    "op": key[1], "module": key[0], "step": key[2], "last": last,
-                    "arrival_before_end_ms": {n: round(-a / PS_PER_MS, 4) for n, a in sorted(members.items())},
-                    "skew_ms": round(skews[-1] / PS_PER_MS, 4),
-                })
-        if skews:
-            result = Arrivals(
-                level=level, instances=len(skews),
-                skew_ms_mean=round(float(np.mean(skews)) / PS_PER_MS, 4),
-                skew_ms_max=round(float(np.max(skews)) / PS_PER_MS, 4),
-                participants=dict(sorted(participants.items())), examples=examples,
-            )
-    session.cache["collective_arrivals"] = result
-    return result
+    if "collective_arrivals" not in session.cache:
+        session.cache["collective_arrivals"] = arrivals_of(collective_records(session))
+    return session.cache["collective_arrivals"]
+
+
+def arrivals_of(records: list[Record]) -> Arrivals | None:
+    """The arrivals of these collective executions (collective_records, in start order); None where fewer than two
+    participants share an instance."""
+    if len(records) < 2:
+        return None
+    hosts = [device.split(" ", 1)[0] for _, device, _, _ in records]
+    level = "hosts" if len(set(hosts)) >= 2 else "devices"
+    instances: dict[tuple, dict[str, int]] = {}
+    started: dict[tuple, dict[str, int]] = {}  # each member's start of the instance, on its own clock
+    for (key, device, start, end), host in zip(records, hosts):
+        participant = host if level == "hosts" else device
+        # Arrival relative to the instance's end; a host with several devices arrives with its last device.
+        arrival = start - end
+        members = instances.setdefault(key, {})
+        if arrival >= members.get(participant, arrival):
+            members[participant] = arrival
+            started.setdefault(key, {})[participant] = start
+    participants: dict[str, Participant] = {}
+    skews, examples = [], []
+    # Waits as intervals on each waiter's own clock: collectives in flight at once (DDP's buckets on gloo's
+    # worker threads, NCCL on several streams) wait for the same straggler at the same time, counted once.
+    waits: dict[str, list[tuple[int, int]]] = {}
+    caused: dict[tuple[str, str], list[tuple[int, int]]] = {}  # (last, waiter) -> the waiter's intervals
+    for key, members in instances.items():
+        if len(members) < 2:
+            continue
+        last = max(members, key=members.get)
+        latest = members[last]
+        skews.append(latest - min(members.values()))
+        for name, arrival in members.items():
+            p = participants.setdefault(name, Participant(name))
+            p.instances += 1
+            begin = started[key][name]
+            waits.setdefault(name, []).append((begin, begin + latest - arrival))
+            caused.setdefault((last, name), []).append((begin, begin + latest - arrival))
+        participants[last].last_arrivals += 1
+    for name, intervals in waits.items():
+        participants[name].wait_ps = _union_ps(intervals)
+    for (last, _), intervals in caused.items():
+        participants[last].caused_wait_ps += _union_ps(intervals)
+        if len(examples) < 5:
+            examples.append({
+                "op": key[1], "module": key[0], "step": key[2], "last": last,
+                "arrival_before_end_ms": {n: round(-a / PS_PER_MS, 4) for n, a in sorted(members.items())},
+                "skew_ms": round(skews[-1] / PS_PER_MS, 4),
+            })
+    if not skews:
+        return None
+    return Arrivals(
+        level=level, instances=len(skews),
+        skew_ms_mean=round(float(np.mean(skews)) / PS_PER_MS, 4),
+        skew_ms_max=round(float(np.max(skews)) / PS_PER_MS, 4),
+        participants=dict(sorted(participants.items())), examples=examples,
+    )
 
 
 def straggler(arrivals: Arrivals | None, steps: int, step_ms: float) -> Participant | None:

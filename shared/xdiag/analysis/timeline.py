@@ -850,6 +850,18 @@ def op_table(session: Session) -> OpTable:
     return _cached(session, "op_table", build)
 
 
+def device_op_counts(session: Session) -> dict[str, int]:
+    """Device label -> its op executions, for every device with one, sorted by label; cached (a session assembled
+    from host summaries carries it: xdiag.analysis.host_summary)."""
+
+    def build() -> dict[str, int]:
+        ops = op_table(session)
+        counts = np.bincount(ops.device_code, minlength=len(ops.device_labels)).tolist() if len(ops) else []
+        return {label: count for label, count in sorted(zip(ops.device_labels, counts)) if count}
+
+    return _cached(session, "device_op_counts", build)
+
+
 def callback_call_ops(session: Session) -> np.ndarray:
     """Per op code (an index in op_table's op_keys): whether the op begins a host callback call. A TPU runs one
     callback as a chain of host send/recv ops (send, send-done, recv, recv-done, each reading the one before):
@@ -936,6 +948,7 @@ class StepSet:
     annotation: str  # the annotation or module name that marks a step
     sources: dict[str, str] = field(default_factory=dict)  # device -> how its own steps were found (device steps only)
     transfer_only: list[str] = field(default_factory=list)  # devices that only copied data: not compute timelines
+    markers: dict[str, str] = field(default_factory=dict)  # device -> what marks its own steps (device steps only)
 
 
 MIN_PERIOD_MATCH = 0.9
@@ -1168,7 +1181,7 @@ def step_set(session: Session) -> StepSet:
             return StepSet([Step(host, 0, bounds[0], bounds[1])] if bounds[1] > bounds[0] else [], "whole profile", "")
         common = max(set(sources.values()), key=list(sources.values()).count)
         marker = next((markers[d] for d in sources if sources[d] == common and d in markers), "")
-        return StepSet(steps, common, marker, sources, moving_only)
+        return StepSet(steps, common, marker, sources, moving_only, markers)
 
     return _cached(session, "step_set", build)
 

@@ -19,7 +19,14 @@ def transfer_spans(session: Session) -> dict | None:
     (prefetch), a copy of a computed value takes it away (offload).
 
     Returns: copies, gb_per_copy, span_ms_mean (copy-start to copy-done end), link_gb_per_s (median),
-    link_rate_samples, copies_in_flight_max, directions {to_device, from_device: copies}; None without pairs."""
+    link_rate_samples, copies_in_flight_max, directions {to_device, from_device: copies}; None without pairs. Cached
+    (a session assembled from host summaries carries it: xdiag.tools.host_summary)."""
+    if "transfer_spans" not in session.cache:
+        session.cache["transfer_spans"] = _transfer_spans(session)
+    return session.cache["transfer_spans"]
+
+
+def _transfer_spans(session: Session) -> dict | None:
     ops = op_table(session)
     if not len(ops):
         return None

@@ -12,7 +12,8 @@ Configuration is the environment:
     XDIAG_INVESTIGATION_DEADLINE_S  the whole investigation, follow-up tool calls included (300)
     XDIAG_INVESTIGATOR       the investigator for sessions register announces (rules)
     XDIAG_CACHE_DIR          where profiles are downloaded (a temporary folder); XDIAG_CACHE_GIB its limit (4)
-    XDIAG_MAX_PROFILE_GIB    sessions larger than this, all host files together, fail with the reason (2)
+    XDIAG_MAX_PROFILE_GIB    sessions larger than this, all host files together, fail with the reason (2); a
+                             many-host session whose hosts are summarised (xdiag.tools.host_summary) is not bound by it
     XDIAG_MAP_HOSTS_FROM     sessions of this many host files or more are decoded one file per map_host invocation
                              (2; 0: never, collect reads them whole)
     XDIAG_MAX_HOST_FILE_GIB  the largest host file one map_host invocation decodes (2)

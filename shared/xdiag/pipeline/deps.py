@@ -18,12 +18,13 @@ from xdiag.analysis.xprof import start_views
 from xdiag.errors import ProfileError
 from xdiag.investigators import RuleEngine
 from xdiag.model import Diagnosis, ToolResult
-from xdiag.pipeline.layout import PREPARED_DIR, inputs_key, prepared_host_uri
+from xdiag.pipeline.layout import PREPARED_DIR, host_summary_uri, inputs_key, prepared_host_uri
 from xdiag.pipeline.ports import BlobInfo, BlobStore, Bus, StateStore
 from xdiag.pipeline.runs import CaptureSettings, MonitorSettings
 from xdiag.profile.compact import load_session, save_session
 from xdiag.profile.reader import DEFAULT_MAX_PROFILE_BYTES, assemble_session, read_session, read_threads
 from xdiag.profile.space import Session
+from xdiag.tools import host_summary
 from xdiag.tools.common import adopt_stored_views, adopt_views, broad_view_calls, prefetch_views
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,11 @@ def _local_key(paths: list[Path]) -> tuple[str, ...]:
 def _prepared_uri(key: tuple[BlobInfo, ...], output: str) -> str:
     """The prepared session of exactly these inputs, in the session's output folder."""
     return f"{output.rstrip('/')}/{PREPARED_DIR}/{inputs_key(list(key))}.xdiag"
+
+
+def _summary_uri(prepared_uri: str) -> str:
+    """The session's tables assembled from its hosts' summaries (xdiag.tools.host_summary), beside its prepared file."""
+    return prepared_uri.removesuffix(".xdiag") + host_summary.SUFFIX
 
 
 def _views_uri(prepared_uri: str) -> str:
@@ -84,10 +90,12 @@ class SessionLoader:
         self._lock = threading.Lock()  # concurrent deliveries in one process read a session once
         self._preparing = threading.Lock()
 
-    def load(self, inputs: list[BlobInfo], name: str, output: str | None = None) -> Session:
-        """The session of exactly these file versions; ProfileError where one is gone or was replaced since."""
+    def load(self, inputs: list[BlobInfo], name: str, output: str | None = None, events: bool = False) -> Session:
+        """The session of exactly these file versions; ProfileError where one is gone or was replaced since. A session
+        the map stage decoded is the one assembled from its hosts' summaries, without events (what the broad tools
+        read), unless `events` is asked for (the follow-ups): then its hosts' columns, mapped."""
         with self._lock:
-            return self._load(tuple(sorted(inputs, key=lambda i: i.uri)), name, output)
+            return self._load(tuple(sorted(inputs, key=lambda i: i.uri)), name, output, events)
 
     def close(self) -> None:
         with self._lock:
@@ -124,17 +132,18 @@ class SessionLoader:
         columns and HLO modules at `prepared_host_uri`; returns (that URI, bytes written). ProfileError where the
         file cannot be read, FileNotFoundError where it was replaced or deleted. Whatever it decoded goes back to the
         system before it returns: one instance maps host after host at the peak of its largest."""
-        from xdiag.profile.hosts_map import map_host
         from xdiag.profile.reader import _return_freed_memory_to_the_os
 
         uri = prepared_host_uri(output, info)
-        if self._blobs.exists(uri):
+        if self._blobs.exists(uri) and self._blobs.exists(host_summary_uri(output, info)):
             return uri, int(getattr(self._blobs.stat(uri), "size", 0) or 0)
         try:
             with tempfile.TemporaryDirectory(prefix="xdiag-map-") as folder:
                 out = Path(folder) / "host.xdiag"
-                _, size = map_host(Path(self._blobs.local_path(info.uri, info.generation)), out, threads=read_threads(0))
-                self._blobs.put_file(out, uri)
+                size, _ = host_summary.map_and_summarize(Path(self._blobs.local_path(info.uri, info.generation)), out,
+                                                         threads=read_threads(0))
+                self._blobs.put_file(host_summary.summary_path(out), host_summary_uri(output, info))
+                self._blobs.put_file(out, uri)  # last: its presence says the host is mapped
             return uri, size
         finally:
             gc.collect()
@@ -181,14 +190,47 @@ class SessionLoader:
                 early.close()
             self._preparing.release()
 
-    def _load(self, key: tuple[BlobInfo, ...], name: str, output: str | None) -> Session:
-        if key not in self._sessions:
+    def _assembled_summary(self, key: tuple[BlobInfo, ...], output: str, summary: str) -> tuple[dict | None, str]:
+        """(the session's tables assembled from its hosts' summaries, stored at `summary` where not stored yet, ""),
+        or (None, why they cannot be: host_summary.NotSummarized; the session is assembled from its columns)."""
+        if self._blobs.exists(summary):
+            return host_summary.decode(self._blobs.get(summary)), ""
+        try:
+            assembled = host_summary.assemble(host_summary.decode(self._blobs.get(
+                host_summary_uri(output, info))) for info in key)
+        except (host_summary.NotSummarized, FileNotFoundError) as exc:
+            log.info("the session of %s is assembled from its hosts' columns: %s", summary, exc)
+            return None, str(exc)
+        self._blobs.put(summary, host_summary.encode(assembled), "application/gzip")
+        return assembled, ""
+
+    def _load(self, key: tuple[BlobInfo, ...], name: str, output: str | None, events: bool = False) -> Session:
+        mapped = bool(output) and self.maps_hosts(list(key))
+        cached = (key, events and mapped)
+        if cached not in self._sessions:
             started = time.perf_counter()
             prepared = _prepared_uri(key, output) if output else None
             try:
-                if prepared and self._prepare and self._blobs.exists(prepared):
+                assembled, why_not = (self._assembled_summary(key, output, _summary_uri(prepared)) if mapped
+                                      else (None, ""))
+                if assembled is not None and not events:  # the reduce and the broad tools: no host's columns
+                    session = host_summary.summary_session(assembled, name)
+                elif assembled is not None:  # the follow-ups: the events of the hosts that matter, mapped
+                    session = host_summary.summary_session(assembled, name)
+                    for position in host_summary.hosts_that_matter(session):
+                        loaded = load_session(Path(self._blobs.local_path(prepared_host_uri(output, key[position]))))
+                        host_summary.take_events(session, position, loaded)
+                elif prepared and self._prepare and self._blobs.exists(prepared):
                     session = self._load_prepared(key, prepared)
-                elif prepared and self.maps_hosts(list(key)):  # the reduce: the map stage decoded every host
+                elif prepared and self.maps_hosts(list(key)):  # the reduce, from the hosts' columns
+                    total = sum(info.size for info in key)
+                    if total > self._max_bytes:
+                        raise ProfileError(
+                            f"the session's {len(key)} host files are {total / 2**30:.2f} GiB together, over the "
+                            f"{self._max_bytes / 2**30:.2f} GiB limit per session (XDIAG_MAX_PROFILE_GIB: what the "
+                            f"reduce and each tool instance map where a session's hosts cannot be summarised: "
+                            f"{why_not}); capture a shorter window or raise the limit "
+                            "with their memory")
                     session = self._assemble_mapped(key, name, output)
                     early = None
                     if session.platform != "CPU":  # XProf's converters read the xplane files themselves
@@ -207,7 +249,8 @@ class SessionLoader:
                     threads = read_threads(early.workers_converting if early is not None else 0)
                     try:
                         session = read_session(paths, name=name, max_bytes=self._max_bytes, progress=self._progress,
-                                               threads=threads)
+                                               threads=threads, worker=host_summary.__name__,
+                                               on_mapped=_adopt_summaries)
                     except BaseException:
                         if early is not None:
                             early.close()
@@ -219,11 +262,11 @@ class SessionLoader:
                 raise ProfileError(f"profile object missing or replaced since the analysis began: {exc}") from None
             while len(self._sessions) >= self._keep:
                 self._sessions.pop(next(iter(self._sessions))).close()
-            self._sessions[key] = session
+            self._sessions[cached] = session
             self.read_ms[key] = (time.perf_counter() - started) * 1000
             if self._prefetch_views:
                 prefetch_views(session)
-        return self._sessions[key]
+        return self._sessions[cached]
 
     def _store_prepared(self, session: Session, prepared_uri: str, views: Any = None) -> None:
         """The decoded session with its shared tables, and first the record of `views` (XProf's views of a device
@@ -280,6 +323,13 @@ class SessionLoader:
         except ValueError:  # not JSON: the tools convert, as without a record
             log.warning("XProf's views recorded at %s cannot be read; the tools convert", views_uri)
             return None
+
+
+def _adopt_summaries(session: Session, prepared: list[Path]) -> None:
+    """A session read host by host takes the tables assembled from its hosts' summaries (host_summary.adopt_mapped)."""
+    why_not = host_summary.adopt_mapped(session, prepared)
+    if why_not:
+        log.info("session %s: its tools build their tables from its columns (%s)", session.name, why_not)
 
 
 @dataclass

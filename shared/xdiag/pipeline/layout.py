@@ -16,6 +16,7 @@ from xdiag.ids import check_name, check_run_id
 from xdiag.pipeline.ports import BlobInfo, BlobStore
 from xdiag.pipeline.run_index import state_key  # noqa: F401 (the pipeline's modules import it from here)
 from xdiag.profile.locate import SUFFIX
+from xdiag.tools.host_summary import SUFFIX as SUMMARY_SUFFIX
 
 TRACE_OBJECT_SUFFIXES = (".pt.trace.json.gz", ".pt.trace.json")
 """PyTorch profiler traces (torch.profiler's tensorboard_trace_handler names them so), registered and analysed like
@@ -108,6 +109,11 @@ def host_file_key(info: BlobInfo) -> str:
 def prepared_host_uri(output: str, info: BlobInfo) -> str:
     """Where the map stage stores one host file's decoded columns, beside the session's analyses."""
     return f"{output.rstrip('/')}/{PREPARED_HOSTS_DIR}/{host_file_key(info)}.xdiag"
+
+
+def host_summary_uri(output: str, info: BlobInfo) -> str:
+    """Where the map stage stores one host file's summary (xdiag.tools.host_summary), beside its columns."""
+    return prepared_host_uri(output, info) + SUMMARY_SUFFIX
 
 
 def session_files(blobs: BlobStore, root: str, run: str, session: str) -> list[BlobInfo]:

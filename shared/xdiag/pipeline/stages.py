@@ -45,6 +45,7 @@ from xdiag.pipeline.layout import (
     analysis_id_for,
     check_profile_object,
     host_file_key,
+    host_summary_uri,
     inputs_key,
     output_uri,
     parse_profile_uri,
@@ -222,9 +223,9 @@ def fail_analysis(deps: Dependencies, analysis: Analysis, reason: str) -> None:
 
 def beyond_limits(deps: Dependencies, files: list[BlobInfo]) -> str | None:
     """Why a session the map stage would decode cannot be analysed, where it is over a limit: more host files than
-    `max_hosts`, a file over `max_host_file_bytes` (what one map invocation decodes) or, all files together, over the
-    session limit (what the reduce and each tool instance hold, mapped). A session read whole (`xdiag analyze`, one
-    host) has only the session limit, which its reader checks."""
+    `max_hosts`, or a file over `max_host_file_bytes` (what one map invocation decodes). Its size all files together
+    binds only where it is assembled from its hosts' columns (deps.SessionLoader, after the maps: its hosts cannot
+    be summarised); a session read whole (`xdiag analyze`, one host) has only that limit, which its reader checks."""
     if not deps.sessions.maps_hosts(files):
         return None
     if len(files) > deps.max_hosts:
@@ -235,11 +236,6 @@ def beyond_limits(deps: Dependencies, files: list[BlobInfo]) -> str | None:
         return (f"{big[0].uri.rsplit('/', 1)[-1]} is {big[0].size / 2**30:.2f} GiB, over the limit of "
                 f"{deps.max_host_file_bytes / 2**30:.2f} GiB per host file (XDIAG_MAX_HOST_FILE_GIB); capture a shorter "
                 "window, or raise the limit with the memory of map_host")
-    total = sum(info.size for info in files)
-    if total > deps.sessions.max_bytes:
-        return (f"the session's {len(files)} host files are {total / 2**30:.2f} GiB together, over the "
-                f"{deps.sessions.max_bytes / 2**30:.2f} GiB limit per session (XDIAG_MAX_PROFILE_GIB: what the reduce "
-                "and each tool instance map); capture a shorter window or raise the limit with their memory")
     return None
 
 
@@ -255,7 +251,8 @@ def _map_hosts(deps: Dependencies, analysis: Analysis, attempt: int) -> tuple[st
             return record["reason"], False
     missing = [info for info in inputs if host_file_key(info) not in records]
     for info in list(missing):
-        if deps.blobs.exists(prepared_host_uri(analysis.output_uri, info)):  # mapped for an earlier analysis
+        if (deps.blobs.exists(prepared_host_uri(analysis.output_uri, info))  # mapped for an earlier analysis
+                and deps.blobs.exists(host_summary_uri(analysis.output_uri, info))):
             deps.state.create(host_maps_collection(analysis.analysis_id), host_file_key(info), {
                 "status": "DONE", "uri": info.uri, "host": info.uri.rsplit("/", 1)[-1], "reused": True,
                 "duration_ms": 0.0, "finished_at": utc_now()})
@@ -331,11 +328,13 @@ def _loader_key(analysis: Analysis) -> tuple[BlobInfo, ...]:
     return tuple(sorted(_inputs(analysis), key=lambda i: i.uri))
 
 
-def _session(deps: Dependencies, analysis: Analysis) -> Session:
+def _session(deps: Dependencies, analysis: Analysis, events: bool = False) -> Session:
+    """The analysis' session; with `events` its hosts' events too (the follow-ups), where the broad tools read a
+    many-host session from its hosts' summaries."""
     if not analysis.inputs:  # recorded before inputs were: the files as they are now
         analysis.inputs = [{"uri": i.uri, "generation": i.generation, "size": i.size}
                            for i in (deps.blobs.stat(uri) for uri in analysis.profile_uris) if i is not None]
-    return deps.sessions.load(_inputs(analysis), analysis.session_id, analysis.output_uri)
+    return deps.sessions.load(_inputs(analysis), analysis.session_id, analysis.output_uri, events)
 
 
 def publish_tool_runs(
@@ -540,7 +539,7 @@ def investigate(message: InvestigationReady, deps: Dependencies) -> None:
         started = time.perf_counter()
         results = load_results(deps, analysis)
         health = health_snapshot(results)
-        follow_ups = FollowUps(deps, analysis, _session(deps, analysis), deps.investigation_deadline_s)
+        follow_ups = FollowUps(deps, analysis, _session(deps, analysis, events=True), deps.investigation_deadline_s)
         chosen = analysis.investigator if analysis.investigator in deps.investigators else "rules"
         investigator = deps.investigators[chosen]()
         diagnosis = checked_verdict(investigator.investigate(health, results, follow_ups), health, results)

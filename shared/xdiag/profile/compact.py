@@ -75,7 +75,16 @@ def _columns(layout: _Layout, columns: StatColumns) -> dict[str, Any]:
     return out
 
 
-def _module(module: HloModule) -> dict[str, Any]:
+def module_from_record(record: dict[str, Any]) -> HloModule:
+    """The HLO module of a `module_record`."""
+    return HloModule(
+        name=record["name"], program_id=record["program_id"], entry=record["entry"], host=record["host"],
+        computations={n: HloComputation(n, [_instruction(r) for r in rows]) for n, rows in record["computations"].items()},
+    )
+
+
+def module_record(module: HloModule) -> dict[str, Any]:
+    """An HLO module as JSON holds it (module_from_record reads it back)."""
     return {
         "name": module.name, "program_id": module.program_id, "entry": module.entry, "host": module.host,
         "computations": {
@@ -153,7 +162,7 @@ def save_session(session: Session, path: Path, tables: dict[str, Any] | None = N
         last_array.append(len(layout.arrays))
     header = {
         "name": session.name, "origin_ns": session.origin_ns, "hosts": hosts,
-        "hlo_modules": [_module(m) for m in session.hlo_modules],
+        "hlo_modules": [module_record(m) for m in session.hlo_modules],
         "tables": _stored(tables or {}, layout),
     }
     encoded = json.dumps(header, separators=(",", ":")).encode()
@@ -257,12 +266,6 @@ def load_session(path: Path) -> Session:
             hostname=h["hostname"], path=Path(h["path"]), size_bytes=h["size_bytes"], planes=planes,
             errors=h["errors"], warnings=h["warnings"], pages=mapped,
         ))
-    modules = [
-        HloModule(
-            name=m["name"], program_id=m["program_id"], entry=m["entry"], host=m["host"],
-            computations={n: HloComputation(n, [_instruction(r) for r in rows]) for n, rows in m["computations"].items()},
-        )
-        for m in header["hlo_modules"]
-    ]
+    modules = [module_from_record(m) for m in header["hlo_modules"]]
     return Session(name=header["name"], hosts=hosts, hlo_modules=modules, origin_ns=header["origin_ns"],
                    stored_tables=_loaded(header.get("tables", {}), mapped))

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from xdiag.errors import ProfileError
@@ -50,9 +51,15 @@ def map_host(path: Path, out: Path, threads: int = 1) -> tuple[str, int]:
     """The map stage of one host: decodes `path` (an xplane or a Chrome/Kineto trace) and writes its columns and its
     HLO modules to `out`, times relative to each line's own timestamp as read, decoding up to `threads` lines at once.
     Returns (hostname, bytes written)."""
+    host, _, size = map_host_read(path, out, threads)
+    return host.hostname, size
+
+
+def map_host_read(path: Path, out: Path, threads: int = 1) -> tuple[HostProfile, list[HloModule], int]:
+    """map_host, and the host as decoded with its HLO modules (for what else the map makes of it)."""
     host, modules = (read_trace_host(path), []) if is_trace_file(path) else read_host(path, threads=threads)
     size = save_session(Session(name=host.hostname, hosts=[host], hlo_modules=modules, origin_ns=0), out)
-    return host.hostname, size
+    return host, modules, size
 
 
 def _mapped_host(path: Path, source: Path) -> tuple[HostProfile, list[HloModule]]:
@@ -68,25 +75,32 @@ def read_session_by_host(
     max_bytes: int = DEFAULT_MAX_PROFILE_BYTES,
     workers: int | None = None,
     progress: Progress | None = None,
+    worker: str = __name__,
+    on_mapped: Callable[[Session, list[Path]], None] | None = None,
 ) -> Session:
     """Every host file of one capture decoded by worker processes (at most `workers` at once) into a private
     temporary folder, mapped, and the folder removed (a mapped file stays readable until it is unmapped: its disk
-    space goes with the session); the same Session as `read_session`."""
+    space goes with the session); the same Session as `read_session`. `worker` is the module the workers run (one
+    that speaks `main`'s protocol and may write more beside each host's file); `on_mapped(session, files)` is given
+    the session and each host's file, in the session's order, before the folder goes."""
     total = session_bytes(paths, max_bytes)
     ordered = sorted(paths)
     with tempfile.TemporaryDirectory(prefix="xdiag-hosts-") as scratch:
         outs = [Path(scratch) / f"host-{index:05d}.xdiag" for index in range(len(ordered))]
         count = map_workers(len(ordered), workers)
         # the cores the read may use, shared out: two hosts on four cores decode two lines at once each
-        _map_hosts(ordered, outs, count, max(1, (workers or _CPUS) // count), progress, total)
+        _map_hosts(ordered, outs, count, max(1, (workers or _CPUS) // count), progress, total, worker)
         read = [_mapped_host(out, path) for path, out in zip(ordered, outs)]
-    return assemble_session(read, name or paths[0].parent.name)
+        session = assemble_session(read, name or paths[0].parent.name)
+        if on_mapped is not None:
+            on_mapped(session, outs)
+    return session
 
 
 def _map_hosts(paths: list[Path], outs: list[Path], workers: int, threads: int, progress: Progress | None,
-               total: int) -> None:
-    """map_host of each path into its out (`threads` lines at once), by `workers` worker processes (`python -m xdiag.profile.hosts_map`: a
-    fresh interpreter, nothing of the caller's program imported again or inherited), each taking the next host as it
+               total: int, module: str = __name__) -> None:
+    """map_host of each path into its out (`threads` lines at once), by `workers` worker processes (`python -m
+    module`: a fresh interpreter, nothing of the caller's program imported again or inherited), each taking the next host as it
     finishes one and handing the host's memory back before the next (its peak is its largest host, not the sum).
     A host that cannot be read stops the map: no host is started after it, and the failure of the first such file
     (in the session's order) is raised, a ProfileError with the worker's reason, which names the file."""
@@ -102,7 +116,7 @@ def _map_hosts(paths: list[Path], outs: list[Path], workers: int, threads: int, 
     def serve() -> None:
         errors = tempfile.TemporaryFile()  # not a pipe: a worker that writes much there must not block on it
         worker = subprocess.Popen(
-            [sys.executable, "-m", "xdiag.profile.hosts_map"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            [sys.executable, "-m", module], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=errors, env={**os.environ, "PYTHONWARNINGS": "ignore"}, text=True,
         )
         try:
@@ -158,10 +172,15 @@ def main() -> int:
     """`python -m xdiag.profile.hosts_map`: a map worker. Reads `PATH<TAB>OUT<TAB>THREADS` lines on stdin, maps each
     host (map_host) and answers on stdout, a line per host: `ok<TAB>BYTES`, or `failed<TAB>REASON` where the file cannot
     be read (a ProfileError). Its memory goes back to the system after each host."""
+    return serve_maps(lambda path, out, threads: map_host(path, out, threads)[1])
+
+
+def serve_maps(map_one: Callable[[Path, Path, int], int]) -> int:
+    """A map worker's loop (main's protocol) around `map_one(path, out, threads) -> bytes written`."""
     for request in sys.stdin:
         path, out, threads = request.rstrip("\n").split("\t")
         try:
-            _, size = map_host(Path(path), Path(out), int(threads))
+            size = map_one(Path(path), Path(out), int(threads))
             answer = f"ok\t{size}"
         except ProfileError as exc:
             answer = "failed\t" + " ".join(str(exc).split())

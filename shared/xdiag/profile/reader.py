@@ -652,17 +652,19 @@ def read_session(
     progress: Progress | None = None,
     threads: int = READ_THREADS,
     by_host: bool | None = None,
+    **map_options,
 ) -> Session:
     """Reads every host file of one capture into a Session, decoding up to `threads` lines at once (1 where other
     processes need the cores more: XProf's conversions that the analysis waits for). A session of several hosts is
     read host by host, each in its own worker process, and mapped (xdiag.profile.hosts_map): its memory is not the sum
-    of its hosts'."""
+    of its hosts'. `map_options` go to that read (`hosts_map.read_session_by_host`: worker, on_mapped)."""
     if by_host is None:
         by_host = os.environ.get(BY_HOST_ENV, "1") != "0"
     if len(paths) >= 2 and by_host:
         from xdiag.profile.hosts_map import read_session_by_host
 
-        return read_session_by_host(paths, name=name, max_bytes=max_bytes, progress=progress, workers=threads)
+        return read_session_by_host(paths, name=name, max_bytes=max_bytes, progress=progress, workers=threads,
+                                    **map_options)
     total = session_bytes(paths, max_bytes)
     read = [(read_trace_host(path), []) if is_trace_file(path) else read_host(path, progress, threads)
             for path in sorted(paths)]

@@ -356,6 +356,8 @@ class HostProfile:
     warnings: list[str]
     pages: object | None = field(default=None, repr=False, compare=False)
     """The memory map its columns are views of, where they are (a host read by `xdiag.profile.hosts_map`)."""
+    summarized: bool = False
+    """Known from its summary only (xdiag.tools.host_summary): its planes and line names, none of its events."""
 
     def release_pages(self) -> None:
         """Hands the pages of its mapped columns back (their values stay: a later read maps them in again from the
@@ -401,6 +403,10 @@ class Session:
     @property
     def size_bytes(self) -> int:
         return sum(host.size_bytes for host in self.hosts)
+
+    def hosts_with_events(self) -> list[HostProfile]:
+        """The hosts whose events this session holds (every host, but in a session assembled from summaries)."""
+        return [host for host in self.hosts if not host.summarized]
 
     @property
     def event_count(self) -> int:

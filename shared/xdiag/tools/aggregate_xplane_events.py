@@ -23,14 +23,20 @@ from xdiag.tools.registry import ToolOutput, compile_pattern, tool
 )
 def aggregate_xplane_events(session: Session, pattern: str, plane: str | None = None, line: str | None = None) -> ToolOutput:
     """summary: pattern, matches, total_ms, mean_us, max_us, mean_gap_ms, max_gap_ms, distinct_names.
-    detail: groups per host/plane/line, top names by time."""
+    detail: groups per host/plane/line, top names by time. Of a session assembled from host summaries, over the
+    hosts whose events it holds (the ones that matter: xdiag.tools.host_summary.hosts_that_matter), which
+    hosts_covered names beside hosts_in_session."""
     regex = compile_pattern(pattern)  # RE2: linear time, whatever a model chose
     # Running totals, not every matched event's duration and gap kept to the end: a pattern that matches every
     # dispatch of a many-host session matches millions (32 hosts of the 20 MiB bench capture: 2.5 M, ~80 MiB).
     groups, names_time = [], {}
     count = total_ps = longest = gap_count = gap_total = 0
     longest_gap = None
-    for p in session.host_by_host(session.planes):
+    covered = session.hosts_with_events()
+    if not covered:
+        raise NotAvailable("the session was assembled from its hosts' summaries, which hold no events: they are in "
+                           "the hosts' prepared columns, which this session did not map")
+    for p in session.host_by_host([plane for host in covered for plane in host.planes]):
         if plane and plane not in p.name:
             continue
         matching_ids = {k for k, n in p.event_names.items() if regex.search(n)}
@@ -74,6 +80,8 @@ def aggregate_xplane_events(session: Session, pattern: str, plane: str | None = 
         "max_gap_ms": round(longest_gap / 1e9, 4) if gap_count else None,
         "distinct_names": len(names_time),
     }
+    if len(covered) < len(session.hosts):
+        summary.update(hosts_covered=[host.hostname for host in covered], hosts_in_session=len(session.hosts))
     top = sorted(names_time.items(), key=lambda kv: -kv[1])[:20]
     detail = {"groups": sorted(groups, key=lambda g: -g["total_ms"])[:50],
               "top_names": [{"name": n, "total_ms": round(t / 1e9, 4)} for n, t in top]}

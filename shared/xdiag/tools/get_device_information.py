@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from xdiag.analysis.device_peaks import session_peaks
-from xdiag.analysis.timeline import op_table
+from xdiag.analysis.timeline import device_op_counts
 from xdiag.profile.space import Session
 from xdiag.profile.trace_json import KINETO, trace_format
 from xdiag.tools.common import host_plane_source, try_view
@@ -59,7 +59,7 @@ def get_device_information(session: Session) -> ToolOutput:
         view, reason = try_view(session, "device_information")
         detail["xprof"] = view if view is not None else {"available": False, "reason": reason}
         return ToolOutput(summary, detail, "profile device planes")
-    cpu_devices = sorted({d for d in op_table(session).device})
+    cpu_devices = list(device_op_counts(session))
     summary.update(device_type="CPU (PyTorch)" if trace_format(session) == KINETO else "CPU (XLA:CPU)",
                    device_count=len(cpu_devices), devices_with_events=len(cpu_devices))
     threads = sorted({line.name for p in session.host_planes() for line in p.lines if line.name.startswith("tf_XLA")})
@@ -69,6 +69,10 @@ def get_device_information(session: Session) -> ToolOutput:
         "not_available": {"peak_flops": "a CPU profile records no peak FLOP/s or memory bandwidth"},
     }
     return ToolOutput(summary, detail, host_plane_source(session))
+
+
+FRAMEWORK_MARKS = ("PjitFunction", "PmapFunction", "__inference_", "__forward_", "aten::", "torch_xla")
+"""The beginnings of host event names that framework() looks for (a host summary keeps one name of each)."""
 
 
 def framework(session: Session) -> str | None:

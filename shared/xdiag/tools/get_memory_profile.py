@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
-
 from xdiag.errors import NotAvailable
 from xdiag.profile.space import Session
 from xdiag.tools.common import try_view, xprof_source
@@ -12,9 +10,13 @@ from xdiag.tools.registry import ToolOutput, tool
 GIB = 2**30
 
 
-def _allocator_events(session: Session) -> dict[str, np.ndarray] | None:
-    """Allocator stats from MemoryAllocation/MemoryDeallocation events on host threads, if any."""
-    peak, in_use, times = [], [], []
+def allocator_totals(session: Session) -> dict | None:
+    """What the host threads' allocator events (MemoryAllocation/MemoryDeallocation with bytes stats) say over the
+    session: peak_bytes (the largest peak in use), in_use_bytes_sum and events (for the mean in use); None where
+    there are none. Cached: a session assembled from host summaries carries it (xdiag.analysis.host_summary)."""
+    if "allocator_totals" in session.cache:
+        return session.cache["allocator_totals"]
+    peak, in_use, events = None, 0, 0
     for plane in session.host_by_host(session.host_planes()):
         for line in plane.lines:
             column = line.numeric.get("peak_bytes_in_use")
@@ -22,12 +24,13 @@ def _allocator_events(session: Session) -> dict[str, np.ndarray] | None:
             if column is None or allocated is None:
                 continue
             mask = (column >= 0) & (allocated >= 0)
-            peak.append(column[mask])
-            in_use.append(allocated[mask])
-            times.append(line.starts.at(mask))
-    if not peak or not sum(len(p) for p in peak):
-        return None
-    return {"peak": np.concatenate(peak), "in_use": np.concatenate(in_use), "t": np.concatenate(times)}
+            if mask.any():
+                peak = max(int(column[mask].max()), peak if peak is not None else 0)
+                in_use += int(allocated[mask].sum())
+                events += int(mask.sum())
+    session.cache["allocator_totals"] = totals = (
+        {"peak_bytes": peak, "in_use_bytes_sum": in_use, "events": events} if events else None)
+    return totals
 
 
 @tool(
@@ -50,14 +53,14 @@ def get_memory_profile(session: Session) -> ToolOutput:
             return ToolOutput(summary, {"xprof": view}, xprof_source())
     else:
         reason = "CPU profiles have no device memory"
-    events = _allocator_events(session)
+    events = allocator_totals(session)
     if events is None:
         raise NotAvailable(
             f"{reason}; and the host threads recorded no allocator events (MemoryAllocation with bytes stats)"
         )
-    summary = _capacity(round(float(events["peak"].max()) / GIB, 4), device_memory, None)
-    summary["average_in_use_gib"] = round(float(events["in_use"].mean()) / GIB, 4)
-    summary["allocator_events"] = int(len(events["peak"]))
+    summary = _capacity(round(events["peak_bytes"] / GIB, 4), device_memory, None)
+    summary["average_in_use_gib"] = round(events["in_use_bytes_sum"] / events["events"] / GIB, 4)
+    summary["allocator_events"] = events["events"]
     return ToolOutput(summary, {"from": "allocator events on host threads", "xprof_reason": reason}, "allocator events")
 
 

@@ -11,6 +11,7 @@ from xdiag.analysis.breakdown import (
     duty_summary,
     largest_sync_event,
     step_rows,
+    WarmUpCall,
     summarize_steps,
     warm_up_calls,
 )
@@ -97,11 +98,7 @@ def _host_call_facts(session: Session, steps: list[Step]) -> dict:
     """The warm-up call and the blocking wait behind the warm_up and host_sync shares, named from the host's events:
     only warm-up calls that overlap a step of their host, as the share counts only time inside the steps."""
     out: dict = {}
-    windows: dict[str, list[tuple[int, int]]] = {}
-    for step in steps:
-        windows.setdefault(step.host, []).append((step.start_ps, step.end_ps))
-    warm = [w for events in host_events(session) for w in warm_up_calls(events)
-            if any(w.start_ps < end and w.end_ps > start for start, end in windows.get(w.host, []))]
+    warm, waits = host_calls(session, steps)
     if warm:
         longest = max(warm, key=lambda w: w.ms)
         out.update({"warm_up_function": longest.function, "first_call_ms": round(longest.ms, 4),
@@ -111,8 +108,21 @@ def _host_call_facts(session: Session, steps: list[Step]) -> dict:
             out.update(warm_up_is_a_runtime_call=True, slow_runtime_calls=len(slow),
                        slow_runtime_call_examples=[f"{w.function} {w.ms:,.0f} ms (median {w.later_call_ms_median:.3g} ms)"
                                                    for w in slow[:3]])
-    waits = [w for events in host_events(session) if (w := largest_sync_event(events)) is not None]
     if waits:
         name, ms = max(waits, key=lambda w: w[1])
         out.update({"largest_sync_event": name, "largest_sync_event_ms": round(ms, 4)})
     return out
+
+
+def host_calls(session: Session, steps: list[Step]) -> tuple[list[WarmUpCall], list[tuple[str, float]]]:
+    """(the warm-up calls that overlap a step of their host, each host's largest blocking wait), hosts in the
+    session's order; cached (a session assembled from host summaries carries them: xdiag.analysis.host_summary)."""
+    if "host_calls" not in session.cache:
+        windows: dict[str, list[tuple[int, int]]] = {}
+        for step in steps:
+            windows.setdefault(step.host, []).append((step.start_ps, step.end_ps))
+        warm = [w for events in host_events(session) for w in warm_up_calls(events)
+                if any(w.start_ps < end and w.end_ps > start for start, end in windows.get(w.host, []))]
+        waits = [w for events in host_events(session) if (w := largest_sync_event(events)) is not None]
+        session.cache["host_calls"] = (warm, waits)
+    return session.cache["host_calls"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 from xdiag.analysis.breakdown import device_rows, device_spread, device_table
-from xdiag.analysis.timeline import op_table, step_set
+from xdiag.analysis.timeline import device_op_counts, step_set
 from xdiag.errors import NotAvailable
 from xdiag.profile.space import Session
 from xdiag.tools.common import DEVICE_PLANE_SOURCE, host_plane_source, try_view
@@ -18,13 +18,13 @@ from xdiag.tools.registry import ToolOutput, tool
 )
 def get_utilization_viewer(session: Session) -> ToolOutput:
     """summary: devices, busy_percent_{mean,min,max}, least/most_busy_device, transfer_only_devices. detail: per-device rows."""
-    ops = op_table(session)
-    if not len(ops):
+    executions = device_op_counts(session)
+    if not executions:
         raise NotAvailable("the profile holds no XLA op executions to measure device busy time from")
     found = step_set(session)
     rows = [
         {"device": r["device"], "busy_percent": round(r["compute_percent"] + r["collective_percent"] + r["transfer_percent"], 2),
-         "steps": r["steps"], "op_executions": int(ops.on_device(r["device"]).sum())}
+         "steps": r["steps"], "op_executions": executions.get(r["device"], 0)}
         for r in device_table(device_rows(session))
     ]
     if not rows:

@@ -1,0 +1,473 @@
+"""Host summaries: what the broad tools read of one host, built where the host is decoded, and the session's tables
+assembled from them, so that whoever assembles a many-host session (the reduce, a tool instance, `xdiag analyze`)
+holds kilobytes per host instead of its columns or its op executions.
+
+A summary is built in the map stage from the one host it decoded (`summarize_host`): the per-op aggregates (time,
+executions per kernel, HLO cost, per program), the steps and their rows per timeline, the per-device rows and duty
+cycles, every collective execution with the key of its instance (for the arrivals across hosts), the host's
+warm-up calls and largest blocking wait, its allocator totals, op executions per device, its profile bounds, the
+host's planes (names, stats, line names and event counts, no events), its HLO modules. Times are the host's own,
+from its earliest line (`origin_ns`); host names are a placeholder until the reduce knows whether two hosts share a
+name. `assemble` combines summaries in the session's file order into the tables the whole-session read builds,
+value for value, and `adopt` puts them in a session's cache, where the tools find them; `summary_session` is a
+session of the hosts' planes without their events (a column read from it raises `ColumnsNotInSummary`).
+
+Where the combination would not be the whole-session read's, `assemble` says why (`NotSummarized`) and the caller
+reads the columns as before: device platforms (XProf's converters read the xplane files, and the profile's own
+cost model and async-copy pairing span hosts), PyTorch traces (a kernel's FLOPs are shared out over every host's
+launches), and sessions whose hosts found their steps in different ways.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import json
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from xdiag.analysis.breakdown import DeviceRow, DutyCycle, StepRow, WarmUpCall, device_rows, duty_cycles, step_rows
+from xdiag.analysis.prepared import _as_columns, _from_columns, _typed, _untyped
+from xdiag.analysis.stragglers import arrivals_of, collective_arrivals, collective_records, straggler
+from xdiag.analysis.timeline import (
+    Step,
+    StepSet,
+    device_op_counts,
+    op_table,
+    profile_window_ps,
+    step_set,
+)
+from xdiag.analysis.transfers import transfer_spans
+from xdiag.errors import XdiagError
+from xdiag.profile.compact import _plain, module_from_record, module_record
+from xdiag.profile.reader import assemble_session
+from xdiag.profile.space import NO_VALUE, HloModule, HostProfile, Line, Plane, Session
+from xdiag.profile.trace_json import KINETO, trace_format
+from xdiag.tools.get_device_information import FRAMEWORK_MARKS
+from xdiag.tools.get_memory_profile import allocator_totals
+from xdiag.tools.get_step_trace import host_calls
+from xdiag.tools.ops import OpStat, _names_with_several_programs, op_stats
+
+FORMAT = 1
+HOST = "@@xdiag-host@@"
+"""The host's name in its summary until the reduce names it (two hosts may have recorded the same name)."""
+SUFFIX = ".summary.json.gz"
+CACHED = ("op_stats", "step_set", "step_rows", "device_rows", "duty_cycles", "bounds", "collective_arrivals",
+          "host_calls", "allocator_totals", "device_op_counts", "transfer_spans")
+"""The session's cache entries a summary provides: every table the broad tools build from columns."""
+
+
+class NotSummarized(XdiagError):
+    """The session's tables cannot be assembled from its hosts' summaries exactly; the reason says why."""
+
+
+class ColumnsNotInSummary(XdiagError):
+    """A session assembled from summaries was asked for events: its columns stayed in the hosts' prepared files."""
+
+
+def summary_path(prepared: Path) -> Path:
+    """Where the summary of the host whose prepared columns are at `prepared` is written, beside them."""
+    return prepared.with_name(prepared.name + SUFFIX)
+
+
+def summarize_host(host: HostProfile, modules: list[HloModule]) -> dict[str, Any]:
+    """The summary of one host as decoded (each line's times from its own timestamp; they are moved to the host's
+    earliest line, in place: write the host's columns first)."""
+    name, file, size = host.hostname, host.path.name, host.size_bytes
+    host.hostname = HOST
+    for item in (*host.planes, *modules):
+        item.host = HOST
+    session = assemble_session([(host, modules)], HOST)
+    timestamps = [line.timestamp_ns for plane in host.planes for line in plane.lines if len(line)]
+    out: dict[str, Any] = {
+        "format": FORMAT, "hostname": name, "file": file, "size_bytes": size,
+        "origin_ns": session.origin_ns if timestamps else None,
+        "errors": host.errors, "warnings": host.warnings,
+        "planes": [_plane_record(plane) for plane in host.planes],
+        "modules": [module_record(module) for module in session.hlo_modules],
+        "not_summarized": _not_summarized(session),
+    }
+    if out["not_summarized"]:
+        return out
+    steps = step_set(session)
+    warm, waits = host_calls(session, steps.steps)
+    bounds = profile_window_ps(session)
+    out["tables"] = _typed({
+        "op_stats": _op_rows(session),
+        "step_set": {"source": steps.source, "annotation": steps.annotation, "sources": steps.sources,
+                     "markers": steps.markers, "transfer_only": steps.transfer_only},
+        "steps": _as_columns(steps.steps),
+        "step_rows": _as_columns(step_rows(session)),
+        "device_rows": _as_columns(device_rows(session)),
+        "duty_cycles": _as_columns(duty_cycles(session)),
+        "bounds": list(bounds) if timestamps else None,
+        "collectives": [[list(key), device, start, end] for key, device, start, end in collective_records(session)],
+        "warm_up_calls": _as_columns(warm),
+        "sync_waits": [list(wait) for wait in waits],
+        "allocator_totals": allocator_totals(session),
+        "device_op_counts": device_op_counts(session),
+    })
+    return out
+
+
+def _not_summarized(session: Session) -> str | None:
+    if session.platform != "CPU":
+        return (f"a {session.platform} session: XProf's converters read its xplane files, and the profile's cost model "
+                "and async-copy pairing are read across its hosts")
+    if trace_format(session) == KINETO:
+        return "a PyTorch trace: each kernel's FLOPs are shared out over the launches of every host"
+    if transfer_spans(session) is not None:
+        return "its async copies are paired across the session's ops"
+    return None
+
+
+def _plane_record(plane: Plane) -> dict[str, Any]:
+    marks = {}
+    for text in plane.event_names.values() if plane.name == "/host:CPU" else ():
+        for mark in FRAMEWORK_MARKS:
+            if mark not in marks and text.startswith(mark):
+                marks[mark] = text
+    return {"id": plane.id, "name": plane.name, "stats": {k: _plain(v) for k, v in plane.stats.items()},
+            "event_names": list(marks.values()),
+            "lines": [[line.name, line.display_name, len(line)] for line in plane.lines]}
+
+
+def _op_rows(session: Session) -> list[dict[str, Any]]:
+    """op_stats' rows with what combining them needs: the row's key as op_stats orders it (module, program id,
+    name), its module's name and display name, and its executions per kernel (an op ran as often as its most
+    launched kernel)."""
+    ops = op_table(session)
+    per_code = np.bincount(ops.op, minlength=len(ops.op_keys)).tolist() if len(ops) else []
+    kernels: dict[str, dict[str, list[int]]] = {}
+    programs: dict[str, tuple[str, int]] = {}
+    for (module_name, pid, name, kernel), count in zip(ops.op_keys, per_code):
+        key = f"{module_name}\x00{pid}\x00{name}"
+        kernels.setdefault(key, {}).setdefault(kernel, []).append(count)
+        programs[key] = (module_name, pid)
+    shared = _names_with_several_programs(session)
+    by_label = {}
+    for key, (module_name, pid) in programs.items():
+        module = session.module_for(module_name, None if pid == NO_VALUE else pid) if module_name else None
+        label = module.display_name if module is not None and module_name in shared else module_name
+        by_label[(label, key.split("\x00", 2)[2])] = (key, module_name, module.display_name if module else None)
+    rows = []
+    for stat in op_stats(session):
+        key, module_name, display = by_label[(stat.module, stat.name)]
+        rows.append({"key": key, "module_name": module_name, "display_name": display, "name": stat.name,
+                     "category": stat.category, "total_ps": stat.total_ps, "kernels": kernels[key], "cost": stat.cost})
+    return rows
+
+
+def _named(part: Any, name: str) -> Any:
+    """A part of a host's summary with its host's name in place of the placeholder, everywhere it appears."""
+    text = json.dumps(part)
+    return json.loads(text.replace(HOST, json.dumps(name)[1:-1]))
+
+
+def assemble(summaries: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """The session's tables from its hosts' summaries (in the session's file order), as the whole-session read
+    builds them: a JSON document `adopt` and `summary_session` read. NotSummarized where they would differ. The
+    summaries are taken one at a time: of each, its tables and planes are kept, and its HLO modules not seen yet."""
+    named, stored, modules = [], [], {}
+    for s in summaries:
+        if s.get("not_summarized"):
+            raise NotSummarized(f"{s['file']}: {s['not_summarized']}")
+        if s.get("format") != FORMAT:
+            raise NotSummarized(f"{s['file']}: a host summary of another format")
+        named.append({key: s[key] for key in ("hostname", "file", "size_bytes", "errors", "warnings", "planes",
+                                               "origin_ns")})
+        stored.append(s["tables"])
+        for module in s["modules"]:
+            modules.setdefault((module["name"], module["program_id"]), (len(named) - 1, module))
+    counts: dict[str, int] = {}
+    for host in named:
+        counts[host["hostname"]] = counts.get(host["hostname"], 0) + 1
+    for host in named:  # as assemble_session tells apart hosts that recorded one name
+        if counts[host["hostname"]] > 1:
+            host["hostname"] = f"{host['hostname']}:{host['file'].removesuffix('.xplane.pb')}"
+    origins = [s["origin_ns"] for s in named if s["origin_ns"] is not None]
+    origin = min(origins) if origins else 0
+    shifts = [(s["origin_ns"] - origin) * 1000 if s["origin_ns"] is not None else 0 for s in named]
+    tables, long = [], []  # the per-step tables stay in their stored columns: joined column by column
+    for table, host in zip(stored, named):
+        table = _named(table, host["hostname"])
+        long.append({key: table.pop(key) for key in ("steps", "step_rows")})
+        tables.append(_untyped(table))
+    del stored
+    modules = {key: _named(module, named[k]["hostname"]) for key, (k, module) in modules.items()}
+    by_name = sorted(range(len(named)), key=lambda k: named[k]["hostname"])
+
+    sources = {t["step_set"]["source"] for t in tables}
+    annotated = [t["step_set"]["source"] == "step annotations" for t in tables]
+    if any(annotated) and not all(annotated):
+        raise NotSummarized("some hosts mark their steps with annotations and others do not")
+    if "whole profile" in sources and len(tables) > 1:
+        raise NotSummarized("a host has no steps: the whole-session read spans its window with the others' steps")
+    keep = by_name
+
+    steps = _joined([long[k]["steps"] for k in keep], [shifts[k] for k in keep])
+    step_rows_joined = _joined([long[k]["step_rows"] for k in keep])
+    del long
+    step_sources, markers, transfer_only = {}, {}, []
+    for k in keep:
+        step_sources.update(tables[k]["step_set"]["sources"])
+        markers.update(tables[k]["step_set"]["markers"])
+        transfer_only += tables[k]["step_set"]["transfer_only"]
+    if all(annotated):
+        annotation = next((t["step_set"]["annotation"] for t in tables if t["step_set"]["annotation"]), "")
+        found = StepSet([], "step annotations", annotation)
+    else:
+        step_sources = dict(sorted(step_sources.items()))
+        values = list(step_sources.values())
+        common = max(set(values), key=values.count)
+        marker = next((markers[d] for d in step_sources if step_sources[d] == common and d in markers), "")
+        found = StepSet([], common, marker, step_sources, sorted(transfer_only), dict(sorted(markers.items())))
+
+    records = []
+    for k, table in enumerate(tables):
+        records += [(tuple(key), device, start + shifts[k], end + shifts[k])
+                    for key, device, start, end in table["collectives"]]
+    records.sort(key=lambda record: record[2])  # stable: ties keep the session's order, as the op table's
+    bounds = [(t["bounds"][0] + shifts[k], t["bounds"][1] + shifts[k]) for k, t in enumerate(tables) if t["bounds"]]
+    totals = [t["allocator_totals"] for t in tables if t["allocator_totals"]]
+    warm = []
+    for k, table in enumerate(tables):
+        warm += [{**row, "start_ps": row["start_ps"] + shifts[k], "end_ps": row["end_ps"] + shifts[k]}
+                 for row in _from_columns(table["warm_up_calls"])]
+    return {
+        "format": FORMAT,
+        "origin_ns": origin,
+        "hosts": [{key: s[key] for key in ("hostname", "file", "size_bytes", "errors", "warnings", "planes")}
+                  for s in named],
+        "modules": list(modules.values()),
+        "tables": _typed({
+            "op_stats": _combined_op_rows([t["op_stats"] for t in tables], list(modules.values())),
+            "step_set": {f.name: getattr(found, f.name) for f in dataclasses.fields(found) if f.name != "steps"},
+            "steps": steps,
+            "step_rows": step_rows_joined,
+            "device_rows": _as_columns([row for k in keep for row in _rows(tables[k]["device_rows"], DeviceRow)]),
+            "duty_cycles": _as_columns(sorted((row for k in by_name
+                                               for row in _rows(tables[k]["duty_cycles"], DutyCycle)),
+                                              key=lambda row: row.device)),
+            "bounds": [min(b[0] for b in bounds), max(b[1] for b in bounds)] if bounds else [0, 0],
+            "collectives": [[list(key), device, start, end] for key, device, start, end in records],
+            "warm_up_calls": _as_columns([WarmUpCall(**row) for row in warm]),
+            "sync_waits": [wait for t in tables for wait in t["sync_waits"]],
+            "allocator_totals": {"peak_bytes": max(t["peak_bytes"] for t in totals),
+                                 "in_use_bytes_sum": sum(t["in_use_bytes_sum"] for t in totals),
+                                 "events": sum(t["events"] for t in totals)} if totals else None,
+            "device_op_counts": dict(sorted((device, count) for t in tables
+                                            for device, count in t["device_op_counts"].items())),
+        }),
+    }
+
+
+def _joined(parts: list[dict[str, Any]], shifts: list[int] | None = None) -> dict[str, Any]:
+    """Several hosts' stored rows (`_as_columns`, typed), one host after another, as one stored table, each host's
+    start_ps and end_ps moved by its shift: column by column where the hosts' columns agree (a session of many long
+    captures has millions of step rows, which row objects would hold many times over), else row by row."""
+    shifts = shifts or [0] * len(parts)
+    kept = [(part, shift) for part, shift in zip(parts, shifts) if part.get("paths") or part.get("rows")]
+    if not kept:
+        return _as_columns([])
+    paths = kept[0][0].get("paths")
+    kinds = [column["kind"] for column in kept[0][0]["columns"]] if paths else None
+    moved = [path in (["start_ps"], ["end_ps"]) for path in paths or []]
+    if paths and all(part.get("paths") == paths and [c["kind"] for c in part["columns"]] == kinds for part, _ in kept) \
+            and not any(move and kind is None for move, kind in zip(moved, kinds)):
+        columns = []
+        for index, (kind, move) in enumerate(zip(kinds, moved)):
+            values: list = []
+            for part, shift in kept:
+                column = part["columns"][index]["values"]
+                values.extend([value + shift for value in column] if move and shift else column)
+            columns.append({"kind": kind, "values": values})
+        return {"paths": paths, "columns": columns}
+    rows = []
+    for part, shift in kept:
+        rows += [{**row, **{key: row[key] + shift for key in ("start_ps", "end_ps") if key in row}}
+                 for row in _from_columns(_untyped(part))]
+    return {"rows": _typed(rows)}
+
+
+def _rows(stored: dict[str, Any], kind: type) -> list:
+    return [kind(**row) for row in _from_columns(stored)]
+
+
+def _combined_op_rows(per_host: list[list[dict[str, Any]]], modules: list[dict]) -> list[dict[str, Any]]:
+    """op_stats of the session from each host's: time and executions per kernel summed, an op's executions those of
+    its most launched kernel, labelled as op_stats labels a program whose name several programs share, busiest
+    first with ties in key order (op_stats' order)."""
+    seen: dict[str, set[int]] = {}
+    for module in modules:
+        seen.setdefault(module["name"], set()).add(module["program_id"])
+    shared = {name for name, ids in seen.items() if len(ids) > 1}
+    combined: dict[str, dict[str, Any]] = {}
+    for rows in per_host:
+        for row in rows:
+            into = combined.get(row["key"])
+            if into is None:
+                combined[row["key"]] = {**row, "kernels": {k: list(v) for k, v in row["kernels"].items()}}
+                continue
+            into["total_ps"] += row["total_ps"]
+            for kernel, counts in row["kernels"].items():
+                mine = into["kernels"].setdefault(kernel, [0] * len(counts))
+                if len(mine) != len(counts):
+                    raise NotSummarized(f"op {row['name']} resolves from different events on different hosts")
+                into["kernels"][kernel] = [a + b for a, b in zip(mine, counts)]
+    out = []
+    for key in sorted(combined):
+        row = combined[key]
+        label = row["display_name"] if row["display_name"] and row["module_name"] in shared else row["module_name"]
+        count = max(c for counts in row["kernels"].values() for c in counts)
+        out.append({"module": label, "name": row["name"], "category": row["category"], "count": count,
+                    "total_ps": row["total_ps"], "cost": row["cost"]})
+    out.sort(key=lambda row: -row["total_ps"])
+    return out
+
+
+def adopt(session: Session, assembled: dict[str, Any]) -> None:
+    """Puts the assembled tables in the session's cache (over anything built there)."""
+    tables = _untyped(assembled["tables"])
+    found = StepSet(steps=[Step(**row) for row in _from_columns(tables["steps"])], **tables["step_set"])
+    session.cache.update({
+        "op_stats": [OpStat(**row) for row in tables["op_stats"]],
+        "step_set": found,
+        "step_rows": _rows(tables["step_rows"], StepRow),
+        "device_rows": _rows(tables["device_rows"], DeviceRow),
+        "duty_cycles": _rows(tables["duty_cycles"], DutyCycle),
+        "bounds": tuple(tables["bounds"]),
+        "collective_arrivals": arrivals_of([(tuple(key), device, start, end)
+                                            for key, device, start, end in tables["collectives"]]),
+        "host_calls": (_rows(tables["warm_up_calls"], WarmUpCall), [tuple(wait) for wait in tables["sync_waits"]]),
+        "allocator_totals": tables["allocator_totals"],
+        "device_op_counts": tables["device_op_counts"],
+        "transfer_spans": None,
+    })
+
+
+def adopt_mapped(session: Session, prepared: list[Path]) -> str | None:
+    """Puts the tables assembled from the summaries beside the hosts' prepared files (in the session's order) in
+    the session's cache; None, or why not (the session's tools then build their tables from its columns)."""
+    try:
+        assembled = assemble(read(summary_path(path)) for path in prepared)
+    except (NotSummarized, FileNotFoundError, ValueError, KeyError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    adopt(session, assembled)
+    return None
+
+
+class _SummarizedLine(Line):
+    """A line of a host known from its summary: its name and how many events it has, not the events."""
+
+    def __init__(self, name: str, display_name: str, events: int):  # noqa: D107 - Line's columns stay unset
+        self.id, self.name, self.display_name, self.timestamp_ns, self._events = -1, name, display_name, 0, events
+
+    def __len__(self) -> int:
+        return self._events
+
+    def __getattr__(self, attribute: str):
+        raise ColumnsNotInSummary(f"line {self.name!r}: {attribute} is in the host's prepared columns, not its summary")
+
+
+def summary_session(assembled: dict[str, Any], name: str) -> Session:
+    """A session of the assembled hosts' planes (names, stats, line names and event counts) and HLO modules, the
+    tables in its cache; reading an event from it raises ColumnsNotInSummary."""
+    hosts = []
+    for h in assembled["hosts"]:
+        planes = [Plane(id=p["id"], name=p["name"], host=h["hostname"], event_names=dict(enumerate(p["event_names"])),
+                        event_display_names={}, event_metadata_stats={}, stats=p["stats"], strings=[],
+                        lines=[_SummarizedLine(*line) for line in p["lines"]])
+                  for p in h["planes"]]
+        hosts.append(HostProfile(hostname=h["hostname"], path=Path(h["file"]), size_bytes=h["size_bytes"],
+                                 planes=planes, errors=h["errors"], warnings=h["warnings"], summarized=True))
+    session = Session(name=name, hosts=hosts, hlo_modules=[module_from_record(m) for m in assembled["modules"]],
+                      origin_ns=assembled["origin_ns"])
+    adopt(session, assembled)
+    return session
+
+
+FOLLOW_UP_HOSTS = 3
+"""Hosts whose events a follow-up reads in a session assembled from summaries: the straggler, the slowest, a sample."""
+
+
+def hosts_that_matter(session: Session, most: int = FOLLOW_UP_HOSTS) -> list[int]:
+    """The positions (in session.hosts) of the hosts a follow-up that reads events looks at, from the session's
+    tables: the straggler of the collectives across hosts, the host with the longest mean step, the first host."""
+    names = [host.hostname for host in session.hosts]
+    steps: dict[str, list[float]] = {}
+    for row in step_rows(session):
+        steps.setdefault(row.host, []).append(row.step_ms)
+    means = {host: float(np.mean(times)) for host, times in steps.items()}
+    chosen = []
+    arrivals = collective_arrivals(session)
+    if arrivals is not None and arrivals.level == "hosts" and means:
+        slow = straggler(arrivals, max(len(times) for times in steps.values()), float(np.mean(list(means.values()))))
+        if slow is not None and slow.name in names:
+            chosen.append(names.index(slow.name))
+    if means and max(means, key=means.get) in names:
+        chosen.append(names.index(max(means, key=means.get)))
+    chosen.append(0)
+    return list(dict.fromkeys(chosen))[:most]
+
+
+def take_events(session: Session, position: int, mapped: Session) -> None:
+    """The session's host at `position` replaced by the same host's prepared columns (`mapped`, the map stage's
+    file of it: times from each line's own timestamp), named and timed as the whole-session read names and times it."""
+    known, host = session.hosts[position], mapped.hosts[0]
+    host.hostname, host.path = known.hostname, known.path
+    for plane in host.planes:
+        plane.host = known.hostname
+        for line in plane.lines:
+            line.starts.shift((line.timestamp_ns - session.origin_ns) * 1000)
+    session.hosts[position] = host
+
+
+def encode(document: dict[str, Any]) -> bytes:
+    """A summary (or an assembled session's) as gzipped JSON."""
+    return gzip.compress(json.dumps(document, separators=(",", ":")).encode(), compresslevel=6)
+
+
+def decode(data: bytes) -> dict[str, Any]:
+    return json.loads(gzip.decompress(data))
+
+
+def write(document: dict[str, Any], path: Path) -> int:
+    data = encode(document)
+    path.write_bytes(data)
+    return len(data)
+
+
+def read(path: Path) -> dict[str, Any]:
+    return decode(path.read_bytes())
+
+
+def main() -> int:
+    """`python -m xdiag.tools.host_summary`: a map worker (xdiag.profile.hosts_map's protocol) that also writes each
+    host's summary beside its prepared columns (summary_path); a host it cannot summarise gets a summary that says
+    why (`not_summarized`), and its session is read from the columns."""
+    from xdiag.profile import hosts_map
+
+    return hosts_map.serve_maps(lambda path, out, threads: map_and_summarize(path, out, threads)[1])
+
+
+def map_and_summarize(path: Path, out: Path, threads: int = 1) -> tuple[int, int]:
+    """The map stage of one host (hosts_map.map_host) and its summary at summary_path(out); returns (bytes of its
+    columns, bytes of its summary)."""
+    from xdiag.profile.hosts_map import map_host_read
+
+    host, modules, size = map_host_read(path, out, threads)
+    try:
+        summary = summarize_host(host, modules)
+    except Exception as exc:  # noqa: BLE001 - a host the summary cannot take is read from its columns instead
+        summary = {"format": FORMAT, "hostname": host.hostname, "file": path.name,
+                   "not_summarized": f"its summary failed ({type(exc).__name__}: {exc})"}
+    return size, write(summary, summary_path(out))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,148 @@
+"""Host summaries (issue 47): each host summarised where it is decoded, the session's tables assembled from the
+summaries, and every broad tool's answer from them the whole-session read's, on real two-process JAX CPU captures
+grown to more hosts by copying their real host files; the reduce and the tool instances never map a host's columns."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from xdiag.pipeline.deps import SessionLoader
+from xdiag.pipeline.layout import host_summary_uri
+from xdiag.pipeline.topics import ANALYSES
+from xdiag.profile.reader import read_session
+from xdiag.tools import BROAD_TOOLS, run_tool
+from xdiag.tools import host_summary
+
+from tests.test_host_maps import Pipeline
+from tests.test_hosts_map import _hosts, _pod
+
+
+def _summaries(paths: list[Path]) -> tuple[object, list[dict]]:
+    """The session read host by host by the summarising map workers, and the summaries they wrote."""
+    kept: dict = {}
+    session = read_session(paths, by_host=True, worker=host_summary.__name__,
+                           on_mapped=lambda _, outs: kept.update(summaries=[host_summary.read(
+                               host_summary.summary_path(out)) for out in outs]))
+    return session, kept["summaries"]
+
+
+def _answer(result) -> str:
+    return json.dumps([result.status, result.reason, result.summary, result.detail], sort_keys=True, default=str)
+
+
+@pytest.mark.parametrize("workload, hosts", [("straggler_input", 3), ("straggler_compute", 8)])
+def test_every_broad_tool_answers_from_the_summaries_what_it_answers_from_the_whole_session(
+        workload, hosts, lockstep, tmp_path):
+    paths = _hosts(_pod(tmp_path / "pod", lockstep[workload], hosts))
+    whole = read_session(paths, by_host=False)
+    _, summaries = _summaries(paths)
+    summarized = host_summary.summary_session(host_summary.assemble(summaries), whole.name)
+    answers = {tool: (_answer(run_tool(whole, tool)), _answer(run_tool(summarized, tool))) for tool in BROAD_TOOLS}
+    assert [tool for tool, (one, other) in answers.items() if one != other] == []
+    hosts_answer = run_tool(summarized, "get_hosts")
+    assert hosts_answer.summary["straggler"].endswith("process1") and len(hosts_answer.detail["hosts"]) == hosts
+
+
+def test_a_summary_session_holds_no_events(lockstep, tmp_path):
+    """What is not in the summaries is refused with the reason, never answered from nothing: a follow-up that reads
+    events (aggregate_xplane_events) is not available on the summary session and answers on the mapped one."""
+    paths = _hosts(_pod(tmp_path / "pod", lockstep["straggler_input"], 3))
+    mapped, summaries = _summaries(paths)
+    summarized = host_summary.summary_session(host_summary.assemble(summaries), mapped.name)
+    line = next(line for plane in summarized.host_planes() for line in plane.lines if len(line))
+    with pytest.raises(host_summary.ColumnsNotInSummary, match="prepared columns"):
+        line.start_ps
+    refused = run_tool(summarized, "aggregate_xplane_events", {"pattern": "PjitFunction"})
+    assert refused.status.value == "not_available" and "prepared columns" in refused.reason
+    assert run_tool(mapped, "aggregate_xplane_events", {"pattern": "PjitFunction"}).ok
+
+
+def test_a_summary_is_sized_by_the_tables_not_by_the_events(lockstep, tmp_path):
+    paths = _hosts(_pod(tmp_path / "pod", lockstep["straggler_input"], 2))
+    _, summaries = _summaries(paths)
+    for path, summary in zip(paths, summaries):
+        events = sum(plane["lines"][k][2] for plane in summary["planes"] for k in range(len(plane["lines"])))
+        assert events > 1_000
+        assert len(host_summary.encode(summary)) < path.stat().st_size / 10
+
+
+def test_a_gpu_host_is_read_from_its_columns_and_the_summary_says_why(h200_profiles, tmp_path):
+    paths = []
+    for name in ("healthy", "host_sync"):
+        paths.append(tmp_path / f"{name}.xplane.pb")
+        paths[-1].write_bytes(h200_profiles[name].read_bytes())
+    session, summaries = _summaries(paths)
+    assert all("GPU session" in summary["not_summarized"] for summary in summaries)
+    with pytest.raises(host_summary.NotSummarized, match="XProf's converters read its xplane files"):
+        host_summary.assemble(summaries)
+    assert "op_stats" not in session.cache  # the tools build their tables from the mapped columns, as before
+
+
+def test_the_reduce_stores_the_assembled_summary_and_no_session_of_columns(lockstep, tmp_path):
+    """On the in-process bus as the cloud runs the stages: each map stores its host's summary beside its columns,
+    the reduce stores only the tables assembled from the summaries (no prepared file of every host's columns), and
+    the analysis names the straggler with its cause."""
+    pipeline = Pipeline(tmp_path / "buckets")
+    pipeline.folder.parent.mkdir(parents=True)
+    _pod(pipeline.folder, lockstep["straggler_input"], 5)
+    analysis = pipeline.announce()
+    assert analysis["status"] == "DONE", analysis.get("failure_reason")
+    folder = pipeline.blobs.local_path(analysis["output_uri"] + "/prepared/x").parent  # the session's prepared files
+    for name in sorted(p.name for p in pipeline.folder.glob("*.xplane.pb")):
+        info = pipeline.blobs.stat(f"gs://bucket/pod-run/plugins/profile/pod-session/{name}")
+        assert pipeline.blobs.exists(host_summary_uri(analysis["output_uri"], info))
+    assert list(folder.glob("*" + host_summary.SUFFIX)) and not list(folder.glob("*.xdiag"))
+    finding = analysis["diagnosis"]["findings"][0]
+    assert finding["key"] == "straggler_host" and "process1" in finding["title"]
+    stored = pipeline.state.get(ANALYSES, analysis["analysis_id"])
+    assert stored["tools"]["get_hosts"]["status"] == "ok"
+
+
+def _pipeline(tmp_path: Path, max_bytes: int) -> Pipeline:
+    pipeline = Pipeline(tmp_path / "buckets")
+    pipeline.deps.sessions = SessionLoader(pipeline.blobs, max_bytes=max_bytes, prepare=True, map_hosts_from=2)
+    pipeline.folder.parent.mkdir(parents=True)
+    return pipeline
+
+
+def test_a_summarised_session_is_bound_by_its_host_files_not_by_its_size(lockstep, tmp_path):
+    """The reduce and the tools read summaries, the follow-ups the hosts that matter: a session larger than the
+    session limit (XDIAG_MAX_PROFILE_GIB) is analysed, and a follow-up that reads events says which hosts it read."""
+    pipeline = _pipeline(tmp_path, max_bytes=100_000)
+    _pod(pipeline.folder, lockstep["straggler_input"], 6)
+    assert sum(p.stat().st_size for p in pipeline.folder.glob("*.xplane.pb")) > 100_000
+    analysis = pipeline.announce()
+    assert analysis["status"] == "DONE", analysis.get("failure_reason")
+    assert analysis["diagnosis"]["findings"][0]["key"] == "straggler_host"
+    session = pipeline.deps.sessions.load([pipeline.blobs.stat(i["uri"]) for i in analysis["inputs"]],
+                                          "pod-session", analysis["output_uri"], events=True)
+    covered = [host.hostname for host in session.hosts_with_events()]
+    assert any(host.endswith("process1") for host in covered) and len(covered) <= host_summary.FOLLOW_UP_HOSTS
+    events = run_tool(session, "aggregate_xplane_events", {"pattern": "PjitFunction"})
+    assert events.ok and events.summary["hosts_covered"] == covered and events.summary["hosts_in_session"] == 6
+
+
+def test_a_session_that_cannot_be_summarised_keeps_the_session_limit_and_says_why(h200_profiles, tmp_path):
+    pipeline = _pipeline(tmp_path, max_bytes=100_000)
+    pipeline.folder.mkdir()
+    for name in ("healthy", "host_sync"):
+        (pipeline.folder / f"{name}.xplane.pb").write_bytes(h200_profiles[name].read_bytes())
+    analysis = pipeline.announce()
+    assert analysis["status"] == "FAILED"
+    assert "over the 0.00 GiB limit per session" in analysis["failure_reason"]
+    assert "a GPU session: XProf's converters read its xplane files" in analysis["failure_reason"]
+
+
+def test_the_straggler_among_128_hosts_is_named_from_the_summaries(lockstep, tmp_path):
+    """127 copies of the host that waits in every all-reduce and the one that prepares its input on the host: the
+    summaries name the straggler and its cause, as the 32-host whole read does (tests/test_hosts_map.py)."""
+    paths = _hosts(_pod(tmp_path / "pod", lockstep["straggler_input"], 128))
+    _, summaries = _summaries(paths)
+    session = host_summary.summary_session(host_summary.assemble(summaries), "pod")
+    hosts = run_tool(session, "get_hosts")
+    assert hosts.ok, hosts.reason
+    assert hosts.summary["hosts"] == 128 and hosts.summary["straggler"].endswith("process1")
+    assert hosts.summary["straggler_cause"] == "host_other"
+    assert [session.hosts[k].hostname for k in host_summary.hosts_that_matter(session)][0].endswith("process1")
