@@ -24,6 +24,7 @@ from google.cloud import storage
 
 from xdiag.disk_cache import evict_least_recent
 from xdiag.errors import ProfileError
+from xdiag.sizes import readable_size
 from xdiag.pipeline.ports import BlobInfo
 
 DEFAULT_CACHE_BYTES = 4 * 2**30
@@ -161,7 +162,7 @@ class GcsBlobStore:
         the decoded size is over the limit (the decoding stops there)."""
         limit = self.max_object_bytes
         if limit is not None and (blob.size or 0) > limit:
-            raise ProfileError(f"{uri} is {blob.size / 2**30:.2f} GiB as stored, over the {limit / 2**30:.2f} GiB limit")
+            raise ProfileError(f"{uri} is {readable_size(blob.size)} as stored, over the {readable_size(limit)} limit")
         if (blob.content_encoding or "").lower() != "gzip":
             blob.download_to_filename(str(path), raw_download=True)
             return
@@ -183,7 +184,7 @@ class GcsBlobStore:
                         if limit is not None and written > limit:
                             raise ProfileError(
                                 f"{uri} is stored with Content-Encoding: gzip ({blob.size} bytes) and decodes to more "
-                                f"than the {limit / 2**30:.2f} GiB limit; decoding stopped there")
+                                f"than the {readable_size(limit)} limit; decoding stopped there")
                         out.write(data)
         except zlib.error as exc:
             raise ProfileError(f"{uri} is stored with Content-Encoding: gzip but is not valid gzip: {exc}") from None
