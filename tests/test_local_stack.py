@@ -447,6 +447,39 @@ def test_a_gzip_bomb_is_refused_while_it_is_decoded_never_inflated_whole(cloud, 
     assert store.local_path(aligned).stat().st_size == 6 * 2**20
 
 
+def test_a_gzip_bomb_writes_nothing_decoded_to_the_download_cache_before_it_is_refused(cloud, tmp_path):
+    """Failed before: the bomb was refused only once its decoded bytes reached the limit, written to the cache as they
+    came (2 GiB on the stack); the cache is watched here while it is refused."""
+    import gzip
+    import threading
+
+    from xdiag.cloud.gcs import GcsBlobStore, split_uri, storage_client
+    from xdiag.errors import ProfileError
+
+    uri = session_prefix(cloud.config.profile_root, "bomb-run", "s4") + "host0.xplane.pb"
+    blob = storage_client(cloud.config.project).bucket(split_uri(uri)[0]).blob(split_uri(uri)[1])
+    blob.content_encoding = "gzip"
+    blob.upload_from_string(gzip.compress(bytes(64 * 2**20), compresslevel=9) * 8)  # 512 MiB decoded
+    store = GcsBlobStore(storage_client(cloud.config.project), tmp_path / "cache", max_object_bytes=256 * 2**20)
+    largest, done = [0], threading.Event()
+
+    def watch() -> None:  # the decoded bytes on disk (the stored, compressed download ends in .gz)
+        while not done.is_set():
+            sizes = [f.stat().st_size for f in (tmp_path / "cache").rglob("*.part") if f.is_file()]
+            largest[0] = max([largest[0], *sizes])
+            time.sleep(0.005)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        with pytest.raises(ProfileError, match="decodes to more than the 256 MiB limit"):
+            store.local_path(uri)
+    finally:
+        done.set()
+        watcher.join()
+    assert largest[0] == 0, f"{largest[0]} decoded bytes written before the refusal"
+
+
 def test_a_sweeper_whose_clock_is_an_hour_ahead_repairs_no_analysis_that_is_on_time(cloud):
     """Failed before: the sweeper compared the stages' times with its own clock and "repaired" 46 of 50 healthy
     analyses when that clock was an hour ahead. It runs here in a process whose clock is an hour ahead (its

@@ -692,6 +692,10 @@ class LocalStack:
         emulator then redelivers none of them before their ack deadline, 600 s). `restart` ends it."""
         self._signal(name, signal.SIGSTOP)
 
+    def thaw(self, name: str) -> None:
+        """SIGCONTs a service `freeze` stopped."""
+        self._signal(name, signal.SIGCONT)
+
     def restart(self, name: str, timeout_s: float = 60.0) -> None:
         """Starts a function again on its port (after `kill`)."""
         spec = next(s for s in FUNCTIONS if s.name == name)
