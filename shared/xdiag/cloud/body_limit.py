@@ -68,10 +68,13 @@ _patched = threading.Lock()
 def release_refused_connections() -> None:
     """gunicorn's threaded worker from now on keeps no connection answered 413 (it would drain the body first, on a
     server thread) and closes connections gracefully off its event-loop thread, on a small pool of their own. Does
-    nothing where the server is not gunicorn's threaded worker."""
+    nothing where the server is not gunicorn's threaded worker (tests/test_local_stack.py notices a gunicorn without
+    these hooks: clients holding uploads open stall the function again)."""
     try:
         from gunicorn.workers import gthread
     except ImportError:
+        return
+    if not (hasattr(gthread, "TConn") and hasattr(gthread.ThreadWorker, "_keepalive_after")):
         return
     with _patched:
         if getattr(gthread.TConn.close, "off_the_loop", False):
