@@ -113,3 +113,30 @@ def test_the_stack_survives_kill_9_of_each_emulator_and_a_down_up_losing_nothing
     after = _everything(cloud)
     assert after[0] == before[0] and after[1] == before[1] and after[2] == before[2]
     assert cloud.blobs.get(first["report_uri"]) == before[2][first["report_uri"]]
+
+
+def test_an_object_name_that_climbs_out_of_the_bucket_writes_nothing_outside_its_folder(stack_dir):
+    """Failed before: fake-gcs-server's filesystem backend stored `a/../../../../../../victim-escape.txt` outside its
+    folder (here: beside the stack's own folder)."""
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    cloud = _cloud(stack_dir)
+    storage = Path(stack_dir) / DATA_DIR / "storage"
+    outside = Path(stack_dir).parent
+    victim = f"victim-escape-{uuid.uuid4().hex[:6]}.txt"
+    # <storage>/<bucket>/a/ and then up to the folder the stack's folder is in
+    climbs = "../" * (2 + len(storage.relative_to(outside).parts))
+    name = urllib.parse.quote(f"a/{climbs}{victim}", safe="")
+    request = urllib.request.Request(
+        f"{cloud.stack.env['STORAGE_EMULATOR_HOST']}/upload/storage/v1/b/{cloud.stack.settings.bucket}/o"
+        f"?uploadType=media&name={name}", data=b"written by whoever can reach the bucket", method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            status = answer.status
+    except urllib.error.HTTPError as exc:
+        status = exc.code
+    assert not (outside / victim).exists(), "the object was written outside the emulator's folder"
+    assert status >= 400
+    assert not list(Path(stack_dir).rglob(victim))  # nor anywhere in the stack's own folder

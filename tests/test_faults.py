@@ -438,3 +438,16 @@ def test_the_monitor_on_the_stack_says_nothing_for_noise_and_bad_once_for_a_sust
     alerts = wait_until(lambda: [a for _, a in cloud.state.list("alerts") if a.get("run_id") == run], 60,
                         "the alert", cloud)
     assert len(alerts) == 1 and "30 s sustained" in alerts[0]["summary"]
+
+
+def test_xdiag_status_against_a_frozen_firestore_says_so_in_seconds(local_stack):
+    """Failed before: against a Firestore that takes connections and never answers (the emulator frozen), `xdiag
+    status` said nothing for its whole --timeout (61 s by default; here it would wait 600 s)."""
+    local_stack.freeze("firestore")
+    try:
+        shown = subprocess.run([sys.executable, "-m", "xdiag.cli", "status", "--timeout", "600"], capture_output=True,
+                               text=True, timeout=120)
+    finally:
+        local_stack.thaw("firestore")
+    assert shown.returncode == 1 and "did not answer within 5 s: it is down, frozen or unreachable" in shown.stderr, (
+        shown.stderr)

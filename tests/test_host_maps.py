@@ -125,7 +125,7 @@ def test_a_host_that_cannot_be_read_fails_the_analysis_naming_it_and_every_file_
 
 @pytest.mark.parametrize("limit, reason", [
     ({"max_hosts": 4}, "the session has 6 host files, over the limit of 4 hosts per session"),
-    ({"max_host_file_bytes": 1000}, "over the limit of 0.00 GiB per host file"),
+    ({"max_host_file_bytes": 1000}, "over the limit of 1000 bytes per host file"),
 ])
 def test_a_session_over_a_limit_fails_at_once_with_the_reason(lockstep, tmp_path, limit, reason):
     pipeline = Pipeline(tmp_path / "buckets", **limit)

@@ -242,7 +242,8 @@ def test_on_cloud_run_the_viewer_shows_each_session_only_to_the_readers_of_its_r
         return {"Authorization": f"Bearer {as_cloud_run_forwards(token) if forwarded else token}"}
 
     try:
-        with _image_server(tmp_path, logdir, XDIAG_VIEWER_AUTH="iam", XDIAG_VIEWER_AUDIENCE=audience,
+        with _image_server(tmp_path, logdir, K_SERVICE="xdiag-viewer",  # on Cloud Run, behind its front end
+                           XDIAG_VIEWER_AUTH="iam", XDIAG_VIEWER_AUDIENCE=audience,
                            XDIAG_VIEWER_ADMINS="user:admin@example.com", XDIAG_ID_TOKEN_CERTS_URL=google.url) as (get, _):
             sessions = lambda who: sorted(json.loads(get("/data/plugin/profile/runs", who)[1]))  # noqa: E731
             assert get("/data/plugin/profile/runs")[0] == 401

@@ -537,6 +537,122 @@ def test_trace_files_are_located_by_name_and_in_a_folder(tmp_path):
     assert sorted(h.hostname for h in read_session(folder.files).hosts) == sorted(names.values())
 
 
+# ---- hostile traces: refused with a one-line reason, in bounded memory ------------------------------------------
+
+_EVENT = b'{"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": 1, "tid": 1, "ts": 10, "dur": 5}'
+HOSTILE_TRACES = {  # what a user can upload -> what the refusal must say
+    "100,000 nested arrays": (b"[" * 100_000 + b"]" * 100_000, "nested more than"),
+    "40,000 levels under traceEvents": (b'{"traceEvents": [' + b"[" * 40_000, "nested more than"),
+    "a 64 MiB string": (b'{"traceEvents": [{"ph": "X", "ts": 1, "dur": 1, "name": "' + b"a" * 2**26 + b'"}]}',
+                        "a string of more than"),
+    "a 64 MiB key": (b'{"' + b"k" * 2**26 + b'": 1, "traceEvents": []}', "a string of more than"),
+    "an integer of 5,000 digits": (b'{"traceEvents": [{"ph": "X", "ts": ' + b"7" * 5000 + b', "dur": 1}]}',
+                                   "a number (or literal) of more than"),
+    "an event of 400,000 arguments": (b'{"traceEvents": [{"ph": "X", "ts": 1, "dur": 1, "args": {'
+                                      + b",".join(b'"k%d": 1' % i for i in range(400_000)) + b"}}]}",
+                                      "an event of more than"),
+    "a top-level list of 400,000 devices": (b'{"deviceProperties": [' + b",".join(b'{"id": %d}' % i for i in
+                                            range(400_000)) + b'], "traceEvents": [' + _EVENT + b"]}",
+                                            "a top-level value of more than"),
+    "ts 1e309": (b'{"traceEvents": [{"ph": "X", "name": "a", "ts": 1e309, "dur": 1}]}', "out of any clock's range"),
+    "a string ts": (b'{"traceEvents": [{"ph": "X", "name": "a", "ts": "soon", "dur": 1}]}',
+                    "event 0: 'ts' is 'soon', not a time"),
+    "a string dur": (b'{"traceEvents": [' + _EVENT + b', {"ph": "X", "name": "a", "ts": 1, "dur": "long"}]}',
+                     "event 1: 'dur' is 'long', not a time"),
+    "string args": (b'{"traceEvents": [{"ph": "X", "name": "a", "ts": 1, "dur": 1, "args": "none"}]}',
+                    "event 0: 'args' is str, not an object"),
+    "a list pid": (b'{"traceEvents": [{"ph": "X", "name": "a", "ts": 1, "dur": 1, "pid": [1]}]}',
+                   "event 0: 'pid' is list, not an id"),
+    "NaN": (b'{"traceEvents": [{"ph": "X", "name": "a", "ts": NaN, "dur": 1}]}', "not valid JSON"),
+    "times a year apart": (b'{"traceEvents": [' + _EVENT + b', {"ph": "X", "name": "a", "ts": 31536000000000, '
+                           b'"dur": 1}]}', "more than a day from the trace's first event"),
+}
+_READ_IN_A_CHILD = """
+import json, os, resource, sys
+from pathlib import Path
+from xdiag.errors import ProfileError
+from xdiag.profile.reader import read_session
+rss = lambda: int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+baseline = rss()
+try:
+    read_session([Path(sys.argv[1])])
+    outcome = {"refused": False}
+except ProfileError as exc:
+    outcome = {"refused": True, "reason": str(exc)}
+outcome["above_baseline_mib"] = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - baseline) / 2**20
+print(json.dumps(outcome))
+"""
+
+
+def _read_in_a_child(path: Path) -> dict:
+    """read_session on `path` in a process of its own: its outcome, and how far its memory rose above what it held
+    before the read (a crash of the parser ends the child, not the tests)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _READ_IN_A_CHILD, str(path)], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, f"the read ended the process (status {done.returncode}): {done.stderr[-2000:]}"
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+@pytest.mark.parametrize("shape", sorted(HOSTILE_TRACES))
+def test_a_hostile_trace_is_refused_with_a_one_line_reason_in_bounded_memory(tmp_path, shape):
+    """Failed before: nested arrays took the reader to 15-22 GB, a huge string was kept and stored, a long integer
+    ended the process (ijson's C parser), 1e309 and string times or args raised tracebacks, NaN read "may be
+    truncated"."""
+    content, reason = HOSTILE_TRACES[shape]
+    path = tmp_path / "rank0.pt.trace.json.gz"
+    path.write_bytes(gzip.compress(content, 1))
+    outcome = _read_in_a_child(path)
+    assert outcome["refused"], f"{shape}: read, not refused"
+    assert reason in outcome["reason"] and outcome["reason"].startswith(path.name), outcome["reason"]
+    assert "\n" not in outcome["reason"] and len(outcome["reason"]) < 400
+    assert outcome["above_baseline_mib"] < 512, outcome
+
+
+def test_a_trace_is_refused_while_it_inflates_past_the_limit(tmp_path, monkeypatch):
+    """Failed before: 2.3 MB of gzip inflating to 2.25 GiB was read whole (the limit here is lowered to 8 MiB, the
+    file inflates to 32 MiB)."""
+    from xdiag.profile import trace_json
+
+    monkeypatch.setattr(trace_json, "TRACE_MAX_DECODED_BYTES", 8 * 2**20)
+    path = tmp_path / "bomb.pt.trace.json.gz"
+    path.write_bytes(gzip.compress(b'{"traceEvents": [' + b" " * 2**25 + _EVENT + b"]}", 9))
+    with pytest.raises(ProfileError, match=re.escape("more than 8 MiB once inflated; inflating stopped there")):
+        read_session([path])
+
+
+def test_a_trace_of_more_events_than_the_limit_is_refused(tmp_path, monkeypatch):
+    from xdiag.profile import trace_json
+
+    monkeypatch.setattr(trace_json, "TRACE_MAX_EVENTS", 1000)
+    path = tmp_path / "many.pt.trace.json"
+    path.write_bytes(b'{"traceEvents": [' + b", ".join([_EVENT] * 1001) + b"]}")
+    with pytest.raises(ProfileError, match="more than 1,000 events"):
+        read_session([path])
+    path.write_bytes(b'{"traceEvents": [' + b", ".join([_EVENT] * 1000) + b"]}")
+    assert read_session([path]).event_count == 1000
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3, 7, 64])
+def test_escapes_strings_and_events_split_across_chunks_read_as_the_standard_library_reads_them(tmp_path, monkeypatch,
+                                                                                              chunk):
+    """The limits' check reads the text a chunk at a time: quotes after backslashes, strings with brackets and
+    events cut anywhere between two chunks read as json reads them."""
+    from xdiag.profile import trace_json
+
+    names = ['a\\"b', "c\\\\", 'd\\\\\\"]}e', "{[f]}", 'g"', "\\" * 9, "h" * 300, "[[{{"]
+    events = [{"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": 1, "ts": 10 * i, "dur": 5,
+               "args": {"Input Dims": [[1, 2], [3]], "note": name}} for i, name in enumerate(names)]
+    path = tmp_path / "escapes.pt.trace.json"
+    path.write_text(json.dumps({"schemaVersion": 1, "traceEvents": events, "traceName": "x"}))
+    monkeypatch.setattr(trace_json, "_CHUNK", chunk)
+    host = read_session([path]).hosts[0].planes
+    read = sorted(name for plane in host for name in plane.event_names.values())
+    assert read == sorted(json.loads(path.read_text())["traceEvents"][i]["name"] for i in range(len(names)))
+
+
 # ---- FLOPs from the CPU ops' input shapes ------------------------------------------------------------------------
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "shared" / "xdiag"
 
 LAYERS = [
-    {"errors", "ids", "model", "local_ports", "disk_cache"},
+    {"errors", "ids", "model", "local_ports", "disk_cache", "sizes"},
     {"profile"},
     {"analysis"},
     {"tools"},

@@ -447,6 +447,39 @@ def test_a_gzip_bomb_is_refused_while_it_is_decoded_never_inflated_whole(cloud, 
     assert store.local_path(aligned).stat().st_size == 6 * 2**20
 
 
+def test_a_gzip_bomb_writes_nothing_decoded_to_the_download_cache_before_it_is_refused(cloud, tmp_path):
+    """Failed before: the bomb was refused only once its decoded bytes reached the limit, written to the cache as they
+    came (2 GiB on the stack); the cache is watched here while it is refused."""
+    import gzip
+    import threading
+
+    from xdiag.cloud.gcs import GcsBlobStore, split_uri, storage_client
+    from xdiag.errors import ProfileError
+
+    uri = session_prefix(cloud.config.profile_root, "bomb-run", "s4") + "host0.xplane.pb"
+    blob = storage_client(cloud.config.project).bucket(split_uri(uri)[0]).blob(split_uri(uri)[1])
+    blob.content_encoding = "gzip"
+    blob.upload_from_string(gzip.compress(bytes(64 * 2**20), compresslevel=9) * 8)  # 512 MiB decoded
+    store = GcsBlobStore(storage_client(cloud.config.project), tmp_path / "cache", max_object_bytes=256 * 2**20)
+    largest, done = [0], threading.Event()
+
+    def watch() -> None:  # the decoded bytes on disk (the stored, compressed download ends in .gz)
+        while not done.is_set():
+            sizes = [f.stat().st_size for f in (tmp_path / "cache").rglob("*.part") if f.is_file()]
+            largest[0] = max([largest[0], *sizes])
+            time.sleep(0.005)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        with pytest.raises(ProfileError, match="decodes to more than the 256 MiB limit"):
+            store.local_path(uri)
+    finally:
+        done.set()
+        watcher.join()
+    assert largest[0] == 0, f"{largest[0]} decoded bytes written before the refusal"
+
+
 def test_a_sweeper_whose_clock_is_an_hour_ahead_repairs_no_analysis_that_is_on_time(cloud):
     """Failed before: the sweeper compared the stages' times with its own clock and "repaired" 46 of 50 healthy
     analyses when that clock was an hour ahead. It runs here in a process whose clock is an hour ahead (its
@@ -512,3 +545,66 @@ def test_a_full_disk_evicts_the_download_cache_and_then_says_no_space_left_on_de
     assert a["size"] == b["size"] == c["size"] == 1_200_000  # c fitted once a and b were evicted
     assert sorted(c["kept"]) == ["host0.xplane.pb", "host0.xplane.pb"]  # a and b were in the cache before c
     assert "No space left on device" in huge["error"] and "every other download evicted" in huge["error"]
+
+
+def _hold_over_limit_upload(port: int, path: str) -> "socket.socket":
+    """A client that announces a 100 MB body, sends 1 KB of it and keeps the connection open."""
+    import socket
+
+    held = socket.create_connection(("127.0.0.1", port), timeout=30)
+    held.sendall(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                 f"Content-Length: 100000000\r\n\r\n".encode() + b"x" * 1000)
+    return held
+
+
+def _status_line(sock) -> bytes:
+    return sock.recv(200).split(b"\r\n", 1)[0]
+
+
+@pytest.mark.parametrize("function, path", [("register", f"/projects/p/topics/{'profile-uploads'}"),
+                                            ("control_plane", "/v1/runs")])
+def test_clients_holding_over_limit_uploads_open_stall_no_other_request_to_the_function(local_stack, function, path):
+    """Failed before: each over-limit upload was answered 413 at once, but the server then drained its body (5 s on
+    a server thread) and lingered over closing it (2 s on its event-loop thread, one connection after another):
+    with 24 such clients held open, another request to the same function waited 14 s or timed out at 30 s."""
+    import http.client
+
+    port = local_stack.ports[function]
+    held = [_hold_over_limit_upload(port, path) for _ in range(24)]
+    try:
+        assert {_status_line(sock) for sock in held[:4]} == {b"HTTP/1.1 413 Request Entity Too Large"}
+        # Another request, while the 24 are held: answered (what it answers does not matter here). The deadline
+        # is what a caller's own timeout would be; the stall was 14 s to 30 s and more.
+        other = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        other.request("GET", path)
+        assert other.getresponse().status in (200, 401, 404, 405), function
+    finally:
+        for sock in held:
+            sock.close()
+
+
+def test_a_chunked_body_over_the_limit_is_refused_413(local_stack):
+    """Failed before: a chunked body over the limit got 500 (the limit was found while the function read it)."""
+    import socket
+
+    with socket.create_connection(("127.0.0.1", local_stack.ports["control_plane"]), timeout=30) as sock:
+        sock.sendall(b"POST /v1/runs HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     b"Transfer-Encoding: chunked\r\n\r\n" + b"30000\r\n" + b"x" * 0x30000 + b"\r\n0\r\n\r\n")
+        assert _status_line(sock) == b"HTTP/1.1 413 Request Entity Too Large"
+
+
+def test_a_hostile_trace_fails_on_its_first_delivery_with_a_one_line_reason(cloud):
+    """Failed before: a string `ts` raised in collect (a traceback); the analysis failed only after five deliveries,
+    with the raw exception as its reason."""
+    import gzip
+
+    from xdiag.cloud.runtime import FAILURES
+
+    run, session = f"hostile-trace-{uuid.uuid4().hex[:6]}", "s1"
+    uri = session_prefix(cloud.config.profile_root, run, session) + "rank0.pt.trace.json.gz"
+    cloud.blobs.put(uri, gzip.compress(b'{"traceEvents": [{"ph": "X", "name": "a", "ts": "soon", "dur": 1}]}'))
+    analysis = cloud.finished(run, session)
+    reason = analysis["failure_reason"]
+    assert analysis["status"] == "FAILED" and reason == "rank0.pt.trace.json.gz: event 0: 'ts' is 'soon', not a time in µs"
+    retried = [doc for _, doc in cloud.state.list(FAILURES) if analysis["analysis_id"] in json.dumps(doc)]
+    assert not retried, retried  # refused on its first delivery: nothing was redelivered

@@ -112,7 +112,7 @@ def test_text_mode_mangled_profile_is_refused_with_the_cause(tmp_path):
 
 
 def test_oversized_session_is_refused_before_reading(cpu_profiles):
-    with pytest.raises(ProfileError, match=r"over the 0\.00 GiB limit"):
+    with pytest.raises(ProfileError, match=r"profile is [\d.]+ [KMG]iB, over the 1000 bytes limit"):
         read_session([cpu_profiles["healthy"]], max_bytes=1000)
 
 

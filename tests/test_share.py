@@ -9,6 +9,7 @@ endpoint checks its signature and expiry as Cloud Storage would, since the Cloud
 
 from __future__ import annotations
 
+import json
 import time
 from urllib.parse import parse_qsl, urlsplit
 
@@ -41,13 +42,17 @@ def _as(google: FakeGoogleCerts, email: str) -> dict[str, str]:
     return bearer(google.token(email, AUDIENCE))
 
 
+def _iam(google: FakeGoogleCerts, **env: str) -> Access:
+    return Access.from_env({"XDIAG_CONTROL_PLANE_AUTH": "iam", "XDIAG_CONTROL_PLANE_AUDIENCE": AUDIENCE,
+                            "XDIAG_ID_TOKEN_CERTS_URL": google.url, "XDIAG_CONTROL_PLANE_ADMINS": f"user:{ADMIN}", **env})
+
+
 @pytest.fixture
 def plane(tmp_path, monkeypatch, google):
+    """The control plane as deployed: behind IAM, on Cloud Run (K_SERVICE set, as Cloud Run sets it)."""
     monkeypatch.setenv(SHARE_KEY_ENV, str(new_signing_key(tmp_path / "key.json", "xdiag-local")))
     monkeypatch.setenv(LINK_BASE_ENV, LINK_BASE)
-    access = Access.from_env({"XDIAG_CONTROL_PLANE_AUTH": "iam", "XDIAG_CONTROL_PLANE_AUDIENCE": AUDIENCE,
-                              "XDIAG_ID_TOKEN_CERTS_URL": google.url, "XDIAG_CONTROL_PLANE_ADMINS": f"user:{ADMIN}"})
-    plane = Plane(tmp_path, access)
+    plane = Plane(tmp_path, _iam(google, K_SERVICE="xdiag-control-plane"))
     alice = _as(google, "alice@example.com")
     status, _ = plane.call("PATCH", f"/v1/machineLearningRuns?update_mask={SDK_MASK}&allow_missing=true", SDK_BODY,
                            headers=alice)
@@ -150,6 +155,19 @@ def test_on_cloud_run_the_token_its_front_end_checked_names_the_caller_and_no_ot
                        "unverified e-mail": google.token(alice, AUDIENCE, email_verified=False)}.items():
         status, answer = plane.call("GET", f"/v1/runs/{RUN}", headers=bearer(as_cloud_run_forwards(token)))
         assert status == 401, (why, answer)
+
+
+def test_off_cloud_run_a_token_stripped_of_its_signature_is_refused(tmp_path, google):
+    """Failed before: a token whose signature was `SIGNATURE_REMOVED_BY_GOOGLE` was read on its claims wherever the
+    control plane ran, so an administrator's e-mail got 200 from anyone who could reach it."""
+    plane = Plane(tmp_path, _iam(google))  # no K_SERVICE: not behind Cloud Run's front end
+    try:
+        stripped = bearer(as_cloud_run_forwards(google.token(ADMIN, AUDIENCE)))
+        status, answer = plane.call("GET", "/v1/runs", headers=stripped)
+        assert status == 401 and "does not run behind it" in json.dumps(answer), answer
+        assert plane.call("GET", "/v1/runs", headers=_as(google, ADMIN))[0] == 200  # a signed token still names them
+    finally:
+        use_runtime(None)
 
 
 def test_a_run_is_read_by_its_owners_readers_and_administrators_only_and_only_owners_name_readers(plane, google):

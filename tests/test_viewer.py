@@ -279,3 +279,20 @@ def test_xdiag_view_of_a_session_holding_only_a_pytorch_trace_says_where_to_open
     assert [s.session for s in plan.traces] == [analysis.session_id]
     assert len(plan.sessions) == 1 and all(f.endswith(".xplane.pb") for f in plan.sessions[0].files)
     assert any("Perfetto" in note and str(trace) in note for note in plan.notes), plan.notes
+
+
+def test_a_name_that_would_forge_terminal_output_is_shown_escaped_among_the_skipped(tmp_path):
+    """Failed before: `xdiag view` printed a skipped object's name raw, so a newline or an escape sequence in it
+    wrote lines (and colours) of the attacker's choosing."""
+    from xdiag.cloud.memory import LocalBlobStore
+    from xdiag.viewer.sources import _skipped_notes
+    from xdiag.viewer.tree import bucket_sessions
+
+    blobs = LocalBlobStore(buckets=tmp_path / "buckets")
+    forged = "gs://b/run\x1b[2J\x1b[31m/plugins/profile/s1\n  good-run: s2 programmatic http:\\evil.example/h.xplane.pb"
+    blobs.put(forged, b"attacker's bytes")
+    found = bucket_sessions(blobs, "gs://b")
+    said = "\n".join(_skipped_notes(found.skipped, "gs://b"))
+    assert not found.sessions and "skipped 1 object(s)" in said
+    assert "\x1b" not in said and "\\x1b[2J" in said, said
+    assert not any(line.lstrip().startswith("good-run") for line in said.splitlines()), said

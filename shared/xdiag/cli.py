@@ -322,6 +322,7 @@ def demo(
 # --- the event-driven pipeline: the local stack, uploads, status ------------------------------------------
 
 STACK_DIR = typer.Option("--stack-dir", envvar="XDIAG_STACK_DIR", help="Where the local stack keeps its state and logs.")
+STATUS_PROBE_S = 5.0  # `xdiag status` waits this long for one document before it calls Firestore unresponsive
 
 
 def _cloud_config(stack_dir: Path, bucket: Optional[str] = None):
@@ -465,6 +466,7 @@ def status(
     that is down where one does not answer."""
     from xdiag.cloud.operations import read_status, state_store, unreachable_emulators, within
     from xdiag.ids import check_run_id
+    from xdiag.pipeline.run_index import RUNS
 
     config = _cloud_config(stack_dir)
     if run is not None:
@@ -472,11 +474,14 @@ def status(
     down = unreachable_emulators()
     if down:
         _fail("; ".join(down) + " (`xdiag up` starts again what of the local stack is down)", 1)
+    what = f"Firestore (project {config.project})"
     try:
-        report = within(timeout, f"Firestore (project {config.project})",
-                        lambda: read_status(state_store(config), run, config.stage_deadline_s))
+        state = state_store(config)
+        # One document first: a Firestore that takes connections and never answers (frozen) is told in seconds.
+        within(min(timeout, STATUS_PROBE_S), what, lambda: state.get(RUNS, "xdiag-status-probe"))
+        report = within(timeout, what, lambda: read_status(state, run, config.stage_deadline_s))
     except TimeoutError as exc:
-        _fail(f"{exc}: it is down or unreachable", 1)
+        _fail(f"{exc}: it is down, frozen or unreachable", 1)
     if as_json:
         sys.stdout.write(json.dumps(report, indent=2, default=str) + "\n")
         return
@@ -839,8 +844,10 @@ def view(
     view_dir = view_dir.absolute()
     source = _bucket_source(stack_dir, view_dir) if bucket else None
     plan = plan_view(view_dir, store.absolute(), source, run or [])
-    for note in plan.notes:
-        err.print(f"[dim]{note}[/]", highlight=False, soft_wrap=True)
+    from rich.markup import escape
+
+    for note in plan.notes:  # names from the store and the bucket: brackets in them are text, not markup
+        err.print(f"[dim]{escape(note)}[/]", highlight=False, soft_wrap=True)
     if not plan.sessions and plan.traces:
         err.print(f"only PyTorch/Chrome traces here ({len(plan.traces)} session(s)): nothing for XProf's viewer to "
                   "show; each can be opened where said above", highlight=False, soft_wrap=True)

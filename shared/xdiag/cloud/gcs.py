@@ -6,8 +6,9 @@ half-written one); the least recently used entries go when the cache outgrows it
 being written when the disk is full (the download is then tried once more).
 
 An object is downloaded as stored (never transcoded by the service) and no larger than `max_object_bytes`: its stored
-size is checked first, and one stored with `Content-Encoding: gzip` is inflated here, chunk by chunk, stopping at the
-limit, so a small compressed object cannot fill the disk (in Cloud Functions, memory) before any size check.
+size is checked first, and one stored with `Content-Encoding: gzip` is inflated here, chunk by chunk, its decoded size
+counted to the limit before anything is written, so a small compressed object fills neither the disk (in Cloud
+Functions, memory) nor the cache on its way to the refusal.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from google.cloud import storage
 
 from xdiag.disk_cache import evict_least_recent
 from xdiag.errors import ProfileError
+from xdiag.sizes import readable_size
 from xdiag.pipeline.ports import BlobInfo
 
 DEFAULT_CACHE_BYTES = 4 * 2**30
@@ -46,6 +48,26 @@ def storage_client(project: str | None = None) -> storage.Client:
 
         return storage.Client(project=project or "xdiag-local", credentials=AnonymousCredentials())
     return storage.Client(project=project)
+
+
+def _inflated(compressed: Path, uri: str):
+    """The decoded bytes of a gzip file, INFLATE_CHUNK at a time, every member in turn; ProfileError where it is not
+    valid gzip."""
+    inflate = zlib.decompressobj(wbits=32 + zlib.MAX_WBITS)  # a gzip header
+    try:
+        with open(compressed, "rb") as source:
+            while chunk := source.read(INFLATE_CHUNK):
+                while chunk:
+                    data = inflate.decompress(chunk, INFLATE_CHUNK)
+                    chunk = inflate.unconsumed_tail
+                    if inflate.eof:  # one gzip member ends; a file may hold several, each decoded in turn
+                        # The input after the member is in unused_data; where the member's end fell on the output
+                        # limit, unconsumed_tail holds the same bytes again (reading both doubled them each member).
+                        chunk = inflate.unused_data
+                        inflate = zlib.decompressobj(wbits=32 + zlib.MAX_WBITS)
+                    yield data
+    except zlib.error as exc:
+        raise ProfileError(f"{uri} is stored with Content-Encoding: gzip but is not valid gzip: {exc}") from None
 
 
 def _info(uri: str, blob: storage.Blob) -> BlobInfo:
@@ -158,35 +180,27 @@ class GcsBlobStore:
 
     def _download(self, uri: str, blob: storage.Blob, path: Path) -> None:
         """The object's bytes into `path` as stored, gzip-encoded ones inflated here; ProfileError where the stored or
-        the decoded size is over the limit (the decoding stops there)."""
+        the decoded size is over the limit (the decoded size is counted first, writing nothing; it stops there)."""
         limit = self.max_object_bytes
         if limit is not None and (blob.size or 0) > limit:
-            raise ProfileError(f"{uri} is {blob.size / 2**30:.2f} GiB as stored, over the {limit / 2**30:.2f} GiB limit")
+            raise ProfileError(f"{uri} is {readable_size(blob.size)} as stored, over the {readable_size(limit)} limit")
         if (blob.content_encoding or "").lower() != "gzip":
             blob.download_to_filename(str(path), raw_download=True)
             return
         compressed = path.with_name(path.name + ".gz")
         blob.download_to_filename(str(compressed), raw_download=True)
-        inflate, written = zlib.decompressobj(wbits=32 + zlib.MAX_WBITS), 0  # a gzip header
         try:
-            with open(compressed, "rb") as source, open(path, "wb") as out:
-                while chunk := source.read(INFLATE_CHUNK):
-                    while chunk:
-                        data = inflate.decompress(chunk, INFLATE_CHUNK)
-                        chunk = inflate.unconsumed_tail
-                        if inflate.eof:  # one gzip member ends; a file may hold several, each decoded in turn
-                            # The input after the member is in unused_data; where the member's end fell on the output
-                            # limit, unconsumed_tail holds the same bytes again (reading both doubled them each member).
-                            chunk = inflate.unused_data
-                            inflate = zlib.decompressobj(wbits=32 + zlib.MAX_WBITS)
-                        written += len(data)
-                        if limit is not None and written > limit:
-                            raise ProfileError(
-                                f"{uri} is stored with Content-Encoding: gzip ({blob.size} bytes) and decodes to more "
-                                f"than the {limit / 2**30:.2f} GiB limit; decoding stopped there")
-                        out.write(data)
-        except zlib.error as exc:
-            raise ProfileError(f"{uri} is stored with Content-Encoding: gzip but is not valid gzip: {exc}") from None
+            if limit is not None:  # counted before a byte is written: a bomb fills no disk on its way to the refusal
+                decoded = 0
+                for data in _inflated(compressed, uri):
+                    decoded += len(data)
+                    if decoded > limit:
+                        raise ProfileError(
+                            f"{uri} is stored with Content-Encoding: gzip ({blob.size} bytes) and decodes to more "
+                            f"than the {readable_size(limit)} limit; decoding stopped there")
+            with open(path, "wb") as out:
+                for data in _inflated(compressed, uri):
+                    out.write(data)
         finally:
             compressed.unlink(missing_ok=True)
 

@@ -390,13 +390,14 @@ class LocalStack:
                    "firestore", deadline)
 
     def _start_storage(self, tools: Prerequisites, deadline: float) -> None:
-        """fake-gcs-server on its filesystem backend (the objects outlive it; `storage_backend`), publishing
+        """fake-gcs-server on its filesystem backend (the objects outlive it; `storage_backend`), allowed to write in
+        its folder only (xdiag.cloud.confine: it takes an object name for a path, `../` and all), publishing
         OBJECT_FINALIZE on `profile-uploads` (the topic must exist first), and the bucket."""
         root = self.data_dir / "storage"
         root.mkdir(parents=True, exist_ok=True)
         self._spawn(
             "storage",
-            [tools.fake_gcs, "-scheme", "http", "-host", HOST, "-port", str(self.ports["storage"]),
+            [sys.executable, "-m", "xdiag.cloud.confine", str(root), tools.fake_gcs, "-scheme", "http", "-host", HOST, "-port", str(self.ports["storage"]),
              "-external-url", f"http://{HOST}:{self.ports['storage']}", "-backend", self.settings.storage_backend,
              "-filesystem-root", str(root), "-log-level", "warn",
              "-event.pubsub-project-id", self.settings.project, "-event.pubsub-topic", TOPIC_PROFILE_UPLOADS,
@@ -690,6 +691,10 @@ class LocalStack:
         """SIGSTOPs a function's process group: an instance that hangs holding the deliveries pushed to it (the
         emulator then redelivers none of them before their ack deadline, 600 s). `restart` ends it."""
         self._signal(name, signal.SIGSTOP)
+
+    def thaw(self, name: str) -> None:
+        """SIGCONTs a service `freeze` stopped."""
+        self._signal(name, signal.SIGCONT)
 
     def restart(self, name: str, timeout_s: float = 60.0) -> None:
         """Starts a function again on its port (after `kill`)."""

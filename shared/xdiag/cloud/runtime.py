@@ -336,14 +336,21 @@ MAX_PUSH_BODY_BYTES = 14 * 2**20  # a Pub/Sub message is at most 10 MB, pushed b
 
 
 def refuse_bodies_over(max_bytes: int) -> None:
-    """A request body over `max_bytes` is answered 413 at the door, before it is read (a larger one holds a server
-    thread while it streams in). functions-framework imports a function's source inside its Flask app's context, so
-    the decorators below set the app's limit (the largest, where one app serves several functions)."""
+    """A request body over `max_bytes` is answered 413 at the door, before it is read, and its connection closed off
+    the server's event loop (xdiag.cloud.body_limit): a client holding one open stalls nobody. functions-framework
+    imports a function's source inside its Flask app's context, so the decorators below set the app's limit (the
+    largest, where one app serves several functions)."""
     import flask
 
+    from xdiag.cloud.body_limit import BodyLimit, release_refused_connections
+
     if flask.has_app_context():
-        config = flask.current_app.config
-        config["MAX_CONTENT_LENGTH"] = max(config.get("MAX_CONTENT_LENGTH") or 0, max_bytes)
+        app = flask.current_app
+        if isinstance(app.wsgi_app, BodyLimit):
+            app.wsgi_app.max_bytes = max(app.wsgi_app.max_bytes, max_bytes)
+        else:
+            app.wsgi_app = BodyLimit(app.wsgi_app, max_bytes)
+        release_refused_connections()
 
 
 

@@ -24,6 +24,7 @@ from xdiag.pipeline.runs import CaptureSettings, MonitorSettings
 from xdiag.profile.compact import load_session, save_session
 from xdiag.profile.reader import DEFAULT_MAX_PROFILE_BYTES, assemble_session, read_session, read_threads
 from xdiag.profile.space import Session
+from xdiag.sizes import readable_size
 from xdiag.tools import host_summary
 from xdiag.tools.common import adopt_stored_views, adopt_views, broad_view_calls, prefetch_views
 
@@ -226,8 +227,8 @@ class SessionLoader:
                     total = sum(info.size for info in key)
                     if total > self._max_bytes:
                         raise ProfileError(
-                            f"the session's {len(key)} host files are {total / 2**30:.2f} GiB together, over the "
-                            f"{self._max_bytes / 2**30:.2f} GiB limit per session (XDIAG_MAX_PROFILE_GIB: what the "
+                            f"the session's {len(key)} host files are {readable_size(total)} together, over the "
+                            f"{readable_size(self._max_bytes)} limit per session (XDIAG_MAX_PROFILE_GIB: what the "
                             f"reduce and each tool instance map where a session's hosts cannot be summarised: "
                             f"{why_not}); capture a shorter window or raise the limit "
                             "with their memory")

@@ -22,6 +22,7 @@ from typing import Any
 
 from xdiag.errors import InvalidRequest, PoisonMessage, ProfileError, UnknownTool
 from xdiag.investigators import MAX_FOLLOW_UP_CALLS, checked_verdict, health_snapshot
+from xdiag.sizes import readable_size
 from xdiag.model import (
     Analysis,
     CaptureReady,
@@ -233,8 +234,8 @@ def beyond_limits(deps: Dependencies, files: list[BlobInfo]) -> str | None:
                 "(XDIAG_MAX_HOSTS); analyse a subset of its hosts in a session of their own")
     big = [info for info in files if info.size > deps.max_host_file_bytes]
     if big:
-        return (f"{big[0].uri.rsplit('/', 1)[-1]} is {big[0].size / 2**30:.2f} GiB, over the limit of "
-                f"{deps.max_host_file_bytes / 2**30:.2f} GiB per host file (XDIAG_MAX_HOST_FILE_GIB); capture a shorter "
+        return (f"{big[0].uri.rsplit('/', 1)[-1]} is {readable_size(big[0].size)}, over the limit of "
+                f"{readable_size(deps.max_host_file_bytes)} per host file (XDIAG_MAX_HOST_FILE_GIB); capture a shorter "
                 "window, or raise the limit with the memory of map_host")
     return None
 

@@ -28,6 +28,7 @@ import numpy as np
 from google.protobuf.message import DecodeError
 
 from xdiag.errors import ProfileError
+from xdiag.sizes import readable_size
 from xdiag.profile import schema, wire
 from xdiag.profile.columns import unique_with_inverse
 from xdiag.profile.locate import is_trace_file
@@ -680,7 +681,7 @@ def session_bytes(paths: list[Path], max_bytes: int) -> int:
     total = sum(p.stat().st_size for p in paths if p.exists())
     if total > max_bytes:
         raise ProfileError(
-            f"profile is {total / 1024**3:.2f} GiB, over the {max_bytes / 1024**3:.2f} GiB limit; "
+            f"profile is {readable_size(total)}, over the {readable_size(max_bytes)} limit; "
             "capture a shorter window or raise --max-profile-gib"
         )
     return total

@@ -18,10 +18,13 @@ is a plane (`/device:TPU:0`, `/host:CPU`), each thread a line, each event's args
 from __future__ import annotations
 
 import gzip
+import math
 import re
+import zlib
 from array import array
 from decimal import Decimal
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import ijson
@@ -29,6 +32,7 @@ import numpy as np
 
 from xdiag.errors import ProfileError
 from xdiag.profile.locate import trace_stem
+from xdiag.sizes import readable_size
 from xdiag.profile.space import (
     NO_VALUE, NUMERIC_STATS, STRING_STATS, HostProfile, Line, Plane, Session, StatColumns, TimeColumn,
 )
@@ -78,6 +82,158 @@ _TOP_KEYS = ("deviceProperties", "distributedInfo")
 first), so only what the analyses use."""
 _CHUNK = 1 << 20
 
+TRACE_MAX_DECODED_BYTES = 1024**3
+"""A trace file's size once inflated, checked while it inflates (a small gzip file can inflate to any size): room for
+TRACE_MAX_EVENTS events of up to 1.7 KiB each."""
+TRACE_MAX_EVENTS = 600_000
+"""Items of `traceEvents` read from one file (a Kineto trace of about 150 MB): what reading and analysing a trace
+holds grows with its events (up to about 560 bytes an event, where every CPU op is costed), so this bounds its memory
+whatever it holds: 512 MiB (bench/README.md, "Hostile traces")."""
+TRACE_MAX_TEXT_BYTES = 32 * 1024**2
+"""The distinct texts kept from one file (event, thread and process names, string stats, op labels), all together."""
+TRACE_MAX_DEPTH = 64
+"""Nesting of arrays and objects (a Kineto event is 4 deep): the parser's path to a value grows with the depth."""
+TRACE_MAX_STRING_BYTES = 1024**2
+"""One string, as written: the parser holds a string whole before it hands it on (Kineto's longest are kernel
+names and stacks, a few KiB)."""
+TRACE_MAX_NUMBER_CHARS = 100
+"""One number (or true, false, null), as written: ijson's C parser ends the process on an integer of more than
+4,300 digits instead of raising."""
+TRACE_MAX_EVENT_BYTES = 1024**2
+"""One event, or one top-level value other than `traceEvents`, as written: each is built whole as Python objects."""
+TRACE_MAX_TOP_VALUES = 1000
+"""Arrays and objects at the top level of a trace object (Kineto writes a dozen keys beside `traceEvents`)."""
+_MAX_TIME_PS = 86_400 * 10**12
+"""An event's time from the file's first event, and its duration: a profile spans seconds to hours, never a day."""
+
+_BRACKET = np.zeros(256, np.int8)  # +1 opens an array or object, -1 closes one
+_BRACKET[[ord("{"), ord("[")]] = 1
+_BRACKET[[ord("}"), ord("]")]] = -1
+_LITERAL = np.ones(256, bool)  # a byte of a number, true, false or null where it is outside a string
+_LITERAL[list(b'{}[],:" \t\r\n')] = False
+_QUOTE, _BACKSLASH = ord('"'), ord("\\")
+_EXEMPT = -1  # the start recorded for the one container the event limit does not bind: `traceEvents` itself
+
+
+class _JsonShape:
+    """Checks the JSON text as it streams, a chunk at a time and before the parser sees that chunk, so the parser never
+    holds more than the limits allow: nesting depth, one string's and one number's length, one event's size. Columnar
+    (numpy over the chunk's bytes), so the check costs a fraction of the parse."""
+
+    def __init__(self, name: str, top_is_array: bool):
+        self.name, self.top_is_array = name, top_is_array
+        self.offset = 0  # bytes checked before this chunk
+        self.tail = b""  # the last bytes of the previous chunk: what precedes a container that opens at a chunk's start
+        self.in_string, self.string_start = False, 0
+        self.backslashes = 0  # the run of backslashes that ended the previous chunk
+        self.literal_run = 0  # the number (or literal) the previous chunk ended in, so far
+        self.depth = 0
+        self.top_values = 0
+        # Depths whose containers the event limit binds -> the start of the one open there (None: none is open).
+        self.bounded: dict[int, int | None] = {2: None} if top_is_array else {2: None, 3: None}
+
+    def _refuse(self, what: str) -> ProfileError:
+        return ProfileError(f"{self.name}: {what}; not read (a trace is refused past the reader's limits)")
+
+    def feed(self, chunk: bytes) -> None:
+        data = np.frombuffer(chunk, np.uint8)
+        quotes = data == _QUOTE
+        backslashes = data == _BACKSLASH
+        if self.backslashes or backslashes.any():
+            self._unmark_escaped(quotes, backslashes)
+        inside = np.cumsum(quotes, dtype=np.int32)
+        if self.in_string:
+            inside += 1
+        inside &= 1  # 1 from an opening quote to the byte before its closing quote
+        self._check_strings(np.flatnonzero(quotes), len(data))
+        self._check_literals(_LITERAL[data] & (inside == 0))
+        at = np.flatnonzero((_BRACKET[data] != 0) & (inside == 0))
+        self._check_containers(chunk, at, _BRACKET[data[at]])
+        self.offset += len(data)
+        self.tail = chunk[-64:]
+
+    def _unmark_escaped(self, quotes: np.ndarray, backslashes: np.ndarray) -> None:
+        """A quote after an odd run of backslashes is escaped (the run may have begun in the previous chunk)."""
+        edges = np.flatnonzero(np.diff(backslashes.view(np.int8), prepend=0, append=0))
+        run_starts, run_ends = edges[0::2], edges[1::2]  # each run of backslashes: [start, end)
+        if len(run_starts) and run_starts[0] == 0:
+            run_starts[0] -= self.backslashes
+        escaped = run_ends[run_ends < len(quotes)]
+        escaped = escaped[quotes[escaped] & ((escaped - run_starts[: len(escaped)]) % 2 == 1)]
+        quotes[escaped] = False
+        if self.backslashes % 2 and not backslashes[0]:  # the previous chunk's run ends right before this one
+            quotes[0] = False
+        if len(run_ends) and run_ends[-1] == len(quotes):
+            self.backslashes = int(run_ends[-1] - run_starts[-1])
+        else:
+            self.backslashes = 0
+
+    def _check_strings(self, quotes: np.ndarray, size: int) -> None:
+        at = quotes.astype(np.int64) + self.offset
+        if self.in_string:
+            at = np.concatenate(([self.string_start], at))
+        starts, ends = at[0::2], at[1::2]
+        longest = int((ends - starts[: len(ends)]).max()) if len(ends) else 0
+        self.in_string = len(starts) > len(ends)
+        if self.in_string:
+            self.string_start = int(starts[-1])
+            longest = max(longest, self.offset + size - self.string_start)
+        if longest > TRACE_MAX_STRING_BYTES:
+            raise self._refuse(f"a string of more than {readable_size(TRACE_MAX_STRING_BYTES)}")
+
+    def _check_literals(self, literal: np.ndarray) -> None:
+        limit, others = TRACE_MAX_NUMBER_CHARS, np.flatnonzero(~literal[: TRACE_MAX_NUMBER_CHARS + 1])
+        leading = int(others[0]) if len(others) else len(literal)  # the run the previous chunk began goes on so far
+        others_seen = np.cumsum(~literal, dtype=np.int32)  # a run longer than the limit: as many others at both ends
+        if self.literal_run + leading > limit or bool((others_seen[limit:] == others_seen[:-limit]).any()):
+            raise self._refuse(f"a number (or literal) of more than {limit} characters")
+        last_other = len(literal) - 1 - int(np.argmin(literal[::-1])) if not literal.all() else -1
+        self.literal_run = len(literal) - 1 - last_other + (self.literal_run if last_other < 0 else 0)
+
+    def _check_containers(self, chunk: bytes, at: np.ndarray, steps: np.ndarray) -> None:
+        depths = self.depth + np.cumsum(steps, dtype=np.int64)  # the depth after each bracket
+        if len(depths):
+            if int(depths.max()) > TRACE_MAX_DEPTH:
+                raise self._refuse(f"arrays or objects nested more than {TRACE_MAX_DEPTH} deep")
+            if int(depths.min()) < 0:
+                raise ProfileError(f"{self.name}: not valid JSON (a bracket closes what never opened)")
+            self.depth = int(depths[-1])
+        for depth in self.bounded:
+            opens = at[(steps == 1) & (depths == depth)]
+            closes = at[(steps == -1) & (depths == depth - 1)]
+            if depth == 2 and not self.top_is_array:
+                self._top_values(chunk, opens, closes)
+                continue
+            starts = opens.astype(np.int64) + self.offset
+            if self.bounded[depth] is not None:
+                starts = np.concatenate(([self.bounded[depth]], starts))
+            ends = closes.astype(np.int64) + self.offset
+            longest = int((ends - starts[: len(ends)]).max()) if len(ends) else 0
+            self.bounded[depth] = int(starts[-1]) if len(starts) > len(ends) else None
+            if self.bounded[depth] is not None:
+                longest = max(longest, self.offset + len(chunk) - self.bounded[depth])
+            if longest > TRACE_MAX_EVENT_BYTES:
+                raise self._refuse(f"an event of more than {readable_size(TRACE_MAX_EVENT_BYTES)}")
+
+    def _top_values(self, chunk: bytes, opens: np.ndarray, closes: np.ndarray) -> None:
+        """The top-level arrays and objects: each bound by the event limit, but `traceEvents`, whose events are."""
+        self.top_values += len(opens)
+        if self.top_values > TRACE_MAX_TOP_VALUES:
+            raise self._refuse(f"more than {TRACE_MAX_TOP_VALUES} arrays or objects beside the events")
+        start = self.bounded[2]
+        for position in sorted([*opens.tolist(), *closes.tolist()]):  # an open, its close, the next open...
+            if start is None:
+                before = (self.tail + chunk[:position])[-64:].rstrip()
+                is_events = before.endswith(b":") and before[:-1].rstrip().endswith(b'"traceEvents"')
+                start = _EXEMPT if is_events else self.offset + position
+            else:
+                if start != _EXEMPT and self.offset + position - start > TRACE_MAX_EVENT_BYTES:
+                    raise self._refuse(f"a top-level value of more than {readable_size(TRACE_MAX_EVENT_BYTES)}")
+                start = None
+        self.bounded[2] = start
+        if start not in (None, _EXEMPT) and self.offset + len(chunk) - start > TRACE_MAX_EVENT_BYTES:
+            raise self._refuse(f"a top-level value of more than {readable_size(TRACE_MAX_EVENT_BYTES)}")
+
 
 def trace_format(session: Session) -> str | None:
     """The trace format the session's files were read from (KINETO, XPROF_CHROME); None for xplanes."""
@@ -87,15 +243,22 @@ def trace_format(session: Session) -> str | None:
     return None
 
 
-def _ps(value: Any) -> int:
-    """µs (int, or Decimal with up to six fractional digits: ps) to integer ps, exactly."""
-    if isinstance(value, int):
-        return value * 1_000_000
-    if isinstance(value, Decimal):
-        return int(value * 1_000_000)
-    if isinstance(value, str):
-        return int(Decimal(value) * 1_000_000)
-    return int(round(float(value) * 1_000_000))
+def _ps(value: Any) -> int | None:
+    """µs (int, or Decimal with up to six fractional digits: ps; or the same as a string) to integer ps, exactly;
+    None where it is not a finite number."""
+    try:
+        if isinstance(value, bool):
+            return None
+        if isinstance(value, int):
+            return value * 1_000_000
+        if isinstance(value, float):
+            return round(value * 1_000_000) if math.isfinite(value) else None
+        if isinstance(value, (Decimal, str)):
+            number = Decimal(value)
+            return int(number * 1_000_000) if number.is_finite() else None
+        return None
+    except ArithmeticError:
+        return None
 
 
 class _LineColumns:
@@ -140,8 +303,8 @@ class _LineColumns:
 
 
 class _PlaneColumns:
-    def __init__(self, plane_id: int, name: str):
-        self.id, self.name = plane_id, name
+    def __init__(self, plane_id: int, name: str, hold_text: Callable[[str], None]):
+        self.id, self.name, self.hold_text = plane_id, name, hold_text
         self.names: dict[str, int] = {}
         self.metadata_stats: dict[int, dict[str, object]] = {}
         self.strings: dict[str, int] = {}
@@ -151,12 +314,14 @@ class _PlaneColumns:
     def name_id(self, name: str) -> int:
         found = self.names.get(name)
         if found is None:
+            self.hold_text(name)
             found = self.names[name] = len(self.names)
         return found
 
     def string_id(self, text: str) -> int:
         found = self.strings.get(text)
         if found is None:
+            self.hold_text(text)
             found = self.strings[text] = len(self.strings)
         return found
 
@@ -180,13 +345,14 @@ class _PlaneColumns:
 
 
 def _int(value: Any) -> int | None:
+    """The value as an int64 (a number, or a number's text); None where it is none, or out of range."""
+    if isinstance(value, (dict, list, bool)) or value is None:
+        return None
     try:
-        return int(value)
+        number = int(Decimal(value) if isinstance(value, str) else value)
     except (TypeError, ValueError, ArithmeticError):
-        try:
-            return int(Decimal(str(value)))
-        except ArithmeticError:
-            return None
+        return None
+    return number if -2**63 <= number < 2**63 else None
 
 
 def _kernel_details(args: dict) -> str | None:
@@ -219,21 +385,40 @@ class _TraceBuilder:
         self.op_costs: dict[tuple[int, int], dict] = {}  # (id of the host line, event index) -> op_cost of a CPU op
         self.cpu_ops_with_shapes = 0
         self.flops_unknown: str | None = None
+        self.text_bytes = 0  # distinct texts kept (TRACE_MAX_TEXT_BYTES)
+
+    def hold_text(self, text: str) -> None:
+        self.text_bytes += len(text) + 64  # 64: a str's and a dict entry's own cost
+        if self.text_bytes > TRACE_MAX_TEXT_BYTES:
+            raise ProfileError(f"more than {readable_size(TRACE_MAX_TEXT_BYTES)} of distinct names and texts; not read "
+                               "(a trace is refused past the reader's limits)")
 
     def _plane(self, key: object, name: str) -> _PlaneColumns:
         found = self.planes.get(key)
         if found is None:
-            found = self.planes[key] = _PlaneColumns(len(self.planes) + 1, name)
+            found = self.planes[key] = _PlaneColumns(len(self.planes) + 1, name, self.hold_text)
         return found
 
-    def add(self, event: dict) -> None:
+    def add(self, number: int, event: dict) -> None:
+        """Adds the file's event `number` (from 0); a ProfileError naming it where a field the analyses use is of the
+        wrong kind or out of range."""
+        args = event.get("args")
+        if args is None:
+            args = {}
+        elif not isinstance(args, dict):
+            raise ProfileError(f"event {number}: 'args' is {type(args).__name__ if args is not None else 'null'}, not "
+                               "an object")
+        for key in ("pid", "tid"):
+            if isinstance(event.get(key), (dict, list)):
+                raise ProfileError(f"event {number}: '{key}' is {type(event[key]).__name__}, not an id")
         phase = event.get("ph")
         if phase == "M":
-            args = event.get("args") or {}
             if event.get("name") == "process_name":
-                self.process_names[event.get("pid")] = str(args.get("name", ""))
+                self.process_names[event.get("pid")] = name = str(args.get("name", ""))
+                self.hold_text(name)
             elif event.get("name") == "thread_name":
-                self.thread_names[(event.get("pid"), event.get("tid"))] = str(args.get("name", ""))
+                self.thread_names[(event.get("pid"), event.get("tid"))] = name = str(args.get("name", ""))
+                self.hold_text(name)
             return
         if phase in ("s", "f", "t"):
             self.flows += 1
@@ -244,11 +429,19 @@ class _TraceBuilder:
         if category in _SKIPPED_CATEGORIES:
             return
         self.events += 1
+        start, duration = _ps(event["ts"]), _ps(event.get("dur", 0))
+        for field, value in (("ts", start), ("dur", duration)):
+            if value is None:
+                raise ProfileError(f"event {number}: '{field}' is {str(event.get(field))[:40]!r}, not a time in µs")
         if self.base_us is None:
-            self.base_us = int(event["ts"])
-        start = _ps(event["ts"]) - self.base_us * 1_000_000
-        duration = max(0, _ps(event.get("dur", 0)))
-        args = event.get("args") or {}
+            if abs(start // 1_000_000) >= 2**62 // 1000:  # the profile's clock is int64 ns
+                raise ProfileError(f"event {number}: 'ts' is {str(event['ts'])[:40]!r}, out of any clock's range")
+            self.base_us = start // 1_000_000
+        start -= self.base_us * 1_000_000
+        duration = max(0, duration)
+        if abs(start) > _MAX_TIME_PS or duration > _MAX_TIME_PS:
+            raise ProfileError(f"event {number}: 'ts' or 'dur' is more than a day from the trace's first event; not a "
+                               "profile's time")
         name = str(event.get("name", ""))
         if category:
             self.kineto_events += 1
@@ -292,12 +485,15 @@ class _TraceBuilder:
             cost = op_cost(name, args)
             if cost is not None:
                 if "flops" in cost:
+                    self.hold_text(cost["label"])
                     self.op_costs[(id(line), index)] = cost
                 elif self.flops_unknown is None:
                     self.flops_unknown = cost["reason"]
         step = _PROFILER_STEP.match(name)
         if step:
-            line.put(line.numeric, "step_num", index, int(step.group(1)))
+            number = _int(step.group(1))
+            if number is not None:
+                line.put(line.numeric, "step_num", index, number)
         correlation = _int(args.get("correlation"))
         if correlation is not None:
             line.put(line.numeric, "correlation_id", index, correlation)
@@ -440,8 +636,10 @@ class _TraceBuilder:
         index = line.add(name_id, start, duration)
         if name_id not in plane.metadata_stats and args:
             # XProf writes an op's cost (flops, bytes_accessed, hlo_category) on every event; the plane keeps it once.
-            plane.metadata_stats[name_id] = {k: _number_or_text(v) for k, v in args.items()
-                                             if k not in ("long_name", "source_stack", "memory_access_breakdown")}
+            plane.metadata_stats[name_id] = kept = {
+                k: _number_or_text(v) for k, v in args.items()
+                if k not in ("long_name", "source_stack", "memory_access_breakdown")}
+            self.hold_text("".join(f"{k}{v}" for k, v in kept.items()))
         for key, value in args.items():
             if key in NUMERIC_STATS:
                 number = _int(value)
@@ -465,8 +663,8 @@ class _TraceBuilder:
         if kineto:
             self._mark_cpu_ops()
         self._cost_kernels()
-        info = top.get("distributedInfo") or {}
-        rank = info.get("rank")
+        info = top.get("distributedInfo") if isinstance(top.get("distributedInfo"), dict) else {}
+        rank = _int(info.get("rank"))
         hostname = trace_stem(path.name)
         if rank is not None and len(str(hostname)) > 40:
             hostname = f"rank{rank}"
@@ -487,11 +685,14 @@ class _TraceBuilder:
         if host is None:
             host = self._plane("host", "/host:CPU")
         host.stats[FORMAT_STAT] = KINETO if kineto else XPROF_CHROME
-        info = top.get("distributedInfo") or {}
-        for key in ("rank", "world_size", "backend"):
-            if info.get(key) is not None:
-                host.stats[f"distributed_{key}"] = info[key] if key == "backend" else int(info[key])
-        properties = {int(p["id"]): p for p in top.get("deviceProperties") or [] if isinstance(p, dict) and "id" in p}
+        info = top.get("distributedInfo") if isinstance(top.get("distributedInfo"), dict) else {}
+        for key in ("rank", "world_size"):
+            if _int(info.get(key)) is not None:
+                host.stats[f"distributed_{key}"] = _int(info[key])
+        if isinstance(info.get("backend"), str):
+            host.stats["distributed_backend"] = info["backend"]
+        listed = top.get("deviceProperties") if isinstance(top.get("deviceProperties"), list) else []
+        properties = {_int(p.get("id")): p for p in listed if isinstance(p, dict) and _int(p.get("id")) is not None}
         devices = {key: plane for key, plane in self.planes.items() if isinstance(key, tuple) and key[0] == "device"}
         for key, plane in devices.items():
             found = properties.get(key[1])
@@ -500,7 +701,7 @@ class _TraceBuilder:
             if found is None:
                 continue
             name = str(found.get("name", ""))
-            amd = "AMD" in name or "warpSize" in found and int(found["warpSize"]) == 64
+            amd = "AMD" in name or "warpSize" in found and _int(found["warpSize"]) == 64
             plane.stats.update({
                 "gpu_device_name": name, "device_vendor": "AMD" if amd else "Nvidia",
                 "core_count": _int(found.get("numSms")), "memory_size": _int(found.get("totalGlobalMem")),
@@ -543,8 +744,10 @@ def _first_byte(path: Path) -> bytes:
 
 
 def read_trace_host(path: Path) -> HostProfile:
-    """Reads one Kineto or XProf Chrome trace file (plain or gzip) in one streamed pass; raises ProfileError when it
-    is neither (not JSON, or JSON without `traceEvents`)."""
+    """Reads one Kineto or XProf Chrome trace file (plain or gzip) in one streamed pass; raises ProfileError with a
+    one-line reason when it is neither (not JSON, or JSON without `traceEvents`), when it is malformed, or when it is
+    past the reader's limits (TRACE_MAX_*: inflated size, events, texts, nesting, one string, number or event), which
+    bound what reading it holds in memory whatever the file holds."""
     if not path.exists():
         raise ProfileError(f"{path}: no such file")
     if path.stat().st_size == 0:
@@ -556,31 +759,51 @@ def read_trace_host(path: Path) -> HostProfile:
         raise ProfileError(f"{path.name}: neither an XProf profile nor a Chrome/Kineto trace (it is not JSON: it "
                            f"starts with {first!r})")
     builder = _TraceBuilder()
+    shape = _JsonShape(path.name, top_is_array=first == b"[")
     events: list = ijson.sendable_list()
     events_parser = ijson.items_coro(events, "item" if first == b"[" else "traceEvents.item")
     top_values = {key: ijson.sendable_list() for key in (_TOP_KEYS if first == b"{" else ())}
     searching = {key: ijson.items_coro(values, key) for key, values in top_values.items()}
+    count = 0
+
+    def add_events() -> None:
+        nonlocal count
+        for event in events:
+            if count >= TRACE_MAX_EVENTS:
+                raise ProfileError(f"{path.name}: more than {TRACE_MAX_EVENTS:,} events; not read (a trace is refused "
+                                   "past the reader's limits)")
+            if isinstance(event, dict):
+                try:
+                    builder.add(count, event)
+                except ProfileError as exc:
+                    raise ProfileError(f"{path.name}: {exc}") from None
+            count += 1
+        del events[:]
+
     try:
         with _opened(path) as handle:
             while chunk := handle.read(_CHUNK):
+                if shape.offset + len(chunk) > TRACE_MAX_DECODED_BYTES:
+                    raise ProfileError(f"{path.name}: more than {readable_size(TRACE_MAX_DECODED_BYTES)} once "
+                                       "inflated; inflating stopped there")
+                shape.feed(chunk)
                 events_parser.send(chunk)
                 for key in list(searching):
                     searching[key].send(chunk)
                     if top_values[key]:
                         del searching[key]  # a key appears once: its parser stops as soon as it has it
-                for event in events:
-                    if isinstance(event, dict):
-                        builder.add(event)
-                del events[:]
+                add_events()
             for parser in (events_parser, *searching.values()):
                 parser.close()
-            for event in events:
-                if isinstance(event, dict):
-                    builder.add(event)
+            add_events()
     except ijson.common.IncompleteJSONError as exc:
-        raise ProfileError(f"{path.name}: not a complete JSON trace ({str(exc).strip()[:200]}); the file may be "
-                           "truncated") from None
-    except (OSError, EOFError) as exc:
+        reason = " ".join(str(exc).split())[:120]
+        if "premature EOF" in reason:
+            raise ProfileError(f"{path.name}: not a complete JSON trace ({reason}); the file may be truncated") from None
+        raise ProfileError(f"{path.name}: not valid JSON ({reason})") from None
+    except ijson.common.JSONError as exc:
+        raise ProfileError(f"{path.name}: not valid JSON ({' '.join(str(exc).split())[:120]})") from None
+    except (OSError, EOFError, zlib.error) as exc:
         raise ProfileError(f"{path.name}: unreadable ({exc})") from None
     top = {key: values[0] for key, values in top_values.items() if values}
     if first == b"{" and not builder.events and not builder.process_names:

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from xdiag.pipeline.identity import CERTS_URL_ENV, GOOGLE_CERTS_URL, Identity, listed_values
+from xdiag.pipeline.identity import CERTS_URL_ENV, CLOUD_RUN_ENV, GOOGLE_CERTS_URL, Identity, listed_values
 from xdiag.pipeline.run_index import DocumentReader, get_run, run_for_path
 
 AUTH_ENV = "XDIAG_VIEWER_AUTH"
@@ -44,7 +44,8 @@ class RunReaders:
 
         identity = Identity(iam=True, audiences=listed_values(env.get(AUDIENCE_ENV)),
                             admins=frozenset(listed_values(env.get(ADMINS_ENV))),
-                            certs_url=env.get(CERTS_URL_ENV) or GOOGLE_CERTS_URL)
+                            certs_url=env.get(CERTS_URL_ENV) or GOOGLE_CERTS_URL,
+                            on_cloud_run=bool(env.get(CLOUD_RUN_ENV)))
         return cls(identity, FirestoreRuns(firestore.Client(project=env.get("GOOGLE_CLOUD_PROJECT") or None)))
 
     def caller(self, environ: Mapping[str, Any]) -> str:

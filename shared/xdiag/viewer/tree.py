@@ -86,7 +86,7 @@ def local_store_sessions(store: Path) -> Found:
             for file in files:
                 check_name(Path(file).name.removesuffix(SUFFIX), "host file name")
         except InvalidRequest as exc:
-            skipped.append(f"{path}: {exc}")
+            skipped.append(f"{shown_name(str(path))}: {shown_name(str(exc), 400)}")
             continue
         entry = ViewSession(run=run.strip("/"), session=session, kind=kind_from_id(session), files=files,
                             source=str(store))
@@ -112,7 +112,7 @@ def bucket_sessions(blobs, root: str, kind_of: Callable[[str, str], str | None] 
             try:
                 check_profile_object(parsed)
             except InvalidRequest as exc:
-                skipped.append(f"{_shown(info.uri)}: {exc}")
+                skipped.append(f"{shown_name(info.uri)}: {shown_name(str(exc), 400)}")
                 continue
             key = f"{parsed.run}/{parsed.session}"
             if key not in sessions:
@@ -142,8 +142,11 @@ def trace_note(session: ViewSession) -> str:
             f"open {files}{fetch} in {TRACE_VIEWERS}; xdiag's analysis of it is in its report (`xdiag report`)")
 
 
-def _shown(uri: str, limit: int = 160) -> str:
-    return uri if len(uri) <= limit else uri[:limit - 1] + "…"
+def shown_name(name: str, limit: int = 160) -> str:
+    """A name from a bucket or a folder as a terminal line may show it: what is not printable (a newline, an escape
+    sequence) written as its escape, so a name cannot forge output; cut at `limit`."""
+    text = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in name)
+    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 def build_view_tree(view_root: Path, sessions: Iterable[ViewSession], local_copy: Callable[[str], Path]) -> list[ViewSession]:
