@@ -21,8 +21,10 @@ from xdiag.tools.registry import ToolOutput, tool
 )
 def get_hlo_op_profile(session: Session, top_n: int = 20) -> ToolOutput:
     """summary: op_count, distinct_ops, op_executions, total_op_time_ms, top_op, top_op_module, top_op_category,
-    top_op_share_percent, top_category, category_percent {category: % of op time}; program_hbm_* (the program's HBM
-    traffic, async copies included: roofline.program_hbm_traffic); from the op rows
+    top_op_share_percent, top_category, category_percent {category: % of op time}; the HBM traffic of the busiest
+    program, its async copies into VMEM included (roofline.program_hbm_traffic): program_hbm_module,
+    program_hbm_gb_per_s, program_hbm_efficiency_percent, program_hbm_async_copy_share_percent,
+    program_hbm_intensity_flop_per_byte, program_hbm_gb_per_run, program_hbm_note; from the op rows
     (roofline.roofline_summary): memory_bound_op_percent, memory_passes, memory_extra_pass_percent,
     memory_handed_on_percent (op time moving arrays one kernel writes only for one other to read back),
     memory_handed_on_by_product, memory_bandwidth_efficiency_percent, memory_bound_kind,
@@ -35,7 +37,11 @@ def get_hlo_op_profile(session: Session, top_n: int = 20) -> ToolOutput:
     (device_model, peak_tflops, peak_hbm_gb_per_s, ridge_flop_per_byte, flops_source, bandwidth_source,
     peak_warnings). detail: ops [top_n rows, each with
     arithmetic intensity, achieved GFLOP/s and GB/s, handed_on_share_of_bytes and handed_on_array where some of its
-    bytes pass between two kernels only, and on TPU/GPU bound, roof, roofline efficiency and not_a_measurement], categories_ms, xprof (device only)."""
+    bytes pass between two kernels only, and on TPU/GPU bound, roof, roofline efficiency and not_a_measurement;
+    roof_basis (8-bit or f32 operands' own peak), operands_on_chip_inferred (bytes no HBM could carry in its time:
+    no HBM rate shown), fed_by_async_copies (its operands prefetched into VMEM by a streaming program),
+    prefetched_hbm_bytes_per_run (a prefetch wait: the array it brought across HBM), and for a custom kernel no cost
+    model gives: bytes_floor_per_run, achieved_gb_per_s_floor, floor_basis], categories_ms, xprof (device only)."""
     stats = op_stats(session)
     if not stats:
         raise NotAvailable("the profile holds no XLA op executions (no hlo_op events on host threads or device planes)")
