@@ -161,9 +161,10 @@ def program_hbm_traffic(rows: list[dict], peak_hbm_gb_per_s: float | None) -> di
     program_hbm_gb_per_run (the bytes its ops move to and from HBM, plus the arrays its async copies bring into
     on-chip memory), program_hbm_gb_per_s (over its op time), program_hbm_efficiency_percent (of the peak) and
     program_hbm_async_copy_share_percent (of those bytes, the copies'), program_hbm_intensity_flop_per_byte (its
-    FLOPs over those bytes). {} where the program has no async copies
-    from HBM (its ops' own rates already say it all) or no peak. Rows whose byte counts are not HBM traffic (a rate
-    over the peak) add their time but not their bytes: the rate is then a lower bound, and says so."""
+    FLOPs over those bytes); program_hbm_gb_per_run is per execution of its outermost loop (the fewest-run loop).
+    {} where the program has no async copies from HBM (its ops' own rates already say it all) or no peak. Rows whose
+    byte counts are not HBM traffic (a rate over the peak) add their time but not their bytes: the rate is then a
+    lower bound, and says so (program_hbm_note)."""
     if not peak_hbm_gb_per_s or not rows:
         return {}
     by_module: dict[str, float] = {}
@@ -174,7 +175,7 @@ def program_hbm_traffic(rows: list[dict], peak_hbm_gb_per_s: float | None) -> di
     copied = sum((r.get("prefetched_hbm_bytes_per_run") or 0.0) * r["count"] for r in mine)
     if not copied:
         return {}
-    runs = max((r["count"] for r in mine if r.get("category") == "control_flow"), default=0) or None
+    runs = min((r["count"] for r in mine if r.get("category") == "control_flow"), default=0) or None
     own = sum(r.get("hbm_bytes_per_run", r.get("bytes_per_run") or 0.0) * r.get("costed_runs", r["count"])
               for r in mine if r.get("achieved_gb_per_s") is not None and not r.get("not_a_measurement"))
     left_out = round(sum(r["share_of_op_time_percent"] for r in mine if r.get("not_a_measurement")), 2)
@@ -231,8 +232,9 @@ def roofline_summary(rows: list[dict], ridge_flop_per_byte: float | None = None,
     dominant_ops_measured_share_percent (the op time those hold) and dominant_ops_unmeasured (each other one,
     with why: FLOPs unknown, an impossible value, or only a lower bound; and the runs of a row rated over some of
     them only). Shares of measured rows are their costed runs' (measured_share), never time no rate speaks for.
-    Where the ops wait on async copies from HBM for PREFETCH_WAIT_SIGNIFICANT_PERCENT of op time, the kind and the
-    bandwidth are the program's (program_hbm_traffic), copies included."""
+    Where the ops wait on async copies from HBM for PREFETCH_WAIT_SIGNIFICANT_PERCENT of op time, or the copies
+    carry STREAMED_PROGRAM_COPY_SHARE_PERCENT of the program's HBM bytes, the kind, the bandwidth and the arithmetic
+    per byte are the program's (program_hbm_traffic), copies included."""
     low = memory_bound_rows(rows)
     passes = _weighted(low, "program_memory_passes")
     # Only the passes beyond the first are avoidable: a program moving its data k times wastes (1 - 1/k) of it.
