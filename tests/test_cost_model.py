@@ -190,7 +190,7 @@ def test_a_fused_attention_call_is_costed_from_the_scores_its_config_names():
     from types import SimpleNamespace
 
     from xdiag.analysis.hlo_cost import attention_flops, instruction_cost
-    from xdiag.profile.compact import _instruction, _module
+    from xdiag.profile.compact import module_from_record, module_record
     from xdiag.profile.reader import _attention
     from xdiag.profile.space import HloComputation, HloInstruction, HloModule
 
@@ -220,9 +220,8 @@ def test_a_fused_attention_call_is_costed_from_the_scores_its_config_names():
         assert attention_flops(ins, computation) == expected
         cost = instruction_cost(HloModule("m", 1, "main", {"main": computation}, "host0"), "fmha")
         assert cost["flops_known"] and cost["flops"] == expected and "fused attention" in cost["cost_source"]
-        [row] = [r for r in _module(HloModule("m", 1, "main", {"main": computation}, "host0"))["computations"]["main"]
-                 if r[0] == "fmha"]
-        assert _instruction(row) == ins  # kept by the prepared session file (register's, the map's) as read
+        module = module_from_record(module_record(HloModule("m", 1, "main", {"main": computation}, "host0")))
+        assert module.computations["main"].by_name["fmha"] == ins  # kept by the prepared session file as read
     # Scores that are not Q's (a config for other shapes): not costed rather than costed wrong.
     wrong = HloInstruction("fmha", "custom-call", "tuple", (), (), ("q", "k", "v"), "", "", "", (),
                            custom_call_target="__cudnn$fmhaSoftmax", attention_scores=(2, 6, 1024, 2048))
