@@ -131,7 +131,7 @@ def test_a_session_that_cannot_be_summarised_keeps_the_session_limit_and_says_wh
         (pipeline.folder / f"{name}.xplane.pb").write_bytes(h200_profiles[name].read_bytes())
     analysis = pipeline.announce()
     assert analysis["status"] == "FAILED"
-    assert "over the 0.00 GiB limit per session" in analysis["failure_reason"]
+    assert "over the 97.7 KiB limit per session" in analysis["failure_reason"]
     assert "a GPU session: XProf's converters read its xplane files" in analysis["failure_reason"]
 
 

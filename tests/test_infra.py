@@ -339,6 +339,8 @@ def _env_read(index: CodeIndex, key: ast.AST | None, module: str, contract: Func
 
 # Variables the code reads that the deployment must leave unset, and why.
 NOT_SET_IN_CLOUD = {
+    "K_SERVICE": "set by Cloud Run itself in every container it runs (Cloud Functions run on it): a stripped-signature "
+    "token is trusted only there; infra/ must not set it, and no other host may",
     "PUBSUB_EMULATOR_HOST": "the Pub/Sub emulator: set, it would point the clients away from the real service",
     "FIRESTORE_EMULATOR_HOST": "the Firestore emulator (likewise)",
     "STORAGE_EMULATOR_HOST": "the Cloud Storage emulator (likewise)",
