@@ -982,6 +982,8 @@ def _unfused_kernel_hypotheses(health: dict[str, Any], results: dict[str, ToolRe
 
 OPAQUE_KERNEL_MIN_PERCENT = 20.0
 """A custom kernel whose FLOPs no one can count that holds this share of op time always gets a finding."""
+OPAQUE_KERNEL_MAX_SCORE = 39.0
+"""Its score stays under P0's 40: its loss is unknown, not measured."""
 
 
 def _opaque_kernel_hypotheses(health: dict[str, Any], results: dict[str, ToolResult], base: list[Evidence],
@@ -1002,7 +1004,8 @@ def _opaque_kernel_hypotheses(health: dict[str, Any], results: dict[str, ToolRes
     floor_text = (f"; its operand and result bytes alone set a floor of {floor:,.0f} GB/s"
                   + (f" ({100 * floor / peak_gb_s:.0f}% of the HBM peak)" if peak_gb_s else "") if floor else "")
     return [Hypothesis(
-        "opaque_kernel", share * compute / 100 / 2,
+        # Half the time it holds, and never P0: what it would gain is not known until it is costed.
+        "opaque_kernel", min(share * compute / 100 / 2, OPAQUE_KERNEL_MAX_SCORE),
         "Custom kernels whose work no profile shows hold most of the op time",
         f"{share}% of op time is in {len(opaque)} custom kernel(s) that carry no cost estimate and whose FLOPs the HLO "
         f"does not say; the largest, {top['op'][:80]}, takes {top['share_of_op_time_percent']}%{floor_text}. How close "
@@ -1012,7 +1015,7 @@ def _opaque_kernel_hypotheses(health: dict[str, Any], results: dict[str, ToolRes
                     f"{top['count']} runs, {top['avg_us']} µs each"),
                 *([_ev("get_hlo_op_profile", f"{top['op'][:80]} achieved_gb_per_s_floor", floor, top.get("floor_basis", ""))]
                   if floor else [])],
-        f"Unknown until the kernel is costed: at stake is up to the {share}% of op time these kernels hold.",
+        f"Unknown until the kernel is costed; these kernels hold {share}% of op time.",
         "Give the kernel a cost estimate (Pallas: pallas_call(..., cost_estimate=pl.CostEstimate(flops=..., "
         "transcendentals=..., bytes_accessed=...))) so that profiles rate it against the roofline; time its phases "
         "inside with named scopes (jax.named_scope, pltpu.trace in a Mosaic kernel) and compare its FLOPs over its "
