@@ -292,7 +292,8 @@ def roofline_summary(rows: list[dict], ridge_flop_per_byte: float | None = None,
     # A row costed over some of its runs measures those runs' time only: the rest of it is not measured.
     measured_time = sum(measured_share(o) for o in measured)
     costed = any(o.get("arithmetic_intensity_flops_per_byte") is not None for o in rows)
-    share = round(sum(measured_share(o) for o in low), 2) if costed else None
+    # Each row's share is rounded: their sum may pass 100 by a rounding step, which no share of op time can.
+    share = min(round(sum(measured_share(o) for o in low), 2), 100.0) if costed else None
     note = {}
     if why and share is not None and share + waits < MEMORY_BOUND_FINDING_MIN_PERCENT:
         # The flag is shown beside the findings: say why it is not one of them.
