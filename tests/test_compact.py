@@ -12,7 +12,7 @@ from xdiag.analysis import timeline
 from xdiag.analysis.breakdown import StepRow
 from xdiag.errors import ProfileError
 from xdiag.profile.compact import load_session, save_session
-from xdiag.profile.reader import read_session
+from xdiag.profile.session import read_session
 from xdiag.tools import BROAD_TOOLS, run_tool
 
 from tests.conftest import H200, SHARED_PROFILES

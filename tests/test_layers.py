@@ -14,6 +14,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "shared" / "xdiag"
 LAYERS = [
     {"errors", "ids", "model", "local_ports", "disk_cache", "sizes"},
     {"profile"},
+    {"cost"},
     {"analysis"},
     {"tools"},
     {"investigators"},

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from xdiag.analysis.hlo_cost import is_gemm_call
+from xdiag.cost.custom_calls import is_gemm_call
 from xdiag.profile.columns import factorize_rows, isin_ids, unique_with_inverse
 from xdiag.profile.space import NO_VALUE, HloInstruction, HloModule, Line, Plane, Session
 from xdiag.profile.trace_json import BLOCKING_COPY_STAT, FIRST_LAUNCH_STAT, FORMAT_STAT, KINETO

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from xdiag.analysis.hlo_cost import shape_bytes
+from xdiag.cost.hlo import shape_bytes
 from xdiag.analysis.timeline import op_table
 from xdiag.profile.space import NO_VALUE, Session
 

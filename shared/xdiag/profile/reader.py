@@ -58,7 +58,7 @@ Progress = Callable[[str, int, int], None]
 """progress(what, done_bytes, total_bytes)"""
 
 
-def _return_freed_memory_to_the_os() -> None:
+def return_freed_memory_to_the_os() -> None:
     """glibc's malloc keeps freed memory for reuse; the read frees each line's int64 decoder output once it is
     packed, between the packed columns it keeps, so that memory would stay in the process for good (a third of
     the 200 MiB bench profile's memory after the read). malloc_trim hands its free pages back. Only where the C
@@ -147,9 +147,6 @@ def _stats_dict(stats, stat_names: dict[int, str]) -> dict[str, object]:
 
 
 _CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-BY_HOST_ENV = "XDIAG_READ_BY_HOST"
-"""`0`: a session of several hosts is read in this process, every host at once, as before the host-by-host read
-(the bench compares the two)."""
 READ_THREADS = max(1, min(4, _CPUS))
 """Lines decoded at once: the compiled decoder releases the GIL, so lines decode in parallel threads."""
 
@@ -646,31 +643,16 @@ def _distinct_host_names(read: list[tuple[HostProfile, list[HloModule]]]) -> Non
             host.hostname = name
 
 
-def read_session(
-    paths: list[Path],
-    name: str | None = None,
-    max_bytes: int = DEFAULT_MAX_PROFILE_BYTES,
-    progress: Progress | None = None,
-    threads: int = READ_THREADS,
-    by_host: bool | None = None,
-    **map_options,
-) -> Session:
-    """Reads every host file of one capture into a Session, decoding up to `threads` lines at once (1 where other
-    processes need the cores more: XProf's conversions that the analysis waits for). A session of several hosts is
-    read host by host, each in its own worker process, and mapped (xdiag.profile.hosts_map): its memory is not the sum
-    of its hosts'. `map_options` go to that read (`hosts_map.read_session_by_host`: worker, on_mapped)."""
-    if by_host is None:
-        by_host = os.environ.get(BY_HOST_ENV, "1") != "0"
-    if len(paths) >= 2 and by_host:
-        from xdiag.profile.hosts_map import read_session_by_host
-
-        return read_session_by_host(paths, name=name, max_bytes=max_bytes, progress=progress, workers=threads,
-                                    **map_options)
-    total = session_bytes(paths, max_bytes)
+def read_session_in_process(paths: list[Path], name: str | None = None, max_bytes: int = DEFAULT_MAX_PROFILE_BYTES,
+                            progress: Progress | None = None, threads: int = READ_THREADS) -> Session:
+    """Every host file of one capture read into a Session in this process, every host's columns at once (see
+    xdiag.profile.session.read_session, which reads a session of several hosts host by host instead), decoding up
+    to `threads` lines at once."""
+    session_bytes(paths, max_bytes)
     read = [(read_trace_host(path), []) if is_trace_file(path) else read_host(path, progress, threads)
             for path in sorted(paths)]
     session = assemble_session(read, name or paths[0].parent.name)
-    _return_freed_memory_to_the_os()
+    return_freed_memory_to_the_os()
     return session
 
 
@@ -725,7 +707,7 @@ def warm_up() -> None:
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "warm-up.xplane.pb"
         path.write_bytes(space.SerializeToString())
-        read_session([path])
+        read_session_in_process([path])
 
 
 if __name__ == "__main__":

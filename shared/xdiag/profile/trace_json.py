@@ -36,7 +36,7 @@ from xdiag.sizes import readable_size
 from xdiag.profile.space import (
     NO_VALUE, NUMERIC_STATS, STRING_STATS, HostProfile, Line, Plane, Session, StatColumns, TimeColumn,
 )
-from xdiag.profile.torch_op_cost import op_cost
+from xdiag.cost.torch_ops import op_cost
 
 KINETO = "PyTorch Kineto trace (Chrome trace JSON)"
 XPROF_CHROME = "XProf Chrome trace (trace.json)"

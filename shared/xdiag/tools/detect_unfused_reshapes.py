@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from xdiag.analysis.hlo_cost import shape_bytes
+from xdiag.cost.hlo import shape_bytes
 from xdiag.analysis.timeline import DATA_MOVEMENT_OPCODES
 from xdiag.profile.space import Session
 from xdiag.tools.hlo_checks import ExecutedInstruction, detect

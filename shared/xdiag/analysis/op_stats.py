@@ -6,12 +6,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from xdiag.analysis.hlo_cost import ON_CHIP_MEMORY_SPACE, instruction_cost
+from xdiag.cost.hlo import ON_CHIP_MEMORY_SPACE, instruction_cost
 from xdiag.analysis.roofline import TRANSFER_RATE_REASON, eight_bit_operands, roofline
 from xdiag.analysis.timeline import COPY_OP_CATEGORIES, categorize, op_table, profile_op_costs
 from xdiag.profile.columns import unique_with_inverse
 from xdiag.profile.space import NO_VALUE, Session
-from xdiag.profile.torch_op_cost import NO_SHAPES_REASON, NOT_COSTED_REASON
+from xdiag.cost.torch_ops import NO_SHAPES_REASON, NOT_COSTED_REASON
 from xdiag.profile.trace_json import (
     CPU_OP_STAT, FLOPS_UNKNOWN_STAT, KINETO, OP_BYTES_STAT, OP_FLOPS_STAT, OP_ID_STAT, SHAPES_STAT,
     UNCAPTURED_LAUNCH_STAT, trace_format,
