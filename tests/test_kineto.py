@@ -772,21 +772,13 @@ def _resnet18_step_flops(batch: int) -> float:
 
 def test_convolution_flops_per_step_match_a_hand_count_of_resnet18():
     """The MI300X ResNet (record_shapes on: Input Dims and Concrete Inputs) is ResNet-18 at batch 10, 224x224, with
-    activation checkpointing: 39 forward convolutions and 20 backwards per step. The FLOPs the reader gives the
+    activation checkpointing: 39 forward convolutions and 20 backwards per step. The FLOPs the analysis gives the
     convolution ops that launched its kernels (each op execution once) over its three steps are the hand count's
     (140.4 GFLOP per step) within 15%."""
-    import numpy as np
-
-    from xdiag.profile.space import NO_VALUE
-    from xdiag.profile.trace_json import CPU_OP_STAT, OP_FLOPS_STAT, OP_ID_STAT
+    from xdiag.analysis.op_stats import launched_cpu_ops
 
     session = read_session([_trace(RESNET_CHECKPOINTED)])
-    ops: dict[int, tuple[str, int]] = {}
-    for plane in session.device_planes(with_events=True):
-        for line in plane.lines:
-            number = line.numeric.get(OP_ID_STAT)
-            for i in np.flatnonzero(number != NO_VALUE) if number is not None else []:
-                ops[int(number[i])] = (plane.strings[line.strings[CPU_OP_STAT][i]], int(line.numeric[OP_FLOPS_STAT][i]))
+    ops = {op: (kernels[0][4], int(kernels[0][2])) for op, kernels in launched_cpu_ops(session).items()}
     convolutions = [flops for label, flops in ops.values() if "convolution" in label]
     steps, _ = _raw_steps_and_busy(_raw(RESNET_CHECKPOINTED))
     assert len(convolutions) == (39 + 20) * len(steps)

@@ -18,6 +18,7 @@ is a plane (`/device:TPU:0`, `/host:CPU`), each thread a line, each event's args
 from __future__ import annotations
 
 import gzip
+import json
 import math
 import re
 import zlib
@@ -36,7 +37,6 @@ from xdiag.sizes import readable_size
 from xdiag.profile.space import (
     NO_VALUE, NUMERIC_STATS, STRING_STATS, HostProfile, Line, Plane, Session, StatColumns, TimeColumn,
 )
-from xdiag.cost.torch_ops import op_cost
 
 KINETO = "PyTorch Kineto trace (Chrome trace JSON)"
 XPROF_CHROME = "XProf Chrome trace (trace.json)"
@@ -46,11 +46,16 @@ BLOCKING_COPY_STAT = "blocking_copy"
 """On a runtime call that copies asynchronously (cudaMemcpyAsync): 1 where its copy is from or to pageable host
 memory (the GPU event says `Pageable`), which CUDA and HIP perform synchronously: the host waits for the stream."""
 _ASYNC_COPY_CALL = re.compile(r"^(cuda|hip)Memcpy\w*Async$")
+CPU_OP_INPUTS_STAT = "cpu_op_inputs"
+"""On a CPU op: its name and the inputs Kineto recorded with it (op_record), for the analysis to cost
+(xdiag.cost.torch_ops). A host plane numbers its texts in the order it first met them, so of two records the one with
+the lower number was met first in the file."""
 CPU_OP_STAT = "cpu_op"
-"""On a GPU kernel: the CPU op that launched it, with the input shapes its FLOPs were counted from
-("aten::addmm f32[4096,100] f32[100,64] f32[64]"); beside it that op's number in the file (OP_ID_STAT: the kernels
-of one op execution share it) and the op's whole FLOPs and bytes (OP_FLOPS_STAT, OP_BYTES_STAT)."""
-OP_ID_STAT, OP_FLOPS_STAT, OP_BYTES_STAT = "cpu_op_id", "cpu_op_flops", "cpu_op_bytes"
+"""On a GPU kernel: the record (op_record) of the CPU op that launched it, where that op carries input shapes; beside it
+that op's number in the file (OP_ID_STAT: the kernels of one op execution share it)."""
+OP_ID_STAT = "cpu_op_id"
+_RECORDED_INPUTS = ("Input Dims", "Input type", "Concrete Inputs")
+"""What Kineto records of a CPU op's inputs with record_shapes=True: all that its FLOPs and bytes are counted from."""
 UNCAPTURED_LAUNCH_STAT = "launch_not_in_trace"
 """On a GPU kernel: 1 where its correlation id names no runtime call in the trace: launched before the capture began
 (the GPU runs behind the host), so which CPU op launched it, and with what shapes, is not known."""
@@ -59,8 +64,6 @@ FIRST_LAUNCH_STAT = "first_launch_of_kernel"
 the kernel's module if it loads lazily (CUDA_MODULE_LOADING=LAZY, HIP's code objects)."""
 SHAPES_STAT = "cpu_op_shapes"
 """Host-plane stat: 1 where the trace's CPU ops carry input shapes (record_shapes=True), 0 where none does."""
-FLOPS_UNKNOWN_STAT = "cpu_op_flops_unknown"
-"""Host-plane stat: why some matrix-product or attention ops could not be costed (the first reason met)."""
 _CPU_OP, _KERNEL, _COMMS = 1, 2, 3  # event kinds kept per line (launch linking, a CPU-only run's ops)
 CPU_ONLY_OPS_STAT = "cpu_ops_as_device_ops"
 """Host-plane stat: 1 where a Kineto trace has no GPU event (a CPU-only run): its CPU ops are then the work a device
@@ -344,6 +347,28 @@ class _PlaneColumns:
                      self.stats, list(self.strings), lines)
 
 
+def _plain_number(value: Any) -> int | float:
+    """A number ijson read as Decimal, as JSON writes it: exactly where it is whole."""
+    if isinstance(value, Decimal):
+        return int(value) if value == value.to_integral_value() else float(value)
+    raise TypeError(f"{type(value).__name__} is not JSON")
+
+
+def op_record(name: str, args: dict) -> str:
+    """A CPU op's name and its recorded inputs (`Input Dims`, `Input type`, `Concrete Inputs`, those it has) as one
+    text; its name alone where it carries no `Input Dims` (a trace recorded with record_shapes=False)."""
+    if "Input Dims" not in args:
+        return json.dumps([name])
+    inputs = {key: args[key] for key in _RECORDED_INPUTS if key in args}
+    return json.dumps([name, inputs], separators=(",", ":"), default=_plain_number)
+
+
+def op_from_record(record: str) -> tuple[str, dict]:
+    """(name, recorded inputs as the trace's args hold them) of an op_record."""
+    name, *inputs = json.loads(record)
+    return name, inputs[0] if inputs else {}
+
+
 def _int(value: Any) -> int | None:
     """The value as an int64 (a number, or a number's text); None where it is none, or out of range."""
     if isinstance(value, (dict, list, bool)) or value is None:
@@ -382,9 +407,9 @@ class _TraceBuilder:
         self.flows = 0
         self.async_copy_calls: list[tuple[_LineColumns, int, int]] = []  # (line, event index, correlation id)
         self.pageable_copies: set[int] = set()  # correlation ids of GPU copies from or to pageable memory
-        self.op_costs: dict[tuple[int, int], dict] = {}  # (id of the host line, event index) -> op_cost of a CPU op
         self.cpu_ops_with_shapes = 0
-        self.flops_unknown: str | None = None
+        self.shaped_lines: set[int] = set()  # ids of the host lines with a CPU op that carries input shapes
+        self.shaped_records: set[int] = set()  # host-plane string ids of the op_records that carry input shapes
         self.text_bytes = 0  # distinct texts kept (TRACE_MAX_TEXT_BYTES)
 
     def hold_text(self, text: str) -> None:
@@ -480,15 +505,12 @@ class _TraceBuilder:
         kind = _CPU_OP if category == "cpu_op" else _COMMS if _BACKEND_COLLECTIVE.match(name) else 0
         index = line.add(plane.name_id(name), start, duration, kind)
         if category == "cpu_op":
+            record = plane.string_id(op_record(name, args))
+            line.put(line.strings, CPU_OP_INPUTS_STAT, index, record)
             if "Input Dims" in args:
                 self.cpu_ops_with_shapes += 1
-            cost = op_cost(name, args)
-            if cost is not None:
-                if "flops" in cost:
-                    self.hold_text(cost["label"])
-                    self.op_costs[(id(line), index)] = cost
-                elif self.flops_unknown is None:
-                    self.flops_unknown = cost["reason"]
+                self.shaped_lines.add(id(line))
+                self.shaped_records.add(record)
         step = _PROFILER_STEP.match(name)
         if step:
             number = _int(step.group(1))
@@ -540,24 +562,26 @@ class _TraceBuilder:
         for _, line, index in first.values():
             line.put(line.numeric, FIRST_LAUNCH_STAT, index, 1)
 
-    def _launching_ops(self) -> dict[int, dict]:
-        """Correlation id of each runtime call whose innermost enclosing CPU op was costed -> that op's cost. The
-        innermost op is the one that launched: a matmul's own copies run inside it, but under a nested op (its
-        aten::copy_), never under the matmul directly."""
-        out: dict[int, dict] = {}
+    def _launching_ops(self) -> dict[int, tuple[_LineColumns, int, int]]:
+        """Correlation id of each runtime call whose innermost enclosing CPU op carries input shapes -> (the op's line,
+        its index, its op_record's string id). The innermost op is the one that launched: a matmul's own copies run
+        inside it, but under a nested op (its aten::copy_), never under the matmul directly."""
+        out: dict[int, tuple[_LineColumns, int, int]] = {}
         host = self.planes.get("host")
-        if host is None or not self.op_costs:
+        if host is None or not self.shaped_records:
             return out
-        costed_lines = {line_id for line_id, _ in self.op_costs}
+        shaped = np.array(sorted(self.shaped_records), np.int64)
         for line in host.lines.values():
-            if "correlation_id" not in line.numeric:
+            if "correlation_id" not in line.numeric or id(line) not in self.shaped_lines:
                 continue
             kinds = np.frombuffer(line.kinds, np.int8)
             starts, durations = np.frombuffer(line.starts, np.int64), np.frombuffer(line.durations, np.int64)
             launches, correlations = (np.frombuffer(a, np.int64) for a in line.numeric["correlation_id"])
             ops = np.flatnonzero(kinds == _CPU_OP)
-            if id(line) not in costed_lines:
-                continue
+            op_indexes, records = (np.frombuffer(a, np.int64) for a in line.strings[CPU_OP_INPUTS_STAT])
+            record_of = np.full(len(kinds), -1, np.int64)
+            record_of[op_indexes] = records
+            carries_shapes = np.isin(record_of, shaped)
             # Ops and launches in start order (an op before the calls it encloses; the outer of two ops first).
             items = sorted([(int(starts[i]), -int(durations[i]), 0, int(i)) for i in ops.tolist()]
                            + [(int(starts[i]), 0, 1, int(i)) for i in launches.tolist()])
@@ -568,40 +592,36 @@ class _TraceBuilder:
                     stack.pop()
                 if is_launch:
                     end = start + int(durations[index])
-                    if stack and stack[-1][0] >= end:
-                        cost = self.op_costs.get((id(line), stack[-1][1]))
-                        if cost is not None:
-                            out[by_launch[index]] = cost
+                    if stack and stack[-1][0] >= end and carries_shapes[stack[-1][1]]:
+                        out[by_launch[index]] = (line, stack[-1][1], int(record_of[stack[-1][1]]))
                 else:
                     stack.append((start - negative_duration, index))
         return out
 
-    def _cost_kernels(self) -> None:
-        """On each kernel a costed CPU op launched: the op (OP_ID_STAT, CPU_OP_STAT) and its whole FLOPs and bytes
-        (OP_FLOPS_STAT, OP_BYTES_STAT), for the analysis to share out over the op's kernels; the host plane says
-        whether the trace has shapes and why some ops have none."""
+    def _link_kernels(self) -> None:
+        """On each kernel launched by a CPU op that carries input shapes: the op (OP_ID_STAT, and its op_record as
+        CPU_OP_STAT), for the analysis to cost and share out over the op's kernels; on each kernel whose launch is not
+        in the trace, UNCAPTURED_LAUNCH_STAT. The host plane says whether the trace has shapes (SHAPES_STAT)."""
         host = self.planes.get("host")
         if host is not None:
             host.stats[SHAPES_STAT] = int(self.cpu_ops_with_shapes > 0)
-            if self.flops_unknown:
-                host.stats[FLOPS_UNKNOWN_STAT] = self.flops_unknown
         launched = self._launching_ops()
         if not launched:
             return
         calls = {int(c) for line in host.lines.values() if "correlation_id" in line.numeric
                  for c in np.frombuffer(line.numeric["correlation_id"][1], np.int64).tolist()} if host else set()
-        numbers: dict[int, int] = {}  # id(cost) -> the op's number in this file
+        records = list(host.strings)  # by string id
+        numbers: dict[tuple[int, int], int] = {}  # (id of the op's line, its index) -> the op's number in this file
         for plane, line, index, correlation in self._kernels():
             if correlation not in calls:
                 line.put(line.numeric, UNCAPTURED_LAUNCH_STAT, index, 1)
-            cost = launched.get(correlation)
-            if cost is None:
+            found = launched.get(correlation)
+            if found is None:
                 continue
-            number = numbers.setdefault(id(cost), len(numbers))
+            op_line, op, record = found
+            number = numbers.setdefault((id(op_line), op), len(numbers))
             line.put(line.numeric, OP_ID_STAT, index, number)
-            line.put(line.numeric, OP_FLOPS_STAT, index, cost["flops"])
-            line.put(line.numeric, OP_BYTES_STAT, index, cost["bytes"])
-            line.put(line.strings, CPU_OP_STAT, index, plane.string_id(cost["label"]))
+            line.put(line.strings, CPU_OP_STAT, index, plane.string_id(records[record]))
 
     def _mark_cpu_ops(self) -> None:
         """A CPU-only run: on each host thread, the outermost CPU ops (an op enclosed by another is part of it) and the
@@ -662,7 +682,7 @@ class _TraceBuilder:
         self._mark_first_launches()
         if kineto:
             self._mark_cpu_ops()
-        self._cost_kernels()
+        self._link_kernels()
         info = top.get("distributedInfo") if isinstance(top.get("distributedInfo"), dict) else {}
         rank = _int(info.get("rank"))
         hostname = trace_stem(path.name)
