@@ -109,3 +109,10 @@ def test_readme_is_for_users_and_its_two_commands_are_the_makefiles():
         assert command in readme
         assert command.split()[1] in targets
     assert not re.search(r"\b(?:first|second|third|\w+th) round\b", readme, re.IGNORECASE)
+
+
+def test_every_finding_the_readme_lists_is_one_the_investigators_make():
+    listed = re.findall(r"^\| `(\w+)` \|", (REPO / "README.md").read_text(), re.MULTILINE)
+    assert len(listed) >= 10
+    source = "\n".join(p.read_text() for p in (SHARED / "xdiag" / "investigators").rglob("*.py"))
+    assert [key for key in listed if f'"{key}"' not in source] == []
