@@ -3,9 +3,11 @@ that exist and every tool and Cloud Function, links resolve, and the settings th
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
+from xdiag.pipeline.topics import MESSAGE_TYPES
 from xdiag.tools import REGISTRY
 from xdiag.tools.describe import markdown
 
@@ -73,9 +75,13 @@ def test_every_document_names_only_modules_that_exist():
     assert {doc: names for doc, names in missing.items() if names} == {}
 
 
-def test_architecture_names_every_tool_and_every_cloud_function():
+def test_architecture_names_every_tool_port_topic_and_cloud_function():
     text = ARCHITECTURE.read_text()
     assert [name for name in sorted(REGISTRY) if f"`{name}`" not in text] == []
+    ports = [node.name for node in ast.walk(ast.parse((SHARED / "xdiag" / "pipeline" / "ports.py").read_text()))
+             if isinstance(node, ast.ClassDef) and any(getattr(b, "id", "") == "Protocol" for b in node.bases)]
+    assert ports and [port for port in ports if f"`{port}`" not in text] == []
+    assert [topic for topic in MESSAGE_TYPES if f"`{topic}`" not in text] == []
     functions = sorted(p.name for p in (REPO / "functions").glob("*.py"))
     assert functions
     assert [name for name in functions if f"functions/{name}" not in text] == []
