@@ -192,13 +192,13 @@ def test_a_fused_attention_call_is_costed_from_the_scores_its_config_names():
     from xdiag.cost.custom_calls import attention_flops
     from xdiag.cost.hlo import instruction_cost
     from xdiag.profile.compact import module_from_record, module_record
-    from xdiag.profile.reader import _attention
+    from xdiag.profile.hlo_module import attention_config
     from xdiag.profile.space import HloComputation, HloInstruction, HloModule
 
-    read = _attention(SimpleNamespace(opcode="custom-call", custom_call_target="__cudnn$fmhaSoftmax",
+    read = attention_config(SimpleNamespace(opcode="custom-call", custom_call_target="__cudnn$fmhaSoftmax",
                                       backend_config=_FMHA_CONFIG.encode()))
     assert read == {"attention_scores": (2, 6, 2048, 2048), "attention_causal": True}
-    assert _attention(SimpleNamespace(opcode="custom-call", custom_call_target="__cublas$gemm",
+    assert attention_config(SimpleNamespace(opcode="custom-call", custom_call_target="__cublas$gemm",
                                       backend_config=_FMHA_CONFIG.encode())) == {}
 
     def array(name, dims):
