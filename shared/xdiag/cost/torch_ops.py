@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from math import prod
 
-from xdiag.profile.trace_json import op_from_record
+from xdiag.profile.op_records import op_from_record
 
 ELEMENT_BYTES = {
     "float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "c10::Float8_e4m3fn": 1, "c10::Float8_e5m2": 1,
@@ -163,7 +163,7 @@ def op_cost(name: str, args: dict) -> dict | None:
 
 
 def recorded_op_cost(record: str) -> dict | None:
-    """op_cost of a CPU op from the record the trace reader kept of it (trace_json.op_record)."""
+    """op_cost of a CPU op from the record the trace reader kept of it (xdiag.profile.op_records)."""
     return op_cost(*op_from_record(record))
 
 
