@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from xdiag.cost.custom_calls import CUSTOM_CODE_REASON, bandwidth_floor
 from xdiag.cost.hlo import ON_CHIP_MEMORY_SPACE, instruction_cost
 from xdiag.analysis.roofline import TRANSFER_RATE_REASON, eight_bit_operands, roofline
 from xdiag.analysis.timeline import COPY_OP_CATEGORIES, categorize, op_table, profile_op_costs
@@ -19,7 +20,6 @@ from xdiag.profile.trace_json import (
 
 ASYNC_OPCODES = {"copy-start", "copy-done", "async-start", "async-done"}
 """Ops whose event is the start of, or the wait for, work that runs between them."""
-CUSTOM_CODE_REASON = "custom calls and host callbacks run code whose FLOPs the HLO does not say"
 LOOP_COST_REASON = "a loop's FLOPs and bytes are its body's, counted in the rows of the body's ops"
 
 
@@ -135,16 +135,9 @@ class OpStat:
             row.update(shape=self.cost["shape"], operand_shapes=self.cost["operand_shapes"], opcode=self.cost["opcode"],
                        framework_op=self.cost["op_name"], flops_per_run=None,
                        flops_unknown_because=self.cost.get("flops_unknown_because", CUSTOM_CODE_REASON))
-            if self.cost["opcode"] == "custom-call" and self.cost["bytes"] and self.total_ps:
-                # What the kernel must at least have moved: its operands read and its results written once.
-                row.update(bytes_floor_per_run=self.cost["bytes"],
-                           achieved_gb_per_s_floor=round(self.cost["bytes"] * self.count / (self.total_ps / 1e12) / 1e9, 3),
-                           floor_basis=FLOOR_BASIS)
+            if self.cost["opcode"] == "custom-call":
+                row.update(bandwidth_floor(self.cost["bytes"], self.count, self.total_ps))
         return row
-
-
-FLOOR_BASIS = ("its operands read and its results written once: a bandwidth the kernel at least achieved (re-reads "
-               "inside it are not seen)")
 
 
 def op_stats(session: Session) -> list[OpStat]:

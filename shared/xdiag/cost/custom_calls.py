@@ -12,6 +12,22 @@ from xdiag.cost.library_kernels import library_kernel_cost
 from xdiag.profile.space import HloComputation, HloInstruction
 
 
+CUSTOM_CODE_REASON = "custom calls and host callbacks run code whose FLOPs the HLO does not say"
+FLOOR_BASIS = ("its operands read and its results written once: a bandwidth the kernel at least achieved (re-reads "
+               "inside it are not seen)")
+
+
+def bandwidth_floor(moved_bytes: float, runs: int, total_ps: int) -> dict:
+    """An opaque custom call's least bandwidth: what it must at least have moved per run (its operands read and its
+    results written once: bytes_floor_per_run) over its runs' time (achieved_gb_per_s_floor), and why it is a floor
+    (floor_basis); {} where neither is known."""
+    if not moved_bytes or not total_ps:
+        return {}
+    return {"bytes_floor_per_run": moved_bytes,
+            "achieved_gb_per_s_floor": round(moved_bytes * runs / (total_ps / 1e12) / 1e9, 3),
+            "floor_basis": FLOOR_BASIS}
+
+
 GEMM_TARGETS = ("gemm", "matmul", "cublas", "hipblas", "rocblas", "triton_gemm")
 """Custom-call targets that are matrix multiplications (cuBLAS `__cublas$gemm`, `__cublas$lt$matmul`,
 hipBLASLt, TransformerEngine `te_gemm*`)."""
