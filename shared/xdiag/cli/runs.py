@@ -88,7 +88,7 @@ def _wait_for_session(client, run: str, session: str, timeout: float) -> dict:
             return doc
         if time.monotonic() > deadline:
             fail(f"session {session} of run {run} is still {doc.get('status')} after {timeout:.0f} s "
-                  f"(`xdiag sessions --run {run}`)", 1)
+                 f"(`xdiag sessions --run {run}`)", 1)
         time.sleep(0.5)
 
 
@@ -125,8 +125,8 @@ def capture(
     run = resolve_run(client, run)
     started = time.time()
     answer = call_plane(client.capture, run, duration_ms=parse_duration_ms(duration), hosts=_hosts(hosts),
-                   host_tracer_level=host_tracer, device_tracer_level=device_tracer, python_tracer_level=python_tracer,
-                   session_id=session)
+                        host_tracer_level=host_tracer, device_tracer_level=device_tracer,
+                        python_tracer_level=python_tracer, session_id=session)
     err.print(f"capture requested: run {run}, session {answer['session_id']}, {answer['duration_ms']} ms",
               highlight=False, soft_wrap=True)
     _finish_session(client, run, answer["session_id"], wait, timeout, started, "capture")
@@ -149,7 +149,7 @@ def continuous_start(
     """Start continuous profiling on the run's targets (device traces into the profiler's circular buffer)."""
     client = control_plane(url, token, stack_dir)
     answer = call_plane(client.continuous, resolve_run(client, run), "start", hosts=_hosts(hosts),
-                   device_tracer_level=device_tracer)
+                        device_tracer_level=device_tracer)
     _print_continuous(answer)
 
 
@@ -370,7 +370,7 @@ def share(
     client = control_plane(url, token, stack_dir)
     run_id, session_id = run_and_session(client, session, run)
     link = call_plane(client.request, "POST", f"/v1/runs/{quote(run_id, safe='~')}/sessions/{quote(session_id)}:share",
-                 {"expires_s": seconds})
+                      {"expires_s": seconds})
     err.print(f"link {link['link_id']} for {run_id}/{session_id}, by {link['by']}, valid until {link['expires_at']} "
               f"(checked by {link['checked_by']})", highlight=False, soft_wrap=True)
     for label, viewer in (link.get("viewer") or {}).items():
