@@ -15,7 +15,7 @@ from xdiag.errors import XdiagError
 class _Console:
     """A rich Console made on first use: `xdiag analyze` starts XProf's conversions of a device session before it
     imports rich (or pydantic, which xdiag.ids needs), so that they start that much sooner (bench/README.md,
-    fifteenth round)."""
+    "Measured design choices")."""
 
     def __init__(self, **options: Any) -> None:
         self._options = options
@@ -47,7 +47,8 @@ def mark_own_process() -> None:
 def freeze_collector() -> None:
     """Puts every object alive now out of the collector's reach for the rest of the process: the modules imported
     for a command live as long as the process, and at exit the interpreter's shutdown would otherwise collect over
-    everything still alive (0.13 s after analysing the 85 MiB bench profile; bench/README.md, ninth round)."""
+    everything still alive (0.13 s after analysing the 85 MiB bench profile; bench/README.md, "Measured design
+    choices")."""
     if _OWN_PROCESS:
         gc.freeze()
 
