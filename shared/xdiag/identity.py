@@ -1,4 +1,4 @@
-"""Who calls the control plane, and what they may do with a run.
+"""Who calls the control plane (and the viewer on Cloud Run), and what they may do with a run.
 
 Behind IAM (`XDIAG_CONTROL_PLANE_AUTH=iam`) the caller is the e-mail of the Google-signed ID token the request
 carries, in `X-Serverless-Authorization: Bearer …` where present (Cloud Run authenticates that header when both are
