@@ -18,7 +18,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from xdiag.workloads._common import pick, run_steps
+from xdiag.examples._common import pick, run_steps
 
 DEFAULT_STEPS = 15
 LEARNING_RATE = 1e-3
