@@ -301,12 +301,12 @@ def skill() -> None:
 
 @app.command()
 def demo(
-    workload: Annotated[str, typer.Option(help="Bundled workload to profile (see `python -m xdiag.workloads --list`).")] = "input_bound",
+    workload: Annotated[str, typer.Option(help="Bundled workload to profile (see `python -m xdiag.examples --list`).")] = "input_bound",
     out_dir: Annotated[Path, typer.Option("--out", help="Where the profile and the analysis go.")] = Path("xdiag-out/demo"),
 ) -> None:
     """Run a bundled JAX example on this machine, capture a real profile, analyse it."""
-    from xdiag.workloads import WORKLOADS
-    from xdiag.workloads.capture import capture_workload
+    from xdiag.examples import WORKLOADS
+    from xdiag.examples.capture import capture_workload
 
     if workload not in WORKLOADS:
         _fail(f"unknown workload {workload!r}; choose from {', '.join(WORKLOADS)}")
@@ -552,7 +552,7 @@ HOSTS_HELP = "Registered target names, comma-separated (default: every target of
 
 
 def _control_plane(url: Optional[str], token: Optional[str], stack_dir: Path):
-    from xdiag.capture.client import ControlPlaneClient, ControlPlaneError
+    from xdiag.control.client import ControlPlaneClient, ControlPlaneError
     from xdiag.cloud.localstack import load_stack_env
 
     env = load_stack_env(stack_dir)
@@ -566,7 +566,7 @@ def _control_plane(url: Optional[str], token: Optional[str], stack_dir: Path):
 
 
 def _call(what, *args, **kwargs):
-    from xdiag.capture.client import ControlPlaneError
+    from xdiag.control.client import ControlPlaneError
 
     try:
         return what(*args, **kwargs)
@@ -1003,7 +1003,7 @@ def share(
     asked and when; refused for runs you cannot read."""
     from urllib.parse import quote
 
-    from xdiag.capture.share import parse_expiry
+    from xdiag.sharing.links import parse_expiry
 
     try:
         seconds = parse_expiry(expires)
