@@ -152,7 +152,7 @@ def test_analyze_imports_only_what_it_runs(h200_profiles, tmp_path):
     loaded = set(json.loads(done.stdout.splitlines()[-1]))  # by the command's own imports
     assert {"xdiag.pipeline.stages", "xdiag.report.render", "xdiag.tools.get_step_trace"} <= loaded  # it did run
     not_run = ("xdiag.cloud", "google.cloud", "google.genai", "xdiag.capture", "xdiag.control", "xdiag.sharing",
-               "xdiag.sdk", "xdiag.compare", "xdiag.viewer", "xdiag.agent", "xdiag.workloads", "xdiag.examples",
+               "xdiag.sdk", "xdiag.compare", "xdiag.viewer", "xdiag.agent", "xdiag.examples",
                "xdiag.investigators.gemini", "xdiag.pipeline.sweep", "mcp")
     unexpected = sorted(m for m in loaded - IN_PROCESS_CLOUD
                         if any(m == package or m.startswith(package + ".") for package in not_run))

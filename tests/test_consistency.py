@@ -16,7 +16,7 @@ from xdiag.cloud.embedded import analyze_session
 from xdiag.investigators.health import OOM_RISKS_ABOVE_LOW, efficiency_not_measured
 from xdiag.model import Analysis
 from xdiag.profile.locate import locate_session
-from xdiag.workloads import WORKLOADS
+from xdiag.examples import WORKLOADS
 
 from tests.conftest import SHARED_PROFILES, TESTS
 

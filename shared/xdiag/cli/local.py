@@ -201,12 +201,12 @@ def skill() -> None:
 
 @app.command()
 def demo(
-    workload: Annotated[str, typer.Option(help="Bundled workload to profile (see `python -m xdiag.workloads --list`).")] = "input_bound",
+    workload: Annotated[str, typer.Option(help="Bundled workload to profile (see `python -m xdiag.examples --list`).")] = "input_bound",
     out_dir: Annotated[Path, typer.Option("--out", help="Where the profile and the analysis go.")] = Path("xdiag-out/demo"),
 ) -> None:
     """Run a bundled JAX example on this machine, capture a real profile, analyse it."""
-    from xdiag.workloads import WORKLOADS
-    from xdiag.workloads.capture import capture_workload
+    from xdiag.examples import WORKLOADS
+    from xdiag.examples.capture import capture_workload
 
     if workload not in WORKLOADS:
         fail(f"unknown workload {workload!r}; choose from {', '.join(WORKLOADS)}")

@@ -21,7 +21,7 @@ app = typer.Typer()
 
 
 def control_plane(url: Optional[str], token: Optional[str], stack_dir: Path):
-    from xdiag.capture.client import ControlPlaneClient, ControlPlaneError
+    from xdiag.control.client import ControlPlaneClient, ControlPlaneError
     from xdiag.cloud.localstack import load_stack_env
 
     env = load_stack_env(stack_dir)
@@ -36,7 +36,7 @@ def control_plane(url: Optional[str], token: Optional[str], stack_dir: Path):
 
 def call_plane(what, *args, **kwargs):
     """The control plane's answer to one call; exits 2 on a refusal (4xx), 1 otherwise."""
-    from xdiag.capture.client import ControlPlaneError
+    from xdiag.control.client import ControlPlaneError
 
     try:
         return what(*args, **kwargs)
@@ -361,7 +361,7 @@ def share(
     asked and when; refused for runs you cannot read."""
     from urllib.parse import quote
 
-    from xdiag.capture.share import parse_expiry
+    from xdiag.sharing.links import parse_expiry
 
     try:
         seconds = parse_expiry(expires)
