@@ -8,7 +8,7 @@ Gemini prompt): the field order is the key order.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 from xdiag.analysis.breakdown import CATEGORIES
 from xdiag.analysis.roofline import MEMORY_BOUND_FINDING_MIN_PERCENT, memory_bound_rows
@@ -55,7 +55,8 @@ class _Record:
         return out
 
     @classmethod
-    def from_summary(cls, summary: dict[str, Any]):
+    def from_summary(cls, summary: dict[str, Any]) -> Self:
+        """The record of a tool summary's keys of the same names (None where the summary lacks one)."""
         return cls(**{f.name: summary.get(f.name) for f in fields(cls)})
 
 

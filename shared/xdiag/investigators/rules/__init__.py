@@ -8,8 +8,8 @@ becomes a finding whose evidence quotes tool outputs by name.
 
 from __future__ import annotations
 
-from xdiag.investigators.health import DOMINANT_EFFICIENCY_MIN_PERCENT, HealthSnapshot
 from xdiag.analysis.roofline import MEMORY_BOUND_FINDING_MIN_PERCENT
+from xdiag.investigators.health import DOMINANT_EFFICIENCY_MIN_PERCENT, HealthSnapshot
 # The family modules register their rules on import.
 from xdiag.investigators.rules import collectives, compiler, host, kernels, memory, roofline, transfers  # noqa: F401
 from xdiag.investigators.rules.hypothesis import CallTool, Hypothesis
