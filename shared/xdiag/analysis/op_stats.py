@@ -6,13 +6,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from xdiag.analysis.categories import COPY_OP_CATEGORIES, categorize
+from xdiag.analysis.op_table import op_table, profile_op_costs
+from xdiag.analysis.roofline import TRANSFER_RATE_REASON, eight_bit_operands, roofline
 from xdiag.cost.custom_calls import CUSTOM_CODE_REASON, bandwidth_floor
 from xdiag.cost.hlo import ON_CHIP_MEMORY_SPACE, instruction_cost
-from xdiag.analysis.roofline import TRANSFER_RATE_REASON, eight_bit_operands, roofline
-from xdiag.analysis.timeline import COPY_OP_CATEGORIES, categorize, op_table, profile_op_costs
+from xdiag.cost.torch_ops import NO_SHAPES_REASON, NOT_COSTED_REASON, recorded_op_cost
 from xdiag.profile.columns import unique_with_inverse
 from xdiag.profile.space import NO_VALUE, Session
-from xdiag.cost.torch_ops import NO_SHAPES_REASON, NOT_COSTED_REASON, recorded_op_cost
 from xdiag.profile.trace_json import (
     CPU_OP_INPUTS_STAT, CPU_OP_STAT, KINETO, OP_ID_STAT, SHAPES_STAT, UNCAPTURED_LAUNCH_STAT, trace_format,
 )
