@@ -64,17 +64,18 @@ class PlaneColumns:
         self.stats: dict[str, object] = {}
 
     def name_id(self, name: str) -> int:
-        found = self.names.get(name)
-        if found is None:
-            self.hold_text(name)
-            found = self.names[name] = len(self.names)
-        return found
+        return self._number(self.names, name)
 
     def string_id(self, text: str) -> int:
-        found = self.strings.get(text)
+        return self._number(self.strings, text)
+
+    def _number(self, table: dict[str, int], text: str) -> int:
+        """The text's number in `table`, texts numbered in the order first met; a new one counts against the file's
+        limit on texts (hold_text)."""
+        found = table.get(text)
         if found is None:
             self.hold_text(text)
-            found = self.strings[text] = len(self.strings)
+            found = table[text] = len(table)
         return found
 
     def line(self, key: object, name: str) -> LineColumns:
