@@ -95,7 +95,7 @@ def build(source: Path, target: Path, size_mib: float) -> tuple[int, int]:
 
 
 def _max_line_span_ns(source: Path) -> int:
-    from xdiag.profile.reader import read_session
+    from xdiag.profile.session import read_session
 
     session = read_session([source])
     ends = [int(line.start_ps.max() + line.duration_ps.max()) for p in session.planes for line in p.lines if len(line)]

@@ -63,7 +63,7 @@ def test_every_tool_help_shows_the_fields_its_summary_returns():
 def test_every_summary_field_a_tool_returns_is_documented(cpu_capture, monkeypatch):
     """Run every tool on real CPU, GPU (H200), TPU (v5e) and PyTorch (4 ranks) profiles: each summary key must match
     a field its docstring names, so `--help` and the MCP descriptions tell the truth."""
-    from xdiag.profile.reader import read_session
+    from xdiag.profile.session import read_session
 
     monkeypatch.setenv("XDIAG_XPROF_VIEWS", "0")  # XProf's converters add only its own xprof_* fields
     profiles = [cpu_capture, H200 / "recompilation.xplane.pb", H200 / "input_bound.xplane.pb",

@@ -11,8 +11,8 @@ from xdiag.analysis import prepared as prepared_tables
 from xdiag.analysis.breakdown import StepRow
 from xdiag.analysis.op_table import OpTable
 from xdiag.errors import ProfileError
-from xdiag.profile.compact import load_session, save_session
-from xdiag.profile.reader import read_session
+from xdiag.profile.compact import MAGIC, load_session, save_session
+from xdiag.profile.session import read_session
 from xdiag.tools import BROAD_TOOLS, run_tool
 
 from tests.conftest import H200, SHARED_PROFILES
@@ -100,6 +100,6 @@ def test_a_file_that_is_not_a_prepared_session_is_refused(tmp_path, cpu_profiles
     with pytest.raises(ProfileError, match="not an xdiag session file"):
         load_session(cpu_profiles["healthy"])
     broken = tmp_path / "broken.xdiag"
-    broken.write_bytes(b"XDIAGS01" + (100).to_bytes(8, "little") + b"{not json")
+    broken.write_bytes(MAGIC + (100).to_bytes(8, "little") + b"{not json")
     with pytest.raises(ProfileError, match="corrupt session header"):
         load_session(broken)

@@ -9,7 +9,7 @@ import pytest
 
 from tests.conftest import H200, TESTS, shared_profile
 from xdiag.investigators.health import health_snapshot
-from xdiag.profile.reader import read_session
+from xdiag.profile.session import read_session
 from xdiag.tools.registry import run_tool
 
 TOLERANCE = 0.15
@@ -189,15 +189,16 @@ _FMHA_CONFIG = (
 def test_a_fused_attention_call_is_costed_from_the_scores_its_config_names():
     from types import SimpleNamespace
 
-    from xdiag.analysis.hlo_cost import attention_flops, instruction_cost
+    from xdiag.cost.custom_calls import attention_flops
+    from xdiag.cost.hlo import instruction_cost
     from xdiag.profile.compact import module_from_record, module_record
-    from xdiag.profile.reader import _attention
+    from xdiag.profile.hlo_module import attention_config
     from xdiag.profile.space import HloComputation, HloInstruction, HloModule
 
-    read = _attention(SimpleNamespace(opcode="custom-call", custom_call_target="__cudnn$fmhaSoftmax",
+    read = attention_config(SimpleNamespace(opcode="custom-call", custom_call_target="__cudnn$fmhaSoftmax",
                                       backend_config=_FMHA_CONFIG.encode()))
     assert read == {"attention_scores": (2, 6, 2048, 2048), "attention_causal": True}
-    assert _attention(SimpleNamespace(opcode="custom-call", custom_call_target="__cublas$gemm",
+    assert attention_config(SimpleNamespace(opcode="custom-call", custom_call_target="__cublas$gemm",
                                       backend_config=_FMHA_CONFIG.encode())) == {}
 
     def array(name, dims):
@@ -234,7 +235,7 @@ def _attention_backward_record(name: str, layout: str, causal: bool) -> dict:
     bf16[16,16,559,64] Q, K and V, `Scalar` inputs with their values in Concrete Inputs, tensors with ""). No shared
     trace has a backward one: the inputs are those of the backward's own schema, (grad_out, query, key, value, out,
     logsumexp, ...), its causal flag where that schema puts it (custom_mask_type for the efficient kernel)."""
-    from xdiag.profile.torch_op_cost import ATTENTION_BACKWARD_OPS
+    from xdiag.cost.torch_ops import ATTENTION_BACKWARD_OPS
 
     shape = [16, 16, 559, 64] if layout == "BHSD" else [16, 559, 16, 64]
     flag_at = ATTENTION_BACKWARD_OPS[name][1][0]
@@ -255,7 +256,7 @@ def test_a_fused_attention_backward_is_two_and_a_half_forwards(name):
     """Q, K, V bf16 of batch 16, 16 heads, 559 tokens, head size 64: the forward is 4·B·H·S²·D = 20,478,754,816
     FLOPs (10,257,694,720 causal: the 156,520 of 559² score entries a causal mask keeps), the backward 2.5 times
     that, read from the backward's own inputs and flag."""
-    from xdiag.profile.torch_op_cost import ATTENTION_BACKWARD_OPS, op_cost
+    from xdiag.cost.torch_ops import ATTENTION_BACKWARD_OPS, op_cost
 
     layout = ATTENTION_BACKWARD_OPS[name][0]
     full = op_cost(name, _attention_backward_record(name, layout, causal=False))

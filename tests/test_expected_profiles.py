@@ -16,7 +16,7 @@ import pytest
 
 from tests.conftest import shared_profile
 from xdiag.analysis.device_peaks import DATASHEETS, checked_peaks, identify
-from xdiag.analysis.hlo_cost import gemm_flops, is_gemm_call
+from xdiag.cost.custom_calls import gemm_flops, is_gemm_call
 from xdiag.cloud.embedded import analyze_session
 from xdiag.investigators.health import health_snapshot
 from xdiag.investigators.rules import RuleEngine
@@ -26,7 +26,7 @@ from xdiag.profile.space import HloComputation, HloInstruction, HloModule
 from xdiag.tools.detect_unnecessary_convert_reduce import materialised_widening
 from xdiag.tools.get_memory_profile import _capacity
 from xdiag.tools.hlo_checks import ExecutedInstruction
-from xdiag.tools.ops import OpStat
+from xdiag.analysis.op_stats import OpStat
 
 
 

@@ -11,7 +11,7 @@ import pytest
 from xdiag.pipeline.deps import SessionLoader
 from xdiag.pipeline.layout import host_summary_uri
 from xdiag.pipeline.topics import ANALYSES
-from xdiag.profile.reader import read_session
+from xdiag.profile.session import read_session
 from xdiag.tools import BROAD_TOOLS, run_tool
 from xdiag.tools import host_summary
 

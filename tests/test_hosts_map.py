@@ -14,7 +14,7 @@ import pytest
 from xdiag.cloud.embedded import analyze_session
 from xdiag.errors import ProfileError
 from xdiag.profile.locate import locate_session
-from xdiag.profile.reader import BY_HOST_ENV, read_session
+from xdiag.profile.session import BY_HOST_ENV, read_session
 from xdiag.tools import REGISTRY, run_tool
 
 

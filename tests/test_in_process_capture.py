@@ -11,7 +11,7 @@ import tarfile
 from pathlib import Path
 
 from xdiag.profile.locate import locate_session
-from xdiag.profile.reader import read_session
+from xdiag.profile.session import read_session
 
 SHARED = Path(__file__).resolve().parents[1] / "shared"
 

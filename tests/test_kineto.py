@@ -26,7 +26,7 @@ from tests.test_expected_profiles import Diagnosed as ExpertDiagnosed
 from xdiag.cloud.embedded import analyze_session
 from xdiag.errors import ProfileError
 from xdiag.profile.locate import locate_session
-from xdiag.profile.reader import read_session
+from xdiag.profile.session import read_session
 from xdiag.profile.trace_json import KINETO, XPROF_CHROME, trace_format
 
 TRACES = SHARED_PROFILES.parent / "traces"
@@ -571,7 +571,7 @@ _READ_IN_A_CHILD = """
 import json, os, sys
 from pathlib import Path
 from xdiag.errors import ProfileError
-from xdiag.profile.reader import read_session
+from xdiag.profile.session import read_session
 rss = lambda: int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 baseline = rss()
 try:
@@ -696,7 +696,7 @@ def test_gemm_rates_from_input_shapes_match_a_hand_count(name, dtype):
     hand = _hand_gemm_rates(_raw(name))
     assert hand, "no GEMM kernel of this trace was launched by an aten::mm"
     from xdiag.analysis.device_peaks import session_peaks
-    from xdiag.tools.ops import op_stats
+    from xdiag.analysis.op_stats import op_stats
 
     session = read_session([_trace(name)])
     stats, peaks = op_stats(session), session_peaks(session)
@@ -735,7 +735,7 @@ def test_convolution_flops_from_the_recorded_shapes():
     ((224 + 6 - 7) // 2 + 1), so 2 · 10·64·112·112 · 3·7·7 = 2,360,279,040 FLOPs; its backward computes the weight's
     gradient only (output_mask [False, True, False]: no input gradient for the image), the same count once. A 3x3
     512->512 at 7x7 backward computes both gradients: 2 · 2 · 10·512·7·7 · 512·9 = 4,624,220,160."""
-    from xdiag.profile.torch_op_cost import op_cost
+    from xdiag.cost.torch_ops import op_cost
 
     events = [e for e in _complete_events(_raw(RESNET_CHECKPOINTED)) if e.get("cat") == "cpu_op"]
 
@@ -772,21 +772,13 @@ def _resnet18_step_flops(batch: int) -> float:
 
 def test_convolution_flops_per_step_match_a_hand_count_of_resnet18():
     """The MI300X ResNet (record_shapes on: Input Dims and Concrete Inputs) is ResNet-18 at batch 10, 224x224, with
-    activation checkpointing: 39 forward convolutions and 20 backwards per step. The FLOPs the reader gives the
+    activation checkpointing: 39 forward convolutions and 20 backwards per step. The FLOPs the analysis gives the
     convolution ops that launched its kernels (each op execution once) over its three steps are the hand count's
     (140.4 GFLOP per step) within 15%."""
-    import numpy as np
-
-    from xdiag.profile.space import NO_VALUE
-    from xdiag.profile.trace_json import CPU_OP_STAT, OP_FLOPS_STAT, OP_ID_STAT
+    from xdiag.analysis.op_stats import launched_cpu_ops
 
     session = read_session([_trace(RESNET_CHECKPOINTED)])
-    ops: dict[int, tuple[str, int]] = {}
-    for plane in session.device_planes(with_events=True):
-        for line in plane.lines:
-            number = line.numeric.get(OP_ID_STAT)
-            for i in np.flatnonzero(number != NO_VALUE) if number is not None else []:
-                ops[int(number[i])] = (plane.strings[line.strings[CPU_OP_STAT][i]], int(line.numeric[OP_FLOPS_STAT][i]))
+    ops = {op: (kernels[0][4], int(kernels[0][2])) for op, kernels in launched_cpu_ops(session).items()}
     convolutions = [flops for label, flops in ops.values() if "convolution" in label]
     steps, _ = _raw_steps_and_busy(_raw(RESNET_CHECKPOINTED))
     assert len(convolutions) == (39 + 20) * len(steps)
@@ -828,7 +820,7 @@ def _matrix_product(op: dict) -> float:
 def _rows(name: str) -> tuple[dict[str, dict], object]:
     """Every kernel row of the trace by kernel name, with its roofline, and the program's costed work."""
     from xdiag.analysis.device_peaks import session_peaks
-    from xdiag.tools.ops import costed_work, op_stats
+    from xdiag.analysis.op_stats import costed_work, op_stats
 
     session = read_session([_trace(name)])
     stats, peaks = op_stats(session), session_peaks(session)

@@ -26,7 +26,7 @@ from tests.test_consistency import check_report
 from tests.test_kineto import TRACES, Diagnosed, Reading
 from xdiag.cloud.embedded import analyze_session
 from xdiag.profile.locate import locate_session
-from xdiag.profile.reader import read_session
+from xdiag.profile.session import read_session
 
 JOBS = TESTS / "profiles" / "torch_ranks"
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")

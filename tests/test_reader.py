@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from xdiag.errors import ProfileError
 from xdiag.profile.locate import locate_session
-from xdiag.profile.reader import read_session
+from xdiag.profile.session import read_session
 
 from tests.conftest import shared_profile
 
@@ -205,7 +205,7 @@ _SESSION_DIGEST = """
 import hashlib, sys
 from pathlib import Path
 from xdiag.profile import wire
-from xdiag.profile.reader import read_session
+from xdiag.profile.session import read_session
 digest = hashlib.sha256()
 for host in read_session([Path(sys.argv[1])]).hosts:
     for plane in host.planes:

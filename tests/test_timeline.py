@@ -11,7 +11,7 @@ import pytest
 from xdiag.analysis.steps import NO_REPEATING_STEP, repeating_period, step_set
 from xdiag.cloud.embedded import analyze_session
 from xdiag.profile.locate import locate_session
-from xdiag.profile.reader import read_session
+from xdiag.profile.session import read_session
 from xdiag.tools import run_tool
 from xdiag.examples.capture import capture_workload
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from xdiag.analysis.breakdown import CATEGORIES
 from xdiag.model import ToolStatus
-from xdiag.profile.reader import read_session
+from xdiag.profile.session import read_session
 from xdiag.tools import BROAD_TOOLS, REGISTRY, run_tool
 from xdiag.tools.common import xprof_source
 

@@ -186,7 +186,7 @@ def test_achieved_rate_matches_a_hand_calculation(workload, analyses):
 def test_the_program_roofline_is_the_op_rows_over_their_own_time(workload, analyses):
     """Failed before: the program's figure counted every op's bytes, VMEM-held ones too, and said 97.1% (gpt_train)
     and 93.6% (conv_net_train) beside op rows at 83-97% and 70-90%; it is now the rows' time-weighted mean."""
-    from xdiag.profile.reader import read_session
+    from xdiag.profile.session import read_session
     from xdiag.tools.registry import run_tool
 
     rows = run_tool(read_session([PROFILES[workload]]), "get_hlo_op_profile", {"top_n": 200}).detail["ops"]

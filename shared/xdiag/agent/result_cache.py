@@ -101,7 +101,7 @@ class ResultCache:
         and stored there (with the tables every tool builds first). ProfileError where the profile cannot be read."""
         from xdiag.analysis import prepared
         from xdiag.profile.compact import load_session, save_session
-        from xdiag.profile.reader import read_session
+        from xdiag.profile.session import read_session
 
         entry = self.entry(files)
         stored = entry / SESSION_FILE
@@ -147,7 +147,7 @@ def answer_tool(files: list[Path], session_name: str, tool: str, args: dict[str,
     from xdiag.tools import run_tool
 
     if cache is None:
-        from xdiag.profile.reader import read_session
+        from xdiag.profile.session import read_session
 
         session = read_session(files, name=session_name, max_bytes=max_bytes)
     else:

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from xdiag.analysis.hlo_cost import is_gemm_call
+from xdiag.cost.custom_calls import is_gemm_call
 from xdiag.profile.space import HloInstruction, HloModule
 
 COLLECTIVE_OPCODES = {

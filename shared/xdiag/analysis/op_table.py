@@ -11,9 +11,9 @@ from collections.abc import Iterable
 import numpy as np
 
 from xdiag.analysis.categories import _category_from_name, categorize
-from xdiag.analysis.hlo_cost import is_gemm_call
 from xdiag.analysis.intervals import covered
 from xdiag.analysis.session_cache import cached
+from xdiag.cost.custom_calls import is_gemm_call
 from xdiag.profile.columns import factorize_rows, isin_ids, unique_with_inverse
 from xdiag.profile.space import NO_VALUE, HloModule, Line, Plane, Session
 

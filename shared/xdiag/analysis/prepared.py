@@ -38,10 +38,12 @@ _SCALAR_KEY = "__numpy__"  # a key no row, device or category is named
 
 @functools.cache
 def code_digest() -> str:
-    """A digest of the code the tables come from (this package and the profile package it reads through)."""
+    """A digest of the code the tables come from (this package, the cost models it calls and the profile package it
+    reads through)."""
     digest = hashlib.sha256(str(FORMAT).encode())
     package = Path(__file__).resolve().parents[1]
-    for path in sorted([*(package / "analysis").rglob("*.py"), *(package / "profile").rglob("*.py")]):
+    for path in sorted([*(package / "analysis").rglob("*.py"), *(package / "cost").rglob("*.py"),
+                        *(package / "profile").rglob("*.py")]):
         digest.update(path.relative_to(package).as_posix().encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()

@@ -1,7 +1,7 @@
 """Ops on the roofline: each costed op's bound, roof and efficiency against checked device peaks, and what
 the rows say together (memory-bound time that is a defect, how close the dominant ops come to their roof).
 
-Pure functions over op rows (tools.ops.OpStat.row) and peaks (analysis.device_peaks), so the op-profile tool,
+Pure functions over op rows (analysis.op_stats.OpStat.row) and peaks (analysis.device_peaks), so the op-profile tool,
 the health snapshot and the rules read one definition.
 """
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from xdiag.analysis.hlo_cost import shape_bytes
 from xdiag.analysis.op_table import op_table
+from xdiag.cost.hlo import shape_bytes
 from xdiag.profile.space import NO_VALUE, Session
 
 

@@ -22,7 +22,8 @@ from xdiag.pipeline.layout import PREPARED_DIR, host_summary_uri, inputs_key, pr
 from xdiag.pipeline.ports import BlobInfo, BlobStore, Bus, StateStore
 from xdiag.pipeline.runs import CaptureSettings, MonitorSettings
 from xdiag.profile.compact import load_session, save_session
-from xdiag.profile.reader import DEFAULT_MAX_PROFILE_BYTES, assemble_session, read_session, read_threads
+from xdiag.profile.reader import DEFAULT_MAX_PROFILE_BYTES, assemble_session, read_threads
+from xdiag.profile.session import read_session
 from xdiag.profile.space import Session
 from xdiag.sizes import readable_size
 from xdiag.tools import host_summary
@@ -133,7 +134,7 @@ class SessionLoader:
         columns and HLO modules at `prepared_host_uri`; returns (that URI, bytes written). ProfileError where the
         file cannot be read, FileNotFoundError where it was replaced or deleted. Whatever it decoded goes back to the
         system before it returns: one instance maps host after host at the peak of its largest."""
-        from xdiag.profile.reader import _return_freed_memory_to_the_os
+        from xdiag.profile.reader import return_freed_memory_to_the_os
 
         uri = prepared_host_uri(output, info)
         if self._blobs.exists(uri) and self._blobs.exists(host_summary_uri(output, info)):
@@ -148,7 +149,7 @@ class SessionLoader:
             return uri, size
         finally:
             gc.collect()
-            _return_freed_memory_to_the_os()
+            return_freed_memory_to_the_os()
 
     def _assemble_mapped(self, key: tuple[BlobInfo, ...], name: str, output: str) -> Session:
         """The session of the map stage's prepared host files, in the session's file order: `read_session`'s, column

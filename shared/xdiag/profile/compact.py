@@ -35,7 +35,9 @@ from xdiag.profile.space import (
     TimeColumn,
 )
 
-MAGIC = b"XDIAGS01"
+MAGIC = b"XDIAGS02"
+"""Its last two digits: the version of the layout and of what the reader stores (02: a Kineto trace's CPU ops carry
+their recorded inputs, costed by the analysis, not their FLOPs); a file of another version is refused."""
 ALIGN = 64
 ARRAY_KEY = "__array__"  # a stored table that is an array: where it is in the data section
 

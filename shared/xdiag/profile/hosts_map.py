@@ -1,7 +1,7 @@
 """A many-host session read host by host: each host's file decoded by a worker process, its columns written to a
 file of its own and mapped back, so that the analysing process never holds every host's columns at once.
 
-Read in one process (`reader.read_session(..., by_host=False)`), a session's memory is the sum of its hosts' decoded
+Read in one process (`session.read_session(..., by_host=False)`), a session's memory is the sum of its hosts' decoded
 columns: `xdiag analyze` of 24 hosts of a 20 MiB CPU capture peaked at 589 MiB against 130 MiB for one host. Here each
 host is the map's unit: `workers` worker processes (a fresh interpreter each, one per core at most) take the hosts one
 after another, decode each exactly as `read_host` does, write its columns and HLO modules to a prepared file
@@ -30,9 +30,9 @@ from xdiag.profile.compact import load_session, save_session
 from xdiag.profile.reader import (
     DEFAULT_MAX_PROFILE_BYTES,
     Progress,
-    _return_freed_memory_to_the_os,
     assemble_session,
     read_host,
+    return_freed_memory_to_the_os,
     session_bytes,
 )
 from xdiag.profile.locate import is_trace_file
@@ -185,7 +185,7 @@ def serve_maps(map_one: Callable[[Path, Path, int], int]) -> int:
         except ProfileError as exc:
             answer = "failed\t" + " ".join(str(exc).split())
         gc.collect()
-        _return_freed_memory_to_the_os()
+        return_freed_memory_to_the_os()
         sys.stdout.write(answer + "\n")
         sys.stdout.flush()
     return 0

@@ -9,15 +9,12 @@ XSpace is refused with a `ProfileError` that says what is wrong and where.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import collections
 import concurrent.futures
 import contextlib
 import ctypes
 import ctypes.util
 import gc
-import json
 import mmap
 import os
 import traceback
@@ -31,14 +28,13 @@ from xdiag.errors import ProfileError
 from xdiag.sizes import readable_size
 from xdiag.profile import schema, wire
 from xdiag.profile.columns import unique_with_inverse
+from xdiag.profile.hlo_module import hlo_module
 from xdiag.profile.locate import is_trace_file
 from xdiag.profile.trace_json import read_trace_host
 from xdiag.profile.space import (
     NO_VALUE,
     NUMERIC_STATS,
     STRING_STATS,
-    HloComputation,
-    HloInstruction,
     HloModule,
     HostProfile,
     Line,
@@ -58,7 +54,7 @@ Progress = Callable[[str, int, int], None]
 """progress(what, done_bytes, total_bytes)"""
 
 
-def _return_freed_memory_to_the_os() -> None:
+def return_freed_memory_to_the_os() -> None:
     """glibc's malloc keeps freed memory for reuse; the read frees each line's int64 decoder output once it is
     packed, between the packed columns it keeps, so that memory would stay in the process for good (a third of
     the 200 MiB bench profile's memory after the read). malloc_trim hands its free pages back. Only where the C
@@ -147,9 +143,6 @@ def _stats_dict(stats, stat_names: dict[int, str]) -> dict[str, object]:
 
 
 _CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-BY_HOST_ENV = "XDIAG_READ_BY_HOST"
-"""`0`: a session of several hosts is read in this process, every host at once, as before the host-by-host read
-(the bench compares the two)."""
 READ_THREADS = max(1, min(4, _CPUS))
 """Lines decoded at once: the compiled decoder releases the GIL, so lines decode in parallel threads."""
 
@@ -281,190 +274,6 @@ class _StatColumns:
         self.string_slots = np.array([self.string_names.index(n) for _, n in strings], dtype=np.int64)
 
 
-def _contraction(ins) -> dict[str, tuple[int, ...]]:
-    """lhs contracting and batch dimensions of a dot, or of a GEMM custom call (cuBLAS, hipBLASLt), whose
-    backend config carries the dot dimension numbers as JSON."""
-    numbers = ins.dot_dimension_numbers
-    if ins.opcode == "custom-call" and b"dot_dimension_numbers" in ins.backend_config:
-        try:
-            config = json.loads(ins.backend_config)
-        except ValueError:
-            return {}
-        found = next((v["dot_dimension_numbers"] for v in config.values()
-                      if isinstance(v, dict) and isinstance(v.get("dot_dimension_numbers"), dict)), {})
-        return {
-            "lhs_contracting": tuple(int(d) for d in found.get("lhs_contracting_dimensions", [])),
-            "lhs_batch": tuple(int(d) for d in found.get("lhs_batch_dimensions", [])),
-        }
-    return {
-        "lhs_contracting": tuple(numbers.lhs_contracting_dimensions),
-        "lhs_batch": tuple(numbers.lhs_batch_dimensions),
-    }
-
-
-def _conv_kernel_dims(ins) -> tuple[int, ...]:
-    """A convolution's (or conv custom call's) kernel input-feature dimension, then its spatial dimensions."""
-    if not ins.HasField("convolution_dimension_numbers"):
-        return ()
-    numbers = ins.convolution_dimension_numbers
-    return (numbers.kernel_input_feature_dimension, *numbers.kernel_spatial_dimensions)
-
-
-def _conv_is_matrix_product(ins, by_id: dict) -> bool:
-    """A convolution whose windows never slide: each spatial dimension contracted whole (the kernel as large as
-    the input, one output position), pointwise (a kernel of 1, every position kept), or a batch (a window as large
-    as the input, over the input base-dilated so that each output position sees one input position). XLA:TPU writes the
-    matrix products it fuses this way (a GPT's weight gradients: bf16[16,1024,16384] "convolved" with
-    [16,1024,1024] over its batch of 16; an attention's Q·Kᵀ over its heads, `convolution-base-dilated`)."""
-    if ins.opcode != "convolution" or not ins.HasField("convolution_dimension_numbers") or len(ins.operand_ids) < 2:
-        return False
-    numbers = ins.convolution_dimension_numbers
-    lhs, rhs = by_id.get(ins.operand_ids[0]), by_id.get(ins.operand_ids[1])
-    spatial = list(zip(numbers.input_spatial_dimensions, numbers.kernel_spatial_dimensions,
-                       numbers.output_spatial_dimensions))
-    if lhs is None or rhs is None or len(spatial) != len(numbers.kernel_spatial_dimensions):
-        return False
-    windows = list(ins.window.dimensions) if ins.HasField("window") else []
-    try:
-        sizes = [(lhs.shape.dimensions[i], rhs.shape.dimensions[k], ins.shape.dimensions[o],
-                  windows[n].base_dilation if n < len(windows) else 1) for n, (i, k, o) in enumerate(spatial)]
-    except IndexError:
-        return False
-    return all((window == size and out == 1) or (window == 1 and out == size)
-               or (window == size == out and dilation > 1) for size, window, out, dilation in sizes)
-
-
-def _fusion_backend_kind(ins) -> str:
-    """What emits a custom fusion (`__triton`, `__triton_nested_gemm_fusion`, `__ynn_fusion`, …): the `kind` its
-    backend config names; "" for other instructions or where the config does not say."""
-    if ins.opcode != "fusion" or ins.fusion_kind != "kCustom" or b'"kind"' not in ins.backend_config:
-        return ""
-    try:
-        config = json.loads(ins.backend_config)
-    except ValueError:
-        return ""
-    if not isinstance(config, dict):
-        return ""
-    # XLA:GPU keeps it under fusion_backend_config, XLA:CPU under fusion_config.
-    fusion = config.get("fusion_backend_config") or config.get("fusion_config")
-    return str(fusion.get("kind", "")) if isinstance(fusion, dict) else ""
-
-
-def _kernel_cost_estimate(ins) -> tuple[float, ...]:
-    """(FLOPs, bytes accessed) a custom kernel's author gave it (Pallas `cost_estimate=`, carried in the custom
-    call's backend config as `cost_estimate`); () where it has none."""
-    if ins.opcode != "custom-call" or b'"cost_estimate"' not in ins.backend_config:
-        return ()
-    try:
-        config = json.loads(ins.backend_config)
-    except ValueError:
-        return ()
-    places = [config, config.get("custom_call_config")] if isinstance(config, dict) else []
-    estimate = next((p["cost_estimate"] for p in places if isinstance(p, dict) and isinstance(p.get("cost_estimate"), dict)), {})
-    try:
-        return (float(estimate["flops"]), float(estimate.get("bytes_accessed", 0)))
-    except (KeyError, TypeError, ValueError):
-        return ()
-
-
-MOSAIC_TARGET = "tpu_custom_call"
-"""A Pallas TPU kernel: its backend config carries the kernel's Mosaic module (MLIR bytecode, base64) as `body`."""
-
-
-def _kernel_position_mask(ins) -> bool:
-    """Whether a Mosaic kernel's body builds index iotas (`tpu.iota`, named in the bytecode's op table): the
-    positional mask of a causal attention kernel (JAX's flash kernels build none without it)."""
-    if ins.opcode != "custom-call" or ins.custom_call_target != MOSAIC_TARGET or b'"body"' not in ins.backend_config:
-        return False
-    try:
-        body = json.loads(ins.backend_config)["custom_call_config"]["body"]
-        return b"tpu.iota" in base64.b64decode(body)
-    except (ValueError, KeyError, TypeError, binascii.Error):
-        return False
-
-
-ATTENTION_TARGET_PREFIX = "__cudnn$fmha"
-"""XLA:GPU's fused attention custom calls (cuDNN flash attention: `__cudnn$fmhaSoftmax`, `…ScaleBiasSoftmax`,
-`…Dropout`, and their `…Backward`), whose backend config names the score matrix they never write."""
-
-
-def _attention(ins) -> dict:
-    """A fused attention call's score dims [B,H,Sq,Sk] (`intermediate_tensor_shape`) and causal mask, from its
-    backend config; {} for any other instruction or a config without them."""
-    if ins.opcode != "custom-call" or not ins.custom_call_target.startswith(ATTENTION_TARGET_PREFIX):
-        return {}
-    try:
-        config = json.loads(ins.backend_config).get("cudnn_fmha_backend_config") or {}
-        scores = tuple(int(d) for d in config["intermediate_tensor_shape"]["dimensions"])
-    except (ValueError, KeyError, TypeError, AttributeError):
-        return {}
-    causal = "CAUSAL" in str(config.get("mask_type", "")).upper() or config.get("is_causal_mask") is True
-    return {"attention_scores": scores, "attention_causal": causal}
-
-
-def _scheduled(computation, sequence) -> list:
-    """The computation's instructions in the order the device runs them (the module's schedule), where the
-    schedule covers them all; else in the proto's order. Kernels that carry no instruction name of their own
-    (those of a CUDA graph) are matched to their instructions by this order."""
-    if sequence is None or len(sequence.instruction_ids) != len(computation.instructions):
-        return list(computation.instructions)
-    by_id = {ins.id: ins for ins in computation.instructions}
-    ordered = [by_id.get(i) for i in sequence.instruction_ids]
-    return ordered if None not in ordered else list(computation.instructions)
-
-
-def _hlo_module(proto_bytes: bytes, host: str, fallback_id: int) -> HloModule | None:
-    try:
-        module = schema.HloProto.FromString(proto_bytes).hlo_module
-    except DecodeError:
-        return None
-    computations: dict[str, HloComputation] = {}
-    id_to_computation = {c.id: c.name for c in module.computations}
-    for computation in module.computations:
-        id_to_name = {i.id: i.name for i in computation.instructions}
-        by_id = {i.id: i for i in computation.instructions}
-        instructions = []
-        for ins in _scheduled(computation, module.schedule.sequences.get(computation.id)):
-            shape = ins.shape
-            dtype = schema.PRIMITIVE_TYPES.get(shape.element_type, f"type{shape.element_type}")
-            instructions.append(
-                HloInstruction(
-                    name=ins.name,
-                    opcode=ins.opcode,
-                    dtype=dtype,
-                    dims=tuple(shape.dimensions),
-                    layout=tuple(shape.layout.minor_to_major),
-                    operands=tuple(id_to_name.get(i, str(i)) for i in ins.operand_ids),
-                    fusion_kind=ins.fusion_kind,
-                    op_name=ins.metadata.op_name,
-                    source=f"{ins.metadata.source_file}:{ins.metadata.source_line}" if ins.metadata.source_file else "",
-                    called=tuple(id_to_computation.get(i, str(i)) for i in ins.called_computation_ids),
-                    tuple_shapes=tuple(
-                        (schema.PRIMITIVE_TYPES.get(t.element_type, "?"), tuple(t.dimensions)) for t in shape.tuple_shapes
-                    ),
-                    custom_call_target=ins.custom_call_target,
-                    conv_kernel_dims=_conv_kernel_dims(ins),
-                    conv_is_matrix_product=_conv_is_matrix_product(ins, by_id),
-                    fusion_backend_kind=_fusion_backend_kind(ins),
-                    memory_space=shape.layout.memory_space,
-                    kernel_cost_estimate=_kernel_cost_estimate(ins),
-                    operand_precision=tuple(ins.precision_config.operand_precision),
-                    **_contraction(ins),
-                    tuple_memory_spaces=tuple(t.layout.memory_space for t in shape.tuple_shapes),
-                    is_host_transfer=ins.is_host_transfer,
-                    **_attention(ins),
-                    kernel_position_mask=_kernel_position_mask(ins),
-                )
-            )
-        computations[computation.name] = HloComputation(computation.name, instructions)
-    entry = module.entry_computation_name or id_to_computation.get(module.entry_computation_id, "")
-    if entry not in computations and computations:
-        entry = list(computations)[-1]
-    return HloModule(
-        name=module.name, program_id=module.id or fallback_id, entry=entry, computations=computations, host=host
-    )
-
-
 _PLANE_METADATA_FIELDS = (1, 2, 4, 5, 6)  # id, name, event_metadata, stat_metadata, stats: all but the lines
 
 
@@ -516,7 +325,7 @@ def _decode_plane(
             for stat in meta.stats:
                 stat_name = stat_names.get(stat.metadata_id, str(stat.metadata_id))
                 if stat_name in ("Hlo Proto", "hlo_proto"):
-                    module = _hlo_module(stat.bytes_value, host, key)
+                    module = hlo_module(stat.bytes_value, host, key)
                     if module is not None:
                         modules.append(module)
                     continue
@@ -646,31 +455,16 @@ def _distinct_host_names(read: list[tuple[HostProfile, list[HloModule]]]) -> Non
             host.hostname = name
 
 
-def read_session(
-    paths: list[Path],
-    name: str | None = None,
-    max_bytes: int = DEFAULT_MAX_PROFILE_BYTES,
-    progress: Progress | None = None,
-    threads: int = READ_THREADS,
-    by_host: bool | None = None,
-    **map_options,
-) -> Session:
-    """Reads every host file of one capture into a Session, decoding up to `threads` lines at once (1 where other
-    processes need the cores more: XProf's conversions that the analysis waits for). A session of several hosts is
-    read host by host, each in its own worker process, and mapped (xdiag.profile.hosts_map): its memory is not the sum
-    of its hosts'. `map_options` go to that read (`hosts_map.read_session_by_host`: worker, on_mapped)."""
-    if by_host is None:
-        by_host = os.environ.get(BY_HOST_ENV, "1") != "0"
-    if len(paths) >= 2 and by_host:
-        from xdiag.profile.hosts_map import read_session_by_host
-
-        return read_session_by_host(paths, name=name, max_bytes=max_bytes, progress=progress, workers=threads,
-                                    **map_options)
-    total = session_bytes(paths, max_bytes)
+def read_session_in_process(paths: list[Path], name: str | None = None, max_bytes: int = DEFAULT_MAX_PROFILE_BYTES,
+                            progress: Progress | None = None, threads: int = READ_THREADS) -> Session:
+    """Every host file of one capture read into a Session in this process, every host's columns at once (see
+    xdiag.profile.session.read_session, which reads a session of several hosts host by host instead), decoding up
+    to `threads` lines at once."""
+    session_bytes(paths, max_bytes)
     read = [(read_trace_host(path), []) if is_trace_file(path) else read_host(path, progress, threads)
             for path in sorted(paths)]
     session = assemble_session(read, name or paths[0].parent.name)
-    _return_freed_memory_to_the_os()
+    return_freed_memory_to_the_os()
     return session
 
 
@@ -725,7 +519,7 @@ def warm_up() -> None:
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "warm-up.xplane.pb"
         path.write_bytes(space.SerializeToString())
-        read_session([path])
+        read_session_in_process([path])
 
 
 if __name__ == "__main__":

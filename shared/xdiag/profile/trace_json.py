@@ -21,22 +21,20 @@ import gzip
 import math
 import re
 import zlib
-from array import array
 from decimal import Decimal
 from pathlib import Path
-from collections.abc import Callable
 from typing import Any
 
 import ijson
 import numpy as np
 
 from xdiag.errors import ProfileError
+from xdiag.profile.json_shape import JsonShape
+from xdiag.profile.trace_columns import LineColumns, PlaneColumns
 from xdiag.profile.locate import trace_stem
+from xdiag.profile.op_records import op_record
 from xdiag.sizes import readable_size
-from xdiag.profile.space import (
-    NO_VALUE, NUMERIC_STATS, STRING_STATS, HostProfile, Line, Plane, Session, StatColumns, TimeColumn,
-)
-from xdiag.profile.torch_op_cost import op_cost
+from xdiag.profile.space import NUMERIC_STATS, STRING_STATS, HostProfile, Session
 
 KINETO = "PyTorch Kineto trace (Chrome trace JSON)"
 XPROF_CHROME = "XProf Chrome trace (trace.json)"
@@ -46,11 +44,14 @@ BLOCKING_COPY_STAT = "blocking_copy"
 """On a runtime call that copies asynchronously (cudaMemcpyAsync): 1 where its copy is from or to pageable host
 memory (the GPU event says `Pageable`), which CUDA and HIP perform synchronously: the host waits for the stream."""
 _ASYNC_COPY_CALL = re.compile(r"^(cuda|hip)Memcpy\w*Async$")
+CPU_OP_INPUTS_STAT = "cpu_op_inputs"
+"""On a CPU op: its name and the inputs Kineto recorded with it (op_records.op_record), for the analysis to cost
+(xdiag.cost.torch_ops). A host plane numbers its texts in the order it first met them, so of two records the one with
+the lower number was met first in the file."""
 CPU_OP_STAT = "cpu_op"
-"""On a GPU kernel: the CPU op that launched it, with the input shapes its FLOPs were counted from
-("aten::addmm f32[4096,100] f32[100,64] f32[64]"); beside it that op's number in the file (OP_ID_STAT: the kernels
-of one op execution share it) and the op's whole FLOPs and bytes (OP_FLOPS_STAT, OP_BYTES_STAT)."""
-OP_ID_STAT, OP_FLOPS_STAT, OP_BYTES_STAT = "cpu_op_id", "cpu_op_flops", "cpu_op_bytes"
+"""On a GPU kernel: the record (op_records.op_record) of the CPU op that launched it, where that op carries input
+shapes; beside it that op's number in the file (OP_ID_STAT: the kernels of one op execution share it)."""
+OP_ID_STAT = "cpu_op_id"
 UNCAPTURED_LAUNCH_STAT = "launch_not_in_trace"
 """On a GPU kernel: 1 where its correlation id names no runtime call in the trace: launched before the capture began
 (the GPU runs behind the host), so which CPU op launched it, and with what shapes, is not known."""
@@ -59,8 +60,6 @@ FIRST_LAUNCH_STAT = "first_launch_of_kernel"
 the kernel's module if it loads lazily (CUDA_MODULE_LOADING=LAZY, HIP's code objects)."""
 SHAPES_STAT = "cpu_op_shapes"
 """Host-plane stat: 1 where the trace's CPU ops carry input shapes (record_shapes=True), 0 where none does."""
-FLOPS_UNKNOWN_STAT = "cpu_op_flops_unknown"
-"""Host-plane stat: why some matrix-product or attention ops could not be costed (the first reason met)."""
 _CPU_OP, _KERNEL, _COMMS = 1, 2, 3  # event kinds kept per line (launch linking, a CPU-only run's ops)
 CPU_ONLY_OPS_STAT = "cpu_ops_as_device_ops"
 """Host-plane stat: 1 where a Kineto trace has no GPU event (a CPU-only run): its CPU ops are then the work a device
@@ -87,153 +86,13 @@ TRACE_MAX_DECODED_BYTES = 1024**3
 TRACE_MAX_EVENTS events of up to 1.7 KiB each."""
 TRACE_MAX_EVENTS = 600_000
 """Items of `traceEvents` read from one file (a Kineto trace of about 150 MB): what reading and analysing a trace
-holds grows with its events (up to about 560 bytes an event, where every CPU op is costed), so this bounds its memory
-whatever it holds: 512 MiB (bench/README.md, "Hostile traces")."""
+holds grows with its events (up to about 560 bytes an event, where every CPU op carries input shapes), so this bounds
+its memory whatever it holds: 512 MiB (bench/README.md, "Hostile traces")."""
 TRACE_MAX_TEXT_BYTES = 32 * 1024**2
-"""The distinct texts kept from one file (event, thread and process names, string stats, op labels), all together."""
-TRACE_MAX_DEPTH = 64
-"""Nesting of arrays and objects (a Kineto event is 4 deep): the parser's path to a value grows with the depth."""
-TRACE_MAX_STRING_BYTES = 1024**2
-"""One string, as written: the parser holds a string whole before it hands it on (Kineto's longest are kernel
-names and stacks, a few KiB)."""
-TRACE_MAX_NUMBER_CHARS = 100
-"""One number (or true, false, null), as written: ijson's C parser ends the process on an integer of more than
-4,300 digits instead of raising."""
-TRACE_MAX_EVENT_BYTES = 1024**2
-"""One event, or one top-level value other than `traceEvents`, as written: each is built whole as Python objects."""
-TRACE_MAX_TOP_VALUES = 1000
-"""Arrays and objects at the top level of a trace object (Kineto writes a dozen keys beside `traceEvents`)."""
+"""The distinct texts kept from one file (event, thread and process names, string stats, CPU op records), all
+together."""
 _MAX_TIME_PS = 86_400 * 10**12
 """An event's time from the file's first event, and its duration: a profile spans seconds to hours, never a day."""
-
-_BRACKET = np.zeros(256, np.int8)  # +1 opens an array or object, -1 closes one
-_BRACKET[[ord("{"), ord("[")]] = 1
-_BRACKET[[ord("}"), ord("]")]] = -1
-_LITERAL = np.ones(256, bool)  # a byte of a number, true, false or null where it is outside a string
-_LITERAL[list(b'{}[],:" \t\r\n')] = False
-_QUOTE, _BACKSLASH = ord('"'), ord("\\")
-_EXEMPT = -1  # the start recorded for the one container the event limit does not bind: `traceEvents` itself
-
-
-class _JsonShape:
-    """Checks the JSON text as it streams, a chunk at a time and before the parser sees that chunk, so the parser never
-    holds more than the limits allow: nesting depth, one string's and one number's length, one event's size. Columnar
-    (numpy over the chunk's bytes), so the check costs a fraction of the parse."""
-
-    def __init__(self, name: str, top_is_array: bool):
-        self.name, self.top_is_array = name, top_is_array
-        self.offset = 0  # bytes checked before this chunk
-        self.tail = b""  # the last bytes of the previous chunk: what precedes a container that opens at a chunk's start
-        self.in_string, self.string_start = False, 0
-        self.backslashes = 0  # the run of backslashes that ended the previous chunk
-        self.literal_run = 0  # the number (or literal) the previous chunk ended in, so far
-        self.depth = 0
-        self.top_values = 0
-        # Depths whose containers the event limit binds -> the start of the one open there (None: none is open).
-        self.bounded: dict[int, int | None] = {2: None} if top_is_array else {2: None, 3: None}
-
-    def _refuse(self, what: str) -> ProfileError:
-        return ProfileError(f"{self.name}: {what}; not read (a trace is refused past the reader's limits)")
-
-    def feed(self, chunk: bytes) -> None:
-        data = np.frombuffer(chunk, np.uint8)
-        quotes = data == _QUOTE
-        backslashes = data == _BACKSLASH
-        if self.backslashes or backslashes.any():
-            self._unmark_escaped(quotes, backslashes)
-        inside = np.cumsum(quotes, dtype=np.int32)
-        if self.in_string:
-            inside += 1
-        inside &= 1  # 1 from an opening quote to the byte before its closing quote
-        self._check_strings(np.flatnonzero(quotes), len(data))
-        self._check_literals(_LITERAL[data] & (inside == 0))
-        at = np.flatnonzero((_BRACKET[data] != 0) & (inside == 0))
-        self._check_containers(chunk, at, _BRACKET[data[at]])
-        self.offset += len(data)
-        self.tail = chunk[-64:]
-
-    def _unmark_escaped(self, quotes: np.ndarray, backslashes: np.ndarray) -> None:
-        """A quote after an odd run of backslashes is escaped (the run may have begun in the previous chunk)."""
-        edges = np.flatnonzero(np.diff(backslashes.view(np.int8), prepend=0, append=0))
-        run_starts, run_ends = edges[0::2], edges[1::2]  # each run of backslashes: [start, end)
-        if len(run_starts) and run_starts[0] == 0:
-            run_starts[0] -= self.backslashes
-        escaped = run_ends[run_ends < len(quotes)]
-        escaped = escaped[quotes[escaped] & ((escaped - run_starts[: len(escaped)]) % 2 == 1)]
-        quotes[escaped] = False
-        if self.backslashes % 2 and not backslashes[0]:  # the previous chunk's run ends right before this one
-            quotes[0] = False
-        if len(run_ends) and run_ends[-1] == len(quotes):
-            self.backslashes = int(run_ends[-1] - run_starts[-1])
-        else:
-            self.backslashes = 0
-
-    def _check_strings(self, quotes: np.ndarray, size: int) -> None:
-        at = quotes.astype(np.int64) + self.offset
-        if self.in_string:
-            at = np.concatenate(([self.string_start], at))
-        starts, ends = at[0::2], at[1::2]
-        longest = int((ends - starts[: len(ends)]).max()) if len(ends) else 0
-        self.in_string = len(starts) > len(ends)
-        if self.in_string:
-            self.string_start = int(starts[-1])
-            longest = max(longest, self.offset + size - self.string_start)
-        if longest > TRACE_MAX_STRING_BYTES:
-            raise self._refuse(f"a string of more than {readable_size(TRACE_MAX_STRING_BYTES)}")
-
-    def _check_literals(self, literal: np.ndarray) -> None:
-        limit, others = TRACE_MAX_NUMBER_CHARS, np.flatnonzero(~literal[: TRACE_MAX_NUMBER_CHARS + 1])
-        leading = int(others[0]) if len(others) else len(literal)  # the run the previous chunk began goes on so far
-        others_seen = np.cumsum(~literal, dtype=np.int32)  # a run longer than the limit: as many others at both ends
-        if self.literal_run + leading > limit or bool((others_seen[limit:] == others_seen[:-limit]).any()):
-            raise self._refuse(f"a number (or literal) of more than {limit} characters")
-        last_other = len(literal) - 1 - int(np.argmin(literal[::-1])) if not literal.all() else -1
-        self.literal_run = len(literal) - 1 - last_other + (self.literal_run if last_other < 0 else 0)
-
-    def _check_containers(self, chunk: bytes, at: np.ndarray, steps: np.ndarray) -> None:
-        depths = self.depth + np.cumsum(steps, dtype=np.int64)  # the depth after each bracket
-        if len(depths):
-            if int(depths.max()) > TRACE_MAX_DEPTH:
-                raise self._refuse(f"arrays or objects nested more than {TRACE_MAX_DEPTH} deep")
-            if int(depths.min()) < 0:
-                raise ProfileError(f"{self.name}: not valid JSON (a bracket closes what never opened)")
-            self.depth = int(depths[-1])
-        for depth in self.bounded:
-            opens = at[(steps == 1) & (depths == depth)]
-            closes = at[(steps == -1) & (depths == depth - 1)]
-            if depth == 2 and not self.top_is_array:
-                self._top_values(chunk, opens, closes)
-                continue
-            starts = opens.astype(np.int64) + self.offset
-            if self.bounded[depth] is not None:
-                starts = np.concatenate(([self.bounded[depth]], starts))
-            ends = closes.astype(np.int64) + self.offset
-            longest = int((ends - starts[: len(ends)]).max()) if len(ends) else 0
-            self.bounded[depth] = int(starts[-1]) if len(starts) > len(ends) else None
-            if self.bounded[depth] is not None:
-                longest = max(longest, self.offset + len(chunk) - self.bounded[depth])
-            if longest > TRACE_MAX_EVENT_BYTES:
-                raise self._refuse(f"an event of more than {readable_size(TRACE_MAX_EVENT_BYTES)}")
-
-    def _top_values(self, chunk: bytes, opens: np.ndarray, closes: np.ndarray) -> None:
-        """The top-level arrays and objects: each bound by the event limit, but `traceEvents`, whose events are."""
-        self.top_values += len(opens)
-        if self.top_values > TRACE_MAX_TOP_VALUES:
-            raise self._refuse(f"more than {TRACE_MAX_TOP_VALUES} arrays or objects beside the events")
-        start = self.bounded[2]
-        for position in sorted([*opens.tolist(), *closes.tolist()]):  # an open, its close, the next open...
-            if start is None:
-                before = (self.tail + chunk[:position])[-64:].rstrip()
-                is_events = before.endswith(b":") and before[:-1].rstrip().endswith(b'"traceEvents"')
-                start = _EXEMPT if is_events else self.offset + position
-            else:
-                if start != _EXEMPT and self.offset + position - start > TRACE_MAX_EVENT_BYTES:
-                    raise self._refuse(f"a top-level value of more than {readable_size(TRACE_MAX_EVENT_BYTES)}")
-                start = None
-        self.bounded[2] = start
-        if start not in (None, _EXEMPT) and self.offset + len(chunk) - start > TRACE_MAX_EVENT_BYTES:
-            raise self._refuse(f"a top-level value of more than {readable_size(TRACE_MAX_EVENT_BYTES)}")
-
 
 def trace_format(session: Session) -> str | None:
     """The trace format the session's files were read from (KINETO, XPROF_CHROME); None for xplanes."""
@@ -259,89 +118,6 @@ def _ps(value: Any) -> int | None:
         return None
     except ArithmeticError:
         return None
-
-
-class _LineColumns:
-    """One line's events as they arrive: name ids, start and duration (ps from the file's base), sparse stats."""
-
-    def __init__(self, line_id: int, name: str):
-        self.id, self.name = line_id, name
-        self.names, self.starts, self.durations = array("l"), array("q"), array("q")
-        self.kinds = array("b")  # _CPU_OP, _KERNEL or 0 per event
-        self.numeric: dict[str, tuple[array, array]] = {}
-        self.strings: dict[str, tuple[array, array]] = {}
-
-    def add(self, name_id: int, start_ps: int, duration_ps: int, kind: int = 0) -> int:
-        self.names.append(name_id)
-        self.starts.append(start_ps)
-        self.durations.append(duration_ps)
-        self.kinds.append(kind)
-        return len(self.names) - 1
-
-    def put(self, table: dict, stat: str, index: int, value: int) -> None:
-        if stat not in table:
-            table[stat] = (array("q"), array("q"))
-        table[stat][0].append(index)
-        table[stat][1].append(value)
-
-    def earliest_ps(self) -> int | None:
-        return min(self.starts) if len(self.starts) else None
-
-    def line(self, base_ns: int, shift_ps: int) -> Line:
-        """The finished line, its times `shift_ps` later (so none is before the line's timestamp)."""
-        count = len(self.names)
-        numeric, strings = StatColumns(count, NO_VALUE, np.int64), StatColumns(count, -1, np.int32)
-        for table, columns in ((self.numeric, numeric), (self.strings, strings)):
-            for stat, (index, values) in table.items():
-                columns.put(stat, np.frombuffer(index, np.int64).astype(np.int32), np.frombuffer(values, np.int64))
-        metadata = np.frombuffer(self.names, np.int64) if count else np.empty(0, np.int64)
-        top = int(metadata.max()) if count else 0
-        metadata = metadata.astype(np.uint8 if top < 2**8 else np.uint16 if top < 2**16 else np.int32)
-        return Line(self.id, self.name, self.name, base_ns, metadata,
-                    TimeColumn.pack(np.frombuffer(self.starts, np.int64) + shift_ps),
-                    TimeColumn.pack(np.frombuffer(self.durations, np.int64).copy()), numeric, strings)
-
-
-class _PlaneColumns:
-    def __init__(self, plane_id: int, name: str, hold_text: Callable[[str], None]):
-        self.id, self.name, self.hold_text = plane_id, name, hold_text
-        self.names: dict[str, int] = {}
-        self.metadata_stats: dict[int, dict[str, object]] = {}
-        self.strings: dict[str, int] = {}
-        self.lines: dict[object, _LineColumns] = {}
-        self.stats: dict[str, object] = {}
-
-    def name_id(self, name: str) -> int:
-        found = self.names.get(name)
-        if found is None:
-            self.hold_text(name)
-            found = self.names[name] = len(self.names)
-        return found
-
-    def string_id(self, text: str) -> int:
-        found = self.strings.get(text)
-        if found is None:
-            self.hold_text(text)
-            found = self.strings[text] = len(self.strings)
-        return found
-
-    def line(self, key: object, name: str) -> _LineColumns:
-        found = self.lines.get(key)
-        if found is None:
-            found = self.lines[key] = _LineColumns(len(self.lines), name)
-        return found
-
-    def earliest_ps(self) -> int | None:
-        starts = [found for line in self.lines.values() if (found := line.earliest_ps()) is not None]
-        return min(starts) if starts else None
-
-    def plane(self, host: str, base_ns: int, shift_ps: int, line_names: dict[object, str]) -> Plane:
-        lines = []
-        for key, columns in self.lines.items():
-            columns.name = line_names.get(key, columns.name)
-            lines.append(columns.line(base_ns, shift_ps))
-        return Plane(self.id, self.name, host, {v: k for k, v in self.names.items()}, {}, self.metadata_stats,
-                     self.stats, list(self.strings), lines)
 
 
 def _int(value: Any) -> int | None:
@@ -373,18 +149,18 @@ class _TraceBuilder:
     """Turns streamed events into planes: Kineto's categories into XProf's layout, XProf's own processes as they are."""
 
     def __init__(self):
-        self.planes: dict[object, _PlaneColumns] = {}
+        self.planes: dict[object, PlaneColumns] = {}
         self.process_names: dict[object, str] = {}
         self.thread_names: dict[tuple[object, object], str] = {}
         self.base_us: int | None = None
         self.events = 0
         self.kineto_events = 0
         self.flows = 0
-        self.async_copy_calls: list[tuple[_LineColumns, int, int]] = []  # (line, event index, correlation id)
+        self.async_copy_calls: list[tuple[LineColumns, int, int]] = []  # (line, event index, correlation id)
         self.pageable_copies: set[int] = set()  # correlation ids of GPU copies from or to pageable memory
-        self.op_costs: dict[tuple[int, int], dict] = {}  # (id of the host line, event index) -> op_cost of a CPU op
         self.cpu_ops_with_shapes = 0
-        self.flops_unknown: str | None = None
+        self.shaped_lines: set[int] = set()  # ids of the host lines with a CPU op that carries input shapes
+        self.shaped_records: set[int] = set()  # host-plane string ids of the op_records that carry input shapes
         self.text_bytes = 0  # distinct texts kept (TRACE_MAX_TEXT_BYTES)
 
     def hold_text(self, text: str) -> None:
@@ -393,10 +169,10 @@ class _TraceBuilder:
             raise ProfileError(f"more than {readable_size(TRACE_MAX_TEXT_BYTES)} of distinct names and texts; not read "
                                "(a trace is refused past the reader's limits)")
 
-    def _plane(self, key: object, name: str) -> _PlaneColumns:
+    def _plane(self, key: object, name: str) -> PlaneColumns:
         found = self.planes.get(key)
         if found is None:
-            found = self.planes[key] = _PlaneColumns(len(self.planes) + 1, name, self.hold_text)
+            found = self.planes[key] = PlaneColumns(len(self.planes) + 1, name, self.hold_text)
         return found
 
     def add(self, number: int, event: dict) -> None:
@@ -480,15 +256,12 @@ class _TraceBuilder:
         kind = _CPU_OP if category == "cpu_op" else _COMMS if _BACKEND_COLLECTIVE.match(name) else 0
         index = line.add(plane.name_id(name), start, duration, kind)
         if category == "cpu_op":
+            record = plane.string_id(op_record(name, args))
+            line.put(line.strings, CPU_OP_INPUTS_STAT, index, record)
             if "Input Dims" in args:
                 self.cpu_ops_with_shapes += 1
-            cost = op_cost(name, args)
-            if cost is not None:
-                if "flops" in cost:
-                    self.hold_text(cost["label"])
-                    self.op_costs[(id(line), index)] = cost
-                elif self.flops_unknown is None:
-                    self.flops_unknown = cost["reason"]
+                self.shaped_lines.add(id(line))
+                self.shaped_records.add(record)
         step = _PROFILER_STEP.match(name)
         if step:
             number = _int(step.group(1))
@@ -528,7 +301,7 @@ class _TraceBuilder:
         names = {id(plane): {v: k for k, v in plane.names.items()} for plane in self.planes.values()}
         kernel_of = {correlation: names[id(plane)][line.names[index]]  # correlation id -> its kernel's name
                      for plane, line, index, correlation in self._kernels()}
-        first: dict[str, tuple[int, _LineColumns, int]] = {}  # kernel name -> (start, line, index) of its first call
+        first: dict[str, tuple[int, LineColumns, int]] = {}  # kernel name -> (start, line, index) of its first call
         for line in host.lines.values():
             if "correlation_id" not in line.numeric:
                 continue
@@ -540,24 +313,26 @@ class _TraceBuilder:
         for _, line, index in first.values():
             line.put(line.numeric, FIRST_LAUNCH_STAT, index, 1)
 
-    def _launching_ops(self) -> dict[int, dict]:
-        """Correlation id of each runtime call whose innermost enclosing CPU op was costed -> that op's cost. The
-        innermost op is the one that launched: a matmul's own copies run inside it, but under a nested op (its
-        aten::copy_), never under the matmul directly."""
-        out: dict[int, dict] = {}
+    def _launching_ops(self) -> dict[int, tuple[LineColumns, int, int]]:
+        """Correlation id of each runtime call whose innermost enclosing CPU op carries input shapes -> (the op's line,
+        its index, its op_record's string id). The innermost op is the one that launched: a matmul's own copies run
+        inside it, but under a nested op (its aten::copy_), never under the matmul directly."""
+        out: dict[int, tuple[LineColumns, int, int]] = {}
         host = self.planes.get("host")
-        if host is None or not self.op_costs:
+        if host is None or not self.shaped_records:
             return out
-        costed_lines = {line_id for line_id, _ in self.op_costs}
+        shaped = np.array(sorted(self.shaped_records), np.int64)
         for line in host.lines.values():
-            if "correlation_id" not in line.numeric:
+            if "correlation_id" not in line.numeric or id(line) not in self.shaped_lines:
                 continue
             kinds = np.frombuffer(line.kinds, np.int8)
             starts, durations = np.frombuffer(line.starts, np.int64), np.frombuffer(line.durations, np.int64)
             launches, correlations = (np.frombuffer(a, np.int64) for a in line.numeric["correlation_id"])
             ops = np.flatnonzero(kinds == _CPU_OP)
-            if id(line) not in costed_lines:
-                continue
+            op_indexes, records = (np.frombuffer(a, np.int64) for a in line.strings[CPU_OP_INPUTS_STAT])
+            record_of = np.full(len(kinds), -1, np.int64)
+            record_of[op_indexes] = records
+            carries_shapes = np.isin(record_of, shaped)
             # Ops and launches in start order (an op before the calls it encloses; the outer of two ops first).
             items = sorted([(int(starts[i]), -int(durations[i]), 0, int(i)) for i in ops.tolist()]
                            + [(int(starts[i]), 0, 1, int(i)) for i in launches.tolist()])
@@ -568,40 +343,36 @@ class _TraceBuilder:
                     stack.pop()
                 if is_launch:
                     end = start + int(durations[index])
-                    if stack and stack[-1][0] >= end:
-                        cost = self.op_costs.get((id(line), stack[-1][1]))
-                        if cost is not None:
-                            out[by_launch[index]] = cost
+                    if stack and stack[-1][0] >= end and carries_shapes[stack[-1][1]]:
+                        out[by_launch[index]] = (line, stack[-1][1], int(record_of[stack[-1][1]]))
                 else:
                     stack.append((start - negative_duration, index))
         return out
 
-    def _cost_kernels(self) -> None:
-        """On each kernel a costed CPU op launched: the op (OP_ID_STAT, CPU_OP_STAT) and its whole FLOPs and bytes
-        (OP_FLOPS_STAT, OP_BYTES_STAT), for the analysis to share out over the op's kernels; the host plane says
-        whether the trace has shapes and why some ops have none."""
+    def _link_kernels(self) -> None:
+        """On each kernel launched by a CPU op that carries input shapes: the op (OP_ID_STAT, and its op_record as
+        CPU_OP_STAT), for the analysis to cost and share out over the op's kernels; on each kernel whose launch is not
+        in the trace, UNCAPTURED_LAUNCH_STAT. The host plane says whether the trace has shapes (SHAPES_STAT)."""
         host = self.planes.get("host")
         if host is not None:
             host.stats[SHAPES_STAT] = int(self.cpu_ops_with_shapes > 0)
-            if self.flops_unknown:
-                host.stats[FLOPS_UNKNOWN_STAT] = self.flops_unknown
         launched = self._launching_ops()
         if not launched:
             return
         calls = {int(c) for line in host.lines.values() if "correlation_id" in line.numeric
                  for c in np.frombuffer(line.numeric["correlation_id"][1], np.int64).tolist()} if host else set()
-        numbers: dict[int, int] = {}  # id(cost) -> the op's number in this file
+        records = list(host.strings)  # by string id
+        numbers: dict[tuple[int, int], int] = {}  # (id of the op's line, its index) -> the op's number in this file
         for plane, line, index, correlation in self._kernels():
             if correlation not in calls:
                 line.put(line.numeric, UNCAPTURED_LAUNCH_STAT, index, 1)
-            cost = launched.get(correlation)
-            if cost is None:
+            found = launched.get(correlation)
+            if found is None:
                 continue
-            number = numbers.setdefault(id(cost), len(numbers))
+            op_line, op, record = found
+            number = numbers.setdefault((id(op_line), op), len(numbers))
             line.put(line.numeric, OP_ID_STAT, index, number)
-            line.put(line.numeric, OP_FLOPS_STAT, index, cost["flops"])
-            line.put(line.numeric, OP_BYTES_STAT, index, cost["bytes"])
-            line.put(line.strings, CPU_OP_STAT, index, plane.string_id(cost["label"]))
+            line.put(line.strings, CPU_OP_STAT, index, plane.string_id(records[record]))
 
     def _mark_cpu_ops(self) -> None:
         """A CPU-only run: on each host thread, the outermost CPU ops (an op enclosed by another is part of it) and the
@@ -662,7 +433,7 @@ class _TraceBuilder:
         self._mark_first_launches()
         if kineto:
             self._mark_cpu_ops()
-        self._cost_kernels()
+        self._link_kernels()
         info = top.get("distributedInfo") if isinstance(top.get("distributedInfo"), dict) else {}
         rank = _int(info.get("rank"))
         hostname = trace_stem(path.name)
@@ -759,7 +530,7 @@ def read_trace_host(path: Path) -> HostProfile:
         raise ProfileError(f"{path.name}: neither an XProf profile nor a Chrome/Kineto trace (it is not JSON: it "
                            f"starts with {first!r})")
     builder = _TraceBuilder()
-    shape = _JsonShape(path.name, top_is_array=first == b"[")
+    shape = JsonShape(path.name, top_is_array=first == b"[")
     events: list = ijson.sendable_list()
     events_parser = ijson.items_coro(events, "item" if first == b"[" else "traceEvents.item")
     top_values = {key: ijson.sendable_list() for key in (_TOP_KEYS if first == b"{" else ())}

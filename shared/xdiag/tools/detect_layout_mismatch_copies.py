@@ -6,8 +6,8 @@ from math import prod
 
 import numpy as np
 
-from xdiag.analysis.hlo_cost import shape_bytes
 from xdiag.analysis.op_table import op_table, profile_op_costs
+from xdiag.cost.hlo import shape_bytes
 from xdiag.profile.space import HloInstruction, Session
 from xdiag.tools.hlo_checks import STRUCTURAL_OPCODES, ExecutedInstruction, detect
 from xdiag.tools.registry import ToolOutput, tool

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from xdiag.analysis.hlo_cost import shape_bytes
+from xdiag.cost.hlo import shape_bytes
 from xdiag.profile.space import HloComputation, HloInstruction, HloModule, Session
 from xdiag.tools.hlo_checks import ExecutedInstruction, detect
 from xdiag.tools.registry import ToolOutput, tool

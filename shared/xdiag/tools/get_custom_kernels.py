@@ -5,7 +5,7 @@ from __future__ import annotations
 from xdiag.profile.space import Session
 from xdiag.tools.common import percent
 from xdiag.tools.llo import low_level_gap, low_level_lines
-from xdiag.tools.ops import OpStat, op_stats
+from xdiag.analysis.op_stats import OpStat, op_stats
 from xdiag.tools.registry import ToolOutput, tool
 
 # (text in the custom-call target or op name, lower case) -> what kind of kernel it is; first match wins.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from xdiag.errors import NotAvailable
 from xdiag.profile.space import Session
-from xdiag.tools.ops import op_stats
+from xdiag.analysis.op_stats import op_stats
 from xdiag.tools.registry import ToolOutput, tool
 
 

@@ -8,7 +8,7 @@ from xdiag.analysis.transfers import transfer_spans
 from xdiag.errors import NotAvailable
 from xdiag.profile.space import Session
 from xdiag.tools.common import DEVICE_PLANE_SOURCE, host_plane_source, percent, try_view
-from xdiag.tools.ops import category_totals, op_stats
+from xdiag.analysis.op_stats import category_totals, op_stats
 from xdiag.tools.registry import ToolOutput, tool
 
 

@@ -6,7 +6,7 @@ from xdiag.analysis.breakdown import step_rows, summarize_steps
 from xdiag.errors import NotAvailable
 from xdiag.profile.space import Session
 from xdiag.tools.common import DEVICE_PLANE_SOURCE, host_plane_source, try_view
-from xdiag.tools.ops import costed_work, op_stats
+from xdiag.analysis.op_stats import costed_work, op_stats
 from xdiag.tools.registry import ToolOutput, tool
 
 

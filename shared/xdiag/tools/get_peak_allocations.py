@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from xdiag.analysis.hlo_cost import shape_bytes
+from xdiag.cost.hlo import shape_bytes
 from xdiag.errors import NotAvailable
 from xdiag.profile.space import HloComputation, HloInstruction, HloModule, Session
 from xdiag.tools.common import try_view, xprof_source
-from xdiag.tools.ops import op_stats
+from xdiag.analysis.op_stats import op_stats
 from xdiag.tools.registry import ToolOutput, tool
 
 MIB = 2**20

@@ -7,7 +7,7 @@ from xdiag.analysis.roofline import ON_CHIP_RATE_MARGIN, STREAMED_PROGRAM_COPY_S
 from xdiag.errors import NotAvailable
 from xdiag.profile.space import Session
 from xdiag.tools.common import try_view, xprof_source
-from xdiag.tools.ops import costed_work, op_stats
+from xdiag.analysis.op_stats import costed_work, op_stats
 from xdiag.tools.registry import ToolOutput, tool
 
 _COPY_CATEGORIES = ("copy-start", "copy-done", "async copy", "memcpy")

@@ -6,7 +6,7 @@ from xdiag.analysis.breakdown import duration_text, duty_cycles, duty_summary, s
 from xdiag.analysis.steps import profile_window_ps, step_set
 from xdiag.profile.space import Session
 from xdiag.tools.common import DEVICE_PLANE_SOURCE, host_plane_source, ms, try_view
-from xdiag.tools.ops import category_totals, op_stats
+from xdiag.analysis.op_stats import category_totals, op_stats
 from xdiag.tools.registry import ToolOutput, tool
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from xdiag.errors import NotAvailable
 from xdiag.profile.space import HloComputation, HloInstruction, HloModule, Session
-from xdiag.tools.ops import OpStat, op_stats
+from xdiag.analysis.op_stats import OpStat, op_stats
 from xdiag.tools.registry import ToolOutput
 
 STRUCTURAL_OPCODES = {"parameter", "bitcast", "tuple", "get-tuple-element", "constant"}

@@ -44,7 +44,7 @@ from xdiag.profile.trace_json import KINETO, trace_format
 from xdiag.tools.get_device_information import FRAMEWORK_MARKS
 from xdiag.tools.get_memory_profile import allocator_totals
 from xdiag.tools.get_step_trace import host_calls
-from xdiag.tools.ops import OpStat, _names_with_several_programs, op_stats
+from xdiag.analysis.op_stats import OpStat, _names_with_several_programs, op_stats
 
 FORMAT = 1
 HOST = "@@xdiag-host@@"

@@ -6,7 +6,7 @@ from collections import defaultdict
 
 from xdiag.errors import NotAvailable
 from xdiag.profile.space import Session
-from xdiag.tools.ops import op_stats
+from xdiag.analysis.op_stats import op_stats
 from xdiag.tools.registry import ToolOutput, tool
 
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 import re
 from math import prod
 
+from xdiag.profile.op_records import op_from_record
+
 ELEMENT_BYTES = {
     "float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "c10::Float8_e4m3fn": 1, "c10::Float8_e5m2": 1,
     "c10::Float8_e4m3fnuz": 1, "c10::Float8_e5m2fnuz": 1, "int": 4, "long int": 8, "short int": 2,
@@ -158,6 +160,11 @@ def op_cost(name: str, args: dict) -> dict | None:
     read = sum(prod(s) * ELEMENT_BYTES.get(t, size) for s, t in operands)
     return {"flops": 2 * batch * m * k * n, "bytes": read + batch * m * n * size,
             "label": " ".join([name, *(_text(s, t) for s, t in operands)])}
+
+
+def recorded_op_cost(record: str) -> dict | None:
+    """op_cost of a CPU op from the record the trace reader kept of it (xdiag.profile.op_records)."""
+    return op_cost(*op_from_record(record))
 
 
 def _attention_cost(name: str, dims: list, types: list, concrete: list) -> dict:

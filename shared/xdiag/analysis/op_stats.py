@@ -7,21 +7,20 @@ from dataclasses import dataclass
 import numpy as np
 
 from xdiag.analysis.categories import COPY_OP_CATEGORIES, categorize
-from xdiag.analysis.hlo_cost import ON_CHIP_MEMORY_SPACE, instruction_cost
 from xdiag.analysis.op_table import op_table, profile_op_costs
 from xdiag.analysis.roofline import TRANSFER_RATE_REASON, eight_bit_operands, roofline
+from xdiag.cost.custom_calls import CUSTOM_CODE_REASON, bandwidth_floor
+from xdiag.cost.hlo import ON_CHIP_MEMORY_SPACE, instruction_cost
+from xdiag.cost.torch_ops import NO_SHAPES_REASON, NOT_COSTED_REASON, recorded_op_cost
 from xdiag.profile.columns import unique_with_inverse
 from xdiag.profile.space import NO_VALUE, Session
-from xdiag.profile.torch_op_cost import NO_SHAPES_REASON, NOT_COSTED_REASON
 from xdiag.profile.trace_json import (
-    CPU_OP_STAT, FLOPS_UNKNOWN_STAT, KINETO, OP_BYTES_STAT, OP_FLOPS_STAT, OP_ID_STAT, SHAPES_STAT,
-    UNCAPTURED_LAUNCH_STAT, trace_format,
+    CPU_OP_INPUTS_STAT, CPU_OP_STAT, KINETO, OP_ID_STAT, SHAPES_STAT, UNCAPTURED_LAUNCH_STAT, trace_format,
 )
 
 
 ASYNC_OPCODES = {"copy-start", "copy-done", "async-start", "async-done"}
 """Ops whose event is the start of, or the wait for, work that runs between them."""
-CUSTOM_CODE_REASON = "custom calls and host callbacks run code whose FLOPs the HLO does not say"
 LOOP_COST_REASON = "a loop's FLOPs and bytes are its body's, counted in the rows of the body's ops"
 
 
@@ -137,16 +136,9 @@ class OpStat:
             row.update(shape=self.cost["shape"], operand_shapes=self.cost["operand_shapes"], opcode=self.cost["opcode"],
                        framework_op=self.cost["op_name"], flops_per_run=None,
                        flops_unknown_because=self.cost.get("flops_unknown_because", CUSTOM_CODE_REASON))
-            if self.cost["opcode"] == "custom-call" and self.cost["bytes"] and self.total_ps:
-                # What the kernel must at least have moved: its operands read and its results written once.
-                row.update(bytes_floor_per_run=self.cost["bytes"],
-                           achieved_gb_per_s_floor=round(self.cost["bytes"] * self.count / (self.total_ps / 1e12) / 1e9, 3),
-                           floor_basis=FLOOR_BASIS)
+            if self.cost["opcode"] == "custom-call":
+                row.update(bandwidth_floor(self.cost["bytes"], self.count, self.total_ps))
         return row
-
-
-FLOOR_BASIS = ("its operands read and its results written once: a bandwidth the kernel at least achieved (re-reads "
-               "inside it are not seen)")
 
 
 def op_stats(session: Session) -> list[OpStat]:
@@ -237,41 +229,72 @@ _NOT_ARITHMETIC = ("elementwise", "memcpy", "data_movement")
 """Kernel kinds that never do a costed op's products (its bias copy, a layout change of an operand)."""
 
 
+class _RecordCosts(dict):
+    """op_record -> its op_cost, each costed once (an op's record recurs every step)."""
+
+    def __missing__(self, record: str) -> dict | None:
+        self[record] = found = recorded_op_cost(record)
+        return found
+
+
+def _first_uncosted_reason(session: Session, costs: _RecordCosts) -> str | None:
+    """Why the first CPU op the files name that is counted here but whose inputs do not give its FLOPs has none: the
+    host planes in the session's order, each one's op records in the order its file first holds them (their string
+    ids)."""
+    for plane in session.host_planes():
+        found = [sparse[1] for line in plane.lines if (sparse := line.strings.sparse(CPU_OP_INPUTS_STAT)) is not None]
+        for record in np.unique(np.concatenate(found)).tolist() if found else []:
+            cost = costs[plane.strings[record]]
+            if cost is not None and "reason" in cost:
+                return cost["reason"]
+    return None
+
+
+def launched_cpu_ops(session: Session, costs: _RecordCosts | None = None) -> dict[tuple[str, int], list[tuple]]:
+    """(host, op number) -> the kernels a costed PyTorch CPU op launched, each (kernel name, duration ps, the op's
+    FLOPs, its bytes, its label: "aten::addmm f32[4096,100] f32[100,64] f32[64]"), from the op records the reader
+    linked to the kernels (CPU_OP_STAT, OP_ID_STAT) costed by xdiag.cost.torch_ops."""
+    costs = _RecordCosts() if costs is None else costs
+    launched: dict[tuple, list] = {}
+    for plane in session.device_planes(with_events=True):
+        for line in plane.lines:
+            number = line.numeric.get(OP_ID_STAT)
+            if number is None:
+                continue
+            linked = np.flatnonzero(number != NO_VALUE)
+            names = plane.names_of(line)[linked]
+            records = line.strings[CPU_OP_STAT][linked]
+            for name, op, duration, record in zip(
+                    names.tolist(), number[linked].tolist(), line.durations.at(linked).tolist(), records.tolist()):
+                cost = costs[plane.strings[record]]
+                if cost is not None and "flops" in cost:
+                    launched.setdefault((plane.host, op), []).append(
+                        (name, duration, cost["flops"], cost["bytes"], cost["label"]))
+    return launched
+
+
 def _launched_op_costs(session: Session) -> dict:
     """Kernel name -> [FLOPs, bytes, costed runs, FLOPs per CPU-op label, their time in ps]: each costed PyTorch CPU
-    op's FLOPs and
-    bytes (the reader's OP_FLOPS_STAT, OP_BYTES_STAT) shared out over the kernels it launched that do its arithmetic
+    op's FLOPs and bytes (launched_cpu_ops) shared out over the kernels it launched that do its arithmetic
     (GEMM, convolution or attention kernels by name; where none is named so, all but its elementwise and copy
     kernels, or all of them where those are all it launched) by their time, so each runs
     at the op's rate; the op's other kernels (a bias copy, a memset) get none. None -> why the rest have none;
-    _UNCAPTURED -> per kernel name, its runs launched before the capture began (UNCAPTURED_LAUNCH_STAT)."""
+    _UNCAPTURED -> per kernel name, its runs launched before the capture began (UNCAPTURED_LAUNCH_STAT), counted
+    where some op is costed."""
     out: dict = {}
+    costs = _RecordCosts()
     shapes = any(p.stats.get(SHAPES_STAT) for p in session.host_planes())
-    reasons = [str(p.stats[FLOPS_UNKNOWN_STAT]) for p in session.host_planes() if p.stats.get(FLOPS_UNKNOWN_STAT)]
-    out[None] = reasons[0] if reasons else NOT_COSTED_REASON if shapes else NO_SHAPES_REASON
-    launched: dict[tuple, list] = {}  # (host, op number) -> its kernels: (name, duration ps, FLOPs, bytes, label)
-    kinds: dict[str, str] = {}
+    reason = _first_uncosted_reason(session, costs)
+    out[None] = reason if reason else NOT_COSTED_REASON if shapes else NO_SHAPES_REASON
+    launched = launched_cpu_ops(session, costs)
+    kinds = {name: categorize(None, None, name) for kernels in launched.values() for name, *_ in kernels}
     uncaptured: dict[str, int] = {}
-    for plane in session.device_planes(with_events=True):
+    for plane in session.device_planes(with_events=True) if launched else ():
         for line in plane.lines:
             early = line.numeric.get(UNCAPTURED_LAUNCH_STAT)
             if early is not None:
                 for name in plane.names_of(line)[np.flatnonzero(early == 1)].tolist():
                     uncaptured[name] = uncaptured.get(name, 0) + 1
-            number = line.numeric.get(OP_ID_STAT)
-            if number is None:
-                continue
-            costed = np.flatnonzero(number != NO_VALUE)
-            names = plane.names_of(line)[costed]
-            labels = line.strings[CPU_OP_STAT][costed]
-            for name, op, duration, flops, bytes_, label in zip(
-                    names.tolist(), number[costed].tolist(), line.durations.at(costed).tolist(),
-                    line.numeric[OP_FLOPS_STAT][costed].tolist(), line.numeric[OP_BYTES_STAT][costed].tolist(),
-                    labels.tolist()):
-                launched.setdefault((plane.host, op), []).append(
-                    (name, duration, flops, bytes_, plane.strings[label] if label >= 0 else ""))
-                if name not in kinds:
-                    kinds[name] = categorize(None, None, name)
     for kernels in launched.values():
         # An op's elementwise and copy kernels (addmm's bias copied into the output before a cuBLAS gemv) never do
         # its products: where no kernel is named a GEMM, convolution or attention, the FLOPs go to the others.

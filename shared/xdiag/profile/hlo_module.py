@@ -1,0 +1,200 @@
+"""An HLO module as the profile's HloProto holds it, decoded into HloModule: each instruction's shape, operands and
+metadata, and what its backend config records that the cost models read (a GEMM call's dot dimensions, a custom
+fusion's emitter, a Pallas kernel's cost estimate and positional mask, a fused attention call's score matrix). The
+reader records these facts; xdiag.cost counts from them.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+
+from google.protobuf.message import DecodeError
+
+from xdiag.profile import schema
+from xdiag.profile.space import HloComputation, HloInstruction, HloModule
+
+
+def _contraction(ins) -> dict[str, tuple[int, ...]]:
+    """lhs contracting and batch dimensions of a dot, or of a GEMM custom call (cuBLAS, hipBLASLt), whose
+    backend config carries the dot dimension numbers as JSON."""
+    numbers = ins.dot_dimension_numbers
+    if ins.opcode == "custom-call" and b"dot_dimension_numbers" in ins.backend_config:
+        try:
+            config = json.loads(ins.backend_config)
+        except ValueError:
+            return {}
+        found = next((v["dot_dimension_numbers"] for v in config.values()
+                      if isinstance(v, dict) and isinstance(v.get("dot_dimension_numbers"), dict)), {})
+        return {
+            "lhs_contracting": tuple(int(d) for d in found.get("lhs_contracting_dimensions", [])),
+            "lhs_batch": tuple(int(d) for d in found.get("lhs_batch_dimensions", [])),
+        }
+    return {
+        "lhs_contracting": tuple(numbers.lhs_contracting_dimensions),
+        "lhs_batch": tuple(numbers.lhs_batch_dimensions),
+    }
+
+
+def _conv_kernel_dims(ins) -> tuple[int, ...]:
+    """A convolution's (or conv custom call's) kernel input-feature dimension, then its spatial dimensions."""
+    if not ins.HasField("convolution_dimension_numbers"):
+        return ()
+    numbers = ins.convolution_dimension_numbers
+    return (numbers.kernel_input_feature_dimension, *numbers.kernel_spatial_dimensions)
+
+
+def _conv_is_matrix_product(ins, by_id: dict) -> bool:
+    """A convolution whose windows never slide: each spatial dimension contracted whole (the kernel as large as
+    the input, one output position), pointwise (a kernel of 1, every position kept), or a batch (a window as large
+    as the input, over the input base-dilated so that each output position sees one input position). XLA:TPU writes the
+    matrix products it fuses this way (a GPT's weight gradients: bf16[16,1024,16384] "convolved" with
+    [16,1024,1024] over its batch of 16; an attention's Q·Kᵀ over its heads, `convolution-base-dilated`)."""
+    if ins.opcode != "convolution" or not ins.HasField("convolution_dimension_numbers") or len(ins.operand_ids) < 2:
+        return False
+    numbers = ins.convolution_dimension_numbers
+    lhs, rhs = by_id.get(ins.operand_ids[0]), by_id.get(ins.operand_ids[1])
+    spatial = list(zip(numbers.input_spatial_dimensions, numbers.kernel_spatial_dimensions,
+                       numbers.output_spatial_dimensions))
+    if lhs is None or rhs is None or len(spatial) != len(numbers.kernel_spatial_dimensions):
+        return False
+    windows = list(ins.window.dimensions) if ins.HasField("window") else []
+    try:
+        sizes = [(lhs.shape.dimensions[i], rhs.shape.dimensions[k], ins.shape.dimensions[o],
+                  windows[n].base_dilation if n < len(windows) else 1) for n, (i, k, o) in enumerate(spatial)]
+    except IndexError:
+        return False
+    return all((window == size and out == 1) or (window == 1 and out == size)
+               or (window == size == out and dilation > 1) for size, window, out, dilation in sizes)
+
+
+def _fusion_backend_kind(ins) -> str:
+    """What emits a custom fusion (`__triton`, `__triton_nested_gemm_fusion`, `__ynn_fusion`, …): the `kind` its
+    backend config names; "" for other instructions or where the config does not say."""
+    if ins.opcode != "fusion" or ins.fusion_kind != "kCustom" or b'"kind"' not in ins.backend_config:
+        return ""
+    try:
+        config = json.loads(ins.backend_config)
+    except ValueError:
+        return ""
+    if not isinstance(config, dict):
+        return ""
+    # XLA:GPU keeps it under fusion_backend_config, XLA:CPU under fusion_config.
+    fusion = config.get("fusion_backend_config") or config.get("fusion_config")
+    return str(fusion.get("kind", "")) if isinstance(fusion, dict) else ""
+
+
+def _kernel_cost_estimate(ins) -> tuple[float, ...]:
+    """(FLOPs, bytes accessed) a custom kernel's author gave it (Pallas `cost_estimate=`, carried in the custom
+    call's backend config as `cost_estimate`); () where it has none."""
+    if ins.opcode != "custom-call" or b'"cost_estimate"' not in ins.backend_config:
+        return ()
+    try:
+        config = json.loads(ins.backend_config)
+    except ValueError:
+        return ()
+    places = [config, config.get("custom_call_config")] if isinstance(config, dict) else []
+    estimate = next((p["cost_estimate"] for p in places if isinstance(p, dict) and isinstance(p.get("cost_estimate"), dict)), {})
+    try:
+        return (float(estimate["flops"]), float(estimate.get("bytes_accessed", 0)))
+    except (KeyError, TypeError, ValueError):
+        return ()
+
+
+MOSAIC_TARGET = "tpu_custom_call"
+"""A Pallas TPU kernel: its backend config carries the kernel's Mosaic module (MLIR bytecode, base64) as `body`."""
+
+
+def _kernel_position_mask(ins) -> bool:
+    """Whether a Mosaic kernel's body builds index iotas (`tpu.iota`, named in the bytecode's op table): the
+    positional mask of a causal attention kernel (JAX's flash kernels build none without it)."""
+    if ins.opcode != "custom-call" or ins.custom_call_target != MOSAIC_TARGET or b'"body"' not in ins.backend_config:
+        return False
+    try:
+        body = json.loads(ins.backend_config)["custom_call_config"]["body"]
+        return b"tpu.iota" in base64.b64decode(body)
+    except (ValueError, KeyError, TypeError, binascii.Error):
+        return False
+
+
+ATTENTION_TARGET_PREFIX = "__cudnn$fmha"
+"""XLA:GPU's fused attention custom calls (cuDNN flash attention: `__cudnn$fmhaSoftmax`, `…ScaleBiasSoftmax`,
+`…Dropout`, and their `…Backward`), whose backend config names the score matrix they never write."""
+
+
+def attention_config(ins) -> dict:
+    """A fused attention call's score dims [B,H,Sq,Sk] (`intermediate_tensor_shape`) and causal mask, from its
+    backend config; {} for any other instruction or a config without them."""
+    if ins.opcode != "custom-call" or not ins.custom_call_target.startswith(ATTENTION_TARGET_PREFIX):
+        return {}
+    try:
+        config = json.loads(ins.backend_config).get("cudnn_fmha_backend_config") or {}
+        scores = tuple(int(d) for d in config["intermediate_tensor_shape"]["dimensions"])
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return {}
+    causal = "CAUSAL" in str(config.get("mask_type", "")).upper() or config.get("is_causal_mask") is True
+    return {"attention_scores": scores, "attention_causal": causal}
+
+
+def _scheduled(computation, sequence) -> list:
+    """The computation's instructions in the order the device runs them (the module's schedule), where the
+    schedule covers them all; else in the proto's order. Kernels that carry no instruction name of their own
+    (those of a CUDA graph) are matched to their instructions by this order."""
+    if sequence is None or len(sequence.instruction_ids) != len(computation.instructions):
+        return list(computation.instructions)
+    by_id = {ins.id: ins for ins in computation.instructions}
+    ordered = [by_id.get(i) for i in sequence.instruction_ids]
+    return ordered if None not in ordered else list(computation.instructions)
+
+
+def hlo_module(proto_bytes: bytes, host: str, fallback_id: int) -> HloModule | None:
+    try:
+        module = schema.HloProto.FromString(proto_bytes).hlo_module
+    except DecodeError:
+        return None
+    computations: dict[str, HloComputation] = {}
+    id_to_computation = {c.id: c.name for c in module.computations}
+    for computation in module.computations:
+        id_to_name = {i.id: i.name for i in computation.instructions}
+        by_id = {i.id: i for i in computation.instructions}
+        instructions = []
+        for ins in _scheduled(computation, module.schedule.sequences.get(computation.id)):
+            shape = ins.shape
+            dtype = schema.PRIMITIVE_TYPES.get(shape.element_type, f"type{shape.element_type}")
+            instructions.append(
+                HloInstruction(
+                    name=ins.name,
+                    opcode=ins.opcode,
+                    dtype=dtype,
+                    dims=tuple(shape.dimensions),
+                    layout=tuple(shape.layout.minor_to_major),
+                    operands=tuple(id_to_name.get(i, str(i)) for i in ins.operand_ids),
+                    fusion_kind=ins.fusion_kind,
+                    op_name=ins.metadata.op_name,
+                    source=f"{ins.metadata.source_file}:{ins.metadata.source_line}" if ins.metadata.source_file else "",
+                    called=tuple(id_to_computation.get(i, str(i)) for i in ins.called_computation_ids),
+                    tuple_shapes=tuple(
+                        (schema.PRIMITIVE_TYPES.get(t.element_type, "?"), tuple(t.dimensions)) for t in shape.tuple_shapes
+                    ),
+                    custom_call_target=ins.custom_call_target,
+                    conv_kernel_dims=_conv_kernel_dims(ins),
+                    conv_is_matrix_product=_conv_is_matrix_product(ins, by_id),
+                    fusion_backend_kind=_fusion_backend_kind(ins),
+                    memory_space=shape.layout.memory_space,
+                    kernel_cost_estimate=_kernel_cost_estimate(ins),
+                    operand_precision=tuple(ins.precision_config.operand_precision),
+                    **_contraction(ins),
+                    tuple_memory_spaces=tuple(t.layout.memory_space for t in shape.tuple_shapes),
+                    is_host_transfer=ins.is_host_transfer,
+                    **attention_config(ins),
+                    kernel_position_mask=_kernel_position_mask(ins),
+                )
+            )
+        computations[computation.name] = HloComputation(computation.name, instructions)
+    entry = module.entry_computation_name or id_to_computation.get(module.entry_computation_id, "")
+    if entry not in computations and computations:
+        entry = list(computations)[-1]
+    return HloModule(
+        name=module.name, program_id=module.id or fallback_id, entry=entry, computations=computations, host=host
+    )
