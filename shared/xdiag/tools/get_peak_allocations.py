@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from xdiag.analysis.hlo_cost import shape_bytes
+from xdiag.analysis.xprof.session_views import try_view
 from xdiag.errors import NotAvailable
 from xdiag.profile.space import HloComputation, HloInstruction, HloModule, Session
-from xdiag.tools.common import try_view, xprof_source
+from xdiag.tools.common import xprof_source
 from xdiag.tools.ops import op_stats
 from xdiag.tools.registry import ToolOutput, tool
 

@@ -16,9 +16,10 @@ from xdiag.analysis.breakdown import (
     warm_up_calls,
 )
 from xdiag.analysis.timeline import Step, host_events, step_set
+from xdiag.analysis.xprof.session_views import try_view
 from xdiag.errors import NotAvailable
 from xdiag.profile.space import Session
-from xdiag.tools.common import DEVICE_PLANE_SOURCE, host_plane_source, try_view
+from xdiag.tools.common import DEVICE_PLANE_SOURCE, host_plane_source
 from xdiag.tools.registry import ToolOutput, tool
 
 
