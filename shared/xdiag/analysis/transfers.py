@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from xdiag.analysis.hlo_cost import shape_bytes
-from xdiag.analysis.timeline import op_table
+from xdiag.analysis.op_table import op_table
 from xdiag.profile.space import NO_VALUE, Session
 
 

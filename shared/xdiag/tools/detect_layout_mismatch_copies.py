@@ -7,7 +7,7 @@ from math import prod
 import numpy as np
 
 from xdiag.analysis.hlo_cost import shape_bytes
-from xdiag.analysis.timeline import op_table, profile_op_costs
+from xdiag.analysis.op_table import op_table, profile_op_costs
 from xdiag.profile.space import HloInstruction, Session
 from xdiag.tools.hlo_checks import STRUCTURAL_OPCODES, ExecutedInstruction, detect
 from xdiag.tools.registry import ToolOutput, tool
