@@ -136,12 +136,12 @@ folder's op_stats signature, so a converter after it would compute op_stats agai
 
 def planned_conversions(
     files: Sequence[Path], counter_samples: bool, suggestions: bool
-) -> list[list[tuple[str, dict[str, Any]]]]:
+) -> Plan:
     """The conversions the views ask for, grouped by process: the op_stats group first (the first view, the
     overview, waits for it; prefetch lowers the priority of the later ones), then the rest. Parameters are
     the ones the views' fetches carry once the ignored ones are dropped, so the memo keys match.
     Without possible counter samples or suggestions the views do not ask for those conversions."""
-    groups: list[list[tuple[str, dict[str, Any]]]] = [[(name, {}) for name in OP_STATS_CONVERTERS]]
+    groups: Plan = [[(name, {}) for name in OP_STATS_CONVERTERS]]
     if suggestions:
         groups.append([("smart_suggestion", {})])
     if len(files) == 1:
@@ -178,7 +178,7 @@ class Conversions:
         self.originals = tuple(originals)
         self.xspace_bytes = xspace_bytes
         self._lock = lock
-        self._work_while_waiting = weakref.WeakMethod(work_while_waiting)
+        self._owners_work = weakref.WeakMethod(work_while_waiting)
         self._results: dict[str, Any] = {}
         self._pending: dict[str, tuple[concurrent.futures.Future, int]] = {}  # key -> (worker's future, index)
         self._executor: concurrent.futures.ProcessPoolExecutor | None = None
@@ -319,7 +319,7 @@ class Conversions:
     def _take_from_worker(self, key: str, future: concurrent.futures.Future) -> None:
         """Waits for the worker's group that converts `key`, then keeps every conversion of that group."""
         if not future.done():
-            self._wait_work()
+            self._work_while_waiting()
         try:
             results = future.result()
         except Exception as error:  # the worker died or could not start: the group converts in-process instead
@@ -340,9 +340,9 @@ class Conversions:
                 self._keep_conversion(taken, outcome, stderr_text.splitlines())
             self._release_workers_when_done()
 
-    def _wait_work(self) -> None:
-        work = self._work_while_waiting()
-        if work is not None:
+    def _work_while_waiting(self) -> None:
+        work = self._owners_work()
+        if work is not None:  # None once the owner is collected
             work()
 
     def _release_workers_when_done(self) -> None:
