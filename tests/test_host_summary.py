@@ -201,3 +201,28 @@ def test_the_straggler_among_128_hosts_is_named_from_the_summaries(lockstep, tmp
     assert hosts.summary["hosts"] == 128 and hosts.summary["straggler"].endswith("process1")
     assert hosts.summary["straggler_cause"] == "host_other"
     assert [session.hosts[k].hostname for k in host_summary.hosts_that_matter(session)][0].endswith("process1")
+
+
+@pytest.mark.parametrize("max_bytes", [400_000, 10**9])
+def test_xprofs_views_of_a_device_session_over_the_limit_cover_a_named_subset_of_its_hosts(max_bytes, tmp_path):
+    """Four hosts of a real TPU capture in the pipeline: under the session limit XProf's views read every host's
+    file and say nothing of hosts; over it they are built for the hosts that matter that fit under it, and each
+    view's answer names them, instead of the session failing."""
+    pipeline = _pipeline(tmp_path, max_bytes=max_bytes)
+    paths = _device_pod(pipeline.folder, ["tpu_v5e/healthy"] * 4)
+    assert sum(path.stat().st_size for path in paths) > 400_000
+    analysis = pipeline.announce()
+    assert analysis["status"] == "DONE", analysis.get("failure_reason")
+    stored = pipeline.state.get(ANALYSES, analysis["analysis_id"])
+    assert stored["tools"]["get_xprof_overview"]["status"] == "ok"
+    session = pipeline.deps.sessions.load([pipeline.blobs.stat(i["uri"]) for i in analysis["inputs"]],
+                                          "pod-session", analysis["output_uri"])
+    names = [host.hostname for host in session.hosts]
+    answer = views(session).overview()
+    overview = json.dumps(run_tool(session, "get_xprof_overview").detail)
+    if max_bytes > sum(path.stat().st_size for path in paths):
+        assert "hosts_covered" not in answer and "hosts_covered" not in overview
+    else:
+        assert answer["hosts_in_session"] == 4
+        assert answer["hosts_covered"] == [names[k] for k in host_summary.hosts_that_matter(session)]
+        assert '"hosts_covered"' in overview
