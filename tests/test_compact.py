@@ -8,8 +8,8 @@ import json
 import numpy as np
 import pytest
 from xdiag.analysis import prepared as prepared_tables
-from xdiag.analysis import timeline
 from xdiag.analysis.breakdown import StepRow
+from xdiag.analysis.op_table import OpTable
 from xdiag.errors import ProfileError
 from xdiag.profile.compact import load_session, save_session
 from xdiag.profile.reader import read_session
@@ -32,7 +32,7 @@ def _same_tables(built, adopted) -> None:
     """Every column of the op table with its dtype, and the rows with their values' types (a NumPy float rounds
     otherwise than a Python one)."""
     ops, stored = built.cache["op_table"], adopted.cache["op_table"]
-    for column in (*timeline.OpTable.STORED, *timeline.OpTable.CODED):
+    for column in (*OpTable.STORED, *OpTable.CODED):
         assert getattr(stored, column).dtype == getattr(ops, column).dtype, column
         assert np.array_equal(getattr(stored, column), getattr(ops, column)), column
     assert stored.keys() == ops.keys()

@@ -14,7 +14,7 @@ import pytest
 from cloudevents.conversion import to_binary, to_structured
 from cloudevents.http import CloudEvent
 from functions_framework import create_app
-from xdiag.analysis import timeline
+from xdiag.analysis import op_table as op_table_module
 from xdiag.cloud.embedded import build_embedded
 from xdiag.cloud.memory import LocalBlobStore
 from xdiag.cloud.runtime import REASON_ATTRIBUTE, Runtime, use_runtime
@@ -185,8 +185,9 @@ def test_register_reads_the_session_during_the_quiet_period_and_collect_maps_it(
 
     reads, read_session = [], deps_module.read_session
     monkeypatch.setattr(deps_module, "read_session", lambda paths, **kw: reads.append(paths) or read_session(paths, **kw))
-    built, line_ops = [], timeline._line_ops  # the op table is built from lines only where no stored one is adopted
-    monkeypatch.setattr(timeline, "_line_ops", lambda *args: built.append(args) or line_ops(*args))
+    # The op table is built from lines only where no stored one is adopted.
+    built, line_ops = [], op_table_module._line_ops
+    monkeypatch.setattr(op_table_module, "_line_ops", lambda *args: built.append(args) or line_ops(*args))
     wired.deps.sessions = SessionLoader(wired.deps.blobs, prepare=True)  # a fresh collect instance: nothing in memory
     wired.bus._queue.clear()
     for capture in (healthy, cut_short):

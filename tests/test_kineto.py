@@ -130,7 +130,7 @@ def test_every_complete_event_is_read_once(name):
 
 @pytest.mark.parametrize("name", KINETO_TRACES or ["(no traces)"])
 def test_kernels_copies_and_device_properties_come_from_the_trace(name):
-    from xdiag.analysis.timeline import op_table
+    from xdiag.analysis.op_table import op_table
     from xdiag.tools.get_device_information import get_device_information
 
     raw = _raw(name)
@@ -419,10 +419,10 @@ def test_a_runtime_call_slow_in_most_steps_is_not_warm_up(tmp_path, slow_steps, 
     """A cudaMalloc 4 ms long against a 10 µs median is warm-up where one step pays it (the first, or any one), and
     per-step overhead where most of the trace's annotated steps do (ProfilerStep#N): the recurrence guard."""
     from xdiag.analysis.breakdown import warm_up_calls
-    from xdiag.analysis.timeline import host_events
+    from xdiag.analysis.host_threads import host_threads
 
     session = read_session([_allocator_trace(tmp_path / "w.pt.trace.json", slow_steps)])
-    found = [w for events in host_events(session) for w in warm_up_calls(events) if w.function == "cudaMalloc"]
+    found = [w for events in host_threads(session) for w in warm_up_calls(events) if w.function == "cudaMalloc"]
     assert len(found) == (len(slow_steps) if warm_up else 0), found
     assert all(w.ms == pytest.approx(4.0) and w.later_call_ms_median == pytest.approx(0.01) for w in found)
 

@@ -407,7 +407,7 @@ def test_factorize_rows_groups_a_real_op_tables_rows_as_their_string_keys_do(h20
     """op_table and op_stats group rows by (module, program, op) as tuples hashed one at a time instead of a
     string key per row: the same groups as the string keys on a real profile's ops, each row's own values."""
     import numpy as np
-    from xdiag.analysis.timeline import op_table
+    from xdiag.analysis.op_table import op_table
     from xdiag.profile.columns import factorize_rows, unique_with_inverse
 
     ops = op_table(read_session([h200_profiles["dispatch_bound"]]))

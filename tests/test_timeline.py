@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from xdiag.analysis.timeline import NO_REPEATING_STEP, repeating_period, step_set
+from xdiag.analysis.steps import NO_REPEATING_STEP, repeating_period, step_set
 from xdiag.cloud.embedded import analyze_session
 from xdiag.profile.locate import locate_session
 from xdiag.profile.reader import read_session
@@ -197,16 +197,17 @@ def test_a_capture_whose_flow_ids_repeat_later_breaks_down_as_the_capture_did(cp
 
 def test_union_of_merged_intervals_covers_what_the_union_of_all_intervals_does(h200_profiles):
     """The breakdown adds each layer to the union of the layers before it already merged (union_with) instead of
-    merging every interval again, and merges host events line by line (HostEvents.union): the same coverage per
+    merging every interval again, and merges host events line by line (HostThreads.union): the same coverage per
     window, on a real profile's ops and host events; and merge_intervals answers the same whether its input comes
     sorted or not."""
-    from xdiag.analysis.timeline import (
-        DISPATCH_EVENT, covered, covered_by_merged, host_events, merge_intervals, op_table, union_with,
-    )
+    from xdiag.analysis.host_threads import host_threads
+    from xdiag.analysis.host_vocabulary import DISPATCH_EVENT
+    from xdiag.analysis.intervals import covered, covered_by_merged, merge_intervals, union_with
+    from xdiag.analysis.op_table import op_table
 
     session = read_session([h200_profiles["dispatch_bound"]])
     ops = op_table(session)
-    events = host_events(session)[0]
+    events = host_threads(session)[0]
     line_by_line = events.union(DISPATCH_EVENT)  # merged per line, then together: nothing selected before it
     dispatch = events.select(DISPATCH_EVENT)
     for a, b in zip(line_by_line, merge_intervals(dispatch.start_ps, dispatch.end_ps)):
@@ -229,7 +230,7 @@ def test_kernels_run_inside_a_cuda_graph_keep_their_own_names(h200_profiles):
     """Kernels replayed from a CUDA graph carry the command buffer's name as hlo_op (all 720 on the H200 healthy
     profile's stream): the op table names them by the kernel, as XProf's kernel stats do, and the library's GEMM
     kernels by the custom call that launched them (test_cost_model checks their FLOPs)."""
-    from xdiag.analysis.timeline import _KERNEL_SUFFIX, op_table
+    from xdiag.analysis.op_table import _KERNEL_SUFFIX, op_table
 
     session = read_session([h200_profiles["healthy"]])
     plane, stream = next(

@@ -11,26 +11,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from xdiag.analysis.timeline import (
+from xdiag.analysis.categories import TRANSFER_OP_CATEGORIES
+from xdiag.analysis.host_threads import EventSelection, HostThreads, host_threads
+from xdiag.analysis.host_vocabulary import (
     CALLBACK_EVENT,
     COMPILE_EVENT,
     DEVICE_TO_HOST_COPY_EVENT,
     HOST_TRANSFER_EVENT,
     JITTED_CALL_EVENT,
-    TRANSFER_OP_CATEGORIES,
-    EventSelection,
-    HostEvents,
-    OpTable,
-    callback_call_ops,
-    covered,
-    covered_by_merged,
-    host_events,
-    merge_intervals,
-    module_spans,
-    op_table,
-    step_set,
-    union_with,
 )
+from xdiag.analysis.intervals import covered, covered_by_merged, merge_intervals, union_with
+from xdiag.analysis.op_table import OpTable, callback_call_ops, module_spans, op_table
+from xdiag.analysis.steps import step_set
 from xdiag.profile.space import Session
 
 PS_PER_MS = 1e9
@@ -107,7 +99,7 @@ class WarmUpCall:
         return (self.end_ps - self.start_ps) / PS_PER_MS
 
 
-def warm_up_calls(events: HostEvents) -> list[WarmUpCall]:
+def warm_up_calls(events: HostThreads) -> list[WarmUpCall]:
     """The first call of each function that takes far longer than its later calls (WARM_UP_MIN_RATIO): the
     warm-up a benchmark or training loop pays once (buffer allocation, autotuning, loading the program)."""
     calls = events.select(JITTED_CALL_EVENT)
@@ -132,7 +124,7 @@ _COPY_CALL = re.compile(r"Memcpy")
 _NO_NAME = re.compile(r"(?!)")  # matches no event name: select by a stat alone
 
 
-def _slow_runtime_calls(events: HostEvents) -> list[WarmUpCall]:
+def _slow_runtime_calls(events: HostThreads) -> list[WarmUpCall]:
     """GPU runtime calls (HostVocabulary.runtime_call: not its syncs nor copies) that take far longer than their
     call's median, by the first-call rule's ratio and excess (and, as there, two other calls to compare with): the
     first cudaFree that sets up the context, a stream or library handle created once, the allocator growing; and a
@@ -165,7 +157,7 @@ def _slow_runtime_calls(events: HostEvents) -> list[WarmUpCall]:
     return out
 
 
-def _annotated_steps(events: HostEvents) -> list[tuple[int, int]]:
+def _annotated_steps(events: HostThreads) -> list[tuple[int, int]]:
     """(start, end) of each step the trace's own step annotations mark (ProfilerStep#N), one per step number."""
     spans: dict[int, tuple[int, int]] = {}
     for number, start, end in events.step_annotations()[1]:
@@ -185,7 +177,7 @@ def _slow_in_most_steps(slow_starts: np.ndarray, steps: list[tuple[int, int]]) -
     return hit >= 2 and hit > len(steps) / 2
 
 
-def largest_sync_event(events: HostEvents) -> tuple[str, float] | None:
+def largest_sync_event(events: HostThreads) -> tuple[str, float] | None:
     """(name, total ms) of the blocking wait that takes the most host time, outermost events only."""
     words = events.vocabulary
     waits = events.select(words.sync, words.sync_stat)
@@ -219,7 +211,7 @@ class _HostSignals:
     read_ends: np.ndarray  # ends of the blocking reads that mostly copied data (not waited for the device)
 
     @classmethod
-    def of(cls, events: HostEvents | None, callback_s: np.ndarray, callback_e: np.ndarray,
+    def of(cls, events: HostThreads | None, callback_s: np.ndarray, callback_e: np.ndarray,
            callback_calls: np.ndarray) -> _HostSignals:
         """callback_s/_e: the device's callback ops; callback_calls: the starts of those that begin a call."""
         empty = np.empty(0, np.int64)
@@ -362,7 +354,7 @@ class DeviceRow:
 
 
 def _timeline_rows(
-    host: str, device: str | None, steps: list, ops: OpTable, devices: list[str], events: HostEvents | None,
+    host: str, device: str | None, steps: list, ops: OpTable, devices: list[str], events: HostThreads | None,
     call_begins: np.ndarray,
 ) -> tuple[list[StepRow], list[DeviceRow]]:
     """Rows for one timeline: a host's steps (every active device of it partitioned in them and averaged)
@@ -427,7 +419,7 @@ def _build(session: Session) -> tuple[list[StepRow], list[DeviceRow]]:
     ops = op_table(session)
     call_begins = callback_call_ops(session)
     found = step_set(session)
-    events_by_host = {e.host: e for e in host_events(session)}
+    events_by_host = {e.host: e for e in host_threads(session)}
     all_devices = set(ops.devices())
     active = sorted(all_devices - set(found.transfer_only))
     timelines: dict[tuple[str, str | None], list] = {}

@@ -24,9 +24,10 @@ from typing import Any
 
 import numpy as np
 
-from xdiag.analysis import breakdown, timeline
+from xdiag.analysis import breakdown
 from xdiag.analysis.breakdown import DeviceRow, StepRow
-from xdiag.analysis.timeline import OpTable, Step, StepSet
+from xdiag.analysis.op_table import OpTable, op_table
+from xdiag.analysis.steps import Step, StepSet, step_set
 from xdiag.profile.space import Session
 
 log = logging.getLogger(__name__)
@@ -115,8 +116,8 @@ def _from_columns(stored: dict[str, Any]) -> list[dict[str, Any]]:
 
 def export(session: Session) -> dict[str, Any]:
     """The shared tables of the session (built here where not built yet), as `compact.save_session` stores them."""
-    ops = timeline.op_table(session)
-    steps = timeline.step_set(session)
+    ops = op_table(session)
+    steps = step_set(session)
     return {
         "code": code_digest(),
         **{f"op_table.{name}": getattr(ops, name) for name in OpTable.STORED},

@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from xdiag.analysis.timeline import merge_intervals, op_table, step_set
+from xdiag.analysis.intervals import merge_intervals
+from xdiag.analysis.op_table import op_table
+from xdiag.analysis.steps import step_set
 from xdiag.profile.space import Session
 
 PS_PER_MS = 1e9

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from xdiag.analysis.hlo_cost import shape_bytes
-from xdiag.analysis.timeline import op_table
+from xdiag.analysis.op_table import op_table
+from xdiag.analysis.session_cache import cached
 from xdiag.profile.space import NO_VALUE, Session
 
 
@@ -21,9 +22,7 @@ def transfer_spans(session: Session) -> dict | None:
     Returns: copies, gb_per_copy, span_ms_mean (copy-start to copy-done end), link_gb_per_s (median),
     link_rate_samples, copies_in_flight_max, directions {to_device, from_device: copies}; None without pairs. Cached
     (a session assembled from host summaries carries it: xdiag.tools.host_summary)."""
-    if "transfer_spans" not in session.cache:
-        session.cache["transfer_spans"] = combined_transfer_spans([transfer_pairs(session)])
-    return session.cache["transfer_spans"]
+    return cached(session, "transfer_spans", lambda: combined_transfer_spans([transfer_pairs(session)]))
 
 
 def transfer_pairs(session: Session) -> dict | None:

@@ -88,7 +88,8 @@ STATE_FILE = "stack.json"
 EMULATOR_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 """The emulators' JVMs compile with C1 only and collect with one thread: over a stack's life (minutes, a few thousand
 requests) C2's compilations cost more CPU than they give back. The Firestore emulator's CPU per request fell from 7.6
-to 2.0 ms after 300 requests, and from 3.0 to 1.9 ms after 2,000 (bench/README.md, tenth round). A JAVA_TOOL_OPTIONS
+to 2.0 ms after 300 requests, and from 3.0 to 1.9 ms after 2,000 (bench/README.md, "Measured design choices").
+A JAVA_TOOL_OPTIONS
 of the caller's comes after these, so it wins."""
 TEMPORARY_DIR = "tmp"  # under the state dir: each function's TMPDIR, removed by stop()
 DATA_DIR = "data"  # under the state dir: what outlives the stack (the bucket's files, Firestore's exports)

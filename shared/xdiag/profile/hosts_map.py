@@ -10,7 +10,7 @@ analysing process maps those files: a column costs it memory only while an analy
 every host's columns (the op table, host-event queries, the profile's bounds, the tools that scan lines) hand each
 host's pages back when they move on to the next (`HostProfile.release_pages`, `Session.host_by_host`). What it holds
 of its own is what the analyses derive: the op table, the steps, the per-step rows. The same analysis peaked at
-280 MiB (bench/README.md, sixteenth round). The session is `read_session`'s, column for column (origin, host names,
+126 MiB (bench/README.md, "Many-host sessions"). The session is `read_session`'s, column for column (origin, host names,
 HLO modules), so every tool answers the same (tests/test_hosts_map.py).
 """
 

@@ -158,7 +158,7 @@ def read_threads(busy_processes: int = 0) -> int:
     """Lines to decode at once while `busy_processes` other processes (XProf's conversions, which the analysis waits
     for) use this process's cores: the cores they leave, at least one. On two cores with two conversions running, the
     85 MiB bench profile's whole analysis took 3.61 s with one thread instead of 3.78 s (medians of 10 alternating),
-    its read being off the critical path and op_stats on it (bench/README.md, thirteenth round)."""
+    its read being off the critical path and op_stats on it (bench/README.md, "Measured design choices")."""
     return max(1, min(READ_THREADS, _CPUS - busy_processes))
 
 

@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from xdiag.analysis.timeline import TRANSFER_OP_CATEGORIES
+from xdiag.analysis.categories import TRANSFER_OP_CATEGORIES
 from xdiag.model import ToolResult, ToolStatus
 from xdiag.report import charts
 from xdiag.report.summary import counted

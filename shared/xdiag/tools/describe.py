@@ -200,3 +200,47 @@ def _typed(kind: str, text: str) -> Any:
             raise ValueError(text)
         return lowered in ("true", "1", "yes")
     return text
+
+
+def markdown() -> str:
+    """docs/reference/tools.md: every registered tool, its question, arguments and fields, from the registry alone
+    (`python -m xdiag.tools.describe --markdown > docs/reference/tools.md`; tests/test_docs.py keeps it current)."""
+    from xdiag import tools as _  # noqa: F401  (importing the package registers every tool)
+
+    lines = ["# Tools", "",
+             "Generated from the tool registry by `python -m xdiag.tools.describe --markdown`; do not edit by hand.",
+             "`xdiag tools --json`, `xdiag tool NAME --help` and the MCP server's schemas read the same source.", "",
+             "| tool | kind | arguments |", "| --- | --- | --- |"]
+    described = describe_all()
+    for tool_ in described:
+        kind = " and ".join(k for k, on in (("broad", tool_["broad"]), ("follow-up", tool_["follow_up"])) if on)
+        args = ", ".join(f"`{arg}`" for arg in tool_["arguments"]) or "none"
+        lines.append(f"| [`{tool_['name']}`](#{tool_['name']}) | {kind or 'on demand'} | {args} |")
+    for tool_ in described:
+        module = REGISTRY[tool_["name"]].func.__module__
+        lines += ["", f"## {tool_['name']}", "", tool_["question"], "", f"Module: `{module}`.", ""]
+        if tool_["arguments"]:
+            lines += ["| argument | type | default | limits | description |", "| --- | --- | --- | --- | --- |"]
+            for arg, d in tool_["arguments"].items():
+                limits = "; ".join(x for x in (
+                    f"{d.get('minimum')}–{d.get('maximum')}" if "minimum" in d or "maximum" in d else "",
+                    f"one of {', '.join(map(str, d['enum']))}" if "enum" in d else "",
+                    "RE2 regular expression" if d.get("format") == "re2" else "",
+                    f"at most {d['max_length']} characters" if "max_length" in d else "",
+                    "required" if d["required"] else "") if x)
+                default = f"`{d['default']!r}`" if d.get("default") is not None else ""
+                lines.append(f"| `{arg}` | {d['type']} | {default} | {limits} | {d['description']} |")
+            lines.append("")
+        fields = tool_["returns"]["summary_fields"]
+        lines += [f"**Summary fields:** {', '.join(f'`{f}`' for f in fields) or '(none named)'}", "",
+                  f"**Summary:** {tool_['returns']['summary'] or '(not documented)'}", "",
+                  f"**Detail:** {tool_['returns']['detail'] or '(none)'}"]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:] != ["--markdown"]:
+        sys.exit("usage: python -m xdiag.tools.describe --markdown")
+    sys.stdout.write(markdown())

@@ -7,7 +7,8 @@ from math import prod
 import numpy as np
 
 from xdiag.analysis.hlo_cost import shape_bytes
-from xdiag.analysis.timeline import op_table, profile_op_costs
+from xdiag.analysis.op_table import op_table, profile_op_costs
+from xdiag.analysis.session_cache import cached
 from xdiag.profile.space import HloInstruction, Session
 from xdiag.tools.hlo_checks import STRUCTURAL_OPCODES, ExecutedInstruction, detect
 from xdiag.tools.registry import ToolOutput, tool
@@ -52,9 +53,7 @@ def detect_layout_mismatch_copies(session: Session) -> ToolOutput:
 def _xprof_data_formatting_percent(session: Session) -> float | None:
     """Share of device op time in ops the profile's own cost model files as 'data formatting' (TPU); None where
     the profile records no op categories."""
-    if "data_formatting" not in session.cache:
-        session.cache["data_formatting"] = combined_data_formatting([data_formatting_ps(session)])
-    found = session.cache["data_formatting"]
+    found = cached(session, "data_formatting", lambda: combined_data_formatting([data_formatting_ps(session)]))
     return round(100 * found[0] / found[1], 2) if found is not None and found[1] else None
 
 

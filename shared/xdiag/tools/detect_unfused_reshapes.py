@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from xdiag.analysis.categories import DATA_MOVEMENT_OPCODES
 from xdiag.analysis.hlo_cost import shape_bytes
-from xdiag.analysis.timeline import DATA_MOVEMENT_OPCODES
 from xdiag.profile.space import Session
 from xdiag.tools.hlo_checks import ExecutedInstruction, detect
 from xdiag.tools.registry import ToolOutput, tool

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from xdiag.analysis.device_peaks import session_peaks
-from xdiag.analysis.timeline import device_op_counts
+from xdiag.analysis.op_table import device_op_counts
 from xdiag.profile.space import Session
 from xdiag.profile.trace_json import KINETO, trace_format
 from xdiag.tools.common import host_plane_source, try_view

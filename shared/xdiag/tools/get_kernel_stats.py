@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from xdiag.analysis.session_cache import cached
 from xdiag.errors import NotAvailable
 from xdiag.profile.space import Session
 from xdiag.tools.common import try_view
@@ -23,9 +24,8 @@ def get_kernel_stats(session: Session, top_n: int = 20) -> ToolOutput:
     registers_per_thread, shared_memory_bytes, occupancy_percent, grid, block, tensor_core where known], xprof."""
     if session.platform != "GPU":
         raise NotAvailable(f"kernel statistics exist only for GPU profiles; this is a {session.platform} profile")
-    if "kernel_table" not in session.cache:
-        session.cache["kernel_table"] = combined_kernel_table([kernel_table(session)])
-    per_name = {row["kernel"]: dict(row) for row in session.cache["kernel_table"]}
+    table = cached(session, "kernel_table", lambda: combined_kernel_table([kernel_table(session)]))
+    per_name = {row["kernel"]: dict(row) for row in table}
     if not per_name:
         raise NotAvailable("the GPU device planes hold no kernel events (only memory copies or nothing)")
     rows = sorted(per_name.values(), key=lambda r: -r["total_ps"])

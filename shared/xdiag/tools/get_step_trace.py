@@ -15,7 +15,8 @@ from xdiag.analysis.breakdown import (
     summarize_steps,
     warm_up_calls,
 )
-from xdiag.analysis.timeline import Step, host_events, step_set
+from xdiag.analysis.host_threads import host_threads
+from xdiag.analysis.steps import Step, step_set
 from xdiag.errors import NotAvailable
 from xdiag.profile.space import Session
 from xdiag.tools.common import DEVICE_PLANE_SOURCE, host_plane_source, try_view
@@ -121,8 +122,8 @@ def host_calls(session: Session, steps: list[Step]) -> tuple[list[WarmUpCall], l
         windows: dict[str, list[tuple[int, int]]] = {}
         for step in steps:
             windows.setdefault(step.host, []).append((step.start_ps, step.end_ps))
-        warm = [w for events in host_events(session) for w in warm_up_calls(events)
+        warm = [w for events in host_threads(session) for w in warm_up_calls(events)
                 if any(w.start_ps < end and w.end_ps > start for start, end in windows.get(w.host, []))]
-        waits = [w for events in host_events(session) if (w := largest_sync_event(events)) is not None]
+        waits = [w for events in host_threads(session) if (w := largest_sync_event(events)) is not None]
         session.cache["host_calls"] = (warm, waits)
     return session.cache["host_calls"]

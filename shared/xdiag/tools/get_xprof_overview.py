@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from xdiag.analysis.breakdown import duration_text, duty_cycles, duty_summary, step_rows, summarize_steps
-from xdiag.analysis.timeline import profile_window_ps, step_set
+from xdiag.analysis.steps import profile_window_ps, step_set
 from xdiag.profile.space import Session
 from xdiag.tools.common import DEVICE_PLANE_SOURCE, host_plane_source, ms, try_view
 from xdiag.tools.ops import category_totals, op_stats

@@ -33,16 +33,10 @@ from typing import Any
 import numpy as np
 
 from xdiag.analysis.breakdown import DeviceRow, DutyCycle, StepRow, WarmUpCall, device_rows, duty_cycles, step_rows
+from xdiag.analysis.op_table import device_op_counts, op_table
 from xdiag.analysis.prepared import _as_columns, _from_columns, _typed, _untyped
+from xdiag.analysis.steps import Step, StepSet, profile_window_ps, step_set
 from xdiag.analysis.stragglers import arrivals_of, collective_arrivals, collective_records, straggler
-from xdiag.analysis.timeline import (
-    Step,
-    StepSet,
-    device_op_counts,
-    op_table,
-    profile_window_ps,
-    step_set,
-)
 from xdiag.analysis.transfers import combined_transfer_spans, transfer_pairs
 from xdiag.errors import XdiagError
 from xdiag.profile.compact import _plain, module_from_record, module_record

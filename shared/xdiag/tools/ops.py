@@ -6,9 +6,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from xdiag.analysis.categories import COPY_OP_CATEGORIES, categorize
 from xdiag.analysis.hlo_cost import ON_CHIP_MEMORY_SPACE, instruction_cost
+from xdiag.analysis.op_table import op_table, profile_op_costs
 from xdiag.analysis.roofline import TRANSFER_RATE_REASON, eight_bit_operands, roofline
-from xdiag.analysis.timeline import COPY_OP_CATEGORIES, categorize, op_table, profile_op_costs
 from xdiag.profile.columns import unique_with_inverse
 from xdiag.profile.space import NO_VALUE, Session
 from xdiag.profile.torch_op_cost import NO_SHAPES_REASON, NOT_COSTED_REASON

@@ -24,7 +24,7 @@ def start_views(paths: Sequence[Path], max_bytes: int | None = None) -> XprofVie
 
     Imports the runner and the reader alone, not the tools, so that a caller can start the conversions before its own
     imports: `xdiag analyze` calls it as soon as the session is located (on two cores the conversions then take the
-    core those imports leave idle; bench/README.md, eleventh round), the loader where no caller did."""
+    core those imports leave idle; bench/README.md, "Measured design choices"), the loader where no caller did."""
     import os
 
     from xdiag.errors import XdiagError

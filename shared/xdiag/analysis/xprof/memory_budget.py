@@ -2,7 +2,7 @@
 
 XProf's converters build the whole XSpace as C++ protobuf objects and group its events before they convert: each
 conversion's resident memory grows by 8-26x the bytes it reads on the profiles measured, plus ~8 MiB whatever the
-size (`bench/xprof_memory.py`, bench/README.md, fourteenth round: op_stats and memory_profile on every real device
+size (`bench/xprof_memory.py`, bench/README.md, "XProf's memory": op_stats and memory_profile on every real device
 profile here and the 85 MiB bench profile). A 1 GiB device session would need 8-26 GiB per conversion, two at once
 twice that: past the machine's memory the kernel's OOM killer ends a worker, and the in-process retry that follows
 can end the analysis itself, the report of xdiag's own tools with it. So a conversion that would not fit is not

@@ -3,7 +3,7 @@
 In the cloud every tool run may land on another function instance, and each instance used to make its own private
 copy of the profile and convert op_stats and memory_profile again for the views its tools ask for: on the 85 MiB
 bench profile the local stack's three run_tool instances spent 9-13 s of CPU per warm analysis (bench/README.md,
-fourteenth round). Now register, which reads the session during the quiet period and stores it prepared
+"Measured design choices"). Now register, which reads the session during the quiet period and stores it prepared
 (`xdiag.pipeline.deps.SessionLoader.prepare`), also records the views the broad tools ask for (`record`) next to it;
 a tool instance that loads the prepared session answers them from that record (`StoredViews`), and converts only
 for a view the record does not hold (a follow-up's other arguments), in the same XprofViews as before.

@@ -93,7 +93,8 @@ ALLOCATOR_ENV = "XDIAG_XPROF_ALLOCATOR"
 `system` (glibc's), or the path of another malloc library to preload. XProf's converters build the whole XSpace as
 C++ protobuf objects, ~15x the file's size, and spent a sixth of their samples in glibc's malloc and free (perf, the
 85 MiB H200 bench profile); with mimalloc its op_stats and memory_profile conversions each take 13% less CPU, alone
-(medians of 6; bench/README.md, eleventh round). Transparent huge pages stay off for it (MIMALLOC_ALLOW_THP=0): on
+(medians of 6; bench/README.md, "Measured design choices"). Transparent huge pages stay off for it
+(MIMALLOC_ALLOW_THP=0): on
 the 2-core VMs here, faulting them in cost more system time than the page faults they save (op_stats 1.6 s of system
 time against 0.3 s). A caller's own LD_PRELOAD is left as it is."""
 
