@@ -159,7 +159,7 @@ def make_profiles(sizes_mib: list[float], captures: list[tuple[str, int]], workd
     """Real captures for the small sizes, real lines replicated in time for the large ones, then the
     real captures of other workloads."""
     sys.path.insert(0, str(REPO / "shared"))
-    from xdiag.workloads.capture import capture_workload as capture_afresh
+    from xdiag.examples.capture import capture_workload as capture_afresh
 
     def capture_workload(workload: str, logdir: Path, steps: int) -> Path:
         """A capture already in --workdir (an earlier run of the bench) is used again."""

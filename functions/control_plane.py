@@ -1,9 +1,9 @@
 """Cloud Function `control_plane` (HTTP): the run registry. The ML Diagnostics SDK's self-hosted contract
 (`PATCH /v1/machineLearningRuns/{id}`) and xdiag's endpoints: profiler targets, runs, sessions, analyses,
-on-demand captures, continuous profiling (see xdiag.capture.control_plane)."""
+on-demand captures, continuous profiling (see xdiag.control.plane)."""
 
 import functions_framework
-from xdiag.capture import control_plane as plane
+from xdiag.control import plane
 from xdiag.cloud.runtime import http_handler
 
 

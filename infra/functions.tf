@@ -254,7 +254,7 @@ locals {
     XDIAG_MONITOR_MIN_WINDOW_POINTS   = tostring(var.monitor_min_window_points)
     XDIAG_MONITOR_CONSECUTIVE_WINDOWS = tostring(var.monitor_consecutive_windows)
     XDIAG_CONTROL_PLANE_AUTH          = "iam" # Cloud Functions IAM checks every caller: no token to keep secret
-    # The control plane verifies every caller's ID token for these audiences (xdiag.pipeline.identity): its
+    # The control plane verifies every caller's ID token for these audiences (xdiag.identity): its
     # deterministic run.app and cloudfunctions.net URLs, and any other its callers' tokens name
     XDIAG_CONTROL_PLANE_AUDIENCE = join(",", concat([
       "https://${var.name_prefix}-control-plane-${data.google_project.this.number}.${var.region}.run.app",
@@ -295,9 +295,12 @@ locals {
     fileset("${local.repo}/shared/xdiag", "**/*.j2"),
     fileset("${local.repo}/shared/xdiag", "**/*.md"),
   )
+  # Left out: bytecode, and the example JAX programs (xdiag.examples: for the tests and `xdiag demo`; no function
+  # imports them)
+  package_excluded = "(__pycache__|^examples/)"
   source_files = merge(
     { for f in fileset("${local.repo}/functions", "*.py") : f => "${local.repo}/functions/${f}" },
-    { for f in local.package_files : "xdiag/${f}" => "${local.repo}/shared/xdiag/${f}" if length(regexall("__pycache__", f)) == 0 },
+    { for f in local.package_files : "xdiag/${f}" => "${local.repo}/shared/xdiag/${f}" if length(regexall(local.package_excluded, f)) == 0 },
   )
 }
 

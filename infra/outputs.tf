@@ -32,7 +32,7 @@ output "push_subscriptions" {
 }
 
 output "control_plane_url" {
-  description = "The control plane (IAM: callers need roles/run.invoker, see var.control_plane_invokers). Reach it through `gcloud run services proxy` and pass http://localhost:PORT to machinelearning_run(base_url=…) and xdiag.capture.workload.attach(control_plane=…)."
+  description = "The control plane (IAM: callers need roles/run.invoker, see var.control_plane_invokers). Reach it through `gcloud run services proxy` and pass http://localhost:PORT to machinelearning_run(base_url=…) and xdiag.sdk.workload.attach(control_plane=…)."
   value       = google_cloudfunctions2_function.function["control_plane"].service_config[0].uri
 }
 

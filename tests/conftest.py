@@ -14,8 +14,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from xdiag.workloads import WORKLOADS
-from xdiag.workloads.capture import capture_workload
+from xdiag.examples import WORKLOADS
+from xdiag.examples.capture import capture_workload
 
 TESTS = Path(__file__).resolve().parent
 H200 = TESTS / "profiles" / "h200"

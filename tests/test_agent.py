@@ -38,7 +38,7 @@ def _xdiag(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subproce
 @pytest.fixture(scope="module")
 def cpu_capture(tmp_path_factory) -> Path:
     """A real CPU profile of one bundled JAX workload (host-plane analysis: what the device profiles do not cover)."""
-    from xdiag.workloads.capture import capture_workload
+    from xdiag.examples.capture import capture_workload
 
     return capture_workload("host_sync", tmp_path_factory.mktemp("agent-cpu"))
 

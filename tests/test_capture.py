@@ -1,5 +1,5 @@
 """Capture for real: a JAX program in a subprocess serves the profiler (`jax.profiler.start_server`) and attaches
-itself with `xdiag.capture.workload.attach`, the run is created by the official ML Diagnostics SDK, and the capture,
+itself with `xdiag.sdk.workload.attach`, the run is created by the official ML Diagnostics SDK, and the capture,
 monitor and control-plane functions run on the emulators with the rest of the chain (the `local_stack` fixture).
 """
 
@@ -16,7 +16,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from xdiag.capture.client import ControlPlaneClient, ControlPlaneError
+from xdiag.control.client import ControlPlaneClient, ControlPlaneError
 from xdiag.pipeline.layout import state_key
 from xdiag.pipeline.runs import ALERTS, get_run
 from xdiag.pipeline.topics import ANALYSES, sessions_collection
@@ -33,14 +33,14 @@ def free_port() -> int:
 
 
 class Workload:
-    """`python -m xdiag.workloads.attached …` in its own process group, stopped at the end whatever happens."""
+    """`python -m xdiag.examples.attached …` in its own process group, stopped at the end whatever happens."""
 
     def __init__(self, tmp_path: Path, *args: str) -> None:
         self.port = free_port()
         self.log = tmp_path / f"workload-{self.port}.log"
         with open(self.log, "wb") as out:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "xdiag.workloads.attached", "--port", str(self.port), *args],
+                [sys.executable, "-m", "xdiag.examples.attached", "--port", str(self.port), *args],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
                 env={**os.environ, "PYTHONUNBUFFERED": "1", "TF_CPP_MIN_LOG_LEVEL": "2"},
             )

@@ -129,3 +129,31 @@ def test_in_process_commands_leave_the_callers_garbage_collector_alone(cpu_profi
     assert result.exit_code == 0, result.output
     assert (tmp_path / "o" / "summary.html").exists()
     assert gc.get_freeze_count() == frozen
+
+
+ANALYZE_AND_LIST_MODULES = """
+import json, sys
+at_startup = set(sys.modules)  # a namespace package's .pth (google.cloud's) is there before anything is imported
+from typer.testing import CliRunner
+from xdiag.cli import app
+done = CliRunner().invoke(app, ["analyze", sys.argv[1], "--out", sys.argv[2], "-q"])
+assert done.exit_code == 0, done.output
+print(json.dumps(sorted(set(sys.modules) - at_startup)))
+"""
+IN_PROCESS_CLOUD = {"xdiag.cloud", "xdiag.cloud.embedded", "xdiag.cloud.memory"}  # the bus and stores analyze runs on
+
+
+def test_analyze_imports_only_what_it_runs(h200_profiles, tmp_path):
+    """A whole `xdiag analyze` in a fresh process loads no Google Cloud adapter, capture, control-plane, comparison,
+    viewer or agent module: each command imports what it runs in its own body (startup time)."""
+    done = subprocess.run([sys.executable, "-c", ANALYZE_AND_LIST_MODULES, str(h200_profiles["healthy"]),
+                           str(tmp_path / "o")], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    loaded = set(json.loads(done.stdout.splitlines()[-1]))  # by the command's own imports
+    assert {"xdiag.pipeline.stages", "xdiag.report.render", "xdiag.tools.get_step_trace"} <= loaded  # it did run
+    not_run = ("xdiag.cloud", "google.cloud", "google.genai", "xdiag.capture", "xdiag.control", "xdiag.sharing",
+               "xdiag.sdk", "xdiag.compare", "xdiag.viewer", "xdiag.agent", "xdiag.examples",
+               "xdiag.investigators.gemini", "xdiag.pipeline.sweep", "mcp")
+    unexpected = sorted(m for m in loaded - IN_PROCESS_CLOUD
+                        if any(m == package or m.startswith(package + ".") for package in not_run))
+    assert unexpected == []

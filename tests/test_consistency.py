@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 from xdiag.cloud.embedded import analyze_session
-from xdiag.investigators.health import OOM_RISKS_ABOVE_LOW, efficiency_not_measured
+from xdiag.investigators.health import OOM_RISKS_ABOVE_LOW, HealthSnapshot, efficiency_not_measured
 from xdiag.model import Analysis
 from xdiag.profile.locate import locate_session
-from xdiag.workloads import WORKLOADS
+from xdiag.examples import WORKLOADS
 
 from tests.conftest import SHARED_PROFILES, TESTS
 
@@ -130,8 +130,8 @@ def check_report(analysis: Analysis, tools: dict[str, dict], page: str) -> list[
         problems.append(f"out-of-memory risk {health['oom_risk']} with no memory_pressure finding")
     if diagnosis.status.value == "OPTIMAL" and health.get("oom_risk") in OOM_RISKS_ABOVE_LOW:
         problems.append(f"OPTIMAL with out-of-memory risk {health['oom_risk']}")
-    if diagnosis.status.value == "OPTIMAL" and efficiency_not_measured(health):
-        problems.append(f"OPTIMAL though {efficiency_not_measured(health)}")
+    if diagnosis.status.value == "OPTIMAL" and efficiency_not_measured(HealthSnapshot.from_dict(health)):
+        problems.append(f"OPTIMAL though {efficiency_not_measured(HealthSnapshot.from_dict(health))}")
 
     # No rate above a hardware peak is shown as a measurement, and a custom kernel holding a fifth of op time is
     # costed (FLOPs and bytes) or has a stated floor.

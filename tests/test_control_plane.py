@@ -1,4 +1,4 @@
-"""The control plane, the alert forms, the monitor and `xdiag.capture.workload`, fast: functions-framework's test client over
+"""The control plane, the alert forms, the monitor and `xdiag.sdk.workload`, fast: functions-framework's test client over
 the `control_plane` function wired to the embedded adapters (no emulator). The same contract against the real
 emulators, the real SDK and a real JAX workload is in test_capture.py."""
 
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 from functions_framework import create_app
-from xdiag.capture.control_plane import Access
+from xdiag.control.plane import Access
 from xdiag.capture.monitor import monitor
-from xdiag.capture.workload import attach
+from xdiag.sdk.workload import attach
 from xdiag.cloud.embedded import build_embedded
 from xdiag.cloud.memory import LocalBlobStore
 from xdiag.cloud.runtime import Runtime, use_runtime
@@ -300,7 +300,7 @@ def closed_port() -> int:
 
 
 def test_an_attached_workload_never_raises_or_blocks_when_xdiag_is_unreachable(closed_port, caplog):
-    caplog.set_level(logging.INFO, logger="xdiag.capture.workload")
+    caplog.set_level(logging.INFO, logger="xdiag.sdk.workload")
     attached = attach(control_plane=f"http://127.0.0.1:{closed_port}", run="r", port=closed_port, start_server=False,
                       report_steps=True, report_interval_s=0.05)
     for _ in range(20_000):  # more points than the queue keeps

@@ -144,15 +144,15 @@ def _snapshot(session) -> dict:
 def test_optimal_needs_the_dominant_ops_measured_at_30_percent_of_their_roof():
     # H200 healthy: the TF32 GEMMs that dominate are measured, against the TF32 roof (494.7 TFLOP/s).
     healthy = _snapshot(read_session([H200 / "healthy.xplane.pb"]))
-    assert healthy["dominant_ops_roofline_efficiency_percent"] >= 30 and not healthy["dominant_ops_unmeasured"]
-    assert not any("dominant" in r or "roofline" in r for r in healthy["unhealthy_because"])
+    assert healthy.dominant_ops_roofline_efficiency_percent >= 30 and not healthy.dominant_ops_unmeasured
+    assert not any("dominant" in r or "roofline" in r for r in healthy.unhealthy_because)
     # H200 recompilation: what dominates is XLA's autotuner (redzone checks, delay kernels), which no HLO names:
     # the snapshot says the efficiency is not measured and why, and the headline rate is left out with its reason
     # rather than computed over the 0.1% of op time whose FLOPs are known.
     session = read_session([H200 / "recompilation.xplane.pb"])
     snapshot = _snapshot(session)
-    assert snapshot["dominant_ops_unmeasured"] and "FLOPs unknown" in snapshot["dominant_ops_unmeasured"][0]
-    assert any("no efficiency is measured" in r for r in snapshot["unhealthy_because"])
+    assert snapshot.dominant_ops_unmeasured and "FLOPs unknown" in snapshot.dominant_ops_unmeasured[0]
+    assert any("no efficiency is measured" in r for r in snapshot.unhealthy_because)
     kpi = run_tool(session, "get_kpi_metrics").summary
     assert kpi["achieved_gflops_per_s_during_ops"] is None and kpi["achieved_rate_covers_op_time_percent"] < 50
     assert "compute op time" in kpi["achieved_rate_unavailable_because"]

@@ -10,7 +10,7 @@ from xdiag.investigators import MAX_FOLLOW_UP_CALLS
 from xdiag.model import Analysis, Status
 from xdiag.profile.locate import locate_session
 from xdiag.tools import REGISTRY
-from xdiag.workloads import WORKLOADS
+from xdiag.examples import WORKLOADS
 
 H200 = Path(__file__).resolve().parent / "profiles" / "h200"
 NOT_CAPTURED_ON_H200 = {"widened_statistics": "written after the H200 captures (2026-12), with no GPU to capture "

@@ -416,7 +416,7 @@ def test_a_busy_device_whose_dominant_kernel_runs_far_below_its_roof_is_not_opti
         "get_device_information": ok("get_device_information", {"platform": "TPU", "vendor": "Google", "framework": "JAX"}),
     }
     health = health_snapshot(results)
-    assert not health["healthy"] and any("12.0% of their roofline" in r for r in health["unhealthy_because"])
+    assert not health.healthy and any("12.0% of their roofline" in r for r in health.unhealthy_because)
     diagnosis = RuleEngine().investigate(health, results, lambda *args: None)
     assert diagnosis.status == Status.NEEDS_ATTENTION
     top = diagnosis.findings[0]

@@ -18,7 +18,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from xdiag.capture.client import ControlPlaneClient, ControlPlaneError
+from xdiag.control.client import ControlPlaneClient, ControlPlaneError
 from xdiag.cloud.operations import overdue_analyses
 from xdiag.model import CaptureReady, ToolDone, ToolRun
 from xdiag.pipeline.layout import output_uri, state_key

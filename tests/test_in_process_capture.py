@@ -1,4 +1,4 @@
-"""`python -m xdiag.workloads.in_process`: several workloads profiled in one process (how the TPU captures are made),
+"""`python -m xdiag.examples.in_process`: several workloads profiled in one process (how the TPU captures are made),
 run here on the CPU as its users run it."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ def test_in_process_capture_writes_each_profile_a_manifest_and_an_archive(tmp_pa
     env = {**os.environ, "PYTHONPATH": str(SHARED), "JAX_PLATFORMS": "cpu"}
     archive = tmp_path / "profiles.tgz"
     proc = subprocess.run(
-        [sys.executable, "-m", "xdiag.workloads.in_process", "host_transfers", "running_sum", "collective_bound",
+        [sys.executable, "-m", "xdiag.examples.in_process", "host_transfers", "running_sum", "collective_bound",
          "--steps", "3", "--logdir", str(tmp_path / "cap"), "--archive", str(archive)],
         env=env, capture_output=True, text=True, timeout=300,
     )
@@ -39,6 +39,6 @@ def test_in_process_capture_writes_each_profile_a_manifest_and_an_archive(tmp_pa
 
 def test_in_process_capture_refuses_an_unknown_workload(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(SHARED)}
-    proc = subprocess.run([sys.executable, "-m", "xdiag.workloads.in_process", "no_such", "--logdir", str(tmp_path)],
+    proc = subprocess.run([sys.executable, "-m", "xdiag.examples.in_process", "no_such", "--logdir", str(tmp_path)],
                           env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "unknown workload(s): no_such" in proc.stderr

@@ -742,6 +742,8 @@ def test_the_source_zip_holds_every_entry_point_and_the_package_it_imports(tmp_p
     every entry point from its own copy of the package, with nothing of the repository on the path."""
     source = infra().locals
     assert 'fileset("${local.repo}/functions", "*.py")' in source["source_files"]
+    assert "regexall(local.package_excluded, f)" in source["source_files"]
+    excluded = re.compile(source["package_excluded"])  # Terraform's regexall is RE2: the same on this pattern
     fileset = r'fileset\("\$\{local\.repo\}/shared/xdiag", "\*\*/\*(\.\w+)"\)'
     patterns = set(re.findall(fileset, source["package_files"]))
     # What git tracks: build products made on this machine (the ahead-of-time profile decoder) are not deployed.
@@ -754,7 +756,7 @@ def test_the_source_zip_holds_every_entry_point_and_the_package_it_imports(tmp_p
     layout = tmp_path / "source"
     for suffix in patterns:  # what the zip's filesets take, and nothing else
         for path in PACKAGE.rglob(f"*{suffix}"):
-            if path.is_file() and "__pycache__" not in path.parts:
+            if path.is_file() and not excluded.search(path.relative_to(PACKAGE).as_posix()):
                 target = layout / "xdiag" / path.relative_to(PACKAGE)
                 target.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(path, target)
@@ -774,6 +776,19 @@ def test_the_source_zip_holds_every_entry_point_and_the_package_it_imports(tmp_p
     result = subprocess.run([sys.executable, "-c", probe], check=False, cwd=layout, env=env, capture_output=True,
                             text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_the_source_zip_leaves_out_the_examples_and_nothing_else_of_the_package():
+    """The example JAX programs (xdiag.examples: the tests' and `xdiag demo`'s) are not deployed, and every other
+    file git tracks in shared/xdiag is (the import contracts keep every module but the CLI from importing them)."""
+    excluded = re.compile(infra().locals["package_excluded"])
+    tracked = subprocess.run(["git", "ls-files", "-z", str(PACKAGE)], cwd=REPO, capture_output=True, check=True)
+    relative = [Path(name).relative_to(PACKAGE.relative_to(REPO)).as_posix()
+                for name in tracked.stdout.decode().split("\0") if name]
+    examples = {name for name in relative if name.startswith("examples/")}
+    assert "examples/__init__.py" in examples
+    assert {name for name in relative if excluded.search(name)} == examples
+    assert excluded.search("profile/__pycache__/reader.cpython-311.pyc")
 
 
 def test_the_functions_install_the_same_pins_as_pyproject():

@@ -14,9 +14,9 @@ import time
 from urllib.parse import parse_qsl, urlsplit
 
 import pytest
-from xdiag.capture.control_plane import Access
-from xdiag.capture.share import LINKS, new_signing_key
-from xdiag.capture.sharing_routes import LINK_BASE_ENV, SHARE_KEY_ENV
+from xdiag.control.plane import Access
+from xdiag.sharing.links import LINKS, new_signing_key
+from xdiag.sharing.routes import LINK_BASE_ENV, SHARE_KEY_ENV
 from xdiag.cloud.runtime import use_runtime
 from xdiag.model import Alert
 from xdiag.pipeline.runs import ALERTS

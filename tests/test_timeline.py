@@ -13,7 +13,7 @@ from xdiag.cloud.embedded import analyze_session
 from xdiag.profile.locate import locate_session
 from xdiag.profile.reader import read_session
 from xdiag.tools import run_tool
-from xdiag.workloads.capture import capture_workload
+from xdiag.examples.capture import capture_workload
 
 from tests.conftest import shared_profile
 

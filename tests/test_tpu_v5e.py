@@ -16,7 +16,7 @@ from xdiag.analysis.roofline import EXTRA_PASSES_DEFECT_PERCENT
 from xdiag.cloud.embedded import analyze_session
 from xdiag.model import Analysis, Status
 from xdiag.profile.locate import locate_session
-from xdiag.workloads import ACCELERATOR_WORKLOADS, WORKLOADS
+from xdiag.examples import ACCELERATOR_WORKLOADS, WORKLOADS
 
 from tests.test_diagnosis import _check
 

@@ -80,9 +80,9 @@ def _assert_memory_pressure_names_the_buffers(diagnosis: Diagnosis) -> None:
 
 def test_medium_oom_risk_is_not_optimal_and_is_a_finding_naming_the_largest_buffers(near_the_limit):
     health = health_snapshot(near_the_limit)
-    assert not health["healthy"]
-    assert health["unhealthy_because"] == ["out-of-memory risk is MEDIUM: the peak of 3.383 GiB leaves 15.43% of the "
-                                           "memory free (OPTIMAL needs LOW risk)"]
+    assert not health.healthy
+    assert health.unhealthy_because == ["out-of-memory risk is MEDIUM: the peak of 3.383 GiB leaves 15.43% of the "
+                                        "memory free (OPTIMAL needs LOW risk)"]
     diagnosis = RuleEngine().investigate(health, near_the_limit, _no_calls)
     assert diagnosis.status == Status.NEEDS_ATTENTION
     assert [f.key for f in diagnosis.findings] == ["memory_pressure"]
@@ -201,7 +201,8 @@ def test_the_widening_that_makes_ops_memory_bound_is_the_top_finding(cpu_profile
 
 def test_a_cause_outranks_only_the_findings_whose_ops_read_what_it_writes():
     """Findings with no op in common keep the order of their stakes."""
-    from xdiag.investigators.rules import Hypothesis, _causes_first
+    from xdiag.investigators.rules.hypothesis import Hypothesis
+    from xdiag.investigators.rules.ranking import causes_first
 
     def hypothesis(key, score, ops=(), inflates=()):
         return Hypothesis(key, score, key, key + ".", [], "", "", ops=frozenset(("jit_step", o) for o in ops),
@@ -212,7 +213,7 @@ def test_a_cause_outranks_only_the_findings_whose_ops_read_what_it_writes():
     stranger = hypothesis("layout_copies", 30.0, {"t"}, {"matmul.2"})
     other_module = Hypothesis("unfused", 20.0, "unfused", ".", [], "", "",
                               inflates=frozenset({("jit_other", "reduce.1")}))
-    ranked = _causes_first([symptom, cause, stranger, other_module])  # reduce.1 of another program is another op
+    ranked = causes_first([symptom, cause, stranger, other_module])  # reduce.1 of another program is another op
     assert [h.key for h in ranked] == ["widening", "memory_bound", "layout_copies", "unfused"]
     assert "reduce.1" in cause.whats_happening and "reduce.1" in symptom.whats_happening
     assert cause.score == 49.4 and stranger.score == 30.0

@@ -20,8 +20,8 @@ import uuid
 from pathlib import Path
 
 import pytest
-from xdiag.capture.share import LINKS
-from xdiag.workloads.capture import capture_workload
+from xdiag.sharing.links import LINKS
+from xdiag.examples.capture import capture_workload
 
 from tests import test_capture
 from tests.test_capture import _incident, _run_on, _xdiag

@@ -9,11 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from xdiag.capture.monitor import monitor
-from xdiag.capture.stage import capture
+from xdiag.model import Alert, StepTimes, SweepRequest
 from xdiag.pipeline.deps import Dependencies
 from xdiag.pipeline.stages import aggregate, collect, investigate, map_host, register, render, run_tool
-from xdiag.pipeline.sweep import sweep
 from xdiag.pipeline.topics import (
     MESSAGE_TYPES,
     TOPIC_ALERTS,
@@ -27,6 +25,28 @@ from xdiag.pipeline.topics import (
     TOPIC_TOOL_RESULTS,
     TOPIC_TOOL_RUNS,
 )
+
+# The stages an analysis of one session never reaches import on their first message: `xdiag analyze` wires every
+# topic, and would otherwise load the capture stage, the step-time monitor and the sweeper it does not run.
+
+
+def capture(message: Alert, deps: Dependencies) -> None:
+    from xdiag.capture.stage import capture as stage
+
+    stage(message, deps)
+
+
+def monitor(message: StepTimes, deps: Dependencies) -> None:
+    from xdiag.capture.monitor import monitor as stage
+
+    stage(message, deps)
+
+
+def sweep(message: SweepRequest, deps: Dependencies) -> None:
+    from xdiag.pipeline.sweep import sweep as stage
+
+    stage(message, deps)
+
 
 _STAGES: dict[str, Callable[[Any, Dependencies], None]] = {
     TOPIC_PROFILE_UPLOADS: register,

@@ -235,7 +235,7 @@ class Analysis(BaseModel):
     last_repair: dict[str, Any] | None = None  # the sweeper's last repair: when, in which status, what was missing
     last_error: dict[str, Any] | None = None  # the last error a stage raised on it (then retried): topic, error, when
     profile: dict[str, Any] = Field(default_factory=dict)  # platform, hosts, devices, size, events
-    health: dict[str, Any] = Field(default_factory=dict)
+    health: dict[str, Any] = Field(default_factory=dict)  # investigators.health.HealthSnapshot.as_dict()
     diagnosis: Diagnosis | None = None
     tools: dict[str, dict[str, Any]] = Field(default_factory=dict)  # tool -> {status, reason, duration_ms}
     timings_ms: dict[str, float] = Field(default_factory=dict)

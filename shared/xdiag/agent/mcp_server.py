@@ -193,7 +193,7 @@ class XdiagTools:
         return {"local_stack": str(self.stack_dir.absolute()), "runs": self._stack_sessions(run)}
 
     def _stack_sessions(self, run: str | None) -> list[dict[str, Any]]:
-        from xdiag.capture.client import ControlPlaneClient, ControlPlaneError
+        from xdiag.control.client import ControlPlaneClient, ControlPlaneError
         from xdiag.cloud.localstack import load_stack_env
 
         env = load_stack_env(self.stack_dir)

@@ -1,2 +1,3 @@
-"""Capture: the capture stage (on demand, snapshot, automatic), the step-time monitor, the control plane and its
-client, XProf's profiler client, and `workload.attach` that a training job calls. Builds on xdiag.pipeline."""
+"""Capture: the capture stage on `alerts` (stage.py: on demand, snapshots, automatic), the client of XProf's profiler
+servers it calls (profiler.py), the step-time monitor that raises alerts (monitor.py) and the monitored events it
+records (monitored_events.py). Builds on xdiag.pipeline; the control plane that requests captures is xdiag.control."""

@@ -1,6 +1,6 @@
 """The monitor stage (topic `step-times`): a run's step times → a baseline → a `bad` verdict on `alerts`.
 
-The workload reports step times (`xdiag.workload`, through the control plane), each with when the step ended. Per
+The workload reports step times (`xdiag.sdk.workload`, through the control plane), each with when the step ended. Per
 run the monitor skips the warm-up points, takes the median of the next `baseline_points` as the baseline, then
 judges the run window by window: each window of `window_s` seconds (by the steps' own clock) with at least
 `min_window_points` steps gets its median step time; only when `consecutive_windows` windows in a row are all

@@ -52,8 +52,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from xdiag.capture.share import new_signing_key
-from xdiag.capture.sharing_routes import SHARE_KEY_ENV
+from xdiag.sharing.links import new_signing_key
+from xdiag.sharing.routes import SHARE_KEY_ENV
 from xdiag.cloud.runtime import dead_letter_topic
 from xdiag.local_ports import free_ports
 from xdiag.pipeline.topics import (

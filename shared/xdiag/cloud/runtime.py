@@ -68,7 +68,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from xdiag.capture.control_plane import MAX_BODY_BYTES, Access
+from xdiag.control.plane import MAX_BODY_BYTES, Access
 from xdiag.cloud.events import PubSubDelivery, pubsub_delivery, storage_upload
 from xdiag.errors import InvalidRequest, PoisonMessage
 from xdiag.ids import check_name

@@ -36,6 +36,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, ValidationError
 
 from xdiag.investigators import MAX_FOLLOW_UP_CALLS
+from xdiag.investigators.health import HealthSnapshot
 from xdiag.investigators.rules import CallTool, RuleEngine
 from xdiag.investigators.verdict import claims_optimal
 from xdiag.model import (
@@ -137,10 +138,10 @@ def fit(value: Any, limit_chars: int) -> Any:
     return shrunk
 
 
-def opening_data(health: dict[str, Any], results: dict[str, ToolResult]) -> dict[str, Any]:
+def opening_data(health: HealthSnapshot, results: dict[str, ToolResult]) -> dict[str, Any]:
     """What the model is given first: the health snapshot and each broad tool's status and summary."""
     return compact({
-        "health_snapshot": health,
+        "health_snapshot": health.as_dict(),
         "broad_tools": {
             name: {"status": r.status.value, "summary": r.summary, **({"reason": r.reason} if r.reason else {}),
                    "source": r.source}
@@ -528,8 +529,8 @@ class GeminiInvestigator:
         return genai.Client(vertexai=True, project=self.config.project, location=self.config.location,
                             credentials=self._credentials, http_options=http)
 
-    def investigate(self, health: dict[str, Any], results: dict[str, ToolResult], call_tool: CallTool) -> Diagnosis:
-        if health.get("healthy"):
+    def investigate(self, health: HealthSnapshot, results: dict[str, ToolResult], call_tool: CallTool) -> Diagnosis:
+        if health.healthy:
             diagnosis = RuleEngine().investigate(health, results, call_tool)
             diagnosis.investigator = self.name
             diagnosis.investigator_note = "the health snapshot is clean: OPTIMAL without calling the model"
@@ -548,7 +549,7 @@ class GeminiInvestigator:
             diagnosis.audit = audit
             return diagnosis
 
-    def _investigate(self, health: dict[str, Any], results: dict[str, ToolResult], call_tool: CallTool,
+    def _investigate(self, health: HealthSnapshot, results: dict[str, ToolResult], call_tool: CallTool,
                      audit: InvestigatorAudit, made: list[FollowUpCall]) -> Diagnosis:
         from google.genai import types
 
@@ -567,7 +568,7 @@ class GeminiInvestigator:
             automatic_function_calling=types.AutomaticFunctionCallingConfig(disable=True),
             temperature=self.config.temperature,
         )
-        outputs: dict[str, list[Any]] = {"health_snapshot": [health]}
+        outputs: dict[str, list[Any]] = {"health_snapshot": [health.as_dict()]}
         for name, r in results.items():
             outputs.setdefault(name, []).append(r.model_dump(mode="json", include={"summary", "detail", "reason"}))
         cited = {name for name, r in results.items() if r.status != ToolStatus.FAILED}
@@ -615,7 +616,7 @@ class GeminiInvestigator:
         if claims_optimal(answer.summary):
             # Only a healthy snapshot is OPTIMAL, and that one never reaches the model.
             raise GeminiUnavailable("its answer calls the session OPTIMAL or healthy, but the health snapshot is not: "
-                                    + "; ".join(health.get("unhealthy_because") or []))
+                                    + "; ".join(health.unhealthy_because or []))
         findings, checks = ground(answer, cited, ToolNumbers(outputs))
         audit.grounding = checks
         if not findings:

@@ -5,10 +5,9 @@ efficiency of the work that dominates op time), and an out-of-memory risk above 
 from __future__ import annotations
 
 import re
-from typing import Any
 
-from xdiag.investigators.health import OOM_RISKS_ABOVE_LOW
-from xdiag.investigators.rules import memory_pressure_hypothesis
+from xdiag.investigators.health import OOM_RISKS_ABOVE_LOW, HealthSnapshot
+from xdiag.investigators.rules.memory import memory_pressure_hypothesis
 from xdiag.model import Diagnosis, Status, ToolResult
 
 _CLAIMS_OPTIMAL = re.compile(
@@ -23,17 +22,17 @@ def claims_optimal(text: str) -> bool:
     return bool(_CLAIMS_OPTIMAL.search(text))
 
 
-def checked_verdict(diagnosis: Diagnosis, health: dict[str, Any], results: dict[str, ToolResult]) -> Diagnosis:
+def checked_verdict(diagnosis: Diagnosis, health: HealthSnapshot, results: dict[str, ToolResult]) -> Diagnosis:
     """The diagnosis with the verdict rules enforced: an OPTIMAL status on a snapshot that is not healthy becomes
     NEEDS_ATTENTION with the snapshot's reasons, and an out-of-memory risk above LOW that no finding covers gets the
     rule engine's memory_pressure finding (its largest buffers and the lever)."""
-    if diagnosis.status == Status.OPTIMAL and not health.get("healthy"):
-        reasons = "; ".join(health.get("unhealthy_because") or ["the health snapshot is not clean"])
+    if diagnosis.status == Status.OPTIMAL and not health.healthy:
+        reasons = "; ".join(health.unhealthy_because or ["the health snapshot is not clean"])
         diagnosis.status = Status.NEEDS_ATTENTION
         diagnosis.summary = f"Not OPTIMAL: {reasons}."
         diagnosis.investigator_note = "; ".join(
             x for x in (diagnosis.investigator_note, f"its verdict OPTIMAL was refused: {reasons}") if x)
-    if health.get("oom_risk") in OOM_RISKS_ABOVE_LOW and not any(_MEMORY_KEY.search(f.key) for f in diagnosis.findings):
+    if health.oom_risk in OOM_RISKS_ABOVE_LOW and not any(_MEMORY_KEY.search(f.key) for f in diagnosis.findings):
         pressure = memory_pressure_hypothesis(health, results)
         if pressure is not None:
             diagnosis.findings.append(pressure.finding())

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 from xdiag.analysis import prepared as prepared_tables
 from xdiag.analysis.xprof import XPROF_VIEWS_ENV, start_views
 from xdiag.errors import ProfileError
-from xdiag.investigators import RuleEngine
+from xdiag.investigators import HealthSnapshot, RuleEngine
 from xdiag.model import Diagnosis, ToolResult
 from xdiag.pipeline.layout import PREPARED_DIR, host_summary_uri, inputs_key, prepared_host_uri
 from xdiag.pipeline.ports import BlobInfo, BlobStore, Bus, StateStore
@@ -37,7 +37,7 @@ class Investigator(Protocol):
 
     def investigate(
         self,
-        health: dict[str, Any],
+        health: HealthSnapshot,
         results: dict[str, ToolResult],
         call_tool: Callable[[str, dict[str, Any], str], ToolResult | None],
     ) -> Diagnosis: ...

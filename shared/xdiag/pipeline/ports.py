@@ -1,4 +1,6 @@
-"""The ports the stages talk through. Adapters: `xdiag.adapters.*`.
+"""The ports the stages talk through. Their adapters: in the cloud, xdiag.cloud.pubsub (Bus), xdiag.cloud.gcs
+(BlobStore) and xdiag.cloud.firestore (StateStore); in process, xdiag.cloud.memory (all three: `xdiag analyze` and
+the tests); the Profiler, xdiag.capture.profiler (XProf's gRPC clients).
 
 Stages never import a cloud client: they get a Bus, a BlobStore and a StateStore.
 """

@@ -4,14 +4,14 @@ summary.html, whose "Compared with the previous session" section quotes the head
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from xdiag.compare.html import render_diff_html
-from xdiag.compare.outputs import load_outputs
-from xdiag.compare.sessions import SessionDiff, SessionOutputs, compare_sessions
 from xdiag.model import Analysis, ToolResult
 from xdiag.pipeline.deps import Dependencies
 from xdiag.pipeline.topics import ANALYSES, sessions_collection
+
+if TYPE_CHECKING:
+    from xdiag.compare.sessions import SessionDiff
 
 DIFF_JSON, DIFF_HTML = "diff-previous.json", "diff-previous.html"
 
@@ -36,6 +36,11 @@ def compare_with_previous(deps: Dependencies, analysis: Analysis, results: dict[
     previous = previous_analysis(deps, analysis)
     if previous is None:
         return None
+    # imported only here: a run's first session (every `xdiag analyze`) compares with nothing
+    from xdiag.compare.html import render_diff_html
+    from xdiag.compare.outputs import load_outputs
+    from xdiag.compare.sessions import SessionOutputs, compare_sessions
+
     try:
         before = load_outputs(deps.blobs, previous["output_uri"], f"{previous['run_id']}/{previous['session_id']}")
     except (FileNotFoundError, ValueError, LookupError):

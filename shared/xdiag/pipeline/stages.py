@@ -547,7 +547,7 @@ def investigate(message: InvestigationReady, deps: Dependencies) -> None:
         diagnosis.follow_up_calls.extend(follow_ups.refused)
         if chosen != analysis.investigator and not diagnosis.investigator_note:
             diagnosis.investigator_note = f"investigator {analysis.investigator!r} is not configured; used the rule engine"
-        analysis.health = health
+        analysis.health = health.as_dict()
         analysis.diagnosis = diagnosis
         analysis.result = diagnosis.status
         analysis.status = "RENDERING"

@@ -339,8 +339,8 @@ OP_TABLE_COLUMNS = (
 )
 
 
-def op_table(ops: Sequence[Mapping[str, Any]], categories_ms: Mapping[str, Any], limits: Limits) -> Table:
-    """The op table: ops grouped by category (largest first), each op with its module, framework op and source
+def slowest_ops_table(ops: Sequence[Mapping[str, Any]], categories_ms: Mapping[str, Any], limits: Limits) -> Table:
+    """The slowest ops, grouped by category (largest first), each op with its module, framework op and source
     line under its name."""
     order = {c: i for i, c in enumerate(categories_ms)}
     grouped = sorted(ops, key=lambda o: (order.get(o.get("category"), len(order)), -(o.get("total_ms") or 0)))
@@ -400,7 +400,8 @@ def op_profile_section(results: Mapping[str, ToolResult], limits: Limits) -> Sec
         part.blocks.append(Block(kind="chart", title="Op time by category", svg=svg))
     ops = [o for o in r.detail.get("ops") or [] if isinstance(o, Mapping)]
     if ops:
-        part.blocks.append(Block(kind="table", title=f"Slowest {len(ops)} ops, by category", table=op_table(ops, categories, limits)))
+        part.blocks.append(Block(kind="table", title=f"Slowest {len(ops)} ops, by category",
+                                 table=slowest_ops_table(ops, categories, limits)))
         partial = [o for o in ops if o.get("rates_over")]
         if partial:  # a PyTorch kernel row rated over the runs a costed CPU op launched, not all of them
             part.blocks.append(Block(kind="text", muted=True, text=(

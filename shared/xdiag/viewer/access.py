@@ -1,7 +1,7 @@
 """Who sees which sessions in the viewer on Cloud Run: the readers of their runs, as the control plane decides.
 
 Cloud Run's IAM lets in the viewer's members (`roles/run.invoker`); within it, a session is listed and answered only
-for its run's owners, readers and the administrators (xdiag.pipeline.identity: the same rule, the same caller as the
+for its run's owners, readers and the administrators (xdiag.identity: the same rule, the same caller as the
 control plane's, read from the ID token Cloud Run's front end checked). A run nobody claimed (uploaded straight
 to the bucket) is the administrators'. Runs are read from Firestore, each at most every RUN_REFRESH_S, so that a
 page's dozens of requests cost one read per run and a change of readers shows within that time.
@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from xdiag.pipeline.identity import CERTS_URL_ENV, CLOUD_RUN_ENV, GOOGLE_CERTS_URL, Identity, listed_values
+from xdiag.identity import CERTS_URL_ENV, CLOUD_RUN_ENV, GOOGLE_CERTS_URL, Identity, listed_values
 from xdiag.pipeline.run_index import DocumentReader, get_run, run_for_path
 
 AUTH_ENV = "XDIAG_VIEWER_AUTH"

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable
 from http import HTTPStatus
 from urllib.parse import parse_qs
 
-from xdiag.pipeline.identity import Unauthenticated
+from xdiag.identity import Unauthenticated
 from xdiag.viewer.access import CALLER_KEY, RunReaders
 
 IDENTITY_HEADER = "X-Xdiag-Viewer"

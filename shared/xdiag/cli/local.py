@@ -1,0 +1,328 @@
+"""The commands that work on this machine's files: analyze, tools, tool, mcp, skill, demo, diff, report.
+
+Each imports what it runs inside its body, so that `xdiag analyze` loads no cloud, control-plane or viewer module."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from xdiag.cli.console import err, fail, freeze_collector, out, progress_printer
+from xdiag.cli.runs import call_plane, control_plane, run_and_session
+from xdiag.cli.options import PATH_HELP, RUN_HELP, SESSION_HELP, STACK_DIR, TOKEN_OPTION, URL_OPTION
+from xdiag.errors import XdiagError
+
+app = typer.Typer()
+
+
+@app.command()
+def analyze(
+    path: Annotated[Path, typer.Argument(help=PATH_HELP)],
+    out_dir: Annotated[Optional[Path], typer.Option("--out", help="Output folder (default ./xdiag-out/<session>).")] = None,
+    investigator: Annotated[str, typer.Option(envvar="XDIAG_INVESTIGATOR", help="rules (built-in, no network) or gemini (Vertex AI).")] = "rules",
+    session: Annotated[Optional[str], typer.Option(help="Session name inside a log dir (default: the newest).")] = None,
+    max_profile_gib: Annotated[float, typer.Option(help="Refuse sessions larger than this.")] = 2.0,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress lines; print only the report path.")] = False,
+    no_xprof_views: Annotated[bool, typer.Option("--no-xprof-views", help="Skip XProf's own converters on TPU/GPU profiles (they take seconds per view on large profiles); the tools that need them say so.")] = False,
+    project: Annotated[Optional[str], typer.Option(help="Google Cloud project for Gemini on Vertex AI (env VERTEX_PROJECT).")] = None,
+    location: Annotated[Optional[str], typer.Option(help="Vertex AI location (env VERTEX_LOCATION; default us-central1).")] = None,
+    model: Annotated[Optional[str], typer.Option(help="Gemini model (env VERTEX_MODEL; default gemini-2.5-flash).")] = None,
+) -> None:
+    """Analyse one profile session: the broad tools, an investigation, and summary.html.
+
+    With --investigator gemini, Gemini on Vertex AI investigates (Application Default Credentials; VERTEX_BASE_URL
+    points it at a private endpoint); if it fails, the rule engine does, and the report says why.
+    """
+    from xdiag.profile.locate import locate_session
+
+    if investigator not in ("rules", "gemini"):
+        fail(f"unknown investigator {investigator!r}; use rules or gemini")
+    if no_xprof_views:
+        from xdiag.analysis.xprof import XPROF_VIEWS_ENV
+
+        os.environ[XPROF_VIEWS_ENV] = "0"
+    investigators = {}
+    if investigator == "gemini":
+        from xdiag.investigators.gemini import GeminiConfig, gemini_factory
+
+        try:
+            investigators["gemini"] = gemini_factory(GeminiConfig.from_env(project=project, location=location, model=model))
+        except ValueError as exc:
+            fail(str(exc))
+    try:
+        located = locate_session(path, session)
+    except XdiagError as exc:
+        fail(str(exc))
+    from xdiag.analysis.xprof import start_views
+
+    max_bytes = int(max_profile_gib * 2**30)
+    started_views = start_views(located.files, max_bytes)  # before the pipeline's imports, on the core they leave idle
+    from xdiag.cloud.embedded import analyze_session, build_embedded
+
+    freeze_collector()
+    target = out_dir or Path("xdiag-out") / located.name
+    on_event, on_read = progress_printer(quiet)
+    deps = build_embedded(max_bytes=max_bytes, on_event=on_event, read_progress=on_read,
+                          investigators=investigators, started_views=(located.files, started_views))
+    analysis = analyze_session(located, target, investigator=investigator, deps_and_bus=deps)
+    report = Path(analysis.report_uri) if analysis.report_uri else target / "summary.html"
+    if analysis.status == "FAILED":
+        err.print(f"[dim]report with the reason: {report}[/]", highlight=False)
+        fail(analysis.failure_reason or "analysis failed")
+    status = analysis.result.value if analysis.result else analysis.status
+    if not quiet:
+        colour = "green" if status == "OPTIMAL" else "yellow"
+        err.print(f"[bold {colour}]{status}[/]: {analysis.diagnosis.summary if analysis.diagnosis else ''}", highlight=False)
+        for finding in (analysis.diagnosis.findings if analysis.diagnosis else [])[:5]:
+            err.print(f"  [bold]{finding.priority}[/] {finding.title}", highlight=False)
+    out.print(str(report), highlight=False, soft_wrap=True)
+
+
+@app.command("tools")
+def list_tools(
+    as_json: Annotated[bool, typer.Option("--json", help="Every tool as JSON: question, arguments (type, default, limits), the fields its summary returns.")] = False,
+) -> None:
+    """List the tools: the broad ones every analysis runs, and the follow-ups."""
+    from xdiag.tools.describe import describe_all
+
+    described = describe_all()
+    if as_json:
+        sys.stdout.write(json.dumps(described, indent=2, default=str) + "\n")
+        return
+    for tool in described:
+        kind = "broad" if tool["broad"] else "follow-up"
+        args = ", ".join(f"{a}{'*' if p['required'] else ''}" for a, p in tool["arguments"].items())
+        out.print(f"[bold]{tool['name']}[/] [dim]({kind}{'; args: ' + args if args else ''})[/]\n    {tool['question']}",
+                  highlight=False)
+    err.print("[dim]`xdiag tool NAME --help`: a tool's arguments and the fields it returns[/]", highlight=False)
+
+
+@app.command("tool", context_settings={"help_option_names": []})
+def one_tool(
+    ctx: typer.Context,
+    name: Annotated[Optional[str], typer.Argument(help="Tool name (see `xdiag tools`).", show_default=False)] = None,
+    path: Annotated[Optional[Path], typer.Argument(help=PATH_HELP, show_default=False)] = None,
+    arg: Annotated[Optional[list[str]], typer.Option("--arg", help="Tool argument as key=value (repeatable), typed and checked as the tool declares.")] = None,
+    session: Annotated[Optional[str], typer.Option(help="Session name inside a log dir.")] = None,
+    no_cache: Annotated[bool, typer.Option("--no-cache", help="Decode the profile and run the tool afresh, keeping nothing (XDIAG_LOCAL_CACHE_DIR, ~/.cache/xdiag).")] = False,
+    max_profile_gib: Annotated[float, typer.Option(help="Refuse sessions larger than this.")] = 2.0,
+    show_help: Annotated[bool, typer.Option("--help", "-h", help="This help; with NAME, the tool's arguments and the fields it returns.")] = False,
+) -> None:
+    """Run one tool on a session and print its JSON result. The decoded profile and the answer are kept per file
+    version (a second call answers from the cache); a failed answer is never kept."""
+    if show_help or name is None:
+        if name is None:
+            out.print(ctx.get_help(), highlight=False)
+            return
+        from xdiag.tools import REGISTRY
+        from xdiag.tools.describe import help_text
+
+        if name not in REGISTRY:
+            fail(f"unknown tool {name!r}; `xdiag tools` lists them")
+        sys.stdout.write(help_text(REGISTRY[name]) + "\n")
+        return
+    if path is None:
+        fail(f"xdiag tool {name}: PATH is missing (`xdiag tool {name} --help`)")
+    from xdiag.agent.result_cache import ResultCache
+    from xdiag.profile.locate import locate_session
+
+    try:
+        located = locate_session(path, session)
+    except XdiagError as exc:
+        fail(str(exc))
+    cache = None if no_cache else ResultCache.from_env()
+    given = dict(item.partition("=")[::2] for item in arg or [])  # the arguments as typed: what answers are kept by
+    kept = cache.answer(located.files, name, given) if cache is not None else None
+    if kept is not None:  # only a tool that exists, called with arguments that passed, has an answer kept
+        sys.stdout.write(kept)
+        return
+    from xdiag.agent.result_cache import answer_tool
+    from xdiag.tools import REGISTRY
+    from xdiag.tools.describe import parse_cli_args
+
+    if name not in REGISTRY:
+        fail(f"unknown tool {name!r}; `xdiag tools` lists them")
+    try:
+        args = parse_cli_args(REGISTRY[name], arg or [])
+    except ValueError as exc:
+        fail(f"{exc} (`xdiag tool {name} --help`)")
+    try:
+        text, status = answer_tool(located.files, located.name, name, args, cache, int(max_profile_gib * 2**30),
+                                   key_args=given)
+    except XdiagError as exc:
+        fail(str(exc))
+    sys.stdout.write(text)
+    if status == "failed":
+        raise typer.Exit(1)
+
+
+@app.command()
+def mcp(
+    http: Annotated[bool, typer.Option("--http", help="Serve streamable HTTP on 127.0.0.1 instead of stdio.")] = False,
+    port: Annotated[int, typer.Option(help="With --http: the port (0: any free one; the URL is printed on stderr).")] = 8792,
+    no_cache: Annotated[bool, typer.Option("--no-cache", help="Run every tool afresh, keeping nothing.")] = False,
+    max_profile_gib: Annotated[float, typer.Option(help="Refuse sessions larger than this.")] = 2.0,
+    stack_dir: Annotated[Path, STACK_DIR] = Path(".xdiag-stack"),
+) -> None:
+    """Serve xdiag to a coding agent over MCP (Gemini CLI, Claude Code, Cursor): every tool with its schema,
+    analyze, list_sessions and explain_finding. stdio by default (the agent starts `xdiag mcp`); --http serves
+    http://127.0.0.1:PORT/mcp. The README's "xdiag in your coding agent" has the configuration."""
+    try:
+        import mcp as _  # noqa: F401
+    except ImportError:
+        fail("xdiag mcp needs the MCP SDK: pip install 'xdiag[mcp]'", 1)
+    from xdiag.agent.mcp_server import XdiagTools, serve_http, serve_stdio
+    from xdiag.agent.result_cache import ResultCache
+
+    tools = XdiagTools(None if no_cache else ResultCache.from_env(), int(max_profile_gib * 2**30), stack_dir)
+    if not http:
+        serve_stdio(tools)
+        return
+
+    def ready(bound: int) -> None:
+        err.print(f"xdiag MCP server at http://127.0.0.1:{bound}/mcp", highlight=False, soft_wrap=True)
+
+    serve_http(tools, port, on_ready=ready)
+
+
+@app.command()
+def skill() -> None:
+    """Print the agent skill (SKILL.md, the Agent Skills format Gemini CLI and Claude Code read): how to diagnose a
+    profile with xdiag, which tool answers which question, in which order, what the fields mean."""
+    from importlib.resources import files
+
+    sys.stdout.write(files("xdiag.agent").joinpath("SKILL.md").read_text())
+
+
+@app.command()
+def demo(
+    workload: Annotated[str, typer.Option(help="Bundled workload to profile (see `python -m xdiag.examples --list`).")] = "input_bound",
+    out_dir: Annotated[Path, typer.Option("--out", help="Where the profile and the analysis go.")] = Path("xdiag-out/demo"),
+) -> None:
+    """Run a bundled JAX example on this machine, capture a real profile, analyse it."""
+    from xdiag.examples import WORKLOADS
+    from xdiag.examples.capture import capture_workload
+
+    if workload not in WORKLOADS:
+        fail(f"unknown workload {workload!r}; choose from {', '.join(WORKLOADS)}")
+    err.print(f"profiling the bundled workload [bold]{workload}[/]: {WORKLOADS[workload].problem}", highlight=False)
+    try:
+        xplane = capture_workload(workload, out_dir / "profiles")
+    except Exception as exc:  # the capture runs a subprocess: its failure is the user's answer
+        fail(f"capturing {workload} failed: {exc}", 1)
+    err.print(f"captured {xplane} ({xplane.stat().st_size / 2**20:.2f} MiB)", highlight=False)
+    analyze(xplane, out_dir=out_dir / "analysis")
+
+
+# --- diff and report -------------------------------------------------------------------------------------------
+
+
+def _local_outputs(path: Path, label: str):
+    """An analysis folder as it is, or a profile (file, session folder, log dir) analysed first by the embedded
+    default into ./xdiag-out/<session>."""
+    from xdiag.cloud.memory import LocalBlobStore
+    from xdiag.compare.outputs import ANALYSIS_FILE, load_outputs
+
+    if path.is_dir() and (path / ANALYSIS_FILE).exists():
+        return load_outputs(LocalBlobStore(), str(path.absolute()), label)
+    from xdiag.cloud.embedded import analyze_session, build_embedded
+    from xdiag.profile.locate import locate_session
+
+    located = locate_session(path, None)
+    target = Path("xdiag-out") / located.name
+    err.print(f"analysing {path} into {target}", highlight=False, soft_wrap=True)
+    analysis = analyze_session(located, target, deps_and_bus=build_embedded())
+    if analysis.status == "FAILED":
+        fail(f"{label}: the analysis failed: {analysis.failure_reason}")
+    return load_outputs(LocalBlobStore(), str(target.absolute()), label)
+
+
+def _stored_outputs(spec: str, run: Optional[str], url, token, stack_dir: Path):
+    """A session analysed by the pipeline (RUN/SESSION): its outputs read from the bucket."""
+    from xdiag.cloud.gcs import GcsBlobStore, storage_client
+    from xdiag.cloud.operations import client_config
+    from xdiag.compare.outputs import load_outputs
+
+    client = control_plane(url, token, stack_dir)
+    run_id, session_id = run_and_session(client, spec, run)
+    report = ((call_plane(client.session, run_id, session_id).get("analysis") or {}).get("report_uri"))
+    if not report:
+        fail(f"session {session_id} of run {run_id} has no finished analysis yet (`xdiag sessions --run {run_id}`)")
+    config = client_config()
+    blobs = GcsBlobStore(storage_client(config.project), Path(config.cache_dir))
+    return load_outputs(blobs, report.rsplit("/", 1)[0], f"{run_id}/{session_id}")
+
+
+def _outputs(spec: str, run, url, token, stack_dir: Path):
+    try:
+        return _local_outputs(Path(spec), spec) if Path(spec).exists() else _stored_outputs(spec, run, url, token, stack_dir)
+    except XdiagError as exc:
+        fail(str(exc))
+
+
+@app.command()
+def diff(
+    baseline: Annotated[str, typer.Argument(help="Before: an analysis folder, a profile (analysed first), or RUN/SESSION.")],
+    candidate: Annotated[str, typer.Argument(help="After: the same forms.")],
+    out_dir: Annotated[Optional[Path], typer.Option("--out", help="Where diff.html and diff.json go (default ./xdiag-out/diff-<before>-<after>).")] = None,
+    run: Annotated[Optional[str], typer.Option(help=RUN_HELP + " For sessions named without their run.")] = None,
+    top: Annotated[int, typer.Option(help="Ops and kernels listed per group.")] = 15,
+    url: Annotated[Optional[str], URL_OPTION] = None,
+    token: Annotated[Optional[str], TOKEN_OPTION] = None,
+    stack_dir: Annotated[Path, STACK_DIR] = Path(".xdiag-stack"),
+) -> None:
+    """Compare two sessions: step time and its breakdown, ops and kernels per step, memory peak, findings."""
+    from xdiag.compare.html import write_diff
+    from xdiag.compare.sessions import compare_sessions
+
+    before = _outputs(baseline, run, url, token, stack_dir)
+    after = _outputs(candidate, run, url, token, stack_dir)
+    result = compare_sessions(before, after, top=top)
+    name = f"diff-{result.baseline.session_id}-{result.candidate.session_id}"
+    _, html = write_diff(result, out_dir or Path("xdiag-out") / name)
+    for line in result.headline:
+        err.print(f"  {line}", highlight=False, soft_wrap=True)
+    out.print(str(html), highlight=False, soft_wrap=True)
+
+
+@app.command()
+def report(
+    session: Annotated[str, typer.Argument(help="An analysis folder, or " + SESSION_HELP)],
+    run: Annotated[Optional[str], typer.Option(help=RUN_HELP)] = None,
+    open_it: Annotated[bool, typer.Option("--open", help="Open it in the browser.")] = False,
+    out_dir: Annotated[Path, typer.Option("--out", help="Where a report from the bucket is saved.")] = Path("xdiag-reports"),
+    url: Annotated[Optional[str], URL_OPTION] = None,
+    token: Annotated[Optional[str], TOKEN_OPTION] = None,
+    stack_dir: Annotated[Path, STACK_DIR] = Path(".xdiag-stack"),
+) -> None:
+    """Fetch a session's summary.html (from the bucket, or a local analysis folder) and print its path; --open
+    opens it."""
+    local = Path(session) / "summary.html"
+    if local.exists():
+        path = local.absolute()
+    else:
+        from xdiag.cloud.gcs import GcsBlobStore, storage_client
+        from xdiag.cloud.operations import client_config
+
+        client = control_plane(url, token, stack_dir)
+        run_id, session_id = run_and_session(client, session, run)
+        uri = (call_plane(client.session, run_id, session_id).get("analysis") or {}).get("report_uri")
+        if not uri:
+            fail(f"session {session_id} of run {run_id} has no report yet (`xdiag sessions --run {run_id}`)")
+        config = client_config()
+        path = (out_dir / run_id.replace("/", "~") / session_id / "summary.html").absolute()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(GcsBlobStore(storage_client(config.project), Path(config.cache_dir)).get(uri))
+        err.print(f"downloaded {uri}", highlight=False, soft_wrap=True)
+    if open_it:
+        import webbrowser
+
+        webbrowser.open(path.as_uri())
+    out.print(str(path), highlight=False, soft_wrap=True)
+
+

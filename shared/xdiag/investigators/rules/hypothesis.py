@@ -1,0 +1,105 @@
+"""A hypothesis (a finding in the making) and the evidence helpers every rule shares: evidence quotes a tool's
+output by name, and the texts that say what is at stake read the same in every finding."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from xdiag.model import Evidence, Finding, ToolResult
+
+CallTool = Callable[[str, dict[str, Any], str], ToolResult | None]
+"""call_tool(name, args, hypothesis) -> result, or None once the follow-up budget is spent."""
+
+
+@dataclass
+class Hypothesis:
+    key: str
+    score: float  # percent of step time (or op time) at stake; orders hypotheses and sets priority
+    title: str
+    whats_happening: str
+    evidence: list[Evidence]
+    expected_impact: str
+    fix: str
+    follow_up: tuple[str, dict[str, Any]] | None = None
+    extra_evidence: Callable[[ToolResult], list[Evidence]] | None = field(default=None, repr=False)
+    ops: frozenset[tuple[str, str]] = frozenset()  # (module, op) whose time the finding stakes, where it names them
+    inflates: frozenset[tuple[str, str]] = frozenset()  # (module, op) reading the bytes this finding's ops write
+
+    @property
+    def priority(self) -> str:
+        return "P0" if self.score >= 40 else "P1" if self.score >= 15 else "P2"
+
+    def finding(self) -> Finding:
+        return Finding(priority=self.priority, key=self.key, title=self.title, whats_happening=self.whats_happening,
+                       evidence=self.evidence, expected_impact=self.expected_impact, fix=self.fix)
+
+
+def summary(results: dict[str, ToolResult], tool: str) -> dict[str, Any]:
+    """A tool's summary, empty where it did not run or did not succeed."""
+    r = results.get(tool)
+    return r.summary if r is not None and r.ok else {}
+
+
+def detail(results: dict[str, ToolResult], tool: str) -> dict[str, Any]:
+    """A tool's detail, empty where it did not run or did not succeed."""
+    r = results.get(tool)
+    return r.detail if r is not None and r.ok else {}
+
+
+def failure_reason(results: dict[str, ToolResult], tool: str) -> str | None:
+    """Why a tool reported nothing; None where it succeeded or did not run."""
+    result = results.get(tool)
+    return result.reason if result is not None and not result.ok else None
+
+
+def evidence(tool: str, metric: str, value: Any, note: str = "") -> Evidence:
+    return Evidence(tool=tool, metric=metric, value=value, note=note)
+
+
+def shape_note(row: dict, key: str = "shape") -> str:
+    """"; shape S" where the profile gives the op's shape, else nothing: never a placeholder."""
+    shape = row.get(key) or row.get("converted_shape")
+    return f"; shape {shape}" if shape else ""
+
+
+def saving(step_ms: float | None, share: float) -> str:
+    if not step_ms:
+        return f"up to {share:.0f}% of step time"
+    after = step_ms * (1 - share / 100)
+    return f"up to {share:.0f}% shorter steps: {step_ms:.3g} ms → about {after:.3g} ms if this time were removed"
+
+
+def sentence(text: str) -> str:
+    return text[:1].upper() + text[1:] + ("" if text.endswith(".") else ".")
+
+
+def program(module: str | None) -> str:
+    """An HLO module's name without the id the HLO checks add (`jit_step(8)` -> `jit_step`), as op rows name it."""
+    return re.sub(r"\(\d+\)$", "", module or "")
+
+
+def events_evidence(result: ToolResult) -> list[Evidence]:
+    s = result.summary
+    out = [evidence("aggregate_xplane_events", f"events matching {s.get('pattern')!r}", s.get("matches"),
+                    f"{s.get('total_ms')} ms in total, mean {s.get('mean_us')} µs")]
+    top = result.detail.get("top_names", [])[:3]
+    if top:
+        out.append(evidence("aggregate_xplane_events", "top matching events",
+                            ", ".join(f"{t['name']} ({t['total_ms']} ms)" for t in top)))
+    return out
+
+
+def neighborhood_evidence(result: ToolResult) -> list[Evidence]:
+    s = result.summary
+    out = [evidence("get_hlo_neighborhood", f"{s.get('op')} in {s.get('module')}", s.get("shape"),
+                    f"opcode {s.get('opcode')}; framework op {s.get('framework_op') or 'unknown'}")]
+    if s.get("producers"):
+        out.append(evidence("get_hlo_neighborhood", "fed by", ", ".join(s["producers"][:4])))
+    if s.get("consumers"):
+        out.append(evidence("get_hlo_neighborhood", "used by", ", ".join(s["consumers"][:4])))
+    if s.get("source"):
+        out.append(evidence("get_hlo_neighborhood", "source line", s["source"]))
+    return out
