@@ -40,7 +40,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "bench"), str(REPO / "shared")]
 
 from run_bench import _label, compile_bytecode, machine, make_profiles, run_xdiag  # noqa: E402
-from xdiag.cloud.localstack import LocalStack, StackSettings, group_members  # noqa: E402
+from xdiag.cloud.localstack import LocalStack  # noqa: E402
+from xdiag.cloud.stack_config import StackSettings  # noqa: E402
+from xdiag.cloud.stack_processes import group_members  # noqa: E402
 
 STAGES = ("notify+register", "quiet period", "collect", "tools", "fan-in", "investigate", "render")
 

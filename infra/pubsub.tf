@@ -1,6 +1,6 @@
 # The chain's topics, with the names the code publishes to (the TOPIC_* constants of shared/xdiag), each with
 # its dead-letter topic (xdiag.cloud.runtime.dead_letter_topic: "<topic>-dead-letter"). Each consumed topic has one
-# push subscription to its function, wired as the local stack wires the emulator (xdiag.cloud.localstack): the topic's
+# push subscription to its function, wired as the local stack wires the emulator (xdiag.cloud.stack_pubsub): the topic's
 # path in the push endpoint (functions-framework turns such a push into the CloudEvent the code decodes), a
 # retry policy with backoff and a dead-letter policy. A message on a dead-letter topic goes to the dead_letter
 # function, which records it; one that even it cannot record ends on dead-letters-unrecorded, kept 7 days for a

@@ -80,7 +80,8 @@ def running_local_stack(tmp_path_factory, settings=None):
     install."""
     import os
 
-    from xdiag.cloud.localstack import LocalStack, StackError, StackSettings
+    from xdiag.cloud.localstack import LocalStack
+    from xdiag.cloud.stack_config import StackError, StackSettings
 
     # Short enough for tests: a multi-host session waits 8 s for its late hosts; the sweeper ticks every 3 s and
     # repairs an analysis 30 s without progress (far above one tool's run here), failing it after 3 repairs.

@@ -191,7 +191,7 @@ def _incident(run: str, state: str = "open", n: int = 0) -> bytes:
 
 def test_a_cloud_monitoring_incident_gives_one_capture_and_one_analysis(cloud, plane, workload):
     run = _run_on(plane, workload, f"incident-{uuid.uuid4().hex[:6]}")
-    cloud.stack.publish("alerts", _incident(run))
+    cloud.stack.pubsub.publish("alerts", _incident(run))
     [session] = wait_until(lambda: [s for s in _sessions(cloud, run) if s.get("analysis_id")], 60, "the capture", cloud)
     assert session["kind"] == "auto" and session["trigger"] == "incident" and session["mode"] == "on_demand"
     assert _done(cloud, session)["status"] == "DONE"
@@ -202,7 +202,7 @@ def test_a_cloud_monitoring_incident_gives_one_capture_and_one_analysis(cloud, p
 def test_fifty_alerts_in_ten_seconds_give_one_capture(cloud, plane, workload):
     run = _run_on(plane, workload, f"storm-{uuid.uuid4().hex[:6]}")
     for n in range(50):
-        cloud.stack.publish("alerts", _incident(run, n=n))
+        cloud.stack.pubsub.publish("alerts", _incident(run, n=n))
         time.sleep(0.2)
     alerts = wait_until(lambda: len(_alerts(cloud, run)) == 50 and _alerts(cloud, run), 60, "50 alerts recorded", cloud)
     outcomes = sorted(a["outcome"].split(":")[0] for a in alerts)
@@ -213,7 +213,7 @@ def test_fifty_alerts_in_ten_seconds_give_one_capture(cloud, plane, workload):
 
 def test_a_closed_incident_does_nothing(cloud, plane, workload):
     run = _run_on(plane, workload, f"closed-{uuid.uuid4().hex[:6]}")
-    cloud.stack.publish("alerts", _incident(run, state="closed"))
+    cloud.stack.pubsub.publish("alerts", _incident(run, state="closed"))
     [alert] = wait_until(lambda: _alerts(cloud, run), 30, "the alert recorded", cloud)
     assert alert["outcome"] == "ignored: the incident is closed" and not _sessions(cloud, run)
 
@@ -228,8 +228,8 @@ def test_an_alert_for_an_unknown_run_or_an_unregistered_host_is_recorded_and_con
         ghost = f"ghost-{uuid.uuid4().hex[:6]}"
         for message in ({"run_id": ghost, "duration_ms": 1000}, {"run_id": run, "hosts": ["stranger"]},
                         {"run_id": run, "hosts": [address]}):
-            cloud.stack.publish("alerts", json.dumps(message).encode())
-        cloud.stack.publish("alerts", _incident(ghost))
+            cloud.stack.pubsub.publish("alerts", json.dumps(message).encode())
+        cloud.stack.pubsub.publish("alerts", _incident(ghost))
         recorded = wait_until(lambda: len(_alerts(cloud, run) + _alerts(cloud, ghost)) == 4 and
                               _alerts(cloud, run) + _alerts(cloud, ghost), 30, "four alerts recorded", cloud)
         outcomes = sorted(a["outcome"] for a in recorded)
@@ -283,7 +283,7 @@ def test_continuous_profiling_on_a_cpu_server_says_no_buffer_and_an_alert_falls_
         assert snapshot.returncode == 1 and "no continuous-profiling buffer on this platform" in snapshot.stderr
         [session] = _sessions(cloud, run)
         assert session["kind"] == "snapshot" and session["status"] == "NO_BUFFER" and "CPU and GPU" in session["reason"]
-        cloud.stack.publish("alerts", json.dumps({"run_id": run, "verdict": "bad", "metric": "step_time_ms"}).encode())
+        cloud.stack.pubsub.publish("alerts", json.dumps({"run_id": run, "verdict": "bad", "metric": "step_time_ms"}).encode())
         [auto] = wait_until(lambda: [s for s in _sessions(cloud, run) if s["kind"] == "auto" and s.get("analysis_id")],
                             60, "the fallback capture", cloud)
         assert auto["mode"] == "on_demand" and "captured on demand instead" in auto["note"]

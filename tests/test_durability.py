@@ -15,7 +15,8 @@ import uuid
 from pathlib import Path
 
 import pytest
-from xdiag.cloud.localstack import DATA_DIR, FIRESTORE_EXPORTS, LocalStack, StackSettings, latest_firestore_export
+from xdiag.cloud.localstack import LocalStack, latest_firestore_export
+from xdiag.cloud.stack_config import DATA_DIR, FIRESTORE_EXPORTS, StackSettings
 
 from tests.conftest import running_local_stack
 from tests.test_local_stack import Cloud, _xdiag, wait_until

@@ -245,7 +245,7 @@ def test_a_stage_that_stays_hung_fails_the_analysis_with_the_reason_and_upload_w
 def test_dead_letter_subscriptions_keep_an_attempt_limit_after_a_restart(local_stack):
     local_stack.restart("dead_letter")
     for topic in ("tool-runs-dead-letter", "captures-dead-letter"):
-        policy = local_stack.subscription(topic)["deadLetterPolicy"]
+        policy = local_stack.pubsub.subscription(topic)["deadLetterPolicy"]
         assert policy["maxDeliveryAttempts"] == 5 and policy["deadLetterTopic"].endswith("/dead-letters-unrecorded")
 
 

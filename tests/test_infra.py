@@ -531,7 +531,7 @@ def test_every_subscription_pushes_to_an_existing_function_the_way_the_local_sta
     assert endpoint.startswith("${google_cloudfunctions2_function.function[each.value].service_config[0].uri}")
     # The emulator's push endpoint carries the topic's path, which functions-framework turns into the topic the
     # code reads (the dead_letter function tells the source topic by it): the same path in the cloud.
-    local_stack = (PACKAGE / "cloud" / "localstack.py").read_text()
+    local_stack = (PACKAGE / "cloud" / "stack_pubsub.py").read_text()
     assert "/projects/{project}/topics/{topic}" in local_stack
     assert endpoint.endswith("/projects/${var.project}/topics/${each.key}")
     assert push["topic"] == "${local.topic_ids[each.key]}"
@@ -559,11 +559,11 @@ def test_every_push_subscription_has_an_oidc_token_a_retry_policy_and_a_dead_let
     assert parked["topic"] == "${google_pubsub_topic.unrecorded.id}" and "push_config" not in parked
     attempts = infra().variables["max_delivery_attempts"]["default"]
     assert 5 <= attempts <= 100  # Pub/Sub's bounds
-    # The same numbers as the local stack's subscriptions (xdiag.cloud.localstack).
-    from xdiag.cloud.localstack import StackSettings
+    # The same numbers as the local stack's subscriptions (xdiag.cloud.stack_pubsub).
+    from xdiag.cloud.stack_config import StackSettings
 
     assert attempts == StackSettings().max_delivery_attempts
-    local_ack = [n.values[i].value for n in ast.walk(ast.parse((PACKAGE / "cloud" / "localstack.py").read_text()))
+    local_ack = [n.values[i].value for n in ast.walk(ast.parse((PACKAGE / "cloud" / "stack_pubsub.py").read_text()))
                  if isinstance(n, ast.Dict) for i, k in enumerate(n.keys)
                  if isinstance(k, ast.Constant) and k.value == "ackDeadlineSeconds"]
     assert local_ack == [push["ack_deadline_seconds"]], local_ack
@@ -598,7 +598,7 @@ def test_every_environment_variable_the_code_reads_is_set_for_the_functions_that
 
 
 def test_a_function_that_reads_one_session_at_a_time_takes_one_delivery_at_a_time():
-    from xdiag.cloud.localstack import FUNCTIONS as LOCAL
+    from xdiag.cloud.stack_config import FUNCTIONS as LOCAL
 
     for spec in LOCAL:
         if spec.name in _table() and spec.concurrency == 1:

@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 from tests.conftest import SHARED_PROFILES
-from xdiag.cloud.localstack import EMULATOR_JVM_OPTIONS, LocalStack, group_members, listening
+from xdiag.cloud.localstack import LocalStack
+from xdiag.cloud.stack_config import EMULATOR_JVM_OPTIONS
+from xdiag.cloud.stack_processes import group_members, listening
 from xdiag.cloud.operations import wait_for_analysis
 from xdiag.cloud.runtime import CloudConfig, cloud_dependencies
 from xdiag.model import CaptureReady, InvestigationReady, ReportReady, ToolDone, ToolRun
@@ -52,7 +54,7 @@ class Cloud:
 
     def publish(self, topic: str, message) -> str:
         data = message if isinstance(message, bytes) else message.model_dump_json().encode()
-        return self.stack.publish(topic, data)
+        return self.stack.pubsub.publish(topic, data)
 
     def log(self, name: str) -> str:
         return Path(self.stack.processes[name]["log"]).read_text(errors="replace")
@@ -284,7 +286,7 @@ def test_poison_messages_end_on_dead_letter_topics_recorded_and_block_nothing(cl
     cloud.publish("captures", f'{{"run_id": "{marker}", not json'.encode())
     cloud.publish("captures", CaptureReady(run_id=f"nope-{marker}", session_id="none"))
     missing = f"gone-{marker}/plugins/profile/s/host0.xplane.pb"
-    cloud.stack.publish(
+    cloud.stack.pubsub.publish(
         "profile-uploads",
         json.dumps({"name": missing}).encode(),
         {"eventType": "OBJECT_FINALIZE", "bucketId": cloud.config.bucket, "objectId": missing},

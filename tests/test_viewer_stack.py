@@ -144,7 +144,7 @@ def test_xdiag_report_fetches_and_share_gives_a_link_that_stops_after_its_expiry
 def test_xdiag_events_list_an_alert_storm_s_one_capture_and_its_cool_downs(cloud, plane, workload):
     run = _run_on(plane, workload, f"storm-{uuid.uuid4().hex[:6]}")
     for n in range(10):
-        cloud.stack.publish("alerts", _incident(run, n=n))
+        cloud.stack.pubsub.publish("alerts", _incident(run, n=n))
     events = wait_until(lambda: len(found := json.loads(_ok(_xdiag("events", "--run", run, "--json")))) == 10 and found,
                         90, "ten events", cloud)
     outcomes = [e["outcome"] for e in events]

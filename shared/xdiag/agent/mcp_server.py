@@ -195,7 +195,7 @@ class XdiagTools:
 
     def _stack_sessions(self, run: str | None) -> list[dict[str, Any]]:
         from xdiag.control.client import ControlPlaneClient, ControlPlaneError
-        from xdiag.cloud.localstack import load_stack_env
+        from xdiag.cloud.stack_config import load_stack_env
 
         env = load_stack_env(self.stack_dir)
         url = env.get("XDIAG_CONTROL_PLANE_URL")

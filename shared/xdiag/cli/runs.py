@@ -22,7 +22,7 @@ app = typer.Typer()
 
 def control_plane(url: Optional[str], token: Optional[str], stack_dir: Path):
     from xdiag.control.client import ControlPlaneClient, ControlPlaneError
-    from xdiag.cloud.localstack import load_stack_env
+    from xdiag.cloud.stack_config import load_stack_env
 
     env = load_stack_env(stack_dir)
     url = url or env.get("XDIAG_CONTROL_PLANE_URL")
@@ -257,7 +257,7 @@ def sessions(
 
 def _bucket_source(stack_dir: Path, view_dir: Path):
     """The profile bucket of the local stack or of a cloud deployment, where one is configured; else None."""
-    from xdiag.cloud.localstack import load_stack_env
+    from xdiag.cloud.stack_config import load_stack_env
     from xdiag.cloud.operations import client_config
 
     load_stack_env(stack_dir)

