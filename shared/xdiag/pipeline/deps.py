@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import json
 import logging
+import os
 import tempfile
 import threading
 import time
@@ -14,11 +15,12 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from xdiag.analysis import prepared as prepared_tables
-from xdiag.analysis.xprof import start_views
+from xdiag.analysis.xprof import XPROF_VIEWS_ENV, start_views
+from xdiag.analysis.xprof.session_views import adopt_stored_views, adopt_views, broad_view_calls, prefetch_views
 from xdiag.errors import ProfileError
 from xdiag.investigators import HealthSnapshot, RuleEngine
 from xdiag.model import Diagnosis, ToolResult
-from xdiag.pipeline.layout import PREPARED_DIR, host_summary_uri, inputs_key, prepared_host_uri
+from xdiag.pipeline.layout import PREPARED_DIR, PREPARED_SUFFIX, host_summary_uri, inputs_key, prepared_host_uri
 from xdiag.pipeline.ports import BlobInfo, BlobStore, Bus, StateStore
 from xdiag.pipeline.runs import CaptureSettings, MonitorSettings
 from xdiag.profile.compact import load_session, save_session
@@ -27,7 +29,6 @@ from xdiag.profile.session import read_session
 from xdiag.profile.space import Session
 from xdiag.sizes import readable_size
 from xdiag.tools import host_summary
-from xdiag.tools.common import adopt_stored_views, adopt_views, broad_view_calls, prefetch_views
 
 log = logging.getLogger(__name__)
 
@@ -49,17 +50,17 @@ def _local_key(paths: list[Path]) -> tuple[str, ...]:
 
 def _prepared_uri(key: tuple[BlobInfo, ...], output: str) -> str:
     """The prepared session of exactly these inputs, in the session's output folder."""
-    return f"{output.rstrip('/')}/{PREPARED_DIR}/{inputs_key(list(key))}.xdiag"
+    return f"{output.rstrip('/')}/{PREPARED_DIR}/{inputs_key(list(key))}{PREPARED_SUFFIX}"
 
 
 def _summary_uri(prepared_uri: str) -> str:
     """The session's tables assembled from its hosts' summaries (xdiag.tools.host_summary), beside its prepared file."""
-    return prepared_uri.removesuffix(".xdiag") + host_summary.SUFFIX
+    return prepared_uri.removesuffix(PREPARED_SUFFIX) + host_summary.SUFFIX
 
 
 def _views_uri(prepared_uri: str) -> str:
     """XProf's views recorded with a prepared session (xdiag.analysis.xprof.stored), beside it."""
-    return prepared_uri.removesuffix(".xdiag") + ".xprof-views.json"
+    return prepared_uri.removesuffix(PREPARED_SUFFIX) + ".xprof-views.json"
 
 
 class SessionLoader:
@@ -217,8 +218,10 @@ class SessionLoader:
                                       else (None, ""))
                 if assembled is not None and not events:  # the reduce and the broad tools: no host's columns
                     session = host_summary.summary_session(assembled, name)
+                    self._adopt_host_views(session, key, prepared)
                 elif assembled is not None:  # the follow-ups: the events of the hosts that matter, mapped
                     session = host_summary.summary_session(assembled, name)
+                    self._adopt_host_views(session, key, prepared)
                     for position in host_summary.hosts_that_matter(session):
                         loaded = load_session(Path(self._blobs.local_path(prepared_host_uri(output, key[position]))))
                         host_summary.take_events(session, position, loaded)
@@ -270,6 +273,44 @@ class SessionLoader:
                 prefetch_views(session)
         return self._sessions[cached]
 
+    def _adopt_host_views(self, session: Session, key: tuple[BlobInfo, ...], prepared: str) -> None:
+        """XProf's views of a device session assembled from its hosts' summaries: of every host where the files fit
+        the session limit together, else of the hosts that matter that fit, each view naming the hosts it covers
+        (xdiag.analysis.xprof.host_subset). Recorded once beside the session (by the reduce, the first to load it),
+        answered from the record by each tool instance, which fetches the files only for a view not recorded."""
+        from xdiag.analysis.xprof import XprofViews
+        from xdiag.analysis.xprof.host_subset import HostSubsetViews, NoHostViews, hosts_for_views
+        from xdiag.analysis.xprof.stored import StoredViews
+
+        if session.platform == "CPU" or os.environ.get(XPROF_VIEWS_ENV, "1") == "0":
+            return
+        chosen = hosts_for_views([info.size for info in key], host_summary.hosts_that_matter(session),
+                                 self._max_bytes)
+        if not chosen:
+            session.cache["xprof_views"] = NoHostViews(
+                f"XProf's views read the xplane files, and each host that matters is over the "
+                f"{readable_size(self._max_bytes)} limit per session (XDIAG_MAX_PROFILE_GIB) on its own")
+            return
+
+        def local_files() -> list[Path]:  # XProf's converters read the chosen hosts' xplane files: our copies
+            for position in chosen:
+                info = key[position]
+                session.hosts[position].path = Path(self._blobs.local_path(info.uri, info.generation))
+            return [session.hosts[position].path for position in chosen]
+
+        def covering(views: Any) -> Any:
+            if len(chosen) == len(key):
+                return views
+            return HostSubsetViews(views, [session.hosts[k].hostname for k in chosen], len(key))
+
+        views_uri = _views_uri(prepared)
+        stored = self._recorded_views(views_uri)
+        if stored is not None:
+            session.cache["xprof_views"] = covering(StoredViews(stored, local_files))
+            return
+        session.cache["xprof_views"] = covering(XprofViews(local_files()))
+        self._store_views(session, session.cache["xprof_views"], views_uri)
+
     def _store_prepared(self, session: Session, prepared_uri: str, views: Any = None) -> None:
         """The decoded session with its shared tables, and first the record of `views` (XProf's views of a device
         session, or None), so that whoever finds the prepared file finds the record with it."""
@@ -289,9 +330,11 @@ class SessionLoader:
         """XProf's views the broad tools ask for, recorded beside the prepared session. Best effort: without the
         record each tool instance converts for itself, as before."""
         from xdiag.analysis.xprof.stored import record
+        from xdiag.tools.get_peak_allocations import busiest_module
 
         try:
-            recorded = record(views, broad_view_calls(session))
+            busiest = busiest_module(session)
+            recorded = record(views, broad_view_calls(busiest.display_name if busiest is not None else None))
             self._blobs.put(views_uri, json.dumps(recorded).encode(), "application/json")
         except Exception:  # noqa: BLE001 - an optimisation: the tools still convert what they need
             log.warning("XProf's views of %s are not recorded", views_uri, exc_info=True)

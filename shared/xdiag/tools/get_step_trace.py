@@ -9,9 +9,10 @@ from xdiag.analysis.host_signals import largest_sync_event
 from xdiag.analysis.host_threads import host_threads
 from xdiag.analysis.steps import Step, step_set
 from xdiag.analysis.warm_up import WarmUpCall, warm_up_calls
+from xdiag.analysis.xprof.session_views import try_view
 from xdiag.errors import NotAvailable
 from xdiag.profile.space import Session
-from xdiag.tools.common import DEVICE_PLANE_SOURCE, host_plane_source, try_view
+from xdiag.tools.common import DEVICE_PLANE_SOURCE, host_plane_source
 from xdiag.tools.registry import ToolOutput, tool
 
 
