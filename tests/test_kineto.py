@@ -418,8 +418,8 @@ def _allocator_trace(path: Path, slow_steps: set[int], steps: int = 4) -> Path:
 def test_a_runtime_call_slow_in_most_steps_is_not_warm_up(tmp_path, slow_steps, warm_up):
     """A cudaMalloc 4 ms long against a 10 µs median is warm-up where one step pays it (the first, or any one), and
     per-step overhead where most of the trace's annotated steps do (ProfilerStep#N): the recurrence guard."""
-    from xdiag.analysis.breakdown import warm_up_calls
     from xdiag.analysis.host_threads import host_threads
+    from xdiag.analysis.warm_up import warm_up_calls
 
     session = read_session([_allocator_trace(tmp_path / "w.pt.trace.json", slow_steps)])
     found = [w for events in host_threads(session) for w in warm_up_calls(events) if w.function == "cudaMalloc"]

@@ -1,9 +1,12 @@
 """How much of a window do these intervals cover? The union of [start, end) intervals (ps) and its coverage of
-windows, at the sizes of large profiles (tens of millions of intervals)."""
+windows, at the sizes of large profiles (tens of millions of intervals); and which events of a thread are not
+nested inside another."""
 
 from __future__ import annotations
 
 import numpy as np
+
+PS_PER_MS = 1e9  # intervals are in picoseconds
 
 
 def merge_intervals(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -60,3 +63,19 @@ def covered_by_merged(merged: tuple[np.ndarray, np.ndarray], win_s: np.ndarray, 
         return np.where(idx >= 0, prefix[safe] + np.clip(inside, 0, None), 0)
 
     return upto(win_e) - upto(win_s)
+
+
+def outermost(mask: np.ndarray, line: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Of the events in `mask`, those not nested inside another masked event of the same thread.
+
+    The Python tracer nests `device_get` in `__float__` in `_value`…: one sync, not three.
+    """
+    keep = np.zeros(len(mask), dtype=bool)
+    for name in np.unique(line[mask]):
+        idx = np.nonzero(mask & (line == name))[0]
+        idx = idx[np.lexsort((-ends[idx], starts[idx]))]
+        running_end = np.maximum.accumulate(ends[idx])
+        outer = np.ones(len(idx), dtype=bool)
+        outer[1:] = starts[idx][1:] >= running_end[:-1]
+        keep[idx[outer]] = True
+    return keep

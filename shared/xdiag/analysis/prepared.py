@@ -25,7 +25,8 @@ from typing import Any
 import numpy as np
 
 from xdiag.analysis import breakdown
-from xdiag.analysis.breakdown import DeviceRow, StepRow
+from xdiag.analysis.breakdown import StepRow
+from xdiag.analysis.device_time import DeviceRow
 from xdiag.analysis.op_table import OpTable, op_table
 from xdiag.analysis.steps import Step, StepSet, step_set
 from xdiag.profile.space import Session

@@ -13,12 +13,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from xdiag.analysis.intervals import merge_intervals
+from xdiag.analysis.intervals import PS_PER_MS, merge_intervals
 from xdiag.analysis.op_table import op_table
 from xdiag.analysis.steps import step_set
 from xdiag.profile.space import Session
 
-PS_PER_MS = 1e9
 MIN_LAST_ARRIVAL_SHARE = 0.6
 """A straggler arrives last at most instances of the collectives it takes part in (chance is 1/participants)."""
 MIN_WAIT_SHARE_OF_STEP = 0.10

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from xdiag.analysis.breakdown import CATEGORIES, StepRow, device_rows, device_table, step_rows
+from xdiag.analysis.breakdown import CATEGORIES, StepRow, device_rows, step_rows
+from xdiag.analysis.device_time import device_table
 from xdiag.analysis.stragglers import CAUSES, collective_arrivals, own_cause, straggler
 from xdiag.profile.space import Session
 from xdiag.tools.registry import ToolOutput, tool

@@ -2,21 +2,13 @@
 
 from __future__ import annotations
 
-from xdiag.analysis.breakdown import (
-    CATEGORIES,
-    device_rows,
-    device_spread,
-    device_table,
-    duty_cycles,
-    duty_summary,
-    largest_sync_event,
-    step_rows,
-    WarmUpCall,
-    summarize_steps,
-    warm_up_calls,
-)
+from xdiag.analysis.breakdown import CATEGORIES, device_rows, step_rows, summarize_steps
+from xdiag.analysis.device_time import device_spread, device_table
+from xdiag.analysis.duty_cycle import duty_cycles, duty_summary
+from xdiag.analysis.host_signals import largest_sync_event
 from xdiag.analysis.host_threads import host_threads
 from xdiag.analysis.steps import Step, step_set
+from xdiag.analysis.warm_up import WarmUpCall, warm_up_calls
 from xdiag.analysis.xprof.session_views import try_view
 from xdiag.errors import NotAvailable
 from xdiag.profile.space import Session

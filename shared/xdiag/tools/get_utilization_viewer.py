@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 
-from xdiag.analysis.breakdown import device_rows, device_spread, device_table
+from xdiag.analysis.breakdown import device_rows
+from xdiag.analysis.device_time import device_spread, device_table
 from xdiag.analysis.op_table import device_op_counts
 from xdiag.analysis.steps import step_set
 from xdiag.analysis.xprof.session_views import try_view

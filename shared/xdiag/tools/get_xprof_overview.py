@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from xdiag.analysis.breakdown import duration_text, duty_cycles, duty_summary, step_rows, summarize_steps
+from xdiag.analysis.breakdown import step_rows, summarize_steps
+from xdiag.analysis.duty_cycle import duration_text, duty_cycles, duty_summary
 from xdiag.analysis.op_stats import category_totals, op_stats
 from xdiag.analysis.steps import profile_window_ps, step_set
 from xdiag.analysis.xprof.session_views import try_view

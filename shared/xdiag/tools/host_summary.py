@@ -32,12 +32,15 @@ from typing import Any
 
 import numpy as np
 
-from xdiag.analysis.breakdown import DeviceRow, DutyCycle, StepRow, WarmUpCall, device_rows, duty_cycles, step_rows
+from xdiag.analysis.breakdown import StepRow, device_rows, step_rows
+from xdiag.analysis.device_time import DeviceRow
+from xdiag.analysis.duty_cycle import DutyCycle, duty_cycles
 from xdiag.analysis.op_table import device_op_counts, op_table
 from xdiag.analysis.prepared import _as_columns, _from_columns, _typed, _untyped
 from xdiag.analysis.steps import Step, StepSet, profile_window_ps, step_set
 from xdiag.analysis.stragglers import arrivals_of, collective_arrivals, collective_records, straggler
 from xdiag.analysis.transfers import combined_transfer_spans, transfer_pairs
+from xdiag.analysis.warm_up import WarmUpCall
 from xdiag.errors import XdiagError
 from xdiag.profile.compact import _plain, module_from_record, module_record
 from xdiag.profile.reader import assemble_session
