@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "shared"))
 
 from xdiag.analysis.xprof import memory_budget, worker  # noqa: E402
-from xdiag.analysis.xprof.runner import _copy_without_unused_events  # noqa: E402
+from xdiag.analysis.xprof.session_dir import copy_without_unused_events  # noqa: E402
 
 CONVERTERS = ("overview_page", "memory_profile")
 _CONVERT = """
@@ -76,7 +76,7 @@ def main() -> None:
             run_dir = Path(scratch) / profile.stem / "plugins" / "profile" / "session"
             run_dir.mkdir(parents=True)
             copy = run_dir / profile.name
-            if not _copy_without_unused_events(profile, copy):
+            if not copy_without_unused_events(profile, copy):
                 shutil.copy(profile, copy)
             size = copy.stat().st_size
             cells = []

@@ -200,10 +200,10 @@ def test_register_reads_the_session_during_the_quiet_period_and_collect_maps_it(
     assert failed["status"] == "FAILED" and "truncated" in failed["failure_reason"]
     # A tool run maps the tables register built with the session (xdiag.analysis.prepared), and builds none; its
     # XProf views come from register's record: no private copy, no conversion.
-    from xdiag.analysis.xprof import runner
+    from xdiag.analysis.xprof.views import XprofViews
 
-    made, init = [], runner.XprofViews.__init__
-    monkeypatch.setattr(runner.XprofViews, "__init__", lambda self, *a, **k: made.append(a) or init(self, *a, **k))
+    made, init = [], XprofViews.__init__
+    monkeypatch.setattr(XprofViews, "__init__", lambda self, *a, **k: made.append(a) or init(self, *a, **k))
     for tool in ("get_step_trace", "get_xprof_overview", "get_memory_profile", "get_peak_allocations"):
         run = next(r for r in wired.queued("tool-runs") if r.tool == tool)
         body = _push_body(run.model_dump_json().encode())
@@ -233,10 +233,10 @@ def test_collect_records_xprofs_views_with_the_session_it_prepares_where_registe
     [recorded] = (tmp_path / "buckets" / BUCKET).rglob("prepared/*.xprof-views.json")
     assert {"overview", "memory_profile", "hlo_op_profile(top_n=20)"} <= set(json.loads(recorded.read_text())["views"])
 
-    from xdiag.analysis.xprof import runner
+    from xdiag.analysis.xprof.views import XprofViews
 
-    made, init = [], runner.XprofViews.__init__
-    monkeypatch.setattr(runner.XprofViews, "__init__", lambda self, *a, **k: made.append(a) or init(self, *a, **k))
+    made, init = [], XprofViews.__init__
+    monkeypatch.setattr(XprofViews, "__init__", lambda self, *a, **k: made.append(a) or init(self, *a, **k))
     wired.deps.sessions = SessionLoader(wired.deps.blobs, prepare=True)  # a fresh tool instance
     for tool in ("get_xprof_overview", "get_memory_profile"):
         run = next(r for r in wired.queued("tool-runs") if r.tool == tool)

@@ -175,7 +175,7 @@ def test_the_estimate_is_above_what_xprofs_conversions_of_real_profiles_hold(pro
     in a process of its own with the workers' malloc, measured as bench/xprof_memory.py measures them: the growth of
     its resident memory to its peak stays under the estimate. Not a benchmark: the estimate holds a margin of ~2x or
     more over these (bench/README.md has the figures)."""
-    from xdiag.analysis.xprof.runner import _copy_without_unused_events
+    from xdiag.analysis.xprof.session_dir import copy_without_unused_events
 
     spec = importlib.util.spec_from_file_location("xprof_memory", REPO / "bench" / "xprof_memory.py")
     bench = importlib.util.module_from_spec(spec)
@@ -183,7 +183,7 @@ def test_the_estimate_is_above_what_xprofs_conversions_of_real_profiles_hold(pro
     run_dir = tmp_path / "plugins" / "profile" / "session"
     run_dir.mkdir(parents=True)
     copy = run_dir / f"{profile}.xplane.pb"
-    if not _copy_without_unused_events(H200 / copy.name, copy):  # the private copy XprofViews gives XProf
+    if not copy_without_unused_events(H200 / copy.name, copy):  # the private copy XprofViews gives XProf
         shutil.copy(H200 / copy.name, copy)
     grown = bench.grown_bytes(run_dir, converter, tmp_path)
     assert 0 < grown < memory_budget.conversion_bytes(copy.stat().st_size), (grown, copy.stat().st_size)

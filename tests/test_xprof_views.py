@@ -1,4 +1,4 @@
-"""xdiag.analysis.xprof.runner against the shared real device profiles (TPU v6e, V100, MI300X).
+"""xdiag.analysis.xprof.views against the shared real device profiles (TPU v6e, V100, MI300X).
 
 Each profile is copied into a temporary folder and its views are built once per module; the tests
 that need a fresh instance (counting conversions, threads, logging, clean-up) use the small
@@ -27,7 +27,7 @@ PROFILES = Path(__file__).resolve().parents[2] / "shared" / "profiles"
 pytestmark = pytest.mark.skipif(not PROFILES.is_dir(), reason=f"shared real-device profiles not found at {PROFILES}")
 pytest.importorskip("xprof", reason="the xprof wheel is not installed")
 
-from xdiag.analysis.xprof import XprofViews, memory_budget, runner, stored, worker  # noqa: E402
+from xdiag.analysis.xprof import XprofViews, common, conversions, memory_budget, session_dir, stored, worker  # noqa: E402
 from xdiag.profile import slim  # noqa: E402
 from xdiag.profile.reader import read_threads  # noqa: E402
 
@@ -342,7 +342,7 @@ def test_prefetched_views_equal_the_in_process_ones(fixture, request, tmp_path, 
         assert {"overview_page", "kernel_stats", "memory_profile"} <= set(views.worker_cpu_s)
         # converted only where it could suggest something (the TPU profile has barrier-cores events)
         assert ("smart_suggestion" in views.worker_cpu_s) == views.may_have_suggestions() == (fixture == "tpu")
-        folders = [Path(folder) for folder in views._worker_folders]
+        folders = [Path(folder) for folder in views.conversions.worker_folders]
         assert folders and all(folder.is_dir() for folder in folders)
     assert not any(folder.exists() for folder in folders)
     assert outcomes.keys() == run.outcomes.keys()
@@ -369,7 +369,7 @@ def test_prefetch_is_off_with_no_processes_and_a_corrupt_file_still_says_why(tmp
         assert views.prefetch() == 2
         with pytest.raises(ProfileError, match="Can't parse .* as binary proto"):
             views.overview()
-        assert str(tmp_path / "b") in str(views._unreadable)  # the original's path, not a worker's link
+        assert str(tmp_path / "b") in str(views.conversions.unreadable)  # the original's path, not a worker's link
 
 
 def test_returned_dicts_are_copies(mi300x):
@@ -517,7 +517,7 @@ def test_another_xprof_version_gets_a_copy_without_the_python_tracers_events_alo
     python_only = slim.write_without_unused_events(copy, tmp_path / "python_only.xplane.pb")
     with XprofViews([copy]) as audited:
         assert audited.events_left_out > python_only
-    monkeypatch.setattr(runner, "_xprof_version", lambda: "2.25.0")
+    monkeypatch.setattr(session_dir, "xprof_version", lambda: "2.25.0")
     with XprofViews([copy]) as other:
         assert other.events_left_out == python_only
 
@@ -558,7 +558,7 @@ def test_only_the_audited_smart_suggestion_rules_are_skipped(tmp_path, monkeypat
     copy = _copy(MI300X, tmp_path / "originals")
     with XprofViews([copy]) as views:
         assert not views.may_have_suggestions()
-        monkeypatch.setattr(runner, "_xprof_version", lambda: "2.25.0")
+        monkeypatch.setattr("xdiag.analysis.xprof.views.xprof_version", lambda: "2.25.0")
         assert views.may_have_suggestions()  # another xprof may have other rules: convert
     marked = tmp_path / "marked.xplane.pb"
     marked.write_bytes(copy.read_bytes() + b"barrier-cores counter_value")  # names anywhere in a file count
@@ -568,16 +568,15 @@ def test_only_the_audited_smart_suggestion_rules_are_skipped(tmp_path, monkeypat
 
 
 def test_plan_puts_kernel_stats_with_op_stats_and_skips_known_answers(tmp_path):
-    from xdiag.analysis.xprof.runner import _planned_conversions
-
     one = [tmp_path / "host.xplane.pb"]
-    plan = _planned_conversions(one, counter_samples=True, suggestions=True)
+    plan = conversions.planned_conversions(one, counter_samples=True, suggestions=True)
     op_stats_group = next(group for group in plan if ("overview_page", {}) in group)
     assert ("kernel_stats", {}) in op_stats_group  # a table of op_stats: computed once, in that process
     assert [("utilization_viewer", {})] in plan and [("smart_suggestion", {})] in plan
     converters = [name for group in plan for name, _ in group]
     assert sorted(converters) == sorted(set(converters))  # each once
-    lean = [name for group in _planned_conversions(one, counter_samples=False, suggestions=False) for name, _ in group]
+    lean_plan = conversions.planned_conversions(one, counter_samples=False, suggestions=False)
+    lean = [name for group in lean_plan for name, _ in group]
     assert "utilization_viewer" not in lean and "smart_suggestion" not in lean and "memory_profile" in lean
 
 
@@ -602,7 +601,7 @@ def test_conversions_that_would_not_fit_in_memory_are_not_started_and_the_views_
         assert views.prefetch() == 0 and views.workers_converting == 0
         outcomes = _all_views(views)
         need = memory_budget.conversion_bytes(views.xspace_bytes)
-    refused = {name for name, outcome in outcomes.items() if isinstance(outcome, runner.ConversionTooLarge)}
+    refused = {name for name, outcome in outcomes.items() if isinstance(outcome, conversions.ConversionTooLarge)}
     assert refused == set(VIEWS) - {"peak_allocations", "utilization"}, outcomes
     reason = str(outcomes["overview"])
     assert f"would need about {need / 2**20:.0f} MiB" in reason
@@ -664,7 +663,7 @@ def test_a_device_sessions_conversions_start_before_the_read_and_serve_its_views
     plane names already say GPU) and the session's views are those: converted once each, in the worker, equal to
     the in-process ones."""
     from xdiag.pipeline.deps import SessionLoader
-    from xdiag.tools.common import views as session_views
+    from xdiag.analysis.xprof.session_views import views as session_views
 
     monkeypatch.setattr(worker, "PREFETCH_MIN_BYTES", 1)
     monkeypatch.delenv("XDIAG_XPROF_PROCESSES", raising=False)
@@ -700,7 +699,7 @@ def test_a_device_sessions_conversions_start_before_the_read_and_serve_its_views
         # the op_stats group (what the first view waits for) at this process's priority, memory_profile's lower
         base = os.getpriority(os.PRIO_PROCESS, 0)
         lowered = min(19, base + worker.LATER_GROUPS_NICENESS)
-        workers = list(early._executor._processes)
+        workers = list(early.conversions._executor._processes)
         priorities = sorted(os.getpriority(os.PRIO_PROCESS, pid) for pid in workers)
         assert priorities == ([base, lowered] if len(priorities) == 2 else [lowered])
         assert early.memory_profile() == mi300x.views.memory_profile() and "memory_profile" in early.worker_cpu_s
@@ -731,7 +730,7 @@ def test_views_a_caller_started_before_building_the_loader_are_the_ones_its_load
     starting its own; views nobody loads, or handed over twice, are closed, not leaked."""
     from xdiag.analysis.xprof import start_views
     from xdiag.pipeline.deps import SessionLoader
-    from xdiag.tools.common import views as session_views
+    from xdiag.analysis.xprof.session_views import views as session_views
 
     files = [_copy(MI300X, tmp_path / "originals")]
     blobs, inputs = _loader_inputs(files)
@@ -758,7 +757,7 @@ def test_the_worker_module_imports_nothing_heavy():
     """The forkserver imports the worker module: it must import neither numpy nor xdiag's views."""
     code = (
         "import sys, xdiag.analysis.xprof.worker, xdiag.analysis.xprof.forkserver_setup; "
-        "print(sorted(m for m in ('numpy', 'xdiag.analysis.xprof.runner', 'xprof') if m in sys.modules))"
+        "print(sorted(m for m in ('numpy', 'xdiag.analysis.xprof.views', 'xprof') if m in sys.modules))"
     )
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert loaded.strip() == "[]"
@@ -872,8 +871,8 @@ def test_the_host_event_names_xprof_reads_are_in_its_native_library():
     name must be a string of the wheel's converter library (a typo would let events of that name be left out)."""
     from xdiag.analysis.xprof import host_events
 
-    assert runner._xprof_version() == host_events.AUDITED_VERSION
-    library = Path(runner.xprof_api().package_dir) / "convert" / "profiler_plugin_c_api.so"
+    assert common.xprof_version() == host_events.AUDITED_VERSION
+    library = Path(common.xprof_api().package_dir) / "convert" / "profiler_plugin_c_api.so"
     strings = set(re.findall(rb"[\x20-\x7e]{4,}", library.read_bytes()))
     missing = [name for name in host_events.HOST_EVENT_TYPE_NAMES if name.encode() not in strings]
     assert not missing

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from xdiag.analysis import prepared as prepared_tables
 from xdiag.analysis.xprof import start_views
+from xdiag.analysis.xprof.session_views import adopt_stored_views, adopt_views, broad_view_calls, prefetch_views
 from xdiag.errors import ProfileError
 from xdiag.investigators import HealthSnapshot, RuleEngine
 from xdiag.model import Diagnosis, ToolResult
@@ -27,7 +28,6 @@ from xdiag.profile.session import read_session
 from xdiag.profile.space import Session
 from xdiag.sizes import readable_size
 from xdiag.tools import host_summary
-from xdiag.tools.common import adopt_stored_views, adopt_views, broad_view_calls, prefetch_views
 
 log = logging.getLogger(__name__)
 
@@ -289,9 +289,11 @@ class SessionLoader:
         """XProf's views the broad tools ask for, recorded beside the prepared session. Best effort: without the
         record each tool instance converts for itself, as before."""
         from xdiag.analysis.xprof.stored import record
+        from xdiag.tools.get_peak_allocations import busiest_module
 
         try:
-            recorded = record(views, broad_view_calls(session))
+            busiest = busiest_module(session)
+            recorded = record(views, broad_view_calls(busiest.display_name if busiest is not None else None))
             self._blobs.put(views_uri, json.dumps(recorded).encode(), "application/json")
         except Exception:  # noqa: BLE001 - an optimisation: the tools still convert what they need
             log.warning("XProf's views of %s are not recorded", views_uri, exc_info=True)

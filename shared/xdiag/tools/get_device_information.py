@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from xdiag.analysis.device_peaks import session_peaks
 from xdiag.analysis.op_table import device_op_counts
+from xdiag.analysis.xprof.session_views import try_view
 from xdiag.profile.space import Session
 from xdiag.profile.trace_json import KINETO, trace_format
-from xdiag.tools.common import host_plane_source, try_view
+from xdiag.tools.common import host_plane_source
 from xdiag.tools.registry import ToolOutput, tool
 
 _DEVICE_STATS = (

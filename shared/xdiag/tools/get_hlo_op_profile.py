@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from xdiag.analysis.device_peaks import session_peaks
+from xdiag.analysis.op_stats import category_totals, op_stats
 from xdiag.analysis.roofline import loop_work, mark_fed_by_async_copies, program_hbm_traffic, roofline_summary
 from xdiag.analysis.transfers import transfer_spans
+from xdiag.analysis.xprof.session_views import try_view
 from xdiag.errors import NotAvailable
 from xdiag.profile.space import Session
-from xdiag.tools.common import DEVICE_PLANE_SOURCE, host_plane_source, percent, try_view
-from xdiag.analysis.op_stats import category_totals, op_stats
+from xdiag.tools.common import DEVICE_PLANE_SOURCE, host_plane_source, percent
 from xdiag.tools.registry import ToolOutput, tool
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from xdiag.analysis.xprof.session_views import try_view
 from xdiag.errors import NotAvailable
 from xdiag.profile.space import Session
-from xdiag.tools.common import try_view
 from xdiag.tools.registry import ToolOutput, tool
 
 

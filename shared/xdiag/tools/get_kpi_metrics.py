@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from xdiag.analysis.breakdown import step_rows, summarize_steps
+from xdiag.analysis.op_stats import costed_work, op_stats
+from xdiag.analysis.xprof.session_views import try_view
 from xdiag.errors import NotAvailable
 from xdiag.profile.space import Session
-from xdiag.tools.common import DEVICE_PLANE_SOURCE, host_plane_source, try_view
-from xdiag.analysis.op_stats import costed_work, op_stats
+from xdiag.tools.common import DEVICE_PLANE_SOURCE, host_plane_source
 from xdiag.tools.registry import ToolOutput, tool
 
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from xdiag.analysis.op_stats import op_stats
+from xdiag.analysis.xprof.session_views import try_view
 from xdiag.cost.hlo import shape_bytes
 from xdiag.errors import NotAvailable
 from xdiag.profile.space import HloComputation, HloInstruction, HloModule, Session
-from xdiag.tools.common import try_view, xprof_source
-from xdiag.analysis.op_stats import op_stats
+from xdiag.tools.common import xprof_source
 from xdiag.tools.registry import ToolOutput, tool
 
 MIB = 2**20

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from xdiag.analysis.device_peaks import session_peaks
+from xdiag.analysis.op_stats import costed_work, op_stats
 from xdiag.analysis.roofline import ON_CHIP_RATE_MARGIN, STREAMED_PROGRAM_COPY_SHARE_PERCENT, compute_peak
+from xdiag.analysis.xprof.session_views import try_view
 from xdiag.errors import NotAvailable
 from xdiag.profile.space import Session
-from xdiag.tools.common import try_view, xprof_source
-from xdiag.analysis.op_stats import costed_work, op_stats
+from xdiag.tools.common import xprof_source
 from xdiag.tools.registry import ToolOutput, tool
 
 _COPY_CATEGORIES = ("copy-start", "copy-done", "async copy", "memcpy")

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from xdiag.analysis.xprof.session_views import views
 from xdiag.errors import NotAvailable
 from xdiag.profile.space import Session
-from xdiag.tools.common import views, xprof_source
+from xdiag.tools.common import xprof_source
 from xdiag.tools.registry import ToolOutput, tool
 
 

@@ -17,9 +17,10 @@ from xdiag.analysis.breakdown import (
 )
 from xdiag.analysis.host_threads import host_threads
 from xdiag.analysis.steps import Step, step_set
+from xdiag.analysis.xprof.session_views import try_view
 from xdiag.errors import NotAvailable
 from xdiag.profile.space import Session
-from xdiag.tools.common import DEVICE_PLANE_SOURCE, host_plane_source, try_view
+from xdiag.tools.common import DEVICE_PLANE_SOURCE, host_plane_source
 from xdiag.tools.registry import ToolOutput, tool
 
 

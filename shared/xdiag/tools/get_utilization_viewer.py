@@ -6,9 +6,10 @@ from __future__ import annotations
 from xdiag.analysis.breakdown import device_rows, device_spread, device_table
 from xdiag.analysis.op_table import device_op_counts
 from xdiag.analysis.steps import step_set
+from xdiag.analysis.xprof.session_views import try_view
 from xdiag.errors import NotAvailable
 from xdiag.profile.space import Session
-from xdiag.tools.common import DEVICE_PLANE_SOURCE, host_plane_source, try_view
+from xdiag.tools.common import DEVICE_PLANE_SOURCE, host_plane_source
 from xdiag.tools.registry import ToolOutput, tool
 
 

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from xdiag.analysis.breakdown import duration_text, duty_cycles, duty_summary, step_rows, summarize_steps
-from xdiag.analysis.steps import profile_window_ps, step_set
-from xdiag.profile.space import Session
-from xdiag.tools.common import DEVICE_PLANE_SOURCE, host_plane_source, ms, try_view
 from xdiag.analysis.op_stats import category_totals, op_stats
+from xdiag.analysis.steps import profile_window_ps, step_set
+from xdiag.analysis.xprof.session_views import try_view
+from xdiag.profile.space import Session
+from xdiag.tools.common import DEVICE_PLANE_SOURCE, host_plane_source, ms
 from xdiag.tools.registry import ToolOutput, tool
 
 

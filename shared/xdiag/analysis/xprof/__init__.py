@@ -1,6 +1,8 @@
-"""XProf's own converters over a device session: one module per view, each a `build(views)` that the runner
-(`XprofViews`) calls once per session and memoises; `common` holds what the views share, `worker` what the converter
-worker processes run (imported alone there, so this package imports the runner only when asked for it)."""
+"""XProf's own converters over a device session: one module per view, each a `build(views)` that `views.XprofViews`
+calls once per session and memoises; `common` holds what the views share, `conversions` runs XProf's conversions
+(in-process or in the processes of `worker`, imported alone there, so this package imports the views only when asked
+for them), `session_dir` makes the private folder XProf reads, `quiet` keeps XProf's logging down, `stored` keeps
+views computed once for other processes, and `session_views` gives an xdiag session its views."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from xdiag.analysis.xprof.runner import XprofViews
+    from xdiag.analysis.xprof.views import XprofViews
 
 __all__ = ["XPROF_VIEWS_ENV", "XprofViews", "start_views"]
 
@@ -22,7 +24,7 @@ def start_views(paths: Sequence[Path], max_bytes: int | None = None) -> XprofVie
     the views are on and the files' plane names show a device profile; else None: a CPU profile, a session over
     `max_bytes` or files the read will refuse and say why.
 
-    Imports the runner and the reader alone, not the tools, so that a caller can start the conversions before its own
+    Imports the views and the reader alone, not the tools, so that a caller can start the conversions before its own
     imports: `xdiag analyze` calls it as soon as the session is located (on two cores the conversions then take the
     core those imports leave idle; bench/README.md, "Measured design choices"), the loader where no caller did."""
     import os
@@ -46,7 +48,7 @@ def start_views(paths: Sequence[Path], max_bytes: int | None = None) -> XprofVie
         from xdiag.analysis.xprof import worker
 
         worker.start_server(size)  # starts while the views' copy is made
-        from xdiag.analysis.xprof.runner import XprofViews
+        from xdiag.analysis.xprof.views import XprofViews
 
         early = XprofViews(sorted(Path(path) for path in paths))
     except (XdiagError, OSError, ValueError):  # the read meets the same problem and says what it is
@@ -60,7 +62,7 @@ def start_views(paths: Sequence[Path], max_bytes: int | None = None) -> XprofVie
 
 def __getattr__(name: str) -> Any:
     if name == "XprofViews":
-        from xdiag.analysis.xprof.runner import XprofViews
+        from xdiag.analysis.xprof.views import XprofViews
 
         return XprofViews
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

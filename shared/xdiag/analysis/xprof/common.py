@@ -4,11 +4,14 @@
 from __future__ import annotations
 
 import functools
+import importlib.metadata
 import math
 import os
 import re
 import types
-from typing import Any
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
 
 DEFAULT_TOP_N = 20
 """Rows kept in each `detail` list when a view takes no top_n."""
@@ -16,6 +19,30 @@ GIB = 1024**3
 MIB = 1024**2
 XPLANE_SUFFIX = ".xplane.pb"
 CUSTOM_CALL_REASON = "XProf reports the custom-call share only when custom calls take 10% of device time or more"
+
+
+class ViewSource(Protocol):
+    """What a view's `build` reads from the views it is built for: `views.XprofViews` (a protocol here, so that the
+    view modules, which views.py imports, import nothing back)."""
+
+    files: list[Path]
+
+    def tool(self, name: str, function: Callable[..., Any], **kwargs: Any) -> Any: ...
+    def page(self, tool_name: str, **params: Any) -> Any: ...
+    def extract_hlo_protos(self) -> None: ...
+    def require_readable(self) -> None: ...
+    def may_have_counter_samples(self) -> bool: ...
+    def may_have_command_buffers(self) -> bool: ...
+    def may_have_suggestions(self) -> bool: ...
+    def has_metadata_plane(self) -> bool: ...
+    def overview_tool(self) -> dict: ...
+    def roofline_tool(self) -> dict: ...
+    def roofline_gap(self) -> str | None: ...
+    def device_type(self) -> str | None: ...
+    def no_steps_reason(self) -> str: ...
+    def overview(self) -> dict: ...
+    def memory_profile(self) -> dict: ...
+    def roofline(self) -> dict: ...
 
 
 @functools.cache
@@ -50,6 +77,15 @@ def xprof_api() -> types.SimpleNamespace:
         utilization=get_utilization_viewer_tool.get_utilization_viewer,
         tool_names=raw_to_tool_data.xspace_to_tool_names,
     )
+
+
+@functools.cache
+def xprof_version() -> str | None:
+    """The installed xprof's version (None without it): what the names and rules read for one version key on."""
+    try:
+        return importlib.metadata.version("xprof")
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def as_number(value: Any) -> float | int | None:

@@ -1,20 +1,17 @@
 """The `device_information` view. Device peaks from the roofline model plus the run environment: device_type, device_core_count, host_count, peak_flop_rate_gflops, peak_hbm_bw_gibs, peak_vmem_read_bw_gibs, peak_vmem_write_bw_gibs, hbm_ridge_point_flop_per_byte, megacore, has_cmem.
 
-Built once per session by XprofViews (runner.py), which memoises it.
+Built once per session by XprofViews (views.py), which memoises it.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from xdiag.analysis.xprof.common import as_bool, as_int, as_positive, clean_values, with_reasons, xprof_api
+from xdiag.analysis.xprof.common import ViewSource, as_bool, as_int, as_positive, clean_values, with_reasons, xprof_api
 from xdiag.errors import NotAvailable
 
-if TYPE_CHECKING:
-    from xdiag.analysis.xprof.runner import XprofViews
 
-
-def build(views: XprofViews) -> dict:
+def build(views: ViewSource) -> dict:
     try:
         info = views.tool("get_device_information", xprof_api().device_information)
     except (FileNotFoundError, ValueError, RuntimeError) as error:

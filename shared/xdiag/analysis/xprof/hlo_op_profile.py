@@ -1,20 +1,15 @@
 """The `hlo_op_profile` view. HLO ops by self time (op_profile, via get_hlo_op_profile and get_top_hlo_ops).
 
-Built once per session by XprofViews (runner.py), which memoises it.
+Built once per session by XprofViews (views.py), which memoises it.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from xdiag.analysis.xprof.common import as_int, as_number, percent_of, rounded, xprof_api
+from xdiag.analysis.xprof.common import ViewSource, as_int, as_number, percent_of, rounded, xprof_api
 from xdiag.errors import NotAvailable
 
-if TYPE_CHECKING:
-    from xdiag.analysis.xprof.runner import XprofViews
 
-
-def _why_no_ops(views: XprofViews) -> str:
+def _why_no_ops(views: ViewSource) -> str:
     """What the files say about an op_profile with no HLO op: XLA programs whose kernels ran from command buffers
     (CUDA graphs: the kernels' HLO op names the buffer, which XProf does not map to an HLO instruction; 6 of the 9
     H200 profiles in tests/), or no XLA program at all (TensorFlow's V100 profile)."""
@@ -28,7 +23,7 @@ def _why_no_ops(views: XprofViews) -> str:
     return "XProf attributed none of the device time to an HLO instruction"
 
 
-def answers(views: XprofViews) -> tuple[dict, dict]:
+def answers(views: ViewSource) -> tuple[dict, dict]:
     """XProf's CLI answers the view is built from (memoised by `views`): the categories, and every op ranked by
     time, FLOPs and bytes."""
     try:
@@ -39,7 +34,7 @@ def answers(views: XprofViews) -> tuple[dict, dict]:
     return categories, ops
 
 
-def build(views: XprofViews, top_n: int) -> dict:
+def build(views: ViewSource, top_n: int) -> dict:
     categories, ops = answers(views)
     summary = categories.get("category_summary", [])
     total_ms = as_number(categories.get("total_profile_time_ms"))

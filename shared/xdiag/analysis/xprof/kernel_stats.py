@@ -1,13 +1,14 @@
 """The `kernel_stats` view. GPU kernels (XProf's kernel_stats converter).
 
-Built once per session by XprofViews (runner.py), which memoises it.
+Built once per session by XprofViews (views.py), which memoises it. From XProf's kernel_stats converter, not
+`get_kernel_stats` (the CLI tool sums device-plane events by TF op name): the converter has the real per-kernel
+table (registers, shared memory, grid, tensor-core use).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from xdiag.analysis.xprof.common import (
+    ViewSource,
     as_bool,
     as_int,
     as_non_negative,
@@ -18,11 +19,8 @@ from xdiag.analysis.xprof.common import (
 )
 from xdiag.errors import NotAvailable
 
-if TYPE_CHECKING:
-    from xdiag.analysis.xprof.runner import XprofViews
 
-
-def build(views: XprofViews, top_n: int) -> dict:
+def build(views: ViewSource, top_n: int) -> dict:
     page = views.page("kernel_stats")
     rows = datatable_rows(page) if page is not None else []
     if not rows:

@@ -1,21 +1,17 @@
 """The `kpi_metrics` view. XProf's get_kpi_metrics fields, assembled from this instance's overview, memory profile and roofline (nothing is converted again): step_time_ms, duty_cycle_percent, mxu_utilization_percent, flop_rate_utilization_percent, flops_provenance, derived_flops_fraction, peak_hbm_gib, memory_capacity_gib, hbm_utilization_percent, device_type, device_core_count.
 
-Built once per session by XprofViews (runner.py), which memoises it.
+Built once per session by XprofViews (views.py), which memoises it.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING
 
-from xdiag.analysis.xprof.common import with_reasons
+from xdiag.analysis.xprof.common import ViewSource, with_reasons
 from xdiag.errors import NotAvailable
 
-if TYPE_CHECKING:
-    from xdiag.analysis.xprof.runner import XprofViews
 
-
-def build(views: XprofViews) -> dict:
+def build(views: ViewSource) -> dict:
     overview = views.overview()
     reasons = dict(overview.get("unavailable", {}))
     memory: dict | None = None

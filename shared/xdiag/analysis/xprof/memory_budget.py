@@ -16,7 +16,7 @@ its use, for the process's own cgroup and each one above it (v1 or v2; reclaimab
 smallest, of which the conversions may take `SHARE`.
 `XDIAG_XPROF_MEMORY_GIB` sets that amount instead (more to allow larger sessions where the estimate is too cautious,
 less to keep memory for other work).
-Only the standard library here: the runner imports it before anything heavy.
+Only the standard library here: `conversions` imports it before anything heavy.
 """
 
 from __future__ import annotations

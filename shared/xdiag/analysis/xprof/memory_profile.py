@@ -1,17 +1,20 @@
 """The `memory_profile` view. Device memory over the capture (memory_profile), per allocator.
 
-Built once per session by XprofViews (runner.py), which memoises it.
+Built once per session by XprofViews (views.py), which memoises it. XProf's `get_memory_profile` takes the largest
+capacity of *any* allocator (a GPU's device peak divided by a 64 GiB host allocator); here the capacity is that of
+the allocator that holds the peak. The converter accepts one trace only, so it is asked per host for multi-file
+sessions.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 from xdiag.analysis.xprof.common import (
     DEFAULT_TOP_N,
     MIB,
     XPLANE_SUFFIX,
+    ViewSource,
     as_int,
     as_non_negative,
     natural_order,
@@ -21,9 +24,6 @@ from xdiag.analysis.xprof.common import (
     with_reasons,
 )
 from xdiag.errors import NotAvailable
-
-if TYPE_CHECKING:
-    from xdiag.analysis.xprof.runner import XprofViews
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ def _allocations_at_peak(allocator: dict) -> list[dict]:
     return rows
 
 
-def _memory_documents(views: XprofViews) -> list[tuple[str | None, dict]]:
+def _memory_documents(views: ViewSource) -> list[tuple[str | None, dict]]:
     if len(views.files) == 1:
         hosts: list[str | None] = [None]
     else:
@@ -72,7 +72,7 @@ def _memory_documents(views: XprofViews) -> list[tuple[str | None, dict]]:
     return documents
 
 
-def build(views: XprofViews) -> dict:
+def build(views: ViewSource) -> dict:
     allocators: list[dict] = []
     raw_by_name: dict[str, dict] = {}
     for host, document in _memory_documents(views):

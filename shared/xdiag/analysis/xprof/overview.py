@@ -1,15 +1,17 @@
 """The `overview` view. XProf's overview page: step time, duty cycle, idle, MXU, roofline utilisation, device.
 
-Built once per session by XprofViews (runner.py), which memoises it.
+Built once per session by XprofViews (views.py), which memoises it. XProf's `get_overview` fills the roofline
+figures from roofline_model because overview_page says 0.0%; they are None where roofline_model analysed no op.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from xdiag.analysis.xprof.common import (
     CUSTOM_CALL_REASON,
     DEFAULT_TOP_N,
+    ViewSource,
     as_bool,
     as_int,
     as_number,
@@ -22,11 +24,8 @@ from xdiag.analysis.xprof.common import (
     with_reasons,
 )
 
-if TYPE_CHECKING:
-    from xdiag.analysis.xprof.runner import XprofViews
 
-
-def build(views: XprofViews) -> dict:
+def build(views: ViewSource) -> dict:
     summary = views.overview_tool()
     perf = summary.get("performance_summary", {})
     env = summary.get("run_environment", {})

@@ -1,17 +1,12 @@
 """The `peak_allocations` view. HLO modules by peak HBM and their largest buffers (memory_viewer, via get_peak_allocations).
 
-Built once per session by XprofViews (runner.py), which memoises it.
+Built once per session by XprofViews (views.py), which memoises it.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from xdiag.analysis.xprof.common import DEFAULT_TOP_N, as_number, rounded, xprof_api
+from xdiag.analysis.xprof.common import DEFAULT_TOP_N, ViewSource, as_number, rounded, xprof_api
 from xdiag.errors import NotAvailable
-
-if TYPE_CHECKING:
-    from xdiag.analysis.xprof.runner import XprofViews
 
 
 def _resolve_module(modules: list[dict], wanted: str) -> dict:
@@ -32,9 +27,9 @@ def _resolve_module(modules: list[dict], wanted: str) -> dict:
     raise NotAvailable(f"no HLO module {wanted!r} in this profile; modules: {', '.join(names[:10])}")
 
 
-def every_module(views: XprofViews) -> dict:
+def every_module(views: ViewSource) -> dict:
     """XProf's peak-allocation table of every HLO module (one memory_viewer conversion per module), memoised by
-    `views`: needs no op_stats, so the runner also computes it while the views wait for a worker's conversion."""
+    `views`: needs no op_stats, so XprofViews also computes it while the views wait for a worker's conversion."""
     views.extract_hlo_protos()
     try:
         return views.tool("get_peak_allocations", xprof_api().peak_allocations, limit=0)
@@ -45,7 +40,7 @@ def every_module(views: XprofViews) -> dict:
         ) from error
 
 
-def build(views: XprofViews, module: str | None) -> dict:
+def build(views: ViewSource, module: str | None) -> dict:
     data = every_module(views)
     modules = data.get("modules", [])
     if not modules:

@@ -1,15 +1,14 @@
 """The `roofline` view. Program roofline (get_roofline_model): roofline_efficiency_percent, compute_efficiency_percent, max_mem_bw_utilization_percent, hbm_bw_utilization_percent, bound_by, operational intensities and ridge point, measured_flop_rate_gflops, hbm_bw_gibs, peaks, total_time_ms, flops_provenance, derived_flops_fraction, ops_analyzed.
 
-Built once per session by XprofViews (runner.py), which memoises it.
+Built once per session by XprofViews (views.py), which memoises it.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from xdiag.analysis.xprof.common import (
     CUSTOM_CALL_REASON,
     DEFAULT_TOP_N,
+    ViewSource,
     as_int,
     as_number,
     as_positive,
@@ -17,11 +16,8 @@ from xdiag.analysis.xprof.common import (
     with_reasons,
 )
 
-if TYPE_CHECKING:
-    from xdiag.analysis.xprof.runner import XprofViews
 
-
-def build(views: XprofViews) -> dict:
+def build(views: ViewSource) -> dict:
     data = views.roofline_tool()
     program = data["program"]
     device = data.get("device_info", {})

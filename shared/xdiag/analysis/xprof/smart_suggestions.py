@@ -1,23 +1,19 @@
 """The `smart_suggestions` view. XProf's rule-based suggestions: suggestion_count; detail.suggestions (rule, text).
 
-Built once per session by XprofViews (runner.py), which memoises it. Where the converter cannot
-suggest anything (`views.may_have_suggestions()`, see runner.py) the answer is its empty report's,
+Built once per session by XprofViews (views.py), which memoises it. Where the converter cannot
+suggest anything (`views.may_have_suggestions()`, see views.py) the answer is its empty report's,
 without the conversion (seconds on large profiles).
 """
 
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
 
-from xdiag.analysis.xprof.common import DEFAULT_TOP_N
+from xdiag.analysis.xprof.common import DEFAULT_TOP_N, ViewSource
 from xdiag.errors import NotAvailable
 
-if TYPE_CHECKING:
-    from xdiag.analysis.xprof.runner import XprofViews
 
-
-def build(views: XprofViews) -> dict:
+def build(views: ViewSource) -> dict:
     if not views.may_have_suggestions():
         views.require_readable()
         return _view([])

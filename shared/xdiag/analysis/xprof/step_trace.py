@@ -1,14 +1,13 @@
 """The `step_trace` view. Per-step breakdown (pod_viewer / input_pipeline_analyzer, via get_step_trace).
 
-Built once per session by XprofViews (runner.py), which memoises it.
+Built once per session by XprofViews (views.py), which memoises it.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from xdiag.analysis.xprof.common import (
     DEFAULT_TOP_N,
+    ViewSource,
     as_int,
     as_number,
     as_positive,
@@ -18,11 +17,8 @@ from xdiag.analysis.xprof.common import (
 )
 from xdiag.errors import NotAvailable
 
-if TYPE_CHECKING:
-    from xdiag.analysis.xprof.runner import XprofViews
 
-
-def build(views: XprofViews) -> dict:
+def build(views: ViewSource) -> dict:
     try:
         data = views.tool("get_step_trace", xprof_api().step_trace, limit=DEFAULT_TOP_N)
     except (FileNotFoundError, ValueError, RuntimeError) as error:

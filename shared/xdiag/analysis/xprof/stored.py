@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from xdiag.analysis.xprof.common import DEFAULT_TOP_N
-from xdiag.analysis.xprof.runner import ConversionTooLarge, XprofViews, view_key
+from xdiag.analysis.xprof.conversions import ConversionTooLarge
+from xdiag.analysis.xprof.views import ViewMethods, XprofViews, view_key
 from xdiag.errors import NotAvailable, ProfileError, XdiagError
 
 FORMAT = 1
@@ -58,7 +59,7 @@ def record(views: XprofViews, calls: Iterable[tuple[str, dict[str, Any]]]) -> di
     return {"format": FORMAT, "views": answers}
 
 
-class StoredViews:
+class StoredViews(ViewMethods):
     """XprofViews' views from a record (`record`), the others from an XprofViews of the files `files` gives, made on
     first need (so a process that never needs one never fetches the files)."""
 
@@ -84,39 +85,6 @@ class StoredViews:
         if "error" in answer:
             raise _ERRORS.get(answer["error"], NotAvailable)(answer["reason"])
         return copy.deepcopy(answer["view"])
-
-    def overview(self) -> dict:
-        return self._answer("overview")
-
-    def step_trace(self) -> dict:
-        return self._answer("step_trace")
-
-    def kpi_metrics(self) -> dict:
-        return self._answer("kpi_metrics")
-
-    def device_information(self) -> dict:
-        return self._answer("device_information")
-
-    def utilization(self) -> dict:
-        return self._answer("utilization")
-
-    def smart_suggestions(self) -> dict:
-        return self._answer("smart_suggestions")
-
-    def roofline(self) -> dict:
-        return self._answer("roofline")
-
-    def hlo_op_profile(self, top_n: int = DEFAULT_TOP_N) -> dict:
-        return self._answer("hlo_op_profile", top_n=top_n)
-
-    def memory_profile(self) -> dict:
-        return self._answer("memory_profile")
-
-    def peak_allocations(self, module: str | None = None) -> dict:
-        return self._answer("peak_allocations", module=module)
-
-    def kernel_stats(self, top_n: int = DEFAULT_TOP_N) -> dict:
-        return self._answer("kernel_stats", top_n=top_n)
 
     def prefetch(self) -> int:
         """Nothing to start: the recorded views need no conversion (the others convert when asked)."""

@@ -1,22 +1,19 @@
 """The `utilization` view. Hardware-counter utilisation (utilization_viewer): *_percent per unit (HBM, MXU, ICI, vector ALU …) over the whole capture.
 
-Built once per session by XprofViews (runner.py), which memoises it. utilization_viewer reads only
+Built once per session by XprofViews (views.py), which memoises it. utilization_viewer reads only
 events that carry the `counter_value` stat (hardware performance-counter samples); where no file holds
 that stat name its answer is known to be empty, and the conversion (seconds on large profiles) is not run.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from xdiag.analysis.xprof.common import as_number, clean_values, xprof_api
+from xdiag.analysis.xprof.common import ViewSource, as_number, clean_values, xprof_api
 from xdiag.errors import NotAvailable
 
-if TYPE_CHECKING:
-    from xdiag.analysis.xprof.runner import XprofViews
 
-
-def build(views: XprofViews) -> dict:
+def build(views: ViewSource) -> dict:
     if len(views.files) > 1:
         raise NotAvailable(f"XProf's utilization_viewer reads one trace; this session has {len(views.files)}")
     if not views.may_have_counter_samples():
@@ -41,7 +38,7 @@ def build(views: XprofViews) -> dict:
     return result
 
 
-def _no_samples(views: XprofViews) -> NotAvailable:
+def _no_samples(views: ViewSource) -> NotAvailable:
     return NotAvailable(
         "XProf's utilization_viewer found no hardware performance-counter samples in this profile "
         f"(device: {views.device_type() or 'unknown'}); they are recorded only when the capture "

@@ -1,6 +1,7 @@
-"""The processes XProf's converters run in (`XprofViews.prefetch`, runner.py): how many, how they start, what they run.
+"""The processes XProf's converters run in (`Conversions.prefetch`, conversions.py): how many, how they start, what
+they run.
 
-Apart from the runner so that the forkserver the workers fork from imports XProf's client, this module and
+Apart from the conversions so that the forkserver the workers fork from imports XProf's client, this module and
 `forkserver_setup` alone, not numpy and xdiag's views (~0.2 s less), and so that starting it (`start_server`)
 imports nothing heavy either: the first worker's op_stats conversion is what the first view waits for. Nothing here
 may import more than the standard library and, in the workers, XProf's client.
@@ -24,7 +25,7 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 CONCURRENCY_ENV = "XDIAG_XPROF_PROCESSES"
-"""How many processes `XprofViews.prefetch` may run XProf's converters in at once (default: the
+"""How many processes `Conversions.prefetch` may run XProf's converters in at once (default: the
 CPUs this process may use, for sessions of PREFETCH_MIN_BYTES or more, else 0); 0 turns prefetching
 off, so every conversion runs in-process on demand. Where groups outnumber workers, a worker converts
 them in turn and reuses the memory the last one freed. One worker fewer than the CPUs (leaving one to

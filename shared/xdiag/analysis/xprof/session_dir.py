@@ -1,0 +1,167 @@
+"""The private session folder XProf's converters read: `<workdir>/plugins/profile/<session>/`.
+
+XProf's converters write their results (`ALL_HOSTS.op_stats_v2.pb`, `*.hlo_proto.pb` …) next to their input, so never
+next to the originals: the folder holds a link to each file, or, where its host plane holds events XProf makes no use
+of, a copy without them (`xdiag.profile.slim`, `host_events`: the same views, conversions a third as long on such
+profiles), and the HLO protos XProf's memory viewer reads, extracted from the metadata plane alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from xdiag.analysis.xprof import host_events
+from xdiag.analysis.xprof.common import XPLANE_SUFFIX, xprof_api, xprof_version
+from xdiag.analysis.xprof.quiet import quiet
+from xdiag.errors import ProfileError
+from xdiag.profile import slim
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PrivateCopy:
+    run_dir: Path
+    files: list[Path]
+    """The files XProf reads, in the run folder: links to the originals, or copies without unused events."""
+    events_left_out: int
+    """Host events the copies leave out, all files together."""
+    removable: str
+    """What removing the copy removes: the temporary folder made for it, or the run folder in a caller's workdir."""
+
+
+def make_private_copy(originals: Sequence[Path], workdir: Path | None, all_events: bool) -> PrivateCopy:
+    """The run folder for `originals`, under `workdir` or a temporary folder; `all_events=True` links every file as
+    it is. Raises ProfileError where the folder cannot be filled (it is removed)."""
+    root = Path(tempfile.mkdtemp(prefix="xdiag-xprof-")) if workdir is None else Path(workdir).absolute()
+    run_dir = _make_session_dir(root / "plugins" / "profile", _session_name(originals))
+    removable = root if workdir is None else run_dir
+    files: list[Path] = []
+    events_left_out = 0
+    try:
+        for original, name in zip(originals, _link_names(originals)):
+            left_out = 0 if all_events else copy_without_unused_events(original, run_dir / name)
+            if not left_out:
+                link_or_copy(original, run_dir / name)
+            events_left_out += left_out
+            files.append(run_dir / name)
+    except OSError as error:
+        shutil.rmtree(removable, ignore_errors=True)
+        raise ProfileError(f"cannot set up the private copy in {run_dir}: {error}") from error
+    return PrivateCopy(run_dir, files, events_left_out, str(removable))
+
+
+def _session_name(paths: Sequence[Path]) -> str:
+    parents = {path.parent.name for path in paths}
+    name = parents.pop() if len(parents) == 1 else "session"
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name) or "session"
+
+
+def _make_session_dir(profile_root: Path, name: str) -> Path:
+    profile_root.mkdir(parents=True, exist_ok=True)
+    for attempt in range(1000):
+        candidate = profile_root / (name if attempt == 0 else f"{name}-{attempt + 1}")
+        try:
+            candidate.mkdir()
+            return candidate
+        except FileExistsError:
+            continue
+    raise ProfileError(f"{profile_root}: cannot create a session folder named {name}*")
+
+
+def _link_names(paths: Sequence[Path]) -> list[str]:
+    """File names in the session folder: the originals' names, made unique, ending in .xplane.pb
+    (XProf only looks for that suffix; the stem becomes the host name)."""
+    names: list[str] = []
+    for path in paths:
+        name = path.name if path.name.endswith(XPLANE_SUFFIX) else path.name + XPLANE_SUFFIX
+        if name in names:
+            name = f"{path.parent.name}_{name}"
+        stem, suffix = name.removesuffix(XPLANE_SUFFIX), XPLANE_SUFFIX
+        counter = 2
+        while name in names:
+            name = f"{stem}_{counter}{suffix}"
+            counter += 1
+        names.append(name)
+    return names
+
+
+def link_or_copy(source: Path, target: Path) -> None:
+    try:
+        target.symlink_to(source)
+    except OSError:  # no symlinks here (some filesystems, Windows without privilege)
+        shutil.copyfile(source, target)
+
+
+def copy_without_unused_events(original: Path, target: Path) -> int:
+    """Events left out of the copy written to `target`; 0 where none were (nothing written: link the original).
+    A file the copy cannot walk goes to XProf as it is, to get XProf's own reason."""
+    try:
+        return slim.write_without_unused_events(original, target, host_events.unread_name_filter(xprof_version()))
+    except (ProfileError, OSError) as error:
+        log.debug("%s goes to XProf as it is: %s", original, error)
+        return 0
+
+
+def remove_private_copy(path: str, xprof_side_files: list[str], worker_folders: list[str]) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+    for folder in worker_folders:
+        shutil.rmtree(folder, ignore_errors=True)
+    for side_file in xprof_side_files:
+        with contextlib.suppress(OSError):
+            os.unlink(side_file)
+
+
+def xprof_side_files(run_dir: Path, names: Sequence[str]) -> list[str]:
+    """The fingerprint, owner and lock files LocalXprofClient keeps (under its cache folder) for a run folder holding
+    files of these names."""
+    links = [run_dir / name for name in names]
+    scopes = [[str(p) for p in links]] + ([[str(p)] for p in links] if len(links) > 1 else [])
+    files: list[str] = []
+    for paths in scopes:
+        with contextlib.suppress(Exception):  # best effort: private API of xprof_client
+            scope = xprof_api().client._compute_op_stats_scope(run_dir, paths)
+            lock = scope.owner_dir / f"{scope.run_dir_hash}.lock"
+            files += [str(scope.fp_file), str(scope.owner_file), str(lock)]
+    return files
+
+
+def extract_hlo_protos(run_dir: Path, files: Sequence[Path]) -> None:
+    """Puts XProf's `<module>.hlo_proto.pb` files in the run folder, extracted from copies of the files that hold
+    their metadata plane alone (`slim.write_metadata_plane`).
+
+    XProf's memory viewer reads each HLO module from those files, and where the folder has none it extracts them by
+    converting every file whole: one more parse of the profile. The modules are all on the metadata plane, so XProf's
+    own extraction from the copies takes milliseconds and writes the same modules (tests/test_xprof_views.py compares
+    the views both ways). Where a copy cannot be made, XProf extracts them from the files as before."""
+    if any(run_dir.glob("*.hlo_proto.pb")):
+        return
+    moved: list[Path] = []
+    try:
+        scratch = Path(tempfile.mkdtemp(prefix="xdiag-hlo-protos-", dir=run_dir.parent.parent))
+    except OSError as error:
+        log.debug("XProf extracts the HLO protos of %s itself: %s", run_dir, error)
+        return
+    try:
+        copies = [str(scratch / path.name) for path in files if slim.write_metadata_plane(path, scratch / path.name)]
+        if copies:
+            with quiet():
+                xprof_api().tool_names(copies)
+            for proto in scratch.glob("*.hlo_proto.pb"):  # same filesystem: each move is a rename
+                os.replace(proto, run_dir / proto.name)
+                moved.append(run_dir / proto.name)
+    except Exception as error:  # some of the modules would hide the rest from XProf: none, and it extracts
+        for proto in moved:
+            with contextlib.suppress(OSError):
+                proto.unlink()
+        log.debug("XProf extracts the HLO protos of %s itself: %s", run_dir, error)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
