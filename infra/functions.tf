@@ -24,7 +24,7 @@
 # columns, up to max_instances at once; the last host's delivery announces the session again and collect assembles
 # the session's tables from the summaries (the reduce), which the tool instances read. A session of more than
 # XDIAG_MAX_HOSTS (256) host files or a file over the per-file limit is FAILED with the reason at once; one whose hosts
-# cannot be summarised (TPU/GPU, PyTorch traces) and whose files are over XDIAG_MAX_PROFILE_GIB together (what the
+# cannot be summarised (PyTorch traces) and whose files are over XDIAG_MAX_PROFILE_GIB together (what the
 # reduce and each tool instance then map) is FAILED with the reason after its maps; never retried. Every delivery finishes inside its timeout_s, under the push subscriptions' 600 s ack deadline.
 
 locals {

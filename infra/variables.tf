@@ -108,7 +108,7 @@ variable "sweep_schedule" {
 }
 
 variable "max_profile_gib" {
-  description = "Sessions read whole, and many-host sessions whose hosts cannot be summarised (TPU/GPU, PyTorch traces), larger than this fail with the reason (XDIAG_MAX_PROFILE_GIB). Raise the memory of collect and run_tool with it (function_overrides)."
+  description = "Sessions read whole, and many-host sessions whose hosts cannot be summarised (PyTorch traces), larger than this fail with the reason (XDIAG_MAX_PROFILE_GIB); the XProf views of a summarised TPU/GPU session cover the hosts that fit under it, named. Raise the memory of collect and run_tool with it (function_overrides)."
   type        = number
   default     = 2
 }

@@ -1,10 +1,12 @@
 """Host summaries (issue 47): each host summarised where it is decoded, the session's tables assembled from the
 summaries, and every broad tool's answer from them the whole-session read's, on real two-process JAX CPU captures
-grown to more hosts by copying their real host files; the reduce and the tool instances never map a host's columns."""
+and the committed real TPU and GPU captures, grown to more hosts by copying their real host files; the reduce and
+the tool instances never map a host's columns."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ from xdiag.pipeline.topics import ANALYSES
 from xdiag.profile.session import read_session
 from xdiag.tools import BROAD_TOOLS, run_tool
 from xdiag.tools import host_summary
+from xdiag.analysis.xprof.session_views import views
 
 from tests.test_host_maps import Pipeline
 from tests.test_hosts_map import _hosts, _pod
@@ -68,14 +71,66 @@ def test_a_summary_is_sized_by_the_tables_not_by_the_events(lockstep, tmp_path):
         assert len(host_summary.encode(summary)) < path.stat().st_size / 10
 
 
-def test_a_gpu_host_is_read_from_its_columns_and_the_summary_says_why(h200_profiles, tmp_path):
+PROFILES = Path(__file__).parent / "profiles"
+DEVICE_PODS = {
+    # copies of one real capture as hosts, each pod exercising what only a device session has
+    "tpu_async_copies": ["tpu_v5e/host_offload"] * 3,  # copy-start/copy-done pairs: transfer spans
+    "tpu_data_formatting": ["tpu_v5e/layout_transpose"] * 2,  # the profile's own 'data formatting' category
+    "tpu_training": ["tpu_v5e/gpt_train"] * 4,
+    "gpu_kernels": ["h200/healthy"] * 3,  # GPU kernel statistics per stream
+    # different real captures as the hosts of one session: programs, steps and allocators differ host to host
+    "tpu_mixed": ["tpu_v5e/healthy", "tpu_v5e/host_offload", "tpu_v5e/host_offload", "tpu_v5e/int8_matmul"],
+}
+
+
+def _device_pod(folder: Path, captures: list[str]) -> list[Path]:
+    folder.mkdir()
+    for k, capture in enumerate(captures):
+        shutil.copyfile(PROFILES / f"{capture}.xplane.pb", folder / f"{Path(capture).name}_host{k:03d}.xplane.pb")
+    return _hosts(folder)
+
+
+@pytest.mark.parametrize("pod", sorted(DEVICE_PODS))
+def test_every_broad_tool_answers_from_a_device_sessions_summaries_what_it_answers_from_the_whole_session(
+        pod, tmp_path):
+    """TPU and GPU sessions are summarised as CPU ones are: every broad tool's answer from the summaries is the
+    whole-session read's. XProf's views read the xplane files either way; both sessions get the one conversion of
+    them (the converters order tied rows differently from one run to the next)."""
+    paths = _device_pod(tmp_path / "pod", DEVICE_PODS[pod])
+    whole = read_session(paths, by_host=False)
+    _, summaries = _summaries(paths)
+    assert not any(summary.get("not_summarized") for summary in summaries)
+    summarized = host_summary.summary_session(host_summary.assemble(summaries), whole.name)
+    summarized.cache["xprof_views"] = views(whole)
+    try:
+        answers = {tool: (_answer(run_tool(whole, tool)), _answer(run_tool(summarized, tool))) for tool in BROAD_TOOLS}
+    finally:
+        whole.close()
+    assert [tool for tool, (one, other) in answers.items() if one != other] == []
+    assert run_tool(summarized, "get_hosts").ok
+    if pod == "tpu_async_copies":
+        assert json.loads(answers["get_hlo_op_profile"][1])[2]["async_copies"]["copies"] > 0
+    if pod.startswith("gpu"):
+        assert json.loads(answers["get_kernel_stats"][1])[0] == "ok"
+
+
+def test_device_hosts_that_ran_different_programs_of_one_name_are_read_from_their_columns(tmp_path):
+    """Two real TPU captures whose training programs share a name but not an id: the whole-session read looks the
+    profile's op costs up by program name across hosts, so the summaries refuse, saying why, rather than differ."""
+    paths = _device_pod(tmp_path / "pod", ["tpu_v5e/healthy", "tpu_v5e/memory_bound"])
+    _, summaries = _summaries(paths)
+    with pytest.raises(host_summary.NotSummarized, match="different programs named jit_train_step"):
+        host_summary.assemble(summaries)
+
+
+def test_a_pytorch_trace_is_read_from_its_columns_and_the_summary_says_why(tmp_path):
     paths = []
-    for name in ("healthy", "host_sync"):
-        paths.append(tmp_path / f"{name}.xplane.pb")
-        paths[-1].write_bytes(h200_profiles[name].read_bytes())
+    for rank in sorted((PROFILES / "torch_ranks" / "straggler").glob("*.pt.trace.json.gz")):
+        paths.append(tmp_path / rank.name)
+        shutil.copyfile(rank, paths[-1])
     session, summaries = _summaries(paths)
-    assert all("GPU session" in summary["not_summarized"] for summary in summaries)
-    with pytest.raises(host_summary.NotSummarized, match="XProf's converters read its xplane files"):
+    assert all("PyTorch trace" in summary["not_summarized"] for summary in summaries)
+    with pytest.raises(host_summary.NotSummarized, match="each kernel's FLOPs are shared out"):
         host_summary.assemble(summaries)
     assert "op_stats" not in session.cache  # the tools build their tables from the mapped columns, as before
 
@@ -124,15 +179,15 @@ def test_a_summarised_session_is_bound_by_its_host_files_not_by_its_size(lockste
     assert events.ok and events.summary["hosts_covered"] == covered and events.summary["hosts_in_session"] == 6
 
 
-def test_a_session_that_cannot_be_summarised_keeps_the_session_limit_and_says_why(h200_profiles, tmp_path):
+def test_a_session_that_cannot_be_summarised_keeps_the_session_limit_and_says_why(tmp_path):
     pipeline = _pipeline(tmp_path, max_bytes=100_000)
     pipeline.folder.mkdir()
-    for name in ("healthy", "host_sync"):
-        (pipeline.folder / f"{name}.xplane.pb").write_bytes(h200_profiles[name].read_bytes())
+    for rank in sorted((PROFILES / "torch_ranks" / "straggler").glob("*.pt.trace.json.gz")):
+        shutil.copyfile(rank, pipeline.folder / rank.name)
     analysis = pipeline.announce()
     assert analysis["status"] == "FAILED"
     assert "over the 97.7 KiB limit per session" in analysis["failure_reason"]
-    assert "a GPU session: XProf's converters read its xplane files" in analysis["failure_reason"]
+    assert "a PyTorch trace: each kernel's FLOPs are shared out" in analysis["failure_reason"]
 
 
 def test_the_straggler_among_128_hosts_is_named_from_the_summaries(lockstep, tmp_path):
@@ -146,3 +201,28 @@ def test_the_straggler_among_128_hosts_is_named_from_the_summaries(lockstep, tmp
     assert hosts.summary["hosts"] == 128 and hosts.summary["straggler"].endswith("process1")
     assert hosts.summary["straggler_cause"] == "host_other"
     assert [session.hosts[k].hostname for k in host_summary.hosts_that_matter(session)][0].endswith("process1")
+
+
+@pytest.mark.parametrize("max_bytes", [400_000, 10**9])
+def test_xprofs_views_of_a_device_session_over_the_limit_cover_a_named_subset_of_its_hosts(max_bytes, tmp_path):
+    """Four hosts of a real TPU capture in the pipeline: under the session limit XProf's views read every host's
+    file and say nothing of hosts; over it they are built for the hosts that matter that fit under it, and each
+    view's answer names them, instead of the session failing."""
+    pipeline = _pipeline(tmp_path, max_bytes=max_bytes)
+    paths = _device_pod(pipeline.folder, ["tpu_v5e/healthy"] * 4)
+    assert sum(path.stat().st_size for path in paths) > 400_000
+    analysis = pipeline.announce()
+    assert analysis["status"] == "DONE", analysis.get("failure_reason")
+    stored = pipeline.state.get(ANALYSES, analysis["analysis_id"])
+    assert stored["tools"]["get_xprof_overview"]["status"] == "ok"
+    session = pipeline.deps.sessions.load([pipeline.blobs.stat(i["uri"]) for i in analysis["inputs"]],
+                                          "pod-session", analysis["output_uri"])
+    names = [host.hostname for host in session.hosts]
+    answer = views(session).overview()
+    overview = json.dumps(run_tool(session, "get_xprof_overview").detail)
+    if max_bytes > sum(path.stat().st_size for path in paths):
+        assert "hosts_covered" not in answer and "hosts_covered" not in overview
+    else:
+        assert answer["hosts_in_session"] == 4
+        assert answer["hosts_covered"] == [names[k] for k in host_summary.hosts_that_matter(session)]
+        assert '"hosts_covered"' in overview

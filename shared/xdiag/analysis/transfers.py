@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from xdiag.analysis.op_table import op_table
+from xdiag.analysis.session_cache import cached
 from xdiag.cost.hlo import shape_bytes
 from xdiag.profile.space import NO_VALUE, Session
 
@@ -21,12 +22,13 @@ def transfer_spans(session: Session) -> dict | None:
     Returns: copies, gb_per_copy, span_ms_mean (copy-start to copy-done end), link_gb_per_s (median),
     link_rate_samples, copies_in_flight_max, directions {to_device, from_device: copies}; None without pairs. Cached
     (a session assembled from host summaries carries it: xdiag.tools.host_summary)."""
-    if "transfer_spans" not in session.cache:
-        session.cache["transfer_spans"] = _transfer_spans(session)
-    return session.cache["transfer_spans"]
+    return cached(session, "transfer_spans", lambda: combined_transfer_spans([transfer_pairs(session)]))
 
 
-def _transfer_spans(session: Session) -> dict | None:
+def transfer_pairs(session: Session) -> dict | None:
+    """The session's paired copies as transfer_spans measures them, before they are summed up: copies, bytes,
+    directions, each copy's span (ms) and each measured link rate (GB/s), most copies in flight on one device; None
+    without pairs. Pairs never span devices, so hosts' pairs combine (combined_transfer_spans) into the session's."""
     ops = op_table(session)
     if not len(ops):
         return None
@@ -77,12 +79,25 @@ def _transfer_spans(session: Session) -> dict | None:
         for _, step in sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans]):
             level += step
             in_flight = max(in_flight, level)
+    return {"copies": copies, "bytes": total_bytes, "spans_ms": spans_ms, "rates": rates, "in_flight": in_flight,
+            "directions": directions}
+
+
+def combined_transfer_spans(parts: list[dict | None]) -> dict | None:
+    """transfer_spans of the pairs of several hosts (transfer_pairs of each; None where a host has none)."""
+    parts = [part for part in parts if part is not None]
+    if not parts:
+        return None
+    copies = sum(part["copies"] for part in parts)
+    spans_ms = [span for part in parts for span in part["spans_ms"]]
+    rates = [rate for part in parts for rate in part["rates"]]
     return {
         "copies": copies,
-        "gb_per_copy": round(total_bytes / copies / 1e9, 3),
+        "gb_per_copy": round(sum(part["bytes"] for part in parts) / copies / 1e9, 3),
         "span_ms_mean": round(float(np.mean(spans_ms)), 3),
         "link_gb_per_s": round(float(np.median(rates)), 2) if rates else None,
         "link_rate_samples": len(rates),
-        "copies_in_flight_max": in_flight,
-        "directions": directions,
+        "copies_in_flight_max": max(part["in_flight"] for part in parts),
+        "directions": {direction: sum(part["directions"][direction] for part in parts)
+                       for direction in parts[0]["directions"]},
     }

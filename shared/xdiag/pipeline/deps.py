@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import json
 import logging
+import os
 import tempfile
 import threading
 import time
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from xdiag.analysis import prepared as prepared_tables
-from xdiag.analysis.xprof import start_views
+from xdiag.analysis.xprof import XPROF_VIEWS_ENV, start_views
 from xdiag.analysis.xprof.session_views import adopt_stored_views, adopt_views, broad_view_calls, prefetch_views
 from xdiag.errors import ProfileError
 from xdiag.investigators import HealthSnapshot, RuleEngine
@@ -217,8 +218,10 @@ class SessionLoader:
                                       else (None, ""))
                 if assembled is not None and not events:  # the reduce and the broad tools: no host's columns
                     session = host_summary.summary_session(assembled, name)
+                    self._adopt_host_views(session, key, prepared)
                 elif assembled is not None:  # the follow-ups: the events of the hosts that matter, mapped
                     session = host_summary.summary_session(assembled, name)
+                    self._adopt_host_views(session, key, prepared)
                     for position in host_summary.hosts_that_matter(session):
                         loaded = load_session(Path(self._blobs.local_path(prepared_host_uri(output, key[position]))))
                         host_summary.take_events(session, position, loaded)
@@ -269,6 +272,44 @@ class SessionLoader:
             if self._prefetch_views:
                 prefetch_views(session)
         return self._sessions[cached]
+
+    def _adopt_host_views(self, session: Session, key: tuple[BlobInfo, ...], prepared: str) -> None:
+        """XProf's views of a device session assembled from its hosts' summaries: of every host where the files fit
+        the session limit together, else of the hosts that matter that fit, each view naming the hosts it covers
+        (xdiag.analysis.xprof.host_subset). Recorded once beside the session (by the reduce, the first to load it),
+        answered from the record by each tool instance, which fetches the files only for a view not recorded."""
+        from xdiag.analysis.xprof import XprofViews
+        from xdiag.analysis.xprof.host_subset import HostSubsetViews, NoHostViews, hosts_for_views
+        from xdiag.analysis.xprof.stored import StoredViews
+
+        if session.platform == "CPU" or os.environ.get(XPROF_VIEWS_ENV, "1") == "0":
+            return
+        chosen = hosts_for_views([info.size for info in key], host_summary.hosts_that_matter(session),
+                                 self._max_bytes)
+        if not chosen:
+            session.cache["xprof_views"] = NoHostViews(
+                f"XProf's views read the xplane files, and each host that matters is over the "
+                f"{readable_size(self._max_bytes)} limit per session (XDIAG_MAX_PROFILE_GIB) on its own")
+            return
+
+        def local_files() -> list[Path]:  # XProf's converters read the chosen hosts' xplane files: our copies
+            for position in chosen:
+                info = key[position]
+                session.hosts[position].path = Path(self._blobs.local_path(info.uri, info.generation))
+            return [session.hosts[position].path for position in chosen]
+
+        def covering(views: Any) -> Any:
+            if len(chosen) == len(key):
+                return views
+            return HostSubsetViews(views, [session.hosts[k].hostname for k in chosen], len(key))
+
+        views_uri = _views_uri(prepared)
+        stored = self._recorded_views(views_uri)
+        if stored is not None:
+            session.cache["xprof_views"] = covering(StoredViews(stored, local_files))
+            return
+        session.cache["xprof_views"] = covering(XprofViews(local_files()))
+        self._store_views(session, session.cache["xprof_views"], views_uri)
 
     def _store_prepared(self, session: Session, prepared_uri: str, views: Any = None) -> None:
         """The decoded session with its shared tables, and first the record of `views` (XProf's views of a device

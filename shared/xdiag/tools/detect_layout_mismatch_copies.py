@@ -7,6 +7,7 @@ from math import prod
 import numpy as np
 
 from xdiag.analysis.op_table import op_table, profile_op_costs
+from xdiag.analysis.session_cache import cached
 from xdiag.cost.hlo import shape_bytes
 from xdiag.profile.space import HloInstruction, Session
 from xdiag.tools.hlo_checks import STRUCTURAL_OPCODES, ExecutedInstruction, detect
@@ -52,14 +53,27 @@ def detect_layout_mismatch_copies(session: Session) -> ToolOutput:
 def _xprof_data_formatting_percent(session: Session) -> float | None:
     """Share of device op time in ops the profile's own cost model files as 'data formatting' (TPU); None where
     the profile records no op categories."""
-    costs = profile_op_costs(session)
-    if not costs:
-        return None
+    found = cached(session, "data_formatting", lambda: combined_data_formatting([data_formatting_ps(session)]))
+    return round(100 * found[0] / found[1], 2) if found is not None and found[1] else None
+
+
+def data_formatting_ps(session: Session) -> dict:
+    """Device op time in ops the profile's cost model files as 'data formatting', of all device op time, and whether
+    the profile records op categories at all: what the share is of, per host (combined_data_formatting)."""
     ops = op_table(session)
+    costs = profile_op_costs(session)
     per_op = np.bincount(ops.op, weights=ops.duration_ps.astype(float), minlength=len(ops.op_keys))
     formatting = sum(ps for (module, _, name, *_), ps in zip(ops.op_keys, per_op)
                      if costs.get((module, name), {}).get("hlo_category") == "data formatting")
-    return round(100 * formatting / per_op.sum(), 2) if per_op.sum() else None
+    return {"costed": bool(costs), "formatting_ps": float(formatting), "op_ps": float(per_op.sum())}
+
+
+def combined_data_formatting(parts: list[dict]) -> tuple[float, float] | None:
+    """(data-formatting op time, all op time) of several hosts' data_formatting_ps (integral picoseconds, so their
+    sums are exact); None where no host records op categories."""
+    if not any(part["costed"] for part in parts):
+        return None
+    return sum(part["formatting_ps"] for part in parts), sum(part["op_ps"] for part in parts)
 
 
 def _is_convolution(ins: HloInstruction, module) -> bool:

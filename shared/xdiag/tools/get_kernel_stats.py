@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from xdiag.analysis.session_cache import cached
 from xdiag.analysis.xprof.session_views import try_view
 from xdiag.errors import NotAvailable
 from xdiag.profile.space import Session
@@ -23,29 +24,8 @@ def get_kernel_stats(session: Session, top_n: int = 20) -> ToolOutput:
     registers_per_thread, shared_memory_bytes, occupancy_percent, grid, block, tensor_core where known], xprof."""
     if session.platform != "GPU":
         raise NotAvailable(f"kernel statistics exist only for GPU profiles; this is a {session.platform} profile")
-    per_name: dict[str, dict] = {}
-    for plane in session.host_by_host(session.device_planes(with_events=True)):
-        for line in plane.lines:
-            if not line.name.startswith("Stream"):
-                continue
-            hlo_op = line.strings.get("hlo_op")
-            details = line.strings.get("kernel_details")
-            uniq, inverse = np.unique(line.metadata_id, return_inverse=True)
-            totals = np.bincount(inverse, weights=line.duration_ps.astype(float))
-            counts = np.bincount(inverse)
-            first = np.full(len(uniq), -1)
-            first[inverse[::-1]] = np.arange(len(inverse))[::-1]
-            for k, mid in enumerate(uniq):
-                name = plane.event_names.get(int(mid), "")
-                if name.startswith(("Memcpy", "Memset")):
-                    continue
-                row = per_name.setdefault(name, {"kernel": name, "launches": 0, "total_ps": 0.0})
-                row["launches"] += int(counts[k])
-                row["total_ps"] += float(totals[k])
-                if hlo_op is not None and hlo_op[first[k]] >= 0:
-                    row["hlo_op"] = plane.string(int(hlo_op[first[k]]))
-                if details is not None and details[first[k]] >= 0:
-                    row["kernel_details"] = plane.string(int(details[first[k]]))[:200]
+    table = cached(session, "kernel_table", lambda: combined_kernel_table([kernel_table(session)]))
+    per_name = {row["kernel"]: dict(row) for row in table}
     if not per_name:
         raise NotAvailable("the GPU device planes hold no kernel events (only memory copies or nothing)")
     rows = sorted(per_name.values(), key=lambda r: -r["total_ps"])
@@ -70,6 +50,48 @@ def get_kernel_stats(session: Session, top_n: int = 20) -> ToolOutput:
     detail: dict = {"kernels": rows[: max(top_n, 1)]}
     detail["xprof"] = view if view is not None else {"available": False, "reason": reason}
     return ToolOutput(summary, detail, "GPU device planes")
+
+
+def kernel_table(session: Session) -> list[dict]:
+    """The kernels of the session's GPU device planes in the order first launched: launches, total_ps, and the
+    launching XLA op and launch details of the first launch on the last line that records them (per host, then combined:
+    combined_kernel_table)."""
+    per_name: dict[str, dict] = {}
+    for plane in session.host_by_host(session.device_planes(with_events=True)):
+        for line in plane.lines:
+            if not line.name.startswith("Stream"):
+                continue
+            hlo_op = line.strings.get("hlo_op")
+            details = line.strings.get("kernel_details")
+            uniq, inverse = np.unique(line.metadata_id, return_inverse=True)
+            totals = np.bincount(inverse, weights=line.duration_ps.astype(float))
+            counts = np.bincount(inverse)
+            first = np.full(len(uniq), -1)
+            first[inverse[::-1]] = np.arange(len(inverse))[::-1]
+            for k, mid in enumerate(uniq):
+                name = plane.event_names.get(int(mid), "")
+                if name.startswith(("Memcpy", "Memset")):
+                    continue
+                row = per_name.setdefault(name, {"kernel": name, "launches": 0, "total_ps": 0.0})
+                row["launches"] += int(counts[k])
+                row["total_ps"] += float(totals[k])
+                if hlo_op is not None and hlo_op[first[k]] >= 0:
+                    row["hlo_op"] = plane.string(int(hlo_op[first[k]]))
+                if details is not None and details[first[k]] >= 0:
+                    row["kernel_details"] = plane.string(int(details[first[k]]))[:200]
+    return list(per_name.values())
+
+
+def combined_kernel_table(tables: list[list[dict]]) -> list[dict]:
+    """kernel_table of several hosts (in the session's order), as kernel_table reads them together."""
+    per_name: dict[str, dict] = {}
+    for rows in tables:
+        for row in rows:
+            into = per_name.setdefault(row["kernel"], {"kernel": row["kernel"], "launches": 0, "total_ps": 0.0})
+            into["launches"] += row["launches"]
+            into["total_ps"] += row["total_ps"]
+            into.update({key: row[key] for key in ("hlo_op", "kernel_details") if key in row})
+    return list(per_name.values())
 
 
 _DETAIL_FIELDS = {"regs": "registers_per_thread", "shm": "shared_memory_bytes", "group_mem": "shared_memory_bytes",

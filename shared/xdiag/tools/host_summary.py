@@ -6,16 +6,18 @@ A summary is built in the map stage from the one host it decoded (`summarize_hos
 executions per kernel, HLO cost, per program), the steps and their rows per timeline, the per-device rows and duty
 cycles, every collective execution with the key of its instance (for the arrivals across hosts), the host's
 warm-up calls and largest blocking wait, its allocator totals, op executions per device, its profile bounds, the
-host's planes (names, stats, line names and event counts, no events), its HLO modules. Times are the host's own,
+host's planes (names, stats, line names and event counts, no events), its HLO modules; on device platforms also
+its async-copy pairs (spans and link rates), its op time in the profile's 'data formatting' category and, on GPU,
+its kernels (launches, time, launching op). Times are the host's own,
 from its earliest line (`origin_ns`); host names are a placeholder until the reduce knows whether two hosts share a
 name. `assemble` combines summaries in the session's file order into the tables the whole-session read builds,
 value for value, and `adopt` puts them in a session's cache, where the tools find them; `summary_session` is a
 session of the hosts' planes without their events (a column read from it raises `ColumnsNotInSummary`).
 
 Where the combination would not be the whole-session read's, `assemble` says why (`NotSummarized`) and the caller
-reads the columns as before: device platforms (XProf's converters read the xplane files, and the profile's own
-cost model and async-copy pairing span hosts), PyTorch traces (a kernel's FLOPs are shared out over every host's
-launches), and sessions whose hosts found their steps in different ways.
+reads the columns as before: PyTorch traces (a kernel's FLOPs are shared out over every host's launches), and
+sessions whose hosts found their steps in different ways. XProf's own views are not in the summaries: they read
+the xplane files, of every host or of the subset a many-host session names (xdiag.analysis.xprof.host_subset).
 """
 
 from __future__ import annotations
@@ -35,23 +37,25 @@ from xdiag.analysis.op_table import device_op_counts, op_table
 from xdiag.analysis.prepared import _as_columns, _from_columns, _typed, _untyped
 from xdiag.analysis.steps import Step, StepSet, profile_window_ps, step_set
 from xdiag.analysis.stragglers import arrivals_of, collective_arrivals, collective_records, straggler
-from xdiag.analysis.transfers import transfer_spans
+from xdiag.analysis.transfers import combined_transfer_spans, transfer_pairs
 from xdiag.errors import XdiagError
 from xdiag.profile.compact import _plain, module_from_record, module_record
 from xdiag.profile.reader import assemble_session
-from xdiag.profile.space import NO_VALUE, HloModule, HostProfile, Line, Plane, Session
+from xdiag.profile.space import NO_VALUE, HloModule, HostProfile, Line, Plane, Session, platform_of
 from xdiag.profile.trace_json import KINETO, trace_format
+from xdiag.tools.detect_layout_mismatch_copies import combined_data_formatting, data_formatting_ps
 from xdiag.tools.get_device_information import FRAMEWORK_MARKS
+from xdiag.tools.get_kernel_stats import combined_kernel_table, kernel_table
 from xdiag.tools.get_memory_profile import allocator_totals
 from xdiag.tools.get_step_trace import host_calls
 from xdiag.analysis.op_stats import OpStat, _names_with_several_programs, op_stats
 
-FORMAT = 1
+FORMAT = 2
 HOST = "@@xdiag-host@@"
 """The host's name in its summary until the reduce names it (two hosts may have recorded the same name)."""
 SUFFIX = ".summary.json.gz"
 CACHED = ("op_stats", "step_set", "step_rows", "device_rows", "duty_cycles", "bounds", "collective_arrivals",
-          "host_calls", "allocator_totals", "device_op_counts", "transfer_spans")
+          "host_calls", "allocator_totals", "device_op_counts", "transfer_spans", "data_formatting", "kernel_table")
 """The session's cache entries a summary provides: every table the broad tools build from columns."""
 
 
@@ -104,18 +108,16 @@ def summarize_host(host: HostProfile, modules: list[HloModule]) -> dict[str, Any
         "sync_waits": [list(wait) for wait in waits],
         "allocator_totals": allocator_totals(session),
         "device_op_counts": device_op_counts(session),
+        "transfer_pairs": transfer_pairs(session),
+        "data_formatting": data_formatting_ps(session),
+        "kernel_table": kernel_table(session),
     })
     return out
 
 
 def _not_summarized(session: Session) -> str | None:
-    if session.platform != "CPU":
-        return (f"a {session.platform} session: XProf's converters read its xplane files, and the profile's cost model "
-                "and async-copy pairing are read across its hosts")
     if trace_format(session) == KINETO:
         return "a PyTorch trace: each kernel's FLOPs are shared out over the launches of every host"
-    if transfer_spans(session) is not None:
-        return "its async copies are paired across the session's ops"
     return None
 
 
@@ -166,7 +168,7 @@ def assemble(summaries: Iterable[dict[str, Any]]) -> dict[str, Any]:
     """The session's tables from its hosts' summaries (in the session's file order), as the whole-session read
     builds them: a JSON document `adopt` and `summary_session` read. NotSummarized where they would differ. The
     summaries are taken one at a time: of each, its tables and planes are kept, and its HLO modules not seen yet."""
-    named, stored, modules = [], [], {}
+    named, stored, modules, programs = [], [], {}, []
     for s in summaries:
         if s.get("not_summarized"):
             raise NotSummarized(f"{s['file']}: {s['not_summarized']}")
@@ -175,7 +177,9 @@ def assemble(summaries: Iterable[dict[str, Any]]) -> dict[str, Any]:
         named.append({key: s[key] for key in ("hostname", "file", "size_bytes", "errors", "warnings", "planes",
                                                "origin_ns")})
         stored.append(s["tables"])
+        programs.append({})
         for module in s["modules"]:
+            programs[-1].setdefault(module["name"], set()).add(module["program_id"])
             modules.setdefault((module["name"], module["program_id"]), (len(named) - 1, module))
     counts: dict[str, int] = {}
     for host in named:
@@ -201,6 +205,7 @@ def assemble(summaries: Iterable[dict[str, Any]]) -> dict[str, Any]:
         raise NotSummarized("some hosts mark their steps with annotations and others do not")
     if "whole profile" in sources and len(tables) > 1:
         raise NotSummarized("a host has no steps: the whole-session read spans its window with the others' steps")
+    _same_programs(named, programs)
     keep = by_name
 
     steps = _joined([long[k]["steps"] for k in keep], [shifts[k] for k in keep])
@@ -256,8 +261,26 @@ def assemble(summaries: Iterable[dict[str, Any]]) -> dict[str, Any]:
                                  "events": sum(t["events"] for t in totals)} if totals else None,
             "device_op_counts": dict(sorted((device, count) for t in tables
                                             for device, count in t["device_op_counts"].items())),
+            "transfer_spans": combined_transfer_spans([t["transfer_pairs"] for t in tables]),
+            "data_formatting": combined_data_formatting([t["data_formatting"] for t in tables]),
+            "kernel_table": combined_kernel_table([t["kernel_table"] for t in tables]),
         }),
     }
+
+
+def _same_programs(hosts: list[dict[str, Any]], programs: list[dict[str, set[int]]]) -> None:
+    """NotSummarized where, on a device platform, hosts ran different programs of one name: the whole-session read
+    looks the profile's cost model and the async-copy pairs up by program name across hosts, a host's summary
+    within the host (the hosts of a pod run the same programs, of the same ids, everywhere)."""
+    if platform_of(plane["name"] for host in hosts for plane in host["planes"]) == "CPU":
+        return
+    seen: dict[str, set[int]] = {}
+    for ids_by_name in programs:
+        for name, ids in ids_by_name.items():
+            if seen.setdefault(name, ids) != ids:
+                raise NotSummarized(f"hosts ran different programs named {name} (program ids {sorted(seen[name])} "
+                                    f"and {sorted(ids)}): the whole-session read looks the profile's op costs and "
+                                    "async copies up by program name across hosts")
 
 
 def _joined(parts: list[dict[str, Any]], shifts: list[int] | None = None) -> dict[str, Any]:
@@ -340,7 +363,9 @@ def adopt(session: Session, assembled: dict[str, Any]) -> None:
         "host_calls": (_rows(tables["warm_up_calls"], WarmUpCall), [tuple(wait) for wait in tables["sync_waits"]]),
         "allocator_totals": tables["allocator_totals"],
         "device_op_counts": tables["device_op_counts"],
-        "transfer_spans": None,
+        "transfer_spans": tables["transfer_spans"],
+        "data_formatting": None if tables["data_formatting"] is None else tuple(tables["data_formatting"]),
+        "kernel_table": tables["kernel_table"],
     })
 
 
