@@ -4,7 +4,6 @@ session folder's host files as they are now."""
 
 from __future__ import annotations
 
-
 from xdiag.errors import InvalidRequest
 from xdiag.model import Analysis, ReportReady, Status, utc_now
 from xdiag.pipeline.deps import Dependencies
@@ -23,15 +22,18 @@ from xdiag.profile.space import Session
 
 
 def join_uri(prefix: str, name: str) -> str:
+    """`name` inside the folder `prefix` (with or without its trailing slash)."""
     return prefix.rstrip("/") + "/" + name
 
 
 def load_analysis(deps: Dependencies, analysis_id: str) -> Analysis | None:
+    """The analysis' record, or None where none was recorded."""
     doc = deps.state.get(ANALYSES, analysis_id)
     return Analysis.model_validate(doc) if doc else None
 
 
 def save_analysis(deps: Dependencies, analysis: Analysis) -> None:
+    """Writes the record; a finished, failed or superseded analysis leaves the active ones."""
     analysis.updated_at = utc_now()
     deps.state.set(ANALYSES, analysis.analysis_id, analysis.model_dump(mode="json"))
     if analysis.status in TERMINAL:
@@ -53,10 +55,12 @@ def live_files(deps: Dependencies, root: str, run_folder: str, session: str) -> 
 
 
 def analysis_inputs(analysis: Analysis) -> list[BlobInfo]:
+    """The exact file versions the analysis covers."""
     return [recorded_input(i) for i in analysis.inputs]
 
 
 def work_folder(analysis: Analysis) -> str:
+    """The analysis' own folder (its tools' results, its report), or the output folder where it has none."""
     return analysis.work_uri or analysis.output_uri
 
 
@@ -68,7 +72,8 @@ def is_current(deps: Dependencies, analysis: Analysis) -> bool:
         return False
     session = deps.state.get(sessions_collection(analysis.run_id), state_key(analysis.session_id)) or {}
     newer = session.get("analysis_id")
-    if not newer or newer == analysis.analysis_id or session.get("inputs_key") in (None, inputs_key(analysis_inputs(analysis))):
+    if (not newer or newer == analysis.analysis_id
+            or session.get("inputs_key") in (None, inputs_key(analysis_inputs(analysis)))):
         return True
     if analysis.status not in TERMINAL:
         analysis.status, analysis.superseded_by = "SUPERSEDED", newer

@@ -79,7 +79,8 @@ def investigate(message: InvestigationReady, deps: Dependencies) -> None:
         started = time.perf_counter()
         results = load_results(deps, analysis)
         health = health_snapshot(results)
-        follow_ups = FollowUps(deps, analysis, analysis_session(deps, analysis, events=True), deps.investigation_deadline_s)
+        follow_ups = FollowUps(deps, analysis, analysis_session(deps, analysis, events=True),
+                               deps.investigation_deadline_s)
         chosen = analysis.investigator if analysis.investigator in deps.investigators else "rules"
         investigator = deps.investigators[chosen]()
         diagnosis = checked_verdict(investigator.investigate(health, results, follow_ups), health, results)

@@ -17,7 +17,8 @@ from xdiag.pipeline.topics import CLAIMS, TOPIC_CAPTURES, host_maps_collection
 
 def input_of(analysis: Analysis, message: HostMapRun) -> BlobInfo | None:
     """The analysis' input a map run names (that URI at that generation), or None."""
-    return next((i for i in analysis_inputs(analysis) if (i.uri, i.generation) == (message.uri, message.generation)), None)
+    return next((i for i in analysis_inputs(analysis)
+                 if (i.uri, i.generation) == (message.uri, message.generation)), None)
 
 
 def map_host(message: HostMapRun, deps: Dependencies) -> None:

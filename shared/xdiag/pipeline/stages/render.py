@@ -55,7 +55,8 @@ def render(message: ReportReady, deps: Dependencies) -> None:
         if folder == beside and not is_current(deps, analysis):
             return  # superseded meanwhile: the session's report is the newer analysis'
         deps.blobs.put(join_uri(folder, "summary.html"), html.encode(), "text/html; charset=utf-8")
-        deps.blobs.put(join_uri(folder, "analysis.json"), analysis.model_dump_json(indent=2).encode(), "application/json")
+        deps.blobs.put(join_uri(folder, "analysis.json"), analysis.model_dump_json(indent=2).encode(),
+                       "application/json")
     save_analysis(deps, analysis)
     deps.on_event("render", {"report": analysis.report_uri, "status": analysis.status})
 

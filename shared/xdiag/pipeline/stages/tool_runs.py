@@ -16,6 +16,7 @@ from xdiag.tools import run_tool as execute_tool
 
 
 def store_result(deps: Dependencies, analysis: Analysis, result: ToolResult, name: str) -> str:
+    """A tool's full result as tools/<name>.json in the analysis' own folder; returns its URI."""
     uri = join_uri(work_folder(analysis), f"tools/{name}.json")
     deps.blobs.put(uri, result.model_dump_json(indent=2).encode(), "application/json")
     return uri
