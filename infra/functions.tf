@@ -218,7 +218,7 @@ locals {
   # The functions that call the workloads' profiler servers (gRPC): through var.vpc_connector where one is set.
   target_callers = ["capture", "control_plane"]
 
-  # What every function reads (xdiag.cloud.CloudConfig, xdiag.investigators.gemini.GeminiConfig). No emulator
+  # What every function reads (xdiag.cloud.CloudConfig, xdiag.investigators.gemini.config.GeminiConfig). No emulator
   # variable: their absence is what points the clients at the real services.
   common_env = {
     GOOGLE_CLOUD_PROJECT = var.project

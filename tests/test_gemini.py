@@ -20,15 +20,9 @@ import pytest
 from markupsafe import escape as _escape
 from xdiag.cloud.embedded import analyze_session, build_embedded
 from xdiag.investigators import MAX_FOLLOW_UP_CALLS, health_snapshot
-from xdiag.investigators.gemini import (
-    FALLBACK_NOTE,
-    PROMPT_VERSION,
-    GeminiConfig,
-    GeminiInvestigator,
-    gemini_factory,
-    investigators_from_env,
-    load_prompt,
-)
+from xdiag.investigators.gemini import FALLBACK_NOTE, GeminiInvestigator, gemini_factory, investigators_from_env
+from xdiag.investigators.gemini.config import GeminiConfig
+from xdiag.investigators.gemini.messages import PROMPT_VERSION, load_prompt
 from xdiag.model import Analysis, ToolResult
 from xdiag.profile.locate import locate_session
 from xdiag.tools import BROAD_TOOLS, FOLLOW_UP_TOOLS, REGISTRY

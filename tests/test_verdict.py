@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 from xdiag.cloud.embedded import analyze_session, build_embedded
 from xdiag.investigators import RuleEngine, checked_verdict, health_snapshot
-from xdiag.investigators.gemini import FALLBACK_NOTE, GeminiConfig, GeminiInvestigator
+from xdiag.investigators.gemini import FALLBACK_NOTE, GeminiInvestigator
+from xdiag.investigators.gemini.config import GeminiConfig
 from xdiag.model import Diagnosis, Status, ToolResult, ToolStatus
 from xdiag.profile.locate import locate_session
 from xdiag.tools.get_memory_profile import _capacity

@@ -153,7 +153,8 @@ class XdiagTools:
         located = _located(path, session)
         investigators = {}
         if investigator == "gemini":
-            from xdiag.investigators.gemini import GeminiConfig, gemini_factory
+            from xdiag.investigators.gemini import gemini_factory
+            from xdiag.investigators.gemini.config import GeminiConfig
 
             try:
                 investigators["gemini"] = gemini_factory(GeminiConfig.from_env())

@@ -48,7 +48,8 @@ def analyze(
         os.environ[XPROF_VIEWS_ENV] = "0"
     investigators = {}
     if investigator == "gemini":
-        from xdiag.investigators.gemini import GeminiConfig, gemini_factory
+        from xdiag.investigators.gemini import gemini_factory
+        from xdiag.investigators.gemini.config import GeminiConfig
 
         try:
             investigators["gemini"] = gemini_factory(GeminiConfig.from_env(project=project, location=location, model=model))

@@ -20,7 +20,7 @@ from xdiag.analysis.xprof.session_views import adopt_stored_views, adopt_views, 
 from xdiag.errors import ProfileError
 from xdiag.investigators import HealthSnapshot, RuleEngine
 from xdiag.model import Diagnosis, ToolResult
-from xdiag.pipeline.layout import PREPARED_DIR, host_summary_uri, inputs_key, prepared_host_uri
+from xdiag.pipeline.layout import PREPARED_DIR, PREPARED_SUFFIX, host_summary_uri, inputs_key, prepared_host_uri
 from xdiag.pipeline.ports import BlobInfo, BlobStore, Bus, StateStore
 from xdiag.pipeline.runs import CaptureSettings, MonitorSettings
 from xdiag.profile.compact import load_session, save_session
@@ -50,17 +50,17 @@ def _local_key(paths: list[Path]) -> tuple[str, ...]:
 
 def _prepared_uri(key: tuple[BlobInfo, ...], output: str) -> str:
     """The prepared session of exactly these inputs, in the session's output folder."""
-    return f"{output.rstrip('/')}/{PREPARED_DIR}/{inputs_key(list(key))}.xdiag"
+    return f"{output.rstrip('/')}/{PREPARED_DIR}/{inputs_key(list(key))}{PREPARED_SUFFIX}"
 
 
 def _summary_uri(prepared_uri: str) -> str:
     """The session's tables assembled from its hosts' summaries (xdiag.tools.host_summary), beside its prepared file."""
-    return prepared_uri.removesuffix(".xdiag") + host_summary.SUFFIX
+    return prepared_uri.removesuffix(PREPARED_SUFFIX) + host_summary.SUFFIX
 
 
 def _views_uri(prepared_uri: str) -> str:
     """XProf's views recorded with a prepared session (xdiag.analysis.xprof.stored), beside it."""
-    return prepared_uri.removesuffix(".xdiag") + ".xprof-views.json"
+    return prepared_uri.removesuffix(PREPARED_SUFFIX) + ".xprof-views.json"
 
 
 class SessionLoader:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from xdiag.ids import check_name, check_run_id
 from xdiag.pipeline.ports import BlobInfo, BlobStore
 from xdiag.pipeline.run_index import state_key  # noqa: F401 (the pipeline's modules import it from here)
+from xdiag.profile.compact import FILE_SUFFIX as PREPARED_SUFFIX
 from xdiag.profile.locate import SUFFIX
 from xdiag.tools.host_summary import SUFFIX as SUMMARY_SUFFIX
 
@@ -25,8 +26,8 @@ PROFILE_SUFFIXES = (SUFFIX, *TRACE_OBJECT_SUFFIXES)
 PROFILE_DIR = "plugins/profile"
 OUTPUT_DIR = "xdiag"
 ANALYSES_DIR = "analyses"  # <session>/xdiag/analyses/<analysis_id>/: one analysis' own files
-PREPARED_DIR = "prepared"  # <session>/xdiag/prepared/<inputs key>.xdiag: a decoded session, keyed by its exact inputs
-PREPARED_HOSTS_DIR = "prepared/hosts"  # <session>/xdiag/prepared/hosts/<file version key>.xdiag: one decoded host file
+PREPARED_DIR = "prepared"  # <session>/xdiag/prepared/<inputs key>.s02.xdiag: a decoded session, keyed by its exact inputs
+PREPARED_HOSTS_DIR = "prepared/hosts"  # <session>/xdiag/prepared/hosts/<file version key>.s02.xdiag: one decoded host file
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,7 @@ def host_file_key(info: BlobInfo) -> str:
 
 def prepared_host_uri(output: str, info: BlobInfo) -> str:
     """Where the map stage stores one host file's decoded columns, beside the session's analyses."""
-    return f"{output.rstrip('/')}/{PREPARED_HOSTS_DIR}/{host_file_key(info)}.xdiag"
+    return f"{output.rstrip('/')}/{PREPARED_HOSTS_DIR}/{host_file_key(info)}{PREPARED_SUFFIX}"
 
 
 def host_summary_uri(output: str, info: BlobInfo) -> str:

@@ -38,6 +38,9 @@ from xdiag.profile.space import (
 MAGIC = b"XDIAGS02"
 """Its last two digits: the version of the layout and of what the reader stores (02: a Kineto trace's CPU ops carry
 their recorded inputs, costed by the analysis, not their FLOPs); a file of another version is refused."""
+FILE_SUFFIX = f".s{MAGIC[-2:].decode()}.xdiag"
+"""A stored session's file name ends with its version, so that files of an earlier version, left in a bucket by a
+deploy before, are never looked for (they are decoded again, not refused)."""
 ALIGN = 64
 ARRAY_KEY = "__array__"  # a stored table that is an array: where it is in the data section
 

@@ -18,7 +18,7 @@ from jinja2 import BytecodeCache, Environment, FileSystemBytecodeCache, FileSyst
 from jinja2.bccache import Bucket
 
 from xdiag.model import Analysis, Finding, InvestigatorAudit, Status, ToolResult
-from xdiag.report import charts, sections
+from xdiag.report import charts
 from xdiag.report.format import (
     Cell,
     Limits,
@@ -32,6 +32,16 @@ from xdiag.report.format import (
     table,
     unit_of,
 )
+from xdiag.report.sections.hosts import hosts_section
+from xdiag.report.sections.inventory import device_section, modules_section, tool_table
+from xdiag.report.sections.kernels import custom_kernel_section, kernel_section
+from xdiag.report.sections.memory import memory_section
+from xdiag.report.sections.ops import compiler_section, op_profile_section
+from xdiag.report.sections.parts import Section
+from xdiag.report.sections.peaks import Peaks, device_peaks
+from xdiag.report.sections.roofline import roofline_section
+from xdiag.report.sections.steps import step_time_section
+from xdiag.report.sections.xprof_comparison import xprof_section
 from xdiag.report.summary import metric_cards, priority_counts, summary_sentences, why_missing
 from xdiag.report.viewer_links import viewer_links_for
 
@@ -101,7 +111,7 @@ def _context(analysis: Analysis, results: dict[str, ToolResult]) -> dict[str, An
     health = analysis.health or {}
     findings = sorted(diagnosis.findings if diagnosis else [], key=lambda f: PRIORITY_ORDER.get(f.priority, 9))
     status = _status(analysis)
-    peaks = sections.device_peaks(results)
+    peaks = device_peaks(results)
     limits = peaks.limits
     breakdown = health.get("breakdown_percent") or {}
     bar, bar_legend = charts.breakdown_bar(breakdown, health.get("step_time_ms")) if breakdown else (None, [])
@@ -137,7 +147,7 @@ def _context(analysis: Analysis, results: dict[str, ToolResult]) -> dict[str, An
             "No tool ran: the analysis failed before the tools could read the profile."
             if status == "FAILED" else f"No tool results yet (pipeline status: {analysis.status})."
         ),
-        "tools": sections.tool_table(results, TOOL_ORDER) if results else None,
+        "tools": tool_table(results, TOOL_ORDER) if results else None,
         "timings": key_values({f"{k}_ms": v for k, v in (analysis.timings_ms or {}).items()}),
     }
 
@@ -252,20 +262,20 @@ def _viewer(analysis: Analysis) -> dict[str, Any]:
 # ----------------------------------------------------------------------------------- detail sections
 
 
-def _detail_sections(results: Mapping[str, ToolResult], peaks: sections.Peaks) -> list[sections.Section]:
+def _detail_sections(results: Mapping[str, ToolResult], peaks: Peaks) -> list[Section]:
     limits = peaks.limits
     return [
-        sections.hosts_section(results, limits),
-        sections.step_time_section(results, limits),
-        sections.roofline_section(results, peaks),
-        sections.op_profile_section(results, limits),
-        sections.kernel_section(results, limits),
-        sections.custom_kernel_section(results, limits),
-        sections.compiler_section(results, limits),
-        sections.memory_section(results, limits),
-        sections.xprof_section(results, limits),
-        sections.modules_section(results, limits),
-        sections.device_section(results, limits),
+        hosts_section(results, limits),
+        step_time_section(results, limits),
+        roofline_section(results, peaks),
+        op_profile_section(results, limits),
+        kernel_section(results, limits),
+        custom_kernel_section(results, limits),
+        compiler_section(results, limits),
+        memory_section(results, limits),
+        xprof_section(results, limits),
+        modules_section(results, limits),
+        device_section(results, limits),
     ]
 
 
