@@ -3,10 +3,11 @@ prepared; the last host's delivery announces the session again on `captures` (co
 
 import functions_framework
 from xdiag.cloud.runtime import pubsub_stage
-from xdiag.pipeline import stages, topics
+from xdiag.pipeline import topics
+from xdiag.pipeline.stages.map_host import map_host as map_host_stage
 
 
 @functions_framework.cloud_event
 @pubsub_stage(topics.TOPIC_HOST_MAPS)
 def map_host(message, deps):
-    stages.map_host(message, deps)
+    map_host_stage(message, deps)

@@ -4,10 +4,10 @@ on `captures`."""
 
 import functions_framework
 from xdiag.cloud.runtime import storage_stage
-from xdiag.pipeline import stages
+from xdiag.pipeline.stages.register import register as register_stage
 
 
 @functions_framework.cloud_event
 @storage_stage
 def register(upload, deps):
-    stages.register(upload, deps)
+    register_stage(upload, deps)

@@ -294,7 +294,7 @@ def test_a_handler_that_raises_answers_500_and_records_the_error_for_the_retry(w
 
 
 def test_a_dead_lettered_tool_run_becomes_a_failed_tool_so_the_analysis_completes(wired, h200_profiles):
-    from xdiag.pipeline.stages import collect
+    from xdiag.pipeline.stages.collect import collect
 
     collect(_capture(wired, h200_profiles["healthy"]), wired.deps)
     wired.bus._queue.clear()

@@ -17,7 +17,7 @@ from xdiag.model import CaptureReady, HostMapRun, SweepRequest
 from xdiag.pipeline.deps import Dependencies, SessionLoader
 from xdiag.pipeline.layout import prepared_host_uri
 from xdiag.pipeline.publish_once import PublishOnce
-from xdiag.pipeline.stages import map_host
+from xdiag.pipeline.stages.map_host import map_host
 from xdiag.pipeline.sweep import sweep
 from xdiag.pipeline.topics import ANALYSES, TOPIC_CAPTURES, TOPIC_HOST_MAPS, host_maps_collection
 from xdiag.profile.locate import locate_session

@@ -10,7 +10,10 @@ from xdiag.cloud.memory import InProcessBus, MemoryStateStore
 from xdiag.errors import PoisonMessage
 from xdiag.model import CaptureReady, InvestigationReady, ReportReady, ToolDone, ToolRun
 from xdiag.pipeline.publish_once import PUBLISHED, PublishOnce
-from xdiag.pipeline.stages import aggregate, collect, investigate, render, run_tool
+from xdiag.pipeline.stages.collect import collect
+from xdiag.pipeline.stages.investigate import investigate
+from xdiag.pipeline.stages.render import render
+from xdiag.pipeline.stages.tool_runs import aggregate, run_tool
 from xdiag.pipeline.topics import (
     ANALYSES,
     CLAIMS,
@@ -163,10 +166,10 @@ def test_the_investigation_deadline_holds_during_a_tool_call(cpu_profiles, tmp_p
     import threading
 
     from xdiag.model import Diagnosis, Status
-    from xdiag.pipeline import stages
+    from xdiag.pipeline.stages import investigate as investigate_stage
 
     release = threading.Event()
-    real = stages.execute_tool
+    real = investigate_stage.execute_tool
 
     def stuck(session, name, args):  # a tool that does not return while the investigation waits
         if name == "get_hosts":
@@ -181,7 +184,7 @@ def test_the_investigation_deadline_holds_during_a_tool_call(cpu_profiles, tmp_p
             return Diagnosis(status=Status.NEEDS_ATTENTION, summary="s", investigator=self.name)
 
     patient = Patient()
-    monkeypatch.setattr(stages, "execute_tool", stuck)
+    monkeypatch.setattr(investigate_stage, "execute_tool", stuck)
     deps, bus = build_embedded(investigators={"patient": lambda: patient})
     deps.investigation_deadline_s = 0.5
     bus.publish("captures", _capture(cpu_profiles["healthy"], tmp_path / "out").model_copy(

@@ -11,7 +11,12 @@ from typing import Any
 
 from xdiag.model import Alert, StepTimes, SweepRequest
 from xdiag.pipeline.deps import Dependencies
-from xdiag.pipeline.stages import aggregate, collect, investigate, map_host, register, render, run_tool
+from xdiag.pipeline.stages.collect import collect
+from xdiag.pipeline.stages.investigate import investigate
+from xdiag.pipeline.stages.map_host import map_host
+from xdiag.pipeline.stages.register import register
+from xdiag.pipeline.stages.render import render
+from xdiag.pipeline.stages.tool_runs import aggregate, run_tool
 from xdiag.pipeline.topics import (
     MESSAGE_TYPES,
     TOPIC_ALERTS,

@@ -54,7 +54,8 @@ from xdiag.pipeline.deps import Dependencies
 from xdiag.pipeline.layout import host_file_key, inputs_key, output_uri, recorded_input, state_key
 from xdiag.pipeline.ports import BlobInfo
 from xdiag.pipeline.runs import CAPTURED_KINDS, run_for_path
-from xdiag.pipeline.stages import fail_analysis, is_current, publish_tool_runs, valid_profile_object
+from xdiag.pipeline.stages.analysis_record import fail_analysis, is_current, valid_profile_object
+from xdiag.pipeline.stages.collect import publish_tool_runs
 from xdiag.pipeline.topics import (
     ACTIVE,
     ACTIVE_ANALYSES,
