@@ -5,7 +5,9 @@ the tool instances never map a host's columns."""
 
 from __future__ import annotations
 
+import html
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -220,9 +222,14 @@ def test_xprofs_views_of_a_device_session_over_the_limit_cover_a_named_subset_of
     names = [host.hostname for host in session.hosts]
     answer = views(session).overview()
     overview = json.dumps(run_tool(session, "get_xprof_overview").detail)
+    report = html.unescape(re.sub(r"<[^>]+>", " ", pipeline.blobs.get(analysis["report_uri"]).decode()))
     if max_bytes > sum(path.stat().st_size for path in paths):
         assert "hosts_covered" not in answer and "hosts_covered" not in overview
+        assert "XProf's figures cover all 4 hosts of the session together" in report
     else:
         assert answer["hosts_in_session"] == 4
         assert answer["hosts_covered"] == [names[k] for k in host_summary.hosts_that_matter(session)]
         assert '"hosts_covered"' in overview
+        covered = answer["hosts_covered"]
+        assert f"XProf's figures cover {len(covered)} of the session's 4 hosts" in report
+        assert f"({', '.join(covered)})" in report and "cover all 4 hosts" not in report

@@ -1,5 +1,5 @@
 """XProf's own views of a many-host session, built for a named subset of its hosts where they cannot be built for
-all of them (issue 47).
+all of them.
 
 XProf's converters read the xplane files themselves, every host's together, so a session summarised host by host
 (xdiag.tools.host_summary) still gives them its files. Where the files together are over the session limit, the

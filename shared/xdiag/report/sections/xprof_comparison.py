@@ -27,9 +27,19 @@ DIFFERENCE_RELATIVE = 0.1
 def xprof_section(results: Mapping[str, ToolResult], limits: Limits) -> Section:
     """xdiag's and XProf's figure for the same quantity side by side, with a word where they differ."""
     hosts = _summary_value(results, "get_hosts", "hosts")
-    covers = (f" XProf's figures cover all {hosts:g} hosts of the session together (its converters combine every "
-              "host's file, ALL_HOSTS; memory is the peak of the hosts' allocators); xdiag's are averaged over the "
-              "active devices of every host." if hosts and hosts > 1 else "")
+    covered = _hosts_covered(results)
+    if covered:
+        of_hosts = f"{hosts:g} hosts" if hosts else "hosts"
+        covers = (f" XProf's figures cover {len(covered)} of the session's {of_hosts}, those that matter "
+                  f"whose files fit the session limit together ({', '.join(covered)}): its converters read the xplane "
+                  "files, and every host's together is over that limit; xdiag's are averaged over the active devices "
+                  "of every host.")
+    elif hosts and hosts > 1:
+        covers = (f" XProf's figures cover all {hosts:g} hosts of the session together (its converters combine every "
+                  "host's file, ALL_HOSTS; memory is the peak of the hosts' allocators); xdiag's are averaged over the "
+                  "active devices of every host.")
+    else:
+        covers = ""
     section = Section("xprof", "xdiag and XProf",
                       intro="The same quantity as xdiag measures it and as XProf's own converters report it." + covers)
     part = Part(tool="get_kpi_metrics")
@@ -52,6 +62,15 @@ def xprof_section(results: Mapping[str, ToolResult], limits: Limits) -> Section:
         part.unavailable = ("not available: XProf reported none of these quantities for this profile"
                             if kpi is not None and kpi.ok else f"not available: {(kpi.reason if kpi else None) or 'get_kpi_metrics did not run'}")
     return section
+
+
+def _hosts_covered(results: Mapping[str, ToolResult]) -> list[str]:
+    """The hosts XProf's views were built for where they cover only some of the session's
+    (xdiag.analysis.xprof.host_subset); empty where they cover every host."""
+    kpi = results.get("get_kpi_metrics")
+    view = kpi.detail.get("xprof") if kpi is not None and kpi.ok and isinstance(kpi.detail, dict) else None
+    covered = view.get("hosts_covered") if isinstance(view, dict) else None
+    return [str(host) for host in covered] if isinstance(covered, list) else []
 
 
 # Figures the page states that a tool gives as their complement: the busy share of the steps is what the
