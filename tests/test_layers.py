@@ -1,7 +1,7 @@
 """The package tree keeps its layers and has no import circle, as the import contracts in pyproject.toml
 (`[tool.importlinter]`) state them, checked by import-linter's `lint-imports`:
 
-- layers, lowest first as the README's Layout section lists them: no module imports from a layer above its own, and
+- layers, lowest first as docs/architecture.md (Layers) lists them: no module imports from a layer above its own, and
   every package and top-level module of xdiag has a layer (`exhaustive`);
 - the examples reach xdiag only through the in-job SDK, as a user's job would;
 - no circle between the modules of any package, at any depth (`acyclic_siblings`).

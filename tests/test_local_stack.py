@@ -331,7 +331,8 @@ def _xdiag(*args: str, env: dict[str, str] | None = None, cwd: Path | None = Non
 
 
 def test_manual_publish_with_gcloud_and_with_xdiag(cloud, healthy_done):
-    """The README's two ways of asking for an analysis of a session already in the bucket."""
+    """The two ways docs/howto/local-stack.md (Ask for an analysis by hand) gives of asking for an analysis of a
+    session already in the bucket."""
     gcloud_env = {
         **os.environ,
         "CLOUDSDK_API_ENDPOINT_OVERRIDES_PUBSUB": f"http://{os.environ['PUBSUB_EMULATOR_HOST']}/",
