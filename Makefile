@@ -50,6 +50,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/cloud_bench.py --size-mib 20 --repeats 3 --workdir $(BENCH_WORK)
 	$(BIN)/python bench/xprof_memory.py --workdir $(BENCH_WORK)
 	$(BIN)/python bench/tool_cache_bench.py --size-mib 20 --repeats 3 --workdir $(BENCH_WORK)
+	$(BIN)/python bench/startup_bench.py --repeats 3 --workdir $(BENCH_WORK)
 
 clean:
 	rm -rf $(VENV) xdiag-out .pytest_cache .xdiag-stack $(BENCH_WORK)
