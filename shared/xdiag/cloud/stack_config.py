@@ -13,6 +13,7 @@ from pathlib import Path
 
 from xdiag.cloud.runtime import dead_letter_topic
 from xdiag.pipeline.topics import (
+    MESSAGE_TYPES,
     TOPIC_ALERTS,
     TOPIC_CAPTURES,
     TOPIC_HOST_MAPS,
@@ -26,18 +27,7 @@ from xdiag.pipeline.topics import (
 )
 
 HOST = "127.0.0.1"
-PIPELINE_TOPICS = [
-    TOPIC_PROFILE_UPLOADS,
-    TOPIC_CAPTURES,
-    TOPIC_HOST_MAPS,
-    TOPIC_TOOL_RUNS,
-    TOPIC_TOOL_RESULTS,
-    TOPIC_INVESTIGATIONS,
-    TOPIC_REPORTS,
-    TOPIC_ALERTS,
-    TOPIC_STEP_TIMES,
-    TOPIC_SWEEPS,
-]
+PIPELINE_TOPICS = list(MESSAGE_TYPES)  # every topic a stage consumes, each with its dead-letter topic
 UNRECORDED_TOPIC = "dead-letters-unrecorded"  # a letter even dead_letter could not record, kept for a person
 DEFAULT_STATE_DIR = Path(".xdiag-stack")
 STATE_FILE = "stack.json"
@@ -45,8 +35,7 @@ EMULATOR_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 """The emulators' JVMs compile with C1 only and collect with one thread: over a stack's life (minutes, a few thousand
 requests) C2's compilations cost more CPU than they give back. The Firestore emulator's CPU per request fell from 7.6
 to 2.0 ms after 300 requests, and from 3.0 to 1.9 ms after 2,000 (bench/README.md, "Measured design choices").
-A JAVA_TOOL_OPTIONS
-of the caller's comes after these, so it wins."""
+A JAVA_TOOL_OPTIONS of the caller's comes after these, so it wins."""
 TEMPORARY_DIR = "tmp"  # under the state dir: each function's TMPDIR, removed by stop()
 DATA_DIR = "data"  # under the state dir: what outlives the stack (the bucket's files, Firestore's exports)
 FIRESTORE_EXPORTS = "firestore-exports"  # under the data dir: the newest export of Firestore's documents
