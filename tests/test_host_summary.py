@@ -5,6 +5,7 @@ the tool instances never map a host's columns."""
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import json
 import re
@@ -12,6 +13,8 @@ import shutil
 from pathlib import Path
 
 import pytest
+from xdiag.analysis.breakdown import step_rows
+from xdiag.analysis.steps import step_set
 from xdiag.pipeline.deps import SessionLoader
 from xdiag.pipeline.layout import host_summary_uri
 from xdiag.pipeline.topics import ANALYSES
@@ -155,6 +158,51 @@ def test_the_reduce_stores_the_assembled_summary_and_no_session_of_columns(locks
     assert finding["key"] == "straggler_host" and "process1" in finding["title"]
     stored = pipeline.state.get(ANALYSES, analysis["analysis_id"])
     assert stored["tools"]["get_hosts"]["status"] == "ok"
+
+
+def _fields(row) -> list:
+    """A row's values with their types (a NumPy float64 rounds as NumPy rounds: the type is part of the answer)."""
+    values = []
+    for value in dataclasses.astuple(row):
+        items = sorted(value.items()) if isinstance(value, dict) else [value]
+        values += [(type(item), item) for item in items]
+    return values
+
+
+def test_the_assembled_session_holds_arrays_and_arrivals_and_makes_its_rows_where_they_are_read(lockstep, tmp_path):
+    """What the reduce writes and each tool instance reads grows with the hosts' steps, never with their
+    executions: the per-step tables as arrays, the collectives as their arrivals; its row objects are made only in
+    a process whose tool reads them, the whole-session read's rows value for value and type for type."""
+    paths = _hosts(_pod(tmp_path / "pod", lockstep["straggler_input"], 4))
+    whole = read_session(paths, by_host=False)
+    _, summaries = _summaries(paths)
+    document = host_summary.decode(host_summary.encode(host_summary.assemble(summaries)))
+    tables = document["tables"]
+    assert "collectives" not in tables and tables["collective_arrivals"]["level"] == "hosts"
+    assert len(tables["collective_arrivals"]["participants"]) == 4
+    for name in ("steps", "step_rows"):
+        assert all("array" in column or "codes" in column for column in tables[name]["columns"]), name
+    session = host_summary.summary_session(document, whole.name)
+    assert not dict.__contains__(session.cache, "step_rows") and "step_rows" in session.cache
+    assert [_fields(row) for row in step_rows(session)] == [_fields(row) for row in step_rows(whole)]
+    assert dict.__contains__(session.cache, "step_rows")
+    assert [_fields(step) for step in step_set(session).steps] == [_fields(step) for step in step_set(whole).steps]
+
+
+def test_an_assembled_session_of_an_earlier_format_is_assembled_again(lockstep, tmp_path):
+    pipeline = Pipeline(tmp_path / "buckets")
+    pipeline.folder.parent.mkdir(parents=True)
+    _pod(pipeline.folder, lockstep["straggler_input"], 3)
+    analysis = pipeline.announce()
+    assert analysis["status"] == "DONE", analysis.get("failure_reason")
+    inputs = [pipeline.blobs.stat(i["uri"]) for i in analysis["inputs"]]
+    folder = pipeline.blobs.local_path(analysis["output_uri"] + "/prepared/x").parent
+    [assembled] = folder.glob("*" + host_summary.SUFFIX)
+    earlier = host_summary.decode(assembled.read_bytes())
+    assembled.write_bytes(host_summary.encode({**earlier, "format": 2, "tables": {}}))
+    session = SessionLoader(pipeline.blobs, prepare=True, map_hosts_from=2).load(inputs, "pod", analysis["output_uri"])
+    assert run_tool(session, "get_hosts").summary["straggler"].endswith("process1")
+    assert host_summary.decode(assembled.read_bytes())["format"] == host_summary.ASSEMBLED_FORMAT
 
 
 def _pipeline(tmp_path: Path, max_bytes: int) -> Pipeline:

@@ -25,7 +25,7 @@ a kernel's module on first use, creating the context); `host_other` is what no e
 work outside the jitted computation (or nothing at all)."""
 
 
-@dataclass
+@dataclass(slots=True)
 class StepRow:
     host: str
     number: int

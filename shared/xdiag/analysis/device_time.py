@@ -55,7 +55,7 @@ def partition_device(ops: OpTable, win_s: np.ndarray, win_e: np.ndarray) -> Devi
     )
 
 
-@dataclass
+@dataclass(slots=True)
 class DeviceRow:
     """One device over its own steps: the per-device spread behind the means."""
 

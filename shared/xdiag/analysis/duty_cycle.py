@@ -12,7 +12,7 @@ from xdiag.analysis.op_table import OpTable, module_spans, op_table
 from xdiag.analysis.steps import step_set
 from xdiag.profile.space import Session
 
-@dataclass
+@dataclass(slots=True)
 class DutyCycle:
     """One device's activity over its whole capture window, the measure XProf's duty cycle uses."""
 

@@ -105,16 +105,19 @@ def _from_columns(stored: dict[str, Any]) -> list[dict[str, Any]]:
     for column in stored["columns"]:
         kind, values = column["kind"], column["values"]
         columns.append(list(np.array(values, dtype=kind)) if kind else values if kind == "" else _untyped(values))
-    rows = []
+    return list(_nested_rows(stored["paths"], columns))
+
+
+def _nested_rows(paths: list[list[str]], columns: list[list[Any]]) -> Iterator[dict[str, Any]]:
+    """Rows (dicts, a dict field's keys nested under it) from one list of values per path, one row at a time."""
     for values in zip(*columns):
         row: dict[str, Any] = {}
-        for path, value in zip(stored["paths"], values):
+        for path, value in zip(paths, values):
             target = row
             for key in path[:-1]:
                 target = target.setdefault(key, {})
             target[path[-1]] = value
-        rows.append(row)
-    return rows
+        yield row
 
 
 def export(session: Session) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from xdiag.analysis.session_cache import cached
 from xdiag.profile.space import Plane, Session
 
 
-@dataclass
+@dataclass(slots=True)
 class Step:
     host: str
     number: int

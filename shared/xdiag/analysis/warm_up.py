@@ -18,7 +18,7 @@ WARM_UP_MIN_RATIO = 3.0
 WARM_UP_MIN_EXCESS_PS = 1_000_000_000  # and at least 1 ms longer: a few µs of noise is no warm-up
 
 
-@dataclass
+@dataclass(slots=True)
 class WarmUpCall:
     """The first call of a jitted function that takes far longer than its later calls; or a GPU runtime call far
     longer than its call's median (first_call False)."""

@@ -197,7 +197,9 @@ class SessionLoader:
         """(the session's tables assembled from its hosts' summaries, stored at `summary` where not stored yet, ""),
         or (None, why they cannot be: host_summary.NotSummarized; the session is assembled from its columns)."""
         if self._blobs.exists(summary):
-            return host_summary.decode(self._blobs.get(summary)), ""
+            stored = host_summary.decode(self._blobs.get(summary))
+            if stored.get("format") == host_summary.ASSEMBLED_FORMAT:
+                return stored, ""
         try:
             assembled = host_summary.assemble(host_summary.decode(self._blobs.get(
                 host_summary_uri(output, info))) for info in key)

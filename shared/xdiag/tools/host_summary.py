@@ -11,7 +11,8 @@ its async-copy pairs (spans and link rates), its op time in the profile's 'data 
 its kernels (launches, time, launching op). Times are the host's own,
 from its earliest line (`origin_ns`); host names are a placeholder until the reduce knows whether two hosts share a
 name. `assemble` combines summaries in the session's file order into the tables the whole-session read builds,
-value for value, and `adopt` puts them in a session's cache, where the tools find them; `summary_session` is a
+value for value (the per-step tables as arrays, xdiag.analysis.packed; the collectives' arrivals across hosts
+computed there, once, not every execution), and `adopt` puts them in a session's cache, where the tools find them; `summary_session` is a
 session of the hosts' planes without their events (a column read from it raises `ColumnsNotInSummary`).
 
 Where the combination would not be the whole-session read's, `assemble` says why (`NotSummarized`) and the caller
@@ -37,8 +38,17 @@ from xdiag.analysis.device_time import DeviceRow
 from xdiag.analysis.duty_cycle import DutyCycle, duty_cycles
 from xdiag.analysis.op_table import device_op_counts, op_table
 from xdiag.analysis.prepared import _as_columns, _from_columns, _typed, _untyped
+from xdiag.analysis.session_cache import MadeOnFirstRead
 from xdiag.analysis.steps import Step, StepSet, profile_window_ps, step_set
-from xdiag.analysis.stragglers import arrivals_of, collective_arrivals, collective_records, straggler
+from xdiag.analysis import packed
+from xdiag.analysis.stragglers import (
+    Arrivals,
+    Participant,
+    arrivals_of,
+    collective_arrivals,
+    collective_records,
+    straggler,
+)
 from xdiag.analysis.transfers import combined_transfer_spans, transfer_pairs
 from xdiag.analysis.warm_up import WarmUpCall
 from xdiag.errors import XdiagError
@@ -54,6 +64,8 @@ from xdiag.tools.get_step_trace import host_calls
 from xdiag.analysis.op_stats import OpStat, _names_with_several_programs, op_stats
 
 FORMAT = 2
+ASSEMBLED_FORMAT = 3
+"""Of what `assemble` writes: an assembled session of an earlier format is assembled again from its hosts'."""
 HOST = "@@xdiag-host@@"
 """The host's name in its summary until the reduce names it (two hosts may have recorded the same name)."""
 SUFFIX = ".summary.json.gz"
@@ -171,7 +183,7 @@ def assemble(summaries: Iterable[dict[str, Any]]) -> dict[str, Any]:
     """The session's tables from its hosts' summaries (in the session's file order), as the whole-session read
     builds them: a JSON document `adopt` and `summary_session` read. NotSummarized where they would differ. The
     summaries are taken one at a time: of each, its tables and planes are kept, and its HLO modules not seen yet."""
-    named, stored, modules, programs = [], [], {}, []
+    named, stored, long, modules, programs = [], [], [], {}, []
     for s in summaries:
         if s.get("not_summarized"):
             raise NotSummarized(f"{s['file']}: {s['not_summarized']}")
@@ -179,7 +191,9 @@ def assemble(summaries: Iterable[dict[str, Any]]) -> dict[str, Any]:
             raise NotSummarized(f"{s['file']}: a host summary of another format")
         named.append({key: s[key] for key in ("hostname", "file", "size_bytes", "errors", "warnings", "planes",
                                                "origin_ns")})
-        stored.append(s["tables"])
+        tables = s["tables"]  # the per-step tables as arrays at once: they are most of a host's summary
+        long.append({key: packed.pack(tables.pop(key)) for key in ("steps", "step_rows")})
+        stored.append(tables)
         programs.append({})
         for module in s["modules"]:
             programs[-1].setdefault(module["name"], set()).add(module["program_id"])
@@ -193,11 +207,11 @@ def assemble(summaries: Iterable[dict[str, Any]]) -> dict[str, Any]:
     origins = [s["origin_ns"] for s in named if s["origin_ns"] is not None]
     origin = min(origins) if origins else 0
     shifts = [(s["origin_ns"] - origin) * 1000 if s["origin_ns"] is not None else 0 for s in named]
-    tables, long = [], []  # the per-step tables stay in their stored columns: joined column by column
-    for table, host in zip(stored, named):
-        table = _named(table, host["hostname"])
-        long.append({key: table.pop(key) for key in ("steps", "step_rows")})
-        tables.append(_untyped(table))
+    tables = []
+    for k, (table, host) in enumerate(zip(stored, named)):
+        tables.append(_untyped(_named(table, host["hostname"])))
+        name = host["hostname"]
+        long[k] = {key: packed.rename(part, lambda text: text.replace(HOST, name)) for key, part in long[k].items()}
     del stored
     modules = {key: _named(module, named[k]["hostname"]) for key, (k, module) in modules.items()}
     by_name = sorted(range(len(named)), key=lambda k: named[k]["hostname"])
@@ -211,8 +225,8 @@ def assemble(summaries: Iterable[dict[str, Any]]) -> dict[str, Any]:
     _same_programs(named, programs)
     keep = by_name
 
-    steps = _joined([long[k]["steps"] for k in keep], [shifts[k] for k in keep])
-    step_rows_joined = _joined([long[k]["step_rows"] for k in keep])
+    steps = packed.joined([long[k]["steps"] for k in keep], [shifts[k] for k in keep])
+    step_rows_joined = packed.joined([long[k]["step_rows"] for k in keep])
     del long
     step_sources, markers, transfer_only = {}, {}, []
     for k in keep:
@@ -234,6 +248,8 @@ def assemble(summaries: Iterable[dict[str, Any]]) -> dict[str, Any]:
         records += [(tuple(key), device, start + shifts[k], end + shifts[k])
                     for key, device, start, end in table["collectives"]]
     records.sort(key=lambda record: record[2])  # stable: ties keep the session's order, as the op table's
+    arrivals = arrivals_of(records)  # here, once: each tool instance reads the arrivals, not every execution
+    del records
     bounds = [(t["bounds"][0] + shifts[k], t["bounds"][1] + shifts[k]) for k, t in enumerate(tables) if t["bounds"]]
     totals = [t["allocator_totals"] for t in tables if t["allocator_totals"]]
     warm = []
@@ -241,7 +257,7 @@ def assemble(summaries: Iterable[dict[str, Any]]) -> dict[str, Any]:
         warm += [{**row, "start_ps": row["start_ps"] + shifts[k], "end_ps": row["end_ps"] + shifts[k]}
                  for row in _from_columns(table["warm_up_calls"])]
     return {
-        "format": FORMAT,
+        "format": ASSEMBLED_FORMAT,
         "origin_ns": origin,
         "hosts": [{key: s[key] for key in ("hostname", "file", "size_bytes", "errors", "warnings", "planes")}
                   for s in named],
@@ -249,14 +265,14 @@ def assemble(summaries: Iterable[dict[str, Any]]) -> dict[str, Any]:
         "tables": _typed({
             "op_stats": _combined_op_rows([t["op_stats"] for t in tables], list(modules.values())),
             "step_set": {f.name: getattr(found, f.name) for f in dataclasses.fields(found) if f.name != "steps"},
-            "steps": steps,
-            "step_rows": step_rows_joined,
+            "steps": packed.encode(steps),
+            "step_rows": packed.encode(step_rows_joined),
             "device_rows": _as_columns([row for k in keep for row in _rows(tables[k]["device_rows"], DeviceRow)]),
             "duty_cycles": _as_columns(sorted((row for k in by_name
                                                for row in _rows(tables[k]["duty_cycles"], DutyCycle)),
                                               key=lambda row: row.device)),
             "bounds": [min(b[0] for b in bounds), max(b[1] for b in bounds)] if bounds else [0, 0],
-            "collectives": [[list(key), device, start, end] for key, device, start, end in records],
+            "collective_arrivals": None if arrivals is None else dataclasses.asdict(arrivals),
             "warm_up_calls": _as_columns([WarmUpCall(**row) for row in warm]),
             "sync_waits": [wait for t in tables for wait in t["sync_waits"]],
             "allocator_totals": {"peak_bytes": max(t["peak_bytes"] for t in totals),
@@ -284,34 +300,6 @@ def _same_programs(hosts: list[dict[str, Any]], programs: list[dict[str, set[int
                 raise NotSummarized(f"hosts ran different programs named {name} (program ids {sorted(seen[name])} "
                                     f"and {sorted(ids)}): the whole-session read looks the profile's op costs and "
                                     "async copies up by program name across hosts")
-
-
-def _joined(parts: list[dict[str, Any]], shifts: list[int] | None = None) -> dict[str, Any]:
-    """Several hosts' stored rows (`_as_columns`, typed), one host after another, as one stored table, each host's
-    start_ps and end_ps moved by its shift: column by column where the hosts' columns agree (a session of many long
-    captures has millions of step rows, which row objects would hold many times over), else row by row."""
-    shifts = shifts or [0] * len(parts)
-    kept = [(part, shift) for part, shift in zip(parts, shifts) if part.get("paths") or part.get("rows")]
-    if not kept:
-        return _as_columns([])
-    paths = kept[0][0].get("paths")
-    kinds = [column["kind"] for column in kept[0][0]["columns"]] if paths else None
-    moved = [path in (["start_ps"], ["end_ps"]) for path in paths or []]
-    if paths and all(part.get("paths") == paths and [c["kind"] for c in part["columns"]] == kinds for part, _ in kept) \
-            and not any(move and kind is None for move, kind in zip(moved, kinds)):
-        columns = []
-        for index, (kind, move) in enumerate(zip(kinds, moved)):
-            values: list = []
-            for part, shift in kept:
-                column = part["columns"][index]["values"]
-                values.extend([value + shift for value in column] if move and shift else column)
-            columns.append({"kind": kind, "values": values})
-        return {"paths": paths, "columns": columns}
-    rows = []
-    for part, shift in kept:
-        rows += [{**row, **{key: row[key] + shift for key in ("start_ps", "end_ps") if key in row}}
-                 for row in _from_columns(_untyped(part))]
-    return {"rows": _typed(rows)}
 
 
 def _rows(stored: dict[str, Any], kind: type) -> list:
@@ -350,25 +338,32 @@ def _combined_op_rows(per_host: list[list[dict[str, Any]]], modules: list[dict])
     return out
 
 
+def _arrivals(stored: dict[str, Any] | None) -> Arrivals | None:
+    if stored is None:
+        return None
+    return Arrivals(**{**stored, "participants": {name: Participant(**row)
+                                                  for name, row in stored["participants"].items()}})
+
+
 def adopt(session: Session, assembled: dict[str, Any]) -> None:
-    """Puts the assembled tables in the session's cache (over anything built there)."""
+    """Puts the assembled tables in the session's cache (over anything built there), each made from its stored form
+    where a tool first reads it (MadeOnFirstRead)."""
     tables = _untyped(assembled["tables"])
-    found = StepSet(steps=[Step(**row) for row in _from_columns(tables["steps"])], **tables["step_set"])
-    session.cache.update({
-        "op_stats": [OpStat(**row) for row in tables["op_stats"]],
-        "step_set": found,
-        "step_rows": _rows(tables["step_rows"], StepRow),
-        "device_rows": _rows(tables["device_rows"], DeviceRow),
-        "duty_cycles": _rows(tables["duty_cycles"], DutyCycle),
-        "bounds": tuple(tables["bounds"]),
-        "collective_arrivals": arrivals_of([(tuple(key), device, start, end)
-                                            for key, device, start, end in tables["collectives"]]),
-        "host_calls": (_rows(tables["warm_up_calls"], WarmUpCall), [tuple(wait) for wait in tables["sync_waits"]]),
-        "allocator_totals": tables["allocator_totals"],
-        "device_op_counts": tables["device_op_counts"],
-        "transfer_spans": tables["transfer_spans"],
-        "data_formatting": None if tables["data_formatting"] is None else tuple(tables["data_formatting"]),
-        "kernel_table": tables["kernel_table"],
+    session.cache = MadeOnFirstRead(session.cache, {
+        "op_stats": lambda: [OpStat(**row) for row in tables["op_stats"]],
+        "step_set": lambda: StepSet(steps=packed.rows(packed.decode(tables["steps"]), Step), **tables["step_set"]),
+        "step_rows": lambda: packed.rows(packed.decode(tables["step_rows"]), StepRow),
+        "device_rows": lambda: _rows(tables["device_rows"], DeviceRow),
+        "duty_cycles": lambda: _rows(tables["duty_cycles"], DutyCycle),
+        "bounds": lambda: tuple(tables["bounds"]),
+        "collective_arrivals": lambda: _arrivals(tables["collective_arrivals"]),
+        "host_calls": lambda: (_rows(tables["warm_up_calls"], WarmUpCall),
+                               [tuple(wait) for wait in tables["sync_waits"]]),
+        "allocator_totals": lambda: tables["allocator_totals"],
+        "device_op_counts": lambda: tables["device_op_counts"],
+        "transfer_spans": lambda: tables["transfer_spans"],
+        "data_formatting": lambda: None if tables["data_formatting"] is None else tuple(tables["data_formatting"]),
+        "kernel_table": lambda: tables["kernel_table"],
     })
 
 
