@@ -27,6 +27,7 @@ from xdiag.profile.compact import load_session, save_session
 from xdiag.profile.reader import DEFAULT_MAX_PROFILE_BYTES, assemble_session, read_threads
 from xdiag.profile.session import read_session
 from xdiag.profile.space import Session
+from xdiag.profile.trace_json import trace_format
 from xdiag.sizes import readable_size
 from xdiag.tools import host_summary
 
@@ -221,10 +222,11 @@ class SessionLoader:
                 if assembled is not None and not events:  # the reduce and the broad tools: no host's columns
                     session = host_summary.summary_session(assembled, name)
                     self._adopt_host_views(session, key, prepared)
-                elif assembled is not None:  # the follow-ups: the events of the hosts that matter, mapped
-                    session = host_summary.summary_session(assembled, name)
+                elif assembled is not None:  # the follow-ups: the events of the hosts that matter, mapped, as
+                    session = host_summary.summary_session(assembled, name)  # many as fit the session limit
                     self._adopt_host_views(session, key, prepared)
-                    for position in host_summary.hosts_that_matter(session):
+                    for position in host_summary.hosts_within([info.size for info in key],
+                                                              host_summary.hosts_that_matter(session), self._max_bytes):
                         loaded = load_session(Path(self._blobs.local_path(prepared_host_uri(output, key[position]))))
                         host_summary.take_events(session, position, loaded)
                 elif prepared and self._prepare and self._blobs.exists(prepared):
@@ -263,6 +265,8 @@ class SessionLoader:
                             early.close()
                         raise
                     adopt_views(session, early)
+                    if len(session.hosts) > 1:
+                        _views_within_memory(session)
                     if prepared and self._prepare:  # register did not (its quiet period ran out first): here, so
                         self._store_prepared(session, prepared, early)  # the tool instances still need not convert
             except FileNotFoundError as exc:
@@ -281,13 +285,13 @@ class SessionLoader:
         (xdiag.analysis.xprof.host_subset). Recorded once beside the session (by the reduce, the first to load it),
         answered from the record by each tool instance, which fetches the files only for a view not recorded."""
         from xdiag.analysis.xprof import XprofViews
-        from xdiag.analysis.xprof.host_subset import HostSubsetViews, NoHostViews, hosts_for_views
+        from xdiag.analysis.xprof.host_subset import HostSubsetViews, NoHostViews
         from xdiag.analysis.xprof.stored import StoredViews
 
         if session.platform == "CPU" or os.environ.get(XPROF_VIEWS_ENV, "1") == "0":
             return
-        chosen = hosts_for_views([info.size for info in key], host_summary.hosts_that_matter(session),
-                                 self._max_bytes)
+        chosen = host_summary.hosts_within([info.size for info in key], host_summary.hosts_that_matter(session),
+                                           self._max_bytes)
         if not chosen:
             session.cache["xprof_views"] = NoHostViews(
                 f"XProf's views read the xplane files, and each host that matters is over the "
@@ -370,6 +374,33 @@ class SessionLoader:
         except ValueError:  # not JSON: the tools convert, as without a record
             log.warning("XProf's views recorded at %s cannot be read; the tools convert", views_uri)
             return None
+
+
+def _views_within_memory(session: Session) -> None:
+    """XProf's views of a many-host device session read in this process whose files together are more than XProf's
+    conversions may take of its memory (xdiag.analysis.xprof.memory_budget): those of the hosts that matter that fit,
+    each view naming them (host_subset), instead of none. Where not even one fits, the views say why, as before."""
+    from xdiag.analysis.xprof import memory_budget
+    from xdiag.analysis.xprof.host_subset import HostSubsetViews
+    from xdiag.analysis.xprof.views import XprofViews
+
+    if session.platform == "CPU" or os.environ.get(XPROF_VIEWS_ENV, "1") == "0" or trace_format(session):
+        return
+    sizes = [host.size_bytes for host in session.hosts]
+    fits = memory_budget.largest_profile_bytes()
+    if fits is None or sum(sizes) <= fits:
+        return
+    chosen = host_summary.hosts_within(sizes, host_summary.hosts_that_matter(session), fits)
+    if not chosen:
+        return
+    started = session.cache.pop("xprof_views", None)
+    if started is not None:
+        started.close()
+    subset = XprofViews([session.hosts[k].path for k in chosen])
+    session.cache["xprof_views"] = HostSubsetViews(subset, [session.hosts[k].hostname for k in chosen],
+                                                   len(session.hosts))
+    log.info("session %s: XProf's views of %d of its %d hosts, all XProf's conversions may take in memory here",
+             session.name, len(chosen), len(session.hosts))
 
 
 def _adopt_summaries(session: Session, prepared: list[Path]) -> None:

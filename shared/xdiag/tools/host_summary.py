@@ -27,7 +27,7 @@ import dataclasses
 import gzip
 import json
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -409,7 +409,8 @@ def summary_session(assembled: dict[str, Any], name: str) -> Session:
 
 
 FOLLOW_UP_HOSTS = 3
-"""Hosts whose events a follow-up reads in a session assembled from summaries: the straggler, the slowest, a sample."""
+"""Hosts whose events a follow-up reads in a session assembled from summaries: the straggler, the slowest, a sample
+(those of them whose files fit the session limit together: hosts_within)."""
 
 
 def hosts_that_matter(session: Session, most: int = FOLLOW_UP_HOSTS) -> list[int]:
@@ -430,6 +431,20 @@ def hosts_that_matter(session: Session, most: int = FOLLOW_UP_HOSTS) -> list[int
         chosen.append(names.index(max(means, key=means.get)))
     chosen.append(0)
     return list(dict.fromkeys(chosen))[:most]
+
+
+def hosts_within(sizes: Sequence[int], preferred: Sequence[int], max_bytes: int | None) -> list[int]:
+    """The positions of the hosts whose files a reader of several hosts at once takes (XProf's views; the events
+    the follow-ups read): every host where their files fit `max_bytes` together, else those of `preferred` (in its
+    order) that fit together; possibly none."""
+    if max_bytes is None or sum(sizes) <= max_bytes:
+        return list(range(len(sizes)))
+    chosen, total = [], 0
+    for position in dict.fromkeys(preferred):
+        if total + sizes[position] <= max_bytes:
+            chosen.append(position)
+            total += sizes[position]
+    return chosen
 
 
 def take_events(session: Session, position: int, mapped: Session) -> None:

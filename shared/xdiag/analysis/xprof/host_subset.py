@@ -4,13 +4,12 @@ all of them.
 XProf's converters read the xplane files themselves, every host's together, so a session summarised host by host
 (xdiag.tools.host_summary) still gives them its files. Where the files together are over the session limit, the
 views are built for the hosts that matter (the straggler, the slowest host, the first: host_summary's choice) that
-fit under it, and every view's answer names the hosts it covers (`hosts_covered`, `hosts_in_session`) instead of
+fit under it (xdiag.tools.host_summary.hosts_within), and every view's answer names the hosts it covers (`hosts_covered`, `hosts_in_session`) instead of
 the session failing; where even one of them is over the limit, each view says so (NotAvailable).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from xdiag.errors import NotAvailable
@@ -23,19 +22,6 @@ def view_methods() -> frozenset[str]:
     from xdiag.analysis.xprof.stored import BROAD_CALLS
 
     return frozenset({method for method, _ in BROAD_CALLS} | {"peak_allocations"})
-
-
-def hosts_for_views(sizes: Sequence[int], preferred: Sequence[int], max_bytes: int | None) -> list[int]:
-    """The positions of the hosts XProf's views are built for: every host where their files fit `max_bytes`
-    together, else those of `preferred` (in its order) that fit together; possibly none."""
-    if max_bytes is None or sum(sizes) <= max_bytes:
-        return list(range(len(sizes)))
-    chosen, total = [], 0
-    for position in dict.fromkeys(preferred):
-        if total + sizes[position] <= max_bytes:
-            chosen.append(position)
-            total += sizes[position]
-    return chosen
 
 
 class HostSubsetViews:

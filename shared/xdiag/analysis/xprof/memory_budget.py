@@ -91,6 +91,15 @@ def conversions_that_fit(profile_bytes: int, root: Path = Path("/")) -> int | No
     return allowed.bytes // conversion_bytes(profile_bytes)
 
 
+def largest_profile_bytes(root: Path = Path("/")) -> int | None:
+    """The most bytes of files one conversion fits now (what conversion_bytes inverts); None where no budget is
+    known. A reader of many hosts converts those that matter within it (xdiag.analysis.xprof.host_subset)."""
+    allowed = budget(root)
+    if allowed is None:
+        return None
+    return max(0, (allowed.bytes - BASE_BYTES) // BYTES_PER_PROFILE_BYTE)
+
+
 def refusal(profile_bytes: int, root: Path = Path("/")) -> str | None:
     """Why no conversion of files of this many bytes is started now, or None where one fits (or no budget is
     known): the estimate, the budget and its source, and what to do."""

@@ -31,9 +31,9 @@ def xprof_section(results: Mapping[str, ToolResult], limits: Limits) -> Section:
     if covered:
         of_hosts = f"{hosts:g} hosts" if hosts else "hosts"
         covers = (f" XProf's figures cover {len(covered)} of the session's {of_hosts}, those that matter "
-                  f"whose files fit the session limit together ({', '.join(covered)}): its converters read the xplane "
-                  "files, and every host's together is over that limit; xdiag's are averaged over the active devices "
-                  "of every host.")
+                  f"whose files fit the limit together ({', '.join(covered)}): its converters read the xplane files, "
+                  "and every host's together is over the session limit or the memory its conversions may take; "
+                  "xdiag's are averaged over the active devices of every host.")
     elif hosts and hosts > 1:
         covers = (f" XProf's figures cover all {hosts:g} hosts of the session together (its converters combine every "
                   "host's file, ALL_HOSTS; memory is the peak of the hosts' allocators); xdiag's are averaged over the "
