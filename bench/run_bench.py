@@ -237,7 +237,7 @@ def bench_device(profiles: list[Path], repeats: int, workdir: Path) -> list[dict
 def _pod(capture: Path, hosts: int, workdir: Path) -> Path:
     """A session folder of `hosts` byte-for-byte copies of one real host capture (each its own file: nothing shared
     in the page cache that separate hosts would not share), made once per --workdir."""
-    folder = workdir / f"hosts-{hosts}"
+    folder = workdir / f"hosts-{capture.name.removesuffix('.xplane.pb')}-{hosts}"
     if len(list(folder.glob("*.xplane.pb"))) != hosts:
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
@@ -284,7 +284,7 @@ def render_hosts_markdown(report: dict) -> str:
         f"# xdiag analyze on many-host sessions ({report['date']}, {m['cores']} cores, {m['memory_gib']} GiB, "
         f"median of {report['repeats']})",
         "",
-        f"Each host a copy of {report['capture']} ({report['capture_mib']} MiB, a real CPU capture).",
+        f"Each host a copy of {report['capture']} ({report['capture_mib']} MiB, a real capture).",
         "",
         "| hosts | MiB | host by host: wall s | CPU s | read s | peak RSS MiB (× one host) | one process: wall s "
         "| CPU s | read s | peak RSS MiB |",
@@ -343,6 +343,9 @@ def main() -> None:
     parser.add_argument("--hosts", default="",
                         help="instead of the rest: many-host sessions of these host counts (e.g. 1,8,32,128), each "
                              "host a copy of the 20 MiB capture; results/hosts.{json,md}")
+    parser.add_argument("--hosts-profile", type=Path, default=None,
+                        help="with --hosts: each host a copy of this real profile (e.g. a TPU capture) instead; "
+                             "results/hosts-<name>.{json,md}")
     parser.add_argument("--one-process-max-hosts", type=int, default=32,
                         help="with --hosts: also read in one process up to this many hosts")
     args = parser.parse_args()
@@ -355,14 +358,15 @@ def main() -> None:
     compile_bytecode()
     captures = [(name, int(steps)) for name, steps in (c.split(":") for c in args.captures.split(",") if c)]
     if args.hosts:
-        capture = make_profiles([20], [], workdir)[0]
+        capture = args.hosts_profile or make_profiles([20], [], workdir)[0]
         report = {"machine": machine(), "repeats": args.repeats, "date": time.strftime("%Y-%m-%d"),
                   "capture": _label(capture, workdir), "capture_mib": round(capture.stat().st_size / 2**20, 1),
                   "rows": bench_hosts(capture, [int(h) for h in args.hosts.split(",")], args.repeats, workdir,
                                       args.one_process_max_hosts)}
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "hosts.json").write_text(json.dumps(report, indent=2) + "\n")
-        (args.out / "hosts.md").write_text(render_hosts_markdown(report))
+        stem = f"hosts-{args.hosts_profile.name.removesuffix('.xplane.pb')}" if args.hosts_profile else "hosts"
+        (args.out / f"{stem}.json").write_text(json.dumps(report, indent=2) + "\n")
+        (args.out / f"{stem}.md").write_text(render_hosts_markdown(report))
         print(render_hosts_markdown(report))
         return
     rows = []
