@@ -313,3 +313,39 @@ def test_xdiag_analyze_of_device_hosts_beyond_xprofs_memory_builds_its_views_for
         assert sum(path.stat().st_size for path in paths[:len(covered)]) <= 402_000 < 3 * paths[0].stat().st_size
         assert f"XProf's figures cover {len(covered)} of the session's 4 hosts" in report
         assert f"({', '.join(covered)})" in report
+
+
+def _analyze(folder: Path, out: Path, max_bytes: float):
+    from typer.testing import CliRunner
+    from xdiag.cli import app
+
+    return CliRunner().invoke(app, ["analyze", str(folder), "--out", str(out), "-q",
+                                    "--max-profile-gib", f"{max_bytes / 2**30:.9f}"])
+
+
+def test_xdiag_analyze_of_many_hosts_is_bound_by_each_host_file_not_by_their_sum(lockstep, tmp_path):
+    """A folder of six hosts read host by host, each summarised: the limit binds each file (one over it is refused
+    by name), not all of them together, and the straggler is named."""
+    paths = _hosts(_pod(tmp_path / "pod", lockstep["straggler_input"], 6))
+    largest = max(path.stat().st_size for path in paths)
+    assert sum(path.stat().st_size for path in paths) > 1.5 * largest
+    done = _analyze(tmp_path / "pod", tmp_path / "out", 1.5 * largest)
+    assert done.exit_code == 0, done.output
+    analysis = json.loads((tmp_path / "out" / "analysis.json").read_text())
+    assert analysis["diagnosis"]["findings"][0]["key"] == "straggler_host"
+    refused = _analyze(tmp_path / "pod", tmp_path / "refused", 0.5 * largest)
+    assert refused.exit_code == 2
+    assert re.search(r"\S+\.xplane\.pb is [\d.]+ [KM]iB, over the [\d.]+ [KM]iB limit per host file", refused.output)
+
+
+def test_xdiag_analyze_of_hosts_that_cannot_be_summarised_keeps_the_session_limit_and_says_why(tmp_path):
+    folder = tmp_path / "ranks"
+    folder.mkdir()
+    ranks = sorted((PROFILES / "torch_ranks" / "straggler").glob("*.pt.trace.json.gz"))
+    for rank in ranks:
+        shutil.copyfile(rank, folder / rank.name)
+    largest = max(rank.stat().st_size for rank in ranks)
+    refused = _analyze(folder, tmp_path / "out", 1.5 * largest)
+    assert refused.exit_code == 2
+    assert "limit per session that binds where its hosts cannot be summarised" in refused.output
+    assert "a PyTorch trace: each kernel's FLOPs are shared out" in refused.output

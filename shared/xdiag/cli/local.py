@@ -14,7 +14,7 @@ import typer
 
 from xdiag.cli.console import err, fail, freeze_collector, out, progress_printer
 from xdiag.cli.runs import call_plane, control_plane, run_and_session
-from xdiag.cli.options import PATH_HELP, RUN_HELP, SESSION_HELP, STACK_DIR, TOKEN_OPTION, URL_OPTION
+from xdiag.cli.options import MAX_PROFILE_HELP, PATH_HELP, RUN_HELP, SESSION_HELP, STACK_DIR, TOKEN_OPTION, URL_OPTION
 from xdiag.errors import XdiagError
 
 app = typer.Typer()
@@ -26,7 +26,7 @@ def analyze(
     out_dir: Annotated[Optional[Path], typer.Option("--out", help="Output folder (default ./xdiag-out/<session>).")] = None,
     investigator: Annotated[str, typer.Option(envvar="XDIAG_INVESTIGATOR", help="rules (built-in, no network) or gemini (Vertex AI).")] = "rules",
     session: Annotated[Optional[str], typer.Option(help="Session name inside a log dir (default: the newest).")] = None,
-    max_profile_gib: Annotated[float, typer.Option(help="Refuse sessions larger than this.")] = 2.0,
+    max_profile_gib: Annotated[float, typer.Option(help=MAX_PROFILE_HELP)] = 2.0,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress lines; print only the report path.")] = False,
     no_xprof_views: Annotated[bool, typer.Option("--no-xprof-views", help="Skip XProf's own converters on TPU/GPU profiles (they take seconds per view on large profiles); the tools that need them say so.")] = False,
     project: Annotated[Optional[str], typer.Option(help="Google Cloud project for Gemini on Vertex AI (env VERTEX_PROJECT).")] = None,
@@ -111,7 +111,7 @@ def one_tool(
     arg: Annotated[Optional[list[str]], typer.Option("--arg", help="Tool argument as key=value (repeatable), typed and checked as the tool declares.")] = None,
     session: Annotated[Optional[str], typer.Option(help="Session name inside a log dir.")] = None,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Decode the profile and run the tool afresh, keeping nothing (XDIAG_LOCAL_CACHE_DIR, ~/.cache/xdiag).")] = False,
-    max_profile_gib: Annotated[float, typer.Option(help="Refuse sessions larger than this.")] = 2.0,
+    max_profile_gib: Annotated[float, typer.Option(help=MAX_PROFILE_HELP)] = 2.0,
     show_help: Annotated[bool, typer.Option("--help", "-h", help="This help; with NAME, the tool's arguments and the fields it returns.")] = False,
 ) -> None:
     """Run one tool on a session and print its JSON result. The decoded profile and the answer are kept per file
@@ -167,7 +167,7 @@ def mcp(
     http: Annotated[bool, typer.Option("--http", help="Serve streamable HTTP on 127.0.0.1 instead of stdio.")] = False,
     port: Annotated[int, typer.Option(help="With --http: the port (0: any free one; the URL is printed on stderr).")] = 8792,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Run every tool afresh, keeping nothing.")] = False,
-    max_profile_gib: Annotated[float, typer.Option(help="Refuse sessions larger than this.")] = 2.0,
+    max_profile_gib: Annotated[float, typer.Option(help=MAX_PROFILE_HELP)] = 2.0,
     stack_dir: Annotated[Path, STACK_DIR] = Path(".xdiag-stack"),
 ) -> None:
     """Serve xdiag to a coding agent over MCP (Gemini CLI, Claude Code, Cursor): every tool with its schema,

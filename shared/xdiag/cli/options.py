@@ -11,5 +11,7 @@ STACK_DIR = typer.Option("--stack-dir", envvar="XDIAG_STACK_DIR", help="Where th
 URL_OPTION = typer.Option("--url", envvar="XDIAG_CONTROL_PLANE_URL", help="The control plane (default: the local stack's).")
 TOKEN_OPTION = typer.Option("--token", envvar="XDIAG_CONTROL_PLANE_TOKEN", help="Its bearer token (default: the local stack's).")
 RUN_HELP = "The run: its id, or its display name (the ML Diagnostics SDK gives runs a UUID; the name works too)."
+MAX_PROFILE_HELP = ("Refuse sessions larger than this (GiB). Of a folder of several hosts, each host file; all of them "
+                    "together only where the hosts cannot be summarised (PyTorch traces).")
 HOSTS_HELP = "Registered target names, comma-separated (default: every target of the run)."
 SESSION_HELP = "RUN/SESSION, or SESSION with --run."

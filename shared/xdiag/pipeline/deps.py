@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import logging
@@ -256,17 +257,20 @@ class SessionLoader:
                     if early is None and (self._prefetch_views or (prepared and self._prepare)):
                         early = start_views(paths, self._max_bytes)  # converting while the session is read
                     threads = read_threads(early.workers_converting if early is not None else 0)
+                    stored = bool(prepared and self._prepare)  # stored whole, every host's columns, for the tools
                     try:
                         session = read_session(paths, name=name, max_bytes=self._max_bytes, progress=self._progress,
                                                threads=threads, worker=host_summary.__name__,
-                                               on_mapped=_adopt_summaries)
+                                               on_mapped=functools.partial(_adopt_summaries, max_bytes=self._max_bytes,
+                                                                           whole=stored),
+                                               limit_each_host=not stored)
                     except BaseException:
                         if early is not None:
                             early.close()
                         raise
                     adopt_views(session, early)
                     if len(session.hosts) > 1:
-                        _views_within_memory(session)
+                        _views_within_memory(session, self._max_bytes)
                     if prepared and self._prepare:  # register did not (its quiet period ran out first): here, so
                         self._store_prepared(session, prepared, early)  # the tool instances still need not convert
             except FileNotFoundError as exc:
@@ -376,10 +380,11 @@ class SessionLoader:
             return None
 
 
-def _views_within_memory(session: Session) -> None:
-    """XProf's views of a many-host device session read in this process whose files together are more than XProf's
-    conversions may take of its memory (xdiag.analysis.xprof.memory_budget): those of the hosts that matter that fit,
-    each view naming them (host_subset), instead of none. Where not even one fits, the views say why, as before."""
+def _views_within_memory(session: Session, max_bytes: int) -> None:
+    """XProf's views of a many-host device session read in this process whose files together are over the session
+    limit or more than XProf's conversions may take of its memory (xdiag.analysis.xprof.memory_budget): those of the
+    hosts that matter that fit both, each view naming them (host_subset), instead of none. Where not even one fits,
+    the views say why, as before."""
     from xdiag.analysis.xprof import memory_budget
     from xdiag.analysis.xprof.host_subset import HostSubsetViews
     from xdiag.analysis.xprof.views import XprofViews
@@ -387,8 +392,9 @@ def _views_within_memory(session: Session) -> None:
     if session.platform == "CPU" or os.environ.get(XPROF_VIEWS_ENV, "1") == "0" or trace_format(session):
         return
     sizes = [host.size_bytes for host in session.hosts]
-    fits = memory_budget.largest_profile_bytes()
-    if fits is None or sum(sizes) <= fits:
+    in_memory = memory_budget.largest_profile_bytes()
+    fits = max_bytes if in_memory is None else min(max_bytes, in_memory)
+    if sum(sizes) <= fits:
         return
     chosen = host_summary.hosts_within(sizes, host_summary.hosts_that_matter(session), fits)
     if not chosen:
@@ -403,11 +409,19 @@ def _views_within_memory(session: Session) -> None:
              session.name, len(chosen), len(session.hosts))
 
 
-def _adopt_summaries(session: Session, prepared: list[Path]) -> None:
-    """A session read host by host takes the tables assembled from its hosts' summaries (host_summary.adopt_mapped)."""
+def _adopt_summaries(session: Session, prepared: list[Path], max_bytes: int, whole: bool) -> None:
+    """A session read host by host takes the tables assembled from its hosts' summaries (host_summary.adopt_mapped).
+    Where it cannot, its tools read every host's columns: ProfileError where its files together are over `max_bytes`
+    (checked here unless the read checked it already: `whole`)."""
     why_not = host_summary.adopt_mapped(session, prepared)
-    if why_not:
-        log.info("session %s: its tools build their tables from its columns (%s)", session.name, why_not)
+    if not why_not:
+        return
+    log.info("session %s: its tools build their tables from its columns (%s)", session.name, why_not)
+    if not whole and session.size_bytes > max_bytes:
+        raise ProfileError(
+            f"the session's {len(session.hosts)} host files are {readable_size(session.size_bytes)} together, over "
+            f"the {readable_size(max_bytes)} limit per session that binds where its hosts cannot be summarised "
+            f"({why_not}); analyse fewer hosts, capture a shorter window or raise --max-profile-gib")
 
 
 @dataclass

@@ -38,6 +38,7 @@ from xdiag.profile.reader import (
 from xdiag.profile.locate import is_trace_file
 from xdiag.profile.space import HloModule, HostProfile, Session
 from xdiag.profile.trace_json import read_trace_host
+from xdiag.sizes import readable_size
 
 _CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
@@ -77,13 +78,22 @@ def read_session_by_host(
     progress: Progress | None = None,
     worker: str = __name__,
     on_mapped: Callable[[Session, list[Path]], None] | None = None,
+    limit_each_host: bool = False,
 ) -> Session:
     """Every host file of one capture decoded by worker processes (at most `workers` at once) into a private
     temporary folder, mapped, and the folder removed (a mapped file stays readable until it is unmapped: its disk
     space goes with the session); the same Session as `read_session`. `worker` is the module the workers run (one
     that speaks `main`'s protocol and may write more beside each host's file); `on_mapped(session, files)` is given
-    the session and each host's file, in the session's order, before the folder goes."""
-    total = session_bytes(paths, max_bytes)
+    the session and each host's file, in the session's order, before the folder goes. `max_bytes` bounds the files
+    together, or with `limit_each_host` each file (a caller whose tools read the hosts' summaries, which checks the
+    whole only where they cannot stand in for the columns)."""
+    if limit_each_host:
+        for path in paths:
+            if path.exists() and path.stat().st_size > max_bytes:
+                raise ProfileError(f"{path.name} is {readable_size(path.stat().st_size)}, over the "
+                                   f"{readable_size(max_bytes)} limit per host file; capture a shorter window or raise "
+                                   "--max-profile-gib")
+    total = session_bytes(paths, sys.maxsize if limit_each_host else max_bytes)
     ordered = sorted(paths)
     with tempfile.TemporaryDirectory(prefix="xdiag-hosts-") as scratch:
         outs = [Path(scratch) / f"host-{index:05d}.xdiag" for index in range(len(ordered))]
