@@ -285,8 +285,8 @@ class SessionLoader:
 
     def _adopt_host_views(self, session: Session, key: tuple[BlobInfo, ...], prepared: str) -> None:
         """XProf's views of a device session assembled from its hosts' summaries: of every host where the files fit
-        the session limit together, else of the hosts that matter that fit, each view naming the hosts it covers
-        (xdiag.analysis.xprof.host_subset). Recorded once beside the session (by the reduce, the first to load it),
+        the session limit and XProf's memory here together, else of the hosts that matter that fit, each view naming
+        the hosts it covers (xdiag.analysis.xprof.host_subset). Recorded once beside the session (by the reduce, the first to load it),
         answered from the record by each tool instance, which fetches the files only for a view not recorded."""
         from xdiag.analysis.xprof import XprofViews
         from xdiag.analysis.xprof.host_subset import HostSubsetViews, NoHostViews
@@ -294,12 +294,13 @@ class SessionLoader:
 
         if session.platform == "CPU" or os.environ.get(XPROF_VIEWS_ENV, "1") == "0":
             return
-        chosen = host_summary.hosts_within([info.size for info in key], host_summary.hosts_that_matter(session),
-                                           self._max_bytes)
+        limit = _xprof_bytes_limit(self._max_bytes)
+        chosen = host_summary.hosts_within([info.size for info in key], host_summary.hosts_that_matter(session), limit)
         if not chosen:
             session.cache["xprof_views"] = NoHostViews(
                 f"XProf's views read the xplane files, and each host that matters is over the "
-                f"{readable_size(self._max_bytes)} limit per session (XDIAG_MAX_PROFILE_GIB) on its own")
+                f"{readable_size(limit)} they may read here on its own (the session limit, XDIAG_MAX_PROFILE_GIB, or "
+                "what XProf's conversions may take of this instance's memory, XDIAG_XPROF_MEMORY_GIB)")
             return
 
         def local_files() -> list[Path]:  # XProf's converters read the chosen hosts' xplane files: our copies
@@ -380,20 +381,27 @@ class SessionLoader:
             return None
 
 
+def _xprof_bytes_limit(max_bytes: int) -> int:
+    """The most bytes of xplane files XProf's views of a session read in this process: the session limit, or less
+    where XProf's conversions may take less of its memory (xdiag.analysis.xprof.memory_budget)."""
+    from xdiag.analysis.xprof import memory_budget
+
+    in_memory = memory_budget.largest_profile_bytes()
+    return max_bytes if in_memory is None else min(max_bytes, in_memory)
+
+
 def _views_within_memory(session: Session, max_bytes: int) -> None:
     """XProf's views of a many-host device session read in this process whose files together are over the session
     limit or more than XProf's conversions may take of its memory (xdiag.analysis.xprof.memory_budget): those of the
     hosts that matter that fit both, each view naming them (host_subset), instead of none. Where not even one fits,
     the views say why, as before."""
-    from xdiag.analysis.xprof import memory_budget
     from xdiag.analysis.xprof.host_subset import HostSubsetViews
     from xdiag.analysis.xprof.views import XprofViews
 
     if session.platform == "CPU" or os.environ.get(XPROF_VIEWS_ENV, "1") == "0" or trace_format(session):
         return
     sizes = [host.size_bytes for host in session.hosts]
-    in_memory = memory_budget.largest_profile_bytes()
-    fits = max_bytes if in_memory is None else min(max_bytes, in_memory)
+    fits = _xprof_bytes_limit(max_bytes)
     if sum(sizes) <= fits:
         return
     chosen = host_summary.hosts_within(sizes, host_summary.hosts_that_matter(session), fits)
