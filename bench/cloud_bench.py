@@ -144,7 +144,7 @@ def render_hosts_markdown(report: dict) -> str:
         f"# Many-host sessions on the local stack ({report['date']}, {report['machine']['cores']} cores, "
         f"{report['machine']['memory_gib']} GiB)",
         "",
-        f"Each host a copy of {report['capture']} ({report['capture_mib']} MiB, a real CPU capture); quiet period "
+        f"Each host a copy of {report['capture']} ({report['capture_mib']} MiB, a real capture); quiet period "
         f"{report['quiet_period_s']:g} s; map_host runs 2 instances.",
         "",
         "| hosts | MiB | upload → summary.html s | map stage s | maps (median / longest s) | collect s | tools s | "
@@ -170,7 +170,8 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, default=None, help="captures are kept and reused here")
     parser.add_argument("--profile", type=Path, default=None,
                         help="this profile instead of the capture (a device profile: XProf's views on the stack)")
-    parser.add_argument("--hosts", default="", help="the many-host bench: comma-separated host counts, e.g. 1,8,32")
+    parser.add_argument("--hosts", default="", help="the many-host bench: comma-separated host counts, e.g. 1,8,32 "
+                                                    "(each host a copy of --profile where given)")
     args = parser.parse_args()
 
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="xdiag-cloud-bench-"))
@@ -179,19 +180,20 @@ def main() -> None:
         atexit.register(shutil.rmtree, workdir, ignore_errors=True)
     compile_bytecode()
     if args.hosts:
-        capture = make_profiles([20], [], workdir)[0]
+        capture = args.profile or make_profiles([20], [], workdir)[0]
         report = {"machine": machine(), "date": time.strftime("%Y-%m-%d"), "quiet_period_s": args.quiet_period,
                   "capture": _label(capture, workdir), "capture_mib": round(capture.stat().st_size / 2**20, 1),
                   "rows": bench_hosts_on_the_stack(capture, [int(h) for h in args.hosts.split(",")], workdir,
                                                    args.quiet_period)}
         args.out.mkdir(parents=True, exist_ok=True)
-        earlier = args.out / "hosts-stack.json"  # host counts not run again keep their rows (a long count runs alone)
+        stem = f"hosts-stack-{args.profile.name.removesuffix('.xplane.pb')}" if args.profile else "hosts-stack"
+        earlier = args.out / f"{stem}.json"  # host counts not run again keep their rows (a long count runs alone)
         if earlier.exists():
             counts = {row["hosts"] for row in report["rows"]}
             kept = [row for row in json.loads(earlier.read_text())["rows"] if row["hosts"] not in counts]
             report["rows"] = sorted(kept + report["rows"], key=lambda row: row["hosts"])
-        (args.out / "hosts-stack.json").write_text(json.dumps(report, indent=2) + "\n")
-        (args.out / "hosts-stack.md").write_text(render_hosts_markdown(report))
+        (args.out / f"{stem}.json").write_text(json.dumps(report, indent=2) + "\n")
+        (args.out / f"{stem}.md").write_text(render_hosts_markdown(report))
         print(render_hosts_markdown(report))
         return
     [profile] = [args.profile] if args.profile else make_profiles([args.size_mib], [], workdir)
