@@ -270,9 +270,9 @@ class SessionLoader:
                         raise
                     adopt_views(session, early)
                     if len(session.hosts) > 1:
-                        _views_within_memory(session, self._max_bytes)
-                    if prepared and self._prepare:  # register did not (its quiet period ran out first): here, so
-                        self._store_prepared(session, prepared, early)  # the tool instances still need not convert
+                        _views_within_limits(session, self._max_bytes)
+                    if stored:  # register did not (its quiet period ran out first): here, so the tool instances
+                        self._store_prepared(session, prepared, session.cache.get("xprof_views"))  # need not convert
             except FileNotFoundError as exc:
                 raise ProfileError(f"profile object missing or replaced since the analysis began: {exc}") from None
             while len(self._sessions) >= self._keep:
@@ -286,8 +286,9 @@ class SessionLoader:
     def _adopt_host_views(self, session: Session, key: tuple[BlobInfo, ...], prepared: str) -> None:
         """XProf's views of a device session assembled from its hosts' summaries: of every host where the files fit
         the session limit and XProf's memory here together, else of the hosts that matter that fit, each view naming
-        the hosts it covers (xdiag.analysis.xprof.host_subset). Recorded once beside the session (by the reduce, the first to load it),
-        answered from the record by each tool instance, which fetches the files only for a view not recorded."""
+        the hosts it covers (xdiag.analysis.xprof.host_subset). Recorded once beside the session (by the reduce, the
+        first to load it), answered from the record by each tool instance, which fetches the files only for a view
+        not recorded."""
         from xdiag.analysis.xprof import XprofViews
         from xdiag.analysis.xprof.host_subset import HostSubsetViews, NoHostViews
         from xdiag.analysis.xprof.stored import StoredViews
@@ -390,7 +391,7 @@ def _xprof_bytes_limit(max_bytes: int) -> int:
     return max_bytes if in_memory is None else min(max_bytes, in_memory)
 
 
-def _views_within_memory(session: Session, max_bytes: int) -> None:
+def _views_within_limits(session: Session, max_bytes: int) -> None:
     """XProf's views of a many-host device session read in this process whose files together are over the session
     limit or more than XProf's conversions may take of its memory (xdiag.analysis.xprof.memory_budget): those of the
     hosts that matter that fit both, each view naming them (host_subset), instead of none. Where not even one fits,
@@ -413,8 +414,8 @@ def _views_within_memory(session: Session, max_bytes: int) -> None:
     subset = XprofViews([session.hosts[k].path for k in chosen])
     session.cache["xprof_views"] = HostSubsetViews(subset, [session.hosts[k].hostname for k in chosen],
                                                    len(session.hosts))
-    log.info("session %s: XProf's views of %d of its %d hosts, all XProf's conversions may take in memory here",
-             session.name, len(chosen), len(session.hosts))
+    log.info("session %s: XProf's views of %d of its %d hosts, those that matter within the session limit and "
+             "XProf's memory here", session.name, len(chosen), len(session.hosts))
 
 
 def _adopt_summaries(session: Session, prepared: list[Path], max_bytes: int, whole: bool) -> None:
