@@ -1,4 +1,5 @@
-"""The per-step tables of a session assembled from many hosts, held as arrays (xdiag.analysis.packed): every value
+"""The per-step tables of a session assembled from many hosts, held as arrays (xdiag.analysis.packed) and made into
+rows once, where read (MadeOnFirstRead): every value
 comes back as it went in, of its type, on a real TPU capture's steps and step rows."""
 
 from __future__ import annotations
@@ -72,3 +73,28 @@ def test_a_negative_zero_keeps_its_sign_among_zeros(session):
     stored["columns"][column]["values"][:2] = [0.0, -0.0]
     back = packed.rows(packed.pack(stored), StepRow)
     assert [math.copysign(1, row.step_ms) for row in back[:2]] == [1, -1]
+
+
+def test_a_table_made_on_first_read_is_made_once_when_threads_ask_at_once():
+    import threading
+    import time
+
+    from xdiag.analysis.session_cache import MadeOnFirstRead
+
+    made = []
+
+    def slow() -> list:
+        made.append(1)
+        time.sleep(0.2)
+        return ["rows"]
+
+    cache = MadeOnFirstRead({"kept": 1}, {"step_rows": slow})
+    seen = []
+    threads = [threading.Thread(target=lambda: seen.append(("step_rows" in cache, cache["step_rows"])))
+               for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert made == [1] and seen == [(True, ["rows"])] * 4
+    assert cache.get("kept") == 1 and cache.get("missing") is None and "missing" not in cache

@@ -3,6 +3,8 @@ once per session from its event columns and kept in `session.cache`: every tool 
 
 from __future__ import annotations
 
+import threading
+
 from xdiag.profile.space import Session
 
 
@@ -20,13 +22,18 @@ class MadeOnFirstRead(dict):
     def __init__(self, entries: dict, makers: dict):
         super().__init__({key: value for key, value in entries.items() if key not in makers})
         self._makers = dict(makers)
+        self._making = threading.RLock()  # two tools' threads asking at once make a table once
 
     def __contains__(self, key: object) -> bool:
         return dict.__contains__(self, key) or key in self._makers
 
     def __missing__(self, key: str):
-        value = self[key] = self._makers.pop(key)()
-        return value
+        with self._making:
+            if dict.__contains__(self, key):  # made by the thread that held the lock
+                return dict.__getitem__(self, key)
+            value = self._makers[key]()  # its maker stays until it is stored: the key is in the cache meanwhile
+            self[key] = value
+            return value
 
     def __setitem__(self, key: str, value) -> None:
         self._makers.pop(key, None)
