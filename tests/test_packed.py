@@ -1,6 +1,6 @@
 """The per-step tables of a session assembled from many hosts, held as arrays (xdiag.analysis.packed) and made into
-rows once, where read (MadeOnFirstRead): every value
-comes back as it went in, of its type, on a real TPU capture's steps and step rows."""
+rows once, where read (MadeOnFirstRead): every value comes back as it went in, of its type, on a real TPU capture's
+steps and step rows."""
 
 from __future__ import annotations
 
