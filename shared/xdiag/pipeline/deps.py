@@ -295,8 +295,7 @@ class SessionLoader:
 
         if session.platform == "CPU" or os.environ.get(XPROF_VIEWS_ENV, "1") == "0":
             return
-        limit = _xprof_bytes_limit(self._max_bytes)
-        chosen = host_summary.hosts_within([info.size for info in key], host_summary.hosts_that_matter(session), limit)
+        chosen, limit = _hosts_for_views(session, [info.size for info in key], self._max_bytes)
         if not chosen:
             session.cache["xprof_views"] = NoHostViews(
                 f"XProf's views read the xplane files, and each host that matters is over the "
@@ -382,13 +381,16 @@ class SessionLoader:
             return None
 
 
-def _xprof_bytes_limit(max_bytes: int) -> int:
-    """The most bytes of xplane files XProf's views of a session read in this process: the session limit, or less
-    where XProf's conversions may take less of its memory (xdiag.analysis.xprof.memory_budget)."""
+def _hosts_for_views(session: Session, sizes: list[int], max_bytes: int) -> tuple[list[int], int]:
+    """(the positions of the hosts XProf's views of a many-host session read in this process, the bytes they may
+    read): every host where their files fit together under the session limit and what XProf's conversions may take
+    of this process's memory (xdiag.analysis.xprof.memory_budget), else the hosts that matter that fit; possibly
+    none."""
     from xdiag.analysis.xprof import memory_budget
 
     in_memory = memory_budget.largest_profile_bytes()
-    return max_bytes if in_memory is None else min(max_bytes, in_memory)
+    limit = max_bytes if in_memory is None else min(max_bytes, in_memory)
+    return host_summary.hosts_within(sizes, host_summary.hosts_that_matter(session), limit), limit
 
 
 def _views_within_limits(session: Session, max_bytes: int) -> None:
@@ -401,12 +403,8 @@ def _views_within_limits(session: Session, max_bytes: int) -> None:
 
     if session.platform == "CPU" or os.environ.get(XPROF_VIEWS_ENV, "1") == "0" or trace_format(session):
         return
-    sizes = [host.size_bytes for host in session.hosts]
-    fits = _xprof_bytes_limit(max_bytes)
-    if sum(sizes) <= fits:
-        return
-    chosen = host_summary.hosts_within(sizes, host_summary.hosts_that_matter(session), fits)
-    if not chosen:
+    chosen, _ = _hosts_for_views(session, [host.size_bytes for host in session.hosts], max_bytes)
+    if not chosen or len(chosen) == len(session.hosts):
         return
     started = session.cache.pop("xprof_views", None)
     if started is not None:

@@ -87,12 +87,11 @@ def read_session_by_host(
     the session and each host's file, in the session's order, before the folder goes. `max_bytes` bounds the files
     together, or with `limit_each_host` each file (a caller whose tools read the hosts' summaries, which checks the
     whole only where they cannot stand in for the columns)."""
-    if limit_each_host:
-        for path in paths:
-            if path.exists() and path.stat().st_size > max_bytes:
-                raise ProfileError(f"{path.name} is {readable_size(path.stat().st_size)}, over the "
-                                   f"{readable_size(max_bytes)} limit per host file; capture a shorter window or raise "
-                                   "--max-profile-gib")
+    for path in paths if limit_each_host else ():
+        size = path.stat().st_size if path.exists() else 0
+        if size > max_bytes:
+            raise ProfileError(f"{path.name} is {readable_size(size)}, over the {readable_size(max_bytes)} limit per "
+                               "host file; capture a shorter window or raise --max-profile-gib")
     total = session_bytes(paths, sys.maxsize if limit_each_host else max_bytes)
     ordered = sorted(paths)
     with tempfile.TemporaryDirectory(prefix="xdiag-hosts-") as scratch:

@@ -4,8 +4,9 @@ all of them.
 XProf's converters read the xplane files themselves, every host's together, so a session summarised host by host
 (xdiag.tools.host_summary) still gives them its files. Where the files together are over the session limit, the
 views are built for the hosts that matter (the straggler, the slowest host, the first: host_summary's choice) that
-fit under it (xdiag.tools.host_summary.hosts_within), and every view's answer names the hosts it covers (`hosts_covered`, `hosts_in_session`) instead of
-the session failing; where even one of them is over the limit, each view says so (NotAvailable).
+fit under it (xdiag.tools.host_summary.hosts_within), and every view's answer names the hosts it covers
+(`hosts_covered`, `hosts_in_session`) instead of the session failing; where even one of them is over the limit, each
+view says so (NotAvailable).
 """
 
 from __future__ import annotations
