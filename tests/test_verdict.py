@@ -195,7 +195,9 @@ def test_the_widening_that_makes_ops_memory_bound_is_the_top_finding(cpu_profile
     readers = set(convert["read_by"]) & memory_bound_ops
     assert readers, (convert["read_by"], memory_bound_ops)
     widening, memory_bound = analysis.diagnosis.findings[:2]
-    assert widening.priority == memory_bound.priority
+    # The cause stakes at least its symptom's time; its own share may be larger, so its priority may be higher
+    # (a CI machine measured the widening at P0 with the reductions at P1).
+    assert widening.priority <= memory_bound.priority, (widening.priority, memory_bound.priority)
     for op in readers:
         assert op in widening.whats_happening and op in memory_bound.whats_happening
 
