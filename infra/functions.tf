@@ -18,15 +18,16 @@
 # period, many at once, and one of them at a time per instance reads the session meanwhile and stores it
 # prepared (collect and the tools then only map it). The others are small and take many deliveries at once.
 #
-# Many-host sessions (XDIAG_MAP_HOSTS_FROM host files or more) are never decoded in one instance: map_host decodes
-# one host file per delivery (limit XDIAG_MAX_HOST_FILE_GIB = 2 GiB per file; bench/README.md measured a 1.9 GiB TPU
-# host at 6.1 GiB peak, its op table the most of it, beside the file and its prepared columns in the /tmp cache, so
-# 16 GiB with 4 vCPU, the least Cloud Run pairs with it; a CPU host of 2 GiB peaks at 2.4 GiB) and writes its summary beside its
-# columns, up to max_instances at once; the last host's delivery announces the session again and collect assembles
-# the session's tables from the summaries (the reduce), which the tool instances read. A session of more than
-# XDIAG_MAX_HOSTS (256) host files or a file over the per-file limit is FAILED with the reason at once; one whose hosts
-# cannot be summarised (PyTorch traces) and whose files are over XDIAG_MAX_PROFILE_GIB together (what the
-# reduce and each tool instance then map) is FAILED with the reason after its maps; never retried. Every delivery finishes inside its timeout_s, under the push subscriptions' 600 s ack deadline.
+# Many-host sessions (XDIAG_MAP_HOSTS_FROM host files or more) are never decoded in one instance: map_host decodes one
+# host file per delivery (limit XDIAG_MAX_HOST_FILE_GIB = 2 GiB per file; bench/README.md measured a 1.9 GiB TPU host
+# at 4.9 GiB peak, its op table the most of it, beside the file and its prepared columns in the /tmp cache: over 8 GiB
+# together, so 16 GiB with 4 vCPU, the least Cloud Run pairs with it; a CPU host of 2 GiB peaks at 2.4 GiB) and writes
+# its summary beside its columns, up to max_instances at once; the last host's delivery announces the session again
+# and collect assembles the session's tables from the summaries (the reduce), which the tool instances read. A session
+# of more than XDIAG_MAX_HOSTS (256) host files or a file over the per-file limit is FAILED with the reason at once;
+# one whose hosts cannot be summarised (PyTorch traces) and whose files are over XDIAG_MAX_PROFILE_GIB together (what
+# the reduce and each tool instance then map) is FAILED with the reason after its maps; never retried. Every delivery
+# finishes inside its timeout_s, under the push subscriptions' 600 s ack deadline.
 
 locals {
   functions = {

@@ -36,6 +36,8 @@ def _same_tables(built, adopted) -> None:
         assert getattr(stored, column).dtype == getattr(ops, column).dtype, column
         assert np.array_equal(getattr(stored, column), getattr(ops, column)), column
     assert stored.keys() == ops.keys()
+    # One array holds the ends and the events' ends where no `end:` event paired with an op, in the file too.
+    assert stored.ends_are_events_ends == ops.ends_are_events_ends
     for key in ("step_set", "step_rows", "device_rows"):
         assert repr(adopted.cache[key]) == repr(built.cache[key]), key
 
@@ -48,6 +50,7 @@ def test_prepared_session_and_its_tables_give_the_same_tool_results(profile, tmp
     loaded = load_session(prepared)
     assert prepared_tables.adopt(loaded) and not loaded.stored_tables
     _same_tables(session, loaded)
+    assert session.cache["op_table"].ends_are_events_ends  # a device's ops end where their events end
     assert _outputs(loaded) == _outputs(read_session([profile]))
 
 

@@ -418,3 +418,24 @@ def test_factorize_rows_groups_a_real_op_tables_rows_as_their_string_keys_do(h20
     assert len(set(zip(by_key.tolist(), inverse.tolist()))) == len(distinct)  # one group for one key, and back
     for row in (0, len(ops) // 2, len(ops) - 1):
         assert distinct[inverse[row]] == (ops.module[row], int(ops.program_id[row]), ops.name[row])
+
+
+@pytest.mark.parametrize("chunk_rows", [7, 1 << 20])
+def test_integer_rows_factorise_a_chunk_at_a_time_as_tuples_do(chunk_rows, monkeypatch):
+    """Integer columns (the op table's codes) are factorised by one key per row, a chunk of rows at a time: the same
+    distinct rows in the same first-seen order, and the same index per row, as hashing each row's tuple; and each
+    code's first row as np.unique finds it."""
+    import numpy as np
+    from xdiag.analysis.op_table import op_table
+    from xdiag.profile import columns
+
+    monkeypatch.setattr(columns, "CHUNK_ROWS", chunk_rows)
+    ops = op_table(read_session([Path(__file__).parent / "profiles" / "tpu_v5e" / "gru_scan_train.xplane.pb"]))
+    codes = (ops.device_code, ops.op, ops.program_id)
+    distinct, inverse = columns.factorize_rows(*codes)
+    as_tuples, tuple_inverse = columns.factorize_rows(*codes[:2], ops.program_id.astype(object))
+    assert 1 < len(distinct) < len(ops) and distinct == as_tuples
+    assert inverse.dtype == np.int32 and np.array_equal(inverse, tuple_inverse)
+    unique, first = np.unique(ops.op, return_index=True)
+    assert np.array_equal(columns.first_rows(ops.op, len(ops.op_keys))[unique], first)
+    assert columns.first_rows(np.array([2, 0, 2], np.int32), 4).tolist() == [1, -1, 0, -1]

@@ -12,7 +12,7 @@ from xdiag.analysis.roofline import TRANSFER_RATE_REASON, eight_bit_operands, ro
 from xdiag.cost.custom_calls import CUSTOM_CODE_REASON, bandwidth_floor
 from xdiag.cost.hlo import ON_CHIP_MEMORY_SPACE, instruction_cost
 from xdiag.cost.torch_ops import NO_SHAPES_REASON, NOT_COSTED_REASON, recorded_op_cost
-from xdiag.profile.columns import unique_with_inverse
+from xdiag.profile.columns import first_rows, unique_with_inverse
 from xdiag.profile.space import NO_VALUE, Session
 from xdiag.profile.trace_json import (
     CPU_OP_INPUTS_STAT, CPU_OP_STAT, KINETO, OP_ID_STAT, SHAPES_STAT, UNCAPTURED_LAUNCH_STAT, trace_format,
@@ -156,13 +156,19 @@ def op_stats(session: Session) -> list[OpStat]:
         # The table's distinct rows (millions of ops on large profiles, a few thousand keys), in np.unique's order.
         # An op's distinct keys differ only in the kernel (a GPU op may launch several: im2col, then its GEMM).
         unique, rank = unique_with_inverse(np.array([f"{m}\x00{p}\x00{n}" for m, p, n, *_ in ops.op_keys], dtype=object))
-        inverse = rank[ops.op]
-        totals = np.bincount(inverse, weights=ops.self_duration_ps().astype(float))  # a loop without its body
+        # Summed per op code, then per key: no array per row beyond the durations (times in ps are integers, exact
+        # in a float64 in either order).
+        own_ps = np.bincount(ops.op, weights=ops.self_duration_ps(), minlength=len(rank))  # a loop without its body
+        totals = np.bincount(rank, weights=own_ps, minlength=len(unique))
         # An execution launches each of its kernels once: an op ran as often as its most launched kernel.
         counts = np.zeros(len(unique), np.int64)
         np.maximum.at(counts, rank, np.bincount(ops.op, minlength=len(rank)))
-        first = np.full(len(unique), -1)
-        first[inverse[::-1]] = np.arange(len(inverse))[::-1]
+        # A key's category is its first execution's (a GPU op's kernels may differ in category).
+        first_code: dict[int, int] = {}
+        first_row = first_rows(ops.op, len(rank))
+        never = len(ops)  # a code in no row (first -1) comes after every code that ran
+        for code in np.argsort(np.where(first_row < 0, never, first_row), kind="stable").tolist():
+            first_code.setdefault(int(rank[code]), code)
         shared_names = _names_with_several_programs(session)
         for k, key in enumerate(unique):
             module_name, pid_text, name = key.split("\x00", 2)
@@ -180,7 +186,7 @@ def op_stats(session: Session) -> list[OpStat]:
                 # did not ask for: the MXU's extra passes at f32 precision (3x HIGH, 6x HIGHEST) in a matrix
                 # product, and in other fusions every element its converts and broadcasts touch (a matrix-vector
                 # product fused with its bf16->f32 converts: 5 "FLOPs" per weight where it does 2).
-                category = str(ops.category[first[k]])
+                category = ops.op_categories[first_code[k]]
                 # A reduce-window's shape count is one add per element, not per element of each window: the
                 # profile's count stands there.
                 windowed = module is not None and "reduce-window" in {cost and cost["opcode"],
@@ -199,7 +205,7 @@ def op_stats(session: Session) -> list[OpStat]:
                 cost = {**(cost or {"shape": recorded["shape"], "operand_shapes": [], "opcode": recorded["hlo_category"],
                                     "fusion_kind": "", "op_name": "", "source": recorded["source"]}),
                         "flops": flops, "bytes": recorded["bytes"], "flops_known": True, "cost_source": source}
-            category = str(ops.category[first[k]])
+            category = ops.op_categories[first_code[k]]
             if launched_costs is not None and not module_name:
                 cost = _launched_cost(launched_costs, name, int(counts[k]), category)
             if cost and category == "control_flow":

@@ -6,7 +6,8 @@ host planes (XLA:CPU ops run as events on the CPU client's threads) and device p
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import NamedTuple
 
 import numpy as np
 
@@ -106,7 +107,14 @@ class OpTable:
         a table's columns, and on large profiles a copy is hundreds of MB)."""
         if mask.dtype == bool and len(mask) == len(self) and mask.all():
             return self
-        return OpTable(**{f: getattr(self, f)[mask] for f in self.STORED}, **self.keys(), _per_code=self._per_code)
+        columns = {f: getattr(self, f)[mask] for f in self.STORED if f != "event_end_ps"}
+        columns["event_end_ps"] = columns["end_ps"] if self.ends_are_events_ends else self.event_end_ps[mask]
+        return OpTable(**columns, **self.keys(), _per_code=self._per_code)
+
+    @property
+    def ends_are_events_ends(self) -> bool:
+        """Whether no op's real end differs from its event's (no `end:` pairing): one array holds both."""
+        return self.event_end_ps is self.end_ps
 
     def on_device(self, device: str) -> np.ndarray:
         """The rows on `device`, as a boolean mask: its code compared, not a string per row."""
@@ -119,6 +127,13 @@ class OpTable:
         wanted = set(categories)
         return np.array([c in wanted for c in self.op_categories], dtype=bool)[self.op] if len(self) else \
             np.zeros(0, dtype=bool)
+
+    def rows_where(self, match: Callable[[tuple[str, int, str, str]], bool]) -> np.ndarray:
+        """The rows whose op key (module, program_id, name, kernel) `match` accepts, as a boolean mask: each key
+        tested once, no text gathered per row."""
+        if not len(self):
+            return np.zeros(0, dtype=bool)
+        return np.array([match(key) for key in self.op_keys], dtype=bool)[self.op]
 
     def devices(self, mask: np.ndarray | None = None) -> list[str]:
         """The devices the rows (those of `mask`, a boolean mask, where given) are on, sorted."""
@@ -139,6 +154,58 @@ def empty_op_table() -> OpTable:
 def _strings_of(plane: Plane, column: np.ndarray) -> np.ndarray:
     table = np.array(plane.strings + [""], dtype=object)
     return table[np.where(column >= 0, column, len(plane.strings))]
+
+
+class _Text(NamedTuple):
+    """A text column of op rows as each row's index among its distinct values: an int32 a row, not an object
+    pointer a row, and rows grouped by integers rather than by hashing strings (a TPU host's 2 GB file holds
+    ~40 million op executions)."""
+
+    codes: np.ndarray
+    values: list[str]
+
+    def at(self, rows: np.ndarray) -> list[str]:
+        return [self.values[code] for code in self.codes[rows].tolist()]
+
+    def assign(self, rows: np.ndarray, texts: list[str]) -> None:
+        position = {value: code for code, value in enumerate(self.values)}
+        for text in texts:
+            if text not in position:
+                position[text] = len(self.values)
+                self.values.append(text)
+        self.codes[rows] = [position[text] for text in texts]
+
+
+def _text_of_ids(ids: np.ndarray, value_of: Callable[[int], str]) -> _Text:
+    distinct, codes = unique_with_inverse(ids)
+    return _Text(codes.astype(np.int32), [value_of(i) for i in distinct.tolist()])
+
+
+def _text_of_objects(objects: np.ndarray) -> _Text:
+    distinct, codes = unique_with_inverse(objects)
+    return _Text(codes.astype(np.int32), distinct.tolist())
+
+
+def _plane_text(plane: Plane, string_ids: np.ndarray) -> _Text:
+    return _text_of_ids(string_ids, lambda i: plane.strings[i] if i >= 0 else "")
+
+
+def _blank_text(count: int) -> _Text:
+    return _Text(np.zeros(count, np.int32), [""])
+
+
+def _joined(arrays: list[np.ndarray]) -> np.ndarray:
+    return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+
+
+def _concatenated(texts: list[_Text]) -> _Text:
+    """One column of the parts' rows, their codes made codes of one list of values."""
+    position: dict[str, int] = {}
+    codes = []
+    for text in texts:
+        remap = np.array([position.setdefault(value, len(position)) for value in text.values], dtype=np.int32)
+        codes.append(remap[text.codes] if len(remap) else text.codes)
+    return _Text(np.concatenate(codes) if codes else np.zeros(0, np.int32), list(position))
 
 
 def _tpu_op_name(text: str) -> str:
@@ -166,25 +233,35 @@ def _module_name(text: str) -> str:
     return text.split("(", 1)[0]
 
 
+def _modules_at(spans: tuple[np.ndarray, np.ndarray, np.ndarray], starts: np.ndarray) -> _Text:
+    """Each op's module: the 'XLA Modules' span it starts in, "" outside every span."""
+    span_starts, span_ends, span_names = spans
+    span = np.searchsorted(span_starts, starts, side="right") - 1
+    before_first = span < 0
+    np.clip(span, 0, None, out=span)
+    names = _text_of_objects(span_names)
+    codes = names.codes[span]
+    codes[before_first | (starts >= span_ends[span])] = len(names.values)
+    return _Text(codes, names.values + [""])
+
+
 def _line_ops(plane: Plane, line: Line, host: str, has_xla_ops_line: bool) -> dict[str, np.ndarray] | None:
     """The XLA op (or GPU kernel) executions one line holds, or None when it holds none."""
     hlo_op = line.strings.get("hlo_op")
     count = len(line)
+    starts = None
     gpu: dict[str, np.ndarray] = {}  # GPU kernels: their own names, whether a CUDA graph ran them, their launch
     if plane.is_device:
         if line.name in _SKIP_DEVICE_LINES or not count:
             return None
+        mask = np.ones(count, dtype=bool)  # a device line's ops are all its events
         if line.name == "XLA Ops":
             display = plane.event_display_names
-            lookup = {k: _tpu_op_name(display.get(k) or plane.event_names.get(k, "")) for k in np.unique(line.metadata_id)}
-            names = np.array([lookup[k] for k in line.metadata_id], dtype=object)
-            modules = np.full(count, "", dtype=object)
+            names = _text_of_ids(line.metadata_id,
+                                 lambda k: _tpu_op_name(display.get(k) or plane.event_names.get(k, "")))
+            starts = line.starts.at(mask)
             spans = module_spans(plane)
-            if spans is not None:
-                starts = line.start_ps
-                idx = np.searchsorted(spans[0], starts, side="right") - 1
-                inside = (idx >= 0) & (starts < spans[1][np.clip(idx, 0, None)])
-                modules = np.where(inside, spans[2][np.clip(idx, 0, None)], "")
+            modules = _modules_at(spans, starts) if spans is not None else _blank_text(count)
         elif line.name.startswith("Stream") and not has_xla_ops_line:
             names = kernels = plane.names_of(line)
             in_graph = np.zeros(count, dtype=bool)
@@ -197,20 +274,20 @@ def _line_ops(plane: Plane, line: Line, host: str, has_xla_ops_line: bool) -> di
                 names = np.where((hlo_op >= 0) & ~in_graph, op_names, names)
             elif "tf_op" in line.strings:
                 names = np.where(line.strings["tf_op"] >= 0, _strings_of(plane, line.strings["tf_op"]), names)
-            modules = _strings_of(plane, line.strings["hlo_module"]) if "hlo_module" in line.strings else np.full(count, "", object)
+            names = _text_of_objects(names)
+            modules = _plane_text(plane, line.strings["hlo_module"]) if "hlo_module" in line.strings else _blank_text(count)
             launch = line.numeric.get("correlation_id")
-            gpu = {"kernel": kernels, "in_graph": in_graph,
+            gpu = {"kernel": _text_of_objects(kernels), "in_graph": in_graph,
                    "launch": launch if launch is not None else np.full(count, NO_VALUE, np.int64)}
         else:
             return None
-        mask = np.ones(count, dtype=bool)
         labels, device = [f"{host} {plane.name}"], np.zeros(count, np.int32)
     else:
         if hlo_op is None or not (hlo_op >= 0).any():
             return None
         mask = hlo_op >= 0
-        names = _strings_of(plane, hlo_op[mask])
-        modules = _strings_of(plane, line.strings["hlo_module"][mask]) if "hlo_module" in line.strings else np.full(mask.sum(), "", object)
+        names = _plane_text(plane, hlo_op[mask])
+        modules = _plane_text(plane, line.strings["hlo_module"][mask]) if "hlo_module" in line.strings else _blank_text(int(mask.sum()))
         ordinal = line.numeric.get("device_ordinal")
         if ordinal is not None:
             # One label per ordinal, shared by its rows (a string per row is ~60 bytes on millions of ops).
@@ -219,17 +296,20 @@ def _line_ops(plane: Plane, line: Line, host: str, has_xla_ops_line: bool) -> di
         else:
             labels, device = [f"{host} CPU"], np.zeros(mask.sum(), np.int32)
     program = line.numeric.get("program_id")
-    ends = line.end_ps_at(mask)
+    if starts is None:
+        starts = line.starts.at(mask)
+    ends = starts + line.durations.at(mask)
+    flow = line.numeric.get("_p")  # XLA:CPU async ops: the flow their `end:` event closes
     return {
-        "name": names if len(names) == mask.sum() else names[mask],
-        "module": modules if len(modules) == mask.sum() else modules[mask],
+        "name": names,
+        "module": modules,
         "program_id": program[mask] if program is not None else np.full(mask.sum(), NO_VALUE, np.int64),
         "device_code": device,  # an index in device_labels, made the table's own index by op_table
         "device_labels": labels,
-        "start_ps": line.starts.at(mask),
+        "start_ps": starts,
         "end_ps": ends,
         "event_end_ps": ends,  # the same array: the flow pairing replaces end_ps, never writes into it
-        "flow": line.numeric["_p"][mask] if "_p" in line.numeric else np.full(mask.sum(), NO_VALUE, np.int64),
+        **({"flow": flow[mask]} if flow is not None else {}),
         **gpu,  # a device line's mask selects every row
     }
 
@@ -275,7 +355,7 @@ def _flow_finish(
     return hit, finish
 
 
-def _name_graph_gemms(session: Session, cols: dict[str, np.ndarray]) -> None:
+def _name_graph_gemms(session: Session, cols: dict[str, np.ndarray | _Text]) -> None:
     """Names the library GEMM kernels a CUDA graph ran after the custom calls that launched them.
 
     Inside a graph a kernel's hlo_op names the command buffer, not its instruction, and a cuBLAS kernel is named
@@ -288,7 +368,7 @@ def _name_graph_gemms(session: Session, cols: dict[str, np.ndarray]) -> None:
         return
     groups: dict[tuple, list[int]] = {}
     for row, key in zip(candidates.tolist(), zip(cols["device_code"][candidates].tolist(),
-                                                  cols["module"][candidates].tolist(),
+                                                  cols["module"].at(candidates),
                                                   cols["program_id"][candidates].tolist(),
                                                   cols["launch"][candidates].tolist())):
         groups.setdefault(key, []).append(row)
@@ -303,8 +383,7 @@ def _name_graph_gemms(session: Session, cols: dict[str, np.ndarray]) -> None:
         if not scheduled:
             continue
         gemm_rows = []
-        for row in rows:
-            kernel = cols["kernel"][row]
+        for row, kernel in zip(rows, cols["kernel"].at(np.array(rows))):
             if (module_name, pid, kernel) not in library_gemm:
                 named = module.find(kernel) or module.find(_KERNEL_SUFFIX.sub(r".\1", kernel))
                 library_gemm[(module_name, pid, kernel)] = named is None and _category_from_name(kernel) == "matmul"
@@ -312,7 +391,7 @@ def _name_graph_gemms(session: Session, cols: dict[str, np.ndarray]) -> None:
                 gemm_rows.append(row)
         if len(gemm_rows) == len(scheduled):
             ordered = np.array(gemm_rows)[np.argsort(cols["start_ps"][gemm_rows], kind="stable")]
-            cols["name"][ordered] = scheduled
+            cols["name"].assign(ordered, scheduled)
 
 
 def op_table(session: Session) -> OpTable:
@@ -332,8 +411,9 @@ def op_table(session: Session) -> OpTable:
                     ops = _line_ops(plane, line, host.hostname, has_xla_ops_line)
                     if ops is None:
                         continue
-                    if len(flow_ids):
-                        hit, finish = _flow_finish(flow_ids, flow_ends, ops["flow"], ops["start_ps"])
+                    flow = ops.pop("flow", None)
+                    if flow is not None and len(flow_ids):
+                        hit, finish = _flow_finish(flow_ids, flow_ends, flow, ops["start_ps"])
                         ops["end_ps"] = np.where(hit, np.maximum(ops["end_ps"], finish), ops["end_ps"])
                     parts.append(ops)
             host.release_pages()  # its rows are taken: a many-host session holds one host's columns at a time
@@ -345,11 +425,16 @@ def op_table(session: Session) -> OpTable:
             part["device_code"] = np.array(codes, np.int32)[part["device_code"]]
         if any("kernel" in p for p in parts):
             for part in parts:
-                size = len(part["name"])
-                part.setdefault("kernel", np.full(size, "", object))
+                size = len(part["start_ps"])
+                part.setdefault("kernel", _blank_text(size))
                 part.setdefault("in_graph", np.zeros(size, dtype=bool))
                 part.setdefault("launch", np.full(size, NO_VALUE, np.int64))
-        cols = {k: np.concatenate([p.pop(k) for p in parts]) for k in list(parts[0]) if k != "flow"}
+        # Where no op's end was paired with an `end:` event, one array holds the ends and the events' ends.
+        ends_are_events_ends = all(p["event_end_ps"] is p["end_ps"] for p in parts)
+        texts = {k: _concatenated([p.pop(k) for p in parts]) for k in ("name", "module", "kernel") if k in parts[0]}
+        cols = {k: _joined([p.pop(k) for p in parts]) for k in list(parts[0])
+                if not (k == "event_end_ps" and ends_are_events_ends)}
+        cols.update(texts)
         del parts
         kernel_columns = ()
         if "kernel" in cols:
@@ -357,7 +442,12 @@ def op_table(session: Session) -> OpTable:
             del cols["in_graph"], cols["launch"]
             kernel_columns = (cols.pop("kernel"),)
         # Resolve each distinct (op, module, program[, kernel]) once; a row keeps only its index among them.
-        distinct, inverse = factorize_rows(cols.pop("name"), cols.pop("module"), cols.pop("program_id"), *kernel_columns)
+        name_text, module_text = cols.pop("name"), cols.pop("module")
+        coded, inverse = factorize_rows(name_text.codes, module_text.codes, cols.pop("program_id"),
+                                        *(k.codes for k in kernel_columns))
+        distinct = [(name_text.values[n], module_text.values[m], pid,
+                     *(kernel_columns[0].values[k] for k in kernel)) for n, m, pid, *kernel in coded]
+        del name_text, module_text, kernel_columns, coded
         resolved_names = np.empty(len(distinct), dtype=object)
         resolved_categories = np.empty(len(distinct), dtype=object)
         for k, (name, module_name, pid, *_) in enumerate(distinct):
@@ -371,14 +461,22 @@ def op_table(session: Session) -> OpTable:
                 hlo_name = hlo_name if found else name
             resolved_names[k] = hlo_name
             resolved_categories[k] = categorize(found[1] if found else None, module, name)
-        cols["op"] = inverse.astype(np.int32)  # so per-op sums need not factorise millions of rows again
+        cols["op"] = inverse.astype(np.int32, copy=False)  # per-op sums need not factorise millions of rows again
         op_keys = tuple((module_name, int(pid), resolved_names[k], kernel[0] if kernel else "")
                         for k, (_, module_name, pid, *kernel) in enumerate(distinct))
         del inverse
-        order = np.argsort(cols["start_ps"], kind="stable")
-        # In time order, one column at a time: the unordered column goes as soon as its ordered copy exists.
-        return OpTable(**{f: cols.pop(f)[order] for f in OpTable.STORED}, op_keys=op_keys,
-                       op_categories=tuple(resolved_categories.tolist()), device_labels=tuple(devices))
+        starts = cols["start_ps"]
+        if len(starts) and (starts[1:] >= starts[:-1]).all():  # one line's ops, in the order they ran
+            ordered = {f: cols.pop(f) for f in OpTable.STORED if f in cols}
+        else:
+            order = np.argsort(starts, kind="stable")
+            # In time order, one column at a time: the unordered column goes as soon as its ordered copy exists.
+            ordered = {f: cols.pop(f)[order] for f in OpTable.STORED if f in cols}
+        del starts
+        if ends_are_events_ends:
+            ordered["event_end_ps"] = ordered["end_ps"]
+        return OpTable(**ordered, op_keys=op_keys, op_categories=tuple(resolved_categories.tolist()),
+                       device_labels=tuple(devices))
 
     return cached(session, "op_table", build)
 

@@ -126,7 +126,9 @@ def export(session: Session) -> dict[str, Any]:
     steps = step_set(session)
     return {
         "code": code_digest(),
-        **{f"op_table.{name}": getattr(ops, name) for name in OpTable.STORED},
+        # The events' ends are stored only where they differ from the ops' real ends (XLA:CPU's async ops).
+        **{f"op_table.{name}": getattr(ops, name) for name in OpTable.STORED
+           if not (name == "event_end_ps" and ops.ends_are_events_ends)},
         "op_table": {
             "op_keys": [list(key) for key in ops.op_keys],
             "op_categories": list(ops.op_categories),
@@ -142,7 +144,9 @@ def export(session: Session) -> dict[str, Any]:
 
 def _op_table(stored: dict[str, Any]) -> OpTable:
     keys = stored["op_table"]
-    return OpTable(**{name: stored[f"op_table.{name}"] for name in OpTable.STORED},
+    columns = {name: stored[f"op_table.{name}"] for name in OpTable.STORED if f"op_table.{name}" in stored}
+    columns.setdefault("event_end_ps", columns["end_ps"])
+    return OpTable(**columns,
                    op_keys=tuple(tuple(key) for key in keys["op_keys"]), op_categories=tuple(keys["op_categories"]),
                    device_labels=tuple(keys["device_labels"]))
 

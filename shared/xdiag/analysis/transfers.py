@@ -32,13 +32,13 @@ def transfer_pairs(session: Session) -> dict | None:
     ops = op_table(session)
     if not len(ops):
         return None
-    is_done = {n: str(n).startswith("copy-done") for n in set(ops.name.tolist())}  # per name, then looked up per op
-    done_mask = np.fromiter(map(is_done.__getitem__, ops.name), dtype=bool, count=len(ops))
+    done_mask = ops.rows_where(lambda key: key[2].startswith("copy-done"))
     if not done_mask.any():
         return None
     pairs: dict[tuple[str, str], list[tuple[int, int, int, float]]] = {}  # (device, direction) -> (start, end, wait, bytes)
     directions = {"to_device": 0, "from_device": 0}
-    for module_name, pid, done_name in {(m, int(p), n) for m, p, n in zip(ops.module[done_mask], ops.program_id[done_mask], ops.name[done_mask])}:
+    done_ops = {ops.op_keys[code][:3] for code in np.unique(ops.op[done_mask]).tolist()}
+    for module_name, pid, done_name in done_ops:
         module = session.module_for(module_name, None if pid == NO_VALUE else pid) if module_name else None
         found = module.find(done_name) if module else None
         if not found or not found[1].operands or found[1].operands[0] not in found[0].by_name:
@@ -48,12 +48,14 @@ def transfer_pairs(session: Session) -> dict | None:
         source = computation.by_name.get(start_op.operands[0]) if start_op.operands else None
         direction = "to_device" if source is not None and source.opcode == "parameter" else "from_device"
         size = shape_bytes(done)
+        start_rows = ops.rows_where(lambda key: key[0] == module_name and key[2] == start_op.name)
+        done_rows_anywhere = ops.rows_where(lambda key: key[0] == module_name and key[2] == done_name)
         for device in ops.devices():
-            on_device = ops.on_device(device) & (ops.module == module_name)
-            starts = np.sort(ops.start_ps[on_device & (ops.name == start_op.name)])
-            done_rows = on_device & (ops.name == done_name)
+            on_device = ops.on_device(device)
+            starts = np.sort(ops.start_ps[on_device & start_rows])
+            done_rows = on_device & done_rows_anywhere
             order = np.argsort(ops.end_ps[done_rows])
-            ends, waits = ops.end_ps[done_rows][order], (ops.end_ps - ops.start_ps)[done_rows][order]
+            ends, waits = ops.end_ps[done_rows][order], (ops.end_ps[done_rows] - ops.start_ps[done_rows])[order]
             n = min(len(starts), len(ends))
             directions[direction] += n
             pairs.setdefault((str(device), direction), []).extend(

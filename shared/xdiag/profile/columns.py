@@ -1,5 +1,5 @@
 """Factorising columns: `np.unique(values, return_inverse=True)` in linear time, the distinct rows of
-several columns without a key per row, and `np.isin` of small integer ids by a look-up table.
+several columns without a Python object per row, and `np.isin` of small integer ids by a look-up table.
 
 numpy sorts: for small integer ranges (stat slots, stat-name ids) a count per value does the same
 work without the sort, and for object arrays of strings (per-op keys, millions of rows on large
@@ -62,9 +62,14 @@ def _unique_objects(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def factorize_rows(*columns: np.ndarray) -> tuple[list[tuple], np.ndarray]:
     """The distinct rows of equal-length columns, in first-seen order, and the index of each row's among them.
 
-    Rows are hashed one at a time as tuples, so no key is kept per row (a string key per row costs ~100 bytes,
-    hundreds of MB on profiles with millions of ops); integer columns take part as codes of their distinct values.
+    Integer columns (codes of text, ids) are combined into one integer key per row, a chunk of rows at a time: no
+    Python object per row and no working array the size of the table, which on a TPU host's tens of millions of op
+    executions is seconds and GiB; the index is then int32. With an object column, rows are hashed one at a time as
+    tuples, so no key is kept per row (a string key per row costs ~100 bytes); integer columns take part as codes of
+    their distinct values.
     """
+    if all(column.dtype != object for column in columns):
+        return _factorize_integer_rows(columns)
     parts, decoded = [], []
     for column in columns:
         if column.dtype == object:
@@ -79,3 +84,67 @@ def factorize_rows(*columns: np.ndarray) -> tuple[list[tuple], np.ndarray]:
     inverse = np.fromiter(map(index.__getitem__, zip(*parts)), dtype=np.intp, count=len(columns[0]))
     rows = [tuple(value if values is None else values[value] for value, values in zip(row, decoded)) for row in index]
     return rows, inverse
+
+
+CHUNK_ROWS = 1 << 20
+"""Long columns are worked this many rows at a time where a pass needs working arrays: they stay a few MiB
+whatever the rows."""
+
+
+def _factorize_integer_rows(columns: tuple[np.ndarray, ...]) -> tuple[list[tuple], np.ndarray]:
+    size = len(columns[0])
+    distinct = [_distinct(column) for column in columns]
+    radices = [max(len(values), 1) for values in distinct]
+    if np.prod(radices, dtype=float) >= 2**62:  # one integer key per row would overflow: hash tuples instead
+        return factorize_rows(*columns[:-1], columns[-1].astype(object))
+    index: dict[int, int] = {}  # a row's key -> its position among the distinct rows, in first-seen order
+    inverse = np.empty(size, dtype=np.int32 if size < 2**31 else np.intp)
+    for start in range(0, size, CHUNK_ROWS):
+        stop = min(start + CHUNK_ROWS, size)
+        key = np.zeros(stop - start, dtype=np.int64)
+        for column, values, radix in zip(columns, distinct, radices):
+            key *= radix
+            key += np.searchsorted(values, column[start:stop])
+        keys, local = unique_with_inverse(key)
+        keys = keys.tolist()
+        fresh = [j for j, k in enumerate(keys) if k not in index]
+        if fresh:
+            first = np.unique(local, return_index=True)[1]  # where each of the chunk's keys first appears
+            for j in sorted(fresh, key=first.__getitem__):
+                index[keys[j]] = len(index)
+        inverse[start:stop] = np.array([index[k] for k in keys], dtype=inverse.dtype)[local]
+    rows = []
+    decoded = [values.tolist() for values in reversed(distinct)]
+    for key in index:
+        row = []
+        for values, radix in zip(decoded, reversed(radices)):
+            key, code = divmod(key, radix)
+            row.append(values[code])
+        rows.append(tuple(reversed(row)))
+    return rows, inverse
+
+
+def _distinct(column: np.ndarray) -> np.ndarray:
+    """The sorted distinct values of an integer column, a chunk of rows at a time."""
+    found = [unique_with_inverse(column[start:start + CHUNK_ROWS])[0]
+             for start in range(0, len(column), CHUNK_ROWS)]
+    return np.unique(np.concatenate(found)) if found else column[:0]
+
+
+def first_rows(codes: np.ndarray, distinct: int) -> np.ndarray:
+    """The first row of each code 0..distinct-1 in a column of codes (-1 for a code in no row), a chunk at a time:
+    once every code is seen the rest is not read."""
+    first = np.full(distinct, -1, dtype=np.int64)
+    unseen = distinct
+    for start in range(0, len(codes), CHUNK_ROWS):
+        chunk = codes[start:start + CHUNK_ROWS]
+        present = np.flatnonzero(np.bincount(chunk, minlength=distinct))
+        new = present[first[present] < 0]
+        if len(new):
+            found, at = np.unique(chunk, return_index=True)
+            fresh = first[found] < 0
+            first[found[fresh]] = at[fresh] + start
+            unseen -= len(new)
+            if not unseen:
+                break
+    return first
