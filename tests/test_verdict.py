@@ -182,7 +182,7 @@ def test_a_tpu_chrome_trace_with_no_flops_is_not_optimal(name, tmp_path):
 
 
 def test_the_widening_that_makes_ops_memory_bound_is_the_top_finding(cpu_profiles, tmp_path):
-    """widened_statistics writes an f32 copy of a bf16 array that five dependent reduction passes read back: the
+    """widened_statistics writes an f32 copy of a bf16 array that dependent reduction passes read back: the
     passes are memory-bound (their bytes doubled by the widening), the widening is why, and it comes first."""
     analysis = analyze_session(locate_session(cpu_profiles["widened_statistics"]), tmp_path / "out")
     keys = [f.key for f in analysis.diagnosis.findings]

@@ -120,7 +120,7 @@ _ALL = [
     ),
     Workload(
         "widened_statistics",
-        "bf16 data widened once to f32, then read back by four dependent memory-bound reduction passes",
+        "bf16 data widened once to f32, then read back by dependent memory-bound reduction passes",
         "widening_converts",
     ),
     Workload(
