@@ -439,3 +439,21 @@ def test_integer_rows_factorise_a_chunk_at_a_time_as_tuples_do(chunk_rows, monke
     unique, first = np.unique(ops.op, return_index=True)
     assert np.array_equal(columns.first_rows(ops.op, len(ops.op_keys))[unique], first)
     assert columns.first_rows(np.array([2, 0, 2], np.int32), 4).tolist() == [1, -1, 0, -1]
+
+
+def test_op_keys_grouped_by_a_part_label_rows_as_their_text_does():
+    """Steps group a device's rows by program (module, program_id) and by op through integer labels of op codes:
+    the same partition of the rows as their text, and each label's value that text."""
+    import numpy as np
+    from xdiag.analysis.op_table import op_table
+
+    ops = op_table(read_session([Path(__file__).parent / "profiles" / "tpu_v5e" / "gru_scan_train.xplane.pb"]))
+    programs = list(zip(ops.module.tolist(), ops.program_id.tolist()))
+    named_ops = [(*program, name) for program, name in zip(programs, ops.name.tolist())]
+    for part, texts in ((lambda key: key[:2], programs), (lambda key: key[:3], named_ops)):
+        group, values = ops.grouped_by(part)
+        labels = group[ops.op].tolist()
+        assert len(set(zip(labels, texts))) == len(values) == len(set(texts))
+        assert [values[label] for label in labels] == texts
+    assert 1 < len(values) < len(ops)  # one program here, many ops in it
+    assert np.array_equal(ops.grouped_by(lambda key: key)[0], np.arange(len(ops.op_keys)))

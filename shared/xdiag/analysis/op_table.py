@@ -135,6 +135,14 @@ class OpTable:
             return np.zeros(0, dtype=bool)
         return np.array([match(key) for key in self.op_keys], dtype=bool)[self.op]
 
+    def grouped_by(self, part: Callable[[tuple[str, int, str, str]], object]) -> tuple[np.ndarray, list]:
+        """Each op code's group by `part` of its op key (its program: module and program_id), an int32 array indexed
+        by op code, and the groups' values in first-seen order: `group[ops.op]` labels rows with integers, no text
+        gathered per row."""
+        position: dict = {}
+        group = np.array([position.setdefault(part(key), len(position)) for key in self.op_keys], dtype=np.int32)
+        return group, list(position)
+
     def devices(self, mask: np.ndarray | None = None) -> list[str]:
         """The devices the rows (those of `mask`, a boolean mask, where given) are on, sorted."""
         codes = self.device_code if mask is None else self.device_code[mask]

@@ -138,11 +138,13 @@ def _op_sequence_steps(ops: OpTable, device: str) -> tuple[list[Step], str]:
     starts, ends = ops.start_ps[mask], ops.end_ps[mask]
     host = device.split(" ", 1)[0]
     gaps = np.concatenate([[0], starts[1:] - np.maximum.accumulate(ends)[:-1]])
-    # A program is its module and compiled version: jit_dot for two shapes is two programs, not a repetition.
-    programs = np.array([f"{m}\x00{p}" for m, p in zip(ops.module[mask], ops.program_id[mask])], dtype=object)
+    # A program is its module and compiled version: jit_dot for two shapes is two programs, not a repetition. Ops
+    # and programs are integer labels of op codes (a TPU host's tens of millions of rows hold no text).
+    rows = ops.op[mask]
+    programs = ops.grouped_by(lambda key: key[:2])[0][rows]
     launch_starts = np.flatnonzero(np.concatenate([[True], programs[1:] != programs[:-1]]))
     for unit, positions, tokens in (
-        ("ops", np.arange(len(starts)), np.array([f"{p}\x00{n}" for p, n in zip(programs, ops.name[mask])], dtype=object)),
+        ("ops", np.arange(len(starts)), ops.grouped_by(lambda key: key[:3])[0][rows]),
         ("program launches", launch_starts, programs[launch_starts]),
     ):
         found = repeating_period(tokens)
@@ -196,12 +198,16 @@ def _host_launch_steps(session: Session, ops: OpTable, device: str) -> list[Step
     compiled version), from one launch to the next: the repeated unit where the device's op sequence does not
     repeat exactly (threads interleave, data-dependent ops)."""
     mask = ops.on_device(device)
-    modules, inverse = np.unique(ops.module[mask], return_inverse=True)
-    busiest = str(modules[int(np.argmax(np.bincount(inverse, weights=ops.duration_ps[mask].astype(float))))])
+    rows = ops.op[mask]
+    module_of, modules = ops.grouped_by(lambda key: key[0])
+    time = np.bincount(module_of[rows], weights=ops.duration_ps[mask].astype(float), minlength=len(modules))
+    ran = sorted(np.flatnonzero(np.bincount(module_of[rows], minlength=len(modules))).tolist(), key=modules.__getitem__)
+    busiest = modules[max(ran, key=time.__getitem__)]  # a tie goes to the first name in sorted order
     named = _JITTED_MODULE.match(busiest)
     host = device.split(" ", 1)[0]
     events = next((e for e in host_threads(session) if e.host == host), None)
-    if named is None or events is None or len(np.unique(ops.program_id[mask][ops.module[mask] == busiest])) != 1:
+    compiled = {ops.op_keys[code][1] for code in np.unique(rows).tolist() if ops.op_keys[code][0] == busiest}
+    if named is None or events is None or len(compiled) != 1:
         return None  # one function compiled for several shapes: its launches are different programs
     kind = "PjitFunction" if named.group(1) == "jit" else "PmapFunction"
     launches = events.select(re.compile(rf"^{kind}\({re.escape(named.group(2))}\)$"))
