@@ -182,8 +182,11 @@ def _named(part: Any, name: str) -> Any:
 def assemble(summaries: Iterable[dict[str, Any]]) -> dict[str, Any]:
     """The session's tables from its hosts' summaries (in the session's file order), as the whole-session read
     builds them: a JSON document `adopt` and `summary_session` read. NotSummarized where they would differ. The
-    summaries are taken one at a time: of each, its tables and planes are kept, and its HLO modules not seen yet."""
+    summaries are taken one at a time: of each, its op rows are folded into the session's at once (most of a device
+    host's summary, the same keys on every host), its other tables and planes are kept, and its HLO modules not seen
+    yet."""
     named, stored, long, modules, programs = [], [], [], {}, []
+    ops: dict[str, dict[str, Any]] = {}
     for s in summaries:
         if s.get("not_summarized"):
             raise NotSummarized(f"{s['file']}: {s['not_summarized']}")
@@ -193,6 +196,7 @@ def assemble(summaries: Iterable[dict[str, Any]]) -> dict[str, Any]:
                                                "origin_ns")})
         tables = s["tables"]  # the per-step tables as arrays at once: they are most of a host's summary
         long.append({key: packed.pack(tables.pop(key)) for key in ("steps", "step_rows")})
+        _fold_op_rows(ops, _untyped(tables.pop("op_stats")))
         stored.append(tables)
         programs.append({})
         for module in s["modules"]:
@@ -263,7 +267,7 @@ def assemble(summaries: Iterable[dict[str, Any]]) -> dict[str, Any]:
                   for s in named],
         "modules": list(modules.values()),
         "tables": _typed({
-            "op_stats": _combined_op_rows([t["op_stats"] for t in tables], list(modules.values())),
+            "op_stats": _combined_op_rows(ops, list(modules.values())),
             "step_set": {f.name: getattr(found, f.name) for f in dataclasses.fields(found) if f.name != "steps"},
             "steps": packed.encode(steps),
             "step_rows": packed.encode(step_rows_joined),
@@ -306,27 +310,30 @@ def _rows(stored: dict[str, Any], kind: type) -> list:
     return [kind(**row) for row in _from_columns(stored)]
 
 
-def _combined_op_rows(per_host: list[list[dict[str, Any]]], modules: list[dict]) -> list[dict[str, Any]]:
-    """op_stats of the session from each host's: time and executions per kernel summed, an op's executions those of
+def _fold_op_rows(combined: dict[str, dict[str, Any]], rows: list[dict[str, Any]]) -> None:
+    """One host's op_stats rows added into the session's: time and executions per kernel summed per op key, the
+    first host's row giving the rest."""
+    for row in rows:
+        into = combined.get(row["key"])
+        if into is None:
+            combined[row["key"]] = {**row, "kernels": {k: list(v) for k, v in row["kernels"].items()}}
+            continue
+        into["total_ps"] += row["total_ps"]
+        for kernel, counts in row["kernels"].items():
+            mine = into["kernels"].setdefault(kernel, [0] * len(counts))
+            if len(mine) != len(counts):
+                raise NotSummarized(f"op {row['name']} resolves from different events on different hosts")
+            into["kernels"][kernel] = [a + b for a, b in zip(mine, counts)]
+
+
+def _combined_op_rows(combined: dict[str, dict[str, Any]], modules: list[dict]) -> list[dict[str, Any]]:
+    """op_stats of the session from its hosts' rows folded together (_fold_op_rows): an op's executions those of
     its most launched kernel, labelled as op_stats labels a program whose name several programs share, busiest
     first with ties in key order (op_stats' order)."""
     seen: dict[str, set[int]] = {}
     for module in modules:
         seen.setdefault(module["name"], set()).add(module["program_id"])
     shared = {name for name, ids in seen.items() if len(ids) > 1}
-    combined: dict[str, dict[str, Any]] = {}
-    for rows in per_host:
-        for row in rows:
-            into = combined.get(row["key"])
-            if into is None:
-                combined[row["key"]] = {**row, "kernels": {k: list(v) for k, v in row["kernels"].items()}}
-                continue
-            into["total_ps"] += row["total_ps"]
-            for kernel, counts in row["kernels"].items():
-                mine = into["kernels"].setdefault(kernel, [0] * len(counts))
-                if len(mine) != len(counts):
-                    raise NotSummarized(f"op {row['name']} resolves from different events on different hosts")
-                into["kernels"][kernel] = [a + b for a, b in zip(mine, counts)]
     out = []
     for key in sorted(combined):
         row = combined[key]
