@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from tests.conftest import SHARED_PROFILES
 from xdiag.cloud.localstack import LocalStack
-from xdiag.cloud.stack_config import EMULATOR_JVM_OPTIONS
+from xdiag.cloud.stack_config import EMULATOR_JVM_OPTIONS, STATE_FILE
 from xdiag.cloud.stack_processes import group_members, listening
 from xdiag.cloud.operations import wait_for_analysis
 from xdiag.cloud.runtime import CloudConfig, cloud_dependencies
@@ -406,6 +406,48 @@ def test_xdiag_up_and_down_start_the_stack_and_leave_nothing_behind(tmp_path, h2
     assert not [name for name, p in stack.processes.items() if group_members(p["pid"])], (
         "a process of the stack outlived it"
     )
+
+
+OWNER_KILLED_WHILE_STARTING = """
+import os, signal, sys
+from pathlib import Path
+from xdiag.cloud.localstack import LocalStack
+
+def killed(self, deadline):  # the emulators and every function are spawned by now, and Firestore is not ready yet
+    os.kill(os.getpid(), signal.SIGKILL)
+
+LocalStack._wait_firestore = killed
+LocalStack(Path(sys.argv[1])).start(owner_pid=os.getpid())
+"""
+
+
+def _running_in(folder: Path) -> list[str]:
+    """The command lines of the processes whose working directory is `folder` or under it (the stack starts each
+    of its services there, and their children inherit it)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and Path(os.readlink(proc / "cwd")).is_relative_to(folder):
+                found.append((proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:120])
+        except OSError:
+            continue
+    return found
+
+
+def test_a_stack_whose_owner_is_killed_while_it_starts_leaves_nothing_running(tmp_path):
+    """A test run killed (SIGKILL, nothing of it runs after) while its stack starts: the reaper, the first process
+    the stack starts, stops what was started."""
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_EMULATOR_HOST")}
+    folder = tmp_path / "stack"
+    owner = subprocess.run([sys.executable, "-c", OWNER_KILLED_WHILE_STARTING, str(folder)], env=env, timeout=180,
+                           capture_output=True, text=True)
+    assert owner.returncode == -9, owner.stderr
+    deadline = time.monotonic() + 60
+    while _running_in(folder) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _running_in(folder) == []
+    assert not (folder / STATE_FILE).exists()
+    assert {"pubsub.log", "firestore.log", "collect.log"} <= {log.name for log in (folder / "logs").iterdir()}
 
 
 def test_without_the_google_cloud_cli_the_stack_says_what_to_install(tmp_path):

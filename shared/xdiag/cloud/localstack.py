@@ -158,6 +158,13 @@ class LocalStack(StackProcesses):
         try:
             names = ["pubsub", "firestore", "storage", *(spec.name for spec in FUNCTIONS)]
             self.ports = dict(zip(names, free_ports(len(names), HOST), strict=True))
+            if owner_pid is not None:  # first: an owner killed while the stack starts leaves nothing running either
+                self._save()
+                self._spawn(
+                    "reaper",
+                    [sys.executable, "-m", "xdiag.cloud.localstack", "reap", str(self.state_dir), str(owner_pid)],
+                    "xdiag.cloud.localstack reap",
+                )
             self._spawn_pubsub(tools)
             self._spawn_firestore(tools)
             for spec in FUNCTIONS:  # their imports take a few seconds: overlap them with the emulators' start-up
@@ -172,12 +179,6 @@ class LocalStack(StackProcesses):
                 )
             self.pubsub.put_subscriptions()
             self._spawn_timer()
-            if owner_pid is not None:
-                self._spawn(
-                    "reaper",
-                    [sys.executable, "-m", "xdiag.cloud.localstack", "reap", str(self.state_dir), str(owner_pid)],
-                    "xdiag.cloud.localstack reap",
-                )
         except BaseException:
             self.stop()
             raise
