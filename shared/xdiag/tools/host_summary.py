@@ -194,7 +194,7 @@ def assemble(summaries: Iterable[dict[str, Any]]) -> dict[str, Any]:
             raise NotSummarized(f"{s['file']}: a host summary of another format")
         named.append({key: s[key] for key in ("hostname", "file", "size_bytes", "errors", "warnings", "planes",
                                                "origin_ns")})
-        tables = s["tables"]  # the per-step tables as arrays at once: they are most of a host's summary
+        tables = s["tables"]  # per-step tables packed now: they grow with the steps (op rows, with the ops)
         long.append({key: packed.pack(tables.pop(key)) for key in ("steps", "step_rows")})
         _fold_op_rows(ops, _untyped(tables.pop("op_stats")))
         stored.append(tables)
