@@ -15,12 +15,14 @@ import json
 from pathlib import Path
 
 import pytest
+from xdiag.analysis.op_table import op_table
 from xdiag.cloud.embedded import analyze_session, build_embedded
 from xdiag.investigators import RuleEngine, checked_verdict, health_snapshot
 from xdiag.investigators.gemini import FALLBACK_NOTE, GeminiInvestigator
 from xdiag.investigators.gemini.config import GeminiConfig
 from xdiag.model import Diagnosis, Status, ToolResult, ToolStatus
 from xdiag.profile.locate import locate_session
+from xdiag.profile.session import read_session
 from xdiag.tools.get_memory_profile import _capacity
 
 from tests.fake_vertex import FakeVertex, answer, static_credentials, text
@@ -155,7 +157,8 @@ def test_a_jax_chrome_trace_of_a_healthy_step_is_not_optimal_and_points_to_the_x
     trace.write_bytes(_trace_beside(cpu_profiles["healthy"]).read_bytes())
     from_trace = analyze_session(locate_session(trace), tmp_path / "trace" / "out")
     health = from_trace.health
-    assert health["breakdown_percent"]["compute"] >= 80  # as busy as the xplane says: only the rating is missing
+    # as busy as the xplane says (the async ops' `end:` events paired by name): only the rating is missing
+    assert abs(health["breakdown_percent"]["compute"] - from_xplane.health["breakdown_percent"]["compute"]) < 1
     assert from_trace.result == Status.NEEDS_ATTENTION and not health["healthy"]
     [reason] = health["unhealthy_because"]
     assert reason.startswith("no efficiency is measured for the work that dominates op time")
@@ -163,6 +166,25 @@ def test_a_jax_chrome_trace_of_a_healthy_step_is_not_optimal_and_points_to_the_x
     assert from_trace.diagnosis.summary.startswith("Not OPTIMAL: no efficiency is measured")
     report = (tmp_path / "trace" / "out" / "summary.html").read_text()
     assert 'class="banner NEEDS_ATTENTION"' in report and ".xplane.pb" in report
+
+
+def test_a_jax_chrome_trace_gives_each_async_op_the_end_its_xplane_gives(cpu_profiles):
+    """XProf's trace.json keeps an async XLA:CPU op's `end: <op>` event but not the flow ids that pair it with its op
+    in the xplane (`_p`, `_c`): paired by name instead, each op's time from the trace is the xplane's. Unpaired, a
+    dot the thread pool finished 20 ms after its event ended read as idle device: a CI run's healthy step read 17%
+    blocked in host syncs from the trace, 0.4% from the xplane beside it."""
+    def op_times(path: Path) -> dict[str, list[int]]:  # in ns: the trace's µs with three decimals, as read
+        ops = op_table(read_session([path]))
+        names = [ops.op_keys[k][2] for k in ops.op.tolist()]
+        times: dict[str, list[tuple[int, int]]] = {}
+        for name, start, end in zip(names, ops.start_ps.tolist(), ops.end_ps.tolist()):
+            times.setdefault(name, []).append((start, end - start))
+        return {name: [round(duration / 1000) for _, duration in sorted(rows)] for name, rows in times.items()}
+
+    xplane = cpu_profiles["healthy"]
+    from_xplane = op_times(xplane)
+    assert not op_table(read_session([xplane])).ends_are_events_ends  # its async ops end after their events
+    assert op_times(_trace_beside(xplane)) == from_xplane
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in SHARED_TRACES.glob("jaxtrace_*.trace.json.gz"))

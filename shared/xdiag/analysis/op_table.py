@@ -363,6 +363,47 @@ def _flow_finish(
     return hit, finish
 
 
+def _pair_ends_by_name(plane: Plane, parts: list[dict]) -> None:
+    """Async XLA:CPU ops' real ends where the flows that pair them are gone: XProf's Chrome trace (trace.json) keeps
+    each async op's `end: <op>` event but not the flow ids (`_p`, `_c`) that name its op. Each end goes to the op of
+    its name that started last before it, across the plane's threads (one program's executions of an op follow one
+    another on a CPU device); an op left without an end keeps its event's."""
+    end_names = {k: n[len("end: "):] for k, n in plane.event_names.items() if n.startswith("end: ")}
+    if not end_names:
+        return
+    ids = np.array(list(end_names), dtype=np.int64)
+    metadata, times = [], []
+    for line in plane.lines:
+        mask = isin_ids(line.metadata_id, ids)
+        metadata.append(line.metadata_id[mask])
+        times.append(line.end_ps_at(mask))
+    key_of = {name: k for k, name in enumerate(sorted(set(end_names.values())))}
+    distinct, inverse = unique_with_inverse(np.concatenate(metadata))
+    end_keys = np.array([key_of[end_names[m]] for m in distinct.tolist()], dtype=np.int64)[inverse]
+    end_times = np.concatenate(times)
+    keys = np.concatenate([np.array([key_of.get(v, -1) for v in part["name"].values], dtype=np.int64)[
+        part["name"].codes] for part in parts])
+    starts = np.concatenate([part["start_ps"] for part in parts])
+    rows = np.lexsort((starts, keys))  # by name, then start
+    row_keys, row_starts = keys[rows], starts[rows]
+    ends_order = np.lexsort((end_times, end_keys))
+    end_keys, end_times = end_keys[ends_order], end_times[ends_order]
+    finish = np.zeros(len(keys), np.int64)
+    for key in np.unique(end_keys).tolist():  # one round per op name with ends: hundreds, not one per event
+        first, last = np.searchsorted(row_keys, key, "left"), np.searchsorted(row_keys, key, "right")
+        at_ends = slice(np.searchsorted(end_keys, key, "left"), np.searchsorted(end_keys, key, "right"))
+        owner = np.searchsorted(row_starts[first:last], end_times[at_ends], "right") - 1
+        found = owner >= 0
+        np.maximum.at(finish, rows[first + owner[found]], end_times[at_ends][found])
+    offset = 0
+    for part in parts:
+        size = len(part["start_ps"])
+        paired = finish[offset:offset + size]
+        offset += size
+        if paired.any():  # a new array: the events' ends stay as they were (event_end_ps)
+            part["end_ps"] = np.maximum(part["end_ps"], paired)
+
+
 def _name_graph_gemms(session: Session, cols: dict[str, np.ndarray | _Text]) -> None:
     """Names the library GEMM kernels a CUDA graph ran after the custom calls that launched them.
 
@@ -415,15 +456,20 @@ def op_table(session: Session) -> OpTable:
                     continue
                 flow_ids, flow_ends = _flow_ends(plane) if not plane.is_device else (np.empty(0, np.int64),) * 2
                 has_xla_ops_line = any(line.name == "XLA Ops" and len(line) for line in plane.lines)
+                plane_parts, with_flows = [], bool(len(flow_ids))
                 for line in plane.lines:
                     ops = _line_ops(plane, line, host.hostname, has_xla_ops_line)
                     if ops is None:
                         continue
                     flow = ops.pop("flow", None)
+                    with_flows = with_flows or flow is not None
                     if flow is not None and len(flow_ids):
                         hit, finish = _flow_finish(flow_ids, flow_ends, flow, ops["start_ps"])
                         ops["end_ps"] = np.where(hit, np.maximum(ops["end_ps"], finish), ops["end_ps"])
-                    parts.append(ops)
+                    plane_parts.append(ops)
+                if not plane.is_device and not with_flows and plane_parts:
+                    _pair_ends_by_name(plane, plane_parts)
+                parts += plane_parts
             host.release_pages()  # its rows are taken: a many-host session holds one host's columns at a time
         if not parts:
             return empty_op_table()
