@@ -366,8 +366,9 @@ def _flow_finish(
 def _pair_ends_by_name(plane: Plane, parts: list[dict]) -> None:
     """Async XLA:CPU ops' real ends where the flows that pair them are gone: XProf's Chrome trace (trace.json) keeps
     each async op's `end: <op>` event but not the flow ids (`_p`, `_c`) that name its op. Each end goes to the op of
-    its name that started last before it, across the plane's threads (one program's executions of an op follow one
-    another on a CPU device); an op left without an end keeps its event's."""
+    its name that started last before it, across the plane's threads (a CPU device runs its programs' executions one
+    after another, so an end falls after its own op's start and before the next one of that name); an op left
+    without an end keeps its event's."""
     end_names = {k: n[len("end: "):] for k, n in plane.event_names.items() if n.startswith("end: ")}
     if not end_names:
         return

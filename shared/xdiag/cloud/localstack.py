@@ -159,7 +159,7 @@ class LocalStack(StackProcesses):
             names = ["pubsub", "firestore", "storage", *(spec.name for spec in FUNCTIONS)]
             self.ports = dict(zip(names, free_ports(len(names), HOST), strict=True))
             if owner_pid is not None:  # first: an owner killed while the stack starts leaves nothing running either
-                self._save()
+                self._save()  # before the reaper: it watches while the state file exists
                 self._spawn(
                     "reaper",
                     [sys.executable, "-m", "xdiag.cloud.localstack", "reap", str(self.state_dir), str(owner_pid)],
