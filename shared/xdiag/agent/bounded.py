@@ -12,7 +12,8 @@ import json
 from typing import Any
 
 TRUNCATED = "truncated"
-"""The answer's key listing each cut list: where it is, the rows shown (1-based, inclusive) and how many it holds."""
+"""The answer's key listing each cut list: where it is, the rows shown (1-based, inclusive), how many it holds and
+the offset that shows the next ones."""
 
 
 def compact(answer: Any) -> str:
@@ -20,45 +21,39 @@ def compact(answer: Any) -> str:
     return json.dumps(answer, separators=(",", ":"), default=str, ensure_ascii=False)
 
 
-def bound_answer(answer: dict[str, Any], rows: int, offset: int, ceiling: int, paging: str) -> tuple[dict, str]:
-    """The answer with every list cut to `rows` rows (tables from `offset`), then to fewer rows where its compact
-    JSON would exceed `ceiling` bytes; and that JSON. `paging` says how to ask for other rows (the arguments'
-    names), quoted in the answer wherever a list was cut. The answer's own keys are kept; `truncated` is added."""
-    cut = _cut(answer, rows, offset)
+def bound_answer(answer: dict[str, Any], rows: int, offset: int, ceiling: int, paging: str) -> str:
+    """The answer's compact JSON with every list cut to `rows` rows (tables from `offset`), then to fewer rows where
+    it would exceed `ceiling` bytes. `paging` says how to ask for other rows (the arguments' names); it is quoted in
+    the answer's `truncated` beside each list that was cut. The answer's own keys are kept."""
+    cut = _Cut(answer, rows, offset)
+    cut.note(paging)
     text = compact(cut.answer)
-    if len(text.encode()) > ceiling:
-        fitted = _fit(answer, rows, offset, ceiling, paging)
-        if fitted is not None:
-            return fitted
-        # Not even its first row of each table fits: the tables go, the rest (status, summary, reason) stays.
-        cut = _cut(answer, 0, offset)
-        cut.note(f"over {ceiling} bytes with one row per list: every list left out ({paging} to page)")
-    elif not cut.cuts:
-        return answer, text
-    else:
-        cut.note(paging)
-    return cut.answer, compact(cut.answer)
-
-
-def _fit(answer: dict[str, Any], rows: int, offset: int, ceiling: int, paging: str) -> tuple[dict, str] | None:
-    """The most rows per list (at most `rows`) whose answer fits under `ceiling` bytes, by bisection."""
+    if len(text.encode()) <= ceiling:
+        return text
     best, low, high = None, 1, rows - 1
-    while low <= high:
+    while low <= high:  # the most rows per list that fit, by bisection
         middle = (low + high) // 2
-        cut = _cut(answer, middle, offset)
-        cut.note(f"cut to {middle} rows per list to fit {ceiling} bytes; {paging}")
-        text = compact(cut.answer)
+        fitted = _Cut(answer, middle, offset)
+        fitted.note(f"cut to {middle} rows per list to fit {ceiling} bytes; {paging}")
+        text = compact(fitted.answer)
         if len(text.encode()) <= ceiling:
-            best, low = (cut.answer, text), middle + 1
+            best, low = text, middle + 1
         else:
             high = middle - 1
-    return best
+    if best is not None:
+        return best
+    # Not even one row of each list fits: the lists go, the rest (status, summary, reason) stays.
+    empty = _Cut(answer, 0, offset)
+    empty.note(f"over {ceiling} bytes with one row per list: every list left out; {paging}")
+    return compact(empty.answer)
 
 
 class _Cut:
+    """The answer with its lists cut, and each cut list: where it is, the rows shown (1-based) and how many."""
+
     def __init__(self, answer: dict[str, Any], rows: int, offset: int) -> None:
         self.rows, self.offset = rows, offset
-        self.cuts: list[dict[str, Any]] = []
+        self.lists: list[dict[str, Any]] = []
         self.answer = self._walk(answer, "", in_row=False)
 
     def _walk(self, value: Any, where: str, in_row: bool) -> Any:
@@ -69,14 +64,12 @@ class _Cut:
         start = 0 if in_row else min(self.offset, len(value))
         kept = value[start:start + self.rows]
         if len(kept) < len(value):
-            shown = [start + 1, start + len(kept)] if kept else []
-            self.cuts.append({"list": where, "rows_shown": shown, "rows": len(value)})
+            listed = {"list": where, "rows_shown": [start + 1, start + len(kept)] if kept else [], "rows": len(value)}
+            if not in_row and start + len(kept) < len(value):
+                listed["next_offset"] = start + len(kept)
+            self.lists.append(listed)
         return [self._walk(item, f"{where}[]", in_row=True) for item in kept]
 
     def note(self, how: str) -> None:
-        if self.cuts:
-            self.answer[TRUNCATED] = {"lists": self.cuts, "more": how}
-
-
-def _cut(answer: dict[str, Any], rows: int, offset: int) -> _Cut:
-    return _Cut(answer, rows, offset)
+        if self.lists:
+            self.answer[TRUNCATED] = {"lists": self.lists, "more": how}

@@ -153,16 +153,19 @@ class XdiagTools:
         except ValueError as exc:
             raise BadRequest(f"{exc} (tools/list has the schema)") from None
 
-    def bounds(self, name: str, arguments: dict[str, Any]) -> tuple[int, int, int]:
-        """(rows per list, offset, byte ceiling) of a checked call: the tool's `top_n` bounds its lists where it
-        has one, else `max_rows`; the ceiling is the smaller one while those bounds are at their defaults."""
+    def answer_text(self, name: str, arguments: dict[str, Any], answer: dict[str, Any]) -> str:
+        """A checked call's answer as the agent reads it: compact JSON, every list cut to the tool's `top_n` where
+        it has one, else `max_rows`, from `offset`, under the byte ceiling (the smaller one while that bound is at
+        its default), with what was cut and how to get it said in the answer."""
         from xdiag.tools.describe import arguments as described
 
         bound = "top_n" if "top_n" in self.specs[name].parameters else "max_rows"
         default = described(self.specs[name])[bound].get("default", DEFAULT_ROWS)
         rows = arguments.get(bound, default)
         ceiling = DEFAULT_CEILING_BYTES if rows <= default else MAX_CEILING_BYTES
-        return rows, arguments.get("offset", 0), ceiling
+        paging = "call again with offset=next_offset for the next rows" + (
+            f", or a larger {bound} (up to {MAX_ROWS})" if rows < MAX_ROWS else "")
+        return bound_answer(answer, rows, arguments.get("offset", 0), ceiling, paging)
 
     def paths(self, name: str, arguments: dict[str, Any]) -> list[Path]:
         """The files and folders a checked call reads or writes (what the client's roots must hold)."""
@@ -434,11 +437,8 @@ class Dispatcher:
             if isinstance(exc, UnknownToolName):
                 raise
             return _error_result(str(exc))
-        rows, offset, ceiling = self.tools.bounds(name, checked)
-        paging = ("call again with offset=<the next row> to page"
-                  + ("" if rows >= MAX_ROWS else f", or a larger {_bound_name(self.tools, name)} (up to {MAX_ROWS})"))
-        _, text = bound_answer(result, rows, offset, ceiling, paging)
-        return types.CallToolResult(content=[types.TextContent(type="text", text=text)])
+        return types.CallToolResult(content=[types.TextContent(type="text", text=self.tools.answer_text(name, checked,
+                                                                                                   result))])
 
     async def _in_worker(self, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
         lanes = self.lanes
@@ -455,10 +455,6 @@ class Dispatcher:
                     return result
         async with lanes.tools:
             return await run_in_worker(self.tools, name, arguments)
-
-
-def _bound_name(tools: XdiagTools, name: str) -> str:
-    return "top_n" if "top_n" in tools.specs[name].parameters else "max_rows"
 
 
 def _error_result(reason: str):
