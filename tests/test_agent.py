@@ -483,3 +483,131 @@ def test_a_long_list_is_cut_to_fit_and_says_how_to_page():
     assert paged["detail"]["rows"][0]["i"] == kept
     whole = {"status": "ok", "detail": {"rows": [1, 2, 3]}}
     assert bound_answer(whole, 20, 0, 30_000, "") == '{"status":"ok","detail":{"rows":[1,2,3]}}'
+
+
+# --- calls side by side, and cancel ------------------------------------------------------------------------------
+
+LONG_ANALYSIS = TPU_V5E / "gru_scan_train.xplane.pb"  # the largest committed profile: an analysis of many seconds
+
+
+def _server_process():
+    """The `xdiag mcp` process this test started (the SDK's stdio client starts it as a child of the test)."""
+    import psutil
+
+    for child in psutil.Process().children(recursive=True):
+        if "xdiag.cli" in child.cmdline() and "mcp" in child.cmdline():
+            return child
+    raise AssertionError("no xdiag mcp process")
+
+
+def _workers(server) -> list:
+    return [p for p in server.children() if "xdiag.agent.mcp_worker" in " ".join(p.cmdline())]
+
+
+async def _until(condition, what: str, limit_s: float = 120):
+    """Waits for a fact to hold (polling); the limit only ends a test that would hang, it measures nothing."""
+    with anyio.fail_after(limit_s):
+        while not (found := condition()):
+            await anyio.sleep(0.05)
+    return found
+
+
+def test_short_calls_answer_during_a_long_analysis_and_a_cancelled_one_stops(tmp_path):
+    """Agents send calls together: two short calls on two other profiles answer while an analysis runs (in parallel,
+    each in a worker of its own); cancelling the analysis ends its worker and every process it started."""
+    import psutil
+    from mcp import Client, StdioServerParameters
+
+    shutil.copyfile(LONG_ANALYSIS, tmp_path / LONG_ANALYSIS.name)
+    env = {**os.environ, "XDIAG_LOCAL_CACHE_DIR": str(tmp_path / "cache")}
+    params = StdioServerParameters(command=sys.executable, args=["-m", "xdiag.cli", "mcp"], env=env, cwd=tmp_path)
+    finished: list[str] = []
+    seen_workers: list[int] = []
+
+    async def drive() -> None:
+        async with Client(params, read_timeout_seconds=600, mode="legacy") as client:
+            server = _server_process()
+
+            async def call(label: str, name: str, arguments: dict) -> None:
+                result = await client.call_tool(name, arguments)
+                assert not result.is_error, result.content[0].text
+                finished.append(label)
+
+            async with anyio.create_task_group() as calls:
+                analysis = anyio.CancelScope()
+
+                async def analyze() -> None:
+                    with analysis:
+                        await call("analyze", "analyze", {"path": str(tmp_path / LONG_ANALYSIS.name)})
+
+                calls.start_soon(analyze)
+                await _until(lambda: _workers(server), "the analysis's worker")
+                async with anyio.create_task_group() as short:
+                    for label in ("healthy", "memory_bound"):
+                        short.start_soon(call, label, "get_kpi_metrics", {"path": str(H200 / f"{label}.xplane.pb")})
+                    while len(finished) < 2:  # both short calls run at once beside the analysis: three workers
+                        seen_workers.append(len(_workers(server)))
+                        await anyio.sleep(0.02)
+                assert not analysis.cancel_called and "analyze" not in finished
+                started = {p.pid: p for p in [*_workers(server), *(c for w in _workers(server)
+                                                                  for c in w.children(recursive=True))]}
+                analysis.cancel()  # the client sends notifications/cancelled
+            _, alive = psutil.wait_procs(list(started.values()), timeout=60)
+            assert not alive and not _workers(server)
+            assert finished == ["healthy", "memory_bound"] or finished == ["memory_bound", "healthy"]
+            again = await client.call_tool("get_step_trace", {"path": str(H200 / "healthy.xplane.pb")})
+            assert _answer(again)["status"] == "ok"
+
+    anyio.run(drive)
+    assert max(seen_workers) == 3, seen_workers
+
+
+def test_a_cancelled_call_gets_no_answer_and_frees_its_lane(tmp_path):
+    """The wire as a client sees it: after notifications/cancelled no response ever comes for that request, and the
+    next analysis (the lane holds one at a time) is answered."""
+    import queue
+
+    import psutil
+
+    shutil.copyfile(LONG_ANALYSIS, tmp_path / LONG_ANALYSIS.name)
+    server = subprocess.Popen([sys.executable, "-m", "xdiag.cli", "mcp"], cwd=tmp_path, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                              env={**os.environ, "XDIAG_LOCAL_CACHE_DIR": str(tmp_path / "cache")})
+    received: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [received.put(json.loads(line)) for line in server.stdout], daemon=True).start()
+
+    def send(message: dict) -> None:
+        server.stdin.write(json.dumps({"jsonrpc": "2.0", **message}) + "\n")
+        server.stdin.flush()
+
+    def response(request_id: int, others: list) -> dict:
+        while (message := received.get(timeout=300)).get("id") != request_id:
+            others.append(message)
+        return message
+
+    def call(request_id: int, name: str, arguments: dict) -> None:
+        send({"id": request_id, "method": "tools/call", "params": {"name": name, "arguments": arguments}})
+
+    try:
+        send({"id": 1, "method": "initialize", "params": {"protocolVersion": "2025-11-25", "capabilities": {},
+                                                          "clientInfo": {"name": "test", "version": "0"}}})
+        others: list = []
+        assert response(1, others)["result"]["protocolVersion"] == "2025-11-25"
+        send({"method": "notifications/initialized"})
+        call(2, "analyze", {"path": str(tmp_path / LONG_ANALYSIS.name), "out": str(tmp_path / "cancelled")})
+        process = psutil.Process(server.pid)
+        anyio.run(_until, lambda: _workers(process), "the analysis's worker")
+        worker = _workers(process)[0]
+        send({"method": "notifications/cancelled", "params": {"requestId": 2, "reason": "the user stopped it"}})
+        worker.wait(timeout=60)
+        call(3, "analyze", {"path": str(H200 / "healthy.xplane.pb"), "out": str(tmp_path / "next")})
+        answered = response(3, others)
+        assert not answered["result"].get("isError"), answered
+        assert json.loads(answered["result"]["content"][0]["text"])["status"] in ("OPTIMAL", "NEEDS_ATTENTION")
+        send({"id": 4, "method": "ping"})
+        response(4, others)
+        assert not [m for m in others if m.get("id") == 2]  # the cancelled request got no answer
+        assert not (tmp_path / "cancelled" / "analysis.json").exists()
+    finally:
+        server.kill()
+        server.wait(timeout=30)
