@@ -48,11 +48,9 @@ PROFILE_PARAMS: dict[str, dict[str, Any]] = {
 }
 DEFAULT_ROWS, MAX_ROWS = 20, 200
 ROWS_PARAM = {"max_rows": {"type": "integer", "minimum": 1, "maximum": MAX_ROWS, "default": DEFAULT_ROWS,
-                           "description": f"the most rows of each list in the answer (1-{MAX_ROWS}, default "
-                                          f"{DEFAULT_ROWS})"}}
+                           "description": f"rows per list in the answer (1-{MAX_ROWS}, default {DEFAULT_ROWS})"}}
 OFFSET_PARAM = {"offset": {"type": "integer", "minimum": 0, "maximum": 10**9, "default": 0,
-                           "description": "the first row of each list, from 0: where the answer's `truncated` "
-                                          "says rows were left out, call again with the offset it names"}}
+                           "description": "first row of each list, from 0 (the answer's truncated.next_offset)"}}
 DEFAULT_CEILING_BYTES = 30_000
 """An answer at the default bounds fits ~8k tokens, well inside one MCP answer of any client (Claude Code: 25k)."""
 MAX_CEILING_BYTES = 96_000
