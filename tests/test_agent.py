@@ -608,6 +608,12 @@ def test_a_cancelled_call_gets_no_answer_and_frees_its_lane(tmp_path):
         response(4, others)
         assert not [m for m in others if m.get("id") == 2]  # the cancelled request got no answer
         assert not (tmp_path / "cancelled" / "analysis.json").exists()
+        # A server killed outright (no cancel): its worker ends itself and what it started.
+        call(5, "analyze", {"path": str(tmp_path / LONG_ANALYSIS.name), "out": str(tmp_path / "orphaned")})
+        orphan = anyio.run(_until, lambda: _workers(process), "the next analysis's worker")[0]
+        server.kill()
+        orphan.wait(timeout=60)
+        assert not (tmp_path / "orphaned" / "analysis.json").exists()
     finally:
         server.kill()
         server.wait(timeout=30)

@@ -471,7 +471,8 @@ async def run_in_worker(tools: XdiagTools, name: str, arguments: dict[str, Any])
                                                           "limit_bytes": tools.cache.limit_bytes}}
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (_package_root(), os.environ.get("PYTHONPATH"))
                                                        if p)}
-    process = await anyio.open_process([sys.executable, "-m", "xdiag.agent.mcp_worker"], stdin=-1, stdout=-1,
+    process = await anyio.open_process([sys.executable, "-m", "xdiag.agent.mcp_worker", str(os.getpid())],
+                                       stdin=-1, stdout=-1,
                                        stderr=None, env=env, start_new_session=True)
     try:
         async with process:
@@ -486,8 +487,7 @@ async def run_in_worker(tools: XdiagTools, name: str, arguments: dict[str, Any])
     except ValueError:
         raise ToolFailed(f"the worker process ended without an answer (exit status {process.returncode})") from None
     if "error" in outcome:
-        kind = {"unknown_tool": UnknownToolName, "failed": ToolFailed}.get(outcome["kind"], BadRequest)
-        raise kind(outcome["error"])
+        raise ToolFailed(outcome["error"])
     return outcome["answer"]
 
 
