@@ -4,10 +4,11 @@
 
 Driven by the MCP SDK's client over stdio (`python -m xdiag.cli mcp`, a fresh server and an empty result cache per
 repeat). Per repeat: the analysis alone; a short call (get_kpi_metrics on a small H200 profile, uncached) alone; the
-same short call sent once the analysis's worker runs (its time and whether it finished before the analysis); then a
-second analysis cancelled a second into its run: the time from notifications/cancelled to
-the worker and every process it started being gone, and the next call's time. Results: `<out>/mcp.{json,md}`. Never
-run as a test: timings depend on the machine.
+same short call sent once the analysis's worker runs (its time and whether it finished before the analysis); a
+second analysis cancelled a second into its run (the time from notifications/cancelled to the worker and every
+process it started being gone) and the next call's time; six first calls on six TPU profiles sent together, with 2
+workers and with 6 (the time until all are answered, the peak memory of the server and its workers together).
+Results: `<out>/mcp.{json,md}`. Never run as a test: timings depend on the machine.
 """
 
 from __future__ import annotations
@@ -90,6 +91,49 @@ async def one_repeat(profile: Path, workdir: Path) -> dict:
         row["processes_ended"] = len(processes)
         row["processes_left"] = len(alive)
         row["next_call_after_cancel_s"] = await timed("get_step_trace", {"path": str(SHORT / "healthy.xplane.pb")})
+    row.update(await parallel_reads(workdir))
+    return row
+
+
+READS = ("gru_scan_train", "kv_decode", "lstm_scan", "decode_prefetched", "recompilation", "dispatch_bound")
+
+
+async def parallel_reads(workdir: Path) -> dict:
+    """Six first calls on six TPU profiles sent together to a fresh server: how long until all are answered, and
+    the peak memory of the server and its workers together (sampled every 20 ms), with 2 workers and with 6."""
+    from mcp import Client, StdioServerParameters
+
+    profiles = [REPO / "tests" / "profiles" / "tpu_v5e" / f"{name}.xplane.pb" for name in READS]
+    row = {}
+    for workers in (2, 6):
+        env = {**os.environ, "PYTHONPATH": str(REPO / "shared"),
+               "XDIAG_LOCAL_CACHE_DIR": str(workdir / f"cache-reads-{workers}")}
+        params = StdioServerParameters(command=sys.executable, args=["-m", "xdiag.cli", "mcp", "--workers",
+                                                                     str(workers)], env=env, cwd=workdir)
+        async with Client(params, read_timeout_seconds=900, mode="legacy") as client:
+            server = next(p for p in psutil.Process().children(recursive=True) if "mcp" in p.cmdline())
+            peak, done = 0, []
+
+            async def read(profile: Path) -> None:
+                result = await client.call_tool("get_hlo_op_profile", {"path": str(profile)})
+                assert not result.is_error, result.content[0].text
+                done.append(profile)
+
+            started = time.perf_counter()
+            async with anyio.create_task_group() as group:
+                for profile in profiles:
+                    group.start_soon(read, profile)
+                while len(done) < len(profiles):
+                    rss = 0
+                    for process in [server, *server.children(recursive=True)]:
+                        try:
+                            rss += process.memory_info().rss
+                        except psutil.NoSuchProcess:
+                            pass
+                    peak = max(peak, rss)
+                    await anyio.sleep(0.02)
+            row[f"six_reads_{workers}_workers_s"] = time.perf_counter() - started
+            row[f"six_reads_{workers}_workers_peak_mib"] = round(peak / 2**20)
     return row
 
 
@@ -104,12 +148,12 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="mcp-bench-") as workdir:
             rows.append(anyio.run(one_repeat, args.profile, Path(workdir)))
             print(json.dumps(rows[-1]), flush=True)
-    keys = [k for k in rows[0] if k.endswith("_s")]
+    keys = [k for k in rows[0] if k.endswith(("_s", "_mib"))]
     medians = {k: round(statistics.median(r[k] for r in rows), 2) for k in keys}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "mcp.json").write_text(json.dumps({"profile": args.profile.name, "rows": rows, "median": medians},
                                                   indent=2))
-    lines = [f"`xdiag mcp` on {args.profile.name}, median of {len(rows)} (seconds)", "", "| measure | s |", "|---|---|",
+    lines = [f"`xdiag mcp` on {args.profile.name}, median of {len(rows)} (seconds)", "", "| measure | s (MiB) |", "|---|---|",
              *(f"| {k} | {v} |" for k, v in medians.items()),
              "", f"short call finished first: {[r['short_finished_first'] for r in rows]}; processes left after "
                  f"cancel: {[r['processes_left'] for r in rows]} of {[r['processes_ended'] for r in rows]}"]

@@ -425,18 +425,16 @@ class Dispatcher:
     async def answer(self, ctx, name: str, arguments: dict[str, Any]):
         import mcp_types as types
 
+        checked = self.tools.check(name, arguments)  # UnknownToolName goes on: a protocol error
         try:
-            checked = self.tools.check(name, arguments)
             await self.allowed.check(ctx, self.tools.paths(name, checked))
             result = self.tools.cached(name, checked)
             if result is None:
                 result = await self._in_worker(name, checked)
-        except (BadRequest, ToolFailed, XdiagError) as exc:
-            if isinstance(exc, UnknownToolName):
-                raise
+        except XdiagError as exc:  # a path outside the folders, a profile that cannot be read, a failed tool
             return _error_result(str(exc))
-        return types.CallToolResult(content=[types.TextContent(type="text", text=self.tools.answer_text(name, checked,
-                                                                                                   result))])
+        text = self.tools.answer_text(name, checked, result)
+        return types.CallToolResult(content=[types.TextContent(type="text", text=text)])
 
     async def _in_worker(self, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
         lanes = self.lanes
@@ -521,6 +519,8 @@ def build_server(tools: XdiagTools, workers: int = 2, allow: list[Path] | None =
             return await dispatcher.answer(ctx, params.name, dict(params.arguments or {}))
         except UnknownToolName as exc:
             raise MCPError(code=types.INVALID_PARAMS, message=str(exc)) from None
+        except BadRequest as exc:  # an argument the schema does not allow
+            return _error_result(str(exc))
         except Exception as exc:  # noqa: BLE001 - a bug of xdiag's: the model reads it as the call's error
             return _error_result(f"xdiag failed: {type(exc).__name__}: {exc}")
 
