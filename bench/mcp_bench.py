@@ -30,8 +30,17 @@ REPO = Path(__file__).resolve().parents[1]
 SHORT = REPO / "tests" / "profiles" / "h200"
 
 
-def _workers(server: psutil.Process) -> list[psutil.Process]:
-    return [p for p in server.children() if "xdiag.agent.mcp_worker" in " ".join(p.cmdline())]
+def _serving(server: psutil.Process, idle: int) -> list[psutil.Process]:
+    """The server's workers, oldest first, once a call has taken one (one more than the `idle` ones started ahead
+    before it): the call's worker is the oldest."""
+    found = []
+    for child in server.children():
+        try:
+            if "xdiag.agent.mcp_worker" in child.cmdline() and child.status() != psutil.STATUS_ZOMBIE:
+                found.append((child.create_time(), child))
+        except psutil.Error:  # ended between the listing and the look
+            continue
+    return [child for _, child in sorted(found, key=lambda item: item[0])] if len(found) > idle else []
 
 
 async def _wait(condition, limit_s: float = 300.0):
@@ -69,7 +78,7 @@ async def one_repeat(profile: Path, workdir: Path) -> dict:
                 finished.append("analyze")
 
             group.start_soon(analysis)
-            await _wait(lambda: _workers(server))
+            await _wait(lambda: _serving(server, idle=1))
             row["short_during_analysis_s"] = await timed("get_kpi_metrics",
                                                          {"path": str(SHORT / "memory_bound.xplane.pb")})
             finished.append("short")
@@ -81,7 +90,7 @@ async def one_repeat(profile: Path, workdir: Path) -> dict:
                     await client.call_tool("analyze", {"path": str(copies[2]), "out": str(workdir / "a2")})
 
             group.start_soon(cancelled)
-            worker = (await _wait(lambda: _workers(server)))[0]
+            worker = (await _wait(lambda: _serving(server, idle=1)))[0]
             await anyio.sleep(1.0)  # into the analysis: the session decoded, the tools running
             processes = [worker, *worker.children(recursive=True)]
             started = time.perf_counter()

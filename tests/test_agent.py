@@ -237,6 +237,7 @@ def _answer(result) -> dict:
 
 
 async def _drive(client_of, tmp_path: Path) -> None:
+    import jsonschema
     from mcp.shared.exceptions import MCPError
 
     async with client_of() as client:
@@ -249,6 +250,7 @@ async def _drive(client_of, tmp_path: Path) -> None:
             assert set(schema["properties"]) == {"path", "session", "offset", *spec.parameters, *bound}
             assert spec.question in listed[name].description
         for tool in listed.values():
+            jsonschema.Draft202012Validator.check_schema(tool.input_schema)  # jsonschema: the MCP SDK's dependency
             hints = tool.annotations
             assert hints.read_only_hint is (tool.name != "analyze") and hints.idempotent_hint
             assert hints.destructive_hint is False
@@ -501,7 +503,22 @@ def _server_process():
 
 
 def _workers(server) -> list:
-    return [p for p in server.children() if "xdiag.agent.mcp_worker" in " ".join(p.cmdline())]
+    """The server's worker processes, oldest first: those serving calls and the one started ahead for the next."""
+    import psutil
+
+    found = []
+    for child in server.children():
+        try:
+            if "xdiag.agent.mcp_worker" in child.cmdline() and child.status() != psutil.STATUS_ZOMBIE:
+                found.append((child.create_time(), child))
+        except psutil.Error:  # ended between the listing and the look (a zombie, or gone)
+            continue
+    return [child for _, child in sorted(found, key=lambda item: item[0])]
+
+
+def _serving(server) -> list:
+    """Once a call has taken a worker: the worker serving it (the oldest) and the one started ahead (a second)."""
+    return _workers(server) if len(_workers(server)) >= 2 else []
 
 
 async def _until(condition, what: str, limit_s: float = 120):
@@ -514,7 +531,8 @@ async def _until(condition, what: str, limit_s: float = 120):
 
 def test_short_calls_answer_during_a_long_analysis_and_a_cancelled_one_stops(tmp_path):
     """Agents send calls together: two short calls on two other profiles answer while an analysis runs (in parallel,
-    each in a worker of its own); cancelling the analysis ends its worker and every process it started."""
+    each in a worker of its own); cancelling the analysis ends its worker and every process it started, and leaves
+    the worker started ahead for the next call."""
     import psutil
     from mcp import Client, StdioServerParameters
 
@@ -541,25 +559,24 @@ def test_short_calls_answer_during_a_long_analysis_and_a_cancelled_one_stops(tmp
                         await call("analyze", "analyze", {"path": str(tmp_path / LONG_ANALYSIS.name)})
 
                 calls.start_soon(analyze)
-                await _until(lambda: _workers(server), "the analysis's worker")
+                analysis_worker = (await _until(lambda: _serving(server), "the analysis's worker"))[0]
                 async with anyio.create_task_group() as short:
                     for label in ("healthy", "memory_bound"):
                         short.start_soon(call, label, "get_kpi_metrics", {"path": str(H200 / f"{label}.xplane.pb")})
-                    while len(finished) < 2:  # both short calls run at once beside the analysis: three workers
+                    while len(finished) < 2:  # both short calls run at once beside the analysis
                         seen_workers.append(len(_workers(server)))
                         await anyio.sleep(0.02)
-                assert not analysis.cancel_called and "analyze" not in finished
-                started = {p.pid: p for p in [*_workers(server), *(c for w in _workers(server)
-                                                                  for c in w.children(recursive=True))]}
+                assert not analysis.cancel_called and "analyze" not in finished and analysis_worker.is_running()
+                started = [analysis_worker, *analysis_worker.children(recursive=True)]
                 analysis.cancel()  # the client sends notifications/cancelled
-            _, alive = psutil.wait_procs(list(started.values()), timeout=60)
-            assert not alive and not _workers(server)
+            _, alive = psutil.wait_procs(started, timeout=60)
+            assert not alive and len(_workers(server)) == 1  # only the one started ahead is left
             assert finished == ["healthy", "memory_bound"] or finished == ["memory_bound", "healthy"]
             again = await client.call_tool("get_step_trace", {"path": str(H200 / "healthy.xplane.pb")})
             assert _answer(again)["status"] == "ok"
 
     anyio.run(drive)
-    assert max(seen_workers) == 3, seen_workers
+    assert max(seen_workers) == 4, seen_workers  # the analysis's, both short calls' and the one started ahead
 
 
 def test_a_cancelled_call_gets_no_answer_and_frees_its_lane(tmp_path):
@@ -596,8 +613,7 @@ def test_a_cancelled_call_gets_no_answer_and_frees_its_lane(tmp_path):
         send({"method": "notifications/initialized"})
         call(2, "analyze", {"path": str(tmp_path / LONG_ANALYSIS.name), "out": str(tmp_path / "cancelled")})
         process = psutil.Process(server.pid)
-        anyio.run(_until, lambda: _workers(process), "the analysis's worker")
-        worker = _workers(process)[0]
+        worker = anyio.run(_until, lambda: _serving(process), "the analysis's worker")[0]
         send({"method": "notifications/cancelled", "params": {"requestId": 2, "reason": "the user stopped it"}})
         worker.wait(timeout=60)
         call(3, "analyze", {"path": str(H200 / "healthy.xplane.pb"), "out": str(tmp_path / "next")})
@@ -610,9 +626,10 @@ def test_a_cancelled_call_gets_no_answer_and_frees_its_lane(tmp_path):
         assert not (tmp_path / "cancelled" / "analysis.json").exists()
         # A server killed outright (no cancel): its worker ends itself and what it started.
         call(5, "analyze", {"path": str(tmp_path / LONG_ANALYSIS.name), "out": str(tmp_path / "orphaned")})
-        orphan = anyio.run(_until, lambda: _workers(process), "the next analysis's worker")[0]
+        orphans = anyio.run(_until, lambda: _serving(process), "the next analysis's worker")
         server.kill()
-        orphan.wait(timeout=60)
+        _, alive = psutil.wait_procs(orphans, timeout=60)
+        assert not alive  # the worker serving the analysis and the one started ahead
         assert not (tmp_path / "orphaned" / "analysis.json").exists()
     finally:
         server.kill()

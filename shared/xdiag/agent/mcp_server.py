@@ -15,8 +15,8 @@ How agents call it shapes the server:
   tool) are JSON-RPC errors.
 - A call that needs a profile decoded or a tool run runs in a worker process of its own (`agent.mcp_worker`): calls
   run side by side, an analysis in a lane of its own so that a short call never waits behind one, at most
-  `workers` tool calls and one analysis at once (each may hold a decoded profile: that bounds the memory); a cached
-  answer is read without a worker. `notifications/cancelled` kills the call's worker and the processes it started,
+  `workers` tool calls and one analysis at once (each may hold a decoded profile: that bounds the memory); one
+  worker is kept started ahead with its imports done, and a cached answer is read without a worker. `notifications/cancelled` kills the call's worker and the processes it started,
   frees its lane, and no answer is sent.
 - The roots the client declares and the `--allow` folders bound the files a call may read or write.
 """
@@ -420,7 +420,7 @@ class Dispatcher:
     """tools/call: checks, roots, the cache, a worker in its lane, the bounded answer; errors as results."""
 
     def __init__(self, tools: XdiagTools, workers: int, allowed: Allowed) -> None:
-        self.tools, self.allowed, self.lanes = tools, allowed, Lanes(workers)
+        self.tools, self.allowed, self.lanes, self.workers = tools, allowed, Lanes(workers), Workers(tools)
 
     async def answer(self, ctx, name: str, arguments: dict[str, Any]):
         import mcp_types as types
@@ -440,17 +440,17 @@ class Dispatcher:
         lanes = self.lanes
         if name == "analyze":
             async with lanes.analysis:
-                return await run_in_worker(self.tools, name, arguments)
+                return await self.workers.run(name, arguments)
         key = self.tools.profile_key(name, arguments)
         if key is not None and key not in lanes.decoded:
             async with lanes.decoding[key]:  # the others wait for the first call to decode (and cache) the profile
                 if key not in lanes.decoded:
                     async with lanes.tools:
-                        result = await run_in_worker(self.tools, name, arguments)
+                        result = await self.workers.run(name, arguments)
                     lanes.decoded.add(key)
                     return result
         async with lanes.tools:
-            return await run_in_worker(self.tools, name, arguments)
+            return await self.workers.run(name, arguments)
 
 
 def _error_result(reason: str):
@@ -459,34 +459,57 @@ def _error_result(reason: str):
     return types.CallToolResult(content=[types.TextContent(type="text", text=reason)], is_error=True)
 
 
-async def run_in_worker(tools: XdiagTools, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
-    """The call's answer from a worker process (`python -m xdiag.agent.mcp_worker`, a session of its own): killed
-    with every process it started where the call is cancelled."""
-    import anyio
+class Workers:
+    """The worker processes calls run in (`python -m xdiag.agent.mcp_worker`, each a session of its own, killed with
+    every process it started where its call is cancelled); one is kept started ahead, its imports done, so that a
+    call does not wait for an interpreter to start and import the tools (0.6 s alone, more on a loaded machine)."""
 
-    request = {"tool": name, "arguments": arguments, "max_bytes": tools.max_bytes, "stack_dir": str(tools.stack_dir),
-               "cache": None if tools.cache is None else {"root": str(tools.cache.root),
-                                                          "limit_bytes": tools.cache.limit_bytes}}
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (_package_root(), os.environ.get("PYTHONPATH"))
-                                                       if p)}
-    process = await anyio.open_process([sys.executable, "-m", "xdiag.agent.mcp_worker", str(os.getpid())],
-                                       stdin=-1, stdout=-1,
-                                       stderr=None, env=env, start_new_session=True)
-    try:
-        async with process:
-            await process.stdin.send(json.dumps(request).encode())
-            await process.stdin.aclose()
-            chunks = [chunk async for chunk in process.stdout]
-            await process.wait()
-    finally:
-        _kill_group(process.pid)  # ended or cancelled: nothing it started outlives the call
-    try:
-        outcome = json.loads(b"".join(chunks))
-    except ValueError:
-        raise ToolFailed(f"the worker process ended without an answer (exit status {process.returncode})") from None
-    if "error" in outcome:
-        raise ToolFailed(outcome["error"])
-    return outcome["answer"]
+    def __init__(self, tools: XdiagTools) -> None:
+        self.tools = tools
+        self._spare, self._starting = None, False
+
+    async def _start(self):
+        import anyio
+
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (_package_root(), os.environ.get("PYTHONPATH"))
+                                                           if p)}
+        return await anyio.open_process([sys.executable, "-m", "xdiag.agent.mcp_worker", str(os.getpid())],
+                                        stdin=-1, stdout=-1, stderr=None, env=env, start_new_session=True)
+
+    async def run(self, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        """The call's answer from a worker: the one started ahead where it is still there, and another ahead."""
+        import anyio
+
+        process, self._spare = self._spare, None
+        with anyio.CancelScope(shield=True):  # a process started is always one the server holds (and kills)
+            if process is None or process.returncode is not None:
+                process = await self._start()
+            if self._spare is None and not self._starting:  # one ahead, however many calls arrive together
+                self._starting = True
+                try:
+                    self._spare = await self._start()
+                finally:
+                    self._starting = False
+        tools = self.tools
+        request = {"tool": name, "arguments": arguments, "max_bytes": tools.max_bytes,
+                   "stack_dir": str(tools.stack_dir),
+                   "cache": None if tools.cache is None else {"root": str(tools.cache.root),
+                                                              "limit_bytes": tools.cache.limit_bytes}}
+        try:
+            async with process:
+                await process.stdin.send(json.dumps(request).encode())
+                await process.stdin.aclose()
+                chunks = [chunk async for chunk in process.stdout]
+                await process.wait()
+        finally:
+            _kill_group(process.pid)  # ended or cancelled: nothing it started outlives the call
+        try:
+            outcome = json.loads(b"".join(chunks))
+        except ValueError:
+            raise ToolFailed(f"the worker process ended without an answer (exit status {process.returncode})") from None
+        if "error" in outcome:
+            raise ToolFailed(outcome["error"])
+        return outcome["answer"]
 
 
 def _package_root() -> str:

@@ -45,10 +45,12 @@ def main() -> None:
     # The answer goes to the stdout the server reads; anything else printed (a library's logging) goes to stderr.
     answer_out = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
-    request = json.loads(sys.stdin.read())
+    from xdiag import tools as _  # noqa: F401  (the imports every call needs, done before the call comes)
     from xdiag.agent.mcp_server import XdiagTools
     from xdiag.agent.result_cache import ResultCache
     from xdiag.errors import XdiagError
+
+    request = json.loads(sys.stdin.read())
 
     cache = request["cache"]
     tools = XdiagTools(None if cache is None else ResultCache(Path(cache["root"]), cache["limit_bytes"]),
