@@ -169,15 +169,10 @@ class XdiagTools:
         """The files and folders a checked call reads or writes (what the client's roots must hold)."""
         named = [arguments[key] for key in ("path", "analysis") if key in arguments]
         if name == "analyze":
-            named.append(self.out_folder(arguments))
+            named.append(arguments.get("out") or "xdiag-out")  # the default analysis folders are under ./xdiag-out
         elif name == "list_sessions" and "path" not in arguments:
             named.append(str(self.stack_dir))
         return [Path(p).absolute() for p in named]
-
-    def out_folder(self, arguments: dict[str, Any]) -> str:
-        if arguments.get("out"):
-            return arguments["out"]
-        return str(Path("xdiag-out") / Path(arguments["path"]).name.removesuffix(".xplane.pb"))
 
     def cached(self, name: str, arguments: dict[str, Any]) -> dict[str, Any] | None:
         """A registry tool's answer the result cache holds for this call (no worker needed), or None."""
