@@ -457,7 +457,10 @@ def test_every_answer_fits_an_agents_context_on_the_largest_profiles(tmp_path, c
                 except Exception as exc:  # noqa: BLE001 - an error result is one line
                     assert len(str(exc)) < 2000, (name, profile, exc)
                     continue
-                size = len(tools.answer_text(name, tools.check(name, arguments), answer).encode())
+                text = tools.answer_text(name, tools.check(name, arguments), answer)
+                named = set(re.findall(r"`((?:get|llo|list|detect)_[a-z_]+)`", text))
+                assert named <= set(tools.specs), (name, profile, named)  # no other product's tools to call
+                size = len(text.encode())
                 if size > largest.get(f"{name} {case}", (0,))[0]:
                     largest[f"{name} {case}"] = (size, profile.name, case)
     with capsys.disabled():
