@@ -24,8 +24,8 @@ from xdiag.tools.registry import ToolOutput, compile_pattern, tool
 def aggregate_xplane_events(session: Session, pattern: str, plane: str | None = None, line: str | None = None) -> ToolOutput:
     """summary: pattern, matches, total_ms, mean_us, max_us, mean_gap_ms, max_gap_ms, distinct_names.
     detail: groups per host/plane/line, top names by time. Of a session assembled from host summaries, over the
-    hosts whose events it holds (the ones that matter: xdiag.tools.host_summary.hosts_that_matter), which
-    hosts_covered names beside hosts_in_session."""
+    hosts whose events it holds (the ones that matter: the straggler of the collectives, the host with the longest
+    mean step, the first host), which hosts_covered names beside hosts_in_session."""
     regex = compile_pattern(pattern)  # RE2: linear time, whatever a model chose
     # Running totals, not every matched event's duration and gap kept to the end: a pattern that matches every
     # dispatch of a many-host session matches millions (32 hosts of the 20 MiB bench capture: 2.5 M, ~80 MiB).
