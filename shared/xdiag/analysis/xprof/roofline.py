@@ -5,9 +5,9 @@ Built once per session by XprofViews (views.py), which memoises it.
 
 from __future__ import annotations
 
-import re
 
 from xdiag.analysis.xprof.common import (
+    own_tools_named,
     CUSTOM_CALL_REASON,
     DEFAULT_TOP_N,
     ViewSource,
@@ -17,18 +17,6 @@ from xdiag.analysis.xprof.common import (
     clean_values,
     with_reasons,
 )
-
-
-XPROF_TOOLS_ADVICE = re.compile(r"[;,.]?\s*[Uu]se (`[A-Za-z_]+`(?:,? or |, )?)+ to [^.]*\.")
-"""XProf's text pointing at tools of XProf's own agent (`get_kernel_utilization`, …), which xdiag does not have."""
-
-
-def own_tools_named(text: str | None) -> str | None:
-    """XProf's text with its pointers to its own agent's tools replaced by the xdiag tools that answer instead."""
-    if not text:
-        return text
-    return XPROF_TOOLS_ADVICE.sub(". xdiag's get_custom_kernels gives each custom kernel's time, FLOPs and bytes where "
-                                  "known, and llo_query a TPU capture's LLO lines where it carries them.", text)
 
 
 def build(views: ViewSource) -> dict:
