@@ -1,0 +1,97 @@
+"""XProf's views beside the analysis (xdiag.analysis.xprof.background): the report's figures are the same whether the
+views ran in line or in a process of their own, a report that does not wait for them says which are missing and
+why, and a second analysis of the same file version takes them from what the first kept."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+from xdiag.agent.result_cache import ResultCache, answer_tool
+from xdiag.analysis.xprof import analysis_views, background
+from xdiag.analysis.xprof.worker import CONCURRENCY_ENV
+from xdiag.cloud.embedded import analyze_session, build_embedded
+from xdiag.profile.locate import locate_session
+
+TPU_CAPTURE = Path(__file__).parent / "profiles" / "tpu_v5e" / "host_sync.xplane.pb"
+_TIMING = re.compile(r"\d+(\.\d+)?\s?(µs|ms|s)\b")
+_DATE = re.compile(r"\d{4}-\d\d-\d\dT[\d:.+]+")
+
+
+def _render(out: Path) -> str:
+    """summary.html with what differs between two runs of the same analysis masked: timings, dates, the folder."""
+    text = (out / "summary.html").read_text()
+    return _DATE.sub("DATE", _TIMING.sub("TIME", text.replace(str(out), "OUT")))
+
+
+def _analyze(profile: Path, out: Path, views) -> tuple:
+    located = locate_session(profile, None)
+    deps = build_embedded(started_views=(located.files, views))
+    return analyze_session(located, out, deps_and_bus=deps), _render(out)
+
+
+def _wait_for_record(folder: Path, timeout_s: float = 120) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while (recorded := background.read_record(folder)) is None:
+        assert not (folder / background.FAILED).exists(), (folder / background.FAILED).read_text()
+        assert time.monotonic() < deadline, "the converter did not record the views in time"
+        time.sleep(0.1)
+    return recorded
+
+
+@pytest.fixture()
+def capture(tmp_path) -> Path:
+    """A private copy: its own file version, so its own folder in the local cache."""
+    target = tmp_path / "profile" / TPU_CAPTURE.name
+    target.parent.mkdir()
+    shutil.copyfile(TPU_CAPTURE, target)
+    return target
+
+
+def test_the_report_is_the_same_with_the_views_in_line_or_beside(capture, tmp_path, monkeypatch):
+    monkeypatch.setenv(CONCURRENCY_ENV, "0")  # in line: every conversion in this process, as the analysis asks
+    in_line = analysis_views([capture], None, tmp_path / "unused", wait_s=0)
+    assert in_line is not None and not isinstance(in_line, background.BackgroundViews)
+    analysis_in_line, render_in_line = _analyze(capture, tmp_path / "in-line", in_line)
+
+    monkeypatch.setenv(CONCURRENCY_ENV, "1")  # beside: a process of their own, waited for
+    folder = ResultCache.from_env().views_folder([capture])
+    beside = analysis_views([capture], None, folder, wait_s=300)
+    assert isinstance(beside, background.BackgroundViews) and beside.pid is not None
+    analysis_beside, render_beside = _analyze(capture, tmp_path / "beside", beside)
+
+    assert background.read_record(folder) is not None
+    assert analysis_beside.result == analysis_in_line.result
+    assert render_beside == render_in_line
+    kpi = (tmp_path / "beside" / "tools" / "get_kpi_metrics.json").read_text()
+    assert '"xprof_step_time_ms"' in kpi  # XProf's figures are in it, not only xdiag's
+
+
+def test_a_report_that_does_not_wait_says_which_views_are_missing_and_the_next_takes_them(capture, tmp_path,
+                                                                                           monkeypatch):
+    monkeypatch.setenv(CONCURRENCY_ENV, "1")
+    folder = ResultCache.from_env().views_folder([capture])
+    first = analysis_views([capture], None, folder, wait_s=0)
+    assert isinstance(first, background.BackgroundViews) and first.pid is None  # started when the analysis ends
+    analysis_first, render_first = _analyze(capture, tmp_path / "first", first)
+    overview = (tmp_path / "first" / "tools" / "get_xprof_overview.json").read_text()
+    assert "converted after this analysis" in overview and str(folder) in overview
+    assert "XProf&#39;s view: not available" in render_first or "XProf's view: not available" in render_first
+
+    recorded = _wait_for_record(folder)  # the converter the first analysis started as it closed its views
+    assert "overview" in recorded["views"]
+    second = analysis_views([capture], None, folder, wait_s=0)
+    analysis_second, render_second = _analyze(capture, tmp_path / "second", second)
+    assert analysis_second.result == analysis_first.result  # the verdict never waited for XProf's views
+    assert analysis_second.diagnosis.findings == analysis_first.diagnosis.findings
+
+    monkeypatch.setenv(CONCURRENCY_ENV, "0")
+    _, render_in_line = _analyze(capture, tmp_path / "in-line",
+                                 analysis_views([capture], None, tmp_path / "no-record", wait_s=0))
+    assert render_second == render_in_line
+
+    text, status = answer_tool([capture], "s", "get_xprof_overview", {}, ResultCache.from_env(), 2**31)
+    assert status == "ok" and '"xprof_duty_cycle_percent"' in text  # `xdiag tool` and MCP answer from the record
