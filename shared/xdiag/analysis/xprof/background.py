@@ -21,8 +21,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -41,6 +43,11 @@ FAILED = "failed.txt"
 CONVERTER_NICENESS = 10
 """How much lower the converter's priority is than the analysis': on a busy machine xdiag's own tools go first."""
 _POLL_S = 0.05
+IN_LINE_VIEWS = frozenset({"memory_profile", "peak_allocations"})
+"""Views the analysis answers itself, never waited for, where the record does not hold them: xdiag's own memory
+figures on TPUs and GPUs are XProf's memory_profile, which reads the host planes alone, so it converts a copy without
+the device planes (`session_dir.copy_without_device_planes`: 0.4 s and 20 MiB on the 87.6 MiB TPU v5e capture,
+against 1.2 s and 620 MiB whole); peak_allocations reads the HLO protos of the metadata plane, which that copy keeps."""
 
 
 def record_path(folder: Path) -> Path:
@@ -107,10 +114,12 @@ class BackgroundViews(ViewMethods):
                  started: float | None = None):
         self.files, self.folder, self.pid, self.wait_s = list(files), Path(folder), pid, wait_s
         self.started = time.monotonic() if started is None else started
-        self._stored: ViewMethods | None = None
+        self._stored: Any = None  # StoredViews, once the record is read
         self._start_at_close = False
+        self._host_planes: Any = None  # XprofViews of copies without the device planes (IN_LINE_VIEWS)
+        self._host_folder: str | None = None
 
-    def stored(self) -> ViewMethods | None:
+    def stored(self) -> Any:
         """The recorded views, where the record is there or comes before the wait runs out; else None."""
         from xdiag.analysis.xprof.stored import StoredViews
 
@@ -144,10 +153,28 @@ class BackgroundViews(ViewMethods):
                 "call on these files answers them without converting")
 
     def _answer(self, method: str, **arguments: Any) -> dict:
+        if method in IN_LINE_VIEWS:
+            recorded = self._stored if self._stored is not None else (
+                self.stored() if read_record(self.folder) is not None else None)
+            if recorded is None or not recorded.holds(method, **arguments):
+                return self._host_plane_views()._answer(method, **arguments)
         stored = self.stored()
         if stored is None:
             raise NotAvailable(self.missing_reason())
         return stored._answer(method, **arguments)
+
+    def _host_plane_views(self) -> Any:
+        from xdiag.analysis.xprof.session_dir import copy_without_device_planes
+        from xdiag.analysis.xprof.views import XprofViews
+
+        if self._host_planes is None:
+            self._host_folder = tempfile.mkdtemp(prefix="xdiag-xprof-host-planes-")
+            copies = []
+            for path in self.files:
+                copies.append(Path(self._host_folder) / Path(path).name)
+                copy_without_device_planes(Path(path), copies[-1])
+            self._host_planes = XprofViews(copies)
+        return self._host_planes
 
     def prefetch(self) -> int:
         """Nothing to start here: the converter started with this object."""
@@ -161,6 +188,11 @@ class BackgroundViews(ViewMethods):
 
     def close(self) -> None:
         """Starts the converter now where it was left for the end of the analysis (`background_views`)."""
+        if self._host_planes is not None:
+            self._host_planes.close()
+            self._host_planes = None
+        if self._host_folder is not None:
+            shutil.rmtree(self._host_folder, ignore_errors=True)
         if self._stored is not None:
             self._stored.close()
         elif self.pid is None and self._start_at_close and read_record(self.folder) is None:
