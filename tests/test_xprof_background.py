@@ -95,3 +95,23 @@ def test_a_report_that_does_not_wait_says_which_views_are_missing_and_the_next_t
 
     text, status = answer_tool([capture], "s", "get_xprof_overview", {}, ResultCache.from_env(), 2**31)
     assert status == "ok" and '"xprof_duty_cycle_percent"' in text  # `xdiag tool` and MCP answer from the record
+
+
+@pytest.mark.parametrize("profile", [
+    Path(__file__).parent / "profiles" / "tpu_v5e" / "kv_decode.xplane.pb",
+    Path(__file__).parent / "profiles" / "tpu_v5e" / "near_hbm_limit.xplane.pb",
+    Path(__file__).parent / "profiles" / "h200" / "recompilation.xplane.pb",
+])
+def test_memory_profile_reads_the_host_planes_alone(profile, tmp_path, monkeypatch):
+    """The view answered in line (background.IN_LINE_VIEWS) from a copy without the device planes is XProf's view of
+    the whole file, field for field."""
+    from xdiag.analysis.xprof.session_dir import copy_without_device_planes
+    from xdiag.analysis.xprof.views import XprofViews
+
+    monkeypatch.setenv(CONCURRENCY_ENV, "0")
+    copy = tmp_path / profile.name
+    left_out = copy_without_device_planes(profile, copy)
+    assert left_out > 0 and copy.stat().st_size == profile.stat().st_size - left_out
+    with XprofViews([profile]) as whole, XprofViews([copy]) as host_planes:
+        assert host_planes.memory_profile() == whole.memory_profile()
+        assert host_planes.peak_allocations() == whole.peak_allocations()
