@@ -115,3 +115,31 @@ def test_memory_profile_reads_the_host_planes_alone(profile, tmp_path, monkeypat
     with XprofViews([profile]) as whole, XprofViews([copy]) as host_planes:
         assert host_planes.memory_profile() == whole.memory_profile()
         assert host_planes.peak_allocations() == whole.peak_allocations()
+
+
+def test_views_that_would_not_fit_in_memory_are_refused_but_the_memory_figures_come(tmp_path, monkeypatch):
+    """A session whose XProf conversions would not fit (a 2 GB host on a workstation) starts no converter and makes
+    no private copy; its memory figures, which XProf's memory_profile gives, still come, from the host planes."""
+    import json
+
+    capture = tmp_path / "profile" / "kv_decode.xplane.pb"  # 6.3 MiB, 0.7 of it outside its device plane
+    capture.parent.mkdir()
+    shutil.copyfile(TPU_CAPTURE.with_name(capture.name), capture)
+    monkeypatch.setenv(CONCURRENCY_ENV, "1")
+    monkeypatch.setenv("XDIAG_XPROF_MEMORY_GIB", "0.1")  # under the whole file's estimate, over its host planes'
+    folder = tmp_path / "views"
+    views = analysis_views([capture], None, folder, wait_s=0)
+    assert isinstance(views, background.BackgroundViews) and views.refused
+    _analyze(capture, tmp_path / "refused", views)
+    assert not folder.exists()  # no converter, now or when the analysis ended
+    assert "would need about" in (tmp_path / "refused" / "tools" / "get_xprof_overview.json").read_text()
+
+    monkeypatch.delenv("XDIAG_XPROF_MEMORY_GIB")
+    monkeypatch.setenv(CONCURRENCY_ENV, "0")
+    _analyze(capture, tmp_path / "in-line", analysis_views([capture], None, tmp_path / "unused", wait_s=0))
+    memory = [json.loads((tmp_path / out / "tools" / "get_memory_profile.json").read_text())
+              for out in ("refused", "in-line")]
+    for result in memory:
+        result.pop("duration_ms")
+    assert memory[0]["detail"]["xprof"]["peak_hbm_gib"] > 0
+    assert memory[0] == memory[1]

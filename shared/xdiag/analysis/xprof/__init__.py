@@ -77,8 +77,9 @@ def analysis_views(paths: Sequence[Path], max_bytes: int | None, keep_in: Callab
     """XProf's views for `xdiag analyze` of these files, started now: for a device session of
     `worker.PREFETCH_MIN_BYTES` or more whose conversions fit in memory (or whose views are kept already), converted
     beside the analysis by a detached process and kept in `keep_in` (the file version's folder of the local cache, or
-    what gives it), waited for at most `wait_s` (`background`); for a smaller one, in line as `start_views` does;
-    None where there are none to make."""
+    what gives it), waited for at most `wait_s` (`background`); where they would not fit, the views that read the
+    host planes alone (`background.refused_views`); for a smaller session, in line as `start_views` does; None where
+    there are none to make."""
     size = _device_bytes(paths, max_bytes)
     if size is None:
         return None
@@ -86,10 +87,12 @@ def analysis_views(paths: Sequence[Path], max_bytes: int | None, keep_in: Callab
 
     if worker.processes_allowed(size) == 0:
         return start_views(paths, max_bytes)  # cheap enough in line
+    files = sorted(Path(path) for path in paths)
     folder = keep_in() if callable(keep_in) else Path(keep_in)
-    if background.read_record(folder) is None and memory_budget.refusal(size) is not None:
-        return start_views(paths, max_bytes)  # refused, with its reason, there
-    return background.background_views(sorted(Path(path) for path in paths), folder, wait_s)
+    refused = memory_budget.refusal(size)
+    if background.read_record(folder) is None and refused is not None:
+        return background.refused_views(files, folder, refused)
+    return background.background_views(files, folder, wait_s)
 
 
 def __getattr__(name: str) -> Any:

@@ -111,8 +111,11 @@ class BackgroundViews(ViewMethods):
     for until `wait_s` after `started` (monotonic seconds), else NotAvailable with where they are converted."""
 
     def __init__(self, files: Sequence[Path], folder: Path, pid: int | None, wait_s: float,
-                 started: float | None = None):
+                 started: float | None = None, refused: str | None = None):
+        """`refused`: why no converter is started (`memory_budget.refusal`): the views say so, and only
+        IN_LINE_VIEWS, which read the host planes, are converted."""
         self.files, self.folder, self.pid, self.wait_s = list(files), Path(folder), pid, wait_s
+        self.refused = refused
         self.started = time.monotonic() if started is None else started
         self._stored: Any = None  # StoredViews, once the record is read
         self._start_at_close = False
@@ -137,6 +140,8 @@ class BackgroundViews(ViewMethods):
 
     def missing_reason(self) -> str:
         """Why the views are not in this analysis, and where they will be."""
+        if self.refused:
+            return self.refused
         size = readable_size(sum(Path(f).stat().st_size for f in self.files if Path(f).exists()))
         try:
             failed = (self.folder / FAILED).read_text().strip()
@@ -207,6 +212,13 @@ def adopt_kept_views(session: Any, folder: Path) -> None:
     recorded = read_record(folder)
     if recorded is not None:
         adopt_stored_views(session, recorded, lambda: session.paths)
+
+
+def refused_views(files: Sequence[Path], folder: Path, refused: str) -> BackgroundViews:
+    """The views of a device session whose conversions would not fit in memory (`refused` says so): none converted
+    but IN_LINE_VIEWS, which read the host planes alone (a 2 GB TPU host's memory figures come from them, and its whole
+    private copy, 9 s of CPU and 780 MiB for nothing else, is never made)."""
+    return BackgroundViews(files, folder, None, 0.0, refused=refused)
 
 
 def background_views(files: Sequence[Path], folder: Path, wait_s: float) -> BackgroundViews:

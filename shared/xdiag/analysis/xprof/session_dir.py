@@ -125,7 +125,7 @@ def copy_without_device_planes(original: Path, target: Path) -> int:
 
     from xdiag.profile import wire
 
-    data = np.fromfile(original, dtype=np.uint8)
+    data = np.memmap(original, dtype=np.uint8, mode="r")  # only the planes' headers are read, and the host planes
 
     def fields(start: int, end: int) -> list[tuple[int, int, int, int]]:
         numbers, tags, starts, ends, _, err, pos = wire.scan_fields(data, start, end)
