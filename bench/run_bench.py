@@ -146,10 +146,10 @@ def _private_copy(profile: Path, workdir: Path) -> Path:
     return target
 
 
-def run_xdiag(profile: Path, workdir: Path, **env: str) -> dict:
+def run_xdiag(profile: Path, workdir: Path, options: tuple[str, ...] = (), **env: str) -> dict:
     out = Path(tempfile.mkdtemp(dir=workdir))
-    result = _run([str(Path(sys.executable).with_name("xdiag")), "analyze", str(_private_copy(profile, workdir)), "--out", str(out), "-q"],
-                  env={**os.environ, **env})
+    result = _run([str(Path(sys.executable).with_name("xdiag")), "analyze", str(_private_copy(profile, workdir)), "--out", str(out), "-q",
+                   *options], env={**os.environ, **env})
     analysis = json.loads((out / "analysis.json").read_text())
     result["split_ms"] = {k: analysis["timings_ms"].get(k) for k in ("read", "tools", "investigate", "render")}
     result["events"] = analysis["profile"]["events"]
@@ -215,17 +215,18 @@ def bench_device(profiles: list[Path], repeats: int, workdir: Path) -> list[dict
     """Per device profile: xdiag's own analysis, the whole analysis as it runs by default (XProf's views
     concurrent from 16 MiB) and with them one after another, and XProf's converters alone; medians and
     ratios to xdiag's own."""
-    modes = {
+    modes = {  # the whole analysis waits for XProf's views, which `xdiag analyze` converts beside it from 16 MiB
         "own": {"XDIAG_XPROF_VIEWS": "0"},
         "whole_concurrent": {},
         "whole_sequential": {"XDIAG_XPROF_PROCESSES": "0"},
     }
+    waits = ("--xprof-wait", "600")
     rows = []
     for profile in profiles:
         runs: dict[str, list[dict]] = {mode: [] for mode in (*modes, "xprof")}
         for _ in range(repeats):
             for mode, env in modes.items():
-                runs[mode].append(run_xdiag(profile, workdir, **env))
+                runs[mode].append(run_xdiag(profile, workdir, () if mode == "own" else waits, **env))
             runs["xprof"].append(run_xprof(profile, workdir))
         row = {"profile": profile.name.removesuffix(".xplane.pb"), "size_mib": round(profile.stat().st_size / 2**20, 1),
                "events": runs["own"][0]["events"]}
