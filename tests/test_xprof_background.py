@@ -97,6 +97,16 @@ def test_a_report_that_does_not_wait_says_which_views_are_missing_and_the_next_t
     assert status == "ok" and '"xprof_duty_cycle_percent"' in text  # `xdiag tool` and MCP answer from the record
 
 
+def test_views_no_tool_asked_for_are_never_converted(capture, tmp_path, monkeypatch):
+    """An analysis that ended before any tool asked (a read that failed) leaves no converter behind."""
+    monkeypatch.setenv(CONCURRENCY_ENV, "1")
+    folder = tmp_path / "views"
+    views = analysis_views([capture], None, folder, wait_s=0)
+    assert isinstance(views, background.BackgroundViews)
+    views.close()
+    assert views.pid is None and not folder.exists()
+
+
 @pytest.mark.parametrize("profile", [
     Path(__file__).parent / "profiles" / "tpu_v5e" / "kv_decode.xplane.pb",
     Path(__file__).parent / "profiles" / "tpu_v5e" / "near_hbm_limit.xplane.pb",

@@ -119,6 +119,7 @@ class BackgroundViews(ViewMethods):
         self.started = time.monotonic() if started is None else started
         self._stored: Any = None  # StoredViews, once the record is read
         self._start_at_close = False
+        self._asked = False  # a converter is started at close only for views a tool asked for (not a failed read's)
         self._host_planes: Any = None  # XprofViews of copies without the device planes (IN_LINE_VIEWS)
         self._host_folder: str | None = None
 
@@ -158,6 +159,7 @@ class BackgroundViews(ViewMethods):
                 "call on these files answers them without converting")
 
     def _answer(self, method: str, **arguments: Any) -> dict:
+        self._asked = True
         if method in IN_LINE_VIEWS:
             recorded = self._stored if self._stored is not None else (
                 self.stored() if read_record(self.folder) is not None else None)
@@ -198,9 +200,10 @@ class BackgroundViews(ViewMethods):
             self._host_planes = None
         if self._host_folder is not None:
             shutil.rmtree(self._host_folder, ignore_errors=True)
+            self._host_folder = None
         if self._stored is not None:
             self._stored.close()
-        elif self.pid is None and self._start_at_close and read_record(self.folder) is None:
+        elif self.pid is None and self._start_at_close and self._asked and read_record(self.folder) is None:
             self.pid = start_converter(self.files, self.folder)
         self._start_at_close = False
 
