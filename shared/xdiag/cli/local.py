@@ -29,6 +29,7 @@ def analyze(
     max_profile_gib: Annotated[float, typer.Option(help=MAX_PROFILE_HELP)] = 2.0,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress lines; print only the report path.")] = False,
     no_xprof_views: Annotated[bool, typer.Option("--no-xprof-views", help="Skip XProf's own converters on TPU/GPU profiles (they take seconds per view on large profiles); the tools that need them say so.")] = False,
+    xprof_wait: Annotated[float, typer.Option("--xprof-wait", min=0, help="Seconds the analysis may wait for XProf's views of a TPU/GPU session of 16 MiB or more, converted beside it in a process of their own and kept per file version (the next analysis of the files has them); 0: the report never waits for them.")] = 0.0,
     project: Annotated[Optional[str], typer.Option(help="Google Cloud project for Gemini on Vertex AI (env VERTEX_PROJECT).")] = None,
     location: Annotated[Optional[str], typer.Option(help="Vertex AI location (env VERTEX_LOCATION; default us-central1).")] = None,
     model: Annotated[Optional[str], typer.Option(help="Gemini model (env VERTEX_MODEL; default gemini-2.5-flash).")] = None,
@@ -59,10 +60,16 @@ def analyze(
         located = locate_session(path, session)
     except XdiagError as exc:
         fail(str(exc))
-    from xdiag.analysis.xprof import start_views
+    from xdiag.analysis.xprof import analysis_views
+
+    def views_folder() -> Path:  # the local cache's, loaded only for views converted beside the analysis
+        from xdiag.agent.result_cache import ResultCache
+
+        return ResultCache.from_env().views_folder(located.files)
 
     max_bytes = int(max_profile_gib * 2**30)
-    started_views = start_views(located.files, max_bytes)  # before the pipeline's imports, on the core they leave idle
+    started_views = analysis_views(located.files, max_bytes, views_folder,
+                                   xprof_wait)  # before the pipeline's imports, on the core they leave idle
     from xdiag.cloud.embedded import analyze_session, build_embedded
 
     freeze_collector()
