@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 
-from xdiag.analysis.xprof.common import ViewSource, own_tools_named, with_reasons
+from xdiag.analysis.xprof.common import ViewSource, with_reasons
 from xdiag.errors import NotAvailable
 
 
@@ -43,6 +43,6 @@ def build(views: ViewSource) -> dict:
     reasons.setdefault("flops_provenance", reasons.get("flop_rate_utilization_percent", "no roofline"))
     reasons.setdefault("derived_flops_fraction", reasons["flops_provenance"])
     with_reasons(result, reasons)
-    custom_call_warning = own_tools_named(overview["detail"]["performance_summary"].get("custom_call_warning"))
+    custom_call_warning = overview["detail"]["performance_summary"].get("custom_call_warning")
     result["detail"] = {"custom_call_warning": custom_call_warning} if custom_call_warning else {}
     return result
