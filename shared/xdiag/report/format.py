@@ -149,7 +149,7 @@ _TO_BASE = {
     "s": (1.0, _SECONDS),
     "B": (1.0, _BYTES), "KiB": (2.0**10, _BYTES), "MiB": (2.0**20, _BYTES), "GiB": (2.0**30, _BYTES),
     "B/s": (1.0, _BYTES_PER_S), "GiB/s": (2.0**30, _BYTES_PER_S), "GB/s": (1e9, _BYTES_PER_S),
-    "GFLOP/s": (1e9, _FLOP_PER_S), "TFLOP/s": (1e12, _FLOP_PER_S), "FLOP": (1.0, _FLOP),
+    "FLOP/s": (1.0, _FLOP_PER_S), "GFLOP/s": (1e9, _FLOP_PER_S), "TFLOP/s": (1e12, _FLOP_PER_S), "FLOP": (1.0, _FLOP),
     "kHz": (1e3, _HERTZ),
 }
 
@@ -272,10 +272,19 @@ def short_kernel_name(name: str, limit: int = 140) -> str:
 
 @dataclass(frozen=True)
 class Limits:
-    """The device's peaks, to check rates against (None: unknown, nothing checked)."""
+    """The device's peaks, to check rates against (None: unknown, nothing checked). peak_flops_per_s is the 16-bit
+    matrix peak; eight_bit_peaks the datasheet's int8 / fp8 matrix peaks, by name, where it gives them: a rate of
+    8-bit work above the 16-bit peak is within its own."""
 
     peak_flops_per_s: float | None = None
     peak_bytes_per_s: float | None = None
+    eight_bit_peaks: tuple[tuple[str, float], ...] = ()
+
+    def highest_rate(self) -> tuple[str, float | None]:
+        """The precision with the highest matrix peak and that peak: no FLOP rate of any precision exceeds it."""
+        named = [("16-bit", self.peak_flops_per_s)] if self.peak_flops_per_s else []
+        named += [(name, rate) for name, rate in self.eight_bit_peaks if rate]
+        return max(named, key=lambda pair: pair[1]) if named else ("", None)
 
 
 NO_LIMITS = Limits()
@@ -302,10 +311,27 @@ def out_of_range(key: str, value: Any, limits: Limits = NO_LIMITS) -> str:
         if steps is _BYTES_PER_S and limits.peak_bytes_per_s and base > limits.peak_bytes_per_s * 1.001:
             return (f"{format_measure(value, unit)} is above the device's peak bandwidth "
                     f"({format_measure(limits.peak_bytes_per_s, 'B/s')}): not a physical value")
-        if steps is _FLOP_PER_S and limits.peak_flops_per_s and base > limits.peak_flops_per_s * 1.001:
-            return (f"{format_measure(value, unit)} is above the device's peak FLOP rate "
-                    f"({format_measure(limits.peak_flops_per_s, 'FLOP/s')}): not a physical value")
+        precision, highest = limits.highest_rate()
+        if steps is _FLOP_PER_S and highest and base > highest * 1.001:
+            return (f"{format_measure(value, unit)} is above the device's highest matrix peak, its {precision} rate "
+                    f"({format_measure(highest, 'FLOP/s')}): not a physical value")
     return ""
+
+
+def above_sixteen_bit_note(key: str, value: Any, limits: Limits) -> str:
+    """Where a FLOP rate is above the 16-bit peak but within an 8-bit one: which peak it is read against ('' else)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or unit_of(key) not in _TO_BASE:
+        return ""
+    factor, steps = _TO_BASE[unit_of(key)]
+    base = value * factor
+    if steps is not _FLOP_PER_S or not limits.peak_flops_per_s or base <= limits.peak_flops_per_s * 1.001:
+        return ""
+    within = [(name, rate) for name, rate in limits.eight_bit_peaks if rate and base <= rate * 1.001]
+    if not within:
+        return ""
+    name, rate = within[0]
+    return (f"{name} work at {format_measure(100 * base / rate, '%')} of its {format_measure(rate, 'FLOP/s')} peak "
+            f"(the 16-bit peak is {format_measure(limits.peak_flops_per_s, 'FLOP/s')})")
 
 
 @dataclass

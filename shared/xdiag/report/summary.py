@@ -14,6 +14,7 @@ from typing import Any
 from xdiag.model import Analysis, Finding, ToolResult, ToolStatus
 from xdiag.report.format import (
     Cell,
+    above_sixteen_bit_note,
     Limits,
     cell,
     format_measure,
@@ -215,8 +216,12 @@ def metric_cards(health: Mapping[str, Any], results: Mapping[str, ToolResult], l
             scope = (f", over compute ops only ({format_measure(compute, '%')} of step time)"
                      if _busy_text(health) and isinstance(compute, (int, float)) else "")
             note = m.hint + scope + (f"; bound by {health['bound_by']}" if health.get("bound_by") else "")
-        elif m.path == ("achieved_gflops_per_s",) and health.get("achieved_rate_covers_op_time_percent") is not None:
-            note = f"{m.hint}, over the {format_measure(health['achieved_rate_covers_op_time_percent'], '%')} of compute op time whose FLOPs are known"
+        elif m.path == ("achieved_gflops_per_s",):
+            covers = health.get("achieved_rate_covers_op_time_percent")
+            precision = above_sixteen_bit_note("achieved_gflops_per_s", value, limits)
+            note = (f"{precision}; " if precision else "") + m.hint + (
+                f", over the {format_measure(covers, '%')} of compute op time whose FLOPs are known"
+                if covers is not None and covers < 100 else "")
         elif m.path == ("top_op",):
             share, category = health.get("top_op_share_percent"), health.get("top_category")
             note = ", ".join(x for x in (f"{format_measure(share, '%')} of op time" if share is not None else "",

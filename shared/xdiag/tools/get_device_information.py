@@ -56,6 +56,10 @@ def get_device_information(session: Session) -> ToolOutput:
         summary.update({k: peaks.get(k) for k in ("device_model", "vendor", "peak_tflops", "peak_hbm_gb_per_s",
                                                    "ridge_flop_per_byte", "flops_source", "bandwidth_source",
                                                    "recorded_peak_tflops", "recorded_peak_hbm_gb_per_s", "peak_warnings")})
+        # The 8-bit matrix peaks (where the datasheet gives them): the roof int8/fp8 work is read against.
+        summary.update({name: round(peaks[key] / 1e12, 1) for name, key in (("peak_int8_tflops", "peak_int8_ops_per_s"),
+                                                                             ("peak_fp8_tflops", "peak_fp8_flops_per_s"))
+                        if peaks.get(key)})
         detail = {"devices": devices}
         view, reason = try_view(session, "device_information")
         detail["xprof"] = view if view is not None else {"available": False, "reason": reason}
