@@ -266,22 +266,53 @@ def communicate_less(ctx: Context) -> str:
             "XLA overlap collectives with compute (async collectives, latency-hiding scheduler)")
 
 
-def cut_peak_memory(ctx: Context, values_first: bool) -> str:
-    """When peak memory is near capacity: the lever for what holds the peak first. values_first: values the step
-    computes (activations, gradients): rematerialise them or split the batch; else its arguments (weights,
-    optimizer state, the batch): donate, shard, offload."""
+@dataclass(frozen=True)
+class PeakHolders:
+    """What holds a memory peak, as the profile says, so that only the levers that apply are advised."""
+
+    values_first: bool  # values the step computes (activations, gradients) hold more than its arguments
+    arguments_donated: bool | None  # every large argument is aliased to an output (donated); None: not recorded
+    devices: int | None  # devices the job runs on; None: not recorded
+    dot_outputs_hold_values: bool = False  # matmul outputs are most of the computed values at the peak
+    largest_argument: str = ""  # 'table.1 (12.6 GiB)'
+
+
+def cut_peak_memory(ctx: Context, held: PeakHolders) -> str:
+    """When peak memory is near capacity: the levers for what holds the peak, first the larger part, each only
+    where the profile says it applies: donation where the HLO does not alias the arguments already, sharding where
+    the job has more than one device, a rematerialisation policy that does not save the matmul outputs that hold
+    the peak."""
     if ctx.framework == "PyTorch":
         values = ("checkpoint the activations (torch.utils.checkpoint on the blocks that produce them) or run smaller "
                   "micro-batches and accumulate their gradients")
         arguments = ("shard parameters and optimizer state (FSDP), and free gradients between steps "
                      "(optimizer.zero_grad(set_to_none=True))")
     else:
-        values = ("rematerialise them (jax.checkpoint on the blocks that produce them, or a policy such as "
-                  "jax.checkpoint_policies.dots_with_no_batch_dims_saveable) or run smaller micro-batches and "
-                  "accumulate their gradients (k micro-batches hold about k times fewer activation bytes)")
-        arguments = ("donate the arguments the step replaces (jax.jit(..., donate_argnums=...)), so the updated "
-                     "weights and optimizer state reuse their buffers, and shard them over the devices"
-                     + (", or offload the optimizer state to host memory (memory_kind='pinned_host')"
-                        if ctx.platform == "TPU" else ""))
-    first, then = (values, arguments) if values_first else (arguments, values)
+        if held.dot_outputs_hold_values:
+            # A policy that saves dot outputs would keep the very buffers that hold this peak.
+            remat = ("jax.checkpoint on the blocks that produce them, with a policy that saves no matmul outputs "
+                     "(jax.checkpoint_policies.nothing_saveable): matmul outputs hold most of these values")
+        else:
+            remat = ("jax.checkpoint on the blocks that produce them, or a policy such as "
+                     "jax.checkpoint_policies.dots_with_no_batch_dims_saveable")
+        values = (f"rematerialise them ({remat}) or run smaller micro-batches and accumulate their gradients "
+                  "(k micro-batches hold about k times fewer activation bytes)")
+        levers = []
+        if held.arguments_donated is not True:
+            levers.append("donate the arguments the step replaces (jax.jit(..., donate_argnums=...)), so the updated "
+                          "weights and optimizer state reuse their buffers")
+        if held.devices is None or held.devices > 1:
+            levers.append("shard them over the devices" + (f" (the job has {held.devices})" if held.devices else ""))
+        largest = f" ({held.largest_argument})" if held.largest_argument else ""
+        levers.append(f"keep the largest argument{largest} in a narrower dtype where its precision allows")
+        if ctx.platform == "TPU":
+            levers.append("keep what the step reads rarely (optimizer state) in host memory (memory_kind='pinned_host')")
+        said = []
+        if held.arguments_donated:
+            said.append("the arguments are already donated (the HLO aliases them to its outputs)")
+        if held.devices == 1:
+            said.append("the job runs on one device, so sharding needs more devices")
+        arguments = (f"{'; '.join(said)}: " if said else "") + ", ".join(levers[:-1]) + (
+            f" or {levers[-1]}" if len(levers) > 1 else levers[-1])
+    first, then = (values, arguments) if held.values_first else (arguments, values)
     return f"Cut the peak where it is held: {first}; then {then}."

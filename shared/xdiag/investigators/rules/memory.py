@@ -10,6 +10,7 @@ from xdiag.investigators.health import OOM_RISKS_ABOVE_LOW, HealthSnapshot
 from xdiag.investigators.rules.hypothesis import Hypothesis, detail, evidence, failure_reason, summary
 from xdiag.investigators.rules.registry import Facts, rule
 from xdiag.model import ToolResult
+from xdiag.sizes import readable_size
 
 LARGEST_BUFFERS_NAMED = 3
 """How many of the largest buffers a memory-pressure finding names."""
@@ -21,7 +22,7 @@ def _largest_buffers(results: dict[str, ToolResult]) -> list[dict]:
     rows = detail(results, "get_peak_allocations").get("buffers") or []
     buffers = [{"name": r.get("value") or r.get("instruction"), "mib": r.get("size_mib"), "shape": r.get("shape"),
                 "made_by": r.get("framework_op"),
-                "argument": r["opcode"] == "parameter" if r.get("opcode") else None}
+                "argument": r["opcode"] == "parameter" if r.get("opcode") else None, "donated": r.get("donated")}
                for r in rows if (r.get("value") or r.get("instruction")) and r.get("size_mib")]
     return sorted(buffers, key=lambda b: -b["mib"])
 
@@ -29,7 +30,10 @@ def _largest_buffers(results: dict[str, ToolResult]) -> list[dict]:
 def _buffer_text(b: dict) -> str:
     shape = f" {b['shape'].split('{')[0]}" if b.get("shape") else ""
     kind = {True: "an argument", False: "a value the step computes"}.get(b["argument"], "")
-    about = ", ".join(x for x in (f"{b['mib']:g} MiB", kind, b.get("made_by") and f"from {b['made_by']}") if x)
+    if b["argument"] and b.get("donated") is not None:
+        kind += ", donated" if b["donated"] else ", not donated"
+    about = ", ".join(x for x in (readable_size(b["mib"] * 2**20), kind, b.get("made_by") and f"from {b['made_by']}")
+                      if x)
     return f"{b['name']}{shape} ({about})"
 
 
@@ -70,7 +74,7 @@ def memory_pressure_hypothesis(health: HealthSnapshot, results: dict[str, ToolRe
             if mem.get("allocator_limit_gib") is not None else []),
           evidence("get_memory_profile", "headroom_percent", mem.get("headroom_percent")),
           evidence("get_memory_profile", "oom_risk", risk)]
-    ev += [evidence("get_peak_allocations", f"buffer {b['name']}", b["mib"], _buffer_text(b)) for b in named]
+    ev += [evidence("get_peak_allocations", f"buffer {b['name']} size_mib", b["mib"], _buffer_text(b)) for b in named]
     if allocations.get("hlo_values_live_at_once_gib") is not None:
         ev.append(evidence("get_peak_allocations", "hlo_values_live_at_once_gib",
                            allocations["hlo_values_live_at_once_gib"],
@@ -89,8 +93,32 @@ def memory_pressure_hypothesis(health: HealthSnapshot, results: dict[str, ToolRe
         + held,
         ev,
         "Avoids an out-of-memory failure as batch or sequence length grows, and makes room for a larger batch.",
-        advice.cut_peak_memory(advice.context(summary(results, "get_device_information")), values_first),
+        advice.cut_peak_memory(advice.context(summary(results, "get_device_information")),
+                               _peak_holders(typed, values_first, summary(results, "get_device_information"))),
     )
+
+
+def _peak_holders(typed: list[dict], values_first: bool, device: dict[str, Any]) -> advice.PeakHolders:
+    """What the largest buffers say about the levers: whether the large arguments are donated already, whether
+    matmul outputs make most of the computed values, and how many devices the job has."""
+    arguments = [b for b in typed if b["argument"]]
+    marked = [b for b in arguments if b.get("donated") is not None]
+    large = [b for b in marked if b["mib"] >= DONATION_MATTERS_SHARE * sum(a["mib"] for a in arguments)]
+    donated = all(b["donated"] for b in large) if large else None
+    values = [b for b in typed if not b["argument"]]
+    dot_mib = sum(b["mib"] for b in values if str(b.get("made_by") or "").rsplit("/", 1)[-1] in MATMUL_FRAMEWORK_OPS)
+    largest = max(arguments, key=lambda b: b["mib"], default=None)
+    return advice.PeakHolders(
+        values_first=values_first, arguments_donated=donated,
+        devices=device.get("device_count") if isinstance(device.get("device_count"), int) else None,
+        dot_outputs_hold_values=bool(values) and dot_mib >= 0.5 * sum(b["mib"] for b in values),
+        largest_argument=f"{largest['name']}, {readable_size(largest['mib'] * 2**20)}" if largest else "")
+
+
+MATMUL_FRAMEWORK_OPS = ("dot_general", "dot", "matmul", "einsum")
+"""The last part of a value's framework op that says a matrix product made it."""
+DONATION_MATTERS_SHARE = 0.1
+"""An argument holding at least this share of the large arguments' bytes decides whether donation is a lever."""
 
 
 @rule("memory_pressure")
