@@ -28,6 +28,9 @@ HEALTHY = {
 """The OPTIMAL short-cut: all of these hold, the out-of-memory risk is LOW (or unknown), and the ops that dominate
 op time have a measured efficiency (efficiency_not_measured)."""
 OOM_RISKS_ABOVE_LOW = ("MEDIUM", "HIGH")
+MEMORY_BOUND_KIND_WORDS = {"at_bandwidth_roof": "near the HBM bandwidth roof",
+                           "below_bandwidth_roof": "far below the HBM bandwidth roof"}
+"""get_hlo_op_profile's memory_bound_kind in the words a reader reads."""
 """get_memory_profile's risks that rule OPTIMAL out: a step near the memory limit fails when its inputs grow."""
 
 
@@ -197,6 +200,8 @@ class HealthSnapshot(_Record):
     sources: dict[str, str] = field(default_factory=lambda: dict(SOURCES))
     unhealthy_because: list[str] = field(default_factory=list)
     healthy: bool = False
+    # The dominant ops' efficiency comes from costs that are upper bounds (a paged kernel's full pages): at most.
+    dominant_ops_efficiency_is_upper_bound: bool = False
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> HealthSnapshot:
@@ -282,6 +287,7 @@ def health_snapshot(results: dict[str, ToolResult]) -> HealthSnapshot:
         memory_wait_percent=ops.get("memory_wait_percent"),
         dominant_ops_roofline_efficiency_percent=ops.get("dominant_ops_roofline_efficiency_percent"),
         dominant_ops_share_percent=ops.get("dominant_ops_share_percent"),
+        dominant_ops_efficiency_is_upper_bound=bool(ops.get("dominant_ops_efficiency_is_upper_bound")),
         dominant_ops_measured_share_percent=ops.get("dominant_ops_measured_share_percent"),
         dominant_ops_unmeasured=ops.get("dominant_ops_unmeasured") or [],
         dma_stall_percent=roofline.get("dma_stall_percent_of_top_ops"),
@@ -346,11 +352,17 @@ def _unhealthy_reasons(s: HealthSnapshot) -> list[str]:
     reasons += _one_line_per_share(op_time_shares)
     memory_bound = (s.low_intensity_op_percent or 0) + (s.memory_wait_percent or 0)
     if memory_bound > HEALTHY["low_intensity_percent_max"] and s.memory_bound_is_defect:
-        reasons.append(f"{memory_bound:.4g}% of op time is memory-bound ({s.memory_bound_kind or 'no peaks'}) "
+        reasons.append(f"{memory_bound:.4g}% of op time is memory-bound ({MEMORY_BOUND_KIND_WORDS.get(s.memory_bound_kind, 'its share of the bandwidth not measured')}) "
                        "in a way its fix can change")
     efficiency = s.dominant_ops_roofline_efficiency_percent
     if efficiency is not None and efficiency < DOMINANT_EFFICIENCY_MIN_PERCENT:
-        reasons.append(f"the ops taking {s.dominant_ops_share_percent}% of op time run at {efficiency}% of their roofline")
+        reasons.append(f"the ops taking {s.dominant_ops_share_percent}% of op time run at "
+                       f"{'at most ' if s.dominant_ops_efficiency_is_upper_bound else ''}{efficiency}% of their roofline")
+    elif efficiency is not None and s.dominant_ops_efficiency_is_upper_bound:
+        # A bound never grounds OPTIMAL: the cost model assumes more work than the kernels may do.
+        reasons.append(f"the ops taking {s.dominant_ops_share_percent}% of op time are rated from an upper bound of "
+                       f"their work (a paged kernel's full pages): they reach at most {efficiency}% of their "
+                       "roofline, and what they really reach is not known, so OPTIMAL cannot be shown")
     elif efficiency is None and (unmeasured := efficiency_not_measured(s)):
         reasons.append(unmeasured)
     if is_latency_bound(s.loop_work):

@@ -216,6 +216,8 @@ def metric_cards(health: Mapping[str, Any], results: Mapping[str, ToolResult], l
             scope = (f", over compute ops only ({format_measure(compute, '%')} of step time)"
                      if _busy_text(health) and isinstance(compute, (int, float)) else "")
             note = m.hint + scope + (f"; bound by {health['bound_by']}" if health.get("bound_by") else "")
+            if health.get("dominant_ops_efficiency_is_upper_bound"):
+                note = "at most: an upper bound (the busiest kernels' costs assume full pages); " + note
         elif m.path == ("achieved_gflops_per_s",):
             covers = health.get("achieved_rate_covers_op_time_percent")
             precision = above_sixteen_bit_note("achieved_gflops_per_s", value, limits)

@@ -41,8 +41,11 @@ def _roofline_sentence(health: HealthSnapshot) -> str:
     peaks = health.peaks
     device_model = peaks.device_model if peaks else None
     flops_source = peaks.flops_source if peaks and peaks.flops_source is not None else "profile"
-    text = (f"While they run, the device's ops reach {efficiency}% of their {'compute' if bound == 'compute' else 'bandwidth'} "
-            f"roof ({device_model or 'device'} peaks from the {str(flops_source).split(' (')[0]})")
+    at_most = "at most " if health.dominant_ops_efficiency_is_upper_bound else ""
+    text = (f"While they run, the device's ops reach {at_most}{efficiency}% of their "
+            f"{'compute' if bound == 'compute' else 'bandwidth'} roof ({device_model or 'device'} peaks from the "
+            f"{str(flops_source).split(' (')[0]})"
+            + ("; an upper bound: the busiest kernels' costs assume full pages" if at_most else ""))
     xprof = health.xprof_roofline_efficiency_percent
     if xprof is not None and abs(xprof - efficiency) > max(5.0, 0.2 * efficiency):
         text += (f"; XProf's {xprof}% is over the capture window, idle included, with its own FLOP counts "
