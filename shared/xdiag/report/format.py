@@ -188,6 +188,20 @@ def format_bytes(size: Any) -> str:
     return format_measure(size, "B")
 
 
+VALUE_WORDS = {"at_bandwidth_roof": "near the HBM bandwidth roof", "below_bandwidth_roof": "far below the HBM bandwidth roof",
+               "host_other": "other host work", "host_sync": "host sync"}
+"""Values the tools write as keys, as the page says them (the tool's JSON keeps the key)."""
+
+
+def metric_label(metric: str) -> str:
+    """An evidence metric as a reader reads it: its last word, a field name, by its label (`paged_attention.4
+    achieved_gb_per_s` -> `paged_attention.4 achieved`, `memory_passes` -> `memory passes`); its value says the unit."""
+    head, _, last = str(metric).rpartition(" ")
+    if "_" not in last or any(c in last for c in ".()[]/:"):
+        return str(metric)
+    return f"{head} {label_of(last)}" if head else label_of(last)
+
+
 def format_value(value: Any) -> str:
     """Any JSON-ish value as one line of text; None is MISSING."""
     if value is None:
@@ -197,7 +211,7 @@ def format_value(value: Any) -> str:
     if isinstance(value, (bool, int, float)):
         return format_number(value)
     if isinstance(value, str):
-        return value
+        return VALUE_WORDS.get(value, value)
     if isinstance(value, Mapping):
         return ", ".join(f"{k}: {format_value(v)}" for k, v in value.items()) if value else "–"
     if isinstance(value, (list, tuple, set)):

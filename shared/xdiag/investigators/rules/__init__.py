@@ -120,12 +120,14 @@ class RuleEngine:
             top = findings[0]
             b = health.breakdown_percent
             summary = (
-                f"{len(findings)} issue(s) found; the biggest: {top.title.lower()} ({top.priority}). "
+                f"{len(findings)} {'issue' if len(findings) == 1 else 'issues'} found; the biggest: "
+                f"{top.title[:1].lower() + top.title[1:]} ({top.priority}). "
                 f"Steps take {health.step_time_ms:.4g} ms, of which the devices compute {b.get('compute')}%. "
                 + _roofline_sentence(health)
                 + (f"Also: {', '.join(f.title.lower() for f in findings[1:3])}. " if len(findings) > 1 else "")
                 + _flags_not_findings(health, {f.key for f in findings})
-                + f"{len(calls)} follow-up tool call(s) gathered the evidence below."
+                + (f"{len(calls)} follow-up {'call' if len(calls) == 1 else 'calls'} to the tools gathered the "
+                   "evidence below." if calls else "")
             )
         return Diagnosis(
             status=Status.NEEDS_ATTENTION,
