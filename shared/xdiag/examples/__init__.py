@@ -239,6 +239,8 @@ _ACCELERATOR = [
              "into VMEM", "memory_bound"),
     Workload("near_hbm_limit", "compute-bound training step whose program holds ~86% of HBM (a resident table)",
              "memory_pressure"),
+    Workload("remat_train", "MLP training step with jax.checkpoint on every block while its peak is a small part "
+             "of memory: the backward pass recomputes what would fit", "needless_remat"),
 ]
 
 ACCELERATOR_WORKLOADS: dict[str, Workload] = {w.name: w for w in _ACCELERATOR}

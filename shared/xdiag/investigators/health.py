@@ -202,6 +202,7 @@ class HealthSnapshot(_Record):
     healthy: bool = False
     # The dominant ops' efficiency comes from costs that are upper bounds (a paged kernel's full pages): at most.
     dominant_ops_efficiency_is_upper_bound: bool = False
+    rematerialised_op_percent: float | None = None  # op time in ops jax.checkpoint recomputes
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> HealthSnapshot:
@@ -288,6 +289,7 @@ def health_snapshot(results: dict[str, ToolResult]) -> HealthSnapshot:
         dominant_ops_roofline_efficiency_percent=ops.get("dominant_ops_roofline_efficiency_percent"),
         dominant_ops_share_percent=ops.get("dominant_ops_share_percent"),
         dominant_ops_efficiency_is_upper_bound=bool(ops.get("dominant_ops_efficiency_is_upper_bound")),
+        rematerialised_op_percent=ops.get("rematerialised_op_percent"),
         dominant_ops_measured_share_percent=ops.get("dominant_ops_measured_share_percent"),
         dominant_ops_unmeasured=ops.get("dominant_ops_unmeasured") or [],
         dma_stall_percent=roofline.get("dma_stall_percent_of_top_ops"),
@@ -369,6 +371,9 @@ def _unhealthy_reasons(s: HealthSnapshot) -> list[str]:
         work = s.loop_work
         reasons.append(f"the busiest ops run {work.loop_trips_per_run:g} times per loop, {work.busiest_ops_mean_us} "
                        f"us each, at {work.busiest_ops_efficiency_percent}% of their roofline")
+    if needless_recompute(s):
+        reasons.append(f"{s.rematerialised_op_percent:g}% of op time recomputes values (jax.checkpoint) while the peak "
+                       f"uses {s.peak_memory_gib:g} GiB of {memory_limit_gib(s):g}")
     if (s.dma_stall_percent or 0) > DMA_STALL_MAX_PERCENT:
         reasons.append(f"the busiest ops wait on their input copies {s.dma_stall_percent}% of their time")
     return reasons
@@ -411,6 +416,25 @@ def _one_line_per_share(shares: list[tuple[str, float]]) -> list[str]:
         same = " (the same ops, found by each check)" if len(names) > 1 else ""
         lines.append(f"{named} take {figure}% of op time{same}")
     return lines
+
+
+RECOMPUTE_MATERIAL_PERCENT = 10.0
+"""Share of op time recomputed ops (jax.checkpoint) must take for their cost to count."""
+RECOMPUTE_PEAK_MAX_PERCENT = 60.0
+"""The peak, as a share of the memory limit, under which the recomputation is not needed to fit (issue 58's Flax LM:
+7.7 of 16.9 GB, 46%); above it the saved activations may not fit, and recomputing is the price of fitting."""
+
+
+def memory_limit_gib(s: HealthSnapshot) -> float | None:
+    """The memory the peak is measured against: the allocator's limit where lower than the device's memory."""
+    return s.allocator_limit_gib or s.memory_capacity_gib
+
+
+def needless_recompute(s: HealthSnapshot) -> bool:
+    """A material share of op time recomputes values while the peak is well under the memory limit."""
+    limit = memory_limit_gib(s)
+    return bool((s.rematerialised_op_percent or 0) >= RECOMPUTE_MATERIAL_PERCENT and s.peak_memory_gib and limit
+                and 100 * s.peak_memory_gib / limit < RECOMPUTE_PEAK_MAX_PERCENT)
 
 
 def is_latency_bound(work: LoopWork) -> bool:

@@ -217,7 +217,7 @@ def metric_cards(health: Mapping[str, Any], results: Mapping[str, ToolResult], l
                      if _busy_text(health) and isinstance(compute, (int, float)) else "")
             note = m.hint + scope + (f"; bound by {health['bound_by']}" if health.get("bound_by") else "")
             if health.get("dominant_ops_efficiency_is_upper_bound"):
-                note = "at most: an upper bound (the busiest kernels' costs assume full pages); " + note
+                note = "an upper bound: the busiest kernels' costs assume full pages; " + note
         elif m.path == ("achieved_gflops_per_s",):
             covers = health.get("achieved_rate_covers_op_time_percent")
             precision = above_sixteen_bit_note("achieved_gflops_per_s", value, limits)
@@ -233,6 +233,8 @@ def metric_cards(health: Mapping[str, Any], results: Mapping[str, ToolResult], l
             tone = tone_of(value) if m.path == ("oom_risk",) else ""
         else:
             text = measured_cell(_UNIT_KEYS.get(m.unit, m.label), value, limits)
+            if m.path == ("roofline_efficiency_percent",) and health.get("dominant_ops_efficiency_is_upper_bound"):
+                text = Cell(text="≤ " + text.text, full=text.full, numeric=text.numeric)
             tone = "warn" if text.flagged else ""
             if text.flagged:
                 note = text.full or note

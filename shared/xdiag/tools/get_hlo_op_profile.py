@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from xdiag.analysis.device_peaks import session_peaks
 from xdiag.analysis.op_stats import category_totals, op_stats
+from xdiag.analysis.recompute import rematerialised_time
 from xdiag.analysis.roofline import loop_work, mark_fed_by_async_copies, program_hbm_traffic, roofline_summary
 from xdiag.analysis.transfers import transfer_spans
 from xdiag.analysis.xprof.session_views import try_view
@@ -71,6 +72,7 @@ def get_hlo_op_profile(session: Session, top_n: int = 20) -> ToolOutput:
     mark_fed_by_async_copies(rows, program_hbm)
     summary.update(roofline_summary(rows, peaks.get("ridge_flop_per_byte") if peaks else None, program_hbm))
     summary.update(loop_work(rows))
+    summary.update(rematerialised_time(session, rows))
     transfers = transfer_spans(session)
     if transfers:
         summary["async_copies"] = transfers
