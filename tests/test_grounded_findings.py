@@ -23,7 +23,7 @@ from xdiag.tools.get_memory_profile import _capacity
 
 TPU = Path(__file__).resolve().parent / "profiles" / "tpu_v5e"
 READ = ("near_hbm_limit", "paged_attention_decode", "ragged_attention_serve", "megablox_small_tiles",
-        "megablox_moe", "int8_matmul", "lstm_scan", "gru_scan_train")
+        "megablox_moe", "int8_matmul", "lstm_scan", "gru_scan_train", "dispatch_bound")
 
 
 @pytest.fixture(scope="module")
@@ -111,6 +111,17 @@ def test_a_latency_bound_scan_is_the_top_finding_and_its_lever_fits(reports):
     """lstm_scan: 4,096 dependent trips of sub-microsecond ops; the scan's own levers (unroll, batch)."""
     finding = reports["lstm_scan"][0].diagnosis.findings[0]
     assert finding.key == "latency_bound" and "lax.scan(..., unroll=k)" in finding.fix
+
+
+def test_a_host_finding_on_a_densely_traced_capture_says_the_profiler_may_cause_it(reports):
+    """dispatch_bound was captured with the Python tracer on: ~2,300 recorded calls per 27 ms step (86 per ms). Its
+    dispatch finding says the profiler may be part of the host time and how to capture without it; lstm_scan's
+    ~28 calls per step do not get the caveat."""
+    finding = reports["dispatch_bound"][0].diagnosis.findings[0]
+    assert finding.key == "dispatch_overhead"
+    assert "may be the profiler's own" in finding.whats_happening
+    assert "python_tracer_level = 0" in finding.fix and "profiler_options=options" in finding.fix
+    assert not any("profiler's own" in f.whats_happening for f in reports["lstm_scan"][0].diagnosis.findings)
 
 
 def test_no_report_shows_raw_keys_or_unformatted_numbers(reports):

@@ -12,6 +12,7 @@ from xdiag.analysis.roofline import MEMORY_BOUND_FINDING_MIN_PERCENT
 from xdiag.investigators.health import DOMINANT_EFFICIENCY_MIN_PERCENT, HealthSnapshot
 # The family modules register their rules on import.
 from xdiag.investigators.rules import collectives, compiler, host, kernels, memory, roofline, transfers  # noqa: F401
+from xdiag.investigators.rules.host import with_profiler_caveat
 from xdiag.investigators.rules.hypothesis import CallTool, Hypothesis
 from xdiag.investigators.rules.ranking import MIN_FINDING_PERCENT, ranked
 from xdiag.investigators.rules.registry import Facts, ordered_rules
@@ -30,6 +31,7 @@ def hypotheses(health: HealthSnapshot, results: dict[str, ToolResult]) -> list[H
         hypothesis = rule(facts, found)
         if hypothesis is not None:
             found.append(hypothesis)
+    with_profiler_caveat(facts, found)
     return ranked(found, facts.breakdown, facts.step_ms, facts.step)
 
 

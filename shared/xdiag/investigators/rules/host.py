@@ -195,3 +195,31 @@ def device_idle(facts: Facts, found: list[Hypothesis]) -> Hypothesis | None:
         "see host activity; balance work across devices if some are much less busy; check the input "
         "pipeline and inter-device dependencies.",
     )
+
+
+HOST_TIME_FINDINGS = ("low_utilization", "dispatch_overhead", "host_sync", "input_bound", "device_idle")
+"""Findings whose time is the host's: what the profiler's host tracers add to the traced program lands in them."""
+TRACED_CALLS_PER_MS_MIN = 20.0
+"""Python function events per millisecond of step (one every 50 µs) from which the Python tracer's own cost, paid on
+every call it records, may be a visible part of the host's time."""
+
+
+def with_profiler_caveat(facts: Facts, found: list[Hypothesis]) -> None:
+    """Where the capture recorded Python calls densely, the host-time findings say the profiler may have caused part
+    of what they measure, and how to capture without it (jax.profiler.ProfileOptions, checked against jax 0.10)."""
+    traced = facts.summary("get_step_trace").get("python_tracer_events_per_step")
+    step_ms = facts.step_ms
+    if not traced or not step_ms or traced / step_ms < TRACED_CALLS_PER_MS_MIN:
+        return
+    for h in found:
+        if h.key not in HOST_TIME_FINDINGS:
+            continue
+        h.whats_happening += (
+            f" The capture recorded {traced:,.0f} Python function calls per step ({traced / step_ms:,.0f} per ms: "
+            "the Python tracer was on): the profiler pays for each call it records on the host, so part of this "
+            "host time may be the profiler's own.")
+        h.fix += (" Measure it untraced first: capture again with the Python tracer off, options = "
+                  "jax.profiler.ProfileOptions(); options.python_tracer_level = 0; options.host_tracer_level = 1; "
+                  "jax.profiler.trace(log_dir, profiler_options=options).")
+        h.evidence.append(evidence("get_step_trace", "python_tracer_events_per_step", traced,
+                                   "Python function calls the profiler recorded per step"))
