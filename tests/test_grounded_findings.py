@@ -23,7 +23,7 @@ from xdiag.tools.get_memory_profile import _capacity
 
 TPU = Path(__file__).resolve().parent / "profiles" / "tpu_v5e"
 READ = ("near_hbm_limit", "paged_attention_decode", "ragged_attention_serve", "megablox_small_tiles",
-        "megablox_moe", "int8_matmul", "lstm_scan", "gru_scan_train", "dispatch_bound")
+        "megablox_moe", "int8_matmul", "lstm_scan", "gru_scan_train", "dispatch_bound", "running_sum")
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +74,13 @@ def test_megablox_is_told_its_tiling_not_a_scan(reports):
     assert "reduce-window" not in finding.fix and "associative_scan" not in finding.fix
 
 
+def test_scan_advice_only_where_the_profile_has_a_windowed_scan(reports):
+    """running_sum's memory-bound ops include XLA's reduce-window lowering of a cumulative sum (framework op
+    reduce_window_sum): there, and only there, the scan's own lever."""
+    fix = reports["running_sum"][0].diagnosis.findings[0].fix
+    assert "jax.lax.associative_scan" in fix and "reduce-window" in fix
+
+
 def test_a_bound_is_labelled_and_never_grounds_optimal(reports):
     """ragged_attention_serve: the ragged kernel's cost assumes full pages (an upper bound): the op table shows its
     rates with '≤', the verdict says what is unknown, and the kernels are not read as at the roof."""
@@ -122,6 +129,23 @@ def test_a_host_finding_on_a_densely_traced_capture_says_the_profiler_may_cause_
     assert "may be the profiler's own" in finding.whats_happening
     assert "python_tracer_level = 0" in finding.fix and "profiler_options=options" in finding.fix
     assert not any("profiler's own" in f.whats_happening for f in reports["lstm_scan"][0].diagnosis.findings)
+
+
+COMMITTED = sorted([*TPU.glob("*.xplane.pb"), *(TPU.parent / "h200").glob("*.xplane.pb")])
+
+
+@pytest.mark.parametrize("path", COMMITTED, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_no_report_of_a_committed_profile_shows_raw_keys_or_unformatted_numbers(path, tmp_path, monkeypatch):
+    """Every committed TPU v5e and H200 capture: no number over ten digits unformatted, no internal key, no FLOP
+    rate called unphysical below the device's highest matrix peak (the int8 one on a v5e)."""
+    monkeypatch.setenv("XDIAG_XPROF_VIEWS", "0")  # the page's own wording is under test, not XProf's converters
+    analyze_session(locate_session(path), tmp_path / "out")
+    page = re.sub(r"\(\d{10}\) cl/\d+", "", _page(tmp_path / "out"))
+    assert not re.findall(r"(?<![\w.,])\d{10,}(?![\w.,])", page)
+    for key in ("at_bandwidth_roof", "below_bandwidth_roof", "host_other", "(s) ", "(s)."):
+        assert key not in page, key
+    for flagged in re.findall(r"FLOP/s is above [^)]*\)", page):
+        assert "highest matrix peak" in flagged, flagged
 
 
 def test_no_report_shows_raw_keys_or_unformatted_numbers(reports):

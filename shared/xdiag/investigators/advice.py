@@ -77,11 +77,11 @@ def more_work_per_byte(ctx: Context, bandwidth_percent: float | None = None) -> 
     return text + f"; at the roof faster kernels cannot help: {bus} is already near full"
 
 
-def below_roof_fix(ctx: Context, ops: list[dict]) -> str:
-    """What helps memory-bound ops that leave most of the bandwidth unused, from what those ops are (`ops`: their
-    rows): the library kernel's own parameters where one of JAX's Pallas kernels holds the time, a scan's
-    lowering only where a cumulative sum or reduce-window is among them, else the kernel or the algorithm."""
-    top = max(ops, key=lambda o: o.get("total_ms") or 0.0, default={})
+def below_roof_fix(ctx: Context, ops: list[dict], top: dict) -> str:
+    """What helps memory-bound ops that leave most of the bandwidth unused, from what those ops are (`ops`: the
+    memory-bound rows; `top`: the one far below the roof that holds the most time): the library kernel's own
+    parameters where one of JAX's Pallas kernels holds the time, a scan's lowering only where a cumulative sum or
+    reduce-window is among them, else the kernel or the algorithm."""
     kernel = library_kernel_fix(top)
     if kernel:
         return kernel

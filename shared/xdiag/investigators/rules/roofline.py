@@ -178,7 +178,7 @@ def _memory_bound_hypothesis(ops: dict[str, Any], low_share: float, low_ops: lis
         to_roof = below_share * (1 - (kind_bandwidth or 100) / 100)
         extra = ops.get("memory_extra_pass_percent") or 0.0
         recoverable = max(extra, to_roof)
-        fix = advice.below_roof_fix(ctx, below_roof)
+        fix = advice.below_roof_fix(ctx, low_ops, top)
         if extra >= 20 and not advice.library_kernel_fix(top):
             fix += "; and " + advice.fuse_passes(ctx)
         bounded = bool(ops.get("memory_bound_kind_bandwidth_is_upper_bound"))
