@@ -27,7 +27,8 @@ def get_device_information(session: Session) -> ToolOutput:
     devices_with_events, the recorded stats (peak_teraflops_per_second, peak_hbm_bw_gigabytes_per_second,
     memory_size, memory_bandwidth, compute_cap_{major,minor}, core_count, clock_rate), versions, and on TPU/GPU the checked peaks:
     device_model, vendor, peak_tflops, peak_hbm_gb_per_s, ridge_flop_per_byte, flops_source / bandwidth_source
-    (datasheet with its URL, or recorded), recorded_peak_*, peak_warnings. detail: per-device stats, xprof view."""
+    (datasheet with its URL, or recorded), recorded_peak_*, peak_warnings, peak_int8_tflops / peak_fp8_tflops (the
+    datasheet's 8-bit matrix peaks, the roof of int8/fp8 work). detail: per-device stats, xprof view."""
     versions: dict[str, str] = {}
     for plane in session.planes:
         if plane.name == "/host:metadata":

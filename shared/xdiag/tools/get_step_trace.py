@@ -30,7 +30,8 @@ def get_step_trace(session: Session) -> ToolOutput:
     transfer_only_devices; window_busy_percent (busy over each device's whole window, as XProf's duty cycle),
     idle_outside_steps_ms, largest_idle_gap_{ms,where,device}, window_vs_step_note where they differ;
     warm_up_function, first_call_ms, later_call_ms_median (the longest first call that is a warm-up) and
-    largest_sync_event, largest_sync_event_ms where the host records them.
+    largest_sync_event, largest_sync_event_ms where the host records them; python_tracer_events_per_step (the Python
+    calls the profiler recorded, per step and host: its own load on the host) where the Python tracer was on.
     detail: per-device rows, step sources, duty cycle per device, per-step rows (first 200), xprof (device only)."""
     found = step_set(session)
     rows = step_rows(session)
