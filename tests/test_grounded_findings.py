@@ -46,7 +46,7 @@ def test_a_step_that_donates_on_one_chip_is_not_told_to_donate_or_shard(reports)
     finding = reports["near_hbm_limit"][0].diagnosis.findings[0]
     assert finding.key == "memory_pressure"
     assert "donate_argnums" not in finding.fix and "already donated" in finding.fix
-    assert "shard them" not in finding.fix and "one device" in finding.fix
+    assert "shard them" not in finding.fix and "runs on one device" in finding.fix
     assert "dots_with_no_batch_dims_saveable" not in finding.fix and "nothing_saveable" in finding.fix
     assert "narrower dtype" in finding.fix  # a lever the program can use
 

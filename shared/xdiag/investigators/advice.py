@@ -376,12 +376,12 @@ def cut_peak_memory(ctx: Context, held: PeakHolders) -> str:
         levers.append(f"keep the largest argument{largest} in a narrower dtype where its precision allows")
         if ctx.platform == "TPU":
             levers.append("keep what the step reads rarely (optimizer state) in host memory (memory_kind='pinned_host')")
-        said = []
-        if held.arguments_donated:
-            said.append("the arguments are already donated (the HLO aliases them to its outputs)")
-        if held.devices == 1:
-            said.append("the job runs on one device, so sharding needs more devices")
-        arguments = (f"{'; '.join(said)}: " if said else "") + ", ".join(levers[:-1]) + (
-            f" or {levers[-1]}" if len(levers) > 1 else levers[-1])
+        excluded = ([("donating", "the arguments are already donated (the HLO aliases them to its outputs)")]
+                    if held.arguments_donated else []) + (
+                   [("sharding", "the job runs on one device")] if held.devices == 1 else [])
+        arguments = ", ".join(levers[:-1]) + (f" or {levers[-1]}" if len(levers) > 1 else levers[-1])
+        if excluded:
+            arguments += (f"; {' and '.join(n for n, _ in excluded)} {'does' if len(excluded) == 1 else 'do'} not "
+                          f"apply here: {' and '.join(w for _, w in excluded)}")
     first, then = (values, arguments) if held.values_first else (arguments, values)
     return f"Cut the peak where it is held: {first}; then {then}."

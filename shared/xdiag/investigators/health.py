@@ -358,8 +358,9 @@ def _unhealthy_reasons(s: HealthSnapshot) -> list[str]:
                        "in a way its fix can change")
     efficiency = s.dominant_ops_roofline_efficiency_percent
     if efficiency is not None and efficiency < DOMINANT_EFFICIENCY_MIN_PERCENT:
-        reasons.append(f"the ops taking {s.dominant_ops_share_percent}% of op time run at "
-                       f"{'at most ' if s.dominant_ops_efficiency_is_upper_bound else ''}{efficiency}% of their roofline")
+        reasons.append(f"the ops taking {s.dominant_ops_share_percent}% of op time "
+                       f"{'reach at most' if s.dominant_ops_efficiency_is_upper_bound else 'run at'} {efficiency}% of "
+                       "their roofline")
     elif efficiency is not None and s.dominant_ops_efficiency_is_upper_bound:
         # A bound never grounds OPTIMAL: the cost model assumes more work than the kernels may do.
         reasons.append(f"the ops taking {s.dominant_ops_share_percent}% of op time are rated from an upper bound of "

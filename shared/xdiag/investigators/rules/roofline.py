@@ -53,12 +53,14 @@ def latency_bound(facts: Facts, found: list[Hypothesis]) -> Hypothesis | None:
             ("get_hlo_op_profile", "busiest_ops_mean_us", work.busiest_ops_mean_us),
             ("get_hlo_op_profile", "busiest_ops_efficiency_percent", efficiency),
             ("get_step_trace", "ops_per_step_mean", per_step)) if value is not None],
-        f"Each trip costs about the same whatever its size: k times more work per trip (batched sequences, a "
-        f"wider hidden state) or k times fewer trips does up to k times the work in the same time; "
-        f"{share}% of op time is at stake.",
+        f"Each trip costs about the same whatever its size, so k times more work per trip (batched sequences, a "
+        f"wider hidden state) or k times fewer trips does up to k times the work in about the same time: "
+        f"{share}% of op time" + (f", about {facts.step_ms * compute / 100 * share / 100:.3g} ms of each "
+                                  f"{facts.step_ms:.3g} ms step," if facts.step_ms else "")
+        + f" runs at {efficiency}% of its roofline.",
         "Give each sequential step more work, or take fewer steps: batch more sequences through the loop at once, "
         "use larger hidden sizes, unroll the loop (lax.scan(..., unroll=k)) or process several time steps per "
-        "trip (a chunked or parallel scan, e.g. jax.lax.associative_scan for linear recurrences).",
+        "trip (a chunked or parallel scan, such as jax.lax.associative_scan for linear recurrences).",
     )
 
 
