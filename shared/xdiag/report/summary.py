@@ -80,6 +80,12 @@ def summary_sentences(analysis: Analysis, status: str, findings: Sequence[Findin
         top, share = health.get("top_op"), health.get("top_op_share_percent")
         if top and share is not None:
             out.append(f"The busiest op is {short_kernel_name(top)} ({format_measure(share, '%')} of op time).")
+        efficiency, bound = health.get("roofline_efficiency_percent"), health.get("bound_by")
+        if efficiency is not None and bound:
+            roof = "compute" if "compute" in str(bound).lower() else "bandwidth"
+            at_most = "at most " if health.get("dominant_ops_efficiency_is_upper_bound") else ""
+            out.append(f"While they run, the ops reach {at_most}{format_measure(efficiency, '%')} of their {roof} roof, "
+                       "each against the peak of its own precision.")
         return out
     if status != "NEEDS_ATTENTION":
         return [f"The analysis is not finished yet (pipeline status {analysis.status}); the sections below show "

@@ -88,9 +88,9 @@ def host_sync(facts: Facts, found: list[Hypothesis]) -> Hypothesis | None:
         return None
     wait_name, wait_ms = step.get("largest_sync_event"), step.get("largest_sync_event_ms")
     # Say only what was measured: a wait count or share of 0 is no evidence and must not read as a finding.
-    what = [f"the host waits on device results {syncs:g} times per step"] if syncs else []
+    what = [f"the host waits on device results {'once' if syncs == 1 else f'{syncs:g} times'} per step"] if syncs else []
     if callbacks:
-        what.append(f"calls back into Python {callbacks:g} times per step")
+        what.append(f"calls back into Python {'once' if callbacks == 1 else f'{callbacks:g} times'} per step")
     if callback_share:
         what.append(f"host callbacks take {callback_share}% of device op time ({callback_step}% of the step)")
     score = min(max(sync_pct, callback_step), 100.0)
