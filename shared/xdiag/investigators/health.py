@@ -374,7 +374,7 @@ def _unhealthy_reasons(s: HealthSnapshot) -> list[str]:
                        f"us each, at {work.busiest_ops_efficiency_percent}% of their roofline")
     if needless_recompute(s):
         reasons.append(f"{s.rematerialised_op_percent:g}% of op time recomputes values (jax.checkpoint) while the peak "
-                       f"uses {s.peak_memory_gib:g} GiB of {memory_limit_gib(s):g}")
+                       f"uses {s.peak_memory_gib:g} of {memory_limit_gib(s):g} GiB")
     if (s.dma_stall_percent or 0) > DMA_STALL_MAX_PERCENT:
         reasons.append(f"the busiest ops wait on their input copies {s.dma_stall_percent}% of their time")
     return reasons
