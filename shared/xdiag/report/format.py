@@ -545,6 +545,7 @@ class Block:
     text: str = ""
     muted: bool = False
     bars: list[tuple[str, Any]] = field(default_factory=list)  # (label, Markup svg): one small bar per row
+    folded: str = ""  # where set, the block sits folded under this line (<details>): detail a reader opens
 
     def __post_init__(self) -> None:
         self.text = humanize_numbers(plain_text(self.text))  # tools' reasons quote raw numbers ("623.196 ms")

@@ -94,8 +94,12 @@ def op_profile_section(results: Mapping[str, ToolResult], limits: Limits) -> Sec
     section.parts.append(part)
     if r is None:
         return section
-    part.blocks += kv_blocks(r.summary, limits, skip=("category_percent", "top_op", "top_op_module", "top_op_category",
-                                                      "top_op_share_percent", "top_category", *ROOFLINE_SHOWN_ABOVE))
+    figures = kv_blocks(r.summary, limits, skip=("category_percent", "top_op", "top_op_module", "top_op_category",
+                                                 "top_op_share_percent", "top_category", *ROOFLINE_SHOWN_ABOVE))
+    for block in figures:
+        if block.kind == "kv":  # the tool's every field: the findings quote the ones that matter
+            block.folded = f"all {len(block.kv)} figures of the op profile"
+    part.blocks += figures
     categories = r.detail.get("categories_ms") or {}
     if categories:
         svg = charts.horizontal_bars(categories, value_text=lambda ms: format_measure(ms, "ms"))
