@@ -214,13 +214,18 @@ def _memory_bound_hypothesis(ops: dict[str, Any], low_share: float, low_ops: lis
             sentence(fix), follow_up=follow_up, extra_evidence=neighborhood_evidence,
             ops=staked)
     passes = ops.get("memory_passes") or 1.0
-    # Only the extra passes are recoverable (the data must still move once); bandwidth left unused, half of it.
-    recoverable = max(ops.get("memory_extra_pass_percent") or 0.0,
-                      low_share * (1 - (ops.get("memory_bandwidth_efficiency_percent") or 100) / 100) / 2)
+    # Only the extra passes are recoverable (the data must still move once), or the bandwidth left unused.
+    extra = ops.get("memory_extra_pass_percent") or 0.0
+    bandwidth = ops.get("memory_bandwidth_efficiency_percent")
+    gap = low_share * (1 - bandwidth / 100) if bandwidth is not None else 0.0
+    recoverable = max(extra, gap)
     return Hypothesis(
         "memory_bound", recoverable * compute / 100, "Memory-bound ops move more bytes than the work needs",
         whats, ev,
-        f"Bandwidth-bound time shrinks only with the bytes moved: making {passes:g} passes one, or using the "
-        f"bandwidth fully, cuts up to {recoverable:.0f}% of op time; the rest is the data's one necessary pass.",
+        f"Bandwidth-bound time shrinks only with the bytes moved: making {passes:g} passes one cuts {extra:.0f}% of "
+        "op time (each op's share × (1 − 1/its passes))"
+        + (f"; using the full bandwidth instead of {bandwidth:g}% would cut {low_share:g}% × (1 − "
+           f"{bandwidth / 100:.2g}) = {gap:.0f}%" if bandwidth is not None else "")
+        + "; the data's one necessary pass stays.",
         sentence(advice.fuse_passes(ctx, bool(ops.get("memory_handed_on_by_product")))), follow_up=follow_up,
         extra_evidence=neighborhood_evidence, ops=staked)
