@@ -68,8 +68,9 @@ def _no_calls(*args):
 
 def _assert_memory_pressure_names_the_buffers(diagnosis: Diagnosis) -> None:
     finding = next(f for f in diagnosis.findings if f.key == "memory_pressure")
-    # The step's largest buffers, from get_peak_allocations: its f32[8192,8192] weights (256 MiB each).
-    largest = "params__hidden___3_.1 f32[8192,8192] (256 MiB, an argument, from params['hidden'][3])"
+    # The step's largest buffers, from get_peak_allocations: its f32[8192,8192] weights (256 MiB each, not donated:
+    # the HLO aliases none of its arguments to an output, so donation is a lever).
+    largest = "params__hidden___3_.1 f32[8192,8192] (256 MiB, an argument, not donated, from params['hidden'][3])"
     assert largest in finding.whats_happening
     assert "3.383 GiB of 4.0 GiB" in finding.whats_happening and "15.43% headroom" in finding.whats_happening
     assert any(e.tool == "get_peak_allocations" and e.value == 256.0 for e in finding.evidence)

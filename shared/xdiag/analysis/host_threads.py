@@ -191,3 +191,14 @@ def host_threads(session: Session) -> list[HostThreads]:
         return out
 
     return cached(session, "host_threads", build)
+
+
+def python_tracer_events(session: Session) -> int | None:
+    """Events the Python tracer recorded (its `python3` line on each host's /host:CPU plane): one per Python
+    function call while python_tracer_level was 1; None where the session keeps no host lines (assembled from host
+    summaries)."""
+    lines = [line for host in session.hosts for plane in host.planes if plane.name == "/host:CPU"
+             for line in plane.lines]
+    if not lines:
+        return None
+    return sum(len(line) for line in lines if _PYTHON_LINE.match(line.name))

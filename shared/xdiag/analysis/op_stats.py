@@ -10,6 +10,7 @@ from xdiag.analysis.categories import COPY_OP_CATEGORIES, categorize
 from xdiag.analysis.op_table import op_table, profile_op_costs
 from xdiag.analysis.roofline import TRANSFER_RATE_REASON, eight_bit_operands, roofline
 from xdiag.cost.custom_calls import CUSTOM_CODE_REASON, bandwidth_floor
+from xdiag.cost.library_kernels import UPPER_BOUND
 from xdiag.cost.hlo import ON_CHIP_MEMORY_SPACE, instruction_cost
 from xdiag.cost.torch_ops import NO_SHAPES_REASON, NOT_COSTED_REASON, recorded_op_cost
 from xdiag.profile.columns import first_rows, unique_with_inverse
@@ -132,6 +133,9 @@ class OpStat:
             if self.cost["source"]:
                 row["source"] = self.cost["source"]
             row["cost_source"] = self.cost.get("cost_source", "HLO shapes")
+            if UPPER_BOUND in row["cost_source"]:
+                # Its bytes and FLOPs assume full pages: every rate from them, and its share of the roof, is at most.
+                row["rates_are_upper_bounds"] = True
         elif self.cost:
             row.update(shape=self.cost["shape"], operand_shapes=self.cost["operand_shapes"], opcode=self.cost["opcode"],
                        framework_op=self.cost["op_name"], flops_per_run=None,

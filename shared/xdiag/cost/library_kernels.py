@@ -25,6 +25,10 @@ from math import prod
 from xdiag.profile.schema import BYTES_PER_ELEMENT
 from xdiag.profile.space import HloComputation, HloInstruction
 
+UPPER_BOUND = "an upper bound"
+"""How a cost says it assumes full pages: its rates (FLOP/s, GB/s, share of the roof) are upper bounds, not
+measurements (xdiag.analysis.op_stats marks such rows)."""
+
 FLASH_FLOPS_PER_QKD = {"forward": 4, "backward dK/dV": 8, "backward dQ": 6}
 """Multiply-adds x 2 per (query, key, head-dim element) of each flash kernel: its matrix products."""
 
@@ -86,7 +90,7 @@ def _paged(ins: HloInstruction, operands: list[HloInstruction]) -> tuple[float, 
     kv_bytes = 2 * batch * tokens * heads_kv * dim * BYTES_PER_ELEMENT.get(k_pages.dtype, 2)
     flops = 4.0 * batch * heads_q * tokens * dim
     how = (f"JAX's paged attention: K and V pages of {batch} sequences x {tokens} tokens x {heads_kv} KV heads x "
-           f"{dim} read once, 4·B·Hq·L·D FLOPs; an upper bound (sequence lengths are runtime values: full pages assumed)")
+           f"{dim} read once, 4·B·Hq·L·D FLOPs; {UPPER_BOUND} (sequence lengths are runtime values: full pages assumed)")
     return flops, float(kv_bytes + _array_bytes(q) + _array_bytes(ins)), how
 
 
@@ -103,7 +107,7 @@ def _ragged(ins: HloInstruction, operands: list[HloInstruction]) -> tuple[float,
     kv_bytes = seqs * kv_tokens * combined_kv_heads * dim * BYTES_PER_ELEMENT.get(kv.dtype, 2)
     flops = 4.0 * heads_q * dim * tokens * kv_tokens
     how = (f"JAX's ragged paged attention: K and V pages of {seqs} sequences x {kv_tokens} tokens read once, at "
-           f"most 4·Hq·D·T·L FLOPs for {tokens} query tokens; an upper bound (sequence and query lengths are runtime "
+           f"most 4·Hq·D·T·L FLOPs for {tokens} query tokens; {UPPER_BOUND} (sequence and query lengths are runtime "
            "values: full pages assumed)")
     return flops, float(kv_bytes + _array_bytes(q) + _array_bytes(ins)), how
 

@@ -64,24 +64,93 @@ def fuse_passes(ctx: Context, product_result: bool = False) -> str:
     return base
 
 
-def more_work_per_byte(ctx: Context) -> str:
-    """What helps memory-bound work already at the bandwidth roof: more arithmetic per byte read, or fewer bytes."""
+def more_work_per_byte(ctx: Context, bandwidth_percent: float | None = None) -> str:
+    """What helps memory-bound work that re-reads its data: more arithmetic per byte read, or fewer bytes; and where
+    it is not at the roof (bandwidth_percent: its share of the peak, below AT_ROOF_MIN_PERCENT), a faster kernel too."""
     text = ("do more work per byte read: serve more rows per weight read (a larger batch, continuous batching of "
             "requests in decoding), verify several tokens per weight read (speculative decoding), or read fewer bytes "
             "(int8/fp8 weights and KV cache)")
-    if ctx.platform == "TPU":
-        return text + "; at this intensity faster kernels cannot help: the HBM bus is already near full"
-    return text + "; at this intensity faster kernels cannot help: the memory bus is already near full"
+    bus = "the HBM bus" if ctx.platform == "TPU" else "the memory bus"
+    if bandwidth_percent is not None:
+        return text + (f"; at {bandwidth_percent:g}% of the bandwidth a faster kernel can gain too: larger blocks per "
+                       f"copy and a deeper pipeline, so {bus} stays busy")
+    return text + f"; at the roof faster kernels cannot help: {bus} is already near full"
 
 
-def below_roof_fix(ctx: Context) -> str:
-    """What helps memory-bound ops that leave most of the bandwidth unused: the kernel or the algorithm."""
-    text = ("the kernel, not the bytes, sets the time: use another algorithm or kernel for these ops (for a "
-            "cumulative sum or scan that XLA lowers to a sliding-window reduce-window, jax.lax.associative_scan or a "
-            "blocked scan; a reduction along the minor axis instead of the major one)")
+def below_roof_fix(ctx: Context, ops: list[dict], top: dict) -> str:
+    """What helps memory-bound ops that leave most of the bandwidth unused, from what those ops are (`ops`: the
+    memory-bound rows; `top`: the one far below the roof that holds the most time): the library kernel's own
+    parameters where one of JAX's Pallas kernels holds the time, a scan's lowering only where a cumulative sum or
+    reduce-window is among them, else the kernel or the algorithm."""
+    kernel = library_kernel_fix(top)
+    if kernel:
+        return kernel
+    other = []
+    if any(_is_windowed_scan(o) for o in ops):
+        other.append("a cumulative sum or scan that XLA lowers to a sliding-window reduce-window: "
+                     "jax.lax.associative_scan or a blocked scan")
+    if any(o.get("category") == "reduction" for o in ops):
+        other.append("a reduction along the minor axis instead of the major one")
+    text = ("the kernel, not the bytes, sets the time: use another algorithm or kernel for these ops"
+            + (f" ({'; '.join(other)})" if other else ""))
     if ctx.platform in ("TPU", "GPU"):
         return text + "; where XLA has no better lowering, a Pallas kernel that streams the array once"
     return text
+
+
+WINDOWED_SCAN_MARKS = ("reduce_window", "reduce-window", "cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp")
+"""What names a cumulative op that XLA lowers to a sliding-window reduce-window (the framework op or the opcode)."""
+
+
+def _is_windowed_scan(op: dict) -> bool:
+    names = f"{op.get('opcode') or ''} {op.get('framework_op') or ''}".lower()
+    return any(mark in names for mark in WINDOWED_SCAN_MARKS)
+
+
+def library_kernel_fix(op: dict) -> str | None:
+    """The tuning parameters of the JAX Pallas TPU kernel `op` (a row of get_hlo_op_profile) runs, by their names in
+    jax.experimental.pallas.ops.tpu, with what the operands say of their current size; None for other ops."""
+    names = f"{op.get('op') or ''} {op.get('framework_op') or ''}".lower()
+    shapes = [str(s) for s in op.get("operand_shapes") or []]
+    if "ragged_paged_attention" in names:
+        return ("the kernel is JAX's ragged paged attention (jax.experimental.pallas.ops.tpu.ragged_paged_attention): "
+                "each grid step copies num_kv_pages_per_block KV pages from HBM for num_queries_per_block query "
+                "tokens; larger values of both (within vmem_limit_bytes) make each copy longer and the pipeline "
+                "deeper, and larger KV-cache pages make each page's DMA larger")
+    if "paged_attention" in names:
+        page = _page_bytes(shapes)
+        return ("the kernel is JAX's paged attention (jax.experimental.pallas.ops.tpu.paged_attention."
+                "paged_attention): each grid step copies pages_per_compute_block KV pages from HBM"
+                + (f", and each page is {page} per KV head" if page else "")
+                + ": raise pages_per_compute_block (and the KV cache's page size) so each step moves more bytes "
+                "per copy and the copies overlap the compute")
+    if any(mark in names for mark in ("gmm", "tgmm")) and "pallas_call" in names:
+        return ("the kernel is megablox's grouped matmul (jax.experimental.pallas.ops.tpu.megablox gmm / tgmm): its "
+                "tiling=(tm, tk, tn) argument (default (128, 128, 128)) sets the block each grid step multiplies; "
+                "larger tiles that divide the problem (tk and tn multiples of 128; tm of 8) re-read each operand "
+                "fewer times and keep the MXU fed")
+    if "flash_attention" in names or "flash_mha" in names:
+        return ("the kernel is JAX's Pallas flash attention (jax.experimental.pallas.ops.tpu.flash_attention): its "
+                "block_sizes=BlockSizes(block_q=..., block_k_major=..., block_k=..., block_b=...) set the tiles; "
+                "larger block_q and block_k_major (the backward pass has its own *_dkv and *_dq sizes) re-read K and "
+                "V fewer times")
+    return None
+
+
+def _page_bytes(shapes: list[str]) -> str:
+    """The bytes one KV page holds per KV head, from the K/V pages operand [KV heads, pages, page size, head dim]:
+    the kernel's largest 4-D operand (the query is [batch, heads, 1, head dim])."""
+    sizes = {"bf16": 2, "f16": 2, "f32": 4, "s8": 1, "f8e4m3fn": 1, "f8e5m2": 1}
+    pages = []
+    for shape in shapes:
+        match = re.match(r"(\w+)\[(\d+),(\d+),(\d+),(\d+)\]", shape.replace(" ", ""))
+        if match and match.group(1) in sizes:
+            dims = [int(match.group(i)) for i in range(2, 6)]
+            pages.append((dims[0] * dims[1] * dims[2] * dims[3], match.group(1), dims[2], dims[3]))
+    if not pages:
+        return ""
+    _, dtype, page, dim = max(pages)
+    return f"{page} tokens x {dim} x {dtype} = {page * dim * sizes[dtype] / 1024:g} KiB"
 
 
 def precision_fix(ctx: Context, precision: str) -> str:
@@ -266,22 +335,53 @@ def communicate_less(ctx: Context) -> str:
             "XLA overlap collectives with compute (async collectives, latency-hiding scheduler)")
 
 
-def cut_peak_memory(ctx: Context, values_first: bool) -> str:
-    """When peak memory is near capacity: the lever for what holds the peak first. values_first: values the step
-    computes (activations, gradients): rematerialise them or split the batch; else its arguments (weights,
-    optimizer state, the batch): donate, shard, offload."""
+@dataclass(frozen=True)
+class PeakHolders:
+    """What holds a memory peak, as the profile says, so that only the levers that apply are advised."""
+
+    values_first: bool  # values the step computes (activations, gradients) hold more than its arguments
+    arguments_donated: bool | None  # every large argument is aliased to an output (donated); None: not recorded
+    devices: int | None  # devices the job runs on; None: not recorded
+    dot_outputs_hold_values: bool = False  # matmul outputs are most of the computed values at the peak
+    largest_argument: str = ""  # 'table.1 (12.6 GiB)'
+
+
+def cut_peak_memory(ctx: Context, held: PeakHolders) -> str:
+    """When peak memory is near capacity: the levers for what holds the peak, first the larger part, each only
+    where the profile says it applies: donation where the HLO does not alias the arguments already, sharding where
+    the job has more than one device, a rematerialisation policy that does not save the matmul outputs that hold
+    the peak."""
     if ctx.framework == "PyTorch":
         values = ("checkpoint the activations (torch.utils.checkpoint on the blocks that produce them) or run smaller "
                   "micro-batches and accumulate their gradients")
         arguments = ("shard parameters and optimizer state (FSDP), and free gradients between steps "
                      "(optimizer.zero_grad(set_to_none=True))")
     else:
-        values = ("rematerialise them (jax.checkpoint on the blocks that produce them, or a policy such as "
-                  "jax.checkpoint_policies.dots_with_no_batch_dims_saveable) or run smaller micro-batches and "
-                  "accumulate their gradients (k micro-batches hold about k times fewer activation bytes)")
-        arguments = ("donate the arguments the step replaces (jax.jit(..., donate_argnums=...)), so the updated "
-                     "weights and optimizer state reuse their buffers, and shard them over the devices"
-                     + (", or offload the optimizer state to host memory (memory_kind='pinned_host')"
-                        if ctx.platform == "TPU" else ""))
-    first, then = (values, arguments) if values_first else (arguments, values)
+        if held.dot_outputs_hold_values:
+            # A policy that saves dot outputs would keep the very buffers that hold this peak.
+            remat = ("jax.checkpoint on the blocks that produce them, with a policy that saves no matmul outputs "
+                     "(jax.checkpoint_policies.nothing_saveable): matmul outputs hold most of these values")
+        else:
+            remat = ("jax.checkpoint on the blocks that produce them, or a policy such as "
+                     "jax.checkpoint_policies.dots_with_no_batch_dims_saveable")
+        values = (f"rematerialise them ({remat}) or run smaller micro-batches and accumulate their gradients "
+                  "(k micro-batches hold about k times fewer activation bytes)")
+        levers = []
+        if held.arguments_donated is not True:
+            levers.append("donate the arguments the step replaces (jax.jit(..., donate_argnums=...)), so the updated "
+                          "weights and optimizer state reuse their buffers")
+        if held.devices is None or held.devices > 1:
+            levers.append("shard them over the devices" + (f" (the job has {held.devices})" if held.devices else ""))
+        largest = f" ({held.largest_argument})" if held.largest_argument else ""
+        levers.append(f"keep the largest argument{largest} in a narrower dtype where its precision allows")
+        if ctx.platform == "TPU":
+            levers.append("keep what the step reads rarely (optimizer state) in host memory (memory_kind='pinned_host')")
+        excluded = ([("donating", "the arguments are already donated (the HLO aliases them to its outputs)")]
+                    if held.arguments_donated else []) + (
+                   [("sharding", "the job runs on one device")] if held.devices == 1 else [])
+        arguments = ", ".join(levers[:-1]) + (f" or {levers[-1]}" if len(levers) > 1 else levers[-1])
+        if excluded:
+            arguments += (f"; {' and '.join(n for n, _ in excluded)} {'does' if len(excluded) == 1 else 'do'} not "
+                          f"apply here: {' and '.join(w for _, w in excluded)}")
+    first, then = (values, arguments) if held.values_first else (arguments, values)
     return f"Cut the peak where it is held: {first}; then {then}."

@@ -28,6 +28,9 @@ HEALTHY = {
 """The OPTIMAL short-cut: all of these hold, the out-of-memory risk is LOW (or unknown), and the ops that dominate
 op time have a measured efficiency (efficiency_not_measured)."""
 OOM_RISKS_ABOVE_LOW = ("MEDIUM", "HIGH")
+MEMORY_BOUND_KIND_WORDS = {"at_bandwidth_roof": "near the HBM bandwidth roof",
+                           "below_bandwidth_roof": "far below the HBM bandwidth roof"}
+"""get_hlo_op_profile's memory_bound_kind in the words a reader reads."""
 """get_memory_profile's risks that rule OPTIMAL out: a step near the memory limit fails when its inputs grow."""
 
 
@@ -197,6 +200,9 @@ class HealthSnapshot(_Record):
     sources: dict[str, str] = field(default_factory=lambda: dict(SOURCES))
     unhealthy_because: list[str] = field(default_factory=list)
     healthy: bool = False
+    # The dominant ops' efficiency comes from costs that are upper bounds (a paged kernel's full pages): at most.
+    dominant_ops_efficiency_is_upper_bound: bool = False
+    rematerialised_op_percent: float | None = None  # op time in ops jax.checkpoint recomputes
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> HealthSnapshot:
@@ -282,6 +288,8 @@ def health_snapshot(results: dict[str, ToolResult]) -> HealthSnapshot:
         memory_wait_percent=ops.get("memory_wait_percent"),
         dominant_ops_roofline_efficiency_percent=ops.get("dominant_ops_roofline_efficiency_percent"),
         dominant_ops_share_percent=ops.get("dominant_ops_share_percent"),
+        dominant_ops_efficiency_is_upper_bound=bool(ops.get("dominant_ops_efficiency_is_upper_bound")),
+        rematerialised_op_percent=ops.get("rematerialised_op_percent"),
         dominant_ops_measured_share_percent=ops.get("dominant_ops_measured_share_percent"),
         dominant_ops_unmeasured=ops.get("dominant_ops_unmeasured") or [],
         dma_stall_percent=roofline.get("dma_stall_percent_of_top_ops"),
@@ -346,17 +354,27 @@ def _unhealthy_reasons(s: HealthSnapshot) -> list[str]:
     reasons += _one_line_per_share(op_time_shares)
     memory_bound = (s.low_intensity_op_percent or 0) + (s.memory_wait_percent or 0)
     if memory_bound > HEALTHY["low_intensity_percent_max"] and s.memory_bound_is_defect:
-        reasons.append(f"{memory_bound:.4g}% of op time is memory-bound ({s.memory_bound_kind or 'no peaks'}) "
+        reasons.append(f"{memory_bound:.4g}% of op time is memory-bound ({MEMORY_BOUND_KIND_WORDS.get(s.memory_bound_kind, 'its share of the bandwidth not measured')}) "
                        "in a way its fix can change")
     efficiency = s.dominant_ops_roofline_efficiency_percent
     if efficiency is not None and efficiency < DOMINANT_EFFICIENCY_MIN_PERCENT:
-        reasons.append(f"the ops taking {s.dominant_ops_share_percent}% of op time run at {efficiency}% of their roofline")
+        reasons.append(f"the ops taking {s.dominant_ops_share_percent}% of op time "
+                       f"{'reach at most' if s.dominant_ops_efficiency_is_upper_bound else 'run at'} {efficiency}% of "
+                       "their roofline")
+    elif efficiency is not None and s.dominant_ops_efficiency_is_upper_bound:
+        # A bound never grounds OPTIMAL: the cost model assumes more work than the kernels may do.
+        reasons.append(f"the ops taking {s.dominant_ops_share_percent}% of op time are rated from an upper bound of "
+                       f"their work (a paged kernel's full pages): they reach at most {efficiency}% of their "
+                       "roofline, and what they really reach is not known, so OPTIMAL cannot be shown")
     elif efficiency is None and (unmeasured := efficiency_not_measured(s)):
         reasons.append(unmeasured)
     if is_latency_bound(s.loop_work):
         work = s.loop_work
         reasons.append(f"the busiest ops run {work.loop_trips_per_run:g} times per loop, {work.busiest_ops_mean_us} "
                        f"us each, at {work.busiest_ops_efficiency_percent}% of their roofline")
+    if needless_recompute(s):
+        reasons.append(f"{s.rematerialised_op_percent:g}% of op time recomputes values (jax.checkpoint) while the peak "
+                       f"uses {s.peak_memory_gib:g} of {memory_limit_gib(s):g} GiB")
     if (s.dma_stall_percent or 0) > DMA_STALL_MAX_PERCENT:
         reasons.append(f"the busiest ops wait on their input copies {s.dma_stall_percent}% of their time")
     return reasons
@@ -399,6 +417,25 @@ def _one_line_per_share(shares: list[tuple[str, float]]) -> list[str]:
         same = " (the same ops, found by each check)" if len(names) > 1 else ""
         lines.append(f"{named} take {figure}% of op time{same}")
     return lines
+
+
+RECOMPUTE_MATERIAL_PERCENT = 10.0
+"""Share of op time recomputed ops (jax.checkpoint) must take for their cost to count."""
+RECOMPUTE_PEAK_MAX_PERCENT = 60.0
+"""The peak, as a share of the memory limit, under which the recomputation is not needed to fit (issue 58's Flax LM:
+7.7 of 16.9 GB, 46%); above it the saved activations may not fit, and recomputing is the price of fitting."""
+
+
+def memory_limit_gib(s: HealthSnapshot) -> float | None:
+    """The memory the peak is measured against: the allocator's limit where lower than the device's memory."""
+    return s.allocator_limit_gib or s.memory_capacity_gib
+
+
+def needless_recompute(s: HealthSnapshot) -> bool:
+    """A material share of op time recomputes values while the peak is well under the memory limit."""
+    limit = memory_limit_gib(s)
+    return bool((s.rematerialised_op_percent or 0) >= RECOMPUTE_MATERIAL_PERCENT and s.peak_memory_gib and limit
+                and 100 * s.peak_memory_gib / limit < RECOMPUTE_PEAK_MAX_PERCENT)
 
 
 def is_latency_bound(work: LoopWork) -> bool:

@@ -35,9 +35,10 @@ from xdiag.profile.space import (
     TimeColumn,
 )
 
-MAGIC = b"XDIAGS02"
+MAGIC = b"XDIAGS03"
 """Its last two digits: the version of the layout and of what the reader stores (02: a Kineto trace's CPU ops carry
-their recorded inputs, costed by the analysis, not their FLOPs); a file of another version is refused."""
+their recorded inputs, costed by the analysis, not their FLOPs; 03: an HLO module's donated parameters); a file of
+another version is refused."""
 FILE_SUFFIX = f".s{MAGIC[-2:].decode()}.xdiag"
 """A stored session's file name ends with its version, so that files of an earlier version, left in a bucket by a
 deploy before, are never looked for (they are decoded again, not refused)."""
@@ -85,6 +86,7 @@ def module_from_record(record: dict[str, Any]) -> HloModule:
     return HloModule(
         name=record["name"], program_id=record["program_id"], entry=record["entry"], host=record["host"],
         computations={n: HloComputation(n, [_instruction(r) for r in rows]) for n, rows in record["computations"].items()},
+        donated_parameters=frozenset(record["donated_parameters"]),
     )
 
 
@@ -92,6 +94,7 @@ def module_record(module: HloModule) -> dict[str, Any]:
     """An HLO module as JSON holds it (module_from_record reads it back)."""
     return {
         "name": module.name, "program_id": module.program_id, "entry": module.entry, "host": module.host,
+        "donated_parameters": sorted(module.donated_parameters),
         "computations": {
             name: [
                 [i.name, i.opcode, i.dtype, list(i.dims), list(i.layout), list(i.operands), i.fusion_kind, i.op_name,

@@ -196,5 +196,16 @@ def hlo_module(proto_bytes: bytes, host: str, fallback_id: int) -> HloModule | N
     if entry not in computations and computations:
         entry = list(computations)[-1]
     return HloModule(
-        name=module.name, program_id=module.id or fallback_id, entry=entry, computations=computations, host=host
+        name=module.name, program_id=module.id or fallback_id, entry=entry, computations=computations, host=host,
+        donated_parameters=_donated_parameters(module, entry),
     )
+
+
+def _donated_parameters(module, entry: str) -> frozenset[str]:
+    """The entry parameters an output aliases (input_output_alias: the arguments jax.jit donates), by name."""
+    aliased = {e.parameter_number for e in module.input_output_alias.entries}
+    if not aliased:
+        return frozenset()
+    computation = next((c for c in module.computations if c.name == entry), None)
+    return frozenset(i.name for i in (computation.instructions if computation else ())
+                     if i.opcode == "parameter" and i.parameter_number in aliased)

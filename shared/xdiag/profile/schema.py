@@ -183,6 +183,7 @@ def _build_hlo_file() -> descriptor_pb2.FileDescriptorProto:
             ("opcode", 2, _STRING, _OPTIONAL),
             ("shape", 3, _MESSAGE, _OPTIONAL, "ShapeProto"),
             ("metadata", 7, _MESSAGE, _OPTIONAL, "OpMetadata"),
+            ("parameter_number", 9, _INT64, _OPTIONAL),
             ("fusion_kind", 11, _STRING, _OPTIONAL),
             ("dimensions", 14, _INT64, _REPEATED),
             ("window", 15, _MESSAGE, _OPTIONAL, "Window"),
@@ -207,6 +208,10 @@ def _build_hlo_file() -> descriptor_pb2.FileDescriptorProto:
             ("root_id", 6, _INT64, _OPTIONAL),
         ],
     )
+    # input_output_alias: which of the entry's parameters (donated arguments) share a buffer with an output.
+    _message(f, "AliasEntryProto", [("output_shape_index", 1, _INT64, _REPEATED), ("parameter_number", 2, _INT64, _OPTIONAL),
+                                    ("parameter_shape_index", 3, _INT64, _REPEATED), ("kind", 4, _INT32, _OPTIONAL)])
+    _message(f, "HloInputOutputAliasProto", [("entries", 1, _MESSAGE, _REPEATED, "AliasEntryProto")])
     _message(
         f,
         "HloModuleProto",
@@ -217,6 +222,7 @@ def _build_hlo_file() -> descriptor_pb2.FileDescriptorProto:
             ("id", 5, _INT64, _OPTIONAL),
             ("entry_computation_id", 6, _INT64, _OPTIONAL),
             ("schedule", 7, _MESSAGE, _OPTIONAL, "HloScheduleProto"),
+            ("input_output_alias", 8, _MESSAGE, _OPTIONAL, "HloInputOutputAliasProto"),
         ],
     )
     _message(f, "HloProto", [("hlo_module", 1, _MESSAGE, _OPTIONAL, "HloModuleProto")])

@@ -308,6 +308,7 @@ class HloModule:
     entry: str
     computations: dict[str, HloComputation]
     host: str
+    donated_parameters: frozenset[str] = frozenset()  # entry parameters whose buffers the outputs reuse (donated)
 
     @property
     def display_name(self) -> str:

@@ -25,6 +25,14 @@ STEP_CATEGORY_COLORS = {
     "dispatch": "#1aa3b3",
     "host_other": "#9aa6b2",
 }
+CATEGORY_WORDS = {"host_sync": "host sync", "host_other": "other host work", "warm_up": "warm-up"}
+"""Step-time categories as a reader reads them (the rest read as they are named)."""
+
+
+def category_words(category: str) -> str:
+    return CATEGORY_WORDS.get(category, category)
+
+
 EXTRA_COLORS = ("#5aa469", "#c76b98", "#b5894b", "#4f6d8f", "#d17c3f", "#7a8b2f", "#6c5b7b", "#2f8f83")
 BAR_COLOR = "#3b78d8"
 MAX_STEP_COLUMNS = 100
@@ -90,13 +98,14 @@ def breakdown_bar(breakdown: Mapping[str, Any], step_ms: float | None = None, he
     for index, (category, percent) in enumerate(parts):
         color = color_for(category, index)
         if percent > 0:  # a category that took no time is not worth a legend entry
-            legend.append((category, color, f"{format_number(percent)}%{ms_text(percent)}"))
+            legend.append((category_words(category), color, f"{format_number(percent)}%{ms_text(percent)}"))
         w = width * percent * scale / 100.0
         if w <= 0:
             continue
-        shapes.append(_RECT_TIP.format(x, 0, w, height, color, f"{category}: {format_number(percent)}%{ms_text(percent)}"))
+        shapes.append(_RECT_TIP.format(x, 0, w, height, color,
+                                       f"{category_words(category)}: {format_number(percent)}%{ms_text(percent)}"))
         if labels:
-            for text in (f"{category} {format_number(percent)}%", f"{format_number(percent)}%"):
+            for text in (f"{category_words(category)} {format_number(percent)}%", f"{format_number(percent)}%"):
                 if _text_width(text) + 14 <= w:  # a label only where it fits inside its segment
                     shapes.append(_TEXT.format(x + 7, height / 2 + 5, "seg", "start", text))
                     break
@@ -148,7 +157,7 @@ def step_columns(
             v = _num(r.get(c))
             if v <= 0:
                 continue
-            tip.append(f"{c} {duration_text(v)}")
+            tip.append(f"{category_words(c)} {duration_text(v)}")
             h = plot_h * v / axis_top
             y -= h
             segments.append(_RECT.format(x, y, bar, h, colors[c]))
@@ -157,7 +166,8 @@ def step_columns(
             out.append(_TEXT.format(x + bar / 2, base + 16, "tick", "middle", number))
     out.append(_LINE.format(left, base, width - right, base, "axisline"))
     out.append(_TEXT.format(left + plot_w / 2, height - 4, "axis", "middle", "step"))
-    return _SVG.format("chart", height, "time per step", Markup("").join(out)), [(c, colors[c], "") for c in categories]
+    return (_SVG.format("chart", height, "time per step", Markup("").join(out)),
+            [(category_words(c), colors[c], "") for c in categories])
 
 
 def horizontal_bars(values: Mapping[str, Any], value_text=format_duration, limit: int = MAX_BARS) -> Markup:

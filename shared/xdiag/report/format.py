@@ -149,7 +149,7 @@ _TO_BASE = {
     "s": (1.0, _SECONDS),
     "B": (1.0, _BYTES), "KiB": (2.0**10, _BYTES), "MiB": (2.0**20, _BYTES), "GiB": (2.0**30, _BYTES),
     "B/s": (1.0, _BYTES_PER_S), "GiB/s": (2.0**30, _BYTES_PER_S), "GB/s": (1e9, _BYTES_PER_S),
-    "GFLOP/s": (1e9, _FLOP_PER_S), "TFLOP/s": (1e12, _FLOP_PER_S), "FLOP": (1.0, _FLOP),
+    "FLOP/s": (1.0, _FLOP_PER_S), "GFLOP/s": (1e9, _FLOP_PER_S), "TFLOP/s": (1e12, _FLOP_PER_S), "FLOP": (1.0, _FLOP),
     "kHz": (1e3, _HERTZ),
 }
 
@@ -188,6 +188,20 @@ def format_bytes(size: Any) -> str:
     return format_measure(size, "B")
 
 
+VALUE_WORDS = {"at_bandwidth_roof": "near the HBM bandwidth roof", "below_bandwidth_roof": "far below the HBM bandwidth roof",
+               "host_other": "other host work", "host_sync": "host sync"}
+"""Values the tools write as keys, as the page says them (the tool's JSON keeps the key)."""
+
+
+def metric_label(metric: str) -> str:
+    """An evidence metric as a reader reads it: its last word, a field name, by its label (`paged_attention.4
+    achieved_gb_per_s` -> `paged_attention.4 achieved`, `memory_passes` -> `memory passes`); its value says the unit."""
+    head, _, last = str(metric).rpartition(" ")
+    if "_" not in last or any(c in last for c in ".()[]/:"):
+        return str(metric)
+    return f"{head} {label_of(last)}" if head else label_of(last)
+
+
 def format_value(value: Any) -> str:
     """Any JSON-ish value as one line of text; None is MISSING."""
     if value is None:
@@ -197,7 +211,7 @@ def format_value(value: Any) -> str:
     if isinstance(value, (bool, int, float)):
         return format_number(value)
     if isinstance(value, str):
-        return value
+        return VALUE_WORDS.get(value, value)
     if isinstance(value, Mapping):
         return ", ".join(f"{k}: {format_value(v)}" for k, v in value.items()) if value else "–"
     if isinstance(value, (list, tuple, set)):
@@ -272,10 +286,19 @@ def short_kernel_name(name: str, limit: int = 140) -> str:
 
 @dataclass(frozen=True)
 class Limits:
-    """The device's peaks, to check rates against (None: unknown, nothing checked)."""
+    """The device's peaks, to check rates against (None: unknown, nothing checked). peak_flops_per_s is the 16-bit
+    matrix peak; eight_bit_peaks the datasheet's int8 / fp8 matrix peaks, by name, where it gives them: a rate of
+    8-bit work above the 16-bit peak is within its own."""
 
     peak_flops_per_s: float | None = None
     peak_bytes_per_s: float | None = None
+    eight_bit_peaks: tuple[tuple[str, float], ...] = ()
+
+    def highest_rate(self) -> tuple[str, float | None]:
+        """The precision with the highest matrix peak and that peak: no FLOP rate of any precision exceeds it."""
+        named = [("16-bit", self.peak_flops_per_s)] if self.peak_flops_per_s else []
+        named += [(name, rate) for name, rate in self.eight_bit_peaks if rate]
+        return max(named, key=lambda pair: pair[1]) if named else ("", None)
 
 
 NO_LIMITS = Limits()
@@ -302,10 +325,27 @@ def out_of_range(key: str, value: Any, limits: Limits = NO_LIMITS) -> str:
         if steps is _BYTES_PER_S and limits.peak_bytes_per_s and base > limits.peak_bytes_per_s * 1.001:
             return (f"{format_measure(value, unit)} is above the device's peak bandwidth "
                     f"({format_measure(limits.peak_bytes_per_s, 'B/s')}): not a physical value")
-        if steps is _FLOP_PER_S and limits.peak_flops_per_s and base > limits.peak_flops_per_s * 1.001:
-            return (f"{format_measure(value, unit)} is above the device's peak FLOP rate "
-                    f"({format_measure(limits.peak_flops_per_s, 'FLOP/s')}): not a physical value")
+        precision, highest = limits.highest_rate()
+        if steps is _FLOP_PER_S and highest and base > highest * 1.001:
+            return (f"{format_measure(value, unit)} is above the device's highest matrix peak, its {precision} rate "
+                    f"({format_measure(highest, 'FLOP/s')}): not a physical value")
     return ""
+
+
+def above_sixteen_bit_note(key: str, value: Any, limits: Limits) -> str:
+    """Where a FLOP rate is above the 16-bit peak but within an 8-bit one: which peak it is read against ('' else)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or unit_of(key) not in _TO_BASE:
+        return ""
+    factor, steps = _TO_BASE[unit_of(key)]
+    base = value * factor
+    if steps is not _FLOP_PER_S or not limits.peak_flops_per_s or base <= limits.peak_flops_per_s * 1.001:
+        return ""
+    within = [(name, rate) for name, rate in limits.eight_bit_peaks if rate and base <= rate * 1.001]
+    if not within:
+        return ""
+    name, rate = within[0]
+    return (f"{name} work at {format_measure(100 * base / rate, '%')} of its {format_measure(rate, 'FLOP/s')} peak "
+            f"(the 16-bit peak is {format_measure(limits.peak_flops_per_s, 'FLOP/s')})")
 
 
 @dataclass
@@ -505,6 +545,7 @@ class Block:
     text: str = ""
     muted: bool = False
     bars: list[tuple[str, Any]] = field(default_factory=list)  # (label, Markup svg): one small bar per row
+    folded: str = ""  # where set, the block sits folded under this line (<details>): detail a reader opens
 
     def __post_init__(self) -> None:
         self.text = humanize_numbers(plain_text(self.text))  # tools' reasons quote raw numbers ("623.196 ms")

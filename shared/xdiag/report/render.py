@@ -29,6 +29,7 @@ from xdiag.report.format import (
     humanize_numbers,
     key_values,
     measured_cell,
+    metric_label,
     table,
     unit_of,
 )
@@ -229,7 +230,7 @@ def _metric_key(metric: str) -> str:
 
 def _finding_view(f: Finding, limits: Limits) -> dict[str, Any]:
     # metric, value, tool, note: on a phone the metric and its value are what the first screen width shows.
-    rows = [[cell(e.metric, 70),
+    rows = [[Cell(text=metric_label(e.metric)[:70], full=e.metric),
              measured_cell(_metric_key(e.metric), humanize_numbers(e.value) if isinstance(e.value, str) else e.value,
                            limits, 60),
              Cell(text=e.tool, wrap=False), cell(humanize_numbers(e.note or ""), 90)]

@@ -14,6 +14,7 @@ from typing import Any
 from xdiag.model import Analysis, Finding, ToolResult, ToolStatus
 from xdiag.report.format import (
     Cell,
+    above_sixteen_bit_note,
     Limits,
     cell,
     format_measure,
@@ -79,6 +80,12 @@ def summary_sentences(analysis: Analysis, status: str, findings: Sequence[Findin
         top, share = health.get("top_op"), health.get("top_op_share_percent")
         if top and share is not None:
             out.append(f"The busiest op is {short_kernel_name(top)} ({format_measure(share, '%')} of op time).")
+        efficiency, bound = health.get("roofline_efficiency_percent"), health.get("bound_by")
+        if efficiency is not None and bound:
+            roof = "compute" if "compute" in str(bound).lower() else "bandwidth"
+            at_most = "at most " if health.get("dominant_ops_efficiency_is_upper_bound") else ""
+            out.append(f"While they run, the ops reach {at_most}{format_measure(efficiency, '%')} of their {roof} roof, "
+                       "each against the peak of its own precision.")
         return out
     if status != "NEEDS_ATTENTION":
         return [f"The analysis is not finished yet (pipeline status {analysis.status}); the sections below show "
@@ -215,8 +222,14 @@ def metric_cards(health: Mapping[str, Any], results: Mapping[str, ToolResult], l
             scope = (f", over compute ops only ({format_measure(compute, '%')} of step time)"
                      if _busy_text(health) and isinstance(compute, (int, float)) else "")
             note = m.hint + scope + (f"; bound by {health['bound_by']}" if health.get("bound_by") else "")
-        elif m.path == ("achieved_gflops_per_s",) and health.get("achieved_rate_covers_op_time_percent") is not None:
-            note = f"{m.hint}, over the {format_measure(health['achieved_rate_covers_op_time_percent'], '%')} of compute op time whose FLOPs are known"
+            if health.get("dominant_ops_efficiency_is_upper_bound"):
+                note = "an upper bound: the busiest kernels' costs assume full pages; " + note
+        elif m.path == ("achieved_gflops_per_s",):
+            covers = health.get("achieved_rate_covers_op_time_percent")
+            precision = above_sixteen_bit_note("achieved_gflops_per_s", value, limits)
+            note = (f"{precision}; " if precision else "") + m.hint + (
+                f", over the {format_measure(covers, '%')} of compute op time whose FLOPs are known"
+                if covers is not None and covers < 100 else "")
         elif m.path == ("top_op",):
             share, category = health.get("top_op_share_percent"), health.get("top_category")
             note = ", ".join(x for x in (f"{format_measure(share, '%')} of op time" if share is not None else "",
@@ -226,6 +239,8 @@ def metric_cards(health: Mapping[str, Any], results: Mapping[str, ToolResult], l
             tone = tone_of(value) if m.path == ("oom_risk",) else ""
         else:
             text = measured_cell(_UNIT_KEYS.get(m.unit, m.label), value, limits)
+            if m.path == ("roofline_efficiency_percent",) and health.get("dominant_ops_efficiency_is_upper_bound"):
+                text = Cell(text="≤ " + text.text, full=text.full, numeric=text.numeric)
             tone = "warn" if text.flagged else ""
             if text.flagged:
                 note = text.full or note

@@ -27,7 +27,8 @@ def get_device_information(session: Session) -> ToolOutput:
     devices_with_events, the recorded stats (peak_teraflops_per_second, peak_hbm_bw_gigabytes_per_second,
     memory_size, memory_bandwidth, compute_cap_{major,minor}, core_count, clock_rate), versions, and on TPU/GPU the checked peaks:
     device_model, vendor, peak_tflops, peak_hbm_gb_per_s, ridge_flop_per_byte, flops_source / bandwidth_source
-    (datasheet with its URL, or recorded), recorded_peak_*, peak_warnings. detail: per-device stats, xprof view."""
+    (datasheet with its URL, or recorded), recorded_peak_*, peak_warnings, peak_int8_tflops / peak_fp8_tflops (the
+    datasheet's 8-bit matrix peaks, the roof of int8/fp8 work). detail: per-device stats, xprof view."""
     versions: dict[str, str] = {}
     for plane in session.planes:
         if plane.name == "/host:metadata":
@@ -56,6 +57,10 @@ def get_device_information(session: Session) -> ToolOutput:
         summary.update({k: peaks.get(k) for k in ("device_model", "vendor", "peak_tflops", "peak_hbm_gb_per_s",
                                                    "ridge_flop_per_byte", "flops_source", "bandwidth_source",
                                                    "recorded_peak_tflops", "recorded_peak_hbm_gb_per_s", "peak_warnings")})
+        # The 8-bit matrix peaks (where the datasheet gives them): the roof int8/fp8 work is read against.
+        summary.update({name: round(peaks[key] / 1e12, 1) for name, key in (("peak_int8_tflops", "peak_int8_ops_per_s"),
+                                                                             ("peak_fp8_tflops", "peak_fp8_flops_per_s"))
+                        if peaks.get(key)})
         detail = {"devices": devices}
         view, reason = try_view(session, "device_information")
         detail["xprof"] = view if view is not None else {"available": False, "reason": reason}

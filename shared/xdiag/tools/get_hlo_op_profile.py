@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from xdiag.analysis.device_peaks import session_peaks
 from xdiag.analysis.op_stats import category_totals, op_stats
+from xdiag.analysis.recompute import rematerialised_time
 from xdiag.analysis.roofline import loop_work, mark_fed_by_async_copies, program_hbm_traffic, roofline_summary
 from xdiag.analysis.transfers import transfer_spans
 from xdiag.analysis.xprof.session_views import try_view
@@ -31,9 +32,11 @@ def get_hlo_op_profile(session: Session, top_n: int = 20) -> ToolOutput:
     memory_handed_on_by_product, memory_bandwidth_efficiency_percent, memory_bound_kind,
     memory_bound_kind_bandwidth_percent, memory_intensity_flop_per_byte, memory_wait_percent,
     memory_bound_rereads_in_loops, memory_bound_defect/why, memory_bound_defect_note,
-    dominant_ops_roofline_efficiency_percent, dominant_ops_share_percent, dominant_ops, dominant_ops_matmul_precision,
+    memory_bound_kind_bandwidth_is_upper_bound and dominant_ops_efficiency_is_upper_bound (rated from costs that are
+    upper bounds: rows with rates_are_upper_bounds), dominant_ops_roofline_efficiency_percent, dominant_ops_share_percent, dominant_ops, dominant_ops_matmul_precision,
     dominant_ops_measured_share_percent, dominant_ops_unmeasured, flagged_op_rows; loop_work's busiest_ops_mean_us,
-    busiest_ops_efficiency_percent, busiest_ops_share_percent, loop_trips_per_run; async_copies (transfer_spans: copies, GB per copy,
+    busiest_ops_efficiency_percent, busiest_ops_share_percent, loop_trips_per_run; rematerialised_op_percent and
+    rematerialised_ops (op time jax.checkpoint recomputes); async_copies (transfer_spans: copies, GB per copy,
     measured link GB/s) where the profile has copy-start/copy-done pairs; and on TPU/GPU the checked peaks
     (device_model, peak_tflops, peak_hbm_gb_per_s, ridge_flop_per_byte, flops_source, bandwidth_source,
     peak_warnings). detail: ops [top_n rows, each with
@@ -71,6 +74,7 @@ def get_hlo_op_profile(session: Session, top_n: int = 20) -> ToolOutput:
     mark_fed_by_async_copies(rows, program_hbm)
     summary.update(roofline_summary(rows, peaks.get("ridge_flop_per_byte") if peaks else None, program_hbm))
     summary.update(loop_work(rows))
+    summary.update(rematerialised_time(session, rows))
     transfers = transfer_spans(session)
     if transfers:
         summary["async_copies"] = transfers

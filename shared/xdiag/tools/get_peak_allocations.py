@@ -23,7 +23,9 @@ GIB = 2**30
 def get_peak_allocations(session: Session, module: str | None = None) -> ToolOutput:
     """summary: module, largest_buffer, largest_buffer_shape, largest_buffer_mib, and without XProf's buffer
     assignment (CPU, or no memory viewer) hlo_values_live_at_once_gib (an estimate from the HLO, beside the
-    measured peak of get_memory_profile), hlo_values_live_at_once_at, basis. detail: buffers (top 20)."""
+    measured peak of get_memory_profile), hlo_values_live_at_once_at, basis, donated_arguments (the entry parameters
+    the HLO's input/output aliasing reuses). detail: buffers (top 20; an argument's `donated` says whether it is).
+    """
     target = session.module(module) if module else None
     if module and target is None:
         raise NotAvailable(f"no HLO module named {module!r} in this profile")
@@ -36,14 +38,16 @@ def get_peak_allocations(session: Session, module: str | None = None) -> ToolOut
         if view is not None:
             summary = {k: v for k, v in view.items() if k != "detail"}
             modules = view.get("detail", {}).get("modules") or [{}]
-            return ToolOutput({"module": target.display_name, **summary},
-                              {"xprof": view, "buffers": modules[0].get("top_buffers", [])}, xprof_source())
+            buffers = modules[0].get("top_buffers", [])
+            return ToolOutput({"module": target.display_name, **summary, **_with_donation(buffers, target)},
+                              {"xprof": view, "buffers": buffers}, xprof_source())
     values = _device_values(target.entry_computation, target)
     if not values:
         raise NotAvailable(f"module {target.display_name} defines no sized values in device memory")
     live_bytes, live_at = _live_at_once(target.entry_computation, target)
     largest = max(values, key=lambda v: v["size_mib"])
     summary = {
+        **_with_donation(values, target),
         "module": target.display_name,
         "largest_buffer": largest["value"],
         "largest_buffer_shape": largest["shape"],
@@ -60,6 +64,15 @@ def get_peak_allocations(session: Session, module: str | None = None) -> ToolOut
     }
     values.sort(key=lambda v: -v["size_mib"])
     return ToolOutput(summary, {"buffers": values[:20]}, "HLO shapes carried in the profile")
+
+
+def _with_donation(buffers: list[dict], module: HloModule) -> dict:
+    """Marks each argument among `buffers` donated or not, from the module's input/output aliasing (an argument
+    jax.jit donates is aliased to an output: the step's update reuses its buffer); the donated ones, by name."""
+    for b in buffers:
+        if b.get("opcode") == "parameter":
+            b["donated"] = b.get("value") in module.donated_parameters
+    return {"donated_arguments": sorted(module.donated_parameters)}
 
 # Ops whose result is another value's buffer (or a tuple of them), not a new one.
 _ALIASING = ("tuple", "get-tuple-element", "bitcast")

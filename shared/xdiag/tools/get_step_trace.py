@@ -6,7 +6,7 @@ from xdiag.analysis.breakdown import CATEGORIES, device_rows, step_rows, summari
 from xdiag.analysis.device_time import device_spread, device_table
 from xdiag.analysis.duty_cycle import duty_cycles, duty_summary
 from xdiag.analysis.host_signals import largest_sync_event
-from xdiag.analysis.host_threads import host_threads
+from xdiag.analysis.host_threads import host_threads, python_tracer_events
 from xdiag.analysis.steps import Step, step_set
 from xdiag.analysis.warm_up import WarmUpCall, warm_up_calls
 from xdiag.analysis.xprof.session_views import try_view
@@ -33,7 +33,8 @@ def get_step_trace(session: Session) -> ToolOutput:
     transfer_only_devices; window_busy_percent (busy over each device's whole window, as XProf's duty cycle),
     idle_outside_steps_ms, largest_idle_gap_{ms,where,device}, window_vs_step_note where they differ;
     warm_up_function, first_call_ms, later_call_ms_median (the longest first call that is a warm-up) and
-    largest_sync_event, largest_sync_event_ms where the host records them.
+    largest_sync_event, largest_sync_event_ms where the host records them; python_tracer_events_per_step (the Python
+    calls the profiler recorded, per step and host: its own load on the host) where the Python tracer was on.
     detail: per-device rows, step sources, duty cycle per device, per-step rows (the first 200 of steps_total), xprof (device only)."""
     found = step_set(session)
     rows = step_rows(session)
@@ -45,6 +46,10 @@ def get_step_trace(session: Session) -> ToolOutput:
     if found.transfer_only:
         summary["transfer_only_devices"] = found.transfer_only
     summary.update(_host_call_facts(session, found.steps))
+    traced = python_tracer_events(session)
+    if traced and summary.get("steps"):
+        # The profiler's own load: each Python call it records costs the traced program host time.
+        summary["python_tracer_events_per_step"] = round(traced / summary["steps"] / max(len(session.hosts), 1), 1)
     cycles = duty_cycles(session)
     summary.update(duty_summary(cycles, 100 - summary["device_idle_percent"] if "device_idle_percent" in summary else None))
     detail = {

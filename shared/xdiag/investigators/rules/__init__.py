@@ -12,6 +12,7 @@ from xdiag.analysis.roofline import MEMORY_BOUND_FINDING_MIN_PERCENT
 from xdiag.investigators.health import DOMINANT_EFFICIENCY_MIN_PERCENT, HealthSnapshot
 # The family modules register their rules on import.
 from xdiag.investigators.rules import collectives, compiler, host, kernels, memory, roofline, transfers  # noqa: F401
+from xdiag.investigators.rules.host import with_profiler_caveat
 from xdiag.investigators.rules.hypothesis import CallTool, Hypothesis
 from xdiag.investigators.rules.ranking import MIN_FINDING_PERCENT, ranked
 from xdiag.investigators.rules.registry import Facts, ordered_rules
@@ -30,6 +31,7 @@ def hypotheses(health: HealthSnapshot, results: dict[str, ToolResult]) -> list[H
         hypothesis = rule(facts, found)
         if hypothesis is not None:
             found.append(hypothesis)
+    with_profiler_caveat(facts, found)
     return ranked(found, facts.breakdown, facts.step_ms, facts.step)
 
 
@@ -41,8 +43,11 @@ def _roofline_sentence(health: HealthSnapshot) -> str:
     peaks = health.peaks
     device_model = peaks.device_model if peaks else None
     flops_source = peaks.flops_source if peaks and peaks.flops_source is not None else "profile"
-    text = (f"While they run, the device's ops reach {efficiency}% of their {'compute' if bound == 'compute' else 'bandwidth'} "
-            f"roof ({device_model or 'device'} peaks from the {str(flops_source).split(' (')[0]})")
+    at_most = "at most " if health.dominant_ops_efficiency_is_upper_bound else ""
+    text = (f"While they run, the device's ops reach {at_most}{efficiency}% of their "
+            f"{'compute' if bound == 'compute' else 'bandwidth'} roof ({device_model or 'device'} peaks from the "
+            f"{str(flops_source).split(' (')[0]})"
+            + ("; an upper bound: the busiest kernels' costs assume full pages" if at_most else ""))
     xprof = health.xprof_roofline_efficiency_percent
     if xprof is not None and abs(xprof - efficiency) > max(5.0, 0.2 * efficiency):
         text += (f"; XProf's {xprof}% is over the capture window, idle included, with its own FLOP counts "
@@ -117,12 +122,14 @@ class RuleEngine:
             top = findings[0]
             b = health.breakdown_percent
             summary = (
-                f"{len(findings)} issue(s) found; the biggest: {top.title.lower()} ({top.priority}). "
+                f"{len(findings)} {'issue' if len(findings) == 1 else 'issues'} found; the biggest: "
+                f"{top.title[:1].lower() + top.title[1:]} ({top.priority}). "
                 f"Steps take {health.step_time_ms:.4g} ms, of which the devices compute {b.get('compute')}%. "
                 + _roofline_sentence(health)
                 + (f"Also: {', '.join(f.title.lower() for f in findings[1:3])}. " if len(findings) > 1 else "")
                 + _flags_not_findings(health, {f.key for f in findings})
-                + f"{len(calls)} follow-up tool call(s) gathered the evidence below."
+                + (f"{len(calls)} follow-up {'call' if len(calls) == 1 else 'calls'} to the tools gathered the "
+                   "evidence below." if calls else "")
             )
         return Diagnosis(
             status=Status.NEEDS_ATTENTION,

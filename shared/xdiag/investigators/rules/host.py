@@ -88,9 +88,9 @@ def host_sync(facts: Facts, found: list[Hypothesis]) -> Hypothesis | None:
         return None
     wait_name, wait_ms = step.get("largest_sync_event"), step.get("largest_sync_event_ms")
     # Say only what was measured: a wait count or share of 0 is no evidence and must not read as a finding.
-    what = [f"the host waits on device results {syncs:g} times per step"] if syncs else []
+    what = [f"the host waits on device results {'once' if syncs == 1 else f'{syncs:g} times'} per step"] if syncs else []
     if callbacks:
-        what.append(f"calls back into Python {callbacks:g} times per step")
+        what.append(f"calls back into Python {'once' if callbacks == 1 else f'{callbacks:g} times'} per step")
     if callback_share:
         what.append(f"host callbacks take {callback_share}% of device op time ({callback_step}% of the step)")
     score = min(max(sync_pct, callback_step), 100.0)
@@ -195,3 +195,31 @@ def device_idle(facts: Facts, found: list[Hypothesis]) -> Hypothesis | None:
         "see host activity; balance work across devices if some are much less busy; check the input "
         "pipeline and inter-device dependencies.",
     )
+
+
+HOST_TIME_FINDINGS = ("low_utilization", "dispatch_overhead", "host_sync", "input_bound", "device_idle")
+"""Findings whose time is the host's: what the profiler's host tracers add to the traced program lands in them."""
+TRACED_CALLS_PER_MS_MIN = 20.0
+"""Python function events per millisecond of step (one every 50 µs) from which the Python tracer's own cost, paid on
+every call it records, may be a visible part of the host's time."""
+
+
+def with_profiler_caveat(facts: Facts, found: list[Hypothesis]) -> None:
+    """Where the capture recorded Python calls densely, the host-time findings say the profiler may have caused part
+    of what they measure, and how to capture without it (jax.profiler.ProfileOptions, checked against jax 0.10)."""
+    traced = facts.summary("get_step_trace").get("python_tracer_events_per_step")
+    step_ms = facts.step_ms
+    if not traced or not step_ms or traced / step_ms < TRACED_CALLS_PER_MS_MIN:
+        return
+    for h in found:
+        if h.key not in HOST_TIME_FINDINGS:
+            continue
+        h.whats_happening += (
+            f" The capture recorded {traced:,.0f} Python function calls per step ({traced / step_ms:,.0f} per ms: "
+            "the Python tracer was on): the profiler pays for each call it records on the host, so part of this "
+            "host time may be the profiler's own.")
+        h.fix += (" Measure it untraced first: capture again with the Python tracer off, options = "
+                  "jax.profiler.ProfileOptions(); options.python_tracer_level = 0; options.host_tracer_level = 1; "
+                  "jax.profiler.trace(log_dir, profiler_options=options).")
+        h.evidence.append(evidence("get_step_trace", "python_tracer_events_per_step", traced,
+                                   "Python function calls the profiler recorded per step"))

@@ -71,7 +71,7 @@ def opaque_kernel(facts: Facts, found: list[Hypothesis]) -> Hypothesis | None:
         # Half the time it holds, and never P0: what it would gain is not known until it is costed.
         "opaque_kernel", min(share * compute / 100 / 2, OPAQUE_KERNEL_MAX_SCORE),
         "Custom kernels whose work no profile shows hold most of the op time",
-        f"{share}% of op time is in {len(opaque)} custom kernel(s) that carry no cost estimate and whose FLOPs the HLO "
+        f"{share}% of op time is in {len(opaque)} custom {'kernel' if len(opaque) == 1 else 'kernels'} that carry no cost estimate and whose FLOPs the HLO "
         f"does not say; the largest, {top['op'][:80]}, takes {top['share_of_op_time_percent']}%{floor_text}. How close "
         "they run to the hardware's roofs cannot be measured from this profile.",
         facts.base + [evidence("get_hlo_op_profile", "custom kernels' share of op time (FLOPs unknown)", share),

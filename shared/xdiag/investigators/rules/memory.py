@@ -6,10 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 from xdiag.investigators import advice
-from xdiag.investigators.health import OOM_RISKS_ABOVE_LOW, HealthSnapshot
+from xdiag.investigators.health import OOM_RISKS_ABOVE_LOW, HealthSnapshot, memory_limit_gib, needless_recompute
 from xdiag.investigators.rules.hypothesis import Hypothesis, detail, evidence, failure_reason, summary
 from xdiag.investigators.rules.registry import Facts, rule
 from xdiag.model import ToolResult
+from xdiag.sizes import readable_size
 
 LARGEST_BUFFERS_NAMED = 3
 """How many of the largest buffers a memory-pressure finding names."""
@@ -21,7 +22,7 @@ def _largest_buffers(results: dict[str, ToolResult]) -> list[dict]:
     rows = detail(results, "get_peak_allocations").get("buffers") or []
     buffers = [{"name": r.get("value") or r.get("instruction"), "mib": r.get("size_mib"), "shape": r.get("shape"),
                 "made_by": r.get("framework_op"),
-                "argument": r["opcode"] == "parameter" if r.get("opcode") else None}
+                "argument": r["opcode"] == "parameter" if r.get("opcode") else None, "donated": r.get("donated")}
                for r in rows if (r.get("value") or r.get("instruction")) and r.get("size_mib")]
     return sorted(buffers, key=lambda b: -b["mib"])
 
@@ -29,7 +30,10 @@ def _largest_buffers(results: dict[str, ToolResult]) -> list[dict]:
 def _buffer_text(b: dict) -> str:
     shape = f" {b['shape'].split('{')[0]}" if b.get("shape") else ""
     kind = {True: "an argument", False: "a value the step computes"}.get(b["argument"], "")
-    about = ", ".join(x for x in (f"{b['mib']:g} MiB", kind, b.get("made_by") and f"from {b['made_by']}") if x)
+    if b["argument"] and b.get("donated") is not None:
+        kind += ", donated" if b["donated"] else ", not donated"
+    about = ", ".join(x for x in (readable_size(b["mib"] * 2**20), kind, b.get("made_by") and f"from {b['made_by']}")
+                      if x)
     return f"{b['name']}{shape} ({about})"
 
 
@@ -70,7 +74,7 @@ def memory_pressure_hypothesis(health: HealthSnapshot, results: dict[str, ToolRe
             if mem.get("allocator_limit_gib") is not None else []),
           evidence("get_memory_profile", "headroom_percent", mem.get("headroom_percent")),
           evidence("get_memory_profile", "oom_risk", risk)]
-    ev += [evidence("get_peak_allocations", f"buffer {b['name']}", b["mib"], _buffer_text(b)) for b in named]
+    ev += [evidence("get_peak_allocations", f"buffer {b['name']} size_mib", b["mib"], _buffer_text(b)) for b in named]
     if allocations.get("hlo_values_live_at_once_gib") is not None:
         ev.append(evidence("get_peak_allocations", "hlo_values_live_at_once_gib",
                            allocations["hlo_values_live_at_once_gib"],
@@ -89,10 +93,66 @@ def memory_pressure_hypothesis(health: HealthSnapshot, results: dict[str, ToolRe
         + held,
         ev,
         "Avoids an out-of-memory failure as batch or sequence length grows, and makes room for a larger batch.",
-        advice.cut_peak_memory(advice.context(summary(results, "get_device_information")), values_first),
+        advice.cut_peak_memory(advice.context(summary(results, "get_device_information")),
+                               _peak_holders(typed, values_first, summary(results, "get_device_information"))),
     )
+
+
+def _peak_holders(typed: list[dict], values_first: bool, device: dict[str, Any]) -> advice.PeakHolders:
+    """What the largest buffers say about the levers: whether the large arguments are donated already, whether
+    matmul outputs make most of the computed values, and how many devices the job has."""
+    arguments = [b for b in typed if b["argument"]]
+    marked = [b for b in arguments if b.get("donated") is not None]
+    large = [b for b in marked if b["mib"] >= DONATION_MATTERS_SHARE * sum(a["mib"] for a in arguments)]
+    donated = all(b["donated"] for b in large) if large else None
+    values = [b for b in typed if not b["argument"]]
+    dot_mib = sum(b["mib"] for b in values if str(b.get("made_by") or "").rsplit("/", 1)[-1] in MATMUL_FRAMEWORK_OPS)
+    largest = max(arguments, key=lambda b: b["mib"], default=None)
+    return advice.PeakHolders(
+        values_first=values_first, arguments_donated=donated,
+        devices=device.get("device_count") if isinstance(device.get("device_count"), int) else None,
+        dot_outputs_hold_values=bool(values) and dot_mib >= 0.5 * sum(b["mib"] for b in values),
+        largest_argument=f"{largest['name']}, {readable_size(largest['mib'] * 2**20)}" if largest else "")
+
+
+MATMUL_FRAMEWORK_OPS = ("dot_general", "dot", "matmul", "einsum")
+"""The last part of a value's framework op that says a matrix product made it."""
+DONATION_MATTERS_SHARE = 0.1
+"""An argument holding at least this share of the large arguments' bytes decides whether donation is a lever."""
 
 
 @rule("memory_pressure")
 def memory_pressure(facts: Facts, found: list[Hypothesis]) -> Hypothesis | None:
     return memory_pressure_hypothesis(facts.health, facts.results)
+
+
+
+@rule("needless_remat")
+def needless_remat(facts: Facts, found: list[Hypothesis]) -> Hypothesis | None:
+    """Recomputation the memory headroom does not need: jax.checkpoint re-runs blocks' forward passes while the
+    peak stays well under the memory limit."""
+    ops = facts.summary("get_hlo_op_profile")
+    health = facts.health
+    if not needless_recompute(health) or facts.compute < 30:
+        return None
+    share, peak, limit = health.rematerialised_op_percent, health.peak_memory_gib, memory_limit_gib(health)
+    used = 100 * peak / limit
+    step_ms = facts.step_ms
+    per_step = f", about {step_ms * facts.compute / 100 * share / 100:.3g} ms of each {step_ms:.3g} ms step" if step_ms else ""
+    return Hypothesis(
+        "needless_remat", share * facts.compute / 100,
+        "Recomputation the memory does not need: rematerialised blocks while the peak is well under the limit",
+        f"{share:g}% of op time re-runs forward computations inside the backward pass (ops JAX marks "
+        f"rematted_computation under jax.checkpoint: {', '.join(ops.get('rematerialised_ops') or [])}), while the "
+        f"step's peak memory is {peak:g} of {limit:g} GiB ({used:.0f}%): the activations it recomputes could be "
+        "kept instead.",
+        facts.base + [evidence("get_hlo_op_profile", "rematerialised_op_percent", share),
+                      evidence("get_memory_profile", "peak_memory_gib", peak),
+                      evidence("get_memory_profile", "capacity_gib", health.memory_capacity_gib)],
+        f"Up to {share:g}% of op time{per_step}, the recomputation itself, if the saved activations fit: "
+        f"the peak grows by what the checkpointed blocks now recompute, from {peak:g} GiB towards the {limit:g} GiB limit.",
+        "Save more and recompute less where the memory allows: drop jax.checkpoint (Flax nn.remat) from the blocks "
+        "whose activations fit, or give it a policy that saves the costly values "
+        "(jax.checkpoint_policies.dots_with_no_batch_dims_saveable, or save_only_these_names for values named "
+        "with jax.ad_checkpoint.checkpoint_name); then check the peak with a new capture.",
+    )

@@ -95,6 +95,7 @@ RULE_ORDER = (
     "unfused_kernels",
     "opaque_kernel",
     "memory_pressure",
+    "needless_remat",
     "straggler_host",
     "device_idle",
 )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from xdiag.analysis.roofline import EXTRA_PASSES_DEFECT_PERCENT, MEMORY_BOUND_FINDING_MIN_PERCENT
+from xdiag.analysis.roofline import AT_ROOF_MIN_PERCENT, EXTRA_PASSES_DEFECT_PERCENT, MEMORY_BOUND_FINDING_MIN_PERCENT
 from xdiag.investigators import advice
 from xdiag.investigators.health import (DMA_STALL_MAX_PERCENT, DOMINANT_EFFICIENCY_MIN_PERCENT, is_latency_bound,
                                        low_intensity_share)
@@ -26,7 +26,8 @@ def memory_bound(facts: Facts, found: list[Hypothesis]) -> Hypothesis | None:
     waits = ops.get("memory_wait_percent") or 0.0
     if low_share is not None and (low_share + waits >= MEMORY_BOUND_FINDING_MIN_PERCENT and compute >= 30
                                   and ops.get("memory_bound_defect") and low_ops):
-        return _memory_bound_hypothesis(ops, low_share, low_ops, below, compute, facts.base, facts.context())
+        return _memory_bound_hypothesis(ops, low_share, low_ops, below, compute, facts.base, facts.context(),
+                                        facts.step_ms)
     return None
 
 
@@ -52,12 +53,14 @@ def latency_bound(facts: Facts, found: list[Hypothesis]) -> Hypothesis | None:
             ("get_hlo_op_profile", "busiest_ops_mean_us", work.busiest_ops_mean_us),
             ("get_hlo_op_profile", "busiest_ops_efficiency_percent", efficiency),
             ("get_step_trace", "ops_per_step_mean", per_step)) if value is not None],
-        f"Each trip costs about the same whatever its size: k times more work per trip (batched sequences, a "
-        f"wider hidden state) or k times fewer trips does up to k times the work in the same time; "
-        f"{share}% of op time is at stake.",
+        f"Each trip costs about the same whatever its size, so k times more work per trip (batched sequences, a "
+        f"wider hidden state) or k times fewer trips does up to k times the work in about the same time: "
+        f"{share}% of op time" + (f", about {facts.step_ms * compute / 100 * share / 100:.3g} ms of each "
+                                  f"{facts.step_ms:.3g} ms step," if facts.step_ms else "")
+        + f" runs at {efficiency}% of its roofline.",
         "Give each sequential step more work, or take fewer steps: batch more sequences through the loop at once, "
         "use larger hidden sizes, unroll the loop (lax.scan(..., unroll=k)) or process several time steps per "
-        "trip (a chunked or parallel scan, e.g. jax.lax.associative_scan for linear recurrences).",
+        "trip (a chunked or parallel scan, such as jax.lax.associative_scan for linear recurrences).",
     )
 
 
@@ -91,6 +94,11 @@ def low_kernel_efficiency(facts: Facts, found: list[Hypothesis]) -> Hypothesis |
         ev.append(evidence("get_roofline_model", "dma_stall_percent_of_top_ops", stall,
                            "time the busiest ops wait on their input copies (XProf)"))
     ctx = facts.context()
+    rows = {f"{o.get('op')} ({o.get('module')})": o for o in facts.detail("get_hlo_op_profile").get("ops") or []}
+    top = rows.get((ops.get("dominant_ops") or [""])[0], {})
+    kernel = advice.library_kernel_fix(top)
+    gain = (f"{share:g}% of op time × (1 − {efficiency / 100:.2g}) = {lost:.0f}% of op time if they ran at their roof."
+            if low_efficiency and efficiency is not None else f"Up to {lost:.0f}% of op time if they ran at their roof.")
     return Hypothesis(
         "low_kernel_efficiency", lost * compute / 100,
         "The ops that take most of the time run far below their roofline",
@@ -102,13 +110,27 @@ def low_kernel_efficiency(facts: Facts, found: list[Hypothesis]) -> Hypothesis |
         + (": the device is busy, but not productive." if compute >= 30 else
            f"; the device computes only {compute}% of the step, and unproductively while it does."),
         ev,
-        f"Up to {lost:.0f}% of op time if they ran at their roof.",
-        sentence(advice.precision_fix(ctx, precision) if precision else advice.kernel_efficiency_fix(ctx, bound)),
+        gain,
+        sentence(advice.precision_fix(ctx, precision) if precision else kernel or advice.kernel_efficiency_fix(ctx, bound)),
     )
 
 
+def _to_roof_gain(share: float, bandwidth: float | None, to_roof: float, compute: float, step_ms: float | None,
+                  bounded: bool) -> str:
+    """The gain of reaching the HBM roof, with its arithmetic: ops taking `share`% of op time at `bandwidth`% of
+    the roof would take that fraction of their time there."""
+    if bandwidth is None:
+        return f"Up to {to_roof:.0f}% of op time if these ops reached the HBM bandwidth roof."
+    per_step = (f", about {step_ms * compute / 100 * to_roof / 100:.3g} ms of each {step_ms:.3g} ms step"
+                if step_ms else "")
+    return (f"At the HBM roof the same bytes would take {bandwidth:g}% of these ops' time: "
+            f"{share:.3g}% of op time × (1 − {bandwidth / 100:.3g}) = {to_roof:.0f}% of op time{per_step}"
+            + (", at least: their bandwidth is an upper bound (full pages assumed), so the real gap is wider."
+               if bounded else "."))
+
+
 def _memory_bound_hypothesis(ops: dict[str, Any], low_share: float, low_ops: list[dict], below: str, compute: float,
-                             base: list[Evidence], ctx: advice.Context) -> Hypothesis:
+                             base: list[Evidence], ctx: advice.Context, step_ms: float | None = None) -> Hypothesis:
     """One memory_bound finding whose title, impact and fix follow its kind: far below the bandwidth roof (the
     kernel), at it in loops that re-read the same data with little arithmetic per byte (the bytes per unit of
     work), else the passes a program makes over its data."""
@@ -151,42 +173,59 @@ def _memory_bound_hypothesis(ops: dict[str, Any], low_share: float, low_ops: lis
     follow_up = ("get_hlo_neighborhood", {"op": top["op"], "module": top.get("module", "")}) if top.get("module") else None
     staked = frozenset((program(o.get("module")), o["op"]) for o in low_ops)
     if kind == "below_bandwidth_roof":
-        # Half the gap to the roof (a better kernel rarely reaches it), or the extra passes, whichever is larger.
-        recoverable = max(ops.get("memory_extra_pass_percent") or 0.0, low_share * (1 - (kind_bandwidth or 100) / 100) / 2)
-        fix = advice.below_roof_fix(ctx)
-        if (ops.get("memory_extra_pass_percent") or 0) >= 20:
+        # At the roof the same bytes take kind_bandwidth% of the time: the rest of the below-roof ops' time is what
+        # reaching it recovers (or the extra passes, where those cost more).
+        below_roof = [o for o in low_ops if (o.get("roofline_efficiency_percent") or 100) < 30] or low_ops
+        below_share = min(sum(o.get("share_of_op_time_percent") or 0.0 for o in below_roof), low_share)
+        to_roof = below_share * (1 - (kind_bandwidth or 100) / 100)
+        extra = ops.get("memory_extra_pass_percent") or 0.0
+        recoverable = max(extra, to_roof)
+        fix = advice.below_roof_fix(ctx, low_ops, top)
+        if extra >= 20 and not advice.library_kernel_fix(top):
             fix += "; and " + advice.fuse_passes(ctx)
+        bounded = bool(ops.get("memory_bound_kind_bandwidth_is_upper_bound"))
         return Hypothesis(
             "memory_bound", recoverable * compute / 100, "Memory-bound ops run far below the HBM bandwidth roof",
             whats, ev,
-            f"The bytes themselves would take a fraction of this time at the roof: a better kernel or algorithm "
-            f"recovers up to {recoverable:.0f}% of op time.",
+            _to_roof_gain(below_share, kind_bandwidth, to_roof, compute, step_ms, bounded)
+            + (f" Making the programs' {ops.get('memory_passes'):g} passes over their data one would cut "
+               f"{extra:.0f}% of op time." if extra > to_roof else ""),
             sentence(fix), follow_up=follow_up, extra_evidence=neighborhood_evidence,
             ops=staked)
     if kind == "at_bandwidth_roof" and ops.get("memory_bound_rereads_in_loops"):
         ceiling = 100 * intensity / ridge if intensity is not None and ridge else None
         recoverable = share * (1 - (ceiling or 0) / 100)
-        fix = advice.more_work_per_byte(ctx)
+        at_roof = (kind_bandwidth or 0) >= AT_ROOF_MIN_PERCENT
+        fix = advice.more_work_per_byte(ctx, None if at_roof else kind_bandwidth)
         if (ops.get("memory_extra_pass_percent") or 0) >= 20:
             fix = advice.fuse_passes(ctx) + "; and " + fix
+        where = ("at the HBM bandwidth roof" if at_roof else f"at {kind_bandwidth:g}% of the HBM bandwidth")
         return Hypothesis(
             "memory_bound", recoverable * compute / 100,
-            "Memory-bound at the HBM bandwidth roof: a loop re-reads the same data with little arithmetic per byte",
+            f"Memory-bound {where}: a loop re-reads the same data with little arithmetic per byte",
             whats, ev,
             (f"At {intensity:g} FLOP per byte this work can reach at most {ceiling:.2g}% of the compute peak: "
              if ceiling is not None else "")
             + "its time falls only with the bytes per unit of work; serving k rows or tokens per byte read does up "
-            f"to k times the work in about the same time ({share:g}% of op time at stake).",
+            f"to k times the work in about the same time ({share:g}% of op time at stake)"
+            + ("." if at_roof else
+               f"; a kernel reaching the roof would also cut their time by up to {100 - (kind_bandwidth or 0):.0f}% "
+               f"({share:g}% of op time × (1 − {(kind_bandwidth or 0) / 100:.2g}))."),
             sentence(fix), follow_up=follow_up, extra_evidence=neighborhood_evidence,
             ops=staked)
     passes = ops.get("memory_passes") or 1.0
-    # Only the extra passes are recoverable (the data must still move once); bandwidth left unused, half of it.
-    recoverable = max(ops.get("memory_extra_pass_percent") or 0.0,
-                      low_share * (1 - (ops.get("memory_bandwidth_efficiency_percent") or 100) / 100) / 2)
+    # Only the extra passes are recoverable (the data must still move once), or the bandwidth left unused.
+    extra = ops.get("memory_extra_pass_percent") or 0.0
+    bandwidth = ops.get("memory_bandwidth_efficiency_percent")
+    gap = low_share * (1 - bandwidth / 100) if bandwidth is not None else 0.0
+    recoverable = max(extra, gap)
     return Hypothesis(
         "memory_bound", recoverable * compute / 100, "Memory-bound ops move more bytes than the work needs",
         whats, ev,
-        f"Bandwidth-bound time shrinks only with the bytes moved: making {passes:g} passes one, or using the "
-        f"bandwidth fully, cuts up to {recoverable:.0f}% of op time; the rest is the data's one necessary pass.",
+        f"Bandwidth-bound time shrinks only with the bytes moved: making {passes:g} passes one cuts {extra:.0f}% of "
+        "op time (each op's share × (1 − 1/its passes))"
+        + (f"; using the full bandwidth instead of {bandwidth:g}% would cut {low_share:g}% × (1 − "
+           f"{bandwidth / 100:.2g}) = {gap:.0f}%" if bandwidth is not None else "")
+        + "; the data's one necessary pass stays.",
         sentence(advice.fuse_passes(ctx, bool(ops.get("memory_handed_on_by_product")))), follow_up=follow_up,
         extra_evidence=neighborhood_evidence, ops=staked)

@@ -68,12 +68,19 @@ def slowest_ops_table(ops: Sequence[Mapping[str, Any]], categories_ms: Mapping[s
                 c = measured_cell("achieved_gib_per_s", o["achieved_gib_per_s"], limits)  # before checked peaks
             else:
                 c = measured_cell(key, value, limits) if value is not None else Cell(text="", missing=True)
+                if value is not None and o.get("rates_are_upper_bounds") and key in UPPER_BOUND_COLUMNS:
+                    c = Cell(text="≤ " + c.text, full=f"an upper bound: {o.get('cost_source', '')}", numeric=c.numeric)
             row.append(c)
         rows.append(row)
     # A column no op has a value in (no FLOPs on a profile without HLO) says nothing: left out.
     keep = [i for i, (key, _) in enumerate(OP_TABLE_COLUMNS) if key == "op" or any(not r[i].missing for r in rows)]
     return Table(columns=[columns[i] for i in keep], rows=[[r[i] for i in keep] for r in rows], total=len(rows),
                  shown=TABLE_ROWS_SHOWN, group_rows=groups)
+
+
+UPPER_BOUND_COLUMNS = ("achieved_gflops_per_s", "achieved_gb_per_s", "roofline_efficiency_percent",
+                      "flops_per_run", "bytes_per_run")
+"""The columns a cost that is an upper bound (full pages assumed) makes upper bounds: shown with '≤'."""
 
 
 def _op_origin(o: Mapping[str, Any]) -> str:
@@ -87,8 +94,12 @@ def op_profile_section(results: Mapping[str, ToolResult], limits: Limits) -> Sec
     section.parts.append(part)
     if r is None:
         return section
-    part.blocks += kv_blocks(r.summary, limits, skip=("category_percent", "top_op", "top_op_module", "top_op_category",
-                                                      "top_op_share_percent", "top_category", *ROOFLINE_SHOWN_ABOVE))
+    figures = kv_blocks(r.summary, limits, skip=("category_percent", "top_op", "top_op_module", "top_op_category",
+                                                 "top_op_share_percent", "top_category", *ROOFLINE_SHOWN_ABOVE))
+    for block in figures:
+        if block.kind == "kv":  # the tool's every field: the findings quote the ones that matter
+            block.folded = f"all {len(block.kv)} figures of the op profile"
+    part.blocks += figures
     categories = r.detail.get("categories_ms") or {}
     if categories:
         svg = charts.horizontal_bars(categories, value_text=lambda ms: format_measure(ms, "ms"))

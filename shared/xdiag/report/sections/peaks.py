@@ -17,10 +17,11 @@ class Peaks:
     bytes_per_s: float | None
     source: str  # where they come from, in words
     note: str = ""  # the tools' word on how far to trust them (checked against a datasheet, recorded …)
+    eight_bit: tuple[tuple[str, float], ...] = ()  # ("int8", ops/s), ("fp8", FLOP/s) where the datasheet gives them
 
     @property
     def limits(self) -> Limits:
-        return Limits(self.flops_per_s, self.bytes_per_s)
+        return Limits(self.flops_per_s, self.bytes_per_s, self.eight_bit)
 
     @property
     def known(self) -> bool:
@@ -31,6 +32,7 @@ _BASE = {"GFLOP/s": 1e9, "TFLOP/s": 1e12, "GiB/s": 2.0**30, "GB/s": 1e9, "B/s": 
 # Checked peaks (datasheet, cross-checked with what the profile records) first; XProf's recorded ones after.
 CHECKED_PEAKS = (("peak_tflops", "peak_hbm_gb_per_s"),)
 PEAK_NOTES = ("flops_source", "bandwidth_source", "peak_warnings")
+EIGHT_BIT_PEAK_KEYS = (("int8", "peak_int8_tflops"), ("fp8", "peak_fp8_tflops"))
 
 
 def device_peaks(results: Mapping[str, ToolResult]) -> Peaks:
@@ -60,4 +62,7 @@ def device_peaks(results: Mapping[str, ToolResult]) -> Peaks:
                 bandwidth = value * _BASE[unit]
                 sources.append(tool)
     notes = [n.replace("datasheet (", "datasheet: ").rstrip(")") if n.startswith("datasheet (") else n for n in notes]
-    return Peaks(flops, bandwidth, ", ".join(dict.fromkeys(sources)), "; ".join(dict.fromkeys(notes)))
+    info = results.get("get_device_information")
+    eight_bit = tuple((name, float(info.summary[key]) * 1e12) for name, key in EIGHT_BIT_PEAK_KEYS
+                      if info is not None and info.ok and isinstance(info.summary.get(key), (int, float)))
+    return Peaks(flops, bandwidth, ", ".join(dict.fromkeys(sources)), "; ".join(dict.fromkeys(notes)), eight_bit)

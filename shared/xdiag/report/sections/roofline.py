@@ -44,11 +44,13 @@ def _op_points(ops: Sequence[Mapping[str, Any]], limits: Limits
         if reason:
             flagged.append(f"{name} ({reason})")
             continue
+        at_most = "≤ " if o.get("rates_are_upper_bounds") else ""
         tip = (f"{name} [{o.get('category')}]\n{format_measure(intensity, 'intensity')}, "
-               f"{format_measure(rate, 'GFLOP/s')}\n{format_measure(o.get('total_ms'), 'ms')} "
+               f"{at_most}{format_measure(rate, 'GFLOP/s')}\n{format_measure(o.get('total_ms'), 'ms')} "
                f"({format_measure(share, '%')} of op time)")
         if o.get("roofline_efficiency_percent") is not None:
-            tip += f"\n{format_measure(o['roofline_efficiency_percent'], '%')} of its roof"
+            tip += f"\n{at_most}{format_measure(o['roofline_efficiency_percent'], '%')} of its roof" + (
+                " (an upper bound: full pages assumed)" if at_most else "")
         elif limits.peak_flops_per_s and limits.peak_bytes_per_s:
             roof = min(limits.peak_flops_per_s, limits.peak_bytes_per_s * intensity)
             tip += f"\n{format_measure(100 * rate * 1e9 / roof, '%')} of its roof"
