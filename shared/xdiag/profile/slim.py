@@ -42,6 +42,7 @@ import numpy as np
 
 from xdiag.errors import ProfileError
 from xdiag.profile import schema, wire
+from xdiag.profile.locate import open_regular
 from xdiag.profile.reader import _mapped, _top_level_fields, plane_fields, plane_metadata, plane_name
 
 HOST_THREADS_PLANE = "/host:CPU"
@@ -144,7 +145,7 @@ def write_without_unused_events(source: Path, target: Path, unread_name: Callabl
     grouping (`wire.thinned_line`). With none to drop it writes
     nothing and returns 0 (link the original instead). Raises ProfileError where the file cannot be walked (the
     reader says the same, precisely); a partial `target` is removed."""
-    with source.open("rb") as handle, _mapped(handle) as buf:
+    with open_regular(source) as handle, _mapped(handle) as buf:
         arr = np.frombuffer(buf, np.uint8)
         try:
             return _write(arr, buf, source.name, target, unread_name)
@@ -156,7 +157,7 @@ def write_metadata_plane(source: Path, target: Path) -> bool:
     """Writes `source` to `target` with its metadata plane alone (and the XSpace's few other fields, the host
     names among them): the HLO modules, without a single event. False, writing nothing, where it has no
     metadata plane. Raises ProfileError where the file cannot be walked; a partial `target` is removed."""
-    with source.open("rb") as handle, _mapped(handle) as buf:
+    with open_regular(source) as handle, _mapped(handle) as buf:
         kept: list[tuple[int, int]] = []  # (tag, end) of each field to copy
         found = False
         tag = 0
