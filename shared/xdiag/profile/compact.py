@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from xdiag.errors import ProfileError
+from xdiag.fresh_files import replacing
 from xdiag.profile.space import (
     NO_VALUE,
     HloComputation,
@@ -172,8 +173,7 @@ def save_session(session: Session, path: Path, tables: dict[str, Any] | None = N
     }
     encoded = json.dumps(header, separators=(",", ":")).encode()
     encoded += b" " * (-(len(MAGIC) + 8 + len(encoded)) % ALIGN)  # the data section starts aligned
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("wb") as handle:
+    with replacing(path, mode=0o600) as handle:  # the decoded profile (HLO text included) is its user's alone
         handle.write(MAGIC + struct.pack("<Q", len(encoded)) + encoded)
         written, host = 0, 0
         for index, (offset, values) in enumerate(layout.arrays):
@@ -183,7 +183,6 @@ def save_session(session: Session, path: Path, tables: dict[str, Any] | None = N
             handle.write(b"\0" * (offset - written))
             handle.write(memoryview(values).cast("B"))
             written = offset + values.nbytes
-    tmp.replace(path)
     return path.stat().st_size
 
 
