@@ -27,7 +27,7 @@ def replacing(path: Path, mode: int = 0o644) -> Iterator[BinaryIO]:
     fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=PART_SUFFIX)
     try:
         os.fchmod(fd, mode)
-        with os.fdopen(fd, "wb") as handle:
+        with open(name, "wb", opener=lambda _name, _flags: fd) as handle:  # its name is the temporary's path
             yield handle
         os.replace(name, path)
     except BaseException:
