@@ -309,11 +309,17 @@ def _decode_events(buf, line_start, pos, end, numeric_ids, numeric_slots, string
 
 
 @njit(cache=True, nogil=True)
-def _grown(column, used):
-    """A column twice the size of `column` (growing costs time linear in the final size), its first `used` kept."""
-    bigger = np.empty(max(64, 2 * len(column)), np.int64)
+def _resized(column, used, size):
+    """A column of `size`, the first `used` of `column` kept."""
+    bigger = np.empty(size, np.int64)
     bigger[:used] = column[:used]
     return bigger
+
+
+@njit(cache=True, nogil=True)
+def _grown(column, used):
+    """A column twice the size of `column` (growing costs time linear in the final size), its first `used` kept."""
+    return _resized(column, used, max(64, 2 * len(column)))
 
 
 @njit(cache=True, nogil=True)
@@ -341,10 +347,11 @@ def decode_line(buf, start, end, numeric_ids, numeric_slots, string_ids, string_
         if err != NO_ROOM:
             break
         if e == len(events[0]):
-            if e * MIN_EVENT_BYTES > end - start:
+            most = (end - start) // MIN_EVENT_BYTES + 1  # one past the budget: room to find it is exceeded
+            if e >= most:
                 err, err_pos = ERR_EVENT_BUDGET, pos
                 break
-            events = [_grown(column, e) for column in events]
+            events = [_resized(column, e, min(max(64, 2 * e), most)) for column in events]
         else:
             stats = [_grown(column, k) for column in stats]
     if err == OK and e * MIN_EVENT_BYTES > end - start:
