@@ -236,7 +236,7 @@ def mutants(xplanes: int, traces: int, seed: int) -> list[tuple[str, str, bytes]
 
 def _small_space() -> bytes:
     """A small XSpace as the JAX profiler writes one: a host plane with Python-tracer events, stat-less runtime events
-    and events with a string stat, on two lines (every kind of field the reproducers below aim at)."""
+    and events with a string stat, on two lines (every kind of field the reproducers below aim at), and a TPU's."""
     from xdiag.profile import schema
 
     space = schema.XSpace()
@@ -251,6 +251,11 @@ def _small_space() -> bytes:
                 metadata_id=1, str_value=f"fusion.{i}")
             line.events.add(metadata_id=1, offset_ps=i * 10_000 + 100, duration_ps=5_000)
             line.events.add(metadata_id=2, offset_ps=i * 10_000 + 200, duration_ps=1_000)
+    device = space.planes.add(id=2, name="/device:TPU:0")  # a device profile: `xdiag analyze` runs XProf's views
+    device.event_metadata[1].id, device.event_metadata[1].name = 1, "fusion.0"
+    ops = device.lines.add(id=1, name="XLA Ops", timestamp_ns=1_000)
+    for i in range(4):
+        ops.events.add(metadata_id=1, offset_ps=i * 10_000, duration_ps=8_000)
     return space.SerializeToString()
 
 

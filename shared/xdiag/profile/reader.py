@@ -424,6 +424,7 @@ def read_host(path: Path, progress: Progress | None = None, threads: int = READ_
     planes: list[Plane] = []
     modules: list[HloModule] = []
     texts: dict[str, list[str]] = {"errors": [], "warnings": [], "hostnames": []}
+    wire.compile_now()
     with open_regular(path) as handle, _mapped(handle) as buf:
         size = len(buf)
         deadline = read_deadline(size)

@@ -586,6 +586,22 @@ def line_without_events(buf, start, end, dropped_metadata, out):
     return kept, dropped, OK, end
 
 
+_compiled_now = [False]
+
+
+def compile_now() -> None:
+    """Where numba compiles the reader's functions (no ahead-of-time module), compiles them now (or loads them from
+    numba's cache), once per process: a read's time bound (read_bounds) then counts the read alone, not seconds of
+    compiling on a busy machine."""
+    if _ahead_of_time is not None or _compiled_now[0]:
+        return
+    buf = np.frombuffer(b"\x08\x01", np.uint8)  # read-only, as the mapped file's view is
+    ids = np.zeros(0, np.int64)
+    scan_fields(buf, 0, len(buf))
+    decode_line(buf, 0, len(buf), ids, ids, ids, ids)
+    _compiled_now[0] = True
+
+
 if _ahead_of_time is not None:
     scan_fields = _ahead_of_time.scan_fields  # noqa: F811 (the ahead-of-time build of the functions above)
     decode_line = _ahead_of_time.decode_line  # noqa: F811
