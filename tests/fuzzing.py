@@ -510,7 +510,7 @@ def main() -> None:
     parser.add_argument("--mode", choices=("reader", "analyze", "analyze-no-views", "tool"), default="reader")
     parser.add_argument("--xplanes", type=int, default=300)
     parser.add_argument("--traces", type=int, default=200)
-    parser.add_argument("--seed", type=int, default=int(os.environ.get("XDIAG_FUZZ_SEED", "56")))
+    parser.add_argument("--seed", type=int, default=56)
     parser.add_argument("--deadline", type=float, default=DEADLINE_S)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--verbose", action="store_true")

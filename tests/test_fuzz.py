@@ -4,7 +4,7 @@ empty lines made here), each read in a child process of its own (tests/fuzzing.p
 line of reason, or a correct exit 0, within 60 s and 512 MiB over the unmutated file's peak: on the decoder compiled
 ahead of time and on numba's JIT build alike, and through `xdiag analyze` (XProf's views on and off) and `xdiag tool`.
 
-XDIAG_FUZZ_SEED picks other mutants (the default, 56, makes the same every run)."""
+The mutants are the same every run (seed 56); `python -m tests.fuzzing --seed N` runs others."""
 
 from __future__ import annotations
 

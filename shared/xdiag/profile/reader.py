@@ -340,7 +340,9 @@ def _decode_plane(
                     if module is not None:
                         modules.append(module)
                     continue
-                stats[stat_name] = _stat_value(stat, stat_names)
+                value = _stat_value(stat, stat_names)
+                if not isinstance(value, bytes):  # as the plane's stats: a session is stored as JSON (compact)
+                    stats[stat_name] = value
             metadata_stats[key] = stats
     columns = _StatColumns(stat_names)
     lines = []

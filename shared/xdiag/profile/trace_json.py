@@ -106,21 +106,25 @@ def trace_format(session: Session) -> str | None:
 
 
 _MAX_NUMBER_TEXT = 64
-"""The characters a number's text may take to be converted (int64 takes 19 digits; a time in µs with six decimals 27)."""
+"""The characters a number given as text may take to be converted (int64 takes 19 digits; a time in µs with six
+decimals 27); a longer one counts as absent."""
 _MAX_MAGNITUDE = 30
-"""The largest power of ten (Decimal.adjusted) a number may have to be converted: past int64 either way, where
-int(Decimal("1e999999999")) would build a billion-digit integer (minutes, gigabytes)."""
+"""The largest power of ten (Decimal.adjusted) a number is converted at: a larger one is past int64 and any clock
+either way, and reads as ±10^31, where int(Decimal("1e999999999")) would build a billion-digit integer (minutes,
+gigabytes)."""
 
 
 def _bounded(value: Decimal | str) -> Decimal | None:
-    """The number as a Decimal where its text and its magnitude are within the limits above (checked before any
-    conversion to an integer); None where they are not, or where it is not a finite number."""
+    """The number as a Decimal, its magnitude bounded (_MAX_MAGNITUDE) before any conversion to an integer; None where
+    it is not a finite number, or its text is too long."""
     if isinstance(value, str):
         if len(value) > _MAX_NUMBER_TEXT:
             return None
         value = Decimal(value)
-    if not value.is_finite() or len(value.as_tuple().digits) > _MAX_NUMBER_TEXT or value.adjusted() > _MAX_MAGNITUDE:
+    if not value.is_finite():
         return None
+    if value.adjusted() > _MAX_MAGNITUDE:
+        return Decimal(10 ** (_MAX_MAGNITUDE + 1)).copy_sign(value)
     return value
 
 
