@@ -34,6 +34,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from xdiag.profile.slim import encode_varint
+
 TESTS = Path(__file__).resolve().parent
 XPLANE_SEEDS = [TESTS / "profiles" / "tpu_v5e" / name for name in (
     "running_sum.xplane.pb", "host_offload.xplane.pb", "healthy.xplane.pb")] + [
@@ -59,17 +61,6 @@ _SUBMESSAGES = {
 _WALKED = {"plane", "line", "event", "stat"}
 LENGTHS = (2**31 - 1, 2**31, 2**31 + 7, 2**32, 2**62, 2**63 - 1, 2**63 - 5, 2**64 - 11, 2**64 - 1, 2**64 - 2**31)
 """Lengths near 2^31 and 2^63, and negative ones (-11, -1, -2^31) as int64 fields encode them."""
-
-
-def encode_varint(value: int) -> bytes:
-    value &= (1 << 64) - 1
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        out.append(byte | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
 
 
 def _varint(data: bytes, pos: int) -> tuple[int, int]:
@@ -127,21 +118,38 @@ def length_sites(data: bytes) -> list[Site]:
     return sites
 
 
+def _with_parents_grown(out: bytearray, site: Site, delta: int) -> bytes:
+    """`out` (the file with `site`'s field grown by `delta` bytes) with the lengths of the fields enclosing `site`
+    grown to match, innermost first: the positions of the outer ones, earlier in the file, stay as they were."""
+    for parent in reversed(site.parents):
+        old_prefix = parent.start - parent.len_pos
+        new_prefix = encode_varint(parent.end - parent.start + delta)
+        out[parent.len_pos:parent.start] = new_prefix
+        delta += len(new_prefix) - old_prefix
+    return bytes(out)
+
+
 def _replaced(data: bytes, site: Site, new_value: bytes, keep_parents: bool, new_length: int | None = None) -> bytes:
-    """`data` with the value of `site` replaced (its length re-encoded as the value's, or `new_length`), and its
-    enclosing fields' lengths grown by the difference where `keep_parents` (innermost first, so the positions of the
-    outer ones, earlier in the file, stay as they were)."""
-    old_total = site.end - site.len_pos
+    """`data` with the value of `site` replaced (its length re-encoded as the value's, or `new_length`), its
+    enclosing fields' lengths kept consistent where `keep_parents`."""
     length = len(new_value) if new_length is None else new_length
     replacement = encode_varint(length) + new_value
     out = bytearray(data[:site.len_pos]) + replacement + data[site.end:]
-    delta = len(replacement) - old_total
-    if keep_parents:
-        for parent in reversed(site.parents):
-            old_prefix = parent.start - parent.len_pos
-            new_prefix = encode_varint(parent.end - parent.start + delta)
-            out[parent.len_pos:parent.start] = new_prefix
-            delta += len(new_prefix) - old_prefix
+    return _with_parents_grown(out, site, len(replacement) - (site.end - site.len_pos)) if keep_parents else bytes(out)
+
+
+def _inserted(data: bytes, site: Site, field: bytes, keep_parents: bool) -> bytes:
+    """`field` inserted right after `site`, inside the same parent (whose lengths grow where `keep_parents`)."""
+    out = bytearray(data[:site.end]) + field + data[site.end:]
+    return _with_parents_grown(out, site, len(field)) if keep_parents else bytes(out)
+
+
+def _flipped(data: bytes, rng: random.Random) -> bytes:
+    """`data` with 1 to 8 random bits flipped."""
+    out = bytearray(data)
+    for _ in range(rng.randint(1, 8)):
+        at = rng.randrange(len(out))
+        out[at] ^= 1 << rng.randrange(8)
     return bytes(out)
 
 
@@ -149,11 +157,7 @@ def xplane_mutant(data: bytes, sites: list[Site], rng: random.Random) -> tuple[s
     """(how it was made, the bytes) of one mutant of the XSpace `data`."""
     kind = rng.choice(("bit flips", "0xFF run", "truncation", "length", "length", "length", "duplicate", "splice"))
     if kind == "bit flips":
-        out = bytearray(data)
-        for _ in range(rng.randint(1, 8)):
-            at = rng.randrange(len(out))
-            out[at] ^= 1 << rng.randrange(8)
-        return kind, bytes(out)
+        return kind, _flipped(data, rng)
     if kind == "0xFF run":
         at, run = rng.randrange(len(data)), rng.randint(1, 16)
         return kind, data[:at] + b"\xff" * run + data[at + run:]
@@ -170,19 +174,6 @@ def xplane_mutant(data: bytes, sites: list[Site], rng: random.Random) -> tuple[s
     other = rng.choice(sites)
     return f"splice {other.kind} into {site.kind}", _replaced(
         data, site, data[site.start:site.end] + data[other.key_pos:other.end], keep)
-
-
-def _inserted(data: bytes, site: Site, field: bytes, keep_parents: bool) -> bytes:
-    """`field` inserted right after `site`, inside the same parent (whose lengths grow where `keep_parents`)."""
-    out = bytearray(data[:site.end]) + field + data[site.end:]
-    delta = len(field)
-    if keep_parents:
-        for parent in reversed(site.parents):
-            old_prefix = parent.start - parent.len_pos
-            new_prefix = encode_varint(parent.end - parent.start + delta)
-            out[parent.len_pos:parent.start] = new_prefix
-            delta += len(new_prefix) - old_prefix
-    return bytes(out)
 
 
 _HUGE_NUMBERS = (b"1e999999999", b"1e999999", b"-1e999999999", b"9" * 5000, b"1" + b"0" * 400 + b"e-400",
@@ -202,11 +193,7 @@ def trace_mutant(text: bytes, rng: random.Random) -> tuple[str, bytes]:
             out = out[:at + 1] + rng.choice(_HUGE_NUMBERS) + out[after:]
         return "huge number", gzip.compress(out, 1, mtime=0)
     if kind == "bit flips":
-        out = bytearray(text)
-        for _ in range(rng.randint(1, 8)):
-            at = rng.randrange(len(out))
-            out[at] ^= 1 << rng.randrange(8)
-        return kind, gzip.compress(bytes(out), 1, mtime=0)
+        return kind, gzip.compress(_flipped(text, rng), 1, mtime=0)
     if kind == "truncation":
         return kind, gzip.compress(text[:rng.randrange(1, len(text))], 1, mtime=0)
     packed = bytearray(gzip.compress(text, 1, mtime=0))
@@ -317,22 +304,20 @@ def reproducer_inputs() -> list[tuple[str, str, bytes]]:
 def empty_events(megabytes: int) -> bytes:
     """An XSpace of one host line of empty XEvents (2 bytes each) filling `megabytes` MB (3.3 GB in analyze for 20)."""
     from xdiag.profile import schema
-    from xdiag.profile.slim import encode_varint as varint
 
     count = megabytes * 10**6 // 2
     line = b"\x08\x01" + b"\x22\x00" * count  # XLine.id, then XLine.events (field 4), each empty
     plane_head = schema.XPlane(id=1, name="/host:CPU").SerializeToString()
-    plane = plane_head + b"\x1a" + varint(len(line)) + line
-    return b"\x0a" + varint(len(plane)) + plane
+    plane = plane_head + b"\x1a" + encode_varint(len(line)) + line
+    return b"\x0a" + encode_varint(len(plane)) + plane
 
 
 def empty_lines(count: int) -> bytes:
     """An XSpace of one host plane of `count` empty XLines, 2 bytes each (13 s and 400 MB for 200,000)."""
     from xdiag.profile import schema
-    from xdiag.profile.slim import encode_varint as varint
 
     plane = schema.XPlane(id=1, name="/host:CPU").SerializeToString() + b"\x1a\x00" * count
-    return b"\x0a" + varint(len(plane)) + plane
+    return b"\x0a" + encode_varint(len(plane)) + plane
 
 
 @dataclasses.dataclass
