@@ -284,6 +284,8 @@ def reproducers() -> dict[str, bytes]:
         "event_length_minus_1.xplane.pb": _with_length(space, "event", 2**64 - 1),  # a BufferError over the reason
         "line_name_length_minus_11.xplane.pb": _with_length(space, "line.name", 2**64 - 11),  # looped forever
         "stat_str_length_minus_11.xplane.pb": _with_length(space, "stat.str_value", 2**64 - 11),  # looped forever
+        # an event name that is not UTF-8 (protobuf hands it over as bytes): xdiag tool's store failed on it
+        "event_name_not_utf8.xplane.pb": space.replace(b"Th", b"\xff\xfe", 1),
         "corrupt_first_deflate_block.pt.trace.json.gz": gzip.compress(_kineto(), mtime=0)[:10] + b"\xff" * 64,
         "exponent_past_decimal.pt.trace.json": _kineto(**{"args.device": "1e99999999999999999999"}),
         "exponent_1e999999.pt.trace.json": _kineto(**{"args.device": "1e999999"}),

@@ -142,7 +142,7 @@ def _stat_value(stat, stat_names: dict[int, str]) -> object:
     if kind == "ref_value":
         return stat_names.get(stat.ref_value, "")
     value = getattr(stat, kind)
-    return value
+    return schema.text(value) if kind == "str_value" else value
 
 
 def _stats_dict(stats, stat_names: dict[int, str]) -> dict[str, object]:
@@ -313,7 +313,7 @@ def _decode_plane(
         raise ProfileError(f"{name}: the plane at byte {start} holds {line_count:,} lines in {end - start:,} bytes "
                            f"(fewer than {MIN_LINE_BYTES} bytes a line): not a profiler's output; not read")
     proto = plane_metadata(arr, start, fields, name)
-    stat_names = {key: meta.name for key, meta in proto.stat_metadata.items()}
+    stat_names = {key: schema.text(meta.name) for key, meta in proto.stat_metadata.items()}
     strings: list[str] = []
     string_index: dict[str, int] = {}
 
@@ -328,9 +328,9 @@ def _decode_plane(
     display_names: dict[int, str] = {}
     metadata_stats: dict[int, dict[str, object]] = {}
     for key, meta in proto.event_metadata.items():
-        event_names[key] = meta.name
+        event_names[key] = schema.text(meta.name)
         if meta.display_name:
-            display_names[key] = meta.display_name
+            display_names[key] = schema.text(meta.display_name)
         if meta.stats:
             stats = {}
             for stat in meta.stats:
@@ -357,7 +357,7 @@ def _decode_plane(
         decoded_lines.close()  # waits for the lines still decoding before the file can close
     return Plane(
         id=proto.id,
-        name=proto.name,
+        name=schema.text(proto.name),
         host=host,
         event_names=event_names,
         event_display_names=display_names,
