@@ -120,6 +120,7 @@ class ResultCache:
         self.root = Path(root)
         self.limit_bytes = limit_bytes
         self.interrupted_stores_cleaned = 0  # files left by interrupted stores that eviction removed
+        self._said_unwritable = False
 
     @classmethod
     def from_env(cls) -> ResultCache:
@@ -171,7 +172,7 @@ class ResultCache:
             _touch(entry)
             self._trim(entry)
         except OSError as exc:
-            _unwritable(self.root, exc)
+            self._unwritable(exc)
 
     def session(self, files: list[Path], name: str, max_bytes: int):
         """The session of these file versions: mapped from the entry where an earlier call decoded it, else read
@@ -189,7 +190,7 @@ class ResultCache:
         try:
             private_folder(self.root)
         except OSError as exc:
-            _unwritable(self.root, exc)
+            self._unwritable(exc)
             usable = False
         if usable and stored.exists():
             try:
@@ -215,8 +216,15 @@ class ResultCache:
                 replace_with(digest, f"{_file_digest(Path(part.name))}\n".encode(), mode=0o600)
             self._trim(entry)
         except OSError as exc:
-            _unwritable(self.root, exc)
+            self._unwritable(exc)
         return session
+
+    def _unwritable(self, exc: OSError) -> None:
+        """Says once (a call may try twice: the session, then the answer) that the cache cannot be used."""
+        if not self._said_unwritable:
+            self._said_unwritable = True
+            print(f"xdiag: the result cache {self.root} cannot be written ({exc.strerror or exc}); answering without "
+                  "it (XDIAG_LOCAL_CACHE_DIR names another folder, --no-cache skips it)", file=sys.stderr)
 
     def _trim(self, keep: Path) -> None:
         self.interrupted_stores_cleaned += evict_least_recent(self.root, self.limit_bytes, keep)
@@ -250,9 +258,6 @@ def answer_tool(files: list[Path], session_name: str, tool: str, args: dict[str,
     return text, result.status.value
 
 
-def _unwritable(root: Path, exc: OSError) -> None:
-    print(f"xdiag: the result cache {root} cannot be written ({exc.strerror or exc}); answering without it "
-          "(XDIAG_LOCAL_CACHE_DIR names another folder, --no-cache skips it)", file=sys.stderr)
 
 
 def _touch(entry: Path) -> None:
