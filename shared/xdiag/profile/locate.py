@@ -51,7 +51,7 @@ def open_regular(path: Path):
         raise ProfileError(f"{path.name}: cannot be read ({exc.strerror or exc})") from None
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ProfileError(f"{path.name}: not a regular file (a device, a pipe or a socket); not read")
+            raise ProfileError(f"{path.name}: not a regular file (a folder, a device, a pipe or a socket); not read")
         os.set_blocking(fd, True)
         return open(path, "rb", opener=lambda _path, _flags: fd)  # the file object's name is the path
     except BaseException:
