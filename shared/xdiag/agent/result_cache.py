@@ -147,6 +147,8 @@ class ResultCache:
 
     def answer(self, files: list[Path], tool: str, args: dict[str, Any]) -> str | None:
         """The JSON result kept for this call on these file versions, or None."""
+        if not self.root.is_dir():  # looking makes nothing
+            return None
         try:
             entry = self.entry(files)
             private_folder(self.root)
