@@ -304,7 +304,8 @@ def reproducer_inputs() -> list[tuple[str, str, bytes]]:
 
 
 def empty_events(megabytes: int) -> bytes:
-    """An XSpace of one host line of empty XEvents (2 bytes each) filling `megabytes` MB (3.3 GB in analyze for 20)."""
+    """An XSpace of one host line of empty XEvents (2 bytes each) filling `megabytes` MB (for 20: 522 MiB at the peak
+    of `xdiag analyze` before the decoder's event budget)."""
     from xdiag.profile import schema
 
     count = megabytes * 10**6 // 2
@@ -315,7 +316,8 @@ def empty_events(megabytes: int) -> bytes:
 
 
 def empty_lines(count: int) -> bytes:
-    """An XSpace of one host plane of `count` empty XLines, 2 bytes each (13 s and 400 MB for 200,000)."""
+    """An XSpace of one host plane of `count` empty XLines, 2 bytes each (for 200,000: 20 s and 379 MiB to read before
+    the reader's line budget)."""
     from xdiag.profile import schema
 
     plane = schema.XPlane(id=1, name="/host:CPU").SerializeToString() + b"\x1a\x00" * count
