@@ -79,3 +79,16 @@ def test_a_many_host_read_stops_a_worker_that_does_not_answer_in_time(tmp_path, 
         hosts_map.read_session_by_host(sorted(folder.iterdir()), workers=1)
     monkeypatch.undo()
     assert len(hosts_map.read_session_by_host(sorted(folder.iterdir()), workers=1).hosts) == 2  # in time: read
+
+
+def test_a_read_past_its_time_bound_stops_with_one_line(monkeypatch):
+    from xdiag.errors import ProfileError
+    from xdiag.profile import read_bounds
+    from xdiag.profile.reader import read_session_in_process
+
+    monkeypatch.setattr(read_bounds, "READ_SECONDS", -1.0)  # every read is past its bound at its first check
+    for path in (TESTS / "profiles" / "tpu_v5e" / "running_sum.xplane.pb",
+                 TESTS / "profiles" / "torch_ranks" / "balanced" / "rank0.pt.trace.json.gz"):
+        with pytest.raises(ProfileError, match=rf"^{re.escape(path.name)}: the read took longer than its bound "
+                                               r"\(-1 s \+ 1 s a MiB\) and stopped at byte \d+; not read$"):
+            read_session_in_process([path])
