@@ -3,6 +3,7 @@ and `xdiag mcp` driven by the MCP SDK's own client over stdio and streamable HTT
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -144,11 +145,18 @@ def test_a_second_tool_call_answers_from_the_cache_and_a_changed_file_afresh(tmp
     assert first.returncode == 0, first.stderr
     answers = list((tmp_path / "cache").glob("*/answers/*.json"))
     assert len(answers) == 1 and (answers[0].parents[1] / "session.xdiag").exists()
-    assert answers[0].read_text() == first.stdout
-    # The kept answer is what the next call prints (marked here so that the test sees where it came from).
-    answers[0].write_text(first.stdout.replace('"tool": "get_hlo_op_profile"', '"tool": "get_hlo_op_profile", "kept": 1'))
+    header, _, kept = answers[0].read_text().partition("\n")
+    assert kept == first.stdout and header == f"xdiag-answer sha256={hashlib.sha256(kept.encode()).hexdigest()}"
+    # The kept answer is what the next call prints (marked here so that the test sees where it came from)...
+    marked = first.stdout.replace('"tool": "get_hlo_op_profile"', '"tool": "get_hlo_op_profile", "kept": 1')
+    answers[0].write_text(f"xdiag-answer sha256={hashlib.sha256(marked.encode()).hexdigest()}\n{marked}")
     again = _xdiag("tool", "get_hlo_op_profile", str(profile), "--arg", "top_n=3", cwd=tmp_path, env=env)
     assert again.returncode == 0 and '"kept": 1' in again.stdout
+    # ...where its digest matches it: one that does not (a planted answer, a truncated one) is answered afresh.
+    answers[0].write_text(marked)
+    planted = _xdiag("tool", "get_hlo_op_profile", str(profile), "--arg", "top_n=3", cwd=tmp_path, env=env)
+    assert planted.returncode == 0 and '"kept"' not in planted.stdout
+    assert json.loads(planted.stdout)["summary"] == json.loads(first.stdout)["summary"]
     fresh = _xdiag("tool", "get_hlo_op_profile", str(profile), "--arg", "top_n=3", "--no-cache", cwd=tmp_path, env=env)
     assert fresh.returncode == 0 and '"kept"' not in fresh.stdout
     # Another tool on the same file version maps the session decoded once.

@@ -142,13 +142,21 @@ def test_the_straggler_among_32_hosts_is_named(lockstep, tmp_path):
 
 
 def test_a_worker_that_dies_is_reported_with_its_last_words(lockstep, tmp_path):
-    """Not a ProfileError inside the worker (here a folder where a host file should be: the worker's read raises
-    IsADirectoryError and the worker exits): the session's read fails naming the file and what the worker said."""
+    """Not a ProfileError inside the worker (here a worker that cannot start: its module is missing): the session's
+    read fails naming the file and what the worker said."""
+    from xdiag.profile.hosts_map import read_session_by_host
+
+    folder = _pod(tmp_path / "pod", lockstep["straggler_input"], 3)
+    with pytest.raises(ProfileError, match=r"^vm_process0_copy000\.xplane\.pb: the host's reader exited with status 1: "
+                                           r".*No module named xdiag.profile.no_such_worker"):
+        read_session_by_host(_hosts(folder), worker="xdiag.profile.no_such_worker")
+
+
+def test_a_folder_in_place_of_a_host_file_is_refused_in_one_line(lockstep, tmp_path):
     folder = _pod(tmp_path / "pod", lockstep["straggler_input"], 3)
     (folder / "vm_process0_copy000.xplane.pb").unlink()
     (folder / "vm_process0_copy000.xplane.pb").mkdir()
-    with pytest.raises(ProfileError, match=r"^vm_process0_copy000\.xplane\.pb: the host's reader exited with status 1: "
-                                           r"IsADirectoryError"):
+    with pytest.raises(ProfileError, match=r"^vm_process0_copy000\.xplane\.pb: not a regular file \(a folder"):
         read_session(_hosts(folder), by_host=True)
 
 

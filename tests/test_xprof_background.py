@@ -4,6 +4,7 @@ why, and a second analysis of the same file version takes them from what the fir
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import time
@@ -153,3 +154,22 @@ def test_views_that_would_not_fit_in_memory_are_refused_but_the_memory_figures_c
         result.pop("duration_ms")
     assert memory[0]["detail"]["xprof"]["peak_hbm_gib"] > 0
     assert memory[0] == memory[1]
+
+
+def test_a_kept_record_is_served_only_verified(tmp_path):
+    """XProf's kept views are served as the result cache's answers are: a record planted, truncated or flipped is
+    not read (the next analysis converts afresh), one written with its digest is."""
+    from xdiag.fresh_files import replace_with, with_digest
+
+    recorded = {"views": {"overview": {"xprof_duty_cycle_percent": 91.5}}}
+    folder = tmp_path / "views"
+    folder.mkdir()
+    background.record_path(folder).write_text(json.dumps(recorded))  # planted: no digest
+    assert background.read_record(folder) is None
+    kept = with_digest(json.dumps(recorded).encode())
+    replace_with(background.record_path(folder), kept[:-3], mode=0o600)  # truncated
+    assert background.read_record(folder) is None
+    replace_with(background.record_path(folder), kept.replace(b"91.5", b"19.5"), mode=0o600)  # flipped
+    assert background.read_record(folder) is None
+    replace_with(background.record_path(folder), kept, mode=0o600)
+    assert background.read_record(folder) == recorded

@@ -24,3 +24,7 @@ class PoisonMessage(XdiagError):
 class InvalidRequest(XdiagError, ValueError):
     """A request field or message id failed its check; the message says which and why (an HTTP 400, a refused
     message)."""
+
+
+class UnsafeOutput(XdiagError, PermissionError):
+    """An output that would be written outside its folder (a link planted among the folder's subfolders)."""

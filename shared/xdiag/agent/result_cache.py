@@ -4,10 +4,18 @@ kept per tool, arguments and file version.
 One entry per session version: `<root>/<key>/session.xdiag` (the decoded session with the tables every tool builds
 first, `xdiag.profile.compact`, as the cloud stores it), `<root>/<key>/answers/<key>.json` (a tool's JSON result) and
 `<root>/<key>/xprof-views/` (XProf's views `xdiag analyze` converted, `xdiag.analysis.xprof.background`).
-The entry's key hashes every file's absolute path, size and mtime (a replaced file is another version, never the
-old one: the cloud keys its prepared sessions by URI, generation and size alike) and the xdiag code that answers;
-an answer's key hashes the tool, its arguments and whether XProf's views are on. A failed result is never kept
-(a `not_available` one is: the data is not in that file). The least recently used entries go past the limit.
+The entry's key hashes every file's absolute path, size, mtime, ctime and inode and a fingerprint of its bytes
+(`file_version`: a file rewritten in place or replaced by a rename, whatever mtime it is given, is another version,
+never the old one) and the xdiag code that answers; an answer's key hashes the tool, its arguments and whether
+XProf's views are on. A failed result is never kept (a `not_available` one is: the data is not in that file). The
+least recently used entries go past the limit.
+
+Nothing is served unverified: an answer carries the sha256 of its JSON on its first line, a session file has its
+sha256 beside it (`session.xdiag.sha256`), and an entry that does not match (truncated, flipped, planted without
+its digest) is dropped and computed afresh. The folders are 0700 and the files 0600 (a decoded profile holds its
+HLO text); a cache folder another user owns, or a link in its place, is refused (the tool answers without it), and
+one of ours that others may write is made 0700. Files left by interrupted stores count towards the limit and go
+after an hour (`xdiag.disk_cache`).
 
 Root: `XDIAG_LOCAL_CACHE_DIR`, else `$XDG_CACHE_HOME/xdiag`, else `~/.cache/xdiag`; limit `XDIAG_LOCAL_CACHE_GIB`
 (2 GiB). This module imports nothing heavy: a cached answer is found without loading the tools.
@@ -19,17 +27,59 @@ import functools
 import hashlib
 import json
 import os
+import stat
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from xdiag.disk_cache import evict_least_recent
+from xdiag.fresh_files import replace_with, replacing, verified, with_digest
 
 DEFAULT_LIMIT_BYTES = 2 * 2**30
 SESSION_FILE = "session.xdiag"
+SESSION_DIGEST = "session.xdiag.sha256"
 ANSWERS = "answers"
 VIEWS = "xprof-views"
+_FINGERPRINT_BLOCKS = 16
+_FINGERPRINT_BLOCK_BYTES = 4096
+"""A file's fingerprint reads 16 blocks of 4 KiB spread over it, its last included (64 KiB whatever its size)."""
+
+
+class UnusableCache(OSError):
+    """The cache folder is not this user's alone (another owner, a link in its place, not a folder)."""
+
+
+def file_version(path: Path) -> str:
+    """What tells one version of a file from another: its path, size, mtime, ctime (which no one can set back, and
+    which a rewrite in place or a rename over it changes) and inode, and a sha256 of 16 blocks spread over its bytes."""
+    with path.open("rb") as handle:
+        info = os.fstat(handle.fileno())
+        digest = hashlib.sha256()
+        size = info.st_size
+        step = max(_FINGERPRINT_BLOCK_BYTES, size // _FINGERPRINT_BLOCKS)
+        for offset in [*range(0, max(size - _FINGERPRINT_BLOCK_BYTES, 0), step), max(size - _FINGERPRINT_BLOCK_BYTES, 0)]:
+            handle.seek(offset)
+            digest.update(handle.read(_FINGERPRINT_BLOCK_BYTES))
+    return f"{path}:{size}:{info.st_mtime_ns}:{info.st_ctime_ns}:{info.st_ino}:{digest.hexdigest()}"
+
+
+def private_folder(path: Path) -> Path:
+    """`path` made (0700) where it is missing; UnusableCache where it is a link, not a folder, or another user's;
+    made 0700 where it is ours and others may read or write it."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = path.lstat()
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+        raise UnusableCache(f"{path} is a link or not a folder")
+    if info.st_uid != os.geteuid():
+        raise UnusableCache(f"{path} belongs to another user (uid {info.st_uid})")
+    if info.st_mode & 0o077:
+        os.chmod(path, 0o700)
+    return path
+
+
+def _file_digest(path: Path) -> str:
+    with path.open("rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 @functools.cache
@@ -58,6 +108,8 @@ class ResultCache:
     def __init__(self, root: Path, limit_bytes: int = DEFAULT_LIMIT_BYTES) -> None:
         self.root = Path(root)
         self.limit_bytes = limit_bytes
+        self.interrupted_stores_cleaned = 0  # files left by interrupted stores that eviction removed
+        self._said_unwritable = False
 
     @classmethod
     def from_env(cls) -> ResultCache:
@@ -69,13 +121,17 @@ class ResultCache:
         """The folder of exactly these file versions (ProfileError's caller has checked they exist)."""
         digest = hashlib.sha256(code_digest().encode())
         for path in sorted(Path(f).absolute() for f in files):
-            info = path.stat()
-            digest.update(f"{path}:{info.st_size}:{info.st_mtime_ns}\n".encode())
+            digest.update(f"{file_version(path)}\n".encode())
         return self.root / digest.hexdigest()[:32]
 
     def views_folder(self, files: list[Path]) -> Path:
         """Where XProf's views of these file versions are kept (`xdiag.analysis.xprof.background`)."""
         return self.entry(files) / VIEWS
+
+    def _private_entry(self, entry: Path) -> Path:
+        """The entry's folder, made private, in the root checked private (UnusableCache otherwise)."""
+        private_folder(self.root)
+        return private_folder(entry)
 
     def _answer_path(self, entry: Path, tool: str, args: dict[str, Any]) -> Path:
         from_views = os.environ.get("XDIAG_XPROF_VIEWS", "1")  # xdiag.analysis.xprof.XPROF_VIEWS_ENV: off answers differ
@@ -84,23 +140,34 @@ class ResultCache:
 
     def answer(self, files: list[Path], tool: str, args: dict[str, Any]) -> str | None:
         """The JSON result kept for this call on these file versions, or None."""
-        entry = self.entry(files)
+        if not self.root.is_dir():  # looking makes nothing
+            return None
         try:
-            text = self._answer_path(entry, tool, args).read_text()
+            entry = self.entry(files)
+            private_folder(self.root)
+            path = self._answer_path(entry, tool, args)
+            stored = path.read_bytes()
         except OSError:
             return None
+        data = verified(stored)
+        if data is None:  # truncated, flipped or planted: computed afresh
+            path.unlink(missing_ok=True)
+            return None
         _touch(entry)
-        return text
+        return data.decode("utf-8", "replace")
 
     def store_answer(self, files: list[Path], tool: str, args: dict[str, Any], result_json: str) -> None:
         """Keeps a tool's JSON result (the caller keeps failures out); a cache that cannot be written is said on
         stderr and skipped: the answer stands without it."""
-        entry = self.entry(files)
         try:
-            _write(self._answer_path(entry, tool, args), result_json.encode())
+            entry = self._private_entry(self.entry(files))
+            path = self._answer_path(entry, tool, args)
+            private_folder(path.parent)
+            replace_with(path, with_digest(result_json.encode()), mode=0o600)
+            _touch(entry)
             self._trim(entry)
         except OSError as exc:
-            _unwritable(self.root, exc)
+            self._unwritable(exc)
 
     def session(self, files: list[Path], name: str, max_bytes: int):
         """The session of these file versions: mapped from the entry where an earlier call decoded it, else read
@@ -109,35 +176,53 @@ class ResultCache:
         from xdiag.profile.compact import load_session, save_session
         from xdiag.profile.session import read_session
 
-        entry = self.entry(files)
-        stored = entry / SESSION_FILE
-        if stored.exists():
+        try:
+            entry = self.entry(files)
+        except OSError:  # a file that cannot be read: the read says why
+            return read_session(files, name=name, max_bytes=max_bytes)
+        stored, digest = entry / SESSION_FILE, entry / SESSION_DIGEST
+        usable = True
+        try:
+            private_folder(self.root)
+        except OSError as exc:
+            self._unwritable(exc)
+            usable = False
+        if usable and stored.exists():
             try:
+                if digest.read_text().strip() != _file_digest(stored):
+                    raise ValueError("its digest does not match")
                 session = load_session(stored)
-            except Exception:  # noqa: BLE001 - an unreadable entry (a disk error, a crash mid-write): decode again
+            except Exception:  # noqa: BLE001 - unverified or unreadable (flipped, planted, a crash mid-write): decode again
                 stored.unlink(missing_ok=True)
+                digest.unlink(missing_ok=True)
             else:
                 session.name = name
                 prepared.adopt(session)
                 _touch(entry)
                 return session
         session = read_session(files, name=name, max_bytes=max_bytes)
+        if not usable:
+            return session
         try:
-            entry.mkdir(parents=True, exist_ok=True)
-            with tempfile.NamedTemporaryFile(dir=entry, prefix=".", suffix=".part", delete=False) as part:
-                pass
-            try:
+            self._private_entry(entry)
+            with replacing(stored, mode=0o600) as part:  # readers never see a half-written file
+                part.close()
                 save_session(session, Path(part.name), prepared.export(session))
-                os.replace(part.name, stored)  # readers never see a half-written file
-            finally:
-                Path(part.name).unlink(missing_ok=True)
+                replace_with(digest, f"{_file_digest(Path(part.name))}\n".encode(), mode=0o600)
             self._trim(entry)
         except OSError as exc:
-            _unwritable(self.root, exc)
+            self._unwritable(exc)
         return session
 
+    def _unwritable(self, exc: OSError) -> None:
+        """Says once (a call may try twice: the session, then the answer) that the cache cannot be used."""
+        if not self._said_unwritable:
+            self._said_unwritable = True
+            print(f"xdiag: the result cache {self.root} cannot be written ({exc.strerror or exc}); answering without "
+                  "it (XDIAG_LOCAL_CACHE_DIR names another folder, --no-cache skips it)", file=sys.stderr)
+
     def _trim(self, keep: Path) -> None:
-        evict_least_recent(self.root, self.limit_bytes, keep)
+        self.interrupted_stores_cleaned += evict_least_recent(self.root, self.limit_bytes, keep)
 
 
 def answer_tool(files: list[Path], session_name: str, tool: str, args: dict[str, Any], cache: ResultCache | None,
@@ -171,10 +256,6 @@ def answer_tool(files: list[Path], session_name: str, tool: str, args: dict[str,
     return text, result.status.value
 
 
-def _unwritable(root: Path, exc: OSError) -> None:
-    print(f"xdiag: the result cache {root} cannot be written ({exc.strerror or exc}); answering without it "
-          "(XDIAG_LOCAL_CACHE_DIR names another folder, --no-cache skips it)", file=sys.stderr)
-
 
 def _touch(entry: Path) -> None:
     """A use: the entry is the most recent (its folder's mtime is what eviction orders by)."""
@@ -183,10 +264,3 @@ def _touch(entry: Path) -> None:
     except OSError:
         pass
 
-
-def _write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=path.parent, prefix=".", suffix=".part", delete=False) as part:
-        part.write(data)
-    os.replace(part.name, path)
-    _touch(path.parents[1])

@@ -54,7 +54,11 @@ def freeze_collector() -> None:
 
 
 def fail(message: str, code: int = 2) -> None:
-    err.print(f"[bold red]xdiag:[/] {message}", highlight=False, soft_wrap=True)
+    """Exits `code` with `message` on one line of stderr, as it is: a reason quoting a file's name or bytes shows
+    them, never reads them as markup (`run[/x]`), and its line breaks become spaces."""
+    from rich.markup import escape
+
+    err.print(f"[bold red]xdiag:[/] {escape(' '.join(message.split()))}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 

@@ -77,11 +77,13 @@ def analyze(
     on_event, on_read = progress_printer(quiet)
     deps = build_embedded(max_bytes=max_bytes, on_event=on_event, read_progress=on_read,
                           investigators=investigators, started_views=(located.files, started_views))
-    analysis = analyze_session(located, target, investigator=investigator, deps_and_bus=deps)
+    try:
+        analysis = analyze_session(located, target, investigator=investigator, deps_and_bus=deps)
+    except XdiagError as exc:  # the outputs cannot be written where they would go (UnsafeOutput)
+        fail(str(exc))
     report = Path(analysis.report_uri) if analysis.report_uri else target / "summary.html"
-    if analysis.status == "FAILED":
-        err.print(f"[dim]report with the reason: {report}[/]", highlight=False)
-        fail(analysis.failure_reason or "analysis failed")
+    if analysis.status == "FAILED":  # one line: the reason, then where the report says it too
+        fail(f"{analysis.failure_reason or 'analysis failed'} (report: {report})")
     status = analysis.result.value if analysis.result else analysis.status
     if not quiet:
         colour = "green" if status == "OPTIMAL" else "yellow"

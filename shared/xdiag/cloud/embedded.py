@@ -64,6 +64,8 @@ def analyze_session(
     """Runs every stage over one session; returns the stored analysis (status DONE or FAILED)."""
     deps, bus = deps_and_bus or build_embedded()
     out_dir.mkdir(parents=True, exist_ok=True)
+    if isinstance(deps.blobs, LocalBlobStore):
+        deps.blobs.confined_to = out_dir.resolve()  # the outputs go under --out, whatever links its folders hold
     analysis_id = analysis_id_for(located.files)
     bus.publish(
         TOPIC_CAPTURES,

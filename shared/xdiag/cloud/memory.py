@@ -6,6 +6,7 @@ No network, no emulator: `xdiag analyze` runs the pipeline's stages over these.
 from __future__ import annotations
 
 import copy
+import os
 import shutil
 import threading
 import time
@@ -15,6 +16,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
+from xdiag.errors import UnsafeOutput
+from xdiag.fresh_files import replace_with, replacing
 from xdiag.model import Message
 from xdiag.pipeline.ports import BlobInfo
 
@@ -63,8 +66,11 @@ class LocalBlobStore:
     """Objects are files; URIs are paths or file:// URIs (and gs://BUCKET/NAME, as `buckets`/BUCKET/NAME, where
     a folder for buckets is given: Cloud Storage's layout without the service)."""
 
-    def __init__(self, buckets: Path | None = None) -> None:
+    def __init__(self, buckets: Path | None = None, confined_to: Path | None = None) -> None:
         self.buckets = buckets
+        # A folder (`xdiag analyze --out`) whose objects are never written outside it: a path under it whose folders
+        # lead elsewhere (a planted link) is refused.
+        self.confined_to = confined_to.resolve() if confined_to is not None else None
 
     def _path(self, uri: str) -> Path:
         if uri.startswith("gs://") and self.buckets is not None:
@@ -76,12 +82,18 @@ class LocalBlobStore:
             return "gs://" + path.relative_to(self.buckets).as_posix()
         return str(path)
 
-    def put(self, uri: str, data: bytes, content_type: str = "application/octet-stream") -> str:
+    def _writable(self, uri: str) -> Path:
+        """The object's path, its folder made; PermissionError where a link leads it out of `confined_to`."""
         path = self._path(uri)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_bytes(data)
-        tmp.replace(path)  # readers never see a half-written file
+        root = self.confined_to
+        if root is not None and Path(os.path.abspath(path)).is_relative_to(root) and not path.parent.resolve(
+                ).is_relative_to(root):
+            raise UnsafeOutput(f"{path}: a link in its folders leads out of {root}; not written")
+        return path
+
+    def put(self, uri: str, data: bytes, content_type: str = "application/octet-stream") -> str:
+        replace_with(self._writable(uri), data)  # never through a link; readers never see half a file
         return uri
 
     def get(self, uri: str) -> bytes:
@@ -113,9 +125,9 @@ class LocalBlobStore:
 
     def put_file(self, source: Path, uri: str, content_type: str = "application/octet-stream",
                  cache_source: bool = False) -> str:
-        path = self._path(uri)  # the object is a local file already: nothing to cache
-        path.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(source, path)
+        path = self._writable(uri)  # the object is a local file already: nothing to cache
+        with replacing(path) as out, source.open("rb") as copied:
+            shutil.copyfileobj(copied, out)
         return uri
 
 

@@ -10,6 +10,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from xdiag.compare.sessions import SessionDiff
 from xdiag.report.format import MISSING, format_number, humanize_key
 from xdiag.report.render import bytecode_cache
+from xdiag.fresh_files import replace_with
 
 TEMPLATES = Path(__file__).parent / "templates"
 
@@ -36,6 +37,6 @@ def write_diff(diff: SessionDiff, out_dir: Path) -> tuple[Path, Path]:
     """Writes diff.json and diff.html into `out_dir`; returns their paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path, html_path = out_dir / "diff.json", out_dir / "diff.html"
-    json_path.write_text(diff.model_dump_json(indent=2))
-    html_path.write_text(render_diff_html(diff))
+    replace_with(json_path, diff.model_dump_json(indent=2).encode())  # never through a link planted in the folder
+    replace_with(html_path, render_diff_html(diff).encode())
     return json_path, html_path

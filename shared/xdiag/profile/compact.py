@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from xdiag.errors import ProfileError
+from xdiag.fresh_files import replacing
 from xdiag.profile.space import (
     NO_VALUE,
     HloComputation,
@@ -128,6 +129,14 @@ def _loaded(tables: dict[str, Any], mapped: np.memmap) -> dict[str, Any]:
             for key, value in tables.items()}
 
 
+def _text_of_bytes(value: Any) -> str:
+    """A string of the profile that was not valid UTF-8 (protobuf hands those over as bytes: an HLO name in a corrupt
+    file), stored decoded with replacement characters; anything else JSON cannot hold is a TypeError."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    raise TypeError(f"{type(value).__name__} cannot be stored in a session's header")
+
+
 def save_session(session: Session, path: Path, tables: dict[str, Any] | None = None) -> int:
     """Writes the session to `path` (atomically); returns its size in bytes. `tables` (derived from the session, by
     name: numeric arrays, or anything JSON holds) travel with it and come back as the loaded session's
@@ -173,10 +182,9 @@ def save_session(session: Session, path: Path, tables: dict[str, Any] | None = N
         "hlo_modules": [module_record(m) for m in session.hlo_modules],
         "tables": _stored(tables or {}, layout),
     }
-    encoded = json.dumps(header, separators=(",", ":")).encode()
+    encoded = json.dumps(header, separators=(",", ":"), default=_text_of_bytes).encode()
     encoded += b" " * (-(len(MAGIC) + 8 + len(encoded)) % ALIGN)  # the data section starts aligned
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("wb") as handle:
+    with replacing(path, mode=0o600) as handle:  # the decoded profile (HLO text included) is its user's alone
         handle.write(MAGIC + struct.pack("<Q", len(encoded)) + encoded)
         written, host = 0, 0
         for index, (offset, values) in enumerate(layout.arrays):
@@ -186,7 +194,6 @@ def save_session(session: Session, path: Path, tables: dict[str, Any] | None = N
             handle.write(b"\0" * (offset - written))
             handle.write(memoryview(values).cast("B"))
             written = offset + values.nbytes
-    tmp.replace(path)
     return path.stat().st_size
 
 

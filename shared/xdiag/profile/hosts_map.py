@@ -36,11 +36,20 @@ from xdiag.profile.reader import (
     session_bytes,
 )
 from xdiag.profile.locate import is_trace_file
+from xdiag.profile.read_bounds import READ_SECONDS, READ_SECONDS_PER_MIB
 from xdiag.profile.space import HloModule, HostProfile, Session
 from xdiag.profile.trace_json import read_trace_host
 from xdiag.sizes import readable_size
 
 _CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+WORKER_START_SECONDS = 60.0
+"""A worker's own time beside its read's bound (xdiag.profile.read_bounds): a fresh interpreter's imports, and the
+host's columns written (a second or two); past both, the worker is killed and the host's read fails."""
+
+
+def host_seconds(size: int) -> float:
+    """How long a worker may take over one host file of `size` bytes before it is killed."""
+    return WORKER_START_SECONDS + READ_SECONDS + READ_SECONDS_PER_MIB * size / 2**20
 
 
 def map_workers(hosts: int, limit: int | None = None) -> int:
@@ -112,7 +121,8 @@ def _map_hosts(paths: list[Path], outs: list[Path], workers: int, threads: int, 
     module`: a fresh interpreter, nothing of the caller's program imported again or inherited), each taking the next host as it
     finishes one and handing the host's memory back before the next (its peak is its largest host, not the sum).
     A host that cannot be read stops the map: no host is started after it, and the failure of the first such file
-    (in the session's order) is raised, a ProfileError with the worker's reason, which names the file."""
+    (in the session's order) is raised, a ProfileError with the worker's reason, which names the file. A worker
+    that does not answer within `host_seconds` of the file's size is killed: a hung worker fails its host."""
     jobs = list(enumerate(zip(paths, outs)))
     lock = threading.Lock()
     failures: dict[int, str] = {}
@@ -131,12 +141,23 @@ def _map_hosts(paths: list[Path], outs: list[Path], workers: int, threads: int, 
         try:
             while (job := next_job()) is not None:
                 index, (path, out) = job
+                bound = host_seconds(path.stat().st_size if path.exists() else 0)
+                stopped = threading.Event()
+
+                def stop() -> None:  # the answer's readline returns "" once the worker is killed
+                    stopped.set()
+                    worker.kill()
+
+                timer = threading.Timer(bound, stop)
+                timer.start()
                 try:
                     worker.stdin.write(f"{path}\t{out}\t{threads}\n")
                     worker.stdin.flush()
                     answer = worker.stdout.readline().rstrip("\n").split("\t", 1)
                 except OSError:  # BrokenPipeError: it had died already
                     answer = [""]
+                finally:
+                    timer.cancel()
                 if answer[0] == "ok":
                     with lock:
                         done[0] += path.stat().st_size
@@ -149,7 +170,9 @@ def _map_hosts(paths: list[Path], outs: list[Path], workers: int, threads: int, 
                     worker.kill()
                     errors.seek(0)
                     lines = errors.read().decode("utf-8", "replace").strip().splitlines()
-                    reason = (f"{path.name}: the host's reader exited with status {worker.wait()}: "
+                    reason = (f"{path.name}: the host's reader did not answer within {bound:.0f} s and was stopped"
+                              if stopped.is_set() else
+                              f"{path.name}: the host's reader exited with status {worker.wait()}: "
                               f"{lines[-1] if lines else 'no output'}")
                 with lock:
                     failures[index] = reason

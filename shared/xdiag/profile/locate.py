@@ -4,6 +4,11 @@ answer through it."""
 
 from __future__ import annotations
 
+import hashlib
+import os
+import re
+import stat
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +24,39 @@ class LocatedSession:
     name: str
     files: list[Path]
     run: str  # the run (log dir) name, "local" when unknown
+    folder_name: str = ""  # the session folder's own name, where the name above was made from it (`--session`)
+
+
+_OUTSIDE_NAMES = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def id_from_file_name(text: str) -> str:
+    """A name in xdiag's id grammar (xdiag.ids) from any file or folder name: characters outside it (spaces,
+    parentheses, accents, other scripts) become `_` (accents dropped first where a letter has one), and a name so
+    changed ends with 6 hex digits of the original, so `run(1)` and `run[1]` stay apart."""
+    if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", text):
+        return text
+    plain = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode()
+    readable = _OUTSIDE_NAMES.sub("_", plain).lstrip("._-")[:100] or "profile"
+    return f"{readable}-{hashlib.sha256(text.encode('utf-8', 'surrogateescape')).hexdigest()[:6]}"
+
+
+def open_regular(path: Path):
+    """`path` opened for reading as a binary file, where it is a regular file: a pipe, a device (`/dev/zero`) or a
+    socket under a profile's name is refused with a ProfileError, as is a file that cannot be opened (permissions).
+    Opened without blocking, so a pipe with no writer cannot hang the open itself."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise ProfileError(f"{path.name}: cannot be read ({exc.strerror or exc})") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ProfileError(f"{path.name}: not a regular file (a folder, a device, a pipe or a socket); not read")
+        os.set_blocking(fd, True)
+        return open(path, "rb", opener=lambda _path, _flags: fd)  # the file object's name is the path
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def is_trace_file(path: Path) -> bool:
@@ -33,7 +71,10 @@ def trace_stem(file_name: str) -> str:
 
 def _xplanes(folder: Path) -> list[Path]:
     """A folder's profiles: its xplanes, else its Chrome/Kineto trace files (one per host or rank)."""
-    files = sorted(p for p in folder.iterdir() if p.is_file())
+    try:
+        files = sorted(p for p in folder.iterdir() if p.is_file())
+    except OSError as exc:
+        raise ProfileError(f"{folder}: cannot be listed ({exc.strerror or exc})") from None
     return [p for p in files if p.name.endswith(SUFFIX)] or [p for p in files if is_trace_file(p)]
 
 
@@ -45,21 +86,23 @@ def locate_session(path: Path, session: str | None = None) -> LocatedSession:
     path = path.absolute()  # a bare `file.xplane.pb` or `.` has no parents to name the session and run by
     if path.is_file():
         if is_trace_file(path):
-            return LocatedSession(trace_stem(path.name), [path], "local")
+            return LocatedSession(id_from_file_name(trace_stem(path.name)), [path], "local")
         if not path.name.endswith(SUFFIX) and not path.name.endswith(".pb"):
             raise ProfileError(f"{path}: not an *.xplane.pb file, nor a Kineto/Chrome trace (*.json, *.json.gz)")
         run = path.parents[3].name if len(path.parents) > 3 and path.parents[1].name == "profile" else "local"
         name = path.parent.name if path.parents[1].name == "profile" else path.name.removesuffix(SUFFIX)
-        return LocatedSession(name, [path], run)
+        return LocatedSession(id_from_file_name(name), [path], id_from_file_name(run))
+    if not path.is_dir():
+        raise ProfileError(f"{path}: neither a regular file nor a folder (a device, a pipe or a socket)")
     direct = _xplanes(path)
     if direct:
         run = path.parents[2].name if len(path.parents) > 2 and path.parent.name == "profile" else "local"
-        return LocatedSession(path.name, direct, run)
+        return LocatedSession(id_from_file_name(path.name), direct, id_from_file_name(run))
     sessions = log_dir_sessions(path)
     if not sessions:
         raise ProfileError(f"{path}: no *{SUFFIX} files (nor *.json[.gz] traces) here or under plugins/profile/<session>/")
     if session is not None:
-        chosen = [s for s in sessions if s.name == session]
+        chosen = [s for s in sessions if session in (s.name, s.folder_name)]
         if not chosen:
             raise ProfileError(f"{path}: no session {session!r}; sessions: {', '.join(s.name for s in sessions)}")
         return chosen[0]
@@ -73,8 +116,8 @@ def log_dir_sessions(path: Path) -> list[LocatedSession]:
     for profile_dir, run in ((path / "plugins" / "profile", path.name), (path / "profile", path.parent.name), (path, path.parent.parent.name)):
         if not profile_dir.is_dir():
             continue
-        sessions = [LocatedSession(d.name, files, run) for d in sorted(profile_dir.iterdir())
-                    if d.is_dir() and (files := _xplanes(d))]
+        sessions = [LocatedSession(id_from_file_name(d.name), files, id_from_file_name(run), d.name)
+                    for d in sorted(profile_dir.iterdir()) if d.is_dir() and (files := _xplanes(d))]
         if sessions:
             return sessions
     return []

@@ -29,7 +29,8 @@ from xdiag.sizes import readable_size
 from xdiag.profile import schema, wire
 from xdiag.profile.columns import unique_with_inverse
 from xdiag.profile.hlo_module import hlo_module
-from xdiag.profile.locate import is_trace_file
+from xdiag.profile.locate import is_trace_file, open_regular
+from xdiag.profile.read_bounds import check_deadline, read_deadline
 from xdiag.profile.trace_json import read_trace_host
 from xdiag.profile.space import (
     NO_VALUE,
@@ -46,6 +47,11 @@ from xdiag.profile.space import (
 
 DEFAULT_MAX_PROFILE_BYTES = 2 * 1024**3
 """Refuse larger sessions by default: the managed service's own capture limit."""
+MIN_LINE_BYTES = 16
+"""A plane's lines take at least this many bytes each on average, or the plane is refused before its lines are
+decoded: each line costs the analysis a Python object and its columns however few bytes it takes (200,000 empty
+lines, 2 bytes each, took 20 s and 379 MiB to read, over 30 s under `xdiag analyze`), and the committed profiles'
+planes take 645 bytes a line or more."""
 
 _WIRE_VARINT, _WIRE_I64, _WIRE_LEN, _WIRE_I32 = 0, 1, 2, 5
 _XSPACE_FIELDS = {1: "planes", 2: "errors", 3: "warnings", 4: "hostnames"}
@@ -94,7 +100,7 @@ def _top_level_fields(buf, size: int, name: str) -> Iterator[tuple[int, int, int
                 "the file may be corrupt, mangled by a text-mode transfer, or not an *.xplane.pb"
             )
         length, pos = _varint(buf, pos, size)
-        if pos + length > size:
+        if length > size - pos:
             raise ProfileError(
                 f"{name}: truncated: field {_XSPACE_FIELDS[number]!r} at byte {tag_at} declares {length} bytes "
                 f"but only {size - pos} remain"
@@ -106,7 +112,7 @@ def _top_level_fields(buf, size: int, name: str) -> Iterator[tuple[int, int, int
 def plane_names(path: Path) -> list[str]:
     """The names of a file's planes, read from each plane's first fields without decoding its lines
     (milliseconds on any size): enough to tell a device profile from a CPU one before the read."""
-    with path.open("rb") as handle, _mapped(handle) as buf:
+    with open_regular(path) as handle, _mapped(handle) as buf:
         return [plane_name(buf, start, end) for number, start, end in _top_level_fields(buf, len(buf), path.name)
                 if number == 1]
 
@@ -122,6 +128,8 @@ def plane_name(buf, start: int, end: int) -> str:
         if key & 7 != _WIRE_LEN:
             break
         length, pos = _varint(buf, pos, end)
+        if length > end - pos:
+            break
         if key >> 3 == 2:
             return bytes(buf[pos:pos + length]).decode("utf-8", "replace")
         pos += length
@@ -135,7 +143,7 @@ def _stat_value(stat, stat_names: dict[int, str]) -> object:
     if kind == "ref_value":
         return stat_names.get(stat.ref_value, "")
     value = getattr(stat, kind)
-    return value
+    return schema.text(value) if kind == "str_value" else value
 
 
 def _stats_dict(stats, stat_names: dict[int, str]) -> dict[str, object]:
@@ -297,12 +305,16 @@ def plane_metadata(arr: np.ndarray, start: int, fields: tuple[np.ndarray, ...], 
 
 def _decode_plane(
     arr: np.ndarray, start: int, end: int, host: str, modules: list[HloModule], name: str,
-    release: Callable[[int, int], None], threads: int,
+    release: Callable[[int, int], None], threads: int, deadline: float,
 ) -> Plane:
     fields = plane_fields(arr, start, end, name)
     numbers, _, starts, ends, _ = fields
+    line_count = int((numbers == 3).sum())
+    if line_count * MIN_LINE_BYTES > end - start:
+        raise ProfileError(f"{name}: the plane at byte {start} holds {line_count:,} lines in {end - start:,} bytes "
+                           f"(fewer than {MIN_LINE_BYTES} bytes a line): not a profiler's output; not read")
     proto = plane_metadata(arr, start, fields, name)
-    stat_names = {key: meta.name for key, meta in proto.stat_metadata.items()}
+    stat_names = {key: schema.text(meta.name) for key, meta in proto.stat_metadata.items()}
     strings: list[str] = []
     string_index: dict[str, int] = {}
 
@@ -317,9 +329,9 @@ def _decode_plane(
     display_names: dict[int, str] = {}
     metadata_stats: dict[int, dict[str, object]] = {}
     for key, meta in proto.event_metadata.items():
-        event_names[key] = meta.name
+        event_names[key] = schema.text(meta.name)
         if meta.display_name:
-            display_names[key] = meta.display_name
+            display_names[key] = schema.text(meta.display_name)
         if meta.stats:
             stats = {}
             for stat in meta.stats:
@@ -329,7 +341,9 @@ def _decode_plane(
                     if module is not None:
                         modules.append(module)
                     continue
-                stats[stat_name] = _stat_value(stat, stat_names)
+                value = _stat_value(stat, stat_names)
+                if not isinstance(value, bytes):  # as the plane's stats: a session is stored as JSON (compact)
+                    stats[stat_name] = value
             metadata_stats[key] = stats
     columns = _StatColumns(stat_names)
     lines = []
@@ -339,11 +353,12 @@ def _decode_plane(
         for (line_start, line_end), decoded in zip(spans, decoded_lines):
             lines.append(_decode_line(arr, line_start, decoded, stat_names, columns, intern, name))
             release(line_start, line_end)
+            check_deadline(deadline, name, line_end)
     finally:
         decoded_lines.close()  # waits for the lines still decoding before the file can close
     return Plane(
         id=proto.id,
-        name=proto.name,
+        name=schema.text(proto.name),
         host=host,
         event_names=event_names,
         event_display_names=display_names,
@@ -380,7 +395,11 @@ def _mangling_hint(buf, size: int) -> str:
 def _mapped(handle) -> Iterator[mmap.mmap]:
     """The file mapped read-only; unmapped on exit once no numpy view of it is left. The first call of
     the compiled decoder in a process (numba compiling or loading it) leaves the arguments in reference
-    cycles of its internal exceptions, so a collection runs before the mapping is closed again."""
+    cycles of its internal exceptions, so a collection runs before the mapping is closed again; where a view
+    still lives after that (an error's frames in a thread that walked it), the mapping is left to go with the
+    last view rather than raise a BufferError over the error being reported. An empty file is a ProfileError."""
+    if os.fstat(handle.fileno()).st_size == 0:
+        raise ProfileError(f"{Path(handle.name).name}: empty file (0 bytes); the capture wrote nothing")
     buf = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
     try:
         yield buf
@@ -394,7 +413,8 @@ def _mapped(handle) -> Iterator[mmap.mmap]:
             buf.close()
         except BufferError:
             gc.collect()
-            buf.close()
+            with contextlib.suppress(BufferError):
+                buf.close()
 
 
 def read_host(path: Path, progress: Progress | None = None, threads: int = READ_THREADS,
@@ -404,13 +424,13 @@ def read_host(path: Path, progress: Progress | None = None, threads: int = READ_
     name = path.name
     if not path.exists():
         raise ProfileError(f"{path}: no such file")
-    size = path.stat().st_size
-    if size == 0:
-        raise ProfileError(f"{name}: empty file (0 bytes); the capture wrote nothing")
     planes: list[Plane] = []
     modules: list[HloModule] = []
     texts: dict[str, list[str]] = {"errors": [], "warnings": [], "hostnames": []}
-    with path.open("rb") as handle, _mapped(handle) as buf:
+    wire.compile_now()
+    with open_regular(path) as handle, _mapped(handle) as buf:
+        size = len(buf)
+        deadline = read_deadline(size)
         try:
             fields = list(_top_level_fields(buf, size, name))
         except ProfileError as exc:
@@ -426,7 +446,7 @@ def read_host(path: Path, progress: Progress | None = None, threads: int = READ_
             for number, start, end in fields:
                 if number == 1:
                     planes.append(_decode_plane(arr, start, end, host, modules, name, lambda a, b: _release(buf, a, b),
-                                                threads))
+                                                threads, deadline))
                     if progress:
                         progress(f"read {name}", end, size)
         finally:

@@ -23,6 +23,12 @@ _STRING, _BYTES, _MESSAGE, _INT32, _BOOL = (
 )
 
 
+def text(value: str | bytes) -> str:
+    """A string field's value as text: protobuf hands over a string field of these (proto2) messages that is not valid
+    UTF-8 as bytes (a corrupt or mangled file); those are decoded with replacement characters."""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
 def _message(file: descriptor_pb2.FileDescriptorProto, name: str, fields: list[tuple]) -> descriptor_pb2.DescriptorProto:
     msg = file.message_type.add(name=name)
     for spec in fields:

@@ -42,6 +42,7 @@ import numpy as np
 
 from xdiag.errors import ProfileError
 from xdiag.profile import schema, wire
+from xdiag.profile.locate import open_regular
 from xdiag.profile.reader import _mapped, _top_level_fields, plane_fields, plane_metadata, plane_name
 
 HOST_THREADS_PLANE = "/host:CPU"
@@ -122,11 +123,12 @@ def _metadata_flags(plane: schema.XPlane, unread_name: Callable[[str], bool] | N
     """The compiled walks' flags, indexed by metadata id: DROP_EVENT for a Python function's events;
     DROP_WITHOUT_STATS where `unread_name` says XProf gives the name no meaning and the metadata carries nothing
     else (no stats, bytes or children) that XProf could read."""
-    python = [key for key, meta in plane.event_metadata.items() if meta.name.startswith(PYTHON_EVENT_PREFIX)]
+    names = {key: schema.text(meta.name) for key, meta in plane.event_metadata.items()}
+    python = [key for key, name in names.items() if name.startswith(PYTHON_EVENT_PREFIX)]
     stat_less = [] if unread_name is None else [
         key for key, meta in plane.event_metadata.items()
-        if not meta.name.startswith(PYTHON_EVENT_PREFIX) and not (meta.stats or meta.metadata or meta.child_id)
-        and unread_name(meta.name)
+        if not names[key].startswith(PYTHON_EVENT_PREFIX) and not (meta.stats or meta.metadata or meta.child_id)
+        and unread_name(names[key])
     ]
     flagged = python + stat_less
     if not flagged or min(flagged) < 0 or max(flagged) >= _MAX_FLAGGED_ID:
@@ -144,7 +146,7 @@ def write_without_unused_events(source: Path, target: Path, unread_name: Callabl
     grouping (`wire.thinned_line`). With none to drop it writes
     nothing and returns 0 (link the original instead). Raises ProfileError where the file cannot be walked (the
     reader says the same, precisely); a partial `target` is removed."""
-    with source.open("rb") as handle, _mapped(handle) as buf:
+    with open_regular(source) as handle, _mapped(handle) as buf:
         arr = np.frombuffer(buf, np.uint8)
         try:
             return _write(arr, buf, source.name, target, unread_name)
@@ -156,7 +158,7 @@ def write_metadata_plane(source: Path, target: Path) -> bool:
     """Writes `source` to `target` with its metadata plane alone (and the XSpace's few other fields, the host
     names among them): the HLO modules, without a single event. False, writing nothing, where it has no
     metadata plane. Raises ProfileError where the file cannot be walked; a partial `target` is removed."""
-    with source.open("rb") as handle, _mapped(handle) as buf:
+    with open_regular(source) as handle, _mapped(handle) as buf:
         kept: list[tuple[int, int]] = []  # (tag, end) of each field to copy
         found = False
         tag = 0
@@ -191,7 +193,7 @@ def _write(arr: np.ndarray, buf, name: str, target: Path, unread_name: Callable[
         flags = _metadata_flags(metadata, unread_name)
         if len(flags) == 0:
             return 0
-        async_stat = next((key for key, meta in metadata.stat_metadata.items() if meta.name == _ASYNC_STAT), -1)
+        async_stat = next((key for key, meta in metadata.stat_metadata.items() if schema.text(meta.name) == _ASYNC_STAT), -1)
         plane_tag = fields[index - 1][2] if index else 0  # right after the field before it
         return _write_with_new_host_plane(arr, target, (plane_tag, end), fields_of_plane, flags, async_stat, name)
     return 0

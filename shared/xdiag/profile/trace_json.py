@@ -17,13 +17,15 @@ is a plane (`/device:TPU:0`, `/host:CPU`), each thread a line, each event's args
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import math
 import re
 import zlib
+from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import ijson
 import numpy as np
@@ -31,8 +33,9 @@ import numpy as np
 from xdiag.errors import ProfileError
 from xdiag.profile.json_shape import JsonShape
 from xdiag.profile.trace_columns import LineColumns, PlaneColumns
-from xdiag.profile.locate import trace_stem
+from xdiag.profile.locate import open_regular, trace_stem
 from xdiag.profile.op_records import op_record
+from xdiag.profile.read_bounds import check_deadline, read_deadline
 from xdiag.sizes import readable_size
 from xdiag.profile.space import NUMERIC_STATS, STRING_STATS, HostProfile, Session
 
@@ -102,6 +105,29 @@ def trace_format(session: Session) -> str | None:
     return None
 
 
+_MAX_NUMBER_TEXT = 64
+"""The characters a number given as text may take to be converted (int64 takes 19 digits; a time in µs with six
+decimals 27); a longer one counts as absent."""
+_MAX_MAGNITUDE = 30
+"""The largest power of ten (Decimal.adjusted) a number is converted at: a larger one is past int64 and any clock
+either way, and reads as ±10^31, where int(Decimal("1e999999999")) would build a billion-digit integer (minutes,
+gigabytes)."""
+
+
+def _bounded(value: Decimal | str) -> Decimal | None:
+    """The number as a Decimal, its magnitude bounded (_MAX_MAGNITUDE) before any conversion to an integer; None where
+    it is not a finite number, or its text is too long."""
+    if isinstance(value, str):
+        if len(value) > _MAX_NUMBER_TEXT:
+            return None
+        value = Decimal(value)
+    if not value.is_finite():
+        return None
+    if value.adjusted() > _MAX_MAGNITUDE:
+        return Decimal(10 ** (_MAX_MAGNITUDE + 1)).copy_sign(value)
+    return value
+
+
 def _ps(value: Any) -> int | None:
     """µs (int, or Decimal with up to six fractional digits: ps; or the same as a string) to integer ps, exactly;
     None where it is not a finite number."""
@@ -113,8 +139,8 @@ def _ps(value: Any) -> int | None:
         if isinstance(value, float):
             return round(value * 1_000_000) if math.isfinite(value) else None
         if isinstance(value, (Decimal, str)):
-            number = Decimal(value)
-            return int(number * 1_000_000) if number.is_finite() else None
+            number = _bounded(value)
+            return None if number is None else int(number * 1_000_000)
         return None
     except ArithmeticError:
         return None
@@ -125,7 +151,10 @@ def _int(value: Any) -> int | None:
     if isinstance(value, (dict, list, bool)) or value is None:
         return None
     try:
-        number = int(Decimal(value) if isinstance(value, str) else value)
+        bounded = _bounded(value) if isinstance(value, (Decimal, str)) else value
+        if bounded is None:
+            return None
+        number = int(bounded)
     except (TypeError, ValueError, ArithmeticError):
         return None
     return number if -2**63 <= number < 2**63 else None
@@ -487,6 +516,8 @@ def _number_or_text(value: Any) -> object:
     if isinstance(value, (int, float)):
         return value
     text = str(value)
+    if len(text) > _MAX_NUMBER_TEXT:
+        return text
     try:
         return int(text)
     except ValueError:
@@ -496,17 +527,24 @@ def _number_or_text(value: Any) -> object:
             return text
 
 
-def _opened(path: Path):
-    with path.open("rb") as probe:
-        magic = probe.read(2)
-    return gzip.open(path, "rb") if magic == b"\x1f\x8b" else path.open("rb")
+@contextlib.contextmanager
+def _opened(path: Path) -> Iterator[BinaryIO]:
+    """The file's bytes, inflated where it is gzip; a ProfileError where it is not a regular file one can read."""
+    with open_regular(path) as raw:
+        magic = raw.read(2)
+        raw.seek(0)
+        if magic != b"\x1f\x8b":
+            yield raw
+            return
+        with gzip.GzipFile(fileobj=raw, mode="rb") as inflated:
+            yield inflated
 
 
 def _first_byte(path: Path) -> bytes:
     with _opened(path) as handle:
         try:
             head = handle.read(4096)
-        except (OSError, EOFError) as exc:
+        except (OSError, EOFError, zlib.error) as exc:
             raise ProfileError(f"{path.name}: not a readable gzip file ({exc})") from None
     stripped = head.lstrip()
     if stripped.startswith(b"\xef\xbb\xbf"):
@@ -536,6 +574,7 @@ def read_trace_host(path: Path) -> HostProfile:
     top_values = {key: ijson.sendable_list() for key in (_TOP_KEYS if first == b"{" else ())}
     searching = {key: ijson.items_coro(values, key) for key, values in top_values.items()}
     count = 0
+    deadline = read_deadline(path.stat().st_size)
 
     def add_events() -> None:
         nonlocal count
@@ -564,6 +603,7 @@ def read_trace_host(path: Path) -> HostProfile:
                     if top_values[key]:
                         del searching[key]  # a key appears once: its parser stops as soon as it has it
                 add_events()
+                check_deadline(deadline, path.name, shape.offset)
             for parser in (events_parser, *searching.values()):
                 parser.close()
             add_events()
@@ -576,6 +616,9 @@ def read_trace_host(path: Path) -> HostProfile:
         raise ProfileError(f"{path.name}: not valid JSON ({' '.join(str(exc).split())[:120]})") from None
     except (OSError, EOFError, zlib.error) as exc:
         raise ProfileError(f"{path.name}: unreadable ({exc})") from None
+    except (ValueError, ArithmeticError) as exc:  # ijson's numbers: past int's digit limit, past Decimal's exponent
+        raise ProfileError(f"{path.name}: a number it cannot hold ({type(exc).__name__}: "
+                           f"{' '.join(str(exc).split())[:120]})") from None
     top = {key: values[0] for key, values in top_values.items() if values}
     if first == b"{" and not builder.events and not builder.process_names:
         raise ProfileError(f"{path.name}: JSON without trace events (no 'traceEvents'): neither an XProf profile "

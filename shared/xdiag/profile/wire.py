@@ -68,11 +68,19 @@ OK = 0
 ERR_VARINT = 1  # a varint runs past the end or over 10 bytes
 ERR_LENGTH = 2  # a length-delimited field runs past its parent's end
 ERR_WIRE_TYPE = 3  # a wire type that protobuf does not have (groups included)
+ERR_EVENT_BUDGET = 4  # more events than the line's bytes hold at MIN_EVENT_BYTES each
+
+MIN_EVENT_BYTES = 6
+"""The bytes an XEvent takes at least, on average over its line: its key and length, a metadata id and an offset
+take 6 (the committed profiles' lines take 16 or more an event). A line of more events than that decodes no further:
+what the analysis holds grows with the events, whatever they carry (20 MB of empty events, 2 bytes each, peaked at
+522 MiB in 25 s under `xdiag analyze`), so this bounds it by the file's size."""
 
 ERRORS = {
     ERR_VARINT: "malformed or truncated varint",
     ERR_LENGTH: "a field's length runs past the end of its message (truncated or corrupt)",
     ERR_WIRE_TYPE: "invalid wire type (not protobuf data)",
+    ERR_EVENT_BUDGET: f"more events than its bytes hold at {MIN_EVENT_BYTES} bytes an event (not a profiler's output)",
 }
 
 
@@ -105,7 +113,7 @@ def _skip(buf, pos, end, wire):
         length, pos = _varint(buf, pos, end)
         if pos < 0:
             return -1
-        return pos + length if length >= 0 and pos + length <= end else -2
+        return pos + length if 0 <= length <= end - pos else -2
     if wire == 5:
         return pos + 4 if pos + 4 <= end else -2
     return -3
@@ -184,14 +192,16 @@ def _decode_events(buf, line_start, pos, end, numeric_ids, numeric_slots, string
         field_start = pos
         key, pos = _varint(buf, pos, end)
         if pos < 0:
-            return pos, e, k, ERR_VARINT, line_start
+            return field_start, e, k, ERR_VARINT, field_start
         number = key >> 3
         wire = key & 7
         if number == 4 and wire == 2:
             length, pos = _varint(buf, pos, end)
+            if pos < 0:
+                return field_start, e, k, ERR_VARINT, field_start
+            if length < 0 or length > end - pos:  # before any sum: a length near 2^63 wraps pos + length
+                return field_start, e, k, ERR_LENGTH, field_start
             event_end = pos + length
-            if pos < 0 or length < 0 or event_end > end:
-                return pos, e, k, ERR_LENGTH, pos
             if e == len(metadata_id):
                 return field_start, e, k, NO_ROOM, 0
             k_before = k
@@ -201,13 +211,13 @@ def _decode_events(buf, line_start, pos, end, numeric_ids, numeric_slots, string
             while pos < event_end:
                 ekey, pos = _varint(buf, pos, event_end)
                 if pos < 0:
-                    return pos, e, k, ERR_VARINT, event_end
+                    return field_start, e, k, ERR_VARINT, event_end
                 enum = ekey >> 3
                 ewire = ekey & 7
                 if ewire == 0 and enum <= 3:
                     value, pos = _varint(buf, pos, event_end)
                     if pos < 0:
-                        return pos, e, k, ERR_VARINT, event_end
+                        return field_start, e, k, ERR_VARINT, event_end
                     if enum == 1:
                         metadata_id[e] = value
                     elif enum == 2:
@@ -215,10 +225,11 @@ def _decode_events(buf, line_start, pos, end, numeric_ids, numeric_slots, string
                     else:
                         duration_ps[e] = value
                 elif enum == 4 and ewire == 2:
+                    stat_start = pos
                     slen, pos = _varint(buf, pos, event_end)
+                    if pos < 0 or slen < 0 or slen > event_end - pos:
+                        return field_start, e, k, ERR_LENGTH, stat_start
                     stat_end = pos + slen
-                    if pos < 0 or slen < 0 or stat_end > event_end:
-                        return pos, e, k, ERR_LENGTH, pos
                     stat_id = np.int64(-1)
                     kind = np.int64(0)
                     a = np.int64(0)
@@ -226,7 +237,7 @@ def _decode_events(buf, line_start, pos, end, numeric_ids, numeric_slots, string
                     while pos < stat_end:
                         skey, pos = _varint(buf, pos, stat_end)
                         if pos < 0:
-                            return pos, e, k, ERR_VARINT, stat_end
+                            return field_start, e, k, ERR_VARINT, stat_end
                         snum = skey >> 3
                         swire = skey & 7
                         if snum == 1 and swire == 0:
@@ -240,13 +251,15 @@ def _decode_events(buf, line_start, pos, end, numeric_ids, numeric_slots, string
                             pos += 8
                         elif snum == 5 and swire == 2:
                             b, pos = _varint(buf, pos, stat_end)
+                            if pos < 0 or b < 0 or b > stat_end - pos:  # a negative one would walk back forever
+                                return field_start, e, k, ERR_LENGTH, stat_start
                             a = pos
                             kind = 5
                             pos += b
                         else:
                             pos = _skip(buf, pos, stat_end, swire)
                         if pos < 0 or pos > stat_end:
-                            return pos, e, k, ERR_LENGTH, stat_end
+                            return field_start, e, k, ERR_LENGTH, stat_start
                     slot = -1
                     if kind == 2 or kind == 3 or kind == 4:
                         slot = _slot(numeric_ids, numeric_slots, stat_id)
@@ -268,7 +281,7 @@ def _decode_events(buf, line_start, pos, end, numeric_ids, numeric_slots, string
                 else:
                     pos = _skip(buf, pos, event_end, ewire)
                     if pos < 0:
-                        return pos, e, k, ERR_LENGTH, event_end
+                        return field_start, e, k, ERR_LENGTH, field_start
             e += 1
         elif wire == 0:
             value, pos = _varint(buf, pos, end)
@@ -282,6 +295,8 @@ def _decode_events(buf, line_start, pos, end, numeric_ids, numeric_slots, string
                 header[3] = value
         elif wire == 2 and (number == 2 or number == 11):
             length, pos = _varint(buf, pos, end)
+            if pos < 0 or length < 0 or length > end - pos:  # a negative one would walk back forever
+                return field_start, e, k, ERR_LENGTH, field_start
             slot = 4 if number == 2 else 6
             header[slot] = pos
             header[slot + 1] = length
@@ -289,16 +304,22 @@ def _decode_events(buf, line_start, pos, end, numeric_ids, numeric_slots, string
         else:
             pos = _skip(buf, pos, end, wire)
         if pos < 0 or pos > end:
-            return pos, e, k, ERR_LENGTH, line_start
+            return field_start, e, k, ERR_LENGTH, field_start
     return pos, e, k, OK, end
+
+
+@njit(cache=True, nogil=True)
+def _resized(column, used, size):
+    """A column of `size`, the first `used` of `column` kept."""
+    bigger = np.empty(size, np.int64)
+    bigger[:used] = column[:used]
+    return bigger
 
 
 @njit(cache=True, nogil=True)
 def _grown(column, used):
     """A column twice the size of `column` (growing costs time linear in the final size), its first `used` kept."""
-    bigger = np.empty(max(64, 2 * len(column)), np.int64)
-    bigger[:used] = column[:used]
-    return bigger
+    return _resized(column, used, max(64, 2 * len(column)))
 
 
 @njit(cache=True, nogil=True)
@@ -326,9 +347,15 @@ def decode_line(buf, start, end, numeric_ids, numeric_slots, string_ids, string_
         if err != NO_ROOM:
             break
         if e == len(events[0]):
-            events = [_grown(column, e) for column in events]
+            most = (end - start) // MIN_EVENT_BYTES + 1  # one past the budget: room to find it is exceeded
+            if e >= most:
+                err, err_pos = ERR_EVENT_BUDGET, pos
+                break
+            events = [_resized(column, e, min(max(64, 2 * e), most)) for column in events]
         else:
             stats = [_grown(column, k) for column in stats]
+    if err == OK and e * MIN_EVENT_BYTES > end - start:
+        err, err_pos = ERR_EVENT_BUDGET, start
     if err:
         empty = np.empty(0, np.int64)
         return header, empty, empty, empty, empty, empty, empty, empty, err, err_pos
@@ -433,7 +460,7 @@ def thinned_line(buf, start, end, dropped_metadata, async_stat_id, out):
             length, pos = _varint(buf, pos, end)
             if pos < 0:
                 return kept, dropped, False, ERR_VARINT, field_start
-            if length < 0 or pos + length > end:
+            if length < 0 or length > end - pos:  # before any sum: a length near 2^63 wraps pos + length
                 return kept, dropped, False, ERR_LENGTH, field_start
             event_end = pos + length
             flag = _flag_of(buf, pos, event_end, dropped_metadata)
@@ -459,7 +486,7 @@ def thinned_line(buf, start, end, dropped_metadata, async_stat_id, out):
                 elif field_key == (_EVENT_FIELD_STATS << 3) | 2:
                     has_stats = True
                     stat_length, field = _varint(buf, field, event_end)
-                    if field < 0 or stat_length < 0 or field + stat_length > event_end:
+                    if field < 0 or stat_length < 0 or stat_length > event_end - field:
                         field = -1
                         break
                     if async_stat_id >= 0 and _stat_has_metadata(buf, field, field + stat_length, async_stat_id):
@@ -539,7 +566,7 @@ def line_without_events(buf, start, end, dropped_metadata, out):
             length, pos = _varint(buf, pos, end)
             if pos < 0:
                 return kept, dropped, ERR_VARINT, field_start
-            if length < 0 or pos + length > end:
+            if length < 0 or length > end - pos:
                 return kept, dropped, ERR_LENGTH, field_start
             drop = _flag_of(buf, pos, pos + length, dropped_metadata) == DROP_EVENT
             pos += length
@@ -557,6 +584,22 @@ def line_without_events(buf, start, end, dropped_metadata, out):
                 out[kept:kept + pos - field_start] = buf[field_start:pos]
             kept += pos - field_start
     return kept, dropped, OK, end
+
+
+_compiled_now = [False]
+
+
+def compile_now() -> None:
+    """Where numba compiles the reader's functions (no ahead-of-time module), compiles them now (or loads them from
+    numba's cache), once per process: a read's time bound (read_bounds) then counts the read alone, not seconds of
+    compiling on a busy machine."""
+    if _ahead_of_time is not None or _compiled_now[0]:
+        return
+    buf = np.frombuffer(b"\x08\x01", np.uint8)  # read-only, as the mapped file's view is
+    ids = np.zeros(0, np.int64)
+    scan_fields(buf, 0, len(buf))
+    decode_line(buf, 0, len(buf), ids, ids, ids, ids)
+    _compiled_now[0] = True
 
 
 if _ahead_of_time is not None:

@@ -32,6 +32,7 @@ from typing import Any
 
 from xdiag.analysis.xprof.views import ViewMethods
 from xdiag.errors import NotAvailable
+from xdiag.fresh_files import replace_with, verified, with_digest
 from xdiag.sizes import readable_size
 
 RECORD = "views.json"
@@ -57,7 +58,8 @@ def record_path(folder: Path) -> Path:
 def read_record(folder: Path) -> dict[str, Any] | None:
     """The views recorded in `folder`, or None where there is no readable record."""
     try:
-        return json.loads(record_path(folder).read_text())
+        kept = verified(record_path(folder).read_bytes())  # a truncated, flipped or planted record is not served
+        return None if kept is None else json.loads(kept)
     except (OSError, ValueError):
         return None
 
@@ -92,7 +94,7 @@ def start_converter(files: Sequence[Path], folder: Path) -> int | None:
     running = converting_pid(folder)
     if running is not None:
         return running
-    Path(folder).mkdir(parents=True, exist_ok=True)
+    Path(folder).mkdir(mode=0o700, parents=True, exist_ok=True)
     with contextlib.suppress(OSError):
         (Path(folder) / FAILED).unlink()
     try:
@@ -246,7 +248,7 @@ def convert_into(folder: Path, files: Sequence[Path]) -> int:
     from xdiag.analysis.xprof.views import XprofViews
 
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     lock = folder / LOCK
     try:
         descriptor = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
@@ -267,9 +269,7 @@ def convert_into(folder: Path, files: Sequence[Path]) -> int:
         except Exception as error:  # noqa: BLE001 - said in the folder, read by the views that wait for it
             (folder / FAILED).write_text(f"{type(error).__name__}: {error}\n")
             return 1
-        temporary = folder / f".{RECORD}.{os.getpid()}.part"
-        temporary.write_text(json.dumps(recorded))
-        os.replace(temporary, record_path(folder))
+        replace_with(record_path(folder), with_digest(json.dumps(recorded).encode()), mode=0o600)
         return 0
     finally:
         with contextlib.suppress(OSError):

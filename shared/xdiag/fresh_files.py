@@ -1,0 +1,43 @@
+"""Files written in place of others without following a link: a new file under a fresh name beside the target, put
+in place with one rename.
+
+A fixed temporary name (`summary.html.tmp`) can be planted as a link by anyone who can write the folder, and writing
+through it overwrites the file it points to. `tempfile.mkstemp` creates its name with O_CREAT | O_EXCL (a link there
+fails it, never is followed) and a name nobody can guess; `os.replace` then replaces whatever is at the target, a link
+included, rather than writing through it. A reader never sees half a file, and an error leaves no temporary behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+PART_SUFFIX = ".part"
+"""The ending of a file in flight (`.<name>.<random>.part`): the result cache counts them and cleans those left by an
+interrupted store (xdiag.disk_cache)."""
+
+
+@contextlib.contextmanager
+def replacing(path: Path, mode: int = 0o644) -> Iterator[BinaryIO]:
+    """A binary file to write, put in place of `path` (with `mode`) when the block ends without an error."""
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=PART_SUFFIX)
+    try:
+        os.fchmod(fd, mode)
+        with open(name, "wb", opener=lambda _name, _flags: fd) as handle:  # its name is the temporary's path
+            yield handle
+        os.replace(name, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(name)
+        raise
+
+
+def replace_with(path: Path, data: bytes, mode: int = 0o644) -> None:
+    """`path` holds `data` (written as `replacing` does)."""
+    with replacing(path, mode) as handle:
+        handle.write(data)

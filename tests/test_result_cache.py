@@ -1,0 +1,130 @@
+"""The local result cache serves nothing it did not verify: answers and decoded sessions carry their digests, a file
+rewritten in place is another version, entries are private to their user, and interrupted stores are cleaned."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import time
+from pathlib import Path
+
+import pytest
+from xdiag.agent.result_cache import SESSION_DIGEST, SESSION_FILE, ResultCache, UnusableCache, answer_tool
+from xdiag.disk_cache import STALE_PART_SECONDS
+
+H200 = Path(__file__).parent / "profiles" / "h200"
+
+
+@pytest.fixture
+def profile(tmp_path) -> Path:
+    copy = tmp_path / "memory_bound.xplane.pb"
+    shutil.copyfile(H200 / "memory_bound.xplane.pb", copy)
+    return copy
+
+
+def _answer(cache: ResultCache, profile: Path, tool: str = "get_kpi_metrics") -> dict:
+    text, status = answer_tool([profile], "memory_bound", tool, {}, cache, 2**30)
+    assert status == "ok"
+    return json.loads(text)
+
+
+def test_entries_are_private_to_their_user(tmp_path, profile):
+    cache = ResultCache(tmp_path / "cache")
+    _answer(cache, profile)
+    entry = cache.entry([profile])
+    folders = [tmp_path / "cache", entry, entry / "answers"]
+    files = [entry / SESSION_FILE, entry / SESSION_DIGEST, *(entry / "answers").iterdir()]
+    assert {stat.S_IMODE(f.stat().st_mode) for f in folders} == {0o700}
+    assert {stat.S_IMODE(f.stat().st_mode) for f in files} == {0o600}
+
+
+def test_a_cache_folder_others_may_write_is_made_private(tmp_path, profile):
+    (tmp_path / "cache").mkdir(mode=0o777)
+    os.chmod(tmp_path / "cache", 0o777)
+    _answer(ResultCache(tmp_path / "cache"), profile)
+    assert stat.S_IMODE((tmp_path / "cache").stat().st_mode) == 0o700
+
+
+def test_a_cache_folder_of_another_user_or_a_link_is_refused_and_the_tool_answers(tmp_path, profile):
+    if os.geteuid() == 0:
+        foreign = tmp_path / "foreign"
+        foreign.mkdir()
+        os.chown(foreign, 65534, 65534)
+    else:
+        foreign = Path("/")  # root's
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    (tmp_path / "elsewhere").mkdir()
+    for root in (foreign, link):
+        cache = ResultCache(root)
+        with pytest.raises(UnusableCache):
+            cache._private_entry(cache.entry([profile]))
+        assert _answer(cache, profile)["status"] == "ok"
+        assert cache.answer([profile], "get_kpi_metrics", {}) is None
+    assert list((tmp_path / "elsewhere").iterdir()) == []
+    if os.geteuid() == 0:
+        assert list(foreign.iterdir()) == []
+
+
+def test_a_truncated_or_emptied_answer_is_answered_afresh(tmp_path, profile):
+    cache = ResultCache(tmp_path / "cache")
+    first = _answer(cache, profile)
+    (kept,) = (cache.entry([profile]) / "answers").iterdir()
+    for damage in (kept.read_bytes()[:-40], b""):
+        kept.write_bytes(damage)
+        assert cache.answer([profile], "get_kpi_metrics", {}) is None and not kept.exists()
+        assert _answer(cache, profile)["summary"] == first["summary"]
+
+
+def test_a_flipped_or_altered_session_is_decoded_again(tmp_path, profile):
+    cache = ResultCache(tmp_path / "cache")
+    first = _answer(cache, profile, "get_hlo_op_profile")
+    stored = cache.entry([profile]) / SESSION_FILE
+    data = bytearray(stored.read_bytes())
+    for at in range(len(data) // 2, len(data) // 2 + 2000):  # 2,000 flipped bytes in its columns
+        data[at] ^= 0xFF
+    stored.write_bytes(bytes(data))
+    for answers in (cache.entry([profile]) / "answers").iterdir():
+        answers.unlink()
+    again = _answer(cache, profile, "get_hlo_op_profile")
+    assert again["summary"] == first["summary"]
+    assert (cache.entry([profile]) / SESSION_DIGEST).read_text().strip() != ""
+    assert stored.read_bytes() != bytes(data)  # stored afresh
+
+
+def test_a_file_rewritten_in_place_with_the_same_size_and_mtime_is_another_version(tmp_path, profile):
+    cache = ResultCache(tmp_path / "cache")
+    before = cache.entry([profile])
+    info = profile.stat()
+    data = bytearray(profile.read_bytes())
+    data[len(data) // 3] ^= 0x01
+    with profile.open("r+b") as handle:  # in place: the same inode and size
+        handle.write(bytes(data))
+    os.utime(profile, ns=(info.st_atime_ns, info.st_mtime_ns))
+    assert profile.stat().st_size == info.st_size and profile.stat().st_mtime_ns == info.st_mtime_ns
+    assert cache.entry([profile]) != before
+    replacement = tmp_path / "replacement"
+    replacement.write_bytes(bytes(data))
+    os.utime(replacement, ns=(info.st_atime_ns, info.st_mtime_ns))
+    middle = cache.entry([profile])
+    replacement.replace(profile)  # replaced by a rename: another inode, the same bytes, size and mtime
+    assert cache.entry([profile]) != middle
+
+
+def test_files_left_by_interrupted_stores_are_counted_and_cleaned(tmp_path, profile):
+    cache = ResultCache(tmp_path / "cache", limit_bytes=2**30)
+    _answer(cache, profile)
+    entry = cache.entry([profile])
+    left = entry / ".session.xdiag.abc123.part"
+    left.write_bytes(b"\0" * 4096)
+    fresh = entry / ".session.xdiag.def456.part"  # a store in flight in another process
+    fresh.write_bytes(b"\0" * 4096)
+    old = time.time() - STALE_PART_SECONDS - 60
+    os.utime(left, (old, old))
+    kept_bytes = sum(f.stat().st_size for f in entry.rglob("*") if f.is_file() and f != left)
+    tight = ResultCache(tmp_path / "cache", limit_bytes=kept_bytes - 1)  # only the file in flight is over it
+    tight._trim(keep=tmp_path / "none")
+    assert tight.interrupted_stores_cleaned == 1 and not left.exists()
+    assert fresh.exists() and not (entry / SESSION_FILE).exists()  # the entry went: the file in flight counted
