@@ -41,3 +41,20 @@ def replace_with(path: Path, data: bytes, mode: int = 0o644) -> None:
     """`path` holds `data` (written as `replacing` does)."""
     with replacing(path, mode) as handle:
         handle.write(data)
+
+
+DIGEST_HEADER = b"xdiag-answer sha256="
+"""The first line of a kept file that is served only verified (a cached answer, XProf's kept views)."""
+
+
+def with_digest(data: bytes) -> bytes:
+    """`data` behind a first line holding its sha256 (`verified` gives it back)."""
+    return DIGEST_HEADER + hashlib.sha256(data).hexdigest().encode() + b"\n" + data
+
+
+def verified(stored: bytes) -> bytes | None:
+    """The data kept in `stored` (`with_digest`) where its digest matches it; None otherwise."""
+    header, newline, data = stored.partition(b"\n")
+    if not newline or not header.startswith(DIGEST_HEADER):
+        return None
+    return data if header[len(DIGEST_HEADER):] == hashlib.sha256(data).hexdigest().encode() else None
