@@ -9,6 +9,7 @@ import numpy as np
 from xdiag.analysis.categories import COPY_OP_CATEGORIES, categorize
 from xdiag.analysis.op_table import op_table, profile_op_costs
 from xdiag.analysis.roofline import TRANSFER_RATE_REASON, eight_bit_operands, roofline
+from xdiag.analysis.source_lines import OpSource, op_source
 from xdiag.cost.custom_calls import CUSTOM_CODE_REASON, bandwidth_floor
 from xdiag.cost.hlo import ON_CHIP_MEMORY_SPACE, instruction_cost
 from xdiag.cost.torch_ops import NO_SHAPES_REASON, NOT_COSTED_REASON, recorded_op_cost
@@ -32,6 +33,7 @@ class OpStat:
     count: int
     total_ps: int
     cost: dict | None  # flops/bytes/shapes from the HLO, when the profile carries the module
+    source: OpSource | None = None  # the user's line (and the library's) its HLO's Python stack names
 
     @property
     def total_ms(self) -> float:
@@ -129,8 +131,6 @@ class OpStat:
             if self.cost.get("handed_on_bytes") and self.cost["bytes"]:
                 row["handed_on_share_of_bytes"] = round(min(self.cost["handed_on_bytes"] / self.cost["bytes"], 1.0), 4)
                 row["handed_on_array"] = self.cost["handed_on_array"]
-            if self.cost["source"]:
-                row["source"] = self.cost["source"]
             row["cost_source"] = self.cost.get("cost_source", "HLO shapes")
         elif self.cost:
             row.update(shape=self.cost["shape"], operand_shapes=self.cost["operand_shapes"], opcode=self.cost["opcode"],
@@ -138,6 +138,8 @@ class OpStat:
                        flops_unknown_because=self.cost.get("flops_unknown_because", CUSTOM_CODE_REASON))
             if self.cost["opcode"] == "custom-call":
                 row.update(bandwidth_floor(self.cost["bytes"], self.count, self.total_ps))
+        if self.source is not None:
+            row["source"] = self.source.record()
         return row
 
 
@@ -221,6 +223,7 @@ def op_stats(session: Session) -> list[OpStat]:
                     count=int(counts[k]),
                     total_ps=int(totals[k]),
                     cost=cost,
+                    source=op_source(module, name),
                 )
             )
     out.sort(key=lambda s: -s.total_ps)

@@ -1,0 +1,179 @@
+"""Which line of the user's program an op comes from: the op's Python stack (the HLO module's stack frame index, or
+its OpMetadata's source file and line), walked past the frames of installed libraries to the first frame of the
+user's own code, with the library frame beside it where a library made the op (a Pallas kernel's own file).
+
+"Library" is read from the path alone: installed packages (site-packages, dist-packages), the Python standard
+library, frozen modules, and the source trees of the ML frameworks (a `jax/`, `flax/`, `torch/`… folder on the
+path), wherever they are installed. Everything else is the user's.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from xdiag.profile.space import HloInstruction, HloModule
+
+FRAMEWORK_PACKAGES = frozenset({
+    "jax", "jaxlib", "flax", "optax", "orbax", "chex", "haiku", "equinox", "keras", "tensorflow", "tf_keras",
+    "transformers", "torch", "torchvision", "torch_xla", "triton", "numpy", "scipy", "tpu_inference",
+    "vllm", "sglang", "accelerate", "deepspeed", "apex",
+})
+"""Packages whose source trees count as library code wherever they sit (a JAX checkout under /opt, a framework
+installed in development mode): a folder of one of these names on the path, with the file below it."""
+
+_INSTALLED = re.compile(r"(^|/)(site-packages|dist-packages)/")
+_STDLIB = re.compile(r"(^|/)lib(64)?/python\d+(\.\d+)?/")  # /usr/lib/python3.11/threading.py; not its site-packages
+
+NO_SOURCE_HINT = (
+    "the profile's HLO carries no source lines: JAX records each op's Python stack in the HLO it compiles "
+    "(jax 0.4.36 and later: the module's stack frame index); re-capture with a recent jax and jaxlib, and keep "
+    "JAX_INCLUDE_FULL_TRACEBACKS_IN_LOCATIONS at its default (true)"
+)
+"""Said once where a profile's modules record no source line for any op, with how to get them."""
+
+
+@dataclass(frozen=True)
+class Frame:
+    file: str
+    line: int
+    function: str
+
+    @property
+    def short(self) -> str:
+        """`file.py:LINE` with the folder it sits in (`examples/train.py:33`); a library file from its package root
+        (`jax/experimental/pallas/ops/tpu/paged_attention/paged_attention_kernel.py:628`)."""
+        return f"{short_path(self.file)}:{self.line}"
+
+
+def short_path(path: str) -> str:
+    parts = path.split("/")
+    installed = [i for i, p in enumerate(parts) if p in ("site-packages", "dist-packages")]
+    if installed:
+        return "/".join(parts[installed[-1] + 1:])
+    framework = [i for i, p in enumerate(parts[:-1]) if p in FRAMEWORK_PACKAGES]
+    if framework:
+        return "/".join(parts[framework[0]:])
+    return "/".join(parts[-2:])
+
+
+def is_library(path: str) -> bool:
+    if not path or path.startswith("<frozen"):
+        return True
+    if _INSTALLED.search(path) or (_STDLIB.search(path) and "-packages/" not in path):
+        return True
+    return any(part in FRAMEWORK_PACKAGES for part in path.split("/")[:-1])
+
+
+@dataclass(frozen=True)
+class OpSource:
+    """Where an op comes from: the user's frame (None where every frame is a library's) and, where the innermost
+    frame is a library's, that library frame (the kernel or layer that emitted the op)."""
+
+    user: Frame | None
+    library: Frame | None
+
+    def record(self) -> dict:
+        """Compact, for op tables and findings: {"line": "train.py:33", "function": "train_step", "library": …}."""
+        out: dict = {}
+        if self.user is not None:
+            out.update(line=self.user.short, function=self.user.function)
+        if self.library is not None:
+            out["library"] = self.library.short
+        return out
+
+    @property
+    def key(self) -> str:
+        """The line an op's time is summed under: the user's, else the library's."""
+        frame = self.user or self.library
+        return frame.short if frame else ""
+
+
+def source_of_stack(stack: list[tuple[str, int, str]]) -> OpSource | None:
+    """The user's and the library's frame of a stack given innermost first; None for an empty stack."""
+    if not stack:
+        return None
+    frames = [Frame(f, line, fn) for f, line, fn in stack]
+    user = next((f for f in frames if not is_library(f.file)), None)
+    library = frames[0] if is_library(frames[0].file) and frames[0].file and not frames[0].file.startswith("<") else None
+    if library is None and user is None:
+        return None
+    return OpSource(user=user, library=library)
+
+
+def instruction_source(module: HloModule, instruction: HloInstruction) -> OpSource | None:
+    """An instruction's source; for a fusion that records none itself, that of the fused op whose stack it shares
+    with most of its fused ops (XLA keeps the root's metadata on most fusions, not on all)."""
+    found = source_of_stack(module.stack(instruction))
+    if found is not None or not instruction.called:
+        return found
+    votes: dict[OpSource, int] = {}
+    for name in instruction.called:
+        computation = module.computations.get(name)
+        for inner in computation.instructions if computation else ():
+            if inner.opcode in ("parameter", "constant", "tuple", "get-tuple-element"):
+                continue
+            source = source_of_stack(module.stack(inner))
+            if source is not None:
+                votes[source] = votes.get(source, 0) + 1
+    return max(votes, key=votes.get) if votes else None
+
+
+def op_source(module: HloModule | None, name: str) -> OpSource | None:
+    if module is None:
+        return None
+    found = module.find(name)
+    return instruction_source(module, found[1]) if found else None
+
+
+def has_source_metadata(modules: list[HloModule]) -> bool:
+    """Whether any module records a Python stack or a source line for any of its ops."""
+    return any(m.stack_frames or any(i.source for c in m.computations.values() for i in c.instructions)
+               for m in modules)
+
+
+OP_KINDS = (
+    ("matmul", ("matmul", "convolution")),
+    ("attention", ()),
+    ("collectives", ("collective",)),
+    ("elementwise and reductions", ("elementwise", "reduction", "convert")),
+    ("data movement", ("data_movement", "prefetch")),
+    ("custom kernels", ("custom_call",)),
+    ("host transfers", ("async_copy", "memcpy", "host_callback")),
+)
+"""The kinds op time is told in, each from the op categories it gathers (xdiag.analysis.categories); "attention" is
+any op whose name, kernel or library frame says attention (a fused or Pallas attention kernel), whatever its
+category. The rest (loops' own time, other ops) is "other"."""
+_ATTENTION = re.compile(r"attention|fmha|flash_(?:fwd|bwd|attn)|mha_", re.IGNORECASE)
+
+
+def op_kind(name: str, category: str, source: OpSource | None) -> str:
+    library = source.library.file if source is not None and source.library is not None else ""
+    if _ATTENTION.search(name) or _ATTENTION.search(library.rsplit("/", 1)[-1]):
+        return "attention"
+    return next((kind for kind, categories in OP_KINDS if category in categories), "other")
+
+
+def time_by_kind(stats: list, lines_per_kind: int = 3) -> list[dict]:
+    """Op time by kind, busiest first: each {kind, ms, share_percent, lines: the 1-`lines_per_kind` source lines that
+    hold most of it, each {line, function, library, share_percent} of all op time}; ops whose HLO names no line are
+    counted in the kind, not in its lines. `stats` are xdiag.analysis.op_stats rows (name, category, total_ps,
+    source)."""
+    total = sum(s.total_ps for s in stats)
+    if not total:
+        return []
+    kinds: dict[str, dict] = {}
+    for s in stats:
+        kind = kinds.setdefault(op_kind(s.name, s.category, s.source), {"ps": 0, "lines": {}})
+        kind["ps"] += s.total_ps
+        if s.source is not None and s.source.key:
+            entry = kind["lines"].setdefault(s.source.key, [0, s.source])
+            entry[0] += s.total_ps
+    out = []
+    for name, kind in sorted(kinds.items(), key=lambda item: -item[1]["ps"]):
+        lines = [entry for entry in sorted(kind["lines"].values(), key=lambda entry: -entry[0])[:lines_per_kind]
+                 if round(100 * entry[0] / total, 2) > 0]
+        out.append({"kind": name, "ms": round(kind["ps"] / 1e9, 4),
+                    "share_percent": round(100 * kind["ps"] / total, 2),
+                    "lines": [{**source.record(), "share_percent": round(100 * ps / total, 2)} for ps, source in lines]})
+    return out
