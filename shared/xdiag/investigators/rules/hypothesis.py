@@ -33,8 +33,10 @@ class Hypothesis:
         return "P0" if self.score >= 40 else "P1" if self.score >= 15 else "P2"
 
     def finding(self) -> Finding:
-        return Finding(priority=self.priority, key=self.key, title=self.title, whats_happening=self.whats_happening,
-                       evidence=self.evidence, expected_impact=self.expected_impact, fix=self.fix)
+        found = Finding(priority=self.priority, key=self.key, title=self.title, whats_happening=self.whats_happening,
+                        evidence=self.evidence, expected_impact=self.expected_impact, fix=self.fix)
+        found._staked_ops = frozenset(op for _, op in self.ops)  # their source lines: investigators.source_lines
+        return found
 
 
 def summary(results: dict[str, ToolResult], tool: str) -> dict[str, Any]:
