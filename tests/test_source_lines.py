@@ -1,0 +1,156 @@
+"""Source lines from the profile's own metadata: each HLO op's Python stack (the module's stack frame index), its
+user frame past the library frames, and the library frame beside it; op time by kind with the lines that hold it;
+every finding's source lines. The profiles are the committed real TPU v5e and H200 captures of the workloads in
+shared/xdiag/examples (captured when that folder was named workloads/), and a real JAX CPU capture; each expected
+line is read from the workload's file, so a test names the statement, not a number that can drift."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from xdiag.analysis.source_lines import NO_SOURCE_HINT, has_source_metadata, is_library, source_of_stack, time_by_kind
+from xdiag.cloud.embedded import analyze_session
+from xdiag.investigators.source_lines import cited_ops
+from xdiag.model import Evidence, Finding
+from xdiag.profile.locate import locate_session
+from xdiag.profile.reader import read_session_in_process
+from xdiag.profile.space import HloComputation, HloInstruction, HloModule
+from xdiag.tools.get_hlo_op_profile import get_hlo_op_profile
+
+from tests.conftest import capture_workload
+
+PROFILES = Path(__file__).resolve().parent / "profiles"
+EXAMPLES = Path(__file__).resolve().parent.parent / "shared" / "xdiag" / "examples"
+
+# capture -> (the statement the busiest op's user line holds, the library file beside it or None)
+TOP_OP_LINES = {
+    "tpu_v5e/widening_convert": ("return y.astype(jnp.bfloat16)", None),
+    "h200/widening_convert": ("return y.astype(jnp.bfloat16)", None),
+    "tpu_v5e/ragged_attention_serve": ("q = ragged_paged_attention(", "ragged_paged_attention/kernel.py"),
+    "tpu_v5e/megablox_moe": ("y = gmm(h, w_down", None),
+    "tpu_v5e/near_hbm_limit": ("table = table.at[ids].add(", None),
+    "tpu_v5e/int8_matmul": ("acc = jax.lax.dot(x, w", None),
+    "tpu_v5e/lstm_scan": ("gates = x @ w + h @ u + b", None),
+    "tpu_v5e/gru_scan_train": ("hr, hz, hn = jnp.split(h @ u", None),
+}
+
+
+def _example_line(line: str) -> str:
+    """The text at `folder/file.py:N` in the workload's file under shared/xdiag/examples."""
+    path, _, number = line.rpartition(":")
+    return (EXAMPLES / Path(path).name).read_text().splitlines()[int(number) - 1].strip()
+
+
+def _op_profile(capture: str):
+    return get_hlo_op_profile(read_session_in_process([PROFILES / f"{capture}.xplane.pb"]))
+
+
+@pytest.mark.parametrize("capture", sorted(TOP_OP_LINES))
+def test_the_busiest_op_names_the_users_line_and_the_library_beside_it(capture):
+    statement, library = TOP_OP_LINES[capture]
+    out = _op_profile(capture)
+    source = out.summary["top_op_source"]
+    assert source["line"].startswith("workloads/" + capture.split("/")[1])  # the workload's own file, not jax's
+    assert _example_line(source["line"]).startswith(statement)
+    if library:
+        assert source["library"].startswith("jax/experimental/pallas/ops/tpu/") and library in source["library"]
+    else:
+        assert "library" not in source
+    assert out.detail["ops"][0]["source"] == source  # the op table's source column
+    assert "source_lines_not_available" not in out.summary
+
+
+def test_a_pallas_kernel_keeps_its_own_frame_beside_the_users_call():
+    """paged_attention_decode: the kernel's innermost frame is JAX's paged_attention_kernel.py; the user's frame is
+    the jitted decode loop that calls it (the capture's line 41, in `decode` of the workload's file)."""
+    out = _op_profile("tpu_v5e/paged_attention_decode")
+    source = out.summary["top_op_source"]
+    assert source["library"].startswith("jax/experimental/pallas/ops/tpu/paged_attention/paged_attention_kernel.py:")
+    assert source["function"] == "setup.<locals>.decode"
+    lines = (EXAMPLES / "paged_attention_decode.py").read_text().splitlines()
+    start = next(i for i, text in enumerate(lines, 1) if text.strip().startswith("def decode("))
+    end = next(i for i, text in enumerate(lines, 1) if i > start and text.strip() == "return q")
+    assert start < int(source["line"].rpartition(":")[2]) < end
+    kinds = {k["kind"]: k for k in out.summary["op_time_by_kind"]}
+    assert kinds["attention"]["share_percent"] > 99
+    assert kinds["attention"]["lines"][0]["line"] == source["line"]
+
+
+def test_op_time_by_kind_names_the_lines_that_hold_each_kind():
+    kinds = _op_profile("tpu_v5e/megablox_moe").summary["op_time_by_kind"]
+    assert kinds == sorted(kinds, key=lambda k: -k["ms"])
+    assert abs(sum(k["share_percent"] for k in kinds) - 100) < 0.1
+    custom = next(k for k in kinds if k["kind"] == "custom kernels")  # megablox gmm/tgmm Pallas kernels
+    assert 1 <= len(custom["lines"]) <= 3
+    assert {_example_line(line["line"]).split(" = ")[1][:4] for line in custom["lines"]} <= {"jax.", "gmm("}
+    assert sum(line["share_percent"] for line in custom["lines"]) <= custom["share_percent"] + 0.01
+
+
+@pytest.mark.parametrize("path, library", [
+    ("/usr/lib/python3.11/threading.py", True),
+    ("/home/me/.venv/lib/python3.12/site-packages/flax/linen/module.py", True),
+    ("/usr/local/lib/python3.10/dist-packages/transformers/models/llama/modeling_llama.py", True),
+    ("<frozen runpy>", True),
+    ("/opt/src/jax/experimental/pallas/ops/tpu/megablox/gmm.py", True),  # a framework's source tree, anywhere
+    ("/home/me/project/train.py", False),
+    ("/tmp/ipykernel_4821/3351872923.py", False),  # a notebook cell is the user's
+    ("/home/me/jax_experiments/train.py", False),
+])
+def test_library_frames_are_told_from_the_path(path, library):
+    assert is_library(path) is library
+
+
+def test_the_user_frame_is_the_first_past_the_libraries():
+    stack = [("/x/site-packages/jax/_src/numpy/lax_numpy.py", 5, "astype"), ("/home/me/train.py", 33, "step"),
+             ("/usr/lib/python3.11/threading.py", 1032, "_bootstrap")]
+    source = source_of_stack(stack)
+    assert source.user.short == "me/train.py:33" and source.user.function == "step"
+    assert source.library.short == "jax/_src/numpy/lax_numpy.py:5"
+    only_libraries = source_of_stack([stack[2]])
+    assert only_libraries.user is None and only_libraries.key == "python3.11/threading.py:1032"
+
+
+def test_a_module_without_source_metadata_says_so_once_and_how_to_get_it():
+    bare = HloInstruction(name="add.1", opcode="add", dtype="f32", dims=(8,), layout=(0,), operands=(),
+                          fusion_kind="", op_name="", source="", called=())
+    module = HloModule(name="jit_f", program_id=1, entry="main", host="h",
+                       computations={"main": HloComputation("main", [bare])})
+    assert not has_source_metadata([module]) and "jax" in NO_SOURCE_HINT
+    recorded = HloInstruction(**{**bare.__dict__, "source": "/home/me/train.py:12"})
+    older = HloModule(**{**module.__dict__, "computations": {"main": HloComputation("main", [recorded])}})
+    assert has_source_metadata([older]) and older.stack(recorded) == [("/home/me/train.py", 12, "")]
+
+
+def test_findings_cite_ops_by_whole_name():
+    finding = Finding(priority="P1", key="k", title="t", whats_happening="fusion.3 reads its input twice",
+                      evidence=[Evidence(tool="get_hlo_op_profile", metric="top_op", value="fusion.37 (jit_step)")],
+                      expected_impact="", fix="")
+    assert cited_ops(finding, ["fusion.3", "fusion.37", "fusion.30", "fusion"]) == ["fusion.3", "fusion.37"]
+
+
+@pytest.fixture(scope="module")
+def paged_decode(tmp_path_factory):
+    out = tmp_path_factory.mktemp("paged") / "analysis"
+    return analyze_session(locate_session(PROFILES / "tpu_v5e" / "paged_attention_decode.xplane.pb"), out)
+
+
+def test_the_top_finding_names_the_users_line_and_the_kernel_beside_it(paged_decode):
+    top = paged_decode.diagnosis.findings[0]
+    line = top.source_lines[0]
+    assert line.line.startswith("workloads/paged_attention_decode.py:") and line.function == "setup.<locals>.decode"
+    assert "paged_attention/paged_attention_kernel.py:" in line.library
+    assert line.share_percent > 99 and len(line.ops) >= 3  # the four calls of the kernel that line makes
+    assert f"Where: {line.line}" in top.fix
+    html = (Path(paged_decode.output_uri) / "summary.html").read_text()
+    assert 'id="source-lines"' in html and html.count(line.line) >= 3  # finding, fix, op time by kind
+
+
+@pytest.mark.slow
+def test_a_real_cpu_capture_names_the_workloads_lines(tmp_path):
+    out = get_hlo_op_profile(read_session_in_process([capture_workload("widening_convert", tmp_path)]))
+    source = out.summary["top_op_source"]
+    assert source["line"].startswith("examples/widening_convert.py:")
+    assert ".astype(" in _example_line(source["line"]) or "jnp." in _example_line(source["line"])
+    lines = [line["line"] for kind in out.summary["op_time_by_kind"] for line in kind["lines"]]
+    assert lines and all(line.startswith("examples/widening_convert.py:") for line in lines)
