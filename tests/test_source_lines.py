@@ -11,14 +11,13 @@ from pathlib import Path
 import pytest
 from xdiag.analysis.source_lines import NO_SOURCE_HINT, has_source_metadata, is_library, source_of_stack, time_by_kind
 from xdiag.cloud.embedded import analyze_session
+from xdiag.examples.capture import capture_workload
 from xdiag.investigators.source_lines import cited_ops
 from xdiag.model import Evidence, Finding
 from xdiag.profile.locate import locate_session
 from xdiag.profile.reader import read_session_in_process
 from xdiag.profile.space import HloComputation, HloInstruction, HloModule
 from xdiag.tools.get_hlo_op_profile import get_hlo_op_profile
-
-from tests.conftest import capture_workload
 
 PROFILES = Path(__file__).resolve().parent / "profiles"
 EXAMPLES = Path(__file__).resolve().parent.parent / "shared" / "xdiag" / "examples"
