@@ -152,6 +152,7 @@ class SourceLine(BaseModel):
     library: str = ""  # the library frame that emitted the op (a Pallas kernel's own file:line), where one did
     share_percent: float  # of all op time
     ops: list[str] = Field(default_factory=list)  # the cited ops it holds
+    fused_lines: list[str] = Field(default_factory=list)  # other user lines those ops fuse (a widening astype's)
 
 
 class Finding(BaseModel):

@@ -10,6 +10,8 @@ path), wherever they are installed. Everything else is the user's.
 from __future__ import annotations
 
 import re
+import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from xdiag.profile.space import HloInstruction, HloModule
@@ -18,9 +20,12 @@ FRAMEWORK_PACKAGES = frozenset({
     "jax", "jaxlib", "flax", "optax", "orbax", "chex", "haiku", "equinox", "keras", "tensorflow", "tf_keras",
     "transformers", "torch", "torchvision", "torch_xla", "triton", "numpy", "scipy", "tpu_inference",
     "vllm", "sglang", "accelerate", "deepspeed", "apex",
+    # What runs beside a training loop on threads of its own: progress bars, logging, flags, metrics writers.
+    "tqdm", "absl", "tensorboard", "wandb", "hydra", "click", "typer", "rich",
 })
 """Packages whose source trees count as library code wherever they sit (a JAX checkout under /opt, a framework
-installed in development mode): a folder of one of these names on the path, with the file below it."""
+installed in development mode, or a path relative to site-packages as PyTorch's profiler names frames): a folder of
+one of these names on the path, with the file below it."""
 
 _INSTALLED = re.compile(r"(^|/)(site-packages|dist-packages)/")
 _STDLIB = re.compile(r"(^|/)lib(64)?/python\d+(\.\d+)?/")  # /usr/lib/python3.11/threading.py; not its site-packages
@@ -62,24 +67,75 @@ def is_library(path: str) -> bool:
         return True
     if _INSTALLED.search(path) or (_STDLIB.search(path) and "-packages/" not in path):
         return True
-    return any(part in FRAMEWORK_PACKAGES for part in path.split("/")[:-1])
+    parts = path.split("/")
+    if not path.startswith("/") and parts[0].removesuffix(".py") in sys.stdlib_module_names:
+        return True  # a path relative to its sys.path entry, as PyTorch's profiler names frames: `threading.py`
+    return any(part in FRAMEWORK_PACKAGES for part in parts[:-1])
+
+
+PYTHON_FRAME = re.compile(r"^(?P<file>[^()]+\.py)\((?P<line>\d+)\): (?P<function>.+)$")
+"""A Python frame as PyTorch's profiler names its `python_function` events: `torch/nn/modules/module.py(1743): _call_impl`
+(the path relative to its sys.path entry)."""
+MODULE_EVENT = "nn.Module: "
+"""The prefix of PyTorch's profiler's events for an nn.Module's forward call (`nn.Module: Linear_0`)."""
+
+
+def python_frame(name: str) -> Frame | None:
+    found = PYTHON_FRAME.match(name)
+    return Frame(found["file"], int(found["line"]), found["function"]) if found else None
+
+
+def innermost_user_frames(events: Iterable[tuple[int, int, str]]) -> tuple[dict[str, int], dict[str, int]]:
+    """Of nested Python-frame events (start, end, name), the time of each user frame that encloses no other user
+    frame (the user's line that called into the libraries below it, not `threading.py` or the script's main), and
+    of each nn.Module call that encloses no other: name -> summed duration. Other events are skipped."""
+    user_time: dict[str, int] = {}
+    module_time: dict[str, int] = {}
+    kinds: dict[str, str] = {}
+    stacks: dict[str, list[list]] = {"user": [], "module": []}
+    for start, end, name in sorted(events, key=lambda e: (e[0], -e[1])):
+        kind = kinds.get(name)
+        if kind is None:
+            frame = python_frame(name)
+            kind = kinds[name] = ("module" if name.startswith(MODULE_EVENT) else
+                                  "user" if frame is not None and not is_library(frame.file) else "")
+        for stack in stacks.values():
+            while stack and stack[-1][0] <= start:
+                _, leaf, (inner_start, inner_end, inner_name), totals = stack.pop()
+                if leaf:
+                    totals[inner_name] = totals.get(inner_name, 0) + inner_end - inner_start
+        if not kind:
+            continue
+        stack = stacks[kind]
+        if stack:
+            stack[-1][1] = False  # it encloses one of its kind: not innermost
+        stack.append([end, True, (start, end, name), user_time if kind == "user" else module_time])
+    for stack in stacks.values():
+        for _, leaf, (start, end, name), totals in stack:
+            if leaf:
+                totals[name] = totals.get(name, 0) + end - start
+    return user_time, module_time
 
 
 @dataclass(frozen=True)
 class OpSource:
     """Where an op comes from: the user's frame (None where every frame is a library's) and, where the innermost
-    frame is a library's, that library frame (the kernel or layer that emitted the op)."""
+    frame is a library's, that library frame (the kernel or layer that emitted the op); for a fusion, the other user
+    lines its fused ops come from (a widening `astype` fused into the reduction that reads it)."""
 
     user: Frame | None
     library: Frame | None
+    fused: tuple[Frame, ...] = ()
 
     def record(self) -> dict:
-        """Compact, for op tables and findings: {"line": "train.py:33", "function": "train_step", "library": …}."""
+        """Compact, for op tables: {"line": "train.py:33", "function": "train_step", "library": …, "fused_lines": …}."""
         out: dict = {}
         if self.user is not None:
             out.update(line=self.user.short, function=self.user.function)
         if self.library is not None:
             out["library"] = self.library.short
+        if self.fused:
+            out["fused_lines"] = [f.short for f in self.fused]
         return out
 
     @property
@@ -101,22 +157,34 @@ def source_of_stack(stack: list[tuple[str, int, str]]) -> OpSource | None:
     return OpSource(user=user, library=library)
 
 
+MAX_FUSED_LINES = 3
+_NO_CODE = ("parameter", "constant", "tuple", "get-tuple-element", "bitcast")
+
+
 def instruction_source(module: HloModule, instruction: HloInstruction) -> OpSource | None:
-    """An instruction's source; for a fusion that records none itself, that of the fused op whose stack it shares
-    with most of its fused ops (XLA keeps the root's metadata on most fusions, not on all)."""
-    found = source_of_stack(module.stack(instruction))
-    if found is not None or not instruction.called:
-        return found
+    """An instruction's source. A fusion takes its own stack (XLA keeps the root's), else the one most of its fused
+    ops name, and lists the other user lines its fused ops come from (most ops first, at most MAX_FUSED_LINES)."""
+    own = source_of_stack(module.stack(instruction))
+    if instruction.opcode != "fusion" or not instruction.called:
+        return own
     votes: dict[OpSource, int] = {}
     for name in instruction.called:
         computation = module.computations.get(name)
         for inner in computation.instructions if computation else ():
-            if inner.opcode in ("parameter", "constant", "tuple", "get-tuple-element"):
-                continue
-            source = source_of_stack(module.stack(inner))
+            source = None if inner.opcode in _NO_CODE else source_of_stack(module.stack(inner))
             if source is not None:
                 votes[source] = votes.get(source, 0) + 1
-    return max(votes, key=votes.get) if votes else None
+    if own is None and not votes:
+        return None
+    own = own or max(votes, key=votes.get)
+    lines: dict[Frame, int] = {}
+    for source, count in votes.items():
+        if source.user is not None and source.user.short != (own.user.short if own.user else ""):
+            lines[source.user] = lines.get(source.user, 0) + count
+    by_line: dict[str, Frame] = {}
+    for frame in sorted(lines, key=lambda f: (-lines[f], f.line)):
+        by_line.setdefault(frame.short, frame)
+    return OpSource(user=own.user, library=own.library, fused=tuple(list(by_line.values())[:MAX_FUSED_LINES]))
 
 
 def op_source(module: HloModule | None, name: str) -> OpSource | None:

@@ -66,13 +66,17 @@ def finding_source_lines(finding: Finding, rows: dict[str, dict]) -> list[Source
                                             library=source.get("library", "") if own else "",
                                             share_percent=round(held[key], 2))
         found.ops.append(name)
+        found.fused_lines += [f for f in source.get("fused_lines") or [] if f not in found.fused_lines and f != key]
+    for found in lines.values():
+        found.fused_lines = found.fused_lines[:MAX_LINES]
     return sorted(lines.values(), key=lambda s: -s.share_percent)[:MAX_LINES]
 
 
 def where_to_change(lines: list[SourceLine]) -> str:
     """The sentence a fix gains: which line to change (the library's kernel beside it)."""
     named = [f"{s.line}" + (f" ({s.function})" if s.function else "") + (f", in {s.library}" if s.library else "")
-             + f": {s.share_percent:g}% of op time" for s in lines]
+             + f": {s.share_percent:g}% of op time" + (f", fusing {', '.join(s.fused_lines)}" if s.fused_lines else "")
+             for s in lines]
     return "Where: " + "; ".join(named) + "."
 
 

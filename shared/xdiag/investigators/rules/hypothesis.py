@@ -87,8 +87,16 @@ def events_evidence(result: ToolResult) -> list[Evidence]:
     s = result.summary
     out = [evidence("aggregate_xplane_events", f"events matching {s.get('pattern')!r}", s.get("matches"),
                     f"{s.get('total_ms')} ms in total, mean {s.get('mean_us')} µs")]
+    # Python frames (a PyTorch trace's python_function events): the user's innermost frames and nn.Module calls, not
+    # the outermost frames (threading.py's _bootstrap, torch's _call_impl) that enclose everything.
+    named = [("user's innermost Python frames", "user_frames"), ("innermost nn.Module calls", "modules")]
+    for metric, key in named:
+        top = result.detail.get(key, [])[:3]
+        if top:
+            out.append(evidence("aggregate_xplane_events", metric,
+                                ", ".join(f"{t['name']} ({t['total_ms']} ms)" for t in top)))
     top = result.detail.get("top_names", [])[:3]
-    if top:
+    if top and not any(result.detail.get(key) for _, key in named):
         out.append(evidence("aggregate_xplane_events", "top matching events",
                             ", ".join(f"{t['name']} ({t['total_ms']} ms)" for t in top)))
     return out

@@ -18,6 +18,9 @@ def source_text(source: Mapping[str, Any]) -> str:
     library = str(source.get("library") or "")
     if library:
         text += (", in " if text else "") + library
+    fused = [str(f) for f in source.get("fused_lines") or []]
+    if fused:
+        text += f" (fusing {', '.join(fused)})"
     return text
 
 
