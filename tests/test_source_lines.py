@@ -9,7 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from xdiag.analysis.source_lines import NO_SOURCE_HINT, has_source_metadata, is_library, source_of_stack, time_by_kind
+from xdiag.analysis.source_lines import (
+    NO_SOURCE_HINT, has_source_metadata, innermost_user_frames, is_library, python_frame, source_of_stack,
+)
 from xdiag.cloud.embedded import analyze_session
 from xdiag.examples.capture import capture_workload
 from xdiag.investigators.source_lines import cited_ops
@@ -17,9 +19,13 @@ from xdiag.model import Evidence, Finding
 from xdiag.profile.locate import locate_session
 from xdiag.profile.reader import read_session_in_process
 from xdiag.profile.space import HloComputation, HloInstruction, HloModule
+from xdiag.tools.aggregate_xplane_events import aggregate_xplane_events
 from xdiag.tools.get_hlo_op_profile import get_hlo_op_profile
 
+from tests.conftest import SHARED_PROFILES
+
 PROFILES = Path(__file__).resolve().parent / "profiles"
+TRACES = SHARED_PROFILES.parent / "traces"
 EXAMPLES = Path(__file__).resolve().parent.parent / "shared" / "xdiag" / "examples"
 
 # capture -> (the statement the busiest op's user line holds, the library file beside it or None)
@@ -153,3 +159,46 @@ def test_a_real_cpu_capture_names_the_workloads_lines(tmp_path):
     assert ".astype(" in _example_line(source["line"]) or "jnp." in _example_line(source["line"])
     lines = [line["line"] for kind in out.summary["op_time_by_kind"] for line in kind["lines"]]
     assert lines and all(line.startswith("examples/widening_convert.py:") for line in lines)
+
+
+@pytest.mark.parametrize("capture", ["tpu_v5e/widening_convert", "h200/widening_convert"])
+def test_a_fusion_names_the_widening_astype_it_fuses(capture):
+    """The busiest fusion's own line is its root's (the narrowing astype); the widening `astype(jnp.float32)` it
+    fuses is among its fused lines, where a reader looks for the convert."""
+    source = _op_profile(capture).summary["top_op_source"]
+    fused = [_example_line(line) for line in source["fused_lines"]]
+    assert "xf = x.astype(jnp.float32)  # widened copy of the whole tensor" in fused
+
+
+def test_the_innermost_user_frames_are_past_the_threads_and_the_frameworks():
+    events = [  # (start, end, name) as nested Python-frame events of one thread
+        (0, 100, "threading.py(1032): _bootstrap"), (1, 99, "train.py(80): main"), (2, 60, "train.py(40): step"),
+        (3, 50, "torch/nn/modules/module.py(1743): _call_impl"), (4, 40, "nn.Module: Net_0"),
+        (5, 20, "nn.Module: Linear_0"), (21, 39, "nn.Module: Linear_1"), (61, 90, "train.py(55): log"),
+    ]
+    users, modules = innermost_user_frames(events)
+    assert users == {"train.py(40): step": 58, "train.py(55): log": 29}
+    assert modules == {"nn.Module: Linear_0": 15, "nn.Module: Linear_1": 18}
+    assert python_frame("threading.py(1032): _bootstrap").line == 1032 and python_frame("aten::mm") is None
+
+
+@pytest.mark.parametrize("trace, host_finding", [("kineto_TraceLens_h100_bert-small.json.gz", True),
+                                                 ("kineto_TraceLens_h100_Qwen1.5-0.5B-Chat.json.gz", False)])
+def test_a_pytorch_trace_with_stacks_names_the_users_frame(trace, host_finding, tmp_path):
+    """Real Kineto traces recorded with stacks: the user's frames (the model adapter's run_on_input), never
+    threading.py, torch's own frames or a progress bar's thread; the innermost nn.Module calls. bert-small's host
+    finding cites them (Qwen's finding is about its kernels: no Python frames cited)."""
+    path = TRACES / trace
+    if not path.exists():
+        pytest.skip(f"{path} is not here: the public traces live in ../shared/traces beside the checkout")
+    out = aggregate_xplane_events(read_session_in_process([path]), pattern=".", line="python")
+    frames = [f["name"] for f in out.detail["user_frames"]]
+    assert frames and not any(is_library(python_frame(f).file) for f in frames)
+    assert not any(f.startswith(("threading.py", "torch/", "tqdm/")) for f in frames)
+    assert out.detail["modules"] and all(m["name"].startswith("nn.Module: ") for m in out.detail["modules"])
+    if not host_finding:
+        return
+    analysis = analyze_session(locate_session(path), tmp_path / "out")
+    cited = [e for f in analysis.diagnosis.findings for e in f.evidence if e.tool == "aggregate_xplane_events"]
+    assert cited and not any("threading.py" in str(e.value) for e in cited)
+    assert any(e.metric == "user's innermost Python frames" and frames[0] in e.value for e in cited)
