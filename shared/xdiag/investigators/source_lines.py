@@ -10,20 +10,21 @@ from collections.abc import Iterable
 from xdiag.model import Diagnosis, Finding, SourceLine, ToolResult
 
 MAX_LINES = 3
-OP_TOOLS = ("get_hlo_op_profile", "get_roofline_model")
-"""Tools whose detail lists op rows with their source."""
+OP_PROFILE = "get_hlo_op_profile"
 
 
 def _op_rows(results: dict[str, ToolResult]) -> dict[str, dict]:
-    """Op name -> its row (the first tool's that lists it), for the rows that carry a source."""
+    """Op name -> its row, for the rows that carry a source: the op profile's first, then any other tool's op table
+    (the detectors' rows, a follow-up's)."""
     rows: dict[str, dict] = {}
-    for tool in OP_TOOLS:
-        result = results.get(tool)
-        if result is None or not result.ok:
+    for tool in sorted(results, key=lambda t: t != OP_PROFILE):
+        result = results[tool]
+        if not result.ok:
             continue
-        for row in result.detail.get("ops") or []:
-            if isinstance(row, dict) and isinstance(row.get("source"), dict) and isinstance(row.get("op"), str):
-                rows.setdefault(row["op"], row)
+        for table in result.detail.values():
+            for row in table if isinstance(table, list) else ():
+                if isinstance(row, dict) and isinstance(row.get("source"), dict) and isinstance(row.get("op"), str):
+                    rows.setdefault(row["op"], row)
     return rows
 
 
