@@ -31,9 +31,10 @@ _INSTALLED = re.compile(r"(^|/)(site-packages|dist-packages)/")
 _STDLIB = re.compile(r"(^|/)lib(64)?/python\d+(\.\d+)?/")  # /usr/lib/python3.11/threading.py; not its site-packages
 
 NO_SOURCE_HINT = (
-    "the profile's HLO carries no source lines: JAX records each op's Python stack in the HLO it compiles "
-    "(jax 0.4.36 and later: the module's stack frame index); re-capture with a recent jax and jaxlib, and keep "
-    "JAX_INCLUDE_FULL_TRACEBACKS_IN_LOCATIONS at its default (true)"
+    "the profile's HLO names no source line for any op. JAX records each op's Python stack in the HLO it compiles "
+    "(the module's stack frame index) unless told not to: re-capture with jax_include_full_tracebacks_in_locations "
+    "at its default (True; env JAX_INCLUDE_FULL_TRACEBACKS_IN_LOCATIONS) and jax_traceback_in_locations_limit "
+    "above 0 (default 100)"
 )
 """Said once where a profile's modules record no source line for any op, with how to get them."""
 
