@@ -135,20 +135,57 @@ def test_findings_cite_ops_by_whole_name():
 
 
 @pytest.fixture(scope="module")
-def paged_decode(tmp_path_factory):
-    out = tmp_path_factory.mktemp("paged") / "analysis"
-    return analyze_session(locate_session(PROFILES / "tpu_v5e" / "paged_attention_decode.xplane.pb"), out)
+def analysed(tmp_path_factory):
+    """capture -> its analysis by the rule engine, made once."""
+    out, done = tmp_path_factory.mktemp("analysed"), {}
+
+    def analysis(capture: str):
+        if capture not in done:
+            path = PROFILES / f"{capture}.xplane.pb"
+            done[capture] = analyze_session(locate_session(path), out / capture.replace("/", "-"))
+        return done[capture]
+    return analysis
 
 
-def test_the_top_finding_names_the_users_line_and_the_kernel_beside_it(paged_decode):
-    top = paged_decode.diagnosis.findings[0]
+# capture -> (the finding, the statement its first source line holds, a statement one of its lines fuses or None)
+FINDING_LINES = {
+    "tpu_v5e/lstm_scan": ("latency_bound", "gates = x @ w + h @ u + b", None),
+    "tpu_v5e/gru_scan_train": ("latency_bound", "hr, hz, hn = jnp.split(h @ u", None),
+    "tpu_v5e/widening_convert": ("memory_bound", "return y.astype(jnp.bfloat16)", "xf = x.astype(jnp.float32)"),
+    "h200/widening_convert": ("memory_bound", "return y.astype(jnp.bfloat16)", "xf = x.astype(jnp.float32)"),
+    "tpu_v5e/near_hbm_limit": ("memory_pressure", "h = jax.nn.relu(h @ w)", None),
+}
+
+
+@pytest.mark.parametrize("capture", sorted(FINDING_LINES))
+def test_a_findings_source_lines_are_the_users_and_its_fix_says_where(capture, analysed):
+    key, statement, fused = FINDING_LINES[capture]
+    finding = next(f for f in analysed(capture).diagnosis.findings if f.key == key)
+    assert 1 <= len(finding.source_lines) <= 3
+    first = finding.source_lines[0]
+    assert _example_line(first.line).startswith(statement) and first.share_percent > 0
+    assert finding.source_lines == sorted(finding.source_lines, key=lambda s: -s.share_percent)
+    if fused:
+        assert any(_example_line(f).startswith(fused) for s in finding.source_lines for f in s.fused_lines)
+    assert f"Where: {first.line}" in finding.fix
+
+
+def test_the_top_finding_names_the_users_line_and_the_kernel_beside_it(analysed):
+    analysis = analysed("tpu_v5e/paged_attention_decode")
+    top = analysis.diagnosis.findings[0]
     line = top.source_lines[0]
     assert line.line.startswith("workloads/paged_attention_decode.py:") and line.function == "setup.<locals>.decode"
     assert "paged_attention/paged_attention_kernel.py:" in line.library
     assert line.share_percent > 99 and len(line.ops) >= 3  # the four calls of the kernel that line makes
     assert f"Where: {line.line}" in top.fix
-    html = (Path(paged_decode.output_uri) / "summary.html").read_text()
+    html = (Path(analysis.output_uri) / "summary.html").read_text()
     assert 'id="source-lines"' in html and html.count(line.line) >= 3  # finding, fix, op time by kind
+
+
+def test_lstm_scans_top_finding_is_its_cells_matmul_line(analysed):
+    top = analysed("tpu_v5e/lstm_scan").diagnosis.findings[0]
+    assert top.key == "latency_bound"
+    assert _example_line(top.source_lines[0].line) == "gates = x @ w + h @ u + b"
 
 
 @pytest.mark.slow

@@ -38,7 +38,7 @@ def get_hlo_op_profile(session: Session, top_n: int = 20) -> ToolOutput:
     memory_bound_rereads_in_loops, memory_bound_defect/why, memory_bound_defect_note,
     dominant_ops_roofline_efficiency_percent, dominant_ops_share_percent, dominant_ops, dominant_ops_matmul_precision,
     dominant_ops_measured_share_percent, dominant_ops_unmeasured, flagged_op_rows; loop_work's busiest_ops_mean_us,
-    busiest_ops_efficiency_percent, busiest_ops_share_percent, loop_trips_per_run; async_copies (transfer_spans: copies, GB per copy,
+    busiest_ops, busiest_ops_efficiency_percent, busiest_ops_share_percent, loop_trips_per_run; async_copies (transfer_spans: copies, GB per copy,
     measured link GB/s) where the profile has copy-start/copy-done pairs; and on TPU/GPU the checked peaks
     (device_model, peak_tflops, peak_hbm_gb_per_s, ridge_flop_per_byte, flops_source, bandwidth_source,
     peak_warnings). detail: ops [top_n rows, each with
