@@ -47,19 +47,18 @@ class Frame:
 
     @property
     def short(self) -> str:
-        """`file.py:LINE` with the folder it sits in (`examples/train.py:33`); a library file from its package root
-        (`jax/experimental/pallas/ops/tpu/paged_attention/paged_attention_kernel.py:628`)."""
+        """`file.py:LINE` with the folder it sits in (`examples/train.py:33`); a library file by its package and
+        its last folder (`jax/…/paged_attention/paged_attention_kernel.py:628`): short enough for every op row."""
         return f"{short_path(self.file)}:{self.line}"
 
 
 def short_path(path: str) -> str:
     parts = path.split("/")
     installed = [i for i, p in enumerate(parts) if p in ("site-packages", "dist-packages")]
-    if installed:
-        return "/".join(parts[installed[-1] + 1:])
     framework = [i for i, p in enumerate(parts[:-1]) if p in FRAMEWORK_PACKAGES]
-    if framework:
-        return "/".join(parts[framework[0]:])
+    if installed or framework:
+        inside = parts[installed[-1] + 1:] if installed else parts[framework[0]:]
+        return "/".join(inside) if len(inside) <= 3 else "/".join([inside[0], "…", *inside[-2:]])
     return "/".join(parts[-2:])
 
 
