@@ -223,7 +223,7 @@ def test_a_real_cpu_capture_names_the_workloads_lines(tmp_path):
     capture = capture_workload("widened_statistics", tmp_path)
     out = get_hlo_op_profile(read_session_in_process([capture]))
     lines = [line["line"] for kind in out.summary["op_time_by_kind"] for line in kind["lines"]]
-    # XLA:CPU's standalone widening convert carries no metadata (XLA made it), so the busiest op may name no line
+    # XLA:CPU's standalone widening convert carries no stack in this profile, so the busiest op may name no line
     assert all(row["source"]["function"] == "train_step" for row in out.detail["ops"] if "source" in row)
     assert lines and all(line.startswith("examples/widened_statistics.py:") for line in lines)
     top = analyze_session(locate_session(capture), tmp_path / "out").diagnosis.findings[0]
