@@ -256,6 +256,17 @@ def test_the_innermost_user_frames_are_past_the_threads_and_the_frameworks():
     assert python_frame("threading.py(1032): _bootstrap").line == 1032 and python_frame("aten::mm") is None
 
 
+def test_jax_python_tracer_frames_are_the_users_where_the_hlo_names_their_file():
+    """JAX's Python tracer names a frame by its file's name alone (`$api.py:2479 block_until_ready`): the user's are
+    the files the HLO's stacks name as the user's, so the workload's `step` is, jax's api.py is not."""
+    session = read_session_in_process([PROFILES / "tpu_v5e" / "widening_convert.xplane.pb"])
+    out = aggregate_xplane_events(session, pattern=".", line="python")
+    frames = [python_frame(f["name"]) for f in out.detail["user_frames"]]
+    assert [(f.file, f.function) for f in frames] == [("widening_convert.py", "step")]
+    assert _example_line(f"examples/{frames[0].file}:{frames[0].line}").startswith("def step(")
+    assert "block_until_ready" not in str(out.detail["user_frames"])  # jax's api.py, though it holds most time
+
+
 @pytest.mark.parametrize("trace, host_finding", [("kineto_TraceLens_h100_bert-small.json.gz", True),
                                                  ("kineto_TraceLens_h100_Qwen1.5-0.5B-Chat.json.gz", False)])
 def test_a_pytorch_trace_with_stacks_names_the_users_frame(trace, host_finding, tmp_path):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from xdiag.profile.space import HloInstruction, HloModule
@@ -76,29 +76,58 @@ def is_library(path: str) -> bool:
 PYTHON_FRAME = re.compile(r"^(?P<file>[^()]+\.py)\((?P<line>\d+)\): (?P<function>.+)$")
 """A Python frame as PyTorch's profiler names its `python_function` events: `torch/nn/modules/module.py(1743): _call_impl`
 (the path relative to its sys.path entry)."""
+TRACER_FRAME = re.compile(r"^\$(?P<file>[^\s:/]+\.py):(?P<line>\d+) (?P<function>.+)$")
+"""A Python frame as JAX's Python tracer names its events: `$api.py:2479 block_until_ready` (the file's name only)."""
 MODULE_EVENT = "nn.Module: "
 """The prefix of PyTorch's profiler's events for an nn.Module's forward call (`nn.Module: Linear_0`)."""
 
 
 def python_frame(name: str) -> Frame | None:
-    found = PYTHON_FRAME.match(name)
+    found = PYTHON_FRAME.match(name) or TRACER_FRAME.match(name)
     return Frame(found["file"], int(found["line"]), found["function"]) if found else None
 
 
-def innermost_user_frames(events: Iterable[tuple[int, int, str]]) -> tuple[dict[str, int], dict[str, int]]:
-    """Of nested Python-frame events (start, end, name), the time of each user frame that encloses no other user
-    frame (the user's line that called into the libraries below it, not `threading.py` or the script's main), and
-    of each nn.Module call that encloses no other: name -> summed duration. Other events are skipped."""
-    user_time: dict[str, int] = {}
-    module_time: dict[str, int] = {}
+def user_files(modules: list[HloModule]) -> frozenset[str]:
+    """The names of the user's files the HLO's stacks record (`train.py`): JAX's Python tracer names a frame by its
+    file's name alone, which says nothing of where it lies; a file the HLO names as the user's is the user's."""
+    return frozenset(file.rsplit("/", 1)[-1] for m in modules for file, *_ in m.stack_frames
+                     if file and not is_library(file))
+
+
+def frame_kinds(known_user_files: frozenset[str]) -> Callable[[str], str]:
+    """event name -> "user" (a frame of the user's code), "module" (an nn.Module call) or "" (anything else). A frame
+    named by its path (PyTorch) is the user's unless the path is a library's; one named by its file's name alone (JAX's
+    Python tracer) is the user's where the HLO's stacks name that file as the user's."""
     kinds: dict[str, str] = {}
-    stacks: dict[str, list[list]] = {"user": [], "module": []}
-    for start, end, name in sorted(events, key=lambda e: (e[0], -e[1])):
+
+    def kind_of(name: str) -> str:
         kind = kinds.get(name)
         if kind is None:
-            frame = python_frame(name)
-            kind = kinds[name] = ("module" if name.startswith(MODULE_EVENT) else
-                                  "user" if frame is not None and not is_library(frame.file) else "")
+            if name.startswith(MODULE_EVENT):
+                kind = "module"
+            elif (found := PYTHON_FRAME.match(name)) is not None:
+                kind = "" if is_library(found["file"]) else "user"
+            elif (found := TRACER_FRAME.match(name)) is not None:
+                kind = "user" if found["file"] in known_user_files else ""
+            else:
+                kind = ""
+            kinds[name] = kind
+        return kind
+    return kind_of
+
+
+def innermost_user_frames(events: Iterable[tuple[int, int, str]], kind_of: Callable[[str], str] | None = None,
+                          ) -> tuple[dict[str, int], dict[str, int]]:
+    """Of nested Python-frame events (start, end, name), the time of each user frame that encloses no other user
+    frame (the user's line that called into the libraries below it, not `threading.py` or the script's main), and
+    of each nn.Module call that encloses no other: name -> summed duration. Other events are skipped. `kind_of`:
+    frame_kinds' (by default, paths alone decide)."""
+    kind_of = kind_of or frame_kinds(frozenset())
+    user_time: dict[str, int] = {}
+    module_time: dict[str, int] = {}
+    stacks: dict[str, list[list]] = {"user": [], "module": []}
+    for start, end, name in sorted(events, key=lambda e: (e[0], -e[1])):
+        kind = kind_of(name)
         for stack in stacks.values():
             while stack and stack[-1][0] <= start:
                 _, leaf, (inner_start, inner_end, inner_name), totals = stack.pop()

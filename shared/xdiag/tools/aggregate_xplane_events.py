@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from xdiag.analysis.source_lines import innermost_user_frames
+from xdiag.analysis.source_lines import frame_kinds, innermost_user_frames, user_files
 from xdiag.errors import NotAvailable
 from xdiag.profile.columns import isin_ids
 from xdiag.profile.space import Session
@@ -28,15 +28,16 @@ TOP_FRAMES = 5
 def aggregate_xplane_events(session: Session, pattern: str, plane: str | None = None, line: str | None = None) -> ToolOutput:
     """summary: pattern, matches, total_ms, mean_us, max_us, mean_gap_ms, max_gap_ms, distinct_names.
     detail: groups per host/plane/line, top names by time; where the matching events are Python frames (PyTorch's
-    `python_function` events, `path.py(LINE): function`), user_frames (the user's innermost frames by time: past
-    threading, the standard library and torch's own frames; xdiag.analysis.source_lines) and modules (the innermost
-    `nn.Module` calls by time). Of a session assembled from host summaries, over the
+    `python_function` events, `path.py(LINE): function`; JAX's Python tracer's, `$file.py:LINE function`),
+    user_frames (the user's innermost frames by time: past threading, the standard library and the frameworks' own
+    frames; xdiag.analysis.source_lines) and modules (the innermost `nn.Module` calls by time). Of a session assembled from host summaries, over the
     hosts whose events it holds (the ones that matter: xdiag.tools.host_summary.hosts_that_matter), which
     hosts_covered names beside hosts_in_session."""
     regex = compile_pattern(pattern)  # RE2: linear time, whatever a model chose
     # Running totals, not every matched event's duration and gap kept to the end: a pattern that matches every
     # dispatch of a many-host session matches millions (32 hosts of the 20 MiB bench capture: 2.5 M, ~80 MiB).
     groups, names_time, user_frames, modules = [], {}, {}, {}
+    kind_of = None  # made on the first line that may hold Python frames
     count = total_ps = longest = gap_count = gap_total = 0
     longest_gap = None
     covered = session.hosts_with_events()
@@ -75,9 +76,10 @@ def aggregate_xplane_events(session: Session, pattern: str, plane: str | None = 
                 names_time[name] = names_time.get(name, 0.0) + total
             if ln.name.startswith("thread ") or "python" in ln.name.lower():
                 # Lines whose events may be Python frames: a PyTorch trace's host threads, JAX's Python tracer's.
+                kind_of = kind_of or frame_kinds(user_files(session.hlo_modules))
                 names = [p.event_names.get(int(m), "") for m in uniq.tolist()]
                 users, called = innermost_user_frames(zip(starts.tolist(), (starts + d).tolist(),
-                                                          (names[i] for i in inverse.tolist())))
+                                                          (names[i] for i in inverse.tolist())), kind_of)
                 for totals, found in ((user_frames, users), (modules, called)):
                     for name, ps in found.items():
                         totals[name] = totals.get(name, 0) + ps
