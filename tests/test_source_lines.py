@@ -127,6 +127,14 @@ def test_a_module_without_source_metadata_says_so_once_and_how_to_get_it():
     assert has_source_metadata([older]) and older.stack(recorded) == [("/home/me/train.py", 12, "")]
 
 
+def test_a_pytorch_trace_without_stacks_says_how_to_record_them():
+    """A real 4-rank DDP Kineto trace (tests/profiles/torch_ranks) recorded without with_stack: said once, with the
+    torch.profiler arguments that record stacks and modules."""
+    session = read_session_in_process([PROFILES / "torch_ranks" / "balanced" / "rank0.pt.trace.json.gz"])
+    note = get_hlo_op_profile(session).summary["source_lines_not_available"]
+    assert "with_stack=True" in note and "with_modules=True" in note
+
+
 def test_findings_cite_ops_by_whole_name():
     finding = Finding(priority="P1", key="k", title="t", whats_happening="fusion.3 reads its input twice",
                       evidence=[Evidence(tool="get_hlo_op_profile", metric="top_op", value="fusion.37 (jit_step)")],

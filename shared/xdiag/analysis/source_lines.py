@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from xdiag.profile.space import HloInstruction, HloModule
+from xdiag.profile.space import HloInstruction, HloModule, Session
 
 FRAMEWORK_PACKAGES = frozenset({
     "jax", "jaxlib", "flax", "optax", "orbax", "chex", "haiku", "equinox", "keras", "tensorflow", "tf_keras",
@@ -37,6 +37,11 @@ NO_SOURCE_HINT = (
     "above 0 (default 100)"
 )
 """Said once where a profile's modules record no source line for any op, with how to get them."""
+NO_TORCH_STACKS_HINT = (
+    "the trace records no Python stacks: profile with torch.profiler.profile(..., with_stack=True, "
+    "with_modules=True) to record each op's file and line and the nn.Module it runs in"
+)
+"""Said once where a PyTorch trace holds no Python-frame events."""
 
 
 @dataclass(frozen=True)
@@ -221,6 +226,12 @@ def op_source(module: HloModule | None, name: str) -> OpSource | None:
         return None
     found = module.find(name)
     return instruction_source(module, found[1]) if found else None
+
+
+def has_python_frames(session: Session) -> bool:
+    """Whether any host plane holds Python-frame events (PyTorch's `python_function`s, JAX's Python tracer's)."""
+    return any(PYTHON_FRAME.match(name) or TRACER_FRAME.match(name)
+               for plane in session.host_planes() for name in plane.event_names.values())
 
 
 def has_source_metadata(modules: list[HloModule]) -> bool:

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from xdiag.analysis.device_peaks import session_peaks
 from xdiag.analysis.op_stats import category_totals, op_stats
-from xdiag.analysis.source_lines import NO_SOURCE_HINT, has_source_metadata, time_by_kind
+from xdiag.analysis.source_lines import (
+    NO_SOURCE_HINT, NO_TORCH_STACKS_HINT, has_python_frames, has_source_metadata, time_by_kind,
+)
 from xdiag.analysis.roofline import loop_work, mark_fed_by_async_copies, program_hbm_traffic, roofline_summary
 from xdiag.analysis.transfers import transfer_spans
 from xdiag.analysis.xprof.session_views import try_view
 from xdiag.errors import NotAvailable
 from xdiag.profile.space import Session
+from xdiag.profile.trace_json import KINETO, trace_format
 from xdiag.tools.common import DEVICE_PLANE_SOURCE, host_plane_source, percent
 from xdiag.tools.registry import ToolOutput, tool
 
@@ -27,7 +30,7 @@ def get_hlo_op_profile(session: Session, top_n: int = 20) -> ToolOutput:
     function and library line its HLO's Python stack names: xdiag.analysis.source_lines), op_time_by_kind (matmul,
     attention, collectives, elementwise and reductions, data movement, custom kernels, host transfers, other: ms,
     share and the 1-3 source lines that hold most of each), source_lines_not_available (why, and how to record them,
-    where the profile's HLO names no line); the HBM traffic of the busiest
+    where the profile's HLO names no line, or a PyTorch trace holds no Python stacks); the HBM traffic of the busiest
     program, its async copies into VMEM included (roofline.program_hbm_traffic): program_hbm_module,
     program_hbm_gb_per_s, program_hbm_efficiency_percent, program_hbm_async_copy_share_percent,
     program_hbm_intensity_flop_per_byte, program_hbm_gb_per_run, program_hbm_note; from the op rows
@@ -71,6 +74,8 @@ def get_hlo_op_profile(session: Session, top_n: int = 20) -> ToolOutput:
         summary["top_op_source"] = top.source.record()
     if session.hlo_modules and not has_source_metadata(session.hlo_modules):
         summary["source_lines_not_available"] = NO_SOURCE_HINT
+    elif trace_format(session) == KINETO and not has_python_frames(session):
+        summary["source_lines_not_available"] = NO_TORCH_STACKS_HINT
     peaks = session_peaks(session)
     if peaks:
         summary.update({k: peaks[k] for k in ("device_model", "peak_tflops", "peak_hbm_gb_per_s", "ridge_flop_per_byte",
