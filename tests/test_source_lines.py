@@ -82,6 +82,13 @@ def test_a_pallas_kernel_keeps_its_own_frame_beside_the_users_call():
     assert kinds["attention"]["lines"][0]["line"] == source["line"]
 
 
+def test_a_copy_xla_inserted_names_the_line_of_the_array_it_moves():
+    rows = {row["op"]: row for row in _op_profile("tpu_v5e/layout_transpose").detail["ops"]}
+    source = rows["copy.1"]["source"]
+    assert source["line_of_operand"] == "bitcast.3"
+    assert _example_line(source["line"]).startswith("bdsh = jnp.transpose(y")
+
+
 def test_op_time_by_kind_names_the_lines_that_hold_each_kind():
     kinds = _op_profile("tpu_v5e/megablox_moe").summary["op_time_by_kind"]
     assert kinds == sorted(kinds, key=lambda k: -k["ms"])
@@ -162,6 +169,8 @@ FINDING_LINES = {
     "tpu_v5e/widening_convert": ("memory_bound", "return y.astype(jnp.bfloat16)", "xf = x.astype(jnp.float32)"),
     "h200/widening_convert": ("memory_bound", "return y.astype(jnp.bfloat16)", "xf = x.astype(jnp.float32)"),
     "tpu_v5e/near_hbm_limit": ("memory_pressure", "h = jax.nn.relu(h @ w)", None),
+    # a layout copy XLA inserted records no stack: the line that made the array it copies (via its bitcast)
+    "tpu_v5e/layout_transpose": ("layout_copies", "bdsh = jnp.transpose(y, (0, 3, 2, 1))", None),
 }
 
 

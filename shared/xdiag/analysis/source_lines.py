@@ -160,9 +160,11 @@ class OpSource:
     user: Frame | None
     library: Frame | None
     fused: tuple[Frame, ...] = ()
+    of_operand: str = ""  # a copy XLA inserted records no stack: the line is that of the operand it moves
 
     def record(self) -> dict:
-        """Compact, for op tables: {"line": "train.py:33", "function": "train_step", "library": …, "fused_lines": …}."""
+        """Compact, for op tables: {"line": "train.py:33", "function": "train_step", "library": …, "fused_lines": …,
+        "line_of_operand": …}."""
         out: dict = {}
         if self.user is not None:
             out.update(line=self.user.short, function=self.user.function)
@@ -170,6 +172,8 @@ class OpSource:
             out["library"] = self.library.short
         if self.fused:
             out["fused_lines"] = [f.short for f in self.fused]
+        if self.of_operand:
+            out["line_of_operand"] = self.of_operand
         return out
 
     @property
@@ -193,12 +197,38 @@ def source_of_stack(stack: list[tuple[str, int, str]]) -> OpSource | None:
 
 MAX_FUSED_LINES = 3
 _NO_CODE = ("parameter", "constant", "tuple", "get-tuple-element", "bitcast")
+MOVES = frozenset({"copy", "transpose", "bitcast", "reshape", "copy-start", "copy-done", "get-tuple-element"})
+"""Ops that move or re-lay an array without computing: where XLA inserted one (a layout copy, a prefetch), it records
+no stack, and the line that matters is the one that made the array it moves."""
+OPERAND_HOPS = 4
+
+
+def _moved_operand_source(module: HloModule, instruction: HloInstruction) -> OpSource | None:
+    """The source of the nearest operand (through other moves, at most OPERAND_HOPS) that records one, naming it."""
+    found = module.find(instruction.name)
+    if found is None:
+        return None
+    by_name, current = found[0].by_name, instruction
+    for _ in range(OPERAND_HOPS):
+        operand = by_name.get(current.operands[0]) if current.operands else None
+        if operand is None or operand.opcode == "parameter":
+            return None
+        source = source_of_stack(module.stack(operand))
+        if source is not None:
+            return OpSource(user=source.user, library=source.library, of_operand=operand.name)
+        if operand.opcode not in MOVES:
+            return None
+        current = operand
+    return None
 
 
 def instruction_source(module: HloModule, instruction: HloInstruction) -> OpSource | None:
     """An instruction's source. A fusion takes its own stack (XLA keeps the root's), else the one most of its fused
-    ops name, and lists the other user lines its fused ops come from (most ops first, at most MAX_FUSED_LINES)."""
+    ops name, and lists the other user lines its fused ops come from (most ops first, at most MAX_FUSED_LINES). A
+    move XLA inserted (no stack of its own) takes the line of the array it moves."""
     own = source_of_stack(module.stack(instruction))
+    if own is None and instruction.opcode in MOVES:
+        return _moved_operand_source(module, instruction)
     if instruction.opcode != "fusion" or not instruction.called:
         return own
     votes: dict[OpSource, int] = {}
