@@ -142,6 +142,20 @@ def test_a_pytorch_trace_without_stacks_says_how_to_record_them():
     assert "with_stack=True" in note and "with_modules=True" in note
 
 
+def test_a_profile_without_hlo_says_why_no_op_names_a_line():
+    from tests.conftest import shared_profile
+
+    session = read_session_in_process([shared_profile("gpu/v100x8_tf_bert_worker.xplane.pb")])  # TensorFlow, no XLA
+    out = get_hlo_op_profile(session)
+    assert "no HLO modules" in out.summary["source_lines_not_available"]
+    assert all(not kind["lines"] for kind in out.summary["op_time_by_kind"])
+
+
+def test_a_jax_chrome_trace_points_to_the_xplane_for_its_lines():
+    session = read_session_in_process([PROFILES / "tpu_v5e_chrome" / "paged_attention_decode.trace.json.gz"])
+    assert ".xplane.pb" in get_hlo_op_profile(session).summary["source_lines_not_available"]
+
+
 def test_findings_cite_ops_by_whole_name():
     finding = Finding(priority="P1", key="k", title="t", whats_happening="fusion.3 reads its input twice",
                       evidence=[Evidence(tool="get_hlo_op_profile", metric="top_op", value="fusion.37 (jit_step)")],

@@ -37,6 +37,16 @@ NO_SOURCE_HINT = (
     "above 0 (default 100)"
 )
 """Said once where a profile's modules record no source line for any op, with how to get them."""
+NO_HLO_NOTE = (
+    "the profile carries no HLO modules, whose Python stacks name each op's line (a framework that runs its ops "
+    "without XLA records none)"
+)
+"""Said once where a profile holds ops but no HLO (TensorFlow without XLA) and is no trace file."""
+NO_HLO_IN_TRACE_NOTE = (
+    "an XProf Chrome trace carries no HLO, whose Python stacks name each op's line: the .xplane.pb captured beside "
+    "it does"
+)
+"""Said once for a JAX run read from its Chrome trace (trace.json.gz, perfetto_trace.json.gz)."""
 NO_TORCH_STACKS_HINT = (
     "the trace records no Python stacks: profile with torch.profiler.profile(..., with_stack=True, "
     "with_modules=True) to record each op's file and line and the nn.Module it runs in"
