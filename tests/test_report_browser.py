@@ -20,8 +20,8 @@ from xdiag.profile.locate import locate_session
 
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
 DESKTOP, PHONE = 1400, 390
-SECTIONS = ("summary", "metrics", "findings", "hosts", "step-time", "roofline", "hlo-op-profile", "kernel-stats",
-            "custom-kernels", "compiler-checks", "memory", "xprof", "modules", "devices", "follow-up", "tools")
+SECTIONS = ("summary", "metrics", "findings", "hosts", "step-time", "roofline", "source-lines", "hlo-op-profile",
+            "kernel-stats", "custom-kernels", "compiler-checks", "memory", "xprof", "modules", "devices", "follow-up", "tools")
 FAILED_SECTIONS = ("summary", "metrics", "findings", "details", "follow-up", "tools")
 # What a section says when it has no data: the page must say it, not leave the section empty.
 REASON_WORDS = ("not available", "not run", "failed", "none", "one host", "no ")
@@ -280,5 +280,25 @@ def test_impossible_numbers_are_flagged_not_shown(browser, reports):
         roofline = page.inner_text("section#roofline")
         assert "above 100% of the roofline: not measurements, so not shown" in roofline
         assert "&lt;" not in text and "&#39;" not in text  # XProf's escaped source lines read as plain text
+    finally:
+        page.close()
+
+
+def test_the_page_shows_the_source_lines_that_hold_the_time(browser, tmp_path):
+    """A real TPU v5e paged-attention decode: the top finding names the user's line with the Pallas kernel's file
+    beside it, and op time by kind names the same line, as a reader sees them (rendered text, not the markup)."""
+    capture = Path(__file__).resolve().parent / "profiles" / "tpu_v5e" / "paged_attention_decode.xplane.pb"
+    report = _analyse([capture], tmp_path / "paged")
+    page, seen = _open(browser, report, DESKTOP)
+    try:
+        finding = page.inner_text("#findings article.finding >> nth=0")
+        lines = page.inner_text("#findings article.finding >> nth=0 >> ul.source-lines")
+        assert "workloads/paged_attention_decode.py:" in lines and "paged_attention_kernel.py:" in lines
+        assert "(setup.<locals>.decode)" in lines and "of op time" in lines
+        assert "Where: workloads/paged_attention_decode.py:" in finding
+        kinds = page.inner_text("section#source-lines")
+        assert "attention" in kinds and "paged_attention_decode.py:" in kinds
+        assert not seen["errors"] and all(url.startswith("file:") for url in seen["requests"])
+        assert _overflowing(page) == []
     finally:
         page.close()

@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 from enum import Enum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from xdiag.ids import AnalysisId, InvestigatorName, RunId, SessionId, ToolName
 
@@ -144,6 +144,17 @@ class Evidence(BaseModel):
     verified: bool = True  # False when a number here appears in no tool output (model-written evidence)
 
 
+class SourceLine(BaseModel):
+    """A line of the user's program that holds some of a finding's op time, from the ops' HLO Python stacks."""
+
+    line: str  # "examples/train.py:33"; the library's line where no frame of the user's code is recorded
+    function: str = ""
+    library: str = ""  # the library frame that emitted the op (a Pallas kernel's own file:line), where one did
+    share_percent: float  # of all op time
+    ops: list[str] = Field(default_factory=list)  # the cited ops it holds
+    fused_lines: list[str] = Field(default_factory=list)  # other user lines those ops fuse (a widening astype's)
+
+
 class Finding(BaseModel):
     priority: Literal["P0", "P1", "P2"]
     key: str  # stable identifier of the kind of problem, e.g. "input_bound"
@@ -153,6 +164,8 @@ class Finding(BaseModel):
     expected_impact: str
     fix: str
     verified: bool = True  # False when a number in the evidence appears in no tool output
+    source_lines: list[SourceLine] = Field(default_factory=list)  # the 1-3 lines holding the time of the ops it cites
+    _staked_ops: frozenset[str] = PrivateAttr(default_factory=frozenset)  # op names its rule staked (not stored)
 
 
 class FollowUpCall(BaseModel):

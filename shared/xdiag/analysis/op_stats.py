@@ -9,6 +9,7 @@ import numpy as np
 from xdiag.analysis.categories import COPY_OP_CATEGORIES, categorize
 from xdiag.analysis.op_table import op_table, profile_op_costs
 from xdiag.analysis.roofline import TRANSFER_RATE_REASON, eight_bit_operands, roofline
+from xdiag.analysis.source_lines import OpSource, op_source
 from xdiag.cost.custom_calls import CUSTOM_CODE_REASON, bandwidth_floor
 from xdiag.cost.library_kernels import UPPER_BOUND
 from xdiag.cost.hlo import ON_CHIP_MEMORY_SPACE, instruction_cost
@@ -33,6 +34,7 @@ class OpStat:
     count: int
     total_ps: int
     cost: dict | None  # flops/bytes/shapes from the HLO, when the profile carries the module
+    source: OpSource | None = None  # the user's line (and the library's) its HLO's Python stack names
 
     @property
     def total_ms(self) -> float:
@@ -130,8 +132,6 @@ class OpStat:
             if self.cost.get("handed_on_bytes") and self.cost["bytes"]:
                 row["handed_on_share_of_bytes"] = round(min(self.cost["handed_on_bytes"] / self.cost["bytes"], 1.0), 4)
                 row["handed_on_array"] = self.cost["handed_on_array"]
-            if self.cost["source"]:
-                row["source"] = self.cost["source"]
             row["cost_source"] = self.cost.get("cost_source", "HLO shapes")
             if UPPER_BOUND in row["cost_source"]:
                 # Its bytes and FLOPs assume full pages: every rate from them, and its share of the roof, is at most.
@@ -142,6 +142,8 @@ class OpStat:
                        flops_unknown_because=self.cost.get("flops_unknown_because", CUSTOM_CODE_REASON))
             if self.cost["opcode"] == "custom-call":
                 row.update(bandwidth_floor(self.cost["bytes"], self.count, self.total_ps))
+        if self.source is not None:
+            row["source"] = self.source.record()
         return row
 
 
@@ -225,6 +227,7 @@ def op_stats(session: Session) -> list[OpStat]:
                     count=int(counts[k]),
                     total_ps=int(totals[k]),
                     cost=cost,
+                    source=op_source(module, name),
                 )
             )
     out.sort(key=lambda s: -s.total_ps)

@@ -390,7 +390,8 @@ def _unmeasured_why(row: dict) -> str:
 
 
 def loop_work(rows: list[dict]) -> dict:
-    """How the busiest ops (those covering half the op time) run: busiest_ops_mean_us (their time over their
+    """How the busiest ops (those covering half the op time, named in busiest_ops, at most five) run:
+    busiest_ops_mean_us (their time over their
     executions), busiest_ops_efficiency_percent (time-weighted roofline efficiency, whatever its basis),
     busiest_ops_share_percent, and, where their program runs loops, loop_trips_per_run (the busiest op's executions
     per execution of its program's loops): thousands of sub-microsecond dependent steps are latency-bound."""
@@ -406,6 +407,7 @@ def loop_work(rows: list[dict]) -> dict:
         return {}
     executions = sum(o["count"] for o in busiest)
     out = {
+        "busiest_ops": [o["op"] for o in busiest[:5]],
         "busiest_ops_share_percent": round(covered, 2),
         "busiest_ops_mean_us": round(sum(o["total_ms"] for o in busiest) * 1e3 / executions, 3) if executions else None,
         "busiest_ops_efficiency_percent": _weighted(busiest, "roofline_efficiency_percent"),

@@ -36,10 +36,10 @@ from xdiag.profile.space import (
     TimeColumn,
 )
 
-MAGIC = b"XDIAGS03"
+MAGIC = b"XDIAGS04"
 """Its last two digits: the version of the layout and of what the reader stores (02: a Kineto trace's CPU ops carry
-their recorded inputs, costed by the analysis, not their FLOPs; 03: an HLO module's donated parameters); a file of
-another version is refused."""
+their recorded inputs, costed by the analysis, not their FLOPs; 03: an HLO module's donated parameters; 04: its
+Python stack frames); a file of another version is refused."""
 FILE_SUFFIX = f".s{MAGIC[-2:].decode()}.xdiag"
 """A stored session's file name ends with its version, so that files of an earlier version, left in a bucket by a
 deploy before, are never looked for (they are decoded again, not refused)."""
@@ -88,6 +88,7 @@ def module_from_record(record: dict[str, Any]) -> HloModule:
         name=record["name"], program_id=record["program_id"], entry=record["entry"], host=record["host"],
         computations={n: HloComputation(n, [_instruction(r) for r in rows]) for n, rows in record["computations"].items()},
         donated_parameters=frozenset(record["donated_parameters"]),
+        stack_frames=tuple(tuple(f) for f in record["stack_frames"]),
     )
 
 
@@ -103,11 +104,13 @@ def module_record(module: HloModule) -> dict[str, Any]:
                  list(i.lhs_contracting), list(i.lhs_batch), list(i.conv_kernel_dims), i.fusion_backend_kind,
                  i.memory_space,
                  list(i.kernel_cost_estimate), list(i.tuple_memory_spaces), i.is_host_transfer, list(i.operand_precision),
-                 list(i.attention_scores), i.attention_causal, i.conv_is_matrix_product, i.kernel_position_mask]
+                 list(i.attention_scores), i.attention_causal, i.conv_is_matrix_product, i.kernel_position_mask,
+                 i.stack_frame_id]
                 for i in computation.instructions
             ]
             for name, computation in module.computations.items()
         },
+        "stack_frames": [list(f) for f in module.stack_frames],
     }
 
 
@@ -227,6 +230,7 @@ def _instruction(row: list) -> HloInstruction:
     attention_scores, attention_causal = row[21:23] if len(row) > 22 else ([], False)  # before attention was costed
     conv_is_matrix_product = row[23] if len(row) > 23 else False  # before matmul convolutions were told apart
     kernel_position_mask = row[24] if len(row) > 24 else False  # before Pallas kernels' masks were read
+    stack_frame_id = row[25] if len(row) > 25 else 0  # before stacks were kept
     return HloInstruction(
         name=name, opcode=opcode, dtype=dtype, dims=tuple(dims), layout=tuple(layout), operands=tuple(operands),
         fusion_kind=fusion_kind, op_name=op_name, source=source, called=tuple(called),
@@ -237,7 +241,7 @@ def _instruction(row: list) -> HloInstruction:
         tuple_memory_spaces=tuple(tuple_memory_spaces), is_host_transfer=bool(is_host_transfer),
         operand_precision=tuple(precision), attention_scores=tuple(attention_scores),
         attention_causal=bool(attention_causal), conv_is_matrix_product=bool(conv_is_matrix_product),
-        kernel_position_mask=bool(kernel_position_mask),
+        kernel_position_mask=bool(kernel_position_mask), stack_frame_id=int(stack_frame_id),
     )
 
 

@@ -189,6 +189,7 @@ def hlo_module(proto_bytes: bytes, host: str, fallback_id: int) -> HloModule | N
                     is_host_transfer=ins.is_host_transfer,
                     **attention_config(ins),
                     kernel_position_mask=_kernel_position_mask(ins),
+                    stack_frame_id=ins.metadata.stack_frame_id,
                 )
             )
         computations[computation.name] = HloComputation(computation.name, instructions)
@@ -198,6 +199,7 @@ def hlo_module(proto_bytes: bytes, host: str, fallback_id: int) -> HloModule | N
     return HloModule(
         name=module.name, program_id=module.id or fallback_id, entry=entry, computations=computations, host=host,
         donated_parameters=_donated_parameters(module, entry),
+        stack_frames=_stack_frames(module.stack_frame_index),
     )
 
 
@@ -209,3 +211,22 @@ def _donated_parameters(module, entry: str) -> frozenset[str]:
     computation = next((c for c in module.computations if c.name == entry), None)
     return frozenset(i.name for i in (computation.instructions if computation else ())
                      if i.opcode == "parameter" and i.parameter_number in aliased)
+
+
+def _stack_frames(index) -> tuple[tuple[str, int, str, int], ...]:
+    """The module's stack frame index as one flat table: each frame (file, line, function, caller's frame id), ids
+    1-based (0: none) as the proto's; a reference outside its array reads as empty, never as another entry."""
+    files, functions, locations = index.file_names, index.function_names, index.file_locations
+
+    def at(items, position: int, empty):
+        return items[position - 1] if 0 < position <= len(items) else empty
+
+    frames = []
+    for frame in index.stack_frames:
+        location = at(locations, frame.file_location_id, None)
+        if location is None:
+            frames.append(("", 0, "", frame.parent_frame_id))
+            continue
+        frames.append((at(files, location.file_name_id, ""), location.line,
+                       at(functions, location.function_name_id, ""), frame.parent_frame_id))
+    return tuple(frames)

@@ -179,6 +179,7 @@ def _build_hlo_file() -> descriptor_pb2.FileDescriptorProto:
             ("op_name", 2, _STRING, _OPTIONAL),
             ("source_file", 3, _STRING, _OPTIONAL),
             ("source_line", 4, _INT32, _OPTIONAL),
+            ("stack_frame_id", 15, _INT32, _OPTIONAL),
         ],
     )
     _message(
@@ -218,6 +219,21 @@ def _build_hlo_file() -> descriptor_pb2.FileDescriptorProto:
     _message(f, "AliasEntryProto", [("output_shape_index", 1, _INT64, _REPEATED), ("parameter_number", 2, _INT64, _OPTIONAL),
                                     ("parameter_shape_index", 3, _INT64, _REPEATED), ("kind", 4, _INT32, _OPTIONAL)])
     _message(f, "HloInputOutputAliasProto", [("entries", 1, _MESSAGE, _REPEATED, "AliasEntryProto")])
+    # The module's Python stacks (hlo.proto StackFrameIndexProto): four flat arrays whose ids are 1-based positions,
+    # 0 meaning none; an op's OpMetadata.stack_frame_id is its innermost frame, each frame names its caller's.
+    _message(f, "FileLocation", [("file_name_id", 1, _INT32, _OPTIONAL), ("function_name_id", 2, _INT32, _OPTIONAL),
+                                 ("line", 3, _INT32, _OPTIONAL), ("column", 4, _INT32, _OPTIONAL)])
+    _message(f, "StackFrame", [("file_location_id", 1, _INT32, _OPTIONAL), ("parent_frame_id", 2, _INT32, _OPTIONAL)])
+    _message(
+        f,
+        "StackFrameIndexProto",
+        [
+            ("file_names", 1, _STRING, _REPEATED),
+            ("function_names", 2, _STRING, _REPEATED),
+            ("file_locations", 3, _MESSAGE, _REPEATED, "FileLocation"),
+            ("stack_frames", 4, _MESSAGE, _REPEATED, "StackFrame"),
+        ],
+    )
     _message(
         f,
         "HloModuleProto",
@@ -229,6 +245,7 @@ def _build_hlo_file() -> descriptor_pb2.FileDescriptorProto:
             ("entry_computation_id", 6, _INT64, _OPTIONAL),
             ("schedule", 7, _MESSAGE, _OPTIONAL, "HloScheduleProto"),
             ("input_output_alias", 8, _MESSAGE, _OPTIONAL, "HloInputOutputAliasProto"),
+            ("stack_frame_index", 17, _MESSAGE, _OPTIONAL, "StackFrameIndexProto"),
         ],
     )
     _message(f, "HloProto", [("hlo_module", 1, _MESSAGE, _OPTIONAL, "HloModuleProto")])

@@ -271,6 +271,7 @@ class HloInstruction:
     attention_causal: bool = False  # ... and whether its mask is causal (flash kernels skip the masked half)
     conv_is_matrix_product: bool = False  # a convolution whose windows never slide (XLA:TPU's fused matmuls)
     kernel_position_mask: bool = False  # a Mosaic (Pallas TPU) kernel whose body builds index iotas: a positional mask
+    stack_frame_id: int = 0  # its innermost Python frame in the module's stack_frames (1-based), 0 where none is recorded
 
     @property
     def shape_text(self) -> str:
@@ -309,6 +310,23 @@ class HloModule:
     computations: dict[str, HloComputation]
     host: str
     donated_parameters: frozenset[str] = frozenset()  # entry parameters whose buffers the outputs reuse (donated)
+    stack_frames: tuple[tuple[str, int, str, int], ...] = ()
+    """The Python frames its ops were traced from (HloModuleProto.stack_frame_index), each (file, line, function,
+    caller's frame id), ids 1-based as the instructions' stack_frame_id."""
+
+    def stack(self, instruction: HloInstruction) -> list[tuple[str, int, str]]:
+        """The instruction's Python stack, innermost frame first: each (file, line, function). Where the module has
+        no stack frame index, the one frame its OpMetadata's source_file and source_line name (older JAX); else []."""
+        out: list[tuple[str, int, str]] = []
+        frame_id, seen = instruction.stack_frame_id, set()
+        while 0 < frame_id <= len(self.stack_frames) and frame_id not in seen:
+            seen.add(frame_id)
+            file, line, function, frame_id = self.stack_frames[frame_id - 1]
+            out.append((file, line, function))
+        if not out and instruction.source:
+            file, _, line = instruction.source.rpartition(":")
+            out.append((file, int(line) if line.isdigit() else 0, ""))
+        return out
 
     @property
     def display_name(self) -> str:

@@ -41,6 +41,7 @@ from xdiag.report.sections.ops import compiler_section, op_profile_section
 from xdiag.report.sections.parts import Section
 from xdiag.report.sections.peaks import Peaks, device_peaks
 from xdiag.report.sections.roofline import roofline_section
+from xdiag.report.sections.source_lines import source_lines_section, source_text
 from xdiag.report.sections.steps import step_time_section
 from xdiag.report.sections.xprof_comparison import xprof_section
 from xdiag.report.summary import metric_cards, priority_counts, summary_sentences, why_missing
@@ -245,6 +246,8 @@ def _finding_view(f: Finding, limits: Limits) -> dict[str, Any]:
         "expected_impact": humanize_numbers(f.expected_impact),
         "fix": humanize_numbers(f.fix),
         "verified": f.verified,
+        "source_lines": [f"{source_text(s.model_dump())}: {format_measure(s.share_percent, '%')} of op time"
+                         for s in f.source_lines],
     }
 
 
@@ -266,6 +269,7 @@ def _viewer(analysis: Analysis) -> dict[str, Any]:
 def _detail_sections(results: Mapping[str, ToolResult], peaks: Peaks) -> list[Section]:
     limits = peaks.limits
     return [
+        source_lines_section(results, limits),  # first after the findings: where in the user's code the time goes
         hosts_section(results, limits),
         step_time_section(results, limits),
         roofline_section(results, peaks),

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from xdiag.analysis.source_lines import frame_kinds, innermost_user_frames, user_files
 from xdiag.errors import NotAvailable
 from xdiag.profile.columns import isin_ids
 from xdiag.profile.space import Session
 from xdiag.tools.registry import ToolOutput, compile_pattern, tool
+
+
+TOP_FRAMES = 5
 
 
 @tool(
@@ -23,13 +27,17 @@ from xdiag.tools.registry import ToolOutput, compile_pattern, tool
 )
 def aggregate_xplane_events(session: Session, pattern: str, plane: str | None = None, line: str | None = None) -> ToolOutput:
     """summary: pattern, matches, total_ms, mean_us, max_us, mean_gap_ms, max_gap_ms, distinct_names.
-    detail: groups per host/plane/line, top names by time. Of a session assembled from host summaries, over the
-    hosts whose events it holds (the ones that matter: the straggler of the collectives, the host with the longest
+    detail: groups per host/plane/line, top names by time; where the matching events are Python frames (PyTorch's
+    `python_function` events, `path.py(LINE): function`; JAX's Python tracer's, `$file.py:LINE function`),
+    user_frames (the user's innermost frames by time: past threading, the standard library and the frameworks' own
+    frames) and modules (the innermost `nn.Module` calls by time). Of a session assembled from host summaries, over
+    the hosts whose events it holds (the ones that matter: the straggler of the collectives, the host with the longest
     mean step, the first host), which hosts_covered names beside hosts_in_session."""
     regex = compile_pattern(pattern)  # RE2: linear time, whatever a model chose
     # Running totals, not every matched event's duration and gap kept to the end: a pattern that matches every
     # dispatch of a many-host session matches millions (32 hosts of the 20 MiB bench capture: 2.5 M, ~80 MiB).
-    groups, names_time = [], {}
+    groups, names_time, user_frames, modules = [], {}, {}, {}
+    kind_of = None  # made on the first line that may hold Python frames
     count = total_ps = longest = gap_count = gap_total = 0
     longest_gap = None
     covered = session.hosts_with_events()
@@ -66,6 +74,15 @@ def aggregate_xplane_events(session: Session, pattern: str, plane: str | None = 
             for mid, total in zip(uniq, per_name):
                 name = p.event_names.get(int(mid), "")
                 names_time[name] = names_time.get(name, 0.0) + total
+            if ln.name.startswith("thread ") or "python" in ln.name.lower():
+                # Lines whose events may be Python frames: a PyTorch trace's host threads, JAX's Python tracer's.
+                kind_of = kind_of or frame_kinds(user_files(session.hlo_modules))
+                names = [p.event_names.get(int(m), "") for m in uniq.tolist()]
+                users, called = innermost_user_frames(zip(starts.tolist(), (starts + d).tolist(),
+                                                          (names[i] for i in inverse.tolist())), kind_of)
+                for totals, found in ((user_frames, users), (modules, called)):
+                    for name, ps in found.items():
+                        totals[name] = totals.get(name, 0) + ps
             groups.append(
                 {"host": p.host, "plane": p.name, "line": ln.name, "count": int(mask.sum()),
                  "total_ms": round(float(d.sum()) / 1e9, 4), "max_us": round(float(d.max()) / 1e6, 3),
@@ -85,4 +102,8 @@ def aggregate_xplane_events(session: Session, pattern: str, plane: str | None = 
     top = sorted(names_time.items(), key=lambda kv: -kv[1])[:20]
     detail = {"groups": sorted(groups, key=lambda g: -g["total_ms"])[:50],
               "top_names": [{"name": n, "total_ms": round(t / 1e9, 4)} for n, t in top]}
+    for key, totals in (("user_frames", user_frames), ("modules", modules)):
+        if totals:
+            detail[key] = [{"name": n, "total_ms": round(t / 1e9, 4)}
+                           for n, t in sorted(totals.items(), key=lambda kv: -kv[1])[:TOP_FRAMES]]
     return ToolOutput(summary, detail, "profile events")

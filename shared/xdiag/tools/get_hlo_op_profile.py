@@ -5,11 +5,15 @@ from __future__ import annotations
 from xdiag.analysis.device_peaks import session_peaks
 from xdiag.analysis.op_stats import category_totals, op_stats
 from xdiag.analysis.recompute import rematerialised_time
+from xdiag.analysis.source_lines import (
+    NO_HLO_IN_TRACE_NOTE, NO_HLO_NOTE, NO_SOURCE_HINT, NO_TORCH_STACKS_HINT, has_python_frames, has_source_metadata, time_by_kind,
+)
 from xdiag.analysis.roofline import loop_work, mark_fed_by_async_copies, program_hbm_traffic, roofline_summary
 from xdiag.analysis.transfers import transfer_spans
 from xdiag.analysis.xprof.session_views import try_view
 from xdiag.errors import NotAvailable
 from xdiag.profile.space import Session
+from xdiag.profile.trace_json import KINETO, XPROF_CHROME, trace_format
 from xdiag.tools.common import DEVICE_PLANE_SOURCE, host_plane_source, percent
 from xdiag.tools.registry import ToolOutput, tool
 
@@ -23,7 +27,11 @@ from xdiag.tools.registry import ToolOutput, tool
 )
 def get_hlo_op_profile(session: Session, top_n: int = 20) -> ToolOutput:
     """summary: op_count, distinct_ops, op_executions, total_op_time_ms, top_op, top_op_module, top_op_category,
-    top_op_share_percent, top_category, category_percent {category: % of op time}; the HBM traffic of the busiest
+    top_op_share_percent, top_category, category_percent {category: % of op time}, top_op_source (the user's line,
+    function and library line its HLO's Python stack names: xdiag.analysis.source_lines), op_time_by_kind (matmul,
+    attention, collectives, elementwise and reductions, data movement, custom kernels, host transfers, other: ms,
+    share and the 1-3 source lines that hold most of each), source_lines_not_available (why, and how to record them,
+    where the profile's HLO names no line, or a PyTorch trace holds no Python stacks); the HBM traffic of the busiest
     program, its async copies into VMEM included (roofline.program_hbm_traffic): program_hbm_module,
     program_hbm_gb_per_s, program_hbm_efficiency_percent, program_hbm_async_copy_share_percent,
     program_hbm_intensity_flop_per_byte, program_hbm_gb_per_run, program_hbm_note; from the op rows
@@ -35,8 +43,8 @@ def get_hlo_op_profile(session: Session, top_n: int = 20) -> ToolOutput:
     memory_bound_kind_bandwidth_is_upper_bound and dominant_ops_efficiency_is_upper_bound (rated from costs that are
     upper bounds: rows with rates_are_upper_bounds), dominant_ops_roofline_efficiency_percent, dominant_ops_share_percent, dominant_ops, dominant_ops_matmul_precision,
     dominant_ops_measured_share_percent, dominant_ops_unmeasured, flagged_op_rows; loop_work's busiest_ops_mean_us,
-    busiest_ops_efficiency_percent, busiest_ops_share_percent, loop_trips_per_run; rematerialised_op_percent and
-    rematerialised_ops (op time jax.checkpoint recomputes); async_copies (transfer_spans: copies, GB per copy,
+    busiest_ops, busiest_ops_efficiency_percent, busiest_ops_share_percent, loop_trips_per_run; rematerialised_op_percent
+    and rematerialised_ops (op time jax.checkpoint recomputes); async_copies (transfer_spans: copies, GB per copy,
     measured link GB/s) where the profile has copy-start/copy-done pairs; and on TPU/GPU the checked peaks
     (device_model, peak_tflops, peak_hbm_gb_per_s, ridge_flop_per_byte, flops_source, bandwidth_source,
     peak_warnings). detail: ops [top_n rows, each with
@@ -63,7 +71,18 @@ def get_hlo_op_profile(session: Session, top_n: int = 20) -> ToolOutput:
         "top_op_share_percent": percent(top.total_ps, total_ps),
         "top_category": next(iter(categories)),
         "category_percent": {k: percent(v, total_ms) for k, v in categories.items()},
+        "op_time_by_kind": time_by_kind(stats),
     }
+    if top.source is not None:
+        summary["top_op_source"] = top.source.record()
+    if session.hlo_modules and not has_source_metadata(session.hlo_modules):
+        summary["source_lines_not_available"] = NO_SOURCE_HINT
+    elif trace_format(session) == KINETO:
+        if not has_python_frames(session):
+            summary["source_lines_not_available"] = NO_TORCH_STACKS_HINT
+    elif not session.hlo_modules:
+        in_trace = trace_format(session) == XPROF_CHROME
+        summary["source_lines_not_available"] = NO_HLO_IN_TRACE_NOTE if in_trace else NO_HLO_NOTE
     peaks = session_peaks(session)
     if peaks:
         summary.update({k: peaks[k] for k in ("device_model", "peak_tflops", "peak_hbm_gb_per_s", "ridge_flop_per_byte",

@@ -37,6 +37,7 @@ class ExecutedInstruction:
             "count": self.stat.count, "total_ms": round(self.stat.total_ms, 4),
             "share_of_op_time_percent": round(100 * self.stat.total_ps / total_ps, 2) if total_ps else 0.0,
             "framework_op": fields.pop("framework_op", None) or self.instruction.op_name,
+            **({"source": self.stat.source.record()} if self.stat.source is not None else {}),
         }
 
     def fused(self) -> list[HloInstruction]:

@@ -62,6 +62,7 @@ from xdiag.tools.get_kernel_stats import combined_kernel_table, kernel_table
 from xdiag.tools.get_memory_profile import allocator_totals
 from xdiag.tools.get_step_trace import host_calls
 from xdiag.analysis.op_stats import OpStat, _names_with_several_programs, op_stats
+from xdiag.analysis.source_lines import op_source
 
 FORMAT = 2
 ASSEMBLED_FORMAT = 3
@@ -357,7 +358,9 @@ def adopt(session: Session, assembled: dict[str, Any]) -> None:
     where a tool first reads it (MadeOnFirstRead)."""
     tables = _untyped(assembled["tables"])
     session.cache = MadeOnFirstRead(session.cache, {
-        "op_stats": lambda: [OpStat(**row) for row in tables["op_stats"]],
+        # Each op's source line from the assembled modules' stacks, as op_stats finds it from the whole session's.
+        "op_stats": lambda: [OpStat(**row, source=op_source(session.module_for(row["module"]) if row["module"] else None,
+                                                           row["name"])) for row in tables["op_stats"]],
         "step_set": lambda: StepSet(steps=packed.rows(packed.decode(tables["steps"]), Step), **tables["step_set"]),
         "step_rows": lambda: packed.rows(packed.decode(tables["step_rows"]), StepRow),
         "device_rows": lambda: _rows(tables["device_rows"], DeviceRow),

@@ -33,8 +33,10 @@ class Hypothesis:
         return "P0" if self.score >= 40 else "P1" if self.score >= 15 else "P2"
 
     def finding(self) -> Finding:
-        return Finding(priority=self.priority, key=self.key, title=self.title, whats_happening=self.whats_happening,
-                       evidence=self.evidence, expected_impact=self.expected_impact, fix=self.fix)
+        found = Finding(priority=self.priority, key=self.key, title=self.title, whats_happening=self.whats_happening,
+                        evidence=self.evidence, expected_impact=self.expected_impact, fix=self.fix)
+        found._staked_ops = frozenset(op for _, op in self.ops)  # their source lines: investigators.source_lines
+        return found
 
 
 def summary(results: dict[str, ToolResult], tool: str) -> dict[str, Any]:
@@ -85,8 +87,16 @@ def events_evidence(result: ToolResult) -> list[Evidence]:
     s = result.summary
     out = [evidence("aggregate_xplane_events", f"events matching {s.get('pattern')!r}", s.get("matches"),
                     f"{s.get('total_ms')} ms in total, mean {s.get('mean_us')} µs")]
+    # Python frames (a PyTorch trace's python_function events): the user's innermost frames and nn.Module calls, not
+    # the outermost frames (threading.py's _bootstrap, torch's _call_impl) that enclose everything.
+    named = [("user's innermost Python frames", "user_frames"), ("innermost nn.Module calls", "modules")]
+    for metric, key in named:
+        top = result.detail.get(key, [])[:3]
+        if top:
+            out.append(evidence("aggregate_xplane_events", metric,
+                                ", ".join(f"{t['name']} ({t['total_ms']} ms)" for t in top)))
     top = result.detail.get("top_names", [])[:3]
-    if top:
+    if top and not any(result.detail.get(key) for _, key in named):
         out.append(evidence("aggregate_xplane_events", "top matching events",
                             ", ".join(f"{t['name']} ({t['total_ms']} ms)" for t in top)))
     return out

@@ -49,6 +49,8 @@ def latency_bound(facts: Facts, found: list[Hypothesis]) -> Hypothesis | None:
         + ". Each trip depends on the one before, so the device runs one tiny op after another: per-op latency "
         "sets the time, not memory bandwidth or arithmetic.",
         facts.base + [evidence(tool, metric, value) for tool, metric, value in (
+            ("get_hlo_op_profile", "busiest_ops", ", ".join(facts.summary("get_hlo_op_profile").get("busiest_ops") or [])
+             or None),
             ("get_hlo_op_profile", "loop_trips_per_run", work.loop_trips_per_run),
             ("get_hlo_op_profile", "busiest_ops_mean_us", work.busiest_ops_mean_us),
             ("get_hlo_op_profile", "busiest_ops_efficiency_percent", efficiency),

@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from xdiag.investigators import MAX_FOLLOW_UP_CALLS, checked_verdict, health_snapshot
+from xdiag.investigators.source_lines import with_source_lines
 from xdiag.model import Analysis, FollowUpCall, InvestigationReady, ReportReady, ToolResult, ToolStatus, utc_now
 from xdiag.pipeline.deps import Dependencies
 from xdiag.pipeline.stages.analysis_record import analysis_session, is_current, load_analysis, save_analysis
@@ -83,7 +84,8 @@ def investigate(message: InvestigationReady, deps: Dependencies) -> None:
                                deps.investigation_deadline_s)
         chosen = analysis.investigator if analysis.investigator in deps.investigators else "rules"
         investigator = deps.investigators[chosen]()
-        diagnosis = checked_verdict(investigator.investigate(health, results, follow_ups), health, results)
+        diagnosis = with_source_lines(checked_verdict(investigator.investigate(health, results, follow_ups), health, results),
+                                      results)
         diagnosis.follow_up_calls.extend(follow_ups.refused)
         if chosen != analysis.investigator and not diagnosis.investigator_note:
             diagnosis.investigator_note = f"investigator {analysis.investigator!r} is not configured; used the rule engine"

@@ -24,6 +24,7 @@ from xdiag.report.format import (
 )
 from xdiag.report.sections.parts import TABLE_ROWS_SHOWN, Section, kv_blocks, names_and_more, part_for, xprof_gap
 from xdiag.report.sections.roofline import ROOFLINE_SHOWN_ABOVE
+from xdiag.report.sections.source_lines import source_text
 from xdiag.report.summary import counted
 
 
@@ -84,7 +85,9 @@ UPPER_BOUND_COLUMNS = ("achieved_gflops_per_s", "achieved_gb_per_s", "roofline_e
 
 
 def _op_origin(o: Mapping[str, Any]) -> str:
-    bits = [str(o.get("module") or ""), str(o.get("framework_op") or ""), str(o.get("source") or "")]
+    source = o.get("source")
+    bits = [str(o.get("module") or ""), str(o.get("framework_op") or ""),
+            source_text(source) if isinstance(source, Mapping) else str(source or "")]
     return " · ".join(plain_text(b) for b in bits if b)
 
 

@@ -1,0 +1,327 @@
+"""Which line of the user's program an op comes from: the op's Python stack (the HLO module's stack frame index, or
+its OpMetadata's source file and line), walked past the frames of installed libraries to the first frame of the
+user's own code, with the library frame beside it where a library made the op (a Pallas kernel's own file).
+
+"Library" is read from the path alone: installed packages (site-packages, dist-packages), the Python standard
+library, frozen modules, and the source trees of the ML frameworks (a `jax/`, `flax/`, `torch/`… folder on the
+path), wherever they are installed. Everything else is the user's.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from xdiag.profile.space import HloInstruction, HloModule, Session
+
+FRAMEWORK_PACKAGES = frozenset({
+    "jax", "jaxlib", "flax", "optax", "orbax", "chex", "haiku", "equinox", "keras", "tensorflow", "tf_keras",
+    "transformers", "torch", "torchvision", "torch_xla", "triton", "numpy", "scipy", "tpu_inference",
+    "vllm", "sglang", "accelerate", "deepspeed", "apex",
+    # What runs beside a training loop on threads of its own: progress bars, logging, flags, metrics writers.
+    "tqdm", "absl", "tensorboard", "wandb", "hydra", "click", "typer", "rich",
+})
+"""Packages whose source trees count as library code wherever they sit (a JAX checkout under /opt, a framework
+installed in development mode, or a path relative to site-packages as PyTorch's profiler names frames): a folder of
+one of these names on the path, with the file below it."""
+
+_INSTALLED = re.compile(r"(^|/)(site-packages|dist-packages)/")
+_STDLIB = re.compile(r"(^|/)lib(64)?/python\d+(\.\d+)?/")  # /usr/lib/python3.11/threading.py; not its site-packages
+
+NO_SOURCE_HINT = (
+    "the profile's HLO names no source line for any op. JAX records each op's Python stack in the HLO it compiles "
+    "(the module's stack frame index) unless told not to: re-capture with jax_include_full_tracebacks_in_locations "
+    "at its default (True; env JAX_INCLUDE_FULL_TRACEBACKS_IN_LOCATIONS) and jax_traceback_in_locations_limit "
+    "above 0 (default 100)"
+)
+"""Said once where a profile's modules record no source line for any op, with how to get them."""
+NO_HLO_NOTE = (
+    "the profile carries no HLO modules, whose Python stacks name each op's line (a framework that runs its ops "
+    "without XLA records none)"
+)
+"""Said once where a profile holds ops but no HLO (TensorFlow without XLA) and is no trace file."""
+NO_HLO_IN_TRACE_NOTE = (
+    "an XProf Chrome trace carries no HLO, whose Python stacks name each op's line: the .xplane.pb captured beside "
+    "it does"
+)
+"""Said once for a JAX run read from its Chrome trace (trace.json.gz, perfetto_trace.json.gz)."""
+NO_TORCH_STACKS_HINT = (
+    "the trace records no Python stacks: profile with torch.profiler.profile(..., with_stack=True, "
+    "with_modules=True) to record each op's file and line and the nn.Module it runs in"
+)
+"""Said once where a PyTorch trace holds no Python-frame events."""
+
+
+@dataclass(frozen=True)
+class Frame:
+    file: str
+    line: int
+    function: str
+
+    @property
+    def short(self) -> str:
+        """`file.py:LINE` with the folder it sits in (`examples/train.py:33`); a library file by its package and
+        its last folder (`jax/…/paged_attention/paged_attention_kernel.py:628`): short enough for every op row."""
+        return f"{short_path(self.file)}:{self.line}"
+
+
+def short_path(path: str) -> str:
+    parts = path.split("/")
+    installed = [i for i, p in enumerate(parts) if p in ("site-packages", "dist-packages")]
+    framework = [i for i, p in enumerate(parts[:-1]) if p in FRAMEWORK_PACKAGES]
+    if installed or framework:
+        inside = parts[installed[-1] + 1:] if installed else parts[framework[0]:]
+        return "/".join(inside) if len(inside) <= 3 else "/".join([inside[0], "…", *inside[-2:]])
+    return "/".join(parts[-2:])
+
+
+def is_library(path: str) -> bool:
+    if not path or path.startswith("<frozen"):
+        return True
+    if _INSTALLED.search(path) or (_STDLIB.search(path) and "-packages/" not in path):
+        return True
+    parts = path.split("/")
+    if not path.startswith("/") and parts[0].removesuffix(".py") in sys.stdlib_module_names:
+        return True  # a path relative to its sys.path entry, as PyTorch's profiler names frames: `threading.py`
+    return any(part in FRAMEWORK_PACKAGES for part in parts[:-1])
+
+
+PYTHON_FRAME = re.compile(r"^(?P<file>[^()]+\.py)\((?P<line>\d+)\): (?P<function>.+)$")
+"""A Python frame as PyTorch's profiler names its `python_function` events: `torch/nn/modules/module.py(1743): _call_impl`
+(the path relative to its sys.path entry)."""
+TRACER_FRAME = re.compile(r"^\$(?P<file>[^\s:/]+\.py):(?P<line>\d+) (?P<function>.+)$")
+"""A Python frame as JAX's Python tracer names its events: `$api.py:2479 block_until_ready` (the file's name only)."""
+MODULE_EVENT = "nn.Module: "
+"""The prefix of PyTorch's profiler's events for an nn.Module's forward call (`nn.Module: Linear_0`)."""
+
+
+def python_frame(name: str) -> Frame | None:
+    found = PYTHON_FRAME.match(name) or TRACER_FRAME.match(name)
+    return Frame(found["file"], int(found["line"]), found["function"]) if found else None
+
+
+def user_files(modules: list[HloModule]) -> frozenset[str]:
+    """The names of the user's files the HLO's stacks record (`train.py`): JAX's Python tracer names a frame by its
+    file's name alone, which says nothing of where it lies; a file the HLO names as the user's is the user's."""
+    return frozenset(file.rsplit("/", 1)[-1] for m in modules for file, *_ in m.stack_frames
+                     if file and not is_library(file))
+
+
+def frame_kinds(known_user_files: frozenset[str]) -> Callable[[str], str]:
+    """event name -> "user" (a frame of the user's code), "module" (an nn.Module call) or "" (anything else). A frame
+    named by its path (PyTorch) is the user's unless the path is a library's; one named by its file's name alone (JAX's
+    Python tracer) is the user's where the HLO's stacks name that file as the user's."""
+    kinds: dict[str, str] = {}
+
+    def kind_of(name: str) -> str:
+        kind = kinds.get(name)
+        if kind is None:
+            if name.startswith(MODULE_EVENT):
+                kind = "module"
+            elif (found := PYTHON_FRAME.match(name)) is not None:
+                kind = "" if is_library(found["file"]) else "user"
+            elif (found := TRACER_FRAME.match(name)) is not None:
+                kind = "user" if found["file"] in known_user_files else ""
+            else:
+                kind = ""
+            kinds[name] = kind
+        return kind
+    return kind_of
+
+
+def innermost_user_frames(events: Iterable[tuple[int, int, str]], kind_of: Callable[[str], str] | None = None,
+                          ) -> tuple[dict[str, int], dict[str, int]]:
+    """Of nested Python-frame events (start, end, name), the time of each user frame that encloses no other user
+    frame (the user's line that called into the libraries below it, not `threading.py` or the script's main), and
+    of each nn.Module call that encloses no other: name -> summed duration. Other events are skipped. `kind_of`:
+    frame_kinds' (by default, paths alone decide)."""
+    kind_of = kind_of or frame_kinds(frozenset())
+    user_time: dict[str, int] = {}
+    module_time: dict[str, int] = {}
+    stacks: dict[str, list[list]] = {"user": [], "module": []}
+    for start, end, name in sorted(events, key=lambda e: (e[0], -e[1])):
+        kind = kind_of(name)
+        for stack in stacks.values():
+            while stack and stack[-1][0] <= start:
+                _, leaf, (inner_start, inner_end, inner_name), totals = stack.pop()
+                if leaf:
+                    totals[inner_name] = totals.get(inner_name, 0) + inner_end - inner_start
+        if not kind:
+            continue
+        stack = stacks[kind]
+        if stack:
+            stack[-1][1] = False  # it encloses one of its kind: not innermost
+        stack.append([end, True, (start, end, name), user_time if kind == "user" else module_time])
+    for stack in stacks.values():
+        for _, leaf, (start, end, name), totals in stack:
+            if leaf:
+                totals[name] = totals.get(name, 0) + end - start
+    return user_time, module_time
+
+
+@dataclass(frozen=True)
+class OpSource:
+    """Where an op comes from: the user's frame (None where every frame is a library's) and, where the innermost
+    frame is a library's, that library frame (the kernel or layer that emitted the op); for a fusion, the other user
+    lines its fused ops come from (a widening `astype` fused into the reduction that reads it)."""
+
+    user: Frame | None
+    library: Frame | None
+    fused: tuple[Frame, ...] = ()
+    of_operand: str = ""  # a copy XLA inserted records no stack: the line is that of the operand it moves
+
+    def record(self) -> dict:
+        """Compact, for op tables: {"line": "train.py:33", "function": "train_step", "library": …, "fused_lines": …,
+        "line_of_operand": …}."""
+        out: dict = {}
+        if self.user is not None:
+            out.update(line=self.user.short, function=self.user.function)
+        if self.library is not None:
+            out["library"] = self.library.short
+        if self.fused:
+            out["fused_lines"] = [f.short for f in self.fused]
+        if self.of_operand:
+            out["line_of_operand"] = self.of_operand
+        return out
+
+    @property
+    def key(self) -> str:
+        """The line an op's time is summed under: the user's, else the library's."""
+        frame = self.user or self.library
+        return frame.short if frame else ""
+
+
+def source_of_stack(stack: list[tuple[str, int, str]]) -> OpSource | None:
+    """The user's and the library's frame of a stack given innermost first; None for an empty stack."""
+    if not stack:
+        return None
+    frames = [Frame(f, line, fn) for f, line, fn in stack]
+    user = next((f for f in frames if not is_library(f.file)), None)
+    library = frames[0] if is_library(frames[0].file) and frames[0].file and not frames[0].file.startswith("<") else None
+    if library is None and user is None:
+        return None
+    return OpSource(user=user, library=library)
+
+
+MAX_FUSED_LINES = 3
+_NO_CODE = ("parameter", "constant", "tuple", "get-tuple-element", "bitcast")
+MOVES = frozenset({"copy", "transpose", "bitcast", "reshape", "copy-start", "copy-done", "get-tuple-element"})
+"""Ops that move or re-lay an array without computing: where XLA inserted one (a layout copy, a prefetch), it records
+no stack, and the line that matters is the one that made the array it moves."""
+OPERAND_HOPS = 4
+
+
+def _moved_operand_source(module: HloModule, instruction: HloInstruction) -> OpSource | None:
+    """The source of the nearest operand (through other moves, at most OPERAND_HOPS) that records one, naming it."""
+    found = module.find(instruction.name)
+    if found is None:
+        return None
+    by_name, current = found[0].by_name, instruction
+    for _ in range(OPERAND_HOPS):
+        operand = by_name.get(current.operands[0]) if current.operands else None
+        if operand is None or operand.opcode == "parameter":
+            return None
+        source = source_of_stack(module.stack(operand))
+        if source is not None:
+            return OpSource(user=source.user, library=source.library, of_operand=operand.name)
+        if operand.opcode not in MOVES:
+            return None
+        current = operand
+    return None
+
+
+def instruction_source(module: HloModule, instruction: HloInstruction) -> OpSource | None:
+    """An instruction's source. A fusion takes its own stack (XLA keeps the root's), else the one most of its fused
+    ops name, and lists the other user lines its fused ops come from (most ops first, at most MAX_FUSED_LINES). A
+    move XLA inserted (no stack of its own) takes the line of the array it moves."""
+    own = source_of_stack(module.stack(instruction))
+    if own is None and instruction.opcode in MOVES:
+        return _moved_operand_source(module, instruction)
+    if instruction.opcode != "fusion" or not instruction.called:
+        return own
+    votes: dict[OpSource, int] = {}
+    for name in instruction.called:
+        computation = module.computations.get(name)
+        for inner in computation.instructions if computation else ():
+            source = None if inner.opcode in _NO_CODE else source_of_stack(module.stack(inner))
+            if source is not None:
+                votes[source] = votes.get(source, 0) + 1
+    if own is None and not votes:
+        return None
+    own = own or max(votes, key=votes.get)
+    lines: dict[Frame, int] = {}
+    for source, count in votes.items():
+        if source.user is not None and source.user.short != (own.user.short if own.user else ""):
+            lines[source.user] = lines.get(source.user, 0) + count
+    by_line: dict[str, Frame] = {}
+    for frame in sorted(lines, key=lambda f: (-lines[f], f.line)):
+        by_line.setdefault(frame.short, frame)
+    return OpSource(user=own.user, library=own.library, fused=tuple(list(by_line.values())[:MAX_FUSED_LINES]))
+
+
+def op_source(module: HloModule | None, name: str) -> OpSource | None:
+    if module is None:
+        return None
+    found = module.find(name)
+    return instruction_source(module, found[1]) if found else None
+
+
+def has_python_frames(session: Session) -> bool:
+    """Whether any host plane holds Python-frame events (PyTorch's `python_function`s, JAX's Python tracer's)."""
+    return any(PYTHON_FRAME.match(name) or TRACER_FRAME.match(name)
+               for plane in session.host_planes() for name in plane.event_names.values())
+
+
+def has_source_metadata(modules: list[HloModule]) -> bool:
+    """Whether any module records a Python stack or a source line for any of its ops."""
+    return any(m.stack_frames or any(i.source for c in m.computations.values() for i in c.instructions)
+               for m in modules)
+
+
+OP_KINDS = (
+    ("matmul", ("matmul", "convolution")),
+    ("attention", ()),
+    ("collectives", ("collective",)),
+    ("elementwise and reductions", ("elementwise", "reduction", "convert")),
+    ("data movement", ("data_movement", "prefetch")),
+    ("custom kernels", ("custom_call",)),
+    ("host transfers", ("async_copy", "memcpy", "host_callback")),
+)
+"""The kinds op time is told in, each from the op categories it gathers (xdiag.analysis.categories); "attention" is
+any op whose name, kernel or library frame says attention (a fused or Pallas attention kernel), whatever its
+category. The rest (loops' own time, other ops) is "other"."""
+_ATTENTION = re.compile(r"attention|fmha|flash_(?:fwd|bwd|attn)|mha_", re.IGNORECASE)
+
+
+def op_kind(name: str, category: str, source: OpSource | None) -> str:
+    library = source.library.file if source is not None and source.library is not None else ""
+    if _ATTENTION.search(name) or _ATTENTION.search(library.rsplit("/", 1)[-1]):
+        return "attention"
+    return next((kind for kind, categories in OP_KINDS if category in categories), "other")
+
+
+def time_by_kind(stats: list, lines_per_kind: int = 3) -> list[dict]:
+    """Op time by kind, busiest first: each {kind, ms, share_percent, lines: the 1-`lines_per_kind` source lines that
+    hold most of it, each {line, function, library, share_percent} of all op time}; ops whose HLO names no line are
+    counted in the kind, not in its lines. `stats` are xdiag.analysis.op_stats rows (name, category, total_ps,
+    source)."""
+    total = sum(s.total_ps for s in stats)
+    if not total:
+        return []
+    kinds: dict[str, dict] = {}
+    for s in stats:
+        kind = kinds.setdefault(op_kind(s.name, s.category, s.source), {"ps": 0, "lines": {}})
+        kind["ps"] += s.total_ps
+        if s.source is not None and s.source.key:
+            entry = kind["lines"].setdefault(s.source.key, [0, s.source])
+            entry[0] += s.total_ps
+    out = []
+    for name, kind in sorted(kinds.items(), key=lambda item: -item[1]["ps"]):
+        lines = [entry for entry in sorted(kind["lines"].values(), key=lambda entry: -entry[0])[:lines_per_kind]
+                 if round(100 * entry[0] / total, 2) > 0]
+        out.append({"kind": name, "ms": round(kind["ps"] / 1e9, 4),
+                    "share_percent": round(100 * kind["ps"] / total, 2),
+                    "lines": [{**source.record(), "share_percent": round(100 * ps / total, 2)} for ps, source in lines]})
+    return out

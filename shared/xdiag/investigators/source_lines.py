@@ -1,0 +1,95 @@
+"""Which lines of the user's program hold a finding's time: the ops its evidence cites, looked up in the op profile's
+rows, each row's source line (xdiag.analysis.source_lines) summed by line. Runs on every investigator's diagnosis
+(rules or a model's), so each finding names the 1-3 lines to change whoever wrote it."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+from xdiag.model import Diagnosis, Finding, SourceLine, ToolResult
+
+MAX_LINES = 3
+OP_PROFILE = "get_hlo_op_profile"
+
+
+def _op_rows(results: dict[str, ToolResult]) -> dict[str, dict]:
+    """Op name -> its row, for the rows that carry a source: the op profile's first, then any other tool's op table
+    (the detectors' rows, a follow-up's)."""
+    rows: dict[str, dict] = {}
+    for tool in sorted(results, key=lambda t: t != OP_PROFILE):
+        result = results[tool]
+        if not result.ok:
+            continue
+        for table in result.detail.values():
+            for row in table if isinstance(table, list) else ():
+                if isinstance(row, dict) and isinstance(row.get("source"), dict) and isinstance(row.get("op"), str):
+                    rows.setdefault(row["op"], row)
+    return rows
+
+
+def _texts(finding: Finding) -> Iterable[str]:
+    yield finding.title
+    yield finding.whats_happening
+    for e in finding.evidence:
+        yield e.metric
+        yield e.note
+        yield str(e.value)
+
+
+def cited_ops(finding: Finding, names: Iterable[str]) -> list[str]:
+    """The op names the finding's title, text or evidence mention as whole names (`fusion.3` is not `fusion.37`)."""
+    text = "\n".join(_texts(finding))
+    return [name for name in names if name in finding._staked_ops
+            or re.search(rf"(?<![\w.\-]){re.escape(name)}(?![\w\-]|\.\d)", text)]
+
+
+def _line_key(row: dict) -> str:
+    return row["source"].get("line") or row["source"].get("library") or ""
+
+
+def finding_source_lines(finding: Finding, rows: dict[str, dict]) -> list[SourceLine]:
+    """The lines of the ops the finding cites, each with the share of op time all listed ops at that line hold (a
+    line that calls a kernel four times holds the four calls' time), busiest first; lines under 0.01% left out."""
+    held: dict[str, float] = {}
+    for row in rows.values():
+        held[_line_key(row)] = held.get(_line_key(row), 0.0) + float(row.get("share_of_op_time_percent") or 0.0)
+    lines: dict[str, SourceLine] = {}
+    for name in cited_ops(finding, rows):
+        row = rows[name]
+        key, source = _line_key(row), row["source"]
+        if not key or round(held[key], 2) <= 0:
+            continue
+        found = lines.get(key)
+        if found is None:
+            own = bool(source.get("line"))
+            found = lines[key] = SourceLine(line=key, function=source.get("function", "") if own else "",
+                                            library=source.get("library", "") if own else "",
+                                            share_percent=round(held[key], 2))
+        found.ops.append(name)
+        found.fused_lines += [f for f in source.get("fused_lines") or [] if f not in found.fused_lines and f != key]
+    for found in lines.values():
+        found.fused_lines = found.fused_lines[:MAX_LINES]
+    return sorted(lines.values(), key=lambda s: -s.share_percent)[:MAX_LINES]
+
+
+def where_to_change(lines: list[SourceLine]) -> str:
+    """The sentence a fix gains: which line to change (the library's kernel beside it)."""
+    named = [f"{s.line}" + (f" ({s.function})" if s.function else "") + (f", in {s.library}" if s.library else "")
+             + f": {s.share_percent:g}% of op time" + (f", fusing {', '.join(s.fused_lines)}" if s.fused_lines else "")
+             for s in lines]
+    return "Where: " + "; ".join(named) + "."
+
+
+def with_source_lines(diagnosis: Diagnosis, results: dict[str, ToolResult]) -> Diagnosis:
+    """Each finding with the source lines of the ops it cites, and its fix with where to change them."""
+    rows = _op_rows(results)
+    if not rows:
+        return diagnosis
+    for finding in diagnosis.findings:
+        if finding.source_lines:
+            continue
+        finding.source_lines = finding_source_lines(finding, rows)
+        if finding.source_lines:
+            finding.fix = f"{finding.fix.rstrip()} {where_to_change(finding.source_lines)}"
+    return diagnosis

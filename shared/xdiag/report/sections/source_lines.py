@@ -1,0 +1,43 @@
+"""Op time by kind, and the lines of the user's program that hold each (get_hlo_op_profile's op_time_by_kind, from
+the HLO's Python stacks): the section that says which code to look at first."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from xdiag.model import ToolResult
+from xdiag.report.format import Block, Limits, format_measure
+from xdiag.report.sections.parts import Section, part_for, table_block
+
+
+def source_text(source: Mapping[str, Any]) -> str:
+    """An op's or a finding's source as one line: `train.py:33 (train_step), in kernel.py:628`."""
+    line = str(source.get("line") or "")
+    text = line + (f" ({source['function']})" if line and source.get("function") else "")
+    library = str(source.get("library") or "")
+    if library:
+        text += (", in " if text else "") + library
+    fused = [str(f) for f in source.get("fused_lines") or []]
+    if fused:
+        text += f" (fusing {', '.join(fused)})"
+    return text
+
+
+def source_lines_section(results: Mapping[str, ToolResult], limits: Limits) -> Section:
+    section = Section("source-lines", "Op time by kind, and the lines that hold it")
+    part, r = part_for(results, "get_hlo_op_profile")
+    section.parts.append(part)
+    if r is None:
+        return section
+    kinds = [k for k in r.summary.get("op_time_by_kind") or [] if isinstance(k, Mapping)]
+    rows = [{"kind": k.get("kind"), "share_of_op_time_percent": k.get("share_percent"), "total_ms": k.get("ms"),
+             "source_lines": "; ".join(f"{source_text(line)}: {format_measure(line.get('share_percent'), '%')}"
+                                       for line in k.get("lines") or [] if isinstance(line, Mapping))
+             or "no line recorded"} for k in kinds]
+    part.blocks += table_block(rows, "", limits, empty="no op time recorded",
+                               preferred=("kind", "share_of_op_time_percent", "total_ms", "source_lines"))
+    missing = r.summary.get("source_lines_not_available")
+    if missing:
+        part.blocks.append(Block(kind="text", text=f"Source lines: not available: {missing}", muted=True))
+    return section

@@ -1,0 +1,320 @@
+"""Source lines from the profile's own metadata: each HLO op's Python stack (the module's stack frame index), its
+user frame past the library frames, and the library frame beside it; op time by kind with the lines that hold it;
+every finding's source lines. The profiles are the committed real TPU v5e and H200 captures of the workloads in
+shared/xdiag/examples (captured when that folder was named workloads/), and a real JAX CPU capture; each expected
+line is read from the workload's file, so a test names the statement, not a number that can drift."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from xdiag.analysis.source_lines import (
+    NO_SOURCE_HINT, has_source_metadata, innermost_user_frames, is_library, python_frame, source_of_stack,
+)
+from xdiag.cloud.embedded import analyze_session
+from xdiag.examples.capture import capture_workload
+from xdiag.investigators.source_lines import cited_ops
+from xdiag.model import Evidence, Finding
+from xdiag.profile.locate import locate_session
+from xdiag.profile.reader import read_session_in_process
+from xdiag.profile.space import HloComputation, HloInstruction, HloModule
+from xdiag.tools.aggregate_xplane_events import aggregate_xplane_events
+from xdiag.tools.get_hlo_op_profile import get_hlo_op_profile
+
+from tests.conftest import SHARED_PROFILES
+
+PROFILES = Path(__file__).resolve().parent / "profiles"
+TRACES = SHARED_PROFILES.parent / "traces"
+EXAMPLES = Path(__file__).resolve().parent.parent / "shared" / "xdiag" / "examples"
+
+# capture -> (the statement the busiest op's user line holds, the library file beside it or None)
+TOP_OP_LINES = {
+    "tpu_v5e/widening_convert": ("return y.astype(jnp.bfloat16)", None),
+    "h200/widening_convert": ("return y.astype(jnp.bfloat16)", None),
+    "tpu_v5e/ragged_attention_serve": ("q = ragged_paged_attention(", "ragged_paged_attention/kernel.py"),
+    "tpu_v5e/megablox_moe": ("y = gmm(h, w_down", None),
+    "tpu_v5e/near_hbm_limit": ("table = table.at[ids].add(", None),
+    "tpu_v5e/int8_matmul": ("acc = jax.lax.dot(x, w", None),
+    "tpu_v5e/lstm_scan": ("gates = x @ w + h @ u + b", None),
+    "tpu_v5e/gru_scan_train": ("hr, hz, hn = jnp.split(h @ u", None),
+}
+
+
+def _example_line(line: str) -> str:
+    """The text at `folder/file.py:N` in the workload's file under shared/xdiag/examples."""
+    path, _, number = line.rpartition(":")
+    return (EXAMPLES / Path(path).name).read_text().splitlines()[int(number) - 1].strip()
+
+
+def _op_profile(capture: str):
+    return get_hlo_op_profile(read_session_in_process([PROFILES / f"{capture}.xplane.pb"]))
+
+
+@pytest.mark.parametrize("capture", sorted(TOP_OP_LINES))
+def test_the_busiest_op_names_the_users_line_and_the_library_beside_it(capture):
+    statement, library = TOP_OP_LINES[capture]
+    out = _op_profile(capture)
+    source = out.summary["top_op_source"]
+    assert source["line"].startswith("workloads/" + capture.split("/")[1])  # the workload's own file, not jax's
+    assert _example_line(source["line"]).startswith(statement)
+    if library:
+        assert source["library"].startswith("jax/…/") and library in source["library"]
+    else:
+        assert "library" not in source
+    assert out.detail["ops"][0]["source"] == source  # the op table's source column
+    assert "source_lines_not_available" not in out.summary
+
+
+def test_a_pallas_kernel_keeps_its_own_frame_beside_the_users_call():
+    """paged_attention_decode: the kernel's innermost frame is JAX's paged_attention_kernel.py; the user's frame is
+    the jitted decode loop that calls it (the capture's line 41, in `decode` of the workload's file)."""
+    out = _op_profile("tpu_v5e/paged_attention_decode")
+    source = out.summary["top_op_source"]
+    assert source["library"].startswith("jax/…/paged_attention/paged_attention_kernel.py:")
+    assert source["function"] == "setup.<locals>.decode"
+    lines = (EXAMPLES / "paged_attention_decode.py").read_text().splitlines()
+    start = next(i for i, text in enumerate(lines, 1) if text.strip().startswith("def decode("))
+    end = next(i for i, text in enumerate(lines, 1) if i > start and text.strip() == "return q")
+    assert start < int(source["line"].rpartition(":")[2]) < end
+    kinds = {k["kind"]: k for k in out.summary["op_time_by_kind"]}
+    assert kinds["attention"]["share_percent"] > 99
+    assert kinds["attention"]["lines"][0]["line"] == source["line"]
+
+
+def test_a_copy_xla_inserted_names_the_line_of_the_array_it_moves():
+    rows = {row["op"]: row for row in _op_profile("tpu_v5e/layout_transpose").detail["ops"]}
+    source = rows["copy.1"]["source"]
+    assert source["line_of_operand"] == "bitcast.3"
+    assert _example_line(source["line"]).startswith("bdsh = jnp.transpose(y")
+
+
+def test_op_time_by_kind_names_the_lines_that_hold_each_kind():
+    kinds = _op_profile("tpu_v5e/megablox_moe").summary["op_time_by_kind"]
+    assert kinds == sorted(kinds, key=lambda k: -k["ms"])
+    assert abs(sum(k["share_percent"] for k in kinds) - 100) < 0.1
+    custom = next(k for k in kinds if k["kind"] == "custom kernels")  # megablox gmm/tgmm Pallas kernels
+    assert 1 <= len(custom["lines"]) <= 3
+    assert {_example_line(line["line"]).split(" = ")[1][:4] for line in custom["lines"]} <= {"jax.", "gmm("}
+    assert sum(line["share_percent"] for line in custom["lines"]) <= custom["share_percent"] + 0.01
+
+
+@pytest.mark.parametrize("path, library", [
+    ("/usr/lib/python3.11/threading.py", True),
+    ("/home/me/.venv/lib/python3.12/site-packages/flax/linen/module.py", True),
+    ("/usr/local/lib/python3.10/dist-packages/transformers/models/llama/modeling_llama.py", True),
+    ("<frozen runpy>", True),
+    ("/opt/src/jax/experimental/pallas/ops/tpu/megablox/gmm.py", True),  # a framework's source tree, anywhere
+    ("/home/me/project/train.py", False),
+    ("/tmp/ipykernel_4821/3351872923.py", False),  # a notebook cell is the user's
+    ("/home/me/jax_experiments/train.py", False),
+])
+def test_library_frames_are_told_from_the_path(path, library):
+    assert is_library(path) is library
+
+
+def test_the_user_frame_is_the_first_past_the_libraries():
+    stack = [("/x/site-packages/jax/_src/numpy/lax_numpy.py", 5, "astype"), ("/home/me/train.py", 33, "step"),
+             ("/usr/lib/python3.11/threading.py", 1032, "_bootstrap")]
+    source = source_of_stack(stack)
+    assert source.user.short == "me/train.py:33" and source.user.function == "step"
+    assert source.library.short == "jax/…/numpy/lax_numpy.py:5"
+    only_libraries = source_of_stack([stack[2]])
+    assert only_libraries.user is None and only_libraries.key == "python3.11/threading.py:1032"
+
+
+def test_a_module_without_source_metadata_says_so_once_and_how_to_get_it():
+    bare = HloInstruction(name="add.1", opcode="add", dtype="f32", dims=(8,), layout=(0,), operands=(),
+                          fusion_kind="", op_name="", source="", called=())
+    module = HloModule(name="jit_f", program_id=1, entry="main", host="h",
+                       computations={"main": HloComputation("main", [bare])})
+    assert not has_source_metadata([module]) and "jax" in NO_SOURCE_HINT
+    recorded = HloInstruction(**{**bare.__dict__, "source": "/home/me/train.py:12"})
+    older = HloModule(**{**module.__dict__, "computations": {"main": HloComputation("main", [recorded])}})
+    assert has_source_metadata([older]) and older.stack(recorded) == [("/home/me/train.py", 12, "")]
+
+
+def test_a_pytorch_trace_without_stacks_says_how_to_record_them():
+    """A real 4-rank DDP Kineto trace (tests/profiles/torch_ranks) recorded without with_stack: said once, with the
+    torch.profiler arguments that record stacks and modules."""
+    session = read_session_in_process([PROFILES / "torch_ranks" / "balanced" / "rank0.pt.trace.json.gz"])
+    note = get_hlo_op_profile(session).summary["source_lines_not_available"]
+    assert "with_stack=True" in note and "with_modules=True" in note
+
+
+def test_a_profile_without_hlo_says_why_no_op_names_a_line():
+    from tests.conftest import shared_profile
+
+    session = read_session_in_process([shared_profile("gpu/v100x8_tf_bert_worker.xplane.pb")])  # TensorFlow, no XLA
+    out = get_hlo_op_profile(session)
+    assert "no HLO modules" in out.summary["source_lines_not_available"]
+    assert all(not kind["lines"] for kind in out.summary["op_time_by_kind"])
+
+
+def test_a_jax_chrome_trace_points_to_the_xplane_for_its_lines():
+    session = read_session_in_process([PROFILES / "tpu_v5e_chrome" / "paged_attention_decode.trace.json.gz"])
+    assert ".xplane.pb" in get_hlo_op_profile(session).summary["source_lines_not_available"]
+
+
+def test_findings_cite_ops_by_whole_name():
+    finding = Finding(priority="P1", key="k", title="t", whats_happening="fusion.3 reads its input twice",
+                      evidence=[Evidence(tool="get_hlo_op_profile", metric="top_op", value="fusion.37 (jit_step)")],
+                      expected_impact="", fix="")
+    assert cited_ops(finding, ["fusion.3", "fusion.37", "fusion.30", "fusion"]) == ["fusion.3", "fusion.37"]
+
+
+@pytest.fixture(scope="module")
+def analysed(tmp_path_factory):
+    """capture -> its analysis by the rule engine, made once."""
+    out, done = tmp_path_factory.mktemp("analysed"), {}
+
+    def analysis(capture: str):
+        if capture not in done:
+            path = PROFILES / f"{capture}.xplane.pb"
+            done[capture] = analyze_session(locate_session(path), out / capture.replace("/", "-"))
+        return done[capture]
+    return analysis
+
+
+# capture -> (the finding, the statement its first source line holds, a statement one of its lines fuses or None)
+FINDING_LINES = {
+    "tpu_v5e/lstm_scan": ("latency_bound", "gates = x @ w + h @ u + b", None),
+    "tpu_v5e/gru_scan_train": ("latency_bound", "hr, hz, hn = jnp.split(h @ u", None),
+    "tpu_v5e/widening_convert": ("memory_bound", "return y.astype(jnp.bfloat16)", "xf = x.astype(jnp.float32)"),
+    "h200/widening_convert": ("memory_bound", "return y.astype(jnp.bfloat16)", "xf = x.astype(jnp.float32)"),
+    "tpu_v5e/near_hbm_limit": ("memory_pressure", "h = jax.nn.relu(h @ w)", None),
+    # a layout copy XLA inserted records no stack: the line that made the array it copies (via its bitcast)
+    "tpu_v5e/layout_transpose": ("layout_copies", "bdsh = jnp.transpose(y, (0, 3, 2, 1))", None),
+}
+
+
+@pytest.mark.parametrize("capture", sorted(FINDING_LINES))
+def test_a_findings_source_lines_are_the_users_and_its_fix_says_where(capture, analysed):
+    key, statement, fused = FINDING_LINES[capture]
+    finding = next(f for f in analysed(capture).diagnosis.findings if f.key == key)
+    assert 1 <= len(finding.source_lines) <= 3
+    first = finding.source_lines[0]
+    assert _example_line(first.line).startswith(statement) and first.share_percent > 0
+    assert finding.source_lines == sorted(finding.source_lines, key=lambda s: -s.share_percent)
+    if fused:
+        assert any(_example_line(f).startswith(fused) for s in finding.source_lines for f in s.fused_lines)
+    assert f"Where: {first.line}" in finding.fix
+
+
+def test_the_top_finding_names_the_users_line_and_the_kernel_beside_it(analysed):
+    analysis = analysed("tpu_v5e/paged_attention_decode")
+    top = analysis.diagnosis.findings[0]
+    line = top.source_lines[0]
+    assert line.line.startswith("workloads/paged_attention_decode.py:") and line.function == "setup.<locals>.decode"
+    assert "paged_attention/paged_attention_kernel.py:" in line.library
+    assert line.share_percent > 99 and len(line.ops) >= 3  # the four calls of the kernel that line makes
+    assert f"Where: {line.line}" in top.fix
+    html = (Path(analysis.output_uri) / "summary.html").read_text()
+    assert 'id="source-lines"' in html and html.count(line.line) >= 3  # finding, fix, op time by kind
+
+
+def test_an_agent_gets_the_lines_from_explain_finding_and_the_op_profile(analysed, tmp_path):
+    """The MCP server's answers (XdiagTools, without the protocol): explain_finding returns the finding's source
+    lines, get_hlo_op_profile each op row's source and op time by kind."""
+    from xdiag.agent.mcp_server import XdiagTools
+
+    tools = XdiagTools(cache=None, max_bytes=2**30, stack_dir=tmp_path)
+    analysis = analysed("tpu_v5e/paged_attention_decode")
+    explained = tools.call("explain_finding", {"analysis": analysis.output_uri, "finding": "1"})
+    assert explained["source_lines"][0]["line"].startswith("workloads/paged_attention_decode.py:")
+    profile = str(PROFILES / "tpu_v5e" / "paged_attention_decode.xplane.pb")
+    ops = tools.call("get_hlo_op_profile", {"path": profile, "top_n": 3})
+    assert all(row["source"]["function"] == "setup.<locals>.decode" for row in ops["detail"]["ops"][:3])
+    assert ops["summary"]["op_time_by_kind"][0]["kind"] == "attention"
+
+
+def test_the_gemini_investigator_is_given_the_lines():
+    from xdiag.investigators import health_snapshot
+    from xdiag.investigators.gemini.messages import opening_data
+    from xdiag.model import ToolResult, ToolStatus
+
+    out = _op_profile("tpu_v5e/lstm_scan")
+    results = {"get_hlo_op_profile": ToolResult(tool="get_hlo_op_profile", status=ToolStatus.OK,
+                                                summary=out.summary, detail=out.detail)}
+    given = opening_data(health_snapshot(results), results)["broad_tools"]["get_hlo_op_profile"]["summary"]
+    assert given["top_op_source"]["line"] == "workloads/lstm_scan.py:31"
+    assert any(line["line"] == "workloads/lstm_scan.py:31" for kind in given["op_time_by_kind"] for line in kind["lines"])
+
+
+def test_lstm_scans_top_finding_is_its_cells_matmul_line(analysed):
+    top = analysed("tpu_v5e/lstm_scan").diagnosis.findings[0]
+    assert top.key == "latency_bound"
+    assert _example_line(top.source_lines[0].line) == "gates = x @ w + h @ u + b"
+
+
+@pytest.mark.slow
+def test_a_real_cpu_capture_names_the_workloads_lines(tmp_path):
+    """A JAX CPU capture made now, of the workload in shared/xdiag/examples: its ops' lines and its top finding's are
+    statements of that file's jitted train_step."""
+    capture = capture_workload("widened_statistics", tmp_path)
+    out = get_hlo_op_profile(read_session_in_process([capture]))
+    lines = [line["line"] for kind in out.summary["op_time_by_kind"] for line in kind["lines"]]
+    # XLA:CPU's standalone widening convert carries no stack in this profile, so the busiest op may name no line
+    assert all(row["source"]["function"] == "train_step" for row in out.detail["ops"] if "source" in row)
+    assert lines and all(line.startswith("examples/widened_statistics.py:") for line in lines)
+    top = analyze_session(locate_session(capture), tmp_path / "out").diagnosis.findings[0]
+    assert top.source_lines and all(s.function == "train_step" for s in top.source_lines)
+    source = (EXAMPLES / "widened_statistics.py").read_text().splitlines()
+    body = range(next(i for i, text in enumerate(source, 1) if text.startswith("def train_step(")), len(source))
+    for s in top.source_lines:
+        number = int(s.line.rpartition(":")[2])
+        assert number in body and "jnp." in _example_line(s.line)
+
+
+@pytest.mark.parametrize("capture", ["tpu_v5e/widening_convert", "h200/widening_convert"])
+def test_a_fusion_names_the_widening_astype_it_fuses(capture):
+    """The busiest fusion's own line is its root's (the narrowing astype); the widening `astype(jnp.float32)` it
+    fuses is among its fused lines, where a reader looks for the convert."""
+    source = _op_profile(capture).summary["top_op_source"]
+    fused = [_example_line(line) for line in source["fused_lines"]]
+    assert "xf = x.astype(jnp.float32)  # widened copy of the whole tensor" in fused
+
+
+def test_the_innermost_user_frames_are_past_the_threads_and_the_frameworks():
+    events = [  # (start, end, name) as nested Python-frame events of one thread
+        (0, 100, "threading.py(1032): _bootstrap"), (1, 99, "train.py(80): main"), (2, 60, "train.py(40): step"),
+        (3, 50, "torch/nn/modules/module.py(1743): _call_impl"), (4, 40, "nn.Module: Net_0"),
+        (5, 20, "nn.Module: Linear_0"), (21, 39, "nn.Module: Linear_1"), (61, 90, "train.py(55): log"),
+    ]
+    users, modules = innermost_user_frames(events)
+    assert users == {"train.py(40): step": 58, "train.py(55): log": 29}
+    assert modules == {"nn.Module: Linear_0": 15, "nn.Module: Linear_1": 18}
+    assert python_frame("threading.py(1032): _bootstrap").line == 1032 and python_frame("aten::mm") is None
+
+
+def test_jax_python_tracer_frames_are_the_users_where_the_hlo_names_their_file():
+    """JAX's Python tracer names a frame by its file's name alone (`$api.py:2479 block_until_ready`): the user's are
+    the files the HLO's stacks name as the user's, so the workload's `step` is, jax's api.py is not."""
+    session = read_session_in_process([PROFILES / "tpu_v5e" / "widening_convert.xplane.pb"])
+    out = aggregate_xplane_events(session, pattern=".", line="python")
+    frames = [python_frame(f["name"]) for f in out.detail["user_frames"]]
+    assert [(f.file, f.function) for f in frames] == [("widening_convert.py", "step")]
+    assert _example_line(f"examples/{frames[0].file}:{frames[0].line}").startswith("def step(")
+    assert "block_until_ready" not in str(out.detail["user_frames"])  # jax's api.py, though it holds most time
+
+
+@pytest.mark.parametrize("trace, host_finding", [("kineto_TraceLens_h100_bert-small.json.gz", True),
+                                                 ("kineto_TraceLens_h100_Qwen1.5-0.5B-Chat.json.gz", False)])
+def test_a_pytorch_trace_with_stacks_names_the_users_frame(trace, host_finding, tmp_path):
+    """Real Kineto traces recorded with stacks: the user's frames (the model adapter's run_on_input), never
+    threading.py, torch's own frames or a progress bar's thread; the innermost nn.Module calls. bert-small's host
+    finding cites them (Qwen's finding is about its kernels: no Python frames cited)."""
+    path = TRACES / trace
+    if not path.exists():
+        pytest.skip(f"{path} is not here: the public traces live in ../shared/traces beside the checkout")
+    out = aggregate_xplane_events(read_session_in_process([path]), pattern=".", line="python")
+    frames = [f["name"] for f in out.detail["user_frames"]]
+    assert frames and not any(is_library(python_frame(f).file) for f in frames)
+    assert not any(f.startswith(("threading.py", "torch/", "tqdm/")) for f in frames)
+    assert out.detail["modules"] and all(m["name"].startswith("nn.Module: ") for m in out.detail["modules"])
+    if not host_finding:
+        return
+    analysis = analyze_session(locate_session(path), tmp_path / "out")
+    cited = [e for f in analysis.diagnosis.findings for e in f.evidence if e.tool == "aggregate_xplane_events"]
+    assert cited and not any("threading.py" in str(e.value) for e in cited)
+    assert any(e.metric == "user's innermost Python frames" and frames[0] in e.value for e in cited)
