@@ -4,6 +4,7 @@
                               [--device-profiles A.xplane.pb,...] [--device-large-mib 93]
                               [--xprof-max-mib 256] [--out bench/results]
     python bench/run_bench.py --hosts 1,8,32,128 [--one-process-max-hosts 32] [--repeats 3] [--workdir DIR]
+    python bench/run_bench.py --tpu [--tpu-profiles A.xplane.pb,...] [--tpu-host-mib 2048] [--repeats 3] [--workdir DIR]
 
 1. Profiles: real CPU captures of the bundled `dispatch_bound` workload (the Python tracer on, so
    the event count per MiB is high) at about 5 and 20 MiB, then larger ones made by
@@ -29,6 +30,10 @@ Results go to `<out>/results.json` and `<out>/results.md`, with the machine desc
 `--hosts` runs only the many-host bench instead (issue 37): sessions of N copies of the 20 MiB capture, each
 analysed host by host (the default read) and in one process, wall time, CPU time and the peak RSS of the largest
 single process; `<out>/hosts.{json,md}`.
+`--tpu` runs only the TPU rows instead: the committed real TPU v5e capture (bench/profiles, 87.6 MiB), the other
+real TPU profiles named, and a 2 GB host made from the capture's lines, each analysed as a user runs it the first time
+and again (XProf's views kept from the first), without XProf's views and waiting for them, beside XProf's converters;
+`<out>/tpu.{json,md}`.
 Never run as a test: timings depend on the machine.
 """
 
@@ -141,10 +146,10 @@ def _private_copy(profile: Path, workdir: Path) -> Path:
     return target
 
 
-def run_xdiag(profile: Path, workdir: Path, **env: str) -> dict:
+def run_xdiag(profile: Path, workdir: Path, options: tuple[str, ...] = (), **env: str) -> dict:
     out = Path(tempfile.mkdtemp(dir=workdir))
-    result = _run([str(Path(sys.executable).with_name("xdiag")), "analyze", str(_private_copy(profile, workdir)), "--out", str(out), "-q"],
-                  env={**os.environ, **env})
+    result = _run([str(Path(sys.executable).with_name("xdiag")), "analyze", str(_private_copy(profile, workdir)), "--out", str(out), "-q",
+                   *options], env={**os.environ, **env})
     analysis = json.loads((out / "analysis.json").read_text())
     result["split_ms"] = {k: analysis["timings_ms"].get(k) for k in ("read", "tools", "investigate", "render")}
     result["events"] = analysis["profile"]["events"]
@@ -210,17 +215,18 @@ def bench_device(profiles: list[Path], repeats: int, workdir: Path) -> list[dict
     """Per device profile: xdiag's own analysis, the whole analysis as it runs by default (XProf's views
     concurrent from 16 MiB) and with them one after another, and XProf's converters alone; medians and
     ratios to xdiag's own."""
-    modes = {
+    modes = {  # the whole analysis waits for XProf's views, which `xdiag analyze` converts beside it from 16 MiB
         "own": {"XDIAG_XPROF_VIEWS": "0"},
         "whole_concurrent": {},
         "whole_sequential": {"XDIAG_XPROF_PROCESSES": "0"},
     }
+    waits = ("--xprof-wait", "600")
     rows = []
     for profile in profiles:
         runs: dict[str, list[dict]] = {mode: [] for mode in (*modes, "xprof")}
         for _ in range(repeats):
             for mode, env in modes.items():
-                runs[mode].append(run_xdiag(profile, workdir, **env))
+                runs[mode].append(run_xdiag(profile, workdir, () if mode == "own" else waits, **env))
             runs["xprof"].append(run_xprof(profile, workdir))
         row = {"profile": profile.name.removesuffix(".xplane.pb"), "size_mib": round(profile.stat().st_size / 2**20, 1),
                "events": runs["own"][0]["events"]}
@@ -235,22 +241,142 @@ def bench_device(profiles: list[Path], repeats: int, workdir: Path) -> list[dict
 
 
 TREE_PEAK = """
-import ctypes, json, os, resource, subprocess, sys
+import ctypes, json, os, resource, subprocess, sys, time
 ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: orphaned descendants are reaped here
+started = time.perf_counter()
 proc = subprocess.Popen(sys.argv[1:])
 _, status, usage = os.wait4(proc.pid, 0)
+command_wall_s = time.perf_counter() - started
+command_tree = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
 while True:
     try:
         os.wait()
     except ChildProcessError:
         break
-print(json.dumps({"peak_rss_mib": usage.ru_maxrss / 1024,
+print(json.dumps({"peak_rss_mib": usage.ru_maxrss / 1024, "command_wall_s": command_wall_s,
+                  "command_tree_peak_rss_mib": command_tree, "descendants_wall_s": time.perf_counter() - started,
                   "tree_peak_rss_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}))
 sys.exit(os.waitstatus_to_exitcode(status))
 """
-"""Runs a command and prints, last, the peak RSS of the command's process (and the processes it waited for) and of
-the largest process of its whole tree: what it started and what those left behind (XProf's conversion workers
-outlive the forkserver that started them)."""
+"""Runs a command and prints, last, the peak RSS of the command's process (and the processes it waited for), the
+command's own wall time and the largest process of its tree by the time it exited, then, once every process it left
+behind has exited too (XProf's conversion workers outlive the forkserver that started them; `xdiag analyze`'s
+detached converter of XProf's views runs after it), the time until then and the largest process of its whole tree."""
+
+
+TPU_CAPTURE_XZ = REPO / "bench" / "profiles" / "kv_decode_100steps.xplane.pb.xz"
+"""A real TPU v5e capture (one chip, JAX 0.10.2): the bundled kv_decode workload, batch-1 KV-cache decoding, 100
+traced steps; 87.6 MiB, 1.7M events, xz-compressed to 17 MiB to be committed."""
+TPU_CAPTURE_SHA256 = "167951fc71abc567f0cd1ac36ca119d04b82ae6e7942d231fb0e6c0387415a53"
+
+
+def tpu_capture(workdir: Path) -> Path:
+    """The real TPU capture, decompressed into `workdir` once and checked against its digest."""
+    import hashlib
+    import lzma
+
+    target = workdir / "tpu-capture" / "kv_decode_100steps.xplane.pb"
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        part = target.with_suffix(".part")
+        with lzma.open(TPU_CAPTURE_XZ) as source, part.open("wb") as out:
+            shutil.copyfileobj(source, out, 2**22)
+        part.rename(target)
+    digest = hashlib.sha256()
+    with target.open("rb") as handle:
+        for block in iter(lambda: handle.read(2**22), b""):
+            digest.update(block)
+    if digest.hexdigest() != TPU_CAPTURE_SHA256:
+        raise SystemExit(f"{target}: sha256 {digest.hexdigest()}, not the committed capture's {TPU_CAPTURE_SHA256}")
+    return target
+
+
+def _tree_run(cmd: list[str], env: dict) -> dict:
+    result = _run([sys.executable, "-c", TREE_PEAK, *cmd], env=env)
+    result.update(json.loads(result.pop("stdout").strip().splitlines()[-1]))
+    result["wall_s"] = result.pop("command_wall_s")  # the command's, not the wait for what it left behind
+    return result
+
+
+def bench_tpu(profiles: list[Path], repeats: int, workdir: Path, xprof_max_mib: float) -> list[dict]:
+    """Per TPU profile, each run a fresh process on a private copy: `xdiag analyze` as a user runs it the first time
+    (an empty local cache: XProf's views converted after the report, by a detached process), again (the views kept
+    from the first run), with `--no-xprof-views`, and with `--xprof-wait 600` (the report waits for XProf's views,
+    converted beside it: what the first run's report would hold had it waited); beside them XProf's 11 converters.
+    Wall time is the command's; peak RSS the largest process of its tree by the time it exited, and of everything it
+    started until that ended too (the detached converter after it)."""
+    xdiag = str(Path(sys.executable).with_name("xdiag"))
+    rows = []
+    for profile in profiles:
+        size_mib = profile.stat().st_size / 2**20
+        limit_gib = max(2.0, profile.stat().st_size / 2**30 + 0.1)
+        runs: dict[str, list[dict]] = {mode: [] for mode in ("first", "kept", "own", "waited", "xprof")}
+        for _ in range(repeats):
+            copy = _private_copy(profile, workdir)
+            cache = Path(tempfile.mkdtemp(dir=workdir))
+            for mode, options in (("first", []), ("kept", []), ("own", ["--no-xprof-views"])):
+                out = Path(tempfile.mkdtemp(dir=workdir))
+                result = _tree_run([xdiag, "analyze", str(copy), "--out", str(out), "-q", "--max-profile-gib",
+                                    f"{limit_gib:.1f}", *options], env={**os.environ, "XDIAG_LOCAL_CACHE_DIR": str(cache)})
+                result["events"] = json.loads((out / "analysis.json").read_text())["profile"]["events"]
+                runs[mode].append(result)
+                shutil.rmtree(out, ignore_errors=True)
+            shutil.rmtree(cache, ignore_errors=True)
+            if size_mib <= xprof_max_mib:
+                out, cache = Path(tempfile.mkdtemp(dir=workdir)), Path(tempfile.mkdtemp(dir=workdir))
+                runs["waited"].append(_tree_run(
+                    [xdiag, "analyze", str(_private_copy(profile, workdir)), "--out", str(out), "-q", "--xprof-wait",
+                     "600"], env={**os.environ, "XDIAG_LOCAL_CACHE_DIR": str(cache)}))
+                shutil.rmtree(cache, ignore_errors=True)
+                runs["xprof"].append(_tree_run([sys.executable, "-c", XPROF_SCRIPT, str(_private_copy(profile, workdir)),
+                                                *XPROF_VIEWS], env=dict(os.environ)))
+        row = {"profile": _label(profile, workdir), "size_mib": round(size_mib, 1), "events": runs["own"][0]["events"]}
+        for mode, results in runs.items():
+            if not results:
+                row[mode] = {"not_run": f"over --xprof-max-mib {xprof_max_mib:g}"}
+                continue
+            row[mode] = {**_median(results), **{k: round(statistics.median(r[k] for r in results), 3) for k in (
+                "command_tree_peak_rss_mib", "tree_peak_rss_mib", "descendants_wall_s")}}
+        if "wall_s" in row["xprof"]:
+            for mode in ("first", "kept", "own", "waited"):
+                row[mode]["wall_over_xprof"] = round(row[mode]["wall_s"] / row["xprof"]["wall_s"], 3)
+                row[mode]["rss_over_xprof"] = round(row[mode]["command_tree_peak_rss_mib"] /
+                                                    row["xprof"]["tree_peak_rss_mib"], 3)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
+def render_tpu_markdown(report: dict) -> str:
+    m = report["machine"]
+    lines = [
+        f"# xdiag analyze on TPU profiles ({report['date']}, {m['cores']} cores, {m['memory_gib']} GiB, median of "
+        f"{report['repeats']})",
+        "",
+        "Wall s / peak RSS MiB of the largest process of the command's tree while it ran (× XProf's); first: an empty "
+        "local cache, XProf's views converted after the report by a detached process (its own wall s / peak RSS "
+        "after); kept: the same file again; waited: --xprof-wait 600.",
+        "",
+        "| profile | MiB | events | first | converter after it | kept | --no-xprof-views | waited | XProf's 11 converters |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+
+    def cell(run: dict) -> str:
+        if "not_run" in run:
+            return f"not run ({run['not_run']})"
+        ratio = (f" ({run['wall_over_xprof']}× / {run['rss_over_xprof']}×)" if "wall_over_xprof" in run else "")
+        return f"{run['wall_s']} / {run['command_tree_peak_rss_mib']:.0f}{ratio}"
+
+    for r in report["rows"]:
+        first = r["first"]
+        after = (f"{round(first['descendants_wall_s'] - first['wall_s'], 2)} / {first['tree_peak_rss_mib']:.0f}"
+                 if first["tree_peak_rss_mib"] > first["command_tree_peak_rss_mib"] else "none (in line)")
+        xprof = r["xprof"]
+        xprof_cell = (f"{xprof['wall_s']} / {xprof['tree_peak_rss_mib']:.0f}" if "wall_s" in xprof
+                      else f"not run ({xprof['not_run']})")
+        lines.append(f"| {r['profile']} | {r['size_mib']} | {r['events']:,} | {cell(first)} | {after} | "
+                     f"{cell(r['kept'])} | {cell(r['own'])} | {cell(r['waited'])} | {xprof_cell} |")
+    return "\n".join(lines) + "\n"
 
 
 def _pod(capture: Path, hosts: int, workdir: Path) -> Path:
@@ -370,6 +496,13 @@ def main() -> None:
     parser.add_argument("--hosts-profile", type=Path, default=None,
                         help="with --hosts: each host a copy of this real profile (e.g. a TPU capture) instead; "
                              "results/hosts-<name>.{json,md}")
+    parser.add_argument("--tpu", action="store_true",
+                        help="instead of the rest: the TPU rows (results/tpu.{json,md}): the committed real TPU v5e "
+                             "capture (bench/profiles), --tpu-profiles and a host of --tpu-host-mib built from the capture")
+    parser.add_argument("--tpu-profiles", default=str(REPO / "tests" / "profiles" / "tpu_v5e" / "gru_scan_train.xplane.pb"),
+                        help="with --tpu: more real TPU profiles, comma-separated")
+    parser.add_argument("--tpu-host-mib", type=float, default=2048,
+                        help="with --tpu: also a host of this size from the real capture's lines (0: none)")
     parser.add_argument("--one-process-max-hosts", type=int, default=32,
                         help="with --hosts: also read in one process up to this many hosts")
     args = parser.parse_args()
@@ -381,6 +514,20 @@ def main() -> None:
     _become_subreaper()
     compile_bytecode()
     captures = [(name, int(steps)) for name, steps in (c.split(":") for c in args.captures.split(",") if c)]
+    if args.tpu:
+        capture = tpu_capture(workdir)
+        profiles = [capture, *(Path(p) for p in args.tpu_profiles.split(",") if p)]
+        if args.tpu_host_mib:
+            host = workdir / f"{capture.name.removesuffix('.xplane.pb')}-x{args.tpu_host_mib:g}mib.xplane.pb"
+            _replicate(capture, host, args.tpu_host_mib)
+            profiles.append(host)
+        report = {"machine": machine(), "repeats": args.repeats, "date": time.strftime("%Y-%m-%d"),
+                  "rows": bench_tpu(profiles, args.repeats, workdir, args.xprof_max_mib)}
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "tpu.json").write_text(json.dumps(report, indent=2) + "\n")
+        (args.out / "tpu.md").write_text(render_tpu_markdown(report))
+        print(render_tpu_markdown(report))
+        return
     if args.hosts:
         capture = args.hosts_profile or make_profiles([20], [], workdir)[0]
         report = {"machine": machine(), "repeats": args.repeats, "date": time.strftime("%Y-%m-%d"),

@@ -227,7 +227,17 @@ def _log_dir(tmp_path: Path) -> Path:
     return tmp_path / "logs"
 
 
+def _answer(result) -> dict:
+    """A tool's answer: one text block of compact JSON (no structuredContent repeating it)."""
+    assert not result.is_error, result.content[0].text
+    assert len(result.content) == 1 and result.structured_content is None
+    answer = json.loads(result.content[0].text)
+    assert result.content[0].text == json.dumps(answer, separators=(",", ":"), ensure_ascii=False)  # compact
+    return answer
+
+
 async def _drive(client_of, tmp_path: Path) -> None:
+    import jsonschema
     from mcp.shared.exceptions import MCPError
 
     async with client_of() as client:
@@ -235,53 +245,85 @@ async def _drive(client_of, tmp_path: Path) -> None:
         assert set(listed) == set(REGISTRY) | MCP_OWN_TOOLS
         for name, spec in REGISTRY.items():
             schema = listed[name].input_schema
-            assert schema["required"][0] == "path" and set(schema["properties"]) == {"path", "session", *spec.parameters}
+            bound = set() if "top_n" in spec.parameters else {"max_rows"}
+            assert schema["required"][0] == "path"
+            assert set(schema["properties"]) == {"path", "session", "offset", *spec.parameters, *bound}
             assert spec.question in listed[name].description
+        for tool in listed.values():
+            jsonschema.Draft202012Validator.check_schema(tool.input_schema)  # jsonschema: the MCP SDK's dependency
+            hints = tool.annotations
+            assert hints.read_only_hint is (tool.name != "analyze") and hints.idempotent_hint
+            assert hints.destructive_hint is False
+            assert not re.search(r"xdiag\.[a-z_]+\.[a-z_]+", tool.description), tool.description  # no Python names
         assert listed["get_hlo_op_profile"].input_schema["properties"]["top_n"] == {
             "type": "integer", "description": "how many ops to list (1-200, default 20)", "minimum": 1, "maximum": 200,
             "default": 20}
+        assert listed["get_step_trace"].input_schema["properties"]["max_rows"]["default"] == 20
 
         profile = str(H200 / "input_bound.xplane.pb")
-        steps = (await client.call_tool("get_step_trace", {"path": profile})).structured_content
-        assert steps["status"] == "ok" and steps["summary"]["steps"] == 12
-        ops = (await client.call_tool("get_hlo_op_profile", {"path": profile, "top_n": 3})).structured_content
+        steps = _answer(await client.call_tool("get_step_trace", {"path": profile}))
+        assert steps["status"] == "ok" and steps["summary"]["steps"] == 12 and len(steps["detail"]["steps"]) == 12
+        few = _answer(await client.call_tool("get_step_trace", {"path": profile, "max_rows": 5}))
+        said = {cut["list"]: cut for cut in few["truncated"]["lists"]}
+        assert len(few["detail"]["steps"]) == 5 and said["detail.steps"] == {
+            "list": "detail.steps", "rows_shown": [1, 5], "rows": 12, "next_offset": 5}
+        assert "offset=next_offset" in few["truncated"]["more"]
+        rest = _answer(await client.call_tool("get_step_trace", {"path": profile, "max_rows": 5, "offset": 10}))
+        assert [s["step"] for s in rest["detail"]["steps"]] == [s["step"] for s in steps["detail"]["steps"][10:]]
+        ops = _answer(await client.call_tool("get_hlo_op_profile", {"path": profile, "top_n": 3}))
         assert ops["args"] == {"top_n": 3} and len(ops["detail"]["ops"]) == 3
         logs = _log_dir(tmp_path)
-        memory = (await client.call_tool("get_memory_profile", {"path": str(logs), "session": "2026_12_01_10_00_00"}))
-        assert memory.structured_content["status"] in ("ok", "not_available")
-        assert json.loads(memory.content[0].text) == memory.structured_content
-        llo = (await client.call_tool("llo_load", {"path": profile})).structured_content
+        memory = _answer(await client.call_tool("get_memory_profile", {"path": str(logs),
+                                                                        "session": "2026_12_01_10_00_00"}))
+        assert memory["status"] in ("ok", "not_available")
+        llo = _answer(await client.call_tool("llo_load", {"path": profile}))
         assert llo["status"] == "not_available" and llo["reason"]
 
-        sessions = (await client.call_tool("list_sessions", {"path": str(logs)})).structured_content
+        sessions = _answer(await client.call_tool("list_sessions", {"path": str(logs)}))
         assert [s["session"] for s in sessions["sessions"]] == ["2026_12_01_10_00_00", "2026_12_02_10_00_00"]
 
         out = tmp_path / "analysis"
-        analysed = (await client.call_tool("analyze", {"path": profile, "out": str(out)})).structured_content
+        analysed = _answer(await client.call_tool("analyze", {"path": profile, "out": str(out)}))
         assert analysed["status"] == "NEEDS_ATTENTION" and analysed["findings"][0]["key"] == "input_bound"
         assert Path(analysed["report"]).exists() and analysed["analysis"] == str(out)
-        explained = (await client.call_tool("explain_finding", {"analysis": analysed["analysis"],
-                                                                "finding": "input_bound"})).structured_content
-        assert explained["fix"] and explained["evidence"]
+        for finding in ("input_bound", 1):  # its key, or its rank as the description offers it
+            explained = _answer(await client.call_tool("explain_finding", {"analysis": analysed["analysis"],
+                                                                           "finding": finding}))
+            assert explained["key"] == "input_bound" and explained["fix"] and explained["evidence"]
         quoted = [e for e in explained["evidence"] if e["tool"] == "get_step_trace"]
         assert quoted and all(e["documented_field"] and e["reported"] == e["value"] for e in quoted)
 
+        corrupt = tmp_path / "corrupt.xplane.pb"
+        corrupt.write_bytes((H200 / "input_bound.xplane.pb").read_bytes()[:5000])
+        (tmp_path / "not-an-analysis").mkdir()
+        (tmp_path / "not-an-analysis" / "notes.txt").write_text("mine")
         for name, arguments, reason in (
             ("get_step_trace", {"path": str(tmp_path / "missing.xplane.pb")}, "no such file or directory"),
+            ("get_step_trace", {"path": str(corrupt)}, "corrupt.xplane.pb: truncated"),
+            ("get_step_trace", {"path": "/dev/zero"}, "/dev/zero: not"),
+            ("get_step_trace", {"path": 123}, "argument 'path' must be a string, got 123"),
+            ("get_step_trace", {}, "needs argument 'path'"),
             ("get_hlo_op_profile", {"path": profile, "top_n": 0}, "must be from 1 to 200, got 0"),
-            ("get_hlo_op_profile", {"path": profile, "top_n": "many"}, "must be a integer"),
-            ("get_step_trace", {"path": profile, "steps": 3}, "takes no argument(s) ['steps']"),
+            ("get_hlo_op_profile", {"path": profile, "top_n": "many"}, "must be an integer"),
+            ("get_hlo_op_profile", {"path": profile, "top_n": True}, "must be an integer"),
+            ("get_step_trace", {"path": profile, "steps": 3}, "takes no argument(s) ['steps']; it takes ['max_rows'"),
             ("aggregate_xplane_events", {"path": profile}, "needs argument 'pattern'"),
-            ("no_such_tool", {"path": profile}, "unknown tool 'no_such_tool'"),
+            ("aggregate_xplane_events", {"path": profile, "pattern": "(a)\\1"}, "not a regular expression RE2"),
             ("analyze", {"path": str(tmp_path / "missing")}, "no such file or directory"),
+            ("analyze", {"path": profile, "out": str(tmp_path / "not-an-analysis")}, "holds files but no analysis"),
             ("explain_finding", {"analysis": analysed["analysis"], "finding": "9"}, "its findings: 1 input_bound"),
+            ("explain_finding", {"analysis": analysed["analysis"], "finding": 1.5}, "must be a string or integer"),
             ("list_sessions", {}, "no local stack in"),  # none was started in this folder
             ("list_sessions", {"path": str(logs.parent / "nothing-here")}, "no such file or directory"),
             ("list_sessions", {"path": str(profile)}, "no sessions under plugins/profile/<session>/"),
         ):
-            with pytest.raises(MCPError) as raised:
-                await client.call_tool(name, arguments)
-            assert reason in raised.value.message, (name, arguments, raised.value.message)
+            result = await client.call_tool(name, arguments)
+            assert result.is_error and reason in result.content[0].text, (name, arguments, result.content)
+            assert "Traceback" not in result.content[0].text
+        assert (tmp_path / "not-an-analysis" / "notes.txt").read_text() == "mine"
+        with pytest.raises(MCPError) as raised:  # a tool the server does not have: a protocol error
+            await client.call_tool("no_such_tool", {"path": profile})
+        assert raised.value.code == -32602 and "unknown tool 'no_such_tool'" in raised.value.message
 
 
 def test_mcp_over_stdio(tmp_path):
@@ -293,21 +335,305 @@ def test_mcp_over_stdio(tmp_path):
     assert list((tmp_path / "cache").glob("*/answers/*.json"))  # the server answers through the result cache
 
 
+def _http_server(tmp_path: Path, *args: str, env: dict[str, str] | None = None):
+    """`xdiag mcp --http` on a free port, and its URL."""
+    server = subprocess.Popen([sys.executable, "-m", "xdiag.cli", "mcp", "--http", "--port", "0", *args],
+                              cwd=tmp_path, env={**os.environ, "XDIAG_LOCAL_CACHE_DIR": str(tmp_path / "cache"),
+                                                 **(env or {})},
+                              stderr=subprocess.PIPE, text=True)
+    said, url = [], None
+    for line in server.stderr:  # the line saying where it listens (after any warning of the imports)
+        said.append(line)
+        if url := re.search(r"http://127\.0\.0\.1:\d+/mcp", line):
+            break
+    if not url:
+        server.kill()
+        raise AssertionError("".join(said))
+    threading.Thread(target=server.stderr.read, daemon=True).start()  # a full pipe would stop the server
+    return server, url.group(0)
+
+
 def test_mcp_over_streamable_http_on_loopback(tmp_path):
     from mcp import Client
 
-    env = {**os.environ, "XDIAG_LOCAL_CACHE_DIR": str(tmp_path / "cache")}
-    server = subprocess.Popen([sys.executable, "-m", "xdiag.cli", "mcp", "--http", "--port", "0"], cwd=tmp_path,
-                              env=env, stderr=subprocess.PIPE, text=True)
+    server, url = _http_server(tmp_path)
     try:
-        said, url = [], None
-        for line in server.stderr:  # the line saying where it listens (after any warning of the imports)
-            said.append(line)
-            if url := re.search(r"http://127\.0\.0\.1:\d+/mcp", line):
-                break
-        assert url, "".join(said)
-        threading.Thread(target=server.stderr.read, daemon=True).start()  # a full pipe would stop the server
-        anyio.run(_drive, lambda: Client(url.group(0), read_timeout_seconds=240), tmp_path)
+        anyio.run(_drive, lambda: Client(url, read_timeout_seconds=240), tmp_path)
     finally:
         server.terminate()
+        server.wait(timeout=30)
+
+
+def test_mcp_http_with_a_token_refuses_calls_without_it(tmp_path):
+    import httpx2
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared._httpx_utils import create_mcp_http_client
+
+    server, url = _http_server(tmp_path, env={"XDIAG_MCP_TOKEN": "s3cret-token"})
+    initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}
+    headers = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+
+    async def drive() -> None:
+        for token in (None, "wrong-token"):
+            with_token = {**headers, **({"Authorization": f"Bearer {token}"} if token else {})}
+            refused = httpx2.post(url, json=initialize, headers=with_token, timeout=30)
+            assert refused.status_code == 401, refused.text
+        authorised = create_mcp_http_client(headers={"Authorization": "Bearer s3cret-token"})
+        async with Client(streamable_http_client(url, http_client=authorised), read_timeout_seconds=120) as client:
+            result = await client.call_tool("get_kpi_metrics", {"path": str(H200 / "healthy.xplane.pb")})
+            assert _answer(result)["status"] == "ok"
+
+    try:
+        anyio.run(drive)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def test_mcp_paths_stay_inside_the_clients_roots_and_the_allowed_folders(tmp_path):
+    import mcp_types as types
+    from mcp import Client, StdioServerParameters
+
+    inside = tmp_path / "project"
+    inside.mkdir()
+    shutil.copyfile(H200 / "healthy.xplane.pb", inside / "healthy.xplane.pb")
+    allowed = tmp_path / "allowed"
+    allowed.mkdir()
+    shutil.copyfile(H200 / "memory_bound.xplane.pb", allowed / "memory_bound.xplane.pb")
+
+    async def roots(context) -> types.ListRootsResult:
+        return types.ListRootsResult(roots=[types.Root(uri=inside.as_uri(), name="project")])
+
+    async def drive() -> None:
+        env = {**os.environ, "XDIAG_LOCAL_CACHE_DIR": str(tmp_path / "cache")}
+        params = StdioServerParameters(command=sys.executable, args=["-m", "xdiag.cli", "mcp", "--allow", str(allowed)],
+                                       env=env, cwd=tmp_path)
+        async with Client(params, read_timeout_seconds=240, mode="legacy", list_roots_callback=roots) as client:
+            for path in (inside / "healthy.xplane.pb", allowed / "memory_bound.xplane.pb"):
+                assert _answer(await client.call_tool("get_kpi_metrics", {"path": str(path)}))["status"] == "ok"
+            for name, arguments in (
+                ("get_kpi_metrics", {"path": str(H200 / "healthy.xplane.pb")}),
+                ("get_kpi_metrics", {"path": str(inside / ".." / ".." / "elsewhere.xplane.pb")}),
+                ("list_sessions", {"path": str(tmp_path)}),
+                ("analyze", {"path": str(inside / "healthy.xplane.pb"), "out": str(tmp_path / "out")}),
+            ):
+                result = await client.call_tool(name, arguments)
+                assert result.is_error and "outside the folders this server may use" in result.content[0].text
+            assert not (tmp_path / "out").exists()
+
+    anyio.run(drive)
+
+
+# --- answers sized for an agent --------------------------------------------------------------------------------
+
+
+def test_every_answer_fits_an_agents_context_on_the_largest_profiles(tmp_path, capsys):
+    """Every tool's answer, as the server sends it, at its default bounds and at their maximum, on the largest
+    committed profiles: under 32,000 bytes at the defaults and 100,000 at the maximum; the largest printed."""
+    from xdiag.agent.mcp_server import XdiagTools
+    from tests.conftest import SHARED_PROFILES
+
+    tools = XdiagTools(ResultCache(tmp_path / "cache"), 2**31, tmp_path / "stack")
+    profiles = [TPU_V5E / "gru_scan_train.xplane.pb", TPU_V5E / "kv_decode.xplane.pb", *sorted(H200.glob("*.pb")),
+                *sorted(SHARED_PROFILES.glob("*/*.xplane.pb"))]
+    largest: dict[str, tuple[int, str, str]] = {}
+    for profile in profiles:
+        try:
+            top_op = tools.call("get_hlo_op_profile", {"path": str(profile)})["summary"].get("top_op")
+        except Exception:  # noqa: BLE001 - a profile no tool can read (the mangled one): its error is the answer
+            continue
+        for name, spec in REGISTRY.items():
+            base = {"path": str(profile), **({"pattern": "."} if "pattern" in spec.parameters else {})}
+            if "op" in spec.parameters:
+                if top_op is None:
+                    continue
+                base["op"] = top_op
+            bound = "top_n" if "top_n" in spec.parameters else "max_rows"
+            for case, arguments in (("default", base), ("maximum", {**base, bound: 200})):
+                try:
+                    answer = tools.call(name, tools.check(name, arguments))
+                except Exception as exc:  # noqa: BLE001 - an error result is one line
+                    assert len(str(exc)) < 2000, (name, profile, exc)
+                    continue
+                text = tools.answer_text(name, tools.check(name, arguments), answer)
+                named = set(re.findall(r"`((?:get|llo|list|detect)_[a-z_]+)`", text))
+                assert named <= set(tools.specs), (name, profile, named)  # no other product's tools to call
+                size = len(text.encode())
+                if size > largest.get(f"{name} {case}", (0,))[0]:
+                    largest[f"{name} {case}"] = (size, profile.name, case)
+    with capsys.disabled():
+        print("\nthe largest answers (bytes):")
+        for key, (size, profile, _) in sorted(largest.items(), key=lambda item: -item[1][0])[:8]:
+            print(f"  {size:7d}  {key} on {profile}")
+    for key, (size, profile, case) in largest.items():
+        assert size < (32_000 if case == "default" else 100_000), (key, profile, size)
+    assert largest["get_hlo_op_profile maximum"][0] > 32_000  # top_n=200 gives more than the default, bounded
+
+
+def test_a_long_list_is_cut_to_fit_and_says_how_to_page():
+    from xdiag.agent.bounded import bound_answer
+
+    answer = {"status": "ok", "summary": {"n": 300}, "detail": {"rows": [{"i": i, "pad": "x" * 500} for i in range(300)],
+                                                               "small": [1, 2]}}
+    fitted = json.loads(bound_answer(answer, 200, 0, 30_000, "call again with offset=next_offset"))
+    kept = len(fitted["detail"]["rows"])
+    assert 40 < kept < 60 and len(json.dumps(fitted, separators=(",", ":"))) <= 30_000
+    assert fitted["detail"]["small"] == [1, 2] and fitted["summary"] == {"n": 300}
+    assert fitted["truncated"]["lists"] == [{"list": "detail.rows", "rows_shown": [1, kept], "rows": 300,
+                                             "next_offset": kept}]
+    assert f"cut to {kept} rows per list to fit 30000 bytes" in fitted["truncated"]["more"]
+    paged = json.loads(bound_answer(answer, 200, kept, 30_000, ""))
+    assert paged["detail"]["rows"][0]["i"] == kept
+    whole = {"status": "ok", "detail": {"rows": [1, 2, 3]}}
+    assert bound_answer(whole, 20, 0, 30_000, "") == '{"status":"ok","detail":{"rows":[1,2,3]}}'
+
+
+# --- calls side by side, and cancel ------------------------------------------------------------------------------
+
+LONG_ANALYSIS = TPU_V5E / "gru_scan_train.xplane.pb"  # the largest committed profile: an analysis of many seconds
+
+
+def _server_process():
+    """The `xdiag mcp` process this test started (the SDK's stdio client starts it as a child of the test)."""
+    import psutil
+
+    for child in psutil.Process().children(recursive=True):
+        if "xdiag.cli" in child.cmdline() and "mcp" in child.cmdline():
+            return child
+    raise AssertionError("no xdiag mcp process")
+
+
+def _workers(server) -> list:
+    """The server's worker processes, oldest first: those serving calls and the one started ahead for the next."""
+    import psutil
+
+    found = []
+    for child in server.children():
+        try:
+            if "xdiag.agent.mcp_worker" in child.cmdline() and child.status() != psutil.STATUS_ZOMBIE:
+                found.append((child.create_time(), child))
+        except psutil.Error:  # ended between the listing and the look (a zombie, or gone)
+            continue
+    return [child for _, child in sorted(found, key=lambda item: item[0])]
+
+
+def _serving(server) -> list:
+    """Once a call has taken a worker: the worker serving it (the oldest) and the one started ahead (a second)."""
+    return _workers(server) if len(_workers(server)) >= 2 else []
+
+
+async def _until(condition, what: str, limit_s: float = 120):
+    """Waits for a fact to hold (polling); the limit only ends a test that would hang, it measures nothing."""
+    with anyio.fail_after(limit_s):
+        while not (found := condition()):
+            await anyio.sleep(0.05)
+    return found
+
+
+def test_short_calls_answer_during_a_long_analysis_and_a_cancelled_one_stops(tmp_path):
+    """Agents send calls together: two short calls on two other profiles answer while an analysis runs (in parallel,
+    each in a worker of its own); cancelling the analysis ends its worker and every process it started, and leaves
+    the worker started ahead for the next call."""
+    import psutil
+    from mcp import Client, StdioServerParameters
+
+    shutil.copyfile(LONG_ANALYSIS, tmp_path / LONG_ANALYSIS.name)
+    env = {**os.environ, "XDIAG_LOCAL_CACHE_DIR": str(tmp_path / "cache")}
+    params = StdioServerParameters(command=sys.executable, args=["-m", "xdiag.cli", "mcp"], env=env, cwd=tmp_path)
+    finished: list[str] = []
+    seen_workers: list[int] = []
+
+    async def drive() -> None:
+        async with Client(params, read_timeout_seconds=600, mode="legacy") as client:
+            server = _server_process()
+
+            async def call(label: str, name: str, arguments: dict) -> None:
+                result = await client.call_tool(name, arguments)
+                assert not result.is_error, result.content[0].text
+                finished.append(label)
+
+            async with anyio.create_task_group() as calls:
+                analysis = anyio.CancelScope()
+
+                async def analyze() -> None:
+                    with analysis:
+                        await call("analyze", "analyze", {"path": str(tmp_path / LONG_ANALYSIS.name)})
+
+                calls.start_soon(analyze)
+                analysis_worker = (await _until(lambda: _serving(server), "the analysis's worker"))[0]
+                async with anyio.create_task_group() as short:
+                    for label in ("healthy", "memory_bound"):
+                        short.start_soon(call, label, "get_kpi_metrics", {"path": str(H200 / f"{label}.xplane.pb")})
+                    while len(finished) < 2:  # both short calls run at once beside the analysis
+                        seen_workers.append(len(_workers(server)))
+                        await anyio.sleep(0.02)
+                assert not analysis.cancel_called and "analyze" not in finished and analysis_worker.is_running()
+                started = [analysis_worker, *analysis_worker.children(recursive=True)]
+                analysis.cancel()  # the client sends notifications/cancelled
+            _, alive = psutil.wait_procs(started, timeout=60)
+            assert not alive and len(_workers(server)) == 1  # only the one started ahead is left
+            assert finished == ["healthy", "memory_bound"] or finished == ["memory_bound", "healthy"]
+            again = await client.call_tool("get_step_trace", {"path": str(H200 / "healthy.xplane.pb")})
+            assert _answer(again)["status"] == "ok"
+
+    anyio.run(drive)
+    assert max(seen_workers) == 4, seen_workers  # the analysis's, both short calls' and the one started ahead
+
+
+def test_a_cancelled_call_gets_no_answer_and_frees_its_lane(tmp_path):
+    """The wire as a client sees it: after notifications/cancelled no response ever comes for that request, and the
+    next analysis (the lane holds one at a time) is answered."""
+    import queue
+
+    import psutil
+
+    shutil.copyfile(LONG_ANALYSIS, tmp_path / LONG_ANALYSIS.name)
+    server = subprocess.Popen([sys.executable, "-m", "xdiag.cli", "mcp"], cwd=tmp_path, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                              env={**os.environ, "XDIAG_LOCAL_CACHE_DIR": str(tmp_path / "cache")})
+    received: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [received.put(json.loads(line)) for line in server.stdout], daemon=True).start()
+
+    def send(message: dict) -> None:
+        server.stdin.write(json.dumps({"jsonrpc": "2.0", **message}) + "\n")
+        server.stdin.flush()
+
+    def response(request_id: int, others: list) -> dict:
+        while (message := received.get(timeout=300)).get("id") != request_id:
+            others.append(message)
+        return message
+
+    def call(request_id: int, name: str, arguments: dict) -> None:
+        send({"id": request_id, "method": "tools/call", "params": {"name": name, "arguments": arguments}})
+
+    try:
+        send({"id": 1, "method": "initialize", "params": {"protocolVersion": "2025-11-25", "capabilities": {},
+                                                          "clientInfo": {"name": "test", "version": "0"}}})
+        others: list = []
+        assert response(1, others)["result"]["protocolVersion"] == "2025-11-25"
+        send({"method": "notifications/initialized"})
+        call(2, "analyze", {"path": str(tmp_path / LONG_ANALYSIS.name), "out": str(tmp_path / "cancelled")})
+        process = psutil.Process(server.pid)
+        worker = anyio.run(_until, lambda: _serving(process), "the analysis's worker")[0]
+        send({"method": "notifications/cancelled", "params": {"requestId": 2, "reason": "the user stopped it"}})
+        worker.wait(timeout=60)
+        call(3, "analyze", {"path": str(H200 / "healthy.xplane.pb"), "out": str(tmp_path / "next")})
+        answered = response(3, others)
+        assert not answered["result"].get("isError"), answered
+        assert json.loads(answered["result"]["content"][0]["text"])["status"] in ("OPTIMAL", "NEEDS_ATTENTION")
+        send({"id": 4, "method": "ping"})
+        response(4, others)
+        assert not [m for m in others if m.get("id") == 2]  # the cancelled request got no answer
+        assert not (tmp_path / "cancelled" / "analysis.json").exists()
+        # A server killed outright (no cancel): its worker ends itself and what it started.
+        call(5, "analyze", {"path": str(tmp_path / LONG_ANALYSIS.name), "out": str(tmp_path / "orphaned")})
+        orphans = anyio.run(_until, lambda: _serving(process), "the next analysis's worker")
+        server.kill()
+        _, alive = psutil.wait_procs(orphans, timeout=60)
+        assert not alive  # the worker serving the analysis and the one started ahead
+        assert not (tmp_path / "orphaned" / "analysis.json").exists()
+    finally:
+        server.kill()
         server.wait(timeout=30)

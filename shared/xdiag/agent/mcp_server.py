@@ -4,149 +4,216 @@ HTTP on loopback).
 A thin adapter: every registered tool (its question and argument schema from the registry, `xdiag.tools.describe`,
 plus the profile's `path`), answered through the local result cache as `xdiag tool` is; `analyze` (the whole
 analysis, as `xdiag analyze`); `list_sessions` (a log dir's sessions, or the local stack's); `explain_finding` (one
-finding of an analysis with the tool outputs its evidence quotes). A result is the JSON the CLI prints; bad input (a
-missing path, an unknown tool, a bad argument) and a failed tool are MCP errors with the reason.
+finding of an analysis with the tool outputs its evidence quotes).
+
+How agents call it shapes the server:
+- An answer is compact JSON sized for a model's context: every list cut to the call's `max_rows` (or the tool's
+  `top_n`) from `offset`, the whole under 30,000 bytes at the default bounds and 96,000 at any (`agent.bounded`),
+  with what was cut and how to get it said in the answer.
+- A call that cannot be answered (a missing or unreadable profile, a bad argument, a failed tool, a path outside the
+  client's roots) is a result with `isError` and the reason, which the model reads; only protocol errors (an unknown
+  tool) are JSON-RPC errors.
+- A call that needs a profile decoded or a tool run runs in a worker process of its own (`agent.mcp_worker`): calls
+  run side by side, an analysis in a lane of its own so that a short call never waits behind one, at most
+  `workers` tool calls and one analysis at once (each may hold a decoded profile: that bounds the memory); one
+  worker is kept started ahead with its imports done, and a cached answer is read without a worker. `notifications/cancelled` kills the call's worker and the processes it started,
+  frees its lane, and no answer is sent.
+- The roots the client declares and the `--allow` folders bound the files a call may read or write.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
-import threading
+import os
+import signal
+import sys
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlparse
 
-from xdiag.agent.result_cache import ResultCache, answer_tool
+from xdiag.agent.bounded import bound_answer
+from xdiag.agent.result_cache import ResultCache
 from xdiag.errors import XdiagError
+from xdiag.tools.registry import ToolSpec
 
 PATH_DESCRIPTION = ("An *.xplane.pb file, a folder of one session's *.xplane.pb (one per host), a PyTorch/Chrome "
                     "trace (*.json[.gz]), or an XProf log dir (…/plugins/profile/<session>/; the newest session "
                     "unless `session` names one). Absolute, or relative to the server's working folder.")
-PROFILE_ARGS = {
-    "path": {"type": "string", "description": PATH_DESCRIPTION},
+PROFILE_PARAMS: dict[str, dict[str, Any]] = {
+    "path": {"type": "string", "description": PATH_DESCRIPTION, "required": True, "max_length": 4096},
     "session": {"type": "string", "description": "A session's name inside a log dir (default: the newest)."},
 }
+DEFAULT_ROWS, MAX_ROWS = 20, 200
+ROWS_PARAM = {"max_rows": {"type": "integer", "minimum": 1, "maximum": MAX_ROWS, "default": DEFAULT_ROWS,
+                           "description": f"rows per list in the answer (1-{MAX_ROWS}, default {DEFAULT_ROWS})"}}
+OFFSET_PARAM = {"offset": {"type": "integer", "minimum": 0, "maximum": 10**9, "default": 0,
+                           "description": "first row of each list, from 0 (the answer's truncated.next_offset)"}}
+DEFAULT_CEILING_BYTES = 30_000
+"""An answer at the default bounds fits ~8k tokens, well inside one MCP answer of any client (Claude Code: 25k)."""
+MAX_CEILING_BYTES = 96_000
+"""Whatever the arguments ask, an answer fits ~25k tokens."""
 
-ANALYZE = {
-    "name": "analyze",
-    "description": "The whole analysis of a profile session, as `xdiag analyze`: the 17 broad tools, the "
-                   "investigation and summary.html. Returns the diagnosis (OPTIMAL or NEEDS_ATTENTION, a summary, the "
-                   "findings ranked P0-P2 with their expected impact), the report's path and the analysis folder "
-                   "(give it to explain_finding). Takes seconds on a large profile.",
-    "inputSchema": {
-        "type": "object",
-        "properties": {
-            **PROFILE_ARGS,
-            "out": {"type": "string", "description": "The analysis folder (default ./xdiag-out/<session>)."},
-            "investigator": {"type": "string", "enum": ["rules", "gemini"], "default": "rules",
-                             "description": "rules (built in, no network) or gemini (Vertex AI, configured by "
-                                            "VERTEX_PROJECT / VERTEX_LOCATION / VERTEX_MODEL)."},
-        },
-        "required": ["path"],
-        "additionalProperties": False,
-    },
-}
-LIST_SESSIONS = {
-    "name": "list_sessions",
-    "description": "The profile sessions one can analyse: those of an XProf log dir (`path`: name, files, bytes, "
-                   "and the analysis folder where ./xdiag-out holds one), or, without `path`, the local stack's "
-                   "(`xdiag up`) runs and their sessions with status and report.",
-    "inputSchema": {
-        "type": "object",
-        "properties": {
-            "path": {"type": "string", "description": "An XProf log dir (…/plugins/profile/<session>/ below it)."},
-            "run": {"type": "string", "description": "Without path: only this run of the local stack."},
-        },
-        "additionalProperties": False,
-    },
-}
-EXPLAIN_FINDING = {
-    "name": "explain_finding",
-    "description": "One finding of an analysis in full: what is happening, its evidence with the tool output "
-                   "each number comes from (the tool's question, the field and its reported value), the expected "
-                   "impact and the fix.",
-    "inputSchema": {
-        "type": "object",
-        "properties": {
-            "analysis": {"type": "string", "description": "The analysis folder `analyze` returned (or its "
-                                                          "analysis.json)."},
-            "finding": {"type": "string", "description": "The finding's key (e.g. input_bound) or its rank "
-                                                         "(1 = the first listed)."},
-        },
-        "required": ["analysis", "finding"],
-        "additionalProperties": False,
-    },
-}
+READ_ONLY = {"read_only_hint": True, "idempotent_hint": True, "destructive_hint": False, "open_world_hint": False}
 
 
 class BadRequest(XdiagError):
-    """The call cannot be answered as asked: the message says why (an MCP invalid-params error)."""
+    """The call cannot be answered as asked: the message says why and what to do (an `isError` result)."""
 
 
 class ToolFailed(XdiagError):
-    """The tool ran and failed: the message is its reason, `result` its JSON (an MCP internal error)."""
+    """The tool ran and failed: the message is its reason (an `isError` result)."""
 
-    def __init__(self, reason: str, result: dict[str, Any]) -> None:
-        super().__init__(reason)
-        self.result = result
+
+class UnknownToolName(XdiagError):
+    """No tool of that name: a protocol error (JSON-RPC invalid params), as the MCP spec has it."""
 
 
 class XdiagTools:
-    """What the server answers, without the protocol: `listed()` and `call(name, arguments)` → a JSON-able dict."""
+    """What the server answers, without the protocol: `specs` (every tool and its arguments) and
+    `call(name, arguments)` → a JSON-able dict, run in a worker process (`mcp_worker`) by the server."""
 
     def __init__(self, cache: ResultCache | None, max_bytes: int, stack_dir: Path) -> None:
         self.cache, self.max_bytes, self.stack_dir = cache, max_bytes, stack_dir
-        self._lock = threading.Lock()  # one call at a time: each may use every core and much memory
 
     @functools.cached_property
-    def _registry(self) -> dict[str, Any]:
+    def _registry(self) -> dict[str, ToolSpec]:
         from xdiag.tools import REGISTRY
 
         return REGISTRY
 
+    @functools.cached_property
+    def specs(self) -> dict[str, ToolSpec]:
+        """Every tool the server lists, with all the arguments an MCP call may give it (the profile's path, the
+        answer's bounds): the registry's tools, then the server's own."""
+        specs = {}
+        for name, spec in self._registry.items():
+            bound = {} if "top_n" in spec.parameters else ROWS_PARAM
+            specs[name] = dataclasses.replace(spec, parameters={**PROFILE_PARAMS, **spec.parameters, **bound,
+                                                                **OFFSET_PARAM})
+        paging = {**ROWS_PARAM, **OFFSET_PARAM}
+        own = (
+            ("analyze", ANALYZE_QUESTION, XdiagTools._analyze, {
+                **PROFILE_PARAMS,
+                "out": {"type": "string", "description": "The analysis folder (default ./xdiag-out/<session>); "
+                                                         "an existing folder is reused only if it holds an analysis "
+                                                         "or nothing.", "max_length": 4096},
+                "investigator": {"type": "string", "enum": ["rules", "gemini"],
+                                 "description": "rules (built in, no network) or gemini (Vertex AI, configured by "
+                                                "VERTEX_PROJECT / VERTEX_LOCATION / VERTEX_MODEL)."},
+                **paging}),
+            ("list_sessions", LIST_SESSIONS_QUESTION, XdiagTools._list_sessions, {
+                "path": {"type": "string", "description": "An XProf log dir (…/plugins/profile/<session>/ below "
+                                                          "it).", "max_length": 4096},
+                "run": {"type": "string", "description": "Without path: only this run of the local stack."},
+                **paging}),
+            ("explain_finding", EXPLAIN_QUESTION, XdiagTools._explain_finding, {
+                "analysis": {"type": "string", "required": True, "max_length": 4096,
+                             "description": "The analysis folder `analyze` returned (or its analysis.json)."},
+                "finding": {"type": ["string", "integer"], "required": True,
+                            "description": "The finding's key (e.g. input_bound) or its rank (1 = the first "
+                                           "listed)."},
+                **paging}),
+        )
+        for name, question, func, parameters in own:
+            specs[name] = ToolSpec(name=name, question=question, func=func, parameters=parameters, broad=False,
+                                   follow_up=False)
+        return specs
+
     def listed(self) -> list[dict[str, Any]]:
-        """Every tool as MCP lists it: name, description, inputSchema."""
-        from xdiag.tools.describe import describe_all, input_schema
+        """Every tool as MCP lists it: name, description, inputSchema, annotations."""
+        from xdiag.tools.describe import describe, input_schema
 
         tools = []
-        for described in describe_all():
-            fields = ", ".join(described["returns"]["summary_fields"])
-            tools.append({
-                "name": described["name"],
-                "description": f"{described['question']}\n\nReturns JSON: status (ok | not_available, with the "
-                               f"reason), summary ({fields}), detail ({described['returns']['detail'] or 'none'}).",
-                "inputSchema": input_schema(self._registry[described["name"]], PROFILE_ARGS, ("path",)),
-            })
-        return [*tools, ANALYZE, LIST_SESSIONS, EXPLAIN_FINDING]
+        for name, spec in self.specs.items():
+            description = spec.question
+            if name in self._registry:
+                said = describe(self._registry[name])["returns"]
+                description += (f"\n\nReturns JSON: status (ok | not_available, with the reason), summary "
+                                f"({', '.join(said['summary_fields'])}), detail ({said['detail'] or 'none'}).")
+            hints = {**READ_ONLY, "read_only_hint": False, "open_world_hint": True} if name == "analyze" else READ_ONLY
+            tools.append({"name": name, "description": description,
+                          "inputSchema": input_schema(spec, None, ()), "annotations": hints})
+        return tools
 
-    def call(self, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
-        with self._lock:
-            if name == "analyze":
-                return self._analyze(**_known(arguments, ANALYZE))
-            if name == "list_sessions":
-                return self._list_sessions(**_known(arguments, LIST_SESSIONS))
-            if name == "explain_finding":
-                return self._explain_finding(**_known(arguments, EXPLAIN_FINDING))
-            return self._tool(name, dict(arguments))
-
-    def _tool(self, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    def check(self, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        """The call's arguments checked against the tool's (names, types, ranges, choices, patterns): BadRequest
+        with the reason; UnknownToolName for a tool the server does not have."""
         from xdiag.tools.registry import validate_args
 
-        spec = self._registry.get(name)
+        spec = self.specs.get(name)
         if spec is None:
-            raise BadRequest(f"unknown tool {name!r}; the tools are {', '.join(sorted(self._registry))}")
-        located = _located(arguments.pop("path", None), arguments.pop("session", None))
+            raise UnknownToolName(f"unknown tool {name!r}; the tools are {', '.join(self.specs)}")
         try:
-            validate_args(spec, arguments)
+            return validate_args(spec, dict(arguments))
         except ValueError as exc:
-            raise BadRequest(str(exc)) from None
-        text, status = answer_tool(located.files, located.name, name, arguments, self.cache, self.max_bytes)
+            raise BadRequest(f"{exc} (tools/list has the schema)") from None
+
+    def answer_text(self, name: str, arguments: dict[str, Any], answer: dict[str, Any]) -> str:
+        """A checked call's answer as the agent reads it: compact JSON, every list cut to the tool's `top_n` where
+        it has one, else `max_rows`, from `offset`, under the byte ceiling (the smaller one while that bound is at
+        its default), with what was cut and how to get it said in the answer."""
+        from xdiag.tools.describe import arguments as described
+
+        bound = "top_n" if "top_n" in self.specs[name].parameters else "max_rows"
+        default = described(self.specs[name])[bound].get("default", DEFAULT_ROWS)
+        rows = arguments.get(bound, default)
+        ceiling = DEFAULT_CEILING_BYTES if rows <= default else MAX_CEILING_BYTES
+        paging = "call again with offset=next_offset for the next rows" + (
+            f", or a larger {bound} (up to {MAX_ROWS})" if rows < MAX_ROWS else "")
+        return bound_answer(answer, rows, arguments.get("offset", 0), ceiling, paging)
+
+    def paths(self, name: str, arguments: dict[str, Any]) -> list[Path]:
+        """The files and folders a checked call reads or writes (what the client's roots must hold)."""
+        named = [arguments[key] for key in ("path", "analysis") if key in arguments]
+        if name == "analyze":
+            named.append(arguments.get("out") or "xdiag-out")  # the default analysis folders are under ./xdiag-out
+        elif name == "list_sessions" and "path" not in arguments:
+            named.append(str(self.stack_dir))
+        return [Path(p).absolute() for p in named]
+
+    def cached(self, name: str, arguments: dict[str, Any]) -> dict[str, Any] | None:
+        """A registry tool's answer the result cache holds for this call (no worker needed), or None."""
+        if self.cache is None or name not in self._registry:
+            return None
+        try:
+            located = _located(arguments["path"], arguments.get("session"))
+            kept = self.cache.answer(located.files, name, _tool_args(arguments))
+        except (BadRequest, OSError):
+            return None
+        return json.loads(kept) if kept is not None else None
+
+    def profile_key(self, name: str, arguments: dict[str, Any]) -> tuple | None:
+        """The profile's file versions a call decodes (two first calls on one profile decode it once), or None."""
+        if name not in self._registry:
+            return None
+        try:
+            located = _located(arguments["path"], arguments.get("session"))
+            return tuple((str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in located.files)
+        except (BadRequest, OSError):
+            return None
+
+    def call(self, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        """One checked call's answer (unbounded): BadRequest, ToolFailed or XdiagError where there is none."""
+        if name in self._registry:
+            return self._tool(name, arguments)
+        own = {key: value for key, value in arguments.items() if key not in ("max_rows", "offset")}
+        return getattr(self, f"_{name}")(**own)
+
+    def _tool(self, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        from xdiag.agent.result_cache import answer_tool
+
+        located = _located(arguments["path"], arguments.get("session"))
+        text, status = answer_tool(located.files, located.name, name, _tool_args(arguments), self.cache,
+                                   self.max_bytes)
         result = json.loads(text)
         if status == "failed":
-            raise ToolFailed(result.get("reason") or "the tool failed", result)
+            raise ToolFailed(result.get("reason") or "the tool failed")
         return result
 
-    def _analyze(self, path: str | None = None, session: str | None = None, out: str | None = None,
+    def _analyze(self, path: str, session: str | None = None, out: str | None = None,
                  investigator: str = "rules") -> dict[str, Any]:
         from xdiag.cloud.embedded import analyze_session, build_embedded
 
@@ -160,14 +227,13 @@ class XdiagTools:
                 investigators["gemini"] = gemini_factory(GeminiConfig.from_env())
             except ValueError as exc:
                 raise BadRequest(str(exc)) from None
-        elif investigator != "rules":
-            raise BadRequest(f"unknown investigator {investigator!r}; use rules or gemini")
         target = (Path(out) if out else Path("xdiag-out") / located.name).absolute()
+        _check_out_folder(target)
         analysis = analyze_session(located, target, investigator=investigator,
                                    deps_and_bus=build_embedded(max_bytes=self.max_bytes, investigators=investigators))
         report = analysis.report_uri or str(target / "summary.html")
         if analysis.status == "FAILED":
-            raise ToolFailed(analysis.failure_reason or "the analysis failed", {"status": "FAILED", "report": report})
+            raise ToolFailed(f"{analysis.failure_reason or 'the analysis failed'} (report: {report})")
         diagnosis = analysis.diagnosis
         return {
             "status": analysis.result.value if analysis.result else analysis.status,
@@ -186,7 +252,7 @@ class XdiagTools:
 
             if not Path(path).exists():
                 raise BadRequest(f"{path}: no such file or directory")
-            found = log_dir_sessions(Path(path))
+            found = log_dir_sessions(Path(path)) if Path(path).is_dir() else []
             if not found:
                 raise BadRequest(f"{path}: no sessions under plugins/profile/<session>/ (an xplane file or a session "
                                  "folder is given to the tools as it is)")
@@ -194,8 +260,8 @@ class XdiagTools:
         return {"local_stack": str(self.stack_dir.absolute()), "runs": self._stack_sessions(run)}
 
     def _stack_sessions(self, run: str | None) -> list[dict[str, Any]]:
-        from xdiag.control.client import ControlPlaneClient, ControlPlaneError
         from xdiag.cloud.stack_config import load_stack_env
+        from xdiag.control.client import ControlPlaneClient, ControlPlaneError
 
         env = load_stack_env(self.stack_dir)
         url = env.get("XDIAG_CONTROL_PLANE_URL")
@@ -211,7 +277,7 @@ class XdiagTools:
         except ControlPlaneError as exc:
             raise BadRequest(str(exc)) from None
 
-    def _explain_finding(self, analysis: str, finding: str) -> dict[str, Any]:
+    def _explain_finding(self, analysis: str, finding: str | int) -> dict[str, Any]:
         from xdiag.tools.describe import field_patterns, returns
 
         folder = Path(analysis)
@@ -221,7 +287,7 @@ class XdiagTools:
         except (OSError, ValueError) as exc:
             raise BadRequest(f"{analysis}: no analysis there ({exc}); `analyze` returns the folder") from None
         findings = (stored.get("diagnosis") or {}).get("findings") or []
-        chosen = [f for i, f in enumerate(findings, 1) if finding in (f["key"], str(i))]
+        chosen = [f for i, f in enumerate(findings, 1) if str(finding) in (f["key"], str(i))]
         if not chosen:
             listed = ", ".join(f"{i} {f['key']}" for i, f in enumerate(findings, 1)) or "none"
             raise BadRequest(f"no finding {finding!r} in {recorded}; its findings: {listed}")
@@ -246,30 +312,41 @@ class XdiagTools:
                 "tool_outputs": str(outputs)}
 
 
-def _known(arguments: dict[str, Any], tool: dict[str, Any]) -> dict[str, Any]:
-    """The arguments of one of the server's own tools, checked against its schema's names and required ones."""
-    schema = tool["inputSchema"]
-    unknown = set(arguments) - set(schema["properties"])
-    if unknown:
-        raise BadRequest(f"{tool['name']} takes no argument(s) {sorted(unknown)}; it takes {sorted(schema['properties'])}")
-    missing = [arg for arg in schema.get("required", []) if arg not in arguments]
-    if missing:
-        raise BadRequest(f"{tool['name']} needs argument(s) {missing}")
-    wrong = [arg for arg, value in arguments.items() if not isinstance(value, str)]
-    if wrong:
-        raise BadRequest(f"{tool['name']}: argument(s) {wrong} must be strings")
-    return arguments
+ANALYZE_QUESTION = ("The whole analysis of a profile session, as `xdiag analyze`: the 17 broad tools, the "
+                    "investigation and summary.html. Returns the diagnosis (OPTIMAL or NEEDS_ATTENTION, a summary, "
+                    "the findings ranked P0-P2 with their expected impact), the report's path and the analysis "
+                    "folder (give it to explain_finding). Takes seconds on a large profile; writes only the "
+                    "analysis folder.")
+LIST_SESSIONS_QUESTION = ("The profile sessions one can analyse: those of an XProf log dir (`path`: name, files, "
+                          "bytes, and the analysis folder where ./xdiag-out holds one), or, without `path`, the "
+                          "local stack's (`xdiag up`) runs and their sessions with status and report.")
+EXPLAIN_QUESTION = ("One finding of an analysis in full: what is happening, its evidence with the tool output each "
+                    "number comes from (the tool's question, the field and its reported value), the expected "
+                    "impact and the fix.")
 
 
-def _located(path: str | None, session: str | None):
+def _tool_args(arguments: dict[str, Any]) -> dict[str, Any]:
+    """A registry tool's own arguments (the profile's path and the answer's bounds are the server's)."""
+    return {k: v for k, v in arguments.items() if k not in ("path", "session", "max_rows", "offset")}
+
+
+def _located(path: str, session: str | None):
     from xdiag.profile.locate import locate_session
 
-    if not path:
-        raise BadRequest("argument 'path' is missing: the profile (an *.xplane.pb, a session folder or a log dir)")
     try:
         return locate_session(Path(path), session)
     except XdiagError as exc:
         raise BadRequest(str(exc)) from None
+    except OSError as exc:  # a device, a folder one may not list
+        raise BadRequest(f"{path}: not a profile ({exc.strerror or exc})") from None
+
+
+def _check_out_folder(target: Path) -> None:
+    """An analysis folder is written only where nothing but an earlier analysis would be replaced."""
+    if target.is_symlink() or (target.exists() and not target.is_dir()):
+        raise BadRequest(f"out {target}: not a folder; name a new folder (or an earlier analysis) as `out`")
+    if target.is_dir() and any(target.iterdir()) and not (target / "analysis.json").is_file():
+        raise BadRequest(f"out {target}: a folder that holds files but no analysis; name a new folder as `out`")
 
 
 def _session_row(located) -> dict[str, Any]:
@@ -279,32 +356,191 @@ def _session_row(located) -> dict[str, Any]:
             "analysis": str(analysed.parent.absolute()) if analysed.exists() else None}
 
 
-def build_server(tools: XdiagTools):
-    """The MCP server (the SDK's low-level server: the schemas are the registry's, not inferred from signatures)."""
+# --- the protocol --------------------------------------------------------------------------------------------
+
+
+class Lanes:
+    """Where calls wait for a worker: one analysis at a time (it may use every core and the most memory), at most
+    `workers` tool calls beside it; and the first calls on a profile one at a time, so that it is decoded once."""
+
+    def __init__(self, workers: int) -> None:
+        import anyio
+
+        self.analysis = anyio.CapacityLimiter(1)
+        self.tools = anyio.CapacityLimiter(workers)
+        self.decoding: dict[tuple, Any] = defaultdict(anyio.Lock)
+        self.decoded: set[tuple] = set()
+
+
+class Allowed:
+    """The folders a call may touch: the client's roots (asked per call, they may change) and `--allow`; no bound
+    where there are neither."""
+
+    def __init__(self, folders: list[Path]) -> None:
+        self.folders = [Path(f).resolve() for f in folders]
+
+    async def check(self, ctx, paths: list[Path]) -> None:
+        folders = [*self.folders, *await _client_roots(ctx)]
+        if not folders:
+            return
+        for path in paths:
+            resolved = path.resolve()
+            if not any(resolved.is_relative_to(folder) for folder in folders):
+                raise BadRequest(f"{path} is outside the folders this server may use ({', '.join(map(str, folders))}"
+                                 "): the client's roots and `xdiag mcp --allow DIR` set them")
+
+
+async def _client_roots(ctx) -> list[Path]:
+    """The client's roots (file:// URIs) where it declares the capability; none where it does not or cannot say."""
     import anyio
+
+    session = getattr(ctx, "session", None)
+    capabilities = session.client_capabilities if session is not None else None
+    if capabilities is None or capabilities.roots is None or not session.can_send_request:
+        return []
+    try:
+        with anyio.fail_after(10):
+            listed = await session.list_roots()
+    except Exception:  # noqa: BLE001 - a client that declares roots and fails to list them bounds nothing
+        return []
+    roots = []
+    for root in listed.roots:
+        uri = urlparse(str(root.uri))
+        if uri.scheme == "file":
+            roots.append(Path(unquote(uri.path)).resolve())
+    return roots
+
+
+class Dispatcher:
+    """tools/call: checks, roots, the cache, a worker in its lane, the bounded answer; errors as results."""
+
+    def __init__(self, tools: XdiagTools, workers: int, allowed: Allowed) -> None:
+        self.tools, self.allowed, self.lanes, self.workers = tools, allowed, Lanes(workers), Workers(tools)
+
+    async def answer(self, ctx, name: str, arguments: dict[str, Any]):
+        import mcp_types as types
+
+        checked = self.tools.check(name, arguments)  # UnknownToolName goes on: a protocol error
+        try:
+            await self.allowed.check(ctx, self.tools.paths(name, checked))
+            result = self.tools.cached(name, checked)
+            if result is None:
+                result = await self._in_worker(name, checked)
+        except XdiagError as exc:  # a path outside the folders, a profile that cannot be read, a failed tool
+            return _error_result(str(exc))
+        text = self.tools.answer_text(name, checked, result)
+        return types.CallToolResult(content=[types.TextContent(type="text", text=text)])
+
+    async def _in_worker(self, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        lanes = self.lanes
+        if name == "analyze":
+            async with lanes.analysis:
+                return await self.workers.run(name, arguments)
+        key = self.tools.profile_key(name, arguments)
+        if key is not None and key not in lanes.decoded:
+            async with lanes.decoding[key]:  # the others wait for the first call to decode (and cache) the profile
+                if key not in lanes.decoded:
+                    async with lanes.tools:
+                        result = await self.workers.run(name, arguments)
+                    lanes.decoded.add(key)
+                    return result
+        async with lanes.tools:
+            return await self.workers.run(name, arguments)
+
+
+def _error_result(reason: str):
+    import mcp_types as types
+
+    return types.CallToolResult(content=[types.TextContent(type="text", text=reason)], is_error=True)
+
+
+class Workers:
+    """The worker processes calls run in (`python -m xdiag.agent.mcp_worker`, each a session of its own, killed with
+    every process it started where its call is cancelled); one is kept started ahead, its imports done, so that a
+    call does not wait for an interpreter to start and import the tools (0.6 s alone, more on a loaded machine)."""
+
+    def __init__(self, tools: XdiagTools) -> None:
+        self.tools = tools
+        self._spare, self._starting = None, False
+
+    async def _start(self):
+        import anyio
+
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (_package_root(), os.environ.get("PYTHONPATH"))
+                                                           if p)}
+        return await anyio.open_process([sys.executable, "-m", "xdiag.agent.mcp_worker", str(os.getpid())],
+                                        stdin=-1, stdout=-1, stderr=None, env=env, start_new_session=True)
+
+    async def run(self, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        """The call's answer from a worker: the one started ahead where it is still there, and another ahead."""
+        import anyio
+
+        process, self._spare = self._spare, None
+        with anyio.CancelScope(shield=True):  # a process started is always one the server holds (and kills)
+            if process is None or process.returncode is not None:
+                process = await self._start()
+            if self._spare is None and not self._starting:  # one ahead, however many calls arrive together
+                self._starting = True
+                try:
+                    self._spare = await self._start()
+                finally:
+                    self._starting = False
+        tools = self.tools
+        request = {"tool": name, "arguments": arguments, "max_bytes": tools.max_bytes,
+                   "stack_dir": str(tools.stack_dir),
+                   "cache": None if tools.cache is None else {"root": str(tools.cache.root),
+                                                              "limit_bytes": tools.cache.limit_bytes}}
+        try:
+            async with process:
+                await process.stdin.send(json.dumps(request).encode())
+                await process.stdin.aclose()
+                chunks = [chunk async for chunk in process.stdout]
+                await process.wait()
+        finally:
+            _kill_group(process.pid)  # ended or cancelled: nothing it started outlives the call
+        try:
+            outcome = json.loads(b"".join(chunks))
+        except ValueError:
+            raise ToolFailed(f"the worker process ended without an answer (exit status {process.returncode})") from None
+        if "error" in outcome:
+            raise ToolFailed(outcome["error"])
+        return outcome["answer"]
+
+
+def _package_root() -> str:
+    """The folder xdiag is imported from here: the worker imports the same code (a checkout's shared/ too)."""
+    return str(Path(__file__).resolve().parents[2])
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def build_server(tools: XdiagTools, workers: int = 2, allow: list[Path] | None = None):
+    """The MCP server (the SDK's low-level server: the schemas are the registry's, not inferred from signatures)."""
     import mcp_types as types
     from mcp.server.lowlevel import Server
     from mcp.shared.exceptions import MCPError
 
-    listed = tools.listed()
+    listed = [types.Tool(name=t["name"], description=t["description"], input_schema=t["inputSchema"],
+                         annotations=types.ToolAnnotations(**t["annotations"])) for t in tools.listed()]
+    dispatcher = Dispatcher(tools, workers, Allowed(allow or []))
 
     async def list_tools(ctx, params) -> types.ListToolsResult:
-        return types.ListToolsResult(tools=[types.Tool(name=t["name"], description=t["description"],
-                                                       input_schema=t["inputSchema"]) for t in listed])
+        return types.ListToolsResult(tools=listed)
 
     async def call_tool(ctx, params: types.CallToolRequestParams) -> types.CallToolResult:
-        call = functools.partial(tools.call, params.name, dict(params.arguments or {}))
         try:
-            result = await anyio.to_thread.run_sync(call)
-        except BadRequest as exc:
+            return await dispatcher.answer(ctx, params.name, dict(params.arguments or {}))
+        except UnknownToolName as exc:
             raise MCPError(code=types.INVALID_PARAMS, message=str(exc)) from None
-        except ToolFailed as exc:
-            raise MCPError(code=types.INTERNAL_ERROR, message=str(exc), data=exc.result) from None
-        except XdiagError as exc:  # the profile cannot be read (truncated, over the size limit, …)
-            raise MCPError(code=types.INVALID_PARAMS, message=str(exc)) from None
-        text = json.dumps(result, indent=2, default=str)
-        return types.CallToolResult(content=[types.TextContent(type="text", text=text)],
-                                    structured_content=json.loads(text))
+        except BadRequest as exc:  # an argument the schema does not allow
+            return _error_result(str(exc))
+        except Exception as exc:  # noqa: BLE001 - a bug of xdiag's: the model reads it as the call's error
+            return _error_result(f"xdiag failed: {type(exc).__name__}: {exc}")
 
     return Server("xdiag", version=_version(),
                   instructions="Diagnose ML profiles (XProf *.xplane.pb, PyTorch traces): call analyze first, then "
@@ -322,11 +558,11 @@ def _version() -> str:
         return "0"
 
 
-def serve_stdio(tools: XdiagTools) -> None:
+def serve_stdio(tools: XdiagTools, workers: int = 2, allow: list[Path] | None = None) -> None:
     import anyio
     from mcp.server.stdio import stdio_server
 
-    server = build_server(tools)
+    server = build_server(tools, workers, allow)
 
     async def run() -> None:
         async with stdio_server() as (read_stream, write_stream):
@@ -335,11 +571,35 @@ def serve_stdio(tools: XdiagTools) -> None:
     anyio.run(run)
 
 
-def serve_http(tools: XdiagTools, port: int, on_ready=None) -> None:
-    """Streamable HTTP at http://127.0.0.1:PORT/mcp, loopback only (the SDK's DNS-rebinding protection on)."""
+class StaticToken:
+    """The SDK's TokenVerifier for one bearer token given at start (`xdiag mcp --http --token-file`)."""
+
+    def __init__(self, token: str) -> None:
+        self.token = token
+
+    async def verify_token(self, token: str):
+        import hmac
+
+        from mcp.server.auth.provider import AccessToken
+
+        if hmac.compare_digest(token.encode(), self.token.encode()):
+            return AccessToken(token=token, client_id="xdiag-mcp-client", scopes=[])
+        return None
+
+
+def serve_http(tools: XdiagTools, port: int, on_ready=None, workers: int = 2, allow: list[Path] | None = None,
+               token: str | None = None) -> None:
+    """Streamable HTTP at http://127.0.0.1:PORT/mcp, loopback only (the SDK's DNS-rebinding protection on); with
+    `token`, every request must carry `Authorization: Bearer <token>` (401 otherwise)."""
     import uvicorn
 
-    app = build_server(tools).streamable_http_app(host="127.0.0.1")
+    auth = {}
+    if token:
+        from mcp.server.auth.settings import AuthSettings
+
+        auth = {"auth": AuthSettings(issuer_url=f"http://127.0.0.1:{port or 8792}", resource_server_url=None),
+                "token_verifier": StaticToken(token)}
+    app = build_server(tools, workers, allow).streamable_http_app(host="127.0.0.1", **auth)
     config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
     server = uvicorn.Server(config)
     if on_ready is not None:
@@ -351,3 +611,4 @@ def serve_http(tools: XdiagTools, port: int, on_ready=None) -> None:
 
         server.startup = startup
     server.run()
+

@@ -2,7 +2,8 @@
 kept per tool, arguments and file version.
 
 One entry per session version: `<root>/<key>/session.xdiag` (the decoded session with the tables every tool builds
-first, `xdiag.profile.compact`, as the cloud stores it) and `<root>/<key>/answers/<key>.json` (a tool's JSON result).
+first, `xdiag.profile.compact`, as the cloud stores it), `<root>/<key>/answers/<key>.json` (a tool's JSON result) and
+`<root>/<key>/xprof-views/` (XProf's views `xdiag analyze` converted, `xdiag.analysis.xprof.background`).
 The entry's key hashes every file's absolute path, size and mtime (a replaced file is another version, never the
 old one: the cloud keys its prepared sessions by URI, generation and size alike) and the xdiag code that answers;
 an answer's key hashes the tool, its arguments and whether XProf's views are on. A failed result is never kept
@@ -28,6 +29,7 @@ from xdiag.disk_cache import evict_least_recent
 DEFAULT_LIMIT_BYTES = 2 * 2**30
 SESSION_FILE = "session.xdiag"
 ANSWERS = "answers"
+VIEWS = "xprof-views"
 
 
 @functools.cache
@@ -70,6 +72,10 @@ class ResultCache:
             info = path.stat()
             digest.update(f"{path}:{info.st_size}:{info.st_mtime_ns}\n".encode())
         return self.root / digest.hexdigest()[:32]
+
+    def views_folder(self, files: list[Path]) -> Path:
+        """Where XProf's views of these file versions are kept (`xdiag.analysis.xprof.background`)."""
+        return self.entry(files) / VIEWS
 
     def _answer_path(self, entry: Path, tool: str, args: dict[str, Any]) -> Path:
         from_views = os.environ.get("XDIAG_XPROF_VIEWS", "1")  # xdiag.analysis.xprof.XPROF_VIEWS_ENV: off answers differ
@@ -152,6 +158,9 @@ def answer_tool(files: list[Path], session_name: str, tool: str, args: dict[str,
         session = read_session(files, name=session_name, max_bytes=max_bytes)
     else:
         session = cache.session(files, session_name, max_bytes)
+        from xdiag.analysis.xprof.background import adopt_kept_views
+
+        adopt_kept_views(session, cache.views_folder(files))  # those `xdiag analyze` had converted: none converts again
     try:
         result = run_tool(session, tool, args)
     finally:

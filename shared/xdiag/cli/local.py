@@ -29,6 +29,7 @@ def analyze(
     max_profile_gib: Annotated[float, typer.Option(help=MAX_PROFILE_HELP)] = 2.0,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress lines; print only the report path.")] = False,
     no_xprof_views: Annotated[bool, typer.Option("--no-xprof-views", help="Skip XProf's own converters on TPU/GPU profiles (they take seconds per view on large profiles); the tools that need them say so.")] = False,
+    xprof_wait: Annotated[float, typer.Option("--xprof-wait", min=0, help="Seconds the analysis may wait for XProf's views of a TPU/GPU session of 16 MiB or more, converted beside it in a process of their own and kept per file version (the next analysis of the files has them); 0: the report never waits for them.")] = 0.0,
     project: Annotated[Optional[str], typer.Option(help="Google Cloud project for Gemini on Vertex AI (env VERTEX_PROJECT).")] = None,
     location: Annotated[Optional[str], typer.Option(help="Vertex AI location (env VERTEX_LOCATION; default us-central1).")] = None,
     model: Annotated[Optional[str], typer.Option(help="Gemini model (env VERTEX_MODEL; default gemini-2.5-flash).")] = None,
@@ -59,10 +60,16 @@ def analyze(
         located = locate_session(path, session)
     except XdiagError as exc:
         fail(str(exc))
-    from xdiag.analysis.xprof import start_views
+    from xdiag.analysis.xprof import analysis_views
+
+    def views_folder() -> Path:  # the local cache's, loaded only for views converted beside the analysis
+        from xdiag.agent.result_cache import ResultCache
+
+        return ResultCache.from_env().views_folder(located.files)
 
     max_bytes = int(max_profile_gib * 2**30)
-    started_views = start_views(located.files, max_bytes)  # before the pipeline's imports, on the core they leave idle
+    started_views = analysis_views(located.files, max_bytes, views_folder,
+                                   xprof_wait)  # before the pipeline's imports, on the core they leave idle
     from xdiag.cloud.embedded import analyze_session, build_embedded
 
     freeze_collector()
@@ -166,13 +173,19 @@ def one_tool(
 def mcp(
     http: Annotated[bool, typer.Option("--http", help="Serve streamable HTTP on 127.0.0.1 instead of stdio.")] = False,
     port: Annotated[int, typer.Option(help="With --http: the port (0: any free one; the URL is printed on stderr).")] = 8792,
+    allow: Annotated[Optional[list[Path]], typer.Option(
+        "--allow", help="A folder the calls may read profiles from and write analyses to (repeatable); with the "
+                        "client's MCP roots, they bound every path a call names (none of either: no bound).")] = None,
+    workers: Annotated[int, typer.Option(
+        min=1, help="How many tool calls run at once (each in a process of its own), beside one analysis.")] = 2,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Run every tool afresh, keeping nothing.")] = False,
     max_profile_gib: Annotated[float, typer.Option(help=MAX_PROFILE_HELP)] = 2.0,
     stack_dir: Annotated[Path, STACK_DIR] = Path(".xdiag-stack"),
 ) -> None:
     """Serve xdiag to a coding agent over MCP (Gemini CLI, Claude Code, Cursor): every tool with its schema,
     analyze, list_sessions and explain_finding. stdio by default (the agent starts `xdiag mcp`); --http serves
-    http://127.0.0.1:PORT/mcp. The README's "xdiag in your coding agent" has the configuration."""
+    http://127.0.0.1:PORT/mcp, and with XDIAG_MCP_TOKEN set every request must carry `Authorization: Bearer
+    <token>`. docs/howto/agent.md has each client's configuration."""
     try:
         import mcp as _  # noqa: F401
     except ImportError:
@@ -180,15 +193,19 @@ def mcp(
     from xdiag.agent.mcp_server import XdiagTools, serve_http, serve_stdio
     from xdiag.agent.result_cache import ResultCache
 
+    missing = [str(folder) for folder in allow or [] if not folder.is_dir()]
+    if missing:
+        fail(f"--allow {', '.join(missing)}: not a folder")
     tools = XdiagTools(None if no_cache else ResultCache.from_env(), int(max_profile_gib * 2**30), stack_dir)
     if not http:
-        serve_stdio(tools)
+        serve_stdio(tools, workers, allow)
         return
 
     def ready(bound: int) -> None:
         err.print(f"xdiag MCP server at http://127.0.0.1:{bound}/mcp", highlight=False, soft_wrap=True)
 
-    serve_http(tools, port, on_ready=ready)
+    serve_http(tools, port, on_ready=ready, workers=workers, allow=allow,
+               token=os.environ.get("XDIAG_MCP_TOKEN") or None)
 
 
 @app.command()

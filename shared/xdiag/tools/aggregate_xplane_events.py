@@ -30,9 +30,9 @@ def aggregate_xplane_events(session: Session, pattern: str, plane: str | None = 
     detail: groups per host/plane/line, top names by time; where the matching events are Python frames (PyTorch's
     `python_function` events, `path.py(LINE): function`; JAX's Python tracer's, `$file.py:LINE function`),
     user_frames (the user's innermost frames by time: past threading, the standard library and the frameworks' own
-    frames; xdiag.analysis.source_lines) and modules (the innermost `nn.Module` calls by time). Of a session assembled from host summaries, over the
-    hosts whose events it holds (the ones that matter: xdiag.tools.host_summary.hosts_that_matter), which
-    hosts_covered names beside hosts_in_session."""
+    frames) and modules (the innermost `nn.Module` calls by time). Of a session assembled from host summaries, over
+    the hosts whose events it holds (the ones that matter: the straggler of the collectives, the host with the longest
+    mean step, the first host), which hosts_covered names beside hosts_in_session."""
     regex = compile_pattern(pattern)  # RE2: linear time, whatever a model chose
     # Running totals, not every matched event's duration and gap kept to the end: a pattern that matches every
     # dispatch of a many-host session matches millions (32 hosts of the 20 MiB bench capture: 2.5 M, ~80 MiB).

@@ -98,7 +98,7 @@ def arguments(spec: ToolSpec) -> dict[str, dict[str, Any]]:
     signature = inspect.signature(spec.func).parameters
     described = {}
     for arg, param in spec.parameters.items():
-        default = signature[arg].default if arg in signature else inspect.Parameter.empty
+        default = signature[arg].default if arg in signature else param.get("default", inspect.Parameter.empty)
         described[arg] = {
             "type": param.get("type", "string"),
             "description": param.get("description", ""),

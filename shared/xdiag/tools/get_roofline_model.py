@@ -55,8 +55,8 @@ def get_roofline_model(session: Session, top_n: int = 20) -> ToolOutput:
     else:
         summary.update({k: v for k, v in view.items() if k not in ("detail", "unavailable")})
         rows = [dict(r) for r in view.get("detail", {}).get("top_operations", [])]
-        summary["xprof_impossible_op_rows"] = _mark_impossible_rows(rows, peaks)[:10]
-        detail["xprof"] = {**view, "detail": {**view.get("detail", {}), "top_operations": rows}}
+        summary["xprof_impossible_op_rows"] = _mark_impossible_rows(rows, peaks)[:min(10, top_n)]
+        detail["xprof"] = {**view, "detail": {**view.get("detail", {}), "top_operations": rows[:top_n]}}
         stalls = [(r.get("dma_stall_percent"), r.get("total_self_time_ms")) for r in rows]
         stalls = [(s, t) for s, t in stalls if s is not None and t]
         if stalls and any(s for s, _ in stalls):

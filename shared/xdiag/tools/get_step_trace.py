@@ -15,6 +15,9 @@ from xdiag.profile.space import Session
 from xdiag.tools.common import DEVICE_PLANE_SOURCE, host_plane_source
 from xdiag.tools.registry import ToolOutput, tool
 
+STEP_ROWS = 200
+"""The per-step rows the answer lists (the first ones); steps_total says how many steps there are."""
+
 
 @tool(
     "get_step_trace",
@@ -31,7 +34,7 @@ def get_step_trace(session: Session) -> ToolOutput:
     idle_outside_steps_ms, largest_idle_gap_{ms,where,device}, window_vs_step_note where they differ;
     warm_up_function, first_call_ms, later_call_ms_median (the longest first call that is a warm-up) and
     largest_sync_event, largest_sync_event_ms where the host records them.
-    detail: per-device rows, step sources, duty cycle per device, per-step rows (first 200), xprof (device only)."""
+    detail: per-device rows, step sources, duty cycle per device, per-step rows (the first 200 of steps_total), xprof (device only)."""
     found = step_set(session)
     rows = step_rows(session)
     if not rows:
@@ -78,8 +81,9 @@ def get_step_trace(session: Session) -> ToolOutput:
         "steps": [
             {"host": r.host, "device": r.device, "step": r.number, "step_ms": round(r.step_ms, 4), **{k: round(v, 4) for k, v in r.ms.items()},
              "ops": r.ops, "dispatches": r.dispatches, "compiles": r.compiles, "syncs": r.syncs}
-            for r in rows[:200]
+            for r in rows[:STEP_ROWS]
         ],
+        "steps_total": len(rows),
     }
     source = host_plane_source(session) if session.platform == "CPU" else DEVICE_PLANE_SOURCE
     if session.platform != "CPU":

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from xdiag.errors import NotAvailable
 from xdiag.profile.space import HloComputation, HloInstruction, HloModule, Session
 from xdiag.analysis.op_stats import OpStat, op_stats
+from xdiag.analysis.session_cache import cached
 from xdiag.tools.registry import ToolOutput
 
 STRUCTURAL_OPCODES = {"parameter", "bitcast", "tuple", "get-tuple-element", "constant"}
@@ -47,8 +48,14 @@ class ExecutedInstruction:
         return called.instructions if called else []
 
 
-def executed_instructions(session: Session) -> tuple[list[ExecutedInstruction], int]:
-    """(ops that ran and whose HLO the profile carries, total op time in ps over all ops)."""
+def executed_instructions(session: Session) -> tuple[tuple[ExecutedInstruction, ...], int]:
+    """(ops that ran and whose HLO the profile carries, total op time in ps over all ops); joined once per session,
+    for the three detectors and their coverage (each joined it twice: 2,514 instruction look-ups, 0.23 s, on the
+    87.6 MiB TPU v5e capture's 419 ops). Read only: the detectors build their own rows from it."""
+    return cached(session, "executed_instructions", lambda: _joined(session))
+
+
+def _joined(session: Session) -> tuple[tuple[ExecutedInstruction, ...], int]:
     stats = op_stats(session)
     out = []
     for stat in stats:
@@ -56,7 +63,7 @@ def executed_instructions(session: Session) -> tuple[list[ExecutedInstruction], 
         found = module.find(stat.name) if module else None
         if found:
             out.append(ExecutedInstruction(stat, module, found[0], found[1]))
-    return out, sum(s.total_ps for s in stats)
+    return tuple(out), sum(s.total_ps for s in stats)
 
 
 def hlo_coverage(session: Session) -> dict:

@@ -107,9 +107,12 @@ def validate_args(spec: ToolSpec, args: dict[str, Any]) -> dict[str, Any]:
                 raise ValueError(f"{spec.name} needs argument {arg!r} ({param.get('description', '')})")
             continue
         value = args[arg]
-        expected = types.get(param.get("type", "string"), object)
-        if not isinstance(value, expected) or (expected in (int, (int, float)) and isinstance(value, bool)):
-            raise ValueError(f"{spec.name}: argument {arg!r} must be a {param.get('type')}, got {value!r}")
+        kinds = param.get("type", "string")
+        kinds = kinds if isinstance(kinds, list) else [kinds]  # a JSON Schema type, or a list of them
+        expected = tuple(t for kind in kinds for t in _flat(types.get(kind, object)))
+        if not isinstance(value, expected) or (bool not in expected and isinstance(value, bool)):
+            article = "an" if kinds[0][0] in "aeiou" else "a"
+            raise ValueError(f"{spec.name}: argument {arg!r} must be {article} {' or '.join(kinds)}, got {value!r}")
         low, high = param.get("minimum"), param.get("maximum")
         if (low is not None and value < low) or (high is not None and value > high):
             raise ValueError(f"{spec.name}: argument {arg!r} must be from {low} to {high}, got {value!r}")
@@ -120,6 +123,10 @@ def validate_args(spec: ToolSpec, args: dict[str, Any]) -> dict[str, Any]:
         if param.get("format") == "re2":
             compile_pattern(value)
     return args
+
+
+def _flat(kind: type | tuple) -> tuple:
+    return kind if isinstance(kind, tuple) else (kind,)
 
 
 def compile_pattern(pattern: str) -> Any:

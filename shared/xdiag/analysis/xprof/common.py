@@ -220,3 +220,15 @@ def with_reasons(result: dict[str, Any], reasons: dict[str, str]) -> dict[str, A
 def natural_order(name: str) -> tuple:
     """Sort key that puts GPU_2_bfc before GPU_10_bfc."""
     return tuple((0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", name))
+
+
+XPROF_TOOLS_ADVICE = re.compile(r"[;,.]?\s*[Uu]se (`[A-Za-z_]+`(?:,? or |, )?)+ to [^.]*\.")
+"""XProf's text pointing at tools of XProf's own agent (`get_kernel_utilization`, …), which xdiag does not have."""
+
+
+def own_tools_named(text: str | None) -> str | None:
+    """XProf's text with its pointers to its own agent's tools replaced by the xdiag tools that answer instead."""
+    if not text:
+        return text
+    return XPROF_TOOLS_ADVICE.sub(". xdiag's get_custom_kernels gives each custom kernel's time, FLOPs and bytes where "
+                                  "known, and llo_query a TPU capture's LLO lines where it carries them.", text)

@@ -17,6 +17,7 @@ from xdiag.analysis.xprof.common import (
     as_number,
     as_positive,
     clean_values,
+    own_tools_named,
     datatable_rows,
     scaled,
     table_properties,
@@ -27,7 +28,9 @@ from xdiag.analysis.xprof.common import (
 
 def build(views: ViewSource) -> dict:
     summary = views.overview_tool()
-    perf = summary.get("performance_summary", {})
+    perf = dict(summary.get("performance_summary", {}))
+    if "custom_call_warning" in perf:
+        perf["custom_call_warning"] = own_tools_named(perf["custom_call_warning"])
     env = summary.get("run_environment", {})
     device_type = env.get("device_type")
     is_tpu = str(device_type or "").upper().startswith("TPU")

@@ -5,7 +5,9 @@ Built once per session by XprofViews (views.py), which memoises it.
 
 from __future__ import annotations
 
+
 from xdiag.analysis.xprof.common import (
+    own_tools_named,
     CUSTOM_CALL_REASON,
     DEFAULT_TOP_N,
     ViewSource,
@@ -55,7 +57,7 @@ def build(views: ViewSource) -> dict:
     result["detail"] = {
         "top_operations": top,
         "device_info": clean_values({k: v for k, v in device.items() if k != "units"}),
-        "custom_call_warning": data.get("custom_call_warning"),
+        "custom_call_warning": own_tools_named(data.get("custom_call_warning")),
         "note": (
             "total_time_ms sums op time over all cores; measured_memory_bw_gibs counts every memory space, "
             "compare hbm_bw_gibs with peak_hbm_bw_gibs"

@@ -111,6 +111,40 @@ def copy_without_unused_events(original: Path, target: Path) -> int:
         return 0
 
 
+_XSPACE_PLANES, _XPLANE_NAME = 1, 2
+DEVICE_PLANE_PREFIX = "/device:"
+
+
+def copy_without_device_planes(original: Path, target: Path) -> int:
+    """`original` written to `target` without its device planes (`/device:*`), every other field as it is; returns the
+    bytes left out. XProf's memory_profile converter reads the host threads plane alone (xplane_to_memory_profile.cc:
+    ConvertXSpaceToMemoryProfileJson), yet parses the whole file first: on the 87.6 MiB TPU v5e capture 1.2 s of CPU
+    and 620 MiB, against 0.4 s and 20 MiB on this copy, for the same view. ProfileError where the file cannot be
+    walked."""
+    import numpy as np
+
+    from xdiag.profile import wire
+
+    data = np.memmap(original, dtype=np.uint8, mode="r")  # only the planes' headers are read, and the host planes
+
+    def fields(start: int, end: int) -> list[tuple[int, int, int, int]]:
+        numbers, tags, starts, ends, _, err, pos = wire.scan_fields(data, start, end)
+        if err:
+            raise ProfileError(f"{original}: not a readable XSpace ({wire.ERRORS[err]} at byte {pos})")
+        return list(zip(numbers.tolist(), tags.tolist(), starts.tolist(), ends.tolist()))
+
+    left_out = 0
+    with open(target, "wb") as out:
+        for number, tag, start, end in fields(0, len(data)):
+            if number == _XSPACE_PLANES:
+                name = next((bytes(data[s:e]) for n, _, s, e in fields(start, end) if n == _XPLANE_NAME), b"")
+                if name.startswith(DEVICE_PLANE_PREFIX.encode()):
+                    left_out += end - tag
+                    continue
+            out.write(data[tag:end].tobytes())
+    return left_out
+
+
 def remove_private_copy(path: str, xprof_side_files: list[str], worker_folders: list[str]) -> None:
     shutil.rmtree(path, ignore_errors=True)
     for folder in worker_folders:

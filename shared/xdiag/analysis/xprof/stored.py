@@ -75,6 +75,10 @@ class StoredViews(ViewMethods):
         """The XprofViews made for a view the record did not hold; None while every view came from the record."""
         return self._converted
 
+    def holds(self, method: str, **arguments: Any) -> bool:
+        """Whether the record answers this view (else it is converted when asked)."""
+        return view_key(method, **arguments) in self._answers
+
     def _answer(self, method: str, **arguments: Any) -> dict:
         answer = self._answers.get(view_key(method, **arguments))
         if answer is None:

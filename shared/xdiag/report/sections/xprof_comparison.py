@@ -40,6 +40,9 @@ def xprof_section(results: Mapping[str, ToolResult], limits: Limits) -> Section:
                   "active devices of every host.")
     else:
         covers = ""
+    missing = _views_missing(results)
+    if missing:
+        covers += f" XProf's figures are not in this report: {missing}."
     section = Section("xprof", "xdiag and XProf",
                       intro="The same quantity as xdiag measures it and as XProf's own converters report it." + covers)
     part = Part(tool="get_kpi_metrics")
@@ -62,6 +65,16 @@ def xprof_section(results: Mapping[str, ToolResult], limits: Limits) -> Section:
         part.unavailable = ("not available: XProf reported none of these quantities for this profile"
                             if kpi is not None and kpi.ok else f"not available: {(kpi.reason if kpi else None) or 'get_kpi_metrics did not run'}")
     return section
+
+
+def _views_missing(results: Mapping[str, ToolResult]) -> str:
+    """Why XProf's views are not in the analysis (converted beside it and not waited for, refused for memory …), as
+    get_kpi_metrics, which reads three of them, met it; "" where it has them."""
+    kpi = results.get("get_kpi_metrics")
+    view = kpi.detail.get("xprof") if kpi is not None and kpi.ok and isinstance(kpi.detail, dict) else None
+    if isinstance(view, Mapping) and view.get("available") is False:
+        return str(view.get("reason") or "no reason given").rstrip(".")
+    return ""
 
 
 def _hosts_covered(results: Mapping[str, ToolResult]) -> list[str]:
