@@ -280,6 +280,37 @@ def test_unique_with_inverse_is_numpys_unique(values):
     assert np.array_equal(inverse, expected_inverse) and np.array_equal(unique[inverse], array)
 
 
+@pytest.mark.parametrize("count", [5, 300])  # one at a time; grouped by length, each distinct string decoded once
+def test_inline_strings_intern_as_one_at_a_time_does(count):
+    import numpy as np
+    from xdiag.profile.reader import _inline_texts
+
+    rng = np.random.default_rng(count)
+    data = bytes(rng.choice(list(b"ab\xff\xc3\xa9"), 2000).tolist())  # ASCII, UTF-8 and bytes decoded as U+FFFD
+    arr = np.frombuffer(data, dtype=np.uint8)
+    lengths = rng.integers(0, 14, count)  # empty, up to 8 (as integers) and longer
+    offsets = np.minimum(np.sort(rng.integers(0, len(data), count)), len(data) - lengths)
+    offsets[::7] = -1  # no bytes: ""
+
+    def interned(decode) -> tuple[list[int], list[str]]:
+        strings: list[str] = []
+        index: dict[str, int] = {}
+
+        def intern(value: str) -> int:
+            if value not in index:
+                index[value] = len(strings)
+                strings.append(value)
+            return index[value]
+
+        return decode(intern), strings
+
+    expected, expected_strings = interned(lambda intern: [
+        intern(data[o : o + n].decode("utf-8", "replace") if o >= 0 else "") for o, n in zip(offsets, lengths)
+    ])
+    indexes, strings = interned(lambda intern: _inline_texts(arr, offsets, lengths, intern))
+    assert indexes.dtype == np.int32 and indexes.tolist() == expected and strings == expected_strings
+
+
 @pytest.mark.parametrize(
     ("values", "members"),
     [

@@ -216,6 +216,57 @@ def _packed(decoded: tuple) -> tuple:
     return header, metadata_id, starts, durations, stat_event, stat_slot, stat_a, stat_b, err, err_pos
 
 
+_FEW_INLINE_TEXTS = 64  # fewer in a slot: one at a time (a few numpy calls per length would cost more)
+
+
+def _inline_texts(arr: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, intern: Callable[[str], int],
+                  ) -> np.ndarray:
+    """`intern` of each inline string (its `lengths[i]` bytes at `offsets[i]`, "" where the offset is negative), as
+    int32 indexes in the order given; each distinct string is interned in the order of its first occurrence.
+
+    Each distinct byte string is decoded once: the strings are grouped by length, each group's bytes gathered into
+    one row a string and made unique by numpy. The 87.6 MiB TPU v5e capture's 371,300 inline strings (117 distinct,
+    1,460 bytes) took 0.22-0.38 s of CPU one at a time, 0.06-0.09 s so (the least of 7 runs, shared machine)."""
+    count = len(offsets)
+    if count < _FEW_INLINE_TEXTS:
+        return np.array([intern(bytes(arr[o : o + n]).decode("utf-8", "replace") if o >= 0 else "")
+                         for o, n in zip(offsets.tolist(), lengths.tolist())], dtype=np.int32)
+    lengths = np.where(offsets >= 0, lengths, -1)  # -1: no bytes, the text ""
+    # Stable: each group's positions stay in the order given. Short lengths sort as int16 (numpy's radix sort).
+    order = np.argsort(lengths.astype(np.int16) if lengths.max() < 2**15 else lengths, kind="stable")
+    sorted_lengths = lengths[order]
+    bounds = [0, *(np.flatnonzero(sorted_lengths[1:] != sorted_lengths[:-1]) + 1).tolist(), count]
+    groups = []  # (positions, each one's distinct string in the group, that string's first position, its text)
+    for low, high in zip(bounds[:-1], bounds[1:]):
+        positions, length = order[low:high], int(sorted_lengths[low])
+        if length <= 0:
+            groups.append((positions, np.zeros(len(positions), dtype=np.intp), positions[:1], [""]))
+            continue
+        # The bytes, one row a string, copied from a view of the file's windows: no index array per byte.
+        rows = np.lib.stride_tricks.sliding_window_view(arr, length)[offsets[positions]]
+        if length <= 8:  # each string one uint64 (zero-padded, all of one length): sorted as integers, 3x faster
+            padded = np.zeros((len(rows), 8), dtype=np.uint8)
+            padded[:, :length] = rows
+            rows = padded
+        keys = rows.view(np.uint64 if length <= 8 else f"V{length}").reshape(-1)
+        distinct, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+        distinct_rows = distinct.view(np.uint8).reshape(len(distinct), -1)[:, :length]
+        texts = [bytes(row).decode("utf-8", "replace") for row in distinct_rows]
+        groups.append((positions, inverse.reshape(-1), positions[first], texts))
+    # Intern in the order of each string's first occurrence, as one string at a time would.
+    firsts = np.concatenate([group[2] for group in groups])
+    texts = [text for group in groups for text in group[3]]
+    indexes = np.empty(len(texts), dtype=np.int32)
+    for i in np.argsort(firsts, kind="stable").tolist():
+        indexes[i] = intern(texts[i])
+    result = np.empty(count, dtype=np.int32)
+    start = 0
+    for positions, inverse, group_firsts, _ in groups:
+        result[positions] = indexes[start + inverse]
+        start += len(group_firsts)
+    return result
+
+
 def _decode_line(
     arr: np.ndarray, start: int, decoded: tuple, stat_names: dict[int, str], columns: "_StatColumns",
     intern: Callable[[str], int], where: str,
@@ -245,14 +296,7 @@ def _decode_line(
         refs, ref_inverse = unique_with_inverse(a[is_ref])
         values[is_ref] = np.array([intern(stat_names.get(int(r), "")) for r in refs], dtype=np.int32)[ref_inverse]
         if (~is_ref).any():
-            offsets, lengths = a[~is_ref], b[~is_ref]
-            if len(offsets) > 1 and not (np.diff(offsets) > 0).all():  # never from the decoder; kept exact anyway
-                pairs, inverse = np.unique(np.stack([offsets, lengths], axis=1), axis=0, return_inverse=True)
-                offsets, lengths = pairs[:, 0], pairs[:, 1]
-            else:
-                inverse = np.arange(len(offsets))
-            indexes = np.array([intern(text(o, n)) for o, n in zip(offsets.tolist(), lengths.tolist())], dtype=np.int32)
-            values[~is_ref] = indexes[inverse.reshape(-1)]
+            values[~is_ref] = _inline_texts(arr, a[~is_ref], b[~is_ref], intern)
         string_columns.put(columns.string_names[-2 - slot], events, values)
     name = text(int(header[4]), int(header[5]))
     return Line(
