@@ -308,7 +308,7 @@ async def _drive(client_of, tmp_path: Path) -> None:
         for name, arguments, reason in (
             ("get_step_trace", {"path": str(tmp_path / "missing.xplane.pb")}, "no such file or directory"),
             ("get_step_trace", {"path": str(corrupt)}, "corrupt.xplane.pb: truncated"),
-            ("get_step_trace", {"path": "/dev/zero"}, "/dev/zero: not"),
+            ("get_step_trace", {"path": "/dev/zero"}, "/dev/zero: neither a regular file nor a folder"),
             ("get_step_trace", {"path": 123}, "argument 'path' must be a string, got 123"),
             ("get_step_trace", {}, "needs argument 'path'"),
             ("get_hlo_op_profile", {"path": profile, "top_n": 0}, "must be from 1 to 200, got 0"),
