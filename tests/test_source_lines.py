@@ -318,3 +318,14 @@ def test_a_pytorch_trace_with_stacks_names_the_users_frame(trace, host_finding, 
     cited = [e for f in analysis.diagnosis.findings for e in f.evidence if e.tool == "aggregate_xplane_events"]
     assert cited and not any("threading.py" in str(e.value) for e in cited)
     assert any(e.metric == "user's innermost Python frames" and frames[0] in e.value for e in cited)
+
+
+def test_an_optimal_summary_names_the_busiest_ops_line(analysed):
+    """No finding to carry a line: the summary's busiest-op sentence says where that op comes from."""
+    from xdiag.report.summary import summary_sentences
+
+    analysis = analysed("tpu_v5e/megablox_moe")
+    assert analysis.diagnosis.status == "OPTIMAL"
+    line = analysis.health["top_op_source"]["line"]
+    busiest = next(s for s in summary_sentences(analysis, "OPTIMAL", []) if s.startswith("The busiest op is"))
+    assert f", from {line}" in busiest and _example_line(line).startswith(TOP_OP_LINES["tpu_v5e/megablox_moe"][0])

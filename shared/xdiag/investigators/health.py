@@ -142,7 +142,7 @@ SOURCES = {
     "utilization_percent": "get_utilization_viewer",
     "memory": "get_memory_profile",
     "roofline_efficiency_percent": "get_roofline_model",
-    "top_op, low_intensity_op_percent, memory_*, dominant_ops_*, loop_work, peaks": "get_hlo_op_profile",
+    "top_op, top_op_source, low_intensity_op_percent, memory_*, dominant_ops_*, loop_work, peaks": "get_hlo_op_profile",
     "dma_stall_percent": "get_roofline_model",
     "compiler": "detect_layout_mismatch_copies, detect_unfused_reshapes, detect_unnecessary_convert_reduce",
 }
@@ -179,6 +179,7 @@ class HealthSnapshot(_Record):
     oom_risk: str | None
     top_op: str | None
     top_op_share_percent: float | None
+    top_op_source: dict | None  # the user's line of the busiest op (and the library's), where the profile names it
     top_category: str | None
     low_intensity_op_percent: float | None
     memory_bound_is_defect: bool | None
@@ -279,6 +280,7 @@ def health_snapshot(results: dict[str, ToolResult]) -> HealthSnapshot:
         oom_risk=memory.get("oom_risk"),
         top_op=ops.get("top_op"),
         top_op_share_percent=ops.get("top_op_share_percent"),
+        top_op_source=ops.get("top_op_source"),
         top_category=ops.get("top_category"),
         low_intensity_op_percent=ops.get("memory_bound_op_percent"),
         memory_bound_is_defect=ops.get("memory_bound_defect"),

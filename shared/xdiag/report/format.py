@@ -549,3 +549,16 @@ class Block:
 
     def __post_init__(self) -> None:
         self.text = humanize_numbers(plain_text(self.text))  # tools' reasons quote raw numbers ("623.196 ms")
+
+
+def source_text(source: Mapping[str, Any]) -> str:
+    """An op's or a finding's source as one line: `train.py:33 (train_step), in kernel.py:628`."""
+    line = str(source.get("line") or "")
+    text = line + (f" ({source['function']})" if line and source.get("function") else "")
+    library = str(source.get("library") or "")
+    if library:
+        text += (", in " if text else "") + library
+    fused = [str(f) for f in source.get("fused_lines") or []]
+    if fused:
+        text += f" (fusing {', '.join(fused)})"
+    return text

@@ -30,6 +30,7 @@ from xdiag.report.format import (
     key_values,
     measured_cell,
     metric_label,
+    source_text,
     table,
     unit_of,
 )
@@ -41,7 +42,7 @@ from xdiag.report.sections.ops import compiler_section, op_profile_section
 from xdiag.report.sections.parts import Section
 from xdiag.report.sections.peaks import Peaks, device_peaks
 from xdiag.report.sections.roofline import roofline_section
-from xdiag.report.sections.source_lines import source_lines_section, source_text
+from xdiag.report.sections.source_lines import source_lines_section
 from xdiag.report.sections.steps import step_time_section
 from xdiag.report.sections.xprof_comparison import xprof_section
 from xdiag.report.summary import metric_cards, priority_counts, summary_sentences, why_missing

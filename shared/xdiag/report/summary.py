@@ -22,6 +22,7 @@ from xdiag.report.format import (
     measured_cell,
     out_of_range,
     short_kernel_name,
+    source_text,
     tone_of,
 )
 
@@ -79,7 +80,9 @@ def summary_sentences(analysis: Analysis, status: str, findings: Sequence[Findin
                f"It covers {step_text}{compute_text}."]
         top, share = health.get("top_op"), health.get("top_op_share_percent")
         if top and share is not None:
-            out.append(f"The busiest op is {short_kernel_name(top)} ({format_measure(share, '%')} of op time).")
+            line = source_text(health.get("top_op_source") or {})
+            out.append(f"The busiest op is {short_kernel_name(top)} ({format_measure(share, '%')} of op time)"
+                       + (f", from {line}." if line else "."))
         efficiency, bound = health.get("roofline_efficiency_percent"), health.get("bound_by")
         if efficiency is not None and bound:
             roof = "compute" if "compute" in str(bound).lower() else "bandwidth"

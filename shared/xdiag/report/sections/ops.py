@@ -21,10 +21,10 @@ from xdiag.report.format import (
     plain_text,
     short_kernel_name,
     short_shape,
+    source_text,
 )
 from xdiag.report.sections.parts import TABLE_ROWS_SHOWN, Section, kv_blocks, names_and_more, part_for, xprof_gap
 from xdiag.report.sections.roofline import ROOFLINE_SHOWN_ABOVE
-from xdiag.report.sections.source_lines import source_text
 from xdiag.report.summary import counted
 
 

@@ -4,24 +4,10 @@ the HLO's Python stacks): the section that says which code to look at first."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from xdiag.model import ToolResult
-from xdiag.report.format import Block, Limits, format_measure
+from xdiag.report.format import Block, Limits, format_measure, source_text
 from xdiag.report.sections.parts import Section, part_for, table_block
-
-
-def source_text(source: Mapping[str, Any]) -> str:
-    """An op's or a finding's source as one line: `train.py:33 (train_step), in kernel.py:628`."""
-    line = str(source.get("line") or "")
-    text = line + (f" ({source['function']})" if line and source.get("function") else "")
-    library = str(source.get("library") or "")
-    if library:
-        text += (", in " if text else "") + library
-    fused = [str(f) for f in source.get("fused_lines") or []]
-    if fused:
-        text += f" (fusing {', '.join(fused)})"
-    return text
 
 
 def source_lines_section(results: Mapping[str, ToolResult], limits: Limits) -> Section:
