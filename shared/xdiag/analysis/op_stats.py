@@ -391,6 +391,14 @@ class CostedWork:
     covered_percent: float  # of the compute op time
 
     @property
+    def upper_bound_flops_percent(self) -> float:
+        """The share of these FLOPs counted from costs that are upper bounds (paged kernels' full pages): a rate over
+        them is at most that rate."""
+        bounded = sum(s.cost["flops"] * s.costed_count for s in self.stats
+                      if UPPER_BOUND in s.cost.get("cost_source", ""))
+        return round(100 * bounded / self.flops, 2) if self.flops else 0.0
+
+    @property
     def speaks_for_the_program(self) -> bool:
         return bool(self.seconds) and self.covered_percent >= MIN_COSTED_PERCENT
 

@@ -166,6 +166,7 @@ class HealthSnapshot(_Record):
     utilization_percent: float | None
     achieved_gflops_per_s: float | None
     achieved_rate_covers_op_time_percent: float | None
+    achieved_rate_upper_bound_flops_percent: float | None  # the rate's FLOPs counted from upper-bound costs
     roofline_unavailable_because: str | None
     # xdiag's roofline over device op time (None where too little of it is costed); XProf's divides by a
     # window that includes device idle, so it is kept apart.
@@ -269,6 +270,7 @@ def health_snapshot(results: dict[str, ToolResult]) -> HealthSnapshot:
         utilization_percent=util.get("busy_percent_mean"),
         achieved_gflops_per_s=kpi.get("achieved_gflops_per_s_during_ops"),
         achieved_rate_covers_op_time_percent=kpi.get("achieved_rate_covers_op_time_percent"),
+        achieved_rate_upper_bound_flops_percent=kpi.get("achieved_rate_upper_bound_flops_percent"),
         roofline_unavailable_because=roofline.get("roofline_unavailable_because"),
         roofline_efficiency_percent=roofline.get("op_time_roofline_efficiency_percent"),
         bound_by=roofline.get("op_time_bound_by"),

@@ -233,6 +233,14 @@ def metric_cards(health: Mapping[str, Any], results: Mapping[str, ToolResult], l
             note = (f"{precision}; " if precision else "") + m.hint + (
                 f", over the {format_measure(covers, '%')} of compute op time whose FLOPs are known"
                 if covers is not None and covers < 100 else "")
+            bounded = health.get("achieved_rate_upper_bound_flops_percent")
+            if bounded:
+                note = (f"an upper bound: {format_measure(bounded, '%')} of these FLOPs assume full pages; " + note)
+        elif m.path == ("low_intensity_op_percent",):
+            peaks = health.get("peaks") or {}
+            if peaks.get("peak_tflops") and peaks.get("peak_hbm_gb_per_s"):  # the CPU's hint where no roof is known
+                ridge = peaks["peak_tflops"] * 1e3 / peaks["peak_hbm_gb_per_s"]
+                note = f"of op time in ops below the ridge point ({ridge:.4g} FLOP/byte)"
         elif m.path == ("top_op",):
             share, category = health.get("top_op_share_percent"), health.get("top_category")
             note = ", ".join(x for x in (f"{format_measure(share, '%')} of op time" if share is not None else "",
@@ -242,7 +250,8 @@ def metric_cards(health: Mapping[str, Any], results: Mapping[str, ToolResult], l
             tone = tone_of(value) if m.path == ("oom_risk",) else ""
         else:
             text = measured_cell(_UNIT_KEYS.get(m.unit, m.label), value, limits)
-            if m.path == ("roofline_efficiency_percent",) and health.get("dominant_ops_efficiency_is_upper_bound"):
+            if ((m.path == ("roofline_efficiency_percent",) and health.get("dominant_ops_efficiency_is_upper_bound"))
+                    or (m.path == ("achieved_gflops_per_s",) and health.get("achieved_rate_upper_bound_flops_percent"))):
                 text = Cell(text="≤ " + text.text, full=text.full, numeric=text.numeric)
             tone = "warn" if text.flagged else ""
             if text.flagged:

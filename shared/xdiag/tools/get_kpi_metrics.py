@@ -21,6 +21,8 @@ def get_kpi_metrics(session: Session) -> ToolOutput:
     achieved_gflops_per_s_during_ops (FLOPs counted from HLO shapes, GEMM custom calls included, over the time
     of those ops; transfers left out), achieved_gflops_per_s_over_steps, achieved_rate_covers_op_time_percent
     (the compute op time those ops hold; under 50% both rates are left out, with achieved_rate_unavailable_because),
+    achieved_rate_upper_bound_flops_percent (where some FLOPs are counted from upper-bound costs, paged kernels'
+    full pages: the share they hold, and both rates are at most),
     hlo_costed_op_share_percent (of all op time, transfers included), plus xprof_* on devices."""
     rows = step_rows(session)
     if not rows:
@@ -43,6 +45,8 @@ def get_kpi_metrics(session: Session) -> ToolOutput:
             100 * sum(s.costed_ps for s in costed) / max(sum(s.total_ps for s in stats), 1), 2
         ),
     }
+    if flops and work.upper_bound_flops_percent > 0:
+        summary["achieved_rate_upper_bound_flops_percent"] = work.upper_bound_flops_percent
     if flops and not work.speaks_for_the_program:
         # A rate over a fraction of the work is not the program's: left out, with why.
         summary["achieved_gflops_per_s_during_ops"] = summary["achieved_gflops_per_s_over_steps"] = None
