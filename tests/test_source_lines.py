@@ -329,3 +329,48 @@ def test_an_optimal_summary_names_the_busiest_ops_line(analysed):
     line = analysis.health["top_op_source"]["line"]
     busiest = next(s for s in summary_sentences(analysis, "OPTIMAL", []) if s.startswith("The busiest op is"))
     assert f", from {line}" in busiest and _example_line(line).startswith(TOP_OP_LINES["tpu_v5e/megablox_moe"][0])
+
+
+# capture -> (the host finding, the statement each of its host lines begins, in order)
+HOST_FINDING_LINES = {
+    "tpu_v5e/input_bound": ("input_bound", ["return [((p - mean) * inv_std)", "var = sum([(p - mean)"]),
+    "h200/input_bound": ("input_bound", ["def _preprocess_sample("]),
+    "tpu_v5e/dispatch_bound": ("dispatch_overhead", ["def step(state, i):"]),
+    "h200/dispatch_bound": ("dispatch_overhead", ["def step(state, i):"]),
+    "tpu_v5e/recompilation": ("recompilation", ["def step(state, i):"]),
+    "h200/recompilation": ("recompilation", ["def step(state, i):"]),
+}
+
+
+@pytest.mark.parametrize("capture", sorted(HOST_FINDING_LINES))
+def test_a_host_finding_names_the_users_python_frames_its_time_runs_in(capture, analysed):
+    """Host time is in no HLO: where JAX's Python tracer recorded the user's frames around the waits, dispatches or
+    compiles (or, for host-bound input, the frames that run), the finding names them with the host time they hold."""
+    key, statements = HOST_FINDING_LINES[capture]
+    finding = next(f for f in analysed(capture).diagnosis.findings if f.key == key)
+    assert [_example_line(f"examples/{s.line}").startswith(want) or _example_line(f"examples/{s.line}") == want
+            for s, want in zip(finding.source_lines, statements)] == [True] * len(statements)
+    assert len(finding.source_lines) == len(statements)
+    first = finding.source_lines[0]
+    assert first.host_ms > 0 and 0 < first.share_percent <= 100
+    assert f"Where: {first.function} ({first.line}): " in finding.fix and "of op time" not in finding.fix
+    assert "records no line" not in finding.fix
+
+
+@pytest.mark.parametrize("capture", ["tpu_v5e/ragged_attention_serve", "tpu_v5e/host_callback_step"])
+def test_a_host_finding_without_a_recorded_frame_says_why_once(capture, analysed):
+    """ragged_attention_serve's block_until_ready and host_callback_step's callback run under no user frame the
+    tracer recorded (the loop's function began before the trace): no invented line, one sentence on why and how."""
+    finding = next(f for f in analysed(capture).diagnosis.findings if f.key == "host_sync")
+    assert finding.source_lines == []
+    assert finding.fix.count("records no line of the user's program") == 1
+    assert "began before the trace did" in finding.fix and "jax.profiler.start_trace(log_dir)" in finding.fix
+    assert "python_tracer_level = 1" in finding.fix
+
+
+def test_a_host_wait_counts_once_under_the_innermost_user_frame_around_it():
+    from xdiag.analysis.source_lines import enclosing_user_frames
+
+    frames = [(0, 100, "$loop.py:10 run"), (10, 50, "$loop.py:20 step")]
+    waits = [(20, 40), (25, 35), (60, 70), (200, 210)]  # nested in the first; in run only; outside every frame
+    assert enclosing_user_frames(frames, waits) == {"$loop.py:20 step": 20, "$loop.py:10 run": 10}

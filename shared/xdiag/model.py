@@ -153,6 +153,8 @@ class SourceLine(BaseModel):
     share_percent: float  # of all op time
     ops: list[str] = Field(default_factory=list)  # the cited ops it holds
     fused_lines: list[str] = Field(default_factory=list)  # other user lines those ops fuse (a widening astype's)
+    host_ms: float | None = None  # a host-side line (a Python frame): the host time it holds; share_percent is then
+    # of the profiled steps' time
 
 
 class Finding(BaseModel):
@@ -166,6 +168,8 @@ class Finding(BaseModel):
     verified: bool = True  # False when a number in the evidence appears in no tool output
     source_lines: list[SourceLine] = Field(default_factory=list)  # the 1-3 lines holding the time of the ops it cites
     _staked_ops: frozenset[str] = PrivateAttr(default_factory=frozenset)  # op names its rule staked (not stored)
+    _host_lines: list[SourceLine] = PrivateAttr(default_factory=list)  # a host finding's Python frames (not stored)
+    _no_host_line: str = PrivateAttr(default="")  # why a host finding names no line, where it names none
 
 
 class FollowUpCall(BaseModel):

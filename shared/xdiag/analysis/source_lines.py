@@ -161,6 +161,32 @@ def innermost_user_frames(events: Iterable[tuple[int, int, str]], kind_of: Calla
     return user_time, module_time
 
 
+def enclosing_user_frames(frames: Iterable[tuple[int, int, str]], waits: Iterable[tuple[int, int]],
+                          ) -> dict[str, int]:
+    """Of the user's Python-frame events (start, end, name) of one line and events on that line that are not user
+    frames (a host wait, a dispatch, a compile: start, end), the innermost user frame that encloses each such event:
+    name -> the summed time of the events it encloses. An event no recorded user frame encloses (its frame began
+    before the trace did, or the tracer was off) is counted under no line."""
+    out: dict[str, int] = {}
+    marks = sorted([(s, -e, 0, n) for s, e, n in frames] + [(s, -e, 1, "") for s, e in waits])
+    stack: list[tuple[int, str]] = []
+    wait_end = None  # the end of the last outermost event counted: one nested in it (__array__ in np.asarray) is not
+    for start, neg_end, is_wait, name in marks:
+        end = -neg_end
+        while stack and stack[-1][0] <= start:
+            stack.pop()
+        if not is_wait:
+            stack.append((end, name))
+            continue
+        if wait_end is not None and end <= wait_end:
+            continue
+        wait_end = end
+        inner = next((n for e, n in reversed(stack) if e >= end), None)
+        if inner is not None:
+            out[inner] = out.get(inner, 0) + end - start
+    return out
+
+
 @dataclass(frozen=True)
 class OpSource:
     """Where an op comes from: the user's frame (None where every frame is a library's) and, where the innermost

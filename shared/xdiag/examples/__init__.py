@@ -215,8 +215,8 @@ _ACCELERATOR = [
     Workload("ragged_attention_serve", "mixed prefill and decode on JAX's Pallas ragged paged-attention kernel",
              "memory_bound",
              expected_by_platform={"TPU": (
-                 "host_sync", "the four kernel calls read the 134 MB of K and V pages at 58-60% of the HBM roof "
-                 "(0.28 ms each), but the 1.9 ms serving step blocks on its result every time and the device idles "
+                 "host_sync", "the four kernel calls reach at most 59% of the HBM roof (0.28 ms each; an upper bound: their "
+                 "cost assumes the 134 MB of K and V pages full), but the 1.9 ms serving step blocks on its result every time and the device idles "
                  "40% of it between steps: the wait, not the kernel, is the larger loss")}),
     Workload("megablox_moe", "MoE feed-forward layer on megablox grouped matmuls (Pallas), forward and backward",
              "optimal"),

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
+from xdiag.analysis.source_lines import python_frame
 from xdiag.model import Diagnosis, Finding, SourceLine, ToolResult
 
 MAX_LINES = 3
@@ -81,15 +82,65 @@ def where_to_change(lines: list[SourceLine]) -> str:
     return "Where: " + "; ".join(named) + "."
 
 
+HOST_EVENT_FINDINGS = {"host_sync": "user_callers", "dispatch_overhead": "user_callers",
+                       "recompilation": "user_callers", "input_bound": "user_frames"}
+"""Host-side findings whose rule reads the host's events (aggregate_xplane_events), and the frames that hold their
+time: the user's innermost frame around each wait, dispatch or compile; for host-bound input, the user's innermost
+frames themselves (the Python that runs while the device idles)."""
+NO_HOST_LINE = (
+    "The profile records no line of the user's program for this host-side time: it is not in the HLO, whose stacks "
+    "name the device ops' lines, and {why}. To record the line, start the trace before the function that runs the "
+    "loop is called (jax.profiler.start_trace(log_dir), or `with jax.profiler.trace(log_dir):` around that call), "
+    "with the Python tracer on (options = jax.profiler.ProfileOptions(); options.python_tracer_level = 1; "
+    "profiler_options=options): the tracer records only the frames entered after the trace starts."
+)
+NO_TRACER_WHY = "the capture holds no Python tracer events (the Python tracer was off)"
+NOT_ENCLOSED_WHY = ("JAX's Python tracer recorded no frame of the user's code around these events: the frame that "
+                    "waits or dispatches began before the trace did, and the tracer records only frames entered "
+                    "after it starts")
+
+
+def host_source_lines(key: str, result: ToolResult, profiled_ms: float, traced: bool,
+                      ) -> tuple[list[SourceLine], str]:
+    """A host finding's user lines from its follow-up's events (aggregate_xplane_events' user_callers, or
+    user_frames for host-bound input), each with the host time it holds and that time's share of the profiled steps;
+    where none, why the profile names none (NO_HOST_LINE)."""
+    frames = result.detail.get(HOST_EVENT_FINDINGS[key], []) if result.ok else []
+    lines = []
+    for entry in frames[:MAX_LINES]:
+        frame = python_frame(entry["name"])
+        if frame is None or entry["total_ms"] <= 0:
+            continue
+        share = round(min(100.0, 100 * entry["total_ms"] / profiled_ms), 2) if profiled_ms else 0.0
+        lines.append(SourceLine(line=f"{frame.file}:{frame.line}", function=frame.function, share_percent=share,
+                                host_ms=entry["total_ms"]))
+    if lines:
+        return lines, ""
+    return [], NO_HOST_LINE.format(why=NOT_ENCLOSED_WHY if traced else NO_TRACER_WHY)
+
+
+def where_on_the_host(lines: list[SourceLine]) -> str:
+    """The sentence a host finding's fix gains: the user's functions its host time runs in (JAX's Python tracer
+    names a function by the line it begins on)."""
+    named = [f"{s.function} ({s.line}): " + (f"{s.host_ms:,.0f}" if s.host_ms >= 100 else f"{s.host_ms:.3g}")
+             + " ms of host time in the capture" + (f", {s.share_percent:g}% of the profiled steps"
+                                                    if s.share_percent else "") for s in lines]
+    return "Where: " + "; ".join(named) + " (JAX's Python tracer names a function by the line it begins on)."
+
+
 def with_source_lines(diagnosis: Diagnosis, results: dict[str, ToolResult]) -> Diagnosis:
-    """Each finding with the source lines of the ops it cites, and its fix with where to change them."""
+    """Each finding with the source lines of the ops it cites, and its fix with where to change them; a host
+    finding without one, the user's Python frames its host time runs in, or why the profile names none."""
     rows = _op_rows(results)
-    if not rows:
-        return diagnosis
     for finding in diagnosis.findings:
         if finding.source_lines:
             continue
-        finding.source_lines = finding_source_lines(finding, rows)
+        finding.source_lines = finding_source_lines(finding, rows) if rows else []
         if finding.source_lines:
             finding.fix = f"{finding.fix.rstrip()} {where_to_change(finding.source_lines)}"
+        elif finding._host_lines:
+            finding.source_lines = finding._host_lines
+            finding.fix = f"{finding.fix.rstrip()} {where_on_the_host(finding.source_lines)}"
+        elif finding._no_host_line:
+            finding.fix = f"{finding.fix.rstrip()} {finding._no_host_line}"
     return diagnosis

@@ -248,6 +248,8 @@ def _finding_view(f: Finding, limits: Limits) -> dict[str, Any]:
         "fix": humanize_numbers(f.fix),
         "verified": f.verified,
         "source_lines": [f"{source_text(s.model_dump())}: {format_measure(s.share_percent, '%')} of op time"
+                         if s.host_ms is None else
+                         f"{source_text(s.model_dump())}: {format_measure(s.host_ms, 'ms')} of host time"
                          for s in f.source_lines],
     }
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from xdiag.analysis.source_lines import frame_kinds, innermost_user_frames, user_files
+from xdiag.analysis.source_lines import enclosing_user_frames, frame_kinds, innermost_user_frames, user_files
 from xdiag.errors import NotAvailable
 from xdiag.profile.columns import isin_ids
 from xdiag.profile.space import Session
@@ -30,13 +30,15 @@ def aggregate_xplane_events(session: Session, pattern: str, plane: str | None = 
     detail: groups per host/plane/line, top names by time; where the matching events are Python frames (PyTorch's
     `python_function` events, `path.py(LINE): function`; JAX's Python tracer's, `$file.py:LINE function`),
     user_frames (the user's innermost frames by time: past threading, the standard library and the frameworks' own
-    frames) and modules (the innermost `nn.Module` calls by time). Of a session assembled from host summaries, over
+    frames) and modules (the innermost `nn.Module` calls by time); where matching events that are no user frame (a
+    host wait, a dispatch, a compile) run inside the user's frames on their line, user_callers (the innermost user
+    frame around them, by the matching time it encloses). Of a session assembled from host summaries, over
     the hosts whose events it holds (the ones that matter: the straggler of the collectives, the host with the longest
     mean step, the first host), which hosts_covered names beside hosts_in_session."""
     regex = compile_pattern(pattern)  # RE2: linear time, whatever a model chose
     # Running totals, not every matched event's duration and gap kept to the end: a pattern that matches every
     # dispatch of a many-host session matches millions (32 hosts of the 20 MiB bench capture: 2.5 M, ~80 MiB).
-    groups, names_time, user_frames, modules = [], {}, {}, {}
+    groups, names_time, user_frames, modules, callers = [], {}, {}, {}, {}
     kind_of = None  # made on the first line that may hold Python frames
     count = total_ps = longest = gap_count = gap_total = 0
     longest_gap = None
@@ -83,6 +85,8 @@ def aggregate_xplane_events(session: Session, pattern: str, plane: str | None = 
                 for totals, found in ((user_frames, users), (modules, called)):
                     for name, ps in found.items():
                         totals[name] = totals.get(name, 0) + ps
+                for name, ps in _callers(p, ln, kind_of, starts, d, names, inverse).items():
+                    callers[name] = callers.get(name, 0) + ps
             groups.append(
                 {"host": p.host, "plane": p.name, "line": ln.name, "count": int(mask.sum()),
                  "total_ms": round(float(d.sum()) / 1e9, 4), "max_us": round(float(d.max()) / 1e6, 3),
@@ -102,8 +106,26 @@ def aggregate_xplane_events(session: Session, pattern: str, plane: str | None = 
     top = sorted(names_time.items(), key=lambda kv: -kv[1])[:20]
     detail = {"groups": sorted(groups, key=lambda g: -g["total_ms"])[:50],
               "top_names": [{"name": n, "total_ms": round(t / 1e9, 4)} for n, t in top]}
-    for key, totals in (("user_frames", user_frames), ("modules", modules)):
+    for key, totals in (("user_frames", user_frames), ("modules", modules), ("user_callers", callers)):
         if totals:
             detail[key] = [{"name": n, "total_ms": round(t / 1e9, 4)}
                            for n, t in sorted(totals.items(), key=lambda kv: -kv[1])[:TOP_FRAMES]]
     return ToolOutput(summary, detail, "profile events")
+
+
+def _callers(p, ln, kind_of, starts, durations, names, inverse) -> dict[str, int]:
+    """The user's frames on line `ln` that enclose its matching events that are not themselves user frames."""
+    matched_kinds = [kind_of(name) for name in names]
+    waits = [(int(s), int(s + d)) for s, d, i in zip(starts.tolist(), durations.tolist(), inverse.tolist())
+             if matched_kinds[i] != "user"]
+    if not waits:
+        return {}
+    user_ids = np.fromiter((k for k, n in p.event_names.items() if kind_of(n) == "user"), dtype=np.int64)
+    if not len(user_ids):
+        return {}
+    mask = isin_ids(ln.metadata_id, user_ids)
+    if not mask.any():
+        return {}
+    s, d = ln.starts.at(mask), ln.durations.at(mask)
+    frames = zip(s.tolist(), (s + d).tolist(), (p.event_names.get(int(m), "") for m in ln.metadata_id[mask].tolist()))
+    return enclosing_user_frames(frames, waits)

@@ -14,8 +14,10 @@ from xdiag.investigators.health import DOMINANT_EFFICIENCY_MIN_PERCENT, HealthSn
 from xdiag.investigators.rules import collectives, compiler, host, kernels, memory, roofline, transfers  # noqa: F401
 from xdiag.investigators.rules.host import with_profiler_caveat
 from xdiag.investigators.rules.hypothesis import CallTool, Hypothesis
+from xdiag.investigators.rules.hypothesis import summary as tool_summary
 from xdiag.investigators.rules.ranking import MIN_FINDING_PERCENT, ranked
 from xdiag.investigators.rules.registry import Facts, ordered_rules
+from xdiag.investigators.source_lines import HOST_EVENT_FINDINGS, host_source_lines
 from xdiag.model import Diagnosis, FollowUpCall, Status, ToolResult
 
 __all__ = ["CallTool", "Hypothesis", "RuleEngine", "hypotheses"]
@@ -111,6 +113,10 @@ class RuleEngine:
             calls.append(FollowUpCall(tool=name, args=args, hypothesis=hypothesis.title, status=result.status, reason=result.reason))
             if result.ok and hypothesis.extra_evidence:
                 hypothesis.evidence.extend(hypothesis.extra_evidence(result))
+            if hypothesis.key in HOST_EVENT_FINDINGS:  # host time is in no HLO: the Python frames around it
+                traced = tool_summary(results, "get_step_trace").get("python_tracer_events_per_step")
+                hypothesis.host_lines, hypothesis.no_host_line = host_source_lines(
+                    hypothesis.key, result, (health.step_time_ms or 0) * (health.steps or 0), bool(traced))
         findings = [h.finding() for h in found]
         reasons = health.unhealthy_because
         if not findings:

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from xdiag.model import Evidence, Finding, ToolResult
+from xdiag.model import Evidence, Finding, SourceLine, ToolResult
 
 CallTool = Callable[[str, dict[str, Any], str], ToolResult | None]
 """call_tool(name, args, hypothesis) -> result, or None once the follow-up budget is spent."""
@@ -27,6 +27,8 @@ class Hypothesis:
     extra_evidence: Callable[[ToolResult], list[Evidence]] | None = field(default=None, repr=False)
     ops: frozenset[tuple[str, str]] = frozenset()  # (module, op) whose time the finding stakes, where it names them
     inflates: frozenset[tuple[str, str]] = frozenset()  # (module, op) reading the bytes this finding's ops write
+    host_lines: list[SourceLine] = field(default_factory=list)  # the user's Python frames its host time runs in
+    no_host_line: str = ""  # why it names none, for a host finding whose events no recorded user frame holds
 
     @property
     def priority(self) -> str:
@@ -36,6 +38,7 @@ class Hypothesis:
         found = Finding(priority=self.priority, key=self.key, title=self.title, whats_happening=self.whats_happening,
                         evidence=self.evidence, expected_impact=self.expected_impact, fix=self.fix)
         found._staked_ops = frozenset(op for _, op in self.ops)  # their source lines: investigators.source_lines
+        found._host_lines, found._no_host_line = list(self.host_lines), self.no_host_line
         return found
 
 
