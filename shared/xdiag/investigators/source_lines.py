@@ -94,13 +94,18 @@ NO_HOST_LINE = (
     "with the Python tracer on (options = jax.profiler.ProfileOptions(); options.python_tracer_level = 1; "
     "profiler_options=options): the tracer records only the frames entered after the trace starts."
 )
+NO_TORCH_HOST_LINE = (
+    "The trace records no Python frame of the user's program around this host-side time: profile with "
+    "torch.profiler.profile(..., with_stack=True, with_modules=True), started before the loop's function is called, "
+    "to record it."
+)
 NO_TRACER_WHY = "the capture holds no Python tracer events (the Python tracer was off)"
 NOT_ENCLOSED_WHY = ("JAX's Python tracer recorded no frame of the user's code around these events: the frame that "
                     "waits or dispatches began before the trace did, and the tracer records only frames entered "
                     "after it starts")
 
 
-def host_source_lines(key: str, result: ToolResult, profiled_ms: float, traced: bool,
+def host_source_lines(key: str, result: ToolResult, profiled_ms: float, traced: bool, framework: str | None = None,
                       ) -> tuple[list[SourceLine], str]:
     """A host finding's user lines from its follow-up's events (aggregate_xplane_events' user_callers, or
     user_frames for host-bound input), each with the host time it holds and that time's share of the profiled steps;
@@ -116,16 +121,18 @@ def host_source_lines(key: str, result: ToolResult, profiled_ms: float, traced: 
                                 host_ms=entry["total_ms"]))
     if lines:
         return lines, ""
+    if framework and framework.startswith("PyTorch"):
+        return [], NO_TORCH_HOST_LINE
     return [], NO_HOST_LINE.format(why=NOT_ENCLOSED_WHY if traced else NO_TRACER_WHY)
 
 
 def where_on_the_host(lines: list[SourceLine]) -> str:
-    """The sentence a host finding's fix gains: the user's functions its host time runs in (JAX's Python tracer
-    names a function by the line it begins on)."""
+    """The sentence a host finding's fix gains: the user's functions its host time runs in (the profiler's Python
+    frames name a function by the line it begins on)."""
     named = [f"{s.function} ({s.line}): " + (f"{s.host_ms:,.0f}" if s.host_ms >= 100 else f"{s.host_ms:.3g}")
              + " ms of host time in the capture" + (f", {s.share_percent:g}% of the profiled steps"
                                                     if s.share_percent else "") for s in lines]
-    return "Where: " + "; ".join(named) + " (JAX's Python tracer names a function by the line it begins on)."
+    return "Where: " + "; ".join(named) + " (a profiler's Python frames name a function by the line it begins on)."
 
 
 def with_source_lines(diagnosis: Diagnosis, results: dict[str, ToolResult]) -> Diagnosis:

@@ -115,8 +115,9 @@ class RuleEngine:
                 hypothesis.evidence.extend(hypothesis.extra_evidence(result))
             if hypothesis.key in HOST_EVENT_FINDINGS:  # host time is in no HLO: the Python frames around it
                 traced = tool_summary(results, "get_step_trace").get("python_tracer_events_per_step")
+                framework = tool_summary(results, "get_device_information").get("framework")
                 hypothesis.host_lines, hypothesis.no_host_line = host_source_lines(
-                    hypothesis.key, result, (health.step_time_ms or 0) * (health.steps or 0), bool(traced))
+                    hypothesis.key, result, (health.step_time_ms or 0) * (health.steps or 0), bool(traced), framework)
         findings = [h.finding() for h in found]
         reasons = health.unhealthy_because
         if not findings:
