@@ -232,3 +232,14 @@ def test_recomputation_the_memory_does_not_need_is_a_finding(remat_step):
     full = _with_memory(remat_step, 0.9)
     diagnosis = RuleEngine().investigate(health_snapshot(full), full, lambda *a: None)
     assert "needless_remat" not in [f.key for f in diagnosis.findings]
+
+
+def test_a_capture_of_one_step_is_counted_in_words(tmp_path, monkeypatch):
+    """mi300x_jax_gemm's capture window is its one step: the evidence says 'over 1 step', never '1 steps'."""
+    from tests.conftest import shared_profile
+
+    monkeypatch.setenv("XDIAG_XPROF_VIEWS", "0")
+    analysis = analyze_session(locate_session(shared_profile("gpu/mi300x_jax_gemm.xplane.pb")), tmp_path / "out")
+    assert analysis.health["steps"] == 1
+    page = _page(tmp_path / "out")
+    assert "over 1 step (" in page and not re.search(r"\b1 steps\b", page)

@@ -92,7 +92,8 @@ class RuleEngine:
             return Diagnosis(
                 status=Status.OPTIMAL,
                 summary=(
-                    f"The workload is healthy: over {health.steps} steps of {health.step_time_ms:.4g} ms the "
+                    f"The workload is healthy: over {health.steps} {'step' if health.steps == 1 else 'steps'} of "
+                    f"{health.step_time_ms:.4g} ms the "
                     f"devices compute {b.get('compute')}% of the time, with {b.get('host_other', 0)}% host work, "
                     f"{b.get('collective', 0)}% collectives and {b.get('compile', 0)}% compilation. "
                     f"The busiest op is {health.top_op} ({health.top_op_share_percent}% of op time, "

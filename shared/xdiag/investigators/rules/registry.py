@@ -63,8 +63,9 @@ class Facts:
     def base(self) -> list[Evidence]:
         """The evidence every step-time finding opens with: the step time and the share the devices compute.
         Rules add to a copy (`facts.base + [...]`), never to this list."""
+        steps = self.step.get("steps") or 0
         return [evidence("get_step_trace", "step_time_ms_mean", self.step_ms,
-                         f"over {self.step.get('steps') or 0} steps ({self.step.get('step_source')})"),
+                         f"over {steps} {'step' if steps == 1 else 'steps'} ({self.step.get('step_source')})"),
                 evidence("get_step_trace", "compute_percent", self.compute)]
 
     @property
