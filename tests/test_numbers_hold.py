@@ -143,3 +143,22 @@ def test_live_at_once_is_not_above_the_measured_peak():
     hand = (2 * 24 * 2 * 64 * 512 * 8 * 128 * 2 + 24 * 1024 * (3072 + 1024 + 4096 + 4096) * 2) / 2**30
     assert live <= measured
     assert live == pytest.approx(hand, rel=0.01)
+
+
+@pytest.mark.parametrize("workload", ["input_bound", "host_sync", "host_augment_loop"])
+def test_nested_host_events_are_counted_once(workload):
+    """JAX's Python tracer records each frame inside its caller's on one line: summing every matching event counted
+    a frame once per level of its stack (input_bound's Python line: 10,371 ms of frames on a line whose first frame
+    starts and last one ends 1,970 ms apart). The time of the matches is what they cover: never more than the span
+    of the line, and each outermost match once."""
+    session = _session(TPU / f"{workload}.xplane.pb")
+    result = run_tool(session, "aggregate_xplane_events", {"pattern": ".", "line": "python"})
+    spans_ms = 0.0
+    for plane in session.host_planes():
+        for line in plane.lines:
+            if "python" in line.name and len(line):
+                spans_ms += (int(line.end_ps.max()) - int(line.start_ps.min())) / 1e9
+    summary = result.summary
+    assert summary["outermost_matches"] < summary["matches"]  # the tracer nests its frames
+    assert summary["total_ms"] <= spans_ms + 1e-3
+    assert summary["mean_us"] * summary["outermost_matches"] / 1e3 == pytest.approx(summary["total_ms"], rel=1e-3)

@@ -88,8 +88,11 @@ def program(module: str | None) -> str:
 
 def events_evidence(result: ToolResult) -> list[Evidence]:
     s = result.summary
-    out = [evidence("aggregate_xplane_events", f"events matching {s.get('pattern')!r}", s.get("matches"),
-                    f"{s.get('total_ms')} ms in total, mean {s.get('mean_us')} µs")]
+    nested = (s.get("matches") or 0) - (s.get("outermost_matches") or s.get("matches") or 0)
+    out = [evidence("aggregate_xplane_events", f"events matching {s.get('pattern')!r}",
+                    s.get("outermost_matches", s.get("matches")),
+                    f"{s.get('total_ms')} ms in total, mean {s.get('mean_us')} µs"
+                    + (f" ({nested} more nested in them, their time counted once)" if nested > 0 else ""))]
     # Python frames (a PyTorch trace's python_function events): the user's innermost frames and nn.Module calls, not
     # the outermost frames (threading.py's _bootstrap, torch's _call_impl) that enclose everything.
     named = [("user's innermost Python frames", "user_frames"), ("innermost nn.Module calls", "modules")]
