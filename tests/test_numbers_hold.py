@@ -162,3 +162,29 @@ def test_nested_host_events_are_counted_once(workload):
     assert summary["outermost_matches"] < summary["matches"]  # the tracer nests its frames
     assert summary["total_ms"] <= spans_ms + 1e-3
     assert summary["mean_us"] * summary["outermost_matches"] / 1e3 == pytest.approx(summary["total_ms"], rel=1e-3)
+
+
+@pytest.mark.parametrize("path", [p for p in COMMITTED if p.parent == TPU], ids=lambda p: p.stem)
+def test_steps_blocked_on_are_not_called_asynchronous(path, monkeypatch):
+    """Every TPU v5e capture blocks on each step (xdiag.examples.capture.trace_steps: block_until_ready inside the
+    step's annotation, BLOCK_EACH_STEP unset in every example): none of their spreads is the host running ahead."""
+    monkeypatch.setenv("XDIAG_XPROF_VIEWS", "0")
+    summary = run_tool(read_session_in_process([path]), "get_step_trace").summary
+    assert "step_time_spread_is" not in summary
+
+
+def test_a_spread_from_asynchronous_dispatch_is_explained():
+    """mi300x_jax_conv_8gpu (../shared/profiles, public): its steps spread 90% (CV) because the host runs ahead:
+    on GPU:0 steps 1, 3, 4 and 6 end in under 4 ms, mostly dispatch, and steps 0, 2 and 5 wait 11-44 ms on the
+    device. The step trace says so, with those counts, and the mean as the step's time."""
+    from tests.conftest import shared_profile
+
+    session = read_session_in_process([shared_profile("gpu/mi300x_jax_conv_8gpu.xplane.pb")])
+    result = run_tool(session, "get_step_trace")
+    summary = result.summary
+    assert summary["step_time_cv_percent"] > 50
+    assert summary["step_time_spread_is"] == "asynchronous dispatch"
+    rows = [r for r in result.detail["steps"] if r["device"] == result.detail["steps"][0]["device"]]
+    fast = [r for r in rows if r["dispatch"] > r["step_ms"] / 2]
+    assert summary["run_ahead_steps"] == len(fast) and summary["blocking_steps"] == len(rows) - len(fast)
+    assert "the host runs ahead of the device" in summary["step_time_spread_because"]
