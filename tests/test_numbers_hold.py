@@ -188,3 +188,28 @@ def test_a_spread_from_asynchronous_dispatch_is_explained():
     fast = [r for r in rows if r["dispatch"] > r["step_ms"] / 2]
     assert summary["run_ahead_steps"] == len(fast) and summary["blocking_steps"] == len(rows) - len(fast)
     assert "the host runs ahead of the device" in summary["step_time_spread_because"]
+
+
+def test_a_line_has_one_share_in_the_finding_and_the_op_profile(tmp_path, monkeypatch):
+    """gru_scan_train: the latency-bound finding named gru_scan_train.py:31 at 29.14% of op time, the ops of that
+    line it listed; the line's ops, all of them, hold 30.28% (the op profile's rows summed by hand below). A finding
+    and the op profile give a line the same share, of the same whole: all op time."""
+    from xdiag.cloud.embedded import analyze_session
+    from xdiag.profile.locate import locate_session
+
+    monkeypatch.setenv("XDIAG_XPROF_VIEWS", "0")
+    out = tmp_path / "out"
+    analysis = analyze_session(locate_session(TPU / "gru_scan_train.xplane.pb"), out)
+    session = _session(TPU / "gru_scan_train.xplane.pb")
+    rows = run_tool(session, "get_hlo_op_profile", {"top_n": 200}).detail["ops"]
+    summary = run_tool(session, "get_hlo_op_profile").summary
+    by_line = {line.get("line") or line.get("library"): line["share_percent"] for line in summary["op_time_by_line"]}
+    named = [s for f in analysis.diagnosis.findings for s in f.source_lines]
+    assert named
+    for line in named:
+        by_hand = sum(r["share_of_op_time_percent"] for r in rows
+                      if (r.get("source") or {}).get("line") == line.line)
+        assert line.share_percent == by_line[line.line] == pytest.approx(by_hand, abs=0.05)
+    for kind in summary["op_time_by_kind"]:
+        for line in kind["lines"]:
+            assert line["line_share_percent"] == by_line[line.get("line") or line.get("library")]
