@@ -337,10 +337,7 @@ def time_by_kind(stats: list, lines_per_kind: int = 3) -> list[dict]:
     total = sum(s.total_ps for s in stats)
     if not total:
         return []
-    at_line: dict[str, int] = {}
-    for s in stats:
-        if s.source is not None and s.source.key:
-            at_line[s.source.key] = at_line.get(s.source.key, 0) + s.total_ps
+    at_line = {key: entry[0] for key, entry in _line_totals(stats).items()}
     kinds: dict[str, dict] = {}
     for s in stats:
         kind = kinds.setdefault(op_kind(s.name, s.category, s.source), {"ps": 0, "lines": {}})
@@ -367,13 +364,18 @@ def time_by_line(stats: list, top: int = 20) -> list[dict]:
     total = sum(s.total_ps for s in stats)
     if not total:
         return []
+    lines = _line_totals(stats)
+    return [{**source.record(), "ms": round(ps / 1e9, 4), "share_percent": round(100 * ps / total, 2), "ops": ops}
+            for ps, ops, source in sorted(lines.values(), key=lambda entry: -entry[0])[:top]
+            if round(100 * ps / total, 2) > 0]
+
+
+def _line_totals(stats: list) -> dict[str, list]:
+    """Per source line (the user's, else the library's): [op time in ps, ops, the line's source]."""
     lines: dict[str, list] = {}
     for s in stats:
         if s.source is not None and s.source.key:
             entry = lines.setdefault(s.source.key, [0, 0, s.source])
             entry[0] += s.total_ps
             entry[1] += 1
-    return [{**source.record(), "ms": round(ps / 1e9, 4), "share_percent": round(100 * ps / total, 2), "ops": ops}
-            for ps, ops, source in sorted(lines.values(), key=lambda entry: -entry[0])[:top]
-            if round(100 * ps / total, 2) > 0]
-
+    return lines
