@@ -74,9 +74,12 @@ def _assert_memory_pressure_names_the_buffers(diagnosis: Diagnosis) -> None:
     assert largest in finding.whats_happening
     assert "3.383 GiB of 4.0 GiB" in finding.whats_happening and "15.43% headroom" in finding.whats_happening
     assert any(e.tool == "get_peak_allocations" and e.value == 256.0 for e in finding.evidence)
-    # Of its 20 largest buffers (2.94 GiB), 1,856 MiB are values it computes (activations, gradients), 1,152 MiB
-    # its weights and batch: the lever for values comes first, then the one for arguments, with TPU's host offload.
-    assert "62% are values the step computes" in finding.whats_happening
+    # Of the buffers live together at the HLO's peak (fusion.2, 2.31 GiB), 1,216 MiB are values it computes
+    # (gradients, activations) and 1,152 MiB its weights and batch (by hand from healthy.py's sizes: hidden[0]
+    # 4096x8192, hidden[1-3] 8192x8192, out 8192x4096, x and y 4096x4096, all f32: 128 + 768 + 128 + 128 MiB):
+    # 51% values. (62% before counted the 20 largest values, never live together.) The lever for values comes
+    # first, then the one for arguments, with TPU's host offload.
+    assert "51% are values the step computes" in finding.whats_happening
     assert "donate_argnums" in finding.fix and "jax.checkpoint" in finding.fix and "micro-batches" in finding.fix
     assert "memory_kind='pinned_host'" in finding.fix
     assert finding.fix.index("jax.checkpoint") < finding.fix.index("donate_argnums")

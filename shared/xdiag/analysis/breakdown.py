@@ -198,3 +198,55 @@ def summarize_steps(rows: list[StepRow]) -> dict:
         "syncs_per_step_mean": round(float(np.mean([r.syncs for r in rows])), 2),
         "callbacks_per_step_mean": round(float(np.mean([r.callbacks for r in rows])), 2),
     }
+
+
+SPREAD_EXPLAINED_CV_PERCENT = 50.0
+"""A step-time spread (CV) this wide is explained where its steps say why; a narrower one is ordinary jitter."""
+RUN_AHEAD_SHARE = 0.5
+"""The share of a step a fast step spends dispatching, and a slow one blocked waiting for the device (or running
+the device's work), for the spread to be the host running ahead of the device."""
+
+
+def spread_from_dispatch(rows: list[StepRow]) -> dict:
+    """Where the steps' spread is asynchronous dispatch, what the steps say: JAX returns from a jitted call once its
+    work is queued, so a step that does not wait on the device ends as soon as it has dispatched, and the step that
+    waits (a float(loss), a block_until_ready, a full queue) waits for everything the steps before it queued. Then
+    no single step's time is its work: the mean over the steps is. step_time_spread_is "asynchronous dispatch",
+    run_ahead_steps (ended once dispatched: their mean ms and dispatch share), blocking_steps (their mean ms and the
+    share waiting); {} where the spread is narrow or the steps do not show this pattern."""
+    if len(rows) < 3:
+        return {}
+    step_ms = np.array([r.step_ms for r in rows])
+    mean = float(step_ms.mean())
+    if not mean or 100 * float(step_ms.std()) / mean < SPREAD_EXPLAINED_CV_PERCENT:
+        return {}
+    median = float(np.median(step_ms))
+    fast = [r for r in rows if r.step_ms <= median]
+    slow = [r for r in rows if r.step_ms > median]
+    if not fast or not slow:
+        return {}
+
+    def share(group: list[StepRow], categories: tuple[str, ...]) -> float:
+        total = sum(r.step_ms for r in group)
+        return sum(r.ms.get(c, 0.0) for r in group for c in categories) / total if total else 0.0
+
+    dispatching = share(fast, ("dispatch",))
+    waiting = share(slow, ("host_sync", "compute", "collective", "transfer"))
+    if dispatching < RUN_AHEAD_SHARE or waiting < RUN_AHEAD_SHARE:
+        return {}
+    fast_ms = float(np.mean([r.step_ms for r in fast]))
+    slow_ms = float(np.mean([r.step_ms for r in slow]))
+    return {
+        "step_time_spread_is": "asynchronous dispatch",
+        "step_time_spread_because": (
+            f"the host runs ahead of the device: {len(fast)} of {len(rows)} steps end once their work is dispatched "
+            f"({fast_ms:.3g} ms each, {100 * dispatching:.0f}% dispatching), and the {len(slow)} that wait on the "
+            f"device ({slow_ms:.3g} ms each, {100 * waiting:.0f}% waiting or running device work) end when it has "
+            f"finished what the steps before them queued: no one step's time is its work, the mean "
+            f"({mean:.3g} ms) is"),
+        "run_ahead_steps": len(fast),
+        "run_ahead_step_ms_mean": round(fast_ms, 4),
+        "blocking_steps": len(slow),
+        "blocking_step_ms_mean": round(slow_ms, 4),
+    }
+

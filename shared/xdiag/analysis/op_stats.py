@@ -142,6 +142,10 @@ class OpStat:
                        flops_unknown_because=self.cost.get("flops_unknown_because", CUSTOM_CODE_REASON))
             if self.cost["opcode"] == "custom-call":
                 row.update(bandwidth_floor(self.cost["bytes"], self.count, self.total_ps))
+        if self.cost:
+            for key in ("loop", "loop_trip_count"):  # the innermost while it runs in, and that loop's trip count
+                if self.cost.get(key):
+                    row[key] = self.cost[key]
         if self.source is not None:
             row["source"] = self.source.record()
         return row

@@ -393,8 +393,11 @@ def loop_work(rows: list[dict]) -> dict:
     """How the busiest ops (those covering half the op time, named in busiest_ops, at most five) run:
     busiest_ops_mean_us (their time over their
     executions), busiest_ops_efficiency_percent (time-weighted roofline efficiency, whatever its basis),
-    busiest_ops_share_percent, and, where their program runs loops, loop_trips_per_run (the busiest op's executions
-    per execution of its program's loops): thousands of sub-microsecond dependent steps are latency-bound."""
+    busiest_ops_share_percent, and, where the busiest op runs in a loop, loop_trips_per_run: how many times that
+    loop (loop_of_busiest_op, the innermost `while` it runs in) runs its body, read from the loop itself (its bound,
+    start and step: loop_trips_from "the loop's bound"), else counted (the op's executions over the loop's own,
+    where the profile times the loop and they divide exactly: "executions counted"); never a ratio that can be
+    fractional. Thousands of sub-microsecond dependent steps are latency-bound."""
     busiest, covered = [], 0.0
     for row in sorted(rows, key=lambda o: -o["share_of_op_time_percent"]):
         if row.get("category") == "control_flow":
@@ -414,7 +417,13 @@ def loop_work(rows: list[dict]) -> dict:
         "loop_trips_per_run": None,
     }
     top = busiest[0]
-    loops = sum(o["count"] for o in rows if o.get("category") == "control_flow" and o.get("module") == top.get("module"))
-    if loops:
-        out["loop_trips_per_run"] = round(top["count"] / loops, 1)
+    if not top.get("loop"):
+        return out
+    out["loop_of_busiest_op"] = top["loop"]
+    if top.get("loop_trip_count"):
+        out.update(loop_trips_per_run=int(top["loop_trip_count"]), loop_trips_from="the loop's bound")
+        return out
+    loop = next((o for o in rows if o["op"] == top["loop"] and o.get("module") == top.get("module")), None)
+    if loop is not None and loop["count"] and top["count"] % loop["count"] == 0:
+        out.update(loop_trips_per_run=top["count"] // loop["count"], loop_trips_from="executions counted")
     return out

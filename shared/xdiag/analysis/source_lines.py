@@ -330,12 +330,14 @@ def op_kind(name: str, category: str, source: OpSource | None) -> str:
 
 def time_by_kind(stats: list, lines_per_kind: int = 3) -> list[dict]:
     """Op time by kind, busiest first: each {kind, ms, share_percent, lines: the 1-`lines_per_kind` source lines that
-    hold most of it, each {line, function, library, share_percent} of all op time}; ops whose HLO names no line are
+    hold most of it, each {line, function, library, share_percent: this kind's ops at the line, line_share_percent:
+    every op at the line (time_by_line's figure)}, both of all op time}; ops whose HLO names no line are
     counted in the kind, not in its lines. `stats` are xdiag.analysis.op_stats rows (name, category, total_ps,
     source)."""
     total = sum(s.total_ps for s in stats)
     if not total:
         return []
+    at_line = {key: entry[0] for key, entry in _line_totals(stats).items()}
     kinds: dict[str, dict] = {}
     for s in stats:
         kind = kinds.setdefault(op_kind(s.name, s.category, s.source), {"ps": 0, "lines": {}})
@@ -349,5 +351,31 @@ def time_by_kind(stats: list, lines_per_kind: int = 3) -> list[dict]:
                  if round(100 * entry[0] / total, 2) > 0]
         out.append({"kind": name, "ms": round(kind["ps"] / 1e9, 4),
                     "share_percent": round(100 * kind["ps"] / total, 2),
-                    "lines": [{**source.record(), "share_percent": round(100 * ps / total, 2)} for ps, source in lines]})
+                    "lines": [{**source.record(), "share_percent": round(100 * ps / total, 2),
+                               "line_share_percent": round(100 * at_line[source.key] / total, 2)}
+                              for ps, source in lines]})
     return out
+
+
+def time_by_line(stats: list, top: int = 20) -> list[dict]:
+    """Op time by source line, busiest first (the first `top`): each {line, function, library, ms, share_percent,
+    ops}: every op whose HLO names that line (the user's, else the library's), whatever its kind, its share of all
+    op time. The one figure for a line: a finding that names the line and the op profile give this same share."""
+    total = sum(s.total_ps for s in stats)
+    if not total:
+        return []
+    lines = _line_totals(stats)
+    return [{**source.record(), "ms": round(ps / 1e9, 4), "share_percent": round(100 * ps / total, 2), "ops": ops}
+            for ps, ops, source in sorted(lines.values(), key=lambda entry: -entry[0])[:top]
+            if round(100 * ps / total, 2) > 0]
+
+
+def _line_totals(stats: list) -> dict[str, list]:
+    """Per source line (the user's, else the library's): [op time in ps, ops, the line's source]."""
+    lines: dict[str, list] = {}
+    for s in stats:
+        if s.source is not None and s.source.key:
+            entry = lines.setdefault(s.source.key, [0, 0, s.source])
+            entry[0] += s.total_ps
+            entry[1] += 1
+    return lines

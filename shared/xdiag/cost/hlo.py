@@ -85,6 +85,14 @@ def _flops(ins: HloInstruction, computation: HloComputation, module: HloModule) 
     return float(prod(ins.dims))
 
 
+def _loop(loop: HloInstruction | None) -> dict:
+    """The innermost loop an op runs in: the `while` (loop) and its trip count read from the loop (loop_trip_count,
+    where the loop states it: hlo_module.known_trip_count)."""
+    if loop is None:
+        return {}
+    return {"loop": loop.name, **({"loop_trip_count": loop.trip_count} if loop.trip_count else {})}
+
+
 def instruction_cost(module: HloModule, name: str) -> dict | None:
     """{flops, bytes, shape, operand_shapes} of instruction `name`, or None if it is not in the module."""
     found = module.find(name)
@@ -128,6 +136,7 @@ def instruction_cost(module: HloModule, name: str) -> dict | None:
         "result_memory_space": ins.memory_space if ins.dtype != "tuple" else 0,
         "result_bytes": shape_bytes(ins) if ins.dtype != "tuple" else 0.0,
         "in_loop_body": computation.name in module.loop_bodies,
+        **_loop(module.enclosing_loop.get(computation.name)),
         **({"matmul_precision": precision} if precision else {}),
     }
 

@@ -137,7 +137,7 @@ class PerStep(_Record):
 
 
 SOURCES = {
-    "steps, breakdown, per_step, devices": "get_step_trace",
+    "steps, step_time_spread_because, breakdown, per_step, devices": "get_step_trace",
     "straggler": "get_hosts",
     "utilization_percent": "get_utilization_viewer",
     "memory": "get_memory_profile",
@@ -205,6 +205,7 @@ class HealthSnapshot(_Record):
     # The dominant ops' efficiency comes from costs that are upper bounds (a paged kernel's full pages): at most.
     dominant_ops_efficiency_is_upper_bound: bool = False
     rematerialised_op_percent: float | None = None  # op time in ops jax.checkpoint recomputes
+    step_time_spread_because: str | None = None  # why the steps' times spread, where they say (async dispatch)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> HealthSnapshot:
@@ -255,6 +256,7 @@ def health_snapshot(results: dict[str, ToolResult]) -> HealthSnapshot:
         step_source=step.get("step_source"),
         step_time_ms=step.get("step_time_ms_mean"),
         step_time_cv_percent=step.get("step_time_cv_percent"),
+        step_time_spread_because=step.get("step_time_spread_because"),
         breakdown_percent={
             category: step.get(f"{category}_percent")
             for category in CATEGORIES

@@ -49,12 +49,16 @@ def _line_key(row: dict) -> str:
     return row["source"].get("line") or row["source"].get("library") or ""
 
 
-def finding_source_lines(finding: Finding, rows: dict[str, dict]) -> list[SourceLine]:
-    """The lines of the ops the finding cites, each with the share of op time all listed ops at that line hold (a
-    line that calls a kernel four times holds the four calls' time), busiest first; lines under 0.01% left out."""
+def finding_source_lines(finding: Finding, rows: dict[str, dict], by_line: dict[str, float] | None = None
+                         ) -> list[SourceLine]:
+    """The lines of the ops the finding cites, each with the share of all op time every op at that line holds (a
+    line that calls a kernel four times holds the four calls' time): the op profile's op_time_by_line, the same
+    figure it gives for that line (`by_line`), else the listed ops' at that line; busiest first; lines under 0.01%
+    left out. Summing only the listed ops gave a line 6.8% in a finding and 13.5% in the op profile."""
     held: dict[str, float] = {}
     for row in rows.values():
         held[_line_key(row)] = held.get(_line_key(row), 0.0) + float(row.get("share_of_op_time_percent") or 0.0)
+    held.update(by_line or {})
     lines: dict[str, SourceLine] = {}
     for name in cited_ops(finding, rows):
         row = rows[name]
@@ -139,10 +143,14 @@ def with_source_lines(diagnosis: Diagnosis, results: dict[str, ToolResult]) -> D
     """Each finding with the source lines of the ops it cites, and its fix with where to change them; a host
     finding without one, the user's Python frames its host time runs in, or why the profile names none."""
     rows = _op_rows(results)
+    profile = results.get(OP_PROFILE)
+    by_line = {line.get("line") or line.get("library") or "": float(line["share_percent"])
+               for line in ((profile.summary.get("op_time_by_line") or []) if profile is not None and profile.ok else [])
+               if isinstance(line, dict) and line.get("share_percent") is not None}
     for finding in diagnosis.findings:
         if finding.source_lines:
             continue
-        finding.source_lines = finding_source_lines(finding, rows) if rows else []
+        finding.source_lines = finding_source_lines(finding, rows, by_line) if rows else []
         if finding.source_lines:
             finding.fix = f"{finding.fix.rstrip()} {where_to_change(finding.source_lines)}"
         elif finding._host_lines:

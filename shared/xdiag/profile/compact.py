@@ -105,7 +105,7 @@ def module_record(module: HloModule) -> dict[str, Any]:
                  i.memory_space,
                  list(i.kernel_cost_estimate), list(i.tuple_memory_spaces), i.is_host_transfer, list(i.operand_precision),
                  list(i.attention_scores), i.attention_causal, i.conv_is_matrix_product, i.kernel_position_mask,
-                 i.stack_frame_id]
+                 i.stack_frame_id, i.trip_count]
                 for i in computation.instructions
             ]
             for name, computation in module.computations.items()
@@ -231,6 +231,7 @@ def _instruction(row: list) -> HloInstruction:
     conv_is_matrix_product = row[23] if len(row) > 23 else False  # before matmul convolutions were told apart
     kernel_position_mask = row[24] if len(row) > 24 else False  # before Pallas kernels' masks were read
     stack_frame_id = row[25] if len(row) > 25 else 0  # before stacks were kept
+    trip_count = row[26] if len(row) > 26 else 0  # before loops' trip counts were read
     return HloInstruction(
         name=name, opcode=opcode, dtype=dtype, dims=tuple(dims), layout=tuple(layout), operands=tuple(operands),
         fusion_kind=fusion_kind, op_name=op_name, source=source, called=tuple(called),
@@ -242,6 +243,7 @@ def _instruction(row: list) -> HloInstruction:
         operand_precision=tuple(precision), attention_scores=tuple(attention_scores),
         attention_causal=bool(attention_causal), conv_is_matrix_product=bool(conv_is_matrix_product),
         kernel_position_mask=bool(kernel_position_mask), stack_frame_id=int(stack_frame_id),
+        trip_count=int(trip_count),
     )
 
 

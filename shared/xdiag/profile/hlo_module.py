@@ -148,12 +148,92 @@ def _scheduled(computation, sequence) -> list:
     return ordered if None not in ordered else list(computation.instructions)
 
 
+_LOOKED_THROUGH = ("copy", "bitcast", "convert", "reshape")
+"""Ops that pass a scalar on unchanged in value: XLA puts copies between a loop's counter and its tuple."""
+
+
+def _integer(ins, by_id: dict) -> int | None:
+    """The value of a scalar integer constant (looked for through copies); None for anything else."""
+    seen = 0
+    while ins is not None and ins.opcode in _LOOKED_THROUGH and len(ins.operand_ids) == 1 and seen < 8:
+        ins, seen = by_id.get(ins.operand_ids[0]), seen + 1
+    if ins is None or ins.opcode != "constant" or list(ins.shape.dimensions):
+        return None
+    values = [*ins.literal.s32s, *ins.literal.s64s, *ins.literal.u32s, *ins.literal.u64s]
+    return int(values[0]) if len(values) == 1 else None
+
+
+def _element(ins, by_id: dict, parameter_index: int | None = None) -> int | None:
+    """The tuple index a get-tuple-element of the computation's parameter reads (through copies); None otherwise."""
+    seen = 0
+    while ins is not None and ins.opcode in _LOOKED_THROUGH and len(ins.operand_ids) == 1 and seen < 8:
+        ins, seen = by_id.get(ins.operand_ids[0]), seen + 1
+    if ins is None or ins.opcode != "get-tuple-element" or len(ins.operand_ids) != 1:
+        return None
+    source = by_id.get(ins.operand_ids[0])
+    return int(ins.tuple_index) if source is not None and source.opcode == "parameter" else None
+
+
+_TRIPS = {"LT": lambda start, bound, step: -(-(bound - start) // step),
+          "LE": lambda start, bound, step: -(-(bound - start + 1) // step),
+          "GT": lambda start, bound, step: -(-(start - bound) // -step),
+          "GE": lambda start, bound, step: -(-(start - bound + 1) // -step),
+          "NE": lambda start, bound, step: (bound - start) // step if (bound - start) % step == 0 else None}
+
+
+def known_trip_count(ins, computations: dict, by_id: dict) -> int:
+    """How many times a `while` runs its body, from the loop itself: the trip count XLA's backend config records
+    (`known_trip_count`), else the counter the condition compares with a constant bound, its start (the constant
+    the loop's initial tuple holds) and its step (the constant the body adds to it), as `lax.scan` and
+    `lax.fori_loop` write them. 0 where the loop is not of that form (a data-dependent `while_loop`)."""
+    if b"known_trip_count" in ins.backend_config:
+        try:
+            return max(int(json.loads(ins.backend_config)["known_trip_count"]["n"]), 0)
+        except (ValueError, KeyError, TypeError):
+            pass
+    if len(ins.called_computation_ids) != 2 or len(ins.operand_ids) != 1:
+        return 0
+    body, condition = (computations.get(i) for i in ins.called_computation_ids)
+    if body is None or condition is None:
+        return 0
+    in_condition = {i.id: i for i in condition.instructions}
+    compare = in_condition.get(condition.root_id)
+    if compare is None or compare.opcode != "compare" or len(compare.operand_ids) != 2:
+        return 0
+    left, right = (in_condition.get(i) for i in compare.operand_ids)
+    direction = compare.comparison_direction
+    counter, bound = _element(left, in_condition), _integer(right, in_condition)
+    if counter is None or bound is None:  # `bound > i` is `i < bound`
+        counter, bound = _element(right, in_condition), _integer(left, in_condition)
+        direction = {"LT": "GT", "LE": "GE", "GT": "LT", "GE": "LE"}.get(direction, direction)
+    initial = by_id.get(ins.operand_ids[0])
+    in_body = {i.id: i for i in body.instructions}
+    result = in_body.get(body.root_id)
+    if (counter is None or bound is None or direction not in _TRIPS or initial is None or initial.opcode != "tuple"
+            or result is None or result.opcode != "tuple" or counter >= min(len(initial.operand_ids),
+                                                                             len(result.operand_ids))):
+        return 0
+    start, step = _integer(by_id.get(initial.operand_ids[counter]), by_id), None
+    update = in_body.get(result.operand_ids[counter])
+    if update is not None and update.opcode in ("add", "subtract") and len(update.operand_ids) == 2:
+        a, b = (in_body.get(i) for i in update.operand_ids)
+        if _element(a, in_body) == counter and _integer(b, in_body) is not None:
+            step = _integer(b, in_body) * (1 if update.opcode == "add" else -1)
+        elif update.opcode == "add" and _element(b, in_body) == counter and _integer(a, in_body) is not None:
+            step = _integer(a, in_body)
+    if start is None or not step:
+        return 0
+    trips = _TRIPS[direction](start, bound, step)
+    return max(int(trips), 0) if trips is not None else 0
+
+
 def hlo_module(proto_bytes: bytes, host: str, fallback_id: int) -> HloModule | None:
     try:
         module = schema.HloProto.FromString(proto_bytes).hlo_module
     except DecodeError:
         return None
     computations: dict[str, HloComputation] = {}
+    by_computation_id = {c.id: c for c in module.computations}
     id_to_computation = {c.id: c.name for c in module.computations}
     for computation in module.computations:
         id_to_name = {i.id: i.name for i in computation.instructions}
@@ -190,6 +270,7 @@ def hlo_module(proto_bytes: bytes, host: str, fallback_id: int) -> HloModule | N
                     **attention_config(ins),
                     kernel_position_mask=_kernel_position_mask(ins),
                     stack_frame_id=ins.metadata.stack_frame_id,
+                    trip_count=known_trip_count(ins, by_computation_id, by_id) if ins.opcode == "while" else 0,
                 )
             )
         computations[computation.name] = HloComputation(computation.name, instructions)

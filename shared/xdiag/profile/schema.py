@@ -171,6 +171,10 @@ def _build_hlo_file() -> descriptor_pb2.FileDescriptorProto:
             ("layout", 5, _MESSAGE, _OPTIONAL, "LayoutProto"),
         ],
     )
+    # A constant's value (xla_data.proto LiteralProto): the integers a while loop's bound and step are read from.
+    _message(f, "LiteralProto", [("shape", 1, _MESSAGE, _OPTIONAL, "ShapeProto"), ("s32s", 4, _INT32, _REPEATED),
+                                 ("s64s", 5, _INT64, _REPEATED), ("u32s", 6, _INT64, _REPEATED),
+                                 ("u64s", 7, _INT64, _REPEATED)])
     _message(
         f,
         "OpMetadata",
@@ -190,8 +194,10 @@ def _build_hlo_file() -> descriptor_pb2.FileDescriptorProto:
             ("opcode", 2, _STRING, _OPTIONAL),
             ("shape", 3, _MESSAGE, _OPTIONAL, "ShapeProto"),
             ("metadata", 7, _MESSAGE, _OPTIONAL, "OpMetadata"),
+            ("literal", 8, _MESSAGE, _OPTIONAL, "LiteralProto"),
             ("parameter_number", 9, _INT64, _OPTIONAL),
             ("fusion_kind", 11, _STRING, _OPTIONAL),
+            ("tuple_index", 13, _INT64, _OPTIONAL),
             ("dimensions", 14, _INT64, _REPEATED),
             ("window", 15, _MESSAGE, _OPTIONAL, "Window"),
             ("convolution_dimension_numbers", 16, _MESSAGE, _OPTIONAL, "ConvolutionDimensionNumbers"),
@@ -203,6 +209,7 @@ def _build_hlo_file() -> descriptor_pb2.FileDescriptorProto:
             ("backend_config", 43, _BYTES, _OPTIONAL),
             ("is_host_transfer", 47, _BOOL, _OPTIONAL),
             ("precision_config", 51, _MESSAGE, _OPTIONAL, "PrecisionConfig"),
+            ("comparison_direction", 63, _STRING, _OPTIONAL),
         ],
     )
     _message(

@@ -272,6 +272,7 @@ class HloInstruction:
     conv_is_matrix_product: bool = False  # a convolution whose windows never slide (XLA:TPU's fused matmuls)
     kernel_position_mask: bool = False  # a Mosaic (Pallas TPU) kernel whose body builds index iotas: a positional mask
     stack_frame_id: int = 0  # its innermost Python frame in the module's stack_frames (1-based), 0 where none is recorded
+    trip_count: int = 0  # a while loop: how many times it runs its body, read from the loop (hlo_module); 0 unknown
 
     @property
     def shape_text(self) -> str:
@@ -349,6 +350,34 @@ class HloModule:
         """The computations a `while` runs as its body or condition: their instructions run once per trip."""
         return {name for computation in self.computations.values() for i in computation.instructions
                 if i.opcode == "while" for name in i.called}
+
+    @cached_property
+    def enclosing_loop(self) -> dict[str, HloInstruction]:
+        """For each computation a loop's body runs (directly, or through the calls, conditionals and fusions the
+        body makes): the innermost `while` that runs it."""
+        callers: dict[str, list[tuple[str, HloInstruction]]] = {}
+        for computation in self.computations.values():
+            for instruction in computation.instructions:
+                for called in instruction.called:
+                    callers.setdefault(called, []).append((computation.name, instruction))
+        out: dict[str, HloInstruction] = {}
+
+        def find(name: str, seen: frozenset) -> HloInstruction | None:
+            if name in out or name in seen:
+                return out.get(name)
+            for caller, instruction in callers.get(name, ()):
+                if instruction.opcode == "while":
+                    return instruction
+                found = find(caller, seen | {name})
+                if found is not None:
+                    return found
+            return None
+
+        for name in self.computations:
+            loop = find(name, frozenset())
+            if loop is not None:
+                out[name] = loop
+        return out
 
     @cached_property
     def fused_opcodes(self) -> dict[str, list[str]]:

@@ -209,6 +209,8 @@ def metric_cards(health: Mapping[str, Any], results: Mapping[str, ToolResult], l
                 f" ({source})" if source else "")
             if health.get("step_time_cv_percent") is not None:
                 note += f"; spread (CV) {format_measure(health['step_time_cv_percent'], '%')}"
+                if health.get("step_time_spread_because"):
+                    note += f": {health['step_time_spread_because']}"
         elif m.path == ("peak_memory_gib",):
             # The peak came from the tool, so a missing capacity is the profile's gap, not the tool's.
             capacity = _capacity_text(health)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from xdiag.analysis.intervals import merge_intervals
 from xdiag.analysis.source_lines import enclosing_user_frames, frame_kinds, innermost_user_frames, user_files
 from xdiag.errors import NotAvailable
 from xdiag.profile.columns import isin_ids
@@ -26,7 +27,9 @@ TOP_FRAMES = 5
     },
 )
 def aggregate_xplane_events(session: Session, pattern: str, plane: str | None = None, line: str | None = None) -> ToolOutput:
-    """summary: pattern, matches, total_ms, mean_us, max_us, mean_gap_ms, max_gap_ms, distinct_names.
+    """summary: pattern, matches, outermost_matches (those not nested in another match on their line), total_ms
+    (the time the matches cover on each line, a nested match counted once: total_is says so), mean_us (over the
+    outermost matches), max_us, mean_gap_ms, max_gap_ms, distinct_names.
     detail: groups per host/plane/line, top names by time; where the matching events are Python frames (PyTorch's
     `python_function` events, `path.py(LINE): function`; JAX's Python tracer's, `$file.py:LINE function`),
     user_frames (the user's innermost frames by time: past threading, the standard library and the frameworks' own
@@ -40,7 +43,7 @@ def aggregate_xplane_events(session: Session, pattern: str, plane: str | None = 
     # dispatch of a many-host session matches millions (32 hosts of the 20 MiB bench capture: 2.5 M, ~80 MiB).
     groups, names_time, user_frames, modules, callers = [], {}, {}, {}, {}
     kind_of = None  # made on the first line that may hold Python frames
-    count = total_ps = longest = gap_count = gap_total = 0
+    count = outer_count = total_ps = longest = gap_count = gap_total = 0
     longest_gap = None
     covered = session.hosts_with_events()
     if not covered:
@@ -66,7 +69,13 @@ def aggregate_xplane_events(session: Session, pattern: str, plane: str | None = 
             s = starts[order]
             e_sorted = (starts + d)[order]
             g = (s[1:] - np.maximum.accumulate(e_sorted)[:-1]) if len(s) > 1 else np.empty(0, np.int64)
-            count, total_ps, longest = count + len(d), total_ps + int(d.sum()), max(longest, int(d.max()))
+            # A matching event nested in another (a Python frame in its caller's, an execute in its dispatch) is
+            # time already counted: the line's time is what its matches cover, each instant once.
+            merged = merge_intervals(s, e_sorted)
+            covered_ps = int((merged[1] - merged[0]).sum())
+            outer = 1 + int((g >= 0).sum()) if len(s) else 0
+            count, outer_count = count + len(d), outer_count + outer
+            total_ps, longest = total_ps + covered_ps, max(longest, int(d.max()))
             if len(g):
                 clipped = np.clip(g, 0, None)
                 gap_count, gap_total = gap_count + len(clipped), gap_total + int(clipped.sum())
@@ -88,15 +97,17 @@ def aggregate_xplane_events(session: Session, pattern: str, plane: str | None = 
                 for name, ps in _callers(p, ln, kind_of, starts, d, names, inverse).items():
                     callers[name] = callers.get(name, 0) + ps
             groups.append(
-                {"host": p.host, "plane": p.name, "line": ln.name, "count": int(mask.sum()),
-                 "total_ms": round(float(d.sum()) / 1e9, 4), "max_us": round(float(d.max()) / 1e6, 3),
+                {"host": p.host, "plane": p.name, "line": ln.name, "count": int(mask.sum()), "outermost": outer,
+                 "total_ms": round(covered_ps / 1e9, 4), "max_us": round(float(d.max()) / 1e6, 3),
                  "mean_gap_ms": round(float(g.mean()) / 1e9, 4) if len(g) else None}
             )
     if not groups:
         raise NotAvailable(f"no event matches {pattern!r}" + (f" on planes with {plane!r}" if plane else "") + (f", lines with {line!r}" if line else ""))
     summary = {
-        "pattern": pattern, "matches": count, "total_ms": round(total_ps / 1e9, 4),
-        "mean_us": round(total_ps / count / 1e6, 3), "max_us": round(longest / 1e6, 3),
+        "pattern": pattern, "matches": count, "outermost_matches": outer_count, "total_ms": round(total_ps / 1e9, 4),
+        "total_is": "the time the matching events cover on each line (one nested in another counted once), summed "
+                    "over lines",
+        "mean_us": round(total_ps / outer_count / 1e6, 3), "max_us": round(longest / 1e6, 3),
         "mean_gap_ms": round(gap_total / gap_count / 1e9, 4) if gap_count else None,
         "max_gap_ms": round(longest_gap / 1e9, 4) if gap_count else None,
         "distinct_names": len(names_time),

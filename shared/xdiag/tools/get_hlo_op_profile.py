@@ -6,7 +6,7 @@ from xdiag.analysis.device_peaks import session_peaks
 from xdiag.analysis.op_stats import category_totals, op_stats
 from xdiag.analysis.recompute import rematerialised_time
 from xdiag.analysis.source_lines import (
-    NO_HLO_IN_TRACE_NOTE, NO_HLO_NOTE, NO_SOURCE_HINT, NO_TORCH_STACKS_HINT, has_python_frames, has_source_metadata, time_by_kind,
+    NO_HLO_IN_TRACE_NOTE, NO_HLO_NOTE, NO_SOURCE_HINT, NO_TORCH_STACKS_HINT, has_python_frames, has_source_metadata, time_by_kind, time_by_line,
 )
 from xdiag.analysis.roofline import loop_work, mark_fed_by_async_copies, program_hbm_traffic, roofline_summary
 from xdiag.analysis.transfers import transfer_spans
@@ -30,7 +30,9 @@ def get_hlo_op_profile(session: Session, top_n: int = 20) -> ToolOutput:
     top_op_share_percent, top_category, category_percent {category: % of op time}, top_op_source (the user's line,
     function and library line its HLO's Python stack names: xdiag.analysis.source_lines), op_time_by_kind (matmul,
     attention, collectives, elementwise and reductions, data movement, custom kernels, host transfers, other: ms,
-    share and the 1-3 source lines that hold most of each), source_lines_not_available (why, and how to record them,
+    share and the 1-3 source lines that hold most of each, each line's share counting that kind's ops at it),
+    op_time_by_line (the 20 busiest source lines, each with every op at it, whatever its kind, and their share: the
+    figure a finding gives for that line), shares_are (every share here is of all op time), source_lines_not_available (why, and how to record them,
     where the profile's HLO names no line, or a PyTorch trace holds no Python stacks); the HBM traffic of the busiest
     program, its async copies into VMEM included (roofline.program_hbm_traffic): program_hbm_module,
     program_hbm_gb_per_s, program_hbm_efficiency_percent, program_hbm_async_copy_share_percent,
@@ -43,8 +45,8 @@ def get_hlo_op_profile(session: Session, top_n: int = 20) -> ToolOutput:
     memory_bound_kind_bandwidth_is_upper_bound and dominant_ops_efficiency_is_upper_bound (rated from costs that are
     upper bounds: rows with rates_are_upper_bounds), dominant_ops_roofline_efficiency_percent, dominant_ops_share_percent, dominant_ops, dominant_ops_matmul_precision,
     dominant_ops_measured_share_percent, dominant_ops_unmeasured, flagged_op_rows; loop_work's busiest_ops_mean_us,
-    busiest_ops, busiest_ops_efficiency_percent, busiest_ops_share_percent, loop_trips_per_run; rematerialised_op_percent
-    and rematerialised_ops (op time jax.checkpoint recomputes); async_copies (transfer_spans: copies, GB per copy,
+    busiest_ops, busiest_ops_efficiency_percent, busiest_ops_share_percent, loop_trips_per_run (read from the loop), loop_trips_from, loop_of_busiest_op; rematerialised_op_percent,
+    rematerialised_op_count and rematerialised_ops (op time in the ops jax.checkpoint recomputes); async_copies (transfer_spans: copies, GB per copy,
     measured link GB/s) where the profile has copy-start/copy-done pairs; and on TPU/GPU the checked peaks
     (device_model, peak_tflops, peak_hbm_gb_per_s, ridge_flop_per_byte, flops_source, bandwidth_source,
     peak_warnings). detail: ops [top_n rows, each with
@@ -72,6 +74,8 @@ def get_hlo_op_profile(session: Session, top_n: int = 20) -> ToolOutput:
         "top_category": next(iter(categories)),
         "category_percent": {k: percent(v, total_ms) for k, v in categories.items()},
         "op_time_by_kind": time_by_kind(stats),
+        "op_time_by_line": time_by_line(stats),
+        "shares_are": "of all op time: the ops' summed execution time on every device over the capture",
     }
     if top.source is not None:
         summary["top_op_source"] = top.source.record()

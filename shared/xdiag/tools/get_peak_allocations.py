@@ -23,8 +23,11 @@ GIB = 2**30
 def get_peak_allocations(session: Session, module: str | None = None) -> ToolOutput:
     """summary: module, largest_buffer, largest_buffer_shape, largest_buffer_mib, and without XProf's buffer
     assignment (CPU, or no memory viewer) hlo_values_live_at_once_gib (an estimate from the HLO, beside the
-    measured peak of get_memory_profile), hlo_values_live_at_once_at, basis, donated_arguments (the entry parameters
-    the HLO's input/output aliasing reuses). detail: buffers (top 20; an argument's `donated` says whether it is).
+    measured peak of get_memory_profile; never above that peak or the device's memory: where the HLO's order puts
+    more live at once, None and hlo_values_live_at_once_not_shown_because), hlo_values_live_at_once_at, basis,
+    buffers_are (what the listed buffers are: the largest of those live together at that point, so that their sum
+    is never above it), donated_arguments (the entry parameters the HLO's input/output aliasing reuses). detail:
+    buffers (top 20; an argument's `donated` says whether it is).
     """
     target = session.module(module) if module else None
     if module and target is None:
@@ -44,8 +47,9 @@ def get_peak_allocations(session: Session, module: str | None = None) -> ToolOut
     values = _device_values(target.entry_computation, target)
     if not values:
         raise NotAvailable(f"module {target.display_name} defines no sized values in device memory")
-    live_bytes, live_at = _live_at_once(target.entry_computation, target)
+    live_bytes, live_at, together = _live_at_once(target.entry_computation, target)
     largest = max(values, key=lambda v: v["size_mib"])
+    bound = memory_bound(session)
     summary = {
         **_with_donation(values, target),
         "module": target.display_name,
@@ -62,8 +66,34 @@ def get_peak_allocations(session: Session, module: str | None = None) -> ToolOut
             "inside fusions and loop bodies not counted)"
         ),
     }
-    values.sort(key=lambda v: -v["size_mib"])
-    return ToolOutput(summary, {"buffers": values[:20]}, "HLO shapes carried in the profile")
+    live = [v for v in values if v["value"] in together]
+    if bound is not None and live_bytes / GIB > bound[0]:
+        # The HLO's order overstates what is live (XLA shares or reuses buffers it does not show): no figure above
+        # what the device holds. The largest values are listed, each its own size, none summed.
+        summary.update(hlo_values_live_at_once_gib=None, hlo_values_live_at_once_at=None,
+                       hlo_values_live_at_once_not_shown_because=(
+                           f"the HLO's order puts {live_bytes / GIB:.3g} GiB of values live at once, above {bound[1]}: "
+                           "XLA shares or reuses buffers (a donated argument's, a copy made in place) that its order "
+                           "does not show"),
+                       buffers_are="the largest values the module defines, not all live at once")
+        values.sort(key=lambda v: -v["size_mib"])
+        return ToolOutput(summary, {"buffers": values[:20]}, "HLO shapes carried in the profile")
+    live.sort(key=lambda v: -v["size_mib"])
+    summary["buffers_are"] = f"the largest of the {len(live)} values live together at {live_at}"
+    return ToolOutput(summary, {"buffers": live[:20]}, "HLO shapes carried in the profile")
+
+
+def memory_bound(session: Session) -> tuple[float, str] | None:
+    """The most device memory the session's figures may show, GiB, and what it is: the peak XProf's memory profile
+    measured (its allocation timeline), else the device's memory where its plane records it; None where neither is
+    known. No buffer figure is above it (a 15.7 GiB chip was said to hold 21 GiB live at once)."""
+    view, _ = try_view(session, "memory_profile") if session.platform != "CPU" else (None, None)
+    if view and view.get("peak_hbm_gib"):
+        return float(view["peak_hbm_gib"]), f"the {view['peak_hbm_gib']:g} GiB peak the memory profile measured"
+    sizes = [float(p.stats["memory_size"]) for p in session.device_planes() if p.stats.get("memory_size")]
+    if sizes:
+        return max(sizes) / GIB, f"the device's {max(sizes) / GIB:.3g} GiB of memory"
+    return None
 
 
 def _with_donation(buffers: list[dict], module: HloModule) -> dict:
@@ -128,15 +158,17 @@ def _device_values(computation: HloComputation, module: HloModule | None = None)
     ]
 
 
-def _live_at_once(computation: HloComputation, module: HloModule | None = None) -> tuple[float, str]:
+def _live_at_once(computation: HloComputation, module: HloModule | None = None) -> tuple[float, str, set[str]]:
     """The most bytes of device-memory values live together, in the computation's instruction order (XLA writes
     a scheduled module's entry in its schedule's order), and the instruction where that happens. A value is live
     from its definition (an async done's buffer from its start) to its last use, through the tuples and
     bitcasts that alias it (and the in-place updates that write into it); parameters from the start, the root's
-    buffers to the end."""
+    buffers to the end; a donated argument until its last use (the output aliased to it takes its buffer, and is
+    counted as itself: counting the argument too put decode_streamed_b64's 3 GiB KV cache three times in 9.56 GiB
+    where XProf's memory profile measured 6.7). Also the buffers live there: those that make that figure."""
     instructions = computation.instructions
     if not instructions:
-        return 0.0, ""
+        return 0.0, "", set()
     by_name = computation.by_name
     index = {i.name: n for n, i in enumerate(instructions)}
     done_of = {start.name: i.name for i in instructions if (start := _start_of(i, by_name)) is not None}
@@ -163,14 +195,17 @@ def _live_at_once(computation: HloComputation, module: HloModule | None = None) 
     for buffer in stands_for.get(instructions[-1].name, ()):
         if buffer in spans:
             spans[buffer][1] = last  # the program's result
+    owned = {name for name in spans if by_name[name].opcode == "parameter"
+             and name not in (module.donated_parameters if module is not None else ())}
+    for name in owned:
+        spans[name][1] = last  # the caller owns the arguments it does not donate: live for the whole program
     live = [0.0] * len(instructions)
     for name, (first, end) in spans.items():
-        if by_name[name].opcode == "parameter":
-            end = last  # the caller owns the arguments: live for the whole program
         for n in range(first, end + 1):
             live[n] += shape_bytes(by_name[name])
     peak = max(range(len(live)), key=live.__getitem__)
-    return live[peak], instructions[peak].name
+    together = {name for name, (first, end) in spans.items() if first <= peak <= end}
+    return live[peak], instructions[peak].name, together
 
 
 def busiest_module(session: Session) -> HloModule | None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from xdiag.analysis.breakdown import CATEGORIES, device_rows, step_rows, summarize_steps
+from xdiag.analysis.breakdown import CATEGORIES, device_rows, spread_from_dispatch, step_rows, summarize_steps
 from xdiag.analysis.device_time import device_spread, device_table
 from xdiag.analysis.duty_cycle import duty_cycles, duty_summary
 from xdiag.analysis.host_signals import largest_sync_event
@@ -26,7 +26,10 @@ STEP_ROWS = 200
 )
 def get_step_trace(session: Session) -> ToolOutput:
     """summary: steps (per timeline), timelines, step_source, step_marker, step_time_ms_{mean,median,min,max},
-    step_time_cv_percent, <category>_percent for compute/collective/transfer/compile/warm_up/host_sync/dispatch/host_other,
+    step_time_cv_percent, and where that spread is the host running ahead of the device (asynchronous dispatch:
+    steps that end once dispatched, and steps that wait for the work the earlier ones queued) step_time_spread_is,
+    step_time_spread_because, run_ahead_steps, run_ahead_step_ms_mean, blocking_steps, blocking_step_ms_mean;
+    <category>_percent for compute/collective/transfer/compile/warm_up/host_sync/dispatch/host_other,
     host_transfer_percent (the part of transfer seen only on the host's lines), device_idle_percent,
     {ops,dispatches,compiles,syncs,callbacks}_per_step_mean, steps_with_compiles; per-device spread (active_devices,
     device_busy_percent_{mean,min,max} with least/most_busy_device, device_<part>_percent_mean);
@@ -41,6 +44,10 @@ def get_step_trace(session: Session) -> ToolOutput:
     if not rows:
         raise NotAvailable("no steps: the profile has no step annotations, no device Steps line and no XLA ops")
     summary = {"step_source": found.source, "step_marker": found.annotation, **summarize_steps(rows)}
+    timelines: dict[tuple[str, str | None], list] = {}
+    for row in rows:
+        timelines.setdefault((row.host, row.device), []).append(row)
+    summary.update(spread_from_dispatch(max(timelines.values(), key=len)))
     devices = device_rows(session)
     summary.update(device_spread(devices))
     if found.transfer_only:

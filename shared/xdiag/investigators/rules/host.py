@@ -62,7 +62,7 @@ def dispatch_overhead(facts: Facts, found: list[Hypothesis]) -> Hypothesis | Non
         facts.base + [evidence("get_step_trace", "dispatches_per_step_mean", dispatches),
                       evidence("get_step_trace", "dispatch_percent", dispatch),
                       evidence("get_step_trace", "ops_per_step_mean", facts.step.get("ops_per_step_mean") or 0)],
-        saving(facts.step_ms, score),
+        saving(facts.step_ms, score, facts.step.get("device_idle_percent")),
         sentence(advice.compile_whole_step(facts.context())),
         follow_up=("aggregate_xplane_events", {"pattern": r"^(PjitFunction|PmapFunction)\(", "line": "python"}),
         extra_evidence=events_evidence,
@@ -107,7 +107,7 @@ def host_sync(facts: Facts, found: list[Hypothesis]) -> Hypothesis | None:
         + ([evidence("get_step_trace", "callbacks_per_step_mean", callbacks)] if callbacks else [])
         + ([evidence("get_hlo_op_profile", "category_percent.host_callback", callback_share)]
            if callback_share else []),
-        saving(facts.step_ms, score),
+        saving(facts.step_ms, score, facts.step.get("device_idle_percent")),
         sentence(advice.sync_fix(facts.context(), wait_name, bool(callbacks or callback_share))),
         follow_up=("aggregate_xplane_events",
                    {"pattern": r"np\.asarray|device_get|Await|ToLiteral|callback|__array__|item|block_until_ready"}),
@@ -161,7 +161,7 @@ def input_bound(facts: Facts, found: list[Hypothesis]) -> Hypothesis | None:
         "(data loading, preprocessing, batching) while the device idles.",
         facts.base + [evidence("get_step_trace", "host_other_percent", host_other),
                       evidence("get_step_trace", "device_idle_percent", facts.step.get("device_idle_percent"))],
-        saving(facts.step_ms, host_other),
+        saving(facts.step_ms, host_other, facts.step.get("device_idle_percent")),
         advice.feed_input(facts.context()),
         follow_up=("aggregate_xplane_events", {"pattern": ".", "line": "python"}),
         extra_evidence=events_evidence,

@@ -27,6 +27,13 @@ def _largest_buffers(results: dict[str, ToolResult]) -> list[dict]:
     return sorted(buffers, key=lambda b: -b["mib"])
 
 
+def _live_together(allocations: dict) -> bool:
+    """Whether get_peak_allocations' buffers are live at once (the largest of those live together at the HLO's
+    peak, or XProf's memory viewer's buffers at the peak), so that a sum of them is memory held at once."""
+    said = allocations.get("buffers_are")
+    return said is None or str(said).startswith("the largest of the")
+
+
 def _buffer_text(b: dict) -> str:
     shape = f" {b['shape'].split('{')[0]}" if b.get("shape") else ""
     kind = {True: "an argument", False: "a value the step computes"}.get(b["argument"], "")
@@ -63,7 +70,9 @@ def memory_pressure_hypothesis(health: HealthSnapshot, results: dict[str, ToolRe
     values_first = value_mib >= argument_mib
     module = allocations.get("module") or allocations.get("peak_module")
     held = ""
-    if typed:
+    peak_mib = (mem.get("peak_memory_gib") or 0) * 1024
+    if typed and _live_together(allocations) and not (peak_mib and argument_mib + value_mib > peak_mib):
+        # A sum of buffers is said only of buffers live at once, and never above the measured peak.
         total = argument_mib + value_mib
         held = (f" Of the {len(typed)} largest buffers ({total / 1024:.3g} GiB), "
                 f"{100 * value_mib / total:.0f}% are values the step computes (activations, gradients, temporaries) "
@@ -75,7 +84,8 @@ def memory_pressure_hypothesis(health: HealthSnapshot, results: dict[str, ToolRe
           evidence("get_memory_profile", "headroom_percent", mem.get("headroom_percent")),
           evidence("get_memory_profile", "oom_risk", risk)]
     ev += [evidence("get_peak_allocations", f"buffer {b['name']} size_mib", b["mib"], _buffer_text(b)) for b in named]
-    if allocations.get("hlo_values_live_at_once_gib") is not None:
+    if allocations.get("hlo_values_live_at_once_gib") is not None and not (
+            peak_mib and allocations["hlo_values_live_at_once_gib"] * 1024 > peak_mib * 1.05):
         ev.append(evidence("get_peak_allocations", "hlo_values_live_at_once_gib",
                            allocations["hlo_values_live_at_once_gib"],
                            f"at {allocations.get('hlo_values_live_at_once_at')}"))

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from xdiag.investigators.rules.host import HOST_BOUND_MIN_PERCENT
-from xdiag.investigators.rules.hypothesis import Hypothesis, evidence, saving, sentence
+from xdiag.investigators.rules.hypothesis import Hypothesis, device_idle, evidence, saving, sentence
 
 MIN_FINDING_PERCENT = 1.0
 """A finding must stake at least this share of the step: below it, it is noise in the report."""
@@ -39,7 +39,7 @@ def _host_work_on_reads(out: list[Hypothesis], found: dict[str, Hypothesis], b: 
         "that host time exists because of the reads, so it is counted here rather than as input work.")
     sync.evidence.append(evidence("get_step_trace", "host_after_read_percent", after_read,
                                   f"of the {b.get('host_other')}% host time outside any traced call"))
-    sync.expected_impact = saving(step_ms, sync.score)
+    sync.expected_impact = saving(step_ms, sync.score, device_idle(b))
     sync.fix = sentence(sync.fix.rstrip(".") + "; compute on the device (jnp) what the host computes on the arrays "
                         "it fetches, and fetch only that result, not whole arrays")
     host_bound.score = round(host_bound.score - after_read, 2)
@@ -103,6 +103,6 @@ def reconcile(out: list[Hypothesis], b: dict[str, float], step_ms: float | None,
                 "work: in op-by-op code that is the driving loop's own overhead, counted here rather than as input."
             )
             dispatch.evidence.append(evidence("get_step_trace", "host_other_percent", b.get("host_other")))
-            dispatch.expected_impact = saving(step_ms, dispatch.score)
+            dispatch.expected_impact = saving(step_ms, dispatch.score, device_idle(b))
             out = [h for h in out if h.key != "input_bound"]
     return out

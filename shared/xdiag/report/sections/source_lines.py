@@ -18,7 +18,7 @@ def source_lines_section(results: Mapping[str, ToolResult], limits: Limits) -> S
         return section
     kinds = [k for k in r.summary.get("op_time_by_kind") or [] if isinstance(k, Mapping)]
     rows = [{"kind": k.get("kind"), "share_of_op_time_percent": k.get("share_percent"), "total_ms": k.get("ms"),
-             "source_lines": "; ".join(f"{source_text(line)}: {format_measure(line.get('share_percent'), '%')}"
+             "source_lines": "; ".join(f"{source_text(line)}: {_line_share(line)}"
                                        for line in k.get("lines") or [] if isinstance(line, Mapping))
              or "no line recorded"} for k in kinds]
     part.blocks += table_block(rows, "", limits, empty="no op time recorded",
@@ -27,3 +27,14 @@ def source_lines_section(results: Mapping[str, ToolResult], limits: Limits) -> S
     if missing:
         part.blocks.append(Block(kind="text", text=f"Source lines: not available: {missing}", muted=True))
     return section
+
+
+def _line_share(line: Mapping) -> str:
+    """A line's part of this kind, of all op time; and where its ops of other kinds add to it, the line's whole
+    share, the one its findings give."""
+    own, whole = line.get("share_percent"), line.get("line_share_percent")
+    text = format_measure(own, "%")
+    if isinstance(own, (int, float)) and isinstance(whole, (int, float)) and whole - own >= 0.01:
+        text += f" ({format_measure(whole, '%')} in all)"
+    return text
+
