@@ -1,0 +1,468 @@
+"""The user's program by device time, line by line and function by function: pprof's `list` and `top -cum` for the
+time the device spends on each line's ops.
+
+Each op's time (xdiag.analysis.op_stats) goes to its lines through the op's Python stack (the HLO module's stack
+frame index: xdiag.analysis.source_lines): its *self* line is its innermost user frame (the line its source names,
+as every finding's lines do; an op no user frame names is summed under its library frame, or under NO_LINE where the
+profile names none), and every user line on its stack (each counted once) holds it in its *total*. A line's callees
+are the next user frames inward on those stacks: a line's total is its self time plus its callees' time under it.
+Functions the same way, by the function each frame runs in. Self times sum to the op time, exactly.
+
+Beside each line: its ops' kinds, their achieved FLOP rate and HBM bandwidth against the roof of each op's precision
+(the op rows' own costs and roofline: xdiag.analysis.roofline), the host time the Python tracer recorded in it
+(JAX's `$file.py:LINE function` frames, PyTorch's `file.py(LINE): function`), and the code itself where its file is
+readable (the path the profile records, or a checkout named by `source_root`: see quote_source).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from xdiag.analysis.device_peaks import session_peaks
+from xdiag.analysis.host_vocabulary import (
+    COMPILE_EVENT, DISPATCH_EVENT, HOST_TRANSFER_EVENT, SYNC_EVENT,
+)
+from xdiag.analysis.op_stats import OpStat, op_stats
+from xdiag.analysis.roofline import compute_peak, eight_bit_operands
+from xdiag.analysis.source_lines import (
+    Frame, frame_kinds, is_library, op_kind, python_frame, short_path, user_files,
+)
+from xdiag.profile.columns import isin_ids
+from xdiag.profile.space import HloInstruction, HloModule, Session
+
+NO_LINE = "(no source line)"
+"""Where the op time no stack names goes, so that the self times sum to the op time."""
+CONTEXT_LINES = 2
+"""Lines of code quoted either side of a line."""
+MAX_QUOTED_CHARS = 240
+HOST_KINDS = (("sync", SYNC_EVENT), ("dispatch", DISPATCH_EVENT), ("compile", COMPILE_EVENT),
+              ("transfer", HOST_TRANSFER_EVENT))
+"""What the host time of a user's frame is spent on, by the events it encloses (xdiag.analysis.host_vocabulary):
+waiting for the device, launching work, compiling, copying; the rest of it is the frame's own Python (input
+preparation, the loop)."""
+
+
+@dataclass
+class Rates:
+    """The costed work of some ops, summed: FLOPs and HBM bytes over their own time, and the time each op's roof
+    of its precision would allow for them."""
+
+    flops: float = 0.0
+    seconds: float = 0.0  # of the rows with a FLOP rate
+    hbm_bytes: float = 0.0
+    hbm_seconds: float = 0.0  # of the rows with an HBM rate
+    roof_flops: float = 0.0  # sum over rows of seconds x the compute peak of its operands' precision
+    roof_bytes: float = 0.0  # sum over rows of seconds x the HBM peak
+    efficiency_ps: float = 0.0  # sum of roofline_efficiency_percent x time, rows with a measured efficiency
+    efficiency_time_ps: float = 0.0
+    bound_ps: dict[str, float] = field(default_factory=dict)
+    precision_ps: dict[str, float] = field(default_factory=dict)
+
+    def add(self, row: dict, stat: OpStat, peaks: dict | None) -> None:
+        if row.get("achieved_gflops_per_s") is None:
+            return  # no FLOP count, or a transfer timed by its wait
+        seconds = stat.costed_ps / 1e12
+        runs = stat.costed_count
+        self.flops += float(row.get("flops_per_run") or 0.0) * runs
+        self.seconds += seconds
+        precision = _precision(row)
+        self.precision_ps[precision] = self.precision_ps.get(precision, 0.0) + stat.costed_ps
+        if peaks and peaks.get("peak_flops_per_s"):
+            self.roof_flops += seconds * compute_peak(row.get("operand_shapes") or [], peaks)
+        if row.get("achieved_gb_per_s") is not None:
+            self.hbm_bytes += stat.hbm_bytes * runs
+            self.hbm_seconds += seconds
+            if peaks and peaks.get("peak_hbm_bytes_per_s"):
+                self.roof_bytes += seconds * peaks["peak_hbm_bytes_per_s"]
+        if row.get("roofline_efficiency_percent") is not None and not row.get("not_a_measurement"):
+            self.efficiency_ps += row["roofline_efficiency_percent"] * stat.costed_ps
+            self.efficiency_time_ps += stat.costed_ps
+        if row.get("bound"):
+            self.bound_ps[row["bound"]] = self.bound_ps.get(row["bound"], 0.0) + stat.costed_ps
+
+    def record(self, line_ps: int) -> dict:
+        """achieved_tflops_per_s, flops_percent_of_roof (of the compute roofs of its ops' precisions), precision,
+        achieved_gb_per_s, hbm_percent_of_roof, roofline_efficiency_percent (time-weighted over its ops with a
+        measured one), bound, measured_percent (of the line's time its rates speak for); {} where none is costed."""
+        if not self.seconds:
+            return {}
+        out: dict = {"achieved_tflops_per_s": round(self.flops / self.seconds / 1e12, 4),
+                     "precision": max(self.precision_ps, key=self.precision_ps.get),
+                     "measured_percent": round(100 * self.seconds * 1e12 / line_ps, 1) if line_ps else 0.0}
+        if self.roof_flops:
+            out["flops_percent_of_roof"] = round(100 * self.flops / self.roof_flops, 1)
+        if self.hbm_seconds:
+            out["achieved_gb_per_s"] = round(self.hbm_bytes / self.hbm_seconds / 1e9, 2)
+            if self.roof_bytes:
+                out["hbm_percent_of_roof"] = round(100 * self.hbm_bytes / self.roof_bytes, 1)
+        if self.efficiency_time_ps:
+            out["roofline_efficiency_percent"] = round(self.efficiency_ps / self.efficiency_time_ps, 1)
+        if self.bound_ps:
+            out["bound"] = max(self.bound_ps, key=self.bound_ps.get)
+        return out
+
+
+def _precision(row: dict) -> str:
+    """The precision whose compute roof bounds an op (as roofline.compute_peak chooses it)."""
+    narrow = eight_bit_operands(row)
+    if narrow:
+        return narrow
+    if any(str(s).startswith(("f32", "f64")) for s in row.get("operand_shapes") or []):
+        return "f32"
+    return "16-bit"
+
+
+@dataclass
+class LineTime:
+    """One line (or function) of the user's program: its device time, self and total, and what runs on it."""
+
+    key: str  # `folder/file.py:LINE` (Frame.short), a function's `folder/file.py: function`, or NO_LINE
+    file: str = ""  # the path the profile records
+    line: int = 0
+    function: str = ""
+    library: bool = False  # no user frame: the library's frame that made the op
+    self_ps: int = 0
+    total_ps: int = 0
+    callees: dict[str, int] = field(default_factory=dict)  # next user frame inward -> the time under this one
+    kinds: dict[str, int] = field(default_factory=dict)  # op kind -> self time
+    ops: dict[str, int] = field(default_factory=dict)  # op name -> self time
+    rates: Rates = field(default_factory=Rates)
+    host_ps: int = 0  # the Python tracer's time in this frame with no deeper user frame
+    host_kinds: dict[str, int] = field(default_factory=dict)  # sync / dispatch / compile / transfer -> host time
+    modules: dict[str, int] = field(default_factory=dict)  # PyTorch nn.Module -> self time
+
+
+@dataclass
+class LineView:
+    """Every line and function the ops' stacks name, with the op time (ps) they share out."""
+
+    op_ps: int
+    lines: dict[str, LineTime]
+    functions: dict[str, LineTime]
+    stacks_recorded: bool  # some op's stack names a user frame
+    host_traced: bool  # the Python tracer's frames are in the profile
+
+    def ranked(self, by: str = "self", functions: bool = False) -> list[LineTime]:
+        """Busiest first by self or total device time (then host time): pprof's `top` and `top -cum`."""
+        rows = (self.functions if functions else self.lines).values()
+        key = {"self": lambda t: (t.self_ps, t.total_ps, t.host_ps), "total": lambda t: (t.total_ps, t.self_ps,
+                                                                                           t.host_ps),
+               "host": lambda t: (t.host_ps, t.total_ps)}[by]
+        return sorted(rows, key=lambda t: tuple(-v for v in key(t)) + (t.key,))
+
+
+def _user_frames(module: HloModule, instruction: HloInstruction) -> list[Frame]:
+    return [Frame(f, line, fn) for f, line, fn in module.stack(instruction) if not is_library(f)]
+
+
+def op_user_stack(module: HloModule | None, stat: OpStat) -> list[Frame]:
+    """The user frames of the stack an op's line comes from, innermost first: its own stack, or where its line is
+    another instruction's (a fusion's fused op, the array a move XLA inserted moves), that instruction's."""
+    source = stat.source
+    if source is None or source.user is None:
+        return []
+    found = module.find(stat.name) if module is not None else None
+    if found is None:
+        return [source.user]
+    computation, instruction = found
+    own = _user_frames(module, instruction)
+    if own and own[0] == source.user:
+        return own
+    candidates: list[HloInstruction] = []
+    for name in instruction.called:
+        called = module.computations.get(name)
+        candidates += list(called.instructions) if called else []
+    current = instruction
+    for _ in range(4):  # source_lines.OPERAND_HOPS: the moved array's line
+        operand = computation.by_name.get(current.operands[0]) if current.operands else None
+        if operand is None:
+            break
+        candidates.append(operand)
+        current = operand
+    for candidate in candidates:
+        frames = _user_frames(module, candidate)
+        if frames and frames[0] == source.user:
+            return frames
+    return [source.user]
+
+
+def _function_key(frame: Frame) -> str:
+    return f"{short_path(frame.file)}: {frame.function or '?'}"
+
+
+def _entry(table: dict[str, LineTime], key: str, frame: Frame | None, library: bool = False,
+           function: bool = False) -> LineTime:
+    entry = table.get(key)
+    if entry is None:
+        entry = table[key] = LineTime(key=key, file=frame.file if frame else "", line=0 if function or not frame
+                                      else frame.line, function=frame.function if frame else "", library=library)
+    return entry
+
+
+def _charge(table: dict[str, LineTime], keys: list[tuple[str, Frame]], ps: int, function: bool = False) -> None:
+    """Adds an op's time to the totals of the frames on its stack (outermost first), each once, and to the callee
+    edge from each frame to the next distinct one inward after its last appearance."""
+    seen: set[str] = set()
+    for i, (key, frame) in enumerate(keys):
+        if key in seen:
+            continue
+        seen.add(key)
+        entry = _entry(table, key, frame, function=function)
+        entry.total_ps += ps
+        last = max(j for j, (k, _) in enumerate(keys) if k == key)  # its innermost appearance
+        inner = next((k for k, _ in keys[last + 1:] if k != key), None)
+        if inner is not None:
+            entry.callees[inner] = entry.callees.get(inner, 0) + ps
+
+
+def line_view(session: Session) -> LineView:
+    """The session's op time by line and by function, with rates and host time. Cached per session."""
+    if "line_view" in session.cache:
+        return session.cache["line_view"]
+    stats = op_stats(session)
+    peaks = session_peaks(session)
+    op_ps = sum(s.total_ps for s in stats)
+    lines: dict[str, LineTime] = {}
+    functions: dict[str, LineTime] = {}
+    recorded = False
+    modules = {}
+    for stat in stats:
+        if not stat.total_ps:
+            continue
+        module = modules.get(stat.module)
+        if stat.module not in modules:
+            module = modules[stat.module] = _module_of(session, stat.module)
+        stack = op_user_stack(module, stat)
+        source = stat.source
+        if stack:
+            recorded = True
+            outermost = list(reversed(stack))
+            _charge(lines, [(f.short, f) for f in outermost], stat.total_ps)
+            _charge(functions, [(_function_key(f), f) for f in outermost], stat.total_ps, function=True)
+            own = _entry(lines, stack[0].short, stack[0])
+            own_function = _entry(functions, _function_key(stack[0]), stack[0], function=True)
+        else:
+            frame = source.library if source is not None else None
+            key = source.key if source is not None and source.key else NO_LINE
+            own = _entry(lines, key, frame, library=frame is not None)
+            own.total_ps += stat.total_ps
+            own_function = _entry(functions, _function_key(frame) if frame else NO_LINE, frame,
+                                  library=frame is not None, function=True)
+            own_function.total_ps += stat.total_ps
+        row = stat.row(op_ps, peaks)
+        kind = op_kind(stat.name, stat.category, source)
+        for entry in (own, own_function):
+            entry.self_ps += stat.total_ps
+            entry.kinds[kind] = entry.kinds.get(kind, 0) + stat.total_ps
+            entry.ops[stat.name] = entry.ops.get(stat.name, 0) + stat.total_ps
+            entry.rates.add(row, stat, peaks)
+    traced = _add_host_time(session, lines, functions)
+    if not recorded:
+        recorded = _add_torch_stacks(session, lines, functions)
+    view = LineView(op_ps=op_ps, lines=lines, functions=functions, stacks_recorded=recorded, host_traced=traced)
+    session.cache["line_view"] = view
+    return view
+
+
+def _module_of(session: Session, label: str) -> HloModule | None:
+    """The module of an op row (`jit_step`, or `jit_step(36)` where several programs share the name)."""
+    if not label:
+        return None
+    name, _, pid = label.rpartition("(")
+    if name and pid.endswith(")") and pid[:-1].isdigit():
+        found = session.module_for(name, int(pid[:-1]))
+        if found is not None:
+            return found
+    return session.module_for(label, None)
+
+
+# ---------------------------------------------------------------------------------------------- host time
+
+
+def _python_lines(session: Session):
+    """(plane, line) of the host lines that may hold Python frames: JAX's Python tracer's, PyTorch's threads."""
+    covered = session.hosts_with_events()
+    for plane in session.host_by_host([p for host in covered for p in host.planes]):
+        for line in plane.lines:
+            if len(line) and (line.name.startswith("thread ") or "python" in line.name.lower()):
+                yield plane, line
+
+
+def _add_host_time(session: Session, lines: dict[str, LineTime], functions: dict[str, LineTime]) -> bool:
+    """The Python tracer's time in each user frame with no deeper user frame, and what the events inside it are
+    (HOST_KINDS), on the line and function the frame names. JAX's tracer names a file by its name alone: it is put
+    on the path the HLO's stacks give that name, where one does. True where any user frame was recorded."""
+    known = user_files(session.hlo_modules)
+    kind_of = frame_kinds(known)
+    full_paths: dict[str, set[str]] = {}
+    for m in session.hlo_modules:
+        for file, *_ in m.stack_frames:
+            if file and not is_library(file):
+                full_paths.setdefault(file.rsplit("/", 1)[-1], set()).add(file)
+    traced = False
+    for plane, line in _python_lines(session):
+        names = plane.event_names
+        user_ids = [k for k, n in names.items() if kind_of(n) == "user"]
+        if not user_ids:
+            continue
+        starts, ends = line.start_ps, line.end_ps
+        ids = line.metadata_id.astype(np.int64)
+        is_user = isin_ids(ids, np.array(user_ids, dtype=np.int64))
+        if not is_user.any():
+            continue
+        traced = True
+        order = np.lexsort((-ends, starts))
+        # The innermost user frame around each moment: a stack of open user frames; each event that is no user
+        # frame is charged (by kind) to the innermost open one; each user frame's own time is its span less the
+        # spans of the user frames directly inside it.
+        stack: list[list] = []  # [end, name, inner user time]
+        own: dict[str, int] = {}
+        kinds: dict[str, dict[str, int]] = {}
+        kind_cache: dict[int, str] = {}
+        covered_until: list[int] = []  # per open frame: the end of the last outermost event charged inside it
+        for i in order.tolist():
+            start, end = int(starts[i]), int(ends[i])
+            while stack and stack[-1][0] <= start:
+                closed = stack.pop()
+                covered_until.pop()
+                own[closed[1]] = own.get(closed[1], 0) + closed[3] - closed[2]
+            name_id = int(ids[i])
+            if is_user[i]:
+                if stack:
+                    stack[-1][2] += end - start
+                stack.append([end, names.get(name_id, ""), 0, end - start])
+                covered_until.append(-1)
+                continue
+            if not stack:
+                continue
+            kind = kind_cache.get(name_id)
+            if kind is None:
+                text = names.get(name_id, "")
+                kind = kind_cache[name_id] = next((k for k, pattern in HOST_KINDS if pattern.search(text)), "")
+            if not kind or end <= covered_until[-1]:
+                continue  # nested in an event already charged (np.asarray's __array__)
+            covered_until[-1] = end
+            frame = kinds.setdefault(stack[-1][1], {})
+            frame[kind] = frame.get(kind, 0) + end - start
+        for closed in stack:
+            own[closed[1]] = own.get(closed[1], 0) + closed[3] - closed[2]
+        for name, ps in own.items():
+            frame = python_frame(name)
+            if frame is None or ps <= 0:
+                continue
+            paths = full_paths.get(frame.file, set())
+            if "/" not in frame.file and len(paths) == 1:
+                frame = Frame(next(iter(paths)), frame.line, frame.function)
+            for table, key in ((lines, frame.short), (functions, _function_key(frame))):
+                entry = _entry(table, key, frame, function=table is functions)
+                entry.host_ps += ps
+                for kind, kind_ps in kinds.get(name, {}).items():
+                    entry.host_kinds[kind] = entry.host_kinds.get(kind, 0) + kind_ps
+    return traced
+
+
+def _add_torch_stacks(session: Session, lines: dict[str, LineTime], functions: dict[str, LineTime]) -> bool:
+    """PyTorch's kernels by the user's Python frames around the runtime call that launched each (Kineto's
+    `python_function` events on the launching thread, linked by correlation id): not yet read here."""
+    return False
+
+
+# ---------------------------------------------------------------------------------------------- the code
+
+
+def source_file(path: str, source_root: str | Path | None = None) -> Path | None:
+    """The file a recorded path names on this machine: under `source_root`, the longest suffix of the path that
+    exists there (`/home/user/jobs/train.py` -> ROOT/jobs/train.py, else ROOT/train.py), as XProf's --src_prefix
+    maps its links; else the recorded path itself where it is readable. None where neither is."""
+    parts = [p for p in path.split("/") if p and p not in (".", "..")]
+    if source_root is not None and parts:
+        root = Path(source_root)
+        for i in range(len(parts)):
+            candidate = root.joinpath(*parts[i:])
+            if candidate.is_file():
+                return candidate
+    recorded = Path(path)
+    if path and recorded.is_absolute() and recorded.is_file():
+        return recorded
+    return None
+
+
+def quote_source(path: str, line: int, source_root: str | Path | None = None, context: int = CONTEXT_LINES,
+                 cache: dict | None = None) -> dict:
+    """{file: the path read, code: the line's text, context: [[number, text], …] around it} or {code_not_available:
+    why}."""
+    if not path or line <= 0:
+        return {"code_not_available": "the profile names no file and line"}
+    found = source_file(path, source_root)
+    if found is None:
+        where = f" nor under --source-root {source_root}" if source_root is not None else \
+            " (name the checkout that holds it with --source-root DIR)"
+        return {"code_not_available": f"{path} is not readable on this machine{where}"}
+    cache = {} if cache is None else cache
+    if found not in cache:
+        try:
+            cache[found] = found.read_text(errors="replace").splitlines()
+        except OSError as exc:
+            cache[found] = exc
+    text = cache[found]
+    if isinstance(text, OSError):
+        return {"code_not_available": f"{found} could not be read: {text.strerror or text}"}
+    if line > len(text):
+        return {"code_not_available": f"{found} has {len(text)} lines, not {line}: it is not the file the profile "
+                                      "ran (another version)"}
+    low, high = max(1, line - context), min(len(text), line + context)
+    return {"file": str(found), "code": text[line - 1].strip()[:MAX_QUOTED_CHARS],
+            "context": [[n, text[n - 1][:MAX_QUOTED_CHARS]] for n in range(low, high + 1)]}
+
+
+# ---------------------------------------------------------------------------------------------- records
+
+
+def _ms(ps: float) -> float:
+    return round(ps / 1e9, 4)
+
+
+def line_record(entry: LineTime, op_ps: int, source_root: str | Path | None = None, quote: bool = True,
+                cache: dict | None = None, top_ops: int = 3) -> dict:
+    """One line or function as the tool and the CLI give it."""
+    out: dict = {"line": entry.key}
+    if entry.function and entry.line:
+        out["function"] = entry.function
+    if entry.library:
+        out["library"] = True
+    out.update(self_ms=_ms(entry.self_ps), total_ms=_ms(entry.total_ps),
+               self_percent=round(100 * entry.self_ps / op_ps, 2) if op_ps else 0.0,
+               total_percent=round(100 * entry.total_ps / op_ps, 2) if op_ps else 0.0)
+    if entry.kinds:
+        out["kinds"] = {k: _ms(v) for k, v in sorted(entry.kinds.items(), key=lambda kv: -kv[1])}
+    if entry.ops:
+        out["top_ops"] = [{"op": name, "ms": _ms(ps)} for name, ps in
+                          sorted(entry.ops.items(), key=lambda kv: -kv[1])[:top_ops]]
+    out.update(entry.rates.record(entry.self_ps))
+    if entry.callees:
+        out["callees"] = [{"line": k, "ms": _ms(v)} for k, v in sorted(entry.callees.items(), key=lambda kv: -kv[1])]
+    if entry.host_ps:
+        out["host_ms"] = _ms(entry.host_ps)
+        if entry.host_kinds:
+            out["host_kinds"] = {k: _ms(v) for k, v in sorted(entry.host_kinds.items(), key=lambda kv: -kv[1])}
+    if quote and entry.line and not entry.library:
+        out.update(quote_source(entry.file, entry.line, source_root, cache=cache))
+    return out
+
+
+def line_times(session: Session) -> dict[str, dict]:
+    """The stable, small answer another analysis compares (xdiag diff's "the lines whose time moved most"): line key
+    (`folder/file.py:LINE`, a library's frame, or NO_LINE) -> {self_ms, total_ms, host_ms, function}. Self times sum
+    to the session's op time."""
+    view = line_view(session)
+    return {key: {"self_ms": _ms(t.self_ps), "total_ms": _ms(t.total_ps), "host_ms": _ms(t.host_ps),
+                  "function": t.function}
+            for key, t in view.lines.items()}
+
+
+def sum_self_ps(entries: Iterable[LineTime]) -> int:
+    return sum(t.self_ps for t in entries)
