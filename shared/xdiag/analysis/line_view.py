@@ -397,6 +397,8 @@ def quote_source(path: str, line: int, source_root: str | Path | None = None, co
     why}."""
     if not path or line <= 0:
         return {"code_not_available": "the profile names no file and line"}
+    if not path.endswith(".py"):
+        return {"code_not_available": f"{path} is no Python source file: only the files a Python stack names are read"}
     found = source_file(path, source_root)
     if found is None:
         where = f" nor under --source-root {source_root}" if source_root is not None else \

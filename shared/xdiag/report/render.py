@@ -55,7 +55,7 @@ PRIORITY_ORDER = {"P0": 0, "P1": 1, "P2": 2}
 TOOL_ORDER = (
     "get_xprof_overview", "get_step_trace", "get_kpi_metrics", "get_device_information", "get_hosts",
     "get_utilization_viewer", "get_smart_suggestions", "get_roofline_model", "get_hlo_op_profile",
-    "detect_layout_mismatch_copies", "detect_unfused_reshapes", "detect_unnecessary_convert_reduce",
+    "get_line_view", "detect_layout_mismatch_copies", "detect_unfused_reshapes", "detect_unnecessary_convert_reduce",
     "list_hlo_modules", "get_memory_profile", "get_peak_allocations", "get_kernel_stats", "get_custom_kernels",
     "get_hlo_neighborhood", "aggregate_xplane_events", "llo_load", "llo_query",
 )
