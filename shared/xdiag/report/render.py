@@ -37,6 +37,7 @@ from xdiag.report.format import (
 from xdiag.report.sections.hosts import hosts_section
 from xdiag.report.sections.inventory import device_section, modules_section, tool_table
 from xdiag.report.sections.kernels import custom_kernel_section, kernel_section
+from xdiag.report.sections.lines import lines_section
 from xdiag.report.sections.memory import memory_section
 from xdiag.report.sections.ops import compiler_section, op_profile_section
 from xdiag.report.sections.parts import Section
@@ -273,6 +274,7 @@ def _detail_sections(results: Mapping[str, ToolResult], peaks: Peaks) -> list[Se
     limits = peaks.limits
     return [
         source_lines_section(results, limits),  # first after the findings: where in the user's code the time goes
+        lines_section(results, limits),  # and line by line, with the code
         hosts_section(results, limits),
         step_time_section(results, limits),
         roofline_section(results, peaks),
