@@ -29,7 +29,7 @@ from xdiag.analysis.host_vocabulary import (
 from xdiag.analysis.op_stats import OpStat, op_stats
 from xdiag.analysis.roofline import compute_peak, eight_bit_operands
 from xdiag.analysis.source_lines import (
-    Frame, frame_kinds, is_library, op_kind, python_frame, short_path, user_files,
+    MODULE_EVENT, Frame, frame_kinds, is_library, op_kind, python_frame, short_path, user_files,
 )
 from xdiag.profile.columns import isin_ids
 from xdiag.profile.space import HloInstruction, HloModule, Session
@@ -85,14 +85,18 @@ class Rates:
             self.bound_ps[row["bound"]] = self.bound_ps.get(row["bound"], 0.0) + stat.costed_ps
 
     def record(self, line_ps: int) -> dict:
-        """achieved_tflops_per_s, flops_percent_of_roof (of the compute roofs of its ops' precisions), precision,
+        """achieved_tflops_per_s, flops_percent_of_roof (of the compute roofs of its ops' precisions), precision (the
+        one most of its costed time runs at) and precisions (all of them, where several),
         achieved_gb_per_s, hbm_percent_of_roof, roofline_efficiency_percent (time-weighted over its ops with a
         measured one), bound, measured_percent (of the line's time its rates speak for); {} where none is costed."""
         if not self.seconds:
             return {}
         out: dict = {"achieved_tflops_per_s": round(self.flops / self.seconds / 1e12, 4),
                      "precision": max(self.precision_ps, key=self.precision_ps.get),
-                     "measured_percent": round(100 * self.seconds * 1e12 / line_ps, 1) if line_ps else 0.0}
+                     "measured_percent": round(100 * self.seconds * 1e12 / line_ps, 2) if line_ps else 0.0}
+        mixed = [p for p, ps in sorted(self.precision_ps.items(), key=lambda kv: -kv[1]) if ps]
+        if len(mixed) > 1:
+            out["precisions"] = mixed  # the roof is each op's own: FLOPs over what their roofs allow in their time
         if self.roof_flops:
             out["flops_percent_of_roof"] = round(100 * self.flops / self.roof_flops, 1)
         if self.hbm_seconds:
@@ -219,6 +223,35 @@ def _charge(table: dict[str, LineTime], keys: list[tuple[str, Frame]], ps: int, 
             entry.callees[inner] = entry.callees.get(inner, 0) + ps
 
 
+def _add_op(lines: dict[str, LineTime], functions: dict[str, LineTime], stack: list[Frame], source,
+            stat: OpStat, ps: int, kind: str, row: dict | None, peaks: dict | None, nn_module: str = "") -> None:
+    """`ps` of an op's time on the lines and functions of its user stack (innermost first): the innermost's self
+    time, every frame's total; with no user frame, on its library's frame or NO_LINE. `row`: the op's row, whose
+    rates count where all its time is here."""
+    if stack:
+        outermost = list(reversed(stack))
+        _charge(lines, [(f.short, f) for f in outermost], ps)
+        _charge(functions, [(_function_key(f), f) for f in outermost], ps, function=True)
+        own = _entry(lines, stack[0].short, stack[0])
+        own_function = _entry(functions, _function_key(stack[0]), stack[0], function=True)
+    else:
+        frame = source.library if source is not None else None
+        key = source.key if source is not None and source.key else NO_LINE
+        own = _entry(lines, key, frame, library=frame is not None)
+        own.total_ps += ps
+        own_function = _entry(functions, _function_key(frame) if frame else NO_LINE, frame,
+                              library=frame is not None, function=True)
+        own_function.total_ps += ps
+    for entry in (own, own_function):
+        entry.self_ps += ps
+        entry.kinds[kind] = entry.kinds.get(kind, 0) + ps
+        entry.ops[stat.name] = entry.ops.get(stat.name, 0) + ps
+        if row is not None:
+            entry.rates.add(row, stat, peaks)
+        if nn_module:
+            entry.modules[nn_module] = entry.modules.get(nn_module, 0) + ps
+
+
 def line_view(session: Session) -> LineView:
     """The session's op time by line and by function, with rates and host time. Cached per session."""
     if "line_view" in session.cache:
@@ -230,39 +263,33 @@ def line_view(session: Session) -> LineView:
     functions: dict[str, LineTime] = {}
     recorded = False
     modules = {}
+    torch_stacks = torch_kernel_stacks(session) if not session.hlo_modules else {}
     for stat in stats:
         if not stat.total_ps:
             continue
         module = modules.get(stat.module)
         if stat.module not in modules:
             module = modules[stat.module] = _module_of(session, stat.module)
-        stack = op_user_stack(module, stat)
-        source = stat.source
-        if stack:
-            recorded = True
-            outermost = list(reversed(stack))
-            _charge(lines, [(f.short, f) for f in outermost], stat.total_ps)
-            _charge(functions, [(_function_key(f), f) for f in outermost], stat.total_ps, function=True)
-            own = _entry(lines, stack[0].short, stack[0])
-            own_function = _entry(functions, _function_key(stack[0]), stack[0], function=True)
-        else:
-            frame = source.library if source is not None else None
-            key = source.key if source is not None and source.key else NO_LINE
-            own = _entry(lines, key, frame, library=frame is not None)
-            own.total_ps += stat.total_ps
-            own_function = _entry(functions, _function_key(frame) if frame else NO_LINE, frame,
-                                  library=frame is not None, function=True)
-            own_function.total_ps += stat.total_ps
         row = stat.row(op_ps, peaks)
-        kind = op_kind(stat.name, stat.category, source)
-        for entry in (own, own_function):
-            entry.self_ps += stat.total_ps
-            entry.kinds[kind] = entry.kinds.get(kind, 0) + stat.total_ps
-            entry.ops[stat.name] = entry.ops.get(stat.name, 0) + stat.total_ps
-            entry.rates.add(row, stat, peaks)
+        kind = op_kind(stat.name, stat.category, stat.source)
+        launched = torch_stacks.get(stat.name) if not stat.module else None
+        if launched:  # a PyTorch kernel: its time by the user's frames around each launch
+            parts = _shares(stat.total_ps, launched)
+            whole = len(parts) == 1 and parts[0][1] == stat.total_ps
+            for (names, nn_module), ps in parts:
+                stack = [f for f in (python_frame(n) for n in reversed(names)) if f is not None]
+                if ps and stack:
+                    recorded = True
+                    _add_op(lines, functions, stack, None, stat, ps, kind, row if whole else None, peaks,
+                            nn_module.removeprefix(MODULE_EVENT))
+            left = stat.total_ps - sum(ps for _, ps in parts)
+            if left:
+                _add_op(lines, functions, [], None, stat, left, kind, None, peaks)
+            continue
+        stack = op_user_stack(module, stat)
+        recorded = recorded or bool(stack)
+        _add_op(lines, functions, stack, stat.source, stat, stat.total_ps, kind, row, peaks)
     traced = _add_host_time(session, lines, functions)
-    if not recorded:
-        recorded = _add_torch_stacks(session, lines, functions)
     view = LineView(op_ps=op_ps, lines=lines, functions=functions, stacks_recorded=recorded, host_traced=traced)
     session.cache["line_view"] = view
     return view
@@ -365,10 +392,67 @@ def _add_host_time(session: Session, lines: dict[str, LineTime], functions: dict
     return traced
 
 
-def _add_torch_stacks(session: Session, lines: dict[str, LineTime], functions: dict[str, LineTime]) -> bool:
-    """PyTorch's kernels by the user's Python frames around the runtime call that launched each (Kineto's
-    `python_function` events on the launching thread, linked by correlation id): not yet read here."""
-    return False
+def torch_kernel_stacks(session: Session) -> dict[str, dict[tuple[tuple[str, ...], str], int]]:
+    """PyTorch's kernels by the user's Python frames around the runtime call that launched each: Kineto's
+    `python_function` events (with_stack=True) on the launching thread enclose the launch, which names the kernel by
+    its correlation id. Kernel name -> {(the user's frame events outermost first, the innermost nn.Module call
+    around the launch or ""): its kernels' time in ps}. {} where the trace holds no user frame."""
+    kind_of = frame_kinds(frozenset())
+    around: dict[tuple[str, int], tuple[tuple[str, ...], str]] = {}  # (host, correlation) -> frames, module
+    for plane in session.host_planes():
+        names = plane.event_names
+        kinds = {k: kind_of(n) for k, n in names.items()}
+        if not any(kinds.values()):
+            continue
+        for line in plane.lines:
+            found = line.numeric.sparse("correlation_id")
+            if found is None or not len(line):
+                continue
+            launches = dict(zip(found[0].tolist(), found[1].tolist()))
+            starts, ends, ids = line.start_ps, line.end_ps, line.metadata_id.tolist()
+            stack: list[tuple[int, str, str]] = []  # open frames and module calls: (end, kind, name)
+            for i in np.lexsort((-ends, starts)).tolist():
+                start = int(starts[i])
+                while stack and stack[-1][0] <= start:
+                    stack.pop()
+                kind = kinds.get(ids[i], "")
+                if kind:
+                    stack.append((int(ends[i]), kind, names.get(ids[i], "")))
+                elif i in launches and stack:
+                    frames = tuple(n for _, k, n in stack if k == "user")
+                    module = next((n for _, k, n in reversed(stack) if k == "module"), "")
+                    if frames:
+                        around[(plane.host, int(launches[i]))] = (frames, module)
+    out: dict[str, dict[tuple[tuple[str, ...], str], int]] = {}
+    if not around:
+        return out
+    for plane in session.device_planes(with_events=True):
+        for line in plane.lines:
+            found = line.numeric.sparse("correlation_id")
+            if found is None:
+                continue
+            names = plane.names_of(line)
+            durations = line.durations.at(found[0])
+            for name, correlation, ps in zip(names[found[0]].tolist(), found[1].tolist(), durations.tolist()):
+                where = around.get((plane.host, int(correlation)))
+                if where is not None:
+                    per = out.setdefault(name, {})
+                    per[where] = per.get(where, 0) + int(ps)
+    return out
+
+
+def _shares(total: int, parts: dict) -> list[tuple[object, int]]:
+    """`total` shared out over `parts` (key -> weight) in whole picoseconds that sum to at most `total`: each its
+    weight where the weights fit, else its proportion, the rounding's remainder to the largest."""
+    weight = sum(parts.values())
+    if weight <= total:
+        return list(parts.items())
+    shared = [(k, total * w // weight) for k, w in parts.items()]
+    left = total - sum(ps for _, ps in shared)
+    if shared and left:
+        top = max(range(len(shared)), key=lambda i: shared[i][1])
+        shared[top] = (shared[top][0], shared[top][1] + left)
+    return shared
 
 
 # ---------------------------------------------------------------------------------------------- the code
@@ -445,6 +529,9 @@ def line_record(entry: LineTime, op_ps: int, source_root: str | Path | None = No
         out["top_ops"] = [{"op": name, "ms": _ms(ps)} for name, ps in
                           sorted(entry.ops.items(), key=lambda kv: -kv[1])[:top_ops]]
     out.update(entry.rates.record(entry.self_ps))
+    if entry.modules:
+        out["modules"] = [{"module": k, "ms": _ms(v)}
+                          for k, v in sorted(entry.modules.items(), key=lambda kv: -kv[1])[:3]]
     if entry.callees:
         out["callees"] = [{"line": k, "ms": _ms(v)} for k, v in sorted(entry.callees.items(), key=lambda kv: -kv[1])]
     if entry.host_ps:

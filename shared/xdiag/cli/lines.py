@@ -21,7 +21,9 @@ def _rate(row: dict[str, Any]) -> str:
     if tflops:  # a line of data movement does no arithmetic: its bandwidth is its rate
         text = f"{tflops:,.1f} TFLOP/s" if tflops >= 1 else f"{tflops * 1e3:,.0f} GFLOP/s"
         if row.get("flops_percent_of_roof") is not None:
-            text += f" ({row['flops_percent_of_roof']:g}% of {row.get('precision', '')} roof)"
+            roof = f"the {'/'.join(row['precisions'])} roofs of its ops" if row.get("precisions") else \
+                f"{row.get('precision', '')} roof"
+            text += f" ({row['flops_percent_of_roof']:g}% of {roof})"
     if row.get("achieved_gb_per_s") is not None:
         text += f"{', ' if text else ''}{row['achieved_gb_per_s']:,.0f} GB/s"
         if row.get("hbm_percent_of_roof") is not None:
@@ -29,7 +31,7 @@ def _rate(row: dict[str, Any]) -> str:
     if row.get("bound"):
         text += f"; {row['bound']}-bound"
     if row.get("measured_percent") is not None and row["measured_percent"] < 99.5:
-        text += f" (over {row['measured_percent']:g}% of its time)"
+        text += f" (over {row['measured_percent']:.2g}% of its time)"
     return text
 
 
@@ -45,6 +47,8 @@ def _line_block(row: dict[str, Any], code: bool) -> list[str]:
     rate = _rate(row)
     if rate:
         details.append(rate)
+    if row.get("modules"):
+        details.append("in " + ", ".join(f"{m['module']} {_ms(m['ms'])} ms" for m in row["modules"]))
     if row.get("host_kinds"):
         details.append("host: " + ", ".join(f"{k} {_ms(v)} ms" for k, v in row["host_kinds"].items()))
     pad = " " * 46

@@ -38,10 +38,11 @@ def get_line_view(session: Session, top_n: int = 20, order: str = "self", source
     each: line (`folder/file.py:LINE`, a function's `folder/file.py: function`, a library's frame, or
     `(no source line)`), function, library (no user frame: the library's), self_ms, total_ms, self_percent,
     total_percent (of op time), kinds {op kind: ms}, top_ops, achieved_tflops_per_s, precision (of the compute roof
-    its time is mostly under: 16-bit, f32, int8, fp8), flops_percent_of_roof (FLOPs over those its ops' roofs would
+    its time is mostly under: 16-bit, f32, int8, fp8), precisions (where its ops run at several), flops_percent_of_roof (FLOPs over those its ops' roofs would
     allow in their time), achieved_gb_per_s, hbm_percent_of_roof, roofline_efficiency_percent (time-weighted over
     its ops), bound, measured_percent (of its time the rates speak for), callees [{line, ms}: the next user frame
-    inward and the time under this one through it], host_ms, host_kinds {sync, dispatch, compile, transfer: ms},
+    inward and the time under this one through it], modules [{module, ms}: PyTorch's innermost nn.Module calls
+    around its kernels' launches], host_ms, host_kinds {sync, dispatch, compile, transfer: ms},
     file (the file read), code (the line), context [[number, text]], code_not_available (why)]."""
     view = line_view(session)
     if not view.op_ps and not view.host_traced:

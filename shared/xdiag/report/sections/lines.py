@@ -48,7 +48,9 @@ def rate_text(row: Mapping[str, Any]) -> str:
     if row.get("achieved_tflops_per_s"):
         text = format_measure(row["achieved_tflops_per_s"] * 1e3, "GFLOP/s")
         if row.get("flops_percent_of_roof") is not None:
-            text += f" ({format_measure(row['flops_percent_of_roof'], '%')} of the {row.get('precision', '')} roof)"
+            roof = f"the {'/'.join(row['precisions'])} roofs of its ops" if row.get("precisions") else \
+                f"the {row.get('precision', '')} roof"
+            text += f" ({format_measure(row['flops_percent_of_roof'], '%')} of {roof})"
         parts.append(text)
     if row.get("achieved_gb_per_s") is not None:
         text = format_measure(row["achieved_gb_per_s"], "GB/s")
@@ -71,6 +73,8 @@ def _facts(row: Mapping[str, Any]) -> list[str]:
         facts.append("Op kinds: " + ", ".join(f"{k} {_ms(v)}" for k, v in row["kinds"].items()))
     if row.get("top_ops"):
         facts.append("Ops: " + ", ".join(f"{o['op']} {_ms(o['ms'])}" for o in row["top_ops"]))
+    if row.get("modules"):
+        facts.append("In nn.Module: " + ", ".join(f"{m['module']} {_ms(m['ms'])}" for m in row["modules"]))
     if row.get("callees"):
         facts.append("Calls: " + ", ".join(f"{c['line']} {_ms(c['ms'])}" for c in row["callees"][:8]))
     if row.get("host_kinds"):
