@@ -208,3 +208,26 @@ def test_a_pytorch_trace_puts_its_kernels_on_the_users_lines(trace):
     assert named[0].function == "run_on_input" and named[0].key.endswith("text_base_model.py:28")
     assert named[0].self_ps > view.op_ps / 2 and named[0].modules
     assert not any(t.key.startswith(("torch/", "threading.py")) for t in view.lines.values())
+
+
+def test_the_report_quotes_the_code_from_analyzes_source_root(tmp_path):
+    """`xdiag analyze --source-root DIR`: the report's line view carries each line's code, read from the moved
+    checkout, in the row a reader opens."""
+    import html as html_lib
+
+    checkout = tmp_path / "checkout" / "workloads"
+    shutil.copytree(EXAMPLES, checkout)
+    profile = TESTS / "profiles" / "tpu_v5e" / "widening_convert.xplane.pb"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS.parent / "shared"), str(TESTS.parent)])}
+    subprocess.run([sys.executable, "-m", "xdiag.cli", "analyze", str(profile), "--out", str(tmp_path / "out"),
+                    "--no-xprof-views", "--quiet", "--source-root", str(tmp_path / "checkout")],
+                   capture_output=True, text=True, env=env, check=True)
+    result = json.loads((tmp_path / "out" / "tools" / "get_line_view.json").read_text())
+    top = result["detail"]["lines"][0]
+    number = int(top["line"].rpartition(":")[2])
+    statement = (EXAMPLES / "widening_convert.py").read_text().splitlines()[number - 1].strip()
+    assert top["code"] == statement and top["file"] == str(checkout / "widening_convert.py")
+    page = (tmp_path / "out" / "summary.html").read_text()
+    section = page[page.index('id="lines"'):page.index('id="hlo-op-profile"')]
+    assert f"<code>{html_lib.escape(statement, quote=False)}</code>" in section.replace("&#34;", '"').replace(
+        "&#39;", "'")

@@ -34,6 +34,8 @@ from xdiag.analysis.source_lines import (
 from xdiag.profile.columns import isin_ids
 from xdiag.profile.space import HloInstruction, HloModule, Session
 
+SOURCE_ROOT_ENV = "XDIAG_SOURCE_ROOT"
+"""Where `xdiag analyze --source-root DIR` leaves DIR for the line view the analysis runs (get_line_view's default)."""
 NO_LINE = "(no source line)"
 """Where the op time no stack names goes, so that the self times sum to the op time."""
 CONTEXT_LINES = 2

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from xdiag.analysis.line_view import NO_LINE, line_record, line_view
+import os
+
+from xdiag.analysis.line_view import NO_LINE, SOURCE_ROOT_ENV, line_record, line_view
 from xdiag.analysis.source_lines import source_lines_missing
 from xdiag.errors import NotAvailable
 from xdiag.profile.space import Session
@@ -24,7 +26,8 @@ ORDERS = ("self", "total", "host")
                   "enum": list(ORDERS)},
         "source_root": {"type": "string", "max_length": 1000,
                         "description": "a checkout on this machine holding the profiled files: each recorded path is "
-                                       "read at its longest suffix that exists under it (default: the recorded path)"},
+                                       "read at its longest suffix that exists under it (default: the recorded path, "
+                                       "or `xdiag analyze --source-root`'s)"},
     },
 )
 def get_line_view(session: Session, top_n: int = 20, order: str = "self", source_root: str | None = None,
@@ -44,6 +47,7 @@ def get_line_view(session: Session, top_n: int = 20, order: str = "self", source
     inward and the time under this one through it], modules [{module, ms}: PyTorch's innermost nn.Module calls
     around its kernels' launches], host_ms, host_kinds {sync, dispatch, compile, transfer: ms},
     file (the file read), code (the line), context [[number, text]], code_not_available (why)]."""
+    source_root = source_root or os.environ.get(SOURCE_ROOT_ENV) or None
     view = line_view(session)
     if not view.op_ps and not view.host_traced:
         raise NotAvailable("the profile holds no op executions and no Python tracer frames to rank lines by")
