@@ -63,10 +63,12 @@ class Rates:
     efficiency_time_ps: float = 0.0
     bound_ps: dict[str, float] = field(default_factory=dict)
     precision_ps: dict[str, float] = field(default_factory=dict)
+    upper_bound: bool = False  # some of its ops' costs are upper bounds (a paged kernel's full pages)
 
     def add(self, row: dict, stat: OpStat, peaks: dict | None) -> None:
-        if row.get("achieved_gflops_per_s") is None:
-            return  # no FLOP count, or a transfer timed by its wait
+        if row.get("achieved_gflops_per_s") is None or row.get("not_a_measurement"):
+            return  # no FLOP count, a transfer timed by its wait, or costs the op's time shows wrong (over a peak)
+        self.upper_bound = self.upper_bound or bool(row.get("rates_are_upper_bounds"))
         seconds = stat.costed_ps / 1e12
         runs = stat.costed_count
         self.flops += float(row.get("flops_per_run") or 0.0) * runs
@@ -90,7 +92,8 @@ class Rates:
         """achieved_tflops_per_s, flops_percent_of_roof (of the compute roofs of its ops' precisions), precision (the
         one most of its costed time runs at) and precisions (all of them, where several),
         achieved_gb_per_s, hbm_percent_of_roof, roofline_efficiency_percent (time-weighted over its ops with a
-        measured one), bound, measured_percent (of the line's time its rates speak for); {} where none is costed."""
+        measured one), bound, measured_percent (of the line's time its rates speak for), rates_are_upper_bounds; {}
+        where none is costed. Rows whose rates are no measurement (over a peak) are left out."""
         if not self.seconds:
             return {}
         out: dict = {"achieved_tflops_per_s": round(self.flops / self.seconds / 1e12, 4),
@@ -109,6 +112,8 @@ class Rates:
             out["roofline_efficiency_percent"] = round(self.efficiency_ps / self.efficiency_time_ps, 1)
         if self.bound_ps:
             out["bound"] = max(self.bound_ps, key=self.bound_ps.get)
+        if self.upper_bound:
+            out["rates_are_upper_bounds"] = True
         return out
 
 

@@ -43,7 +43,8 @@ def get_line_view(session: Session, top_n: int = 20, order: str = "self", source
     total_percent (of op time), kinds {op kind: ms}, top_ops, achieved_tflops_per_s, precision (of the compute roof
     its time is mostly under: 16-bit, f32, int8, fp8), precisions (where its ops run at several), flops_percent_of_roof (FLOPs over those its ops' roofs would
     allow in their time), achieved_gb_per_s, hbm_percent_of_roof, roofline_efficiency_percent (time-weighted over
-    its ops), bound, measured_percent (of its time the rates speak for), callees [{line, ms}: the next user frame
+    its ops), bound, measured_percent (of its time the rates speak for; ops whose rates are no measurement are left
+    out), rates_are_upper_bounds (some costs assume full pages: each rate is at most that), callees [{line, ms}: the next user frame
     inward and the time under this one through it], modules [{module, ms}: PyTorch's innermost nn.Module calls
     around its kernels' launches], host_ms, host_kinds {sync, dispatch, compile, transfer: ms},
     file (the file read), code (the line), context [[number, text]], code_not_available (why)]."""
