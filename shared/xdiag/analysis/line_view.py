@@ -16,6 +16,7 @@ readable (the path the profile records, or a checkout named by `source_root`: se
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -482,10 +483,43 @@ def source_file(path: str, source_root: str | Path | None = None) -> Path | None
     return None
 
 
+_DEF = re.compile(r"\s*(?:async\s+)?def\s+(\w+)")
+
+
+def other_version(text: list[str], line: int, function: str) -> str:
+    """Why the file's `line` cannot be the one the profile's frame names, or "": the line is blank, or the function
+    it sits in (the nearest `def` outside it) is not the frame's function (`make.<locals>.one_token` runs in `def
+    one_token`; a lambda, comprehension or module-level frame is not checked)."""
+    own = text[line - 1]
+    if not own.strip():
+        return f"line {line} is blank"
+    name = function.rsplit(".", 1)[-1] if function else ""
+    if not name or name.startswith("<"):
+        return ""
+    found = _DEF.match(own)
+    if found and found[1] == name:
+        return ""  # the tracer names a function by its `def` line
+    indent = len(own) - len(own.lstrip())
+    for above in range(line - 2, -1, -1):
+        if not text[above].strip():
+            continue
+        depth = len(text[above]) - len(text[above].lstrip())
+        if depth >= indent:
+            continue
+        indent = depth
+        found = _DEF.match(text[above])
+        if found:
+            return "" if found[1] == name else f"line {line} is in def {found[1]}, not in {name} as the profile says"
+        if depth == 0:
+            break
+    return f"line {line} is in no def {name}, where the profile says it runs"
+
+
 def quote_source(path: str, line: int, source_root: str | Path | None = None, context: int = CONTEXT_LINES,
-                 cache: dict | None = None) -> dict:
+                 cache: dict | None = None, function: str = "") -> dict:
     """{file: the path read, code: the line's text, context: [[number, text], …] around it} or {code_not_available:
-    why}."""
+    why}: the file is not readable, or is not the version the profile ran (too short, or the line is not in the
+    frame's function: other_version)."""
     if not path or line <= 0:
         return {"code_not_available": "the profile names no file and line"}
     if not path.endswith(".py"):
@@ -505,8 +539,10 @@ def quote_source(path: str, line: int, source_root: str | Path | None = None, co
     if isinstance(text, OSError):
         return {"code_not_available": f"{found} could not be read: {text.strerror or text}"}
     if line > len(text):
-        return {"code_not_available": f"{found} has {len(text)} lines, not {line}: it is not the file the profile "
-                                      "ran (another version)"}
+        return {"code_not_available": f"{found} {STALE}: it has {len(text)} lines, not {line}"}
+    stale = other_version(text, line, function)
+    if stale:
+        return {"code_not_available": f"{found} {STALE}: {stale}"}
     low, high = max(1, line - context), min(len(text), line + context)
     return {"file": str(found), "code": text[line - 1].strip()[:MAX_QUOTED_CHARS],
             "context": [[n, text[n - 1][:MAX_QUOTED_CHARS]] for n in range(low, high + 1)]}
@@ -519,9 +555,25 @@ def _ms(ps: float) -> float:
     return round(ps / 1e9, 4)
 
 
+STALE = "is not the version the profile ran"
+
+
+def stale_files(view: LineView, source_root: str | Path | None = None, cache: dict | None = None) -> dict[str, str]:
+    """Recorded path -> why the file read for it is not the version the profile ran, where any line the view names
+    in it shows so (quote_source): a file one line proves edited since the capture may have moved every line, so
+    none of its lines is quoted."""
+    out: dict[str, str] = {}
+    for entry in view.lines.values():
+        if entry.line and not entry.library and entry.file not in out:
+            quoted = quote_source(entry.file, entry.line, source_root, context=0, cache=cache, function=entry.function)
+            if STALE in quoted.get("code_not_available", ""):
+                out[entry.file] = quoted["code_not_available"]
+    return out
+
+
 def line_record(entry: LineTime, op_ps: int, source_root: str | Path | None = None, quote: bool = True,
-                cache: dict | None = None, top_ops: int = 3) -> dict:
-    """One line or function as the tool and the CLI give it."""
+                cache: dict | None = None, top_ops: int = 3, stale: dict[str, str] | None = None) -> dict:
+    """One line or function as the tool and the CLI give it; `stale`: stale_files' answer."""
     out: dict = {"line": entry.key}
     if entry.function and entry.line:
         out["function"] = entry.function
@@ -546,7 +598,10 @@ def line_record(entry: LineTime, op_ps: int, source_root: str | Path | None = No
         if entry.host_kinds:
             out["host_kinds"] = {k: _ms(v) for k, v in sorted(entry.host_kinds.items(), key=lambda kv: -kv[1])}
     if quote and entry.line and not entry.library:
-        out.update(quote_source(entry.file, entry.line, source_root, cache=cache))
+        if stale and entry.file in stale:
+            out["code_not_available"] = stale[entry.file]
+        else:
+            out.update(quote_source(entry.file, entry.line, source_root, cache=cache, function=entry.function))
     return out
 
 
