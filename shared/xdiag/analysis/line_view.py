@@ -595,8 +595,12 @@ def line_record(entry: LineTime, op_ps: int, source_root: str | Path | None = No
         out["callees"] = [{"line": k, "ms": _ms(v)} for k, v in sorted(entry.callees.items(), key=lambda kv: -kv[1])]
     if entry.host_ps:
         out["host_ms"] = _ms(entry.host_ps)
-        if entry.host_kinds:
-            out["host_kinds"] = {k: _ms(v) for k, v in sorted(entry.host_kinds.items(), key=lambda kv: -kv[1])}
+        kinds = dict(entry.host_kinds)
+        rest = entry.host_ps - sum(kinds.values())
+        if kinds and rest > 0:
+            kinds["python"] = rest  # the frame's own Python and the library calls that are none of HOST_KINDS
+        if kinds:
+            out["host_kinds"] = {k: _ms(v) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])}
     if quote and entry.line and not entry.library:
         if stale and entry.file in stale:
             out["code_not_available"] = stale[entry.file]

@@ -46,7 +46,7 @@ def get_line_view(session: Session, top_n: int = 20, order: str = "self", source
     its ops), bound, measured_percent (of its time the rates speak for; ops whose rates are no measurement are left
     out), rates_are_upper_bounds (some costs assume full pages: each rate is at most that), callees [{line, ms}: the next user frame
     inward and the time under this one through it], modules [{module, ms}: PyTorch's innermost nn.Module calls
-    around its kernels' launches], host_ms, host_kinds {sync, dispatch, compile, transfer: ms},
+    around its kernels' launches], host_ms, host_kinds {sync, dispatch, compile, transfer, python (the rest: its own Python, input preparation): ms},
     file (the file read), code (the line), context [[number, text]], code_not_available (why: not readable, or
     not the version the profile ran: a line of it blank, past its end or outside the frame's function)]."""
     source_root = source_root or os.environ.get(SOURCE_ROOT_ENV) or None
