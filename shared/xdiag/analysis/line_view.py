@@ -645,3 +645,14 @@ def line_times(session: Session) -> dict[str, dict]:
 
 def sum_self_ps(entries: Iterable[LineTime]) -> int:
     return sum(t.self_ps for t in entries)
+
+
+def line_times_of_result(result: dict) -> dict[str, dict]:
+    """line_times from a get_line_view result as an analysis keeps it (tools/get_line_view.json: status, summary,
+    detail), for comparing two analyses without their profiles: its listed lines only (the tool's top_n, busiest
+    first); {} where the tool gave no lines."""
+    if result.get("status") != "ok":
+        return {}
+    return {row["line"]: {"self_ms": row.get("self_ms", 0.0), "total_ms": row.get("total_ms", 0.0),
+                          "host_ms": row.get("host_ms", 0.0), "function": row.get("function", "")}
+            for row in (result.get("detail") or {}).get("lines") or [] if isinstance(row, dict) and "line" in row}
