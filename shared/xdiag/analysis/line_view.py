@@ -17,7 +17,6 @@ readable (the path the profile records, or a checkout named by `source_root`: se
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -642,9 +641,6 @@ def line_times(session: Session) -> dict[str, dict]:
                   "function": t.function}
             for key, t in view.lines.items()}
 
-
-def sum_self_ps(entries: Iterable[LineTime]) -> int:
-    return sum(t.self_ps for t in entries)
 
 
 def line_times_of_result(result: dict) -> dict[str, dict]:
