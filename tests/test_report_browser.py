@@ -20,7 +20,7 @@ from xdiag.profile.locate import locate_session
 
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
 DESKTOP, PHONE = 1400, 390
-SECTIONS = ("summary", "metrics", "findings", "hosts", "step-time", "roofline", "source-lines", "hlo-op-profile",
+SECTIONS = ("summary", "metrics", "findings", "hosts", "step-time", "roofline", "source-lines", "lines", "hlo-op-profile",
             "kernel-stats", "custom-kernels", "compiler-checks", "memory", "xprof", "modules", "devices", "follow-up", "tools")
 FAILED_SECTIONS = ("summary", "metrics", "findings", "details", "follow-up", "tools")
 # What a section says when it has no data: the page must say it, not leave the section empty.
@@ -298,6 +298,45 @@ def test_the_page_shows_the_source_lines_that_hold_the_time(browser, tmp_path):
         assert "Where: workloads/paged_attention_decode.py:" in finding
         kinds = page.inner_text("section#source-lines")
         assert "attention" in kinds and "paged_attention_decode.py:" in kinds
+        assert not seen["errors"] and all(url.startswith("file:") for url in seen["requests"])
+        assert _overflowing(page) == []
+    finally:
+        page.close()
+
+
+def test_the_line_view_sorts_and_opens(browser, tmp_path):
+    """A real TPU v5e GPT training step: the line view lists the busiest line first by self time; a column's header
+    sorts the rows by it (the step's own lines, which hold all the time below them, come first by total, and a
+    second click turns the order); a row opens onto the code around its line, its ops and its rate, and closes
+    again. Nothing fetched, no error, nothing scrolls sideways."""
+    capture = Path(__file__).resolve().parent / "profiles" / "tpu_v5e" / "gpt_train.xplane.pb"
+    report = _analyse([capture], tmp_path / "gpt")
+    page, seen = _open(browser, report, DESKTOP)
+    try:
+        table = page.locator("section#lines table.lines >> nth=0")
+        first = lambda column: table.locator("tbody >> nth=0 >> tr.head >> td").nth(column).get_attribute("data-key")
+        column = lambda n: [float(table.locator("tbody").nth(i).locator("tr.head td").nth(n).get_attribute("data-key"))
+                            for i in range(table.locator("tbody").count())]
+        assert first(0).startswith("workloads/gpt_train.py:")
+        assert column(2) == sorted(column(2), reverse=True)  # self time, busiest first
+        total = table.locator("thead th").nth(4)
+        total.click()
+        assert total.get_attribute("aria-sort") == "descending" and column(4) == sorted(column(4), reverse=True)
+        assert column(4)[0] > column(2)[0]  # a caller holds more than the busiest line's own ops
+        total.click()
+        assert total.get_attribute("aria-sort") == "ascending" and column(4) == sorted(column(4))
+        table.locator("thead th").nth(2).click()  # back to self time, busiest first
+        row = table.locator("tbody >> nth=0")
+        detail = row.locator("tr.detail")
+        assert detail.is_hidden()
+        row.locator("tr.head").click()
+        assert detail.is_visible() and row.locator("tr.head").get_attribute("aria-expanded") == "true"
+        text = detail.inner_text()
+        assert "Rate:" in text and "TFLOP/s" in text and "Ops: fusion" in text and "roof" in text
+        row.locator("tr.head").click()
+        assert detail.is_hidden()
+        functions = page.locator("section#lines table.lines >> nth=1")
+        assert functions.locator("thead th").nth(3).get_attribute("aria-sort") == "descending"
         assert not seen["errors"] and all(url.startswith("file:") for url in seen["requests"])
         assert _overflowing(page) == []
     finally:

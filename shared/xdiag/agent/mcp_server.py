@@ -167,7 +167,7 @@ class XdiagTools:
 
     def paths(self, name: str, arguments: dict[str, Any]) -> list[Path]:
         """The files and folders a checked call reads or writes (what the client's roots must hold)."""
-        named = [arguments[key] for key in ("path", "analysis") if key in arguments]
+        named = [arguments[key] for key in ("path", "analysis", "source_root") if key in arguments]
         if name == "analyze":
             named.append(arguments.get("out") or "xdiag-out")  # the default analysis folders are under ./xdiag-out
         elif name == "list_sessions" and "path" not in arguments:

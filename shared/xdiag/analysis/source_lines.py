@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from xdiag.profile.space import HloInstruction, HloModule, Session
+from xdiag.profile.trace_json import KINETO, XPROF_CHROME, trace_format
 
 FRAMEWORK_PACKAGES = frozenset({
     "jax", "jaxlib", "flax", "optax", "orbax", "chex", "haiku", "equinox", "keras", "tensorflow", "tf_keras",
@@ -298,6 +299,18 @@ def has_python_frames(session: Session) -> bool:
     """Whether any host plane holds Python-frame events (PyTorch's `python_function`s, JAX's Python tracer's)."""
     return any(PYTHON_FRAME.match(name) or TRACER_FRAME.match(name)
                for plane in session.host_planes() for name in plane.event_names.values())
+
+
+def source_lines_missing(session: Session) -> str | None:
+    """Why the session's ops name no source line, and how to record them (NO_SOURCE_HINT, NO_TORCH_STACKS_HINT,
+    NO_HLO_IN_TRACE_NOTE, NO_HLO_NOTE); None where they may."""
+    if session.hlo_modules and not has_source_metadata(session.hlo_modules):
+        return NO_SOURCE_HINT
+    if trace_format(session) == KINETO:
+        return None if has_python_frames(session) else NO_TORCH_STACKS_HINT
+    if not session.hlo_modules:
+        return NO_HLO_IN_TRACE_NOTE if trace_format(session) == XPROF_CHROME else NO_HLO_NOTE
+    return None
 
 
 def has_source_metadata(modules: list[HloModule]) -> bool:

@@ -1,4 +1,4 @@
-"""The commands that work on this machine's files: analyze, tools, tool, mcp, skill, demo, diff, report.
+"""The commands that work on this machine's files: analyze, tools, tool, lines, mcp, skill, demo, diff, report.
 
 Each imports what it runs inside its body, so that `xdiag analyze` loads no cloud, control-plane or viewer module."""
 
@@ -29,6 +29,7 @@ def analyze(
     max_profile_gib: Annotated[float, typer.Option(help=MAX_PROFILE_HELP)] = 2.0,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress lines; print only the report path.")] = False,
     no_xprof_views: Annotated[bool, typer.Option("--no-xprof-views", help="Skip XProf's own converters on TPU/GPU profiles (they take seconds per view on large profiles); the tools that need them say so.")] = False,
+    source_root: Annotated[Optional[Path], typer.Option("--source-root", help="A checkout holding the profiled program's files, for the report's code (as `xdiag lines --source-root`): each path the profile records is read at its longest suffix that exists under DIR.")] = None,
     xprof_wait: Annotated[float, typer.Option("--xprof-wait", min=0, help="Seconds the analysis may wait for XProf's views of a TPU/GPU session of 16 MiB or more, converted beside it in a process of their own and kept per file version (the next analysis of the files has them); 0: the report never waits for them.")] = 0.0,
     project: Annotated[Optional[str], typer.Option(help="Google Cloud project for Gemini on Vertex AI (env VERTEX_PROJECT).")] = None,
     location: Annotated[Optional[str], typer.Option(help="Vertex AI location (env VERTEX_LOCATION; default us-central1).")] = None,
@@ -47,6 +48,12 @@ def analyze(
         from xdiag.analysis.xprof import XPROF_VIEWS_ENV
 
         os.environ[XPROF_VIEWS_ENV] = "0"
+    if source_root is not None:
+        if not source_root.is_dir():
+            fail(f"--source-root {source_root}: not a folder")
+        from xdiag.analysis.line_view import SOURCE_ROOT_ENV
+
+        os.environ[SOURCE_ROOT_ENV] = str(source_root.absolute())
     investigators = {}
     if investigator == "gemini":
         from xdiag.investigators.gemini import gemini_factory
@@ -168,6 +175,57 @@ def one_tool(
         fail(str(exc))
     sys.stdout.write(text)
     if status == "failed":
+        raise typer.Exit(1)
+
+
+@app.command()
+def lines(
+    path: Annotated[Path, typer.Argument(help=PATH_HELP)],
+    source_root: Annotated[Optional[Path], typer.Option("--source-root", help="A checkout holding the profiled program's files: each path the profile records (/home/user/jobs/train.py at capture) is read at its longest suffix that exists under DIR (DIR/jobs/train.py, else DIR/train.py), as XProf's --src_prefix maps its links. Default: the recorded path.")] = None,
+    top: Annotated[int, typer.Option("--top", min=1, max=200, help="How many lines and functions to list.")] = 20,
+    order: Annotated[str, typer.Option("--order", help="Rank lines by self (default), total (callees included) or host time.")] = "self",
+    as_json: Annotated[bool, typer.Option("--json", help="get_line_view's JSON result instead of text.")] = False,
+    session: Annotated[Optional[str], typer.Option(help="Session name inside a log dir.")] = None,
+    no_cache: Annotated[bool, typer.Option("--no-cache", help="Decode the profile afresh, keeping nothing.")] = False,
+    max_profile_gib: Annotated[float, typer.Option(help=MAX_PROFILE_HELP)] = 2.0,
+) -> None:
+    """Your program's lines by device time: each line's self time (ops whose innermost frame of your code is that
+    line) and total (ops anywhere below it in the stack), the functions by total (callees included), the op kinds
+    on each line, its FLOP rate and bandwidth against the roof of its precision, the host time the Python tracer
+    recorded in it, and the code itself (pprof's `top`, `top -cum` and `list` for device time)."""
+    from xdiag.agent.result_cache import ResultCache
+    from xdiag.cli.lines import render_lines
+    from xdiag.profile.locate import locate_session
+    from xdiag.tools import run_tool
+
+    if source_root is not None and not source_root.is_dir():
+        fail(f"--source-root {source_root}: not a folder")
+    try:
+        located = locate_session(path, session)
+    except XdiagError as exc:
+        fail(str(exc))
+    args: dict = {"top_n": top, "order": order}
+    if source_root is not None:
+        args["source_root"] = str(source_root.absolute())
+    max_bytes = int(max_profile_gib * 2**30)
+    try:
+        if no_cache:
+            from xdiag.profile.session import read_session
+
+            read = read_session(located.files, name=located.name, max_bytes=max_bytes)
+        else:  # the decoded profile is kept per file version; the answer is not (the code it quotes may change)
+            read = ResultCache.from_env().session(located.files, located.name, max_bytes)
+    except XdiagError as exc:
+        fail(str(exc))
+    try:
+        result = run_tool(read, "get_line_view", args)
+    finally:
+        read.close()
+    if as_json:
+        sys.stdout.write(result.model_dump_json(indent=2) + "\n")
+    else:
+        sys.stdout.write(render_lines(result.model_dump(mode="json"), str(path)))
+    if result.status.value == "failed":
         raise typer.Exit(1)
 
 

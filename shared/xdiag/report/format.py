@@ -534,7 +534,7 @@ def key_values(data: Mapping[str, Any] | None, skip: Sequence[str] = (), max_cha
 
 @dataclass
 class Block:
-    """One piece of a report section, rendered by kind: kv, table, chart, text."""
+    """One piece of a report section, rendered by kind: kv, table, chart, bars, lines, text."""
 
     kind: str
     title: str = ""
@@ -546,6 +546,7 @@ class Block:
     muted: bool = False
     bars: list[tuple[str, Any]] = field(default_factory=list)  # (label, Markup svg): one small bar per row
     folded: str = ""  # where set, the block sits folded under this line (<details>): detail a reader opens
+    lines: Any = None  # kind "lines": a sections.lines.LineTable, sorted and opened by the page's script
 
     def __post_init__(self) -> None:
         self.text = humanize_numbers(plain_text(self.text))  # tools' reasons quote raw numbers ("623.196 ms")

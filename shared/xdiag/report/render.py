@@ -37,6 +37,7 @@ from xdiag.report.format import (
 from xdiag.report.sections.hosts import hosts_section
 from xdiag.report.sections.inventory import device_section, modules_section, tool_table
 from xdiag.report.sections.kernels import custom_kernel_section, kernel_section
+from xdiag.report.sections.lines import lines_section
 from xdiag.report.sections.memory import memory_section
 from xdiag.report.sections.ops import compiler_section, op_profile_section
 from xdiag.report.sections.parts import Section
@@ -55,7 +56,7 @@ PRIORITY_ORDER = {"P0": 0, "P1": 1, "P2": 2}
 TOOL_ORDER = (
     "get_xprof_overview", "get_step_trace", "get_kpi_metrics", "get_device_information", "get_hosts",
     "get_utilization_viewer", "get_smart_suggestions", "get_roofline_model", "get_hlo_op_profile",
-    "detect_layout_mismatch_copies", "detect_unfused_reshapes", "detect_unnecessary_convert_reduce",
+    "get_line_view", "detect_layout_mismatch_copies", "detect_unfused_reshapes", "detect_unnecessary_convert_reduce",
     "list_hlo_modules", "get_memory_profile", "get_peak_allocations", "get_kernel_stats", "get_custom_kernels",
     "get_hlo_neighborhood", "aggregate_xplane_events", "llo_load", "llo_query",
 )
@@ -273,6 +274,7 @@ def _detail_sections(results: Mapping[str, ToolResult], peaks: Peaks) -> list[Se
     limits = peaks.limits
     return [
         source_lines_section(results, limits),  # first after the findings: where in the user's code the time goes
+        lines_section(results, limits),  # and line by line, with the code
         hosts_section(results, limits),
         step_time_section(results, limits),
         roofline_section(results, peaks),

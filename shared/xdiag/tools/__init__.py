@@ -12,6 +12,7 @@ from xdiag.tools import (  # noqa: F401  (imported for registration)
     get_hosts,
     get_kernel_stats,
     get_kpi_metrics,
+    get_line_view,
     get_memory_profile,
     get_peak_allocations,
     get_roofline_model,

@@ -5,15 +5,12 @@ from __future__ import annotations
 from xdiag.analysis.device_peaks import session_peaks
 from xdiag.analysis.op_stats import category_totals, op_stats
 from xdiag.analysis.recompute import rematerialised_time
-from xdiag.analysis.source_lines import (
-    NO_HLO_IN_TRACE_NOTE, NO_HLO_NOTE, NO_SOURCE_HINT, NO_TORCH_STACKS_HINT, has_python_frames, has_source_metadata, time_by_kind, time_by_line,
-)
+from xdiag.analysis.source_lines import source_lines_missing, time_by_kind, time_by_line
 from xdiag.analysis.roofline import loop_work, mark_fed_by_async_copies, program_hbm_traffic, roofline_summary
 from xdiag.analysis.transfers import transfer_spans
 from xdiag.analysis.xprof.session_views import try_view
 from xdiag.errors import NotAvailable
 from xdiag.profile.space import Session
-from xdiag.profile.trace_json import KINETO, XPROF_CHROME, trace_format
 from xdiag.tools.common import DEVICE_PLANE_SOURCE, host_plane_source, percent
 from xdiag.tools.registry import ToolOutput, tool
 
@@ -79,14 +76,9 @@ def get_hlo_op_profile(session: Session, top_n: int = 20) -> ToolOutput:
     }
     if top.source is not None:
         summary["top_op_source"] = top.source.record()
-    if session.hlo_modules and not has_source_metadata(session.hlo_modules):
-        summary["source_lines_not_available"] = NO_SOURCE_HINT
-    elif trace_format(session) == KINETO:
-        if not has_python_frames(session):
-            summary["source_lines_not_available"] = NO_TORCH_STACKS_HINT
-    elif not session.hlo_modules:
-        in_trace = trace_format(session) == XPROF_CHROME
-        summary["source_lines_not_available"] = NO_HLO_IN_TRACE_NOTE if in_trace else NO_HLO_NOTE
+    missing = source_lines_missing(session)
+    if missing:
+        summary["source_lines_not_available"] = missing
     peaks = session_peaks(session)
     if peaks:
         summary.update({k: peaks[k] for k in ("device_model", "peak_tflops", "peak_hbm_gb_per_s", "ridge_flop_per_byte",

@@ -50,6 +50,7 @@ BROAD_TOOLS = (
     "get_smart_suggestions",
     "get_roofline_model",
     "get_hlo_op_profile",
+    "get_line_view",
     "detect_layout_mismatch_copies",
     "detect_unfused_reshapes",
     "detect_unnecessary_convert_reduce",
@@ -59,9 +60,9 @@ BROAD_TOOLS = (
     "get_kernel_stats",
     "get_custom_kernels",
 )
-"""The broad collection every session gets, in the order the report lists them: the managed service's 15, then
-kernel statistics (GPU) and custom kernels, which the report needs on every profile (each says why where the
-platform has none)."""
+"""The broad collection every session gets, in the order the report lists them: the managed service's 15, the line
+view, then kernel statistics (GPU) and custom kernels, which the report needs on every profile (each says why where
+the platform has none)."""
 
 FOLLOW_UP_TOOLS = (
     "get_hosts",

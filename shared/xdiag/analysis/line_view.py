@@ -1,0 +1,657 @@
+"""The user's program by device time, line by line and function by function: pprof's `list` and `top -cum` for the
+time the device spends on each line's ops.
+
+Each op's time (xdiag.analysis.op_stats) goes to its lines through the op's Python stack (the HLO module's stack
+frame index: xdiag.analysis.source_lines): its *self* line is its innermost user frame (the line its source names,
+as every finding's lines do; an op no user frame names is summed under its library frame, or under NO_LINE where the
+profile names none), and every user line on its stack (each counted once) holds it in its *total*. A line's callees
+are the next user frames inward on those stacks: a line's total is its self time plus its callees' time under it.
+Functions the same way, by the function each frame runs in. Self times sum to the op time, exactly.
+
+Beside each line: its ops' kinds, their achieved FLOP rate and HBM bandwidth against the roof of each op's precision
+(the op rows' own costs and roofline: xdiag.analysis.roofline), the host time the Python tracer recorded in it
+(JAX's `$file.py:LINE function` frames, PyTorch's `file.py(LINE): function`), and the code itself where its file is
+readable (the path the profile records, or a checkout named by `source_root`: see quote_source).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from xdiag.analysis.device_peaks import session_peaks
+from xdiag.analysis.host_vocabulary import (
+    COMPILE_EVENT, DISPATCH_EVENT, HOST_TRANSFER_EVENT, SYNC_EVENT,
+)
+from xdiag.analysis.op_stats import OpStat, op_stats
+from xdiag.analysis.roofline import compute_peak, eight_bit_operands
+from xdiag.analysis.source_lines import (
+    MODULE_EVENT, Frame, frame_kinds, is_library, op_kind, python_frame, short_path, user_files,
+)
+from xdiag.profile.columns import isin_ids
+from xdiag.profile.space import HloInstruction, HloModule, Session
+
+SOURCE_ROOT_ENV = "XDIAG_SOURCE_ROOT"
+"""Where `xdiag analyze --source-root DIR` leaves DIR for the line view the analysis runs (get_line_view's default)."""
+NO_LINE = "(no source line)"
+"""Where the op time no stack names goes, so that the self times sum to the op time."""
+CONTEXT_LINES = 2
+"""Lines of code quoted either side of a line."""
+MAX_QUOTED_CHARS = 240
+HOST_KINDS = (("sync", SYNC_EVENT), ("dispatch", DISPATCH_EVENT), ("compile", COMPILE_EVENT),
+              ("transfer", HOST_TRANSFER_EVENT))
+"""What the host time of a user's frame is spent on, by the events it encloses (xdiag.analysis.host_vocabulary):
+waiting for the device, launching work, compiling, copying; the rest of it is the frame's own Python (input
+preparation, the loop)."""
+
+
+@dataclass
+class Rates:
+    """The costed work of some ops, summed: FLOPs and HBM bytes over their own time, and the time each op's roof
+    of its precision would allow for them."""
+
+    flops: float = 0.0
+    seconds: float = 0.0  # of the rows with a FLOP rate
+    hbm_bytes: float = 0.0
+    hbm_seconds: float = 0.0  # of the rows with an HBM rate
+    roof_flops: float = 0.0  # sum over rows of seconds x the compute peak of its operands' precision
+    roof_bytes: float = 0.0  # sum over rows of seconds x the HBM peak
+    efficiency_ps: float = 0.0  # sum of roofline_efficiency_percent x time, rows with a measured efficiency
+    efficiency_time_ps: float = 0.0
+    bound_ps: dict[str, float] = field(default_factory=dict)
+    precision_ps: dict[str, float] = field(default_factory=dict)
+    upper_bound: bool = False  # some of its ops' costs are upper bounds (a paged kernel's full pages)
+
+    def add(self, row: dict, stat: OpStat, peaks: dict | None) -> None:
+        if row.get("achieved_gflops_per_s") is None or row.get("not_a_measurement"):
+            return  # no FLOP count, a transfer timed by its wait, or costs the op's time shows wrong (over a peak)
+        self.upper_bound = self.upper_bound or bool(row.get("rates_are_upper_bounds"))
+        seconds = stat.costed_ps / 1e12
+        runs = stat.costed_count
+        self.flops += float(row.get("flops_per_run") or 0.0) * runs
+        self.seconds += seconds
+        precision = _precision(row)
+        self.precision_ps[precision] = self.precision_ps.get(precision, 0.0) + stat.costed_ps
+        if peaks and peaks.get("peak_flops_per_s"):
+            self.roof_flops += seconds * compute_peak(row.get("operand_shapes") or [], peaks)
+        if row.get("achieved_gb_per_s") is not None:
+            self.hbm_bytes += stat.hbm_bytes * runs
+            self.hbm_seconds += seconds
+            if peaks and peaks.get("peak_hbm_bytes_per_s"):
+                self.roof_bytes += seconds * peaks["peak_hbm_bytes_per_s"]
+        if row.get("roofline_efficiency_percent") is not None and not row.get("not_a_measurement"):
+            self.efficiency_ps += row["roofline_efficiency_percent"] * stat.costed_ps
+            self.efficiency_time_ps += stat.costed_ps
+        if row.get("bound"):
+            self.bound_ps[row["bound"]] = self.bound_ps.get(row["bound"], 0.0) + stat.costed_ps
+
+    def record(self, line_ps: int) -> dict:
+        """achieved_tflops_per_s, flops_percent_of_roof (of the compute roofs of its ops' precisions), precision (the
+        one most of its costed time runs at) and precisions (all of them, where several),
+        achieved_gb_per_s, hbm_percent_of_roof, roofline_efficiency_percent (time-weighted over its ops with a
+        measured one), bound, measured_percent (of the line's time its rates speak for), rates_are_upper_bounds,
+        data_on_chip (its costed ops move no HBM bytes); {}
+        where none is costed. Rows whose rates are no measurement (over a peak) are left out."""
+        if not self.seconds:
+            return {}
+        out: dict = {"achieved_tflops_per_s": round(self.flops / self.seconds / 1e12, 4),
+                     "precision": max(self.precision_ps, key=self.precision_ps.get),
+                     "measured_percent": round(100 * self.seconds * 1e12 / line_ps, 2) if line_ps else 0.0}
+        mixed = [p for p, ps in sorted(self.precision_ps.items(), key=lambda kv: -kv[1]) if ps]
+        if len(mixed) > 1:
+            out["precisions"] = mixed  # the roof is each op's own: FLOPs over what their roofs allow in their time
+        if self.roof_flops:
+            out["flops_percent_of_roof"] = round(100 * self.flops / self.roof_flops, 1)
+        if self.hbm_seconds and not self.hbm_bytes:
+            out["data_on_chip"] = True  # its ops' arrays stay in on-chip memory (TPU VMEM): no HBM rate to give
+        elif self.hbm_seconds:
+            out["achieved_gb_per_s"] = round(self.hbm_bytes / self.hbm_seconds / 1e9, 2)
+            if self.roof_bytes:
+                out["hbm_percent_of_roof"] = round(100 * self.hbm_bytes / self.roof_bytes, 1)
+        if self.efficiency_time_ps:
+            out["roofline_efficiency_percent"] = round(self.efficiency_ps / self.efficiency_time_ps, 1)
+        if self.bound_ps:
+            out["bound"] = max(self.bound_ps, key=self.bound_ps.get)
+        if self.upper_bound:
+            out["rates_are_upper_bounds"] = True
+        return out
+
+
+def _precision(row: dict) -> str:
+    """The precision whose compute roof bounds an op (as roofline.compute_peak chooses it)."""
+    narrow = eight_bit_operands(row)
+    if narrow:
+        return narrow
+    if any(str(s).startswith(("f32", "f64")) for s in row.get("operand_shapes") or []):
+        return "f32"
+    return "16-bit"
+
+
+@dataclass
+class LineTime:
+    """One line (or function) of the user's program: its device time, self and total, and what runs on it."""
+
+    key: str  # `folder/file.py:LINE` (Frame.short), a function's `folder/file.py: function`, or NO_LINE
+    file: str = ""  # the path the profile records
+    line: int = 0
+    function: str = ""
+    library: bool = False  # no user frame: the library's frame that made the op
+    self_ps: int = 0
+    total_ps: int = 0
+    callees: dict[str, int] = field(default_factory=dict)  # next user frame inward -> the time under this one
+    kinds: dict[str, int] = field(default_factory=dict)  # op kind -> self time
+    ops: dict[str, int] = field(default_factory=dict)  # op name -> self time
+    rates: Rates = field(default_factory=Rates)
+    host_ps: int = 0  # the Python tracer's time in this frame with no deeper user frame
+    host_kinds: dict[str, int] = field(default_factory=dict)  # sync / dispatch / compile / transfer -> host time
+    modules: dict[str, int] = field(default_factory=dict)  # PyTorch nn.Module -> self time
+
+
+@dataclass
+class LineView:
+    """Every line and function the ops' stacks name, with the op time (ps) they share out."""
+
+    op_ps: int
+    lines: dict[str, LineTime]
+    functions: dict[str, LineTime]
+    stacks_recorded: bool  # some op's stack names a user frame
+    host_traced: bool  # the Python tracer's frames are in the profile
+
+    def ranked(self, by: str = "self", functions: bool = False) -> list[LineTime]:
+        """Busiest first by self or total device time (then host time): pprof's `top` and `top -cum`."""
+        rows = (self.functions if functions else self.lines).values()
+        key = {"self": lambda t: (t.self_ps, t.total_ps, t.host_ps), "total": lambda t: (t.total_ps, t.self_ps,
+                                                                                           t.host_ps),
+               "host": lambda t: (t.host_ps, t.total_ps)}[by]
+        return sorted(rows, key=lambda t: tuple(-v for v in key(t)) + (t.key,))
+
+
+def _user_frames(module: HloModule, instruction: HloInstruction) -> list[Frame]:
+    return [Frame(f, line, fn) for f, line, fn in module.stack(instruction) if not is_library(f)]
+
+
+def op_user_stack(module: HloModule | None, stat: OpStat) -> list[Frame]:
+    """The user frames of the stack an op's line comes from, innermost first: its own stack, or where its line is
+    another instruction's (a fusion's fused op, the array a move XLA inserted moves), that instruction's."""
+    source = stat.source
+    if source is None or source.user is None:
+        return []
+    found = module.find(stat.name) if module is not None else None
+    if found is None:
+        return [source.user]
+    computation, instruction = found
+    own = _user_frames(module, instruction)
+    if own and own[0] == source.user:
+        return own
+    candidates: list[HloInstruction] = []
+    for name in instruction.called:
+        called = module.computations.get(name)
+        candidates += list(called.instructions) if called else []
+    current = instruction
+    for _ in range(4):  # source_lines.OPERAND_HOPS: the moved array's line
+        operand = computation.by_name.get(current.operands[0]) if current.operands else None
+        if operand is None:
+            break
+        candidates.append(operand)
+        current = operand
+    for candidate in candidates:
+        frames = _user_frames(module, candidate)
+        if frames and frames[0] == source.user:
+            return frames
+    return [source.user]
+
+
+def _function_key(frame: Frame) -> str:
+    return f"{short_path(frame.file)}: {frame.function or '?'}"
+
+
+def _entry(table: dict[str, LineTime], key: str, frame: Frame | None, library: bool = False,
+           function: bool = False) -> LineTime:
+    entry = table.get(key)
+    if entry is None:
+        entry = table[key] = LineTime(key=key, file=frame.file if frame else "", line=0 if function or not frame
+                                      else frame.line, function=frame.function if frame else "", library=library)
+    return entry
+
+
+def _charge(table: dict[str, LineTime], keys: list[tuple[str, Frame]], ps: int, function: bool = False) -> None:
+    """Adds an op's time to the totals of the frames on its stack (outermost first), each once, and to the callee
+    edge from each frame to the next distinct one inward after its last appearance."""
+    seen: set[str] = set()
+    for i, (key, frame) in enumerate(keys):
+        if key in seen:
+            continue
+        seen.add(key)
+        entry = _entry(table, key, frame, function=function)
+        entry.total_ps += ps
+        last = max(j for j, (k, _) in enumerate(keys) if k == key)  # its innermost appearance
+        inner = next((k for k, _ in keys[last + 1:] if k != key), None)
+        if inner is not None:
+            entry.callees[inner] = entry.callees.get(inner, 0) + ps
+
+
+def _add_op(lines: dict[str, LineTime], functions: dict[str, LineTime], stack: list[Frame], source,
+            stat: OpStat, ps: int, kind: str, row: dict | None, peaks: dict | None, nn_module: str = "") -> None:
+    """`ps` of an op's time on the lines and functions of its user stack (innermost first): the innermost's self
+    time, every frame's total; with no user frame, on its library's frame or NO_LINE. `row`: the op's row, whose
+    rates count where all its time is here."""
+    if stack:
+        outermost = list(reversed(stack))
+        _charge(lines, [(f.short, f) for f in outermost], ps)
+        _charge(functions, [(_function_key(f), f) for f in outermost], ps, function=True)
+        own = _entry(lines, stack[0].short, stack[0])
+        own_function = _entry(functions, _function_key(stack[0]), stack[0], function=True)
+    else:
+        frame = source.library if source is not None else None
+        key = source.key if source is not None and source.key else NO_LINE
+        own = _entry(lines, key, frame, library=frame is not None)
+        own.total_ps += ps
+        own_function = _entry(functions, _function_key(frame) if frame else NO_LINE, frame,
+                              library=frame is not None, function=True)
+        own_function.total_ps += ps
+    for entry in (own, own_function):
+        entry.self_ps += ps
+        entry.kinds[kind] = entry.kinds.get(kind, 0) + ps
+        entry.ops[stat.name] = entry.ops.get(stat.name, 0) + ps
+        if row is not None:
+            entry.rates.add(row, stat, peaks)
+        if nn_module:
+            entry.modules[nn_module] = entry.modules.get(nn_module, 0) + ps
+
+
+def line_view(session: Session) -> LineView:
+    """The session's op time by line and by function, with rates and host time. Cached per session."""
+    if "line_view" in session.cache:
+        return session.cache["line_view"]
+    stats = op_stats(session)
+    peaks = session_peaks(session)
+    op_ps = sum(s.total_ps for s in stats)
+    lines: dict[str, LineTime] = {}
+    functions: dict[str, LineTime] = {}
+    recorded = False
+    modules = {}
+    torch_stacks = torch_kernel_stacks(session) if not session.hlo_modules else {}
+    for stat in stats:
+        if not stat.total_ps:
+            continue
+        module = modules.get(stat.module)
+        if stat.module not in modules:
+            module = modules[stat.module] = _module_of(session, stat.module)
+        row = stat.row(op_ps, peaks)
+        kind = op_kind(stat.name, stat.category, stat.source)
+        launched = torch_stacks.get(stat.name) if not stat.module else None
+        if launched:  # a PyTorch kernel: its time by the user's frames around each launch
+            parts = _shares(stat.total_ps, launched)
+            whole = len(parts) == 1 and parts[0][1] == stat.total_ps
+            for (names, nn_module), ps in parts:
+                stack = [f for f in (python_frame(n) for n in reversed(names)) if f is not None]
+                if ps and stack:
+                    recorded = True
+                    _add_op(lines, functions, stack, None, stat, ps, kind, row if whole else None, peaks,
+                            nn_module.removeprefix(MODULE_EVENT))
+            left = stat.total_ps - sum(ps for _, ps in parts)
+            if left:
+                _add_op(lines, functions, [], None, stat, left, kind, None, peaks)
+            continue
+        stack = op_user_stack(module, stat)
+        recorded = recorded or bool(stack)
+        _add_op(lines, functions, stack, stat.source, stat, stat.total_ps, kind, row, peaks)
+    traced = _add_host_time(session, lines, functions)
+    view = LineView(op_ps=op_ps, lines=lines, functions=functions, stacks_recorded=recorded, host_traced=traced)
+    session.cache["line_view"] = view
+    return view
+
+
+def _module_of(session: Session, label: str) -> HloModule | None:
+    """The module of an op row (`jit_step`, or `jit_step(36)` where several programs share the name)."""
+    if not label:
+        return None
+    name, _, pid = label.rpartition("(")
+    if name and pid.endswith(")") and pid[:-1].isdigit():
+        found = session.module_for(name, int(pid[:-1]))
+        if found is not None:
+            return found
+    return session.module_for(label, None)
+
+
+# ---------------------------------------------------------------------------------------------- host time
+
+
+def _python_lines(session: Session):
+    """(plane, line) of the host lines that may hold Python frames: JAX's Python tracer's, PyTorch's threads."""
+    covered = session.hosts_with_events()
+    for plane in session.host_by_host([p for host in covered for p in host.planes]):
+        for line in plane.lines:
+            if len(line) and (line.name.startswith("thread ") or "python" in line.name.lower()):
+                yield plane, line
+
+
+def python_frame_times(session: Session) -> dict:
+    """The Python tracer's time in each user frame with no deeper user frame, and what the events inside it are
+    (HOST_KINDS): {"traced": whether any user frame was recorded, "frames": {frame event name: [own ps, {kind:
+    ps}]}}, summed over the session's Python lines. Cached (a host summary carries it: xdiag.tools.host_summary)."""
+    if "python_frame_times" in session.cache:
+        return session.cache["python_frame_times"]
+    kind_of = frame_kinds(user_files(session.hlo_modules))
+    traced, frames = False, {}
+    for plane, line in _python_lines(session):
+        names = plane.event_names
+        user_ids = [k for k, n in names.items() if kind_of(n) == "user"]
+        if not user_ids:
+            continue
+        starts, ends = line.start_ps, line.end_ps
+        ids = line.metadata_id.astype(np.int64)
+        is_user = isin_ids(ids, np.array(user_ids, dtype=np.int64))
+        if not is_user.any():
+            continue
+        traced = True
+        # The innermost user frame around each moment: a stack of open user frames; each event that is no user
+        # frame is charged (by kind) to the innermost open one; each user frame's own time is its span less the
+        # spans of the user frames directly inside it.
+        stack: list[list] = []  # [end, name, inner user time, span]
+        kind_cache: dict[int, str] = {}
+        covered_until: list[int] = []  # per open frame: the end of the last outermost event charged inside it
+
+        def close(frame: list) -> None:
+            entry = frames.setdefault(frame[1], [0, {}])
+            entry[0] += frame[3] - frame[2]
+
+        for i in np.lexsort((-ends, starts)).tolist():
+            start, end = int(starts[i]), int(ends[i])
+            while stack and stack[-1][0] <= start:
+                close(stack.pop())
+                covered_until.pop()
+            name_id = int(ids[i])
+            if is_user[i]:
+                if stack:
+                    stack[-1][2] += end - start
+                stack.append([end, names.get(name_id, ""), 0, end - start])
+                covered_until.append(-1)
+                continue
+            if not stack:
+                continue
+            kind = kind_cache.get(name_id)
+            if kind is None:
+                text = names.get(name_id, "")
+                kind = kind_cache[name_id] = next((k for k, pattern in HOST_KINDS if pattern.search(text)), "")
+            if not kind or end <= covered_until[-1]:
+                continue  # nested in an event already charged (np.asarray's __array__)
+            covered_until[-1] = end
+            charged = frames.setdefault(stack[-1][1], [0, {}])[1]
+            charged[kind] = charged.get(kind, 0) + end - start
+        for frame in stack:
+            close(frame)
+    out = {"traced": traced, "frames": frames}
+    session.cache["python_frame_times"] = out
+    return out
+
+
+def combined_python_frame_times(parts: list[dict]) -> dict:
+    """python_frame_times of several hosts as the whole session's: each frame's times summed."""
+    frames: dict = {}
+    for part in parts:
+        for name, (ps, kinds) in part["frames"].items():
+            entry = frames.setdefault(name, [0, {}])
+            entry[0] += ps
+            for kind, kind_ps in kinds.items():
+                entry[1][kind] = entry[1].get(kind, 0) + kind_ps
+    return {"traced": any(part["traced"] for part in parts), "frames": frames}
+
+
+def _add_host_time(session: Session, lines: dict[str, LineTime], functions: dict[str, LineTime]) -> bool:
+    """python_frame_times on the line and function each frame names. JAX's tracer names a file by its name alone:
+    it is put on the path the HLO's stacks give that name, where one does. True where any user frame was
+    recorded."""
+    full_paths: dict[str, set[str]] = {}
+    for m in session.hlo_modules:
+        for file, *_ in m.stack_frames:
+            if file and not is_library(file):
+                full_paths.setdefault(file.rsplit("/", 1)[-1], set()).add(file)
+    times = python_frame_times(session)
+    for name, (ps, kinds) in sorted(times["frames"].items()):
+        frame = python_frame(name)
+        if frame is None or ps <= 0:
+            continue
+        paths = full_paths.get(frame.file, set())
+        if "/" not in frame.file and len(paths) == 1:
+            frame = Frame(next(iter(paths)), frame.line, frame.function)
+        for table, key in ((lines, frame.short), (functions, _function_key(frame))):
+            entry = _entry(table, key, frame, function=table is functions)
+            entry.host_ps += ps
+            for kind, kind_ps in kinds.items():
+                entry.host_kinds[kind] = entry.host_kinds.get(kind, 0) + kind_ps
+    return times["traced"]
+
+
+def torch_kernel_stacks(session: Session) -> dict[str, dict[tuple[tuple[str, ...], str], int]]:
+    """PyTorch's kernels by the user's Python frames around the runtime call that launched each: Kineto's
+    `python_function` events (with_stack=True) on the launching thread enclose the launch, which names the kernel by
+    its correlation id. Kernel name -> {(the user's frame events outermost first, the innermost nn.Module call
+    around the launch or ""): its kernels' time in ps}. {} where the trace holds no user frame."""
+    kind_of = frame_kinds(frozenset())
+    around: dict[tuple[str, int], tuple[tuple[str, ...], str]] = {}  # (host, correlation) -> frames, module
+    for plane in session.host_planes():
+        names = plane.event_names
+        kinds = {k: kind_of(n) for k, n in names.items()}
+        if not any(kinds.values()):
+            continue
+        for line in plane.lines:
+            found = line.numeric.sparse("correlation_id")
+            if found is None or not len(line):
+                continue
+            launches = dict(zip(found[0].tolist(), found[1].tolist()))
+            starts, ends, ids = line.start_ps, line.end_ps, line.metadata_id.tolist()
+            stack: list[tuple[int, str, str]] = []  # open frames and module calls: (end, kind, name)
+            for i in np.lexsort((-ends, starts)).tolist():
+                start = int(starts[i])
+                while stack and stack[-1][0] <= start:
+                    stack.pop()
+                kind = kinds.get(ids[i], "")
+                if kind:
+                    stack.append((int(ends[i]), kind, names.get(ids[i], "")))
+                elif i in launches and stack:
+                    frames = tuple(n for _, k, n in stack if k == "user")
+                    module = next((n for _, k, n in reversed(stack) if k == "module"), "")
+                    if frames:
+                        around[(plane.host, int(launches[i]))] = (frames, module)
+    out: dict[str, dict[tuple[tuple[str, ...], str], int]] = {}
+    if not around:
+        return out
+    for plane in session.device_planes(with_events=True):
+        for line in plane.lines:
+            found = line.numeric.sparse("correlation_id")
+            if found is None:
+                continue
+            names = plane.names_of(line)
+            durations = line.durations.at(found[0])
+            for name, correlation, ps in zip(names[found[0]].tolist(), found[1].tolist(), durations.tolist()):
+                where = around.get((plane.host, int(correlation)))
+                if where is not None:
+                    per = out.setdefault(name, {})
+                    per[where] = per.get(where, 0) + int(ps)
+    return out
+
+
+def _shares(total: int, parts: dict) -> list[tuple[object, int]]:
+    """`total` shared out over `parts` (key -> weight) in whole picoseconds that sum to at most `total`: each its
+    weight where the weights fit, else its proportion, the rounding's remainder to the largest."""
+    weight = sum(parts.values())
+    if weight <= total:
+        return list(parts.items())
+    shared = [(k, total * w // weight) for k, w in parts.items()]
+    left = total - sum(ps for _, ps in shared)
+    if shared and left:
+        top = max(range(len(shared)), key=lambda i: shared[i][1])
+        shared[top] = (shared[top][0], shared[top][1] + left)
+    return shared
+
+
+# ---------------------------------------------------------------------------------------------- the code
+
+
+def source_file(path: str, source_root: str | Path | None = None) -> Path | None:
+    """The file a recorded path names on this machine: under `source_root`, the longest suffix of the path that
+    exists there (`/home/user/jobs/train.py` -> ROOT/jobs/train.py, else ROOT/train.py), as XProf's --src_prefix
+    maps its links; else the recorded path itself where it is readable. None where neither is."""
+    parts = [p for p in path.split("/") if p and p not in (".", "..")]
+    if source_root is not None and parts:
+        root = Path(source_root)
+        for i in range(len(parts)):
+            candidate = root.joinpath(*parts[i:])
+            if candidate.is_file():
+                return candidate
+    recorded = Path(path)
+    if path and recorded.is_absolute() and recorded.is_file():
+        return recorded
+    return None
+
+
+_DEF = re.compile(r"\s*(?:async\s+)?def\s+(\w+)")
+
+
+def other_version(text: list[str], line: int, function: str) -> str:
+    """Why the file's `line` cannot be the one the profile's frame names, or "": the line is blank, or the function
+    it sits in (the nearest `def` outside it) is not the frame's function (`make.<locals>.one_token` runs in `def
+    one_token`; a lambda, comprehension or module-level frame is not checked)."""
+    own = text[line - 1]
+    if not own.strip():
+        return f"line {line} is blank"
+    name = function.rsplit(".", 1)[-1] if function else ""
+    if not name or name.startswith("<"):
+        return ""
+    found = _DEF.match(own)
+    if found and found[1] == name:
+        return ""  # the tracer names a function by its `def` line
+    indent = len(own) - len(own.lstrip())
+    for above in range(line - 2, -1, -1):
+        if not text[above].strip():
+            continue
+        depth = len(text[above]) - len(text[above].lstrip())
+        if depth >= indent:
+            continue
+        indent = depth
+        found = _DEF.match(text[above])
+        if found:
+            return "" if found[1] == name else f"line {line} is in def {found[1]}, not in {name} as the profile says"
+        if depth == 0:
+            break
+    return f"line {line} is in no def {name}, where the profile says it runs"
+
+
+def quote_source(path: str, line: int, source_root: str | Path | None = None, context: int = CONTEXT_LINES,
+                 cache: dict | None = None, function: str = "") -> dict:
+    """{file: the path read, code: the line's text, context: [[number, text], …] around it} or {code_not_available:
+    why}: the file is not readable, or is not the version the profile ran (too short, or the line is not in the
+    frame's function: other_version)."""
+    if not path or line <= 0:
+        return {"code_not_available": "the profile names no file and line"}
+    if not path.endswith(".py"):
+        return {"code_not_available": f"{path} is no Python source file: only the files a Python stack names are read"}
+    found = source_file(path, source_root)
+    if found is None:
+        where = f" nor under --source-root {source_root}" if source_root is not None else \
+            " (name the checkout that holds it with --source-root DIR)"
+        return {"code_not_available": f"{path} is not readable on this machine{where}"}
+    cache = {} if cache is None else cache
+    if found not in cache:
+        try:
+            cache[found] = found.read_text(errors="replace").splitlines()
+        except OSError as exc:
+            cache[found] = exc
+    text = cache[found]
+    if isinstance(text, OSError):
+        return {"code_not_available": f"{found} could not be read: {text.strerror or text}"}
+    if line > len(text):
+        return {"code_not_available": f"{found} {STALE}: it has {len(text)} lines, not {line}"}
+    stale = other_version(text, line, function)
+    if stale:
+        return {"code_not_available": f"{found} {STALE}: {stale}"}
+    low, high = max(1, line - context), min(len(text), line + context)
+    return {"file": str(found), "code": text[line - 1].strip()[:MAX_QUOTED_CHARS],
+            "context": [[n, text[n - 1][:MAX_QUOTED_CHARS]] for n in range(low, high + 1)]}
+
+
+# ---------------------------------------------------------------------------------------------- records
+
+
+def _ms(ps: float) -> float:
+    return round(ps / 1e9, 4)
+
+
+STALE = "is not the version the profile ran"
+
+
+def stale_files(view: LineView, source_root: str | Path | None = None, cache: dict | None = None) -> dict[str, str]:
+    """Recorded path -> why the file read for it is not the version the profile ran, where any line the view names
+    in it shows so (quote_source): a file one line proves edited since the capture may have moved every line, so
+    none of its lines is quoted."""
+    out: dict[str, str] = {}
+    for entry in view.lines.values():
+        if entry.line and not entry.library and entry.file not in out:
+            quoted = quote_source(entry.file, entry.line, source_root, context=0, cache=cache, function=entry.function)
+            if STALE in quoted.get("code_not_available", ""):
+                out[entry.file] = quoted["code_not_available"]
+    return out
+
+
+def line_record(entry: LineTime, op_ps: int, source_root: str | Path | None = None, quote: bool = True,
+                cache: dict | None = None, top_ops: int = 3, stale: dict[str, str] | None = None) -> dict:
+    """One line or function as the tool and the CLI give it; `stale`: stale_files' answer."""
+    out: dict = {"line": entry.key}
+    if entry.function and entry.line:
+        out["function"] = entry.function
+    if entry.library:
+        out["library"] = True
+    out.update(self_ms=_ms(entry.self_ps), total_ms=_ms(entry.total_ps),
+               self_percent=round(100 * entry.self_ps / op_ps, 2) if op_ps else 0.0,
+               total_percent=round(100 * entry.total_ps / op_ps, 2) if op_ps else 0.0)
+    if entry.kinds:
+        out["kinds"] = {k: _ms(v) for k, v in sorted(entry.kinds.items(), key=lambda kv: -kv[1])}
+    if entry.ops:
+        out["top_ops"] = [{"op": name, "ms": _ms(ps)} for name, ps in
+                          sorted(entry.ops.items(), key=lambda kv: -kv[1])[:top_ops]]
+    out.update(entry.rates.record(entry.self_ps))
+    if entry.modules:
+        out["modules"] = [{"module": k, "ms": _ms(v)}
+                          for k, v in sorted(entry.modules.items(), key=lambda kv: -kv[1])[:3]]
+    if entry.callees:
+        out["callees"] = [{"line": k, "ms": _ms(v)} for k, v in sorted(entry.callees.items(), key=lambda kv: -kv[1])]
+    if entry.host_ps:
+        out["host_ms"] = _ms(entry.host_ps)
+        kinds = dict(entry.host_kinds)
+        rest = entry.host_ps - sum(kinds.values())
+        if kinds and rest > 0:
+            kinds["python"] = rest  # the frame's own Python and the library calls that are none of HOST_KINDS
+        if kinds:
+            out["host_kinds"] = {k: _ms(v) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])}
+    if quote and entry.line and not entry.library:
+        if stale and entry.file in stale:
+            out["code_not_available"] = stale[entry.file]
+        else:
+            out.update(quote_source(entry.file, entry.line, source_root, cache=cache, function=entry.function))
+    return out
+
+
+def line_times(session: Session) -> dict[str, dict]:
+    """The stable, small answer another analysis compares (xdiag diff's "the lines whose time moved most"): line key
+    (`folder/file.py:LINE`, a library's frame, or NO_LINE) -> {self_ms, total_ms, host_ms, function}. Self times sum
+    to the session's op time."""
+    view = line_view(session)
+    return {key: {"self_ms": _ms(t.self_ps), "total_ms": _ms(t.total_ps), "host_ms": _ms(t.host_ps),
+                  "function": t.function}
+            for key, t in view.lines.items()}
+
+
+
+def line_times_of_result(result: dict) -> dict[str, dict]:
+    """line_times from a get_line_view result as an analysis keeps it (tools/get_line_view.json: status, summary,
+    detail), for comparing two analyses without their profiles: its listed lines only (the tool's top_n, busiest
+    first); {} where the tool gave no lines."""
+    if result.get("status") != "ok":
+        return {}
+    return {row["line"]: {"self_ms": row.get("self_ms", 0.0), "total_ms": row.get("total_ms", 0.0),
+                          "host_ms": row.get("host_ms", 0.0), "function": row.get("function", "")}
+            for row in (result.get("detail") or {}).get("lines") or [] if isinstance(row, dict) and "line" in row}

@@ -1,0 +1,256 @@
+"""The line view (xdiag.analysis.line_view, get_line_view, `xdiag lines`) on the committed TPU v5e captures and a CPU
+capture: self times share out the op time exactly, totals hold their callees, the top lines are the findings' lines,
+and the code quoted is the line the profile names, read from a checkout elsewhere with --source-root."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from xdiag.analysis.line_view import (
+    NO_LINE, line_times, line_times_of_result, line_view, quote_source, source_file,
+)
+from xdiag.profile.locate import locate_session
+from xdiag.profile.reader import read_session_in_process
+from xdiag.tools import run_tool
+from xdiag.tools.get_line_view import get_line_view
+
+TESTS = Path(__file__).resolve().parent
+TPU = sorted((TESTS / "profiles" / "tpu_v5e").glob("*.xplane.pb"))
+EXAMPLES = TESTS.parent / "shared" / "xdiag" / "examples"
+
+
+@pytest.fixture(scope="module")
+def views():
+    """capture name -> (session, its line view), read once."""
+    done = {}
+
+    def view(path: Path):
+        if path.name not in done:
+            session = read_session_in_process([path])
+            done[path.name] = (session, line_view(session))
+        return done[path.name]
+    return view
+
+
+@pytest.mark.parametrize("path", TPU, ids=[p.name.split(".")[0] for p in TPU])
+def test_self_times_share_out_the_op_time_and_totals_hold_their_callees(path, views):
+    """Each op's time goes to one line's self time (its innermost user frame, else its library frame, else
+    NO_LINE): they sum to the op time to the picosecond, by line and by function. A line's total is its self time
+    plus its callees' time under it, exactly (the stacks nest), so it is at least the sum of the callees' time it
+    holds; a callee's own total is at least the time it spends under any one caller."""
+    _, view = views(path)
+    assert view.op_ps > 0
+    assert sum(t.self_ps for t in view.lines.values()) == view.op_ps
+    assert sum(t.self_ps for t in view.functions.values()) == view.op_ps
+    for table in (view.lines, view.functions):
+        for t in table.values():
+            under = sum(t.callees.values())
+            assert t.total_ps >= under and t.total_ps >= t.self_ps
+            assert t.total_ps == t.self_ps + under, t.key
+            for callee, ps in t.callees.items():
+                assert table[callee].total_ps >= ps
+    assert view.stacks_recorded  # every committed capture records JAX's stacks
+
+
+@pytest.mark.parametrize("name", ["gpt_train", "remat_train", "paged_attention_decode"])
+def test_a_callers_total_includes_its_callees(name, views):
+    """The step function a capture loop calls holds the device time of all the lines below it: the outermost
+    functions' totals are the op time its stacks name, and each line whose function calls another (gpt_train's
+    `_block` calls `_rms_norm`) holds that function's time under it."""
+    _, view = views(TESTS / "profiles" / "tpu_v5e" / f"{name}.xplane.pb")
+    named = view.op_ps - sum(t.self_ps for t in view.lines.values() if not t.function or t.library)
+    outermost = max(view.functions.values(), key=lambda t: t.total_ps)
+    assert outermost.total_ps == pytest.approx(named, abs=view.op_ps * 1e-6) and outermost.self_ps == 0
+    callers = [t for t in view.lines.values() if t.callees and t.self_ps]
+    if name == "gpt_train":
+        assert callers, "a line that both runs ops and calls a function of the user's"
+        for t in callers:
+            assert t.total_ps == t.self_ps + sum(t.callees.values()) > t.self_ps
+
+
+FINDING_CAPTURES = ["decode_streamed", "gru_scan_train", "kv_decode_b64", "layout_transpose", "memory_bound",
+                    "paged_attention_decode", "padded_heads", "widening_convert"]
+
+
+@pytest.mark.parametrize("name", FINDING_CAPTURES)
+def test_the_top_lines_are_the_findings_lines(name, tmp_path, monkeypatch):
+    """Every line a finding names for its device time is among the line view's first ten lines by self time, with
+    at least the share the finding gives it (the finding sums the listed ops at that line; the view, every op)."""
+    from xdiag.cloud.embedded import analyze_session
+
+    monkeypatch.setenv("XDIAG_XPROF_VIEWS", "0")
+    analysis = analyze_session(locate_session(TESTS / "profiles" / "tpu_v5e" / f"{name}.xplane.pb"), tmp_path / name)
+    result = json.loads((Path(analysis.output_uri) / "tools" / "get_line_view.json").read_text())
+    assert result["status"] == "ok"
+    rows = {row["line"]: row for row in result["detail"]["lines"][:10]}
+    cited = [s for f in analysis.diagnosis.findings for s in f.source_lines if s.host_ms is None]
+    assert cited, "the capture's findings name lines"
+    for s in cited:
+        assert s.line in rows, (s.line, list(rows))
+        assert rows[s.line]["self_percent"] >= s.share_percent - 0.1
+    first = max(cited, key=lambda s: s.share_percent)
+    busiest = next(r for r in result["detail"]["lines"] if r["line"] != NO_LINE)
+    assert busiest["line"] == first.line or busiest["self_percent"] > first.share_percent
+    html = (Path(analysis.output_uri) / "summary.html").read_text()
+    assert 'id="lines"' in html and first.line in html
+
+
+def test_the_code_shown_is_the_line_the_profile_names_from_a_moved_checkout(tmp_path, views):
+    """The captures record /work/main/shared/xdiag/workloads/*.py, which is not on this machine: the workloads'
+    sources, copied under another prefix, are read at the longest suffix of each recorded path that exists there;
+    the code quoted is the line the op's stack names (gpt_train's busiest line is the MLP's two matmuls)."""
+    session, view = views(TESTS / "profiles" / "tpu_v5e" / "gpt_train.xplane.pb")
+    checkout = tmp_path / "home" / "someone" / "src" / "workloads"
+    checkout.mkdir(parents=True)
+    for source in EXAMPLES.glob("*.py"):
+        shutil.copyfile(source, checkout / source.name)
+    root = tmp_path / "home" / "someone" / "src"
+    top = view.ranked("self")[0]
+    assert not Path(top.file).exists()
+    assert source_file(top.file, root) == checkout / "gpt_train.py"  # workloads/gpt_train.py: the longest suffix
+    quoted = quote_source(top.file, top.line, root)
+    assert quoted["code"] == (EXAMPLES / "gpt_train.py").read_text().splitlines()[top.line - 1].strip()
+    assert "@ p[\"up\"]" in quoted["code"] and [n for n, _ in quoted["context"]] == list(range(top.line - 2,
+                                                                                           top.line + 3))
+    out = get_line_view(session, top_n=5, source_root=str(root))
+    for row in out.detail["lines"]:
+        if row["line"] == NO_LINE:
+            continue
+        number = int(row["line"].rpartition(":")[2])
+        assert row["code"] == (EXAMPLES / Path(row["file"]).name).read_text().splitlines()[number - 1].strip()
+    without = get_line_view(session, top_n=1).detail["lines"][0]
+    assert "--source-root" in without["code_not_available"] and "code" not in without
+    # A file shorter than the line the profile names is another version, not quoted.
+    (checkout / "gpt_train.py").write_text("x = 1\n")
+    assert "not the version the profile ran" in quote_source(top.file, top.line, root)["code_not_available"]
+
+
+def test_host_time_is_on_the_lines_the_python_tracer_recorded(views):
+    """input_bound's host finding names its frames (input_bound.py:46 holds the host time the rule cites): the line
+    view puts the Python tracer's time on the same lines, on the workload's full path the HLO names."""
+    session, view = views(TESTS / "profiles" / "tpu_v5e" / "input_bound.xplane.pb")
+    assert view.host_traced
+    hosted = sorted((t for t in view.lines.values() if t.host_ps), key=lambda t: -t.host_ps)
+    assert hosted and hosted[0].key.endswith("input_bound.py:46") and hosted[0].key.startswith("workloads/")
+    assert hosted[0].host_ps > 100e9  # over 100 ms of Python in the input loop
+    times = line_times(session)
+    assert times[hosted[0].key]["host_ms"] == pytest.approx(hosted[0].host_ps / 1e9, abs=1e-3)
+    assert sum(t["self_ms"] for t in times.values()) == pytest.approx(view.op_ps / 1e9, abs=1e-3 * len(times))
+    # The same numbers from the tool's result, as an analysis keeps it (its listed lines only).
+    kept = line_times_of_result(json.loads(run_tool(session, "get_line_view", {"order": "host"}).model_dump_json()))
+    assert kept[hosted[0].key] == times[hosted[0].key]
+
+
+def test_a_cpu_capture_shares_out_its_op_time(cpu_profiles):
+    """A freshly captured CPU profile (XLA:CPU ops on the host's threads): the same sums hold."""
+    session = read_session_in_process([cpu_profiles["healthy"]])
+    view = line_view(session)
+    assert view.op_ps > 0 and sum(t.self_ps for t in view.lines.values()) == view.op_ps
+    assert any(t.self_ps and not t.library and t.key != NO_LINE for t in view.lines.values())
+
+
+def test_xdiag_lines_prints_the_view_as_a_user_reads_it(tmp_path):
+    """`xdiag lines` with --source-root: the busiest line first with its code under it, the functions by total,
+    the host time; --json gives get_line_view's result."""
+    checkout = tmp_path / "checkout" / "workloads"
+    shutil.copytree(EXAMPLES, checkout)
+    profile = TESTS / "profiles" / "tpu_v5e" / "widening_convert.xplane.pb"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS.parent / "shared"), str(TESTS.parent)])}
+    run = [sys.executable, "-m", "xdiag.cli", "lines", str(profile), "--source-root", str(tmp_path / "checkout"),
+           "--top", "3"]
+    text = subprocess.run(run, capture_output=True, text=True, env=env, check=True).stdout
+    lines = text.splitlines()
+    first = next(i for i, line in enumerate(lines) if "workloads/widening_convert.py:" in line)
+    assert "train_step" in lines[first] and "69.56%" in lines[first]
+    statement = (EXAMPLES / "widening_convert.py").read_text().splitlines()[
+        int(lines[first].split("widening_convert.py:")[1].split()[0]) - 1].strip()
+    assert any(line.strip() == f"| {statement}" for line in lines[first + 1:first + 4])
+    assert "Functions by device time" in text and "Host time in your frames" in text
+    result = json.loads(subprocess.run(run + ["--json"], capture_output=True, text=True, env=env, check=True).stdout)
+    assert result["tool"] == "get_line_view" and len(result["detail"]["lines"]) == 3
+
+
+def test_an_agent_gets_a_bounded_line_view(tmp_path):
+    """The MCP server's answer is cut to top_n rows per list, and source_root is a path the client's roots bound."""
+    from xdiag.agent.mcp_server import XdiagTools
+
+    tools = XdiagTools(cache=None, max_bytes=2**30, stack_dir=tmp_path)
+    profile = str(TESTS / "profiles" / "tpu_v5e" / "gpt_train.xplane.pb")
+    args = tools.check("get_line_view", {"path": profile, "top_n": 2, "source_root": str(tmp_path)})
+    assert Path(str(tmp_path)).absolute() in tools.paths("get_line_view", args)
+    text = tools.answer_text("get_line_view", args, tools.call("get_line_view", args))
+    answer = json.loads(text)
+    assert len(answer["detail"]["lines"]) == 2 and len(answer["detail"]["functions"]) == 2
+    assert answer["summary"]["top_line"].startswith("workloads/gpt_train.py:")
+
+
+TRACES = TESTS.parents[1] / "shared" / "traces"
+
+
+@pytest.mark.parametrize("trace", ["kineto_TraceLens_h100_bert-small.json.gz",
+                                   "kineto_TraceLens_h100_Qwen1.5-0.5B-Chat.json.gz"])
+def test_a_pytorch_trace_puts_its_kernels_on_the_users_lines(trace):
+    """Real Kineto traces recorded with stacks: each GPU kernel's time goes to the user's frames around the runtime
+    call that launched it (by correlation id), with the nn.Module it ran in; kernels launched outside any user frame
+    (before the capture, or from a library's thread) stay under NO_LINE, and the sums still hold exactly. The
+    model adapter's run_on_input holds the kernels, never torch's or threading's frames."""
+    path = TRACES / trace
+    if not path.exists():
+        pytest.skip(f"{path} is not here: the public traces live in ../shared/traces beside the checkout")
+    session = read_session_in_process([path])
+    view = line_view(session)
+    assert view.stacks_recorded and view.host_traced
+    assert sum(t.self_ps for t in view.lines.values()) == view.op_ps
+    for t in view.lines.values():
+        assert t.total_ps == t.self_ps + sum(t.callees.values())
+    named = [t for t in view.ranked("self") if t.key != NO_LINE and t.self_ps]
+    assert named[0].function == "run_on_input" and named[0].key.endswith("text_base_model.py:28")
+    assert named[0].self_ps > view.op_ps / 2 and named[0].modules
+    assert not any(t.key.startswith(("torch/", "threading.py")) for t in view.lines.values())
+
+
+def test_the_report_quotes_the_code_from_analyzes_source_root(tmp_path):
+    """`xdiag analyze --source-root DIR`: the report's line view carries each line's code, read from the moved
+    checkout, in the row a reader opens."""
+    import html as html_lib
+
+    checkout = tmp_path / "checkout" / "workloads"
+    shutil.copytree(EXAMPLES, checkout)
+    profile = TESTS / "profiles" / "tpu_v5e" / "widening_convert.xplane.pb"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS.parent / "shared"), str(TESTS.parent)])}
+    subprocess.run([sys.executable, "-m", "xdiag.cli", "analyze", str(profile), "--out", str(tmp_path / "out"),
+                    "--no-xprof-views", "--quiet", "--source-root", str(tmp_path / "checkout")],
+                   capture_output=True, text=True, env=env, check=True)
+    result = json.loads((tmp_path / "out" / "tools" / "get_line_view.json").read_text())
+    top = result["detail"]["lines"][0]
+    number = int(top["line"].rpartition(":")[2])
+    statement = (EXAMPLES / "widening_convert.py").read_text().splitlines()[number - 1].strip()
+    assert top["code"] == statement and top["file"] == str(checkout / "widening_convert.py")
+    page = (tmp_path / "out" / "summary.html").read_text()
+    section = page[page.index('id="lines"'):page.index('id="hlo-op-profile"')]
+    assert f"<code>{html_lib.escape(statement, quote=False)}</code>" in section.replace("&#34;", '"').replace(
+        "&#39;", "'")
+
+
+def test_a_file_edited_since_the_capture_is_not_quoted(tmp_path):
+    """decode_streamed's capture ran a version of its file one import line shorter: the line its scan frame names
+    (63) is blank in today's file, so no line of that file is quoted (each would be one line off), and each row
+    says why."""
+    checkout = tmp_path / "src" / "workloads"
+    shutil.copytree(EXAMPLES, checkout)
+    session = read_session_in_process([TESTS / "profiles" / "tpu_v5e" / "decode_streamed.xplane.pb"])
+    rows = get_line_view(session, top_n=8, source_root=str(tmp_path / "src")).detail["lines"]
+    mine = [r for r in rows if r["line"].startswith("workloads/decode_streamed.py:")]
+    assert len(mine) >= 4
+    for row in mine:
+        assert "code" not in row and "is not the version the profile ran: line" in row["code_not_available"]
+    gpt = get_line_view(read_session_in_process([TESTS / "profiles" / "tpu_v5e" / "gpt_train.xplane.pb"]), top_n=8,
+                        source_root=str(tmp_path / "src")).detail["lines"]
+    assert all(r.get("code") for r in gpt if r["line"].startswith("workloads/gpt_train.py:"))
