@@ -100,3 +100,39 @@ def test_links_planted_in_the_output_folder_are_never_followed(tmp_path):
     (out / "tools").symlink_to(elsewhere, target_is_directory=True)
     line = _one_line(_xdiag("analyze", str(PROFILE), "-q", "--no-xprof-views", "--out", str(out), cwd=tmp_path))
     assert "leads out of" in line and list(elsewhere.iterdir()) == []
+
+
+HOSTILE_NAME = "x\tvictim.txt\t1\nzz.xplane.pb"
+"""A name that, in a line of tab-separated fields, is a request of its own: read `x`, write over `victim.txt`."""
+
+
+def _hostile_session(tmp_path: Path) -> tuple[Path, Path]:
+    folder = tmp_path / "session"
+    folder.mkdir()
+    for name in ("host0.xplane.pb", HOSTILE_NAME, "x"):  # `x`: the file the forged request would read
+        shutil.copyfile(PROFILE, folder / name)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    return folder, victim
+
+
+def test_a_file_name_cannot_forge_a_request_to_the_host_readers(tmp_path, monkeypatch):
+    from xdiag.profile.hosts_map import read_session_by_host
+
+    folder, victim = _hostile_session(tmp_path)
+    monkeypatch.chdir(tmp_path)  # a forged `victim.txt` would be written here
+    try:
+        session = read_session_by_host([folder / "host0.xplane.pb", folder / HOSTILE_NAME], workers=2)
+    finally:  # checked first: the forged request fails the read too, after it wrote
+        assert victim.read_bytes() == b"precious", "victim.txt was written over by a request a file name forged"
+    assert sorted(h.path.name for h in session.hosts) == sorted(["host0.xplane.pb", HOSTILE_NAME])
+
+
+def test_a_profile_name_with_control_characters_is_refused_in_one_line(tmp_path):
+    folder, victim = _hostile_session(tmp_path)
+    for command in (["analyze", str(folder), "-q", "--no-xprof-views", "--out", str(tmp_path / "out")],
+                    ["tool", "get_kpi_metrics", str(folder)]):
+        done = _xdiag(*command, cwd=tmp_path)
+        assert victim.read_bytes() == b"precious", "victim.txt was written over by a request a file name forged"
+        line = _one_line(done)
+        assert "control characters" in line and "x\\tvictim.txt\\t1\\nzz.xplane.pb" in line, line

@@ -41,6 +41,23 @@ def id_from_file_name(text: str) -> str:
     return f"{readable}-{hashlib.sha256(text.encode('utf-8', 'surrogateescape')).hexdigest()[:6]}"
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def shown(path: Path | str) -> str:
+    """A path as a message may show it: control characters (a tab, a newline, a terminal's escape) as escapes."""
+    return _CONTROL.sub(lambda found: ascii(found.group())[1:-1], str(path))
+
+
+def refuse_control_characters(paths: list[Path]) -> None:
+    """A ProfileError where a profile's name holds control characters: a name with a newline or an escape shown in
+    a terminal or a log can forge lines (`x<TAB>victim.txt<TAB>1<NL>zz.xplane.pb`, issue 62); none is read."""
+    for path in paths:
+        if _CONTROL.search(path.name):
+            raise ProfileError(f"{shown(path)}: a profile's name holds control characters (a tab, a newline, an "
+                               "escape); not read: rename the file")
+
+
 def open_regular(path: Path):
     """`path` opened for reading as a binary file, where it is a regular file: a pipe, a device (`/dev/zero`) or a
     socket under a profile's name is refused with a ProfileError, as is a file that cannot be opened (permissions).
@@ -86,17 +103,20 @@ def locate_session(path: Path, session: str | None = None) -> LocatedSession:
     path = path.absolute()  # a bare `file.xplane.pb` or `.` has no parents to name the session and run by
     if path.is_file():
         if is_trace_file(path):
+            refuse_control_characters([path])
             return LocatedSession(id_from_file_name(trace_stem(path.name)), [path], "local")
         if not path.name.endswith(SUFFIX) and not path.name.endswith(".pb"):
             raise ProfileError(f"{path}: not an *.xplane.pb file, nor a Kineto/Chrome trace (*.json, *.json.gz)")
         run = path.parents[3].name if len(path.parents) > 3 and path.parents[1].name == "profile" else "local"
         name = path.parent.name if path.parents[1].name == "profile" else path.name.removesuffix(SUFFIX)
+        refuse_control_characters([path])
         return LocatedSession(id_from_file_name(name), [path], id_from_file_name(run))
     if not path.is_dir():
         raise ProfileError(f"{path}: neither a regular file nor a folder (a device, a pipe or a socket)")
     direct = _xplanes(path)
     if direct:
         run = path.parents[2].name if len(path.parents) > 2 and path.parent.name == "profile" else "local"
+        refuse_control_characters(direct)
         return LocatedSession(id_from_file_name(path.name), direct, id_from_file_name(run))
     sessions = log_dir_sessions(path)
     if not sessions:
@@ -105,7 +125,9 @@ def locate_session(path: Path, session: str | None = None) -> LocatedSession:
         chosen = [s for s in sessions if session in (s.name, s.folder_name)]
         if not chosen:
             raise ProfileError(f"{path}: no session {session!r}; sessions: {', '.join(s.name for s in sessions)}")
+        refuse_control_characters(chosen[0].files)
         return chosen[0]
+    refuse_control_characters(sessions[-1].files)
     return sessions[-1]  # XProf names sessions by timestamp, so the last is the newest
 
 
