@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from xdiag.errors import ProfileError
+from xdiag.profile.confined import has_control_characters, is_inside, open_fd, resolved, roots, shown
 
 SUFFIX = ".xplane.pb"
 TRACE_SUFFIXES = (".pt.trace.json.gz", ".pt.trace.json", ".trace.json.gz", ".trace.json", ".json.gz", ".json")
@@ -41,29 +42,24 @@ def id_from_file_name(text: str) -> str:
     return f"{readable}-{hashlib.sha256(text.encode('utf-8', 'surrogateescape')).hexdigest()[:6]}"
 
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-
-
-def shown(path: Path | str) -> str:
-    """A path as a message may show it: control characters (a tab, a newline, a terminal's escape) as escapes."""
-    return _CONTROL.sub(lambda found: ascii(found.group())[1:-1], str(path))
-
-
 def refuse_control_characters(paths: list[Path]) -> None:
     """A ProfileError where a profile's name holds control characters: a name with a newline or an escape shown in
-    a terminal or a log can forge lines (`x<TAB>victim.txt<TAB>1<NL>zz.xplane.pb`, issue 62); none is read."""
+    a terminal or a log can forge lines (`x<TAB>victim.txt<TAB>1<NL>zz.xplane.pb`, issue 62); none is read. Where
+    reads are bounded (xdiag.profile.confined), OutsideRoots where a file, or a link on its way, leads outside."""
     for path in paths:
-        if _CONTROL.search(path.name):
+        if has_control_characters(path.name):
             raise ProfileError(f"{shown(path)}: a profile's name holds control characters (a tab, a newline, an "
                                "escape); not read: rename the file")
+        resolved(path)
 
 
 def open_regular(path: Path):
     """`path` opened for reading as a binary file, where it is a regular file: a pipe, a device (`/dev/zero`) or a
     socket under a profile's name is refused with a ProfileError, as is a file that cannot be opened (permissions).
-    Opened without blocking, so a pipe with no writer cannot hang the open itself."""
+    Opened without blocking, so a pipe with no writer cannot hang the open itself. Where reads are bounded
+    (xdiag.profile.confined), the file opened is the one checked inside the bounds, no link followed after it."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        fd = open_fd(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as exc:
         raise ProfileError(f"{path.name}: cannot be read ({exc.strerror or exc})") from None
     try:
@@ -98,6 +94,7 @@ def _xplanes(folder: Path) -> list[Path]:
 def locate_session(path: Path, session: str | None = None) -> LocatedSession:
     """PATH is one *.xplane.pb or Kineto/Chrome trace (*.pt.trace.json[.gz], *.json[.gz]), a folder of one session's
     hosts (or ranks), or a log dir with plugins/profile/<session>/."""
+    resolved(path)  # where reads are bounded: nothing said of a place outside, not even whether it exists
     if not path.exists():
         raise ProfileError(f"{path}: no such file or directory")
     path = path.absolute()  # a bare `file.xplane.pb` or `.` has no parents to name the session and run by
@@ -133,13 +130,17 @@ def locate_session(path: Path, session: str | None = None) -> LocatedSession:
 
 def log_dir_sessions(path: Path) -> list[LocatedSession]:
     """The sessions of an XProf log dir (`<logdir>/plugins/profile/<session>/`, or its `profile/` or that folder
-    itself), oldest first; [] where there are none."""
+    itself), oldest first; [] where there are none. Where reads are bounded (xdiag.profile.confined), only the
+    sessions whose folder and files lie inside the bounds."""
     path = path.absolute()
+    bounded = roots()
     for profile_dir, run in ((path / "plugins" / "profile", path.name), (path / "profile", path.parent.name), (path, path.parent.parent.name)):
         if not profile_dir.is_dir():
             continue
         sessions = [LocatedSession(id_from_file_name(d.name), files, id_from_file_name(run), d.name)
-                    for d in sorted(profile_dir.iterdir()) if d.is_dir() and (files := _xplanes(d))]
+                    for d in sorted(profile_dir.iterdir())
+                    if (not bounded or is_inside(d, bounded)) and d.is_dir() and (files := _xplanes(d))
+                    and (not bounded or all(is_inside(f, bounded) for f in files))]
         if sessions:
             return sessions
     return []

@@ -22,7 +22,8 @@ from xdiag.analysis.xprof import host_events
 from xdiag.analysis.xprof.common import XPLANE_SUFFIX, xprof_api, xprof_version
 from xdiag.analysis.xprof.quiet import quiet
 from xdiag.errors import ProfileError
-from xdiag.profile import slim
+from xdiag.profile import confined, slim
+from xdiag.profile.locate import open_regular
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +96,11 @@ def _link_names(paths: Sequence[Path]) -> list[str]:
 
 
 def link_or_copy(source: Path, target: Path) -> None:
+    """`target` made to read as `source`: a link; where reads are bounded (xdiag.profile.confined), a hard link to
+    (or a copy of) the file checked, which XProf's converter then reads, not whatever the name leads to later."""
+    if confined.roots():
+        confined.link_or_copy_opened(source, target)
+        return
     try:
         target.symlink_to(source)
     except OSError:  # no symlinks here (some filesystems, Windows without privilege)
@@ -125,7 +131,8 @@ def copy_without_device_planes(original: Path, target: Path) -> int:
 
     from xdiag.profile import wire
 
-    data = np.memmap(original, dtype=np.uint8, mode="r")  # only the planes' headers are read, and the host planes
+    with open_regular(original) as handle:  # the file checked, where reads are bounded (xdiag.profile.confined)
+        data = np.memmap(handle, dtype=np.uint8, mode="r")  # only the planes' headers are read, and the host planes
 
     def fields(start: int, end: int) -> list[tuple[int, int, int, int]]:
         numbers, tags, starts, ends, _, err, pos = wire.scan_fields(data, start, end)
