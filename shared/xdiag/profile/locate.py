@@ -31,7 +31,7 @@ class LocatedSession:
 _OUTSIDE_NAMES = re.compile(r"[^A-Za-z0-9._-]+")
 
 
-def id_from_file_name(text: str) -> str:
+def id_from_file_name(text: str, digits: int = 6) -> str:
     """A name in xdiag's id grammar (xdiag.ids) from any file or folder name: characters outside it (spaces,
     parentheses, accents, other scripts) become `_` (accents dropped first where a letter has one), and a name so
     changed ends with 6 hex digits of the original, so `run(1)` and `run[1]` stay apart."""
@@ -39,7 +39,7 @@ def id_from_file_name(text: str) -> str:
         return text
     plain = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode()
     readable = _OUTSIDE_NAMES.sub("_", plain).lstrip("._-")[:100] or "profile"
-    return f"{readable}-{hashlib.sha256(text.encode('utf-8', 'surrogateescape')).hexdigest()[:6]}"
+    return f"{readable}-{hashlib.sha256(text.encode('utf-8', 'surrogateescape')).hexdigest()[:digits]}"
 
 
 def refuse_control_characters(paths: list[Path]) -> None:
@@ -91,6 +91,15 @@ def _xplanes(folder: Path) -> list[Path]:
     return [p for p in files if p.name.endswith(SUFFIX)] or [p for p in files if is_trace_file(p)]
 
 
+def file_session_names(path: Path) -> tuple[str, str]:
+    """The session and run an absolute xplane file's path names: those of its log dir where it lies in one
+    (`<run>/plugins/profile/<session>/host.xplane.pb`), else the file's own name and "local" (a file directly under
+    `/` too, which has a single parent)."""
+    in_log_dir = len(path.parents) > 1 and path.parents[1].name == "profile"
+    run = path.parents[3].name if in_log_dir and len(path.parents) > 3 else "local"
+    return (path.parent.name if in_log_dir else path.name.removesuffix(SUFFIX)), run
+
+
 def locate_session(path: Path, session: str | None = None) -> LocatedSession:
     """PATH is one *.xplane.pb or Kineto/Chrome trace (*.pt.trace.json[.gz], *.json[.gz]), a folder of one session's
     hosts (or ranks), or a log dir with plugins/profile/<session>/."""
@@ -104,9 +113,8 @@ def locate_session(path: Path, session: str | None = None) -> LocatedSession:
             return LocatedSession(id_from_file_name(trace_stem(path.name)), [path], "local")
         if not path.name.endswith(SUFFIX) and not path.name.endswith(".pb"):
             raise ProfileError(f"{path}: not an *.xplane.pb file, nor a Kineto/Chrome trace (*.json, *.json.gz)")
-        run = path.parents[3].name if len(path.parents) > 3 and path.parents[1].name == "profile" else "local"
-        name = path.parent.name if path.parents[1].name == "profile" else path.name.removesuffix(SUFFIX)
         refuse_control_characters([path])
+        name, run = file_session_names(path)
         return LocatedSession(id_from_file_name(name), [path], id_from_file_name(run))
     if not path.is_dir():
         raise ProfileError(f"{path}: neither a regular file nor a folder (a device, a pipe or a socket)")
@@ -119,7 +127,7 @@ def locate_session(path: Path, session: str | None = None) -> LocatedSession:
     if not sessions:
         raise ProfileError(f"{path}: no *{SUFFIX} files (nor *.json[.gz] traces) here or under plugins/profile/<session>/")
     if session is not None:
-        chosen = [s for s in sessions if session in (s.name, s.folder_name)]
+        chosen = [s for s in sessions if s.folder_name == session] or [s for s in sessions if s.name == session]
         if not chosen:
             raise ProfileError(f"{path}: no session {session!r}; sessions: {', '.join(s.name for s in sessions)}")
         refuse_control_characters(chosen[0].files)
@@ -142,5 +150,16 @@ def log_dir_sessions(path: Path) -> list[LocatedSession]:
                     if (not bounded or is_inside(d, bounded)) and d.is_dir() and (files := _xplanes(d))
                     and (not bounded or all(is_inside(f, bounded) for f in files))]
         if sessions:
-            return sessions
+            return _apart(sessions)
     return []
+
+
+def _apart(sessions: list[LocatedSession]) -> list[LocatedSession]:
+    """Sessions whose made names meet another's (`a b` made `a_b-c8687a`, beside a folder named `a_b-c8687a`) named
+    with 16 hex digits of their folder's name instead of 6: no two sessions of a log dir share a name (their
+    analyses' folders, `--session`)."""
+    taken = [s.name for s in sessions]
+    for located in sessions:
+        if located.name != located.folder_name and taken.count(located.name) > 1:
+            located.name = id_from_file_name(located.folder_name, 16)
+    return sessions
