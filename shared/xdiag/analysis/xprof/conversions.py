@@ -40,7 +40,7 @@ from typing import Any
 from xdiag.analysis.xprof import memory_budget, worker
 from xdiag.analysis.xprof.common import XPLANE_SUFFIX, xprof_api
 from xdiag.analysis.xprof.quiet import quiet
-from xdiag.analysis.xprof.session_dir import link_or_copy
+from xdiag.analysis.xprof.session_dir import link_private
 from xdiag.errors import NotAvailable
 
 log = logging.getLogger(__name__)
@@ -281,7 +281,7 @@ class Conversions:
         run_dir = folder / self.run_dir.name
         run_dir.mkdir()
         for path in self.files:
-            link_or_copy(path.resolve(), run_dir / path.name)
+            link_private(path.resolve(), run_dir / path.name)  # the private copy's file: checked already
         self.worker_run_dirs.append(run_dir)
         return run_dir
 

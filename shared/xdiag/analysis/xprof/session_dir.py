@@ -101,6 +101,11 @@ def link_or_copy(source: Path, target: Path) -> None:
     if confined.roots():
         confined.link_or_copy_opened(source, target)
         return
+    link_private(source, target)
+
+
+def link_private(source: Path, target: Path) -> None:
+    """`target` a link to `source`, a file of a private copy (or a file checked already), else a copy of it."""
     try:
         target.symlink_to(source)
     except OSError:  # no symlinks here (some filesystems, Windows without privilege)
