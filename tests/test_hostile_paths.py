@@ -230,3 +230,53 @@ def test_a_session_is_the_folder_its_name_names_where_another_folders_made_name_
     assert len(set(names)) == 2, names
     spaced = next(s.name for s in log_dir_sessions(tmp_path / "logs") if s.folder_name == "a b")
     assert locate_session(tmp_path / "logs", spaced).folder_name == "a b"
+
+
+def _two_hosts(tmp_path: Path) -> Path:
+    session = tmp_path / "two_hosts"
+    session.mkdir()
+    for host in ("host0", "host1"):
+        shutil.copyfile(LONG, session / f"{host}.xplane.pb")
+    return session
+
+
+def test_sigterm_to_analyze_leaves_nothing_in_the_temporary_folder(tmp_path):
+    """SIGTERM while the hosts of a 2-host session are mapped into the temporary folder: the process ends (143) and
+    takes the mapped hosts with it (486 MiB were left on a large session)."""
+    import signal
+    import time
+
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    analysis = subprocess.Popen(
+        [sys.executable, "-m", "xdiag.cli", "analyze", str(_two_hosts(tmp_path)), "-q", "--no-xprof-views", "--out",
+         str(tmp_path / "out")], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "TMPDIR": str(temporary), "XDIAG_LOCAL_CACHE_DIR": str(tmp_path / "cache")})
+    deadline = time.monotonic() + 120
+    while analysis.poll() is None and time.monotonic() < deadline and not any(
+            p.name.startswith("xdiag-hosts") and any(p.iterdir()) for p in temporary.iterdir()):
+        time.sleep(0.005)
+    assert analysis.poll() is None, "the analysis ended before its hosts were mapped"
+    analysis.send_signal(signal.SIGTERM)
+    analysis.communicate(timeout=120)
+    time.sleep(0.5)  # its map workers end on their own once their requests' pipe closes
+    left = [p.name for p in temporary.iterdir() if p.name.startswith("xdiag-")]
+    assert analysis.returncode == 143 and not left, (analysis.returncode, left)
+
+
+def test_what_a_killed_analysis_left_is_swept_at_the_next_start(tmp_path):
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    orphan = temporary / f"xdiag-hosts-pid{ended.pid}-abcd1234"  # a process killed outright (SIGKILL) left it
+    alive = temporary / f"xdiag-hosts-pid{os.getpid()}-abcd1234"  # a running process's
+    for folder in (orphan, alive):
+        folder.mkdir()
+        (folder / "host-00000.xdiag").write_bytes(b"x" * 1000)
+    done = subprocess.run([sys.executable, "-m", "xdiag.cli", "analyze", str(_two_hosts(tmp_path)), "-q",
+                           "--no-xprof-views", "--out", str(tmp_path / "out")], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300,
+                          env={**os.environ, "TMPDIR": str(temporary), "XDIAG_LOCAL_CACHE_DIR": str(tmp_path / "c")})
+    assert done.returncode == 0, done.stderr
+    assert not orphan.exists() and alive.exists()

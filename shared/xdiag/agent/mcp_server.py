@@ -518,6 +518,10 @@ class Workers:
                 await process.wait()
         finally:
             _kill_group(process.pid)  # ended or cancelled: nothing it started outlives the call
+            if process.returncode is None or process.returncode < 0:  # killed: what it left in TMPDIR goes
+                from xdiag.profile.scratch import sweep
+
+                sweep()
         try:
             outcome = json.loads(b"".join(chunks))
         except ValueError:

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from xdiag.errors import ProfileError
+from xdiag.profile import scratch
 from xdiag.profile.compact import load_session, save_session
 from xdiag.profile.reader import (
     DEFAULT_MAX_PROFILE_BYTES,
@@ -105,8 +106,8 @@ def read_session_by_host(
                                "host file; capture a shorter window or raise --max-profile-gib")
     total = session_bytes(paths, sys.maxsize if limit_each_host else max_bytes)
     ordered = sorted(paths)
-    with tempfile.TemporaryDirectory(prefix="xdiag-hosts-") as scratch:
-        outs = [Path(scratch) / f"host-{index:05d}.xdiag" for index in range(len(ordered))]
+    with scratch.folder("hosts") as mapped:  # removed on SIGTERM too; swept at the next start if killed
+        outs = [mapped / f"host-{index:05d}.xdiag" for index in range(len(ordered))]
         count = map_workers(len(ordered), workers)
         # the cores the read may use, shared out: two hosts on four cores decode two lines at once each
         _map_hosts(ordered, outs, count, max(1, (workers or _CPUS) // count), progress, total, worker)

@@ -22,7 +22,7 @@ from xdiag.analysis.xprof import host_events
 from xdiag.analysis.xprof.common import XPLANE_SUFFIX, xprof_api, xprof_version
 from xdiag.analysis.xprof.quiet import quiet
 from xdiag.errors import ProfileError
-from xdiag.profile import confined, slim
+from xdiag.profile import confined, scratch, slim
 from xdiag.profile.locate import open_regular
 
 log = logging.getLogger(__name__)
@@ -42,7 +42,7 @@ class PrivateCopy:
 def make_private_copy(originals: Sequence[Path], workdir: Path | None, all_events: bool) -> PrivateCopy:
     """The run folder for `originals`, under `workdir` or a temporary folder; `all_events=True` links every file as
     it is. Raises ProfileError where the folder cannot be filled (it is removed)."""
-    root = Path(tempfile.mkdtemp(prefix="xdiag-xprof-")) if workdir is None else Path(workdir).absolute()
+    root = scratch.make("xprof") if workdir is None else Path(workdir).absolute()
     run_dir = _make_session_dir(root / "plugins" / "profile", _session_name(originals))
     removable = root if workdir is None else run_dir
     files: list[Path] = []
