@@ -280,3 +280,20 @@ def test_what_a_killed_analysis_left_is_swept_at_the_next_start(tmp_path):
                           env={**os.environ, "TMPDIR": str(temporary), "XDIAG_LOCAL_CACHE_DIR": str(tmp_path / "c")})
     assert done.returncode == 0, done.stderr
     assert not orphan.exists() and alive.exists()
+
+
+def test_an_analysis_replaces_the_tool_outputs_an_earlier_one_left_in_its_out(tmp_path):
+    """An earlier analysis's follow-up calls (`tools/followup-*.json`) are not left beside the next one's, where
+    `xdiag diff` would read them as its own; a file of the user's own there stays."""
+    h200 = Path(__file__).parent / "profiles" / "h200"
+    out = tmp_path / "out"
+    first = _xdiag("analyze", str(h200 / "input_bound.xplane.pb"), "-q", "--no-xprof-views", "--out", str(out),
+                   cwd=tmp_path)
+    assert first.returncode == 0 and any(p.name.startswith("followup-") for p in (out / "tools").iterdir())
+    (out / "tools" / "notes.txt").write_text("mine")
+    second = _xdiag("analyze", str(h200 / "healthy.xplane.pb"), "-q", "--no-xprof-views", "--out", str(out),
+                    cwd=tmp_path)
+    assert second.returncode == 0, second.stderr
+    left = sorted(p.name for p in (out / "tools").iterdir() if p.name.startswith("followup-"))
+    assert not left, f"the first analysis's follow-ups are left beside the second's: {left}"
+    assert (out / "tools" / "notes.txt").read_text() == "mine"

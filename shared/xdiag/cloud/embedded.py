@@ -126,6 +126,21 @@ def _only_analysis(out_dir: Path) -> Iterator[None]:
         os.close(fd)
 
 
+def _remove_earlier_outputs(out_dir: Path, written: set[Path]) -> None:
+    """The tool outputs an earlier analysis left in the folder that this one did not write (its follow-up calls):
+    the folder is this analysis's as a whole (`xdiag diff` read a follow-up of the earlier profile as this one's)."""
+    tools = Path(os.path.abspath(out_dir / "tools"))
+    try:
+        entries = list(os.scandir(tools))
+    except OSError:
+        return
+    for entry in entries:
+        path = tools / entry.name
+        if entry.name.endswith(".json") and entry.is_file(follow_symlinks=False) and path not in written:
+            with contextlib.suppress(OSError):
+                path.unlink()
+
+
 def _analyze(located: LocatedSession, out_dir: Path, investigator: str, deps: Dependencies,
              bus: InProcessBus) -> Analysis:
     if isinstance(deps.blobs, LocalBlobStore):
@@ -146,4 +161,6 @@ def _analyze(located: LocatedSession, out_dir: Path, investigator: str, deps: De
         bus.drain()
     finally:
         deps.sessions.close()  # XProf's private copies of the files go with the session
+        if isinstance(deps.blobs, LocalBlobStore):
+            _remove_earlier_outputs(out_dir, deps.blobs.written)
     return Analysis.model_validate(deps.state.get(ANALYSES, analysis_id))
