@@ -778,3 +778,48 @@ def test_a_cancelled_call_gets_no_answer_and_frees_its_lane(tmp_path):
     finally:
         server.kill()
         server.wait(timeout=30)
+
+
+def test_a_cancelled_analysis_leaves_nothing_in_the_temporary_folder(tmp_path):
+    """A cancelled `analyze` (its worker killed outright, with what it started): what it had in TMPDIR (XProf's
+    private copy, 278 MiB on a large capture) is removed by the server; only folders of processes still running
+    (a detached converter's) may stay."""
+    import psutil
+    import re
+
+    shutil.copyfile(LONG_ANALYSIS, tmp_path / LONG_ANALYSIS.name)
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    server = subprocess.Popen([sys.executable, "-m", "xdiag.cli", "mcp"], cwd=tmp_path, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                              env={**os.environ, "XDIAG_LOCAL_CACHE_DIR": str(tmp_path / "cache"),
+                                   "TMPDIR": str(temporary)})
+
+    def send(message: dict) -> None:
+        server.stdin.write(json.dumps({"jsonrpc": "2.0", **message}) + "\n")
+        server.stdin.flush()
+
+    def left() -> list[str]:  # xdiag's folders no running process owns
+        owned = [(p.name, re.search(r"-pid(\d+)-", p.name)) for p in temporary.iterdir() if p.name.startswith("xdiag")]
+        return [name for name, pid in owned if pid is None or not psutil.pid_exists(int(pid.group(1)))]
+
+    try:
+        send({"id": 1, "method": "initialize", "params": {"protocolVersion": "2025-11-25", "capabilities": {},
+                                                          "clientInfo": {"name": "test", "version": "0"}}})
+        assert json.loads(server.stdout.readline())["id"] == 1
+        send({"method": "notifications/initialized"})
+        send({"id": 2, "method": "tools/call", "params": {"name": "analyze", "arguments": {
+            "path": str(tmp_path / LONG_ANALYSIS.name), "out": str(tmp_path / "cancelled")}}})
+        anyio.run(_until, lambda: any(p.name.startswith("xdiag-xprof") for p in temporary.iterdir()),
+                  "XProf's private copy")
+        send({"method": "notifications/cancelled", "params": {"requestId": 2, "reason": "the user stopped it"}})
+        send({"id": 3, "method": "ping"})
+        while json.loads(server.stdout.readline()).get("id") != 3:
+            pass
+        deadline = time.monotonic() + 30  # the worker's group is killed; the server then sweeps
+        while left() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not left(), left()
+    finally:
+        server.kill()
+        server.wait(timeout=30)
