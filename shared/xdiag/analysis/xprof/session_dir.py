@@ -43,20 +43,25 @@ def make_private_copy(originals: Sequence[Path], workdir: Path | None, all_event
     """The run folder for `originals`, under `workdir` or a temporary folder; `all_events=True` links every file as
     it is. Raises ProfileError where the folder cannot be filled (it is removed)."""
     root = scratch.make("xprof") if workdir is None else Path(workdir).absolute()
-    run_dir = _make_session_dir(root / "plugins" / "profile", _session_name(originals))
-    removable = root if workdir is None else run_dir
+    removable: Path | None = root if workdir is None else None
     files: list[Path] = []
     events_left_out = 0
+    run_dir = root / "plugins" / "profile"
     try:
+        run_dir = _make_session_dir(run_dir, _session_name(originals))
+        removable = root if workdir is None else run_dir
         for original, name in zip(originals, _link_names(originals)):
             left_out = 0 if all_events else copy_without_unused_events(original, run_dir / name)
             if not left_out:
                 link_or_copy(original, run_dir / name)
             events_left_out += left_out
             files.append(run_dir / name)
-    except OSError as error:
-        shutil.rmtree(removable, ignore_errors=True)
-        raise ProfileError(f"cannot set up the private copy in {run_dir}: {error}") from error
+    except BaseException as error:  # SIGTERM (a SystemExit) while the copy is made too: nothing is left
+        if removable is not None:
+            shutil.rmtree(removable, ignore_errors=True)
+        if isinstance(error, OSError):
+            raise ProfileError(f"cannot set up the private copy in {run_dir}: {error}") from error
+        raise
     return PrivateCopy(run_dir, files, events_left_out, str(removable))
 
 
