@@ -434,6 +434,139 @@ def test_mcp_paths_stay_inside_the_clients_roots_and_the_allowed_folders(tmp_pat
     anyio.run(drive)
 
 
+SECRET = "SECRET-OUTSIDE-7f3a"
+"""Bytes only files outside the allowed folder hold: no answer, listing or error may show them."""
+
+
+def _outside_and_allowed(tmp_path: Path) -> tuple[Path, Path]:
+    """A folder outside (a profile, a trace whose field an error would quote, an analysis, a session) and the allowed
+    folder beside it, where whoever may write it has planted links to each of them."""
+    outside, allowed = tmp_path / "outside", tmp_path / "allowed"
+    (outside / "session").mkdir(parents=True)
+    (outside / "analysis" / "tools").mkdir(parents=True)
+    shutil.copyfile(TPU_V5E / "layout_transpose.xplane.pb", outside / "secret.xplane.pb")
+    shutil.copyfile(TPU_V5E / "layout_transpose.xplane.pb", outside / "session" / "host0.xplane.pb")
+    (outside / "notes.json").write_text(json.dumps({"traceEvents": [
+        {"ph": "X", "name": "n", "ts": SECRET, "dur": 1, "pid": 1, "tid": 1}]}))
+    (outside / "analysis" / "analysis.json").write_text(json.dumps({"session_id": SECRET, "diagnosis": {"findings": [
+        {"key": SECRET, "title": SECRET, "evidence": [{"tool": "get_kpi_metrics", "metric": "step_time_ms"}]}]}}))
+    (outside / "analysis" / "tools" / "get_kpi_metrics.json").write_text(json.dumps({"summary": {"step_time_ms": SECRET}}))
+    (allowed / "session").mkdir(parents=True)
+    (allowed / "analysis").mkdir()
+    (allowed / "logs" / "plugins" / "profile" / "inside").mkdir(parents=True)
+    shutil.copyfile(TPU_V5E / "running_sum.xplane.pb", allowed / "inside.xplane.pb")
+    shutil.copyfile(TPU_V5E / "running_sum.xplane.pb", allowed / "logs" / "plugins" / "profile" / "inside" / "host0.xplane.pb")
+    (allowed / "link.xplane.pb").symlink_to(outside / "secret.xplane.pb")
+    (allowed / "session" / "host0.xplane.pb").symlink_to(outside / "secret.xplane.pb")  # found by listing
+    (allowed / "trace.json").symlink_to(outside / "notes.json")
+    (allowed / "traces").mkdir()
+    (allowed / "traces" / "rank0.json").symlink_to(outside / "notes.json")  # its error would quote the field
+    (allowed / "logs" / "plugins" / "profile" / "zz_outside").symlink_to(outside / "session", target_is_directory=True)
+    (allowed / "analysis" / "analysis.json").symlink_to(outside / "analysis" / "analysis.json")
+    (allowed / "analysis_folder").symlink_to(outside / "analysis", target_is_directory=True)
+    return outside, allowed
+
+
+def _allowed_server(tmp_path: Path, allowed: Path):
+    from mcp import StdioServerParameters
+
+    env = {**os.environ, "XDIAG_LOCAL_CACHE_DIR": str(tmp_path / "cache")}
+    return StdioServerParameters(command=sys.executable, args=["-m", "xdiag.cli", "mcp", "--allow", str(allowed)],
+                                 env=env, cwd=tmp_path)
+
+
+def test_mcp_never_reads_through_a_link_out_of_the_allowed_folders(tmp_path):
+    """A link inside the allowed folder to a file or folder outside is never followed: named as `path`, found by
+    listing a session folder or a log dir, as an analysis or its analysis.json; the answer says it leads outside and
+    nothing of the outside file (its bytes, its sessions) appears in any answer or error."""
+    from mcp import Client
+
+    outside, allowed = _outside_and_allowed(tmp_path)
+
+    async def drive() -> None:
+        async with Client(_allowed_server(tmp_path, allowed), read_timeout_seconds=240, mode="legacy") as client:
+            assert _answer(await client.call_tool("get_kpi_metrics", {"path": str(allowed / "inside.xplane.pb")}))
+            analysis = _answer(await client.call_tool("analyze", {"path": str(allowed / "inside.xplane.pb"),
+                                                                  "out": str(allowed / "out")}))
+            if analysis["findings"]:  # what is inside is analysed and explained, bounded as every call is
+                assert _answer(await client.call_tool("explain_finding", {"analysis": analysis["analysis"],
+                                                                          "finding": 1}))["key"]
+            answered = {}  # what each call answered from outside
+            for label, name, arguments in (
+                ("link", "get_kpi_metrics", {"path": str(allowed / "link.xplane.pb")}),
+                ("listed", "get_kpi_metrics", {"path": str(allowed / "session")}),
+                ("error bytes", "get_kpi_metrics", {"path": str(allowed / "trace.json")}),
+                ("listed error bytes", "get_kpi_metrics", {"path": str(allowed / "traces")}),
+                ("log dir session", "get_kpi_metrics", {"path": str(allowed / "logs"), "session": "zz_outside"}),
+                ("explain", "explain_finding", {"analysis": str(allowed / "analysis"), "finding": 1}),
+                ("explain folder", "explain_finding", {"analysis": str(allowed / "analysis_folder"), "finding": 1}),
+            ):
+                result = await client.call_tool(name, arguments)
+                said = "no session 'zz_outside'" if label == "log dir session" else "outside the folders this server"
+                if SECRET in result.content[0].text or not result.is_error or said not in result.content[0].text:
+                    answered[label] = result.content[0].text[:200]
+            listed = await client.call_tool("list_sessions", {"path": str(allowed / "logs")})
+            if [s["session"] for s in _answer(listed)["sessions"]] != ["inside"] or str(outside) in listed.content[0].text:
+                answered["list_sessions"] = listed.content[0].text[:200]
+        assert not answered, f"{len(answered)} calls read or listed outside: {answered}"
+
+    anyio.run(drive)
+
+
+def test_mcp_answers_nothing_from_outside_while_a_link_flips_between_check_and_read(tmp_path):
+    """A profile inside the allowed folder replaced, again and again, by a link to one outside (an atomic rename
+    each time, 200 flips at most): every call answers the inside profile or refuses; none answers the outside one.
+    Bounded in calls and time; an answer from outside fails the test whatever the timing."""
+    from mcp import Client
+
+    outside, allowed = _outside_and_allowed(tmp_path)
+    flipped = allowed / "flip.xplane.pb"
+    shutil.copyfile(allowed / "inside.xplane.pb", flipped)
+    inside_step = None
+    outside_step = None
+    answers: list[str] = []
+    stop = threading.Event()
+    flips = [0]
+
+    def flip() -> None:  # file, link, file, link …: each a rename over the name, so the name is always there
+        staged = allowed / ".staged"
+        while not stop.is_set() and flips[0] < 200:
+            staged.unlink(missing_ok=True)
+            if flips[0] % 2:
+                shutil.copyfile(allowed / "inside.xplane.pb", staged)
+            else:
+                staged.symlink_to(outside / "secret.xplane.pb")
+            os.replace(staged, flipped)
+            flips[0] += 1
+            time.sleep(0.03)
+
+    async def drive() -> None:
+        nonlocal inside_step, outside_step
+        async with Client(_allowed_server(tmp_path, allowed), read_timeout_seconds=240, mode="legacy") as client:
+            inside_step = _answer(await client.call_tool("get_kpi_metrics", {
+                "path": str(allowed / "inside.xplane.pb")}))["summary"]["step_time_ms"]
+            flipper = threading.Thread(target=flip, daemon=True)
+            flipper.start()
+            deadline = time.monotonic() + 120
+            while flipper.is_alive() and time.monotonic() < deadline and len(answers) < 60:
+                result = await client.call_tool("get_kpi_metrics", {"path": str(flipped)})
+                answers.append(result.content[0].text if result.is_error else
+                               f"ok {_answer(result)['summary']['step_time_ms']}")
+            stop.set()
+            flipper.join()
+        async with Client(_allowed_server(tmp_path, outside), read_timeout_seconds=240, mode="legacy") as client:
+            outside_step = _answer(await client.call_tool("get_kpi_metrics", {
+                "path": str(outside / "secret.xplane.pb")}))["summary"]["step_time_ms"]
+
+    anyio.run(drive)
+    assert inside_step != outside_step and len(answers) >= 10 and flips[0] >= 20, (answers, flips)
+    print(f"{len(answers)} calls over {flips[0]} flips: {sum(a.startswith('ok') for a in answers)} answered inside")
+    from_outside = [a for a in answers if a == f"ok {outside_step}" or SECRET in a]
+    assert not from_outside, f"{len(from_outside)} of {len(answers)} calls answered from outside: {answers}"
+    assert all(a == f"ok {inside_step}" or "outside the folders this server may use" in a or "cannot be read" in a
+               for a in answers), answers
+
+
 # --- answers sized for an agent --------------------------------------------------------------------------------
 
 
@@ -642,6 +775,51 @@ def test_a_cancelled_call_gets_no_answer_and_frees_its_lane(tmp_path):
         _, alive = psutil.wait_procs(orphans, timeout=60)
         assert not alive  # the worker serving the analysis and the one started ahead
         assert not (tmp_path / "orphaned" / "analysis.json").exists()
+    finally:
+        server.kill()
+        server.wait(timeout=30)
+
+
+def test_a_cancelled_analysis_leaves_nothing_in_the_temporary_folder(tmp_path):
+    """A cancelled `analyze` (its worker killed outright, with what it started): what it had in TMPDIR (XProf's
+    private copy, 278 MiB on a large capture) is removed by the server; only folders of processes still running
+    (a detached converter's) may stay."""
+    import psutil
+    import re
+
+    shutil.copyfile(LONG_ANALYSIS, tmp_path / LONG_ANALYSIS.name)
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    server = subprocess.Popen([sys.executable, "-m", "xdiag.cli", "mcp"], cwd=tmp_path, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                              env={**os.environ, "XDIAG_LOCAL_CACHE_DIR": str(tmp_path / "cache"),
+                                   "TMPDIR": str(temporary)})
+
+    def send(message: dict) -> None:
+        server.stdin.write(json.dumps({"jsonrpc": "2.0", **message}) + "\n")
+        server.stdin.flush()
+
+    def left() -> list[str]:  # xdiag's folders no running process owns
+        owned = [(p.name, re.search(r"-pid(\d+)-", p.name)) for p in temporary.iterdir() if p.name.startswith("xdiag")]
+        return [name for name, pid in owned if pid is None or not psutil.pid_exists(int(pid.group(1)))]
+
+    try:
+        send({"id": 1, "method": "initialize", "params": {"protocolVersion": "2025-11-25", "capabilities": {},
+                                                          "clientInfo": {"name": "test", "version": "0"}}})
+        assert json.loads(server.stdout.readline())["id"] == 1
+        send({"method": "notifications/initialized"})
+        send({"id": 2, "method": "tools/call", "params": {"name": "analyze", "arguments": {
+            "path": str(tmp_path / LONG_ANALYSIS.name), "out": str(tmp_path / "cancelled")}}})
+        anyio.run(_until, lambda: any(p.name.startswith("xdiag-xprof") for p in temporary.iterdir()),
+                  "XProf's private copy")
+        send({"method": "notifications/cancelled", "params": {"requestId": 2, "reason": "the user stopped it"}})
+        send({"id": 3, "method": "ping"})
+        while json.loads(server.stdout.readline()).get("id") != 3:
+            pass
+        deadline = time.monotonic() + 30  # the worker's group is killed; the server then sweeps
+        while left() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not left(), left()
     finally:
         server.kill()
         server.wait(timeout=30)

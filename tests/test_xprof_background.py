@@ -173,3 +173,31 @@ def test_a_kept_record_is_served_only_verified(tmp_path):
     assert background.read_record(folder) is None
     replace_with(background.record_path(folder), kept, mode=0o600)
     assert background.read_record(folder) == recorded
+
+
+def test_sigterm_to_the_converter_takes_its_private_copy_with_it(tmp_path, monkeypatch):
+    """The detached converter, sent SIGTERM while it converts, ends and removes what it made in TMPDIR (278 MiB of
+    private copy were left on a large capture)."""
+    import os
+    import signal
+
+    import psutil
+
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temporary))  # the converter's environment is this process's
+    pid = background.start_converter([Path(shutil.copyfile(TPU_CAPTURE, tmp_path / TPU_CAPTURE.name))],
+                                     tmp_path / "views")
+    assert pid is not None
+    converter = psutil.Process(pid)
+    deadline = time.monotonic() + 120
+    while converter.is_running() and time.monotonic() < deadline and not any(
+            p.name.startswith("xdiag-xprof") for p in temporary.iterdir()):
+        time.sleep(0.005)
+    assert converter.is_running() and converter.status() != psutil.STATUS_ZOMBIE, "converted before it was stopped"
+    os.kill(pid, signal.SIGTERM)
+    converter.wait(timeout=120)
+    deadline = time.monotonic() + 30  # its conversion workers end with it
+    while (left := [p.name for p in temporary.iterdir() if p.name.startswith("xdiag")]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not left, left

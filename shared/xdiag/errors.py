@@ -28,3 +28,8 @@ class InvalidRequest(XdiagError, ValueError):
 
 class UnsafeOutput(XdiagError, PermissionError):
     """An output that would be written outside its folder (a link planted among the folder's subfolders)."""
+
+
+class OutputError(XdiagError, OSError):
+    """The analysis folder cannot be made or written (read-only, full, below a file), or another analysis is
+    writing there now."""

@@ -227,7 +227,10 @@ class XdiagTools:
                 investigators["gemini"] = gemini_factory(GeminiConfig.from_env())
             except ValueError as exc:
                 raise BadRequest(str(exc)) from None
-        target = (Path(out) if out else Path("xdiag-out") / located.name).absolute()
+        from xdiag.profile.confined import resolved
+
+        # where reads are bounded: the folder written is the one its links lead to, and that inside them
+        target = resolved((Path(out) if out else Path("xdiag-out") / located.name).absolute())
         _check_out_folder(target)
         analysis = analyze_session(located, target, investigator=investigator,
                                    deps_and_bus=build_embedded(max_bytes=self.max_bytes, investigators=investigators))
@@ -248,8 +251,10 @@ class XdiagTools:
 
     def _list_sessions(self, path: str | None = None, run: str | None = None) -> dict[str, Any]:
         if path is not None:
+            from xdiag.profile.confined import resolved
             from xdiag.profile.locate import log_dir_sessions
 
+            resolved(Path(path))  # where reads are bounded: the log dir and every link on the way inside them
             if not Path(path).exists():
                 raise BadRequest(f"{path}: no such file or directory")
             found = log_dir_sessions(Path(path)) if Path(path).is_dir() else []
@@ -280,12 +285,19 @@ class XdiagTools:
     def _explain_finding(self, analysis: str, finding: str | int) -> dict[str, Any]:
         from xdiag.tools.describe import field_patterns, returns
 
-        folder = Path(analysis)
+        from xdiag.profile import confined
+
+        folder = confined.resolved(Path(analysis))  # where reads are bounded: every link on the way inside them
         recorded = folder if folder.is_file() else folder / "analysis.json"
         try:
-            stored = json.loads(recorded.read_text())
-        except (OSError, ValueError) as exc:
-            raise BadRequest(f"{analysis}: no analysis there ({exc}); `analyze` returns the folder") from None
+            stored = json.loads(confined.read_text(recorded))
+        except confined.OutsideRoots:
+            raise
+        except (OSError, ValueError) as exc:  # the reason, never the bytes read
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+            raise BadRequest(f"{analysis}: no analysis there ({reason}); `analyze` returns the folder") from None
+        if not isinstance(stored, dict):
+            raise BadRequest(f"{analysis}: no analysis there (not an analysis.json); `analyze` returns the folder")
         findings = (stored.get("diagnosis") or {}).get("findings") or []
         chosen = [f for i, f in enumerate(findings, 1) if str(finding) in (f["key"], str(i))]
         if not chosen:
@@ -301,8 +313,8 @@ class XdiagTools:
             fields = returns(spec).fields
             evidence["documented_field"] = any(p.match(evidence["metric"]) for p in field_patterns(fields))
             try:
-                summary = json.loads((outputs / f"{evidence['tool']}.json").read_text()).get("summary") or {}
-            except (OSError, ValueError):
+                summary = json.loads(confined.read_text(outputs / f"{evidence['tool']}.json")).get("summary") or {}
+            except (OSError, ValueError, AttributeError):  # OutsideRoots too: a link out is not read
                 continue
             if evidence["metric"] in summary:
                 evidence["reported"] = summary[evidence["metric"]]
@@ -379,15 +391,18 @@ class Allowed:
     def __init__(self, folders: list[Path]) -> None:
         self.folders = [Path(f).resolve() for f in folders]
 
-    async def check(self, ctx, paths: list[Path]) -> None:
+    async def check(self, ctx, paths: list[Path]) -> list[Path]:
+        """The folders the call is bounded to ([] where it is not); BadRequest where a path it names is outside
+        (the files it reads are checked where they are opened: xdiag.profile.confined)."""
         folders = [*self.folders, *await _client_roots(ctx)]
         if not folders:
-            return
+            return []
         for path in paths:
             resolved = path.resolve()
             if not any(resolved.is_relative_to(folder) for folder in folders):
                 raise BadRequest(f"{path} is outside the folders this server may use ({', '.join(map(str, folders))}"
                                  "): the client's roots and `xdiag mcp --allow DIR` set them")
+        return folders
 
 
 async def _client_roots(ctx) -> list[Path]:
@@ -420,32 +435,35 @@ class Dispatcher:
     async def answer(self, ctx, name: str, arguments: dict[str, Any]):
         import mcp_types as types
 
+        from xdiag.profile.confined import within
+
         checked = self.tools.check(name, arguments)  # UnknownToolName goes on: a protocol error
         try:
-            await self.allowed.check(ctx, self.tools.paths(name, checked))
-            result = self.tools.cached(name, checked)
-            if result is None:
-                result = await self._in_worker(name, checked)
+            folders = await self.allowed.check(ctx, self.tools.paths(name, checked))
+            with within(folders):  # the cache's look-up reads the files, bounded as the worker's reads are
+                result = self.tools.cached(name, checked)
+                if result is None:
+                    result = await self._in_worker(name, checked, folders)
         except XdiagError as exc:  # a path outside the folders, a profile that cannot be read, a failed tool
             return _error_result(str(exc))
         text = self.tools.answer_text(name, checked, result)
         return types.CallToolResult(content=[types.TextContent(type="text", text=text)])
 
-    async def _in_worker(self, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    async def _in_worker(self, name: str, arguments: dict[str, Any], folders: list[Path]) -> dict[str, Any]:
         lanes = self.lanes
         if name == "analyze":
             async with lanes.analysis:
-                return await self.workers.run(name, arguments)
+                return await self.workers.run(name, arguments, folders)
         key = self.tools.profile_key(name, arguments)
         if key is not None and key not in lanes.decoded:
             async with lanes.decoding[key]:  # the others wait for the first call to decode (and cache) the profile
                 if key not in lanes.decoded:
                     async with lanes.tools:
-                        result = await self.workers.run(name, arguments)
+                        result = await self.workers.run(name, arguments, folders)
                     lanes.decoded.add(key)
                     return result
         async with lanes.tools:
-            return await self.workers.run(name, arguments)
+            return await self.workers.run(name, arguments, folders)
 
 
 def _error_result(reason: str):
@@ -471,8 +489,9 @@ class Workers:
         return await anyio.open_process([sys.executable, "-m", "xdiag.agent.mcp_worker", str(os.getpid())],
                                         stdin=-1, stdout=-1, stderr=None, env=env, start_new_session=True)
 
-    async def run(self, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
-        """The call's answer from a worker: the one started ahead where it is still there, and another ahead."""
+    async def run(self, name: str, arguments: dict[str, Any], folders: list[Path] | None = None) -> dict[str, Any]:
+        """The call's answer from a worker: the one started ahead where it is still there, and another ahead. The
+        worker's reads, and those of the processes it starts, are bounded to `folders` where there are any."""
         import anyio
 
         process, self._spare = self._spare, None
@@ -487,6 +506,7 @@ class Workers:
                     self._starting = False
         tools = self.tools
         request = {"tool": name, "arguments": arguments, "max_bytes": tools.max_bytes,
+                   "roots": [str(folder) for folder in folders or []],
                    "stack_dir": str(tools.stack_dir),
                    "cache": None if tools.cache is None else {"root": str(tools.cache.root),
                                                               "limit_bytes": tools.cache.limit_bytes}}
@@ -498,6 +518,10 @@ class Workers:
                 await process.wait()
         finally:
             _kill_group(process.pid)  # ended or cancelled: nothing it started outlives the call
+            if process.returncode is None or process.returncode < 0:  # killed: what it left in TMPDIR goes
+                from xdiag.profile.scratch import sweep
+
+                sweep()
         try:
             outcome = json.loads(b"".join(chunks))
         except ValueError:

@@ -51,6 +51,10 @@ def main() -> None:
     from xdiag.errors import XdiagError
 
     request = json.loads(sys.stdin.read())
+    if request.get("roots"):  # the call's reads, and those of what it starts, bounded to the server's folders
+        from xdiag.profile.confined import bound_environment
+
+        bound_environment([Path(folder) for folder in request["roots"]])
 
     cache = request["cache"]
     tools = XdiagTools(None if cache is None else ResultCache(Path(cache["root"]), cache["limit_bytes"]),

@@ -51,8 +51,11 @@ class UnusableCache(OSError):
 
 def file_version(path: Path) -> str:
     """What tells one version of a file from another: its path, size, mtime, ctime (which no one can set back, and
-    which a rewrite in place or a rename over it changes) and inode, and a sha256 of 16 blocks spread over its bytes."""
-    with path.open("rb") as handle:
+    which a rewrite in place or a rename over it changes) and inode, and a sha256 of 16 blocks spread over its bytes.
+    Where reads are bounded (xdiag.profile.confined), of the file checked inside the bounds."""
+    from xdiag.profile.confined import open_binary
+
+    with open_binary(path) as handle:
         info = os.fstat(handle.fileno())
         digest = hashlib.sha256()
         size = info.st_size

@@ -19,7 +19,10 @@ for family in (local.app, stack.app, runs.app):
 
 
 def main() -> None:  # console-script entry point
+    from xdiag.profile.scratch import exit_on_sigterm
+
     mark_own_process()
+    exit_on_sigterm()  # SIGTERM unwinds: temporary folders go with the process
     try:
         app()
     finally:

@@ -5,12 +5,17 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import hashlib
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from xdiag.cloud.memory import InProcessBus, LocalBlobStore, MemoryStateStore
+from xdiag.errors import OutputError, XdiagError
 from xdiag.handlers import HANDLERS
 from xdiag.model import Analysis, CaptureReady
 from xdiag.pipeline.deps import Dependencies, SessionLoader
@@ -61,9 +66,83 @@ def analyze_session(
     investigator: str = "rules",
     deps_and_bus: tuple[Dependencies, InProcessBus] | None = None,
 ) -> Analysis:
-    """Runs every stage over one session; returns the stored analysis (status DONE or FAILED)."""
+    """Runs every stage over one session; returns the stored analysis (status DONE or FAILED). One analysis at a
+    time per output folder: OutputError where another is writing there, or where the folder cannot be made or
+    written (read-only, full, below a file)."""
     deps, bus = deps_and_bus or build_embedded()
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputError(f"{out_dir}: the output folder cannot be made ({_reason(exc)})") from None
+    try:
+        with _only_analysis(out_dir):
+            return _analyze(located, out_dir, investigator, deps, bus)
+    except OSError as exc:
+        if isinstance(exc, XdiagError) or exc.errno not in _UNWRITABLE:
+            raise
+        raise OutputError(f"{out_dir}: the analysis cannot be written there ({_reason(exc)})") from None
+
+
+_UNWRITABLE = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR}
+"""What a write into a read-only, full or quota-bound folder (or one below a file) fails with."""
+
+
+OUT_LOCK = ".xdiag-analysis.lock"
+"""Held (flock) in the output folder while an analysis writes there; gone after it."""
+
+
+def _reason(exc: OSError) -> str:
+    where = f": {exc.filename}" if exc.filename else ""
+    return f"{exc.strerror or exc}{where}"
+
+
+@contextlib.contextmanager
+def _only_analysis(out_dir: Path) -> Iterator[None]:
+    """The output folder's lock held while the block runs: OutputError at once where another analysis holds it
+    (two analyses into one folder would each print a report the other wrote; issue 62). A lock the kernel drops
+    with its process: a killed analysis leaves none held."""
+    path = out_dir / OUT_LOCK
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno in (errno.EAGAIN, errno.EACCES):
+                raise OutputError(f"{out_dir}: another analysis is writing there now; wait for it to end or "
+                                  "choose another output folder") from None
+            raise
+        try:
+            if os.stat(path, follow_symlinks=False).st_ino == os.fstat(fd).st_ino:
+                break  # the file locked is the one the folder holds (not one the last holder removed meanwhile)
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            path.unlink()
+        os.close(fd)
+
+
+def _remove_earlier_outputs(out_dir: Path, written: set[Path]) -> None:
+    """The tool outputs an earlier analysis left in the folder that this one did not write (its follow-up calls):
+    the folder is this analysis's as a whole (`xdiag diff` read a follow-up of the earlier profile as this one's)."""
+    tools = Path(os.path.abspath(out_dir / "tools"))
+    try:
+        entries = list(os.scandir(tools))
+    except OSError:
+        return
+    for entry in entries:
+        path = tools / entry.name
+        if entry.name.endswith(".json") and entry.is_file(follow_symlinks=False) and path not in written:
+            with contextlib.suppress(OSError):
+                path.unlink()
+
+
+def _analyze(located: LocatedSession, out_dir: Path, investigator: str, deps: Dependencies,
+             bus: InProcessBus) -> Analysis:
     if isinstance(deps.blobs, LocalBlobStore):
         deps.blobs.confined_to = out_dir.resolve()  # the outputs go under --out, whatever links its folders hold
     analysis_id = analysis_id_for(located.files)
@@ -82,4 +161,6 @@ def analyze_session(
         bus.drain()
     finally:
         deps.sessions.close()  # XProf's private copies of the files go with the session
+        if isinstance(deps.blobs, LocalBlobStore):
+            _remove_earlier_outputs(out_dir, deps.blobs.written)
     return Analysis.model_validate(deps.state.get(ANALYSES, analysis_id))

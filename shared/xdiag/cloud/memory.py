@@ -71,6 +71,7 @@ class LocalBlobStore:
         # A folder (`xdiag analyze --out`) whose objects are never written outside it: a path under it whose folders
         # lead elsewhere (a planted link) is refused.
         self.confined_to = confined_to.resolve() if confined_to is not None else None
+        self.written: set[Path] = set()  # every object's path written, absolute (what an analysis wrote)
 
     def _path(self, uri: str) -> Path:
         if uri.startswith("gs://") and self.buckets is not None:
@@ -90,6 +91,7 @@ class LocalBlobStore:
         if root is not None and Path(os.path.abspath(path)).is_relative_to(root) and not path.parent.resolve(
                 ).is_relative_to(root):
             raise UnsafeOutput(f"{path}: a link in its folders leads out of {root}; not written")
+        self.written.add(Path(os.path.abspath(path)))
         return path
 
     def put(self, uri: str, data: bytes, content_type: str = "application/octet-stream") -> str:

@@ -7,7 +7,6 @@ import gc
 import json
 import logging
 import os
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -19,6 +18,7 @@ from xdiag.analysis import prepared as prepared_tables
 from xdiag.analysis.xprof import XPROF_VIEWS_ENV, start_views
 from xdiag.analysis.xprof.session_views import adopt_stored_views, adopt_views, broad_view_calls, prefetch_views
 from xdiag.errors import ProfileError
+from xdiag.profile import scratch
 from xdiag.investigators import HealthSnapshot, RuleEngine
 from xdiag.model import Diagnosis, ToolResult
 from xdiag.pipeline.layout import PREPARED_DIR, PREPARED_SUFFIX, host_summary_uri, inputs_key, prepared_host_uri
@@ -143,8 +143,8 @@ class SessionLoader:
         if self._blobs.exists(uri) and self._blobs.exists(host_summary_uri(output, info)):
             return uri, int(getattr(self._blobs.stat(uri), "size", 0) or 0)
         try:
-            with tempfile.TemporaryDirectory(prefix="xdiag-map-") as folder:
-                out = Path(folder) / "host.xdiag"
+            with scratch.folder("map") as folder:
+                out = folder / "host.xdiag"
                 size, _ = host_summary.map_and_summarize(Path(self._blobs.local_path(info.uri, info.generation)), out,
                                                          threads=read_threads(0))
                 self._blobs.put_file(host_summary.summary_path(out), host_summary_uri(output, info))
@@ -332,8 +332,8 @@ class SessionLoader:
         except Exception:  # noqa: BLE001 - each tool then builds them and records what fails, as without them
             log.warning("the prepared session %s goes without its shared tables", prepared_uri, exc_info=True)
             tables = None
-        with tempfile.TemporaryDirectory() as folder:
-            path = Path(folder) / "session.xdiag"
+        with scratch.folder("session") as folder:
+            path = folder / "session.xdiag"
             save_session(session, path, tables)
             self._blobs.put_file(path, prepared_uri, cache_source=True)  # a temporary file, ours alone
 

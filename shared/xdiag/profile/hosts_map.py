@@ -17,7 +17,9 @@ HLO modules), so every tool answers the same (tests/test_hosts_map.py).
 from __future__ import annotations
 
 import gc
+import json
 import os
+import struct
 import subprocess
 import sys
 import tempfile
@@ -26,6 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from xdiag.errors import ProfileError
+from xdiag.profile import scratch
 from xdiag.profile.compact import load_session, save_session
 from xdiag.profile.reader import (
     DEFAULT_MAX_PROFILE_BYTES,
@@ -103,8 +106,8 @@ def read_session_by_host(
                                "host file; capture a shorter window or raise --max-profile-gib")
     total = session_bytes(paths, sys.maxsize if limit_each_host else max_bytes)
     ordered = sorted(paths)
-    with tempfile.TemporaryDirectory(prefix="xdiag-hosts-") as scratch:
-        outs = [Path(scratch) / f"host-{index:05d}.xdiag" for index in range(len(ordered))]
+    with scratch.folder("hosts") as mapped:  # removed on SIGTERM too; swept at the next start if killed
+        outs = [mapped / f"host-{index:05d}.xdiag" for index in range(len(ordered))]
         count = map_workers(len(ordered), workers)
         # the cores the read may use, shared out: two hosts on four cores decode two lines at once each
         _map_hosts(ordered, outs, count, max(1, (workers or _CPUS) // count), progress, total, worker)
@@ -136,7 +139,7 @@ def _map_hosts(paths: list[Path], outs: list[Path], workers: int, threads: int, 
         errors = tempfile.TemporaryFile()  # not a pipe: a worker that writes much there must not block on it
         worker = subprocess.Popen(
             [sys.executable, "-m", module], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=errors, env={**os.environ, "PYTHONWARNINGS": "ignore"}, text=True,
+            stderr=errors, env={**os.environ, "PYTHONWARNINGS": "ignore"},
         )
         try:
             while (job := next_job()) is not None:
@@ -151,21 +154,20 @@ def _map_hosts(paths: list[Path], outs: list[Path], workers: int, threads: int, 
                 timer = threading.Timer(bound, stop)
                 timer.start()
                 try:
-                    worker.stdin.write(f"{path}\t{out}\t{threads}\n")
-                    worker.stdin.flush()
-                    answer = worker.stdout.readline().rstrip("\n").split("\t", 1)
-                except OSError:  # BrokenPipeError: it had died already
-                    answer = [""]
+                    send_message(worker.stdin, {"path": str(path), "out": str(out), "threads": threads})
+                    answer = receive_message(worker.stdout) or {}
+                except (OSError, ValueError):  # BrokenPipeError: it had died already; a garbled answer
+                    answer = {}
                 finally:
                     timer.cancel()
-                if answer[0] == "ok":
+                if "ok" in answer:
                     with lock:
                         done[0] += path.stat().st_size
                         if progress:
                             progress(f"read {len(paths)} hosts", done[0], total)
                     continue
-                if answer[0] == "failed":
-                    reason = answer[1]
+                if isinstance(answer.get("failed"), str):
+                    reason = answer["failed"]
                 else:  # the worker died (out of memory, a crash): its last words
                     worker.kill()
                     errors.seek(0)
@@ -200,26 +202,65 @@ def _map_hosts(paths: list[Path], outs: list[Path], workers: int, threads: int, 
         raise ProfileError(failures[min(failures)])
 
 
+MAX_MESSAGE_BYTES = 2**24
+"""The most a message between the analysing process and a map worker may hold (a request is two paths and a
+number, an answer a size or a reason): a longer length prefix is a garbled stream, not a message."""
+
+
+def send_message(stream, message: dict) -> None:
+    """`message` to the other process as one frame: its JSON (ASCII, so any file name, tabs, newlines and bytes
+    that are not UTF-8 included, travels as escapes) after its length in 4 bytes. No file name can end a frame or
+    start another, as a line of tab-separated fields let `x<TAB>victim.txt<TAB>1<NL>` do (issue 62)."""
+    data = json.dumps(message, ensure_ascii=True).encode("ascii")
+    stream.write(struct.pack(">I", len(data)) + data)
+    stream.flush()
+
+
+def receive_message(stream) -> dict | None:
+    """The next frame send_message wrote to `stream`, or None where the stream ends (the other process exited or
+    closed it). ValueError for a frame cut short, too long or not a JSON object."""
+    head = stream.read(4)
+    if not head:
+        return None
+    if len(head) < 4:
+        raise ValueError("a message's length cut short")
+    (size,) = struct.unpack(">I", head)
+    if size > MAX_MESSAGE_BYTES:
+        raise ValueError(f"a message of {size} bytes, over the {MAX_MESSAGE_BYTES} bytes a message may hold")
+    data = stream.read(size)
+    if len(data) < size:
+        raise ValueError("a message cut short")
+    message = json.loads(data)
+    if not isinstance(message, dict):
+        raise ValueError("a message that is not a JSON object")
+    return message
+
+
 def main() -> int:
-    """`python -m xdiag.profile.hosts_map`: a map worker. Reads `PATH<TAB>OUT<TAB>THREADS` lines on stdin, maps each
-    host (map_host) and answers on stdout, a line per host: `ok<TAB>BYTES`, or `failed<TAB>REASON` where the file cannot
-    be read (a ProfileError). Its memory goes back to the system after each host."""
+    """`python -m xdiag.profile.hosts_map`: a map worker. Reads requests on stdin, `{"path", "out", "threads"}`
+    framed by send_message, maps each host (map_host) and answers on stdout, a frame per host: `{"ok": BYTES}`, or
+    `{"failed": REASON}` where the file cannot be read (a ProfileError). Its memory goes back to the system after
+    each host."""
     return serve_maps(lambda path, out, threads: map_host(path, out, threads)[1])
 
 
 def serve_maps(map_one: Callable[[Path, Path, int], int]) -> int:
-    """A map worker's loop (main's protocol) around `map_one(path, out, threads) -> bytes written`."""
-    for request in sys.stdin:
-        path, out, threads = request.rstrip("\n").split("\t")
+    """A map worker's loop (main's protocol) around `map_one(path, out, threads) -> bytes written`. The answers go
+    to the stdout the worker was started with; what the worker's code or its libraries print goes to stderr, so no
+    print can garble a frame."""
+    requests = sys.stdin.buffer
+    answers = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    sys.stdout.flush()
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    while (request := receive_message(requests)) is not None:
         try:
-            size = map_one(Path(path), Path(out), int(threads))
-            answer = f"ok\t{size}"
+            size = map_one(Path(request["path"]), Path(request["out"]), int(request["threads"]))
+            answer: dict = {"ok": size}
         except ProfileError as exc:
-            answer = "failed\t" + " ".join(str(exc).split())
+            answer = {"failed": " ".join(str(exc).split())}
         gc.collect()
         return_freed_memory_to_the_os()
-        sys.stdout.write(answer + "\n")
-        sys.stdout.flush()
+        send_message(answers, answer)
     return 0
 
 

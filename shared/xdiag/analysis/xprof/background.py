@@ -24,7 +24,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -33,6 +32,7 @@ from typing import Any
 from xdiag.analysis.xprof.views import ViewMethods
 from xdiag.errors import NotAvailable
 from xdiag.fresh_files import replace_with, verified, with_digest
+from xdiag.profile import scratch
 from xdiag.sizes import readable_size
 
 RECORD = "views.json"
@@ -177,7 +177,7 @@ class BackgroundViews(ViewMethods):
         from xdiag.analysis.xprof.views import XprofViews
 
         if self._host_planes is None:
-            self._host_folder = tempfile.mkdtemp(prefix="xdiag-xprof-host-planes-")
+            self._host_folder = str(scratch.make("xprof-host-planes"))
             copies = []
             for path in self.files:
                 copies.append(Path(self._host_folder) / Path(path).name)
@@ -277,4 +277,5 @@ def convert_into(folder: Path, files: Sequence[Path]) -> int:
 
 
 if __name__ == "__main__":
+    scratch.exit_on_sigterm()  # its private copy goes with it
     sys.exit(convert_into(Path(sys.argv[1]), [Path(f) for f in sys.argv[2:]]))

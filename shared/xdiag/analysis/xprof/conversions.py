@@ -30,7 +30,6 @@ import json
 import logging
 import os
 import re
-import tempfile
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Sequence
@@ -40,8 +39,9 @@ from typing import Any
 from xdiag.analysis.xprof import memory_budget, worker
 from xdiag.analysis.xprof.common import XPLANE_SUFFIX, xprof_api
 from xdiag.analysis.xprof.quiet import quiet
-from xdiag.analysis.xprof.session_dir import link_or_copy
+from xdiag.analysis.xprof.session_dir import link_private
 from xdiag.errors import NotAvailable
+from xdiag.profile import scratch
 
 log = logging.getLogger(__name__)
 
@@ -276,12 +276,12 @@ class Conversions:
 
     def _worker_run_dir(self, label: str) -> Path:
         """A folder named like the private run folder, holding links to the same files."""
-        folder = Path(tempfile.mkdtemp(prefix=f"xdiag-xprof-{label}-"))
+        folder = scratch.make(f"xprof-{label}")
         self.worker_folders.append(str(folder))
         run_dir = folder / self.run_dir.name
         run_dir.mkdir()
         for path in self.files:
-            link_or_copy(path.resolve(), run_dir / path.name)
+            link_private(path.resolve(), run_dir / path.name)  # the private copy's file: checked already
         self.worker_run_dirs.append(run_dir)
         return run_dir
 

@@ -22,7 +22,8 @@ from xdiag.analysis.xprof import host_events
 from xdiag.analysis.xprof.common import XPLANE_SUFFIX, xprof_api, xprof_version
 from xdiag.analysis.xprof.quiet import quiet
 from xdiag.errors import ProfileError
-from xdiag.profile import slim
+from xdiag.profile import confined, scratch, slim
+from xdiag.profile.locate import open_regular
 
 log = logging.getLogger(__name__)
 
@@ -41,21 +42,26 @@ class PrivateCopy:
 def make_private_copy(originals: Sequence[Path], workdir: Path | None, all_events: bool) -> PrivateCopy:
     """The run folder for `originals`, under `workdir` or a temporary folder; `all_events=True` links every file as
     it is. Raises ProfileError where the folder cannot be filled (it is removed)."""
-    root = Path(tempfile.mkdtemp(prefix="xdiag-xprof-")) if workdir is None else Path(workdir).absolute()
-    run_dir = _make_session_dir(root / "plugins" / "profile", _session_name(originals))
-    removable = root if workdir is None else run_dir
+    root = scratch.make("xprof") if workdir is None else Path(workdir).absolute()
+    removable: Path | None = root if workdir is None else None
     files: list[Path] = []
     events_left_out = 0
+    run_dir = root / "plugins" / "profile"
     try:
+        run_dir = _make_session_dir(run_dir, _session_name(originals))
+        removable = root if workdir is None else run_dir
         for original, name in zip(originals, _link_names(originals)):
             left_out = 0 if all_events else copy_without_unused_events(original, run_dir / name)
             if not left_out:
                 link_or_copy(original, run_dir / name)
             events_left_out += left_out
             files.append(run_dir / name)
-    except OSError as error:
-        shutil.rmtree(removable, ignore_errors=True)
-        raise ProfileError(f"cannot set up the private copy in {run_dir}: {error}") from error
+    except BaseException as error:  # SIGTERM (a SystemExit) while the copy is made too: nothing is left
+        if removable is not None:
+            shutil.rmtree(removable, ignore_errors=True)
+        if isinstance(error, OSError):
+            raise ProfileError(f"cannot set up the private copy in {run_dir}: {error}") from error
+        raise
     return PrivateCopy(run_dir, files, events_left_out, str(removable))
 
 
@@ -95,6 +101,16 @@ def _link_names(paths: Sequence[Path]) -> list[str]:
 
 
 def link_or_copy(source: Path, target: Path) -> None:
+    """`target` made to read as `source`: a link; where reads are bounded (xdiag.profile.confined), a hard link to
+    (or a copy of) the file checked, which XProf's converter then reads, not whatever the name leads to later."""
+    if confined.roots():
+        confined.link_or_copy_opened(source, target)
+        return
+    link_private(source, target)
+
+
+def link_private(source: Path, target: Path) -> None:
+    """`target` a link to `source`, a file of a private copy (or a file checked already), else a copy of it."""
     try:
         target.symlink_to(source)
     except OSError:  # no symlinks here (some filesystems, Windows without privilege)
@@ -125,7 +141,8 @@ def copy_without_device_planes(original: Path, target: Path) -> int:
 
     from xdiag.profile import wire
 
-    data = np.memmap(original, dtype=np.uint8, mode="r")  # only the planes' headers are read, and the host planes
+    with open_regular(original) as handle:  # the file checked, where reads are bounded (xdiag.profile.confined)
+        data = np.memmap(handle, dtype=np.uint8, mode="r")  # only the planes' headers are read, and the host planes
 
     def fields(start: int, end: int) -> list[tuple[int, int, int, int]]:
         numbers, tags, starts, ends, _, err, pos = wire.scan_fields(data, start, end)

@@ -86,7 +86,9 @@ def view_key(method: str, **arguments: Any) -> str:
 
 
 def _file_holds(path: Path, name: bytes) -> bool:
-    with path.open("rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+    from xdiag.profile.locate import open_regular
+
+    with open_regular(path) as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
         return mapped.find(name) >= 0
 
 
