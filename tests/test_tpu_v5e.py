@@ -477,6 +477,7 @@ def test_a_jax_chrome_trace_of_a_tpu_serving_job_is_not_optimal(tmp_path):
 
 
 # Captured after the fixes, as jobs they were not made on (see tests/profiles/tpu_v5e/README.md).
+# Not held out in fact: 9b8cc41 added these profiles with roofline changes (tests/test_answer_keys.py, NOT_HELD_OUT).
 def test_held_out_non_causal_flash_kernels_are_costed_in_full(analyses):
     """No positional mask in the kernels' bodies: the full S x S. Forward 4·B·H·S²·D with B 4, H 8, S 2048, D 128."""
     rows = _tool(analyses["flash_attention_full"][1], "get_hlo_op_profile")["detail"]["ops"]
