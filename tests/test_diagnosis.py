@@ -75,12 +75,63 @@ def test_collective_fix_follows_what_the_top_collective_shows(cpu_profiles, tmp_
     assert "f32[1048576] carries" in top.fix
 
 
-def test_findings_quote_numbers_from_tool_outputs(cpu_profiles, tmp_path):
-    analysis = _analyze(cpu_profiles["input_bound"], tmp_path)
+def _rows(value):
+    """Every dict inside a tool's JSON answer (its summary, detail rows, nested tables)."""
+    if isinstance(value, dict):
+        yield value
+        for v in value.values():
+            yield from _rows(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _rows(v)
+
+
+def _same(a, b) -> bool:
+    return (isinstance(a, (int, float)) and not isinstance(a, bool) and isinstance(b, (int, float))
+            and not isinstance(b, bool) and abs(a - b) <= 1e-9 * max(1.0, abs(a), abs(b)))
+
+
+def _where_the_evidence_says(outputs: list[dict], metric: str, value) -> bool:
+    """The value sits where the metric names it: under the key `metric` (or its dotted path from the summary);
+    for "events matching ..." in the summary's `matches`; for "<op or name> <field>" (or "top op <op>") in the row
+    that names that op. A number that merely occurs somewhere in the answer does not count."""
+    for output in outputs:
+        summary = output.get("summary") or {}
+        node = summary
+        for part in metric.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if _same(node, value):
+            return True
+        if metric.startswith("events matching ") and _same(summary.get("matches"), value):
+            return True
+        words = set(metric.split())
+        for row in _rows(output):
+            if _same(row.get(metric), value):
+                return True
+            named = any(isinstance(v, str) and v in words for v in row.values())
+            if named and any(_same(v, value) for k, v in row.items() if k in words or metric.startswith("top ")):
+                return True
+    return False
+
+
+@pytest.mark.parametrize("workload", ["input_bound", "host_sync", "memory_bound", "layout_transpose"])
+def test_findings_quote_numbers_from_tool_outputs(workload, tmp_path):
+    """Every number a finding quotes is in the output of the tool it names, at the place its metric names, the
+    follow-up calls' outputs (tools/followup-N-<tool>.json) included; committed TPU v5e profiles (deterministic)."""
     import json
 
-    tool_json = {p.stem: json.loads(p.read_text()) for p in (tmp_path / "out" / "tools").glob("*.json")}
-    finding = analysis.diagnosis.findings[0]
-    for evidence in finding.evidence:
-        if evidence.tool in tool_json and isinstance(evidence.value, (int, float)):
-            assert str(evidence.value) in json.dumps(tool_json[evidence.tool]), evidence
+    analysis = _analyze(Path(__file__).resolve().parent / "profiles" / "tpu_v5e" / f"{workload}.xplane.pb", tmp_path)
+    outputs: dict[str, list[dict]] = {}
+    for path in sorted((tmp_path / "out" / "tools").glob("*.json")):
+        answer = json.loads(path.read_text())
+        outputs.setdefault(answer["tool"], []).append(answer)
+    quoted = 0
+    for finding in analysis.diagnosis.findings:
+        for evidence in finding.evidence:
+            if isinstance(evidence.value, bool) or not isinstance(evidence.value, (int, float)):
+                continue
+            assert evidence.tool in outputs, (finding.key, evidence)
+            assert _where_the_evidence_says(outputs[evidence.tool], evidence.metric, evidence.value), (
+                finding.key, evidence)
+            quoted += 1
+    assert quoted >= 3, "too few quoted numbers to check"

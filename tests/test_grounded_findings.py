@@ -128,14 +128,30 @@ def test_an_int8_rate_is_read_against_the_int8_peak(reports):
     assert "int8 work at 97% of its 394 TFLOP/s peak" in page
 
 
-def test_at_the_roof_is_said_only_from_the_stated_share(reports):
-    """Every finding that says 'at the ... roof' stands on at least AT_ROOF_MIN_PERCENT of the peak."""
-    for name, (analysis, _) in reports.items():
+AT_ROOF_READ = ("kv_decode", "kv_decode_b64", "lstm_batch64", "decode_prefetched", "decode_streamed",
+                "int8_weight_decode", "padded_heads", "memory_bound", "pallas_small_blocks")
+"""Captures whose memory-bound work runs at 74-92% of the bandwidth (and one whose kernel is slow for another
+reason), beside READ's at 6-58%: the at-the-roof wording is checked on both sides of AT_ROOF_MIN_PERCENT."""
+
+
+def test_at_the_roof_is_said_only_from_the_stated_share(reports, tmp_path):
+    """Every finding of every report here: 'at the ... roof' stands on at least AT_ROOF_MIN_PERCENT of the peak, and
+    a fix that says a faster kernel can still gain names a share below it (none here does today); the first wording
+    occurs in these reports, so the check is not empty."""
+    analyses = {name: analysis for name, (analysis, _) in reports.items()}
+    analyses.update({name: analyze_session(locate_session(TPU / f"{name}.xplane.pb"), tmp_path / name)
+                     for name in AT_ROOF_READ})
+    said = 0
+    for name, analysis in analyses.items():
         for f in analysis.diagnosis.findings if analysis.diagnosis else []:
             text = f"{f.title} {f.whats_happening} {f.fix}".lower()
-            if re.search(r"\bat the (hbm )?(bandwidth )?roof\b", text) and f.key == "memory_bound":
-                assert analysis.health["memory_bound_kind"] == "at_bandwidth_roof", name
-                assert analysis.health["memory_bandwidth_efficiency_percent"] >= AT_ROOF_MIN_PERCENT, name
+            if re.search(r"\bat the (hbm )?(bandwidth )?roof\b", text):
+                said += 1
+                assert analysis.health["memory_bound_kind"] == "at_bandwidth_roof", (name, f.key)
+                assert analysis.health["memory_bandwidth_efficiency_percent"] >= AT_ROOF_MIN_PERCENT, (name, f.key)
+            for share in re.findall(r"at ([\d.]+)% of the bandwidth a faster kernel can gain too", text):
+                assert float(share) < AT_ROOF_MIN_PERCENT, (name, f.key, share)
+    assert said, "no report here says 'at the roof': the check would hold whatever the rule says"
 
 
 def test_a_latency_bound_scan_is_the_top_finding_and_its_lever_fits(reports):

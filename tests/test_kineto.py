@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import SHARED_PROFILES
+from tests.conftest import SHARED_PROFILES, missing_shared
 from tests.test_expected_profiles import Diagnosed as ExpertDiagnosed
 from xdiag.cloud.embedded import analyze_session
 from xdiag.errors import ProfileError
@@ -39,7 +39,7 @@ _PROFILER_STEP = re.compile(r"^ProfilerStep#\d+$")
 def _trace(name: str) -> Path:
     path = TRACES / name
     if not path.exists():
-        pytest.skip(f"{path} is not here: the public Kineto/Chrome traces live in ../shared/traces beside the checkout")
+        missing_shared(path)
     return path
 
 
@@ -180,6 +180,7 @@ class Reading:
     breakdown: dict[str, float] = field(default_factory=dict)  # category -> percent of step time (±1.5 points)
     also: tuple[str, ...] = ()  # further findings that must be there
     step_source: str = "step annotations"
+    measured: str = ""  # the independent measurement the reading stands on (a hand count from the raw file, ...)
 
 
 READINGS: dict[str, Reading] = {
@@ -194,92 +195,127 @@ READINGS: dict[str, Reading] = {
         "after warm-up. Not dispatch_overhead (launching is 0.0% once the first-use launch is warm-up), nor "
         "input_bound (5.1% of the window is host time no event explains).",
         "NEEDS_ATTENTION", "warm_up", 1, 12920.2, {"compute": 0.08, "transfer": 0.43, "warm_up": 94.35, "dispatch": 0.0},
-        step_source="no repeating step"),
+        step_source="no repeating step",
+        measured="hand count (raw JSON, json module): cudaFree 15 calls, 6,553.8 ms, one of 6,008.7 ms against a "
+                 "1.45 ms median; cudaLaunchKernel 79 calls, one of 3,055.6 ms against a 9 µs median; no "
+                 "ProfilerStep"),
     "kineto_HTA_df_index_resolver_V100x2_nccl.json.gz": Reading(
         "Rank 1 of 2 (V100, NCCL): five 347.5 ms steps; the GPU computes 35.7% and only all-reduces 20.6% of the "
         "step (ncclKernel_AllReduce is 35.7% of GPU op time, partly hidden); 42% of the step the GPU waits for "
         "the host, which launches ~3,900 kernels per step eagerly.",
         "NEEDS_ATTENTION", "input_bound", 5, 347.5, {"compute": 35.71, "collective": 20.56, "transfer": 1.31},
-        also=("collectives",)),
+        also=("collectives",),
+        measured="hand count (raw JSON read with the json module, test_kineto's _raw_steps_and_busy): 5 ProfilerStep "
+                 "windows, mean 347.54 ms, the GPU's kernels, copies and sets cover 57.6% of them"),
     "kineto_HTA_mi250_minitoy_train.json.gz": Reading(
         "A toy on an MI250 (ROCm 6.2): 14 kernels in two steps of 9.29 ms and 0.05 ms. One hipLaunchKernel in the "
         "first step takes 6.54 ms against a 6.3 µs median (HIP loading the kernel's code object on first use): 70% "
         "of the steps, paid once, so warm_up, not launch overhead (the other 11 launches take ~6 µs; dispatch 1.0%).",
-        "NEEDS_ATTENTION", "warm_up", 2, 4.67, {"warm_up": 70.07, "dispatch": 1.02}),
+        "NEEDS_ATTENTION", "warm_up", 2, 4.67, {"warm_up": 70.07, "dispatch": 1.02},
+        measured="hand count (raw JSON, json module): 2 ProfilerStep windows, mean 4.67 ms; hipLaunchKernel 12 "
+                 "calls, one of 6.54 ms against a 6.3 µs median"),
     "kineto_HTA_negative_queue_A100-80GB_rank0.json.gz": Reading(
         "Rank 0 of 16 (A100-80GB, TorchRec-style sparse data distribution): five 214.8 ms steps; the GPU is busy "
         "35.6% (compute 16.8%, exposed NCCL send/recv 15.1%); the host is blocked 43% of the step: 30 copies to "
         "pageable memory (cudaMemcpyAsync, synchronous) inside '## sparse_data_dist ##' hold it 758 ms while the "
         "GPU copies for 0.08 ms: it waits for the stream to drain.",
         "NEEDS_ATTENTION", "host_sync", 5, 214.8,
-        {"compute": 16.78, "collective": 15.09, "transfer": 3.65, "host_sync": 42.77}, also=("collectives",)),
+        {"compute": 16.78, "collective": 15.09, "transfer": 3.65, "host_sync": 42.77}, also=("collectives",),
+        measured="hand count (raw JSON read with the json module, test_kineto's _raw_steps_and_busy): 5 ProfilerStep "
+                 "windows, mean 214.81 ms, GPU busy 35.5% of them; cudaMemcpyAsync 1,250 calls, 766.6 ms (longest "
+                 "146.9 ms, median 6 µs)"),
     "kineto_HTA_ns_resolution_resnet_V100_rank0.pt.trace.json.gz": Reading(
         "ResNet training on one V100 (ns-resolution timestamps): five steps (35, 72, then ~95.6 ms: the first two "
         "are cut by the capture), the GPU busy 98.4% of them. Device-bound: the step is the GPU's work; recorded "
         "without input shapes (its aten::cudnn_convolution ops carry no Input Dims), its kernels have no FLOPs, so "
         "OPTIMAL cannot be shown, and nothing is found.",
-        "NEEDS_ATTENTION", None, 5, 78.83, {"compute": 96.52, "transfer": 0.93}),
+        "NEEDS_ATTENTION", None, 5, 78.83, {"compute": 96.52, "transfer": 0.93},
+        measured="hand count (raw JSON read with the json module, test_kineto's _raw_steps_and_busy): 5 ProfilerStep "
+                 "windows, mean 78.83 ms, GPU busy 97.4% of them"),
     "kineto_HTA_trace_diff_control_A100x8.json.gz": Reading(
         "Rank 3 of 8 (A100, FBGEMM embeddings): six 77.5 ms steps; the GPU computes 60.5% and only communicates "
         "18.9% (NCCL send/recv is 26% of GPU op time): exposed communication is the largest loss.",
-        "NEEDS_ATTENTION", "collectives", 6, 77.49, {"compute": 60.5, "collective": 18.91, "transfer": 4.16}),
+        "NEEDS_ATTENTION", "collectives", 6, 77.49, {"compute": 60.5, "collective": 18.91, "transfer": 4.16},
+        measured="hand count (raw JSON read with the json module, test_kineto's _raw_steps_and_busy): 6 ProfilerStep "
+                 "windows, mean 77.49 ms, GPU busy 83.6%; NCCL kernels 163.5 of 446.8 ms of kernel time (37%)"),
     "kineto_TraceLens_b200_eager_trace.json.gz": Reading(
         "Eager generation on a B200 (rank 0 of 8), no ProfilerStep: the decode loop's 25-kernel unit repeats 37 "
         "times (2.2 ms each); the GPU is busy 14.1% of it (the symmetric-memory all-reduce, multimem_all_reduce_kernel, "
         "is 18% of kernel time, 2.6% of the step alone): the host, launching kernel by kernel, is the limit.",
         "NEEDS_ATTENTION", "input_bound", 37, 2.216, {"compute": 10.55, "collective": 2.61, "transfer": 0.96},
-        step_source="repeating op sequence"),
+        step_source="repeating op sequence",
+        measured="hand count (raw JSON, json module): no ProfilerStep; 929 GPU events cover 13.27% of the 87.4 ms "
+                 "window"),
     "kineto_TraceLens_h100_Qwen1.5-0.5B-Chat.json.gz": Reading(
         "Qwen1.5-0.5B inference on an H100, one 47.2 ms step: the GPU computes 91.4% of it (bf16 GEMMs on "
         "Tensor Cores, 623 TFLOP/s over the 168 of 241 runs launched in the capture); over half of the kernel time is eager elementwise kernels (unfused_kernels: torch.compile "
         "would fuse them).",
-        "NEEDS_ATTENTION", "unfused_kernels", 1, 47.15, {"compute": 91.35}),
+        "NEEDS_ATTENTION", "unfused_kernels", 1, 47.15, {"compute": 91.35},
+        measured="hand count (raw JSON read with the json module, test_kineto's _raw_steps_and_busy): 1 ProfilerStep "
+                 "window of 47.15 ms, GPU busy 91.8%; 1,048 of 1,465 kernels (24.8 of 45.4 ms) are "
+                 "elementwise/vectorized kernels"),
     "kineto_TraceLens_h100_bert-small.json.gz": Reading(
         "bert-small inference on an H100, one 4.43 ms step of 61 kernels: the GPU computes 6.9% of it; the host "
         "(Python and 60 launches) takes the rest. Its GEMMs and flash attention are costed from their shapes "
         "(record_shapes on): 141 tokens by 512 are a few µs each, memory-bound and at 9.5% of their roof, a second "
         "finding (small: the GPU computes 6.9% of the step).",
         "NEEDS_ATTENTION", "input_bound", 1, 4.426, {"compute": 6.94, "dispatch": 7.34},
-        also=("low_kernel_efficiency",)),
+        also=("low_kernel_efficiency",),
+        measured="hand count (raw JSON read with the json module, test_kineto's _raw_steps_and_busy): 1 ProfilerStep "
+                 "window of 4.43 ms, GPU busy 7.0% of it"),
     "kineto_TraceLens_mi300x_resnet_act_checkpoint.json.gz": Reading(
         "ResNet with activation checkpointing, rank 0 of 8 on MI300X: three 16.2 ms steps; RCCL "
         "(ncclDevKernel_Generic) is 71% of GPU op time and 66% of the step is communication alone. Its convolutions "
         "are costed from their shapes (ResNet-18 at batch 10: 140.4 GFLOP per step, the hand count); a quarter of "
         "each kernel's runs (the first GPU step) were launched before the capture began, so each convolution row is "
         "rated over the other three quarters (5-13% of the roof), 4.8% of compute time: too little to rate the program.",
-        "NEEDS_ATTENTION", "collectives", 3, 16.21, {"compute": 26.46, "collective": 66.11, "transfer": 2.51}),
+        "NEEDS_ATTENTION", "collectives", 3, 16.21, {"compute": 26.46, "collective": 66.11, "transfer": 2.51},
+        measured="hand count (raw JSON read with the json module, test_kineto's _raw_steps_and_busy): 3 ProfilerStep "
+                 "windows, mean 16.21 ms; NCCL kernels 71.5 of 97.3 ms of kernel time (74%); ResNet-18 at batch 10: "
+                 "140.4 GFLOP per step (the why's hand count)"),
     "kineto_TraceLens_mi300x_sglang_Qwen3-8B_prefilldecode.json.gz": Reading(
         "SGLang serving Qwen3-8B on one MI300X, no ProfilerStep: 39 repetitions of a 14-kernel decode unit "
         "(12.7 ms), the GPU busy 99.8% of them; the capture's idle half is the 493 ms before the first request. "
         "The hipBLASLt GEMMs (85% of compute op time) are costed from their aten::mm shapes (record_shapes was on): "
         "508 TFLOP/s together, 39% of the MI300X's 1,307 TFLOP/s dense bf16 peak (35-45% per GEMM), above the 30% "
         "a dominant op needs; device-bound at a fair GEMM rate: OPTIMAL.",
-        "OPTIMAL", None, 39, 12.67, {"compute": 99.75}, step_source="repeating op sequence"),
+        "OPTIMAL", None, 39, 12.67, {"compute": 99.75}, step_source="repeating op sequence",
+        measured="hand count (raw JSON, json module): no ProfilerStep; 534 GPU events cover 49.91% of the 987.4 ms "
+                 "window, whose first half precedes the first request"),
     "kineto_pytorch-kineto_tbplugin_resnet50_V100.pt.trace.json.gz": Reading(
         "The TensorBoard plugin's ResNet-50 sample (V100, the old Kineto format): six 174.8 ms steps; the GPU is "
         "busy 60.6%; the rest is the single-process DataLoader (_SingleProcessDataLoaderIter.__next__: 416 ms "
         "over the six steps, ~40% of each).",
-        "NEEDS_ATTENTION", "input_bound", 6, 174.83, {"compute": 54.87, "host_other": 42.55}),
+        "NEEDS_ATTENTION", "input_bound", 6, 174.83, {"compute": 54.87, "host_other": 42.55},
+        measured="hand count (raw JSON read with the json module, test_kineto's _raw_steps_and_busy): 6 ProfilerStep "
+                 "windows, mean 174.83 ms, GPU busy 56.0%; _SingleProcessDataLoaderIter.__next__ 6 calls, 415.8 ms"),
     "jaxtrace_tpu-inference_qwen3-480b_2026_01_11_21_26_41.trace.json.gz": Reading(
         "XProf's trace.json of vLLM-TPU serving Qwen3-480B on two TPU cores: one 67.2 ms window of 3,454 ops per "
         "core, the cores busy 99.98% (compute 94.8%, collectives 5.1%). The trace carries no HLO and no device "
         "model, so no op's FLOPs, bytes or roof are known: busy is not efficient, and without a measured efficiency "
         "it is not OPTIMAL (the .xplane.pb beside it would measure it).",
-        "NEEDS_ATTENTION", None, 1, 67.24, {"compute": 94.82, "collective": 5.13}, step_source="no repeating step"),
+        "NEEDS_ATTENTION", None, 1, 67.24, {"compute": 94.82, "collective": 5.13}, step_source="no repeating step",
+        measured="hand count (raw JSON, json module): 10,312 complete events in a 2,316.6 ms window, no "
+                 "ProfilerStep; 6,908 carry model_flops and bytes_accessed, but the file names its devices "
+                 "/device:TPU:N only, no chip model, so no peak to rate them against"),
     "jaxtrace_tpu-inference_qwen3-480b_2026_01_12_00_26_20.trace.json.gz": Reading(
         "The same serving run later: 4,682 ops per core in 65.7 ms, busy 99.98% (compute 98.8%): no "
         "efficiency measured, not OPTIMAL.",
-        "NEEDS_ATTENTION", None, 1, 65.75, {"compute": 98.84, "collective": 1.11}, step_source="no repeating step"),
+        "NEEDS_ATTENTION", None, 1, 65.75, {"compute": 98.84, "collective": 1.11}, step_source="no repeating step",
+        measured="hand count (raw JSON, json module): a 2,307.5 ms window, no ProfilerStep; 9,364 events carry "
+                 "model_flops and bytes_accessed, and no chip model is named (/device:TPU:N only)"),
     "jaxtrace_tpu-inference_qwen3-480b_2026_01_12_01_08_50.trace.json.gz": Reading(
         "The same serving run later: 3,914 ops per core in 63.8 ms, busy 99.98% (compute 99.5%): no "
         "efficiency measured, not OPTIMAL.",
-        "NEEDS_ATTENTION", None, 1, 63.81, {"compute": 99.47}, step_source="no repeating step"),
+        "NEEDS_ATTENTION", None, 1, 63.81, {"compute": 99.47}, step_source="no repeating step",
+        measured="hand count (raw JSON, json module): a 2,311.2 ms window, no ProfilerStep; 7,828 events carry "
+                 "model_flops and bytes_accessed, and no chip model is named (/device:TPU:N only)"),
 }
 
 
 def test_every_trace_has_an_expert_reading():
     if not ALL_TRACES:
-        pytest.skip(f"{TRACES} is not here")
+        missing_shared(TRACES)
     assert sorted(READINGS) == ALL_TRACES
 
 

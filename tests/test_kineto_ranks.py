@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from tests.capture.torch_ranks import SLOW_RANK, WORLD
-from tests.conftest import TESTS
+from tests.conftest import TESTS, missing_shared
 from tests.test_consistency import check_report
 from tests.test_kineto import TRACES, Diagnosed, Reading
 from xdiag.cloud.embedded import analyze_session
@@ -241,7 +241,7 @@ def test_a_lone_rank_of_the_job_says_it_is_rank_r_of_w_and_why_there_is_no_verdi
 def test_a_lone_rank_of_a_public_8_gpu_job(tmp_path_factory):
     path = TRACES / "kineto_HTA_trace_diff_control_A100x8.json.gz"
     if not path.exists():
-        pytest.skip(f"{path} is not here: the public Kineto traces live in ../shared/traces beside the checkout")
+        missing_shared(path)
     distributed = _raw(path)["distributedInfo"]
     d = _diagnosed("lone_a100", [path], tmp_path_factory)
     _lone_rank(d, distributed["rank"], distributed["world_size"])

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from tests.conftest import SHARED_PROFILES
+from tests.conftest import SHARED_PROFILES, missing_shared
 from xdiag.cloud.localstack import LocalStack
 from xdiag.cloud.stack_config import EMULATOR_JVM_OPTIONS, STATE_FILE
 from xdiag.cloud.stack_processes import group_members, listening
@@ -163,7 +163,7 @@ def test_a_pytorch_trace_uploaded_to_a_session_folder_is_analysed_like_an_xplane
     reported; XProf's views are not available for it, with the reason."""
     source = SHARED_PROFILES.parent / "traces" / "kineto_TraceLens_h100_bert-small.json.gz"
     if not source.exists():
-        pytest.skip(f"{source} is not here: the public Kineto traces live in ../shared/traces")
+        missing_shared(source)
     run, session = "torch-run", "2026_12_04_11_00_00"
     uri = session_prefix(cloud.config.profile_root, run, session) + "worker0.1764846000000.pt.trace.json.gz"
     cloud.blobs.put_file(source, uri)

@@ -17,10 +17,32 @@ from xdiag.profile.locate import locate_session
 TPU = Path(__file__).resolve().parent / "profiles" / "tpu_v5e"
 
 
-def test_the_engine_runs_every_registered_rule_once_in_rule_order():
+def test_the_engine_runs_every_registered_rule_once_in_rule_order(monkeypatch, tmp_path):
+    """Each registered rule is wrapped in a recorder and the engine's `hypotheses` run on a real profile: every rule
+    is called exactly once, in RULE_ORDER, each seeing the hypotheses the rules before it formed."""
+    from xdiag.investigators.rules import hypotheses
+
     assert len(set(RULE_ORDER)) == len(RULE_ORDER)
     assert set(RULES) == set(RULE_ORDER)
-    assert ordered_rules() == [RULES[key] for key in RULE_ORDER]
+    analyze_session(locate_session(TPU / "host_sync.xplane.pb"), tmp_path / "out")
+    results = {p.stem: ToolResult.model_validate_json(p.read_text()) for p in (tmp_path / "out" / "tools").glob("*.json")
+               if not p.stem.startswith("followup")}
+    called: list[tuple[str, int, bool]] = []  # (rule, hypotheses it was given, whether it formed one)
+
+    def recorded(key, func):
+        def run(facts, found):
+            hypothesis = func(facts, found)
+            called.append((key, len(found), hypothesis is not None))
+            return hypothesis
+        return run
+
+    for key, func in list(RULES.items()):
+        monkeypatch.setitem(RULES, key, recorded(key, func))
+    hypotheses(health_snapshot(results), results)
+    assert [key for key, _, _ in called] == list(RULE_ORDER)
+    assert any(k == "host_sync" and made for k, _, made in called)
+    for (_, seen, made), (_, seen_next, _) in zip(called, called[1:]):
+        assert seen_next == seen + made  # each rule is given what the rules before it formed
 
 
 def test_a_rule_registered_twice_or_outside_the_order_is_refused():

@@ -22,7 +22,7 @@ from xdiag.profile.space import HloComputation, HloInstruction, HloModule
 from xdiag.tools.aggregate_xplane_events import aggregate_xplane_events
 from xdiag.tools.get_hlo_op_profile import get_hlo_op_profile
 
-from tests.conftest import SHARED_PROFILES
+from tests.conftest import SHARED_PROFILES, missing_shared
 
 PROFILES = Path(__file__).resolve().parent / "profiles"
 TRACES = SHARED_PROFILES.parent / "traces"
@@ -306,7 +306,7 @@ def test_a_pytorch_trace_with_stacks_names_the_users_frame(trace, host_finding, 
     finding cites them (Qwen's finding is about its kernels: no Python frames cited)."""
     path = TRACES / trace
     if not path.exists():
-        pytest.skip(f"{path} is not here: the public traces live in ../shared/traces beside the checkout")
+        missing_shared(path)
     out = aggregate_xplane_events(read_session_in_process([path]), pattern=".", line="python")
     frames = [f["name"] for f in out.detail["user_frames"]]
     assert frames and not any(is_library(python_frame(f).file) for f in frames)

@@ -408,8 +408,17 @@ def test_every_custom_kernel_holding_a_fifth_of_op_time_is_costed_or_floored_and
                 continue
             costed = row.get("flops_per_run") is not None and row.get("bytes_per_run")
             assert costed or row.get("achieved_gb_per_s_floor"), (name, row["op"])
-            read = analysis.diagnosis.status == Status.OPTIMAL or analysis.diagnosis.findings
-            assert read, name
+            # Read: a costed kernel's time is inside the rate the verdict stands on (its share of op time is within
+            # the costed share of compute op time, and the program's efficiency is a number); a floored one is
+            # named by a finding of its own.
+            if costed:
+                roof = _tool(out, "get_roofline_model")["summary"]
+                assert roof["costed_compute_op_time_percent"] >= row["share_of_op_time_percent"] - 0.5, (name, row["op"])
+                assert analysis.health["roofline_efficiency_percent"] is not None, (name, row["op"])
+            else:
+                named = [f.key for f in analysis.diagnosis.findings
+                         if any(row["op"][:80] in f"{e.metric} {e.value}" for e in f.evidence)]
+                assert named, (name, row["op"], [f.key for f in analysis.diagnosis.findings])
 
 
 def test_a_kernel_no_one_can_cost_gets_its_own_finding_with_a_floor(analyses):
@@ -468,6 +477,7 @@ def test_a_jax_chrome_trace_of_a_tpu_serving_job_is_not_optimal(tmp_path):
 
 
 # Captured after the fixes, as jobs they were not made on (see tests/profiles/tpu_v5e/README.md).
+# Not held out in fact: 9b8cc41 added these profiles with roofline changes (tests/test_answer_keys.py, NOT_HELD_OUT).
 def test_held_out_non_causal_flash_kernels_are_costed_in_full(analyses):
     """No positional mask in the kernels' bodies: the full S x S. Forward 4·B·H·S²·D with B 4, H 8, S 2048, D 128."""
     rows = _tool(analyses["flash_attention_full"][1], "get_hlo_op_profile")["detail"]["ops"]

@@ -25,6 +25,7 @@ from xdiag.profile.locate import locate_session
 from xdiag.profile.session import read_session
 from xdiag.tools.get_memory_profile import _capacity
 
+from tests.conftest import missing_shared
 from tests.fake_vertex import FakeVertex, answer, static_credentials, text
 
 TPU = Path(__file__).resolve().parent / "profiles" / "tpu_v5e"
@@ -197,7 +198,7 @@ def test_a_tpu_chrome_trace_with_no_flops_is_not_optimal(name, tmp_path):
     """vLLM-TPU serving traces (XProf's trace.json): busy 99.98%, but no op has FLOPs, bytes or a device model."""
     source = SHARED_TRACES / name
     if not source.exists():
-        pytest.skip(f"{SHARED_TRACES} is not here: the public Chrome traces live in ../shared/traces")
+        missing_shared(SHARED_TRACES)
     copy = tmp_path / "in" / name
     copy.parent.mkdir()
     copy.write_bytes(source.read_bytes())

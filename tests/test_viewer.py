@@ -252,12 +252,12 @@ def test_several_xdiag_views_of_one_folder_build_it_at_once_without_failing(stor
 def test_xdiag_view_of_a_session_holding_only_a_pytorch_trace_says_where_to_open_it(store, tmp_path):
     """XProf's viewer reads xplanes only: a session analysed from a Kineto trace is not linked into its tree, and
     `xdiag view` names the file and the viewers that open it (Perfetto UI, chrome://tracing) instead of failing."""
-    from tests.conftest import SHARED_PROFILES
+    from tests.conftest import SHARED_PROFILES, missing_shared
     from xdiag.viewer.sources import plan_view
 
     source = SHARED_PROFILES.parent / "traces" / "kineto_TraceLens_h100_bert-small.json.gz"
     if not source.exists():
-        pytest.skip(f"{source} is not here: the public Kineto traces live in ../shared/traces")
+        missing_shared(source)
     trace = tmp_path / "logs" / "rank0.pt.trace.json.gz"
     trace.parent.mkdir(parents=True)
     trace.write_bytes(source.read_bytes())

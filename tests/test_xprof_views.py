@@ -24,7 +24,16 @@ import pytest
 from xdiag.errors import NotAvailable, ProfileError
 
 PROFILES = Path(__file__).resolve().parents[2] / "shared" / "profiles"
-pytestmark = pytest.mark.skipif(not PROFILES.is_dir(), reason=f"shared real-device profiles not found at {PROFILES}")
+
+
+@pytest.fixture(autouse=True)
+def _shared_profiles_here():
+    from tests.conftest import missing_shared
+
+    if not PROFILES.is_dir():
+        missing_shared(PROFILES)
+
+
 pytest.importorskip("xprof", reason="the xprof wheel is not installed")
 
 from xdiag.analysis.xprof import XprofViews, common, conversions, memory_budget, session_dir, stored, worker  # noqa: E402
