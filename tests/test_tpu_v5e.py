@@ -103,7 +103,9 @@ def test_an_array_written_only_to_be_read_back_once_is_memory_bound_by_defect(an
     for name in ("conv_net_train", "gpt_train"):
         summary = _tool(analyses[name][1], "get_hlo_op_profile")["summary"]
         assert summary["memory_handed_on_percent"] < EXTRA_PASSES_DEFECT_PERCENT, name
-        assert analyses[name][0].diagnosis.status == Status.OPTIMAL, name
+    # gpt_train is no longer OPTIMAL, but for its attention's S×S scores (issue 61), not for handed-on bytes.
+    assert analyses["conv_net_train"][0].diagnosis.status == Status.OPTIMAL
+    assert [f.key for f in analyses["gpt_train"][0].diagnosis.findings] == ["materialised_attention"]
 
 
 def test_per_step_transfers_are_read_from_the_host_lines(analyses):

@@ -89,6 +89,10 @@ PREMISES: dict[str, Premise] = {
     "far_below_roof": Premise(_below_roof(60.0), "the kernel already reaches 60% or more of its roof"),
     "recomputes": Premise(_recomputes, "no op recomputes values (no jax.checkpoint / remat in the HLO)"),
     "not_keras": Premise(_not_keras, "the loop is a Keras layer's, which takes no scan argument"),
+    "fetches_not_block": Premise(
+        lambda a, c: None if not a.get("sync_event") else "block_until_ready" not in str(a["sync_event"]),
+        "the host waits in block_until_ready on each call's result, not in a fetch of a value",
+        "which call blocks: a float()/.item() on a device value, or a block_until_ready"),
     "no_prefetch_yet": Premise(lambda a, c: None, "", "whether the input pipeline already prefetches batches to the "
                                "device (a background thread, tf.data prefetch, grain, flax.jax_utils.prefetch_to_device)"),
 }
@@ -104,8 +108,12 @@ class Lever:
     change: str  # the change, in the framework's API; {line} is the user's line, {kernel} the kernel
     premises: tuple[str, ...] = ()
     gain: tuple[float, float] = (0.3, 0.7)  # fraction of the measured gap the change recovers: low, high
-    gap: str = "below_roof"  # below_roof: share × (1 − efficiency); share: the component's whole share; finding
+    gap: str = "below_roof"  # below_roof: share × (1 − efficiency); share: the component's whole share; finding: the
+    # finding's stake; overlap: the shorter of the finding's stake and the device's compute share (work moved off the
+    # critical path runs beside the device's); throughput: more work per step, not shorter steps (no step-time gain)
     trial: str = ""  # the example program (shared/xdiag/examples) whose before/after capture exercises it
+    order: int = 1  # 1: changes how the program runs; 2: changes what it computes (batch size): offered after
+    marker: str = ""  # the API name that says a finding's general fix already names this change (it is then replaced)
 
 
 LEVERS: tuple[Lever, ...] = (
@@ -117,7 +125,8 @@ LEVERS: tuple[Lever, ...] = (
           "causal=True, sm_scale=1 / sqrt(head_dim), block_sizes=BlockSizes(block_q=512, block_k_major=512, "
           "block_k=512, block_b=1)) with q, k, v as [batch, heads, seq, head_dim] (for long or masked sequences, "
           "splash attention: jax.experimental.pallas.ops.tpu.splash_attention.make_splash_mha)",
-          ("not_a_pallas_kernel",), gain=(0.5, 0.95), gap="share", trial="prefill_einsum_attention"),
+          ("not_a_pallas_kernel",), gain=(0.5, 0.95), gap="share", trial="gpt_train",
+          marker="fused kernel computes both"),
     Lever("cudnn_attention_gpu", "materialised_attention", ("materialised_attention", "memory_bound",
                                                             "low_kernel_efficiency"),
           JAX_FAMILY, ("GPU",),
@@ -136,26 +145,30 @@ LEVERS: tuple[Lever, ...] = (
           "k_pages, v_pages, lengths, page_indices, pages_per_compute_block=...) call at {line} (16 → 64 realized "
           "32% shorter steps on a v5e; it must divide the pages per sequence), and give the KV cache larger pages "
           "so each copy from HBM is longer",
-          ("far_below_roof",), gain=(0.25, 0.5), gap="below_roof", trial="paged_attention_decode"),
+          ("far_below_roof",), gain=(0.25, 0.5), gap="below_roof", trial="paged_attention_decode",
+          marker="pages_per_compute_block"),
     Lever("ragged_paged_attention_block", "ragged_paged_attention",
           ("memory_bound", "low_kernel_efficiency", "bounded_efficiency"), JAX_FAMILY, ("TPU",),
           "raise num_kv_pages_per_block (and num_queries_per_block) in the jax.experimental.pallas.ops.tpu."
           "ragged_paged_attention.ragged_paged_attention(..., num_kv_pages_per_block=..., num_queries_per_block=..., "
           "vmem_limit_bytes=...) call at {line} (num_kv_pages_per_block 8 → 32 realized 31% shorter steps on a v5e), "
           "so each grid step copies more KV pages per DMA",
-          ("far_below_roof",), gain=(0.5, 0.9), gap="below_roof", trial="ragged_attention_serve"),
+          ("far_below_roof",), gain=(0.5, 0.9), gap="below_roof", trial="ragged_attention_serve",
+          marker="num_kv_pages_per_block"),
     Lever("megablox_tiling", "grouped_matmul", ("memory_bound", "low_kernel_efficiency", "bounded_efficiency"),
           JAX_FAMILY, ("TPU",),
           "pass larger tiles to megablox's grouped matmul at {line}: jax.experimental.pallas.ops.tpu.megablox.gmm("
           "lhs, rhs, group_sizes, tiling=(tm, tk, tn)) (default (128, 128, 128); e.g. (512, 1024, 1024) where they "
           "divide the problem: tk and tn multiples of 128, tm of 8), so each operand is re-read fewer times",
-          ("far_below_roof",), gain=(0.6, 1.0), gap="below_roof", trial="megablox_small_tiles"),
+          ("far_below_roof",), gain=(0.6, 1.0), gap="below_roof", trial="megablox_small_tiles",
+          marker="tiling=(tm, tk, tn)"),
     Lever("flash_block_sizes", "fused_attention", ("memory_bound", "low_kernel_efficiency", "bounded_efficiency"),
           JAX_FAMILY, ("TPU",),
           "raise the flash-attention tiles at {line}: flash_attention(q, k, v, block_sizes=BlockSizes(block_q=..., "
           "block_k_major=..., block_k=..., block_b=...)) (the backward pass has its own *_dkv and *_dq sizes), so "
           "K and V are re-read fewer times",
-          ("far_below_roof",), gain=(0.2, 0.5), gap="below_roof", trial="flash_attention_train"),
+          ("far_below_roof",), gain=(0.2, 0.5), gap="below_roof", trial="flash_attention_train",
+          marker="block_sizes=BlockSizes"),
     Lever("scan_unroll", "recurrent_loop", ("latency_bound", "memory_bound", "low_kernel_efficiency"),
           ("JAX", "Flax linen", "Flax NNX", "Equinox", "Haiku"), ("TPU", "GPU"),
           "unroll the recurrence's lax.scan at {line}: jax.lax.scan(step, carry, xs, unroll=8) (nn.scan(..., "
@@ -166,7 +179,7 @@ LEVERS: tuple[Lever, ...] = (
           JAX_FAMILY + TORCH_FAMILY, ("TPU", "GPU", "CPU"),
           "run more sequences through the loop at {line} at once (a larger batch): each dependent step costs about "
           "the same whatever its width, so k times the batch does about k times the work in the same time",
-          ("long_loop",), gain=(0.5, 0.9), gap="below_roof", trial="lstm_batch64"),
+          ("long_loop",), gap="throughput", trial="lstm_batch64", order=2),
     Lever("remat_policy", "recompute", ("needless_remat",), JAX_FAMILY, ("TPU", "GPU", "CPU"),
           "recompute less at {line}: drop the jax.checkpoint / nn.remat (Flax linen) / nnx.remat (Flax NNX) around "
           "the block, or give it a policy that saves the matmul outputs: jax.checkpoint(block, "
@@ -175,15 +188,16 @@ LEVERS: tuple[Lever, ...] = (
     Lever("matmul_precision", "matmul", ("low_kernel_efficiency",), JAX_FAMILY, ("TPU", "GPU"),
           "let the matmuls at {line} run at the default precision: drop precision=jax.lax.Precision.HIGHEST (or "
           "wrap the step in jax.default_matmul_precision(\"bfloat16\")), keeping f32 accumulation",
-          ("precision_above_default",), gain=(0.5, 0.85), gap="below_roof", trial="f32_highest_matmul"),
+          ("precision_above_default",), gain=(0.5, 0.85), gap="below_roof", trial="f32_highest_matmul",
+          marker="precision=DEFAULT"),
     Lever("drop_per_step_fetch", "host", ("host_sync",), JAX_FAMILY, ("TPU", "GPU", "CPU"),
           "remove the per-step float(loss) / .item() / np.asarray(...) / jax.device_get at {line}: keep the "
           "metrics on the device and fetch them every N steps",
-          (), gain=(0.5, 1.0), gap="finding", trial="host_sync"),
+          ("fetches_not_block",), gain=(0.5, 1.0), gap="finding", trial="host_sync"),
     Lever("drop_per_step_item_torch", "host", ("host_sync",), TORCH_FAMILY, ("TPU", "GPU", "CPU"),
           "remove the per-step .item() / .cpu() / print of a tensor at {line}: accumulate on the device and read "
           "every N steps",
-          (), gain=(0.5, 1.0), gap="finding"),
+          ("fetches_not_block",), gain=(0.5, 1.0), gap="finding"),
     Lever("donate_state", "memory", ("memory_pressure",), JAX_FAMILY, ("TPU", "GPU"),
           "donate the state the step replaces: jax.jit(step, donate_argnums=(0, 1)) (the parameters and optimizer "
           "state), so the updated copies reuse their buffers",
@@ -192,11 +206,11 @@ LEVERS: tuple[Lever, ...] = (
           "put the next batch on the device while this step runs: a background thread that calls jax.device_put "
           "ahead of use (or flax.jax_utils.prefetch_to_device(iterator, 2)), and move per-step numpy work at {line} "
           "into the jitted step",
-          ("no_prefetch_yet",), gain=(0.5, 0.9), gap="finding", trial="input_bound"),
+          ("no_prefetch_yet",), gain=(0.5, 0.9), gap="overlap", trial="input_bound"),
     Lever("dataloader_workers", "host_input", ("input_bound",), ("PyTorch",), ("GPU", "TPU", "CPU"),
           "DataLoader(num_workers=N, pin_memory=True, persistent_workers=True, prefetch_factor=2) and "
           "tensor.to(device, non_blocking=True), so batches are prepared while the step runs",
-          ("training", "no_prefetch_yet"), gain=(0.5, 0.9), gap="finding"),
+          ("training", "no_prefetch_yet"), gain=(0.5, 0.9), gap="overlap"),
 )
 """The catalogue. Gains are the fraction of the measured gap the change recovered in the trials named (issue 61's
 table: pages_per_compute_block 16 → 64 recovered 32% of a step whose kernel was at most 15% of its roof, 0.38 of that
@@ -239,6 +253,21 @@ def component_record(anatomy: dict[str, Any], key: str) -> dict[str, Any]:
     return next((c for c in anatomy.get("components") or [] if c.get("component") == key), {"component": key})
 
 
+def subject_of(anatomy: dict[str, Any], finding: str, names: set[str]) -> str | None:
+    """The component a finding is about: fixed for some findings (FINDING_COMPONENTS), else the one that holds the
+    ops it names (`names`: op names from its staked ops and evidence)."""
+    if finding in FINDING_COMPONENTS:
+        return FINDING_COMPONENTS[finding]
+    return component_of_ops(anatomy, names)
+
+
+def evidence_ops(evidence: list[Any]) -> set[str]:
+    """The op names a finding's evidence rows cite: a metric's first word ('paged_attention.4 achieved_gb_per_s'),
+    and the names a dominant_ops row lists."""
+    names = {str(e.metric).split(" ")[0] for e in evidence}
+    return names | {n.split(" (")[0] for e in evidence if e.metric == "dominant_ops" for n in str(e.value).split(", ")}
+
+
 def component_of_ops(anatomy: dict[str, Any], ops: set[str]) -> str | None:
     """The component that holds the most of `ops` (op names), the largest first; None where none does."""
     for c in anatomy.get("components") or []:
@@ -248,8 +277,11 @@ def component_of_ops(anatomy: dict[str, Any], ops: set[str]) -> str | None:
 
 
 def candidates(anatomy: dict[str, Any], finding: str, component: str | None, compute_percent: float | None,
-               finding_step_percent: float | None = None) -> tuple[list[Offer], list[tuple[str, str]]]:
-    """The levers for `finding` about `component`, best gain first, and the ones not offered with why."""
+               finding_step_percent: float | None = None, at_line: str | None = None
+               ) -> tuple[list[Offer], list[tuple[str, str]]]:
+    """The levers for `finding` about `component` (at_line: the user's line where the finding names one that its
+    component does not, as a host finding does), those that change how the program runs first, each by its gain, and
+    the ones not offered with why."""
     platform, framework = anatomy.get("platform") or "CPU", _family(anatomy.get("framework"))
     record = component_record(anatomy, component or "")
     line = (record.get("lines") or [None])[0]
@@ -273,9 +305,9 @@ def candidates(anatomy: dict[str, Any], finding: str, component: str | None, com
             rejected.append((lever.key, failed))
             continue
         gain, basis = _gain(lever, record, compute_percent, finding_step_percent)
-        change = lever.change.format(line=line or "the line that calls it", kernel=record.get("kernel") or "")
+        change = lever.change.format(line=at_line or line or "the line that calls it", kernel=record.get("kernel") or "")
         offers.append(Offer(lever, change, unchecked, gain, basis))
-    offers.sort(key=lambda o: -(o.gain_percent[1] if o.gain_percent else 0))
+    offers.sort(key=lambda o: (o.lever.order, -(o.gain_percent[1] if o.gain_percent else 0)))
     return offers, rejected
 
 
@@ -285,6 +317,16 @@ def _gain(lever: Lever, record: dict, compute: float | None, finding_step: float
     low, high = lever.gain
     share, efficiency = record.get("share_of_op_time_percent"), record.get("roofline_efficiency_percent")
     at_most = "at most " if record.get("efficiency_is_upper_bound") else ""
+    if lever.gap == "throughput":
+        return None, "more work per step in about the same time, not a shorter step"
+    if lever.gap == "overlap":
+        # Work moved off the critical path overlaps the device's: the step falls by at most the shorter of the two.
+        if finding_step is None or compute is None:
+            return None, "the finding's share of the step"
+        gap = min(finding_step, compute)
+        basis = (f"overlapped, the step falls by at most the shorter of the host's {finding_step:.3g}% and the "
+                 f"device's {compute:.3g}%")
+        return (round(gap * low, 1), round(gap * high, 1)), f"{low:g}–{high:g} of the gap: {basis}"
     if lever.gap == "finding":
         if finding_step is None:
             return None, "the finding's share of the step"
