@@ -90,6 +90,8 @@ def test_the_contradiction_check_can_fail():
     assert levers.contradictions("jax.jit(step, donate_argnums=0)", inference, None) == [
         "donation where the arguments are aliased"]
     assert levers.contradictions("shard them over the devices", inference, None) == ["sharding on one device"]
+    assert levers.contradictions("for Pallas kernels, deeper pipelining (pltpu.emit_pipeline)", inference,
+                                 "recurrent_loop") == ["Pallas tuning for ops that are no Pallas kernel"]
     training = {**inference, "phase": "training", "devices": 8, "donated_arguments": 0}
     assert levers.contradictions("use fused optimizers; shard them; donate_argnums", training, "matmul") == []
 

@@ -6,7 +6,8 @@ categories, loop bodies) and the Python files the HLO's stacks name, recognise t
 attention, grouped matmul, projection matmuls, embedding gathers, recurrent loops of dependent steps, convolutions,
 norms and elementwise work, the optimizer's update, collectives, host transfers), the phase (training or inference,
 and where the profile says it, decode or prefill) and the framework (JAX, Flax linen / NNX, Keras 3, Hugging Face,
-PyTorch, PyTorch/XLA). The levers (xdiag.investigators.levers) are chosen against this, so a decode trace is not told
+PyTorch, PyTorch/XLA). The phase is "unknown" where only op-by-op kernels ran (TensorFlow, eager PyTorch) and none
+names a backward pass: their absence proves nothing there. The levers (xdiag.investigators.levers) are chosen against this, so a decode trace is not told
 to change its optimizer and a Pallas kernel is not told to become one.
 
 Each component is a share of op time (the sum of its ops' execution time over all ops' time), the same share
@@ -205,18 +206,23 @@ def framework_of(base: str | None, library_files: Iterable[str]) -> str | None:
     return base
 
 
-def phase_of(rows: list[dict], comps: list[Component], program_names: Iterable[str]) -> dict[str, Any]:
+def phase_of(rows: list[dict], comps: list[Component], program_names: Iterable[str],
+             compiled: bool = True) -> dict[str, Any]:
     """training (a backward pass: transpose(jvp(...)) scopes, or autograd ops) or inference, and for inference
     decode (a paged kernel holds time, or the program is named so) or prefill (attention over S×S scores)."""
     fops = " ".join(str(r.get("framework_op") or "") + " " + str(r.get("op") or "") for r in rows).lower()
     backward = sum(float(r.get("share_of_op_time_percent") or 0) for r in rows
                    if "transpose(" in str(r.get("framework_op") or "") or "backward" in str(r.get("op") or "").lower())
     shares = {c.key: c.share_percent for c in comps}
-    if backward > 0 or "autograd" in fops or "optimizer.step" in fops:
+    if backward > 0 or "autograd" in fops or "optimizer.step" in fops or "gradients/" in fops:
         return {"phase": "training", "backward_share_percent": round(backward, 2),
                 "why": "backward-pass ops (transpose(jvp(...)) scopes or autograd) hold "
                        f"{backward:.3g}% of op time"}
     names = " ".join(program_names).lower()
+    if not compiled:
+        # Op-by-op kernels (TensorFlow, eager PyTorch) name no backward scope: their absence says nothing.
+        return {"phase": "unknown", "why": "no backward-pass op names, but the kernels carry no compiled program's "
+                                           "scopes (jvp/transpose) that would show one"}
     if shares.get("paged_attention", 0) + shares.get("ragged_paged_attention", 0) > 0:
         return {"phase": "inference", "step": "decode", "why": "no backward pass; a paged-attention kernel runs"}
     if re.search(r"decode|generate|sample", names):
@@ -246,7 +252,9 @@ def program_anatomy(rows: list[dict], facts: ProgramFacts) -> dict[str, Any]:
     """The anatomy record: components (largest first), phase, framework and the facts the levers' premises read."""
     comps = components(rows)
     framework = framework_of(facts.framework, facts.library_files)
-    phase = phase_of(rows, comps, facts.program_names)
+    compiled = any("jit(" in str(r.get("framework_op") or "") or str(r.get("module") or "").startswith(("jit_", "pjit_"))
+                   for r in rows[:50]) or facts.framework == "PyTorch/XLA"
+    phase = phase_of(rows, comps, facts.program_names, compiled)
     pallas = sorted({c.kernel or c.key for c in comps if c.key in PALLAS_COMPONENTS})
     return {
         "framework": framework,

@@ -245,8 +245,8 @@ def kernel_efficiency_fix(ctx: Context, bound: str) -> str:
             return ("make the GEMMs/convolutions use Tensor Cores: bf16/fp16 operands, dimensions multiples of 8-64, "
                     "cuBLAS/cuDNN autotuning (--xla_gpu_autotune_level=4), larger batch per GPU")
     if ctx.platform == "TPU":
-        return ("raise achieved bandwidth: larger, lane-aligned arrays (last dim multiple of 128), and for Pallas "
-                "kernels bigger blocks and deeper pipelining (pltpu.emit_pipeline / more buffers) so copies overlap")
+        return ("raise achieved bandwidth: larger, lane-aligned arrays (last dim multiple of 128); for Pallas "
+                "kernels, bigger blocks and deeper pipelining (pltpu.emit_pipeline / more buffers) so copies overlap")
     return "raise achieved bandwidth: larger contiguous arrays per kernel, fewer tiny kernels, aligned last dimensions"
 
 

@@ -34,12 +34,18 @@ class Premise:
 
 
 def _phase(want: str) -> Check:
-    return lambda a, c: None if not a.get("phase") else a.get("phase") == want
+    return lambda a, c: a.get("phase") == want if a.get("phase") in ("training", "inference") else None
 
 
 def _not_pallas(a: dict, c: dict) -> bool | None:
     return c.get("component") not in ("paged_attention", "ragged_paged_attention", "grouped_matmul", "custom_kernel",
                                       "fused_attention")
+
+
+def _a_pallas(a: dict, c: dict) -> bool | None:
+    component = c.get("component")
+    return None if not component else component in ("paged_attention", "ragged_paged_attention", "grouped_matmul",
+                                                    "custom_kernel", "fused_attention")
 
 
 def _not_donated(a: dict, c: dict) -> bool | None:
@@ -81,11 +87,14 @@ PREMISES: dict[str, Premise] = {
     "training": Premise(_phase("training"), "the profile has no backward pass: it is inference"),
     "inference": Premise(_phase("inference"), "the profile is a training step (it has a backward pass)"),
     "not_a_pallas_kernel": Premise(_not_pallas, "the time is already in a Pallas / fused kernel"),
+    "a_pallas_kernel": Premise(_a_pallas, "the time is in ops XLA compiled, not in a Pallas kernel"),
     "not_donated": Premise(_not_donated, "the step's arguments are already donated (the HLO aliases them)",
                            "whether jax.jit(..., donate_argnums=...) names the state the step replaces"),
     "several_devices": Premise(_several_devices, "the job runs on one device", "how many devices the job uses"),
     "precision_above_default": Premise(_precision_above_default, "the matmuls already run at the default precision"),
     "long_loop": Premise(_long_loop, "the loop runs few trips per execution", "the loop's length"),
+    "short_loop": Premise(lambda a, c: None if a.get("loop_trips_per_run") is None else a["loop_trips_per_run"] <= 128,
+                          "the loop is too long to unroll in full (over 128 steps)", "the sequence length"),
     "far_below_roof": Premise(_below_roof(60.0), "the kernel already reaches 60% or more of its roof"),
     "recomputes": Premise(_recomputes, "no op recomputes values (no jax.checkpoint / remat in the HLO)"),
     "not_keras": Premise(_not_keras, "the loop is a Keras layer's, which takes no scan argument"),
@@ -175,6 +184,11 @@ LEVERS: tuple[Lever, ...] = (
           "unroll=8) in Flax linen), so XLA schedules 8 dependent steps as one body and the per-op latency is paid "
           "once per 8 steps",
           ("long_loop", "not_keras"), gain=(0.15, 0.45), gap="below_roof", trial="lstm_scan"),
+    Lever("keras_rnn_unroll", "recurrent_loop", ("latency_bound", "memory_bound", "low_kernel_efficiency"),
+          ("Keras 3",), ("TPU", "GPU", "CPU"),
+          "unroll the Keras recurrent layer at {line}: keras.layers.LSTM(units, unroll=True) (GRU and SimpleRNN take "
+          "the same argument), so its steps compile as one straight program instead of a loop of tiny dependent steps",
+          ("short_loop",), gain=(0.15, 0.45), gap="below_roof", trial="lstm_scan"),
     Lever("batch_sequences", "recurrent_loop", ("latency_bound", "memory_bound", "low_kernel_efficiency"),
           JAX_FAMILY + TORCH_FAMILY, ("TPU", "GPU", "CPU"),
           "run more sequences through the loop at {line} at once (a larger batch): each dependent step costs about "
@@ -368,8 +382,9 @@ def alternatives_sentence(offers: list[Offer]) -> str:
 CONTRADICTIONS: tuple[tuple[str, str, str], ...] = (
     (r"zero_grad|fused optimizer|foreach|fused=True|gradient accumulation|DataLoader\(num_workers", "training",
      "training advice on an inference trace"),
-    (r"(?<!streams )a Pallas kernel that|write a Pallas kernel|use a Pallas kernel|pltpu\.emit_pipeline",
-     "not_a_pallas_kernel", "Pallas advice for a Pallas kernel"),
+    (r"a Pallas kernel (?:that|can)|write a Pallas kernel|use a Pallas kernel", "not_a_pallas_kernel",
+     "Pallas advice for a Pallas kernel"),
+    (r"pltpu\.emit_pipeline|for Pallas kernels,", "a_pallas_kernel", "Pallas tuning for ops that are no Pallas kernel"),
     (r"donate_argnums", "not_donated", "donation where the arguments are aliased"),
     (r"shard (?:them|parameters|the)|FSDP|ZeRO", "several_devices", "sharding on one device"),
 )

@@ -25,7 +25,7 @@ from xdiag.tools.registry import ToolOutput, tool
 )
 def get_program_anatomy(session: Session) -> ToolOutput:
     """summary: framework (refined from the library files the HLO's stacks name), runtime (what the trace says),
-    platform, phase (training | inference), step (decode | prefill, where the profile says), why (what the phase is
+    platform, phase (training | inference | unknown: op-by-op kernels name no backward scope), step (decode | prefill, where the profile says), why (what the phase is
     read from), backward_share_percent, components [component, what, share_of_op_time_percent, ms, ops, kernel,
     roofline_efficiency_percent, efficiency_is_upper_bound, bound, lines (the user's), backward_share_percent,
     scores_shape], pallas_kernels, devices, donated_arguments (entry parameters the busiest program's outputs alias;
