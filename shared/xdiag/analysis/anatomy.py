@@ -36,7 +36,7 @@ COMPONENTS = {
     "collective": "collectives",
     "host_transfer": "transfers between host and device",
     "data_movement": "copies and layout changes",
-    "custom_kernel": "custom kernel",
+    "custom_kernel": "custom Pallas / Mosaic kernel",
     "host_callback": "host callbacks",
     "other": "other ops",
 }
@@ -106,7 +106,7 @@ def component_of(row: dict) -> tuple[str, str | None]:
         return "host_transfer", None
     if category == "host_callback":
         return "host_callback", None
-    if pallas or category == "custom_call":
+    if pallas:
         return "custom_kernel", op.split(".")[0]
     if category != "convolution" and "conv" not in fop.lower() and scores_shape(row) is not None:
         return "materialised_attention", None

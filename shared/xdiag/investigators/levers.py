@@ -122,7 +122,6 @@ class Lever:
     # critical path runs beside the device's); throughput: more work per step, not shorter steps (no step-time gain)
     trial: str = ""  # the example program (shared/xdiag/examples) whose before/after capture exercises it
     order: int = 1  # 1: changes how the program runs; 2: changes what it computes (batch size): offered after
-    marker: str = ""  # the API name that says a finding's general fix already names this change (it is then replaced)
 
 
 LEVERS: tuple[Lever, ...] = (
@@ -131,11 +130,11 @@ LEVERS: tuple[Lever, ...] = (
           JAX_FAMILY, ("TPU",),
           "replace the einsum + softmax + einsum at {line} with the Pallas flash-attention kernel, which never writes "
           "the S×S scores to HBM: jax.experimental.pallas.ops.tpu.flash_attention.flash_attention(q, k, v, "
-          "causal=True, sm_scale=1 / sqrt(head_dim), block_sizes=BlockSizes(block_q=512, block_k_major=512, "
+          "causal=True (False where the scores are not masked causally), sm_scale=1 / sqrt(head_dim), "
+          "block_sizes=BlockSizes(block_q=512, block_k_major=512, "
           "block_k=512, block_b=1)) with q, k, v as [batch, heads, seq, head_dim] (for long or masked sequences, "
           "splash attention: jax.experimental.pallas.ops.tpu.splash_attention.make_splash_mha)",
-          ("not_a_pallas_kernel",), gain=(0.5, 0.95), gap="share", trial="gpt_train",
-          marker="fused kernel computes both"),
+          ("not_a_pallas_kernel",), gain=(0.5, 0.95), gap="share", trial="gpt_train"),
     Lever("cudnn_attention_gpu", "materialised_attention", ("materialised_attention", "memory_bound",
                                                             "low_kernel_efficiency"),
           JAX_FAMILY, ("GPU",),
@@ -154,37 +153,39 @@ LEVERS: tuple[Lever, ...] = (
           "k_pages, v_pages, lengths, page_indices, pages_per_compute_block=...) call at {line} (16 → 64 realized "
           "32% shorter steps on a v5e; it must divide the pages per sequence), and give the KV cache larger pages "
           "so each copy from HBM is longer",
-          ("far_below_roof",), gain=(0.25, 0.5), gap="below_roof", trial="paged_attention_decode",
-          marker="pages_per_compute_block"),
+          ("far_below_roof",), gain=(0.25, 0.5), gap="below_roof", trial="paged_attention_decode"),
     Lever("ragged_paged_attention_block", "ragged_paged_attention",
           ("memory_bound", "low_kernel_efficiency", "bounded_efficiency"), JAX_FAMILY, ("TPU",),
           "raise num_kv_pages_per_block (and num_queries_per_block) in the jax.experimental.pallas.ops.tpu."
           "ragged_paged_attention.ragged_paged_attention(..., num_kv_pages_per_block=..., num_queries_per_block=..., "
           "vmem_limit_bytes=...) call at {line} (num_kv_pages_per_block 8 → 32 realized 31% shorter steps on a v5e), "
           "so each grid step copies more KV pages per DMA",
-          ("far_below_roof",), gain=(0.5, 0.9), gap="below_roof", trial="ragged_attention_serve",
-          marker="num_kv_pages_per_block"),
+          ("far_below_roof",), gain=(0.5, 0.9), gap="below_roof", trial="ragged_attention_serve"),
     Lever("megablox_tiling", "grouped_matmul", ("memory_bound", "low_kernel_efficiency", "bounded_efficiency"),
           JAX_FAMILY, ("TPU",),
           "pass larger tiles to megablox's grouped matmul at {line}: jax.experimental.pallas.ops.tpu.megablox.gmm("
           "lhs, rhs, group_sizes, tiling=(tm, tk, tn)) (default (128, 128, 128); e.g. (512, 1024, 1024) where they "
           "divide the problem: tk and tn multiples of 128, tm of 8), so each operand is re-read fewer times",
-          ("far_below_roof",), gain=(0.6, 1.0), gap="below_roof", trial="megablox_small_tiles",
-          marker="tiling=(tm, tk, tn)"),
+          ("far_below_roof",), gain=(0.6, 1.0), gap="below_roof", trial="megablox_small_tiles"),
     Lever("flash_block_sizes", "fused_attention", ("memory_bound", "low_kernel_efficiency", "bounded_efficiency"),
           JAX_FAMILY, ("TPU",),
           "raise the flash-attention tiles at {line}: flash_attention(q, k, v, block_sizes=BlockSizes(block_q=..., "
           "block_k_major=..., block_k=..., block_b=...)) (the backward pass has its own *_dkv and *_dq sizes), so "
           "K and V are re-read fewer times",
-          ("far_below_roof",), gain=(0.2, 0.5), gap="below_roof", trial="flash_attention_train",
-          marker="block_sizes=BlockSizes"),
-    Lever("scan_unroll", "recurrent_loop", ("latency_bound", "memory_bound", "low_kernel_efficiency"),
+          ("far_below_roof",), gain=(0.2, 0.5), gap="below_roof", trial="flash_attention_train"),
+    Lever("pallas_block_shape", "custom_kernel", ("memory_bound", "low_kernel_efficiency", "bounded_efficiency"),
+          JAX_FAMILY, ("TPU", "GPU"),
+          "give the pallas_call at {line} larger blocks: its in_specs/out_specs pl.BlockSpec(block_shape, index_map) "
+          "set what each grid step copies into VMEM; larger blocks (multiples of (8, 128), within the VMEM limit) "
+          "mean fewer grid steps, longer copies and fuller MXU passes",
+          ("far_below_roof",), gain=(0.3, 0.7), gap="below_roof", trial="pallas_small_blocks"),
+    Lever("scan_unroll", "recurrent_loop", ("latency_bound",),
           ("JAX", "Flax linen", "Flax NNX", "Equinox", "Haiku"), ("TPU", "GPU"),
           "unroll the recurrence's lax.scan at {line}: jax.lax.scan(step, carry, xs, unroll=8) (nn.scan(..., "
           "unroll=8) in Flax linen), so XLA schedules 8 dependent steps as one body and the per-op latency is paid "
           "once per 8 steps",
           ("long_loop", "not_keras"), gain=(0.15, 0.45), gap="below_roof", trial="lstm_scan"),
-    Lever("keras_rnn_unroll", "recurrent_loop", ("latency_bound", "memory_bound", "low_kernel_efficiency"),
+    Lever("keras_rnn_unroll", "recurrent_loop", ("latency_bound",),
           ("Keras 3",), ("TPU", "GPU", "CPU"),
           "unroll the Keras recurrent layer at {line}: keras.layers.LSTM(units, unroll=True) (GRU and SimpleRNN take "
           "the same argument), so its steps compile as one straight program instead of a loop of tiny dependent steps",
@@ -202,8 +203,7 @@ LEVERS: tuple[Lever, ...] = (
     Lever("matmul_precision", "matmul", ("low_kernel_efficiency",), JAX_FAMILY, ("TPU", "GPU"),
           "let the matmuls at {line} run at the default precision: drop precision=jax.lax.Precision.HIGHEST (or "
           "wrap the step in jax.default_matmul_precision(\"bfloat16\")), keeping f32 accumulation",
-          ("precision_above_default",), gain=(0.5, 0.85), gap="below_roof", trial="f32_highest_matmul",
-          marker="precision=DEFAULT"),
+          ("precision_above_default",), gain=(0.5, 0.85), gap="below_roof", trial="f32_highest_matmul"),
     Lever("drop_per_step_fetch", "host", ("host_sync",), JAX_FAMILY, ("TPU", "GPU", "CPU"),
           "remove the per-step float(loss) / .item() / np.asarray(...) / jax.device_get at {line}: keep the "
           "metrics on the device and fetch them every N steps",

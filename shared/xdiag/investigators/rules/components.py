@@ -151,9 +151,8 @@ def with_levers(found: list[Hypothesis], facts: Facts) -> None:
                     for k, why in rejected[:2]) + "."
             continue
         lead = offers[0]
-        general = "" if lead.lever.marker and lead.lever.marker in h.fix else h.fix
         h.fix = sentence(levers.lead_sentence(lead) + levers.alternatives_sentence(offers[1:3])
-                         + (" Beyond these: " + general if general else ""))
+                         + (" Beyond these: " + h.fix if h.fix else ""))
         h.evidence.append(evidence("get_program_anatomy", "lever", lead.lever.key,
                                    f"{COMPONENTS.get(subject or '', subject)}; "
                                    f"{a.get('framework') or 'framework not recorded'}, {a.get('phase') or ''}"
