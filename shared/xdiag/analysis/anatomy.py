@@ -7,8 +7,8 @@ attention, grouped matmul, projection matmuls, embedding gathers, recurrent loop
 norms and elementwise work, the optimizer's update, collectives, host transfers), the phase (training or inference,
 and where the profile says it, decode or prefill) and the framework (JAX, Flax linen / NNX, Keras 3, Hugging Face,
 PyTorch, PyTorch/XLA). The phase is "unknown" where only op-by-op kernels ran (TensorFlow, eager PyTorch) and none
-names a backward pass: their absence proves nothing there. The levers (xdiag.investigators.levers) are chosen against this, so a decode trace is not told
-to change its optimizer and a Pallas kernel is not told to become one.
+names a backward pass: their absence proves nothing there. The levers (xdiag.investigators.levers) are chosen
+against this, so a decode trace is not told to change its optimizer and a Pallas kernel is not told to become one.
 
 Each component is a share of op time (the sum of its ops' execution time over all ops' time), the same share
 get_hlo_op_profile's rows give.
@@ -86,7 +86,7 @@ def scores_shape(row: dict) -> tuple[int, ...] | None:
 
 
 def component_of(row: dict) -> tuple[str, str | None]:
-    """(component, kernel) of one op row of get_hlo_op_profile: the kernel is the library kernel's name where one runs."""
+    """(component, kernel) of one op row of get_hlo_op_profile; the kernel: the library kernel's name where one runs."""
     op, fop = str(row.get("op") or ""), str(row.get("framework_op") or "")
     text, category = f"{op} {fop}".lower(), str(row.get("category") or "")
     opcode = str(row.get("opcode") or "")
@@ -98,7 +98,8 @@ def component_of(row: dict) -> tuple[str, str | None]:
     fused = _FUSED_ATTENTION.search(text)
     if fused and (category in ("custom_call", "attention") or pallas or opcode == "custom-call" or "fusion" in opcode):
         return "fused_attention", fused.group(0)
-    if re.search(r"\bt?gmm\b|megablox", text.replace("/", " ").replace("(", " ")) and (pallas or category == "custom_call"):
+    words = text.replace("/", " ").replace("(", " ")
+    if re.search(r"\bt?gmm\b|megablox", words) and (pallas or category == "custom_call"):
         return "grouped_matmul", "tgmm" if "tgmm" in text else "gmm"
     if category == "collective":
         return "collective", None
@@ -146,7 +147,8 @@ class Component:
     def record(self) -> dict[str, Any]:
         efficiency = (round(self.efficiency_weighted / self.efficiency_share, 1) if self.efficiency_share else None)
         out: dict[str, Any] = {
-            "component": self.key, "what": COMPONENTS[self.key], "share_of_op_time_percent": round(self.share_percent, 2),
+            "component": self.key, "what": COMPONENTS[self.key],
+            "share_of_op_time_percent": round(self.share_percent, 2),
             "ms": round(self.ms, 4), "ops": self.ops[:5],
             "roofline_efficiency_percent": efficiency,
             "bound": max(self.bounds, key=self.bounds.get) if self.bounds else None,
@@ -207,18 +209,24 @@ def framework_of(base: str | None, library_files: Iterable[str]) -> str | None:
 
 
 def phase_of(rows: list[dict], comps: list[Component], program_names: Iterable[str],
-             compiled: bool = True) -> dict[str, Any]:
+             compiled: bool = True, facts: ProgramFacts | None = None) -> dict[str, Any]:
     """training (a backward pass: transpose(jvp(...)) scopes, or autograd ops) or inference, and for inference
     decode (a paged kernel holds time, or the program is named so) or prefill (attention over S×S scores)."""
     fops = " ".join(str(r.get("framework_op") or "") + " " + str(r.get("op") or "") for r in rows).lower()
     backward = sum(float(r.get("share_of_op_time_percent") or 0) for r in rows
                    if "transpose(" in str(r.get("framework_op") or "") or "backward" in str(r.get("op") or "").lower())
     shares = {c.key: c.share_percent for c in comps}
+    if facts is not None and facts.host_training_event:
+        return {"phase": "training", "backward_share_percent": round(backward, 2),
+                "why": f"the host records {facts.host_training_event!r}, which only a training step runs"}
     if backward > 0 or "autograd" in fops or "optimizer.step" in fops or "gradients/" in fops:
         return {"phase": "training", "backward_share_percent": round(backward, 2),
                 "why": "backward-pass ops (transpose(jvp(...)) scopes or autograd) hold "
                        f"{backward:.3g}% of op time"}
     names = " ".join(program_names).lower()
+    if not compiled and facts is not None and facts.host_ops_recorded:
+        return {"phase": "inference", "why": "the host's framework ops are recorded (aten::…) and none is autograd's "
+                                             "or an optimizer's"}
     if not compiled:
         # Op-by-op kernels (TensorFlow, eager PyTorch) name no backward scope: their absence says nothing.
         return {"phase": "unknown", "why": "no backward-pass op names, but the kernels carry no compiled program's "
@@ -246,15 +254,18 @@ class ProgramFacts:
     matmul_precision: str | None = None  # the dominant matmuls' operand precision, where above the default
     rematerialised_op_percent: float | None = None
     loop_trips_per_run: float | None = None
+    host_training_event: str | None = None  # a host event that only training records (autograd, Optimizer.step)
+    host_ops_recorded: bool = False  # the host's framework ops are in the trace (aten::…), so their absence speaks
 
 
 def program_anatomy(rows: list[dict], facts: ProgramFacts) -> dict[str, Any]:
     """The anatomy record: components (largest first), phase, framework and the facts the levers' premises read."""
     comps = components(rows)
     framework = framework_of(facts.framework, facts.library_files)
-    compiled = any("jit(" in str(r.get("framework_op") or "") or str(r.get("module") or "").startswith(("jit_", "pjit_"))
-                   for r in rows[:50]) or facts.framework == "PyTorch/XLA"
-    phase = phase_of(rows, comps, facts.program_names, compiled)
+    compiled = facts.framework == "PyTorch/XLA" or any(
+        "jit(" in str(r.get("framework_op") or "") or str(r.get("module") or "").startswith(("jit_", "pjit_"))
+        for r in rows[:50])
+    phase = phase_of(rows, comps, facts.program_names, compiled, facts)
     pallas = sorted({c.kernel or c.key for c in comps if c.key in PALLAS_COMPONENTS})
     return {
         "framework": framework,

@@ -102,8 +102,8 @@ PREMISES: dict[str, Premise] = {
         lambda a, c: None if not a.get("sync_event") else "block_until_ready" not in str(a["sync_event"]),
         "the host waits in block_until_ready on each call's result, not in a fetch of a value",
         "which call blocks: a float()/.item() on a device value, or a block_until_ready"),
-    "no_prefetch_yet": Premise(lambda a, c: None, "", "whether the input pipeline already prefetches batches to the "
-                               "device (a background thread, tf.data prefetch, grain, flax.jax_utils.prefetch_to_device)"),
+    "no_prefetch_yet": Premise(lambda a, c: None, "", "whether the input pipeline already prepares and copies the next "
+                               "batch while a step runs (prefetching)"),
 }
 
 
@@ -212,6 +212,15 @@ LEVERS: tuple[Lever, ...] = (
           "remove the per-step .item() / .cpu() / print of a tensor at {line}: accumulate on the device and read "
           "every N steps",
           ("fetches_not_block",), gain=(0.5, 1.0), gap="finding"),
+    Lever("jit_whole_step", "dispatch", ("dispatch_overhead",), JAX_FAMILY, ("TPU", "GPU", "CPU"),
+          "put the whole step at {line} under one jax.jit (decorate the function that runs the step's ops, and loop "
+          "inside it with jax.lax.fori_loop / lax.scan where the Python loop drives many small ops), so each step "
+          "launches one compiled program instead of one dispatch per op",
+          (), gain=(0.5, 0.9), gap="finding", trial="dispatch_bound"),
+    Lever("torch_compile_step", "dispatch", ("dispatch_overhead", "unfused_kernels"), ("PyTorch",), ("GPU",),
+          "compile the model at {line}: model = torch.compile(model, mode=\"reduce-overhead\"), which fuses its "
+          "elementwise chains and replays the step as a CUDA graph, one launch instead of one per kernel",
+          (), gain=(0.3, 0.8), gap="finding"),
     Lever("donate_state", "memory", ("memory_pressure",), JAX_FAMILY, ("TPU", "GPU"),
           "donate the state the step replaces: jax.jit(step, donate_argnums=(0, 1)) (the parameters and optimizer "
           "state), so the updated copies reuse their buffers",
@@ -240,6 +249,8 @@ FINDING_COMPONENTS = {
     "memory_pressure": "memory",
     "input_bound": "host_input",
     "materialised_attention": "materialised_attention",
+    "dispatch_overhead": "dispatch",
+    "unfused_kernels": "dispatch",
 }
 """Findings whose subject is fixed; the others (memory_bound, low_kernel_efficiency, bounded_efficiency) are about the
 component that holds their ops."""
@@ -319,7 +330,8 @@ def candidates(anatomy: dict[str, Any], finding: str, component: str | None, com
             rejected.append((lever.key, failed))
             continue
         gain, basis = _gain(lever, record, compute_percent, finding_step_percent)
-        change = lever.change.format(line=at_line or line or "the line that calls it", kernel=record.get("kernel") or "")
+        change = lever.change.format(line=at_line or line or "the line that calls it",
+                                     kernel=record.get("kernel") or "")
         offers.append(Offer(lever, change, unchecked, gain, basis))
     offers.sort(key=lambda o: (o.lever.order, -(o.gain_percent[1] if o.gain_percent else 0)))
     return offers, rejected
@@ -354,8 +366,9 @@ def _gain(lever: Lever, record: dict, compute: float | None, finding_step: float
         if efficiency is None:
             return None, "its roofline efficiency is not measured"
         gap = share * (1 - efficiency / 100) * compute / 100
-        basis = (f"{share:.3g}% of op time × (1 − {at_most}{efficiency:g}% of the roof) × {compute:.3g}% of the step "
-                 "computing" + (" (a lower bound of the gap: the efficiency is an upper bound)" if at_most else ""))
+        basis = (f"{share:.3g}% of op time × (1 − {at_most}{efficiency:g}% of the roof) × {compute:.3g}% of the "
+                 "step computing"
+                 + (" (a lower bound of the gap: the efficiency is an upper bound)" if at_most else ""))
     if not high:
         return None, "it frees memory, not time"
     return (round(gap * low, 1), round(gap * high, 1)), f"{low:g}–{high:g} of the gap: {basis}"

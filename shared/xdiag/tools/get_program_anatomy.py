@@ -1,4 +1,4 @@
-"""get_program_anatomy: what is this program made of, which of its parts hold the time, and in which framework and phase?"""
+"""get_program_anatomy: what is the program made of, which parts hold the time, in which framework and phase?"""
 
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ from xdiag.tools.registry import ToolOutput, tool
 )
 def get_program_anatomy(session: Session) -> ToolOutput:
     """summary: framework (refined from the library files the HLO's stacks name), runtime (what the trace says),
-    platform, phase (training | inference | unknown: op-by-op kernels name no backward scope), step (decode | prefill, where the profile says), why (what the phase is
-    read from), backward_share_percent, components [component, what, share_of_op_time_percent, ms, ops, kernel,
+    platform, phase (training | inference | unknown: op-by-op kernels name no backward scope), step (decode |
+    prefill, where the profile says), why (what the phase is read from), backward_share_percent, components [component, what, share_of_op_time_percent, ms, ops, kernel,
     roofline_efficiency_percent, efficiency_is_upper_bound, bound, lines (the user's), backward_share_percent,
     scores_shape], pallas_kernels, devices, donated_arguments (entry parameters the busiest program's outputs alias;
     null without HLO), matmul_precision, rematerialised_op_percent, loop_trips_per_run. detail: library_files (the
@@ -48,8 +48,26 @@ def get_program_anatomy(session: Session) -> ToolOutput:
         donated_arguments=len(busiest.donated_parameters) if busiest is not None else None,
         matmul_precision=precision,
         rematerialised_op_percent=rematerialised_time(session, rows).get("rematerialised_op_percent"),
-        loop_trips_per_run=loops.get("loop_trips_per_run"))
+        loop_trips_per_run=loops.get("loop_trips_per_run"), **_host_phase_marks(session))
     return ToolOutput(program_anatomy(rows, facts), {"library_files": files[:20]})
+
+
+TRAINING_HOST_EVENTS = ("autograd::engine", "Optimizer.step", "Optimizer.zero_grad", "backward")
+"""Host events only a training step records (PyTorch's autograd engine and optimizer)."""
+
+
+def _host_phase_marks(session: Session) -> dict:
+    """host_training_event (the first host event only training records) and host_ops_recorded (aten:: ops are in the
+    trace, so an absence of autograd among them speaks)."""
+    training, ops = None, False
+    for plane in session.host_planes():
+        for name in plane.event_names.values():
+            ops = ops or name.startswith("aten::")
+            if training is None and any(mark in name for mark in TRAINING_HOST_EVENTS):
+                training = name[:80]
+        if training:
+            break
+    return {"host_training_event": training, "host_ops_recorded": ops}
 
 
 _PRECISIONS = {1: "HIGH", 2: "HIGHEST"}

@@ -121,10 +121,20 @@ def unexplained(facts: Facts) -> Hypothesis:
         "strongly enough to name its cause." + what,
         facts.base + [evidence("get_step_trace", "unhealthy_because", "; ".join(reasons) or None)],
         "Not estimated: no cause is named.",
-        "Capture more to tell the cause: several steps after warm-up with the Python tracer on "
-        "(jax.profiler.ProfileOptions.python_tracer_level=1, or torch.profiler(with_stack=True)), and on TPU the "
-        "device's own counters (xprof's trace viewer with host_tracer_level=2); then re-run xdiag on that capture.",
+        _capture_more(facts),
     )
+
+
+def _capture_more(facts: Facts) -> str:
+    """Which capture would tell more, in the profiler of the program's framework."""
+    if facts.context().framework == "PyTorch":
+        how = ("torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=True, "
+               "record_shapes=True) over several steps after warm-up, with a torch.profiler.schedule")
+    else:
+        how = ("the .xplane.pb jax.profiler writes (not its trace.json, which carries no HLO), over several steps "
+               "after warm-up, with the Python tracer on (jax.profiler.ProfileOptions: python_tracer_level=1)")
+    return (f"Capture more to tell the cause: {how}; then run xdiag on that capture. What each health reason above "
+            "measures is in the key metrics.")
 
 
 def _subject(h: Hypothesis, a: dict[str, Any]) -> str | None:
