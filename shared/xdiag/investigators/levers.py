@@ -19,7 +19,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-JAX_FAMILY = ("JAX", "Flax linen", "Flax NNX", "Hugging Face", "Equinox", "Haiku", "Keras 3")
+JAX_CODE = ("JAX", "Flax linen", "Flax NNX", "Hugging Face", "Equinox", "Haiku")
+"""Programs written in JAX's own API (jax.lax, jax.nn, Pallas) or a library that passes jax arrays through."""
+JAX_FAMILY = (*JAX_CODE, "Keras 3")
 TORCH_FAMILY = ("PyTorch", "PyTorch/XLA")
 
 Check = Callable[[dict[str, Any], dict[str, Any]], "bool | None"]
@@ -127,7 +129,7 @@ class Lever:
 LEVERS: tuple[Lever, ...] = (
     Lever("flash_attention_tpu", "materialised_attention", ("materialised_attention", "memory_bound",
                                                             "low_kernel_efficiency"),
-          JAX_FAMILY, ("TPU",),
+          JAX_CODE, ("TPU",),
           "replace the einsum + softmax + einsum at {line} with the Pallas flash-attention kernel, which never writes "
           "the S×S scores to HBM: jax.experimental.pallas.ops.tpu.flash_attention.flash_attention(q, k, v, "
           "causal=True (False where the scores are not masked causally), sm_scale=1 / sqrt(head_dim), "
@@ -135,9 +137,17 @@ LEVERS: tuple[Lever, ...] = (
           "block_k=512, block_b=1)) with q, k, v as [batch, heads, seq, head_dim] (for long or masked sequences, "
           "splash attention: jax.experimental.pallas.ops.tpu.splash_attention.make_splash_mha)",
           ("not_a_pallas_kernel",), gain=(0.5, 0.95), gap="share", trial="gpt_train"),
+    Lever("keras_flash_attention", "materialised_attention", ("materialised_attention", "memory_bound",
+                                                              "low_kernel_efficiency"),
+          ("Keras 3",), ("TPU", "GPU"),
+          "let Keras use its fused attention at {line}: keras.layers.MultiHeadAttention(num_heads, key_dim, "
+          "flash_attention=True) with bfloat16 inputs (or keras.ops.dot_product_attention(query, key, value, "
+          "is_causal=True, flash_attention=True) where the attention is written by hand), so the S×S scores never "
+          "reach memory",
+          ("not_a_pallas_kernel",), gain=(0.5, 0.9), gap="share", trial="gpt_train"),
     Lever("cudnn_attention_gpu", "materialised_attention", ("materialised_attention", "memory_bound",
                                                             "low_kernel_efficiency"),
-          JAX_FAMILY, ("GPU",),
+          JAX_CODE, ("GPU",),
           "replace the einsum + softmax + einsum at {line} with jax.nn.dot_product_attention(q, k, v, "
           "is_causal=True, implementation=\"cudnn\") (q, k, v as [batch, seq, heads, head_dim], bf16 or fp16), "
           "a fused kernel that never writes the S×S scores to memory",
@@ -195,16 +205,16 @@ LEVERS: tuple[Lever, ...] = (
           "run more sequences through the loop at {line} at once (a larger batch): each dependent step costs about "
           "the same whatever its width, so k times the batch does about k times the work in the same time",
           ("long_loop",), gap="throughput", trial="lstm_batch64", order=2),
-    Lever("remat_policy", "recompute", ("needless_remat",), JAX_FAMILY, ("TPU", "GPU", "CPU"),
+    Lever("remat_policy", "recompute", ("needless_remat",), JAX_CODE, ("TPU", "GPU", "CPU"),
           "recompute less at {line}: drop the jax.checkpoint / nn.remat (Flax linen) / nnx.remat (Flax NNX) around "
           "the block, or give it a policy that saves the matmul outputs: jax.checkpoint(block, "
           "policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)",
           ("training", "recomputes"), gain=(0.5, 1.0), gap="finding", trial="remat_train"),
-    Lever("matmul_precision", "matmul", ("low_kernel_efficiency",), JAX_FAMILY, ("TPU", "GPU"),
+    Lever("matmul_precision", "matmul", ("low_kernel_efficiency",), JAX_CODE, ("TPU", "GPU"),
           "let the matmuls at {line} run at the default precision: drop precision=jax.lax.Precision.HIGHEST (or "
           "wrap the step in jax.default_matmul_precision(\"bfloat16\")), keeping f32 accumulation",
           ("precision_above_default",), gain=(0.5, 0.85), gap="below_roof", trial="f32_highest_matmul"),
-    Lever("drop_per_step_fetch", "host", ("host_sync",), JAX_FAMILY, ("TPU", "GPU", "CPU"),
+    Lever("drop_per_step_fetch", "host", ("host_sync",), JAX_CODE, ("TPU", "GPU", "CPU"),
           "remove the per-step float(loss) / .item() / np.asarray(...) / jax.device_get at {line}: keep the "
           "metrics on the device and fetch them every N steps",
           ("fetches_not_block",), gain=(0.5, 1.0), gap="finding", trial="host_sync"),
@@ -212,7 +222,7 @@ LEVERS: tuple[Lever, ...] = (
           "remove the per-step .item() / .cpu() / print of a tensor at {line}: accumulate on the device and read "
           "every N steps",
           ("fetches_not_block",), gain=(0.5, 1.0), gap="finding"),
-    Lever("jit_whole_step", "dispatch", ("dispatch_overhead",), JAX_FAMILY, ("TPU", "GPU", "CPU"),
+    Lever("jit_whole_step", "dispatch", ("dispatch_overhead",), JAX_CODE, ("TPU", "GPU", "CPU"),
           "put the whole step at {line} under one jax.jit (decorate the function that runs the step's ops, and loop "
           "inside it with jax.lax.fori_loop / lax.scan where the Python loop drives many small ops), so each step "
           "launches one compiled program instead of one dispatch per op",
@@ -221,11 +231,11 @@ LEVERS: tuple[Lever, ...] = (
           "compile the model at {line}: model = torch.compile(model, mode=\"reduce-overhead\"), which fuses its "
           "elementwise chains and replays the step as a CUDA graph, one launch instead of one per kernel",
           (), gain=(0.3, 0.8), gap="finding"),
-    Lever("donate_state", "memory", ("memory_pressure",), JAX_FAMILY, ("TPU", "GPU"),
+    Lever("donate_state", "memory", ("memory_pressure",), JAX_CODE, ("TPU", "GPU"),
           "donate the state the step replaces: jax.jit(step, donate_argnums=(0, 1)) (the parameters and optimizer "
           "state), so the updated copies reuse their buffers",
           ("training", "not_donated"), gain=(0.0, 0.0), gap="finding", trial="near_hbm_limit"),
-    Lever("prefetch_to_device", "host_input", ("input_bound",), JAX_FAMILY, ("TPU", "GPU"),
+    Lever("prefetch_to_device", "host_input", ("input_bound",), JAX_CODE, ("TPU", "GPU"),
           "put the next batch on the device while this step runs: a background thread that calls jax.device_put "
           "ahead of use (or flax.jax_utils.prefetch_to_device(iterator, 2)), and move per-step numpy work at {line} "
           "into the jitted step",
