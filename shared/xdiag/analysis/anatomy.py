@@ -274,7 +274,8 @@ def program_anatomy(rows: list[dict], facts: ProgramFacts) -> dict[str, Any]:
         **phase,
         "components": [c.record() for c in comps if c.share_percent > 0 or c.ms > 0],
         "pallas_kernels": pallas,
-        "devices": facts.devices,
+        # One device in the trace but collectives among its ops: a rank's trace of a job on several devices.
+        "devices": None if facts.devices == 1 and any(c.key == "collective" for c in comps) else facts.devices,
         "donated_arguments": facts.donated_arguments,
         "matmul_precision": facts.matmul_precision,
         "rematerialised_op_percent": facts.rematerialised_op_percent,

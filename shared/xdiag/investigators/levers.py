@@ -428,9 +428,8 @@ def without_contradictions(text: str, anatomy: dict[str, Any], component: str | 
     """`text` with each clause (split on ';' and sentences) the anatomy contradicts left out."""
     clauses = re.split(r"(?<=;)\s+|(?<=\.)\s+(?=[A-Z])", text)
     kept = [c for c in clauses if not contradictions(c, anatomy, component)]
-    out = " ".join(kept).strip()
-    out = re.sub(r";\s*$", ".", out)
-    return out
+    out = re.sub(r";\s*$", ".", " ".join(kept).strip())
+    return out[:1].upper() + out[1:]
 
 
 def candidates_record(anatomy: dict[str, Any], compute_percent: float | None) -> list[dict[str, Any]]:

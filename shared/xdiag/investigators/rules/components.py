@@ -156,9 +156,9 @@ def with_levers(found: list[Hypothesis], facts: Facts) -> None:
         offers, rejected = levers.candidates(a, h.key, subject, facts.compute, h.score, line)
         if not offers:
             if rejected:
+                # Named by the lever's key, not its change: the note must not read as the advice it withholds.
                 h.fix += " Not advised here: " + "; ".join(
-                    f"{levers.LEVERS_BY_KEY[k].change.split(':')[0].format(line=line or 'its line', kernel='')} ({why})"
-                    for k, why in rejected[:2]) + "."
+                    f"the {k.replace('_', ' ')} lever ({why})" for k, why in rejected[:2]) + "."
             continue
         lead = offers[0]
         h.fix = sentence(levers.lead_sentence(lead) + levers.alternatives_sentence(offers[1:3])
