@@ -376,7 +376,7 @@ def _unhealthy_reasons(s: HealthSnapshot) -> list[str]:
         # A bound never grounds OPTIMAL: the cost model assumes more work than the kernels may do.
         reasons.append(f"the ops taking {s.dominant_ops_share_percent}% of op time are rated from an upper bound of "
                        f"their work (a paged kernel's full pages): they reach at most {efficiency}% of their "
-                       "roofline, and what they really reach is not known, so OPTIMAL cannot be shown")
+                       "roofline, so they are certainly at least that far from it (how much further is not known)")
     elif efficiency is None and (unmeasured := efficiency_not_measured(s)):
         reasons.append(unmeasured)
     if is_latency_bound(s.loop_work):
