@@ -10,6 +10,7 @@ from xdiag.analysis.roofline import loop_work
 from xdiag.analysis.source_lines import is_library
 from xdiag.errors import NotAvailable
 from xdiag.profile.space import Session
+from xdiag.profile.trace_json import KINETO, trace_format
 from xdiag.tools.get_device_information import framework
 from xdiag.tools.registry import ToolOutput, tool
 
@@ -58,7 +59,10 @@ TRAINING_HOST_EVENTS = ("autograd::engine", "Optimizer.step", "Optimizer.zero_gr
 
 def _host_phase_marks(session: Session) -> dict:
     """host_training_event (the first host event only training records) and host_ops_recorded (aten:: ops are in the
-    trace, so an absence of autograd among them speaks)."""
+    trace, so an absence of autograd among them speaks), from a PyTorch (Kineto) trace's host ops; an xplane's phase
+    is read from its HLO (and its host summaries keep no such names)."""
+    if trace_format(session) != KINETO:
+        return {}
     training, ops = None, False
     for plane in session.host_planes():
         for name in plane.event_names.values():
