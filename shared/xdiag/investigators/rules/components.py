@@ -154,6 +154,9 @@ def with_levers(found: list[Hypothesis], facts: Facts) -> None:
         h.fix = levers.without_contradictions(h.fix, a, subject) or h.fix
         line = h.host_lines[0].line if h.host_lines else None
         offers, rejected = levers.candidates(a, h.key, subject, facts.compute, h.score, line)
+        # A lever that frees memory but no time does not lead: the memory finding's own fix orders its levers by
+        # what holds the peak (values first or arguments first), and offers donation only where it applies.
+        offers = [o for o in offers if o.lever.gain[1] > 0]
         if not offers:
             if rejected:
                 # Named by the lever's key, not its change: the note must not read as the advice it withholds.
