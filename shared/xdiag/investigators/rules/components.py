@@ -151,6 +151,14 @@ def with_levers(found: list[Hypothesis], facts: Facts) -> None:
     a = {**a, "sync_event": facts.step.get("largest_sync_event")}
     for h in found:
         subject = _subject(h, a)
+        if subject in COMPONENTS and subject != "other":
+            record = levers.component_record(a, subject)
+            share = record.get("share_of_op_time_percent")
+            h.whats_happening += (f" Component: {COMPONENTS[subject]}"
+                                  + (f", {share:g}% of op time" if share is not None else "")
+                                  + f", in a {a.get('framework') or 'program'} "
+                                  + ("" if a.get("phase") in (None, "unknown") else f"{a['phase']} ")
+                                  + ("step" if not a.get("step") else f"{a['step']} step") + ".")
         h.fix = levers.without_contradictions(h.fix, a, subject) or h.fix
         line = h.host_lines[0].line if h.host_lines else None
         offers, rejected = levers.candidates(a, h.key, subject, facts.compute, h.score, line)
