@@ -44,7 +44,8 @@ def materialised_attention(facts: Facts, found: list[Hypothesis]) -> Hypothesis 
     a = anatomy(facts)
     c = _component(a, "materialised_attention")
     share = (c or {}).get("share_of_op_time_percent") or 0.0
-    if c is None or share < MATERIALISED_ATTENTION_MIN_PERCENT or facts.compute < 30:
+    if c is None or share < MATERIALISED_ATTENTION_MIN_PERCENT or facts.compute < 30 or a.get("platform") not in (
+            "TPU", "GPU"):  # on a CPU no fused attention kernel is the lever (and the health check does not flag it)
         return None
     shape = c.get("scores_shape")
     efficiency = c.get("roofline_efficiency_percent")
