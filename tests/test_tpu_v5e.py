@@ -450,8 +450,11 @@ def test_a_step_at_86_percent_of_hbm_is_memory_pressure_named_by_its_table(analy
     assert "donated" in finding.whats_happening and "already donated" in finding.fix
     assert "donate_argnums" not in finding.fix and "shard them" not in finding.fix
     assert "dots_with_no_batch_dims_saveable" not in finding.fix  # it would save the dot outputs among the peak's
-    assert "table.1, 12.6 GiB" in finding.fix and finding.fix.index("narrower dtype") < finding.fix.index("rematerialise")
-    assert finding.fix.startswith("Cut the peak where it is held: keep the largest argument")  # a lever, first
+    # The table is already bf16 (bf16[3302400,2048]): a narrower dtype is issue 61's advice for another program, so
+    # the first lever for the arguments is host memory for what the step reads rarely.
+    assert "narrower dtype" not in finding.fix
+    assert finding.fix.index("pinned_host") < finding.fix.index("rematerialise")
+    assert finding.fix.startswith("Cut the peak where it is held: keep what the step reads rarely")  # a lever, first
     allocations = _tool(out, "get_peak_allocations")["summary"]
     assert allocations["largest_buffer_mib"] == 3302400 * 2048 * 2 / 2**20
     assert "table.1" in allocations["donated_arguments"] and "target.1" not in allocations["donated_arguments"]
