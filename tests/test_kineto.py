@@ -174,7 +174,8 @@ class Reading:
 
     why: str
     status: str
-    top: str | None  # the top finding's key; None: no finding (OPTIMAL)
+    top: str | None  # the top finding's key; None: no finding (OPTIMAL). A NEEDS_ATTENTION whose cause no rule names
+    # has the finding that says what is measured and which capture would tell more (issue 61): measured_not_explained
     steps: int
     step_ms: float
     breakdown: dict[str, float] = field(default_factory=dict)  # category -> percent of step time (±1.5 points)
@@ -229,7 +230,7 @@ READINGS: dict[str, Reading] = {
         "are cut by the capture), the GPU busy 98.4% of them. Device-bound: the step is the GPU's work; recorded "
         "without input shapes (its aten::cudnn_convolution ops carry no Input Dims), its kernels have no FLOPs, so "
         "OPTIMAL cannot be shown, and nothing is found.",
-        "NEEDS_ATTENTION", None, 5, 78.83, {"compute": 96.52, "transfer": 0.93},
+        "NEEDS_ATTENTION", "measured_not_explained", 5, 78.83, {"compute": 96.52, "transfer": 0.93},
         measured="hand count (raw JSON read with the json module, test_kineto's _raw_steps_and_busy): 5 ProfilerStep "
                  "windows, mean 78.83 ms, GPU busy 97.4% of them"),
     "kineto_HTA_trace_diff_control_A100x8.json.gz": Reading(
@@ -294,20 +295,20 @@ READINGS: dict[str, Reading] = {
         "core, the cores busy 99.98% (compute 94.8%, collectives 5.1%). The trace carries no HLO and no device "
         "model, so no op's FLOPs, bytes or roof are known: busy is not efficient, and without a measured efficiency "
         "it is not OPTIMAL (the .xplane.pb beside it would measure it).",
-        "NEEDS_ATTENTION", None, 1, 67.24, {"compute": 94.82, "collective": 5.13}, step_source="no repeating step",
+        "NEEDS_ATTENTION", "measured_not_explained", 1, 67.24, {"compute": 94.82, "collective": 5.13}, step_source="no repeating step",
         measured="hand count (raw JSON, json module): 10,312 complete events in a 2,316.6 ms window, no "
                  "ProfilerStep; 6,908 carry model_flops and bytes_accessed, but the file names its devices "
                  "/device:TPU:N only, no chip model, so no peak to rate them against"),
     "jaxtrace_tpu-inference_qwen3-480b_2026_01_12_00_26_20.trace.json.gz": Reading(
         "The same serving run later: 4,682 ops per core in 65.7 ms, busy 99.98% (compute 98.8%): no "
         "efficiency measured, not OPTIMAL.",
-        "NEEDS_ATTENTION", None, 1, 65.75, {"compute": 98.84, "collective": 1.11}, step_source="no repeating step",
+        "NEEDS_ATTENTION", "measured_not_explained", 1, 65.75, {"compute": 98.84, "collective": 1.11}, step_source="no repeating step",
         measured="hand count (raw JSON, json module): a 2,307.5 ms window, no ProfilerStep; 9,364 events carry "
                  "model_flops and bytes_accessed, and no chip model is named (/device:TPU:N only)"),
     "jaxtrace_tpu-inference_qwen3-480b_2026_01_12_01_08_50.trace.json.gz": Reading(
         "The same serving run later: 3,914 ops per core in 63.8 ms, busy 99.98% (compute 99.5%): no "
         "efficiency measured, not OPTIMAL.",
-        "NEEDS_ATTENTION", None, 1, 63.81, {"compute": 99.47}, step_source="no repeating step",
+        "NEEDS_ATTENTION", "measured_not_explained", 1, 63.81, {"compute": 99.47}, step_source="no repeating step",
         measured="hand count (raw JSON, json module): a 2,311.2 ms window, no ProfilerStep; 7,828 events carry "
                  "model_flops and bytes_accessed, and no chip model is named (/device:TPU:N only)"),
 }

@@ -19,9 +19,10 @@ def healthy_cpu(cpu_profiles):
 
 def test_registry_has_the_broad_tools_and_the_follow_ups():
     # The managed service's 15, plus the line view (issue 63: the report's lines, xdiag diff's), kernel statistics and
-    # custom kernels (issue 13: every report shows them).
-    assert len(BROAD_TOOLS) == 18 and set(BROAD_TOOLS) <= set(REGISTRY)
-    assert BROAD_TOOLS[-2:] == ("get_kernel_stats", "get_custom_kernels")
+    # custom kernels (issue 13: every report shows them), and the program's anatomy the investigators choose their
+    # levers against (issue 61).
+    assert len(BROAD_TOOLS) == 19 and set(BROAD_TOOLS) <= set(REGISTRY)
+    assert BROAD_TOOLS[-3:] == ("get_kernel_stats", "get_custom_kernels", "get_program_anatomy")
     for name in ("get_hlo_neighborhood", "aggregate_xplane_events", "get_kernel_stats", "llo_load", "llo_query"):
         assert name in REGISTRY
 

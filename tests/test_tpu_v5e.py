@@ -103,7 +103,9 @@ def test_an_array_written_only_to_be_read_back_once_is_memory_bound_by_defect(an
     for name in ("conv_net_train", "gpt_train"):
         summary = _tool(analyses[name][1], "get_hlo_op_profile")["summary"]
         assert summary["memory_handed_on_percent"] < EXTRA_PASSES_DEFECT_PERCENT, name
-        assert analyses[name][0].diagnosis.status == Status.OPTIMAL, name
+    # gpt_train is no longer OPTIMAL, but for its attention's S×S scores (issue 61), not for handed-on bytes.
+    assert analyses["conv_net_train"][0].diagnosis.status == Status.OPTIMAL
+    assert [f.key for f in analyses["gpt_train"][0].diagnosis.findings] == ["materialised_attention"]
 
 
 def test_per_step_transfers_are_read_from_the_host_lines(analyses):
@@ -457,8 +459,11 @@ def test_a_step_at_86_percent_of_hbm_is_memory_pressure_named_by_its_table(analy
     assert "donated" in finding.whats_happening and "already donated" in finding.fix
     assert "donate_argnums" not in finding.fix and "shard them" not in finding.fix
     assert "dots_with_no_batch_dims_saveable" not in finding.fix  # it would save the dot outputs among the peak's
-    assert "table.1, 12.6 GiB" in finding.fix and finding.fix.index("narrower dtype") < finding.fix.index("rematerialise")
-    assert finding.fix.startswith("Cut the peak where it is held: keep the largest argument")  # a lever, first
+    # The table is already bf16 (bf16[3302400,2048]): a narrower dtype is issue 61's advice for another program, so
+    # the first lever for the arguments is host memory for what the step reads rarely.
+    assert "narrower dtype" not in finding.fix
+    assert finding.fix.index("pinned_host") < finding.fix.index("rematerialise")
+    assert finding.fix.startswith("Cut the peak where it is held: keep what the step reads rarely")  # a lever, first
     allocations = _tool(out, "get_peak_allocations")["summary"]
     assert allocations["largest_buffer_mib"] == 3302400 * 2048 * 2 / 2**20
     assert "table.1" in allocations["donated_arguments"] and "target.1" not in allocations["donated_arguments"]

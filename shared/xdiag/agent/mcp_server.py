@@ -324,7 +324,7 @@ class XdiagTools:
                 "tool_outputs": str(outputs)}
 
 
-ANALYZE_QUESTION = ("The whole analysis of a profile session, as `xdiag analyze`: the 17 broad tools, the "
+ANALYZE_QUESTION = ("The whole analysis of a profile session, as `xdiag analyze`: the 19 broad tools, the "
                     "investigation and summary.html. Returns the diagnosis (OPTIMAL or NEEDS_ATTENTION, a summary, "
                     "the findings ranked P0-P2 with their expected impact), the report's path and the analysis "
                     "folder (give it to explain_finding). Takes seconds on a large profile; writes only the "

@@ -189,16 +189,19 @@ _ACCELERATOR = [
     Workload("padded_heads", "attention with head_dim 72: every product's head dimension padded to 128",
              "low_kernel_efficiency",
              expected_by_platform={"TPU": (
-                 "memory_bound", "the attention is unfused: the Q·Kᵀ fusion writes the bf16[64,2048,2048] scores "
-                 "(537 MB per call) for the softmax to read back once, 88% of op time at 69-79% of the HBM roof; at "
+                 "materialised_attention", "the attention is unfused: the Q·Kᵀ fusion writes the bf16[64,2048,2048] "
+                 "scores (537 MB per call) for the softmax to read back once, 88% of op time at 69-79% of the HBM roof; at "
                  "72 FLOP/byte, under the v5e's ridge of 240, the padding to 128 costs nothing the score bytes do "
-                 "not already set (it shows only as 4% of relayout copies): a fused attention kernel comes first",
+                 "not already set (it shows only as 4% of relayout copies): a fused attention kernel comes first, and "
+                 "the finding names that attention (issue 61), not memory-bound ops in general",
                  "untraced A/B (tests/profiles/tpu_v5e/untraced_ab.json): head_dim 72 8.20 ms per step, 64 8.14 ms, "
                  "128 8.30 ms: 78% more head FLOPs cost 1.3%; hand count: the scores, bf16[64,2048,2048], are 537 MB "
                  "written and read back per call, 1.31 ms at 819 GB/s, against 0.35 ms for the Q·Kᵀ FLOPs at 128 "
                  "at 197 TFLOP/s")}),
-    Workload("gpt_train", "GPT-style decoder training step (bf16, 4 layers, d_model 1024, seq 1024) in one jit",
-             "optimal"),
+    Workload("gpt_train", "GPT-style decoder training step (bf16, 4 layers, d_model 1024, seq 1024) in one jit, its "
+             "attention written as einsum + softmax + einsum: the bf16[16,8,1024,1024] scores of each layer go to HBM "
+             "and back in the forward and backward passes (34% of op time on a v5e)",
+             "materialised_attention"),
     Workload("kv_decode", "batch-1 KV-cache decoding of 32 tokens under fori_loop: weights streamed once per token",
              "memory_bound"),
     Workload("kv_decode_b64", "kv_decode at batch 64: the same weight reads serve 64 sequences", "memory_bound"),

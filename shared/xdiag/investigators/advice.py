@@ -245,8 +245,8 @@ def kernel_efficiency_fix(ctx: Context, bound: str) -> str:
             return ("make the GEMMs/convolutions use Tensor Cores: bf16/fp16 operands, dimensions multiples of 8-64, "
                     "cuBLAS/cuDNN autotuning (--xla_gpu_autotune_level=4), larger batch per GPU")
     if ctx.platform == "TPU":
-        return ("raise achieved bandwidth: larger, lane-aligned arrays (last dim multiple of 128), and for Pallas "
-                "kernels bigger blocks and deeper pipelining (pltpu.emit_pipeline / more buffers) so copies overlap")
+        return ("raise achieved bandwidth: larger, lane-aligned arrays (last dim multiple of 128); for Pallas "
+                "kernels, bigger blocks and deeper pipelining (pltpu.emit_pipeline / more buffers) so copies overlap")
     return "raise achieved bandwidth: larger contiguous arrays per kernel, fewer tiny kernels, aligned last dimensions"
 
 
@@ -344,6 +344,11 @@ class PeakHolders:
     devices: int | None  # devices the job runs on; None: not recorded
     dot_outputs_hold_values: bool = False  # matmul outputs are most of the computed values at the peak
     largest_argument: str = ""  # 'table.1 (12.6 GiB)'
+    largest_argument_dtype: str = ""  # its element type ('f32', 'bf16'), where the buffer's shape says it
+
+
+NARROW_DTYPES = frozenset({"bf16", "f16", "s8", "u8", "s4", "u4", "f8e4m3fn", "f8e5m2", "pred"})
+"""Element types a narrower dtype cannot shrink much further (16 bits or fewer)."""
 
 
 def cut_peak_memory(ctx: Context, held: PeakHolders) -> str:
@@ -373,7 +378,8 @@ def cut_peak_memory(ctx: Context, held: PeakHolders) -> str:
         if held.devices is None or held.devices > 1:
             levers.append("shard them over the devices" + (f" (the job has {held.devices})" if held.devices else ""))
         largest = f" ({held.largest_argument})" if held.largest_argument else ""
-        levers.append(f"keep the largest argument{largest} in a narrower dtype where its precision allows")
+        if held.largest_argument_dtype not in NARROW_DTYPES:
+            levers.append(f"keep the largest argument{largest} in a narrower dtype where its precision allows")
         if ctx.platform == "TPU":
             levers.append("keep what the step reads rarely (optimizer state) in host memory (memory_kind='pinned_host')")
         excluded = ([("donating", "the arguments are already donated (the HLO aliases them to its outputs)")]

@@ -206,6 +206,7 @@ class HealthSnapshot(_Record):
     dominant_ops_efficiency_is_upper_bound: bool = False
     rematerialised_op_percent: float | None = None  # op time in ops jax.checkpoint recomputes
     step_time_spread_because: str | None = None  # why the steps' times spread, where they say (async dispatch)
+    materialised_attention_percent: float | None = None  # op time in attention that writes its S×S scores to memory
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> HealthSnapshot:
@@ -219,6 +220,9 @@ class HealthSnapshot(_Record):
         return cls(**values)
 
 
+MATERIALISED_ATTENTION_MIN_PERCENT = 15.0
+"""Share of op time attention that writes its S×S scores to memory may hold in a healthy program (a fused kernel
+would not move those bytes at all)."""
 DOMINANT_EFFICIENCY_MIN_PERCENT = 30.0
 """The ops that take most of the time must reach this share of their roof for a busy device to be healthy."""
 LATENCY_BOUND = {"loop_trips_per_run_min": 64, "op_us_max": 5.0, "efficiency_percent_max": 30.0}
@@ -309,6 +313,9 @@ def health_snapshot(results: dict[str, ToolResult]) -> HealthSnapshot:
             widening_converts_percent=_summary(results, "detect_unnecessary_convert_reduce").get("share_of_op_time_percent"),
         ),
         per_step=PerStep.from_summary(step),
+        materialised_attention_percent=next(
+            (c.get("share_of_op_time_percent") for c in _summary(results, "get_program_anatomy").get("components") or []
+             if c.get("component") == "materialised_attention"), None),
     )
     snapshot.unhealthy_because = _unhealthy_reasons(snapshot)
     snapshot.healthy = not snapshot.unhealthy_because
@@ -371,13 +378,17 @@ def _unhealthy_reasons(s: HealthSnapshot) -> list[str]:
         # A bound never grounds OPTIMAL: the cost model assumes more work than the kernels may do.
         reasons.append(f"the ops taking {s.dominant_ops_share_percent}% of op time are rated from an upper bound of "
                        f"their work (a paged kernel's full pages): they reach at most {efficiency}% of their "
-                       "roofline, and what they really reach is not known, so OPTIMAL cannot be shown")
+                       "roofline, so they are certainly at least that far from it (how much further is not known)")
     elif efficiency is None and (unmeasured := efficiency_not_measured(s)):
         reasons.append(unmeasured)
     if is_latency_bound(s.loop_work):
         work = s.loop_work
         reasons.append(f"the busiest ops run {work.loop_trips_per_run:g} times per loop, {work.busiest_ops_mean_us} "
                        f"us each, at {work.busiest_ops_efficiency_percent}% of their roofline")
+    if (s.materialised_attention_percent or 0) >= MATERIALISED_ATTENTION_MIN_PERCENT and s.platform in ("TPU", "GPU"):
+        # Near the bandwidth roof is not healthy when a fused kernel would not move these bytes at all.
+        reasons.append(f"attention that writes its S×S scores to memory takes {s.materialised_attention_percent:g}% "
+                       "of op time")
     if needless_recompute(s):
         reasons.append(f"{s.rematerialised_op_percent:g}% of op time recomputes values (jax.checkpoint) while the peak "
                        f"uses {s.peak_memory_gib:g} of {memory_limit_gib(s):g} GiB")

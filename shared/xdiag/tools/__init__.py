@@ -15,6 +15,7 @@ from xdiag.tools import (  # noqa: F401  (imported for registration)
     get_line_view,
     get_memory_profile,
     get_peak_allocations,
+    get_program_anatomy,
     get_roofline_model,
     get_smart_suggestions,
     get_step_trace,

@@ -59,10 +59,11 @@ BROAD_TOOLS = (
     "get_peak_allocations",
     "get_kernel_stats",
     "get_custom_kernels",
+    "get_program_anatomy",
 )
 """The broad collection every session gets, in the order the report lists them: the managed service's 15, the line
 view, then kernel statistics (GPU) and custom kernels, which the report needs on every profile (each says why where
-the platform has none)."""
+the platform has none), and the program's anatomy, which the investigators choose their levers against."""
 
 FOLLOW_UP_TOOLS = (
     "get_hosts",

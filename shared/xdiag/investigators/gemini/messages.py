@@ -12,6 +12,7 @@ from typing import Any
 
 from xdiag.investigators import MAX_FOLLOW_UP_CALLS
 from xdiag.investigators.health import HealthSnapshot
+from xdiag.investigators.levers import candidates_record
 from xdiag.model import ToolResult, ToolStatus
 from xdiag.tools import FOLLOW_UP_TOOLS, REGISTRY
 
@@ -56,9 +57,15 @@ def fit(value: Any, limit_chars: int) -> Any:
 
 
 def opening_data(health: HealthSnapshot, results: dict[str, ToolResult]) -> dict[str, Any]:
-    """What the model is given first: the health snapshot and each broad tool's status and summary."""
+    """What the model is given first: the health snapshot, each broad tool's status and summary (the program's
+    anatomy among them), and the candidate levers the rule engine chooses from (xdiag.investigators.levers), those
+    whose premise the profile contradicts marked not_offered."""
+    anatomy = results.get("get_program_anatomy")
+    compute = health.breakdown_percent.get("compute")
     return compact({
         "health_snapshot": health.as_dict(),
+        "candidate_levers": (candidates_record(anatomy.summary, compute) if anatomy is not None and anatomy.ok
+                             else []),
         "broad_tools": {
             name: {"status": r.status.value, "summary": r.summary, **({"reason": r.reason} if r.reason else {}),
                    "source": r.source}

@@ -11,7 +11,8 @@ from __future__ import annotations
 from xdiag.analysis.roofline import MEMORY_BOUND_FINDING_MIN_PERCENT
 from xdiag.investigators.health import DOMINANT_EFFICIENCY_MIN_PERCENT, HealthSnapshot
 # The family modules register their rules on import.
-from xdiag.investigators.rules import collectives, compiler, host, kernels, memory, roofline, transfers  # noqa: F401
+from xdiag.investigators.rules import (  # noqa: F401
+    collectives, compiler, components, host, kernels, memory, roofline, transfers)
 from xdiag.investigators.rules.host import with_profiler_caveat
 from xdiag.investigators.rules.hypothesis import CallTool, Hypothesis
 from xdiag.investigators.rules.hypothesis import summary as tool_summary
@@ -24,7 +25,8 @@ __all__ = ["CallTool", "Hypothesis", "RuleEngine", "hypotheses"]
 
 
 def hypotheses(health: HealthSnapshot, results: dict[str, ToolResult]) -> list[Hypothesis]:
-    """Every registered rule's hypothesis, in RULE_ORDER, reconciled and ranked; none without a step trace."""
+    """Every registered rule's hypothesis, in RULE_ORDER, reconciled and ranked; none without a step trace; and
+    where the health check finds a reason and no rule its cause, the finding that says what is measured."""
     facts = Facts(health, results)
     if not facts.step:
         return []
@@ -34,7 +36,10 @@ def hypotheses(health: HealthSnapshot, results: dict[str, ToolResult]) -> list[H
         if hypothesis is not None:
             found.append(hypothesis)
     with_profiler_caveat(facts, found)
-    return ranked(found, facts.breakdown, facts.step_ms, facts.step)
+    out = ranked(found, facts.breakdown, facts.step_ms, facts.step)
+    if not out and not health.healthy:  # never NEEDS_ATTENTION without a finding
+        out = [components.unexplained(facts)]
+    return out
 
 
 def _roofline_sentence(health: HealthSnapshot) -> str:
@@ -119,12 +124,13 @@ class RuleEngine:
                 framework = tool_summary(results, "get_device_information").get("framework")
                 hypothesis.host_lines, hypothesis.no_host_line = host_source_lines(
                     hypothesis.key, result, (health.step_time_ms or 0) * (health.steps or 0), bool(traced), framework)
+        components.with_levers(found, Facts(health, results))  # each fix led by the lever that fits the program
         findings = [h.finding() for h in found]
         reasons = health.unhealthy_because
-        if not findings:
+        if not findings or [f.key for f in findings] == ["measured_not_explained"]:
             summary = (
                 "Not OPTIMAL: " + "; ".join(reasons) + ". No rule matched a known bottleneck pattern strongly enough "
-                "to report a finding; see the key metrics and the tool outputs."
+                "to name its cause; the finding below says what is measured and which capture would tell more."
             )
         else:
             top = findings[0]

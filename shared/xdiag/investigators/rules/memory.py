@@ -122,7 +122,8 @@ def _peak_holders(typed: list[dict], values_first: bool, device: dict[str, Any])
         values_first=values_first, arguments_donated=donated,
         devices=device.get("device_count") if isinstance(device.get("device_count"), int) else None,
         dot_outputs_hold_values=bool(values) and dot_mib >= 0.5 * sum(b["mib"] for b in values),
-        largest_argument=f"{largest['name']}, {readable_size(largest['mib'] * 2**20)}" if largest else "")
+        largest_argument=f"{largest['name']}, {readable_size(largest['mib'] * 2**20)}" if largest else "",
+        largest_argument_dtype=str(largest.get("shape") or "").split("[")[0] if largest else "")
 
 
 MATMUL_FRAMEWORK_OPS = ("dot_general", "dot", "matmul", "einsum")

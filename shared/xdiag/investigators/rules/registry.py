@@ -89,9 +89,11 @@ RULE_ORDER = (
     "layout_copies",
     "widening_converts",
     "unfused_data_movement",
+    "materialised_attention",
     "memory_bound",
     "latency_bound",
     "low_kernel_efficiency",
+    "bounded_efficiency",
     "memory_transfers",
     "unfused_kernels",
     "opaque_kernel",
@@ -99,6 +101,7 @@ RULE_ORDER = (
     "needless_remat",
     "straggler_host",
     "device_idle",
+    "measured_not_explained",
 )
 """The order the engine runs the rules in. It matters: findings of equal score keep it in the ranking, and some
 rules read the findings before them (unfused_data_movement yields to layout_copies, low_kernel_efficiency to

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from xdiag.analysis.anatomy import component_of
 from xdiag.analysis.roofline import AT_ROOF_MIN_PERCENT, EXTRA_PASSES_DEFECT_PERCENT, MEMORY_BOUND_FINDING_MIN_PERCENT
 from xdiag.investigators import advice
 from xdiag.investigators.health import (DMA_STALL_MAX_PERCENT, DOMINANT_EFFICIENCY_MIN_PERCENT, is_latency_bound,
@@ -26,6 +27,10 @@ def memory_bound(facts: Facts, found: list[Hypothesis]) -> Hypothesis | None:
     waits = ops.get("memory_wait_percent") or 0.0
     if low_share is not None and (low_share + waits >= MEMORY_BOUND_FINDING_MIN_PERCENT and compute >= 30
                                   and ops.get("memory_bound_defect") and low_ops):
+        attention = sum(o.get("share_of_op_time_percent") or 0.0 for o in low_ops
+                        if component_of(o)[0] == "materialised_attention")
+        if any(h.key == "materialised_attention" for h in found) and attention >= low_share / 2:
+            return None  # the same ops are attention's scores: the materialised_attention finding names them
         return _memory_bound_hypothesis(ops, low_share, low_ops, below, compute, facts.base, facts.context(),
                                         facts.step_ms)
     return None

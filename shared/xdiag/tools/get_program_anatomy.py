@@ -1,0 +1,89 @@
+"""get_program_anatomy: what is the program made of, which parts hold the time, in which framework and phase?"""
+
+from __future__ import annotations
+
+from xdiag.analysis.anatomy import ProgramFacts, program_anatomy
+from xdiag.analysis.device_peaks import session_peaks
+from xdiag.analysis.op_stats import op_stats
+from xdiag.analysis.recompute import rematerialised_time
+from xdiag.analysis.roofline import loop_work
+from xdiag.analysis.source_lines import is_library
+from xdiag.errors import NotAvailable
+from xdiag.profile.space import Session
+from xdiag.profile.trace_json import KINETO, trace_format
+from xdiag.tools.get_device_information import framework
+from xdiag.tools.registry import ToolOutput, tool
+
+
+@tool(
+    "get_program_anatomy",
+    "What the program is made of: the components that hold its op time (attention materialising S×S scores or a "
+    "fused kernel and which, paged / ragged paged attention, grouped matmul, projection matmuls, embeddings, "
+    "recurrent loops, convolutions, norms and elementwise ops, optimizer update, collectives, host transfers), each "
+    "with its share, roofline efficiency and the user's lines; the phase (training, or inference decode/prefill) and "
+    "the framework (JAX, Flax linen/NNX, Keras 3, Hugging Face, PyTorch, PyTorch/XLA); and the facts a fix's premises "
+    "read (Pallas kernels already used, donated arguments, device count, matmul precision).",
+)
+def get_program_anatomy(session: Session) -> ToolOutput:
+    """summary: framework (refined from the library files the HLO's stacks name), runtime (what the trace says),
+    platform, phase (training | inference | unknown: op-by-op kernels name no backward scope), step (decode |
+    prefill, where the profile says), why (what the phase is read from), backward_share_percent, components [component, what, share_of_op_time_percent, ms, ops, kernel,
+    roofline_efficiency_percent, efficiency_is_upper_bound, bound, lines (the user's), backward_share_percent,
+    scores_shape], pallas_kernels, devices, donated_arguments (entry parameters the busiest program's outputs alias;
+    null without HLO), matmul_precision, rematerialised_op_percent, loop_trips_per_run. detail: library_files (the
+    framework files the stacks name, at most 20)."""
+    stats = op_stats(session)
+    if not stats:
+        raise NotAvailable("the profile holds no op executions to tell the program's parts from")
+    total_ps = sum(s.total_ps for s in stats)
+    peaks = session_peaks(session)
+    rows = [s.row(total_ps, peaks) for s in stats]
+    files = sorted({file for m in session.hlo_modules for file, *_ in m.stack_frames if file and is_library(file)})
+    busiest = next((m for m in session.hlo_modules if stats[0].module in (m.name, m.display_name)), None)
+    loops = loop_work(rows)
+    precision = next((str(p) for s in stats[:5] for p in _precisions(session, s) if p), None)
+    facts = ProgramFacts(
+        framework=framework(session), library_files=tuple(files), platform=session.platform,
+        program_names=tuple(m.name for m in session.hlo_modules),
+        devices=len(session.device_planes()) or None,
+        donated_arguments=len(busiest.donated_parameters) if busiest is not None else None,
+        matmul_precision=precision,
+        rematerialised_op_percent=rematerialised_time(session, rows).get("rematerialised_op_percent"),
+        loop_trips_per_run=loops.get("loop_trips_per_run"), **_host_phase_marks(session))
+    return ToolOutput(program_anatomy(rows, facts), {"library_files": files[:20]})
+
+
+TRAINING_HOST_EVENTS = ("autograd::engine", "Optimizer.step", "Optimizer.zero_grad", "backward")
+"""Host events only a training step records (PyTorch's autograd engine and optimizer)."""
+
+
+def _host_phase_marks(session: Session) -> dict:
+    """host_training_event (the first host event only training records) and host_ops_recorded (aten:: ops are in the
+    trace, so an absence of autograd among them speaks), from a PyTorch (Kineto) trace's host ops; an xplane's phase
+    is read from its HLO (and its host summaries keep no such names)."""
+    if trace_format(session) != KINETO:
+        return {}
+    training, ops = None, False
+    for plane in session.host_planes():
+        for name in plane.event_names.values():
+            ops = ops or name.startswith("aten::")
+            if training is None and any(mark in name for mark in TRAINING_HOST_EVENTS):
+                training = name[:80]
+        if training:
+            break
+    return {"host_training_event": training, "host_ops_recorded": ops}
+
+
+_PRECISIONS = {1: "HIGH", 2: "HIGHEST"}
+
+
+def _precisions(session: Session, stat) -> list[str | None]:
+    """The operand precisions above DEFAULT that the op's dots ask for (the HLO's precision_config)."""
+    module = next((m for m in session.hlo_modules if stat.module in (m.name, m.display_name)), None)
+    found = module.find(stat.name) if module is not None else None
+    if not found:
+        return []
+    computation, ins = found
+    inner = [ins] + [i for name in ins.called for i in (module.computations[name].instructions
+                                                       if name in module.computations else ())]
+    return [_PRECISIONS.get(p) for i in inner if i.opcode in ("dot", "convolution") for p in i.operand_precision]
