@@ -1,0 +1,152 @@
+"""`xdiag diff` answers "did it work?": two captures of one unchanged program are "no change" (TPU v5e: 11 programs
+captured four times each, tests/profiles/same_program; CPU: bundled workloads captured twice here), a real fix is
+"faster" by the gain the program measured itself (within 2 points) with its finding gone or smaller, a side with
+fewer than 2 steps gets no verdict, and `--fail-if-slower` gates a regression."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import lzma
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from xdiag.cloud.embedded import analyze_session
+from xdiag.compare.steps import compare_steps, slower_than, step_side, trace_step_ms
+from xdiag.examples.capture import capture_workload
+from xdiag.profile.locate import locate_session
+from xdiag.profile.reader import read_session_in_process
+from xdiag.tools.get_step_trace import get_step_trace
+
+SAME = Path(__file__).parent / "profiles" / "same_program" / "tpu_v5e"
+PROGRAM_MS = json.loads((SAME / "program_step_ms.json").read_text())
+UNCHANGED = sorted(p.name for p in SAME.iterdir() if p.is_dir() and not p.name.endswith("_fixed"))
+
+
+def _unpacked(program: str, rep: str, folder: Path) -> Path:
+    """The capture as a session folder (`…/<program>_<rep>/plugins/profile/s/vm.xplane.pb`)."""
+    target = folder / f"{program}_{rep}" / "plugins" / "profile" / "s" / "vm.xplane.pb"
+    if not target.exists():
+        target.parent.mkdir(parents=True)
+        target.write_bytes(lzma.decompress((SAME / program / f"{rep}.xplane.pb.xz").read_bytes()))
+    return target
+
+
+def _step_ms(path: Path) -> list[float]:
+    output = get_step_trace(read_session_in_process(locate_session(path, None).files))
+    return trace_step_ms({"status": "ok", "detail": output.detail})
+
+
+@pytest.fixture(scope="module")
+def tpu_steps(tmp_path_factory) -> dict[str, dict[str, list[float]]]:
+    """program -> capture -> its step times as the profile's step trace measures them."""
+    folder = tmp_path_factory.mktemp("same-program")
+    return {program: {rep: _step_ms(_unpacked(program, rep, folder)) for rep in ("a0", "a1", "b0", "b1")}
+            for program in [*UNCHANGED, "layout_transpose_fixed"]}
+
+
+def test_every_same_program_tpu_pair_is_no_change(tpu_steps):
+    """72 pairs: 12 programs captured four times, 6 pairs each (within a process and across two)."""
+    verdicts = {}
+    for program, captures in tpu_steps.items():
+        for a, b in itertools.combinations(sorted(captures), 2):
+            test = compare_steps(captures[a], captures[b])
+            verdicts[f"{program} {a}/{b}"] = (test.verdict, test.change_percent, test.z)
+    assert len(verdicts) == 72 and len(tpu_steps) == 12
+    alarms = {k: v for k, v in verdicts.items() if v[0] != "no_change"}
+    assert len(alarms) / len(verdicts) < 0.05, alarms  # the test's promise: under 5% false alarms
+    assert len(alarms) <= 1, alarms  # what the calibration measured (xdiag.compare.steps)
+    # the test is not blind: the same captures, one side 10% slower step by step, is called slower
+    captures = tpu_steps["gpt_train"]
+    assert compare_steps(captures["a0"], [t * 1.1 for t in captures["b1"]]).verdict == "slower"
+
+
+def test_the_profile_s_steps_are_the_program_s_own(tpu_steps):
+    for program, captures in tpu_steps.items():
+        for rep, steps in captures.items():
+            own = PROGRAM_MS[program][rep]
+            assert len(steps) == len(own) == 8
+            assert sum(steps) / 8 == pytest.approx(sum(own) / 8, rel=0.02), (program, rep)
+
+
+@pytest.fixture(scope="module")
+def analysed(tmp_path_factory) -> dict[str, Path]:
+    """Full analyses (the embedded default) of one capture per process of five programs, and of the fix."""
+    folder, out = tmp_path_factory.mktemp("captures"), tmp_path_factory.mktemp("analyses")
+    wanted = [(p, rep) for p in ("healthy", "memory_bound", "widening_convert", "running_sum", "f32_highest_matmul")
+              for rep in ("a0", "b1")] + [("layout_transpose", "a0"), ("layout_transpose_fixed", "b0")]
+    folders = {}
+    for program, rep in wanted:
+        analysis = analyze_session(locate_session(_unpacked(program, rep, folder), None), out / f"{program}_{rep}")
+        assert analysis.status == "DONE", analysis.failure_reason
+        folders[f"{program}_{rep}"] = out / f"{program}_{rep}"
+    return folders
+
+
+def _diff(before: Path, after: Path, out: Path, *flags: str) -> tuple[subprocess.CompletedProcess, dict]:
+    answer = subprocess.run([sys.executable, "-m", "xdiag.cli", "diff", str(before), str(after), "--out", str(out),
+                             *flags], capture_output=True, text=True, timeout=300)
+    return answer, json.loads((out / "diff.json").read_text()) if (out / "diff.json").exists() else {}
+
+
+@pytest.mark.parametrize("program", ["healthy", "memory_bound", "widening_convert", "running_sum", "f32_highest_matmul"])
+def test_xdiag_diff_of_two_tpu_captures_of_one_program_says_no_change(analysed, program, tmp_path):
+    answer, diff = _diff(analysed[f"{program}_a0"], analysed[f"{program}_b1"], tmp_path / "d", "--fail-if-slower", "5%")
+    assert answer.returncode == 0, answer.stderr
+    assert diff["verdict"] == "no_change" and diff["headline"][0].startswith("No change")
+    assert "NO CHANGE" in answer.stderr
+    test = diff["step_test"]
+    assert test["ci_low_percent"] < 0 < test["ci_high_percent"]
+    html = (tmp_path / "d" / "diff.html").read_text()
+    assert html.index("no change") < html.index("Did it work?") < html.index("predicted gain beside")
+
+
+def test_a_real_fix_is_faster_by_the_gain_the_program_measured(analysed, tmp_path):
+    answer, diff = _diff(analysed["layout_transpose_a0"], analysed["layout_transpose_fixed_b0"], tmp_path / "d")
+    assert answer.returncode == 0, answer.stderr
+    own_before, own_after = PROGRAM_MS["layout_transpose"]["a0"], PROGRAM_MS["layout_transpose_fixed"]["b0"]
+    own_gain = 100 * (1 - (sum(own_after) / len(own_after)) / (sum(own_before) / len(own_before)))
+    assert diff["verdict"] == "faster"
+    assert diff["step_test"]["realized_gain_percent"] == pytest.approx(own_gain, abs=2.0)
+    outcomes = {o["key"]: o for o in diff["outcomes"]}
+    assert outcomes["layout_copies"]["outcome"] in ("gone", "smaller")
+    assert outcomes["layout_copies"]["predicted"]["percent_of_step"] > 0  # its "up to N% shorter steps"
+    # the lines that moved: the transposes' line lost its time (its ops are gone)
+    moved = diff["lines"]["moved"]
+    assert diff["lines"]["available"] and moved and moved[0]["delta_ms_per_step"] < 0
+    assert any(m["line"].endswith("layout_transpose.py:44") and m["delta_ms_per_step"] < 0 for m in moved)
+    # and the other way round it is a regression a CI gate stops, with the test's confidence
+    answer, back = _diff(analysed["layout_transpose_fixed_b0"], analysed["layout_transpose_a0"], tmp_path / "r",
+                         "--fail-if-slower", "5%")
+    assert answer.returncode == 3 and back["verdict"] == "slower" and "regression" in answer.stderr
+    answer, _ = _diff(analysed["layout_transpose_fixed_b0"], analysed["layout_transpose_a0"], tmp_path / "r2",
+                      "--fail-if-slower", f"{back['step_test']['ci_low_percent'] + 1:.1f}%")
+    assert answer.returncode == 0, "slower, but not surely by more than allowed: no failure"
+
+
+def test_every_real_fix_pair_realizes_the_program_s_own_gain(tpu_steps):
+    for a, b in itertools.product(("a0", "a1", "b0", "b1"), repeat=2):
+        test = compare_steps(tpu_steps["layout_transpose"][a], tpu_steps["layout_transpose_fixed"][b])
+        own_a, own_b = PROGRAM_MS["layout_transpose"][a], PROGRAM_MS["layout_transpose_fixed"][b]
+        own_gain = 100 * (1 - (sum(own_b) / 8) / (sum(own_a) / 8))
+        assert test.verdict == "faster" and test.realized_gain_percent == pytest.approx(own_gain, abs=2.0), (a, b)
+
+
+def test_a_warm_up_first_step_is_left_out_and_one_step_is_not_enough():
+    side = step_side([31.0, 10.1, 10.0, 10.2, 9.9])
+    assert side.warm_up_left_out_ms == 31.0 and side.steps_used == 4 and side.mean_ms == pytest.approx(10.05)
+    assert step_side([10.4, 10.1, 10.0, 10.2]).warm_up_left_out_ms is None  # the slowest, but within the spread
+    test = compare_steps([31.0, 10.0], [9.0])
+    assert test.verdict == "not_enough_steps" and test.z is None
+    assert "after has 1 step" in test.reason and not slower_than(test, 0.0)
+    assert compare_steps([], [1.0, 2.0]).verdict == "not_enough_steps"
+
+
+@pytest.mark.parametrize("workload", ["healthy", "memory_bound"])
+def test_two_cpu_captures_of_one_bundled_workload_are_no_change(workload, tmp_path):
+    """Captured here, one after the other, on whatever else the machine runs meanwhile."""
+    paths = [capture_workload(workload, tmp_path / rep) for rep in ("a", "b")]
+    test = compare_steps(*(_step_ms(p) for p in paths))
+    assert test.verdict == "no_change", test
