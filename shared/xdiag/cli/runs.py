@@ -237,7 +237,8 @@ def sessions(
     token: Annotated[Optional[str], TOKEN_OPTION] = None,
     stack_dir: Annotated[Path, STACK_DIR] = Path(".xdiag-stack"),
 ) -> None:
-    """A run's sessions: kind (programmatic, on_demand, snapshot, auto), status, analysis, report."""
+    """A run's sessions: kind (programmatic, on_demand, snapshot, auto), status, analysis, report, and the baseline
+    each was compared with (an automatic capture's: the run's last healthy session) with what changed since."""
     client = control_plane(url, token, stack_dir)
     found = call_plane(client.sessions, resolve_run(client, run))
     if as_json:
@@ -248,6 +249,11 @@ def sessions(
         report = (doc.get("analysis") or {}).get("report_uri")
         if report:
             out.print(f"  {report}", highlight=False, soft_wrap=True)
+        baseline = (doc.get("analysis") or {}).get("baseline")
+        if baseline:  # the session it was compared with, what changed since, and the comparison
+            out.print(f"  baseline ({baseline.get('role')}): {baseline.get('session_id')}: {baseline.get('since')}",
+                      highlight=False, soft_wrap=True)
+            out.print(f"    {baseline.get('diff_uri')}", highlight=False, soft_wrap=True)
     if not found:
         out.print(f"run {run} has no sessions yet", highlight=False)
 

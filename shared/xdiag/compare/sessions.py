@@ -128,6 +128,7 @@ class SessionDiff(BaseModel):
     step_test: StepTest  # each side's steps with its interval, the change's interval, the realized gain
     outcomes: list[FindingOutcome] = Field(default_factory=list)  # each finding of the baseline: gone, smaller, …
     lines: LinesDiff = Field(default_factory=LinesDiff)  # the user's lines whose device time moved most
+    baseline_role: str = ""  # in the pipeline: "previous session" or "last healthy session" (xdiag.pipeline.previous)
     step_time: Change
     breakdown: list[CategoryChange] = Field(default_factory=list)
     ops: OpsDiff
