@@ -352,7 +352,8 @@ def _headline(verdict: str, test: StepTest, step: Change, a: SessionRef, b: Sess
                      if o.predicted.percent_of_step is not None else "no predicted number")
         lines_out.append(f"{o.key} ({o.priority_before}): {o.outcome}; {predicted}; {_realized(verdict, o)}.")
     if lines.available and lines.moved:
-        lines_out.append("Lines that moved most: " + ", ".join(
+        lines_out.append(("Lines that moved most: " if verdict in ("faster", "slower") else
+                          "Lines that moved most (the step time itself did not change): ") + ", ".join(
             f"`{c.line}` {c.delta_ms_per_step:+.4g} ms" for c in lines.moved[:3] if c.delta_ms_per_step is not None)
             + " per step (device self time).")
     if breakdown and step.delta and verdict in ("faster", "slower"):
