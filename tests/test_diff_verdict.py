@@ -150,3 +150,12 @@ def test_two_cpu_captures_of_one_bundled_workload_are_no_change(workload, tmp_pa
     paths = [capture_workload(workload, tmp_path / rep) for rep in ("a", "b")]
     test = compare_steps(*(_step_ms(p) for p in paths))
     assert test.verdict == "no_change", test
+
+
+def test_a_step_seen_on_several_timelines_counts_once_at_its_longest_and_a_repeated_number_is_another_step():
+    rows = [{"host": "h", "device": d, "step": n, "step_ms": ms}
+            for n, (a, b) in enumerate([(10.0, 11.0), (12.0, 9.0)]) for d, ms in (("0", a), ("1", b))]
+    assert trace_step_ms({"status": "ok", "detail": {"steps": rows}}) == [11.0, 12.0]
+    same_number = [{"host": "h", "device": None, "step": 0, "step_ms": ms} for ms in (5.0, 6.0, 7.0)]
+    assert trace_step_ms({"status": "ok", "detail": {"steps": same_number}}) == [5.0, 6.0, 7.0]
+    assert trace_step_ms({"status": "not_available", "reason": "no steps"}) == []

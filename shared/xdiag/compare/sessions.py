@@ -120,14 +120,17 @@ class FindingsDiff(BaseModel):
 
 
 class SessionDiff(BaseModel):
+    """diff.json: the answer first (verdict, headline, the step test, the findings' outcomes, the lines that moved),
+    then the two sessions and the detail."""
+
     version: int = 2
-    baseline: SessionRef
-    candidate: SessionRef
     verdict: str  # faster | slower | no_change | not_enough_steps | not_comparable (StepTest's, or why none)
     headline: list[str]  # a few plain sentences, every number from below
     step_test: StepTest  # each side's steps with its interval, the change's interval, the realized gain
     outcomes: list[FindingOutcome] = Field(default_factory=list)  # each finding of the baseline: gone, smaller, …
     lines: LinesDiff = Field(default_factory=LinesDiff)  # the user's lines whose device time moved most
+    baseline: SessionRef
+    candidate: SessionRef
     baseline_role: str = ""  # in the pipeline: "previous session" or "last healthy session" (xdiag.pipeline.previous)
     step_time: Change
     breakdown: list[CategoryChange] = Field(default_factory=list)

@@ -155,10 +155,15 @@ def trace_step_ms(step_trace: dict[str, Any] | None) -> list[float]:
     rows = (step_trace.get("detail") or {}).get("steps") or []
     by_step: dict[Any, float] = {}
     order: list[Any] = []
+    seen: dict[tuple[Any, Any, Any], int] = {}
     for row in rows:
-        key, ms = row.get("step"), row.get("step_ms")
+        ms = row.get("step_ms")
         if not isinstance(ms, (int, float)):
             continue
+        # a step number a timeline repeats (a loop annotating every step as step 0) is another step each time
+        timeline_step = (row.get("host"), row.get("device"), row.get("step"))
+        seen[timeline_step] = seen.get(timeline_step, -1) + 1
+        key = (row.get("step"), seen[timeline_step])
         if key not in by_step:
             order.append(key)
             by_step[key] = float(ms)
