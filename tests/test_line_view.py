@@ -126,7 +126,7 @@ def test_the_code_shown_is_the_line_the_profile_names_from_a_moved_checkout(tmp_
     assert "--source-root" in without["code_not_available"] and "code" not in without
     # A file shorter than the line the profile names is another version, not quoted.
     (checkout / "gpt_train.py").write_text("x = 1\n")
-    assert "not the file the profile ran" in quote_source(top.file, top.line, root)["code_not_available"]
+    assert "not the version the profile ran" in quote_source(top.file, top.line, root)["code_not_available"]
 
 
 def test_host_time_is_on_the_lines_the_python_tracer_recorded(views):
@@ -208,3 +208,43 @@ def test_a_pytorch_trace_puts_its_kernels_on_the_users_lines(trace):
     assert named[0].function == "run_on_input" and named[0].key.endswith("text_base_model.py:28")
     assert named[0].self_ps > view.op_ps / 2 and named[0].modules
     assert not any(t.key.startswith(("torch/", "threading.py")) for t in view.lines.values())
+
+
+def test_the_report_quotes_the_code_from_analyzes_source_root(tmp_path):
+    """`xdiag analyze --source-root DIR`: the report's line view carries each line's code, read from the moved
+    checkout, in the row a reader opens."""
+    import html as html_lib
+
+    checkout = tmp_path / "checkout" / "workloads"
+    shutil.copytree(EXAMPLES, checkout)
+    profile = TESTS / "profiles" / "tpu_v5e" / "widening_convert.xplane.pb"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS.parent / "shared"), str(TESTS.parent)])}
+    subprocess.run([sys.executable, "-m", "xdiag.cli", "analyze", str(profile), "--out", str(tmp_path / "out"),
+                    "--no-xprof-views", "--quiet", "--source-root", str(tmp_path / "checkout")],
+                   capture_output=True, text=True, env=env, check=True)
+    result = json.loads((tmp_path / "out" / "tools" / "get_line_view.json").read_text())
+    top = result["detail"]["lines"][0]
+    number = int(top["line"].rpartition(":")[2])
+    statement = (EXAMPLES / "widening_convert.py").read_text().splitlines()[number - 1].strip()
+    assert top["code"] == statement and top["file"] == str(checkout / "widening_convert.py")
+    page = (tmp_path / "out" / "summary.html").read_text()
+    section = page[page.index('id="lines"'):page.index('id="hlo-op-profile"')]
+    assert f"<code>{html_lib.escape(statement, quote=False)}</code>" in section.replace("&#34;", '"').replace(
+        "&#39;", "'")
+
+
+def test_a_file_edited_since_the_capture_is_not_quoted(tmp_path):
+    """decode_streamed's capture ran a version of its file one import line shorter: the line its scan frame names
+    (63) is blank in today's file, so no line of that file is quoted (each would be one line off), and each row
+    says why."""
+    checkout = tmp_path / "src" / "workloads"
+    shutil.copytree(EXAMPLES, checkout)
+    session = read_session_in_process([TESTS / "profiles" / "tpu_v5e" / "decode_streamed.xplane.pb"])
+    rows = get_line_view(session, top_n=8, source_root=str(tmp_path / "src")).detail["lines"]
+    mine = [r for r in rows if r["line"].startswith("workloads/decode_streamed.py:")]
+    assert len(mine) >= 4
+    for row in mine:
+        assert "code" not in row and "is not the version the profile ran: line" in row["code_not_available"]
+    gpt = get_line_view(read_session_in_process([TESTS / "profiles" / "tpu_v5e" / "gpt_train.xplane.pb"]), top_n=8,
+                        source_root=str(tmp_path / "src")).detail["lines"]
+    assert all(r.get("code") for r in gpt if r["line"].startswith("workloads/gpt_train.py:"))

@@ -18,8 +18,9 @@ def healthy_cpu(cpu_profiles):
 
 
 def test_registry_has_the_broad_tools_and_the_follow_ups():
-    # The managed service's 15, plus kernel statistics and custom kernels (issue 13: every report shows them).
-    assert len(BROAD_TOOLS) == 17 and set(BROAD_TOOLS) <= set(REGISTRY)
+    # The managed service's 15, plus the line view (issue 63: the report's lines, xdiag diff's), kernel statistics and
+    # custom kernels (issue 13: every report shows them).
+    assert len(BROAD_TOOLS) == 18 and set(BROAD_TOOLS) <= set(REGISTRY)
     assert BROAD_TOOLS[-2:] == ("get_kernel_stats", "get_custom_kernels")
     for name in ("get_hlo_neighborhood", "aggregate_xplane_events", "get_kernel_stats", "llo_load", "llo_query"):
         assert name in REGISTRY

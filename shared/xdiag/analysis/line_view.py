@@ -16,6 +16,7 @@ readable (the path the profile records, or a checkout named by `source_root`: se
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,8 @@ from xdiag.analysis.source_lines import (
 from xdiag.profile.columns import isin_ids
 from xdiag.profile.space import HloInstruction, HloModule, Session
 
+SOURCE_ROOT_ENV = "XDIAG_SOURCE_ROOT"
+"""Where `xdiag analyze --source-root DIR` leaves DIR for the line view the analysis runs (get_line_view's default)."""
 NO_LINE = "(no source line)"
 """Where the op time no stack names goes, so that the self times sum to the op time."""
 CONTEXT_LINES = 2
@@ -61,10 +64,12 @@ class Rates:
     efficiency_time_ps: float = 0.0
     bound_ps: dict[str, float] = field(default_factory=dict)
     precision_ps: dict[str, float] = field(default_factory=dict)
+    upper_bound: bool = False  # some of its ops' costs are upper bounds (a paged kernel's full pages)
 
     def add(self, row: dict, stat: OpStat, peaks: dict | None) -> None:
-        if row.get("achieved_gflops_per_s") is None:
-            return  # no FLOP count, or a transfer timed by its wait
+        if row.get("achieved_gflops_per_s") is None or row.get("not_a_measurement"):
+            return  # no FLOP count, a transfer timed by its wait, or costs the op's time shows wrong (over a peak)
+        self.upper_bound = self.upper_bound or bool(row.get("rates_are_upper_bounds"))
         seconds = stat.costed_ps / 1e12
         runs = stat.costed_count
         self.flops += float(row.get("flops_per_run") or 0.0) * runs
@@ -88,7 +93,8 @@ class Rates:
         """achieved_tflops_per_s, flops_percent_of_roof (of the compute roofs of its ops' precisions), precision (the
         one most of its costed time runs at) and precisions (all of them, where several),
         achieved_gb_per_s, hbm_percent_of_roof, roofline_efficiency_percent (time-weighted over its ops with a
-        measured one), bound, measured_percent (of the line's time its rates speak for); {} where none is costed."""
+        measured one), bound, measured_percent (of the line's time its rates speak for), rates_are_upper_bounds; {}
+        where none is costed. Rows whose rates are no measurement (over a peak) are left out."""
         if not self.seconds:
             return {}
         out: dict = {"achieved_tflops_per_s": round(self.flops / self.seconds / 1e12, 4),
@@ -107,6 +113,8 @@ class Rates:
             out["roofline_efficiency_percent"] = round(self.efficiency_ps / self.efficiency_time_ps, 1)
         if self.bound_ps:
             out["bound"] = max(self.bound_ps, key=self.bound_ps.get)
+        if self.upper_bound:
+            out["rates_are_upper_bounds"] = True
         return out
 
 
@@ -475,10 +483,43 @@ def source_file(path: str, source_root: str | Path | None = None) -> Path | None
     return None
 
 
+_DEF = re.compile(r"\s*(?:async\s+)?def\s+(\w+)")
+
+
+def other_version(text: list[str], line: int, function: str) -> str:
+    """Why the file's `line` cannot be the one the profile's frame names, or "": the line is blank, or the function
+    it sits in (the nearest `def` outside it) is not the frame's function (`make.<locals>.one_token` runs in `def
+    one_token`; a lambda, comprehension or module-level frame is not checked)."""
+    own = text[line - 1]
+    if not own.strip():
+        return f"line {line} is blank"
+    name = function.rsplit(".", 1)[-1] if function else ""
+    if not name or name.startswith("<"):
+        return ""
+    found = _DEF.match(own)
+    if found and found[1] == name:
+        return ""  # the tracer names a function by its `def` line
+    indent = len(own) - len(own.lstrip())
+    for above in range(line - 2, -1, -1):
+        if not text[above].strip():
+            continue
+        depth = len(text[above]) - len(text[above].lstrip())
+        if depth >= indent:
+            continue
+        indent = depth
+        found = _DEF.match(text[above])
+        if found:
+            return "" if found[1] == name else f"line {line} is in def {found[1]}, not in {name} as the profile says"
+        if depth == 0:
+            break
+    return f"line {line} is in no def {name}, where the profile says it runs"
+
+
 def quote_source(path: str, line: int, source_root: str | Path | None = None, context: int = CONTEXT_LINES,
-                 cache: dict | None = None) -> dict:
+                 cache: dict | None = None, function: str = "") -> dict:
     """{file: the path read, code: the line's text, context: [[number, text], …] around it} or {code_not_available:
-    why}."""
+    why}: the file is not readable, or is not the version the profile ran (too short, or the line is not in the
+    frame's function: other_version)."""
     if not path or line <= 0:
         return {"code_not_available": "the profile names no file and line"}
     if not path.endswith(".py"):
@@ -498,8 +539,10 @@ def quote_source(path: str, line: int, source_root: str | Path | None = None, co
     if isinstance(text, OSError):
         return {"code_not_available": f"{found} could not be read: {text.strerror or text}"}
     if line > len(text):
-        return {"code_not_available": f"{found} has {len(text)} lines, not {line}: it is not the file the profile "
-                                      "ran (another version)"}
+        return {"code_not_available": f"{found} {STALE}: it has {len(text)} lines, not {line}"}
+    stale = other_version(text, line, function)
+    if stale:
+        return {"code_not_available": f"{found} {STALE}: {stale}"}
     low, high = max(1, line - context), min(len(text), line + context)
     return {"file": str(found), "code": text[line - 1].strip()[:MAX_QUOTED_CHARS],
             "context": [[n, text[n - 1][:MAX_QUOTED_CHARS]] for n in range(low, high + 1)]}
@@ -512,9 +555,25 @@ def _ms(ps: float) -> float:
     return round(ps / 1e9, 4)
 
 
+STALE = "is not the version the profile ran"
+
+
+def stale_files(view: LineView, source_root: str | Path | None = None, cache: dict | None = None) -> dict[str, str]:
+    """Recorded path -> why the file read for it is not the version the profile ran, where any line the view names
+    in it shows so (quote_source): a file one line proves edited since the capture may have moved every line, so
+    none of its lines is quoted."""
+    out: dict[str, str] = {}
+    for entry in view.lines.values():
+        if entry.line and not entry.library and entry.file not in out:
+            quoted = quote_source(entry.file, entry.line, source_root, context=0, cache=cache, function=entry.function)
+            if STALE in quoted.get("code_not_available", ""):
+                out[entry.file] = quoted["code_not_available"]
+    return out
+
+
 def line_record(entry: LineTime, op_ps: int, source_root: str | Path | None = None, quote: bool = True,
-                cache: dict | None = None, top_ops: int = 3) -> dict:
-    """One line or function as the tool and the CLI give it."""
+                cache: dict | None = None, top_ops: int = 3, stale: dict[str, str] | None = None) -> dict:
+    """One line or function as the tool and the CLI give it; `stale`: stale_files' answer."""
     out: dict = {"line": entry.key}
     if entry.function and entry.line:
         out["function"] = entry.function
@@ -539,7 +598,10 @@ def line_record(entry: LineTime, op_ps: int, source_root: str | Path | None = No
         if entry.host_kinds:
             out["host_kinds"] = {k: _ms(v) for k, v in sorted(entry.host_kinds.items(), key=lambda kv: -kv[1])}
     if quote and entry.line and not entry.library:
-        out.update(quote_source(entry.file, entry.line, source_root, cache=cache))
+        if stale and entry.file in stale:
+            out["code_not_available"] = stale[entry.file]
+        else:
+            out.update(quote_source(entry.file, entry.line, source_root, cache=cache, function=entry.function))
     return out
 
 

@@ -29,6 +29,7 @@ def analyze(
     max_profile_gib: Annotated[float, typer.Option(help=MAX_PROFILE_HELP)] = 2.0,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress lines; print only the report path.")] = False,
     no_xprof_views: Annotated[bool, typer.Option("--no-xprof-views", help="Skip XProf's own converters on TPU/GPU profiles (they take seconds per view on large profiles); the tools that need them say so.")] = False,
+    source_root: Annotated[Optional[Path], typer.Option("--source-root", help="A checkout holding the profiled program's files, for the report's code (as `xdiag lines --source-root`): each path the profile records is read at its longest suffix that exists under DIR.")] = None,
     xprof_wait: Annotated[float, typer.Option("--xprof-wait", min=0, help="Seconds the analysis may wait for XProf's views of a TPU/GPU session of 16 MiB or more, converted beside it in a process of their own and kept per file version (the next analysis of the files has them); 0: the report never waits for them.")] = 0.0,
     project: Annotated[Optional[str], typer.Option(help="Google Cloud project for Gemini on Vertex AI (env VERTEX_PROJECT).")] = None,
     location: Annotated[Optional[str], typer.Option(help="Vertex AI location (env VERTEX_LOCATION; default us-central1).")] = None,
@@ -47,6 +48,12 @@ def analyze(
         from xdiag.analysis.xprof import XPROF_VIEWS_ENV
 
         os.environ[XPROF_VIEWS_ENV] = "0"
+    if source_root is not None:
+        if not source_root.is_dir():
+            fail(f"--source-root {source_root}: not a folder")
+        from xdiag.analysis.line_view import SOURCE_ROOT_ENV
+
+        os.environ[SOURCE_ROOT_ENV] = str(source_root.absolute())
     investigators = {}
     if investigator == "gemini":
         from xdiag.investigators.gemini import gemini_factory

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from xdiag.analysis.line_view import NO_LINE, line_record, line_view
+import os
+
+from xdiag.analysis.line_view import NO_LINE, SOURCE_ROOT_ENV, line_record, line_view, stale_files
 from xdiag.analysis.source_lines import source_lines_missing
 from xdiag.errors import NotAvailable
 from xdiag.profile.space import Session
@@ -24,7 +26,8 @@ ORDERS = ("self", "total", "host")
                   "enum": list(ORDERS)},
         "source_root": {"type": "string", "max_length": 1000,
                         "description": "a checkout on this machine holding the profiled files: each recorded path is "
-                                       "read at its longest suffix that exists under it (default: the recorded path)"},
+                                       "read at its longest suffix that exists under it (default: the recorded path, "
+                                       "or `xdiag analyze --source-root`'s)"},
     },
 )
 def get_line_view(session: Session, top_n: int = 20, order: str = "self", source_root: str | None = None,
@@ -40,16 +43,20 @@ def get_line_view(session: Session, top_n: int = 20, order: str = "self", source
     total_percent (of op time), kinds {op kind: ms}, top_ops, achieved_tflops_per_s, precision (of the compute roof
     its time is mostly under: 16-bit, f32, int8, fp8), precisions (where its ops run at several), flops_percent_of_roof (FLOPs over those its ops' roofs would
     allow in their time), achieved_gb_per_s, hbm_percent_of_roof, roofline_efficiency_percent (time-weighted over
-    its ops), bound, measured_percent (of its time the rates speak for), callees [{line, ms}: the next user frame
+    its ops), bound, measured_percent (of its time the rates speak for; ops whose rates are no measurement are left
+    out), rates_are_upper_bounds (some costs assume full pages: each rate is at most that), callees [{line, ms}: the next user frame
     inward and the time under this one through it], modules [{module, ms}: PyTorch's innermost nn.Module calls
     around its kernels' launches], host_ms, host_kinds {sync, dispatch, compile, transfer: ms},
-    file (the file read), code (the line), context [[number, text]], code_not_available (why)]."""
+    file (the file read), code (the line), context [[number, text]], code_not_available (why: not readable, or
+    not the version the profile ran: a line of it blank, past its end or outside the frame's function)]."""
+    source_root = source_root or os.environ.get(SOURCE_ROOT_ENV) or None
     view = line_view(session)
     if not view.op_ps and not view.host_traced:
         raise NotAvailable("the profile holds no op executions and no Python tracer frames to rank lines by")
     lines = view.ranked(order)
     functions = view.ranked("host" if order == "host" else "total", functions=True)  # pprof's top -cum
     cache: dict = {}
+    stale = stale_files(view, source_root, cache)
     summary: dict = {"op_time_ms": round(view.op_ps / 1e9, 4), "lines": len(view.lines),
                      "functions": len(view.functions),
                      "self_sum_ms": round(sum(t.self_ps for t in view.lines.values()) / 1e9, 4)}
@@ -75,7 +82,7 @@ def get_line_view(session: Session, top_n: int = 20, order: str = "self", source
     if missing:
         summary["source_lines_not_available"] = missing
     detail = {
-        "lines": [line_record(t, view.op_ps, source_root, cache=cache) for t in lines[:top_n]],
+        "lines": [line_record(t, view.op_ps, source_root, cache=cache, stale=stale) for t in lines[:top_n]],
         "functions": [line_record(t, view.op_ps, quote=False) for t in functions[:top_n]],
         "note": ("self: the ops whose innermost user frame is the line; total: the ops with the line anywhere on "
                  "their stack, each counted once; a line's total is its self time plus its callees' time under it"),
