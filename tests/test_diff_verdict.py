@@ -21,22 +21,23 @@ from xdiag.profile.reader import read_session_in_process
 from xdiag.tools.get_step_trace import get_step_trace
 
 SAME = Path(__file__).parent / "profiles" / "same_program" / "tpu_v5e"
+TRIALS = SAME.parent / "tpu_v5e_trials"  # other programs (Flax, Keras, raw JAX), 4 steps each, pipelined
 PROGRAM_MS = json.loads((SAME / "program_step_ms.json").read_text())
 UNCHANGED = sorted(p.name for p in SAME.iterdir() if p.is_dir() and not p.name.endswith("_fixed"))
 
 
-def _unpacked(program: str, rep: str, folder: Path) -> Path:
+def _unpacked(program: str, rep: str, folder: Path, root: Path = SAME) -> Path:
     """The capture as a session folder (`…/<program>_<rep>/plugins/profile/s/vm.xplane.pb`)."""
     target = folder / f"{program}_{rep}" / "plugins" / "profile" / "s" / "vm.xplane.pb"
     if not target.exists():
         target.parent.mkdir(parents=True)
-        target.write_bytes(lzma.decompress((SAME / program / f"{rep}.xplane.pb.xz").read_bytes()))
+        target.write_bytes(lzma.decompress((root / program / f"{rep}.xplane.pb.xz").read_bytes()))
     return target
 
 
 def _step_ms(path: Path) -> list[float]:
     output = get_step_trace(read_session_in_process(locate_session(path, None).files))
-    return trace_step_ms({"status": "ok", "detail": output.detail})
+    return trace_step_ms({"status": "ok", "summary": output.summary, "detail": output.detail})
 
 
 @pytest.fixture(scope="module")
@@ -159,3 +160,53 @@ def test_a_step_seen_on_several_timelines_counts_once_at_its_longest_and_a_repea
     same_number = [{"host": "h", "device": None, "step": 0, "step_ms": ms} for ms in (5.0, 6.0, 7.0)]
     assert trace_step_ms({"status": "ok", "detail": {"steps": same_number}}) == [5.0, 6.0, 7.0]
     assert trace_step_ms({"status": "not_available", "reason": "no steps"}) == []
+
+
+def _own_ms(program: str, variant: str) -> float:
+    """The program's own mean step over its traced steps (its timer around them, the last one blocked on)."""
+    return json.loads((TRIALS / program / f"{variant}.steps.json").read_text())["traced"]["mean_ms"]
+
+
+@pytest.fixture(scope="module")
+def trial_steps(tmp_path_factory) -> dict[str, dict[str, list[float]]]:
+    folder = tmp_path_factory.mktemp("trials")
+    return {program.name: {xz.name.split(".")[0]: _step_ms(_unpacked(program.name, xz.name.split(".")[0], folder, TRIALS))
+                           for xz in sorted(program.glob("*.xplane.pb.xz"))}
+            for program in sorted(TRIALS.iterdir())}
+
+
+def test_other_programs_captured_twice_are_no_change_and_their_fixes_realize_the_program_s_own_gain(trial_steps):
+    """Five more programs (a Keras prefill, a megablox MoE, paged and ragged attention serving, an f32 MLP), captured
+    by another driver with 4 pipelined steps each (steps from the busiest module's executions, start to start): the
+    same program twice is no change; a changed program realizes what its own timer measured, within 2 points."""
+    same = {p: compare_steps(c["a"], c["b"]) for p, c in trial_steps.items()}
+    assert len(same) == 5 and all(t.verdict == "no_change" for t in same.values()), same
+    fixes = [(p, v) for p, c in trial_steps.items() for v in c if v not in ("a", "b")]
+    assert len(fixes) == 3
+    for program, variant in fixes:
+        test = compare_steps(trial_steps[program]["a"], trial_steps[program][variant])
+        own_gain = 100 * (1 - _own_ms(program, variant) / _own_ms(program, "a"))
+        assert test.verdict == ("faster" if own_gain > 0 else "slower"), (program, variant, test)
+        assert test.realized_gain_percent == pytest.approx(own_gain, abs=2.0), (program, variant)
+
+
+@pytest.mark.parametrize("program, fix, finding", [("mlp_f32_raw", "default", "low_kernel_efficiency"),
+                                                   ("paged_decode_raw", "ppcb16", "memory_bound")])
+def test_xdiag_diff_of_a_real_fix_says_its_finding_is_gone_or_smaller(program, fix, finding, tmp_path):
+    """f32 products at the default precision instead of HIGHEST; paged attention with 16 pages per compute block."""
+    folders = {}
+    for variant in ("a", fix):
+        located = locate_session(_unpacked(program, variant, tmp_path / "c", TRIALS), None)
+        analysis = analyze_session(located, tmp_path / variant)
+        assert analysis.status == "DONE", analysis.failure_reason
+        folders[variant] = tmp_path / variant
+    answer, diff = _diff(folders["a"], folders[fix], tmp_path / "d")
+    assert answer.returncode == 0, answer.stderr
+    own_gain = 100 * (1 - _own_ms(program, fix) / _own_ms(program, "a"))
+    assert diff["verdict"] == "faster" and diff["step_test"]["realized_gain_percent"] == pytest.approx(own_gain, abs=2)
+    outcome = next(o for o in diff["outcomes"] if o["key"] == finding)
+    assert outcome["outcome"] in ("gone", "smaller") and outcome["predicted"]["percent_of_step"] > 0
+    trace = json.loads((folders["a"] / "tools" / "get_step_trace.json").read_text())["summary"]
+    if "start to start" in trace["step_source"]:  # paged: its module's executions; mlp: the device's Steps line
+        assert diff["step_test"]["baseline"]["note"].startswith("the last step left out")
+        assert diff["step_test"]["baseline"]["steps_used"] == trace["steps"] - 1

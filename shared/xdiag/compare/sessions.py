@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field
 
 from xdiag.compare.findings import FindingOutcome, finding_outcomes
 from xdiag.compare.lines import LinesDiff, lines_diff
-from xdiag.compare.steps import StepTest, compare_steps, trace_step_ms
+from xdiag.compare.steps import LAST_STEP_NOTE, StepTest, compare_steps, start_to_start, trace_step_ms
 
 STEP_TOOL, OPS_TOOL, KERNEL_TOOL, MEMORY_TOOL = "get_step_trace", "get_hlo_op_profile", "get_kernel_stats", "get_memory_profile"
 
@@ -398,6 +398,8 @@ def compare_sessions(baseline: SessionOutputs, candidate: SessionOutputs, top: i
     memory = _memory(baseline, candidate)
     findings = _findings(baseline, candidate)
     test = compare_steps(trace_step_ms(baseline.tool(STEP_TOOL)), trace_step_ms(candidate.tool(STEP_TOOL)))
+    for side, outputs in ((test.baseline, baseline), (test.candidate, candidate)):
+        side.note = LAST_STEP_NOTE if start_to_start(outputs.tool(STEP_TOOL)) else ""
     if not step.available:
         test.verdict, test.reason = "not_comparable", step.reason
     elif not test.baseline.steps_total or not test.candidate.steps_total:

@@ -54,6 +54,7 @@ class StepSide(BaseModel):
 
     steps_total: int = 0
     steps_used: int = 0
+    note: str = ""  # what was left out before counting (the last of steps measured start to start)
     warm_up_left_out_ms: float | None = None  # the first step, where it was a warm-up and is not counted
     mean_ms: float | None = None  # arithmetic mean of the steps used (what a program's own timer averages)
     geomean_ms: float | None = None
@@ -147,12 +148,29 @@ def slower_than(test: StepTest, percent: float) -> bool:
     return test.verdict == "slower" and test.ci_low_percent is not None and test.ci_low_percent > percent
 
 
+def start_to_start(step_trace: dict[str, Any] | None) -> bool:
+    """Steps measured from one start to the next (a module's executions, a repeating op or program sequence, host
+    launches: no step markers): each is a period, but the last one has no next start and is its own duration only."""
+    source = str(((step_trace or {}).get("summary") or {}).get("step_source") or "")
+    return "start to start" in source or source.startswith("repeating")
+
+
+LAST_STEP_NOTE = ("the last step left out: its steps run from one start to the next, and the last has no next start "
+                  "(its time is its own duration, not a step)")
+
+
 def trace_step_ms(step_trace: dict[str, Any] | None) -> list[float]:
     """The step times a get_step_trace output lists, one per step: a step seen on several timelines (hosts, devices
-    with steps of their own) counts once, at its longest (the step ends when its slowest timeline does)."""
+    with steps of their own) counts once, at its longest (the step ends when its slowest timeline does). Where the
+    steps run start to start, each timeline's last is left out (LAST_STEP_NOTE)."""
     if not step_trace or step_trace.get("status") != "ok":
         return []
     rows = (step_trace.get("detail") or {}).get("steps") or []
+    if start_to_start(step_trace) and (step_trace.get("detail") or {}).get("steps_total", len(rows)) == len(rows):
+        last: dict[tuple[Any, Any], int] = {}
+        for i, row in enumerate(rows):
+            last[(row.get("host"), row.get("device"))] = i
+        rows = [row for i, row in enumerate(rows) if i not in set(last.values())]
     by_step: dict[Any, float] = {}
     order: list[Any] = []
     seen: dict[tuple[Any, Any, Any], int] = {}
