@@ -19,7 +19,8 @@ never a fast one), and the first is often a warm-up (compilation, allocation, a 
   apart), c = 1.5 none. c = 1 is taken: under 5% with a margin (the pairs share captures, so
   they are fewer independent trials than 72, and their tails are heavy: c = 0.5, where the mean z² is about 1, still
   called 8%), while c = 1.5 would need a change 45% larger to call it. On 11 same-program pairs captured on a busy 2-core CPU (steps spread 11-37%,
-  captures up to 52% apart) it called none.
+  captures up to 52% apart) it called none. Held out (not calibrated on): 8 more programs (Flax, Keras, raw JAX)
+  captured twice by another driver, 3-4 pipelined steps each: none called changed.
 - a side with fewer than 2 steps (after a warm-up is left out) has no spread: "not enough steps", never a verdict.
 
 The per-side interval is the plain one from its steps (Student's t on the log step times, back-transformed: the
