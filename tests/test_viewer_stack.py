@@ -188,7 +188,7 @@ def test_xdiag_diff_of_a_workload_before_and_after_its_fix_shows_the_gain(cloud,
 
 
 def test_an_automatic_capture_s_report_opens_with_what_changed_since_the_run_s_last_healthy_session(
-        cloud, plane, workload):
+        cloud, plane, workload, tmp_path):
     """An on-demand capture of the attached JAX job (healthy), then a degradation alert's automatic capture of the
     same job: the automatic one is compared with the healthy one, and its report opens with what changed since,
     naming the baseline and the lines whose device time moved; the run's sessions list links it to its baseline."""
@@ -218,3 +218,12 @@ def test_an_automatic_capture_s_report_opens_with_what_changed_since_the_run_s_l
     assert 'href="diff-previous.html"' in opening
     listing = _ok(_xdiag("sessions", "--run", run))
     assert f"baseline (last healthy session): {healthy['session_id']}" in listing and "diff-previous.html" in listing
+    folder = plane.run(run)["path"]  # the viewer lists the run's sessions, each with its baseline's page beside it
+    view = View(tmp_path, "--store", str(tmp_path / "no-local-store"), "--view-dir", str(tmp_path / "v"), "--run", folder)
+    try:
+        said = view.err.read_text()
+        assert f"{folder}/{auto['session_id']}  auto" in said
+        assert f"baseline (last healthy session): {folder}/{healthy['session_id']}" in said, said
+        assert f"run={folder}/{healthy['session_id']}" in said.replace("%2F", "/")
+    finally:
+        assert view.stop() == 0, view.err.read_text()
