@@ -13,9 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from xdiag.analysis.line_view import NO_LINE, line_times, line_view, quote_source, source_file
+from xdiag.analysis.line_view import (
+    NO_LINE, line_times, line_times_of_result, line_view, quote_source, source_file,
+)
 from xdiag.profile.locate import locate_session
 from xdiag.profile.reader import read_session_in_process
+from xdiag.tools import run_tool
 from xdiag.tools.get_line_view import get_line_view
 
 TESTS = Path(__file__).resolve().parent
@@ -140,6 +143,9 @@ def test_host_time_is_on_the_lines_the_python_tracer_recorded(views):
     times = line_times(session)
     assert times[hosted[0].key]["host_ms"] == pytest.approx(hosted[0].host_ps / 1e9, abs=1e-3)
     assert sum(t["self_ms"] for t in times.values()) == pytest.approx(view.op_ps / 1e9, abs=1e-3 * len(times))
+    # The same numbers from the tool's result, as an analysis keeps it (its listed lines only).
+    kept = line_times_of_result(json.loads(run_tool(session, "get_line_view", {"order": "host"}).model_dump_json()))
+    assert kept[hosted[0].key] == times[hosted[0].key]
 
 
 def test_a_cpu_capture_shares_out_its_op_time(cpu_profiles):

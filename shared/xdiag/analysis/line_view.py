@@ -17,7 +17,6 @@ readable (the path the profile records, or a checkout named by `source_root`: se
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -327,18 +326,14 @@ def _python_lines(session: Session):
                 yield plane, line
 
 
-def _add_host_time(session: Session, lines: dict[str, LineTime], functions: dict[str, LineTime]) -> bool:
+def python_frame_times(session: Session) -> dict:
     """The Python tracer's time in each user frame with no deeper user frame, and what the events inside it are
-    (HOST_KINDS), on the line and function the frame names. JAX's tracer names a file by its name alone: it is put
-    on the path the HLO's stacks give that name, where one does. True where any user frame was recorded."""
-    known = user_files(session.hlo_modules)
-    kind_of = frame_kinds(known)
-    full_paths: dict[str, set[str]] = {}
-    for m in session.hlo_modules:
-        for file, *_ in m.stack_frames:
-            if file and not is_library(file):
-                full_paths.setdefault(file.rsplit("/", 1)[-1], set()).add(file)
-    traced = False
+    (HOST_KINDS): {"traced": whether any user frame was recorded, "frames": {frame event name: [own ps, {kind:
+    ps}]}}, summed over the session's Python lines. Cached (a host summary carries it: xdiag.tools.host_summary)."""
+    if "python_frame_times" in session.cache:
+        return session.cache["python_frame_times"]
+    kind_of = frame_kinds(user_files(session.hlo_modules))
+    traced, frames = False, {}
     for plane, line in _python_lines(session):
         names = plane.event_names
         user_ids = [k for k, n in names.items() if kind_of(n) == "user"]
@@ -350,21 +345,22 @@ def _add_host_time(session: Session, lines: dict[str, LineTime], functions: dict
         if not is_user.any():
             continue
         traced = True
-        order = np.lexsort((-ends, starts))
         # The innermost user frame around each moment: a stack of open user frames; each event that is no user
         # frame is charged (by kind) to the innermost open one; each user frame's own time is its span less the
         # spans of the user frames directly inside it.
-        stack: list[list] = []  # [end, name, inner user time]
-        own: dict[str, int] = {}
-        kinds: dict[str, dict[str, int]] = {}
+        stack: list[list] = []  # [end, name, inner user time, span]
         kind_cache: dict[int, str] = {}
         covered_until: list[int] = []  # per open frame: the end of the last outermost event charged inside it
-        for i in order.tolist():
+
+        def close(frame: list) -> None:
+            entry = frames.setdefault(frame[1], [0, {}])
+            entry[0] += frame[3] - frame[2]
+
+        for i in np.lexsort((-ends, starts)).tolist():
             start, end = int(starts[i]), int(ends[i])
             while stack and stack[-1][0] <= start:
-                closed = stack.pop()
+                close(stack.pop())
                 covered_until.pop()
-                own[closed[1]] = own.get(closed[1], 0) + closed[3] - closed[2]
             name_id = int(ids[i])
             if is_user[i]:
                 if stack:
@@ -381,23 +377,50 @@ def _add_host_time(session: Session, lines: dict[str, LineTime], functions: dict
             if not kind or end <= covered_until[-1]:
                 continue  # nested in an event already charged (np.asarray's __array__)
             covered_until[-1] = end
-            frame = kinds.setdefault(stack[-1][1], {})
-            frame[kind] = frame.get(kind, 0) + end - start
-        for closed in stack:
-            own[closed[1]] = own.get(closed[1], 0) + closed[3] - closed[2]
-        for name, ps in own.items():
-            frame = python_frame(name)
-            if frame is None or ps <= 0:
-                continue
-            paths = full_paths.get(frame.file, set())
-            if "/" not in frame.file and len(paths) == 1:
-                frame = Frame(next(iter(paths)), frame.line, frame.function)
-            for table, key in ((lines, frame.short), (functions, _function_key(frame))):
-                entry = _entry(table, key, frame, function=table is functions)
-                entry.host_ps += ps
-                for kind, kind_ps in kinds.get(name, {}).items():
-                    entry.host_kinds[kind] = entry.host_kinds.get(kind, 0) + kind_ps
-    return traced
+            charged = frames.setdefault(stack[-1][1], [0, {}])[1]
+            charged[kind] = charged.get(kind, 0) + end - start
+        for frame in stack:
+            close(frame)
+    out = {"traced": traced, "frames": frames}
+    session.cache["python_frame_times"] = out
+    return out
+
+
+def combined_python_frame_times(parts: list[dict]) -> dict:
+    """python_frame_times of several hosts as the whole session's: each frame's times summed."""
+    frames: dict = {}
+    for part in parts:
+        for name, (ps, kinds) in part["frames"].items():
+            entry = frames.setdefault(name, [0, {}])
+            entry[0] += ps
+            for kind, kind_ps in kinds.items():
+                entry[1][kind] = entry[1].get(kind, 0) + kind_ps
+    return {"traced": any(part["traced"] for part in parts), "frames": frames}
+
+
+def _add_host_time(session: Session, lines: dict[str, LineTime], functions: dict[str, LineTime]) -> bool:
+    """python_frame_times on the line and function each frame names. JAX's tracer names a file by its name alone:
+    it is put on the path the HLO's stacks give that name, where one does. True where any user frame was
+    recorded."""
+    full_paths: dict[str, set[str]] = {}
+    for m in session.hlo_modules:
+        for file, *_ in m.stack_frames:
+            if file and not is_library(file):
+                full_paths.setdefault(file.rsplit("/", 1)[-1], set()).add(file)
+    times = python_frame_times(session)
+    for name, (ps, kinds) in sorted(times["frames"].items()):
+        frame = python_frame(name)
+        if frame is None or ps <= 0:
+            continue
+        paths = full_paths.get(frame.file, set())
+        if "/" not in frame.file and len(paths) == 1:
+            frame = Frame(next(iter(paths)), frame.line, frame.function)
+        for table, key in ((lines, frame.short), (functions, _function_key(frame))):
+            entry = _entry(table, key, frame, function=table is functions)
+            entry.host_ps += ps
+            for kind, kind_ps in kinds.items():
+                entry.host_kinds[kind] = entry.host_kinds.get(kind, 0) + kind_ps
+    return times["traced"]
 
 
 def torch_kernel_stacks(session: Session) -> dict[str, dict[tuple[tuple[str, ...], str], int]]:
@@ -595,8 +618,12 @@ def line_record(entry: LineTime, op_ps: int, source_root: str | Path | None = No
         out["callees"] = [{"line": k, "ms": _ms(v)} for k, v in sorted(entry.callees.items(), key=lambda kv: -kv[1])]
     if entry.host_ps:
         out["host_ms"] = _ms(entry.host_ps)
-        if entry.host_kinds:
-            out["host_kinds"] = {k: _ms(v) for k, v in sorted(entry.host_kinds.items(), key=lambda kv: -kv[1])}
+        kinds = dict(entry.host_kinds)
+        rest = entry.host_ps - sum(kinds.values())
+        if kinds and rest > 0:
+            kinds["python"] = rest  # the frame's own Python and the library calls that are none of HOST_KINDS
+        if kinds:
+            out["host_kinds"] = {k: _ms(v) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])}
     if quote and entry.line and not entry.library:
         if stale and entry.file in stale:
             out["code_not_available"] = stale[entry.file]
@@ -615,5 +642,13 @@ def line_times(session: Session) -> dict[str, dict]:
             for key, t in view.lines.items()}
 
 
-def sum_self_ps(entries: Iterable[LineTime]) -> int:
-    return sum(t.self_ps for t in entries)
+
+def line_times_of_result(result: dict) -> dict[str, dict]:
+    """line_times from a get_line_view result as an analysis keeps it (tools/get_line_view.json: status, summary,
+    detail), for comparing two analyses without their profiles: its listed lines only (the tool's top_n, busiest
+    first); {} where the tool gave no lines."""
+    if result.get("status") != "ok":
+        return {}
+    return {row["line"]: {"self_ms": row.get("self_ms", 0.0), "total_ms": row.get("total_ms", 0.0),
+                          "host_ms": row.get("host_ms", 0.0), "function": row.get("function", "")}
+            for row in (result.get("detail") or {}).get("lines") or [] if isinstance(row, dict) and "line" in row}

@@ -58,14 +58,15 @@ def _line_block(row: dict[str, Any], code: bool) -> list[str]:
         out.append(pad + "; ".join(details))
     if code and row.get("code"):
         out.append(pad + f"| {row['code']}")
-    elif code and row.get("code_not_available"):
-        out.append(pad + f"(code: {row['code_not_available']})")
+    elif code and row.get("code_not_available") and UNREADABLE not in row["code_not_available"]:
+        out.append(pad + f"(code: {row['code_not_available']})")  # unreadable files are said once, at the end
     if row.get("callees"):
         out.append(pad + "calls " + ", ".join(f"{c['line']} {_ms(c['ms'])} ms" for c in row["callees"][:3])
                    + (f" and {len(row['callees']) - 3} more" if len(row["callees"]) > 3 else ""))
     return out
 
 
+UNREADABLE = "is not readable on this machine"
 HEADER = f"{'self ms':>9} {'self':>7} {'total ms':>9} {'total':>7} {'host ms':>8}  line"
 
 
@@ -80,15 +81,25 @@ def render_lines(result: dict[str, Any], path: str) -> str:
         out.append(f"source lines: not available: {summary['source_lines_not_available']}")
     if summary.get("unattributed_percent"):
         out.append(f"{summary['unattributed_percent']:g}% of op time is in ops no stack names: (no source line)")
-    out += ["", "Lines by device time (self: ops whose innermost frame of your code is the line; total: with its "
-                "callees)", HEADER]
+    order = (result.get("args") or {}).get("order", "self")
+    out += ["", f"Lines by {'host time' if order == 'host' else 'device time'}{' (total)' if order == 'total' else ''} "
+                "(self: ops whose innermost frame of your code is the line; total: with its callees)", HEADER]
     for row in detail.get("lines", []):
         out += _line_block(row, code=True)
     functions = [f for f in detail.get("functions", []) if f.get("total_ms") or f.get("host_ms")]
     if functions:
-        out += ["", "Functions by device time (total: callees included)", HEADER.replace("line", "function")]
+        by_host = (result.get("args") or {}).get("order") == "host"
+        out += ["", "Functions by host time" if by_host else "Functions by device time (total: callees included)",
+                HEADER.replace("line", "function")]
         for row in functions:
             out += _line_block(row, code=False)[:1]
+    unreadable = sorted({row["code_not_available"].split(f" {UNREADABLE}")[0] for row in detail.get("lines", [])
+                         if UNREADABLE in row.get("code_not_available", "")})
+    if unreadable:
+        where = f" under --source-root {summary['source_root']}" if summary.get("source_root") else \
+            ": name the checkout that holds them with --source-root DIR"
+        out += ["", f"Code not shown for {len(unreadable)} file{'s' if len(unreadable) > 1 else ''} not readable here "
+                    f"({', '.join(unreadable[:3])}{' …' if len(unreadable) > 3 else ''}){where}"]
     if summary.get("host_traced"):
         out += ["", f"Host time in your frames (Python tracer): {_ms(summary.get('host_ms'))} ms; each line's host ms "
                     "is the time its frame ran with no deeper frame of your code (a frame is named by the line its "

@@ -37,18 +37,19 @@ def get_line_view(session: Session, top_n: int = 20, order: str = "self", source
     top_function, top_function_total_percent, unattributed_percent (op time no stack names), host_traced (the
     Python tracer's frames are in the profile), host_ms (their time in the user's frames), source_root,
     source_lines_not_available (why, and how to record them). detail: lines [top_n rows by `order`] and functions
-    [top_n rows by total, or by host time with order=host,
-    each: line (`folder/file.py:LINE`, a function's `folder/file.py: function`, a library's frame, or
-    `(no source line)`), function, library (no user frame: the library's), self_ms, total_ms, self_percent,
-    total_percent (of op time), kinds {op kind: ms}, top_ops, achieved_tflops_per_s, precision (of the compute roof
-    its time is mostly under: 16-bit, f32, int8, fp8), precisions (where its ops run at several), flops_percent_of_roof (FLOPs over those its ops' roofs would
-    allow in their time), achieved_gb_per_s, hbm_percent_of_roof, roofline_efficiency_percent (time-weighted over
-    its ops), bound, measured_percent (of its time the rates speak for; ops whose rates are no measurement are left
-    out), rates_are_upper_bounds (some costs assume full pages: each rate is at most that), callees [{line, ms}: the next user frame
-    inward and the time under this one through it], modules [{module, ms}: PyTorch's innermost nn.Module calls
-    around its kernels' launches], host_ms, host_kinds {sync, dispatch, compile, transfer: ms},
-    file (the file read), code (the line), context [[number, text]], code_not_available (why: not readable, or
-    not the version the profile ran: a line of it blank, past its end or outside the frame's function)]."""
+    [top_n rows by total, or by host time with order=host, each: line (`folder/file.py:LINE`, a function's
+    `folder/file.py: function`, a library's frame, or `(no source line)`), function, library (no user frame: the
+    library's), self_ms, total_ms, self_percent, total_percent (of op time), kinds {op kind: ms}, top_ops,
+    achieved_tflops_per_s, precision (of the compute roof its time is mostly under: 16-bit, f32, int8, fp8),
+    precisions (where its ops run at several), flops_percent_of_roof (FLOPs over those its ops' roofs would allow in
+    their time), achieved_gb_per_s, hbm_percent_of_roof, roofline_efficiency_percent (time-weighted over its ops),
+    bound, measured_percent (of its time the rates speak for; ops whose rates are no measurement are left out),
+    rates_are_upper_bounds (some costs assume full pages: each rate is at most that), callees [{line, ms}: the next
+    user frame inward and the time under this one through it], modules [{module, ms}: PyTorch's innermost
+    nn.Module calls around its kernels' launches], host_ms, host_kinds {sync, dispatch, compile, transfer, python
+    (the rest: its own Python, input preparation): ms}, file (the file read), code (the line), context [[number,
+    text]], code_not_available (why: not readable, or not the version the profile ran: a line of it blank, past its
+    end or outside the frame's function)]."""
     source_root = source_root or os.environ.get(SOURCE_ROOT_ENV) or None
     view = line_view(session)
     if not view.op_ps and not view.host_traced:

@@ -62,16 +62,18 @@ from xdiag.tools.get_kernel_stats import combined_kernel_table, kernel_table
 from xdiag.tools.get_memory_profile import allocator_totals
 from xdiag.tools.get_step_trace import host_calls
 from xdiag.analysis.op_stats import OpStat, _names_with_several_programs, op_stats
+from xdiag.analysis.line_view import combined_python_frame_times, python_frame_times
 from xdiag.analysis.source_lines import op_source
 
-FORMAT = 2
-ASSEMBLED_FORMAT = 3
+FORMAT = 3
+ASSEMBLED_FORMAT = 4
 """Of what `assemble` writes: an assembled session of an earlier format is assembled again from its hosts'."""
 HOST = "@@xdiag-host@@"
 """The host's name in its summary until the reduce names it (two hosts may have recorded the same name)."""
 SUFFIX = ".summary.json.gz"
 CACHED = ("op_stats", "step_set", "step_rows", "device_rows", "duty_cycles", "bounds", "collective_arrivals",
-          "host_calls", "allocator_totals", "device_op_counts", "transfer_spans", "data_formatting", "kernel_table")
+          "host_calls", "allocator_totals", "device_op_counts", "transfer_spans", "data_formatting", "kernel_table",
+          "python_frame_times")
 """The session's cache entries a summary provides: every table the broad tools build from columns."""
 
 
@@ -127,6 +129,7 @@ def summarize_host(host: HostProfile, modules: list[HloModule]) -> dict[str, Any
         "transfer_pairs": transfer_pairs(session),
         "data_formatting": data_formatting_ps(session),
         "kernel_table": kernel_table(session),
+        "python_frame_times": python_frame_times(session),
     })
     return out
 
@@ -288,6 +291,7 @@ def assemble(summaries: Iterable[dict[str, Any]]) -> dict[str, Any]:
             "transfer_spans": combined_transfer_spans([t["transfer_pairs"] for t in tables]),
             "data_formatting": combined_data_formatting([t["data_formatting"] for t in tables]),
             "kernel_table": combined_kernel_table([t["kernel_table"] for t in tables]),
+            "python_frame_times": combined_python_frame_times([t["python_frame_times"] for t in tables]),
         }),
     }
 
@@ -374,6 +378,7 @@ def adopt(session: Session, assembled: dict[str, Any]) -> None:
         "transfer_spans": lambda: tables["transfer_spans"],
         "data_formatting": lambda: None if tables["data_formatting"] is None else tuple(tables["data_formatting"]),
         "kernel_table": lambda: tables["kernel_table"],
+        "python_frame_times": lambda: tables["python_frame_times"],
     })
 
 
