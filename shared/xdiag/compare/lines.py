@@ -13,6 +13,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from xdiag.analysis.line_view import line_times_of_result
+
 LINE_TOOL = "get_line_view"
 
 
@@ -37,10 +39,9 @@ class LinesDiff(BaseModel):
 def _listed(result: dict[str, Any] | None, steps: int) -> tuple[dict[str, dict[str, Any]], bool, float] | None:
     if not result or result.get("status") != "ok":
         return None
-    rows = (result.get("detail") or {}).get("lines") or []
-    listed = {r["line"]: r for r in rows if r.get("line")}
+    listed = line_times_of_result(result)
     complete = (result.get("summary") or {}).get("lines", 0) <= len(listed)
-    smallest = min((float(r.get("self_ms") or 0.0) for r in rows), default=0.0) / steps
+    smallest = min((float(r.get("self_ms") or 0.0) for r in listed.values()), default=0.0) / steps
     return listed, complete, smallest
 
 
