@@ -176,18 +176,23 @@ def trial_steps(tmp_path_factory) -> dict[str, dict[str, list[float]]]:
 
 
 def test_other_programs_captured_twice_are_no_change_and_their_fixes_realize_the_program_s_own_gain(trial_steps):
-    """Five more programs (a Keras prefill, a megablox MoE, paged and ragged attention serving, an f32 MLP), captured
-    by another driver with 4 pipelined steps each (steps from the busiest module's executions, start to start): the
-    same program twice is no change; a changed program realizes what its own timer measured, within 2 points."""
+    """Seven more programs (a Keras prefill, a megablox MoE, paged and ragged attention serving, an f32 MLP, Flax's
+    GPT-2 and LSTM training), captured by another driver with 4 pipelined steps each (the device's steps, or the
+    busiest module's executions start to start): the same program twice is no change; a changed program realizes
+    what its own timer measured, within 2 points, and is called faster or slower unless its change is under what
+    its captures could show."""
     same = {p: compare_steps(c["a"], c["b"]) for p, c in trial_steps.items()}
-    assert len(same) == 5 and all(t.verdict == "no_change" for t in same.values()), same
+    assert len(same) == 7 and all(t.verdict == "no_change" for t in same.values()), same
     fixes = [(p, v) for p, c in trial_steps.items() for v in c if v not in ("a", "b")]
-    assert len(fixes) == 3
+    assert len(fixes) == 5
     for program, variant in fixes:
         test = compare_steps(trial_steps[program]["a"], trial_steps[program][variant])
         own_gain = 100 * (1 - _own_ms(program, variant) / _own_ms(program, "a"))
-        assert test.verdict == ("faster" if own_gain > 0 else "slower"), (program, variant, test)
         assert test.realized_gain_percent == pytest.approx(own_gain, abs=2.0), (program, variant)
+        if test.verdict == "no_change":  # lstm_linen_train: 3 steps 9.7-11.7 ms apart cannot show its 13%
+            assert abs(own_gain) < test.min_detectable_percent, (program, variant, test)
+        else:
+            assert test.verdict == ("faster" if own_gain > 0 else "slower"), (program, variant, test)
 
 
 @pytest.mark.parametrize("program, fix, finding", [("mlp_f32_raw", "default", "low_kernel_efficiency"),
