@@ -1,10 +1,11 @@
 """The user's lines whose device time moved most between two sessions, from each side's line view (get_line_view:
 each line's self time, the ops whose innermost user frame it is), per step.
 
-The line view lists its first lines (top_n); a line one side does not list is either absent there (its list is
-complete: `lines` in its summary is no more than it lists) or below the last one it lists: then its time there is
-unknown but at most that last one's, the row says so (`bounded`), and it is ranked by the change it would show at
-that bound's middle, never as a measured number.
+The line view lists its first lines by self time (top_n, as the broad collection runs it); a line one side does
+not list is either absent there (its list is complete: `lines` in its summary is no more than it lists, or it
+reaches lines of no self time, so a line it leaves out has none) or below the last one it lists: then its time there is
+unknown but at most that last one's: the row says so (`bound_ms_per_step`, no delta) and is ranked by the least it
+can have moved (its time on the side that lists it beyond that bound), never shown as a measured change.
 """
 
 from __future__ import annotations
@@ -40,8 +41,9 @@ def _listed(result: dict[str, Any] | None, steps: int) -> tuple[dict[str, dict[s
     if not result or result.get("status") != "ok":
         return None
     listed = line_times_of_result(result)
-    complete = (result.get("summary") or {}).get("lines", 0) <= len(listed)
     smallest = min((float(r.get("self_ms") or 0.0) for r in listed.values()), default=0.0) / steps
+    # every line, or the list (ranked by self time) reaches lines of no self time: one it leaves out has none
+    complete = (result.get("summary") or {}).get("lines", 0) <= len(listed) or (bool(listed) and smallest == 0)
     return listed, complete, smallest
 
 
@@ -86,10 +88,11 @@ def lines_diff(before: dict[str, Any] | None, after: dict[str, Any] | None, step
     def size(c: LineChange) -> float:
         if c.delta_ms_per_step is not None:
             return abs(c.delta_ms_per_step)
+        # listed on one side only: it moved by at least what it holds there beyond the other side's last listed line
         known = c.baseline_ms_per_step if c.baseline_ms_per_step is not None else c.candidate_ms_per_step
-        return abs((known or 0.0) - (c.bound_ms_per_step or 0.0) / 2)
+        return max((known or 0.0) - (c.bound_ms_per_step or 0.0), 0.0)
 
-    moved = sorted((c for c in changes if c.delta_ms_per_step != 0), key=lambda c: -size(c))[:top]
+    moved = sorted((c for c in changes if size(c) > 0), key=lambda c: -size(c))[:top]
     notes = ["self time: the ops whose innermost user frame is the line"]
     if not per_step:
         notes.append("one side has no steps: totals over the whole profile, not per step")

@@ -354,11 +354,11 @@ def _headline(verdict: str, test: StepTest, step: Change, a: SessionRef, b: Sess
                      + (f" ({o.predicted.ms_per_step:.4g} ms)" if o.predicted.ms_per_step is not None else "")
                      if o.predicted.percent_of_step is not None else "no predicted number")
         lines_out.append(f"{o.key} ({o.priority_before}): {o.outcome}; {predicted}; {_realized(verdict, o)}.")
-    if lines.available and lines.moved:
+    measured = [c for c in lines.moved if c.delta_ms_per_step is not None][:3] if lines.available else []
+    if measured:
         lines_out.append(("Lines that moved most: " if verdict in ("faster", "slower") else
                           "Lines that moved most (the step time itself did not change): ") + ", ".join(
-            f"`{c.line}` {c.delta_ms_per_step:+.4g} ms" for c in lines.moved[:3] if c.delta_ms_per_step is not None)
-            + " per step (device self time).")
+            f"`{c.line}` {c.delta_ms_per_step:+.4g} ms" for c in measured) + " per step (device self time).")
     if breakdown and step.delta and verdict in ("faster", "slower"):
         top = breakdown[0]
         lines_out.append(f"Most of the change is {top.category.replace('_', ' ')}: {top.baseline_ms:.4g} → "
