@@ -215,3 +215,21 @@ def test_xdiag_diff_of_a_real_fix_says_its_finding_is_gone_or_smaller(program, f
     if "start to start" in trace["step_source"]:  # paged: its module's executions; mlp: the device's Steps line
         assert diff["step_test"]["baseline"]["note"].startswith("the last step left out")
         assert diff["step_test"]["baseline"]["steps_used"] == trace["steps"] - 1
+
+
+def test_lines_one_side_does_not_list_are_gone_where_its_list_is_complete_and_bounded_where_it_is_not():
+    from xdiag.compare.lines import lines_diff
+
+    def view(rows, lines):
+        return {"status": "ok", "summary": {"lines": lines},
+                "detail": {"lines": [{"line": k, "self_ms": v, "function": "f"} for k, v in rows]}}
+
+    before = view([("a.py:1", 40.0), ("a.py:2", 20.0), ("a.py:3", 4.0)], lines=9)  # lists 3 of 9: not complete
+    after = view([("a.py:1", 10.0), ("a.py:4", 8.0), ("a.py:9", 0.0)], lines=12)  # reaches a line of no self time
+    moved = {c.line: c for c in lines_diff(before, after, (2, 2), ("b", "a")).moved}
+    assert moved["a.py:1"].delta_ms_per_step == -15.0 and moved["a.py:2"].status == "gone"  # after lists all with time
+    assert moved["a.py:4"].status == "unlisted" and moved["a.py:4"].bound_ms_per_step == 2.0  # before: at most 4/2
+    assert moved["a.py:4"].delta_ms_per_step is None and moved["a.py:4"].candidate_ms_per_step == 4.0
+    assert list(moved)[:2] == ["a.py:1", "a.py:2"]
+    missing = lines_diff(None, after, (2, 2), ("b", "a"))
+    assert not missing.available and "no get_line_view output" in missing.reason
