@@ -92,7 +92,8 @@ class Rates:
         """achieved_tflops_per_s, flops_percent_of_roof (of the compute roofs of its ops' precisions), precision (the
         one most of its costed time runs at) and precisions (all of them, where several),
         achieved_gb_per_s, hbm_percent_of_roof, roofline_efficiency_percent (time-weighted over its ops with a
-        measured one), bound, measured_percent (of the line's time its rates speak for), rates_are_upper_bounds; {}
+        measured one), bound, measured_percent (of the line's time its rates speak for), rates_are_upper_bounds,
+        data_on_chip (its costed ops move no HBM bytes); {}
         where none is costed. Rows whose rates are no measurement (over a peak) are left out."""
         if not self.seconds:
             return {}
@@ -104,7 +105,9 @@ class Rates:
             out["precisions"] = mixed  # the roof is each op's own: FLOPs over what their roofs allow in their time
         if self.roof_flops:
             out["flops_percent_of_roof"] = round(100 * self.flops / self.roof_flops, 1)
-        if self.hbm_seconds:
+        if self.hbm_seconds and not self.hbm_bytes:
+            out["data_on_chip"] = True  # its ops' arrays stay in on-chip memory (TPU VMEM): no HBM rate to give
+        elif self.hbm_seconds:
             out["achieved_gb_per_s"] = round(self.hbm_bytes / self.hbm_seconds / 1e9, 2)
             if self.roof_bytes:
                 out["hbm_percent_of_roof"] = round(100 * self.hbm_bytes / self.roof_bytes, 1)

@@ -28,6 +28,8 @@ def _rate(row: dict[str, Any]) -> str:
         text += f"{', ' if text else ''}{row['achieved_gb_per_s']:,.0f} GB/s"
         if row.get("hbm_percent_of_roof") is not None:
             text += f" ({row['hbm_percent_of_roof']:g}% of HBM)"
+    if row.get("data_on_chip"):
+        text += f"{', ' if text else ''}its data on chip (no HBM traffic)"
     if row.get("rates_are_upper_bounds"):
         text = "at most " + text
     if row.get("bound"):

@@ -44,7 +44,8 @@ def get_line_view(session: Session, top_n: int = 20, order: str = "self", source
     precisions (where its ops run at several), flops_percent_of_roof (FLOPs over those its ops' roofs would allow in
     their time), achieved_gb_per_s, hbm_percent_of_roof, roofline_efficiency_percent (time-weighted over its ops),
     bound, measured_percent (of its time the rates speak for; ops whose rates are no measurement are left out),
-    rates_are_upper_bounds (some costs assume full pages: each rate is at most that), callees [{line, ms}: the next
+    rates_are_upper_bounds (some costs assume full pages: each rate is at most that), data_on_chip (its costed ops
+    move no HBM bytes: no HBM rate), callees [{line, ms}: the next
     user frame inward and the time under this one through it], modules [{module, ms}: PyTorch's innermost
     nn.Module calls around its kernels' launches], host_ms, host_kinds {sync, dispatch, compile, transfer, python
     (the rest: its own Python, input preparation): ms}, file (the file read), code (the line), context [[number,

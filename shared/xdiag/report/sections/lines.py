@@ -57,6 +57,8 @@ def rate_text(row: Mapping[str, Any]) -> str:
         if row.get("hbm_percent_of_roof") is not None:
             text += f" ({format_measure(row['hbm_percent_of_roof'], '%')} of HBM)"
         parts.append(text)
+    if row.get("data_on_chip"):
+        parts.append("its data on chip (no HBM traffic)")
     if parts and row.get("rates_are_upper_bounds"):
         parts[0] = "at most " + parts[0]
     if parts and row.get("bound"):
