@@ -211,6 +211,10 @@ def test_xdiag_diff_of_a_real_fix_says_its_finding_is_gone_or_smaller(program, f
     assert diff["verdict"] == "faster" and diff["step_test"]["realized_gain_percent"] == pytest.approx(own_gain, abs=2)
     outcome = next(o for o in diff["outcomes"] if o["key"] == finding)
     assert outcome["outcome"] in ("gone", "smaller") and outcome["predicted"]["percent_of_step"] > 0
+    # the lines' self times per step, as the ops' (they sum to the op time): their moves add up to the ops' change
+    moved = [m["delta_ms_per_step"] for m in diff["lines"]["moved"] if m["delta_ms_per_step"] is not None]
+    ops_change = diff["ops"]["candidate_ms_per_step"] - diff["ops"]["baseline_ms_per_step"]
+    assert sum(moved) == pytest.approx(ops_change, rel=0.02, abs=0.01)
     trace = json.loads((folders["a"] / "tools" / "get_step_trace.json").read_text())["summary"]
     if "start to start" in trace["step_source"]:  # paged: its module's executions; mlp: the device's Steps line
         assert diff["step_test"]["baseline"]["note"].startswith("the last step left out")

@@ -415,7 +415,8 @@ def compare_sessions(baseline: SessionOutputs, candidate: SessionOutputs, top: i
         (baseline.analysis.get("diagnosis") or {}).get("findings") or [],
         (candidate.analysis.get("diagnosis") or {}).get("findings") or [], sides,
         test.realized_gain_percent, test.realized_gain_ms)
-    line_steps = (test.baseline.steps_total if step.available else 0, test.candidate.steps_total if step.available else 0)
+    # per step as the ops are: the profile's totals over its step count (every step, as the step trace counts them)
+    line_steps = tuple(int((_summary(o, STEP_TOOL) or {}).get("steps") or 0) for o in (baseline, candidate))
     lines = lines_diff(baseline.tool("get_line_view"), candidate.tool("get_line_view"), line_steps,
                        (baseline.label, candidate.label))
     return SessionDiff(
