@@ -220,3 +220,32 @@ def test_a_pytorch_trace_in_a_session_folder_is_a_host_file_and_xplanes_come_fir
         "rank0.pt.trace.json.gz", "rank1.pt.trace.json.gz"]
     store.put(prefix + "host0.xplane.pb", b"x")
     assert [i.uri.rsplit("/", 1)[-1] for i in session_files(store, root, "run", "s1")] == ["host0.xplane.pb"]
+
+
+def test_an_automatic_capture_s_baseline_is_the_run_s_last_healthy_session_and_another_s_the_previous_one():
+    """Sessions s1 (on demand), s2 (automatic), s3 (automatic), each analysed after the one before: s3 is compared
+    with s1 (s2 was itself taken because the run got slower), an on-demand s4 with s3, the latest."""
+    from xdiag.model import Analysis
+    from xdiag.pipeline.layout import state_key
+    from xdiag.pipeline.previous import LAST_HEALTHY, PREVIOUS, baseline_analysis
+    from xdiag.pipeline.topics import sessions_collection
+
+    deps, _ = build_embedded()
+    kinds = {"s1": "on_demand", "s2": "auto", "s3": "auto", "s4": "on_demand"}
+    for n, (session, kind) in enumerate(kinds.items()):
+        deps.state.set(sessions_collection("run"), state_key(session),
+                       {"session_id": session, "kind": kind, "analysis_id": f"a-{session}"})
+        deps.state.set(ANALYSES, f"a-{session}", {"analysis_id": f"a-{session}", "run_id": "run", "session_id": session,
+                                                   "status": "DONE", "output_uri": f"/out/{session}",
+                                                   "created_at": f"2026-12-06T07:0{n}:00Z"})
+
+    def baseline(session: str, n: int):
+        analysis = Analysis(analysis_id=f"a-{session}", run_id="run", session_id=session, profile_uris=[],
+                            output_uri=f"/out/{session}", created_at=f"2026-12-06T07:0{n}:00Z")
+        doc, role = baseline_analysis(deps, analysis)
+        return (doc or {}).get("session_id"), role
+
+    assert baseline("s1", 0) == (None, PREVIOUS)  # a run's first session compares with nothing
+    assert baseline("s2", 1) == ("s1", LAST_HEALTHY)
+    assert baseline("s3", 2) == ("s1", LAST_HEALTHY)
+    assert baseline("s4", 3) == ("s3", PREVIOUS)

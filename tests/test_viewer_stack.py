@@ -185,3 +185,45 @@ def test_xdiag_diff_of_a_workload_before_and_after_its_fix_shows_the_gain(cloud,
     assert previous["headline"][0] in summary
     assert "Compared with the previous session" not in cloud.blobs.get(
         f"{cloud.config.profile_root}/{run}/plugins/profile/{sessions[0]}/xdiag/summary.html").decode()
+
+
+def test_an_automatic_capture_s_report_opens_with_what_changed_since_the_run_s_last_healthy_session(
+        cloud, plane, workload, tmp_path):
+    """An on-demand capture of the attached JAX job (healthy), then a degradation alert's automatic capture of the
+    same job: the automatic one is compared with the healthy one, and its report opens with what changed since,
+    naming the baseline and the lines whose device time moved; the run's sessions list links it to its baseline."""
+    from tests.test_capture import _done, _sessions
+
+    run = _run_on(plane, workload, f"since-{uuid.uuid4().hex[:6]}")
+    _ok(_xdiag("capture", "--run", run, "--duration", "1s"))
+    [healthy] = _sessions(cloud, run)
+    cloud.stack.pubsub.publish("alerts", _incident(run))
+    [auto] = wait_until(lambda: [s for s in _sessions(cloud, run) if s.get("kind") == "auto" and s.get("analysis_id")],
+                        90, "the automatic capture", cloud)
+    analysis = _done(cloud, auto, 180)
+    assert analysis["status"] == "DONE"
+    baseline = analysis["baseline"]
+    assert baseline["session_id"] == healthy["session_id"] and baseline["role"] == "last healthy session"
+    output = analysis["report_uri"].rsplit("/", 1)[0]
+    diff = json.loads(cloud.blobs.get(f"{output}/diff-previous.json"))
+    assert diff["baseline"]["session_id"] == healthy["session_id"] and diff["baseline_role"] == "last healthy session"
+    assert diff["verdict"] in ("faster", "slower", "no_change") and diff["step_test"]["baseline"]["steps_used"] >= 2
+    moved = [m for m in diff["lines"]["moved"] if m["delta_ms_per_step"] is not None]
+    assert diff["lines"]["available"] and moved, diff["lines"]
+    summary = cloud.blobs.get(analysis["report_uri"]).decode()
+    opening = summary[summary.index('id="since"'):summary.index('role="status"')]
+    assert f"since the last healthy session {healthy['session_id']}" in opening
+    assert f"step {diff['step_test']['change_percent']:+.1f}% since {healthy['session_id']}" in opening
+    assert f"`{moved[0]['line']}`" in opening or f"`{moved[0]['line']}`".replace("`", "&#96;") in opening
+    assert 'href="diff-previous.html"' in opening
+    listing = _ok(_xdiag("sessions", "--run", run))
+    assert f"baseline (last healthy session): {healthy['session_id']}" in listing and "diff-previous.html" in listing
+    folder = plane.run(run)["path"]  # the viewer lists the run's sessions, each with its baseline's page beside it
+    view = View(tmp_path, "--store", str(tmp_path / "no-local-store"), "--view-dir", str(tmp_path / "v"), "--run", folder)
+    try:
+        said = view.err.read_text()
+        assert f"{folder}/{auto['session_id']}  auto" in said
+        assert f"baseline (last healthy session): {folder}/{healthy['session_id']}" in said, said
+        assert f"run={folder}/{healthy['session_id']}" in said.replace("%2F", "/")
+    finally:
+        assert view.stop() == 0, view.err.read_text()

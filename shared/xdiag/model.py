@@ -258,6 +258,9 @@ class Analysis(BaseModel):
     timings_ms: dict[str, float] = Field(default_factory=dict)
     timeline: dict[str, str] = Field(default_factory=dict)  # stage -> when it finished (UTC, ISO 8601)
     report_uri: str | None = None
+    # the session it was compared with (xdiag.pipeline.previous): run_id, session_id, analysis_id, role ("previous
+    # session" or, for an automatic capture, "last healthy session"), verdict, since (one line), diff_uri
+    baseline: dict[str, Any] | None = None
     investigator: str = "rules"
     created_at: str = Field(default_factory=utc_now)
     updated_at: str = Field(default_factory=utc_now)

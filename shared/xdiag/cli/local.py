@@ -350,22 +350,46 @@ def diff(
     out_dir: Annotated[Optional[Path], typer.Option("--out", help="Where diff.html and diff.json go (default ./xdiag-out/diff-<before>-<after>).")] = None,
     run: Annotated[Optional[str], typer.Option(help=RUN_HELP + " For sessions named without their run.")] = None,
     top: Annotated[int, typer.Option(help="Ops and kernels listed per group.")] = 15,
+    fail_if_slower: Annotated[Optional[str], typer.Option("--fail-if-slower", help="A regression gate: exit 3 when AFTER is slower by more than this (e.g. 5%) with the step test's confidence (its 95% interval of the change lies wholly above it).")] = None,
     url: Annotated[Optional[str], URL_OPTION] = None,
     token: Annotated[Optional[str], TOKEN_OPTION] = None,
     stack_dir: Annotated[Path, STACK_DIR] = Path(".xdiag-stack"),
 ) -> None:
-    """Compare two sessions: step time and its breakdown, ops and kernels per step, memory peak, findings."""
+    """Did it work? The step time of each side with its interval and a verdict (faster, slower, no change, not
+    enough steps), each finding of BEFORE gone, smaller or unchanged with its predicted and realized gain, the lines
+    whose device time moved most; then the breakdown, ops and kernels per step, memory peak."""
     from xdiag.compare.html import write_diff
     from xdiag.compare.sessions import compare_sessions
+    from xdiag.compare.steps import slower_than
 
+    threshold = _percent(fail_if_slower) if fail_if_slower is not None else None
     before = _outputs(baseline, run, url, token, stack_dir)
     after = _outputs(candidate, run, url, token, stack_dir)
     result = compare_sessions(before, after, top=top)
     name = f"diff-{result.baseline.session_id}-{result.candidate.session_id}"
     _, html = write_diff(result, out_dir or Path("xdiag-out") / name)
+    err.print(f"[bold]{result.verdict.replace('_', ' ').upper()}[/]", highlight=False)
     for line in result.headline:
         err.print(f"  {line}", highlight=False, soft_wrap=True)
     out.print(str(html), highlight=False, soft_wrap=True)
+    if threshold is not None and slower_than(result.step_test, threshold):
+        test = result.step_test
+        err.print(f"[bold red]regression[/]: {test.change_percent:+.1f}% per step (95% interval {test.ci_low_percent:+.1f}% "
+                  f"to {test.ci_high_percent:+.1f}%), over the {threshold:g}% allowed", highlight=False)
+        raise typer.Exit(REGRESSION_EXIT)
+
+
+REGRESSION_EXIT = 3  # `xdiag diff --fail-if-slower`: AFTER is slower than allowed (1 and 2 are errors and usage)
+
+
+def _percent(text: str) -> float:
+    try:
+        value = float(text.strip().removesuffix("%"))
+    except ValueError:
+        fail(f"--fail-if-slower takes a percentage such as 5% (got {text!r})", 2)
+    if not 0 <= value < 1000:
+        fail(f"--fail-if-slower takes a percentage from 0% (got {text!r})", 2)
+    return value
 
 
 @app.command()

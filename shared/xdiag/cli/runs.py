@@ -237,7 +237,8 @@ def sessions(
     token: Annotated[Optional[str], TOKEN_OPTION] = None,
     stack_dir: Annotated[Path, STACK_DIR] = Path(".xdiag-stack"),
 ) -> None:
-    """A run's sessions: kind (programmatic, on_demand, snapshot, auto), status, analysis, report."""
+    """A run's sessions: kind (programmatic, on_demand, snapshot, auto), status, analysis, report, and the baseline
+    each was compared with (an automatic capture's: the run's last healthy session) with what changed since."""
     client = control_plane(url, token, stack_dir)
     found = call_plane(client.sessions, resolve_run(client, run))
     if as_json:
@@ -248,6 +249,11 @@ def sessions(
         report = (doc.get("analysis") or {}).get("report_uri")
         if report:
             out.print(f"  {report}", highlight=False, soft_wrap=True)
+        baseline = (doc.get("analysis") or {}).get("baseline")
+        if baseline:  # the session it was compared with, what changed since, and the comparison
+            out.print(f"  baseline ({baseline.get('role')}): {baseline.get('session_id')}: {baseline.get('since')}",
+                      highlight=False, soft_wrap=True)
+            out.print(f"    {baseline.get('diff_uri')}", highlight=False, soft_wrap=True)
     if not found:
         out.print(f"run {run} has no sessions yet", highlight=False)
 
@@ -272,7 +278,7 @@ def _bucket_source(stack_dir: Path, view_dir: Path):
     from xdiag.cloud.operations import state_store
     from xdiag.pipeline.layout import state_key
     from xdiag.pipeline.runs import run_for_path
-    from xdiag.pipeline.topics import sessions_collection
+    from xdiag.pipeline.topics import ANALYSES, sessions_collection
     from xdiag.viewer.sources import CACHE_BYTES, BucketSource
 
     state = functools.cache(lambda: state_store(config))  # made once, where a kind is first asked for
@@ -285,9 +291,18 @@ def _bucket_source(stack_dir: Path, view_dir: Path):
             return None
         return doc.get("kind")
 
+    def baseline_of(run_path: str, session: str) -> dict | None:
+        """The baseline the session's analysis was compared with (an automatic capture's: the last healthy one)."""
+        try:
+            doc = state().get(sessions_collection(run_for_path(state(), run_path)), state_key(session)) or {}
+            analysis = state().get(ANALYSES, doc["analysis_id"]) if doc.get("analysis_id") else None
+        except (GoogleAPIError, GoogleAuthError):
+            return None
+        return (analysis or {}).get("baseline")
+
     blobs = GcsBlobStore(storage_client(config.project), view_dir / "cache", CACHE_BYTES)
     return BucketSource(root=config.profile_root, blobs=blobs, emulator=bool(os.environ.get("STORAGE_EMULATOR_HOST")),
-                        kind_of=kind_of)
+                        kind_of=kind_of, baseline_of=baseline_of)
 
 
 @app.command()
@@ -328,6 +343,12 @@ def view(
     for s in plan.sessions:
         err.print(f"  {s.name}  [bold]{s.kind}[/]  {session_link(s.run, s.session, 'trace_viewer@', server.url)}",
                   highlight=False, soft_wrap=True)
+        if s.baseline:  # the session it was compared with, in the viewer too, and what changed since
+            base = session_link(s.run, s.baseline["session_id"], "trace_viewer@", server.url)
+            err.print(f"    baseline ({escape(s.baseline['role'])}): {s.run}/{escape(s.baseline['session_id'])}  {base}",
+                      highlight=False, soft_wrap=True)
+            err.print(f"    {escape(s.baseline['since'])}  {escape(s.baseline['diff_uri'])}", highlight=False,
+                      soft_wrap=True)
     out.print(server.url, highlight=False, soft_wrap=True)
     sys.stdout.flush()
 

@@ -12,11 +12,14 @@ no data the comparison says so with the tool's reason, never a guessed number.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import BaseModel, Field
+
+from xdiag.compare.findings import FindingOutcome, finding_outcomes
+from xdiag.compare.lines import LinesDiff, lines_diff
+from xdiag.compare.steps import LAST_STEP_NOTE, StepTest, compare_steps, start_to_start, trace_step_ms
 
 STEP_TOOL, OPS_TOOL, KERNEL_TOOL, MEMORY_TOOL = "get_step_trace", "get_hlo_op_profile", "get_kernel_stats", "get_memory_profile"
 
@@ -117,11 +120,18 @@ class FindingsDiff(BaseModel):
 
 
 class SessionDiff(BaseModel):
-    version: int = 1
+    """diff.json: the answer first (verdict, headline, the step test, the findings' outcomes, the lines that moved),
+    then the two sessions and the detail."""
+
+    version: int = 2
+    verdict: str  # faster | slower | no_change | not_enough_steps | not_comparable (StepTest's, or why none)
+    headline: list[str]  # a few plain sentences, every number from below
+    step_test: StepTest  # each side's steps with its interval, the change's interval, the realized gain
+    outcomes: list[FindingOutcome] = Field(default_factory=list)  # each finding of the baseline: gone, smaller, …
+    lines: LinesDiff = Field(default_factory=LinesDiff)  # the user's lines whose device time moved most
     baseline: SessionRef
     candidate: SessionRef
-    verdict: str  # faster | slower | unchanged | not_comparable
-    headline: list[str]  # a few plain sentences, every number from below
+    baseline_role: str = ""  # in the pipeline: "previous session" or "last healthy session" (xdiag.pipeline.previous)
     step_time: Change
     breakdown: list[CategoryChange] = Field(default_factory=list)
     ops: OpsDiff
@@ -161,22 +171,13 @@ def _change(unit: str, before: float, after: float, source: str, noise: float | 
     )
 
 
-def _standard_error_ms(summary: dict[str, Any]) -> float | None:
-    mean, cv, steps = summary.get("step_time_ms_mean"), summary.get("step_time_cv_percent"), summary.get("steps")
-    if not isinstance(mean, (int, float)) or not isinstance(cv, (int, float)) or not isinstance(steps, int) or steps < 2:
-        return None
-    return mean * cv / 100 / math.sqrt(steps)
-
-
 def _step_time(a: SessionOutputs, b: SessionOutputs) -> Change:
+    """The mean step time (every step) on each side; whether its change is significant is the step test's."""
     sa, sb = _summary(a, STEP_TOOL), _summary(b, STEP_TOOL)
     if not sa or not sb or sa.get("step_time_ms_mean") is None or sb.get("step_time_ms_mean") is None:
         reason = _why_missing(a, STEP_TOOL) if not sa else _why_missing(b, STEP_TOOL)
         return Change(unit="ms", available=False, reason=reason, source=STEP_TOOL)
-    se_a, se_b = _standard_error_ms(sa), _standard_error_ms(sb)
-    # Two standard errors of the difference of the means: a change inside it is the captures' own noise.
-    noise = 2 * math.hypot(se_a, se_b) if se_a is not None and se_b is not None else None
-    return _change("ms", sa["step_time_ms_mean"], sb["step_time_ms_mean"], STEP_TOOL, noise)
+    return _change("ms", sa["step_time_ms_mean"], sb["step_time_ms_mean"], STEP_TOOL)
 
 
 def _category_ms(summary: dict[str, Any], categories: list[str]) -> dict[str, float]:
@@ -309,47 +310,82 @@ def _findings(a: SessionOutputs, b: SessionOutputs) -> FindingsDiff:
     )
 
 
-def _verdict(step: Change) -> str:
+def _verdict(step: Change, test: StepTest) -> str:
     if not step.available or step.delta is None:
         return "not_comparable"
-    if step.significant is False or step.delta == 0:
-        return "unchanged"
-    return "faster" if step.delta < 0 else "slower"
+    return test.verdict
 
 
-def _headline(verdict: str, step: Change, breakdown: list[CategoryChange], ops: OpsDiff,
-              findings: FindingsDiff, memory: Change) -> list[str]:
-    lines = []
-    if verdict == "not_comparable":
-        lines.append(f"Step times cannot be compared: {step.reason}.")
-    else:
-        word = {"faster": "faster", "slower": "slower", "unchanged": "about as fast"}[verdict]
-        change = f"{abs(step.delta_percent):.1f}% {word}" if verdict != "unchanged" and step.delta_percent is not None else word
-        lines.append(f"The candidate is {change} per step: {step.baseline:.4g} ms → {step.candidate:.4g} ms "
-                     f"({step.delta:+.4g} ms)." + (" The change is within the step-to-step noise of the captures."
-                                                   if verdict == "unchanged" and step.delta else ""))
-    if breakdown and step.delta:
+def _ms(value: float | None) -> str:
+    return "?" if value is None else f"{value:.4g} ms"
+
+
+def _step_sentence(test: StepTest, a: SessionRef, b: SessionRef, step: Change) -> str:
+    sa, sb = test.baseline, test.candidate
+    if test.verdict == "not_comparable" or not step.available:
+        return f"Step times cannot be compared: {step.reason}."
+    span = f"{_ms(sa.mean_ms)} → {_ms(sb.mean_ms)} per step"
+    if test.verdict == "not_enough_steps":
+        return f"Not enough steps for a verdict ({span}): {test.reason}."
+    interval = f"95% interval {test.ci_low_percent:+.1f}% to {test.ci_high_percent:+.1f}%"
+    if test.verdict == "no_change":
+        return (f"No change: {span} ({test.change_percent:+.1f}%, {interval}); these captures could show a change of "
+                f"{test.min_detectable_percent:.1f}% or more.")
+    word = "faster" if test.verdict == "faster" else "slower"
+    return f"{abs(test.change_percent):.1f}% {word}: {span} ({test.realized_gain_ms * -1:+.4g} ms, {interval})."
+
+
+def _realized(verdict: str, o: FindingOutcome) -> str:
+    if o.realized_gain_percent is None or verdict in ("not_comparable", "not_enough_steps"):
+        return "realized: not measured"
+    if verdict == "no_change":
+        return f"realized: none beyond the captures' noise ({o.realized_gain_percent:+.2g}%)"
+    shorter = o.realized_gain_percent > 0
+    return (f"realized: steps {abs(o.realized_gain_percent):.3g}% {'shorter' if shorter else 'longer'} "
+            f"({abs(o.realized_gain_ms):.4g} ms {'less' if shorter else 'more'})")
+
+
+def _headline(verdict: str, test: StepTest, step: Change, a: SessionRef, b: SessionRef, outcomes: list[FindingOutcome],
+              lines: LinesDiff, breakdown: list[CategoryChange], ops: OpsDiff, findings: FindingsDiff,
+              memory: Change) -> list[str]:
+    lines_out = [_step_sentence(test, a, b, step)]
+    for o in outcomes[:4]:
+        predicted = (f"predicted up to {o.predicted.percent_of_step:.3g}% of the step"
+                     + (f" ({o.predicted.ms_per_step:.4g} ms)" if o.predicted.ms_per_step is not None else "")
+                     if o.predicted.percent_of_step is not None else "no predicted number")
+        lines_out.append(f"{o.key} ({o.priority_before}): {o.outcome}; {predicted}; {_realized(verdict, o)}.")
+    measured = [c for c in lines.moved if c.delta_ms_per_step is not None][:3] if lines.available else []
+    if measured:
+        lines_out.append(("Lines that moved most: " if verdict in ("faster", "slower") else
+                          "Lines that moved most (the step time itself did not change): ") + ", ".join(
+            f"`{c.line}` {c.delta_ms_per_step:+.4g} ms" for c in measured) + " per step (device self time).")
+    if breakdown and step.delta and verdict in ("faster", "slower"):
         top = breakdown[0]
-        lines.append(f"Most of the change is {top.category.replace('_', ' ')}: {top.baseline_ms:.4g} → {top.candidate_ms:.4g} ms per step "
-                     f"({top.delta_ms:+.4g} ms).")
+        lines_out.append(f"Most of the change is {top.category.replace('_', ' ')}: {top.baseline_ms:.4g} → "
+                         f"{top.candidate_ms:.4g} ms per step ({top.delta_ms:+.4g} ms).")
     if ops.available:
         gone, came = ops.gone[:3], ops.appeared[:3]
-        moved = sorted(ops.faster + ops.slower, key=lambda c: -abs(c.delta_ms_per_step))[:1]
         if gone:
-            lines.append("Gone: " + ", ".join(f"{c.name} ({c.baseline_ms_per_step:.4g} ms/step)" for c in gone) + ".")
+            lines_out.append("Ops gone: " + ", ".join(f"{c.name} ({c.baseline_ms_per_step:.4g} ms/step)" for c in gone) + ".")
         if came:
-            lines.append("New: " + ", ".join(f"{c.name} ({c.candidate_ms_per_step:.4g} ms/step)" for c in came) + ".")
-        if moved:
-            c = moved[0]
-            lines.append(f"Largest change among ops in both: {c.name} {c.baseline_ms_per_step:.4g} → "
-                         f"{c.candidate_ms_per_step:.4g} ms/step.")
-    if findings.gone:
-        lines.append("Findings gone: " + ", ".join(f"{f.key} ({f.priority})" for f in findings.gone) + ".")
+            lines_out.append("Ops new: " + ", ".join(f"{c.name} ({c.candidate_ms_per_step:.4g} ms/step)" for c in came) + ".")
     if findings.appeared:
-        lines.append("Findings that appeared: " + ", ".join(f"{f.key} ({f.priority})" for f in findings.appeared) + ".")
+        lines_out.append("Findings that appeared: " + ", ".join(f"{f.key} ({f.priority})" for f in findings.appeared) + ".")
     if memory.available and memory.delta:
-        lines.append(f"Memory peak {memory.baseline:.4g} → {memory.candidate:.4g} GiB ({memory.delta:+.4g} GiB).")
-    return lines
+        lines_out.append(f"Memory peak {memory.baseline:.4g} → {memory.candidate:.4g} GiB ({memory.delta:+.4g} GiB).")
+    return lines_out
+
+
+def what_changed_since(diff: SessionDiff) -> str:
+    """One line for a report's top: "step +18% since <session>: `train.py:62` +40 ms" (the step test's change, the
+    line that moved most), or why there is no verdict."""
+    test, since = diff.step_test, diff.baseline.session_id or diff.baseline.label
+    if diff.verdict in ("not_comparable", "not_enough_steps"):
+        return f"no step-time verdict against {since}: {test.reason or diff.step_time.reason}"
+    change = f"step {test.change_percent:+.1f}% since {since}" + (" (no change beyond the captures' noise)"
+                                                                  if diff.verdict == "no_change" else "")
+    moved = [c for c in diff.lines.moved if c.delta_ms_per_step is not None][:2]
+    return change + (": " + ", ".join(f"`{c.line}` {c.delta_ms_per_step:+.3g} ms" for c in moved) if moved else "")
 
 
 def compare_sessions(baseline: SessionOutputs, candidate: SessionOutputs, top: int = 15) -> SessionDiff:
@@ -361,9 +397,31 @@ def compare_sessions(baseline: SessionOutputs, candidate: SessionOutputs, top: i
                         "launches", "hlo_op", top)
     memory = _memory(baseline, candidate)
     findings = _findings(baseline, candidate)
-    verdict = _verdict(step)
+    test = compare_steps(trace_step_ms(baseline.tool(STEP_TOOL)), trace_step_ms(candidate.tool(STEP_TOOL)))
+    for side, outputs in ((test.baseline, baseline), (test.candidate, candidate)):
+        side.note = LAST_STEP_NOTE if start_to_start(outputs.tool(STEP_TOOL)) else ""
+    if not step.available:
+        test.verdict, test.reason = "not_comparable", step.reason
+    elif not test.baseline.steps_total or not test.candidate.steps_total:
+        test.verdict = "not_comparable"
+        test.reason = "the step trace lists no per-step rows (an analysis made before they were kept)"
+    else:
+        step.significant = test.verdict in ("faster", "slower") if test.z is not None else None
+    verdict = _verdict(step, test)
+    ref_a, ref_b = _ref(baseline), _ref(candidate)
+    sides = ((test.baseline.mean_ms, ops.baseline_ms_per_step if ops.available else None),
+             (test.candidate.mean_ms, ops.candidate_ms_per_step if ops.available else None))
+    outcomes = finding_outcomes(
+        (baseline.analysis.get("diagnosis") or {}).get("findings") or [],
+        (candidate.analysis.get("diagnosis") or {}).get("findings") or [], sides,
+        test.realized_gain_percent, test.realized_gain_ms)
+    # per step as the ops are: the profile's totals over its step count (every step, as the step trace counts them)
+    line_steps = tuple(int((_summary(o, STEP_TOOL) or {}).get("steps") or 0) for o in (baseline, candidate))
+    lines = lines_diff(baseline.tool("get_line_view"), candidate.tool("get_line_view"), line_steps,
+                       (baseline.label, candidate.label))
     return SessionDiff(
-        baseline=_ref(baseline), candidate=_ref(candidate), verdict=verdict,
-        headline=_headline(verdict, step, breakdown, ops, findings, memory),
+        baseline=ref_a, candidate=ref_b, verdict=verdict,
+        headline=_headline(verdict, test, step, ref_a, ref_b, outcomes, lines, breakdown, ops, findings, memory),
+        step_test=test, outcomes=outcomes, lines=lines,
         step_time=step, breakdown=breakdown, ops=ops, kernels=kernels, memory_peak=memory, findings=findings,
     )

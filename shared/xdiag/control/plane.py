@@ -18,7 +18,7 @@ xdiag's own endpoints (JSON in and out):
     GET    /v1/runs/{run}/targets                   profiler targets
     POST   /v1/runs/{run}/targets                   {"name", "host", "port"}: register one (what xdiag.sdk.workload does)
     DELETE /v1/runs/{run}/targets/{name}
-    GET    /v1/runs/{run}/sessions                  sessions (kind, status, analysis, report)
+    GET    /v1/runs/{run}/sessions                  sessions (kind, status, analysis, report, baseline)
     GET    /v1/runs/{run}/sessions/{session}
     GET    /v1/runs/{run}/analyses
     POST   /v1/runs/{run}/sessions/{session}:share  {"expires_s"} → a V4 signed link to the report (xdiag.sharing.links)
@@ -426,7 +426,7 @@ def _session_view(deps: Dependencies, session: dict[str, Any]) -> dict[str, Any]
     view = {k: v for k, v in session.items() if k != "tracers"}
     if analysis:
         view["analysis"] = {k: analysis.get(k) for k in ("analysis_id", "status", "result", "failure_reason",
-                                                          "report_uri")}
+                                                          "report_uri", "baseline")}
     return view
 
 

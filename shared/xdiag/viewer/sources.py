@@ -31,6 +31,7 @@ class BucketSource:
     blobs: object
     emulator: bool
     kind_of: object = None  # (run path, session) -> kind | None
+    baseline_of: object = None  # (run path, session) -> the baseline its analysis was compared with | None
 
 
 def plan_view(view_dir: Path, store: Path | None, bucket: BucketSource | None, runs: list[str]) -> ViewPlan:
@@ -43,7 +44,7 @@ def plan_view(view_dir: Path, store: Path | None, bucket: BucketSource | None, r
         notes += _skipped_notes(in_store.skipped, f"local store {store}")
     remote: list[ViewSession] = []
     if bucket is not None:
-        in_bucket = bucket_sessions(bucket.blobs, bucket.root, bucket.kind_of, runs)
+        in_bucket = bucket_sessions(bucket.blobs, bucket.root, bucket.kind_of, runs, bucket.baseline_of)
         remote, remote_traces = split_traces(in_bucket.sessions)
         traces += remote_traces
         notes += _skipped_notes(in_bucket.skipped, bucket.root)

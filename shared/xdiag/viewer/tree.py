@@ -43,6 +43,7 @@ class ViewSession:
     kind: str
     files: list[str] = field(default_factory=list)
     source: str = ""  # where it came from: the local store, or gs://BUCKET
+    baseline: dict | None = None  # the session its analysis was compared with (Analysis.baseline), where recorded
 
     @property
     def name(self) -> str:
@@ -89,18 +90,30 @@ def local_store_sessions(store: Path) -> Found:
             skipped.append(f"{shown_name(str(path))}: {shown_name(str(exc), 400)}")
             continue
         entry = ViewSession(run=run.strip("/"), session=session, kind=kind_from_id(session), files=files,
-                            source=str(store))
+                            source=str(store), baseline=_baseline(analysis.get("baseline")))
         mtime = path.stat().st_mtime
         if entry.name not in found or found[entry.name][0] < mtime:
             found[entry.name] = (mtime, entry)
     return Found([entry for _, entry in sorted(found.values(), key=lambda item: item[1].name)], skipped)
 
 
+def _baseline(baseline) -> dict | None:
+    """An analysis' recorded baseline, where it names a session by a valid id (the names become viewer links)."""
+    if not isinstance(baseline, dict):
+        return None
+    try:
+        check_name(baseline.get("session_id"), "session id")
+    except InvalidRequest:
+        return None
+    return {k: str(baseline.get(k) or "") for k in ("run_id", "session_id", "role", "since", "diff_uri")}
+
+
 def bucket_sessions(blobs, root: str, kind_of: Callable[[str, str], str | None] | None = None,
-                    runs: Iterable[str] = ()) -> Found:
+                    runs: Iterable[str] = (), baseline_of: Callable[[str, str], dict | None] | None = None) -> Found:
     """Every session in the bucket (`gs://BUCKET/<run>/plugins/profile/<session>/<host>.xplane.pb`); `kind_of(run,
-    session)` gives the kind the state store recorded; `runs` limits the listing to those run folders. Objects in
-    the profile layout whose names are not xdiag ids are skipped (register ignores them the same way)."""
+    session)` gives the kind the state store recorded, `baseline_of(run, session)` the baseline its analysis was
+    compared with; `runs` limits the listing to those run folders. Objects in the profile layout whose names are
+    not xdiag ids are skipped (register ignores them the same way)."""
     prefixes = [f"{root.rstrip('/')}/{run.strip('/')}/" for run in runs] or [f"{root.rstrip('/')}/"]
     sessions: dict[str, ViewSession] = {}
     skipped = []
@@ -118,7 +131,9 @@ def bucket_sessions(blobs, root: str, kind_of: Callable[[str, str], str | None] 
             if key not in sessions:
                 known = kind_of(parsed.run, parsed.session) if kind_of else None
                 sessions[key] = ViewSession(run=parsed.run, session=parsed.session,
-                                            kind=kind_from_id(parsed.session, known), source=root)
+                                            kind=kind_from_id(parsed.session, known), source=root,
+                                            baseline=_baseline(baseline_of(parsed.run, parsed.session))
+                                            if baseline_of else None)
             sessions[key].files.append(info.uri)
     return Found(sorted(sessions.values(), key=lambda s: s.name), skipped)
 
