@@ -324,6 +324,24 @@ def empty_lines(count: int) -> bytes:
     return b"\x0a" + encode_varint(len(plane)) + plane
 
 
+# --- structural mutants of real profiles (issue 62): shapes no bit flip reaches, built with the real protos ---------
+
+SHAPE_SEED = TESTS / "profiles" / "tpu_v5e" / "running_sum.xplane.pb"
+
+
+def with_device_planes(target: Path, count: int, seed: Path = SHAPE_SEED) -> Path:
+    """`seed` (a real XSpace) with `count` empty device planes after its own, streamed to `target`: an XSpace's
+    planes are its repeated field 1, so each is appended as a one-plane XSpace (for 100,000: 2.5 MB)."""
+    from xdiag.profile import schema
+
+    with target.open("wb") as out:
+        out.write(seed.read_bytes())
+        for index in range(count):
+            out.write(schema.XSpace(planes=[schema.XPlane(id=1000 + index, name=f"/device:TPU:{index + 1}")])
+                      .SerializeToString())
+    return target
+
+
 @dataclasses.dataclass
 class Outcome:
     outcome: str
