@@ -342,6 +342,49 @@ def with_device_planes(target: Path, count: int, seed: Path = SHAPE_SEED) -> Pat
     return target
 
 
+def with_hlo_edited(target: Path, edit: Callable[[Any], None], seed: Path = SHAPE_SEED) -> Path:
+    """`seed` with every HLO module of its metadata plane (an XStat's bytes, an HloProto) passed to `edit` (in
+    place) and put back, written to `target`."""
+    from xdiag.profile import schema
+
+    space = schema.XSpace.FromString(seed.read_bytes())
+    edited = 0
+    for plane in space.planes:
+        for event_metadata in plane.event_metadata.values():
+            for stat in event_metadata.stats:
+                if stat.WhichOneof("value") == "bytes_value":
+                    proto = schema.HloProto.FromString(stat.bytes_value)
+                    if proto.hlo_module.computations:
+                        edit(proto)
+                        stat.bytes_value = proto.SerializeToString()
+                        edited += 1
+    assert edited, f"{seed.name} carries no HLO module"
+    target.write_bytes(space.SerializeToString())
+    return target
+
+
+def fusion_calls_its_own_computation(proto: Any) -> None:
+    """The first fusion of the module made to call the computation it is in (a cycle of one)."""
+    for computation in proto.hlo_module.computations:
+        for ins in computation.instructions:
+            if ins.opcode == "fusion":
+                del ins.called_computation_ids[:]
+                ins.called_computation_ids.append(computation.id)
+                return
+    raise AssertionError("no fusion")
+
+
+def deep_shape(depth: int) -> Callable[[Any], None]:
+    """An edit that gives the module's first instruction a tuple shape nested `depth` deep."""
+    def edit(proto: Any) -> None:
+        shape = proto.hlo_module.computations[0].instructions[0].shape
+        for _ in range(depth):
+            shape.element_type = 13  # tuple
+            shape = shape.tuple_shapes.add()
+        shape.element_type = 11  # f32
+    return edit
+
+
 @dataclasses.dataclass
 class Outcome:
     outcome: str

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.fuzzing import with_device_planes
+from tests.fuzzing import deep_shape, fusion_calls_its_own_computation, with_device_planes, with_hlo_edited
 
 TESTS = Path(__file__).resolve().parent
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS.parent / "shared"), str(TESTS.parent)])}
@@ -48,3 +48,58 @@ def test_a_few_thousand_device_planes_are_still_converted(tmp_path):
     done = _child(_OVERVIEW, str(profile))
     assert done.returncode == 0, (done.returncode, done.stderr[-800:])
     assert "device planes" not in done.stdout
+
+
+def _broad_tools(profile: Path) -> tuple[list[str], dict[str, str]]:
+    """The host's warnings, and the broad tools' failures (tool: reason), on `profile` read in this process."""
+    from xdiag.profile.reader import read_session_in_process
+    from xdiag.tools.registry import BROAD_TOOLS, run_tool
+
+    session = read_session_in_process([profile])
+    failed = {}
+    for name in BROAD_TOOLS:
+        result = run_tool(session, name)
+        if result.status.value == "failed":
+            failed[name] = result.reason
+    return [w for host in session.hosts for w in host.warnings], failed
+
+
+def test_a_fusion_calling_its_own_computation_is_cut_and_said_in_one_line(tmp_path):
+    # Before: RecursionError in 10 tools (get_roofline_model, get_kpi_metrics, get_custom_kernels, ...).
+    profile = with_hlo_edited(tmp_path / "cycle.xplane.pb", fusion_calls_its_own_computation)
+    warnings, failed = _broad_tools(profile)
+    assert failed == {}
+    assert len(warnings) == 1 and "\n" not in warnings[0]
+    assert "1 call(s) back into a computation they are called from (a cycle: fusion." in warnings[0]
+
+
+def test_a_5000_deep_shape_leaves_that_field_out_and_keeps_the_module(tmp_path):
+    # Before: protobuf refused the whole HloProto (past 100 levels) and the profile read as carrying no HLO modules.
+    from xdiag.profile.reader import read_session_in_process
+
+    profile = with_hlo_edited(tmp_path / "deep.xplane.pb", deep_shape(5_000))
+    session = read_session_in_process([profile])
+    assert [m.name for m in session.hlo_modules] == ["jit_normalised_running_sum"]
+    assert sum(len(c.instructions) for c in session.hlo_modules[0].computations.values()) > 10
+    warnings = [w for host in session.hosts for w in host.warnings]
+    assert warnings == ["HLO module jit_normalised_running_sum: 1 field(s) nested more than 90 messages deep left "
+                        "out (protobuf decodes 100 at most); the rest of the module kept"]
+
+
+def test_a_5000_long_chain_of_calls_is_cut_at_the_depth_followed(tmp_path):
+    def chain(proto):
+        module = proto.hlo_module
+        first = module.computations[0]
+        previous = first
+        top = max(c.id for c in module.computations)
+        for index in range(5_000):
+            computation = module.computations.add(name=f"chain.{index}", id=top + 1 + index)
+            call = computation.instructions.add(name=f"call.{index}", opcode="call", id=1)
+            call.shape.element_type = 11
+            previous.instructions[0].called_computation_ids.append(computation.id)
+            previous = computation
+
+    profile = with_hlo_edited(tmp_path / "chain.xplane.pb", chain)
+    warnings, failed = _broad_tools(profile)
+    assert failed == {}
+    assert any("call(s) nested more than 64 computations deep left out" in w for w in warnings), warnings

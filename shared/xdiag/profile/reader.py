@@ -349,7 +349,7 @@ def plane_metadata(arr: np.ndarray, start: int, fields: tuple[np.ndarray, ...], 
 
 def _decode_plane(
     arr: np.ndarray, start: int, end: int, host: str, modules: list[HloModule], name: str,
-    release: Callable[[int, int], None], threads: int, deadline: float,
+    release: Callable[[int, int], None], threads: int, deadline: float, notes: list[str] | None = None,
 ) -> Plane:
     fields = plane_fields(arr, start, end, name)
     numbers, _, starts, ends, _ = fields
@@ -381,7 +381,7 @@ def _decode_plane(
             for stat in meta.stats:
                 stat_name = stat_names.get(stat.metadata_id, str(stat.metadata_id))
                 if stat_name in ("Hlo Proto", "hlo_proto"):
-                    module = hlo_module(stat.bytes_value, host, key)
+                    module = hlo_module(stat.bytes_value, host, key, notes)
                     if module is not None:
                         modules.append(module)
                     continue
@@ -490,7 +490,7 @@ def read_host(path: Path, progress: Progress | None = None, threads: int = READ_
             for number, start, end in fields:
                 if number == 1:
                     planes.append(_decode_plane(arr, start, end, host, modules, name, lambda a, b: _release(buf, a, b),
-                                                threads, deadline))
+                                                threads, deadline, texts["warnings"]))
                     if progress:
                         progress(f"read {name}", end, size)
         finally:
