@@ -385,6 +385,33 @@ def deep_shape(depth: int) -> Callable[[Any], None]:
     return edit
 
 
+def with_space_edited(target: Path, edit: Callable[[Any], None], seed: Path = SHAPE_SEED) -> Path:
+    """`seed` parsed with the real XSpace proto, passed to `edit` (in place) and written to `target`."""
+    from xdiag.profile import schema
+
+    space = schema.XSpace.FromString(seed.read_bytes())
+    edit(space)
+    target.write_bytes(space.SerializeToString())
+    return target
+
+
+def negative_device_durations(space: Any) -> None:
+    """Every other event of the TPU's lines given a negative duration (minus what it had, less 1 ps)."""
+    for plane in space.planes:
+        if plane.name.startswith("/device:TPU"):
+            for line in plane.lines:
+                for event in line.events[::2]:
+                    event.duration_ps = -event.duration_ps - 1
+
+
+def lines_far_apart(space: Any) -> None:
+    """The device's lines 10^16 ns after the host's (each line's timestamp_ns moved by 10^16)."""
+    for plane in space.planes:
+        if plane.name.startswith("/device:"):
+            for line in plane.lines:
+                line.timestamp_ns += 10**16
+
+
 @dataclasses.dataclass
 class Outcome:
     outcome: str

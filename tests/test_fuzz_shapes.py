@@ -6,11 +6,13 @@ process so that an abort is seen as the signal it is. Every one ends in an answe
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
-from tests.fuzzing import deep_shape, fusion_calls_its_own_computation, with_device_planes, with_hlo_edited
+from tests.fuzzing import (deep_shape, fusion_calls_its_own_computation, lines_far_apart, negative_device_durations,
+                           with_device_planes, with_hlo_edited, with_space_edited)
 
 TESTS = Path(__file__).resolve().parent
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS.parent / "shared"), str(TESTS.parent)])}
@@ -103,3 +105,33 @@ def test_a_5000_long_chain_of_calls_is_cut_at_the_depth_followed(tmp_path):
     warnings, failed = _broad_tools(profile)
     assert failed == {}
     assert any("call(s) nested more than 64 computations deep left out" in w for w in warnings), warnings
+
+
+def _analyze(profile: Path, out: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "xdiag.cli", "analyze", str(profile), "--out", str(out),
+                           "--no-xprof-views"], cwd=TESTS.parent, env=ENV, capture_output=True, text=True, timeout=120)
+
+
+def test_negative_durations_read_as_0_and_said_never_a_share_past_the_whole(tmp_path):
+    # Before: a P0 finding at "3,967,826,530,993%" of the step.
+    profile = with_space_edited(tmp_path / "negative.xplane.pb", negative_device_durations)
+    done = _analyze(profile, tmp_path / "out")
+    assert done.returncode == 0, done.stderr[-2000:]
+    text = (tmp_path / "out" / "analysis.json").read_text()
+    shares = [float(m.replace(",", "")) for m in re.findall(r"(\d[\d,]*(?:\.\d+)?)%", text)]
+    assert shares and max(shares) <= 100, sorted(shares)[-3:]
+    warnings = re.findall(r'"([^"]*negative duration[^"]*)"', text)
+    assert warnings and re.search(r"negative.xplane.pb: [\d,]+ events of plane /device:TPU:0 have a negative "
+                                  r"duration, read as 0 ps", warnings[0]), warnings
+
+
+def test_lines_10_to_the_16_ns_apart_end_in_one_line_of_reason(tmp_path):
+    # Before: OverflowError (Python int too large to convert to C long) and a traceback, exit 1.
+    profile = with_space_edited(tmp_path / "far.xplane.pb", lines_far_apart)
+    done = _analyze(profile, tmp_path / "out")
+    assert done.returncode == 2, done.stderr[-2000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert "Traceback" not in done.stderr
+    assert re.match(r"xdiag: far.xplane.pb: line '.*' of /device:TPU:0 starts 9,999,999,999,9[\d,]+ ns \(116 days\) "
+                    r"after the session's first line, past the 4,611,686,018,427,387 ns a time in ps is read with; its "
+                    r"clocks do not agree", last), last
