@@ -135,3 +135,22 @@ def test_lines_10_to_the_16_ns_apart_end_in_one_line_of_reason(tmp_path):
     assert re.match(r"xdiag: far.xplane.pb: line '.*' of /device:TPU:0 starts 9,999,999,999,9[\d,]+ ns \(116 days\) "
                     r"after the session's first line, past the 4,611,686,018,427,387 ns a time in ps is read with; its "
                     r"clocks do not agree", last), last
+
+
+def test_the_read_deadline_is_checked_per_plane_not_only_per_line(tmp_path, monkeypatch):
+    # Before: planes of no lines never met the deadline (3M planes read past 120 s); here 30,000 planes read to the
+    # end (4 s on the 2-core VM, unloaded) past a deadline of 1 s.
+    import time
+
+    import pytest
+
+    from xdiag.errors import ProfileError
+    from xdiag.profile import reader
+
+    profile = with_device_planes(tmp_path / "planes.xplane.pb", 30_000)
+    monkeypatch.setattr(reader, "read_deadline", lambda size: time.monotonic() + 1.0)
+    started = time.monotonic()
+    with pytest.raises(ProfileError, match=r"planes.xplane.pb: the read took longer than its bound \(30 s \+ 1 s a "
+                                           r"MiB\) and stopped at byte \d+; not read"):
+        reader.read_host(profile)
+    assert time.monotonic() - started < 3.0

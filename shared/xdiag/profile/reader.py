@@ -499,6 +499,7 @@ def read_host(path: Path, progress: Progress | None = None, threads: int = READ_
                 if number == 1:
                     planes.append(_decode_plane(arr, start, end, host, modules, name, lambda a, b: _release(buf, a, b),
                                                 threads, deadline, texts["warnings"]))
+                    check_deadline(deadline, name, end)  # per plane too: 3M planes of no lines ran past 120 s
                     if progress:
                         progress(f"read {name}", end, size)
         finally:
