@@ -154,3 +154,43 @@ def test_the_read_deadline_is_checked_per_plane_not_only_per_line(tmp_path, monk
                                            r"MiB\) and stopped at byte \d+; not read"):
         reader.read_host(profile)
     assert time.monotonic() - started < 3.0
+
+
+_TRUNCATED_WHILE_READ = """
+import os, sys
+from pathlib import Path
+from xdiag.errors import ProfileError
+from xdiag.profile import reader
+path, in_memory = sys.argv[1], int(sys.argv[2])
+reader.READ_INTO_MEMORY_BYTES = in_memory
+decode = reader._decode_plane
+def truncating(*args, **kwargs):
+    plane = decode(*args, **kwargs)
+    os.truncate(path, 100)  # another process cuts the file short after the first plane is read
+    return plane
+reader._decode_plane = truncating
+try:
+    host, _ = reader.read_host(Path(path))
+    print("read", len(host.planes), "planes")
+except ProfileError as error:
+    print("refused:", error)
+"""
+
+
+def test_a_small_profile_truncated_while_read_is_read_as_it_was_opened(tmp_path):
+    # Before: SIGBUS (rc -7): the file was mapped and the next plane's pages were gone.
+    profile = tmp_path / "cut.xplane.pb"
+    profile.write_bytes((TESTS / "profiles" / "tpu_v5e" / "running_sum.xplane.pb").read_bytes())
+    done = _child(_TRUNCATED_WHILE_READ, str(profile), str(64 * 2**20))
+    assert done.returncode == 0, (done.returncode, done.stderr[-800:])
+    assert done.stdout.strip() == "read 7 planes"
+
+
+def test_a_mapped_profile_that_shrinks_while_read_is_refused_as_truncated(tmp_path):
+    # Before: SIGBUS (rc -7), no message.
+    profile = tmp_path / "cut.xplane.pb"
+    profile.write_bytes((TESTS / "profiles" / "tpu_v5e" / "running_sum.xplane.pb").read_bytes())
+    done = _child(_TRUNCATED_WHILE_READ, str(profile), "0")
+    assert done.returncode == 0, (done.returncode, done.stderr[-800:])
+    assert done.stdout.strip() == ("refused: cut.xplane.pb: the file shrank from 74,906 to 100 bytes while it was "
+                                   "read (another process truncated or rewrote it); not read")

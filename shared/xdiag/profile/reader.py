@@ -443,15 +443,42 @@ def _mangling_hint(buf, size: int) -> str:
     )
 
 
+READ_INTO_MEMORY_BYTES = 64 * 2**20
+"""Files up to this size are read into memory rather than mapped: a mapped file that another process truncates
+while it is read ends the process with SIGBUS on its next page (no Python exception can catch it). Larger files stay
+mapped, their pages dropped as their lines are decoded (`_release`), and their size is checked again before each
+plane (`check_size`): a shrink between that check and the plane's pages is the window left."""
+
+
+def _shrank(handle, size: int, now: int) -> str:
+    return (f"{Path(handle.name).name}: the file shrank from {size:,} to {now:,} bytes while it was read (another "
+            f"process truncated or rewrote it); not read")
+
+
+def check_size(handle, size: int) -> None:
+    """A ProfileError where the open file is now shorter than the `size` it was mapped with."""
+    now = os.fstat(handle.fileno()).st_size
+    if now < size:
+        raise ProfileError(_shrank(handle, size, now))
+
+
 @contextlib.contextmanager
 def _mapped(handle) -> Iterator[mmap.mmap]:
-    """The file mapped read-only; unmapped on exit once no numpy view of it is left. The first call of
+    """The file's bytes: read into memory up to READ_INTO_MEMORY_BYTES, else mapped read-only; unmapped on exit once no numpy view of it is left. The first call of
     the compiled decoder in a process (numba compiling or loading it) leaves the arguments in reference
     cycles of its internal exceptions, so a collection runs before the mapping is closed again; where a view
     still lives after that (an error's frames in a thread that walked it), the mapping is left to go with the
     last view rather than raise a BufferError over the error being reported. An empty file is a ProfileError."""
-    if os.fstat(handle.fileno()).st_size == 0:
+    size = os.fstat(handle.fileno()).st_size
+    if size == 0:
         raise ProfileError(f"{Path(handle.name).name}: empty file (0 bytes); the capture wrote nothing")
+    if size <= READ_INTO_MEMORY_BYTES:
+        copy = bytearray(size)
+        got = handle.readinto(copy)
+        if got != size:
+            raise ProfileError(_shrank(handle, size, got))
+        yield copy
+        return
     buf = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
     try:
         yield buf
@@ -497,6 +524,8 @@ def read_host(path: Path, progress: Progress | None = None, threads: int = READ_
         try:
             for number, start, end in fields:
                 if number == 1:
+                    if isinstance(buf, mmap.mmap):  # a copy in memory holds the bytes as they were
+                        check_size(handle, size)
                     planes.append(_decode_plane(arr, start, end, host, modules, name, lambda a, b: _release(buf, a, b),
                                                 threads, deadline, texts["warnings"]))
                     check_deadline(deadline, name, end)  # per plane too: 3M planes of no lines ran past 120 s
