@@ -412,6 +412,13 @@ def lines_far_apart(space: Any) -> None:
                 line.timestamp_ns += 10**16
 
 
+def many_operand_ids(count: int) -> Callable[[Any], None]:
+    """An edit that gives the module's first instruction `count` operand ids no instruction has (4 bytes each)."""
+    def edit(proto: Any) -> None:
+        proto.hlo_module.computations[0].instructions[0].operand_ids.extend(range(2**21, 2**21 + count))
+    return edit
+
+
 @dataclasses.dataclass
 class Outcome:
     outcome: str

@@ -11,7 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.fuzzing import (deep_shape, fusion_calls_its_own_computation, lines_far_apart, negative_device_durations,
+from tests.fuzzing import (SHAPE_SEED, deep_shape, fusion_calls_its_own_computation, lines_far_apart, many_operand_ids,
+                           negative_device_durations,
                            with_device_planes, with_hlo_edited, with_space_edited)
 
 TESTS = Path(__file__).resolve().parent
@@ -194,3 +195,25 @@ def test_a_mapped_profile_that_shrinks_while_read_is_refused_as_truncated(tmp_pa
     assert done.returncode == 0, (done.returncode, done.stderr[-800:])
     assert done.stdout.strip() == ("refused: cut.xplane.pb: the file shrank from 74,906 to 100 bytes while it was "
                                    "read (another process truncated or rewrote it); not read")
+
+
+_PEAK = """
+import resource, sys
+from pathlib import Path
+from xdiag.profile.reader import read_host
+host, _ = read_host(Path(sys.argv[1]))
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+print(host.warnings)
+"""
+
+
+def test_an_instruction_of_5m_operand_ids_is_read_in_memory_bounded_by_its_bytes(tmp_path):
+    # Before: 5M operand ids (30 MB) peaked 570 MB over the seed's read (19 times the bytes; 50M ids, 200 MB: 5 GiB).
+    profile = with_hlo_edited(tmp_path / "operands.xplane.pb", many_operand_ids(5_000_000))
+    added = profile.stat().st_size - SHAPE_SEED.stat().st_size
+    base, mutant = _child(_PEAK, str(SHAPE_SEED)), _child(_PEAK, str(profile))
+    assert mutant.returncode == 0, mutant.stderr[-800:]
+    over = int(mutant.stdout.split()[0]) - int(base.stdout.split()[0])
+    assert over < 8 * added, (over >> 20, added >> 20)
+    assert "1 instruction(s) with more than 65,536 operands (reduce_window_sum.3: 5,000,000) kept their first " \
+           "65,536" in mutant.stdout

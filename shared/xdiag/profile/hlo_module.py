@@ -371,6 +371,20 @@ def _calls_cut(computations: dict[str, list[HloInstruction]], entry: str, module
                      f"deep left out; the rest of the module kept")
 
 
+MAX_OPERANDS = 2**16
+"""The most operands of one instruction kept (a tuple of a large model's parameters has thousands): an instruction of
+50M operand ids (200 MB) made 50M names, 5 GiB at the peak."""
+
+
+def _operands(ins, id_to_name: dict, cut: list[str]) -> tuple[str, ...]:
+    """The names of the instruction's operands (an id no instruction has, as itself), the first MAX_OPERANDS."""
+    ids = ins.operand_ids
+    if len(ids) > MAX_OPERANDS:
+        cut.append(f"{ins.name}: {len(ids):,}")
+        ids = ids[:MAX_OPERANDS]
+    return tuple(id_to_name[i] if i in id_to_name else str(i) for i in ids)
+
+
 def hlo_module(proto_bytes: bytes, host: str, fallback_id: int, notes: list[str] | None = None) -> HloModule | None:
     """The module of an HloProto's bytes, or None where it cannot be decoded; what was left out of it, and why, is
     appended to `notes` (one line each)."""
@@ -379,6 +393,7 @@ def hlo_module(proto_bytes: bytes, host: str, fallback_id: int, notes: list[str]
     if module is None:
         return None
     computations: dict = {}
+    cut: list[str] = []  # instructions whose operands were cut to MAX_OPERANDS
     by_computation_id = {c.id: c for c in module.computations}
     id_to_computation = {c.id: c.name for c in module.computations}
     for computation in module.computations:
@@ -395,7 +410,7 @@ def hlo_module(proto_bytes: bytes, host: str, fallback_id: int, notes: list[str]
                     dtype=dtype,
                     dims=tuple(shape.dimensions),
                     layout=tuple(shape.layout.minor_to_major),
-                    operands=tuple(id_to_name.get(i, str(i)) for i in ins.operand_ids),
+                    operands=_operands(ins, id_to_name, cut),
                     fusion_kind=ins.fusion_kind,
                     op_name=ins.metadata.op_name,
                     source=f"{ins.metadata.source_file}:{ins.metadata.source_line}" if ins.metadata.source_file else "",
@@ -423,6 +438,9 @@ def hlo_module(proto_bytes: bytes, host: str, fallback_id: int, notes: list[str]
     entry = module.entry_computation_name or id_to_computation.get(module.entry_computation_id, "")
     if entry not in computations and computations:
         entry = list(computations)[-1]
+    if cut:
+        notes.append(f"HLO module {module.name}: {len(cut)} instruction(s) with more than {MAX_OPERANDS:,} operands "
+                     f"({cut[0]}) kept their first {MAX_OPERANDS:,}")
     _calls_cut(computations, entry, module.name, notes)
     computations = {name: HloComputation(name, instructions) for name, instructions in computations.items()}
     return HloModule(
