@@ -419,6 +419,17 @@ def many_operand_ids(count: int) -> Callable[[Any], None]:
     return edit
 
 
+def fusion_dims(dims: list[int]) -> Callable[[Any], None]:
+    """An edit that gives every fusion of the module these dimensions (2^62 each, or a negative one)."""
+    def edit(proto: Any) -> None:
+        for computation in proto.hlo_module.computations:
+            for ins in computation.instructions:
+                if ins.opcode == "fusion":
+                    del ins.shape.dimensions[:]
+                    ins.shape.dimensions.extend(dims)
+    return edit
+
+
 @dataclasses.dataclass
 class Outcome:
     outcome: str

@@ -11,7 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.fuzzing import (SHAPE_SEED, deep_shape, fusion_calls_its_own_computation, lines_far_apart, many_operand_ids,
+from tests.fuzzing import (SHAPE_SEED, deep_shape, fusion_calls_its_own_computation, fusion_dims, lines_far_apart,
+                           many_operand_ids,
                            negative_device_durations,
                            with_device_planes, with_hlo_edited, with_space_edited)
 
@@ -217,3 +218,23 @@ def test_an_instruction_of_5m_operand_ids_is_read_in_memory_bounded_by_its_bytes
     assert over < 8 * added, (over >> 20, added >> 20)
     assert "1 instruction(s) with more than 65,536 operands (reduce_window_sum.3: 5,000,000) kept their first " \
            "65,536" in mutant.stdout
+
+
+def _numbers(folder: Path) -> list[float]:
+    """Every number the analysis wrote in its tools' answers."""
+    return [float(m) for path in (folder / "tools").glob("*.json")
+            for m in re.findall(r'": (-?\d+(?:\.\d+)?(?:e[+-]?\d+)?)[,\n}]', path.read_text())]
+
+
+def test_fusions_of_dimensions_2_to_the_62_or_negative_are_read_as_scalars_and_said(tmp_path):
+    # Before (a round of our own): dimensions [2^62, 2^62] made memory_passes 1.6e30; [-5, 7] negative bytes per run,
+    # bandwidths and roofline efficiencies in get_hlo_op_profile and detect_unfused_reshapes.
+    for name, dims in (("huge", [2**62, 2**62]), ("negative", [-5, 7])):
+        profile = with_hlo_edited(tmp_path / f"{name}.xplane.pb", fusion_dims(dims))
+        done = _analyze(profile, tmp_path / name)
+        assert done.returncode == 0, done.stderr[-2000:]
+        numbers = _numbers(tmp_path / name)
+        assert max(numbers) < 1e15 and not [n for n in numbers if n < 0 and n != -1], (name, max(numbers),
+                                                                                         min(numbers))
+        assert re.search(r"HLO module jit_normalised_running_sum: \d+ shape\(s\) with a negative dimension or more "
+                         r"than 2\^48 elements \(fusion\.\d+: \[", (tmp_path / name / "analysis.json").read_text())

@@ -376,6 +376,24 @@ MAX_OPERANDS = 2**16
 50M operand ids (200 MB) made 50M names, 5 GiB at the peak."""
 
 
+MAX_ELEMENTS = 2**48
+"""The most elements a shape is read with: 2^48 bf16 elements are 512 TiB, past any device's memory. A shape of
+dimensions 2^62 made a 'memory_passes' of 1.6e30; a negative dimension, negative bytes and bandwidths."""
+
+
+def _dims(dimensions, name: str, bad: list[str]) -> tuple[int, ...]:
+    """A shape's dimensions; () (a scalar), noted in `bad`, where one is negative or they hold more than MAX_ELEMENTS
+    (protobuf's int64, each: their product is checked as it grows)."""
+    dims = tuple(dimensions)
+    elements = 1
+    for dim in dims:
+        elements *= dim
+        if dim < 0 or elements > MAX_ELEMENTS:
+            bad.append(f"{name}: {list(dims)}")
+            return ()
+    return dims
+
+
 def _operands(ins, id_to_name: dict, cut: list[str]) -> tuple[str, ...]:
     """The names of the instruction's operands (an id no instruction has, as itself), the first MAX_OPERANDS."""
     ids = ins.operand_ids
@@ -394,6 +412,7 @@ def hlo_module(proto_bytes: bytes, host: str, fallback_id: int, notes: list[str]
         return None
     computations: dict = {}
     cut: list[str] = []  # instructions whose operands were cut to MAX_OPERANDS
+    bad_shapes: list[str] = []  # instructions with a shape no device holds (`_dims`)
     by_computation_id = {c.id: c for c in module.computations}
     id_to_computation = {c.id: c.name for c in module.computations}
     for computation in module.computations:
@@ -408,7 +427,7 @@ def hlo_module(proto_bytes: bytes, host: str, fallback_id: int, notes: list[str]
                     name=ins.name,
                     opcode=ins.opcode,
                     dtype=dtype,
-                    dims=tuple(shape.dimensions),
+                    dims=_dims(shape.dimensions, ins.name, bad_shapes),
                     layout=tuple(shape.layout.minor_to_major),
                     operands=_operands(ins, id_to_name, cut),
                     fusion_kind=ins.fusion_kind,
@@ -416,7 +435,8 @@ def hlo_module(proto_bytes: bytes, host: str, fallback_id: int, notes: list[str]
                     source=f"{ins.metadata.source_file}:{ins.metadata.source_line}" if ins.metadata.source_file else "",
                     called=tuple(id_to_computation.get(i, str(i)) for i in ins.called_computation_ids),
                     tuple_shapes=tuple(
-                        (schema.PRIMITIVE_TYPES.get(t.element_type, "?"), tuple(t.dimensions)) for t in shape.tuple_shapes
+                        (schema.PRIMITIVE_TYPES.get(t.element_type, "?"), _dims(t.dimensions, ins.name, bad_shapes))
+                        for t in shape.tuple_shapes
                     ),
                     custom_call_target=ins.custom_call_target,
                     conv_kernel_dims=_conv_kernel_dims(ins),
@@ -438,6 +458,9 @@ def hlo_module(proto_bytes: bytes, host: str, fallback_id: int, notes: list[str]
     entry = module.entry_computation_name or id_to_computation.get(module.entry_computation_id, "")
     if entry not in computations and computations:
         entry = list(computations)[-1]
+    if bad_shapes:
+        notes.append(f"HLO module {module.name}: {len(bad_shapes)} shape(s) with a negative dimension or more than "
+                     f"2^{MAX_ELEMENTS.bit_length() - 1} elements ({bad_shapes[0]}) read as scalars")
     if cut:
         notes.append(f"HLO module {module.name}: {len(cut)} instruction(s) with more than {MAX_OPERANDS:,} operands "
                      f"({cut[0]}) kept their first {MAX_OPERANDS:,}")
