@@ -324,6 +324,112 @@ def empty_lines(count: int) -> bytes:
     return b"\x0a" + encode_varint(len(plane)) + plane
 
 
+# --- structural mutants of real profiles (issue 62): shapes no bit flip reaches, built with the real protos ---------
+
+SHAPE_SEED = TESTS / "profiles" / "tpu_v5e" / "running_sum.xplane.pb"
+
+
+def with_device_planes(target: Path, count: int, seed: Path = SHAPE_SEED) -> Path:
+    """`seed` (a real XSpace) with `count` empty device planes after its own, streamed to `target`: an XSpace's
+    planes are its repeated field 1, so each is appended as a one-plane XSpace (for 100,000: 2.5 MB)."""
+    from xdiag.profile import schema
+
+    with target.open("wb") as out:
+        out.write(seed.read_bytes())
+        for index in range(count):
+            out.write(schema.XSpace(planes=[schema.XPlane(id=1000 + index, name=f"/device:TPU:{index + 1}")])
+                      .SerializeToString())
+    return target
+
+
+def with_hlo_edited(target: Path, edit: Callable[[Any], None], seed: Path = SHAPE_SEED) -> Path:
+    """`seed` with every HLO module of its metadata plane (an XStat's bytes, an HloProto) passed to `edit` (in
+    place) and put back, written to `target`."""
+    from xdiag.profile import schema
+
+    space = schema.XSpace.FromString(seed.read_bytes())
+    edited = 0
+    for plane in space.planes:
+        for event_metadata in plane.event_metadata.values():
+            for stat in event_metadata.stats:
+                if stat.WhichOneof("value") == "bytes_value":
+                    proto = schema.HloProto.FromString(stat.bytes_value)
+                    if proto.hlo_module.computations:
+                        edit(proto)
+                        stat.bytes_value = proto.SerializeToString()
+                        edited += 1
+    assert edited, f"{seed.name} carries no HLO module"
+    target.write_bytes(space.SerializeToString())
+    return target
+
+
+def fusion_calls_its_own_computation(proto: Any) -> None:
+    """The first fusion of the module made to call the computation it is in (a cycle of one)."""
+    for computation in proto.hlo_module.computations:
+        for ins in computation.instructions:
+            if ins.opcode == "fusion":
+                del ins.called_computation_ids[:]
+                ins.called_computation_ids.append(computation.id)
+                return
+    raise AssertionError("no fusion")
+
+
+def deep_shape(depth: int) -> Callable[[Any], None]:
+    """An edit that gives the module's first instruction a tuple shape nested `depth` deep."""
+    def edit(proto: Any) -> None:
+        shape = proto.hlo_module.computations[0].instructions[0].shape
+        for _ in range(depth):
+            shape.element_type = 13  # tuple
+            shape = shape.tuple_shapes.add()
+        shape.element_type = 11  # f32
+    return edit
+
+
+def with_space_edited(target: Path, edit: Callable[[Any], None], seed: Path = SHAPE_SEED) -> Path:
+    """`seed` parsed with the real XSpace proto, passed to `edit` (in place) and written to `target`."""
+    from xdiag.profile import schema
+
+    space = schema.XSpace.FromString(seed.read_bytes())
+    edit(space)
+    target.write_bytes(space.SerializeToString())
+    return target
+
+
+def negative_device_durations(space: Any) -> None:
+    """Every other event of the TPU's lines given a negative duration (minus what it had, less 1 ps)."""
+    for plane in space.planes:
+        if plane.name.startswith("/device:TPU"):
+            for line in plane.lines:
+                for event in line.events[::2]:
+                    event.duration_ps = -event.duration_ps - 1
+
+
+def lines_far_apart(space: Any) -> None:
+    """The device's lines 10^16 ns after the host's (each line's timestamp_ns moved by 10^16)."""
+    for plane in space.planes:
+        if plane.name.startswith("/device:"):
+            for line in plane.lines:
+                line.timestamp_ns += 10**16
+
+
+def many_operand_ids(count: int) -> Callable[[Any], None]:
+    """An edit that gives the module's first instruction `count` operand ids no instruction has (4 bytes each)."""
+    def edit(proto: Any) -> None:
+        proto.hlo_module.computations[0].instructions[0].operand_ids.extend(range(2**21, 2**21 + count))
+    return edit
+
+
+def fusion_dims(dims: list[int]) -> Callable[[Any], None]:
+    """An edit that gives every fusion of the module these dimensions (2^62 each, or a negative one)."""
+    def edit(proto: Any) -> None:
+        for computation in proto.hlo_module.computations:
+            for ins in computation.instructions:
+                if ins.opcode == "fusion":
+                    del ins.shape.dimensions[:]
+                    ins.shape.dimensions.extend(dims)
+    return edit
+
+
 @dataclasses.dataclass
 class Outcome:
     outcome: str

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import json
 
 from google.protobuf.message import DecodeError
@@ -227,12 +228,191 @@ def known_trip_count(ins, computations: dict, by_id: dict) -> int:
     return max(int(trips), 0) if trips is not None else 0
 
 
-def hlo_module(proto_bytes: bytes, host: str, fallback_id: int) -> HloModule | None:
+MAX_MESSAGE_DEPTH = 90
+"""The deepest nesting of messages kept from an HloProto: protobuf refuses a whole message nested past 100 (a 5,000-deep
+tuple shape dropped its module, and the profile then read as carrying no HLO modules); fields deeper than this are
+left out instead, and the module kept."""
+MAX_CALL_DEPTH = 64
+"""The deepest chain of computations calling computations (fusions, loops, calls) xdiag follows: XLA's own nest a few
+levels; the tools walk the chain recursively."""
+
+
+def _varint_at(data: bytes, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        if pos >= len(data) or shift > 63:
+            raise DecodeError("truncated varint")
+        byte = data[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return result, pos
+        shift += 7
+
+
+def _pruned(data: bytes, descriptor, depth_left: int, dropped: list[int]) -> bytes:
+    """`data` (a message of `descriptor`) with its declared message fields nested deeper than `depth_left` left out
+    (each counted in `dropped`); walked with an explicit bound, never past `depth_left` levels of Python frames."""
+    out = bytearray()
+    pos = 0
+    while pos < len(data):
+        key_pos = pos
+        key, pos = _varint_at(data, pos)
+        wire = key & 7
+        if wire == 0:
+            _, pos = _varint_at(data, pos)
+        elif wire == 1:
+            pos += 8
+        elif wire == 5:
+            pos += 4
+        elif wire == 2:
+            key_end = pos
+            length, start = _varint_at(data, pos)
+            end = start + length
+            if end > len(data):
+                raise DecodeError("a length past the message's end")
+            field = descriptor.fields_by_number.get(key >> 3)
+            if field is not None and field.message_type is not None:
+                if depth_left <= 1:
+                    dropped[0] += 1
+                    pos = end
+                    continue
+                value = _pruned(data[start:end], field.message_type, depth_left - 1, dropped)
+                out += _key_and_length(data[key_pos:key_end], len(value)) + value
+                pos = end
+                continue
+            pos = end
+        else:
+            raise DecodeError(f"wire type {wire}")
+        if pos > len(data):
+            raise DecodeError("a field past the message's end")
+        out += data[key_pos:pos]
+    return bytes(out)
+
+
+def _key_and_length(key: bytes, length: int) -> bytes:
+    """A field's key bytes followed by `length` as a varint."""
+    out = bytearray(key)
+    while True:
+        byte = length & 0x7F
+        length >>= 7
+        out.append(byte | (0x80 if length else 0))
+        if not length:
+            return bytes(out)
+
+
+def _parsed(proto_bytes: bytes, notes: list[str]) -> object | None:
+    """The HloProto's module, with fields nested past MAX_MESSAGE_DEPTH left out (said in `notes`); None, said in
+    `notes`, where it cannot be decoded at all."""
     try:
-        module = schema.HloProto.FromString(proto_bytes).hlo_module
+        return schema.HloProto.FromString(proto_bytes).hlo_module
+    except DecodeError as error:
+        first_error = error
+    dropped = [0]
+    try:
+        module = schema.HloProto.FromString(
+            _pruned(proto_bytes, schema.HloProto.DESCRIPTOR, MAX_MESSAGE_DEPTH, dropped)).hlo_module
     except DecodeError:
+        notes.append(f"an HLO module ({len(proto_bytes):,} bytes) cannot be decoded ({first_error}): left out")
         return None
-    computations: dict[str, HloComputation] = {}
+    if dropped[0]:
+        notes.append(f"HLO module {module.name}: {dropped[0]:,} field(s) nested more than {MAX_MESSAGE_DEPTH} messages "
+                     f"deep left out (protobuf decodes 100 at most); the rest of the module kept")
+    return module
+
+
+def _calls_cut(computations: dict[str, list[HloInstruction]], entry: str, module_name: str,
+               notes: list[str]) -> None:
+    """The calls that close a cycle (a computation calling one it is called from) or go deeper than MAX_CALL_DEPTH
+    removed from `computations` in place, walked without recursion; each kind said once in `notes`."""
+    cycles: list[str] = []
+    too_deep = 0
+    done: set[str] = set()
+    for root in [entry, *computations]:
+        if root not in computations or root in done:
+            continue
+        path: list[str] = [root]
+        on_path = {root}
+        stack = [(root, 0)]  # (computation, index of the next instruction to look at)
+        while stack:
+            name, index = stack[-1]
+            instructions = computations[name]
+            if index >= len(instructions):
+                stack.pop()
+                on_path.discard(path.pop())
+                done.add(name)
+                continue
+            stack[-1] = (name, index + 1)
+            ins = instructions[index]
+            kept = []
+            for called in ins.called:
+                if called in on_path:
+                    cycles.append(f"{ins.name} calls {called}")
+                elif called in computations and called not in done and len(path) >= MAX_CALL_DEPTH:
+                    too_deep += 1
+                else:
+                    kept.append(called)
+            if len(kept) != len(ins.called):
+                instructions[index] = ins = dataclasses.replace(ins, called=tuple(kept))
+            for called in ins.called:
+                if called in computations and called not in done and called not in on_path:
+                    path.append(called)
+                    on_path.add(called)
+                    stack.append((called, 0))
+                    break  # one child at a time: the rest are visited when the walk comes back to this instruction
+            else:
+                continue
+            stack[-2] = (name, index)  # come back to this instruction for its other called computations
+    if cycles:
+        notes.append(f"HLO module {module_name}: {len(cycles)} call(s) back into a computation they are called from "
+                     f"(a cycle: {cycles[0]}) left out; the rest of the module kept")
+    if too_deep:
+        notes.append(f"HLO module {module_name}: {too_deep} call(s) nested more than {MAX_CALL_DEPTH} computations "
+                     f"deep left out; the rest of the module kept")
+
+
+MAX_OPERANDS = 2**16
+"""The most operands of one instruction kept (a tuple of a large model's parameters has thousands): an instruction of
+50M operand ids (200 MB) made 50M names, 5 GiB at the peak."""
+
+
+MAX_ELEMENTS = 2**48
+"""The most elements a shape is read with: 2^48 bf16 elements are 512 TiB, past any device's memory. A shape of
+dimensions 2^62 made a 'memory_passes' of 1.6e30; a negative dimension, negative bytes and bandwidths."""
+
+
+def _dims(dimensions, name: str, bad: list[str]) -> tuple[int, ...]:
+    """A shape's dimensions; () (a scalar), noted in `bad`, where one is negative or they hold more than MAX_ELEMENTS
+    (protobuf's int64, each: their product is checked as it grows)."""
+    dims = tuple(dimensions)
+    elements = 1
+    for dim in dims:
+        elements *= dim
+        if dim < 0 or elements > MAX_ELEMENTS:
+            bad.append(f"{name}: {list(dims)}")
+            return ()
+    return dims
+
+
+def _operands(ins, id_to_name: dict, cut: list[str]) -> tuple[str, ...]:
+    """The names of the instruction's operands (an id no instruction has, as itself), the first MAX_OPERANDS."""
+    ids = ins.operand_ids
+    if len(ids) > MAX_OPERANDS:
+        cut.append(f"{ins.name}: {len(ids):,}")
+        ids = ids[:MAX_OPERANDS]
+    return tuple(id_to_name[i] if i in id_to_name else str(i) for i in ids)
+
+
+def hlo_module(proto_bytes: bytes, host: str, fallback_id: int, notes: list[str] | None = None) -> HloModule | None:
+    """The module of an HloProto's bytes, or None where it cannot be decoded; what was left out of it, and why, is
+    appended to `notes` (one line each)."""
+    notes = [] if notes is None else notes
+    module = _parsed(proto_bytes, notes)
+    if module is None:
+        return None
+    computations: dict = {}
+    cut: list[str] = []  # instructions whose operands were cut to MAX_OPERANDS
+    bad_shapes: list[str] = []  # instructions with a shape no device holds (`_dims`)
     by_computation_id = {c.id: c for c in module.computations}
     id_to_computation = {c.id: c.name for c in module.computations}
     for computation in module.computations:
@@ -247,15 +427,16 @@ def hlo_module(proto_bytes: bytes, host: str, fallback_id: int) -> HloModule | N
                     name=ins.name,
                     opcode=ins.opcode,
                     dtype=dtype,
-                    dims=tuple(shape.dimensions),
+                    dims=_dims(shape.dimensions, ins.name, bad_shapes),
                     layout=tuple(shape.layout.minor_to_major),
-                    operands=tuple(id_to_name.get(i, str(i)) for i in ins.operand_ids),
+                    operands=_operands(ins, id_to_name, cut),
                     fusion_kind=ins.fusion_kind,
                     op_name=ins.metadata.op_name,
                     source=f"{ins.metadata.source_file}:{ins.metadata.source_line}" if ins.metadata.source_file else "",
                     called=tuple(id_to_computation.get(i, str(i)) for i in ins.called_computation_ids),
                     tuple_shapes=tuple(
-                        (schema.PRIMITIVE_TYPES.get(t.element_type, "?"), tuple(t.dimensions)) for t in shape.tuple_shapes
+                        (schema.PRIMITIVE_TYPES.get(t.element_type, "?"), _dims(t.dimensions, ins.name, bad_shapes))
+                        for t in shape.tuple_shapes
                     ),
                     custom_call_target=ins.custom_call_target,
                     conv_kernel_dims=_conv_kernel_dims(ins),
@@ -273,10 +454,18 @@ def hlo_module(proto_bytes: bytes, host: str, fallback_id: int) -> HloModule | N
                     trip_count=known_trip_count(ins, by_computation_id, by_id) if ins.opcode == "while" else 0,
                 )
             )
-        computations[computation.name] = HloComputation(computation.name, instructions)
+        computations[computation.name] = instructions
     entry = module.entry_computation_name or id_to_computation.get(module.entry_computation_id, "")
     if entry not in computations and computations:
         entry = list(computations)[-1]
+    if bad_shapes:
+        notes.append(f"HLO module {module.name}: {len(bad_shapes)} shape(s) with a negative dimension or more than "
+                     f"2^{MAX_ELEMENTS.bit_length() - 1} elements ({bad_shapes[0]}) read as scalars")
+    if cut:
+        notes.append(f"HLO module {module.name}: {len(cut)} instruction(s) with more than {MAX_OPERANDS:,} operands "
+                     f"({cut[0]}) kept their first {MAX_OPERANDS:,}")
+    _calls_cut(computations, entry, module.name, notes)
+    computations = {name: HloComputation(name, instructions) for name, instructions in computations.items()}
     return HloModule(
         name=module.name, program_id=module.id or fallback_id, entry=entry, computations=computations, host=host,
         donated_parameters=_donated_parameters(module, entry),

@@ -200,8 +200,11 @@ def _packed(decoded: tuple) -> tuple:
     releases the GIL), so the decoder's int64 columns live there only briefly."""
     header, metadata_id, offset_ps, duration_ps, stat_event, stat_slot, stat_a, stat_b, err, err_pos = decoded
     if err:
-        return decoded
+        return (*decoded, 0)
     count = len(metadata_id)
+    negative = int(np.count_nonzero(duration_ps < 0)) if count else 0
+    if negative:  # no time runs backwards: read as 0 ps, and said once per plane (`_decode_plane`)
+        np.maximum(duration_ps, 0, out=duration_ps)
     if count and metadata_id.min() >= 0 and metadata_id.max() < 2**31:
         top = int(metadata_id.max())
         metadata_id = metadata_id.astype(np.uint8 if top < 2**8 else np.uint16 if top < 2**16 else np.int32)
@@ -213,7 +216,7 @@ def _packed(decoded: tuple) -> tuple:
     order = np.argsort(stat_slot.astype(np.int8), kind="stable")
     stat_slot, stat_event, stat_a, stat_b = stat_slot[order], stat_event[order], stat_a[order], stat_b[order]
     starts, durations = TimeColumn.pack(offset_ps), TimeColumn.pack(duration_ps)
-    return header, metadata_id, starts, durations, stat_event, stat_slot, stat_a, stat_b, err, err_pos
+    return header, metadata_id, starts, durations, stat_event, stat_slot, stat_a, stat_b, err, err_pos, negative
 
 
 _FEW_INLINE_TEXTS = 64  # fewer in a slot: one at a time (a few numpy calls per length would cost more)
@@ -271,7 +274,7 @@ def _decode_line(
     arr: np.ndarray, start: int, decoded: tuple, stat_names: dict[int, str], columns: "_StatColumns",
     intern: Callable[[str], int], where: str,
 ) -> Line:
-    header, metadata_id, starts, durations, stat_event, stat_slot, stat_a, stat_b, err, err_pos = decoded
+    header, metadata_id, starts, durations, stat_event, stat_slot, stat_a, stat_b, err, err_pos, _ = decoded
     if err:
         raise ProfileError(f"{where}: a line at byte {start} is corrupt: {wire.ERRORS[err]} near byte {err_pos}")
 
@@ -349,7 +352,7 @@ def plane_metadata(arr: np.ndarray, start: int, fields: tuple[np.ndarray, ...], 
 
 def _decode_plane(
     arr: np.ndarray, start: int, end: int, host: str, modules: list[HloModule], name: str,
-    release: Callable[[int, int], None], threads: int, deadline: float,
+    release: Callable[[int, int], None], threads: int, deadline: float, notes: list[str] | None = None,
 ) -> Plane:
     fields = plane_fields(arr, start, end, name)
     numbers, _, starts, ends, _ = fields
@@ -381,7 +384,7 @@ def _decode_plane(
             for stat in meta.stats:
                 stat_name = stat_names.get(stat.metadata_id, str(stat.metadata_id))
                 if stat_name in ("Hlo Proto", "hlo_proto"):
-                    module = hlo_module(stat.bytes_value, host, key)
+                    module = hlo_module(stat.bytes_value, host, key, notes)
                     if module is not None:
                         modules.append(module)
                     continue
@@ -393,13 +396,18 @@ def _decode_plane(
     lines = []
     spans = list(zip(starts[numbers == 3].tolist(), ends[numbers == 3].tolist()))
     decoded_lines = _wire_lines(arr, spans, columns, threads)
+    negative = 0
     try:
         for (line_start, line_end), decoded in zip(spans, decoded_lines):
+            negative += decoded[-1]
             lines.append(_decode_line(arr, line_start, decoded, stat_names, columns, intern, name))
             release(line_start, line_end)
             check_deadline(deadline, name, line_end)
     finally:
         decoded_lines.close()  # waits for the lines still decoding before the file can close
+    if negative and notes is not None:
+        notes.append(f"{name}: {negative:,} events of plane {schema.text(proto.name)} have a negative duration, "
+                     f"read as 0 ps")
     return Plane(
         id=proto.id,
         name=schema.text(proto.name),
@@ -435,15 +443,42 @@ def _mangling_hint(buf, size: int) -> str:
     )
 
 
+READ_INTO_MEMORY_BYTES = 64 * 2**20
+"""Files up to this size are read into memory rather than mapped: a mapped file that another process truncates
+while it is read ends the process with SIGBUS on its next page (no Python exception can catch it). Larger files stay
+mapped, their pages dropped as their lines are decoded (`_release`), and their size is checked again before each
+plane (`check_size`): a shrink between that check and the plane's pages is the window left."""
+
+
+def _shrank(handle, size: int, now: int) -> str:
+    return (f"{Path(handle.name).name}: the file shrank from {size:,} to {now:,} bytes while it was read (another "
+            f"process truncated or rewrote it); not read")
+
+
+def check_size(handle, size: int) -> None:
+    """A ProfileError where the open file is now shorter than the `size` it was mapped with."""
+    now = os.fstat(handle.fileno()).st_size
+    if now < size:
+        raise ProfileError(_shrank(handle, size, now))
+
+
 @contextlib.contextmanager
 def _mapped(handle) -> Iterator[mmap.mmap]:
-    """The file mapped read-only; unmapped on exit once no numpy view of it is left. The first call of
+    """The file's bytes: read into memory up to READ_INTO_MEMORY_BYTES, else mapped read-only; unmapped on exit once no numpy view of it is left. The first call of
     the compiled decoder in a process (numba compiling or loading it) leaves the arguments in reference
     cycles of its internal exceptions, so a collection runs before the mapping is closed again; where a view
     still lives after that (an error's frames in a thread that walked it), the mapping is left to go with the
     last view rather than raise a BufferError over the error being reported. An empty file is a ProfileError."""
-    if os.fstat(handle.fileno()).st_size == 0:
+    size = os.fstat(handle.fileno()).st_size
+    if size == 0:
         raise ProfileError(f"{Path(handle.name).name}: empty file (0 bytes); the capture wrote nothing")
+    if size <= READ_INTO_MEMORY_BYTES:
+        copy = bytearray(size)
+        got = handle.readinto(copy)
+        if got != size:
+            raise ProfileError(_shrank(handle, size, got))
+        yield copy
+        return
     buf = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
     try:
         yield buf
@@ -489,8 +524,11 @@ def read_host(path: Path, progress: Progress | None = None, threads: int = READ_
         try:
             for number, start, end in fields:
                 if number == 1:
+                    if isinstance(buf, mmap.mmap):  # a copy in memory holds the bytes as they were
+                        check_size(handle, size)
                     planes.append(_decode_plane(arr, start, end, host, modules, name, lambda a, b: _release(buf, a, b),
-                                                threads, deadline))
+                                                threads, deadline, texts["warnings"]))
+                    check_deadline(deadline, name, end)  # per plane too: 3M planes of no lines ran past 120 s
                     if progress:
                         progress(f"read {name}", end, size)
         finally:
@@ -545,6 +583,11 @@ def session_bytes(paths: list[Path], max_bytes: int) -> int:
     return total
 
 
+MAX_SHIFT_PS = 2**62
+"""The furthest a line may start after the session's first line, in ps (about 53 days): times are int64 ps, and a
+line's own offsets (int64 too) are added to it."""
+
+
 def assemble_session(read: list[tuple[HostProfile, list[HloModule]]], name: str) -> Session:
     """The session of its hosts as read (in the session's file order): hosts of one hostname told apart, every
     line's times from the session's earliest line, each HLO module once."""
@@ -556,7 +599,15 @@ def assemble_session(read: list[tuple[HostProfile, list[HloModule]]], name: str)
     for host in hosts:
         for plane in host.planes:
             for line in plane.lines:
-                line.starts.shift((line.timestamp_ns - origin) * 1000)
+                if not len(line):
+                    continue
+                shift_ps = (line.timestamp_ns - origin) * 1000
+                if shift_ps > MAX_SHIFT_PS:
+                    raise ProfileError(
+                        f"{host.path.name}: line {line.name!r} of {plane.name} starts {shift_ps // 1000:,} ns "
+                        f"({shift_ps / 8.64e16:,.0f} days) after the session's first line, past the "
+                        f"{MAX_SHIFT_PS // 1000:,} ns a time in ps is read with; its clocks do not agree")
+                line.starts.shift(shift_ps)
     unique: dict[tuple[str, int], HloModule] = {}
     for module in modules:
         unique.setdefault((module.name, module.program_id), module)

@@ -54,12 +54,39 @@ _HLO_PROTO_CONVERTERS = frozenset({"memory_viewer", "graph_viewer"})
 """Converters that read the HLO protos `session_dir.extract_hlo_protos` puts in the run folder, not the XSpace: their
 memory is that of one HLO module, so `memory_budget` does not hold them back."""
 
+MAX_DEVICE_PLANES = 4096
+"""The most device planes a file XProf's converters read may hold. They start a thread per device plane
+(group_events.cc's group_xplane_events) and abort the process when one cannot be started ("Check failed ...
+pthread_create() failed", SIGABRT, no Python exception): 100,000 empty planes of a 2.6 MB file did so on the 2-core
+40 GiB VM, 30,000 took 12 s and 485 MiB. A host's XSpace holds a plane per chip of that host (8 on a v5e host, 4-16
+elsewhere), so no real capture comes near it."""
+
 Plan = list[list[tuple[str, dict[str, Any]]]]
 """Conversions grouped by the process that runs them: each a converter and its fetch parameters."""
 
 
 class ConversionTooLarge(NotAvailable):
-    """An XProf conversion not started because it would not fit in memory (`memory_budget.refusal` says why)."""
+    """An XProf conversion not started because it would not fit in memory (`memory_budget.refusal` says why), or
+    because the files' shape would abort XProf's converters (`shape_refusal`)."""
+
+
+def shape_refusal(files: Sequence[Path]) -> str | None:
+    """Why XProf's converters are not started on these files though they fit in memory: a file with more device
+    planes than `MAX_DEVICE_PLANES` (the converters' thread per plane would abort the process); None where none."""
+    from xdiag.analysis.xprof.session_dir import DEVICE_PLANE_PREFIX
+    from xdiag.errors import XdiagError
+    from xdiag.profile.reader import plane_names
+
+    for path in files:
+        try:
+            count = sum(name.startswith(DEVICE_PLANE_PREFIX) for name in plane_names(Path(path)))
+        except (XdiagError, OSError, ValueError):  # the read meets the same problem and says what it is
+            continue
+        if count > MAX_DEVICE_PLANES:
+            return (f"{Path(path).name} holds {count:,} device planes, more than the {MAX_DEVICE_PLANES:,} XProf's "
+                    f"converters are given (they start a thread per plane and abort the process when one cannot "
+                    f"start); XProf's views not made, xdiag's own analysis does not need them")
+    return None
 
 
 # --- routing XProf's process-wide client to each run folder's conversions ------------------------
@@ -195,8 +222,15 @@ class Conversions:
         """CPU seconds of each conversion that ran in a worker process (see `prefetch`)."""
         self.worker_folders: list[str] = []
         self.worker_run_dirs: list[Path] = []
+        self._shape_refusal: list[str | None] = []  # computed once, on the first conversion asked for
         with _OWNERS_LOCK:
             _OWNERS[os.path.realpath(self.run_dir)] = self
+
+    def shape_refusal(self) -> str | None:
+        """`shape_refusal` of the original files, once."""
+        if not self._shape_refusal:
+            self._shape_refusal.append(shape_refusal(self.originals or self.files))
+        return self._shape_refusal[0]
 
     def holds(self, tool_name: str, params: dict[str, Any] | None = None) -> bool:
         """Whether this conversion has run (its outcome is kept)."""
@@ -234,7 +268,7 @@ class Conversions:
             log.debug("XProf conversions of %s: memory for %d at once, not %d", self.run_dir, fit, allowed)
             allowed = fit  # none: each view converts in-process, or answers why it cannot
         with self._lock:
-            if allowed == 0 or self._executor is not None or self.unreadable:
+            if allowed == 0 or self._executor is not None or self.unreadable or self.shape_refusal():
                 return 0
             groups = [[(name, params) for name, params in group if not self.holds(name, params)] for group in plan()]
             groups = [group for group in groups if group]
@@ -296,8 +330,8 @@ class Conversions:
             self._take_from_worker(key, pending[0])
         with self._lock:
             if key not in self._results:
-                too_large = None if converter_name(tool_name) in _HLO_PROTO_CONVERTERS else (
-                    memory_budget.refusal(self.xspace_bytes))
+                too_large = self.shape_refusal() or (None if converter_name(tool_name) in _HLO_PROTO_CONVERTERS else (
+                    memory_budget.refusal(self.xspace_bytes)))
                 if too_large is not None:  # kept too: the view answers why, and nothing is tried again
                     self.too_large = too_large
                     self._results[key] = ConversionTooLarge(too_large)
