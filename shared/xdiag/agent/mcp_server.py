@@ -39,24 +39,32 @@ from xdiag.agent.result_cache import ResultCache
 from xdiag.errors import XdiagError
 from xdiag.tools.registry import ToolSpec
 
-PATH_DESCRIPTION = ("An *.xplane.pb file, a folder of one session's *.xplane.pb (one per host), a PyTorch/Chrome "
-                    "trace (*.json[.gz]), or an XProf log dir (…/plugins/profile/<session>/; the newest session "
-                    "unless `session` names one). Absolute, or relative to the server's working folder.")
+PATH_DESCRIPTION = ("`path` (every profile tool takes it): an *.xplane.pb file, a folder of one session's *.xplane.pb "
+                    "(one per host), a PyTorch/Chrome trace (*.json[.gz]), or an XProf log dir "
+                    "(…/plugins/profile/<session>/; the newest session unless `session` names one). Absolute, or "
+                    "relative to the server's working folder.")
+"""Said once, in the server's instructions; each tool's `path` points there (22 copies were 7.5 KB of tools/list)."""
 PROFILE_PARAMS: dict[str, dict[str, Any]] = {
-    "path": {"type": "string", "description": PATH_DESCRIPTION, "required": True, "max_length": 4096},
-    "session": {"type": "string", "description": "A session's name inside a log dir (default: the newest)."},
+    "path": {"type": "string", "description": "the profile", "required": True, "max_length": 4096},
+    "session": {"type": "string"},
 }
 DEFAULT_ROWS, MAX_ROWS = 20, 200
-ROWS_PARAM = {"max_rows": {"type": "integer", "minimum": 1, "maximum": MAX_ROWS, "default": DEFAULT_ROWS,
-                           "description": f"rows per list in the answer (1-{MAX_ROWS}, default {DEFAULT_ROWS})"}}
-OFFSET_PARAM = {"offset": {"type": "integer", "minimum": 0, "maximum": 10**9, "default": 0,
-                           "description": "first row of each list, from 0 (the answer's truncated.next_offset)"}}
+ROWS_PARAM = {"max_rows": {"type": "integer", "minimum": 1, "maximum": MAX_ROWS, "default": DEFAULT_ROWS}}
+OFFSET_PARAM = {"offset": {"type": "integer", "minimum": 0, "default": 0}}
+"""session, max_rows and offset are said once, in the server's instructions (ANSWERS_SAY)."""
+ANSWERS_SAY = ("Every profile tool answers JSON: status (ok | not_available with the reason), summary (the numbers, "
+               "each field named for what it holds, with its unit), detail (tables), source. Lists hold max_rows rows (or the "
+               "tool's top_n) from offset; `truncated` names each cut list and its next_offset.")
+TOOLS_LIST_BYTES = 20_000
+"""What tools/list may weigh (~5k tokens, paid by every session of a client)."""
 DEFAULT_CEILING_BYTES = 30_000
 """An answer at the default bounds fits ~8k tokens, well inside one MCP answer of any client (Claude Code: 25k)."""
 MAX_CEILING_BYTES = 96_000
 """Whatever the arguments ask, an answer fits ~25k tokens."""
 
-READ_ONLY = {"read_only_hint": True, "idempotent_hint": True, "destructive_hint": False, "open_world_hint": False}
+READ_ONLY = {"read_only_hint": True, "open_world_hint": False}
+"""MCP reads destructive_hint and idempotent_hint only where read_only_hint is false (the spec's ToolAnnotations)."""
+WRITES = {"read_only_hint": False, "idempotent_hint": True, "destructive_hint": False, "open_world_hint": True}
 
 
 class BadRequest(XdiagError):
@@ -97,12 +105,11 @@ class XdiagTools:
         own = (
             ("analyze", ANALYZE_QUESTION, XdiagTools._analyze, {
                 **PROFILE_PARAMS,
-                "out": {"type": "string", "description": "The analysis folder (default ./xdiag-out/<session>); "
-                                                         "an existing folder is reused only if it holds an analysis "
-                                                         "or nothing.", "max_length": 4096},
+                "out": {"type": "string", "description": "the analysis folder, new or an earlier analysis's "
+                                                         "(default: below the cache)", "max_length": 4096},
                 "investigator": {"type": "string", "enum": ["rules", "gemini"],
-                                 "description": "rules (built in, no network) or gemini (Vertex AI, configured by "
-                                                "VERTEX_PROJECT / VERTEX_LOCATION / VERTEX_MODEL)."},
+                                 "description": "rules (built in, offline) or gemini (Vertex AI: VERTEX_PROJECT, "
+                                                "VERTEX_LOCATION, VERTEX_MODEL)"},
                 **paging}),
             ("list_sessions", LIST_SESSIONS_QUESTION, XdiagTools._list_sessions, {
                 "path": {"type": "string", "description": "An XProf log dir (…/plugins/profile/<session>/ below "
@@ -124,16 +131,12 @@ class XdiagTools:
 
     def listed(self) -> list[dict[str, Any]]:
         """Every tool as MCP lists it: name, description, inputSchema, annotations."""
-        from xdiag.tools.describe import describe, input_schema
+        from xdiag.tools.describe import input_schema
 
         tools = []
         for name, spec in self.specs.items():
-            description = spec.question
-            if name in self._registry:
-                said = describe(self._registry[name])["returns"]
-                description += (f"\n\nReturns JSON: status (ok | not_available, with the reason), summary "
-                                f"({', '.join(said['summary_fields'])}), detail ({said['detail'] or 'none'}).")
-            hints = {**READ_ONLY, "read_only_hint": False, "open_world_hint": True} if name == "analyze" else READ_ONLY
+            description = spec.question  # the answer names its fields; `xdiag tool NAME --help` says each one
+            hints = WRITES if name == "analyze" else READ_ONLY
             tools.append({"name": name, "description": description,
                           "inputSchema": input_schema(spec, None, ()), "annotations": hints})
         return tools
@@ -324,17 +327,21 @@ class XdiagTools:
                 "tool_outputs": str(outputs)}
 
 
-ANALYZE_QUESTION = ("The whole analysis of a profile session, as `xdiag analyze`: the 19 broad tools, the "
-                    "investigation and summary.html. Returns the diagnosis (OPTIMAL or NEEDS_ATTENTION, a summary, "
-                    "the findings ranked P0-P2 with their expected impact), the report's path and the analysis "
-                    "folder (give it to explain_finding). Takes seconds on a large profile; writes only the "
-                    "analysis folder.")
+ANALYZE_QUESTION = ("The whole analysis of a profile session (`xdiag analyze`: the 19 broad tools, the "
+                    "investigation, summary.html): the diagnosis (OPTIMAL or NEEDS_ATTENTION, the findings ranked "
+                    "P0-P2 with their expected impact), the report and the analysis folder (for explain_finding). "
+                    "Writes only that folder; the tools then answer from what it computed.")
 LIST_SESSIONS_QUESTION = ("The profile sessions one can analyse: those of an XProf log dir (`path`: name, files, "
                           "bytes, and the analysis folder where ./xdiag-out holds one), or, without `path`, the "
                           "local stack's (`xdiag up`) runs and their sessions with status and report.")
 EXPLAIN_QUESTION = ("One finding of an analysis in full: what is happening, its evidence with the tool output each "
                     "number comes from (the tool's question, the field and its reported value), the expected "
                     "impact and the fix.")
+
+
+INSTRUCTIONS = ("Diagnose ML profiles (XProf *.xplane.pb, PyTorch traces): call analyze first, then explain_finding "
+                "or the tools for the questions it leaves open. `xdiag skill` prints the full guide, `xdiag tool NAME "
+                f"--help` every field.\n{PATH_DESCRIPTION}\n{ANSWERS_SAY}")
 
 
 def _tool_args(arguments: dict[str, Any]) -> dict[str, Any]:
@@ -567,9 +574,7 @@ def build_server(tools: XdiagTools, workers: int = 2, allow: list[Path] | None =
             return _error_result(f"xdiag failed: {type(exc).__name__}: {exc}")
 
     return Server("xdiag", version=_version(),
-                  instructions="Diagnose ML profiles (XProf *.xplane.pb, PyTorch traces): call analyze first, then "
-                               "explain_finding or the tools for the questions it leaves open. `xdiag skill` prints "
-                               "the full guide.",
+                  instructions=INSTRUCTIONS,
                   on_list_tools=list_tools, on_call_tool=call_tool)
 
 
