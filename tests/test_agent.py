@@ -309,6 +309,12 @@ async def _drive(client_of, tmp_path: Path) -> None:
             explained = _answer(await client.call_tool("explain_finding", {"analysis": analysed["analysis"],
                                                                            "finding": finding}))
             assert explained["key"] == "input_bound" and explained["fix"] and explained["evidence"]
+            said = json.dumps(explained, separators=(",", ":"), ensure_ascii=False)
+            cited = {e["tool"] for e in explained["evidence"]}
+            assert len(cited) < len(explained["evidence"])  # a tool quoted for several numbers: its question once
+            for tool in cited:
+                assert said.count(json.dumps(REGISTRY[tool].question, ensure_ascii=False)[1:-1]) == 1, tool
+            assert explained["tool_questions"] == {tool: REGISTRY[tool].question for tool in cited}
         quoted = [e for e in explained["evidence"] if e["tool"] == "get_step_trace"]
         assert quoted and all(e["documented_field"] and e["reported"] == e["value"] for e in quoted)
 

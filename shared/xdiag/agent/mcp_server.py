@@ -308,11 +308,12 @@ class XdiagTools:
             raise BadRequest(f"no finding {finding!r} in {recorded}; its findings: {listed}")
         found = dict(chosen[0])
         outputs = recorded.parent / "tools"
+        questions: dict[str, str] = {}  # each evidence tool's question, said once (not beside each of its numbers)
         for evidence in found["evidence"]:
             spec = self._registry.get(evidence["tool"])
             if spec is None:
                 continue
-            evidence["tool_question"] = spec.question
+            questions[spec.name] = spec.question
             fields = returns(spec).fields
             evidence["documented_field"] = any(p.match(evidence["metric"]) for p in field_patterns(fields))
             try:
@@ -324,7 +325,7 @@ class XdiagTools:
         follow_ups = (stored.get("diagnosis") or {}).get("follow_up_calls") or []
         return {**found, "session": stored.get("session_id"), "status": stored.get("result") or stored.get("status"),
                 "follow_up_calls": follow_ups, "report": stored.get("report_uri"),
-                "tool_outputs": str(outputs)}
+                "tool_questions": questions, "tool_outputs": str(outputs)}
 
 
 ANALYZE_QUESTION = ("The whole analysis of a profile session (`xdiag analyze`: the 19 broad tools, the "
@@ -335,7 +336,7 @@ LIST_SESSIONS_QUESTION = ("The profile sessions one can analyse: those of an XPr
                           "bytes, and the analysis folder where ./xdiag-out holds one), or, without `path`, the "
                           "local stack's (`xdiag up`) runs and their sessions with status and report.")
 EXPLAIN_QUESTION = ("One finding of an analysis in full: what is happening, its evidence with the tool output each "
-                    "number comes from (the tool's question, the field and its reported value), the expected "
+                    "number comes from (the field and its reported value; each tool's question once), the expected "
                     "impact and the fix.")
 
 
