@@ -170,6 +170,54 @@ def test_a_second_tool_call_answers_from_the_cache_and_a_changed_file_afresh(tmp
     assert len(list((tmp_path / "cache").glob("*/session.xdiag"))) == 2
 
 
+def test_a_tool_after_analyze_answers_from_what_the_analysis_computed(tmp_path):
+    """`xdiag analyze` keeps its tools' answers per file version: `xdiag tool` on the same files then decodes nothing
+    (on main it decoded the profile again: 3.2 s on a 16 MB capture) and prints the analysis's own answer."""
+    env = {"XDIAG_LOCAL_CACHE_DIR": str(tmp_path / "cache")}
+    profile = str(H200 / "input_bound.xplane.pb")
+    analysed = _xdiag("analyze", profile, "--out", str(tmp_path / "out"), "--quiet", cwd=tmp_path, env=env)
+    assert analysed.returncode == 0, analysed.stderr
+    for tool in ("get_step_trace", "get_hlo_op_profile"):
+        done = _xdiag("tool", tool, profile, cwd=tmp_path, env=env)
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout) == json.loads((tmp_path / "out" / "tools" / f"{tool}.json").read_text())
+    assert not list((tmp_path / "cache").glob("*/session.xdiag"))  # no decode: nothing was read but the answers
+    other = _xdiag("tool", "get_hlo_op_profile", profile, "--arg", "top_n=3", cwd=tmp_path, env=env)  # not asked
+    assert other.returncode == 0 and len(list((tmp_path / "cache").glob("*/session.xdiag"))) == 1
+
+
+def test_mcp_analyze_writes_below_an_allowed_folder_or_the_cache_and_the_tools_answer_from_it(tmp_path):
+    """MCP `analyze` without `out` writes nothing in the server's working folder (main wrote ./xdiag-out there):
+    below the allowed folder that holds the profile, else below the result cache's folder; the tools asked next
+    answer from what it computed, without decoding the profile."""
+    from mcp import Client, StdioServerParameters
+
+    work, allowed = tmp_path / "work", tmp_path / "allowed"
+    work.mkdir()
+    allowed.mkdir()
+    profile = allowed / "running_sum.xplane.pb"
+    shutil.copyfile(TPU_V5E / "running_sum.xplane.pb", profile)
+    env = {**os.environ, "XDIAG_LOCAL_CACHE_DIR": str(tmp_path / "cache")}
+
+    async def drive(args: list[str]) -> Path:
+        params = StdioServerParameters(command=sys.executable, args=["-m", "xdiag.cli", "mcp", *args], env=env,
+                                       cwd=work)
+        async with Client(params, read_timeout_seconds=240) as client:
+            analysed = _answer(await client.call_tool("analyze", {"path": str(profile)}))
+            steps = _answer(await client.call_tool("get_step_trace", {"path": str(profile)}))
+        folder = Path(analysed["analysis"])
+        written = json.loads((folder / "tools" / "get_step_trace.json").read_text())
+        assert steps["summary"] == written["summary"] and steps["duration_ms"] == written["duration_ms"]
+        return folder
+
+    in_cache = anyio.run(drive, [])
+    assert in_cache.is_relative_to(tmp_path / "cache") and (in_cache / "summary.html").is_file()
+    in_allowed = anyio.run(drive, ["--allow", str(allowed)])
+    assert in_allowed == allowed / "xdiag-out" / "running_sum" and (in_allowed / "summary.html").is_file()
+    assert not list(work.iterdir())  # nothing in the server's working folder
+    assert not list((tmp_path / "cache").glob("*/session.xdiag"))  # the tool decoded nothing
+
+
 def test_no_cache_keeps_nothing(tmp_path):
     env = {"XDIAG_LOCAL_CACHE_DIR": str(tmp_path / "cache")}
     done = _xdiag("tool", "get_kpi_metrics", str(H200 / "healthy.xplane.pb"), "--no-cache", cwd=tmp_path, env=env)

@@ -62,6 +62,8 @@ DEFAULT_CEILING_BYTES = 30_000
 MAX_CEILING_BYTES = 96_000
 """Whatever the arguments ask, an answer fits ~25k tokens."""
 
+ANALYSES = "analyses"
+"""The folder below the result cache's where `analyze` writes when no folder bounds the server and no `out` is named."""
 READ_ONLY = {"read_only_hint": True, "open_world_hint": False}
 """MCP reads destructive_hint and idempotent_hint only where read_only_hint is false (the spec's ToolAnnotations)."""
 WRITES = {"read_only_hint": False, "idempotent_hint": True, "destructive_hint": False, "open_world_hint": True}
@@ -171,11 +173,22 @@ class XdiagTools:
     def paths(self, name: str, arguments: dict[str, Any]) -> list[Path]:
         """The files and folders a checked call reads or writes (what the client's roots must hold)."""
         named = [arguments[key] for key in ("path", "analysis", "source_root") if key in arguments]
-        if name == "analyze":
-            named.append(arguments.get("out") or "xdiag-out")  # the default analysis folders are under ./xdiag-out
+        if name == "analyze" and arguments.get("out"):  # the default is chosen inside the bounds (default_out)
+            named.append(arguments["out"])
         elif name == "list_sessions" and "path" not in arguments:
             named.append(str(self.stack_dir))
         return [Path(p).absolute() for p in named]
+
+    def default_out(self, arguments: dict[str, Any], folders: list[Path]) -> Path:
+        """Where `analyze` writes when the call names no `out`: below the allowed folder that holds the profile (or
+        the first one), else below the result cache's folder; never the server's working folder, which the client
+        may not have allowed (nor expect files in)."""
+        name = _located(arguments["path"], arguments.get("session")).name
+        profile = Path(arguments["path"]).absolute().resolve()
+        for folder in sorted(folders, key=lambda f: not profile.is_relative_to(f)):
+            return folder / "xdiag-out" / name
+        root = self.cache.root if self.cache is not None else ResultCache.from_env().root
+        return root.absolute() / ANALYSES / name
 
     def cached(self, name: str, arguments: dict[str, Any]) -> dict[str, Any] | None:
         """A registry tool's answer the result cache holds for this call (no worker needed), or None."""
@@ -240,6 +253,9 @@ class XdiagTools:
         report = analysis.report_uri or str(target / "summary.html")
         if analysis.status == "FAILED":
             raise ToolFailed(f"{analysis.failure_reason or 'the analysis failed'} (report: {report})")
+        from xdiag.agent.result_cache import keep_analysis_answers
+
+        keep_analysis_answers(self.cache, located.files, target)  # the tools asked next answer from these
         diagnosis = analysis.diagnosis
         return {
             "status": analysis.result.value if analysis.result else analysis.status,
@@ -449,6 +465,8 @@ class Dispatcher:
         try:
             folders = await self.allowed.check(ctx, self.tools.paths(name, checked))
             with within(folders):  # the cache's look-up reads the files, bounded as the worker's reads are
+                if name == "analyze" and not checked.get("out"):
+                    checked["out"] = str(self.tools.default_out(checked, folders))
                 result = self.tools.cached(name, checked)
                 if result is None:
                     result = await self._in_worker(name, checked, folders)
