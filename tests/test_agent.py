@@ -408,12 +408,17 @@ def test_mcp_over_stdio(tmp_path):
     assert list((tmp_path / "cache").glob("*/answers/*.json"))  # the server answers through the result cache
 
 
-def _http_server(tmp_path: Path, *args: str, env: dict[str, str] | None = None):
-    """`xdiag mcp --http` on a free port, and its URL."""
+def _http_server(tmp_path: Path, *args: str, env: dict[str, str] | None = None, open_files: int | None = None):
+    """`xdiag mcp --http` on a free port, and its URL (`open_files`: the most files the server may hold open)."""
+    def limit_files() -> None:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_NOFILE, (open_files, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+
     server = subprocess.Popen([sys.executable, "-m", "xdiag.cli", "mcp", "--http", "--port", "0", *args],
                               cwd=tmp_path, env={**os.environ, "XDIAG_LOCAL_CACHE_DIR": str(tmp_path / "cache"),
                                                  **(env or {})},
-                              stderr=subprocess.PIPE, text=True)
+                              stderr=subprocess.PIPE, text=True, preexec_fn=limit_files if open_files else None)
     said, url = [], None
     for line in server.stderr:  # the line saying where it listens (after any warning of the imports)
         said.append(line)
@@ -433,6 +438,37 @@ def test_mcp_over_streamable_http_on_loopback(tmp_path):
     try:
         anyio.run(_drive, lambda: Client(url, read_timeout_seconds=240), tmp_path)
     finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def test_mcp_http_closes_idle_connections_and_still_answers(tmp_path):
+    """Connections that never send a request take neither the server's open files nor its answers: with 400 of them
+    open (past the 256 files the server may hold; main stopped answering at its limit: 1,100 on 1,024), a call
+    answers within 10 s, and an idle connection is closed after the request-head timeout."""
+    import socket
+
+    import httpx2
+
+    server, url = _http_server(tmp_path, open_files=256)
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}}}
+    headers = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+    idle = []
+    try:
+        for _ in range(400):
+            idle.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+        idle[-1].sendall(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # a request head that never ends
+        started = time.monotonic()
+        answered = httpx2.post(url, json=initialize, headers=headers, timeout=10)
+        assert answered.status_code == 200 and time.monotonic() - started < 10, answered.text
+        last = idle[-1]
+        last.settimeout(20)  # http_guard.HEADER_TIMEOUT_S (10 s), and the slack of a loaded machine
+        assert last.recv(1) == b""  # closed by the server: the head did not come in time
+    finally:
+        for sock in idle:
+            sock.close()
         server.terminate()
         server.wait(timeout=30)
 

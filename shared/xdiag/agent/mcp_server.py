@@ -648,7 +648,11 @@ def serve_http(tools: XdiagTools, port: int, on_ready=None, workers: int = 2, al
         auth = {"auth": AuthSettings(issuer_url=f"http://127.0.0.1:{port or 8792}", resource_server_url=None),
                 "token_verifier": StaticToken(token)}
     app = build_server(tools, workers, allow).streamable_http_app(host="127.0.0.1", **auth)
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
+    from xdiag.agent.http_guard import GuardedH11, idle_cap
+
+    GuardedH11.cap = idle_cap()  # idle connections closed by time and count: a call still answers (issue 62)
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", http=GuardedH11,
+                            timeout_keep_alive=5, limit_concurrency=2 * GuardedH11.cap)
     server = uvicorn.Server(config)
     if on_ready is not None:
         original = server.startup
