@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from xdiag.errors import NotAvailable
 from xdiag.profile.space import Session
-from xdiag.tools.aggregate_xplane_events import aggregate_xplane_events
+from xdiag.tools.aggregate_xplane_events import aggregate_xplane_events, is_counter_line, zero_length
 from xdiag.tools.registry import ToolOutput, tool
 
 LLO_LINES = frozenset({
@@ -22,24 +24,43 @@ def _llo_lines(session: Session) -> list[tuple[str, str, int]]:
 
 
 def low_level_lines(session: Session) -> list[dict]:
-    """The LLO, counter and Tensor Core lines of a TPU capture, with their event counts."""
+    """The LLO and Tensor Core lines of a TPU capture whose events take time, with their event counts (counter lines
+    and lines of zero-length events are `counter_lines`: samples, not time)."""
     return [
         {"plane": p.name, "line": ln.name, "events": len(ln)}
         for p in session.device_planes()
         for ln in p.lines
         if len(ln) and (ln.name in LLO_LINES or any(h in ln.name.lower() for h in COUNTER_HINTS))
+        and not is_counter_line(ln.name) and not zero_length(ln)
     ]
 
 
+def counter_lines(session: Session) -> list[dict]:
+    """The device lines that hold samples rather than spans of time: counter lines (`_counters_`: a value such as a
+    throttle percentage at an instant) and lines whose events all have zero length; each with its samples and the
+    quantities sampled."""
+    found = []
+    for p in session.device_planes():
+        for ln in p.lines:
+            if not len(ln) or not (is_counter_line(ln.name) or zero_length(ln)):
+                continue
+            names = sorted({p.event_names.get(int(m), "") for m in np.unique(ln.metadata_id)})
+            found.append({"plane": p.name, "line": ln.name, "samples": len(ln), "quantities": names[:10],
+                          "is": "counter samples (values at instants), not time" if is_counter_line(ln.name)
+                          else "zero-length events (instants), not time"})
+    return found
+
+
 def low_level_gap(session: Session) -> str:
-    """Why a session has no LLO or counter lines ('' when it has some)."""
+    """Why a session has no LLO or Tensor Core lines that take time ('' when it has some)."""
     if session.platform != "TPU":
         return f"LLO traces and TPU counters exist only in TPU captures; this is a {session.platform} profile"
     if low_level_lines(session):
         return ""
     names = sorted({ln.name for p in session.device_planes() for ln in p.lines if len(ln)})
-    return ("this TPU capture carries no LLO, counter or Tensor Core lines (its device lines: "
-            + ", ".join(names) + "); capture with LLO tracing / kernel profiling enabled to get them")
+    return ("this TPU capture carries no LLO or Tensor Core lines (its device lines: " + ", ".join(names)
+            + "; counter lines hold samples, not time); capture with LLO tracing / kernel profiling enabled to get "
+            "them")
 
 
 def _require_llo(session: Session) -> list[tuple[str, str, int]]:
