@@ -236,3 +236,30 @@ def test_counter_samples_and_zero_length_lines_are_never_summed_as_time(tmp_path
     low = kernels.detail["low_level"]
     assert low["available"] is False and kernels.summary["low_level_lines"] == 0
     assert {c["line"] for c in low["counters"]} == {"_counters_", "Markers"}
+
+
+def test_capture_time_paths_are_said_to_be_the_capture_machines_where_not_readable_here(tmp_path):
+    """A profile names its files as the capture machine had them: where they are not readable here, get_line_view
+    says so and what reads them (source_root); a checkout holding them takes the note away."""
+    from pathlib import Path
+
+    from xdiag.analysis.line_view import line_view
+
+    from tests.conftest import TESTS
+
+    session = read_session([TESTS / "profiles" / "tpu_v5e" / "gpt_train.xplane.pb"], name="s", max_bytes=2**30)
+    try:
+        named = {e.file for e in line_view(session).lines.values() if e.line and not e.library and e.file}
+        assert named and not any(Path(f).is_file() for f in named)  # captured on another machine
+        far = run_tool(session, "get_line_view", {"top_n": 3})
+        note = far.summary["paths_are"]
+        assert "capture machine" in note and "source_root" in note and f"{len(named)} files" in note
+        assert all("capture machine" in row["code_not_available"] for row in far.detail["lines"] if row.get("line"))
+        for recorded in named:  # a checkout here: each recorded path's last two parts below it
+            copy = Path(tmp_path) / Path(recorded).parent.name / Path(recorded).name
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            copy.write_text("\n" * 200)
+        here = run_tool(session, "get_line_view", {"top_n": 3, "source_root": str(tmp_path)})
+        assert "paths_are" not in here.summary
+    finally:
+        session.close()
