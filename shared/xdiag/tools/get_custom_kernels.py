@@ -82,7 +82,7 @@ def get_custom_kernels(session: Session) -> ToolOutput:
     """summary: custom_kernels, total_ms, share_of_op_time_percent, top_kernel, kinds {kind: count},
     costed_kernels (how many have FLOPs known), low_level_lines. detail: kernels [every custom kernel, busiest first:
     op, module, kind, target, count, total_ms, share_of_op_time_percent, and the op row's FLOPs/bytes/rates],
-    low_level {available, lines | reason, counters: the counter and zero-length lines (samples, not time)}."""
+    low_level {available, lines | reason, counters: the counter lines (samples, not time)}."""
     stats = op_stats(session)
     total_ps = sum(s.total_ps for s in stats)
     kernels = []

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import numpy as np
-
 from xdiag.errors import NotAvailable
 from xdiag.profile.space import Session
-from xdiag.tools.aggregate_xplane_events import aggregate_xplane_events, is_counter_line, zero_length
+from xdiag.tools.aggregate_xplane_events import aggregate_xplane_events, is_counter_line
 from xdiag.tools.registry import ToolOutput, tool
 
 LLO_LINES = frozenset({
@@ -24,31 +22,23 @@ def _llo_lines(session: Session) -> list[tuple[str, str, int]]:
 
 
 def low_level_lines(session: Session) -> list[dict]:
-    """The LLO and Tensor Core lines of a TPU capture whose events take time, with their event counts (counter lines
-    and lines of zero-length events are `counter_lines`: samples, not time)."""
+    """The LLO and Tensor Core lines of a TPU capture, with their event counts (counter lines are `counter_lines`:
+    samples, not time)."""
     return [
         {"plane": p.name, "line": ln.name, "events": len(ln)}
         for p in session.device_planes()
         for ln in p.lines
         if len(ln) and (ln.name in LLO_LINES or any(h in ln.name.lower() for h in COUNTER_HINTS))
-        and not is_counter_line(ln.name) and not zero_length(ln)
+        and not is_counter_line(ln.name)
     ]
 
 
 def counter_lines(session: Session) -> list[dict]:
-    """The device lines that hold samples rather than spans of time: counter lines (`_counters_`: a value such as a
-    throttle percentage at an instant) and lines whose events all have zero length; each with its samples and the
-    quantities sampled."""
-    found = []
-    for p in session.device_planes():
-        for ln in p.lines:
-            if not len(ln) or not (is_counter_line(ln.name) or zero_length(ln)):
-                continue
-            names = sorted({p.event_names.get(int(m), "") for m in np.unique(ln.metadata_id)})
-            found.append({"plane": p.name, "line": ln.name, "samples": len(ln), "quantities": names[:10],
-                          "is": "counter samples (values at instants), not time" if is_counter_line(ln.name)
-                          else "zero-length events (instants), not time"})
-    return found
+    """The device lines of counter samples (`_counters_`: a value such as a throttle percentage at an instant, no
+    span of time), with their sample counts: from the lines' names and sizes, which a session assembled from its
+    hosts' summaries holds too."""
+    return [{"plane": p.name, "line": ln.name, "samples": len(ln), "is": "counter samples (values at instants), not time"}
+            for p in session.device_planes() for ln in p.lines if len(ln) and is_counter_line(ln.name)]
 
 
 def low_level_gap(session: Session) -> str:
