@@ -85,8 +85,10 @@ class XdiagTools:
     """What the server answers, without the protocol: `specs` (every tool and its arguments) and
     `call(name, arguments)` → a JSON-able dict, run in a worker process (`mcp_worker`) by the server."""
 
-    def __init__(self, cache: ResultCache | None, max_bytes: int, stack_dir: Path) -> None:
+    def __init__(self, cache: ResultCache | None, max_bytes: int, stack_dir: Path,
+                 folders: list[Path] | None = None) -> None:
         self.cache, self.max_bytes, self.stack_dir = cache, max_bytes, stack_dir
+        self.folders = list(folders or [])  # the folders the call is bounded to (where `analyze` writes by default)
 
     @functools.cached_property
     def _registry(self) -> dict[str, ToolSpec]:
@@ -183,8 +185,11 @@ class XdiagTools:
         """Where `analyze` writes when the call names no `out`: below the allowed folder that holds the profile (or
         the first one), else below the result cache's folder; never the server's working folder, which the client
         may not have allowed (nor expect files in)."""
-        name = _located(arguments["path"], arguments.get("session")).name
-        profile = Path(arguments["path"]).absolute().resolve()
+        return self._default_out(_located(arguments["path"], arguments.get("session")).name, Path(arguments["path"]),
+                                 folders)
+
+    def _default_out(self, name: str, path: Path, folders: list[Path]) -> Path:
+        profile = path.absolute().resolve()
         for folder in sorted(folders, key=lambda f: not profile.is_relative_to(f)):
             return folder / "xdiag-out" / name
         root = self.cache.root if self.cache is not None else ResultCache.from_env().root
@@ -280,7 +285,8 @@ class XdiagTools:
             if not found:
                 raise BadRequest(f"{path}: no sessions under plugins/profile/<session>/ (an xplane file or a session "
                                  "folder is given to the tools as it is)")
-            return {"log_dir": str(Path(path).absolute()), "sessions": [_session_row(s) for s in found]}
+            return {"log_dir": str(Path(path).absolute()), "sessions": [
+                _session_row(s, self._default_out(s.name, Path(path), self.folders)) for s in found]}
         return {"local_stack": str(self.stack_dir.absolute()), "runs": self._stack_sessions(run)}
 
     def _stack_sessions(self, run: str | None) -> list[dict[str, Any]]:
@@ -349,7 +355,7 @@ ANALYZE_QUESTION = ("The whole analysis of a profile session (`xdiag analyze`: t
                     "P0-P2 with their expected impact), the report and the analysis folder (for explain_finding). "
                     "Writes only that folder; the tools then answer from what it computed.")
 LIST_SESSIONS_QUESTION = ("The profile sessions one can analyse: those of an XProf log dir (`path`: name, files, "
-                          "bytes, and the analysis folder where ./xdiag-out holds one), or, without `path`, the "
+                          "bytes, and its analysis folder where there is one), or, without `path`, the "
                           "local stack's (`xdiag up`) runs and their sessions with status and report.")
 EXPLAIN_QUESTION = ("One finding of an analysis in full: what is happening, its evidence with the tool output each "
                     "number comes from (the field and its reported value; each tool's question once), the expected "
@@ -385,8 +391,10 @@ def _check_out_folder(target: Path) -> None:
         raise BadRequest(f"out {target}: a folder that holds files but no analysis; name a new folder as `out`")
 
 
-def _session_row(located) -> dict[str, Any]:
-    analysed = Path("xdiag-out") / located.name / "analysis.json"
+def _session_row(located, analysis_folder: Path) -> dict[str, Any]:
+    """A log dir's session, and its analysis where `analyze` writes one by default (or `xdiag analyze` did)."""
+    analysed = next((folder / "analysis.json" for folder in (analysis_folder, Path("xdiag-out") / located.name)
+                     if (folder / "analysis.json").exists()), analysis_folder / "analysis.json")
     return {"session": located.name, "run": located.run, "path": str(located.files[0].parent),
             "files": [{"name": f.name, "bytes": f.stat().st_size} for f in located.files],
             "analysis": str(analysed.parent.absolute()) if analysed.exists() else None}
