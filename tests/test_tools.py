@@ -185,3 +185,81 @@ def test_memory_profile_is_not_invented_on_cpu(healthy_cpu):
     assert result.status == ToolStatus.NOT_AVAILABLE and "CPU profiles have no device memory" in result.reason
     peak = run_tool(healthy_cpu, "get_peak_allocations")
     assert peak.ok and peak.summary["largest_buffer_mib"] > 0 and "HLO value sizes" in peak.summary["basis"]
+
+
+def test_counter_samples_and_zero_length_lines_are_never_summed_as_time(tmp_path):
+    """A TPU capture's `_counters_` line holds samples (a throttle percentage at an instant), and a line of
+    zero-length events holds instants: aggregate_xplane_events counts them and says what they are, never adds them to
+    total_ms (on main the counter line below added its 491 ms to a capture whose ops took 58 ms), and
+    get_custom_kernels does not call them low-level lines that are available (on main: `available: True`)."""
+    from pathlib import Path
+
+    from xdiag.profile import schema
+
+    from tests.conftest import TESTS
+
+    original = TESTS / "profiles" / "tpu_v5e" / "running_sum.xplane.pb"
+    space = schema.XSpace()
+    space.ParseFromString(original.read_bytes())
+    device = next(p for p in space.planes if p.name.startswith("/device:TPU"))
+    counters = next(ln for ln in device.lines if ln.name == "_counters_" and len(ln.events))
+    for event in counters.events:
+        event.duration_ps = 491 * 10**9  # as one capture's counter line recorded it
+    key = next(k for k in range(1, 10**6) if k not in device.event_metadata)
+    device.event_metadata[key].id, device.event_metadata[key].name = key, "marker"
+    taken = {ln.id for ln in device.lines}
+    instants = device.lines.add(id=next(i for i in range(1, 10**6) if i not in taken), name="Markers",
+                                timestamp_ns=counters.timestamp_ns)
+    for i in range(5):
+        instants.events.add(metadata_id=key, offset_ps=i * 10**6, duration_ps=0)
+    mutated = Path(tmp_path) / "counters.xplane.pb"
+    mutated.write_bytes(space.SerializeToString())
+
+    def answer(path, tool, args=None):
+        session = read_session([path], name="s", max_bytes=2**30)
+        try:
+            return run_tool(session, tool, args or {})
+        finally:
+            session.close()
+
+    before, after = answer(original, "aggregate_xplane_events", {"pattern": "."}), answer(
+        mutated, "aggregate_xplane_events", {"pattern": "."})
+    assert after.summary["total_ms"] == before.summary["total_ms"]  # neither the 491 ms nor the instants
+    said = {g["line"]: g["is"] for g in after.detail["not_time"]}
+    assert said == {"_counters_": "counter samples (values at instants), not time",
+                    "Markers": "zero-length events (instants), not time"}
+    assert after.summary["not_time_matches"] == len(counters.events) + 5
+    assert not {g["line"] for g in after.detail["groups"]} & set(said)
+    only = answer(mutated, "aggregate_xplane_events", {"pattern": "Throttle|marker"})
+    assert only.status == ToolStatus.OK and only.summary["total_ms"] is None and "never sum" in only.summary["total_is"]
+    kernels = answer(mutated, "get_custom_kernels")
+    low = kernels.detail["low_level"]
+    assert low["available"] is False and kernels.summary["low_level_lines"] == 0
+    assert [c["line"] for c in low["counters"]] == ["_counters_"] and "not time" in low["counters"][0]["is"]
+
+
+def test_capture_time_paths_are_said_to_be_the_capture_machines_where_not_readable_here(tmp_path):
+    """A profile names its files as the capture machine had them: where they are not readable here, get_line_view
+    says so and what reads them (source_root); a checkout holding them takes the note away."""
+    from pathlib import Path
+
+    from xdiag.analysis.line_view import line_view
+
+    from tests.conftest import TESTS
+
+    session = read_session([TESTS / "profiles" / "tpu_v5e" / "gpt_train.xplane.pb"], name="s", max_bytes=2**30)
+    try:
+        named = {e.file for e in line_view(session).lines.values() if e.line and not e.library and e.file}
+        assert named and not any(Path(f).is_file() for f in named)  # captured on another machine
+        far = run_tool(session, "get_line_view", {"top_n": 3})
+        note = far.summary["paths_are"]
+        assert "capture machine" in note and "source_root" in note and f"{len(named)} files" in note
+        assert all("capture machine" in row["code_not_available"] for row in far.detail["lines"] if row.get("line"))
+        for recorded in named:  # a checkout here: each recorded path's last two parts below it
+            copy = Path(tmp_path) / Path(recorded).parent.name / Path(recorded).name
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            copy.write_text("\n" * 200)
+        here = run_tool(session, "get_line_view", {"top_n": 3, "source_root": str(tmp_path)})
+        assert "paths_are" not in here.summary
+    finally:
+        session.close()

@@ -39,24 +39,34 @@ from xdiag.agent.result_cache import ResultCache
 from xdiag.errors import XdiagError
 from xdiag.tools.registry import ToolSpec
 
-PATH_DESCRIPTION = ("An *.xplane.pb file, a folder of one session's *.xplane.pb (one per host), a PyTorch/Chrome "
-                    "trace (*.json[.gz]), or an XProf log dir (…/plugins/profile/<session>/; the newest session "
-                    "unless `session` names one). Absolute, or relative to the server's working folder.")
+PATH_DESCRIPTION = ("`path` (every profile tool takes it): an *.xplane.pb file, a folder of one session's *.xplane.pb "
+                    "(one per host), a PyTorch/Chrome trace (*.json[.gz]), or an XProf log dir "
+                    "(…/plugins/profile/<session>/; the newest session unless `session` names one). Absolute, or "
+                    "relative to the server's working folder.")
+"""Said once, in the server's instructions; each tool's `path` points there (22 copies were 7.5 KB of tools/list)."""
 PROFILE_PARAMS: dict[str, dict[str, Any]] = {
-    "path": {"type": "string", "description": PATH_DESCRIPTION, "required": True, "max_length": 4096},
-    "session": {"type": "string", "description": "A session's name inside a log dir (default: the newest)."},
+    "path": {"type": "string", "description": "the profile", "required": True, "max_length": 4096},
+    "session": {"type": "string"},
 }
 DEFAULT_ROWS, MAX_ROWS = 20, 200
-ROWS_PARAM = {"max_rows": {"type": "integer", "minimum": 1, "maximum": MAX_ROWS, "default": DEFAULT_ROWS,
-                           "description": f"rows per list in the answer (1-{MAX_ROWS}, default {DEFAULT_ROWS})"}}
-OFFSET_PARAM = {"offset": {"type": "integer", "minimum": 0, "maximum": 10**9, "default": 0,
-                           "description": "first row of each list, from 0 (the answer's truncated.next_offset)"}}
+ROWS_PARAM = {"max_rows": {"type": "integer", "minimum": 1, "maximum": MAX_ROWS, "default": DEFAULT_ROWS}}
+OFFSET_PARAM = {"offset": {"type": "integer", "minimum": 0, "default": 0}}
+"""session, max_rows and offset are said once, in the server's instructions (ANSWERS_SAY)."""
+ANSWERS_SAY = ("Every profile tool answers JSON: status (ok | not_available with the reason), summary (the numbers, "
+               "each field named for what it holds, with its unit), detail (tables), source. Lists hold max_rows rows (or the "
+               "tool's top_n) from offset; `truncated` names each cut list and its next_offset.")
+TOOLS_LIST_BYTES = 20_000
+"""What tools/list may weigh (~5k tokens, paid by every session of a client)."""
 DEFAULT_CEILING_BYTES = 30_000
 """An answer at the default bounds fits ~8k tokens, well inside one MCP answer of any client (Claude Code: 25k)."""
 MAX_CEILING_BYTES = 96_000
 """Whatever the arguments ask, an answer fits ~25k tokens."""
 
-READ_ONLY = {"read_only_hint": True, "idempotent_hint": True, "destructive_hint": False, "open_world_hint": False}
+ANALYSES = "analyses"
+"""The folder below the result cache's where `analyze` writes when no folder bounds the server and no `out` is named."""
+READ_ONLY = {"read_only_hint": True, "open_world_hint": False}
+"""MCP reads destructive_hint and idempotent_hint only where read_only_hint is false (the spec's ToolAnnotations)."""
+WRITES = {"read_only_hint": False, "idempotent_hint": True, "destructive_hint": False, "open_world_hint": True}
 
 
 class BadRequest(XdiagError):
@@ -75,8 +85,10 @@ class XdiagTools:
     """What the server answers, without the protocol: `specs` (every tool and its arguments) and
     `call(name, arguments)` → a JSON-able dict, run in a worker process (`mcp_worker`) by the server."""
 
-    def __init__(self, cache: ResultCache | None, max_bytes: int, stack_dir: Path) -> None:
+    def __init__(self, cache: ResultCache | None, max_bytes: int, stack_dir: Path,
+                 folders: list[Path] | None = None) -> None:
         self.cache, self.max_bytes, self.stack_dir = cache, max_bytes, stack_dir
+        self.folders = list(folders or [])  # the folders the call is bounded to (where `analyze` writes by default)
 
     @functools.cached_property
     def _registry(self) -> dict[str, ToolSpec]:
@@ -97,12 +109,11 @@ class XdiagTools:
         own = (
             ("analyze", ANALYZE_QUESTION, XdiagTools._analyze, {
                 **PROFILE_PARAMS,
-                "out": {"type": "string", "description": "The analysis folder (default ./xdiag-out/<session>); "
-                                                         "an existing folder is reused only if it holds an analysis "
-                                                         "or nothing.", "max_length": 4096},
+                "out": {"type": "string", "description": "the analysis folder, new or an earlier analysis's "
+                                                         "(default: below the cache)", "max_length": 4096},
                 "investigator": {"type": "string", "enum": ["rules", "gemini"],
-                                 "description": "rules (built in, no network) or gemini (Vertex AI, configured by "
-                                                "VERTEX_PROJECT / VERTEX_LOCATION / VERTEX_MODEL)."},
+                                 "description": "rules (built in, offline) or gemini (Vertex AI: VERTEX_PROJECT, "
+                                                "VERTEX_LOCATION, VERTEX_MODEL)"},
                 **paging}),
             ("list_sessions", LIST_SESSIONS_QUESTION, XdiagTools._list_sessions, {
                 "path": {"type": "string", "description": "An XProf log dir (…/plugins/profile/<session>/ below "
@@ -124,16 +135,12 @@ class XdiagTools:
 
     def listed(self) -> list[dict[str, Any]]:
         """Every tool as MCP lists it: name, description, inputSchema, annotations."""
-        from xdiag.tools.describe import describe, input_schema
+        from xdiag.tools.describe import input_schema
 
         tools = []
         for name, spec in self.specs.items():
-            description = spec.question
-            if name in self._registry:
-                said = describe(self._registry[name])["returns"]
-                description += (f"\n\nReturns JSON: status (ok | not_available, with the reason), summary "
-                                f"({', '.join(said['summary_fields'])}), detail ({said['detail'] or 'none'}).")
-            hints = {**READ_ONLY, "read_only_hint": False, "open_world_hint": True} if name == "analyze" else READ_ONLY
+            description = spec.question  # the answer names its fields; `xdiag tool NAME --help` says each one
+            hints = WRITES if name == "analyze" else READ_ONLY
             tools.append({"name": name, "description": description,
                           "inputSchema": input_schema(spec, None, ()), "annotations": hints})
         return tools
@@ -168,11 +175,25 @@ class XdiagTools:
     def paths(self, name: str, arguments: dict[str, Any]) -> list[Path]:
         """The files and folders a checked call reads or writes (what the client's roots must hold)."""
         named = [arguments[key] for key in ("path", "analysis", "source_root") if key in arguments]
-        if name == "analyze":
-            named.append(arguments.get("out") or "xdiag-out")  # the default analysis folders are under ./xdiag-out
+        if name == "analyze" and arguments.get("out"):  # the default is chosen inside the bounds (default_out)
+            named.append(arguments["out"])
         elif name == "list_sessions" and "path" not in arguments:
             named.append(str(self.stack_dir))
         return [Path(p).absolute() for p in named]
+
+    def default_out(self, arguments: dict[str, Any], folders: list[Path]) -> Path:
+        """Where `analyze` writes when the call names no `out`: below the allowed folder that holds the profile (or
+        the first one), else below the result cache's folder; never the server's working folder, which the client
+        may not have allowed (nor expect files in)."""
+        return self._default_out(_located(arguments["path"], arguments.get("session")).name, Path(arguments["path"]),
+                                 folders)
+
+    def _default_out(self, name: str, path: Path, folders: list[Path]) -> Path:
+        profile = path.absolute().resolve()
+        for folder in sorted(folders, key=lambda f: not profile.is_relative_to(f)):
+            return folder / "xdiag-out" / name
+        root = self.cache.root if self.cache is not None else ResultCache.from_env().root
+        return root.absolute() / ANALYSES / name
 
     def cached(self, name: str, arguments: dict[str, Any]) -> dict[str, Any] | None:
         """A registry tool's answer the result cache holds for this call (no worker needed), or None."""
@@ -237,6 +258,9 @@ class XdiagTools:
         report = analysis.report_uri or str(target / "summary.html")
         if analysis.status == "FAILED":
             raise ToolFailed(f"{analysis.failure_reason or 'the analysis failed'} (report: {report})")
+        from xdiag.agent.result_cache import keep_analysis_answers
+
+        keep_analysis_answers(self.cache, located.files, target)  # the tools asked next answer from these
         diagnosis = analysis.diagnosis
         return {
             "status": analysis.result.value if analysis.result else analysis.status,
@@ -261,7 +285,8 @@ class XdiagTools:
             if not found:
                 raise BadRequest(f"{path}: no sessions under plugins/profile/<session>/ (an xplane file or a session "
                                  "folder is given to the tools as it is)")
-            return {"log_dir": str(Path(path).absolute()), "sessions": [_session_row(s) for s in found]}
+            return {"log_dir": str(Path(path).absolute()), "sessions": [
+                _session_row(s, self._default_out(s.name, Path(path), self.folders)) for s in found]}
         return {"local_stack": str(self.stack_dir.absolute()), "runs": self._stack_sessions(run)}
 
     def _stack_sessions(self, run: str | None) -> list[dict[str, Any]]:
@@ -305,11 +330,12 @@ class XdiagTools:
             raise BadRequest(f"no finding {finding!r} in {recorded}; its findings: {listed}")
         found = dict(chosen[0])
         outputs = recorded.parent / "tools"
+        questions: dict[str, str] = {}  # each evidence tool's question, said once (not beside each of its numbers)
         for evidence in found["evidence"]:
             spec = self._registry.get(evidence["tool"])
             if spec is None:
                 continue
-            evidence["tool_question"] = spec.question
+            questions[spec.name] = spec.question
             fields = returns(spec).fields
             evidence["documented_field"] = any(p.match(evidence["metric"]) for p in field_patterns(fields))
             try:
@@ -321,20 +347,24 @@ class XdiagTools:
         follow_ups = (stored.get("diagnosis") or {}).get("follow_up_calls") or []
         return {**found, "session": stored.get("session_id"), "status": stored.get("result") or stored.get("status"),
                 "follow_up_calls": follow_ups, "report": stored.get("report_uri"),
-                "tool_outputs": str(outputs)}
+                "tool_questions": questions, "tool_outputs": str(outputs)}
 
 
-ANALYZE_QUESTION = ("The whole analysis of a profile session, as `xdiag analyze`: the 19 broad tools, the "
-                    "investigation and summary.html. Returns the diagnosis (OPTIMAL or NEEDS_ATTENTION, a summary, "
-                    "the findings ranked P0-P2 with their expected impact), the report's path and the analysis "
-                    "folder (give it to explain_finding). Takes seconds on a large profile; writes only the "
-                    "analysis folder.")
+ANALYZE_QUESTION = ("The whole analysis of a profile session (`xdiag analyze`: the 19 broad tools, the "
+                    "investigation, summary.html): the diagnosis (OPTIMAL or NEEDS_ATTENTION, the findings ranked "
+                    "P0-P2 with their expected impact), the report and the analysis folder (for explain_finding). "
+                    "Writes only that folder; the tools then answer from what it computed.")
 LIST_SESSIONS_QUESTION = ("The profile sessions one can analyse: those of an XProf log dir (`path`: name, files, "
-                          "bytes, and the analysis folder where ./xdiag-out holds one), or, without `path`, the "
+                          "bytes, and its analysis folder where there is one), or, without `path`, the "
                           "local stack's (`xdiag up`) runs and their sessions with status and report.")
 EXPLAIN_QUESTION = ("One finding of an analysis in full: what is happening, its evidence with the tool output each "
-                    "number comes from (the tool's question, the field and its reported value), the expected "
+                    "number comes from (the field and its reported value; each tool's question once), the expected "
                     "impact and the fix.")
+
+
+INSTRUCTIONS = ("Diagnose ML profiles (XProf *.xplane.pb, PyTorch traces): call analyze first, then explain_finding "
+                "or the tools for the questions it leaves open. `xdiag skill` prints the full guide, `xdiag tool NAME "
+                f"--help` every field.\n{PATH_DESCRIPTION}\n{ANSWERS_SAY}")
 
 
 def _tool_args(arguments: dict[str, Any]) -> dict[str, Any]:
@@ -361,8 +391,10 @@ def _check_out_folder(target: Path) -> None:
         raise BadRequest(f"out {target}: a folder that holds files but no analysis; name a new folder as `out`")
 
 
-def _session_row(located) -> dict[str, Any]:
-    analysed = Path("xdiag-out") / located.name / "analysis.json"
+def _session_row(located, analysis_folder: Path) -> dict[str, Any]:
+    """A log dir's session, and its analysis where `analyze` writes one by default (or `xdiag analyze` did)."""
+    analysed = next((folder / "analysis.json" for folder in (analysis_folder, Path("xdiag-out") / located.name)
+                     if (folder / "analysis.json").exists()), analysis_folder / "analysis.json")
     return {"session": located.name, "run": located.run, "path": str(located.files[0].parent),
             "files": [{"name": f.name, "bytes": f.stat().st_size} for f in located.files],
             "analysis": str(analysed.parent.absolute()) if analysed.exists() else None}
@@ -441,6 +473,8 @@ class Dispatcher:
         try:
             folders = await self.allowed.check(ctx, self.tools.paths(name, checked))
             with within(folders):  # the cache's look-up reads the files, bounded as the worker's reads are
+                if name == "analyze" and not checked.get("out"):
+                    checked["out"] = str(self.tools.default_out(checked, folders))
                 result = self.tools.cached(name, checked)
                 if result is None:
                     result = await self._in_worker(name, checked, folders)
@@ -567,9 +601,7 @@ def build_server(tools: XdiagTools, workers: int = 2, allow: list[Path] | None =
             return _error_result(f"xdiag failed: {type(exc).__name__}: {exc}")
 
     return Server("xdiag", version=_version(),
-                  instructions="Diagnose ML profiles (XProf *.xplane.pb, PyTorch traces): call analyze first, then "
-                               "explain_finding or the tools for the questions it leaves open. `xdiag skill` prints "
-                               "the full guide.",
+                  instructions=INSTRUCTIONS,
                   on_list_tools=list_tools, on_call_tool=call_tool)
 
 
@@ -624,7 +656,11 @@ def serve_http(tools: XdiagTools, port: int, on_ready=None, workers: int = 2, al
         auth = {"auth": AuthSettings(issuer_url=f"http://127.0.0.1:{port or 8792}", resource_server_url=None),
                 "token_verifier": StaticToken(token)}
     app = build_server(tools, workers, allow).streamable_http_app(host="127.0.0.1", **auth)
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
+    from xdiag.agent.http_guard import GuardedH11, idle_cap
+
+    GuardedH11.cap = idle_cap()  # idle connections closed by time and count: a call still answers (issue 62)
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", http=GuardedH11,
+                            timeout_keep_alive=5, limit_concurrency=2 * GuardedH11.cap)
     server = uvicorn.Server(config)
     if on_ready is not None:
         original = server.startup

@@ -58,7 +58,8 @@ def main() -> None:
 
     cache = request["cache"]
     tools = XdiagTools(None if cache is None else ResultCache(Path(cache["root"]), cache["limit_bytes"]),
-                       request["max_bytes"], Path(request["stack_dir"]))
+                       request["max_bytes"], Path(request["stack_dir"]),
+                       [Path(folder) for folder in request.get("roots") or []])
     try:
         outcome = {"answer": tools.call(request["tool"], request["arguments"])}
     except XdiagError as exc:  # a bad request, a failed tool, a profile that cannot be read (truncated, too large…)

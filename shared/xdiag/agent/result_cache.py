@@ -258,6 +258,33 @@ def answer_tool(files: list[Path], session_name: str, tool: str, args: dict[str,
         cache.store_answer(files, tool, key, text)
     return text, result.status.value
 
+def keep_analysis_answers(cache: ResultCache | None, files: list[Path], out_dir: Path,
+                          views_pending: str | None = None) -> int:
+    """The tool answers an analysis wrote (`<out>/tools/*.json`: the broad tools and its follow-up calls) kept as the
+    answers of these file versions, under the tool and arguments each ran with: a tool asked next (`xdiag tool`, MCP)
+    answers from what the analysis computed instead of decoding the profile again. Failed answers are not kept, nor a
+    `get_line_view` that read the code at `--source-root` (its answer without one differs), nor one that says XProf's
+    views were still converting (it quotes `views_pending`, the folder they are kept in: the next call has them).
+    The count kept."""
+    if cache is None:
+        return 0
+    kept = 0
+    for path in sorted((Path(out_dir) / "tools").glob("*.json")):
+        try:
+            text = path.read_text()
+            result = json.loads(text)
+            tool, args, status = result["tool"], result.get("args") or {}, result["status"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if status == "failed" or not isinstance(tool, str) or not isinstance(args, dict):
+            continue
+        if views_pending and views_pending in text:
+            continue
+        if tool == "get_line_view" and os.environ.get("XDIAG_SOURCE_ROOT"):  # analysis.line_view.SOURCE_ROOT_ENV
+            continue
+        cache.store_answer(files, tool, args, text if text.endswith("\n") else text + "\n")
+        kept += 1
+    return kept
 
 
 def _touch(entry: Path) -> None:

@@ -552,9 +552,10 @@ def quote_source(path: str, line: int, source_root: str | Path | None = None, co
         return {"code_not_available": f"{path} is no Python source file: only the files a Python stack names are read"}
     found = source_file(path, source_root)
     if found is None:
-        where = f" nor under --source-root {source_root}" if source_root is not None else \
-            " (name the checkout that holds it with --source-root DIR)"
-        return {"code_not_available": f"{path} is not readable on this machine{where}"}
+        where = f" nor under source_root {source_root}" if source_root is not None else \
+            ": name the checkout that holds it (the tool's source_root, or --source-root DIR)"
+        return {"code_not_available": f"{path} is not readable on this machine (the path the capture machine "
+                                      f"recorded){where}"}
     cache = {} if cache is None else cache
     if found not in cache:
         try:
@@ -595,6 +596,20 @@ def stale_files(view: LineView, source_root: str | Path | None = None, cache: di
             if STALE in quoted.get("code_not_available", ""):
                 out[entry.file] = quoted["code_not_available"]
     return out
+
+
+def capture_paths_note(view: LineView, source_root: str | Path | None = None) -> str | None:
+    """Where the user's files a view names are not all readable here: that its paths are the capture machine's, how
+    many cannot be read, and what reads them (`source_root`); None where every one can be read."""
+    files = sorted({entry.file for entry in view.lines.values()
+                    if entry.line and not entry.library and entry.file and entry.file.endswith(".py")})
+    missing = [path for path in files if source_file(path, source_root) is None]
+    if not missing:
+        return None
+    under = f" nor under source_root {source_root}" if source_root is not None else ""
+    return (f"the paths are those the capture machine recorded: {len(missing)} of the {len(files)} files are not "
+            f"readable on this machine{under} (e.g. {missing[0]}); give source_root (--source-root DIR on the "
+            "command line), a checkout here holding them, to read their code")
 
 
 def line_record(entry: LineTime, op_ps: int, source_root: str | Path | None = None, quote: bool = True,

@@ -91,6 +91,11 @@ def analyze(
     report = Path(analysis.report_uri) if analysis.report_uri else target / "summary.html"
     if analysis.status == "FAILED":  # one line: the reason, then where the report says it too
         fail(f"{analysis.failure_reason or 'analysis failed'} (report: {report})")
+    from xdiag.agent.result_cache import ResultCache, keep_analysis_answers
+
+    pending = getattr(started_views, "folder", None)  # BackgroundViews: views converted beside the analysis
+    keep_analysis_answers(ResultCache.from_env(), located.files, target,
+                          views_pending=json.dumps(str(pending))[1:-1] if pending is not None else None)
     status = analysis.result.value if analysis.result else analysis.status
     if not quiet:
         colour = "green" if status == "OPTIMAL" else "yellow"

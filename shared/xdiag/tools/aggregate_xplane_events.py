@@ -13,6 +13,18 @@ from xdiag.tools.registry import ToolOutput, compile_pattern, tool
 
 
 TOP_FRAMES = 5
+COUNTER_LINE_HINTS = ("_counters_", "counter")
+"""Lines of counter samples (TPU `_counters_`: a throttle percentage, a clock, at an instant): their events' lengths
+are no time the program spent (one such line summed 491 ms in a 0.6 ms capture)."""
+
+
+def is_counter_line(name: str) -> bool:
+    return any(hint in name.lower() for hint in COUNTER_LINE_HINTS)
+
+
+def zero_length(ln) -> bool:
+    """Every event of the line is an instant (a marker, a sample): none takes time."""
+    return bool(len(ln)) and not ln.durations.at(np.ones(len(ln), bool)).any()
 
 
 @tool(
@@ -29,8 +41,10 @@ TOP_FRAMES = 5
 def aggregate_xplane_events(session: Session, pattern: str, plane: str | None = None, line: str | None = None) -> ToolOutput:
     """summary: pattern, matches, outermost_matches (those not nested in another match on their line), total_ms
     (the time the matches cover on each line, a nested match counted once: total_is says so), mean_us (over the
-    outermost matches), max_us, mean_gap_ms, max_gap_ms, distinct_names.
-    detail: groups per host/plane/line, top names by time; where the matching events are Python frames (PyTorch's
+    outermost matches), max_us, mean_gap_ms, max_gap_ms, distinct_names, not_time_matches (matches on counter lines or
+    lines of zero-length events: samples and instants, counted in matches, never summed as time).
+    detail: groups per host/plane/line, top names by time; not_time (the counter and zero-length lines matched, and
+    what their events are); where the matching events are Python frames (PyTorch's
     `python_function` events, `path.py(LINE): function`; JAX's Python tracer's, `$file.py:LINE function`),
     user_frames (the user's innermost frames by time: past threading, the standard library and the frameworks' own
     frames) and modules (the innermost `nn.Module` calls by time); where matching events that are no user frame (a
@@ -41,7 +55,7 @@ def aggregate_xplane_events(session: Session, pattern: str, plane: str | None = 
     regex = compile_pattern(pattern)  # RE2: linear time, whatever a model chose
     # Running totals, not every matched event's duration and gap kept to the end: a pattern that matches every
     # dispatch of a many-host session matches millions (32 hosts of the 20 MiB bench capture: 2.5 M, ~80 MiB).
-    groups, names_time, user_frames, modules, callers = [], {}, {}, {}, {}
+    groups, names_time, user_frames, modules, callers, not_time = [], {}, {}, {}, {}, []
     kind_of = None  # made on the first line that may hold Python frames
     count = outer_count = total_ps = longest = gap_count = gap_total = 0
     longest_gap = None
@@ -64,6 +78,12 @@ def aggregate_xplane_events(session: Session, pattern: str, plane: str | None = 
             if not mask.any():
                 continue
             d = ln.durations.at(mask)
+            if is_counter_line(ln.name) or not d.any():  # samples or instants: counted, never summed as time
+                count += int(mask.sum())
+                not_time.append({"host": p.host, "plane": p.name, "line": ln.name, "count": int(mask.sum()),
+                                 "is": "counter samples (values at instants), not time" if is_counter_line(ln.name)
+                                 else "zero-length events (instants), not time"})
+                continue
             starts = ln.starts.at(mask)
             order = np.argsort(starts)
             s = starts[order]
@@ -101,8 +121,11 @@ def aggregate_xplane_events(session: Session, pattern: str, plane: str | None = 
                  "total_ms": round(covered_ps / 1e9, 4), "max_us": round(float(d.max()) / 1e6, 3),
                  "mean_gap_ms": round(float(g.mean()) / 1e9, 4) if len(g) else None}
             )
-    if not groups:
+    if not groups and not not_time:
         raise NotAvailable(f"no event matches {pattern!r}" + (f" on planes with {plane!r}" if plane else "") + (f", lines with {line!r}" if line else ""))
+    if not groups:  # only samples or instants matched: what they are, and no time
+        return ToolOutput({"pattern": pattern, "matches": count, "outermost_matches": 0, "total_ms": None,
+                           "not_time_matches": count, "total_is": _NO_TIME}, {"not_time": not_time}, "profile events")
     summary = {
         "pattern": pattern, "matches": count, "outermost_matches": outer_count, "total_ms": round(total_ps / 1e9, 4),
         "total_is": "the time the matching events cover on each line (one nested in another counted once), summed "
@@ -112,6 +135,8 @@ def aggregate_xplane_events(session: Session, pattern: str, plane: str | None = 
         "max_gap_ms": round(longest_gap / 1e9, 4) if gap_count else None,
         "distinct_names": len(names_time),
     }
+    if not_time:
+        summary["not_time_matches"] = sum(g["count"] for g in not_time)
     if len(covered) < len(session.hosts):
         summary.update(hosts_covered=[host.hostname for host in covered], hosts_in_session=len(session.hosts))
     top = sorted(names_time.items(), key=lambda kv: -kv[1])[:20]
@@ -121,7 +146,13 @@ def aggregate_xplane_events(session: Session, pattern: str, plane: str | None = 
         if totals:
             detail[key] = [{"name": n, "total_ms": round(t / 1e9, 4)}
                            for n, t in sorted(totals.items(), key=lambda kv: -kv[1])[:TOP_FRAMES]]
+    if not_time:
+        detail["not_time"] = not_time
     return ToolOutput(summary, detail, "profile events")
+
+
+_NO_TIME = ("none: the matching events are counter samples or zero-length instants (detail.not_time), which take no "
+            "time; count them, never sum them")
 
 
 def _callers(p, ln, kind_of, starts, durations, names, inverse) -> dict[str, int]:

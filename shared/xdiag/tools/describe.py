@@ -114,7 +114,9 @@ def input_schema(spec: ToolSpec, extra: dict[str, dict[str, Any]] | None = None,
     """The JSON Schema of the tool's arguments (with `extra` properties first, e.g. the profile's path)."""
     properties: dict[str, Any] = dict(extra or {})
     for arg, described in arguments(spec).items():
-        schema: dict[str, Any] = {"type": described["type"], "description": described["description"]}
+        schema: dict[str, Any] = {"type": described["type"]}
+        if described["description"]:  # an argument its name and bounds say (MCP's max_rows, offset): none
+            schema["description"] = described["description"]
         for key, json_key in (("minimum", "minimum"), ("maximum", "maximum"), ("enum", "enum"),
                               ("max_length", "maxLength"), ("default", "default")):
             if key in described and described[key] is not None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from xdiag.profile.space import Session
 from xdiag.tools.common import percent
-from xdiag.tools.llo import low_level_gap, low_level_lines
+from xdiag.tools.llo import counter_lines, low_level_gap, low_level_lines
 from xdiag.analysis.op_stats import OpStat, op_stats
 from xdiag.tools.registry import ToolOutput, tool
 
@@ -76,13 +76,13 @@ def _custom(session: Session, stat: OpStat) -> tuple[str, str] | None:
     "get_custom_kernels",
     "Every custom call and hand-written kernel (Pallas/Mosaic, Triton, cuBLAS/hipBLASLt GEMMs, cuDNN/MIOpen, "
     "TransformerEngine): its kind, time share, FLOPs and bytes where the HLO says them, achieved rate; and on TPU "
-    "the LLO / counter / Tensor Core lines the capture carries, or why there are none.",
+    "the LLO / Tensor Core lines the capture carries (or why there are none) and its counter samples.",
 )
 def get_custom_kernels(session: Session) -> ToolOutput:
     """summary: custom_kernels, total_ms, share_of_op_time_percent, top_kernel, kinds {kind: count},
     costed_kernels (how many have FLOPs known), low_level_lines. detail: kernels [every custom kernel, busiest first:
     op, module, kind, target, count, total_ms, share_of_op_time_percent, and the op row's FLOPs/bytes/rates],
-    low_level {available, lines | reason}."""
+    low_level {available, lines | reason, counters: the counter lines (samples, not time)}."""
     stats = op_stats(session)
     total_ps = sum(s.total_ps for s in stats)
     kernels = []
@@ -95,6 +95,8 @@ def get_custom_kernels(session: Session) -> ToolOutput:
         kernels.append({"op": row.pop("op"), "module": row.pop("module"), "kind": kind, "target": target, **row})
     lines = low_level_lines(session)
     low_level = {"available": True, "lines": lines} if lines else {"available": False, "reason": low_level_gap(session)}
+    if counters := counter_lines(session):
+        low_level["counters"] = counters
     kernel_ps = sum(s.total_ps for s in stats if _custom(session, s) is not None)
     kinds: dict[str, int] = {}
     for k in kernels:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 
-from xdiag.analysis.line_view import NO_LINE, SOURCE_ROOT_ENV, line_record, line_view, stale_files
+from xdiag.analysis.line_view import (NO_LINE, SOURCE_ROOT_ENV, capture_paths_note, line_record, line_view,
+                                      stale_files)
 from xdiag.analysis.source_lines import source_lines_missing
 from xdiag.errors import NotAvailable
 from xdiag.profile.space import Session
@@ -35,7 +36,9 @@ def get_line_view(session: Session, top_n: int = 20, order: str = "self", source
     """summary: op_time_ms, lines (how many the stacks name), functions, self_sum_ms (the lines' self times
     summed: the op time), top_line, top_line_function, top_line_self_percent, top_line_total_percent,
     top_function, top_function_total_percent, unattributed_percent (op time no stack names), host_traced (the
-    Python tracer's frames are in the profile), host_ms (their time in the user's frames), source_root,
+    Python tracer's frames are in the profile), host_ms (their time in the user's frames), source_root, paths_are
+    (where some of the files named cannot be read here: the paths are the capture machine's, and source_root reads
+    them),
     source_lines_not_available (why, and how to record them). detail: lines [top_n rows by `order`] and functions
     [top_n rows by total, or by host time with order=host, each: line (`folder/file.py:LINE`, a function's
     `folder/file.py: function`, a library's frame, or `(no source line)`), function, library (no user frame: the
@@ -80,6 +83,8 @@ def get_line_view(session: Session, top_n: int = 20, order: str = "self", source
         summary["host_ms"] = round(sum(t.host_ps for t in view.lines.values()) / 1e9, 4)
     if source_root:
         summary["source_root"] = source_root
+    if note := capture_paths_note(view, source_root):
+        summary["paths_are"] = note
     missing = source_lines_missing(session) if not view.stacks_recorded else None
     if missing:
         summary["source_lines_not_available"] = missing

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from xdiag.errors import NotAvailable
 from xdiag.profile.space import Session
-from xdiag.tools.aggregate_xplane_events import aggregate_xplane_events
+from xdiag.tools.aggregate_xplane_events import aggregate_xplane_events, is_counter_line
 from xdiag.tools.registry import ToolOutput, tool
 
 LLO_LINES = frozenset({
@@ -22,24 +22,35 @@ def _llo_lines(session: Session) -> list[tuple[str, str, int]]:
 
 
 def low_level_lines(session: Session) -> list[dict]:
-    """The LLO, counter and Tensor Core lines of a TPU capture, with their event counts."""
+    """The LLO and Tensor Core lines of a TPU capture, with their event counts (counter lines are `counter_lines`:
+    samples, not time)."""
     return [
         {"plane": p.name, "line": ln.name, "events": len(ln)}
         for p in session.device_planes()
         for ln in p.lines
         if len(ln) and (ln.name in LLO_LINES or any(h in ln.name.lower() for h in COUNTER_HINTS))
+        and not is_counter_line(ln.name)
     ]
 
 
+def counter_lines(session: Session) -> list[dict]:
+    """The device lines of counter samples (`_counters_`: a value such as a throttle percentage at an instant, no
+    span of time), with their sample counts: from the lines' names and sizes, which a session assembled from its
+    hosts' summaries holds too."""
+    return [{"plane": p.name, "line": ln.name, "samples": len(ln), "is": "counter samples (values at instants), not time"}
+            for p in session.device_planes() for ln in p.lines if len(ln) and is_counter_line(ln.name)]
+
+
 def low_level_gap(session: Session) -> str:
-    """Why a session has no LLO or counter lines ('' when it has some)."""
+    """Why a session has no LLO or Tensor Core lines that take time ('' when it has some)."""
     if session.platform != "TPU":
         return f"LLO traces and TPU counters exist only in TPU captures; this is a {session.platform} profile"
     if low_level_lines(session):
         return ""
     names = sorted({ln.name for p in session.device_planes() for ln in p.lines if len(ln)})
-    return ("this TPU capture carries no LLO, counter or Tensor Core lines (its device lines: "
-            + ", ".join(names) + "); capture with LLO tracing / kernel profiling enabled to get them")
+    return ("this TPU capture carries no LLO or Tensor Core lines (its device lines: " + ", ".join(names)
+            + "; counter lines hold samples, not time); capture with LLO tracing / kernel profiling enabled to get "
+            "them")
 
 
 def _require_llo(session: Session) -> list[tuple[str, str, int]]:
