@@ -123,7 +123,16 @@ def written_as(specs: dict[str, float]) -> str:
         return ("jax.nn.dot_product_attention (its XLA implementation: einsum 'BTNH,BSNH->BNTS', softmax, einsum "
                 "'BNTS,BSNH->BTNH')")
     ordered = sorted(specs, key=lambda spec: -specs[spec])[:2]
+    ordered.sort(key=lambda spec: not _scores_einsum(spec))  # q·kᵀ first: both inputs end in what it contracts
     return " + softmax + ".join(f"einsum '{spec}'" for spec in ordered)
+
+
+def _scores_einsum(spec: str) -> bool:
+    """Both inputs end in a letter the einsum contracts over (q·kᵀ: 'bhqd,bhkd->bhqk'), as scores · v does not."""
+    inputs, output = spec.split("->")
+    first, second = inputs.split(",")
+    contracted = (set(first) & set(second)) - set(output)
+    return bool(first and second) and first[-1] in contracted and second[-1] in contracted
 
 
 def component_of(row: dict) -> tuple[str, str | None]:
