@@ -98,7 +98,9 @@ def host_sync(facts: Facts, found: list[Hypothesis]) -> Hypothesis | None:
     fetch_idle = round(step.get("device_idle_percent")
                        or sync_pct + b.get("transfer", 0.0) + b.get("dispatch", 0.0), 2)
     fetches = (syncs >= 1 and bool(wait_name) and bool(FETCH_EVENT.search(str(wait_name)))
-               and "block_until_ready" not in str(wait_name) and fetch_idle >= FETCH_IDLE_MIN_PERCENT)
+               and "block_until_ready" not in str(wait_name) and fetch_idle >= FETCH_IDLE_MIN_PERCENT
+               # where copies hold the most of the idle the step is transfer-bound (memory_transfers' finding)
+               and largest_non_compute(b) in ("host_sync", "dispatch"))
     # One wait at the end of a step is the usual pattern (and on a fast device its latency shows as
     # host_sync time); several waits per step, host callbacks, a wait that is the step's largest
     # non-compute time, or a value fetched every step whose wait idles the device are the problem.
