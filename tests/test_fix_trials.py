@@ -29,10 +29,6 @@ def rows(tmp_path_factory):
     return {p: ft.row(t, work) for p, t in TRIALS.items()}
 
 
-def _known_gap(trial: dict, field: str):
-    return pytest.mark.xfail(strict=True, reason=trial[field]) if trial.get(field) else ()
-
-
 def test_every_trial_has_its_program_and_captures():
     for program, trial in TRIALS.items():
         source = (REPO / "bench" / "fix_trials" / "programs" / f"{program}.py").read_text()
@@ -47,14 +43,66 @@ def test_every_trial_has_its_program_and_captures():
             assert (ft.CAPTURES / f"{program}.{label}.xplane.pb.xz").stat().st_size > 10_000
 
 
-@pytest.mark.parametrize("program", [pytest.param(p, marks=_known_gap(t, "missed")) for p, t in TRIALS.items()])
+@pytest.mark.parametrize("program", [p for p, t in TRIALS.items() if not t.get("not_offered")])
 def test_before_report_names_the_lever(rows, program):
+    """lstm_linen_train's per-step float(loss) (host_sync) and remat_linen_lm's nn.remat (needless_remat) included:
+    neither was named before issue 61's re-read."""
     assert rows[program]["named"], (rows[program]["top_lever"], rows[program]["top_title"])
 
 
-@pytest.mark.parametrize("program", [pytest.param(p, marks=_known_gap(TRIALS[p], "lead_expected")) for p in PAIRS])
+@pytest.mark.parametrize("program", [p for p, t in TRIALS.items() if t.get("not_offered")])
+def test_a_lever_the_trials_contradict_is_not_offered_and_says_why(rows, program):
+    """gpt2_train_linen: Pallas flash_attention at head_dim 64 with its default 128 blocks doubled the step (52 ->
+    104 ms, the flash capture): the report reads head_dim 64 from the attention's shapes, does not offer the lever,
+    and names that measured regression."""
+    row = rows[program]
+    assert not row["named"], row["lever_fix"]
+    assert "head_dim" in row["not_advised"] and "104 ms instead of 52" in row["not_advised"], row["not_advised"]
+
+
+@pytest.mark.parametrize("program", [p for p in PAIRS if TRIALS[p].get("applies_lever")])
 def test_after_report_no_longer_leads_with_it(rows, program):
     assert rows[program]["after_top_lever"] != TRIALS[program]["lever"], rows[program]["after_top_title"]
+
+
+@pytest.mark.parametrize("program", [p for p in PAIRS if TRIALS[p].get("applies_lever")])
+def test_a_prediction_is_within_a_factor_of_1_5_of_what_it_realized(rows, program):
+    """Where the after capture is the lever's change as written, the middle of its predicted range is within ×1.5 of
+    the realized gain (mlp_f32_raw 78.7%, paged_decode_raw 64.7%, lstm_linen_train 14.7%; pre-freeze trials, which
+    calibrated the paged and host-fetch ranges, so this holds them, it does not judge them)."""
+    row = rows[program]
+    low, high = row["predicted"]
+    middle = (low + high) / 2
+    assert 1 / 1.5 <= row["realized"] / middle <= 1.5, (program, row["predicted"], row["realized"])
+
+
+def test_no_prediction_exceeds_the_step(rows):
+    """ragged_serve_raw predicted 76.1-118.4% before every gain was capped at the share of the step the component
+    holds."""
+    for program, row in rows.items():
+        for predicted in (row["predicted"], row["top_predicted"]):
+            if predicted:
+                assert 0 <= predicted[0] <= predicted[1] <= 100, (program, predicted)
+
+
+def test_keras_causal_attention_leads_with_the_path_that_reaches_the_kernel(rows):
+    """prefill_keras: keras.ops.dot_product_attention(is_causal=True) under jit falls back to XLA attention in
+    Keras 3.15.1 (the mask is built with jnp.tril, a Tracer): 2.8x slower (the dpa capture). The lever now passes
+    a NumPy mask, says why not is_causal=True, and predicts nothing it has not measured."""
+    row = rows["prefill_keras"]
+    fix = row["lever_fix"]
+    assert "mask=causal_mask" in fix and "np.tril(np.ones(" in fix and "Not is_causal=True" in fix, fix
+    assert row["predicted"] is None and "not measured" in fix, fix
+    assert "einsum + softmax + einsum" not in fix
+
+
+def test_attention_is_described_as_the_program_writes_it(rows):
+    """remat_linen_lm calls jax.nn.dot_product_attention at its line 28: its ops carry that call's own einsums
+    (BTNH,BSNH->BNTS), so the report names the call, not an einsum + softmax + einsum it does not write."""
+    row = rows["remat_linen_lm"]
+    assert row["top_key"] == "materialised_attention", row["top_title"]
+    assert "written as jax.nn.dot_product_attention" in row["top_text"] and "head_dim 64" in row["top_text"]
+    assert "einsum + softmax + einsum" not in row["top_text"] + row["top_fix"]
 
 
 def test_the_table_holds_what_the_captures_measured(rows):

@@ -50,8 +50,15 @@ def levers(diag: dict) -> list[str | None]:
     return [lever(f) for f in diag.get("findings", [])]
 
 
+_LEAD = re.compile(r"Leading with [^:]+: " + _RANGE.pattern)
+
+
 def predicted(finding: dict) -> tuple[float, float] | None:
-    """The (low, high) % shorter steps the finding predicts for its lever, else None."""
+    """The (low, high) % shorter steps the finding predicts for its lever (the range its lead lever gives, else the
+    first range its impact or fix states), else None."""
+    m = _LEAD.search(finding.get("expected_impact", ""))
+    if m:
+        return float(m.group(1)), float(m.group(2))
     for text in (finding.get("expected_impact", ""), finding.get("fix", "")):
         m = _RANGE.search(text)
         if m:
@@ -76,7 +83,11 @@ def row(trial: dict, work: Path) -> dict:
     mine = next((f for f in d.get("findings", []) if lever(f) == trial["lever"]), None)
     out = {"program": p, "framework": before["framework"], "phase": before["phase"], "status": d["status"],
            "top_key": top.get("key"), "top_lever": lever(top) if top else None, "top_title": top.get("title"),
+           "top_text": top.get("whats_happening", ""),
            "top_fix": top.get("fix", ""), "lever": trial["lever"], "named": mine is not None,
+           "lever_fix": mine.get("fix", "") if mine else "",
+           "not_advised": next((f.get("fix", "") for f in d.get("findings", [])
+                                if f"the {trial['lever'].replace('_', ' ')} lever (" in f.get("fix", "")), ""),
            "predicted": predicted(mine) if mine else None, "top_predicted": predicted(top) if top else None,
            "before_ms": before["pipelined"]["mean_ms"],
            "same_ms": steps(p, "before-b")["pipelined"]["mean_ms"]}

@@ -85,6 +85,56 @@ def scores_shape(row: dict) -> tuple[int, ...] | None:
     return None
 
 
+def head_dim(row: dict, seq: int) -> int | None:
+    """The head dimension of an attention op with S×S scores (S = `seq`): the last dimension of the 4-d q/k/v (or
+    output) array beside the scores, one whose dimensions hold S but whose last is not S ([batch, seq, heads,
+    head_dim] or [batch, heads, seq, head_dim]); None where the op shows no such array."""
+    text = f"{row.get('shape') or ''} {' '.join(str(s) for s in row.get('operand_shapes') or [])}"
+    for dims in _dims(text):
+        if len(dims) == 4 and seq in dims[:-1] and dims[-1] != seq and dims[-2] != dims[-1]:
+            return dims[-1]
+    return None
+
+
+def masked(row: dict, seq: int) -> bool:
+    """The op reads a boolean S×S array: the scores are masked (causally, or by padding)."""
+    text = f"{' '.join(str(s) for s in row.get('operand_shapes') or [])}".replace(" ", "")
+    return any(m.group(0).startswith("pred") and len(d) >= 2 and d[-1] == d[-2] == seq
+               for m in _SHAPE.finditer(text) for d in [tuple(int(x) for x in m.group(1).split(",") if x)])
+
+
+_EINSUM_SPEC = re.compile(r"(?:^|[/(])([A-Za-z]+,[A-Za-z]+->[A-Za-z]+)(?=[)/]|$)")
+JAX_NN_ATTENTION_SPECS = ("BTNH,BSNH->BNTS", "BNTS,BSNH->BTNH")
+"""The einsums jax.nn.dot_product_attention's XLA implementation writes (jax/_src/nn/functions.py
+_dot_product_attention_core): ops named with them are that call's, not the user's own einsums."""
+
+
+def einsum_spec(row: dict) -> str | None:
+    """The einsum spec an op's framework op names ('vmap(BTNH,BSNH->BNTS)/dot_general'), else None."""
+    m = _EINSUM_SPEC.search(str(row.get("framework_op") or ""))
+    return m.group(1) if m else None
+
+
+def written_as(specs: dict[str, float]) -> str:
+    """How the attention is written, from the einsum specs its ops are named with (spec -> share of op time)."""
+    if not specs:
+        return "matmul + softmax + matmul"
+    if set(specs) <= set(JAX_NN_ATTENTION_SPECS):
+        return ("jax.nn.dot_product_attention (its XLA implementation: einsum 'BTNH,BSNH->BNTS', softmax, einsum "
+                "'BNTS,BSNH->BTNH')")
+    ordered = sorted(specs, key=lambda spec: -specs[spec])[:2]
+    ordered.sort(key=lambda spec: not _scores_einsum(spec))  # q·kᵀ first: both inputs end in what it contracts
+    return " + softmax + ".join(f"einsum '{spec}'" for spec in ordered)
+
+
+def _scores_einsum(spec: str) -> bool:
+    """Both inputs end in a letter the einsum contracts over (q·kᵀ: 'bhqd,bhkd->bhqk'), as scores · v does not."""
+    inputs, output = spec.split("->")
+    first, second = inputs.split(",")
+    contracted = (set(first) & set(second)) - set(output)
+    return bool(first and second) and first[-1] in contracted and second[-1] in contracted
+
+
 def component_of(row: dict) -> tuple[str, str | None]:
     """(component, kernel) of one op row of get_hlo_op_profile; the kernel: the library kernel's name where one runs."""
     op, fop = str(row.get("op") or ""), str(row.get("framework_op") or "")
@@ -143,6 +193,9 @@ class Component:
     bounds: dict[str, float] = field(default_factory=dict)  # memory | compute -> share
     backward_share: float = 0.0
     scores_shape: tuple[int, ...] | None = None
+    head_dims: dict[int, float] = field(default_factory=dict)  # attention: head_dim -> share of the ops that show it
+    masked: bool = False  # attention: an op reads a boolean S×S mask (a causal or padding mask)
+    specs: dict[str, float] = field(default_factory=dict)  # attention: einsum spec -> share of op time
 
     def record(self) -> dict[str, Any]:
         efficiency = (round(self.efficiency_weighted / self.efficiency_share, 1) if self.efficiency_share else None)
@@ -162,6 +215,12 @@ class Component:
             out["backward_share_percent"] = round(self.backward_share, 2)
         if self.scores_shape:
             out["scores_shape"] = list(self.scores_shape)
+        if self.head_dims:
+            out["head_dim"] = max(self.head_dims, key=self.head_dims.get)
+        if self.masked:
+            out["masked"] = True
+        if self.key == "materialised_attention":
+            out["written_as"] = written_as(self.specs)
         return out
 
 
@@ -193,8 +252,15 @@ def components(rows: Iterable[dict]) -> list[Component]:
             c.bounds[str(row["bound"])] = c.bounds.get(str(row["bound"]), 0.0) + share
         if "transpose(" in str(row.get("framework_op") or ""):
             c.backward_share += share
-        if key == "materialised_attention" and c.scores_shape is None:
-            c.scores_shape = scores_shape(row)
+        if key == "materialised_attention":
+            scores = scores_shape(row)
+            c.scores_shape = c.scores_shape or scores
+            if scores:
+                if (dim := head_dim(row, scores[-1])) is not None:
+                    c.head_dims[dim] = c.head_dims.get(dim, 0.0) + share
+                c.masked |= masked(row, scores[-1])
+            if (spec := einsum_spec(row)) is not None:
+                c.specs[spec] = c.specs.get(spec, 0.0) + share
     return sorted(found.values(), key=lambda c: -c.share_percent)
 
 

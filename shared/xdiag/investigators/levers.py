@@ -81,6 +81,13 @@ def _recomputes(a: dict, c: dict) -> bool | None:
     return None if share is None else share > 0
 
 
+def _head_dim_at_least(least: int) -> Check:
+    def check(a: dict, c: dict) -> bool | None:
+        head_dim = c.get("head_dim")
+        return None if head_dim is None else head_dim >= least
+    return check
+
+
 def _not_keras(a: dict, c: dict) -> bool | None:
     return a.get("framework") != "Keras 3"
 
@@ -104,6 +111,16 @@ PREMISES: dict[str, Premise] = {
         lambda a, c: None if not a.get("sync_event") else "block_until_ready" not in str(a["sync_event"]),
         "the host waits in block_until_ready on each call's result, not in a fetch of a value",
         "which call blocks: a float()/.item() on a device value, or a block_until_ready"),
+    "head_dim_at_least_128": Premise(
+        _head_dim_at_least(128),
+        "the attention's head_dim is under 128 (read from its q/k/v shapes): at head_dim 64 with the kernel's "
+        "default 128 blocks a Flax training step took 104 ms instead of 52 (fix trial gpt2_train_linen), and no "
+        "block size was measured that recovers it",
+        "the attention's head_dim (the last dimension of q, k and v): at 64 the kernel doubled a training step"),
+    "keras_mask_concrete": Premise(
+        lambda a, c: None, "",
+        "that the mask is a NumPy array (concrete), not built with keras.ops / jnp inside the jitted step, and that "
+        "Keras is 3.15.1 or a version whose dot_product_attention source takes the same path"),
     "no_prefetch_yet": Premise(lambda a, c: None, "", "whether the input pipeline already prepares and copies the next "
                                "batch while a step runs (prefetching)"),
 }
@@ -122,7 +139,8 @@ class Lever:
     # only where the gap is a lower bound (a kernel rated from an upper bound of its work: ragged paged attention)
     gap: str = "below_roof"  # below_roof: share × (1 − efficiency); share: the component's whole share; finding: the
     # finding's stake; overlap: the shorter of the finding's stake and the device's compute share (work moved off the
-    # critical path runs beside the device's); throughput: more work per step, not shorter steps (no step-time gain)
+    # critical path runs beside the device's); throughput: more work per step, not shorter steps (no step-time gain);
+    # unmeasured: no trial has timed the change, so no gain is predicted (the user captures before and after)
     trial: str = ""  # the example program (shared/xdiag/examples) whose before/after capture exercises it
     order: int = 1  # 1: changes how the program runs; 2: changes what it computes (batch size): offered after
 
@@ -131,25 +149,28 @@ LEVERS: tuple[Lever, ...] = (
     Lever("flash_attention_tpu", "materialised_attention", ("materialised_attention", "memory_bound",
                                                             "low_kernel_efficiency"),
           JAX_CODE, ("TPU",),
-          "replace the einsum + softmax + einsum at {line} with the Pallas flash-attention kernel, which never writes "
-          "the S×S scores to HBM: jax.experimental.pallas.ops.tpu.flash_attention.flash_attention(q, k, v, "
-          "causal=True (False where the scores are not masked causally), sm_scale=1 / sqrt(head_dim), "
-          "block_sizes=BlockSizes(block_q=512, block_k_major=512, "
-          "block_k=512, block_b=1)) with q, k, v as [batch, heads, seq, head_dim] (for long or masked sequences, "
-          "splash attention: jax.experimental.pallas.ops.tpu.splash_attention.make_splash_mha)",
-          ("not_a_pallas_kernel",), gain=(0.5, 0.95), gap="share", trial="gpt_train"),
+          "replace the {attention} at {line} with the Pallas flash-attention kernel, which never writes the S×S "
+          "scores to HBM: jax.experimental.pallas.ops.tpu.flash_attention.flash_attention(q, k, v, "
+          "causal=True (False where the scores are not masked causally), sm_scale=1 / sqrt(head_dim)) with q, k, v "
+          "as [batch, heads, seq, head_dim]; its default BlockSizes are 128 everywhere (BlockSizes.get_default), "
+          "and no larger block was measured (for long or masked sequences, splash attention: "
+          "jax.experimental.pallas.ops.tpu.splash_attention.make_splash_mha)",
+          ("not_a_pallas_kernel", "head_dim_at_least_128"), gain=(0.5, 0.95), gap="share", trial="gpt_train"),
     Lever("keras_flash_attention", "materialised_attention", ("materialised_attention", "memory_bound",
                                                               "low_kernel_efficiency"),
-          ("Keras 3",), ("TPU", "GPU"),
-          "let Keras use its fused attention at {line}: keras.layers.MultiHeadAttention(num_heads, key_dim, "
-          "flash_attention=True) with bfloat16 inputs (or keras.ops.dot_product_attention(query, key, value, "
-          "is_causal=True, flash_attention=True) where the attention is written by hand), so the S×S scores never "
-          "reach memory",
-          ("not_a_pallas_kernel",), gain=(0.5, 0.9), gap="share", trial="gpt_train"),
+          ("Keras 3",), ("TPU",),
+          "replace the {attention} at {line} with keras.ops.dot_product_attention(query, key, value, "
+          "mask=causal_mask, flash_attention=True), causal_mask a NumPy array built once outside the jitted step "
+          "(causal_mask = np.tril(np.ones((batch, 1, seq, seq), dtype=bool)); np.ones(...) where the scores are "
+          "not masked): that is the path of Keras 3.15.1 (keras/src/backend/jax/nn.py dot_product_attention) that "
+          "reaches the Splash kernel under jit. Not is_causal=True, nor keras.layers.MultiHeadAttention("
+          "use_causal_mask=True): Keras then builds the mask with jnp.tril, a Tracer under jit, and falls back to "
+          "XLA attention, which still writes the scores (fix trial prefill_keras: 2.8× slower)",
+          ("not_a_pallas_kernel", "keras_mask_concrete"), gap="unmeasured"),
     Lever("cudnn_attention_gpu", "materialised_attention", ("materialised_attention", "memory_bound",
                                                             "low_kernel_efficiency"),
           JAX_CODE, ("GPU",),
-          "replace the einsum + softmax + einsum at {line} with jax.nn.dot_product_attention(q, k, v, "
+          "replace the {attention} at {line} with jax.nn.dot_product_attention(q, k, v, "
           "is_causal=True, implementation=\"cudnn\") (q, k, v as [batch, seq, heads, head_dim], bf16 or fp16), "
           "a fused kernel that never writes the S×S scores to memory",
           ("not_a_pallas_kernel",), gain=(0.5, 0.9), gap="share", trial="gpt_train"),
@@ -161,10 +182,11 @@ LEVERS: tuple[Lever, ...] = (
     Lever("paged_attention_block", "paged_attention", ("memory_bound", "low_kernel_efficiency", "bounded_efficiency"),
           JAX_FAMILY, ("TPU",),
           "raise pages_per_compute_block in the jax.experimental.pallas.ops.tpu.paged_attention.paged_attention(q, "
-          "k_pages, v_pages, lengths, page_indices, pages_per_compute_block=...) call at {line} (16 → 64 realized "
-          "32% shorter steps on a v5e; it must divide the pages per sequence), and give the KV cache larger pages "
+          "k_pages, v_pages, lengths, page_indices, pages_per_compute_block=...) call at {line} (on a v5e 16 → 64 "
+          "realized 32% shorter steps, and 2 → 16 64.7% in fix trial paged_decode_raw; it must divide the pages per "
+          "sequence), and give the KV cache larger pages "
           "so each copy from HBM is longer",
-          ("far_below_roof",), gain=(0.25, 0.5), gap="below_roof", trial="paged_attention_decode"),
+          ("far_below_roof",), gain=(0.4, 0.8), gap="below_roof", trial="paged_attention_decode"),
     Lever("ragged_paged_attention_block", "ragged_paged_attention",
           ("memory_bound", "low_kernel_efficiency", "bounded_efficiency"), JAX_FAMILY, ("TPU",),
           "raise num_kv_pages_per_block (and num_queries_per_block) in the jax.experimental.pallas.ops.tpu."
@@ -218,7 +240,7 @@ LEVERS: tuple[Lever, ...] = (
     Lever("drop_per_step_fetch", "host", ("host_sync",), JAX_CODE, ("TPU", "GPU", "CPU"),
           "remove the per-step float(loss) / .item() / np.asarray(...) / jax.device_get at {line}: keep the "
           "metrics on the device and fetch them every N steps",
-          ("fetches_not_block",), gain=(0.5, 1.0), gap="finding", trial="host_sync"),
+          ("fetches_not_block",), gain=(0.9, 1.0), gap="finding", trial="host_sync"),
     Lever("drop_per_step_item_torch", "host", ("host_sync",), TORCH_FAMILY, ("TPU", "GPU", "CPU"),
           "remove the per-step .item() / .cpu() / print of a tensor at {line}: accumulate on the device and read "
           "every N steps",
@@ -250,7 +272,12 @@ LEVERS: tuple[Lever, ...] = (
 table: pages_per_compute_block 16 → 64 recovered 32% of a step whose gap, at most 15.4% of the roof, read 77%: 0.42;
 num_kv_pages_per_block 8 → 32 recovered 31% of a step whose gap read 25% (100% of op time × (1 − at most 58.8%) × 60%
 computing), 1.24 of a gap that is a lower bound; flash attention 95% of an einsum prefill whose attention held 97% of
-op time; lax.scan(..., unroll=8) 14 points of an LSTM step whose gap read 56%: 0.25)."""
+op time; lax.scan(..., unroll=8) 14 points of an LSTM step whose gap read 56%: 0.25). Recalibrated on the pre-freeze
+fix trials (bench/fix_trials.md; calibration data, not the acceptance figure): pages_per_compute_block 2 → 16 took 64.7%
+of paged_decode_raw's step, whose gap read 73.4%: 0.88, beside issue 61's 0.42: paged 0.4–0.8, both within ×1.5 of
+its middle; lstm_linen_train's per-step float(loss) removed took 14.7% of a step whose device idled 11.6% in the trace
+(its 3 traced steps average 10.97 ms, the program's own loop 11.65): drop_per_step_fetch 0.9–1.0 of that idle share.
+Every gain is capped at the share of the step the component holds (ragged_serve_raw read 76.1–118.4% before)."""
 
 LEVERS_BY_KEY = {lever.key: lever for lever in LEVERS}
 
@@ -343,7 +370,8 @@ def candidates(anatomy: dict[str, Any], finding: str, component: str | None, com
             continue
         gain, basis = _gain(lever, record, compute_percent, finding_step_percent)
         change = lever.change.format(line=at_line or line or "the line that calls it",
-                                     kernel=record.get("kernel") or "")
+                                     kernel=record.get("kernel") or "",
+                                     attention=record.get("written_as") or "attention")
         offers.append(Offer(lever, change, unchecked, gain, basis))
     offers.sort(key=lambda o: (o.lever.order, -(o.gain_percent[1] if o.gain_percent else 0)))
     return offers, rejected
@@ -357,6 +385,8 @@ def _gain(lever: Lever, record: dict, compute: float | None, finding_step: float
     at_most = "at most " if record.get("efficiency_is_upper_bound") else ""
     if lever.gap == "throughput":
         return None, "more work per step in about the same time, not a shorter step"
+    if lever.gap == "unmeasured":
+        return None, "not measured: no trial has timed this change; capture a step before and after it"
     if lever.gap == "overlap":
         # Work moved off the critical path overlaps the device's: the step falls by at most the shorter of the two.
         if finding_step is None or compute is None:
@@ -383,12 +413,19 @@ def _gain(lever: Lever, record: dict, compute: float | None, finding_step: float
                  + (" (a lower bound of the gap: the efficiency is an upper bound)" if at_most else ""))
     if not high:
         return None, "it frees memory, not time"
-    return (round(gap * low, 1), round(gap * high, 1)), f"{low:g}–{high:g} of the gap: {basis}"
+    low_percent, high_percent = gap * low, gap * high
+    if lever.gap != "finding" and share is not None and compute is not None and high_percent > share * compute / 100:
+        # No change to a component takes more off the step than the component holds of it.
+        held = share * compute / 100
+        low_percent, high_percent = min(low_percent, held), held
+        basis += f"; capped at the {held:.3g}% of the step the component holds"
+    return (round(low_percent, 1), round(high_percent, 1)), f"{low:g}–{high:g} of the gap: {basis}"
 
 
 def lead_sentence(offer: Offer) -> str:
     gain = (f" Expected: {offer.gain_percent[0]:g}–{offer.gain_percent[1]:g}% shorter steps "
-            f"({offer.gap_basis})." if offer.gain_percent else "")
+            f"({offer.gap_basis})." if offer.gain_percent
+            else f" Expected gain: {offer.gap_basis}." if offer.lever.gap == "unmeasured" else "")
     check = (" Check first: " + "; ".join(offer.unchecked) + "." if offer.unchecked else "")
     return "First, " + offer.change + "." + gain + check
 

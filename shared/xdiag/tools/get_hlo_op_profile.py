@@ -43,7 +43,7 @@ def get_hlo_op_profile(session: Session, top_n: int = 20) -> ToolOutput:
     upper bounds: rows with rates_are_upper_bounds), dominant_ops_roofline_efficiency_percent, dominant_ops_share_percent, dominant_ops, dominant_ops_matmul_precision,
     dominant_ops_measured_share_percent, dominant_ops_unmeasured, flagged_op_rows; loop_work's busiest_ops_mean_us,
     busiest_ops, busiest_ops_efficiency_percent, busiest_ops_share_percent, loop_trips_per_run (read from the loop), loop_trips_from, loop_of_busiest_op; rematerialised_op_percent,
-    rematerialised_op_count and rematerialised_ops (op time in the ops jax.checkpoint recomputes); async_copies (transfer_spans: copies, GB per copy,
+    rematerialised_op_count and rematerialised_ops (op time in the ops jax.checkpoint recomputes), rematerialised_saveable_dot_gib (the outputs of the recomputed matmuls with no batch dimensions: what jax.checkpoint_policies.dots_with_no_batch_dims_saveable keeps instead); async_copies (transfer_spans: copies, GB per copy,
     measured link GB/s) where the profile has copy-start/copy-done pairs; and on TPU/GPU the checked peaks
     (device_model, peak_tflops, peak_hbm_gb_per_s, ridge_flop_per_byte, flops_source, bandwidth_source,
     peak_warnings). detail: ops [top_n rows, each with

@@ -53,9 +53,11 @@ def materialised_attention(facts: Facts, found: list[Hypothesis]) -> Hypothesis 
     return Hypothesis(
         "materialised_attention", share * facts.compute / 100,
         "Attention materialises its S×S scores in memory",
-        f"Attention written as matmul + softmax + matmul{_lines_note(c)} holds {share:g}% of op time"
+        f"Attention written as {c.get('written_as') or 'matmul + softmax + matmul'}{_lines_note(c)} holds {share:g}% "
+        "of op time"
         + (f" ({backward:g}% in its backward pass)" if backward else "")
         + (f"; its scores are a {'×'.join(str(d) for d in shape)} array" if shape else "")
+        + (f" (head_dim {c['head_dim']})" if c.get("head_dim") else "")
         + " that each of its ops writes to HBM and reads back"
         + (f", at {efficiency:g}% of the roof" if efficiency is not None else "")
         + ". The ops run near their roof, but the roof is the wrong measure: a fused attention kernel computes the "

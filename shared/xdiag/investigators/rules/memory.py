@@ -147,16 +147,19 @@ def needless_remat(facts: Facts, found: list[Hypothesis]) -> Hypothesis | None:
     if not needless_recompute(health) or facts.compute < 30:
         return None
     share, peak, limit = health.rematerialised_op_percent, health.peak_memory_gib, memory_limit_gib(health)
+    saved = health.rematerialised_saveable_dot_gib
     used = 100 * peak / limit
     step_ms = facts.step_ms
     per_step = f", about {step_ms * facts.compute / 100 * share / 100:.3g} ms of each {step_ms:.3g} ms step" if step_ms else ""
     return Hypothesis(
         "needless_remat", share * facts.compute / 100,
-        "Recomputation the memory does not need: rematerialised blocks while the peak is well under the limit",
+        "Recomputation the memory does not need: rematerialised blocks whose saved values would fit under the limit",
         f"{share:g}% of op time re-runs forward computations inside the backward pass (ops JAX marks "
         f"rematted_computation under jax.checkpoint: {', '.join(ops.get('rematerialised_ops') or [])}), while the "
         f"step's peak memory is {peak:g} of {limit:g} GiB ({used:.0f}%): the activations it recomputes could be "
-        "kept instead.",
+        "kept instead"
+        + (f" (the recomputed matmuls' outputs a dots-saving policy keeps are {saved:g} GiB: "
+           f"{100 * (peak + saved) / limit:.0f}% of the limit with them)." if saved else "."),
         facts.base + [evidence("get_hlo_op_profile", "rematerialised_op_percent", share),
                       evidence("get_memory_profile", "peak_memory_gib", peak),
                       evidence("get_memory_profile", "capacity_gib", health.memory_capacity_gib)],
