@@ -1,11 +1,8 @@
-"""A GPT-style decoder's training step (bf16, causal attention, MLP, SGD) in one jit.
+"""A GPT-style decoder's training step (bf16, causal attention, MLP, SGD) in one jit, its attention materialised.
 
 Embedding, 4 pre-norm decoder blocks (d_model 1024, 8 heads of 128, MLP 4x), tied output projection, cross-entropy,
-backward pass and update in one program; the step is dominated by large bf16 matmuls near the chip's matmul roof.
-Problem: the attention is written as einsum + softmax + einsum, so each layer's [16, 8, 1024, 1024] scores are
-written to HBM and read back in the forward and backward passes (34% of op time on a v5e, at 85% of the roof: near
-the roof, but bytes a fused kernel never moves). A good reading names that attention and leads with the Pallas
-flash-attention kernel at the einsum's line (issue 61: such a step was called OPTIMAL).
+backward pass and update; the matmuls run near the roof. Problem: attention as einsum + softmax + einsum writes each
+layer's [16, 8, 1024, 1024] scores to HBM and back (34% of op time on a v5e): bytes a fused kernel never moves.
 """
 
 from __future__ import annotations
