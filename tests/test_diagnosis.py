@@ -93,7 +93,7 @@ def _same(a, b) -> bool:
 
 def _where_the_evidence_says(outputs: list[dict], metric: str, value) -> bool:
     """The value sits where the metric names it: under the key `metric` (or its dotted path from the summary);
-    for "events matching ..." in the summary's `matches`; for "<op or name> <field>" (or "top op <op>") in the row
+    for "events matching ..." in the summary's `matches` ("outermost events matching ...": `outermost_matches`); for "<op or name> <field>" (or "top op <op>") in the row
     that names that op. A number that merely occurs somewhere in the answer does not count."""
     for output in outputs:
         summary = output.get("summary") or {}
@@ -103,6 +103,8 @@ def _where_the_evidence_says(outputs: list[dict], metric: str, value) -> bool:
         if _same(node, value):
             return True
         if metric.startswith("events matching ") and _same(summary.get("matches"), value):
+            return True
+        if metric.startswith("outermost events matching ") and _same(summary.get("outermost_matches"), value):
             return True
         words = set(metric.split())
         for row in _rows(output):

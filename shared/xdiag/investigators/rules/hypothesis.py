@@ -105,8 +105,10 @@ def program(module: str | None) -> str:
 def events_evidence(result: ToolResult) -> list[Evidence]:
     s = result.summary
     nested = (s.get("matches") or 0) - (s.get("outermost_matches") or s.get("matches") or 0)
-    out = [evidence("aggregate_xplane_events", f"events matching {s.get('pattern')!r}",
-                    s.get("outermost_matches", s.get("matches")),
+    outermost = "outermost_matches" in s  # nested matches are counted once: the count quoted is the outermost's
+    out = [evidence("aggregate_xplane_events",
+                    f"{'outermost ' if outermost else ''}events matching {s.get('pattern')!r}",
+                    s["outermost_matches"] if outermost else s.get("matches"),
                     f"{s.get('total_ms')} ms in total, mean {s.get('mean_us')} µs"
                     + (f" ({nested} more nested in them, their time counted once)" if nested > 0 else ""))]
     # Python frames (a PyTorch trace's python_function events): the user's innermost frames and nn.Module calls, not
