@@ -348,6 +348,8 @@ NOT_SET_IN_CLOUD = {
     "VERTEX_BASE_URL": "a private Vertex AI endpoint; unset, the client uses Vertex AI in VERTEX_LOCATION",
     "XDIAG_CONTROL_PLANE_TOKEN": "a shared secret for a control plane without IAM; the deployment sets "
     "XDIAG_CONTROL_PLANE_AUTH=iam instead",
+    "XDIAG_CONFINED_ROOTS": "the folders `xdiag mcp --allow` confines a worker's reads to, passed by the MCP server to "
+    "its own worker processes; the cloud stages read only the bucket's files, confined by IAM",
     "XDIAG_WIRE_JIT": "forces the numba-compiled profile decoder over the ahead-of-time one (build_wire, tests); "
     "unset, a deployment uses whichever it has",
     "XDIAG_XPROF_VIEWS": "a switch that turns XProf's converters off (xdiag analyze --no-xprof-views); unset, the "
