@@ -77,6 +77,9 @@ def _flags_not_findings(health: HealthSnapshot, keys: set[str]) -> str:
         elif compute < 30:
             notes.append(f"{flag} is not a finding: the devices compute only {compute}% of the step, so op time is "
                          "not where the step's time goes")
+        elif "materialised_attention" in keys:
+            notes.append(f"{flag} is not a finding of its own: the materialised attention finding covers the "
+                         "memory-bound ops that read and write its scores")
     efficiency = health.dominant_ops_roofline_efficiency_percent
     if efficiency is not None and efficiency < DOMINANT_EFFICIENCY_MIN_PERCENT and "low_kernel_efficiency" not in keys:
         covered = keys & {"memory_bound", "memory_transfers"}
