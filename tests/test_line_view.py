@@ -21,6 +21,8 @@ from xdiag.profile.reader import read_session_in_process
 from xdiag.tools import run_tool
 from xdiag.tools.get_line_view import get_line_view
 
+from tests.conftest import missing_shared
+
 TESTS = Path(__file__).resolve().parent
 TPU = sorted((TESTS / "profiles" / "tpu_v5e").glob("*.xplane.pb"))
 EXAMPLES = TESTS.parent / "shared" / "xdiag" / "examples"
@@ -203,7 +205,7 @@ def test_a_pytorch_trace_puts_its_kernels_on_the_users_lines(trace):
     model adapter's run_on_input holds the kernels, never torch's or threading's frames."""
     path = TRACES / trace
     if not path.exists():
-        pytest.skip(f"{path} is not here: the public traces live in ../shared/traces beside the checkout")
+        missing_shared(path)
     session = read_session_in_process([path])
     view = line_view(session)
     assert view.stacks_recorded and view.host_traced
