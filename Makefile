@@ -42,12 +42,14 @@ up: $(STAMP)
 down:
 	@if [ -x $(BIN)/xdiag ]; then $(BIN)/xdiag down; fi
 
-## bench: xdiag against XProf's converters on 5 MiB to 2 GiB profiles, then the cloud path on the local stack, then
-## the memory XProf's conversions hold against xdiag's estimate, the local tool cache and the cold start (about 27
-## minutes; see bench/README.md). The captures
-## and the large profiles built from them (2.4 GiB) stay in $(BENCH_WORK) for the next run; `make clean` removes them.
+## bench: xdiag against XProf's converters on 5 MiB to 2 GiB CPU profiles and on the real TPU v5e capture (with and
+## without XProf's views, and a 2 GB host made from it), then the cloud path on the local stack, then the memory
+## XProf's conversions hold against xdiag's estimate, the local tool cache and the cold start (about 40 minutes; see
+## bench/README.md). The captures
+## and the large profiles built from them (4.4 GiB) stay in $(BENCH_WORK) for the next run; `make clean` removes them.
 bench: $(STAMP)
 	$(BIN)/python bench/run_bench.py --sizes 5,20,200,2048 --repeats 3 --workdir $(BENCH_WORK)
+	$(BIN)/python bench/run_bench.py --tpu --repeats 3 --workdir $(BENCH_WORK)
 	$(BIN)/python bench/cloud_bench.py --size-mib 20 --repeats 3 --workdir $(BENCH_WORK)
 	$(BIN)/python bench/xprof_memory.py --workdir $(BENCH_WORK)
 	$(BIN)/python bench/tool_cache_bench.py --size-mib 20 --repeats 3 --workdir $(BENCH_WORK)
