@@ -350,16 +350,20 @@ def python_frame_times(session: Session) -> dict:
         traced = True
         # The innermost user frame around each moment: a stack of open user frames; each event that is no user
         # frame is charged (by kind) to the innermost open one; each user frame's own time is its span less the
-        # spans of the user frames directly inside it.
+        # spans of the user frames directly inside it. Only user frames and events of a kind are walked (a
+        # million-event Python line holds a few thousand): the frames another event would have closed first are
+        # closed by the next one walked, as they end before it starts.
+        kind_of_id = {k: next((kind for kind, pattern in HOST_KINDS if pattern.search(n)), "") for k, n in names.items()}
+        kind_ids = np.array([k for k, kind in kind_of_id.items() if kind], dtype=np.int64)
+        walked = np.flatnonzero(is_user | isin_ids(ids, kind_ids))
         stack: list[list] = []  # [end, name, inner user time, span]
-        kind_cache: dict[int, str] = {}
         covered_until: list[int] = []  # per open frame: the end of the last outermost event charged inside it
 
         def close(frame: list) -> None:
             entry = frames.setdefault(frame[1], [0, {}])
             entry[0] += frame[3] - frame[2]
 
-        for i in np.lexsort((-ends, starts)).tolist():
+        for i in walked[np.lexsort((-ends[walked], starts[walked]))].tolist():
             start, end = int(starts[i]), int(ends[i])
             while stack and stack[-1][0] <= start:
                 close(stack.pop())
@@ -373,10 +377,7 @@ def python_frame_times(session: Session) -> dict:
                 continue
             if not stack:
                 continue
-            kind = kind_cache.get(name_id)
-            if kind is None:
-                text = names.get(name_id, "")
-                kind = kind_cache[name_id] = next((k for k, pattern in HOST_KINDS if pattern.search(text)), "")
+            kind = kind_of_id.get(name_id, "")
             if not kind or end <= covered_until[-1]:
                 continue  # nested in an event already charged (np.asarray's __array__)
             covered_until[-1] = end
