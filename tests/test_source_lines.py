@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 from xdiag.analysis.source_lines import (
     NO_SOURCE_HINT, has_source_metadata, innermost_user_frames, is_library, python_frame, source_of_stack,
@@ -281,7 +282,9 @@ def test_the_innermost_user_frames_are_past_the_threads_and_the_frameworks():
         (3, 50, "torch/nn/modules/module.py(1743): _call_impl"), (4, 40, "nn.Module: Net_0"),
         (5, 20, "nn.Module: Linear_0"), (21, 39, "nn.Module: Linear_1"), (61, 90, "train.py(55): log"),
     ]
-    users, modules = innermost_user_frames(events)
+    names = sorted({name for _, _, name in events})
+    users, modules = innermost_user_frames(np.array([e[0] for e in events]), np.array([e[1] for e in events]), names,
+                                           np.array([names.index(e[2]) for e in events]))
     assert users == {"train.py(40): step": 58, "train.py(55): log": 29}
     assert modules == {"nn.Module: Linear_0": 15, "nn.Module: Linear_1": 18}
     assert python_frame("threading.py(1032): _bootstrap").line == 1032 and python_frame("aten::mm") is None
@@ -371,6 +374,6 @@ def test_a_host_finding_without_a_recorded_frame_says_why_once(capture, analysed
 def test_a_host_wait_counts_once_under_the_innermost_user_frame_around_it():
     from xdiag.analysis.source_lines import enclosing_user_frames
 
-    frames = [(0, 100, "$loop.py:10 run"), (10, 50, "$loop.py:20 step")]
-    waits = [(20, 40), (25, 35), (60, 70), (200, 210)]  # nested in the first; in run only; outside every frame
-    assert enclosing_user_frames(frames, waits) == {"$loop.py:20 step": 20, "$loop.py:10 run": 10}
+    frames = (np.array([0, 10]), np.array([100, 50]), ["$loop.py:10 run", "$loop.py:20 step"])
+    waits = (np.array([20, 25, 60, 200]), np.array([40, 35, 70, 210]))  # nested in the first; in run only; outside
+    assert enclosing_user_frames(*frames, *waits) == {"$loop.py:20 step": 20, "$loop.py:10 run": 10}

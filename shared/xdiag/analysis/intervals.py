@@ -79,3 +79,68 @@ def outermost(mask: np.ndarray, line: np.ndarray, starts: np.ndarray, ends: np.n
         outer[1:] = starts[idx][1:] >= running_end[:-1]
         keep[idx[outer]] = True
     return keep
+
+
+def frame_parents(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Frames in walk order (start ascending, the longer first at one start): each frame's innermost frame still open
+    at its start (a stack of open frames, closed once their end is at or before the next start), -1 where none. One
+    pass over the frames alone: the events between them only close frames, which the next frame's start does too."""
+    parents = np.full(len(starts), -1, dtype=np.int64)
+    stack: list[int] = []
+    ends_list = ends.tolist()
+    for i, start in enumerate(starts.tolist()):
+        while stack and ends_list[stack[-1]] <= start:
+            stack.pop()
+        if stack:
+            parents[i] = stack[-1]
+        stack.append(i)
+    return parents
+
+
+def open_frame(parents: np.ndarray, frame_ends: np.ndarray, frames_before: np.ndarray, starts: np.ndarray,
+               ends: np.ndarray | None = None) -> np.ndarray:
+    """For events interleaved with frames in one walk order: the innermost frame still open at each event, as the
+    stack of frame_parents holds it there (-1 where none). `frames_before`: how many frames precede each event in the
+    walk. With `ends`, the innermost open frame that also lasts to the event's end (one that encloses it whole)."""
+    found = np.asarray(frames_before, dtype=np.int64) - 1
+    active = np.flatnonzero(found >= 0)
+    while len(active):
+        frame = found[active]
+        closed = frame_ends[frame] <= starts[active]
+        if ends is not None:
+            closed |= frame_ends[frame] < ends[active]
+        active = active[closed]
+        found[active] = parents[found[active]]
+        active = active[found[active] >= 0]
+    return found
+
+
+def ends_past_earlier(groups: np.ndarray, ends: np.ndarray, floor: int | None = None) -> np.ndarray:
+    """Events in walk order, each in a group: True where its end is past the end of every earlier event of its
+    group (and past `floor`): an event that ends within an earlier one of its group is nested in it, counted once."""
+    keep = np.zeros(len(ends), dtype=bool)
+    if not len(ends):
+        return keep
+    order = np.argsort(groups, kind="stable")
+    ranks = np.unique(groups[order], return_inverse=True)[1].astype(np.int64)
+    e = ends[order].astype(np.int64)
+    first = np.ones(len(e), dtype=bool)
+    first[1:] = ranks[1:] != ranks[:-1]
+    base = int(e.min())
+    width = int(e.max()) - base + 1
+    if (int(ranks[-1]) + 1) * width < 2**62:  # each group's values above every earlier group's: one running max
+        key = ranks * width + (e - base)
+        prior = np.zeros(len(e), dtype=np.int64)
+        prior[1:] = np.maximum.accumulate(key)[:-1]
+        prior = prior - ranks * width + base
+    else:
+        prior = np.zeros(len(e), dtype=np.int64)
+        starts = np.flatnonzero(first).tolist() + [len(e)]
+        for a, b in zip(starts[:-1], starts[1:]):
+            prior[a + 1:b] = np.maximum.accumulate(e[a:b])[:-1]
+    passed = e > prior
+    passed[first] = True
+    if floor is not None:  # (an earlier event at or below the floor raises no bar the floor does not)
+        passed &= e > floor
+    keep[order] = passed
+    return keep

@@ -26,6 +26,7 @@ from xdiag.analysis.device_peaks import session_peaks
 from xdiag.analysis.host_vocabulary import (
     COMPILE_EVENT, DISPATCH_EVENT, HOST_TRANSFER_EVENT, SYNC_EVENT,
 )
+from xdiag.analysis.intervals import ends_past_earlier, frame_parents, open_frame
 from xdiag.analysis.op_stats import OpStat, op_stats
 from xdiag.analysis.roofline import compute_peak, eight_bit_operands
 from xdiag.analysis.source_lines import (
@@ -348,43 +349,48 @@ def python_frame_times(session: Session) -> dict:
         if not is_user.any():
             continue
         traced = True
-        # The innermost user frame around each moment: a stack of open user frames; each event that is no user
-        # frame is charged (by kind) to the innermost open one; each user frame's own time is its span less the
-        # spans of the user frames directly inside it. Only user frames and events of a kind are walked (a
-        # million-event Python line holds a few thousand): the frames another event would have closed first are
-        # closed by the next one walked, as they end before it starts.
+        # The innermost user frame around each moment (a stack of open user frames, as frame_parents walks them);
+        # each event of a kind (HOST_KINDS) is charged to the innermost frame open at it, once: not where it ends
+        # within an earlier one charged to that frame (np.asarray's __array__); each user frame's own time is its
+        # span less the spans of the user frames directly inside it. Events of no kind only close frames, which
+        # the next frame or charged event closes too: they are not walked.
         kind_of_id = {k: next((kind for kind, pattern in HOST_KINDS if pattern.search(n)), "") for k, n in names.items()}
         kind_ids = np.array([k for k, kind in kind_of_id.items() if kind], dtype=np.int64)
         walked = np.flatnonzero(is_user | isin_ids(ids, kind_ids))
-        stack: list[list] = []  # [end, name, inner user time, span]
-        covered_until: list[int] = []  # per open frame: the end of the last outermost event charged inside it
-
-        def close(frame: list) -> None:
-            entry = frames.setdefault(frame[1], [0, {}])
-            entry[0] += frame[3] - frame[2]
-
-        for i in walked[np.lexsort((-ends[walked], starts[walked]))].tolist():
-            start, end = int(starts[i]), int(ends[i])
-            while stack and stack[-1][0] <= start:
-                close(stack.pop())
-                covered_until.pop()
-            name_id = int(ids[i])
-            if is_user[i]:
-                if stack:
-                    stack[-1][2] += end - start
-                stack.append([end, names.get(name_id, ""), 0, end - start])
-                covered_until.append(-1)
-                continue
-            if not stack:
-                continue
-            kind = kind_of_id.get(name_id, "")
-            if not kind or end <= covered_until[-1]:
-                continue  # nested in an event already charged (np.asarray's __array__)
-            covered_until[-1] = end
-            charged = frames.setdefault(stack[-1][1], [0, {}])[1]
-            charged[kind] = charged.get(kind, 0) + end - start
-        for frame in stack:
-            close(frame)
+        walked = walked[np.lexsort((-ends[walked], starts[walked]))]
+        is_frame = is_user[walked]
+        frame_events = walked[is_frame]
+        frame_ends = ends[frame_events]
+        parents = frame_parents(starts[frame_events], frame_ends)
+        span = frame_ends - starts[frame_events]
+        own = span.copy()
+        inside = parents >= 0
+        np.subtract.at(own, parents[inside], span[inside])
+        frame_names = [names.get(k, "") for k in ids[frame_events].tolist()]
+        for name, ps in zip(frame_names, own.tolist()):
+            entry = frames.setdefault(name, [0, {}])
+            entry[0] += ps
+        charged_at = np.flatnonzero(~is_frame)
+        events = walked[charged_at]
+        frame = open_frame(parents, frame_ends, np.cumsum(is_frame)[charged_at], starts[events])
+        in_frame = frame >= 0
+        events, frame = events[in_frame], frame[in_frame]
+        once = ends_past_earlier(frame, ends[events], floor=-1)
+        events, frame = events[once], frame[once]
+        # Summed per (frame name, kind), each pair in the order it is first charged (the order of the kinds shown)
+        name_index = {name: i for i, name in enumerate(dict.fromkeys(frame_names))}
+        kinds = [kind for kind, _ in HOST_KINDS]
+        kind_index = {k: kinds.index(kind) for k, kind in kind_of_id.items() if kind}
+        pair = (np.array([name_index[n] for n in frame_names], dtype=np.int64)[frame] * len(kinds)
+                + np.array([kind_index[k] for k in ids[events].tolist()], dtype=np.int64))
+        pairs, first, inverse = np.unique(pair, return_index=True, return_inverse=True)
+        totals = np.zeros(len(pairs), dtype=np.int64)
+        np.add.at(totals, inverse, ends[events] - starts[events])
+        by_name = list(name_index)
+        for p in np.argsort(first, kind="stable").tolist():
+            name, kind = by_name[int(pairs[p]) // len(kinds)], kinds[int(pairs[p]) % len(kinds)]
+            charged = frames[name][1]
+            charged[kind] = charged.get(kind, 0) + int(totals[p])
     out = {"traced": traced, "frames": frames}
     session.cache["python_frame_times"] = out
     return out

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
+from xdiag.analysis.intervals import ends_past_earlier, frame_parents, open_frame
 from xdiag.profile.space import HloInstruction, HloModule, Session
 from xdiag.profile.trace_json import KINETO, XPROF_CHROME, trace_format
 
@@ -132,60 +135,75 @@ def frame_kinds(known_user_files: frozenset[str]) -> Callable[[str], str]:
     return kind_of
 
 
-def innermost_user_frames(events: Iterable[tuple[int, int, str]], kind_of: Callable[[str], str] | None = None,
-                          ) -> tuple[dict[str, int], dict[str, int]]:
-    """Of nested Python-frame events (start, end, name), the time of each user frame that encloses no other user
-    frame (the user's line that called into the libraries below it, not `threading.py` or the script's main), and
-    of each nn.Module call that encloses no other: name -> summed duration. Other events are skipped. `kind_of`:
-    frame_kinds' (by default, paths alone decide)."""
+def innermost_user_frames(starts: np.ndarray, ends: np.ndarray, names: Sequence[str], codes: np.ndarray,
+                          kind_of: Callable[[str], str] | None = None) -> tuple[dict[str, int], dict[str, int]]:
+    """Of nested Python-frame events of one line (event i: [starts[i], ends[i]), named names[codes[i]]), the time of
+    each user frame that encloses no other user frame (the user's line that called into the libraries below it, not
+    `threading.py` or the script's main), and of each nn.Module call that encloses no other: name -> summed duration.
+    Other events are skipped. `kind_of`: frame_kinds' (by default, paths alone decide)."""
     kind_of = kind_of or frame_kinds(frozenset())
-    user_time: dict[str, int] = {}
-    module_time: dict[str, int] = {}
-    stacks: dict[str, list[list]] = {"user": [], "module": []}
-    for start, end, name in sorted(events, key=lambda e: (e[0], -e[1])):
-        kind = kind_of(name)
-        for stack in stacks.values():
-            while stack and stack[-1][0] <= start:
-                _, leaf, (inner_start, inner_end, inner_name), totals = stack.pop()
-                if leaf:
-                    totals[inner_name] = totals.get(inner_name, 0) + inner_end - inner_start
-        if not kind:
+    kinds = np.array([kind_of(name) for name in names], dtype=object)
+    out: tuple[dict[str, int], dict[str, int]] = ({}, {})
+    if not len(codes):
+        return out
+    event_kinds = kinds[codes]
+    for kind, totals in zip(("user", "module"), out):
+        # A frame with one of its kind open inside it is not innermost: the frames no frame of its kind names as
+        # its parent are (each kind its own stack).
+        of_kind = np.flatnonzero(event_kinds == kind)
+        if not len(of_kind):
             continue
-        stack = stacks[kind]
-        if stack:
-            stack[-1][1] = False  # it encloses one of its kind: not innermost
-        stack.append([end, True, (start, end, name), user_time if kind == "user" else module_time])
-    for stack in stacks.values():
-        for _, leaf, (start, end, name), totals in stack:
-            if leaf:
-                totals[name] = totals.get(name, 0) + end - start
-    return user_time, module_time
-
-
-def enclosing_user_frames(frames: Iterable[tuple[int, int, str]], waits: Iterable[tuple[int, int]],
-                          ) -> dict[str, int]:
-    """Of the user's Python-frame events (start, end, name) of one line and events on that line that are not user
-    frames (a host wait, a dispatch, a compile: start, end), the innermost user frame that encloses each such event:
-    name -> the summed time of the events it encloses. An event no recorded user frame encloses (its frame began
-    before the trace did, or the tracer was off) is counted under no line."""
-    out: dict[str, int] = {}
-    marks = sorted([(s, -e, 0, n) for s, e, n in frames] + [(s, -e, 1, "") for s, e in waits])
-    stack: list[tuple[int, str]] = []
-    wait_end = None  # the end of the last outermost event counted: one nested in it (__array__ in np.asarray) is not
-    for start, neg_end, is_wait, name in marks:
-        end = -neg_end
-        while stack and stack[-1][0] <= start:
-            stack.pop()
-        if not is_wait:
-            stack.append((end, name))
-            continue
-        if wait_end is not None and end <= wait_end:
-            continue
-        wait_end = end
-        inner = next((n for e, n in reversed(stack) if e >= end), None)
-        if inner is not None:
-            out[inner] = out.get(inner, 0) + end - start
+        of_kind = of_kind[np.lexsort((-ends[of_kind], starts[of_kind]))]
+        parents = frame_parents(starts[of_kind], ends[of_kind])
+        leaf = np.ones(len(of_kind), dtype=bool)
+        leaf[parents[parents >= 0]] = False
+        leaves = of_kind[leaf]
+        _sum_by_name(totals, codes[leaves], ends[leaves] - starts[leaves], names)
     return out
+
+
+def enclosing_user_frames(frame_starts: np.ndarray, frame_ends: np.ndarray, frame_names: Sequence[str],
+                          starts: np.ndarray, ends: np.ndarray) -> dict[str, int]:
+    """Of the user's Python-frame events of one line ([frame_starts[i], frame_ends[i]), named frame_names[i]) and
+    events on that line that are not user frames (a host wait, a dispatch, a compile: [starts, ends)), the innermost
+    user frame that encloses each such event whole: name -> the summed time of the events it encloses, each counted
+    once (one nested in an earlier one, `__array__` in `np.asarray`, is not). An event no recorded user frame encloses
+    (its frame began before the trace did, or the tracer was off) is counted under no line."""
+    out: dict[str, int] = {}
+    if not len(starts) or not len(frame_starts):
+        return out
+    # One walk of frames and events: start ascending, the longer first, frames before events where they tie, and
+    # frames of one span in their names' order.
+    distinct = sorted(set(frame_names))
+    code_of = {name: i for i, name in enumerate(distinct)}
+    name_codes = np.array([code_of[name] for name in frame_names], dtype=np.int64)
+    all_starts = np.concatenate([frame_starts, starts])
+    all_ends = np.concatenate([frame_ends, ends])
+    is_frame = np.arange(len(all_starts)) < len(frame_starts)
+    tie = np.concatenate([name_codes, np.zeros(len(starts), dtype=np.int64)])
+    walk = np.lexsort((tie, ~is_frame, -all_ends, all_starts))
+    in_walk = is_frame[walk]
+    frames = walk[in_walk]
+    parents = frame_parents(all_starts[frames], all_ends[frames])
+    at = np.flatnonzero(~in_walk)
+    events = walk[at]
+    inner = open_frame(parents, all_ends[frames], np.cumsum(in_walk)[at], all_starts[events], all_ends[events])
+    counted = ends_past_earlier(np.zeros(len(events), dtype=np.int64), all_ends[events]) & (inner >= 0)
+    events, inner = events[counted], inner[counted]
+    _sum_by_name(out, name_codes[frames[inner]], all_ends[events] - all_starts[events], distinct)
+    return out
+
+
+def _sum_by_name(totals: dict[str, int], codes: np.ndarray, durations: np.ndarray, names: Sequence[str]) -> None:
+    """totals[name] += the durations of its events, the names in the order their first event comes."""
+    if not len(codes):
+        return
+    found, first, inverse = np.unique(codes, return_index=True, return_inverse=True)
+    sums = np.zeros(len(found), dtype=np.int64)
+    np.add.at(sums, inverse, durations.astype(np.int64))
+    for k in np.argsort(first, kind="stable").tolist():
+        name = names[int(found[k])]
+        totals[name] = totals.get(name, 0) + int(sums[k])
 
 
 @dataclass(frozen=True)

@@ -109,8 +109,7 @@ def aggregate_xplane_events(session: Session, pattern: str, plane: str | None = 
                 # Lines whose events may be Python frames: a PyTorch trace's host threads, JAX's Python tracer's.
                 kind_of = kind_of or frame_kinds(user_files(session.hlo_modules))
                 names = [p.event_names.get(int(m), "") for m in uniq.tolist()]
-                users, called = innermost_user_frames(zip(starts.tolist(), (starts + d).tolist(),
-                                                          (names[i] for i in inverse.tolist())), kind_of)
+                users, called = innermost_user_frames(starts, starts + d, names, inverse, kind_of)
                 for totals, found in ((user_frames, users), (modules, called)):
                     for name, ps in found.items():
                         totals[name] = totals.get(name, 0) + ps
@@ -157,10 +156,8 @@ _NO_TIME = ("none: the matching events are counter samples or zero-length instan
 
 def _callers(p, ln, kind_of, starts, durations, names, inverse) -> dict[str, int]:
     """The user's frames on line `ln` that enclose its matching events that are not themselves user frames."""
-    matched_kinds = [kind_of(name) for name in names]
-    waits = [(int(s), int(s + d)) for s, d, i in zip(starts.tolist(), durations.tolist(), inverse.tolist())
-             if matched_kinds[i] != "user"]
-    if not waits:
+    not_user = np.array([kind_of(name) != "user" for name in names], dtype=bool)[inverse]
+    if not not_user.any():
         return {}
     user_ids = np.fromiter((k for k, n in p.event_names.items() if kind_of(n) == "user"), dtype=np.int64)
     if not len(user_ids):
@@ -169,5 +166,6 @@ def _callers(p, ln, kind_of, starts, durations, names, inverse) -> dict[str, int
     if not mask.any():
         return {}
     s, d = ln.starts.at(mask), ln.durations.at(mask)
-    frames = zip(s.tolist(), (s + d).tolist(), (p.event_names.get(int(m), "") for m in ln.metadata_id[mask].tolist()))
-    return enclosing_user_frames(frames, waits)
+    frame_names = [p.event_names.get(int(m), "") for m in ln.metadata_id[mask].tolist()]
+    wait_starts = starts[not_user]
+    return enclosing_user_frames(s, s + d, frame_names, wait_starts, wait_starts + durations[not_user])
