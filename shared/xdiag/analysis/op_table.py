@@ -125,8 +125,10 @@ class OpTable:
     def in_categories(self, categories: Iterable[str]) -> np.ndarray:
         """The rows whose category is one of `categories`, as a boolean mask: each op's category tested once."""
         wanted = set(categories)
-        return np.array([c in wanted for c in self.op_categories], dtype=bool)[self.op] if len(self) else \
-            np.zeros(0, dtype=bool)
+        per_code = np.array([c in wanted for c in self.op_categories], dtype=bool)
+        if not len(self) or not per_code.any():  # no op of them (most categories on most profiles): no gather
+            return np.zeros(len(self), dtype=bool)
+        return per_code[self.op]
 
     def rows_where(self, match: Callable[[tuple[str, int, str, str]], bool]) -> np.ndarray:
         """The rows whose op key (module, program_id, name, kernel) `match` accepts, as a boolean mask: each key
