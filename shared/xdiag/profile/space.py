@@ -292,6 +292,11 @@ class HloComputation:
         return {i.name: i for i in self.instructions}
 
     @cached_property
+    def position(self) -> dict[int, int]:
+        """Each instruction's index in `instructions`, by its id(): to put instructions found by name back in order."""
+        return {id(instruction): k for k, instruction in enumerate(self.instructions)}
+
+    @cached_property
     def users(self) -> dict[str, list[HloInstruction]]:
         """For each instruction: the instructions of this computation that read its value."""
         out: dict[str, list[HloInstruction]] = {}
