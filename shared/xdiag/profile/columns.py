@@ -95,7 +95,7 @@ whatever the rows."""
 
 def _factorize_integer_rows(columns: tuple[np.ndarray, ...]) -> tuple[list[tuple], np.ndarray]:
     size = len(columns[0])
-    distinct = [_distinct(column) for column in columns]
+    distinct = [distinct_values(column) for column in columns]
     radices = [max(len(values), 1) for values in distinct]
     if np.prod(radices, dtype=float) >= 2**62:  # one integer key per row would overflow: hash tuples instead
         return factorize_rows(*columns[:-1], columns[-1].astype(object))
@@ -143,7 +143,7 @@ def _coder(values: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
     return lambda chunk: np.searchsorted(values, chunk)
 
 
-def _distinct(column: np.ndarray) -> np.ndarray:
+def distinct_values(column: np.ndarray) -> np.ndarray:
     """The sorted distinct values of an integer column, a chunk of rows at a time: a count per value where their
     range is small (no sort, no index per row), else np.unique."""
     if not len(column) or not np.issubdtype(column.dtype, np.integer):
