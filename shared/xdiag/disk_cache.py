@@ -60,7 +60,7 @@ def _files_under(folder: Path | str) -> Iterator[tuple[str, str, os.stat_result]
     try:
         with os.scandir(folder) as items:
             listing = list(items)
-    except (FileNotFoundError, NotADirectoryError):
+    except (FileNotFoundError, NotADirectoryError, PermissionError):  # gone, or unreadable: skipped, as rglob does
         return
     for item in listing:
         try:
