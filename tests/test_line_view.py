@@ -256,3 +256,104 @@ def test_a_file_edited_since_the_capture_is_not_quoted(tmp_path):
     gpt = get_line_view(read_session_in_process([TESTS / "profiles" / "tpu_v5e" / "gpt_train.xplane.pb"]), top_n=8,
                         source_root=str(tmp_path / "src")).detail["lines"]
     assert all(r.get("code") for r in gpt if r["line"].startswith("workloads/gpt_train.py:"))
+
+
+def _frame_times_event_by_event(session) -> dict:
+    """python_frame_times as it was before round 4: a sweep over every event of the Python lines (the reference
+    the faster sweep over user frames and events of a kind alone must match)."""
+    import numpy as np
+
+    from xdiag.analysis.line_view import HOST_KINDS, _python_lines
+    from xdiag.analysis.source_lines import frame_kinds, user_files
+    from xdiag.profile.columns import isin_ids
+
+    kind_of = frame_kinds(user_files(session.hlo_modules))
+    traced, frames = False, {}
+    for plane, line in _python_lines(session):
+        names = plane.event_names
+        user_ids = [k for k, n in names.items() if kind_of(n) == "user"]
+        if not user_ids:
+            continue
+        starts, ends = line.start_ps, line.end_ps
+        ids = line.metadata_id.astype(np.int64)
+        is_user = isin_ids(ids, np.array(user_ids, dtype=np.int64))
+        if not is_user.any():
+            continue
+        traced = True
+        stack, covered_until = [], []
+
+        def close(frame):
+            entry = frames.setdefault(frame[1], [0, {}])
+            entry[0] += frame[3] - frame[2]
+
+        for i in np.lexsort((-ends, starts)).tolist():
+            start, end = int(starts[i]), int(ends[i])
+            while stack and stack[-1][0] <= start:
+                close(stack.pop())
+                covered_until.pop()
+            name_id = int(ids[i])
+            if is_user[i]:
+                if stack:
+                    stack[-1][2] += end - start
+                stack.append([end, names.get(name_id, ""), 0, end - start])
+                covered_until.append(-1)
+                continue
+            if not stack:
+                continue
+            text = names.get(name_id, "")
+            kind = next((k for k, pattern in HOST_KINDS if pattern.search(text)), "")
+            if not kind or end <= covered_until[-1]:
+                continue
+            covered_until[-1] = end
+            charged = frames.setdefault(stack[-1][1], [0, {}])[1]
+            charged[kind] = charged.get(kind, 0) + end - start
+        for frame in stack:
+            close(frame)
+    return {"traced": traced, "frames": frames}
+
+
+def _kinds_in_order(times: dict) -> dict:
+    """Each frame's kinds in the order the line view shows them (the frames themselves it sorts)."""
+    return {name: list(kinds) for name, (_, kinds) in times["frames"].items()}
+
+
+def test_the_python_frames_host_time_is_what_a_sweep_over_every_event_finds(h200_profiles):
+    """python_frame_times walks only the user frames and the events of a kind, as arrays (an event of no kind
+    charges nothing; the frames it would close the next event closes): each frame's own time and its time by kind,
+    the kinds in the same order, as the sweep over every event, on every committed capture with the Python tracer's lines."""
+    from xdiag.analysis.line_view import python_frame_times
+
+    swept = 0
+    for path in [*TPU, *h200_profiles.values()]:
+        session = read_session_in_process([path])
+        expected = _frame_times_event_by_event(session)
+        got = python_frame_times(session)
+        assert got == expected and _kinds_in_order(got) == _kinds_in_order(expected), path.name
+        swept += sum(bool(kinds) for _, kinds in got["frames"].values())
+    assert swept >= 5
+
+
+def test_overlapping_frames_and_events_of_no_kind_sweep_as_every_event_does(monkeypatch):
+    """The same on lines made to be hard: user frames overlapping without nesting, events of a kind nested in each
+    other and straddling frames' ends, events of no kind everywhere, ties in start and end."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from xdiag.analysis import line_view as module
+
+    names = {1: "work/train.py(10): step", 2: "work/train.py(20): inner", 3: "work/data.py(5): load",
+             4: "device_get", 5: "PjitFunction(f)", 6: "backend_compile", 7: "device_put", 8: "foo", 9: "bar"}
+    rng = np.random.default_rng(4)
+    lines = []
+    for count in (50, 3_000):
+        starts = rng.integers(0, 10_000, count).astype(np.int64) // 10 * 10  # ties
+        ends = starts + rng.choice([0, 10, 50, 400, 3_000], count)
+        ids = rng.choice(np.arange(1, 11), count, p=[.04, .04, .02, .15, .15, .1, .1, .2, .1, .1]).astype(np.int32)
+        lines.append((SimpleNamespace(event_names=names),
+                      SimpleNamespace(start_ps=starts, end_ps=ends, metadata_id=ids)))
+    monkeypatch.setattr(module, "_python_lines", lambda session: iter(lines))
+    expected = _frame_times_event_by_event(SimpleNamespace(hlo_modules=[]))
+    got = module.python_frame_times(SimpleNamespace(hlo_modules=[], cache={}))
+    assert got == expected and _kinds_in_order(got) == _kinds_in_order(expected)
+    assert len(got["frames"]) == 3 and all(len(kinds) == 4 for _, kinds in got["frames"].values())

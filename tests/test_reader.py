@@ -500,3 +500,34 @@ def test_op_keys_grouped_by_a_part_label_rows_as_their_text_does():
         assert [values[label] for label in labels] == texts
     assert 1 < len(values) < len(ops)  # one program here, many ops in it
     assert np.array_equal(ops.grouped_by(lambda key: key)[0], np.arange(len(ops.op_keys)))
+
+
+@pytest.mark.parametrize("chunk_rows", [5, 1 << 20])
+def test_integer_rows_of_every_kind_factorise_as_tuples_do(chunk_rows, monkeypatch):
+    """The integer path's shortcuts (a constant column left out of the key, codes 0..n-1 used as they are, a table
+    for a small range, a search for a wide one; each key's first row by a minimum, not a sort) give what hashing
+    each row's tuple gives: the same distinct rows in first-seen order and the same index per row."""
+    import numpy as np
+    from xdiag.profile import columns
+
+    monkeypatch.setattr(columns, "CHUNK_ROWS", chunk_rows)
+    rng = np.random.default_rng(7)
+    size = 2_000
+    kinds = {
+        "codes": rng.integers(0, 40, size).astype(np.int32),
+        "constant": np.full(size, np.iinfo(np.int64).min, np.int64),  # NO_VALUE: no program id
+        "small range": rng.integers(-50, 300, size),
+        "sparse codes": rng.choice(np.array([3, 9, 11, 40], np.int32), size),
+        "wide": rng.choice(np.array([-(2**60), 5, 2**40, 2**62], np.int64), size),
+    }
+    for names in (("codes", "constant", "wide"), ("small range", "sparse codes"), ("constant",), ("codes",),
+                  ("wide", "codes", "small range")):
+        cols = [kinds[name] for name in names]
+        distinct, inverse = columns.factorize_rows(*cols)
+        as_tuples, tuple_inverse = columns.factorize_rows(*cols[:-1], cols[-1].astype(object))
+        assert distinct == as_tuples and np.array_equal(inverse, tuple_inverse), names
+        assert [distinct[i] for i in inverse[:50].tolist()] == list(zip(*(c[:50].tolist() for c in cols))), names
+    codes = kinds["codes"]
+    unique, first = np.unique(codes, return_index=True)
+    assert np.array_equal(columns.first_rows(codes, 45)[unique], first)
+    assert (columns.first_rows(codes, 45)[40:] == -1).all()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from xdiag.agent.result_cache import SESSION_DIGEST, SESSION_FILE, ResultCache, UnusableCache, answer_tool
-from xdiag.disk_cache import STALE_PART_SECONDS
+from xdiag.disk_cache import STALE_PART_SECONDS, evict_least_recent
 
 H200 = Path(__file__).parent / "profiles" / "h200"
 
@@ -128,3 +128,55 @@ def test_files_left_by_interrupted_stores_are_counted_and_cleaned(tmp_path, prof
     tight._trim(keep=tmp_path / "none")
     assert tight.interrupted_stores_cleaned == 1 and not left.exists()
     assert fresh.exists() and not (entry / SESSION_FILE).exists()  # the entry went: the file in flight counted
+
+
+def test_an_analysis_keeps_its_answers_and_trims_the_cache_once(tmp_path, profile, monkeypatch):
+    """`keep_analysis_answers` stores every answer an analysis wrote and then trims once: the least recently used
+    entry goes past the limit, the one just made never (a walk of the cache folder per answer took 0.6 s of
+    `xdiag analyze` on a full cache)."""
+    from xdiag.agent import result_cache
+
+    older = [H200 / "healthy.xplane.pb"]
+    roomy = ResultCache(tmp_path / "cache", limit_bytes=2**30)
+    answer_tool(older, "healthy", "get_kpi_metrics", {}, roomy, 2**30)
+    older_bytes = sum(f.stat().st_size for f in roomy.entry(older).rglob("*") if f.is_file())
+    out = tmp_path / "out"
+    (out / "tools").mkdir(parents=True)
+    tools = ("get_kpi_metrics", "get_step_trace", "get_hosts")
+    for tool in tools:
+        (out / "tools" / f"{tool}.json").write_text(json.dumps({"tool": tool, "args": {}, "status": "ok"}) + "\n")
+    (out / "tools" / "failed.json").write_text(json.dumps({"tool": "get_hosts", "args": {"x": 1}, "status": "failed"}))
+    walks = []
+
+    def counted(*args, **kwargs):
+        walks.append(args)
+        return evict_least_recent(*args, **kwargs)
+
+    monkeypatch.setattr(result_cache, "evict_least_recent", counted)
+    tight = ResultCache(tmp_path / "cache", limit_bytes=older_bytes)  # the new answers put it past the limit
+    assert result_cache.keep_analysis_answers(tight, [profile], out) == 3
+    assert len(walks) == 1
+    assert not tight.entry(older).exists()  # the least recently used went
+    for tool in tools:  # the one just made stays, every answer in it
+        assert json.loads(tight.answer([profile], tool, {}))["tool"] == tool
+    assert tight.answer([profile], "get_hosts", {"x": 1}) is None
+
+
+def test_eviction_counts_every_file_at_any_depth_and_no_folder_behind_a_link(tmp_path):
+    """The eviction's walk (one scandir per folder) finds what `Path.rglob` finds: files at any depth, a link to a
+    file as a file, nothing through a link to a folder."""
+    from xdiag.disk_cache import _files_under
+
+    entry = tmp_path / "entry"
+    (entry / "xprof-views" / "deep").mkdir(parents=True)
+    (entry / "answers").mkdir()
+    for name in ("session.xdiag", "answers/a.json", "xprof-views/deep/v.pb", ".x.part", "xprof-views/.y.part"):
+        (entry / name).write_bytes(b"\0" * 10)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "o.pb").write_bytes(b"\0")
+    (entry / "to-folder").symlink_to(outside, target_is_directory=True)
+    (entry / "to-file").symlink_to(entry / "session.xdiag")
+    found = {(name, Path(path), info.st_size) for name, path, info in _files_under(entry)}
+    expected = {(f.name, f, f.lstat().st_size) for f in entry.rglob("*") if f.is_file()}
+    assert found == expected and len(found) == 6

@@ -226,6 +226,51 @@ def test_union_of_merged_intervals_covers_what_the_union_of_all_intervals_does(h
         assert np.array_equal(a, b)
 
 
+def _merged_one_at_a_time(starts, ends) -> tuple[list[int], list[int]]:
+    """The reference union: intervals in order of start, each joining the one before where it starts at or before
+    that one's end (merge_intervals' rule, its ends held at 0 or more)."""
+    out_s, out_e = [], []
+    for s, e in sorted(zip(starts.tolist(), ends.tolist()), key=lambda pair: pair[0]):
+        if out_s and s <= running:
+            running = max(running, e)
+            out_e[-1] = max(running, 0)
+        else:
+            running = e
+            out_s.append(s)
+            out_e.append(max(e, 0))
+    return out_s, out_e
+
+
+@pytest.mark.parametrize("case", ["apart", "touching", "nested", "negative", "unsorted", "empty"])
+def test_merge_and_union_shortcuts_answer_as_merging_everything_again(case):
+    """merge_intervals where no interval reaches the next (a TPU line's ops, one after another) and union_with of
+    nothing new (most layers on most profiles) skip the work: the same union as merging one interval at a time,
+    never the caller's arrays, and a union that is not merge_intervals' own answer is merged again."""
+    from xdiag.analysis.intervals import merge_intervals, union_with
+
+    rng = np.random.default_rng(len(case))
+    starts = np.cumsum(rng.integers(5, 50, 200)).astype(np.int64)
+    ends = starts + {"apart": 3, "touching": 5}.get(case, 0) + rng.integers(0, 4, 200) * (case != "touching")
+    if case == "nested":
+        ends = starts + rng.integers(0, 400, 200)
+    elif case == "negative":
+        starts, ends = starts - 5_000, starts - 5_000 + 2
+    elif case == "unsorted":
+        order = rng.permutation(200)
+        starts, ends = starts[order], ends[order]
+    elif case == "empty":
+        starts, ends = starts[:0], ends[:0]
+    given = starts.copy(), ends.copy()
+    merged = merge_intervals(starts, ends)
+    assert [m.tolist() for m in merged] == list(_merged_one_at_a_time(starts, ends)), case
+    assert merged[0] is not starts and merged[1] is not ends
+    assert np.array_equal(starts, given[0]) and np.array_equal(ends, given[1])
+    nothing = np.empty(0, np.int64)
+    for union in (merged, (starts, ends)):  # merge_intervals' answer, and intervals as given (maybe not merged)
+        again = union_with(union, nothing, nothing)
+        assert [a.tolist() for a in again] == list(_merged_one_at_a_time(*union)), case
+
+
 def test_kernels_run_inside_a_cuda_graph_keep_their_own_names(h200_profiles):
     """Kernels replayed from a CUDA graph carry the command buffer's name as hlo_op (all 720 on the H200 healthy
     profile's stream): the op table names them by the kernel, as XProf's kernel stats do, and the library's GEMM

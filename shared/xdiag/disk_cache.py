@@ -6,7 +6,10 @@ entry's recency is its folder's mtime: making or touching a file in it counts as
 
 from __future__ import annotations
 
+import os
+import stat
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 STALE_PART_SECONDS = 3600.0
@@ -24,16 +27,10 @@ def evict_least_recent(folder: Path, limit: int, keep: Path | None = None) -> in
     now = time.time()
     for entry in folder.iterdir():
         files = []
-        for f in entry.rglob("*") if entry.is_dir() else ():
-            try:
-                info = f.lstat()
-            except FileNotFoundError:
-                continue
-            if not f.is_file():
-                continue
-            in_flight = f.name.startswith(".") and f.name.endswith(".part")
+        for name, f, info in _files_under(entry) if entry.is_dir() else ():
+            in_flight = name.startswith(".") and name.endswith(".part")
             if in_flight and now - info.st_mtime > STALE_PART_SECONDS:
-                f.unlink(missing_ok=True)
+                _unlink(f)
                 stale += 1
                 continue
             files.append((f, info.st_size, in_flight))
@@ -46,7 +43,7 @@ def evict_least_recent(folder: Path, limit: int, keep: Path | None = None) -> in
         if entry == keep:
             continue
         for f in files:
-            f.unlink(missing_ok=True)
+            _unlink(f)
         try:
             for sub in sorted((d for d in entry.rglob("*") if d.is_dir()), key=lambda d: -len(d.parts)):
                 sub.rmdir()
@@ -55,3 +52,30 @@ def evict_least_recent(folder: Path, limit: int, keep: Path | None = None) -> in
             continue  # another process is writing into it
         total -= size
     return stale
+
+
+def _files_under(folder: Path | str) -> Iterator[tuple[str, str, os.stat_result]]:
+    """Each file under `folder` (at any depth, not through a link to a folder): its name, path and own stat (a link's,
+    not its target's). One scandir per folder: the kinds come with the listing, and only files are stat'ed."""
+    try:
+        with os.scandir(folder) as items:
+            listing = list(items)
+    except (FileNotFoundError, NotADirectoryError, PermissionError):  # gone, or unreadable: skipped, as rglob does
+        return
+    for item in listing:
+        try:
+            if item.is_dir(follow_symlinks=False):
+                yield from _files_under(item.path)
+                continue
+            info = item.stat(follow_symlinks=False)
+            if stat.S_ISREG(info.st_mode) or item.is_file():  # a link counts where it points to a file (Path.is_file)
+                yield item.name, item.path, info
+        except FileNotFoundError:
+            continue
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

@@ -159,16 +159,27 @@ class ResultCache:
         _touch(entry)
         return data.decode("utf-8", "replace")
 
-    def store_answer(self, files: list[Path], tool: str, args: dict[str, Any], result_json: str) -> None:
+    def store_answer(self, files: list[Path], tool: str, args: dict[str, Any], result_json: str, *,
+                     entry: Path | None = None, trim: bool = True) -> None:
         """Keeps a tool's JSON result (the caller keeps failures out); a cache that cannot be written is said on
-        stderr and skipped: the answer stands without it."""
+        stderr and skipped: the answer stands without it. `entry`: the files' entry where the caller has it;
+        `trim=False`: the caller stores several answers and trims once after them (`trim`)."""
         try:
-            entry = self._private_entry(self.entry(files))
+            entry = self._private_entry(self.entry(files) if entry is None else entry)
             path = self._answer_path(entry, tool, args)
             private_folder(path.parent)
             replace_with(path, with_digest(result_json.encode()), mode=0o600)
             _touch(entry)
-            self._trim(entry)
+            if trim:
+                self._trim(entry)
+        except OSError as exc:
+            self._unwritable(exc)
+
+    def trim(self, keep: Path) -> None:
+        """Drops the least recently used entries past the limit, never `keep`; a cache that cannot be written is
+        said on stderr."""
+        try:
+            self._trim(keep)
         except OSError as exc:
             self._unwritable(exc)
 
@@ -268,6 +279,11 @@ def keep_analysis_answers(cache: ResultCache | None, files: list[Path], out_dir:
     The count kept."""
     if cache is None:
         return 0
+    try:
+        entry = cache.entry(files)
+    except OSError as exc:  # a file that cannot be read any more: nothing to keep its answers under
+        cache._unwritable(exc)
+        return 0
     kept = 0
     for path in sorted((Path(out_dir) / "tools").glob("*.json")):
         try:
@@ -282,8 +298,10 @@ def keep_analysis_answers(cache: ResultCache | None, files: list[Path], out_dir:
             continue
         if tool == "get_line_view" and os.environ.get("XDIAG_SOURCE_ROOT"):  # analysis.line_view.SOURCE_ROOT_ENV
             continue
-        cache.store_answer(files, tool, args, text if text.endswith("\n") else text + "\n")
+        cache.store_answer(files, tool, args, text if text.endswith("\n") else text + "\n", entry=entry, trim=False)
         kept += 1
+    if kept:
+        cache.trim(entry)  # once for them all: a walk of the cache folder per answer cost seconds on a full cache
     return kept
 
 

@@ -45,7 +45,10 @@ def partition_device(ops: OpTable, win_s: np.ndarray, win_e: np.ndarray) -> Devi
     union = merge_intervals(*layers[0])
     for starts, ends in layers:
         if totals:  # each layer joins the union of the ones before it
-            union = union_with(union, starts, ends)
+            before, union = union, union_with(union, starts, ends)
+            if union is before:  # nothing joined (union_with answers the same intervals): the same coverage
+                totals.append(totals[-1])
+                continue
         totals.append(covered_by_merged(union, win_s, win_e))
     strong_ps, with_collective, with_weak, everything = totals
     return DevicePartition(

@@ -26,6 +26,8 @@ def merge_intervals(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, n
     new_segment = np.empty(len(s), dtype=bool)
     new_segment[0] = True
     np.greater(s[1:], running_end[:-1], out=new_segment[1:])
+    if new_segment.all():  # no interval reaches the next (a device line's ops, one after another): each its own
+        return (s.copy() if s is starts else s), np.maximum(running_end, 0, out=running_end)
     merged_s = s[new_segment]
     # running_end never decreases, so a segment's end is its value at the segment's last interval.
     last = np.flatnonzero(new_segment)
@@ -40,7 +42,17 @@ def union_with(merged: tuple[np.ndarray, np.ndarray], starts: np.ndarray, ends: 
     size of the merged ones. The new intervals are merged on their own first (nested host events collapse), so
     tens of millions of them are sorted once, not joined to the rest before."""
     starts, ends = merge_intervals(starts, ends)
+    if not len(starts) and _is_merged(*merged):  # nothing to add: merging them again is the same union
+        return merged if isinstance(merged, tuple) else tuple(merged)
     return merge_intervals(np.concatenate([merged[0], starts]), np.concatenate([merged[1], ends]))
+
+
+def _is_merged(starts: np.ndarray, ends: np.ndarray) -> bool:
+    """Whether merge_intervals of these intervals is these intervals: int64, none ending before it starts or before
+    0, each starting after the one before ends (so sorted and disjoint)."""
+    if starts.dtype != np.int64 or ends.dtype != np.int64 or len(starts) != len(ends):
+        return False
+    return not len(starts) or bool(ends[0] >= 0 and (ends >= starts).all() and (starts[1:] > ends[:-1]).all())
 
 
 def covered(starts: np.ndarray, ends: np.ndarray, win_s: np.ndarray, win_e: np.ndarray) -> np.ndarray:

@@ -32,7 +32,7 @@ from xdiag.analysis.roofline import compute_peak, eight_bit_operands
 from xdiag.analysis.source_lines import (
     MODULE_EVENT, Frame, frame_kinds, is_library, op_kind, python_frame, short_path, user_files,
 )
-from xdiag.profile.columns import isin_ids
+from xdiag.profile.columns import distinct_values, isin_ids
 from xdiag.profile.space import HloInstruction, HloModule, Session
 
 SOURCE_ROOT_ENV = "XDIAG_SOURCE_ROOT"
@@ -354,9 +354,12 @@ def python_frame_times(session: Session) -> dict:
         # within an earlier one charged to that frame (np.asarray's __array__); each user frame's own time is its
         # span less the spans of the user frames directly inside it. Events of no kind only close frames, which
         # the next frame or charged event closes too: they are not walked.
-        kind_of_id = {k: next((kind for kind, pattern in HOST_KINDS if pattern.search(n)), "") for k, n in names.items()}
-        kind_ids = np.array([k for k, kind in kind_of_id.items() if kind], dtype=np.int64)
-        walked = np.flatnonzero(is_user | isin_ids(ids, kind_ids))
+        kind_of_id = {}  # of the names on the line alone (a plane names thousands)
+        for name_id in distinct_values(ids[~is_user]).tolist():
+            kind = next((k for k, pattern in HOST_KINDS if pattern.search(names.get(name_id, ""))), "")
+            if kind:
+                kind_of_id[name_id] = kind
+        walked = np.flatnonzero(is_user | isin_ids(ids, np.array(list(kind_of_id), dtype=np.int64)))
         walked = walked[np.lexsort((-ends[walked], starts[walked]))]
         is_frame = is_user[walked]
         frame_events = walked[is_frame]
@@ -380,7 +383,7 @@ def python_frame_times(session: Session) -> dict:
         # Summed per (frame name, kind), each pair in the order it is first charged (the order of the kinds shown)
         name_index = {name: i for i, name in enumerate(dict.fromkeys(frame_names))}
         kinds = [kind for kind, _ in HOST_KINDS]
-        kind_index = {k: kinds.index(kind) for k, kind in kind_of_id.items() if kind}
+        kind_index = {k: kinds.index(kind) for k, kind in kind_of_id.items()}
         pair = (np.array([name_index[n] for n in frame_names], dtype=np.int64)[frame] * len(kinds)
                 + np.array([kind_index[k] for k in ids[events].tolist()], dtype=np.int64))
         pairs, first, inverse = np.unique(pair, return_index=True, return_inverse=True)

@@ -15,7 +15,7 @@ from xdiag.analysis.categories import _category_from_name, categorize
 from xdiag.analysis.intervals import covered
 from xdiag.analysis.session_cache import cached
 from xdiag.cost.custom_calls import is_gemm_call
-from xdiag.profile.columns import factorize_rows, isin_ids, unique_with_inverse
+from xdiag.profile.columns import distinct_values, factorize_rows, isin_ids, unique_with_inverse
 from xdiag.profile.space import NO_VALUE, HloModule, Line, Plane, Session
 
 _KERNEL_SUFFIX = re.compile(r"_(\d+)$")
@@ -125,8 +125,10 @@ class OpTable:
     def in_categories(self, categories: Iterable[str]) -> np.ndarray:
         """The rows whose category is one of `categories`, as a boolean mask: each op's category tested once."""
         wanted = set(categories)
-        return np.array([c in wanted for c in self.op_categories], dtype=bool)[self.op] if len(self) else \
-            np.zeros(0, dtype=bool)
+        per_code = np.array([c in wanted for c in self.op_categories], dtype=bool)
+        if not len(self) or not per_code.any():  # no op of them (most categories on most profiles): no gather
+            return np.zeros(len(self), dtype=bool)
+        return per_code[self.op]
 
     def rows_where(self, match: Callable[[tuple[str, int, str, str]], bool]) -> np.ndarray:
         """The rows whose op key (module, program_id, name, kernel) `match` accepts, as a boolean mask: each key
@@ -212,8 +214,10 @@ def _concatenated(texts: list[_Text]) -> _Text:
     codes = []
     for text in texts:
         remap = np.array([position.setdefault(value, len(position)) for value in text.values], dtype=np.int32)
-        codes.append(remap[text.codes] if len(remap) else text.codes)
-    return _Text(np.concatenate(codes) if codes else np.zeros(0, np.int32), list(position))
+        unchanged = not len(remap) or (remap[0] == 0 and (np.diff(remap) == 1).all())  # its codes already are
+        codes.append(text.codes if unchanged else remap[text.codes])
+    joined = codes[0] if len(codes) == 1 else np.concatenate(codes) if codes else np.zeros(0, np.int32)
+    return _Text(joined, list(position))
 
 
 def _tpu_op_name(text: str) -> str:
@@ -594,7 +598,7 @@ def profile_op_costs(session: Session) -> dict[tuple[str, str], dict]:
             for line in plane.lines:
                 if line.name != "XLA Ops":
                     continue
-                for key in np.unique(line.metadata_id).tolist():
+                for key in distinct_values(line.metadata_id).tolist():  # np.unique's, by a count per id: no sort
                     stats = plane.event_metadata_stats.get(key) or {}
                     if "flops" not in stats and "bytes_accessed" not in stats:
                         continue

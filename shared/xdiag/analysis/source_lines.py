@@ -9,6 +9,7 @@ path), wherever they are installed. Everything else is the user's.
 
 from __future__ import annotations
 
+import functools
 import re
 import sys
 from collections.abc import Callable, Iterable, Sequence
@@ -71,6 +72,7 @@ class Frame:
         return f"{short_path(self.file)}:{self.line}"
 
 
+@functools.lru_cache(maxsize=1 << 16)  # a profile names a few hundred files over thousands of frames
 def short_path(path: str) -> str:
     parts = path.split("/")
     installed = [i for i, p in enumerate(parts) if p in ("site-packages", "dist-packages")]
@@ -81,6 +83,7 @@ def short_path(path: str) -> str:
     return "/".join(parts[-2:])
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def is_library(path: str) -> bool:
     if not path or path.startswith("<frozen"):
         return True
@@ -242,6 +245,11 @@ def source_of_stack(stack: list[tuple[str, int, str]]) -> OpSource | None:
     """The user's and the library's frame of a stack given innermost first; None for an empty stack."""
     if not stack:
         return None
+    return _source_of_frames(tuple(stack))
+
+
+@functools.lru_cache(maxsize=1 << 14)  # the fused ops of a program share a few hundred stacks: each walked once
+def _source_of_frames(stack: tuple[tuple[str, int, str], ...]) -> OpSource | None:
     frames = [Frame(f, line, fn) for f, line, fn in stack]
     user = next((f for f in frames if not is_library(f.file)), None)
     library = frames[0] if is_library(frames[0].file) and frames[0].file and not frames[0].file.startswith("<") else None

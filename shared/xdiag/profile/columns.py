@@ -10,6 +10,8 @@ and for each row the index of its value among them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 
@@ -93,23 +95,25 @@ whatever the rows."""
 
 def _factorize_integer_rows(columns: tuple[np.ndarray, ...]) -> tuple[list[tuple], np.ndarray]:
     size = len(columns[0])
-    distinct = [_distinct(column) for column in columns]
+    distinct = [distinct_values(column) for column in columns]
     radices = [max(len(values), 1) for values in distinct]
     if np.prod(radices, dtype=float) >= 2**62:  # one integer key per row would overflow: hash tuples instead
         return factorize_rows(*columns[:-1], columns[-1].astype(object))
+    # A column of one value adds nothing to the key; the others are coded by their value's index among the distinct.
+    coders = [(_coder(values), column, radix) for column, values, radix in zip(columns, distinct, radices) if radix > 1]
     index: dict[int, int] = {}  # a row's key -> its position among the distinct rows, in first-seen order
     inverse = np.empty(size, dtype=np.int32 if size < 2**31 else np.intp)
     for start in range(0, size, CHUNK_ROWS):
         stop = min(start + CHUNK_ROWS, size)
         key = np.zeros(stop - start, dtype=np.int64)
-        for column, values, radix in zip(columns, distinct, radices):
+        for code, column, radix in coders:
             key *= radix
-            key += np.searchsorted(values, column[start:stop])
+            key += code(column[start:stop])
         keys, local = unique_with_inverse(key)
         keys = keys.tolist()
         fresh = [j for j, k in enumerate(keys) if k not in index]
         if fresh:
-            first = np.unique(local, return_index=True)[1]  # where each of the chunk's keys first appears
+            first = _first_positions(local, len(keys))  # where each of the chunk's keys first appears
             for j in sorted(fresh, key=first.__getitem__):
                 index[keys[j]] = len(index)
         inverse[start:stop] = np.array([index[k] for k in keys], dtype=inverse.dtype)[local]
@@ -124,11 +128,45 @@ def _factorize_integer_rows(columns: tuple[np.ndarray, ...]) -> tuple[list[tuple
     return rows, inverse
 
 
-def _distinct(column: np.ndarray) -> np.ndarray:
-    """The sorted distinct values of an integer column, a chunk of rows at a time."""
-    found = [unique_with_inverse(column[start:start + CHUNK_ROWS])[0]
-             for start in range(0, len(column), CHUNK_ROWS)]
-    return np.unique(np.concatenate(found)) if found else column[:0]
+def _coder(values: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
+    """Each value's index among `values` (sorted, distinct): the values themselves where they are 0..n-1 (codes of
+    text), a look-up table where their range is small, else a binary search (np.searchsorted's answer in each case)."""
+    if not np.issubdtype(values.dtype, np.integer):
+        return lambda chunk: np.searchsorted(values, chunk)
+    low, high = int(values[0]), int(values[-1])
+    if low == 0 and high == len(values) - 1:
+        return lambda chunk: chunk
+    if high - low <= 4 * len(values) + 65536:
+        table = np.zeros(high - low + 1, dtype=np.int64)
+        table[values - low] = np.arange(len(values))
+        return lambda chunk: table[chunk - low]
+    return lambda chunk: np.searchsorted(values, chunk)
+
+
+def distinct_values(column: np.ndarray) -> np.ndarray:
+    """The sorted distinct values of an integer column, a chunk of rows at a time: a count per value where their
+    range is small (no sort, no index per row), else np.unique."""
+    if not len(column) or not np.issubdtype(column.dtype, np.integer):
+        return np.unique(column)
+    low, high = int(column.min()), int(column.max())
+    if low == high:
+        return column[:1].copy()
+    if high - low <= 4 * len(column) + 65536:
+        present = np.zeros(high - low + 1, dtype=bool)
+        for start in range(0, len(column), CHUNK_ROWS):
+            chunk = column[start:start + CHUNK_ROWS]
+            present |= np.bincount(chunk - low if low else chunk, minlength=high - low + 1) > 0
+        return (np.flatnonzero(present) + low).astype(column.dtype, copy=False)
+    found = [np.unique(column[start:start + CHUNK_ROWS]) for start in range(0, len(column), CHUNK_ROWS)]
+    return np.unique(np.concatenate(found))
+
+
+def _first_positions(codes: np.ndarray, distinct: int) -> np.ndarray:
+    """For each code 0..distinct-1, the first position it holds in `codes` (len(codes) where it holds none): a
+    minimum per code, no sort."""
+    first = np.full(distinct, len(codes), dtype=np.intp)
+    np.minimum.at(first, codes, np.arange(len(codes), dtype=np.intp))
+    return first
 
 
 def first_rows(codes: np.ndarray, distinct: int) -> np.ndarray:
@@ -141,9 +179,9 @@ def first_rows(codes: np.ndarray, distinct: int) -> np.ndarray:
         present = np.flatnonzero(np.bincount(chunk, minlength=distinct))
         new = present[first[present] < 0]
         if len(new):
-            found, at = np.unique(chunk, return_index=True)
-            fresh = first[found] < 0
-            first[found[fresh]] = at[fresh] + start
+            at = _first_positions(chunk, distinct)
+            fresh = (first < 0) & (at < len(chunk))
+            first[fresh] = at[fresh] + start
             unseen -= len(new)
             if not unseen:
                 break

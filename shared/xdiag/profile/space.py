@@ -292,6 +292,11 @@ class HloComputation:
         return {i.name: i for i in self.instructions}
 
     @cached_property
+    def position(self) -> dict[int, int]:
+        """Each instruction's index in `instructions`, by its id(): to put instructions found by name back in order."""
+        return {id(instruction): k for k, instruction in enumerate(self.instructions)}
+
+    @cached_property
     def users(self) -> dict[str, list[HloInstruction]]:
         """For each instruction: the instructions of this computation that read its value."""
         out: dict[str, list[HloInstruction]] = {}
@@ -339,11 +344,18 @@ class HloModule:
         return self.computations[self.entry]
 
     def find(self, instruction_name: str) -> tuple[HloComputation, HloInstruction] | None:
+        """The instruction of that name and its computation: of the first computation that has one."""
+        return self._where.get(instruction_name)
+
+    @cached_property
+    def _where(self) -> dict[str, tuple[HloComputation, HloInstruction]]:
+        """Every instruction name, once: `find` was a scan of every computation per call (3,729 calls, 0.55 s of
+        an analysis of a 92 MiB TPU capture)."""
+        out: dict[str, tuple[HloComputation, HloInstruction]] = {}
         for computation in self.computations.values():
-            instruction = computation.by_name.get(instruction_name)
-            if instruction is not None:
-                return computation, instruction
-        return None
+            for name, instruction in computation.by_name.items():
+                out.setdefault(name, (computation, instruction))
+        return out
 
     @cached_property
     def loop_bodies(self) -> set[str]:
