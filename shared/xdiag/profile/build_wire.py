@@ -60,7 +60,7 @@ def build() -> Path:
         wire.scan_fields.py_func
     )
     compiler.export(
-        "decode_line", types.Tuple((column,) * 8 + (count, count))(buffer, count, count, column, column, column, column)
+        "decode_line", types.Tuple((column,) * 8 + (count, count))(buffer, count, count, column, column, column)
     )(wire.decode_line.py_func)
     flags = types.Array(types.uint8, 1, "C")
     compiler.export("line_without_events", types.Tuple((count,) * 4)(buffer, count, count, flags, flags))(

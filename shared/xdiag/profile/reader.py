@@ -170,8 +170,7 @@ def _wire_lines(arr: np.ndarray, spans: list[tuple[int, int]], columns: "_StatCo
 
     def decode(span: tuple[int, int]) -> tuple:
         return _packed(wire.decode_line(
-            arr, span[0], span[1], columns.numeric_ids, columns.numeric_slots, columns.string_ids, columns.string_slots
-        ))
+            arr, span[0], span[1], columns.table, columns.far_ids, columns.far_codes))
 
     if not spans:
         return
@@ -323,10 +322,9 @@ class _StatColumns:
         strings = sorted((k, n) for k, n in stat_names.items() if n in STRING_STATS)
         self.numeric_names = sorted({n for _, n in numeric})
         self.string_names = sorted({n for _, n in strings})
-        self.numeric_ids = np.array([k for k, _ in numeric], dtype=np.int64)
-        self.numeric_slots = np.array([self.numeric_names.index(n) for _, n in numeric], dtype=np.int64)
-        self.string_ids = np.array([k for k, _ in strings], dtype=np.int64)
-        self.string_slots = np.array([self.string_names.index(n) for _, n in strings], dtype=np.int64)
+        codes = {k: self.numeric_names.index(n) for k, n in numeric}
+        codes.update((k, -2 - self.string_names.index(n)) for k, n in strings)
+        self.table, self.far_ids, self.far_codes = wire.stat_codes(codes)
 
 
 _PLANE_METADATA_FIELDS = (1, 2, 4, 5, 6)  # id, name, event_metadata, stat_metadata, stats: all but the lines

@@ -167,9 +167,17 @@ def scan_fields(buf, start, end):
 
 @njit(cache=True, nogil=True)
 def _slot(sorted_ids, slots, stat_id):
-    i = np.searchsorted(sorted_ids, stat_id)
-    if i < len(sorted_ids) and sorted_ids[i] == stat_id:
-        return slots[i]
+    """The slot of `stat_id` among the sorted ids, -1 where it has none."""
+    low = 0
+    high = len(sorted_ids)
+    while low < high:
+        middle = (low + high) >> 1
+        if sorted_ids[middle] < stat_id:
+            low = middle + 1
+        else:
+            high = middle
+    if low < len(sorted_ids) and sorted_ids[low] == stat_id:
+        return slots[low]
     return -1
 
 
@@ -178,8 +186,9 @@ NO_ROOM = -1
 
 
 @njit(cache=True, nogil=True)
-def _decode_events(buf, line_start, pos, end, numeric_ids, numeric_slots, string_ids, string_slots, e, k,
-                   metadata_id, offset_ps, duration_ps, stat_event, stat_slot, stat_a, stat_b, header):
+def _decode_events(buf, line_start, pos, end, table, far_ids, far_codes, e, k,
+                   metadata_id, offset_ps, duration_ps, stat_event, stat_slot, stat_a, stat_b, header, scratch,
+                   scratch_double):
     """Decodes a line's fields from `pos` on into the columns, from event `e` and kept stat `k` on.
 
     Kept stats are recorded sparsely as (event, slot, a, b): numeric slots are >= 0 with the value in a;
@@ -187,16 +196,26 @@ def _decode_events(buf, line_start, pos, end, numeric_ids, numeric_slots, string
     Returns (pos, events, kept stats, code, error position): code OK at the end of the line; NO_ROOM where an
     event or its stats did not fit, with pos, events and kept stats as they were before that event; else an
     error code. The columns are parameters, never reassigned here: numba compiled a loop that grew them itself
-    4x slower (4.3 against 1.0 s for the 200 MiB bench profile's lines)."""
+    4x slower (4.3 against 1.0 s for the 200 MiB bench profile's lines). A varint of one byte (keys, ids, most
+    lengths) is read here rather than by a call to `_varint` (the 87.6 MiB TPU capture's lines: 0.77 against 1.0 s),
+    and a double into a scratch word rather than a copy of its 8 bytes (an allocation a stat)."""
     while pos < end:
         field_start = pos
-        key, pos = _varint(buf, pos, end)
+        if pos < end and buf[pos] < 128:
+            key = np.int64(buf[pos])
+            pos += 1
+        else:
+            key, pos = _varint(buf, pos, end)
         if pos < 0:
             return field_start, e, k, ERR_VARINT, field_start
         number = key >> 3
         wire = key & 7
         if number == 4 and wire == 2:
-            length, pos = _varint(buf, pos, end)
+            if pos < end and buf[pos] < 128:
+                length = np.int64(buf[pos])
+                pos += 1
+            else:
+                length, pos = _varint(buf, pos, end)
             if pos < 0:
                 return field_start, e, k, ERR_VARINT, field_start
             if length < 0 or length > end - pos:  # before any sum: a length near 2^63 wraps pos + length
@@ -209,13 +228,21 @@ def _decode_events(buf, line_start, pos, end, numeric_ids, numeric_slots, string
             offset_ps[e] = 0
             duration_ps[e] = 0
             while pos < event_end:
-                ekey, pos = _varint(buf, pos, event_end)
+                if pos < event_end and buf[pos] < 128:
+                    ekey = np.int64(buf[pos])
+                    pos += 1
+                else:
+                    ekey, pos = _varint(buf, pos, event_end)
                 if pos < 0:
                     return field_start, e, k, ERR_VARINT, event_end
                 enum = ekey >> 3
                 ewire = ekey & 7
                 if ewire == 0 and enum <= 3:
-                    value, pos = _varint(buf, pos, event_end)
+                    if pos < event_end and buf[pos] < 128:
+                        value = np.int64(buf[pos])
+                        pos += 1
+                    else:
+                        value, pos = _varint(buf, pos, event_end)
                     if pos < 0:
                         return field_start, e, k, ERR_VARINT, event_end
                     if enum == 1:
@@ -226,7 +253,11 @@ def _decode_events(buf, line_start, pos, end, numeric_ids, numeric_slots, string
                         duration_ps[e] = value
                 elif enum == 4 and ewire == 2:
                     stat_start = pos
-                    slen, pos = _varint(buf, pos, event_end)
+                    if pos < event_end and buf[pos] < 128:
+                        slen = np.int64(buf[pos])
+                        pos += 1
+                    else:
+                        slen, pos = _varint(buf, pos, event_end)
                     if pos < 0 or slen < 0 or slen > event_end - pos:
                         return field_start, e, k, ERR_LENGTH, stat_start
                     stat_end = pos + slen
@@ -235,22 +266,40 @@ def _decode_events(buf, line_start, pos, end, numeric_ids, numeric_slots, string
                     a = np.int64(0)
                     b = np.int64(-1)
                     while pos < stat_end:
-                        skey, pos = _varint(buf, pos, stat_end)
+                        if pos < stat_end and buf[pos] < 128:
+                            skey = np.int64(buf[pos])
+                            pos += 1
+                        else:
+                            skey, pos = _varint(buf, pos, stat_end)
                         if pos < 0:
                             return field_start, e, k, ERR_VARINT, stat_end
                         snum = skey >> 3
                         swire = skey & 7
                         if snum == 1 and swire == 0:
-                            stat_id, pos = _varint(buf, pos, stat_end)
+                            if pos < stat_end and buf[pos] < 128:
+                                stat_id = np.int64(buf[pos])
+                                pos += 1
+                            else:
+                                stat_id, pos = _varint(buf, pos, stat_end)
                         elif swire == 0 and (snum == 3 or snum == 4 or snum == 7):
-                            a, pos = _varint(buf, pos, stat_end)
+                            if pos < stat_end and buf[pos] < 128:
+                                a = np.int64(buf[pos])
+                                pos += 1
+                            else:
+                                a, pos = _varint(buf, pos, stat_end)
                             kind = snum
                         elif snum == 2 and swire == 1 and pos + 8 <= stat_end:
-                            a = np.int64(buf[pos:pos + 8].copy().view(np.float64)[0])
+                            for byte in range(8):  # into a scratch word: a copy of the slice allocated each time
+                                scratch[byte] = buf[pos + byte]
+                            a = np.int64(scratch_double[0])
                             kind = 2
                             pos += 8
                         elif snum == 5 and swire == 2:
-                            b, pos = _varint(buf, pos, stat_end)
+                            if pos < stat_end and buf[pos] < 128:
+                                b = np.int64(buf[pos])
+                                pos += 1
+                            else:
+                                b, pos = _varint(buf, pos, stat_end)
                             if pos < 0 or b < 0 or b > stat_end - pos:  # a negative one would walk back forever
                                 return field_start, e, k, ERR_LENGTH, stat_start
                             a = pos
@@ -260,14 +309,19 @@ def _decode_events(buf, line_start, pos, end, numeric_ids, numeric_slots, string
                             pos = _skip(buf, pos, stat_end, swire)
                         if pos < 0 or pos > stat_end:
                             return field_start, e, k, ERR_LENGTH, stat_start
+                    code = np.int64(-1)  # the stat's column: a slot >= 0 numeric, -2 - slot a string, -1 none
+                    if 0 <= stat_id < len(table):
+                        code = table[stat_id]
+                    elif len(far_ids):
+                        code = _slot(far_ids, far_codes, stat_id)
                     slot = -1
                     if kind == 2 or kind == 3 or kind == 4:
-                        slot = _slot(numeric_ids, numeric_slots, stat_id)
+                        if code >= 0:
+                            slot = code
                         b = -1
                     elif kind == 5 or kind == 7:
-                        found = _slot(string_ids, string_slots, stat_id)
-                        if found >= 0:
-                            slot = -2 - found
+                        if code <= -2:
+                            slot = code
                             if kind == 7:
                                 b = -1
                     if slot != -1:
@@ -284,7 +338,11 @@ def _decode_events(buf, line_start, pos, end, numeric_ids, numeric_slots, string
                         return field_start, e, k, ERR_LENGTH, field_start
             e += 1
         elif wire == 0:
-            value, pos = _varint(buf, pos, end)
+            if pos < end and buf[pos] < 128:
+                value = np.int64(buf[pos])
+                pos += 1
+            else:
+                value, pos = _varint(buf, pos, end)
             if number == 1:
                 header[0] = value
             elif number == 3:
@@ -294,7 +352,11 @@ def _decode_events(buf, line_start, pos, end, numeric_ids, numeric_slots, string
             elif number == 10:
                 header[3] = value
         elif wire == 2 and (number == 2 or number == 11):
-            length, pos = _varint(buf, pos, end)
+            if pos < end and buf[pos] < 128:
+                length = np.int64(buf[pos])
+                pos += 1
+            else:
+                length, pos = _varint(buf, pos, end)
             if pos < 0 or length < 0 or length > end - pos:  # a negative one would walk back forever
                 return field_start, e, k, ERR_LENGTH, field_start
             slot = 4 if number == 2 else 6
@@ -306,6 +368,22 @@ def _decode_events(buf, line_start, pos, end, numeric_ids, numeric_slots, string
         if pos < 0 or pos > end:
             return field_start, e, k, ERR_LENGTH, field_start
     return pos, e, k, OK, end
+
+
+TABLE_IDS = 1 << 16
+"""Stat-metadata ids below this are looked up in `decode_line`'s table (the profilers number them from 1, a few
+dozen a plane); any others (a hostile file's) by a search among `far_ids`."""
+
+
+def stat_codes(codes: dict[int, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`decode_line`'s (table, far_ids, far_codes) for the kept stats' codes by stat-metadata id."""
+    near = {key: code for key, code in codes.items() if 0 <= key < TABLE_IDS}
+    table = np.full(max(near, default=-1) + 1, -1, dtype=np.int64)
+    for key, code in near.items():
+        table[key] = code
+    far = sorted((key, code) for key, code in codes.items() if key not in near)
+    return (table, np.array([key for key, _ in far], dtype=np.int64),
+            np.array([code for _, code in far], dtype=np.int64))
 
 
 @njit(cache=True, nogil=True)
@@ -323,11 +401,13 @@ def _grown(column, used):
 
 
 @njit(cache=True, nogil=True)
-def decode_line(buf, start, end, numeric_ids, numeric_slots, string_ids, string_slots):
+def decode_line(buf, start, end, table, far_ids, far_codes):
     """One XLine's header, its events as columns, and its kept stats as sparse rows, in one pass over its bytes.
 
-    numeric_ids/numeric_slots: sorted stat-metadata ids kept as numeric columns and their column index;
-    string_ids/string_slots: the same for string stats. Returns (header, metadata_id, offset_ps,
+    Which stats are kept, by stat-metadata id: `table[id]` for the ids it covers (0 <= id < len(table)), else the
+    code of `id` among the sorted `far_ids` (`far_codes`); a code is the column's slot (>= 0) for a numeric stat,
+    -2 - slot for a string stat, -1 for a stat not kept (`stat_codes` builds them). A table, not a search per stat:
+    numba's np.searchsorted took a reference on both arrays each call (atomic: ~25% of the decoder's time). Returns (header, metadata_id, offset_ps,
     duration_ps, stat_event, stat_slot, stat_a, stat_b, err, err_pos); see _decode_events for the stats.
     header: [id, timestamp_ns, duration_ps, display_id, name_off, name_len, display_off, display_len]
     The columns start at a guess from the line's size and double when full, so every byte is parsed once (the
@@ -339,11 +419,14 @@ def decode_line(buf, start, end, numeric_ids, numeric_slots, string_ids, string_
     guess = max(64, (end - start) // 64)  # events of real profiles take 20-100 bytes
     events = [np.empty(guess, np.int64) for _ in range(3)]
     stats = [np.empty(guess, np.int64) for _ in range(4)]
+    scratch = np.empty(8, np.uint8)
+    scratch_double = scratch.view(np.float64)
     pos, e, k = start, 0, 0
     while True:
         pos, e, k, err, err_pos = _decode_events(
-            buf, start, pos, end, numeric_ids, numeric_slots, string_ids, string_slots, e, k,
-            events[0], events[1], events[2], stats[0], stats[1], stats[2], stats[3], header)
+            buf, start, pos, end, table, far_ids, far_codes, e, k,
+            events[0], events[1], events[2], stats[0], stats[1], stats[2], stats[3], header, scratch,
+            scratch_double)
         if err != NO_ROOM:
             break
         if e == len(events[0]):
@@ -598,7 +681,7 @@ def compile_now() -> None:
     buf = np.frombuffer(b"\x08\x01", np.uint8)  # read-only, as the mapped file's view is
     ids = np.zeros(0, np.int64)
     scan_fields(buf, 0, len(buf))
-    decode_line(buf, 0, len(buf), ids, ids, ids, ids)
+    decode_line(buf, 0, len(buf), ids, ids, ids)
     _compiled_now[0] = True
 
 
