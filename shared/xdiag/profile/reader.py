@@ -209,11 +209,8 @@ def _packed(decoded: tuple) -> tuple:
         metadata_id = metadata_id.astype(np.uint8 if top < 2**8 else np.uint16 if top < 2**16 else np.int32)
     if count < 2**31:
         stat_event = stat_event.astype(np.int32)
-    # Stats grouped by slot, each slot's in event order: a slot is a kept stat's column number (NUMERIC_STATS and
-    # STRING_STATS: a few dozen), so it fits a byte, whose stable sort is numpy's radix sort (linear).
-    # `_decode_line`, in the caller's thread, then takes each slot's stats as a slice.
-    order = np.argsort(stat_slot.astype(np.int8), kind="stable")
-    stat_slot, stat_event, stat_a, stat_b = stat_slot[order], stat_event[order], stat_a[order], stat_b[order]
+    # The stats come grouped by slot (decode_line), each slot's in event order: `_decode_line`, in the caller's
+    # thread, takes each slot's stats as a slice.
     starts, durations = TimeColumn.pack(offset_ps), TimeColumn.pack(duration_ps)
     return header, metadata_id, starts, durations, stat_event, stat_slot, stat_a, stat_b, err, err_pos, negative
 
