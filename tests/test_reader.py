@@ -292,7 +292,7 @@ def test_unique_with_inverse_is_numpys_unique(values):
     assert np.array_equal(inverse, expected_inverse) and np.array_equal(unique[inverse], array)
 
 
-@pytest.mark.parametrize("count", [5, 300])  # one at a time; grouped by length, each distinct string decoded once
+@pytest.mark.parametrize("count", [5, 300, 20_000])  # one at a time; each distinct string decoded once (compiled)
 def test_inline_strings_intern_as_one_at_a_time_does(count):
     import numpy as np
     from xdiag.profile.reader import _inline_texts

@@ -484,6 +484,54 @@ def decode_line(buf, start, end, table, far_ids, far_codes):
     return (header, events[0][:e], events[1][:e], events[2][:e], stat_event, stat_slot, stat_a, stat_b, OK, end)
 
 
+@njit(cache=True, nogil=True)
+def _same_bytes(buf, first, second, length):
+    for i in range(length):
+        if buf[first + i] != buf[second + i]:
+            return False
+    return True
+
+
+@njit(cache=True, nogil=True)
+def distinct_strings(buf, offsets, lengths):
+    """The distinct byte strings among `lengths[i]` bytes at `offsets[i]` (none where the offset is negative), in the
+    order of their first occurrence: (each string's distinct index, each distinct string's first position). One
+    pass with a hash table (FNV-1a of the bytes, equal bytes checked), so a line's inline strings cost no Python
+    object but one per distinct string."""
+    count = len(offsets)
+    size = 16
+    while size < 2 * count:
+        size *= 2
+    table = np.full(size, -1, np.int64)  # a distinct string's index, by its hash's slot
+    hashes = np.empty(count, np.uint64)
+    codes = np.empty(count, np.int64)
+    firsts = np.empty(count, np.int64)
+    distinct = 0
+    for i in range(count):
+        offset = offsets[i]
+        length = lengths[i] if offset >= 0 else 0
+        value = np.uint64(14695981039346656037)
+        for j in range(length):
+            value = (value ^ np.uint64(buf[offset + j])) * np.uint64(1099511628211)
+        slot = np.int64(value & np.uint64(size - 1))
+        while True:
+            found = table[slot]
+            if found < 0:
+                table[slot] = distinct
+                hashes[distinct] = value
+                firsts[distinct] = i
+                codes[i] = distinct
+                distinct += 1
+                break
+            first = firsts[found]
+            first_length = lengths[first] if offsets[first] >= 0 else 0
+            if hashes[found] == value and first_length == length and _same_bytes(buf, offsets[first], offset, length):
+                codes[i] = found
+                break
+            slot = (slot + 1) & (size - 1)
+    return codes, firsts[:distinct].copy()
+
+
 DROP_EVENT = 1
 """`line_without_events` flag: every event of this metadata id goes."""
 DROP_WITHOUT_STATS = 2
@@ -720,11 +768,13 @@ def compile_now() -> None:
     ids = np.zeros(0, np.int64)
     scan_fields(buf, 0, len(buf))
     decode_line(buf, 0, len(buf), ids, ids, ids)
+    distinct_strings(buf, ids, ids)
     _compiled_now[0] = True
 
 
 if _ahead_of_time is not None:
     scan_fields = _ahead_of_time.scan_fields  # noqa: F811 (the ahead-of-time build of the functions above)
     decode_line = _ahead_of_time.decode_line  # noqa: F811
+    distinct_strings = _ahead_of_time.distinct_strings  # noqa: F811
     line_without_events = _ahead_of_time.line_without_events  # noqa: F811
     thinned_line = _ahead_of_time.thinned_line  # noqa: F811
