@@ -370,9 +370,10 @@ def _decode_events(buf, line_start, pos, end, table, far_ids, far_codes, e, k,
     return pos, e, k, OK, end
 
 
-TABLE_IDS = 1 << 16
+TABLE_IDS = 1 << 12
 """Stat-metadata ids below this are looked up in `decode_line`'s table (the profilers number them from 1, a few
-dozen a plane); any others (a hostile file's) by a search among `far_ids`."""
+dozen a plane: the table is as long as the largest kept one, 32 KiB at most a plane); any others (a hostile file's)
+by a search among `far_ids`."""
 
 
 def stat_codes(codes: dict[int, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
