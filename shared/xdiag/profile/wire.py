@@ -451,8 +451,9 @@ def decode_line(buf, start, end, table, far_ids, far_codes):
     header: [id, timestamp_ns, duration_ps, display_id, name_off, name_len, display_off, display_len]
     The columns start at a guess from the line's size and double when full, so every byte is parsed once (the
     decoder used to count a line's events and stats first and fill the columns in a second pass: 1.6 against
-    1.0 s for the 200 MiB bench profile's lines). The event columns are returned as views of their first `e`
-    items (their untouched room holds no memory); the stats grouped into new columns of their exact size.
+    1.0 s for the 200 MiB bench profile's lines). They are returned at their exact size, the stats grouped into
+    new columns: views of the columns' first items held the 2 GB bench host's read at 2.07-2.08 GiB peak RSS
+    against 1.88-1.89 with the copies, for no CPU time measured.
     """
     header = np.zeros(8, np.int64)
     header[4:] = -1
@@ -482,7 +483,8 @@ def decode_line(buf, start, end, table, far_ids, far_codes):
         empty = np.empty(0, np.int64)
         return header, empty, empty, empty, empty, empty, empty, empty, err, err_pos
     stat_event, stat_slot, stat_a, stat_b = _by_slot(k, stats[0], stats[1], stats[2], stats[3])
-    return (header, events[0][:e], events[1][:e], events[2][:e], stat_event, stat_slot, stat_a, stat_b, OK, end)
+    return (header, events[0][:e].copy(), events[1][:e].copy(), events[2][:e].copy(), stat_event, stat_slot, stat_a,
+            stat_b, OK, end)
 
 
 @njit(cache=True, nogil=True)
