@@ -292,7 +292,7 @@ def test_unique_with_inverse_is_numpys_unique(values):
     assert np.array_equal(inverse, expected_inverse) and np.array_equal(unique[inverse], array)
 
 
-@pytest.mark.parametrize("count", [5, 300])  # one at a time; grouped by length, each distinct string decoded once
+@pytest.mark.parametrize("count", [5, 300, 20_000])  # one at a time; each distinct string decoded once (compiled)
 def test_inline_strings_intern_as_one_at_a_time_does(count):
     import numpy as np
     from xdiag.profile.reader import _inline_texts
@@ -402,14 +402,13 @@ def test_decoded_events_and_kept_stats_are_protobufs_own_parse(h200_profiles):
     event's metadata id and every kept stat, in file order, must be what protobuf's own parse of the file says,
     on lines that outgrow that guess in events and in stats."""
     import numpy as np
-    from xdiag.profile import schema
+    from xdiag.profile import schema, wire
     from xdiag.profile.space import NUMERIC_STATS, STRING_STATS
 
     path = h200_profiles["recompilation"]
     session = read_session([path])
     space = schema.XSpace.FromString(path.read_bytes())
     read = {(p.name, ln.id): (p, ln) for p in session.planes for ln in p.lines}
-    first_guess = 64  # bytes per event decode_line first makes room for (wire.py)
     outgrown_events = outgrown_stats = stats_checked = 0
     for plane in space.planes:
         names = {k: m.name for k, m in plane.stat_metadata.items()}
@@ -441,9 +440,55 @@ def test_decoded_events_and_kept_stats_are_protobufs_own_parse(h200_profiles):
                     if column else not events, name
                 kept += len(events)
             stats_checked += kept
-            outgrown_events += len(line.events) > max(64, line.ByteSize() // first_guess)
-            outgrown_stats += kept > max(64, line.ByteSize() // first_guess)
-    assert outgrown_events > 0 and outgrown_stats > 0 and stats_checked > 10_000
+            outgrown_events += len(line.events) > max(64, line.ByteSize() // wire.GUESS_EVENT_BYTES)
+            outgrown_stats += kept > max(64, line.ByteSize() // wire.GUESS_STAT_BYTES)
+    assert outgrown_events > 0 and stats_checked > 10_000
+
+
+def test_a_line_dense_in_kept_stats_outgrows_the_first_guess_and_reads_as_protobuf_does(tmp_path):
+    """A line of more kept stats than decode_line first makes room for (one per GUESS_STAT_BYTES of the line; the
+    real profiles keep fewer) grows its stat columns as it goes: every stat as protobuf's parse says, grouped by
+    column whatever the order on the wire, stat ids past the decoder's table (TABLE_IDS) included."""
+    import numpy as np
+    from xdiag.profile import schema, wire
+    from xdiag.profile.reader import read_host
+
+    space = schema.XSpace()
+    plane = space.planes.add(id=1, name="/host:CPU")
+    far = wire.TABLE_IDS + 7
+    for stat_id, name in ((1, "step_num"), (2, "hlo_op"), (3, "group_id"), (far, "program_id"), (5, "other"),
+                          (6, "ref")):
+        plane.stat_metadata[stat_id].id = stat_id
+        plane.stat_metadata[stat_id].name = name
+    plane.event_metadata[1].name = "e"
+    line = plane.lines.add(id=1, name="dense", timestamp_ns=1)
+    expected = {"step_num": ([], []), "group_id": ([], []), "program_id": ([], []), "hlo_op": ([], [])}
+    for index in range(3000):
+        event = line.events.add(metadata_id=1, offset_ps=index * 10, duration_ps=5)
+        event.stats.add(metadata_id=far, uint64_value=index * 3)
+        event.stats.add(metadata_id=5, int64_value=1)  # not a kept stat
+        event.stats.add(metadata_id=1, int64_value=index)
+        if index % 3:
+            event.stats.add(metadata_id=3, double_value=index + 0.5)
+        event.stats.add(metadata_id=2, str_value=f"op{index % 5}") if index % 2 else event.stats.add(
+            metadata_id=2, ref_value=6)
+        for name, value in (("program_id", index * 3), ("step_num", index), ("group_id", index),
+                            ("hlo_op", f"op{index % 5}" if index % 2 else "ref")):
+            if name != "group_id" or index % 3:
+                expected[name][0].append(index)
+                expected[name][1].append(value)
+    path = tmp_path / "dense.xplane.pb"
+    path.write_bytes(space.SerializeToString())
+    kept = sum(len(events) for events, _ in expected.values())
+    assert kept > line.ByteSize() // wire.GUESS_STAT_BYTES
+    read = read_host(path)[0].planes[0]
+    got = read.lines[0]
+    for name in ("step_num", "group_id", "program_id"):
+        events, values = got.numeric.sparse(name)
+        assert (events.tolist(), values.tolist()) == expected[name], name
+    events, values = got.strings.sparse("hlo_op")
+    assert (events.tolist(), [read.strings[i] for i in values]) == expected["hlo_op"]
+    assert np.array_equal(got.starts.ps(), np.arange(3000) * 10)
 
 
 def test_factorize_rows_groups_a_real_op_tables_rows_as_their_string_keys_do(h200_profiles):

@@ -60,8 +60,11 @@ def build() -> Path:
         wire.scan_fields.py_func
     )
     compiler.export(
-        "decode_line", types.Tuple((column,) * 8 + (count, count))(buffer, count, count, column, column, column, column)
+        "decode_line", types.Tuple((column,) * 8 + (count, count))(buffer, count, count, column, column, column)
     )(wire.decode_line.py_func)
+    compiler.export("distinct_strings", types.Tuple((column, column))(buffer, column, column))(
+        wire.distinct_strings.py_func
+    )
     flags = types.Array(types.uint8, 1, "C")
     compiler.export("line_without_events", types.Tuple((count,) * 4)(buffer, count, count, flags, flags))(
         wire.line_without_events.py_func

@@ -170,8 +170,7 @@ def _wire_lines(arr: np.ndarray, spans: list[tuple[int, int]], columns: "_StatCo
 
     def decode(span: tuple[int, int]) -> tuple:
         return _packed(wire.decode_line(
-            arr, span[0], span[1], columns.numeric_ids, columns.numeric_slots, columns.string_ids, columns.string_slots
-        ))
+            arr, span[0], span[1], columns.table, columns.far_ids, columns.far_codes))
 
     if not spans:
         return
@@ -210,16 +209,13 @@ def _packed(decoded: tuple) -> tuple:
         metadata_id = metadata_id.astype(np.uint8 if top < 2**8 else np.uint16 if top < 2**16 else np.int32)
     if count < 2**31:
         stat_event = stat_event.astype(np.int32)
-    # Stats grouped by slot, each slot's in event order: a slot is a kept stat's column number (NUMERIC_STATS and
-    # STRING_STATS: a few dozen), so it fits a byte, whose stable sort is numpy's radix sort (linear).
-    # `_decode_line`, in the caller's thread, then takes each slot's stats as a slice.
-    order = np.argsort(stat_slot.astype(np.int8), kind="stable")
-    stat_slot, stat_event, stat_a, stat_b = stat_slot[order], stat_event[order], stat_a[order], stat_b[order]
+    # The stats come grouped by slot (decode_line), each slot's in event order: `_decode_line`, in the caller's
+    # thread, takes each slot's stats as a slice.
     starts, durations = TimeColumn.pack(offset_ps), TimeColumn.pack(duration_ps)
     return header, metadata_id, starts, durations, stat_event, stat_slot, stat_a, stat_b, err, err_pos, negative
 
 
-_FEW_INLINE_TEXTS = 64  # fewer in a slot: one at a time (a few numpy calls per length would cost more)
+_FEW_INLINE_TEXTS = 64  # fewer in a slot: one at a time (the compiled pass's call would cost more)
 
 
 def _inline_texts(arr: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, intern: Callable[[str], int],
@@ -227,47 +223,18 @@ def _inline_texts(arr: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, int
     """`intern` of each inline string (its `lengths[i]` bytes at `offsets[i]`, "" where the offset is negative), as
     int32 indexes in the order given; each distinct string is interned in the order of its first occurrence.
 
-    Each distinct byte string is decoded once: the strings are grouped by length, each group's bytes gathered into
-    one row a string and made unique by numpy. The 87.6 MiB TPU v5e capture's 371,300 inline strings (117 distinct,
-    1,460 bytes) took 0.22-0.38 s of CPU one at a time, 0.06-0.09 s so (the least of 7 runs, shared machine)."""
+    Each distinct byte string is decoded once: the compiled pass (wire.distinct_strings) finds them with a hash
+    table. The 87.6 MiB TPU v5e capture's 371,300 inline strings (117 distinct, 1,460 bytes) took 0.22-0.38 s of
+    CPU one at a time, 0.06-0.09 s grouped by length and made unique by numpy's sorts, 0.01 s so."""
     count = len(offsets)
     if count < _FEW_INLINE_TEXTS:
         return np.array([intern(bytes(arr[o : o + n]).decode("utf-8", "replace") if o >= 0 else "")
                          for o, n in zip(offsets.tolist(), lengths.tolist())], dtype=np.int32)
-    lengths = np.where(offsets >= 0, lengths, -1)  # -1: no bytes, the text ""
-    # Stable: each group's positions stay in the order given. Short lengths sort as int16 (numpy's radix sort).
-    order = np.argsort(lengths.astype(np.int16) if lengths.max() < 2**15 else lengths, kind="stable")
-    sorted_lengths = lengths[order]
-    bounds = [0, *(np.flatnonzero(sorted_lengths[1:] != sorted_lengths[:-1]) + 1).tolist(), count]
-    groups = []  # (positions, each one's distinct string in the group, that string's first position, its text)
-    for low, high in zip(bounds[:-1], bounds[1:]):
-        positions, length = order[low:high], int(sorted_lengths[low])
-        if length <= 0:
-            groups.append((positions, np.zeros(len(positions), dtype=np.intp), positions[:1], [""]))
-            continue
-        # The bytes, one row a string, copied from a view of the file's windows: no index array per byte.
-        rows = np.lib.stride_tricks.sliding_window_view(arr, length)[offsets[positions]]
-        if length <= 8:  # each string one uint64 (zero-padded, all of one length): sorted as integers, 3x faster
-            padded = np.zeros((len(rows), 8), dtype=np.uint8)
-            padded[:, :length] = rows
-            rows = padded
-        keys = rows.view(np.uint64 if length <= 8 else f"V{length}").reshape(-1)
-        distinct, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
-        distinct_rows = distinct.view(np.uint8).reshape(len(distinct), -1)[:, :length]
-        texts = [bytes(row).decode("utf-8", "replace") for row in distinct_rows]
-        groups.append((positions, inverse.reshape(-1), positions[first], texts))
-    # Intern in the order of each string's first occurrence, as one string at a time would.
-    firsts = np.concatenate([group[2] for group in groups])
-    texts = [text for group in groups for text in group[3]]
-    indexes = np.empty(len(texts), dtype=np.int32)
-    for i in np.argsort(firsts, kind="stable").tolist():
-        indexes[i] = intern(texts[i])
-    result = np.empty(count, dtype=np.int32)
-    start = 0
-    for positions, inverse, group_firsts, _ in groups:
-        result[positions] = indexes[start + inverse]
-        start += len(group_firsts)
-    return result
+    codes, firsts = wire.distinct_strings(arr, np.ascontiguousarray(offsets, dtype=np.int64),
+                                          np.ascontiguousarray(lengths, dtype=np.int64))
+    indexes = np.array([intern(bytes(arr[o : o + n]).decode("utf-8", "replace") if o >= 0 else "")
+                        for o, n in zip(offsets[firsts].tolist(), lengths[firsts].tolist())], dtype=np.int32)
+    return indexes[codes]
 
 
 def _decode_line(
@@ -323,10 +290,9 @@ class _StatColumns:
         strings = sorted((k, n) for k, n in stat_names.items() if n in STRING_STATS)
         self.numeric_names = sorted({n for _, n in numeric})
         self.string_names = sorted({n for _, n in strings})
-        self.numeric_ids = np.array([k for k, _ in numeric], dtype=np.int64)
-        self.numeric_slots = np.array([self.numeric_names.index(n) for _, n in numeric], dtype=np.int64)
-        self.string_ids = np.array([k for k, _ in strings], dtype=np.int64)
-        self.string_slots = np.array([self.string_names.index(n) for _, n in strings], dtype=np.int64)
+        codes = {k: self.numeric_names.index(n) for k, n in numeric}
+        codes.update((k, -2 - self.string_names.index(n)) for k, n in strings)
+        self.table, self.far_ids, self.far_codes = wire.stat_codes(codes)
 
 
 _PLANE_METADATA_FIELDS = (1, 2, 4, 5, 6)  # id, name, event_metadata, stat_metadata, stats: all but the lines

@@ -167,9 +167,17 @@ def scan_fields(buf, start, end):
 
 @njit(cache=True, nogil=True)
 def _slot(sorted_ids, slots, stat_id):
-    i = np.searchsorted(sorted_ids, stat_id)
-    if i < len(sorted_ids) and sorted_ids[i] == stat_id:
-        return slots[i]
+    """The slot of `stat_id` among the sorted ids, -1 where it has none."""
+    low = 0
+    high = len(sorted_ids)
+    while low < high:
+        middle = (low + high) >> 1
+        if sorted_ids[middle] < stat_id:
+            low = middle + 1
+        else:
+            high = middle
+    if low < len(sorted_ids) and sorted_ids[low] == stat_id:
+        return slots[low]
     return -1
 
 
@@ -178,8 +186,9 @@ NO_ROOM = -1
 
 
 @njit(cache=True, nogil=True)
-def _decode_events(buf, line_start, pos, end, numeric_ids, numeric_slots, string_ids, string_slots, e, k,
-                   metadata_id, offset_ps, duration_ps, stat_event, stat_slot, stat_a, stat_b, header):
+def _decode_events(buf, line_start, pos, end, table, far_ids, far_codes, e, k,
+                   metadata_id, offset_ps, duration_ps, stat_event, stat_slot, stat_a, stat_b, header, scratch,
+                   scratch_double):
     """Decodes a line's fields from `pos` on into the columns, from event `e` and kept stat `k` on.
 
     Kept stats are recorded sparsely as (event, slot, a, b): numeric slots are >= 0 with the value in a;
@@ -187,16 +196,28 @@ def _decode_events(buf, line_start, pos, end, numeric_ids, numeric_slots, string
     Returns (pos, events, kept stats, code, error position): code OK at the end of the line; NO_ROOM where an
     event or its stats did not fit, with pos, events and kept stats as they were before that event; else an
     error code. The columns are parameters, never reassigned here: numba compiled a loop that grew them itself
-    4x slower (4.3 against 1.0 s for the 200 MiB bench profile's lines)."""
+    4x slower (4.3 against 1.0 s for the 200 MiB bench profile's lines). A varint of one byte (keys, ids, most
+    lengths) is read here rather than by a call to `_varint` (the 87.6 MiB TPU capture's lines: 0.77 against 1.0 s),
+    and a double into a scratch word rather than a copy of its 8 bytes (an allocation a stat); the longer varints
+    of the events' times and the stats' values by `_varint`'s loop written out (0.225-0.235 against 0.239-0.255 s,
+    3 rounds alternating)."""
     while pos < end:
         field_start = pos
-        key, pos = _varint(buf, pos, end)
+        if pos < end and buf[pos] < 128:
+            key = np.int64(buf[pos])
+            pos += 1
+        else:
+            key, pos = _varint(buf, pos, end)
         if pos < 0:
             return field_start, e, k, ERR_VARINT, field_start
         number = key >> 3
         wire = key & 7
         if number == 4 and wire == 2:
-            length, pos = _varint(buf, pos, end)
+            if pos < end and buf[pos] < 128:
+                length = np.int64(buf[pos])
+                pos += 1
+            else:
+                length, pos = _varint(buf, pos, end)
             if pos < 0:
                 return field_start, e, k, ERR_VARINT, field_start
             if length < 0 or length > end - pos:  # before any sum: a length near 2^63 wraps pos + length
@@ -209,13 +230,34 @@ def _decode_events(buf, line_start, pos, end, numeric_ids, numeric_slots, string
             offset_ps[e] = 0
             duration_ps[e] = 0
             while pos < event_end:
-                ekey, pos = _varint(buf, pos, event_end)
+                if pos < event_end and buf[pos] < 128:
+                    ekey = np.int64(buf[pos])
+                    pos += 1
+                else:
+                    ekey, pos = _varint(buf, pos, event_end)
                 if pos < 0:
                     return field_start, e, k, ERR_VARINT, event_end
                 enum = ekey >> 3
                 ewire = ekey & 7
                 if ewire == 0 and enum <= 3:
-                    value, pos = _varint(buf, pos, event_end)
+                    if pos < event_end and buf[pos] < 128:
+                        value = np.int64(buf[pos])
+                        pos += 1
+                    else:
+                        result = np.uint64(0)
+                        shift = np.uint64(0)
+                        done = False
+                        while pos < event_end and shift <= np.uint64(63):
+                            byte = np.uint64(buf[pos])
+                            pos += 1
+                            result |= (byte & np.uint64(0x7F)) << shift
+                            if byte < np.uint64(0x80):
+                                done = True
+                                break
+                            shift += np.uint64(7)
+                        value = np.int64(result)
+                        if not done:
+                            pos = -1
                     if pos < 0:
                         return field_start, e, k, ERR_VARINT, event_end
                     if enum == 1:
@@ -226,7 +268,11 @@ def _decode_events(buf, line_start, pos, end, numeric_ids, numeric_slots, string
                         duration_ps[e] = value
                 elif enum == 4 and ewire == 2:
                     stat_start = pos
-                    slen, pos = _varint(buf, pos, event_end)
+                    if pos < event_end and buf[pos] < 128:
+                        slen = np.int64(buf[pos])
+                        pos += 1
+                    else:
+                        slen, pos = _varint(buf, pos, event_end)
                     if pos < 0 or slen < 0 or slen > event_end - pos:
                         return field_start, e, k, ERR_LENGTH, stat_start
                     stat_end = pos + slen
@@ -235,22 +281,53 @@ def _decode_events(buf, line_start, pos, end, numeric_ids, numeric_slots, string
                     a = np.int64(0)
                     b = np.int64(-1)
                     while pos < stat_end:
-                        skey, pos = _varint(buf, pos, stat_end)
+                        if pos < stat_end and buf[pos] < 128:
+                            skey = np.int64(buf[pos])
+                            pos += 1
+                        else:
+                            skey, pos = _varint(buf, pos, stat_end)
                         if pos < 0:
                             return field_start, e, k, ERR_VARINT, stat_end
                         snum = skey >> 3
                         swire = skey & 7
                         if snum == 1 and swire == 0:
-                            stat_id, pos = _varint(buf, pos, stat_end)
+                            if pos < stat_end and buf[pos] < 128:
+                                stat_id = np.int64(buf[pos])
+                                pos += 1
+                            else:
+                                stat_id, pos = _varint(buf, pos, stat_end)
                         elif swire == 0 and (snum == 3 or snum == 4 or snum == 7):
-                            a, pos = _varint(buf, pos, stat_end)
+                            if pos < stat_end and buf[pos] < 128:
+                                a = np.int64(buf[pos])
+                                pos += 1
+                            else:
+                                result = np.uint64(0)
+                                shift = np.uint64(0)
+                                done = False
+                                while pos < stat_end and shift <= np.uint64(63):
+                                    byte = np.uint64(buf[pos])
+                                    pos += 1
+                                    result |= (byte & np.uint64(0x7F)) << shift
+                                    if byte < np.uint64(0x80):
+                                        done = True
+                                        break
+                                    shift += np.uint64(7)
+                                a = np.int64(result)
+                                if not done:
+                                    pos = -1
                             kind = snum
                         elif snum == 2 and swire == 1 and pos + 8 <= stat_end:
-                            a = np.int64(buf[pos:pos + 8].copy().view(np.float64)[0])
+                            for byte in range(8):  # into a scratch word: a copy of the slice allocated each time
+                                scratch[byte] = buf[pos + byte]
+                            a = np.int64(scratch_double[0])
                             kind = 2
                             pos += 8
                         elif snum == 5 and swire == 2:
-                            b, pos = _varint(buf, pos, stat_end)
+                            if pos < stat_end and buf[pos] < 128:
+                                b = np.int64(buf[pos])
+                                pos += 1
+                            else:
+                                b, pos = _varint(buf, pos, stat_end)
                             if pos < 0 or b < 0 or b > stat_end - pos:  # a negative one would walk back forever
                                 return field_start, e, k, ERR_LENGTH, stat_start
                             a = pos
@@ -260,14 +337,19 @@ def _decode_events(buf, line_start, pos, end, numeric_ids, numeric_slots, string
                             pos = _skip(buf, pos, stat_end, swire)
                         if pos < 0 or pos > stat_end:
                             return field_start, e, k, ERR_LENGTH, stat_start
+                    code = np.int64(-1)  # the stat's column: a slot >= 0 numeric, -2 - slot a string, -1 none
+                    if 0 <= stat_id < len(table):
+                        code = table[stat_id]
+                    elif len(far_ids):
+                        code = _slot(far_ids, far_codes, stat_id)
                     slot = -1
                     if kind == 2 or kind == 3 or kind == 4:
-                        slot = _slot(numeric_ids, numeric_slots, stat_id)
+                        if code >= 0:
+                            slot = code
                         b = -1
                     elif kind == 5 or kind == 7:
-                        found = _slot(string_ids, string_slots, stat_id)
-                        if found >= 0:
-                            slot = -2 - found
+                        if code <= -2:
+                            slot = code
                             if kind == 7:
                                 b = -1
                     if slot != -1:
@@ -284,7 +366,11 @@ def _decode_events(buf, line_start, pos, end, numeric_ids, numeric_slots, string
                         return field_start, e, k, ERR_LENGTH, field_start
             e += 1
         elif wire == 0:
-            value, pos = _varint(buf, pos, end)
+            if pos < end and buf[pos] < 128:
+                value = np.int64(buf[pos])
+                pos += 1
+            else:
+                value, pos = _varint(buf, pos, end)
             if number == 1:
                 header[0] = value
             elif number == 3:
@@ -294,7 +380,11 @@ def _decode_events(buf, line_start, pos, end, numeric_ids, numeric_slots, string
             elif number == 10:
                 header[3] = value
         elif wire == 2 and (number == 2 or number == 11):
-            length, pos = _varint(buf, pos, end)
+            if pos < end and buf[pos] < 128:
+                length = np.int64(buf[pos])
+                pos += 1
+            else:
+                length, pos = _varint(buf, pos, end)
             if pos < 0 or length < 0 or length > end - pos:  # a negative one would walk back forever
                 return field_start, e, k, ERR_LENGTH, field_start
             slot = 4 if number == 2 else 6
@@ -306,6 +396,23 @@ def _decode_events(buf, line_start, pos, end, numeric_ids, numeric_slots, string
         if pos < 0 or pos > end:
             return field_start, e, k, ERR_LENGTH, field_start
     return pos, e, k, OK, end
+
+
+TABLE_IDS = 1 << 12
+"""Stat-metadata ids below this are looked up in `decode_line`'s table (the profilers number them from 1, a few
+dozen a plane: the table is as long as the largest kept one, 32 KiB at most a plane); any others (a hostile file's)
+by a search among `far_ids`."""
+
+
+def stat_codes(codes: dict[int, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`decode_line`'s (table, far_ids, far_codes) for the kept stats' codes by stat-metadata id."""
+    near = {key: code for key, code in codes.items() if 0 <= key < TABLE_IDS}
+    table = np.full(max(near, default=-1) + 1, -1, dtype=np.int64)
+    for key, code in near.items():
+        table[key] = code
+    far = sorted((key, code) for key, code in codes.items() if key not in near)
+    return (table, np.array([key for key, _ in far], dtype=np.int64),
+            np.array([code for _, code in far], dtype=np.int64))
 
 
 @njit(cache=True, nogil=True)
@@ -322,28 +429,72 @@ def _grown(column, used):
     return _resized(column, used, max(64, 2 * len(column)))
 
 
+GUESS_EVENT_BYTES = 32
+"""`decode_line` first makes room for an event per this many bytes of its line, and for a kept stat per
+GUESS_STAT_BYTES (the committed TPU captures take 50-60 bytes an event and 24 a kept stat): room not written to
+costs no memory (its pages are never touched), while each time the columns grow they are copied."""
+GUESS_STAT_BYTES = 16
+
+
 @njit(cache=True, nogil=True)
-def decode_line(buf, start, end, numeric_ids, numeric_slots, string_ids, string_slots):
+def _by_slot(used, stat_event, stat_slot, stat_a, stat_b):
+    """The first `used` kept stats grouped by slot, the slots in ascending order and each slot's stats in event
+    order (a counting sort: the slots are a few dozen), as four new columns of their exact size."""
+    low = np.int64(0)
+    high = np.int64(-1)
+    for i in range(used):
+        if i == 0 or stat_slot[i] < low:
+            low = stat_slot[i]
+        if i == 0 or stat_slot[i] > high:
+            high = stat_slot[i]
+    starts = np.zeros(high - low + 2, np.int64)
+    for i in range(used):
+        starts[stat_slot[i] - low + 1] += 1
+    for j in range(1, len(starts)):
+        starts[j] += starts[j - 1]
+    events = np.empty(used, np.int64)
+    slots = np.empty(used, np.int64)
+    a = np.empty(used, np.int64)
+    b = np.empty(used, np.int64)
+    for i in range(used):
+        j = starts[stat_slot[i] - low]
+        starts[stat_slot[i] - low] = j + 1
+        events[j] = stat_event[i]
+        slots[j] = stat_slot[i]
+        a[j] = stat_a[i]
+        b[j] = stat_b[i]
+    return events, slots, a, b
+
+
+@njit(cache=True, nogil=True)
+def decode_line(buf, start, end, table, far_ids, far_codes):
     """One XLine's header, its events as columns, and its kept stats as sparse rows, in one pass over its bytes.
 
-    numeric_ids/numeric_slots: sorted stat-metadata ids kept as numeric columns and their column index;
-    string_ids/string_slots: the same for string stats. Returns (header, metadata_id, offset_ps,
-    duration_ps, stat_event, stat_slot, stat_a, stat_b, err, err_pos); see _decode_events for the stats.
+    Which stats are kept, by stat-metadata id: `table[id]` for the ids it covers (0 <= id < len(table)), else the
+    code of `id` among the sorted `far_ids` (`far_codes`); a code is the column's slot (>= 0) for a numeric stat,
+    -2 - slot for a string stat, -1 for a stat not kept (`stat_codes` builds them). A table, not a search per stat:
+    numba's np.searchsorted took a reference on both arrays each call (atomic: ~25% of the decoder's time). Returns
+    (header, metadata_id, offset_ps, duration_ps, stat_event, stat_slot, stat_a, stat_b, err, err_pos); see
+    _decode_events for the stats, which come grouped by slot in ascending order, each slot's in event order.
     header: [id, timestamp_ns, duration_ps, display_id, name_off, name_len, display_off, display_len]
     The columns start at a guess from the line's size and double when full, so every byte is parsed once (the
     decoder used to count a line's events and stats first and fill the columns in a second pass: 1.6 against
-    1.0 s for the 200 MiB bench profile's lines). They are returned at their exact size.
+    1.0 s for the 200 MiB bench profile's lines). They are returned at their exact size, the stats grouped into
+    new columns: views of the columns' first items held the 2 GB bench host's read at 2.07-2.08 GiB peak RSS
+    against 1.88-1.89 with the copies, for no CPU time measured.
     """
     header = np.zeros(8, np.int64)
     header[4:] = -1
-    guess = max(64, (end - start) // 64)  # events of real profiles take 20-100 bytes
-    events = [np.empty(guess, np.int64) for _ in range(3)]
-    stats = [np.empty(guess, np.int64) for _ in range(4)]
+    events = [np.empty(max(64, (end - start) // GUESS_EVENT_BYTES), np.int64) for _ in range(3)]
+    stats = [np.empty(max(64, (end - start) // GUESS_STAT_BYTES), np.int64) for _ in range(4)]
+    scratch = np.empty(8, np.uint8)
+    scratch_double = scratch.view(np.float64)
     pos, e, k = start, 0, 0
     while True:
         pos, e, k, err, err_pos = _decode_events(
-            buf, start, pos, end, numeric_ids, numeric_slots, string_ids, string_slots, e, k,
-            events[0], events[1], events[2], stats[0], stats[1], stats[2], stats[3], header)
+            buf, start, pos, end, table, far_ids, far_codes, e, k,
+            events[0], events[1], events[2], stats[0], stats[1], stats[2], stats[3], header, scratch,
+            scratch_double)
         if err != NO_ROOM:
             break
         if e == len(events[0]):
@@ -359,8 +510,57 @@ def decode_line(buf, start, end, numeric_ids, numeric_slots, string_ids, string_
     if err:
         empty = np.empty(0, np.int64)
         return header, empty, empty, empty, empty, empty, empty, empty, err, err_pos
-    return (header, events[0][:e].copy(), events[1][:e].copy(), events[2][:e].copy(), stats[0][:k].copy(),
-            stats[1][:k].copy(), stats[2][:k].copy(), stats[3][:k].copy(), OK, end)
+    stat_event, stat_slot, stat_a, stat_b = _by_slot(k, stats[0], stats[1], stats[2], stats[3])
+    return (header, events[0][:e].copy(), events[1][:e].copy(), events[2][:e].copy(), stat_event, stat_slot, stat_a,
+            stat_b, OK, end)
+
+
+@njit(cache=True, nogil=True)
+def _same_bytes(buf, first, second, length):
+    for i in range(length):
+        if buf[first + i] != buf[second + i]:
+            return False
+    return True
+
+
+@njit(cache=True, nogil=True)
+def distinct_strings(buf, offsets, lengths):
+    """The distinct byte strings among `lengths[i]` bytes at `offsets[i]` (none where the offset is negative), in the
+    order of their first occurrence: (each string's distinct index, each distinct string's first position). One
+    pass with a hash table (FNV-1a of the bytes, equal bytes checked), so a line's inline strings cost no Python
+    object but one per distinct string."""
+    count = len(offsets)
+    size = 16
+    while size < 2 * count:
+        size *= 2
+    table = np.full(size, -1, np.int64)  # a distinct string's index, by its hash's slot
+    hashes = np.empty(count, np.uint64)
+    codes = np.empty(count, np.int64)
+    firsts = np.empty(count, np.int64)
+    distinct = 0
+    for i in range(count):
+        offset = offsets[i]
+        length = lengths[i] if offset >= 0 else 0
+        value = np.uint64(14695981039346656037)
+        for j in range(length):
+            value = (value ^ np.uint64(buf[offset + j])) * np.uint64(1099511628211)
+        slot = np.int64(value & np.uint64(size - 1))
+        while True:
+            found = table[slot]
+            if found < 0:
+                table[slot] = distinct
+                hashes[distinct] = value
+                firsts[distinct] = i
+                codes[i] = distinct
+                distinct += 1
+                break
+            first = firsts[found]
+            first_length = lengths[first] if offsets[first] >= 0 else 0
+            if hashes[found] == value and first_length == length and _same_bytes(buf, offsets[first], offset, length):
+                codes[i] = found
+                break
+            slot = (slot + 1) & (size - 1)
+    return codes, firsts[:distinct].copy()
 
 
 DROP_EVENT = 1
@@ -598,12 +798,14 @@ def compile_now() -> None:
     buf = np.frombuffer(b"\x08\x01", np.uint8)  # read-only, as the mapped file's view is
     ids = np.zeros(0, np.int64)
     scan_fields(buf, 0, len(buf))
-    decode_line(buf, 0, len(buf), ids, ids, ids, ids)
+    decode_line(buf, 0, len(buf), ids, ids, ids)
+    distinct_strings(buf, ids, ids)
     _compiled_now[0] = True
 
 
 if _ahead_of_time is not None:
     scan_fields = _ahead_of_time.scan_fields  # noqa: F811 (the ahead-of-time build of the functions above)
     decode_line = _ahead_of_time.decode_line  # noqa: F811
+    distinct_strings = _ahead_of_time.distinct_strings  # noqa: F811
     line_without_events = _ahead_of_time.line_without_events  # noqa: F811
     thinned_line = _ahead_of_time.thinned_line  # noqa: F811
