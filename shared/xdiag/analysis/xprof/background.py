@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from xdiag.analysis.xprof.views import ViewMethods
+from xdiag.analysis.xprof.worker import allocator_environment
 from xdiag.errors import NotAvailable
 from xdiag.fresh_files import replace_with, verified, with_digest
 from xdiag.profile import scratch
@@ -90,7 +91,9 @@ def converting_pid(folder: Path) -> int | None:
 
 def start_converter(files: Sequence[Path], folder: Path) -> int | None:
     """Starts the detached converter of `files` into `folder` (unless one converts there already); its pid, or None
-    where none could start."""
+    where none could start. It runs on the malloc XProf's workers run on (`worker.allocator_environment`): on the
+    87.6 MiB TPU v5e capture XProf's op_stats conversion then peaks at 1,060 MiB instead of 1,280-1,310 MiB, in
+    15-25% less CPU (single runs, 2 cores at load 3.5-4)."""
     running = converting_pid(folder)
     if running is not None:
         return running
@@ -101,7 +104,7 @@ def start_converter(files: Sequence[Path], folder: Path) -> int | None:
         process = subprocess.Popen(
             [sys.executable, "-m", __name__, str(folder), *(str(Path(f).absolute()) for f in files)],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-            env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p), **allocator_environment()},
         )
     except OSError:
         return None
@@ -262,7 +265,7 @@ def convert_into(folder: Path, files: Sequence[Path]) -> int:
         with contextlib.suppress(OSError):
             os.nice(CONVERTER_NICENESS)
         try:
-            with XprofViews(list(files)) as views:
+            with XprofViews(list(files), memory_from_host_planes=True) as views:
                 recorded = record(views, BROAD_CALLS)
                 if views.conversions.too_large:
                     raise ConversionTooLarge(views.conversions.too_large)
