@@ -557,6 +557,35 @@ def test_tpu_views_without_the_lines_xprof_never_reads_are_the_views_of_the_whol
     assert thinned_views == whole_views
 
 
+@pytest.mark.parametrize("name", [TPU, MI300X])
+def test_the_op_profile_tools_answer_the_same_from_its_binary_and_parse_its_json_once(name, tmp_path, monkeypatch):
+    """get_hlo_op_profile and get_top_hlo_ops get op_profile as binary protobuf (conversions.op_profile_as_binary),
+    parsed from its JSON once for both: their answers are the ones they give from the JSON, which each parsed."""
+    from google.protobuf import json_format
+
+    parses: list[str] = []
+    real_parse = json_format.Parse
+
+    def counting(text, message, *args, **kwargs):
+        parses.append(type(message).__name__)
+        return real_parse(text, message, *args, **kwargs)
+
+    monkeypatch.setattr(json_format, "Parse", counting)
+    copy = _copy(name, tmp_path / "originals")
+    answers = {}
+    for binary in (True, False):
+        if not binary:
+            monkeypatch.setattr(conversions, "_as_binary_op_profile", lambda outcome: None)
+        parses.clear()
+        with XprofViews([copy]) as views:
+            answers[binary] = [views.tool("get_hlo_op_profile", common.xprof_api().hlo_op_profile, view="category",
+                                          top_n=0),
+                               views.tool("get_top_hlo_ops", common.xprof_api().top_hlo_ops, limit=0)]
+        assert parses.count("Profile") == (1 if binary else 2)
+    assert answers[True] == answers[False]
+    assert answers[True][1].get("top_by_time")
+
+
 def test_a_tpu_profile_that_may_hold_counter_samples_keeps_its_lines(tmp_path):
     """utilization_viewer, the one converter that reads performance-counter samples, runs on no profile here, so a
     file that may hold them keeps every device line."""

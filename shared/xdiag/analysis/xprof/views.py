@@ -53,6 +53,7 @@ from xdiag.analysis.xprof.conversions import (
     Conversions,
     converter_name,
     install_router,
+    op_profile_as_binary,
     planned_conversions,
 )
 from xdiag.analysis.xprof.quiet import quiet
@@ -68,6 +69,8 @@ from xdiag.errors import NotAvailable, ProfileError, XdiagError
 from xdiag.profile import scratch, slim
 from xdiag.profile.reader import plane_names
 
+_BINARY_OP_PROFILE_TOOLS = frozenset({"get_hlo_op_profile", "get_top_hlo_ops"})
+"""XProf's CLI tools that read op_profile as binary protobuf as well as JSON (`conversions.op_profile_as_binary`)."""
 _COMMAND_BUFFER = b"command_buffer"
 """The HLO op name (`command_buffer`, `command_buffer.3`) of kernels XLA:GPU replays from a CUDA graph."""
 _BARRIER_CORES_EVENT = b"barrier-cores"
@@ -433,8 +436,9 @@ class XprofViews(ViewMethods):
                 install_router()
                 undecorated = getattr(function, "__wrapped__", None)
                 refusals = self.conversions.refusals
+                binary = op_profile_as_binary() if name in _BINARY_OP_PROFILE_TOOLS else contextlib.nullcontext()
                 try:
-                    with quiet():
+                    with quiet(), binary:
                         if undecorated is not None:
                             text = undecorated(str(self.run_dir), **kwargs)
                         else:
