@@ -234,3 +234,29 @@ def test_the_converter_runs_on_the_workers_malloc_at_a_lower_priority_unless_wai
     monkeypatch.setenv("LD_PRELOAD", "/caller/own.so")
     background.start_converter(files, tmp_path / "own")
     assert started[-1][1]["LD_PRELOAD"] == "/caller/own.so"
+
+
+def test_the_tools_that_read_the_converters_record_run_after_xdiags_own():
+    """An analysis publishes the broad tools that read XProf's converted views last, so that where the report waits
+    for the converter xdiag's own tools run beside it; those are exactly the tools asking for a view that is not
+    answered in line (background.IN_LINE_VIEWS)."""
+    import inspect
+    import re
+    import types
+
+    from xdiag.pipeline.stages.collect import publish_tool_runs
+    from xdiag.tools import BROAD_TOOLS, REGISTRY, XPROF_RECORD_TOOLS
+
+    published: list[str] = []
+    bus = types.SimpleNamespace(publish_all=lambda topic, messages: published.extend(m.tool for m in messages))
+    names = publish_tool_runs(types.SimpleNamespace(bus=bus), types.SimpleNamespace(analysis_id="a"), done=set())
+    assert names == published and sorted(names) == sorted(BROAD_TOOLS)
+    assert set(names[-len(XPROF_RECORD_TOOLS):]) == XPROF_RECORD_TOOLS
+    reading = set()
+    for tool in BROAD_TOOLS:
+        source = inspect.getsource(inspect.getmodule(REGISTRY[tool].func))
+        views = set(re.findall(r"try_view\(\s*session,\s*\"(\w+)\"", source))
+        views |= set(re.findall(r"views\(session\)\.(\w+)\(", source))
+        if views - background.IN_LINE_VIEWS:
+            reading.add(tool)
+    assert reading == XPROF_RECORD_TOOLS
