@@ -153,12 +153,15 @@ def ensure_server() -> None:
         if not added:
             multiprocessing.forkserver.ensure_running()
             return
-        os.environ.update(added)
+        os.environ[_PRELOAD_ENV] = added[_PRELOAD_ENV]
+        if _MIMALLOC_THP_ENV in added:
+            os.environ[_MIMALLOC_THP_ENV] = added[_MIMALLOC_THP_ENV]
         try:
             multiprocessing.forkserver.ensure_running()
         finally:
-            for name in added:
-                del os.environ[name]
+            del os.environ[_PRELOAD_ENV]  # there was none: allocator_environment adds one only then
+            if _MIMALLOC_THP_ENV in added:
+                del os.environ[_MIMALLOC_THP_ENV]
 
 
 def mapped_allocator() -> str | None:
