@@ -558,32 +558,52 @@ def test_tpu_views_without_the_lines_xprof_never_reads_are_the_views_of_the_whol
 
 
 @pytest.mark.parametrize("name", [TPU, MI300X])
-def test_the_op_profile_tools_answer_the_same_from_its_binary_and_parse_its_json_once(name, tmp_path, monkeypatch):
-    """get_hlo_op_profile and get_top_hlo_ops get op_profile as binary protobuf (conversions.op_profile_as_binary),
-    parsed from its JSON once for both: their answers are the ones they give from the JSON, which each parsed."""
+def test_the_op_profile_tools_answer_the_same_from_its_other_forms_and_parse_its_json_once(name, tmp_path,
+                                                                                          monkeypatch):
+    """get_hlo_op_profile and get_top_hlo_ops get op_profile as binary protobuf, get_roofline_model as its nodes'
+    names and HLO expressions (conversions.op_profile_as), both made from one parse of its JSON: their answers are
+    the ones they give from the JSON, which each parsed."""
     from google.protobuf import json_format
 
     parses: list[str] = []
     real_parse = json_format.Parse
 
     def counting(text, message, *args, **kwargs):
-        parses.append(type(message).__name__)
+        parses.append(f"{type(message).__name__} of {len(text):,} characters")
         return real_parse(text, message, *args, **kwargs)
 
     monkeypatch.setattr(json_format, "Parse", counting)
     copy = _copy(name, tmp_path / "originals")
-    answers = {}
-    for binary in (True, False):
-        if not binary:
-            monkeypatch.setattr(conversions, "_as_binary_op_profile", lambda outcome: None)
+    real_forms = conversions._op_profile_forms
+    answers, whole_parses = {}, {}
+    for forms in (True, False):
+        if not forms:
+            monkeypatch.setattr(conversions, "_op_profile_forms", lambda outcome: None)
         parses.clear()
         with XprofViews([copy]) as views:
-            answers[binary] = [views.tool("get_hlo_op_profile", common.xprof_api().hlo_op_profile, view="category",
-                                          top_n=0),
-                               views.tool("get_top_hlo_ops", common.xprof_api().top_hlo_ops, limit=0)]
-        assert parses.count("Profile") == (1 if binary else 2)
+            answers[forms] = [views.tool("get_hlo_op_profile", common.xprof_api().hlo_op_profile, view="category",
+                                         top_n=0),
+                              views.tool("get_top_hlo_ops", common.xprof_api().top_hlo_ops, limit=0),
+                              views.tool("get_roofline_model", common.xprof_api().roofline, top_n=common.DEFAULT_TOP_N)]
+            raw = views.fetch("op_profile")
+        whole_parses[forms] = sum(entry == f"Profile of {len(raw):,} characters" for entry in parses)
+    assert whole_parses == {True: 1, False: 3}
     assert answers[True] == answers[False]
-    assert answers[True][1].get("top_by_time")
+    assert answers[True][1].get("top_by_time") and answers[True][2].get("top_operations")
+
+    from xprof.cli.internal import hlo_shape_utils
+    from xprof.protobuf import op_profile_pb2
+
+    def expressions(text) -> dict[str, str]:  # as get_roofline_model's _fetch_op_profile_expressions reads them
+        profile, found = op_profile_pb2.Profile(), {}
+        real_parse(text.decode() if isinstance(text, bytes) else text, profile, ignore_unknown_fields=True)
+        for field in ("by_program", "by_category"):
+            if profile.HasField(field):
+                hlo_shape_utils.extract_expressions_from_op_profile_node(getattr(profile, field), found)
+        return found
+
+    trimmed = real_forms(("application/json", raw))["expressions"][1]
+    assert len(trimmed) < len(raw) / 2 and expressions(trimmed) == expressions(raw) and expressions(raw)
 
 
 def test_a_tpu_profile_that_may_hold_counter_samples_keeps_its_lines(tmp_path):

@@ -117,27 +117,32 @@ class _SessionRouter:
         outcome = owner.converted(
             tool_name, kwargs, lambda params: self._local.fetch(tool_name, session_id, rpc_deadline_s, **params)
         )
-        if _OP_PROFILE_AS_BINARY.get() and converter_name(tool_name) == "op_profile":
-            return owner.binary_op_profile(memo_key(tool_name, kwargs), outcome)
+        form = _OP_PROFILE_FORM.get()
+        if form is not None and converter_name(tool_name) == "op_profile":
+            return owner.op_profile_form(memo_key(tool_name, kwargs), outcome, form)
         return outcome
 
 
-_OP_PROFILE_AS_BINARY: contextvars.ContextVar[bool] = contextvars.ContextVar("xdiag_op_profile_as_binary",
-                                                                            default=False)
+OP_PROFILE_FORMS = ("binary", "expressions")
+_OP_PROFILE_FORM: contextvars.ContextVar[str | None] = contextvars.ContextVar("xdiag_op_profile_form", default=None)
 
 
 @contextlib.contextmanager
-def op_profile_as_binary() -> Iterator[None]:
-    """While in it, this thread's op_profile fetches get the converter's JSON as the binary protobuf of the same
-    message (`Conversions.binary_op_profile`). For XProf's CLI tools that read either (get_hlo_op_profile and
-    get_top_hlo_ops: `ParseFromString` where the data does not start with `{`): each parsed op_profile's JSON with
-    protobuf's pure-Python `json_format` (0.5 s of CPU a time on the 87.6 MiB TPU v5e capture), now done once for
-    both. get_roofline_model reads JSON only, and keeps getting it."""
-    token = _OP_PROFILE_AS_BINARY.set(True)
+def op_profile_as(form: str) -> Iterator[None]:
+    """While in it, this thread's op_profile fetches get the converter's JSON in another form, made from the same
+    parsed message (`Conversions.op_profile_form`). Each of XProf's CLI tools that read op_profile parsed its JSON
+    with protobuf's pure-Python `json_format` (0.5 s of CPU a time on the 87.6 MiB TPU v5e capture); now it is parsed
+    once for all of them. `binary`: the binary protobuf, for get_hlo_op_profile and get_top_hlo_ops (they
+    `ParseFromString` data that does not start with `{`). `expressions`: JSON of the nodes' names, HLO expressions
+    and children alone, for get_roofline_model, which reads nothing else of it (its
+    `_fetch_op_profile_expressions`: `extract_expressions_from_op_profile_node` of by_program and by_category)."""
+    if form not in OP_PROFILE_FORMS:
+        raise ValueError(f"no op_profile form {form!r}; one of {OP_PROFILE_FORMS}")
+    token = _OP_PROFILE_FORM.set(form)
     try:
         yield
     finally:
-        _OP_PROFILE_AS_BINARY.reset(token)
+        _OP_PROFILE_FORM.reset(token)
 
 
 def _owner_of(session_id: Any) -> Conversions | None:
@@ -203,9 +208,9 @@ def planned_conversions(
     return groups
 
 
-def _as_binary_op_profile(outcome: Any) -> tuple[Any, bytes] | None:
-    """(content type, binary protobuf) of an op_profile conversion's (content type, JSON) outcome; None where that
-    is not safe to hand the tools instead (see `Conversions.binary_op_profile`)."""
+def _op_profile_forms(outcome: Any) -> dict[str, tuple[Any, Any]] | None:
+    """Each form of `op_profile_as` of an op_profile conversion's (content type, JSON) outcome, from one strict parse
+    of the JSON; None where they are not safe to hand the tools instead (see `Conversions.op_profile_form`)."""
     if not (isinstance(outcome, tuple) and len(outcome) == 2 and isinstance(outcome[1], (bytes, str)) and outcome[1]):
         return None
     from google.protobuf import json_format
@@ -218,7 +223,25 @@ def _as_binary_op_profile(outcome: Any) -> tuple[Any, bytes] | None:
     except Exception:  # the tools meet it themselves, as before
         return None
     binary = profile.SerializeToString()
-    return None if not binary or binary.strip().startswith(b"{") else (content_type, binary)
+    if not binary or binary.strip().startswith(b"{"):
+        return None
+
+    def expressions(node: Any) -> dict[str, Any]:
+        kept: dict[str, Any] = {}
+        if node.name:
+            kept["name"] = node.name
+        if node.xla.expression:
+            kept["xla"] = {"expression": node.xla.expression}
+        if node.children:
+            kept["children"] = [expressions(child) for child in node.children]
+        return kept
+
+    trees = {key: expressions(getattr(profile, field)) for key, field in (("byProgram", "by_program"),
+                                                                          ("byCategory", "by_category"))
+             if profile.HasField(field)}
+    text = json.dumps(trees)
+    return {"binary": (content_type, binary),
+            "expressions": (content_type, text.encode() if isinstance(data, bytes) else text)}
 
 
 def _settle(placeholder: concurrent.futures.Future, done: concurrent.futures.Future) -> None:
@@ -248,7 +271,7 @@ class Conversions:
         self._lock = lock
         self._owners_work = weakref.WeakMethod(work_while_waiting)
         self._results: dict[str, Any] = {}
-        self._binary: dict[str, Any] = {}  # key -> binary_op_profile's answer (None: the JSON stays)
+        self._op_profile_forms: dict[str, Any] = {}  # key -> `_op_profile_forms` (None: the JSON stays)
         self._pending: dict[str, tuple[concurrent.futures.Future, int]] = {}  # key -> (worker's future, index)
         self._executor: concurrent.futures.ProcessPoolExecutor | None = None
         self._workers = 0
@@ -392,15 +415,15 @@ class Conversions:
             raise outcome
         return outcome
 
-    def binary_op_profile(self, key: str, outcome: Any) -> Any:
-        """The op_profile conversion `outcome` (content type, JSON) as (content type, the binary protobuf of the same
-        `op_profile_pb2.Profile`), made once per conversion; `outcome` itself where its JSON does not parse strictly
-        (the tools then meet what they met before) or the binary would read as JSON to them (it starts with `{`)."""
+    def op_profile_form(self, key: str, outcome: Any, form: str) -> Any:
+        """The op_profile conversion `outcome` (content type, JSON) in `form` (`op_profile_as`), the forms made once
+        per conversion; `outcome` itself where its JSON does not parse strictly (the tools then meet what they met
+        before) or the binary would read as JSON to them (it starts with `{`)."""
         with self._lock:
-            if key not in self._binary:
-                self._binary[key] = _as_binary_op_profile(outcome)
-            binary = self._binary[key]
-        return outcome if binary is None else binary
+            if key not in self._op_profile_forms:
+                self._op_profile_forms[key] = _op_profile_forms(outcome)
+            forms = self._op_profile_forms[key]
+        return outcome if forms is None else forms[form]
 
     def _take_from_worker(self, key: str, future: concurrent.futures.Future) -> None:
         """Waits for the worker's group that converts `key`, then keeps every conversion of that group."""

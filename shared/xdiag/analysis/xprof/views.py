@@ -53,7 +53,7 @@ from xdiag.analysis.xprof.conversions import (
     Conversions,
     converter_name,
     install_router,
-    op_profile_as_binary,
+    op_profile_as,
     planned_conversions,
 )
 from xdiag.analysis.xprof.quiet import quiet
@@ -69,8 +69,8 @@ from xdiag.errors import NotAvailable, ProfileError, XdiagError
 from xdiag.profile import scratch, slim
 from xdiag.profile.reader import plane_names
 
-_BINARY_OP_PROFILE_TOOLS = frozenset({"get_hlo_op_profile", "get_top_hlo_ops"})
-"""XProf's CLI tools that read op_profile as binary protobuf as well as JSON (`conversions.op_profile_as_binary`)."""
+_OP_PROFILE_FORMS = {"get_hlo_op_profile": "binary", "get_top_hlo_ops": "binary", "get_roofline_model": "expressions"}
+"""XProf's CLI tools that read op_profile, and the form they get it in (`conversions.op_profile_as`)."""
 _COMMAND_BUFFER = b"command_buffer"
 """The HLO op name (`command_buffer`, `command_buffer.3`) of kernels XLA:GPU replays from a CUDA graph."""
 _BARRIER_CORES_EVENT = b"barrier-cores"
@@ -436,9 +436,10 @@ class XprofViews(ViewMethods):
                 install_router()
                 undecorated = getattr(function, "__wrapped__", None)
                 refusals = self.conversions.refusals
-                binary = op_profile_as_binary() if name in _BINARY_OP_PROFILE_TOOLS else contextlib.nullcontext()
+                form = _OP_PROFILE_FORMS.get(name)
+                op_profile = op_profile_as(form) if form else contextlib.nullcontext()
                 try:
-                    with quiet(), binary:
+                    with quiet(), op_profile:
                         if undecorated is not None:
                             text = undecorated(str(self.run_dir), **kwargs)
                         else:
