@@ -411,9 +411,9 @@ class XprofViews(ViewMethods):
 
     def page(self, tool_name: str, **params: Any) -> Any:
         """A converter's JSON output, parsed once; None when the converter gave nothing."""
-        if self._memory_from_host_planes and converter_name(tool_name) == "memory_profile":
+        host_planes = self._memory_from_host_planes and not self.conversions.unreadable
+        if host_planes and converter_name(tool_name) == "memory_profile":
             with contextlib.suppress(ProfileError):  # no copy: converted from the files, XProf says what it meets
-                self._check_readable()
                 return self.host_plane_views().page(tool_name, **params)
         key = converter_name(tool_name) + json.dumps(params, sort_keys=True, default=str)
         with self._lock:
