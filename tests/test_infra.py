@@ -361,8 +361,9 @@ NOT_SET_IN_CLOUD = {
     "host is read by a worker process and mapped (xdiag.profile.hosts_map)",
     "XDIAG_XPROF_MEMORY_GIB": "the memory XProf's conversions may use; unset, a share of what the function's "
     "container has left under its memory limit (xdiag.analysis.xprof.memory_budget)",
-    "LD_PRELOAD": "set only while XProf's worker processes start (their malloc)",
-    "MIMALLOC_ALLOW_THP": "likewise: the worker processes' mimalloc option, set only while they start",
+    "LD_PRELOAD": "set only while XProf's worker processes start, and in the detached converter's environment (their "
+    "malloc)",
+    "MIMALLOC_ALLOW_THP": "likewise: the mimalloc option of those processes, set only for them",
     "XDIAG_CONTROL_PLANE_PRINCIPAL": "who the local token stands for; behind IAM the caller's verified identity is",
     "XDIAG_SHARE_KEY_FILE": "the local stack's link-signing key; in the cloud the control plane signs through IAM "
     "and Cloud Storage checks the links",

@@ -201,3 +201,62 @@ def test_sigterm_to_the_converter_takes_its_private_copy_with_it(tmp_path, monke
     while (left := [p.name for p in temporary.iterdir() if p.name.startswith("xdiag")]) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not left, left
+
+
+def test_the_converter_runs_on_the_workers_malloc_at_a_lower_priority_unless_waited_for(tmp_path, monkeypatch):
+    """The detached converter starts with the malloc XProf's workers preload (worker.allocator_environment), its
+    caller's own LD_PRELOAD kept where it has one, and lowers its priority only where no report waits for it."""
+    import subprocess
+
+    from xdiag.analysis.xprof import worker
+
+    started: list[tuple[list[str], dict]] = []
+
+    class Started:
+        pid = 4242
+
+    def popen(arguments, **kwargs):
+        started.append((arguments, kwargs["env"]))
+        return Started()
+
+    monkeypatch.setattr(subprocess, "Popen", popen)
+    monkeypatch.setattr(background, "converting_pid", lambda folder: None)
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    monkeypatch.delenv(worker.ALLOCATOR_ENV, raising=False)
+    files = [tmp_path / "host.xplane.pb"]
+    assert background.background_views(files, tmp_path / "waited", wait_s=5).pid == 4242
+    assert background.start_converter(files, tmp_path / "after") == 4242
+    (waited, waited_env), (after, _) = started
+    assert "--niceness=0" in waited and f"--niceness={background.CONVERTER_NICENESS}" in after
+    library = worker.allocator_library()
+    if library is not None:  # the pinned mimalloc wheel is there
+        assert waited_env["LD_PRELOAD"] == library and waited_env["MIMALLOC_ALLOW_THP"] == "0"
+    monkeypatch.setenv("LD_PRELOAD", "/caller/own.so")
+    background.start_converter(files, tmp_path / "own")
+    assert started[-1][1]["LD_PRELOAD"] == "/caller/own.so"
+
+
+def test_the_tools_that_read_the_converters_record_run_after_xdiags_own():
+    """An analysis publishes the broad tools that read XProf's converted views last, so that where the report waits
+    for the converter xdiag's own tools run beside it; those are exactly the tools asking for a view that is not
+    answered in line (background.IN_LINE_VIEWS)."""
+    import inspect
+    import re
+    import types
+
+    from xdiag.pipeline.stages.collect import publish_tool_runs
+    from xdiag.tools import BROAD_TOOLS, REGISTRY, XPROF_RECORD_TOOLS
+
+    published: list[str] = []
+    bus = types.SimpleNamespace(publish_all=lambda topic, messages: published.extend(m.tool for m in messages))
+    names = publish_tool_runs(types.SimpleNamespace(bus=bus), types.SimpleNamespace(analysis_id="a"), done=set())
+    assert names == published and sorted(names) == sorted(BROAD_TOOLS)
+    assert set(names[-len(XPROF_RECORD_TOOLS):]) == XPROF_RECORD_TOOLS
+    reading = set()
+    for tool in BROAD_TOOLS:
+        source = inspect.getsource(inspect.getmodule(REGISTRY[tool].func))
+        views = set(re.findall(r"try_view\(\s*session,\s*\"(\w+)\"", source))
+        views |= set(re.findall(r"views\(session\)\.(\w+)\(", source))
+        if views - background.IN_LINE_VIEWS:
+            reading.add(tool)
+    assert reading == XPROF_RECORD_TOOLS

@@ -24,6 +24,6 @@ from xdiag.tools import (  # noqa: F401  (imported for registration)
     list_hlo_modules,
     llo,
 )
-from xdiag.tools.registry import BROAD_TOOLS, FOLLOW_UP_TOOLS, REGISTRY, run_tool
+from xdiag.tools.registry import BROAD_TOOLS, FOLLOW_UP_TOOLS, REGISTRY, XPROF_RECORD_TOOLS, run_tool
 
-__all__ = ["BROAD_TOOLS", "FOLLOW_UP_TOOLS", "REGISTRY", "run_tool"]
+__all__ = ["BROAD_TOOLS", "FOLLOW_UP_TOOLS", "REGISTRY", "XPROF_RECORD_TOOLS", "run_tool"]

@@ -65,6 +65,15 @@ BROAD_TOOLS = (
 view, then kernel statistics (GPU) and custom kernels, which the report needs on every profile (each says why where
 the platform has none), and the program's anatomy, which the investigators choose their levers against."""
 
+XPROF_RECORD_TOOLS = frozenset({
+    "get_xprof_overview", "get_step_trace", "get_kpi_metrics", "get_device_information", "get_utilization_viewer",
+    "get_smart_suggestions", "get_roofline_model", "get_hlo_op_profile", "get_kernel_stats",
+})
+"""The broad tools that read XProf's converted views, which a large device session's analysis takes from the
+detached converter's record (xdiag.analysis.xprof.background; memory_profile and peak_allocations, which it answers
+in line from the host planes, are not among them). An analysis runs them after the others, so that where the report
+waits for the converter (`xdiag analyze --xprof-wait`) xdiag's own tools run beside it, not after it."""
+
 FOLLOW_UP_TOOLS = (
     "get_hosts",
     "get_roofline_model",

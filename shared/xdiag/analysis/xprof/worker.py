@@ -128,6 +128,20 @@ def allocator_library(choice: str | None = None) -> str | None:
     return None
 
 
+def allocator_environment(environment: dict[str, str] | None = None) -> dict[str, str]:
+    """What a process that runs XProf's converters adds to `environment` (this process's by default) to start with
+    `allocator_library` as its malloc: LD_PRELOAD and mimalloc's option, none where the environment preloads a
+    library of its own or the system's malloc is chosen."""
+    environment = os.environ if environment is None else environment
+    library = None if environment.get(_PRELOAD_ENV) else allocator_library()
+    if library is None:
+        return {}
+    added = {_PRELOAD_ENV: library}
+    if environment.get(_MIMALLOC_THP_ENV) is None:
+        added[_MIMALLOC_THP_ENV] = "0"
+    return added
+
+
 def ensure_server() -> None:
     """Starts the forkserver, if it is not running, with `allocator_library` preloaded. The loader reads LD_PRELOAD
     only when a program starts, so it is set in this process's environment just while the forkserver is spawned
@@ -135,23 +149,18 @@ def ensure_server() -> None:
     nothing but its speed). The workers are forks of the forkserver and inherit it."""
     context()
     with _SERVER_LOCK:
-        previous = os.environ.get(_PRELOAD_ENV)
-        library = None if previous else allocator_library()
-        if library is None:
+        added = allocator_environment()
+        if not added:
             multiprocessing.forkserver.ensure_running()
             return
-        thp_unset = os.environ.get(_MIMALLOC_THP_ENV) is None
-        os.environ[_PRELOAD_ENV] = library
-        if thp_unset:
-            os.environ[_MIMALLOC_THP_ENV] = "0"
+        os.environ[_PRELOAD_ENV] = added[_PRELOAD_ENV]
+        if _MIMALLOC_THP_ENV in added:
+            os.environ[_MIMALLOC_THP_ENV] = added[_MIMALLOC_THP_ENV]
         try:
             multiprocessing.forkserver.ensure_running()
         finally:
-            if previous is None:
-                del os.environ[_PRELOAD_ENV]
-            else:
-                os.environ[_PRELOAD_ENV] = previous
-            if thp_unset:
+            del os.environ[_PRELOAD_ENV]  # there was none: allocator_environment adds one only then
+            if _MIMALLOC_THP_ENV in added:
                 del os.environ[_MIMALLOC_THP_ENV]
 
 
