@@ -109,8 +109,12 @@ def aggregate_xplane_events(session: Session, pattern: str, plane: str | None = 
                 # Lines whose events may be Python frames: a PyTorch trace's host threads, JAX's Python tracer's.
                 kind_of = kind_of or frame_kinds(user_files(session.hlo_modules))
                 names = [p.event_names.get(int(m), "") for m in uniq.tolist()]
-                users, called = innermost_user_frames(zip(starts.tolist(), (starts + d).tolist(),
-                                                          (names[i] for i in inverse.tolist())), kind_of)
+                # Only frames (a user's, an nn.Module call's) are stacked: the events of no kind, skipped there, are
+                # left out before (the 20.7 MiB CPU capture's 40,000 dispatches, none a frame).
+                framed = np.array([bool(kind_of(name)) for name in names], dtype=bool)[inverse]
+                users, called = innermost_user_frames(zip(
+                    starts[framed].tolist(), (starts + d)[framed].tolist(),
+                    (names[i] for i in inverse[framed].tolist())), kind_of) if framed.any() else ({}, {})
                 for totals, found in ((user_frames, users), (modules, called)):
                     for name, ps in found.items():
                         totals[name] = totals.get(name, 0) + ps
@@ -157,9 +161,8 @@ _NO_TIME = ("none: the matching events are counter samples or zero-length instan
 
 def _callers(p, ln, kind_of, starts, durations, names, inverse) -> dict[str, int]:
     """The user's frames on line `ln` that enclose its matching events that are not themselves user frames."""
-    matched_kinds = [kind_of(name) for name in names]
-    waits = [(int(s), int(s + d)) for s, d, i in zip(starts.tolist(), durations.tolist(), inverse.tolist())
-             if matched_kinds[i] != "user"]
+    not_user = np.array([kind_of(name) != "user" for name in names], dtype=bool)[inverse]
+    waits = list(zip(starts[not_user].tolist(), (starts + durations)[not_user].tolist()))
     if not waits:
         return {}
     user_ids = np.fromiter((k for k, n in p.event_names.items() if kind_of(n) == "user"), dtype=np.int64)
