@@ -7,6 +7,7 @@ import numpy as np
 from xdiag.analysis.op_table import op_table
 from xdiag.analysis.session_cache import cached
 from xdiag.cost.hlo import shape_bytes
+from xdiag.profile.columns import isin_ids
 from xdiag.profile.space import NO_VALUE, Session
 
 
@@ -56,7 +57,7 @@ def transfer_pairs(session: Session) -> dict | None:
         found_pairs.append((codes_named[(module_name, done_name)], codes_named.get((module_name, start_op.name), []),
                             direction, shape_bytes(done)))
     wanted = np.array(sorted({c for pair in found_pairs for codes in pair[:2] for c in codes}), dtype=ops.op.dtype)
-    rows = np.flatnonzero(np.isin(ops.op, wanted)) if len(wanted) else np.zeros(0, dtype=np.int64)
+    rows = np.flatnonzero(isin_ids(ops.op, wanted)) if len(wanted) else np.zeros(0, dtype=np.int64)
     row_op, row_device = ops.op[rows], ops.device_code[rows]
     row_start, row_end = ops.start_ps[rows], ops.end_ps[rows]
     by_op = np.argsort(row_op, kind="stable")  # each op's rows together, in table order
