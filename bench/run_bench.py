@@ -246,6 +246,7 @@ TREE_PEAK = """
 import ctypes, json, os, resource, subprocess, sys, threading, time
 ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: orphaned descendants are reaped here
 me = os.getpid()
+PAGE_KIB = os.sysconf("SC_PAGE_SIZE") // 1024
 peaks = {"all": 0, "command_all": 0}
 done = threading.Event()
 command_running = [True]
@@ -269,15 +270,13 @@ def descendants():
     return found
 
 def rss_kib(pid):
-    # PSS, not RSS: a child just forked shares its parent's pages, which RSS would count twice.
+    # RSS from statm (smaps_rollup's PSS walks every page table: sampled this often it slowed a 2 GiB process); the
+    # pages processes share are counted in each, against xdiag's several processes, never for them.
     try:
-        with open(f"/proc/{pid}/smaps_rollup") as f:
-            for line in f:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * PAGE_KIB
+    except (OSError, IndexError, ValueError):
+        return 0
 
 def sample():
     while not done.is_set():
@@ -285,7 +284,7 @@ def sample():
         peaks["all"] = max(peaks["all"], total)
         if command_running[0]:
             peaks["command_all"] = max(peaks["command_all"], total)
-        done.wait(0.02)
+        done.wait(0.05)
 
 threading.Thread(target=sample, daemon=True).start()
 started = time.perf_counter()
@@ -310,7 +309,7 @@ sys.exit(os.waitstatus_to_exitcode(status))
 command's own wall time and the largest process of its tree by the time it exited, then, once every process it left
 behind has exited too (XProf's conversion workers outlive the forkserver that started them; `xdiag analyze`'s
 detached converter of XProf's views runs after it), the time until then and the largest process of its whole tree.
-Beside them, the peak of the memory of every process of the tree summed (PSS, sampled every 20 ms from /proc): while the
+Beside them, the peak of the memory of every process of the tree summed (RSS, sampled every 50 ms from /proc): while the
 command ran (`command_all_rss_mib`: the memory of everything the command runs at once, the analysis and XProf's
 converter beside it) and until the last process ended (`all_rss_mib`)."""
 
@@ -406,7 +405,7 @@ def render_tpu_markdown(report: dict) -> str:
         f"{report['repeats']})",
         "",
         "Wall s (CPU s of every process) / peak MiB of the memory of every process of the command's tree at once while "
-        "it ran (PSS summed, sampled every 20 ms) (× XProf's wall / × XProf's memory); first: an empty local cache, XProf's views "
+        "it ran (RSS summed, sampled every 50 ms) (× XProf's wall / × XProf's memory); first: an empty local cache, XProf's views "
         "converted after the report by a detached process (its own wall s / peak RSS after); kept: the same file "
         "again; waited: --xprof-wait 600. XProf's converters run as its UI runs them (op_stats kept beside the file "
         "after the first view), on a fresh copy. Goals (issue 64): first ≤ 0.15×, waited ≤ 0.5×, --no-xprof-views "
