@@ -2,7 +2,7 @@
 ragged paged attention over a mixed batch, then the routed experts with megablox's grouped matmul.
 
 Written after the lever catalogue froze (i61cat a75606d), before any report of it was read. As its user wrote it:
-4 layers; 96 sequences decoding one token and 1 prefilling a 512-token chunk, 1,024 cached tokens each; 16 query
+4 layers; 256 sequences decoding one token and 1 prefilling a 512-token chunk, 1,024 cached tokens each; 16 query
 heads over 4 KV heads of 128; pages of 32 tokens; num_kv_pages_per_block=2, num_queries_per_block=16; 16 experts,
 top-2, width 2,048 (FFN 1,024), gmm with its default tiling. Variants:
   kvpb16        num_kv_pages_per_block=16, num_queries_per_block=32
@@ -19,7 +19,8 @@ from _size import ON_CPU, size
 FRAMEWORK, PHASE = "jax", "inference serving (mixed prefill + decode)"
 VARIANTS = ["before", "kvpb16", "tuned", "tile512", "tuned_tile512"]
 LAYERS, Q_HEADS, KV_HEADS, HEAD_DIM = size(4, 1), size(16, 4), size(4, 2), 128
-DECODE, PREFILL, CHUNK, KV_LEN, PAGE = size(96, 2), 1, size(512, 16), size(1024, 128), size(32, 16)
+# gmm needs the routed rows (2 x tokens) divisible by its row tile: 768 tokens (1,536 rows) divide by 128 and 512.
+DECODE, PREFILL, CHUNK, KV_LEN, PAGE = size(256, 2), 1, size(512, 62), size(1024, 128), size(32, 16)
 D, FFN, EXPERTS, TOPK = Q_HEADS * HEAD_DIM, size(1024, 128), size(16, 4), 2
 
 
