@@ -99,6 +99,9 @@ def test_the_contradiction_check_can_fail():
     assert levers.contradictions("shard them over the devices", inference, None) == ["sharding on one device"]
     assert levers.contradictions("for Pallas kernels, deeper pipelining (pltpu.emit_pipeline)", inference,
                                  "recurrent_loop") == ["Pallas tuning for ops that are no Pallas kernel"]
+    copied = {**inference, "argument_copies": {"arguments": ["k_cache_0_"], "share_of_op_time_percent": 15.8}}
+    assert levers.contradictions("jax.jit(step, donate_argnums=0)", copied, "argument_copies") == [], (
+        "an argument copied because no output aliases it is not donated, whatever else is")
     training = {**inference, "phase": "training", "devices": 8, "donated_arguments": 0}
     assert levers.contradictions("use fused optimizers; shard them; donate_argnums", training, "matmul") == []
 

@@ -318,6 +318,7 @@ class ProgramFacts:
     devices: int | None = None
     donated_arguments: int | None = None  # entry parameters an output aliases, in the busiest program; None: no HLO
     matmul_precision: str | None = None  # the dominant matmuls' operand precision, where above the default
+    argument_copies: dict[str, Any] | None = None  # copies of entry parameters no output aliases (not donated)
     rematerialised_op_percent: float | None = None
     loop_trips_per_run: float | None = None
     host_training_event: str | None = None  # a host event that only training records (autograd, Optimizer.step)
@@ -344,6 +345,7 @@ def program_anatomy(rows: list[dict], facts: ProgramFacts) -> dict[str, Any]:
         "devices": None if facts.devices == 1 and any(c.key == "collective" for c in comps) else facts.devices,
         "donated_arguments": facts.donated_arguments,
         "matmul_precision": facts.matmul_precision,
+        "argument_copies": facts.argument_copies,
         "rematerialised_op_percent": facts.rematerialised_op_percent,
         "loop_trips_per_run": facts.loop_trips_per_run,
     }

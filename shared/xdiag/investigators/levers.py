@@ -51,6 +51,8 @@ def _a_pallas(a: dict, c: dict) -> bool | None:
 
 
 def _not_donated(a: dict, c: dict) -> bool | None:
+    if a.get("argument_copies"):
+        return True  # arguments copied because no output aliases them: whatever else is donated, these are not
     donated = a.get("donated_arguments")
     return None if donated is None else donated == 0
 
@@ -189,10 +191,12 @@ LEVERS: tuple[Lever, ...] = (
           ("far_below_roof",), gain=(0.4, 0.8), gap="below_roof", trial="paged_attention_decode"),
     Lever("ragged_paged_attention_block", "ragged_paged_attention",
           ("memory_bound", "low_kernel_efficiency", "bounded_efficiency"), JAX_FAMILY, ("TPU",),
-          "raise num_kv_pages_per_block (and num_queries_per_block) in the jax.experimental.pallas.ops.tpu."
-          "ragged_paged_attention.ragged_paged_attention(..., num_kv_pages_per_block=..., num_queries_per_block=..., "
-          "vmem_limit_bytes=...) call at {line} (num_kv_pages_per_block 8 → 32 realized 31% shorter steps on a v5e), "
-          "so each grid step copies more KV pages per DMA",
+          "leave num_kv_pages_per_block and num_queries_per_block out of the jax.experimental.pallas.ops.tpu."
+          "ragged_paged_attention.ragged_paged_attention(...) call at {line}, so the kernel takes them from its tuned "
+          "table (tuned_block_sizes.get_tuned_block_sizes; for shapes it has no entry for, 128 KV pages capped at the "
+          "pages per sequence, and 32 queries): on a v5e that took 55.3% off fix trial moe_serve_raw's step where "
+          "raising them from 2 and 16 to 16 and 32 took 50.1%; where you set them, raise both (8 → 32 KV pages "
+          "realized 31%), so each grid step copies more KV pages per DMA",
           ("far_below_roof",), gain=(0.9, 1.4), gap="below_roof", trial="ragged_attention_serve"),
     Lever("megablox_tiling", "grouped_matmul", ("memory_bound", "low_kernel_efficiency", "bounded_efficiency"),
           JAX_FAMILY, ("TPU",),
@@ -233,10 +237,12 @@ LEVERS: tuple[Lever, ...] = (
           "the block, or give it a policy that saves the matmul outputs: jax.checkpoint(block, "
           "policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)",
           ("training", "recomputes"), gain=(0.5, 1.0), gap="finding", trial="remat_train"),
-    Lever("matmul_precision", "matmul", ("low_kernel_efficiency",), JAX_CODE, ("TPU", "GPU"),
-          "let the matmuls at {line} run at the default precision: drop precision=jax.lax.Precision.HIGHEST (or "
-          "wrap the step in jax.default_matmul_precision(\"bfloat16\")), keeping f32 accumulation",
-          ("precision_above_default",), gain=(0.5, 0.85), gap="below_roof", trial="f32_highest_matmul"),
+    Lever("matmul_precision", "matmul", ("low_kernel_efficiency", "memory_bound"), JAX_CODE, ("TPU", "GPU"),
+          "let the matmuls at {line} run at the default precision: drop precision=jax.lax.Precision.HIGHEST there "
+          "and any jax.config.update(\"jax_default_matmul_precision\", \"highest\") (or "
+          "JAX_DEFAULT_MATMUL_PRECISION) the program sets, or wrap the step in "
+          "jax.default_matmul_precision(\"bfloat16\"); f32 accumulation is kept",
+          ("precision_above_default",), gain=(0.5, 0.85), gap="share", trial="f32_highest_matmul"),
     Lever("drop_per_step_fetch", "host", ("host_sync",), JAX_CODE, ("TPU", "GPU", "CPU"),
           "remove the per-step float(loss) / .item() / np.asarray(...) / jax.device_get at {line}: keep the "
           "metrics on the device and fetch them every N steps",
@@ -258,6 +264,12 @@ LEVERS: tuple[Lever, ...] = (
           "donate the state the step replaces: jax.jit(step, donate_argnums=(0, 1)) (the parameters and optimizer "
           "state), so the updated copies reuse their buffers",
           ("training", "not_donated"), gain=(0.0, 0.0), gap="finding", trial="near_hbm_limit"),
+    Lever("donate_arguments", "argument_copies", ("argument_copies",), JAX_CODE, ("TPU", "GPU", "CPU"),
+          "donate the arguments of {program} that hold {arguments}: their positions in donate_argnums (or their "
+          "names in donate_argnames) of the jax.jit that compiles it (nnx.jit(..., donate_argnums=...) in Flax NNX), "
+          "and use the arrays it returns in their place (the donated ones are deleted), so XLA updates them in place "
+          "instead of copying them first",
+          ("not_donated",), gain=(0.8, 1.0), gap="finding"),
     Lever("prefetch_to_device", "host_input", ("input_bound",), JAX_CODE, ("TPU", "GPU"),
           "put the next batch on the device while this step runs: a background thread that calls jax.device_put "
           "ahead of use (or flax.jax_utils.prefetch_to_device(iterator, 2)), and move per-step numpy work at {line} "
@@ -277,7 +289,11 @@ fix trials (bench/fix_trials.md; calibration data, not the acceptance figure): p
 of paged_decode_raw's step, whose gap read 73.4%: 0.88, beside issue 61's 0.42: paged 0.4–0.8, both within ×1.5 of
 its middle; lstm_linen_train's per-step float(loss) removed took 14.7% of a step whose device idled 11.6% in the trace
 (its 3 traced steps average 10.97 ms, the program's own loop 11.65): drop_per_step_fetch 0.9–1.0 of that idle share.
-Every gain is capped at the share of the step the component holds (ragged_serve_raw read 76.1–118.4% before)."""
+Every gain is capped at the share of the step the component holds (ragged_serve_raw read 76.1–118.4% before).
+After the held-out trials (bench/fix_trials.md; calibration from here on): matmul_precision's gap is the matmuls'
+whole share (at HIGHEST XLA:TPU runs an f32 matmul as 6 bf16 passes, at the default 1: up to 5/6 of their time);
+donate_arguments 0.8–1.0 of the copies' stake (paged_decode_nnx: 15.5% of a step whose copies held 15.8%, and 45.7%
+of one whose copies held 47%)."""
 
 LEVERS_BY_KEY = {lever.key: lever for lever in LEVERS}
 
@@ -290,6 +306,7 @@ FINDING_COMPONENTS = {
     "materialised_attention": "materialised_attention",
     "dispatch_overhead": "dispatch",
     "unfused_kernels": "dispatch",
+    "argument_copies": "argument_copies",
 }
 """Findings whose subject is fixed; the others (memory_bound, low_kernel_efficiency, bounded_efficiency) are about the
 component that holds their ops."""
@@ -314,6 +331,10 @@ def _family(framework: str | None) -> str:
 
 
 def component_record(anatomy: dict[str, Any], key: str) -> dict[str, Any]:
+    """The anatomy's record of a component, or of a finding's own subject the anatomy keeps (argument_copies)."""
+    own = anatomy.get(key) if key in FINDING_COMPONENTS.values() else None
+    if isinstance(own, dict):
+        return {"component": key, **own}
     return next((c for c in anatomy.get("components") or [] if c.get("component") == key), {"component": key})
 
 
@@ -371,10 +392,18 @@ def candidates(anatomy: dict[str, Any], finding: str, component: str | None, com
         gain, basis = _gain(lever, record, compute_percent, finding_step_percent)
         change = lever.change.format(line=at_line or line or "the line that calls it",
                                      kernel=record.get("kernel") or "",
-                                     attention=record.get("written_as") or "attention")
+                                     attention=record.get("written_as") or "attention",
+                                     program=_function_of(record.get("programs")),
+                                     arguments=", ".join(record.get("arguments") or []) or "the arguments it updates")
         offers.append(Offer(lever, change, unchecked, gain, basis))
     offers.sort(key=lambda o: (o.lever.order, -(o.gain_percent[1] if o.gain_percent else 0)))
     return offers, rejected
+
+
+def _function_of(programs: list[str] | None) -> str:
+    """The jitted function an HLO module compiles, as the user named it (jit_decode -> decode)."""
+    names = [re.sub(r"^p?jit_|\(\d+\)$", "", p) for p in programs or []]
+    return f"the jitted {names[0]}" if names and names[0] else "the jitted step"
 
 
 def _gain(lever: Lever, record: dict, compute: float | None, finding_step: float | None
@@ -490,4 +519,9 @@ def candidates_record(anatomy: dict[str, Any], compute_percent: float | None) ->
                 if key not in seen:
                     seen.add(key)
                     out.append({"component": c["component"], "lever": key, "not_offered": why})
+    copies = anatomy.get("argument_copies") or {}
+    if (copies.get("share_of_op_time_percent") or 0) >= 5:
+        stake = copies["share_of_op_time_percent"] * compute_percent / 100 if compute_percent is not None else None
+        offers, _ = candidates(anatomy, "argument_copies", "argument_copies", compute_percent, stake)
+        out += [{"component": "argument_copies", **o.record()} for o in offers]
     return out

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from xdiag.analysis.anatomy import ProgramFacts, program_anatomy
 from xdiag.analysis.device_peaks import session_peaks
 from xdiag.analysis.op_stats import op_stats
@@ -31,8 +33,10 @@ def get_program_anatomy(session: Session) -> ToolOutput:
     roofline_efficiency_percent, efficiency_is_upper_bound, bound, lines (the user's), backward_share_percent,
     scores_shape, head_dim (the last dimension of the attention's q/k/v), masked (an op reads a boolean S×S mask),
     written_as (the attention as the program writes it, from its ops' einsum specs)], pallas_kernels, devices, donated_arguments (entry parameters the busiest program's outputs alias;
-    null without HLO), matmul_precision, rematerialised_op_percent, loop_trips_per_run. detail: library_files (the
-    framework files the stacks name, at most 20)."""
+    null without HLO), matmul_precision, argument_copies (copies of the programs' arguments that no output aliases:
+    share_of_op_time_percent, ops, arguments, argument_count, shape, programs; null where none runs),
+    rematerialised_op_percent, loop_trips_per_run. detail: library_files (the framework files the stacks name, at
+    most 20)."""
     stats = op_stats(session)
     if not stats:
         raise NotAvailable("the profile holds no op executions to tell the program's parts from")
@@ -49,6 +53,7 @@ def get_program_anatomy(session: Session) -> ToolOutput:
         devices=len(session.device_planes()) or None,
         donated_arguments=len(busiest.donated_parameters) if busiest is not None else None,
         matmul_precision=precision,
+        argument_copies=_argument_copies(session, stats, total_ps),
         rematerialised_op_percent=rematerialised_time(session, rows).get("rematerialised_op_percent"),
         loop_trips_per_run=loops.get("loop_trips_per_run"), **_host_phase_marks(session))
     return ToolOutput(program_anatomy(rows, facts), {"library_files": files[:20]})
@@ -88,3 +93,35 @@ def _precisions(session: Session, stat) -> list[str | None]:
     inner = [ins] + [i for name in ins.called for i in (module.computations[name].instructions
                                                        if name in module.computations else ())]
     return [_PRECISIONS.get(p) for i in inner if i.opcode in ("dot", "convolution") for p in i.operand_precision]
+
+
+def _argument_copies(session: Session, stats, total_ps: int) -> dict | None:
+    """The copies XLA makes of a program's arguments because they are not donated: a `copy` whose operand is an
+    entry parameter no output aliases. An argument the program updates (a KV cache written with .at[].set) must
+    stay intact for the caller, so the program first copies all of it; donated, the update happens in place."""
+    modules = {key: m for m in session.hlo_modules for key in (m.name, m.display_name)}
+    ops, arguments, programs, shape, copied_ps = [], [], [], "", 0
+    for s in stats:
+        module = modules.get(s.module)
+        found = module.find(s.name) if module is not None and s.name.startswith("copy") else None
+        if not found or found[0].name != module.entry or found[1].opcode != "copy" or not found[1].operands:
+            continue
+        operand = found[0].by_name.get(found[1].operands[0])
+        if operand is None or operand.opcode != "parameter" or operand.name in module.donated_parameters:
+            continue
+        copied_ps += s.total_ps
+        ops.append(s.name)
+        arguments.append(re.sub(r"\.\d+$", "", operand.name))
+        shape = shape or found[1].shape_text.split("{")[0]
+        if module.name not in programs:
+            programs.append(module.name)
+    if not ops or not total_ps:
+        return None
+    return {"share_of_op_time_percent": round(100 * copied_ps / total_ps, 2), "ops": ops[:12],
+            "arguments": sorted(set(arguments), key=_natural)[:12], "argument_count": len(set(arguments)), "shape": shape,
+            "programs": programs}
+
+
+def _natural(name: str) -> list:
+    """k_cache_2_ before k_cache_10_."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]

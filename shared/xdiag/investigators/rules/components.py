@@ -2,8 +2,10 @@
 
 - materialised_attention: attention that writes its S×S scores to memory holds a material share of op time; a fused
   kernel (flash attention) never writes them.
-- bounded_efficiency: a kernel rated from an upper bound of its work (a paged kernel costed on full pages) reaches at
-  most N% of its roof: certainly far from it, so a finding, with the kernel's block-size lever.
+- bounded_efficiency: a library kernel (Pallas: paged / ragged paged attention, grouped matmul, flash attention, a
+  custom kernel) holding a fifth of op time reaches N% of its roof, or at most N% where it is rated from an upper
+  bound of its work (a paged kernel costed on full pages): far from it, so a finding, with the kernel's block-size
+  lever.
 - measured_not_explained: the health check says NEEDS_ATTENTION and no other rule explains why: the finding says what
   is measured and which capture would tell more, so no such verdict stands without a finding.
 
@@ -22,7 +24,10 @@ from xdiag.investigators.rules.hypothesis import Hypothesis, evidence, sentence
 from xdiag.investigators.rules.registry import Facts, rule
 
 BOUNDED_EFFICIENCY_MAX_PERCENT = 60.0
-"""An efficiency that is an upper bound under this share of the roof is certainly far from it: a finding."""
+"""A library kernel under this share of its roof (or at most this, where the share is an upper bound) is far from it:
+a finding."""
+KERNEL_COMPONENTS = ("paged_attention", "ragged_paged_attention", "grouped_matmul", "fused_attention", "custom_kernel")
+"""The anatomy's components that are a library's kernel, tuned by its block sizes (the levers' Pallas kernels)."""
 
 
 def anatomy(facts: Facts) -> dict[str, Any]:
@@ -74,28 +79,36 @@ def materialised_attention(facts: Facts, found: list[Hypothesis]) -> Hypothesis 
 
 @rule("bounded_efficiency")
 def bounded_efficiency(facts: Facts, found: list[Hypothesis]) -> Hypothesis | None:
-    """An upper-bounded efficiency well under the roof is evidence: the kernel is at most that, so certainly far."""
+    """A library kernel far under its roof is a finding of its own where no broader one covers its ops: a measured
+    efficiency, or an upper-bounded one (the kernel is at most that, so certainly far)."""
     if any(h.key in ("memory_bound", "low_kernel_efficiency", "latency_bound") for h in found):
         return None
     a = anatomy(facts)
-    bounded = [c for c in a.get("components") or [] if c.get("efficiency_is_upper_bound")
-               and (c.get("roofline_efficiency_percent") or 100) < BOUNDED_EFFICIENCY_MAX_PERCENT
-               and (c.get("share_of_op_time_percent") or 0) >= 20]
-    if not bounded or facts.compute < 30:
+    far = [c for c in a.get("components") or [] if c.get("component") in KERNEL_COMPONENTS
+           and c.get("roofline_efficiency_percent") is not None
+           and c["roofline_efficiency_percent"] < BOUNDED_EFFICIENCY_MAX_PERCENT
+           and (c.get("share_of_op_time_percent") or 0) >= 20]
+    if not far or facts.compute < 30:
         return None
-    c = max(bounded, key=lambda c: c["share_of_op_time_percent"])
+    c = max(far, key=lambda c: c["share_of_op_time_percent"])
     share, efficiency = c["share_of_op_time_percent"], c["roofline_efficiency_percent"]
+    bound = bool(c.get("efficiency_is_upper_bound"))
     lost = share * (1 - efficiency / 100)
     return Hypothesis(
         "bounded_efficiency", lost * facts.compute / 100,
-        f"The {c.get('kernel') or c['what']} kernel reaches at most {efficiency:g}% of its roofline",
-        f"{c['what'][:1].upper() + c['what'][1:]}{_lines_note(c)} holds {share:g}% of op time. Its cost is counted on "
-        f"full pages, an upper bound of the work it does, so its {efficiency:g}% of the roof is an upper bound too: "
-        "it is certainly that far from the roof, and likely further.",
+        f"The {c.get('kernel') or c['what']} kernel reaches {'at most ' if bound else ''}{efficiency:g}% of its "
+        "roofline",
+        f"{c['what'][:1].upper() + c['what'][1:]}{_lines_note(c)} holds {share:g}% of op time"
+        + (f". Its cost is counted on full pages, an upper bound of the work it does, so its {efficiency:g}% of the "
+           "roof is an upper bound too: it is certainly that far from the roof, and likely further." if bound else
+           f" at {efficiency:g}% of its roof ({c.get('bound', 'memory')}-bound): its grid steps move or compute too "
+           "little each to keep the chip busy."),
         facts.base + [evidence("get_program_anatomy", f"{c['component']} share_of_op_time_percent", share),
                       evidence("get_program_anatomy", f"{c['component']} roofline_efficiency_percent", efficiency,
-                               "an upper bound: the kernel's cost assumes full pages")],
-        f"At least {lost:.3g}% of op time ({share:g}% × (1 − {efficiency / 100:.2g})) if it reached its roof.",
+                               "an upper bound: the kernel's cost assumes full pages" if bound else
+                               "its FLOPs and bytes over its time, against the device's peaks")],
+        f"{'At least' if bound else 'Up to'} {lost:.3g}% of op time ({share:g}% × (1 − {efficiency / 100:.2g})) if it "
+        "reached its roof.",
         "Make each grid step of the kernel move more bytes per copy.",
         ops=frozenset((o, o) for o in c.get("ops") or []),
     )

@@ -86,6 +86,7 @@ RULE_ORDER = (
     "warm_up",
     "input_bound",
     "collectives",
+    "argument_copies",
     "layout_copies",
     "widening_converts",
     "unfused_data_movement",
@@ -104,7 +105,8 @@ RULE_ORDER = (
     "measured_not_explained",
 )
 """The order the engine runs the rules in. It matters: findings of equal score keep it in the ranking, and some
-rules read the findings before them (unfused_data_movement yields to layout_copies, low_kernel_efficiency to
+rules read the findings before them (layout_copies and unfused_data_movement yield to argument_copies,
+unfused_data_movement to layout_copies, low_kernel_efficiency to
 memory_bound and latency_bound, opaque_kernel to any finding naming its kernels, device_idle to any strong one)."""
 
 
