@@ -34,7 +34,8 @@ def test_every_trial_has_its_program_and_captures():
         source = (REPO / "bench" / "fix_trials" / "programs" / f"{program}.py").read_text()
         variants = re.search(r"^VARIANTS = (\[.*\])$", source, re.M)
         assert variants, program
-        labels = ["before-a", "before-b"] + ([trial["after"]] if trial.get("after") else [])
+        labels = ["before-a", "before-b"] + [label for label in (trial.get("after"), trial.get("best"),
+                                                                  (trial.get("next") or {}).get("after")) if label]
         for label in labels:
             rec = ft.steps(program, label)
             assert rec["program"] == program and rec["variant"] in json.loads(variants.group(1).replace("'", '"'))
@@ -62,18 +63,52 @@ def test_a_lever_the_trials_contradict_is_not_offered_and_says_why(rows, program
 
 @pytest.mark.parametrize("program", [p for p in PAIRS if TRIALS[p].get("applies_lever")])
 def test_after_report_no_longer_leads_with_it(rows, program):
-    assert rows[program]["after_top_lever"] != TRIALS[program]["lever"], rows[program]["after_top_title"]
+    trial, row = TRIALS[program], rows[program]
+    if trial["lever"]:
+        assert row["after_top_lever"] != trial["lever"], row["after_top_title"]
+    else:
+        assert row["after_top_key"] != trial["finding"], row["after_top_title"]
 
 
-@pytest.mark.parametrize("program", [p for p in PAIRS if TRIALS[p].get("applies_lever")])
+def _within_1_5(predicted, realized) -> bool:
+    low, high = predicted
+    return 1 / 1.5 <= realized / ((low + high) / 2) <= 1.5
+
+
+@pytest.mark.parametrize("program", [p for p in PAIRS if TRIALS[p].get("applies_lever")
+                                     and TRIALS[p].get("prediction") != "ceiling"])
 def test_a_prediction_is_within_a_factor_of_1_5_of_what_it_realized(rows, program):
     """Where the after capture is the lever's change as written, the middle of its predicted range is within ×1.5 of
-    the realized gain (mlp_f32_raw 78.7%, paged_decode_raw 64.7%, lstm_linen_train 14.7%; pre-freeze trials, which
-    calibrated the paged and host-fetch ranges, so this holds them, it does not judge them)."""
+    the realized gain (mlp_f32_raw 78.7%, paged_decode_raw 64.7%, lstm_linen_train 14.7%: pre-freeze trials, which
+    calibrated the paged and host-fetch ranges, so this holds them, it does not judge them; vit_nnx_train 61.4%,
+    moe_serve_raw 55.3%, paged_decode_nnx 66.3%: the held-out trials, two of whose levers were re-read after them)."""
     row = rows[program]
-    low, high = row["predicted"]
-    middle = (low + high) / 2
-    assert 1 / 1.5 <= row["realized"] / middle <= 1.5, (program, row["predicted"], row["realized"])
+    assert _within_1_5(row["predicted"], row["realized"]), (program, row["predicted"], row["realized"])
+
+
+@pytest.mark.parametrize("program", [p for p in PAIRS if TRIALS[p].get("prediction") == "ceiling"])
+def test_a_throughput_ceiling_holds(rows, program):
+    """gru_keras_train: 'too little work per step' predicts how far throughput can grow before the device is the
+    limit (~7.7×), not a shorter step: batch 16 -> 128 took 74.6% off the time per sample (3.9× the throughput),
+    inside that ceiling and more than a third of it."""
+    row = rows[program]
+    assert row["named"], row["top_title"]
+    ceiling = float(re.search(r"can grow ~(\d+(?:\.\d+)?)×", row["lever_text"]).group(1))
+    speedup = 1 / (1 - row["realized"] / 100)
+    assert ceiling / 3 <= speedup <= ceiling, (ceiling, speedup)
+
+
+@pytest.mark.parametrize("program", [p for p in PAIRS if TRIALS[p].get("next")])
+def test_the_after_report_leads_the_next_change_and_it_holds(rows, program):
+    """The closed loop on the chip: once the first fix is applied, the after report names the next lever, and the
+    capture that applies it realizes what that report predicts (within ×1.5 of its middle). moe_serve_raw: after
+    the ragged attention's tuned sizes the grouped matmul holds 46.7% of op time at 23.2% of its roof, and
+    tiling=(512, 1024, 1024) took 40.1% more; paged_decode_nnx: after pages_per_compute_block=32 the copies of the
+    12 KV caches that are not donated hold 47% of op time, and donate_argnums took 45.7% more."""
+    row = rows[program]
+    assert row["next_named"], (row["after_top_title"], row["next_lever"])
+    assert row["after_top_lever"] == row["next_lever"], row["after_top_title"]
+    assert _within_1_5(row["next_predicted"], row["next_realized"]), (row["next_predicted"], row["next_realized"])
 
 
 def test_no_prediction_exceeds_the_step(rows):
@@ -109,8 +144,11 @@ def test_the_table_holds_what_the_captures_measured(rows):
     """Every trial row of bench/fix_trials.md: before and after ms and the realized gain, from steps.json."""
     table = (REPO / "bench" / "fix_trials.md").read_text()
     for program, row in rows.items():
-        line = next((ln for ln in table.splitlines() if ln.startswith(f"| `{program}`")), None)
-        assert line, program
-        assert f"{row['before_ms']:.1f} ms" in line, (program, line)
-        if "realized" in row:
-            assert f"{row['after_ms']:.1f} ms" in line and f"{row['realized']:+.1f}%" in line, (program, line)
+        lines = [ln for ln in table.splitlines() if ln.startswith(f"| `{program}`")]
+        figures = [f"{row['before_ms']:.1f} ms"] + ([f"{row['after_ms']:.1f} ms", f"{row['realized']:+.1f}%"]
+                                                    if "realized" in row else [])
+        assert any(all(f in ln for f in figures) for ln in lines), (program, figures, lines)
+        if "best_realized" in row:
+            assert any(f"{row['best_realized']:+.1f}%" in ln for ln in lines), (program, row["best_realized"])
+        if "next_realized" in row:
+            assert any(f"{row['next_realized']:+.1f}%" in ln for ln in lines), (program, row["next_realized"])

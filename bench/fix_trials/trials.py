@@ -80,14 +80,16 @@ def row(trial: dict, work: Path) -> dict:
     before = steps(p, "before-a")
     d = diagnosis(p, "before-a", work)
     top = d["findings"][0] if d.get("findings") else {}
-    mine = next((f for f in d.get("findings", []) if lever(f) == trial["lever"]), None)
+    mine = next((f for f in d.get("findings", []) if (lever(f) == trial["lever"] if trial["lever"]
+                                                        else f.get("key") == trial.get("finding"))), None)
     out = {"program": p, "framework": before["framework"], "phase": before["phase"], "status": d["status"],
            "top_key": top.get("key"), "top_lever": lever(top) if top else None, "top_title": top.get("title"),
            "top_text": top.get("whats_happening", ""),
            "top_fix": top.get("fix", ""), "lever": trial["lever"], "named": mine is not None,
            "lever_fix": mine.get("fix", "") if mine else "",
+           "lever_text": " ".join(mine.get(k, "") for k in ("whats_happening", "expected_impact", "fix")) if mine else "",
            "not_advised": next((f.get("fix", "") for f in d.get("findings", [])
-                                if f"the {trial['lever'].replace('_', ' ')} lever (" in f.get("fix", "")), ""),
+                                if f"the {(trial['lever'] or '').replace('_', ' ')} lever (" in f.get("fix", "")), ""),
            "predicted": predicted(mine) if mine else None, "top_predicted": predicted(top) if top else None,
            "before_ms": before["pipelined"]["mean_ms"],
            "same_ms": steps(p, "before-b")["pipelined"]["mean_ms"]}
@@ -96,7 +98,17 @@ def row(trial: dict, work: Path) -> dict:
         da = diagnosis(p, trial["after"], work)
         out.update(after=trial["after"], after_ms=after["pipelined"]["mean_ms"],
                    realized=round(realized(before, after), 1), after_status=da["status"],
-                   after_top_lever=(levers(da) or [None])[0], after_top_title=(da.get("findings") or [{}])[0].get("title"))
+                   after_top_lever=(levers(da) or [None])[0], after_top_title=(da.get("findings") or [{}])[0].get("title"),
+                   after_top_key=(da.get("findings") or [{}])[0].get("key"))
+        follow = (trial.get("next") or {}).get("after")
+        if follow:
+            # The closed loop: the after report's fix for the next lever, against the capture that applies it.
+            nxt = next((f for f in da.get("findings", []) if lever(f) == trial["next"]["lever"]), None)
+            out.update(next_lever=trial["next"]["lever"], next_named=nxt is not None,
+                       next_fix=nxt.get("fix", "") if nxt else "", next_predicted=predicted(nxt) if nxt else None,
+                       next_realized=round(realized(after, steps(p, follow)), 1))
+    if trial.get("best"):
+        out.update(best=trial["best"], best_realized=round(realized(before, steps(p, trial["best"])), 1))
     return out
 
 
