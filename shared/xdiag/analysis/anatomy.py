@@ -196,6 +196,7 @@ class Component:
     head_dims: dict[int, float] = field(default_factory=dict)  # attention: head_dim -> share of the ops that show it
     masked: bool = False  # attention: an op reads a boolean S×S mask (a causal or padding mask)
     specs: dict[str, float] = field(default_factory=dict)  # attention: einsum spec -> share of op time
+    pages_per_sequence: int | None = None  # paged attention: the KV pages each sequence's page_indices row holds
 
     def record(self) -> dict[str, Any]:
         efficiency = (round(self.efficiency_weighted / self.efficiency_share, 1) if self.efficiency_share else None)
@@ -221,7 +222,23 @@ class Component:
             out["masked"] = True
         if self.key == "materialised_attention":
             out["written_as"] = written_as(self.specs)
+        if self.pages_per_sequence:
+            out["pages_per_sequence"] = self.pages_per_sequence
         return out
+
+
+def pages_per_sequence(row: dict) -> int | None:
+    """JAX's Pallas paged_attention passes lengths (s32[batch]) then page_indices (s32[batch × pages per sequence],
+    flattened) ahead of its other operands: the pages each sequence holds, which pages_per_compute_block must
+    divide."""
+    ints = []
+    for shape in row.get("operand_shapes") or []:
+        dims = _dims(str(shape)) if str(shape).startswith("s32[") else []
+        if dims and len(dims[0]) == 1:
+            ints.append(dims[0][0])
+    if len(ints) >= 2 and ints[0] and ints[1] > ints[0] and ints[1] % ints[0] == 0:
+        return ints[1] // ints[0]
+    return None
 
 
 def _line(row: dict) -> str | None:
@@ -252,6 +269,8 @@ def components(rows: Iterable[dict]) -> list[Component]:
             c.bounds[str(row["bound"])] = c.bounds.get(str(row["bound"]), 0.0) + share
         if "transpose(" in str(row.get("framework_op") or ""):
             c.backward_share += share
+        if key == "paged_attention":
+            c.pages_per_sequence = c.pages_per_sequence or pages_per_sequence(row)
         if key == "materialised_attention":
             scores = scores_shape(row)
             c.scores_shape = c.scores_shape or scores

@@ -183,11 +183,11 @@ LEVERS: tuple[Lever, ...] = (
           ("not_a_pallas_kernel",), gain=(0.5, 0.9), gap="share"),
     Lever("paged_attention_block", "paged_attention", ("memory_bound", "low_kernel_efficiency", "bounded_efficiency"),
           JAX_FAMILY, ("TPU",),
-          "raise pages_per_compute_block in the jax.experimental.pallas.ops.tpu.paged_attention.paged_attention(q, "
-          "k_pages, v_pages, lengths, page_indices, pages_per_compute_block=...) call at {line} (on a v5e 16 → 64 "
-          "realized 32% shorter steps, and 2 → 16 64.7% in fix trial paged_decode_raw; it must divide the pages per "
-          "sequence), and give the KV cache larger pages "
-          "so each copy from HBM is longer",
+          "raise pages_per_compute_block{paged_block} in the jax.experimental.pallas.ops.tpu.paged_attention."
+          "paged_attention(q, k_pages, v_pages, lengths, page_indices, pages_per_compute_block=...) call at {line} (on "
+          "a v5e 16 → 64 realized 32% shorter steps, 2 → 16 64.7% in fix trial paged_decode_raw and 4 → 32 66.3% in "
+          "paged_decode_nnx; it must divide the pages per sequence), and give the KV cache larger pages so each copy "
+          "from HBM is longer",
           ("far_below_roof",), gain=(0.4, 0.8), gap="below_roof", trial="paged_attention_decode"),
     Lever("ragged_paged_attention_block", "ragged_paged_attention",
           ("memory_bound", "low_kernel_efficiency", "bounded_efficiency"), JAX_FAMILY, ("TPU",),
@@ -394,10 +394,26 @@ def candidates(anatomy: dict[str, Any], finding: str, component: str | None, com
                                      kernel=record.get("kernel") or "",
                                      attention=record.get("written_as") or "attention",
                                      program=_function_of(record.get("programs")),
-                                     arguments=", ".join(record.get("arguments") or []) or "the arguments it updates")
+                                     arguments=", ".join(record.get("arguments") or []) or "the arguments it updates",
+                                     paged_block=_paged_block(record.get("pages_per_sequence")))
         offers.append(Offer(lever, change, unchecked, gain, basis))
     offers.sort(key=lambda o: (o.lever.order, -(o.gain_percent[1] if o.gain_percent else 0)))
     return offers, rejected
+
+
+PAGED_BLOCK_MAX = 32
+"""The pages_per_compute_block named: the largest a held-out trial realized its gain with (4 → 32, 66.3%,
+paged_decode_nnx); issue 61's 16 → 64 realized 32% on another program, so larger may help too, unmeasured here."""
+
+
+def _paged_block(pages: int | None) -> str:
+    """The value to raise pages_per_compute_block to: the largest power of two up to PAGED_BLOCK_MAX that divides
+    the pages per sequence (the kernel requires it to); "" where the profile does not show them or none does."""
+    if not pages:
+        return ""
+    block = next((b for b in (PAGED_BLOCK_MAX >> i for i in range(3)) if pages % b == 0), None)
+    return (f" to {block} (the largest power of two up to {PAGED_BLOCK_MAX} that divides the {pages} pages per "
+            "sequence its page_indices hold)" if block else "")
 
 
 def _function_of(programs: list[str] | None) -> str:

@@ -32,7 +32,8 @@ def get_program_anatomy(session: Session) -> ToolOutput:
     prefill, where the profile says), why (what the phase is read from), backward_share_percent, components [component, what, share_of_op_time_percent, ms, ops, kernel,
     roofline_efficiency_percent, efficiency_is_upper_bound, bound, lines (the user's), backward_share_percent,
     scores_shape, head_dim (the last dimension of the attention's q/k/v), masked (an op reads a boolean S×S mask),
-    written_as (the attention as the program writes it, from its ops' einsum specs)], pallas_kernels, devices, donated_arguments (entry parameters the busiest program's outputs alias;
+    written_as (the attention as the program writes it, from its ops' einsum specs), pages_per_sequence (paged
+    attention: the pages its page_indices hold per sequence)], pallas_kernels, devices, donated_arguments (entry parameters the busiest program's outputs alias;
     null without HLO), matmul_precision, argument_copies (copies of the programs' arguments that no output aliases:
     share_of_op_time_percent, ops, arguments, argument_count, shape, programs; null where none runs),
     rematerialised_op_percent, loop_trips_per_run. detail: library_files (the framework files the stacks name, at
