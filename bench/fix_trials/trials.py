@@ -87,7 +87,8 @@ def row(trial: dict, work: Path) -> dict:
            "top_text": top.get("whats_happening", ""),
            "top_fix": top.get("fix", ""), "lever": trial["lever"], "named": mine is not None,
            "lever_fix": mine.get("fix", "") if mine else "",
-           "lever_text": " ".join(mine.get(k, "") for k in ("whats_happening", "expected_impact", "fix")) if mine else "",
+           "lever_text": " ".join(mine.get(k, "") for k in ("whats_happening", "expected_impact", "fix"))
+           if mine else "",
            "not_advised": next((f.get("fix", "") for f in d.get("findings", [])
                                 if f"the {(trial['lever'] or '').replace('_', ' ')} lever (" in f.get("fix", "")), ""),
            "predicted": predicted(mine) if mine else None, "top_predicted": predicted(top) if top else None,
@@ -98,7 +99,8 @@ def row(trial: dict, work: Path) -> dict:
         da = diagnosis(p, trial["after"], work)
         out.update(after=trial["after"], after_ms=after["pipelined"]["mean_ms"],
                    realized=round(realized(before, after), 1), after_status=da["status"],
-                   after_top_lever=(levers(da) or [None])[0], after_top_title=(da.get("findings") or [{}])[0].get("title"),
+                   after_top_lever=(levers(da) or [None])[0],
+                   after_top_title=(da.get("findings") or [{}])[0].get("title"),
                    after_top_key=(da.get("findings") or [{}])[0].get("key"))
         follow = (trial.get("next") or {}).get("after")
         if follow:

@@ -118,9 +118,9 @@ def _argument_copies(session: Session, stats, total_ps: int) -> dict | None:
             programs.append(module.name)
     if not ops or not total_ps:
         return None
+    distinct = sorted(set(arguments), key=_natural)
     return {"share_of_op_time_percent": round(100 * copied_ps / total_ps, 2), "ops": ops[:12],
-            "arguments": sorted(set(arguments), key=_natural)[:12], "argument_count": len(set(arguments)), "shape": shape,
-            "programs": programs}
+            "arguments": distinct[:12], "argument_count": len(distinct), "shape": shape, "programs": programs}
 
 
 def _natural(name: str) -> list:
