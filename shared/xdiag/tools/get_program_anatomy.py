@@ -9,6 +9,7 @@ from xdiag.analysis.device_peaks import session_peaks
 from xdiag.analysis.op_stats import op_stats
 from xdiag.analysis.recompute import rematerialised_time
 from xdiag.analysis.roofline import loop_work
+from xdiag.analysis.xprof.common import natural_order
 from xdiag.analysis.source_lines import is_library
 from xdiag.errors import NotAvailable
 from xdiag.profile.space import Session
@@ -118,11 +119,6 @@ def _argument_copies(session: Session, stats, total_ps: int) -> dict | None:
             programs.append(module.name)
     if not ops or not total_ps:
         return None
-    distinct = sorted(set(arguments), key=_natural)
+    distinct = sorted(set(arguments), key=natural_order)
     return {"share_of_op_time_percent": round(100 * copied_ps / total_ps, 2), "ops": ops[:12],
             "arguments": distinct[:12], "argument_count": len(distinct), "shape": shape, "programs": programs}
-
-
-def _natural(name: str) -> list:
-    """k_cache_2_ before k_cache_10_."""
-    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
