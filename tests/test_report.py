@@ -193,6 +193,22 @@ def _assert_well_formed(html: str) -> _Structure:
     return s
 
 
+def test_the_summary_keeps_a_lever_fix_whole_and_says_first_once():
+    """A lever's fix opens with "First," and its figures sit in parentheses that hold ';': the summary's "Do first"
+    said "Do first: first, raise …" and cut the sentence inside the parenthesis, leaving it open."""
+    from xdiag.report.summary import summary_sentences
+
+    top = _finding("P0", "Copies of arguments", "get_program_anatomy").model_copy(update={
+        "whats_happening": "12 copies (k_cache_0_ and 11 more; each bf16[8,16]) take 47% of op time. More.",
+        "fix": "First, raise pages_per_compute_block to 32 (16 → 64 realized 32%; it must divide the pages). Then."})
+    sentences = summary_sentences(_needs_attention(), "NEEDS_ATTENTION", [top])
+    do_first = next(s for s in sentences if s.startswith("Do first:"))
+    assert do_first == ("Do first: raise pages_per_compute_block to 32 (16 → 64 realized 32%; it must divide the "
+                        "pages)."), do_first
+    biggest = next(s for s in sentences if s.startswith("The biggest cost"))
+    assert biggest.count("(") == biggest.count(")") and "take 47% of op time." in biggest, biggest
+
+
 def test_needs_attention_page_shows_status_and_findings_p0_first():
     html = render_summary_html(_needs_attention(), _results())
 

@@ -42,10 +42,12 @@ def priority_counts(findings: Sequence[Finding]) -> str:
 
 
 def _first_sentence(text: str) -> str:
-    """The first sentence of `text` (up to '. ' or ';'), ending with a full stop, its numbers in human units."""
+    """The first sentence of `text` (up to '. ' or ';' outside parentheses, so none is left open), ending with a
+    full stop, its numbers in human units."""
     text = humanize_numbers(" ".join((text or "").split()))
-    match = re.search(r"(?<=[a-z0-9)%])(\.|;)\s", text)
-    sentence = text[: match.start()] if match else text.rstrip(".")
+    end = next((m.start() for m in re.finditer(r"(?<=[a-z0-9)%])(\.|;)\s", text)
+                if text.count("(", 0, m.start()) <= text.count(")", 0, m.start())), None)
+    sentence = text[:end] if end is not None else text.rstrip(".")
     return sentence + "." if sentence else ""
 
 
@@ -102,7 +104,7 @@ def summary_sentences(analysis: Analysis, status: str, findings: Sequence[Findin
     happening = _first_sentence(top.whats_happening)
     out.append(f"The biggest cost ({top.priority}): {_lower_first(humanize_numbers(top.title).rstrip('.'))}"
                + (f" — {_lower_first(happening)}" if happening else "."))
-    fix = _first_sentence(top.fix)
+    fix = re.sub(r"^First,\s+", "", _first_sentence(top.fix))  # a lever's fix opens with "First,"
     if fix:
         out.append(f"Do first: {_lower_first(fix)}")
     impact = _first_sentence(top.expected_impact)
