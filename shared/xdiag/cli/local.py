@@ -113,7 +113,7 @@ def analyze(
         err.print(f"[bold {colour}]{status}[/]: {analysis.diagnosis.summary if analysis.diagnosis else ''}", highlight=False)
         for finding in (analysis.diagnosis.findings if analysis.diagnosis else [])[:5]:
             err.print(f"  [bold]{finding.priority}[/] {finding.title}", highlight=False)
-    out.print(str(report), highlight=False, soft_wrap=True)
+    typer.echo(str(report))  # as it is: a path is never markup, and a script reads this line
 
 
 @app.command("tools")

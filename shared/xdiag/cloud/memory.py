@@ -5,8 +5,8 @@ No network, no emulator: `xdiag analyze` runs the pipeline's stages over these.
 
 from __future__ import annotations
 
-import copy
 import os
+import pickle
 import shutil
 import threading
 import time
@@ -133,6 +133,12 @@ class LocalBlobStore:
         return uri
 
 
+def _copied(value: Any) -> Any:
+    """A document's own copy, as a store would hand back: a pickle round trip, 2-3x quicker than copy.deepcopy on
+    the tool results' nested dicts and lists (which the aggregator lists once per tool)."""
+    return pickle.loads(pickle.dumps(value, pickle.HIGHEST_PROTOCOL))
+
+
 class MemoryStateStore:
     """Documents in a dict, guarded by a lock; `create` is the atomic create-if-absent."""
 
@@ -143,25 +149,25 @@ class MemoryStateStore:
     def get(self, collection: str, key: str) -> dict[str, Any] | None:
         with self._lock:
             doc = self._docs.get(collection, {}).get(key)
-            return copy.deepcopy(doc) if doc is not None else None
+            return _copied(doc) if doc is not None else None
 
     def get_many(self, refs: Sequence[tuple[str, str]]) -> list[dict[str, Any] | None]:
         return [self.get(collection, key) for collection, key in refs]
 
     def set(self, collection: str, key: str, value: dict[str, Any]) -> None:
         with self._lock:
-            self._docs.setdefault(collection, {})[key] = copy.deepcopy(value)
+            self._docs.setdefault(collection, {})[key] = _copied(value)
 
     def update(self, collection: str, key: str, fields: dict[str, Any]) -> None:
         with self._lock:
-            self._docs.setdefault(collection, {}).setdefault(key, {}).update(copy.deepcopy(fields))
+            self._docs.setdefault(collection, {}).setdefault(key, {}).update(_copied(fields))
 
     def create(self, collection: str, key: str, value: dict[str, Any]) -> bool:
         with self._lock:
             docs = self._docs.setdefault(collection, {})
             if key in docs:
                 return False
-            docs[key] = copy.deepcopy(value)
+            docs[key] = _copied(value)
             return True
 
     def create_many(self, collection: str, docs: Sequence[tuple[str, dict[str, Any]]]) -> list[bool]:
@@ -169,7 +175,7 @@ class MemoryStateStore:
 
     def list(self, collection: str) -> list[tuple[str, dict[str, Any]]]:
         with self._lock:
-            return [(k, copy.deepcopy(v)) for k, v in sorted(self._docs.get(collection, {}).items())]
+            return [(k, _copied(v)) for k, v in sorted(self._docs.get(collection, {}).items())]
 
     def delete(self, collection: str, key: str) -> None:
         with self._lock:

@@ -108,15 +108,15 @@ class SessionLoader:
                 session.close()
             self._sessions.clear()
             for views in self._started_views.values():
-                views.close()
+                if views is not None:
+                    views.close()
             self._started_views.clear()
 
     def take_views(self, paths: list[Path], views: Any) -> None:
         """XProf's views of these local files, started by the caller before it built this loader
         (`xdiag.analysis.xprof.start_views`, which `xdiag analyze` calls before its own imports): the load of exactly
-        these files adopts them instead of starting its own. Closed with the loader if no load takes them."""
-        if views is None:
-            return
+        these files adopts them instead of starting its own (None: the caller found none to make, so the load does not
+        look again). Closed with the loader if no load takes them."""
         with self._lock:
             previous = self._started_views.pop(_local_key(paths), None)
             if previous is not None:
@@ -253,9 +253,13 @@ class SessionLoader:
                     self._store_prepared(session, prepared, early)
                 else:
                     paths = [self._blobs.local_path(i.uri, i.generation) for i in key]
-                    early = self._started_views.pop(_local_key(paths), None)
-                    if early is None and (self._prefetch_views or (prepared and self._prepare)):
+                    local_key = _local_key(paths)
+                    if local_key in self._started_views:  # the caller's, or None where it found none to make
+                        early = self._started_views.pop(local_key)
+                    elif self._prefetch_views or (prepared and self._prepare):
                         early = start_views(paths, self._max_bytes)  # converting while the session is read
+                    else:
+                        early = None
                     threads = read_threads(early.workers_converting if early is not None else 0)
                     stored = bool(prepared and self._prepare)  # stored whole, every host's columns, for the tools
                     try:
