@@ -149,9 +149,13 @@ def _private_copy(profile: Path, workdir: Path) -> Path:
 
 
 def run_xdiag(profile: Path, workdir: Path, options: tuple[str, ...] = (), **env: str) -> dict:
-    out = Path(tempfile.mkdtemp(dir=workdir))
-    result = _run([str(Path(sys.executable).with_name("xdiag")), "analyze", str(_private_copy(profile, workdir)), "--out", str(out), "-q",
-                   *options], env={**os.environ, **env})
+    """`xdiag analyze` of a private copy with an empty local cache of its own (fresh caches, as XProf's side has)."""
+    out, cache = Path(tempfile.mkdtemp(dir=workdir)), Path(tempfile.mkdtemp(dir=workdir))
+    try:
+        result = _run([str(Path(sys.executable).with_name("xdiag")), "analyze", str(_private_copy(profile, workdir)),
+                       "--out", str(out), "-q", *options], env={**os.environ, "XDIAG_LOCAL_CACHE_DIR": str(cache), **env})
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
     analysis = json.loads((out / "analysis.json").read_text())
     result["split_ms"] = {k: analysis["timings_ms"].get(k) for k in ("read", "tools", "investigate", "render")}
     result["events"] = analysis["profile"]["events"]

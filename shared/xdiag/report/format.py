@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from markupsafe import escape
+
 MISSING = "n/a"
 MAX_ROWS = 30
 MAX_CELL_CHARS = 80
@@ -87,6 +89,7 @@ def label_of(key: str) -> str:
 
 
 @functools.lru_cache(maxsize=4096)  # a report asks for the same few dozen keys once per table cell: thousands
+@functools.lru_cache(maxsize=4096)  # asked for every cell of every table, of a few hundred distinct names
 def unit_of(key: str) -> str:
     """The unit a field's name declares ('' when none): '%', 'ms', 'µs', 'GiB', 'GiB/s', 'GFLOP/s', 'FLOP', …"""
     k = str(key).lower()
@@ -378,6 +381,20 @@ class Cell:
     def long(self) -> bool:
         return self.text.count(" ") >= 3 and len(self.text) > 30  # prose, not a short list
 
+    def __html__(self) -> str:
+        """The cell as the report's <td>, escaped as the template escapes (`{{ row | join }}`): its class, the whole
+        text as the title where `text` was cut, a status word as a coloured pill, else the segments with <wbr>
+        between them, then the muted second line. Built here, not by a template macro per cell: a step table of
+        hundreds of rows is thousands of cells (a third of the report's rendering as a macro)."""
+        kind = ' class="num"' if self.numeric else ' class="na"' if self.missing else ' class="long"' if self.long else ""
+        title = f' title="{escape(self.full)}"' if self.full else ""
+        if self.tone:
+            body = f'<span class="pill {escape(self.tone)}">{escape(self.text)}</span>'
+        else:
+            body = "<wbr>".join(escape(segment) for segment in self.segments)
+        sub = f'<span class="sub">{escape(self.sub)}</span>' if self.sub else ""
+        return f"<td{kind}{title}>{body}{sub}</td>"
+
 
 STATUS_TONES = {
     "ok": "ok", "optimal": "ok", "low": "ok",
@@ -423,6 +440,7 @@ _TONED_KEYS = {"status", "oom_risk"}
 _UNBROKEN_KEYS = {"tool"}  # tool names stay whole: they are what a reader searches for
 
 
+@functools.lru_cache(maxsize=4096)
 def _is_identifier(key: str) -> bool:
     """Numbers that name something (program ids, step numbers) read as written: 4642, not 4,642."""
     k = str(key).lower()
