@@ -71,8 +71,6 @@ def checked(check, *args) -> None:
 
 
 def progress_printer(quiet: bool):
-    from xdiag.tools import BROAD_TOOLS
-
     started = time.perf_counter()
     state = {"tools": 0, "last_read": 0.0}
 
@@ -93,6 +91,8 @@ def progress_printer(quiet: bool):
                 highlight=False,
             )
         elif stage == "run_tool":
+            from xdiag.tools import BROAD_TOOLS  # here, not above: `xdiag analyze` makes the printer before its imports
+
             state["tools"] += 1
             colour = {"ok": "green", "not_available": "yellow", "failed": "red"}[info["status"]]
             err.print(

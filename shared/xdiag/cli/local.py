@@ -88,17 +88,30 @@ def analyze(
             os.nice(WAITING_NICENESS)
         except OSError:
             pass
-    from xdiag.cloud.embedded import analyze_session, build_embedded
-
-    freeze_collector()
-    target = out_dir or Path("xdiag-out") / located.name
     on_event, on_read = progress_printer(quiet)
-    deps = build_embedded(max_bytes=max_bytes, on_event=on_event, read_progress=on_read,
-                          investigators=investigators, started_views=(located.files, started_views))
+    read_ahead = None
+    if len(located.files) == 1:  # (a session of several hosts is read host by host, in worker processes)
+        from xdiag.profile.reader import read_threads
+        from xdiag.profile.session import ReadAhead
+
+        read_ahead = ReadAhead(located.files[0], located.name, max_bytes, on_read,
+                               read_threads(getattr(started_views, "workers_converting", 0)))  # under the imports
     try:
-        analysis = analyze_session(located, target, investigator=investigator, deps_and_bus=deps)
-    except XdiagError as exc:  # the outputs cannot be written where they would go (UnsafeOutput)
-        fail(str(exc))
+        from xdiag.cloud.embedded import analyze_session, build_embedded
+
+        freeze_collector()
+        target = out_dir or Path("xdiag-out") / located.name
+        deps = build_embedded(max_bytes=max_bytes, on_event=on_event, read_progress=on_read,
+                              investigators=investigators, started_views=(located.files, started_views))
+        if read_ahead is not None:
+            deps[0].sessions.take_read(read_ahead)
+        try:
+            analysis = analyze_session(located, target, investigator=investigator, deps_and_bus=deps)
+        except XdiagError as exc:  # the outputs cannot be written where they would go (UnsafeOutput)
+            fail(str(exc))
+    finally:
+        if read_ahead is not None:
+            read_ahead.close()  # where no load took it (the outputs could not be written)
     report = Path(analysis.report_uri) if analysis.report_uri else target / "summary.html"
     if analysis.status == "FAILED":  # one line: the reason, then where the report says it too
         fail(f"{analysis.failure_reason or 'analysis failed'} (report: {report})")

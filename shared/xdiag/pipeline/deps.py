@@ -26,7 +26,7 @@ from xdiag.pipeline.ports import BlobInfo, BlobStore, Bus, StateStore
 from xdiag.pipeline.runs import CaptureSettings, MonitorSettings
 from xdiag.profile.compact import load_session, save_session
 from xdiag.profile.reader import DEFAULT_MAX_PROFILE_BYTES, assemble_session, read_threads
-from xdiag.profile.session import read_session
+from xdiag.profile.session import ReadAhead, read_session
 from xdiag.profile.space import Session
 from xdiag.profile.trace_json import trace_format
 from xdiag.sizes import readable_size
@@ -91,6 +91,7 @@ class SessionLoader:
         self.map_hosts_from = map_hosts_from if prepare else 0
         self._sessions: dict[tuple[BlobInfo, ...], Session] = {}
         self._started_views: dict[tuple[str, ...], Any] = {}  # local paths -> views a caller started (take_views)
+        self._read_ahead: dict[tuple[str, ...], ReadAhead] = {}  # local path -> its read a caller started (take_read)
         self.read_ms: dict[tuple[BlobInfo, ...], float] = {}
         self._lock = threading.Lock()  # concurrent deliveries in one process read a session once
         self._preparing = threading.Lock()
@@ -111,6 +112,9 @@ class SessionLoader:
                 if views is not None:
                     views.close()
             self._started_views.clear()
+            for read in self._read_ahead.values():
+                read.close()
+            self._read_ahead.clear()
 
     def take_views(self, paths: list[Path], views: Any) -> None:
         """XProf's views of these local files, started by the caller before it built this loader
@@ -122,6 +126,16 @@ class SessionLoader:
             if previous is not None:
                 previous.close()
             self._started_views[_local_key(paths)] = views
+
+    def take_read(self, read: ReadAhead) -> None:
+        """A file's read that the caller began before it built this loader (`xdiag analyze`): the load of exactly that
+        file version, under the same session name, takes its session instead of reading the file again; any other
+        load reads for itself. Closed with the loader if no load takes it."""
+        with self._lock:
+            previous = self._read_ahead.pop(_local_key([read.path]), None)
+            if previous is not None:
+                previous.close()
+            self._read_ahead[_local_key([read.path])] = read
 
     @property
     def max_bytes(self) -> int:
@@ -262,16 +276,23 @@ class SessionLoader:
                         early = None
                     threads = read_threads(early.workers_converting if early is not None else 0)
                     stored = bool(prepared and self._prepare)  # stored whole, every host's columns, for the tools
+                    ahead = self._read_ahead.pop(local_key, None)
+                    if ahead is not None and not (len(key) == 1 and ahead.name == name
+                                                  and ahead.of(key[0].size, key[0].generation)):
+                        ahead.close()  # another version of the file, or another session's name: read afresh
+                        ahead = None
                     try:
-                        session = read_session(paths, name=name, max_bytes=self._max_bytes, progress=self._progress,
-                                               threads=threads, worker=host_summary.__name__,
-                                               on_mapped=functools.partial(_adopt_summaries, max_bytes=self._max_bytes,
-                                                                           whole=stored),
-                                               limit_each_host=not stored)
+                        session = ahead.take() if ahead is not None else read_session(
+                            paths, name=name, max_bytes=self._max_bytes, progress=self._progress, threads=threads,
+                            worker=host_summary.__name__, on_mapped=functools.partial(
+                                _adopt_summaries, max_bytes=self._max_bytes, whole=stored),
+                            limit_each_host=not stored)
                     except BaseException:
                         if early is not None:
                             early.close()
                         raise
+                    if ahead is not None:  # read_ms counts the read's own time, not the wait for its end
+                        started = time.perf_counter() - ahead.read_ms / 1000
                     adopt_views(session, early)
                     if len(session.hosts) > 1:
                         _views_within_limits(session, self._max_bytes)
