@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -45,6 +46,7 @@ class HostThreads:
         self._lines = lines
         self._selections: dict[str, EventSelection] = {}
         self._unions: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self.derived: dict[str, Any] = {}  # what analyses find from these threads alone, once (warm_up_calls)
         self.thread_of_line = _threads_of_lines([line.name for _, line in lines])
 
     def _non_op(self, line: Line) -> np.ndarray | None:
