@@ -31,6 +31,33 @@ def test_analyze_writes_tools_analysis_and_report(cpu_profiles, tmp_path):
     assert "tool" in done.stderr and f"{len(BROAD_TOOLS)}/{len(BROAD_TOOLS)}" in done.stderr  # progress lines
 
 
+def test_the_commands_read_ahead_gives_the_tools_what_the_pipelines_own_read_gives(cpu_profiles, tmp_path):
+    """`xdiag analyze` reads a one-file session in a thread from the moment it is located, under its imports
+    (xdiag.profile.session.ReadAhead); the pipeline run in-process reads the file itself: every tool's answer and
+    the diagnosis are the same."""
+    from xdiag.cloud.embedded import analyze_session
+    from xdiag.profile.locate import locate_session
+
+    profile = cpu_profiles["recompilation"]
+    done = _xdiag("analyze", str(profile), "--out", str(tmp_path / "command"), "-q", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    analyze_session(locate_session(profile, None), tmp_path / "in_process")
+
+    def answers(out: Path) -> dict:
+        found = {}
+        for path in sorted((out / "tools").glob("*.json")):
+            result = json.loads(path.read_text())
+            result.pop("duration_ms")
+            found[path.name] = result
+        return found
+
+    command, in_process = answers(tmp_path / "command"), answers(tmp_path / "in_process")
+    assert len(command) > len(BROAD_TOOLS) and command == in_process  # the broad tools and the follow-ups
+    diagnosis = {out: json.loads((tmp_path / out / "analysis.json").read_text())["diagnosis"]
+                 for out in ("command", "in_process")}
+    assert diagnosis["command"]["findings"] and diagnosis["command"] == diagnosis["in_process"]
+
+
 def test_default_output_folder_is_named_after_the_session(cpu_profiles, tmp_path):
     run_dir = cpu_profiles["healthy"].parents[3]  # <run>/plugins/profile/<session>/host.xplane.pb
     done = _xdiag("analyze", str(run_dir), "-q", cwd=tmp_path)
