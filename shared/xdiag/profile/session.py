@@ -41,7 +41,7 @@ class ReadAhead:
     """One file's session read in a thread of its own from the moment the caller knows the file (`xdiag analyze`,
     before it imports the pipeline, the tools and the report): the compiled decoder and numpy's sorts release the
     GIL, so on a second core the read goes on under those imports (19.3 MiB CPU capture: the read and those imports
-    take 360 ms one after the other, 260 ms side by side). The loader of exactly this file version takes the session
+    take 320-360 ms one after the other, 260 ms side by side). The loader of exactly this file version takes the session
     (`SessionLoader.take_read`); a read that failed raises its error there, as the loader's own read would have."""
 
     def __init__(self, path: Path, name: str, max_bytes: int = DEFAULT_MAX_PROFILE_BYTES,

@@ -89,7 +89,6 @@ def label_of(key: str) -> str:
 
 
 @functools.lru_cache(maxsize=4096)  # a report asks for the same few dozen keys once per table cell: thousands
-@functools.lru_cache(maxsize=4096)  # asked for every cell of every table, of a few hundred distinct names
 def unit_of(key: str) -> str:
     """The unit a field's name declares ('' when none): '%', 'ms', 'µs', 'GiB', 'GiB/s', 'GFLOP/s', 'FLOP', …"""
     k = str(key).lower()
