@@ -88,14 +88,13 @@ def _file_digest(path: Path) -> str:
 @functools.cache
 def code_digest() -> str:
     """A digest of the xdiag package's source and the XProf version: another version of either answers afresh."""
+    from xdiag.analysis.xprof.common import xprof_version
+
     package = Path(__file__).resolve().parents[1]
     digest = hashlib.sha256()
-    try:  # XProf's own version module: importlib.metadata would scan every installed distribution (30 ms)
-        from xprof.version import __version__ as xprof_version
-    except ImportError:
-        pass
-    else:
-        digest.update(xprof_version.encode())
+    version = xprof_version()
+    if version is not None:
+        digest.update(version.encode())
     for path in sorted(package.rglob("*.py")):
         digest.update(path.relative_to(package).as_posix().encode())
         digest.update(path.read_bytes())

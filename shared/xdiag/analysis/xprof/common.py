@@ -80,12 +80,18 @@ def xprof_api() -> types.SimpleNamespace:
 
 
 @functools.cache
+@functools.cache
 def xprof_version() -> str | None:
-    """The installed xprof's version (None without it): what the names and rules read for one version key on."""
+    """The installed xprof's version (None without it): what the names and rules read for one version key on. From
+    XProf's own version module: `importlib.metadata` would scan every installed distribution first (30 ms)."""
     try:
-        return importlib.metadata.version("xprof")
-    except importlib.metadata.PackageNotFoundError:
-        return None
+        from xprof.version import __version__
+    except ImportError:
+        try:
+            return importlib.metadata.version("xprof")
+        except importlib.metadata.PackageNotFoundError:
+            return None
+    return __version__
 
 
 def as_number(value: Any) -> float | int | None:
