@@ -5,6 +5,8 @@ other's caller."""
 from __future__ import annotations
 
 import os
+import threading
+import time
 from pathlib import Path
 
 from xdiag.profile.hosts_map import read_session_by_host
@@ -46,8 +48,6 @@ class ReadAhead:
 
     def __init__(self, path: Path, name: str, max_bytes: int = DEFAULT_MAX_PROFILE_BYTES,
                  progress: Progress | None = None, threads: int = READ_THREADS) -> None:
-        import threading
-
         self.path, self.name = Path(path), name
         self.version = _version(self.path)  # (size, mtime in ns) when the read began
         self.read_ms = 0.0
@@ -60,8 +60,6 @@ class ReadAhead:
         self._thread.start()
 
     def _read(self, max_bytes: int, progress: Progress | None, threads: int) -> None:
-        import time
-
         started = time.perf_counter()
         session = None
         try:

@@ -101,11 +101,10 @@ def _argument_copies(session: Session, stats, total_ps: int) -> dict | None:
     """The copies XLA makes of a program's arguments because they are not donated: a `copy` whose operand is an
     entry parameter no output aliases. An argument the program updates (a KV cache written with .at[].set) must
     stay intact for the caller, so the program first copies all of it; donated, the update happens in place."""
-    modules = {key: m for m in session.hlo_modules for key in (m.name, m.display_name)}
     ops, arguments, programs, shape, copied_ps = [], [], [], "", 0
     for s in stats:
-        module = modules.get(s.module)
-        found = module.find(s.name) if module is not None and s.name.startswith("copy") else None
+        module = session.module(s.module) if s.name.startswith("copy") else None
+        found = module.find(s.name) if module is not None else None
         if not found or found[0].name != module.entry or found[1].opcode != "copy" or not found[1].operands:
             continue
         operand = found[0].by_name.get(found[1].operands[0])

@@ -80,7 +80,6 @@ def xprof_api() -> types.SimpleNamespace:
 
 
 @functools.cache
-@functools.cache
 def xprof_version() -> str | None:
     """The installed xprof's version (None without it): what the names and rules read for one version key on. From
     XProf's own version module: `importlib.metadata` would scan every installed distribution first (30 ms)."""
