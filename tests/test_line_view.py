@@ -104,6 +104,41 @@ def test_the_top_lines_are_the_findings_lines(name, tmp_path, monkeypatch):
     assert 'id="lines"' in html and first.line in html
 
 
+STREAMED_CAPTURES = ["kv_decode", "int8_weight_decode", "decode_prefetched"]
+
+
+@pytest.mark.parametrize("name", STREAMED_CAPTURES)
+def test_a_streamed_programs_lines_are_bound_as_its_copies_are(name, tmp_path, monkeypatch):
+    """These decode loops stream their weights into on-chip memory with async copies (most of the program's HBM
+    bytes), and the fusions that multiply by them read only on-chip bytes: on their own rates they look
+    compute-bound at a few MB/s of HBM, which contradicted the memory-bound P0 on the very line its fix names.
+    Every line mostly in such ops, or in the waits for the copies, takes the op profile's program HBM rate and the
+    side of the ridge the program's FLOPs per byte put it on; every line a memory-bound finding names, in its lines
+    or its fix, is memory-bound."""
+    from xdiag.cloud.embedded import analyze_session
+
+    monkeypatch.setenv("XDIAG_XPROF_VIEWS", "0")
+    analysis = analyze_session(locate_session(TESTS / "profiles" / "tpu_v5e" / f"{name}.xplane.pb"), tmp_path / name)
+    tools = Path(analysis.output_uri) / "tools"
+    program = json.loads((tools / "get_hlo_op_profile.json").read_text())["summary"]
+    lines = {r["line"]: r for r in json.loads((tools / "get_line_view.json").read_text())["detail"]["lines"]}
+    assert program["program_hbm_async_copy_share_percent"] >= 50
+    side = "memory" if program["program_hbm_intensity_flop_per_byte"] < program["ridge_flop_per_byte"] else "compute"
+    streamed = [r for r in lines.values() if (r.get("fed_by_async_copies_percent") or 0) > 50]
+    assert streamed, "a line of the program works on what its copies brought"
+    for row in streamed:
+        assert row["bound"] == side, row
+        assert (row["program_hbm_gb_per_s"], row["program_hbm_efficiency_percent"]) == (
+            program["program_hbm_gb_per_s"], program["program_hbm_efficiency_percent"])
+    memory_bound = [f for f in analysis.diagnosis.findings if f.key == "memory_bound"]
+    assert memory_bound, "the capture's memory-bound finding"
+    for finding in memory_bound:
+        named = {s.line for s in finding.source_lines} | {line for line in lines if line in finding.fix}
+        assert named
+        for line in named:
+            assert lines[line]["bound"] == "memory", (line, lines[line])
+
+
 def test_the_code_shown_is_the_line_the_profile_names_from_a_moved_checkout(tmp_path, views):
     """The captures record /work/main/shared/xdiag/workloads/*.py, which is not on this machine: the workloads'
     sources, copied under another prefix, are read at the longest suffix of each recorded path that exists there;

@@ -28,7 +28,9 @@ from xdiag.analysis.host_vocabulary import (
 )
 from xdiag.analysis.intervals import ends_past_earlier, frame_parents, open_frame
 from xdiag.analysis.op_stats import OpStat, op_stats
-from xdiag.analysis.roofline import compute_peak, eight_bit_operands
+from xdiag.analysis.roofline import (
+    compute_peak, eight_bit_operands, mark_streamed_program, streams_through_on_chip_memory,
+)
 from xdiag.analysis.source_lines import (
     MODULE_EVENT, Frame, frame_kinds, is_library, op_kind, python_frame, short_path, user_files,
 )
@@ -52,12 +54,19 @@ preparation, the loop)."""
 @dataclass
 class Rates:
     """The costed work of some ops, summed: FLOPs and HBM bytes over their own time, and the time each op's roof
-    of its precision would allow for them."""
+    of its precision would allow for them. Where a program streams its data through on-chip memory (TPU VMEM: its
+    async copies carry most of its HBM bytes), its ops that work on what the copies brought, and the waits for
+    those copies, are bound by the program's HBM rate (roofline.program_hbm_traffic, mark_fed_by_async_copies), not
+    by their own rates on on-chip bytes: the program's rate is theirs, and its FLOPs per byte put their time on one
+    side of the ridge (a wait's on the memory side)."""
 
     flops: float = 0.0
     seconds: float = 0.0  # of the rows with a FLOP rate
     hbm_bytes: float = 0.0
-    hbm_seconds: float = 0.0  # of the rows with an HBM rate
+    hbm_seconds: float = 0.0  # of the rows with an HBM rate of their own
+    streamed_ps: float = 0.0  # ops fed by the streaming program's async copies, and the waits for those copies
+    wait_ps: float = 0.0  # of streamed_ps, the waits (no FLOP rate: the other rates leave them out)
+    program_hbm: dict = field(default_factory=dict)  # the streaming program's HBM traffic, where streamed_ps
     roof_flops: float = 0.0  # sum over rows of seconds x the compute peak of its operands' precision
     roof_bytes: float = 0.0  # sum over rows of seconds x the HBM peak
     efficiency_ps: float = 0.0  # sum of roofline_efficiency_percent x time, rows with a measured efficiency
@@ -66,7 +75,12 @@ class Rates:
     precision_ps: dict[str, float] = field(default_factory=dict)
     upper_bound: bool = False  # some of its ops' costs are upper bounds (a paged kernel's full pages)
 
-    def add(self, row: dict, stat: OpStat, peaks: dict | None) -> None:
+    def add(self, row: dict, stat: OpStat, peaks: dict | None, program_hbm: dict) -> None:
+        """`program_hbm`: the streaming program's (roofline.mark_streamed_program's answer; {} where none)."""
+        if row.get("waits_for_on_chip_prefetch") and streams_through_on_chip_memory(program_hbm, row["module"]):
+            self.wait_ps += stat.total_ps  # waiting for the streamed bytes: HBM bounds it
+            self._add_streamed(stat.total_ps, program_hbm)
+            return
         if row.get("achieved_gflops_per_s") is None or row.get("not_a_measurement"):
             return  # no FLOP count, a transfer timed by its wait, or costs the op's time shows wrong (over a peak)
         self.upper_bound = self.upper_bound or bool(row.get("rates_are_upper_bounds"))
@@ -78,40 +92,61 @@ class Rates:
         self.precision_ps[precision] = self.precision_ps.get(precision, 0.0) + stat.costed_ps
         if peaks and peaks.get("peak_flops_per_s"):
             self.roof_flops += seconds * compute_peak(row.get("operand_shapes") or [], peaks)
+        if row.get("fed_by_async_copies"):  # its own rate is on on-chip bytes: it says nothing
+            ridge = (peaks or {}).get("ridge_flop_per_byte")
+            intensity = program_hbm.get("program_hbm_intensity_flop_per_byte")
+            self._add_streamed(stat.costed_ps, program_hbm,
+                               "compute" if ridge and intensity is not None and intensity >= ridge else "memory")
+            return
         if row.get("achieved_gb_per_s") is not None:
             self.hbm_bytes += stat.hbm_bytes * runs
             self.hbm_seconds += seconds
             if peaks and peaks.get("peak_hbm_bytes_per_s"):
                 self.roof_bytes += seconds * peaks["peak_hbm_bytes_per_s"]
-        if row.get("roofline_efficiency_percent") is not None and not row.get("not_a_measurement"):
+        if row.get("roofline_efficiency_percent") is not None:
             self.efficiency_ps += row["roofline_efficiency_percent"] * stat.costed_ps
             self.efficiency_time_ps += stat.costed_ps
         if row.get("bound"):
             self.bound_ps[row["bound"]] = self.bound_ps.get(row["bound"], 0.0) + stat.costed_ps
 
+    def _add_streamed(self, ps: float, program_hbm: dict, bound: str = "memory") -> None:
+        self.streamed_ps += ps
+        self.program_hbm = program_hbm
+        self.bound_ps[bound] = self.bound_ps.get(bound, 0.0) + ps
+
     def record(self, line_ps: int) -> dict:
         """achieved_tflops_per_s, flops_percent_of_roof (of the compute roofs of its ops' precisions), precision (the
         one most of its costed time runs at) and precisions (all of them, where several),
-        achieved_gb_per_s, hbm_percent_of_roof, roofline_efficiency_percent (time-weighted over its ops with a
-        measured one), bound, measured_percent (of the line's time its rates speak for), rates_are_upper_bounds,
-        data_on_chip (its costed ops move no HBM bytes); {}
-        where none is costed. Rows whose rates are no measurement (over a peak) are left out."""
-        if not self.seconds:
+        achieved_gb_per_s, hbm_percent_of_roof (its ops' own HBM bytes over their time, ops fed by async copies
+        left out), fed_by_async_copies_percent (of the line's time: ops fed by a streaming program's async copies
+        into on-chip memory, and the waits for them) with that program's program_hbm_gb_per_s and
+        program_hbm_efficiency_percent (its HBM rate, the copies' bytes included, which bounds them),
+        roofline_efficiency_percent (time-weighted over its ops with a measured one), bound, measured_percent (of
+        the line's time its rates speak for), rates_are_upper_bounds, data_on_chip (its costed ops move no HBM
+        bytes and no copies feed them); {} where none is costed. Rows whose rates are no measurement (over a peak)
+        are left out."""
+        measured_ps = self.seconds * 1e12 + self.wait_ps
+        if not measured_ps:
             return {}
-        out: dict = {"achieved_tflops_per_s": round(self.flops / self.seconds / 1e12, 4),
-                     "precision": max(self.precision_ps, key=self.precision_ps.get),
-                     "measured_percent": round(100 * self.seconds * 1e12 / line_ps, 2) if line_ps else 0.0}
+        out: dict = {"measured_percent": round(100 * measured_ps / line_ps, 2) if line_ps else 0.0}
+        if self.seconds:
+            out.update(achieved_tflops_per_s=round(self.flops / self.seconds / 1e12, 4),
+                       precision=max(self.precision_ps, key=self.precision_ps.get))
         mixed = [p for p, ps in sorted(self.precision_ps.items(), key=lambda kv: -kv[1]) if ps]
         if len(mixed) > 1:
             out["precisions"] = mixed  # the roof is each op's own: FLOPs over what their roofs allow in their time
         if self.roof_flops:
             out["flops_percent_of_roof"] = round(100 * self.flops / self.roof_flops, 1)
-        if self.hbm_seconds and not self.hbm_bytes:
+        if self.hbm_seconds and not self.hbm_bytes and not self.streamed_ps:
             out["data_on_chip"] = True  # its ops' arrays stay in on-chip memory (TPU VMEM): no HBM rate to give
-        elif self.hbm_seconds:
+        elif self.hbm_seconds and self.hbm_bytes:
             out["achieved_gb_per_s"] = round(self.hbm_bytes / self.hbm_seconds / 1e9, 2)
             if self.roof_bytes:
                 out["hbm_percent_of_roof"] = round(100 * self.hbm_bytes / self.roof_bytes, 1)
+        if self.streamed_ps:
+            out.update(fed_by_async_copies_percent=round(100 * self.streamed_ps / line_ps, 1) if line_ps else 0.0,
+                       program_hbm_gb_per_s=self.program_hbm["program_hbm_gb_per_s"],
+                       program_hbm_efficiency_percent=self.program_hbm["program_hbm_efficiency_percent"])
         if self.efficiency_time_ps:
             out["roofline_efficiency_percent"] = round(self.efficiency_ps / self.efficiency_time_ps, 1)
         if self.bound_ps:
@@ -235,10 +270,11 @@ def _charge(table: dict[str, LineTime], keys: list[tuple[str, Frame]], ps: int, 
 
 
 def _add_op(lines: dict[str, LineTime], functions: dict[str, LineTime], stack: list[Frame], source,
-            stat: OpStat, ps: int, kind: str, row: dict | None, peaks: dict | None, nn_module: str = "") -> None:
+            stat: OpStat, ps: int, kind: str, row: dict | None, peaks: dict | None, program_hbm: dict,
+            nn_module: str = "") -> None:
     """`ps` of an op's time on the lines and functions of its user stack (innermost first): the innermost's self
     time, every frame's total; with no user frame, on its library's frame or NO_LINE. `row`: the op's row, whose
-    rates count where all its time is here."""
+    rates count where all its time is here (Rates.add, with `program_hbm`)."""
     if stack:
         outermost = list(reversed(stack))
         _charge(lines, [(f.short, f) for f in outermost], ps)
@@ -258,7 +294,7 @@ def _add_op(lines: dict[str, LineTime], functions: dict[str, LineTime], stack: l
         entry.kinds[kind] = entry.kinds.get(kind, 0) + ps
         entry.ops[stat.name] = entry.ops.get(stat.name, 0) + ps
         if row is not None:
-            entry.rates.add(row, stat, peaks)
+            entry.rates.add(row, stat, peaks, program_hbm)
         if nn_module:
             entry.modules[nn_module] = entry.modules.get(nn_module, 0) + ps
 
@@ -275,13 +311,14 @@ def line_view(session: Session) -> LineView:
     recorded = False
     modules = {}
     torch_stacks = torch_kernel_stacks(session) if not session.hlo_modules else {}
-    for stat in stats:
+    rows = [stat.row(op_ps, peaks) for stat in stats]
+    program_hbm = mark_streamed_program(rows, peaks)
+    for stat, row in zip(stats, rows):
         if not stat.total_ps:
             continue
         module = modules.get(stat.module)
         if stat.module not in modules:
             module = modules[stat.module] = _module_of(session, stat.module)
-        row = stat.row(op_ps, peaks)
         kind = op_kind(stat.name, stat.category, stat.source)
         launched = torch_stacks.get(stat.name) if not stat.module else None
         if launched:  # a PyTorch kernel: its time by the user's frames around each launch
@@ -292,14 +329,14 @@ def line_view(session: Session) -> LineView:
                 if ps and stack:
                     recorded = True
                     _add_op(lines, functions, stack, None, stat, ps, kind, row if whole else None, peaks,
-                            nn_module.removeprefix(MODULE_EVENT))
+                            program_hbm, nn_module.removeprefix(MODULE_EVENT))
             left = stat.total_ps - sum(ps for _, ps in parts)
             if left:
-                _add_op(lines, functions, [], None, stat, left, kind, None, peaks)
+                _add_op(lines, functions, [], None, stat, left, kind, None, peaks, program_hbm)
             continue
         stack = op_user_stack(module, stat)
         recorded = recorded or bool(stack)
-        _add_op(lines, functions, stack, stat.source, stat, stat.total_ps, kind, row, peaks)
+        _add_op(lines, functions, stack, stat.source, stat, stat.total_ps, kind, row, peaks, program_hbm)
     traced = _add_host_time(session, lines, functions)
     view = LineView(op_ps=op_ps, lines=lines, functions=functions, stacks_recorded=recorded, host_traced=traced)
     session.cache["line_view"] = view

@@ -208,15 +208,30 @@ FED_BY_ASYNC_COPIES = ("its operands were brought into on-chip memory by its pro
                        "HBM rate (program_hbm_gb_per_s, the copies' bytes included), not its own, bounds it")
 
 
+def mark_streamed_program(rows: list[dict], peaks: dict | None) -> dict:
+    """program_hbm_traffic of the op rows, and their ops fed by its async copies marked (mark_fed_by_async_copies):
+    what the op profile and the line view both read the rows by."""
+    program_hbm = program_hbm_traffic(rows, peaks.get("peak_hbm_gb_per_s") if peaks else None)
+    mark_fed_by_async_copies(rows, program_hbm)
+    return program_hbm
+
+
+def streams_through_on_chip_memory(program_hbm: dict, module: str | None = None) -> bool:
+    """Whether program_hbm_traffic's program (module, where given, is it) streams its data through on-chip memory
+    (STREAMED_PROGRAM_COPY_SHARE_PERCENT)."""
+    return ((program_hbm.get("program_hbm_async_copy_share_percent") or 0) >= STREAMED_PROGRAM_COPY_SHARE_PERCENT
+            and (module is None or module == program_hbm["program_hbm_module"]))
+
+
 def mark_fed_by_async_copies(rows: list[dict], program_hbm: dict) -> None:
     """Marks (fed_by_async_copies) the ops of a streaming program (STREAMED_PROGRAM_COPY_SHARE_PERCENT) that do
     arithmetic on data mostly held on chip, far below their compute roof: a decode loop's matrix-vector products
     reading weight tiles prefetched into VMEM, whose rate on their own (on-chip) bytes says nothing."""
-    if (program_hbm.get("program_hbm_async_copy_share_percent") or 0) < STREAMED_PROGRAM_COPY_SHARE_PERCENT:
+    if not streams_through_on_chip_memory(program_hbm):
         return
     for row in rows:
         share = row.get("hbm_share_of_bytes")
-        if (row["module"] == program_hbm["program_hbm_module"] and share is not None and share < 0.5
+        if (streams_through_on_chip_memory(program_hbm, row["module"]) and share is not None and share < 0.5
                 and (row.get("flops_per_run") or 0) > 0 and row.get("bound") == "compute"
                 and (row.get("roofline_efficiency_percent") or 0) < BANDWIDTH_EFFICIENCY_LOW_PERCENT):
             row["fed_by_async_copies"] = FED_BY_ASYNC_COPIES

@@ -15,9 +15,7 @@ def _ms(value: float | None) -> str:
 
 def _rate(row: dict[str, Any]) -> str:
     """`185 TFLOP/s 94% of 16-bit roof · 222 GB/s 27%` from a line's rates; "" where none is costed."""
-    if row.get("achieved_tflops_per_s") is None:
-        return ""
-    tflops, text = row["achieved_tflops_per_s"], ""
+    tflops, text = row.get("achieved_tflops_per_s"), ""
     if tflops:  # a line of data movement does no arithmetic: its bandwidth is its rate
         text = f"{tflops:,.1f} TFLOP/s" if tflops >= 1 else f"{tflops * 1e3:,.0f} GFLOP/s"
         if row.get("flops_percent_of_roof") is not None:
@@ -28,6 +26,9 @@ def _rate(row: dict[str, Any]) -> str:
         text += f"{', ' if text else ''}{row['achieved_gb_per_s']:,.0f} GB/s"
         if row.get("hbm_percent_of_roof") is not None:
             text += f" ({row['hbm_percent_of_roof']:g}% of HBM)"
+    if row.get("fed_by_async_copies_percent"):
+        text += (f"{', ' if text else ''}{row['fed_by_async_copies_percent']:g}% fed by (or waiting for) async copies at "
+                 f"{row['program_hbm_gb_per_s']:,.0f} GB/s ({row['program_hbm_efficiency_percent']:g}% of HBM)")
     if row.get("data_on_chip"):
         text += f"{', ' if text else ''}its data on chip (no HBM traffic)"
     if row.get("rates_are_upper_bounds"):

@@ -6,7 +6,7 @@ from xdiag.analysis.device_peaks import session_peaks
 from xdiag.analysis.op_stats import category_totals, op_stats
 from xdiag.analysis.recompute import rematerialised_time
 from xdiag.analysis.source_lines import source_lines_missing, time_by_kind, time_by_line
-from xdiag.analysis.roofline import loop_work, mark_fed_by_async_copies, program_hbm_traffic, roofline_summary
+from xdiag.analysis.roofline import loop_work, mark_streamed_program, roofline_summary
 from xdiag.analysis.transfers import transfer_spans
 from xdiag.analysis.xprof.session_views import try_view
 from xdiag.errors import NotAvailable
@@ -84,9 +84,8 @@ def get_hlo_op_profile(session: Session, top_n: int = 20) -> ToolOutput:
         summary.update({k: peaks[k] for k in ("device_model", "peak_tflops", "peak_hbm_gb_per_s", "ridge_flop_per_byte",
                                               "flops_source", "bandwidth_source", "peak_warnings")})
     rows = [s.row(total_ps, peaks) for s in stats]
-    program_hbm = program_hbm_traffic(rows, peaks.get("peak_hbm_gb_per_s") if peaks else None)
+    program_hbm = mark_streamed_program(rows, peaks)
     summary.update(program_hbm)
-    mark_fed_by_async_copies(rows, program_hbm)
     summary.update(roofline_summary(rows, peaks.get("ridge_flop_per_byte") if peaks else None, program_hbm))
     summary.update(loop_work(rows))
     summary.update(rematerialised_time(session, rows))

@@ -45,7 +45,10 @@ def get_line_view(session: Session, top_n: int = 20, order: str = "self", source
     library's), self_ms, total_ms, self_percent, total_percent (of op time), kinds {op kind: ms}, top_ops,
     achieved_tflops_per_s, precision (of the compute roof its time is mostly under: 16-bit, f32, int8, fp8),
     precisions (where its ops run at several), flops_percent_of_roof (FLOPs over those its ops' roofs would allow in
-    their time), achieved_gb_per_s, hbm_percent_of_roof, roofline_efficiency_percent (time-weighted over its ops),
+    their time), achieved_gb_per_s, hbm_percent_of_roof (its ops' own HBM bytes), fed_by_async_copies_percent (of its
+    time, in ops working on what a streaming program's async copies brought into on-chip memory, or waiting for
+    those copies) with program_hbm_gb_per_s and program_hbm_efficiency_percent (that program's HBM rate, the copies'
+    bytes included, which bounds them), roofline_efficiency_percent (time-weighted over its ops),
     bound, measured_percent (of its time the rates speak for; ops whose rates are no measurement are left out),
     rates_are_upper_bounds (some costs assume full pages: each rate is at most that), data_on_chip (its costed ops
     move no HBM bytes: no HBM rate), callees [{line, ms}: the next

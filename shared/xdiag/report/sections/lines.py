@@ -57,6 +57,11 @@ def rate_text(row: Mapping[str, Any]) -> str:
         if row.get("hbm_percent_of_roof") is not None:
             text += f" ({format_measure(row['hbm_percent_of_roof'], '%')} of HBM)"
         parts.append(text)
+    if row.get("fed_by_async_copies_percent"):
+        parts.append(f"{format_measure(row['fed_by_async_copies_percent'], '%')} of its time fed by (or waiting for) "
+                     f"its program's async copies into on-chip memory, which stream at "
+                     f"{format_measure(row['program_hbm_gb_per_s'], 'GB/s')} "
+                     f"({format_measure(row['program_hbm_efficiency_percent'], '%')} of HBM)")
     if row.get("data_on_chip"):
         parts.append("its data on chip (no HBM traffic)")
     if parts and row.get("rates_are_upper_bounds"):
