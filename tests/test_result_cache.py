@@ -34,6 +34,10 @@ def test_entries_are_private_to_their_user(tmp_path, profile):
     cache = ResultCache(tmp_path / "cache")
     _answer(cache, profile)
     entry = cache.entry([profile])
+    settled = time.time() - 60  # an entry's size is recorded once it has settled (disk_cache.SETTLE_SECONDS)
+    for folder in (entry / "answers", entry):
+        os.utime(folder, (settled, settled))
+    cache.trim(keep=tmp_path / "none")
     folders = [tmp_path / "cache", entry, entry / "answers", tmp_path / "cache" / SIZES]
     files = [entry / SESSION_FILE, entry / SESSION_DIGEST, *(entry / "answers").iterdir(),
              *(tmp_path / "cache" / SIZES).iterdir()]
@@ -195,7 +199,7 @@ def _entry(root: Path, name: str, size: int, age_s: float) -> Path:
 
 def test_eviction_reads_each_entrys_recorded_size_and_walks_only_what_changed(tmp_path, monkeypatch):
     """An entry's bytes are recorded when it is walked (disk_cache.SIZES): the next eviction walks the entry just made
-    and none of the others (stat'ing every file of 858 entries cost 84-102 ms a trim). A file another process
+    and none of the others (stat'ing every file of 858 entries cost 49-54 ms a trim). A file another process
     put in an entry's folder after its record (XProf's views, converted in the background) is counted: that entry is
     walked again, and the least recently used goes for it."""
     from xdiag import disk_cache
@@ -214,12 +218,45 @@ def test_eviction_reads_each_entrys_recorded_size_and_walks_only_what_changed(tm
     monkeypatch.setattr(disk_cache, "_files_under", counted)
     evict_least_recent(root, 7500, keep=entries[4])
     assert [name for name in walked if name.startswith("e")] == ["e4"]
-    recorded = time.time() - 60  # the records were written a minute before the change below
-    for record in (root / SIZES).iterdir():
-        os.utime(record, (recorded, recorded))
     walked.clear()
     (entries[0] / "answers" / "b.json").write_bytes(b"\0" * 3000)  # the least recently used entry grows past the limit
     evict_least_recent(root, 7500, keep=entries[4])
     assert {name for name in walked if name.startswith("e")} == {"e0", "e4"}  # e0 then to remove its files
     assert not entries[0].exists() and all(e.exists() for e in entries[1:])
     assert sorted(os.listdir(root / SIZES)) == [e.name for e in entries[1:]]  # its record went with it
+
+
+LIMIT = 1_000_000
+
+
+def _store_and_trim(root: str, seed: int) -> None:
+    """One process of the test below: answers into 20 entries of one cache for 1.5 s, then into 20 others for 2.5 s
+    (the first 20 settle meanwhile), each store trimming the cache."""
+    import random
+
+    cache, draw = ResultCache(Path(root), limit_bytes=LIMIT), random.Random(seed)
+    started = time.monotonic()
+    while (elapsed := time.monotonic() - started) < 4:
+        entry = Path(root) / f"e{draw.randrange(20) + (20 if elapsed > 1.5 else 0)}"
+        cache.store_answer([], f"tool{draw.randrange(8)}", {}, "x" * draw.randrange(1000, 8000), entry=entry)
+        time.sleep(draw.uniform(0, 0.01))
+    assert not cache._said_unwritable  # an entry evicted under a store is made again, not called unwritable
+
+
+def test_processes_storing_and_trimming_at_once_keep_the_limit_and_true_records(tmp_path):
+    """Four processes store answers into the same entries and each trims after every store, evicting entries the
+    others are listing, recording or writing into, while the entries left alone settle and get their records: no
+    store calls the cache unwritable, the cache ends within its limit, and every record left holds its entry's bytes
+    as a walk counts them, none of an entry gone."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    from xdiag.disk_cache import _files_under
+
+    root = tmp_path / "cache"
+    with ProcessPoolExecutor(4) as pool:
+        list(pool.map(_store_and_trim, [str(root)] * 4, range(4)))
+    ResultCache(root, limit_bytes=LIMIT).trim(keep=root / "none")  # reads the records still trusted
+    actual = {e.name: sum(info.st_size for _, _, info in _files_under(e)) for e in root.iterdir() if e.name != SIZES}
+    recorded = {r.name: int(r.read_text().split()[0]) for r in (root / SIZES).iterdir()}
+    assert actual and recorded and {name: actual.get(name) for name in recorded} == recorded
+    assert sum(actual.values()) <= LIMIT

@@ -164,10 +164,16 @@ class ResultCache:
         stderr and skipped: the answer stands without it. `entry`: the files' entry where the caller has it;
         `trim=False`: the caller stores several answers and trims once after them (`trim`)."""
         try:
-            entry = self._private_entry(self.entry(files) if entry is None else entry)
-            path = self._answer_path(entry, tool, args)
-            private_folder(path.parent)
-            replace_with(path, with_digest(result_json.encode()), mode=0o600)
+            entry = self.entry(files) if entry is None else entry
+            for attempt in (1, 2):
+                try:
+                    path = self._answer_path(self._private_entry(entry), tool, args)
+                    private_folder(path.parent)
+                    replace_with(path, with_digest(result_json.encode()), mode=0o600)
+                    break
+                except FileNotFoundError:
+                    if attempt == 2:
+                        raise  # the entry went again: another process's eviction, once more, or no cache at all
             _touch(entry)
             if trim:
                 self._trim(entry)
