@@ -248,12 +248,13 @@ def test_processes_storing_and_trimming_at_once_keep_the_limit_and_true_records(
     others are listing, recording or writing into, while the entries left alone settle and get their records: no
     store calls the cache unwritable, the cache ends within its limit, and every record left holds its entry's bytes
     as a walk counts them, none of an entry gone."""
+    import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     from xdiag.disk_cache import _files_under
 
     root = tmp_path / "cache"
-    with ProcessPoolExecutor(4) as pool:
+    with ProcessPoolExecutor(4, mp_context=multiprocessing.get_context("spawn")) as pool:  # no fork of JAX's threads
         list(pool.map(_store_and_trim, [str(root)] * 4, range(4)))
     ResultCache(root, limit_bytes=LIMIT).trim(keep=root / "none")  # reads the records still trusted
     actual = {e.name: sum(info.st_size for _, _, info in _files_under(e)) for e in root.iterdir() if e.name != SIZES}
