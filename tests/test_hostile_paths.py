@@ -141,11 +141,27 @@ def test_a_profile_name_with_control_characters_is_refused_in_one_line(tmp_path)
 LONG = Path(__file__).parent / "profiles" / "tpu_v5e" / "gru_scan_train.xplane.pb"
 
 
+def _holds_flock(pid: int, path: Path) -> bool:
+    """Whether process `pid` holds a flock on `path`, from Linux's /proc/locks: looking takes no lock (a probe's own
+    flock could make the analysis it probes refuse)."""
+    try:
+        inode = path.stat().st_ino
+        locks = Path("/proc/locks").read_text()
+    except OSError:
+        return False
+    return any(f[1] == "FLOCK" and f[4] == str(pid) and f[5].rsplit(":", 1)[-1] == str(inode)
+               for f in (line.split() for line in locks.splitlines()) if len(f) > 5)
+
+
 def test_two_analyses_into_one_out_cannot_both_succeed(tmp_path):
-    """One analysis stopped while it writes into --out (SIGSTOP once the folder is there), a second into the same
-    --out: one refuses in one line, the other's report is the one the folder holds (each printed the other's)."""
+    """One analysis stopped while it writes into --out (SIGSTOP once it holds the folder's lock), a second into the
+    same --out: one refuses in one line, the other's report is the one the folder holds (each printed the other's).
+    Stopped as soon as the folder was there, the first could stop before taking the lock: the second then ran
+    alone and the first after it, both rightly, and the test failed (once in a full run)."""
     import signal
     import time
+
+    from xdiag.cloud.embedded import OUT_LOCK
 
     out = tmp_path / "out"
     env = {**os.environ, "XDIAG_LOCAL_CACHE_DIR": str(tmp_path / "cache")}
@@ -154,8 +170,8 @@ def test_two_analyses_into_one_out_cannot_both_succeed(tmp_path):
                              text=True, env=env)
     try:
         deadline = time.monotonic() + 120
-        while not out.is_dir() and first.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.005)
+        while not _holds_flock(first.pid, out / OUT_LOCK) and first.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.002)
         assert first.poll() is None, first.communicate()
         os.kill(first.pid, signal.SIGSTOP)
         second = _xdiag("analyze", str(PROFILE), "--no-xprof-views", "-q", "--out", str(out), cwd=tmp_path)
