@@ -112,9 +112,9 @@ def test_a_streamed_programs_lines_are_bound_as_its_copies_are(name, tmp_path, m
     """These decode loops stream their weights into on-chip memory with async copies (most of the program's HBM
     bytes), and the fusions that multiply by them read only on-chip bytes: on their own rates they look
     compute-bound at a few MB/s of HBM, which contradicted the memory-bound P0 on the very line its fix names.
-    Every line mostly in such ops, or in the waits for the copies, takes the op profile's program HBM rate and the
-    side of the ridge the program's FLOPs per byte put it on; every line a memory-bound finding names, in its lines
-    or its fix, is memory-bound."""
+    Every line mostly in such ops, or in the waits for the copies, takes the op profile's program HBM rate and is
+    memory-bound, as the op profile's memory-bound rows count those ops; every line a memory-bound finding names,
+    in its lines or its fix, is memory-bound."""
     from xdiag.cloud.embedded import analyze_session
 
     monkeypatch.setenv("XDIAG_XPROF_VIEWS", "0")
@@ -123,11 +123,10 @@ def test_a_streamed_programs_lines_are_bound_as_its_copies_are(name, tmp_path, m
     program = json.loads((tools / "get_hlo_op_profile.json").read_text())["summary"]
     lines = {r["line"]: r for r in json.loads((tools / "get_line_view.json").read_text())["detail"]["lines"]}
     assert program["program_hbm_async_copy_share_percent"] >= 50
-    side = "memory" if program["program_hbm_intensity_flop_per_byte"] < program["ridge_flop_per_byte"] else "compute"
     streamed = [r for r in lines.values() if (r.get("fed_by_async_copies_percent") or 0) > 50]
     assert streamed, "a line of the program works on what its copies brought"
     for row in streamed:
-        assert row["bound"] == side, row
+        assert row["bound"] == "memory", row
         assert (row["program_hbm_gb_per_s"], row["program_hbm_efficiency_percent"]) == (
             program["program_hbm_gb_per_s"], program["program_hbm_efficiency_percent"])
     memory_bound = [f for f in analysis.diagnosis.findings if f.key == "memory_bound"]

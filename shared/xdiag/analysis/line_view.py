@@ -57,8 +57,8 @@ class Rates:
     of its precision would allow for them. Where a program streams its data through on-chip memory (TPU VMEM: its
     async copies carry most of its HBM bytes), its ops that work on what the copies brought, and the waits for
     those copies, are bound by the program's HBM rate (roofline.program_hbm_traffic, mark_fed_by_async_copies), not
-    by their own rates on on-chip bytes: the program's rate is theirs, and its FLOPs per byte put their time on one
-    side of the ridge (a wait's on the memory side)."""
+    by their own rates on on-chip bytes: the program's rate is theirs, and their time is memory-bound, as the op
+    profile's memory-bound rows count them (roofline.memory_bound_rows)."""
 
     flops: float = 0.0
     seconds: float = 0.0  # of the rows with a FLOP rate
@@ -93,10 +93,7 @@ class Rates:
         if peaks and peaks.get("peak_flops_per_s"):
             self.roof_flops += seconds * compute_peak(row.get("operand_shapes") or [], peaks)
         if row.get("fed_by_async_copies"):  # its own rate is on on-chip bytes: it says nothing
-            ridge = (peaks or {}).get("ridge_flop_per_byte")
-            intensity = program_hbm.get("program_hbm_intensity_flop_per_byte")
-            self._add_streamed(stat.costed_ps, program_hbm,
-                               "compute" if ridge and intensity is not None and intensity >= ridge else "memory")
+            self._add_streamed(stat.costed_ps, program_hbm)
             return
         if row.get("achieved_gb_per_s") is not None:
             self.hbm_bytes += stat.hbm_bytes * runs
@@ -109,10 +106,10 @@ class Rates:
         if row.get("bound"):
             self.bound_ps[row["bound"]] = self.bound_ps.get(row["bound"], 0.0) + stat.costed_ps
 
-    def _add_streamed(self, ps: float, program_hbm: dict, bound: str = "memory") -> None:
+    def _add_streamed(self, ps: float, program_hbm: dict) -> None:
         self.streamed_ps += ps
         self.program_hbm = program_hbm
-        self.bound_ps[bound] = self.bound_ps.get(bound, 0.0) + ps
+        self.bound_ps["memory"] = self.bound_ps.get("memory", 0.0) + ps  # as roofline.memory_bound_rows counts them
 
     def record(self, line_ps: int) -> dict:
         """achieved_tflops_per_s, flops_percent_of_roof (of the compute roofs of its ops' precisions), precision (the

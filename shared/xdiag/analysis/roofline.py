@@ -231,7 +231,7 @@ def mark_fed_by_async_copies(rows: list[dict], program_hbm: dict) -> None:
         return
     for row in rows:
         share = row.get("hbm_share_of_bytes")
-        if (streams_through_on_chip_memory(program_hbm, row["module"]) and share is not None and share < 0.5
+        if (row["module"] == program_hbm["program_hbm_module"] and share is not None and share < 0.5
                 and (row.get("flops_per_run") or 0) > 0 and row.get("bound") == "compute"
                 and (row.get("roofline_efficiency_percent") or 0) < BANDWIDTH_EFFICIENCY_LOW_PERCENT):
             row["fed_by_async_copies"] = FED_BY_ASYNC_COPIES
