@@ -156,6 +156,13 @@ def check_report(analysis: Analysis, tools: dict[str, dict], page: str) -> list[
     values = {k: v for k, v in busy.items() if v is not None}
     if values and max(values.values()) - min(values.values()) > 0.05:
         problems.append(f"device busy has several values: {values}")
+    # The key card's device idle and the busy parts it names make the whole step (copies only the host's lines show
+    # leave the devices idle: they are not a busy part).
+    for busy_text in re.findall(r"of step time; busy the rest: ((?:[a-z]+ [\d.]+% \+ )*[a-z]+ [\d.]+%)", page):
+        parts = [float(v) for v in re.findall(r"([\d.]+)%", busy_text)]
+        idle = health.get("device_idle_percent")
+        if idle is not None and abs(idle + sum(parts) - 100) > 0.25:
+            problems.append(f"device idle {idle}% and busy {busy_text!r} do not make the step")
     compute = breakdown.get("compute")
     for quoted in re.findall(r"devices compute ([\d.]+)%", diagnosis.summary + " ".join(f.whats_happening for f in findings)):
         if compute is not None and abs(float(quoted) - compute) > 0.05:

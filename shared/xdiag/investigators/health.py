@@ -208,6 +208,7 @@ class HealthSnapshot(_Record):
     rematerialised_saveable_dot_gib: float | None = None  # what a dots-saving policy would keep instead
     step_time_spread_because: str | None = None  # why the steps' times spread, where they say (async dispatch)
     materialised_attention_percent: float | None = None  # op time in attention that writes its S×S scores to memory
+    host_transfer_percent: float | None = None  # of the transfer share, the copies only the host's lines show: idle
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> HealthSnapshot:
@@ -268,6 +269,7 @@ def health_snapshot(results: dict[str, ToolResult]) -> HealthSnapshot:
             if step.get(f"{category}_percent") is not None
         },
         device_idle_percent=step.get("device_idle_percent"),
+        host_transfer_percent=step.get("host_transfer_percent"),
         devices=DeviceBusy.from_summary(step),
         straggler=Straggler(
             straggler=hosts.get("straggler"), participant_level=hosts.get("participant_level"),

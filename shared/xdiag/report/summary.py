@@ -223,11 +223,11 @@ def metric_cards(health: Mapping[str, Any], results: Mapping[str, ToolResult], l
             busy = _busy_text(health)
             note = f"of step time; busy the rest: {busy}" if busy else m.hint
         elif m.path == ("roofline_efficiency_percent",):
-            # The roofline is over compute ops only: where the devices are also busy moving data or communicating,
-            # say how much of the step it speaks for (TPU offload: 73% of the roof over 3% of the step).
+            # The roofline is over compute ops only: where the step also moves data or communicates, say how much of
+            # it the roofline speaks for (TPU offload: 73% of the roof over 3% of the step).
             compute = (health.get("breakdown_percent") or {}).get("compute")
             scope = (f", over compute ops only ({format_measure(compute, '%')} of step time)"
-                     if _busy_text(health) and isinstance(compute, (int, float)) else "")
+                     if len(_step_parts(health, device_only=False)) > 1 and isinstance(compute, (int, float)) else "")
             note = m.hint + scope + (f"; bound by {health['bound_by']}" if health.get("bound_by") else "")
             if health.get("dominant_ops_efficiency_is_upper_bound"):
                 note = "an upper bound: the busiest kernels' costs assume full pages; " + note
@@ -265,12 +265,21 @@ def metric_cards(health: Mapping[str, Any], results: Mapping[str, ToolResult], l
     return cards
 
 
+def _step_parts(health: Mapping[str, Any], device_only: bool) -> list[tuple[str, float]]:
+    """The step's compute, collective and transfer shares above zero; `device_only`: transfers less the copies only
+    the host's lines show (host_transfer_percent), through which the devices are idle."""
+    breakdown = dict(health.get("breakdown_percent") or {})
+    if device_only and isinstance(breakdown.get("transfer"), (int, float)):
+        breakdown["transfer"] = round(breakdown["transfer"] - (health.get("host_transfer_percent") or 0.0), 2)
+    return [(c, breakdown[c]) for c in ("compute", "collective", "transfer")
+            if isinstance(breakdown.get(c), (int, float)) and breakdown[c] > 0]
+
+
 def _busy_text(health: Mapping[str, Any]) -> str:
-    """What the devices' busy time is made of, where it is more than compute: 'compute 3% + transfer 97%'."""
-    breakdown = health.get("breakdown_percent") or {}
-    parts = [f"{c} {format_measure(breakdown[c], '%')}" for c in ("compute", "collective", "transfer")
-             if isinstance(breakdown.get(c), (int, float)) and breakdown[c] > 0]
-    return " + ".join(parts) if len(parts) > 1 else ""
+    """What the devices' busy time is made of, where it is more than compute: 'compute 3% + transfer 97%'; with the
+    device idle share it makes the whole step."""
+    parts = _step_parts(health, device_only=True)
+    return " + ".join(f"{c} {format_measure(v, '%')}" for c, v in parts) if len(parts) > 1 else ""
 
 
 def _capacity_text(health: Mapping[str, Any]) -> str:
