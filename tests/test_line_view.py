@@ -13,9 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from xdiag.analysis.line_view import (
-    NO_LINE, line_times, line_times_of_result, line_view, quote_source, source_file,
-)
+from xdiag.analysis.line_view import NO_LINE, line_times, line_times_of_result, line_view
+from xdiag.analysis.source_code import SourceReader, quote_line
 from xdiag.profile.locate import locate_session
 from xdiag.profile.reader import read_session_in_process
 from xdiag.tools import run_tool
@@ -150,8 +149,8 @@ def test_the_code_shown_is_the_line_the_profile_names_from_a_moved_checkout(tmp_
     root = tmp_path / "home" / "someone" / "src"
     top = view.ranked("self")[0]
     assert not Path(top.file).exists()
-    assert source_file(top.file, root) == checkout / "gpt_train.py"  # workloads/gpt_train.py: the longest suffix
-    quoted = quote_source(top.file, top.line, root)
+    assert SourceReader(root).locate(top.file) == checkout / "gpt_train.py"  # workloads/gpt_train.py: the longest suffix
+    quoted = quote_line(top.file, top.line, root)
     assert quoted["code"] == (EXAMPLES / "gpt_train.py").read_text().splitlines()[top.line - 1].strip()
     assert "@ p[\"up\"]" in quoted["code"] and [n for n, _ in quoted["context"]] == list(range(top.line - 2,
                                                                                            top.line + 3))
@@ -165,7 +164,7 @@ def test_the_code_shown_is_the_line_the_profile_names_from_a_moved_checkout(tmp_
     assert "--source-root" in without["code_not_available"] and "code" not in without
     # A file shorter than the line the profile names is another version, not quoted.
     (checkout / "gpt_train.py").write_text("x = 1\n")
-    assert "not the version the profile ran" in quote_source(top.file, top.line, root)["code_not_available"]
+    assert "not the version the profile ran" in quote_line(top.file, top.line, root)["code_not_available"]
 
 
 def test_host_time_is_on_the_lines_the_python_tracer_recorded(views):

@@ -155,8 +155,12 @@ class ResultCache:
         if data is None:  # truncated, flipped or planted: computed afresh
             path.unlink(missing_ok=True)
             return None
+        text = data.decode("utf-8", "replace")
+        if not _sources_unchanged(text):  # it quoted code that has changed since: computed afresh
+            path.unlink(missing_ok=True)
+            return None
         _touch(entry)
-        return data.decode("utf-8", "replace")
+        return text
 
     def store_answer(self, files: list[Path], tool: str, args: dict[str, Any], result_json: str, *,
                      entry: Path | None = None, trim: bool = True) -> None:
@@ -244,6 +248,25 @@ class ResultCache:
         self.interrupted_stores_cleaned += evict_least_recent(self.root, self.limit_bytes, keep)
 
 
+SOURCE_VERSIONS = '"source_versions"'
+
+
+def _sources_unchanged(text: str) -> bool:
+    """Whether the source files a kept answer quoted (its detail's source_versions: get_line_view's) are still the
+    versions it read; an answer that quoted none is."""
+    if SOURCE_VERSIONS not in text:
+        return True
+    try:
+        result = json.loads(text)
+        versions = result["detail"]["source_versions"]
+        root = (result.get("args") or {}).get("source_root") or (result.get("summary") or {}).get("source_root")
+    except (ValueError, KeyError, TypeError):
+        return False
+    from xdiag.analysis.source_code import unchanged
+
+    return unchanged(versions, root)
+
+
 def answer_tool(files: list[Path], session_name: str, tool: str, args: dict[str, Any], cache: ResultCache | None,
                 max_bytes: int, key_args: dict[str, Any] | None = None) -> tuple[str, str]:
     """One tool's JSON result on a session and its status, from the cache where it holds the answer, else run on the
@@ -301,7 +324,7 @@ def keep_analysis_answers(cache: ResultCache | None, files: list[Path], out_dir:
             continue
         if views_pending and views_pending in text:
             continue
-        if tool == "get_line_view" and os.environ.get("XDIAG_SOURCE_ROOT"):  # analysis.line_view.SOURCE_ROOT_ENV
+        if tool == "get_line_view" and os.environ.get("XDIAG_SOURCE_ROOT"):  # analysis.source_code.SOURCE_ROOT_ENV
             continue
         cache.store_answer(files, tool, args, text if text.endswith("\n") else text + "\n", entry=entry, trim=False)
         kept += 1

@@ -11,14 +11,12 @@ Functions the same way, by the function each frame runs in. Self times sum to th
 Beside each line: its ops' kinds, their achieved FLOP rate and HBM bandwidth against the roof of each op's precision
 (the op rows' own costs and roofline: xdiag.analysis.roofline), the host time the Python tracer recorded in it
 (JAX's `$file.py:LINE function` frames, PyTorch's `file.py(LINE): function`), and the code itself where its file is
-readable (the path the profile records, or a checkout named by `source_root`: see quote_source).
+readable (xdiag.analysis.source_code: a checkout named by `source_root`, or the path the profile records).
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
@@ -31,19 +29,15 @@ from xdiag.analysis.op_stats import OpStat, op_stats
 from xdiag.analysis.roofline import (
     compute_peak, eight_bit_operands, mark_streamed_program, streams_through_on_chip_memory,
 )
+from xdiag.analysis.source_code import STALE, SourceReader
 from xdiag.analysis.source_lines import (
     MODULE_EVENT, Frame, frame_kinds, is_library, op_kind, python_frame, short_path, user_files,
 )
 from xdiag.profile.columns import distinct_values, isin_ids
 from xdiag.profile.space import HloInstruction, HloModule, Session
 
-SOURCE_ROOT_ENV = "XDIAG_SOURCE_ROOT"
-"""Where `xdiag analyze --source-root DIR` leaves DIR for the line view the analysis runs (get_line_view's default)."""
 NO_LINE = "(no source line)"
 """Where the op time no stack names goes, so that the self times sum to the op time."""
-CONTEXT_LINES = 2
-"""Lines of code quoted either side of a line."""
-MAX_QUOTED_CHARS = 240
 HOST_KINDS = (("sync", SYNC_EVENT), ("dispatch", DISPATCH_EVENT), ("compile", COMPILE_EVENT),
               ("transfer", HOST_TRANSFER_EVENT))
 """What the host time of a user's frame is spent on, by the events it encloses (xdiag.analysis.host_vocabulary):
@@ -253,16 +247,16 @@ def _entry(table: dict[str, LineTime], key: str, frame: Frame | None, library: b
 def _charge(table: dict[str, LineTime], keys: list[tuple[str, Frame]], ps: int, function: bool = False) -> None:
     """Adds an op's time to the totals of the frames on its stack (outermost first), each once, and to the callee
     edge from each frame to the next distinct one inward after its last appearance."""
+    last = {key: i for i, (key, _) in enumerate(keys)}  # each key's innermost appearance: one pass, not one per key
     seen: set[str] = set()
-    for i, (key, frame) in enumerate(keys):
+    for key, frame in keys:
         if key in seen:
             continue
         seen.add(key)
         entry = _entry(table, key, frame, function=function)
         entry.total_ps += ps
-        last = max(j for j, (k, _) in enumerate(keys) if k == key)  # its innermost appearance
-        inner = next((k for k, _ in keys[last + 1:] if k != key), None)
-        if inner is not None:
+        if last[key] + 1 < len(keys):  # the frame after a key's last appearance is another key's
+            inner = keys[last[key] + 1][0]
             entry.callees[inner] = entry.callees.get(inner, 0) + ps
 
 
@@ -533,92 +527,6 @@ def _shares(total: int, parts: dict) -> list[tuple[object, int]]:
     return shared
 
 
-# ---------------------------------------------------------------------------------------------- the code
-
-
-def source_file(path: str, source_root: str | Path | None = None) -> Path | None:
-    """The file a recorded path names on this machine: under `source_root`, the longest suffix of the path that
-    exists there (`/home/user/jobs/train.py` -> ROOT/jobs/train.py, else ROOT/train.py), as XProf's --src_prefix
-    maps its links; else the recorded path itself where it is readable. None where neither is."""
-    parts = [p for p in path.split("/") if p and p not in (".", "..")]
-    if source_root is not None and parts:
-        root = Path(source_root)
-        for i in range(len(parts)):
-            candidate = root.joinpath(*parts[i:])
-            if candidate.is_file():
-                return candidate
-    recorded = Path(path)
-    if path and recorded.is_absolute() and recorded.is_file():
-        return recorded
-    return None
-
-
-_DEF = re.compile(r"\s*(?:async\s+)?def\s+(\w+)")
-
-
-def other_version(text: list[str], line: int, function: str) -> str:
-    """Why the file's `line` cannot be the one the profile's frame names, or "": the line is blank, or the function
-    it sits in (the nearest `def` outside it) is not the frame's function (`make.<locals>.one_token` runs in `def
-    one_token`; a lambda, comprehension or module-level frame is not checked)."""
-    own = text[line - 1]
-    if not own.strip():
-        return f"line {line} is blank"
-    name = function.rsplit(".", 1)[-1] if function else ""
-    if not name or name.startswith("<"):
-        return ""
-    found = _DEF.match(own)
-    if found and found[1] == name:
-        return ""  # the tracer names a function by its `def` line
-    indent = len(own) - len(own.lstrip())
-    for above in range(line - 2, -1, -1):
-        if not text[above].strip():
-            continue
-        depth = len(text[above]) - len(text[above].lstrip())
-        if depth >= indent:
-            continue
-        indent = depth
-        found = _DEF.match(text[above])
-        if found:
-            return "" if found[1] == name else f"line {line} is in def {found[1]}, not in {name} as the profile says"
-        if depth == 0:
-            break
-    return f"line {line} is in no def {name}, where the profile says it runs"
-
-
-def quote_source(path: str, line: int, source_root: str | Path | None = None, context: int = CONTEXT_LINES,
-                 cache: dict | None = None, function: str = "") -> dict:
-    """{file: the path read, code: the line's text, context: [[number, text], …] around it} or {code_not_available:
-    why}: the file is not readable, or is not the version the profile ran (too short, or the line is not in the
-    frame's function: other_version)."""
-    if not path or line <= 0:
-        return {"code_not_available": "the profile names no file and line"}
-    if not path.endswith(".py"):
-        return {"code_not_available": f"{path} is no Python source file: only the files a Python stack names are read"}
-    found = source_file(path, source_root)
-    if found is None:
-        where = f" nor under source_root {source_root}" if source_root is not None else \
-            ": name the checkout that holds it (the tool's source_root, or --source-root DIR)"
-        return {"code_not_available": f"{path} is not readable on this machine (the path the capture machine "
-                                      f"recorded){where}"}
-    cache = {} if cache is None else cache
-    if found not in cache:
-        try:
-            cache[found] = found.read_text(errors="replace").splitlines()
-        except OSError as exc:
-            cache[found] = exc
-    text = cache[found]
-    if isinstance(text, OSError):
-        return {"code_not_available": f"{found} could not be read: {text.strerror or text}"}
-    if line > len(text):
-        return {"code_not_available": f"{found} {STALE}: it has {len(text)} lines, not {line}"}
-    stale = other_version(text, line, function)
-    if stale:
-        return {"code_not_available": f"{found} {STALE}: {stale}"}
-    low, high = max(1, line - context), min(len(text), line + context)
-    return {"file": str(found), "code": text[line - 1].strip()[:MAX_QUOTED_CHARS],
-            "context": [[n, text[n - 1][:MAX_QUOTED_CHARS]] for n in range(low, high + 1)]}
-
-
 # ---------------------------------------------------------------------------------------------- records
 
 
@@ -626,39 +534,38 @@ def _ms(ps: float) -> float:
     return round(ps / 1e9, 4)
 
 
-STALE = "is not the version the profile ran"
-
-
-def stale_files(view: LineView, source_root: str | Path | None = None, cache: dict | None = None) -> dict[str, str]:
+def stale_files(view: LineView, reader: SourceReader) -> dict[str, str]:
     """Recorded path -> why the file read for it is not the version the profile ran, where any line the view names
-    in it shows so (quote_source): a file one line proves edited since the capture may have moved every line, so
-    none of its lines is quoted."""
+    in it shows so (SourceReader.quote): a file one line proves edited since the capture may have moved every line,
+    so none of its lines is quoted."""
     out: dict[str, str] = {}
     for entry in view.lines.values():
         if entry.line and not entry.library and entry.file not in out:
-            quoted = quote_source(entry.file, entry.line, source_root, context=0, cache=cache, function=entry.function)
+            quoted = reader.quote(entry.file, entry.line, context=0, function=entry.function)
             if STALE in quoted.get("code_not_available", ""):
                 out[entry.file] = quoted["code_not_available"]
     return out
 
 
-def capture_paths_note(view: LineView, source_root: str | Path | None = None) -> str | None:
+def capture_paths_note(view: LineView, reader: SourceReader) -> str | None:
     """Where the user's files a view names are not all readable here: that its paths are the capture machine's, how
     many cannot be read, and what reads them (`source_root`); None where every one can be read."""
     files = sorted({entry.file for entry in view.lines.values()
                     if entry.line and not entry.library and entry.file and entry.file.endswith(".py")})
-    missing = [path for path in files if source_file(path, source_root) is None]
+    missing = [path for path in files if reader.locate(path) is None]
     if not missing:
         return None
-    under = f" nor under source_root {source_root}" if source_root is not None else ""
+    source_root = reader.source_root
+    under = f" under source_root {source_root}" if source_root is not None else ""
     return (f"the paths are those the capture machine recorded: {len(missing)} of the {len(files)} files are not "
             f"readable on this machine{under} (e.g. {missing[0]}); give source_root (--source-root DIR on the "
             "command line), a checkout here holding them, to read their code")
 
 
-def line_record(entry: LineTime, op_ps: int, source_root: str | Path | None = None, quote: bool = True,
-                cache: dict | None = None, top_ops: int = 3, stale: dict[str, str] | None = None) -> dict:
-    """One line or function as the tool and the CLI give it; `stale`: stale_files' answer."""
+def line_record(entry: LineTime, op_ps: int, reader: SourceReader | None = None, top_ops: int = 3,
+                stale: dict[str, str] | None = None) -> dict:
+    """One line or function as the tool and the CLI give it, with its code where `reader` reads it; `stale`:
+    stale_files' answer."""
     out: dict = {"line": entry.key}
     if entry.function and entry.line:
         out["function"] = entry.function
@@ -686,11 +593,11 @@ def line_record(entry: LineTime, op_ps: int, source_root: str | Path | None = No
             kinds["python"] = rest  # the frame's own Python and the library calls that are none of HOST_KINDS
         if kinds:
             out["host_kinds"] = {k: _ms(v) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])}
-    if quote and entry.line and not entry.library:
+    if reader is not None and entry.line and not entry.library:
         if stale and entry.file in stale:
             out["code_not_available"] = stale[entry.file]
         else:
-            out.update(quote_source(entry.file, entry.line, source_root, cache=cache, function=entry.function))
+            out.update(reader.quote(entry.file, entry.line, function=entry.function))
     return out
 
 

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from xdiag.analysis.source_code import UNREADABLE
+from xdiag.profile.confined import shown
+
 
 def _ms(value: float | None) -> str:
     if value is None:
@@ -69,14 +72,16 @@ def _line_block(row: dict[str, Any], code: bool) -> list[str]:
     return out
 
 
-UNREADABLE = "is not readable on this machine"
 HEADER = f"{'self ms':>9} {'self':>7} {'total ms':>9} {'total':>7} {'host ms':>8}  line"
 
 
 def render_lines(result: dict[str, Any], path: str) -> str:
-    """The text of `xdiag lines` from a get_line_view result (ok or not)."""
+    """The text of `xdiag lines` from a get_line_view result (ok or not). The names and the code are the profile's
+    and its files': a control character in them (a terminal's escape, a newline) is shown as its escape, never
+    sent to the terminal."""
     if result.get("status") != "ok":
-        return f"{path}: line view {result.get('status', 'not available')}: {result.get('reason') or 'no reason'}\n"
+        return shown(f"{path}: line view {result.get('status', 'not available')}: "
+                     f"{result.get('reason') or 'no reason'}") + "\n"
     summary, detail = result["summary"], result["detail"]
     out = [f"{path}: {_ms(summary['op_time_ms'])} ms of op time over {summary['lines']} lines "
            f"(self times sum to {_ms(summary['self_sum_ms'])} ms)"]
@@ -109,4 +114,4 @@ def render_lines(result: dict[str, Any], path: str) -> str:
                     "function begins on)"]
     else:
         out += ["", "Host time: the profile holds no Python tracer frames (the Python tracer was off)"]
-    return "\n".join(out) + "\n"
+    return "\n".join(shown(line) for line in out) + "\n"  # each entry one line of its own

@@ -51,11 +51,12 @@ def analyze(
         from xdiag.analysis.xprof import XPROF_VIEWS_ENV
 
         os.environ[XPROF_VIEWS_ENV] = "0"
+    from xdiag.analysis.source_code import SOURCE_ROOT_ENV, allow_recorded_paths
+
+    allow_recorded_paths()  # the user's own profile on their own machine: its recorded paths are theirs to read
     if source_root is not None:
         if not source_root.is_dir():
             fail(f"--source-root {source_root}: not a folder")
-        from xdiag.analysis.line_view import SOURCE_ROOT_ENV
-
         os.environ[SOURCE_ROOT_ENV] = str(source_root.absolute())
     investigators = {}
     if investigator == "gemini":
@@ -175,6 +176,9 @@ def one_tool(
     if path is None:
         fail(f"xdiag tool {name}: PATH is missing (`xdiag tool {name} --help`)")
     from xdiag.agent.result_cache import ResultCache
+    from xdiag.analysis.source_code import allow_recorded_paths
+
+    allow_recorded_paths()
     from xdiag.profile.locate import locate_session
 
     try:
@@ -223,10 +227,12 @@ def lines(
     on each line, its FLOP rate and bandwidth against the roof of its precision, the host time the Python tracer
     recorded in it, and the code itself (pprof's `top`, `top -cum` and `list` for device time)."""
     from xdiag.agent.result_cache import ResultCache
+    from xdiag.analysis.source_code import allow_recorded_paths
     from xdiag.cli.lines import render_lines
     from xdiag.profile.locate import locate_session
     from xdiag.tools import run_tool
 
+    allow_recorded_paths()
     if source_root is not None and not source_root.is_dir():
         fail(f"--source-root {source_root}: not a folder")
     try:
@@ -281,6 +287,9 @@ def mcp(
         fail("xdiag mcp needs the MCP SDK: pip install 'xdiag[mcp]'", 1)
     from xdiag.agent.mcp_server import XdiagTools, serve_http, serve_stdio
     from xdiag.agent.result_cache import ResultCache
+    from xdiag.analysis.source_code import allow_recorded_paths
+
+    allow_recorded_paths()  # the user's agent: inside the roots and --allow folders where there are any
 
     missing = [str(folder) for folder in allow or [] if not folder.is_dir()]
     if missing:

@@ -103,12 +103,13 @@ def is_inside(path: Path | str, bounds: tuple[Path, ...] | None = None) -> bool:
     return True
 
 
-def open_fd(path: Path | str, flags: int = os.O_RDONLY) -> int:
-    """A file descriptor of `path` opened with `flags`; where reads are bounded, of the file its resolved path names
-    inside the roots, opened from the root down with no link followed on the way (a link that appeared since the
-    check fails the open: OutsideRoots, never a read elsewhere). OSError as os.open raises it."""
+def open_fd(path: Path | str, flags: int = os.O_RDONLY, bounds: tuple[Path, ...] | None = None) -> int:
+    """A file descriptor of `path` opened with `flags`; where reads are bounded (`bounds`, resolved folders, else
+    `roots()`), of the file its resolved path names inside them, opened from the root down with no link followed on
+    the way (a link that appeared since the check fails the open: OutsideRoots, never a read elsewhere). OSError as
+    os.open raises it."""
     flags |= getattr(os, "O_CLOEXEC", 0)
-    bounds = roots()
+    bounds = roots() if bounds is None else bounds
     if not bounds:
         return os.open(path, flags)
     real = resolved(path, bounds)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 
-from xdiag.analysis.line_view import (NO_LINE, SOURCE_ROOT_ENV, capture_paths_note, line_record, line_view,
-                                      stale_files)
+from xdiag.analysis.line_view import NO_LINE, capture_paths_note, line_record, line_view, stale_files
+from xdiag.analysis.source_code import SOURCE_ROOT_ENV, SourceReader
 from xdiag.analysis.source_lines import source_lines_missing
 from xdiag.errors import NotAvailable
 from xdiag.profile.space import Session
@@ -27,8 +27,8 @@ ORDERS = ("self", "total", "host")
                   "enum": list(ORDERS)},
         "source_root": {"type": "string", "max_length": 1000,
                         "description": "a checkout on this machine holding the profiled files: each recorded path is "
-                                       "read at its longest suffix that exists under it (default: the recorded path, "
-                                       "or `xdiag analyze --source-root`'s)"},
+                                       "read at its longest suffix that is a file under it, and only there (default: "
+                                       "`xdiag analyze --source-root`'s, else the recorded path)"},
     },
 )
 def get_line_view(session: Session, top_n: int = 20, order: str = "self", source_root: str | None = None,
@@ -56,15 +56,16 @@ def get_line_view(session: Session, top_n: int = 20, order: str = "self", source
     nn.Module calls around its kernels' launches], host_ms, host_kinds {sync, dispatch, compile, transfer, python
     (the rest: its own Python, input preparation): ms}, file (the file read), code (the line), context [[number,
     text]], code_not_available (why: not readable, or not the version the profile ran: a line of it blank, past its
-    end or outside the frame's function)]."""
+    end or outside the frame's function)], source_versions {recorded path: the file read for it here and its
+    version, "" where none: a kept answer is given again only while these hold}."""
     source_root = source_root or os.environ.get(SOURCE_ROOT_ENV) or None
     view = line_view(session)
     if not view.op_ps and not view.host_traced:
         raise NotAvailable("the profile holds no op executions and no Python tracer frames to rank lines by")
     lines = view.ranked(order)
     functions = view.ranked("host" if order == "host" else "total", functions=True)  # pprof's top -cum
-    cache: dict = {}
-    stale = stale_files(view, source_root, cache)
+    reader = SourceReader(source_root)
+    stale = stale_files(view, reader)
     summary: dict = {"op_time_ms": round(view.op_ps / 1e9, 4), "lines": len(view.lines),
                      "functions": len(view.functions),
                      "self_sum_ms": round(sum(t.self_ps for t in view.lines.values()) / 1e9, 4)}
@@ -86,16 +87,17 @@ def get_line_view(session: Session, top_n: int = 20, order: str = "self", source
         summary["host_ms"] = round(sum(t.host_ps for t in view.lines.values()) / 1e9, 4)
     if source_root:
         summary["source_root"] = source_root
-    if note := capture_paths_note(view, source_root):
+    if note := capture_paths_note(view, reader):
         summary["paths_are"] = note
     missing = source_lines_missing(session) if not view.stacks_recorded else None
     if missing:
         summary["source_lines_not_available"] = missing
     detail = {
-        "lines": [line_record(t, view.op_ps, source_root, cache=cache, stale=stale) for t in lines[:top_n]],
-        "functions": [line_record(t, view.op_ps, quote=False) for t in functions[:top_n]],
+        "lines": [line_record(t, view.op_ps, reader, stale=stale) for t in lines[:top_n]],
+        "functions": [line_record(t, view.op_ps) for t in functions[:top_n]],
         "note": ("self: the ops whose innermost user frame is the line; total: the ops with the line anywhere on "
                  "their stack, each counted once; a line's total is its self time plus its callees' time under it"),
+        "source_versions": reader.versions(),
     }
     source = host_plane_source(session) if session.platform == "CPU" else DEVICE_PLANE_SOURCE
     return ToolOutput(summary, detail, source)
