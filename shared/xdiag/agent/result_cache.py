@@ -7,8 +7,9 @@ first, `xdiag.profile.compact`, as the cloud stores it), `<root>/<key>/answers/<
 The entry's key hashes every file's absolute path, size, mtime, ctime and inode and a fingerprint of its bytes
 (`file_version`: a file rewritten in place or replaced by a rename, whatever mtime it is given, is another version,
 never the old one) and the xdiag code that answers; an answer's key hashes the tool, its arguments and whether
-XProf's views are on. A failed result is never kept (a `not_available` one is: the data is not in that file). The
-least recently used entries go past the limit.
+XProf's views are on. A failed result is never kept (a `not_available` one is: the data is not in that file); one
+that quoted the user's code (its `source_versions`: get_line_view's) is given again only while each file it read
+(or looked for) is the version it was. The least recently used entries go past the limit.
 
 Nothing is served unverified: an answer carries the sha256 of its JSON on its first line, a session file has its
 sha256 beside it (`session.xdiag.sha256`), and an entry that does not match (truncated, flipped, planted without
