@@ -78,8 +78,9 @@ def _links_to(secret: Path, root: Path) -> Path:
 def test_no_mcp_tool_quotes_a_file_outside_the_allowed_folders(tmp_path, secret_elsewhere):
     """`xdiag mcp --allow DIR`: a profile inside DIR whose stacks name a file outside it, and a source_root inside
     DIR whose files and folders are links to it. Every tool the server lists is called on the profile (get_line_view
-    with and without source_root, twice: the second from the cache; analyze, then explain_finding on each finding);
-    no answer, and no file analyze wrote, holds a byte of the file."""
+    with and without source_root, twice: the second from the cache, the first where `xdiag tool` kept an answer that
+    quoted the file; analyze, then explain_finding on each finding); no answer, and no file analyze wrote, holds a
+    byte of the file."""
     from mcp import Client, StdioServerParameters
 
     allowed = tmp_path / "allowed"
@@ -87,6 +88,11 @@ def test_no_mcp_tool_quotes_a_file_outside_the_allowed_folders(tmp_path, secret_
     profile = _capture_naming(secret_elsewhere, allowed / "run.xplane.pb")
     root = _links_to(secret_elsewhere, allowed / "checkout")
     env = {**ENV, "XDIAG_LOCAL_CACHE_DIR": str(tmp_path / "cache")}
+    # The user's own command, unbounded, reads the path recorded and keeps its answer: the server, bounded, must
+    # not give that answer again.
+    own = subprocess.run([sys.executable, "-m", "xdiag.cli", "tool", "get_line_view", str(profile)],
+                         capture_output=True, text=True, env=env, check=True)
+    assert SECRET in own.stdout
     server = StdioServerParameters(command=sys.executable, args=["-m", "xdiag.cli", "mcp", "--allow", str(allowed)],
                                    env=env, cwd=tmp_path)
     answers: dict[str, str] = {}

@@ -32,7 +32,7 @@ def analyze(
     max_profile_gib: Annotated[float, typer.Option(help=MAX_PROFILE_HELP)] = 2.0,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress lines; print only the report path.")] = False,
     no_xprof_views: Annotated[bool, typer.Option("--no-xprof-views", help="Skip XProf's own converters on TPU/GPU profiles (they take seconds per view on large profiles); the tools that need them say so.")] = False,
-    source_root: Annotated[Optional[Path], typer.Option("--source-root", help="A checkout holding the profiled program's files, for the report's code (as `xdiag lines --source-root`): each path the profile records is read at its longest suffix that exists under DIR.")] = None,
+    source_root: Annotated[Optional[Path], typer.Option("--source-root", help="A checkout holding the profiled program's files, for the report's code (as `xdiag lines --source-root`): each path the profile records is read at its longest suffix that is a file under DIR, and only there (a link leading out of DIR is not followed).")] = None,
     xprof_wait: Annotated[float, typer.Option("--xprof-wait", min=0, help="Seconds the analysis may wait for XProf's views of a TPU/GPU session of 16 MiB or more, converted beside it in a process of their own and kept per file version (the next analysis of the files has them); 0: the report never waits for them.")] = 0.0,
     project: Annotated[Optional[str], typer.Option(help="Google Cloud project for Gemini on Vertex AI (env VERTEX_PROJECT).")] = None,
     location: Annotated[Optional[str], typer.Option(help="Vertex AI location (env VERTEX_LOCATION; default us-central1).")] = None,
@@ -214,7 +214,7 @@ def one_tool(
 @app.command()
 def lines(
     path: Annotated[Path, typer.Argument(help=PATH_HELP)],
-    source_root: Annotated[Optional[Path], typer.Option("--source-root", help="A checkout holding the profiled program's files: each path the profile records (/home/user/jobs/train.py at capture) is read at its longest suffix that exists under DIR (DIR/jobs/train.py, else DIR/train.py), as XProf's --src_prefix maps its links. Default: the recorded path.")] = None,
+    source_root: Annotated[Optional[Path], typer.Option("--source-root", help="A checkout holding the profiled program's files: each path the profile records (/home/user/jobs/train.py at capture) is read at its longest suffix that is a file under DIR (DIR/jobs/train.py, else DIR/train.py), as XProf's --src_prefix maps its links, and only there: a link leading out of DIR is not followed. Default: the recorded path.")] = None,
     top: Annotated[int, typer.Option("--top", min=1, max=200, help="How many lines and functions to list.")] = 20,
     order: Annotated[str, typer.Option("--order", help="Rank lines by self (default), total (callees included) or host time.")] = "self",
     as_json: Annotated[bool, typer.Option("--json", help="get_line_view's JSON result instead of text.")] = False,
