@@ -39,8 +39,9 @@ MAX_SOURCE_BYTES = 8 * 2**20
 `train.py` costs 8 MiB, not its size)."""
 MAX_PATH_PARTS = 64
 """The parts of a recorded path matched under a source root, from its end: deeper paths cost no more."""
-MAX_DEF_SEARCH = 5000
-"""Lines walked up from a quoted line to the `def` it sits in (other_version)."""
+MAX_DEF_SEARCH = 1000
+"""Lines walked up from a quoted line to the `def` it sits in (other_version): a view of thousands of lines in one
+long file costs thousands of these walks, not thousands of walks over the whole file."""
 STALE = "is not the version the profile ran"
 UNREADABLE = "is not readable on this machine"
 """Every reason a file could not be found or read says this (`xdiag lines` names such files once, at the end)."""
