@@ -31,12 +31,17 @@ def test_analyze_writes_tools_analysis_and_report(cpu_profiles, tmp_path):
     assert "tool" in done.stderr and f"{len(BROAD_TOOLS)}/{len(BROAD_TOOLS)}" in done.stderr  # progress lines
 
 
-def test_the_commands_read_ahead_gives_the_tools_what_the_pipelines_own_read_gives(cpu_profiles, tmp_path):
+def test_the_commands_read_ahead_gives_the_tools_what_the_pipelines_own_read_gives(cpu_profiles, tmp_path,
+                                                                                    monkeypatch):
     """`xdiag analyze` reads a one-file session in a thread from the moment it is located, under its imports
     (xdiag.profile.session.ReadAhead); the pipeline run in-process reads the file itself: every tool's answer and
-    the diagnosis are the same."""
+    the diagnosis are the same (the code quoted too, where the pipeline may read the recorded paths as the command
+    does)."""
+    from xdiag.analysis.source_code import RECORDED_PATHS_ENV
     from xdiag.cloud.embedded import analyze_session
     from xdiag.profile.locate import locate_session
+
+    monkeypatch.setenv(RECORDED_PATHS_ENV, "1")
 
     profile = cpu_profiles["recompilation"]
     done = _xdiag("analyze", str(profile), "--out", str(tmp_path / "command"), "-q", cwd=tmp_path)
