@@ -132,7 +132,7 @@ class SourceReader:
             except (OSError, ValueError):
                 continue
             if real.is_relative_to(root) and real.is_file():  # a link leading out of the root is not followed
-                return _Found(shown=candidate, real=real, bounds=(root,))
+                return _Found(shown=Path(self.source_root).joinpath(*parts[i:]), real=real, bounds=(root,))
         return not_there
 
     def _recorded(self, path: str) -> _Found:
