@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from xdiag.text_numbers import whole_number
+
 NO_VALUE = np.iinfo(np.int64).min
 """Sentinel in numeric stat columns for events that do not carry the stat."""
 
@@ -331,7 +333,7 @@ class HloModule:
             out.append((file, line, function))
         if not out and instruction.source:
             file, _, line = instruction.source.rpartition(":")
-            out.append((file, int(line) if line.isdigit() else 0, ""))
+            out.append((file, whole_number(line, 0), ""))
         return out
 
     @property
