@@ -147,6 +147,14 @@ class TimeColumn:
             out += self.base
         return out
 
+    def least(self) -> int:
+        """The earliest time (0 where there is none), as a Python int: no sum with it wraps."""
+        return int(self.values.min()) * self.scale + self.base if len(self.values) else 0
+
+    def most(self) -> int:
+        """The latest time (0 where there is none), as a Python int."""
+        return int(self.values.max()) * self.scale + self.base if len(self.values) else 0
+
     def shift(self, ps: int) -> None:
         """Adds `ps` to every time: in the base where there is one, else in place (into a copy where the values are
         a read-only map's)."""
