@@ -299,3 +299,15 @@ def test_a_corrupt_entry_in_a_read_only_cache_is_answered_afresh_without_a_trace
         assert cache.answer([profile], "get_kpi_metrics", {}) is None
         assert _answer(cache, profile)["summary"] == first["summary"]  # computed afresh
     assert corrupt.exists()  # left where it could not be removed, and never served
+
+
+def test_a_profile_xprof_cannot_read_has_no_smart_suggestions_and_that_answer_is_kept(tmp_path):
+    # Before: get_smart_suggestions failed on the repo's own non-UTF-8 profile (XProf's parser refuses it), and as a
+    # failure it was never kept: every call converted again to fail again.
+    profile = tmp_path / "event_name_not_utf8.xplane.pb"
+    shutil.copyfile(Path(__file__).parent / "profiles" / "hostile" / profile.name, profile)
+    cache = ResultCache(tmp_path / "cache")
+    text, status = answer_tool([profile], "hostile", "get_smart_suggestions", {}, cache, 2**30)
+    assert status == "not_available", text
+    assert "XProf cannot read the profile" in json.loads(text)["reason"]
+    assert cache.answer([profile], "get_smart_suggestions", {}) == text
