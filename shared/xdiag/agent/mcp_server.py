@@ -655,9 +655,11 @@ def serve_http(tools: XdiagTools, port: int, on_ready=None, workers: int = 2, al
 
         auth = {"auth": AuthSettings(issuer_url=f"http://127.0.0.1:{port or 8792}", resource_server_url=None),
                 "token_verifier": StaticToken(token)}
-    app = build_server(tools, workers, allow).streamable_http_app(host="127.0.0.1", **auth)
-    from xdiag.agent.http_guard import GuardedH11, idle_cap
+    from xdiag.agent.http_guard import SESSION_IDLE_S, GuardedH11, bound_sessions, idle_cap
 
+    protocol = build_server(tools, workers, allow)
+    app = protocol.streamable_http_app(host="127.0.0.1", session_idle_timeout=SESSION_IDLE_S, max_sessions=None, **auth)
+    bound_sessions(protocol.session_manager)  # a flood of sessions ends the least recently used, never locks one out
     GuardedH11.cap = idle_cap()  # idle connections closed by time and count: a call still answers (issue 62)
     config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", http=GuardedH11,
                             timeout_keep_alive=5, limit_concurrency=2 * GuardedH11.cap)
