@@ -384,10 +384,15 @@ def _located(path: str, session: str | None):
 
 
 def _check_out_folder(target: Path) -> None:
-    """An analysis folder is written only where nothing but an earlier analysis would be replaced."""
+    """An analysis folder is written only where nothing but an earlier analysis would be replaced: one that holds an
+    analysis.json, or the lock an analysis takes first (one cancelled or killed before its end: the next takes over;
+    one still running refuses it while it holds the lock)."""
+    from xdiag.cloud.embedded import OUT_LOCK
+
     if target.is_symlink() or (target.exists() and not target.is_dir()):
         raise BadRequest(f"out {target}: not a folder; name a new folder (or an earlier analysis) as `out`")
-    if target.is_dir() and any(target.iterdir()) and not (target / "analysis.json").is_file():
+    if target.is_dir() and any(target.iterdir()) and not any((target / name).is_file()
+                                                             for name in ("analysis.json", OUT_LOCK)):
         raise BadRequest(f"out {target}: a folder that holds files but no analysis; name a new folder as `out`")
 
 
