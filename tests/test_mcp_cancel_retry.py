@@ -4,16 +4,11 @@ is answered (issue 72, item 9)."""
 from __future__ import annotations
 
 import json
-import os
-import queue
 import shutil
-import subprocess
-import sys
-import threading
 
 import anyio
 
-from tests.test_agent import LONG_ANALYSIS, _serving, _until
+from tests.test_agent import LONG_ANALYSIS, _serving, _until, _wire_server
 from xdiag.cloud.embedded import OUT_LOCK
 
 
@@ -23,26 +18,12 @@ def test_the_retry_of_a_cancelled_analysis_into_the_same_folder_is_answered(tmp_
     import psutil
 
     shutil.copyfile(LONG_ANALYSIS, tmp_path / LONG_ANALYSIS.name)
-    server = subprocess.Popen([sys.executable, "-m", "xdiag.cli", "mcp"], cwd=tmp_path, stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                              env={**os.environ, "XDIAG_LOCAL_CACHE_DIR": str(tmp_path / "cache")})
-    received: queue.Queue = queue.Queue()
-    threading.Thread(target=lambda: [received.put(json.loads(line)) for line in server.stdout], daemon=True).start()
-
-    def send(message: dict) -> None:
-        server.stdin.write(json.dumps({"jsonrpc": "2.0", **message}) + "\n")
-        server.stdin.flush()
-
-    def response(request_id: int) -> dict:
-        while (message := received.get(timeout=600)).get("id") != request_id:
-            pass
-        return message
-
+    server, send, response = _wire_server(tmp_path)
     arguments = {"path": str(tmp_path / LONG_ANALYSIS.name), "out": str(tmp_path / "out")}
     try:
         send({"id": 1, "method": "initialize", "params": {"protocolVersion": "2025-11-25", "capabilities": {},
                                                           "clientInfo": {"name": "test", "version": "0"}}})
-        response(1)
+        response(1, [])
         send({"method": "notifications/initialized"})
         send({"id": 2, "method": "tools/call", "params": {"name": "analyze", "arguments": arguments}})
         worker = anyio.run(_until, lambda: _serving(psutil.Process(server.pid)), "the analysis's worker")[0]
@@ -51,7 +32,7 @@ def test_the_retry_of_a_cancelled_analysis_into_the_same_folder_is_answered(tmp_
         worker.wait(timeout=60)
         assert (tmp_path / "out" / OUT_LOCK).exists() and not (tmp_path / "out" / "analysis.json").exists()
         send({"id": 3, "method": "tools/call", "params": {"name": "analyze", "arguments": arguments}})
-        answered = response(3)["result"]
+        answered = response(3, [])["result"]
         assert not answered.get("isError"), answered["content"][0]["text"]
         assert json.loads(answered["content"][0]["text"])["status"] in ("OPTIMAL", "NEEDS_ATTENTION")
         assert (tmp_path / "out" / "analysis.json").is_file() and not (tmp_path / "out" / OUT_LOCK).exists()
