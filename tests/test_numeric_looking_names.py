@@ -1,6 +1,6 @@
-"""Names from a profile that only look numeric ('²'.isdigit() is true, int('²') fails) read as names (issue 72, item 4):
-every number read out of outside text goes through xdiag.text_numbers, and "bad arguments" is said of arguments only.
-"""
+"""Names from a profile that only look numeric ('²'.isdigit() is true, int('²') fails) read as names (issue 72,
+item 4): every number read out of outside text goes through xdiag.text_numbers, and "bad arguments" is said of
+arguments only."""
 
 from __future__ import annotations
 

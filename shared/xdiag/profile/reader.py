@@ -559,16 +559,16 @@ def shift_line(line: Line, shift_ps: int, file: str, plane: str) -> None:
     one of them would then lie past MAX_SHIFT_PS either way: the shift alone, or with an event's offset or length."""
     if shift_ps > MAX_SHIFT_PS:
         raise ProfileError(
-            f"{file}: line {line.name!r} of {plane} starts {shift_ps // 1000:,} ns ({shift_ps / 8.64e16:,.0f} days) after the "
-            f"session's first line, past the {MAX_SHIFT_PS // 1000:,} ns a time in ps is read with; its clocks do "
-            "not agree")
+            f"{file}: line {line.name!r} of {plane} starts {shift_ps // 1000:,} ns ({shift_ps / 8.64e16:,.0f} days) "
+            f"after the session's first line, past the {MAX_SHIFT_PS // 1000:,} ns a time in ps is read with; its "
+            "clocks do not agree")
     earliest = line.starts.least() + shift_ps
     latest = line.starts.most() + line.durations.most() + shift_ps  # no event ends later
     if earliest < -MAX_SHIFT_PS or latest > MAX_SHIFT_PS:
         raise ProfileError(
-            f"{file}: line {line.name!r} of {plane} holds events {max(-earliest, latest) // 1000:,} ns from the session's "
-            f"first line (their offsets and lengths added), past the {MAX_SHIFT_PS // 1000:,} ns a time in ps is "
-            "read with; not a profiler's times")
+            f"{file}: line {line.name!r} of {plane} holds events {max(-earliest, latest) // 1000:,} ns from the "
+            f"session's first line (their offsets and lengths added), past the {MAX_SHIFT_PS // 1000:,} ns a time in "
+            "ps is read with; not a profiler's times")
     line.starts.shift(shift_ps)
 
 
