@@ -226,7 +226,7 @@ def with_reasons(result: dict[str, Any], reasons: dict[str, str]) -> dict[str, A
 
 def natural_order(name: str) -> tuple:
     """Sort key that puts GPU_2_bfc before GPU_10_bfc."""
-    return tuple((1, 0, part) if whole_number(part) is None else (0, whole_number(part), "")
+    return tuple((1, 0, part) if (number := whole_number(part)) is None else (0, number, "")
                  for part in re.split(r"(\d+)", name))
 
 
