@@ -412,6 +412,16 @@ def lines_far_apart(space: Any) -> None:
                 line.timestamp_ns += 10**16
 
 
+def event_offset(offset_ps: int) -> Callable[[Any], None]:
+    """An edit that gives one event in the middle of the host's busiest line this offset (2^63-1: the most an int64
+    holds; its line starts 44 ms after the session's first)."""
+    def edit(space: Any) -> None:
+        line = max((line for plane in space.planes if plane.name == "/host:CPU" for line in plane.lines),
+                   key=lambda line: len(line.events))
+        line.events[len(line.events) // 2].offset_ps = offset_ps
+    return edit
+
+
 def many_operand_ids(count: int) -> Callable[[Any], None]:
     """An edit that gives the module's first instruction `count` operand ids no instruction has (4 bytes each)."""
     def edit(proto: Any) -> None:

@@ -830,14 +830,11 @@ def test_short_calls_answer_during_a_long_analysis_and_a_cancelled_one_stops(tmp
     assert max(seen_workers) == 4, seen_workers  # the analysis's, both short calls' and the one started ahead
 
 
-def test_a_cancelled_call_gets_no_answer_and_frees_its_lane(tmp_path):
-    """The wire as a client sees it: after notifications/cancelled no response ever comes for that request, and the
-    next analysis (the lane holds one at a time) is answered."""
+def _wire_server(tmp_path: Path):
+    """`xdiag mcp` on stdio driven as JSON-RPC lines: (the process, send(message), response(id, others): the
+    response to that request, the messages before it appended to `others`)."""
     import queue
 
-    import psutil
-
-    shutil.copyfile(LONG_ANALYSIS, tmp_path / LONG_ANALYSIS.name)
     server = subprocess.Popen([sys.executable, "-m", "xdiag.cli", "mcp"], cwd=tmp_path, stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                               env={**os.environ, "XDIAG_LOCAL_CACHE_DIR": str(tmp_path / "cache")})
@@ -852,6 +849,17 @@ def test_a_cancelled_call_gets_no_answer_and_frees_its_lane(tmp_path):
         while (message := received.get(timeout=300)).get("id") != request_id:
             others.append(message)
         return message
+
+    return server, send, response
+
+
+def test_a_cancelled_call_gets_no_answer_and_frees_its_lane(tmp_path):
+    """The wire as a client sees it: after notifications/cancelled no response ever comes for that request, and the
+    next analysis (the lane holds one at a time) is answered."""
+    import psutil
+
+    shutil.copyfile(LONG_ANALYSIS, tmp_path / LONG_ANALYSIS.name)
+    server, send, response = _wire_server(tmp_path)
 
     def call(request_id: int, name: str, arguments: dict) -> None:
         send({"id": request_id, "method": "tools/call", "params": {"name": name, "arguments": arguments}})

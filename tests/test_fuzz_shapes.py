@@ -11,8 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.fuzzing import (SHAPE_SEED, deep_shape, fusion_calls_its_own_computation, fusion_dims, lines_far_apart,
-                           many_operand_ids,
+from tests.fuzzing import (SHAPE_SEED, deep_shape, event_offset, fusion_calls_its_own_computation, fusion_dims,
+                           lines_far_apart, many_operand_ids,
                            negative_device_durations,
                            with_device_planes, with_hlo_edited, with_space_edited)
 
@@ -137,6 +137,18 @@ def test_lines_10_to_the_16_ns_apart_end_in_one_line_of_reason(tmp_path):
     assert re.match(r"xdiag: far.xplane.pb: line '.*' of /device:TPU:0 starts 9,999,999,999,9[\d,]+ ns \(116 days\) "
                     r"after the session's first line, past the 4,611,686,018,427,387 ns a time in ps is read with; its "
                     r"clocks do not agree", last), last
+
+
+def test_an_event_offset_that_wraps_int64_once_its_line_is_moved_ends_in_one_line_of_reason(tmp_path):
+    # Before: the offset 2^63-1 plus its line's start wrapped to -9.2e18 ps without a word, and analyze said ok.
+    for offset in (2**63 - 1, -2**63):
+        profile = with_space_edited(tmp_path / "offset.xplane.pb", event_offset(offset))
+        done = _analyze(profile, tmp_path / "out")
+        assert done.returncode == 2 and "Traceback" not in done.stderr, (offset, done.stderr[-2000:])
+        last = done.stderr.strip().splitlines()[-1]
+        assert re.match(r"xdiag: offset.xplane.pb: line 'main/3277' of /host:CPU holds events 9,223,37[\d,]+ ns "
+                        r"from the session's first line \(their offsets and lengths added\), past the "
+                        r"4,611,686,018,427,387 ns a time in ps is read with; not a profiler's times", last), last
 
 
 def test_the_read_deadline_is_checked_per_plane_not_only_per_line(tmp_path, monkeypatch):

@@ -3,10 +3,12 @@ rewritten in place is another version, entries are private to their user, and in
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import stat
+import subprocess
 import time
 from pathlib import Path
 
@@ -261,3 +263,51 @@ def test_processes_storing_and_trimming_at_once_keep_the_limit_and_true_records(
     recorded = {r.name: int(r.read_text().split()[0]) for r in (root / SIZES).iterdir()}
     assert actual and recorded and {name: actual.get(name) for name in recorded} == recorded
     assert sum(actual.values()) <= LIMIT
+
+
+@contextlib.contextmanager
+def _read_only(folder: Path):
+    """`folder` made read-only for this user while the block runs: its mode where we are not root, else the immutable
+    attribute (root writes through any mode)."""
+    if os.geteuid() != 0:
+        os.chmod(folder, 0o500)
+        try:
+            yield
+        finally:
+            os.chmod(folder, 0o700)
+        return
+    if subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode != 0:
+        pytest.skip("root cannot make a folder read-only here (chattr +i refused)")
+    try:
+        yield
+    finally:
+        subprocess.run(["chattr", "-i", str(folder)], check=True)
+
+
+@pytest.mark.parametrize("damaged", ["answer", "session"])
+def test_a_corrupt_entry_in_a_read_only_cache_is_answered_afresh_without_a_traceback(tmp_path, profile, damaged):
+    # Before: the corrupt file's unlink sat outside the error handling: PermissionError out of answer_tool.
+    cache = ResultCache(tmp_path / "cache")
+    first = _answer(cache, profile)
+    entry = cache.entry([profile])
+    (kept,) = (entry / "answers").iterdir()
+    if damaged == "session":
+        kept.unlink()  # the session is read only where no answer is kept
+    corrupt = kept if damaged == "answer" else entry / SESSION_FILE
+    corrupt.write_bytes(corrupt.read_bytes()[:-40])
+    with _read_only(entry / "answers"), _read_only(entry):
+        assert cache.answer([profile], "get_kpi_metrics", {}) is None
+        assert _answer(cache, profile)["summary"] == first["summary"]  # computed afresh
+    assert corrupt.exists()  # left where it could not be removed, and never served
+
+
+def test_a_profile_xprof_cannot_read_has_no_smart_suggestions_and_that_answer_is_kept(tmp_path):
+    # Before: get_smart_suggestions failed on the repo's own non-UTF-8 profile (XProf's parser refuses it), and as a
+    # failure it was never kept: every call converted again to fail again.
+    profile = tmp_path / "event_name_not_utf8.xplane.pb"
+    shutil.copyfile(Path(__file__).parent / "profiles" / "hostile" / profile.name, profile)
+    cache = ResultCache(tmp_path / "cache")
+    text, status = answer_tool([profile], "hostile", "get_smart_suggestions", {}, cache, 2**30)
+    assert status == "not_available", text
+    assert "XProf cannot read the profile" in json.loads(text)["reason"]
+    assert cache.answer([profile], "get_smart_suggestions", {}) == text

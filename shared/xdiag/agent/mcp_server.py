@@ -384,10 +384,15 @@ def _located(path: str, session: str | None):
 
 
 def _check_out_folder(target: Path) -> None:
-    """An analysis folder is written only where nothing but an earlier analysis would be replaced."""
+    """An analysis folder is written only where nothing but an earlier analysis would be replaced: one that holds an
+    analysis.json, or the lock an analysis takes first (one cancelled or killed before its end: the next takes over;
+    one still running refuses it while it holds the lock)."""
+    from xdiag.cloud.embedded import OUT_LOCK
+
     if target.is_symlink() or (target.exists() and not target.is_dir()):
         raise BadRequest(f"out {target}: not a folder; name a new folder (or an earlier analysis) as `out`")
-    if target.is_dir() and any(target.iterdir()) and not (target / "analysis.json").is_file():
+    if target.is_dir() and any(target.iterdir()) and not any((target / name).is_file()
+                                                             for name in ("analysis.json", OUT_LOCK)):
         raise BadRequest(f"out {target}: a folder that holds files but no analysis; name a new folder as `out`")
 
 
@@ -655,9 +660,11 @@ def serve_http(tools: XdiagTools, port: int, on_ready=None, workers: int = 2, al
 
         auth = {"auth": AuthSettings(issuer_url=f"http://127.0.0.1:{port or 8792}", resource_server_url=None),
                 "token_verifier": StaticToken(token)}
-    app = build_server(tools, workers, allow).streamable_http_app(host="127.0.0.1", **auth)
-    from xdiag.agent.http_guard import GuardedH11, idle_cap
+    from xdiag.agent.http_guard import SESSION_IDLE_S, GuardedH11, bound_sessions, idle_cap
 
+    protocol = build_server(tools, workers, allow)
+    app = protocol.streamable_http_app(host="127.0.0.1", session_idle_timeout=SESSION_IDLE_S, max_sessions=None, **auth)
+    bound_sessions(protocol.session_manager)  # a flood of sessions ends the least recently used, never locks one out
     GuardedH11.cap = idle_cap()  # idle connections closed by time and count: a call still answers (issue 62)
     config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", http=GuardedH11,
                             timeout_keep_alive=5, limit_concurrency=2 * GuardedH11.cap)

@@ -154,7 +154,7 @@ class ResultCache:
             return None
         data = verified(stored)
         if data is None:  # truncated, flipped or planted: computed afresh
-            path.unlink(missing_ok=True)
+            _drop(path)
             return None
         text = data.decode("utf-8", "replace")
         if not _sources_unchanged(text):  # it quoted code that has changed since: computed afresh
@@ -217,8 +217,7 @@ class ResultCache:
                     raise ValueError("its digest does not match")
                 session = load_session(stored)
             except Exception:  # noqa: BLE001 - unverified or unreadable (flipped, planted, a crash mid-write): decode again
-                stored.unlink(missing_ok=True)
-                digest.unlink(missing_ok=True)
+                _drop(stored, digest)
             else:
                 session.name = name
                 prepared.adopt(session)
@@ -334,6 +333,15 @@ def keep_analysis_answers(cache: ResultCache | None, files: list[Path], out_dir:
     if kept:
         cache.trim(entry)  # once for them all: a walk of the cache folder per answer cost seconds on a full cache
     return kept
+
+
+def _drop(*paths: Path) -> None:
+    """Removes what failed its check; in a cache that cannot be written it stays, unserved (it never verifies)."""
+    for path in paths:
+        try:
+            path.unlink(missing_ok=True)
+        except OSError:
+            pass
 
 
 def _touch(entry: Path) -> None:

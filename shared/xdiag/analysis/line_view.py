@@ -35,6 +35,7 @@ from xdiag.analysis.source_lines import (
 )
 from xdiag.profile.columns import distinct_values, isin_ids
 from xdiag.profile.space import HloInstruction, HloModule, Session
+from xdiag.text_numbers import whole_number
 
 NO_LINE = "(no source line)"
 """Where the op time no stack names goes, so that the self times sum to the op time."""
@@ -339,8 +340,9 @@ def _module_of(session: Session, label: str) -> HloModule | None:
     if not label:
         return None
     name, _, pid = label.rpartition("(")
-    if name and pid.endswith(")") and pid[:-1].isdigit():
-        found = session.module_for(name, int(pid[:-1]))
+    program_id = whole_number(pid[:-1]) if pid.endswith(")") else None
+    if name and program_id is not None:
+        found = session.module_for(name, program_id)
         if found is not None:
             return found
     return session.module_for(label, None)

@@ -17,6 +17,7 @@ from xdiag.analysis.session_cache import cached
 from xdiag.cost.custom_calls import is_gemm_call
 from xdiag.profile.columns import distinct_values, factorize_rows, isin_ids, unique_with_inverse
 from xdiag.profile.space import NO_VALUE, HloModule, Line, Plane, Session
+from xdiag.text_numbers import whole_number
 
 _KERNEL_SUFFIX = re.compile(r"_(\d+)$")
 
@@ -593,8 +594,9 @@ def profile_op_costs(session: Session) -> dict[tuple[str, str], dict]:
                     if line.name == "XLA Modules":
                         for name in set(plane.names_of(line)):
                             module, _, rest = name.partition("(")
-                            if rest.rstrip(")").isdigit():
-                                fingerprints[int(rest.rstrip(")"))] = module
+                            fingerprint = whole_number(rest.rstrip(")"))
+                            if fingerprint is not None:
+                                fingerprints[fingerprint] = module
             for line in plane.lines:
                 if line.name != "XLA Ops":
                     continue

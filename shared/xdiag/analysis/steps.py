@@ -14,6 +14,7 @@ from xdiag.analysis.host_threads import host_threads
 from xdiag.analysis.op_table import OpTable, module_spans, op_table
 from xdiag.analysis.session_cache import cached
 from xdiag.profile.space import Plane, Session
+from xdiag.text_numbers import whole_number
 
 
 @dataclass(slots=True)
@@ -108,7 +109,7 @@ def _device_steps_lines(session: Session) -> dict[str, list[Step]]:
                 device = _device_of(plane)
                 starts, ends = line.start_ps.tolist(), line.end_ps.tolist()
                 out[device] = [
-                    Step(plane.host, int(n) if str(n).isdigit() else i, starts[i], ends[i], device)
+                    Step(plane.host, whole_number(str(n), i), starts[i], ends[i], device)
                     for i, n in enumerate(names)
                 ]
                 break

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import gc
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import typer
@@ -68,6 +69,13 @@ def checked(check, *args) -> None:
         check(*args)
     except XdiagError as exc:
         fail(str(exc))
+
+
+def one_of(option: str, value: str, choices: Sequence[str]) -> None:
+    """A command-line option that takes one of a fixed set of values, checked before any work is done: exits 2 naming
+    the choices otherwise."""
+    if value not in choices:
+        fail(f"{option} {value!r}: not one of {', '.join(choices)}")
 
 
 def progress_printer(quiet: bool):

@@ -12,7 +12,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from xdiag.cli.console import err, fail, freeze_collector, out, progress_printer
+from xdiag.cli.console import err, fail, freeze_collector, one_of, out, progress_printer
 from xdiag.cli.runs import call_plane, control_plane, run_and_session
 from xdiag.cli.options import MAX_PROFILE_HELP, PATH_HELP, RUN_HELP, SESSION_HELP, STACK_DIR, TOKEN_OPTION, URL_OPTION
 from xdiag.errors import XdiagError
@@ -45,8 +45,7 @@ def analyze(
     """
     from xdiag.profile.locate import locate_session
 
-    if investigator not in ("rules", "gemini"):
-        fail(f"unknown investigator {investigator!r}; use rules or gemini")
+    one_of("--investigator", investigator, ("rules", "gemini"))
     if no_xprof_views:
         from xdiag.analysis.xprof import XPROF_VIEWS_ENV
 
@@ -231,7 +230,9 @@ def lines(
     from xdiag.cli.lines import render_lines
     from xdiag.profile.locate import locate_session
     from xdiag.tools import run_tool
+    from xdiag.tools.get_line_view import ORDERS
 
+    one_of("--order", order, ORDERS)
     allow_recorded_paths()
     if source_root is not None and not source_root.is_dir():
         fail(f"--source-root {source_root}: not a folder")
@@ -324,8 +325,7 @@ def demo(
     from xdiag.examples import WORKLOADS
     from xdiag.examples.capture import capture_workload
 
-    if workload not in WORKLOADS:
-        fail(f"unknown workload {workload!r}; choose from {', '.join(WORKLOADS)}")
+    one_of("--workload", workload, tuple(WORKLOADS))
     err.print(f"profiling the bundled workload [bold]{workload}[/]: {WORKLOADS[workload].problem}", highlight=False)
     try:
         xplane = capture_workload(workload, out_dir / "profiles")

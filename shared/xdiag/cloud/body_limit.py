@@ -19,6 +19,8 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from xdiag.text_numbers import whole_number
+
 LINGERING_CLOSES = 64
 """Connections closed gracefully at once, off the event loop; more wait their turn (their sockets stay open a little
 longer, nobody else waits)."""
@@ -45,7 +47,8 @@ class BodyLimit:
     def __call__(self, environ: dict[str, Any], start_response: Callable) -> Iterable[bytes]:
         length = environ.get("CONTENT_LENGTH") or ""
         if length.strip():
-            if not length.strip().isdigit() or int(length) > self.max_bytes:
+            declared = whole_number(length.strip())
+            if declared is None or declared > self.max_bytes:
                 return self._refuse(environ, start_response)
         elif "chunked" in environ.get("HTTP_TRANSFER_ENCODING", "").lower():
             body = environ["wsgi.input"].read(self.max_bytes + 1)

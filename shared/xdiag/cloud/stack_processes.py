@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from xdiag.cloud.stack_config import HOST, StackError
+from xdiag.text_numbers import whole_number
 
 
 def listening(port: int) -> bool:
@@ -43,14 +44,15 @@ def group_members(pgid: int) -> list[int]:
     """Live (non-zombie) processes of a process group."""
     members = []
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
+        pid = whole_number(entry.name)
+        if pid is None:
             continue
         try:
             fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
         if fields[0] != "Z" and int(fields[2]) == pgid:
-            members.append(int(entry.name))
+            members.append(pid)
     return members
 
 

@@ -550,8 +550,26 @@ def session_bytes(paths: list[Path], max_bytes: int) -> int:
 
 
 MAX_SHIFT_PS = 2**62
-"""The furthest a line may start after the session's first line, in ps (about 53 days): times are int64 ps, and a
-line's own offsets (int64 too) are added to it."""
+"""The furthest any time of a session may lie from its first line, in ps (about 53 days), a line's start and its
+events' offsets and durations added: times are int64 ps, and a sum past 2^63 would wrap without a word."""
+
+
+def shift_line(line: Line, shift_ps: int, file: str, plane: str) -> None:
+    """`line`'s times moved by `shift_ps` (from its own timestamp to the session's first line); ProfileError where
+    one of them would then lie past MAX_SHIFT_PS either way: the shift alone, or with an event's offset or length."""
+    if shift_ps > MAX_SHIFT_PS:
+        raise ProfileError(
+            f"{file}: line {line.name!r} of {plane} starts {shift_ps // 1000:,} ns ({shift_ps / 8.64e16:,.0f} days) "
+            f"after the session's first line, past the {MAX_SHIFT_PS // 1000:,} ns a time in ps is read with; its "
+            "clocks do not agree")
+    earliest = line.starts.least() + shift_ps
+    latest = line.starts.most() + line.durations.most() + shift_ps  # no event ends later
+    if earliest < -MAX_SHIFT_PS or latest > MAX_SHIFT_PS:
+        raise ProfileError(
+            f"{file}: line {line.name!r} of {plane} holds events {max(-earliest, latest) // 1000:,} ns from the "
+            f"session's first line (their offsets and lengths added), past the {MAX_SHIFT_PS // 1000:,} ns a time in "
+            "ps is read with; not a profiler's times")
+    line.starts.shift(shift_ps)
 
 
 def assemble_session(read: list[tuple[HostProfile, list[HloModule]]], name: str) -> Session:
@@ -567,13 +585,7 @@ def assemble_session(read: list[tuple[HostProfile, list[HloModule]]], name: str)
             for line in plane.lines:
                 if not len(line):
                     continue
-                shift_ps = (line.timestamp_ns - origin) * 1000
-                if shift_ps > MAX_SHIFT_PS:
-                    raise ProfileError(
-                        f"{host.path.name}: line {line.name!r} of {plane.name} starts {shift_ps // 1000:,} ns "
-                        f"({shift_ps / 8.64e16:,.0f} days) after the session's first line, past the "
-                        f"{MAX_SHIFT_PS // 1000:,} ns a time in ps is read with; its clocks do not agree")
-                line.starts.shift(shift_ps)
+                shift_line(line, (line.timestamp_ns - origin) * 1000, host.path.name, plane.name)
     unique: dict[tuple[str, int], HloModule] = {}
     for module in modules:
         unique.setdefault((module.name, module.program_id), module)

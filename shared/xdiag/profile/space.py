@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from xdiag.text_numbers import whole_number
+
 NO_VALUE = np.iinfo(np.int64).min
 """Sentinel in numeric stat columns for events that do not carry the stat."""
 
@@ -144,6 +146,14 @@ class TimeColumn:
         if self.base:
             out += self.base
         return out
+
+    def least(self) -> int:
+        """The earliest time (0 where there is none), as a Python int: no sum with it wraps."""
+        return int(self.values.min()) * self.scale + self.base if len(self.values) else 0
+
+    def most(self) -> int:
+        """The latest time (0 where there is none), as a Python int."""
+        return int(self.values.max()) * self.scale + self.base if len(self.values) else 0
 
     def shift(self, ps: int) -> None:
         """Adds `ps` to every time: in the base where there is one, else in place (into a copy where the values are
@@ -331,7 +341,7 @@ class HloModule:
             out.append((file, line, function))
         if not out and instruction.source:
             file, _, line = instruction.source.rpartition(":")
-            out.append((file, int(line) if line.isdigit() else 0, ""))
+            out.append((file, whole_number(line, 0), ""))
         return out
 
     @property

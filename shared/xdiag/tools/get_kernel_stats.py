@@ -8,6 +8,7 @@ from xdiag.analysis.session_cache import cached
 from xdiag.analysis.xprof.session_views import try_view
 from xdiag.errors import NotAvailable
 from xdiag.profile.space import Session
+from xdiag.text_numbers import plain_number
 from xdiag.tools.registry import ToolOutput, tool
 
 
@@ -106,8 +107,8 @@ def _add_launch_facts(row: dict, xprof: dict | None) -> None:
         field = _DETAIL_FIELDS.get(key)
         if field in ("grid", "block"):
             row[field] = value
-        elif field and value.replace(".", "", 1).isdigit():
-            row[field] = float(value) if "." in value else int(value)
+        elif field and plain_number(value) is not None:
+            row[field] = plain_number(value)
     if row.get("occupancy_percent") == 0:
         row.pop("occupancy_percent")  # 0% occupancy is "not computed": a running kernel occupies something
     if xprof:

@@ -53,7 +53,7 @@ from xdiag.analysis.transfers import combined_transfer_spans, transfer_pairs
 from xdiag.analysis.warm_up import WarmUpCall
 from xdiag.errors import XdiagError
 from xdiag.profile.compact import _plain, module_from_record, module_record
-from xdiag.profile.reader import assemble_session
+from xdiag.profile.reader import MAX_SHIFT_PS, assemble_session, shift_line
 from xdiag.profile.space import NO_VALUE, HloModule, HostProfile, Line, Plane, Session, platform_of
 from xdiag.profile.trace_json import KINETO, trace_format
 from xdiag.tools.detect_layout_mismatch_copies import combined_data_formatting, data_formatting_ps
@@ -215,6 +215,8 @@ def assemble(summaries: Iterable[dict[str, Any]]) -> dict[str, Any]:
     origins = [s["origin_ns"] for s in named if s["origin_ns"] is not None]
     origin = min(origins) if origins else 0
     shifts = [(s["origin_ns"] - origin) * 1000 if s["origin_ns"] is not None else 0 for s in named]
+    if max(shifts, default=0) > MAX_SHIFT_PS // 2:  # a host's times lie within MAX_SHIFT_PS: so moved, none wraps
+        raise NotSummarized("the hosts' first lines lie too far apart to join their times here")
     tables = []
     for k, (table, host) in enumerate(zip(stored, named)):
         tables.append(_untyped(_named(table, host["hostname"])))
@@ -470,7 +472,7 @@ def take_events(session: Session, position: int, mapped: Session) -> None:
     for plane in host.planes:
         plane.host = known.hostname
         for line in plane.lines:
-            line.starts.shift((line.timestamp_ns - session.origin_ns) * 1000)
+            shift_line(line, (line.timestamp_ns - session.origin_ns) * 1000, known.path.name, plane.name)
     session.hosts[position] = host
 
 

@@ -164,9 +164,14 @@ def run_tool(session: Session, name: str, args: dict[str, Any] | None = None) ->
     if spec is None:
         raise UnknownTool(f"unknown tool {name!r}; known tools: {', '.join(sorted(REGISTRY))}")
     args = dict(args or {})
-    started = time.perf_counter()
     try:
         validate_args(spec, args)
+    except ValueError as exc:  # only the arguments' checks: a ValueError inside a tool is its own failure, below
+        return ToolResult(
+            tool=name, status=ToolStatus.FAILED, reason=f"bad arguments: {exc}", args=args, duration_ms=0.0
+        )
+    started = time.perf_counter()
+    try:
         output = spec.func(session, **args)
     except NotAvailable as exc:
         return ToolResult(
@@ -175,10 +180,6 @@ def run_tool(session: Session, name: str, args: dict[str, Any] | None = None) ->
             reason=str(exc),
             args=args,
             duration_ms=(time.perf_counter() - started) * 1000,
-        )
-    except ValueError as exc:
-        return ToolResult(
-            tool=name, status=ToolStatus.FAILED, reason=f"bad arguments: {exc}", args=args, duration_ms=0.0
         )
     except Exception as exc:  # a tool's bug must not stop the pipeline: record it precisely
         where = traceback.extract_tb(exc.__traceback__)[-1]

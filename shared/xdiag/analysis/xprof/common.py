@@ -13,6 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
+from xdiag.text_numbers import whole_number
+
 DEFAULT_TOP_N = 20
 """Rows kept in each `detail` list when a view takes no top_n."""
 GIB = 1024**3
@@ -224,7 +226,8 @@ def with_reasons(result: dict[str, Any], reasons: dict[str, str]) -> dict[str, A
 
 def natural_order(name: str) -> tuple:
     """Sort key that puts GPU_2_bfc before GPU_10_bfc."""
-    return tuple((0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", name))
+    return tuple((1, 0, part) if (number := whole_number(part)) is None else (0, number, "")
+                 for part in re.split(r"(\d+)", name))
 
 
 XPROF_TOOLS_ADVICE = re.compile(r"[;,.]?\s*[Uu]se (`[A-Za-z_]+`(?:,? or |, )?)+ to [^.]*\.")

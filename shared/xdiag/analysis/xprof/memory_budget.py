@@ -26,6 +26,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from xdiag.text_numbers import whole_number
+
 log = logging.getLogger(__name__)
 
 MEMORY_ENV = "XDIAG_XPROF_MEMORY_GIB"
@@ -133,16 +135,18 @@ def _meminfo_available(root: Path) -> int | None:
         name, _, value = line.partition(":")
         if name == "MemAvailable":
             fields = value.split()
-            if fields and fields[0].isdigit():
-                return int(fields[0]) * 1024  # kB
+            kilobytes = whole_number(fields[0]) if fields else None
+            if kilobytes is not None:
+                return kilobytes * 1024
     return None
 
 
 def _stat_value(text: str | None, name: str) -> int:
     for line in (text or "").splitlines():
         key, _, value = line.partition(" ")
-        if key == name and value.strip().isdigit():
-            return int(value)
+        number = whole_number(value.strip()) if key == name else None
+        if number is not None:
+            return number
     return 0
 
 
@@ -180,8 +184,8 @@ def _headroom(folder: Path, files: tuple[str, str, str]) -> int | None:
     limit_text, usage_text = _read(folder / files[0]), _read(folder / files[1])
     if limit_text is None or usage_text is None:
         return None
-    limit_text, usage_text = limit_text.strip(), usage_text.strip()
-    if not limit_text.isdigit() or not usage_text.isdigit() or int(limit_text) >= _UNLIMITED:
+    limit, usage = whole_number(limit_text.strip()), whole_number(usage_text.strip())
+    if limit is None or usage is None or limit >= _UNLIMITED:
         return None  # "max", or no limit at this level
-    in_use = int(usage_text) - _stat_value(_read(folder / "memory.stat"), files[2])
-    return max(0, int(limit_text) - max(0, in_use))
+    in_use = usage - _stat_value(_read(folder / "memory.stat"), files[2])
+    return max(0, limit - max(0, in_use))

@@ -12,6 +12,7 @@ from typing import Any
 from xdiag.model import ToolResult
 from xdiag.report.format import Block, Limits, format_measure
 from xdiag.report.sections.parts import Section, part_for
+from xdiag.text_numbers import whole_number
 
 MAX_ROWS = 50
 
@@ -106,7 +107,7 @@ def _row(row: Mapping[str, Any], function: bool) -> LineRow:
         cells.append((show(value), float(value)))
     kinds = ", ".join(row.get("kinds") or {})
     cells.append((kinds, kinds))
-    line = int(name.rpartition(":")[2]) if name.rpartition(":")[2].isdigit() else 0
+    line = whole_number(name.rpartition(":")[2], 0)
     context = [(int(n), str(text), int(n) == line) for n, text in row.get("context") or []]
     return LineRow(cells=cells, code=str(row.get("code") or ""), context=context, facts=_facts(row))
 
