@@ -248,7 +248,15 @@ class XdiagTools:
             root = resolved(Path(source_root).absolute())  # where reads are bounded: every link on the way inside
             if not root.is_dir():
                 raise BadRequest(f"source_root {source_root}: not a folder")
-            os.environ[SOURCE_ROOT_ENV] = str(root)  # this call's worker alone (one a call)
+            before = os.environ.get(SOURCE_ROOT_ENV)
+            os.environ[SOURCE_ROOT_ENV] = str(root)
+            try:
+                return self._analyze(path, session, out, investigator)
+            finally:  # a worker makes one call; in process, the next call must not read this one's root
+                if before is None:
+                    del os.environ[SOURCE_ROOT_ENV]
+                else:
+                    os.environ[SOURCE_ROOT_ENV] = before
         investigators = {}
         if investigator == "gemini":
             from xdiag.investigators.gemini import gemini_factory
@@ -361,8 +369,9 @@ class XdiagTools:
 
 ANALYZE_QUESTION = ("The whole analysis of a profile session (`xdiag analyze`: the 19 broad tools, the "
                     "investigation, summary.html): the diagnosis (OPTIMAL or NEEDS_ATTENTION, the findings ranked "
-                    "P0-P2 with their expected impact), the report and the analysis folder (for explain_finding). "
-                    "Writes only that folder; the tools then answer from what it computed.")
+                    "P0-P2 with their expected impact and the lines of the program that hold them, with their "
+                    "code), the report and the analysis folder (for explain_finding). Writes only that folder; the "
+                    "tools then answer from what it computed.")
 LIST_SESSIONS_QUESTION = ("The profile sessions one can analyse: those of an XProf log dir (`path`: name, files, "
                           "bytes, and its analysis folder where there is one), or, without `path`, the "
                           "local stack's (`xdiag up`) runs and their sessions with status and report.")
