@@ -287,6 +287,35 @@ def test_tools_list_as_the_client_receives_it_fits_its_bound(tmp_path):
         server.wait(timeout=30)
 
 
+def test_the_op_profile_answers_each_ops_row_once(tmp_path):
+    """get_hlo_op_profile as an agent receives it, on a TPU profile of four ops with XProf's views: each op's row
+    once (main gave XProf's rows of the same ops by time, FLOPs and bytes beside detail.ops: each op four times),
+    and XProf's own figures (its idle time, its categories) still there."""
+    from xdiag.agent.mcp_server import XdiagTools
+
+    tools = XdiagTools(cache=None, max_bytes=2**30, stack_dir=tmp_path)
+    arguments = {"path": str(TPU_V5E / "widening_convert.xplane.pb")}
+    answer = tools.call("get_hlo_op_profile", arguments)
+    rows: list[str] = []  # every op row anywhere in the answer: a mapping naming an op and its time
+
+    def walk(value) -> None:
+        if isinstance(value, dict):
+            name = value.get("op", value.get("name"))
+            if isinstance(name, str) and ("total_ms" in value or "self_time_ms" in value):
+                rows.append(name)
+            for inner in value.values():
+                walk(inner)
+        elif isinstance(value, list):
+            for inner in value:
+                walk(inner)
+
+    walk(json.loads(tools.answer_text("get_hlo_op_profile", arguments, answer)))
+    assert answer["summary"]["distinct_ops"] == 4
+    assert sorted(rows) == sorted(row["op"] for row in answer["detail"]["ops"]) and len(set(rows)) == 4
+    xprof = answer["detail"]["xprof"]
+    assert xprof["idle_percent"] > 0 and xprof["detail"]["categories"], xprof
+
+
 def test_no_cache_keeps_nothing(tmp_path):
     env = {"XDIAG_LOCAL_CACHE_DIR": str(tmp_path / "cache")}
     done = _xdiag("tool", "get_kpi_metrics", str(H200 / "healthy.xplane.pb"), "--no-cache", cwd=tmp_path, env=env)
