@@ -401,6 +401,14 @@ def test_a_host_finding_takes_the_line_views_frames_where_its_follow_up_names_no
     assert lines == [] and "records no line" not in why and "jobs/train.py:52 in loop" in why
     lines, why = host_source_lines("recompilation", follow_up, 100.0, True, None, None)
     assert lines == [] and "records no line of the user's program" in why  # no line view: nothing it recorded
+    devices = ToolResult(tool="get_line_view", status=ToolStatus.OK, detail={"lines": [  # a sync on no traced frame
+        {"line": "jobs/train.py:30", "function": "step", "self_ms": 10.0, "self_percent": 50.0,
+         "kinds": {"host transfers": 9.0, "matmul": 1.0}, "top_ops": [{"op": "pure_callback.1", "ms": 9.0}]},
+        {"line": "jobs/train.py:31", "function": "step", "self_ms": 1.0, "self_percent": 5.0,
+         "kinds": {"host transfers": 0.1, "matmul": 0.9}}]})  # 0.5% of op time in copies: not what it waits on
+    lines, why = host_source_lines("host_sync", follow_up, 100.0, True, None, devices)
+    assert [(s.line, s.share_percent, s.host_ms, s.ops) for s in lines] == [("jobs/train.py:30", 50.0, None,
+                                                                              ["pure_callback.1"])]
 
 
 def test_a_host_wait_counts_once_under_the_innermost_user_frame_around_it():

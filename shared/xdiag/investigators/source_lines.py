@@ -104,10 +104,11 @@ NO_TORCH_HOST_LINE = (
     "torch.profiler.profile(..., with_stack=True, with_modules=True), started before the loop's function is called, "
     "to record it."
 )
+BEGAN_BEFORE = ("the frame that waits or dispatches began before the trace did, and the tracer records only frames "
+                "entered after it starts")
 TRACED_ELSEWHERE = (
-    "JAX's Python tracer recorded the user's frames ({named}), but none around this host-side time: the frame that "
-    "waits or dispatches began before the trace did, and the tracer records only frames entered after it starts. "
-    "To record the line, start the trace before the function that runs the loop is called "
+    "JAX's Python tracer recorded the user's frames ({named}), but none around this host-side time: " + BEGAN_BEFORE
+    + ". To record the line, start the trace before the function that runs the loop is called "
     "(jax.profiler.start_trace(log_dir), or `with jax.profiler.trace(log_dir):` around that call)."
 )
 """Where the line view ties host time to the user's lines, but none of the finding's kind: what it does record."""
@@ -117,10 +118,10 @@ HOST_KIND_OF = {"host_sync": "sync", "dispatch_overhead": "dispatch", "recompila
 for the host time of each host finding."""
 WAITED_ON_KIND = "host transfers"
 """The line view's op kind of the device's host callbacks and copies to the host: what a host sync waits for."""
+MIN_WAITED_ON_PERCENT = 1.0
+"""Of all op time: a line whose host callbacks or copies hold less is not what the host waits on."""
 NO_TRACER_WHY = "the capture holds no Python tracer events (the Python tracer was off)"
-NOT_ENCLOSED_WHY = ("JAX's Python tracer recorded no frame of the user's code around these events: the frame that "
-                    "waits or dispatches began before the trace did, and the tracer records only frames entered "
-                    "after it starts")
+NOT_ENCLOSED_WHY = "JAX's Python tracer recorded no frame of the user's code around these events: " + BEGAN_BEFORE
 
 
 def host_source_lines(key: str, result: ToolResult, profiled_ms: float, traced: bool, framework: str | None = None,
@@ -184,7 +185,9 @@ def line_view_host_lines(key: str, rows: list[dict], profiled_ms: float) -> list
     if not lines and key == "host_sync":
         for row in rows:
             kinds = row.get("kinds") if isinstance(row.get("kinds"), dict) else {}
-            if _number(kinds.get(WAITED_ON_KIND)) > 0 and not row.get("library") and _number(row.get("self_percent")):
+            waited_on = _number(kinds.get(WAITED_ON_KIND)) / _number(row.get("self_ms")) * _number(
+                row.get("self_percent")) if _number(row.get("self_ms")) else 0.0
+            if waited_on >= MIN_WAITED_ON_PERCENT and not row.get("library"):
                 lines.append(SourceLine(line=row["line"], function=str(row.get("function") or ""),
                                         share_percent=_number(row["self_percent"]),
                                         ops=[op["op"] for op in row.get("top_ops") or [] if isinstance(op, dict)]))
