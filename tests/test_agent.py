@@ -218,6 +218,104 @@ def test_mcp_analyze_writes_below_an_allowed_folder_or_the_cache_and_the_tools_a
     assert not list((tmp_path / "cache").glob("*/session.xdiag"))  # the tool decoded nothing
 
 
+EXAMPLES = TESTS.parent / "shared" / "xdiag" / "examples"
+
+
+def test_mcp_analyze_quotes_each_findings_code_from_a_source_root_inside_the_allowed_folders(tmp_path):
+    """MCP `analyze` with `source_root` (a checkout of the profiled program inside the allowed folders): each
+    finding carries its lines with their code, as `xdiag analyze --source-root` writes them in analysis.json, so the
+    agent sees what a finding is about without a second call; a source_root outside the folders, or no folder, is
+    refused with the reason."""
+    from mcp import Client
+
+    allowed = tmp_path / "allowed"
+    checkout = allowed / "checkout" / "workloads"  # the capture recorded /work/main/shared/xdiag/workloads/*.py
+    shutil.copytree(EXAMPLES, checkout)
+    shutil.copyfile(TPU_V5E / "layout_transpose.xplane.pb", allowed / "layout_transpose.xplane.pb")
+    (tmp_path / "outside").mkdir()
+
+    async def drive() -> None:
+        async with Client(_allowed_server(tmp_path, allowed), read_timeout_seconds=240, mode="legacy") as client:
+            analysed = _answer(await client.call_tool("analyze", {
+                "path": str(allowed / "layout_transpose.xplane.pb"), "out": str(allowed / "out"),
+                "source_root": str(allowed / "checkout")}))
+            top = analysed["findings"][0]
+            line = top["source_lines"][0]
+            number = int(line["line"].rpartition(":")[2])
+            assert top["key"] == "layout_copies" and line["line"].startswith("workloads/layout_transpose.py:")
+            assert line["code"] == (EXAMPLES / "layout_transpose.py").read_text().splitlines()[number - 1].strip()
+            assert line["code"].startswith("bdsh = jnp.transpose(")
+            stored = json.loads((allowed / "out" / "analysis.json").read_text())["diagnosis"]["findings"][0]
+            assert stored["source_lines"][0]["code"] == line["code"]  # one path: the analysis' own findings
+            for source_root, reason in ((tmp_path / "outside", "outside the folders this server may use"),
+                                        (allowed / "layout_transpose.xplane.pb", "not a folder")):
+                result = await client.call_tool("analyze", {"path": str(allowed / "layout_transpose.xplane.pb"),
+                                                            "out": str(allowed / "again"),
+                                                            "source_root": str(source_root)})
+                assert result.is_error and reason in result.content[0].text, result.content[0].text
+            assert not (allowed / "again").exists()
+
+    anyio.run(drive)
+
+
+def test_tools_list_as_the_client_receives_it_fits_its_bound(tmp_path):
+    """tools/list is paid by every session of a client: the JSON-RPC message on the wire, envelope included, under
+    TOOLS_LIST_BYTES (the SDK's model of the result, which the other test weighs, leaves the envelope out)."""
+    from xdiag.agent.mcp_server import TOOLS_LIST_BYTES
+
+    server = subprocess.Popen([sys.executable, "-m", "xdiag.cli", "mcp"], cwd=tmp_path, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                              env={**os.environ, "XDIAG_LOCAL_CACHE_DIR": str(tmp_path / "cache")})
+    try:
+        def ask(request_id: int, method: str, params: dict) -> bytes:
+            server.stdin.write(json.dumps({"jsonrpc": "2.0", "id": request_id, "method": method,
+                                           "params": params}).encode() + b"\n")
+            server.stdin.flush()
+            while json.loads(line := server.stdout.readline()).get("id") != request_id:
+                pass
+            return line
+
+        ask(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {},
+                              "clientInfo": {"name": "test", "version": "0"}})
+        server.stdin.write(b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n')
+        received = ask(2, "tools/list", {})
+        listed = json.loads(received)["result"]["tools"]
+        assert {tool["name"] for tool in listed} == set(REGISTRY) | MCP_OWN_TOOLS
+        assert len(received) <= TOOLS_LIST_BYTES, len(received)
+    finally:
+        server.kill()
+        server.wait(timeout=30)
+
+
+def test_the_op_profile_answers_each_ops_row_once(tmp_path):
+    """get_hlo_op_profile as an agent receives it, on a TPU profile of four ops with XProf's views: each op's row
+    once (main gave XProf's rows of the same ops by time, FLOPs and bytes beside detail.ops: each op four times),
+    and XProf's own figures (its idle time, its categories) still there."""
+    from xdiag.agent.mcp_server import XdiagTools
+
+    tools = XdiagTools(cache=None, max_bytes=2**30, stack_dir=tmp_path)
+    arguments = {"path": str(TPU_V5E / "widening_convert.xplane.pb")}
+    answer = tools.call("get_hlo_op_profile", arguments)
+    rows: list[str] = []  # every op row anywhere in the answer: a mapping naming an op and its time
+
+    def walk(value) -> None:
+        if isinstance(value, dict):
+            name = value.get("op", value.get("name"))
+            if isinstance(name, str) and ("total_ms" in value or "self_time_ms" in value):
+                rows.append(name)
+            for inner in value.values():
+                walk(inner)
+        elif isinstance(value, list):
+            for inner in value:
+                walk(inner)
+
+    walk(json.loads(tools.answer_text("get_hlo_op_profile", arguments, answer)))
+    assert answer["summary"]["distinct_ops"] == 4
+    assert sorted(rows) == sorted(row["op"] for row in answer["detail"]["ops"]) and len(set(rows)) == 4
+    xprof = answer["detail"]["xprof"]
+    assert xprof["idle_percent"] > 0 and xprof["detail"]["categories"], xprof
+
+
 def test_no_cache_keeps_nothing(tmp_path):
     env = {"XDIAG_LOCAL_CACHE_DIR": str(tmp_path / "cache")}
     done = _xdiag("tool", "get_kpi_metrics", str(H200 / "healthy.xplane.pb"), "--no-cache", cwd=tmp_path, env=env)

@@ -251,9 +251,9 @@ def test_a_pytorch_trace_puts_its_kernels_on_the_users_lines(trace):
     assert not any(t.key.startswith(("torch/", "threading.py")) for t in view.lines.values())
 
 
-def test_the_report_quotes_the_code_from_analyzes_source_root(tmp_path):
+def test_the_report_and_the_findings_quote_the_code_from_analyzes_source_root(tmp_path):
     """`xdiag analyze --source-root DIR`: the report's line view carries each line's code, read from the moved
-    checkout, in the row a reader opens."""
+    checkout, in the row a reader opens; each finding's lines in analysis.json carry the same code."""
     import html as html_lib
 
     checkout = tmp_path / "checkout" / "workloads"
@@ -268,6 +268,12 @@ def test_the_report_quotes_the_code_from_analyzes_source_root(tmp_path):
     number = int(top["line"].rpartition(":")[2])
     statement = (EXAMPLES / "widening_convert.py").read_text().splitlines()[number - 1].strip()
     assert top["code"] == statement and top["file"] == str(checkout / "widening_convert.py")
+    findings = json.loads((tmp_path / "out" / "analysis.json").read_text())["diagnosis"]["findings"]
+    quoted = {line["line"]: line.get("code") for f in findings for line in f["source_lines"]}
+    assert quoted[top["line"]] == statement  # the memory-bound finding's line: the narrowing astype
+    for key, code in quoted.items():
+        number = int(key.rpartition(":")[2])
+        assert code == (EXAMPLES / "widening_convert.py").read_text().splitlines()[number - 1].strip(), key
     page = (tmp_path / "out" / "summary.html").read_text()
     section = page[page.index('id="lines"'):page.index('id="hlo-op-profile"')]
     assert f"<code>{html_lib.escape(statement, quote=False)}</code>" in section.replace("&#34;", '"').replace(

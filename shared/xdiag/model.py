@@ -155,6 +155,7 @@ class SourceLine(BaseModel):
     fused_lines: list[str] = Field(default_factory=list)  # other user lines those ops fuse (a widening astype's)
     host_ms: float | None = None  # a host-side line (a Python frame): the host time it holds; share_percent is then
     # of the profiled steps' time
+    code: str = ""  # the line's code, where the analysis' line view read it (its file at hand, the version profiled)
 
 
 class Finding(BaseModel):

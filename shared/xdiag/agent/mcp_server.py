@@ -114,6 +114,9 @@ class XdiagTools:
                 "investigator": {"type": "string", "enum": ["rules", "gemini"],
                                  "description": "rules (built in, offline) or gemini (Vertex AI: VERTEX_PROJECT, "
                                                 "VERTEX_LOCATION, VERTEX_MODEL)"},
+                "source_root": {"type": "string", "max_length": 4096,
+                                "description": "the checkout holding the profiled program, for each finding's code "
+                                               "(as get_line_view's)"},
                 **paging}),
             ("list_sessions", LIST_SESSIONS_QUESTION, XdiagTools._list_sessions, {
                 "path": {"type": "string", "description": "An XProf log dir (…/plugins/profile/<session>/ below "
@@ -235,10 +238,25 @@ class XdiagTools:
         return result
 
     def _analyze(self, path: str, session: str | None = None, out: str | None = None,
-                 investigator: str = "rules") -> dict[str, Any]:
+                 investigator: str = "rules", source_root: str | None = None) -> dict[str, Any]:
+        from xdiag.analysis.line_view import SOURCE_ROOT_ENV
         from xdiag.cloud.embedded import analyze_session, build_embedded
+        from xdiag.profile.confined import resolved
 
         located = _located(path, session)
+        if source_root is not None:  # inside the roots (paths): the analysis reads the code there, as the CLI's does
+            root = resolved(Path(source_root).absolute())  # where reads are bounded: every link on the way inside
+            if not root.is_dir():
+                raise BadRequest(f"source_root {source_root}: not a folder")
+            before = os.environ.get(SOURCE_ROOT_ENV)
+            os.environ[SOURCE_ROOT_ENV] = str(root)
+            try:
+                return self._analyze(path, session, out, investigator)
+            finally:  # a worker makes one call; in process, the next call must not read this one's root
+                if before is None:
+                    del os.environ[SOURCE_ROOT_ENV]
+                else:
+                    os.environ[SOURCE_ROOT_ENV] = before
         investigators = {}
         if investigator == "gemini":
             from xdiag.investigators.gemini import gemini_factory
@@ -248,8 +266,6 @@ class XdiagTools:
                 investigators["gemini"] = gemini_factory(GeminiConfig.from_env())
             except ValueError as exc:
                 raise BadRequest(str(exc)) from None
-        from xdiag.profile.confined import resolved
-
         # where reads are bounded: the folder written is the one its links lead to, and that inside them
         target = resolved((Path(out) if out else Path("xdiag-out") / located.name).absolute())
         _check_out_folder(target)
@@ -266,7 +282,8 @@ class XdiagTools:
             "status": analysis.result.value if analysis.result else analysis.status,
             "summary": diagnosis.summary if diagnosis else "",
             "findings": [{"rank": i, "key": f.key, "priority": f.priority, "title": f.title,
-                          "expected_impact": f.expected_impact}
+                          "expected_impact": f.expected_impact, "source_lines": [_line_said(line) for line in
+                                                                                  f.source_lines]}
                          for i, f in enumerate(diagnosis.findings if diagnosis else [], 1)],
             "report": report,
             "analysis": str(target),
@@ -352,8 +369,9 @@ class XdiagTools:
 
 ANALYZE_QUESTION = ("The whole analysis of a profile session (`xdiag analyze`: the 19 broad tools, the "
                     "investigation, summary.html): the diagnosis (OPTIMAL or NEEDS_ATTENTION, the findings ranked "
-                    "P0-P2 with their expected impact), the report and the analysis folder (for explain_finding). "
-                    "Writes only that folder; the tools then answer from what it computed.")
+                    "P0-P2 with their expected impact and the lines of the program that hold them, with their "
+                    "code), the report and the analysis folder (for explain_finding). Writes only that folder; the "
+                    "tools then answer from what it computed.")
 LIST_SESSIONS_QUESTION = ("The profile sessions one can analyse: those of an XProf log dir (`path`: name, files, "
                           "bytes, and its analysis folder where there is one), or, without `path`, the "
                           "local stack's (`xdiag up`) runs and their sessions with status and report.")
@@ -381,6 +399,13 @@ def _located(path: str, session: str | None):
         raise BadRequest(str(exc)) from None
     except OSError as exc:  # a device, a folder one may not list
         raise BadRequest(f"{path}: not a profile ({exc.strerror or exc})") from None
+
+
+def _line_said(line) -> dict[str, Any]:
+    """A finding's source line as `analyze` answers it: where, how much, and its code (explain_finding has the
+    rest)."""
+    return line.model_dump(include={"line", "function", "library", "share_percent", "host_ms", "code"},
+                           exclude_defaults=True)
 
 
 def _check_out_folder(target: Path) -> None:

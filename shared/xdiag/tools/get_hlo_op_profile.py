@@ -52,7 +52,8 @@ def get_hlo_op_profile(session: Session, top_n: int = 20) -> ToolOutput:
     roof_basis (8-bit or f32 operands' own peak), operands_on_chip_inferred (bytes no HBM could carry in its time:
     no HBM rate shown), fed_by_async_copies (its operands prefetched into VMEM by a streaming program),
     prefetched_hbm_bytes_per_run (a prefetch wait: the array it brought across HBM), and for a custom kernel no cost
-    model gives: bytes_floor_per_run, achieved_gb_per_s_floor, floor_basis], categories_ms, xprof (device only)."""
+    model gives: bytes_floor_per_run, achieved_gb_per_s_floor, floor_basis], categories_ms, xprof (device only: XProf's
+    op_profile totals and categories; its op lists are detail.ops again, left out)."""
     stats = op_stats(session)
     if not stats:
         raise NotAvailable("the profile holds no XLA op executions (no hlo_op events on host threads or device planes)")
@@ -100,5 +101,16 @@ def get_hlo_op_profile(session: Session, top_n: int = 20) -> ToolOutput:
     source = host_plane_source(session) if session.platform == "CPU" else DEVICE_PLANE_SOURCE
     if session.platform != "CPU":
         view, reason = try_view(session, "hlo_op_profile", top_n=top_n)
-        detail["xprof"] = view if view is not None else {"available": False, "reason": reason}
+        detail["xprof"] = without_op_lists(view) if view is not None else {"available": False, "reason": reason}
     return ToolOutput(summary, detail, source)
+
+
+XPROF_OP_LISTS = ("top_ops_by_time", "top_ops_by_flops", "top_ops_by_bytes")
+"""XProf's op_profile ranks the same ops as detail.ops, with the same times, counts, FLOPs and bytes: said once."""
+
+
+def without_op_lists(view: dict) -> dict:
+    """XProf's op_profile as this tool gives it: its totals (idle time, core time) and its categories, which are its
+    own; its op lists left out, being detail.ops again."""
+    kept = {k: v for k, v in (view.get("detail") or {}).items() if k not in XPROF_OP_LISTS}
+    return {**view, "detail": kept}

@@ -18,7 +18,7 @@ from xdiag.investigators.rules.hypothesis import CallTool, Hypothesis
 from xdiag.investigators.rules.hypothesis import summary as tool_summary
 from xdiag.investigators.rules.ranking import MIN_FINDING_PERCENT, ranked
 from xdiag.investigators.rules.registry import Facts, ordered_rules
-from xdiag.investigators.source_lines import HOST_EVENT_FINDINGS, host_source_lines
+from xdiag.investigators.source_lines import HOST_EVENT_FINDINGS, LINE_VIEW, host_source_lines
 from xdiag.model import Diagnosis, FollowUpCall, Status, ToolResult
 
 __all__ = ["CallTool", "Hypothesis", "RuleEngine", "hypotheses"]
@@ -126,7 +126,8 @@ class RuleEngine:
                 traced = tool_summary(results, "get_step_trace").get("python_tracer_events_per_step")
                 framework = tool_summary(results, "get_device_information").get("framework")
                 hypothesis.host_lines, hypothesis.no_host_line = host_source_lines(
-                    hypothesis.key, result, (health.step_time_ms or 0) * (health.steps or 0), bool(traced), framework)
+                    hypothesis.key, result, (health.step_time_ms or 0) * (health.steps or 0), bool(traced), framework,
+                    results.get(LINE_VIEW))
         components.with_levers(found, Facts(health, results))  # each fix led by the lever that fits the program
         findings = [h.finding() for h in found]
         reasons = health.unhealthy_because
