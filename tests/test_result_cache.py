@@ -7,6 +7,8 @@ import json
 import os
 import shutil
 import stat
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -261,3 +263,28 @@ def test_processes_storing_and_trimming_at_once_keep_the_limit_and_true_records(
     recorded = {r.name: int(r.read_text().split()[0]) for r in (root / SIZES).iterdir()}
     assert actual and recorded and {name: actual.get(name) for name in recorded} == recorded
     assert sum(actual.values()) <= LIMIT
+
+
+def test_a_source_file_rewritten_with_the_same_size_and_mtime_is_another_code_version(tmp_path):
+    """The cache keys every answer by the versions of xdiag's source files (`code_digest`: path, size, mtime, ctime,
+    inode, not their bytes): a file rewritten in place, its size and mtime as they were, is another version; an
+    untouched tree is the same version in every process."""
+    import xdiag
+
+    copy = tmp_path / "xdiag"
+    shutil.copytree(Path(xdiag.__file__).parent, copy, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+
+    def digest() -> str:
+        return subprocess.run([sys.executable, "-c", "from xdiag.agent.result_cache import code_digest; "
+                               "print(code_digest())"], capture_output=True, text=True, check=True, timeout=120,
+                              env={**os.environ, "PYTHONPATH": str(tmp_path)}).stdout.strip()
+
+    before = digest()
+    assert before == digest()
+    source = copy / "tools" / "__init__.py"
+    info = source.stat()
+    text = source.read_text()
+    source.write_text(text.replace("a", "b", 1))
+    os.utime(source, ns=(info.st_atime_ns, info.st_mtime_ns))
+    assert source.stat().st_size == info.st_size and source.stat().st_mtime_ns == info.st_mtime_ns
+    assert digest() != before

@@ -175,6 +175,7 @@ def one_tool(
     if path is None:
         fail(f"xdiag tool {name}: PATH is missing (`xdiag tool {name} --help`)")
     from xdiag.agent.result_cache import ResultCache
+    from xdiag.cli.kept import given_args
     from xdiag.profile.locate import locate_session
 
     try:
@@ -182,7 +183,7 @@ def one_tool(
     except XdiagError as exc:
         fail(str(exc))
     cache = None if no_cache else ResultCache.from_env()
-    given = dict(item.partition("=")[::2] for item in arg or [])  # the arguments as typed: what answers are kept by
+    given = given_args(arg or [])
     kept = cache.answer(located.files, name, given) if cache is not None else None
     if kept is not None:  # only a tool that exists, called with arguments that passed, has an answer kept
         sys.stdout.write(kept)
