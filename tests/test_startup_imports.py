@@ -65,3 +65,10 @@ def test_a_cached_tool_call_in_another_form_runs_through_typer_with_the_same_ans
     missing, _ = _imported("tool", "get_step_trace", str(tmp_path / "missing.xplane.pb"), cwd=tmp_path, env=env)
     assert missing.returncode == 2 and "no such file or directory" in missing.stderr
     assert json.loads(first.stdout)["tool"] == "get_step_trace"
+
+
+def test_tool_without_a_name_prints_its_help_as_it_is(tmp_path):
+    """The help is click's plain text: printed as it is, its `[name]` and `<list[str]>` are not read as markup."""
+    done, _ = _imported("tool", cwd=tmp_path, env={})
+    assert done.returncode == 0
+    assert "tool [OPTIONS] [name] [path]" in done.stdout and "--arg <list[str]>" in done.stdout

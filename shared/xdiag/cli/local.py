@@ -2,7 +2,8 @@
 
 Each imports what it runs inside its body, so that `xdiag analyze` loads no cloud, control-plane or viewer module."""
 
-from __future__ import annotations
+# No `from __future__ import annotations`: typer would evaluate each command's annotations from their text, twice,
+# every time it builds the app (`xdiag --help` builds all 21 commands); here they are evaluated once, at import.
 
 import json
 import os
@@ -163,7 +164,7 @@ def one_tool(
     version (a second call answers from the cache); a failed answer is never kept."""
     if show_help or name is None:
         if name is None:
-            out.print(ctx.get_help(), highlight=False)
+            typer.echo(ctx.get_help())  # as it is: its `[name]`, `<list[str]>` are no markup
             return
         from xdiag.tools import REGISTRY
         from xdiag.tools.describe import help_text
