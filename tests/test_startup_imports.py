@@ -23,8 +23,9 @@ def _imported(*args: str, cwd: Path, env: dict[str, str]) -> tuple[subprocess.Co
     """The command's result and every module it imported (`-X importtime` writes one line a module on stderr)."""
     done = subprocess.run([sys.executable, "-X", "importtime", "-m", "xdiag.cli", *args], cwd=cwd, capture_output=True,
                           text=True, timeout=300, env={**os.environ, **env})
-    modules = {line.rpartition("|")[2].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
-    return done, modules - {"package"}  # (the header line's last column)
+    modules = {line.rpartition("|")[2].strip() for line in done.stderr.splitlines()
+               if line.startswith("import time:") and "self [us]" not in line}  # (not the header line)
+    return done, modules
 
 
 def _heavy(modules: set[str], heavy: tuple[str, ...]) -> list[str]:
