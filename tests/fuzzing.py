@@ -561,7 +561,7 @@ def _warm(mode: str, scratch: Path) -> None:
     import xdiag.profile.slim  # noqa: F401
 
     if mode != "reader":
-        import xdiag.cli  # noqa: F401
+        from xdiag.cli import app  # noqa: F401  (typer and the command families, which `import xdiag.cli` leaves)
         import xdiag.cloud.embedded  # noqa: F401
         import xdiag.agent.result_cache  # noqa: F401
     _reader_call(XPLANE_SEEDS[0], scratch)()

@@ -9,6 +9,7 @@ import os
 import shutil
 import stat
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -311,3 +312,28 @@ def test_a_profile_xprof_cannot_read_has_no_smart_suggestions_and_that_answer_is
     assert status == "not_available", text
     assert "XProf cannot read the profile" in json.loads(text)["reason"]
     assert cache.answer([profile], "get_smart_suggestions", {}) == text
+
+
+def test_a_source_file_rewritten_with_the_same_size_and_mtime_is_another_code_version(tmp_path):
+    """The cache keys every answer by the versions of xdiag's source files (`code_digest`: path, size, mtime, ctime,
+    inode, not their bytes): a file rewritten in place, its size and mtime as they were, is another version; an
+    untouched tree is the same version in every process."""
+    import xdiag
+
+    copy = tmp_path / "xdiag"
+    shutil.copytree(Path(xdiag.__file__).parent, copy, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+
+    def digest() -> str:
+        return subprocess.run([sys.executable, "-c", "from xdiag.agent.result_cache import code_digest; "
+                               "print(code_digest())"], capture_output=True, text=True, check=True, timeout=120,
+                              env={**os.environ, "PYTHONPATH": str(tmp_path)}).stdout.strip()
+
+    before = digest()
+    assert before == digest()
+    source = copy / "tools" / "__init__.py"
+    info = source.stat()
+    text = source.read_text()
+    source.write_text(text.replace("a", "b", 1))
+    os.utime(source, ns=(info.st_atime_ns, info.st_mtime_ns))
+    assert source.stat().st_size == info.st_size and source.stat().st_mtime_ns == info.st_mtime_ns
+    assert digest() != before

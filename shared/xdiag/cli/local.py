@@ -2,7 +2,8 @@
 
 Each imports what it runs inside its body, so that `xdiag analyze` loads no cloud, control-plane or viewer module."""
 
-from __future__ import annotations
+# No `from __future__ import annotations`: typer would evaluate each command's annotations from their text, twice,
+# every time it builds the app (`xdiag --help` builds all 21 commands); here they are evaluated once, at import.
 
 import json
 import os
@@ -163,7 +164,7 @@ def one_tool(
     version (a second call answers from the cache); a failed answer is never kept."""
     if show_help or name is None:
         if name is None:
-            out.print(ctx.get_help(), highlight=False)
+            typer.echo(ctx.get_help())  # as it is: its `[name]`, `<list[str]>` are no markup
             return
         from xdiag.tools import REGISTRY
         from xdiag.tools.describe import help_text
@@ -176,6 +177,7 @@ def one_tool(
         fail(f"xdiag tool {name}: PATH is missing (`xdiag tool {name} --help`)")
     from xdiag.agent.result_cache import ResultCache
     from xdiag.analysis.source_code import allow_recorded_paths
+    from xdiag.cli.kept import given_args
 
     allow_recorded_paths()
     from xdiag.profile.locate import locate_session
@@ -185,7 +187,7 @@ def one_tool(
     except XdiagError as exc:
         fail(str(exc))
     cache = None if no_cache else ResultCache.from_env()
-    given = dict(item.partition("=")[::2] for item in arg or [])  # the arguments as typed: what answers are kept by
+    given = given_args(arg or [])
     kept = cache.answer(located.files, name, given) if cache is not None else None
     if kept is not None:  # only a tool that exists, called with arguments that passed, has an answer kept
         sys.stdout.write(kept)

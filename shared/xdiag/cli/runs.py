@@ -1,7 +1,8 @@
 """The control plane's commands (the cloud, or the local stack): capture, continuous profiling, runs, sessions, share
 links and monitored events; and XProf's viewer over every run's sessions (view)."""
 
-from __future__ import annotations
+# No `from __future__ import annotations`: typer would evaluate each command's annotations from their text, twice,
+# every time it builds the app (`xdiag --help` builds all 21 commands); here they are evaluated once, at import.
 
 import functools
 import json

@@ -1,6 +1,7 @@
 """The event-driven pipeline: the local stack (up, down), uploads, its status, publishing a capture."""
 
-from __future__ import annotations
+# No `from __future__ import annotations`: typer would evaluate each command's annotations from their text, twice,
+# every time it builds the app (`xdiag --help` builds all 21 commands); here they are evaluated once, at import.
 
 import json
 import sys

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import functools
-import importlib.metadata
 import math
 import os
 import re
@@ -88,6 +87,8 @@ def xprof_version() -> str | None:
     try:
         from xprof.version import __version__
     except ImportError:
+        import importlib.metadata  # here: 20 ms of imports (email's) that a cached `xdiag tool` answer never needs
+
         try:
             return importlib.metadata.version("xprof")
         except importlib.metadata.PackageNotFoundError:
