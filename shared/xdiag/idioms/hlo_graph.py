@@ -15,8 +15,10 @@ from functools import cached_property
 
 from xdiag.profile.space import HloComputation, HloInstruction, HloModule
 
-SHAPE_ONLY = frozenset({"convert", "bitcast", "bitcast-convert", "reshape", "copy", "broadcast", "transpose"})
-"""Ops that change a value's type, shape or layout but not which of its elements are set."""
+SHAPE_ONLY = frozenset({"convert", "bitcast", "bitcast-convert", "reshape", "copy", "broadcast", "transpose",
+                        "copy-start", "copy-done"})
+"""Ops that change a value's type, shape, layout or memory (a TPU's copy into on-chip memory) but not which of its
+elements are set."""
 DEPTH = 12
 """How many producers a walk follows: the chains that build a one-hot or a mask are a handful of ops long."""
 DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2,
@@ -126,7 +128,7 @@ class Graph:
                     user_site = Site(current.computation, user)
                     if user.opcode in ("get-tuple-element", *SHAPE_ONLY):
                         nxt.append(user_site)
-                    elif user.opcode == "fusion" and user.called:
+                    elif user.opcode in ("fusion", "async-start") and user.called:
                         called = self.module.computations.get(user.called[0])
                         if called is None:
                             continue
@@ -161,7 +163,8 @@ class Graph:
                 return "triangular"
             if len(iotas) == 1 and ins.comparison == "EQ":
                 other = right if iotas[0] is left else left
-                if other.instruction.dtype.startswith(("s", "u")) and other.instruction.opcode != "constant":
+                # indices: an integer array (an argument, or a constant one the program closed over), not one value
+                if other.instruction.dtype.startswith(("s", "u")) and other.instruction.dims:
                     return "one_hot"
             return None
         if self._constant(site):

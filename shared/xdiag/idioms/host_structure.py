@@ -16,24 +16,13 @@ from __future__ import annotations
 import re
 
 from xdiag.idioms.catalogue import Match, idiom
-from xdiag.idioms.program import Program
+from xdiag.idioms.program import Program, calls_per_step_of
 from xdiag.profile.space import HloModule
 
 MIN_CALLS_PER_STEP = 4.0
 MIN_IDLE_PERCENT = 30.0
 """The device idles at least this share of the step before the loop's structure is its time."""
 CALLBACK = re.compile(r"pure_callback|io_callback|debug_callback|callback")
-
-
-def _calls_per_step(program: Program) -> list[tuple[str, float]]:
-    """Each program's executions per step (its most-run op's runs over the steps), most first."""
-    steps = float(program.step.get("steps") or 0)
-    if steps <= 0:
-        return []
-    runs: dict[str, int] = {}
-    for (module, _), count in program.runs.items():
-        runs[module] = max(runs.get(module, 0), count)
-    return sorted(((m, n / steps) for m, n in runs.items()), key=lambda kv: -kv[1])
 
 
 def _module(program: Program, key: str) -> HloModule | None:
@@ -78,40 +67,51 @@ def _entry_shapes(module: HloModule | None) -> list[str]:
 def python_loop_of_calls(program: Program) -> list[Match]:
     step = program.step
     idle = float(step.get("device_idle_percent") or 0.0)
-    calls = _calls_per_step(program)
+    calls = calls_per_step_of(program)
     if not calls or idle < MIN_IDLE_PERCENT:
         return []
     key, per_step = calls[0]
     dispatches = float(step.get("dispatches_per_step_mean") or 0.0)
     syncs = float(step.get("syncs_per_step_mean") or 0.0)
-    if per_step < MIN_CALLS_PER_STEP or dispatches < MIN_CALLS_PER_STEP:
+    launch = float(step.get("dispatch_percent") or 0.0) + float(step.get("host_sync_percent") or 0.0)
+    # Without step marks each call is read as a step of its own: the loop shows as steps of one call whose launch
+    # and wait take more of it than the device's work.
+    one_call_steps = dispatches <= 1.5 and per_step <= 1.5 and launch >= MIN_IDLE_PERCENT and \
+        float(step.get("steps") or 0) >= 2 * MIN_CALLS_PER_STEP
+    if not one_call_steps and (per_step < MIN_CALLS_PER_STEP or dispatches < MIN_CALLS_PER_STEP):
         return []
     module = _module(program, key)
     line, function = _function_line(program, module)
     shapes = _entry_shapes(module)
     if _eager(program, calls):
         return []  # eager_ops
-    reads = syncs >= per_step / 2
-    one_row = bool(shapes) and all(s.split("[")[1].startswith("1,") or s.endswith("[1]") for s in shapes[:1]
-                                   if "[" in s and s.split("[")[1] != "]")
+    reads = syncs >= per_step / 2 and syncs >= 0.5
+    one_row = any(re.fullmatch(r"[a-z0-9]+\[1,\d+(,\d+)*\]", s) for s in shapes)  # a request of one row
     name = key.split("(")[0]
     reads_text = "one blocking read" if syncs == 1 else f"{syncs:.3g} blocking reads"
-    if reads:
-        change = (f"move the Python loop that calls {name} ({per_step:.3g} calls and {syncs:.3g} reads of a value per "
-                  f"step) into one jitted function: jax.lax.fori_loop(0, n, body, state) for a fixed count, or "
+    counted = (f"{per_step:.3g} calls and {syncs:.3g} reads of a value per step" if not one_call_steps else
+               f"{float(step.get('steps') or 0):.0f} calls in the capture, each read as a step")
+    if one_row:
+        change = (f"make one call of {name} on the whole batch instead of one call per row: stack the inputs "
+                  f"(jnp.stack) and call jax.vmap({function or name.removeprefix('jit_')}) on them, or write "
+                  f"{function or 'the function'} for a batch")
+    elif reads:
+        change = (f"move the Python loop that calls {name} ({counted}) into one jitted function: jax.lax.fori_loop(0, n, body, state) for a fixed count, or "
                   f"jax.lax.while_loop(cond, body, state) with the test the loop makes on the value read back as "
                   f"cond; read the result once after the loop")
-    elif one_row:
-        change = (f"make one call of {name} on the whole batch instead of {per_step:.3g} calls of one row each: "
-                  f"stack the inputs (jnp.stack) and call jax.vmap({function or name.removeprefix('jit_')}) on them, "
-                  f"or write {function or 'the function'} for a batch")
     else:
-        change = (f"run the {per_step:.3g} calls of {name} per step inside one jitted function (jax.lax.scan over "
-                  f"the inputs, or jax.vmap where the calls are independent), so one program runs them back to back")
+        change = (f"move the Python loop that calls {name} ({counted}) into one jitted function: "
+                  f"jax.lax.fori_loop(0, n, body, state) where each call feeds the next, jax.lax.scan over the "
+                  f"inputs, or jax.vmap where the calls are independent, so one program runs them back to back")
+    device_us = 1e3 * float(step.get("step_time_ms_mean") or 0.0) * (100.0 - idle) / 100 / max(per_step, 1.0)
+    runs = (f"runs {per_step:.3g} times per step, dispatched {dispatches:.3g} times from Python with {reads_text} of "
+            f"a value per step" if not one_call_steps else
+            f"is called {float(step.get('steps') or 0):.0f} times in the capture, each call a step of its own as the "
+            f"profile reads it (no step marks), with {device_us:.3g} µs of device work per call, "
+            f"{launch:.3g}% of each in its launch and wait")
     return [Match(
         "python_loop_of_calls", idle,
-        f"the program {name} (its arguments {', '.join(shapes[:3]) or 'not recorded'}) runs {per_step:.3g} times per "
-        f"step, dispatched {dispatches:.3g} times from Python with {reads_text} of a value per step, and the device "
+        f"the program {name} (its arguments {', '.join(shapes[:3]) or 'not recorded'}) {runs}, and the device "
         f"idles {idle:g}% of the step between calls",
         module=key, line=line, function=function,
         params={"change": change, "calls": round(per_step, 1)},
@@ -136,7 +136,7 @@ def eager_ops(program: Program) -> list[Match]:
     step = program.step
     idle = float(step.get("device_idle_percent") or 0.0)
     dispatches = float(step.get("dispatches_per_step_mean") or 0.0)
-    eager = _eager(program, _calls_per_step(program))
+    eager = _eager(program, calls_per_step_of(program))
     if not eager or idle < MIN_IDLE_PERCENT or dispatches < MIN_CALLS_PER_STEP:
         return []
     lines: dict[tuple[str, str], float] = {}
@@ -162,10 +162,11 @@ def eager_ops(program: Program) -> list[Match]:
 
 
 @idiom("recompile_per_shape", "host_structure",
-       "A jitted program is compiled again for each new argument shape",
+       "A jitted program is compiled again inside the steps",
        "{change}",
-       "jax.jit compiles once per distinct argument shape: a shape that changes between calls makes every such call "
-       "compile, and the device waits for the compiler",
+       "jax.jit compiles once per distinct function, argument shape and static value: a shape, a function object or "
+       "a baked-in Python value that changes between calls makes every such call compile, and the device waits for "
+       "the compiler",
        gain=(0.8, 1.0))
 def recompile_per_shape(program: Program) -> list[Match]:
     step = program.step
@@ -181,14 +182,25 @@ def recompile_per_shape(program: Program) -> list[Match]:
         return []
     shapes = [_entry_shapes(m) for m in sorted(modules, key=lambda m: m.program_id)]
     changing = [k for k in range(min(len(s) for s in shapes)) if len({s[k] for s in shapes}) > 1]
+    line, function = _function_line(program, modules[0])
+    stem = name.removeprefix("jit_")
+    idle = float(step.get("device_idle_percent") or share)
     if not changing:
-        return []
+        change = (f"jit {stem} once, outside the loop (update = jax.jit({stem}) at module level), and pass what "
+                  f"changes between calls as an argument of array type (a jnp.asarray(lr) operand), not through "
+                  f"functools.partial, a lambda or a closure made per call: each new function object or Python value "
+                  f"is a new trace and compile; static_argnums would compile again for every new value")
+        return [Match(
+            "recompile_per_shape", max(share, min(idle, 100.0)),
+            f"the program {name} was compiled {len(modules)} times in the capture ({compiles:g} compiles per step, "
+            f"{share:g}% of the step) with the same argument shapes ({', '.join(shapes[0][:3])}): what changes is "
+            "the function or a constant baked into it, not a shape",
+            module=name, line=line, function=function, params={"change": change},
+            facts={"compiles": len(modules), "compiles_per_step": compiles, "compile_percent": share})]
     position = changing[0]
     sizes = sorted({_leading_change(s[position], shapes[0][position]) for s in shapes} - {None})
     steps_of_one = len(sizes) > 2 and all(b - a == 1 for a, b in zip(sizes, sizes[1:]))
     seen = ", ".join(sorted({s[position] for s in shapes}, key=_natural)[:4])
-    line, function = _function_line(program, modules[0])
-    stem = name.removeprefix("jit_")
     if steps_of_one:
         change = (f"give {stem}'s argument {position} a fixed size: allocate the whole buffer once (its final length) "
                   f"and write each new element at a position, buf = jax.lax.dynamic_update_slice(buf, x, (i, ...)) "
@@ -198,7 +210,6 @@ def recompile_per_shape(program: Program) -> list[Match]:
         change = (f"pad argument {position} of {stem} to a few fixed sizes (bucket the lengths, e.g. to the next "
                   f"multiple of 64 or power of two) and mask the padding, so {name} compiles once per bucket; "
                   f"check with jax.config.update('jax_log_compiles', True) which argument changes")
-    idle = float(step.get("device_idle_percent") or share)
     return [Match(
         "recompile_per_shape", max(share, min(idle, 100.0)),
         f"the program {name} was compiled {len(modules)} times in the capture ({compiles:g} compiles per step, {share:g}% of the "

@@ -88,3 +88,14 @@ class Program:
         if source is None or source.user is None:
             return "", ""
         return source.user.short, source.user.function
+
+
+def calls_per_step_of(program: Program) -> list[tuple[str, float]]:
+    """Each program's executions per step (its most-run op's runs over the steps), most first."""
+    steps = float(program.step.get("steps") or 0)
+    if steps <= 0:
+        return []
+    runs: dict[str, int] = {}
+    for (module, _), count in program.runs.items():
+        runs[module] = max(runs.get(module, 0), count)
+    return sorted(((m, n / steps) for m, n in runs.items()), key=lambda kv: -kv[1])

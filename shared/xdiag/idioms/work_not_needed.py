@@ -56,7 +56,9 @@ def structured_matmul(program: Program) -> list[Match]:
             for position in (0, 1):
                 operand = graph.operand(site, position)
                 kind = graph.mask_kind(operand)
-                if kind is None:
+                if kind is None or (kind == "triangular" and program.platform == "TPU"):
+                    # On a TPU v5e jnp.cumsum (a reduce-window) took 7% longer than the triangular matmul it would
+                    # replace (docs/reference/measurements.md#running-sum-on-a-tpu): no change to offer there.
                     continue
                 matrix = graph.origin(operand)
                 other = graph.operand(site, 1 - position)
@@ -65,7 +67,7 @@ def structured_matmul(program: Program) -> list[Match]:
                 built = matrix.instruction
                 shape = operand.instruction if operand is not None else built
                 values = max(shape.dims) if shape.dims else 0
-                rows = min(shape.dims) if len(shape.dims) >= 2 else 0
+                rows = elements(shape.dims) // max(values, 1)
                 if values < 64:  # a small mask costs little whatever it stands for
                     continue
                 out = site.instruction
@@ -139,16 +141,12 @@ def full_sort(program: Program) -> list[Match]:
             if not dims or axis >= len(dims):
                 continue
             n = dims[axis]
-            kept = []
-            for user in graph.users(site):
-                if user.instruction.opcode not in ("slice", "dynamic-slice"):
-                    kept = []
-                    break
-                user_dims = user.instruction.dims
-                kept.append(user_dims[axis] if axis < len(user_dims) else n)
+            rows = max(elements(dims) // max(n, 1), 1)
+            # Every read of the sorted arrays is a slice, gather or select of a few elements per row: the top k.
+            kept = [elements(u.instruction.dims) // rows for u in graph.users(site)]
             if not kept or n < 256 or max(kept) * 4 > n:
                 continue
-            k = max(kept)
+            k = max(max(kept), 1)
             timed = graph.timed_op(site)
             stake = program.step_percent(program.time_ms(graph.module, [timed]))
             if stake < MIN_STAKE_PERCENT:
@@ -167,6 +165,27 @@ def full_sort(program: Program) -> list[Match]:
     return out
 
 
+def _loop_body_ops(graph: Graph):
+    """The ops a while loop's body runs (each timed on its own): matmuls, and fusions that multiply by an operand."""
+    for site in graph.sites():
+        if site.instruction.opcode in ("fusion", *MATMUL_OPCODES) and graph.loop_of(site.computation) is not None \
+                and site.computation.name not in graph.top_level:
+            yield site
+
+
+def _op_kind(graph: Graph, site) -> str:
+    """'dot', or a fusion named by what it holds ('fusion holding a dot', 'fusion multiplying and reducing')."""
+    ins = site.instruction
+    if ins.opcode != "fusion" or not ins.called or ins.called[0] not in graph.module.computations:
+        return ins.opcode
+    inner = {i.opcode for i in graph.module.computations[ins.called[0]].instructions}
+    if inner & set(MATMUL_OPCODES):
+        return f"{ins.name} (a fusion holding a matmul)"
+    if {"multiply", "reduce"} <= inner:
+        return f"{ins.name} (a fusion that multiplies and reduces: a matrix-vector product)"
+    return ins.name
+
+
 MIN_WEIGHT_BYTES = 1 << 20
 """A loop-invariant matrix smaller than this is re-read from on-chip memory or costs little."""
 MAX_ROWS_PER_TRIP = 16
@@ -183,43 +202,49 @@ weights: one matmul over all rows reads them once."""
        "weights are read once and the matrix units see full tiles",
        gain=(0.6, 0.95))
 def loop_invariant_weights(program: Program) -> list[Match]:
+    """A matmul (or XLA's multiply-and-reduce form of a matrix-vector product) inside a loop whose weight operand
+    the loop passes on unchanged, with a few rows per trip."""
     out: dict[tuple[str, str], Match] = {}
     for graph in program.graphs:
-        for site in _matmul_sites(graph):
-            for position in (0, 1):
+        for site in _loop_body_ops(graph):
+            for position in range(len(site.instruction.operands)):
                 weights = graph.loop_invariant(graph.operand(site, position))
-                other = graph.operand(site, 1 - position)
-                if weights is None or other is None or nbytes(weights.instruction) < MIN_WEIGHT_BYTES:
+                if weights is None or nbytes(weights.instruction) < MIN_WEIGHT_BYTES:
                     continue
                 loop = graph.loop_of(weights.computation)
-                out_elements = elements(site.instruction.dims)
+                out_elements = elements(site.instruction.dims or (site.instruction.tuple_shapes[0][1]
+                                                                  if site.instruction.tuple_shapes else ()))
                 weight_dims = weights.instruction.dims
                 per_trip_rows = out_elements // max(weight_dims[-1] if weight_dims else 1, 1)
-                if loop is None or per_trip_rows > MAX_ROWS_PER_TRIP:
+                if loop is None or not 1 <= per_trip_rows <= MAX_ROWS_PER_TRIP or len(weight_dims) < 2 or \
+                        not loop.trip_count or \
+                        weight_dims[0] == loop.trip_count:  # the rows the loop slices one per trip (lax.map's xs)
                     continue
-                timed = graph.timed_op(site)
-                key = (graph.module.name, timed)
-                if key in out:
+                key = (graph.module.name, loop.name)
+                match = out.get(key)
+                if match is not None:
+                    match.facts["weight_matrices"] = match.facts.get("weight_matrices", 1) + 1
                     continue
-                ms = program.time_ms(graph.module, [timed])
-                runs = program.runs.get((program.module_key(graph.module), timed), 0)
+                body = weights.computation
+                module_key = program.module_key(graph.module)
+                timed = [i.name for i in body.instructions if (module_key, i.name) in program.op_ms]
+                runs = program.runs.get((module_key, graph.timed_op(site)), 0)
                 trips = loop.trip_count or 0
                 loops = runs // trips if trips else 0
-                needed = program.roof_ms(flops=2.0 * elements(site.instruction.dims) * max(weight_dims[:1] or (1,))
-                                         * runs, hbm_bytes=nbytes(weights.instruction) * max(loops, 1)) \
-                    if trips else None
+                # Read once per execution of the loop instead of once per trip, at the device's bandwidth.
+                needed = program.roof_ms(hbm_bytes=nbytes(weights.instruction) * loops) if loops else None
                 line, function = program.line_of(graph, site)
                 out[key] = Match(
-                    "loop_invariant_weights", program.step_percent(ms),
-                    f"{site.instruction.opcode} of {weights.instruction.shape_text} (passed unchanged through the "
-                    f"loop {loop.name}, {nbytes(weights.instruction) / 2**20:.3g} MiB) with {per_trip_rows} row(s) "
-                    f"per trip, {runs} runs" + (f" ({trips} trips per loop)" if trips else "")
-                    + (f" at {line}" if line else ""),
-                    module=program.module_key(graph.module), ops=[timed], line=line, function=function,
+                    "loop_invariant_weights", program.step_percent(program.time_ms(graph.module, timed)),
+                    f"the loop {loop.name} runs {trips or 'its'} trips per execution, and each trip multiplies "
+                    f"{per_trip_rows} row(s) by weights it passes on unchanged: {_op_kind(graph, site)} reads "
+                    f"{weights.instruction.shape_text.split('{')[0]} ({nbytes(weights.instruction) / 2**20:.3g} MiB) "
+                    "on every trip" + (f", at {line}" if line else ""),
+                    module=module_key, ops=timed[:16], line=line, function=function,
                     needed_percent=program.step_percent(needed) if needed is not None else None,
                     work_ratio=float(trips) if trips else None,
                     params={"trips": trips or "its", "weights": weights.instruction.shape_text.split("{")[0],
                             "rows": per_trip_rows},
                     facts={"weight_bytes": nbytes(weights.instruction), "rows_per_trip": per_trip_rows,
-                           "runs": runs, "loop": loop.name})
+                           "loop_runs": loops, "weight_matrices": 1})
     return [m for m in out.values() if m.stake_percent >= MIN_STAKE_PERCENT]

@@ -20,6 +20,7 @@ SUPERSEDES = {
                   "unfused_kernels"),
     "recompile_per_shape": ("recompilation", "dispatch_overhead", "warm_up", "low_utilization", "device_idle"),
     "callback_in_step": ("host_sync", "device_idle", "low_utilization"),
+    "linear_algebra": ("opaque_kernel",),
 }
 """Host-structure idioms, and the findings whose measured slice is part of the time the idiom's change removes."""
 COVERED_BY_OPS = ("memory_bound", "low_kernel_efficiency", "layout_copies", "unfused_data_movement",
