@@ -84,17 +84,17 @@ _ALL = [
     Workload(
         "dispatch_bound",
         "un-jitted op-by-op code: hundreds of tiny eager jnp ops per step, time is per-op dispatch overhead",
-        "dispatch_overhead",
+        "eager_ops",
     ),
     Workload(
         "recompilation",
         "jitted function called with a new batch size every step, so XLA recompiles every step",
-        "recompilation",
+        "recompile_per_shape",
     ),
     Workload(
         "host_sync",
         "step blocks on device->host transfers (float(loss), np.asarray) and a host callback inside the jit",
-        "host_sync",
+        "python_loop_of_calls",
     ),
     Workload(
         "memory_bound",
@@ -177,7 +177,7 @@ WORKLOADS: dict[str, Workload] = {w.name: w for w in _ALL}
 # real models. They run on a CPU too (scaled down, for the driver's own test), but the suite captures only WORKLOADS
 # there; their TPU captures are committed under tests/profiles/tpu_v5e/ (see its README).
 _ACCELERATOR = [
-    Workload("host_callback_step", "a pure_callback inside the jitted step (TPU: send/recv to the host)", "host_sync"),
+    Workload("host_callback_step", "a pure_callback inside the jitted step (TPU: send/recv to the host)", "callback_in_step"),
     Workload("host_transfers", "device_put of a 64 MiB numpy batch and np.asarray of the result every step",
              "memory_transfers"),
     Workload("host_offload", "three 64 MiB buffers in pinned_host memory copied to HBM and back inside each step",

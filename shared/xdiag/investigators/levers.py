@@ -115,9 +115,10 @@ PREMISES: dict[str, Premise] = {
         "which call blocks: a float()/.item() on a device value, or a block_until_ready"),
     "head_dim_at_least_128": Premise(
         _head_dim_at_least(128),
-        "the attention's head_dim is under 128 (read from its q/k/v shapes): at head_dim 64 with the kernel's "
-        "default 128 blocks a Flax training step took 104 ms instead of 52 (fix trial gpt2_train_linen), and no "
-        "block size was measured that recovers it",
+        "the attention's head_dim is under 128 (read from its q/k/v shapes): on a TPU v5e, at head_dim 64 with the "
+        "kernel's default 128 blocks, a Flax GPT-2 training step took 104 ms instead of 52 "
+        "(docs/reference/measurements.md#flash-attention-at-head-dim-64), and no block size was measured that "
+        "recovers it",
         "the attention's head_dim (the last dimension of q, k and v): at 64 the kernel doubled a training step"),
     "keras_mask_concrete": Premise(
         lambda a, c: None, "",
@@ -167,7 +168,8 @@ LEVERS: tuple[Lever, ...] = (
           "not masked): that is the path of Keras 3.15.1 (keras/src/backend/jax/nn.py dot_product_attention) that "
           "reaches the Splash kernel under jit. Not is_causal=True, nor keras.layers.MultiHeadAttention("
           "use_causal_mask=True): Keras then builds the mask with jnp.tril, a Tracer under jit, and falls back to "
-          "XLA attention, which still writes the scores (fix trial prefill_keras: 2.8× slower)",
+          "XLA attention, which still writes the scores (on a TPU v5e a Keras prefill step took 2.8× as long: "
+          "docs/reference/measurements.md#keras-causal-attention)",
           ("not_a_pallas_kernel", "keras_mask_concrete"), gap="unmeasured"),
     Lever("cudnn_attention_gpu", "materialised_attention", ("materialised_attention", "memory_bound",
                                                             "low_kernel_efficiency"),
@@ -185,8 +187,8 @@ LEVERS: tuple[Lever, ...] = (
           JAX_FAMILY, ("TPU",),
           "raise pages_per_compute_block{paged_block} in the jax.experimental.pallas.ops.tpu.paged_attention."
           "paged_attention(q, k_pages, v_pages, lengths, page_indices, pages_per_compute_block=...) call at {line} (on "
-          "a v5e 16 → 64 realized 32% shorter steps, 2 → 16 64.7% in fix trial paged_decode_raw and 4 → 32 66.3% in "
-          "paged_decode_nnx; it must divide the pages per sequence), and give the KV cache larger pages so each copy "
+          "a TPU v5e 16 → 64 took 32% off a decode step, 2 → 16 64.7% and 4 → 32 66.3% off two others: "
+          "docs/reference/measurements.md#paged-attention-blocks; it must divide the pages per sequence), and give the KV cache larger pages so each copy "
           "from HBM is longer",
           ("far_below_roof",), gain=(0.4, 0.8), gap="below_roof", trial="paged_attention_decode"),
     Lever("ragged_paged_attention_block", "ragged_paged_attention",
@@ -194,9 +196,10 @@ LEVERS: tuple[Lever, ...] = (
           "leave num_kv_pages_per_block and num_queries_per_block out of the jax.experimental.pallas.ops.tpu."
           "ragged_paged_attention.ragged_paged_attention(...) call at {line}, so the kernel takes them from its tuned "
           "table (tuned_block_sizes.get_tuned_block_sizes; for shapes it has no entry for, 128 KV pages capped at the "
-          "pages per sequence, and 32 queries): on a v5e that took 55.3% off fix trial moe_serve_raw's step where "
-          "raising them from 2 and 16 to 16 and 32 took 50.1%; where you set them, raise both (8 → 32 KV pages "
-          "realized 31%), so each grid step copies more KV pages per DMA",
+          "pages per sequence, and 32 queries): on a TPU v5e that took 55.3% off a serving step where raising them "
+          "from 2 and 16 to 16 and 32 took 50.1%; where you set them, raise both (8 → 32 KV pages took 31%: "
+          "docs/reference/measurements.md#ragged-paged-attention-blocks), so each grid step copies more KV pages "
+          "per DMA",
           ("far_below_roof",), gain=(0.9, 1.4), gap="below_roof", trial="ragged_attention_serve"),
     Lever("megablox_tiling", "grouped_matmul", ("memory_bound", "low_kernel_efficiency", "bounded_efficiency"),
           JAX_FAMILY, ("TPU",),
@@ -323,7 +326,7 @@ class Offer:
     def record(self) -> dict[str, Any]:
         return {"lever": self.lever.key, "change": self.change, "to_check": self.unchecked,
                 "gain_percent_of_step": list(self.gain_percent) if self.gain_percent else None,
-                "gain_basis": self.gap_basis, "trial": self.lever.trial or None}
+                "gain_basis": self.gap_basis}
 
 
 def _family(framework: str | None) -> str:

@@ -36,10 +36,11 @@ from xdiag.profile.space import (
     TimeColumn,
 )
 
-MAGIC = b"XDIAGS04"
+MAGIC = b"XDIAGS05"
 """Its last two digits: the version of the layout and of what the reader stores (02: a Kineto trace's CPU ops carry
 their recorded inputs, costed by the analysis, not their FLOPs; 03: an HLO module's donated parameters; 04: its
-Python stack frames); a file of another version is refused."""
+Python stack frames; 05: parameter numbers, tuple indices, comparisons, dimensions and each computation's root, which
+the idiom recognisers read); a file of another version is refused."""
 FILE_SUFFIX = f".s{MAGIC[-2:].decode()}.xdiag"
 """A stored session's file name ends with its version, so that files of an earlier version, left in a bucket by a
 deploy before, are never looked for (they are decoded again, not refused)."""
@@ -86,7 +87,8 @@ def module_from_record(record: dict[str, Any]) -> HloModule:
     """The HLO module of a `module_record`."""
     return HloModule(
         name=record["name"], program_id=record["program_id"], entry=record["entry"], host=record["host"],
-        computations={n: HloComputation(n, [_instruction(r) for r in rows]) for n, rows in record["computations"].items()},
+        computations={n: HloComputation(n, [_instruction(r) for r in rows], record.get("roots", {}).get(n, ""))
+                      for n, rows in record["computations"].items()},
         donated_parameters=frozenset(record["donated_parameters"]),
         stack_frames=tuple(tuple(f) for f in record["stack_frames"]),
     )
@@ -105,11 +107,13 @@ def module_record(module: HloModule) -> dict[str, Any]:
                  i.memory_space,
                  list(i.kernel_cost_estimate), list(i.tuple_memory_spaces), i.is_host_transfer, list(i.operand_precision),
                  list(i.attention_scores), i.attention_causal, i.conv_is_matrix_product, i.kernel_position_mask,
-                 i.stack_frame_id, i.trip_count]
+                 i.stack_frame_id, i.trip_count, i.parameter_number, i.tuple_index, i.comparison,
+                 list(i.dimensions)]
                 for i in computation.instructions
             ]
             for name, computation in module.computations.items()
         },
+        "roots": {name: computation.root for name, computation in module.computations.items()},
         "stack_frames": [list(f) for f in module.stack_frames],
     }
 
@@ -232,6 +236,7 @@ def _instruction(row: list) -> HloInstruction:
     kernel_position_mask = row[24] if len(row) > 24 else False  # before Pallas kernels' masks were read
     stack_frame_id = row[25] if len(row) > 25 else 0  # before stacks were kept
     trip_count = row[26] if len(row) > 26 else 0  # before loops' trip counts were read
+    parameter_number, tuple_index, comparison, dimensions = row[27:31] if len(row) > 30 else (-1, -1, "", [])
     return HloInstruction(
         name=name, opcode=opcode, dtype=dtype, dims=tuple(dims), layout=tuple(layout), operands=tuple(operands),
         fusion_kind=fusion_kind, op_name=op_name, source=source, called=tuple(called),
@@ -243,7 +248,8 @@ def _instruction(row: list) -> HloInstruction:
         operand_precision=tuple(precision), attention_scores=tuple(attention_scores),
         attention_causal=bool(attention_causal), conv_is_matrix_product=bool(conv_is_matrix_product),
         kernel_position_mask=bool(kernel_position_mask), stack_frame_id=int(stack_frame_id),
-        trip_count=int(trip_count),
+        trip_count=int(trip_count), parameter_number=int(parameter_number), tuple_index=int(tuple_index),
+        comparison=str(comparison), dimensions=tuple(dimensions),
     )
 
 

@@ -411,6 +411,7 @@ def hlo_module(proto_bytes: bytes, host: str, fallback_id: int, notes: list[str]
     if module is None:
         return None
     computations: dict = {}
+    roots: dict[str, str] = {}
     cut: list[str] = []  # instructions whose operands were cut to MAX_OPERANDS
     bad_shapes: list[str] = []  # instructions with a shape no device holds (`_dims`)
     by_computation_id = {c.id: c for c in module.computations}
@@ -452,9 +453,14 @@ def hlo_module(proto_bytes: bytes, host: str, fallback_id: int, notes: list[str]
                     kernel_position_mask=_kernel_position_mask(ins),
                     stack_frame_id=ins.metadata.stack_frame_id,
                     trip_count=known_trip_count(ins, by_computation_id, by_id) if ins.opcode == "while" else 0,
+                    parameter_number=int(ins.parameter_number) if ins.opcode == "parameter" else -1,
+                    tuple_index=int(ins.tuple_index) if ins.opcode == "get-tuple-element" else -1,
+                    comparison=ins.comparison_direction if ins.opcode == "compare" else "",
+                    dimensions=tuple(int(d) for d in ins.dimensions),
                 )
             )
         computations[computation.name] = instructions
+        roots[computation.name] = id_to_name.get(computation.root_id, "")
     entry = module.entry_computation_name or id_to_computation.get(module.entry_computation_id, "")
     if entry not in computations and computations:
         entry = list(computations)[-1]
@@ -465,7 +471,8 @@ def hlo_module(proto_bytes: bytes, host: str, fallback_id: int, notes: list[str]
         notes.append(f"HLO module {module.name}: {len(cut)} instruction(s) with more than {MAX_OPERANDS:,} operands "
                      f"({cut[0]}) kept their first {MAX_OPERANDS:,}")
     _calls_cut(computations, entry, module.name, notes)
-    computations = {name: HloComputation(name, instructions) for name, instructions in computations.items()}
+    computations = {name: HloComputation(name, instructions, roots.get(name, ""))
+                    for name, instructions in computations.items()}
     return HloModule(
         name=module.name, program_id=module.id or fallback_id, entry=entry, computations=computations, host=host,
         donated_parameters=_donated_parameters(module, entry),

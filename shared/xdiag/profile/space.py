@@ -283,6 +283,10 @@ class HloInstruction:
     kernel_position_mask: bool = False  # a Mosaic (Pallas TPU) kernel whose body builds index iotas: a positional mask
     stack_frame_id: int = 0  # its innermost Python frame in the module's stack_frames (1-based), 0 where none is recorded
     trip_count: int = 0  # a while loop: how many times it runs its body, read from the loop (hlo_module); 0 unknown
+    parameter_number: int = -1  # a parameter: its position in the computation's parameters (a fusion's operands)
+    tuple_index: int = -1  # a get-tuple-element: the element it reads
+    comparison: str = ""  # a compare: its direction (EQ, NE, LT, LE, GT, GE)
+    dimensions: tuple[int, ...] = ()  # the dimensions a sort, reduce, broadcast or transpose works along
 
     @property
     def shape_text(self) -> str:
@@ -296,6 +300,7 @@ class HloInstruction:
 class HloComputation:
     name: str
     instructions: list[HloInstruction]
+    root: str = ""  # the instruction whose value the computation returns; "" where the profile does not say
 
     @cached_property
     def by_name(self) -> dict[str, HloInstruction]:

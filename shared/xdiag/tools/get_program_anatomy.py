@@ -12,6 +12,7 @@ from xdiag.analysis.roofline import loop_work
 from xdiag.analysis.xprof.common import natural_order
 from xdiag.analysis.source_lines import is_library
 from xdiag.errors import NotAvailable
+from xdiag.idioms import recognise
 from xdiag.profile.space import Session
 from xdiag.profile.trace_json import KINETO, trace_format
 from xdiag.tools.get_device_information import framework
@@ -25,7 +26,9 @@ from xdiag.tools.registry import ToolOutput, tool
     "recurrent loops, convolutions, norms and elementwise ops, optimizer update, collectives, host transfers), each "
     "with its share, roofline efficiency and the user's lines; the phase (training, or inference decode/prefill) and "
     "the framework (JAX, Flax linen/NNX, Keras 3, Hugging Face, PyTorch, PyTorch/XLA); and the facts a fix's premises "
-    "read (Pallas kernels already used, donated arguments, device count, matmul precision).",
+    "read (Pallas kernels already used, donated arguments, device count, matmul precision); and the idioms it "
+    "matches: what it does that an expert writes differently (a one-hot matmul for a lookup, a full sort for a top-k, "
+    "a Python loop of jitted calls), with the time each holds.",
 )
 def get_program_anatomy(session: Session) -> ToolOutput:
     """summary: framework (refined from the library files the HLO's stacks name), runtime (what the trace says),
@@ -37,7 +40,10 @@ def get_program_anatomy(session: Session) -> ToolOutput:
     attention: the pages its page_indices hold per sequence)], pallas_kernels, devices, donated_arguments (entry parameters the busiest program's outputs alias;
     null without HLO), matmul_precision, argument_copies (copies of the programs' arguments that no output aliases:
     share_of_op_time_percent, ops, arguments, argument_count, shape, programs; null where none runs),
-    rematerialised_op_percent, loop_trips_per_run. detail: library_files (the framework files the stacks name, at
+    rematerialised_op_percent, loop_trips_per_run; idioms (what the program does that an expert writes differently,
+    from the idiom catalogue: idiom, stake_percent of the step, what (the ops' opcodes, shapes and counts), module,
+    ops, line, function, needed_percent (the result's own work at the device's peaks), work_ratio (work done over
+    work needed), params, facts). detail: library_files (the framework files the stacks name, at
     most 20)."""
     stats = op_stats(session)
     if not stats:
@@ -58,7 +64,9 @@ def get_program_anatomy(session: Session) -> ToolOutput:
         argument_copies=_argument_copies(session, stats, total_ps),
         rematerialised_op_percent=rematerialised_time(session, rows).get("rematerialised_op_percent"),
         loop_trips_per_run=loops.get("loop_trips_per_run"), **_host_phase_marks(session))
-    return ToolOutput(program_anatomy(rows, facts), {"library_files": files[:20]})
+    summary = program_anatomy(rows, facts)
+    summary["idioms"] = [m.record() for m in recognise(session)]
+    return ToolOutput(summary, {"library_files": files[:20]})
 
 
 TRAINING_HOST_EVENTS = ("autograd::engine", "Optimizer.step", "Optimizer.zero_grad", "backward")

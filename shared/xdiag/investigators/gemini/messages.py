@@ -10,6 +10,7 @@ from importlib import resources
 from string import Template
 from typing import Any
 
+from xdiag.idioms import candidates as idiom_candidates
 from xdiag.investigators import MAX_FOLLOW_UP_CALLS
 from xdiag.investigators.health import HealthSnapshot
 from xdiag.investigators.levers import candidates_record
@@ -66,6 +67,8 @@ def opening_data(health: HealthSnapshot, results: dict[str, ToolResult]) -> dict
         "health_snapshot": health.as_dict(),
         "candidate_levers": (candidates_record(anatomy.summary, compute) if anatomy is not None and anatomy.ok
                              else []),
+        "candidate_idioms": (idiom_candidates(anatomy.summary.get("idioms") or [])
+                             if anatomy is not None and anatomy.ok else []),
         "broad_tools": {
             name: {"status": r.status.value, "summary": r.summary, **({"reason": r.reason} if r.reason else {}),
                    "source": r.source}

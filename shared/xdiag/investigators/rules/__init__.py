@@ -12,11 +12,11 @@ from xdiag.analysis.roofline import MEMORY_BOUND_FINDING_MIN_PERCENT
 from xdiag.investigators.health import DOMINANT_EFFICIENCY_MIN_PERCENT, HealthSnapshot
 # The family modules register their rules on import.
 from xdiag.investigators.rules import (  # noqa: F401
-    collectives, compiler, components, host, kernels, memory, roofline, transfers)
+    collectives, compiler, components, host, idioms, kernels, memory, roofline, transfers)
 from xdiag.investigators.rules.host import with_profiler_caveat
 from xdiag.investigators.rules.hypothesis import CallTool, Hypothesis
 from xdiag.investigators.rules.hypothesis import summary as tool_summary
-from xdiag.investigators.rules.ranking import MIN_FINDING_PERCENT, ranked
+from xdiag.investigators.rules.ranking import MIN_FINDING_PERCENT, by_realisable_gain, ranked
 from xdiag.investigators.rules.registry import Facts, ordered_rules
 from xdiag.investigators.source_lines import HOST_EVENT_FINDINGS, LINE_VIEW, host_source_lines
 from xdiag.model import Diagnosis, FollowUpCall, Status, ToolResult
@@ -32,9 +32,9 @@ def hypotheses(health: HealthSnapshot, results: dict[str, ToolResult]) -> list[H
         return []
     found: list[Hypothesis] = []
     for rule in ordered_rules():
-        hypothesis = rule(facts, found)
-        if hypothesis is not None:
-            found.append(hypothesis)
+        formed = rule(facts, found)
+        found.extend(formed if isinstance(formed, list) else [formed] if formed is not None else [])
+    found = idioms.superseded(found)
     with_profiler_caveat(facts, found)
     out = ranked(found, facts.breakdown, facts.step_ms, facts.step)
     if not out and not health.healthy:  # never NEEDS_ATTENTION without a finding
@@ -129,6 +129,7 @@ class RuleEngine:
                     hypothesis.key, result, (health.step_time_ms or 0) * (health.steps or 0), bool(traced), framework,
                     results.get(LINE_VIEW))
         components.with_levers(found, Facts(health, results))  # each fix led by the lever that fits the program
+        found = by_realisable_gain(found)
         findings = [h.finding() for h in found]
         reasons = health.unhealthy_because
         if not findings or [f.key for f in findings] == ["measured_not_explained"]:

@@ -182,12 +182,14 @@ def with_levers(found: list[Hypothesis], facts: Facts) -> None:
         # what holds the peak (values first or arguments first), and offers donation only where it applies.
         offers = [o for o in offers if o.lever.gain[1] > 0]
         if not offers:
+            h.withheld = bool(rejected)
             if rejected:
                 # Named by the lever's key, not its change: the note must not read as the advice it withholds.
                 h.fix += " Not advised here: " + "; ".join(
                     f"the {k.replace('_', ' ')} lever ({why})" for k, why in rejected[:2]) + "."
             continue
         lead = offers[0]
+        h.predicted = lead.gain_percent or h.predicted
         h.fix = sentence(levers.lead_sentence(lead) + levers.alternatives_sentence(offers[1:3])
                          + (" Beyond these: " + h.fix if h.fix else ""))
         h.evidence.append(evidence("get_program_anatomy", "lever", lead.lever.key,

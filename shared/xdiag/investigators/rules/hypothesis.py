@@ -29,6 +29,8 @@ class Hypothesis:
     inflates: frozenset[tuple[str, str]] = frozenset()  # (module, op) reading the bytes this finding's ops write
     host_lines: list[SourceLine] = field(default_factory=list)  # the user's Python frames its host time runs in
     no_host_line: str = ""  # why it names none, for a host finding whose events no recorded user frame holds
+    predicted: tuple[float, float] | None = None  # the step-time gain its fix's first change is predicted to realise
+    withheld: bool = False  # its fix offers no change: the levers that fit were withheld (their premises fail)
 
     @property
     def priority(self) -> str:

@@ -74,11 +74,13 @@ class Facts:
         return self.compute < 50 and self.compute_ms < 1.0 and self.dispatches <= 3 and (self.step_ms or 0) < 10
 
 
-Rule = Callable[[Facts, list[Hypothesis]], Hypothesis | None]
+Rule = Callable[[Facts, list[Hypothesis]], "Hypothesis | list[Hypothesis] | None"]
+"""A rule forms its finding's hypothesis, or none; the idiom rule forms one per match (a list)."""
 
 RULES: dict[str, Rule] = {}
 
 RULE_ORDER = (
+    "program_idioms",
     "low_utilization",
     "dispatch_overhead",
     "recompilation",

@@ -1,0 +1,103 @@
+"""The idiom catalogue's types: an idiom (what a program does that an expert writes differently), and a match of it in
+one profile with the facts it was recognised from and what it stakes.
+
+An idiom names what the program does, not the bottleneck class its ops fall in: "a dense matmul with a one-hot
+matrix stands in for a row lookup", not "memory-bound ops". Each entry holds its recogniser (over the profile's HLO,
+op times and step facts), the change an expert makes (in the framework's own API, at the user's line), and the
+fraction of the measured stake that change recovered on the chip (`gain`, with where that was measured). Adding one
+is one entry in one module of this package and its trial: docs/howto/add-an-idiom.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+PATTERNS = {
+    "work_not_needed": "work the result does not need",
+    "host_structure": "how the host's Python drives the device",
+    "op_identity": "what an op really is",
+    "memory_numerics": "memory, precision and layout",
+}
+
+
+@dataclass
+class Match:
+    """One place in the program where an idiom holds, with the measured facts behind it."""
+
+    idiom: str
+    stake_percent: float  # the share of the step the idiom's time holds, measured
+    what: str  # what the program does there, in the profile's own facts: opcodes, shapes, dtypes, counts
+    module: str = ""
+    ops: list[str] = field(default_factory=list)  # the timed ops whose time it stakes
+    line: str = ""  # the user's line ("file:line"), where the HLO's stacks name one
+    function: str = ""
+    needed_percent: float | None = None  # the share of the step the result needs (its work at the device's roof)
+    work_ratio: float | None = None  # work done over work the result needs (FLOPs or bytes), where countable
+    params: dict[str, Any] = field(default_factory=dict)  # values the change's text names (k, axis, program, …)
+    facts: dict[str, Any] = field(default_factory=dict)  # measured facts quoted as evidence
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> Match | None:
+        """A match back from its record (get_program_anatomy's `idioms`); None for an idiom this catalogue lacks."""
+        if not isinstance(record, dict) or record.get("idiom") not in IDIOMS:
+            return None
+        fields = ("module", "ops", "line", "function", "needed_percent", "work_ratio", "params", "facts")
+        return cls(record["idiom"], float(record.get("stake_percent") or 0.0), str(record.get("what") or ""),
+                   **{k: record[k] for k in fields if k in record})
+
+    def record(self) -> dict[str, Any]:
+        out = {"idiom": self.idiom, "stake_percent": round(self.stake_percent, 2), "what": self.what,
+               "module": self.module, "ops": self.ops[:8], "line": self.line, "function": self.function,
+               "needed_percent": None if self.needed_percent is None else round(self.needed_percent, 2),
+               "work_ratio": None if self.work_ratio is None else round(self.work_ratio, 1),
+               "params": self.params, "facts": self.facts}
+        return {k: v for k, v in out.items() if v not in ("", [], {}, None) or k in ("stake_percent", "what")}
+
+
+@dataclass(frozen=True)
+class Idiom:
+    key: str
+    pattern: str  # a key of PATTERNS
+    title: str  # the finding's title
+    recognise: Callable[[Any], list[Match]]  # (xdiag.idioms.program.Program) -> matches
+    change: str  # the change, in the framework's own API; {line}, {function} and the match's params fill it
+    why: str  # why the change removes the time, in one sentence (the premise it rests on)
+    gain: tuple[float, float]  # fraction of the match's recoverable stake the change recovered on the chip
+    measured: str = ""  # where that was measured: a section of docs/idioms.md ("" until its trial is captured)
+    alternatives: tuple[str, ...] = ()  # other changes, each with its premise
+    platforms: tuple[str, ...] = ("TPU", "GPU", "CPU")
+
+    def recoverable(self, match: Match) -> float:
+        """The share of the step the change can give back: the stake less what the result needs."""
+        return max(match.stake_percent - (match.needed_percent or 0.0), 0.0)
+
+    def predicted_percent(self, match: Match) -> tuple[float, float]:
+        """The step-time gain the change is predicted to realise (low, high), in percent of the step."""
+        gap = self.recoverable(match)
+        return round(gap * self.gain[0], 1), round(min(gap * self.gain[1], match.stake_percent), 1)
+
+    def change_text(self, match: Match) -> str:
+        values = {"line": match.line or "the line that builds it", "function": match.function or "the function",
+                  **{k: v for k, v in match.params.items()}}
+        return self.change.format(**values)
+
+
+IDIOMS: dict[str, Idiom] = {}
+
+
+def idiom(key: str, pattern: str, title: str, change: str, why: str, gain: tuple[float, float], measured: str = "",
+          alternatives: tuple[str, ...] = (), platforms: tuple[str, ...] = ("TPU", "GPU", "CPU")
+          ) -> Callable[[Callable[[Any], list[Match]]], Callable[[Any], list[Match]]]:
+    """Registers the decorated recogniser as one entry of the catalogue."""
+    if pattern not in PATTERNS:
+        raise ValueError(f"idiom {key!r}: unknown pattern {pattern!r}")
+
+    def register(recognise: Callable[[Any], list[Match]]) -> Callable[[Any], list[Match]]:
+        if key in IDIOMS:
+            raise ValueError(f"idiom {key!r} is registered twice")
+        IDIOMS[key] = Idiom(key, pattern, title, recognise, change, why, gain, measured, alternatives, platforms)
+        return recognise
+
+    return register

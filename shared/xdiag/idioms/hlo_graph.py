@@ -1,0 +1,213 @@
+"""Where an HLO value comes from, across fusion boundaries: what the idiom recognisers ask of a program's graph.
+
+XLA fuses the ops that build a value (an iota compared with indices, a mask of two iotas) into the fusion that reads
+it, or into a fusion of its own whose output another fusion reads. `Graph` follows a value back through both: a
+fusion's result is its computation's root, a fusion parameter is the caller's operand in that position, and ops that
+only re-shape or re-type a value (convert, bitcast, reshape, copy, broadcast) are looked through. Every answer is read
+from the instructions' opcodes, operands and shapes, never from their names or the program's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import cached_property
+
+from xdiag.profile.space import HloComputation, HloInstruction, HloModule
+
+SHAPE_ONLY = frozenset({"convert", "bitcast", "bitcast-convert", "reshape", "copy", "broadcast", "transpose",
+                        "copy-start", "copy-done"})
+"""Ops that change a value's type, shape, layout or memory (a TPU's copy into on-chip memory) but not which of its
+elements are set."""
+DEPTH = 12
+"""How many producers a walk follows: the chains that build a one-hot or a mask are a handful of ops long."""
+DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2,
+               "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16}
+
+
+def elements(dims: tuple[int, ...]) -> int:
+    out = 1
+    for d in dims:
+        out *= d
+    return out
+
+
+def nbytes(instruction: HloInstruction) -> int:
+    return elements(instruction.dims) * DTYPE_BYTES.get(instruction.dtype, 4)
+
+
+@dataclass(frozen=True)
+class Site:
+    """An instruction and the computation that holds it."""
+
+    computation: HloComputation
+    instruction: HloInstruction
+
+
+class Graph:
+    """One HLO module's instructions with their callers: what a value is built from, across fusions."""
+
+    def __init__(self, module: HloModule):
+        self.module = module
+
+    @cached_property
+    def callers(self) -> dict[str, Site]:
+        """For each called computation, the instruction that calls it (a fusion, a while loop, a sort's comparator)."""
+        out: dict[str, Site] = {}
+        for computation in self.module.computations.values():
+            for instruction in computation.instructions:
+                for called in instruction.called:
+                    out.setdefault(called, Site(computation, instruction))
+        return out
+
+    @cached_property
+    def top_level(self) -> dict[str, str]:
+        """For each computation, the name of the op the profile times for it: a fusion's instruction (or the
+        fusion's own caller, for fusions nested in fusions); a loop body's and the entry's ops are timed themselves."""
+        out: dict[str, str] = {}
+        for name in self.module.computations:
+            site, seen = self.callers.get(name), set()
+            while site is not None and site.instruction.opcode == "fusion" and name not in seen:
+                seen.add(name)
+                outer = self.callers.get(site.computation.name)
+                if outer is None or outer.instruction.opcode != "fusion":
+                    out[name] = site.instruction.name
+                    break
+                name, site = site.computation.name, outer
+        return out
+
+    def timed_op(self, site: Site) -> str:
+        """The name of the op whose time the profile records for this instruction."""
+        return self.top_level.get(site.computation.name, site.instruction.name)
+
+    def sites(self) -> Iterator[Site]:
+        for computation in self.module.computations.values():
+            for instruction in computation.instructions:
+                yield Site(computation, instruction)
+
+    def operand(self, site: Site, index: int) -> Site | None:
+        if index >= len(site.instruction.operands):
+            return None
+        found = site.computation.by_name.get(site.instruction.operands[index])
+        return Site(site.computation, found) if found is not None else None
+
+    def origin(self, site: Site | None, depth: int = DEPTH) -> Site | None:
+        """The instruction that makes the value: through fusion results and parameters, and through ops that only
+        re-shape or re-type it."""
+        while site is not None and depth > 0:
+            depth -= 1
+            ins = site.instruction
+            if ins.opcode == "fusion" and ins.called:
+                called = self.module.computations.get(ins.called[0])
+                root = called.by_name.get(called.root) if called is not None else None
+                site = Site(called, root) if root is not None else None
+            elif ins.opcode == "parameter":
+                caller = self.callers.get(site.computation.name)
+                if caller is None or caller.instruction.opcode != "fusion" or ins.parameter_number < 0:
+                    return site
+                site = self.operand(caller, ins.parameter_number)
+            elif ins.opcode in SHAPE_ONLY and ins.operands:
+                site = self.operand(site, 0)
+            else:
+                return site
+        return site
+
+    def users(self, site: Site, depth: int = DEPTH) -> Iterator[Site]:
+        """The instructions that read this value, through fusion parameters, get-tuple-elements and ops that only
+        re-shape it."""
+        frontier, seen = [site], set()
+        while frontier and depth > 0:
+            depth -= 1
+            nxt = []
+            for current in frontier:
+                key = (current.computation.name, current.instruction.name)
+                if key in seen:
+                    continue
+                seen.add(key)
+                for user in current.computation.users.get(current.instruction.name, []):
+                    user_site = Site(current.computation, user)
+                    if user.opcode in ("get-tuple-element", *SHAPE_ONLY):
+                        nxt.append(user_site)
+                    elif user.opcode in ("fusion", "async-start") and user.called:
+                        called = self.module.computations.get(user.called[0])
+                        if called is None:
+                            continue
+                        for position in [k for k, name in enumerate(user.operands) if name == current.instruction.name]:
+                            nxt.extend(Site(called, p) for p in called.instructions
+                                       if p.opcode == "parameter" and p.parameter_number == position)
+                    else:
+                        yield user_site
+            frontier = nxt
+
+    def mask_kind(self, site: Site | None, depth: int = DEPTH) -> str | None:
+        """What a matrix operand is built as, where it is built from iotas or one constant: 'one_hot' (an iota
+        compared equal with indices), 'triangular' (two iotas of different dimensions compared in order: a
+        lower or upper triangle), 'constant' (one value broadcast), else None."""
+        site = self.origin(site)
+        if site is None or depth <= 0:
+            return None
+        ins = site.instruction
+        if ins.opcode == "select" and len(ins.operands) == 3:
+            kind = self.mask_kind(self.operand(site, 0), depth - 1)
+            if kind in ("one_hot", "triangular") and all(
+                    self._constant(self.operand(site, k)) for k in (1, 2)):
+                return kind
+            return None
+        if ins.opcode == "compare" and len(ins.operands) == 2:
+            left, right = (self.origin(self.operand(site, k)) for k in (0, 1))
+            if left is None or right is None:
+                return None
+            iotas = [s for s in (left, right) if s.instruction.opcode == "iota"]
+            if len(iotas) == 2 and ins.comparison in ("LT", "LE", "GT", "GE") and \
+                    left.instruction.dimensions != right.instruction.dimensions:
+                return "triangular"
+            if len(iotas) == 1 and ins.comparison == "EQ":
+                other = right if iotas[0] is left else left
+                # indices: an integer array (an argument, or a constant one the program closed over), not one value
+                if other.instruction.dtype.startswith(("s", "u")) and other.instruction.dims:
+                    return "one_hot"
+            return None
+        if self._constant(site):
+            return "constant"
+        return None
+
+    def _constant(self, site: Site | None) -> bool:
+        site = self.origin(site)
+        return site is not None and site.instruction.opcode == "constant" and not site.instruction.dims
+
+    def loop_invariant(self, site: Site | None) -> Site | None:
+        """Where a value inside a while loop's body is an element of the loop's state that every trip passes on
+        unchanged (weights a loop reads on every trip): the body's get-tuple-element of it; else None."""
+        site = self.origin(site)
+        if site is None or site.instruction.opcode != "get-tuple-element":
+            return None
+        param = self.operand(site, 0)
+        body = site.computation
+        caller = self.callers.get(body.name)
+        if param is None or param.instruction.opcode != "parameter" or caller is None or \
+                caller.instruction.opcode != "while" or body.name != caller.instruction.called[0]:
+            return None
+        root = body.by_name.get(body.root)
+        index = site.instruction.tuple_index
+        if root is None or root.opcode != "tuple" or not 0 <= index < len(root.operands):
+            return None
+        passed = self.origin(Site(body, body.by_name[root.operands[index]])) if root.operands[index] in body.by_name \
+            else None
+        if passed is None or passed.instruction.opcode != "get-tuple-element" or \
+                passed.instruction.tuple_index != index:
+            return None
+        return site
+
+    def loop_of(self, computation: HloComputation) -> HloInstruction | None:
+        """The while loop whose body is this computation (or holds the fusion that calls it)."""
+        name, seen = computation.name, set()
+        while name not in seen:
+            seen.add(name)
+            caller = self.callers.get(name)
+            if caller is None:
+                return None
+            if caller.instruction.opcode == "while" and caller.instruction.called and \
+                    caller.instruction.called[0] == name:  # a while calls (body, condition)
+                return caller.instruction
+            name = caller.computation.name
+        return None

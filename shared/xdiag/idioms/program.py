@@ -1,0 +1,101 @@
+"""What the recognisers read: one profile's HLO graphs, op times, device peaks and step facts, each read once."""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import Any
+
+from xdiag.analysis.breakdown import step_rows, summarize_steps
+from xdiag.analysis.device_peaks import session_peaks
+from xdiag.analysis.op_stats import OpStat, op_stats
+from xdiag.analysis.source_lines import source_of_stack
+from xdiag.idioms.hlo_graph import Graph, Site
+from xdiag.profile.space import HloModule, Session
+
+
+class Program:
+    """One session as the idiom recognisers see it."""
+
+    def __init__(self, session: Session):
+        self.session = session
+
+    @cached_property
+    def stats(self) -> list[OpStat]:
+        return op_stats(self.session)
+
+    @cached_property
+    def op_ms(self) -> dict[tuple[str, str], float]:
+        """(module, op) -> the op's total time over the capture, in ms; both the module's name and its display
+        name key it."""
+        out: dict[tuple[str, str], float] = {}
+        for s in self.stats:
+            out[(s.module, s.name)] = out.get((s.module, s.name), 0.0) + s.total_ms
+        return out
+
+    @cached_property
+    def runs(self) -> dict[tuple[str, str], int]:
+        return {(s.module, s.name): s.count for s in self.stats}
+
+    @cached_property
+    def step(self) -> dict[str, Any]:
+        """The step facts get_step_trace summarises (steps, step_time_ms_mean, the breakdown, per-step counts)."""
+        return summarize_steps(step_rows(self.session))
+
+    @property
+    def profiled_step_ms(self) -> float:
+        """The steps' summed time over one timeline: what a stake's share of the step is a share of."""
+        return float(self.step.get("step_time_ms_mean") or 0.0) * float(self.step.get("steps") or 0)
+
+    @cached_property
+    def peaks(self) -> dict[str, Any] | None:
+        return session_peaks(self.session)
+
+    @property
+    def platform(self) -> str:
+        return self.session.platform
+
+    @cached_property
+    def graphs(self) -> list[Graph]:
+        return [Graph(m) for m in self.session.hlo_modules]
+
+    def module_key(self, module: HloModule) -> str:
+        """The name op rows give this module's ops (a display name where several programs share a name)."""
+        for key in (module.name, getattr(module, "display_name", module.name)):
+            if any(k[0] == key for k in self.op_ms):
+                return key
+        return module.name
+
+    def time_ms(self, module: HloModule, ops: list[str]) -> float:
+        key = self.module_key(module)
+        return sum(self.op_ms.get((key, op), 0.0) for op in dict.fromkeys(ops))
+
+    def step_percent(self, ms: float) -> float:
+        """`ms` of the capture's op time as a share of the profiled steps (capped at 100)."""
+        total = self.profiled_step_ms
+        return round(min(100.0 * ms / total, 100.0), 2) if total > 0 else 0.0
+
+    def roof_ms(self, flops: float = 0.0, hbm_bytes: float = 0.0) -> float | None:
+        """The time the device needs for this much work at its peaks; None where the profile records no peaks."""
+        peaks = self.peaks or {}
+        flops_rate, bytes_rate = peaks.get("peak_flops_per_s"), peaks.get("peak_hbm_bytes_per_s")
+        if not flops_rate or not bytes_rate:
+            return None
+        return 1e3 * max(flops / flops_rate, hbm_bytes / bytes_rate)
+
+    def line_of(self, graph: Graph, site: Site) -> tuple[str, str]:
+        """The user's line ("file:line") and function an instruction's Python stack names; ("", "") where none."""
+        source = source_of_stack(graph.module.stack(site.instruction))
+        if source is None or source.user is None:
+            return "", ""
+        return source.user.short, source.user.function
+
+
+def calls_per_step_of(program: Program) -> list[tuple[str, float]]:
+    """Each program's executions per step (its most-run op's runs over the steps), most first."""
+    steps = float(program.step.get("steps") or 0)
+    if steps <= 0:
+        return []
+    runs: dict[str, int] = {}
+    for (module, _), count in program.runs.items():
+        runs[module] = max(runs.get(module, 0), count)
+    return sorted(((m, n / steps) for m, n in runs.items()), key=lambda kv: -kv[1])

@@ -1,0 +1,250 @@
+"""Idioms of work the result does not need: each op may run near its roof, but the result needs far less of it.
+
+- structured_matmul: a dense matmul with a matrix built from iotas (a one-hot of indices, a triangle of ones) or one
+  constant stands in for a row lookup, a running sum or a sum broadcast: O(n²) work where O(n) does.
+- full_sort: an array sorted in full and then cut to its first k elements, where a partial ordering (top-k) does.
+- loop_invariant_weights: a loop reads the same weight matrix on every trip to multiply a few rows, where one
+  matmul over all rows reads it once.
+"""
+
+from __future__ import annotations
+
+from xdiag.idioms.catalogue import Match, idiom
+from xdiag.idioms.hlo_graph import Graph, elements, nbytes
+from xdiag.idioms.program import Program
+
+MIN_STAKE_PERCENT = 1.0
+"""A match staking less of the step than this is noise."""
+MATMUL_OPCODES = ("dot", "convolution")
+LOOKUP_CHANGE = {
+    "one_hot": "replace the one-hot matmul at {line} with a row lookup: table[ids] (jnp.take(table, ids, axis=0)) "
+               "instead of jax.nn.one_hot(ids, {values}) @ table; its gradient is then a scatter-add of {rows} rows "
+               "instead of a {values}-wide matmul",
+    "triangular": "replace the matmul with a triangular matrix at {line} with a running sum: jnp.cumsum(x, axis="
+                  "{axis}) (jax.lax.cumsum(x, axis={axis}, reverse=True) for an upper triangle; subtract x where the "
+                  "triangle leaves out its diagonal)",
+    "constant": "replace the matmul with a constant matrix at {line} with a sum broadcast back: "
+                "jnp.broadcast_to(c * x.sum(axis={axis}, keepdims=True), x.shape) (c the matrix's value)",
+}
+LOOKUP_WHAT = {
+    "one_hot": "a one-hot matrix (an iota compared equal with indices) standing in for a lookup of {rows} rows out "
+               "of {values}",
+    "triangular": "a triangular matrix of ones (two iotas compared in order) standing in for a running sum over "
+                  "{values} positions",
+    "constant": "a matrix of one repeated value standing in for a sum over {values} positions broadcast back",
+}
+
+
+def _matmul_sites(graph: Graph):
+    for site in graph.sites():
+        if site.instruction.opcode in MATMUL_OPCODES and len(site.instruction.operands) >= 2:
+            if site.instruction.opcode == "convolution" and not site.instruction.conv_is_matrix_product:
+                continue
+            yield site
+
+
+@idiom("structured_matmul", "work_not_needed",
+       "A dense matmul stands in for a lookup, running sum or broadcast",
+       "{change}",
+       "a matrix built from iotas or one constant holds no information the matmul needs: a lookup, a running sum or a "
+       "sum moves each element once, where the matmul multiplies every element by every row of the matrix",
+       gain=(0.7, 1.0))
+def structured_matmul(program: Program) -> list[Match]:
+    found: dict[tuple[str, str, str], Match] = {}
+    for graph in program.graphs:
+        for site in _matmul_sites(graph):
+            for position in (0, 1):
+                operand = graph.operand(site, position)
+                kind = graph.mask_kind(operand)
+                if kind is None or (kind == "triangular" and program.platform == "TPU"):
+                    # On a TPU v5e jnp.cumsum (a reduce-window) took 7% longer than the triangular matmul it would
+                    # replace (docs/reference/measurements.md#running-sum-on-a-tpu): no change to offer there.
+                    continue
+                matrix = graph.origin(operand)
+                other = graph.operand(site, 1 - position)
+                if matrix is None or other is None:
+                    continue
+                built = matrix.instruction
+                shape = operand.instruction if operand is not None else built
+                values = max(shape.dims) if shape.dims else 0
+                rows = elements(shape.dims) // max(values, 1)
+                if values < 64:  # a small mask costs little whatever it stands for
+                    continue
+                out = site.instruction
+                line, function = program.line_of(graph, site)
+                timed = [graph.timed_op(site)]
+                builder = graph.timed_op(matrix)
+                if builder not in timed and program.time_ms(graph.module, [builder]) > 0:
+                    timed.append(builder)  # the fusion that writes the mask out only to feed this matmul
+                key = (graph.module.name, kind, line or timed[0])
+                match = found.get(key)
+                # What the result needs: each output element read once (a row of the table, or of x) and written once.
+                needed_bytes = 2 * nbytes(out)
+                needed = program.roof_ms(hbm_bytes=needed_bytes * program.runs.get(
+                    (program.module_key(graph.module), timed[0]), 1))
+                flops = 2.0 * elements(out.dims) * values
+                if match is None:
+                    match = found[key] = Match(
+                        "structured_matmul", 0.0, "", module=program.module_key(graph.module), line=line,
+                        function=function,
+                        params={"kind": kind, "values": values, "rows": rows,
+                                "axis": _axis(other.instruction.dims, values)},
+                        facts={"matmul": f"{out.opcode} {shape.shape_text} × {other.instruction.shape_text} → "
+                                         f"{out.shape_text}",
+                               "flops_per_run": flops, "needed_bytes_per_run": needed_bytes},
+                        # multiply-adds per output element, where the lookup or sum needs about one
+                        work_ratio=float(values))
+                    match.needed_percent = 0.0
+                for op in timed:
+                    if op not in match.ops:
+                        match.ops.append(op)
+                        match.stake_percent += program.step_percent(program.time_ms(graph.module, [op]))
+                if needed is not None:
+                    match.needed_percent = (match.needed_percent or 0.0) + program.step_percent(needed)
+    out: list[Match] = []
+    for match in found.values():
+        kind = match.params["kind"]
+        match.what = (f"{match.facts['matmul']} multiplies by " + LOOKUP_WHAT[kind].format(**match.params)
+                      + (f" at {match.line}" if match.line else ""))
+        match.params["change"] = LOOKUP_CHANGE[kind].format(line=match.line or "the line that builds it",
+                                                            **match.params)
+        if match.needed_percent is not None and match.needed_percent <= 0:
+            match.needed_percent = None
+        if match.stake_percent >= MIN_STAKE_PERCENT:
+            out.append(match)
+    return out
+
+
+def _axis(dims: tuple[int, ...], values: int) -> int:
+    """The axis of the other operand the structured matrix runs along (its dimension of `values` elements)."""
+    return next((k for k, d in enumerate(dims) if d == values), 0)
+
+
+@idiom("full_sort", "work_not_needed",
+       "An array is sorted in full to keep its first few elements",
+       "keep the top {k} at {line} with jax.lax.top_k(x, {k}) (jax.lax.top_k(-x, {k}) for the smallest) instead of "
+       "sorting all {n} elements and slicing: it returns the values and their indices",
+       "a full sort orders all n elements (n·log n comparisons over several passes); keeping k ≪ n needs one partial "
+       "pass",
+       gain=(0.5, 0.95),
+       alternatives=("where an approximate top-k is acceptable (retrieval, sampling), jax.lax.approx_max_k(x, k, "
+                     "recall_target=0.95), which on a TPU runs near the memory roof",))
+def full_sort(program: Program) -> list[Match]:
+    out: list[Match] = []
+    for graph in program.graphs:
+        for site in graph.sites():
+            ins = site.instruction
+            if ins.opcode != "sort":
+                continue
+            dims = ins.dims or (ins.tuple_shapes[0][1] if ins.tuple_shapes else ())
+            axis = ins.dimensions[0] if ins.dimensions else len(dims) - 1
+            if not dims or axis >= len(dims):
+                continue
+            n = dims[axis]
+            rows = max(elements(dims) // max(n, 1), 1)
+            # Every read of the sorted arrays is a slice, gather or select of a few elements per row: the top k.
+            kept = [elements(u.instruction.dims) // rows for u in graph.users(site)]
+            if not kept or n < 256 or max(kept) * 4 > n:
+                continue
+            k = max(max(kept), 1)
+            timed = graph.timed_op(site)
+            stake = program.step_percent(program.time_ms(graph.module, [timed]))
+            if stake < MIN_STAKE_PERCENT:
+                continue
+            line, function = program.line_of(graph, site)
+            keys = ins.tuple_shapes[0] if ins.tuple_shapes else (ins.dtype, ins.dims)
+            out.append(Match(
+                "full_sort", stake,
+                f"sort of {keys[0]}[{','.join(map(str, keys[1]))}] along dimension {axis} ({n} elements"
+                + (f", with {len(ins.tuple_shapes) - 1} array(s) carried along" if len(ins.tuple_shapes) > 1 else "")
+                + f"), of which only the first {k} are read (a slice)" + (f" at {line}" if line else ""),
+                module=program.module_key(graph.module), ops=[timed], line=line, function=function,
+                work_ratio=round(n / k, 1), params={"k": k, "n": n},
+                facts={"sorted_elements": n, "kept_elements": k, "sort_runs": program.runs.get(
+                    (program.module_key(graph.module), timed), 0)}))
+    return out
+
+
+def _loop_body_ops(graph: Graph):
+    """The ops a while loop's body runs (each timed on its own): matmuls, and fusions that multiply by an operand."""
+    for site in graph.sites():
+        if site.instruction.opcode in ("fusion", *MATMUL_OPCODES) and graph.loop_of(site.computation) is not None \
+                and site.computation.name not in graph.top_level:
+            yield site
+
+
+def _op_kind(graph: Graph, site) -> str:
+    """'dot', or a fusion named by what it holds ('fusion holding a dot', 'fusion multiplying and reducing')."""
+    ins = site.instruction
+    if ins.opcode != "fusion" or not ins.called or ins.called[0] not in graph.module.computations:
+        return ins.opcode
+    inner = {i.opcode for i in graph.module.computations[ins.called[0]].instructions}
+    if inner & set(MATMUL_OPCODES):
+        return f"{ins.name} (a fusion holding a matmul)"
+    if {"multiply", "reduce"} <= inner:
+        return f"{ins.name} (a fusion that multiplies and reduces: a matrix-vector product)"
+    return ins.name
+
+
+MIN_WEIGHT_BYTES = 1 << 20
+"""A loop-invariant matrix smaller than this is re-read from on-chip memory or costs little."""
+MAX_ROWS_PER_TRIP = 16
+"""A matmul of at most this many rows per trip leaves the matrix units mostly idle and is bound by reading the
+weights: one matmul over all rows reads them once."""
+
+
+@idiom("loop_invariant_weights", "work_not_needed",
+       "A loop re-reads the same weights on every trip to multiply a few rows",
+       "apply the weights to all rows at once at {line}: replace the loop over rows (jax.lax.map / fori_loop / scan "
+       "over {trips} trips) with one call on the whole batch, jax.vmap(f)(xs) or xs @ w, so the {weights} matrix is "
+       "read once per call instead of once per trip",
+       "a matmul of a few rows per trip reads the whole weight matrix for a few multiplications; batched, the same "
+       "weights are read once and the matrix units see full tiles",
+       gain=(0.6, 0.95))
+def loop_invariant_weights(program: Program) -> list[Match]:
+    """A matmul (or XLA's multiply-and-reduce form of a matrix-vector product) inside a loop whose weight operand
+    the loop passes on unchanged, with a few rows per trip."""
+    out: dict[tuple[str, str], Match] = {}
+    for graph in program.graphs:
+        for site in _loop_body_ops(graph):
+            for position in range(len(site.instruction.operands)):
+                weights = graph.loop_invariant(graph.operand(site, position))
+                if weights is None or nbytes(weights.instruction) < MIN_WEIGHT_BYTES:
+                    continue
+                loop = graph.loop_of(weights.computation)
+                out_elements = elements(site.instruction.dims or (site.instruction.tuple_shapes[0][1]
+                                                                  if site.instruction.tuple_shapes else ()))
+                weight_dims = weights.instruction.dims
+                per_trip_rows = out_elements // max(weight_dims[-1] if weight_dims else 1, 1)
+                if loop is None or not 1 <= per_trip_rows <= MAX_ROWS_PER_TRIP or len(weight_dims) < 2 or \
+                        not loop.trip_count or \
+                        weight_dims[0] == loop.trip_count:  # the rows the loop slices one per trip (lax.map's xs)
+                    continue
+                key = (graph.module.name, loop.name)
+                match = out.get(key)
+                if match is not None:
+                    match.facts["weight_matrices"] = match.facts.get("weight_matrices", 1) + 1
+                    continue
+                body = weights.computation
+                module_key = program.module_key(graph.module)
+                timed = [i.name for i in body.instructions if (module_key, i.name) in program.op_ms]
+                runs = program.runs.get((module_key, graph.timed_op(site)), 0)
+                trips = loop.trip_count or 0
+                loops = runs // trips if trips else 0
+                # Read once per execution of the loop instead of once per trip, at the device's bandwidth.
+                needed = program.roof_ms(hbm_bytes=nbytes(weights.instruction) * loops) if loops else None
+                line, function = program.line_of(graph, site)
+                out[key] = Match(
+                    "loop_invariant_weights", program.step_percent(program.time_ms(graph.module, timed)),
+                    f"the loop {loop.name} runs {trips or 'its'} trips per execution, and each trip multiplies "
+                    f"{per_trip_rows} row(s) by weights it passes on unchanged: {_op_kind(graph, site)} reads "
+                    f"{weights.instruction.shape_text.split('{')[0]} ({nbytes(weights.instruction) / 2**20:.3g} MiB) "
+                    "on every trip" + (f", at {line}" if line else ""),
+                    module=module_key, ops=timed[:16], line=line, function=function,
+                    needed_percent=program.step_percent(needed) if needed is not None else None,
+                    work_ratio=float(trips) if trips else None,
+                    params={"trips": trips or "its", "weights": weights.instruction.shape_text.split("{")[0],
+                            "rows": per_trip_rows},
+                    facts={"weight_bytes": nbytes(weights.instruction), "rows_per_trip": per_trip_rows,
+                           "loop_runs": loops, "weight_matrices": 1})
+    return [m for m in out.values() if m.stake_percent >= MIN_STAKE_PERCENT]

@@ -1,0 +1,82 @@
+"""Findings from the idiom catalogue (xdiag.idioms): what the program does that an expert writes differently.
+
+Each match get_program_anatomy reports becomes one finding: what the ops compute (opcode, shapes, the user's line),
+the change in the program's own API, and a gain predicted from the match's measured stake and the share of it the
+change recovered on the chip. A match explains the time a bottleneck-class finding would report for the same ops or
+the same host time (the matmul's "memory-bound" rate, a loop's "dispatch" and "sync" slices): that finding is then
+left out, and the idiom's text says which measure it covers.
+"""
+
+from __future__ import annotations
+
+from xdiag.idioms import IDIOMS, Match, PATTERNS
+from xdiag.investigators.rules.hypothesis import Hypothesis, evidence, saving, sentence
+from xdiag.investigators.rules.registry import Facts, rule
+
+SUPERSEDES = {
+    "python_loop_of_calls": ("dispatch_overhead", "host_sync", "low_utilization", "input_bound", "device_idle",
+                             "warm_up"),
+    "eager_ops": ("dispatch_overhead", "host_sync", "low_utilization", "input_bound", "device_idle", "warm_up",
+                  "unfused_kernels"),
+    "recompile_per_shape": ("recompilation", "dispatch_overhead", "warm_up", "low_utilization", "device_idle"),
+    "callback_in_step": ("host_sync", "device_idle", "low_utilization"),
+    "linear_algebra": ("opaque_kernel",),
+}
+"""Host-structure idioms, and the findings whose measured slice is part of the time the idiom's change removes."""
+COVERED_BY_OPS = ("memory_bound", "low_kernel_efficiency", "layout_copies", "unfused_data_movement",
+                  "materialised_attention", "latency_bound", "bounded_efficiency")
+"""Findings that rate ops against their roofline: where an idiom stakes the same ops, the idiom is their cause."""
+
+
+def hypothesis(match: Match, facts: Facts) -> Hypothesis:
+    idiom = IDIOMS[match.idiom]
+    low, high = idiom.predicted_percent(match)
+    recoverable = idiom.recoverable(match)
+    needs = (f" By the device's peaks the result needs about {match.needed_percent:.3g}% of the step for this work"
+             + (f" ({match.work_ratio:g}× less than is done)" if match.work_ratio else "") + "."
+             if match.needed_percent is not None else
+             f" The work done is about {match.work_ratio:g}× what the result needs." if match.work_ratio else "")
+    measured = (f" On a TPU v5e this change recovered {idiom.gain[0]:.0%}–{idiom.gain[1]:.0%} of such a stake "
+                f"({idiom.measured})." if idiom.measured else "")
+    fix = (f"First, {idiom.change_text(match)}. Expected: {low:g}–{high:g}% shorter steps ({idiom.gain[0]:g}–"
+           f"{idiom.gain[1]:g} of the {recoverable:.3g}% of the step it stakes" + (
+               ", less what the result needs" if match.needed_percent else "") + ")."
+           + measured
+           + (" Alternatives: " + "; ".join(idiom.alternatives) + "." if idiom.alternatives else ""))
+    ev = facts.base + [evidence("get_program_anatomy", f"idiom {match.idiom}", match.what)]
+    ev += [evidence("get_program_anatomy", f"{match.idiom} {k}", v) for k, v in list(match.facts.items())[:4]]
+    if match.needed_percent is not None:
+        ev.append(evidence("get_program_anatomy", f"{match.idiom} needed_percent", round(match.needed_percent, 2),
+                           "the result's own work at the device's peaks, as a share of the step"))
+    h = Hypothesis(
+        match.idiom, round(match.stake_percent, 2), idiom.title,
+        sentence(match.what) + f" This is {PATTERNS[idiom.pattern]}: {idiom.why}." + needs,
+        ev, saving(facts.step_ms, high) + f" (predicted {low:g}–{high:g}%).", fix,
+        ops=frozenset((match.module, op) for op in match.ops))
+    h.predicted = (low, high)
+    if match.idiom in SUPERSEDES:
+        h.follow_up = ("aggregate_xplane_events", {"pattern": r"^(PjitFunction|PmapFunction)\(|callback|__float__|"
+                                                   r"__array__|item|block_until_ready|compile", "line": "python"})
+    return h
+
+
+@rule("program_idioms")
+def program_idioms(facts: Facts, found: list[Hypothesis]) -> list[Hypothesis]:
+    """One finding per idiom match the anatomy reports."""
+    records = facts.summary("get_program_anatomy").get("idioms") or []
+    return [hypothesis(m, facts) for m in filter(None, map(Match.from_record, records))]
+
+
+def superseded(found: list[Hypothesis]) -> list[Hypothesis]:
+    """The findings an idiom's match explains, left out; the idiom's text names what it covers."""
+    drop: set[int] = set()
+    for h in found:
+        covered = [o for o in found if o is not h and id(o) not in drop and (
+            o.key in SUPERSEDES.get(h.key, ()) or (o.key in COVERED_BY_OPS and h.key in IDIOMS and o.ops
+                                                    and {op for _, op in o.ops} <= {op for _, op in h.ops}))]
+        if covered:
+            h.whats_happening += (" It accounts for what the " + ", ".join(o.key.replace("_", " ") for o in covered)
+                                  + f" measure{'s' if len(covered) > 1 else ''} "
+                                  + ("count" if len(covered) > 1 else "counts") + ".")
+            drop.update(id(o) for o in covered)
+    return [h for h in found if id(h) not in drop]
