@@ -49,6 +49,10 @@ def _single_op(module: HloModule | None) -> bool:
                                      for i in entry.instructions) <= 1
 
 
+def _size(module: HloModule) -> int:
+    return sum(len(c.instructions) for c in module.computations.values())
+
+
 def _entry_shapes(module: HloModule | None) -> list[str]:
     if module is None:
         return []
@@ -109,11 +113,17 @@ def python_loop_of_calls(program: Program) -> list[Match]:
             f"is called {float(step.get('steps') or 0):.0f} times in the capture, each call a step of its own as the "
             f"profile reads it (no step marks), with {device_us:.3g} µs of device work per call, "
             f"{launch:.3g}% of each in its launch and wait")
+    stake, needed = idle, None
+    if one_row:
+        # Each call reads the program's weights again for one row; batched, the calls' rows share one read: all but
+        # one call's device time goes too.
+        calls = max(per_step * float(step.get("steps") or 0), 1.0)
+        stake, needed = 100.0, (100.0 - idle) / calls
     return [Match(
-        "python_loop_of_calls", idle,
+        "python_loop_of_calls", stake,
         f"the program {name} (its arguments {', '.join(shapes[:3]) or 'not recorded'}) {runs}, and the device "
         f"idles {idle:g}% of the step between calls",
-        module=key, line=line, function=function,
+        module=key, line=line, function=function, needed_percent=needed,
         params={"change": change, "calls": round(per_step, 1)},
         facts={"calls_per_step": round(per_step, 1), "dispatches_per_step": dispatches, "syncs_per_step": syncs,
                "device_idle_percent": idle})]
@@ -177,7 +187,8 @@ def recompile_per_shape(program: Program) -> list[Match]:
     by_name: dict[str, list[HloModule]] = {}
     for module in program.session.hlo_modules:
         by_name.setdefault(module.name, []).append(module)
-    name, modules = max(by_name.items(), key=lambda kv: len(kv[1]))
+    # The user's program first: a small program compiled per shape (jit_concatenate growing its input) feeds it
+    name, modules = max(by_name.items(), key=lambda kv: (len(kv[1]) >= 2, _size(kv[1][0])))
     if len(modules) < 2:
         return []
     shapes = [_entry_shapes(m) for m in sorted(modules, key=lambda m: m.program_id)]
@@ -199,7 +210,7 @@ def recompile_per_shape(program: Program) -> list[Match]:
             facts={"compiles": len(modules), "compiles_per_step": compiles, "compile_percent": share})]
     position = changing[0]
     sizes = sorted({_leading_change(s[position], shapes[0][position]) for s in shapes} - {None})
-    steps_of_one = len(sizes) > 2 and all(b - a == 1 for a, b in zip(sizes, sizes[1:]))
+    steps_of_one = len(sizes) >= 2 and all(b - a == 1 for a, b in zip(sizes, sizes[1:]))
     seen = ", ".join(sorted({s[position] for s in shapes}, key=_natural)[:4])
     if steps_of_one:
         change = (f"give {stem}'s argument {position} a fixed size: allocate the whole buffer once (its final length) "

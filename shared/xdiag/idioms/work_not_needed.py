@@ -98,7 +98,8 @@ def structured_matmul(program: Program) -> list[Match]:
                 for op in timed:
                     if op not in match.ops:
                         match.ops.append(op)
-                        match.stake_percent += program.step_percent(program.time_ms(graph.module, [op]))
+                        match.stake_percent = min(match.stake_percent + program.step_percent(
+                            program.time_ms(graph.module, [op])), 100.0)
                 if needed is not None:
                     match.needed_percent = (match.needed_percent or 0.0) + program.step_percent(needed)
     out: list[Match] = []

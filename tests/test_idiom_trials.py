@@ -1,0 +1,79 @@
+"""The idiom trials on a TPU v5e (bench/fix_trials/idiom_trials.json), re-read from the committed captures: each
+"before" report leads with its idiom's change, its predicted gain is within a factor of 1.5 of what the change
+realized on the chip (the programs' own step times, steps.json), and the "after" report no longer leads with it."""
+
+from __future__ import annotations
+
+import json
+import lzma
+import shutil
+from pathlib import Path
+
+import pytest
+from xdiag.cloud.embedded import analyze_session
+from xdiag.profile.locate import locate_session
+
+REPO = Path(__file__).resolve().parents[1]
+CAPTURES = REPO / "tests" / "profiles" / "fix_trials"
+TRIALS = {t["program"]: t for t in json.loads((REPO / "bench" / "fix_trials" / "idiom_trials.json").read_text())["trials"]}
+WITH_IDIOM = sorted(p for p, t in TRIALS.items() if t["idiom"])
+RATIO_MAX = 1.5
+
+
+def mean_ms(program: str, label: str) -> float:
+    return json.loads((CAPTURES / f"{program}.{label}.steps.json").read_text())["pipelined"]["mean_ms"]
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory):
+    """(program, label) -> its analysis, made on first use."""
+    work, made = tmp_path_factory.mktemp("idiom_trials"), {}
+
+    def report(program: str, label: str):
+        if (program, label) not in made:
+            folder = work / f"{program}.{label}"
+            folder.mkdir()
+            with lzma.open(CAPTURES / f"{program}.{label}.xplane.pb.xz") as packed, \
+                    open(folder / f"{program}.xplane.pb", "wb") as out:
+                shutil.copyfileobj(packed, out)
+            made[(program, label)] = analyze_session(locate_session(folder / f"{program}.xplane.pb"),
+                                                     work / f"{program}.{label}.out")
+        return made[(program, label)]
+    return report
+
+
+def test_every_trial_has_its_captures_and_steps():
+    for program, trial in TRIALS.items():
+        for label in ("before-a", "before-b", trial["after"]):
+            assert mean_ms(program, label) > 0
+        for label in ("before-a", trial["after"]):
+            assert (CAPTURES / f"{program}.{label}.xplane.pb.xz").stat().st_size > 1000
+
+
+@pytest.mark.parametrize("program", WITH_IDIOM)
+def test_the_before_report_leads_with_the_idioms_change_predicted_within_its_factor(program, reports):
+    trial = TRIALS[program]
+    top = reports(program, "before-a").diagnosis.findings[0]
+    assert top.key == trial["idiom"], (top.key, top.fix[:200])
+    assert top.fix.startswith("First, ")
+    low, high = (float(x) for x in top.fix.split("Expected: ", 1)[1].split("% shorter", 1)[0].split("–"))
+    realized = 100 * (1 - mean_ms(program, trial["after"]) / mean_ms(program, "before-a"))
+    middle = (low + high) / 2
+    assert 1 / RATIO_MAX <= realized / middle <= RATIO_MAX, (program, low, high, realized)
+
+
+@pytest.mark.parametrize("program", WITH_IDIOM)
+def test_the_after_report_no_longer_leads_with_it(program, reports):
+    findings = reports(program, TRIALS[program]["after"]).diagnosis.findings
+    assert not findings or findings[0].key != TRIALS[program]["idiom"], findings[0].fix[:200]
+
+
+@pytest.mark.parametrize("program", ["onehot_embed", "heldout_gp_fit_raw", "repeated_solve"])
+def test_no_report_names_an_internal_trial_or_program(program, reports):
+    """What a user reads names their program's own files, never this repository's trials, tests or benchmarks."""
+    diagnosis = reports(program, "before-a").diagnosis
+    text = " ".join([diagnosis.summary] + [f"{f.title} {f.whats_happening} {f.fix} {f.expected_impact}"
+                                           for f in diagnosis.findings])
+    for word in ("fix trial", "fix_trials", "bench/", "tests/", "gpt2_train_linen", "prefill_keras",
+                 "paged_decode_raw", "moe_serve_raw"):
+        assert word not in text, word
