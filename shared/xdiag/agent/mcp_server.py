@@ -67,6 +67,10 @@ ANALYSES = "analyses"
 READ_ONLY = {"read_only_hint": True, "open_world_hint": False}
 """MCP reads destructive_hint and idempotent_hint only where read_only_hint is false (the spec's ToolAnnotations)."""
 WRITES = {"read_only_hint": False, "idempotent_hint": True, "destructive_hint": False, "open_world_hint": True}
+ANALYSING = {"analyze", "diff_sessions"}
+"""The tools that may analyse a profile: they write its analysis folder and run in the analysis lane."""
+DIFF_TOP = 5
+"""Ops and kernels `diff_sessions` lists per group (slower, faster, appeared, gone)."""
 
 
 class BadRequest(XdiagError):
@@ -130,6 +134,12 @@ class XdiagTools:
                             "description": "The finding's key (e.g. input_bound) or its rank (1 = the first "
                                            "listed)."},
                 **paging}),
+            ("diff_sessions", DIFF_QUESTION, XdiagTools._diff_sessions, {
+                "before": {"type": "string", "required": True, "max_length": 4096,
+                           "description": "The analysis folder `analyze` returned, or a profile (analysed first)."},
+                "after": {"type": "string", "required": True, "max_length": 4096,
+                          "description": "The same, after the change."},
+                **paging}),
         )
         for name, question, func, parameters in own:
             specs[name] = ToolSpec(name=name, question=question, func=func, parameters=parameters, broad=False,
@@ -143,7 +153,7 @@ class XdiagTools:
         tools = []
         for name, spec in self.specs.items():
             description = spec.question  # the answer names its fields; `xdiag tool NAME --help` says each one
-            hints = WRITES if name == "analyze" else READ_ONLY
+            hints = WRITES if name in ANALYSING else READ_ONLY
             tools.append({"name": name, "description": description,
                           "inputSchema": input_schema(spec, None, ()), "annotations": hints})
         return tools
@@ -177,7 +187,7 @@ class XdiagTools:
 
     def paths(self, name: str, arguments: dict[str, Any]) -> list[Path]:
         """The files and folders a checked call reads or writes (what the client's roots must hold)."""
-        named = [arguments[key] for key in ("path", "analysis", "source_root") if key in arguments]
+        named = [arguments[key] for key in ("path", "analysis", "source_root", "before", "after") if key in arguments]
         if name == "analyze" and arguments.get("out"):  # the default is chosen inside the bounds (default_out)
             named.append(arguments["out"])
         elif name == "list_sessions" and "path" not in arguments:
@@ -366,6 +376,31 @@ class XdiagTools:
                 "follow_up_calls": follow_ups, "report": stored.get("report_uri"),
                 "tool_questions": questions, "tool_outputs": str(outputs)}
 
+    def _diff_sessions(self, before: str, after: str) -> dict[str, Any]:
+        from xdiag.compare.answer import agent_answer
+        from xdiag.compare.sessions import compare_sessions
+
+        diff = compare_sessions(self._analysed(before), self._analysed(after), top=DIFF_TOP)
+        if diff.refused_because:
+            raise BadRequest(f"not compared: {diff.refused_because}; a verdict compares two captures of one program "
+                             "on one kind of device")
+        return agent_answer(diff)
+
+    def _analysed(self, path: str):
+        """An analysis folder (or its analysis.json) as it is; a profile analysed first, as `analyze` does, into
+        the folder `analyze` would choose, or one beside it: never over another profile's analysis."""
+        from xdiag.cloud.embedded import analysis_folder
+        from xdiag.compare.outputs import ANALYSIS_FILE, load_folder
+
+        given = Path(path)
+        folder = given.parent if given.name == ANALYSIS_FILE else given
+        if (folder / ANALYSIS_FILE).is_file():  # read bounded as every read is (a link out is refused there)
+            return load_folder(folder, path)
+        located = _located(path, None)
+        target = analysis_folder(self._default_out(located.name, given, self.folders).parent, located)
+        self._analyze(path=path, out=str(target))
+        return load_folder(target, path)
+
 
 ANALYZE_QUESTION = ("The whole analysis of a profile session (`xdiag analyze`: the 19 broad tools, the "
                     "investigation, summary.html): the diagnosis (OPTIMAL or NEEDS_ATTENTION, the findings ranked "
@@ -375,6 +410,9 @@ ANALYZE_QUESTION = ("The whole analysis of a profile session (`xdiag analyze`: t
 LIST_SESSIONS_QUESTION = ("The profile sessions one can analyse: those of an XProf log dir (`path`: name, files, "
                           "bytes, and its analysis folder where there is one), or, without `path`, the "
                           "local stack's (`xdiag up`) runs and their sessions with status and report.")
+DIFF_QUESTION = ("Did a change work? Two captures of one program: the step-time verdict with its 95% interval, each "
+                 "finding's predicted gain beside the realized one, the lines that moved. Refused where platforms or "
+                 "programs differ.")
 EXPLAIN_QUESTION = ("One finding of an analysis in full: what is happening, its evidence with the tool output each "
                     "number comes from (the field and its reported value; each tool's question once), the expected "
                     "impact and the fix.")
@@ -515,7 +553,7 @@ class Dispatcher:
 
     async def _in_worker(self, name: str, arguments: dict[str, Any], folders: list[Path]) -> dict[str, Any]:
         lanes = self.lanes
-        if name == "analyze":
+        if name in ANALYSING:
             async with lanes.analysis:
                 return await self.workers.run(name, arguments, folders)
         key = self.tools.profile_key(name, arguments)

@@ -388,9 +388,15 @@ def _headline(verdict: str, test: StepTest, step: Change, a: SessionRef, b: Sess
     if a.analysis_id and a.analysis_id == b.analysis_id:
         lines_out.append("Before and after are one capture (the same files): compare a capture made after the change.")
     for o in outcomes[:4]:
-        predicted = (f"predicted up to {o.predicted.percent_of_step:.3g}% of the step"
-                     + (f" ({o.predicted.ms_per_step:.4g} ms)" if o.predicted.ms_per_step is not None else "")
-                     if o.predicted.percent_of_step is not None else "no predicted number")
+        p = o.predicted
+        if p.percent_of_step is None:
+            predicted = "no predicted number"
+        elif p.low_percent_of_step is not None:
+            predicted = (f"predicted {p.low_percent_of_step:.3g}–{p.percent_of_step:.3g}% shorter steps"
+                         + (f" ({p.low_ms_per_step:.4g}–{p.ms_per_step:.4g} ms)" if p.ms_per_step is not None else ""))
+        else:
+            predicted = (f"predicted up to {p.percent_of_step:.3g}% of the step"
+                         + (f" ({p.ms_per_step:.4g} ms)" if p.ms_per_step is not None else ""))
         lines_out.append(f"{o.key} ({o.priority_before}): {o.outcome}; {predicted}; {_realized(verdict, o)}.")
     measured = [c for c in lines.moved if c.delta_ms_per_step is not None][:3] if lines.available else []
     if measured:
