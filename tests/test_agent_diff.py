@@ -67,6 +67,10 @@ def test_an_agent_compares_before_and_after_over_mcp(tmp_path):
             analysed, _ = _answer(await client.call_tool("analyze", {"path": str(before)}))
             top = analysed["findings"][0]
             assert top["key"] == "low_kernel_efficiency"
+            # the agent analyses the new capture too: both files are named run.xplane.pb, and the baseline's
+            # analysis stays the baseline's
+            again, _ = _answer(await client.call_tool("analyze", {"path": str(after)}))
+            assert Path(again["analysis"]) == Path(analysed["analysis"]).with_name("run-2")
             # the change applied, captured again the same way: compared with the baseline's analysis folder
             diff, sizes["before/after"] = _answer(await client.call_tool(
                 "diff_sessions", {"before": analysed["analysis"], "after": str(after)}))
@@ -88,10 +92,9 @@ def test_an_agent_compares_before_and_after_over_mcp(tmp_path):
             assert moved and moved[0]["line"].endswith(f"{PROGRAM}.py:" + moved[0]["line"].rsplit(":", 1)[1])
             assert moved[0]["delta_ms_per_step"] < 0
             assert "step_ms" not in test["baseline"] and "step_time" not in diff  # each fact once
-            # both files are named run.xplane.pb: the baseline's analysis is still the baseline's
-            kept = json.loads((Path(analysed["analysis"]) / "analysis.json").read_text())
-            assert kept["profile_uris"] == [str(before)]
-            assert diff["baseline"]["report_uri"] != diff["candidate"]["report_uri"]
+            for folder, profile in ((analysed["analysis"], before), (again["analysis"], after)):
+                assert json.loads((Path(folder) / "analysis.json").read_text())["profile_uris"] == [str(profile)]
+            assert diff["candidate"]["report_uri"] == again["report"]  # the same files: the same folder
 
             same, sizes["one capture"] = _answer(await client.call_tool(
                 "diff_sessions", {"before": str(before), "after": str(before)}))

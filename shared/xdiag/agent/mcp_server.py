@@ -197,9 +197,11 @@ class XdiagTools:
     def default_out(self, arguments: dict[str, Any], folders: list[Path]) -> Path:
         """Where `analyze` writes when the call names no `out`: below the allowed folder that holds the profile (or
         the first one), else below the result cache's folder; never the server's working folder, which the client
-        may not have allowed (nor expect files in)."""
-        return self._default_out(_located(arguments["path"], arguments.get("session")).name, Path(arguments["path"]),
-                                 folders)
+        may not have allowed (nor expect files in); never over another profile's analysis (`analysis_folder`)."""
+        from xdiag.cloud.embedded import analysis_folder
+
+        located = _located(arguments["path"], arguments.get("session"))
+        return analysis_folder(self._default_out(located.name, Path(arguments["path"]), folders).parent, located)
 
     def _default_out(self, name: str, path: Path, folders: list[Path]) -> Path:
         profile = path.absolute().resolve()
@@ -388,16 +390,14 @@ class XdiagTools:
 
     def _analysed(self, path: str):
         """An analysis folder (or its analysis.json) as it is; a profile analysed first, as `analyze` does, into
-        the folder `analyze` would choose, or one beside it: never over another profile's analysis."""
-        from xdiag.cloud.embedded import analysis_folder
+        the folder `analyze` chooses where no `out` is named (never over another profile's analysis)."""
         from xdiag.compare.outputs import ANALYSIS_FILE, load_folder
 
         given = Path(path)
         folder = given.parent if given.name == ANALYSIS_FILE else given
         if (folder / ANALYSIS_FILE).is_file():  # read bounded as every read is (a link out is refused there)
             return load_folder(folder, path)
-        located = _located(path, None)
-        target = analysis_folder(self._default_out(located.name, given, self.folders).parent, located)
+        target = self.default_out({"path": path}, self.folders)
         self._analyze(path=path, out=str(target))
         return load_folder(target, path)
 

@@ -27,7 +27,7 @@ app = typer.Typer()
 @app.command()
 def analyze(
     path: Annotated[Path, typer.Argument(help=PATH_HELP)],
-    out_dir: Annotated[Optional[Path], typer.Option("--out", help="Output folder (default ./xdiag-out/<session>).")] = None,
+    out_dir: Annotated[Optional[Path], typer.Option("--out", help="Output folder (default ./xdiag-out/<session>, or <session>-2, … where that holds another profile's analysis).")] = None,
     investigator: Annotated[str, typer.Option(envvar="XDIAG_INVESTIGATOR", help="rules (built-in, no network) or gemini (Vertex AI).")] = "rules",
     session: Annotated[Optional[str], typer.Option(help="Session name inside a log dir (default: the newest).")] = None,
     max_profile_gib: Annotated[float, typer.Option(help=MAX_PROFILE_HELP)] = 2.0,
@@ -98,10 +98,10 @@ def analyze(
         read_ahead = ReadAhead(located.files[0], located.name, max_bytes, on_read,
                                read_threads(getattr(started_views, "workers_converting", 0)))  # under the imports
     try:
-        from xdiag.cloud.embedded import analyze_session, build_embedded
+        from xdiag.cloud.embedded import analysis_folder, analyze_session, build_embedded
 
         freeze_collector()
-        target = out_dir or Path("xdiag-out") / located.name
+        target = out_dir or analysis_folder(Path("xdiag-out"), located)
         deps = build_embedded(max_bytes=max_bytes, on_event=on_event, read_progress=on_read,
                               investigators=investigators, started_views=(located.files, started_views))
         if read_ahead is not None:
