@@ -78,7 +78,8 @@ def test_the_default_output_folder_never_holds_another_profile_s_analysis(tmp_pa
     same = TESTS / "profiles" / "same_program" / "tpu_v5e" / "healthy"
     for side, capture in (("a", "a0"), ("b", "b1")):
         (tmp_path / side).mkdir()
-        (tmp_path / side / "run.xplane.pb").write_bytes(lzma.decompress((same / f"{capture}.xplane.pb.xz").read_bytes()))
+        packed = (same / f"{capture}.xplane.pb.xz").read_bytes()
+        (tmp_path / side / "run.xplane.pb").write_bytes(lzma.decompress(packed))
     for side, folder in (("a", "run"), ("b", "run-2"), ("a", "run")):
         done = _xdiag("analyze", f"{side}/run.xplane.pb", "-q", "--no-xprof-views", cwd=tmp_path)
         assert done.returncode == 0, done.stderr

@@ -131,7 +131,8 @@ def one_name(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     cwd = tmp_path_factory.mktemp("one-name")
     for side, capture in (("a", "a0"), ("b", "b1")):
         (cwd / side).mkdir()
-        (cwd / side / "run.xplane.pb").write_bytes(lzma.decompress((SAME / "healthy" / f"{capture}.xplane.pb.xz").read_bytes()))
+        packed = (SAME / "healthy" / f"{capture}.xplane.pb.xz").read_bytes()
+        (cwd / side / "run.xplane.pb").write_bytes(lzma.decompress(packed))
     (cwd / "xdiag-out" / "run-2").mkdir(parents=True)
     (cwd / "xdiag-out" / "run-2" / "notes.txt").write_text("mine")
     return cwd, _xdiag("diff", "a/run.xplane.pb", "b/run.xplane.pb", cwd=cwd)
@@ -188,20 +189,28 @@ def test_the_gate_fails_where_there_is_no_verdict(analysed, tmp_path):
 
 def test_bad_input_to_diff_is_one_line_naming_the_file(analysed, tmp_path):
     corrupt = {}
-    for name, damage in (("cut", lambda f: f.write_bytes(f.read_bytes()[:300])), ("list", lambda f: f.write_text("[1]"))):
+    for name, damage in (("cut", lambda f: f.write_bytes(f.read_bytes()[:300])),
+                         ("list", lambda f: f.write_text("[1]"))):
         corrupt[name] = tmp_path / name
         shutil.copytree(analysed["healthy"], corrupt[name])
         damage(corrupt[name] / "analysis.json")
     tool = tmp_path / "tool"
     shutil.copytree(analysed["healthy"], tool)
     (tool / "tools" / "get_step_trace.json").write_text('{"status": "ok", "summary": ')
+    misshapen = tmp_path / "misshapen"  # JSON of the right kind whose table is text
+    shutil.copytree(analysed["healthy"], misshapen)
+    trace = json.loads((misshapen / "tools" / "get_step_trace.json").read_text())
+    (misshapen / "tools" / "get_step_trace.json").write_text(json.dumps({**trace, "detail": {"steps": "abc"}}))
     (tmp_path / "a-file").write_text("mine")
     for args, said in (
         ((corrupt["cut"], analysed["healthy"]), f"{corrupt['cut'] / 'analysis.json'}: not an analysis output"),
         ((analysed["healthy"], corrupt["list"]), f"{corrupt['list'] / 'analysis.json'}: not an analysis output"),
         ((tool, analysed["healthy"]), f"{tool / 'tools' / 'get_step_trace.json'}: not an analysis output"),
-        ((analysed["healthy"], analysed["healthy"], "--out", tmp_path / "a-file"), f"--out {tmp_path / 'a-file'}: not a folder"),
-        ((tmp_path / "gone" / "run.xplane.pb", analysed["healthy"]), f"{tmp_path / 'gone' / 'run.xplane.pb'}: no such file"),
+        ((analysed["healthy"], misshapen), f"{misshapen}: an output of its analysis is not what xdiag writes"),
+        ((analysed["healthy"], analysed["healthy"], "--out", tmp_path / "a-file"),
+         f"--out {tmp_path / 'a-file'}: not a folder"),
+        ((tmp_path / "gone" / "run.xplane.pb", analysed["healthy"]),
+         f"{tmp_path / 'gone' / 'run.xplane.pb'}: no such file"),
         (("gone/run.xplane.pb", analysed["healthy"]), "gone/run.xplane.pb: no such file or folder"),
     ):
         _refused(_xdiag("diff", *args, cwd=tmp_path), said)

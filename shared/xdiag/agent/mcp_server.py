@@ -380,9 +380,9 @@ class XdiagTools:
 
     def _diff_sessions(self, before: str, after: str) -> dict[str, Any]:
         from xdiag.compare.answer import agent_answer
-        from xdiag.compare.sessions import compare_sessions
+        from xdiag.compare.outputs import compare_outputs
 
-        diff = compare_sessions(self._analysed(before), self._analysed(after), top=DIFF_TOP)
+        diff = compare_outputs(self._analysed(before), self._analysed(after), top=DIFF_TOP)
         if diff.refused_because:
             raise BadRequest(f"not compared: {diff.refused_because}; a verdict compares two captures of one program "
                              "on one kind of device")

@@ -430,7 +430,7 @@ def diff(
     whose device time moved most; then the breakdown, ops and kernels per step, memory peak. Captures of other
     platforms, devices or programs are refused (exit 2): no verdict compares them."""
     from xdiag.compare.html import write_diff
-    from xdiag.compare.sessions import compare_sessions
+    from xdiag.compare.outputs import compare_outputs
     from xdiag.compare.steps import slower_than
 
     threshold = _percent(fail_if_slower) if fail_if_slower is not None else None
@@ -438,7 +438,10 @@ def diff(
         fail(f"--out {out_dir}: not a folder; name a folder for diff.html and diff.json")
     before = _outputs(baseline, run, url, token, stack_dir)
     after = _outputs(candidate, run, url, token, stack_dir)
-    result = compare_sessions(before, after, top=top)
+    try:
+        result = compare_outputs(before, after, top=top)
+    except XdiagError as exc:
+        fail(str(exc))
     if result.refused_because:
         fail(f"not compared: {result.refused_because}; a verdict compares two captures of one program on one kind "
              "of device")

@@ -3,8 +3,9 @@ candidate, with the gain it predicted beside the gain realized.
 
 The predicted gain is the finding's own `expected_impact`, as the investigator wrote it: the range its lead lever
 gives ("Leading with <lever>: A–B% shorter steps", the change its fix leads with), else "up to N% shorter steps" or
-"up to N% of step time" (a share of the step), else a range it states ("A–B% shorter steps"), or "… = N% of op time" / "cuts N% of op time" / "up to N% less op
-time" (a share of device op time, turned into a share of the step with the side's op time per step). A finding that
+"up to N% of step time" (a share of the step), else a range it states ("A–B% shorter steps"), else "… = N% of op
+time" / "cuts N% of op time" / "up to N% less op time" (a share of device op time, turned into a share of the step
+with the side's op time per step). A finding that
 states its gain in words alone has no predicted number, and the outcome says so. The realized gain is the step
 time's (1 − after/before, from the step test); the finding's own stake on the candidate side (what the same finding
 predicts there) says whether its part shrank: smaller where it is at most `SMALLER` of what it was, larger where it

@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from xdiag.compare.sessions import SessionOutputs
+from xdiag.compare.sessions import SessionDiff, SessionOutputs, compare_sessions
 from xdiag.errors import XdiagError
 from xdiag.model import Analysis, ToolResult
 
@@ -90,3 +90,22 @@ class LocalFolder:
 def load_folder(folder: Path, label: str) -> SessionOutputs:
     """The outputs of the analysis in a local folder (`xdiag analyze --out`, `analyze`'s folder)."""
     return load_outputs(LocalFolder(), str(folder.absolute()), label)
+
+
+_MISSHAPEN = (TypeError, AttributeError, KeyError, ValueError, IndexError)
+"""What reading a field of another shape than xdiag writes raises (a list where a table was, text where a number)."""
+
+
+def compare_outputs(before: SessionOutputs, after: SessionOutputs, top: int = 15) -> SessionDiff:
+    """`compare_sessions` of two analyses read back; NotAnAnalysis naming the side whose outputs are not of the
+    shape xdiag writes (an edited or damaged file that still parses): each side is compared with itself to tell."""
+    try:
+        return compare_sessions(before, after, top=top)
+    except _MISSHAPEN as exc:
+        for side in (before, after):
+            try:
+                compare_sessions(side, side, top=top)
+            except _MISSHAPEN:
+                raise NotAnAnalysis(f"{side.label}: an output of its analysis is not what xdiag writes "
+                                    f"({type(exc).__name__}: {exc}); analyse the profile again") from None
+        raise
