@@ -20,6 +20,7 @@ from tests.conftest import H200, TESTS
 TRIALS = TESTS / "profiles" / "fix_trials"
 TPU_V5E = TESTS / "profiles" / "tpu_v5e"
 PROGRAM = "mlp_f32_raw"  # f32 matmuls at HIGHEST precision; the change: the default precision
+SECRET = "SECRET-OUTSIDE-0d41"
 
 
 def _capture(label: str, folder: Path) -> Path:
@@ -50,6 +51,10 @@ def test_an_agent_compares_before_and_after_over_mcp(tmp_path):
     before, after = _capture("before-a", work / "before"), _capture("default", work / "after")
     shutil.copyfile(TPU_V5E / "healthy.xplane.pb", work / "tpu_healthy.xplane.pb")
     shutil.copyfile(H200 / "healthy.xplane.pb", work / "gpu_healthy.xplane.pb")
+    outside = tmp_path / "outside"  # an analysis folder outside the allowed one, and a link to it inside
+    (outside / "tools").mkdir(parents=True)
+    (outside / "analysis.json").write_text(json.dumps({"session_id": SECRET, "analysis_id": SECRET}))
+    (work / "linked").symlink_to(outside, target_is_directory=True)
     env = {**os.environ, "XDIAG_LOCAL_CACHE_DIR": str(tmp_path / "cache")}
     params = StdioServerParameters(command=sys.executable, args=["-m", "xdiag.cli", "mcp", "--allow", str(work)],
                                    env=env, cwd=tmp_path)
@@ -107,9 +112,10 @@ def test_an_agent_compares_before_and_after_over_mcp(tmp_path):
             assert refused.is_error and refused.content[0].text.startswith("not compared: the platforms differ")
             assert "faster" not in refused.content[0].text and "Traceback" not in refused.content[0].text
 
-            outside = await client.call_tool("diff_sessions", {"before": str(TPU_V5E / "healthy.xplane.pb"),
-                                                               "after": str(after)})
-            assert outside.is_error and "outside the folders this server may use" in outside.content[0].text
+            for elsewhere in (TPU_V5E / "healthy.xplane.pb", work / "linked", work / "linked" / "analysis.json"):
+                refused = await client.call_tool("diff_sessions", {"before": str(elsewhere), "after": str(after)})
+                said = refused.content[0].text
+                assert refused.is_error and "outside the folders this server may use" in said and SECRET not in said
 
     anyio.run(drive)
     assert max(sizes.values()) < 30_000, sizes
