@@ -136,7 +136,7 @@ class XdiagTools:
                 **paging}),
             ("diff_sessions", DIFF_QUESTION, XdiagTools._diff_sessions, {
                 "before": {"type": "string", "required": True, "max_length": 4096,
-                           "description": "The analysis folder `analyze` returned, or a profile (analysed first)."},
+                           "description": "An analysis folder (from analyze) or a profile."},
                 "after": {"type": "string", "required": True, "max_length": 4096,
                           "description": "The same, after the change."},
                 **paging}),
@@ -411,8 +411,8 @@ LIST_SESSIONS_QUESTION = ("The profile sessions one can analyse: those of an XPr
                           "bytes, and its analysis folder where there is one), or, without `path`, the "
                           "local stack's (`xdiag up`) runs and their sessions with status and report.")
 DIFF_QUESTION = ("Did a change work? Two captures of one program: the step-time verdict with its 95% interval, each "
-                 "finding's predicted gain beside the realized one, the lines that moved. Refused where platforms or "
-                 "programs differ.")
+                 "finding's predicted gain beside the realized one, the lines that moved. Refused across platforms "
+                 "or programs.")
 EXPLAIN_QUESTION = ("One finding of an analysis in full: what is happening, its evidence with the tool output each "
                     "number comes from (the field and its reported value; each tool's question once), the expected "
                     "impact and the fix.")
