@@ -251,7 +251,7 @@ class XdiagTools:
 
     def _analyze(self, path: str, session: str | None = None, out: str | None = None,
                  investigator: str = "rules", source_root: str | None = None) -> dict[str, Any]:
-        from xdiag.analysis.line_view import SOURCE_ROOT_ENV
+        from xdiag.analysis.source_code import SOURCE_ROOT_ENV
         from xdiag.cloud.embedded import analyze_session, build_embedded
         from xdiag.profile.confined import resolved
 
