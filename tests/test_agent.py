@@ -28,7 +28,8 @@ from tests.conftest import H200, TESTS
 
 TPU_V5E = TESTS / "profiles" / "tpu_v5e"
 RANKS = TESTS / "profiles" / "torch_ranks" / "straggler"
-MCP_OWN_TOOLS = {"analyze", "list_sessions", "explain_finding"}
+MCP_OWN_TOOLS = {"analyze", "list_sessions", "explain_finding", "diff_sessions"}
+ANALYSING = {"analyze", "diff_sessions"}  # the tools that may write an analysis folder
 
 
 def _xdiag(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -416,7 +417,8 @@ async def _drive(client_of, tmp_path: Path) -> None:
         for tool in listed.values():
             jsonschema.Draft202012Validator.check_schema(tool.input_schema)  # jsonschema: the MCP SDK's dependency
             hints = tool.annotations
-            assert hints.read_only_hint is (tool.name != "analyze") and hints.open_world_hint is (tool.name == "analyze")
+            writes = tool.name in ANALYSING
+            assert hints.read_only_hint is not writes and hints.open_world_hint is writes
             if not hints.read_only_hint:  # MCP reads these two only where a tool is not read-only
                 assert hints.idempotent_hint and hints.destructive_hint is False
             assert not re.search(r"xdiag\.[a-z_]+\.[a-z_]+", tool.description), tool.description  # no Python names

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import lzma
 import os
 import subprocess
 import sys
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 from xdiag.tools import BROAD_TOOLS
 
-from tests.conftest import shared_profile
+from tests.conftest import TESTS, shared_profile
 
 
 def _xdiag(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -69,6 +70,23 @@ def test_default_output_folder_is_named_after_the_session(cpu_profiles, tmp_path
     assert done.returncode == 0, done.stderr
     session = cpu_profiles["healthy"].parent.name
     assert Path(done.stdout.strip()) == (tmp_path / "xdiag-out" / session / "summary.html").resolve()
+
+
+def test_the_default_output_folder_never_holds_another_profile_s_analysis(tmp_path):
+    """Two profiles both named run.xplane.pb (or one captured again): the second goes to xdiag-out/run-2; analysing
+    the first again replaces only its own analysis."""
+    same = TESTS / "profiles" / "same_program" / "tpu_v5e" / "healthy"
+    for side, capture in (("a", "a0"), ("b", "b1")):
+        (tmp_path / side).mkdir()
+        packed = (same / f"{capture}.xplane.pb.xz").read_bytes()
+        (tmp_path / side / "run.xplane.pb").write_bytes(lzma.decompress(packed))
+    for side, folder in (("a", "run"), ("b", "run-2"), ("a", "run")):
+        done = _xdiag("analyze", f"{side}/run.xplane.pb", "-q", "--no-xprof-views", cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        assert Path(done.stdout.strip()) == (tmp_path / "xdiag-out" / folder / "summary.html").resolve()
+        analysis = json.loads((tmp_path / "xdiag-out" / folder / "analysis.json").read_text())
+        assert analysis["profile_uris"] == [str((tmp_path / side / "run.xplane.pb").resolve())]
+    assert sorted(p.name for p in (tmp_path / "xdiag-out").iterdir()) == ["run", "run-2"]
 
 
 def _file(folder: Path, name: str, content: bytes) -> Path:

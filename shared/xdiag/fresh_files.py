@@ -13,7 +13,7 @@ import contextlib
 import hashlib
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -58,3 +58,24 @@ def verified(stored: bytes) -> bytes | None:
     if not newline or not header.startswith(DIGEST_HEADER):
         return None
     return data if header[len(DIGEST_HEADER):] == hashlib.sha256(data).hexdigest().encode() else None
+
+
+def unclaimed_folder(parent: Path, name: str, holds_the_same: Callable[[Path], bool]) -> Path:
+    """`parent/name`, else `name-2`, `name-3` …: the first folder a command may write its result into without
+    replacing another result: one that is not there, is empty, or holds what this command would write again (an
+    earlier result of the same inputs, as `holds_the_same` reads it). A link, a file or a folder it cannot read is
+    another's."""
+    n = 1
+    while True:
+        folder = parent / (name if n == 1 else f"{name}-{n}")
+        n += 1
+        if not os.path.lexists(folder):
+            return folder
+        if folder.is_symlink() or not folder.is_dir():
+            continue
+        try:
+            empty = not any(folder.iterdir())
+        except OSError:
+            continue
+        if empty or holds_the_same(folder):
+            return folder

@@ -67,6 +67,10 @@ ANALYSES = "analyses"
 READ_ONLY = {"read_only_hint": True, "open_world_hint": False}
 """MCP reads destructive_hint and idempotent_hint only where read_only_hint is false (the spec's ToolAnnotations)."""
 WRITES = {"read_only_hint": False, "idempotent_hint": True, "destructive_hint": False, "open_world_hint": True}
+ANALYSING = {"analyze", "diff_sessions"}
+"""The tools that may analyse a profile: they write its analysis folder and run in the analysis lane."""
+DIFF_TOP = 5
+"""Ops and kernels `diff_sessions` lists per group (slower, faster, appeared, gone)."""
 
 
 class BadRequest(XdiagError):
@@ -130,6 +134,12 @@ class XdiagTools:
                             "description": "The finding's key (e.g. input_bound) or its rank (1 = the first "
                                            "listed)."},
                 **paging}),
+            ("diff_sessions", DIFF_QUESTION, XdiagTools._diff_sessions, {
+                "before": {"type": "string", "required": True, "max_length": 4096,
+                           "description": "An analysis folder (from analyze) or a profile."},
+                "after": {"type": "string", "required": True, "max_length": 4096,
+                          "description": "The same, after the change."},
+                **paging}),
         )
         for name, question, func, parameters in own:
             specs[name] = ToolSpec(name=name, question=question, func=func, parameters=parameters, broad=False,
@@ -143,7 +153,7 @@ class XdiagTools:
         tools = []
         for name, spec in self.specs.items():
             description = spec.question  # the answer names its fields; `xdiag tool NAME --help` says each one
-            hints = WRITES if name == "analyze" else READ_ONLY
+            hints = WRITES if name in ANALYSING else READ_ONLY
             tools.append({"name": name, "description": description,
                           "inputSchema": input_schema(spec, None, ()), "annotations": hints})
         return tools
@@ -177,7 +187,7 @@ class XdiagTools:
 
     def paths(self, name: str, arguments: dict[str, Any]) -> list[Path]:
         """The files and folders a checked call reads or writes (what the client's roots must hold)."""
-        named = [arguments[key] for key in ("path", "analysis", "source_root") if key in arguments]
+        named = [arguments[key] for key in ("path", "analysis", "source_root", "before", "after") if key in arguments]
         if name == "analyze" and arguments.get("out"):  # the default is chosen inside the bounds (default_out)
             named.append(arguments["out"])
         elif name == "list_sessions" and "path" not in arguments:
@@ -187,9 +197,11 @@ class XdiagTools:
     def default_out(self, arguments: dict[str, Any], folders: list[Path]) -> Path:
         """Where `analyze` writes when the call names no `out`: below the allowed folder that holds the profile (or
         the first one), else below the result cache's folder; never the server's working folder, which the client
-        may not have allowed (nor expect files in)."""
-        return self._default_out(_located(arguments["path"], arguments.get("session")).name, Path(arguments["path"]),
-                                 folders)
+        may not have allowed (nor expect files in); never over another profile's analysis (`analysis_folder`)."""
+        from xdiag.cloud.embedded import analysis_folder
+
+        located = _located(arguments["path"], arguments.get("session"))
+        return analysis_folder(self._default_out(located.name, Path(arguments["path"]), folders).parent, located)
 
     def _default_out(self, name: str, path: Path, folders: list[Path]) -> Path:
         profile = path.absolute().resolve()
@@ -366,6 +378,29 @@ class XdiagTools:
                 "follow_up_calls": follow_ups, "report": stored.get("report_uri"),
                 "tool_questions": questions, "tool_outputs": str(outputs)}
 
+    def _diff_sessions(self, before: str, after: str) -> dict[str, Any]:
+        from xdiag.compare.answer import agent_answer
+        from xdiag.compare.outputs import compare_outputs
+
+        diff = compare_outputs(self._analysed(before), self._analysed(after), top=DIFF_TOP)
+        if diff.refused_because:
+            raise BadRequest(f"not compared: {diff.refused_because}; a verdict compares two captures of one program "
+                             "on one kind of device")
+        return agent_answer(diff)
+
+    def _analysed(self, path: str):
+        """An analysis folder (or its analysis.json) as it is; a profile analysed first, as `analyze` does, into
+        the folder `analyze` chooses where no `out` is named (never over another profile's analysis)."""
+        from xdiag.compare.outputs import ANALYSIS_FILE, load_folder
+
+        given = Path(path)
+        folder = given.parent if given.name == ANALYSIS_FILE else given
+        if (folder / ANALYSIS_FILE).is_file():  # read bounded as every read is (a link out is refused there)
+            return load_folder(folder, path)
+        target = self.default_out({"path": path}, self.folders)
+        self._analyze(path=path, out=str(target))
+        return load_folder(target, path)
+
 
 ANALYZE_QUESTION = ("The whole analysis of a profile session (`xdiag analyze`: the 19 broad tools, the "
                     "investigation, summary.html): the diagnosis (OPTIMAL or NEEDS_ATTENTION, the findings ranked "
@@ -375,6 +410,9 @@ ANALYZE_QUESTION = ("The whole analysis of a profile session (`xdiag analyze`: t
 LIST_SESSIONS_QUESTION = ("The profile sessions one can analyse: those of an XProf log dir (`path`: name, files, "
                           "bytes, and its analysis folder where there is one), or, without `path`, the "
                           "local stack's (`xdiag up`) runs and their sessions with status and report.")
+DIFF_QUESTION = ("Did a change work? Two captures of one program: the step-time verdict with its 95% interval, each "
+                 "finding's predicted gain beside the realized one, the lines that moved. Refused across platforms "
+                 "or programs.")
 EXPLAIN_QUESTION = ("One finding of an analysis in full: what is happening, its evidence with the tool output each "
                     "number comes from (the field and its reported value; each tool's question once), the expected "
                     "impact and the fix.")
@@ -515,7 +553,7 @@ class Dispatcher:
 
     async def _in_worker(self, name: str, arguments: dict[str, Any], folders: list[Path]) -> dict[str, Any]:
         lanes = self.lanes
-        if name == "analyze":
+        if name in ANALYSING:
             async with lanes.analysis:
                 return await self.workers.run(name, arguments, folders)
         key = self.tools.profile_key(name, arguments)

@@ -27,7 +27,7 @@ app = typer.Typer()
 @app.command()
 def analyze(
     path: Annotated[Path, typer.Argument(help=PATH_HELP)],
-    out_dir: Annotated[Optional[Path], typer.Option("--out", help="Output folder (default ./xdiag-out/<session>).")] = None,
+    out_dir: Annotated[Optional[Path], typer.Option("--out", help="Output folder (default ./xdiag-out/<session>, or <session>-2, … where that holds another profile's analysis).")] = None,
     investigator: Annotated[str, typer.Option(envvar="XDIAG_INVESTIGATOR", help="rules (built-in, no network) or gemini (Vertex AI).")] = "rules",
     session: Annotated[Optional[str], typer.Option(help="Session name inside a log dir (default: the newest).")] = None,
     max_profile_gib: Annotated[float, typer.Option(help=MAX_PROFILE_HELP)] = 2.0,
@@ -98,10 +98,10 @@ def analyze(
         read_ahead = ReadAhead(located.files[0], located.name, max_bytes, on_read,
                                read_threads(getattr(started_views, "workers_converting", 0)))  # under the imports
     try:
-        from xdiag.cloud.embedded import analyze_session, build_embedded
+        from xdiag.cloud.embedded import analysis_folder, analyze_session, build_embedded
 
         freeze_collector()
-        target = out_dir or Path("xdiag-out") / located.name
+        target = out_dir or analysis_folder(Path("xdiag-out"), located)
         deps = build_embedded(max_bytes=max_bytes, on_event=on_event, read_progress=on_read,
                               investigators=investigators, started_views=(located.files, started_views))
         if read_ahead is not None:
@@ -342,22 +342,20 @@ def demo(
 
 def _local_outputs(path: Path, label: str):
     """An analysis folder as it is, or a profile (file, session folder, log dir) analysed first by the embedded
-    default into ./xdiag-out/<session>."""
-    from xdiag.cloud.memory import LocalBlobStore
-    from xdiag.compare.outputs import ANALYSIS_FILE, load_outputs
-
-    if path.is_dir() and (path / ANALYSIS_FILE).exists():
-        return load_outputs(LocalBlobStore(), str(path.absolute()), label)
-    from xdiag.cloud.embedded import analyze_session, build_embedded
+    default into ./xdiag-out/<session> (or <session>-2, …: never over another profile's analysis)."""
+    from xdiag.cloud.embedded import analysis_folder, analyze_session, build_embedded
+    from xdiag.compare.outputs import ANALYSIS_FILE, load_folder
     from xdiag.profile.locate import locate_session
 
+    if path.is_dir() and (path / ANALYSIS_FILE).exists():
+        return load_folder(path, label)
     located = locate_session(path, None)
-    target = Path("xdiag-out") / located.name
+    target = analysis_folder(Path("xdiag-out"), located)
     err.print(f"analysing {path} into {target}", highlight=False, soft_wrap=True)
     analysis = analyze_session(located, target, deps_and_bus=build_embedded())
     if analysis.status == "FAILED":
         fail(f"{label}: the analysis failed: {analysis.failure_reason}")
-    return load_outputs(LocalBlobStore(), str(target.absolute()), label)
+    return load_folder(target, label)
 
 
 def _stored_outputs(spec: str, run: Optional[str], url, token, stack_dir: Path):
@@ -376,11 +374,43 @@ def _stored_outputs(spec: str, run: Optional[str], url, token, stack_dir: Path):
     return load_outputs(blobs, report.rsplit("/", 1)[0], f"{run_id}/{session_id}")
 
 
+LOCAL_PATH_ENDINGS = (".pb", ".json", ".gz", ".xz", "/")
+"""A missing argument ending so names a file or folder here, never a RUN/SESSION."""
+
+
 def _outputs(spec: str, run, url, token, stack_dir: Path):
+    """A side of `xdiag diff`: a local analysis folder or profile where one is there, else a pipeline's session."""
+    from xdiag.cloud.stack_config import load_stack_env
+
+    if not os.path.lexists(spec):
+        local = spec.endswith(LOCAL_PATH_ENDINGS) or spec.startswith(("/", "./", "../", "~"))
+        if local or not (url or load_stack_env(stack_dir).get("XDIAG_CONTROL_PLANE_URL")):
+            fail(f"{spec}: no such file or folder" + ("" if local else " (nor a RUN/SESSION: no control plane is "
+                                                                      "set, --url or `xdiag up`)"))
     try:
-        return _local_outputs(Path(spec), spec) if Path(spec).exists() else _stored_outputs(spec, run, url, token, stack_dir)
+        return _local_outputs(Path(spec), spec) if os.path.lexists(spec) else _stored_outputs(spec, run, url, token,
+                                                                                                stack_dir)
     except XdiagError as exc:
         fail(str(exc))
+
+
+def _diff_folder(diff) -> Path:
+    """Where diff.html and diff.json go when --out names none: ./xdiag-out/diff-<before>-<after> (or -2, …: never
+    over another comparison, only an earlier one of the same two analyses)."""
+    from xdiag.compare.html import DIFF_FILE
+    from xdiag.fresh_files import unclaimed_folder
+
+    sides = [(ref.analysis_id, ref.report_uri) for ref in (diff.baseline, diff.candidate)]
+
+    def holds_the_same(folder: Path) -> bool:
+        try:
+            written = json.loads((folder / DIFF_FILE).read_bytes())
+            return [(written[s]["analysis_id"], written[s]["report_uri"]) for s in ("baseline", "candidate")] == sides
+        except (OSError, ValueError, TypeError, KeyError):
+            return False
+
+    return unclaimed_folder(Path("xdiag-out"), f"diff-{diff.baseline.session_id}-{diff.candidate.session_id}",
+                            holds_the_same)
 
 
 @app.command()
@@ -390,33 +420,50 @@ def diff(
     out_dir: Annotated[Optional[Path], typer.Option("--out", help="Where diff.html and diff.json go (default ./xdiag-out/diff-<before>-<after>).")] = None,
     run: Annotated[Optional[str], typer.Option(help=RUN_HELP + " For sessions named without their run.")] = None,
     top: Annotated[int, typer.Option(help="Ops and kernels listed per group.")] = 15,
-    fail_if_slower: Annotated[Optional[str], typer.Option("--fail-if-slower", help="A regression gate: exit 3 when AFTER is slower by more than this (e.g. 5%) with the step test's confidence (its 95% interval of the change lies wholly above it).")] = None,
+    fail_if_slower: Annotated[Optional[str], typer.Option("--fail-if-slower", help="A regression gate: exit 3 when AFTER is slower by more than this (e.g. 5%) with the step test's confidence (its 95% interval of the change lies wholly above it); exit 2 where there is no verdict (too few steps, or captures that cannot be compared).")] = None,
     url: Annotated[Optional[str], URL_OPTION] = None,
     token: Annotated[Optional[str], TOKEN_OPTION] = None,
     stack_dir: Annotated[Path, STACK_DIR] = Path(".xdiag-stack"),
 ) -> None:
     """Did it work? The step time of each side with its interval and a verdict (faster, slower, no change, not
     enough steps), each finding of BEFORE gone, smaller or unchanged with its predicted and realized gain, the lines
-    whose device time moved most; then the breakdown, ops and kernels per step, memory peak."""
+    whose device time moved most; then the breakdown, ops and kernels per step, memory peak. Captures of other
+    platforms, devices or programs are refused (exit 2): no verdict compares them."""
     from xdiag.compare.html import write_diff
-    from xdiag.compare.sessions import compare_sessions
+    from xdiag.compare.outputs import compare_outputs
     from xdiag.compare.steps import slower_than
 
     threshold = _percent(fail_if_slower) if fail_if_slower is not None else None
+    if out_dir is not None and out_dir.exists() and not out_dir.is_dir():
+        fail(f"--out {out_dir}: not a folder; name a folder for diff.html and diff.json")
     before = _outputs(baseline, run, url, token, stack_dir)
     after = _outputs(candidate, run, url, token, stack_dir)
-    result = compare_sessions(before, after, top=top)
-    name = f"diff-{result.baseline.session_id}-{result.candidate.session_id}"
-    _, html = write_diff(result, out_dir or Path("xdiag-out") / name)
+    try:
+        result = compare_outputs(before, after, top=top)
+    except XdiagError as exc:
+        fail(str(exc))
+    if result.refused_because:
+        fail(f"not compared: {result.refused_because}; a verdict compares two captures of one program on one kind "
+             "of device")
+    target = out_dir or _diff_folder(result)
+    try:
+        _, html = write_diff(result, target)
+    except OSError as exc:
+        fail(f"--out {target}: diff.html and diff.json cannot be written there ({exc.strerror or exc})")
     err.print(f"[bold]{result.verdict.replace('_', ' ').upper()}[/]", highlight=False)
     for line in result.headline:
         err.print(f"  {line}", highlight=False, soft_wrap=True)
     out.print(str(html), highlight=False, soft_wrap=True)
-    if threshold is not None and slower_than(result.step_test, threshold):
-        test = result.step_test
+    if threshold is None:
+        return
+    test = result.step_test
+    if slower_than(test, threshold):
         err.print(f"[bold red]regression[/]: {test.change_percent:+.1f}% per step (95% interval {test.ci_low_percent:+.1f}% "
                   f"to {test.ci_high_percent:+.1f}%), over the {threshold:g}% allowed", highlight=False)
         raise typer.Exit(REGRESSION_EXIT)
+    if result.verdict not in ("faster", "slower", "no_change"):  # fail-safe: a gate passes only what it measured
+        fail(f"--fail-if-slower: no verdict ({result.verdict.replace('_', ' ')}: {test.reason}); the gate passes "
+             "only captures it can compare")
 
 
 REGRESSION_EXIT = 3  # `xdiag diff --fail-if-slower`: AFTER is slower than allowed (1 and 2 are errors and usage)

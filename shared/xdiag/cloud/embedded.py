@@ -9,6 +9,7 @@ import contextlib
 import errno
 import fcntl
 import hashlib
+import json
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -31,6 +32,24 @@ def analysis_id_for(files: list[Path]) -> str:
         stat = f.stat()
         digest.update(f"{f.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode())
     return digest.hexdigest()[:16]
+
+
+def analysis_folder(parent: Path, located: LocatedSession) -> Path:
+    """Where an analysis of `located` goes below `parent` when no folder is named: `parent/<session>`, else
+    `<session>-2`, … (`unclaimed_folder`): never a folder holding another profile's analysis (two profiles both
+    named run.xplane.pb, or one file captured again), only an earlier analysis of these same files."""
+    from xdiag.fresh_files import unclaimed_folder
+    from xdiag.profile import confined
+
+    own = analysis_id_for(located.files)
+
+    def holds_the_same(folder: Path) -> bool:
+        try:
+            return json.loads(confined.read_bytes(folder / "analysis.json")).get("analysis_id") == own
+        except (OSError, ValueError, AttributeError, XdiagError):  # none, unreadable, a link out, not one: another's
+            return False
+
+    return unclaimed_folder(parent, located.name, holds_the_same)
 
 
 def build_embedded(

@@ -1,9 +1,11 @@
 """Did each finding's fix pay off? For every finding of the baseline: gone, smaller, unchanged or larger in the
 candidate, with the gain it predicted beside the gain realized.
 
-The predicted gain is the finding's own `expected_impact`, as the investigator wrote it: "up to N% shorter steps" or
-"up to N% of step time" (a share of the step), or "… = N% of op time" / "cuts N% of op time" / "up to N% less op
-time" (a share of device op time, turned into a share of the step with the side's op time per step). A finding that
+The predicted gain is the finding's own `expected_impact`, as the investigator wrote it: the range its lead lever
+gives ("Leading with <lever>: A–B% shorter steps", the change its fix leads with), else "up to N% shorter steps" or
+"up to N% of step time" (a share of the step), else a range it states ("A–B% shorter steps"), else "… = N% of op
+time" / "cuts N% of op time" / "up to N% less op time" (a share of device op time, turned into a share of the step
+with the side's op time per step). A finding that
 states its gain in words alone has no predicted number, and the outcome says so. The realized gain is the step
 time's (1 − after/before, from the step test); the finding's own stake on the candidate side (what the same finding
 predicts there) says whether its part shrank: smaller where it is at most `SMALLER` of what it was, larger where it
@@ -20,14 +22,18 @@ from pydantic import BaseModel
 SMALLER, LARGER = 0.8, 1.25
 _PRIORITY = {"P0": 0, "P1": 1, "P2": 2}
 _STEP_SHARE = re.compile(r"up to (\d+(?:\.\d+)?)% (?:shorter steps|of step time)", re.IGNORECASE)
+_STEP_RANGE = re.compile(r"(\d+(?:\.\d+)?)\s*[–-]\s*(\d+(?:\.\d+)?)% shorter steps", re.IGNORECASE)
+_LEAD_RANGE = re.compile(r"Leading with [^:.]+: " + _STEP_RANGE.pattern, re.IGNORECASE)
 _OP_SHARE = re.compile(r"(?:=|cuts|up to)\s*(\d+(?:\.\d+)?)% (?:of op time|less op time)", re.IGNORECASE)
 
 
 class Stake(BaseModel):
     """What a finding puts at stake on one side: a share of the step and its ms per step."""
 
-    percent_of_step: float | None = None
+    percent_of_step: float | None = None  # the most it predicts ("up to", a range's high end)
     ms_per_step: float | None = None
+    low_percent_of_step: float | None = None  # a range's low end, where it predicts a range
+    low_ms_per_step: float | None = None
     basis: str = ""  # "step time" | "op time" (then turned into a share of the step) | "" (words only)
 
 
@@ -48,7 +54,14 @@ class FindingOutcome(BaseModel):
 def stake(finding: dict[str, Any], step_ms: float | None, op_ms_per_step: float | None) -> Stake:
     """The share of the step a finding predicts it would save, parsed from its expected_impact."""
     text = finding.get("expected_impact") or ""
-    step = _STEP_SHARE.search(text)
+    between = _LEAD_RANGE.search(text)
+    step = None if between else _STEP_SHARE.search(text)
+    between = between or (None if step else _STEP_RANGE.search(text))
+    if between:
+        low, high = float(between.group(1)), float(between.group(2))
+        return Stake(percent_of_step=high, low_percent_of_step=low, basis="step time",
+                     ms_per_step=round(step_ms * high / 100, 4) if step_ms else None,
+                     low_ms_per_step=round(step_ms * low / 100, 4) if step_ms else None)
     if step:
         percent = float(step.group(1))
         return Stake(percent_of_step=percent, basis="step time",

@@ -13,6 +13,7 @@ from xdiag.report.render import bytecode_cache
 from xdiag.fresh_files import replace_with
 
 TEMPLATES = Path(__file__).parent / "templates"
+DIFF_FILE, DIFF_PAGE = "diff.json", "diff.html"
 
 
 def _signed(value: float | None, unit: str = "") -> str:
@@ -36,7 +37,7 @@ def render_diff_html(diff: SessionDiff) -> str:
 def write_diff(diff: SessionDiff, out_dir: Path) -> tuple[Path, Path]:
     """Writes diff.json and diff.html into `out_dir`; returns their paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    json_path, html_path = out_dir / "diff.json", out_dir / "diff.html"
+    json_path, html_path = out_dir / DIFF_FILE, out_dir / DIFF_PAGE
     replace_with(json_path, diff.model_dump_json(indent=2).encode())  # never through a link planted in the folder
     replace_with(html_path, render_diff_html(diff).encode())
     return json_path, html_path

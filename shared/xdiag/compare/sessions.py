@@ -17,11 +17,13 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from xdiag.analysis.line_view import NO_LINE
 from xdiag.compare.findings import FindingOutcome, finding_outcomes
 from xdiag.compare.lines import LinesDiff, lines_diff
 from xdiag.compare.steps import LAST_STEP_NOTE, StepTest, compare_steps, start_to_start, trace_step_ms
 
 STEP_TOOL, OPS_TOOL, KERNEL_TOOL, MEMORY_TOOL = "get_step_trace", "get_hlo_op_profile", "get_kernel_stats", "get_memory_profile"
+DEVICE_TOOL, ANATOMY_TOOL = "get_device_information", "get_program_anatomy"
 
 
 @dataclass
@@ -44,6 +46,7 @@ class SessionRef(BaseModel):
     status: str | None = None  # OPTIMAL | NEEDS_ATTENTION | FAILED
     report_uri: str | None = None
     platform: str | None = None
+    device: str | None = None  # the device model (TPU v5e, NVIDIA H200), where the profile says
     steps: int | None = None
 
 
@@ -125,6 +128,7 @@ class SessionDiff(BaseModel):
 
     version: int = 2
     verdict: str  # faster | slower | no_change | not_enough_steps | not_comparable (StepTest's, or why none)
+    refused_because: str = ""  # the two captures are of other platforms, devices or programs: no verdict at all
     headline: list[str]  # a few plain sentences, every number from below
     step_test: StepTest  # each side's steps with its interval, the change's interval, the realized gain
     outcomes: list[FindingOutcome] = Field(default_factory=list)  # each finding of the baseline: gone, smaller, …
@@ -158,8 +162,40 @@ def _ref(outputs: SessionOutputs) -> SessionRef:
     return SessionRef(
         label=outputs.label, run_id=a.get("run_id"), session_id=a.get("session_id"), analysis_id=a.get("analysis_id"),
         status=a.get("result") or a.get("status"), report_uri=a.get("report_uri"),
-        platform=(a.get("health") or {}).get("platform"), steps=steps if isinstance(steps, int) else None,
+        platform=(a.get("health") or {}).get("platform") or (a.get("profile") or {}).get("platform"),
+        device=(_summary(outputs, DEVICE_TOOL) or {}).get("device_model"),
+        steps=steps if isinstance(steps, int) else None,
     )
+
+
+def _program_files(outputs: SessionOutputs) -> set[str]:
+    """The files of the user's lines that hold device time (their names: a checkout moved between two captures
+    keeps them), from the line view; none where it names no user line."""
+    rows = ((outputs.tool("get_line_view") or {}).get("detail") or {}).get("lines") or []
+    return {str(row["line"]).rsplit(":", 1)[0].rsplit("/", 1)[-1] for row in rows
+            if isinstance(row, dict) and row.get("line") and row["line"] != NO_LINE and not row.get("library")
+            and isinstance(row.get("self_ms"), (int, float)) and row["self_ms"] > 0}
+
+
+def incomparable(a: SessionOutputs, b: SessionOutputs) -> str:
+    """Why a step-time verdict between these two captures would mean nothing, or "": they ran on other platforms or
+    devices, or are other programs (another framework, training against inference, or no file of the user's code
+    holding device time in both). A fix keeps all of these (40 TPU captures of 12 programs and their fixes: each
+    program's files, framework and phase the same before and after)."""
+    ra, rb = _ref(a), _ref(b)
+    for what, va, vb in (("platforms", ra.platform, rb.platform), ("devices", ra.device, rb.device)):
+        if va and vb and va != vb:
+            on_a, on_b = (f"{ref.platform} ({ref.device})" if ref.device else ref.platform for ref in (ra, rb))
+            return f"the {what} differ: {a.label} ran on {on_a}, {b.label} on {on_b}"
+    pa, pb = _summary(a, ANATOMY_TOOL) or {}, _summary(b, ANATOMY_TOOL) or {}
+    for what, key in (("framework", "framework"), ("kind of program", "phase")):
+        if pa.get(key) and pb.get(key) and pa[key] != pb[key]:
+            return f"the programs differ: {a.label} is {pa[key]}, {b.label} {pb[key]} (its {what})"
+    fa, fb = _program_files(a), _program_files(b)
+    if fa and fb and not fa & fb:
+        return (f"the programs differ: no file holds device time in both ({a.label}: {', '.join(sorted(fa)[:3])}; "
+                f"{b.label}: {', '.join(sorted(fb)[:3])})")
+    return ""
 
 
 def _change(unit: str, before: float, after: float, source: str, noise: float | None = None) -> Change:
@@ -323,7 +359,7 @@ def _ms(value: float | None) -> str:
 def _step_sentence(test: StepTest, a: SessionRef, b: SessionRef, step: Change) -> str:
     sa, sb = test.baseline, test.candidate
     if test.verdict == "not_comparable" or not step.available:
-        return f"Step times cannot be compared: {step.reason}."
+        return f"Step times cannot be compared: {test.reason or step.reason}."
     span = f"{_ms(sa.mean_ms)} → {_ms(sb.mean_ms)} per step"
     if test.verdict == "not_enough_steps":
         return f"Not enough steps for a verdict ({span}): {test.reason}."
@@ -349,10 +385,18 @@ def _headline(verdict: str, test: StepTest, step: Change, a: SessionRef, b: Sess
               lines: LinesDiff, breakdown: list[CategoryChange], ops: OpsDiff, findings: FindingsDiff,
               memory: Change) -> list[str]:
     lines_out = [_step_sentence(test, a, b, step)]
+    if a.analysis_id and a.analysis_id == b.analysis_id:
+        lines_out.append("Before and after are one capture (the same files): compare a capture made after the change.")
     for o in outcomes[:4]:
-        predicted = (f"predicted up to {o.predicted.percent_of_step:.3g}% of the step"
-                     + (f" ({o.predicted.ms_per_step:.4g} ms)" if o.predicted.ms_per_step is not None else "")
-                     if o.predicted.percent_of_step is not None else "no predicted number")
+        p = o.predicted
+        if p.percent_of_step is None:
+            predicted = "no predicted number"
+        elif p.low_percent_of_step is not None:
+            predicted = (f"predicted {p.low_percent_of_step:.3g}–{p.percent_of_step:.3g}% shorter steps"
+                         + (f" ({p.low_ms_per_step:.4g}–{p.ms_per_step:.4g} ms)" if p.ms_per_step is not None else ""))
+        else:
+            predicted = (f"predicted up to {p.percent_of_step:.3g}% of the step"
+                         + (f" ({p.ms_per_step:.4g} ms)" if p.ms_per_step is not None else ""))
         lines_out.append(f"{o.key} ({o.priority_before}): {o.outcome}; {predicted}; {_realized(verdict, o)}.")
     measured = [c for c in lines.moved if c.delta_ms_per_step is not None][:3] if lines.available else []
     if measured:
@@ -400,7 +444,10 @@ def compare_sessions(baseline: SessionOutputs, candidate: SessionOutputs, top: i
     test = compare_steps(trace_step_ms(baseline.tool(STEP_TOOL)), trace_step_ms(candidate.tool(STEP_TOOL)))
     for side, outputs in ((test.baseline, baseline), (test.candidate, candidate)):
         side.note = LAST_STEP_NOTE if start_to_start(outputs.tool(STEP_TOOL)) else ""
-    if not step.available:
+    refused = incomparable(baseline, candidate)
+    if refused:  # each side's steps, and no change, interval or gain between them
+        test = StepTest(verdict="not_comparable", baseline=test.baseline, candidate=test.candidate, reason=refused)
+    elif not step.available:
         test.verdict, test.reason = "not_comparable", step.reason
     elif not test.baseline.steps_total or not test.candidate.steps_total:
         test.verdict = "not_comparable"
@@ -419,9 +466,11 @@ def compare_sessions(baseline: SessionOutputs, candidate: SessionOutputs, top: i
     line_steps = tuple(int((_summary(o, STEP_TOOL) or {}).get("steps") or 0) for o in (baseline, candidate))
     lines = lines_diff(baseline.tool("get_line_view"), candidate.tool("get_line_view"), line_steps,
                        (baseline.label, candidate.label))
+    headline = ([f"Not compared: {refused}; a verdict compares two captures of one program on one kind of device."]
+                if refused else _headline(verdict, test, step, ref_a, ref_b, outcomes, lines, breakdown, ops, findings,
+                                          memory))
     return SessionDiff(
-        baseline=ref_a, candidate=ref_b, verdict=verdict,
-        headline=_headline(verdict, test, step, ref_a, ref_b, outcomes, lines, breakdown, ops, findings, memory),
+        baseline=ref_a, candidate=ref_b, verdict=verdict, refused_because=refused, headline=headline,
         step_test=test, outcomes=outcomes, lines=lines,
         step_time=step, breakdown=breakdown, ops=ops, kernels=kernels, memory_peak=memory, findings=findings,
     )
