@@ -3,11 +3,11 @@
 `str.isdigit()` is true of '²' and '①', which `int()` refuses, and `int()` takes other scripts' digits and
 4,300 digits at most; a name that only looks numeric must read as a name. Every such number is read here."""
 
-_MOST_DIGITS = 19  # an int64's: a longer run of digits is no count or id a profile means
+_MOST_DIGITS = 20  # a uint64's (XLA's program fingerprints): a longer run of digits is no count or id a profile means
 
 
 def whole_number(text: str, default: int | None = None) -> int | None:
-    """'36' -> 36; '', '²', '٣', '-1', ' 7', '1.5' and runs of more than 19 digits -> `default`."""
+    """'36' -> 36; '', '²', '٣', '-1', ' 7', '1.5' and runs of more than 20 digits -> `default`."""
     if 0 < len(text) <= _MOST_DIGITS and text.isascii() and text.isdigit():
         return int(text)
     return default

@@ -167,7 +167,7 @@ _ALL = [
     Workload(
         "small_steps",
         "correct jitted step on tiny arrays: step time is fixed per-step overhead, device mostly idle",
-        "low_utilization",
+        "python_loop_of_calls",
     ),
 ]
 

@@ -211,3 +211,49 @@ class Graph:
                 return caller.instruction
             name = caller.computation.name
         return None
+
+    def carried(self, body: HloComputation) -> frozenset[int]:
+        """The elements of a while loop's state each trip computes from the trip before (a recurrence: a hidden
+        state, a token): not passed on unchanged, not a scalar counter, not a buffer the trips only write into
+        (dynamic-update-slice, as lax.map stacks its outputs)."""
+        root = body.by_name.get(body.root)
+        if root is None or root.opcode != "tuple":
+            return frozenset()
+        out = set()
+        for index, name in enumerate(root.operands):
+            value = body.by_name.get(name)
+            if value is None or not value.dims:
+                continue
+            origin = self.origin(Site(body, value))
+            if origin is not None and origin.instruction.opcode == "get-tuple-element" and \
+                    origin.instruction.tuple_index == index:
+                continue  # passed on unchanged
+            if origin is not None and origin.instruction.opcode == "dynamic-update-slice":
+                continue  # a buffer each trip writes a slice of
+            out.add(index)
+        return frozenset(out)
+
+    def depends_on_carried(self, site: Site, depth: int = 64) -> bool:
+        """Whether an instruction of a loop body reads, through the body's instructions, an element of the loop's
+        state that the trip before computed (`carried`)."""
+        carried = self.carried(site.computation)
+        if not carried:
+            return False
+        frontier, seen = list(site.instruction.operands), set()
+        while frontier and depth > 0:
+            depth -= 1
+            nxt = []
+            for name in frontier:
+                if name in seen:
+                    continue
+                seen.add(name)
+                ins = site.computation.by_name.get(name)
+                if ins is None:
+                    continue
+                if ins.opcode == "get-tuple-element" and ins.tuple_index in carried and ins.operands and \
+                        site.computation.by_name.get(ins.operands[0]) is not None and \
+                        site.computation.by_name[ins.operands[0]].opcode == "parameter":
+                    return True
+                nxt.extend(ins.operands)
+            frontier = nxt
+        return False

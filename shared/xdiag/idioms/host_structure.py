@@ -21,6 +21,8 @@ from xdiag.profile.space import HloModule
 
 MIN_CALLS_PER_STEP = 4.0
 MIN_IDLE_PERCENT = 30.0
+TINY_CALL_US = 50.0
+"""A call whose device work is shorter than this costs less than its own launch and wait from Python."""
 """The device idles at least this share of the step before the loop's structure is its time."""
 CALLBACK = re.compile(r"pure_callback|io_callback|debug_callback|callback")
 
@@ -80,17 +82,20 @@ def python_loop_of_calls(program: Program) -> list[Match]:
     launch = float(step.get("dispatch_percent") or 0.0) + float(step.get("host_sync_percent") or 0.0)
     # Without step marks each call is read as a step of its own: the loop shows as steps of one call whose launch
     # and wait take more of it than the device's work.
+    device_us = 1e3 * float(step.get("step_time_ms_mean") or 0.0) * (100.0 - idle) / 100 / max(per_step, 1.0)
+    module = _module(program, key)
+    shapes = _entry_shapes(module)
+    one_row = any(re.fullmatch(r"[a-z0-9]+\[1,\d+(,\d+)*\]", s) for s in shapes)  # a request of one row
+    # Without step marks each call is read as a step of its own. A training loop's step is one call too: what marks
+    # a loop of calls is a call whose device work is shorter than what its launch and wait cost, or one row a call.
     one_call_steps = dispatches <= 1.5 and per_step <= 1.5 and launch >= MIN_IDLE_PERCENT and \
-        float(step.get("steps") or 0) >= 2 * MIN_CALLS_PER_STEP
+        float(step.get("steps") or 0) >= 2 * MIN_CALLS_PER_STEP and (device_us <= TINY_CALL_US or one_row)
     if not one_call_steps and (per_step < MIN_CALLS_PER_STEP or dispatches < MIN_CALLS_PER_STEP):
         return []
-    module = _module(program, key)
     line, function = _function_line(program, module)
-    shapes = _entry_shapes(module)
     if _eager(program, calls):
         return []  # eager_ops
     reads = syncs >= per_step / 2 and syncs >= 0.5
-    one_row = any(re.fullmatch(r"[a-z0-9]+\[1,\d+(,\d+)*\]", s) for s in shapes)  # a request of one row
     name = key.split("(")[0]
     reads_text = "one blocking read" if syncs == 1 else f"{syncs:.3g} blocking reads"
     counted = (f"{per_step:.3g} calls and {syncs:.3g} reads of a value per step" if not one_call_steps else
@@ -107,7 +112,6 @@ def python_loop_of_calls(program: Program) -> list[Match]:
         change = (f"move the Python loop that calls {name} ({counted}) into one jitted function: "
                   f"jax.lax.fori_loop(0, n, body, state) where each call feeds the next, jax.lax.scan over the "
                   f"inputs, or jax.vmap where the calls are independent, so one program runs them back to back")
-    device_us = 1e3 * float(step.get("step_time_ms_mean") or 0.0) * (100.0 - idle) / 100 / max(per_step, 1.0)
     runs = (f"runs {per_step:.3g} times per step, dispatched {dispatches:.3g} times from Python with {reads_text} of "
             f"a value per step" if not one_call_steps else
             f"is called {float(step.get('steps') or 0):.0f} times in the capture, each call a step of its own as the "
@@ -147,7 +151,9 @@ def eager_ops(program: Program) -> list[Match]:
     idle = float(step.get("device_idle_percent") or 0.0)
     dispatches = float(step.get("dispatches_per_step_mean") or 0.0)
     eager = _eager(program, calls_per_step_of(program))
-    if not eager or idle < MIN_IDLE_PERCENT or dispatches < MIN_CALLS_PER_STEP:
+    launch = float(step.get("dispatch_percent") or 0.0) + float(step.get("host_sync_percent") or 0.0)
+    # The launches hold the step, not the host's own Python or NumPy between them (an input pipeline's)
+    if not eager or idle < MIN_IDLE_PERCENT or dispatches < MIN_CALLS_PER_STEP or launch < MIN_IDLE_PERCENT:
         return []
     lines: dict[tuple[str, str], float] = {}
     for key, per_step in eager:

@@ -219,8 +219,9 @@ def loop_invariant_weights(program: Program) -> list[Match]:
                 per_trip_rows = out_elements // max(weight_dims[-1] if weight_dims else 1, 1)
                 if loop is None or not 1 <= per_trip_rows <= MAX_ROWS_PER_TRIP or len(weight_dims) < 2 or \
                         not loop.trip_count or \
-                        weight_dims[0] == loop.trip_count:  # the rows the loop slices one per trip (lax.map's xs)
-                    continue
+                        weight_dims[0] == loop.trip_count or \
+                        graph.depends_on_carried(site):  # the rows the loop slices one per trip (lax.map's xs); a
+                    continue  # recurrence (a decode loop's next token needs the last) cannot batch its trips
                 key = (graph.module.name, loop.name)
                 match = out.get(key)
                 if match is not None:
