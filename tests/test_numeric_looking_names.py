@@ -14,7 +14,7 @@ from tests.test_fuzz_shapes import _analyze, _broad_tools
 from xdiag.text_numbers import plain_number, whole_number
 
 
-def test_only_ascii_digits_of_an_int64_read_as_a_number():
+def test_only_ascii_digits_of_a_uint64_read_as_a_number():
     assert [whole_number(t) for t in ("36", "0", "9" * 20)] == [36, 0, int("9" * 20)]  # a uint64 fingerprint: 20
     assert [whole_number(t) for t in ("²", "①", "٣", "", "-1", " 7", "1.5", "9" * 21, "9" * 5000)] == [None] * 9
     assert whole_number("²", 0) == 0

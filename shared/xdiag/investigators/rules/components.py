@@ -26,6 +26,9 @@ from xdiag.investigators.rules.registry import Facts, rule
 BOUNDED_EFFICIENCY_MAX_PERCENT = 60.0
 """A library kernel under this share of its roof (or at most this, where the share is an upper bound) is far from it:
 a finding."""
+NO_CHANGE_OF_THEIR_OWN = frozenset({"materialised_attention"})
+"""Findings whose fix, without the lever that fits them, names no change at the user's line (only "compute it in a
+fused kernel"): where the profile withholds that lever, they rank after every finding with a change to make."""
 KERNEL_COMPONENTS = ("paged_attention", "ragged_paged_attention", "grouped_matmul", "fused_attention", "custom_kernel")
 """The anatomy's components that are a library's kernel, tuned by its block sizes (the levers' Pallas kernels)."""
 
@@ -182,7 +185,7 @@ def with_levers(found: list[Hypothesis], facts: Facts) -> None:
         # what holds the peak (values first or arguments first), and offers donation only where it applies.
         offers = [o for o in offers if o.lever.gain[1] > 0]
         if not offers:
-            h.withheld = bool(rejected)
+            h.withheld = bool(rejected) and h.key in NO_CHANGE_OF_THEIR_OWN
             if rejected:
                 # Named by the lever's key, not its change: the note must not read as the advice it withholds.
                 h.fix += " Not advised here: " + "; ".join(

@@ -22,19 +22,15 @@ def ranked(found: list[Hypothesis], b: dict[str, float], step_ms: float | None,
     return causes_first(sorted(kept, key=lambda h: -h.score))
 
 
-UNPREDICTED_REALISED = 0.5
-"""What a fix with no measured prediction is ranked as realising of its stake: the trialled levers recovered 0.4-1.0
-of theirs, so a change nobody has timed ranks below one predicted to recover as much."""
-
-
 def realisable(h: Hypothesis) -> float:
-    """The share of the step a finding's first change is expected to give back: the middle of its prediction, else
-    UNPREDICTED_REALISED of its stake, and nothing where its fix offers no change (a withheld lever)."""
+    """The share of the step a finding's first change is expected to give back: the middle of its prediction (a
+    lever's or an idiom's, from what the change recovered on the chip), else its stake (what removing the time it
+    measures gives), and nothing where its fix offers no change (a withheld lever)."""
     if h.withheld:
         return 0.0
     if h.predicted is not None:
         return (h.predicted[0] + h.predicted[1]) / 2
-    return h.score * UNPREDICTED_REALISED
+    return h.score
 
 
 def by_realisable_gain(found: list[Hypothesis]) -> list[Hypothesis]:
