@@ -10,6 +10,7 @@ Each side runs the workload's own setup/step (2 warm-up steps, then N timed), R 
   after the last step; A - B is what the per-step blocking wait costs.
 - padded_heads: head_dim 72 (padded to 128 on the MXU) against 64 and 128.
 - megablox_small_tiles: gmm tiling (128, 128, 128) against (512, 512, 512).
+- lstm_scan: measured later by tests/capture/untraced_ab_lstm.py (the wait against jax.lax.scan(..., unroll=8)).
 The code is the one that ran, as it ran (compact: it was sent inline).
 """
 # ruff: noqa
