@@ -27,13 +27,13 @@ def test_the_engine_runs_every_registered_rule_once_in_rule_order(monkeypatch, t
     analyze_session(locate_session(TPU / "host_sync.xplane.pb"), tmp_path / "out")
     results = {p.stem: ToolResult.model_validate_json(p.read_text()) for p in (tmp_path / "out" / "tools").glob("*.json")
                if not p.stem.startswith("followup")}
-    called: list[tuple[str, int, bool]] = []  # (rule, hypotheses it was given, whether it formed one)
+    called: list[tuple[str, int, int]] = []  # (rule, hypotheses it was given, how many it formed)
 
     def recorded(key, func):
         def run(facts, found):
-            hypothesis = func(facts, found)
-            called.append((key, len(found), hypothesis is not None))
-            return hypothesis
+            formed = func(facts, found)
+            called.append((key, len(found), len(formed) if isinstance(formed, list) else int(formed is not None)))
+            return formed
         return run
 
     for key, func in list(RULES.items()):

@@ -10,6 +10,7 @@ left out, and the idiom's text says which measure it covers.
 from __future__ import annotations
 
 from xdiag.idioms import IDIOMS, Match, PATTERNS
+from xdiag.investigators import levers
 from xdiag.investigators.rules.hypothesis import Hypothesis, evidence, saving, sentence
 from xdiag.investigators.rules.registry import Facts, rule
 
@@ -67,13 +68,19 @@ def program_idioms(facts: Facts, found: list[Hypothesis]) -> list[Hypothesis]:
     return [hypothesis(m, facts) for m in filter(None, map(Match.from_record, records))]
 
 
+def _cited_ops(h: Hypothesis) -> set[str]:
+    """The ops a finding stakes or its evidence names."""
+    return {op for _, op in h.ops} | levers.evidence_ops(h.evidence)
+
+
 def superseded(found: list[Hypothesis]) -> list[Hypothesis]:
     """The findings an idiom's match explains, left out; the idiom's text names what it covers."""
     drop: set[int] = set()
     for h in found:
+        mine = {op for _, op in h.ops}
         covered = [o for o in found if o is not h and id(o) not in drop and (
-            o.key in SUPERSEDES.get(h.key, ()) or (o.key in COVERED_BY_OPS and h.key in IDIOMS and o.ops
-                                                    and {op for _, op in o.ops} <= {op for _, op in h.ops}))]
+            o.key in SUPERSEDES.get(h.key, ()) or (o.key in COVERED_BY_OPS and h.key in IDIOMS and mine
+                                                    and _cited_ops(o) & mine))]
         if covered:
             h.whats_happening += (" It accounts for what the " + ", ".join(o.key.replace("_", " ") for o in covered)
                                   + f" measure{'s' if len(covered) > 1 else ''} "
