@@ -27,8 +27,7 @@ from xdiag.tools.registry import ToolOutput, tool
     "with its share, roofline efficiency and the user's lines; the phase (training, or inference decode/prefill) and "
     "the framework (JAX, Flax linen/NNX, Keras 3, Hugging Face, PyTorch, PyTorch/XLA); and the facts a fix's premises "
     "read (Pallas kernels already used, donated arguments, device count, matmul precision); and the idioms it "
-    "matches: what it does that an expert writes differently (a one-hot matmul for a lookup, a full sort for a top-k, "
-    "a Python loop of jitted calls), with the time each holds.",
+    "matches (a one-hot matmul for a lookup, a Python loop of jitted calls), each with its time.",
 )
 def get_program_anatomy(session: Session) -> ToolOutput:
     """summary: framework (refined from the library files the HLO's stacks name), runtime (what the trace says),
