@@ -22,12 +22,11 @@ from xdiag.tools.registry import ToolOutput, tool
 @tool(
     "get_program_anatomy",
     "What the program is made of: the components that hold its op time (attention materialising S×S scores or a "
-    "fused kernel and which, paged / ragged paged attention, grouped matmul, projection matmuls, embeddings, "
-    "recurrent loops, convolutions, norms and elementwise ops, optimizer update, collectives, host transfers), each "
-    "with its share, roofline efficiency and the user's lines; the phase (training, or inference decode/prefill) and "
-    "the framework (JAX, Flax linen/NNX, Keras 3, Hugging Face, PyTorch, PyTorch/XLA); and the facts a fix's premises "
-    "read (Pallas kernels already used, donated arguments, device count, matmul precision); and the idioms it "
-    "matches (a one-hot matmul for a lookup, a Python loop of jitted calls), each with its time.",
+    "fused kernel, paged / ragged paged attention, grouped matmul, matmuls, embeddings, recurrent loops, "
+    "convolutions, elementwise ops, optimizer update, collectives, host transfers), each with its share, roofline "
+    "efficiency and the user's lines; the phase and the framework; the facts a fix's premises read (Pallas kernels, "
+    "donated arguments, devices, matmul precision); and the idioms it matches (a one-hot matmul for a lookup, a Python "
+    "loop of jitted calls), each with its time.",
 )
 def get_program_anatomy(session: Session) -> ToolOutput:
     """summary: framework (refined from the library files the HLO's stacks name), runtime (what the trace says),
