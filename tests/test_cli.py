@@ -27,7 +27,7 @@ def test_analyze_writes_tools_analysis_and_report(cpu_profiles, tmp_path):
     assert sorted(p.stem for p in (tmp_path / "o" / "tools").glob("*.json") if not p.stem.startswith("followup")) == sorted(BROAD_TOOLS)
     analysis = json.loads((tmp_path / "o" / "analysis.json").read_text())
     assert analysis["result"] == "NEEDS_ATTENTION"
-    assert analysis["diagnosis"]["findings"][0]["key"] == "recompilation"
+    assert analysis["diagnosis"]["findings"][0]["key"] == "recompile_per_shape"
     assert {"read", "tools", "investigate", "render"} <= set(analysis["timings_ms"])
     assert "tool" in done.stderr and f"{len(BROAD_TOOLS)}/{len(BROAD_TOOLS)}" in done.stderr  # progress lines
 
@@ -158,7 +158,7 @@ def test_xprofs_views_that_would_not_fit_in_memory_are_skipped_with_the_reason_i
     done = _xdiag("analyze", str(h200_profiles["recompilation"]), "--out", str(tmp_path / "o"), "-q", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     analysis = json.loads((tmp_path / "o" / "analysis.json").read_text())
-    assert analysis["status"] == "DONE" and analysis["diagnosis"]["findings"][0]["key"] == "recompilation"
+    assert analysis["status"] == "DONE" and analysis["diagnosis"]["findings"][0]["key"] == "recompile_per_shape"
     overview = json.loads((tmp_path / "o" / "tools" / "get_xprof_overview.json").read_text())
     reason = json.dumps(overview)
     assert "XProf's converters would need about" in reason and "XDIAG_XPROF_MEMORY_GIB=0.01" in reason

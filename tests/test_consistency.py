@@ -27,12 +27,12 @@ SHARED = sorted(p for p in SHARED_PROFILES.glob("*/*.xplane.pb") if p.parent.nam
 EXPLAINS = {
     "collective": {"collectives", "straggler_host"},
     "transfer": {"memory_transfers"},
-    "compile": {"recompilation"},
+    "compile": {"recompilation", "recompile_per_shape"},
     "warm_up": {"warm_up"},
-    "host_sync": {"host_sync", "low_utilization"},
-    "dispatch": {"dispatch_overhead", "low_utilization", "unfused_kernels"},
+    "host_sync": {"host_sync", "low_utilization", "python_loop_of_calls", "callback_in_step", "eager_ops"},
+    "dispatch": {"dispatch_overhead", "low_utilization", "unfused_kernels", "python_loop_of_calls", "eager_ops"},
     "host_other": {"input_bound", "dispatch_overhead", "low_utilization", "straggler_host", "device_idle",
-                   "unfused_kernels"},
+                   "unfused_kernels", "python_loop_of_calls", "eager_ops", "callback_in_step"},
 }
 NOT_TIME_FINDINGS = {"memory_pressure"}
 PLACEHOLDER = re.compile(r"\(\?\)|shape \?|\bNone\b|\bnan\b|\bundefined\b")

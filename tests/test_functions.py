@@ -350,7 +350,7 @@ def test_the_whole_chain_through_the_functions_ends_in_summary_html(wired, h200_
         )
         assert answer.status_code == 200, (topic, answer.data)
     analysis = wired.deps.state.get(ANALYSES, "a1")
-    assert analysis["status"] == "DONE" and analysis["diagnosis"]["findings"][0]["key"] == "recompilation"
+    assert analysis["status"] == "DONE" and analysis["diagnosis"]["findings"][0]["key"] == "recompile_per_shape"
     assert wired.deps.blobs.exists(analysis["report_uri"]) and set(analysis["timeline"]) == {
         "collect",
         "investigate",

@@ -258,7 +258,7 @@ def test_a_function_killed_mid_request_is_retried_and_the_analysis_completes(loc
     done_at_crash = len(cloud.state.list(tools_collection(_analysis_of(cloud, run, session)["analysis_id"])))
     assert killed and done_at_crash < len(BROAD_TOOLS)
     analysis = cloud.finished(run, session)
-    assert analysis["status"] == "DONE" and analysis["diagnosis"]["findings"][0]["key"] == "recompilation"
+    assert analysis["status"] == "DONE" and analysis["diagnosis"]["findings"][0]["key"] == "recompile_per_shape"
     tools = dict(cloud.state.list(tools_collection(analysis["analysis_id"])))
     assert sorted(tools) == sorted(BROAD_TOOLS) and not [t for t, d in tools.items() if d["status"] == "failed"]
 

@@ -43,17 +43,27 @@ class Match:
         """A match back from its record (get_program_anatomy's `idioms`); None for an idiom this catalogue lacks."""
         if not isinstance(record, dict) or record.get("idiom") not in IDIOMS:
             return None
-        fields = ("module", "ops", "line", "function", "needed_percent", "work_ratio", "params", "facts")
+        fields = ("module", "ops", "line", "function", "needed_percent", "work_ratio", "params")
         return cls(record["idiom"], float(record.get("stake_percent") or 0.0), str(record.get("what") or ""),
-                   **{k: record[k] for k in fields if k in record})
+                   **{k: record[k] for k in fields if k in record},
+                   facts={k: v for k, v in record.items() if k not in RECORD_KEYS})
 
     def record(self) -> dict[str, Any]:
+        """The match as a tool answers it: its fields, and its measured facts beside them (each fact where a
+        finding's evidence names it: "<idiom> <fact>" is the row of that idiom, that key)."""
         out = {"idiom": self.idiom, "stake_percent": round(self.stake_percent, 2), "what": self.what,
                "module": self.module, "ops": self.ops[:8], "line": self.line, "function": self.function,
                "needed_percent": None if self.needed_percent is None else round(self.needed_percent, 2),
                "work_ratio": None if self.work_ratio is None else round(self.work_ratio, 1),
-               "params": self.params, "facts": self.facts}
-        return {k: v for k, v in out.items() if v not in ("", [], {}, None) or k in ("stake_percent", "what")}
+               "params": self.params}
+        out = {k: v for k, v in out.items() if v not in ("", [], {}, None) or k in ("stake_percent", "what")}
+        out.update({k: v for k, v in self.facts.items() if k not in RECORD_KEYS})
+        return out
+
+
+RECORD_KEYS = frozenset({"idiom", "stake_percent", "what", "module", "ops", "line", "function", "needed_percent",
+                         "work_ratio", "params"})
+"""A match record's own fields; every other key of it is one of its measured facts."""
 
 
 @dataclass(frozen=True)

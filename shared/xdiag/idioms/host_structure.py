@@ -275,14 +275,18 @@ def callback_in_step(program: Program) -> list[Match]:
     if found is None or (callbacks < 1 and idle < MIN_IDLE_PERCENT):
         return []
     kind, line, function = found
+    # Where the callback runs as one of the device's ops (a CPU backend's), its own time is the device's too
+    on_device = program.step_percent(sum(s.total_ms for s in program.stats if s.category == "host_callback"))
     call = {"pure_callback": "jax.pure_callback", "io_callback": "jax.experimental.io_callback",
             "debug_callback": "jax.debug.callback / jax.debug.print"}.get(kind, "the host callback")
     change = (f"compute at {line or 'the callback'} with jnp inside the jitted step instead of calling back into "
               f"Python ({call}); where the callback only logs, drop it from the step and log a value fetched every "
               f"N steps")
     return [Match(
-        "callback_in_step", idle,
+        "callback_in_step", min(idle + on_device, 100.0),
         f"the step's compiled program calls {call} ({callbacks:g} callbacks per step)"
-        + (f" at {line}" if line else "") + f", and the device idles {idle:g}% of the step",
+        + (f" at {line}" if line else "") + f", and the device idles {idle:g}% of the step"
+        + (f"; the callbacks themselves run as device ops for {on_device:g}% of it" if on_device >= 1 else ""),
         line=line, function=function, params={"change": change},
-        facts={"callbacks_per_step": callbacks, "device_idle_percent": idle})]
+        facts={"callbacks_per_step": callbacks, "device_idle_percent": idle,
+               **({"callback_op_percent": on_device} if on_device >= 1 else {})})]

@@ -101,4 +101,4 @@ def linear_algebra(program: Program) -> list[Match]:
                        else "") + (f", from {line}" if line else ""),
         module=module, ops=ops[:16], line=line, function=function,
         params={"change": change, "routines": named},
-        facts={"routines_ms": {r: round(v, 3) for r, v in routines.items()}, "ops": len(ops)})]
+        facts={"routines_ms": {r: round(v, 3) for r, v in routines.items()}, "op_count": len(ops)})]

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from xdiag.investigators import advice
 from xdiag.investigators.rules.hypothesis import Hypothesis, evidence, sentence
+from xdiag.idioms.host_structure import CALLBACK
+from xdiag.idioms.op_identity import PRIMITIVES, routines_of
 from xdiag.investigators.rules.registry import Facts, rule
 
 UNFUSED_KERNEL_MAX_US = 50.0
@@ -50,13 +52,21 @@ def unfused_kernels(facts: Facts, found: list[Hypothesis]) -> Hypothesis | None:
     )
 
 
+def _library_routine(framework_op: str) -> bool:
+    """A custom call JAX emits for a host callback or a lax.linalg primitive (LU, Cholesky, triangular solve, …)."""
+    return bool(CALLBACK.search(framework_op)) or bool(routines_of(framework_op) & PRIMITIVES)
+
+
 @rule("opaque_kernel")
 def opaque_kernel(facts: Facts, found: list[Hypothesis]) -> Hypothesis | None:
     """Custom kernels (Pallas/Mosaic, Triton, library calls) holding OPAQUE_KERNEL_MIN_PERCENT of op time whose work
     no cost model gives: their share, the bandwidth their operand and result bytes set as a floor, and how to see
     inside. Where another finding already names them, that one speaks for them."""
     rows = facts.detail("get_hlo_op_profile").get("ops", [])
-    opaque = [o for o in rows if o.get("opcode") == "custom-call" and o.get("flops_per_run") is None]
+    # A host callback or one of JAX's linear-algebra routines is a custom call too, but no kernel of the user's:
+    # the callback and linear_algebra idioms (and host_sync) speak for those.
+    opaque = [o for o in rows if o.get("opcode") == "custom-call" and o.get("flops_per_run") is None
+              and o.get("category") != "host_callback" and not _library_routine(str(o.get("framework_op") or ""))]
     share = round(sum(o["share_of_op_time_percent"] for o in opaque), 2)
     named = {o["op"] for h in found for e in h.evidence for o in opaque if o["op"] in str(e.metric)}
     if share < OPAQUE_KERNEL_MIN_PERCENT or named:
