@@ -76,7 +76,7 @@ def _entry_shapes(module: HloModule | None) -> list[str]:
 def python_loop_of_calls(program: Program) -> list[Match]:
     step = program.step
     idle = float(step.get("device_idle_percent") or 0.0)
-    calls = calls_per_step_of(program)
+    calls = [(k, n) for k, n in calls_per_step_of(program) if k.split("(")[0] not in SETUP_OPS]
     if not calls or idle < MIN_IDLE_PERCENT:
         return []
     key, per_step = calls[0]
