@@ -139,6 +139,33 @@ class Graph:
                         yield user_site
             frontier = nxt
 
+    def widened_from(self, site: Site | None, depth: int = DEPTH) -> str | None:
+        """The narrower float type a value was converted up from on its way here ('bf16' for a bf16 array made f32
+        by a convert, as JAX promotes bf16 @ f32), else None."""
+        while site is not None and depth > 0:
+            depth -= 1
+            ins = site.instruction
+            if ins.opcode == "convert" and ins.operands:
+                source = self.operand(site, 0)
+                narrower = source.instruction.dtype if source is not None else ""
+                if narrower in ("bf16", "f16") and ins.dtype == "f32":
+                    return narrower
+                site = source
+            elif ins.opcode == "fusion" and ins.called:
+                called = self.module.computations.get(ins.called[0])
+                root = called.by_name.get(called.root) if called is not None else None
+                site = Site(called, root) if root is not None else None
+            elif ins.opcode == "parameter":
+                caller = self.callers.get(site.computation.name)
+                if caller is None or caller.instruction.opcode != "fusion" or ins.parameter_number < 0:
+                    return None
+                site = self.operand(caller, ins.parameter_number)
+            elif ins.opcode in SHAPE_ONLY and ins.operands:
+                site = self.operand(site, 0)
+            else:
+                return None
+        return None
+
     def mask_kind(self, site: Site | None, depth: int = DEPTH) -> str | None:
         """What a matrix operand is built as, where it is built from iotas or one constant: 'one_hot' (an iota
         compared equal with indices), 'triangular' (two iotas of different dimensions compared in order: a

@@ -21,6 +21,9 @@ from xdiag.profile.space import HloModule
 
 MIN_CALLS_PER_STEP = 4.0
 MIN_IDLE_PERCENT = 30.0
+SETUP_OPS = frozenset(f"jit_{op}" for op in ("convert_element_type", "broadcast_in_dim", "iota", "copy", "reshape",
+                                              "squeeze", "expand_dims", "concatenate", "full", "zeros_like"))
+"""One-op programs that make or re-type arrays (a benchmark's setup), not a function's computation run eagerly."""
 TINY_CALL_US = 50.0
 """A call whose device work is shorter than this costs less than its own launch and wait from Python."""
 """The device idles at least this share of the step before the loop's structure is its time."""
@@ -73,7 +76,7 @@ def _entry_shapes(module: HloModule | None) -> list[str]:
 def python_loop_of_calls(program: Program) -> list[Match]:
     step = program.step
     idle = float(step.get("device_idle_percent") or 0.0)
-    calls = calls_per_step_of(program)
+    calls = [(k, n) for k, n in calls_per_step_of(program) if k.split("(")[0] not in SETUP_OPS]
     if not calls or idle < MIN_IDLE_PERCENT:
         return []
     key, per_step = calls[0]
@@ -134,9 +137,11 @@ def python_loop_of_calls(program: Program) -> list[Match]:
 
 
 def _eager(program: Program, calls: list[tuple[str, float]]) -> list[tuple[str, float]]:
-    """The one-op programs run per step, where they make at least half the step's calls (else none)."""
+    """The one-op programs run per step, where at least three kinds make at least half the step's calls (else none):
+    a function run eagerly runs several kinds of op; a benchmark timing one op calls one kind."""
     eager = [(k, n) for k, n in calls if n >= 1 and _single_op(_module(program, k))]
-    return eager if len(eager) >= 2 and sum(n for _, n in eager) >= 0.5 * sum(n for _, n in calls) else []
+    kinds = {k.split("(")[0] for k, _ in eager} - SETUP_OPS
+    return eager if len(kinds) >= 3 and sum(n for _, n in eager) >= 0.5 * sum(n for _, n in calls) else []
 
 
 @idiom("eager_ops", "host_structure",

@@ -1,10 +1,11 @@
 """Idioms of what an op really is: ops whose category or shape would misread them, named from the primitive and the
-library function their HLO records.
+library function their HLO records, and the numeric type they really run in.
 
 - linear_algebra: JAX's own linear-algebra routines (an LU or Cholesky factorisation, triangular solves, an explicit
   inverse): library custom calls and matmuls, not a kernel of the user's nor attention. Where the program forms an
   inverse, or factors the same matrix again for a determinant or for each right-hand side, one factorisation reused
   does the work.
+- promoted_matmul: bfloat16 activations multiplied by float32 weights: JAX promotes the product to float32.
 """
 
 from __future__ import annotations
@@ -12,10 +13,11 @@ from __future__ import annotations
 import re
 
 from xdiag.idioms.catalogue import Match, idiom
+from xdiag.idioms.hlo_graph import nbytes
 from xdiag.idioms.program import Program, calls_per_step_of
 
-ROUTINES = re.compile(r"(?:^|/)(?:jit\()?(inv|solve|slogdet|det|cholesky|lu|qr|eigh|svd|triangular_solve|"
-                      r"lu_pivots_to_permutation|cho_solve|lu_solve)\)?(?=/|$)")
+ROUTINES = re.compile(r"(?:^|[/(])(inv|solve|slogdet|det|cholesky|lu|qr|eigh|svd|triangular_solve|"
+                      r"lu_pivots_to_permutation|cho_solve|lu_solve)(?=[)/]|$)")
 """The jax.numpy.linalg / jax.scipy.linalg functions and lax.linalg primitives an op's framework path names."""
 PRIMITIVES = frozenset({"cholesky", "lu", "qr", "eigh", "svd", "triangular_solve", "lu_pivots_to_permutation"})
 """lax.linalg's primitives: an op whose path names one is JAX's linear algebra, whatever the user's functions are
@@ -102,3 +104,64 @@ def linear_algebra(program: Program) -> list[Match]:
         module=module, ops=ops[:16], line=line, function=function,
         params={"change": change, "routines": named},
         facts={"routines_ms": {r: round(v, 3) for r, v in routines.items()}, "op_count": len(ops)})]
+
+
+PROMOTED_MIN_BYTES = 1 << 20
+"""f32 weights smaller than this cost little to read at twice the width."""
+
+
+@idiom("promoted_matmul", "memory_numerics",
+       "bfloat16 activations meet float32 weights, so the matmuls run in float32",
+       "{change}",
+       "JAX promotes bf16 @ f32 to f32: the weights are read at 4 bytes an element and the matrix units run "
+       "float32 passes; in bfloat16 the same product reads half the bytes, and accumulation can stay float32",
+       gain=(0.6, 1.0),
+       alternatives=("where the weights must stay float32 for the optimizer, cast them per call inside the step "
+                     "(w.astype(jnp.bfloat16)), which XLA fuses into the read",))
+def promoted_matmul(program: Program) -> list[Match]:
+    found: dict[str, Match] = {}
+    for graph in program.graphs:
+        module_key = program.module_key(graph.module)
+        products = [site for site in graph.sites() if site.instruction.opcode in ("dot", "convolution")
+                    and len(site.instruction.operands) >= 2
+                    and (site.instruction.opcode == "dot" or site.instruction.conv_is_matrix_product)]
+        # bfloat16 data in the program itself: a bf16 argument, or an astype to bf16 the program wrote (XLA:TPU's
+        # own bf16 passes over float32 matmuls are no sign of it: they carry no convert_element_type of JAX's)
+        narrow = any(i.dtype == "bf16" and (i.opcode == "parameter" and c.name == graph.module.entry
+                                            or i.op_name.endswith("convert_element_type"))
+                     for c in graph.module.computations.values() for i in c.instructions)
+        if not narrow:
+            continue
+        for site in products:
+            # the matmul reads the float32 array itself (not a bf16 copy XLA converts it to)
+            weights = [graph.origin(graph.operand(site, k)) for k in (0, 1)
+                       if graph.operand(site, k) is not None and graph.operand(site, k).instruction.dtype == "f32"]
+            held = [w for w in weights if w is not None and w.instruction.dtype == "f32"
+                    and w.instruction.opcode in ("parameter", "get-tuple-element")
+                    and nbytes(w.instruction) >= PROMOTED_MIN_BYTES]
+            timed = graph.timed_op(site)
+            if not held or (module_key, timed) not in program.op_ms:
+                continue
+            line, function = program.line_of(graph, site)
+            match = found.setdefault(module_key, Match(
+                "promoted_matmul", 0.0, "", module=module_key, line=line, function=function,
+                facts={"weights": held[0].instruction.shape_text.split("{")[0]}))
+            if timed not in match.ops:
+                match.ops.append(timed)
+                match.stake_percent = min(match.stake_percent + program.step_percent(program.op_ms[(module_key,
+                                                                                                    timed)]), 100.0)
+    out = []
+    for match in found.values():
+        if match.stake_percent < MIN_STAKE_PERCENT:
+            continue
+        # half the weight bytes: at most half of these matmuls' time is what bfloat16 weights remove
+        match.needed_percent = match.stake_percent / 2
+        match.what = (f"{len(match.ops)} matmuls multiply activations converted up from bfloat16 by float32 weights "
+                      f"(such as {match.facts['weights']}), so they run in float32"
+                      + (f", at {match.line}" if match.line else "") + f": {match.stake_percent:g}% of the step")
+        match.params["change"] = (f"cast the float32 weights to bfloat16 once, where they are loaded or before the "
+                                  f"step (params = jax.tree.map(lambda w: w.astype(jnp.bfloat16), params)), so the "
+                                  f"matmuls at {match.line or 'their line'} read bfloat16; pass "
+                                  "preferred_element_type=jnp.float32 to jnp.dot where the sum must stay float32")
+        out.append(match)
+    return out

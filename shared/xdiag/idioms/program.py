@@ -97,5 +97,6 @@ def calls_per_step_of(program: Program) -> list[tuple[str, float]]:
         return []
     runs: dict[str, int] = {}
     for (module, _), count in program.runs.items():
-        runs[module] = max(runs.get(module, 0), count)
+        if module:  # ops no program names (a trace's bare kernels) are no call of one
+            runs[module] = max(runs.get(module, 0), count)
     return sorted(((m, n / steps) for m, n in runs.items()), key=lambda kv: -kv[1])
