@@ -318,6 +318,25 @@ def test_xdiag_lines_shows_control_characters_in_code_and_names_as_escapes(tmp_p
     assert "\\x1b]0;owned\\x07\\x1b[2J\\x9b31m" in text and "\\x1b[8m" in text
 
 
+def test_xdiag_lines_shows_unicode_direction_overrides_in_code_and_names_as_escapes(tmp_path):
+    """A line of code and a name holding Unicode's direction controls (the reordering of a 'Trojan source'): `xdiag
+    lines` shows each as its escape, as it shows C0 and C1 controls (before: printed raw)."""
+    from xdiag.cli.lines import render_lines
+    from xdiag.tools import run_tool
+
+    overrides = "".join(map(chr, [*range(0x202A, 0x202F), *range(0x2066, 0x206A)]))
+    root = tmp_path / "src"
+    (root / "workloads").mkdir(parents=True)
+    (root / "workloads" / "layout_transpose.py").write_text(_code_naming(overrides))
+    session = read_session_in_process([PROFILE])
+    result = json.loads(run_tool(session, "get_line_view", {"source_root": str(root)}).model_dump_json())
+    assert any(overrides in row.get("code", "") for row in result["detail"]["lines"])
+    result["detail"]["functions"][0]["line"] += "\u202e"  # a name from the profile
+    text = render_lines(result, "run\u2067.xplane.pb")
+    assert not any(c in text for c in overrides), repr(text[:400])
+    assert ascii(overrides)[1:-1] in text and "\\u202e" in text and "run\\u2067.xplane.pb" in text
+
+
 def test_a_kept_line_view_is_not_given_again_once_the_code_it_quoted_changed(tmp_path, monkeypatch):
     """`xdiag tool get_line_view` (and the MCP server) keep answers per profile version and arguments: an answer
     that quoted a file is given again only while that file is the version it read; once the file is edited, a
