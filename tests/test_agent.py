@@ -746,6 +746,30 @@ def test_mcp_never_reads_through_a_link_out_of_the_allowed_folders(tmp_path):
     anyio.run(drive)
 
 
+def test_mcp_explains_a_finding_whose_tool_outputs_link_out_without_their_numbers(tmp_path):
+    """An analysis inside the allowed folder whose tools/ is a link to one outside: the finding is explained, the
+    evidence read through the link left out (before: the whole call failed, the link out refused)."""
+    from mcp import Client
+
+    outside, allowed = _outside_and_allowed(tmp_path)
+    (allowed / "linked_tools").mkdir()
+    (allowed / "linked_tools" / "analysis.json").write_text(json.dumps({"session_id": "inside", "diagnosis": {
+        "findings": [{"key": "slow_step", "title": "t", "evidence": [{"tool": "get_kpi_metrics",
+                                                                      "metric": "step_time_ms"}]}]}}))
+    (allowed / "linked_tools" / "tools").symlink_to(outside / "analysis" / "tools", target_is_directory=True)
+
+    async def drive() -> dict:
+        async with Client(_allowed_server(tmp_path, allowed), read_timeout_seconds=240, mode="legacy") as client:
+            result = await client.call_tool("explain_finding", {"analysis": str(allowed / "linked_tools"),
+                                                                "finding": 1})
+            assert SECRET not in result.content[0].text
+            return _answer(result)
+
+    explained = anyio.run(drive)
+    assert explained["key"] == "slow_step" and explained["session"] == "inside"
+    assert explained["evidence"] == [{"tool": "get_kpi_metrics", "metric": "step_time_ms", "documented_field": True}]
+
+
 def test_mcp_answers_nothing_from_outside_while_a_link_flips_between_check_and_read(tmp_path):
     """A profile inside the allowed folder replaced, again and again, by a link to one outside (an atomic rename
     each time, 200 flips at most): every call answers the inside profile or refuses; none answers the outside one.
