@@ -635,6 +635,38 @@ def test_mcp_paths_stay_inside_the_clients_roots_and_the_allowed_folders(tmp_pat
     anyio.run(drive)
 
 
+def test_mcp_a_path_no_file_can_have_is_a_bad_request(tmp_path):
+    """A `path` holding a NUL byte, an `out` whose name is longer than the system takes: the request is refused as
+    such, never labelled as xdiag's own failure (before: "xdiag failed: ValueError: embedded null byte", "xdiag
+    failed: OSError: [Errno 36] File name too long")."""
+    from mcp import Client
+
+    allowed = tmp_path / "allowed"
+    allowed.mkdir()
+    shutil.copyfile(TPU_V5E / "running_sum.xplane.pb", allowed / "run.xplane.pb")
+    profile, too_long = str(allowed / "run.xplane.pb"), str(allowed / ("o" * 300))
+
+    async def drive() -> None:
+        async with Client(_allowed_server(tmp_path, allowed), read_timeout_seconds=240, mode="legacy") as client:
+            said = {}
+            for name, arguments in (("get_kpi_metrics", {"path": profile + "\0x"}),
+                                    ("analyze", {"path": profile + "\0x"}),
+                                    ("analyze", {"path": profile, "out": too_long}),
+                                    ("explain_finding", {"analysis": too_long, "finding": 1})):
+                result = await client.call_tool(name, arguments)
+                said[name, tuple(arguments)] = (result.is_error, result.content[0].text)
+        nul = (True, f"path {profile + chr(0) + 'x'!r}: not a path (it holds a NUL byte)")
+        assert said == {
+            ("get_kpi_metrics", ("path",)): nul, ("analyze", ("path",)): nul,
+            ("analyze", ("path", "out")): (True, f"out {too_long}: a name longer than the system takes (255 bytes a "
+                                                 "name, 4096 a path)"),
+            ("explain_finding", ("analysis", "finding")): (True, f"analysis {too_long}: a name longer than the system "
+                                                                 "takes (255 bytes a name, 4096 a path)")}
+        assert not any((allowed / "xdiag-out").glob("*"))
+
+    anyio.run(drive)
+
+
 SECRET = "SECRET-OUTSIDE-7f3a"
 """Bytes only files outside the allowed folder hold: no answer, listing or error may show them."""
 
@@ -712,6 +744,30 @@ def test_mcp_never_reads_through_a_link_out_of_the_allowed_folders(tmp_path):
         assert not answered, f"{len(answered)} calls read or listed outside: {answered}"
 
     anyio.run(drive)
+
+
+def test_mcp_explains_a_finding_whose_tool_outputs_link_out_without_their_numbers(tmp_path):
+    """An analysis inside the allowed folder whose tools/ is a link to one outside: the finding is explained, the
+    evidence read through the link left out (before: the whole call failed, the link out refused)."""
+    from mcp import Client
+
+    outside, allowed = _outside_and_allowed(tmp_path)
+    (allowed / "linked_tools").mkdir()
+    (allowed / "linked_tools" / "analysis.json").write_text(json.dumps({"session_id": "inside", "diagnosis": {
+        "findings": [{"key": "slow_step", "title": "t", "evidence": [{"tool": "get_kpi_metrics",
+                                                                      "metric": "step_time_ms"}]}]}}))
+    (allowed / "linked_tools" / "tools").symlink_to(outside / "analysis" / "tools", target_is_directory=True)
+
+    async def drive() -> dict:
+        async with Client(_allowed_server(tmp_path, allowed), read_timeout_seconds=240, mode="legacy") as client:
+            result = await client.call_tool("explain_finding", {"analysis": str(allowed / "linked_tools"),
+                                                                "finding": 1})
+            assert SECRET not in result.content[0].text
+            return _answer(result)
+
+    explained = anyio.run(drive)
+    assert explained["key"] == "slow_step" and explained["session"] == "inside"
+    assert explained["evidence"] == [{"tool": "get_kpi_metrics", "metric": "step_time_ms", "documented_field": True}]
 
 
 def test_mcp_answers_nothing_from_outside_while_a_link_flips_between_check_and_read(tmp_path):

@@ -37,3 +37,23 @@ def test_every_option_of_a_fixed_set_of_values_is_checked_before_any_work(tmp_pa
     done = _xdiag(*args, cwd=tmp_path)
     assert (done.returncode, done.stdout) == (2, ""), (done.returncode, done.stdout[-500:], done.stderr[-500:])
     assert said in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("command", [("analyze", str(PROFILE)), ("tool", "get_kpi_metrics", str(PROFILE)),
+                                     ("lines", str(PROFILE)), ("mcp",)])
+@pytest.mark.parametrize("gib", ["nan", "inf", "-1", "0"])
+def test_a_profile_bound_that_is_no_positive_finite_number_exits_2_before_any_work(tmp_path, command, gib):
+    # Before: nan and inf ended in a traceback (int(nan * 2**30)); -1 was taken, then every profile refused.
+    done = _xdiag(*command, "--max-profile-gib", gib, cwd=tmp_path)
+    assert (done.returncode, done.stdout) == (2, ""), (done.returncode, done.stdout[-500:], done.stderr[-500:])
+    assert done.stderr.strip() == f"xdiag: --max-profile-gib {float(gib)}: not a positive finite number"
+    assert not (tmp_path / "cache").exists() and not (tmp_path / "xdiag-out").exists()
+
+
+@pytest.mark.parametrize("top", ["0", "-1", "201"])
+def test_diff_top_is_bounded_as_lines_top_is(tmp_path, top):
+    # Before: --top -1 was taken and silently dropped a row of each group; --top 0 listed none.
+    done = _xdiag("diff", str(PROFILE), str(PROFILE), "--top", top, cwd=tmp_path)
+    assert (done.returncode, done.stdout) == (2, ""), (done.returncode, done.stdout[-500:], done.stderr[-500:])
+    assert "Invalid value for '--top'" in done.stderr, done.stderr
+    assert not (tmp_path / "xdiag-out").exists()

@@ -313,3 +313,23 @@ def test_an_analysis_replaces_the_tool_outputs_an_earlier_one_left_in_its_out(tm
     left = sorted(p.name for p in (out / "tools").iterdir() if p.name.startswith("followup-"))
     assert not left, f"the first analysis's follow-ups are left beside the second's: {left}"
     assert (out / "tools" / "notes.txt").read_text() == "mine"
+
+
+TOO_LONG = "a" * 300 + ".xplane.pb"  # a file name past NAME_MAX (255): the system refuses it, ENAMETOOLONG
+PAST_PATH_MAX = "/".join(["b" * 200] * 25)  # 5,024 characters: past PATH_MAX (4,096)
+
+
+@pytest.mark.parametrize("args, said", [
+    (("tool", "get_kpi_metrics", TOO_LONG), f"xdiag: {TOO_LONG}: cannot be read (File name too long)"),
+    (("lines", TOO_LONG), f"xdiag: {TOO_LONG}: cannot be read (File name too long)"),
+    (("analyze", TOO_LONG, "-q", "--no-xprof-views"), f"xdiag: {TOO_LONG}: cannot be read (File name too long)"),
+    (("lines", str(PROFILE), "--source-root", PAST_PATH_MAX), f"xdiag: --source-root {PAST_PATH_MAX}: not a folder"),
+    (("analyze", str(PROFILE), "--source-root", PAST_PATH_MAX), f"xdiag: --source-root {PAST_PATH_MAX}: not a folder"),
+    (("diff", str(PROFILE), str(PROFILE), "--out", TOO_LONG),
+     f"xdiag: --out {TOO_LONG}: not a folder (File name too long); name a folder for diff.html and diff.json"),
+])
+def test_a_name_longer_than_the_system_takes_is_refused_in_one_line(tmp_path, args, said):
+    # Before: OSError ENAMETOOLONG from Path.exists()/is_dir() (Python 3.11 raises it) ended each in a traceback.
+    done = _xdiag(*(str(tmp_path / arg) if arg == TOO_LONG else arg for arg in args), cwd=tmp_path)
+    assert _one_line(done) == said.replace(TOO_LONG, str(tmp_path / TOO_LONG)) and done.stdout == ""
+    assert not (tmp_path / "xdiag-out").exists()  # refused before any work

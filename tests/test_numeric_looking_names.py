@@ -99,3 +99,31 @@ def test_a_content_length_that_only_looks_numeric_is_refused_not_a_server_error(
     environ = {"CONTENT_LENGTH": "²", "wsgi.input": io.BytesIO(b"")}  # WSGI headers are Latin-1: '²' is one
     body = limited(environ, lambda status, headers: answered.append(status))
     assert answered == ["413 Request Entity Too Large"] and b"reached" not in b"".join(body)
+
+
+def _peaks_written_as(text: str):
+    def edit(space):
+        for plane in space.planes:
+            names = {key: metadata.name for key, metadata in plane.stat_metadata.items()}
+            for stat in plane.stats:
+                if names.get(stat.metadata_id) in ("peak_teraflops_per_second", "peak_hbm_bw_gigabytes_per_second"):
+                    stat.str_value = text
+    return edit
+
+
+def test_recorded_peaks_that_are_no_number_are_absent_and_the_datasheet_is_used(tmp_path):
+    # Before: peaks written as the text '²' failed 5 broad tools ("could not convert string to float: '²'").
+    from xdiag.analysis.device_peaks import checked_peaks, recorded_peaks
+
+    assert recorded_peaks({"peak_teraflops_per_second": "197", "peak_hbm_bw_gigabytes_per_second": 819.0}) == (
+        197e12, 819e9)
+    for text in ("²", "nan", "1e999", "-1"):
+        assert recorded_peaks({"peak_teraflops_per_second": text, "peak_hbm_bw_gigabytes_per_second": text}) == (
+            None, None)
+    assert recorded_peaks({"peak_teraflops_per_second": float("nan"), "memory_bandwidth": float("inf")}) == (
+        None, None)
+    profile = with_space_edited(tmp_path / "peaks.xplane.pb", _peaks_written_as("²"))
+    _, failed = _broad_tools(profile)
+    assert failed == {}
+    assert checked_peaks({"device_type_string": "TPU v5 lite", "peak_teraflops_per_second": "²"})["flops_source"] \
+        .startswith("datasheet")

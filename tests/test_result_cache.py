@@ -337,3 +337,24 @@ def test_a_source_file_rewritten_with_the_same_size_and_mtime_is_another_code_ve
     os.utime(source, ns=(info.st_atime_ns, info.st_mtime_ns))
     assert source.stat().st_size == info.st_size and source.stat().st_mtime_ns == info.st_mtime_ns
     assert digest() != before
+
+
+@pytest.mark.parametrize("limit", ["abc", "²", "nan", "1e999", "-1"])
+def test_a_cache_limit_that_is_no_number_is_said_in_one_line_and_the_default_kept(monkeypatch, capsys, limit):
+    # Before: ValueError or OverflowError from float()/int() in from_env, a traceback from every tool.
+    monkeypatch.setenv("XDIAG_LOCAL_CACHE_GIB", limit)
+    assert ResultCache.from_env().limit_bytes == 2 * 2**30
+    said = capsys.readouterr().err
+    assert said == f"xdiag: XDIAG_LOCAL_CACHE_GIB takes a number of GiB such as 2 (got {limit!r}); using the " \
+                   "default, 2 GiB\n"
+    monkeypatch.setenv("XDIAG_LOCAL_CACHE_GIB", "0.5")
+    assert ResultCache.from_env().limit_bytes == 2**29
+
+
+def test_a_tool_answers_with_a_cache_limit_that_is_no_number(tmp_path, profile):
+    env = {**os.environ, "XDIAG_LOCAL_CACHE_DIR": str(tmp_path / "cache"), "XDIAG_LOCAL_CACHE_GIB": "²"}
+    done = subprocess.run([sys.executable, "-m", "xdiag.cli", "tool", "get_kpi_metrics", str(profile)], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and json.loads(done.stdout), done.stderr[-2000:]
+    assert done.stderr.strip().splitlines() == [
+        "xdiag: XDIAG_LOCAL_CACHE_GIB takes a number of GiB such as 2 (got '²'); using the default, 2 GiB"]

@@ -298,24 +298,28 @@ def test_a_deep_python_stack_costs_linear_work(monkeypatch):
 # --- the terminal and the cache -----------------------------------------------------------------------------------
 
 
-def test_xdiag_lines_shows_control_characters_in_code_and_names_as_escapes(tmp_path, monkeypatch):
-    """A line of code holding a terminal's escapes (set the window title, clear the screen) and a recorded path
-    holding one: `xdiag lines` prints them as escapes, no control character reaches the terminal."""
+@pytest.mark.parametrize("hostile, in_name", [
+    ("\x1b]0;owned\x07\x1b[2J\x9b31m", "\x1b[8m"),  # set the window title, clear the screen
+    ("".join(map(chr, [*range(0x202A, 0x202F), *range(0x2066, 0x206A)])), "\u202e"),  # a 'Trojan source' reordering
+])
+def test_xdiag_lines_shows_control_characters_in_code_and_names_as_escapes(tmp_path, hostile, in_name):
+    """A line of code holding a terminal's escapes, or Unicode's direction overrides, and a recorded path holding
+    one: `xdiag lines` prints each as its escape, none reaches the terminal (before: direction overrides raw)."""
     from xdiag.cli.lines import render_lines
     from xdiag.tools import run_tool
 
-    hostile = "\x1b]0;owned\x07\x1b[2J\x9b31m"
     root = tmp_path / "src"
     (root / "workloads").mkdir(parents=True)
     (root / "workloads" / "layout_transpose.py").write_text(_code_naming(hostile))
     session = read_session_in_process([PROFILE])
     result = json.loads(run_tool(session, "get_line_view", {"source_root": str(root)}).model_dump_json())
     assert any(hostile in row.get("code", "") for row in result["detail"]["lines"])
-    result["detail"]["functions"][0]["line"] += "\x1b[8m"  # a name from the profile
-    text = render_lines(result, "run\x1b[2J.xplane.pb")
+    result["detail"]["functions"][0]["line"] += in_name  # a name from the profile
+    text = render_lines(result, f"run{in_name}.xplane.pb")
     printed = text.replace("\n", "")
-    assert not any(ord(c) < 32 or 127 <= ord(c) < 160 for c in printed), repr(text[:400])
-    assert "\\x1b]0;owned\\x07\\x1b[2J\\x9b31m" in text and "\\x1b[8m" in text
+    unprintable = {c for c in hostile + in_name if not c.isprintable()}
+    assert not any(ord(c) < 32 or 127 <= ord(c) < 160 or c in unprintable for c in printed), repr(text[:400])
+    assert ascii(hostile)[1:-1] in text and f"run{ascii(in_name)[1:-1]}.xplane.pb" in text
 
 
 def test_a_kept_line_view_is_not_given_again_once_the_code_it_quoted_changed(tmp_path, monkeypatch):

@@ -187,12 +187,13 @@ class XdiagTools:
 
     def paths(self, name: str, arguments: dict[str, Any]) -> list[Path]:
         """The files and folders a checked call reads or writes (what the client's roots must hold)."""
-        named = [arguments[key] for key in ("path", "analysis", "source_root", "before", "after") if key in arguments]
+        named = [(key, arguments[key]) for key in ("path", "analysis", "source_root", "before", "after")
+                 if key in arguments]
         if name == "analyze" and arguments.get("out"):  # the default is chosen inside the bounds (default_out)
-            named.append(arguments["out"])
+            named.append(("out", arguments["out"]))
         elif name == "list_sessions" and "path" not in arguments:
-            named.append(str(self.stack_dir))
-        return [Path(p).absolute() for p in named]
+            named.append(("stack_dir", str(self.stack_dir)))
+        return [_path_named(key, text) for key, text in named]
 
     def default_out(self, arguments: dict[str, Any], folders: list[Path]) -> Path:
         """Where `analyze` writes when the call names no `out`: below the allowed folder that holds the profile (or
@@ -369,7 +370,7 @@ class XdiagTools:
             evidence["documented_field"] = any(p.match(evidence["metric"]) for p in field_patterns(fields))
             try:
                 summary = json.loads(confined.read_text(outputs / f"{evidence['tool']}.json")).get("summary") or {}
-            except (OSError, ValueError, AttributeError):  # OutsideRoots too: a link out is not read
+            except (OSError, ValueError, AttributeError, confined.OutsideRoots):  # a link out is not read: no number
                 continue
             if evidence["metric"] in summary:
                 evidence["reported"] = summary[evidence["metric"]]
@@ -421,6 +422,21 @@ EXPLAIN_QUESTION = ("One finding of an analysis in full: what is happening, its 
 INSTRUCTIONS = ("Diagnose ML profiles (XProf *.xplane.pb, PyTorch traces): call analyze first, then explain_finding "
                 "or the tools for the questions it leaves open. `xdiag skill` prints the full guide, `xdiag tool NAME "
                 f"--help` every field.\n{PATH_DESCRIPTION}\n{ANSWERS_SAY}")
+
+
+_NAME_MAX, _PATH_MAX = 255, 4096  # Linux's (limits.h), as every file system it mounts for profiles takes
+
+
+def _path_named(key: str, text: str) -> Path:
+    """A path a call names, absolute; BadRequest where no file can have that name (a NUL byte, a name longer than
+    the system takes), said from the text alone: nothing is looked up before the roots are checked."""
+    if "\0" in text:
+        raise BadRequest(f"{key} {text!r}: not a path (it holds a NUL byte)")
+    path = Path(text).absolute()
+    if len(os.fsencode(path)) >= _PATH_MAX or any(len(os.fsencode(part)) > _NAME_MAX for part in path.parts):
+        raise BadRequest(f"{key} {text}: a name longer than the system takes ({_NAME_MAX} bytes a name, "
+                         f"{_PATH_MAX} a path)")
+    return path
 
 
 def _tool_args(arguments: dict[str, Any]) -> dict[str, Any]:

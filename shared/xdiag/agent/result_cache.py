@@ -35,6 +35,7 @@ from typing import Any
 
 from xdiag.disk_cache import evict_least_recent
 from xdiag.fresh_files import replace_with, replacing, verified, with_digest
+from xdiag.text_numbers import plain_number
 
 DEFAULT_LIMIT_BYTES = 2 * 2**30
 SESSION_FILE = "session.xdiag"
@@ -116,6 +117,25 @@ def code_digest() -> str:
     return digest.hexdigest()
 
 
+LIMIT_ENV = "XDIAG_LOCAL_CACHE_GIB"
+_said_bad_limit: set[str] = set()
+
+
+def _limit_bytes(text: str | None) -> int:
+    """The cache's bound from XDIAG_LOCAL_CACHE_GIB; a value that is no plain number of GiB ('abc', 'nan', '1e999')
+    is said once on stderr and the default used: a setting of the cache never stops a tool answering."""
+    if text is None:
+        return DEFAULT_LIMIT_BYTES
+    gib = plain_number(text.strip())
+    if gib is not None:
+        return int(gib * 2**30)
+    if text not in _said_bad_limit:
+        _said_bad_limit.add(text)
+        print(f"xdiag: {LIMIT_ENV} takes a number of GiB such as 2 (got {text!r}); using the default, "
+              f"{DEFAULT_LIMIT_BYTES // 2**30} GiB", file=sys.stderr)
+    return DEFAULT_LIMIT_BYTES
+
+
 def _canonical(value: Any) -> str:
     """An argument as the key holds it: `--arg top_n=5` and the JSON 5 of an MCP call are one answer."""
     return value if isinstance(value, str) else json.dumps(value)
@@ -132,7 +152,7 @@ class ResultCache:
     def from_env(cls) -> ResultCache:
         env = os.environ
         root = env.get("XDIAG_LOCAL_CACHE_DIR") or Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "xdiag"
-        return cls(Path(root), int(float(env.get("XDIAG_LOCAL_CACHE_GIB", DEFAULT_LIMIT_BYTES / 2**30)) * 2**30))
+        return cls(Path(root), _limit_bytes(env.get(LIMIT_ENV)))
 
     def entry(self, files: list[Path]) -> Path:
         """The folder of exactly these file versions (ProfileError's caller has checked they exist)."""

@@ -8,8 +8,11 @@ that disagrees with the datasheet is reported, never silently used.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
+
+from xdiag.text_numbers import plain_number
 
 RECORDED_MISMATCH_RATIO = 1.15
 """A recorded peak more than 15% away from the datasheet's is called out as wrong."""
@@ -74,7 +77,7 @@ def identify(stats: dict[str, Any]) -> str | None:
         if model.lower() in text:
             return model
     major, minor = stats.get("compute_cap_major"), stats.get("compute_cap_minor")
-    memory_gib = float(stats.get("memory_size") or 0) / _GIB
+    memory_gib = (_recorded_number(stats.get("memory_size")) or 0) / _GIB
     if major is None:
         return None
     if str(stats.get("device_vendor", "")).lower().startswith("amd"):
@@ -83,7 +86,7 @@ def identify(stats: dict[str, Any]) -> str | None:
             return "MI325X" if memory_gib > 200 else "MI300X" if memory_gib > 150 else None
         if (major, minor) == (9, 5):
             # The same gfx950 die: the MI355X clocks to 2.4 GHz, the MI350X to 2.2 GHz (clock_rate is in kHz).
-            return "MI355X" if float(stats.get("clock_rate") or 0) >= 2.3e6 else "MI350X"
+            return "MI355X" if (_recorded_number(stats.get("clock_rate")) or 0) >= 2.3e6 else "MI350X"
         if (major, minor) == (9, 0):
             return "MI250X" if memory_gib > 60 else None
         return None
@@ -107,11 +110,22 @@ def _vendor(model: str | None, stats: dict[str, Any]) -> str | None:
 
 def recorded_peaks(stats: dict[str, Any]) -> tuple[float | None, float | None]:
     """(FLOP/s, HBM bytes/s) as the profile recorded them on the device plane; None where absent or 0."""
-    flops = stats.get("peak_teraflops_per_second")
-    bandwidth = stats.get("peak_hbm_bw_gigabytes_per_second")
-    flops_per_s = float(flops) * 1e12 if flops else None
-    bytes_per_s = float(bandwidth) * 1e9 if bandwidth else (float(stats["memory_bandwidth"]) if stats.get("memory_bandwidth") else None)
+    flops = _recorded_number(stats.get("peak_teraflops_per_second"))
+    bandwidth = _recorded_number(stats.get("peak_hbm_bw_gigabytes_per_second"))
+    measured_bandwidth = _recorded_number(stats.get("memory_bandwidth"))
+    flops_per_s = flops * 1e12 if flops else None
+    bytes_per_s = bandwidth * 1e9 if bandwidth else measured_bandwidth
     return flops_per_s, bytes_per_s
+
+
+def _recorded_number(value: Any) -> float | None:
+    """A positive, finite stat; a stat written as text reads through text_numbers, and what is no number
+    ('²', 'nan', '1e999') is None: absent, so the datasheet is used."""
+    if isinstance(value, str):
+        value = plain_number(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if 0 < value < math.inf else None
 
 
 def checked_peaks(stats: dict[str, Any], xprof_flops_gflops: float | None = None,

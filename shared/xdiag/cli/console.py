@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import functools
 import gc
+import math
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -69,6 +71,36 @@ def checked(check, *args) -> None:
         check(*args)
     except XdiagError as exc:
         fail(str(exc))
+
+
+def positive_number(option: str, value: float) -> float:
+    """A command-line number that must be positive and finite (a size, a bound), checked before any work is done:
+    exits 2 otherwise ('nan', 'inf' and -1 parse as floats)."""
+    if not 0 < value < math.inf:
+        fail(f"{option} {value}: not a positive finite number")
+    return value
+
+
+def is_folder(path: Path) -> bool:
+    """Path.is_dir() of a name from the command line, False where the system refuses the name itself (longer than
+    it takes: ENAMETOOLONG, which Python 3.11's is_dir() raises)."""
+    try:
+        return path.is_dir()
+    except OSError:
+        return False
+
+
+def folder_to_write(option: str, path: Path, then: str) -> None:
+    """A folder named to be written, checked before any work is done: missing is fine (it is made); an existing
+    non-folder, or a name the system refuses, exits 2 with `then` (what to name instead)."""
+    try:
+        path.stat()
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        fail(f"{option} {path}: not a folder ({exc.strerror or exc}); {then}")
+    if not path.is_dir():
+        fail(f"{option} {path}: not a folder; {then}")
 
 
 def one_of(option: str, value: str, choices: Sequence[str]) -> None:

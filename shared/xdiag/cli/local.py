@@ -13,9 +13,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from xdiag.cli.console import err, fail, freeze_collector, one_of, out, progress_printer
+from xdiag.cli.console import err, fail, folder_to_write, freeze_collector, is_folder, one_of, out, progress_printer
 from xdiag.cli.runs import call_plane, control_plane, run_and_session
-from xdiag.cli.options import MAX_PROFILE_HELP, PATH_HELP, RUN_HELP, SESSION_HELP, STACK_DIR, TOKEN_OPTION, URL_OPTION
+from xdiag.cli.options import MAX_PROFILE_OPTION, PATH_HELP, RUN_HELP, SESSION_HELP, STACK_DIR, TOKEN_OPTION, URL_OPTION
 from xdiag.errors import XdiagError
 
 WAITING_NICENESS = 5
@@ -30,7 +30,7 @@ def analyze(
     out_dir: Annotated[Optional[Path], typer.Option("--out", help="Output folder (default ./xdiag-out/<session>, or <session>-2, … where that holds another profile's analysis).")] = None,
     investigator: Annotated[str, typer.Option(envvar="XDIAG_INVESTIGATOR", help="rules (built-in, no network) or gemini (Vertex AI).")] = "rules",
     session: Annotated[Optional[str], typer.Option(help="Session name inside a log dir (default: the newest).")] = None,
-    max_profile_gib: Annotated[float, typer.Option(help=MAX_PROFILE_HELP)] = 2.0,
+    max_profile_gib: Annotated[float, MAX_PROFILE_OPTION] = 2.0,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress lines; print only the report path.")] = False,
     no_xprof_views: Annotated[bool, typer.Option("--no-xprof-views", help="Skip XProf's own converters on TPU/GPU profiles (they take seconds per view on large profiles); the tools that need them say so.")] = False,
     source_root: Annotated[Optional[Path], typer.Option("--source-root", help="A checkout holding the profiled program's files, for the report's code (as `xdiag lines --source-root`): each path the profile records is read at its longest suffix that is a file under DIR, and only there (a link leading out of DIR is not followed).")] = None,
@@ -55,7 +55,7 @@ def analyze(
 
     allow_recorded_paths()  # the user's own profile on their own machine: its recorded paths are theirs to read
     if source_root is not None:
-        if not source_root.is_dir():
+        if not is_folder(source_root):
             fail(f"--source-root {source_root}: not a folder")
         os.environ[SOURCE_ROOT_ENV] = str(source_root.absolute())
     investigators = {}
@@ -157,7 +157,7 @@ def one_tool(
     arg: Annotated[Optional[list[str]], typer.Option("--arg", help="Tool argument as key=value (repeatable), typed and checked as the tool declares.")] = None,
     session: Annotated[Optional[str], typer.Option(help="Session name inside a log dir.")] = None,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Decode the profile and run the tool afresh, keeping nothing (XDIAG_LOCAL_CACHE_DIR, ~/.cache/xdiag).")] = False,
-    max_profile_gib: Annotated[float, typer.Option(help=MAX_PROFILE_HELP)] = 2.0,
+    max_profile_gib: Annotated[float, MAX_PROFILE_OPTION] = 2.0,
     show_help: Annotated[bool, typer.Option("--help", "-h", help="This help; with NAME, the tool's arguments and the fields it returns.")] = False,
 ) -> None:
     """Run one tool on a session and print its JSON result. The decoded profile and the answer are kept per file
@@ -221,7 +221,7 @@ def lines(
     as_json: Annotated[bool, typer.Option("--json", help="get_line_view's JSON result instead of text.")] = False,
     session: Annotated[Optional[str], typer.Option(help="Session name inside a log dir.")] = None,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Decode the profile afresh, keeping nothing.")] = False,
-    max_profile_gib: Annotated[float, typer.Option(help=MAX_PROFILE_HELP)] = 2.0,
+    max_profile_gib: Annotated[float, MAX_PROFILE_OPTION] = 2.0,
 ) -> None:
     """Your program's lines by device time: each line's self time (ops whose innermost frame of your code is that
     line) and total (ops anywhere below it in the stack), the functions by total (callees included), the op kinds
@@ -236,7 +236,7 @@ def lines(
 
     one_of("--order", order, ORDERS)
     allow_recorded_paths()
-    if source_root is not None and not source_root.is_dir():
+    if source_root is not None and not is_folder(source_root):
         fail(f"--source-root {source_root}: not a folder")
     try:
         located = locate_session(path, session)
@@ -277,7 +277,7 @@ def mcp(
     workers: Annotated[int, typer.Option(
         min=1, help="How many tool calls run at once (each in a process of its own), beside one analysis.")] = 2,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Run every tool afresh, keeping nothing.")] = False,
-    max_profile_gib: Annotated[float, typer.Option(help=MAX_PROFILE_HELP)] = 2.0,
+    max_profile_gib: Annotated[float, MAX_PROFILE_OPTION] = 2.0,
     stack_dir: Annotated[Path, STACK_DIR] = Path(".xdiag-stack"),
 ) -> None:
     """Serve xdiag to a coding agent over MCP (Gemini CLI, Claude Code, Cursor): every tool with its schema,
@@ -294,7 +294,7 @@ def mcp(
 
     allow_recorded_paths()  # the user's agent: inside the roots and --allow folders where there are any
 
-    missing = [str(folder) for folder in allow or [] if not folder.is_dir()]
+    missing = [str(folder) for folder in allow or [] if not is_folder(folder)]
     if missing:
         fail(f"--allow {', '.join(missing)}: not a folder")
     tools = XdiagTools(None if no_cache else ResultCache.from_env(), int(max_profile_gib * 2**30), stack_dir)
@@ -347,7 +347,7 @@ def _local_outputs(path: Path, label: str):
     from xdiag.compare.outputs import ANALYSIS_FILE, load_folder
     from xdiag.profile.locate import locate_session
 
-    if path.is_dir() and (path / ANALYSIS_FILE).exists():
+    if is_folder(path) and (path / ANALYSIS_FILE).exists():
         return load_folder(path, label)
     located = locate_session(path, None)
     target = analysis_folder(Path("xdiag-out"), located)
@@ -419,7 +419,7 @@ def diff(
     candidate: Annotated[str, typer.Argument(help="After: the same forms.")],
     out_dir: Annotated[Optional[Path], typer.Option("--out", help="Where diff.html and diff.json go (default ./xdiag-out/diff-<before>-<after>).")] = None,
     run: Annotated[Optional[str], typer.Option(help=RUN_HELP + " For sessions named without their run.")] = None,
-    top: Annotated[int, typer.Option(help="Ops and kernels listed per group.")] = 15,
+    top: Annotated[int, typer.Option(min=1, max=200, help="Ops and kernels listed per group.")] = 15,
     fail_if_slower: Annotated[Optional[str], typer.Option("--fail-if-slower", help="A regression gate: exit 3 when AFTER is slower by more than this (e.g. 5%) with the step test's confidence (its 95% interval of the change lies wholly above it); exit 2 where there is no verdict (too few steps, or captures that cannot be compared).")] = None,
     url: Annotated[Optional[str], URL_OPTION] = None,
     token: Annotated[Optional[str], TOKEN_OPTION] = None,
@@ -434,8 +434,8 @@ def diff(
     from xdiag.compare.steps import slower_than
 
     threshold = _percent(fail_if_slower) if fail_if_slower is not None else None
-    if out_dir is not None and out_dir.exists() and not out_dir.is_dir():
-        fail(f"--out {out_dir}: not a folder; name a folder for diff.html and diff.json")
+    if out_dir is not None:
+        folder_to_write("--out", out_dir, "name a folder for diff.html and diff.json")
     before = _outputs(baseline, run, url, token, stack_dir)
     after = _outputs(candidate, run, url, token, stack_dir)
     try:

@@ -32,11 +32,15 @@ _ROOTS: contextvars.ContextVar[tuple[Path, ...] | None] = contextvars.ContextVar
 
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_SHOWN_AS_ESCAPES = re.compile(r"[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+"""C0 and C1 controls, and Unicode's direction embeddings, overrides and isolates: text after one reads in
+another order than it runs (a line of code can show what it does not do)."""
 
 
 def shown(path: Path | str) -> str:
-    """A path as a message may show it: control characters (a tab, a newline, a terminal's escape) as escapes."""
-    return _CONTROL.sub(lambda found: ascii(found.group())[1:-1], str(path))
+    """A path as a message may show it: control characters (a tab, a newline, a terminal's escape) and direction
+    overrides as escapes."""
+    return _SHOWN_AS_ESCAPES.sub(lambda found: ascii(found.group())[1:-1], str(path))
 
 
 def has_control_characters(text: str) -> bool:

@@ -104,7 +104,11 @@ def locate_session(path: Path, session: str | None = None) -> LocatedSession:
     """PATH is one *.xplane.pb or Kineto/Chrome trace (*.pt.trace.json[.gz], *.json[.gz]), a folder of one session's
     hosts (or ranks), or a log dir with plugins/profile/<session>/."""
     resolved(path)  # where reads are bounded: nothing said of a place outside, not even whether it exists
-    if not path.exists():
+    try:
+        exists = path.exists()
+    except OSError as exc:  # a name the system refuses (longer than it takes: ENAMETOOLONG)
+        raise ProfileError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    if not exists:
         raise ProfileError(f"{path}: no such file or directory")
     path = path.absolute()  # a bare `file.xplane.pb` or `.` has no parents to name the session and run by
     if path.is_file():
