@@ -32,6 +32,8 @@ UNNEEDED_WORK_RATIO_MAX = 4.0
 """Work done over work the result needs (an idiom's work_ratio) above which a session is never OPTIMAL."""
 UNNEEDED_WORK_MIN_PERCENT = 2.0
 """The share of the step such work must hold to count."""
+IDIOM_MIN_PERCENT = 10.0
+"""The share of the step any idiom's match must hold to rule OPTIMAL out (its change is a finding)."""
 MEMORY_BOUND_KIND_WORDS = {"at_bandwidth_roof": "near the HBM bandwidth roof",
                            "below_bandwidth_roof": "far below the HBM bandwidth roof"}
 """get_hlo_op_profile's memory_bound_kind in the words a reader reads."""
@@ -213,8 +215,8 @@ class HealthSnapshot(_Record):
     step_time_spread_because: str | None = None  # why the steps' times spread, where they say (async dispatch)
     materialised_attention_percent: float | None = None  # op time in attention that writes its S×S scores to memory
     host_transfer_percent: float | None = None  # of the transfer share, the copies only the host's lines show: idle
-    unneeded_work: list[dict[str, Any]] = field(default_factory=list)  # idiom matches doing work the result does
-    # not need: idiom, stake_percent of the step, work_ratio (work done over work needed)
+    unneeded_work: list[dict[str, Any]] = field(default_factory=list)  # idiom matches that rule OPTIMAL out: work
+    # the result does not need, or any idiom holding IDIOM_MIN_PERCENT: idiom, stake_percent, work_ratio, what
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> HealthSnapshot:
@@ -328,8 +330,9 @@ def health_snapshot(results: dict[str, ToolResult]) -> HealthSnapshot:
              if c.get("component") == "materialised_attention"), None),
         unneeded_work=[{k: m.get(k) for k in ("idiom", "stake_percent", "work_ratio", "what")}
                        for m in _summary(results, "get_program_anatomy").get("idioms") or []
-                       if isinstance(m, dict) and (m.get("work_ratio") or 0) > UNNEEDED_WORK_RATIO_MAX
-                       and (m.get("stake_percent") or 0) >= UNNEEDED_WORK_MIN_PERCENT],
+                       if isinstance(m, dict) and ((m.get("work_ratio") or 0) > UNNEEDED_WORK_RATIO_MAX
+                                                   and (m.get("stake_percent") or 0) >= UNNEEDED_WORK_MIN_PERCENT
+                                                   or (m.get("stake_percent") or 0) >= IDIOM_MIN_PERCENT)],
     )
     snapshot.unhealthy_because = _unhealthy_reasons(snapshot)
     snapshot.healthy = not snapshot.unhealthy_because
@@ -411,9 +414,13 @@ def _unhealthy_reasons(s: HealthSnapshot) -> list[str]:
     if (s.dma_stall_percent or 0) > DMA_STALL_MAX_PERCENT:
         reasons.append(f"the busiest ops wait on their input copies {s.dma_stall_percent}% of their time")
     for work in s.unneeded_work:
-        # Near the roof is not healthy when the result needs a fraction of the work: efficient is not needed.
+        # Near the roof is not healthy when the result needs a fraction of the work (efficient is not needed), nor
+        # where the program does what an expert writes differently.
         reasons.append(f"{work['stake_percent']:g}% of the step does {work['work_ratio']:g}× the work its result "
-                       f"needs ({str(work['idiom']).replace('_', ' ')})")
+                       f"needs ({str(work['idiom']).replace('_', ' ')})" if (work.get("work_ratio") or 0)
+                       > UNNEEDED_WORK_RATIO_MAX else
+                       f"{work['stake_percent']:g}% of the step is in what the program does that an expert writes "
+                       f"differently ({str(work['idiom']).replace('_', ' ')})")
     return reasons
 
 
