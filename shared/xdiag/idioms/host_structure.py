@@ -166,6 +166,7 @@ def eager_ops(program: Program) -> list[Match]:
         if line[0]:
             lines[line] = lines.get(line, 0.0) + per_step
     line, function = max(lines, key=lines.get) if lines else ("", "")
+    function = function.split(".<locals>")[0]  # a lambda the function maps over its leaves: the function is the unit
     names = ", ".join(k.split("(")[0] for k, _ in eager[:4])
     calls = sum(n for _, n in eager)
     change = (f"put {function or 'the function that runs these ops'} under jax.jit (decorate it with @jax.jit, or "
