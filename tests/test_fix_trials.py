@@ -135,9 +135,12 @@ def test_attention_is_described_as_the_program_writes_it(rows):
     """remat_linen_lm calls jax.nn.dot_product_attention at its line 28: its ops carry that call's own einsums
     (BTNH,BSNH->BNTS), so the report names the call, not an einsum + softmax + einsum it does not write."""
     row = rows["remat_linen_lm"]
-    assert row["top_key"] == "materialised_attention", row["top_title"]
-    assert "written as jax.nn.dot_product_attention" in row["top_text"] and "head_dim 64" in row["top_text"]
-    assert "einsum + softmax + einsum" not in row["top_text"] + row["top_fix"]
+    # The recomputation, whose lever was measured, leads; the attention finding, whose only lever is withheld at
+    # head_dim 64, comes after it (issue 71: a finding with no change to make ranks after those with one).
+    assert row["top_key"] == "needless_remat", row["top_title"]
+    attention = row["texts"]["materialised_attention"]
+    assert "written as jax.nn.dot_product_attention" in attention and "head_dim 64" in attention
+    assert "einsum + softmax + einsum" not in attention
 
 
 def test_the_table_holds_what_the_captures_measured(rows):

@@ -112,9 +112,10 @@ def test_two_follow_up_calls_then_an_answer_become_the_diagnosis(tmp_path):
     assert data["health_snapshot"]["healthy"] is False
     assert data["broad_tools"]["detect_layout_mismatch_copies"]["summary"]["top_op"] == "input_transpose_fusion"
     assert len(data["broad_tools"]) == len(BROAD_TOOLS) and first.function_responses() == []
-    # the snapshot, the summaries and the rule engine's candidate levers (issue 61): never the profile itself
-    assert set(data) == {"health_snapshot", "broad_tools", "candidate_levers"}
-    assert isinstance(data["candidate_levers"], list)
+    # the snapshot, the summaries and the rule engine's candidate levers (issue 61) and idioms (issue 71): never the
+    # profile itself
+    assert set(data) == {"health_snapshot", "broad_tools", "candidate_levers", "candidate_idioms"}
+    assert isinstance(data["candidate_levers"], list) and isinstance(data["candidate_idioms"], list)
     assert all(set(t) <= {"status", "summary", "reason", "source"} for t in data["broad_tools"].values())
     neighborhood = second.function_responses()[0]
     assert neighborhood["name"] == "get_hlo_neighborhood" and neighborhood["response"]["status"] == "ok"

@@ -157,9 +157,11 @@ def test_at_the_roof_is_said_only_from_the_stated_share(reports, tmp_path):
 
 
 def test_a_latency_bound_scan_is_the_top_finding_and_its_lever_fits(reports):
-    """lstm_scan: 4,096 dependent trips of sub-microsecond ops; the scan's own levers (unroll, batch)."""
-    finding = reports["lstm_scan"][0].diagnosis.findings[0]
-    assert finding.key == "latency_bound" and "lax.scan(..., unroll=k)" in finding.fix
+    """lstm_scan: 4,096 dependent trips of sub-microsecond ops; the scan's own levers (unroll, batch). On the TPU the
+    per-step wait ranks first (blocking once took 30% off the step untraced, unroll=8 1%: untraced_ab.json)."""
+    findings = reports["lstm_scan"][0].diagnosis.findings
+    assert [f.key for f in findings[:2]] == ["host_sync", "latency_bound"]
+    assert "lax.scan(..., unroll=k)" in findings[1].fix
 
 
 def test_a_host_finding_on_a_densely_traced_capture_says_the_profiler_may_cause_it(reports):
@@ -167,7 +169,7 @@ def test_a_host_finding_on_a_densely_traced_capture_says_the_profiler_may_cause_
     dispatch finding says the profiler may be part of the host time and how to capture without it; lstm_scan's
     ~28 calls per step do not get the caveat."""
     finding = reports["dispatch_bound"][0].diagnosis.findings[0]
-    assert finding.key == "dispatch_overhead"
+    assert finding.key == "eager_ops"  # the dispatch overhead, read as the eager ops it is
     assert "may be the profiler's own" in finding.whats_happening
     assert "python_tracer_level = 0" in finding.fix and "profiler_options=options" in finding.fix
     assert not any("profiler's own" in f.whats_happening for f in reports["lstm_scan"][0].diagnosis.findings)

@@ -242,10 +242,9 @@ def test_the_gemini_investigator_is_given_the_lines():
     assert any(line["line"] == "workloads/lstm_scan.py:31" for kind in given["op_time_by_kind"] for line in kind["lines"])
 
 
-def test_lstm_scans_top_finding_is_its_cells_matmul_line(analysed):
-    top = analysed("tpu_v5e/lstm_scan").diagnosis.findings[0]
-    assert top.key == "latency_bound"
-    assert _example_line(top.source_lines[0].line) == "gates = x @ w + h @ u + b"
+def test_lstm_scans_loop_finding_is_its_cells_matmul_line(analysed):
+    loop = next(f for f in analysed("tpu_v5e/lstm_scan").diagnosis.findings if f.key == "latency_bound")
+    assert _example_line(loop.source_lines[0].line) == "gates = x @ w + h @ u + b"
 
 
 @pytest.mark.slow
@@ -338,10 +337,10 @@ def test_an_optimal_summary_names_the_busiest_ops_line(analysed):
 HOST_FINDING_LINES = {
     "tpu_v5e/input_bound": ("input_bound", ["return [((p - mean) * inv_std)", "var = sum([(p - mean)"]),
     "h200/input_bound": ("input_bound", ["def _preprocess_sample("]),
-    "tpu_v5e/dispatch_bound": ("dispatch_overhead", ["def step(state, i):"]),
-    "h200/dispatch_bound": ("dispatch_overhead", ["def step(state, i):"]),
-    "tpu_v5e/recompilation": ("recompilation", ["def step(state, i):"]),
-    "h200/recompilation": ("recompilation", ["def step(state, i):"]),
+    "tpu_v5e/dispatch_bound": ("eager_ops", ["def step(state, i):"]),
+    "h200/dispatch_bound": ("eager_ops", ["def step(state, i):"]),
+    "tpu_v5e/recompilation": ("recompile_per_shape", ["def step(state, i):"]),
+    "h200/recompilation": ("recompile_per_shape", ["def step(state, i):"]),
 }
 
 
@@ -374,7 +373,8 @@ def test_a_host_sync_the_line_view_ties_to_no_frame_says_what_the_tracer_did_rec
 def test_a_host_sync_on_a_callback_names_the_line_the_line_view_ties_the_callback_to(analysed):
     """host_callback_step's host waits on the device's host callback, whose op the line view ties to the line that
     calls jax.pure_callback: the finding names that line (main said the profile records no line of the program)."""
-    finding = next(f for f in analysed("tpu_v5e/host_callback_step").diagnosis.findings if f.key == "host_sync")
+    finding = next(f for f in analysed("tpu_v5e/host_callback_step").diagnosis.findings
+                   if f.key == "callback_in_step")
     assert "records no line" not in finding.fix
     first = finding.source_lines[0]
     assert _example_line(first.line).startswith("h = jax.pure_callback(") and first.share_percent > 99

@@ -86,6 +86,7 @@ def row(trial: dict, work: Path) -> dict:
            "top_key": top.get("key"), "top_lever": lever(top) if top else None, "top_title": top.get("title"),
            "top_text": top.get("whats_happening", ""),
            "top_fix": top.get("fix", ""), "lever": trial["lever"], "named": mine is not None,
+           "texts": {f.get("key"): f"{f.get('whats_happening', '')} {f.get('fix', '')}" for f in d.get("findings", [])},
            "lever_fix": mine.get("fix", "") if mine else "",
            "lever_text": " ".join(mine.get(k, "") for k in ("whats_happening", "expected_impact", "fix"))
            if mine else "",

@@ -273,14 +273,14 @@ def callback_in_step(program: Program) -> list[Match]:
             if ins.opcode in ("custom-call", "send", "recv") and CALLBACK.search(ins.op_name or ""):
                 line, function = program.line_of(graph, site)
                 kind = CALLBACK.search(ins.op_name).group(0)
-                found = (kind, line, function)
+                found = (kind, line, function, program.module_key(graph.module), graph.timed_op(site))
                 break
         if found:
             break
     idle = float(step.get("device_idle_percent") or 0.0)
     if found is None or (callbacks < 1 and idle < MIN_IDLE_PERCENT):
         return []
-    kind, line, function = found
+    kind, line, function, module, op = found
     # Where the callback runs as one of the device's ops (a CPU backend's), its own time is the device's too
     on_device = program.step_percent(sum(s.total_ms for s in program.stats if s.category == "host_callback"))
     call = {"pure_callback": "jax.pure_callback", "io_callback": "jax.experimental.io_callback",
@@ -293,6 +293,6 @@ def callback_in_step(program: Program) -> list[Match]:
         f"the step's compiled program calls {call} ({callbacks:g} callbacks per step)"
         + (f" at {line}" if line else "") + f", and the device idles {idle:g}% of the step"
         + (f"; the callbacks themselves run as device ops for {on_device:g}% of it" if on_device >= 1 else ""),
-        line=line, function=function, params={"change": change},
+        module=module, ops=[op], line=line, function=function, params={"change": change},
         facts={"callbacks_per_step": callbacks, "device_idle_percent": idle,
                **({"callback_op_percent": on_device} if on_device >= 1 else {})})]
