@@ -66,7 +66,7 @@ def test_a_session_pushed_to_a_register_that_was_down_is_announced_by_the_sweepe
         up = _up(stack_dir)
     assert up.returncode == 0 and "restarted register" in up.stderr, up.stderr
     analysis = cloud.finished(run, "s1", timeout_s=120)
-    assert analysis["status"] == "DONE" and analysis["diagnosis"]["findings"][0]["key"] == "host_sync"
+    assert analysis["status"] == "DONE" and analysis["diagnosis"]["findings"][0]["key"] == "python_loop_of_calls"
 
 
 def test_the_stack_survives_kill_9_of_each_emulator_and_a_down_up_losing_nothing(stack_dir, h200_profiles):

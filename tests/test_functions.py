@@ -449,4 +449,4 @@ def test_an_announcement_collect_never_received_is_published_again_by_the_sweepe
     assert again.analysis_id == lost.analysis_id and again.profile_uris == lost.profile_uris and again.attempt == 1
     wired.bus.drain()
     analysis = wired.deps.state.get(ANALYSES, lost.analysis_id)
-    assert analysis["status"] == "DONE" and analysis["diagnosis"]["findings"][0]["key"] == "host_sync"
+    assert analysis["status"] == "DONE" and analysis["diagnosis"]["findings"][0]["key"] == "python_loop_of_calls"
