@@ -91,25 +91,33 @@ class Graph:
         found = site.computation.by_name.get(site.instruction.operands[index])
         return Site(site.computation, found) if found is not None else None
 
+    def producer(self, site: Site) -> Site | None:
+        """One step back along a value: a fusion's result is its computation's root, a fusion's parameter the
+        caller's operand in its position, an op that only re-shapes or re-types a value its operand; None where the
+        value is made here (or where a parameter is no fusion's)."""
+        ins = site.instruction
+        if ins.opcode == "fusion" and ins.called:
+            called = self.module.computations.get(ins.called[0])
+            root = called.by_name.get(called.root) if called is not None else None
+            return Site(called, root) if root is not None else None
+        if ins.opcode == "parameter":
+            caller = self.callers.get(site.computation.name)
+            if caller is None or caller.instruction.opcode != "fusion" or ins.parameter_number < 0:
+                return None
+            return self.operand(caller, ins.parameter_number)
+        if ins.opcode in SHAPE_ONLY and ins.operands:
+            return self.operand(site, 0)
+        return None
+
     def origin(self, site: Site | None, depth: int = DEPTH) -> Site | None:
         """The instruction that makes the value: through fusion results and parameters, and through ops that only
         re-shape or re-type it."""
         while site is not None and depth > 0:
             depth -= 1
-            ins = site.instruction
-            if ins.opcode == "fusion" and ins.called:
-                called = self.module.computations.get(ins.called[0])
-                root = called.by_name.get(called.root) if called is not None else None
-                site = Site(called, root) if root is not None else None
-            elif ins.opcode == "parameter":
-                caller = self.callers.get(site.computation.name)
-                if caller is None or caller.instruction.opcode != "fusion" or ins.parameter_number < 0:
-                    return site
-                site = self.operand(caller, ins.parameter_number)
-            elif ins.opcode in SHAPE_ONLY and ins.operands:
-                site = self.operand(site, 0)
-            else:
+            back = self.producer(site)
+            if back is None:
                 return site
+            site = back
         return site
 
     def users(self, site: Site, depth: int = DEPTH) -> Iterator[Site]:
@@ -147,23 +155,9 @@ class Graph:
             ins = site.instruction
             if ins.opcode == "convert" and ins.operands:
                 source = self.operand(site, 0)
-                narrower = source.instruction.dtype if source is not None else ""
-                if narrower in ("bf16", "f16") and ins.dtype == "f32":
-                    return narrower
-                site = source
-            elif ins.opcode == "fusion" and ins.called:
-                called = self.module.computations.get(ins.called[0])
-                root = called.by_name.get(called.root) if called is not None else None
-                site = Site(called, root) if root is not None else None
-            elif ins.opcode == "parameter":
-                caller = self.callers.get(site.computation.name)
-                if caller is None or caller.instruction.opcode != "fusion" or ins.parameter_number < 0:
-                    return None
-                site = self.operand(caller, ins.parameter_number)
-            elif ins.opcode in SHAPE_ONLY and ins.operands:
-                site = self.operand(site, 0)
-            else:
-                return None
+                if source is not None and source.instruction.dtype in ("bf16", "f16") and ins.dtype == "f32":
+                    return source.instruction.dtype
+            site = self.producer(site)
         return None
 
     def mask_kind(self, site: Site | None, depth: int = DEPTH) -> str | None:

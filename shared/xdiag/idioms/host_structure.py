@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 
+from xdiag.analysis.xprof.common import natural_order
 from xdiag.idioms.catalogue import Match, idiom
 from xdiag.idioms.program import Program, calls_per_step_of
 from xdiag.profile.space import HloModule
@@ -223,7 +224,7 @@ def recompile_per_shape(program: Program) -> list[Match]:
     position = changing[0]
     sizes = sorted({_leading_change(s[position], shapes[0][position]) for s in shapes} - {None})
     steps_of_one = len(sizes) >= 2 and all(b - a == 1 for a, b in zip(sizes, sizes[1:]))
-    seen = ", ".join(sorted({s[position] for s in shapes}, key=_natural)[:4])
+    seen = ", ".join(sorted({s[position] for s in shapes}, key=natural_order)[:4])
     if steps_of_one:
         change = (f"give {stem}'s argument {position} a fixed size: allocate the whole buffer once (its final length) "
                   f"and write each new element at a position, buf = jax.lax.dynamic_update_slice(buf, x, (i, ...)) "
@@ -253,10 +254,6 @@ def _leading_change(shape: str, first: str) -> int | None:
     return next((x for x, y in zip(a, b) if x != y), a[-1] if a else None)
 
 
-def _natural(text: str) -> list:
-    return [int(t) if t.isascii() and t.isdigit() else t for t in re.split(r"(\d+)", text)]
-
-
 @idiom("callback_in_step", "host_structure",
        "The compiled step calls back into Python on every call",
        "{change}",
@@ -281,8 +278,10 @@ def callback_in_step(program: Program) -> list[Match]:
     if found is None or (callbacks < 1 and idle < MIN_IDLE_PERCENT):
         return []
     kind, line, function, module, op = found
-    # Where the callback runs as one of the device's ops (a CPU backend's), its own time is the device's too
-    on_device = program.step_percent(sum(s.total_ms for s in program.stats if s.category == "host_callback"))
+    # On a CPU the callback runs as one of the device's ops, on its cores: its own time is the device's too (on an
+    # accelerator the device only waits for it, and that wait is its idle time)
+    on_device = program.step_percent(sum(s.total_ms for s in program.stats if s.category == "host_callback")) \
+        if program.platform == "CPU" else 0.0
     call = {"pure_callback": "jax.pure_callback", "io_callback": "jax.experimental.io_callback",
             "debug_callback": "jax.debug.callback / jax.debug.print"}.get(kind, "the host callback")
     change = (f"compute at {line or 'the callback'} with jnp inside the jitted step instead of calling back into "
