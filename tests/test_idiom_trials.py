@@ -15,7 +15,8 @@ from xdiag.profile.locate import locate_session
 
 REPO = Path(__file__).resolve().parents[1]
 CAPTURES = REPO / "tests" / "profiles" / "fix_trials"
-TRIALS = {t["program"]: t for t in json.loads((REPO / "bench" / "fix_trials" / "idiom_trials.json").read_text())["trials"]}
+MANIFEST = REPO / "bench" / "fix_trials" / "idiom_trials.json"
+TRIALS = {t["program"]: t for t in json.loads(MANIFEST.read_text())["trials"]}
 WITH_IDIOM = sorted(p for p, t in TRIALS.items() if t["idiom"])
 RATIO_MAX = 1.5
 

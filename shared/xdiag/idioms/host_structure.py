@@ -109,7 +109,8 @@ def python_loop_of_calls(program: Program) -> list[Match]:
                   f"(jnp.stack) and call jax.vmap({function or name.removeprefix('jit_')}) on them, or write "
                   f"{function or 'the function'} for a batch")
     elif reads:
-        change = (f"move the Python loop that calls {name} ({counted}) into one jitted function: jax.lax.fori_loop(0, n, body, state) for a fixed count, or "
+        change = (f"move the Python loop that calls {name} ({counted}) into one jitted function: "
+                  f"jax.lax.fori_loop(0, n, body, state) for a fixed count, or "
                   f"jax.lax.while_loop(cond, body, state) with the test the loop makes on the value read back as "
                   f"cond; read the result once after the loop")
     else:
@@ -236,7 +237,8 @@ def recompile_per_shape(program: Program) -> list[Match]:
                   f"check with jax.config.update('jax_log_compiles', True) which argument changes")
     return [Match(
         "recompile_per_shape", max(share, min(idle, 100.0)),
-        f"the program {name} was compiled {len(modules)} times in the capture ({compiles:g} compiles per step, {share:g}% of the "
+        f"the program {name} was compiled {len(modules)} times in the capture ({compiles:g} compiles per step, "
+        f"{share:g}% of the "
         f"step) for argument {position} of shapes {seen}"
         + (", growing by one element per call" if steps_of_one else ""),
         module=name, line=line, function=function,

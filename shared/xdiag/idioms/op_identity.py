@@ -97,7 +97,8 @@ def linear_algebra(program: Program) -> list[Match]:
     return [Match(
         "linear_algebra", stake,
         f"{len(ops)} ops of JAX's linear-algebra routines ({', '.join(named[:5])}: library custom calls and matmuls "
-        f"for LU/Cholesky factorisation and triangular solves, not a kernel of the program's own) hold {ops_share:g}% of "
+        f"for LU/Cholesky factorisation and triangular solves, not a kernel of the program's own) hold "
+        f"{ops_share:g}% of "
         f"the step" + (f", in {calls_per_step:.3g} calls of {module.split('(')[0]} per step, the device idle "
                        f"{program.step.get('device_idle_percent')}% of it between them" if calls_per_step > 1.5
                        else "") + (f", from {line}" if line else ""),
