@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import lzma
+import os
 import shutil
 import subprocess
 import sys
@@ -101,9 +102,9 @@ def test_diff_html_is_self_contained_and_escapes_profile_text(analysed, tmp_path
     assert json.loads(json_path.read_text())["verdict"] == diff.verdict and html_path.read_text() == html
 
 
-def _xdiag(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+def _xdiag(*args: str, cwd: Path | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "xdiag.cli", *map(str, args)], capture_output=True, text=True,
-                          timeout=300, cwd=cwd)
+                          timeout=300, cwd=cwd, env=env)
 
 
 def _refused(answer: subprocess.CompletedProcess, *said: str) -> None:
@@ -215,7 +216,9 @@ def test_bad_input_to_diff_is_one_line_naming_the_file(analysed, tmp_path):
     ):
         _refused(_xdiag("diff", *args, cwd=tmp_path), said)
     assert (tmp_path / "a-file").read_text() == "mine"
-    said = _xdiag("diff", "myrun/session-1", analysed["healthy"], cwd=tmp_path)  # no file, and no control plane here
+    # no file, and no control plane here: not the local stack another test of this session may have left set
+    bare = {k: v for k, v in os.environ.items() if k not in ("XDIAG_CONTROL_PLANE_URL", "XDIAG_STACK_DIR")}
+    said = _xdiag("diff", "myrun/session-1", analysed["healthy"], cwd=tmp_path, env=bare)
     _refused(said, "myrun/session-1: no such file or folder (nor a RUN/SESSION: no control plane")
 
 

@@ -163,9 +163,10 @@ def test_xdiag_events_list_an_alert_storm_s_one_capture_and_its_cool_downs(cloud
 
 def test_xdiag_diff_of_a_workload_before_and_after_its_fix_shows_the_gain(cloud, tmp_path):
     run = f"layout-{uuid.uuid4().hex[:6]}"
+    # Both captured before either is uploaded: the steps are timed on a CPU the pipeline's analysis is not busy on.
+    profiles = [capture_workload("layout_transpose", tmp_path / "profiles", fixed=fixed) for fixed in (False, True)]
     sessions = []
-    for fixed in (False, True):
-        profile = capture_workload("layout_transpose", tmp_path / "profiles", fixed=fixed)
+    for profile in profiles:
         _ok(_xdiag("upload", str(profile.parent), "--run", run, "--wait"))
         sessions.append(profile.parent.name)
     out = tmp_path / "diff"
