@@ -11,7 +11,10 @@ from pathlib import Path
 
 import pytest
 from xdiag.cloud.embedded import analyze_session
+from xdiag.model import Status
 from xdiag.profile.locate import locate_session
+
+from tests.hlo_subject import HLO_SUBJECT, hlo_shows, instructions_of
 
 REPO = Path(__file__).resolve().parents[1]
 CAPTURES = REPO / "tests" / "profiles" / "fix_trials"
@@ -78,3 +81,20 @@ def test_no_report_names_an_internal_trial_or_program(program, reports):
     for word in ("fix trial", "fix_trials", "bench/", "tests/", "gpt2_train_linen", "prefill_keras",
                  "paged_decode_raw", "moe_serve_raw"):
         assert word not in text, word
+
+
+@pytest.mark.parametrize("program", sorted(TRIALS))
+def test_no_optimal_over_unneeded_work_and_no_subject_the_hlo_lacks(program, reports, tmp_path):
+    """Over every trial's captures: no OPTIMAL where an idiom's work is over 4× what the result needs, and no finding
+    names attention, a kernel or a reduction that its program's HLO does not hold."""
+    for label in ("before-a", TRIALS[program]["after"]):
+        analysis = reports(program, label)
+        anatomy = json.loads((Path(analysis.output_uri) / "tools" / "get_program_anatomy.json").read_text())
+        if analysis.diagnosis.status == Status.OPTIMAL:
+            assert all((m.get("work_ratio") or 0) <= 4 for m in anatomy["summary"].get("idioms") or []), label
+        keys = {f.key for f in analysis.diagnosis.findings} & set(HLO_SUBJECT)
+        if keys:
+            with lzma.open(CAPTURES / f"{program}.{label}.xplane.pb.xz") as packed:
+                (tmp_path / f"{label}.xplane.pb").write_bytes(packed.read())
+            instructions = instructions_of(tmp_path / f"{label}.xplane.pb")
+            assert all(hlo_shows(HLO_SUBJECT[key], instructions) for key in keys), (label, keys)

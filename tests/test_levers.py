@@ -9,6 +9,7 @@ on one device). And the catalogue itself: every lever names premises, findings, 
 from __future__ import annotations
 
 import json
+import lzma
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ from xdiag.model import Status
 from xdiag.profile.locate import locate_session
 
 from tests.conftest import SHARED_PROFILES
+from tests.hlo_subject import HLO_SUBJECT, hlo_shows, instructions_of
 
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
 
@@ -128,3 +130,36 @@ def test_a_premise_the_profile_contradicts_keeps_the_lever_out():
     assert ("donate_state", levers.PREMISES["not_donated"].fails) in rejected
     offers, _ = levers.candidates({**donated, "donated_arguments": 0}, "memory_pressure", None, 90.0, 10.0)
     assert [o.lever.key for o in offers] == ["donate_state"]
+
+
+def test_a_finding_names_attention_a_kernel_or_a_reduction_only_where_the_hlo_has_one(reports):
+    checked, wrong = 0, []
+    for name, (analysis, _) in reports.items():
+        keys = {f.key for f in (analysis.diagnosis.findings if analysis.diagnosis else [])} & set(HLO_SUBJECT)
+        if not keys:
+            continue
+        instructions = instructions_of(COMMITTED[name])
+        for key in keys:
+            checked += 1
+            if not hlo_shows(HLO_SUBJECT[key], instructions):
+                wrong.append(f"{name}: {key} and no {HLO_SUBJECT[key]} in its HLO")
+    assert checked >= 3 and not wrong, (checked, wrong)
+
+
+def test_the_hlo_check_can_fail(tmp_path):
+    """A linear-algebra program's square matmuls are no attention, its LU no kernel; a Pallas program's is one."""
+    with lzma.open(PROFILES_DIR / "fix_trials" / "heldout_gp_fit_raw.before-a.xplane.pb.xz") as packed:
+        (tmp_path / "gp_fit.xplane.pb").write_bytes(packed.read())
+    gp_fit = instructions_of(tmp_path / "gp_fit.xplane.pb")
+    assert any(i.opcode in ("dot", "convolution") and i.dims[-2:] == (2048, 2048) for i in gp_fit)
+    assert not hlo_shows("attention", gp_fit) and not hlo_shows("kernel", gp_fit)  # its LU is XLA's custom calls
+    assert hlo_shows("attention", instructions_of(PROFILES_DIR / "tpu_v5e" / "gpt_train.xplane.pb"))
+    assert hlo_shows("kernel", instructions_of(PROFILES_DIR / "tpu_v5e" / "pallas_rmsnorm.xplane.pb"))
+
+
+def test_no_optimal_where_the_work_is_over_four_times_what_the_result_needs(reports):
+    """The report's own accounting: an idiom's work ratio over 4 keeps the verdict from OPTIMAL."""
+    optimal = [name for name, (analysis, anatomy) in reports.items()
+               if analysis.diagnosis is not None and analysis.diagnosis.status == Status.OPTIMAL
+               and any((m.get("work_ratio") or 0) > 4 for m in anatomy.get("idioms") or [])]
+    assert not optimal, optimal

@@ -1,0 +1,37 @@
+"""What a finding's subject must show in the program's own HLO, read from its instructions' opcodes, shapes and
+custom-call targets (not by the rules' own classifiers): attention is a softmax's elementwise work over an S×S array a dot made; a
+kernel is a Mosaic or Triton custom call that is neither a host callback nor one of lax.linalg's routines; a reduction is a reduce."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from xdiag.profile.locate import locate_session
+from xdiag.profile.session import read_session
+
+_KERNEL_TARGET = re.compile(r"tpu_custom_call|triton")
+_NOT_A_KERNEL = re.compile(r"callback|(?<![a-z])(lu|cholesky|qr|eigh|svd|triangular_solve)(?![a-z])")
+HLO_SUBJECT = {"materialised_attention": "attention", "opaque_kernel": "kernel", "widening_converts": "reduction"}
+
+
+def hlo_shows(subject: str, instructions: list) -> bool:
+    """Whether the instructions hold the subject ("attention", "kernel" or "reduction")."""
+    if subject == "attention":  # scores q·kᵀ ([.., S, S] from a dot, or the convolution XLA:TPU makes of one), then
+        # the softmax over them: its elementwise work (x - max, exp, / sum), or the fusion XLA names for it
+        square = lambda i: len(i.dims) >= 3 and i.dims[-1] == i.dims[-2] >= 128  # noqa: E731
+        scores = {i.dims for i in instructions if i.opcode in ("dot", "convolution") and square(i)}
+        return bool(scores) and any(i.opcode in ("exponential", "subtract", "divide") and i.dims in scores
+                                    or "softmax" in i.name for i in instructions)
+    if subject == "kernel":  # a Mosaic (Pallas TPU) or Triton kernel; XLA's own custom calls (AllocateBuffer,
+        # LuDecompositionBlock, ...), host callbacks and lax.linalg's routines are no kernel of the user's
+        return any(i.opcode == "custom-call" and _KERNEL_TARGET.search(i.custom_call_target.lower())
+                   and not _NOT_A_KERNEL.search(i.op_name.lower()) for i in instructions)
+    return any(i.opcode == "reduce" for i in instructions)
+
+
+def instructions_of(path: Path) -> list:
+    """Every HLO instruction of the capture at `path`, fusions' bodies included."""
+    located = locate_session(path)
+    session = read_session(located.files)
+    return [i for m in session.hlo_modules for c in m.computations.values() for i in c.instructions]
