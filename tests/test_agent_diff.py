@@ -83,6 +83,10 @@ def test_an_agent_compares_before_and_after_over_mcp(tmp_path):
             test = diff["step_test"]
             assert test["ci_low_percent"] < test["ci_high_percent"] < 0
             assert abs(test["realized_gain_percent"] - _own_gain_percent()) < 3, (test, _own_gain_percent())
+            # the smallest gain these captures could show is below the one they confirmed (the smallest slowdown,
+            # the same distance from no change on log step times, is larger)
+            assert test["min_detectable_gain_percent"] <= test["realized_gain_percent"]
+            assert test["min_detectable_gain_percent"] < test["min_detectable_percent"]
             outcome = next(o for o in diff["outcomes"] if o["key"] == top["key"])
             assert outcome["outcome"] in ("gone", "smaller")
             # predicted beside realized: the range the finding's lead lever gives, and the gain the steps show
@@ -105,6 +109,8 @@ def test_an_agent_compares_before_and_after_over_mcp(tmp_path):
                 "diff_sessions", {"before": str(before), "after": str(before)}))
             assert same["verdict"] == "no_change" and "one capture" in same["headline"][1]
             assert same["step_test"]["ci_low_percent"] < 0 < same["step_test"]["ci_high_percent"]
+            shows = same["step_test"]["min_detectable_gain_percent"], same["step_test"]["min_detectable_percent"]
+            assert f"could show a step {shows[0]:.1f}% shorter or {shows[1]:.1f}% longer" in same["headline"][0]
 
             refused = await client.call_tool("diff_sessions", {"before": str(work / "tpu_healthy.xplane.pb"),
                                                                "after": str(work / "gpu_healthy.xplane.pb")})
