@@ -23,11 +23,11 @@ PROGRAM = "mlp_f32_raw"  # f32 matmuls at HIGHEST precision; the change: the def
 SECRET = "SECRET-OUTSIDE-0d41"
 
 
-def _capture(label: str, folder: Path) -> Path:
+def _capture(label: str, folder: Path, program: str = PROGRAM) -> Path:
     """A fix trial's capture, as the program's own profiler call writes it: <folder>/run.xplane.pb each time."""
     folder.mkdir(parents=True)
     target = folder / "run.xplane.pb"
-    target.write_bytes(lzma.decompress((TRIALS / f"{PROGRAM}.{label}.xplane.pb.xz").read_bytes()))
+    target.write_bytes(lzma.decompress((TRIALS / f"{program}.{label}.xplane.pb.xz").read_bytes()))
     return target
 
 
@@ -134,3 +134,35 @@ def test_an_agent_compares_before_and_after_over_mcp(tmp_path):
     anyio.run(drive)
     assert max(sizes.values()) < 30_000, sizes
     print(f"\ndiff_sessions answer bytes: {sizes}")  # shown with -s
+
+
+def test_an_idiom_s_predicted_range_is_what_the_diff_compares_with(tmp_path):
+    """A one-hot embedding product replaced by a row lookup (TPU v5e): the finding stakes "up to N%" of the step
+    and predicts the part of it its change recovers, "(predicted A–B%)"; the diff holds that range beside the
+    realized gain, as the agent's report of predicted against realized needs, not the stake alone."""
+    from mcp import Client, StdioServerParameters
+
+    work = tmp_path / "project"
+    before = _capture("before-a", work / "before", "onehot_embed")
+    after = _capture("fixed", work / "after", "onehot_embed")
+    env = {**os.environ, "XDIAG_LOCAL_CACHE_DIR": str(tmp_path / "cache")}
+    params = StdioServerParameters(command=sys.executable, args=["-m", "xdiag.cli", "mcp", "--allow", str(work)],
+                                   env=env, cwd=tmp_path)
+
+    async def drive() -> tuple[dict, dict]:
+        async with Client(params, read_timeout_seconds=600, mode="legacy") as client:
+            analysed, _ = _answer(await client.call_tool("analyze", {"path": str(before)}))
+            diff, _ = _answer(await client.call_tool("diff_sessions",
+                                                     {"before": analysed["analysis"], "after": str(after)}))
+            return analysed["findings"][0], diff
+
+    top, diff = anyio.run(drive)
+    assert top["key"] == "structured_matmul", top
+    stake_percent = re.search(r"up to (\d+)% shorter steps", top["expected_impact"]).group(1)
+    low, high = (float(g) for g in re.search(r"\(predicted ([\d.]+)–([\d.]+)%\)", top["expected_impact"]).groups())
+    outcome = next(o for o in diff["outcomes"] if o["key"] == top["key"])
+    assert diff["verdict"] == "faster" and outcome["outcome"] in ("gone", "smaller"), diff["headline"]
+    assert (outcome["predicted"]["low_percent_of_step"], outcome["predicted"]["percent_of_step"]) == (low, high)
+    assert high < float(stake_percent) + 0.5 and low <= outcome["realized_gain_percent"] <= high, outcome
+    assert any(line.startswith(f"structured_matmul ({top['priority']}): {outcome['outcome']}; predicted {low:.3g}–"
+                               f"{high:.3g}% shorter steps") for line in diff["headline"]), diff["headline"]

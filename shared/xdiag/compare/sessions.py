@@ -367,7 +367,8 @@ def _step_sentence(test: StepTest, a: SessionRef, b: SessionRef, step: Change) -
     interval = f"95% interval {test.ci_low_percent:+.1f}% to {test.ci_high_percent:+.1f}%"
     if test.verdict == "no_change":
         return (f"No change: {span} ({test.change_percent:+.1f}%, {interval}); these captures could show a step "
-                f"{test.min_detectable_gain_percent:.1f}% shorter or {test.min_detectable_percent:.1f}% longer, or more.")
+                f"{test.min_detectable_gain_percent:.1f}% shorter or {test.min_detectable_percent:.1f}% longer, "
+                "or more.")
     word = "faster" if test.verdict == "faster" else "slower"
     return f"{abs(test.change_percent):.1f}% {word}: {span} ({test.realized_gain_ms * -1:+.4g} ms, {interval})."
 
