@@ -2,7 +2,8 @@
 candidate, with the gain it predicted beside the gain realized.
 
 The predicted gain is the finding's own `expected_impact`, as the investigator wrote it: the range its lead lever
-gives ("Leading with <lever>: A–B% shorter steps", the change its fix leads with), else "up to N% shorter steps" or
+gives ("Leading with <lever>: A–B% shorter steps", the change its fix leads with, or "… (predicted A–B%)" after an
+idiom's stake, the share of it its change recovers), else "up to N% shorter steps" or
 "up to N% of step time" (a share of the step), else a range it states ("A–B% shorter steps"), else "… = N% of op
 time" / "cuts N% of op time" / "up to N% less op time" (a share of device op time, turned into a share of the step
 with the side's op time per step). A finding that
@@ -23,7 +24,8 @@ SMALLER, LARGER = 0.8, 1.25
 _PRIORITY = {"P0": 0, "P1": 1, "P2": 2}
 _STEP_SHARE = re.compile(r"up to (\d+(?:\.\d+)?)% (?:shorter steps|of step time)", re.IGNORECASE)
 _STEP_RANGE = re.compile(r"(\d+(?:\.\d+)?)\s*[–-]\s*(\d+(?:\.\d+)?)% shorter steps", re.IGNORECASE)
-_LEAD_RANGE = re.compile(r"Leading with [^:.]+: " + _STEP_RANGE.pattern, re.IGNORECASE)
+_LEAD_RANGE = re.compile(r"Leading with [^:.]+: " + _STEP_RANGE.pattern + r"|\(predicted (\d+(?:\.\d+)?)\s*[–-]\s*"
+                         r"(\d+(?:\.\d+)?)%\)", re.IGNORECASE)
 _OP_SHARE = re.compile(r"(?:=|cuts|up to)\s*(\d+(?:\.\d+)?)% (?:of op time|less op time)", re.IGNORECASE)
 
 
@@ -58,7 +60,7 @@ def stake(finding: dict[str, Any], step_ms: float | None, op_ms_per_step: float 
     step = None if between else _STEP_SHARE.search(text)
     between = between or (None if step else _STEP_RANGE.search(text))
     if between:
-        low, high = float(between.group(1)), float(between.group(2))
+        low, high = (float(g) for g in between.groups() if g is not None)
         return Stake(percent_of_step=high, low_percent_of_step=low, basis="step time",
                      ms_per_step=round(step_ms * high / 100, 4) if step_ms else None,
                      low_ms_per_step=round(step_ms * low / 100, 4) if step_ms else None)

@@ -24,6 +24,7 @@ from xdiag.compare.steps import LAST_STEP_NOTE, StepTest, compare_steps, start_t
 
 STEP_TOOL, OPS_TOOL, KERNEL_TOOL, MEMORY_TOOL = "get_step_trace", "get_hlo_op_profile", "get_kernel_stats", "get_memory_profile"
 DEVICE_TOOL, ANATOMY_TOOL = "get_device_information", "get_program_anatomy"
+HEADLINE_OP_STEP_SHARE = 0.01  # an op gone or new is named in the headline from 1% of its side's mean step
 
 
 @dataclass
@@ -365,8 +366,9 @@ def _step_sentence(test: StepTest, a: SessionRef, b: SessionRef, step: Change) -
         return f"Not enough steps for a verdict ({span}): {test.reason}."
     interval = f"95% interval {test.ci_low_percent:+.1f}% to {test.ci_high_percent:+.1f}%"
     if test.verdict == "no_change":
-        return (f"No change: {span} ({test.change_percent:+.1f}%, {interval}); these captures could show a change of "
-                f"{test.min_detectable_percent:.1f}% or more.")
+        return (f"No change: {span} ({test.change_percent:+.1f}%, {interval}); these captures could show a step "
+                f"{test.min_detectable_gain_percent:.1f}% shorter or {test.min_detectable_percent:.1f}% longer, "
+                "or more.")
     word = "faster" if test.verdict == "faster" else "slower"
     return f"{abs(test.change_percent):.1f}% {word}: {span} ({test.realized_gain_ms * -1:+.4g} ms, {interval})."
 
@@ -379,6 +381,12 @@ def _realized(verdict: str, o: FindingOutcome) -> str:
     shorter = o.realized_gain_percent > 0
     return (f"realized: steps {abs(o.realized_gain_percent):.3g}% {'shorter' if shorter else 'longer'} "
             f"({abs(o.realized_gain_ms):.4g} ms {'less' if shorter else 'more'})")
+
+
+def _named_in_headline(op_ms_per_step: float | None, step_ms: float | None) -> bool:
+    """An op gone or new is news only where it held a share of its side's step: a fusion renumbered by a recompile
+    or a few microseconds of bookkeeping is not (the ops lists keep every row)."""
+    return not step_ms or (op_ms_per_step or 0.0) >= HEADLINE_OP_STEP_SHARE * step_ms
 
 
 def _headline(verdict: str, test: StepTest, step: Change, a: SessionRef, b: SessionRef, outcomes: list[FindingOutcome],
@@ -408,7 +416,8 @@ def _headline(verdict: str, test: StepTest, step: Change, a: SessionRef, b: Sess
         lines_out.append(f"Most of the change is {top.category.replace('_', ' ')}: {top.baseline_ms:.4g} → "
                          f"{top.candidate_ms:.4g} ms per step ({top.delta_ms:+.4g} ms).")
     if ops.available:
-        gone, came = ops.gone[:3], ops.appeared[:3]
+        gone = [c for c in ops.gone if _named_in_headline(c.baseline_ms_per_step, test.baseline.mean_ms)][:3]
+        came = [c for c in ops.appeared if _named_in_headline(c.candidate_ms_per_step, test.candidate.mean_ms)][:3]
         if gone:
             lines_out.append("Ops gone: " + ", ".join(f"{c.name} ({c.baseline_ms_per_step:.4g} ms/step)" for c in gone) + ".")
         if came:

@@ -25,7 +25,9 @@ never a fast one), and the first is often a warm-up (compilation, allocation, a 
 
 The per-side interval is the plain one from its steps (Student's t on the log step times, back-transformed: the
 geometric mean's 95% interval); the change's interval is the inflated one above, and it is the one the verdict and
-`--fail-if-slower` read. `min_detectable_percent` says how large a change these two captures could have shown.
+`--fail-if-slower` read. On log step times the interval is symmetric, so the smallest change the captures could
+call differs by direction: `min_detectable_gain_percent` is the smallest gain (a shorter step) they could show, the one
+a fix is judged by, and `min_detectable_percent` the smallest slowdown (a step 1/(1 − gain) − 1 longer).
 """
 
 from __future__ import annotations
@@ -75,7 +77,8 @@ class StepTest(BaseModel):
     ci_low_percent: float | None = None  # the change's 95% interval, capture-to-capture drift included
     ci_high_percent: float | None = None
     z: float | None = None
-    min_detectable_percent: float | None = None  # the smallest change these captures could call
+    min_detectable_percent: float | None = None  # the smallest slowdown these captures could call (+ is slower)
+    min_detectable_gain_percent: float | None = None  # the smallest gain (shorter step) these captures could call
     realized_gain_percent: float | None = None  # 1 − after/before of the mean step, in percent (+ is a gain)
     realized_gain_ms: float | None = None
     reason: str = ""
@@ -139,6 +142,7 @@ def compare_steps(before_ms: list[float], after_ms: list[float]) -> StepTest:
     test.ci_low_percent = round(100 * (math.exp(delta - Z_95 * sd) - 1), 3)
     test.ci_high_percent = round(100 * (math.exp(delta + Z_95 * sd) - 1), 3)
     test.min_detectable_percent = round(100 * (math.exp(Z_95 * sd) - 1), 3)
+    test.min_detectable_gain_percent = round(100 * (1 - math.exp(-Z_95 * sd)), 3)
     test.verdict = "no_change" if abs(delta) <= Z_95 * sd else "slower" if delta > 0 else "faster"
     return test
 
