@@ -243,7 +243,7 @@ def test_mcp_analyze_quotes_each_findings_code_from_a_source_root_inside_the_all
             top = analysed["findings"][0]
             line = top["source_lines"][0]
             number = int(line["line"].rpartition(":")[2])
-            assert top["key"] == "layout_copies" and line["line"].startswith("workloads/layout_transpose.py:")
+            assert top["key"] == "transposed_outputs" and line["line"].startswith("workloads/layout_transpose.py:")
             assert line["code"] == (EXAMPLES / "layout_transpose.py").read_text().splitlines()[number - 1].strip()
             assert line["code"].startswith("bdsh = jnp.transpose(")
             stored = json.loads((allowed / "out" / "analysis.json").read_text())["diagnosis"]["findings"][0]

@@ -112,8 +112,8 @@ def test_a_real_fix_is_faster_by_the_gain_the_program_measured(analysed, tmp_pat
     assert diff["verdict"] == "faster"
     assert diff["step_test"]["realized_gain_percent"] == pytest.approx(own_gain, abs=2.0)
     outcomes = {o["key"]: o for o in diff["outcomes"]}
-    assert outcomes["layout_copies"]["outcome"] in ("gone", "smaller")
-    assert outcomes["layout_copies"]["predicted"]["percent_of_step"] > 0  # its "up to N% shorter steps"
+    assert outcomes["transposed_outputs"]["outcome"] in ("gone", "smaller")
+    assert outcomes["transposed_outputs"]["predicted"]["percent_of_step"] > 0  # its "up to N% shorter steps"
     # the lines that moved: the transposes' line lost its time (its ops are gone)
     moved = diff["lines"]["moved"]
     assert diff["lines"]["available"] and moved and moved[0]["delta_ms_per_step"] < 0

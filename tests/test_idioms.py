@@ -73,6 +73,23 @@ PROGRAMS = {
                     break
             return x
     """, "python_loop_of_calls"),
+    "layouts": ("""
+        x = jax.random.normal(jax.random.key(0), (8, 16, 256, 64))
+        w = jax.random.normal(jax.random.key(1), (64, 64))
+        @jax.jit
+        def project(x, w):
+            y = jnp.tanh(x @ w)
+            return y, jnp.swapaxes(y, 1, 2), jnp.transpose(y, (0, 3, 2, 1))
+        run = lambda: project(x, w)
+    """, "transposed_outputs"),
+    "one_transposed_output": ("""
+        x = jax.random.normal(jax.random.key(0), (8, 16, 256, 64))
+        w = jax.random.normal(jax.random.key(1), (64, 64))
+        @jax.jit
+        def project(x, w):
+            return jnp.swapaxes(jnp.tanh(x @ w), 1, 2)
+        run = lambda: project(x, w)
+    """, None),
 }
 CAPTURE = """
 import glob, shutil, sys
@@ -114,9 +131,17 @@ def test_the_idiom_is_recognised_where_the_program_has_it_and_only_there(name, c
     expected = PROGRAMS[name][1]
     found = {m.idiom for m in recognise(read_session_in_process([captured[name]]))}
     if expected is None:
-        assert not found & {"structured_matmul", "full_sort", "loop_invariant_weights"}, found
+        assert not found & {"structured_matmul", "full_sort", "loop_invariant_weights", "transposed_outputs"}, found
     else:
         assert expected in found, found
+
+
+def test_an_array_returned_again_in_other_layouts_names_its_outputs_and_lines(captured):
+    [match] = [m for m in recognise(read_session_in_process([captured["layouts"]])) if m.idiom == "transposed_outputs"]
+    assert match.params["shapes"] == "f32[8,256,16,64], f32[8,64,256,16]" and match.facts["reordered_outputs"] == 2
+    assert "one f32 array of 2,097,152 elements" in match.what and match.function == "project"
+    change = IDIOMS["transposed_outputs"].change_text(match)
+    assert change.startswith("return the array once from project") and "layouts.py:" in match.params["outputs"]
 
 
 def test_a_one_hot_matmul_is_named_with_its_shapes_and_its_line(captured):

@@ -185,7 +185,7 @@ FINDING_LINES = {
     "h200/widening_convert": ("memory_bound", "return y.astype(jnp.bfloat16)", "xf = x.astype(jnp.float32)"),
     "tpu_v5e/near_hbm_limit": ("memory_pressure", "h = jax.nn.relu(h @ w)", None),
     # a layout copy XLA inserted records no stack: the line that made the array it copies (via its bitcast)
-    "tpu_v5e/layout_transpose": ("layout_copies", "bdsh = jnp.transpose(y, (0, 3, 2, 1))", None),
+    "tpu_v5e/layout_transpose": ("transposed_outputs", "bdsh = jnp.transpose(y, (0, 3, 2, 1))", None),
 }
 
 

@@ -174,7 +174,7 @@ def test_xdiag_diff_of_a_workload_before_and_after_its_fix_shows_the_gain(cloud,
     diff = json.loads((out / "diff.json").read_text())
     assert html == out / "diff.html" and html.exists()
     assert diff["verdict"] == "faster" and diff["step_time"]["delta"] < 0 and diff["step_time"]["significant"]
-    assert "layout_copies" in [f["key"] for f in diff["findings"]["gone"]]
+    assert "transposed_outputs" in [f["key"] for f in diff["findings"]["gone"]]
     gone = [op["name"] for op in diff["ops"]["gone"]]
     assert any("transpose" in name or "copy" in name for name in gone), gone
     # the pipeline compared the second session with the run's first itself: a report section and diff-previous.*

@@ -110,7 +110,7 @@ _ALL = [
     Workload(
         "layout_transpose",
         "jitted step dominated by materialised transposes/copies of large 4-D tensors that only change layout",
-        "layout_copies",
+        "transposed_outputs",
     ),
     Workload(
         "widening_convert",

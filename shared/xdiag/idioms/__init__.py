@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from xdiag.idioms import host_structure, op_identity, work_not_needed  # noqa: F401  (imported for registration)
+from xdiag.idioms import host_structure, memory_numerics, op_identity, work_not_needed  # noqa: F401  (registers)
 from xdiag.idioms.catalogue import IDIOMS, PATTERNS, Idiom, Match
 from xdiag.idioms.program import Program
 from xdiag.profile.space import Session
