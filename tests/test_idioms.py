@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from xdiag.cloud.embedded import analyze_session
 from xdiag.idioms import IDIOMS, PATTERNS, recognise
+from xdiag.idioms.program import Program
 from xdiag.profile.locate import locate_session
 from xdiag.profile.reader import read_session_in_process
 
@@ -49,7 +50,21 @@ PROGRAMS = {
         def best(x):
             return jnp.sort(x, axis=-1)[:, -8:]
         run = lambda: best(x)
-    """, "full_sort"),
+    """, None),  # full_sort is no idiom on a CPU, where jax.lax.top_k is a full sort too (read directly below)
+    "quantile": ("""
+        x = jax.random.normal(jax.random.key(0), (1 << 18,))
+        @jax.jit
+        def clip_at(x):
+            return jnp.percentile(jnp.abs(x), 99.0)
+        run = lambda: clip_at(x)
+    """, None),
+    "top_k": ("""
+        x = jax.random.normal(jax.random.key(0), (64, 16384))
+        @jax.jit
+        def best(x):
+            return jax.lax.top_k(x, 8)[0]
+        run = lambda: best(x)
+    """, None),
     "per_row": ("""
         w = jax.random.normal(jax.random.key(0), (1024, 1024))
         xs = jax.random.normal(jax.random.key(1), (64, 1024))
@@ -154,9 +169,26 @@ def test_a_one_hot_matmul_is_named_with_its_shapes_and_its_line(captured):
     assert match.work_ratio == 8192
 
 
+def _full_sort(path: Path) -> list:
+    """The full_sort recogniser itself, on a CPU capture (the catalogue offers it on TPUs and GPUs only)."""
+    return IDIOMS["full_sort"].recognise(Program(read_session_in_process([path])))
+
+
 def test_a_sort_kept_to_its_top_k_names_k_and_n(captured):
-    match = next(m for m in recognise(read_session_in_process([captured["sort"]])) if m.idiom == "full_sort")
+    [match] = _full_sort(captured["sort"])
     assert (match.params["k"], match.params["n"]) == (8, 16384)
+    assert IDIOMS["full_sort"].change_text(match).startswith("keep the top 8 at ")
+    assert "full_sort" not in {m.idiom for m in recognise(read_session_in_process([captured["sort"]]))}
+
+
+def test_a_quantile_is_no_top_k_and_top_k_itself_is_no_full_sort(captured):
+    """jnp.percentile sorts all n values and reads one position deep inside: not 'the first k' (a user who took
+    jax.lax.top_k(x, 1) for it got the maximum); and top_k, which XLA:CPU runs as a sort, is the change already."""
+    [match] = _full_sort(captured["quantile"])
+    change = IDIOMS["full_sort"].change_text(match)
+    assert change.startswith("compute the percentile at ") and "m = ceil((1 - q)·262144) + 1" in change
+    assert "first" not in match.what and match.work_ratio is None
+    assert _full_sort(captured["top_k"]) == []
 
 
 def test_the_report_leads_with_the_idioms_change_and_drops_what_it_explains(captured, tmp_path):

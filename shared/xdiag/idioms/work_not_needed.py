@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+import re
+
 from xdiag.idioms.catalogue import Match, idiom
 from xdiag.idioms.hlo_graph import Graph, elements, nbytes
 from xdiag.idioms.program import Program
@@ -121,21 +123,27 @@ def _axis(dims: tuple[int, ...], values: int) -> int:
     return next((k for k, d in enumerate(dims) if d == values), 0)
 
 
+TOP_K = re.compile(r"(?<![a-z_])(approx_)?top_k(?![a-z_])")
+QUANTILE = re.compile(r"(?<![a-z_])(percentile|quantile|median|nanpercentile|nanquantile|nanmedian)(?![a-z_])")
+"""jnp's quantiles sort the whole array and read one or two positions of it: the positions are not the first k."""
+
+
 @idiom("full_sort", "work_not_needed",
        "An array is sorted in full to keep its first few elements",
-       "keep the top {k} at {line} with jax.lax.top_k(x, {k}) (jax.lax.top_k(-x, {k}) for the smallest) instead of "
-       "sorting all {n} elements and slicing: it returns the values and their indices",
+       "{change}",
        "a full sort orders all n elements (n·log n comparisons over several passes); keeping k ≪ n needs one partial "
        "pass",
        gain=(0.5, 0.95),
        alternatives=("where an approximate top-k is acceptable (retrieval, sampling), jax.lax.approx_max_k(x, k, "
-                     "recall_target=0.95), which on a TPU runs near the memory roof",))
+                     "recall_target=0.95), which on a TPU runs near the memory roof",),
+       # XLA:CPU runs jax.lax.top_k as a sort of the whole row: on a CPU the change would be a sort still
+       platforms=("TPU", "GPU"))
 def full_sort(program: Program) -> list[Match]:
     out: list[Match] = []
     for graph in program.graphs:
         for site in graph.sites():
             ins = site.instruction
-            if ins.opcode != "sort":
+            if ins.opcode != "sort" or TOP_K.search(ins.op_name or ""):  # top_k lowered to a sort is the change
                 continue
             dims = ins.dims or (ins.tuple_shapes[0][1] if ins.tuple_shapes else ())
             axis = ins.dimensions[0] if ins.dimensions else len(dims) - 1
@@ -154,13 +162,22 @@ def full_sort(program: Program) -> list[Match]:
                 continue
             line, function = program.line_of(graph, site)
             keys = ins.tuple_shapes[0] if ins.tuple_shapes else (ins.dtype, ins.dims)
+            quantile = QUANTILE.search(ins.op_name or "")
+            at = line or "the sort's line"
+            change = (f"compute the {quantile.group(1)} at {at} from the few values it reads instead of sorting all "
+                      f"{n}: for a high quantile q, jax.lax.top_k(x, m) with m = ceil((1 - q)·{n}) + 1 holds them "
+                      f"(the quantile is the smallest of its values, interpolated with the next); for a low one, "
+                      f"jax.lax.top_k(-x, m)" if quantile else
+                      f"keep the top {k} at {at} with jax.lax.top_k(x, {k}) (jax.lax.top_k(-x, {k}) for the smallest) "
+                      f"instead of sorting all {n} elements and slicing: it returns the values and their indices")
             out.append(Match(
                 "full_sort", stake,
                 f"sort of {keys[0]}[{','.join(map(str, keys[1]))}] along dimension {axis} ({n} elements"
                 + (f", with {len(ins.tuple_shapes) - 1} array(s) carried along" if len(ins.tuple_shapes) > 1 else "")
-                + f"), of which only the first {k} are read (a slice)" + (f" at {line}" if line else ""),
+                + (f"), for jnp.{quantile.group(1)}, which reads {k} of them per row" if quantile else
+                   f"), of which only the first {k} are read (a slice)") + (f" at {line}" if line else ""),
                 module=program.module_key(graph.module), ops=[timed], line=line, function=function,
-                work_ratio=round(n / k, 1), params={"k": k, "n": n},
+                work_ratio=None if quantile else round(n / k, 1), params={"k": k, "n": n, "change": change},
                 facts={"sorted_elements": n, "kept_elements": k, "sort_runs": program.runs.get(
                     (program.module_key(graph.module), timed), 0)}))
     return out
