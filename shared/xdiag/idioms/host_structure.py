@@ -289,6 +289,10 @@ def callback_in_step(program: Program) -> list[Match]:
     change = (f"compute at {line or 'the callback'} with jnp inside the jitted step instead of calling back into "
               f"Python ({call}); where the callback only logs, drop it from the step and log a value fetched every "
               f"N steps")
+    if program.platform == "CPU":  # the host is the device: the callback's work stays on the same cores either way
+        change += ("; on a CPU the callback's own work stays on these cores whichever library runs it, and jnp sorts "
+                   "in full where NumPy partitions (percentile, quantile, median): there call it on fewer elements "
+                   "or every few steps rather than port it")
     return [Match(
         "callback_in_step", min(idle + on_device, 100.0),
         f"the step's compiled program calls {call} ({callbacks:g} callbacks per step)"
