@@ -47,6 +47,11 @@ def mark_own_process() -> None:
     _OWN_PROCESS = True
 
 
+def is_own_process() -> bool:
+    """Whether xdiag runs as its own console script (`mark_own_process`): process-wide settings are its to make."""
+    return _OWN_PROCESS
+
+
 def pause_collector() -> None:
     """Stops the collector until `freeze_collector`: the modules a command imports, and what a read under them
     decodes, live as long as the process, so the collections they set off free nothing (`xdiag analyze` of the
