@@ -670,7 +670,8 @@ def render_markdown(report: dict) -> str:
         f"Measured {report['date']} on {m['cores']} cores, {m['memory_gib']} GiB, {m['platform']}, Python {m['python']}; "
         f"median of {report['repeats']} runs, each in a fresh process; XProf's workers' malloc: "
         f"{m.get('xprof_workers_malloc', 'system')}."
-        + (f" Ended {report['time_utc']} UTC at a load average of {report['load_1min']}." if "time_utc" in report else "")
+        + (f" Ended {report['time_utc']} UTC at a load average of {report['load_1min']}."
+           if "time_utc" in report else "")
         + (" `(base)`: the `--base` checkout's package, its runs alternating with this one's and XProf's."
            if report.get("base_rows") else ""),
         "",
