@@ -2,7 +2,7 @@
 
     python bench/run_bench.py [--sizes 5,20,200,2048] [--captures host_sync:760] [--repeats 3]
                               [--device-profiles A.xplane.pb,...] [--device-large-mib 93]
-                              [--xprof-max-mib 256] [--out bench/results]
+                              [--xprof-max-mib 256] [--base OTHER] [--out bench/results]
     python bench/run_bench.py --hosts 1,8,32,128 [--one-process-max-hosts 32] [--repeats 3] [--workdir DIR]
     python bench/run_bench.py --tpu [--tpu-profiles A.xplane.pb,...] [--tpu-host-mib 2048] [--repeats 3] [--workdir DIR]
 
@@ -24,6 +24,9 @@
 3. Per size: median wall time, CPU time and peak RSS of both, the ratio xdiag/XProf, xdiag's
    split across read / tools / investigate / render, and the growth exponents of time and
    memory with size (a least-squares fit of log(cost) against log(size)).
+   With `--base OTHER` (another checkout of xdiag, e.g. `git worktree add /tmp/base main`), each repeat also runs
+   `xdiag analyze` with that checkout's package, alternating with this one's and XProf's: the code before and after
+   a change, side by side with XProf in one sitting (row `<profile> (base)`).
 
 Results go to `<out>/results.json` and `<out>/results.md`, with the machine described.
 
@@ -555,6 +558,9 @@ def main() -> None:
                         help="skip XProf above this size (its converters need many times the file size in RAM)")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument("--base", type=Path, default=None,
+                        help="another checkout of xdiag: its `xdiag analyze` alternating with this one's on the size "
+                             "rows (the code before a change)")
     parser.add_argument("--hosts", default="",
                         help="instead of the rest: many-host sessions of these host counts (e.g. 1,8,32,128), each "
                              "host a copy of the 20 MiB capture; results/hosts.{json,md}")
@@ -605,28 +611,33 @@ def main() -> None:
         (args.out / f"{stem}.md").write_text(render_hosts_markdown(report))
         print(render_hosts_markdown(report))
         return
-    rows = []
+    rows, base_rows = [], []  # base_rows: --base's runs, beside this checkout's in the table, not in the growth fit
+    packages = {"xdiag": REPO / "shared", **({"base": args.base.resolve() / "shared"} if args.base else {})}
     for profile in make_profiles(sizes, captures, workdir):
         size_mib = profile.stat().st_size / 2**20
-        runs: dict[str, list[dict]] = {"xdiag": [], "xprof": []}
+        runs: dict[str, list[dict]] = {"xdiag": [], "base": [], "xprof": []}
         for _ in range(args.repeats):  # alternate, so drift on the machine hits both alike
-            runs["xdiag"].append(run_xdiag(profile, workdir))
+            for side, package in packages.items():
+                pythonpath = {"PYTHONPATH": str(package)} if args.base else {}  # this checkout's own, or as installed
+                runs[side].append(run_xdiag(profile, workdir, **pythonpath))
             if size_mib <= args.xprof_max_mib:
                 runs["xprof"].append(run_xprof(profile, workdir))
-        row = {"profile": _label(profile, workdir), "size_mib": round(size_mib, 1), "events": runs["xdiag"][0]["events"]}
-        for tool, results in runs.items():
-            if results:
-                row[tool] = _median(results)
-            else:
-                row[tool] = {"not_run": f"over --xprof-max-mib {args.xprof_max_mib:g}"}
-        row["xdiag"]["split_ms"] = {k: statistics.median(r["split_ms"][k] for r in runs["xdiag"]) for k in runs["xdiag"][0]["split_ms"]}
-        row["xdiag"]["peak_rss_over_size"] = round(row["xdiag"]["peak_rss_mib"] / size_mib, 2)
-        if runs["xprof"]:
-            row["ratio_wall_xdiag_over_xprof"] = round(row["xdiag"]["wall_s"] / row["xprof"]["wall_s"], 3)
-            row["ratio_cpu_xdiag_over_xprof"] = round(row["xdiag"]["cpu_s"] / row["xprof"]["cpu_s"], 3)
-            row["ratio_rss_xdiag_over_xprof"] = round(row["xdiag"]["peak_rss_mib"] / row["xprof"]["peak_rss_mib"], 3)
-        rows.append(row)
-        print(json.dumps(row), flush=True)
+        label = _label(profile, workdir)
+        for side in packages:
+            row = {"profile": label if side == "xdiag" else f"{label} (base)", "size_mib": round(size_mib, 1),
+                   "events": runs[side][0]["events"], "xdiag": _median(runs[side])}
+            row["xprof"] = (_median(runs["xprof"]) if runs["xprof"]
+                            else {"not_run": f"over --xprof-max-mib {args.xprof_max_mib:g}"})
+            row["xdiag"]["split_ms"] = {k: statistics.median(r["split_ms"][k] for r in runs[side])
+                                        for k in runs[side][0]["split_ms"]}
+            row["xdiag"]["peak_rss_over_size"] = round(row["xdiag"]["peak_rss_mib"] / size_mib, 2)
+            if runs["xprof"]:
+                row["ratio_wall_xdiag_over_xprof"] = round(row["xdiag"]["wall_s"] / row["xprof"]["wall_s"], 3)
+                row["ratio_cpu_xdiag_over_xprof"] = round(row["xdiag"]["cpu_s"] / row["xprof"]["cpu_s"], 3)
+                row["ratio_rss_xdiag_over_xprof"] = round(row["xdiag"]["peak_rss_mib"] / row["xprof"]["peak_rss_mib"],
+                                                          3)
+            (rows if side == "xdiag" else base_rows).append(row)
+            print(json.dumps(row), flush=True)
     device_profiles = [Path(p) for p in args.device_profiles.split(",") if p]
     if device_profiles and args.device_large_mib:
         largest = max(device_profiles, key=lambda p: p.stat().st_size)
@@ -645,8 +656,8 @@ def main() -> None:
     growth["xprof_wall_exponent"] = _fit([r["size_mib"] for r in measured], [r["xprof"]["wall_s"] for r in measured])
     growth["xprof_rss_exponent"] = _fit([r["size_mib"] for r in measured], [r["xprof"]["peak_rss_mib"] for r in measured])
     report = {"machine": machine(), "repeats": args.repeats, "xprof_views": list(XPROF_VIEWS), "rows": rows, "growth": growth,
-              "device_rows": device_rows,
-              "date": time.strftime("%Y-%m-%d")}
+              "device_rows": device_rows, "base_rows": base_rows, "load_1min": round(os.getloadavg()[0], 1),
+              "date": time.strftime("%Y-%m-%d"), "time_utc": time.strftime("%H:%M", time.gmtime())}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(report, indent=2) + "\n")
     (args.out / "results.md").write_text(render_markdown(report))
@@ -658,13 +669,17 @@ def render_markdown(report: dict) -> str:
     lines = [
         f"Measured {report['date']} on {m['cores']} cores, {m['memory_gib']} GiB, {m['platform']}, Python {m['python']}; "
         f"median of {report['repeats']} runs, each in a fresh process; XProf's workers' malloc: "
-        f"{m.get('xprof_workers_malloc', 'system')}.",
+        f"{m.get('xprof_workers_malloc', 'system')}."
+        + (f" Ended {report['time_utc']} UTC at a load average of {report['load_1min']}."
+           if "time_utc" in report else "")
+        + (" `(base)`: the `--base` checkout's package, its runs alternating with this one's and XProf's."
+           if report.get("base_rows") else ""),
         "",
         "| profile | MiB | events | xdiag wall s | xdiag CPU s | xdiag peak RSS MiB | RSS/size | XProf wall s | XProf CPU s "
         "| XProf peak RSS MiB | wall xdiag/XProf | CPU xdiag/XProf | RSS xdiag/XProf | xdiag read / tools / investigate / render ms |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in report["rows"]:
+    for r in [*report["rows"], *report.get("base_rows", [])]:
         x, p = r["xdiag"], r["xprof"]
         split = " / ".join(f"{x['split_ms'][k]:.0f}" for k in ("read", "tools", "investigate", "render"))
         if "wall_s" in p:

@@ -53,6 +53,24 @@ def test_h200_profile_is_gpu_with_one_device(h200_profiles):
     assert [p.name for p in session.device_planes()] == ["/device:GPU:0"]
 
 
+def test_plane_names_are_the_read_planes_names_in_file_order(cpu_profiles, h200_profiles):
+    """plane_names reads only the planes' first fields, a block at a time (the platform known before the read)."""
+    from xdiag.profile.reader import plane_names
+
+    for path in (cpu_profiles["healthy"], h200_profiles["healthy"], shared_profile("tpu/tpu_v6e_inference.xplane.pb")):
+        assert plane_names(path) == [p.name for p in read_session([path]).planes]
+
+
+def test_plane_names_of_a_truncated_profile_are_refused_as_the_read_refuses_it(tmp_path, cpu_profiles):
+    from xdiag.profile.reader import plane_names
+
+    data = cpu_profiles["healthy"].read_bytes()
+    cut = tmp_path / "cut.xplane.pb"
+    cut.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ProfileError, match=r"truncated: field 'planes' at byte \d+ declares \d+ bytes"):
+        plane_names(cut)
+
+
 def _refused(path, match: str):
     before = path.read_bytes() if path.is_file() else None
     with pytest.raises(ProfileError, match=match):

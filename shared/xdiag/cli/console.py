@@ -47,13 +47,28 @@ def mark_own_process() -> None:
     _OWN_PROCESS = True
 
 
+def is_own_process() -> bool:
+    """Whether xdiag runs as its own console script (`mark_own_process`): process-wide settings are its to make."""
+    return _OWN_PROCESS
+
+
+def pause_collector() -> None:
+    """Stops the collector until `freeze_collector`: the modules a command imports, and what a read under them
+    decodes, live as long as the process, so the collections they set off free nothing (`xdiag analyze` of the
+    19.3 MiB CPU capture spent 85-195 ms in them, one full collection 43-110 ms of it; bench/README.md, "Measured
+    design choices")."""
+    if _OWN_PROCESS:
+        gc.disable()
+
+
 def freeze_collector() -> None:
-    """Puts every object alive now out of the collector's reach for the rest of the process: the modules imported
-    for a command live as long as the process, and at exit the interpreter's shutdown would otherwise collect over
-    everything still alive (0.13 s after analysing the 85 MiB bench profile; bench/README.md, "Measured design
-    choices")."""
+    """Puts every object alive now out of the collector's reach for the rest of the process, and starts the
+    collector again where `pause_collector` stopped it: the modules imported for a command live as long as the
+    process, and at exit the interpreter's shutdown would otherwise collect over everything still alive (0.13 s after
+    analysing the 85 MiB bench profile; bench/README.md, "Measured design choices")."""
     if _OWN_PROCESS:
         gc.freeze()
+        gc.enable()
 
 
 def fail(message: str, code: int = 2) -> None:

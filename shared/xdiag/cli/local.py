@@ -13,7 +13,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from xdiag.cli.console import err, fail, folder_to_write, freeze_collector, is_folder, one_of, out, progress_printer
+from xdiag.cli.console import (err, fail, folder_to_write, freeze_collector, is_folder, is_own_process, one_of, out,
+                               pause_collector, progress_printer)
 from xdiag.cli.runs import call_plane, control_plane, run_and_session
 from xdiag.cli.options import MAX_PROFILE_OPTION, PATH_HELP, RUN_HELP, SESSION_HELP, STACK_DIR, TOKEN_OPTION, URL_OPTION
 from xdiag.errors import XdiagError
@@ -44,6 +45,7 @@ def analyze(
     With --investigator gemini, Gemini on Vertex AI investigates (Application Default Credentials; VERTEX_BASE_URL
     points it at a private endpoint); if it fails, the rule engine does, and the report says why.
     """
+    pause_collector()  # until the imports below are done and frozen
     from xdiag.profile.locate import locate_session
 
     one_of("--investigator", investigator, ("rules", "gemini"))
@@ -72,6 +74,10 @@ def analyze(
     except XdiagError as exc:
         fail(str(exc))
     from xdiag.analysis.xprof import analysis_views
+    from xdiag.profile.reader import one_malloc_arena
+
+    if is_own_process():
+        one_malloc_arena()  # before the read's threads, and any other, start
 
     def views_folder() -> Path:  # the local cache's, loaded only for views converted beside the analysis
         from xdiag.agent.result_cache import ResultCache

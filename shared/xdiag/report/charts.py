@@ -38,16 +38,16 @@ BAR_COLOR = "#3b78d8"
 MAX_STEP_COLUMNS = 100
 MAX_BARS = 20
 
-_RECT = Markup('<rect x="{:.2f}" y="{:.2f}" width="{:.2f}" height="{:.2f}" fill="{}"/>')
-_RECT_TIP = Markup('<rect x="{:.2f}" y="{:.2f}" width="{:.2f}" height="{:.2f}" fill="{}"><title>{}</title></rect>')
-_REST = Markup('<rect x="{:.2f}" y="0" width="{:.2f}" height="{:.2f}" class="rest"><title>{}</title></rect>')
-_LINE = Markup('<line x1="{:.1f}" y1="{:.1f}" x2="{:.1f}" y2="{:.1f}" class="{}"/>')
-_TEXT = Markup('<text x="{:.1f}" y="{:.1f}" class="{}" text-anchor="{}">{}</text>')
+_RECT = Markup('<rect x="%.2f" y="%.2f" width="%.2f" height="%.2f" fill="%s"/>')
+_RECT_TIP = Markup('<rect x="%.2f" y="%.2f" width="%.2f" height="%.2f" fill="%s"><title>%s</title></rect>')
+_REST = Markup('<rect x="%.2f" y="0" width="%.2f" height="%.2f" class="rest"><title>%s</title></rect>')
+_LINE = Markup('<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" class="%s"/>')
+_TEXT = Markup('<text x="%.1f" y="%.1f" class="%s" text-anchor="%s">%s</text>')
 _Y_TITLE = Markup(
-    '<text x="14" y="{:.1f}" class="axis" transform="rotate(-90 14 {:.1f})" text-anchor="middle">{}</text>'
+    '<text x="14" y="%.1f" class="axis" transform="rotate(-90 14 %.1f)" text-anchor="middle">%s</text>'
 )
-_GROUP = Markup("<g><title>{}</title>{}</g>")
-_SVG = Markup('<svg class="{}" viewBox="0 0 1000 {:.0f}" role="img" aria-label="{}">{}</svg>')
+_GROUP = Markup("<g><title>%s</title>%s</g>")
+_SVG = Markup('<svg class="%s" viewBox="0 0 1000 %.0f" role="img" aria-label="%s">%s</svg>')
 
 
 def color_for(category: str, index: int) -> str:
@@ -102,23 +102,23 @@ def breakdown_bar(breakdown: Mapping[str, Any], step_ms: float | None = None, he
         w = width * percent * scale / 100.0
         if w <= 0:
             continue
-        shapes.append(_RECT_TIP.format(x, 0, w, height, color,
+        shapes.append(_RECT_TIP % (x, 0, w, height, color,
                                        f"{category_words(category)}: {format_number(percent)}%{ms_text(percent)}"))
         if labels:
             for text in (f"{category_words(category)} {format_number(percent)}%", f"{format_number(percent)}%"):
                 if _text_width(text) + 14 <= w:  # a label only where it fits inside its segment
-                    shapes.append(_TEXT.format(x + 7, height / 2 + 5, "seg", "start", text))
+                    shapes.append(_TEXT % (x + 7, height / 2 + 5, "seg", "start", text))
                     break
         x += w
     rest = 100.0 - total
     if x < width - 0.5 and rest > 0.05:
-        shapes.append(_REST.format(x, width - x, height, f"unattributed: {format_number(rest)}%{ms_text(rest)}"))
+        shapes.append(_REST % (x, width - x, height, f"unattributed: {format_number(rest)}%{ms_text(rest)}"))
         text = f"unattributed {format_number(rest)}%"
         if labels and _text_width(text) + 14 <= width - x:
-            shapes.append(_TEXT.format(x + 7, height / 2 + 5, "segdark", "start", text))
+            shapes.append(_TEXT % (x + 7, height / 2 + 5, "segdark", "start", text))
         legend.append(("unattributed", REST_COLOR,
                        f"{format_number(rest)}%{ms_text(rest)} — step time no category covers"))
-    return _SVG.format("chart bar", height, "step-time breakdown", Markup("").join(shapes)), legend
+    return _SVG % ("chart bar", height, "step-time breakdown", Markup("").join(shapes)), legend
 
 
 def step_columns(
@@ -139,9 +139,9 @@ def step_columns(
     out = []
     for k in range(round(axis_top / tick) + 1):
         y = base - plot_h * (k * tick) / axis_top
-        out.append(_LINE.format(left, y, width - right, y, "grid"))
-        out.append(_TEXT.format(left - 6, y + 4, "tick", "end", format_number(k * tick)))
-    out.append(_Y_TITLE.format(top + plot_h / 2, top + plot_h / 2, "ms"))
+        out.append(_LINE % (left, y, width - right, y, "grid"))
+        out.append(_TEXT % (left - 6, y + 4, "tick", "end", format_number(k * tick)))
+    out.append(_Y_TITLE % (top + plot_h / 2, top + plot_h / 2, "ms"))
     n = max(len(rows), 1)
     slot = plot_w / n
     bar = min(max(slot * 0.78, 1.0), 56.0)  # a few steps must not make slabs
@@ -160,13 +160,13 @@ def step_columns(
             tip.append(f"{category_words(c)} {duration_text(v)}")
             h = plot_h * v / axis_top
             y -= h
-            segments.append(_RECT.format(x, y, bar, h, colors[c]))
-        out.append(_GROUP.format("\n".join(tip), Markup("").join(segments)))
+            segments.append(_RECT % (x, y, bar, h, colors[c]))
+        out.append(_GROUP % ("\n".join(tip), Markup("").join(segments)))
         if i % label_every == 0:
-            out.append(_TEXT.format(x + bar / 2, base + 16, "tick", "middle", number))
-    out.append(_LINE.format(left, base, width - right, base, "axisline"))
-    out.append(_TEXT.format(left + plot_w / 2, height - 4, "axis", "middle", "step"))
-    return (_SVG.format("chart", height, "time per step", Markup("").join(out)),
+            out.append(_TEXT % (x + bar / 2, base + 16, "tick", "middle", number))
+    out.append(_LINE % (left, base, width - right, base, "axisline"))
+    out.append(_TEXT % (left + plot_w / 2, height - 4, "axis", "middle", "step"))
+    return (_SVG % ("chart", height, "time per step", Markup("").join(out)),
             [(category_words(c), colors[c], "") for c in categories])
 
 
@@ -182,12 +182,12 @@ def horizontal_bars(values: Mapping[str, Any], value_text=format_duration, limit
         y = 4 + i * row_h
         w = max((1000 - left - right) * v / peak, 1.0)
         tip = f"{label}: {value_text(v)} ({format_number(100 * v / total)}% of the total)"
-        out.append(_GROUP.format(tip, Markup("").join((
-            _TEXT.format(left - 8, y + 17, "lbl", "end", _label(label, 30)),
-            _RECT.format(left, y + 3, w, row_h - 8, BAR_COLOR),
-            _TEXT.format(left + w + 6, y + 17, "val", "start", value_text(v)),
+        out.append(_GROUP % (tip, Markup("").join((
+            _TEXT % (left - 8, y + 17, "lbl", "end", _label(label, 30)),
+            _RECT % (left, y + 3, w, row_h - 8, BAR_COLOR),
+            _TEXT % (left + w + 6, y + 17, "val", "start", value_text(v)),
         ))))
-    return _SVG.format("chart", height, "bar chart", Markup("").join(out))
+    return _SVG % ("chart", height, "bar chart", Markup("").join(out))
 
 
 # ------------------------------------------------------------------------------------------------ roofline
@@ -197,9 +197,9 @@ CATEGORY_COLORS = {
     "reduction": "#b5894b", "collective": "#d9534f", "async_copy": "#e3a01b", "memcpy": "#e3a01b",
     "data_movement": "#d17c3f", "host_callback": "#c76b98", "other": "#9aa6b2",
 }
-_CIRCLE = Markup('<circle cx="{:.1f}" cy="{:.1f}" r="{:.1f}" fill="{}" class="pt"><title>{}</title></circle>')
-_PATH = Markup('<path d="{}" class="{}"/>')
-_RIDGE = Markup('<circle cx="{:.1f}" cy="{:.1f}" r="4" class="ridge"><title>{}</title></circle>')
+_CIRCLE = Markup('<circle cx="%.1f" cy="%.1f" r="%.1f" fill="%s" class="pt"><title>%s</title></circle>')
+_PATH = Markup('<path d="%s" class="%s"/>')
+_RIDGE = Markup('<circle cx="%.1f" cy="%.1f" r="4" class="ridge"><title>%s</title></circle>')
 
 
 def category_color(category: str, index: int = 0) -> str:
@@ -243,30 +243,30 @@ def roofline_chart(
     out = []
     for k in range(x0, x1 + 1):
         x = px(10.0**k)
-        out.append(_LINE.format(x, top, x, top + plot_h, "grid"))
+        out.append(_LINE % (x, top, x, top + plot_h, "grid"))
         anchor = "end" if k == x1 else "middle"  # the last label inside the chart, not cut at its edge
-        out.append(_TEXT.format(x, top + plot_h + 16, "tick", anchor, intensity_text(10.0**k)))
+        out.append(_TEXT % (x, top + plot_h + 16, "tick", anchor, intensity_text(10.0**k)))
     for k in range(y0, y1 + 1):
         y = py(10.0**k)
-        out.append(_LINE.format(left, y, width - right, y, "grid"))
-        out.append(_TEXT.format(left - 6, y + 4, "tick", "end", rate_text(10.0**k)))
-    out.append(_TEXT.format(left + plot_w / 2, height - 6, "axis", "middle", "arithmetic intensity (FLOP per byte)"))
-    out.append(_Y_TITLE.format(top + plot_h / 2, top + plot_h / 2, "achieved FLOP/s"))
+        out.append(_LINE % (left, y, width - right, y, "grid"))
+        out.append(_TEXT % (left - 6, y + 4, "tick", "end", rate_text(10.0**k)))
+    out.append(_TEXT % (left + plot_w / 2, height - 6, "axis", "middle", "arithmetic intensity (FLOP per byte)"))
+    out.append(_Y_TITLE % (top + plot_h / 2, top + plot_h / 2, "achieved FLOP/s"))
     if roofs:
         x_start = 10.0**x0
         y_start = max(peak_bytes_per_s * x_start, 10.0**y0)
         x_start = y_start / peak_bytes_per_s
         path = (f"M{px(x_start):.1f},{py(y_start):.1f} L{px(ridge):.1f},{py(peak_flops_per_s):.1f} "
                 f"L{px(10.0**x1):.1f},{py(peak_flops_per_s):.1f}")
-        out.append(_PATH.format(path, "roof"))
+        out.append(_PATH % (path, "roof"))
         rx, ry = px(ridge), py(peak_flops_per_s)
-        out.append(_LINE.format(rx, ry, rx, top + plot_h, "ridgeline"))
-        out.append(_RIDGE.format(rx, ry, f"ridge point: {intensity_text(ridge)}"))
-        out.append(_TEXT.format(rx - 8, ry - 8, "note", "end", f"ridge {intensity_text(ridge)}"))
-        out.append(_TEXT.format(width - right - 4, ry - 6, "note", "end",
+        out.append(_LINE % (rx, ry, rx, top + plot_h, "ridgeline"))
+        out.append(_RIDGE % (rx, ry, f"ridge point: {intensity_text(ridge)}"))
+        out.append(_TEXT % (rx - 8, ry - 8, "note", "end", f"ridge {intensity_text(ridge)}"))
+        out.append(_TEXT % (width - right - 4, ry - 6, "note", "end",
                                 f"compute roof {rate_text(peak_flops_per_s)}"))
-        out.append(_TEXT.format(max(left + 8, rx - 8), top + plot_h - 8, "region", "end", "← memory-bound"))
-        out.append(_TEXT.format(min(width - right - 8, rx + 8), top + plot_h - 8, "region", "start", "compute-bound →"))
+        out.append(_TEXT % (max(left + 8, rx - 8), top + plot_h - 8, "region", "end", "← memory-bound"))
+        out.append(_TEXT % (min(width - right - 8, rx + 8), top + plot_h - 8, "region", "start", "compute-bound →"))
     categories: dict[str, str] = {}
     ordered = sorted(points, key=lambda p: -p["time_share"])  # small points drawn last stay visible
     placed: list[tuple[float, float, float, float]] = []  # label boxes already drawn: the roof's own first
@@ -280,7 +280,7 @@ def roofline_chart(
         color = categories.setdefault(p["category"], category_color(p["category"], len(categories)))
         radius = 4 + 18 * math.sqrt(max(min(p["time_share"], 1.0), 0.0))
         cx, cy = px(p["intensity"]), py(p["flops_per_s"])
-        out.append(_CIRCLE.format(cx, cy, radius, color, p["tip"]))
+        out.append(_CIRCLE % (cx, cy, radius, color, p["tip"]))
         circles.append((p, cx, cy, radius))
     # Names after every point, and only where they cover no other point or name (the tooltips have them all).
     for i, (p, cx, cy, radius) in enumerate(circles[:6]):
@@ -296,15 +296,15 @@ def roofline_chart(
             if inside and not any(box[0] < b[2] and b[0] < box[2] and box[1] < b[3] and b[1] < box[3]
                                   for b in placed + others):
                 placed.append(box)
-                out.append(_TEXT.format(x, y, "ptlabel", anchor, text))
+                out.append(_TEXT % (x, y, "ptlabel", anchor, text))
                 break
-    svg = _SVG.format("chart roofline", height, "roofline chart", Markup("").join(out))
+    svg = _SVG % ("chart roofline", height, "roofline chart", Markup("").join(out))
     return svg, [(c, color, "") for c, color in categories.items()]
 
 
 # ------------------------------------------------------------------------------------- hosts, aligned
 
-_HOST_ROW = Markup('<rect x="{:.1f}" y="{:.1f}" width="{:.1f}" height="{:.1f}" class="{}"><title>{}</title></rect>')
+_HOST_ROW = Markup('<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" class="%s"><title>%s</title></rect>')
 
 
 ALIGNED_ROWS = 16
@@ -345,36 +345,36 @@ def host_timeline(timeline: Mapping[str, Any], duration_text=format_duration) ->
     for i, p in enumerate(rows):
         name = str(p.get("participant") or p.get("host") or f"#{i}")
         y = top + i * row_h
-        out.append(_TEXT.format(left - 8, y + 19, "lbl", "end", _label(name, 24)))
+        out.append(_TEXT % (left - 8, y + 19, "lbl", "end", _label(name, 24)))
         if p.get("step_start_ms") is not None and p.get("step_end_ms") is not None:
             s, e = _num(p["step_start_ms"]), _num(p["step_end_ms"])
-            out.append(_HOST_ROW.format(px(s), y + 6, max(px(e) - px(s), 1.0), row_h - 12, "stepwin",
+            out.append(_HOST_ROW % (px(s), y + 6, max(px(e) - px(s), 1.0), row_h - 12, "stepwin",
                                         f"{name}: step {duration_text(e - s)}"))
         for seg in p.get("segments") or []:
             if not isinstance(seg, Mapping) or seg.get("start_ms") is None or seg.get("end_ms") is None:
                 continue
             s, e = _num(seg["start_ms"]), _num(seg["end_ms"])
             category = str(seg.get("category") or "other")
-            out.append(_RECT_TIP.format(px(s), y + 6, max(px(e) - px(s), 1.0), row_h - 12, color_for(category, 0),
+            out.append(_RECT_TIP % (px(s), y + 6, max(px(e) - px(s), 1.0), row_h - 12, color_for(category, 0),
                                         f"{name}: {category} {duration_text(e - s)}"))
         if p.get("collective_start_ms") is not None and p.get("collective_end_ms") is not None:
             s, e = _num(p["collective_start_ms"]), _num(p["collective_end_ms"])
             cls = "coll last" if p is last else "coll"
-            out.append(_HOST_ROW.format(px(s), y + 3, max(px(e) - px(s), 1.0), row_h - 6, cls,
+            out.append(_HOST_ROW % (px(s), y + 3, max(px(e) - px(s), 1.0), row_h - 6, cls,
                                         f"{name}: in {timeline.get('collective') or 'the collective'} for "
                                         f"{duration_text(e - s)}" + (" (arrives last)" if p is last else "")))
             if p is last:
-                out.append(_TEXT.format(px(s) - 4, y + 19, "note", "end", "arrives last"))
+                out.append(_TEXT % (px(s) - 4, y + 19, "note", "end", "arrives last"))
     end = max(_num(p.get("collective_end_ms")) for p in rows if p.get("collective_end_ms") is not None) \
         if any(p.get("collective_end_ms") is not None for p in rows) else None
     base = top + row_h * len(rows)
     if end is not None:
-        out.append(_LINE.format(px(end), top, px(end), base, "ridgeline"))
-    out.append(_LINE.format(left, base, width - right, base, "axisline"))
+        out.append(_LINE % (px(end), top, px(end), base, "ridgeline"))
+    out.append(_LINE % (left, base, width - right, base, "axisline"))
     if end is not None:  # times read back from the collective's end, which every participant leaves together
-        out.append(_TEXT.format(left, base + 16, "tick", "start", f"{duration_text(end - t0)} before"))
-        out.append(_TEXT.format(px(end), base + 16, "tick", "end", "the collective ends"))
+        out.append(_TEXT % (left, base + 16, "tick", "start", f"{duration_text(end - t0)} before"))
+        out.append(_TEXT % (px(end), base + 16, "tick", "end", "the collective ends"))
     else:
-        out.append(_TEXT.format(left, base + 16, "tick", "start", "0"))
-        out.append(_TEXT.format(width - right, base + 16, "tick", "end", duration_text(span)))
-    return _SVG.format("chart", height, "one step per host", Markup("").join(out))
+        out.append(_TEXT % (left, base + 16, "tick", "start", "0"))
+        out.append(_TEXT % (width - right, base + 16, "tick", "end", duration_text(span)))
+    return _SVG % ("chart", height, "one step per host", Markup("").join(out))
