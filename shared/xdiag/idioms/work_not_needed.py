@@ -461,13 +461,23 @@ CHEAP_OPCODES = frozenset({*SHAPE_ONLY, "get-tuple-element", "tuple", "parameter
 """Ops a loop body may repeat at no real cost, or that only pass a value on."""
 
 
-def _invariant(graph: Graph, site: Site | None, depth: int = DEPTH) -> bool | None:
+def _invariant(graph: Graph, site: Site | None, memo: dict[tuple[str, str], bool | None],
+               depth: int = DEPTH) -> bool | None:
     """Whether a value inside a loop body is the same on every trip: built only from elements of the loop's state
     that every trip passes on unchanged, and from constants (looked through the optimization barrier a rematerialised
     body puts on its inputs). True where it reads such an element, None where it reads none (a constant), False
     where it changes."""
     if site is None or depth <= 0:
         return False
+    key = (site.computation.name, site.instruction.name)
+    if key not in memo:
+        memo[key] = False  # a value that reads itself (none should) changes
+        memo[key] = _invariant_uncached(graph, site, memo, depth)
+    return memo[key]
+
+
+def _invariant_uncached(graph: Graph, site: Site, memo: dict[tuple[str, str], bool | None],
+                        depth: int) -> bool | None:
     if graph.loop_invariant(site) is not None:
         return True
     origin = graph.origin(site)
@@ -481,11 +491,11 @@ def _invariant(graph: Graph, site: Site | None, depth: int = DEPTH) -> bool | No
         if barrier is not None and barrier.instruction.opcode == "opt-barrier":
             tuple_site = graph.operand(barrier, 0)
             if tuple_site is not None and tuple_site.instruction.opcode == "tuple":
-                return _invariant(graph, graph.operand(tuple_site, ins.tuple_index), depth - 1)
+                return _invariant(graph, graph.operand(tuple_site, ins.tuple_index), memo, depth - 1)
         return False
     if ins.opcode == "parameter" or ins.opcode in OPAQUE_OPCODES or ins.opcode in ("rng", "rng-bit-generator"):
         return False
-    reads = [_invariant(graph, graph.operand(origin, k), depth - 1) for k in range(len(ins.operands))]
+    reads = [_invariant(graph, graph.operand(origin, k), memo, depth - 1) for k in range(len(ins.operands))]
     if any(r is False for r in reads):
         return False
     return True if any(reads) else None
@@ -506,6 +516,7 @@ def loop_invariant_compute(program: Program) -> list[Match]:
     out: dict[tuple[str, str], Match] = {}
     for graph in program.graphs:
         module_key = program.module_key(graph.module)
+        memo: dict[tuple[str, str], bool | None] = {}
         for site in graph.sites():
             ins = site.instruction
             if site.computation.name in graph.top_level or ins.opcode in CHEAP_OPCODES or not ins.operands \
@@ -514,7 +525,7 @@ def loop_invariant_compute(program: Program) -> list[Match]:
             loop = graph.loop_of(site.computation)
             if loop is None or not loop.trip_count or loop.trip_count < 2:
                 continue
-            reads = [_invariant(graph, graph.operand(site, k)) for k in range(len(ins.operands))]
+            reads = [_invariant(graph, graph.operand(site, k), memo) for k in range(len(ins.operands))]
             if any(r is False for r in reads) or not (any(reads) or _holds_matmul(graph, ins)):
                 continue  # a matmul of constants counts too (weights closed over as constants), a fill does not
             ms = program.time_ms(graph.module, [ins.name])
