@@ -15,6 +15,22 @@ from xdiag.idioms import IDIOMS, PATTERNS, recognise
 from xdiag.profile.locate import locate_session
 from xdiag.profile.reader import read_session_in_process
 
+REMAT_SCAN = """
+        B, D, R, T = 8, 512, 16, 32
+        k = jax.random.split(jax.random.key(0), 4)
+        w, a = jax.random.normal(k[0], (D, D)) / 32, jax.random.normal(k[1], (D, R)) / 4
+        b, xs = jax.random.normal(k[2], (R, D)) / 32, jax.random.normal(k[3], (T, B, D))
+        def loss(u, xs):
+            {outside}
+            @jax.checkpoint
+            def cell(h, x):
+                {inside}
+                return jnp.tanh(x + h @ rec), None
+            h, _ = jax.lax.scan(cell, jnp.zeros((B, D)), xs @ u)
+            return jnp.sum(h ** 2)
+        step = jax.jit(jax.grad(loss))
+        run = lambda: step(w, xs)
+"""
 PROGRAMS = {
     # name -> (body of step(x), the idiom it holds or None)
     "onehot": ("""
@@ -98,36 +114,9 @@ PROGRAMS = {
             return jax.nn.log_softmax(x @ w, axis=-1)
         run = lambda: score(x, w, last)
     """, None),
-    "remat_scan": ("""
-        B, D, R, T = 8, 512, 16, 32
-        k = jax.random.split(jax.random.key(0), 4)
-        w, a = jax.random.normal(k[0], (D, D)) / 32, jax.random.normal(k[1], (D, R)) / 4
-        b, xs = jax.random.normal(k[2], (R, D)) / 32, jax.random.normal(k[3], (T, B, D))
-        def loss(u, xs):
-            @jax.checkpoint
-            def cell(h, x):
-                rec = w + 0.5 * (a @ b)
-                return jnp.tanh(x + h @ rec), None
-            h, _ = jax.lax.scan(cell, jnp.zeros((B, D)), xs @ u)
-            return jnp.sum(h ** 2)
-        step = jax.jit(jax.grad(loss))
-        run = lambda: step(w, xs)
-    """, "loop_invariant_compute"),
-    "remat_scan_merged": ("""
-        B, D, R, T = 8, 512, 16, 32
-        k = jax.random.split(jax.random.key(0), 4)
-        w, a = jax.random.normal(k[0], (D, D)) / 32, jax.random.normal(k[1], (D, R)) / 4
-        b, xs = jax.random.normal(k[2], (R, D)) / 32, jax.random.normal(k[3], (T, B, D))
-        def loss(u, xs):
-            rec = w + 0.5 * (a @ b)
-            @jax.checkpoint
-            def cell(h, x):
-                return jnp.tanh(x + h @ rec), None
-            h, _ = jax.lax.scan(cell, jnp.zeros((B, D)), xs @ u)
-            return jnp.sum(h ** 2)
-        step = jax.jit(jax.grad(loss))
-        run = lambda: step(w, xs)
-    """, None),
+    # the adapter merged inside the checkpointed cell (rebuilt every trip), then before the scan
+    "remat_scan": (REMAT_SCAN.format(outside="pass", inside="rec = w + 0.5 * (a @ b)"), "loop_invariant_compute"),
+    "remat_scan_merged": (REMAT_SCAN.format(outside="rec = w + 0.5 * (a @ b)", inside="pass"), None),
 }
 CAPTURE = """
 import glob, shutil, sys

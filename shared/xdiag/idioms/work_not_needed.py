@@ -504,8 +504,8 @@ def _invariant_uncached(graph: Graph, site: Site, memo: dict[tuple[str, str], bo
 @idiom("loop_invariant_compute", "work_not_needed",
        "A loop recomputes on every trip a value that never changes",
        "compute it once before the loop at {line}: {op} reads only values the loop passes on unchanged, so build it "
-       "before jax.lax.scan / fori_loop and let the body close over the result, instead of recomputing it on each of "
-       "the {trips} trips",
+       "before jax.lax.scan / fori_loop and let the body (and a jax.checkpoint-ed function in it) close over the "
+       "result, instead of recomputing it on each of the {trips} trips",
        "the value is the same on every trip; computed once before the loop, it costs one trip's time instead of one "
        "per trip",
        gain=(0.6, 1.0))
