@@ -16,6 +16,22 @@ from xdiag.idioms.program import Program
 from xdiag.profile.locate import locate_session
 from xdiag.profile.reader import read_session_in_process
 
+REMAT_SCAN = """
+        B, D, R, T = 8, 512, 16, 32
+        k = jax.random.split(jax.random.key(0), 4)
+        w, a = jax.random.normal(k[0], (D, D)) / 32, jax.random.normal(k[1], (D, R)) / 4
+        b, xs = jax.random.normal(k[2], (R, D)) / 32, jax.random.normal(k[3], (T, B, D))
+        def loss(u, xs):
+            {outside}
+            @jax.checkpoint
+            def cell(h, x):
+                {inside}
+                return jnp.tanh(x + h @ rec), None
+            h, _ = jax.lax.scan(cell, jnp.zeros((B, D)), xs @ u)
+            return jnp.sum(h ** 2)
+        step = jax.jit(jax.grad(loss))
+        run = lambda: step(w, xs)
+"""
 PROGRAMS = {
     # name -> (body of step(x), the idiom it holds or None)
     "onehot": ("""
@@ -105,6 +121,34 @@ PROGRAMS = {
             return jnp.swapaxes(jnp.tanh(x @ w), 1, 2)
         run = lambda: project(x, w)
     """, None),
+    "crop_head": ("""
+        N, S, C, K, W = 2, 48, 32, 16, 12
+        dn = ("NHWC", "HWIO", "NHWC")
+        w1 = jax.random.normal(jax.random.key(0), (3, 3, C, C)) / 20
+        w2 = jax.random.normal(jax.random.key(1), (1, 1, C, K)) / 6
+        feats = jax.random.normal(jax.random.key(2), (N, S, S, C))
+        offset = jnp.array([10, 20])
+        @jax.jit
+        def region(feats, offset):
+            y = jax.nn.relu(jax.lax.conv_general_dilated(feats, w1, (1, 1), "SAME", dimension_numbers=dn))
+            logp = jax.nn.log_softmax(jax.lax.conv_general_dilated(y, w2, (1, 1), "VALID", dimension_numbers=dn))
+            return jax.lax.dynamic_slice(logp, (0, offset[0], offset[1], 0), (N, W, W, K))
+        run = lambda: region(feats, offset)
+    """, "discarded_rows"),
+    "rows_first": ("""
+        B, T, D, V = 8, 256, 128, 4096
+        x = jax.random.normal(jax.random.key(0), (B, T, D))
+        w = jax.random.normal(jax.random.key(1), (D, V)) / 11
+        last = jax.random.randint(jax.random.key(2), (B,), 0, T)
+        @jax.jit
+        def score(x, w, last):
+            x = jnp.take_along_axis(x, last[:, None, None], axis=1)[:, 0]
+            return jax.nn.log_softmax(x @ w, axis=-1)
+        run = lambda: score(x, w, last)
+    """, None),
+    # the adapter merged inside the checkpointed cell (rebuilt every trip), then before the scan
+    "remat_scan": (REMAT_SCAN.format(outside="pass", inside="rec = w + 0.5 * (a @ b)"), "loop_invariant_compute"),
+    "remat_scan_merged": (REMAT_SCAN.format(outside="rec = w + 0.5 * (a @ b)", inside="pass"), None),
 }
 CAPTURE = """
 import glob, shutil, sys
@@ -146,7 +190,8 @@ def test_the_idiom_is_recognised_where_the_program_has_it_and_only_there(name, c
     expected = PROGRAMS[name][1]
     found = {m.idiom for m in recognise(read_session_in_process([captured[name]]))}
     if expected is None:
-        assert not found & {"structured_matmul", "full_sort", "loop_invariant_weights", "transposed_outputs"}, found
+        assert not found & {"structured_matmul", "full_sort", "loop_invariant_weights", "discarded_rows",
+                            "loop_invariant_compute", "transposed_outputs"}, found
     else:
         assert expected in found, found
 
@@ -199,3 +244,27 @@ def test_the_report_leads_with_the_idioms_change_and_drops_what_it_explains(capt
     assert "Expected:" in top.fix
     assert analysis.diagnosis.status.value == "NEEDS_ATTENTION"
     assert any("the work its result needs" in r for r in analysis.health["unhealthy_because"])
+
+
+def test_a_head_computed_over_every_position_then_cropped_names_the_share_kept_and_leads(captured, tmp_path):
+    match = next(m for m in recognise(read_session_in_process([captured["crop_head"]])) if m.idiom == "discarded_rows")
+    assert match.facts["kept_fraction"] == pytest.approx(144 / 2304) and match.work_ratio == 16
+    assert match.needed_percent == pytest.approx(match.stake_percent / 16, abs=0.01)
+    script = (captured["crop_head"].parents[4] / "crop_head.py").read_text().splitlines()
+    lines = {n for n, text in enumerate(script, 1) if "conv_general_dilated" in text}
+    assert int(match.line.rsplit(":", 1)[1]) in lines, match.line
+    top = analyze_session(locate_session(captured["crop_head"]), tmp_path / "crop").diagnosis.findings[0]
+    assert top.key == "discarded_rows" and top.fix.startswith("First, select the rows the result reads before")
+    assert "1/16 of its rows" in top.fix
+
+
+def test_a_value_a_rematerialised_scan_rebuilds_every_trip_is_named_with_its_trips_and_leads(captured, tmp_path):
+    match = next(m for m in recognise(read_session_in_process([captured["remat_scan"]]))
+                 if m.idiom == "loop_invariant_compute")
+    assert match.params["trips"] == 32 and match.work_ratio == 32
+    script = (captured["remat_scan"].parents[4] / "remat_scan.py").read_text().splitlines()
+    line = next(n for n, text in enumerate(script, 1) if "rec = w + 0.5 * (a @ b)" in text)
+    assert match.line.endswith(f"remat_scan.py:{line}"), match.line
+    top = analyze_session(locate_session(captured["remat_scan"]), tmp_path / "scan").diagnosis.findings[0]
+    assert top.key == "loop_invariant_compute" and top.fix.startswith("First, compute it once before the loop")
+    assert "each of the 32 trips" in top.fix

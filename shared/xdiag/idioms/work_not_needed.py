@@ -5,6 +5,10 @@
 - full_sort: an array sorted in full and then cut to its first k elements, where a partial ordering (top-k) does.
 - loop_invariant_weights: a loop reads the same weight matrix on every trip to multiply a few rows, where one
   matmul over all rows reads it once.
+- discarded_rows: a matmul (and the softmax after it) computes every row of which a gather or slice then keeps a few,
+  where selecting the rows first computes only those.
+- loop_invariant_compute: a loop body recomputes, on every trip, a value built only from what the loop passes on
+  unchanged, where computing it once before the loop does.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from __future__ import annotations
 import re
 
 from xdiag.idioms.catalogue import Match, idiom
-from xdiag.idioms.hlo_graph import Graph, elements, nbytes
+from xdiag.idioms.hlo_graph import DEPTH, SHAPE_ONLY, Graph, Site, elements, nbytes
 from xdiag.idioms.program import Program
 
 MIN_STAKE_PERCENT = 1.0
@@ -267,3 +271,303 @@ def loop_invariant_weights(program: Program) -> list[Match]:
                     facts={"weight_bytes": nbytes(weights.instruction), "rows_per_trip": per_trip_rows,
                            "loop_runs": loops, "weight_matrices": 1})
     return [m for m in out.values() if m.stake_percent >= MIN_STAKE_PERCENT]
+
+
+SELECT_OPCODES = ("gather", "slice", "dynamic-slice")
+"""Ops that keep some of an array's elements: the rows a program reads of a larger result."""
+OPAQUE_OPCODES = ("while", "conditional", "call", "custom-call", "all-reduce", "all-gather", "all-to-all",
+                  "reduce-scatter", "collective-permute", "send", "outfeed", "async-start", "sort", "scatter")
+"""Ops whose use of a value the walk does not see into: the value may be read in full there."""
+MAX_KEPT_FRACTION = 0.25
+"""A selection keeping more than this share of the rows leaves too little work to remove."""
+
+
+def _holds_matmul(graph: Graph, ins) -> bool:
+    if ins.opcode in MATMUL_OPCODES:
+        return True
+    if ins.opcode != "fusion" or not ins.called or ins.called[0] not in graph.module.computations:
+        return False
+    return any(i.opcode in MATMUL_OPCODES for i in graph.module.computations[ins.called[0]].instructions)
+
+
+def _matmul_inside(graph: Graph, site: Site) -> Site:
+    """The matmul a fusion holds (its Python line is the user's), else the op itself."""
+    ins = site.instruction
+    if ins.opcode == "fusion" and ins.called and ins.called[0] in graph.module.computations:
+        inner = graph.module.computations[ins.called[0]]
+        for i in inner.instructions:
+            if i.opcode in MATMUL_OPCODES:
+                return Site(inner, i)
+    return site
+
+
+def _downstream(computation, start: str) -> set[str]:
+    """Every instruction of the computation that reads, directly or through others, the value of `start`."""
+    out, frontier = set(), [start]
+    while frontier:
+        name = frontier.pop()
+        for user in computation.users.get(name, []):
+            if user.name not in out:
+                out.add(user.name)
+                frontier.append(user.name)
+    return out
+
+
+def _inner_flow(graph: Graph, fusion: Site, position: int, reached: set[str]) -> tuple[str, float]:
+    """How a fusion uses its operand in `position`: ('select', kept fraction) where every read of it inside the fusion
+    passes a gather or slice first, ('pass', 1) where it reaches the fusion's output, ('mix', 0) where a matmul
+    multiplies it by another value the same walk computes (attention's scores: the rows mix)."""
+    called = graph.module.computations.get(fusion.instruction.called[0]) if fusion.instruction.called else None
+    if called is None:
+        return "mix", 0.0
+    params = {p.name for p in called.instructions if p.opcode == "parameter" and p.parameter_number == position}
+    kept, passes, frontier, seen = 0.0, False, list(params), set()
+    while frontier:
+        name = frontier.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        if name == called.root:
+            passes = True
+            continue
+        current = called.by_name[name]
+        for user in called.users.get(name, []):
+            if user.opcode in SELECT_OPCODES and user.operands and user.operands[0] == name:
+                kept = max(kept, elements(user.dims) / max(elements(current.dims), 1))
+            elif user.opcode in MATMUL_OPCODES:
+                others = [o for o in user.operands if o != name]
+                if any(_computed_by_walk(graph, Site(called, called.by_name[o]), fusion, reached)
+                       for o in others if o in called.by_name):
+                    return "mix", 0.0
+                frontier.append(user.name)
+            elif user.opcode in OPAQUE_OPCODES or user.opcode == "fusion":
+                return "mix", 0.0
+            else:
+                frontier.append(user.name)
+    return ("pass", 1.0) if passes else ("select", min(kept, 1.0))
+
+
+def _computed_by_walk(graph: Graph, inner: Site, fusion: Site, reached: set[str]) -> bool:
+    """Whether a value inside a fusion is built from one the walk reached: from a fusion parameter whose operand is
+    in `reached`."""
+    frontier, seen = [inner.instruction], set()
+    operands = fusion.instruction.operands
+    while frontier:
+        ins = frontier.pop()
+        if ins.name in seen:
+            continue
+        seen.add(ins.name)
+        if ins.opcode == "parameter":
+            if 0 <= ins.parameter_number < len(operands) and operands[ins.parameter_number] in reached:
+                return True
+            continue
+        frontier.extend(inner.computation.by_name[o] for o in ins.operands if o in inner.computation.by_name)
+    return False
+
+
+def _row_selection(graph: Graph, site: Site) -> tuple[float, list[str], list[str]] | None:
+    """Where every use of an op's value reaches its computation's result only through gathers or slices that keep a
+    few of its rows (through elementwise ops, reductions such as a softmax's, and further matmuls by weights): the
+    share of the rows kept, the ops walked (the op first) and the selecting ops; else None."""
+    computation = site.computation
+    downstream = _downstream(computation, site.instruction.name) | {site.instruction.name}
+    kept, walked, selectors = 0.0, [site.instruction.name], []
+    frontier, seen = [site.instruction.name], set()
+    while frontier:
+        name = frontier.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        if name == computation.root:
+            return None  # the value reaches the result as it is
+        current = computation.by_name[name]
+        for user in computation.users.get(name, []):
+            if user.opcode in SELECT_OPCODES and user.operands and user.operands[0] == name:
+                kept = max(kept, elements(user.dims) / max(elements(current.dims), 1))
+                selectors.append(user.name)
+            elif user.opcode == "fusion":
+                flows = [_inner_flow(graph, Site(computation, user), k, downstream)
+                         for k, operand in enumerate(user.operands) if operand == name]
+                if any(kind == "mix" for kind, _ in flows):
+                    return None
+                if any(kind == "pass" for kind, _ in flows):
+                    frontier.append(user.name)
+                    walked.append(user.name)
+                else:
+                    kept = max([kept] + [share for _, share in flows])
+                    selectors.append(user.name)
+            elif user.opcode in MATMUL_OPCODES:
+                if any(o in downstream for o in user.operands if o != name):
+                    return None  # multiplied by another value of the walk: the rows mix
+                frontier.append(user.name)
+                walked.append(user.name)
+            elif user.opcode in OPAQUE_OPCODES:
+                return None
+            else:
+                frontier.append(user.name)
+                walked.append(user.name)
+    if not selectors or kept <= 0:
+        return None
+    return min(kept, 1.0), list(dict.fromkeys(walked)), list(dict.fromkeys(selectors))
+
+
+@idiom("discarded_rows", "work_not_needed",
+       "A matmul computes every row of which only a few are read",
+       "select the rows the result reads before the matmul at {line}, not after it: take them from its input first "
+       "(x = jnp.take_along_axis(x, idx[:, None, None], axis=1) for one position per sequence, x[:, :1] for the "
+       "first token, jax.lax.dynamic_slice for a window, with the border its convolution window reads), so that it "
+       "and the {after} op(s) after it run on the {kept} of its rows the result keeps",
+       "a matmul, and the elementwise ops and reductions after it (a softmax), work row by row: the rows a gather or "
+       "slice then drops are computed for nothing, and selecting them first removes that work",
+       gain=(0.85, 1.0), measured="docs/reference/measurements.md#discarded-rows")
+def discarded_rows(program: Program) -> list[Match]:
+    """A matmul (or convolution) whose value, through row-wise ops (elementwise, reductions, further matmuls by
+    weights), reaches the result only through gathers or slices that keep a small share of it. Matmuls that feed the
+    same selection are one match, led by the one that takes the most time."""
+    found: dict[tuple[str, tuple[str, ...]], Match] = {}
+    for graph in program.graphs:
+        module_key = program.module_key(graph.module)
+        selections = []
+        for site in graph.sites():
+            if site.computation.name not in graph.top_level and _holds_matmul(graph, site.instruction):
+                selection = _row_selection(graph, site)
+                selections.append((site, selection if selection is not None and selection[0] <= MAX_KEPT_FRACTION
+                                   else None, program.line_of(graph, _matmul_inside(graph, site))))
+        # a line whose other matmuls need every row (a layer's function called once per layer, the last one's rows
+        # then selected) cannot select its rows without changing those too
+        needed_lines = {line for _, selection, line in selections if selection is None and line[0]}
+        for site, selection, line in selections:
+            if selection is None or line in needed_lines:
+                continue
+            kept, walked, selectors = selection
+            timed = [op for op in walked if (module_key, op) in program.op_ms]
+            own_ms = program.time_ms(graph.module, [site.instruction.name])
+            key = (module_key, tuple(selectors))
+            match = found.get(key)
+            if match is None:
+                selector = site.computation.by_name[selectors[0]]
+                match = found[key] = Match(
+                    "discarded_rows", 0.0, "", module=module_key, work_ratio=round(1 / kept, 1),
+                    facts={"kept_fraction": round(kept, 6),
+                           "selected_by": f"{selector.opcode} → {selector.shape_text.split('{')[0]}",
+                           "matmul_ms": -1.0})
+            match.ops = list(dict.fromkeys(match.ops + timed))
+            if own_ms > match.facts["matmul_ms"]:  # the match is led by its most costly matmul
+                inner = _matmul_inside(graph, site)
+                match.line, match.function = line
+                match.facts["matmul"] = f"{inner.instruction.opcode} → {inner.instruction.shape_text.split('{')[0]}"
+                match.facts["matmul_ms"] = own_ms
+                match.params["after"] = len(timed) - 1
+    out = []
+    for match in found.values():
+        kept = match.facts["kept_fraction"]
+        match.stake_percent = program.step_percent(program.time_ms(
+            next(g.module for g in program.graphs if program.module_key(g.module) == match.module), match.ops))
+        match.needed_percent = round(match.stake_percent * kept, 3)
+        match.params["kept"] = f"1/{round(1 / kept):g}"
+        match.what = (f"{match.facts['matmul']} and the {match.params['after']} op(s) after it compute every row, of "
+                      f"which the result keeps 1/{round(1 / kept):g} ({match.facts['selected_by']})"
+                      + (f", at {match.line}" if match.line else ""))
+        if match.stake_percent >= MIN_STAKE_PERCENT:
+            out.append(match)
+    return out
+
+
+CHEAP_OPCODES = frozenset({*SHAPE_ONLY, "get-tuple-element", "tuple", "parameter", "constant", "iota",
+                           "opt-barrier", "slice", "dynamic-slice"})
+"""Ops a loop body may repeat at no real cost, or that only pass a value on."""
+
+
+def _invariant(graph: Graph, site: Site | None, memo: dict[tuple[str, str], bool | None],
+               depth: int = DEPTH) -> bool | None:
+    """Whether a value inside a loop body is the same on every trip: built only from elements of the loop's state
+    that every trip passes on unchanged, and from constants (looked through the optimization barrier a rematerialised
+    body puts on its inputs). True where it reads such an element, None where it reads none (a constant), False
+    where it changes."""
+    if site is None or depth <= 0:
+        return False
+    key = (site.computation.name, site.instruction.name)
+    if key not in memo:
+        memo[key] = False  # a value that reads itself (none should) changes
+        memo[key] = _invariant_uncached(graph, site, memo, depth)
+    return memo[key]
+
+
+def _invariant_uncached(graph: Graph, site: Site, memo: dict[tuple[str, str], bool | None],
+                        depth: int) -> bool | None:
+    if graph.loop_invariant(site) is not None:
+        return True
+    origin = graph.origin(site)
+    if origin is None:
+        return False
+    ins = origin.instruction
+    if ins.opcode in ("constant", "iota"):
+        return None
+    if ins.opcode == "get-tuple-element":
+        barrier = graph.operand(origin, 0)
+        if barrier is not None and barrier.instruction.opcode == "opt-barrier":
+            tuple_site = graph.operand(barrier, 0)
+            if tuple_site is not None and tuple_site.instruction.opcode == "tuple":
+                return _invariant(graph, graph.operand(tuple_site, ins.tuple_index), memo, depth - 1)
+        return False
+    if ins.opcode == "parameter" or ins.opcode in OPAQUE_OPCODES or ins.opcode in ("rng", "rng-bit-generator"):
+        return False
+    reads = [_invariant(graph, graph.operand(origin, k), memo, depth - 1) for k in range(len(ins.operands))]
+    if any(r is False for r in reads):
+        return False
+    return True if any(reads) else None
+
+
+@idiom("loop_invariant_compute", "work_not_needed",
+       "A loop recomputes on every trip a value that never changes",
+       "compute it once before the loop at {line}: {op} reads only values the loop passes on unchanged, so build it "
+       "before jax.lax.scan / fori_loop and let the body (and a jax.checkpoint-ed function in it) close over the "
+       "result, instead of recomputing it on each of the {trips} trips",
+       "the value is the same on every trip; computed once before the loop, it costs one trip's time instead of one "
+       "per trip",
+       gain=(0.6, 1.0))
+def loop_invariant_compute(program: Program) -> list[Match]:
+    """Ops of a while loop's body (scan, fori_loop) whose every operand is the same on every trip: XLA hoists most
+    such ops itself, but not one whose result is much larger than its operands, nor one behind the optimization
+    barrier of a rematerialised (jax.checkpoint) body."""
+    out: dict[tuple[str, str], Match] = {}
+    for graph in program.graphs:
+        module_key = program.module_key(graph.module)
+        memo: dict[tuple[str, str], bool | None] = {}
+        for site in graph.sites():
+            ins = site.instruction
+            if site.computation.name in graph.top_level or ins.opcode in CHEAP_OPCODES or not ins.operands \
+                    or (module_key, ins.name) not in program.op_ms:
+                continue
+            loop = graph.loop_of(site.computation)
+            if loop is None or not loop.trip_count or loop.trip_count < 2:
+                continue
+            reads = [_invariant(graph, graph.operand(site, k), memo) for k in range(len(ins.operands))]
+            if any(r is False for r in reads) or not (any(reads) or _holds_matmul(graph, ins)):
+                continue  # a matmul of constants counts too (weights closed over as constants), a fill does not
+            ms = program.time_ms(graph.module, [ins.name])
+            match = out.get((module_key, loop.name))
+            if match is None:
+                match = out[(module_key, loop.name)] = Match(
+                    "loop_invariant_compute", 0.0, "", module=module_key, work_ratio=float(loop.trip_count),
+                    params={"trips": loop.trip_count}, facts={"loop": loop.name, "trips": loop.trip_count,
+                                                              "lead_ms": -1.0})
+            match.ops.append(ins.name)
+            if ms > match.facts["lead_ms"]:
+                inner = _matmul_inside(graph, site)
+                match.line, match.function = program.line_of(graph, inner)
+                match.facts["lead_ms"] = ms
+                match.params["op"] = f"{_op_kind(graph, site)} → {ins.shape_text.split('{')[0]}"
+    found = []
+    for match in out.values():
+        module = next(g.module for g in program.graphs if program.module_key(g.module) == match.module)
+        trips = match.params["trips"]
+        match.stake_percent = program.step_percent(program.time_ms(module, match.ops))
+        match.needed_percent = round(match.stake_percent / trips, 3)
+        match.what = (f"the loop {match.facts['loop']} runs {trips} trips per execution, and on each it recomputes "
+                      f"{match.params['op']}" + (f" (and {len(match.ops) - 1} more op(s))" if len(match.ops) > 1
+                                                 else "")
+                      + " from values the loop passes on unchanged" + (f", at {match.line}" if match.line else ""))
+        if match.stake_percent >= MIN_STAKE_PERCENT:
+            found.append(match)
+    return found
