@@ -257,3 +257,15 @@ def test_lines_one_side_does_not_list_are_gone_where_its_list_is_complete_and_bo
     assert list(moved)[:2] == ["a.py:1", "a.py:2"]
     missing = lines_diff(None, after, (2, 2), ("b", "a"))
     assert not missing.available and "no get_line_view output" in missing.reason
+
+
+def test_a_finding_gone_while_the_step_got_slower_is_not_read_as_a_success():
+    """The agent's loop ported a callback's percentile into jnp: the callback finding left, the step was 6x slower."""
+    from xdiag.compare.findings import finding_outcomes
+
+    before = [{"key": "callback_in_step", "title": "t", "priority": "P0",
+               "expected_impact": "up to 62% shorter steps (predicted 37.2–61.9%)."}]
+    [slower] = finding_outcomes(before, [], ((80.0, 70.0), (540.0, 530.0)), -567.7, -460.0)
+    assert slower.outcome == "gone" and slower.note.startswith("gone, but the step is 568% slower")
+    [faster] = finding_outcomes(before, [], ((80.0, 70.0), (30.0, 25.0)), 62.5, 50.0)
+    assert faster.outcome == "gone" and "slower" not in faster.note

@@ -89,6 +89,9 @@ def finding_outcomes(before: list[dict[str, Any]], after: list[dict[str, Any]],
         note = "" if predicted.basis else "its expected impact names no share of the step or of op time"
         if g is None:
             outcome = "gone"
+            if realized_percent is not None and realized_percent < 0:  # the finding left, and took more with it
+                note = (note + "; " if note else "") + (f"gone, but the step is {-realized_percent:.3g}% slower: "
+                                                        "the change cost more than the finding held")
         elif predicted.ms_per_step and remaining and remaining.ms_per_step is not None:
             ratio = remaining.ms_per_step / predicted.ms_per_step
             outcome = "smaller" if ratio <= SMALLER else "larger" if ratio >= LARGER else "unchanged"

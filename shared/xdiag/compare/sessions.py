@@ -405,11 +405,12 @@ def _headline(verdict: str, test: StepTest, step: Change, a: SessionRef, b: Sess
         else:
             predicted = (f"predicted up to {p.percent_of_step:.3g}% of the step"
                          + (f" ({p.ms_per_step:.4g} ms)" if p.ms_per_step is not None else ""))
-        lines_out.append(f"{o.key} ({o.priority_before}): {o.outcome}; {predicted}; {_realized(verdict, o)}.")
+        said = next((n for n in o.note.split("; ") if n.startswith("gone, but")), o.outcome)
+        lines_out.append(f"{o.key} ({o.priority_before}): {said}; {predicted}; {_realized(verdict, o)}.")
     measured = [c for c in lines.moved if c.delta_ms_per_step is not None][:3] if lines.available else []
     if measured:
         lines_out.append(("Lines that moved most: " if verdict in ("faster", "slower") else
-                          "Lines that moved most (the step time itself did not change): ") + ", ".join(
+                          "Lines that moved most (the step time's change is within these captures' noise): ") + ", ".join(
             f"`{c.line}` {c.delta_ms_per_step:+.4g} ms" for c in measured) + " per step (device self time).")
     if breakdown and step.delta and verdict in ("faster", "slower"):
         top = breakdown[0]
