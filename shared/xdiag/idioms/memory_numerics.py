@@ -66,8 +66,8 @@ def _moved_output(graph: Graph, site: Site) -> tuple[list[Site], list[Site], Sit
 @idiom("transposed_outputs", "memory_numerics",
        "The jitted function returns one array again in other layouts",
        "return the array once from {function} and transpose it where it is consumed, inside that consumer's jax.jit "
-       "(or compute the consumer in {function} itself): {outputs} ({shapes}) only {verb} {source} with its dimensions "
-       "reordered",
+       "(or compute the consumer in {function} itself), and stop returning an output nothing reads: {outputs} "
+       "({shapes}) only {verb} {source} with its dimensions reordered",
        "a jitted function's outputs are written out in full in the layout they are returned in, so each reordered "
        "output is a copy of every element through memory; inside the consumer's jit XLA folds the permutation into "
        "the op that reads it and copies nothing",
