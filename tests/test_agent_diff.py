@@ -106,8 +106,9 @@ def test_an_agent_compares_before_and_after_over_mcp(tmp_path):
             named = {name: float(ms) for line in diff["headline"] if line.startswith(("Ops gone: ", "Ops new: "))
                      for name, ms in re.findall(r"(\S+) \(([\d.e-]+) ms/step\)", line)}
             step = {"gone": test["baseline"]["mean_ms"], "appeared": test["candidate"]["mean_ms"]}
-            listed = {c["name"]: c for kind in step for c in diff["ops"][kind]}
-            assert all(ms >= 0.01 * step[listed[name]["status"]] for name, ms in named.items()), named
+            listed = {c["name"]: kind for kind in step for c in diff["ops"][kind]}  # a row's list is its status
+            assert all(ms >= 0.01 * step[listed[name]] for name, ms in named.items()), named
+            assert not {"status", "modules"} & {k for kind in step for c in diff["ops"][kind] for k in c}
             assert any(c["baseline_ms_per_step"] < 0.01 * step["gone"] for c in diff["ops"]["gone"])
             for folder, profile in ((analysed["analysis"], before), (again["analysis"], after)):
                 assert json.loads((Path(folder) / "analysis.json").read_text())["profile_uris"] == [str(profile)]

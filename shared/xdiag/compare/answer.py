@@ -18,6 +18,9 @@ LEFT_OUT: dict[str, Any] = {
     "step_time": True,
     "step_test": {"method": True, "baseline": {"step_ms"}, "candidate": {"step_ms"}},
     "findings": {"gone", "changed", "kept"},
+    # an op row's list says its status; its runs and modules are the report's (the agent decides on time moved)
+    "ops": {side: {"__all__": {"status", "modules", "baseline_runs_per_step", "candidate_runs_per_step"}}
+            for side in ("slower", "faster", "appeared", "gone")},
 }
 
 
