@@ -30,6 +30,7 @@ from xdiag.analysis.host_vocabulary import (
     SYNC_EVENT,
 )
 from xdiag.analysis.intervals import PS_PER_MS, covered, outermost
+from xdiag.analysis.source_lines import python_frame
 from xdiag.analysis.xprof.common import natural_order
 from xdiag.idioms.catalogue import Match, idiom
 from xdiag.idioms.program import HostEvents, Program, calls_per_step_of
@@ -329,6 +330,8 @@ CONVERSION_FRAME = re.compile(r" astype$")
 """NumPy's type conversion, as the Python tracer names it (`$<unknown> astype`)."""
 MIN_SHIPPED_FLOAT_BYTES = 1 << 20
 """A floating batch shipped per step at least this large: smaller arrays cost their launch, not their bytes."""
+MAX_PYTHON_SHARE = 0.5
+"""Above this share of its time in the user's own nested Python frames, a host function is Python per element."""
 MIN_HOST_PERCENT = 30.0
 """The host's own work (or its side of the copies) takes at least this share of the step."""
 
@@ -370,10 +373,23 @@ def _host_work(program: Program) -> tuple[HostEvents, HostEvents]:
     return frames.take(np.flatnonzero(pure)), frames
 
 
+def _python_share(program: Program, outer: HostEvents, frames: HostEvents) -> float:
+    """The share of the outer frames' time spent in the user's Python frames nested in them: their own functions
+    and comprehensions called per element, where NumPy's array operations leave none."""
+    user = frames.where(program.is_user_frame)
+    order = np.argsort(outer.start_ps)
+    starts, ends = outer.start_ps[order], outer.end_ps[order]
+    at = np.searchsorted(starts, user.start_ps, side="right") - 1
+    held = (at >= 0) & (user.end_ps <= ends[np.clip(at, 0, None)]) & \
+        ~((user.start_ps == starts[np.clip(at, 0, None)]) & (user.end_ps == ends[np.clip(at, 0, None)]))
+    total = float((ends - starts).sum())
+    return float(covered(user.start_ps[held], user.end_ps[held], starts, ends).sum()) / total if total else 0.0
+
+
 def _frame_line(name: str) -> tuple[str, str]:
     """("file:line", function) of a Python-tracer frame's name."""
-    found = re.match(r"^\$(?P<file>\S+):(?P<line>\d+) (?P<function>.+)$", name)
-    return (f"{found['file']}:{found['line']}", found["function"]) if found else ("", "")
+    frame = python_frame(name)
+    return (frame.short, frame.function) if frame else ("", "")
 
 
 @idiom("host_preprocessing", "host_structure",
@@ -407,13 +423,13 @@ def host_preprocessing(program: Program) -> list[Match]:
     transfer_percent = float(step.get("host_transfer_percent") or 0.0)
     if not len(work) or host_percent + transfer_percent < MIN_HOST_PERCENT:
         return []
-    by_name: dict[str, float] = {}
-    for name, start, end in zip(work.names, work.start_ps, work.end_ps):
-        by_name[str(name)] = by_name.get(str(name), 0.0) + _step_ms(program, np.array([start]), np.array([end]))
-    top = max(by_name, key=by_name.get)
+    names = work.names.astype(str)
+    top = max(np.unique(names), key=lambda n: _step_ms(program, work.start_ps[names == n], work.end_ps[names == n]))
     line, function = _frame_line(top)
+    top_frames = work.take(np.flatnonzero(names == top))
+    if _python_share(program, top_frames, frames) > MAX_PYTHON_SHARE:
+        return []  # Python per element (an input pipeline's work: its own finding), not NumPy's array operations
     inside = frames.where(CONVERSION_FRAME.search)
-    top_frames = work.take(np.flatnonzero(work.names == top))
     converts = bool(len(inside)) and bool(_contains_any(top_frames, inside).any())
     # The profile names what was shipped where the runtime names its copies; elsewhere a conversion on the host
     # (NumPy's astype in the function) is what says the batch left the host wider than it was loaded.
@@ -430,7 +446,7 @@ def host_preprocessing(program: Program) -> list[Match]:
               f"into the jitted step, written in jnp (x = images.astype(jnp.float32) / 255 and the normalisation "
               f"after it; random flips or crops from a boolean mask or jax.random), so the host neither computes "
               f"nor copies the floating batch")
-    stake = min(idle, host_percent + transfer_percent)
+    stake = round(min(idle, host_percent + transfer_percent), 2)
     return [Match(
         "host_preprocessing", stake,
         f"the host runs {function or 'a function of the program'}"
@@ -450,9 +466,9 @@ MIN_ELEMENT_TRANSFERS = 32.0
 BURST_GAP_MS = 1.0
 """Copies less than this apart are one pass over a list (each element's Python and launch between them)."""
 MIN_BURST = 8
-READ_EVENT = re.compile(r"__float__|__int__|__index__|__bool__| item$| tolist$|__array__| device_get$")
+READ_EVENT = re.compile(r"^\$\S+\.py:\d+ (__float__|__int__|__index__|__bool__|item|tolist|__array__|device_get)$")
 """A read of one device value by the host (float(x), int(x), x.item(), np.asarray(x)), as the Python tracer names
-it."""
+it: a method of JAX's array, written in Python (NumPy's own, in C, have no file and line)."""
 
 
 def _bursts(events: HostEvents) -> list[tuple[int, int, int, int]]:
@@ -579,7 +595,9 @@ def read_each_step(program: Program) -> list[Match]:
     if not 0.9 <= reads <= MAX_READS_PER_STEP:
         return []
     line, function = _caller(program, frames, int(waits.start_ps[0]), int(waits.end_ps[0]))
-    read = str(waits.names[0]).rsplit(" ", 1)[-1]
+    name = str(waits.names[0]).rsplit(" ", 1)[-1]
+    read = {"__float__": "float()", "__int__": "int()", "__index__": "int()", "__bool__": "bool()", "item": ".item()",
+            "tolist": ".tolist()", "__array__": "np.asarray()", "device_get": "jax.device_get"}.get(name, name)
     stake = round(min(host, device), 2)
     change = (f"stop reading the value back every step{f' at {line}' if line else ''} ({read}): keep it on the "
               f"device (append the array to a list, or accumulate it in the step's state) and read it every N steps "
@@ -587,8 +605,10 @@ def read_each_step(program: Program) -> list[Match]:
               f"next batch while the device runs this one")
     return [Match(
         "read_each_step", stake,
-        f"the loop reads a value back from the device {reads:.3g} times per step ({read}"
+        f"the loop reads a value back from the device {'once' if round(reads, 1) == 1 else f'{reads:.3g} times'} per "
+        f"step ({read}"
         + (f", in {function} at {line}" if line else "") + f"); the host's own work between the device's calls "
         f"holds {host:.3g}% of the step and the device computes {device:.3g}% of it, one after the other",
         line=line, function=function, params={"change": change},
-        facts={"reads_per_step": round(reads, 2), "host_work_percent": round(host, 2), "device_busy_percent": round(device, 2)})]
+        facts={"reads_per_step": round(reads, 2), "host_work_percent": round(host, 2),
+               "device_busy_percent": round(device, 2)})]

@@ -95,8 +95,13 @@ class Program:
         return cache[pattern.pattern]
 
     def _host_events(self, pattern: re.Pattern) -> HostEvents:
+        # A host known from its summary keeps its tables, not its events: it has none to give (these idioms are
+        # not recognised in a session assembled from host summaries)
+        summarized = {host.hostname for host in self.session.hosts if host.summarized}
         parts = []
         for number, threads in enumerate(host_threads(self.session)):
+            if threads.host in summarized:
+                continue
             selected = threads.select(pattern)
             parts.append((threads.names(pattern), selected.start_ps, selected.end_ps,
                           selected.line.astype(np.int64) + (number << 32)))
