@@ -214,7 +214,9 @@ def test_a_host_idioms_report_leads_with_its_change_at_the_users_line(name, capt
         line = next(n for n, text in enumerate(script, 1) if "jnp.asarray(e)" in text)
         assert f"{name}.py:{line}" in top.fix and "np.stack" in top.fix, top.fix
     elif name == "value_reads":
-        assert "jax.device_get" in top.fix and "reads per step" in top.fix, top.fix
+        line = next(n for n, text in enumerate(script, 1) if "float(v)" in text)
+        assert f"{name}.py:{line}" in top.fix and "jax.device_get" in top.fix and "48 reads per step" in top.fix, \
+            top.fix
     else:
         line = next(n for n, text in enumerate(script, 1) if "def run" in text)
         assert f"{name}.py:{line}" in top.fix and "every N steps" in top.fix, top.fix

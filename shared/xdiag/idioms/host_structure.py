@@ -471,11 +471,14 @@ READ_EVENT = re.compile(r"^\$\S+\.py:\d+ (__float__|__int__|__index__|__bool__|i
 it: a method of JAX's array, written in Python (NumPy's own, in C, have no file and line)."""
 
 
-def _bursts(events: HostEvents) -> list[tuple[int, int, int, int]]:
-    """(first, last, start, end) of each run of events less than BURST_GAP_MS apart, of at least MIN_BURST."""
+def _bursts(program: Program, events: HostEvents) -> list[tuple[int, int, int, int]]:
+    """(first, last, start, end) of each run of events less than BURST_GAP_MS apart within one step, of at least
+    MIN_BURST."""
     out, first = [], 0
+    step = np.searchsorted(program.step_windows[0], events.start_ps, side="right")
     for i in range(1, len(events) + 1):
-        if i == len(events) or events.start_ps[i] - events.end_ps[i - 1] > BURST_GAP_MS * PS_PER_MS:
+        if i == len(events) or events.start_ps[i] - events.end_ps[i - 1] > BURST_GAP_MS * PS_PER_MS or \
+                step[i] != step[i - 1]:
             if i - first >= MIN_BURST:
                 out.append((first, i - 1, int(events.start_ps[first]), int(events.end_ps[i - 1])))
             first = i
@@ -529,15 +532,16 @@ def per_element_transfers(program: Program) -> list[Match]:
         events = _in_steps(program, events)
         events = events.take(np.flatnonzero(outermost(np.ones(len(events), bool), events.thread, events.start_ps,
                                                       events.end_ps)))
-        bursts = _bursts(events)
+        bursts = _bursts(program, events)
         count = sum(b[1] - b[0] + 1 for b in bursts) / steps
         if count >= MIN_ELEMENT_TRANSFERS:
             found.append((kind, events, bursts, count))
     if not found:
         return []
     kind, events, bursts, count = max(found, key=lambda f: f[3])
-    burst_ms = _step_ms(program, np.array([b[2] for b in bursts], np.int64), np.array([b[3] for b in bursts],
-                                                                                        np.int64))
+    # The first read of a run waits for the device's work, and one read stays after the change: the rest is the cost
+    starts = np.array([events.end_ps[b[0]] if kind == "read" else b[2] for b in bursts], np.int64)
+    burst_ms = _step_ms(program, starts, np.array([b[3] for b in bursts], np.int64))
     stake = program.step_percent(burst_ms)
     largest = max(bursts, key=lambda b: b[1] - b[0])
     line, function = _caller(program, frames, largest[2], largest[3])
