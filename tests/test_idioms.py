@@ -149,10 +149,62 @@ PROGRAMS = {
     # the adapter merged inside the checkpointed cell (rebuilt every trip), then before the scan
     "remat_scan": (REMAT_SCAN.format(outside="pass", inside="rec = w + 0.5 * (a @ b)"), "loop_invariant_compute"),
     "remat_scan_merged": (REMAT_SCAN.format(outside="rec = w + 0.5 * (a @ b)", inside="pass"), None),
+    "host_preprocess": ("""
+        images = np.random.default_rng(0).integers(0, 256, (64, 64, 64, 3), dtype=np.uint8)
+        w = jax.random.normal(jax.random.key(0), (3, 16))
+        @jax.jit
+        def train(w, x):
+            return w - 0.01 * jax.grad(lambda w: jnp.tanh(x.mean(axis=(1, 2)) @ w).mean())(w)
+        def normalise(images):
+            x = images.astype(np.float32) / 255.0
+            x = (x - 0.45) / 0.22
+            return np.ascontiguousarray(x[:, :, ::-1, :])
+        run = lambda: train(w, normalise(images))
+    """, "host_preprocessing"),
+    "list_of_examples": ("""
+        examples = [np.full((64,), i, np.int32) for i in range(64)]
+        @jax.jit
+        def train(tokens):
+            return jnp.tanh(tokens.astype(jnp.float32) / 64).sum()
+        run = lambda: train(jnp.stack([jnp.asarray(e) for e in examples]))
+    """, "per_element_transfers"),
+    "stacked_examples": ("""
+        examples = [np.full((64,), i, np.int32) for i in range(64)]
+        @jax.jit
+        def train(tokens):
+            return jnp.tanh(tokens.astype(jnp.float32) / 64).sum()
+        run = lambda: train(np.stack(examples))
+    """, None),
+    "value_reads": ("""
+        ws = [jax.random.normal(jax.random.key(i), (32, 32)) for i in range(48)]
+        @jax.jit
+        def norms(ws):
+            return [jnp.linalg.norm(w) for w in ws]
+        def run():
+            return {f"layer{i}": float(v) for i, v in enumerate(norms(ws))}
+    """, "per_element_transfers"),
+    "loss_read": ("""
+        import math
+        rng = np.random.default_rng(0)
+        state = {"w": jax.random.normal(jax.random.key(0), (768, 768)) / 28}
+        x = jax.random.normal(jax.random.key(1), (768, 768))
+        @jax.jit
+        def train(w, x):
+            loss, g = jax.value_and_grad(lambda w: jnp.tanh(jnp.tanh(x @ w) @ w).mean())(w)
+            return w - 0.01 * g, loss
+        def run():
+            order = np.argsort(rng.random(400_000))  # the loader's shuffle, on the host
+            state["w"], loss = train(state["w"], x)
+            if not math.isfinite(float(loss)):
+                raise FloatingPointError(order[0])
+            return state["w"]
+    """, "read_each_step"),
 }
+HOST_IDIOMS = {"host_preprocessing", "per_element_transfers", "read_each_step"}
 CAPTURE = """
 import glob, shutil, sys
 import jax, jax.numpy as jnp
+import numpy as np
 {body}
 for _ in range(2):
     jax.block_until_ready(run())
@@ -190,10 +242,12 @@ def test_the_idiom_is_recognised_where_the_program_has_it_and_only_there(name, c
     expected = PROGRAMS[name][1]
     found = {m.idiom for m in recognise(read_session_in_process([captured[name]]))}
     if expected is None:
-        assert not found & {"structured_matmul", "full_sort", "loop_invariant_weights", "discarded_rows",
-                            "loop_invariant_compute", "transposed_outputs"}, found
+        assert not found & ({"structured_matmul", "full_sort", "loop_invariant_weights", "discarded_rows",
+                             "loop_invariant_compute", "transposed_outputs"} | HOST_IDIOMS), found
     else:
         assert expected in found, found
+        if expected in HOST_IDIOMS:
+            assert not found & HOST_IDIOMS - {expected}, found
 
 
 def test_an_array_returned_again_in_other_layouts_names_its_outputs_and_lines(captured):
@@ -268,3 +322,27 @@ def test_a_value_a_rematerialised_scan_rebuilds_every_trip_is_named_with_its_tri
     top = analyze_session(locate_session(captured["remat_scan"]), tmp_path / "scan").diagnosis.findings[0]
     assert top.key == "loop_invariant_compute" and top.fix.startswith("First, compute it once before the loop")
     assert "each of the 32 trips" in top.fix
+
+
+@pytest.mark.parametrize("name", ["host_preprocess", "list_of_examples", "value_reads", "loss_read"])
+def test_a_host_idioms_report_leads_with_its_change_at_the_users_line(name, captured, tmp_path):
+    """How the host's Python feeds or reads the device: the report leads with the idiom's change, at the line of the
+    script the Python tracer names."""
+    analysis = analyze_session(locate_session(captured[name]), tmp_path / name)
+    top = analysis.diagnosis.findings[0]
+    assert top.key == PROGRAMS[name][1], [(f.key, f.fix[:120]) for f in analysis.diagnosis.findings]
+    assert top.fix.startswith("First, ") and "Expected:" in top.fix
+    script = (captured[name].parents[4] / f"{name}.py").read_text().splitlines()
+    if name == "host_preprocess":
+        line = next(n for n, text in enumerate(script, 1) if "def normalise" in text)
+        assert f"{name}.py:{line}" in top.fix and "jax.device_put" in top.fix and "float32" in top.fix, top.fix
+    elif name == "list_of_examples":
+        line = next(n for n, text in enumerate(script, 1) if "jnp.asarray(e)" in text)
+        assert f"{name}.py:{line}" in top.fix and "np.stack" in top.fix, top.fix
+    elif name == "value_reads":
+        line = next(n for n, text in enumerate(script, 1) if "float(v)" in text)
+        assert f"{name}.py:{line}" in top.fix and "jax.device_get" in top.fix and "48 reads per step" in top.fix, \
+            top.fix
+    else:
+        line = next(n for n, text in enumerate(script, 1) if "def run" in text)
+        assert f"{name}.py:{line}" in top.fix and "every N steps" in top.fix, top.fix

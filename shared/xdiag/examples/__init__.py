@@ -222,7 +222,7 @@ _ACCELERATOR = [
     Workload("running_sum", "cumsum over 16,384-element rows: a sliding-window reduction far below the HBM roof",
              "memory_bound"),
     Workload("host_augment_loop", "unannotated loop: numpy augmentation, jnp.asarray and small programs per iteration",
-             "input_bound"),
+             "host_preprocessing"),
     Workload("decode_streamed", "batch-1 decoding, layers under lax.scan: each layer's weights streamed into VMEM "
              "by async copies", "memory_bound"),
     Workload("decode_streamed_b64", "decode_streamed at batch 64: the same streamed weights serve 64 sequences",

@@ -6,6 +6,10 @@
   between calls (an array that grows by one element per call, or batches of varying size).
 - callback_in_step: the compiled step calls back into Python (jax.pure_callback, io_callback, jax.debug.callback),
   and the device waits for the host on every call.
+- host_preprocessing: the host converts and normalises each batch (NumPy between the device's calls) and ships it in a
+  floating type, while the device waits.
+- per_element_transfers: each step moves a Python list's elements between host and device one at a time
+  (jnp.asarray per example, float() per value).
 
 Their stake is the whole time the structure costs (the device's idle share of the step, or the compiles'), not the
 slice the breakdown files as dispatch: a loop moved into one program drops its dispatches, waits and idle together.
@@ -15,15 +19,28 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
+
+from xdiag.analysis.host_vocabulary import (
+    CALLBACK_EVENT,
+    COMPILE_EVENT,
+    DISPATCH_EVENT,
+    HOST_TRANSFER_EVENT,
+    JITTED_CALL_EVENT,
+    SYNC_EVENT,
+)
+from xdiag.analysis.intervals import PS_PER_MS, covered, outermost
+from xdiag.analysis.source_lines import python_frame
 from xdiag.analysis.xprof.common import natural_order
 from xdiag.idioms.catalogue import Match, idiom
-from xdiag.idioms.program import Program, calls_per_step_of
+from xdiag.idioms.program import HostEvents, Program, calls_per_step_of
 from xdiag.profile.space import HloModule
 
 MIN_CALLS_PER_STEP = 4.0
 MIN_IDLE_PERCENT = 30.0
 SETUP_OPS = frozenset(f"jit_{op}" for op in ("convert_element_type", "broadcast_in_dim", "iota", "copy", "reshape",
-                                              "squeeze", "expand_dims", "concatenate", "full", "zeros_like"))
+                                              "squeeze", "expand_dims", "concatenate", "full", "zeros_like", "stage",
+                                              "stack"))
 """One-op programs that make or re-type arrays (a benchmark's setup), not a function's computation run eagerly."""
 TINY_CALL_US = 50.0
 """A call whose device work is shorter than this costs less than its own launch and wait from Python."""
@@ -301,3 +318,305 @@ def callback_in_step(program: Program) -> list[Match]:
         module=module, ops=[op], line=line, function=function, params={"change": change},
         facts={"callbacks_per_step": callbacks, "device_idle_percent": idle,
                **({"callback_op_percent": on_device} if on_device >= 1 else {})})]
+
+
+PYTHON_TRACER_EVENT = re.compile(r"^\$")
+"""JAX's Python tracer names each call `$<file>:<line> <function>` (or `$<module> <name>` for a C function)."""
+DEVICE_WORK_EVENT = re.compile("|".join(p.pattern for p in (DISPATCH_EVENT, SYNC_EVENT, COMPILE_EVENT,
+                                                             HOST_TRANSFER_EVENT, CALLBACK_EVENT)))
+"""A host event that launches, waits for, compiles or copies device work: a frame with none inside is host work."""
+HOST_PUT_EVENT = re.compile(r"^DevicePut$")
+"""One array put on a device from the host (jax.device_put, an argument of a jitted call, jnp.asarray)."""
+SHIPPED_EVENT = re.compile(r"BufferFromHostBuffer\((?P<dtype>[a-z]+\d*)\[(?P<shape>[\d,]*)\]\)")
+"""The runtime's copy of a host buffer for a device, named with its type and shape (PjRt's C API)."""
+FLOAT_BYTES = {"f16": 2, "bf16": 2, "f32": 4, "f64": 8}
+CONVERSION_FRAME = re.compile(r" astype$")
+"""NumPy's type conversion, as the Python tracer names it (`$<unknown> astype`)."""
+MIN_SHIPPED_FLOAT_BYTES = 1 << 20
+"""A floating batch shipped per step at least this large: smaller arrays cost their launch, not their bytes."""
+MAX_PYTHON_SHARE = 0.5
+"""Above this share of its time in the user's own nested Python frames, a host function is Python per element."""
+MIN_HOST_PERCENT = 30.0
+"""The host's own work (or its side of the copies) takes at least this share of the step."""
+
+
+def _step_ms(program: Program, starts: np.ndarray, ends: np.ndarray) -> float:
+    """The time these intervals cover inside the steps' windows, in ms."""
+    win_s, win_e = program.step_windows
+    return float(covered(starts, ends, win_s, win_e).sum()) / PS_PER_MS if len(starts) else 0.0
+
+
+def _in_steps(program: Program, events: HostEvents) -> HostEvents:
+    win_s, win_e = program.step_windows
+    index = np.searchsorted(win_s, events.start_ps, side="right") - 1
+    inside = (index >= 0) & (events.start_ps < win_e[np.clip(index, 0, None)]) if len(win_s) else index < -1
+    return events.take(np.flatnonzero(inside))
+
+
+def _contains_any(frames: HostEvents, events: HostEvents) -> np.ndarray:
+    """Per frame: whether one of `events` of its thread starts inside it."""
+    out = np.zeros(len(frames), dtype=bool)
+    for thread in np.unique(frames.thread):
+        mine = np.flatnonzero(frames.thread == thread)
+        starts = np.sort(events.start_ps[events.thread == thread])
+        out[mine] = np.searchsorted(starts, frames.end_ps[mine], side="left") > \
+            np.searchsorted(starts, frames.start_ps[mine], side="left")
+    return out
+
+
+def _host_work(program: Program) -> tuple[HostEvents, HostEvents]:
+    """The user's functions that run on the host with no device call, sync or copy inside (outermost ones), and
+    every Python-tracer frame (to look inside them)."""
+    frames = program.host_events(PYTHON_TRACER_EVENT)
+    user = frames.named(program.is_user_frame)
+    if not user.any():
+        return frames.take(np.flatnonzero(user)), frames
+    busy = _contains_any(frames, program.host_events(DEVICE_WORK_EVENT))
+    pure = user & ~busy
+    pure &= outermost(pure, frames.thread, frames.start_ps, frames.end_ps)
+    return frames.take(np.flatnonzero(pure)), frames
+
+
+def _python_share(program: Program, outer: HostEvents, frames: HostEvents) -> float:
+    """The share of the outer frames' time spent in the user's Python frames nested in them: their own functions
+    and comprehensions called per element, where NumPy's array operations leave none."""
+    user = frames.where(program.is_user_frame)
+    order = np.argsort(outer.start_ps)
+    starts, ends = outer.start_ps[order], outer.end_ps[order]
+    at = np.searchsorted(starts, user.start_ps, side="right") - 1
+    held = (at >= 0) & (user.end_ps <= ends[np.clip(at, 0, None)]) & \
+        ~((user.start_ps == starts[np.clip(at, 0, None)]) & (user.end_ps == ends[np.clip(at, 0, None)]))
+    total = float((ends - starts).sum())
+    return float(covered(user.start_ps[held], user.end_ps[held], starts, ends).sum()) / total if total else 0.0
+
+
+def _frame_line(name: str) -> tuple[str, str]:
+    """("file:line", function) of a Python-tracer frame's name."""
+    frame = python_frame(name)
+    return (frame.short, frame.function) if frame else ("", "")
+
+
+@idiom("host_preprocessing", "host_structure",
+       "The host prepares each batch in NumPy and ships it as floats while the device waits",
+       "{change}",
+       "the host converts and normalises every element of the batch on one thread and the runtime copies (and, on a "
+       "TPU, re-tiles) the wider floating array for the device, while the device idles; shipped as loaded and "
+       "converted in the jitted step, the same arithmetic is one fused pass on the device over a 2-4x smaller copy",
+       gain=(0.8, 1.0), measured="docs/reference/measurements.md#host-preprocessing")
+def host_preprocessing(program: Program) -> list[Match]:
+    """NumPy work on the host between the device's calls, and a large floating array shipped each step."""
+    step = program.step
+    idle = float(step.get("device_idle_percent") or 0.0)
+    steps = float(step.get("steps") or 0)
+    if idle < MIN_IDLE_PERCENT or steps <= 0:
+        return []
+    puts = _in_steps(program, program.host_events(HOST_PUT_EVENT))
+    shipped = _in_steps(program, program.host_events(SHIPPED_EVENT))
+    if len(puts) + len(shipped) < steps / 2:
+        return []  # the step takes no array from the host
+    floats: dict[str, list[int]] = {}  # each floating array shipped -> its size, once per copy
+    for name in shipped.names:
+        found = SHIPPED_EVENT.search(str(name))
+        if found["dtype"] in FLOAT_BYTES:
+            size = FLOAT_BYTES[found["dtype"]] * int(np.prod([int(d) for d in found["shape"].split(",") if d]))
+            floats.setdefault(f"{found['dtype']}[{found['shape']}]", []).append(size)
+    float_bytes = sum(map(sum, floats.values())) / steps
+    work, frames = _host_work(program)
+    host_ms = _step_ms(program, work.start_ps, work.end_ps)
+    host_percent = program.step_percent(host_ms)
+    transfer_percent = float(step.get("host_transfer_percent") or 0.0)
+    if not len(work) or host_percent + transfer_percent < MIN_HOST_PERCENT:
+        return []
+    names = work.names.astype(str)
+    top = max(np.unique(names), key=lambda n: _step_ms(program, work.start_ps[names == n], work.end_ps[names == n]))
+    line, function = _frame_line(top)
+    top_frames = work.take(np.flatnonzero(names == top))
+    if _python_share(program, top_frames, frames) > MAX_PYTHON_SHARE:
+        return []  # Python per element (an input pipeline's work: its own finding), not NumPy's array operations
+    inside = frames.where(CONVERSION_FRAME.search)
+    converts = bool(len(inside)) and bool(_contains_any(top_frames, inside).any())
+    # The profile names what was shipped where the runtime names its copies; elsewhere a conversion on the host
+    # (NumPy's astype in the function) is what says the batch left the host wider than it was loaded.
+    if float_bytes < MIN_SHIPPED_FLOAT_BYTES and not (converts and not len(shipped)):
+        return []
+    largest = max(floats, key=lambda k: floats[k][0]) if floats else ""
+    what_shipped = (f"ships {largest} ({floats[largest][0] / 2 ** 20:.3g} MiB) to the device {len(floats[largest])} "
+                    f"times in the {steps:g} steps profiled" if largest else
+                    "converts the batch's type there (NumPy's astype) before it is put on the device")
+    dtype = {"f16": "float16", "bf16": "bfloat16", "f32": "float32", "f64": "float64"}.get(largest.split("[")[0],
+                                                                                          "a floating type")
+    change = (f"ship the batch as it is loaded (uint8 pixels, integer ids: not {dtype}) "
+              f"with jax.device_put and move what {function or 'the host function'} ({line or 'its line'}) computes "
+              f"into the jitted step, written in jnp (x = images.astype(jnp.float32) / 255 and the normalisation "
+              f"after it; random flips or crops from a boolean mask or jax.random), so the host neither computes "
+              f"nor copies the floating batch")
+    stake = round(min(idle, host_percent + transfer_percent), 2)
+    return [Match(
+        "host_preprocessing", stake,
+        f"the host runs {function or 'a function of the program'}"
+        + (f" ({line})" if line else "") + f" for {host_percent:.3g}% of the step between the device's calls, with "
+        f"no device work inside it, and {what_shipped}"
+        + (f"; the runtime's side of the copies holds {transfer_percent:.3g}% of the step" if transfer_percent >= 1
+           else "") + f"; the device idles {idle:g}% of the step",
+        line=line, function=function, params={"change": change},
+        facts={"host_function_percent": host_percent, "host_transfer_percent": transfer_percent,
+               "device_idle_percent": idle,
+               **({"shipped_float_mib_per_step": round(float_bytes / 2 ** 20, 2), "shipped": largest} if largest
+                  else {"converts_on_host": True})})]
+
+
+MIN_ELEMENT_TRANSFERS = 32.0
+"""Copies per step, each of one element of a list, before their count is the step's cost."""
+BURST_GAP_MS = 1.0
+"""Copies less than this apart are one pass over a list (each element's Python and launch between them)."""
+MIN_BURST = 8
+READ_EVENT = re.compile(r"^\$\S+\.py:\d+ (__float__|__int__|__index__|__bool__|item|tolist|__array__|device_get)$")
+"""A read of one device value by the host (float(x), int(x), x.item(), np.asarray(x)), as the Python tracer names
+it: a method of JAX's array, written in Python (NumPy's own, in C, have no file and line)."""
+
+
+def _bursts(program: Program, events: HostEvents) -> list[tuple[int, int, int, int]]:
+    """(first, last, start, end) of each run of events less than BURST_GAP_MS apart within one step, of at least
+    MIN_BURST."""
+    out, first = [], 0
+    step = np.searchsorted(program.step_windows[0], events.start_ps, side="right")
+    for i in range(1, len(events) + 1):
+        if i == len(events) or events.start_ps[i] - events.end_ps[i - 1] > BURST_GAP_MS * PS_PER_MS or \
+                step[i] != step[i - 1]:
+            if i - first >= MIN_BURST:
+                out.append((first, i - 1, int(events.start_ps[first]), int(events.end_ps[i - 1])))
+            first = i
+    return out
+
+
+def _one_per_call(program: Program, puts: HostEvents) -> HostEvents:
+    """The puts, those made for one jitted call's arguments counted once (the call stands for them): a call that takes
+    many host arrays is one transfer of its arguments, a list converted element by element is a call per element."""
+    calls = program.host_events(JITTED_CALL_EVENT)
+    calls = calls.take(np.flatnonzero(outermost(np.ones(len(calls), bool), calls.thread, calls.start_ps, calls.end_ps)))
+    owner = np.full(len(puts), -1, dtype=np.int64)
+    for thread in np.unique(puts.thread):
+        mine = np.flatnonzero(calls.thread == thread)
+        index = np.flatnonzero(puts.thread == thread)
+        before = np.searchsorted(calls.start_ps[mine], puts.start_ps[index], side="right") - 1
+        held = (before >= 0) & (calls.end_ps[mine][np.clip(before, 0, None)] >= puts.end_ps[index])
+        owner[index[held]] = mine[before[held]]
+    alone = np.flatnonzero(owner < 0)
+    taken = np.unique(owner[owner >= 0])
+    return HostEvents(np.concatenate([puts.names[alone], calls.names[taken]]),
+                      *(np.concatenate([getattr(puts, f)[alone], getattr(calls, f)[taken]])
+                        for f in ("start_ps", "end_ps", "thread"))).take(
+        np.argsort(np.concatenate([puts.start_ps[alone], calls.start_ps[taken]]), kind="stable"))
+
+
+def _caller(program: Program, frames: HostEvents, start: int, end: int) -> tuple[str, str]:
+    """The user's innermost frame that holds [start, end] whole: the line that loops over the list."""
+    holds = (frames.start_ps <= start) & (frames.end_ps >= end)
+    for i in np.flatnonzero(holds)[np.argsort((frames.end_ps - frames.start_ps)[holds], kind="stable")]:
+        if program.is_user_frame(str(frames.names[i])):
+            return _frame_line(str(frames.names[i]))
+    return "", ""
+
+
+@idiom("per_element_transfers", "host_structure",
+       "Each step moves a list between host and device one element at a time",
+       "{change}",
+       "every jnp.asarray or float() of one element is its own copy, with its own Python, dispatch and (for a read) "
+       "wait for the device: a list of n elements costs n of them, where one array of the whole list costs one",
+       gain=(0.7, 1.0))
+def per_element_transfers(program: Program) -> list[Match]:
+    """Many small host->device puts (or device->host reads) per step, one per element of a Python list."""
+    steps = float(program.step.get("steps") or 0)
+    if steps <= 0:
+        return []
+    frames = program.host_events(PYTHON_TRACER_EVENT)
+    found = []
+    for kind, events in (("put", _one_per_call(program, program.host_events(HOST_PUT_EVENT))),
+                         ("read", frames.where(READ_EVENT.search))):
+        events = _in_steps(program, events)
+        events = events.take(np.flatnonzero(outermost(np.ones(len(events), bool), events.thread, events.start_ps,
+                                                      events.end_ps)))
+        bursts = _bursts(program, events)
+        count = sum(b[1] - b[0] + 1 for b in bursts) / steps
+        if count >= MIN_ELEMENT_TRANSFERS:
+            found.append((kind, events, bursts, count))
+    if not found:
+        return []
+    kind, events, bursts, count = max(found, key=lambda f: f[3])
+    # The first read of a run waits for the device's work, and one read stays after the change: the rest is the cost
+    starts = np.array([events.end_ps[b[0]] if kind == "read" else b[2] for b in bursts], np.int64)
+    burst_ms = _step_ms(program, starts, np.array([b[3] for b in bursts], np.int64))
+    stake = program.step_percent(burst_ms)
+    largest = max(bursts, key=lambda b: b[1] - b[0])
+    line, function = _caller(program, frames, largest[2], largest[3])
+    each_us = 1e3 * burst_ms / max(count * steps, 1.0)
+    where = f" at {line}" if line else ""
+    if kind == "put":
+        change = (f"build the batch on the host as one array (np.stack of the elements' NumPy arrays, np.asarray "
+                  f"of the list) and pass it to the jitted step, or jax.device_put it once, instead of jnp.asarray "
+                  f"or jnp.array of each element{where} ({count:.3g} copies per step, then a stack of them)")
+        what = f"puts {count:.3g} arrays on the device per step, one per element of a list{where}"
+    else:
+        change = (f"read the values together: stack them inside the jitted step (jnp.stack, or return them as one "
+                  f"array) and fetch them with one jax.device_get, every N steps where they are only logged, "
+                  f"instead of float() or .item() on each{where} ({count:.3g} reads per step)")
+        what = f"reads {count:.3g} values back from the device per step, one at a time{where}"
+    return [Match(
+        "per_element_transfers", stake,
+        f"the step {what}: {each_us:.3g} µs each, {stake:.3g}% of the step in all",
+        line=line, function=function, params={"change": change, "count": round(count, 1)},
+        facts={f"{kind}s_per_step": round(count, 1), "per_element_us": round(each_us, 1),
+               "element_transfers_percent": stake})]
+
+
+MAX_READS_PER_STEP = 2.5
+"""A read or two per step (the loss, a metric): more are a loop of calls or reads of a list (their own idioms)."""
+MIN_OVERLAP_PERCENT = 10.0
+
+
+@idiom("read_each_step", "host_structure",
+       "The loop reads a value back every step, so the host's work and the device's never overlap",
+       "{change}",
+       "JAX dispatches a jitted call and returns at once, so the host prepares the next batch while the device runs "
+       "this one; a read of a result (float(loss), .item(), np.asarray) waits for the device to finish first, and "
+       "the host's own work then runs while the device idles",
+       gain=(0.6, 1.0),
+       alternatives=("read the previous step's value instead of this one's: jax.copy_to_host_async(value) after the "
+                     "call and float() of it a step later, when its copy has long finished",))
+def read_each_step(program: Program) -> list[Match]:
+    """One blocking read per step, with the host's own work and the device's work in series around it."""
+    step = program.step
+    steps = float(step.get("steps") or 0)
+    dispatches = float(step.get("dispatches_per_step_mean") or 0.0)
+    idle = float(step.get("device_idle_percent") or 0.0)
+    host = float(step.get("host_other_percent") or 0.0) + float(step.get("host_transfer_percent") or 0.0)
+    device = 100.0 - idle
+    if steps <= 0 or dispatches >= MIN_CALLS_PER_STEP or min(host, device) < MIN_OVERLAP_PERCENT:
+        return []
+    # A read of a value (float(loss), np.asarray of a metric): a benchmark's block_until_ready per step is a
+    # measurement's wait, not a read the program needs
+    frames = program.host_events(PYTHON_TRACER_EVENT)
+    waits = _in_steps(program, frames.where(READ_EVENT.search))
+    waits = waits.take(np.flatnonzero(outermost(np.ones(len(waits), bool), waits.thread, waits.start_ps,
+                                                waits.end_ps)))
+    reads = len(waits) / steps
+    if not 0.9 <= reads <= MAX_READS_PER_STEP:
+        return []
+    line, function = _caller(program, frames, int(waits.start_ps[0]), int(waits.end_ps[0]))
+    name = str(waits.names[0]).rsplit(" ", 1)[-1]
+    read = {"__float__": "float()", "__int__": "int()", "__index__": "int()", "__bool__": "bool()", "item": ".item()",
+            "tolist": ".tolist()", "__array__": "np.asarray()", "device_get": "jax.device_get"}.get(name, name)
+    stake = round(min(host, device), 2)
+    change = (f"stop reading the value back every step{f' at {line}' if line else ''} ({read}): keep it on the "
+              f"device (append the array to a list, or accumulate it in the step's state) and read it every N steps "
+              f"with one jax.device_get, checking jnp.isfinite there or inside the step, so the host prepares the "
+              f"next batch while the device runs this one")
+    return [Match(
+        "read_each_step", stake,
+        f"the loop reads a value back from the device {'once' if round(reads, 1) == 1 else f'{reads:.3g} times'} per "
+        f"step ({read}"
+        + (f", in {function} at {line}" if line else "") + f"); the host's own work between the device's calls "
+        f"holds {host:.3g}% of the step and the device computes {device:.3g}% of it, one after the other",
+        line=line, function=function, params={"change": change},
+        facts={"reads_per_step": round(reads, 2), "host_work_percent": round(host, 2),
+               "device_busy_percent": round(device, 2)})]

@@ -2,15 +2,49 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+import numpy as np
+
 from xdiag.analysis.breakdown import step_rows, summarize_steps
 from xdiag.analysis.device_peaks import session_peaks
+from xdiag.analysis.host_threads import host_threads
+from xdiag.analysis.intervals import merge_intervals
 from xdiag.analysis.op_stats import OpStat, op_stats
-from xdiag.analysis.source_lines import source_of_stack
+from xdiag.analysis.source_lines import frame_kinds, source_of_stack, user_files
+from xdiag.analysis.steps import step_set
 from xdiag.idioms.hlo_graph import Graph, Site
 from xdiag.profile.space import HloModule, Session
+
+
+@dataclass
+class HostEvents:
+    """Host-thread events of one name pattern, over every host: name, start, end and thread of each, by start."""
+
+    names: np.ndarray
+    start_ps: np.ndarray
+    end_ps: np.ndarray
+    thread: np.ndarray  # (host, thread) as one number: events nest only within one thread
+
+    def __len__(self) -> int:
+        return len(self.start_ps)
+
+    def take(self, index: np.ndarray) -> HostEvents:
+        return HostEvents(self.names[index], self.start_ps[index], self.end_ps[index], self.thread[index])
+
+    def named(self, test: Callable[[str], bool]) -> np.ndarray:
+        """Per event: test(its name), each distinct name tested once (the Python tracer's events run to millions)."""
+        if not len(self.names):
+            return np.zeros(0, dtype=bool)
+        unique, inverse = np.unique(self.names.astype(str), return_inverse=True)
+        return np.array([bool(test(name)) for name in unique], dtype=bool)[inverse]
+
+    def where(self, test: Callable[[str], bool]) -> HostEvents:
+        return self.take(np.flatnonzero(self.named(test)))
 
 
 class Program:
@@ -45,6 +79,43 @@ class Program:
     def profiled_step_ms(self) -> float:
         """The steps' summed time over one timeline: what a stake's share of the step is a share of."""
         return float(self.step.get("step_time_ms_mean") or 0.0) * float(self.step.get("steps") or 0)
+
+    @cached_property
+    def step_windows(self) -> tuple[np.ndarray, np.ndarray]:
+        """The steps' windows (start, end in ps), merged over the timelines that mark them."""
+        steps = step_set(self.session).steps
+        return merge_intervals(np.array([s.start_ps for s in steps], np.int64),
+                               np.array([s.end_ps for s in steps], np.int64))
+
+    def host_events(self, pattern: re.Pattern) -> HostEvents:
+        """The hosts' non-op events whose names match, by start (each pattern read once)."""
+        cache = self.__dict__.setdefault("host_events_read", {})
+        if pattern.pattern not in cache:
+            cache[pattern.pattern] = self._host_events(pattern)
+        return cache[pattern.pattern]
+
+    def _host_events(self, pattern: re.Pattern) -> HostEvents:
+        # A host known from its summary keeps its tables, not its events: it has none to give (these idioms are
+        # not recognised in a session assembled from host summaries)
+        summarized = {host.hostname for host in self.session.hosts if host.summarized}
+        parts = []
+        for number, threads in enumerate(host_threads(self.session)):
+            if threads.host in summarized:
+                continue
+            selected = threads.select(pattern)
+            parts.append((threads.names(pattern), selected.start_ps, selected.end_ps,
+                          selected.line.astype(np.int64) + (number << 32)))
+        if not parts:
+            empty = np.empty(0, np.int64)
+            return HostEvents(np.empty(0, object), empty, empty, empty)
+        events = HostEvents(*(np.concatenate(column) for column in zip(*parts)))
+        return events.take(np.argsort(events.start_ps, kind="stable"))
+
+    @cached_property
+    def is_user_frame(self):
+        """Python-tracer event name -> whether it is a frame of the user's code (a file the HLO's stacks name)."""
+        kind_of = frame_kinds(user_files(self.session.hlo_modules))
+        return lambda name: kind_of(name) == "user"
 
     @cached_property
     def peaks(self) -> dict[str, Any] | None:

@@ -21,6 +21,11 @@ SUPERSEDES = {
                   "unfused_kernels"),
     "recompile_per_shape": ("recompilation", "dispatch_overhead", "warm_up", "low_utilization", "device_idle"),
     "callback_in_step": ("host_sync", "device_idle", "low_utilization"),
+    "host_preprocessing": ("memory_transfers", "transfer", "input_bound", "device_idle", "low_utilization",
+                           "host_sync", "dispatch_overhead"),
+    "per_element_transfers": ("memory_transfers", "transfer", "dispatch_overhead", "host_sync", "input_bound",
+                              "device_idle", "low_utilization"),
+    "read_each_step": ("host_sync", "input_bound", "device_idle", "low_utilization"),
     "linear_algebra": ("opaque_kernel",),
 }
 """Host-structure idioms, and the findings whose measured slice is part of the time the idiom's change removes."""
