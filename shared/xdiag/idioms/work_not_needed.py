@@ -14,7 +14,7 @@
 from __future__ import annotations
 
 from xdiag.idioms.catalogue import Match, idiom
-from xdiag.idioms.hlo_graph import Graph, Site, elements, nbytes
+from xdiag.idioms.hlo_graph import SHAPE_ONLY, Graph, Site, elements, nbytes
 from xdiag.idioms.program import Program
 
 MIN_STAKE_PERCENT = 1.0
@@ -353,6 +353,30 @@ def _in_place_update(graph: Graph, body, index: int) -> Site | None:
     return made if made is not None and made.instruction.opcode in ("dynamic-update-slice", "scatter") else None
 
 
+def _readers(graph: Graph, value: Site) -> list[Site]:
+    """The ops of the value's computation that read it, a copy of it or a re-laid-out copy (a fusion of transposes
+    and copies): each as its computation's op, a fusion rather than the fusion's instructions."""
+    names, out, frontier = {value.instruction.name}, [], [value.instruction.name]
+    while frontier:
+        name = frontier.pop()
+        for user in value.computation.users.get(name, []):
+            if user.name in names or user.opcode == "tuple":
+                continue
+            if user.opcode == "copy" or _moves_only(graph, user):
+                names.add(user.name)
+                frontier.append(user.name)
+            else:
+                out.append(Site(value.computation, user))
+    return out
+
+
+def _moves_only(graph: Graph, instruction) -> bool:
+    """A fusion that only re-lays out or re-types its operand (a transpose written out for a later op)."""
+    called = graph.module.computations.get(instruction.called[0]) if instruction.opcode == "fusion" and \
+        instruction.called else None
+    return called is not None and all(i.opcode in SHAPE_ONLY or i.opcode == "parameter" for i in called.instructions)
+
+
 @idiom("loop_copies_carried_buffer", "work_not_needed",
        "A loop copies a buffer it carries in full on every trip",
        "make the update at {line} the last use of the buffer in the trip: read the updated buffer after "
@@ -389,8 +413,8 @@ def loop_copies_carried_buffer(program: Program) -> list[Match]:
             match = out.get(key)
             if match is None:
                 line, function = program.line_of(graph, update)
-                reads = sorted({program.line_of(graph, u)[0] for u in graph.users(carried)
-                                if u.instruction.opcode not in ("dynamic-update-slice", "scatter")} - {"", line})
+                reads = sorted({program.line_of(graph, r)[0] for r in _readers(graph, carried)
+                                if graph.timed_op(r) != graph.timed_op(update)} - {"", line})
                 match = out[key] = Match(
                     "loop_copies_carried_buffer", 0.0, "", module=module_key, line=line, function=function,
                     params={"reads": f" (at {', '.join(reads[:3])})" if reads else ""},
