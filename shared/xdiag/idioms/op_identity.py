@@ -172,11 +172,12 @@ def promoted_matmul(program: Program) -> list[Match]:
 
 F64_SLOWDOWN = {"TPU": 8.0, "GPU": 2.0, "CPU": 2.0}
 """How many times longer an op takes in float64 than in float32, by platform: premises until a trial measures them.
-A TPU has no float64 units: XLA rewrites each float64 value into a pair of float32 values and each op into several
-float32 ops on them (the "rewriting computation to not contain X64 element types" of its compiler), several times
-the work; 8x is assumed. A GPU reads twice the bytes and, on data-centre parts, runs float64 at half float32's rate
-or less (consumer parts: 1/32-1/64), so 2x is the floor. A CPU runs float64 at about half float32's vector rate, a
-cost its users usually accept for the precision: the idiom is offered on accelerators only (`platforms`)."""
+A TPU has no float64 units: XLA:TPU rewrites the program to hold no 64-bit element types (a pass its compiler's
+errors name), each float64 op becoming several 32-bit ops; 8x is assumed. That the profile's HLO still shows the
+float64 types after that rewrite is itself a premise until a TPU capture of such a program is read. A GPU reads
+twice the bytes and, on data-centre parts, runs float64 at half float32's rate or less (consumer parts: 1/32-1/64),
+so 2x is the floor. A CPU runs float64 at about half float32's vector rate, a cost its users usually accept for the
+precision: the idiom is offered on accelerators only (`platforms`)."""
 F64_MIN_STAKE_PERCENT = 2.0
 
 
@@ -188,8 +189,8 @@ def _is_f64(instruction) -> bool:
        "The program computes in float64, which an accelerator runs at a fraction of float32's speed",
        "keep float32 at {line}: pass float32 arrays where NumPy data enters (x.astype(np.float32), or "
        "jnp.asarray(x, dtype=jnp.float32)), create arrays with dtype=jnp.float32, and drop "
-       "jax.config.update(\"jax_enable_x64\", True) (or JAX_ENABLE_X64=1) unless a part needs 64-bit floats; "
-       "there, cast only that part's inputs with .astype(jnp.float64)",
+       "jax.config.update(\"jax_enable_x64\", True) (or JAX_ENABLE_X64=1); where a part needs 64-bit floats, keep "
+       "64-bit types on but make only that part's inputs float64 and every other array float32",
        "a TPU has no float64 units and emulates each float64 op with several float32 ops; a GPU runs float64 at "
        "half float32's rate or less and reads twice the bytes; in float32 the same ops run at the device's rate",
        gain=(0.7, 1.0), platforms=("TPU", "GPU"))
