@@ -134,6 +134,7 @@ def run(a):
             dest = os.path.join(a.out, prog, v)
             try:
                 jax.config.update("jax_default_matmul_precision", None)  # a program may set it globally
+                jax.config.update("jax_enable_x64", False)  # ... and 64-bit types, as one with float64 data does
                 capture(prog, v, dest, ts, repeat)
             except Exception as e:  # one failed variant must not stop the others
                 os.makedirs(dest, exist_ok=True)

@@ -6,6 +6,8 @@ library function their HLO records, and the numeric type they really run in.
   inverse, or factors the same matrix again for a determinant or for each right-hand side, one factorisation reused
   does the work.
 - promoted_matmul: bfloat16 activations multiplied by float32 weights: JAX promotes the product to float32.
+- float64_on_accelerator: ops computing in float64 (64-bit floats switched on, NumPy's float64 arrays passed in) on
+  a TPU, which emulates them in software, or a GPU, which runs them at a fraction of float32's rate.
 """
 
 from __future__ import annotations
@@ -164,5 +166,83 @@ def promoted_matmul(program: Program) -> list[Match]:
                                   f"step (params = jax.tree.map(lambda w: w.astype(jnp.bfloat16), params)), so the "
                                   f"matmuls at {match.line or 'their line'} read bfloat16; pass "
                                   "preferred_element_type=jnp.float32 to jnp.dot where the sum must stay float32")
+        out.append(match)
+    return out
+
+
+F64_SLOWDOWN = {"TPU": 8.0, "GPU": 2.0, "CPU": 2.0}
+"""How many times longer an op takes in float64 than in float32, by platform: premises until a trial measures them.
+A TPU has no float64 units: XLA:TPU rewrites the program to hold no 64-bit element types (a pass its compiler's
+errors name), each float64 op becoming several 32-bit ops; 8x is assumed. That the profile's HLO still shows the
+float64 types after that rewrite is itself a premise until a TPU capture of such a program is read. A GPU reads
+twice the bytes and, on data-centre parts, runs float64 at half float32's rate or less (consumer parts: 1/32-1/64),
+so 2x is the floor. A CPU runs float64 at about half float32's vector rate, a cost its users usually accept for the
+precision: the idiom is offered on accelerators only (`platforms`)."""
+F64_MIN_STAKE_PERCENT = 2.0
+
+
+def _is_f64(instruction) -> bool:
+    return instruction.dtype == "f64" or any(t == "f64" for t, _ in instruction.tuple_shapes)
+
+
+@idiom("float64_on_accelerator", "memory_numerics",
+       "The program computes in float64, which an accelerator runs at a fraction of float32's speed",
+       "keep float32 at {line}: pass float32 arrays where NumPy data enters (x.astype(np.float32), or "
+       "jnp.asarray(x, dtype=jnp.float32)), create arrays with dtype=jnp.float32, and drop "
+       "jax.config.update(\"jax_enable_x64\", True) (or JAX_ENABLE_X64=1); where a part needs 64-bit floats, keep "
+       "64-bit types on but make only that part's inputs float64 and every other array float32",
+       "a TPU has no float64 units and emulates each float64 op with several float32 ops; a GPU runs float64 at "
+       "half float32's rate or less and reads twice the bytes; in float32 the same ops run at the device's rate",
+       gain=(0.7, 1.0), platforms=("TPU", "GPU"))
+def float64_on_accelerator(program: Program) -> list[Match]:
+    """The timed ops whose HLO computes a float64 value (an op of a fusion included), summed per program."""
+    found: dict[str, Match] = {}
+    lines: dict[str, dict[tuple[str, str], float]] = {}
+    for graph in program.graphs:
+        module_key = program.module_key(graph.module)
+        arguments = [i for i in graph.module.computations[graph.module.entry].instructions
+                     if i.opcode == "parameter" and i.dtype == "f64"] \
+            if graph.module.entry in graph.module.computations else []
+        for site in graph.sites():
+            ins = site.instruction
+            if not _is_f64(ins) or ins.opcode in ("parameter", "get-tuple-element", "tuple", "constant"):
+                continue
+            timed = graph.timed_op(site)
+            ms = program.op_ms.get((module_key, timed), 0.0)
+            if ms <= 0:
+                continue
+            match = found.setdefault(module_key, Match(
+                "float64_on_accelerator", 0.0, "", module=module_key,
+                facts={"f64_arguments": [a.shape_text.split("{")[0] for a in arguments[:4]],
+                       "f64_argument_count": len(arguments), "example": "", "example_ms": 0.0}))
+            if ms > match.facts["example_ms"] or ms == match.facts["example_ms"] and ins.opcode in (
+                    "dot", "convolution", "reduce"):  # the op with the most time names what is computed
+                match.facts.update(example=f"{ins.opcode} {ins.shape_text.split('{')[0]}", example_ms=round(ms, 3))
+            if timed in match.ops:
+                continue
+            match.ops.append(timed)
+            match.stake_percent = min(match.stake_percent + program.step_percent(ms), 100.0)
+            line = program.line_of(graph, site)
+            if line[0]:
+                lines.setdefault(module_key, {})[line] = lines.get(module_key, {}).get(line, 0.0) + ms
+    slowdown = F64_SLOWDOWN.get(program.platform, 2.0)
+    out = []
+    for key, match in found.items():
+        if match.stake_percent < F64_MIN_STAKE_PERCENT:
+            continue
+        by_line = lines.get(key) or {}
+        match.line, match.function = max(by_line, key=by_line.get) if by_line else ("", "")
+        # in float32 the same ops take 1/slowdown of their float64 time: that is what the result needs
+        match.needed_percent = match.stake_percent / slowdown
+        match.work_ratio = slowdown
+        args = match.facts["f64_arguments"]
+        match.what = (f"{len(match.ops)} ops compute in float64 (such as {match.facts['example']})"
+                      + (f", the program's arguments float64 ({', '.join(args)}"
+                         + (f" and {match.facts['f64_argument_count'] - len(args)} more" if
+                            match.facts['f64_argument_count'] > len(args) else "") + ")" if args else "")
+                      + (f", most of their time at {match.line}" if match.line else "")
+                      + f": {match.stake_percent:g}% of the step on a {program.platform}, where float64 is assumed "
+                      f"{slowdown:g}x slower than float32")
+        match.facts["assumed_slowdown"] = slowdown
         out.append(match)
     return out

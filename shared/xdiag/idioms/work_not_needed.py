@@ -9,6 +9,10 @@
   where selecting the rows first computes only those.
 - loop_invariant_compute: a loop body recomputes, on every trip, a value built only from what the loop passes on
   unchanged, where computing it once before the loop does.
+- select_computes_both_branches: jnp.where with one scalar flag picks between two costly arrays, so both are computed
+  on every step and one thrown away, where jax.lax.cond computes the one picked.
+- loop_copies_carried_buffer: a loop updates a buffer it carries in place and also reads the buffer as it was before
+  the update, so XLA copies the whole buffer on every trip.
 """
 
 from __future__ import annotations
@@ -571,3 +575,188 @@ def loop_invariant_compute(program: Program) -> list[Match]:
         if match.stake_percent >= MIN_STAKE_PERCENT:
             found.append(match)
     return found
+
+
+BRANCH_WALK_MAX = 4096
+"""How many instructions a walk back from a select's operand visits: a branch is a handful of ops to a whole model."""
+
+
+def _computed_by(graph: Graph, site: Site | None) -> set[str]:
+    """The timed ops that compute a value, walking back over operands across fusion boundaries, up to the program's
+    or the loop's own arguments (data both branches share)."""
+    out: set[str] = set()
+    frontier, seen = [site], set()
+    while frontier and len(seen) < BRANCH_WALK_MAX:
+        current = frontier.pop()
+        if current is None:
+            continue
+        key = (current.computation.name, current.instruction.name)
+        if key in seen:
+            continue
+        seen.add(key)
+        ins = current.instruction
+        if ins.opcode == "parameter":
+            caller = graph.callers.get(current.computation.name)
+            if caller is not None and caller.instruction.opcode == "fusion" and ins.parameter_number >= 0:
+                frontier.append(graph.operand(caller, ins.parameter_number))
+            continue  # the entry's or a loop's argument: no op of this step computes it here
+        if ins.opcode in ("get-tuple-element", "constant"):
+            continue
+        out.add(graph.timed_op(current))
+        frontier.extend(graph.operand(current, k) for k in range(len(ins.operands)))
+    return out
+
+
+@idiom("select_computes_both_branches", "work_not_needed",
+       "jnp.where with one flag computes both arrays and throws one away",
+       "compute only the branch the flag picks at {line}: jax.lax.cond(flag, branch_a, branch_b, x) instead of "
+       "jnp.where(flag, branch_a(x), branch_b(x)), with each branch a function of the same operands (outside "
+       "jax.vmap: a cond over a batch of flags becomes a select again)",
+       "jnp.where picks element by element, so both arrays are computed in full before one of them is discarded; "
+       "with one scalar flag for the whole array, lax.cond runs only the branch it picks",
+       gain=(0.7, 1.0))
+def select_computes_both_branches(program: Program) -> list[Match]:
+    """A select whose predicate is one scalar broadcast to the whole array, where the ops computing each of its two
+    arrays (those the other array and the flag do not share) take time: the cheaper branch's time is what lax.cond
+    saves whichever way the flag goes."""
+    out: dict[tuple[str, str], Match] = {}
+    for graph in program.graphs:
+        module_key = program.module_key(graph.module)
+        for site in graph.sites():
+            ins = site.instruction
+            if ins.opcode != "select" or len(ins.operands) != 3 or not ins.dims or \
+                    ins.op_name.rsplit("/", 1)[-1] != "select_n":  # jnp.where, lax.select: not XLA's own selects
+                continue
+            flag = graph.origin(graph.operand(site, 0))
+            if flag is None or flag.instruction.dims or flag.instruction.dtype != "pred" or \
+                    flag.instruction.opcode == "constant":
+                continue
+            own = graph.timed_op(site)
+            shared = _computed_by(graph, flag) | {own}
+            first, second = (_computed_by(graph, graph.operand(site, k)) for k in (1, 2))
+            branches = [sorted(first - second - shared), sorted(second - first - shared)]
+            times = [program.time_ms(graph.module, ops) for ops in branches]
+            saved = min(times)
+            stake = program.step_percent(saved)
+            if stake < MIN_STAKE_PERCENT:
+                continue
+            line, function = program.line_of(graph, site)
+            key = (module_key, line or own)
+            if key in out:
+                continue
+            cheaper = times.index(saved)
+            out[key] = Match(
+                "select_computes_both_branches", stake,
+                f"a select of {ins.shape_text.split('{')[0]} picks between two arrays by one scalar flag broadcast "
+                f"to every element" + (f" at {line}" if line else "") + f": the ops computing one array take "
+                f"{program.step_percent(times[0]):g}% of the step, those computing the other "
+                f"{program.step_percent(times[1]):g}%, and both run every step; the cheaper one, {stake:g}%, is "
+                "what computing only the picked branch saves whichever way the flag goes",
+                module=module_key, ops=branches[cheaper][:16], line=line, function=function,
+                work_ratio=round(sum(times) / max(times), 2) if max(times) > 0 else None,
+                facts={"branch_ms": [round(t, 3) for t in times], "branch_ops": [len(b) for b in branches],
+                       "select": ins.shape_text.split("{")[0]})
+    return list(out.values())
+
+
+MIN_BUFFER_BYTES = 1 << 20
+"""A carried buffer smaller than this costs little to copy."""
+
+
+def _in_place_update(graph: Graph, body, index: int) -> Site | None:
+    """Where the trip's new value of a loop-state element is the old one with a slice written into it (a
+    dynamic-update-slice or scatter, as .at[i].set(v) lowers): that update; else None."""
+    root = body.by_name.get(body.root)
+    if root is None or root.opcode != "tuple" or not 0 <= index < len(root.operands) or \
+            root.operands[index] not in body.by_name:
+        return None
+    made = graph.origin(Site(body, body.by_name[root.operands[index]]))
+    return made if made is not None and made.instruction.opcode in ("dynamic-update-slice", "scatter") else None
+
+
+def _readers(graph: Graph, value: Site) -> list[Site]:
+    """The ops of the value's computation that read it, a copy of it or a re-laid-out copy (a fusion of transposes
+    and copies): each as its computation's op, a fusion rather than the fusion's instructions."""
+    names, out, frontier = {value.instruction.name}, [], [value.instruction.name]
+    while frontier:
+        name = frontier.pop()
+        for user in value.computation.users.get(name, []):
+            if user.name in names or user.opcode == "tuple":
+                continue
+            if user.opcode == "copy" or _moves_only(graph, user):
+                names.add(user.name)
+                frontier.append(user.name)
+            else:
+                out.append(Site(value.computation, user))
+    return out
+
+
+def _moves_only(graph: Graph, instruction) -> bool:
+    """A fusion that only re-lays out or re-types its operand (a transpose written out for a later op)."""
+    called = graph.module.computations.get(instruction.called[0]) if instruction.opcode == "fusion" and \
+        instruction.called else None
+    return called is not None and all(i.opcode in SHAPE_ONLY or i.opcode == "parameter" for i in called.instructions)
+
+
+@idiom("loop_copies_carried_buffer", "work_not_needed",
+       "A loop copies a buffer it carries in full on every trip",
+       "make the update at {line} the last use of the buffer in the trip: read the updated buffer after "
+       "buf = buf.at[i].set(v) (mask the slot just written where the old values are needed) instead of reading "
+       "the buffer as it was before the update{reads}, so XLA writes the slot in place; or, where the trips only "
+       "append to it, return the slice as the scan's per-step output (ys) instead of carrying the buffer",
+       "an in-place update needs the old buffer to be dead once it is written; a read of the old values in the same "
+       "trip keeps it alive, so XLA copies the whole buffer every trip to update the copy, bytes the result does "
+       "not need",
+       gain=(0.8, 1.0))
+def loop_copies_carried_buffer(program: Program) -> list[Match]:
+    """Copy instructions of a while loop's body that copy, in full, an element of the loop's state the trip updates
+    in place."""
+    out: dict[tuple[str, str], Match] = {}
+    for graph in program.graphs:
+        module_key = program.module_key(graph.module)
+        for site in graph.sites():
+            ins = site.instruction
+            if ins.opcode != "copy" or site.computation.name in graph.top_level or \
+                    nbytes(ins) < MIN_BUFFER_BYTES:
+                continue
+            loop = graph.loop_of(site.computation)
+            carried = graph.origin(site)
+            if loop is None or carried is None or carried.instruction.opcode != "get-tuple-element" or \
+                    carried.computation is not site.computation or carried.instruction.dims != ins.dims:
+                continue
+            state = graph.operand(carried, 0)
+            index = carried.instruction.tuple_index
+            update = _in_place_update(graph, site.computation, index)
+            if state is None or state.instruction.opcode != "parameter" or update is None:
+                continue
+            ms = program.time_ms(graph.module, [ins.name])
+            key = (module_key, loop.name)
+            match = out.get(key)
+            if match is None:
+                line, function = program.line_of(graph, update)
+                reads = sorted({program.line_of(graph, r)[0] for r in _readers(graph, carried)
+                                if graph.timed_op(r) != graph.timed_op(update)} - {"", line})
+                match = out[key] = Match(
+                    "loop_copies_carried_buffer", 0.0, "", module=module_key, line=line, function=function,
+                    params={"reads": f" (at {', '.join(reads[:3])})" if reads else ""},
+                    facts={"trips": loop.trip_count, "buffers": [], "copy_bytes_per_trip": 0,
+                           "copy_runs": program.runs.get((module_key, ins.name), 0)})
+            if ins.name in match.ops:
+                continue
+            match.ops.append(ins.name)
+            match.stake_percent = min(match.stake_percent + program.step_percent(ms), 100.0)
+            match.facts["copy_bytes_per_trip"] += nbytes(ins)
+            match.facts["buffers"].append(ins.shape_text.split("{")[0])
+    found = []
+    for (_, loop_name), match in out.items():
+        if match.stake_percent < MIN_STAKE_PERCENT:
+            continue
+        trips = match.facts["trips"]
+        match.what = (f"the loop {loop_name} runs {trips or 'its'} trips, and each copies "
+                      f"{match.facts['copy_bytes_per_trip'] / 2**20:.3g} MiB of the state it carries "
+                      f"({len(match.ops)} copies of {', '.join(sorted(set(match.facts['buffers'])))}) because the "
+                      "trip reads a buffer as it was before updating it in place"
+                      + (f" at {match.line}" if match.line else "") + f": {match.stake_percent:g}% of the step")
+        found.append(match)
+    return found
+
