@@ -149,6 +149,15 @@ PROGRAMS = {
     # the adapter merged inside the checkpointed cell (rebuilt every trip), then before the scan
     "remat_scan": (REMAT_SCAN.format(outside="pass", inside="rec = w + 0.5 * (a @ b)"), "loop_invariant_compute"),
     "remat_scan_merged": (REMAT_SCAN.format(outside="rec = w + 0.5 * (a @ b)", inside="pass"), None),
+    "gates": ("""
+        x = jax.random.normal(jax.random.key(0), (64, 256))
+        w = jax.random.normal(jax.random.key(1), (256, 1024)) / 16
+        @jax.jit
+        def cell(x, w):  # an LSTM's gates: four slices of one matmul, each a quarter, all of it read
+            i, f, g, o = jnp.split(x @ w, 4, axis=-1)
+            return jax.nn.sigmoid(f) * jnp.tanh(g) + jax.nn.sigmoid(i) * jax.nn.sigmoid(o)
+        run = lambda: cell(x, w)
+    """, None),
     "host_preprocess": ("""
         images = np.random.default_rng(0).integers(0, 256, (64, 64, 64, 3), dtype=np.uint8)
         w = jax.random.normal(jax.random.key(0), (3, 16))

@@ -325,7 +325,8 @@ def _inner_flow(graph: Graph, fusion: Site, position: int, reached: set[str]) ->
     if called is None:
         return "mix", 0.0
     params = {p.name for p in called.instructions if p.opcode == "parameter" and p.parameter_number == position}
-    kept, passes, frontier, seen = 0.0, False, list(params), set()
+    shares: dict[str, float] = {}  # each gather or slice of it: together, the share of it the fusion reads
+    passes, frontier, seen = False, list(params), set()
     while frontier:
         name = frontier.pop()
         if name in seen:
@@ -337,7 +338,7 @@ def _inner_flow(graph: Graph, fusion: Site, position: int, reached: set[str]) ->
         current = called.by_name[name]
         for user in called.users.get(name, []):
             if user.opcode in SELECT_OPCODES and user.operands and user.operands[0] == name:
-                kept = max(kept, elements(user.dims) / max(elements(current.dims), 1))
+                shares[user.name] = elements(user.dims) / max(elements(current.dims), 1)
             elif user.opcode in MATMUL_OPCODES:
                 others = [o for o in user.operands if o != name]
                 if any(_computed_by_walk(graph, Site(called, called.by_name[o]), fusion, reached)
@@ -348,7 +349,7 @@ def _inner_flow(graph: Graph, fusion: Site, position: int, reached: set[str]) ->
                 return "mix", 0.0
             else:
                 frontier.append(user.name)
-    return ("pass", 1.0) if passes else ("select", min(kept, 1.0))
+    return ("pass", 1.0) if passes else ("select", min(sum(shares.values()), 1.0))
 
 
 def _computed_by_walk(graph: Graph, inner: Site, fusion: Site, reached: set[str]) -> bool:
@@ -375,7 +376,8 @@ def _row_selection(graph: Graph, site: Site) -> tuple[float, list[str], list[str
     share of the rows kept, the ops walked (the op first) and the selecting ops; else None."""
     computation = site.computation
     downstream = _downstream(computation, site.instruction.name) | {site.instruction.name}
-    kept, walked, selectors = 0.0, [site.instruction.name], []
+    shares: dict[str, float] = {}  # each selecting op's share of the rows: together, what the result keeps
+    walked, selectors = [site.instruction.name], []
     frontier, seen = [site.instruction.name], set()
     while frontier:
         name = frontier.pop()
@@ -387,7 +389,8 @@ def _row_selection(graph: Graph, site: Site) -> tuple[float, list[str], list[str
         current = computation.by_name[name]
         for user in computation.users.get(name, []):
             if user.opcode in SELECT_OPCODES and user.operands and user.operands[0] == name:
-                kept = max(kept, elements(user.dims) / max(elements(current.dims), 1))
+                share = elements(user.dims) / max(elements(current.dims), 1)
+                shares[user.name] = max(shares.get(user.name, 0.0), share)
                 selectors.append(user.name)
             elif user.opcode == "fusion":
                 flows = [_inner_flow(graph, Site(computation, user), k, downstream)
@@ -398,7 +401,7 @@ def _row_selection(graph: Graph, site: Site) -> tuple[float, list[str], list[str
                     frontier.append(user.name)
                     walked.append(user.name)
                 else:
-                    kept = max([kept] + [share for _, share in flows])
+                    shares[user.name] = max([shares.get(user.name, 0.0)] + [share for _, share in flows])
                     selectors.append(user.name)
             elif user.opcode in MATMUL_OPCODES:
                 if any(o in downstream for o in user.operands if o != name):
@@ -410,6 +413,7 @@ def _row_selection(graph: Graph, site: Site) -> tuple[float, list[str], list[str
             else:
                 frontier.append(user.name)
                 walked.append(user.name)
+    kept = sum(shares.values())  # an LSTM's four gate slices keep a quarter each: all of it
     if not selectors or kept <= 0:
         return None
     return min(kept, 1.0), list(dict.fromkeys(walked)), list(dict.fromkeys(selectors))
@@ -418,7 +422,7 @@ def _row_selection(graph: Graph, site: Site) -> tuple[float, list[str], list[str
 @idiom("discarded_rows", "work_not_needed",
        "A matmul computes every row of which only a few are read",
        "select the rows the result reads before the matmul at {line}, not after it: take them from its input first "
-       "(x = jnp.take_along_axis(x, idx[:, None, None], axis=1) for one position per sequence, x[:, :1] for the "
+       "(x = x[jnp.arange(x.shape[0]), idx] for one position per sequence, x[:, :1] for the "
        "first token, jax.lax.dynamic_slice for a window, with the border its convolution window reads), so that it "
        "and the {after} op(s) after it run on the {kept} of its rows the result keeps",
        "a matmul, and the elementwise ops and reductions after it (a softmax), work row by row: the rows a gather or "
