@@ -233,7 +233,7 @@ def test_an_answer_whose_findings_all_fail_grounding_falls_back_to_the_rule_engi
     d = analysis.diagnosis
     assert d.investigator == "rules" and d.investigator_note.startswith(FALLBACK_NOTE)
     assert "cited evidence found in the tool outputs" in d.investigator_note
-    assert d.findings[0].key == "layout_copies"
+    assert d.findings[0].key == "transposed_outputs"  # the rule engine's own reading
 
 
 # (e) 429 then success; quota exhausted; timeouts ---------------------------------------------------------------
@@ -260,7 +260,7 @@ def test_quota_exhausted_on_every_attempt_falls_back_with_the_reason(tmp_path):
     analysis, fake = _analyze(LAYOUT, tmp_path / "out", script, max_attempts=3)
     assert len(fake.requests) == 3
     d = analysis.diagnosis
-    assert d.investigator == "rules" and d.findings[0].key == "layout_copies"
+    assert d.investigator == "rules" and d.findings[0].key == "transposed_outputs"
     assert d.investigator_note.startswith("rule engine; Gemini unavailable: quota exhausted (429 RESOURCE_EXHAUSTED)")
     assert d.investigator_note.endswith("(3 attempts)")
     assert d.audit.fallback_reason and d.audit.model_calls == 3
@@ -297,7 +297,7 @@ def test_a_garbage_answer_falls_back_to_the_rule_engine(tmp_path, garbage):
     assert analysis.status == "DONE"
     assert d.investigator == "rules" and d.investigator_note.startswith(FALLBACK_NOTE)
     assert "unparseable" in d.investigator_note
-    assert d.findings[0].key == "layout_copies" and d.audit.fallback_reason
+    assert d.findings[0].key == "transposed_outputs" and d.audit.fallback_reason
 
 
 # (g) healthy: the model is never called ----------------------------------------------------------------------
