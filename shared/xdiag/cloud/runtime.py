@@ -62,7 +62,7 @@ import signal
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -92,10 +92,11 @@ def dead_letter_topic(topic: str) -> str:
     return topic + DEAD_LETTER_SUFFIX
 
 
-def _number(env: Mapping[str, str], name: str, default: float) -> Any:
-    """A setting's number, of its default's type: finite, not negative; otherwise a ValueError that names the
-    variable and its value (a deployment's typo says where it is, not "could not convert string to float")."""
-    raw, kind = env.get(name), type(default)
+def _number(name: str, raw: str | None, default: float) -> Any:
+    """The setting `name` (its value `raw`, read where the variable is named) as a number of its default's type:
+    finite, not negative; otherwise a ValueError that names the variable and its value (a deployment's typo says
+    where it is, not "could not convert string to float")."""
+    kind = type(default)
     if raw is None or not raw.strip():
         return default
     try:
@@ -107,9 +108,9 @@ def _number(env: Mapping[str, str], name: str, default: float) -> Any:
     return value
 
 
-def _gib(env: Mapping[str, str], name: str, default: float) -> int:
+def _gib(name: str, raw: str | None, default: float) -> int:
     """A size setting given in GiB, in bytes."""
-    return int(_number(env, name, float(default)) * 2**30)
+    return int(_number(name, raw, float(default)) * 2**30)
 
 
 @dataclass
@@ -146,34 +147,45 @@ class CloudConfig:
         return cls(
             project=project,
             bucket=bucket,
-            quiet_period_s=_number(env, "XDIAG_QUIET_PERIOD_S", cls.quiet_period_s),
-            multi_host_quiet_period_s=_number(env, "XDIAG_MULTI_HOST_QUIET_PERIOD_S", cls.multi_host_quiet_period_s),
-            stage_deadline_s=_number(env, "XDIAG_STAGE_DEADLINE_S", cls.stage_deadline_s),
-            max_repairs=_number(env, "XDIAG_MAX_REPAIRS", cls.max_repairs),
-            investigation_deadline_s=_number(env, "XDIAG_INVESTIGATION_DEADLINE_S", cls.investigation_deadline_s),
+            quiet_period_s=_number("XDIAG_QUIET_PERIOD_S", env.get("XDIAG_QUIET_PERIOD_S"), cls.quiet_period_s),
+            multi_host_quiet_period_s=_number("XDIAG_MULTI_HOST_QUIET_PERIOD_S",
+                                              env.get("XDIAG_MULTI_HOST_QUIET_PERIOD_S"),
+                                              cls.multi_host_quiet_period_s),
+            stage_deadline_s=_number("XDIAG_STAGE_DEADLINE_S", env.get("XDIAG_STAGE_DEADLINE_S"), cls.stage_deadline_s),
+            max_repairs=_number("XDIAG_MAX_REPAIRS", env.get("XDIAG_MAX_REPAIRS"), cls.max_repairs),
+            investigation_deadline_s=_number("XDIAG_INVESTIGATION_DEADLINE_S",
+                                             env.get("XDIAG_INVESTIGATION_DEADLINE_S"), cls.investigation_deadline_s),
             investigator=env.get("XDIAG_INVESTIGATOR", cls.investigator),
             cache_dir=Path(env.get("XDIAG_CACHE_DIR") or cls.cache_dir),
-            cache_bytes=_gib(env, "XDIAG_CACHE_GIB", 4),
-            max_profile_bytes=_gib(env, "XDIAG_MAX_PROFILE_GIB", 2),
-            map_hosts_from=_number(env, "XDIAG_MAP_HOSTS_FROM", cls.map_hosts_from),
-            max_host_file_bytes=_gib(env, "XDIAG_MAX_HOST_FILE_GIB", 2),
-            max_hosts=_number(env, "XDIAG_MAX_HOSTS", cls.max_hosts),
-            concurrency=_number(env, "XDIAG_CONCURRENCY", 0),
+            cache_bytes=_gib("XDIAG_CACHE_GIB", env.get("XDIAG_CACHE_GIB"), 4),
+            max_profile_bytes=_gib("XDIAG_MAX_PROFILE_GIB", env.get("XDIAG_MAX_PROFILE_GIB"), 2),
+            map_hosts_from=_number("XDIAG_MAP_HOSTS_FROM", env.get("XDIAG_MAP_HOSTS_FROM"), cls.map_hosts_from),
+            max_host_file_bytes=_gib("XDIAG_MAX_HOST_FILE_GIB", env.get("XDIAG_MAX_HOST_FILE_GIB"), 2),
+            max_hosts=_number("XDIAG_MAX_HOSTS", env.get("XDIAG_MAX_HOSTS"), cls.max_hosts),
+            concurrency=_number("XDIAG_CONCURRENCY", env.get("XDIAG_CONCURRENCY"), 0),
             capture=CaptureSettings(
-                cooldown_s=_number(env, "XDIAG_CAPTURE_COOLDOWN_S", CaptureSettings.cooldown_s),
-                duration_ms=_number(env, "XDIAG_CAPTURE_DURATION_MS", CaptureSettings.duration_ms),
-                max_duration_ms=_number(env, "XDIAG_CAPTURE_MAX_DURATION_MS", CaptureSettings.max_duration_ms),
-                attempts=_number(env, "XDIAG_CAPTURE_ATTEMPTS", CaptureSettings.attempts),
+                cooldown_s=_number("XDIAG_CAPTURE_COOLDOWN_S",
+                                   env.get("XDIAG_CAPTURE_COOLDOWN_S"), CaptureSettings.cooldown_s),
+                duration_ms=_number("XDIAG_CAPTURE_DURATION_MS",
+                                    env.get("XDIAG_CAPTURE_DURATION_MS"), CaptureSettings.duration_ms),
+                max_duration_ms=_number("XDIAG_CAPTURE_MAX_DURATION_MS",
+                                        env.get("XDIAG_CAPTURE_MAX_DURATION_MS"), CaptureSettings.max_duration_ms),
+                attempts=_number("XDIAG_CAPTURE_ATTEMPTS", env.get("XDIAG_CAPTURE_ATTEMPTS"), CaptureSettings.attempts),
                 run_label=env.get("XDIAG_ALERT_RUN_LABEL", CaptureSettings.run_label),
                 allow_loopback=env.get("XDIAG_ALLOW_LOOPBACK_TARGETS", "0").lower() in ("1", "true", "yes"),
             ),
             monitor=MonitorSettings(
-                margin=_number(env, "XDIAG_MONITOR_MARGIN", MonitorSettings.margin),
-                warmup_points=_number(env, "XDIAG_MONITOR_WARMUP_POINTS", MonitorSettings.warmup_points),
-                baseline_points=_number(env, "XDIAG_MONITOR_BASELINE_POINTS", MonitorSettings.baseline_points),
-                window_s=_number(env, "XDIAG_MONITOR_WINDOW_S", MonitorSettings.window_s),
-                min_window_points=_number(env, "XDIAG_MONITOR_MIN_WINDOW_POINTS", MonitorSettings.min_window_points),
-                consecutive_windows=_number(env, "XDIAG_MONITOR_CONSECUTIVE_WINDOWS",
+                margin=_number("XDIAG_MONITOR_MARGIN", env.get("XDIAG_MONITOR_MARGIN"), MonitorSettings.margin),
+                warmup_points=_number("XDIAG_MONITOR_WARMUP_POINTS",
+                                      env.get("XDIAG_MONITOR_WARMUP_POINTS"), MonitorSettings.warmup_points),
+                baseline_points=_number("XDIAG_MONITOR_BASELINE_POINTS",
+                                        env.get("XDIAG_MONITOR_BASELINE_POINTS"), MonitorSettings.baseline_points),
+                window_s=_number("XDIAG_MONITOR_WINDOW_S", env.get("XDIAG_MONITOR_WINDOW_S"), MonitorSettings.window_s),
+                min_window_points=_number("XDIAG_MONITOR_MIN_WINDOW_POINTS",
+                                          env.get("XDIAG_MONITOR_MIN_WINDOW_POINTS"),
+                                          MonitorSettings.min_window_points),
+                consecutive_windows=_number("XDIAG_MONITOR_CONSECUTIVE_WINDOWS",
+                                            env.get("XDIAG_MONITOR_CONSECUTIVE_WINDOWS"),
                                             MonitorSettings.consecutive_windows),
             ),
         )
