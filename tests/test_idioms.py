@@ -3,10 +3,6 @@ without it, read by the recognisers and the rule engine as a user's profile woul
 
 from __future__ import annotations
 
-import glob
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -15,6 +11,8 @@ from xdiag.idioms import IDIOMS, PATTERNS, recognise
 from xdiag.idioms.program import Program
 from xdiag.profile.locate import locate_session
 from xdiag.profile.reader import read_session_in_process
+
+from tests.idiom_capture import capture_programs
 
 REMAT_SCAN = """
         B, D, R, T = 8, 512, 16, 32
@@ -210,33 +208,10 @@ PROGRAMS = {
     """, "read_each_step"),
 }
 HOST_IDIOMS = {"host_preprocessing", "per_element_transfers", "read_each_step"}
-CAPTURE = """
-import glob, shutil, sys
-import jax, jax.numpy as jnp
-import numpy as np
-{body}
-for _ in range(2):
-    jax.block_until_ready(run())
-with jax.profiler.trace(sys.argv[1]):
-    for i in range(3):
-        with jax.profiler.StepTraceAnnotation("train", step_num=i):
-            jax.block_until_ready(run())
-"""
-
-
 @pytest.fixture(scope="module")
 def captured(tmp_path_factory) -> dict[str, Path]:
-    """Each program above captured once on this CPU, each in a process of its own: name -> its *.xplane.pb (its
-    script beside the capture's folder as <name>.py)."""
-    out = {}
-    root = tmp_path_factory.mktemp("idioms")
-    for name, (body, _) in PROGRAMS.items():
-        script = root / f"{name}.py"
-        script.write_text(CAPTURE.format(body=textwrap.dedent(body)))
-        subprocess.run([sys.executable, str(script), str(root / name)], check=True, timeout=300,
-                       env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"})
-        out[name] = Path(glob.glob(str(root / name / "plugins" / "profile" / "*" / "*.xplane.pb"))[0])
-    return out
+    """Each program above captured once on this CPU (tests/idiom_capture.py)."""
+    return capture_programs({name: body for name, (body, _) in PROGRAMS.items()}, tmp_path_factory.mktemp("idioms"))
 
 
 def test_every_idiom_names_its_pattern_and_a_gain():
