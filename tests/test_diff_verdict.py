@@ -10,6 +10,7 @@ import json
 import lzma
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -269,3 +270,38 @@ def test_a_finding_gone_while_the_step_got_slower_is_not_read_as_a_success():
     assert slower.outcome == "gone" and slower.note.startswith("gone, but the step is 568% slower")
     [faster] = finding_outcomes(before, [], ((80.0, 70.0), (30.0, 25.0)), 62.5, 50.0)
     assert faster.outcome == "gone" and "slower" not in faster.note
+
+
+def test_a_line_the_edit_moved_is_compared_with_itself_not_read_as_gone_and_appeared(tmp_path):
+    """The user adds lines above the busy one between the captures: the diff matches it by its code (each analysis
+    quotes its own side's source, read under --source-root) and reports one line that moved, with where it was, not a line gone and another
+    appeared."""
+    from tests.idiom_capture import CAPTURE
+
+    body = """
+        x = jax.random.normal(jax.random.key(0), (512, 512))
+        @jax.jit
+        def step(x):
+            return jnp.tanh(x @ x) @ x
+        run = lambda: step(x)
+    """
+    script, folders = tmp_path / "train.py", {}
+    for side, inserted in (("a", ""), ("b", "# normalise later\n# (see the notes)\n")):
+        program = textwrap.dedent(body).replace("@jax.jit", inserted + "@jax.jit")
+        script.write_text(CAPTURE.format(body=program))
+        subprocess.run([sys.executable, str(script), str(tmp_path / f"capture_{side}")], check=True, timeout=300,
+                       env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"})
+        analysed = subprocess.run([sys.executable, "-m", "xdiag.cli", "analyze", str(tmp_path / f"capture_{side}"),
+                                   "--out", str(tmp_path / side), "--source-root", str(tmp_path)],
+                                  capture_output=True, text=True, timeout=300)
+        assert analysed.returncode == 0, analysed.stderr
+        folders[side] = tmp_path / side
+    answer, diff = _diff(folders["a"], folders["b"], tmp_path / "d")
+    assert answer.returncode == 0, answer.stderr
+    busy = next(n for n, text in enumerate(script.read_text().splitlines(), 1) if "jnp.tanh(x @ x) @ x" in text)
+    rows = [m for m in diff["lines"]["moved"] if m["line"].endswith(f"train.py:{busy}")]
+    assert len(rows) == 1 and rows[0]["baseline_line"].endswith(f"train.py:{busy - 2}"), diff["lines"]
+    assert rows[0]["status"] in ("slower", "faster") and rows[0]["baseline_ms_per_step"] > 0
+    assert not [m for m in diff["lines"]["moved"] if m["status"] in ("gone", "appeared")
+                and m["line"].rsplit(":", 1)[1] in (str(busy), str(busy - 2))], diff["lines"]
+    assert "matched by their code" in diff["lines"]["note"]

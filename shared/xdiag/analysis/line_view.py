@@ -621,5 +621,6 @@ def line_times_of_result(result: dict) -> dict[str, dict]:
     if result.get("status") != "ok":
         return {}
     return {row["line"]: {"self_ms": row.get("self_ms", 0.0), "total_ms": row.get("total_ms", 0.0),
-                          "host_ms": row.get("host_ms", 0.0), "function": row.get("function", "")}
+                          "host_ms": row.get("host_ms", 0.0), "function": row.get("function", ""),
+                          **({"code": row["code"]} if isinstance(row.get("code"), str) else {})}
             for row in (result.get("detail") or {}).get("lines") or [] if isinstance(row, dict) and "line" in row}

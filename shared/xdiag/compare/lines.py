@@ -27,6 +27,7 @@ class LineChange(BaseModel):
     delta_ms_per_step: float | None = None
     status: str  # slower | faster | appeared | gone | unlisted
     bound_ms_per_step: float | None = None  # where one side does not list it: its time there is at most this
+    baseline_line: str | None = None  # where the edit moved the line: its place in the baseline (same code)
 
 
 class LinesDiff(BaseModel):
@@ -92,10 +93,56 @@ def lines_diff(before: dict[str, Any] | None, after: dict[str, Any] | None, step
         known = c.baseline_ms_per_step if c.baseline_ms_per_step is not None else c.candidate_ms_per_step
         return max((known or 0.0) - (c.bound_ms_per_step or 0.0), 0.0)
 
+    changes, paired = _pair_moved_lines(changes, rows_a, rows_b)
     moved = sorted((c for c in changes if size(c) > 0), key=lambda c: -size(c))[:top]
     notes = ["self time: the ops whose innermost user frame is the line"]
     if not per_step:
         notes.append("one side has no steps: totals over the whole profile, not per step")
+    if paired:
+        notes.append(f"{paired} line(s) the edit moved are matched by their code (baseline_line: where it was)")
     if not (complete_a and complete_b):
         notes.append("a side lists only its first lines: a line it does not list is at most its last listed one")
     return LinesDiff(available=True, reason="", moved=moved, note="; ".join(notes))
+
+
+def _file_of(line: str) -> str:
+    return line.rsplit(":", 1)[0]
+
+
+def _pair_moved_lines(changes: list[LineChange], rows_a: dict[str, dict[str, Any]],
+                      rows_b: dict[str, dict[str, Any]]) -> tuple[list[LineChange], int]:
+    """A line gone from the baseline and one appeared in the candidate, in the same file and function, with the same
+    code (the line view quotes each side's code where the source is at hand): one line the edit moved, compared with
+    itself, not a line removed and another added. Pairs only where the code names one line on each side."""
+    def code(row: dict[str, Any] | None) -> str:
+        return " ".join(str((row or {}).get("code") or "").split())
+
+    gone = {c.line: c for c in changes if c.status == "gone" and code(rows_a.get(c.line))}
+    appeared = {c.line: c for c in changes if c.status == "appeared" and code(rows_b.get(c.line))}
+
+    def keyed(lines: dict[str, LineChange], rows: dict[str, dict[str, Any]]) -> dict[tuple, list[str]]:
+        out: dict[tuple, list[str]] = {}
+        for line, change in lines.items():
+            out.setdefault((_file_of(line), change.function, code(rows.get(line))), []).append(line)
+        return out
+
+    before, after = keyed(gone, rows_a), keyed(appeared, rows_b)
+    merged: dict[str, LineChange] = {}
+    for key, old in before.items():
+        new = after.get(key, [])
+        if len(old) != 1 or len(new) != 1:
+            continue
+        ms_a, ms_b = gone[old[0]].baseline_ms_per_step or 0.0, appeared[new[0]].candidate_ms_per_step or 0.0
+        merged[old[0]] = merged[new[0]] = LineChange(
+            line=new[0], function=appeared[new[0]].function, baseline_line=old[0], baseline_ms_per_step=ms_a,
+            candidate_ms_per_step=ms_b, delta_ms_per_step=round(ms_b - ms_a, 6),
+            status="slower" if ms_b > ms_a else "faster")
+    out, seen = [], set()
+    for change in changes:
+        replacement = merged.get(change.line) if change.status in ("gone", "appeared") else None
+        if replacement is None:
+            out.append(change)
+        elif id(replacement) not in seen:
+            seen.add(id(replacement))
+            out.append(replacement)
+    return out, len(seen)
