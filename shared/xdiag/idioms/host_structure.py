@@ -18,6 +18,7 @@ slice the breakdown files as dispatch: a loop moved into one program drops its d
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -202,43 +203,78 @@ def eager_ops(program: Program) -> list[Match]:
                "device_idle_percent": idle})]
 
 
-@idiom("recompile_per_shape", "host_structure",
-       "A jitted program is compiled again inside the steps",
-       "{change}",
-       "jax.jit compiles once per distinct function, argument shape and static value: a shape, a function object or "
-       "a baked-in Python value that changes between calls makes every such call compile, and the device waits for "
-       "the compiler",
-       gain=(0.8, 1.0))
-def recompile_per_shape(program: Program) -> list[Match]:
+@dataclass
+class Recompiles:
+    """A jitted program compiled again inside the steps: its name, its compiled versions (first compiled first), each
+    version's entry parameters' shapes and the positions whose shapes differ between versions."""
+
+    name: str
+    modules: list[HloModule]
+    shapes: list[list[str]]
+    changing: list[int]
+    compiles_per_step: float
+    compile_percent: float
+
+
+def _recompiles(program: Program) -> Recompiles | None:
     step = program.step
     compiles = float(step.get("compiles_per_step_mean") or 0.0)
     share = float(step.get("compile_percent") or 0.0)
     if compiles < 0.5 or share < 5.0:
-        return []
+        return None
     by_name: dict[str, list[HloModule]] = {}
     for module in program.session.hlo_modules:
         by_name.setdefault(module.name, []).append(module)
-    # The user's program first: a small program compiled per shape (jit_concatenate growing its input) feeds it
-    name, modules = max(by_name.items(), key=lambda kv: (len(kv[1]) >= 2, _size(kv[1][0])))
+    # A program the steps run (not one compiled per shape while the arrays were made), the user's program first: a
+    # small program compiled per shape (jit_concatenate growing its input) feeds it
+    ran = {module for module, _ in program.runs}
+    name, modules = max(by_name.items(), key=lambda kv: (
+        any(m.name in ran or m.display_name in ran for m in kv[1]), len(kv[1]) >= 2, _size(kv[1][0])))
     if len(modules) < 2:
-        return []
-    shapes = [_entry_shapes(m) for m in sorted(modules, key=lambda m: m.program_id)]
+        return None
+    modules = sorted(modules, key=lambda m: m.program_id)
+    shapes = [_entry_shapes(m) for m in modules]
     changing = [k for k in range(min(len(s) for s in shapes)) if len({s[k] for s in shapes}) > 1]
-    line, function = _function_line(program, modules[0])
+    return Recompiles(name, modules, shapes, changing, compiles, share)
+
+
+def _compile_stake(program: Program, found: Recompiles) -> float:
+    """The compiles' share of the step, or the device's idle share where that is larger (the trace and lowering
+    before each compile leave the device idle too)."""
+    idle = float(program.step.get("device_idle_percent") or found.compile_percent)
+    return max(found.compile_percent, min(idle, 100.0))
+
+
+def _compile_facts(found: Recompiles) -> dict:
+    return {"compiles": len(found.modules), "compiles_per_step": found.compiles_per_step,
+            "compile_percent": found.compile_percent}
+
+
+JIT_WRAP_FRAME = re.compile(r"^\$api\.py:\d+ jit$")
+"""jax.jit itself (making a jitted function), as the Python tracer names it: inside a step, the function is wrapped
+again on every call."""
+
+
+def _jit_wraps(program: Program) -> HostEvents:
+    """The calls of jax.jit inside the steps, outermost ones."""
+    wraps = _in_steps(program, program.host_events(PYTHON_TRACER_EVENT).where(JIT_WRAP_FRAME.search))
+    return wraps.take(np.flatnonzero(outermost(np.ones(len(wraps), bool), wraps.thread, wraps.start_ps,
+                                               wraps.end_ps)))
+
+
+@idiom("recompile_per_shape", "host_structure",
+       "A jitted program is compiled again inside the steps",
+       "{change}",
+       "jax.jit compiles once per distinct function, argument shape and static value: an argument whose shape changes "
+       "between calls makes every new shape compile, and the device waits for the compiler",
+       gain=(0.8, 1.0))
+def recompile_per_shape(program: Program) -> list[Match]:
+    found = _recompiles(program)
+    if found is None or not found.changing:
+        return []  # the same shapes compiled again: jit_rebuilt_each_call or static_argument_per_value
+    name, shapes, changing = found.name, found.shapes, found.changing
+    line, function = _function_line(program, found.modules[0])
     stem = name.removeprefix("jit_")
-    idle = float(step.get("device_idle_percent") or share)
-    if not changing:
-        change = (f"jit {stem} once, outside the loop (update = jax.jit({stem}) at module level), and pass what "
-                  f"changes between calls as an argument of array type (a jnp.asarray(lr) operand), not through "
-                  f"functools.partial, a lambda or a closure made per call: each new function object or Python value "
-                  f"is a new trace and compile; static_argnums would compile again for every new value")
-        return [Match(
-            "recompile_per_shape", max(share, min(idle, 100.0)),
-            f"the program {name} was compiled {len(modules)} times in the capture ({compiles:g} compiles per step, "
-            f"{share:g}% of the step) with the same argument shapes ({', '.join(shapes[0][:3])}): what changes is "
-            "the function or a constant baked into it, not a shape",
-            module=name, line=line, function=function, params={"change": change},
-            facts={"compiles": len(modules), "compiles_per_step": compiles, "compile_percent": share})]
     position = changing[0]
     sizes = sorted({_leading_change(s[position], shapes[0][position]) for s in shapes} - {None})
     steps_of_one = len(sizes) >= 2 and all(b - a == 1 for a, b in zip(sizes, sizes[1:]))
@@ -253,15 +289,13 @@ def recompile_per_shape(program: Program) -> list[Match]:
                   f"multiple of 64 or power of two) and mask the padding, so {name} compiles once per bucket; "
                   f"check with jax.config.update('jax_log_compiles', True) which argument changes")
     return [Match(
-        "recompile_per_shape", max(share, min(idle, 100.0)),
-        f"the program {name} was compiled {len(modules)} times in the capture ({compiles:g} compiles per step, "
-        f"{share:g}% of the "
-        f"step) for argument {position} of shapes {seen}"
+        "recompile_per_shape", _compile_stake(program, found),
+        f"the program {name} was compiled {len(found.modules)} times in the capture ({found.compiles_per_step:g} "
+        f"compiles per step, {found.compile_percent:g}% of the step) for argument {position} of shapes {seen}"
         + (", growing by one element per call" if steps_of_one else ""),
         module=name, line=line, function=function,
         params={"change": change, "position": position},
-        facts={"compiles": len(modules), "compiles_per_step": compiles, "compile_percent": share,
-               "argument_shapes": seen})]
+        facts={**_compile_facts(found), "argument_shapes": seen})]
 
 
 def _leading_change(shape: str, first: str) -> int | None:
@@ -271,6 +305,82 @@ def _leading_change(shape: str, first: str) -> int | None:
     if len(a) != len(b):
         return None
     return next((x for x, y in zip(a, b) if x != y), a[-1] if a else None)
+
+
+@idiom("jit_rebuilt_each_call", "host_structure",
+       "The loop wraps its function in jax.jit again on every call, so every call compiles again",
+       "{change}",
+       "jax.jit keeps its compiled programs with the function object it wraps: a lambda, closure or functools.partial "
+       "made inside the loop is a new object on every call, so every call traces, lowers and compiles the same "
+       "program again while the device waits; one jitted function made before the loop compiles once",
+       gain=(0.8, 1.0))
+def jit_rebuilt_each_call(program: Program) -> list[Match]:
+    """The same program compiled again in every step, with jax.jit itself called inside the steps."""
+    found = _recompiles(program)
+    steps = float(program.step.get("steps") or 0)
+    if found is None or found.changing or steps <= 0:
+        return []
+    wraps = _jit_wraps(program)
+    if len(wraps) < steps / 2:
+        return []  # jit is called before the loop: what changes is a value in its cache key
+    line, function = _caller(program, program.host_events(PYTHON_TRACER_EVENT), int(wraps.start_ps[0]),
+                             int(wraps.end_ps[0]))
+    traced_line, _ = _function_line(program, found.modules[0])
+    where = f" at {line}" if line else ""
+    change = (f"make the jitted function once, before the loop (step_fn = jax.jit(fn), at module level or before the "
+              f"loop starts), and call that one object{where} instead of jax.jit(...)(...) on a lambda, closure or "
+              f"functools.partial made per call; pass what the closure captures that changes between calls (a "
+              f"learning rate, a step count) as an argument, so every call after the first finds its compiled "
+              f"program")
+    return [Match(
+        "jit_rebuilt_each_call", _compile_stake(program, found),
+        f"jax.jit is called {len(wraps) / steps:.3g} times per step{where}, and the program {found.name} "
+        f"(its arguments {', '.join(found.shapes[0][:3]) or 'none'}) is compiled again with the same argument shapes "
+        f"({found.compiles_per_step:g} compiles per step, {found.compile_percent:g}% of the step)",
+        module=found.name, line=line, function=function, params={"change": change},
+        facts={**_compile_facts(found), "jit_wraps_per_step": round(len(wraps) / steps, 2),
+               **({"traced_line": traced_line} if traced_line else {})})]
+
+
+@idiom("static_argument_per_value", "host_structure",
+       "A jitted function is compiled again for every call with the same shapes: a static value changes per call",
+       "{change}",
+       "jax.jit compiles one program per value of a static argument (static_argnums, static_argnames), keyed by its "
+       "hash: a learning rate, a step count or a new object passed there every call makes every call trace and "
+       "compile again with the same shapes; as a traced argument one compiled program serves every value",
+       gain=(0.8, 1.0),
+       alternatives=("where the value must stay static (it sets a shape or a Python branch), round it to a few values "
+                     "(a schedule's stages) so the compiles stop after the first of each: premise, one compile per "
+                     "value kept",))
+def static_argument_per_value(program: Program) -> list[Match]:
+    """The same program compiled again in every step with the same argument shapes, jax.jit called once: a value in
+    its cache key (a static argument) changes between calls."""
+    found = _recompiles(program)
+    steps = float(program.step.get("steps") or 0)
+    if found is None or found.changing or steps <= 0 or len(_jit_wraps(program)) >= steps / 2:
+        return []
+    # The call that compiled: the user's line around the jitted call with a compile inside it
+    frames = program.host_events(PYTHON_TRACER_EVENT)
+    calls = program.host_events(JITTED_CALL_EVENT)
+    calls = calls.take(np.flatnonzero(outermost(np.ones(len(calls), bool), calls.thread, calls.start_ps, calls.end_ps)))
+    compiling = calls.take(np.flatnonzero(_contains_any(calls, program.host_events(COMPILE_EVENT))))
+    line, function = (_caller(program, frames, int(compiling.start_ps[0]), int(compiling.end_ps[0]))
+                      if len(compiling) else ("", ""))
+    def_line, traced = _function_line(program, found.modules[0])
+    stem = found.name.removeprefix("jit_")
+    where = f" at {line}" if line else ""
+    change = (f"make the argument of {stem} that changes on every call{where} a traced one: take it out of "
+              f"static_argnums / static_argnames and pass it as an array (jnp.float32(lr), jnp.int32(step)), so one "
+              f"compiled program serves every value; keep static only what sets a shape or a Python branch. "
+              f"jax.config.update('jax_explain_cache_misses', True) names the argument whose value changes")
+    return [Match(
+        "static_argument_per_value", _compile_stake(program, found),
+        f"the program {found.name} (its arguments {', '.join(found.shapes[0][:3]) or 'none'}) was compiled "
+        f"{len(found.modules)} times in the capture ({found.compiles_per_step:g} compiles per step, "
+        f"{found.compile_percent:g}% of the step) with the same argument shapes and the same function"
+        + (f", called{where}" if line else "") + ": what changes between calls is a value its compile is keyed on",
+        module=found.name, line=line or def_line, function=function or traced, params={"change": change},
+        facts=_compile_facts(found))]
 
 
 @idiom("callback_in_step", "host_structure",
