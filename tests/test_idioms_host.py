@@ -19,6 +19,16 @@ LAYER = """
         def layer(x, w, lr=0.1):
             return x - lr * jnp.tanh(x @ w) @ w
 """
+WEIGHTS = """
+        rng = np.random.default_rng(0)
+        params = [rng.standard_normal((512, 512), dtype=np.float32) / 22 for _ in range(4)]  # 4 MiB, kept as NumPy
+        x = jnp.ones((32, 512))
+        @jax.jit
+        def forward(params, x):
+            for w in params:
+                x = jnp.tanh(x @ w)
+            return x
+"""
 PROGRAMS = {
     # name -> (body defining run(), the idiom it holds or None, the text of the line its report names)
     "jit_per_call": (LAYER + """
@@ -43,8 +53,15 @@ PROGRAMS = {
             schedule["lr"] *= 0.99
             return update(x, w, jnp.float32(schedule["lr"]))
     """, None, None),
+    "numpy_weights": (WEIGHTS + """
+        run = lambda: forward(params, x)
+    """, "weights_uploaded_each_step", "run = lambda: forward(params, x)"),
+    "device_weights": (WEIGHTS + """
+        on_device = jax.device_put(params)
+        run = lambda: forward(on_device, x)
+    """, None, None),
 }
-MINE = {"jit_rebuilt_each_call", "static_argument_per_value"}
+MINE = {"jit_rebuilt_each_call", "static_argument_per_value", "weights_uploaded_each_step"}
 NEIGHBOURS = {"recompile_per_shape", "python_loop_of_calls", "eager_ops", "callback_in_step", "host_preprocessing",
               "per_element_transfers", "read_each_step"}
 
@@ -66,12 +83,17 @@ def test_the_idiom_is_recognised_where_the_program_has_it_and_only_there(name, c
         assert expected in found and not found & (MINE | NEIGHBOURS) - {expected}, found
 
 
+CPU_HIDES_THE_COST = {"weights_uploaded_each_step"}
+"""Idioms whose cost a CPU does not show as such (a host array is the CPU device's memory): their finding is in the
+report, with its change at the user's line, but need not lead it."""
+
+
 @pytest.mark.parametrize("name", sorted(n for n, (_, idiom, _) in PROGRAMS.items() if idiom))
 def test_the_report_leads_with_the_idioms_change_at_the_users_line(name, captured, tmp_path):
     _, idiom, text = PROGRAMS[name]
-    top = analyze_session(locate_session(captured[name]), tmp_path / name).diagnosis.findings[0]
-    assert top.key == idiom, [(f.key, f.fix[:120]) for f in analyze_session(
-        locate_session(captured[name]), tmp_path / "again").diagnosis.findings]
+    findings = analyze_session(locate_session(captured[name]), tmp_path / name).diagnosis.findings
+    top = findings[0] if idiom not in CPU_HIDES_THE_COST else next((f for f in findings if f.key == idiom), None)
+    assert top is not None and top.key == idiom, [(f.key, f.fix[:120]) for f in findings]
     script = (captured[name].parents[4] / f"{name}.py").read_text().splitlines()
     line = next(n for n, code in enumerate(script, 1) if text in code)
     assert top.fix.startswith("First, ") and f"{name}.py:{line}" in top.fix and "Expected:" in top.fix, top.fix
@@ -79,3 +101,5 @@ def test_the_report_leads_with_the_idioms_change_at_the_users_line(name, capture
         assert "before the loop" in top.fix and "jax.jit(fn)" in top.fix, top.fix
     elif idiom == "static_argument_per_value":
         assert "static_argnums" in top.fix and "jnp.float32(lr)" in top.fix, top.fix
+    elif idiom == "weights_uploaded_each_step":
+        assert "jax.device_put(params)" in top.fix and "4 weight arrays (4 MiB)" in top.fix, top.fix

@@ -34,8 +34,9 @@ from xdiag.analysis.intervals import PS_PER_MS, covered, outermost
 from xdiag.analysis.source_lines import python_frame
 from xdiag.analysis.xprof.common import natural_order
 from xdiag.idioms.catalogue import Match, idiom
+from xdiag.idioms.hlo_graph import nbytes
 from xdiag.idioms.program import HostEvents, Program, calls_per_step_of
-from xdiag.profile.space import HloModule
+from xdiag.profile.space import HloInstruction, HloModule
 
 MIN_CALLS_PER_STEP = 4.0
 MIN_IDLE_PERCENT = 30.0
@@ -730,3 +731,100 @@ def read_each_step(program: Program) -> list[Match]:
         line=line, function=function, params={"change": change},
         facts={"reads_per_step": round(reads, 2), "host_work_percent": round(host, 2),
                "device_busy_percent": round(device, 2)})]
+
+
+MIN_UPLOADED_WEIGHT_BYTES = 1 << 20
+"""Weights shipped per step at least this large: smaller arrays cost their launch, not their bytes."""
+
+
+def _weight_parameters(program: Program, module: HloModule) -> dict[int, HloInstruction]:
+    """The program's entry parameters that a dot or a convolution reads as its weights (a dot's right-hand operand, a
+    convolution's kernel), through fusions and re-typing: position -> the parameter."""
+    graph = next(g for g in program.graphs if g.module is module)
+    out: dict[int, HloInstruction] = {}
+    for site in graph.sites():
+        if site.instruction.opcode in ("dot", "convolution"):
+            origin = graph.origin(graph.operand(site, 1))
+            if origin is not None and origin.computation.name == module.entry and \
+                    origin.instruction.opcode == "parameter" and origin.instruction.dtype in FLOAT_BYTES:
+                out[origin.instruction.parameter_number] = origin.instruction
+    return out
+
+
+@idiom("weights_uploaded_each_step", "host_structure",
+       "The weights are copied from the host to the device on every step",
+       "{change}",
+       "a jitted call given NumPy arrays copies each of them to the device before the program can start, on every "
+       "call: weights kept as NumPy cross the host link every step, where device arrays made once stay in the "
+       "device's memory between calls",
+       gain=(0.7, 1.0))
+def weights_uploaded_each_step(program: Program) -> list[Match]:
+    """The step's program takes its weights (the operands its matmuls multiply by) from host arrays on every call."""
+    steps = float(program.step.get("steps") or 0)
+    calls = [(k, n) for k, n in calls_per_step_of(program) if k.split("(")[0] not in SETUP_OPS]
+    if steps <= 0 or not calls:
+        return []
+    key, _ = calls[0]
+    module = _module(program, key)
+    if module is None:
+        return []
+    weights = _weight_parameters(program, module)
+    weight_bytes = sum(nbytes(w) for w in weights.values())
+    if not weights or weight_bytes < MIN_UPLOADED_WEIGHT_BYTES:
+        return []
+    shipped = _in_steps(program, program.host_events(SHIPPED_EVENT))
+    if len(shipped):  # the runtime names each copy's type and shape: the weights' own shapes shipped every step
+        counts: dict[str, int] = {}
+        for name in shipped.names.astype(str):
+            found = SHIPPED_EVENT.search(name)
+            counts[f"{found['dtype']}[{found['shape']}]"] = counts.get(f"{found['dtype']}[{found['shape']}]", 0) + 1
+        needed: dict[str, int] = {}
+        for w in weights.values():
+            needed[w.shape_text.split("{")[0]] = needed.get(w.shape_text.split("{")[0], 0) + 1
+        uploaded = sum(nbytes(w) for w in weights.values()
+                       if counts.get(w.shape_text.split("{")[0], 0) >= needed[w.shape_text.split("{")[0]] * steps)
+        events = shipped
+    else:  # copies named without shapes (a CPU's): every weight operand's worth of host arrays put per call
+        stem = module.name.removeprefix("jit_")
+        calls_of = program.host_events(JITTED_CALL_EVENT).where(lambda n: n == f"PjitFunction({stem})")
+        calls_of = calls_of.take(np.flatnonzero(outermost(np.ones(len(calls_of), bool), calls_of.thread,
+                                                          calls_of.start_ps, calls_of.end_ps)))
+        puts = _in_steps(program, program.host_events(HOST_PUT_EVENT))
+        inside = puts.take(np.flatnonzero(_within_any(puts, calls_of)))
+        uploaded = weight_bytes if len(weights) >= 2 and len(inside) >= len(weights) * steps else 0
+        events = inside
+    if uploaded < MIN_UPLOADED_WEIGHT_BYTES:
+        return []
+    put_percent = program.step_percent(_step_ms(program, events.start_ps, events.end_ps))
+    stake = round(max(float(program.step.get("host_transfer_percent") or 0.0), put_percent), 2)
+    call = program.host_events(JITTED_CALL_EVENT)
+    first = next((i for i in range(len(call)) if call.names[i] == f"PjitFunction({module.name.removeprefix('jit_')})"
+                  and call.start_ps[i] >= program.step_windows[0][0]), None) if len(program.step_windows[0]) else None
+    line, function = (_caller(program, program.host_events(PYTHON_TRACER_EVENT), int(call.start_ps[first]),
+                              int(call.end_ps[first])) if first is not None else ("", ""))
+    mib = uploaded / 2 ** 20
+    shapes = ", ".join(dict.fromkeys(w.shape_text.split("{")[0] for w in weights.values()))
+    where = f" at {line}" if line else ""
+    change = (f"put the weights on the device once, before the loop: params = jax.device_put(params) (a pytree of "
+              f"NumPy arrays becomes one of device arrays), and pass those{where}, keeping the updated ones the step "
+              f"returns, so the {len(weights)} weight arrays ({mib:.3g} MiB) stop crossing the host link every step")
+    return [Match(
+        "weights_uploaded_each_step", stake,
+        f"the program {module.name} multiplies by {len(weights)} weight operands ({shapes}; {mib:.3g} MiB) that "
+        f"are copied from host arrays on every call{where}: the copies take {stake:.3g}% of the step",
+        module=key, line=line, function=function, params={"change": change},
+        facts={"weight_operands": len(weights), "uploaded_mib_per_step": round(mib, 2),
+               "host_transfer_percent": stake})]
+
+
+def _within_any(events: HostEvents, frames: HostEvents) -> np.ndarray:
+    """Per event: whether one of `frames` of its thread holds it whole."""
+    out = np.zeros(len(events), dtype=bool)
+    for thread in np.unique(events.thread):
+        mine = np.flatnonzero(frames.thread == thread)
+        order = mine[np.argsort(frames.start_ps[mine], kind="stable")]
+        index = np.flatnonzero(events.thread == thread)
+        at = np.searchsorted(frames.start_ps[order], events.start_ps[index], side="right") - 1
+        held = (at >= 0) & (frames.end_ps[order][np.clip(at, 0, None)] >= events.end_ps[index])
+        out[index] = held
+    return out

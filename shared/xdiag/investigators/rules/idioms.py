@@ -27,6 +27,7 @@ SUPERSEDES = {
                            "host_sync", "dispatch_overhead"),
     "per_element_transfers": ("memory_transfers", "transfer", "dispatch_overhead", "host_sync", "input_bound",
                               "device_idle", "low_utilization"),
+    "weights_uploaded_each_step": ("memory_transfers", "transfer", "input_bound", "device_idle", "low_utilization"),
     # a value read each step serialises host and device; it does not explain a step with too little work for the device
     "read_each_step": ("host_sync", "input_bound", "device_idle"),
     "linear_algebra": ("opaque_kernel",),
