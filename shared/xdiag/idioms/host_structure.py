@@ -4,12 +4,19 @@
   call, or feeding it one request at a time), so the device idles between calls.
 - recompile_per_shape: a jitted program is compiled again inside the steps because an argument's shape changes
   between calls (an array that grows by one element per call, or batches of varying size).
+- jit_rebuilt_each_call: the same program compiled again on every call because jax.jit itself runs inside the loop,
+  on a lambda or closure made per call.
+- static_argument_per_value: the same program compiled again on every call, jax.jit made once: a value its compiles
+  are keyed on (a static argument) changes per call.
 - callback_in_step: the compiled step calls back into Python (jax.pure_callback, io_callback, jax.debug.callback),
   and the device waits for the host on every call.
 - host_preprocessing: the host converts and normalises each batch (NumPy between the device's calls) and ships it in a
   floating type, while the device waits.
 - per_element_transfers: each step moves a Python list's elements between host and device one at a time
   (jnp.asarray per example, float() per value).
+- read_each_step: a value read back every step keeps the host's and the device's work in series.
+- weights_uploaded_each_step: the weights a step's matmuls multiply by are passed as host (NumPy) arrays and copied
+  to the device on every call.
 
 Their stake is the whole time the structure costs (the device's idle share of the step, or the compiles'), not the
 slice the breakdown files as dispatch: a loop moved into one program drops its dispatches, waits and idle together.
