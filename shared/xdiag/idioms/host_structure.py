@@ -4,10 +4,9 @@
   call, or feeding it one request at a time), so the device idles between calls.
 - recompile_per_shape: a jitted program is compiled again inside the steps because an argument's shape changes
   between calls (an array that grows by one element per call, or batches of varying size).
-- jit_rebuilt_each_call: the same program compiled again on every call because jax.jit itself runs inside the loop,
-  on a lambda or closure made per call.
-- static_argument_per_value: the same program compiled again on every call, jax.jit made once: a value its compiles
-  are keyed on (a static argument) changes per call.
+  Where jax.jit itself runs inside the loop, on a lambda or closure made per call, it is this idiom too.
+- static_argument_per_value: the same program compiled again on every call with the same shapes while jax.jit runs
+  only before the loop: a value its compiles are keyed on (a static argument) changes per call.
 - callback_in_step: the compiled step calls back into Python (jax.pure_callback, io_callback, jax.debug.callback),
   and the device waits for the host on every call.
 - host_preprocessing: the host converts and normalises each batch (NumPy between the device's calls) and ships it in a
@@ -270,19 +269,40 @@ def _jit_wraps(program: Program) -> HostEvents:
                                                wraps.end_ps)))
 
 
+def _static_value_changes(program: Program, found: Recompiles) -> bool:
+    """The same function compiled again with the same shapes while jax.jit runs only before the loop (the Python
+    tracer shows every call of it): a value the compiles are keyed on changes. Where jax.jit runs inside the loop
+    (a lambda or closure jitted per call), or the tracer did not run, it is recompile_per_shape's."""
+    steps = float(program.step.get("steps") or 0)
+    return not found.changing and steps > 0 and len(program.host_events(PYTHON_TRACER_EVENT)) > 0 and \
+        len(_jit_wraps(program)) < steps / 2
+
+
 @idiom("recompile_per_shape", "host_structure",
        "A jitted program is compiled again inside the steps",
        "{change}",
-       "jax.jit compiles once per distinct function, argument shape and static value: an argument whose shape changes "
-       "between calls makes every new shape compile, and the device waits for the compiler",
+       "jax.jit compiles once per distinct function, argument shape and static value: a shape, a function object or "
+       "a baked-in Python value that changes between calls makes every such call compile, and the device waits for "
+       "the compiler",
        gain=(0.8, 1.0))
 def recompile_per_shape(program: Program) -> list[Match]:
     found = _recompiles(program)
-    if found is None or not found.changing:
-        return []  # the same shapes compiled again: jit_rebuilt_each_call or static_argument_per_value
+    if found is None or _static_value_changes(program, found):
+        return []
     name, shapes, changing = found.name, found.shapes, found.changing
     line, function = _function_line(program, found.modules[0])
     stem = name.removeprefix("jit_")
+    if not changing:
+        change = (f"jit {stem} once, outside the loop (update = jax.jit({stem}) at module level), and pass what "
+                  f"changes between calls as an argument of array type (a jnp.asarray(lr) operand), not through "
+                  f"functools.partial, a lambda or a closure made per call: each new function object or Python value "
+                  f"is a new trace and compile; static_argnums would compile again for every new value")
+        return [Match(
+            "recompile_per_shape", _compile_stake(program, found),
+            f"the program {name} was compiled {len(found.modules)} times in the capture ({found.compiles_per_step:g} "
+            f"compiles per step, {found.compile_percent:g}% of the step) with the same argument shapes "
+            f"({', '.join(shapes[0][:3])}): what changes is the function or a constant baked into it, not a shape",
+            module=name, line=line, function=function, params={"change": change}, facts=_compile_facts(found))]
     position = changing[0]
     sizes = sorted({_leading_change(s[position], shapes[0][position]) for s in shapes} - {None})
     steps_of_one = len(sizes) >= 2 and all(b - a == 1 for a, b in zip(sizes, sizes[1:]))
@@ -315,41 +335,6 @@ def _leading_change(shape: str, first: str) -> int | None:
     return next((x for x, y in zip(a, b) if x != y), a[-1] if a else None)
 
 
-@idiom("jit_rebuilt_each_call", "host_structure",
-       "The loop wraps its function in jax.jit again on every call, so every call compiles again",
-       "{change}",
-       "jax.jit keeps its compiled programs with the function object it wraps: a lambda, closure or functools.partial "
-       "made inside the loop is a new object on every call, so every call traces, lowers and compiles the same "
-       "program again while the device waits; one jitted function made before the loop compiles once",
-       gain=(0.8, 1.0))
-def jit_rebuilt_each_call(program: Program) -> list[Match]:
-    """The same program compiled again in every step, with jax.jit itself called inside the steps."""
-    found = _recompiles(program)
-    steps = float(program.step.get("steps") or 0)
-    if found is None or found.changing or steps <= 0:
-        return []
-    wraps = _jit_wraps(program)
-    if len(wraps) < steps / 2:
-        return []  # jit is called before the loop: what changes is a value in its cache key
-    line, function = _caller(program, program.host_events(PYTHON_TRACER_EVENT), int(wraps.start_ps[0]),
-                             int(wraps.end_ps[0]))
-    traced_line, _ = _function_line(program, found.modules[0])
-    where = f" at {line}" if line else ""
-    change = (f"make the jitted function once, before the loop (step_fn = jax.jit(fn), at module level or before the "
-              f"loop starts), and call that one object{where} instead of jax.jit(...)(...) on a lambda, closure or "
-              f"functools.partial made per call; pass what the closure captures that changes between calls (a "
-              f"learning rate, a step count) as an argument, so every call after the first finds its compiled "
-              f"program")
-    return [Match(
-        "jit_rebuilt_each_call", _compile_stake(program, found),
-        f"jax.jit is called {len(wraps) / steps:.3g} times per step{where}, and the program {found.name} "
-        f"(its arguments {', '.join(found.shapes[0][:3]) or 'none'}) is compiled again with the same argument shapes "
-        f"({found.compiles_per_step:g} compiles per step, {found.compile_percent:g}% of the step)",
-        module=found.name, line=line, function=function, params={"change": change},
-        facts={**_compile_facts(found), "jit_wraps_per_step": round(len(wraps) / steps, 2),
-               **({"traced_line": traced_line} if traced_line else {})})]
-
-
 @idiom("static_argument_per_value", "host_structure",
        "A jitted function is compiled again for every call with the same shapes: a static value changes per call",
        "{change}",
@@ -364,8 +349,7 @@ def static_argument_per_value(program: Program) -> list[Match]:
     """The same program compiled again in every step with the same argument shapes, jax.jit called once: a value in
     its cache key (a static argument) changes between calls."""
     found = _recompiles(program)
-    steps = float(program.step.get("steps") or 0)
-    if found is None or found.changing or steps <= 0 or len(_jit_wraps(program)) >= steps / 2:
+    if found is None or not _static_value_changes(program, found):
         return []
     # The call that compiled: the user's line around the jitted call with a compile inside it
     frames = program.host_events(PYTHON_TRACER_EVENT)

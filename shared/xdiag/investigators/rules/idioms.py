@@ -20,7 +20,6 @@ SUPERSEDES = {
     "eager_ops": ("dispatch_overhead", "host_sync", "low_utilization", "input_bound", "device_idle", "warm_up",
                   "unfused_kernels"),
     "recompile_per_shape": ("recompilation", "dispatch_overhead", "warm_up", "low_utilization", "device_idle"),
-    "jit_rebuilt_each_call": ("recompilation", "dispatch_overhead", "warm_up", "low_utilization", "device_idle"),
     "static_argument_per_value": ("recompilation", "dispatch_overhead", "warm_up", "low_utilization", "device_idle"),
     "callback_in_step": ("host_sync", "device_idle", "low_utilization"),
     "host_preprocessing": ("memory_transfers", "transfer", "input_bound", "device_idle", "low_utilization",
