@@ -4,12 +4,18 @@
   call, or feeding it one request at a time), so the device idles between calls.
 - recompile_per_shape: a jitted program is compiled again inside the steps because an argument's shape changes
   between calls (an array that grows by one element per call, or batches of varying size).
+  Where jax.jit itself runs inside the loop, on a lambda or closure made per call, it is this idiom too.
+- static_argument_per_value: the same program compiled again on every call with the same shapes while jax.jit runs
+  only before the loop: a value its compiles are keyed on (a static argument) changes per call.
 - callback_in_step: the compiled step calls back into Python (jax.pure_callback, io_callback, jax.debug.callback),
   and the device waits for the host on every call.
 - host_preprocessing: the host converts and normalises each batch (NumPy between the device's calls) and ships it in a
   floating type, while the device waits.
 - per_element_transfers: each step moves a Python list's elements between host and device one at a time
   (jnp.asarray per example, float() per value).
+- read_each_step: a value read back every step keeps the host's and the device's work in series.
+- weights_uploaded_each_step: the weights a step's matmuls multiply by are passed as host (NumPy) arrays and copied
+  to the device on every call.
 
 Their stake is the whole time the structure costs (the device's idle share of the step, or the compiles'), not the
 slice the breakdown files as dispatch: a loop moved into one program drops its dispatches, waits and idle together.
@@ -18,6 +24,7 @@ slice the breakdown files as dispatch: a loop moved into one program drops its d
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -33,8 +40,9 @@ from xdiag.analysis.intervals import PS_PER_MS, covered, outermost
 from xdiag.analysis.source_lines import python_frame
 from xdiag.analysis.xprof.common import natural_order
 from xdiag.idioms.catalogue import Match, idiom
+from xdiag.idioms.hlo_graph import nbytes
 from xdiag.idioms.program import HostEvents, Program, calls_per_step_of
-from xdiag.profile.space import HloModule
+from xdiag.profile.space import HloInstruction, HloModule
 
 MIN_CALLS_PER_STEP = 4.0
 MIN_IDLE_PERCENT = 30.0
@@ -202,6 +210,74 @@ def eager_ops(program: Program) -> list[Match]:
                "device_idle_percent": idle})]
 
 
+@dataclass
+class Recompiles:
+    """A jitted program compiled again inside the steps: its name, its compiled versions (first compiled first), each
+    version's entry parameters' shapes and the positions whose shapes differ between versions."""
+
+    name: str
+    modules: list[HloModule]
+    shapes: list[list[str]]
+    changing: list[int]
+    compiles_per_step: float
+    compile_percent: float
+
+
+def _recompiles(program: Program) -> Recompiles | None:
+    step = program.step
+    compiles = float(step.get("compiles_per_step_mean") or 0.0)
+    share = float(step.get("compile_percent") or 0.0)
+    if compiles < 0.5 or share < 5.0:
+        return None
+    by_name: dict[str, list[HloModule]] = {}
+    for module in program.session.hlo_modules:
+        by_name.setdefault(module.name, []).append(module)
+    # A program the steps run (not one compiled per shape while the arrays were made), the user's program first: a
+    # small program compiled per shape (jit_concatenate growing its input) feeds it
+    ran = {module for module, _ in program.runs}
+    name, modules = max(by_name.items(), key=lambda kv: (
+        any(m.name in ran or m.display_name in ran for m in kv[1]), len(kv[1]) >= 2, _size(kv[1][0])))
+    if len(modules) < 2:
+        return None
+    modules = sorted(modules, key=lambda m: m.program_id)
+    shapes = [_entry_shapes(m) for m in modules]
+    changing = [k for k in range(min(len(s) for s in shapes)) if len({s[k] for s in shapes}) > 1]
+    return Recompiles(name, modules, shapes, changing, compiles, share)
+
+
+def _compile_stake(program: Program, found: Recompiles) -> float:
+    """The compiles' share of the step, or the device's idle share where that is larger (the trace and lowering
+    before each compile leave the device idle too)."""
+    idle = float(program.step.get("device_idle_percent") or found.compile_percent)
+    return max(found.compile_percent, min(idle, 100.0))
+
+
+def _compile_facts(found: Recompiles) -> dict:
+    return {"compiles": len(found.modules), "compiles_per_step": found.compiles_per_step,
+            "compile_percent": found.compile_percent}
+
+
+JIT_WRAP_FRAME = re.compile(r"^\$api\.py:\d+ jit$")
+"""jax.jit itself (making a jitted function), as the Python tracer names it: inside a step, the function is wrapped
+again on every call."""
+
+
+def _jit_wraps(program: Program) -> HostEvents:
+    """The calls of jax.jit inside the steps, outermost ones."""
+    wraps = _in_steps(program, program.host_events(PYTHON_TRACER_EVENT).where(JIT_WRAP_FRAME.search))
+    return wraps.take(np.flatnonzero(outermost(np.ones(len(wraps), bool), wraps.thread, wraps.start_ps,
+                                               wraps.end_ps)))
+
+
+def _static_value_changes(program: Program, found: Recompiles) -> bool:
+    """The same function compiled again with the same shapes while jax.jit runs only before the loop (the Python
+    tracer shows every call of it): a value the compiles are keyed on changes. Where jax.jit runs inside the loop
+    (a lambda or closure jitted per call), or the tracer did not run, it is recompile_per_shape's."""
+    steps = float(program.step.get("steps") or 0)
+    return not found.changing and steps > 0 and len(program.host_events(PYTHON_TRACER_EVENT)) > 0 and \
+        len(_jit_wraps(program)) < steps / 2
+
+
 @idiom("recompile_per_shape", "host_structure",
        "A jitted program is compiled again inside the steps",
        "{change}",
@@ -210,35 +286,23 @@ def eager_ops(program: Program) -> list[Match]:
        "the compiler",
        gain=(0.8, 1.0))
 def recompile_per_shape(program: Program) -> list[Match]:
-    step = program.step
-    compiles = float(step.get("compiles_per_step_mean") or 0.0)
-    share = float(step.get("compile_percent") or 0.0)
-    if compiles < 0.5 or share < 5.0:
+    found = _recompiles(program)
+    if found is None or _static_value_changes(program, found):
         return []
-    by_name: dict[str, list[HloModule]] = {}
-    for module in program.session.hlo_modules:
-        by_name.setdefault(module.name, []).append(module)
-    # The user's program first: a small program compiled per shape (jit_concatenate growing its input) feeds it
-    name, modules = max(by_name.items(), key=lambda kv: (len(kv[1]) >= 2, _size(kv[1][0])))
-    if len(modules) < 2:
-        return []
-    shapes = [_entry_shapes(m) for m in sorted(modules, key=lambda m: m.program_id)]
-    changing = [k for k in range(min(len(s) for s in shapes)) if len({s[k] for s in shapes}) > 1]
-    line, function = _function_line(program, modules[0])
+    name, shapes, changing = found.name, found.shapes, found.changing
+    line, function = _function_line(program, found.modules[0])
     stem = name.removeprefix("jit_")
-    idle = float(step.get("device_idle_percent") or share)
     if not changing:
         change = (f"jit {stem} once, outside the loop (update = jax.jit({stem}) at module level), and pass what "
                   f"changes between calls as an argument of array type (a jnp.asarray(lr) operand), not through "
                   f"functools.partial, a lambda or a closure made per call: each new function object or Python value "
                   f"is a new trace and compile; static_argnums would compile again for every new value")
         return [Match(
-            "recompile_per_shape", max(share, min(idle, 100.0)),
-            f"the program {name} was compiled {len(modules)} times in the capture ({compiles:g} compiles per step, "
-            f"{share:g}% of the step) with the same argument shapes ({', '.join(shapes[0][:3])}): what changes is "
-            "the function or a constant baked into it, not a shape",
-            module=name, line=line, function=function, params={"change": change},
-            facts={"compiles": len(modules), "compiles_per_step": compiles, "compile_percent": share})]
+            "recompile_per_shape", _compile_stake(program, found),
+            f"the program {name} was compiled {len(found.modules)} times in the capture ({found.compiles_per_step:g} "
+            f"compiles per step, {found.compile_percent:g}% of the step) with the same argument shapes "
+            f"({', '.join(shapes[0][:3])}): what changes is the function or a constant baked into it, not a shape",
+            module=name, line=line, function=function, params={"change": change}, facts=_compile_facts(found))]
     position = changing[0]
     sizes = sorted({_leading_change(s[position], shapes[0][position]) for s in shapes} - {None})
     steps_of_one = len(sizes) >= 2 and all(b - a == 1 for a, b in zip(sizes, sizes[1:]))
@@ -253,15 +317,13 @@ def recompile_per_shape(program: Program) -> list[Match]:
                   f"multiple of 64 or power of two) and mask the padding, so {name} compiles once per bucket; "
                   f"check with jax.config.update('jax_log_compiles', True) which argument changes")
     return [Match(
-        "recompile_per_shape", max(share, min(idle, 100.0)),
-        f"the program {name} was compiled {len(modules)} times in the capture ({compiles:g} compiles per step, "
-        f"{share:g}% of the "
-        f"step) for argument {position} of shapes {seen}"
+        "recompile_per_shape", _compile_stake(program, found),
+        f"the program {name} was compiled {len(found.modules)} times in the capture ({found.compiles_per_step:g} "
+        f"compiles per step, {found.compile_percent:g}% of the step) for argument {position} of shapes {seen}"
         + (", growing by one element per call" if steps_of_one else ""),
         module=name, line=line, function=function,
         params={"change": change, "position": position},
-        facts={"compiles": len(modules), "compiles_per_step": compiles, "compile_percent": share,
-               "argument_shapes": seen})]
+        facts={**_compile_facts(found), "argument_shapes": seen})]
 
 
 def _leading_change(shape: str, first: str) -> int | None:
@@ -271,6 +333,46 @@ def _leading_change(shape: str, first: str) -> int | None:
     if len(a) != len(b):
         return None
     return next((x for x, y in zip(a, b) if x != y), a[-1] if a else None)
+
+
+@idiom("static_argument_per_value", "host_structure",
+       "A jitted function is compiled again for every call with the same shapes: a static value changes per call",
+       "{change}",
+       "jax.jit compiles one program per value of a static argument (static_argnums, static_argnames), keyed by its "
+       "hash: a learning rate, a step count or a new object passed there every call makes every call trace and "
+       "compile again with the same shapes; as a traced argument one compiled program serves every value",
+       gain=(0.8, 1.0),
+       alternatives=("where the value must stay static (it sets a shape or a Python branch), round it to a few values "
+                     "(a schedule's stages) so the compiles stop after the first of each: premise, one compile per "
+                     "value kept",))
+def static_argument_per_value(program: Program) -> list[Match]:
+    """The same program compiled again in every step with the same argument shapes, jax.jit called once: a value in
+    its cache key (a static argument) changes between calls."""
+    found = _recompiles(program)
+    if found is None or not _static_value_changes(program, found):
+        return []
+    # The call that compiled: the user's line around the jitted call with a compile inside it
+    frames = program.host_events(PYTHON_TRACER_EVENT)
+    calls = program.host_events(JITTED_CALL_EVENT)
+    calls = calls.take(np.flatnonzero(outermost(np.ones(len(calls), bool), calls.thread, calls.start_ps, calls.end_ps)))
+    compiling = calls.take(np.flatnonzero(_contains_any(calls, program.host_events(COMPILE_EVENT))))
+    line, function = (_caller(program, frames, int(compiling.start_ps[0]), int(compiling.end_ps[0]))
+                      if len(compiling) else ("", ""))
+    def_line, traced = _function_line(program, found.modules[0])
+    stem = found.name.removeprefix("jit_")
+    where = f" at {line}" if line else ""
+    change = (f"make the argument of {stem} that changes on every call{where} a traced one: take it out of "
+              f"static_argnums / static_argnames and pass it as an array (jnp.float32(lr), jnp.int32(step)), so one "
+              f"compiled program serves every value; keep static only what sets a shape or a Python branch. "
+              f"jax.config.update('jax_explain_cache_misses', True) names the argument whose value changes")
+    return [Match(
+        "static_argument_per_value", _compile_stake(program, found),
+        f"the program {found.name} (its arguments {', '.join(found.shapes[0][:3]) or 'none'}) was compiled "
+        f"{len(found.modules)} times in the capture ({found.compiles_per_step:g} compiles per step, "
+        f"{found.compile_percent:g}% of the step) with the same argument shapes and the same function"
+        + (f", called{where}" if line else "") + ": what changes between calls is a value its compile is keyed on",
+        module=found.name, line=line or def_line, function=function or traced, params={"change": change},
+        facts=_compile_facts(found))]
 
 
 @idiom("callback_in_step", "host_structure",
@@ -620,3 +722,100 @@ def read_each_step(program: Program) -> list[Match]:
         line=line, function=function, params={"change": change},
         facts={"reads_per_step": round(reads, 2), "host_work_percent": round(host, 2),
                "device_busy_percent": round(device, 2)})]
+
+
+MIN_UPLOADED_WEIGHT_BYTES = 1 << 20
+"""Weights shipped per step at least this large: smaller arrays cost their launch, not their bytes."""
+
+
+def _weight_parameters(program: Program, module: HloModule) -> dict[int, HloInstruction]:
+    """The program's entry parameters that a dot or a convolution reads as its weights (a dot's right-hand operand, a
+    convolution's kernel), through fusions and re-typing: position -> the parameter."""
+    graph = next(g for g in program.graphs if g.module is module)
+    out: dict[int, HloInstruction] = {}
+    for site in graph.sites():
+        if site.instruction.opcode in ("dot", "convolution"):
+            origin = graph.origin(graph.operand(site, 1))
+            if origin is not None and origin.computation.name == module.entry and \
+                    origin.instruction.opcode == "parameter" and origin.instruction.dtype in FLOAT_BYTES:
+                out[origin.instruction.parameter_number] = origin.instruction
+    return out
+
+
+@idiom("weights_uploaded_each_step", "host_structure",
+       "The weights are copied from the host to the device on every step",
+       "{change}",
+       "a jitted call given NumPy arrays copies each of them to the device before the program can start, on every "
+       "call: weights kept as NumPy cross the host link every step, where device arrays made once stay in the "
+       "device's memory between calls",
+       gain=(0.7, 1.0))
+def weights_uploaded_each_step(program: Program) -> list[Match]:
+    """The step's program takes its weights (the operands its matmuls multiply by) from host arrays on every call."""
+    steps = float(program.step.get("steps") or 0)
+    calls = [(k, n) for k, n in calls_per_step_of(program) if k.split("(")[0] not in SETUP_OPS]
+    if steps <= 0 or not calls:
+        return []
+    key, _ = calls[0]
+    module = _module(program, key)
+    if module is None:
+        return []
+    weights = _weight_parameters(program, module)
+    weight_bytes = sum(nbytes(w) for w in weights.values())
+    if not weights or weight_bytes < MIN_UPLOADED_WEIGHT_BYTES:
+        return []
+    shipped = _in_steps(program, program.host_events(SHIPPED_EVENT))
+    if len(shipped):  # the runtime names each copy's type and shape: the weights' own shapes shipped every step
+        counts: dict[str, int] = {}
+        for name in shipped.names.astype(str):
+            found = SHIPPED_EVENT.search(name)
+            counts[f"{found['dtype']}[{found['shape']}]"] = counts.get(f"{found['dtype']}[{found['shape']}]", 0) + 1
+        needed: dict[str, int] = {}
+        for w in weights.values():
+            needed[w.shape_text.split("{")[0]] = needed.get(w.shape_text.split("{")[0], 0) + 1
+        uploaded = sum(nbytes(w) for w in weights.values()
+                       if counts.get(w.shape_text.split("{")[0], 0) >= needed[w.shape_text.split("{")[0]] * steps)
+        events = shipped
+    else:  # copies named without shapes (a CPU's): every weight operand's worth of host arrays put per call
+        stem = module.name.removeprefix("jit_")
+        calls_of = program.host_events(JITTED_CALL_EVENT).where(lambda n: n == f"PjitFunction({stem})")
+        calls_of = calls_of.take(np.flatnonzero(outermost(np.ones(len(calls_of), bool), calls_of.thread,
+                                                          calls_of.start_ps, calls_of.end_ps)))
+        puts = _in_steps(program, program.host_events(HOST_PUT_EVENT))
+        inside = puts.take(np.flatnonzero(_within_any(puts, calls_of)))
+        uploaded = weight_bytes if len(weights) >= 2 and len(inside) >= len(weights) * steps else 0
+        events = inside
+    if uploaded < MIN_UPLOADED_WEIGHT_BYTES:
+        return []
+    put_percent = program.step_percent(_step_ms(program, events.start_ps, events.end_ps))
+    stake = round(max(float(program.step.get("host_transfer_percent") or 0.0), put_percent), 2)
+    call = program.host_events(JITTED_CALL_EVENT)
+    first = next((i for i in range(len(call)) if call.names[i] == f"PjitFunction({module.name.removeprefix('jit_')})"
+                  and call.start_ps[i] >= program.step_windows[0][0]), None) if len(program.step_windows[0]) else None
+    line, function = (_caller(program, program.host_events(PYTHON_TRACER_EVENT), int(call.start_ps[first]),
+                              int(call.end_ps[first])) if first is not None else ("", ""))
+    mib = uploaded / 2 ** 20
+    shapes = ", ".join(dict.fromkeys(w.shape_text.split("{")[0] for w in weights.values()))
+    where = f" at {line}" if line else ""
+    change = (f"put the weights on the device once, before the loop: params = jax.device_put(params) (a pytree of "
+              f"NumPy arrays becomes one of device arrays), and pass those{where}, keeping the updated ones the step "
+              f"returns, so the {len(weights)} weight arrays ({mib:.3g} MiB) stop crossing the host link every step")
+    return [Match(
+        "weights_uploaded_each_step", stake,
+        f"the program {module.name} multiplies by {len(weights)} weight operands ({shapes}; {mib:.3g} MiB) that "
+        f"are copied from host arrays on every call{where}: the copies take {stake:.3g}% of the step",
+        module=key, line=line, function=function, params={"change": change},
+        facts={"weight_operands": len(weights), "uploaded_mib_per_step": round(mib, 2),
+               "host_transfer_percent": stake})]
+
+
+def _within_any(events: HostEvents, frames: HostEvents) -> np.ndarray:
+    """Per event: whether one of `frames` of its thread holds it whole."""
+    out = np.zeros(len(events), dtype=bool)
+    for thread in np.unique(events.thread):
+        mine = np.flatnonzero(frames.thread == thread)
+        order = mine[np.argsort(frames.start_ps[mine], kind="stable")]
+        index = np.flatnonzero(events.thread == thread)
+        at = np.searchsorted(frames.start_ps[order], events.start_ps[index], side="right") - 1
+        held = (at >= 0) & (frames.end_ps[order][np.clip(at, 0, None)] >= events.end_ps[index])
+        out[index] = held
+    return out

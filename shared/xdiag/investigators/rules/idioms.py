@@ -20,11 +20,13 @@ SUPERSEDES = {
     "eager_ops": ("dispatch_overhead", "host_sync", "low_utilization", "input_bound", "device_idle", "warm_up",
                   "unfused_kernels"),
     "recompile_per_shape": ("recompilation", "dispatch_overhead", "warm_up", "low_utilization", "device_idle"),
+    "static_argument_per_value": ("recompilation", "dispatch_overhead", "warm_up", "low_utilization", "device_idle"),
     "callback_in_step": ("host_sync", "device_idle", "low_utilization"),
     "host_preprocessing": ("memory_transfers", "transfer", "input_bound", "device_idle", "low_utilization",
                            "host_sync", "dispatch_overhead"),
     "per_element_transfers": ("memory_transfers", "transfer", "dispatch_overhead", "host_sync", "input_bound",
                               "device_idle", "low_utilization"),
+    "weights_uploaded_each_step": ("memory_transfers", "transfer", "input_bound", "device_idle", "low_utilization"),
     # a value read each step serialises host and device; it does not explain a step with too little work for the device
     "read_each_step": ("host_sync", "input_bound", "device_idle"),
     "linear_algebra": ("opaque_kernel",),
