@@ -1,0 +1,103 @@
+"""Idioms of xdiag.idioms.more_idioms on real profiles: small JAX programs captured here on the CPU with each idiom
+and with its fix, read by the recognisers and the rule engine as a user's profile would be."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from xdiag.cloud.embedded import analyze_session
+from xdiag.idioms import recognise
+from xdiag.profile.locate import locate_session
+from xdiag.profile.reader import read_session_in_process
+
+from tests.idiom_capture import capture_programs
+
+BATCHED = """
+        k1, k2 = jax.random.split(jax.random.key(0))
+        x = jax.random.normal(k1, (32, 128, 256))
+        y = jax.random.normal(k2, (32, 256, 128))
+"""
+TILED = """
+        k1, k2 = jax.random.split(jax.random.key(0))
+        x = jax.random.normal(k1, (64, 16, 256))
+        w = jax.random.normal(k2, (256, 256)) / 16
+"""
+COUNTS = """
+        k1, k2 = jax.random.split(jax.random.key(0))
+        a = jax.random.bernoulli(k1, 0.1, (512, 512)).astype(jnp.int32)
+        b = jax.random.bernoulli(k2, 0.1, (512, 512)).astype(jnp.int32)
+"""
+TABLE = """
+        table = jnp.asarray(np.random.default_rng(0).standard_normal((1024, 512), dtype=np.float32))  # 2 MiB
+        ids = jnp.arange(64) * 7
+"""
+PROGRAMS = {
+    # name -> (body defining run(), the idiom it holds or None, the text of the line its report names)
+    "multiply_sum": (BATCHED + """
+        step = jax.jit(lambda x, y: (x[:, :, :, None] * y[:, None, :, :]).sum(2))
+        run = lambda: step(x, y)
+    """, "contraction_as_multiply_reduce", "(x[:, :, :, None] * y[:, None, :, :]).sum(2)"),
+    "einsum": (BATCHED + """
+        step = jax.jit(lambda x, y: jnp.einsum('bnk,bkm->bnm', x, y))
+        run = lambda: step(x, y)
+    """, None, None),
+    "tiled_weights": (TILED + """
+        step = jax.jit(lambda x, w: jnp.tanh(jnp.matmul(x, jnp.tile(w[None], (x.shape[0], 1, 1)))))
+        run = lambda: step(x, w)
+    """, "weights_tiled_per_example", "jnp.tile(w[None]"),
+    "shared_weights": (TILED + """
+        step = jax.jit(lambda x, w: jnp.tanh(x @ w))
+        run = lambda: step(x, w)
+    """, None, None),
+    "integer_counts": (COUNTS + """
+        step = jax.jit(lambda a, b: a @ b)
+        run = lambda: step(a, b)
+    """, "integer_matmul", "a @ b"),
+    "float_counts": (COUNTS + """
+        step = jax.jit(lambda a, b: (a.astype(jnp.float32) @ b.astype(jnp.float32)).astype(jnp.int32))
+        run = lambda: step(a, b)
+    """, None, None),
+    "closed_over_table": (TABLE + """
+        step = jax.jit(lambda ids: jnp.tanh(table[ids]).sum())
+        run = lambda: step(ids)
+    """, "large_constant_in_program", "jnp.tanh(table[ids])"),
+    "table_argument": (TABLE + """
+        step = jax.jit(lambda ids, table: jnp.tanh(table[ids]).sum())
+        run = lambda: step(ids, table)
+    """, None, None),
+}
+MINE = {"contraction_as_multiply_reduce", "weights_tiled_per_example", "integer_matmul", "large_constant_in_program"}
+NEIGHBOURS = {"structured_matmul", "pairwise_broadcast_reduce", "loop_invariant_weights", "promoted_matmul"}
+COMPILE_TIME = {"large_constant_in_program"}
+"""Idioms whose cost is at compile time, which a capture of steady steps does not hold: no share of its steps to stake,
+so no finding in its report; the recogniser still names them (tested above)."""
+
+
+@pytest.fixture(scope="module")
+def captured(tmp_path_factory) -> dict[str, Path]:
+    """Each program above captured once on this CPU (tests/idiom_capture.py)."""
+    return capture_programs({name: body for name, (body, _, _) in PROGRAMS.items()},
+                            tmp_path_factory.mktemp("more_idioms"))
+
+
+@pytest.mark.parametrize("name", sorted(PROGRAMS))
+def test_the_idiom_is_recognised_where_the_program_has_it_and_only_there(name, captured):
+    expected = PROGRAMS[name][1]
+    found = {m.idiom for m in recognise(read_session_in_process([captured[name]]))}
+    if expected is None:
+        assert not found & (MINE | NEIGHBOURS), found
+    else:
+        assert expected in found and not found & (MINE | NEIGHBOURS) - {expected}, found
+
+
+@pytest.mark.parametrize("name", sorted(n for n, (_, idiom, _) in PROGRAMS.items()
+                                        if idiom and idiom not in COMPILE_TIME))
+def test_the_report_leads_with_the_idioms_change_at_the_users_line(name, captured, tmp_path):
+    _, idiom, text = PROGRAMS[name]
+    findings = analyze_session(locate_session(captured[name]), tmp_path / name).diagnosis.findings
+    top = findings[0]
+    assert top.key == idiom, [(f.key, f.fix[:120]) for f in findings]
+    script = (captured[name].parents[4] / f"{name}.py").read_text().splitlines()
+    line = next(n for n, code in enumerate(script, 1) if text in code)
+    assert top.fix.startswith("First, ") and f"{name}.py:{line}" in top.fix and "Expected:" in top.fix, top.fix
