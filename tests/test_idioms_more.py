@@ -32,6 +32,17 @@ TABLE = """
         table = jnp.asarray(np.random.default_rng(0).standard_normal((1024, 512), dtype=np.float32))  # 2 MiB
         ids = jnp.arange(64) * 7
 """
+ATTENTION = """
+        kq, kk, kv = jax.random.split(jax.random.key(0), 3)
+        q = jax.random.normal(kq, (4, 256, 8, 64))  # 8 query heads
+        k, v = (jax.random.normal(key, (4, 256, 2, 64)) for key in (kk, kv))  # 2 key/value heads
+"""
+LAYERS = """
+        keys = jax.random.split(jax.random.key(0), 8)
+        layers = [jax.random.normal(key, (512, 512)) / 23 for key in keys]  # 8 MiB
+        x = jnp.ones((8, 512))
+        body = lambda h, w: (jnp.tanh(h @ w), None)
+"""
 PROGRAMS = {
     # name -> (body defining run(), the idiom it holds or None, the text of the line its report names)
     "multiply_sum": (BATCHED + """
@@ -66,8 +77,34 @@ PROGRAMS = {
         step = jax.jit(lambda ids, table: jnp.tanh(table[ids]).sum())
         run = lambda: step(ids, table)
     """, None, None),
+    "repeated_heads": (ATTENTION + """
+        def attend(q, k, v):
+            k, v = jnp.repeat(k, 4, axis=2), jnp.repeat(v, 4, axis=2)
+            p = jax.nn.softmax(jnp.einsum('bqhd,bkhd->bhqk', q, k), axis=-1)
+            return jnp.einsum('bhqk,bkhd->bqhd', p, v)
+        step = jax.jit(attend)
+        run = lambda: step(q, k, v)
+    """, "repeated_kv_heads", "k, v = jnp.repeat(k, 4, axis=2)"),
+    "grouped_heads": (ATTENTION + """
+        def attend(q, k, v):
+            q = q.reshape(4, 256, 2, 4, 64)
+            p = jax.nn.softmax(jnp.einsum('bqgrd,bkgd->bgrqk', q, k), axis=-1)
+            return jnp.einsum('bgrqk,bkgd->bqgrd', p, v).reshape(4, 256, 8, 64)
+        step = jax.jit(attend)
+        run = lambda: step(q, k, v)
+    """, None, None),
+    "stacked_in_step": (LAYERS + """
+        step = jax.jit(lambda layers, x: jax.lax.scan(body, x, jnp.stack(layers))[0])
+        run = lambda: step(layers, x)
+    """, "params_stacked_each_step", "jnp.stack(layers)"),
+    "stacked_once": (LAYERS + """
+        stacked = jnp.stack(layers)
+        step = jax.jit(lambda stacked, x: jax.lax.scan(body, x, stacked)[0])
+        run = lambda: step(stacked, x)
+    """, None, None),
 }
-MINE = {"contraction_as_multiply_reduce", "weights_tiled_per_example", "integer_matmul", "large_constant_in_program"}
+MINE = {"contraction_as_multiply_reduce", "weights_tiled_per_example", "integer_matmul", "large_constant_in_program",
+        "repeated_kv_heads", "params_stacked_each_step"}
 NEIGHBOURS = {"structured_matmul", "pairwise_broadcast_reduce", "loop_invariant_weights", "promoted_matmul"}
 COMPILE_TIME = {"large_constant_in_program"}
 """Idioms whose cost is at compile time, which a capture of steady steps does not hold: no share of its steps to stake,

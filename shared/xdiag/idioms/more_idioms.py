@@ -123,9 +123,9 @@ def _broadcast_into(graph: Graph, site: Site | None, depth: int = DEPTH) -> Site
        "share the weights at {line}: jnp.einsum('{spec}', x, w) with w unbatched (x @ w broadcasts over x's batch "
        "only) instead of tiling w to the batch (jnp.tile, jnp.repeat or jnp.broadcast_to to {tiled}); under "
        "jax.vmap pass the weights with in_axes=None, so one matmul reads {weights} once",
-       "a batched matmul reads its weight operand once per batch element: tiled {batch} times, the same weights "
-       "are read (and written, where the tile is materialised) {batch} times, where a matmul over the unbatched "
-       "weights reads them once and gives the matrix unit one large matmul instead of {batch} small ones",
+       "a batched matmul reads its weight operand once per batch element: tiled B times, the same weights are read "
+       "(and written, where the tile is materialised) B times, where a matmul over the unbatched weights reads them "
+       "once and gives the matrix unit one large matmul instead of B small ones",
        gain=(0.5, 0.95),
        alternatives=("where each example does need its own weights (per-example adapters), keep them batched and "
                      "grouped: jax.lax.ragged_dot or a grouped matmul over the distinct copies only",))
@@ -194,8 +194,8 @@ INTEGER_TYPES = frozenset({"s16", "u16", "s32", "u32", "s64", "u64"})
        "{dtype_name}) (exact while every sum stays below 2**24: counts, 0/1 indicators); for 0/1 or small values, "
        "bfloat16 operands with preferred_element_type=jnp.float32, or int8 ones with "
        "preferred_element_type=jnp.int32",
-       "the matrix units multiply bfloat16 (and int8) operands; a matmul of {dtype} operands is lowered to "
-       "multiplies and adds on the vector units, at a small fraction of the matrix unit's rate",
+       "the matrix units multiply bfloat16 (and int8) operands; a matmul of wider integers is lowered to multiplies "
+       "and adds on the vector units, at a small fraction of the matrix unit's rate",
        gain=(0.5, 0.9))
 def integer_matmul(program: Program) -> list[Match]:
     """Dots whose operands are 16-, 32- or 64-bit integers (not int8, which TPU and GPU matrix units take)."""
@@ -282,4 +282,147 @@ def large_constant_in_program(program: Program) -> list[Match]:
                     "mib": total / 2**20},
             facts={"constants": len(constants), "constant_bytes": total, "shapes": shapes[:8],
                    "compile_percent": compile_percent}))
+    return out
+
+
+@idiom("repeated_kv_heads", "work_not_needed",
+       "Key and value heads are repeated to the query heads before attention (grouped-query attention)",
+       "contract the grouped heads at {line} without repeating them: reshape the queries to (batch, seq, "
+       "kv_heads, {repeat}, head_dim) and jnp.einsum('bqgrd,bkgd->bgrqk', q, k) (and 'bgrqk,bkgd->bqgrd' with "
+       "the values) instead of jnp.repeat(k, {repeat}, axis=2) before the attention einsum, so each key and value "
+       "head is read once for its {repeat} query heads",
+       "repeating the key and value heads writes (and the attention matmuls then read) a copy of the keys and "
+       "values for every query head of a group; a grouped einsum reads each key and value head once, and the "
+       "matmul is the same size",
+       gain=(0.4, 0.9),
+       alternatives=("jax.nn.dot_product_attention(q, k, v) takes fewer key/value heads than query heads (a "
+                     "multiple) without repeating them",))
+def repeated_kv_heads(program: Program) -> list[Match]:
+    """Batched dots one of whose operands is a broadcast of a smaller array along part of the batch dimensions
+    (r copies, 2 ≤ r < the batch): keys or values repeated to the query heads of their group. A broadcast along the
+    whole batch is weights_tiled_per_example's."""
+    out: dict[str, Match] = {}
+    for graph in program.graphs:
+        module_key = program.module_key(graph.module)
+        for site in graph.sites():
+            ins = site.instruction
+            if ins.opcode != "dot" or len(ins.operands) != 2 or not ins.lhs_batch:
+                continue
+            lhs = graph.operand(site, 0)
+            if lhs is None:
+                continue
+            batch = elements(tuple(lhs.instruction.dims[d] for d in ins.lhs_batch if d < len(lhs.instruction.dims)))
+            for position in (0, 1):
+                operand = graph.operand(site, position)
+                repeated = _broadcast_into(graph, operand)
+                if operand is None or repeated is None or \
+                        _broadcast_into(graph, graph.operand(site, 1 - position)) is not None:
+                    continue
+                source = graph.operand(repeated, 0)
+                made = elements(operand.instruction.dims)
+                if source is None or not elements(source.instruction.dims) or made % elements(source.instruction.dims):
+                    continue
+                repeat = made // elements(source.instruction.dims)
+                if not 2 <= repeat < batch or batch % repeat or nbytes(operand.instruction) < 1 << 20:
+                    continue
+                ops, stake = _stake(program, graph, [site, repeated])
+                if not ops:
+                    continue
+                line, function = program.line_of(graph, repeated)
+                match = out.get(module_key)
+                if match is None:
+                    match = out[module_key] = Match(
+                        "repeated_kv_heads", 0.0, "", module=module_key, line=line, function=function,
+                        params={"repeat": repeat}, facts={"repeat": repeat, "repeated": [], "copy_bytes": 0})
+                fresh = [op for op in ops if op not in match.ops]
+                match.ops.extend(fresh)
+                match.stake_percent = min(match.stake_percent + program.step_percent(
+                    program.time_ms(graph.module, fresh)), 100.0)
+                match.facts["repeated"].append(
+                    f"{source.instruction.shape_text.split('{')[0]} → {operand.instruction.shape_text.split('{')[0]}")
+                match.facts["copy_bytes"] += nbytes(operand.instruction)
+    found = []
+    for match in out.values():
+        if match.stake_percent < MIN_STAKE_PERCENT:
+            continue
+        repeat = match.params["repeat"]
+        match.work_ratio = float(repeat)
+        match.what = (f"{len(match.facts['repeated'])} operand(s) of batched attention matmuls repeated {repeat} "
+                      f"times along a batch dimension ({'; '.join(match.facts['repeated'][:2])}): "
+                      f"{match.facts['copy_bytes'] / 2**20:.3g} MiB of copies of key/value heads, each head read "
+                      f"{repeat}× where once does" + (f", at {match.line}" if match.line else ""))
+        found.append(match)
+    return found
+
+
+STACK_READERS = ("while", "dot", "convolution", "dynamic-slice")
+"""What reads stacked weights: a scan over the layers (a while loop slicing one per trip), or a batched matmul."""
+
+
+def _argument(graph: Graph, site: Site | None, entry: str) -> bool:
+    """Whether a value is one of the program's arguments: an entry parameter, or an element of a tupled one."""
+    if site is None or site.computation.name != entry:
+        return False
+    if site.instruction.opcode == "get-tuple-element":
+        site = graph.operand(site, 0)
+    return site is not None and site.instruction.opcode == "parameter"
+
+
+def _reads_stack(graph: Graph, user: Site) -> bool:
+    """A reader of stacked weights, or the tuple of a while loop's state that carries them into the loop."""
+    if user.instruction.opcode == "tuple":
+        return any(u.opcode == "while" for u in user.computation.users.get(user.instruction.name, []))
+    return user.instruction.opcode in STACK_READERS
+
+
+def _top_level(graph: Graph, site: Site) -> Site:
+    """The op of the module's own computations that holds an instruction (the fusion around a fused one)."""
+    seen = set()
+    while site.computation.name in graph.top_level and site.computation.name not in seen:
+        seen.add(site.computation.name)
+        caller = graph.callers.get(site.computation.name)
+        if caller is None:
+            break
+        site = caller
+    return site
+
+
+@idiom("params_stacked_each_step", "memory_numerics",
+       "The step stacks separate parameter arrays into one on every call",
+       "keep the parameters stacked at {line}: build the stacked arrays once, outside the jitted step (params = "
+       "jax.tree.map(lambda *ws: jnp.stack(ws), *layers)), pass them and let the optimizer update them stacked, "
+       "instead of jnp.stack / jnp.concatenate of the {count} arrays inside the step; flax.linen.scan or "
+       "nnx.scan (or a vmap-ed init) makes them stacked from the start",
+       "an array stacked inside the jitted step is a new buffer each call: every parameter is copied into it, and "
+       "its gradient is sliced back apart, on every step; stacked once, the step reads the parameters in place",
+       gain=(0.6, 1.0))
+def params_stacked_each_step(program: Program) -> list[Match]:
+    """Concatenates (jnp.stack, jnp.concatenate) whose every operand is one of the program's own arguments: arrays
+    the caller passes separately and the step joins on every call."""
+    out: list[Match] = []
+    for graph in program.graphs:
+        module_key = program.module_key(graph.module)
+        entry = graph.module.entry
+        for site in graph.sites():
+            ins = site.instruction
+            if ins.opcode != "concatenate" or len(ins.operands) < 2 or nbytes(ins) < 1 << 20:
+                continue
+            sources = [graph.origin(graph.operand(site, k)) for k in range(len(ins.operands))]
+            if not all(_argument(graph, s, entry) for s in sources):
+                continue
+            if not any(_reads_stack(graph, u) for u in graph.users(_top_level(graph, site))):
+                continue  # arrays joined for another use than layers' weights (a batch assembled from parts)
+            ops, stake = _stake(program, graph, [site])
+            if not ops or stake < MIN_STAKE_PERCENT:
+                continue
+            line, function = program.line_of(graph, site)
+            shapes = sorted({s.instruction.shape_text.split("{")[0] for s in sources})
+            out.append(Match(
+                "params_stacked_each_step", stake,
+                f"concatenate of {len(sources)} of the program's arguments ({', '.join(shapes[:3])}) into "
+                f"{ins.shape_text.split('{')[0]} ({nbytes(ins) / 2**20:.3g} MiB) on every call"
+                + (f", at {line}" if line else ""),
+                module=module_key, ops=ops, line=line, function=function, params={"count": len(sources)},
+                facts={"stacked_arrays": len(sources), "stacked_bytes": nbytes(ins),
+                       "runs": program.runs.get((module_key, ops[0]), 0)}))
     return out
