@@ -111,6 +111,20 @@ PROGRAMS = {
 WORK_IDIOMS = {"matmul_chain_order", "diagonal_of_product", "pairwise_broadcast_reduce", "forward_computed_twice",
                "softmax_for_argmax"}
 WITH_IDIOM = sorted(name for name, (_, expected, _) in PROGRAMS.items() if expected)
+TRIAL_PROGRAMS = Path(__file__).resolve().parents[1] / "bench" / "fix_trials" / "programs"
+TRIALS = {"two_hop_propagate": "matmul_chain_order", "mahalanobis_diag": "diagonal_of_product",
+          "kmeans_broadcast": "pairwise_broadcast_reduce", "loss_then_grad": "forward_computed_twice",
+          "softmax_argmax": "softmax_for_argmax"}
+"""The chip trial programs of these idioms (bench/fix_trials/programs/), each run here at its CPU size."""
+TRIAL = """
+    import importlib
+    sys.path.insert(0, {folder!r})
+    step, carry, _ = importlib.import_module({program!r}).build({variant!r})
+    state = [carry]
+    def run():
+        state[0] = step(state[0])
+        return state[0]
+"""
 
 
 @pytest.fixture(scope="module")
@@ -205,3 +219,23 @@ def test_a_softmax_read_only_by_argmax_names_both_reads(captured):
     assert match.facts["softmax_line"].endswith(f"softmax_argmax.py:{softmax_line}")
     change = IDIOMS["softmax_for_argmax"].change_text(match)
     assert "jnp.argmax(logits, axis=1)" in change and "jax.nn.logsumexp" in change  # the max is read too
+
+
+@pytest.fixture(scope="module")
+def trials(tmp_path_factory) -> dict[str, Path]:
+    """'<program>.<variant>' -> the capture of each trial program's before and fixed variants on this CPU."""
+    return capture_programs({f"{program}.{variant}": TRIAL.format(folder=str(TRIAL_PROGRAMS), program=program,
+                                                                  variant=variant)
+                             for program in TRIALS for variant in ("before", "fixed")},
+                            tmp_path_factory.mktemp("work_trials"))
+
+
+@pytest.mark.parametrize("program", sorted(TRIALS))
+def test_each_trial_program_holds_its_idiom_before_its_change_and_not_after(program, trials):
+    before = [m for m in recognise(read_session_in_process([trials[f"{program}.before"]])) if m.idiom in WORK_IDIOMS]
+    assert [m.idiom for m in before] == [TRIALS[program]], before
+    source = (TRIAL_PROGRAMS / f"{program}.py").read_text().splitlines()
+    line = int(before[0].line.rsplit(":", 1)[1])
+    assert "# as written" in source[line - 1], (before[0].line, source[line - 1])  # the line the change edits
+    after = {m.idiom for m in recognise(read_session_in_process([trials[f"{program}.fixed"]]))}
+    assert not after & WORK_IDIOMS, after
