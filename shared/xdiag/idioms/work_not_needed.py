@@ -13,6 +13,15 @@
   on every step and one thrown away, where jax.lax.cond computes the one picked.
 - loop_copies_carried_buffer: a loop updates a buffer it carries in place and also reads the buffer as it was before
   the update, so XLA copies the whole buffer on every trip.
+- matmul_chain_order: a product of two large matrices read only by a product with a thin one, (A @ B) @ v, where
+  A @ (B @ v) needs far fewer FLOPs.
+- diagonal_of_product: a full matrix product of which only the diagonal (or the trace) is read, where an einsum
+  computes the diagonal alone.
+- pairwise_broadcast_reduce: pairwise distances or similarities built by broadcasting (N, 1, D) against (1, M, D)
+  and summing over D, where one (N, D) × (D, M) matmul does.
+- forward_computed_twice: the loss computed in one program and its gradient in another, each step, so the forward
+  pass runs twice where jax.value_and_grad runs it once.
+- softmax_for_argmax: a softmax read only by an argmax or max, where the logits' argmax is the same index.
 """
 
 from __future__ import annotations
