@@ -1195,7 +1195,9 @@ def _softmax(graph: Graph, value: Site | None) -> tuple[Site, Site] | None:
             norm = graph.origin(graph.operand(norm, 1))
         if norm is not None and norm.instruction.opcode == "reduce" and _reducer(graph, norm.instruction) == "add":
             summed = graph.origin(graph.operand(norm, 0))
-            if summed is not None and summed.instruction is exp.instruction:
+            # XLA:TPU recomputes the exponentials in each fusion that reads them: the sum's are another instance
+            if summed is not None and summed.instruction.opcode == "exponential" and \
+                    summed.instruction.dims == exp.instruction.dims:
                 return exp, norm
     return None
 
