@@ -181,6 +181,8 @@ def test_a_chain_multiplied_in_the_costly_order_counts_both_orders(captured, tmp
 
 def test_a_product_read_for_its_diagonal_or_its_trace_is_named_at_each_line(captured):
     diagonal, trace = _matches(captured, "diagonal")  # jnp.diag(A @ B) reads a gather; jnp.trace an identity mask
+    found = {m.idiom for m in recognise(read_session_in_process([captured["diagonal"]]))}
+    assert "discarded_rows" not in found, found  # a diagonal reads one element of every row: no row is left out
     diagonal_line, trace_line = _lines_of(captured, "diagonal")
     assert diagonal.line.endswith(diagonal_line) and trace.line.endswith(trace_line), (diagonal.line, trace.line)
     assert "(gather)" in diagonal.what and "(select)" in trace.what
