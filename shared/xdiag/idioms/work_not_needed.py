@@ -28,10 +28,10 @@ from __future__ import annotations
 
 import re
 
+from xdiag.analysis.source_lines import source_of_stack
 from xdiag.cost.hlo import conv_flops
 from xdiag.idioms.catalogue import Match, idiom
 from xdiag.idioms.hlo_graph import DEPTH, SHAPE_ONLY, Graph, Site, elements, nbytes
-from xdiag.analysis.source_lines import source_of_stack
 from xdiag.idioms.program import Program, calls_per_step_of
 
 MIN_STAKE_PERCENT = 1.0
