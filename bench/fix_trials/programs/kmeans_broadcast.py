@@ -1,7 +1,7 @@
 """A k-means step in raw JAX whose distances are built by broadcasting: ((x[:, None, :] - c[None, :, :]) ** 2).sum(-1)
 forms every point-centroid difference, n·k·d values on the vector units, before the sum over d keeps n·k of them.
 
-As its user wrote it: 16,384 points of width 128, 1,024 centroids, float32; each step assigns every point to its
+As its user wrote it: 8,192 points of width 128, 1,024 centroids, float32; each step assigns every point to its
 nearest centroid and moves the centroids to their points' means. Variants:
   fixed   the squared distances as |x|² + |c|² - 2 x @ c.T: one matmul
 """
@@ -12,7 +12,7 @@ from _size import size
 
 FRAMEWORK, PHASE = "jax", "training (clustering)"
 VARIANTS = ["before", "fixed"]
-POINTS, WIDTH, CENTROIDS = size(16384, 512), size(128, 16), size(1024, 32)
+POINTS, WIDTH, CENTROIDS = size(8192, 512), size(128, 16), size(1024, 32)
 
 
 def build(variant):
