@@ -246,3 +246,77 @@ def float64_on_accelerator(program: Program) -> list[Match]:
         match.facts["assumed_slowdown"] = slowdown
         out.append(match)
     return out
+
+
+PRECISION_PASSES = {"TPU": 6.0, "GPU": 3.0}
+"""How many times longer a float32 matmul takes at precision HIGHEST than at the default, by platform. XLA:TPU runs
+it as 6 bfloat16 passes on the matrix unit (the default runs 1); a GPU runs it on its float32 units instead of its
+TF32 tensor cores, about 3-8x slower by the parts' peaks (3 assumed: a premise). A CPU has no faster mode: the idiom
+is offered on accelerators only."""
+
+
+def _highest_f32(graph, site) -> bool:
+    """A matmul or convolution that asks for precision HIGHEST and reads float32 operands (on bfloat16 operands
+    HIGHEST costs nothing more)."""
+    ins = site.instruction
+    if ins.opcode not in ("dot", "convolution") or not ins.operand_precision or max(ins.operand_precision) < 2:
+        return False
+    operands = [graph.operand(site, k) for k in range(min(len(ins.operands), 2))]
+    return any(o is not None and o.instruction.dtype == "f32" for o in operands)
+
+
+@idiom("precision_highest_matmul", "memory_numerics",
+       "float32 matmuls ask for precision HIGHEST, several passes where the default runs one",
+       "let the matmuls at {line} run at the default precision: drop precision=jax.lax.Precision.HIGHEST there and "
+       "any jax.config.update(\"jax_default_matmul_precision\", \"highest\") (or jax.default_matmul_precision("
+       "\"highest\") around the step) the program sets; f32 accumulation is kept",
+       "at precision HIGHEST a TPU computes a float32 matmul as 6 bfloat16 passes on its matrix unit and a GPU skips "
+       "its TF32 tensor cores; at the default precision the same product is one pass",
+       gain=(0.6, 1.0), lever="matmul_precision",
+       alternatives=("where the default's bfloat16 rounding is too coarse, precision=\"bfloat16_3x\" "
+                     "(jax.lax.Precision.HIGH: 3 passes on a TPU, TF32 on a GPU) at the same line",
+                     "bfloat16 operands with preferred_element_type=jnp.float32 in jnp.dot, where the inputs "
+                     "tolerate bfloat16"),
+       platforms=("TPU", "GPU"))
+def precision_highest_matmul(program: Program) -> list[Match]:
+    """The timed ops that hold a float32 matmul at precision HIGHEST, summed per program."""
+    passes = PRECISION_PASSES.get(program.platform, PRECISION_PASSES["TPU"])
+    found: dict[str, Match] = {}
+    lines: dict[str, dict[tuple[str, str], float]] = {}
+    for graph in program.graphs:
+        module_key = program.module_key(graph.module)
+        for site in graph.sites():
+            if not _highest_f32(graph, site):
+                continue
+            timed = graph.timed_op(site)
+            ms = program.op_ms.get((module_key, timed), 0.0)
+            if ms <= 0:
+                continue
+            match = found.setdefault(module_key, Match(
+                "precision_highest_matmul", 0.0, "", module=module_key, facts={"example": "", "example_ms": 0.0}))
+            if ms > match.facts["example_ms"]:
+                operands = " × ".join(o.instruction.shape_text.split("{")[0] for o in (
+                    graph.operand(site, k) for k in (0, 1)) if o is not None)
+                match.facts.update(example=f"{site.instruction.opcode} {operands}", example_ms=round(ms, 3))
+            line = program.line_of(graph, site)
+            if line[0]:
+                lines.setdefault(module_key, {})[line] = lines.get(module_key, {}).get(line, 0.0) + ms
+            if timed not in match.ops:
+                match.ops.append(timed)
+                match.stake_percent = min(match.stake_percent + program.step_percent(ms), 100.0)
+    out = []
+    for key, match in found.items():
+        if match.stake_percent < MIN_STAKE_PERCENT:
+            continue
+        by_line = lines.get(key) or {}
+        match.line, match.function = max(by_line, key=by_line.get) if by_line else ("", "")
+        match.needed_percent = match.stake_percent / passes  # one pass at the default precision
+        match.work_ratio = passes
+        match.facts.update(precision="HIGHEST", assumed_passes=passes)
+        match.what = (f"{len(match.ops)} float32 matmul{'s' if len(match.ops) > 1 else ''} at precision HIGHEST "
+                      f"(such as {match.facts['example']})" + (f", most of their time at {match.line}"
+                                                               if match.line else "")
+                      + f": {match.stake_percent:g}% of the step on a {program.platform}, where HIGHEST is assumed "
+                      f"{passes:g}x the default's work")
+        out.append(match)
+    return out

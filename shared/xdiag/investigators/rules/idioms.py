@@ -52,6 +52,8 @@ def hypothesis(match: Match, facts: Facts) -> Hypothesis:
            + (" Alternatives: " + "; ".join(idiom.alternatives) + "." if idiom.alternatives else ""))
     ev = facts.base + [evidence("get_program_anatomy", f"idiom {match.idiom}", match.what)]
     ev += [evidence("get_program_anatomy", f"{match.idiom} {k}", v) for k, v in list(match.facts.items())[:4]]
+    if idiom.lever:  # the change is that lever's: the finding names it, as a lever-led finding does
+        ev.append(evidence("get_program_anatomy", "lever", idiom.lever, f"the change of idiom {match.idiom}"))
     if match.needed_percent is not None:
         ev.append(evidence("get_program_anatomy", f"{match.idiom} needed_percent", round(match.needed_percent, 2),
                            "the result's own work at the device's peaks, as a share of the step"))
