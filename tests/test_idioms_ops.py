@@ -40,6 +40,24 @@ PROGRAMS = {
             return jnp.tanh(jnp.dot(x, w))
         run = lambda: layer(x, w)
     """, None),
+    "dropout": ("""
+        x = jax.random.normal(jax.random.key(0), (1024, 1024))
+        key = jax.random.key(1)
+        @jax.jit
+        def dropout(x, key):
+            keep = jax.random.bernoulli(key, 0.9, x.shape)
+            return jnp.where(keep, x / 0.9, 0.0)
+        run = lambda: dropout(x, key)
+    """, "threefry_random_bits"),
+    "dropout_rbg": ("""
+        x = jax.random.normal(jax.random.key(0), (1024, 1024))
+        key = jax.random.key(1, impl="rbg")
+        @jax.jit
+        def dropout(x, key):
+            keep = jax.random.bernoulli(key, 0.9, x.shape)
+            return jnp.where(keep, x / 0.9, 0.0)
+        run = lambda: dropout(x, key)
+    """, None),
 }
 
 
@@ -66,7 +84,7 @@ def test_each_idiom_holds_where_the_program_has_it_and_only_there(name, captured
     assert found == ({expected} if expected else set()), found
 
 
-OURS = ("precision_highest_matmul",)
+OURS = ("precision_highest_matmul", "threefry_random_bits")
 
 
 @pytest.mark.parametrize("name", ["highest", "highest_by_default"])
@@ -78,3 +96,15 @@ def test_a_float32_matmul_at_highest_precision_names_its_line_and_passes(name, c
     assert match.needed_percent == pytest.approx(match.stake_percent / 6) and match.stake_percent > 20
     assert IDIOMS["precision_highest_matmul"].platforms == ("TPU", "GPU")
     assert "precision_highest_matmul" not in {m.idiom for m in recognise(read_session_in_process([captured[name]]))}
+
+
+def test_threefry_bits_for_a_dropout_mask_name_the_call_and_its_line(captured):
+    """A CPU runs JAX's rbg generator no faster than threefry (its RngBitGenerator is expanded into integer ops
+    there too): the catalogue offers the change on a TPU or GPU only, and the recogniser is read here directly."""
+    (match,) = matches(captured["dropout"], "threefry_random_bits")
+    assert match.line.endswith(line_of(captured["dropout"], "dropout", "jax.random.bernoulli(key")), match.line
+    assert match.facts["words_per_op"] == 1024 * 1024 and match.facts["random_calls"] == ["bernoulli", "uniform"]
+    assert match.stake_percent > 20 and match.params["calls"] == "jax.random.bernoulli, jax.random.uniform"
+    change = IDIOMS["threefry_random_bits"].change_text(match)
+    assert change.startswith('make the random bits with the rbg generator: jax.config.update("jax_default_prng_impl"')
+    assert IDIOMS["threefry_random_bits"].platforms == ("TPU", "GPU")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 
 from xdiag.idioms.catalogue import Match, idiom
-from xdiag.idioms.hlo_graph import nbytes
+from xdiag.idioms.hlo_graph import elements, nbytes
 from xdiag.idioms.program import Program, calls_per_step_of
 
 ROUTINES = re.compile(r"(?:^|[/(])(inv|solve|slogdet|det|cholesky|lu|qr|eigh|svd|triangular_solve|"
@@ -319,4 +319,106 @@ def precision_highest_matmul(program: Program) -> list[Match]:
                       + f": {match.stake_percent:g}% of the step on a {program.platform}, where HIGHEST is assumed "
                       f"{passes:g}x the default's work")
         out.append(match)
+    return out
+
+
+RANDOM_SCOPE = re.compile(r"jit\((_threefry\w*|_random_bits|_bits|_uniform|_bernoulli|_normal\w*|_truncated_normal|"
+                          r"_randint|_gumbel|_categorical|_exponential|_choice|_permutation|_shuffle)\)")
+"""The jax.random functions an op's framework path names: where the ops that make random numbers come from."""
+HASH_XORS = 4
+"""A timed op holding this many xors of 32-bit words from jax.random is the threefry hash's rounds (4 per unrolled
+block on a CPU, all 20 rounds on an accelerator); turning bits into floats holds one."""
+RANDOM_MIN_ELEMENTS = 1024
+"""Bits for fewer elements (splitting or folding a key) cost nothing worth a change."""
+RANDOM_MIN_STAKE_PERCENT = 5.0
+
+
+def _random_scope(graph, site) -> str:
+    """The jax.random path an instruction is traced from: its own, or (an op XLA made inside a loop, a copy of the
+    loop's state) its loop's; "" where neither names a jax.random function."""
+    name = site.instruction.op_name
+    if not name:
+        loop = graph.loop_of(site.computation)
+        name = loop.op_name if loop is not None else ""
+    return name if RANDOM_SCOPE.search(name) and "rng_bit_generator" not in name else ""
+
+
+def _hash_ops(graph) -> tuple[set[str], set[str], dict[str, str]]:
+    """The timed ops that compute threefry's rounds on 32-bit words (xors of jax.random's paths, or JAX's threefry
+    kernel on a GPU), the loop bodies that hold them, and the jax.random path of each."""
+    xors: dict[str, int] = {}
+    scope: dict[str, str] = {}
+    for site in graph.sites():
+        ins = site.instruction
+        if ins.opcode == "custom-call" and "threefry" in ins.custom_call_target:
+            xors[graph.timed_op(site)] = HASH_XORS
+            scope.setdefault(graph.timed_op(site), ins.op_name)
+            continue
+        if ins.opcode != "xor" or ins.dtype != "u32" or elements(ins.dims) < RANDOM_MIN_ELEMENTS:
+            continue
+        path = _random_scope(graph, site)
+        if path:
+            timed = graph.timed_op(site)
+            xors[timed] = xors.get(timed, 0) + 1
+            scope.setdefault(timed, path)
+    hashes = {op for op, n in xors.items() if n >= HASH_XORS}
+    loops = set()
+    for site in graph.sites():
+        if site.instruction.name in hashes and graph.loop_of(site.computation) is not None:
+            loops.add(graph.loop_of(site.computation).name)
+    return hashes, loops, scope
+
+
+@idiom("threefry_random_bits", "op_identity",
+       "Random bits from the threefry hash hold a large share of the step",
+       "make the random bits with the rbg generator: jax.config.update(\"jax_default_prng_impl\", \"rbg\") at the "
+       "start of the program, before any key is made (or jax.random.key(seed, impl=\"rbg\") where the key for "
+       "{calls} is made); the calls at {line} stay as written",
+       "JAX's default generator computes 20 rounds of the threefry2x32 hash in 32-bit integer ops for every two "
+       "words of random bits, on the vector units; rbg draws the bits with XLA's RngBitGenerator, which an "
+       "accelerator runs at a fraction of that cost. Its bits differ from threefry's for the same seed (results "
+       "change, not their statistics), and rbg's keys split and fold in by the threefry hash still",
+       gain=(0.4, 0.8),
+       alternatives=("jax.random.key(seed, impl=\"unsafe_rbg\") for masks and noise only: its split and fold_in are "
+                     "cheaper still, their streams without threefry's guarantee of independence",
+                     "draw fewer bits: one jax.random.bits call for a mask reused where the program draws the same "
+                     "shape several times"),
+       platforms=("TPU", "GPU"))
+def threefry_random_bits(program: Program) -> list[Match]:
+    out = []
+    for graph in program.graphs:
+        hashes, loops, scope = _hash_ops(graph)
+        if not hashes:
+            continue
+        ops: list[str] = list(hashes)
+        for site in graph.sites():  # the copies of a rolled hash loop's state are its work too
+            loop = graph.loop_of(site.computation)
+            if loop is not None and loop.name in loops and site.instruction.opcode not in (
+                    "parameter", "tuple", "get-tuple-element") and graph.timed_op(site) not in ops:
+                ops.append(graph.timed_op(site))
+        module_key = program.module_key(graph.module)
+        ops = [op for op in ops if program.op_ms.get((module_key, op), 0.0) > 0]
+        stake = program.step_percent(program.time_ms(graph.module, ops))
+        if stake < RANDOM_MIN_STAKE_PERCENT:
+            continue
+        calls = sorted({name.lstrip("_") for op in hashes if op in scope
+                        for name in RANDOM_SCOPE.findall(scope[op]) if not name.startswith("_threefry")})
+        sites = [s for s in graph.sites() if s.instruction.name in hashes or (
+            s.instruction.opcode == "xor" and graph.timed_op(s) in hashes)]
+        by_line: dict[tuple[str, str], float] = {}
+        for site in sites:
+            line = program.line_of(graph, site)
+            if line[0]:
+                by_line[line] = by_line.get(line, 0.0) + program.op_ms.get((module_key, graph.timed_op(site)), 0.0)
+        line, function = max(by_line, key=by_line.get) if by_line else ("", "")
+        words = max((elements(s.instruction.dims) for s in sites if s.instruction.opcode == "xor"), default=0)
+        named = ", ".join(f"jax.random.{c}" for c in calls) or "jax.random"
+        out.append(Match(
+            "threefry_random_bits", stake,
+            f"{len(ops)} ops compute the threefry2x32 hash (xors, shifts and adds of 32-bit words, up to {words:,} "
+            f"words per op) for {named}" + (f" at {line}" if line else "") + f": {stake:g}% of the step",
+            module=module_key, ops=ops[:16], line=line, function=function,
+            params={"calls": named},
+            facts={"hash_ops": len(hashes), "words_per_op": words, "random_calls": calls,
+                   "rolled_loop": bool(loops)}))
     return out
