@@ -256,11 +256,13 @@ is offered on accelerators only."""
 
 
 def _highest_f32(graph, site) -> bool:
-    """A matmul or convolution that asks for precision HIGHEST and reads float32 operands (on bfloat16 operands
-    HIGHEST costs nothing more)."""
+    """A matmul or convolution of the program's own that asks for precision HIGHEST and reads float32 operands (on
+    bfloat16 operands HIGHEST costs nothing more)."""
     ins = site.instruction
     if ins.opcode not in ("dot", "convolution") or not ins.operand_precision or max(ins.operand_precision) < 2:
         return False
+    if routines_of(ins.op_name) or LEAST_SQUARES.search(ins.op_name or ""):
+        return False  # the precision JAX's linear-algebra routines choose for their own products
     operands = [graph.operand(site, k) for k in range(min(len(ins.operands), 2))]
     return any(o is not None and o.instruction.dtype == "f32" for o in operands)
 
@@ -421,4 +423,198 @@ def threefry_random_bits(program: Program) -> list[Match]:
             params={"calls": named},
             facts={"hash_ops": len(hashes), "words_per_op": words, "random_calls": calls,
                    "rolled_loop": bool(loops)}))
+    return out
+
+
+TINY_LOOP_MIN_TRIPS = 512
+"""A loop this long pays its per-trip cost (the trip's condition, its counter, one launch per op) this many times."""
+TINY_TRIP_MAX_US = 20.0
+"""A trip shorter than this on an accelerator is mostly that per-trip cost: a few ops' fixed latency."""
+TINY_LOOP_MIN_STAKE_PERCENT = 10.0
+HEAVY_OPS = frozenset({"dot", "convolution", "custom-call", "while", "sort", "scatter", "gather"})
+"""Ops whose work in a trip can outweigh the trip's fixed cost (a recurrence's matmul is the latency-bound loop's
+own finding)."""
+
+
+def _loop_time_ms(program: Program, graph, loop_site) -> tuple[float, list[str]]:
+    """The time of a while loop over the capture, and the ops that hold it: its trips' ops (body and condition), the
+    loop op itself, or the op that calls the loop's computation where the trips are not timed one by one."""
+    module_key = program.module_key(graph.module)
+    called = set(loop_site.instruction.called)
+    ops = [graph.timed_op(s) for s in graph.sites() if s.computation.name in called or (
+        graph.loop_of(s.computation) is loop_site.instruction)]
+    ops = list(dict.fromkeys(op for op in ops + [loop_site.instruction.name] if (module_key, op) in program.op_ms))
+    if not ops:  # the loop runs inside one timed call (XLA:CPU compiles a small loop into one kernel)
+        caller = graph.callers.get(loop_site.computation.name)
+        if caller is not None and caller.instruction.opcode == "call":
+            ops = [name for name in [graph.timed_op(caller)] if (module_key, name) in program.op_ms]
+    return sum(program.op_ms[(module_key, op)] for op in ops), ops
+
+
+@idiom("scan_tiny_body", "op_identity",
+       "A loop runs thousands of trips whose bodies are so small that each trip's fixed cost sets the time",
+       "{change}",
+       "each trip of a while loop (lax.scan, lax.fori_loop) pays a fixed cost on an accelerator: its condition and "
+       "counter, and one launch per op of its body, a few microseconds whatever the body's size; unrolled k times "
+       "the loop pays it once per k steps and XLA can fuse the k bodies, and a loop whose trips are independent "
+       "needs no loop at all",
+       gain=(0.3, 0.8), lever="scan_unroll",
+       alternatives=("where the recurrence is linear (h = a * h + b), jax.lax.associative_scan over the whole "
+                     "sequence: log2(n) vectorised passes instead of n trips",),
+       platforms=("TPU", "GPU"))
+def scan_tiny_body(program: Program) -> list[Match]:
+    out = []
+    for graph in program.graphs:
+        module_key = program.module_key(graph.module)
+        for loop_site in graph.sites():
+            loop = loop_site.instruction
+            if loop.opcode != "while" or loop.trip_count < TINY_LOOP_MIN_TRIPS or not loop.called or \
+                    loop.op_name.rsplit("/", 1)[-1] != "while":  # JAX's loops, not one XLA makes (of a scatter)
+                continue
+            body = graph.module.computations.get(loop.called[0])
+            inner = [s for s in graph.sites() if s.computation.name in loop.called or
+                     graph.loop_of(s.computation) is loop]
+            if body is None or any(s.instruction.opcode in HEAVY_OPS for s in inner):
+                continue
+            ms, ops = _loop_time_ms(program, graph, loop_site)
+            if not ops:
+                continue
+            # the loop's executions: the runs of the op that times it whole, else its trips' runs over its trips
+            whole = ops[0] if len(ops) == 1 and ops[0] not in {s.instruction.name for s in inner} else ""
+            runs = program.runs.get((module_key, whole), 0) if whole else \
+                max(program.runs.get((module_key, op), 0) for op in ops) // loop.trip_count
+            trip_us = 1e3 * ms / (max(runs, 1) * loop.trip_count)
+            stake = program.step_percent(ms)
+            if trip_us > TINY_TRIP_MAX_US or stake < TINY_LOOP_MIN_STAKE_PERCENT:
+                continue
+            line, function = program.line_of(graph, loop_site)
+            independent = not graph.carried(body)
+            # what a trip computes on: its values, not the stacked outputs it writes one slice of
+            per_trip = [s for s in inner if s.computation.name == body.name and s.instruction.opcode not in (
+                "parameter", "tuple", "get-tuple-element", "constant")]
+            largest = max((nbytes(s.instruction) for s in per_trip if s.instruction.dtype != "tuple" and (
+                graph.origin(s) is None or graph.origin(s).instruction.opcode != "dynamic-update-slice")), default=0)
+            at = line or "the line that runs the loop"
+            change = (f"drop the loop at {at}: its trips read nothing an earlier trip computed, so one vectorised "
+                      "op does them all (jax.vmap(body)(xs), or the body written on the whole arrays)"
+                      if independent else
+                      f"unroll the loop at {at}: jax.lax.scan(body, carry, xs, unroll=16) (jax.lax.fori_loop(lower, "
+                      "upper, body, init, unroll=16)), so each trip runs 16 steps")
+            out.append(Match(
+                "scan_tiny_body", stake,
+                f"a while loop of {loop.trip_count:,} trips per execution"
+                + (f" at {line}" if line else "") + f" runs {len(per_trip)} ops per trip on arrays of at most {largest:,} bytes, {trip_us:.3g} µs a trip: {stake:g}% of the step"
+                + ("; no trip reads what an earlier one computed" if independent else ""),
+                module=module_key, ops=ops[:16], line=line, function=function,
+                params={"change": change, "trips": loop.trip_count},
+                facts={"trips": loop.trip_count, "trip_us": round(trip_us, 3), "largest_bytes": largest,
+                       "independent_trips": independent}))
+    return out
+
+
+SCATTER_MIN_STAKE_PERCENT = 10.0
+ONE_HOT_MAX_SEGMENTS = 1024
+"""Up to this many segments a one-hot matmul (segments × rows × width multiply-adds on the matrix unit) is a
+plausible stand-in for the scatter."""
+
+
+def _adds(graph, site) -> bool:
+    """A scatter whose update combines by addition (its to_apply computation's root is an add)."""
+    called = graph.module.computations.get(site.instruction.called[0]) if site.instruction.called else None
+    root = called.by_name.get(called.root) if called is not None else None
+    return root is not None and root.opcode == "add"
+
+
+@idiom("scatter_unsorted_indices", "op_identity",
+       "A scatter-add whose indices are not declared sorted holds the step",
+       "sort the segment ids once where the data is prepared (order = jnp.argsort(ids); ids, rows = ids[order], "
+       "rows[order], outside the step when the ids are fixed) and declare it at {line}: "
+       "jax.ops.segment_sum(rows, ids, num_segments={segments}, indices_are_sorted=True) (or "
+       "x.at[ids].add(rows, indices_are_sorted=True))",
+       "XLA runs a scatter-add whose indices may come in any order as updates that can collide anywhere in the "
+       "output, serialised or made atomic; with the indices sorted and declared so, the updates to one row are "
+       "contiguous and can be summed before they are written. That a sort per call, where the ids change every "
+       "step, costs less than it saves is a premise",
+       gain=(0.2, 0.6),
+       alternatives=(f"for at most {ONE_HOT_MAX_SEGMENTS} segments, a one-hot matmul on the matrix unit: "
+                     "jax.nn.one_hot(ids, num_segments, dtype=rows.dtype).T @ rows (its premise: segments × rows × "
+                     "width multiply-adds cost less than the scatter)",))
+def scatter_unsorted_indices(program: Program) -> list[Match]:
+    out = []
+    for graph in program.graphs:
+        module_key = program.module_key(graph.module)
+        sites = [s for s in graph.sites() if s.instruction.opcode == "scatter" and not s.instruction.indices_are_sorted
+                 and _adds(graph, s) and (module_key, graph.timed_op(s)) in program.op_ms]
+        if not sites:
+            continue
+        ops = list(dict.fromkeys(graph.timed_op(s) for s in sites))
+        stake = program.step_percent(program.time_ms(graph.module, ops))
+        if stake < SCATTER_MIN_STAKE_PERCENT:
+            continue
+        top = max(sites, key=lambda s: program.op_ms[(module_key, graph.timed_op(s))])
+        indices, updates = graph.operand(top, 1), graph.operand(top, 2)
+        line, function = program.line_of(graph, top)
+        segments = top.instruction.dims[0] if top.instruction.dims else 0
+        shape = lambda s: s.instruction.shape_text.split("{")[0] if s is not None else "?"  # noqa: E731
+        out.append(Match(
+            "scatter_unsorted_indices", stake,
+            f"{len(ops)} scatter-add{'s' if len(ops) > 1 else ''} (such as {shape(updates)} added into "
+            f"{shape(top)} at {shape(indices)} indices, indices_are_sorted=false)"
+            + (f" at {line}" if line else "") + f": {stake:g}% of the step",
+            module=module_key, ops=ops[:16], line=line, function=function,
+            params={"segments": segments or "n"},
+            facts={"segments": segments, "indices": shape(indices), "updates": shape(updates),
+                   "one_hot_plausible": 0 < segments <= ONE_HOT_MAX_SEGMENTS}))
+    return out
+
+
+LEAST_SQUARES = re.compile(r"(?:^|[/(])_?(pinv|lstsq)(?=[)/]|$)")
+"""jax.numpy.linalg's solvers that compute a singular value decomposition: the pseudo-inverse and least squares."""
+SVD_MIN_STAKE_PERCENT = 10.0
+
+
+@idiom("svd_for_least_squares", "op_identity",
+       "A singular value decomposition is computed to solve a least-squares system",
+       "solve at {line} with a factorisation that costs a fraction of an SVD: for a matrix of full column rank, "
+       "q, r = jnp.linalg.qr(a) and x = jax.scipy.linalg.solve_triangular(r, q.T @ b) instead of "
+       "jnp.linalg.{routine}(a{rest}",
+       "jnp.linalg.pinv and jnp.linalg.lstsq compute a full singular value decomposition, an iterative eigen-solver "
+       "many times the cost of a QR or Cholesky factorisation of the same matrix (on a TPU, several times more "
+       "again); a matrix of full column rank needs no singular values to be solved. The premise is that rank: a "
+       "rank-deficient or near-singular matrix is what the SVD's cut-off is for",
+       gain=(0.5, 0.9),
+       alternatives=("for a well-conditioned a, the normal equations: c = jax.scipy.linalg.cho_factor(a.T @ a); "
+                     "x = jax.scipy.linalg.cho_solve(c, a.T @ b) (they square the condition number)",))
+def svd_for_least_squares(program: Program) -> list[Match]:
+    out = []
+    for graph in program.graphs:
+        module_key = program.module_key(graph.module)
+        routines: dict[str, float] = {}
+        ops: list[str] = []
+        lines: dict[tuple[str, str], float] = {}
+        for site in graph.sites():
+            found = LEAST_SQUARES.findall(site.instruction.op_name or "")
+            timed = graph.timed_op(site)
+            if not found or not routines_of(site.instruction.op_name) & {"svd", "eigh"} or \
+                    (module_key, timed) not in program.op_ms:
+                continue
+            ms = program.op_ms[(module_key, timed)] if timed not in ops else 0.0
+            if timed not in ops:
+                ops.append(timed)
+            routines[found[-1]] = routines.get(found[-1], 0.0) + ms
+            line = program.line_of(graph, site)
+            if line[0]:
+                lines[line] = lines.get(line, 0.0) + ms
+        stake = program.step_percent(program.time_ms(graph.module, ops))
+        if not ops or stake < SVD_MIN_STAKE_PERCENT:
+            continue
+        routine = max(routines, key=routines.get)
+        line, function = max(lines, key=lines.get) if lines else ("", "")
+        out.append(Match(
+            "svd_for_least_squares", stake,
+            f"{len(ops)} ops of the singular value decomposition jnp.linalg.{routine} computes"
+            + (f" at {line}" if line else "") + f": {stake:g}% of the step",
+            module=module_key, ops=ops[:16], line=line, function=function,
+            params={"routine": routine, "rest": ") @ b" if routine == "pinv" else ", b)"},
+            facts={"routines_ms": {r: round(v, 3) for r, v in routines.items()}}))
     return out
