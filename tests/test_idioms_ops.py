@@ -219,7 +219,7 @@ def test_a_tiny_scan_names_its_trips_and_its_line(captured):
     assert not match.facts["independent_trips"] and match.stake_percent > 10
     assert match.line.endswith(line_of(captured["scan_tiny"], "scan_tiny", "jax.lax.scan(trip")), match.line
     change = IDIOMS["scan_tiny_body"].change_text(match)
-    assert change.startswith("unroll the loop at ") and "jax.lax.scan(body, carry, xs, unroll=16)" in change
+    assert change.startswith("unroll the loop at ") and "jax.lax.scan(body, carry, xs, unroll=8)" in change and "512 trips" in change
     assert IDIOMS["scan_tiny_body"].platforms == ("TPU", "GPU")
 
 

@@ -426,8 +426,10 @@ def threefry_random_bits(program: Program) -> list[Match]:
     return out
 
 
-TINY_LOOP_MIN_TRIPS = 512
+TINY_LOOP_MIN_TRIPS = 1024
 """A loop this long pays its per-trip cost (the trip's condition, its counter, one launch per op) this many times."""
+UNROLLED_TRIPS = 512
+"""The trips the change leaves: it unrolls by the power of two (8 to 128) that brings the loop to at most this many."""
 TINY_TRIP_MAX_US = 20.0
 """A trip shorter than this on an accelerator is mostly that per-trip cost: a few ops' fixed latency."""
 TINY_LOOP_MIN_STAKE_PERCENT = 10.0
@@ -495,18 +497,20 @@ def scan_tiny_body(program: Program) -> list[Match]:
             largest = max((nbytes(s.instruction) for s in per_trip if s.instruction.dtype != "tuple" and (
                 graph.origin(s) is None or graph.origin(s).instruction.opcode != "dynamic-update-slice")), default=0)
             at = line or "the line that runs the loop"
+            unroll = min(max(8, 1 << max(-(-loop.trip_count // UNROLLED_TRIPS) - 1, 0).bit_length()), 128)
             change = (f"drop the loop at {at}: its trips read nothing an earlier trip computed, so one vectorised "
                       "op does them all (jax.vmap(body)(xs), or the body written on the whole arrays)"
                       if independent else
-                      f"unroll the loop at {at}: jax.lax.scan(body, carry, xs, unroll=16) (jax.lax.fori_loop(lower, "
-                      "upper, body, init, unroll=16)), so each trip runs 16 steps")
+                      f"unroll the loop at {at}: jax.lax.scan(body, carry, xs, unroll={unroll}) (jax.lax.fori_loop("
+                      f"lower, upper, body, init, unroll={unroll})), so each trip runs {unroll} steps and the loop "
+                      f"{-(-loop.trip_count // unroll):,} trips")
             out.append(Match(
                 "scan_tiny_body", stake,
                 f"a while loop of {loop.trip_count:,} trips per execution"
                 + (f" at {line}" if line else "") + f" runs {len(per_trip)} ops per trip on arrays of at most {largest:,} bytes, {trip_us:.3g} µs a trip: {stake:g}% of the step"
                 + ("; no trip reads what an earlier one computed" if independent else ""),
                 module=module_key, ops=ops[:16], line=line, function=function,
-                params={"change": change, "trips": loop.trip_count},
+                params={"change": change, "trips": loop.trip_count, "unroll": unroll},
                 facts={"trips": loop.trip_count, "trip_us": round(trip_us, 3), "largest_bytes": largest,
                        "independent_trips": independent}))
     return out
