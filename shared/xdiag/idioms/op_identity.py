@@ -13,9 +13,11 @@ library function their HLO records, and the numeric type they really run in.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from xdiag.idioms.catalogue import Match, idiom
-from xdiag.idioms.hlo_graph import elements, nbytes
+from xdiag.idioms.hlo_graph import Graph, Site, elements, nbytes
 from xdiag.idioms.program import Program, calls_per_step_of
 
 ROUTINES = re.compile(r"(?:^|[/(])(inv|solve|slogdet|det|cholesky|lu|qr|eigh|svd|triangular_solve|"
@@ -170,6 +172,49 @@ def promoted_matmul(program: Program) -> list[Match]:
     return out
 
 
+@dataclass
+class Held:
+    """The timed ops of one program that hold an instruction a test picks: their time over the capture, the user's
+    lines by that time, and the picked instruction whose op takes the most (a matmul, convolution or reduction
+    before others at a tie: what is computed)."""
+
+    graph: Graph
+    ops: list[str] = field(default_factory=list)
+    ms: float = 0.0
+    lines: dict[tuple[str, str], float] = field(default_factory=dict)
+    example: Site | None = None
+    example_ms: float = 0.0
+
+    @property
+    def line(self) -> tuple[str, str]:
+        return max(self.lines, key=self.lines.get) if self.lines else ("", "")
+
+
+def ops_holding(program: Program, test: Callable[[Graph, Site], bool]) -> dict[str, Held]:
+    """Per program (its module key), the timed ops holding an instruction `test` picks (an op of a fusion included)."""
+    out: dict[str, Held] = {}
+    for graph in program.graphs:
+        key = program.module_key(graph.module)
+        for site in graph.sites():
+            if not test(graph, site):
+                continue
+            timed = graph.timed_op(site)
+            ms = program.op_ms.get((key, timed), 0.0)
+            if ms <= 0:
+                continue
+            held = out.setdefault(key, Held(graph))
+            if held.example is None or ms > held.example_ms or ms == held.example_ms and site.instruction.opcode in (
+                    "dot", "convolution", "reduce"):
+                held.example, held.example_ms = site, ms
+            line = program.line_of(graph, site)
+            if line[0]:
+                held.lines[line] = held.lines.get(line, 0.0) + ms
+            if timed not in held.ops:
+                held.ops.append(timed)
+                held.ms += ms
+    return out
+
+
 F64_SLOWDOWN = {"TPU": 8.0, "GPU": 2.0, "CPU": 2.0}
 """How many times longer an op takes in float64 than in float32, by platform: premises until a trial measures them.
 A TPU has no float64 units: XLA:TPU rewrites the program to hold no 64-bit element types (a pass its compiler's
@@ -196,55 +241,33 @@ def _is_f64(instruction) -> bool:
        gain=(0.7, 1.0), platforms=("TPU", "GPU"))
 def float64_on_accelerator(program: Program) -> list[Match]:
     """The timed ops whose HLO computes a float64 value (an op of a fusion included), summed per program."""
-    found: dict[str, Match] = {}
-    lines: dict[str, dict[tuple[str, str], float]] = {}
-    for graph in program.graphs:
-        module_key = program.module_key(graph.module)
-        arguments = [i for i in graph.module.computations[graph.module.entry].instructions
-                     if i.opcode == "parameter" and i.dtype == "f64"] \
-            if graph.module.entry in graph.module.computations else []
-        for site in graph.sites():
-            ins = site.instruction
-            if not _is_f64(ins) or ins.opcode in ("parameter", "get-tuple-element", "tuple", "constant"):
-                continue
-            timed = graph.timed_op(site)
-            ms = program.op_ms.get((module_key, timed), 0.0)
-            if ms <= 0:
-                continue
-            match = found.setdefault(module_key, Match(
-                "float64_on_accelerator", 0.0, "", module=module_key,
-                facts={"f64_arguments": [a.shape_text.split("{")[0] for a in arguments[:4]],
-                       "f64_argument_count": len(arguments), "example": "", "example_ms": 0.0}))
-            if ms > match.facts["example_ms"] or ms == match.facts["example_ms"] and ins.opcode in (
-                    "dot", "convolution", "reduce"):  # the op with the most time names what is computed
-                match.facts.update(example=f"{ins.opcode} {ins.shape_text.split('{')[0]}", example_ms=round(ms, 3))
-            if timed in match.ops:
-                continue
-            match.ops.append(timed)
-            match.stake_percent = min(match.stake_percent + program.step_percent(ms), 100.0)
-            line = program.line_of(graph, site)
-            if line[0]:
-                lines.setdefault(module_key, {})[line] = lines.get(module_key, {}).get(line, 0.0) + ms
     slowdown = F64_SLOWDOWN.get(program.platform, 2.0)
     out = []
-    for key, match in found.items():
-        if match.stake_percent < F64_MIN_STAKE_PERCENT:
+    for key, held in ops_holding(program, lambda graph, site: _is_f64(site.instruction) and site.instruction.opcode
+                                 not in ("parameter", "get-tuple-element", "tuple", "constant")).items():
+        stake = program.step_percent(held.ms)
+        if stake < F64_MIN_STAKE_PERCENT:
             continue
-        by_line = lines.get(key) or {}
-        match.line, match.function = max(by_line, key=by_line.get) if by_line else ("", "")
-        # in float32 the same ops take 1/slowdown of their float64 time: that is what the result needs
-        match.needed_percent = match.stake_percent / slowdown
-        match.work_ratio = slowdown
-        args = match.facts["f64_arguments"]
-        match.what = (f"{len(match.ops)} ops compute in float64 (such as {match.facts['example']})"
-                      + (f", the program's arguments float64 ({', '.join(args)}"
-                         + (f" and {match.facts['f64_argument_count'] - len(args)} more" if
-                            match.facts['f64_argument_count'] > len(args) else "") + ")" if args else "")
-                      + (f", most of their time at {match.line}" if match.line else "")
-                      + f": {match.stake_percent:g}% of the step on a {program.platform}, where float64 is assumed "
-                      f"{slowdown:g}x slower than float32")
-        match.facts["assumed_slowdown"] = slowdown
-        out.append(match)
+        module = held.graph.module
+        arguments = [i for i in module.computations[module.entry].instructions
+                     if i.opcode == "parameter" and i.dtype == "f64"] if module.entry in module.computations else []
+        args = [a.shape_text.split("{")[0] for a in arguments[:4]]
+        example = f"{held.example.instruction.opcode} {held.example.instruction.shape_text.split('{')[0]}"
+        line, function = held.line
+        out.append(Match(
+            "float64_on_accelerator", stake,
+            f"{len(held.ops)} ops compute in float64 (such as {example})"
+            + (f", the program's arguments float64 ({', '.join(args)}"
+               + (f" and {len(arguments) - len(args)} more" if len(arguments) > len(args) else "") + ")"
+               if args else "")
+            + (f", most of their time at {line}" if line else "")
+            + f": {stake:g}% of the step on a {program.platform}, where float64 is assumed {slowdown:g}x slower than "
+            "float32",
+            module=key, ops=held.ops, line=line, function=function,
+            # in float32 the same ops take 1/slowdown of their float64 time: that is what the result needs
+            needed_percent=stake / slowdown, work_ratio=slowdown,
+            facts={"f64_arguments": args, "f64_argument_count": len(arguments), "example": example,
+                   "example_ms": round(held.example_ms, 3), "assumed_slowdown": slowdown}))
     return out
 
 
@@ -283,44 +306,25 @@ def _highest_f32(graph, site) -> bool:
 def precision_highest_matmul(program: Program) -> list[Match]:
     """The timed ops that hold a float32 matmul at precision HIGHEST, summed per program."""
     passes = PRECISION_PASSES.get(program.platform, PRECISION_PASSES["TPU"])
-    found: dict[str, Match] = {}
-    lines: dict[str, dict[tuple[str, str], float]] = {}
-    for graph in program.graphs:
-        module_key = program.module_key(graph.module)
-        for site in graph.sites():
-            if not _highest_f32(graph, site):
-                continue
-            timed = graph.timed_op(site)
-            ms = program.op_ms.get((module_key, timed), 0.0)
-            if ms <= 0:
-                continue
-            match = found.setdefault(module_key, Match(
-                "precision_highest_matmul", 0.0, "", module=module_key, facts={"example": "", "example_ms": 0.0}))
-            if ms > match.facts["example_ms"]:
-                operands = " × ".join(o.instruction.shape_text.split("{")[0] for o in (
-                    graph.operand(site, k) for k in (0, 1)) if o is not None)
-                match.facts.update(example=f"{site.instruction.opcode} {operands}", example_ms=round(ms, 3))
-            line = program.line_of(graph, site)
-            if line[0]:
-                lines.setdefault(module_key, {})[line] = lines.get(module_key, {}).get(line, 0.0) + ms
-            if timed not in match.ops:
-                match.ops.append(timed)
-                match.stake_percent = min(match.stake_percent + program.step_percent(ms), 100.0)
     out = []
-    for key, match in found.items():
-        if match.stake_percent < MIN_STAKE_PERCENT:
+    for key, held in ops_holding(program, _highest_f32).items():
+        stake = program.step_percent(held.ms)
+        if stake < MIN_STAKE_PERCENT:
             continue
-        by_line = lines.get(key) or {}
-        match.line, match.function = max(by_line, key=by_line.get) if by_line else ("", "")
-        match.needed_percent = match.stake_percent / passes  # one pass at the default precision
-        match.work_ratio = passes
-        match.facts.update(precision="HIGHEST", assumed_passes=passes)
-        match.what = (f"{len(match.ops)} float32 matmul{'s' if len(match.ops) > 1 else ''} at precision HIGHEST "
-                      f"(such as {match.facts['example']})" + (f", most of their time at {match.line}"
-                                                               if match.line else "")
-                      + f": {match.stake_percent:g}% of the step on a {program.platform}, where HIGHEST is assumed "
-                      f"{passes:g}x the default's work")
-        out.append(match)
+        operands = " × ".join(o.instruction.shape_text.split("{")[0] for o in (
+            held.graph.operand(held.example, k) for k in (0, 1)) if o is not None)
+        example = f"{held.example.instruction.opcode} {operands}"
+        line, function = held.line
+        out.append(Match(
+            "precision_highest_matmul", stake,
+            f"{len(held.ops)} float32 matmul{'s' if len(held.ops) > 1 else ''} at precision HIGHEST (such as "
+            f"{example})" + (f", most of their time at {line}" if line else "")
+            + f": {stake:g}% of the step on a {program.platform}, where HIGHEST is assumed {passes:g}x the default's "
+            "work",
+            module=key, ops=held.ops, line=line, function=function,
+            needed_percent=stake / passes, work_ratio=passes,  # one pass at the default precision
+            facts={"example": example, "example_ms": round(held.example_ms, 3), "precision": "HIGHEST",
+                   "assumed_passes": passes}))
     return out
 
 
@@ -507,7 +511,8 @@ def scan_tiny_body(program: Program) -> list[Match]:
             out.append(Match(
                 "scan_tiny_body", stake,
                 f"a while loop of {loop.trip_count:,} trips per execution"
-                + (f" at {line}" if line else "") + f" runs {len(per_trip)} ops per trip on arrays of at most {largest:,} bytes, {trip_us:.3g} µs a trip: {stake:g}% of the step"
+                + (f" at {line}" if line else "") + f" runs {len(per_trip)} ops per trip on arrays of at most "
+                f"{largest:,} bytes, {trip_us:.3g} µs a trip: {stake:g}% of the step"
                 + ("; no trip reads what an earlier one computed" if independent else ""),
                 module=module_key, ops=ops[:16], line=line, function=function,
                 params={"change": change, "trips": loop.trip_count, "unroll": unroll},
