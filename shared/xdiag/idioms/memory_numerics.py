@@ -272,3 +272,86 @@ def needless_remat(program: Program) -> list[Match]:
            f"{100 * (peak + saved) / limit:.0f}% of the limit with them)" if saved else ""),
         facts={"rematerialised_op_percent": share, "peak_memory_gib": peak, "memory_limit_gib": limit,
                "rematerialised_saveable_dot_gib": saved})]
+
+
+LANES = 128
+"""A TPU lays an array's minor dimension along 128 lanes: the minor dimension is padded to a multiple of 128. (The
+second-minor is padded to the tile's rows too, but to 8, 16 or fewer rows by a tiling XLA picks per array, which the
+profile's layouts do not record: only the lanes are judged here.)"""
+UNALIGNED_MIN_WASTE = 0.3
+"""The share of an op's largest array that must be padding for the padding to be what the op spends its time on."""
+UNALIGNED_MIN_STAKE_PERCENT = 10.0
+
+
+def padded_lanes(instruction) -> tuple[int, int] | None:
+    """(minor dim, padded to the lanes) of an array value by its layout, where the minor dim is really unaligned: not
+    a multiple of 128, and not a power of two under 128 (a head or feature size XLA folds into fuller tiles, whose
+    padding a TPU measurement found to cost about 1% of an attention step); else None."""
+    dims = instruction.dims
+    if instruction.dtype in ("tuple", "token") or len(dims) < 2:
+        return None
+    order = instruction.layout if len(instruction.layout) == len(dims) else tuple(reversed(range(len(dims))))
+    minor = dims[order[0]]
+    if minor % LANES == 0 or (minor < LANES and minor & (minor - 1) == 0):
+        return None
+    return minor, -(-minor // LANES) * LANES
+
+
+def _largest(graph: Graph, site: Site):
+    """The largest array value a timed op writes or reads (its output, or an operand), by bytes."""
+    values = [site.instruction] + [o.instruction for o in (graph.operand(site, k)
+                                                            for k in range(len(site.instruction.operands)))
+                                   if o is not None]
+    values = [v for v in values if v.dtype not in ("tuple", "token")]
+    return max(values, key=nbytes, default=None)
+
+
+@idiom("unaligned_minor_dims", "memory_numerics",
+       "Arrays whose minor dimension is not a multiple of the TPU's 128 lanes run mostly on padding",
+       "make {dims} a multiple of 128 at {line} ({example}): round the size the program chooses (a hidden width, a "
+       "feature count) to {rounded}, or pad the array there with jnp.pad to {padded} and slice the result once at "
+       "the end",
+       "a TPU holds an array in tiles of 128 lanes along its minor dimension and pads that dimension to a multiple "
+       "of 128: the padded lanes are read, written and multiplied like real ones, so an op whose largest array is "
+       "mostly padding does that much more work; that the op's time follows its padding is a premise (an op bound "
+       "by its other arrays loses less)",
+       gain=(0.3, 0.8), platforms=("TPU",))
+def unaligned_minor_dims(program: Program) -> list[Match]:
+    """Per program, the timed ops whose largest array is at least 30% padding along its layout's minor dim."""
+    out = []
+    for graph in program.graphs:
+        module_key = program.module_key(graph.module)
+        timed = [Site(c, i) for c in graph.module.computations.values() for i in c.instructions
+                 if graph.timed_op(Site(c, i)) == i.name and program.op_ms.get((module_key, i.name), 0.0) > 0]
+        ops, real, padded, worst, lines = [], 0.0, 0.0, None, {}
+        for site in timed:
+            value = _largest(graph, site)
+            lanes = padded_lanes(value) if value is not None else None
+            if lanes is None or 1 - lanes[0] / lanes[1] < UNALIGNED_MIN_WASTE:
+                continue
+            ms = program.op_ms[(module_key, site.instruction.name)]
+            ops.append(site.instruction.name)
+            real += ms * lanes[0] / lanes[1]
+            padded += ms
+            if worst is None or ms > worst[0]:
+                worst = (ms, value, lanes)
+            line = program.line_of(graph, site)
+            if line[0]:
+                lines[line] = lines.get(line, 0.0) + ms
+        stake = program.step_percent(padded)
+        if not ops or stake < UNALIGNED_MIN_STAKE_PERCENT:
+            continue
+        _, value, (minor, to) = worst
+        line, function = max(lines, key=lines.get) if lines else ("", "")
+        shape = value.shape_text.split("{")[0]
+        rounded = " or ".join(str(n) for n in dict.fromkeys((minor // LANES * LANES, to)) if n)
+        out.append(Match(
+            "unaligned_minor_dims", stake,
+            f"{len(ops)} ops' largest arrays are mostly padding in the TPU's 128 lanes (such as {shape}, whose minor "
+            f"dimension of {minor} is laid out as {to}: {100 * (1 - minor / to):.0f}% padding)"
+            + (f", most of their time at {line}" if line else "") + f": {stake:g}% of the step",
+            module=module_key, ops=ops[:16], line=line, function=function,
+            needed_percent=program.step_percent(real), work_ratio=round(padded / real, 2) if real else None,
+            params={"dims": f"the dimension of {minor}", "example": shape, "rounded": rounded, "padded": str(to)},
+            facts={"minor_dim": minor, "padded_to": to, "ops_with_padding": len(ops)}))
+    return out

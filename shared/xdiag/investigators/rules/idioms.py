@@ -55,9 +55,11 @@ def hypothesis(match: Match, facts: Facts) -> Hypothesis:
                ", less what the result needs" if match.needed_percent else "") + ")."
            + measured
            + (" Alternatives: " + "; ".join(idiom.alternatives) + "." if idiom.alternatives else ""))
-    # The idiom is its own lever: the lever catalogue's row for its finding is its entry
-    ev = facts.base + [evidence("get_program_anatomy", f"idiom {match.idiom}", match.what),
-                       evidence("get_program_anatomy", "lever", match.idiom, idiom.title)]
+    # The idiom is its own lever (the lever catalogue's row for its finding is its entry), unless its change is a
+    # lever's of the catalogue: then the finding names that lever, as a lever-led finding does
+    lever = (evidence("get_program_anatomy", "lever", idiom.lever, f"the change of idiom {match.idiom}")
+             if idiom.lever else evidence("get_program_anatomy", "lever", match.idiom, idiom.title))
+    ev = facts.base + [evidence("get_program_anatomy", f"idiom {match.idiom}", match.what), lever]
     ev += [evidence("get_program_anatomy", f"{match.idiom} {k}", v) for k, v in list(match.facts.items())[:4]]
     if match.needed_percent is not None:
         ev.append(evidence("get_program_anatomy", f"{match.idiom} needed_percent", round(match.needed_percent, 2),
