@@ -297,7 +297,7 @@ def _highest_f32(graph, site) -> bool:
        "\"highest\") around the step) the program sets; f32 accumulation is kept",
        "at precision HIGHEST a TPU computes a float32 matmul as 6 bfloat16 passes on its matrix unit and a GPU skips "
        "its TF32 tensor cores; at the default precision the same product is one pass",
-       gain=(0.6, 1.0), lever="matmul_precision",
+       gain=(0.6, 1.0), measured="docs/reference/measurements.md#precision-highest", lever="matmul_precision",
        alternatives=("where the default's bfloat16 rounding is too coarse, precision=\"bfloat16_3x\" "
                      "(jax.lax.Precision.HIGH: 3 passes on a TPU, TF32 on a GPU) at the same line",
                      "bfloat16 operands with preferred_element_type=jnp.float32 in jnp.dot, where the inputs "
