@@ -216,7 +216,7 @@ def test_other_programs_captured_twice_are_no_change_and_their_fixes_realize_the
             assert test.verdict == ("faster" if own_gain > 0 else "slower"), (program, variant, test)
 
 
-@pytest.mark.parametrize("program, fix, finding", [("mlp_f32_raw", "default", "low_kernel_efficiency"),
+@pytest.mark.parametrize("program, fix, finding", [("mlp_f32_raw", "default", "precision_highest_matmul"),
                                                    ("paged_decode_raw", "ppcb16", "memory_bound")])
 def test_xdiag_diff_of_a_real_fix_says_its_finding_is_gone_or_smaller(program, fix, finding, tmp_path):
     """f32 products at the default precision instead of HIGHEST; paged attention with 16 pages per compute block."""

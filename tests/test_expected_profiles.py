@@ -24,7 +24,7 @@ from xdiag.model import Status, ToolResult, ToolStatus
 from xdiag.profile.locate import locate_session
 from xdiag.profile.space import HloComputation, HloInstruction, HloModule
 from xdiag.tools.detect_unnecessary_convert_reduce import materialised_widening
-from xdiag.tools.get_memory_profile import _capacity
+from xdiag.analysis.memory_use import capacity
 from xdiag.tools.hlo_checks import ExecutedInstruction
 from xdiag.analysis.op_stats import OpStat
 
@@ -427,7 +427,7 @@ def test_a_busy_device_whose_dominant_kernel_runs_far_below_its_roof_is_not_opti
 def test_memory_pressure_is_measured_against_the_allocators_limit_and_says_so():
     """XLA's GPU client may use 75% of the device by default: 135 GiB on a 192 GiB MI300X is 94% of what the
     allocator may take (OOM risk HIGH, where 70% of the device would read LOW), and the finding names both figures."""
-    memory = _capacity(135.0, device_memory=192.0, allocator_limit=144.0)
+    memory = capacity(135.0, device_memory=192.0, allocator_limit=144.0)
     assert memory["oom_risk"] == "HIGH" and memory["headroom_percent"] == pytest.approx(6.25, abs=0.01)
     results = {
         "get_step_trace": ToolResult(tool="get_step_trace", status=ToolStatus.OK,

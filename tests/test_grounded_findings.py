@@ -16,10 +16,13 @@ from pathlib import Path
 import pytest
 from xdiag.analysis.roofline import AT_ROOF_MIN_PERCENT
 from xdiag.cloud.embedded import analyze_session
-from xdiag.investigators import RuleEngine, health_snapshot
-from xdiag.model import Analysis, Status, ToolResult
+from xdiag.model import Analysis, Status
 from xdiag.profile.locate import locate_session
-from xdiag.tools.get_memory_profile import _capacity
+from xdiag.analysis.recompute import rematerialised_time
+from xdiag.idioms import IDIOMS
+from xdiag.idioms.memory_numerics import recompute_not_needed
+from xdiag.idioms.program import Program
+from xdiag.profile.reader import read_session_in_process
 
 TPU = Path(__file__).resolve().parent / "profiles" / "tpu_v5e"
 READ = ("near_hbm_limit", "paged_attention_decode", "ragged_attention_serve", "megablox_small_tiles",
@@ -213,11 +216,12 @@ def test_recomputation_on_a_tpu_with_room_to_spare_is_the_top_finding(reports):
     share = json.loads((out / "tools" / "get_hlo_op_profile.json").read_text())["summary"]["rematerialised_op_percent"]
     assert share == pytest.approx(25.2, abs=0.5)  # hand count: 16 of 64 products, 25% of 99.95% matmul time
     assert f"{share:g}% of op time" in finding.whats_happening and "1.415 of 15.7" in finding.whats_happening
-    assert "ms of each" in finding.expected_impact and "dots_with_no_batch_dims_saveable" in finding.fix
+    assert "ms of each" in finding.whats_happening and "dots_with_no_batch_dims_saveable" in finding.fix
+    assert "12.3–24.6% shorter steps" in finding.fix  # 0.5–1 of the recomputation's 24.6% of the step
 
 
 @pytest.fixture(scope="module")
-def remat_step(tmp_path_factory) -> dict[str, ToolResult]:
+def remat_step(tmp_path_factory) -> Program:
     """remat_train captured on this machine's CPU: every block under jax.checkpoint."""
     from xdiag.examples.in_process import capture_all
 
@@ -225,35 +229,20 @@ def remat_step(tmp_path_factory) -> dict[str, ToolResult]:
     manifest = capture_all(["remat_train"], logdir)
     entry = manifest["workloads"]["remat_train"]
     assert "error" not in entry, entry
-    out = logdir / "out"
-    analyze_session(locate_session(next(logdir.glob("remat_train/plugins/profile/*/*.xplane.pb"))), out)
-    return {p.stem: ToolResult.model_validate_json(p.read_text()) for p in (out / "tools").glob("*.json")
-            if not p.stem.startswith("followup")}
-
-
-def _with_memory(results: dict[str, ToolResult], peak_share: float, capacity_gib: float = 16.0) -> dict[str, ToolResult]:
-    """The step's real tool outputs, its peak measured against a device of `capacity_gib` as get_memory_profile
-    measures one (a CPU profile records no memory capacity): the peak at `peak_share` of it."""
-    out = dict(results)
-    memory = _capacity(round(peak_share * capacity_gib, 3), capacity_gib, None)
-    out["get_memory_profile"] = ToolResult(tool="get_memory_profile", status="ok", summary=memory, detail={})
-    return out
+    return Program(read_session_in_process([next(logdir.glob("remat_train/plugins/profile/*/*.xplane.pb"))]))
 
 
 @pytest.mark.slow
 def test_recomputation_the_memory_does_not_need_is_a_finding(remat_step):
     """The ops JAX marks rematted_computation (the fused ones too) hold a material share of op time; at a peak of
-    46% of the memory that is a finding whose fix saves instead of recomputing, and at 90% it is not one."""
-    ops = remat_step["get_hlo_op_profile"].summary
-    assert ops["rematerialised_op_percent"] >= 10.0 and ops["rematerialised_ops"]
-    results = _with_memory(remat_step, 0.46)
-    diagnosis = RuleEngine().investigate(health_snapshot(results), results, lambda *a: None)
-    finding = next(f for f in diagnosis.findings if f.key == "needless_remat")
-    assert f"{ops['rematerialised_op_percent']:g}% of op time" in finding.whats_happening
-    assert "jax.checkpoint" in finding.fix and "dots_with_no_batch_dims_saveable" in finding.fix
-    full = _with_memory(remat_step, 0.9)
-    diagnosis = RuleEngine().investigate(health_snapshot(full), full, lambda *a: None)
-    assert "needless_remat" not in [f.key for f in diagnosis.findings]
+    46% of a 16 GiB device that recomputation is not needed (the needless_remat idiom's premise), and at 90% it
+    is. A CPU profile records no memory limit, so no match is reported for it."""
+    recomputed = rematerialised_time(remat_step.session, remat_step.rows)
+    share, saved = recomputed["rematerialised_op_percent"], recomputed["rematerialised_saveable_dot_gib"]
+    assert share >= 10.0 and recomputed["rematerialised_ops"]
+    assert recompute_not_needed(share, 0.46 * 16, 16.0, saved)
+    assert not recompute_not_needed(share, 0.9 * 16, 16.0, saved)
+    assert IDIOMS["needless_remat"].recognise(remat_step) == []
 
 
 def test_a_capture_of_one_step_is_counted_in_words(tmp_path, monkeypatch):

@@ -330,3 +330,47 @@ def test_a_host_idioms_report_leads_with_its_change_at_the_users_line(name, capt
     else:
         line = next(n for n, text in enumerate(script, 1) if "def run" in text)
         assert f"{name}.py:{line}" in top.fix and "every N steps" in top.fix, top.fix
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_every_measured_gain_cites_a_section_that_exists():
+    """An idiom's `measured` names the row of docs/reference/measurements.md that holds its chip measurement."""
+    page = (REPO / "docs" / "reference" / "measurements.md").read_text()
+    for key, idiom in IDIOMS.items():
+        if idiom.measured:
+            path, _, anchor = idiom.measured.partition("#")
+            assert path == "docs/reference/measurements.md" and f'<a id="{anchor}"></a>' in page, key
+
+
+def test_a_finding_the_catalogue_recognises_has_no_second_lever():
+    """Issue 71: the folded recognisers (arguments copied instead of donated, recomputation the memory does not need)
+    are catalogue entries whose change is their lever; no lever of the bottleneck-class catalogue leads them too."""
+    from xdiag.investigators import levers
+
+    assert {"argument_copies", "needless_remat"} <= set(IDIOMS)
+    assert not [lever.key for lever in levers.LEVERS if set(lever.findings) & set(IDIOMS)]
+
+
+def test_arguments_copied_because_not_donated_are_an_idiom(tmp_path):
+    """paged_decode_nnx on a TPU v5e after pages_per_compute_block=32: 12 KV caches that no output aliases are
+    copied whole every step (47% of op time); donating them took 45.7% off the step."""
+    import lzma
+
+    pb = tmp_path / "paged_decode_nnx.ppcb32.xplane.pb"
+    pb.write_bytes(lzma.decompress((REPO / "tests" / "profiles" / "fix_trials" / f"{pb.name}.xz").read_bytes()))
+    [match] = [m for m in recognise(read_session_in_process([pb])) if m.idiom == "argument_copies"]
+    assert match.facts["argument_count"] == 12 and match.facts["share_of_op_time_percent"] == pytest.approx(47, abs=1)
+    assert 40 <= match.stake_percent <= 48, match.stake_percent
+    change = IDIOMS["argument_copies"].change_text(match)
+    assert change.startswith("donate the arguments of the jitted decode that hold k_cache_0_, ") and (
+        "donate_argnums" in change), change
+
+
+def test_recomputation_the_memory_does_not_need_is_an_idiom():
+    """remat_train on a TPU v5e: 25.2% of op time recomputed under jax.checkpoint with the peak at 1.4 of 15.7 GiB."""
+    path = REPO / "tests" / "profiles" / "tpu_v5e" / "remat_train.xplane.pb"
+    [match] = [m for m in recognise(read_session_in_process([path])) if m.idiom == "needless_remat"]
+    assert match.facts["rematerialised_op_percent"] == pytest.approx(25.2, abs=0.5)
+    assert "1.415 of 15.7" in match.what and IDIOMS["needless_remat"].predicted_percent(match) == (12.3, 24.6)

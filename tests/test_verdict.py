@@ -23,7 +23,7 @@ from xdiag.investigators.gemini.config import GeminiConfig
 from xdiag.model import Diagnosis, Status, ToolResult, ToolStatus
 from xdiag.profile.locate import locate_session
 from xdiag.profile.session import read_session
-from xdiag.tools.get_memory_profile import _capacity
+from xdiag.analysis.memory_use import capacity
 
 from tests.conftest import missing_shared
 from tests.fake_vertex import FakeVertex, answer, static_credentials, text
@@ -52,7 +52,7 @@ def near_the_limit(healthy_step) -> dict[str, ToolResult]:
     """The same step's outputs, its measured peak against an allocator limit of ALLOCATOR_LIMIT_GIB: MEDIUM risk."""
     results = dict(healthy_step)
     memory = results["get_memory_profile"]
-    summary = _capacity(memory.summary["peak_memory_gib"], None, ALLOCATOR_LIMIT_GIB)
+    summary = capacity(memory.summary["peak_memory_gib"], None, ALLOCATOR_LIMIT_GIB)
     assert summary["oom_risk"] == "MEDIUM" and summary["headroom_percent"] == pytest.approx(15.4, abs=0.1)
     results["get_memory_profile"] = memory.model_copy(update={"summary": summary})
     return results

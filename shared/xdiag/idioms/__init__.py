@@ -2,9 +2,10 @@
 
 Each idiom is one entry (`catalogue.idiom`) in one module of this package, grouped by pattern: work the result does
 not need (work_not_needed), how the host's Python drives the device (host_structure), what an op really is and the
-type it runs in (op_identity). An entry holds its recogniser,
-the change in the framework's own API at the user's line, and the share of its measured stake that change recovered
-on the chip. get_program_anatomy reports the matches (`idioms`); the rule engine turns each into a finding whose fix
+type it runs in (op_identity), memory, precision and layout (memory_numerics: arguments copied instead of donated,
+recomputation the memory does not need, outputs returned in other layouts). An entry holds its recogniser, the change
+in the framework's own API at the user's line (its lever: the lever catalogue has none for a finding an entry
+recognises), and the share of its measured stake that change recovered on the chip. get_program_anatomy reports the matches (`idioms`); the rule engine turns each into a finding whose fix
 leads with that change, ranked by what it is predicted to save, and Gemini's opening data carries the same matches.
 """
 

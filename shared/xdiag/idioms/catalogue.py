@@ -78,6 +78,7 @@ class Idiom:
     measured: str = ""  # where that was measured: a section of docs/idioms.md ("" until its trial is captured)
     alternatives: tuple[str, ...] = ()  # other changes, each with its premise
     platforms: tuple[str, ...] = ("TPU", "GPU", "CPU")
+    lever: str = ""  # the lever (xdiag.investigators.levers) whose change this is, where one is: its finding names it
 
     def recoverable(self, match: Match) -> float:
         """The share of the step the change can give back: the stake less what the result needs."""
@@ -98,7 +99,7 @@ IDIOMS: dict[str, Idiom] = {}
 
 
 def idiom(key: str, pattern: str, title: str, change: str, why: str, gain: tuple[float, float], measured: str = "",
-          alternatives: tuple[str, ...] = (), platforms: tuple[str, ...] = ("TPU", "GPU", "CPU")
+          alternatives: tuple[str, ...] = (), platforms: tuple[str, ...] = ("TPU", "GPU", "CPU"), lever: str = ""
           ) -> Callable[[Callable[[Any], list[Match]]], Callable[[Any], list[Match]]]:
     """Registers the decorated recogniser as one entry of the catalogue."""
     if pattern not in PATTERNS:
@@ -107,7 +108,8 @@ def idiom(key: str, pattern: str, title: str, change: str, why: str, gain: tuple
     def register(recognise: Callable[[Any], list[Match]]) -> Callable[[Any], list[Match]]:
         if key in IDIOMS:
             raise ValueError(f"idiom {key!r} is registered twice")
-        IDIOMS[key] = Idiom(key, pattern, title, recognise, change, why, gain, measured, alternatives, platforms)
+        IDIOMS[key] = Idiom(key, pattern, title, recognise, change, why, gain, measured, alternatives, platforms,
+                            lever)
         return recognise
 
     return register

@@ -163,7 +163,8 @@ class Graph:
     def mask_kind(self, site: Site | None, depth: int = DEPTH) -> str | None:
         """What a matrix operand is built as, where it is built from iotas or one constant: 'one_hot' (an iota
         compared equal with indices), 'triangular' (two iotas of different dimensions compared in order: a
-        lower or upper triangle), 'constant' (one value broadcast), else None."""
+        lower or upper triangle), 'diagonal' (two iotas of different dimensions compared equal: an identity),
+        'constant' (one value broadcast), else None."""
         site = self.origin(site)
         if site is None or depth <= 0:
             return None
@@ -179,9 +180,11 @@ class Graph:
             if left is None or right is None:
                 return None
             iotas = [s for s in (left, right) if s.instruction.opcode == "iota"]
-            if len(iotas) == 2 and ins.comparison in ("LT", "LE", "GT", "GE") and \
-                    left.instruction.dimensions != right.instruction.dimensions:
-                return "triangular"
+            if len(iotas) == 2 and left.instruction.dimensions != right.instruction.dimensions:
+                if ins.comparison in ("LT", "LE", "GT", "GE"):
+                    return "triangular"
+                if ins.comparison == "EQ":
+                    return "diagonal"
             if len(iotas) == 1 and ins.comparison == "EQ":
                 other = right if iotas[0] is left else left
                 # indices: an integer array (an argument, or a constant one the program closed over), not one value

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import re
+from typing import Any
+
+from xdiag.analysis.recompute import rematerialised_time
+from xdiag.analysis.xprof.common import natural_order
 from xdiag.idioms.catalogue import Match, idiom
 from xdiag.idioms.hlo_graph import Graph, Site, elements, nbytes
 from xdiag.idioms.program import Program
@@ -137,3 +142,216 @@ def _line(program: Program, graph: Graph, site: Site) -> tuple[str, str]:
             if inner[0]:
                 return inner
     return "", ""
+
+
+ARGUMENT_COPIES_MIN_PERCENT = 10.0
+"""Copies of arguments that are not donated holding this share of op time are a finding (as the HLO checks' ops)."""
+
+
+def argument_copies_of(program: Program) -> dict[str, Any] | None:
+    """The copies XLA makes of a program's arguments because they are not donated: a `copy` whose operand is an
+    entry parameter no output aliases (share_of_op_time_percent, ops, arguments, argument_count, shape, programs),
+    at any share; None where none runs. An argument the program updates (a KV cache written with .at[].set) must
+    stay intact for the caller, so the program first copies all of it; donated, the update happens in place."""
+    session, stats = program.session, program.stats
+    total_ps = sum(s.total_ps for s in stats)
+    ops, arguments, programs, shape, copied_ps = [], [], [], "", 0
+    for s in stats:
+        module = session.module(s.module) if s.name.startswith("copy") else None
+        found = module.find(s.name) if module is not None else None
+        if not found or found[0].name != module.entry or found[1].opcode != "copy" or not found[1].operands:
+            continue
+        operand = found[0].by_name.get(found[1].operands[0])
+        if operand is None or operand.opcode != "parameter" or operand.name in module.donated_parameters:
+            continue
+        copied_ps += s.total_ps
+        ops.append(s.name)
+        arguments.append(re.sub(r"\.\d+$", "", operand.name))
+        shape = shape or found[1].shape_text.split("{")[0]
+        if module.name not in programs:
+            programs.append(module.name)
+    if not ops or not total_ps:
+        return None
+    distinct = sorted(set(arguments), key=natural_order)
+    return {"share_of_op_time_percent": round(100 * copied_ps / total_ps, 2), "ops": ops[:12],
+            "arguments": distinct[:12], "argument_count": len(distinct), "shape": shape, "programs": programs}
+
+
+def _jitted_function(module_name: str) -> str:
+    """The jitted function an HLO module compiles, as the user named it (jit_decode -> the jitted decode)."""
+    name = re.sub(r"^p?jit_|\(\d+\)$", "", module_name)
+    return f"the jitted {name}" if name else "the jitted step"
+
+
+@idiom("argument_copies", "memory_numerics",
+       "The step copies arguments it could update in place: they are not donated",
+       "donate the arguments of {program} that hold {arguments}: their positions in donate_argnums (or their names in "
+       "donate_argnames) of the jax.jit that compiles it (nnx.jit(..., donate_argnums=...) in Flax NNX), and use the "
+       "arrays it returns in their place (the donated ones are deleted), so XLA updates them in place instead of "
+       "copying them first; donate only what the step replaces: an argument the caller still reads after the call "
+       "must keep its copy",
+       "a jitted function may not write into an argument its caller still holds, so XLA copies each whole array it "
+       "updates first, leaving the caller's intact; a donated argument's buffer is the output's, updated in place",
+       gain=(0.8, 1.0), measured="docs/reference/measurements.md#argument-copies")
+def argument_copies(program: Program) -> list[Match]:
+    copies = argument_copies_of(program)
+    share = (copies or {}).get("share_of_op_time_percent") or 0.0
+    if copies is None or share < ARGUMENT_COPIES_MIN_PERCENT:
+        return []
+    arguments, count = copies["arguments"], copies["argument_count"]
+    named = ", ".join(arguments[:4]) + (f" and {count - 4} more" if count > 4 else "")
+    module = re.sub(r"\(\d+\)$", "", copies["programs"][0])
+    # The stake as the step's other device-time findings count it: the copies' share of op time of the computing share
+    stake = share * float(program.step.get("compute_percent") or 0.0) / 100
+    return [Match(
+        "argument_copies", stake,
+        f"{len(copies['ops'])} copies of the program's arguments ({named}; each {copies['shape']}) take {share:g}% of "
+        f"op time: no output of {module} aliases these arguments (they are not donated)",
+        module=module, ops=copies["ops"],
+        params={"program": _jitted_function(module), "arguments": ", ".join(arguments)},
+        facts={"share_of_op_time_percent": share, "arguments": ", ".join(arguments),
+               "argument_count": count, "shape": copies["shape"]})]
+
+
+RECOMPUTE_MATERIAL_PERCENT = 10.0
+"""Share of op time recomputed ops (jax.checkpoint) must take for their cost to count."""
+RECOMPUTE_PEAK_MAX_PERCENT = 60.0
+"""The peak, as a share of the memory limit, under which the recomputation is not needed to fit (issue 58's Flax LM:
+7.7 of 16.9 GB, 46%); above it the saved activations may not fit, and recomputing is the price of fitting."""
+RECOMPUTE_SAVED_PEAK_MAX_PERCENT = 90.0
+"""Above the peak share, the recomputation is still not needed where the peak plus the recomputed matmul outputs a
+dots-saving policy keeps stays under this share of the limit (the 10% left for the allocator's fragmentation and
+the buffers a new schedule moves)."""
+RECOMPUTE_COMPUTE_MIN_PERCENT = 30.0
+"""Under this share of the step computing, op time is not where the step's time goes: no recomputation finding."""
+
+
+def recompute_not_needed(recomputed_percent: float | None, peak_gib: float | None, limit_gib: float | None,
+                         saveable_gib: float | None) -> bool:
+    """A material share of op time recomputes values while the peak is well under the memory limit, or while the
+    peak plus what a dots-saving policy keeps instead (the recomputed matmuls' outputs, measured in the HLO) stays
+    under RECOMPUTE_SAVED_PEAK_MAX_PERCENT of it (remat_linen_lm: 18.4% recomputed, peak 11.2 of 15.7 GiB, 71%, and
+    1.5 GiB of recomputed matmul outputs: 81% with them saved)."""
+    if not ((recomputed_percent or 0) >= RECOMPUTE_MATERIAL_PERCENT and peak_gib and limit_gib):
+        return False
+    if 100 * peak_gib / limit_gib < RECOMPUTE_PEAK_MAX_PERCENT:
+        return True
+    return bool(saveable_gib) and 100 * (peak_gib + saveable_gib) / limit_gib < RECOMPUTE_SAVED_PEAK_MAX_PERCENT
+
+
+@idiom("needless_remat", "memory_numerics",
+       "Recomputation the memory does not need: rematerialised blocks whose saved values would fit under the limit",
+       "recompute less: drop the jax.checkpoint / nn.remat (Flax linen) / nnx.remat (Flax NNX) around the blocks "
+       "whose activations fit, or give it a policy that saves the matmul outputs: jax.checkpoint(block, "
+       "policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable); then check the peak with a new capture",
+       "jax.checkpoint re-runs the blocks' forward computations inside the backward pass so that their activations "
+       "need not be kept; where the memory has room for them, keeping them removes that recomputation",
+       gain=(0.5, 1.0), measured="docs/reference/measurements.md#needless-remat",
+       alternatives=("save only the costly values: jax.checkpoint(block, policy=jax.checkpoint_policies."
+                     "save_only_these_names(...)) with those values named by jax.ad_checkpoint.checkpoint_name "
+                     "(premise: the values worth keeping are named)",))
+def needless_remat(program: Program) -> list[Match]:
+    recomputed = rematerialised_time(program.session, program.rows)
+    share = recomputed.get("rematerialised_op_percent")
+    memory = program.memory
+    peak, limit = memory.get("peak_memory_gib"), memory.get("allocator_limit_gib") or memory.get("capacity_gib")
+    saved = recomputed.get("rematerialised_saveable_dot_gib")
+    compute = float(program.step.get("compute_percent") or 0.0)
+    if not recompute_not_needed(share, peak, limit, saved) or compute < RECOMPUTE_COMPUTE_MIN_PERCENT:
+        return []
+    step_ms = float(program.step.get("step_time_ms_mean") or 0.0)
+    per_step = (f", about {step_ms * compute / 100 * share / 100:.3g} ms of each {step_ms:.3g} ms step"
+                if step_ms else "")
+    return [Match(
+        "needless_remat", share * compute / 100,
+        f"{share:g}% of op time{per_step} re-runs forward computations inside the backward pass (ops JAX marks "
+        f"rematted_computation under jax.checkpoint: {', '.join(recomputed.get('rematerialised_ops') or [])}), "
+        f"while the step's peak memory is {peak:g} of {limit:g} GiB ({100 * peak / limit:.0f}%): the activations it "
+        "recomputes could be kept instead"
+        + (f" (the recomputed matmuls' outputs a dots-saving policy keeps are {saved:g} GiB: "
+           f"{100 * (peak + saved) / limit:.0f}% of the limit with them)" if saved else ""),
+        facts={"rematerialised_op_percent": share, "peak_memory_gib": peak, "memory_limit_gib": limit,
+               "rematerialised_saveable_dot_gib": saved})]
+
+
+LANES = 128
+"""A TPU lays an array's minor dimension along 128 lanes: the minor dimension is padded to a multiple of 128. (The
+second-minor is padded to the tile's rows too, but to 8, 16 or fewer rows by a tiling XLA picks per array, which the
+profile's layouts do not record: only the lanes are judged here.)"""
+UNALIGNED_MIN_WASTE = 0.3
+"""The share of an op's largest array that must be padding for the padding to be what the op spends its time on."""
+UNALIGNED_MIN_STAKE_PERCENT = 10.0
+
+
+def padded_lanes(instruction) -> tuple[int, int] | None:
+    """(minor dim, padded to the lanes) of an array value by its layout, where the minor dim is really unaligned: not
+    a multiple of 128, and not a power of two under 128 (a head or feature size XLA folds into fuller tiles, whose
+    padding a TPU measurement found to cost about 1% of an attention step); else None."""
+    dims = instruction.dims
+    if instruction.dtype in ("tuple", "token") or len(dims) < 2:
+        return None
+    order = instruction.layout if len(instruction.layout) == len(dims) else tuple(reversed(range(len(dims))))
+    minor = dims[order[0]]
+    if minor % LANES == 0 or (minor < LANES and minor & (minor - 1) == 0):
+        return None
+    return minor, -(-minor // LANES) * LANES
+
+
+def _largest(graph: Graph, site: Site):
+    """The largest array value a timed op writes or reads (its output, or an operand), by bytes."""
+    values = [site.instruction] + [o.instruction for o in (graph.operand(site, k)
+                                                            for k in range(len(site.instruction.operands)))
+                                   if o is not None]
+    values = [v for v in values if v.dtype not in ("tuple", "token")]
+    return max(values, key=nbytes, default=None)
+
+
+@idiom("unaligned_minor_dims", "memory_numerics",
+       "Arrays whose minor dimension is not a multiple of the TPU's 128 lanes run mostly on padding",
+       "make {dims} a multiple of 128 at {line} ({example}): round the size the program chooses (a hidden width, a "
+       "feature count) to {rounded}, or pad the array there with jnp.pad to {padded} and slice the result once at "
+       "the end",
+       "a TPU holds an array in tiles of 128 lanes along its minor dimension and pads that dimension to a multiple "
+       "of 128: the padded lanes are read, written and multiplied like real ones, so an op whose largest array is "
+       "mostly padding does that much more work; that the op's time follows its padding is a premise (an op bound "
+       "by its other arrays loses less)",
+       gain=(0.3, 0.8), platforms=("TPU",))
+def unaligned_minor_dims(program: Program) -> list[Match]:
+    """Per program, the timed ops whose largest array is at least 30% padding along its layout's minor dim."""
+    out = []
+    for graph in program.graphs:
+        module_key = program.module_key(graph.module)
+        timed = [Site(c, i) for c in graph.module.computations.values() for i in c.instructions
+                 if graph.timed_op(Site(c, i)) == i.name and program.op_ms.get((module_key, i.name), 0.0) > 0]
+        ops, real, padded, worst, lines = [], 0.0, 0.0, None, {}
+        for site in timed:
+            value = _largest(graph, site)
+            lanes = padded_lanes(value) if value is not None else None
+            if lanes is None or 1 - lanes[0] / lanes[1] < UNALIGNED_MIN_WASTE:
+                continue
+            ms = program.op_ms[(module_key, site.instruction.name)]
+            ops.append(site.instruction.name)
+            real += ms * lanes[0] / lanes[1]
+            padded += ms
+            if worst is None or ms > worst[0]:
+                worst = (ms, value, lanes)
+            line = program.line_of(graph, site)
+            if line[0]:
+                lines[line] = lines.get(line, 0.0) + ms
+        stake = program.step_percent(padded)
+        if not ops or stake < UNALIGNED_MIN_STAKE_PERCENT:
+            continue
+        _, value, (minor, to) = worst
+        line, function = max(lines, key=lines.get) if lines else ("", "")
+        shape = value.shape_text.split("{")[0]
+        rounded = " or ".join(str(n) for n in dict.fromkeys((minor // LANES * LANES, to)) if n)
+        out.append(Match(
+            "unaligned_minor_dims", stake,
+            f"{len(ops)} ops' largest arrays are mostly padding in the TPU's 128 lanes (such as {shape}, whose minor "
+            f"dimension of {minor} is laid out as {to}: {100 * (1 - minor / to):.0f}% padding)"
+            + (f", most of their time at {line}" if line else "") + f": {stake:g}% of the step",
+            module=module_key, ops=ops[:16], line=line, function=function,
+            needed_percent=program.step_percent(real), work_ratio=round(padded / real, 2) if real else None,
+            params={"dims": f"the dimension of {minor}", "example": shape, "rounded": rounded, "padded": str(to)},
+            facts={"minor_dim": minor, "padded_to": to, "ops_with_padding": len(ops)}))
+    return out

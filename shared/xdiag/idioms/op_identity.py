@@ -13,9 +13,11 @@ library function their HLO records, and the numeric type they really run in.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from xdiag.idioms.catalogue import Match, idiom
-from xdiag.idioms.hlo_graph import nbytes
+from xdiag.idioms.hlo_graph import Graph, Site, elements, nbytes
 from xdiag.idioms.program import Program, calls_per_step_of
 
 ROUTINES = re.compile(r"(?:^|[/(])(inv|solve|slogdet|det|cholesky|lu|qr|eigh|svd|triangular_solve|"
@@ -170,6 +172,49 @@ def promoted_matmul(program: Program) -> list[Match]:
     return out
 
 
+@dataclass
+class Held:
+    """The timed ops of one program that hold an instruction a test picks: their time over the capture, the user's
+    lines by that time, and the picked instruction whose op takes the most (a matmul, convolution or reduction
+    before others at a tie: what is computed)."""
+
+    graph: Graph
+    ops: list[str] = field(default_factory=list)
+    ms: float = 0.0
+    lines: dict[tuple[str, str], float] = field(default_factory=dict)
+    example: Site | None = None
+    example_ms: float = 0.0
+
+    @property
+    def line(self) -> tuple[str, str]:
+        return max(self.lines, key=self.lines.get) if self.lines else ("", "")
+
+
+def ops_holding(program: Program, test: Callable[[Graph, Site], bool]) -> dict[str, Held]:
+    """Per program (its module key), the timed ops holding an instruction `test` picks (an op of a fusion included)."""
+    out: dict[str, Held] = {}
+    for graph in program.graphs:
+        key = program.module_key(graph.module)
+        for site in graph.sites():
+            if not test(graph, site):
+                continue
+            timed = graph.timed_op(site)
+            ms = program.op_ms.get((key, timed), 0.0)
+            if ms <= 0:
+                continue
+            held = out.setdefault(key, Held(graph))
+            if held.example is None or ms > held.example_ms or ms == held.example_ms and site.instruction.opcode in (
+                    "dot", "convolution", "reduce"):
+                held.example, held.example_ms = site, ms
+            line = program.line_of(graph, site)
+            if line[0]:
+                held.lines[line] = held.lines.get(line, 0.0) + ms
+            if timed not in held.ops:
+                held.ops.append(timed)
+                held.ms += ms
+    return out
+
+
 F64_SLOWDOWN = {"TPU": 8.0, "GPU": 2.0, "CPU": 2.0}
 """How many times longer an op takes in float64 than in float32, by platform: premises until a trial measures them.
 A TPU has no float64 units: XLA:TPU rewrites the program to hold no 64-bit element types (a pass its compiler's
@@ -196,53 +241,389 @@ def _is_f64(instruction) -> bool:
        gain=(0.7, 1.0), platforms=("TPU", "GPU"))
 def float64_on_accelerator(program: Program) -> list[Match]:
     """The timed ops whose HLO computes a float64 value (an op of a fusion included), summed per program."""
-    found: dict[str, Match] = {}
-    lines: dict[str, dict[tuple[str, str], float]] = {}
-    for graph in program.graphs:
-        module_key = program.module_key(graph.module)
-        arguments = [i for i in graph.module.computations[graph.module.entry].instructions
-                     if i.opcode == "parameter" and i.dtype == "f64"] \
-            if graph.module.entry in graph.module.computations else []
-        for site in graph.sites():
-            ins = site.instruction
-            if not _is_f64(ins) or ins.opcode in ("parameter", "get-tuple-element", "tuple", "constant"):
-                continue
-            timed = graph.timed_op(site)
-            ms = program.op_ms.get((module_key, timed), 0.0)
-            if ms <= 0:
-                continue
-            match = found.setdefault(module_key, Match(
-                "float64_on_accelerator", 0.0, "", module=module_key,
-                facts={"f64_arguments": [a.shape_text.split("{")[0] for a in arguments[:4]],
-                       "f64_argument_count": len(arguments), "example": "", "example_ms": 0.0}))
-            if ms > match.facts["example_ms"] or ms == match.facts["example_ms"] and ins.opcode in (
-                    "dot", "convolution", "reduce"):  # the op with the most time names what is computed
-                match.facts.update(example=f"{ins.opcode} {ins.shape_text.split('{')[0]}", example_ms=round(ms, 3))
-            if timed in match.ops:
-                continue
-            match.ops.append(timed)
-            match.stake_percent = min(match.stake_percent + program.step_percent(ms), 100.0)
-            line = program.line_of(graph, site)
-            if line[0]:
-                lines.setdefault(module_key, {})[line] = lines.get(module_key, {}).get(line, 0.0) + ms
     slowdown = F64_SLOWDOWN.get(program.platform, 2.0)
     out = []
-    for key, match in found.items():
-        if match.stake_percent < F64_MIN_STAKE_PERCENT:
+    for key, held in ops_holding(program, lambda graph, site: _is_f64(site.instruction) and site.instruction.opcode
+                                 not in ("parameter", "get-tuple-element", "tuple", "constant")).items():
+        stake = program.step_percent(held.ms)
+        if stake < F64_MIN_STAKE_PERCENT:
             continue
-        by_line = lines.get(key) or {}
-        match.line, match.function = max(by_line, key=by_line.get) if by_line else ("", "")
-        # in float32 the same ops take 1/slowdown of their float64 time: that is what the result needs
-        match.needed_percent = match.stake_percent / slowdown
-        match.work_ratio = slowdown
-        args = match.facts["f64_arguments"]
-        match.what = (f"{len(match.ops)} ops compute in float64 (such as {match.facts['example']})"
-                      + (f", the program's arguments float64 ({', '.join(args)}"
-                         + (f" and {match.facts['f64_argument_count'] - len(args)} more" if
-                            match.facts['f64_argument_count'] > len(args) else "") + ")" if args else "")
-                      + (f", most of their time at {match.line}" if match.line else "")
-                      + f": {match.stake_percent:g}% of the step on a {program.platform}, where float64 is assumed "
-                      f"{slowdown:g}x slower than float32")
-        match.facts["assumed_slowdown"] = slowdown
-        out.append(match)
+        module = held.graph.module
+        arguments = [i for i in module.computations[module.entry].instructions
+                     if i.opcode == "parameter" and i.dtype == "f64"] if module.entry in module.computations else []
+        args = [a.shape_text.split("{")[0] for a in arguments[:4]]
+        example = f"{held.example.instruction.opcode} {held.example.instruction.shape_text.split('{')[0]}"
+        line, function = held.line
+        out.append(Match(
+            "float64_on_accelerator", stake,
+            f"{len(held.ops)} ops compute in float64 (such as {example})"
+            + (f", the program's arguments float64 ({', '.join(args)}"
+               + (f" and {len(arguments) - len(args)} more" if len(arguments) > len(args) else "") + ")"
+               if args else "")
+            + (f", most of their time at {line}" if line else "")
+            + f": {stake:g}% of the step on a {program.platform}, where float64 is assumed {slowdown:g}x slower than "
+            "float32",
+            module=key, ops=held.ops, line=line, function=function,
+            # in float32 the same ops take 1/slowdown of their float64 time: that is what the result needs
+            needed_percent=stake / slowdown, work_ratio=slowdown,
+            facts={"f64_arguments": args, "f64_argument_count": len(arguments), "example": example,
+                   "example_ms": round(held.example_ms, 3), "assumed_slowdown": slowdown}))
+    return out
+
+
+PRECISION_PASSES = {"TPU": 6.0, "GPU": 3.0}
+"""How many times longer a float32 matmul takes at precision HIGHEST than at the default, by platform. XLA:TPU runs
+it as 6 bfloat16 passes on the matrix unit (the default runs 1); a GPU runs it on its float32 units instead of its
+TF32 tensor cores, about 3-8x slower by the parts' peaks (3 assumed: a premise). A CPU has no faster mode: the idiom
+is offered on accelerators only."""
+
+
+def _highest_f32(graph, site) -> bool:
+    """A matmul or convolution of the program's own that asks for precision HIGHEST and reads float32 operands (on
+    bfloat16 operands HIGHEST costs nothing more)."""
+    ins = site.instruction
+    if ins.opcode not in ("dot", "convolution") or not ins.operand_precision or max(ins.operand_precision) < 2:
+        return False
+    if routines_of(ins.op_name) or LEAST_SQUARES.search(ins.op_name or ""):
+        return False  # the precision JAX's linear-algebra routines choose for their own products
+    operands = [graph.operand(site, k) for k in range(min(len(ins.operands), 2))]
+    return any(o is not None and o.instruction.dtype == "f32" for o in operands)
+
+
+@idiom("precision_highest_matmul", "memory_numerics",
+       "float32 matmuls ask for precision HIGHEST, several passes where the default runs one",
+       "let the matmuls at {line} run at the default precision: drop precision=jax.lax.Precision.HIGHEST there and "
+       "any jax.config.update(\"jax_default_matmul_precision\", \"highest\") (or jax.default_matmul_precision("
+       "\"highest\") around the step) the program sets; f32 accumulation is kept",
+       "at precision HIGHEST a TPU computes a float32 matmul as 6 bfloat16 passes on its matrix unit and a GPU skips "
+       "its TF32 tensor cores; at the default precision the same product is one pass",
+       gain=(0.6, 1.0), measured="docs/reference/measurements.md#precision-highest", lever="matmul_precision",
+       alternatives=("where the default's bfloat16 rounding is too coarse, precision=\"bfloat16_3x\" "
+                     "(jax.lax.Precision.HIGH: 3 passes on a TPU, TF32 on a GPU) at the same line",
+                     "bfloat16 operands with preferred_element_type=jnp.float32 in jnp.dot, where the inputs "
+                     "tolerate bfloat16"),
+       platforms=("TPU", "GPU"))
+def precision_highest_matmul(program: Program) -> list[Match]:
+    """The timed ops that hold a float32 matmul at precision HIGHEST, summed per program."""
+    passes = PRECISION_PASSES.get(program.platform, PRECISION_PASSES["TPU"])
+    out = []
+    for key, held in ops_holding(program, _highest_f32).items():
+        stake = program.step_percent(held.ms)
+        if stake < MIN_STAKE_PERCENT:
+            continue
+        operands = " × ".join(o.instruction.shape_text.split("{")[0] for o in (
+            held.graph.operand(held.example, k) for k in (0, 1)) if o is not None)
+        example = f"{held.example.instruction.opcode} {operands}"
+        line, function = held.line
+        out.append(Match(
+            "precision_highest_matmul", stake,
+            f"{len(held.ops)} float32 matmul{'s' if len(held.ops) > 1 else ''} at precision HIGHEST (such as "
+            f"{example})" + (f", most of their time at {line}" if line else "")
+            + f": {stake:g}% of the step on a {program.platform}, where HIGHEST is assumed {passes:g}x the default's "
+            "work",
+            module=key, ops=held.ops, line=line, function=function,
+            needed_percent=stake / passes, work_ratio=passes,  # one pass at the default precision
+            facts={"example": example, "example_ms": round(held.example_ms, 3), "precision": "HIGHEST",
+                   "assumed_passes": passes}))
+    return out
+
+
+RANDOM_SCOPE = re.compile(r"jit\((_threefry\w*|_random_bits|_bits|_uniform|_bernoulli|_normal\w*|_truncated_normal|"
+                          r"_randint|_gumbel|_categorical|_exponential|_choice|_permutation|_shuffle)\)")
+"""The jax.random functions an op's framework path names: where the ops that make random numbers come from."""
+HASH_XORS = 4
+"""A timed op holding this many xors of 32-bit words from jax.random is the threefry hash's rounds (4 per unrolled
+block on a CPU, all 20 rounds on an accelerator); turning bits into floats holds one."""
+RANDOM_MIN_ELEMENTS = 1024
+"""Bits for fewer elements (splitting or folding a key) cost nothing worth a change."""
+RANDOM_MIN_STAKE_PERCENT = 5.0
+
+
+def _random_scope(graph, site) -> str:
+    """The jax.random path an instruction is traced from: its own, or (an op XLA made inside a loop, a copy of the
+    loop's state) its loop's; "" where neither names a jax.random function."""
+    name = site.instruction.op_name
+    if not name:
+        loop = graph.loop_of(site.computation)
+        name = loop.op_name if loop is not None else ""
+    return name if RANDOM_SCOPE.search(name) and "rng_bit_generator" not in name else ""
+
+
+def _hash_ops(graph) -> tuple[set[str], set[str], dict[str, str]]:
+    """The timed ops that compute threefry's rounds on 32-bit words (xors of jax.random's paths, or JAX's threefry
+    kernel on a GPU), the loop bodies that hold them, and the jax.random path of each."""
+    xors: dict[str, int] = {}
+    scope: dict[str, str] = {}
+    for site in graph.sites():
+        ins = site.instruction
+        if ins.opcode == "custom-call" and "threefry" in ins.custom_call_target:
+            xors[graph.timed_op(site)] = HASH_XORS
+            scope.setdefault(graph.timed_op(site), ins.op_name)
+            continue
+        if ins.opcode != "xor" or ins.dtype != "u32" or elements(ins.dims) < RANDOM_MIN_ELEMENTS:
+            continue
+        path = _random_scope(graph, site)
+        if path:
+            timed = graph.timed_op(site)
+            xors[timed] = xors.get(timed, 0) + 1
+            scope.setdefault(timed, path)
+    hashes = {op for op, n in xors.items() if n >= HASH_XORS}
+    loops = set()
+    for site in graph.sites():
+        if site.instruction.name in hashes and graph.loop_of(site.computation) is not None:
+            loops.add(graph.loop_of(site.computation).name)
+    return hashes, loops, scope
+
+
+@idiom("threefry_random_bits", "op_identity",
+       "Random bits from the threefry hash hold a large share of the step",
+       "make the random bits with the rbg generator: jax.config.update(\"jax_default_prng_impl\", \"rbg\") at the "
+       "start of the program, before any key is made (or jax.random.key(seed, impl=\"rbg\") where the key for "
+       "{calls} is made); the calls at {line} stay as written",
+       "JAX's default generator computes 20 rounds of the threefry2x32 hash in 32-bit integer ops for every two "
+       "words of random bits, on the vector units; rbg draws the bits with XLA's RngBitGenerator, which an "
+       "accelerator runs at a fraction of that cost. Its bits differ from threefry's for the same seed (results "
+       "change, not their statistics), and rbg's keys split and fold in by the threefry hash still",
+       gain=(0.4, 0.8),
+       alternatives=("jax.random.key(seed, impl=\"unsafe_rbg\") for masks and noise only: its split and fold_in are "
+                     "cheaper still, their streams without threefry's guarantee of independence",
+                     "draw fewer bits: one jax.random.bits call for a mask reused where the program draws the same "
+                     "shape several times"),
+       platforms=("TPU", "GPU"))
+def threefry_random_bits(program: Program) -> list[Match]:
+    out = []
+    for graph in program.graphs:
+        hashes, loops, scope = _hash_ops(graph)
+        if not hashes:
+            continue
+        ops: list[str] = list(hashes)
+        for site in graph.sites():  # the copies of a rolled hash loop's state are its work too
+            loop = graph.loop_of(site.computation)
+            if loop is not None and loop.name in loops and site.instruction.opcode not in (
+                    "parameter", "tuple", "get-tuple-element") and graph.timed_op(site) not in ops:
+                ops.append(graph.timed_op(site))
+        module_key = program.module_key(graph.module)
+        ops = [op for op in ops if program.op_ms.get((module_key, op), 0.0) > 0]
+        stake = program.step_percent(program.time_ms(graph.module, ops))
+        if stake < RANDOM_MIN_STAKE_PERCENT:
+            continue
+        calls = sorted({name.lstrip("_") for op in hashes if op in scope
+                        for name in RANDOM_SCOPE.findall(scope[op]) if not name.startswith("_threefry")})
+        sites = [s for s in graph.sites() if s.instruction.name in hashes or (
+            s.instruction.opcode == "xor" and graph.timed_op(s) in hashes)]
+        by_line: dict[tuple[str, str], float] = {}
+        for site in sites:
+            line = program.line_of(graph, site)
+            if line[0]:
+                by_line[line] = by_line.get(line, 0.0) + program.op_ms.get((module_key, graph.timed_op(site)), 0.0)
+        line, function = max(by_line, key=by_line.get) if by_line else ("", "")
+        words = max((elements(s.instruction.dims) for s in sites if s.instruction.opcode == "xor"), default=0)
+        named = ", ".join(f"jax.random.{c}" for c in calls) or "jax.random"
+        out.append(Match(
+            "threefry_random_bits", stake,
+            f"{len(ops)} ops compute the threefry2x32 hash (xors, shifts and adds of 32-bit words, up to {words:,} "
+            f"words per op) for {named}" + (f" at {line}" if line else "") + f": {stake:g}% of the step",
+            module=module_key, ops=ops[:16], line=line, function=function,
+            params={"calls": named},
+            facts={"hash_ops": len(hashes), "words_per_op": words, "random_calls": calls,
+                   "rolled_loop": bool(loops)}))
+    return out
+
+
+TINY_LOOP_MIN_TRIPS = 1024
+"""A loop this long pays its per-trip cost (the trip's condition, its counter, one launch per op) this many times."""
+UNROLLED_TRIPS = 512
+"""The trips the change leaves: it unrolls by the power of two (8 to 128) that brings the loop to at most this many."""
+TINY_TRIP_MAX_US = 20.0
+"""A trip shorter than this on an accelerator is mostly that per-trip cost: a few ops' fixed latency."""
+TINY_LOOP_MIN_STAKE_PERCENT = 10.0
+HEAVY_OPS = frozenset({"dot", "convolution", "custom-call", "while", "sort", "scatter", "gather"})
+"""Ops whose work in a trip can outweigh the trip's fixed cost (a recurrence's matmul is the latency-bound loop's
+own finding)."""
+
+
+def _loop_time_ms(program: Program, graph, loop_site) -> tuple[float, list[str]]:
+    """The time of a while loop over the capture, and the ops that hold it: its trips' ops (body and condition), the
+    loop op itself, or the op that calls the loop's computation where the trips are not timed one by one."""
+    module_key = program.module_key(graph.module)
+    called = set(loop_site.instruction.called)
+    ops = [graph.timed_op(s) for s in graph.sites() if s.computation.name in called or (
+        graph.loop_of(s.computation) is loop_site.instruction)]
+    ops = list(dict.fromkeys(op for op in ops + [loop_site.instruction.name] if (module_key, op) in program.op_ms))
+    if not ops:  # the loop runs inside one timed call (XLA:CPU compiles a small loop into one kernel)
+        caller = graph.callers.get(loop_site.computation.name)
+        if caller is not None and caller.instruction.opcode == "call":
+            ops = [name for name in [graph.timed_op(caller)] if (module_key, name) in program.op_ms]
+    return sum(program.op_ms[(module_key, op)] for op in ops), ops
+
+
+@idiom("scan_tiny_body", "op_identity",
+       "A loop runs thousands of trips whose bodies are so small that each trip's fixed cost sets the time",
+       "{change}",
+       "each trip of a while loop (lax.scan, lax.fori_loop) pays a fixed cost on an accelerator: its condition and "
+       "counter, and one launch per op of its body, a few microseconds whatever the body's size; unrolled k times "
+       "the loop pays it once per k steps and XLA can fuse the k bodies, and a loop whose trips are independent "
+       "needs no loop at all",
+       gain=(0.3, 0.8), lever="scan_unroll",
+       alternatives=("where the recurrence is linear (h = a * h + b), jax.lax.associative_scan over the whole "
+                     "sequence: log2(n) vectorised passes instead of n trips",),
+       platforms=("TPU", "GPU"))
+def scan_tiny_body(program: Program) -> list[Match]:
+    out = []
+    for graph in program.graphs:
+        module_key = program.module_key(graph.module)
+        for loop_site in graph.sites():
+            loop = loop_site.instruction
+            if loop.opcode != "while" or loop.trip_count < TINY_LOOP_MIN_TRIPS or not loop.called or \
+                    loop.op_name.rsplit("/", 1)[-1] != "while":  # JAX's loops, not one XLA makes (of a scatter)
+                continue
+            body = graph.module.computations.get(loop.called[0])
+            inner = [s for s in graph.sites() if s.computation.name in loop.called or
+                     graph.loop_of(s.computation) is loop]
+            if body is None or any(s.instruction.opcode in HEAVY_OPS for s in inner):
+                continue
+            ms, ops = _loop_time_ms(program, graph, loop_site)
+            if not ops:
+                continue
+            # the loop's executions: the runs of the op that times it whole, else its trips' runs over its trips
+            whole = ops[0] if len(ops) == 1 and ops[0] not in {s.instruction.name for s in inner} else ""
+            runs = program.runs.get((module_key, whole), 0) if whole else \
+                max(program.runs.get((module_key, op), 0) for op in ops) // loop.trip_count
+            trip_us = 1e3 * ms / (max(runs, 1) * loop.trip_count)
+            stake = program.step_percent(ms)
+            if trip_us > TINY_TRIP_MAX_US or stake < TINY_LOOP_MIN_STAKE_PERCENT:
+                continue
+            line, function = program.line_of(graph, loop_site)
+            independent = not graph.carried(body)
+            # what a trip computes on: its values, not the stacked outputs it writes one slice of
+            per_trip = [s for s in inner if s.computation.name == body.name and s.instruction.opcode not in (
+                "parameter", "tuple", "get-tuple-element", "constant")]
+            largest = max((nbytes(s.instruction) for s in per_trip if s.instruction.dtype != "tuple" and (
+                graph.origin(s) is None or graph.origin(s).instruction.opcode != "dynamic-update-slice")), default=0)
+            at = line or "the line that runs the loop"
+            unroll = min(max(8, 1 << max(-(-loop.trip_count // UNROLLED_TRIPS) - 1, 0).bit_length()), 128)
+            change = (f"drop the loop at {at}: its trips read nothing an earlier trip computed, so one vectorised "
+                      "op does them all (jax.vmap(body)(xs), or the body written on the whole arrays)"
+                      if independent else
+                      f"unroll the loop at {at}: jax.lax.scan(body, carry, xs, unroll={unroll}) (jax.lax.fori_loop("
+                      f"lower, upper, body, init, unroll={unroll})), so each trip runs {unroll} steps and the loop "
+                      f"{-(-loop.trip_count // unroll):,} trips")
+            out.append(Match(
+                "scan_tiny_body", stake,
+                f"a while loop of {loop.trip_count:,} trips per execution"
+                + (f" at {line}" if line else "") + f" runs {len(per_trip)} ops per trip on arrays of at most "
+                f"{largest:,} bytes, {trip_us:.3g} µs a trip: {stake:g}% of the step"
+                + ("; no trip reads what an earlier one computed" if independent else ""),
+                module=module_key, ops=ops[:16], line=line, function=function,
+                params={"change": change, "trips": loop.trip_count, "unroll": unroll},
+                facts={"trips": loop.trip_count, "trip_us": round(trip_us, 3), "largest_bytes": largest,
+                       "independent_trips": independent}))
+    return out
+
+
+SCATTER_MIN_STAKE_PERCENT = 10.0
+ONE_HOT_MAX_SEGMENTS = 1024
+"""Up to this many segments a one-hot matmul (segments × rows × width multiply-adds on the matrix unit) is a
+plausible stand-in for the scatter."""
+
+
+def _adds(graph, site) -> bool:
+    """A scatter whose update combines by addition (its to_apply computation's root is an add)."""
+    called = graph.module.computations.get(site.instruction.called[0]) if site.instruction.called else None
+    root = called.by_name.get(called.root) if called is not None else None
+    return root is not None and root.opcode == "add"
+
+
+@idiom("scatter_unsorted_indices", "op_identity",
+       "A scatter-add whose indices are not declared sorted holds the step",
+       "sort the segment ids once where the data is prepared (order = jnp.argsort(ids); ids, rows = ids[order], "
+       "rows[order], outside the step when the ids are fixed) and declare it at {line}: "
+       "jax.ops.segment_sum(rows, ids, num_segments={segments}, indices_are_sorted=True) (or "
+       "x.at[ids].add(rows, indices_are_sorted=True))",
+       "XLA runs a scatter-add whose indices may come in any order as updates that can collide anywhere in the "
+       "output, serialised or made atomic; with the indices sorted and declared so, the updates to one row are "
+       "contiguous and can be summed before they are written. That a sort per call, where the ids change every "
+       "step, costs less than it saves is a premise",
+       gain=(0.2, 0.6),
+       alternatives=(f"for at most {ONE_HOT_MAX_SEGMENTS} segments, a one-hot matmul on the matrix unit: "
+                     "jax.nn.one_hot(ids, num_segments, dtype=rows.dtype).T @ rows (its premise: segments × rows × "
+                     "width multiply-adds cost less than the scatter)",))
+def scatter_unsorted_indices(program: Program) -> list[Match]:
+    out = []
+    for graph in program.graphs:
+        module_key = program.module_key(graph.module)
+        sites = [s for s in graph.sites() if s.instruction.opcode == "scatter" and not s.instruction.indices_are_sorted
+                 and _adds(graph, s) and (module_key, graph.timed_op(s)) in program.op_ms]
+        if not sites:
+            continue
+        ops = list(dict.fromkeys(graph.timed_op(s) for s in sites))
+        stake = program.step_percent(program.time_ms(graph.module, ops))
+        if stake < SCATTER_MIN_STAKE_PERCENT:
+            continue
+        top = max(sites, key=lambda s: program.op_ms[(module_key, graph.timed_op(s))])
+        indices, updates = graph.operand(top, 1), graph.operand(top, 2)
+        line, function = program.line_of(graph, top)
+        segments = top.instruction.dims[0] if top.instruction.dims else 0
+        shape = lambda s: s.instruction.shape_text.split("{")[0] if s is not None else "?"  # noqa: E731
+        out.append(Match(
+            "scatter_unsorted_indices", stake,
+            f"{len(ops)} scatter-add{'s' if len(ops) > 1 else ''} (such as {shape(updates)} added into "
+            f"{shape(top)} at {shape(indices)} indices, indices_are_sorted=false)"
+            + (f" at {line}" if line else "") + f": {stake:g}% of the step",
+            module=module_key, ops=ops[:16], line=line, function=function,
+            params={"segments": segments or "n"},
+            facts={"segments": segments, "indices": shape(indices), "updates": shape(updates),
+                   "one_hot_plausible": 0 < segments <= ONE_HOT_MAX_SEGMENTS}))
+    return out
+
+
+LEAST_SQUARES = re.compile(r"(?:^|[/(])_?(pinv|lstsq)(?=[)/]|$)")
+"""jax.numpy.linalg's solvers that compute a singular value decomposition: the pseudo-inverse and least squares."""
+SVD_MIN_STAKE_PERCENT = 10.0
+
+
+@idiom("svd_for_least_squares", "op_identity",
+       "A singular value decomposition is computed to solve a least-squares system",
+       "solve at {line} with a factorisation that costs a fraction of an SVD: for a matrix of full column rank, "
+       "q, r = jnp.linalg.qr(a) and x = jax.scipy.linalg.solve_triangular(r, q.T @ b) instead of "
+       "jnp.linalg.{routine}(a{rest}",
+       "jnp.linalg.pinv and jnp.linalg.lstsq compute a full singular value decomposition, an iterative eigen-solver "
+       "many times the cost of a QR or Cholesky factorisation of the same matrix (on a TPU, several times more "
+       "again); a matrix of full column rank needs no singular values to be solved. The premise is that rank: a "
+       "rank-deficient or near-singular matrix is what the SVD's cut-off is for",
+       gain=(0.5, 0.9),
+       alternatives=("for a well-conditioned a, the normal equations: c = jax.scipy.linalg.cho_factor(a.T @ a); "
+                     "x = jax.scipy.linalg.cho_solve(c, a.T @ b) (they square the condition number)",))
+def svd_for_least_squares(program: Program) -> list[Match]:
+    out = []
+    for graph in program.graphs:
+        module_key = program.module_key(graph.module)
+        routines: dict[str, float] = {}
+        ops: list[str] = []
+        lines: dict[tuple[str, str], float] = {}
+        for site in graph.sites():
+            found = LEAST_SQUARES.findall(site.instruction.op_name or "")
+            timed = graph.timed_op(site)
+            if not found or not routines_of(site.instruction.op_name) & {"svd", "eigh"} or \
+                    (module_key, timed) not in program.op_ms:
+                continue
+            ms = program.op_ms[(module_key, timed)] if timed not in ops else 0.0
+            if timed not in ops:
+                ops.append(timed)
+            routines[found[-1]] = routines.get(found[-1], 0.0) + ms
+            line = program.line_of(graph, site)
+            if line[0]:
+                lines[line] = lines.get(line, 0.0) + ms
+        stake = program.step_percent(program.time_ms(graph.module, ops))
+        if not ops or stake < SVD_MIN_STAKE_PERCENT:
+            continue
+        routine = max(routines, key=routines.get)
+        line, function = max(lines, key=lines.get) if lines else ("", "")
+        out.append(Match(
+            "svd_for_least_squares", stake,
+            f"{len(ops)} ops of the singular value decomposition jnp.linalg.{routine} computes"
+            + (f" at {line}" if line else "") + f": {stake:g}% of the step",
+            module=module_key, ops=ops[:16], line=line, function=function,
+            params={"routine": routine, "rest": ") @ b" if routine == "pinv" else ", b)"},
+            facts={"routines_ms": {r: round(v, 3) for r, v in routines.items()}}))
     return out

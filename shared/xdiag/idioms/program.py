@@ -14,9 +14,11 @@ from xdiag.analysis.breakdown import step_rows, summarize_steps
 from xdiag.analysis.device_peaks import session_peaks
 from xdiag.analysis.host_threads import host_threads
 from xdiag.analysis.intervals import merge_intervals
+from xdiag.analysis.memory_use import memory_use
 from xdiag.analysis.op_stats import OpStat, op_stats
 from xdiag.analysis.source_lines import frame_kinds, source_of_stack, user_files
 from xdiag.analysis.steps import step_set
+from xdiag.errors import NotAvailable
 from xdiag.idioms.hlo_graph import Graph, Site
 from xdiag.profile.space import HloModule, Session
 
@@ -65,6 +67,20 @@ class Program:
         for s in self.stats:
             out[(s.module, s.name)] = out.get((s.module, s.name), 0.0) + s.total_ms
         return out
+
+    @cached_property
+    def rows(self) -> list[dict[str, Any]]:
+        """The op rows get_hlo_op_profile gives (share of op time, framework op, roofline), busiest first."""
+        total_ps = sum(s.total_ps for s in self.stats)
+        return [s.row(total_ps, self.peaks) for s in self.stats]
+
+    @cached_property
+    def memory(self) -> dict[str, Any]:
+        """The peak against the memory limit, as get_memory_profile summarises it; {} where the profile cannot say."""
+        try:
+            return memory_use(self.session)[0]
+        except NotAvailable:
+            return {}
 
     @cached_property
     def runs(self) -> dict[tuple[str, str], int]:

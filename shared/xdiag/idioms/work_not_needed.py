@@ -13,15 +13,26 @@
   on every step and one thrown away, where jax.lax.cond computes the one picked.
 - loop_copies_carried_buffer: a loop updates a buffer it carries in place and also reads the buffer as it was before
   the update, so XLA copies the whole buffer on every trip.
+- matmul_chain_order: a product of two large matrices read only by a product with a thin one, (A @ B) @ v, where
+  A @ (B @ v) needs far fewer FLOPs.
+- diagonal_of_product: a full matrix product of which only the diagonal (or the trace) is read, where an einsum
+  computes the diagonal alone.
+- pairwise_broadcast_reduce: pairwise distances or similarities built by broadcasting (N, 1, D) against (1, M, D)
+  and summing over D, where one (N, D) × (D, M) matmul does.
+- forward_computed_twice: the loss computed in one program and its gradient in another, each step, so the forward
+  pass runs twice where jax.value_and_grad runs it once.
+- softmax_for_argmax: a softmax read only by an argmax or max, where the logits' argmax is the same index.
 """
 
 from __future__ import annotations
 
 import re
 
+from xdiag.analysis.source_lines import source_of_stack
+from xdiag.cost.hlo import conv_flops
 from xdiag.idioms.catalogue import Match, idiom
 from xdiag.idioms.hlo_graph import DEPTH, SHAPE_ONLY, Graph, Site, elements, nbytes
-from xdiag.idioms.program import Program
+from xdiag.idioms.program import Program, calls_per_step_of
 
 MIN_STAKE_PERCENT = 1.0
 """A match staking less of the step than this is noise."""
@@ -66,7 +77,7 @@ def structured_matmul(program: Program) -> list[Match]:
             for position in (0, 1):
                 operand = graph.operand(site, position)
                 kind = graph.mask_kind(operand)
-                if kind is None or (kind == "triangular" and program.platform == "TPU"):
+                if kind not in LOOKUP_CHANGE or (kind == "triangular" and program.platform == "TPU"):
                     # On a TPU v5e jnp.cumsum (a reduce-window) took 7% longer than the triangular matmul it would
                     # replace (docs/reference/measurements.md#running-sum-on-a-tpu): no change to offer there.
                     continue
@@ -337,6 +348,8 @@ def _inner_flow(graph: Graph, fusion: Site, position: int, reached: set[str]) ->
             continue
         current = called.by_name[name]
         for user in called.users.get(name, []):
+            if _reads_diagonal(graph, Site(called, user), name):
+                return "mix", 0.0  # a diagonal reads one element of every row: no row is left out
             if user.opcode in SELECT_OPCODES and user.operands and user.operands[0] == name:
                 shares[user.name] = elements(user.dims) / max(elements(current.dims), 1)
             elif user.opcode in MATMUL_OPCODES:
@@ -388,6 +401,8 @@ def _row_selection(graph: Graph, site: Site) -> tuple[float, list[str], list[str
             return None  # the value reaches the result as it is
         current = computation.by_name[name]
         for user in computation.users.get(name, []):
+            if _reads_diagonal(graph, Site(computation, user), name):
+                return None  # a diagonal reads one element of every row: no row is left out
             if user.opcode in SELECT_OPCODES and user.operands and user.operands[0] == name:
                 share = elements(user.dims) / max(elements(current.dims), 1)
                 shares[user.name] = max(shares.get(user.name, 0.0), share)
@@ -764,3 +779,500 @@ def loop_copies_carried_buffer(program: Program) -> list[Match]:
         found.append(match)
     return found
 
+
+
+def _matmul_flops(graph: Graph, site: Site) -> float:
+    """A matmul's FLOPs from its shapes: 2 · |output| · the contracted size."""
+    ins = site.instruction
+    if ins.opcode == "convolution":
+        return conv_flops(ins, site.computation) or 0.0
+    lhs = graph.operand(site, 0)
+    if lhs is None:
+        return 0.0
+    return 2.0 * elements(ins.dims) * elements(tuple(lhs.instruction.dims[d] for d in ins.lhs_contracting
+                                                     if d < len(lhs.instruction.dims)))
+
+
+def _outer(graph: Graph, site: Site) -> Site:
+    """The value as the rest of the program reads it: a fusion's root is the fusion's own result."""
+    seen = set()
+    while site.computation.name not in seen and site.instruction.name == site.computation.root:
+        seen.add(site.computation.name)
+        caller = graph.callers.get(site.computation.name)
+        if caller is None or caller.instruction.opcode != "fusion":
+            break
+        site = caller
+    return site
+
+
+def _value_readers(graph: Graph, site: Site) -> list[Site]:
+    """Every instruction that reads a value, inside its fusion and, where it is the fusion's result, after it."""
+    outer = _outer(graph, site)
+    found = list(graph.users(site)) + (list(graph.users(outer)) if outer is not site else [])
+    return list({(s.computation.name, s.instruction.name): s for s in found}.values())
+
+
+def _plain_matmul(graph: Graph, site: Site | None) -> bool:
+    """A matmul of two matrices: a dot with no batch dimensions, or a convolution that is one, to a 2-D result."""
+    if site is None or len(site.instruction.dims) != 2:
+        return False
+    ins = site.instruction
+    return (ins.opcode == "dot" and not ins.lhs_batch) or (ins.opcode == "convolution" and ins.conv_is_matrix_product)
+
+
+def _timed_stake(program: Program, graph: Graph, sites: list[Site]) -> tuple[list[str], float]:
+    """The timed ops that run these instructions, and their share of the step."""
+    ops = list(dict.fromkeys(graph.timed_op(s) for s in sites))
+    return ops, program.step_percent(program.time_ms(graph.module, ops))
+
+
+def _needed_percent(program: Program, graph: Graph, op: str, flops: float = 0.0, hbm_bytes: float = 0.0
+                    ) -> float | None:
+    """The share of the step this much work per run of `op` needs at the device's peaks (None without peaks)."""
+    runs = program.runs.get((program.module_key(graph.module), op), 1)
+    ms = program.roof_ms(flops=flops * runs, hbm_bytes=hbm_bytes * runs)
+    return program.step_percent(ms) if ms is not None else None
+
+
+MIN_REORDER_RATIO = 4.0
+"""A product chain whose other order needs less than this fraction of its FLOPs is left alone."""
+
+
+@idiom("matmul_chain_order", "work_not_needed",
+       "A product of two large matrices is computed only to multiply a thin one",
+       "reorder the product at {line}: {reordered} (or jnp.linalg.multi_dot([{operands}]), which picks the cheapest "
+       "order from the shapes), so the thin operand is multiplied first and the {big} product is never formed",
+       "matrix products associate: (A @ B) @ v forms the whole n×n product, n³ multiply-adds, where A @ (B @ v) "
+       "needs two matrix-thin products, n²·k each; the result is the same up to rounding",
+       gain=(0.7, 1.0))
+def matmul_chain_order(program: Program) -> list[Match]:
+    """A matmul whose result only one other matmul reads, where multiplying in the other order needs at least
+    MIN_REORDER_RATIO times fewer FLOPs. With the first product P (r×c, contracted over k) and the second reading it
+    along c with p columns of the third operand: r·c·k + r·c·p multiply-adds now, k·p·(c + r) the other way."""
+    out: dict[tuple[str, str], Match] = {}
+    for graph in program.graphs:
+        module_key = program.module_key(graph.module)
+        for second in _matmul_sites(graph):
+            if not _plain_matmul(graph, second):
+                continue
+            for position in (0, 1):
+                operand = graph.operand(second, position)
+                first = graph.origin(operand)
+                if operand is None or first is None or not _plain_matmul(graph, first) or \
+                        elements(operand.instruction.dims) != elements(first.instruction.dims) or \
+                        [r.instruction.name for r in _value_readers(graph, first)] != [second.instruction.name]:
+                    continue
+                flops_now = _matmul_flops(graph, first) + _matmul_flops(graph, second)
+                product = elements(first.instruction.dims)
+                k = _matmul_flops(graph, first) / (2 * product)
+                c = _matmul_flops(graph, second) / (2 * max(elements(second.instruction.dims), 1))
+                r = product / max(c, 1)
+                p = elements(second.instruction.dims) / max(r, 1)
+                flops_other = 2 * k * p * (c + r)
+                if flops_other <= 0 or flops_now < MIN_REORDER_RATIO * flops_other:
+                    continue
+                line, function = program.line_of(graph, second)
+                ops, stake = _timed_stake(program, graph, [first, second])
+                if stake < MIN_STAKE_PERCENT or (module_key, line or ops[0]) in out:
+                    continue
+                thin = graph.operand(second, 1 - position)
+                x, y = (graph.operand(first, j) for j in (0, 1))
+                shape = [s.instruction.shape_text.split("{")[0] if s is not None else "?" for s in (x, y, thin)]
+                big = first.instruction.shape_text.split("{")[0]
+                reordered = (f"A @ (B @ v) instead of (A @ B) @ v, with A {shape[0]}, B {shape[1]} and v {shape[2]}"
+                             if position == 0 else
+                             f"(v @ A) @ B instead of v @ (A @ B), with v {shape[2]}, A {shape[0]} and B {shape[1]}")
+                out[(module_key, line or ops[0])] = Match(
+                    "matmul_chain_order", stake,
+                    f"{first.instruction.opcode} {shape[0]} × {shape[1]} → {big} ({flops_now / 1e9:.3g} GFLOP "
+                    f"with the next product), read only by {second.instruction.opcode} with {shape[2]} → "
+                    f"{second.instruction.shape_text.split('{')[0]}; multiplied the other way the two products need "
+                    f"{flops_other / 1e9:.3g} GFLOP, {flops_now / flops_other:.3g}× less"
+                    + (f", at {line}" if line else ""),
+                    module=module_key, ops=ops, line=line, function=function,
+                    needed_percent=_needed_percent(program, graph, ops[-1], flops=flops_other),
+                    work_ratio=round(flops_now / flops_other, 1),
+                    params={"reordered": reordered, "big": big,
+                            "operands": "A, B, v" if position == 0 else "v, A, B"},
+                    facts={"flops_per_run": flops_now, "flops_reordered_per_run": flops_other,
+                           "product": big, "thin_operand": shape[2]})
+    return list(out.values())
+
+
+def _reads_diagonal(graph: Graph, reader: Site, value: str) -> bool:
+    """Whether an instruction reads only the diagonal of the matrix `value`: a gather at index pairs (i, i) built
+    from one iota (jnp.diagonal, jnp.diag), or a select or product with an identity mask (jnp.trace, x * jnp.eye)."""
+    ins = reader.instruction
+    if ins.opcode == "gather" and ins.operands[:1] == (value,) and len(ins.operands) > 1:
+        indices = graph.origin(graph.operand(reader, 1))
+        if indices is None or indices.instruction.opcode != "concatenate":
+            return False
+        parts = {o.instruction.name if o is not None and o.instruction.opcode == "iota" else None
+                 for o in (graph.origin(graph.operand(indices, k)) for k in range(len(indices.instruction.operands)))}
+        return len(parts) == 1 and None not in parts
+    if ins.opcode == "select" and len(ins.operands) == 3 and value in ins.operands[1:]:
+        other = graph.operand(reader, 2 if ins.operands[1] == value else 1)
+        return graph.mask_kind(graph.operand(reader, 0)) == "diagonal" and graph.mask_kind(other) == "constant"
+    if ins.opcode == "multiply" and len(ins.operands) == 2 and value in ins.operands:
+        return graph.mask_kind(graph.operand(reader, 1 - ins.operands.index(value))) == "diagonal"
+    return False
+
+
+@idiom("diagonal_of_product", "work_not_needed",
+       "A full matrix product is computed to read only its diagonal",
+       "compute only the diagonal at {line}: jnp.einsum('ij,ji->i', A, B) instead of jnp.diag(A @ B) "
+       "(jnp.einsum('ij,ji->', A, B) instead of jnp.trace(A @ B); (A * B.T).sum(axis=1) is the same), so the "
+       "{product} product is never formed",
+       "element i of the diagonal of A @ B is row i of A times column i of B: n·k multiply-adds for the diagonal, "
+       "where the full product does n·m·k and then drops all but n of its elements",
+       gain=(0.7, 1.0))
+def diagonal_of_product(program: Program) -> list[Match]:
+    """A matmul whose every reader keeps only its diagonal (a gather of (i, i), or an identity mask)."""
+    out: dict[tuple[str, str], Match] = {}
+    for graph in program.graphs:
+        module_key = program.module_key(graph.module)
+        for product in _matmul_sites(graph):
+            if not _plain_matmul(graph, product) or min(product.instruction.dims) < 64:
+                continue
+            readers = _value_readers(graph, product)
+            if not readers or not all(_reads_diagonal(graph, r, _operand_from(graph, r, product)) for r in readers):
+                continue
+            line, function = program.line_of(graph, product)
+            ops, stake = _timed_stake(program, graph, [product])
+            dims = product.instruction.dims
+            flops = _matmul_flops(graph, product)
+            ratio = elements(dims) / min(dims)
+            needed = _needed_percent(program, graph, ops[0], flops=flops / ratio)
+            match = out.get((module_key, line or ops[0]))
+            if match is not None:  # jnp.diag(A @ B) and jnp.trace(C @ D) on one line: one change
+                if ops[0] not in match.ops:
+                    match.ops += ops
+                    match.stake_percent = min(match.stake_percent + stake, 100.0)
+                    if needed is not None:
+                        match.needed_percent = (match.needed_percent or 0.0) + needed
+                    match.facts["products"] += 1
+                continue
+            shape = product.instruction.shape_text.split("{")[0]
+            out[(module_key, line or ops[0])] = Match(
+                "diagonal_of_product", stake,
+                f"{product.instruction.opcode} → {shape} ({flops / 1e9:.3g} GFLOP), of which only the {min(dims)} "
+                f"diagonal elements are read ({', '.join(sorted({r.instruction.opcode for r in readers}))})"
+                + (f", at {line}" if line else ""),
+                module=module_key, ops=ops, line=line, function=function, needed_percent=needed,
+                work_ratio=round(ratio, 1), params={"product": shape},
+                facts={"flops_per_run": flops, "diagonal_elements": min(dims), "products": 1})
+    for match in out.values():
+        if match.facts["products"] > 1:
+            match.what += f" (and {match.facts['products'] - 1} more such product(s) on the line)"
+    return [m for m in out.values() if m.stake_percent >= MIN_STAKE_PERCENT]
+
+
+def _operand_from(graph: Graph, reader: Site, value: Site) -> str:
+    """The name of the reader's operand that is the value (through fusion parameters and re-shapes); "" if none."""
+    for name in reader.instruction.operands:
+        found = reader.computation.by_name.get(name)
+        origin = graph.origin(Site(reader.computation, found)) if found is not None else None
+        if origin is not None and origin.instruction is value.instruction:
+            return name
+    return ""
+
+
+def _broadcast_pair(graph: Graph, site: Site | None, reduced: int) -> tuple[int, int] | None:
+    """Where an elementwise op combines two arrays broadcast against each other, (N, D) against (M, D) to
+    N×M×D, and the reduction after it runs over the D of `reduced` elements: (N, M); else None."""
+    if site is None or site.instruction.opcode not in ("subtract", "multiply") or \
+            len(site.instruction.operands) != 2 or reduced < 2:
+        return None
+    made = elements(site.instruction.dims)
+    left, right = (graph.origin(graph.operand(site, k)) for k in (0, 1))
+    if left is None or right is None:
+        return None
+    a, b = elements(left.instruction.dims), elements(right.instruction.dims)
+    if not (a < made and b < made and a * b == made * reduced and a % reduced == 0 and b % reduced == 0):
+        return None
+    return a // reduced, b // reduced
+
+
+PAIRWISE_CHANGE = {
+    "squared distance": "compute the distances at {line} with one matmul: (x ** 2).sum(-1)[:, None] + "
+                        "(y ** 2).sum(-1)[None, :] - 2 * x @ y.T (clip at 0 before a square root) instead of "
+                        "((x[:, None, :] - y[None, :, :]) ** 2).sum(-1)",
+    "dot product": "compute the similarities at {line} as one matmul: x @ y.T (jnp.einsum('nd,md->nm', x, y)) "
+                   "instead of (x[:, None, :] * y[None, :, :]).sum(-1)",
+}
+
+
+@idiom("pairwise_broadcast_reduce", "work_not_needed",
+       "Pairwise distances are built by broadcasting every pair and reducing",
+       "{change}, so the {pairs} pairs are never formed and the work runs on the matrix unit",
+       "broadcasting (N, 1, D) against (1, M, D) makes N·M·D elementwise values on the vector units before the sum "
+       "over D keeps N·M of them; the same sums are one (N, D) × (D, M) matmul, which reads N·D + M·D and writes "
+       "N·M elements",
+       gain=(0.6, 1.0))
+def pairwise_broadcast_reduce(program: Program) -> list[Match]:
+    """A sum over D of the products (or squared differences) of an (N, D) and an (M, D) array broadcast to
+    N×M×D: a matmul, or the expansion of a squared distance into one."""
+    out: dict[tuple[str, str], Match] = {}
+    for graph in program.graphs:
+        module_key = program.module_key(graph.module)
+        for site in graph.sites():
+            ins = site.instruction
+            if ins.opcode != "reduce" or len(ins.operands) != 2 or not ins.called or \
+                    _reducer(graph, ins) != "add":
+                continue
+            value = graph.origin(graph.operand(site, 0))
+            if value is None or value.instruction.opcode != "multiply" or len(value.instruction.operands) != 2:
+                continue
+            reduced = elements(tuple(value.instruction.dims[d] for d in ins.dimensions
+                                     if d < len(value.instruction.dims)))
+            elementwise = [value]
+            pair = _broadcast_pair(graph, value, reduced)
+            kind = "dot product"
+            if pair is None and value.instruction.operands[0] == value.instruction.operands[1]:
+                difference = graph.origin(graph.operand(value, 0))
+                pair = _broadcast_pair(graph, difference, reduced) if difference is not None and \
+                    difference.instruction.opcode == "subtract" else None
+                elementwise.append(difference)
+                kind = "squared distance"
+            if pair is None:
+                continue
+            n, m = pair
+            if n * m < 4096:  # a few pairs cost little whatever builds them
+                continue
+            line, function = program.line_of(graph, value)
+            ops, stake = _timed_stake(program, graph, [site, *elementwise])
+            if stake < MIN_STAKE_PERCENT or (module_key, line or ops[0]) in out:
+                continue
+            itemsize = nbytes(value.instruction) / max(elements(value.instruction.dims), 1)
+            built = n * m * reduced
+            needed_elements = n * reduced + m * reduced + n * m
+            pairs = f"{value.instruction.dtype}[{n},{m},{reduced}]"
+            out[(module_key, line or ops[0])] = Match(
+                "pairwise_broadcast_reduce", stake,
+                f"{'a squared difference' if kind == 'squared distance' else 'a product'} of two arrays broadcast "
+                f"against each other, ({n}, {reduced}) and ({m}, {reduced}), to {built:,} elements ({pairs}), then "
+                f"summed over the {reduced} → {ins.shape_text.split('{')[0]}: the {kind}s of {n}×{m} pairs, "
+                f"{built / needed_elements:.3g}× the {needed_elements:,} elements a matmul reads and writes"
+                + (f", at {line}" if line else ""),
+                module=module_key, ops=ops, line=line, function=function,
+                needed_percent=_needed_percent(program, graph, ops[0], flops=2.0 * built,
+                                               hbm_bytes=needed_elements * itemsize),
+                work_ratio=round(built / needed_elements, 1),
+                params={"change": PAIRWISE_CHANGE[kind].format(line=line or "the line that builds it"),
+                        "pairs": pairs},
+                facts={"kind": kind, "broadcast_elements": built, "matmul_elements": needed_elements})
+    return list(out.values())
+
+
+def _reducer(graph: Graph, ins) -> str:
+    """The opcode a reduce combines its elements with (its computation's root): 'add', 'maximum', …"""
+    called = graph.module.computations.get(ins.called[0]) if ins.called else None
+    root = called.by_name.get(called.root) if called is not None else None
+    return root.opcode if root is not None else ""
+
+
+GRADIENT_OP = re.compile(r"(?<![a-z_])transpose\(")
+"""JAX's name for the ops of a gradient's backward pass (the transpose of its linearised forward)."""
+DIFFERENTIATED_OP = re.compile(r"(?<![a-z_])(jvp|linearize|transpose)\(")
+"""JAX's names for any op of a differentiated function, forward or backward."""
+
+
+def _matmul_signature(program: Program, graph: Graph, site: Site) -> tuple:
+    """What a matmul computes, as two traces of the same code give it alike: its output, its operands' shapes, its
+    contraction and the user's line it was traced from."""
+    ins = site.instruction
+    operands = tuple(o.instruction.shape_text.split("{")[0] if o is not None else "" for o in
+                     (graph.operand(site, k) for k in range(len(ins.operands))))
+    return ins.shape_text.split("{")[0], operands, ins.lhs_contracting, program.line_of(graph, site)[0]
+
+
+def _call_lines(graph: Graph, site: Site, other: Graph, other_site: Site) -> tuple[str, str]:
+    """The user's lines that call each of two programs traced from the same code: the first frames, from the
+    outermost in, where the two instructions' Python stacks part."""
+    mine, theirs = graph.module.stack(site.instruction), other.module.stack(other_site.instruction)
+    common = 0
+    while common < min(len(mine), len(theirs)) and mine[-1 - common] == theirs[-1 - common]:
+        common += 1
+    if common >= min(len(mine), len(theirs)):
+        return "", ""
+    lines = []
+    for stack in (mine[:len(mine) - common], theirs[:len(theirs) - common]):
+        source = source_of_stack(stack[-1:])
+        lines.append(source.user.short if source is not None and source.user is not None else "")
+    return lines[0], lines[1]
+
+
+@idiom("forward_computed_twice", "work_not_needed",
+       "The loss is computed in one call and again inside its gradient's call",
+       "compute the loss and its gradient in one call: loss, grads = jax.value_and_grad({function})(params, ...) "
+       "(jax.value_and_grad(f, has_aux=True) where it returns more) replaces the call at {line} and the one at "
+       "{gradient_line}, so the forward pass runs once per step instead of twice",
+       "jax.grad runs the forward pass to differentiate it, and value_and_grad returns that pass's value: a separate "
+       "call for the loss computes the same forward again (a premise the profile shows as the same matmuls from the "
+       "same lines in both programs, each run every step; that both calls read the same batch and parameters is the "
+       "program's to confirm)",
+       gain=(0.7, 1.0))
+def forward_computed_twice(program: Program) -> list[Match]:
+    """A program with no gradient in it whose every matmul (shapes, contraction, the user's line) is also one of
+    another program's differentiated forward, that other program computing a gradient, both run as often per step."""
+    per_step = dict(calls_per_step_of(program))
+    modules = []
+    for graph in program.graphs:
+        key = program.module_key(graph.module)
+        sites = list(_matmul_sites(graph))
+        if per_step.get(key, 0) < 1 or not sites:
+            continue
+        names = [s.instruction.op_name or "" for s in sites]
+        modules.append((graph, key, sites, names))
+    out = []
+    for graph, key, sites, names in modules:
+        if any(DIFFERENTIATED_OP.search(n) for n in names):
+            continue  # a gradient's program: its forward is needed
+        signatures = [_matmul_signature(program, graph, s) for s in sites]
+        for other, other_key, other_sites, other_names in modules:
+            if other_key == key or abs(per_step[other_key] - per_step[key]) >= 0.5 or \
+                    not any(GRADIENT_OP.search(n) for n in other_names):
+                continue
+            forward = [(_matmul_signature(program, other, s), s) for s, n in zip(other_sites, other_names)
+                       if not GRADIENT_OP.search(n)]
+            unmatched = [f for f, _ in forward]
+            for signature in signatures:
+                if signature not in unmatched:
+                    break
+                unmatched.remove(signature)
+            else:
+                ms = sum(v for (m, _), v in program.op_ms.items() if m == key)
+                stake = program.step_percent(ms)
+                if stake < MIN_STAKE_PERCENT:
+                    break
+                lead = max(sites, key=lambda s: program.time_ms(graph.module, [graph.timed_op(s)]))
+                twin = next(s for f, s in forward if f == _matmul_signature(program, graph, lead))
+                line, gradient_line = _call_lines(graph, lead, other, twin)
+                inner_line, function = program.line_of(graph, lead)
+                flops = sum(_matmul_flops(graph, s) for s in sites)
+                other_flops = sum(_matmul_flops(other, s) for s in other_sites)
+                out.append(Match(
+                    "forward_computed_twice", stake,
+                    f"the program {key} computes no gradient and runs {len(sites)} matmul(s) ({flops / 1e9:.3g} "
+                    f"GFLOP per call), each also in the forward pass of {other_key}, which computes a gradient; both "
+                    f"run {per_step[key]:g} time(s) per step" + (f", called at {line} and {gradient_line}" if line
+                                                                 else "")
+                    + (f" (the matmuls at {inner_line})" if inner_line else ""),
+                    module=key, ops=sorted({op for (m, op) in program.op_ms if m == key})[:16],
+                    line=line or inner_line, function=function, needed_percent=0.0,
+                    work_ratio=round((flops + other_flops) / other_flops, 2) if other_flops else None,
+                    params={"function": function or "loss_fn", "gradient_line": gradient_line or other_key},
+                    facts={"gradient_program": other_key, "forward_matmuls": len(sites),
+                           "forward_flops_per_call": flops, "gradient_flops_per_call": other_flops}))
+                break
+    return out
+
+
+def _arg_reduce(graph: Graph, site: Site) -> str | None:
+    """'argmax' for a reduce that carries an iota's indices along with the values (jnp.argmax, jnp.argmin),
+    'max' for a reduce by maximum, else None."""
+    ins = site.instruction
+    if ins.opcode != "reduce":
+        return None
+    if len(ins.operands) == 4:
+        indices = graph.origin(graph.operand(site, 1))
+        return "argmax" if indices is not None and indices.instruction.opcode == "iota" and \
+            indices.instruction.dimensions == ins.dimensions else None
+    return "max" if len(ins.operands) == 2 and _reducer(graph, ins) == "maximum" else None
+
+
+def _softmax(graph: Graph, value: Site | None) -> tuple[Site, Site] | None:
+    """Where a value is a softmax, exp(x - max) divided (or multiplied by one over) its sum: (the exponential, the
+    sum); else None."""
+    if value is None or value.instruction.opcode not in ("divide", "multiply") or len(value.instruction.operands) != 2:
+        return None
+    for k in (0, 1):
+        exp, norm = graph.origin(graph.operand(value, k)), graph.origin(graph.operand(value, 1 - k))
+        if exp is None or norm is None or exp.instruction.opcode != "exponential" or \
+                exp.instruction.dims != value.instruction.dims or (value.instruction.opcode == "divide" and k != 0):
+            continue
+        if norm.instruction.opcode == "divide" and value.instruction.opcode == "multiply":  # times 1 / sum
+            norm = graph.origin(graph.operand(norm, 1))
+        if norm is not None and norm.instruction.opcode == "reduce" and _reducer(graph, norm.instruction) == "add":
+            summed = graph.origin(graph.operand(norm, 0))
+            # XLA:TPU recomputes the exponentials in each fusion that reads them: the sum's are another instance
+            if summed is not None and summed.instruction.opcode == "exponential" and \
+                    summed.instruction.dims == exp.instruction.dims:
+                return exp, norm
+    return None
+
+
+def _full_passes(graph: Graph, ops: list[str], size: int) -> int:
+    """How many arrays of at least `size` elements the timed ops read and write together."""
+    passes = 0
+    for op in ops:
+        found = graph.module.find(op)
+        if found is None:
+            continue
+        computation, ins = found
+        shapes = [d for _, d in ins.tuple_shapes] if ins.tuple_shapes else [ins.dims]
+        operands = [computation.by_name[o].dims for o in dict.fromkeys(ins.operands) if o in computation.by_name]
+        passes += sum(1 for dims in shapes + operands if elements(dims) >= size)
+    return passes
+
+
+@idiom("softmax_for_argmax", "work_not_needed",
+       "A softmax is computed only for its largest entry to be read",
+       "{change}",
+       "softmax is increasing along its axis, so its argmax is the logits' argmax: the exponentials, their sum and "
+       "the division are work the index does not need (the largest probability alone is exp(max - logsumexp))",
+       gain=(0.6, 1.0))
+def softmax_for_argmax(program: Program) -> list[Match]:
+    """A softmax (exp, its sum, the division) whose every reader is an argmax or max reduction."""
+    out: dict[tuple[str, str], Match] = {}
+    for graph in program.graphs:
+        module_key = program.module_key(graph.module)
+        for site in graph.sites():
+            kind = _arg_reduce(graph, site)
+            value = graph.origin(graph.operand(site, 0)) if kind else None
+            found = _softmax(graph, value)
+            if found is None or elements(value.instruction.dims) < 4096:
+                continue
+            readers = _value_readers(graph, value)
+            kinds = {_arg_reduce(graph, r) for r in readers}
+            if None in kinds:
+                continue  # the probabilities are read as they are too: they are needed
+            exp, total = found
+            reduce_op = graph.timed_op(site)
+            softmax_ops = [op for op in dict.fromkeys(graph.timed_op(s) for s in (exp, total, value))
+                           if op != reduce_op]
+            stake = program.step_percent(program.time_ms(graph.module, softmax_ops))
+            line, function = program.line_of(graph, site)
+            if stake < MIN_STAKE_PERCENT or (module_key, line or reduce_op) in out:
+                continue
+            size = elements(value.instruction.dims)
+            passes = _full_passes(graph, list(dict.fromkeys(softmax_ops + [reduce_op])), size)
+            axis = site.instruction.dimensions[0] if site.instruction.dimensions else -1
+            at = line or "the line that reads it"
+            change = (f"take the argmax of the logits at {at}: jnp.argmax(logits, axis={axis}) instead of "
+                      f"jnp.argmax(jax.nn.softmax(logits, axis={axis}), axis={axis}), the same index"
+                      if "argmax" in kinds else f"read the largest probability at {at} without the probabilities: "
+                      f"jnp.exp(jnp.max(logits, axis={axis}) - jax.nn.logsumexp(logits, axis={axis}))")
+            if "max" in kinds or _reads_value(graph, site):
+                change += (f"; where its largest probability is read too, jnp.exp(jnp.max(logits, axis={axis}) - "
+                           f"jax.nn.logsumexp(logits, axis={axis})) gives it")
+            softmax_line = program.line_of(graph, exp)[0]
+            out[(module_key, line or reduce_op)] = Match(
+                "softmax_for_argmax", stake,
+                f"a softmax over {value.instruction.shape_text.split('{')[0]} (exponential, sum along dimension "
+                f"{axis}, {value.instruction.opcode})" + (f" at {softmax_line}" if softmax_line else "")
+                + f" is read only by {' and '.join(sorted(kinds))} reduction(s)" + (f" at {line}" if line else "")
+                + f": {passes} passes over the array where the {'index' if 'argmax' in kinds else 'maximum'} "
+                "needs one over the logits",
+                module=module_key, ops=softmax_ops, line=line, function=function,
+                work_ratio=float(passes),
+                params={"change": change},
+                facts={"reads": sorted(kinds), "array_passes": passes, "softmax_line": softmax_line})
+    return list(out.values())
+
+
+def _reads_value(graph: Graph, site: Site) -> bool:
+    """Whether the values an argmax reduce carries (its first output, the maximum) are read, not only the index."""
+    outer = _outer(graph, site)
+    return any(u.instruction.opcode == "get-tuple-element" and u.instruction.tuple_index == 0
+               for u in (Site(outer.computation, i) for i in outer.computation.users.get(outer.instruction.name, [])))

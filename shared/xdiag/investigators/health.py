@@ -12,6 +12,7 @@ from typing import Any, ClassVar, Self
 
 from xdiag.analysis.breakdown import CATEGORIES
 from xdiag.analysis.roofline import MEMORY_BOUND_FINDING_MIN_PERCENT, memory_bound_rows
+from xdiag.idioms.memory_numerics import recompute_not_needed
 from xdiag.model import ToolResult
 from xdiag.profile.trace_json import XPROF_CHROME
 
@@ -463,34 +464,15 @@ def _one_line_per_share(shares: list[tuple[str, float]]) -> list[str]:
     return lines
 
 
-RECOMPUTE_MATERIAL_PERCENT = 10.0
-"""Share of op time recomputed ops (jax.checkpoint) must take for their cost to count."""
-RECOMPUTE_PEAK_MAX_PERCENT = 60.0
-"""The peak, as a share of the memory limit, under which the recomputation is not needed to fit (issue 58's Flax LM:
-7.7 of 16.9 GB, 46%); above it the saved activations may not fit, and recomputing is the price of fitting."""
-RECOMPUTE_SAVED_PEAK_MAX_PERCENT = 90.0
-"""Above the peak share, the recomputation is still not needed where the peak plus the recomputed matmul outputs a
-dots-saving policy keeps stays under this share of the limit (the 10% left for the allocator's fragmentation and
-the buffers a new schedule moves)."""
-
-
 def memory_limit_gib(s: HealthSnapshot) -> float | None:
     """The memory the peak is measured against: the allocator's limit where lower than the device's memory."""
     return s.allocator_limit_gib or s.memory_capacity_gib
 
 
 def needless_recompute(s: HealthSnapshot) -> bool:
-    """A material share of op time recomputes values while the peak is well under the memory limit, or while the
-    peak plus what a dots-saving policy keeps instead (the recomputed matmuls' outputs, measured in the HLO) stays
-    under RECOMPUTE_SAVED_PEAK_MAX_PERCENT of it (remat_linen_lm: 18.4% recomputed, peak 11.2 of 15.7 GiB, 71%, and
-    1.5 GiB of recomputed matmul outputs: 81% with them saved)."""
-    limit = memory_limit_gib(s)
-    if not ((s.rematerialised_op_percent or 0) >= RECOMPUTE_MATERIAL_PERCENT and s.peak_memory_gib and limit):
-        return False
-    if 100 * s.peak_memory_gib / limit < RECOMPUTE_PEAK_MAX_PERCENT:
-        return True
-    saved = s.rematerialised_saveable_dot_gib
-    return bool(saved) and 100 * (s.peak_memory_gib + saved) / limit < RECOMPUTE_SAVED_PEAK_MAX_PERCENT
+    """The recomputation the memory does not need (the needless_remat idiom's premise), from the snapshot."""
+    return recompute_not_needed(s.rematerialised_op_percent, s.peak_memory_gib, memory_limit_gib(s),
+                                s.rematerialised_saveable_dot_gib)
 
 
 def is_latency_bound(work: LoopWork) -> bool:

@@ -78,11 +78,6 @@ def _below_roof(limit: float) -> Check:
     return check
 
 
-def _recomputes(a: dict, c: dict) -> bool | None:
-    share = a.get("rematerialised_op_percent")
-    return None if share is None else share > 0
-
-
 def _head_dim_at_least(least: int) -> Check:
     def check(a: dict, c: dict) -> bool | None:
         head_dim = c.get("head_dim")
@@ -107,7 +102,6 @@ PREMISES: dict[str, Premise] = {
     "short_loop": Premise(lambda a, c: None if a.get("loop_trips_per_run") is None else a["loop_trips_per_run"] <= 128,
                           "the loop is too long to unroll in full (over 128 steps)", "the sequence length"),
     "far_below_roof": Premise(_below_roof(60.0), "the kernel already reaches 60% or more of its roof"),
-    "recomputes": Premise(_recomputes, "no op recomputes values (no jax.checkpoint / remat in the HLO)"),
     "not_keras": Premise(_not_keras, "the loop is a Keras layer's, which takes no scan argument"),
     "fetches_not_block": Premise(
         lambda a, c: None if not a.get("sync_event") else "block_until_ready" not in str(a["sync_event"]),
@@ -235,11 +229,6 @@ LEVERS: tuple[Lever, ...] = (
           "run more sequences through the loop at {line} at once (a larger batch): each dependent step costs about "
           "the same whatever its width, so k times the batch does about k times the work in the same time",
           ("long_loop",), gap="throughput", trial="lstm_batch64", order=2),
-    Lever("remat_policy", "recompute", ("needless_remat",), JAX_CODE, ("TPU", "GPU", "CPU"),
-          "recompute less at {line}: drop the jax.checkpoint / nn.remat (Flax linen) / nnx.remat (Flax NNX) around "
-          "the block, or give it a policy that saves the matmul outputs: jax.checkpoint(block, "
-          "policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)",
-          ("training", "recomputes"), gain=(0.5, 1.0), gap="finding", trial="remat_train"),
     Lever("matmul_precision", "matmul", ("low_kernel_efficiency", "memory_bound"), JAX_CODE, ("TPU", "GPU"),
           "let the matmuls at {line} run at the default precision: drop precision=jax.lax.Precision.HIGHEST there "
           "and any jax.config.update(\"jax_default_matmul_precision\", \"highest\") (or "
@@ -267,12 +256,6 @@ LEVERS: tuple[Lever, ...] = (
           "donate the state the step replaces: jax.jit(step, donate_argnums=(0, 1)) (the parameters and optimizer "
           "state), so the updated copies reuse their buffers",
           ("training", "not_donated"), gain=(0.0, 0.0), gap="finding", trial="near_hbm_limit"),
-    Lever("donate_arguments", "argument_copies", ("argument_copies",), JAX_CODE, ("TPU", "GPU", "CPU"),
-          "donate the arguments of {program} that hold {arguments}: their positions in donate_argnums (or their "
-          "names in donate_argnames) of the jax.jit that compiles it (nnx.jit(..., donate_argnums=...) in Flax NNX), "
-          "and use the arrays it returns in their place (the donated ones are deleted), so XLA updates them in place "
-          "instead of copying them first",
-          ("not_donated",), gain=(0.8, 1.0), gap="finding"),
     Lever("prefetch_to_device", "host_input", ("input_bound",), JAX_CODE, ("TPU", "GPU"),
           "put the next batch on the device while this step runs: a background thread that calls jax.device_put "
           "ahead of use (or flax.jax_utils.prefetch_to_device(iterator, 2)), and move per-step numpy work at {line} "
@@ -294,9 +277,10 @@ its middle; lstm_linen_train's per-step float(loss) removed took 14.7% of a step
 (its 3 traced steps average 10.97 ms, the program's own loop 11.65): drop_per_step_fetch 0.9–1.0 of that idle share.
 Every gain is capped at the share of the step the component holds (ragged_serve_raw read 76.1–118.4% before).
 After the held-out trials (bench/fix_trials.md; calibration from here on): matmul_precision's gap is the matmuls'
-whole share (at HIGHEST XLA:TPU runs an f32 matmul as 6 bf16 passes, at the default 1: up to 5/6 of their time);
-donate_arguments 0.8–1.0 of the copies' stake (paged_decode_nnx: 15.5% of a step whose copies held 15.8%, and 45.7%
-of one whose copies held 47%)."""
+whole share (at HIGHEST XLA:TPU runs an f32 matmul as 6 bf16 passes, at the default 1: up to 5/6 of their time).
+A finding the idiom catalogue recognises (xdiag.idioms: argument_copies, needless_remat) carries its lever in its
+entry: the change, its gain and where it was measured; this catalogue holds the levers of the bottleneck-class
+findings."""
 
 LEVERS_BY_KEY = {lever.key: lever for lever in LEVERS}
 
@@ -396,8 +380,6 @@ def candidates(anatomy: dict[str, Any], finding: str, component: str | None, com
         change = lever.change.format(line=at_line or line or "the line that calls it",
                                      kernel=record.get("kernel") or "",
                                      attention=record.get("written_as") or "attention",
-                                     program=_function_of(record.get("programs")),
-                                     arguments=", ".join(record.get("arguments") or []) or "the arguments it updates",
                                      paged_block=_paged_block(record.get("pages_per_sequence")))
         offers.append(Offer(lever, change, unchecked, gain, basis))
     offers.sort(key=lambda o: (o.lever.order, -(o.gain_percent[1] if o.gain_percent else 0)))
@@ -417,12 +399,6 @@ def _paged_block(pages: int | None) -> str:
     block = next((b for b in (PAGED_BLOCK_MAX >> i for i in range(3)) if pages % b == 0), None)
     return (f" to {block} (the largest power of two up to {PAGED_BLOCK_MAX} that divides the {pages} pages per "
             "sequence its page_indices hold)" if block else "")
-
-
-def _function_of(programs: list[str] | None) -> str:
-    """The jitted function an HLO module compiles, as the user named it (jit_decode -> decode)."""
-    names = [re.sub(r"^p?jit_|\(\d+\)$", "", p) for p in programs or []]
-    return f"the jitted {names[0]}" if names and names[0] else "the jitted step"
 
 
 def _gain(lever: Lever, record: dict, compute: float | None, finding_step: float | None
@@ -538,9 +514,4 @@ def candidates_record(anatomy: dict[str, Any], compute_percent: float | None) ->
                 if key not in seen:
                     seen.add(key)
                     out.append({"component": c["component"], "lever": key, "not_offered": why})
-    copies = anatomy.get("argument_copies") or {}
-    if (copies.get("share_of_op_time_percent") or 0) >= 5:
-        stake = copies["share_of_op_time_percent"] * compute_percent / 100 if compute_percent is not None else None
-        offers, _ = candidates(anatomy, "argument_copies", "argument_copies", compute_percent, stake)
-        out += [{"component": "argument_copies", **o.record()} for o in offers]
     return out

@@ -457,6 +457,7 @@ def hlo_module(proto_bytes: bytes, host: str, fallback_id: int, notes: list[str]
                     tuple_index=int(ins.tuple_index) if ins.opcode == "get-tuple-element" else -1,
                     comparison=ins.comparison_direction if ins.opcode == "compare" else "",
                     dimensions=tuple(int(d) for d in ins.dimensions),
+                    indices_are_sorted=bool(ins.indices_are_sorted),
                 )
             )
         computations[computation.name] = instructions

@@ -210,6 +210,8 @@ def _build_hlo_file() -> descriptor_pb2.FileDescriptorProto:
             ("is_host_transfer", 47, _BOOL, _OPTIONAL),
             ("precision_config", 51, _MESSAGE, _OPTIONAL, "PrecisionConfig"),
             ("comparison_direction", 63, _STRING, _OPTIONAL),
+            # a scatter's or gather's promise that its indices are sorted (jax's indices_are_sorted=True)
+            ("indices_are_sorted", 67, _BOOL, _OPTIONAL),
         ],
     )
     _message(

@@ -287,6 +287,7 @@ class HloInstruction:
     tuple_index: int = -1  # a get-tuple-element: the element it reads
     comparison: str = ""  # a compare: its direction (EQ, NE, LT, LE, GT, GE)
     dimensions: tuple[int, ...] = ()  # the dimensions a sort, reduce, broadcast or transpose works along
+    indices_are_sorted: bool = False  # a scatter or gather: the program promised its indices are sorted
 
     @property
     def shape_text(self) -> str:

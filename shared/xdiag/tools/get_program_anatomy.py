@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import re
-
 from xdiag.analysis.anatomy import ProgramFacts, program_anatomy
 from xdiag.analysis.device_peaks import session_peaks
 from xdiag.analysis.op_stats import op_stats
 from xdiag.analysis.recompute import rematerialised_time
 from xdiag.analysis.roofline import loop_work
-from xdiag.analysis.xprof.common import natural_order
 from xdiag.analysis.source_lines import is_library
 from xdiag.errors import NotAvailable
 from xdiag.idioms import recognise
+from xdiag.idioms.memory_numerics import argument_copies_of
+from xdiag.idioms.program import Program
 from xdiag.profile.space import Session
 from xdiag.profile.trace_json import KINETO, trace_format
 from xdiag.tools.get_device_information import framework
@@ -59,7 +58,7 @@ def get_program_anatomy(session: Session) -> ToolOutput:
         devices=len(session.device_planes()) or None,
         donated_arguments=len(busiest.donated_parameters) if busiest is not None else None,
         matmul_precision=precision,
-        argument_copies=_argument_copies(session, stats, total_ps),
+        argument_copies=argument_copies_of(Program(session)),
         rematerialised_op_percent=rematerialised_time(session, rows).get("rematerialised_op_percent"),
         loop_trips_per_run=loops.get("loop_trips_per_run"), **_host_phase_marks(session))
     summary = program_anatomy(rows, facts)
@@ -101,29 +100,3 @@ def _precisions(session: Session, stat) -> list[str | None]:
     inner = [ins] + [i for name in ins.called for i in (module.computations[name].instructions
                                                        if name in module.computations else ())]
     return [_PRECISIONS.get(p) for i in inner if i.opcode in ("dot", "convolution") for p in i.operand_precision]
-
-
-def _argument_copies(session: Session, stats, total_ps: int) -> dict | None:
-    """The copies XLA makes of a program's arguments because they are not donated: a `copy` whose operand is an
-    entry parameter no output aliases. An argument the program updates (a KV cache written with .at[].set) must
-    stay intact for the caller, so the program first copies all of it; donated, the update happens in place."""
-    ops, arguments, programs, shape, copied_ps = [], [], [], "", 0
-    for s in stats:
-        module = session.module(s.module) if s.name.startswith("copy") else None
-        found = module.find(s.name) if module is not None else None
-        if not found or found[0].name != module.entry or found[1].opcode != "copy" or not found[1].operands:
-            continue
-        operand = found[0].by_name.get(found[1].operands[0])
-        if operand is None or operand.opcode != "parameter" or operand.name in module.donated_parameters:
-            continue
-        copied_ps += s.total_ps
-        ops.append(s.name)
-        arguments.append(re.sub(r"\.\d+$", "", operand.name))
-        shape = shape or found[1].shape_text.split("{")[0]
-        if module.name not in programs:
-            programs.append(module.name)
-    if not ops or not total_ps:
-        return None
-    distinct = sorted(set(arguments), key=natural_order)
-    return {"share_of_op_time_percent": round(100 * copied_ps / total_ps, 2), "ops": ops[:12],
-            "arguments": distinct[:12], "argument_count": len(distinct), "shape": shape, "programs": programs}

@@ -59,7 +59,7 @@ from xdiag.profile.trace_json import KINETO, trace_format
 from xdiag.tools.detect_layout_mismatch_copies import combined_data_formatting, data_formatting_ps
 from xdiag.tools.get_device_information import FRAMEWORK_MARKS
 from xdiag.tools.get_kernel_stats import combined_kernel_table, kernel_table
-from xdiag.tools.get_memory_profile import allocator_totals
+from xdiag.analysis.memory_use import allocator_totals
 from xdiag.tools.get_step_trace import host_calls
 from xdiag.analysis.op_stats import OpStat, _names_with_several_programs, op_stats
 from xdiag.analysis.line_view import combined_python_frame_times, python_frame_times

@@ -1,5 +1,6 @@
-"""Findings about what the compiler does: recompilation inside the loop, copies of arguments that are not donated,
-and the inefficiencies the HLO checks find (layout copies, materialised widening converts, unfused data movement)."""
+"""Findings about what the compiler does: recompilation inside the loop, and the inefficiencies the HLO checks find
+(layout copies, materialised widening converts, unfused data movement). Copies of arguments that are not donated are
+an idiom of the catalogue (xdiag.idioms.memory_numerics, argument_copies): the HLO checks yield to its finding."""
 
 from __future__ import annotations
 
@@ -37,38 +38,6 @@ def recompilation(facts: Facts, found: list[Hypothesis]) -> Hypothesis | None:
         advice.static_shapes(facts.context()),
         follow_up=("aggregate_xplane_events", {"pattern": r"compile|lower_sharding_computation|lower_jaxpr"}),
         extra_evidence=events_evidence,
-    )
-
-
-ARGUMENT_COPIES_MIN_PERCENT = 10.0
-"""Copies of arguments that are not donated holding this share of op time are a finding (as the HLO checks' ops)."""
-
-
-@rule("argument_copies")
-def argument_copies(facts: Facts, found: list[Hypothesis]) -> Hypothesis | None:
-    """Whole arguments copied before the program writes into them: no output aliases them (they are not donated),
-    so XLA keeps the caller's arrays intact and updates copies."""
-    copies = facts.summary("get_program_anatomy").get("argument_copies") or {}
-    share = copies.get("share_of_op_time_percent") or 0.0
-    if share < ARGUMENT_COPIES_MIN_PERCENT:
-        return None
-    arguments, count = copies.get("arguments") or [], copies.get("argument_count") or 0
-    named = ", ".join(arguments[:4]) + (f" and {count - 4} more" if count > 4 else "")
-    module = program((copies.get("programs") or [""])[0])
-    return Hypothesis(
-        "argument_copies", share * facts.compute / 100,
-        "The step copies arguments it could update in place: they are not donated",
-        f"{len(copies.get('ops') or [])} copies of the program's arguments ({named}; each {copies.get('shape')}) "
-        f"take {share:g}% of op time: no output of {module or 'the program'} aliases these arguments (they are not "
-        "donated), so XLA copies each whole array before the program writes into it, leaving the caller's intact.",
-        facts.base + [evidence("get_program_anatomy", "argument_copies share_of_op_time_percent", share,
-                               "copies whose operand is an argument no output aliases (the HLO's input_output_alias)"),
-                      evidence("get_program_anatomy", "argument_copies arguments", ", ".join(arguments)),
-                      evidence("get_program_anatomy", "argument_copies ops", ", ".join(copies.get("ops") or []))],
-        f"up to {share:.0f}% less op time; {saving(facts.step_ms, share * facts.compute / 100)}",
-        "Donate only what the step replaces: an argument the caller still reads after the call must keep its "
-        "copy.",
-        ops=frozenset((module, op) for op in copies.get("ops") or []),
     )
 
 

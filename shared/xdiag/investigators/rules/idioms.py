@@ -35,6 +35,9 @@ SUPERSEDES = {
 COVERED_BY_OPS = ("memory_bound", "low_kernel_efficiency", "layout_copies", "unfused_data_movement",
                   "materialised_attention", "latency_bound", "bounded_efficiency")
 """Findings that rate ops against their roofline: where an idiom stakes the same ops, the idiom is their cause."""
+PART_OF_OTHERS = frozenset({"argument_copies"})
+"""Idioms whose ops are a part of a roofline finding's, not its cause (copies of arguments among a decode step's
+memory-bound ops): they leave those findings standing, and the HLO checks yield to them where their top op is one."""
 
 
 def hypothesis(match: Match, facts: Facts) -> Hypothesis:
@@ -52,7 +55,11 @@ def hypothesis(match: Match, facts: Facts) -> Hypothesis:
                ", less what the result needs" if match.needed_percent else "") + ")."
            + measured
            + (" Alternatives: " + "; ".join(idiom.alternatives) + "." if idiom.alternatives else ""))
-    ev = facts.base + [evidence("get_program_anatomy", f"idiom {match.idiom}", match.what)]
+    # The idiom is its own lever (the lever catalogue's row for its finding is its entry), unless its change is a
+    # lever's of the catalogue: then the finding names that lever, as a lever-led finding does
+    lever = (evidence("get_program_anatomy", "lever", idiom.lever, f"the change of idiom {match.idiom}")
+             if idiom.lever else evidence("get_program_anatomy", "lever", match.idiom, idiom.title))
+    ev = facts.base + [evidence("get_program_anatomy", f"idiom {match.idiom}", match.what), lever]
     ev += [evidence("get_program_anatomy", f"{match.idiom} {k}", v) for k, v in list(match.facts.items())[:4]]
     if match.needed_percent is not None:
         ev.append(evidence("get_program_anatomy", f"{match.idiom} needed_percent", round(match.needed_percent, 2),
@@ -87,7 +94,8 @@ def superseded(found: list[Hypothesis]) -> list[Hypothesis]:
     for h in found:
         mine = {op for _, op in h.ops}
         covered = [o for o in found if o is not h and id(o) not in drop and (
-            o.key in SUPERSEDES.get(h.key, ()) or (o.key in COVERED_BY_OPS and h.key in IDIOMS and mine
+            o.key in SUPERSEDES.get(h.key, ()) or (o.key in COVERED_BY_OPS and h.key in IDIOMS
+                                                    and h.key not in PART_OF_OTHERS and mine
                                                     and _cited_ops(o) & mine))]
         if covered:
             h.whats_happening += (" It accounts for what the " + ", ".join(o.key.replace("_", " ") for o in covered)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from xdiag.investigators import advice
-from xdiag.investigators.health import OOM_RISKS_ABOVE_LOW, HealthSnapshot, memory_limit_gib, needless_recompute
+from xdiag.investigators.health import OOM_RISKS_ABOVE_LOW, HealthSnapshot
 from xdiag.investigators.rules.hypothesis import Hypothesis, detail, evidence, failure_reason, summary
 from xdiag.investigators.rules.registry import Facts, rule
 from xdiag.model import ToolResult
@@ -135,38 +135,3 @@ DONATION_MATTERS_SHARE = 0.1
 @rule("memory_pressure")
 def memory_pressure(facts: Facts, found: list[Hypothesis]) -> Hypothesis | None:
     return memory_pressure_hypothesis(facts.health, facts.results)
-
-
-
-@rule("needless_remat")
-def needless_remat(facts: Facts, found: list[Hypothesis]) -> Hypothesis | None:
-    """Recomputation the memory headroom does not need: jax.checkpoint re-runs blocks' forward passes while the
-    peak stays well under the memory limit."""
-    ops = facts.summary("get_hlo_op_profile")
-    health = facts.health
-    if not needless_recompute(health) or facts.compute < 30:
-        return None
-    share, peak, limit = health.rematerialised_op_percent, health.peak_memory_gib, memory_limit_gib(health)
-    saved = health.rematerialised_saveable_dot_gib
-    used = 100 * peak / limit
-    step_ms = facts.step_ms
-    per_step = f", about {step_ms * facts.compute / 100 * share / 100:.3g} ms of each {step_ms:.3g} ms step" if step_ms else ""
-    return Hypothesis(
-        "needless_remat", share * facts.compute / 100,
-        "Recomputation the memory does not need: rematerialised blocks whose saved values would fit under the limit",
-        f"{share:g}% of op time re-runs forward computations inside the backward pass (ops JAX marks "
-        f"rematted_computation under jax.checkpoint: {', '.join(ops.get('rematerialised_ops') or [])}), while the "
-        f"step's peak memory is {peak:g} of {limit:g} GiB ({used:.0f}%): the activations it recomputes could be "
-        "kept instead"
-        + (f" (the recomputed matmuls' outputs a dots-saving policy keeps are {saved:g} GiB: "
-           f"{100 * (peak + saved) / limit:.0f}% of the limit with them)." if saved else "."),
-        facts.base + [evidence("get_hlo_op_profile", "rematerialised_op_percent", share),
-                      evidence("get_memory_profile", "peak_memory_gib", peak),
-                      evidence("get_memory_profile", "capacity_gib", health.memory_capacity_gib)],
-        f"Up to {share:g}% of op time{per_step}, the recomputation itself, if the saved activations fit: "
-        f"the peak grows by what the checkpointed blocks now recompute, from {peak:g} GiB towards the {limit:g} GiB limit.",
-        "Save more and recompute less where the memory allows: drop jax.checkpoint (Flax nn.remat) from the blocks "
-        "whose activations fit, or give it a policy that saves the costly values "
-        "(jax.checkpoint_policies.dots_with_no_batch_dims_saveable, or save_only_these_names for values named "
-        "with jax.ad_checkpoint.checkpoint_name); then check the peak with a new capture.",
-    )

@@ -88,7 +88,6 @@ RULE_ORDER = (
     "warm_up",
     "input_bound",
     "collectives",
-    "argument_copies",
     "layout_copies",
     "widening_converts",
     "unfused_data_movement",
@@ -101,13 +100,12 @@ RULE_ORDER = (
     "unfused_kernels",
     "opaque_kernel",
     "memory_pressure",
-    "needless_remat",
     "straggler_host",
     "device_idle",
     "measured_not_explained",
 )
 """The order the engine runs the rules in. It matters: findings of equal score keep it in the ranking, and some
-rules read the findings before them (layout_copies and unfused_data_movement yield to argument_copies,
+rules read the findings before them (layout_copies and unfused_data_movement yield to the argument_copies idiom,
 unfused_data_movement to layout_copies, low_kernel_efficiency to
 memory_bound and latency_bound, opaque_kernel to any finding naming its kernels, device_idle to any strong one)."""
 
