@@ -14,33 +14,15 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from xdiag.idioms.catalogue import Match, idiom
-from xdiag.idioms.hlo_graph import DEPTH, SHAPE_ONLY, Graph, Site, elements, nbytes
+from xdiag.idioms.hlo_graph import DEPTH, Graph, Site, elements, nbytes
 from xdiag.idioms.program import Program
+from xdiag.idioms.work_not_needed import _needed_percent, _reducer, _timed_stake
 
 MIN_STAKE_PERCENT = 1.0
 """A match staking less of the step than this is noise."""
-
-
-def _stake(program: Program, graph: Graph, sites: list[Site]) -> tuple[list[str], float]:
-    """The timed ops holding these instructions, and their time's share of the step."""
-    ops = list(dict.fromkeys(graph.timed_op(s) for s in sites))
-    ops = [op for op in ops if program.time_ms(graph.module, [op]) > 0]
-    return ops, program.step_percent(program.time_ms(graph.module, ops))
-
-
-def _needed_percent(program: Program, graph: Graph, op: str, flops: float, hbm_bytes: float) -> float | None:
-    """The result's own work (per run of `op`, over its runs) at the device's peaks, as a share of the step."""
-    runs = program.runs.get((program.module_key(graph.module), op), 1)
-    needed = program.roof_ms(flops=flops * runs, hbm_bytes=hbm_bytes * runs)
-    return program.step_percent(needed) if needed is not None else None
-
-
-def _reducer(graph: Graph, ins) -> str:
-    """The opcode a reduce combines its elements with (its computation's root): 'add', 'maximum', …"""
-    called = graph.module.computations.get(ins.called[0]) if ins.called else None
-    root = called.by_name.get(called.root) if called is not None else None
-    return root.opcode if root is not None else ""
 
 
 def _itemsize(ins) -> float:
@@ -87,7 +69,7 @@ def contraction_as_multiply_reduce(program: Program) -> list[Match]:
             if n < 2 or m < 2 or batch * n * m < 4096:
                 continue
             line, function = program.line_of(graph, product)
-            ops, stake = _stake(program, graph, [site, product])
+            ops, stake = _timed_stake(program, graph, [site, product])
             if not ops or stake < MIN_STAKE_PERCENT or (module_key, line or ops[0]) in out:
                 continue
             needed_elements = a + b + batch * n * m
@@ -118,6 +100,42 @@ def _broadcast_into(graph: Graph, site: Site | None, depth: int = DEPTH) -> Site
     return None
 
 
+@dataclass(frozen=True)
+class BroadcastOperand:
+    """A batched dot one of whose operands is a broadcast of a smaller array (the other is not): the dot, the
+    operand's position, the operand, the broadcast, the array broadcast, the dot's batch size and the copies made."""
+
+    dot: Site
+    position: int
+    operand: Site
+    broadcast: Site
+    source: Site
+    batch: int
+    copies: int
+
+
+def _broadcast_operands(graph: Graph):
+    """Every batched dot's operand made by broadcasting a smaller array whole a number of times."""
+    for site in graph.sites():
+        ins = site.instruction
+        if ins.opcode != "dot" or len(ins.operands) != 2 or not ins.lhs_batch:
+            continue
+        lhs = graph.operand(site, 0)
+        if lhs is None:
+            continue
+        batch = elements(tuple(lhs.instruction.dims[d] for d in ins.lhs_batch if d < len(lhs.instruction.dims)))
+        for position in (0, 1):
+            operand = graph.operand(site, position)
+            made = _broadcast_into(graph, operand)
+            if operand is None or made is None or _broadcast_into(graph, graph.operand(site, 1 - position)):
+                continue
+            source = graph.operand(made, 0)
+            size = elements(source.instruction.dims) if source is not None else 0
+            if size and elements(operand.instruction.dims) % size == 0:
+                yield BroadcastOperand(site, position, operand, made, source, batch,
+                                       elements(operand.instruction.dims) // size)
+
+
 @idiom("weights_tiled_per_example", "work_not_needed",
        "Weights are copied along the batch so each example reads its own copy",
        "share the weights at {line}: jnp.einsum('{spec}', x, w) with w unbatched (x @ w broadcasts over x's batch "
@@ -135,52 +153,39 @@ def weights_tiled_per_example(program: Program) -> list[Match]:
     out: dict[tuple[str, str], Match] = {}
     for graph in program.graphs:
         module_key = program.module_key(graph.module)
-        for site in graph.sites():
+        for found in _broadcast_operands(graph):
+            site, position, operand, tiled, source, batch = (found.dot, found.position, found.operand,
+                                                              found.broadcast, found.source, found.batch)
             ins = site.instruction
-            if ins.opcode != "dot" or len(ins.operands) != 2 or not ins.lhs_batch:
+            if batch < 2 or found.copies != batch:
+                continue  # broadcast along more (or other) than the whole batch: not one copy per example
+            weight_bytes = nbytes(source.instruction)
+            if weight_bytes < 1 << 16:
+                continue  # small weights cost little whatever copies them
+            line, function = program.line_of(graph, site)
+            ops, stake = _timed_stake(program, graph, [site, tiled])
+            if stake < MIN_STAKE_PERCENT or (module_key, line or ops[0]) in out:
                 continue
-            lhs = graph.operand(site, 0)
-            if lhs is None:
-                continue
-            batch = elements(tuple(lhs.instruction.dims[d] for d in ins.lhs_batch if d < len(lhs.instruction.dims)))
-            if batch < 2:
-                continue
-            for position in (0, 1):
-                operand = graph.operand(site, position)
-                tiled = _broadcast_into(graph, operand)
-                other = _broadcast_into(graph, graph.operand(site, 1 - position))
-                if operand is None or tiled is None or other is not None:
-                    continue
-                source = graph.operand(tiled, 0)
-                if source is None or elements(source.instruction.dims) * batch != elements(operand.instruction.dims):
-                    continue  # broadcast along more (or other) than the batch: not one copy per example
-                weight_bytes = nbytes(source.instruction)
-                if weight_bytes < 1 << 16:
-                    continue  # small weights cost little whatever copies them
-                line, function = program.line_of(graph, site)
-                ops, stake = _stake(program, graph, [site, tiled])
-                if not ops or stake < MIN_STAKE_PERCENT or (module_key, line or ops[0]) in out:
-                    continue
-                x = graph.operand(site, 1 - position)
-                x_bytes = nbytes(x.instruction) if x is not None else 0
-                done = x_bytes + weight_bytes * batch + nbytes(ins)
-                needed = x_bytes + weight_bytes + nbytes(ins)
-                weights = source.instruction.shape_text.split("{")[0]
-                spec = "bnk,km->bnm" if position == 1 else "km,bmn->bkn"
-                out[(module_key, line or ops[0])] = Match(
-                    "weights_tiled_per_example", stake,
-                    f"{ins.opcode} {lhs.instruction.shape_text.split('{')[0]} × "
-                    f"{graph.operand(site, 1).instruction.shape_text.split('{')[0]} with {len(ins.lhs_batch)} batch "
-                    f"dimension(s) of {batch}, whose {'rhs' if position else 'lhs'} is {weights} "
-                    f"({weight_bytes / 2**20:.3g} MiB) broadcast {batch} times along the batch: the same weights "
-                    f"read once per example, {done / needed:.3g}× the bytes the matmul needs"
-                    + (f", at {line}" if line else ""),
-                    module=module_key, ops=ops, line=line, function=function,
-                    needed_percent=_needed_percent(program, graph, ops[0], flops=0.0, hbm_bytes=needed),
-                    work_ratio=round(done / needed, 1),
-                    params={"spec": spec, "weights": weights, "batch": batch,
-                            "tiled": operand.instruction.shape_text.split("{")[0]},
-                    facts={"batch": batch, "weight_bytes": weight_bytes, "tiled_bytes": weight_bytes * batch})
+            x = graph.operand(site, 1 - position)
+            x_bytes = nbytes(x.instruction) if x is not None else 0
+            done = x_bytes + weight_bytes * batch + nbytes(ins)
+            needed = x_bytes + weight_bytes + nbytes(ins)
+            weights = source.instruction.shape_text.split("{")[0]
+            spec = "bnk,km->bnm" if position == 1 else "km,bmn->bkn"
+            out[(module_key, line or ops[0])] = Match(
+                "weights_tiled_per_example", stake,
+                f"{ins.opcode} {graph.operand(site, 0).instruction.shape_text.split('{')[0]} × "
+                f"{graph.operand(site, 1).instruction.shape_text.split('{')[0]} with {len(ins.lhs_batch)} batch "
+                f"dimension(s) of {batch}, whose {'rhs' if position else 'lhs'} is {weights} "
+                f"({weight_bytes / 2**20:.3g} MiB) broadcast {batch} times along the batch: the same weights "
+                f"read once per example, {done / needed:.3g}× the bytes the matmul needs"
+                + (f", at {line}" if line else ""),
+                module=module_key, ops=ops, line=line, function=function,
+                needed_percent=_needed_percent(program, graph, ops[0], flops=0.0, hbm_bytes=needed),
+                work_ratio=round(done / needed, 1),
+                params={"spec": spec, "weights": weights, "batch": batch,
+                        "tiled": operand.instruction.shape_text.split("{")[0]},
+                facts={"batch": batch, "weight_bytes": weight_bytes, "tiled_bytes": weight_bytes * batch})
     return list(out.values())
 
 
@@ -213,7 +218,7 @@ def integer_matmul(program: Program) -> list[Match]:
             contracted = elements(tuple(lhs.dims[d] for d in ins.lhs_contracting if d < len(lhs.dims)))
             flops = 2.0 * elements(ins.dims) * contracted
             line, function = program.line_of(graph, site)
-            ops, stake = _stake(program, graph, [site])
+            ops, stake = _timed_stake(program, graph, [site])
             if not ops or stake < MIN_STAKE_PERCENT or (module_key, line or ops[0]) in out:
                 continue
             out[(module_key, line or ops[0])] = Match(
@@ -304,44 +309,25 @@ def repeated_kv_heads(program: Program) -> list[Match]:
     out: dict[str, Match] = {}
     for graph in program.graphs:
         module_key = program.module_key(graph.module)
-        for site in graph.sites():
-            ins = site.instruction
-            if ins.opcode != "dot" or len(ins.operands) != 2 or not ins.lhs_batch:
+        for found in _broadcast_operands(graph):
+            repeat, operand, source = found.copies, found.operand, found.source
+            if not 2 <= repeat < found.batch or found.batch % repeat or nbytes(operand.instruction) < 1 << 20:
                 continue
-            lhs = graph.operand(site, 0)
-            if lhs is None:
-                continue
-            batch = elements(tuple(lhs.instruction.dims[d] for d in ins.lhs_batch if d < len(lhs.instruction.dims)))
-            for position in (0, 1):
-                operand = graph.operand(site, position)
-                repeated = _broadcast_into(graph, operand)
-                if operand is None or repeated is None or \
-                        _broadcast_into(graph, graph.operand(site, 1 - position)) is not None:
-                    continue
-                source = graph.operand(repeated, 0)
-                made = elements(operand.instruction.dims)
-                if source is None or not elements(source.instruction.dims) or made % elements(source.instruction.dims):
-                    continue
-                repeat = made // elements(source.instruction.dims)
-                if not 2 <= repeat < batch or batch % repeat or nbytes(operand.instruction) < 1 << 20:
-                    continue
-                ops, stake = _stake(program, graph, [site, repeated])
-                if not ops:
-                    continue
-                line, function = program.line_of(graph, repeated)
-                match = out.get(module_key)
-                if match is None:
-                    match = out[module_key] = Match(
-                        "repeated_kv_heads", 0.0, "", module=module_key, line=line, function=function,
-                        params={"repeat": repeat}, facts={"repeat": repeat, "repeated": [], "copy_bytes": 0})
-                fresh = [op for op in ops if op not in match.ops]
-                match.ops.extend(fresh)
-                match.stake_percent = min(match.stake_percent + program.step_percent(
-                    program.time_ms(graph.module, fresh)), 100.0)
-                match.facts["repeated"].append(
-                    f"{source.instruction.shape_text.split('{')[0]} → {operand.instruction.shape_text.split('{')[0]}")
-                match.facts["copy_bytes"] += nbytes(operand.instruction)
-    found = []
+            ops, _ = _timed_stake(program, graph, [found.dot, found.broadcast])
+            line, function = program.line_of(graph, found.broadcast)
+            match = out.get(module_key)
+            if match is None:
+                match = out[module_key] = Match(
+                    "repeated_kv_heads", 0.0, "", module=module_key, line=line, function=function,
+                    params={"repeat": repeat}, facts={"repeat": repeat, "repeated": [], "copy_bytes": 0})
+            fresh = [op for op in ops if op not in match.ops]
+            match.ops.extend(fresh)
+            match.stake_percent = min(match.stake_percent + program.step_percent(
+                program.time_ms(graph.module, fresh)), 100.0)
+            match.facts["repeated"].append(
+                f"{source.instruction.shape_text.split('{')[0]} → {operand.instruction.shape_text.split('{')[0]}")
+            match.facts["copy_bytes"] += nbytes(operand.instruction)
+    matches = []
     for match in out.values():
         if match.stake_percent < MIN_STAKE_PERCENT:
             continue
@@ -351,8 +337,8 @@ def repeated_kv_heads(program: Program) -> list[Match]:
                       f"times along a batch dimension ({'; '.join(match.facts['repeated'][:2])}): "
                       f"{match.facts['copy_bytes'] / 2**20:.3g} MiB of copies of key/value heads, each head read "
                       f"{repeat}× where once does" + (f", at {match.line}" if match.line else ""))
-        found.append(match)
-    return found
+        matches.append(match)
+    return matches
 
 
 STACK_READERS = ("while", "dot", "convolution", "dynamic-slice")
@@ -412,7 +398,7 @@ def params_stacked_each_step(program: Program) -> list[Match]:
                 continue
             if not any(_reads_stack(graph, u) for u in graph.users(_top_level(graph, site))):
                 continue  # arrays joined for another use than layers' weights (a batch assembled from parts)
-            ops, stake = _stake(program, graph, [site])
+            ops, stake = _timed_stake(program, graph, [site])
             if not ops or stake < MIN_STAKE_PERCENT:
                 continue
             line, function = program.line_of(graph, site)
