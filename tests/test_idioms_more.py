@@ -1,4 +1,4 @@
-"""Idioms of xdiag.idioms.more_idioms on real profiles: small JAX programs captured here on the CPU with each idiom
+"""Six idioms of three patterns on real profiles: small JAX programs captured here on the CPU with each idiom
 and with its fix, read by the recognisers and the rule engine as a user's profile would be."""
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ ATTENTION = """
 """
 LAYERS = """
         keys = jax.random.split(jax.random.key(0), 8)
-        layers = [jax.random.normal(key, (512, 512)) / 23 for key in keys]  # 8 MiB
-        x = jnp.ones((8, 512))
+        layers = [jax.random.normal(key, (1024, 1024)) / 32 for key in keys]  # 32 MiB
+        x = jnp.ones((8, 1024))
         body = lambda h, w: (jnp.tanh(h @ w), None)
 """
 PROGRAMS = {

@@ -10,6 +10,7 @@ from xdiag.analysis.xprof.common import natural_order
 from xdiag.idioms.catalogue import Match, idiom
 from xdiag.idioms.hlo_graph import Graph, Site, elements, nbytes
 from xdiag.idioms.program import Program
+from xdiag.idioms.work_not_needed import timed_stake
 
 MOVES = frozenset({"copy", "transpose"})
 """Ops that move every element to another place without changing one."""
@@ -354,4 +355,134 @@ def unaligned_minor_dims(program: Program) -> list[Match]:
             needed_percent=program.step_percent(real), work_ratio=round(padded / real, 2) if real else None,
             params={"dims": f"the dimension of {minor}", "example": shape, "rounded": rounded, "padded": str(to)},
             facts={"minor_dim": minor, "padded_to": to, "ops_with_padding": len(ops)}))
+    return out
+
+
+LARGE_CONSTANT_BYTES = 1 << 20
+"""A constant this large is an array the program closed over, not a literal XLA made: below it, embedding is cheap."""
+
+
+@idiom("large_constant_in_program", "memory_numerics",
+       "An array the jitted function closes over is baked into the program as a constant",
+       "pass {constants} to the jitted function as an argument at {line} (jax.jit(f)(x, table) with "
+       "def f(x, table), instead of f closing over a global or captured array), so the compiled program reads it "
+       "from the device instead of holding a {mib:.3g} MiB copy",
+       "an array a jitted function closes over is a compile-time constant: each compile serialises it into the "
+       "program (and XLA may constant-fold ops on it, which can take minutes), and every program that holds it keeps "
+       "its own copy in the device's memory; an argument costs none of that and the program runs the same",
+       gain=(0.5, 1.0),
+       alternatives=("where the array is truly fixed and small enough to specialise on (inference with baked-in "
+                     "weights), keep it, and cache the compiled program (jax.config.update("
+                     "'jax_compilation_cache_dir', ...)) so the compile is paid once",))
+def large_constant_in_program(program: Program) -> list[Match]:
+    """HLO constants of at least 1 MiB in the programs the steps run. Their cost is at compile time: the stake is
+    the share of the steps the capture's compiles take (none in a capture of steady steps, where the match still
+    names the constants and their bytes)."""
+    out: list[Match] = []
+    ran = {module for module, _ in program.op_ms}
+    compile_percent = float(program.step.get("compile_percent") or 0.0)
+    for graph in program.graphs:
+        module_key = program.module_key(graph.module)
+        if module_key not in ran:
+            continue
+        constants = [s for s in graph.sites() if s.instruction.opcode == "constant" and
+                     nbytes(s.instruction) >= LARGE_CONSTANT_BYTES]
+        if not constants:
+            continue
+        total = sum(nbytes(s.instruction) for s in constants)
+        line, function = "", ""
+        for constant in constants:
+            for user in graph.users(constant):
+                line, function = program.line_of(graph, user)
+                if line:
+                    break
+            if line:
+                break
+        shapes = sorted({s.instruction.shape_text.split("{")[0] for s in constants})
+        out.append(Match(
+            "large_constant_in_program", round(min(compile_percent, 100.0), 2),
+            f"the program {module_key} holds {len(constants)} constant(s) of {total / 2**20:.3g} MiB "
+            f"({', '.join(shapes[:4])}) compiled into it" + (f", read at {line}" if line else "")
+            + (f"; the capture's compiles take {compile_percent:g}% of the step" if compile_percent else
+               "; its cost is at compile time, which this capture does not hold"),
+            module=module_key, line=line, function=function,
+            params={"constants": "the array" if len(constants) == 1 else f"the {len(constants)} arrays",
+                    "mib": total / 2**20},
+            facts={"constants": len(constants), "constant_bytes": total, "shapes": shapes[:8],
+                   "compile_percent": compile_percent}))
+    return out
+
+
+STACKED_MIN_STAKE_PERCENT = 1.0
+"""Parameters stacked each step holding less of the step than this are noise."""
+STACK_READERS = ("while", "dot", "convolution", "dynamic-slice")
+"""What reads stacked weights: a scan over the layers (a while loop slicing one per trip), or a batched matmul."""
+
+
+def _argument(graph: Graph, site: Site | None, entry: str) -> bool:
+    """Whether a value is one of the program's arguments: an entry parameter, or an element of a tupled one."""
+    if site is None or site.computation.name != entry:
+        return False
+    if site.instruction.opcode == "get-tuple-element":
+        site = graph.operand(site, 0)
+    return site is not None and site.instruction.opcode == "parameter"
+
+
+def _reads_stack(graph: Graph, user: Site) -> bool:
+    """A reader of stacked weights, or the tuple of a while loop's state that carries them into the loop."""
+    if user.instruction.opcode == "tuple":
+        return any(u.opcode == "while" for u in user.computation.users.get(user.instruction.name, []))
+    return user.instruction.opcode in STACK_READERS
+
+
+def _top_level(graph: Graph, site: Site) -> Site:
+    """The op of the module's own computations that holds an instruction (the fusion around a fused one)."""
+    seen = set()
+    while site.computation.name in graph.top_level and site.computation.name not in seen:
+        seen.add(site.computation.name)
+        caller = graph.callers.get(site.computation.name)
+        if caller is None:
+            break
+        site = caller
+    return site
+
+
+@idiom("params_stacked_each_step", "memory_numerics",
+       "The step stacks separate parameter arrays into one on every call",
+       "keep the parameters stacked at {line}: build the stacked arrays once, outside the jitted step (params = "
+       "jax.tree.map(lambda *ws: jnp.stack(ws), *layers)), pass them and let the optimizer update them stacked, "
+       "instead of jnp.stack / jnp.concatenate of the {count} arrays inside the step; flax.linen.scan or "
+       "nnx.scan (or a vmap-ed init) makes them stacked from the start",
+       "an array stacked inside the jitted step is a new buffer each call: every parameter is copied into it, and "
+       "its gradient is sliced back apart, on every step; stacked once, the step reads the parameters in place",
+       gain=(0.6, 1.0))
+def params_stacked_each_step(program: Program) -> list[Match]:
+    """Concatenates (jnp.stack, jnp.concatenate) whose every operand is one of the program's own arguments: arrays
+    the caller passes separately and the step joins on every call."""
+    out: list[Match] = []
+    for graph in program.graphs:
+        module_key = program.module_key(graph.module)
+        entry = graph.module.entry
+        for site in graph.sites():
+            ins = site.instruction
+            if ins.opcode != "concatenate" or len(ins.operands) < 2 or nbytes(ins) < 1 << 20:
+                continue
+            sources = [graph.origin(graph.operand(site, k)) for k in range(len(ins.operands))]
+            if not all(_argument(graph, s, entry) for s in sources):
+                continue
+            if not any(_reads_stack(graph, u) for u in graph.users(_top_level(graph, site))):
+                continue  # arrays joined for another use than layers' weights (a batch assembled from parts)
+            ops, stake = timed_stake(program, graph, [site])
+            if not ops or stake < STACKED_MIN_STAKE_PERCENT:
+                continue
+            line, function = program.line_of(graph, site)
+            shapes = sorted({s.instruction.shape_text.split("{")[0] for s in sources})
+            out.append(Match(
+                "params_stacked_each_step", stake,
+                f"concatenate of {len(sources)} of the program's arguments ({', '.join(shapes[:3])}) into "
+                f"{ins.shape_text.split('{')[0]} ({nbytes(ins) / 2**20:.3g} MiB) on every call"
+                + (f", at {line}" if line else ""),
+                module=module_key, ops=ops, line=line, function=function, params={"count": len(sources)},
+                facts={"stacked_arrays": len(sources), "stacked_bytes": nbytes(ins),
+                       "runs": program.runs.get((module_key, ops[0]), 0)}))
     return out

@@ -8,6 +8,8 @@ library function their HLO records, and the numeric type they really run in.
 - promoted_matmul: bfloat16 activations multiplied by float32 weights: JAX promotes the product to float32.
 - float64_on_accelerator: ops computing in float64 (64-bit floats switched on, NumPy's float64 arrays passed in) on
   a TPU, which emulates them in software, or a GPU, which runs them at a fraction of float32's rate.
+- integer_matmul: a matmul of 32- or 64-bit integers, which the matrix units (bfloat16, int8) do not take: it
+  runs on the vector units, where the same counts in floating point run on the matrix unit.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from dataclasses import dataclass, field
 from xdiag.idioms.catalogue import Match, idiom
 from xdiag.idioms.hlo_graph import Graph, Site, elements, nbytes
 from xdiag.idioms.program import Program, calls_per_step_of
+from xdiag.idioms.work_not_needed import timed_stake
 
 ROUTINES = re.compile(r"(?:^|[/(])(inv|solve|slogdet|det|cholesky|lu|qr|eigh|svd|triangular_solve|"
                       r"lu_pivots_to_permutation|cho_solve|lu_solve)(?=[)/]|$)")
@@ -627,3 +630,52 @@ def svd_for_least_squares(program: Program) -> list[Match]:
             params={"routine": routine, "rest": ") @ b" if routine == "pinv" else ", b)"},
             facts={"routines_ms": {r: round(v, 3) for r, v in routines.items()}}))
     return out
+
+
+INTEGER_MATMUL_MIN_STAKE_PERCENT = 1.0
+"""An integer matmul holding less of the step than this is noise."""
+INTEGER_TYPES = frozenset({"s16", "u16", "s32", "u32", "s64", "u64"})
+"""Integer types no matrix unit takes (TPU MXUs take bfloat16 and int8, GPU tensor cores 8-bit integers)."""
+
+
+@idiom("integer_matmul", "op_identity",
+       "A matmul multiplies 32- or 64-bit integers, which the matrix unit does not take",
+       "multiply in floating point at {line}: jnp.matmul(a.astype(jnp.float32), b.astype(jnp.float32)).astype("
+       "{dtype_name}) (exact while every sum stays below 2**24: counts, 0/1 indicators); for 0/1 or small values, "
+       "bfloat16 operands with preferred_element_type=jnp.float32, or int8 ones with "
+       "preferred_element_type=jnp.int32",
+       "the matrix units multiply bfloat16 (and int8) operands; a matmul of wider integers is lowered to multiplies "
+       "and adds on the vector units, at a small fraction of the matrix unit's rate",
+       gain=(0.5, 0.9))
+def integer_matmul(program: Program) -> list[Match]:
+    """Dots whose operands are 16-, 32- or 64-bit integers (not int8, which TPU and GPU matrix units take)."""
+    out: dict[tuple[str, str], Match] = {}
+    for graph in program.graphs:
+        module_key = program.module_key(graph.module)
+        for site in graph.sites():
+            ins = site.instruction
+            if ins.opcode != "dot" or len(ins.operands) != 2:
+                continue
+            operands = [graph.operand(site, k) for k in (0, 1)]
+            if any(o is None or o.instruction.dtype not in INTEGER_TYPES for o in operands):
+                continue
+            lhs, rhs = (o.instruction for o in operands)
+            contracted = elements(tuple(lhs.dims[d] for d in ins.lhs_contracting if d < len(lhs.dims)))
+            flops = 2.0 * elements(ins.dims) * contracted
+            line, function = program.line_of(graph, site)
+            ops, stake = timed_stake(program, graph, [site])
+            if not ops or stake < INTEGER_MATMUL_MIN_STAKE_PERCENT or (module_key, line or ops[0]) in out:
+                continue
+            out[(module_key, line or ops[0])] = Match(
+                "integer_matmul", stake,
+                f"dot {lhs.shape_text.split('{')[0]} × {rhs.shape_text.split('{')[0]} → "
+                f"{ins.shape_text.split('{')[0]} ({flops / 1e9:.3g} GFLOP a run) multiplies {lhs.dtype} integers"
+                + (f" at {line}" if line else ""),
+                module=module_key, ops=ops, line=line, function=function,
+                params={"dtype": lhs.dtype, "dtype_name": f"jnp.{_NUMPY_NAMES.get(ins.dtype, 'int32')}"},
+                facts={"dtype": lhs.dtype, "flops_per_run": flops,
+                       "runs": program.runs.get((module_key, ops[0]), 0)})
+    return list(out.values())
+
+
+_NUMPY_NAMES = {"s16": "int16", "u16": "uint16", "s32": "int32", "u32": "uint32", "s64": "int64", "u64": "uint64"}

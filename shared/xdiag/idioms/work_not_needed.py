@@ -22,11 +22,19 @@
 - forward_computed_twice: the loss computed in one program and its gradient in another, each step, so the forward
   pass runs twice where jax.value_and_grad runs it once.
 - softmax_for_argmax: a softmax read only by an argmax or max, where the logits' argmax is the same index.
+- contraction_as_multiply_reduce: a batched contraction written as a broadcast multiply and a sum,
+  (x[..., :, :, None] * y[..., None, :, :]).sum(-2), built element by element on the vector units where one batched
+  matmul runs on the matrix unit (the unbatched case, x[:, None] * y[None], is pairwise_broadcast_reduce's).
+- weights_tiled_per_example: a weight matrix broadcast along the batch (jnp.tile, jnp.repeat, jnp.broadcast_to, or
+  jax.vmap over copies of it) into a batched matmul, so each example reads its own copy of the weights.
+- repeated_kv_heads: key and value heads repeated to the query heads before attention (grouped-query attention),
+  where a grouped einsum reads each key and value head once.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 from xdiag.analysis.source_lines import source_of_stack
 from xdiag.cost.hlo import conv_flops
@@ -820,7 +828,7 @@ def _plain_matmul(graph: Graph, site: Site | None) -> bool:
     return (ins.opcode == "dot" and not ins.lhs_batch) or (ins.opcode == "convolution" and ins.conv_is_matrix_product)
 
 
-def _timed_stake(program: Program, graph: Graph, sites: list[Site]) -> tuple[list[str], float]:
+def timed_stake(program: Program, graph: Graph, sites: list[Site]) -> tuple[list[str], float]:
     """The timed ops that run these instructions, and their share of the step."""
     ops = list(dict.fromkeys(graph.timed_op(s) for s in sites))
     return ops, program.step_percent(program.time_ms(graph.module, ops))
@@ -872,7 +880,7 @@ def matmul_chain_order(program: Program) -> list[Match]:
                 if flops_other <= 0 or flops_now < MIN_REORDER_RATIO * flops_other:
                     continue
                 line, function = program.line_of(graph, second)
-                ops, stake = _timed_stake(program, graph, [first, second])
+                ops, stake = timed_stake(program, graph, [first, second])
                 if stake < MIN_STAKE_PERCENT or (module_key, line or ops[0]) in out:
                     continue
                 thin = graph.operand(second, 1 - position)
@@ -938,7 +946,7 @@ def diagonal_of_product(program: Program) -> list[Match]:
             if not readers or not all(_reads_diagonal(graph, r, _operand_from(graph, r, product)) for r in readers):
                 continue
             line, function = program.line_of(graph, product)
-            ops, stake = _timed_stake(program, graph, [product])
+            ops, stake = timed_stake(program, graph, [product])
             dims = product.instruction.dims
             flops = _matmul_flops(graph, product)
             ratio = elements(dims) / min(dims)
@@ -1040,7 +1048,7 @@ def pairwise_broadcast_reduce(program: Program) -> list[Match]:
             if n * m < 4096:  # a few pairs cost little whatever builds them
                 continue
             line, function = program.line_of(graph, value)
-            ops, stake = _timed_stake(program, graph, [site, *elementwise])
+            ops, stake = timed_stake(program, graph, [site, *elementwise])
             if stake < MIN_STAKE_PERCENT or (module_key, line or ops[0]) in out:
                 continue
             itemsize = nbytes(value.instruction) / max(elements(value.instruction.dims), 1)
@@ -1276,3 +1284,218 @@ def _reads_value(graph: Graph, site: Site) -> bool:
     outer = _outer(graph, site)
     return any(u.instruction.opcode == "get-tuple-element" and u.instruction.tuple_index == 0
                for u in (Site(outer.computation, i) for i in outer.computation.users.get(outer.instruction.name, [])))
+
+
+def _itemsize(ins) -> float:
+    return nbytes(ins) / max(elements(ins.dims), 1)
+
+
+@idiom("contraction_as_multiply_reduce", "work_not_needed",
+       "A batched matmul is written as a broadcast multiply and a sum",
+       "contract at {line} with one batched matmul: jnp.einsum('bnk,bkm->bnm', x, y) (or jnp.matmul(x, y)) instead "
+       "of (x[..., :, :, None] * y[..., None, :, :]).sum(-2), so the {built} products are never formed and the "
+       "work runs on the matrix unit",
+       "the broadcast multiply makes B·N·K·M elementwise products on the vector units before the sum over K keeps "
+       "B·N·M of them; a batched matmul computes the same sums on the matrix unit reading B·N·K + B·K·M and writing "
+       "B·N·M elements",
+       gain=(0.6, 1.0))
+def contraction_as_multiply_reduce(program: Program) -> list[Match]:
+    """A sum over K of the products of a (B, N, K) and a (B, K, M) array broadcast against each other to B×N×K×M
+    (in any order of dimensions): the counts say which, B ≥ 2 (with B = 1 it is pairwise_broadcast_reduce's)."""
+    out: dict[tuple[str, str], Match] = {}
+    for graph in program.graphs:
+        module_key = program.module_key(graph.module)
+        for site in graph.sites():
+            ins = site.instruction
+            if ins.opcode != "reduce" or len(ins.operands) != 2 or _reducer(graph, ins) != "add":
+                continue
+            product = graph.origin(graph.operand(site, 0))
+            if product is None or product.instruction.opcode != "multiply" or \
+                    len(product.instruction.operands) != 2:
+                continue
+            made = elements(product.instruction.dims)
+            reduced = elements(tuple(product.instruction.dims[d] for d in ins.dimensions
+                                     if d < len(product.instruction.dims)))
+            left, right = (graph.origin(graph.operand(product, k)) for k in (0, 1))
+            if left is None or right is None or reduced < 2:
+                continue
+            a, b = elements(left.instruction.dims), elements(right.instruction.dims)
+            # a = B·N·K and b = B·K·M, both broadcast up to made = B·N·K·M: a·b = made·K·B
+            if not (a < made and b < made) or (a * b) % (made * reduced):
+                continue
+            batch = a * b // (made * reduced)
+            if batch < 2 or a % (batch * reduced) or b % (batch * reduced):
+                continue
+            n, m = a // (batch * reduced), b // (batch * reduced)
+            if n < 2 or m < 2 or batch * n * m < 4096:
+                continue
+            line, function = program.line_of(graph, product)
+            ops, stake = timed_stake(program, graph, [site, product])
+            if not ops or stake < MIN_STAKE_PERCENT or (module_key, line or ops[0]) in out:
+                continue
+            needed_elements = a + b + batch * n * m
+            built = f"{product.instruction.dtype}[{batch},{n},{reduced},{m}]"
+            out[(module_key, line or ops[0])] = Match(
+                "contraction_as_multiply_reduce", stake,
+                f"a product of two arrays broadcast against each other, ({batch}, {n}, {reduced}) and ({batch}, "
+                f"{reduced}, {m}), to {made:,} elements ({built}), then summed over the {reduced} → "
+                f"{ins.shape_text.split('{')[0]}: a batched matmul of {batch} × ({n}×{reduced}) · ({reduced}×{m}) "
+                f"computed elementwise, {made / needed_elements:.3g}× the {needed_elements:,} elements a matmul "
+                "reads and writes" + (f", at {line}" if line else ""),
+                module=module_key, ops=ops, line=line, function=function,
+                needed_percent=_needed_percent(program, graph, ops[0], flops=2.0 * made,
+                                               hbm_bytes=needed_elements * _itemsize(product.instruction)),
+                work_ratio=round(made / needed_elements, 1), params={"built": built},
+                facts={"batch": batch, "broadcast_elements": made, "matmul_elements": needed_elements})
+    return list(out.values())
+
+
+def _broadcast_into(graph: Graph, site: Site | None, depth: int = DEPTH) -> Site | None:
+    """The broadcast a matmul operand is made by, through fusion boundaries and ops that only re-shape or re-type
+    it (a tile is a broadcast and a reshape); None where it is made otherwise."""
+    while site is not None and depth > 0:
+        depth -= 1
+        if site.instruction.opcode == "broadcast":
+            return site
+        site = graph.producer(site)
+    return None
+
+
+@dataclass(frozen=True)
+class BroadcastOperand:
+    """A batched dot one of whose operands is a broadcast of a smaller array (the other is not): the dot, the
+    operand's position, the operand, the broadcast, the array broadcast, the dot's batch size and the copies made."""
+
+    dot: Site
+    position: int
+    operand: Site
+    broadcast: Site
+    source: Site
+    batch: int
+    copies: int
+
+
+def _broadcast_operands(graph: Graph):
+    """Every batched dot's operand made by broadcasting a smaller array whole a number of times."""
+    for site in graph.sites():
+        ins = site.instruction
+        if ins.opcode != "dot" or len(ins.operands) != 2 or not ins.lhs_batch:
+            continue
+        lhs = graph.operand(site, 0)
+        if lhs is None:
+            continue
+        batch = elements(tuple(lhs.instruction.dims[d] for d in ins.lhs_batch if d < len(lhs.instruction.dims)))
+        for position in (0, 1):
+            operand = graph.operand(site, position)
+            made = _broadcast_into(graph, operand)
+            if operand is None or made is None or _broadcast_into(graph, graph.operand(site, 1 - position)):
+                continue
+            source = graph.operand(made, 0)
+            size = elements(source.instruction.dims) if source is not None else 0
+            if size and elements(operand.instruction.dims) % size == 0:
+                yield BroadcastOperand(site, position, operand, made, source, batch,
+                                       elements(operand.instruction.dims) // size)
+
+
+@idiom("weights_tiled_per_example", "work_not_needed",
+       "Weights are copied along the batch so each example reads its own copy",
+       "share the weights at {line}: jnp.einsum('{spec}', x, w) with w unbatched (x @ w broadcasts over x's batch "
+       "only) instead of tiling w to the batch (jnp.tile, jnp.repeat or jnp.broadcast_to to {tiled}); under "
+       "jax.vmap pass the weights with in_axes=None, so one matmul reads {weights} once",
+       "a batched matmul reads its weight operand once per batch element: tiled B times, the same weights are read "
+       "(and written, where the tile is materialised) B times, where a matmul over the unbatched weights reads them "
+       "once and gives the matrix unit one large matmul instead of B small ones",
+       gain=(0.5, 0.95),
+       alternatives=("where each example does need its own weights (per-example adapters), keep them batched and "
+                     "grouped: jax.lax.ragged_dot or a grouped matmul over the distinct copies only",))
+def weights_tiled_per_example(program: Program) -> list[Match]:
+    """A dot with batch dimensions whose one operand is a broadcast of a smaller array along them (the same
+    weights for every batch element), the other a per-example array."""
+    out: dict[tuple[str, str], Match] = {}
+    for graph in program.graphs:
+        module_key = program.module_key(graph.module)
+        for found in _broadcast_operands(graph):
+            site, position, operand, tiled, source, batch = (found.dot, found.position, found.operand,
+                                                              found.broadcast, found.source, found.batch)
+            ins = site.instruction
+            if batch < 2 or found.copies != batch:
+                continue  # broadcast along more (or other) than the whole batch: not one copy per example
+            weight_bytes = nbytes(source.instruction)
+            if weight_bytes < 1 << 16:
+                continue  # small weights cost little whatever copies them
+            line, function = program.line_of(graph, site)
+            ops, stake = timed_stake(program, graph, [site, tiled])
+            if stake < MIN_STAKE_PERCENT or (module_key, line or ops[0]) in out:
+                continue
+            x = graph.operand(site, 1 - position)
+            x_bytes = nbytes(x.instruction) if x is not None else 0
+            done = x_bytes + weight_bytes * batch + nbytes(ins)
+            needed = x_bytes + weight_bytes + nbytes(ins)
+            weights = source.instruction.shape_text.split("{")[0]
+            spec = "bnk,km->bnm" if position == 1 else "km,bmn->bkn"
+            out[(module_key, line or ops[0])] = Match(
+                "weights_tiled_per_example", stake,
+                f"{ins.opcode} {graph.operand(site, 0).instruction.shape_text.split('{')[0]} × "
+                f"{graph.operand(site, 1).instruction.shape_text.split('{')[0]} with {len(ins.lhs_batch)} batch "
+                f"dimension(s) of {batch}, whose {'rhs' if position else 'lhs'} is {weights} "
+                f"({weight_bytes / 2**20:.3g} MiB) broadcast {batch} times along the batch: the same weights "
+                f"read once per example, {done / needed:.3g}× the bytes the matmul needs"
+                + (f", at {line}" if line else ""),
+                module=module_key, ops=ops, line=line, function=function,
+                needed_percent=_needed_percent(program, graph, ops[0], flops=0.0, hbm_bytes=needed),
+                work_ratio=round(done / needed, 1),
+                params={"spec": spec, "weights": weights, "batch": batch,
+                        "tiled": operand.instruction.shape_text.split("{")[0]},
+                facts={"batch": batch, "weight_bytes": weight_bytes, "tiled_bytes": weight_bytes * batch})
+    return list(out.values())
+
+
+@idiom("repeated_kv_heads", "work_not_needed",
+       "Key and value heads are repeated to the query heads before attention (grouped-query attention)",
+       "contract the grouped heads at {line} without repeating them: reshape the queries to (batch, seq, "
+       "kv_heads, {repeat}, head_dim) and jnp.einsum('bqgrd,bkgd->bgrqk', q, k) (and 'bgrqk,bkgd->bqgrd' with "
+       "the values) instead of jnp.repeat(k, {repeat}, axis=2) before the attention einsum, so each key and value "
+       "head is read once for its {repeat} query heads",
+       "repeating the key and value heads writes (and the attention matmuls then read) a copy of the keys and "
+       "values for every query head of a group; a grouped einsum reads each key and value head once, and the "
+       "matmul is the same size",
+       gain=(0.4, 0.9),
+       alternatives=("jax.nn.dot_product_attention(q, k, v) takes fewer key/value heads than query heads (a "
+                     "multiple) without repeating them",))
+def repeated_kv_heads(program: Program) -> list[Match]:
+    """Batched dots one of whose operands is a broadcast of a smaller array along part of the batch dimensions
+    (r copies, 2 ≤ r < the batch): keys or values repeated to the query heads of their group. A broadcast along the
+    whole batch is weights_tiled_per_example's."""
+    out: dict[str, Match] = {}
+    for graph in program.graphs:
+        module_key = program.module_key(graph.module)
+        for found in _broadcast_operands(graph):
+            repeat, operand, source = found.copies, found.operand, found.source
+            if not 2 <= repeat < found.batch or found.batch % repeat or nbytes(operand.instruction) < 1 << 20:
+                continue
+            ops, _ = timed_stake(program, graph, [found.dot, found.broadcast])
+            line, function = program.line_of(graph, found.broadcast)
+            match = out.get(module_key)
+            if match is None:
+                match = out[module_key] = Match(
+                    "repeated_kv_heads", 0.0, "", module=module_key, line=line, function=function,
+                    params={"repeat": repeat}, facts={"repeat": repeat, "repeated": [], "copy_bytes": 0})
+            fresh = [op for op in ops if op not in match.ops]
+            match.ops.extend(fresh)
+            match.stake_percent = min(match.stake_percent + program.step_percent(
+                program.time_ms(graph.module, fresh)), 100.0)
+            match.facts["repeated"].append(
+                f"{source.instruction.shape_text.split('{')[0]} → {operand.instruction.shape_text.split('{')[0]}")
+            match.facts["copy_bytes"] += nbytes(operand.instruction)
+    matches = []
+    for match in out.values():
+        if match.stake_percent < MIN_STAKE_PERCENT:
+            continue
+        repeat = match.params["repeat"]
+        match.work_ratio = float(repeat)
+        match.what = (f"{len(match.facts['repeated'])} operand(s) of batched attention matmuls repeated {repeat} "
+                      f"times along a batch dimension ({'; '.join(match.facts['repeated'][:2])}): "
+                      f"{match.facts['copy_bytes'] / 2**20:.3g} MiB of copies of key/value heads, each head read "
+                      f"{repeat}× where once does" + (f", at {match.line}" if match.line else ""))
+        matches.append(match)
+    return matches
