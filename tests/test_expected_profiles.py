@@ -25,7 +25,7 @@ from xdiag.profile.locate import locate_session
 from xdiag.profile.space import HloComputation, HloInstruction, HloModule
 from xdiag.tools.detect_unnecessary_convert_reduce import materialised_widening
 from xdiag.analysis.memory_use import capacity
-from xdiag.tools.hlo_checks import ExecutedInstruction
+from xdiag.analysis.executed_ops import ExecutedInstruction
 from xdiag.analysis.op_stats import OpStat
 
 

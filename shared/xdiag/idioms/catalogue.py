@@ -10,7 +10,7 @@ is one entry in one module of this package and its trial: docs/howto/add-an-idio
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,6 +67,20 @@ RECORD_KEYS = frozenset({"idiom", "stake_percent", "what", "module", "ops", "lin
 
 
 @dataclass(frozen=True)
+class Variant:
+    """The change where it differs by the program's platform, vendor or framework (the setting its caller knows) or
+    by one of the match's params: each (name, values) of `when` must hold. `change` replaces the idiom's; `withheld`
+    instead states the premise that withholds any change there."""
+
+    when: tuple[tuple[str, tuple[Any, ...]], ...]
+    change: str = ""
+    withheld: str = ""
+
+    def holds(self, on: Mapping[str, Any]) -> bool:
+        return all(on.get(name) in values for name, values in self.when)
+
+
+@dataclass(frozen=True)
 class Idiom:
     key: str
     pattern: str  # a key of PATTERNS
@@ -74,32 +88,49 @@ class Idiom:
     recognise: Callable[[Any], list[Match]]  # (xdiag.idioms.program.Program) -> matches
     change: str  # the change, in the framework's own API; {line}, {function} and the match's params fill it
     why: str  # why the change removes the time, in one sentence (the premise it rests on)
-    gain: tuple[float, float]  # fraction of the match's recoverable stake the change recovered on the chip
+    gain: tuple[float, float] | None  # fraction of the match's recoverable stake the change recovered on the chip;
+    # None where no trial has timed the change: no gain is predicted (the user captures before and after)
     measured: str = ""  # where that was measured: a section of docs/idioms.md ("" until its trial is captured)
     alternatives: tuple[str, ...] = ()  # other changes, each with its premise
     platforms: tuple[str, ...] = ("TPU", "GPU", "CPU")
     lever: str = ""  # the lever (xdiag.investigators.levers) whose change this is, where one is: its finding names it
+    variants: tuple[Variant, ...] = ()  # the change where the platform, framework or a param asks another, first first
 
     def recoverable(self, match: Match) -> float:
         """The share of the step the change can give back: the stake less what the result needs."""
         return max(match.stake_percent - (match.needed_percent or 0.0), 0.0)
 
-    def predicted_percent(self, match: Match) -> tuple[float, float]:
-        """The step-time gain the change is predicted to realise (low, high), in percent of the step."""
+    def predicted_percent(self, match: Match) -> tuple[float, float] | None:
+        """The step-time gain the change is predicted to realise (low, high), in percent of the step; None where it
+        was not measured."""
+        if self.gain is None:
+            return None
         gap = self.recoverable(match)
         return round(gap * self.gain[0], 1), round(min(gap * self.gain[1], match.stake_percent), 1)
 
-    def change_text(self, match: Match) -> str:
+    def variant(self, match: Match, setting: Mapping[str, Any] | None = None) -> Variant | None:
+        """The first variant that holds for the match on the program's setting (platform, vendor, framework)."""
+        on = {**(setting or {}), **match.params}
+        return next((v for v in self.variants if v.holds(on)), None)
+
+    def withheld(self, match: Match, setting: Mapping[str, Any] | None = None) -> str:
+        """The premise that withholds the change here, or ""."""
+        chosen = self.variant(match, setting)
+        return chosen.withheld if chosen is not None else ""
+
+    def change_text(self, match: Match, setting: Mapping[str, Any] | None = None) -> str:
+        chosen = self.variant(match, setting)
         values = {"line": match.line or "the line that builds it", "function": match.function or "the function",
                   **{k: v for k, v in match.params.items()}}
-        return self.change.format(**values)
+        return (chosen.change if chosen is not None and chosen.change else self.change).format(**values)
 
 
 IDIOMS: dict[str, Idiom] = {}
 
 
-def idiom(key: str, pattern: str, title: str, change: str, why: str, gain: tuple[float, float], measured: str = "",
-          alternatives: tuple[str, ...] = (), platforms: tuple[str, ...] = ("TPU", "GPU", "CPU"), lever: str = ""
+def idiom(key: str, pattern: str, title: str, change: str, why: str, gain: tuple[float, float] | None,
+          measured: str = "", alternatives: tuple[str, ...] = (), platforms: tuple[str, ...] = ("TPU", "GPU", "CPU"),
+          lever: str = "", variants: tuple[Variant, ...] = ()
           ) -> Callable[[Callable[[Any], list[Match]]], Callable[[Any], list[Match]]]:
     """Registers the decorated recogniser as one entry of the catalogue."""
     if pattern not in PATTERNS:
@@ -109,7 +140,7 @@ def idiom(key: str, pattern: str, title: str, change: str, why: str, gain: tuple
         if key in IDIOMS:
             raise ValueError(f"idiom {key!r} is registered twice")
         IDIOMS[key] = Idiom(key, pattern, title, recognise, change, why, gain, measured, alternatives, platforms,
-                            lever)
+                            lever, variants)
         return recognise
 
     return register

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import re
+from math import prod
 from typing import Any
 
+from xdiag.analysis.categories import STRUCTURAL_OPCODES
+from xdiag.analysis.executed_ops import ExecutedInstruction, executed_instructions
 from xdiag.analysis.recompute import rematerialised_time
 from xdiag.analysis.xprof.common import natural_order
-from xdiag.idioms.catalogue import Match, idiom
+from xdiag.cost.hlo import shape_bytes
+from xdiag.idioms.catalogue import Match, Variant, idiom
 from xdiag.idioms.hlo_graph import Graph, Site, elements, nbytes
 from xdiag.idioms.program import Program
 from xdiag.idioms.work_not_needed import timed_stake
+from xdiag.profile.space import HloInstruction
 
 MOVES = frozenset({"copy", "transpose"})
 """Ops that move every element to another place without changing one."""
@@ -212,6 +217,135 @@ def argument_copies(program: Program) -> list[Match]:
         params={"program": _jitted_function(module), "arguments": ", ".join(arguments)},
         facts={"share_of_op_time_percent": share, "arguments": ", ".join(arguments),
                "argument_count": count, "shape": copies["shape"]})]
+
+
+LAYOUT_COPIES_MIN_PERCENT = 10.0
+"""Ops that only change layout holding this share of op time are a finding (as the other HLO checks' ops)."""
+
+
+def layout_change(ins: HloInstruction, operand: HloInstruction | None) -> str | None:
+    """Why `ins` only moves data into another layout, or None when it does more."""
+    if ins.opcode == "transpose":
+        return "transpose: same elements, permuted dimensions"
+    if ins.opcode == "copy" and operand is not None and operand.dims and prod(operand.dims) == prod(ins.dims):
+        if operand.layout and ins.layout and operand.layout != ins.layout:
+            return f"copy from layout {{{','.join(map(str, operand.layout))}}} to {{{','.join(map(str, ins.layout))}}}"
+        if sorted(operand.dims) == sorted(ins.dims) and operand.dims != ins.dims:
+            return "copy into permuted dimensions"
+    return None  # a same-layout copy moves data but changes no layout: detect_unfused_reshapes reports it
+
+
+def _is_convolution(ins: HloInstruction, module) -> bool:
+    if ins.opcode == "convolution":
+        return True
+    if ins.opcode == "custom-call":
+        return "conv" in ins.custom_call_target.lower()
+    return ins.opcode == "fusion" and "convolution" in module.fused_opcodes.get(ins.name, [])
+
+
+def _next_to_convolution(e: ExecutedInstruction) -> bool:
+    """Whether the op reads a convolution's result or feeds a convolution (through tuple plumbing)."""
+    by_name = e.computation.by_name
+    near = [by_name[o] for o in e.instruction.operands if o in by_name]
+    near += [u for u in e.computation.instructions if e.instruction.name in u.operands]
+    for _ in range(2):  # look through get-tuple-element / bitcast between the op and the convolution
+        near += [by_name[o] for n in near if n.opcode in ("get-tuple-element", "bitcast") for o in n.operands
+                 if o in by_name]
+        near += [u for n in near if n.opcode in ("get-tuple-element", "bitcast")
+                 for u in e.computation.instructions if n.name in u.operands]
+    return any(_is_convolution(n, e.module) for n in near)
+
+
+def layout_copy(e: ExecutedInstruction, total_ps: int) -> dict | None:
+    """The row of an op that only moves data into another layout (why, shapes, bytes moved, next to a convolution),
+    or None."""
+    ins = e.instruction
+    reason = None
+    if ins.opcode in ("copy", "transpose"):
+        operands = e.operands()
+        reason = layout_change(ins, operands[0] if operands else None)
+    elif ins.opcode == "fusion":
+        fused = [i for i in e.fused() if i.opcode not in STRUCTURAL_OPCODES]
+        if fused and all(i.opcode in ("copy", "transpose") for i in fused):
+            inner = {i.name: i for i in e.fused()}
+            subject = fused[-1]
+            reason = layout_change(subject, inner.get(subject.operands[0]) if subject.operands else None)
+            reason = f"fusion of only {', '.join(sorted({i.opcode for i in fused}))}: {reason}" if reason else None
+    if not reason:
+        return None
+    operands = e.operands()
+    return e.row(
+        total_ps, opcode=ins.opcode, why=reason, shape=ins.shape_text, operand_shapes=[o.shape_text for o in operands],
+        bytes_moved_per_run=shape_bytes(ins) + sum(shape_bytes(o) for o in operands),
+        next_to_convolution=_next_to_convolution(e),
+    )
+
+
+def layout_copy_rows(program: Program) -> list[dict[str, Any]]:
+    """Every op that only moves data into another layout, its row as detect_layout_mismatch_copies lists it, the
+    busiest first."""
+    executed, total_ps = executed_instructions(program.session)
+    return sorted(filter(None, (layout_copy(e, total_ps) for e in executed)), key=lambda r: -r["total_ms"])
+
+
+CONVOLUTION_LAYOUT = ("next_to_convolution", (True,))
+
+
+@idiom("layout_copies", "memory_numerics",
+       "Layout-changing copies and transposes take a large share of op time",
+       "keep one layout end to end: write einsum/dot dimension orders so no explicit transpose is needed "
+       "(jnp.einsum with the output order you consume), avoid .T/jnp.transpose/swapaxes between matmuls, and let XLA "
+       "pick layouts (no manual layout constraints); re-check with detect_layout_mismatch_copies",
+       "a copy or transpose that only re-lays an array out reads and writes every element and computes nothing; "
+       "where producer and consumer agree on one layout, XLA folds the permutation into the ops and copies nothing",
+       gain=None,
+       variants=(
+           Variant((CONVOLUTION_LAYOUT, ("vendor", ("AMD",)), ("platform", ("GPU",))),
+                   "the transposes convert the convolution's operands to and from the layout MIOpen runs in: keep "
+                   "activations channels-last (NHWC / NDHWC) end to end (lax.conv_general_dilated with "
+                   "dimension_numbers=('NHWC','HWIO','NHWC'), or the channels-last variant of your layer), and check "
+                   "XLA's conv layout choice on ROCm (XLA_FLAGS=--xla_gpu_force_conv_nhwc); MIOpen's NHWC kernels "
+                   "then read the data as it is; re-check with detect_layout_mismatch_copies"),
+           Variant((CONVOLUTION_LAYOUT, ("platform", ("GPU",))),
+                   "the transposes convert the convolution's operands to and from the layout cuDNN runs in: keep "
+                   "activations channels-last (NHWC) in bf16/fp16 so cuDNN's Tensor Core kernels take them as they "
+                   "are (XLA_FLAGS=--xla_gpu_force_conv_nhwc), and let XLA choose conv layouts; re-check with "
+                   "detect_layout_mismatch_copies"),
+           Variant((CONVOLUTION_LAYOUT, ("platform", ("TPU",))),
+                   "the transposes feed or follow a convolution: keep the feature dimension last (NHWC) so XLA:TPU "
+                   "maps it onto the MXU without relayout, and batch/feature sizes multiples of 128; re-check with "
+                   "detect_layout_mismatch_copies"),
+           Variant((CONVOLUTION_LAYOUT,),
+                   "the transposes feed or follow a convolution: keep one layout (channels-last) on both sides of it; "
+                   "re-check with detect_layout_mismatch_copies"),
+           Variant((("framework", ("TensorFlow",)),),
+                   "keep one layout end to end: avoid tf.transpose between matmuls (use tf.einsum with the output "
+                   "order you consume, or transpose_a/transpose_b in tf.linalg.matmul) and compile with "
+                   "jit_compile=True; re-check with detect_layout_mismatch_copies"),
+           Variant((("framework", ("PyTorch/XLA",)),),
+                   "keep one layout end to end: avoid .permute()/.t()/.contiguous() between matmuls, use torch.einsum "
+                   "with the output order you consume; re-check with detect_layout_mismatch_copies"),
+       ))
+def layout_copies(program: Program) -> list[Match]:
+    rows = layout_copy_rows(program)
+    share = round(sum(r["share_of_op_time_percent"] for r in rows), 2)
+    if not rows or share < LAYOUT_COPIES_MIN_PERCENT:
+        return []
+    top = rows[0]
+    # a copy of an argument that is not donated is that idiom's (its finding names its first ops), not a layout's
+    if any(top["op"] in m.ops[:8] for m in argument_copies(program)):
+        return []
+    compute = float(program.step.get("compute_percent") or 0.0)
+    near = bool(top["next_to_convolution"])
+    shape = top["shape"].split("{")[0]
+    return [Match(
+        "layout_copies", share * compute / 100 if compute else share,
+        f"ops that only move data into another layout (transposes, layout copies) take {share:g}% of op time; the "
+        f"largest is {top['op']} {shape} ({top['why']})" + (", next to a convolution" if near else ""),
+        module=re.sub(r"\(\d+\)$", "", top["module"]), ops=[r["op"] for r in rows[:20]],
+        params={"next_to_convolution": near},
+        facts={"share_of_op_time_percent": share, "count": len(rows), "top_op": top["op"],
+               "top_op_ms": top["total_ms"]})]
 
 
 RECOMPUTE_MATERIAL_PERCENT = 10.0

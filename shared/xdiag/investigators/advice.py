@@ -165,34 +165,6 @@ def precision_fix(ctx: Context, precision: str) -> str:
             + "), keeping f32 accumulation")
 
 
-def layout_fix(ctx: Context, next_to_convolution: bool) -> str:
-    """Advice for layout-changing transposes/copies."""
-    if next_to_convolution:
-        if ctx.rocm:
-            return ("the transposes convert the convolution's operands to and from the layout MIOpen runs in: keep "
-                    "activations channels-last (NHWC / NDHWC) end to end (lax.conv_general_dilated with "
-                    "dimension_numbers=('NHWC','HWIO','NHWC'), or the channels-last variant of your layer), and check "
-                    "XLA's conv layout choice on ROCm (XLA_FLAGS=--xla_gpu_force_conv_nhwc); MIOpen's NHWC kernels "
-                    "then read the data as it is")
-        if ctx.cuda:
-            return ("the transposes convert the convolution's operands to and from the layout cuDNN runs in: keep "
-                    "activations channels-last (NHWC) in bf16/fp16 so cuDNN's Tensor Core kernels take them as they "
-                    "are (XLA_FLAGS=--xla_gpu_force_conv_nhwc), and let XLA choose conv layouts")
-        if ctx.platform == "TPU":
-            return ("the transposes feed or follow a convolution: keep the feature dimension last (NHWC) so XLA:TPU "
-                    "maps it onto the MXU without relayout, and batch/feature sizes multiples of 128")
-        return "the transposes feed or follow a convolution: keep one layout (channels-last) on both sides of it"
-    if ctx.framework == "TensorFlow":
-        return ("keep one layout end to end: avoid tf.transpose between matmuls (use tf.einsum with the output order "
-                "you consume, or transpose_a/transpose_b in tf.linalg.matmul) and compile with jit_compile=True")
-    if ctx.framework == "PyTorch/XLA":
-        return ("keep one layout end to end: avoid .permute()/.t()/.contiguous() between matmuls, use torch.einsum "
-                "with the output order you consume")
-    return ("keep one layout end to end: write einsum/dot dimension orders so no explicit transpose is needed "
-            "(jnp.einsum with the output order you consume), avoid .T/jnp.transpose/swapaxes between matmuls, and let "
-            "XLA pick layouts (no manual layout constraints)")
-
-
 def transfer_fix(ctx: Context, peak_memory_gib: float | None, capacity_gib: float | None) -> str:
     """Levers for time spent moving data between memories."""
     fits = ""

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from xdiag.analysis.categories import DATA_MOVEMENT_OPCODES
+from xdiag.analysis.executed_ops import ExecutedInstruction
 from xdiag.cost.hlo import shape_bytes
 from xdiag.profile.space import Session
-from xdiag.tools.hlo_checks import ExecutedInstruction, detect
+from xdiag.tools.hlo_checks import detect
 from xdiag.tools.registry import ToolOutput, tool
 
 _MOVES = DATA_MOVEMENT_OPCODES - {"copy-start", "copy-done", "iota"}

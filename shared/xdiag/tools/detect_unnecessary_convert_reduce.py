@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from xdiag.analysis.executed_ops import ExecutedInstruction
 from xdiag.cost.hlo import shape_bytes
 from xdiag.profile.space import HloComputation, HloInstruction, HloModule, Session
-from xdiag.tools.hlo_checks import ExecutedInstruction, detect
+from xdiag.tools.hlo_checks import detect
 from xdiag.tools.registry import ToolOutput, tool
 
 NARROW = {"bf16", "f16", "f8e5m2", "f8e4m3fn", "f8e4m3", "f8e4m3fnuz", "f8e5m2fnuz", "f8e4m3b11fnuz", "f8e3m4"}

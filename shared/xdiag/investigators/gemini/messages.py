@@ -67,7 +67,7 @@ def opening_data(health: HealthSnapshot, results: dict[str, ToolResult]) -> dict
         "health_snapshot": health.as_dict(),
         "candidate_levers": (candidates_record(anatomy.summary, compute) if anatomy is not None and anatomy.ok
                              else []),
-        "candidate_idioms": (idiom_candidates(anatomy.summary.get("idioms") or [])
+        "candidate_idioms": (idiom_candidates(anatomy.summary.get("idioms") or [], _setting(results))
                              if anatomy is not None and anatomy.ok else []),
         "broad_tools": {
             name: {"status": r.status.value, "summary": r.summary, **({"reason": r.reason} if r.reason else {}),
@@ -75,6 +75,13 @@ def opening_data(health: HealthSnapshot, results: dict[str, ToolResult]) -> dict
             for name, r in sorted(results.items())
         },
     }, max_items=30)
+
+
+def _setting(results: dict[str, ToolResult]) -> dict[str, Any]:
+    """The program's platform, vendor and framework, as get_device_information says them: an idiom's change is
+    chosen by them."""
+    device = results.get("get_device_information")
+    return device.summary if device is not None and device.ok else {}
 
 
 def function_response(result: ToolResult) -> dict[str, Any]:

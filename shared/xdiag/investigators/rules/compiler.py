@@ -1,6 +1,7 @@
 """Findings about what the compiler does: recompilation inside the loop, and the inefficiencies the HLO checks find
-(layout copies, materialised widening converts, unfused data movement). Copies of arguments that are not donated are
-an idiom of the catalogue (xdiag.idioms.memory_numerics, argument_copies): the HLO checks yield to its finding."""
+(materialised widening converts, unfused data movement). Copies of arguments that are not donated and copies that only
+change layout are idioms of the catalogue (xdiag.idioms.memory_numerics: argument_copies, layout_copies): unfused data
+movement yields to both."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from dataclasses import dataclass
 
 from xdiag.investigators import advice
 from xdiag.investigators.rules.hypothesis import (Hypothesis, evidence, events_evidence, neighborhood_evidence,
-                                                  program, saving, sentence, shape_note)
+                                                  program, saving, shape_note)
 from xdiag.investigators.rules.registry import Facts, rule
 
 
@@ -83,21 +84,6 @@ def _hlo_check_hypothesis(facts: Facts, key: str, check: HloCheck) -> Hypothesis
         ops=frozenset((program(r.get("module")), r["op"]) for r in rows if r.get("op")),
         inflates=frozenset((program(r.get("module")), reader) for r in rows for reader in r.get("read_by") or []),
     )
-
-
-@rule("layout_copies")
-def layout_copies(facts: Facts, found: list[Hypothesis]) -> Hypothesis | None:
-    """Ops that only move data into another layout (transposes, layout copies)."""
-    if _copies_of_arguments(facts, found, "detect_layout_mismatch_copies"):
-        return None
-    next_to_convolution = bool(facts.summary("detect_layout_mismatch_copies").get("top_op_next_to_convolution"))
-    return _hlo_check_hypothesis(facts, "layout_copies", HloCheck(
-        "detect_layout_mismatch_copies",
-        "Layout-changing copies and transposes take a large share of op time",
-        "Ops that only move data into another layout (transposes, layout copies) take {share}% of op time; "
-        "the largest is {op} {shape} ({why})" + (", next to a convolution." if next_to_convolution else "."),
-        sentence(advice.layout_fix(facts.context(), next_to_convolution)
-                 + "; re-check with detect_layout_mismatch_copies")))
 
 
 @rule("widening_converts")

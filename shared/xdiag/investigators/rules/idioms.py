@@ -9,6 +9,8 @@ left out, and the idiom's text says which measure it covers.
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 from xdiag.idioms import IDIOMS, Match, PATTERNS
 from xdiag.investigators import levers
 from xdiag.investigators.rules.hypothesis import Hypothesis, evidence, saving, sentence
@@ -35,26 +37,40 @@ SUPERSEDES = {
 COVERED_BY_OPS = ("memory_bound", "low_kernel_efficiency", "layout_copies", "unfused_data_movement",
                   "materialised_attention", "latency_bound", "bounded_efficiency")
 """Findings that rate ops against their roofline: where an idiom stakes the same ops, the idiom is their cause."""
-PART_OF_OTHERS = frozenset({"argument_copies"})
+PART_OF_OTHERS = frozenset({"argument_copies", "layout_copies"})
 """Idioms whose ops are a part of a roofline finding's, not its cause (copies of arguments among a decode step's
-memory-bound ops): they leave those findings standing, and the HLO checks yield to them where their top op is one."""
+memory-bound ops, layout copies among a step's memory-bound ops): they leave those findings standing, and the HLO
+checks yield to them where their top op is one."""
 
 
 def hypothesis(match: Match, facts: Facts) -> Hypothesis:
     idiom = IDIOMS[match.idiom]
-    low, high = idiom.predicted_percent(match)
+    setting = asdict(facts.context())
+    predicted = idiom.predicted_percent(match)
+    withheld = idiom.withheld(match, setting)
     recoverable = idiom.recoverable(match)
     needs = (f" By the device's peaks the result needs about {match.needed_percent:.3g}% of the step for this work"
              + (f" ({match.work_ratio:g}× less than is done)" if match.work_ratio else "") + "."
              if match.needed_percent is not None else
              f" The work done is about {match.work_ratio:g}× what the result needs." if match.work_ratio else "")
-    measured = (f" On a TPU v5e this change recovered {idiom.gain[0]:.0%}–{idiom.gain[1]:.0%} of such a stake "
-                f"({idiom.measured})." if idiom.measured else "")
-    fix = (f"First, {idiom.change_text(match)}. Expected: {low:g}–{high:g}% shorter steps ({idiom.gain[0]:g}–"
-           f"{idiom.gain[1]:g} of the {recoverable:.3g}% of the step it stakes" + (
-               ", less what the result needs" if match.needed_percent else "") + ")."
-           + measured
-           + (" Alternatives: " + "; ".join(idiom.alternatives) + "." if idiom.alternatives else ""))
+    if withheld:
+        predicted = None
+        fix = f"Not advised here: {withheld}."
+        impact = saving(facts.step_ms, match.stake_percent) + "."
+    elif predicted is None:
+        fix = (f"First, {idiom.change_text(match, setting)}. Expected gain: not measured: no trial has timed this "
+               "change; capture a step before and after it.")
+        impact = saving(facts.step_ms, match.stake_percent) + "."
+    else:
+        low, high = predicted
+        measured = (f" On a TPU v5e this change recovered {idiom.gain[0]:.0%}–{idiom.gain[1]:.0%} of such a stake "
+                    f"({idiom.measured})." if idiom.measured else "")
+        fix = (f"First, {idiom.change_text(match, setting)}. Expected: {low:g}–{high:g}% shorter steps "
+               f"({idiom.gain[0]:g}–{idiom.gain[1]:g} of the {recoverable:.3g}% of the step it stakes"
+               + (", less what the result needs" if match.needed_percent else "") + ")." + measured)
+        impact = saving(facts.step_ms, high) + f" (predicted {low:g}–{high:g}%)."
+    if idiom.alternatives and not withheld:
+        fix += " Alternatives: " + "; ".join(idiom.alternatives) + "."
     # The idiom is its own lever (the lever catalogue's row for its finding is its entry), unless its change is a
     # lever's of the catalogue: then the finding names that lever, as a lever-led finding does
     lever = (evidence("get_program_anatomy", "lever", idiom.lever, f"the change of idiom {match.idiom}")
@@ -67,9 +83,9 @@ def hypothesis(match: Match, facts: Facts) -> Hypothesis:
     h = Hypothesis(
         match.idiom, round(match.stake_percent, 2), idiom.title,
         sentence(match.what) + f" This is {PATTERNS[idiom.pattern]}: {idiom.why}." + needs,
-        ev, saving(facts.step_ms, high) + f" (predicted {low:g}–{high:g}%).", fix,
-        ops=frozenset((match.module, op) for op in match.ops))
-    h.predicted = (low, high)
+        ev, impact, fix, ops=frozenset((match.module, op) for op in match.ops))
+    h.predicted = predicted
+    h.withheld = bool(withheld)
     if match.idiom in SUPERSEDES:
         h.follow_up = ("aggregate_xplane_events", {"pattern": r"^(PjitFunction|PmapFunction)\(|callback|__float__|"
                                                    r"__array__|item|block_until_ready|compile", "line": "python"})

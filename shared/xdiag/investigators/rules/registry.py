@@ -88,7 +88,6 @@ RULE_ORDER = (
     "warm_up",
     "input_bound",
     "collectives",
-    "layout_copies",
     "widening_converts",
     "unfused_data_movement",
     "materialised_attention",
@@ -105,9 +104,8 @@ RULE_ORDER = (
     "measured_not_explained",
 )
 """The order the engine runs the rules in. It matters: findings of equal score keep it in the ranking, and some
-rules read the findings before them (layout_copies and unfused_data_movement yield to the argument_copies idiom,
-unfused_data_movement to layout_copies, low_kernel_efficiency to
-memory_bound and latency_bound, opaque_kernel to any finding naming its kernels, device_idle to any strong one)."""
+rules read the findings before them (unfused_data_movement yields to the argument_copies and layout_copies
+idioms, low_kernel_efficiency to memory_bound and latency_bound, opaque_kernel to any finding naming its kernels, device_idle to any strong one)."""
 
 
 def rule(key: str) -> Callable[[Rule], Rule]:
