@@ -775,14 +775,16 @@ def weights_uploaded_each_step(program: Program) -> list[Match]:
         uploaded = sum(nbytes(w) for w in weights.values()
                        if counts.get(w.shape_text.split("{")[0], 0) >= needed[w.shape_text.split("{")[0]] * steps)
         events = shipped
-    else:  # copies named without shapes (a CPU's): every weight operand's worth of host arrays put per call
+    else:  # copies named without shapes (a CPU's): every weight operand's worth of host arrays put per call, and
+        # more than the program's other arguments (a batch from NumPy) could account for alone
         stem = module.name.removeprefix("jit_")
         calls_of = program.host_events(JITTED_CALL_EVENT).where(lambda n: n == f"PjitFunction({stem})")
         calls_of = calls_of.take(np.flatnonzero(outermost(np.ones(len(calls_of), bool), calls_of.thread,
                                                           calls_of.start_ps, calls_of.end_ps)))
         puts = _in_steps(program, program.host_events(HOST_PUT_EVENT))
         inside = puts.take(np.flatnonzero(_within_any(puts, calls_of)))
-        uploaded = weight_bytes if len(weights) >= 2 and len(inside) >= len(weights) * steps else 0
+        others = len(_entry_shapes(module)) - len(weights)
+        uploaded = weight_bytes if len(weights) >= 2 and len(inside) >= max(len(weights), others + 1) * steps else 0
         events = inside
     if uploaded < MIN_UPLOADED_WEIGHT_BYTES:
         return []

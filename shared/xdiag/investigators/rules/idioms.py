@@ -14,6 +14,7 @@ from dataclasses import asdict
 from xdiag.idioms import IDIOMS, Match, PATTERNS
 from xdiag.investigators import levers
 from xdiag.investigators.rules.hypothesis import Hypothesis, evidence, saving, sentence
+from xdiag.investigators.rules.ranking import MIN_FINDING_PERCENT
 from xdiag.investigators.rules.registry import Facts, rule
 
 SUPERSEDES = {
@@ -108,6 +109,8 @@ def superseded(found: list[Hypothesis]) -> list[Hypothesis]:
     """The findings an idiom's match explains, left out; the idiom's text names what it covers."""
     drop: set[int] = set()
     for h in found:
+        if h.score < MIN_FINDING_PERCENT:  # a finding too small to report explains nothing in its place
+            continue
         mine = {op for _, op in h.ops}
         covered = [o for o in found if o is not h and id(o) not in drop and (
             o.key in SUPERSEDES.get(h.key, ()) or (o.key in COVERED_BY_OPS and h.key in IDIOMS
