@@ -71,7 +71,7 @@ def test_an_agent_compares_before_and_after_over_mcp(tmp_path):
 
             analysed, _ = _answer(await client.call_tool("analyze", {"path": str(before)}))
             top = analysed["findings"][0]
-            assert top["key"] == "low_kernel_efficiency"
+            assert top["key"] == "precision_highest_matmul"
             # the agent analyses the new capture too: both files are named run.xplane.pb, and the baseline's
             # analysis stays the baseline's
             again, _ = _answer(await client.call_tool("analyze", {"path": str(after)}))
@@ -90,7 +90,7 @@ def test_an_agent_compares_before_and_after_over_mcp(tmp_path):
             outcome = next(o for o in diff["outcomes"] if o["key"] == top["key"])
             assert outcome["outcome"] in ("gone", "smaller")
             # predicted beside realized: the range the finding's lead lever gives, and the gain the steps show
-            lead = re.search(r"Leading with [^:]+: (\d+)–(\d+)% shorter steps", top["expected_impact"])
+            lead = re.search(r"\(predicted (\d+(?:\.\d+)?)–(\d+(?:\.\d+)?)%\)", top["expected_impact"])
             predicted = outcome["predicted"]
             assert [predicted["low_percent_of_step"], predicted["percent_of_step"]] == [float(g) for g in lead.groups()]
             assert predicted["low_percent_of_step"] <= outcome["realized_gain_percent"] <= predicted["percent_of_step"]
