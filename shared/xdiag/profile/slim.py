@@ -18,8 +18,8 @@ The copy is made from the memory-mapped file in one compiled walk over each host
 (`wire.thinned_line`: where stat-less events may go, it follows XProf's nesting as it copies; a line where leaving
 them out is not safe is walked again for its Python events alone). Only the host plane's and its lines' lengths are
 written anew; every other byte (other planes, the host plane's metadata, the other events, field order) is copied as
-it is. The lines are walked in up to four threads (the compiled code releases the GIL), a few lines' bytes in memory
-at a time; the new host plane goes through a scratch file, as its length comes before it. 0.2 s (0.33 s of CPU) for
+it is. The lines are walked in up to four threads where they come to 32 MiB or more (the compiled code releases the
+GIL), a few lines' bytes in memory at a time; the new host plane goes through a scratch file, as its length comes before it. 0.2 s (0.33 s of CPU) for
 the 85 MiB profile on two cores, where a count walk followed by a copy walk took 0.3 s (0.55 s of CPU).
 
 Given `unread_device_lines` (`write_for_xprof`), the copy also leaves out whole lines of the TPU planes that XProf's
@@ -41,6 +41,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import contextlib
+import mmap
 import os
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
@@ -81,6 +82,11 @@ PYTHON_EVENT_PREFIX = "$"
 """How the Python tracer names its events (`$file.py:line function`, `$builtins len`)."""
 _THREADS = min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
 """Threads that walk the host lines at once."""
+_THREADED_MIN_BYTES = 32 * 2**20
+"""Host lines of fewer bytes, all together, are walked in the calling thread: on the 6.4 MiB H200 recompilation
+profile threads saved 2 of 26 ms, while in XProf's detached converter (mimalloc 3, its default purge delay) a pool
+started before the conversion left XProf's op_stats of the 87.6 MiB TPU v5e capture peaking ~80 MiB higher
+(790-800 against 720-735 MiB; a pool of threads that allocate nothing did the same)."""
 _T = TypeVar("_T")
 _ASYNC_STAT = "_a"
 """The stat that marks an event asynchronous (XProf's kIsAsync): XProf leaves such events out of its nesting."""
@@ -110,10 +116,10 @@ def _corrupt(name: str, start: int, err: int, err_pos: int) -> ProfileError:
     return ProfileError(f"{name}: the host line at byte {start} is corrupt: {wire.ERRORS[err]} near byte {err_pos}")
 
 
-def _in_order(function: Callable[[int], _T], items: list[int]) -> Iterator[_T]:
-    """`function` of each item, in order, computed in up to `_THREADS` threads (the compiled walks release the GIL)
-    at most `_THREADS` items ahead of the one consumed: the copy holds a few lines' bytes at a time."""
-    threads = min(_THREADS, len(items))
+def _in_order(function: Callable[[int], _T], items: list[int], threads: int = _THREADS) -> Iterator[_T]:
+    """`function` of each item, in order, computed in up to `threads` threads (the compiled walks release the GIL)
+    at most `threads` items ahead of the one consumed: the copy holds a few lines' bytes at a time."""
+    threads = min(threads, len(items))
     if threads < 2:
         yield from map(function, items)
         return
@@ -322,7 +328,7 @@ def _device_plane(arr: np.ndarray, buf, start: int, end: int, name: str, unread_
             for i in op_lines:
                 line = rewritten.get(i)
                 source, begin, finish = (arr, int(starts[i]), int(ends[i])) if line is None else (line, 0, len(line))
-                out = np.empty(finish - begin, np.uint8)
+                out = _unmapped_when_gone(finish - begin)
                 kept, left_out, err, err_pos = wire.line_without_stat(source, begin, finish, stat_bytes, out)
                 if err:
                     raise ProfileError(f"{name}: the device line at byte {int(starts[i])} is corrupt: "
@@ -333,6 +339,13 @@ def _device_plane(arr: np.ndarray, buf, start: int, end: int, name: str, unread_
                     stats_left_out += left_out
     events = sum(_event_count(arr, int(starts[i]), int(ends[i])) for i in dropped)
     return _DevicePlane(fields_of_plane, dropped, events, rewritten, stats_left_out)
+
+
+def _unmapped_when_gone(size: int) -> np.ndarray:
+    """A writable array of `size` bytes in an anonymous mapping of its own, unmapped when the last array on it goes:
+    a rewritten line is tens of MB (45 MB on the 87.6 MiB TPU v5e capture) that the process's malloc would keep once
+    freed (mimalloc in XProf's converter kept 60 MiB of it beside the conversion after the copy)."""
+    return np.frombuffer(mmap.mmap(-1, max(size, 1)), np.uint8)[:size]
 
 
 def _write_device_plane(out, arr: np.ndarray, plane: _DevicePlane) -> None:
@@ -374,15 +387,17 @@ def _thinned_host_plane(arr: np.ndarray, plane, fields_of_plane, flags: np.ndarr
     """Writes the host plane's fields, its lines thinned, into the scratch file `plane`; returns (events dropped,
     bytes written).
 
-    Each line is thinned in one walk, in threads, a few lines' bytes in memory at a time, into a scratch file
+    Each line is thinned in one walk, in threads where they are many (`_THREADED_MIN_BYTES`), a few lines' bytes in
+    memory at a time, into a scratch file
     beside the target: the plane's length, written before it, is known only once every line is walked. Every other
     byte is copied as it is, the keys too (one byte each)."""
     numbers, tags, starts, ends, wires = fields_of_plane
     stat_less = bool((flags == wire.DROP_WITHOUT_STATS).any())
     lines = np.flatnonzero((numbers == _PLANE_LINES) & (wires == 2)).tolist()
+    threads = _THREADS if int((ends[lines] - starts[lines]).sum()) >= _THREADED_MIN_BYTES else 1
     dropped = 0
     with contextlib.closing(_in_order(
-            lambda i: _thinned(arr, int(starts[i]), int(ends[i]), flags, stat_less, async_stat, name), lines)
+            lambda i: _thinned(arr, int(starts[i]), int(ends[i]), flags, stat_less, async_stat, name), lines, threads)
     ) as walked:
         thinned = iter(zip(lines, walked))
         next_line, (line_dropped, body) = next(thinned, (-1, (0, None)))
