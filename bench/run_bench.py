@@ -5,6 +5,7 @@
                               [--xprof-max-mib 256] [--base OTHER] [--out bench/results]
     python bench/run_bench.py --hosts 1,8,32,128 [--one-process-max-hosts 32] [--repeats 3] [--workdir DIR]
     python bench/run_bench.py --tpu [--tpu-profiles A.xplane.pb,...] [--tpu-host-mib 2048] [--repeats 3] [--workdir DIR]
+                              [--tpu-modes first,kept,own,waited] [--base OTHER]
 
 1. Profiles: real CPU captures of the bundled `dispatch_bound` workload (the Python tracer on, so
    the event count per MiB is high) at about 5 and 20 MiB, then larger ones made by
@@ -36,7 +37,7 @@ single process; `<out>/hosts.{json,md}`.
 `--tpu` runs only the TPU rows instead: the committed real TPU v5e capture (bench/profiles, 87.6 MiB), the other
 real TPU profiles named, and a 2 GB host made from the capture's lines, each analysed as a user runs it the first time
 and again (XProf's views kept from the first), without XProf's views and waiting for them, beside XProf's converters;
-`<out>/tpu.{json,md}`.
+`<out>/tpu.{json,md}`; `--base OTHER` alternates another checkout's package with this one's there too.
 Never run as a test: timings depend on the machine.
 """
 
@@ -355,57 +356,80 @@ def _tree_run(cmd: list[str], env: dict) -> dict:
     return result
 
 
-def bench_tpu(profiles: list[Path], repeats: int, workdir: Path, xprof_max_mib: float) -> list[dict]:
+TPU_MODES = ("first", "kept", "own", "waited")
+"""How `bench_tpu` runs `xdiag analyze` on each TPU profile (see there); `--tpu-modes` picks some."""
+
+
+def bench_tpu(profiles: list[Path], repeats: int, workdir: Path, xprof_max_mib: float,
+              packages: dict[str, Path | None] | None = None, modes: tuple[str, ...] = TPU_MODES) -> list[dict]:
     """Per TPU profile, each run a fresh process on a private copy: `xdiag analyze` as a user runs it the first time
     (an empty local cache: XProf's views converted after the report, by a detached process), again (the views kept
     from the first run), with `--no-xprof-views`, and with `--xprof-wait 600` (the report waits for XProf's views,
     converted beside it: what the first run's report would hold had it waited); beside them XProf's 11 converters.
     Wall time is the command's; peak RSS the largest process of its tree by the time it exited, and of everything it
-    started until that ended too (the detached converter after it)."""
+    started until that ended too (the detached converter after it). `packages`: the xdiag package each side runs
+    (its PYTHONPATH; None: as installed), their runs alternating with XProf's in each repeat; a side other than
+    "xdiag" gets rows of its own (`<profile> (<side>)`). `modes`: which of TPU_MODES run ("kept" needs "first")."""
     xdiag = str(Path(sys.executable).with_name("xdiag"))
+    packages = packages or {"xdiag": None}
     rows = []
     for profile in profiles:
         size_mib = profile.stat().st_size / 2**20
         limit_gib = max(2.0, profile.stat().st_size / 2**30 + 0.1)
-        runs: dict[str, list[dict]] = {mode: [] for mode in ("first", "kept", "own", "waited", "xprof")}
+        runs: dict[str, dict[str, list[dict]]] = {side: {mode: [] for mode in modes} for side in packages}
+        xprof_runs: list[dict] = []
         for _ in range(repeats):
-            copy = _private_copy(profile, workdir)
-            cache = Path(tempfile.mkdtemp(dir=workdir))
-            for mode, options in (("first", []), ("kept", []), ("own", ["--no-xprof-views"])):
-                out = Path(tempfile.mkdtemp(dir=workdir))
-                result = _tree_run([xdiag, "analyze", str(copy), "--out", str(out), "-q", "--max-profile-gib",
-                                    f"{limit_gib:.1f}", *options], env={**os.environ, "XDIAG_LOCAL_CACHE_DIR": str(cache)})
-                analysis = json.loads((out / "analysis.json").read_text())
-                result["events"] = analysis["profile"]["events"]
-                result["read_s"] = analysis["timings_ms"]["read"] / 1000
-                runs[mode].append(result)
-                shutil.rmtree(out, ignore_errors=True)
-            shutil.rmtree(cache, ignore_errors=True)
-            if size_mib <= xprof_max_mib:
-                out, cache = Path(tempfile.mkdtemp(dir=workdir)), Path(tempfile.mkdtemp(dir=workdir))
-                runs["waited"].append(_tree_run(
-                    [xdiag, "analyze", str(_private_copy(profile, workdir)), "--out", str(out), "-q", "--xprof-wait",
-                     "600"], env={**os.environ, "XDIAG_LOCAL_CACHE_DIR": str(cache)}))
+            for side, package in packages.items():
+                env = {**os.environ, **({"PYTHONPATH": str(package)} if package else {})}
+                copy = _private_copy(profile, workdir)
+                cache = Path(tempfile.mkdtemp(dir=workdir))
+                for mode, options in (("first", []), ("kept", []), ("own", ["--no-xprof-views"])):
+                    if mode not in modes:
+                        continue
+                    out = Path(tempfile.mkdtemp(dir=workdir))
+                    result = _tree_run([xdiag, "analyze", str(copy), "--out", str(out), "-q", "--max-profile-gib",
+                                        f"{limit_gib:.1f}", *options], env={**env, "XDIAG_LOCAL_CACHE_DIR": str(cache)})
+                    analysis = json.loads((out / "analysis.json").read_text())
+                    result["events"] = analysis["profile"]["events"]
+                    result["read_s"] = analysis["timings_ms"]["read"] / 1000
+                    runs[side][mode].append(result)
+                    shutil.rmtree(out, ignore_errors=True)
                 shutil.rmtree(cache, ignore_errors=True)
-                runs["xprof"].append(_tree_run([sys.executable, "-c", XPROF_SCRIPT, str(_private_copy(profile, workdir)),
-                                                *XPROF_VIEWS], env=dict(os.environ)))
-        row = {"profile": _label(profile, workdir), "size_mib": round(size_mib, 1), "events": runs["own"][0]["events"]}
-        for mode, results in runs.items():
-            if not results:
-                row[mode] = {"not_run": f"over --xprof-max-mib {xprof_max_mib:g}"}
-                continue
-            row[mode] = {**_median(results), **{k: round(statistics.median(r[k] for r in results), 3) for k in (
-                "command_tree_peak_rss_mib", "tree_peak_rss_mib", "descendants_wall_s", "command_all_rss_mib",
-                "all_rss_mib")}}
-        read_s = statistics.median(r["read_s"] for r in runs["own"])
-        row["own"].update(read_s=round(read_s, 3), read_mb_per_s=round(profile.stat().st_size / 1e6 / read_s))
-        if "wall_s" in row["xprof"]:
-            for mode in ("first", "kept", "own", "waited"):
-                row[mode]["wall_over_xprof"] = round(row[mode]["wall_s"] / row["xprof"]["wall_s"], 3)
-                row[mode]["rss_over_xprof"] = round(row[mode]["command_all_rss_mib"] /
-                                                    row["xprof"]["all_rss_mib"], 3)
-        rows.append(row)
-        print(json.dumps(row), flush=True)
+                if size_mib <= xprof_max_mib and "waited" in modes:
+                    out, cache = Path(tempfile.mkdtemp(dir=workdir)), Path(tempfile.mkdtemp(dir=workdir))
+                    runs[side]["waited"].append(_tree_run(
+                        [xdiag, "analyze", str(_private_copy(profile, workdir)), "--out", str(out), "-q",
+                         "--xprof-wait", "600"], env={**env, "XDIAG_LOCAL_CACHE_DIR": str(cache)}))
+                    shutil.rmtree(cache, ignore_errors=True)
+            if size_mib <= xprof_max_mib:
+                xprof_runs.append(_tree_run([sys.executable, "-c", XPROF_SCRIPT, str(_private_copy(profile, workdir)),
+                                             *XPROF_VIEWS], env=dict(os.environ)))
+        label = _label(profile, workdir)
+        xprof = ({**_median(xprof_runs), **{k: round(statistics.median(r[k] for r in xprof_runs), 3)
+                                            for k in ("all_rss_mib", "command_all_rss_mib")}} if xprof_runs
+                 else {"not_run": f"over --xprof-max-mib {xprof_max_mib:g}"})
+        for side in packages:
+            events = next((r["events"] for mode in ("own", "first", "kept") for r in runs[side].get(mode, [])), None)
+            row = {"profile": label if side == "xdiag" else f"{label} ({side})", "size_mib": round(size_mib, 1),
+                   "events": events, "xprof": xprof}
+            for mode in TPU_MODES:
+                results = runs[side].get(mode, [])
+                if not results:
+                    row[mode] = {"not_run": "not asked for" if mode not in modes
+                                 else f"over --xprof-max-mib {xprof_max_mib:g}"}
+                    continue
+                row[mode] = {**_median(results), **{k: round(statistics.median(r[k] for r in results), 3) for k in (
+                    "command_tree_peak_rss_mib", "tree_peak_rss_mib", "descendants_wall_s", "command_all_rss_mib",
+                    "all_rss_mib")}}
+                if "read_s" in results[0]:
+                    read_s = statistics.median(r["read_s"] for r in results)
+                    row[mode].update(read_s=round(read_s, 3),
+                                     read_mb_per_s=round(profile.stat().st_size / 1e6 / read_s))
+                if "wall_s" in xprof:
+                    row[mode]["wall_over_xprof"] = round(row[mode]["wall_s"] / xprof["wall_s"], 3)
+                    row[mode]["rss_over_xprof"] = round(row[mode]["command_all_rss_mib"] / xprof["all_rss_mib"], 3)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
     return rows
 
 
@@ -413,7 +437,7 @@ def render_tpu_markdown(report: dict) -> str:
     m = report["machine"]
     lines = [
         f"# xdiag analyze on TPU profiles ({report['date']}, {m['cores']} cores, {m['memory_gib']} GiB, median of "
-        f"{report['repeats']})",
+        f"{report['repeats']}" + (f", load {report['load_1min']} at the end" if "load_1min" in report else "") + ")",
         "",
         "Wall s (CPU s of every process) / peak MiB of the memory of every process of the command's tree at once while "
         "it ran (RSS summed, sampled every 50 ms) (× XProf's wall / × XProf's memory); first: an empty local cache, XProf's views "
@@ -421,7 +445,8 @@ def render_tpu_markdown(report: dict) -> str:
         "again; waited: --xprof-wait 600. XProf's converters run as its UI runs them (op_stats kept beside the file "
         "after the first view), on a fresh copy; --no-xprof-views also gives its read's wall time and rate (the file's MB "
         "over it). Goals (issue 64): first ≤ 0.15×, waited ≤ 0.5×, --no-xprof-views ≤ 0.1× XProf's wall time; memory "
-        "≤ 0.4× XProf's; a 2 GB host ≤ 4 GiB at ≥ 300 MB/s of read.",
+        "≤ 0.4× XProf's; a 2 GB host ≤ 4 GiB at ≥ 300 MB/s of read. A row `(base)`: the --base checkout's package, its "
+        "runs alternating with this one's and XProf's in each repeat.",
         "",
         "| profile | MiB | events | first | converter after it | kept | --no-xprof-views | waited | XProf's 11 converters |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -435,14 +460,15 @@ def render_tpu_markdown(report: dict) -> str:
 
     for r in report["rows"]:
         first = r["first"]
-        after = (f"{round(first['descendants_wall_s'] - first['wall_s'], 2)} / {first['tree_peak_rss_mib']:.0f}"
+        after = ("" if "not_run" in first else
+                 f"{round(first['descendants_wall_s'] - first['wall_s'], 2)} / {first['tree_peak_rss_mib']:.0f}"
                  if first["tree_peak_rss_mib"] > first["command_tree_peak_rss_mib"] else "none (in line)")
         xprof = r["xprof"]
         xprof_cell = (f"{xprof['wall_s']} ({xprof['cpu_s']}) / {xprof['all_rss_mib']:.0f}" if "wall_s" in xprof
                       else f"not run ({xprof['not_run']})")
         own = cell(r["own"]) + (f"; read {r['own']['read_s']} s, {r['own']['read_mb_per_s']} MB/s"
                                 if "read_s" in r["own"] else "")
-        lines.append(f"| {r['profile']} | {r['size_mib']} | {r['events']:,} | {cell(first)} | {after} | "
+        lines.append(f"| {r['profile']} | {r['size_mib']} | {r['events'] or 0:,} | {cell(first)} | {after} | "
                      f"{cell(r['kept'])} | {own} | {cell(r['waited'])} | {xprof_cell} |")
     return "\n".join(lines) + "\n"
 
@@ -560,7 +586,7 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--base", type=Path, default=None,
                         help="another checkout of xdiag: its `xdiag analyze` alternating with this one's on the size "
-                             "rows (the code before a change)")
+                             "rows and, with --tpu, on the TPU rows (the code before a change)")
     parser.add_argument("--hosts", default="",
                         help="instead of the rest: many-host sessions of these host counts (e.g. 1,8,32,128), each "
                              "host a copy of the 20 MiB capture; results/hosts.{json,md}")
@@ -574,6 +600,8 @@ def main() -> None:
                         help="with --tpu: more real TPU profiles, comma-separated")
     parser.add_argument("--tpu-host-mib", type=float, default=2048,
                         help="with --tpu: also a host of this size from the real capture's lines (0: none)")
+    parser.add_argument("--tpu-modes", default=",".join(TPU_MODES),
+                        help=f"with --tpu: which runs of xdiag analyze, of {','.join(TPU_MODES)} (kept needs first)")
     parser.add_argument("--one-process-max-hosts", type=int, default=32,
                         help="with --hosts: also read in one process up to this many hosts")
     args = parser.parse_args()
@@ -592,8 +620,13 @@ def main() -> None:
             host = workdir / f"{capture.name.removesuffix('.xplane.pb')}-x{args.tpu_host_mib:g}mib.xplane.pb"
             _replicate(capture, host, args.tpu_host_mib)
             profiles.append(host)
+        modes = tuple(mode for mode in args.tpu_modes.split(",") if mode)
+        if not set(modes) <= set(TPU_MODES) or ("kept" in modes and "first" not in modes):
+            parser.error(f"--tpu-modes: some of {','.join(TPU_MODES)}, kept with first")
+        packages = {"xdiag": REPO / "shared", "base": args.base.resolve() / "shared"} if args.base else None
         report = {"machine": machine(), "repeats": args.repeats, "date": time.strftime("%Y-%m-%d"),
-                  "rows": bench_tpu(profiles, args.repeats, workdir, args.xprof_max_mib)}
+                  "load_1min": round(os.getloadavg()[0], 1),
+                  "rows": bench_tpu(profiles, args.repeats, workdir, args.xprof_max_mib, packages, modes)}
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "tpu.json").write_text(json.dumps(report, indent=2) + "\n")
         (args.out / "tpu.md").write_text(render_tpu_markdown(report))

@@ -76,7 +76,7 @@ def main() -> None:
             run_dir = Path(scratch) / profile.stem / "plugins" / "profile" / "session"
             run_dir.mkdir(parents=True)
             copy = run_dir / profile.name
-            if not copy_without_unused_events(profile, copy):
+            if not any(copy_without_unused_events(profile, copy)):
                 shutil.copy(profile, copy)
             size = copy.stat().st_size
             cells = []

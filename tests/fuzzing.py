@@ -519,11 +519,12 @@ def _reader_call(path: Path, scratch: Path) -> Callable[[], int]:
     def call() -> int:
         from xdiag.errors import XdiagError
         from xdiag.profile.reader import read_session_in_process
-        from xdiag.profile.slim import write_metadata_plane, write_without_unused_events
+        from xdiag.profile.slim import DEFAULT_TPU_OP_STATS, UNREAD_TPU_LINES, write_for_xprof, write_metadata_plane
 
         steps = [lambda: read_session_in_process([path])]
         if path.name.endswith(".xplane.pb"):  # XProf's views copy the file before (and whatever) the reader says
-            steps += [lambda: write_without_unused_events(path, scratch / "slim.xplane.pb", lambda name: True),
+            steps += [lambda: write_for_xprof(path, scratch / "slim.xplane.pb", lambda name: True, UNREAD_TPU_LINES,
+                                              DEFAULT_TPU_OP_STATS),
                       lambda: write_metadata_plane(path, scratch / "metadata.xplane.pb")]
         failed = False
         for step in steps:

@@ -175,6 +175,26 @@ def test_a_kept_record_is_served_only_verified(tmp_path):
     assert background.read_record(folder) == recorded
 
 
+def test_a_view_about_to_wait_hands_back_the_memory_the_analysis_freed_once(tmp_path, monkeypatch):
+    """Waiting for the converter's record, the analysis first hands what malloc keeps of its freed memory back to the
+    system (once, however long it waits): the two processes' memory at once is what `--xprof-wait` costs. A record
+    already there is read without it."""
+    import os
+
+    from xdiag.fresh_files import replace_with, with_digest
+    from xdiag.profile import reader
+
+    trims = []
+    monkeypatch.setattr(reader, "return_freed_memory_to_the_os", lambda: trims.append(time.monotonic()))
+    folder = tmp_path / "views"
+    folder.mkdir()
+    waiting = background.BackgroundViews([tmp_path / "host.xplane.pb"], folder, os.getpid(), wait_s=0.3)
+    assert waiting.stored() is None and len(trims) == 1  # the converter (alive: this process) recorded nothing
+    replace_with(background.record_path(folder), with_digest(json.dumps({"views": {}}).encode()), mode=0o600)
+    kept = background.BackgroundViews([tmp_path / "host.xplane.pb"], folder, os.getpid(), wait_s=0.3)
+    assert kept.stored() is not None and len(trims) == 1
+
+
 def test_sigterm_to_the_converter_takes_its_private_copy_with_it(tmp_path, monkeypatch):
     """The detached converter, sent SIGTERM while it converts, ends and removes what it made in TMPDIR (278 MiB of
     private copy were left on a large capture)."""

@@ -36,8 +36,10 @@ def _shared_profiles_here():
 
 pytest.importorskip("xprof", reason="the xprof wheel is not installed")
 
-from xdiag.analysis.xprof import XprofViews, common, conversions, memory_budget, session_dir, stored, worker  # noqa: E402
-from xdiag.profile import slim  # noqa: E402
+from xdiag.analysis.xprof import (XprofViews, common, conversions, host_events, memory_budget,  # noqa: E402
+                                   session_dir, stored, worker)
+from xdiag.analysis.xprof.quiet import quiet  # noqa: E402
+from xdiag.profile import schema, slim  # noqa: E402
 from xdiag.profile.reader import read_threads  # noqa: E402
 
 TPU = "tpu/tpu_v6e_inference.xplane.pb"
@@ -535,26 +537,88 @@ def _without_tie_order(view: dict | str) -> dict | str:
     return {**{k: v for k, v in view.items() if k != "top_op"}, "detail": detail}
 
 
+XPROF_TPU_CONVERTERS = ("overview_page", "op_profile", "roofline_model", "hlo_stats", "framework_op_stats",
+                        "input_pipeline_analyzer", "kernel_stats", "smart_suggestion", "pod_viewer")
+"""XProf's converters that read a TPU profile's device planes: all its UI runs but memory_profile (the host plane
+alone, compared through xdiag's views) and utilization_viewer (performance-counter samples, which no capture here
+holds)."""
+
+
+def _in_one_order(value):
+    """A parsed op_profile with every list in one order and its ops (the nodes that carry an HLO op, `xla`) without
+    what names them: where ops tie (equal measure), XProf orders them, picks those a list keeps and the duplicate
+    that names a group at random from one conversion of the same file to the next. Every op's numbers stay."""
+    if isinstance(value, dict):
+        if "xla" in value:
+            value = {key: item for key, item in value.items() if key not in ("name", "xla")}
+        return {key: _in_one_order(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return sorted((_in_one_order(item) for item in value), key=lambda item: json.dumps(item, sort_keys=True))
+    return value
+
+
+def _xprof_outputs(profile: Path, folder: Path) -> dict:
+    """What each of XPROF_TPU_CONVERTERS gives for `profile`, converted as XProf's UI converts (op_stats kept beside
+    the file and read by the next converters), in a run folder of its own under `folder`; parsed, op_profile's lists
+    in one order."""
+    run_dir = folder / "plugins" / "profile" / "session"
+    run_dir.mkdir(parents=True)
+    shutil.copy(profile, run_dir / "host.xplane.pb")
+    from xprof.convert import raw_to_tool_data
+
+    outputs = {}
+    with quiet():
+        for converter in XPROF_TPU_CONVERTERS:
+            data = raw_to_tool_data.xspace_to_tool_data([run_dir / "host.xplane.pb"], converter, {})
+            data = data[0] if isinstance(data, tuple) else data
+            outputs[converter] = json.loads(data) if data else data
+    outputs["op_profile"] = _in_one_order(outputs["op_profile"])
+    return outputs
+
+
 @pytest.mark.parametrize("name", ["kv_decode", "host_sync", "flash_attention_train", "remat_train", "decode_prefetched",
                                   "near_hbm_limit", "input_bound"])
-def test_tpu_views_without_the_lines_xprof_never_reads_are_the_views_of_the_whole_file(name, tmp_path):
+def test_tpu_views_without_what_xprof_never_reads_are_the_views_of_the_whole_file(name, tmp_path):
     """The private copy of a TPU profile also leaves out its TPU planes' `Async XLA Ops` lines (slim.UNREAD_TPU_LINES,
-    a third of the 87.6 MiB capture's bytes), which XProf's op_stats and memory_profile never visit: every view is
-    still the whole file's, on training, inference, host-bound and input-bound captures of a TPU v5e. Where ops tie
-    (equal self time or bytes), XProf names them in an order that changes from one conversion of the same whole
-    file to the next (kv_decode: 3 of 7 conversions), so hlo_op_profile is compared without that order; the
-    TPU v6e profile above compares it exactly."""
+    a third of the 87.6 MiB capture's bytes), which XProf's op_stats and memory_profile never visit, and its op
+    events' `Time Scale Multiplier` where it holds 1.0, the factor XProf takes without it (slim.DEFAULT_TPU_OP_STATS,
+    a third of their stats): XProf's op_stats is the whole file's, and so is every view, on training, inference,
+    host-bound and input-bound captures of a TPU v5e. Where ops tie (equal self time or bytes), XProf names them in
+    an order that changes from one conversion of the same whole file to the next (kv_decode: 3 of 7 conversions),
+    so hlo_op_profile is compared without that order; the TPU v6e profile above compares it exactly."""
     copy = Path(shutil.copy(TPU_V5E / f"{name}.xplane.pb", tmp_path))
-    host_events, device_events = slim.write_for_xprof(copy, tmp_path / "lines.xplane.pb", None, slim.UNREAD_TPU_LINES)
-    assert device_events > 0  # the capture has such lines, and they go
+    left_out = slim.write_for_xprof(copy, tmp_path / "thin.xplane.pb", host_events.unread_name_filter(
+        common.xprof_version()), slim.UNREAD_TPU_LINES, slim.DEFAULT_TPU_OP_STATS)
+    assert left_out.device_line_events > 0  # the capture has such lines, and they go
+    assert left_out.default_stats > 0 and b"Time Scale Multiplier" in copy.read_bytes()  # every op event's
     with XprofViews([copy]) as thinned, XprofViews([copy], all_events=True) as whole:
-        assert thinned.events_left_out >= device_events and not thinned.files[0].is_symlink()
+        assert thinned.events_left_out >= left_out.events and not thinned.files[0].is_symlink()
+        assert thinned.files[0].stat().st_size == (tmp_path / "thin.xplane.pb").stat().st_size  # that copy
         thinned_views = {name: _comparable(outcome) for name, outcome in _all_views(thinned).items()}
         whole_views = {name: _comparable(outcome) for name, outcome in _all_views(whole).items()}
     assert isinstance(thinned_views["overview"], dict) and isinstance(thinned_views["hlo_op_profile"], dict)
     for views in (thinned_views, whole_views):
         views["hlo_op_profile"] = _without_tie_order(views["hlo_op_profile"])
     assert thinned_views == whole_views
+    thinned_outputs = _xprof_outputs(tmp_path / "thin.xplane.pb", tmp_path / "thin")
+    assert thinned_outputs == _xprof_outputs(copy, tmp_path / "whole") and thinned_outputs["op_profile"]
+
+
+def test_the_converters_read_the_stat_the_copy_leaves_out(tmp_path):
+    """XProf does read `Time Scale Multiplier` (each op's normalized time): at 0.5 instead of 1.0 its op_profile and
+    roofline_model differ, so the test above would see a copy that changed what XProf makes of it."""
+    space = schema.XSpace.FromString((TPU_V5E / "host_sync.xplane.pb").read_bytes())
+    for plane in space.planes:
+        stat_ids = {key for key, meta in plane.stat_metadata.items() if meta.name in slim.DEFAULT_TPU_OP_STATS}
+        for line in plane.lines:
+            for event in line.events:
+                for stat in event.stats:
+                    if stat.metadata_id in stat_ids:
+                        stat.double_value = 0.5
+    (tmp_path / "scaled.xplane.pb").write_bytes(space.SerializeToString())
+    scaled = _xprof_outputs(tmp_path / "scaled.xplane.pb", tmp_path / "scaled")
+    whole = _xprof_outputs(TPU_V5E / "host_sync.xplane.pb", tmp_path / "whole")
+    assert [name for name in XPROF_TPU_CONVERTERS if scaled[name] != whole[name]] == ["op_profile", "roofline_model"]
 
 
 @pytest.mark.parametrize("name", [TPU, MI300X])
@@ -608,14 +672,16 @@ def test_the_op_profile_tools_answer_the_same_from_its_other_forms_and_parse_its
 
 def test_a_tpu_profile_that_may_hold_counter_samples_keeps_its_lines(tmp_path):
     """utilization_viewer, the one converter that reads performance-counter samples, runs on no profile here, so a
-    file that may hold them keeps every device line."""
+    file that may hold them keeps every device line and stat."""
     plain = TPU_V5E / "kv_decode.xplane.pb"
     copy = Path(shutil.copy(plain, tmp_path))
     with copy.open("ab") as out:  # an XSpace warning (field 3) naming the stat: still a valid XSpace
         out.write(bytes([0x1A, len(session_dir.COUNTER_SAMPLE_STAT)]) + session_dir.COUNTER_SAMPLE_STAT)
     left_out = session_dir.copy_without_unused_events(copy, tmp_path / "copy.xplane.pb")
-    assert b"Async XLA Ops" in (tmp_path / "copy.xplane.pb" if left_out else copy).read_bytes()
-    assert session_dir.copy_without_unused_events(plain, tmp_path / "plain.xplane.pb") > left_out
+    assert b"Async XLA Ops" in (tmp_path / "copy.xplane.pb" if any(left_out) else copy).read_bytes()
+    assert left_out.device_line_events == left_out.default_stats == 0
+    plain_left_out = session_dir.copy_without_unused_events(plain, tmp_path / "plain.xplane.pb")
+    assert plain_left_out.device_line_events > 0 and plain_left_out.default_stats > 0
     assert b"Async XLA Ops" not in (tmp_path / "plain.xplane.pb").read_bytes()
 
 

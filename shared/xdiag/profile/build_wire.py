@@ -71,6 +71,9 @@ def build() -> Path:
     )
     compiler.export("thinned_line", types.Tuple((count, count, types.boolean, count, count))(
         buffer, count, count, flags, count, flags))(wire.thinned_line.py_func)
+    compiler.export("line_without_stat", types.Tuple((count,) * 4)(buffer, count, count, flags, flags))(
+        wire.line_without_stat.py_func
+    )
     try:
         compiler.compile()
     finally:

@@ -18,14 +18,18 @@ The copy is made from the memory-mapped file in one compiled walk over each host
 (`wire.thinned_line`: where stat-less events may go, it follows XProf's nesting as it copies; a line where leaving
 them out is not safe is walked again for its Python events alone). Only the host plane's and its lines' lengths are
 written anew; every other byte (other planes, the host plane's metadata, the other events, field order) is copied as
-it is. The lines are walked in up to four threads (the compiled code releases the GIL), a few lines' bytes in memory
-at a time; the new host plane goes through a scratch file, as its length comes before it. 0.2 s (0.33 s of CPU) for
+it is. The lines are walked in up to four threads where they come to 32 MiB or more (the compiled code releases the
+GIL), a few lines' bytes in memory at a time; the new host plane goes through a scratch file, as its length comes before it. 0.2 s (0.33 s of CPU) for
 the 85 MiB profile on two cores, where a count walk followed by a copy walk took 0.3 s (0.55 s of CPU).
 
 Given `unread_device_lines` (`write_for_xprof`), the copy also leaves out whole lines of the TPU planes that XProf's
 op_stats, its views and memory_profile never visit (`UNREAD_TPU_LINES`: the `Async XLA Ops` line, a third of the
 87.6 MiB TPU v5e capture), each plane's other fields copied as they are: on that capture XProf's op_stats conversion
-then peaks at 850 instead of 1,060 MiB, for the same views.
+then peaks at 850 instead of 1,060 MiB, for the same views. Given `default_op_stats` too, it leaves out of the events of
+their `XLA Ops` line the stats that hold the value XProf takes where they are absent (`DEFAULT_TPU_OP_STATS`: `Time
+Scale Multiplier` at 1.0, a third of those events' stats), in one compiled walk of the line (`wire.line_without_stat`,
+0.1 s of CPU for its 1.33M events): XProf's op_stats conversion then peaks at ~720 MiB, in ~0.3 s less CPU, and
+XProf's converters give the same output.
 
 `write_metadata_plane` writes a second, small copy: the metadata plane alone, which holds every HLO module and no
 event. XProf extracts its `*.hlo_proto.pb` files (what its memory viewer reads) from it in milliseconds, where from
@@ -37,11 +41,12 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import contextlib
+import mmap
 import os
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 import numpy as np
 
@@ -61,10 +66,27 @@ UNREAD_TPU_LINES = frozenset({"Async XLA Ops"})
 for op metrics and step events; `XLA Modules` and the op lines for the duty cycle; the `Steps` lines) and the
 converters that read it never visit, nor memory_profile (the host plane alone). Its trace viewer does not show it
 either. On the 87.6 MiB TPU v5e capture it is 28 of the 91 MB, 371,300 events."""
+TPU_OP_LINE = "XLA Ops"
+"""A TPU plane's line of XLA's ops (kXlaOpLineName): 1.33M of the 87.6 MiB TPU v5e capture's 1.7M events."""
+DEFAULT_TPU_OP_STATS: Mapping[str, float] = {"Time Scale Multiplier": 1.0}
+"""Stats of the events of a TPU plane's `XLA Ops` line that XProf's converters read as that value where an event has
+none, each with the value. `Time Scale Multiplier` (kTimeScaleMultiplier) goes into an op's normalized time alone:
+its time times the stat, times 1.0 where absent, in the op metrics of the TensorCore and SparseCore lines
+(xplane_to_op_metrics_db.cc, xplane_to_flat_op_metrics_db.cc), from which op_profile and roofline_model read it. The
+per-step metrics of op_stats' step_db leave an op's normalized time out where it is absent; no converter of the
+audited xprof shows those (tests/test_xprof_views.py compares every converter's output, and sees the stat at 0.5).
+JAX's TPU profiler writes it at 1.0 on every op event (every committed TPU v5e capture): left out where it holds
+exactly that, the copy has a third fewer stats on its 1.33M op events, and on the 87.6 MiB capture XProf's op_stats
+conversion peaks ~140 MiB lower, in ~0.3 s less CPU."""
 PYTHON_EVENT_PREFIX = "$"
 """How the Python tracer names its events (`$file.py:line function`, `$builtins len`)."""
 _THREADS = min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
 """Threads that walk the host lines at once."""
+_THREADED_MIN_BYTES = 32 * 2**20
+"""Host lines of fewer bytes, all together, are walked in the calling thread: on the 6.4 MiB H200 recompilation
+profile threads saved 2 of 26 ms, while in XProf's detached converter (mimalloc 3, its default purge delay) a pool
+started before the conversion left XProf's op_stats of the 87.6 MiB TPU v5e capture peaking ~80 MiB higher
+(790-800 against 720-735 MiB; a pool of threads that allocate nothing did the same)."""
 _T = TypeVar("_T")
 _ASYNC_STAT = "_a"
 """The stat that marks an event asynchronous (XProf's kIsAsync): XProf leaves such events out of its nesting."""
@@ -94,10 +116,10 @@ def _corrupt(name: str, start: int, err: int, err_pos: int) -> ProfileError:
     return ProfileError(f"{name}: the host line at byte {start} is corrupt: {wire.ERRORS[err]} near byte {err_pos}")
 
 
-def _in_order(function: Callable[[int], _T], items: list[int]) -> Iterator[_T]:
-    """`function` of each item, in order, computed in up to `_THREADS` threads (the compiled walks release the GIL)
-    at most `_THREADS` items ahead of the one consumed: the copy holds a few lines' bytes at a time."""
-    threads = min(_THREADS, len(items))
+def _in_order(function: Callable[[int], _T], items: list[int], threads: int = _THREADS) -> Iterator[_T]:
+    """`function` of each item, in order, computed in up to `threads` threads (the compiled walks release the GIL)
+    at most `threads` items ahead of the one consumed: the copy holds a few lines' bytes at a time."""
+    threads = min(threads, len(items))
     if threads < 2:
         yield from map(function, items)
         return
@@ -152,6 +174,20 @@ def _metadata_flags(plane: schema.XPlane, unread_name: Callable[[str], bool] | N
     return flags
 
 
+class LeftOut(NamedTuple):
+    """What a copy for XProf leaves out (`write_for_xprof`); all 0 where it wrote nothing."""
+
+    host_events: int
+    device_line_events: int
+    """Events of the TPU planes' lines left out whole (`UNREAD_TPU_LINES`)."""
+    default_stats: int
+    """Stats left out of the TPU op events where they hold XProf's default (`DEFAULT_TPU_OP_STATS`)."""
+
+    @property
+    def events(self) -> int:
+        return self.host_events + self.device_line_events
+
+
 def write_without_unused_events(source: Path, target: Path, unread_name: Callable[[str], bool] | None = None,
                                 unread_device_lines: frozenset[str] = frozenset()) -> int:
     """Writes `source` to `target` without the host-plane events XProf's converters make no use of and returns how
@@ -161,18 +197,20 @@ def write_without_unused_events(source: Path, target: Path, unread_name: Callabl
     nothing and returns 0 (link the original instead). Raises ProfileError where the file cannot be walked (the
     reader says the same, precisely); a partial `target` is removed. `unread_device_lines`: see `write_for_xprof`,
     whose events count this returns."""
-    return write_for_xprof(source, target, unread_name, unread_device_lines)[0]
+    return write_for_xprof(source, target, unread_name, unread_device_lines).host_events
 
 
 def write_for_xprof(source: Path, target: Path, unread_name: Callable[[str], bool] | None = None,
-                    unread_device_lines: frozenset[str] = frozenset()) -> tuple[int, int]:
+                    unread_device_lines: frozenset[str] = frozenset(),
+                    default_op_stats: Mapping[str, float] | None = None) -> LeftOut:
     """`write_without_unused_events`, also leaving out the lines of the TPU planes (`TPU_PLANE_PREFIX`) named in
-    `unread_device_lines` (`UNREAD_TPU_LINES`); returns (host events dropped, events of the device lines dropped),
-    and writes nothing where both are 0."""
+    `unread_device_lines` (`UNREAD_TPU_LINES`) and, from the events of their `TPU_OP_LINE`, each stat named in
+    `default_op_stats` (`DEFAULT_TPU_OP_STATS`) that holds exactly the value given there; writes nothing where it
+    leaves nothing out."""
     with open_regular(source) as handle, _mapped(handle) as buf:
         arr = np.frombuffer(buf, np.uint8)
         try:
-            return _write(arr, buf, source.name, target, unread_name, unread_device_lines)
+            return _write(arr, buf, source.name, target, unread_name, unread_device_lines, default_op_stats or {})
         finally:
             del arr  # the map cannot close while a view of it exists
 
@@ -205,10 +243,10 @@ def write_metadata_plane(source: Path, target: Path) -> bool:
 
 
 def _write(arr: np.ndarray, buf, name: str, target: Path, unread_name: Callable[[str], bool] | None,
-           unread_device_lines: frozenset[str]) -> tuple[int, int]:
+           unread_device_lines: frozenset[str], default_op_stats: Mapping[str, float]) -> LeftOut:
     fields = list(_top_level_fields(buf, len(buf), name))
     host: tuple[int, tuple, np.ndarray, int] | None = None  # (index, plane fields, flags, async stat)
-    device: dict[int, tuple[tuple, set[int]]] = {}  # index -> (plane fields, the plane fields of lines to drop)
+    device: dict[int, _DevicePlane] = {}  # index -> what of the plane is left out
     for index, (number, start, end) in enumerate(fields):
         if number != 1:
             continue
@@ -221,15 +259,12 @@ def _write(arr: np.ndarray, buf, name: str, target: Path, unread_name: Callable[
                 async_stat = next((key for key, meta in metadata.stat_metadata.items()
                                    if schema.text(meta.name) == _ASYNC_STAT), -1)
                 host = (index, fields_of_plane, flags, async_stat)
-        elif unread_device_lines and plane.startswith(TPU_PLANE_PREFIX):
-            fields_of_plane = plane_fields(arr, start, end, name)
-            numbers, _, starts, ends, wires = fields_of_plane
-            dropped_lines = {i for i in np.flatnonzero((numbers == _PLANE_LINES) & (wires == 2)).tolist()
-                             if plane_name(buf, int(starts[i]), int(ends[i])) in unread_device_lines}  # XLine.name: 2
-            if dropped_lines:
-                device[index] = (fields_of_plane, dropped_lines)
+        elif (unread_device_lines or default_op_stats) and plane.startswith(TPU_PLANE_PREFIX):
+            thinned = _device_plane(arr, buf, start, end, name, unread_device_lines, default_op_stats)
+            if thinned.dropped_lines or thinned.rewritten:
+                device[index] = thinned
     if host is None and not device:
-        return 0, 0
+        return LeftOut(0, 0, 0)
     with contextlib.ExitStack() as stack:
         host_plane: tuple[int, object, int] | None = None  # (events dropped, scratch file, its bytes)
         if host is not None:
@@ -238,8 +273,8 @@ def _write(arr: np.ndarray, buf, name: str, target: Path, unread_name: Callable[
             if dropped:
                 host_plane = (dropped, scratch, size)
         if host_plane is None and not device:
-            return 0, 0
-        device_events = 0
+            return LeftOut(0, 0, 0)
+        device_events = sum(plane.dropped_events for plane in device.values())
         try:
             with target.open("wb", buffering=0) as out:
                 for index, (number, start, end) in enumerate(fields):
@@ -248,33 +283,95 @@ def _write(arr: np.ndarray, buf, name: str, target: Path, unread_name: Callable[
                         _write_all(out, bytes([_ONE_BYTE_KEYS[1]]) + encode_varint(host_plane[2]))
                         _append(host_plane[1], out, host_plane[2])
                     elif index in device:
-                        device_events += _write_without_lines(out, arr, *device[index])
+                        _write_device_plane(out, arr, device[index])
                     else:
                         _write_all(out, arr[tag:end])
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(target)
             raise
-    return (host_plane[0] if host_plane else 0), device_events
+    return LeftOut(host_plane[0] if host_plane else 0, device_events,
+                   sum(plane.default_stats for plane in device.values()))
 
 
-def _write_without_lines(out, arr: np.ndarray, fields_of_plane, dropped_lines: set[int]) -> int:
-    """Writes the plane whose fields are `fields_of_plane` without the fields `dropped_lines` (every other byte as it
-    is, in runs); returns the events left out."""
-    numbers, tags, starts, ends, _ = fields_of_plane
-    kept = [i for i in range(len(numbers)) if i not in dropped_lines]
-    size = sum(int(ends[i]) - int(tags[i]) for i in kept)
+class _DevicePlane(NamedTuple):
+    """A TPU plane as the copy writes it: its fields, those of the lines left out, and the lines written anew."""
+
+    fields: tuple
+    dropped_lines: set[int]
+    dropped_events: int
+    rewritten: dict[int, np.ndarray]
+    """Plane field index -> the line's new bytes (without its key and length)."""
+    default_stats: int
+
+
+def _device_plane(arr: np.ndarray, buf, start: int, end: int, name: str, unread_lines: frozenset[str],
+                  default_op_stats: Mapping[str, float]) -> _DevicePlane:
+    """What of the TPU plane at [start, end) the copy leaves out: its lines named in `unread_lines`, and, from its
+    `TPU_OP_LINE`'s events, the stats of `default_op_stats` holding their default (`wire.line_without_stat`)."""
+    fields_of_plane = plane_fields(arr, start, end, name)
+    numbers, _, starts, ends, wires = fields_of_plane
+    lines = {i: plane_name(buf, int(starts[i]), int(ends[i]))  # XLine.name: field 2, as XPlane's
+             for i in np.flatnonzero((numbers == _PLANE_LINES) & (wires == 2)).tolist()}
+    dropped = {i for i, line in lines.items() if line in unread_lines}
+    rewritten: dict[int, np.ndarray] = {}
+    stats_left_out = 0
+    op_lines = [i for i, line in lines.items() if line == TPU_OP_LINE and i not in dropped]
+    if op_lines and default_op_stats:
+        stat_ids = {schema.text(meta.name): key for key, meta in
+                    plane_metadata(arr, start, fields_of_plane, name).stat_metadata.items()}
+        for stat, value in default_op_stats.items():
+            if stat not in stat_ids:
+                continue
+            stat_bytes = np.frombuffer(schema.XStat(metadata_id=stat_ids[stat], double_value=value)
+                                       .SerializeToString(), np.uint8).copy()
+            for i in op_lines:
+                line = rewritten.get(i)
+                source, begin, finish = (arr, int(starts[i]), int(ends[i])) if line is None else (line, 0, len(line))
+                out = _unmapped_when_gone(finish - begin)
+                kept, left_out, err, err_pos = wire.line_without_stat(source, begin, finish, stat_bytes, out)
+                if err:
+                    raise ProfileError(f"{name}: the device line at byte {int(starts[i])} is corrupt: "
+                                       f"{wire.ERRORS[err]} near byte {err_pos}")
+                if left_out:
+                    rewritten[i] = out[:kept]
+                    rewritten[i].flags.writeable = False  # as the mapped file's bytes are, for the next stat's walk
+                    stats_left_out += left_out
+    events = sum(_event_count(arr, int(starts[i]), int(ends[i])) for i in dropped)
+    return _DevicePlane(fields_of_plane, dropped, events, rewritten, stats_left_out)
+
+
+def _unmapped_when_gone(size: int) -> np.ndarray:
+    """A writable array of `size` bytes in an anonymous mapping of its own, unmapped when the last array on it goes:
+    a rewritten line is tens of MB (45 MB on the 87.6 MiB TPU v5e capture) that the process's malloc would keep once
+    freed (mimalloc in XProf's converter kept 60 MiB of it beside the conversion after the copy)."""
+    return np.frombuffer(mmap.mmap(-1, max(size, 1)), np.uint8)[:size]
+
+
+def _write_device_plane(out, arr: np.ndarray, plane: _DevicePlane) -> None:
+    """Writes the plane without its dropped lines and with its rewritten ones (every other byte as it is, in
+    runs)."""
+    numbers, tags, _, ends, _ = plane.fields
+    kept = [i for i in range(len(numbers)) if i not in plane.dropped_lines]
+    heads = {i: bytes([_ONE_BYTE_KEYS[_PLANE_LINES]]) + encode_varint(len(body)) for i, body in plane.rewritten.items()}
+    size = sum(len(heads[i]) + len(plane.rewritten[i]) if i in plane.rewritten else int(ends[i]) - int(tags[i])
+               for i in kept)
     _write_all(out, bytes([_ONE_BYTE_KEYS[1]]) + encode_varint(size))
     run_start = run_end = -1
     for i in kept:
-        if int(tags[i]) != run_end:
+        if i in plane.rewritten or int(tags[i]) != run_end:
             if run_end > run_start:
                 _write_all(out, arr[run_start:run_end])
+            run_start = run_end = -1
+        if i in plane.rewritten:
+            _write_all(out, heads[i])
+            _write_all(out, plane.rewritten[i])
+            continue
+        if run_start < 0:
             run_start = int(tags[i])
         run_end = int(ends[i])
     if run_end > run_start:
         _write_all(out, arr[run_start:run_end])
-    return sum(_event_count(arr, int(starts[i]), int(ends[i])) for i in dropped_lines)
 
 
 def _event_count(arr: np.ndarray, start: int, end: int) -> int:
@@ -290,15 +387,17 @@ def _thinned_host_plane(arr: np.ndarray, plane, fields_of_plane, flags: np.ndarr
     """Writes the host plane's fields, its lines thinned, into the scratch file `plane`; returns (events dropped,
     bytes written).
 
-    Each line is thinned in one walk, in threads, a few lines' bytes in memory at a time, into a scratch file
+    Each line is thinned in one walk, in threads where they are many (`_THREADED_MIN_BYTES`), a few lines' bytes in
+    memory at a time, into a scratch file
     beside the target: the plane's length, written before it, is known only once every line is walked. Every other
     byte is copied as it is, the keys too (one byte each)."""
     numbers, tags, starts, ends, wires = fields_of_plane
     stat_less = bool((flags == wire.DROP_WITHOUT_STATS).any())
     lines = np.flatnonzero((numbers == _PLANE_LINES) & (wires == 2)).tolist()
+    threads = _THREADS if int((ends[lines] - starts[lines]).sum()) >= _THREADED_MIN_BYTES else 1
     dropped = 0
     with contextlib.closing(_in_order(
-            lambda i: _thinned(arr, int(starts[i]), int(ends[i]), flags, stat_less, async_stat, name), lines)
+            lambda i: _thinned(arr, int(starts[i]), int(ends[i]), flags, stat_less, async_stat, name), lines, threads)
     ) as walked:
         thinned = iter(zip(lines, walked))
         next_line, (line_dropped, body) = next(thinned, (-1, (0, None)))

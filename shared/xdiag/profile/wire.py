@@ -786,6 +786,128 @@ def line_without_events(buf, start, end, dropped_metadata, out):
     return kept, dropped, OK, end
 
 
+@njit(cache=True, nogil=True)
+def _put_varint(out, at, value):
+    """Writes the varint of `value` (>= 0) into out[at:]; returns the position after it, -1 where out ends first."""
+    while True:
+        if at >= len(out):
+            return -1
+        if value < 0x80:
+            out[at] = value
+            return at + 1
+        out[at] = (value & 0x7F) | 0x80
+        value >>= 7
+        at += 1
+
+
+@njit(cache=True, nogil=True)
+def _put_bytes(out, at, buf, start, stop):
+    """Copies buf[start:stop] into out[at:]; returns the position after it, -1 where out ends first. A loop: for the
+    few bytes of a field it is quicker than a slice assignment's views."""
+    if at + stop - start > len(out):
+        return -1
+    for i in range(stop - start):
+        out[at + i] = buf[start + i]
+    return at + stop - start
+
+
+@njit(cache=True, nogil=True)
+def _same(buf, at, expected):
+    """Whether buf holds the bytes `expected` at `at`."""
+    for i in range(len(expected)):
+        if buf[at + i] != expected[i]:
+            return False
+    return True
+
+
+_MAX_LEFT_OUT = 8
+"""The most stats `line_without_stat` leaves out of one event (an event with more keeps the rest)."""
+
+
+@njit(cache=True, nogil=True)
+def line_without_stat(buf, start, end, stat, out):
+    """One XLine's fields with, in each of its events, the stats whose bytes are `stat` (an XStat as protobuf
+    serialises it) left out; each such event's length is written anew, every other byte is copied as it is. `out`
+    must hold the line's bytes (the copy is never longer); it stops with ERR_LENGTH rather than write past its end.
+    Returns (kept bytes, stats left out, err, err_pos)."""
+    begins = np.empty(_MAX_LEFT_OUT, np.int64)  # this event's stats left out: their fields' bounds
+    ends = np.empty(_MAX_LEFT_OUT, np.int64)
+    kept = 0
+    dropped = 0
+    run = start  # the bytes from here to pos are copied as they are, in one go, before the next changed event
+    pos = start
+    while pos < end:
+        field_start = pos
+        key, pos = _varint(buf, pos, end)
+        if pos < 0:
+            return kept, dropped, ERR_VARINT, field_start
+        if key >> 3 != 4 or key & 7 != 2:
+            pos = _skip(buf, pos, end, key & 7)
+            if pos < 0:
+                err = ERR_WIRE_TYPE if pos == -3 else ERR_LENGTH if pos == -2 else ERR_VARINT
+                return kept, dropped, err, field_start
+            continue
+        length, pos = _varint(buf, pos, end)
+        if pos < 0:
+            return kept, dropped, ERR_VARINT, field_start
+        if length < 0 or length > end - pos:
+            return kept, dropped, ERR_LENGTH, field_start
+        event_start = pos
+        event_end = pos + length
+        count = 0
+        left_out = 0
+        field = event_start
+        while field < event_end:  # the event's fields: one-byte keys and varints walked inline (a third quicker)
+            field_begin = field
+            field_key = np.int64(buf[field])
+            field += 1
+            if field_key >= 0x80:
+                field_key, field = _varint(buf, field_begin, event_end)
+                if field < 0:
+                    return kept, dropped, ERR_VARINT, field_begin
+            if field_key == (_EVENT_FIELD_STATS << 3) | 2:
+                stat_length, field = _varint(buf, field, event_end)
+                if field < 0 or stat_length < 0 or stat_length > event_end - field:
+                    return kept, dropped, ERR_LENGTH, field_begin
+                field += stat_length
+                if count < _MAX_LEFT_OUT and stat_length == len(stat) and _same(buf, field - stat_length, stat):
+                    begins[count] = field_begin
+                    ends[count] = field
+                    left_out += field - field_begin
+                    count += 1
+            elif field_key & 7 == 0:
+                while field < event_end and buf[field] >= 0x80:
+                    field += 1
+                field += 1
+                if field > event_end:
+                    return kept, dropped, ERR_VARINT, field_begin
+            else:
+                field = _skip(buf, field, event_end, field_key & 7)
+                if field < 0:
+                    err = ERR_WIRE_TYPE if field == -3 else ERR_LENGTH if field == -2 else ERR_VARINT
+                    return kept, dropped, err, field_begin
+        pos = event_end
+        if count == 0:
+            continue
+        at = _put_bytes(out, kept, buf, run, field_start)
+        at = _put_varint(out, at, key) if at >= 0 else -1
+        at = _put_varint(out, at, length - left_out) if at >= 0 else -1
+        piece = event_start
+        for i in range(count):
+            at = _put_bytes(out, at, buf, piece, begins[i]) if at >= 0 else -1
+            piece = ends[i]
+        at = _put_bytes(out, at, buf, piece, event_end) if at >= 0 else -1
+        if at < 0:
+            return kept, dropped, ERR_LENGTH, field_start
+        kept = at
+        dropped += count
+        run = event_end
+    if kept + end - run > len(out):
+        return kept, dropped, ERR_LENGTH, run
+    out[kept:kept + end - run] = buf[run:end]
+    return kept + end - run, dropped, OK, end
+
+
 _compiled_now = [False]
 
 
@@ -809,3 +931,4 @@ if _ahead_of_time is not None:
     distinct_strings = _ahead_of_time.distinct_strings  # noqa: F811
     line_without_events = _ahead_of_time.line_without_events  # noqa: F811
     thinned_line = _ahead_of_time.thinned_line  # noqa: F811
+    line_without_stat = _ahead_of_time.line_without_stat  # noqa: F811

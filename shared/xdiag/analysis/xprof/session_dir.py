@@ -51,10 +51,10 @@ def make_private_copy(originals: Sequence[Path], workdir: Path | None, all_event
         run_dir = _make_session_dir(run_dir, _session_name(originals))
         removable = root if workdir is None else run_dir
         for original, name in zip(originals, _link_names(originals)):
-            left_out = 0 if all_events else copy_without_unused_events(original, run_dir / name)
-            if not left_out:
+            left_out = slim.LeftOut(0, 0, 0) if all_events else copy_without_unused_events(original, run_dir / name)
+            if not any(left_out):
                 link_or_copy(original, run_dir / name)
-            events_left_out += left_out
+            events_left_out += left_out.events
             files.append(run_dir / name)
     except BaseException as error:  # SIGTERM (a SystemExit) while the copy is made too: nothing is left
         if removable is not None:
@@ -117,24 +117,28 @@ def link_private(source: Path, target: Path) -> None:
         shutil.copyfile(source, target)
 
 
-def copy_without_unused_events(original: Path, target: Path) -> int:
-    """Events left out of the copy written to `target`; 0 where none were (nothing written: link the original).
-    A file the copy cannot walk goes to XProf as it is, to get XProf's own reason.
+def copy_without_unused_events(original: Path, target: Path) -> slim.LeftOut:
+    """What the copy written to `target` leaves out; all 0 where it leaves nothing out (nothing written: link the
+    original). A file the copy cannot walk goes to XProf as it is, to get XProf's own reason.
 
     Left out: the host events `host_events` names; for the audited xprof version, also the TPU planes' lines XProf's
-    conversions never read (`slim.UNREAD_TPU_LINES`), unless the file may hold performance-counter samples, which
-    only utilization_viewer reads (a conversion no profile here runs, so no test could compare it). On the 87.6 MiB
-    TPU v5e capture the op_stats conversion then peaks at 850 MiB instead of 1,060 MiB (mimalloc), with 5-10% less
-    CPU, for the same views (tests/test_xprof_views.py compares every view with the whole file's)."""
+    conversions never read (`slim.UNREAD_TPU_LINES`) and the stats of their op events that hold the value XProf
+    takes where they are absent (`slim.DEFAULT_TPU_OP_STATS`), unless the file may hold performance-counter samples,
+    which only utilization_viewer reads (a conversion no profile here runs, so no test could compare it). On the
+    87.6 MiB TPU v5e capture the op_stats conversion then peaks at ~720 MiB instead of 1,060 MiB (mimalloc; ~860 with
+    the lines alone left out), in less CPU, for the same views (tests/test_xprof_views.py compares XProf's converters'
+    outputs and xdiag's views with the whole file's)."""
     version = xprof_version()
     try:
-        device_lines = frozenset()
+        device_lines: frozenset[str] = frozenset()
+        default_stats = None
         if version == host_events.AUDITED_VERSION and not file_holds(original, COUNTER_SAMPLE_STAT):
-            device_lines = slim.UNREAD_TPU_LINES
-        return sum(slim.write_for_xprof(original, target, host_events.unread_name_filter(version), device_lines))
+            device_lines, default_stats = slim.UNREAD_TPU_LINES, slim.DEFAULT_TPU_OP_STATS
+        return slim.write_for_xprof(original, target, host_events.unread_name_filter(version), device_lines,
+                                    default_stats)
     except (ProfileError, OSError, ValueError) as error:
         log.debug("%s goes to XProf as it is: %s", original, error)
-        return 0
+        return slim.LeftOut(0, 0, 0)
 
 
 COUNTER_SAMPLE_STAT = b"counter_value"
