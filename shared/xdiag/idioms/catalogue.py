@@ -90,7 +90,7 @@ class Idiom:
     why: str  # why the change removes the time, in one sentence (the premise it rests on)
     gain: tuple[float, float] | None  # fraction of the match's recoverable stake the change recovered on the chip;
     # None where no trial has timed the change: no gain is predicted (the user captures before and after)
-    measured: str = ""  # where that was measured: a section of docs/idioms.md ("" until its trial is captured)
+    measured: str = ""  # where that was measured: a section of docs/reference/measurements.md ("" until captured)
     alternatives: tuple[str, ...] = ()  # other changes, each with its premise
     platforms: tuple[str, ...] = ("TPU", "GPU", "CPU")
     lever: str = ""  # the lever (xdiag.investigators.levers) whose change this is, where one is: its finding names it
