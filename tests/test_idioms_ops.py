@@ -250,3 +250,15 @@ def test_a_pseudo_inverse_names_the_routine_and_its_replacement(captured):
     assert "jnp.linalg.qr(a)" in change and match.stake_percent > 50
     # the HIGHEST precision pinv's own products ask for is no change of the user's
     assert not matches(captured["pinv"], "precision_highest_matmul")
+
+
+def test_a_tpu_matmul_xla_writes_as_a_convolution_is_named_a_matmul(tmp_path):
+    """XLA:TPU writes a dot as a convolution with no spatial dimension: the finding names it a matmul, as the user
+    wrote it (the committed float32 MLP at precision HIGHEST)."""
+    import lzma
+
+    packed = Path(__file__).parent / "profiles" / "fix_trials" / "mlp_f32_raw.before-a.xplane.pb.xz"
+    (tmp_path / "mlp.xplane.pb").write_bytes(lzma.decompress(packed.read_bytes()))
+    session = read_session_in_process([tmp_path / "mlp.xplane.pb"])
+    [match] = IDIOMS["precision_highest_matmul"].recognise(Program(session))
+    assert match.facts["example"].startswith("matmul f32[") and "convolution" not in match.what, match.what

@@ -32,6 +32,12 @@ def elements(dims: tuple[int, ...]) -> int:
     return out
 
 
+def opcode_name(ins: HloInstruction) -> str:
+    """The op's opcode as a user reads it: a convolution with no spatial dimension (how XLA:TPU writes a dot) is a
+    matmul."""
+    return "matmul" if ins.opcode == "convolution" and ins.conv_is_matrix_product else ins.opcode
+
+
 def nbytes(instruction: HloInstruction) -> int:
     return elements(instruction.dims) * DTYPE_BYTES.get(instruction.dtype, 4)
 

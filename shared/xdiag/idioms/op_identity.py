@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from xdiag.idioms.catalogue import Match, idiom
-from xdiag.idioms.hlo_graph import Graph, Site, elements, nbytes
+from xdiag.idioms.hlo_graph import Graph, Site, elements, nbytes, opcode_name
 from xdiag.idioms.program import Program, calls_per_step_of
 from xdiag.idioms.work_not_needed import timed_stake
 
@@ -255,7 +255,7 @@ def float64_on_accelerator(program: Program) -> list[Match]:
         arguments = [i for i in module.computations[module.entry].instructions
                      if i.opcode == "parameter" and i.dtype == "f64"] if module.entry in module.computations else []
         args = [a.shape_text.split("{")[0] for a in arguments[:4]]
-        example = f"{held.example.instruction.opcode} {held.example.instruction.shape_text.split('{')[0]}"
+        example = f"{opcode_name(held.example.instruction)} {held.example.instruction.shape_text.split('{')[0]}"
         line, function = held.line
         out.append(Match(
             "float64_on_accelerator", stake,
@@ -316,7 +316,7 @@ def precision_highest_matmul(program: Program) -> list[Match]:
             continue
         operands = " × ".join(o.instruction.shape_text.split("{")[0] for o in (
             held.graph.operand(held.example, k) for k in (0, 1)) if o is not None)
-        example = f"{held.example.instruction.opcode} {operands}"
+        example = f"{opcode_name(held.example.instruction)} {operands}"
         line, function = held.line
         out.append(Match(
             "precision_highest_matmul", stake,
