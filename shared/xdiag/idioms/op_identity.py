@@ -685,7 +685,8 @@ DECOMPOSITIONS = frozenset({"svd", "eigh"})
 """lax.linalg's full decompositions whose values a program may read only at their extremes."""
 EXTREME_READERS = {"maximum": "largest", "minimum": "smallest"}
 DECOMPOSITION_MIN_STAKE_PERCENT = 10.0
-PASSING = frozenset({"reverse", "tuple", "get-tuple-element", "parameter", "constant", "copy", "copy-start", "copy-done",
+PASSING = frozenset({"reverse", "tuple", "get-tuple-element", "parameter", "constant", "copy", "copy-start",
+                     "copy-done",
                      "bitcast", "reshape", "convert", "broadcast", "transpose", "while", "conditional", "call",
                      "fusion", "async-start", "async-done"})
 """Ops that hold or pass a value on (XLA's own, often with no framework op of their own): no reader of it."""
@@ -790,7 +791,8 @@ def decomposition_for_one_value(program: Program) -> list[Match]:
         out.append(Match(
             "decomposition_for_one_value", stake,
             f"{len(ops)} ops of the {'singular value' if routine == 'svd' else 'eigen'} decomposition JAX's "
-            f"{routine} computes" + (f" at {line}" if line else "") + f" hold {stake:g}% of the step, and the program reads only "
+            f"{routine} computes" + (f" at {line}" if line else "")
+            + f" hold {stake:g}% of the step, and the program reads only "
             + {"largest": "the largest of the values it returns (a max reduction)",
                "smallest": "the smallest of the values it returns (a min reduction)"}.get(
                 extreme, "one or two of the values it returns (a slice)"),
