@@ -9,11 +9,10 @@ from pathlib import Path
 import pytest
 from xdiag.cloud.embedded import analyze_session
 from xdiag.idioms import IDIOMS
-from xdiag.idioms.program import Program
 from xdiag.profile.locate import locate_session
-from xdiag.profile.reader import read_session_in_process
 
 from tests.idiom_capture import capture_programs
+from tests.test_idioms_ops import line_of, matches
 
 ATTENTION = """
     q, k, v = (jax.random.normal(jax.random.key(n), (1, 1024, 2, 64), jnp.bfloat16) for n in range(3))
@@ -70,15 +69,6 @@ OURS = ("decomposition_for_one_value", "masked_band_of_scores")
 @pytest.fixture(scope="module")
 def captured(tmp_path_factory) -> dict[str, Path]:
     return capture_programs({name: body for name, (body, _) in PROGRAMS.items()}, tmp_path_factory.mktemp("band"))
-
-
-def matches(path: Path, idiom: str):
-    return IDIOMS[idiom].recognise(Program(read_session_in_process([path])))
-
-
-def line_of(path: Path, name: str, text: str) -> str:
-    script = (path.parents[4] / f"{name}.py").read_text().splitlines()
-    return f"{name}.py:{next(n for n, line in enumerate(script, 1) if text in line)}"
 
 
 @pytest.mark.parametrize("name", sorted(PROGRAMS))
