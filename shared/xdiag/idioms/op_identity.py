@@ -18,7 +18,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from xdiag.idioms.catalogue import Match, idiom
+from xdiag.idioms.catalogue import Match, Variant, idiom
 from xdiag.idioms.hlo_graph import Graph, Site, elements, nbytes, opcode_name
 from xdiag.idioms.program import Program, calls_per_step_of
 from xdiag.idioms.work_not_needed import timed_stake
@@ -679,3 +679,124 @@ def integer_matmul(program: Program) -> list[Match]:
 
 
 _NUMPY_NAMES = {"s16": "int16", "u16": "uint16", "s32": "int32", "u32": "uint32", "s64": "int64", "u64": "uint64"}
+
+
+DECOMPOSITIONS = frozenset({"svd", "eigh"})
+"""lax.linalg's full decompositions whose values a program may read only at their extremes."""
+EXTREME_READERS = {"maximum": "largest", "minimum": "smallest"}
+DECOMPOSITION_MIN_STAKE_PERCENT = 10.0
+PASSING = frozenset({"reverse", "tuple", "get-tuple-element", "parameter", "constant", "copy", "copy-start",
+                     "copy-done",
+                     "bitcast", "reshape", "convert", "broadcast", "transpose", "while", "conditional", "call",
+                     "fusion", "async-start", "async-done"})
+"""Ops that hold or pass a value on (XLA's own, often with no framework op of their own): no reader of it."""
+
+
+def _source(graph: Graph, site: Site | None) -> Site | None:
+    """Where a value is made, through ops that only re-shape or re-order it (a reverse: svd sorts its values)."""
+    site = graph.origin(site)
+    while site is not None and site.instruction.opcode == "reverse" and site.instruction.operands:
+        site = graph.origin(graph.operand(site, 0))
+    return site
+
+
+def _inside(instruction) -> bool:
+    return bool(routines_of(instruction.op_name) & DECOMPOSITIONS)
+
+
+def _extreme(graph: Graph, reader: Site, value: Site) -> str:
+    """What a reader of a decomposition's values keeps: 'largest' or 'smallest' (a max or min reduction, or a slice
+    or gather of at most two values per matrix), else ''."""
+    ins = reader.instruction
+    if ins.opcode in ("reduce", "reduce-window") and ins.called:
+        called = graph.module.computations.get(ins.called[0])
+        root = called.by_name.get(called.root) if called is not None else None
+        return EXTREME_READERS.get(root.opcode, "") if root is not None else ""
+    source = value.instruction
+    if ins.opcode in ("slice", "dynamic-slice", "gather") and source.dims and \
+            elements(ins.dims) <= 2 * elements(source.dims) // source.dims[-1]:
+        return "extreme"
+    return ""
+
+
+@idiom("decomposition_for_one_value", "op_identity",
+       "A full matrix decomposition is computed to read one extreme value",
+       "{change}",
+       "jnp.linalg.svd and eigh (and norm(ord=2), cond, eigvalsh, which call them) compute every singular value or "
+       "eigenvalue with an iterative solver (on a TPU, QDWH and Jacobi rounds of QR and Cholesky factorisations), "
+       "hundreds of matrix products' worth of work; the largest value alone is the limit of repeated matrix-vector "
+       "products. The premise is a gap between the largest value and the next: the iteration converges as their "
+       "ratio to the power of the rounds, so the rounds set the accuracy",
+       gain=(0.9, 1.0), measured="docs/reference/measurements.md#a-decomposition-for-its-largest-value",
+       alternatives=("for the k largest eigenvalues of a symmetric matrix (or of w.T @ w), "
+                     "jax.experimental.sparse.linalg.lobpcg_standard(a, x0) with x0 of k columns (its premise: "
+                     "k much smaller than the matrix, at most a fifth of it)",
+                     "in a training loop, keep the power-iteration vector between steps and run one round a step, as "
+                     "spectral normalisation layers do (the weights change little from step to step)"),
+       variants=(Variant((("extreme", ("smallest",)),),
+                         withheld="the smallest singular value or eigenvalue is no limit of matrix-vector products of "
+                                  "the matrix itself (inverse iteration needs a factorisation of it), and no "
+                                  "cheaper way to it has been timed"),))
+def decomposition_for_one_value(program: Program) -> list[Match]:
+    out = []
+    for graph in program.graphs:
+        module_key = program.module_key(graph.module)
+        inside = [s for s in graph.sites() if _inside(s.instruction)]
+        if not inside:
+            continue
+        ops = list(dict.fromkeys(op for op in (graph.timed_op(s) for s in inside) if (module_key, op) in program.op_ms))
+        stake = program.step_percent(program.time_ms(graph.module, ops))
+        if stake < DECOMPOSITION_MIN_STAKE_PERCENT:
+            continue
+        # every op outside the decomposition that reads one of its values keeps only an extreme one of them
+        kept: set[str] = set()
+        others = False
+        for site in graph.sites():
+            ins = site.instruction
+            # XLA's own ops carry no framework op (a reduction split in two, as XLA:CPU splits a max, keeps its kind)
+            if _inside(ins) or ins.opcode in PASSING or not ins.op_name and ins.opcode != "reduce-window":
+                continue
+            for k in range(len(ins.operands)):
+                value = _source(graph, graph.operand(site, k))
+                if value is None or not _inside(value.instruction):
+                    continue
+                extreme = _extreme(graph, site, value)
+                if extreme:
+                    kept.add(extreme)
+                others = others or not extreme
+        entry = graph.module.entry_computation
+        root = entry.by_name.get(entry.root)
+        outputs = [] if root is None else [Site(entry, root)] if root.opcode != "tuple" else [
+            graph.operand(Site(entry, root), k) for k in range(len(root.operands))]
+        # the decomposition's values are the program's own outputs: they are read whole
+        returned = any((value := _source(graph, output)) is not None and _inside(value.instruction)
+                       for output in outputs)
+        if not kept or others or returned:
+            continue
+        routine = "svd" if any("svd" in routines_of(s.instruction.op_name) for s in inside) else "eigh"
+        lines: dict[tuple[str, str], float] = {}
+        for s in inside:
+            line = program.line_of(graph, s)
+            if line[0]:
+                lines[line] = lines.get(line, 0.0) + program.op_ms.get((module_key, graph.timed_op(s)), 0.0)
+        line, function = max(lines, key=lines.get) if lines else ("", "")
+        extreme = next(iter(kept)) if len(kept) == 1 else "extreme"
+        at = line or "the line that decomposes the matrix"
+        change = (f"find the largest singular value at {at} by power iteration instead of a full "
+                  f"{'singular value' if routine == 'svd' else 'eigen'} decomposition: v = jnp.ones(n) / "
+                  "jnp.sqrt(n); v = jax.lax.fori_loop(0, 40, lambda _, v: (u := w.T @ (w @ v)) / jnp.linalg.norm(u), "
+                  "v); sigma = jnp.linalg.norm(w @ v) (for a symmetric matrix a, the largest |eigenvalue|: v = a @ v "
+                  "per round, then jnp.linalg.norm(a @ v)); instead of jnp.linalg.norm(w, 2), "
+                  "jnp.linalg.svd(w, compute_uv=False)[0] or jnp.linalg.eigvalsh(a)[-1]")
+        out.append(Match(
+            "decomposition_for_one_value", stake,
+            f"{len(ops)} ops of the {'singular value' if routine == 'svd' else 'eigen'} decomposition JAX's "
+            f"{routine} computes" + (f" at {line}" if line else "")
+            + f" hold {stake:g}% of the step, and the program reads only "
+            + {"largest": "the largest of the values it returns (a max reduction)",
+               "smallest": "the smallest of the values it returns (a min reduction)"}.get(
+                extreme, "one or two of the values it returns (a slice)"),
+            module=module_key, ops=ops[:16], line=line, function=function,
+            params={"change": change, "routine": routine, "extreme": extreme},
+            facts={"routine": routine, "op_count": len(ops), "reads": sorted(kept)}))
+    return out

@@ -108,7 +108,7 @@ def module_record(module: HloModule) -> dict[str, Any]:
                  list(i.kernel_cost_estimate), list(i.tuple_memory_spaces), i.is_host_transfer, list(i.operand_precision),
                  list(i.attention_scores), i.attention_causal, i.conv_is_matrix_product, i.kernel_position_mask,
                  i.stack_frame_id, i.trip_count, i.parameter_number, i.tuple_index, i.comparison,
-                 list(i.dimensions), i.indices_are_sorted]
+                 list(i.dimensions), i.indices_are_sorted, i.integer_value]
                 for i in computation.instructions
             ]
             for name, computation in module.computations.items()
@@ -238,6 +238,7 @@ def _instruction(row: list) -> HloInstruction:
     trip_count = row[26] if len(row) > 26 else 0  # before loops' trip counts were read
     parameter_number, tuple_index, comparison, dimensions = row[27:31] if len(row) > 30 else (-1, -1, "", [])
     indices_are_sorted = row[31] if len(row) > 31 else False  # before scatters' sorted indices were read
+    integer_value = row[32] if len(row) > 32 else None  # before integer constants' values were read
     return HloInstruction(
         name=name, opcode=opcode, dtype=dtype, dims=tuple(dims), layout=tuple(layout), operands=tuple(operands),
         fusion_kind=fusion_kind, op_name=op_name, source=source, called=tuple(called),
@@ -251,6 +252,7 @@ def _instruction(row: list) -> HloInstruction:
         kernel_position_mask=bool(kernel_position_mask), stack_frame_id=int(stack_frame_id),
         trip_count=int(trip_count), parameter_number=int(parameter_number), tuple_index=int(tuple_index),
         comparison=str(comparison), dimensions=tuple(dimensions), indices_are_sorted=bool(indices_are_sorted),
+        integer_value=None if integer_value is None else int(integer_value),
     )
 
 

@@ -458,6 +458,7 @@ def hlo_module(proto_bytes: bytes, host: str, fallback_id: int, notes: list[str]
                     comparison=ins.comparison_direction if ins.opcode == "compare" else "",
                     dimensions=tuple(int(d) for d in ins.dimensions),
                     indices_are_sorted=bool(ins.indices_are_sorted),
+                    integer_value=_integer(ins, by_id) if ins.opcode == "constant" else None,
                 )
             )
         computations[computation.name] = instructions

@@ -288,6 +288,7 @@ class HloInstruction:
     comparison: str = ""  # a compare: its direction (EQ, NE, LT, LE, GT, GE)
     dimensions: tuple[int, ...] = ()  # the dimensions a sort, reduce, broadcast or transpose works along
     indices_are_sorted: bool = False  # a scatter or gather: the program promised its indices are sorted
+    integer_value: int | None = None  # a scalar integer constant: its value (a mask's offset from an iota)
 
     @property
     def shape_text(self) -> str:
