@@ -73,16 +73,19 @@ def _bytes(instruction: HloInstruction) -> int:
     return n
 
 
-def rematerialised_time(session: Session, rows: list[dict]) -> dict:
+def rematerialised_time(session: Session, rows: list[dict], leave_out: frozenset[tuple[str, str]] = frozenset()
+                         ) -> dict:
     """rematerialised_op_percent (share of op time in the ops that recompute: what dropping the recomputation
     saves at most, the measured time of the recomputed ops), rematerialised_op_count and rematerialised_ops (the
     largest three, with their shares), rematerialised_saveable_dot_gib (what a dots-saving policy keeps instead);
-    {} where no op recomputes."""
+    {} where no op recomputes. `leave_out`: (module, op) pairs whose recomputation another change removes."""
     modules: dict[str, HloModule | None] = {}
     remat = []
     saved: dict[str, int] = {}
     for row in rows:
         name = str(row.get("module") or "")
+        if (name, str(row.get("op"))) in leave_out:
+            continue
         if name not in modules:
             modules[name] = session.module(name) if name else None
         if _recomputes(row, modules[name]):

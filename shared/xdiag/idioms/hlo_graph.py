@@ -71,13 +71,13 @@ class Graph:
         """For each computation, the name of the op the profile times for it: a fusion's instruction (or the
         fusion's own caller, for fusions nested in fusions); a loop body's and the entry's ops are timed themselves."""
         out: dict[str, str] = {}
-        for name in self.module.computations:
-            site, seen = self.callers.get(name), set()
+        for start in self.module.computations:
+            name, site, seen = start, self.callers.get(start), set()
             while site is not None and site.instruction.opcode == "fusion" and name not in seen:
                 seen.add(name)
                 outer = self.callers.get(site.computation.name)
                 if outer is None or outer.instruction.opcode != "fusion":
-                    out[name] = site.instruction.name
+                    out[start] = site.instruction.name
                     break
                 name, site = site.computation.name, outer
         return out

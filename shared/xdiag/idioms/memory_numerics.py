@@ -14,7 +14,7 @@ from xdiag.cost.hlo import shape_bytes
 from xdiag.idioms.catalogue import Match, Variant, idiom
 from xdiag.idioms.hlo_graph import Graph, Site, elements, nbytes
 from xdiag.idioms.program import Program
-from xdiag.idioms.work_not_needed import timed_stake
+from xdiag.idioms.work_not_needed import loop_invariant_compute, timed_stake
 from xdiag.profile.space import HloInstruction
 
 MOVES = frozenset({"copy", "transpose"})
@@ -386,7 +386,9 @@ def recompute_not_needed(recomputed_percent: float | None, peak_gib: float | Non
                      "save_only_these_names(...)) with those values named by jax.ad_checkpoint.checkpoint_name "
                      "(premise: the values worth keeping are named)",))
 def needless_remat(program: Program) -> list[Match]:
-    recomputed = rematerialised_time(program.session, program.rows)
+    # a value recomputed on every trip of a loop because it never changes is the loop's to hoist, remat or not
+    invariant = frozenset((m.module, op) for m in loop_invariant_compute(program) for op in m.ops)
+    recomputed = rematerialised_time(program.session, program.rows, leave_out=invariant)
     share = recomputed.get("rematerialised_op_percent")
     memory = program.memory
     peak, limit = memory.get("peak_memory_gib"), memory.get("allocator_limit_gib") or memory.get("capacity_gib")

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from xdiag.idioms.catalogue import Match, Variant, idiom
 from xdiag.idioms.hlo_graph import Graph, Site, elements, nbytes, opcode_name
 from xdiag.idioms.program import Program, calls_per_step_of
-from xdiag.idioms.work_not_needed import timed_stake
+from xdiag.idioms.work_not_needed import matmul_flops, timed_stake
 
 ROUTINES = re.compile(r"(?:^|[/(])(inv|solve|slogdet|det|cholesky|lu|qr|eigh|svd|triangular_solve|"
                       r"lu_pivots_to_permutation|cho_solve|lu_solve)(?=[)/]|$)")
@@ -218,19 +218,66 @@ def ops_holding(program: Program, test: Callable[[Graph, Site], bool]) -> dict[s
     return out
 
 
-F64_SLOWDOWN = {"TPU": 8.0, "GPU": 2.0, "CPU": 2.0}
-"""How many times longer an op takes in float64 than in float32, by platform: premises until a trial measures them.
-A TPU has no float64 units: XLA:TPU rewrites the program to hold no 64-bit element types (a pass its compiler's
-errors name), each float64 op becoming several 32-bit ops; 8x is assumed. That the profile's HLO still shows the
-float64 types after that rewrite is itself a premise until a TPU capture of such a program is read. A GPU reads
-twice the bytes and, on data-centre parts, runs float64 at half float32's rate or less (consumer parts: 1/32-1/64),
-so 2x is the floor. A CPU runs float64 at about half float32's vector rate, a cost its users usually accept for the
-precision: the idiom is offered on accelerators only (`platforms`)."""
+F64_SLOWDOWN = {"TPU": 100.0, "GPU": 2.0, "CPU": 2.0}
+"""How many times longer an op takes in float64 than in float32, by platform. A TPU has no float64 units: XLA:TPU
+rewrites the program to hold no 64-bit element types, each float64 value a pair of float32 words (custom calls
+X64SplitHigh and X64SplitLow make the pair from a float64 argument, X64Combine a float64 result from it) and each
+float64 op many 32-bit ops on the pair; a training step whose every op ran in float64 took 313x its float32 time on
+a TPU v5e (docs/reference/measurements.md#float64-on-accelerator), one program's measurement, of which 100x is kept.
+A GPU reads twice the bytes and, on data-centre parts, runs float64 at half float32's rate or less (consumer parts:
+1/32-1/64), so 2x is the floor: a premise until a trial measures it. A CPU runs float64 at about half float32's
+vector rate, a cost its users usually accept for the precision: the idiom is offered on accelerators only
+(`platforms`)."""
 F64_MIN_STAKE_PERCENT = 2.0
+X64_SPLIT = ("X64SplitHigh", "X64SplitLow")
+X64_COMBINE = "X64Combine"
+"""The custom calls XLA:TPU's float64 rewrite leaves where a float64 argument enters and a float64 result leaves."""
 
 
 def _is_f64(instruction) -> bool:
     return instruction.dtype == "f64" or any(t == "f64" for t, _ in instruction.tuple_shapes)
+
+
+def _emulating_f64(graph: Graph) -> Callable[[Graph, Site], bool]:
+    """The instructions of a program XLA:TPU rewrote from float64 that compute on float32 pairs: those inside the
+    entry's ops that read what an X64Split makes, or whose results an X64Combine reads (the float64 outputs' every
+    producer), loop bodies and fusions included."""
+    entry = graph.module.computations.get(graph.module.entry)
+    if entry is None:
+        return lambda g, site: False
+    splits = [i.name for i in entry.instructions if i.opcode == "custom-call" and i.custom_call_target in X64_SPLIT]
+    combines = [i for i in entry.instructions if i.opcode == "custom-call" and i.custom_call_target == X64_COMBINE]
+    reached: set[str] = set()
+    frontier = [operand for c in combines for operand in c.operands]
+    while frontier:  # every producer of a float64 result
+        name = frontier.pop()
+        if name not in reached and name in entry.by_name:
+            reached.add(name)
+            frontier.extend(entry.by_name[name].operands)
+    frontier = [u.name for name in splits for u in entry.users.get(name, [])]
+    while frontier:  # every reader of a float64 argument's pair
+        name = frontier.pop()
+        if name not in reached:
+            reached.add(name)
+            frontier.extend(u.name for u in entry.users.get(name, []))
+    if not reached:
+        return lambda g, site: False
+    at_entry: dict[str, str | None] = {entry.name: None}
+
+    def entry_op(computation: str) -> str | None:
+        """The entry's instruction that runs a computation (a fusion's, a loop body's), or None for the entry."""
+        if computation not in at_entry:
+            caller = graph.callers.get(computation)
+            at_entry[computation] = "" if caller is None else (
+                caller.instruction.name if caller.computation.name == entry.name else entry_op(caller.computation.name))
+        return at_entry[computation]
+
+    def test(g: Graph, site: Site) -> bool:
+        if site.instruction.opcode in ("parameter", "get-tuple-element", "tuple", "constant", "custom-call"):
+            return False
+        name = entry_op(site.computation.name)
+        return (site.instruction.name if name is None else name) in reached
+    return test
 
 
 @idiom("float64_on_accelerator", "memory_numerics",
@@ -241,13 +288,17 @@ def _is_f64(instruction) -> bool:
        "64-bit types on but make only that part's inputs float64 and every other array float32",
        "a TPU has no float64 units and emulates each float64 op with several float32 ops; a GPU runs float64 at "
        "half float32's rate or less and reads twice the bytes; in float32 the same ops run at the device's rate",
-       gain=(0.7, 1.0), platforms=("TPU", "GPU"))
+       gain=(0.9, 1.0), measured="docs/reference/measurements.md#float64-on-accelerator", platforms=("TPU", "GPU"))
 def float64_on_accelerator(program: Program) -> list[Match]:
     """The timed ops whose HLO computes a float64 value (an op of a fusion included), summed per program."""
     slowdown = F64_SLOWDOWN.get(program.platform, 2.0)
+    emulating = {id(graph): _emulating_f64(graph) for graph in program.graphs}
+
+    def computes_f64(graph: Graph, site: Site) -> bool:
+        return (_is_f64(site.instruction) and site.instruction.opcode not in (
+            "parameter", "get-tuple-element", "tuple", "constant")) or emulating[id(graph)](graph, site)
     out = []
-    for key, held in ops_holding(program, lambda graph, site: _is_f64(site.instruction) and site.instruction.opcode
-                                 not in ("parameter", "get-tuple-element", "tuple", "constant")).items():
+    for key, held in ops_holding(program, computes_f64).items():
         stake = program.step_percent(held.ms)
         if stake < F64_MIN_STAKE_PERCENT:
             continue
@@ -259,13 +310,16 @@ def float64_on_accelerator(program: Program) -> list[Match]:
         line, function = held.line
         out.append(Match(
             "float64_on_accelerator", stake,
-            f"{len(held.ops)} ops compute in float64 (such as {example})"
+            f"{len(held.ops)} ops compute in float64 (such as {example}"
+            + (", a float64 value as a pair of float32 words: XLA:TPU's float64 rewrite, its X64Split and X64Combine "
+               "calls at the program's edges" if held.example is not None
+               and emulating[id(held.graph)](held.graph, held.example) else "") + ")"
             + (f", the program's arguments float64 ({', '.join(args)}"
                + (f" and {len(arguments) - len(args)} more" if len(arguments) > len(args) else "") + ")"
                if args else "")
             + (f", most of their time at {line}" if line else "")
-            + f": {stake:g}% of the step on a {program.platform}, where float64 is assumed {slowdown:g}x slower than "
-            "float32",
+            + f": {stake:g}% of the step on a {program.platform}, where float64 is "
+            + ("measured over" if program.platform == "TPU" else "assumed") + f" {slowdown:g}x slower than float32",
             module=key, ops=held.ops, line=line, function=function,
             # in float32 the same ops take 1/slowdown of their float64 time: that is what the result needs
             needed_percent=stake / slowdown, work_ratio=slowdown,
@@ -378,6 +432,19 @@ def _hash_ops(graph) -> tuple[set[str], set[str], dict[str, str]]:
     return hashes, loops, scope
 
 
+def _fused_matmul_roof_ms(program: Program, graph: Graph, op: str) -> float:
+    """The time the matmuls fused into a timed op need over the capture at the device's peaks (FLOPs, and the bytes
+    of their operands and result); 0 where the op holds none or the profile records no peaks."""
+    runs = program.runs.get((program.module_key(graph.module), op), 0)
+    total = 0.0
+    for site in graph.sites():
+        if site.instruction.opcode in ("dot", "convolution") and graph.timed_op(site) == op:
+            operands = [graph.operand(site, k) for k in range(len(site.instruction.operands))]
+            moved = nbytes(site.instruction) + sum(nbytes(o.instruction) for o in operands if o is not None)
+            total += (program.roof_ms(flops=matmul_flops(graph, site), hbm_bytes=moved) or 0.0) * runs
+    return total
+
+
 @idiom("threefry_random_bits", "op_identity",
        "Random bits from the threefry hash hold a large share of the step",
        "make the random bits with the rbg generator: jax.config.update(\"jax_default_prng_impl\", \"rbg\") at the "
@@ -387,7 +454,7 @@ def _hash_ops(graph) -> tuple[set[str], set[str], dict[str, str]]:
        "words of random bits, on the vector units; rbg draws the bits with XLA's RngBitGenerator, which an "
        "accelerator runs at a fraction of that cost. Its bits differ from threefry's for the same seed (results "
        "change, not their statistics), and rbg's keys split and fold in by the threefry hash still",
-       gain=(0.4, 0.8),
+       gain=(0.7, 0.95), measured="docs/reference/measurements.md#threefry-random-bits",
        alternatives=("jax.random.key(seed, impl=\"unsafe_rbg\") for masks and noise only: its split and fold_in are "
                      "cheaper still, their streams without threefry's guarantee of independence",
                      "draw fewer bits: one jax.random.bits call for a mask reused where the program draws the same "
@@ -407,7 +474,11 @@ def threefry_random_bits(program: Program) -> list[Match]:
                 ops.append(graph.timed_op(site))
         module_key = program.module_key(graph.module)
         ops = [op for op in ops if program.op_ms.get((module_key, op), 0.0) > 0]
-        stake = program.step_percent(program.time_ms(graph.module, ops))
+        # XLA:TPU recomputes the bits inside each matmul fusion that reads a mask: the hash holds what such an op
+        # takes beyond its matmul's own time at the device's roof
+        hash_ms = sum(max(program.op_ms[(module_key, op)] - _fused_matmul_roof_ms(program, graph, op), 0.0)
+                      for op in ops)
+        stake = program.step_percent(hash_ms)
         if stake < RANDOM_MIN_STAKE_PERCENT:
             continue
         calls = sorted({name.lstrip("_") for op in hashes if op in scope

@@ -41,7 +41,7 @@ import numpy as np
 from xdiag.analysis.source_lines import source_of_stack
 from xdiag.cost.hlo import conv_flops
 from xdiag.idioms.catalogue import Match, idiom
-from xdiag.idioms.hlo_graph import DEPTH, SHAPE_ONLY, Graph, Site, elements, nbytes
+from xdiag.idioms.hlo_graph import DEPTH, DTYPE_BYTES, SHAPE_ONLY, Graph, Site, elements, nbytes
 from xdiag.idioms.program import Program, calls_per_step_of
 
 MIN_STAKE_PERCENT = 1.0
@@ -368,7 +368,9 @@ def _inner_flow(graph: Graph, fusion: Site, position: int, reached: set[str]) ->
                        for o in others if o in called.by_name):
                     return "mix", 0.0
                 frontier.append(user.name)
-            elif user.opcode in OPAQUE_OPCODES or user.opcode == "fusion":
+            # a fusion nested in this one that only re-lays the value out (XLA:TPU wraps a matmul's operands in
+            # bitcast or copy fusions) keeps every element of it
+            elif user.opcode in OPAQUE_OPCODES or (user.opcode == "fusion" and not _moves_only(graph, user)):
                 return "mix", 0.0
             else:
                 frontier.append(user.name)
@@ -399,7 +401,9 @@ def _row_selection(graph: Graph, site: Site) -> tuple[float, list[str], list[str
     share of the rows kept, the ops walked (the op first) and the selecting ops; else None."""
     computation = site.computation
     downstream = _downstream(computation, site.instruction.name) | {site.instruction.name}
-    shares: dict[str, float] = {}  # each selecting op's share of the rows: together, what the result keeps
+    # per array the walk reaches, each selecting op's share of its rows; the arrays are the same rows computed on
+    # (a log-softmax's shifted logits and its log-sum), so the rows kept are those of the array kept most of
+    shares: dict[str, dict[str, float]] = {}
     walked, selectors = [site.instruction.name], []
     frontier, seen = [site.instruction.name], set()
     while frontier:
@@ -415,7 +419,8 @@ def _row_selection(graph: Graph, site: Site) -> tuple[float, list[str], list[str
                 return None  # a diagonal reads one element of every row: no row is left out
             if user.opcode in SELECT_OPCODES and user.operands and user.operands[0] == name:
                 share = elements(user.dims) / max(elements(current.dims), 1)
-                shares[user.name] = max(shares.get(user.name, 0.0), share)
+                of_array = shares.setdefault(name, {})
+                of_array[user.name] = max(of_array.get(user.name, 0.0), share)
                 selectors.append(user.name)
             elif user.opcode == "fusion":
                 flows = [_inner_flow(graph, Site(computation, user), k, downstream)
@@ -426,7 +431,8 @@ def _row_selection(graph: Graph, site: Site) -> tuple[float, list[str], list[str
                     frontier.append(user.name)
                     walked.append(user.name)
                 else:
-                    shares[user.name] = max([shares.get(user.name, 0.0)] + [share for _, share in flows])
+                    of_array = shares.setdefault(name, {})
+                    of_array[user.name] = max([of_array.get(user.name, 0.0)] + [share for _, share in flows])
                     selectors.append(user.name)
             elif user.opcode in MATMUL_OPCODES:
                 if any(o in downstream for o in user.operands if o != name):
@@ -438,7 +444,8 @@ def _row_selection(graph: Graph, site: Site) -> tuple[float, list[str], list[str
             else:
                 frontier.append(user.name)
                 walked.append(user.name)
-    kept = sum(shares.values())  # an LSTM's four gate slices keep a quarter each: all of it
+    # an LSTM's four gate slices of one array keep a quarter each: all of it
+    kept = max((sum(of_array.values()) for of_array in shares.values()), default=0.0)
     if not selectors or kept <= 0:
         return None
     return min(kept, 1.0), list(dict.fromkeys(walked)), list(dict.fromkeys(selectors))
@@ -558,7 +565,7 @@ def _invariant_uncached(graph: Graph, site: Site, memo: dict[tuple[str, str], bo
        "result, instead of recomputing it on each of the {trips} trips",
        "the value is the same on every trip; computed once before the loop, it costs one trip's time instead of one "
        "per trip",
-       gain=(0.6, 1.0))
+       gain=(0.9, 1.0), measured="docs/reference/measurements.md#loop-invariant-compute")
 def loop_invariant_compute(program: Program) -> list[Match]:
     """Ops of a while loop's body (scan, fori_loop) whose every operand is the same on every trip: XLA hoists most
     such ops itself, but not one whose result is much larger than its operands, nor one behind the optimization
@@ -699,8 +706,37 @@ def _in_place_update(graph: Graph, body, index: int) -> Site | None:
     if root is None or root.opcode != "tuple" or not 0 <= index < len(root.operands) or \
             root.operands[index] not in body.by_name:
         return None
-    made = graph.origin(Site(body, body.by_name[root.operands[index]]))
+    made = _through_outputs(graph, graph.origin(Site(body, body.by_name[root.operands[index]])))
     return made if made is not None and made.instruction.opcode in ("dynamic-update-slice", "scatter") else None
+
+
+def _through_outputs(graph: Graph, site: Site | None) -> Site | None:
+    """Where a value is one output of a fusion with several (XLA:TPU fuses a slot's update with the reads beside
+    it): the instruction inside that makes it; else the value's origin."""
+    while site is not None and site.instruction.opcode == "get-tuple-element":
+        fusion = graph.operand(site, 0)
+        called = graph.module.computations.get(fusion.instruction.called[0]) if fusion is not None and \
+            fusion.instruction.opcode == "fusion" and fusion.instruction.called else None
+        root = called.by_name.get(called.root) if called is not None else None
+        index = site.instruction.tuple_index
+        if root is None or root.opcode != "tuple" or not 0 <= index < len(root.operands):
+            return site
+        site = graph.origin(Site(called, called.by_name[root.operands[index]]))
+    return site
+
+
+def _root_path(graph: Graph, body, index: int) -> list[Site]:
+    """The copies on the way from a trip's update of a loop-state element to the body's result (a copy of the
+    updated buffer XLA makes to hand it to the next trip)."""
+    root = body.by_name.get(body.root)
+    site = Site(body, body.by_name[root.operands[index]]) if root is not None and root.opcode == "tuple" and \
+        0 <= index < len(root.operands) and root.operands[index] in body.by_name else None
+    out = []
+    while site is not None and site.instruction.opcode in SHAPE_ONLY and site.computation is body:
+        if site.instruction.opcode == "copy":
+            out.append(site)
+        site = graph.operand(site, 0)
+    return out
 
 
 def _readers(graph: Graph, value: Site) -> list[Site]:
@@ -735,11 +771,13 @@ def _moves_only(graph: Graph, instruction) -> bool:
        "append to it, return the slice as the scan's per-step output (ys) instead of carrying the buffer",
        "an in-place update needs the old buffer to be dead once it is written; a read of the old values in the same "
        "trip keeps it alive, so XLA copies the whole buffer every trip to update the copy, bytes the result does "
-       "not need",
-       gain=(0.8, 1.0))
+       "not need; the reads of the old values are staked too: on a TPU v5e they ran 2.8x slower than the same "
+       "reads of the updated buffer after the change (one program's measurement, a premise elsewhere)",
+       gain=(0.6, 0.9), measured="docs/reference/measurements.md#loop-copies-carried-buffer")
 def loop_copies_carried_buffer(program: Program) -> list[Match]:
     """Copy instructions of a while loop's body that copy, in full, an element of the loop's state the trip updates
-    in place."""
+    in place (before the update, or the updated buffer on its way to the next trip), with the reads of the old
+    values that keep the old buffer alive."""
     out: dict[tuple[str, str], Match] = {}
     for graph in program.graphs:
         module_key = program.module_key(graph.module)
@@ -758,40 +796,53 @@ def loop_copies_carried_buffer(program: Program) -> list[Match]:
             update = _in_place_update(graph, site.computation, index)
             if state is None or state.instruction.opcode != "parameter" or update is None:
                 continue
-            ms = program.time_ms(graph.module, [ins.name])
             key = (module_key, loop.name)
             match = out.get(key)
             if match is None:
                 line, function = program.line_of(graph, update)
-                reads = sorted({program.line_of(graph, r)[0] for r in _readers(graph, carried)
-                                if graph.timed_op(r) != graph.timed_op(update)} - {"", line})
                 match = out[key] = Match(
                     "loop_copies_carried_buffer", 0.0, "", module=module_key, line=line, function=function,
-                    params={"reads": f" (at {', '.join(reads[:3])})" if reads else ""},
-                    facts={"trips": loop.trip_count, "buffers": [], "copy_bytes_per_trip": 0,
-                           "copy_runs": program.runs.get((module_key, ins.name), 0)})
-            if ins.name in match.ops:
-                continue
-            match.ops.append(ins.name)
-            match.stake_percent = min(match.stake_percent + program.step_percent(ms), 100.0)
-            match.facts["copy_bytes_per_trip"] += nbytes(ins)
-            match.facts["buffers"].append(ins.shape_text.split("{")[0])
+                    params={"reads": ""},
+                    facts={"trips": loop.trip_count, "buffers": [], "copy_bytes_per_trip": 0, "copies": 0,
+                           "copy_runs": program.runs.get((module_key, ins.name), 0), "old_value_reads": []})
+            copies = [c for c in [site] + _root_path(graph, site.computation, index) if nbytes(c.instruction)
+                      >= MIN_BUFFER_BYTES and c.instruction.name not in match.ops]
+            for copy in copies:
+                match.ops.append(copy.instruction.name)
+                match.facts["copies"] += 1
+                match.facts["copy_bytes_per_trip"] += nbytes(copy.instruction)
+                match.facts["buffers"].append(copy.instruction.shape_text.split("{")[0])
+            # the reads of the values as they were, which the change moves onto the updated buffer
+            updating = graph.timed_op(update)
+            old_reads = [graph.timed_op(r) for r in _readers(graph, carried)
+                         if graph.timed_op(r) not in (updating, *match.ops)]
+            match.facts["old_value_reads"] = list(dict.fromkeys(match.facts["old_value_reads"] + old_reads))
+            reads = sorted({program.line_of(graph, r)[0] for r in _readers(graph, carried)
+                            if graph.timed_op(r) != updating} - {"", match.line})
+            if reads:
+                match.params["reads"] = f" (at {', '.join(reads[:3])})"
     found = []
     for (_, loop_name), match in out.items():
-        if match.stake_percent < MIN_STAKE_PERCENT:
+        module = next(g.module for g in program.graphs if program.module_key(g.module) == match.module)
+        copies_percent = program.step_percent(program.time_ms(module, match.ops))
+        match.ops = list(dict.fromkeys(match.ops + match.facts["old_value_reads"]))
+        match.stake_percent = program.step_percent(program.time_ms(module, match.ops))
+        if copies_percent < MIN_STAKE_PERCENT:
             continue
         trips = match.facts["trips"]
         match.what = (f"the loop {loop_name} runs {trips or 'its'} trips, and each copies "
                       f"{match.facts['copy_bytes_per_trip'] / 2**20:.3g} MiB of the state it carries "
-                      f"({len(match.ops)} copies of {', '.join(sorted(set(match.facts['buffers'])))}) because the "
-                      "trip reads a buffer as it was before updating it in place"
-                      + (f" at {match.line}" if match.line else "") + f": {match.stake_percent:g}% of the step")
+                      f"({match.facts['copies']} copies of {', '.join(sorted(set(match.facts['buffers'])))}) because "
+                      "the trip reads a buffer as it was before updating it in place"
+                      + (f" at {match.line}" if match.line else "") + f": the copies {copies_percent:g}% of the step, "
+                      f"the reads of the old values ({len(match.facts['old_value_reads'])} ops) "
+                      f"{match.stake_percent - copies_percent:.3g}%")
+        match.facts["copies_percent"] = copies_percent
         found.append(match)
     return found
 
 
-
-def _matmul_flops(graph: Graph, site: Site) -> float:
+def matmul_flops(graph: Graph, site: Site) -> float:
     """A matmul's FLOPs from its shapes: 2 · |output| · the contracted size."""
     ins = site.instruction
     if ins.opcode == "convolution":
@@ -872,10 +923,10 @@ def matmul_chain_order(program: Program) -> list[Match]:
                         elements(operand.instruction.dims) != elements(first.instruction.dims) or \
                         [r.instruction.name for r in _value_readers(graph, first)] != [second.instruction.name]:
                     continue
-                flops_now = _matmul_flops(graph, first) + _matmul_flops(graph, second)
+                flops_now = matmul_flops(graph, first) + matmul_flops(graph, second)
                 product = elements(first.instruction.dims)
-                k = _matmul_flops(graph, first) / (2 * product)
-                c = _matmul_flops(graph, second) / (2 * max(elements(second.instruction.dims), 1))
+                k = matmul_flops(graph, first) / (2 * product)
+                c = matmul_flops(graph, second) / (2 * max(elements(second.instruction.dims), 1))
                 r = product / max(c, 1)
                 p = elements(second.instruction.dims) / max(r, 1)
                 flops_other = 2 * k * p * (c + r)
@@ -950,7 +1001,7 @@ def diagonal_of_product(program: Program) -> list[Match]:
             line, function = program.line_of(graph, product)
             ops, stake = timed_stake(program, graph, [product])
             dims = product.instruction.dims
-            flops = _matmul_flops(graph, product)
+            flops = matmul_flops(graph, product)
             ratio = elements(dims) / min(dims)
             needed = _needed_percent(program, graph, ops[0], flops=flops / ratio)
             match = out.get((module_key, line or ops[0]))
@@ -1159,8 +1210,8 @@ def forward_computed_twice(program: Program) -> list[Match]:
                 twin = next(s for f, s in forward if f == _matmul_signature(program, graph, lead))
                 line, gradient_line = _call_lines(graph, lead, other, twin)
                 inner_line, function = program.line_of(graph, lead)
-                flops = sum(_matmul_flops(graph, s) for s in sites)
-                other_flops = sum(_matmul_flops(other, s) for s in other_sites)
+                flops = sum(matmul_flops(graph, s) for s in sites)
+                other_flops = sum(matmul_flops(other, s) for s in other_sites)
                 out.append(Match(
                     "forward_computed_twice", stake,
                     f"the program {key} computes no gradient and runs {len(sites)} matmul(s) ({flops / 1e9:.3g} "
@@ -1226,12 +1277,39 @@ def _full_passes(graph: Graph, ops: list[str], size: int) -> int:
     return passes
 
 
+def _logits_written_for(graph: Graph, exp: Site, readers: set[str]) -> Site | None:
+    """Where the array a softmax exponentiates (x in exp(x - max)) is a matmul's result that the matmul's own fusion
+    already reduces (the softmax's row max taken there) and writes out only for the softmax's passes to read: that
+    matmul; else None. An argmax of the logits joins such a fusion, so the logits are then never written."""
+    shifted = graph.origin(graph.operand(exp, 0))
+    if shifted is None or shifted.instruction.opcode != "subtract":
+        return None
+    value = graph.origin(graph.operand(shifted, 0))
+    if value is None or value.instruction.opcode != "get-tuple-element":
+        return None
+    made = graph.operand(value, 0)
+    if made is None or made.instruction.opcode != "fusion" or not made.instruction.called:
+        return None
+    if any(graph.timed_op(u) not in readers for u in graph.users(value)):
+        return None  # the logits are read elsewhere too: written whatever the softmax does
+    called = graph.module.computations.get(made.instruction.called[0])
+    root = called.by_name.get(called.root) if called is not None else None
+    index = value.instruction.tuple_index
+    if root is None or root.opcode != "tuple" or not 0 <= index < len(root.operands):
+        return None
+    matmul = graph.origin(Site(called, called.by_name[root.operands[index]]))
+    if matmul is None or matmul.instruction.opcode not in MATMUL_OPCODES:
+        return None
+    reduced = any(u.instruction.opcode == "reduce" for u in graph.users(matmul))
+    return Site(made.computation, made.instruction) if reduced else None
+
+
 @idiom("softmax_for_argmax", "work_not_needed",
        "A softmax is computed only for its largest entry to be read",
        "{change}",
        "softmax is increasing along its axis, so its argmax is the logits' argmax: the exponentials, their sum and "
        "the division are work the index does not need (the largest probability alone is exp(max - logsumexp))",
-       gain=(0.6, 1.0))
+       gain=(0.8, 1.0), measured="docs/reference/measurements.md#softmax-for-argmax")
 def softmax_for_argmax(program: Program) -> list[Match]:
     """A softmax (exp, its sum, the division) whose every reader is an argmax or max reduction."""
     out: dict[tuple[str, str], Match] = {}
@@ -1251,11 +1329,19 @@ def softmax_for_argmax(program: Program) -> list[Match]:
             reduce_op = graph.timed_op(site)
             softmax_ops = [op for op in dict.fromkeys(graph.timed_op(s) for s in (exp, total, value))
                            if op != reduce_op]
-            stake = program.step_percent(program.time_ms(graph.module, softmax_ops))
+            # every pass over the array after the logits is the softmax's (the argmax's pass reads probabilities);
+            # the index needs one read of the logits, or none where their matmul's fusion can take the argmax
+            written = _logits_written_for(graph, exp, {*softmax_ops, reduce_op})
+            size = elements(value.instruction.dims)
+            logits_bytes = size * DTYPE_BYTES.get(value.instruction.dtype, 4)
+            runs = program.runs.get((module_key, reduce_op), 0)
+            one_pass_ms = (program.roof_ms(hbm_bytes=logits_bytes) or 0.0) * runs
+            stake = program.step_percent(program.time_ms(graph.module, softmax_ops + [reduce_op])
+                                         + (one_pass_ms if written is not None else 0.0))
+            needed = None if written is not None else program.step_percent(one_pass_ms)
             line, function = program.line_of(graph, site)
             if stake < MIN_STAKE_PERCENT or (module_key, line or reduce_op) in out:
                 continue
-            size = elements(value.instruction.dims)
             passes = _full_passes(graph, list(dict.fromkeys(softmax_ops + [reduce_op])), size)
             axis = site.instruction.dimensions[0] if site.instruction.dimensions else -1
             at = line or "the line that reads it"
@@ -1273,9 +1359,11 @@ def softmax_for_argmax(program: Program) -> list[Match]:
                 f"{axis}, {value.instruction.opcode})" + (f" at {softmax_line}" if softmax_line else "")
                 + f" is read only by {' and '.join(sorted(kinds))} reduction(s)" + (f" at {line}" if line else "")
                 + f": {passes} passes over the array where the {'index' if 'argmax' in kinds else 'maximum'} "
-                "needs one over the logits",
-                module=module_key, ops=softmax_ops, line=line, function=function,
-                work_ratio=float(passes),
+                + ("needs one over the logits" if written is None else
+                   f"needs none: the matmul's fusion ({written.instruction.name}) that makes the logits already "
+                   "reduces them and writes them out only for these passes"),
+                module=module_key, ops=softmax_ops + [reduce_op], line=line, function=function,
+                needed_percent=needed, work_ratio=float(passes),
                 params={"change": change},
                 facts={"reads": sorted(kinds), "array_passes": passes, "softmax_line": softmax_line})
     return list(out.values())

@@ -1,0 +1,97 @@
+"""Idioms read from the programs' TPU v5e captures (tests/profiles/fix_trials/): what XLA:TPU writes differently from
+XLA:CPU (fusions nested in fusions, multi-output fusions, float64 rewritten into float32 pairs, random bits recomputed
+inside matmul fusions) must not hide an idiom or shrink its stake."""
+
+from __future__ import annotations
+
+import lzma
+from pathlib import Path
+
+import pytest
+from xdiag.idioms import IDIOMS
+from xdiag.idioms.hlo_graph import elements
+from xdiag.idioms.program import Program
+from xdiag.profile.reader import read_session_in_process
+
+CAPTURES = Path(__file__).resolve().parent / "profiles" / "fix_trials"
+
+
+@pytest.fixture(scope="module")
+def program(tmp_path_factory):
+    """(program, label) -> its capture as the recognisers read it, read once."""
+    work, read = tmp_path_factory.mktemp("tpu_captures"), {}
+
+    def load(name: str, label: str) -> Program:
+        if (name, label) not in read:
+            pb = work / f"{name}.{label}.xplane.pb"
+            pb.write_bytes(lzma.decompress((CAPTURES / f"{name}.{label}.xplane.pb.xz").read_bytes()))
+            read[(name, label)] = Program(read_session_in_process([pb]))
+        return read[(name, label)]
+    return load
+
+
+def matches(program: Program, key: str):
+    return IDIOMS[key].recognise(program)
+
+
+def test_an_op_of_a_fusion_nested_in_a_fusion_is_timed_as_the_outer_fusion(program):
+    """XLA:TPU nests the threefry hash in the matmul fusions that read a dropout mask: each of its xors is timed as
+    the outermost fusion, an op the profile times."""
+    dropout = program("dropout_threefry", "before-a")
+    (graph,) = dropout.graphs
+    key = dropout.module_key(graph.module)
+    xors = [s for s in graph.sites() if s.instruction.opcode == "xor" and elements(s.instruction.dims) >= 1 << 20]
+    assert len(xors) >= 20 * 9 and all((key, graph.timed_op(s)) in dropout.op_ms for s in xors)
+
+
+def test_rows_discarded_after_a_convolution_stake_every_convolution_before_the_window(program):
+    """A 3x3 and a 1x1 convolution and a log_softmax over a whole feature map, then a 1/16 window: XLA:TPU wraps
+    the 1x1 convolution's operand in a layout-only nested fusion, which keeps every row."""
+    (match,) = matches(program("discard_crop_head", "before-a"), "discarded_rows")
+    assert match.facts["kept_fraction"] == pytest.approx(1 / 16)  # the shifted logits and their log-sum: one window
+    assert "maximum_convert_fusion" in match.ops and match.stake_percent > 95
+    assert match.facts["matmul"].startswith("convolution → f32[32,160,160,256]")
+    assert not matches(program("discard_crop_head", "fixed"), "discarded_rows")
+
+
+def test_a_softmax_for_argmax_stakes_the_argmax_pass_and_the_logits_write(program):
+    """The matmul's fusion takes the softmax's row max, so the logits are written out only for the softmax's two
+    passes; an argmax of the logits joins that fusion: both passes and the write are the stake."""
+    (match,) = matches(program("softmax_argmax", "before-a"), "softmax_for_argmax")
+    assert set(match.ops) == {"fusion", "iota_reduce_fusion"} and match.needed_percent is None
+    assert 50 < match.stake_percent < 56 and "needs none" in match.what
+    assert not matches(program("softmax_argmax", "fixed"), "softmax_for_argmax")
+
+
+def test_threefry_bits_recomputed_in_matmul_fusions_stake_the_time_beyond_the_matmuls(program):
+    (match,) = matches(program("dropout_threefry", "before-a"), "threefry_random_bits")
+    assert match.facts["hash_ops"] == 9 and 40 < match.stake_percent < 46, match.stake_percent
+    assert not matches(program("dropout_threefry", "fixed"), "threefry_random_bits")
+
+
+def test_float64_rewritten_by_xla_tpu_into_float32_pairs_is_found(program):
+    """XLA:TPU leaves float64 only at the program's edges (X64SplitHigh/Low, X64Combine): the ops between are the
+    float64 work."""
+    (match,) = matches(program("x64_features", "before-a"), "float64_on_accelerator")
+    assert match.stake_percent > 99 and "X64Split" in match.what
+    assert match.facts["f64_arguments"] == ["f64[512,1024]", "f64[1024,1]"]
+    assert not matches(program("x64_features", "fixed"), "float64_on_accelerator")
+
+
+def test_a_carried_cache_copied_around_a_multi_output_update_is_found_with_its_old_value_read(program):
+    """XLA:TPU fuses the slot's update with a read beside it (a fusion of two outputs) and copies the key cache
+    before it and after it; the attention reads the cache as it was."""
+    (match,) = matches(program("scan_buffer_copy", "before-a"), "loop_copies_carried_buffer")
+    assert match.facts["copies"] == 2 and match.facts["buffers"] == ["bf16[256,32,1024]"] * 2
+    assert match.facts["old_value_reads"] == ["fusion.53"] and 18 < match.facts["copies_percent"] < 20
+    assert not matches(program("scan_buffer_copy", "fixed"), "loop_copies_carried_buffer")
+
+
+def test_recomputation_of_a_loop_invariant_value_is_the_loops_not_the_remats(program):
+    """jax.checkpoint's cell rebuilds an invariant merged weight on every trip of the backward scan: hoisting it
+    removes that time, so the remat finding stakes only the rest of what it recomputes."""
+    hoist = program("hoist_invariant", "before-a")
+    (invariant,) = matches(hoist, "loop_invariant_compute")
+    (remat,) = matches(hoist, "needless_remat")
+    assert invariant.ops == ["fusion.46"] and "fusion.46" not in remat.what
+    assert remat.stake_percent < invariant.stake_percent
