@@ -1023,8 +1023,8 @@ def _gram_axis(graph: Graph, product: Site) -> int | None:
                          "...)) and its square root, so the {product} covariance is never formed: one pass "
                          "over x"),
                  Variant((("gram", (True,)),),
-                         "compute only the diagonal at {line}: jnp.sum(x * x, axis={axis}) instead of jnp.diag(x.T @ x) "
-                         "(the diagonal of an array's product with itself is its squares summed along the axis the "
+                         "compute only the diagonal at {line}: jnp.sum(x * x, axis={axis}) instead of "
+                         "jnp.diag(x.T @ x) (the diagonal of an array's product with itself is its squares summed along the axis the "
                          "product contracts), so the {product} product is never formed")))
 def diagonal_of_product(program: Program) -> list[Match]:
     """A matmul whose every reader keeps only its diagonal (a gather of (i, i), or an identity mask), directly or
