@@ -98,3 +98,26 @@ def test_no_optimal_over_unneeded_work_and_no_subject_the_hlo_lacks(program, rep
                 (tmp_path / f"{label}.xplane.pb").write_bytes(packed.read())
             instructions = instructions_of(tmp_path / f"{label}.xplane.pb")
             assert all(hlo_shows(HLO_SUBJECT[key], instructions) for key in keys), (label, keys)
+
+
+def test_two_tpu_programs_of_one_name_keep_their_own_ops(tmp_path):
+    """XLA:TPU names a jitted loss and the jitted gradient of it both `jit_loss`; its ops name their program by a
+    fingerprint: each op is counted in the program that holds it, not both in the first of that name."""
+    from xdiag.analysis.op_stats import op_stats
+    from xdiag.profile.session import read_session
+
+    with lzma.open(CAPTURES / "loss_then_grad.before-a.xplane.pb.xz") as packed:
+        (tmp_path / "loss_then_grad.xplane.pb").write_bytes(packed.read())
+    session = read_session(locate_session(tmp_path / "loss_then_grad.xplane.pb").files)
+    shared = [m for m in session.hlo_modules if m.name == "jit_loss"]
+    assert len(shared) == 2
+    by_module = {m.display_name: {s.name for s in op_stats(session) if s.module == m.display_name} for m in shared}
+    assert all(by_module.values()), by_module
+    for module in shared:
+        assert all(module.find(op) is not None for op in by_module[module.display_name])
+
+
+def test_the_diagonal_of_a_covariance_is_changed_to_a_variance_not_a_row_selection(reports):
+    findings = reports("blind2_feature_stats", "before-a").diagnosis.findings
+    assert "jnp.std(x, axis=0, ddof=1)" in findings[0].fix and "jnp.var(x, axis=0, ddof=1)" in findings[0].fix
+    assert "discarded_rows" not in {f.key for f in findings}

@@ -258,11 +258,59 @@ def _modules_at(spans: tuple[np.ndarray, np.ndarray, np.ndarray], starts: np.nda
     return _Text(codes, names.values + [""])
 
 
-def _line_ops(plane: Plane, line: Line, host: str, has_xla_ops_line: bool) -> dict[str, np.ndarray] | None:
-    """The XLA op (or GPU kernel) executions one line holds, or None when it holds none."""
+_LAYOUT = re.compile(r"\{[^{}]*\}")
+
+
+def _tpu_program_ids(session: Session, plane: Plane) -> dict[int, int]:
+    """A TPU plane's program fingerprints (its 'XLA Ops' events' program_id) -> the id of the HLO module each ran,
+    for the modules whose name several programs share (a jitted loss and the jitted gradient of it are both
+    `jit_loss`): the module that holds every op the fingerprint ran, by name and by shape. A fingerprint no module
+    fits alone is left out (its ops are named by the module's name alone, as before)."""
+    shared: dict[str, list[HloModule]] = {}
+    for module in session.hlo_modules:
+        shared.setdefault(module.name, []).append(module)
+    shared = {name: modules for name, modules in shared.items() if len(modules) > 1}
+    modules_line = next((ln for ln in plane.lines if ln.name == "XLA Modules" and len(ln)), None) if shared else None
+    if modules_line is None:
+        return {}
+    named: dict[int, str] = {}
+    for text in set(plane.names_of(modules_line)):
+        module, _, rest = text.partition("(")
+        fingerprint = whole_number(rest.rstrip(")"))
+        if fingerprint is not None and module in shared:
+            named[fingerprint] = module
+    ran: dict[int, dict[str, str]] = {}  # fingerprint -> {op: its shape, without layouts}
+    for line in plane.lines:
+        if line.name != "XLA Ops":
+            continue
+        for key in distinct_values(line.metadata_id).tolist():
+            stats = plane.event_metadata_stats.get(key) or {}
+            fingerprint = stats.get("program_id")
+            if fingerprint in named:
+                op = _tpu_op_name(plane.event_display_names.get(key) or plane.event_names.get(key, ""))
+                ran.setdefault(fingerprint, {})[op] = _LAYOUT.sub("", str(stats.get("shape_with_layout", "")))
+    out = {}
+    for fingerprint, ops in ran.items():
+        scores = []
+        for module in shared[named[fingerprint]]:
+            found = [module.find(op) for op in ops]
+            if all(found):
+                scores.append((sum(_LAYOUT.sub("", f[1].shape_text) == ops[op] for op, f in zip(ops, found)),
+                               module.program_id))
+        scores.sort(reverse=True)
+        if scores and (len(scores) == 1 or scores[0][0] > scores[1][0]):
+            out[fingerprint] = scores[0][1]
+    return out
+
+
+def _line_ops(plane: Plane, line: Line, host: str, has_xla_ops_line: bool,
+              tpu_programs: dict[int, int] | None = None) -> dict[str, np.ndarray] | None:
+    """The XLA op (or GPU kernel) executions one line holds, or None when it holds none. `tpu_programs` names the
+    program of a TPU op whose module's name several programs share (`_tpu_program_ids`)."""
     hlo_op = line.strings.get("hlo_op")
     count = len(line)
     starts = None
+    program = line.numeric.get("program_id")
     gpu: dict[str, np.ndarray] = {}  # GPU kernels: their own names, whether a CUDA graph ran them, their launch
     if plane.is_device:
         if line.name in _SKIP_DEVICE_LINES or not count:
@@ -275,6 +323,10 @@ def _line_ops(plane: Plane, line: Line, host: str, has_xla_ops_line: bool) -> di
             starts = line.starts.at(mask)
             spans = module_spans(plane)
             modules = _modules_at(spans, starts) if spans is not None else _blank_text(count)
+            if tpu_programs and program is None:
+                ids, inverse = unique_with_inverse(line.metadata_id)
+                fingerprints = [(plane.event_metadata_stats.get(k) or {}).get("program_id") for k in ids.tolist()]
+                program = np.array([tpu_programs.get(f, NO_VALUE) for f in fingerprints], np.int64)[inverse]
         elif line.name.startswith("Stream") and not has_xla_ops_line:
             names = kernels = plane.names_of(line)
             in_graph = np.zeros(count, dtype=bool)
@@ -308,7 +360,6 @@ def _line_ops(plane: Plane, line: Line, host: str, has_xla_ops_line: bool) -> di
             labels = [f"{host} CPU:{o}" if o != NO_VALUE else f"{host} CPU" for o in ordinals.tolist()]
         else:
             labels, device = [f"{host} CPU"], np.zeros(mask.sum(), np.int32)
-    program = line.numeric.get("program_id")
     if starts is None:
         starts = line.starts.at(mask)
     ends = starts + line.durations.at(mask)
@@ -462,9 +513,10 @@ def op_table(session: Session) -> OpTable:
                     continue
                 flow_ids, flow_ends = _flow_ends(plane) if not plane.is_device else (np.empty(0, np.int64),) * 2
                 has_xla_ops_line = any(line.name == "XLA Ops" and len(line) for line in plane.lines)
+                tpu_programs = _tpu_program_ids(session, plane) if has_xla_ops_line and plane.is_device else None
                 plane_parts, with_flows = [], bool(len(flow_ids))
                 for line in plane.lines:
-                    ops = _line_ops(plane, line, host.hostname, has_xla_ops_line)
+                    ops = _line_ops(plane, line, host.hostname, has_xla_ops_line, tpu_programs)
                     if ops is None:
                         continue
                     flow = ops.pop("flow", None)

@@ -128,8 +128,10 @@ class Graph:
 
     def users(self, site: Site, depth: int = DEPTH) -> Iterator[Site]:
         """The instructions that read this value, through fusion parameters, get-tuple-elements and ops that only
-        re-shape it."""
+        re-shape it, and out of a fusion the walk entered where the value is its result (XLA:TPU wraps a matmul's
+        operand in a fusion of one bitcast inside the matmul's fusion)."""
         frontier, seen = [site], set()
+        entered: dict[str, Site] = {}  # each fusion computation the walk went into -> the fusion that calls it
         while frontier and depth > 0:
             depth -= 1
             nxt = []
@@ -138,6 +140,9 @@ class Graph:
                 if key in seen:
                     continue
                 seen.add(key)
+                caller = entered.get(current.computation.name)
+                if caller is not None and current.instruction.name == current.computation.root:
+                    nxt.append(caller)
                 for user in current.computation.users.get(current.instruction.name, []):
                     user_site = Site(current.computation, user)
                     if user.opcode in ("get-tuple-element", *SHAPE_ONLY):
@@ -146,6 +151,8 @@ class Graph:
                         called = self.module.computations.get(user.called[0])
                         if called is None:
                             continue
+                        if user.opcode == "fusion":
+                            entered[called.name] = user_site
                         for position in [k for k, name in enumerate(user.operands) if name == current.instruction.name]:
                             nxt.extend(Site(called, p) for p in called.instructions
                                        if p.opcode == "parameter" and p.parameter_number == position)

@@ -40,8 +40,8 @@ import numpy as np
 
 from xdiag.analysis.source_lines import source_of_stack
 from xdiag.cost.hlo import conv_flops
-from xdiag.idioms.catalogue import Match, idiom
-from xdiag.idioms.hlo_graph import DEPTH, DTYPE_BYTES, SHAPE_ONLY, Graph, Site, elements, nbytes
+from xdiag.idioms.catalogue import Match, Variant, idiom
+from xdiag.idioms.hlo_graph import DEPTH, DTYPE_BYTES, SHAPE_ONLY, Graph, Site, elements, nbytes, opcode_name
 from xdiag.idioms.program import Program, calls_per_step_of
 
 MIN_STAKE_PERCENT = 1.0
@@ -905,7 +905,7 @@ MIN_REORDER_RATIO = 4.0
        "order from the shapes), so the thin operand is multiplied first and the {big} product is never formed",
        "matrix products associate: (A @ B) @ v forms the whole n×n product, n³ multiply-adds, where A @ (B @ v) "
        "needs two matrix-thin products, n²·k each; the result is the same up to rounding",
-       gain=(0.7, 1.0))
+       gain=(0.45, 0.7), measured="docs/reference/measurements.md#matmul-chain-order")
 def matmul_chain_order(program: Program) -> list[Match]:
     """A matmul whose result only one other matmul reads, where multiplying in the other order needs at least
     MIN_REORDER_RATIO times fewer FLOPs. With the first product P (r×c, contracted over k) and the second reading it
@@ -945,13 +945,15 @@ def matmul_chain_order(program: Program) -> list[Match]:
                              f"(v @ A) @ B instead of v @ (A @ B), with v {shape[2]}, A {shape[0]} and B {shape[1]}")
                 out[(module_key, line or ops[0])] = Match(
                     "matmul_chain_order", stake,
-                    f"{first.instruction.opcode} {shape[0]} × {shape[1]} → {big} ({flops_now / 1e9:.3g} GFLOP "
-                    f"with the next product), read only by {second.instruction.opcode} with {shape[2]} → "
+                    f"{opcode_name(first.instruction)} {shape[0]} × {shape[1]} → {big} ({flops_now / 1e9:.3g} GFLOP "
+                    f"with the next product), read only by {opcode_name(second.instruction)} with {shape[2]} → "
                     f"{second.instruction.shape_text.split('{')[0]}; multiplied the other way the two products need "
                     f"{flops_other / 1e9:.3g} GFLOP, {flops_now / flops_other:.3g}× less"
                     + (f", at {line}" if line else ""),
                     module=module_key, ops=ops, line=line, function=function,
-                    needed_percent=_needed_percent(program, graph, ops[-1], flops=flops_other),
+                    # the other order's FLOPs, and each of its two products reading its large operand once
+                    needed_percent=_needed_percent(program, graph, ops[-1], flops=flops_other, hbm_bytes=sum(
+                        nbytes(o.instruction) for o in (graph.origin(v) for v in (x, y, thin)) if o is not None)),
                     work_ratio=round(flops_now / flops_other, 1),
                     params={"reordered": reordered, "big": big,
                             "operands": "A, B, v" if position == 0 else "v, A, B"},
@@ -966,17 +968,98 @@ def _reads_diagonal(graph: Graph, reader: Site, value: str) -> bool:
     ins = reader.instruction
     if ins.opcode == "gather" and ins.operands[:1] == (value,) and len(ins.operands) > 1:
         indices = graph.origin(graph.operand(reader, 1))
-        if indices is None or indices.instruction.opcode != "concatenate":
+        if indices is None:
             return False
-        parts = {o.instruction.name if o is not None and o.instruction.opcode == "iota" else None
-                 for o in (graph.origin(graph.operand(indices, k)) for k in range(len(indices.instruction.operands)))}
-        return len(parts) == 1 and None not in parts
+        if indices.instruction.opcode == "concatenate":
+            parts = {o.instruction.name if o is not None and o.instruction.opcode == "iota" else None
+                     for o in (graph.origin(graph.operand(indices, k))
+                               for k in range(len(indices.instruction.operands)))}
+            if len(parts) == 1 and None not in parts:
+                return True
+        # XLA:TPU packs each index pair into one integer (i << 16 | i) and unpacks it inside the gather's fusion:
+        # index pairs computed from iotas alone, one element per row of a square matrix, are its diagonal
+        matrix = reader.computation.by_name.get(value)
+        return matrix is not None and len(matrix.dims) == 2 and matrix.dims[0] == matrix.dims[1] and \
+            elements(ins.dims) == matrix.dims[0] and indices.instruction.dims[-1:] == (2,) and \
+            _from_iotas_only(graph, indices)
     if ins.opcode == "select" and len(ins.operands) == 3 and value in ins.operands[1:]:
         other = graph.operand(reader, 2 if ins.operands[1] == value else 1)
         return graph.mask_kind(graph.operand(reader, 0)) == "diagonal" and graph.mask_kind(other) == "constant"
     if ins.opcode == "multiply" and len(ins.operands) == 2 and value in ins.operands:
         return graph.mask_kind(graph.operand(reader, 1 - ins.operands.index(value))) == "diagonal"
     return False
+
+
+def _from_iotas_only(graph: Graph, site: Site, limit: int = 64) -> bool:
+    """Whether a value is computed from iotas and constants alone (across fusions), with at least one iota: an
+    index the program fixes, not one it reads."""
+    frontier, seen, iotas = [site], set(), 0
+    while frontier:
+        current = frontier.pop()
+        key = (current.computation.name, current.instruction.name)
+        if key in seen:
+            continue
+        seen.add(key)
+        if len(seen) > limit:
+            return False
+        opcode = current.instruction.opcode
+        if opcode == "iota":
+            iotas += 1
+        elif opcode in ("fusion", "parameter"):
+            back = graph.producer(current)
+            if back is None:
+                return False  # an argument of the program
+            frontier.append(back)
+        elif opcode != "constant":
+            if opcode in OPAQUE_OPCODES and opcode != "custom-call" or not current.instruction.operands:
+                return False
+            frontier.extend(s for s in (graph.operand(current, k) for k in range(len(current.instruction.operands)))
+                            if s is not None)
+    return iotas > 0
+
+
+ELEMENTWISE_OPCODES = frozenset({"add", "subtract", "multiply", "divide", "maximum", "minimum", "negate", "abs",
+                                  "sqrt", "rsqrt", "exponential", "log", "tanh", "logistic", "power", "select",
+                                  "clamp", "sign"})
+"""Ops that make each element of their result from the same element of each operand: the diagonal of their result
+needs only the diagonal of what they read."""
+
+
+def _diagonal_readers(graph: Graph, value: Site, depth: int = 4) -> list[Site] | None:
+    """The ops that read a matrix where each reads only its diagonal, directly or through elementwise ops of the
+    matrix's shape (a covariance scaled by 1/(n - 1) before its diagonal is taken), those ops included; None where
+    some reader needs more than the diagonal."""
+    readers = _value_readers(graph, value)
+    if not readers or depth <= 0:
+        return None
+    out = []
+    for reader in readers:
+        if _reads_diagonal(graph, reader, _operand_from(graph, reader, value)):
+            out.append(reader)
+            continue
+        if reader.instruction.opcode not in ELEMENTWISE_OPCODES or reader.instruction.dims != value.instruction.dims:
+            return None
+        further = _diagonal_readers(graph, reader, depth - 1)
+        if further is None:
+            return None
+        out += [reader, *further]
+    return out
+
+
+def _gram_axis(graph: Graph, product: Site) -> int | None:
+    """Where a matmul multiplies an array by itself (X.T @ X, as jnp.cov and a Gram matrix make it): the axis of
+    X it sums over; else None."""
+    ins = product.instruction
+    if len(ins.operands) < 2 or ins.operands[0] != ins.operands[1]:
+        return None
+    if ins.opcode == "dot" and ins.lhs_contracting:
+        return ins.lhs_contracting[0]
+    operand = graph.operand(product, 0)
+    if operand is None or len(operand.instruction.dims) != 2:
+        return None
+    # a convolution that is a matmul keeps one dimension of each operand: the other is the one it sums over
+    kept = [axis for axis, size in enumerate(operand.instruction.dims) if size in ins.dims]
+    return 1 - kept[0] if len(kept) == 1 else None
 
 
 @idiom("diagonal_of_product", "work_not_needed",
@@ -986,41 +1069,64 @@ def _reads_diagonal(graph: Graph, reader: Site, value: str) -> bool:
        "{product} product is never formed",
        "element i of the diagonal of A @ B is row i of A times column i of B: n·k multiply-adds for the diagonal, "
        "where the full product does n·m·k and then drops all but n of its elements",
-       gain=(0.7, 1.0))
+       gain=(0.75, 1.0), measured="docs/reference/measurements.md#diagonal-of-product",
+       variants=(Variant((("covariance", (True,)),),
+                         "compute the variances alone at {line}: jnp.var(x, axis={axis}, ddof=1) (jnp.std(x, "
+                         "axis={axis}, ddof=1) for the standard deviations) instead of jnp.diag(jnp.cov("
+                         "...)) and its square root, so the {product} covariance is never formed: one pass "
+                         "over x"),
+                 Variant((("gram", (True,)),),
+                         "compute only the diagonal at {line}: jnp.sum(x * x, axis={axis}) instead of "
+                         "jnp.diag(x.T @ x) (the diagonal of an array's product with itself is its squares summed along the axis the "
+                         "product contracts), so the {product} product is never formed")))
 def diagonal_of_product(program: Program) -> list[Match]:
-    """A matmul whose every reader keeps only its diagonal (a gather of (i, i), or an identity mask)."""
+    """A matmul whose every reader keeps only its diagonal (a gather of (i, i), or an identity mask), directly or
+    through elementwise ops; its stake holds those readers' time too, which the change removes with it. A product of
+    an array with itself (a covariance, a Gram matrix) is named as one: its diagonal is a sum of squares."""
     out: dict[tuple[str, str], Match] = {}
     for graph in program.graphs:
         module_key = program.module_key(graph.module)
         for product in _matmul_sites(graph):
             if not _plain_matmul(graph, product) or min(product.instruction.dims) < 64:
                 continue
-            readers = _value_readers(graph, product)
-            if not readers or not all(_reads_diagonal(graph, r, _operand_from(graph, r, product)) for r in readers):
+            readers = _diagonal_readers(graph, product)
+            if readers is None:
                 continue
             line, function = program.line_of(graph, product)
-            ops, stake = timed_stake(program, graph, [product])
+            ops, stake = timed_stake(program, graph, [product, *readers])
             dims = product.instruction.dims
             flops = matmul_flops(graph, product)
             ratio = elements(dims) / min(dims)
-            needed = _needed_percent(program, graph, ops[0], flops=flops / ratio)
+            operands = {o.instruction.name: o for o in (graph.origin(graph.operand(product, k)) for k in (0, 1))
+                        if o is not None}
+            # the diagonal alone: its multiply-adds, and one read of each operand
+            needed = _needed_percent(program, graph, ops[0], flops=flops / ratio,
+                                     hbm_bytes=sum(nbytes(o.instruction) for o in operands.values()))
             match = out.get((module_key, line or ops[0]))
             if match is not None:  # jnp.diag(A @ B) and jnp.trace(C @ D) on one line: one change
                 if ops[0] not in match.ops:
-                    match.ops += ops
+                    match.ops += [op for op in ops if op not in match.ops]
                     match.stake_percent = min(match.stake_percent + stake, 100.0)
                     if needed is not None:
                         match.needed_percent = (match.needed_percent or 0.0) + needed
                     match.facts["products"] += 1
                 continue
             shape = product.instruction.shape_text.split("{")[0]
+            axis = _gram_axis(graph, product)
+            covariance = axis is not None and "cov" in re.split(r"\W+", product.instruction.op_name or "")
+            kind = "a covariance (an array times itself)" if covariance else \
+                "an array times itself" if axis is not None else ""
             out[(module_key, line or ops[0])] = Match(
                 "diagonal_of_product", stake,
-                f"{product.instruction.opcode} → {shape} ({flops / 1e9:.3g} GFLOP), of which only the {min(dims)} "
-                f"diagonal elements are read ({', '.join(sorted({r.instruction.opcode for r in readers}))})"
+                f"{opcode_name(product.instruction)} → {shape} ({flops / 1e9:.3g} GFLOP)"
+                + (f", {kind} summed over its axis {axis}," if kind else "")
+                + f" of which only the {min(dims)} diagonal elements are read ("
+                + ", ".join(sorted({opcode_name(r.instruction) for r in readers})) + ")"
                 + (f", at {line}" if line else ""),
                 module=module_key, ops=ops, line=line, function=function, needed_percent=needed,
-                work_ratio=round(ratio, 1), params={"product": shape},
+                work_ratio=round(ratio, 1),
+                params={"product": shape, **({"axis": axis, "gram": True, "covariance": covariance}
+                                             if axis is not None else {})},
                 facts={"flops_per_run": flops, "diagonal_elements": min(dims), "products": 1})
     for match in out.values():
         if match.facts["products"] > 1:
@@ -1139,12 +1245,13 @@ DIFFERENTIATED_OP = re.compile(r"(?<![a-z_])(jvp|linearize|transpose)\(")
 
 
 def _matmul_signature(program: Program, graph: Graph, site: Site) -> tuple:
-    """What a matmul computes, as two traces of the same code give it alike: its output, its operands' shapes, its
-    contraction and the user's line it was traced from."""
+    """What a matmul computes, as two traces of the same code give it alike: its output's and operands' dimensions,
+    its contraction and the user's line it was traced from (not their types: XLA:TPU may keep a product in bf16 in
+    one program and in f32 in the other)."""
     ins = site.instruction
-    operands = tuple(o.instruction.shape_text.split("{")[0] if o is not None else "" for o in
+    operands = tuple(o.instruction.dims if o is not None else () for o in
                      (graph.operand(site, k) for k in range(len(ins.operands))))
-    return ins.shape_text.split("{")[0], operands, ins.lhs_contracting, program.line_of(graph, site)[0]
+    return ins.dims, operands, ins.lhs_contracting, program.line_of(graph, site)[0]
 
 
 def _call_lines(graph: Graph, site: Site, other: Graph, other_site: Site) -> tuple[str, str]:
@@ -1172,7 +1279,7 @@ def _call_lines(graph: Graph, site: Site, other: Graph, other_site: Site) -> tup
        "call for the loss computes the same forward again (a premise the profile shows as the same matmuls from the "
        "same lines in both programs, each run every step; that both calls read the same batch and parameters is the "
        "program's to confirm)",
-       gain=(0.7, 1.0))
+       gain=(0.6, 0.9), measured="docs/reference/measurements.md#forward-computed-twice")
 def forward_computed_twice(program: Program) -> list[Match]:
     """A program with no gradient in it whose every matmul (shapes, contraction, the user's line) is also one of
     another program's differentiated forward, that other program computing a gradient, both run as often per step."""
