@@ -8,12 +8,13 @@
 - static_argument_per_value: the same program compiled again on every call with the same shapes while jax.jit runs
   only before the loop: a value its compiles are keyed on (a static argument) changes per call.
 - callback_in_step: the compiled step calls back into Python (jax.pure_callback, io_callback, jax.debug.callback),
-  and the device waits for the host on every call.
+  and the device waits for the host on every call (inside a loop of the compiled program, on every trip).
 - host_preprocessing: the host converts and normalises each batch (NumPy between the device's calls) and ships it in a
   floating type, while the device waits.
 - per_element_transfers: each step moves a Python list's elements between host and device one at a time
   (jnp.asarray per example, float() per value).
-- read_each_step: a value read back every step keeps the host's and the device's work in series.
+- read_each_step: a value read back every step keeps the host's work, its copies to the device and the device's
+  work in series.
 - weights_uploaded_each_step: the weights a step's matmuls multiply by are passed as host (NumPy) arrays and copied
   to the device on every call.
 
