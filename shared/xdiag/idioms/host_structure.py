@@ -773,13 +773,6 @@ def read_each_step(program: Program) -> list[Match]:
     device = 100.0 - idle
     if steps <= 0 or dispatches >= MIN_CALLS_PER_STEP:
         return []
-    # The copies as long as their own work, the step as long as it would be with them so (the profiler's recording
-    # of a copy's chunks is no part of the program's time)
-    copy_work = copy_span * _copy_work_ratio(program) if copy_span > 0 else 0.0
-    traced_step = 100.0 - copy_span + copy_work
-    parts = {"host": host_work, "copy": copy_work, "device": device}
-    if traced_step <= 0 or 100 * min(host_work + copy_work, device) / traced_step < MIN_OVERLAP_PERCENT:
-        return []
     # A read of a value (float(loss), np.asarray of a metric): a benchmark's block_until_ready per step is a
     # measurement's wait, not a read the program needs
     frames = program.host_events(PYTHON_TRACER_EVENT)
@@ -787,7 +780,14 @@ def read_each_step(program: Program) -> list[Match]:
     waits = waits.take(np.flatnonzero(outermost(np.ones(len(waits), bool), waits.thread, waits.start_ps,
                                                 waits.end_ps)))
     # every step reads, but for one at the capture's edge (its read fell outside the capture)
-    if not min(0.9 * steps, steps - 1) <= len(waits) <= MAX_READS_PER_STEP * steps:
+    if not max(1.0, min(0.9 * steps, steps - 1)) <= len(waits) <= MAX_READS_PER_STEP * steps:
+        return []
+    # The copies as long as their own work, the step as long as it would be with them so (the profiler's recording
+    # of a copy's chunks is no part of the program's time)
+    copy_work = copy_span * _copy_work_ratio(program) if copy_span > 0 else 0.0
+    step_at_work = 100.0 - copy_span + copy_work
+    parts = {"host": host_work, "copy": copy_work, "device": device}
+    if step_at_work <= 0 or 100 * min(host_work + copy_work, device) / step_at_work < MIN_OVERLAP_PERCENT:
         return []
     reads = len(waits) / steps
     line, function = _caller(program, frames, int(waits.start_ps[0]), int(waits.end_ps[0]))
@@ -795,14 +795,14 @@ def read_each_step(program: Program) -> list[Match]:
     read = {"__float__": "float()", "__int__": "int()", "__index__": "int()", "__bool__": "bool()", "item": ".item()",
             "tolist": ".tolist()", "__array__": "np.asarray()", "device_get": "jax.device_get"}.get(name, name)
     # Overlapped, a step takes the longest of the three; the others' time leaves it
-    stake = round(100 * (sum(parts.values()) - max(parts.values())) / traced_step, 2)
+    stake = round(100 * (sum(parts.values()) - max(parts.values())) / step_at_work, 2)
     if stake < MIN_OVERLAP_PERCENT:
         return []
     change = (f"stop reading the value back every step{f' at {line}' if line else ''} ({read}): keep it on the "
               f"device (append the array to a list, or accumulate it in the step's state) and read it every N steps "
               f"with one jax.device_get, checking jnp.isfinite there or inside the step, so the host prepares the "
               f"next batch while the device runs this one")
-    shares = {k: round(100 * v / traced_step, 3) for k, v in parts.items()}
+    shares = {k: round(100 * v / step_at_work, 3) for k, v in parts.items()}
     copies = (f", the runtime's copies of its inputs to the device {shares['copy']:.3g}%"
               + (" (timed by their own work: the profiler's recording of their chunks is left out)"
                  if copy_work < 0.5 * copy_span else "") if copy_work >= 1 else "")
