@@ -453,8 +453,8 @@ def callback_in_step(program: Program) -> list[Match]:
         change += ("; on a CPU the callback's own work stays on these cores whichever library runs it, and jnp sorts "
                    "in full where NumPy partitions (percentile, quantile, median): there call it on fewer elements "
                    "or every few steps rather than port it")
-    runs = (f"{found.per_step:.3g} times per step inside a device loop ({found.loop}), a round trip to the host on "
-            f"every trip" if in_loop else f"{callbacks:g} callbacks per step")
+    runs = (f"{found.per_step:.3g} times per step inside a loop the device runs (HLO {found.loop}), a round trip to "
+            f"the host on every trip" if in_loop else f"{callbacks:g} callbacks per step")
     return [Match(
         "callback_in_step", min(max(idle + on_device, waits), 100.0),
         f"the step's compiled program calls {call} ({runs})"
