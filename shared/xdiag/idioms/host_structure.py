@@ -421,7 +421,7 @@ to the host, where one callback after the loop would make one."""
        "{change}",
        "a callback leaves the compiled program: the device waits while the host copies the operands out, runs the "
        "Python function and copies the result back, on every call (inside a loop, on every trip of it)",
-       gain=(0.6, 1.0), measured="docs/reference/measurements.md#callback-in-step")
+       gain=(0.6, 1.0))
 def callback_in_step(program: Program) -> list[Match]:
     step = program.step
     callbacks = float(step.get("callbacks_per_step_mean") or 0.0)
