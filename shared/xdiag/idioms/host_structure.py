@@ -8,12 +8,13 @@
 - static_argument_per_value: the same program compiled again on every call with the same shapes while jax.jit runs
   only before the loop: a value its compiles are keyed on (a static argument) changes per call.
 - callback_in_step: the compiled step calls back into Python (jax.pure_callback, io_callback, jax.debug.callback),
-  and the device waits for the host on every call.
+  and the device waits for the host on every call (inside a loop of the compiled program, on every trip).
 - host_preprocessing: the host converts and normalises each batch (NumPy between the device's calls) and ships it in a
   floating type, while the device waits.
 - per_element_transfers: each step moves a Python list's elements between host and device one at a time
   (jnp.asarray per example, float() per value).
-- read_each_step: a value read back every step keeps the host's and the device's work in series.
+- read_each_step: a value read back every step keeps the host's work, its copies to the device and the device's
+  work in series.
 - weights_uploaded_each_step: the weights a step's matmuls multiply by are passed as host (NumPy) arrays and copied
   to the device on every call.
 
@@ -375,51 +376,95 @@ def static_argument_per_value(program: Program) -> list[Match]:
         facts=_compile_facts(found))]
 
 
+@dataclass
+class CallbackSite:
+    """One callback in a compiled program: its kind, the user's line, its program and timed op, the while loop whose
+    body runs it (None outside any loop) and its runs per step, as the trace counts them."""
+
+    kind: str
+    line: str
+    function: str
+    module: str
+    op: str
+    loop: str | None
+    per_step: float
+
+
+def _callback_sites(program: Program) -> list[CallbackSite]:
+    """Every callback the compiled programs make (the send or custom call that leaves the device), most run first."""
+    steps = float(program.step.get("steps") or 0)
+    out: dict[tuple[str, str], CallbackSite] = {}
+    for graph in program.graphs:
+        module = program.module_key(graph.module)
+        for site in graph.sites():
+            ins = site.instruction
+            if ins.opcode not in ("custom-call", "send", "recv") or not CALLBACK.search(ins.op_name or ""):
+                continue
+            op = graph.timed_op(site)
+            loop = graph.loop_of(site.computation)
+            runs = program.runs.get((module, op), 0)
+            if (module, op) not in out:
+                line, function = program.line_of(graph, site)
+                out[(module, op)] = CallbackSite(CALLBACK.search(ins.op_name).group(0), line, function, module, op,
+                                                 loop.name if loop is not None else None,
+                                                 runs / steps if steps > 0 else 0.0)
+    return sorted(out.values(), key=lambda c: (-c.per_step, c.loop is None))
+
+
+MIN_LOOP_CALLBACKS_PER_STEP = 4.0
+"""A callback run at least this many times per step inside a device loop: each trip stops the loop for a round trip
+to the host, where one callback after the loop would make one."""
+
+
 @idiom("callback_in_step", "host_structure",
        "The compiled step calls back into Python on every call",
        "{change}",
        "a callback leaves the compiled program: the device waits while the host copies the operands out, runs the "
-       "Python function and copies the result back, on every call",
+       "Python function and copies the result back, on every call (inside a loop, on every trip of it)",
        gain=(0.6, 1.0))
 def callback_in_step(program: Program) -> list[Match]:
     step = program.step
     callbacks = float(step.get("callbacks_per_step_mean") or 0.0)
-    found: tuple[str, str, str] | None = None
-    for graph in program.graphs:
-        for site in graph.sites():
-            ins = site.instruction
-            if ins.opcode in ("custom-call", "send", "recv") and CALLBACK.search(ins.op_name or ""):
-                line, function = program.line_of(graph, site)
-                kind = CALLBACK.search(ins.op_name).group(0)
-                found = (kind, line, function, program.module_key(graph.module), graph.timed_op(site))
-                break
-        if found:
-            break
+    sites = _callback_sites(program)
     idle = float(step.get("device_idle_percent") or 0.0)
-    if found is None or (callbacks < 1 and idle < MIN_IDLE_PERCENT):
+    if not sites or (callbacks < 1 and idle < MIN_IDLE_PERCENT):
         return []
-    kind, line, function, module, op = found
-    # On a CPU the callback runs as one of the device's ops, on its cores: its own time is the device's too (on an
-    # accelerator the device only waits for it, and that wait is its idle time)
-    on_device = program.step_percent(sum(s.total_ms for s in program.stats if s.category == "host_callback")) \
-        if program.platform == "CPU" else 0.0
+    found = sites[0]
+    in_loop = found.loop is not None and found.per_step >= MIN_LOOP_CALLBACKS_PER_STEP
+    callback_percent = program.step_percent(sum(s.total_ms for s in program.stats if s.category == "host_callback"))
+    # On a CPU the callback runs as one of the device's ops, on its cores: its own time is the device's too. On an
+    # accelerator its ops are the device waiting for the host; a loop's op spans them, so the step's breakdown counts
+    # that wait as busy, not idle: their own time is the stake there
+    on_device = callback_percent if program.platform == "CPU" else 0.0
+    waits = callback_percent if program.platform != "CPU" and in_loop else 0.0
     call = {"pure_callback": "jax.pure_callback", "io_callback": "jax.experimental.io_callback",
-            "debug_callback": "jax.debug.callback / jax.debug.print"}.get(kind, "the host callback")
-    change = (f"compute at {line or 'the callback'} with jnp inside the jitted step instead of calling back into "
-              f"Python ({call}); where the callback only logs, drop it from the step and log a value fetched every "
-              f"N steps")
+            "debug_callback": "jax.debug.callback / jax.debug.print"}.get(found.kind, "the host callback")
+    at = found.line or "the callback"
+    if in_loop:
+        change = (f"take the callback at {at} ({call}) out of the loop body: carry what it reads in the loop's state "
+                  f"(history = history.at[i].set(value), an array of the loop's length made before it) and make one "
+                  f"callback with the whole array after the loop, so the {found.per_step:.3g} round trips per step to "
+                  f"the host become one; where the host must see progress during the loop, call it every k trips "
+                  f"inside jax.lax.cond(i % k == 0, ...)")
+    else:
+        change = (f"compute at {at} with jnp inside the jitted step instead of calling back into Python ({call}); "
+                  f"where the callback only logs, drop it from the step and log a value fetched every N steps")
     if program.platform == "CPU":  # the host is the device: the callback's work stays on the same cores either way
         change += ("; on a CPU the callback's own work stays on these cores whichever library runs it, and jnp sorts "
                    "in full where NumPy partitions (percentile, quantile, median): there call it on fewer elements "
                    "or every few steps rather than port it")
+    runs = (f"{found.per_step:.3g} times per step inside a loop the device runs (HLO {found.loop}), a round trip to "
+            f"the host on every trip" if in_loop else f"{callbacks:g} callbacks per step")
     return [Match(
-        "callback_in_step", min(idle + on_device, 100.0),
-        f"the step's compiled program calls {call} ({callbacks:g} callbacks per step)"
-        + (f" at {line}" if line else "") + f", and the device idles {idle:g}% of the step"
-        + (f"; the callbacks themselves run as device ops for {on_device:g}% of it" if on_device >= 1 else ""),
-        module=module, ops=[op], line=line, function=function, params={"change": change},
-        facts={"callbacks_per_step": callbacks, "device_idle_percent": idle,
-               **({"callback_op_percent": on_device} if on_device >= 1 else {})})]
+        "callback_in_step", min(max(idle + on_device, waits), 100.0),
+        f"the step's compiled program calls {call} ({runs})"
+        + (f" at {found.line}" if found.line else "") + f", and the device idles {idle:g}% of the step"
+        + (f"; the callbacks themselves run as device ops for {on_device:g}% of it" if on_device >= 1 else "")
+        + (f"; the device waits in the callbacks' transfers {waits:g}% of it" if waits >= 1 else ""),
+        module=found.module, ops=[found.op], line=found.line, function=found.function, params={"change": change},
+        facts={"callbacks_per_step": round(found.per_step, 1) if in_loop else callbacks, "device_idle_percent": idle,
+               **({"callback_op_percent": on_device} if on_device >= 1 else {}),
+               **({"callback_wait_percent": waits} if waits >= 1 else {})})]
 
 
 PYTHON_TRACER_EVENT = re.compile(r"^\$")
@@ -674,26 +719,59 @@ def per_element_transfers(program: Program) -> list[Match]:
 MAX_READS_PER_STEP = 2.5
 """A read or two per step (the loss, a metric): more are a loop of calls or reads of a list (their own idioms)."""
 MIN_OVERLAP_PERCENT = 10.0
+TRACED_CHUNKS_MIN = 1_000
+"""A host copy that records at least this many innermost events (the runtime re-tiling a batch chunk by chunk) is
+timed by them, not by its span: between them the profiler records each one, which a run without it does not."""
+RUNTIME_EVENT = re.compile(r"^[^$]")
+"""Every host event but the Python tracer's frames: the runtime's own."""
+
+
+def _copy_work_ratio(program: Program) -> float:
+    """The host copies' own work over their spans in the steps (1 where no copy records many chunks): a copy that
+    records each chunk it re-tiles spends most of its traced span recording them (the same copy's span varies several
+    fold between steps while its chunks' time stays put)."""
+    copies = _in_steps(program, program.host_events(HOST_TRANSFER_EVENT))
+    copies = copies.take(np.flatnonzero(outermost(np.ones(len(copies), bool), copies.thread, copies.start_ps,
+                                                  copies.end_ps)))
+    if not len(copies):
+        return 1.0
+    events = program.host_events(RUNTIME_EVENT)
+    order = np.lexsort((-events.end_ps, events.start_ps, events.thread))
+    start, end, thread = events.start_ps[order], events.end_ps[order], events.thread[order]
+    # innermost: the next event of its thread starts after it ends
+    innermost = np.ones(len(start), dtype=bool)
+    innermost[:-1] = ~((thread[1:] == thread[:-1]) & (start[1:] < end[:-1]))
+    start, end, thread = start[innermost], end[innermost], thread[innermost]
+    wall = work = 0.0
+    for a, b, t in zip(copies.start_ps, copies.end_ps, copies.thread):
+        mine = np.flatnonzero(thread == t)
+        lo, hi = np.searchsorted(start[mine], [a, b])
+        inside = mine[lo:hi][end[mine[lo:hi]] <= b]
+        wall += float(b - a)
+        work += float((end[inside] - start[inside]).sum()) if len(inside) >= TRACED_CHUNKS_MIN else float(b - a)
+    return work / wall if wall > 0 else 1.0
 
 
 @idiom("read_each_step", "host_structure",
        "The loop reads a value back every step, so the host's work and the device's never overlap",
        "{change}",
-       "JAX dispatches a jitted call and returns at once, so the host prepares the next batch while the device runs "
-       "this one; a read of a result (float(loss), .item(), np.asarray) waits for the device to finish first, and "
-       "the host's own work then runs while the device idles",
-       gain=(0.6, 1.0),
+       "JAX dispatches a jitted call and returns at once, so the host prepares the next batch (and the runtime copies "
+       "it to the device) while the device runs this one; a read of a result (float(loss), .item(), np.asarray) waits "
+       "for the device to finish first, so the host's work, the copy and the device's work run one after the other",
+       gain=(0.8, 1.0), measured="docs/reference/measurements.md#read-each-step",
        alternatives=("read the previous step's value instead of this one's: jax.copy_to_host_async(value) after the "
                      "call and float() of it a step later, when its copy has long finished",))
 def read_each_step(program: Program) -> list[Match]:
-    """One blocking read per step, with the host's own work and the device's work in series around it."""
+    """One blocking read per step, with the host's own work, its copies to the device and the device's work in
+    series around it: without the read they overlap, and a step takes the longest of them."""
     step = program.step
     steps = float(step.get("steps") or 0)
     dispatches = float(step.get("dispatches_per_step_mean") or 0.0)
     idle = float(step.get("device_idle_percent") or 0.0)
-    host = float(step.get("host_other_percent") or 0.0) + float(step.get("host_transfer_percent") or 0.0)
+    host_work = float(step.get("host_other_percent") or 0.0)
+    copy_span = float(step.get("host_transfer_percent") or 0.0)
     device = 100.0 - idle
-    if steps <= 0 or dispatches >= MIN_CALLS_PER_STEP or min(host, device) < MIN_OVERLAP_PERCENT:
+    if steps <= 0 or dispatches >= MIN_CALLS_PER_STEP:
         return []
     # A read of a value (float(loss), np.asarray of a metric): a benchmark's block_until_ready per step is a
     # measurement's wait, not a read the program needs
@@ -701,27 +779,43 @@ def read_each_step(program: Program) -> list[Match]:
     waits = _in_steps(program, frames.where(READ_EVENT.search))
     waits = waits.take(np.flatnonzero(outermost(np.ones(len(waits), bool), waits.thread, waits.start_ps,
                                                 waits.end_ps)))
-    reads = len(waits) / steps
-    if not 0.9 <= reads <= MAX_READS_PER_STEP:
+    # every step reads, but for one at the capture's edge (its read fell outside the capture)
+    if not max(1.0, min(0.9 * steps, steps - 1)) <= len(waits) <= MAX_READS_PER_STEP * steps:
         return []
+    # The copies as long as their own work, the step as long as it would be with them so (the profiler's recording
+    # of a copy's chunks is no part of the program's time)
+    copy_work = copy_span * _copy_work_ratio(program) if copy_span > 0 else 0.0
+    step_at_work = 100.0 - copy_span + copy_work
+    parts = {"host": host_work, "copy": copy_work, "device": device}
+    if step_at_work <= 0 or 100 * min(host_work + copy_work, device) / step_at_work < MIN_OVERLAP_PERCENT:
+        return []
+    reads = len(waits) / steps
     line, function = _caller(program, frames, int(waits.start_ps[0]), int(waits.end_ps[0]))
     name = str(waits.names[0]).rsplit(" ", 1)[-1]
     read = {"__float__": "float()", "__int__": "int()", "__index__": "int()", "__bool__": "bool()", "item": ".item()",
             "tolist": ".tolist()", "__array__": "np.asarray()", "device_get": "jax.device_get"}.get(name, name)
-    stake = round(min(host, device), 2)
+    # Overlapped, a step takes the longest of the three; the others' time leaves it
+    stake = round(100 * (sum(parts.values()) - max(parts.values())) / step_at_work, 2)
+    if stake < MIN_OVERLAP_PERCENT:
+        return []
     change = (f"stop reading the value back every step{f' at {line}' if line else ''} ({read}): keep it on the "
               f"device (append the array to a list, or accumulate it in the step's state) and read it every N steps "
               f"with one jax.device_get, checking jnp.isfinite there or inside the step, so the host prepares the "
               f"next batch while the device runs this one")
+    shares = {k: round(100 * v / step_at_work, 3) for k, v in parts.items()}
+    copies = (f", the runtime's copies of its inputs to the device {shares['copy']:.3g}%"
+              + (" (timed by their own work: the profiler's recording of their chunks is left out)"
+                 if copy_work < 0.5 * copy_span else "") if copy_work >= 1 else "")
     return [Match(
         "read_each_step", stake,
-        f"the loop reads a value back from the device {'once' if round(reads, 1) == 1 else f'{reads:.3g} times'} per "
+        f"the loop reads a value back from the device {'once' if 0.7 <= reads < 1.5 else f'{reads:.3g} times'} per "
         f"step ({read}"
         + (f", in {function} at {line}" if line else "") + f"); the host's own work between the device's calls "
-        f"holds {host:.3g}% of the step and the device computes {device:.3g}% of it, one after the other",
+        f"holds {shares['host']:.3g}% of the step{copies} and the device computes {shares['device']:.3g}% of it, one "
+        f"after the other",
         line=line, function=function, params={"change": change},
-        facts={"reads_per_step": round(reads, 2), "host_work_percent": round(host, 2),
-               "device_busy_percent": round(device, 2)})]
+        facts={"reads_per_step": round(reads, 2), "host_work_percent": shares["host"],
+               "copy_work_percent": shares["copy"], "device_busy_percent": shares["device"]})]
 
 
 MIN_UPLOADED_WEIGHT_BYTES = 1 << 20
