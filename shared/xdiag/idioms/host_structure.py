@@ -633,16 +633,24 @@ def per_element_transfers(program: Program) -> list[Match]:
     if steps <= 0:
         return []
     frames = program.host_events(PYTHON_TRACER_EVENT)
+    # The program run most is one that only stages or re-types an array (jnp.asarray's copy of one element): where
+    # the device marks steps per execution, those steps are the elements, not the user's step (a loop of the user's
+    # own jitted calls, each read back, is python_loop_of_calls)
+    calls = calls_per_step_of(program)
+    elements_as_steps = bool(calls) and calls[0][0].split("(")[0] in SETUP_OPS
+    # A function run eagerly puts its Python scalars and constants op by op: those puts are eager_ops' own cost
+    reads = ("read", frames.where(READ_EVENT.search))
+    kinds = (reads,) if _eager(program, calls) else \
+        (("put", _one_per_call(program, program.host_events(HOST_PUT_EVENT))), reads)
     found = []
-    for kind, events in (("put", _one_per_call(program, program.host_events(HOST_PUT_EVENT))),
-                         ("read", frames.where(READ_EVENT.search))):
+    for kind, events in kinds:
         events = _in_steps(program, events)
         events = events.take(np.flatnonzero(outermost(np.ones(len(events), bool), events.thread, events.start_ps,
                                                       events.end_ps)))
         bursts = _bursts(program, events)
         count = sum(b[1] - b[0] + 1 for b in bursts) / steps
-        if bursts and steps >= MIN_BURST * len(bursts):
-            # Steps marked per program execution (a device's Steps line) count each element's own small program as
+        if bursts and steps >= MIN_BURST * len(bursts) and elements_as_steps:
+            # Steps marked per program execution (a device's Steps line) count each element's own copy program as
             # a step: a pass over the list spans many of them, and the pass is the loop's step
             count = max(count, sum(b[1] - b[0] + 1 for b in bursts) / len(bursts))
         if count >= MIN_ELEMENT_TRANSFERS:
@@ -784,8 +792,8 @@ def weights_uploaded_each_step(program: Program) -> list[Match]:
         needed: dict[str, int] = {}
         for w in weights.values():
             needed[w.shape_text.split("{")[0]] = needed.get(w.shape_text.split("{")[0], 0) + 1
-        uploaded = sum(nbytes(w) for w in weights.values()
-                       if counts.get(w.shape_text.split("{")[0], 0) >= needed[w.shape_text.split("{")[0]] * len(calls_of))
+        uploaded = sum(nbytes(w) for w in weights.values() if counts.get(w.shape_text.split("{")[0], 0)
+                       >= needed[w.shape_text.split("{")[0]] * len(calls_of))
         events = shipped
     else:  # copies named without shapes (a CPU's): every weight operand's worth of host arrays put per call, and
         # more than the program's other arguments (a batch from NumPy) could account for alone
