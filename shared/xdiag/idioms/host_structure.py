@@ -521,8 +521,7 @@ def host_preprocessing(program: Program) -> list[Match]:
     for name in shipped.names:
         found = SHIPPED_EVENT.search(str(name))
         if found["dtype"] in FLOAT_BYTES:
-            size = FLOAT_BYTES[found["dtype"]] * int(np.prod([int(d) for d in found["shape"].split(",") if d]))
-            floats.setdefault(f"{found['dtype']}[{found['shape']}]", []).append(size)
+            floats.setdefault(f"{found['dtype']}[{found['shape']}]", []).append(_shipped_bytes(found))
     float_bytes = sum(map(sum, floats.values())) / steps
     work, frames = _host_work(program)
     host_ms = _step_ms(program, work.start_ps, work.end_ps)
