@@ -38,10 +38,11 @@ from xdiag.analysis.host_vocabulary import (
     SYNC_EVENT,
 )
 from xdiag.analysis.intervals import PS_PER_MS, covered, outermost
+from xdiag.analysis.op_table import module_spans
 from xdiag.analysis.source_lines import python_frame
 from xdiag.analysis.xprof.common import natural_order
 from xdiag.idioms.catalogue import Match, idiom
-from xdiag.idioms.hlo_graph import nbytes
+from xdiag.idioms.hlo_graph import DTYPE_BYTES, nbytes
 from xdiag.idioms.program import HostEvents, Program, calls_per_step_of
 from xdiag.profile.space import HloInstruction, HloModule
 
@@ -565,8 +566,7 @@ def host_preprocessing(program: Program) -> list[Match]:
     for name in shipped.names:
         found = SHIPPED_EVENT.search(str(name))
         if found["dtype"] in FLOAT_BYTES:
-            size = FLOAT_BYTES[found["dtype"]] * int(np.prod([int(d) for d in found["shape"].split(",") if d]))
-            floats.setdefault(f"{found['dtype']}[{found['shape']}]", []).append(size)
+            floats.setdefault(f"{found['dtype']}[{found['shape']}]", []).append(_shipped_bytes(found))
     float_bytes = sum(map(sum, floats.values())) / steps
     work, frames = _host_work(program)
     host_ms = _step_ms(program, work.start_ps, work.end_ps)
@@ -670,21 +670,33 @@ def _caller(program: Program, frames: HostEvents, start: int, end: int) -> tuple
        "{change}",
        "every jnp.asarray or float() of one element is its own copy, with its own Python, dispatch and (for a read) "
        "wait for the device: a list of n elements costs n of them, where one array of the whole list costs one",
-       gain=(0.7, 1.0))
+       gain=(0.9, 1.0), measured="docs/reference/measurements.md#per-element-transfers")
 def per_element_transfers(program: Program) -> list[Match]:
     """Many small host->device puts (or device->host reads) per step, one per element of a Python list."""
     steps = float(program.step.get("steps") or 0)
     if steps <= 0:
         return []
     frames = program.host_events(PYTHON_TRACER_EVENT)
+    # The program run most is one that only stages or re-types an array (jnp.asarray's copy of one element): where
+    # the device marks steps per execution, those steps are the elements, not the user's step (a loop of the user's
+    # own jitted calls, each read back, is python_loop_of_calls)
+    calls = calls_per_step_of(program)
+    elements_as_steps = bool(calls) and calls[0][0].split("(")[0] in SETUP_OPS
+    # A function run eagerly puts its Python scalars and constants op by op: those puts are eager_ops' own cost
+    reads = ("read", frames.where(READ_EVENT.search))
+    kinds = (reads,) if _eager(program, calls) else \
+        (("put", _one_per_call(program, program.host_events(HOST_PUT_EVENT))), reads)
     found = []
-    for kind, events in (("put", _one_per_call(program, program.host_events(HOST_PUT_EVENT))),
-                         ("read", frames.where(READ_EVENT.search))):
+    for kind, events in kinds:
         events = _in_steps(program, events)
         events = events.take(np.flatnonzero(outermost(np.ones(len(events), bool), events.thread, events.start_ps,
                                                       events.end_ps)))
         bursts = _bursts(program, events)
         count = sum(b[1] - b[0] + 1 for b in bursts) / steps
+        if bursts and steps >= MIN_BURST * len(bursts) and elements_as_steps:
+            # Steps marked per program execution (a device's Steps line) count each element's own copy program as
+            # a step: a pass over the list spans many of them, and the pass is the loop's step
+            count = max(count, sum(b[1] - b[0] + 1 for b in bursts) / len(bursts))
         if count >= MIN_ELEMENT_TRANSFERS:
             found.append((kind, events, bursts, count))
     if not found:
@@ -695,8 +707,11 @@ def per_element_transfers(program: Program) -> list[Match]:
     burst_ms = _step_ms(program, starts, np.array([b[3] for b in bursts], np.int64))
     stake = program.step_percent(burst_ms)
     largest = max(bursts, key=lambda b: b[1] - b[0])
-    line, function = _caller(program, frames, largest[2], largest[3])
-    each_us = 1e3 * burst_ms / max(count * steps, 1.0)
+    # The frame that holds the pass's middle half: a copy of the step before or after can join a pass at its ends
+    quarter = (largest[1] - largest[0]) // 4
+    line, function = _caller(program, frames, int(events.start_ps[largest[0] + quarter]),
+                             int(events.end_ps[largest[1] - quarter]))
+    each_us = 1e3 * burst_ms / max(sum(b[1] - b[0] + 1 for b in bursts), 1)
     where = f" at {line}" if line else ""
     if kind == "put":
         change = (f"build the batch on the host as one array (np.stack of the elements' NumPy arrays, np.asarray "
@@ -842,7 +857,7 @@ def _weight_parameters(program: Program, module: HloModule) -> dict[int, HloInst
        "a jitted call given NumPy arrays copies each of them to the device before the program can start, on every "
        "call: weights kept as NumPy cross the host link every step, where device arrays made once stay in the "
        "device's memory between calls",
-       gain=(0.7, 1.0))
+       gain=(0.9, 1.0), measured="docs/reference/measurements.md#weights-uploaded-each-step")
 def weights_uploaded_each_step(program: Program) -> list[Match]:
     """The step's program takes its weights (the operands its matmuls multiply by) from host arrays on every call."""
     steps = float(program.step.get("steps") or 0)
@@ -857,24 +872,24 @@ def weights_uploaded_each_step(program: Program) -> list[Match]:
     weight_bytes = sum(nbytes(w) for w in weights.values())
     if not weights or weight_bytes < MIN_UPLOADED_WEIGHT_BYTES:
         return []
-    shipped = _in_steps(program, program.host_events(SHIPPED_EVENT))
-    if len(shipped):  # the runtime names each copy's type and shape: the weights' own shapes shipped every step
+    calls_of = _program_calls(program, module)
+    shipped = program.host_events(SHIPPED_EVENT)
+    shipped = shipped.take(np.flatnonzero(_within_any(shipped, calls_of)))
+    shipped_bytes = 0
+    if len(shipped):  # the runtime names each copy's type and shape: the weights' own shapes shipped on every call
         counts: dict[str, int] = {}
         for name in shipped.names.astype(str):
             found = SHIPPED_EVENT.search(name)
             counts[f"{found['dtype']}[{found['shape']}]"] = counts.get(f"{found['dtype']}[{found['shape']}]", 0) + 1
+            shipped_bytes += _shipped_bytes(found)
         needed: dict[str, int] = {}
         for w in weights.values():
             needed[w.shape_text.split("{")[0]] = needed.get(w.shape_text.split("{")[0], 0) + 1
-        uploaded = sum(nbytes(w) for w in weights.values()
-                       if counts.get(w.shape_text.split("{")[0], 0) >= needed[w.shape_text.split("{")[0]] * steps)
+        uploaded = sum(nbytes(w) for w in weights.values() if counts.get(w.shape_text.split("{")[0], 0)
+                       >= needed[w.shape_text.split("{")[0]] * len(calls_of))
         events = shipped
     else:  # copies named without shapes (a CPU's): every weight operand's worth of host arrays put per call, and
         # more than the program's other arguments (a batch from NumPy) could account for alone
-        stem = module.name.removeprefix("jit_")
-        calls_of = program.host_events(JITTED_CALL_EVENT).where(lambda n: n == f"PjitFunction({stem})")
-        calls_of = calls_of.take(np.flatnonzero(outermost(np.ones(len(calls_of), bool), calls_of.thread,
-                                                          calls_of.start_ps, calls_of.end_ps)))
         puts = _in_steps(program, program.host_events(HOST_PUT_EVENT))
         inside = puts.take(np.flatnonzero(_within_any(puts, calls_of)))
         others = len(_entry_shapes(module)) - len(weights)
@@ -883,25 +898,74 @@ def weights_uploaded_each_step(program: Program) -> list[Match]:
     if uploaded < MIN_UPLOADED_WEIGHT_BYTES:
         return []
     put_percent = program.step_percent(_step_ms(program, events.start_ps, events.end_ps))
-    stake = round(max(float(program.step.get("host_transfer_percent") or 0.0), put_percent), 2)
-    call = program.host_events(JITTED_CALL_EVENT)
-    first = next((i for i in range(len(call)) if call.names[i] == f"PjitFunction({module.name.removeprefix('jit_')})"
-                  and call.start_ps[i] >= program.step_windows[0][0]), None) if len(program.step_windows[0]) else None
-    line, function = (_caller(program, program.host_events(PYTHON_TRACER_EVENT), int(call.start_ps[first]),
-                              int(call.end_ps[first])) if first is not None else ("", ""))
+    stake = max(float(program.step.get("host_transfer_percent") or 0.0), put_percent)
+    # Where the device records its program's executions, a call's program starts only once its arguments have
+    # crossed: the device's wait over the loop's span, the weights' share of the bytes shipped, is what they cost
+    # (the copies' own host events show only the re-tiling, not the link's transfer)
+    wait = _device_wait_percent(program, module, calls_of)
+    share = min(uploaded * len(calls_of) / shipped_bytes, 1.0) if shipped_bytes else 1.0
+    if wait is not None:
+        stake = max(stake, wait * share)
+    stake = round(min(stake, 100.0), 2)
+    # The first call the steps hold; where calls run ahead of the device (none ends inside a step), the first
+    first = next((i for i in range(len(calls_of)) if len(program.step_windows[0])
+                  and calls_of.end_ps[i] >= program.step_windows[0][0]), 0 if len(calls_of) else None)
+    line, function = (_caller(program, program.host_events(PYTHON_TRACER_EVENT), int(calls_of.start_ps[first]),
+                              int(calls_of.end_ps[first])) if first is not None else ("", ""))
     mib = uploaded / 2 ** 20
     shapes = ", ".join(dict.fromkeys(w.shape_text.split("{")[0] for w in weights.values()))
     where = f" at {line}" if line else ""
     change = (f"put the weights on the device once, before the loop: params = jax.device_put(params) (a pytree of "
               f"NumPy arrays becomes one of device arrays), and pass those{where}, keeping the updated ones the step "
               f"returns, so the {len(weights)} weight arrays ({mib:.3g} MiB) stop crossing the host link every step")
+    waits = (f"; the device waits {wait:.3g}% of the loop's time for its calls' arguments, "
+             f"{100 * share:.3g}% of whose bytes are these weights" if wait is not None else "")
     return [Match(
         "weights_uploaded_each_step", stake,
         f"the program {module.name} multiplies by {len(weights)} weight operands ({shapes}; {mib:.3g} MiB) that "
-        f"are copied from host arrays on every call{where}: the copies take {stake:.3g}% of the step",
+        f"are copied from host arrays on every call{where} ({len(calls_of)} calls in the capture){waits}: the "
+        f"copies hold {stake:.3g}% of the step",
         module=key, line=line, function=function, params={"change": change},
         facts={"weight_operands": len(weights), "uploaded_mib_per_step": round(mib, 2),
-               "host_transfer_percent": stake})]
+               "host_transfer_percent": round(max(float(program.step.get("host_transfer_percent") or 0.0),
+                                                  put_percent), 2),
+               **({"device_wait_percent": round(wait, 2), "weight_share_of_shipped_percent": round(100 * share, 1)}
+                  if wait is not None else {})})]
+
+
+def _program_calls(program: Program, module: HloModule) -> HostEvents:
+    """The Python calls of the module's jitted function in the capture, outermost ones (the runtime nests a call's
+    events in one of the same name)."""
+    stem = module.name.removeprefix("jit_")
+    calls = program.host_events(JITTED_CALL_EVENT).where(lambda n: n == f"PjitFunction({stem})")
+    return calls.take(np.flatnonzero(outermost(np.ones(len(calls), bool), calls.thread, calls.start_ps,
+                                               calls.end_ps)))
+
+
+def _shipped_bytes(found: re.Match) -> int:
+    """The bytes of one copy the runtime names with its type and shape."""
+    return DTYPE_BYTES.get(found["dtype"], 4) * int(np.prod([int(d) for d in found["shape"].split(",") if d]))
+
+
+def _device_wait_percent(program: Program, module: HloModule, calls: HostEvents) -> float | None:
+    """The share of the loop's span (the program's first call to the end of its last execution on a device) in
+    which no device runs it: where calls are dispatched ahead, each execution waits for its arguments. None where
+    no device plane records the program's executions (a TPU's `XLA Modules` line does), or only one."""
+    starts, ends = [], []
+    for plane in program.session.device_planes(with_events=True):
+        spans = module_spans(plane)
+        if spans is not None:
+            mine = spans[2] == module.name
+            starts.append(spans[0][mine])
+            ends.append(spans[1][mine])
+    if not starts or sum(map(len, starts)) < 2 or not len(calls):
+        return None
+    starts, ends = np.concatenate(starts), np.concatenate(ends)
+    low, high = int(calls.start_ps.min()), int(ends.max())
+    if high <= low:
+        return None
+    busy = float(covered(starts, ends, np.array([low]), np.array([high]))[0])
+    return 100.0 * (1.0 - busy / (high - low))
 
 
 def _within_any(events: HostEvents, frames: HostEvents) -> np.ndarray:
