@@ -108,3 +108,12 @@ def test_only_what_the_chip_measured_is_withheld(idiom, params, setting):
                                          ("large_constant_in_program", (0.4, 0.6))])
 def test_gains_the_chip_measured_smaller_are_set_from_the_measurement(idiom, gain):
     assert IDIOMS[idiom].gain == gain and IDIOMS[idiom].measured.startswith("docs/reference/measurements.md#")
+
+
+def test_an_idiom_withheld_on_the_chip_ranks_after_a_change_that_works(capture, tmp_path):
+    """A TPU capture whose ops are also mostly lane padding: that finding states the measurement that withholds its
+    change and comes after the finding whose change is predicted to save time, though no lever fits it either."""
+    found = findings(capture("discard_crop_head", "before-a"), tmp_path / "before")
+    keys = [f.key for f in found]
+    assert keys[0] == "discarded_rows" and "unaligned_minor_dims" in keys, keys
+    assert found[keys.index("unaligned_minor_dims")].fix.startswith("Not advised here: on a TPU v5e taking the padding")
