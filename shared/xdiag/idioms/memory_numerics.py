@@ -452,7 +452,15 @@ def _largest(graph: Graph, site: Site):
        "of 128: the padded lanes are read, written and multiplied like real ones, so an op whose largest array is "
        "mostly padding does that much more work; that the op's time follows its padding is a premise (an op bound "
        "by its other arrays loses less)",
-       gain=(0.3, 0.8), platforms=("TPU",))
+       gain=(0.3, 0.8), platforms=("TPU",),
+       variants=(Variant((("platform", ("TPU",)),),
+                         withheld="on a TPU v5e taking the padding out made a program slower: a residual MLP whose 6 "
+                                  "layers each took a 129-wide input (a column of ones for the bias), laid out as 256 "
+                                  "lanes, trained in 1.73 ms a step as written (1.64 ms in a second capture) and "
+                                  "2.24 ms with a 128-wide matmul and the bias added after it "
+                                  "(docs/reference/measurements.md#unaligned-minor-dims-on-a-tpu; one program "
+                                  "measured), so the padded share of these ops is not time the change is known to "
+                                  "save"),))
 def unaligned_minor_dims(program: Program) -> list[Match]:
     """Per program, the timed ops whose largest array is at least 30% padding along its layout's minor dim."""
     out = []
@@ -506,7 +514,7 @@ LARGE_CONSTANT_BYTES = 1 << 20
        "an array a jitted function closes over is a compile-time constant: each compile serialises it into the "
        "program (and XLA may constant-fold ops on it, which can take minutes), and every program that holds it keeps "
        "its own copy in the device's memory; an argument costs none of that and the program runs the same",
-       gain=(0.5, 1.0),
+       gain=(0.4, 0.6), measured="docs/reference/measurements.md#large-constant-in-program",
        alternatives=("where the array is truly fixed and small enough to specialise on (inference with baked-in "
                      "weights), keep it, and cache the compiled program (jax.config.update("
                      "'jax_compilation_cache_dir', ...)) so the compile is paid once",))
@@ -591,7 +599,7 @@ def _top_level(graph: Graph, site: Site) -> Site:
        "nnx.scan (or a vmap-ed init) makes them stacked from the start",
        "an array stacked inside the jitted step is a new buffer each call: every parameter is copied into it, and "
        "its gradient is sliced back apart, on every step; stacked once, the step reads the parameters in place",
-       gain=(0.6, 1.0))
+       gain=(0.25, 0.5), measured="docs/reference/measurements.md#params-stacked-each-step")
 def params_stacked_each_step(program: Program) -> list[Match]:
     """Concatenates (jnp.stack, jnp.concatenate) whose every operand is one of the program's own arguments: arrays
     the caller passes separately and the step joins on every call."""

@@ -643,6 +643,33 @@ def _computed_by(graph: Graph, site: Site | None) -> set[str]:
     return out
 
 
+BRANCH_HEAVY_OPS = frozenset({"convolution", "dot"})
+"""Ops whose time, fused with the select that reads them, is one branch's own work rather than the select's."""
+
+
+def _computes_inside(graph: Graph, site: Site | None) -> bool:
+    """Whether a value is made by a matmul or convolution inside the fusion that holds it (walking back within that
+    fusion, and into the fusions nested in it, up to its parameters): work fused together with its reader."""
+    caller = graph.callers.get(site.computation.name) if site is not None else None
+    if caller is None or caller.instruction.opcode != "fusion":
+        return False  # not inside a fusion: each op is timed on its own
+    frontier, seen = [site], set()
+    while frontier and len(seen) < BRANCH_WALK_MAX:
+        current = frontier.pop()
+        if current is None or current.instruction.name in seen:
+            continue
+        seen.add(current.instruction.name)
+        ins = current.instruction
+        if ins.opcode in BRANCH_HEAVY_OPS:
+            return True
+        if ins.opcode == "fusion" and ins.called and ins.called[0] in graph.module.computations and any(
+                i.opcode in BRANCH_HEAVY_OPS for i in graph.module.computations[ins.called[0]].instructions):
+            return True
+        if ins.opcode != "parameter":
+            frontier.extend(graph.operand(current, k) for k in range(len(ins.operands)))
+    return False
+
+
 @idiom("select_computes_both_branches", "work_not_needed",
        "jnp.where with one flag computes both arrays and throws one away",
        "compute only the branch the flag picks at {line}: jax.lax.cond(flag, branch_a, branch_b, x) instead of "
@@ -650,7 +677,7 @@ def _computed_by(graph: Graph, site: Site | None) -> set[str]:
        "jax.vmap: a cond over a batch of flags becomes a select again)",
        "jnp.where picks element by element, so both arrays are computed in full before one of them is discarded; "
        "with one scalar flag for the whole array, lax.cond runs only the branch it picks",
-       gain=(0.7, 1.0))
+       gain=(0.6, 0.8), measured="docs/reference/measurements.md#select-both-branches")
 def select_computes_both_branches(program: Program) -> list[Match]:
     """A select whose predicate is one scalar broadcast to the whole array, where the ops computing each of its two
     arrays (those the other array and the flag do not share) take time: the cheaper branch's time is what lax.cond
@@ -671,6 +698,11 @@ def select_computes_both_branches(program: Program) -> list[Match]:
             shared = _computed_by(graph, flag) | {own}
             first, second = (_computed_by(graph, graph.operand(site, k)) for k in (1, 2))
             branches = [sorted(first - second - shared), sorted(second - first - shared)]
+            # XLA:TPU fuses the select into the op that computes one of its arrays (a convolution and the select
+            # as one fusion): that op's time is that branch's, not work both share
+            inside = [_computes_inside(graph, graph.operand(site, k)) for k in (1, 2)]
+            if inside[0] != inside[1]:
+                branches[inside.index(True)].append(own)
             times = [program.time_ms(graph.module, ops) for ops in branches]
             saved = min(times)
             stake = program.step_percent(saved)
@@ -1604,7 +1636,14 @@ def _broadcast_operands(graph: Graph):
        "once and gives the matrix unit one large matmul instead of B small ones",
        gain=(0.5, 0.95),
        alternatives=("where each example does need its own weights (per-example adapters), keep them batched and "
-                     "grouped: jax.lax.ragged_dot or a grouped matmul over the distinct copies only",))
+                     "grouped: jax.lax.ragged_dot or a grouped matmul over the distinct copies only",),
+       variants=(Variant((("platform", ("TPU",)), ("tile_written", (False,))),
+                         withheld="on a TPU v5e sharing the weights changed nothing measurable where XLA did not "
+                                  "write the tile out: a linear layer over 128 examples of 64 tokens (width 1,024, "
+                                  "bfloat16) whose weights were tiled 128 times took 0.170 and 0.179 ms a step in two "
+                                  "captures as written and 0.179 ms with x @ w; its 256 MiB tile would take longer "
+                                  "than that whole step to write at the chip's memory bandwidth "
+                                  "(docs/reference/measurements.md#weights-tiled-on-a-tpu; one program measured)"),))
 def weights_tiled_per_example(program: Program) -> list[Match]:
     """A dot with batch dimensions whose one operand is a broadcast of a smaller array along them (the same
     weights for every batch element), the other a per-example array."""
@@ -1642,7 +1681,10 @@ def weights_tiled_per_example(program: Program) -> list[Match]:
                 needed_percent=_needed_percent(program, graph, ops[0], flops=0.0, hbm_bytes=needed),
                 work_ratio=round(done / needed, 1),
                 params={"spec": spec, "weights": weights, "batch": batch,
-                        "tiled": operand.instruction.shape_text.split("{")[0]},
+                        "tiled": operand.instruction.shape_text.split("{")[0],
+                        # the tile is an op of its own that takes time: written out, not read in place by the matmul
+                        "tile_written": graph.timed_op(tiled) != graph.timed_op(site) and
+                        program.time_ms(graph.module, [graph.timed_op(tiled)]) > 0},
                 facts={"batch": batch, "weight_bytes": weight_bytes, "tiled_bytes": weight_bytes * batch})
     return list(out.values())
 
@@ -1656,7 +1698,7 @@ def weights_tiled_per_example(program: Program) -> list[Match]:
        "repeating the key and value heads writes (and the attention matmuls then read) a copy of the keys and "
        "values for every query head of a group; a grouped einsum reads each key and value head once, and the "
        "matmul is the same size",
-       gain=(0.4, 0.9),
+       gain=(0.25, 0.45), measured="docs/reference/measurements.md#repeated-kv-heads",
        alternatives=("jax.nn.dot_product_attention(q, k, v) takes fewer key/value heads than query heads (a "
                      "multiple) without repeating them",))
 def repeated_kv_heads(program: Program) -> list[Match]:

@@ -185,7 +185,8 @@ def with_levers(found: list[Hypothesis], facts: Facts) -> None:
         # what holds the peak (values first or arguments first), and offers donation only where it applies.
         offers = [o for o in offers if o.lever.gain[1] > 0]
         if not offers:
-            h.withheld = bool(rejected) and h.key in NO_CHANGE_OF_THEIR_OWN
+            # an idiom's own change withheld (its variant's measurement) stays withheld
+            h.withheld = h.withheld or (bool(rejected) and h.key in NO_CHANGE_OF_THEIR_OWN)
             if rejected:
                 # Named by the lever's key, not its change: the note must not read as the advice it withholds.
                 h.fix += " Not advised here: " + "; ".join(

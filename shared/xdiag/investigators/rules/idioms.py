@@ -102,8 +102,9 @@ def program_idioms(facts: Facts, found: list[Hypothesis]) -> list[Hypothesis]:
 
 
 def _cited_ops(h: Hypothesis) -> set[str]:
-    """The ops a finding stakes or its evidence names."""
-    return {op for _, op in h.ops} | levers.evidence_ops(h.evidence)
+    """The ops a finding stakes or its evidence names (a latency-bound loop's busiest ops among them)."""
+    busiest = {n for e in h.evidence if e.metric == "busiest_ops" for n in str(e.value).split(", ")}
+    return {op for _, op in h.ops} | levers.evidence_ops(h.evidence) | busiest
 
 
 def superseded(found: list[Hypothesis]) -> list[Hypothesis]:
