@@ -929,7 +929,8 @@ def weights_uploaded_each_step(program: Program) -> list[Match]:
         facts={"weight_operands": len(weights), "uploaded_mib_per_step": round(mib, 2),
                "host_transfer_percent": round(max(float(program.step.get("host_transfer_percent") or 0.0),
                                                   put_percent), 2),
-               **({"device_wait_percent": round(wait, 2), "weight_share_of_shipped_percent": round(100 * share, 1)}
+               **({"device_wait_percent": round(wait, 2), "weight_share_of_shipped_percent": round(100 * share, 1),
+                   "loop_step_ms": round(_loop_step_ms(program, module, calls_of), 4)}
                   if wait is not None else {})})]
 
 
@@ -951,6 +952,25 @@ def _device_wait_percent(program: Program, module: HloModule, calls: HostEvents)
     """The share of the loop's span (the program's first call to the end of its last execution on a device) in
     which no device runs it: where calls are dispatched ahead, each execution waits for its arguments. None where
     no device plane records the program's executions (a TPU's `XLA Modules` line does), or only one."""
+    span = _loop_span_ps(program, module, calls)
+    if span is None:
+        return None
+    (low, high), (starts, ends) = span
+    busy = float(covered(starts, ends, np.array([low]), np.array([high]))[0])
+    return 100.0 * (1.0 - busy / (high - low))
+
+
+def _loop_step_ms(program: Program, module: HloModule, calls: HostEvents) -> float | None:
+    """The loop's own period: its span over its calls, where the device's step marks (one execution to the next)
+    are shorter than what the user's loop takes per call because each execution first waits for its arguments."""
+    span = _loop_span_ps(program, module, calls)
+    return None if span is None else (span[0][1] - span[0][0]) / len(calls) / 1e9
+
+
+def _loop_span_ps(program: Program, module: HloModule,
+                  calls: HostEvents) -> tuple[tuple[int, int], tuple[np.ndarray, np.ndarray]] | None:
+    """(first call's start, last execution's end) of the module's calls, with its executions' (starts, ends) on
+    the devices; None where no device plane records two executions or more."""
     starts, ends = [], []
     for plane in program.session.device_planes(with_events=True):
         spans = module_spans(plane)
@@ -962,10 +982,7 @@ def _device_wait_percent(program: Program, module: HloModule, calls: HostEvents)
         return None
     starts, ends = np.concatenate(starts), np.concatenate(ends)
     low, high = int(calls.start_ps.min()), int(ends.max())
-    if high <= low:
-        return None
-    busy = float(covered(starts, ends, np.array([low]), np.array([high]))[0])
-    return 100.0 * (1.0 - busy / (high - low))
+    return None if high <= low else ((low, high), (starts, ends))
 
 
 def _within_any(events: HostEvents, frames: HostEvents) -> np.ndarray:

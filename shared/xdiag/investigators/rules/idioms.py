@@ -55,14 +55,17 @@ def hypothesis(match: Match, facts: Facts) -> Hypothesis:
              + (f" ({match.work_ratio:g}× less than is done)" if match.work_ratio else "") + "."
              if match.needed_percent is not None else
              f" The work done is about {match.work_ratio:g}× what the result needs." if match.work_ratio else "")
+    # a loop whose calls wait for their arguments takes longer per call than the device's steps (one execution to
+    # the next) say: the idiom that measured the loop's own period states the step in it
+    step_ms = match.facts.get("loop_step_ms") or facts.step_ms
     if withheld:
         predicted = None
         fix = f"Not advised here: {withheld}."
-        impact = saving(facts.step_ms, match.stake_percent) + "."
+        impact = saving(step_ms, match.stake_percent) + "."
     elif predicted is None:
         fix = (f"First, {idiom.change_text(match, setting)}. Expected gain: not measured: no trial has timed this "
                "change; capture a step before and after it.")
-        impact = saving(facts.step_ms, match.stake_percent) + "."
+        impact = saving(step_ms, match.stake_percent) + "."
     else:
         low, high = predicted
         measured = (f" On a TPU v5e this change recovered {idiom.gain[0]:.0%}–{idiom.gain[1]:.0%} of such a stake "
@@ -70,7 +73,7 @@ def hypothesis(match: Match, facts: Facts) -> Hypothesis:
         fix = (f"First, {idiom.change_text(match, setting)}. Expected: {low:g}–{high:g}% shorter steps "
                f"({idiom.gain[0]:g}–{idiom.gain[1]:g} of the {recoverable:.3g}% of the step it stakes"
                + (", less what the result needs" if match.needed_percent else "") + ")." + measured)
-        impact = saving(facts.step_ms, high) + f" (predicted {low:g}–{high:g}%)."
+        impact = saving(step_ms, high) + f" (predicted {low:g}–{high:g}%)."
     if idiom.alternatives and not withheld:
         fix += " Alternatives: " + "; ".join(idiom.alternatives) + "."
     # The idiom is its own lever (the lever catalogue's row for its finding is its entry), unless its change is a
