@@ -6,8 +6,6 @@ work; where the recogniser missed the idiom on the chip's HLO, it finds it there
 from __future__ import annotations
 
 import json
-import lzma
-import shutil
 from pathlib import Path
 
 import pytest
@@ -17,25 +15,16 @@ from xdiag.idioms.program import Program
 from xdiag.profile.locate import locate_session
 from xdiag.profile.reader import read_session_in_process
 
-CAPTURES = Path(__file__).resolve().parent / "profiles" / "fix_trials"
+from tests.fix_trial_captures import CAPTURES, unpack_capture
+
 TPU = {"platform": "TPU", "framework": "JAX"}
 
 
 @pytest.fixture(scope="module")
 def capture(tmp_path_factory):
     """(program, label) -> the committed capture decompressed, once."""
-    work, made = tmp_path_factory.mktemp("chip_refuted"), {}
-
-    def unpack(program: str, label: str) -> Path:
-        if (program, label) not in made:
-            folder = work / f"{program}.{label}"
-            folder.mkdir()
-            with lzma.open(CAPTURES / f"{program}.{label}.xplane.pb.xz") as packed, \
-                    open(folder / f"{program}.xplane.pb", "wb") as out:
-                shutil.copyfileobj(packed, out)
-            made[(program, label)] = folder / f"{program}.xplane.pb"
-        return made[(program, label)]
-    return unpack
+    work = tmp_path_factory.mktemp("chip_refuted")
+    return lambda program, label: unpack_capture(program, label, work)
 
 
 def findings(path: Path, out: Path):

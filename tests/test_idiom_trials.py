@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import lzma
-import shutil
 from pathlib import Path
 
 import pytest
@@ -14,10 +13,11 @@ from xdiag.cloud.embedded import analyze_session
 from xdiag.model import Status
 from xdiag.profile.locate import locate_session
 
+from tests.fix_trial_captures import CAPTURES, unpack_capture
 from tests.hlo_subject import HLO_SUBJECT, hlo_shows, instructions_of
 
+
 REPO = Path(__file__).resolve().parents[1]
-CAPTURES = REPO / "tests" / "profiles" / "fix_trials"
 MANIFEST = REPO / "bench" / "fix_trials" / "idiom_trials.json"
 TRIALS = {t["program"]: t for t in json.loads(MANIFEST.read_text())["trials"]}
 WITH_IDIOM = sorted(p for p, t in TRIALS.items() if t["idiom"])
@@ -35,12 +35,7 @@ def reports(tmp_path_factory):
 
     def report(program: str, label: str):
         if (program, label) not in made:
-            folder = work / f"{program}.{label}"
-            folder.mkdir()
-            with lzma.open(CAPTURES / f"{program}.{label}.xplane.pb.xz") as packed, \
-                    open(folder / f"{program}.xplane.pb", "wb") as out:
-                shutil.copyfileobj(packed, out)
-            made[(program, label)] = analyze_session(locate_session(folder / f"{program}.xplane.pb"),
+            made[(program, label)] = analyze_session(locate_session(unpack_capture(program, label, work)),
                                                      work / f"{program}.{label}.out")
         return made[(program, label)]
     return report

@@ -4,8 +4,6 @@ inside matmul fusions) must not hide an idiom or shrink its stake."""
 
 from __future__ import annotations
 
-import lzma
-from pathlib import Path
 
 import pytest
 from xdiag.idioms import IDIOMS
@@ -13,7 +11,8 @@ from xdiag.idioms.hlo_graph import elements
 from xdiag.idioms.program import Program
 from xdiag.profile.reader import read_session_in_process
 
-CAPTURES = Path(__file__).resolve().parent / "profiles" / "fix_trials"
+from tests.fix_trial_captures import CAPTURES, unpack_capture
+
 
 
 @pytest.fixture(scope="module")
@@ -23,9 +22,7 @@ def program(tmp_path_factory):
 
     def load(name: str, label: str) -> Program:
         if (name, label) not in read:
-            pb = work / f"{name}.{label}.xplane.pb"
-            pb.write_bytes(lzma.decompress((CAPTURES / f"{name}.{label}.xplane.pb.xz").read_bytes()))
-            read[(name, label)] = Program(read_session_in_process([pb]))
+            read[(name, label)] = Program(read_session_in_process([unpack_capture(name, label, work)]))
         return read[(name, label)]
     return load
 
