@@ -226,7 +226,8 @@ LEVERS: tuple[Lever, ...] = (
           ("short_loop",), gain=(0.15, 0.45), gap="below_roof", trial="lstm_scan"),
     Lever("batch_sequences", "recurrent_loop", ("latency_bound", "memory_bound", "low_kernel_efficiency"),
           JAX_FAMILY + TORCH_FAMILY, ("TPU", "GPU", "CPU"),
-          "run more sequences through the loop at {line} at once (a larger batch): each dependent step costs about "
+          "run more sequences, or other independent problems stacked along a new leading axis, through the loop at "
+          "{line} at once (a larger batch): each dependent step costs about "
           "the same whatever its width, so k times the batch does about k times the work in the same time",
           ("long_loop",), gap="throughput", trial="lstm_batch64", order=2),
     Lever("matmul_precision", "matmul", ("low_kernel_efficiency", "memory_bound"), JAX_CODE, ("TPU", "GPU"),
