@@ -220,6 +220,7 @@ def test_every_idiom_names_its_pattern_and_a_gain():
         # a gain is measured on the chip (with where), or none is predicted
         assert (idiom.gain is None and not idiom.measured) or 0 < idiom.gain[0] <= idiom.gain[1] <= 1.5, key
         assert "{" not in idiom.why, f"{key}: its premise is quoted as it is, not formatted"
+        assert not any("{" in a for a in idiom.alternatives), f"{key}: its alternatives are quoted as they are"
 
 
 @pytest.mark.parametrize("name", sorted(PROGRAMS))
