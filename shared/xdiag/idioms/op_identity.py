@@ -15,7 +15,7 @@ library function their HLO records, and the numeric type they really run in.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from xdiag.idioms.catalogue import Match, Variant, idiom
@@ -485,12 +485,7 @@ def threefry_random_bits(program: Program) -> list[Match]:
                         for name in RANDOM_SCOPE.findall(scope[op]) if not name.startswith("_threefry")})
         sites = [s for s in graph.sites() if s.instruction.name in hashes or (
             s.instruction.opcode == "xor" and graph.timed_op(s) in hashes)]
-        by_line: dict[tuple[str, str], float] = {}
-        for site in sites:
-            line = program.line_of(graph, site)
-            if line[0]:
-                by_line[line] = by_line.get(line, 0.0) + program.op_ms.get((module_key, graph.timed_op(site)), 0.0)
-        line, function = max(by_line, key=by_line.get) if by_line else ("", "")
+        line, function = _busiest_line(program, graph, module_key, sites)
         words = max((elements(s.instruction.dims) for s in sites if s.instruction.opcode == "xor"), default=0)
         named = ", ".join(f"jax.random.{c}" for c in calls) or "jax.random"
         out.append(Match(
@@ -856,12 +851,7 @@ def decomposition_for_one_value(program: Program) -> list[Match]:
         if not kept or others or returned:
             continue
         routine = "svd" if any("svd" in routines_of(s.instruction.op_name) for s in inside) else "eigh"
-        lines: dict[tuple[str, str], float] = {}
-        for s in inside:
-            line = program.line_of(graph, s)
-            if line[0]:
-                lines[line] = lines.get(line, 0.0) + program.op_ms.get((module_key, graph.timed_op(s)), 0.0)
-        line, function = max(lines, key=lines.get) if lines else ("", "")
+        line, function = _busiest_line(program, graph, module_key, inside)
         extreme = next(iter(kept)) if len(kept) == 1 else "extreme"
         at = line or "the line that decomposes the matrix"
         change = (f"find the largest singular value at {at} by power iteration instead of a full "
@@ -882,3 +872,13 @@ def decomposition_for_one_value(program: Program) -> list[Match]:
             params={"change": change, "routine": routine, "extreme": extreme},
             facts={"routine": routine, "op_count": len(ops), "reads": sorted(kept)}))
     return out
+
+
+def _busiest_line(program: Program, graph: Graph, module_key: str, sites: Iterable[Site]) -> tuple[str, str]:
+    """The user's (line, function) that holds the most op time among these sites; ("", "") where none has a line."""
+    by_line: dict[tuple[str, str], float] = {}
+    for site in sites:
+        line = program.line_of(graph, site)
+        if line[0]:
+            by_line[line] = by_line.get(line, 0.0) + program.op_ms.get((module_key, graph.timed_op(site)), 0.0)
+    return max(by_line, key=by_line.get) if by_line else ("", "")
