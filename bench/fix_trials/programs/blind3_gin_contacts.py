@@ -4,7 +4,9 @@ Each step scores a batch of 16 protein-complex-like chains of 4,096 residues: th
 closer than 6 length units (a dense 0/1 adjacency per chain, built from the coordinates when the batch is loaded),
 node features are 128 wide, and 6 GIN layers compute h <- MLP((1 + eps) h + A h) with sum aggregation over contacts;
 a sum readout and a linear layer give 2 class logits per chain. The step returns the logits. Variants:
-  fixed   the 0/1 adjacency stored as bfloat16 (exact for 0/1) instead of float32
+  fixed      the 0/1 adjacency stored as bfloat16 (exact for 0/1) instead of float32
+  bf16_dot   the same, and the aggregation's dot run in bfloat16 with a float32 result (h cast per layer)
+  int8       the adjacency stored as int8, converted by the aggregation's dot
 """
 import jax
 import jax.numpy as jnp
@@ -12,9 +14,10 @@ import jax.numpy as jnp
 from _size import size
 
 FRAMEWORK, PHASE = "jax", "inference (graph neural network)"
-VARIANTS = ["before", "fixed"]
+VARIANTS = ["before", "fixed", "bf16_dot", "int8"]
 GRAPHS, NODES, FEAT, LAYERS = size(16, 2), size(4096, 32), size(128, 16), size(6, 2)
 CUTOFF = 6.0
+AGGREGATE_IN_BF16 = False
 
 
 def init_params(key):
@@ -37,10 +40,16 @@ def load_batch(key):
     return contact, feats
 
 
+def aggregate(adj, h):
+    if adj.dtype == jnp.bfloat16 and AGGREGATE_IN_BF16:  # EDIT
+        return jnp.matmul(adj, h.astype(jnp.bfloat16), preferred_element_type=jnp.float32)  # EDIT
+    return adj @ h
+
+
 @jax.jit
 def gin(params, adj, h):
     for layer in params["layers"]:
-        agg = (1.0 + layer["eps"]) * h + adj @ h
+        agg = (1.0 + layer["eps"]) * h + aggregate(adj, h)
         h = jax.nn.relu(agg @ layer["w1"] + layer["b1"]) @ layer["w2"] + layer["b2"]
         h = h / jnp.sqrt(1.0 + jnp.mean(h * h, axis=-1, keepdims=True))
     return jnp.sum(h, axis=1) @ params["out"]
@@ -50,8 +59,12 @@ def build(variant):
     kp, kb = jax.random.split(jax.random.key(8))
     params = init_params(kp)
     contact, feats = load_batch(kb)
-    if variant == "fixed":  # EDIT
+    global AGGREGATE_IN_BF16
+    AGGREGATE_IN_BF16 = variant == "bf16_dot"  # EDIT
+    if variant in ("fixed", "bf16_dot"):  # EDIT
         adj = contact.astype(jnp.bfloat16)  # EDIT
+    elif variant == "int8":  # EDIT
+        adj = contact.astype(jnp.int8)  # EDIT
     else:
         adj = contact.astype(jnp.float32)
     del contact
