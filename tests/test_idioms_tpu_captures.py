@@ -92,3 +92,29 @@ def test_recomputation_of_a_loop_invariant_value_is_the_loops_not_the_remats(pro
     (remat,) = matches(hoist, "needless_remat")
     assert invariant.ops == ["fusion.46"] and "fusion.46" not in remat.what
     assert remat.stake_percent < invariant.stake_percent
+
+
+def test_a_memory_bound_matmul_reading_a_float32_argument_predicts_half_that_arguments_share_of_its_time(program):
+    """Six GIN layers each read a 1 GiB float32 0/1 adjacency in adj @ h (128 columns): the matmuls are bound by its
+    bytes (91% of theirs), and at precision DEFAULT the matrix unit rounds it to bfloat16 anyway; stored as bfloat16
+    it is half the bytes, and nothing else of the matmuls' time is staked."""
+    idiom = IDIOMS["float32_operand_rounded_by_matmul"]
+    (match,) = matches(program("blind3_gin_contacts", "before-a"), "float32_operand_rounded_by_matmul")
+    assert match.params["arguments"] == "adj" and match.facts["argument_shape"] == "f32[16,4096,4096]"
+    assert len(match.ops) == 6 and match.stake_percent > 90
+    low, high = idiom.predicted_percent(match)
+    assert 40 < high < 46 and low == pytest.approx(0.8 * high, abs=0.1)
+    assert "adj.astype(jnp.bfloat16)" in idiom.change_text(match, {"platform": "TPU"})
+    assert not matches(program("blind3_gin_contacts", "fixed"), "float32_operand_rounded_by_matmul")
+
+
+def test_promoted_weights_predict_half_their_share_of_the_matmuls_bytes(program):
+    """With the adjacency bfloat16, the first layer's matmul meets a float32 argument of node features that is 6% of
+    its bytes: bfloat16 there saves at most 3% of that matmul, not half of it. Weights that are all of a decode
+    step's bytes keep half of its time."""
+    idiom = IDIOMS["promoted_matmul"]
+    (match,) = matches(program("blind3_gin_contacts", "fixed"), "promoted_matmul")
+    assert match.stake_percent > 20 and idiom.predicted_percent(match)[1] < 1.0
+    (decode,) = matches(program("dtype_promotion", "before-a"), "promoted_matmul")
+    assert idiom.predicted_percent(decode)[1] == pytest.approx(decode.stake_percent / 2, abs=0.2)
+    assert not matches(program("dtype_promotion", "before-a"), "float32_operand_rounded_by_matmul")

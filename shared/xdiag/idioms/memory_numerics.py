@@ -13,6 +13,7 @@ from xdiag.analysis.xprof.common import natural_order
 from xdiag.cost.hlo import shape_bytes
 from xdiag.idioms.catalogue import Match, Variant, idiom
 from xdiag.idioms.hlo_graph import Graph, Site, elements, nbytes
+from xdiag.idioms.op_identity import promoted_matmul
 from xdiag.idioms.program import Program
 from xdiag.idioms.work_not_needed import loop_invariant_compute, timed_stake
 from xdiag.profile.space import HloInstruction
@@ -629,4 +630,119 @@ def params_stacked_each_step(program: Program) -> list[Match]:
                 module=module_key, ops=ops, line=line, function=function, params={"count": len(sources)},
                 facts={"stacked_arrays": len(sources), "stacked_bytes": nbytes(ins),
                        "runs": program.runs.get((module_key, ops[0]), 0)}))
+    return out
+
+
+WIDE_OPERAND_MIN_SHARE = 0.5
+"""The share of a matmul's HBM bytes one float32 argument must be for its reads to be what the matmul waits on."""
+WIDE_OPERAND_MIN_STAKE_PERCENT = 5.0
+WIDE_OPERAND_MIN_BYTES = 1 << 20
+"""A float32 argument smaller than this costs little to read at twice the width (as promoted_matmul's weights)."""
+
+
+def _default_precision(ins: HloInstruction) -> bool:
+    """A matmul at precision DEFAULT (no operand asks for more): on a TPU one bfloat16 pass of the matrix unit."""
+    return not ins.operand_precision or max(ins.operand_precision) == 0
+
+
+def _updated_by_step(graph: Graph, argument: HloInstruction) -> bool:
+    """Whether the program returns a new array of the argument's shape and type (a weight the optimizer updates):
+    its storage type is the update's, not the matmul's to choose."""
+    entry = graph.module.computations.get(graph.module.entry)
+    root = entry.by_name.get(entry.root) if entry is not None else None
+    if root is None:
+        return False
+    outputs = [Site(entry, root)] if root.opcode != "tuple" else [
+        s for s in (graph.operand(Site(entry, root), k) for k in range(len(root.operands))) if s is not None]
+    return any(o.instruction.dims == argument.dims and o.instruction.dtype == argument.dtype
+               and graph.origin(o).instruction is not argument for o in outputs)
+
+
+@idiom("float32_operand_rounded_by_matmul", "memory_numerics",
+       "A matmul bound by reading a large float32 argument, which it rounds to bfloat16 anyway",
+       "store {arguments} as bfloat16 where {verb} made, once, outside {function} ({example}.astype(jnp.bfloat16) "
+       "before the step, not inside it), and multiply in bfloat16 with a float32 result at {line} "
+       "(jnp.matmul({example}, other.astype(jnp.bfloat16), preferred_element_type=jnp.float32), other being the "
+       "matmul's other operand), so the matmul reads 2 bytes an element instead of 4 and jnp's type promotion does "
+       "not turn it back into float32; the product is the same: at precision DEFAULT a TPU's matrix unit rounds "
+       "float32 operands to bfloat16 itself. Where {arguments} {hold} only small integers (a 0/1 mask or "
+       "adjacency, counts up to 127), int8 storage ({example}.astype(jnp.int8) once, outside; jnp converts it in "
+       "the matmul) is a quarter of the bytes: on a TPU v5e it saved more than bfloat16 storage did "
+       "(docs/reference/measurements.md#float32-operand-rounded-by-matmul)",
+       "the matmul does about as many FLOPs per byte as its operands' bytes allow, under the device's ridge, so its "
+       "time is the time to read them; the float32 argument is most of those bytes and the matrix unit uses only "
+       "its bfloat16 rounding at precision DEFAULT, so storing that rounding halves the argument's bytes and loses "
+       "nothing the product uses",
+       gain=(0.8, 1.0), measured="docs/reference/measurements.md#float32-operand-rounded-by-matmul",
+       platforms=("TPU", "GPU"),
+       variants=(Variant((("platform", ("GPU",)),),
+                         "if {arguments} {hold} only values bfloat16 represents exactly (a 0/1 mask or adjacency, "
+                         "integers up to 256), store {them} as bfloat16 where {verb} made, once, outside {function} "
+                         "({example}.astype(jnp.bfloat16) before the step), so the matmul at {line} reads 2 bytes an "
+                         "element instead of 4; otherwise keep float32: at precision DEFAULT a GPU multiplies "
+                         "float32 in TF32, whose 10 bits of mantissa bfloat16's 7 would cut (the gain on a GPU is a "
+                         "premise: one TPU program measured it)"),))
+def float32_operand_rounded_by_matmul(program: Program) -> list[Match]:
+    """Per program, the memory-bound matmuls at precision DEFAULT that read a float32 argument (one the step does
+    not update) making at least half their HBM bytes; the stake is their time, the recoverable part their time times
+    half that argument's share of their bytes."""
+    rows = {(r["module"], r["op"]): r for r in program.rows}
+    # bfloat16 activations meeting float32 weights are promoted_matmul's: its change is the one for them
+    promoted = {(m.module, op) for m in promoted_matmul(program) for op in m.ops}
+    out = []
+    for graph in program.graphs:
+        module_key = program.module_key(graph.module)
+        ops: dict[str, float] = {}  # timed op -> the share of its bytes the float32 argument is
+        arguments: dict[str, HloInstruction] = {}
+        lines: dict[tuple[str, str], float] = {}
+        for site in graph.sites():
+            ins = site.instruction
+            if not (ins.opcode == "dot" or ins.opcode == "convolution" and ins.conv_is_matrix_product) or \
+                    len(ins.operands) < 2 or not _default_precision(ins):
+                continue
+            timed = graph.timed_op(site)
+            row = rows.get((module_key, timed)) or {}
+            op_bytes = row.get("hbm_bytes_per_run") or row.get("bytes_per_run") or 0
+            if row.get("bound") != "memory" or not op_bytes or timed in ops or (module_key, timed) in promoted:
+                continue
+            for k in (0, 1):
+                origin = graph.origin(graph.operand(site, k))
+                argument = origin.instruction if origin is not None else None
+                if argument is None or argument.opcode != "parameter" or argument.dtype != "f32" or \
+                        origin.computation.name != graph.module.entry or nbytes(argument) < WIDE_OPERAND_MIN_BYTES or \
+                        _updated_by_step(graph, argument):
+                    continue
+                share = nbytes(argument) / op_bytes
+                if share < WIDE_OPERAND_MIN_SHARE:
+                    continue
+                ops[timed] = min(share, 1.0)
+                arguments.setdefault(argument.name, argument)
+                line = program.line_of(graph, site)
+                if line[0]:
+                    lines[line] = lines.get(line, 0.0) + program.op_ms.get((module_key, timed), 0.0)
+                break
+        stake = program.step_percent(program.time_ms(graph.module, list(ops)))
+        if not ops or stake < WIDE_OPERAND_MIN_STAKE_PERCENT:
+            continue
+        halved = program.step_percent(sum(program.op_ms.get((module_key, op), 0.0) * share / 2
+                                          for op, share in ops.items()))
+        names = [re.sub(r"\.\d+$", "", name) for name in arguments]
+        largest = max(arguments.values(), key=nbytes)
+        shape = largest.shape_text.split("{")[0]
+        line, function = max(lines, key=lines.get) if lines else ("", "")
+        several = len(names) > 1
+        share = sum(ops.values()) / len(ops)
+        out.append(Match(
+            "float32_operand_rounded_by_matmul", stake,
+            f"{len(ops)} memory-bound matmul{'s' if len(ops) > 1 else ''} at precision DEFAULT read the float32 "
+            f"argument{'s' if several else ''} {', '.join(names[:4])} ({shape}, {nbytes(largest) / 2**20:,.0f} MiB), "
+            f"{100 * share:.0f}% of their HBM bytes" + (f", at {line}" if line else "")
+            + f": {stake:g}% of the step, of which half the argument's bytes are {halved:g}%",
+            module=module_key, ops=list(ops)[:16], line=line, function=function,
+            needed_percent=round(stake - halved, 2),
+            params={"arguments": " and ".join(names[:4]), "example": names[0], "verb": "they are" if several
+                    else "it is", "hold": "hold" if several else "holds", "them": "them" if several else "it",
+                    "function": f"the jitted {function}" if function else "the jitted step"},
+            facts={"argument_shape": shape, "argument_mib": round(nbytes(largest) / 2**20, 1),
+                   "argument_share_of_bytes": round(share, 3), "matmuls": len(ops)}))
     return out

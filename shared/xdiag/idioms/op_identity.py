@@ -127,7 +127,9 @@ PROMOTED_MIN_BYTES = 1 << 20
        alternatives=("where the weights must stay float32 for the optimizer, cast them per call inside the step "
                      "(w.astype(jnp.bfloat16)), which XLA fuses into the read",))
 def promoted_matmul(program: Program) -> list[Match]:
+    rows = {(r["module"], r["op"]): r for r in program.rows}
     found: dict[str, Match] = {}
+    halved: dict[str, float] = {}  # per program: the ms per capture half its float32 weights' bytes take to read
     for graph in program.graphs:
         module_key = program.module_key(graph.module)
         products = [site for site in graph.sites() if site.instruction.opcode in ("dot", "convolution")
@@ -156,14 +158,19 @@ def promoted_matmul(program: Program) -> list[Match]:
                 facts={"weights": held[0].instruction.shape_text.split("{")[0]}))
             if timed not in match.ops:
                 match.ops.append(timed)
-                match.stake_percent = min(match.stake_percent + program.step_percent(program.op_ms[(module_key,
-                                                                                                    timed)]), 100.0)
+                ms = program.op_ms[(module_key, timed)]
+                match.stake_percent = min(match.stake_percent + program.step_percent(ms), 100.0)
+                # bfloat16 weights remove half the weights' bytes: their share of what the op reads and writes
+                row = rows.get((module_key, timed)) or {}
+                op_bytes = row.get("hbm_bytes_per_run") or row.get("bytes_per_run") or 0
+                share = min(sum(nbytes(w.instruction) for w in held) / op_bytes, 1.0) if op_bytes else 1.0
+                halved[module_key] = halved.get(module_key, 0.0) + ms * share / 2
     out = []
-    for match in found.values():
+    for module_key, match in found.items():
         if match.stake_percent < MIN_STAKE_PERCENT:
             continue
-        # half the weight bytes: at most half of these matmuls' time is what bfloat16 weights remove
-        match.needed_percent = match.stake_percent / 2
+        # at most half the weights' share of these matmuls' time is what bfloat16 weights remove
+        match.needed_percent = round(match.stake_percent - program.step_percent(halved[module_key]), 2)
         match.what = (f"{len(match.ops)} matmuls multiply activations converted up from bfloat16 by float32 weights "
                       f"(such as {match.facts['weights']}), so they run in float32"
                       + (f", at {match.line}" if match.line else "") + f": {match.stake_percent:g}% of the step")
