@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from xdiag.idioms import (  # noqa: F401  (registers)
-    host_structure, memory_numerics, op_identity, work_not_needed)
+    differentiation, host_structure, memory_numerics, op_identity, work_not_needed)
 from xdiag.idioms.catalogue import IDIOMS, PATTERNS, Idiom, Match
 from xdiag.idioms.program import Program
 from xdiag.profile.space import Session

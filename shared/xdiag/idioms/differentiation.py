@@ -1,0 +1,344 @@
+"""Idioms of differentiation that computes more than the result needs (the "work the result does not need" pattern):
+
+- full_jacobian_for_products: a whole Jacobian or Hessian built over an identity basis of n tangents (jax.jacfwd,
+  jax.jacrev, jax.hessian) and read only by products with vectors, where one Jacobian-vector or Hessian-vector
+  product (jax.jvp, jax.vjp) computes the same numbers with one tangent.
+- masked_frozen_gradients: weight gradients computed through the backward pass and then multiplied by a scalar the
+  program passes per parameter leaf (a 0/1 "trainable" flag) before the update, so the gradients of leaves whose flag
+  is 0 are thrown away, where jax.lax.stop_gradient on the frozen part's output never computes them.
+
+Both read the HLO's shapes, what feeds what, and the transformation each op's name records (vmap, jvp, transpose).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from xdiag.idioms.catalogue import Match, Variant, idiom
+from xdiag.idioms.hlo_graph import Graph, Site, elements
+from xdiag.idioms.program import Program
+from xdiag.idioms.work_not_needed import (MIN_STAKE_PERCENT, _from_iotas_only, _holds_matmul, _matmul_sites,
+                                         timed_stake)
+from xdiag.profile.space import HloComputation, HloInstruction
+
+MIN_TANGENTS = 32
+"""An identity basis of fewer tangents leaves too little batched work to remove."""
+BACKWARD = "transpose("
+"""What JAX writes into the name of every op of a reverse-mode (vjp) pass: transpose(jvp(...))."""
+
+
+def _top_level(graph: Graph, site: Site) -> Site | None:
+    """The timed op of the computation that is not a fusion's (the entry or a loop body) that runs this instruction."""
+    name = graph.timed_op(site)
+    for computation in graph.module.computations.values():
+        if computation.name in graph.callers and graph.callers[computation.name].instruction.opcode == "fusion":
+            continue
+        found = computation.by_name.get(name)
+        if found is not None:
+            return Site(computation, found)
+    return None
+
+
+def _reachable(computation: HloComputation, start: str, forward: bool) -> set[str]:
+    """The instructions of one computation that read `start`'s value (forward) or that it is computed from."""
+    seen, frontier = set(), [start]
+    while frontier:
+        name = frontier.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        if forward:
+            frontier.extend(u.name for u in computation.users.get(name, []))
+        else:
+            ins = computation.by_name.get(name)
+            frontier.extend(ins.operands if ins is not None else ())
+    return seen
+
+
+def _identity_bases(graph: Graph) -> Iterable[tuple[Site, int]]:
+    """Where a graph builds an identity basis: an equality of iota-made indices, (n, ...) with n the number of
+    elements after the first dimension (jnp.eye(n) as jax.jacfwd's and jax.jacrev's tangents, reshaped to the
+    argument's shape), and its n."""
+    for site in graph.sites():
+        ins = site.instruction
+        if ins.opcode != "compare" or ins.comparison != "EQ" or len(ins.dims) < 2 or len(ins.operands) != 2:
+            continue
+        n = ins.dims[0]
+        if n < MIN_TANGENTS or elements(ins.dims[1:]) != n:
+            continue
+        operands = [graph.operand(site, k) for k in (0, 1)]
+        if all(o is not None and _from_iotas_only(graph, o) for o in operands):
+            yield site, n
+
+
+def _contracts_with_vectors(computation: HloComputation, matrix: HloInstruction) -> bool:
+    """Whether every op that reads the matrix (past ops that only re-shape it) multiplies it by vectors: each reads,
+    besides the matrix, only arrays of at most one matrix side's length, at least one of that length, and writes no
+    more than that many elements (a matrix-vector product, a quadratic form)."""
+    side = max(matrix.dims)
+    readers, frontier, seen = [], [matrix.name], set()
+    while frontier:
+        name = frontier.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        for user in computation.users.get(name, []):
+            if user.opcode in ("reshape", "bitcast", "copy", "transpose"):
+                frontier.append(user.name)
+            else:
+                readers.append((user, name))
+    if not readers:
+        return False
+    for user, name in readers:
+        others = [computation.by_name.get(o) for o in user.operands if o != name]
+        if user.opcode in ("tuple", "parameter") or any(o is None for o in others) or \
+                elements(user.dims) > side or any(elements(o.dims) > side for o in others) or \
+                not any(elements(o.dims) in matrix.dims for o in others):
+            return False
+    return True
+
+
+@idiom("full_jacobian_for_products", "work_not_needed",
+       "A full Jacobian or Hessian is built only to multiply it by vectors",
+       "{change}",
+       "jax.jacfwd, jax.jacrev and jax.hessian push one tangent per element of an identity basis through the "
+       "function (n of them, batched by vmap); a product of the matrix with a vector is the same linear map applied "
+       "to one tangent, which jax.jvp or jax.vjp computes for about the cost of one gradient",
+       gain=(0.8, 0.95), measured="docs/reference/measurements.md#full-jacobian-for-products",
+       variants=(Variant((("order", ("jacobian",)),),
+                         "at {line}, take the product of the Jacobian of {function} with the vector directly: "
+                         "jax.jvp({function}, (x,), (v,))[1] for J @ v, jax.vjp({function}, x)[1](u)[0] for u @ J, "
+                         "instead of building jax.jacfwd/jax.jacrev({function})(x) ({matrix}) and multiplying it; "
+                         "the {tangents} tangents of the identity basis become one"),))
+def full_jacobian_for_products(program: Program) -> list[Match]:
+    """A matrix whose every reader multiplies it by vectors (a matrix-vector product, a quadratic form), computed
+    from an identity basis of n tangents with n one of its sides: the ops between the basis and the matrix that carry
+    the n tangents are the stake; one Jacobian- or Hessian-vector product needs one tangent of them."""
+    out: dict[tuple[str, str], Match] = {}
+    for graph in program.graphs:
+        module_key = program.module_key(graph.module)
+        bases = [(top, n, basis) for basis, n in _identity_bases(graph)
+                 if (top := _top_level(graph, basis)) is not None]
+        for top, n, basis in bases:
+            computation = top.computation
+            downstream = _reachable(computation, top.instruction.name, forward=True)
+            for name in downstream:
+                matrix = computation.by_name[name]
+                if len(matrix.dims) != 2 or n not in matrix.dims or min(matrix.dims) < MIN_TANGENTS or \
+                        not _contracts_with_vectors(computation, matrix):
+                    continue
+                batched = [computation.by_name[k] for k in
+                           sorted(downstream & _reachable(computation, name, forward=False))]
+                sites = [Site(computation, i) for i in batched
+                         if n in _all_dims(i) and i.opcode != "get-tuple-element"]
+                ops, stake = timed_stake(program, graph, sites)
+                if stake < MIN_STAKE_PERCENT:
+                    continue
+                names = " ".join(i.op_name for i in batched)
+                order = "hessian" if "jvp(" in names and BACKWARD in names else "jacobian"
+                reader = next(u for u in computation.users.get(name, []) or [matrix])
+                line, _ = program.line_of(graph, _inner_site(graph, Site(computation, reader)))
+                heaviest = max(sites, key=lambda s: program.time_ms(graph.module, [s.instruction.name]))
+                function = _function_of(program, graph, heaviest) or "f"
+                built_at, _ = program.line_of(graph, _inner_site(graph, top))
+                shape = matrix.shape_text.split("{")[0]
+                change = (f"at {line or 'the line that multiplies the matrix'}, take the curvature along the vector "
+                          f"as one Hessian-vector product: jnp.vdot(d, jax.jvp(jax.grad({function}), (x,), (d,))[1]) "
+                          f"instead of d @ jax.hessian({function})(x) @ d ({shape} built from {n} tangents); for "
+                          f"H @ d alone, jax.jvp(jax.grad({function}), (x,), (d,))[1]")
+                work_ratio = float(n)  # n tangents pushed through where the product needs one
+                match = Match(
+                    "full_jacobian_for_products", stake,
+                    f"{'a Hessian (forward-over-reverse)' if order == 'hessian' else 'a Jacobian'} {shape} built by "
+                    f"{len(ops)} ops batched over an identity basis of {n} tangents "
+                    f"({basis.instruction.shape_text.split('{')[0]}, an equality of iotas), read only by products "
+                    f"with vectors" + (f" at {line}" if line else "") + (f" (the basis made at {built_at})" if built_at and
+                                                               built_at != line else ""),
+                    module=module_key, ops=ops, line=line, function=function,
+                    needed_percent=round(stake / work_ratio, 2), work_ratio=work_ratio,
+                    params={"change": change, "order": order, "function": function, "matrix": shape, "tangents": n},
+                    facts={"tangents": n, "matrix": shape, "batched_ops": len(ops)})
+                key = (module_key, name)
+                if key not in out or out[key].stake_percent < stake:
+                    out[key] = match
+    # one match per matrix: a basis whose tangents reach several matrices stakes each; the largest stake per line
+    best: dict[tuple[str, str], Match] = {}
+    for match in out.values():
+        key = (match.module, match.line or match.ops[0])
+        if key not in best or best[key].stake_percent < match.stake_percent:
+            best[key] = match
+    return list(best.values())
+
+
+def _all_dims(ins: HloInstruction) -> set[int]:
+    return set(ins.dims) | {d for _, dims in ins.tuple_shapes for d in dims}
+
+
+def _inner_site(graph: Graph, site: Site) -> Site:
+    """The fusion's root (its Python line is the user's), else the op itself."""
+    ins = site.instruction
+    if ins.opcode == "fusion" and ins.called:
+        called = graph.module.computations.get(ins.called[0])
+        if called is not None and called.root in called.by_name:
+            return Site(called, called.by_name[called.root])
+    return site
+
+
+def _function_of(program: Program, graph: Graph, site: Site) -> str:
+    """The user's function most of a fusion's instructions were traced from (the differentiated function), or ""."""
+    ins = site.instruction
+    called = graph.module.computations.get(ins.called[0]) if ins.opcode == "fusion" and ins.called else None
+    inner = called.instructions if called is not None else [ins]
+    counts: dict[str, int] = {}
+    for instruction in inner:
+        _, function = program.line_of(graph, Site(called or site.computation, instruction))
+        if function:
+            counts[function] = counts.get(function, 0) + 1
+    return max(counts, key=counts.get) if counts else ""
+
+
+def _flag(graph: Graph, site: Site | None, depth: int = 4) -> HloInstruction | None:
+    """The scalar argument of the program a scalar value is made from, alone or times constants (lr * flag): the
+    entry parameter, else None."""
+    site = graph.origin(site)
+    if site is None or site.instruction.dims or depth <= 0:
+        return None
+    ins = site.instruction
+    entry = graph.module.entry_computation
+    if ins.opcode == "parameter" and site.computation is entry and ins.dtype.startswith(("f", "bf")):
+        return ins
+    if ins.opcode in ("multiply", "divide", "convert"):
+        found = [_flag(graph, graph.operand(site, k), depth - 1) for k in range(len(ins.operands))]
+        constants = [graph.origin(graph.operand(site, k)) for k in range(len(ins.operands))]
+        params = [f for f in found if f is not None]
+        rest = [c for f, c in zip(found, constants) if f is None]
+        if len(params) == 1 and all(c is not None and c.instruction.opcode == "constant" for c in rest):
+            return params[0]
+    return None
+
+
+def _flagged_update(graph: Graph, gradient: Site) -> tuple[HloInstruction, HloInstruction] | None:
+    """Where a gradient is multiplied by a scalar argument and the product subtracted from (or added to) an argument
+    of the same size (p - lr * flag * g): (the flag's parameter, the updated parameter), else None."""
+    for user in graph.users(gradient):
+        ins = user.instruction
+        if ins.opcode != "multiply" or len(ins.operands) != 2:
+            continue
+        for k in (0, 1):
+            flag = _flag(graph, graph.operand(user, k))
+            if flag is None:
+                continue
+            for update in graph.users(user):
+                if update.instruction.opcode not in ("subtract", "add"):
+                    continue
+                for j in range(2):
+                    param = _argument_of(graph, graph.operand(update, j), elements(gradient.instruction.dims))
+                    if param is not None:
+                        return flag, param
+    return None
+
+
+def _argument_of(graph: Graph, site: Site | None, size: int, depth: int = 6) -> HloInstruction | None:
+    """The one argument of the program of `size` elements a value is, or is re-assembled from (XLA:TPU copies a
+    large argument in slices and joins them again: async slices into a custom call): its entry parameter, else
+    None."""
+    entry = graph.module.entry_computation
+    frontier, found = [site], set()
+    while frontier and depth > 0:
+        depth -= 1
+        nxt = []
+        for current in frontier:
+            current = graph.origin(current)
+            if current is None:
+                continue
+            ins = current.instruction
+            if ins.opcode == "parameter" and current.computation is entry:
+                if elements(ins.dims) == size:
+                    found.add(ins.name)
+                continue
+            if ins.opcode in ("custom-call", "async-done", "async-start", "concatenate", "slice"):
+                nxt.extend(graph.operand(current, k) for k in range(len(ins.operands)))
+        frontier = nxt
+    return entry.by_name[found.pop()] if len(found) == 1 else None
+
+
+def _label(ins: HloInstruction) -> str:
+    return ins.op_name or ins.name
+
+
+@idiom("masked_frozen_gradients", "work_not_needed",
+       "Frozen parameters' gradients are computed, then multiplied by a per-leaf flag",
+       "if the flags of {frozen} are 0 (a frozen part), cut that part out of differentiation where its output "
+       "enters the trained layers, at {line}: h = jax.lax.stop_gradient(h) on the features the frozen layers "
+       "compute, so jax.grad returns zeros for them without their backward pass; the flags can stay for the "
+       "trained leaves",
+       "JAX differentiates every leaf passed to jax.grad: a 0/1 flag multiplied into the update after the backward "
+       "pass zeroes the frozen leaves' gradients only after computing them, and XLA cannot drop work a runtime value "
+       "zeroes; stop_gradient (or differentiating only the trained leaves) removes that backward pass from the "
+       "program. The premise, which the profile cannot show, is that those flags are 0 on these steps",
+       gain=(0.85, 1.0), measured="docs/reference/measurements.md#masked-frozen-gradients",
+       alternatives=(
+           "differentiate only the trained leaves: jax.grad(lambda trained: loss_fn({**params, **trained}, x, y))"
+           "(trained), with the frozen leaves closed over (the same saving, a larger edit of the step)",
+           "where the freeze never changes between steps, pass the flags as Python floats (a static argument of "
+           "jax.jit) so XLA can drop the products by zero and the work behind them (one compile per freeze "
+           "schedule)"))
+def masked_frozen_gradients(program: Program) -> list[Match]:
+    """Matmuls of a reverse-mode pass (their ops' names hold transpose()) whose results reach the update only
+    multiplied by a scalar argument of the program, one argument per leaf (at least two distinct ones: a shared
+    learning rate is not a per-leaf flag). The leaves whose gradient needs no other matmul of the backward pass
+    (the layer the loss reads) are taken as the trained part; the stake is every backward op that serves only the other
+    leaves' gradients: what stop_gradient on the trained part's input removes if their flags are 0."""
+    found = []
+    for graph in program.graphs:
+        module_key = program.module_key(graph.module)
+        flagged: list[tuple[Site, HloInstruction, HloInstruction]] = []
+        for site in _matmul_sites(graph):
+            if BACKWARD not in site.instruction.op_name:
+                continue
+            update = _flagged_update(graph, site)
+            if update is not None:
+                flagged.append((site, *update))
+        if len({flag.name for _, flag, _ in flagged}) < 2:
+            continue
+        entry = graph.module.entry_computation
+        backward_of: dict[str, set[str]] = {}
+        for site, _, _ in flagged:
+            top = _top_level(graph, site)
+            if top is None or top.computation is not entry:
+                continue
+            ancestors = _reachable(entry, top.instruction.name, forward=False)
+            backward_of[site.instruction.name] = {a for a in ancestors if a == top.instruction.name or
+                                                  BACKWARD in entry.by_name[a].op_name}
+        if not backward_of:
+            continue
+        # the layer the loss reads: its gradient's backward ops hold no matmul but its own
+        near = {k for k, ops in backward_of.items()
+                if sum(_holds_matmul(graph, entry.by_name[op]) for op in ops) == 1}
+        far = [(s, flag, param) for s, flag, param in flagged if s.instruction.name in backward_of and
+               s.instruction.name not in near]
+        if not near or not far:
+            continue
+        kept = set().union(*(backward_of[k] for k in near))
+        removed = set().union(*(backward_of[s.instruction.name] for s, _, _ in far)) - kept
+        ops, stake = timed_stake(program, graph, [Site(entry, entry.by_name[k]) for k in sorted(removed)
+                                                  if entry.by_name[k].opcode != "get-tuple-element"])
+        if stake < MIN_STAKE_PERCENT:
+            continue
+        near_site = next(s for s, _, _ in flagged if s.instruction.name in near)
+        line, function = program.line_of(graph, near_site)
+        frozen = sorted(dict.fromkeys(_label(param) for _, _, param in far))
+        flags = sorted(dict.fromkeys(_label(flag) for _, flag, _ in far))
+        trained = list(dict.fromkeys(_label(param) for s, _, param in flagged if s.instruction.name in near))
+        named = ", ".join(frozen[:3]) + (f" and {len(frozen) - 3} more" if len(frozen) > 3 else "")
+        found.append(Match(
+            "masked_frozen_gradients", stake,
+            f"{len(far)} weight gradients of the backward pass ({named}) reach the update only multiplied by a scalar "
+            f"argument each ({', '.join(flags[:3])}{' …' if len(flags) > 3 else ''}: one per leaf, "
+            f"{len({f.name for _, f, _ in flagged})} in all), after {len(ops)} backward ops that no gradient of "
+            f"{', '.join(trained)} needs" + (f"; the trained layer is read at {line}" if line else ""),
+            module=module_key, ops=ops, line=line, function=function,
+            params={"frozen": named, "trained": ", ".join(trained)},
+            facts={"flagged_gradients": len(flagged), "frozen_candidates": frozen, "flags": flags,
+                   "trained": trained}))
+    return found
