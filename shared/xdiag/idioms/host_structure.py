@@ -39,7 +39,7 @@ from xdiag.analysis.host_vocabulary import (
 )
 from xdiag.analysis.intervals import PS_PER_MS, covered, outermost
 from xdiag.analysis.op_table import module_spans
-from xdiag.analysis.source_lines import python_frame
+from xdiag.analysis.source_lines import python_frame, short_path
 from xdiag.analysis.xprof.common import natural_order
 from xdiag.idioms.catalogue import Match, idiom
 from xdiag.idioms.hlo_graph import DTYPE_BYTES, nbytes
@@ -280,6 +280,76 @@ def _static_value_changes(program: Program, found: Recompiles) -> bool:
         len(_jit_wraps(program)) < steps / 2
 
 
+@dataclass
+class JitMadePerCall:
+    """A user function that calls jax.jit and then the program it made, whose call misses jit's cache and compiles,
+    on each of its calls in the capture: what making the program again costs per call."""
+
+    frame: str  # the function, as the Python tracer names it
+    calls: int  # its calls in the capture
+    name: str  # the jitted program it makes and calls
+    call_ms: float  # the function's time per call
+    making_ms: float  # per call: jax.jit's wrap, and the jitted call up to the end of its compile (trace, lowering)
+    compile_ms: float  # per call: the lowering and the compile alone
+    held_by_steps: bool  # the profile's steps hold its calls (else they mark only the device's execution)
+
+
+def _outermost(events: HostEvents) -> HostEvents:
+    return events.take(np.flatnonzero(outermost(np.ones(len(events), bool), events.thread, events.start_ps,
+                                                events.end_ps)))
+
+
+def _jit_made_per_call(program: Program) -> JitMadePerCall | None:
+    """The user function whose every call in the capture runs jax.jit and then calls what it made, that call tracing
+    and compiling (every call of that program inside it does): a jitted function made per call, seen even where the
+    capture holds one call and so one compile."""
+    frames = program.host_events(PYTHON_TRACER_EVENT)
+    wraps = frames.where(JIT_WRAP_FRAME.search)
+    if not len(wraps):
+        return None
+    user = frames.where(program.is_user_frame)
+    calls = _outermost(program.host_events(JITTED_CALL_EVENT))
+    compiles = _outermost(program.host_events(COMPILE_EVENT))
+    compiling = _contains_any(calls, compiles)
+    per_frame: dict[str, list[tuple[float, float, float]]] = {}  # name -> per call (ms, making ms, compile ms)
+    program_of: dict[str, str] = {}
+    for i in range(len(user)):
+        start, end, thread = user.start_ps[i], user.end_ps[i], user.thread[i]
+        inside = np.flatnonzero((calls.thread == thread) & (calls.start_ps >= start) & (calls.end_ps <= end))
+        made = [c for c in inside if compiling[c] and ((wraps.thread == thread) & (wraps.start_ps >= start)
+                                                       & (wraps.end_ps <= calls.start_ps[c])).any()]
+        name = str(user.names[i])
+        if not made or any(not compiling[c] for c in inside if calls.names[c] == calls.names[made[0]]):
+            per_frame.setdefault(name, []).append((0.0, -1.0, 0.0))  # a call that reuses what it made
+            continue
+        making = _step_ms_between(wraps, thread, start, end)
+        compile_ms = 0.0
+        for c in made:
+            held = (compiles.thread == thread) & (compiles.start_ps >= calls.start_ps[c]) & \
+                (compiles.end_ps <= calls.end_ps[c])
+            making += float(compiles.end_ps[held].max() - calls.start_ps[c]) / PS_PER_MS
+            compile_ms += float((compiles.end_ps[held] - compiles.start_ps[held]).sum()) / PS_PER_MS
+        per_frame.setdefault(name, []).append((float(end - start) / PS_PER_MS, making, compile_ms))
+        program_of[name] = str(calls.names[made[0]])
+    found = [(name, rows) for name, rows in per_frame.items() if all(r[1] >= 0 for r in rows)]
+    if not found:
+        return None
+    # The innermost such function: its caller holds the same calls and compiles
+    name, rows = min(found, key=lambda kv: (-sum(r[1] for r in kv[1]), sum(r[0] for r in kv[1])))
+    mine = user.where(lambda n: n == name)
+    held = _step_ms(program, mine.start_ps, mine.end_ps)
+    total = sum(r[0] for r in rows)
+    return JitMadePerCall(name, len(rows), program_of[name].split("(", 1)[1].rstrip(")"), float(total / len(rows)),
+                          float(sum(r[1] for r in rows) / len(rows)), float(sum(r[2] for r in rows) / len(rows)),
+                          bool(held >= 0.9 * total and program.profiled_step_ms > held))
+
+
+def _step_ms_between(events: HostEvents, thread: int, start: int, end: int) -> float:
+    """The time the events of one thread inside [start, end] take, in ms."""
+    inside = (events.thread == thread) & (events.start_ps >= start) & (events.end_ps <= end)
+    return float((events.end_ps[inside] - events.start_ps[inside]).sum()) / PS_PER_MS
+
+
 @idiom("recompile_per_shape", "host_structure",
        "A jitted program is compiled again inside the steps",
        "{change}",
@@ -289,7 +359,10 @@ def _static_value_changes(program: Program, found: Recompiles) -> bool:
        gain=(0.8, 1.0))
 def recompile_per_shape(program: Program) -> list[Match]:
     found = _recompiles(program)
-    if found is None or _static_value_changes(program, found):
+    if found is None:
+        made = _jit_made_per_call(program)
+        return [_jit_made_per_call_match(program, made)] if made is not None else []
+    if _static_value_changes(program, found):
         return []
     name, shapes, changing = found.name, found.shapes, found.changing
     line, function = _function_line(program, found.modules[0])
@@ -326,6 +399,43 @@ def recompile_per_shape(program: Program) -> list[Match]:
         module=name, line=line, function=function,
         params={"change": change, "position": position},
         facts={**_compile_facts(found), "argument_shapes": seen})]
+
+
+def _jit_made_per_call_match(program: Program, made: JitMadePerCall) -> Match:
+    """recompile_per_shape where the capture shows jax.jit run inside the function that calls what it made: the
+    change is to make it once; its stake is the making's share of the profiled steps where they hold the function's
+    calls, else of the function's own calls (steps that mark only the device's execution hold no compile)."""
+    line, function = _frame_line(made.frame)
+    module = _module(program, f"jit_{made.name}")
+    call_line = _stack_line(module, function, line) or line
+    stake = (program.step_percent(made.making_ms * made.calls) if made.held_by_steps else
+             round(min(100.0 * made.making_ms / made.call_ms, 100.0), 2) if made.call_ms > 0 else 0.0)
+    change = (f"build the jitted function once, where the loop is set up, not inside {function} ({call_line}): make "
+              f"update = jax.jit(functools.partial({made.name}, **settings)) (or jax.jit({made.name}, "
+              f"static_argnames=(...)) for settings passed by keyword) once, before the loop, and call update in "
+              f"{function}; a jax.jit wrapper, functools.partial or lambda made anew on each call misses jit's cache, "
+              f"so each call traces, lowers and compiles again. If a bound value changes between calls (a learning "
+              f"rate's schedule), pass it as an array argument (jnp.float32(lr)) of the function jitted once")
+    return Match(
+        "recompile_per_shape", stake,
+        f"{function} ({line}) calls jax.jit and then the program it made, jit_{made.name}, which misses jit's cache "
+        f"and is traced, lowered and compiled again: {made.making_ms:,.4g} ms of the {made.call_ms:,.4g} ms a call "
+        f"of {function} takes ({made.compile_ms:,.4g} ms in the lowering and compile), "
+        + ("in its one call in the capture" if made.calls == 1 else f"in each of its {made.calls} calls in the capture"),
+        module=f"jit_{made.name}", line=call_line, function=function, params={"change": change},
+        facts={"compiles": made.calls, "making_ms_per_call": round(made.making_ms, 1),
+               "compile_ms_per_call": round(made.compile_ms, 1),
+               **({} if made.held_by_steps else {"loop_step_ms": round(made.call_ms, 3)})})
+
+
+def _stack_line(module: HloModule | None, function: str, line: str) -> str:
+    """The line in `function` (of `line`'s file) that the program's Python stacks pass through: where the function
+    calls the jitted program (the Python tracer names a function by the line it begins on)."""
+    file = line.split(":", 1)[0]
+    for path, number, name in ((f[0], f[1], f[2]) for f in (module.stack_frames if module is not None else ())):
+        if path.rsplit("/", 1)[-1] == file and name.rsplit(".", 1)[-1] == function:
+            return f"{short_path(path)}:{number}"
+    return ""
 
 
 def _leading_change(shape: str, first: str) -> int | None:
