@@ -33,6 +33,7 @@ from xdiag.analysis.host_vocabulary import (
     CALLBACK_EVENT,
     COMPILE_EVENT,
     DISPATCH_EVENT,
+    EXECUTE_EVENT,
     HOST_TRANSFER_EVENT,
     JITTED_CALL_EVENT,
     SYNC_EVENT,
@@ -1106,3 +1107,127 @@ def _within_any(events: HostEvents, frames: HostEvents) -> np.ndarray:
         held = (at >= 0) & (frames.end_ps[order][np.clip(at, 0, None)] >= events.end_ps[index])
         out[index] = held
     return out
+
+
+BOOLEAN_INDEX_FRAME = re.compile(r"^\$indexing\.py:\d+ _?expand_bool_indices$")
+"""JAX turning a boolean index (x[mask]) into the indices of the mask's true elements, as the Python tracer names it:
+it needs the mask's values on the host (NumPy's nonzero), so a mask on the device is read back first."""
+MIN_MASK_TRIPS = 4.0
+"""Boolean indexes whose mask is read back, per call of the function looping over them, before the loop is the cost."""
+GROUP_REDUCTIONS = {
+    "_mean": ("mean", "sums = jax.ops.segment_sum(x, labels, num_segments={groups}); means = sums / "
+              "jnp.bincount(labels, length={groups})[:, None]", "jnp.mean(x, axis=0, where=mask[:, None])"),
+    "_reduce_sum": ("sum", "sums = jax.ops.segment_sum(x, labels, num_segments={groups})",
+                    "jnp.sum(x, axis=0, where=mask[:, None])"),
+    "_reduce_max": ("max", "maxima = jax.ops.segment_max(x, labels, num_segments={groups})",
+                    "jnp.max(x, axis=0, where=mask[:, None], initial=-jnp.inf)"),
+    "_reduce_min": ("min", "minima = jax.ops.segment_min(x, labels, num_segments={groups})",
+                    "jnp.min(x, axis=0, where=mask[:, None], initial=jnp.inf)"),
+}
+"""The reduction each trip applies to the rows it selected (jnp's jitted function, by the name its call carries): the
+one segment reduction over the labels that computes every group's at once, and the masked reduction that keeps the
+loop's shapes static."""
+
+
+def _innermost_holders(frames: HostEvents, events: HostEvents) -> np.ndarray:
+    """Per event: the index of the innermost of `frames` (of its thread) that holds it whole, -1 where none."""
+    out = np.full(len(events), -1, dtype=np.int64)
+    for i in range(len(events)):
+        holds = np.flatnonzero((frames.thread == events.thread[i]) & (frames.start_ps <= events.start_ps[i])
+                               & (frames.end_ps >= events.end_ps[i]))
+        if len(holds):
+            out[i] = holds[np.argmax(frames.start_ps[holds])]
+    return out
+
+
+def _comprehension(name: str) -> bool:
+    """A frame of a comprehension, lambda or generator expression (`<listcomp>`): a loop, not a function of its own."""
+    return _frame_line(name)[1].startswith("<")
+
+
+@idiom("boolean_mask_in_loop", "host_structure",
+       "A Python loop indexes an array with a boolean mask on every trip, reading the mask back to the host",
+       "{change}",
+       "x[mask] has as many rows as the mask has true values, so JAX reads the mask back to the host (a device sync) "
+       "to find them, uploads their indices and runs the gather and each op after it as its own dispatch, on every "
+       "trip, while the device idles; jax.jit refuses such an index (NonConcreteBooleanIndexError), so the loop "
+       "cannot be jitted as written, where one reduction over the labels has static shapes and computes every group "
+       "in one program",
+       gain=(0.9, 1.0), measured="docs/reference/measurements.md#boolean-mask-in-loop")
+def boolean_mask_in_loop(program: Program) -> list[Match]:
+    """A user's loop whose every trip indexes with a boolean mask read back from the device (the Python tracer's
+    frames): one sync, one upload and a few one-op programs per trip."""
+    frames = program.host_events(PYTHON_TRACER_EVENT)
+    masks = _outermost(frames.where(BOOLEAN_INDEX_FRAME.search))
+    if len(masks) < MIN_MASK_TRIPS:
+        return []
+    masks = masks.take(np.flatnonzero(_contains_any(masks, program.host_events(SYNC_EVENT))))
+    user = frames.where(program.is_user_frame)
+    holder = _innermost_holders(user, masks)
+    loops, trips = np.unique(holder[holder >= 0], return_counts=True)
+    if not len(loops) or trips.mean() < MIN_MASK_TRIPS:
+        return []
+    loop_name = str(user.names[loops[0]])
+    line, function = _frame_line(loop_name)
+    # The function the loop runs in: the comprehension's caller, or the function whose body loops
+    steps = _innermost_holders(user.where(lambda n: not _comprehension(n)), user.take(loops)) \
+        if _comprehension(loop_name) else np.arange(len(loops))
+    outer = user.where(lambda n: not _comprehension(n)) if _comprehension(loop_name) else user.take(loops)
+    loop_ps = 0.0
+    for k, (i, n) in enumerate(zip(loops, trips)):
+        mine = np.flatnonzero(holder == i)
+        span = float(masks.end_ps[mine].max() - masks.start_ps[mine].min()) * n / max(n - 1, 1)
+        loop_ps += float(user.end_ps[i] - user.start_ps[i]) if _comprehension(loop_name) else \
+            min(span, float(user.end_ps[i] - user.start_ps[i]))
+    held = np.unique(steps[steps >= 0])
+    step_ps = float((outer.end_ps[held] - outer.start_ps[held]).sum()) if len(held) else 0.0
+    if step_ps <= 0:
+        return []
+    step_function = _frame_line(str(outer.names[held[0]]))[1]
+    count = float(trips.sum())
+    in_loops = _within_any(_outermost(program.host_events(JITTED_CALL_EVENT)), user.take(loops))
+    jitted = _outermost(program.host_events(JITTED_CALL_EVENT)).take(np.flatnonzero(in_loops))
+    names, counts = np.unique(jitted.names.astype(str), return_counts=True)
+    per_trip = {str(names[k]): counts[k] / count for k in np.argsort(-counts, kind="stable")}
+    executions = _outermost(program.host_events(EXECUTE_EVENT))  # one execution's helper events nest in it
+    dispatches = float(_within_any(executions, user.take(loops)).sum()) / count
+    puts = float(_within_any(program.host_events(HOST_PUT_EVENT), user.take(loops)).sum()) / count
+    reduced = next((GROUP_REDUCTIONS[k] for k in GROUP_REDUCTIONS if per_trip.get(f"PjitFunction({k})", 0) >= 0.5),
+                   None)
+    compares = per_trip.get("PjitFunction(equal)", 0.0) >= 0.5
+    groups = round(count / len(loops))
+    indexed = _entry_shapes(_module(program, "jit_gather"))[:1]
+    labels = _entry_shapes(_module(program, "jit_equal"))[:1]
+    at = f"the loop at {line}" + (f" in {step_function}" if step_function else "")
+    if reduced is not None:
+        kind, segment, masked = reduced
+        change = (f"replace {at} (per trip a boolean index x[labels == c] and a {kind} of the rows it selects, "
+                  f"{groups} trips) by one segment reduction over the labels, in one jitted function: "
+                  + segment.format(groups=groups)
+                  + (f" (or a one-hot matmul, jax.nn.one_hot(labels, {groups}, dtype=x.dtype).T @ x, divided by the "
+                     f"counts)" if kind == "mean" else f" (or a one-hot matmul, jax.nn.one_hot(labels, {groups}, "
+                                                        f"dtype=x.dtype).T @ x)" if kind == "sum" else "")
+                  + f", under @jax.jit with the rest of {step_function or 'the step'}; its premise: each trip's mask "
+                  f"{'compares' if compares else 'is'} one array of labels, valued 0 to {groups - 1}, "
+                  f"{'with' if compares else 'equal to'} the loop's value. The loop cannot go under jax.jit as written "
+                  f"(a boolean index's shape is its mask's count of true values: NonConcreteBooleanIndexError); "
+                  f"where the loop stays, {masked} reads no mask back and keeps its shapes static, so it can")
+    else:
+        change = (f"replace the boolean index x[mask] in {at} by an operation of static shape, so nothing is read "
+                  f"back: jnp.where(mask[:, None], x, 0) with the mask as the weights of the reduction after it, or "
+                  f"jnp.nonzero(mask, size=n, fill_value=0) with a bound n; then the loop's {groups} trips can run in "
+                  f"one jitted function (jax.vmap over the loop's values, or jax.lax.map). As written jax.jit refuses "
+                  f"it (NonConcreteBooleanIndexError)")
+    return [Match(
+        "boolean_mask_in_loop", round(min(100.0 * loop_ps / step_ps, 100.0), 2),
+        f"{at} runs {count / len(loops):.3g} trips per call, each indexing "
+        + (f"{indexed[0]} " if indexed else "an array ") + "with a boolean mask"
+        + (f" made by comparing {labels[0]} with the loop's value" if compares and labels else "")
+        + f": per trip the mask is read back to the host (a device-to-host transfer and a sync) to find its true elements, "
+        f"{puts:.3g} arrays are put on the device and {dispatches:.3g} programs are dispatched "
+        f"({', '.join('jit_' + n.removeprefix('PjitFunction(').rstrip(')') for n in list(per_trip)[:5])}); the loop takes "
+        f"{loop_ps / PS_PER_MS / len(held):,.4g} ms of the {step_ps / PS_PER_MS / len(held):,.4g} ms a call of "
+        f"{step_function or 'its function'} takes",
+        line=line, function=function, params={"change": change, "groups": groups},
+        facts={"mask_reads_per_call": round(count / len(loops), 1), "dispatches_per_trip": round(dispatches, 1),
+               "puts_per_trip": round(puts, 1), "loop_step_ms": round(step_ps / PS_PER_MS / len(held), 3)})]
