@@ -4,7 +4,8 @@
   call, or feeding it one request at a time), so the device idles between calls.
 - recompile_per_shape: a jitted program is compiled again inside the steps because an argument's shape changes
   between calls (an array that grows by one element per call, or batches of varying size).
-  Where jax.jit itself runs inside the loop, on a lambda or closure made per call, it is this idiom too.
+  Where jax.jit itself runs inside the loop, on a lambda or closure made per call, it is this idiom too, seen from
+  the Python tracer's frames where the capture holds one call and one compile.
 - static_argument_per_value: the same program compiled again on every call with the same shapes while jax.jit runs
   only before the loop: a value its compiles are keyed on (a static argument) changes per call.
 - callback_in_step: the compiled step calls back into Python (jax.pure_callback, io_callback, jax.debug.callback),
@@ -17,6 +18,8 @@
   work in series.
 - weights_uploaded_each_step: the weights a step's matmuls multiply by are passed as host (NumPy) arrays and copied
   to the device on every call.
+- boolean_mask_in_loop: a Python loop indexes an array with a boolean mask on every trip, so each trip reads the
+  mask back to the host, uploads its indices and dispatches its ops one by one; jax.jit refuses the index.
 
 Their stake is the whole time the structure costs (the device's idle share of the step, or the compiles'), not the
 slice the breakdown files as dispatch: a loop moved into one program drops its dispatches, waits and idle together.
