@@ -1115,6 +1115,8 @@ def _within_any(events: HostEvents, frames: HostEvents) -> np.ndarray:
 BOOLEAN_INDEX_FRAME = re.compile(r"^\$indexing\.py:\d+ _?expand_bool_indices$")
 """JAX turning a boolean index (x[mask]) into the indices of the mask's true elements, as the Python tracer names it:
 it needs the mask's values on the host (NumPy's nonzero), so a mask on the device is read back first."""
+NUMPY_READ_FRAME = re.compile(r"^\$numpy (asarray|array)$")
+"""NumPy reading an array into host memory, as the Python tracer names it (a C function of the numpy module)."""
 MIN_MASK_TRIPS = 4.0
 """Boolean indexes whose mask is read back, per call of the function looping over them, before the loop is the cost."""
 GROUP_REDUCTIONS = {
@@ -1164,14 +1166,20 @@ def boolean_mask_in_loop(program: Program) -> list[Match]:
     masks = _outermost(frames.where(BOOLEAN_INDEX_FRAME.search))
     if len(masks) < MIN_MASK_TRIPS:
         return []
-    masks = masks.take(np.flatnonzero(_contains_any(masks, program.host_events(SYNC_EVENT))))
+    read = _contains_any(masks, program.host_events(SYNC_EVENT))
+    if program.platform == "CPU":  # the device's memory is the host's: NumPy reads the mask with no copy or sync
+        read |= _contains_any(masks, frames.where(NUMPY_READ_FRAME.search))
+    masks = masks.take(np.flatnonzero(read))
     user = frames.where(program.is_user_frame)
     holder = _innermost_holders(user, masks)
     loops, trips = np.unique(holder[holder >= 0], return_counts=True)
     if not len(loops) or trips.mean() < MIN_MASK_TRIPS:
         return []
     loop_name = str(user.names[loops[0]])
-    line, function = _frame_line(loop_name)
+    # The indexing line where the gather's program recorded it (its trace's stack), else the loop's frame
+    line, function = _function_line(program, _module(program, "jit_gather"))
+    if not line:
+        line, function = _frame_line(loop_name)
     # The function the loop runs in: the comprehension's caller, or the function whose body loops
     steps = _innermost_holders(user.where(lambda n: not _comprehension(n)), user.take(loops)) \
         if _comprehension(loop_name) else np.arange(len(loops))
@@ -1222,11 +1230,13 @@ def boolean_mask_in_loop(program: Program) -> list[Match]:
                   f"one jitted function (jax.vmap over the loop's values, or jax.lax.map). As written jax.jit refuses "
                   f"it (NonConcreteBooleanIndexError)")
     return [Match(
-        "boolean_mask_in_loop", round(min(100.0 * loop_ps / step_ps, 100.0), 2),
+        "boolean_mask_in_loop", round(float(min(100.0 * loop_ps / step_ps, 100.0)), 2),
         f"{at} runs {count / len(loops):.3g} trips per call, each indexing "
         + (f"{indexed[0]} " if indexed else "an array ") + "with a boolean mask"
         + (f" made by comparing {labels[0]} with the loop's value" if compares and labels else "")
-        + f": per trip the mask is read back to the host (a device-to-host transfer and a sync) to find its true elements, "
+        + ": per trip the mask is read back to the host"
+        + (" (NumPy's asarray: a wait for the device)" if program.platform == "CPU" else
+           " (a device-to-host transfer and a sync)") + f" to find its true elements, "
         f"{puts:.3g} arrays are put on the device and {dispatches:.3g} programs are dispatched "
         f"({', '.join('jit_' + n.removeprefix('PjitFunction(').rstrip(')') for n in list(per_trip)[:5])}); the loop takes "
         f"{loop_ps / PS_PER_MS / len(held):,.4g} ms of the {step_ps / PS_PER_MS / len(held):,.4g} ms a call of "
