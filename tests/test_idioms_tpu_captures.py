@@ -102,7 +102,8 @@ def test_jax_jit_made_inside_the_step_is_seen_where_the_capture_holds_one_step_a
     assert match.function == "step" and match.line.endswith("blind3_pinn_heat.py:68")  # the call, in the HLO's stack
     assert match.stake_percent > 99 and 1800 < match.facts["loop_step_ms"] < 1900
     change = IDIOMS["recompile_per_shape"].change_text(match)
-    assert change.startswith("build the jitted function once") and "jax.jit(sgd_step, static_argnames=" in change
+    assert change.startswith("build the jitted function once") and "jit sgd_step once" in change
+    assert "jax.jit(functools.partial(sgd_step, **settings)) once, before the loop" in change
     assert not matches(program("blind3_pinn_heat", "fixed"), "recompile_per_shape")
     assert not matches(program("blind3_pinn_heat", "before-a"), "static_argument_per_value")
 

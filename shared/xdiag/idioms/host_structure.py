@@ -414,18 +414,21 @@ def _jit_made_per_call_match(program: Program, made: JitMadePerCall) -> Match:
     call_line = _stack_line(module, function, line) or line
     stake = (program.step_percent(made.making_ms * made.calls) if made.held_by_steps else
              round(min(100.0 * made.making_ms / made.call_ms, 100.0), 2) if made.call_ms > 0 else 0.0)
-    change = (f"build the jitted function once, where the loop is set up, not inside {function} ({call_line}): make "
-              f"update = jax.jit(functools.partial({made.name}, **settings)) (or jax.jit({made.name}, "
-              f"static_argnames=(...)) for settings passed by keyword) once, before the loop, and call update in "
-              f"{function}; a jax.jit wrapper, functools.partial or lambda made anew on each call misses jit's cache, "
-              f"so each call traces, lowers and compiles again. If a bound value changes between calls (a learning "
-              f"rate's schedule), pass it as an array argument (jnp.float32(lr)) of the function jitted once")
+    change = (f"build the jitted function once, where the loop is set up, not inside {function} (which calls what it "
+              f"makes at {call_line}): make update = jax.jit(functools.partial({made.name}, **settings)) once, before "
+              f"the loop (or jit {made.name} once, naming the settings it takes by keyword in static_argnames), and "
+              f"call update in {function}; a jax.jit wrapper, functools.partial or lambda made anew on each call "
+              f"misses jit's cache, so each call traces, lowers and compiles again. If a bound value changes between "
+              f"calls (a learning rate's schedule), pass it as an array argument (jnp.float32(lr)) of the function "
+              f"jitted once")
     return Match(
         "recompile_per_shape", stake,
-        f"{function} ({line}) calls jax.jit and then the program it made, jit_{made.name}, which misses jit's cache "
+        f"the function {function} ({line}) calls jax.jit and then the program it made, jit_{made.name}, which misses "
+        f"jit's cache "
         f"and is traced, lowered and compiled again: {made.making_ms:,.4g} ms of the {made.call_ms:,.4g} ms a call "
         f"of {function} takes ({made.compile_ms:,.4g} ms in the lowering and compile), "
-        + ("in its one call in the capture" if made.calls == 1 else f"in each of its {made.calls} calls in the capture"),
+        + ("in its one call in the capture" if made.calls == 1 else
+           f"in each of its {made.calls} calls in the capture"),
         module=f"jit_{made.name}", line=call_line, function=function, params={"change": change},
         facts={"compiles": made.calls, "making_ms_per_call": round(made.making_ms, 1),
                "compile_ms_per_call": round(made.compile_ms, 1),
@@ -1238,7 +1241,8 @@ def boolean_mask_in_loop(program: Program) -> list[Match]:
         + (" (NumPy's asarray: a wait for the device)" if program.platform == "CPU" else
            " (a device-to-host transfer and a sync)") + f" to find its true elements, "
         f"{puts:.3g} arrays are put on the device and {dispatches:.3g} programs are dispatched "
-        f"({', '.join('jit_' + n.removeprefix('PjitFunction(').rstrip(')') for n in list(per_trip)[:5])}); the loop takes "
+        f"({', '.join('jit_' + n.removeprefix('PjitFunction(').rstrip(')') for n in list(per_trip)[:5])}); "
+        f"the loop takes "
         f"{loop_ps / PS_PER_MS / len(held):,.4g} ms of the {step_ps / PS_PER_MS / len(held):,.4g} ms a call of "
         f"{step_function or 'its function'} takes",
         line=line, function=function, params={"change": change, "groups": groups},
