@@ -312,6 +312,9 @@ def _jit_made_per_call(program: Program) -> JitMadePerCall | None:
     if not len(wraps):
         return None
     user = frames.where(program.is_user_frame)
+    # The functions that run jax.jit, each with all its calls (those that make nothing too)
+    wrapping = set(user.names[_contains_any(user, wraps)].astype(str))
+    user = user.where(lambda n: n in wrapping)
     calls = _outermost(program.host_events(JITTED_CALL_EVENT))
     compiles = _outermost(program.host_events(COMPILE_EVENT))
     compiling = _contains_any(calls, compiles)
@@ -1174,6 +1177,7 @@ def boolean_mask_in_loop(program: Program) -> list[Match]:
         read |= _contains_any(masks, frames.where(NUMPY_READ_FRAME.search))
     masks = masks.take(np.flatnonzero(read))
     user = frames.where(program.is_user_frame)
+    user = user.take(np.flatnonzero(_contains_any(user, masks)))  # the frames around the indexes alone
     holder = _innermost_holders(user, masks)
     loops, trips = np.unique(holder[holder >= 0], return_counts=True)
     if not len(loops) or trips.mean() < MIN_MASK_TRIPS:
