@@ -29,6 +29,10 @@ WEIGHTS = """
                 x = jnp.tanh(x @ w)
             return x
 """
+GROUPS = """
+        x = jax.random.normal(jax.random.key(0), (4096, 64))
+        labels = jax.random.permutation(jax.random.key(1), jnp.arange(4096) % 16)
+"""
 PROGRAMS = {
     # name -> (body defining run(), the idiom it holds or None, the text of the line its report names)
     "jit_per_call": (LAYER + """
@@ -60,8 +64,19 @@ PROGRAMS = {
         on_device = jax.device_put(params)
         run = lambda: forward(on_device, x)
     """, None, None),
+    "mask_per_group": (GROUPS + """
+        def run():
+            totals = []
+            for c in range(16):
+                totals.append(x[labels == c].sum(axis=0))
+            return jnp.stack(totals)
+    """, "boolean_mask_in_loop", "totals.append(x[labels == c].sum(axis=0))"),
+    "segment_sum": (GROUPS + """
+        totals = jax.jit(lambda x, labels: jax.ops.segment_sum(x, labels, num_segments=16))
+        run = lambda: totals(x, labels)
+    """, None, None),
 }
-MINE = {"static_argument_per_value", "weights_uploaded_each_step"}
+MINE = {"static_argument_per_value", "weights_uploaded_each_step", "boolean_mask_in_loop"}
 NEIGHBOURS = {"recompile_per_shape", "python_loop_of_calls", "eager_ops", "callback_in_step", "host_preprocessing",
               "per_element_transfers", "read_each_step"}
 
@@ -101,5 +116,7 @@ def test_the_report_leads_with_the_idioms_change_at_the_users_line(name, capture
         assert "jit _lambda once, outside the loop" in top.fix and "static_argnums" not in top.fix[:80], top.fix
     elif idiom == "static_argument_per_value":
         assert "static_argnums" in top.fix and "jnp.float32(lr)" in top.fix, top.fix
+    elif idiom == "boolean_mask_in_loop":
+        assert "jax.ops.segment_sum(x, labels, num_segments=16)" in top.fix and "a sum of the rows" in top.fix, top.fix
     elif idiom == "weights_uploaded_each_step":
         assert "jax.device_put(params)" in top.fix and "4 weight arrays (4 MiB)" in top.fix, top.fix

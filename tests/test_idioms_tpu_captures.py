@@ -118,3 +118,28 @@ def test_promoted_weights_predict_half_their_share_of_the_matmuls_bytes(program)
     (decode,) = matches(program("dtype_promotion", "before-a"), "promoted_matmul")
     assert idiom.predicted_percent(decode)[1] == pytest.approx(decode.stake_percent / 2, abs=0.2)
     assert not matches(program("dtype_promotion", "before-a"), "float32_operand_rounded_by_matmul")
+def test_jax_jit_made_inside_the_step_is_seen_where_the_capture_holds_one_step_and_one_compile(program):
+    """The step calls jax.jit(functools.partial(...)) and then what it made: with one step traced, the capture holds
+    one compile, outside the device's one execution (its step); the Python tracer's frames show the wrap and the
+    compile inside the step function's call."""
+    (match,) = matches(program("blind3_pinn_heat", "before-a"), "recompile_per_shape")
+    assert match.function == "step" and match.line.endswith("blind3_pinn_heat.py:68")  # the call, in the HLO's stack
+    assert match.stake_percent > 99 and 1800 < match.facts["loop_step_ms"] < 1900
+    change = IDIOMS["recompile_per_shape"].change_text(match)
+    assert change.startswith("build the jitted function once") and "jit sgd_step once" in change
+    assert "jax.jit(functools.partial(sgd_step, **settings)) once, before the loop" in change
+    assert not matches(program("blind3_pinn_heat", "fixed"), "recompile_per_shape")
+    assert not matches(program("blind3_pinn_heat", "before-a"), "static_argument_per_value")
+
+
+def test_a_loop_of_boolean_mask_indexes_reads_each_mask_back_and_is_changed_to_one_segment_sum(program):
+    """x[labels == c].mean(0) per class: each trip reads its mask back (NumPy's nonzero on the host), so jax.jit
+    refuses the loop; the change is one segment sum over the labels divided by the counts, its groups the trips."""
+    (match,) = matches(program("blind3_proto_episode", "before-a"), "boolean_mask_in_loop")
+    assert match.facts["mask_reads_per_call"] == 128 and match.facts["dispatches_per_trip"] == 8
+    assert 98 < match.stake_percent < 99.5 and 480 < match.facts["loop_step_ms"] < 500
+    assert "f32[8192,256]" in match.what and "comparing s32[8192]" in match.what
+    change = IDIOMS["boolean_mask_in_loop"].change_text(match)
+    assert "jax.ops.segment_sum(x, labels, num_segments=128)" in change and "jnp.bincount(labels, length=128)" in change
+    assert "NonConcreteBooleanIndexError" in change and "jnp.mean(x, axis=0, where=mask[:, None])" in change
+    assert not matches(program("blind3_proto_episode", "fixed"), "boolean_mask_in_loop")

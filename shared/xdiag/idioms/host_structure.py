@@ -4,7 +4,8 @@
   call, or feeding it one request at a time), so the device idles between calls.
 - recompile_per_shape: a jitted program is compiled again inside the steps because an argument's shape changes
   between calls (an array that grows by one element per call, or batches of varying size).
-  Where jax.jit itself runs inside the loop, on a lambda or closure made per call, it is this idiom too.
+  Where jax.jit itself runs inside the loop, on a lambda or closure made per call, it is this idiom too, seen from
+  the Python tracer's frames where the capture holds one call and one compile.
 - static_argument_per_value: the same program compiled again on every call with the same shapes while jax.jit runs
   only before the loop: a value its compiles are keyed on (a static argument) changes per call.
 - callback_in_step: the compiled step calls back into Python (jax.pure_callback, io_callback, jax.debug.callback),
@@ -17,6 +18,8 @@
   work in series.
 - weights_uploaded_each_step: the weights a step's matmuls multiply by are passed as host (NumPy) arrays and copied
   to the device on every call.
+- boolean_mask_in_loop: a Python loop indexes an array with a boolean mask on every trip, so each trip reads the
+  mask back to the host, uploads its indices and dispatches its ops one by one; jax.jit refuses the index.
 
 Their stake is the whole time the structure costs (the device's idle share of the step, or the compiles'), not the
 slice the breakdown files as dispatch: a loop moved into one program drops its dispatches, waits and idle together.
@@ -33,13 +36,14 @@ from xdiag.analysis.host_vocabulary import (
     CALLBACK_EVENT,
     COMPILE_EVENT,
     DISPATCH_EVENT,
+    EXECUTE_EVENT,
     HOST_TRANSFER_EVENT,
     JITTED_CALL_EVENT,
     SYNC_EVENT,
 )
 from xdiag.analysis.intervals import PS_PER_MS, covered, outermost
 from xdiag.analysis.op_table import module_spans
-from xdiag.analysis.source_lines import python_frame
+from xdiag.analysis.source_lines import python_frame, short_path
 from xdiag.analysis.xprof.common import natural_order
 from xdiag.idioms.catalogue import Match, idiom
 from xdiag.idioms.hlo_graph import DTYPE_BYTES, nbytes
@@ -280,6 +284,79 @@ def _static_value_changes(program: Program, found: Recompiles) -> bool:
         len(_jit_wraps(program)) < steps / 2
 
 
+@dataclass
+class JitMadePerCall:
+    """A user function that calls jax.jit and then the program it made, whose call misses jit's cache and compiles,
+    on each of its calls in the capture: what making the program again costs per call."""
+
+    frame: str  # the function, as the Python tracer names it
+    calls: int  # its calls in the capture
+    name: str  # the jitted program it makes and calls
+    call_ms: float  # the function's time per call
+    making_ms: float  # per call: jax.jit's wrap, and the jitted call up to the end of its compile (trace, lowering)
+    compile_ms: float  # per call: the lowering and the compile alone
+    held_by_steps: bool  # the profile's steps hold its calls (else they mark only the device's execution)
+
+
+def _outermost(events: HostEvents) -> HostEvents:
+    return events.take(np.flatnonzero(outermost(np.ones(len(events), bool), events.thread, events.start_ps,
+                                                events.end_ps)))
+
+
+def _jit_made_per_call(program: Program) -> JitMadePerCall | None:
+    """The user function whose every call in the capture runs jax.jit and then calls what it made, that call tracing
+    and compiling (every call of that program inside it does): a jitted function made per call, seen even where the
+    capture holds one call and so one compile."""
+    frames = program.host_events(PYTHON_TRACER_EVENT)
+    wraps = frames.where(JIT_WRAP_FRAME.search)
+    if not len(wraps):
+        return None
+    user = frames.where(program.is_user_frame)
+    # The functions that run jax.jit, each with all its calls (those that make nothing too)
+    wrapping = set(user.names[_contains_any(user, wraps)].astype(str))
+    user = user.where(lambda n: n in wrapping)
+    calls = _outermost(program.host_events(JITTED_CALL_EVENT))
+    compiles = _outermost(program.host_events(COMPILE_EVENT))
+    compiling = _contains_any(calls, compiles)
+    per_frame: dict[str, list[tuple[float, float, float]]] = {}  # name -> per call (ms, making ms, compile ms)
+    program_of: dict[str, str] = {}
+    for i in range(len(user)):
+        start, end, thread = user.start_ps[i], user.end_ps[i], user.thread[i]
+        inside = np.flatnonzero((calls.thread == thread) & (calls.start_ps >= start) & (calls.end_ps <= end))
+        made = [c for c in inside if compiling[c] and ((wraps.thread == thread) & (wraps.start_ps >= start)
+                                                       & (wraps.end_ps <= calls.start_ps[c])).any()]
+        name = str(user.names[i])
+        if not made or any(not compiling[c] for c in inside if calls.names[c] == calls.names[made[0]]):
+            per_frame.setdefault(name, []).append((0.0, -1.0, 0.0))  # a call that reuses what it made
+            continue
+        making = _step_ms_between(wraps, thread, start, end)
+        compile_ms = 0.0
+        for c in made:
+            held = (compiles.thread == thread) & (compiles.start_ps >= calls.start_ps[c]) & \
+                (compiles.end_ps <= calls.end_ps[c])
+            making += float(compiles.end_ps[held].max() - calls.start_ps[c]) / PS_PER_MS
+            compile_ms += float((compiles.end_ps[held] - compiles.start_ps[held]).sum()) / PS_PER_MS
+        per_frame.setdefault(name, []).append((float(end - start) / PS_PER_MS, making, compile_ms))
+        program_of[name] = str(calls.names[made[0]])
+    found = [(name, rows) for name, rows in per_frame.items() if all(r[1] >= 0 for r in rows)]
+    if not found:
+        return None
+    # The innermost such function: its caller holds the same calls and compiles
+    name, rows = min(found, key=lambda kv: (-sum(r[1] for r in kv[1]), sum(r[0] for r in kv[1])))
+    mine = user.where(lambda n: n == name)
+    held = _step_ms(program, mine.start_ps, mine.end_ps)
+    total = sum(r[0] for r in rows)
+    return JitMadePerCall(name, len(rows), program_of[name].split("(", 1)[1].rstrip(")"), float(total / len(rows)),
+                          float(sum(r[1] for r in rows) / len(rows)), float(sum(r[2] for r in rows) / len(rows)),
+                          bool(held >= 0.9 * total and program.profiled_step_ms > held))
+
+
+def _step_ms_between(events: HostEvents, thread: int, start: int, end: int) -> float:
+    """The time the events of one thread inside [start, end] take, in ms."""
+    inside = (events.thread == thread) & (events.start_ps >= start) & (events.end_ps <= end)
+    return float((events.end_ps[inside] - events.start_ps[inside]).sum()) / PS_PER_MS
+
+
 @idiom("recompile_per_shape", "host_structure",
        "A jitted program is compiled again inside the steps",
        "{change}",
@@ -289,7 +366,10 @@ def _static_value_changes(program: Program, found: Recompiles) -> bool:
        gain=(0.8, 1.0))
 def recompile_per_shape(program: Program) -> list[Match]:
     found = _recompiles(program)
-    if found is None or _static_value_changes(program, found):
+    if found is None:
+        made = _jit_made_per_call(program)
+        return [_jit_made_per_call_match(program, made)] if made is not None else []
+    if _static_value_changes(program, found):
         return []
     name, shapes, changing = found.name, found.shapes, found.changing
     line, function = _function_line(program, found.modules[0])
@@ -326,6 +406,46 @@ def recompile_per_shape(program: Program) -> list[Match]:
         module=name, line=line, function=function,
         params={"change": change, "position": position},
         facts={**_compile_facts(found), "argument_shapes": seen})]
+
+
+def _jit_made_per_call_match(program: Program, made: JitMadePerCall) -> Match:
+    """recompile_per_shape where the capture shows jax.jit run inside the function that calls what it made: the
+    change is to make it once; its stake is the making's share of the profiled steps where they hold the function's
+    calls, else of the function's own calls (steps that mark only the device's execution hold no compile)."""
+    line, function = _frame_line(made.frame)
+    module = _module(program, f"jit_{made.name}")
+    call_line = _stack_line(module, function, line) or line
+    stake = (program.step_percent(made.making_ms * made.calls) if made.held_by_steps else
+             round(min(100.0 * made.making_ms / made.call_ms, 100.0), 2) if made.call_ms > 0 else 0.0)
+    change = (f"build the jitted function once, where the loop is set up, not inside {function} (which calls what it "
+              f"makes at {call_line}): make update = jax.jit(functools.partial({made.name}, **settings)) once, before "
+              f"the loop (or jit {made.name} once, naming the settings it takes by keyword in static_argnames), and "
+              f"call update in {function}; a jax.jit wrapper, functools.partial or lambda made anew on each call "
+              f"misses jit's cache, so each call traces, lowers and compiles again. If a bound value changes between "
+              f"calls (a learning rate's schedule), pass it as an array argument (jnp.float32(lr)) of the function "
+              f"jitted once")
+    return Match(
+        "recompile_per_shape", stake,
+        f"the function {function} ({line}) calls jax.jit and then the program it made, jit_{made.name}, which misses "
+        f"jit's cache "
+        f"and is traced, lowered and compiled again: {made.making_ms:,.4g} ms of the {made.call_ms:,.4g} ms a call "
+        f"of {function} takes ({made.compile_ms:,.4g} ms in the lowering and compile), "
+        + ("in its one call in the capture" if made.calls == 1 else
+           f"in each of its {made.calls} calls in the capture"),
+        module=f"jit_{made.name}", line=call_line, function=function, params={"change": change},
+        facts={"compiles": made.calls, "making_ms_per_call": round(made.making_ms, 1),
+               "compile_ms_per_call": round(made.compile_ms, 1),
+               **({} if made.held_by_steps else {"loop_step_ms": round(made.call_ms, 3)})})
+
+
+def _stack_line(module: HloModule | None, function: str, line: str) -> str:
+    """The line in `function` (of `line`'s file) that the program's Python stacks pass through: where the function
+    calls the jitted program (the Python tracer names a function by the line it begins on)."""
+    file = line.split(":", 1)[0]
+    for path, number, name in ((f[0], f[1], f[2]) for f in (module.stack_frames if module is not None else ())):
+        if path.rsplit("/", 1)[-1] == file and name.rsplit(".", 1)[-1] == function:
+            return f"{short_path(path)}:{number}"
+    return ""
 
 
 def _leading_change(shape: str, first: str) -> int | None:
@@ -996,3 +1116,139 @@ def _within_any(events: HostEvents, frames: HostEvents) -> np.ndarray:
         held = (at >= 0) & (frames.end_ps[order][np.clip(at, 0, None)] >= events.end_ps[index])
         out[index] = held
     return out
+
+
+BOOLEAN_INDEX_FRAME = re.compile(r"^\$indexing\.py:\d+ _?expand_bool_indices$")
+"""JAX turning a boolean index (x[mask]) into the indices of the mask's true elements, as the Python tracer names it:
+it needs the mask's values on the host (NumPy's nonzero), so a mask on the device is read back first."""
+NUMPY_READ_FRAME = re.compile(r"^\$numpy (asarray|array)$")
+"""NumPy reading an array into host memory, as the Python tracer names it (a C function of the numpy module)."""
+MIN_MASK_TRIPS = 4.0
+"""Boolean indexes whose mask is read back, per call of the function looping over them, before the loop is the cost."""
+GROUP_REDUCTIONS = {
+    "_mean": ("mean", "sums = jax.ops.segment_sum(x, labels, num_segments={groups}); means = sums / "
+              "jnp.bincount(labels, length={groups})[:, None]", "jnp.mean(x, axis=0, where=mask[:, None])"),
+    "_reduce_sum": ("sum", "sums = jax.ops.segment_sum(x, labels, num_segments={groups})",
+                    "jnp.sum(x, axis=0, where=mask[:, None])"),
+    "_reduce_max": ("max", "maxima = jax.ops.segment_max(x, labels, num_segments={groups})",
+                    "jnp.max(x, axis=0, where=mask[:, None], initial=-jnp.inf)"),
+    "_reduce_min": ("min", "minima = jax.ops.segment_min(x, labels, num_segments={groups})",
+                    "jnp.min(x, axis=0, where=mask[:, None], initial=jnp.inf)"),
+}
+"""The reduction each trip applies to the rows it selected (jnp's jitted function, by the name its call carries): the
+one segment reduction over the labels that computes every group's at once, and the masked reduction that keeps the
+loop's shapes static."""
+
+
+def _innermost_holders(frames: HostEvents, events: HostEvents) -> np.ndarray:
+    """Per event: the index of the innermost of `frames` (of its thread) that holds it whole, -1 where none."""
+    out = np.full(len(events), -1, dtype=np.int64)
+    for i in range(len(events)):
+        holds = np.flatnonzero((frames.thread == events.thread[i]) & (frames.start_ps <= events.start_ps[i])
+                               & (frames.end_ps >= events.end_ps[i]))
+        if len(holds):
+            out[i] = holds[np.argmax(frames.start_ps[holds])]
+    return out
+
+
+def _comprehension(name: str) -> bool:
+    """A frame of a comprehension, lambda or generator expression (`<listcomp>`): a loop, not a function of its own."""
+    return _frame_line(name)[1].startswith("<")
+
+
+@idiom("boolean_mask_in_loop", "host_structure",
+       "A Python loop indexes an array with a boolean mask on every trip, reading the mask back to the host",
+       "{change}",
+       "x[mask] has as many rows as the mask has true values, so JAX reads the mask back to the host (a device sync) "
+       "to find them, uploads their indices and runs the gather and each op after it as its own dispatch, on every "
+       "trip, while the device idles; jax.jit refuses such an index (NonConcreteBooleanIndexError), so the loop "
+       "cannot be jitted as written, where one reduction over the labels has static shapes and computes every group "
+       "in one program",
+       gain=(0.9, 1.0), measured="docs/reference/measurements.md#boolean-mask-in-loop")
+def boolean_mask_in_loop(program: Program) -> list[Match]:
+    """A user's loop whose every trip indexes with a boolean mask read back from the device (the Python tracer's
+    frames): one sync, one upload and a few one-op programs per trip."""
+    frames = program.host_events(PYTHON_TRACER_EVENT)
+    masks = _outermost(frames.where(BOOLEAN_INDEX_FRAME.search))
+    if len(masks) < MIN_MASK_TRIPS:
+        return []
+    read = _contains_any(masks, program.host_events(SYNC_EVENT))
+    if program.platform == "CPU":  # the device's memory is the host's: NumPy reads the mask with no copy or sync
+        read |= _contains_any(masks, frames.where(NUMPY_READ_FRAME.search))
+    masks = masks.take(np.flatnonzero(read))
+    user = frames.where(program.is_user_frame)
+    user = user.take(np.flatnonzero(_contains_any(user, masks)))  # the frames around the indexes alone
+    holder = _innermost_holders(user, masks)
+    loops, trips = np.unique(holder[holder >= 0], return_counts=True)
+    if not len(loops) or trips.mean() < MIN_MASK_TRIPS:
+        return []
+    loop_name = str(user.names[loops[0]])
+    # The indexing line where the gather's program recorded it (its trace's stack), else the loop's frame
+    line, function = _function_line(program, _module(program, "jit_gather"))
+    if not line:
+        line, function = _frame_line(loop_name)
+    # The function the loop runs in: the comprehension's caller, or the function whose body loops
+    steps = _innermost_holders(user.where(lambda n: not _comprehension(n)), user.take(loops)) \
+        if _comprehension(loop_name) else np.arange(len(loops))
+    outer = user.where(lambda n: not _comprehension(n)) if _comprehension(loop_name) else user.take(loops)
+    loop_ps = 0.0
+    for k, (i, n) in enumerate(zip(loops, trips)):
+        mine = np.flatnonzero(holder == i)
+        span = float(masks.end_ps[mine].max() - masks.start_ps[mine].min()) * n / max(n - 1, 1)
+        loop_ps += float(user.end_ps[i] - user.start_ps[i]) if _comprehension(loop_name) else \
+            min(span, float(user.end_ps[i] - user.start_ps[i]))
+    held = np.unique(steps[steps >= 0])
+    step_ps = float((outer.end_ps[held] - outer.start_ps[held]).sum()) if len(held) else 0.0
+    if step_ps <= 0:
+        return []
+    step_function = _frame_line(str(outer.names[held[0]]))[1]
+    count = float(trips.sum())
+    in_loops = _within_any(_outermost(program.host_events(JITTED_CALL_EVENT)), user.take(loops))
+    jitted = _outermost(program.host_events(JITTED_CALL_EVENT)).take(np.flatnonzero(in_loops))
+    names, counts = np.unique(jitted.names.astype(str), return_counts=True)
+    per_trip = {str(names[k]): counts[k] / count for k in np.argsort(-counts, kind="stable")}
+    executions = _outermost(program.host_events(EXECUTE_EVENT))  # one execution's helper events nest in it
+    dispatches = float(_within_any(executions, user.take(loops)).sum()) / count
+    puts = float(_within_any(program.host_events(HOST_PUT_EVENT), user.take(loops)).sum()) / count
+    reduced = next((GROUP_REDUCTIONS[k] for k in GROUP_REDUCTIONS if per_trip.get(f"PjitFunction({k})", 0) >= 0.5),
+                   None)
+    compares = per_trip.get("PjitFunction(equal)", 0.0) >= 0.5
+    groups = round(count / len(loops))
+    indexed = _entry_shapes(_module(program, "jit_gather"))[:1]
+    labels = _entry_shapes(_module(program, "jit_equal"))[:1]
+    at = f"the loop at {line}" + (f" in {step_function}" if step_function else "")
+    if reduced is not None:
+        kind, segment, masked = reduced
+        change = (f"replace {at} (per trip a boolean index x[labels == c] and a {kind} of the rows it selects, "
+                  f"{groups} trips) by one segment reduction over the labels, in one jitted function: "
+                  + segment.format(groups=groups)
+                  + (f" (or a one-hot matmul, jax.nn.one_hot(labels, {groups}, dtype=x.dtype).T @ x, divided by the "
+                     f"counts)" if kind == "mean" else f" (or a one-hot matmul, jax.nn.one_hot(labels, {groups}, "
+                                                        f"dtype=x.dtype).T @ x)" if kind == "sum" else "")
+                  + f", under @jax.jit with the rest of {step_function or 'the step'}; its premise: each trip's mask "
+                  f"{'compares' if compares else 'is'} one array of labels, valued 0 to {groups - 1}, "
+                  f"{'with' if compares else 'equal to'} the loop's value. The loop cannot go under jax.jit as written "
+                  f"(a boolean index's shape is its mask's count of true values: NonConcreteBooleanIndexError); "
+                  f"where the loop stays, {masked} reads no mask back and keeps its shapes static, so it can")
+    else:
+        change = (f"replace the boolean index x[mask] in {at} by an operation of static shape, so nothing is read "
+                  f"back: jnp.where(mask[:, None], x, 0) with the mask as the weights of the reduction after it, or "
+                  f"jnp.nonzero(mask, size=n, fill_value=0) with a bound n; then the loop's {groups} trips can run in "
+                  f"one jitted function (jax.vmap over the loop's values, or jax.lax.map). As written jax.jit refuses "
+                  f"it (NonConcreteBooleanIndexError)")
+    return [Match(
+        "boolean_mask_in_loop", round(float(min(100.0 * loop_ps / step_ps, 100.0)), 2),
+        f"{at} runs {count / len(loops):.3g} trips per call, each indexing "
+        + (f"{indexed[0]} " if indexed else "an array ") + "with a boolean mask"
+        + (f" made by comparing {labels[0]} with the loop's value" if compares and labels else "")
+        + ": per trip the mask is read back to the host"
+        + (" (NumPy's asarray: a wait for the device)" if program.platform == "CPU" else
+           " (a device-to-host transfer and a sync)") + f" to find its true elements, "
+        f"{puts:.3g} arrays are put on the device and {dispatches:.3g} programs are dispatched "
+        f"({', '.join('jit_' + n.removeprefix('PjitFunction(').rstrip(')') for n in list(per_trip)[:5])}); "
+        f"the loop takes "
+        f"{loop_ps / PS_PER_MS / len(held):,.4g} ms of the {step_ps / PS_PER_MS / len(held):,.4g} ms a call of "
+        f"{step_function or 'its function'} takes",
+        line=line, function=function, params={"change": change, "groups": groups},
+        facts={"mask_reads_per_call": round(count / len(loops), 1), "dispatches_per_trip": round(dispatches, 1),
+               "puts_per_trip": round(puts, 1), "loop_step_ms": round(step_ps / PS_PER_MS / len(held), 3)})]

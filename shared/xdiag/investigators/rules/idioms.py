@@ -34,6 +34,11 @@ SUPERSEDES = {
     # the device. Its stake times the copies by their own work, where the traced span is mostly the profiler's
     "read_each_step": ("host_sync", "input_bound", "device_idle", "memory_transfers"),
     "linear_algebra": ("opaque_kernel",),
+    # a loop of boolean-mask indexes runs its ops eagerly and reads each mask back: those findings' time is its own,
+    # and their change (jax.jit) fails on the boolean index
+    "boolean_mask_in_loop": ("eager_ops", "python_loop_of_calls", "per_element_transfers", "read_each_step",
+                             "dispatch_overhead", "host_sync", "low_utilization", "input_bound", "device_idle",
+                             "warm_up", "memory_transfers", "transfer", "unfused_kernels"),
 }
 """Host-structure idioms, and the findings whose measured slice is part of the time the idiom's change removes."""
 COVERED_BY_OPS = ("memory_bound", "low_kernel_efficiency", "layout_copies", "unfused_data_movement",
