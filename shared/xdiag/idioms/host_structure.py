@@ -767,6 +767,30 @@ def _copy_work_ratio(program: Program) -> float:
     return work / wall if wall > 0 else 1.0
 
 
+READ_CALLS = {"__float__": "float()", "__int__": "int()", "__index__": "int()", "__bool__": "bool()",
+              "item": ".item()", "tolist": ".tolist()", "__array__": "np.asarray()", "device_get": "jax.device_get"}
+"""The user's call behind each read the Python tracer names (READ_EVENT's methods)."""
+
+
+def _read_call(name: str) -> str:
+    method = str(name).rsplit(" ", 1)[-1]
+    return READ_CALLS.get(method, method)
+
+
+def _step_reads(program: Program, frames: HostEvents) -> HostEvents | None:
+    """The reads of a device value in the steps (the outermost READ_EVENT frames), where every step reads, but for one
+    at the capture's edge (its read fell outside the capture), and at most MAX_READS_PER_STEP times; else None."""
+    steps = float(program.step.get("steps") or 0)
+    # A read of a value (float(loss), np.asarray of a metric): a benchmark's block_until_ready per step is a
+    # measurement's wait, not a read the program needs
+    waits = _in_steps(program, frames.where(READ_EVENT.search))
+    waits = waits.take(np.flatnonzero(outermost(np.ones(len(waits), bool), waits.thread, waits.start_ps,
+                                                waits.end_ps)))
+    if steps <= 0 or not max(1.0, min(0.9 * steps, steps - 1)) <= len(waits) <= MAX_READS_PER_STEP * steps:
+        return None
+    return waits
+
+
 @idiom("read_each_step", "host_structure",
        "The loop reads a value back every step, so the host's work and the device's never overlap",
        "{change}",
@@ -788,14 +812,9 @@ def read_each_step(program: Program) -> list[Match]:
     device = 100.0 - idle
     if steps <= 0 or dispatches >= MIN_CALLS_PER_STEP:
         return []
-    # A read of a value (float(loss), np.asarray of a metric): a benchmark's block_until_ready per step is a
-    # measurement's wait, not a read the program needs
     frames = program.host_events(PYTHON_TRACER_EVENT)
-    waits = _in_steps(program, frames.where(READ_EVENT.search))
-    waits = waits.take(np.flatnonzero(outermost(np.ones(len(waits), bool), waits.thread, waits.start_ps,
-                                                waits.end_ps)))
-    # every step reads, but for one at the capture's edge (its read fell outside the capture)
-    if not max(1.0, min(0.9 * steps, steps - 1)) <= len(waits) <= MAX_READS_PER_STEP * steps:
+    waits = _step_reads(program, frames)
+    if waits is None:
         return []
     # The copies as long as their own work, the step as long as it would be with them so (the profiler's recording
     # of a copy's chunks is no part of the program's time)
@@ -806,9 +825,7 @@ def read_each_step(program: Program) -> list[Match]:
         return []
     reads = len(waits) / steps
     line, function = _caller(program, frames, int(waits.start_ps[0]), int(waits.end_ps[0]))
-    name = str(waits.names[0]).rsplit(" ", 1)[-1]
-    read = {"__float__": "float()", "__int__": "int()", "__index__": "int()", "__bool__": "bool()", "item": ".item()",
-            "tolist": ".tolist()", "__array__": "np.asarray()", "device_get": "jax.device_get"}.get(name, name)
+    read = _read_call(waits.names[0])
     # Overlapped, a step takes the longest of the three; the others' time leaves it
     stake = round(100 * (sum(parts.values()) - max(parts.values())) / step_at_work, 2)
     if stake < MIN_OVERLAP_PERCENT:
