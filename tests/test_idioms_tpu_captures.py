@@ -92,3 +92,16 @@ def test_recomputation_of_a_loop_invariant_value_is_the_loops_not_the_remats(pro
     (remat,) = matches(hoist, "needless_remat")
     assert invariant.ops == ["fusion.46"] and "fusion.46" not in remat.what
     assert remat.stake_percent < invariant.stake_percent
+
+
+def test_a_large_result_read_back_for_a_numpy_argmax_is_sized_by_the_programs_output_and_timed_by_its_frames(program):
+    """On a TPU the read (np.asarray: jax.Array.__array__) copies the whole output across the host link and NumPy's
+    argmax (an array method in C, `$<unknown> argmax`) follows it on the same thread: both are the stake; the device's
+    own pass over the array is what the change needs. Reduced on the device, only the class ids come back."""
+    (match,) = matches(program("blind3_eval_21k", "before-a"), "reduced_on_host")
+    assert match.facts["read_shape"] == "f32[2048,21843]" and match.params["reduction"] == "argmax"
+    assert match.module == "jit_predict" and match.function == "step"
+    assert match.facts["host_reduction_percent"] > 90 and match.stake_percent > 99 and match.needed_percent < 1
+    change = IDIOMS["reduced_on_host"].change_text(match)
+    assert change.startswith("take the argmax on the device: return jnp.argmax(y, axis=-1) from predict"), change
+    assert not matches(program("blind3_eval_21k", "fixed"), "reduced_on_host")
