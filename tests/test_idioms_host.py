@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 from xdiag.cloud.embedded import analyze_session
-from xdiag.idioms import recognise
+from xdiag.idioms import IDIOMS, recognise
+from xdiag.idioms.program import Program
 from xdiag.profile.locate import locate_session
 from xdiag.profile.reader import read_session_in_process
 
@@ -120,3 +121,40 @@ def test_the_report_leads_with_the_idioms_change_at_the_users_line(name, capture
         assert "jax.ops.segment_sum(x, labels, num_segments=16)" in top.fix and "a sum of the rows" in top.fix, top.fix
     elif idiom == "weights_uploaded_each_step":
         assert "jax.device_put(params)" in top.fix and "4 weight arrays (4 MiB)" in top.fix, top.fix
+
+
+SCORES = """
+        w = jax.random.normal(jax.random.key(0), (1, 4096))
+        x = jax.random.normal(jax.random.key(1), (2048, 1))
+        labels = np.arange(2048)
+"""
+READ_BACK = {
+    # name -> (body defining run(), whether each step reads a large result back only to reduce it in NumPy)
+    "argmax_on_host": (SCORES + """
+        scores = jax.jit(lambda x, w: x * w)
+        run = lambda: int(np.sum(jax.device_get(scores(x, w)).argmax(axis=-1) == labels))
+    """, True),
+    "argmax_on_device": (SCORES + """
+        top1 = jax.jit(lambda x, w: jnp.argmax(x * w, axis=-1))
+        run = lambda: int(np.sum(jax.device_get(top1(x, w)) == labels))
+    """, False),
+}
+
+
+@pytest.fixture(scope="module")
+def read_back(tmp_path_factory) -> dict[str, Path]:
+    return capture_programs({name: body for name, (body, _) in READ_BACK.items()}, tmp_path_factory.mktemp("read_back"))
+
+
+@pytest.mark.parametrize("name", sorted(READ_BACK))
+def test_a_large_result_read_back_only_for_a_numpy_reduction_is_found_and_a_small_one_is_not(name, read_back):
+    """The recogniser itself (the catalogue offers it on accelerators only: a CPU's host is its device)."""
+    found = IDIOMS["reduced_on_host"].recognise(Program(read_session_in_process([read_back[name]])))
+    if not READ_BACK[name][1]:
+        assert found == [], [m.what for m in found]
+        return
+    [match] = found
+    assert match.facts["read_shape"] == "f32[2048,4096]" and match.params["reduction"] == "argmax", match.facts
+    assert match.line.startswith("argmax_on_host.py:") and match.module == "jit__lambda"
+    change = IDIOMS["reduced_on_host"].change_text(match)
+    assert change.startswith("take the argmax on the device: return jnp.argmax(y, axis=-1) from <lambda>"), change

@@ -118,6 +118,8 @@ def test_promoted_weights_predict_half_their_share_of_the_matmuls_bytes(program)
     (decode,) = matches(program("dtype_promotion", "before-a"), "promoted_matmul")
     assert idiom.predicted_percent(decode)[1] == pytest.approx(decode.stake_percent / 2, abs=0.2)
     assert not matches(program("dtype_promotion", "before-a"), "float32_operand_rounded_by_matmul")
+
+
 def test_jax_jit_made_inside_the_step_is_seen_where_the_capture_holds_one_step_and_one_compile(program):
     """The step calls jax.jit(functools.partial(...)) and then what it made: with one step traced, the capture holds
     one compile, outside the device's one execution (its step); the Python tracer's frames show the wrap and the
@@ -143,3 +145,16 @@ def test_a_loop_of_boolean_mask_indexes_reads_each_mask_back_and_is_changed_to_o
     assert "jax.ops.segment_sum(x, labels, num_segments=128)" in change and "jnp.bincount(labels, length=128)" in change
     assert "NonConcreteBooleanIndexError" in change and "jnp.mean(x, axis=0, where=mask[:, None])" in change
     assert not matches(program("blind3_proto_episode", "fixed"), "boolean_mask_in_loop")
+
+
+def test_a_large_result_read_back_for_a_numpy_argmax_is_sized_by_the_programs_output_and_timed_by_its_frames(program):
+    """On a TPU the read (np.asarray: jax.Array.__array__) copies the whole output across the host link and NumPy's
+    argmax (an array method in C, `$<unknown> argmax`) follows it on the same thread: both are the stake; the device's
+    own pass over the array is what the change needs. Reduced on the device, only the class ids come back."""
+    (match,) = matches(program("blind3_eval_21k", "before-a"), "reduced_on_host")
+    assert match.facts["read_shape"] == "f32[2048,21843]" and match.params["reduction"] == "argmax"
+    assert match.module == "jit_predict" and match.function == "step"
+    assert match.facts["host_reduction_percent"] > 90 and match.stake_percent > 99 and match.needed_percent < 1
+    change = IDIOMS["reduced_on_host"].change_text(match)
+    assert change.startswith("take the argmax on the device: return jnp.argmax(y, axis=-1) from predict"), change
+    assert not matches(program("blind3_eval_21k", "fixed"), "reduced_on_host")

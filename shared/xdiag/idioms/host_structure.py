@@ -16,6 +16,8 @@
   (jnp.asarray per example, float() per value).
 - read_each_step: a value read back every step keeps the host's work, its copies to the device and the device's
   work in series.
+- reduced_on_host: every step copies a large result to the host only for a NumPy reduction over it (argmax, a sum,
+  a sort for the top k), where the device could reduce it and return the small result.
 - weights_uploaded_each_step: the weights a step's matmuls multiply by are passed as host (NumPy) arrays and copied
   to the device on every call.
 - boolean_mask_in_loop: a Python loop indexes an array with a boolean mask on every trip, so each trip reads the
@@ -46,7 +48,7 @@ from xdiag.analysis.op_table import module_spans
 from xdiag.analysis.source_lines import python_frame, short_path
 from xdiag.analysis.xprof.common import natural_order
 from xdiag.idioms.catalogue import Match, idiom
-from xdiag.idioms.hlo_graph import DTYPE_BYTES, nbytes
+from xdiag.idioms.hlo_graph import DTYPE_BYTES, elements, nbytes
 from xdiag.idioms.program import HostEvents, Program, calls_per_step_of
 from xdiag.profile.space import HloInstruction, HloModule
 
@@ -887,6 +889,30 @@ def _copy_work_ratio(program: Program) -> float:
     return work / wall if wall > 0 else 1.0
 
 
+READ_CALLS = {"__float__": "float()", "__int__": "int()", "__index__": "int()", "__bool__": "bool()",
+              "item": ".item()", "tolist": ".tolist()", "__array__": "np.asarray()", "device_get": "jax.device_get"}
+"""The user's call behind each read the Python tracer names (READ_EVENT's methods)."""
+
+
+def _read_call(name: str) -> str:
+    method = str(name).rsplit(" ", 1)[-1]
+    return READ_CALLS.get(method, method)
+
+
+def _step_reads(program: Program, frames: HostEvents) -> HostEvents | None:
+    """The reads of a device value in the steps (the outermost READ_EVENT frames), where every step reads, but for one
+    at the capture's edge (its read fell outside the capture), and at most MAX_READS_PER_STEP times; else None."""
+    steps = float(program.step.get("steps") or 0)
+    # A read of a value (float(loss), np.asarray of a metric): a benchmark's block_until_ready per step is a
+    # measurement's wait, not a read the program needs
+    waits = _in_steps(program, frames.where(READ_EVENT.search))
+    waits = waits.take(np.flatnonzero(outermost(np.ones(len(waits), bool), waits.thread, waits.start_ps,
+                                                waits.end_ps)))
+    if steps <= 0 or not max(1.0, min(0.9 * steps, steps - 1)) <= len(waits) <= MAX_READS_PER_STEP * steps:
+        return None
+    return waits
+
+
 @idiom("read_each_step", "host_structure",
        "The loop reads a value back every step, so the host's work and the device's never overlap",
        "{change}",
@@ -908,14 +934,9 @@ def read_each_step(program: Program) -> list[Match]:
     device = 100.0 - idle
     if steps <= 0 or dispatches >= MIN_CALLS_PER_STEP:
         return []
-    # A read of a value (float(loss), np.asarray of a metric): a benchmark's block_until_ready per step is a
-    # measurement's wait, not a read the program needs
     frames = program.host_events(PYTHON_TRACER_EVENT)
-    waits = _in_steps(program, frames.where(READ_EVENT.search))
-    waits = waits.take(np.flatnonzero(outermost(np.ones(len(waits), bool), waits.thread, waits.start_ps,
-                                                waits.end_ps)))
-    # every step reads, but for one at the capture's edge (its read fell outside the capture)
-    if not max(1.0, min(0.9 * steps, steps - 1)) <= len(waits) <= MAX_READS_PER_STEP * steps:
+    waits = _step_reads(program, frames)
+    if waits is None:
         return []
     # The copies as long as their own work, the step as long as it would be with them so (the profiler's recording
     # of a copy's chunks is no part of the program's time)
@@ -926,9 +947,7 @@ def read_each_step(program: Program) -> list[Match]:
         return []
     reads = len(waits) / steps
     line, function = _caller(program, frames, int(waits.start_ps[0]), int(waits.end_ps[0]))
-    name = str(waits.names[0]).rsplit(" ", 1)[-1]
-    read = {"__float__": "float()", "__int__": "int()", "__index__": "int()", "__bool__": "bool()", "item": ".item()",
-            "tolist": ".tolist()", "__array__": "np.asarray()", "device_get": "jax.device_get"}.get(name, name)
+    read = _read_call(waits.names[0])
     # Overlapped, a step takes the longest of the three; the others' time leaves it
     stake = round(100 * (sum(parts.values()) - max(parts.values())) / step_at_work, 2)
     if stake < MIN_OVERLAP_PERCENT:
@@ -951,6 +970,142 @@ def read_each_step(program: Program) -> list[Match]:
         line=line, function=function, params={"change": change},
         facts={"reads_per_step": round(reads, 2), "host_work_percent": shares["host"],
                "copy_work_percent": shares["copy"], "device_busy_percent": shares["device"]})]
+
+
+MIN_READ_BYTES = 1 << 20
+"""An array read back per step at least this large: smaller reads cost their wait, not their bytes."""
+MIN_REDUCTION_OF_READ = 0.25
+"""The host's reduction after a read takes at least this share of the read's own time: a pass over the whole array the
+copy wrote reads as many bytes as it wrote (a reduction of a small slice of it, or of another array, takes far less)."""
+REDUCTION_FRAME = re.compile(r"^\$(<unknown>|numpy|fromnumeric\.py:\d+|_methods\.py:\d+) _?(?P<op>nanargmax|nanargmin|"
+                             r"argmax|argmin|amax|amin|max|min|sum|mean|argsort|argpartition|sort|partition|any|all|"
+                             r"count_nonzero)$")
+"""A NumPy reduction, sort or partition as the Python tracer names it: an array's method in C (`$<unknown> argmax`),
+NumPy's function (`$fromnumeric.py:1229 argmax`) or a method's Python wrapper (`$_methods.py:41 _amax`)."""
+ON_DEVICE = {"argsort": "jax.lax.top_k(y, k)", "argpartition": "jax.lax.top_k(y, k)",
+             "partition": "jax.lax.top_k(y, k)", "sort": "jax.lax.top_k(y, k) (or jnp.sort(y, axis=-1))",
+             "amax": "jnp.max(y, axis=-1)", "amin": "jnp.min(y, axis=-1)"}
+"""The jnp call for a NumPy reduction whose name differs (a sort or partition kept to its top k: jax.lax.top_k); the
+others are jnp's of the same name, along the axis NumPy reduced."""
+
+
+MODULE_NAME_UNSAFE = re.compile(r"[^\w.-]")
+"""What JAX replaces by `_` in a jitted function's name to name its program (`<lambda>`: `jit__lambda`)."""
+
+
+def _module_called(program: Program, function: str) -> HloModule | None:
+    """The program a jitted function's call runs (PjitFunction(<function>)): `jit_` and its name made safe, trailing
+    underscores dropped (as the compiled program's name drops them)."""
+    name = f"jit_{MODULE_NAME_UNSAFE.sub('_', function)}".rstrip("_")
+    return next((m for m in program.session.hlo_modules if m.name.rstrip("_") == name), None)
+
+
+def _last_call_before(calls: HostEvents, thread: int, start: int) -> int | None:
+    """The index of the last call of the thread that began before `start`, or None."""
+    mine = np.flatnonzero((calls.thread == thread) & (calls.start_ps < start))
+    return int(mine[-1]) if len(mine) else None
+
+
+def _output(module: HloModule | None) -> tuple[str, int]:
+    """The largest array the module returns: its shape ('f32[2048,21843]') and bytes; ('', 0) where unknown."""
+    entry = module.computations.get(module.entry) if module is not None else None
+    root = entry.by_name.get(entry.root) if entry is not None else None
+    if root is None:
+        return "", 0
+    arrays = root.tuple_shapes if root.dtype == "tuple" else ((root.dtype, root.dims),)
+    if not arrays:
+        return "", 0
+    dtype, dims = max(arrays, key=lambda a: elements(a[1]) * DTYPE_BYTES.get(a[0], 4))
+    return f"{dtype}[{','.join(map(str, dims))}]", elements(dims) * DTYPE_BYTES.get(dtype, 4)
+
+
+@idiom("reduced_on_host", "host_structure",
+       "Each step copies a large result to the host only to reduce it there",
+       "{change}",
+       "a read copies the whole array across the host link and NumPy then reads every element of it again on one "
+       "host thread, while the device idles; reduced in the jitted function, the device reads the array once from its "
+       "own memory and only the reduction's small result crosses the link",
+       gain=(0.9, 1.0), measured="docs/reference/measurements.md#reduced-on-host", platforms=("TPU", "GPU"),
+       alternatives=("where the host must keep the whole array, copy it in a narrower type (astype(jnp.bfloat16) in "
+                     "the jitted function: half the bytes; it can change ties) or start its copy with "
+                     "jax.copy_to_host_async(y) and read it a step later, so the copy overlaps the next step's work",))
+def reduced_on_host(program: Program) -> list[Match]:
+    """Every step reads a large array a jitted call returned (np.asarray, jax.device_get) and runs a NumPy reduction
+    over it (argmax, max, sum, a sort or partition for the top k) before the next call: the copy and the host's pass
+    hold the step, where the device could reduce it and return a small result."""
+    frames = program.host_events(PYTHON_TRACER_EVENT)
+    reads = _step_reads(program, frames)
+    if reads is None:
+        return []
+    calls = program.host_events(JITTED_CALL_EVENT)
+    calls = calls.take(np.flatnonzero(outermost(np.ones(len(calls), bool), calls.thread, calls.start_ps, calls.end_ps)))
+    # The host's work after each read lasts until its thread next launches, waits for or copies device work
+    device_work = program.host_events(DEVICE_WORK_EVENT)
+    reductions = _in_steps(program, frames.where(REDUCTION_FRAME.search))
+    reductions = reductions.take(np.flatnonzero(outermost(np.ones(len(reductions), bool), reductions.thread,
+                                                          reductions.start_ps, reductions.end_ps)))
+    # Each read of a large array a jitted call returned, and the reductions its thread runs after it
+    held = np.zeros(len(reductions), dtype=bool)
+    large = np.zeros(len(reads), dtype=bool)
+    outputs: dict[str, tuple[int, str, str]] = {}  # shape -> its bytes, the jitted function, its program
+    for i in range(len(reads)):
+        thread, end = reads.thread[i], reads.end_ps[i]
+        call = _last_call_before(calls, thread, int(reads.start_ps[i]))
+        if call is None:
+            continue
+        function = str(calls.names[call]).removeprefix("PjitFunction(").removesuffix(")")
+        module = _module_called(program, function)
+        shape, size = _output(module)
+        if size < MIN_READ_BYTES:
+            continue
+        large[i] = True
+        outputs[shape] = (size, function, module.name)
+        later = device_work.start_ps[(device_work.thread == thread) & (device_work.start_ps >= end)]
+        until = int(later.min()) if len(later) else int(program.step_windows[1][-1])
+        held |= (reductions.thread == thread) & (reductions.start_ps >= end) & (reductions.end_ps <= until)
+    if not held.any():
+        return []
+    shape = max(outputs, key=lambda k: outputs[k][0])
+    read_bytes, stem, module_name = outputs[shape]
+    reads = reads.take(np.flatnonzero(large))
+    reduced = reductions.take(np.flatnonzero(held))
+    read_ms = _step_ms(program, reads.start_ps, reads.end_ps)
+    reduce_ms = _step_ms(program, reduced.start_ps, reduced.end_ps)
+    if reduce_ms < MIN_REDUCTION_OF_READ * read_ms:
+        return []
+    stake = program.step_percent(read_ms + reduce_ms)
+    if stake < MIN_OVERLAP_PERCENT:
+        return []
+    names = reduced.names.astype(str)
+    top = max(np.unique(names), key=lambda n: _step_ms(program, reduced.start_ps[names == n],
+                                                       reduced.end_ps[names == n]))
+    op = REDUCTION_FRAME.search(top)["op"]
+    on_device = ON_DEVICE.get(op, f"jnp.{op}(y, axis=-1)")
+    # Reduced on the device, the array is read once from its memory, on every read
+    roof = program.roof_ms(hbm_bytes=read_bytes)
+    needed = program.step_percent(roof * len(reads)) if roof is not None else None
+    line, function = _caller(program, frames, int(reads.start_ps[0]), int(reads.end_ps[0]))
+    read = _read_call(reads.names[0])
+    steps = float(program.step.get("steps") or 0)
+    mib = read_bytes / 2 ** 20
+    where = f" at {line}" if line else ""
+    change = (f"take the {op} on the device: return {on_device} from {stem} (y the {shape} array it returns now, "
+              f"reduced along the axis NumPy reduces), or from a jitted function that calls {stem}, and read that "
+              f"small result{where} instead of the whole array ({mib:.3g} MiB); where the host then compares it with "
+              f"labels and counts the hits, pass the labels in and return the count too (jnp.sum(pred == labels)), "
+              f"one number per step. This holds if nothing else on the host reads the whole array")
+    return [Match(
+        "reduced_on_host", stake,
+        f"each step reads {stem}'s output {shape} ({mib:.3g} MiB) back to the host ({read}"
+        + (f" in {function} at {line}" if line else "")
+        + f", {'once' if 0.7 <= len(reads) / steps < 1.5 else f'{len(reads) / steps:.3g} times'} per step), taking "
+        f"{program.step_percent(read_ms):.3g}% of the step, and NumPy's {op} then runs over it on the host for "
+        f"{program.step_percent(reduce_ms):.3g}% of the step before the next call; the device computes "
+        f"{100 - float(program.step.get('device_idle_percent') or 0.0):.3g}% of the step",
+        module=module_name, line=line, function=function, needed_percent=needed,
+        params={"change": change, "reduction": op},
+        facts={"read_mib_per_step": round(mib * len(reads) / steps, 2), "read_percent": program.step_percent(read_ms),
+               "host_reduction_percent": program.step_percent(reduce_ms), "read_shape": shape})]
 
 
 MIN_UPLOADED_WEIGHT_BYTES = 1 << 20

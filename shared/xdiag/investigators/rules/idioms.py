@@ -33,6 +33,10 @@ SUPERSEDES = {
     # a value read each step serialises host, copies and device; it does not explain a step with too little work for
     # the device. Its stake times the copies by their own work, where the traced span is mostly the profiler's
     "read_each_step": ("host_sync", "input_bound", "device_idle", "memory_transfers"),
+    # a large result copied to the host each step for a NumPy reduction: the copy and the host's pass are the step;
+    # the small result read after the change is read_each_step's to find then
+    "reduced_on_host": ("memory_transfers", "transfer", "input_bound", "host_sync", "device_idle", "low_utilization",
+                        "read_each_step"),
     "linear_algebra": ("opaque_kernel",),
     # a loop of boolean-mask indexes runs its ops eagerly and reads each mask back: those findings' time is its own,
     # and their change (jax.jit) fails on the boolean index
