@@ -409,7 +409,8 @@ def needless_remat(program: Program) -> list[Match]:
         + (f" (the recomputed matmuls' outputs a dots-saving policy keeps are {saved:g} GiB: "
            f"{100 * (peak + saved) / limit:.0f}% of the limit with them)" if saved else ""),
         facts={"rematerialised_op_percent": share, "peak_memory_gib": peak, "memory_limit_gib": limit,
-               "rematerialised_saveable_dot_gib": saved})]
+               "rematerialised_saveable_dot_gib": saved},
+        cites=[op.split(" (")[0] for op in recomputed.get("rematerialised_ops") or []])]
 
 
 LANES = 128

@@ -289,7 +289,7 @@ def loop_invariant_weights(program: Program) -> list[Match]:
                     params={"trips": trips or "its", "weights": weights.instruction.shape_text.split("{")[0],
                             "rows": per_trip_rows},
                     facts={"weight_bytes": nbytes(weights.instruction), "rows_per_trip": per_trip_rows,
-                           "loop_runs": loops, "weight_matrices": 1})
+                           "loop_runs": loops, "weight_matrices": 1}, cites=[loop.name])
     return [m for m in out.values() if m.stake_percent >= MIN_STAKE_PERCENT]
 
 
@@ -834,7 +834,8 @@ def loop_copies_carried_buffer(program: Program) -> list[Match]:
                     "loop_copies_carried_buffer", 0.0, "", module=module_key, line=line, function=function,
                     params={"reads": ""},
                     facts={"trips": loop.trip_count, "buffers": [], "copy_bytes_per_trip": 0, "copies": 0,
-                           "copy_runs": program.runs.get((module_key, ins.name), 0), "old_value_reads": []})
+                           "copy_runs": program.runs.get((module_key, ins.name), 0), "old_value_reads": []},
+                    cites=[loop.name])
                 loops_at[key] = _loop_at(program, graph, loop)
             copies = [c for c in [site] + _root_path(graph, site.computation, index) if nbytes(c.instruction)
                       >= MIN_BUFFER_BYTES and c.instruction.name not in match.ops]
@@ -1503,7 +1504,8 @@ def softmax_for_argmax(program: Program) -> list[Match]:
                 module=module_key, ops=softmax_ops + [reduce_op], line=line, function=function,
                 needed_percent=needed, work_ratio=float(passes),
                 params={"change": change},
-                facts={"reads": sorted(kinds), "array_passes": passes, "softmax_line": softmax_line})
+                facts={"reads": sorted(kinds), "array_passes": passes, "softmax_line": softmax_line},
+                cites=[written.instruction.name] if written is not None else [])
     return list(out.values())
 
 
