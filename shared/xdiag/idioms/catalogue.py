@@ -37,13 +37,15 @@ class Match:
     work_ratio: float | None = None  # work done over work the result needs (FLOPs or bytes), where countable
     params: dict[str, Any] = field(default_factory=dict)  # values the change's text names (k, axis, program, …)
     facts: dict[str, Any] = field(default_factory=dict)  # measured facts quoted as evidence
+    cites: list[str] = field(default_factory=list)  # ops `what` describes without staking their time (the loop that
+    # runs the staked ops, the op that makes a value they read), by name for the evidence: their lines are the finding's
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> Match | None:
         """A match back from its record (get_program_anatomy's `idioms`); None for an idiom this catalogue lacks."""
         if not isinstance(record, dict) or record.get("idiom") not in IDIOMS:
             return None
-        fields = ("module", "ops", "line", "function", "needed_percent", "work_ratio", "params")
+        fields = ("module", "ops", "line", "function", "needed_percent", "work_ratio", "params", "cites")
         return cls(record["idiom"], float(record.get("stake_percent") or 0.0), str(record.get("what") or ""),
                    **{k: record[k] for k in fields if k in record},
                    facts={k: v for k, v in record.items() if k not in RECORD_KEYS})
@@ -55,14 +57,14 @@ class Match:
                "module": self.module, "ops": self.ops[:8], "line": self.line, "function": self.function,
                "needed_percent": None if self.needed_percent is None else round(self.needed_percent, 2),
                "work_ratio": None if self.work_ratio is None else round(self.work_ratio, 1),
-               "params": self.params}
+               "params": self.params, "cites": self.cites}
         out = {k: v for k, v in out.items() if v not in ("", [], {}, None) or k in ("stake_percent", "what")}
         out.update({k: v for k, v in self.facts.items() if k not in RECORD_KEYS})
         return out
 
 
 RECORD_KEYS = frozenset({"idiom", "stake_percent", "what", "module", "ops", "line", "function", "needed_percent",
-                         "work_ratio", "params"})
+                         "work_ratio", "params", "cites"})
 """A match record's own fields; every other key of it is one of its measured facts."""
 
 

@@ -19,6 +19,9 @@ SHAPE_ONLY = frozenset({"convert", "bitcast", "bitcast-convert", "reshape", "cop
                         "copy-start", "copy-done"})
 """Ops that change a value's type, shape, layout or memory (a TPU's copy into on-chip memory) but not which of its
 elements are set."""
+MATMUL_OPCODES = ("dot", "convolution")
+PLUMBING = frozenset({*SHAPE_ONLY, "parameter", "constant", "iota", "get-tuple-element", "tuple", "fusion"})
+"""Ops of a fusion that say nothing of what it computes: its inputs, constants and re-shapes, nested fusions."""
 DEPTH = 12
 """How many producers a walk follows: the chains that build a one-hot or a mask are a handful of ops long."""
 DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2,
@@ -40,6 +43,11 @@ def opcode_name(ins: HloInstruction) -> str:
 
 def nbytes(instruction: HloInstruction) -> int:
     return elements(instruction.dims) * DTYPE_BYTES.get(instruction.dtype, 4)
+
+
+def plain_shape(instruction: HloInstruction) -> str:
+    """The value's dtype and dimensions as a user writes them ("bf16[2048,64]"), without XLA's layout."""
+    return instruction.shape_text.split("{")[0]
 
 
 @dataclass(frozen=True)
@@ -211,6 +219,30 @@ class Graph:
     def _constant(self, site: Site | None) -> bool:
         site = self.origin(site)
         return site is not None and site.instruction.opcode == "constant" and not site.instruction.dims
+
+    def computes(self, site: Site) -> str:
+        """What an op computes, as a user reads it, never by its HLO name (which names nothing in their code): "a
+        matmul of bf16[2048,64] × bf16[64,2048] → bf16[2048,2048] (fused with add, multiply)", "a matrix-vector
+        product (a multiply and a reduce) of ...", else its opcode, or the ops a fusion holds, on its operands."""
+        ins = site.instruction
+        inner = self.module.computations.get(ins.called[0]) if ins.opcode == "fusion" and ins.called else None
+        held = inner.instructions if inner is not None else [ins]
+        kinds = sorted({i.opcode for i in held if i.opcode not in PLUMBING and i.opcode not in MATMUL_OPCODES})
+        matmul = next((i for i in held if i.opcode in MATMUL_OPCODES), None)
+        if matmul is not None:
+            where = Site(inner, matmul) if inner is not None else site
+            text = "a matmul of " + self._operand_shapes(where, 2, " × ")
+            fused = f" (fused with {', '.join(kinds)})" if kinds else ""
+            return f"{text} → {plain_shape(ins)}{fused}"
+        text = ("a matrix-vector product (a multiply and a reduce)" if {"multiply", "reduce"} <= set(kinds)
+                else f"a fusion of {', '.join(kinds)}" if inner is not None and kinds else f"a {opcode_name(ins)}")
+        operands = self._operand_shapes(site, 3, ", ")
+        return f"{text}{' of ' + operands if operands else ''} → {plain_shape(ins)}"
+
+    def _operand_shapes(self, site: Site, most: int, joiner: str) -> str:
+        shapes = [plain_shape(o.instruction) for o in (self.operand(site, k) for k in range(
+            min(len(site.instruction.operands), most))) if o is not None]
+        return joiner.join(shapes)
 
     def loop_invariant(self, site: Site | None) -> Site | None:
         """Where a value inside a while loop's body is an element of the loop's state that every trip passes on

@@ -342,7 +342,7 @@ def layout_copies(program: Program) -> list[Match]:
     return [Match(
         "layout_copies", share * compute / 100 if compute else share,
         f"ops that only move data into another layout (transposes, layout copies) take {share:g}% of op time; the "
-        f"largest is {top['op']} {shape} ({top['why']})" + (", next to a convolution" if near else ""),
+        f"largest moves {shape} ({top['why']})" + (", next to a convolution" if near else ""),
         module=re.sub(r"\(\d+\)$", "", top["module"]), ops=[r["op"] for r in rows[:20]],
         params={"next_to_convolution": near},
         facts={"share_of_op_time_percent": share, "count": len(rows), "top_op": top["op"],
@@ -402,14 +402,16 @@ def needless_remat(program: Program) -> list[Match]:
                 if step_ms else "")
     return [Match(
         "needless_remat", share * compute / 100,
-        f"{share:g}% of op time{per_step} re-runs forward computations inside the backward pass (ops JAX marks "
-        f"rematted_computation under jax.checkpoint: {', '.join(recomputed.get('rematerialised_ops') or [])}), "
+        f"{share:g}% of op time{per_step} re-runs forward computations inside the backward pass "
+        f"({recomputed.get('rematerialised_op_count') or 'the'} ops JAX marks rematted_computation under "
+        "jax.checkpoint), "
         f"while the step's peak memory is {peak:g} of {limit:g} GiB ({100 * peak / limit:.0f}%): the activations it "
         "recomputes could be kept instead"
         + (f" (the recomputed matmuls' outputs a dots-saving policy keeps are {saved:g} GiB: "
            f"{100 * (peak + saved) / limit:.0f}% of the limit with them)" if saved else ""),
         facts={"rematerialised_op_percent": share, "peak_memory_gib": peak, "memory_limit_gib": limit,
-               "rematerialised_saveable_dot_gib": saved})]
+               "rematerialised_saveable_dot_gib": saved},
+        cites=[op.split(" (")[0] for op in recomputed.get("rematerialised_ops") or []])]
 
 
 LANES = 128

@@ -41,12 +41,12 @@ import numpy as np
 from xdiag.analysis.source_lines import source_of_stack
 from xdiag.cost.hlo import conv_flops
 from xdiag.idioms.catalogue import Match, Variant, idiom
-from xdiag.idioms.hlo_graph import DEPTH, DTYPE_BYTES, SHAPE_ONLY, Graph, Site, elements, nbytes, opcode_name
+from xdiag.idioms.hlo_graph import (DEPTH, DTYPE_BYTES, MATMUL_OPCODES, SHAPE_ONLY, Graph, Site, elements, nbytes,
+                                    opcode_name)
 from xdiag.idioms.program import Program, calls_per_step_of
 
 MIN_STAKE_PERCENT = 1.0
 """A match staking less of the step than this is noise."""
-MATMUL_OPCODES = ("dot", "convolution")
 LOOKUP_CHANGE = {
     "one_hot": "replace the one-hot matmul at {line} with a row lookup: table[ids] (jnp.take(table, ids, axis=0)) "
                "instead of jax.nn.one_hot(ids, {values}) @ table; its gradient is then a scatter-add of {rows} rows "
@@ -220,17 +220,12 @@ def _loop_body_ops(graph: Graph):
             yield site
 
 
-def _op_kind(graph: Graph, site) -> str:
-    """'dot', or a fusion named by what it holds ('fusion holding a dot', 'fusion multiplying and reducing')."""
-    ins = site.instruction
-    if ins.opcode != "fusion" or not ins.called or ins.called[0] not in graph.module.computations:
-        return ins.opcode
-    inner = {i.opcode for i in graph.module.computations[ins.called[0]].instructions}
-    if inner & set(MATMUL_OPCODES):
-        return f"{ins.name} (a fusion holding a matmul)"
-    if {"multiply", "reduce"} <= inner:
-        return f"{ins.name} (a fusion that multiplies and reduces: a matrix-vector product)"
-    return ins.name
+def _loop_at(program: Program, graph: Graph, loop) -> str:
+    """A while loop as its user finds it: "the loop at file:line" (the scan / fori_loop call its stack names), not its
+    HLO name."""
+    caller = graph.callers.get(loop.called[0]) if loop.called else None
+    line = program.line_of(graph, caller)[0] if caller is not None else ""
+    return f"the loop at {line}" if line else "a loop"
 
 
 MIN_WEIGHT_BYTES = 1 << 20
@@ -284,8 +279,8 @@ def loop_invariant_weights(program: Program) -> list[Match]:
                 line, function = program.line_of(graph, site)
                 out[key] = Match(
                     "loop_invariant_weights", program.step_percent(program.time_ms(graph.module, timed)),
-                    f"the loop {loop.name} runs {trips or 'its'} trips per execution, and each trip multiplies "
-                    f"{per_trip_rows} row(s) by weights it passes on unchanged: {_op_kind(graph, site)} reads "
+                    f"{_loop_at(program, graph, loop)} runs {trips or 'its'} trips per execution, and each trip "
+                    f"multiplies {per_trip_rows} row(s) by weights it passes on unchanged: {graph.computes(site)} reads "
                     f"{weights.instruction.shape_text.split('{')[0]} ({nbytes(weights.instruction) / 2**20:.3g} MiB) "
                     "on every trip" + (f", at {line}" if line else ""),
                     module=module_key, ops=timed[:16], line=line, function=function,
@@ -294,7 +289,7 @@ def loop_invariant_weights(program: Program) -> list[Match]:
                     params={"trips": trips or "its", "weights": weights.instruction.shape_text.split("{")[0],
                             "rows": per_trip_rows},
                     facts={"weight_bytes": nbytes(weights.instruction), "rows_per_trip": per_trip_rows,
-                           "loop_runs": loops, "weight_matrices": 1})
+                           "loop_runs": loops, "weight_matrices": 1}, cites=[loop.name])
     return [m for m in out.values() if m.stake_percent >= MIN_STAKE_PERCENT]
 
 
@@ -571,6 +566,7 @@ def loop_invariant_compute(program: Program) -> list[Match]:
     such ops itself, but not one whose result is much larger than its operands, nor one behind the optimization
     barrier of a rematerialised (jax.checkpoint) body."""
     out: dict[tuple[str, str], Match] = {}
+    loops_at: dict[tuple[str, str], str] = {}
     for graph in program.graphs:
         module_key = program.module_key(graph.module)
         memo: dict[tuple[str, str], bool | None] = {}
@@ -592,19 +588,20 @@ def loop_invariant_compute(program: Program) -> list[Match]:
                     "loop_invariant_compute", 0.0, "", module=module_key, work_ratio=float(loop.trip_count),
                     params={"trips": loop.trip_count}, facts={"loop": loop.name, "trips": loop.trip_count,
                                                               "lead_ms": -1.0})
+                loops_at[(module_key, loop.name)] = _loop_at(program, graph, loop)
             match.ops.append(ins.name)
             if ms > match.facts["lead_ms"]:
                 inner = _matmul_inside(graph, site)
                 match.line, match.function = program.line_of(graph, inner)
                 match.facts["lead_ms"] = ms
-                match.params["op"] = f"{_op_kind(graph, site)} → {ins.shape_text.split('{')[0]}"
+                match.params["op"] = graph.computes(site)
     found = []
-    for match in out.values():
+    for key, match in out.items():
         module = next(g.module for g in program.graphs if program.module_key(g.module) == match.module)
         trips = match.params["trips"]
         match.stake_percent = program.step_percent(program.time_ms(module, match.ops))
         match.needed_percent = round(match.stake_percent / trips, 3)
-        match.what = (f"the loop {match.facts['loop']} runs {trips} trips per execution, and on each it recomputes "
+        match.what = (f"{loops_at[key]} runs {trips} trips per execution, and on each it recomputes "
                       f"{match.params['op']}" + (f" (and {len(match.ops) - 1} more op(s))" if len(match.ops) > 1
                                                  else "")
                       + " from values the loop passes on unchanged" + (f", at {match.line}" if match.line else ""))
@@ -811,6 +808,7 @@ def loop_copies_carried_buffer(program: Program) -> list[Match]:
     in place (before the update, or the updated buffer on its way to the next trip), with the reads of the old
     values that keep the old buffer alive."""
     out: dict[tuple[str, str], Match] = {}
+    loops_at: dict[tuple[str, str], str] = {}
     for graph in program.graphs:
         module_key = program.module_key(graph.module)
         for site in graph.sites():
@@ -836,7 +834,9 @@ def loop_copies_carried_buffer(program: Program) -> list[Match]:
                     "loop_copies_carried_buffer", 0.0, "", module=module_key, line=line, function=function,
                     params={"reads": ""},
                     facts={"trips": loop.trip_count, "buffers": [], "copy_bytes_per_trip": 0, "copies": 0,
-                           "copy_runs": program.runs.get((module_key, ins.name), 0), "old_value_reads": []})
+                           "copy_runs": program.runs.get((module_key, ins.name), 0), "old_value_reads": []},
+                    cites=[loop.name])
+                loops_at[key] = _loop_at(program, graph, loop)
             copies = [c for c in [site] + _root_path(graph, site.computation, index) if nbytes(c.instruction)
                       >= MIN_BUFFER_BYTES and c.instruction.name not in match.ops]
             for copy in copies:
@@ -854,7 +854,7 @@ def loop_copies_carried_buffer(program: Program) -> list[Match]:
             if reads:
                 match.params["reads"] = f" (at {', '.join(reads[:3])})"
     found = []
-    for (_, loop_name), match in out.items():
+    for key, match in out.items():
         module = next(g.module for g in program.graphs if program.module_key(g.module) == match.module)
         copies_percent = program.step_percent(program.time_ms(module, match.ops))
         match.ops = list(dict.fromkeys(match.ops + match.facts["old_value_reads"]))
@@ -862,7 +862,7 @@ def loop_copies_carried_buffer(program: Program) -> list[Match]:
         if copies_percent < MIN_STAKE_PERCENT:
             continue
         trips = match.facts["trips"]
-        match.what = (f"the loop {loop_name} runs {trips or 'its'} trips, and each copies "
+        match.what = (f"{loops_at[key]} runs {trips or 'its'} trips, and each copies "
                       f"{match.facts['copy_bytes_per_trip'] / 2**20:.3g} MiB of the state it carries "
                       f"({match.facts['copies']} copies of {', '.join(sorted(set(match.facts['buffers'])))}) because "
                       "the trip reads a buffer as it was before updating it in place"
@@ -1499,12 +1499,13 @@ def softmax_for_argmax(program: Program) -> list[Match]:
                 + f" is read only by {' and '.join(sorted(kinds))} reduction(s)" + (f" at {line}" if line else "")
                 + f": {passes} passes over the array where the {'index' if 'argmax' in kinds else 'maximum'} "
                 + ("needs one over the logits" if written is None else
-                   f"needs none: the matmul's fusion ({written.instruction.name}) that makes the logits already "
-                   "reduces them and writes them out only for these passes"),
+                   f"needs none: the op that makes the logits, {graph.computes(written)}, already reduces them "
+                   "and writes them out only for these passes"),
                 module=module_key, ops=softmax_ops + [reduce_op], line=line, function=function,
                 needed_percent=needed, work_ratio=float(passes),
                 params={"change": change},
-                facts={"reads": sorted(kinds), "array_passes": passes, "softmax_line": softmax_line})
+                facts={"reads": sorted(kinds), "array_passes": passes, "softmax_line": softmax_line},
+                cites=[written.instruction.name] if written is not None else [])
     return list(out.values())
 
 

@@ -315,7 +315,7 @@ class PeakHolders:
     arguments_donated: bool | None  # every large argument is aliased to an output (donated); None: not recorded
     devices: int | None  # devices the job runs on; None: not recorded
     dot_outputs_hold_values: bool = False  # matmul outputs are most of the computed values at the peak
-    largest_argument: str = ""  # 'table.1 (12.6 GiB)'
+    largest_argument: str = ""  # "params['w'], 12.6 GiB": its path in the arguments' pytree
     largest_argument_dtype: str = ""  # its element type ('f32', 'bf16'), where the buffer's shape says it
 
 

@@ -40,8 +40,8 @@ def get_program_anatomy(session: Session) -> ToolOutput:
     rematerialised_op_percent, loop_trips_per_run; idioms (what the program does that an expert writes differently,
     from the idiom catalogue: idiom, stake_percent of the step, what (the ops' opcodes, shapes and counts), module,
     ops, line, function, needed_percent (the result's own work at the device's peaks), work_ratio (work done over
-    work needed), params, facts). detail: library_files (the framework files the stacks name, at
-    most 20)."""
+    work needed), params, cites (ops the what names without staking their time: the loop that runs them), facts).
+    detail: library_files (the framework files the stacks name, at most 20)."""
     stats = op_stats(session)
     if not stats:
         raise NotAvailable("the profile holds no op executions to tell the program's parts from")

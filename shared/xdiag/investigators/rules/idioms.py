@@ -89,7 +89,8 @@ def hypothesis(match: Match, facts: Facts) -> Hypothesis:
     # lever's of the catalogue: then the finding names that lever, as a lever-led finding does
     lever = (evidence("get_program_anatomy", "lever", idiom.lever, f"the change of idiom {match.idiom}")
              if idiom.lever else evidence("get_program_anatomy", "lever", match.idiom, idiom.title))
-    ev = facts.base + [evidence("get_program_anatomy", f"idiom {match.idiom}", match.what), lever]
+    ev = facts.base + [evidence("get_program_anatomy", f"idiom {match.idiom}", match.what,
+                                f"about the ops {', '.join(match.cites)}" if match.cites else ""), lever]
     ev += [evidence("get_program_anatomy", f"{match.idiom} {k}", v) for k, v in list(match.facts.items())[:4]]
     if match.needed_percent is not None:
         ev.append(evidence("get_program_anatomy", f"{match.idiom} needed_percent", round(match.needed_percent, 2),

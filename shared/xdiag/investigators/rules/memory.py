@@ -122,8 +122,14 @@ def _peak_holders(typed: list[dict], values_first: bool, device: dict[str, Any])
         values_first=values_first, arguments_donated=donated,
         devices=device.get("device_count") if isinstance(device.get("device_count"), int) else None,
         dot_outputs_hold_values=bool(values) and dot_mib >= 0.5 * sum(b["mib"] for b in values),
-        largest_argument=f"{largest['name']}, {readable_size(largest['mib'] * 2**20)}" if largest else "",
+        largest_argument=f"{_argument_name(largest)}, {readable_size(largest['mib'] * 2**20)}" if largest else "",
         largest_argument_dtype=str(largest.get("shape") or "").split("[")[0] if largest else "")
+
+
+def _argument_name(buffer: dict) -> str:
+    """An argument as the user's code names it: its path in the arguments' pytree (params['params']['Dense_0']), else
+    its shape; never the HLO parameter's name, which names nothing in their code."""
+    return buffer.get("made_by") or str(buffer.get("shape") or "").split("{")[0] or "an argument"
 
 
 MATMUL_FRAMEWORK_OPS = ("dot_general", "dot", "matmul", "einsum")
