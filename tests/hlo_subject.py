@@ -12,6 +12,11 @@ from xdiag.profile.session import read_session
 
 _KERNEL_TARGET = re.compile(r"tpu_custom_call|triton")
 _NOT_A_KERNEL = re.compile(r"callback|(?<![a-z])(lu|cholesky|qr|eigh|svd|triangular_solve)(?![a-z])")
+HLO_NAME = re.compile(r"(?<![\w./%-])%?[A-Za-z_][\w-]*\.\d+(?:\.[\w-]+)*(?![\w(])")
+"""An HLO instruction's name: an identifier, then a dot and its number (`fusion.46`, `%copy.3`,
+`bitcast_dynamic-update-slice_fusion.4`, `params__w__.1`); not a file (`train.py:33`), a call (`jax.lax.scan`) or a
+number (`5.49 ms`). XLA makes these names when the program compiles: no line of the user's program holds one, so no
+fix and no idiom's account of what the program does may carry one (issue 71)."""
 HLO_SUBJECT = {"materialised_attention": "attention", "opaque_kernel": "kernel", "widening_converts": "reduction"}
 
 
@@ -35,3 +40,9 @@ def instructions_of(path: Path) -> list:
     located = locate_session(path)
     session = read_session(located.files)
     return [i for m in session.hlo_modules for c in m.computations.values() for i in c.instructions]
+
+
+def hlo_names(fixes: list[str], idioms: list[dict]) -> list[str]:
+    """The HLO instruction names in findings' fixes and in what the anatomy's idioms say the program does."""
+    return ([f"fix: {HLO_NAME.findall(fix)}" for fix in fixes if HLO_NAME.search(fix)]
+            + [f"{m['idiom']}: {HLO_NAME.findall(m['what'])}" for m in idioms if HLO_NAME.search(m.get("what", ""))])

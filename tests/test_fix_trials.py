@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.hlo_subject import hlo_names
+
 REPO = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("fix_trials", REPO / "bench" / "fix_trials" / "trials.py")
 ft = importlib.util.module_from_spec(_spec)
@@ -27,6 +29,12 @@ PAIRS = [p for p, t in TRIALS.items() if t.get("after")]
 def rows(tmp_path_factory):
     work = tmp_path_factory.mktemp("fix_trials")
     return {p: ft.row(t, work) for p, t in TRIALS.items()}
+
+
+def test_no_fix_names_an_hlo_instruction(rows):
+    """Before and after: a fix describes each op by what it computes at its line, not by XLA's name for it."""
+    named = {p: hlo_names(row["fixes"], []) for p, row in rows.items()}
+    assert not {p: found for p, found in named.items() if found}
 
 
 def test_every_trial_has_its_program_and_captures():

@@ -14,7 +14,7 @@ from xdiag.model import Status
 from xdiag.profile.locate import locate_session
 
 from tests.fix_trial_captures import CAPTURES, unpack_capture
-from tests.hlo_subject import HLO_SUBJECT, hlo_shows, instructions_of
+from tests.hlo_subject import HLO_SUBJECT, hlo_names, hlo_shows, instructions_of
 
 
 REPO = Path(__file__).resolve().parents[1]
@@ -95,6 +95,16 @@ def test_no_optimal_over_unneeded_work_and_no_subject_the_hlo_lacks(program, rep
                 (tmp_path / f"{label}.xplane.pb").write_bytes(packed.read())
             instructions = instructions_of(tmp_path / f"{label}.xplane.pb")
             assert all(hlo_shows(HLO_SUBJECT[key], instructions) for key in keys), (label, keys)
+
+
+@pytest.mark.parametrize("program", sorted(TRIALS))
+def test_no_fix_and_no_idioms_account_names_an_hlo_instruction(program, reports):
+    """The chip's captures, before and after: each op is described by what it computes, not by XLA's name for it."""
+    for label in ("before-a", TRIALS[program]["after"]):
+        analysis = reports(program, label)
+        anatomy = json.loads((Path(analysis.output_uri) / "tools" / "get_program_anatomy.json").read_text())
+        assert not hlo_names([f.fix for f in analysis.diagnosis.findings],
+                             anatomy["summary"].get("idioms") or []), label
 
 
 def test_two_tpu_programs_of_one_name_keep_their_own_ops(tmp_path):

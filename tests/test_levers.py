@@ -23,7 +23,7 @@ from xdiag.model import Status
 from xdiag.profile.locate import locate_session
 
 from tests.conftest import SHARED_PROFILES
-from tests.hlo_subject import HLO_SUBJECT, hlo_shows, instructions_of
+from tests.hlo_subject import HLO_NAME, HLO_SUBJECT, hlo_names, hlo_shows, instructions_of
 
 PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
 
@@ -144,6 +144,26 @@ def test_a_finding_names_attention_a_kernel_or_a_reduction_only_where_the_hlo_ha
             if not hlo_shows(HLO_SUBJECT[key], instructions):
                 wrong.append(f"{name}: {key} and no {HLO_SUBJECT[key]} in its HLO")
     assert checked >= 3 and not wrong, (checked, wrong)
+
+
+def test_no_fix_and_no_idioms_account_names_an_hlo_instruction(reports):
+    """Each op is described by what it computes at its line (a matmul of bf16[a,b] × bf16[b,c]), never by the name
+    XLA gave it when the program compiled (`fusion.46`), which no line of the user's program holds."""
+    named = {name: hlo_names([f.fix for f in analysis.diagnosis.findings] if analysis.diagnosis else [],
+                             anatomy.get("idioms") or []) for name, (analysis, anatomy) in reports.items()}
+    assert not {name: found for name, found in named.items() if found}
+
+
+def test_the_hlo_name_check_can_fail():
+    named = ("compute it once at a.py:45: fusion.46 (a fusion holding a matmul)", "the loop while.5 runs",
+             "the largest is copy.16 f32[32,512]", "ops: bitcast_dynamic-update-slice_fusion.4 (14.71%)",
+             "keep the largest argument (params__params____Dense_0____kernel__.1, 64 MiB)", "reads %dot.3")
+    assert all(HLO_NAME.search(text) for text in named)
+    plain = ("at programs/hoist_invariant.py:45 (build.<locals>.loss): jax.lax.scan / fori_loop, 5.49 ms on a TPU "
+             "v5e, 26.7–29.6% shorter steps (docs/reference/measurements.md#loop-invariant-compute); a matmul of "
+             "bf16[2048,64] × bf16[64,2048] → bf16[2048,2048]; jnp.float32, x.astype(np.float32); Keras 3.15.1; "
+             "params['params']['Dense_0']['kernel'], opt_state[0].nu")
+    assert not HLO_NAME.findall(plain)
 
 
 def test_the_hlo_check_can_fail(tmp_path):

@@ -94,7 +94,8 @@ def row(trial: dict, work: Path) -> dict:
                                 if f"the {(trial['lever'] or '').replace('_', ' ')} lever (" in f.get("fix", "")), ""),
            "predicted": predicted(mine) if mine else None, "top_predicted": predicted(top) if top else None,
            "before_ms": before["pipelined"]["mean_ms"],
-           "same_ms": steps(p, "before-b")["pipelined"]["mean_ms"]}
+           "same_ms": steps(p, "before-b")["pipelined"]["mean_ms"],
+           "fixes": [f.get("fix", "") for f in d.get("findings", [])]}
     if trial.get("after"):
         after = steps(p, trial["after"])
         da = diagnosis(p, trial["after"], work)
@@ -103,6 +104,7 @@ def row(trial: dict, work: Path) -> dict:
                    after_top_lever=(levers(da) or [None])[0],
                    after_top_title=(da.get("findings") or [{}])[0].get("title"),
                    after_top_key=(da.get("findings") or [{}])[0].get("key"))
+        out["fixes"] += [f.get("fix", "") for f in da.get("findings", [])]
         follow = (trial.get("next") or {}).get("after")
         if follow:
             # The closed loop: the after report's fix for the next lever, against the capture that applies it.
