@@ -75,6 +75,12 @@ def test_float64_rewritten_by_xla_tpu_into_float32_pairs_is_found(program):
     assert not matches(program("x64_features", "fixed"), "float64_on_accelerator")
 
 
+def test_complex64_split_by_xla_tpu_into_float32_parts_is_no_float64(program):
+    """XLA:TPU's 64-bit rewrite splits a complex64 argument into its float32 real and imaginary parts with the same
+    X64Split and X64Combine calls it uses for float64: the ops between compute in float32."""
+    assert not matches(program("blind3_tight_binding", "before-a"), "float64_on_accelerator")
+
+
 def test_a_carried_cache_copied_around_a_multi_output_update_is_found_with_its_old_value_read(program):
     """XLA:TPU fuses the slot's update with a read beside it (a fusion of two outputs) and copies the key cache
     before it and after it; the attention reads the cache as it was."""

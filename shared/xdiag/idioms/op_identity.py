@@ -232,6 +232,8 @@ F64_MIN_STAKE_PERCENT = 2.0
 X64_SPLIT = ("X64SplitHigh", "X64SplitLow")
 X64_COMBINE = "X64Combine"
 """The custom calls XLA:TPU's float64 rewrite leaves where a float64 argument enters and a float64 result leaves."""
+F64_TYPES = frozenset({"f64", "c128"})
+"""Types whose values are float64 (complex128: a pair of them); complex64 is a pair of float32."""
 
 
 def _is_f64(instruction) -> bool:
@@ -245,8 +247,11 @@ def _emulating_f64(graph: Graph) -> Callable[[Graph, Site], bool]:
     entry = graph.module.computations.get(graph.module.entry)
     if entry is None:
         return lambda g, site: False
-    splits = [i.name for i in entry.instructions if i.opcode == "custom-call" and i.custom_call_target in X64_SPLIT]
-    combines = [i for i in entry.instructions if i.opcode == "custom-call" and i.custom_call_target == X64_COMBINE]
+    # the same rewrite splits a complex64 value into its float32 real and imaginary parts: no float64 there
+    splits = [i.name for i in entry.instructions if i.opcode == "custom-call" and i.custom_call_target in X64_SPLIT
+              and any(entry.by_name[o].dtype in F64_TYPES for o in i.operands if o in entry.by_name)]
+    combines = [i for i in entry.instructions if i.opcode == "custom-call" and i.custom_call_target == X64_COMBINE
+                and i.dtype in F64_TYPES]
     reached: set[str] = set()
     frontier = [operand for c in combines for operand in c.operands]
     while frontier:  # every producer of a float64 result
