@@ -81,6 +81,17 @@ def test_complex64_split_by_xla_tpu_into_float32_parts_is_no_float64(program):
     assert not matches(program("blind3_tight_binding", "before-a"), "float64_on_accelerator")
 
 
+def test_a_complex_matmul_split_by_xla_tpu_is_found_by_its_gauss_form(program):
+    """XLA:TPU runs a complex64 product as 3 real matmuls, one of them reading the sum of a complex operand's real and
+    imaginary parts; a real matrix times those parts forms no such sum."""
+    (match,) = matches(program("blind3_tight_binding", "before-a"), "complex_matmul")
+    assert match.facts["complex_products"] == 24 and match.facts["real_matmuls"] == 72
+    assert "c64[4096,4096] × c64[4096,1024], complex64" in match.what and match.stake_percent > 90
+    # 2 real matmuls per product at the chip's peak: 24 × 2 × 2·4096²·1024 FLOPs a step
+    assert match.facts["needed_tflop_per_step"] == pytest.approx(24 * 2 * 2 * 4096 ** 2 * 1024 / 1e12, rel=1e-3)
+    assert not matches(program("blind3_tight_binding", "fixed"), "complex_matmul")
+
+
 def test_a_carried_cache_copied_around_a_multi_output_update_is_found_with_its_old_value_read(program):
     """XLA:TPU fuses the slot's update with a read beside it (a fusion of two outputs) and copies the key cache
     before it and after it; the attention reads the cache as it was."""

@@ -10,6 +10,8 @@ library function their HLO records, and the numeric type they really run in.
   a TPU, which emulates them in software, or a GPU, which runs them at a fraction of float32's rate.
 - integer_matmul: a matmul of 32- or 64-bit integers, which the matrix units (bfloat16, int8) do not take: it
   runs on the vector units, where the same counts in floating point run on the matrix unit.
+- complex_matmul: a complex matmul, 4 real matmuls (3 in XLA:TPU's Gauss form), where one operand may be real or
+  purely imaginary (a real matrix cast to complex, or times -1j): then 2 real matmuls give the product.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from dataclasses import dataclass, field
 from xdiag.idioms.catalogue import Match, Variant, idiom
 from xdiag.idioms.hlo_graph import Graph, Site, elements, nbytes, opcode_name
 from xdiag.idioms.program import Program, calls_per_step_of
+from xdiag.profile.space import HloInstruction
 from xdiag.idioms.work_not_needed import matmul_flops, timed_stake
 
 ROUTINES = re.compile(r"(?:^|[/(])(inv|solve|slogdet|det|cholesky|lu|qr|eigh|svd|triangular_solve|"
@@ -330,6 +333,110 @@ def float64_on_accelerator(program: Program) -> list[Match]:
             needed_percent=stake / slowdown, work_ratio=slowdown,
             facts={"f64_arguments": args, "f64_argument_count": len(arguments), "example": example,
                    "example_ms": round(held.example_ms, 3), "assumed_slowdown": slowdown}))
+    return out
+
+
+COMPLEX_NAMES = {"c64": "complex64", "c128": "complex128"}
+COMPLEX_TYPES = frozenset(COMPLEX_NAMES)
+COMPLEX_MIN_STAKE_PERCENT = 5.0
+REAL_PRODUCTS_NEEDED = 2
+"""Real matmuls a complex product needs where one operand is real (A @ v.real and A @ v.imag) or purely imaginary."""
+
+
+def _complex_part(graph: Graph, site: Site | None) -> tuple[HloInstruction, str] | None:
+    """(complex value, "real part" / "imaginary part" / "sum of parts") where a matmul operand is XLA:TPU's split of a
+    complex64/complex128 value (X64SplitLow/High) or the sum of its two parts, else None."""
+    site = graph.origin(site)
+    if site is None:
+        return None
+    ins = site.instruction
+    if ins.opcode == "custom-call" and ins.custom_call_target in X64_SPLIT and ins.operands:
+        source = site.computation.by_name.get(ins.operands[0])
+        if source is not None and source.dtype in COMPLEX_TYPES:
+            return source, "real part" if ins.custom_call_target == "X64SplitLow" else "imaginary part"
+    if ins.opcode == "add" and len(ins.operands) == 2:
+        parts = [_complex_part(graph, graph.operand(site, k)) for k in (0, 1)]
+        if all(parts) and parts[0][0] is parts[1][0] and parts[0][1] != parts[1][1]:
+            return parts[0][0], "sum of parts"
+    return None
+
+
+def _is_matmul(site: Site) -> bool:
+    ins = site.instruction
+    return ins.opcode == "dot" or ins.opcode == "convolution" and ins.conv_is_matrix_product
+
+
+@idiom("complex_matmul", "op_identity",
+       "A complex matmul runs as several real ones, where one operand may be real or purely imaginary",
+       "{change}",
+       "a matrix unit multiplies real numbers: a complex × complex product is 4 real matmuls (XLA:TPU runs 3, the "
+       "Gauss form: re·re, im·im and (re + im)·(re + im), and reads both parts of each operand); where one operand "
+       "is real (or purely imaginary: i times a real matrix), 2 real matmuls of the same size give the product. The "
+       "premise is that operand: a real matrix made complex (a Hamiltonian times -1j * dt, a real kernel cast to "
+       "complex64) is one; the profile cannot tell a complex matrix whose imaginary part is zero from any other",
+       gain=(0.85, 1.0), measured="docs/reference/measurements.md#a-complex-matmul-with-a-real-operand",
+       alternatives=("one real matmul on the stacked parts, with the same FLOPs in a single product: r = a @ "
+                     "jnp.concatenate([v.real, v.imag], axis=1); jax.lax.complex(r[:, :n], r[:, n:]) for v of n "
+                     "columns",))
+def complex_matmul(program: Program) -> list[Match]:
+    """Complex matmuls: dots of complex64/complex128 values (as XLA:CPU and XLA:GPU keep them), or on a TPU the real
+    matmuls of XLA's Gauss form, found by the sum of a complex value's two parts feeding a matmul (a product with a
+    real operand forms no such sum), with every matmul reading that value's parts."""
+    out = []
+    for graph in program.graphs:
+        module_key = program.module_key(graph.module)
+        matmuls = [s for s in graph.sites() if _is_matmul(s)]
+        parts = {(s.computation.name, s.instruction.name): [p for p in (
+            _complex_part(graph, graph.operand(s, k)) for k in (0, 1)) if p] for s in matmuls}
+        gauss = {id(value): value for found in parts.values() for value, part in found if part == "sum of parts"}
+        split = [s for s in matmuls if any(id(v) in gauss for v, _ in parts[(s.computation.name, s.instruction.name)])]
+        native = [s for s in matmuls if s.instruction.dtype in COMPLEX_TYPES and len(s.instruction.operands) == 2
+                  and all((o := graph.operand(s, k)) is not None and o.instruction.dtype in COMPLEX_TYPES
+                          for k in (0, 1))]
+        sites = split or native
+        ops, stake = timed_stake(program, graph, sites)
+        if not sites or stake < COMPLEX_MIN_STAKE_PERCENT:
+            continue
+        runs = {id(s): program.runs.get((module_key, graph.timed_op(s)), 1) for s in sites}
+        if split:  # each complex product: 3 real matmuls of the same size
+            real_products = 3
+            products = max(round(len(split) / real_products), 1)
+            real_flops = sum(matmul_flops(graph, s) * runs[id(s)] for s in split)
+            needed_flops = real_flops * REAL_PRODUCTS_NEEDED / real_products
+            values = sorted(gauss.values(), key=lambda v: -elements(v.dims))[:2]
+            shapes = " × ".join(v.shape_text.split("{")[0] for v in values)
+            value = values[0]
+        else:  # a complex multiply-add is 4 real ones
+            real_products = 4
+            products = len(native)
+            needed_flops = sum(matmul_flops(graph, s) * runs[id(s)] for s in native) * REAL_PRODUCTS_NEEDED
+            example = max(native, key=lambda s: matmul_flops(graph, s))
+            shapes = " × ".join(graph.operand(example, k).instruction.shape_text.split("{")[0] for k in (0, 1))
+        roof = program.roof_ms(flops=needed_flops)
+        # without the device's peaks, the 2 real products take their share of the time the products take now
+        needed = program.step_percent(roof) if roof is not None else stake * REAL_PRODUCTS_NEEDED / real_products
+        line, function = _busiest_line(program, graph, module_key, sites)
+        at = line or "the line that multiplies"
+        change = (f"if one operand of the product at {at} is real (or purely imaginary), keep it real and multiply "
+                  "the other's real and imaginary parts by it: for a real matrix a (a.dtype float32), "
+                  "jax.lax.complex(a @ v.real, a @ v.imag) instead of a.astype(jnp.complex64) @ v; for i times a "
+                  "real b, jax.lax.complex(-(b @ v.imag), b @ v.real) (for -i times b, jax.lax.complex(b @ v.imag, "
+                  "-(b @ v.real))): 2 real matmuls per product instead of "
+                  + ("XLA:TPU's 3" if split else "4"))
+        out.append(Match(
+            "complex_matmul", stake,
+            f"{products} complex matmul{'s' if products != 1 else ''} ({shapes}, "
+            f"{COMPLEX_NAMES.get(value.dtype if split else example.instruction.dtype, 'complex')})"
+            + (f", which XLA:TPU runs as {len(split)} real matmuls: {real_products} per product" if split else
+               f", each {real_products} real matmuls' work") + (f", at {line}" if line else "")
+            + f": {stake:g}% of the step",
+            module=module_key, ops=ops[:16], line=line, function=function,
+            needed_percent=needed, work_ratio=real_products / REAL_PRODUCTS_NEEDED,
+            params={"change": change, "real_products": real_products},
+            facts={"complex_products": products, "real_products_each": real_products,
+                   "real_matmuls": len(split) if split else products * real_products,
+                   "needed_tflop_per_step": round(needed_flops / 1e12 / max(float(program.step.get("steps") or 1),
+                                                                            1.0), 3)}))
     return out
 
 
