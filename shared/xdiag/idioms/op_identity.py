@@ -377,8 +377,7 @@ def _is_matmul(site: Site) -> bool:
        gain=(0.85, 1.0), measured="docs/reference/measurements.md#a-complex-matmul-with-a-real-operand",
        alternatives=("one real matmul on the stacked parts, the same FLOPs in a single product: r = a @ "
                      "jnp.concatenate([v.real, v.imag], axis=1); jax.lax.complex(r[:, :n], r[:, n:]) for v of n "
-                     "columns (on a TPU v5e it took 47% off the step where the two products took 57%: the "
-                     "concatenation and the slices are copies)",))
+                     "columns (on a TPU v5e it took 47% off the step where the two products took 57%)",))
 def complex_matmul(program: Program) -> list[Match]:
     """Complex matmuls: dots of complex64/complex128 values (as XLA:CPU and XLA:GPU keep them), or on a TPU the real
     matmuls of XLA's Gauss form, found by the sum of a complex value's two parts feeding a matmul (a product with a
