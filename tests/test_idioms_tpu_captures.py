@@ -92,6 +92,17 @@ def test_a_complex_matmul_split_by_xla_tpu_is_found_by_its_gauss_form(program):
     assert not matches(program("blind3_tight_binding", "fixed"), "complex_matmul")
 
 
+def test_jnp_isin_comparing_all_pairs_is_a_membership_test_on_a_tpu(program):
+    """XLA:TPU fuses jnp.isin's broadcast compare with its reduction by or: 4,194,304 ids × 8,192 listed values. None
+    of the five changes timed on the chip (a gather from a bool or int32 table, jnp.isin's sort and binary_search
+    methods, a one-hot matmul over 128-wide table rows) compares all pairs."""
+    (match,) = matches(program("blind3_token_blocklist", "before-a"), "membership_all_pairs")
+    assert (match.facts["elements"], match.facts["listed_values"]) == (2048 * 2048, 8192)
+    assert match.ops == ["compare_reduce_fusion"] and match.stake_percent > 99
+    for label in ("fixed", "table_i32", "sort", "binary_search", "onehot_mxu"):
+        assert not matches(program("blind3_token_blocklist", label), "membership_all_pairs"), label
+
+
 def test_a_carried_cache_copied_around_a_multi_output_update_is_found_with_its_old_value_read(program):
     """XLA:TPU fuses the slot's update with a read beside it (a fusion of two outputs) and copies the key cache
     before it and after it; the attention reads the cache as it was."""

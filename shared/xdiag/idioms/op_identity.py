@@ -10,6 +10,8 @@ library function their HLO records, and the numeric type they really run in.
   a TPU, which emulates them in software, or a GPU, which runs them at a fraction of float32's rate.
 - integer_matmul: a matmul of 32- or 64-bit integers, which the matrix units (bfloat16, int8) do not take: it
   runs on the vector units, where the same counts in floating point run on the matrix unit.
+- membership_all_pairs: a membership test (jnp.isin's default method) that compares each element with each listed
+  value, N × K compares on the vector units, where a table of the listed values answers each element once.
 - complex_matmul: a complex matmul, 4 real matmuls (3 in XLA:TPU's Gauss form), where one operand may be real or
   purely imaginary (a real matrix cast to complex, or times -1j): then 2 real matmuls give the product.
 """
@@ -24,7 +26,7 @@ from xdiag.idioms.catalogue import Match, Variant, idiom
 from xdiag.idioms.hlo_graph import Graph, Site, elements, nbytes, opcode_name
 from xdiag.idioms.program import Program, calls_per_step_of
 from xdiag.profile.space import HloInstruction
-from xdiag.idioms.work_not_needed import matmul_flops, timed_stake
+from xdiag.idioms.work_not_needed import matmul_flops, timed_stake, value_readers
 
 ROUTINES = re.compile(r"(?:^|[/(])(inv|solve|slogdet|det|cholesky|lu|qr|eigh|svd|triangular_solve|"
                       r"lu_pivots_to_permutation|cho_solve|lu_solve)(?=[)/]|$)")
@@ -437,6 +439,99 @@ def complex_matmul(program: Program) -> list[Match]:
                    "real_matmuls": len(split) if split else products * real_products,
                    "needed_tflop_per_step": round(needed_flops / 1e12 / max(float(program.step.get("steps") or 1),
                                                                             1.0), 3)}))
+    return out
+
+
+MEMBERSHIP_MIN_STAKE_PERCENT = 5.0
+ANY_ALL = {"or": "any", "and": "all"}
+"""A reduction of compares that keeps whether any (or every) pair matched: membership (or its negation)."""
+
+
+def _reducer(graph: Graph, site: Site) -> str:
+    """"any" or "all" where a reduce or reduce-window combines by or/and; else ""."""
+    ins = site.instruction
+    if ins.opcode not in ("reduce", "reduce-window") or not ins.called:
+        return ""
+    called = graph.module.computations.get(ins.called[0])
+    root = called.by_name.get(called.root) if called is not None else None
+    return ANY_ALL.get(root.opcode, "") if root is not None else ""
+
+
+def _all_pairs_compare(graph: Graph, compare: Site) -> tuple[list[Site], int, int, str] | None:
+    """Where an EQ/NE compare of two arrays broadcast against each other (N elements against K values to N×K) is
+    reduced by or/and until the K are gone (in one reduce, or as XLA:CPU splits it, a reduce-window then a reduce):
+    (the reductions, N, K, "any"/"all"); else None."""
+    ins = compare.instruction
+    if ins.opcode != "compare" or ins.comparison not in ("EQ", "NE"):
+        return None
+    made = elements(ins.dims)
+    sides = [graph.origin(graph.operand(compare, k)) for k in (0, 1)]
+    if any(side is None for side in sides):
+        return None
+    a, b = (elements(side.instruction.dims) for side in sides)
+    if not (1 < a < made and 1 < b < made and a * b == made):
+        return None
+    chain, current = [], compare
+    for _ in range(3):
+        reduction = next((u for u in value_readers(graph, current) if _reducer(graph, u)), None)
+        if reduction is None:
+            return None
+        chain.append(reduction)
+        kept = elements(reduction.instruction.dims)
+        if kept in (a, b):
+            return chain, kept, made // kept, _reducer(graph, reduction)
+        current = reduction
+    return None
+
+
+@idiom("membership_all_pairs", "op_identity",
+       "A membership test compares every element with every listed value",
+       "look each id up in a table of the listed values at {line}, as a matmul on the matrix unit: for ids below a "
+       "vocabulary size V, rows = -(-V // 128); table = jnp.zeros((rows * 128,), jnp.bfloat16).at[values].set(1)"
+       ".reshape(rows, 128); picked = jax.nn.one_hot(x // 128, rows, dtype=jnp.bfloat16) @ table; flagged = "
+       "jnp.sum(jnp.where(x[..., None] % 128 == jnp.arange(128), picked, 0), -1) > 0 (each id's 128-wide row of the "
+       "table picked by a one-hot matmul, its lane by a compare), instead of jnp.isin(x, values){negated}",
+       "jnp.isin's default method compares each element with each listed value, N × K compares on the vector units "
+       "and a reduction of them; a table of the listed values answers each element with one look-up. On a TPU, a "
+       "gather from a table of V booleans (or of int32), and jnp.isin's sort and binary_search methods, measured no "
+       "faster than the compares; the one-hot matmul over 128-wide rows runs on the matrix unit, N × V "
+       "multiply-adds. The premise is a known bound V on the ids (a vocabulary), the one-hot matmul's width",
+       gain=(0.8, 0.95), measured="docs/reference/measurements.md#membership-by-all-pairs",
+       variants=(Variant((("platform", ("GPU", "CPU")),),
+                         "look each id up in a table of the listed values at {line}: for ids below a vocabulary size "
+                         "V, flagged = jnp.zeros((V,), bool).at[values].set(True)[x] instead of jnp.isin(x, "
+                         "values){negated}: N reads of a table instead of N × K compares"),))
+def membership_all_pairs(program: Program) -> list[Match]:
+    """Reductions by any/all of an EQ/NE compare of N elements against K values broadcast to N×K (jnp.isin's
+    default method, or x[:, None] == values[None, :] written out), summed per program."""
+    out = []
+    for graph in program.graphs:
+        module_key = program.module_key(graph.module)
+        found = [(site, pair) for site in graph.sites() if (pair := _all_pairs_compare(graph, site)) is not None]
+        if not found:
+            continue
+        sites = [s for site, (chain, *_) in found for s in [site, *chain]]
+        ops, stake = timed_stake(program, graph, sites)
+        if stake < MEMBERSHIP_MIN_STAKE_PERCENT:
+            continue
+        compare, (_, n, k, reducer) = max(found, key=lambda f: elements(f[0].instruction.dims))
+        sides = [graph.origin(graph.operand(compare, j)) for j in (0, 1)]
+        elements_side, values_side = sorted(sides, key=lambda side: -elements(side.instruction.dims))
+        isin = "_in1d" in compare.instruction.op_name or "isin" in compare.instruction.op_name
+        negated = reducer == "all" and compare.instruction.comparison == "NE"
+        line, function = _busiest_line(program, graph, module_key, sites)
+        runs = program.runs.get((module_key, graph.timed_op(compare)), 0)
+        out.append(Match(
+            "membership_all_pairs", stake,
+            ("jnp.isin" if isin else "a broadcast compare")
+            + f" compares each of {n:,} elements ({elements_side.instruction.shape_text.split('{')[0]}) with each "
+            f"of {k:,} listed values ({values_side.instruction.shape_text.split('{')[0]}): {n * k:.3g} compares "
+            f"({compare.instruction.comparison}) a run, reduced by {reducer}"
+            + (f", at {line}" if line else "") + f": {stake:g}% of the step",
+            module=module_key, ops=ops[:16], line=line, function=function,
+            params={"negated": " (its negation for invert=True: ~flagged)" if negated else ""},
+            facts={"elements": n, "listed_values": k, "compares_per_run": n * k, "runs": runs,
+                   "reduced_by": reducer}))
     return out
 
 
