@@ -23,6 +23,8 @@ SIZES = {  # large enough on a CPU for the idiom's ops to hold their share of th
     "x64_features": {"ROWS": 4096, "FEATURES": 256, "HIDDEN": 256},
     "where_branches": {"BATCH": 8, "SIDE": 48},
     "scan_buffer_copy": {"STEPS": 64, "BATCH": 8, "WIDTH": 1024},
+    "blind3_tight_binding": {"SITES": 512, "STATES": 128, "SUBSTEPS": 2},
+    "blind3_token_blocklist": {"DOCS": 64, "SEQ": 512, "BLOCKED": 1024},
 }
 CAPTURE = """
 import importlib, json, sys
@@ -115,3 +117,24 @@ def test_a_scan_reading_its_cache_before_writing_it_leads_with_writing_first(cap
 def test_no_idiom_of_these_programs_holds_in_their_fixed_variant(program, captured):
     found = {m.idiom for m in recognise(read_session_in_process([captured(program, "fixed")]))}
     assert not found & {"float64_on_accelerator", "select_computes_both_branches", "loop_copies_carried_buffer"}
+
+
+def test_a_complex_matmul_is_named_with_the_real_products_it_costs(captured, tmp_path):
+    """XLA:CPU keeps a complex64 dot: 4 real products' work, where a real (or purely imaginary) operand needs 2."""
+    (match,) = matches(captured("blind3_tight_binding", "before"), "complex_matmul")
+    assert match.line.endswith(line_of("blind3_tight_binding", "return gen @ v")), match.line
+    assert match.facts["complex_products"] == 2 * 6 and match.facts["real_products_each"] == 4
+    assert "c64[512,512] × c64[512,128], complex64" in match.what and match.work_ratio == 2
+    assert not matches(captured("blind3_tight_binding", "fixed"), "complex_matmul")
+
+
+def test_a_membership_test_of_all_pairs_leads_with_a_table_on_a_cpu(captured, tmp_path):
+    """jnp.isin's default method: each of N ids compared with each of K listed values, reduced by any."""
+    (match,) = matches(captured("blind3_token_blocklist", "before"), "membership_all_pairs")
+    assert match.line.endswith(line_of("blind3_token_blocklist", "flagged = jnp.isin(tokens, blocklist)")), match.line
+    assert (match.facts["elements"], match.facts["listed_values"]) == (64 * 512, 1024)
+    assert match.what.startswith("jnp.isin compares each of 32,768 elements") and match.stake_percent > 20
+    assert not matches(captured("blind3_token_blocklist", "fixed"), "membership_all_pairs")
+    top = leads(captured("blind3_token_blocklist", "before"), tmp_path / "before")
+    assert top.key == "membership_all_pairs", top.fix[:200]
+    assert "jnp.zeros((V,), bool).at[values].set(True)[x]" in top.fix and "one_hot" not in top.fix

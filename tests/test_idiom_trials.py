@@ -138,3 +138,41 @@ def test_a_loop_waiting_for_its_uploads_states_the_step_its_loop_takes(program, 
     stated = float(top.expected_impact.split("shorter steps: ", 1)[1].split(" ms", 1)[0])
     traced = json.loads((CAPTURES / f"{program}.before-a.steps.json").read_text())["traced"]["mean_ms"]
     assert abs(stated / traced - 1) < 0.1, (stated, traced)
+
+
+MATRIX_UNIT_ADVICE = "make the matmuls fill the mxu"  # compared with the fix in lower case
+MATMUL_KINDS = ("matmul", "convolution")
+
+
+def _dominant_kinds(analysis) -> set[str]:
+    """The op categories of the ops get_hlo_op_profile names as dominant."""
+    profile = json.loads((Path(analysis.output_uri) / "tools" / "get_hlo_op_profile.json").read_text())
+    rows = {f"{r.get('op')} ({r.get('module')})": r for r in profile["detail"]["ops"]}
+    return {rows[name]["category"] for name in profile["summary"].get("dominant_ops") or [] if name in rows}
+
+
+@pytest.mark.parametrize("program", sorted(TRIALS))
+def test_the_matrix_units_levers_are_advised_only_where_the_busiest_ops_are_matmuls(program, reports):
+    """Ops far below their roof get the MXU's levers (bf16 operands, multiples of 128) only where they are matmuls:
+    a compare of all pairs and its reduction run on the vector units, where those levers do nothing."""
+    for label in ("before-a", TRIALS[program]["after"]):
+        analysis = reports(program, label)
+        for finding in analysis.diagnosis.findings:
+            if MATRIX_UNIT_ADVICE in finding.fix.lower():
+                assert _dominant_kinds(analysis) & set(MATMUL_KINDS), (label, finding.key, _dominant_kinds(analysis))
+
+
+def test_ops_far_below_their_roof_that_are_no_matmuls_are_named_for_what_they_are(reports):
+    """jnp.isin's compare of all pairs fused with its reduction by or: 99.8% of op time, compute-bound at 1.2% of the
+    roof. The roofline finding (left out of the report where the membership idiom explains the same op) names the
+    ops' kind and the vector units, not the matrix unit's levers."""
+    from xdiag.investigators.health import health_snapshot
+    from xdiag.investigators.rules import roofline
+    from xdiag.investigators.rules.registry import Facts
+    from xdiag.model import ToolResult
+
+    tools = Path(reports("blind3_token_blocklist", "before-a").output_uri) / "tools"
+    results = {p.stem: ToolResult.model_validate_json(p.read_text()) for p in tools.glob("*.json")}
+    finding = roofline.low_kernel_efficiency(Facts(health_snapshot(results), results), [])
+    assert finding is not None and MATRIX_UNIT_ADVICE not in finding.fix.lower(), finding.fix
+    assert "no matmuls (reduction)" in finding.fix and "vector units (VPU)" in finding.fix

@@ -75,6 +75,34 @@ def test_float64_rewritten_by_xla_tpu_into_float32_pairs_is_found(program):
     assert not matches(program("x64_features", "fixed"), "float64_on_accelerator")
 
 
+def test_complex64_split_by_xla_tpu_into_float32_parts_is_no_float64(program):
+    """XLA:TPU's 64-bit rewrite splits a complex64 argument into its float32 real and imaginary parts with the same
+    X64Split and X64Combine calls it uses for float64: the ops between compute in float32."""
+    assert not matches(program("blind3_tight_binding", "before-a"), "float64_on_accelerator")
+
+
+def test_a_complex_matmul_split_by_xla_tpu_is_found_by_its_gauss_form(program):
+    """XLA:TPU runs a complex64 product as 3 real matmuls, one of them reading the sum of a complex operand's real and
+    imaginary parts; a real matrix times those parts forms no such sum."""
+    (match,) = matches(program("blind3_tight_binding", "before-a"), "complex_matmul")
+    assert match.facts["complex_products"] == 24 and match.facts["real_matmuls"] == 72
+    assert "c64[4096,4096] × c64[4096,1024], complex64" in match.what and match.stake_percent > 90
+    # 2 real matmuls per product at the chip's peak: 24 × 2 × 2·4096²·1024 FLOPs a step
+    assert match.facts["needed_tflop_per_step"] == pytest.approx(24 * 2 * 2 * 4096 ** 2 * 1024 / 1e12, rel=1e-3)
+    assert not matches(program("blind3_tight_binding", "fixed"), "complex_matmul")
+
+
+def test_jnp_isin_comparing_all_pairs_is_a_membership_test_on_a_tpu(program):
+    """XLA:TPU fuses jnp.isin's broadcast compare with its reduction by or: 4,194,304 ids × 8,192 listed values. None
+    of the five changes timed on the chip (a gather from a bool or int32 table, jnp.isin's sort and binary_search
+    methods, a one-hot matmul over 128-wide table rows) compares all pairs."""
+    (match,) = matches(program("blind3_token_blocklist", "before-a"), "membership_all_pairs")
+    assert (match.facts["elements"], match.facts["listed_values"]) == (2048 * 2048, 8192)
+    assert match.ops == ["compare_reduce_fusion"] and match.stake_percent > 99
+    for label in ("fixed", "table_i32", "sort", "binary_search", "onehot_mxu"):
+        assert not matches(program("blind3_token_blocklist", label), "membership_all_pairs"), label
+
+
 def test_a_carried_cache_copied_around_a_multi_output_update_is_found_with_its_old_value_read(program):
     """XLA:TPU fuses the slot's update with a read beside it (a fusion of two outputs) and copies the key cache
     before it and after it; the attention reads the cache as it was."""

@@ -10,6 +10,10 @@ library function their HLO records, and the numeric type they really run in.
   a TPU, which emulates them in software, or a GPU, which runs them at a fraction of float32's rate.
 - integer_matmul: a matmul of 32- or 64-bit integers, which the matrix units (bfloat16, int8) do not take: it
   runs on the vector units, where the same counts in floating point run on the matrix unit.
+- membership_all_pairs: a membership test (jnp.isin's default method) that compares each element with each listed
+  value, N × K compares on the vector units, where a table of the listed values answers each element once.
+- complex_matmul: a complex matmul, 4 real matmuls (3 in XLA:TPU's Gauss form), where one operand may be real or
+  purely imaginary (a real matrix cast to complex, or times -1j): then 2 real matmuls give the product.
 """
 
 from __future__ import annotations
@@ -21,7 +25,8 @@ from dataclasses import dataclass, field
 from xdiag.idioms.catalogue import Match, Variant, idiom
 from xdiag.idioms.hlo_graph import Graph, Site, elements, nbytes, opcode_name
 from xdiag.idioms.program import Program, calls_per_step_of
-from xdiag.idioms.work_not_needed import matmul_flops, timed_stake
+from xdiag.profile.space import HloInstruction
+from xdiag.idioms.work_not_needed import matmul_flops, timed_stake, value_readers
 
 ROUTINES = re.compile(r"(?:^|[/(])(inv|solve|slogdet|det|cholesky|lu|qr|eigh|svd|triangular_solve|"
                       r"lu_pivots_to_permutation|cho_solve|lu_solve)(?=[)/]|$)")
@@ -239,6 +244,8 @@ F64_MIN_STAKE_PERCENT = 2.0
 X64_SPLIT = ("X64SplitHigh", "X64SplitLow")
 X64_COMBINE = "X64Combine"
 """The custom calls XLA:TPU's float64 rewrite leaves where a float64 argument enters and a float64 result leaves."""
+F64_TYPES = frozenset({"f64", "c128"})
+"""Types whose values are float64 (complex128: a pair of them); complex64 is a pair of float32."""
 
 
 def _is_f64(instruction) -> bool:
@@ -252,8 +259,11 @@ def _emulating_f64(graph: Graph) -> Callable[[Graph, Site], bool]:
     entry = graph.module.computations.get(graph.module.entry)
     if entry is None:
         return lambda g, site: False
-    splits = [i.name for i in entry.instructions if i.opcode == "custom-call" and i.custom_call_target in X64_SPLIT]
-    combines = [i for i in entry.instructions if i.opcode == "custom-call" and i.custom_call_target == X64_COMBINE]
+    # the same rewrite splits a complex64 value into its float32 real and imaginary parts: no float64 there
+    splits = [i.name for i in entry.instructions if i.opcode == "custom-call" and i.custom_call_target in X64_SPLIT
+              and any(entry.by_name[o].dtype in F64_TYPES for o in i.operands if o in entry.by_name)]
+    combines = [i for i in entry.instructions if i.opcode == "custom-call" and i.custom_call_target == X64_COMBINE
+                and i.dtype in F64_TYPES]
     reached: set[str] = set()
     frontier = [operand for c in combines for operand in c.operands]
     while frontier:  # every producer of a float64 result
@@ -332,6 +342,203 @@ def float64_on_accelerator(program: Program) -> list[Match]:
             needed_percent=stake / slowdown, work_ratio=slowdown,
             facts={"f64_arguments": args, "f64_argument_count": len(arguments), "example": example,
                    "example_ms": round(held.example_ms, 3), "assumed_slowdown": slowdown}))
+    return out
+
+
+COMPLEX_NAMES = {"c64": "complex64", "c128": "complex128"}
+COMPLEX_TYPES = frozenset(COMPLEX_NAMES)
+COMPLEX_MIN_STAKE_PERCENT = 5.0
+REAL_PRODUCTS_NEEDED = 2
+"""Real matmuls a complex product needs where one operand is real (A @ v.real and A @ v.imag) or purely imaginary."""
+
+
+def _complex_part(graph: Graph, site: Site | None) -> tuple[HloInstruction, str] | None:
+    """(complex value, "real part" / "imaginary part" / "sum of parts") where a matmul operand is XLA:TPU's split of a
+    complex64/complex128 value (X64SplitLow/High) or the sum of its two parts, else None."""
+    site = graph.origin(site)
+    if site is None:
+        return None
+    ins = site.instruction
+    if ins.opcode == "custom-call" and ins.custom_call_target in X64_SPLIT and ins.operands:
+        source = site.computation.by_name.get(ins.operands[0])
+        if source is not None and source.dtype in COMPLEX_TYPES:
+            return source, "real part" if ins.custom_call_target == "X64SplitLow" else "imaginary part"
+    if ins.opcode == "add" and len(ins.operands) == 2:
+        parts = [_complex_part(graph, graph.operand(site, k)) for k in (0, 1)]
+        if all(parts) and parts[0][0] is parts[1][0] and parts[0][1] != parts[1][1]:
+            return parts[0][0], "sum of parts"
+    return None
+
+
+def _is_matmul(site: Site) -> bool:
+    ins = site.instruction
+    return ins.opcode == "dot" or ins.opcode == "convolution" and ins.conv_is_matrix_product
+
+
+@idiom("complex_matmul", "op_identity",
+       "A complex matmul runs as several real ones, where one operand may be real or purely imaginary",
+       "{change}",
+       "a matrix unit multiplies real numbers: a complex × complex product is 4 real matmuls (XLA:TPU runs 3, the "
+       "Gauss form: re·re, im·im and (re + im)·(re + im), and reads both parts of each operand); where one operand "
+       "is real (or purely imaginary: i times a real matrix), 2 real matmuls of the same size give the product. The "
+       "premise is that operand: a real matrix made complex (a Hamiltonian times -1j * dt, a real kernel cast to "
+       "complex64) is one; the profile cannot tell a complex matrix whose imaginary part is zero from any other",
+       gain=(0.85, 1.0), measured="docs/reference/measurements.md#a-complex-matmul-with-a-real-operand",
+       alternatives=("one real matmul on the stacked parts, the same FLOPs in a single product: r = a @ "
+                     "jnp.concatenate([v.real, v.imag], axis=1); jax.lax.complex(r[:, :n], r[:, n:]) for v of n "
+                     "columns (on a TPU v5e it took 47% off the step where the two products took 57%)",))
+def complex_matmul(program: Program) -> list[Match]:
+    """Complex matmuls: dots of complex64/complex128 values (as XLA:CPU and XLA:GPU keep them), or on a TPU the real
+    matmuls of XLA's Gauss form, found by the sum of a complex value's two parts feeding a matmul (a product with a
+    real operand forms no such sum), with every matmul reading that value's parts."""
+    out = []
+    for graph in program.graphs:
+        module_key = program.module_key(graph.module)
+        matmuls = [s for s in graph.sites() if _is_matmul(s)]
+        parts = {(s.computation.name, s.instruction.name): [p for p in (
+            _complex_part(graph, graph.operand(s, k)) for k in (0, 1)) if p] for s in matmuls}
+        gauss = {id(value): value for found in parts.values() for value, part in found if part == "sum of parts"}
+        split = [s for s in matmuls if any(id(v) in gauss for v, _ in parts[(s.computation.name, s.instruction.name)])]
+        native = [s for s in matmuls if s.instruction.dtype in COMPLEX_TYPES and len(s.instruction.operands) == 2
+                  and all((o := graph.operand(s, k)) is not None and o.instruction.dtype in COMPLEX_TYPES
+                          for k in (0, 1))]
+        sites = split or native
+        ops, stake = timed_stake(program, graph, sites)
+        if not sites or stake < COMPLEX_MIN_STAKE_PERCENT:
+            continue
+        runs = {id(s): program.runs.get((module_key, graph.timed_op(s)), 1) for s in sites}
+        if split:  # each complex product: 3 real matmuls of the same size
+            real_products = 3
+            products = max(round(len(split) / real_products), 1)
+            real_flops = sum(matmul_flops(graph, s) * runs[id(s)] for s in split)
+            needed_flops = real_flops * REAL_PRODUCTS_NEEDED / real_products
+            values = sorted(gauss.values(), key=lambda v: -elements(v.dims))[:2]
+            shapes = " × ".join(v.shape_text.split("{")[0] for v in values)
+            value = values[0]
+        else:  # a complex multiply-add is 4 real ones
+            real_products = 4
+            products = len(native)
+            needed_flops = sum(matmul_flops(graph, s) * runs[id(s)] for s in native) * REAL_PRODUCTS_NEEDED
+            example = max(native, key=lambda s: matmul_flops(graph, s))
+            shapes = " × ".join(graph.operand(example, k).instruction.shape_text.split("{")[0] for k in (0, 1))
+        roof = program.roof_ms(flops=needed_flops)
+        # without the device's peaks, the 2 real products take their share of the time the products take now
+        needed = program.step_percent(roof) if roof is not None else stake * REAL_PRODUCTS_NEEDED / real_products
+        line, function = _busiest_line(program, graph, module_key, sites)
+        at = line or "the line that multiplies"
+        change = (f"if one operand of the product at {at} is real (or purely imaginary), keep it real and multiply "
+                  "the other's real and imaginary parts by it: for a real matrix a (a.dtype float32), "
+                  "jax.lax.complex(a @ v.real, a @ v.imag) instead of a.astype(jnp.complex64) @ v; for i times a "
+                  "real b, jax.lax.complex(-(b @ v.imag), b @ v.real) (for -i times b, jax.lax.complex(b @ v.imag, "
+                  "-(b @ v.real))): 2 real matmuls per product instead of "
+                  + ("XLA:TPU's 3" if split else "4"))
+        out.append(Match(
+            "complex_matmul", stake,
+            f"{products} complex matmul{'s' if products != 1 else ''} ({shapes}, "
+            f"{COMPLEX_NAMES.get(value.dtype if split else example.instruction.dtype, 'complex')})"
+            + (f", which XLA:TPU runs as {len(split)} real matmuls: {real_products} per product" if split else
+               f", each {real_products} real matmuls' work") + (f", at {line}" if line else "")
+            + f": {stake:g}% of the step",
+            module=module_key, ops=ops[:16], line=line, function=function,
+            needed_percent=needed, work_ratio=real_products / REAL_PRODUCTS_NEEDED,
+            params={"change": change, "real_products": real_products},
+            facts={"complex_products": products, "real_products_each": real_products,
+                   "real_matmuls": len(split) if split else products * real_products,
+                   "needed_tflop_per_step": round(needed_flops / 1e12 / max(float(program.step.get("steps") or 1),
+                                                                            1.0), 3)}))
+    return out
+
+
+MEMBERSHIP_MIN_STAKE_PERCENT = 5.0
+ANY_ALL = {"or": "any", "and": "all"}
+"""A reduction of compares that keeps whether any (or every) pair matched: membership (or its negation)."""
+
+
+def _reducer(graph: Graph, site: Site) -> str:
+    """"any" or "all" where a reduce or reduce-window combines by or/and; else ""."""
+    ins = site.instruction
+    if ins.opcode not in ("reduce", "reduce-window") or not ins.called:
+        return ""
+    called = graph.module.computations.get(ins.called[0])
+    root = called.by_name.get(called.root) if called is not None else None
+    return ANY_ALL.get(root.opcode, "") if root is not None else ""
+
+
+def _all_pairs_compare(graph: Graph, compare: Site) -> tuple[list[Site], int, int, str] | None:
+    """Where an EQ/NE compare of two arrays broadcast against each other (N elements against K values to N×K) is
+    reduced by or/and until the K are gone (in one reduce, or as XLA:CPU splits it, a reduce-window then a reduce):
+    (the reductions, N, K, "any"/"all"); else None."""
+    ins = compare.instruction
+    if ins.opcode != "compare" or ins.comparison not in ("EQ", "NE"):
+        return None
+    made = elements(ins.dims)
+    sides = [graph.origin(graph.operand(compare, k)) for k in (0, 1)]
+    if any(side is None for side in sides):
+        return None
+    a, b = (elements(side.instruction.dims) for side in sides)
+    if not (1 < a < made and 1 < b < made and a * b == made):
+        return None
+    chain, current = [], compare
+    for _ in range(3):
+        reduction = next((u for u in value_readers(graph, current) if _reducer(graph, u)), None)
+        if reduction is None:
+            return None
+        chain.append(reduction)
+        kept = elements(reduction.instruction.dims)
+        if kept in (a, b):
+            return chain, kept, made // kept, _reducer(graph, reduction)
+        current = reduction
+    return None
+
+
+@idiom("membership_all_pairs", "op_identity",
+       "A membership test compares every element with every listed value",
+       "look each id up in a table of the listed values at {line}, as a matmul on the matrix unit: for ids below a "
+       "vocabulary size V, rows = -(-V // 128); table = jnp.zeros((rows * 128,), jnp.bfloat16).at[values].set(1)"
+       ".reshape(rows, 128); picked = jax.nn.one_hot(x // 128, rows, dtype=jnp.bfloat16) @ table; flagged = "
+       "jnp.sum(jnp.where(x[..., None] % 128 == jnp.arange(128), picked, 0), -1) > 0 (each id's 128-wide row of the "
+       "table picked by a one-hot matmul, its lane by a compare), instead of jnp.isin(x, values){negated}",
+       "jnp.isin's default method compares each element with each listed value, N × K compares on the vector units "
+       "and a reduction of them; a table of the listed values answers each element with one look-up. On a TPU, a "
+       "gather from a table of V booleans (or of int32), and jnp.isin's sort and binary_search methods, measured no "
+       "faster than the compares; the one-hot matmul over 128-wide rows runs on the matrix unit, N × V "
+       "multiply-adds. The premise is a known bound V on the ids (a vocabulary), the one-hot matmul's width",
+       gain=(0.8, 0.95), measured="docs/reference/measurements.md#membership-by-all-pairs",
+       variants=(Variant((("platform", ("GPU", "CPU")),),
+                         "look each id up in a table of the listed values at {line}: for ids below a vocabulary size "
+                         "V, flagged = jnp.zeros((V,), bool).at[values].set(True)[x] instead of jnp.isin(x, "
+                         "values){negated}: N reads of a table instead of N × K compares"),))
+def membership_all_pairs(program: Program) -> list[Match]:
+    """Reductions by any/all of an EQ/NE compare of N elements against K values broadcast to N×K (jnp.isin's
+    default method, or x[:, None] == values[None, :] written out), summed per program."""
+    out = []
+    for graph in program.graphs:
+        module_key = program.module_key(graph.module)
+        found = [(site, pair) for site in graph.sites() if (pair := _all_pairs_compare(graph, site)) is not None]
+        if not found:
+            continue
+        sites = [s for site, (chain, *_) in found for s in [site, *chain]]
+        ops, stake = timed_stake(program, graph, sites)
+        if stake < MEMBERSHIP_MIN_STAKE_PERCENT:
+            continue
+        compare, (_, n, k, reducer) = max(found, key=lambda f: elements(f[0].instruction.dims))
+        sides = [graph.origin(graph.operand(compare, j)) for j in (0, 1)]
+        elements_side, values_side = sorted(sides, key=lambda side: -elements(side.instruction.dims))
+        isin = "_in1d" in compare.instruction.op_name or "isin" in compare.instruction.op_name
+        negated = reducer == "all" and compare.instruction.comparison == "NE"
+        line, function = _busiest_line(program, graph, module_key, sites)
+        runs = program.runs.get((module_key, graph.timed_op(compare)), 0)
+        out.append(Match(
+            "membership_all_pairs", stake,
+            ("jnp.isin" if isin else "a broadcast compare")
+            + f" compares each of {n:,} elements ({elements_side.instruction.shape_text.split('{')[0]}) with each "
+            f"of {k:,} listed values ({values_side.instruction.shape_text.split('{')[0]}): {n * k:.3g} compares "
+            f"({compare.instruction.comparison}) a run, reduced by {reducer}"
+            + (f", at {line}" if line else "") + f": {stake:g}% of the step",
+            module=module_key, ops=ops[:16], line=line, function=function,
+            params={"negated": " (its negation for invert=True: ~flagged)" if negated else ""},
+            facts={"elements": n, "listed_values": k, "compares_per_run": n * k, "runs": runs,
+                   "reduced_by": reducer}))
     return out
 
 

@@ -898,7 +898,7 @@ def _outer(graph: Graph, site: Site) -> Site:
     return site
 
 
-def _value_readers(graph: Graph, site: Site) -> list[Site]:
+def value_readers(graph: Graph, site: Site) -> list[Site]:
     """Every instruction that reads a value, inside its fusion and, where it is the fusion's result, after it."""
     outer = _outer(graph, site)
     found = list(graph.users(site)) + (list(graph.users(outer)) if outer is not site else [])
@@ -953,7 +953,7 @@ def matmul_chain_order(program: Program) -> list[Match]:
                 first = graph.origin(operand)
                 if operand is None or first is None or not _plain_matmul(graph, first) or \
                         elements(operand.instruction.dims) != elements(first.instruction.dims) or \
-                        [r.instruction.name for r in _value_readers(graph, first)] != [second.instruction.name]:
+                        [r.instruction.name for r in value_readers(graph, first)] != [second.instruction.name]:
                     continue
                 flops_now = matmul_flops(graph, first) + matmul_flops(graph, second)
                 product = elements(first.instruction.dims)
@@ -1061,7 +1061,7 @@ def _diagonal_readers(graph: Graph, value: Site, depth: int = 4) -> list[Site] |
     """The ops that read a matrix where each reads only its diagonal, directly or through elementwise ops of the
     matrix's shape (a covariance scaled by 1/(n - 1) before its diagonal is taken), those ops included; None where
     some reader needs more than the diagonal."""
-    readers = _value_readers(graph, value)
+    readers = value_readers(graph, value)
     if not readers or depth <= 0:
         return None
     out = []
@@ -1460,7 +1460,7 @@ def softmax_for_argmax(program: Program) -> list[Match]:
             found = _softmax(graph, value)
             if found is None or elements(value.instruction.dims) < 4096:
                 continue
-            readers = _value_readers(graph, value)
+            readers = value_readers(graph, value)
             kinds = {_arg_reduce(graph, r) for r in readers}
             if None in kinds:
                 continue  # the probabilities are read as they are too: they are needed

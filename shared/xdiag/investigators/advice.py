@@ -203,8 +203,17 @@ def host_transfer_fix(ctx: Context) -> str:
             "steps; a blocking read of a large array waits for the whole copy (and on a TPU for the host re-tiling it)")
 
 
-def kernel_efficiency_fix(ctx: Context, bound: str) -> str:
-    """What to check when the dominant kernels run far below their roof."""
+def kernel_efficiency_fix(ctx: Context, bound: str, kinds: tuple[str, ...] = ("matmul",)) -> str:
+    """What to check when the dominant kernels run far below their roof; `kinds`: their op categories (matmul,
+    convolution, reduction, elementwise, ...), the matrix-unit levers only where a matmul or convolution is one."""
+    if bound == "compute" and not {"matmul", "convolution"} & set(kinds):
+        unit = {"TPU": "the vector units (VPU), not the MXU", "GPU": "the CUDA cores, not the Tensor Cores"}.get(
+            ctx.platform, "the vector units")
+        return (f"these ops are no matmuls ({', '.join(k.replace('_', ' ') for k in kinds) or 'other ops'}): they "
+                f"run on {unit}, at a small fraction of the peak their roofline is drawn against, so the lever is "
+                "less work per element: read what they compute at their source line and write it with fewer element "
+                "operations (a lookup instead of a compare with every value, a sum over a window instead of a "
+                "broadcast of all pairs), or as a matmul")
     if bound == "compute":
         if ctx.platform == "TPU":
             return ("make the matmuls fill the MXU: bf16 operands, dimensions multiples of 128 (256 on v6e/7x), larger "

@@ -104,6 +104,9 @@ def low_kernel_efficiency(facts: Facts, found: list[Hypothesis]) -> Hypothesis |
     rows = {f"{o.get('op')} ({o.get('module')})": o for o in facts.detail("get_hlo_op_profile").get("ops") or []}
     top = rows.get((ops.get("dominant_ops") or [""])[0], {})
     kernel = advice.library_kernel_fix(top)
+    # the matrix unit's levers apply only where the busiest ops are matmuls (a compare of all pairs is not one)
+    kinds = tuple(dict.fromkeys(str(rows[name].get("category") or "other") for name in ops.get("dominant_ops") or []
+                                if name in rows)) or ("matmul",)
     gain = (f"{share:g}% of op time × (1 − {efficiency / 100:.2g}) = {lost:.0f}% of op time if they ran at their roof."
             if low_efficiency and efficiency is not None else f"Up to {lost:.0f}% of op time if they ran at their roof.")
     return Hypothesis(
@@ -118,7 +121,8 @@ def low_kernel_efficiency(facts: Facts, found: list[Hypothesis]) -> Hypothesis |
            f"; the device computes only {compute}% of the step, and unproductively while it does."),
         ev,
         gain,
-        sentence(advice.precision_fix(ctx, precision) if precision else kernel or advice.kernel_efficiency_fix(ctx, bound)),
+        sentence(advice.precision_fix(ctx, precision) if precision
+                 else kernel or advice.kernel_efficiency_fix(ctx, bound, kinds)),
     )
 
 
