@@ -92,3 +92,31 @@ def test_recomputation_of_a_loop_invariant_value_is_the_loops_not_the_remats(pro
     (remat,) = matches(hoist, "needless_remat")
     assert invariant.ops == ["fusion.46"] and "fusion.46" not in remat.what
     assert remat.stake_percent < invariant.stake_percent
+
+
+def test_a_scatter_whose_indices_xla_tpu_sorts_on_every_run_is_found_with_the_sort(program):
+    """XLA:TPU sorts the indices of a scatter-add not declared sorted (a sort made for the same op) and then marks the
+    scatter sorted: the scatters and that sort are the stake."""
+    (match,) = matches(program("segment_pool", "before-a"), "scatter_unsorted_indices")
+    assert "sort.1" in match.ops and 85 < match.stake_percent < 95, (match.ops, match.stake_percent)
+    assert "XLA sorts them on every run" in match.what
+    assert not matches(program("segment_pool", "fixed"), "scatter_unsorted_indices")
+
+
+def test_an_integer_matmul_xla_tpu_writes_as_a_convolution_is_found(program):
+    (match,) = matches(program("cooccurrence_int_matmul", "before-a"), "integer_matmul")
+    assert match.stake_percent > 99 and match.facts["flops_per_run"] == 2 * 4096 ** 3, match.what
+    assert not matches(program("cooccurrence_int_matmul", "fixed"), "integer_matmul")
+
+
+def test_batched_matmuls_xla_tpu_writes_as_convolutions_keep_their_batch(program):
+    """XLA:TPU writes a batched matmul as a base-dilated convolution: its batch is what the shapes leave, so key and
+    value heads repeated 8 times in a batch of 256 are repeats, and weights broadcast 128 times to a batch of 128 a
+    tile (withheld there: XLA reads it in place)."""
+    (repeated,) = matches(program("gqa_repeat_kv", "before-a"), "repeated_kv_heads")
+    assert repeated.params["repeat"] == 8 and 70 < repeated.stake_percent < 75, repeated.what
+    assert not matches(program("gqa_repeat_kv", "fixed"), "repeated_kv_heads")
+    (tiled,) = matches(program("tiled_adapter_weights", "before-a"), "weights_tiled_per_example")
+    assert tiled.params["batch"] == 128 and tiled.params["tile_written"] is False, tiled.what
+    assert not matches(program("tiled_adapter_weights", "fixed"), "weights_tiled_per_example")
+    assert not matches(program("gqa_repeat_kv", "before-a"), "weights_tiled_per_example")

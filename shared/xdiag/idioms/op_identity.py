@@ -614,6 +614,17 @@ def _adds(graph, site) -> bool:
     return root is not None and root.opcode == "add"
 
 
+def _sorted_for(graph: Graph, scatter: Site) -> Site | None:
+    """The sort XLA adds before a scatter whose indices are not declared sorted (XLA:TPU sorts them on every run,
+    then scatters them as sorted): the sort its indices come from, made for the same framework op."""
+    made = graph.origin(graph.operand(scatter, 1))
+    if made is None or made.instruction.opcode != "get-tuple-element":
+        return None
+    sort = graph.operand(made, 0)
+    return sort if sort is not None and sort.instruction.opcode == "sort" and \
+        sort.instruction.op_name == scatter.instruction.op_name else None
+
+
 @idiom("scatter_unsorted_indices", "op_identity",
        "A scatter-add whose indices are not declared sorted holds the step",
        "sort the segment ids once where the data is prepared (order = jnp.argsort(ids); ids, rows = ids[order], "
@@ -624,7 +635,7 @@ def _adds(graph, site) -> bool:
        "output, serialised or made atomic; with the indices sorted and declared so, the updates to one row are "
        "contiguous and can be summed before they are written. That a sort per call, where the ids change every "
        "step, costs less than it saves is a premise",
-       gain=(0.2, 0.6),
+       gain=(0.2, 0.6), measured="docs/reference/measurements.md#scatter-unsorted-indices",
        alternatives=(f"for at most {ONE_HOT_MAX_SEGMENTS} segments, a one-hot matmul on the matrix unit: "
                      "jax.nn.one_hot(ids, num_segments, dtype=rows.dtype).T @ rows (its premise: segments × rows × "
                      "width multiply-adds cost less than the scatter)",))
@@ -632,23 +643,33 @@ def scatter_unsorted_indices(program: Program) -> list[Match]:
     out = []
     for graph in program.graphs:
         module_key = program.module_key(graph.module)
-        sites = [s for s in graph.sites() if s.instruction.opcode == "scatter" and not s.instruction.indices_are_sorted
-                 and _adds(graph, s) and (module_key, graph.timed_op(s)) in program.op_ms]
+        sites, sorts = [], []
+        for site in graph.sites():
+            if site.instruction.opcode != "scatter" or not _adds(graph, site) or \
+                    (module_key, graph.timed_op(site)) not in program.op_ms:
+                continue
+            sort = _sorted_for(graph, site)
+            if not site.instruction.indices_are_sorted or sort is not None:
+                sites.append(site)
+                sorts += [sort] if sort is not None else []
         if not sites:
             continue
-        ops = list(dict.fromkeys(graph.timed_op(s) for s in sites))
+        ops = list(dict.fromkeys(graph.timed_op(s) for s in sites + sorts))
         stake = program.step_percent(program.time_ms(graph.module, ops))
         if stake < SCATTER_MIN_STAKE_PERCENT:
             continue
         top = max(sites, key=lambda s: program.op_ms[(module_key, graph.timed_op(s))])
+        scatters, sorted_by = len({graph.timed_op(s) for s in sites}), len({s.instruction.name for s in sorts})
         indices, updates = graph.operand(top, 1), graph.operand(top, 2)
         line, function = program.line_of(graph, top)
         segments = top.instruction.dims[0] if top.instruction.dims else 0
         shape = lambda s: s.instruction.shape_text.split("{")[0] if s is not None else "?"  # noqa: E731
         out.append(Match(
             "scatter_unsorted_indices", stake,
-            f"{len(ops)} scatter-add{'s' if len(ops) > 1 else ''} (such as {shape(updates)} added into "
-            f"{shape(top)} at {shape(indices)} indices, indices_are_sorted=false)"
+            f"{scatters} scatter-add{'s' if scatters > 1 else ''} (such as {shape(updates)} added into "
+            f"{shape(top)} at {shape(indices)} indices, indices_are_sorted=false"
+            + (f"; XLA sorts them on every run, {sorted_by} sort{'s' if sorted_by > 1 else ''}" if sorts else "")
+            + ")"
             + (f" at {line}" if line else "") + f": {stake:g}% of the step",
             module=module_key, ops=ops[:16], line=line, function=function,
             params={"segments": segments or "n"},
@@ -671,7 +692,7 @@ SVD_MIN_STAKE_PERCENT = 10.0
        "many times the cost of a QR or Cholesky factorisation of the same matrix (on a TPU, several times more "
        "again); a matrix of full column rank needs no singular values to be solved. The premise is that rank: a "
        "rank-deficient or near-singular matrix is what the SVD's cut-off is for",
-       gain=(0.5, 0.9),
+       gain=(0.5, 0.9), measured="docs/reference/measurements.md#svd-for-least-squares",
        alternatives=("for a well-conditioned a, the normal equations: c = jax.scipy.linalg.cho_factor(a.T @ a); "
                      "x = jax.scipy.linalg.cho_solve(c, a.T @ b) (they square the condition number)",))
 def svd_for_least_squares(program: Program) -> list[Match]:
@@ -723,7 +744,7 @@ INTEGER_TYPES = frozenset({"s16", "u16", "s32", "u32", "s64", "u64"})
        "preferred_element_type=jnp.int32",
        "the matrix units multiply bfloat16 (and int8) operands; a matmul of wider integers is lowered to multiplies "
        "and adds on the vector units, at a small fraction of the matrix unit's rate",
-       gain=(0.5, 0.9))
+       gain=(0.5, 0.9), measured="docs/reference/measurements.md#integer-matmul")
 def integer_matmul(program: Program) -> list[Match]:
     """Dots whose operands are 16-, 32- or 64-bit integers (not int8, which TPU and GPU matrix units take)."""
     out: dict[tuple[str, str], Match] = {}
@@ -731,21 +752,22 @@ def integer_matmul(program: Program) -> list[Match]:
         module_key = program.module_key(graph.module)
         for site in graph.sites():
             ins = site.instruction
-            if ins.opcode != "dot" or len(ins.operands) != 2:
+            # XLA:TPU writes a dot as a convolution that is a matrix product
+            if not (ins.opcode == "dot" or ins.opcode == "convolution" and ins.conv_is_matrix_product) \
+                    or len(ins.operands) != 2:
                 continue
             operands = [graph.operand(site, k) for k in (0, 1)]
             if any(o is None or o.instruction.dtype not in INTEGER_TYPES for o in operands):
                 continue
             lhs, rhs = (o.instruction for o in operands)
-            contracted = elements(tuple(lhs.dims[d] for d in ins.lhs_contracting if d < len(lhs.dims)))
-            flops = 2.0 * elements(ins.dims) * contracted
+            flops = matmul_flops(graph, site)
             line, function = program.line_of(graph, site)
             ops, stake = timed_stake(program, graph, [site])
             if not ops or stake < INTEGER_MATMUL_MIN_STAKE_PERCENT or (module_key, line or ops[0]) in out:
                 continue
             out[(module_key, line or ops[0])] = Match(
                 "integer_matmul", stake,
-                f"dot {lhs.shape_text.split('{')[0]} × {rhs.shape_text.split('{')[0]} → "
+                f"{opcode_name(ins)} {lhs.shape_text.split('{')[0]} × {rhs.shape_text.split('{')[0]} → "
                 f"{ins.shape_text.split('{')[0]} ({flops / 1e9:.3g} GFLOP a run) multiplies {lhs.dtype} integers"
                 + (f" at {line}" if line else ""),
                 module=module_key, ops=ops, line=line, function=function,
