@@ -528,7 +528,8 @@ def _loop_time_ms(program: Program, graph, loop_site) -> tuple[float, list[str]]
 
 LINEAR_RECURRENCE = ("where the recurrence is linear (h = a * h + b), jax.lax.associative_scan over the whole "
                      "sequence: log2(n) vectorised passes instead of n trips")
-"""The change for a linear recurrence, whichever way its loop is written: not yet timed on the chip."""
+"""The change for a linear recurrence, whichever way its loop is written; on a TPU the withheld unroll's finding
+names the chip's measurement of it (the recogniser cannot tell a linear recurrence from the HLO: no gain predicted)."""
 
 
 @idiom("scan_tiny_body", "op_identity",
@@ -547,7 +548,8 @@ LINEAR_RECURRENCE = ("where the recurrence is linear (h = a * h + b), jax.lax.as
                                   "as written and 9.47 ms with unroll=128 "
                                   "(docs/reference/measurements.md#scan-tiny-body-on-a-tpu; one program measured): "
                                   "a TPU runs the trips on the chip, with no launch per op for unrolling to save. The "
-                                  "change to time instead, before and after: " + LINEAR_RECURRENCE),))
+                                  "change to time instead, before and after: " + LINEAR_RECURRENCE + " (on the "
+                                  "chip it took that moving average from 5.99 to 0.577 ms a step)"),))
 def scan_tiny_body(program: Program) -> list[Match]:
     out = []
     for graph in program.graphs:
