@@ -120,3 +120,11 @@ def test_batched_matmuls_xla_tpu_writes_as_convolutions_keep_their_batch(program
     assert tiled.params["batch"] == 128 and tiled.params["tile_written"] is False, tiled.what
     assert not matches(program("tiled_adapter_weights", "fixed"), "weights_tiled_per_example")
     assert not matches(program("gqa_repeat_kv", "before-a"), "weights_tiled_per_example")
+
+
+def test_arguments_xla_tpu_stacks_by_dynamic_update_slices_are_found(program):
+    """XLA:TPU writes jnp.stack of the step's 32 layer arguments as a chain of dynamic-update-slices (31 of them
+    reading their argument as asynchronous slices joined by a ConcatBitcast), not a concatenate."""
+    (match,) = matches(program("stacked_layers_scan", "before-a"), "params_stacked_each_step")
+    assert match.facts["stacked_arrays"] == 32 and 10 < match.stake_percent < 14, match.what
+    assert not matches(program("stacked_layers_scan", "fixed"), "params_stacked_each_step")
