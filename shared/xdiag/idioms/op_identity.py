@@ -618,13 +618,17 @@ def _adds(graph, site) -> bool:
 
 def _sorted_for(graph: Graph, scatter: Site) -> Site | None:
     """The sort XLA adds before a scatter whose indices are not declared sorted (XLA:TPU sorts them on every run,
-    then scatters them as sorted): the sort its indices come from, made for the same framework op."""
+    then scatters them as sorted): the sort its indices come from, made for the same framework op, where the program
+    wrote the scatter (not autodiff's, the gradient of a gather: transpose(...)) and its indices are a constant of
+    the program, so that sorting them once, outside the step, is the change (ids made per call XLA sorts anyway)."""
     made = graph.origin(graph.operand(scatter, 1))
-    if made is None or made.instruction.opcode != "get-tuple-element":
+    if made is None or made.instruction.opcode != "get-tuple-element" or "transpose(" in scatter.instruction.op_name:
         return None
     sort = graph.operand(made, 0)
-    return sort if sort is not None and sort.instruction.opcode == "sort" and \
-        sort.instruction.op_name == scatter.instruction.op_name else None
+    if sort is None or sort.instruction.opcode != "sort" or sort.instruction.op_name != scatter.instruction.op_name:
+        return None
+    keys = graph.origin(graph.operand(sort, 0))
+    return sort if keys is not None and keys.instruction.opcode == "constant" else None
 
 
 @idiom("scatter_unsorted_indices", "op_identity",
