@@ -673,9 +673,9 @@ def scatter_unsorted_indices(program: Program) -> list[Match]:
         out.append(Match(
             "scatter_unsorted_indices", stake,
             f"{scatters} scatter-add{'s' if scatters > 1 else ''} (such as {shape(updates)} added into "
-            f"{shape(top)} at {shape(indices)} indices, indices_are_sorted=false"
-            + (f"; XLA sorts them on every run, {sorted_by} sort{'s' if sorted_by > 1 else ''}" if sorts else "")
-            + ")"
+            f"{shape(top)} at {shape(indices)} indices, "
+            + (f"not declared sorted: XLA sorts them on every run, {sorted_by} sort{'s' if sorted_by > 1 else ''})"
+               if sorts else "indices_are_sorted=false)")
             + (f" at {line}" if line else "") + f": {stake:g}% of the step",
             module=module_key, ops=ops[:16], line=line, function=function,
             params={"segments": segments or "n"},
