@@ -123,6 +123,9 @@ def test_batched_matmuls_xla_tpu_writes_as_convolutions_keep_their_batch(program
     assert tiled.params["batch"] == 128 and tiled.params["tile_written"] is False, tiled.what
     assert not matches(program("tiled_adapter_weights", "fixed"), "weights_tiled_per_example")
     assert not matches(program("gqa_repeat_kv", "before-a"), "weights_tiled_per_example")
+    # a weight gradient that contracts a spatial dimension too (a ViT's, against a broadcast of its pooled gradient)
+    # has no batch: no split of its shapes holds one
+    assert not matches(program("vit_nnx_train", "noremat"), "repeated_kv_heads")
 
 
 def test_arguments_xla_tpu_stacks_by_dynamic_update_slices_are_found(program):

@@ -33,6 +33,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import dataclass
 
@@ -1606,9 +1607,11 @@ class BroadcastOperand:
 
 def _matmul_batch(graph: Graph, site: Site) -> int:
     """A batched matmul's batch size: a dot's batch dimensions; for a convolution that is a matrix product (XLA:TPU
-    writes a batched matmul's batch as spatial dimensions its window spans whole over a base-dilated input, and the
-    profile keeps no dimension numbers beyond the kernel's), what its shapes leave: |lhs|·|rhs| = batch · |out| · K²,
-    K the kernel's input features. 0 where it has no batch or the shapes do not divide."""
+    writes a batched matmul's batch as kernel spatial dimensions its window spans whole over a base-dilated input, a
+    contraction as ones it spans whole to one output position, and the profile keeps no dimension numbers beyond the
+    kernel's), the one split of the kernel's spatial dimensions into batch and contracted that its shapes hold:
+    |lhs|·|rhs| = batch · |out| · K², K the kernel's input features times its contracted spatial sizes. 0 where it has
+    no batch, or no single split holds."""
     ins = site.instruction
     lhs, rhs = graph.operand(site, 0), graph.operand(site, 1)
     if lhs is None or rhs is None:
@@ -1616,13 +1619,19 @@ def _matmul_batch(graph: Graph, site: Site) -> int:
     if ins.opcode == "dot":
         dims = lhs.instruction.dims
         return elements(tuple(dims[d] for d in ins.lhs_batch if d < len(dims))) if ins.lhs_batch else 0
+    kernel = rhs.instruction.dims
     if ins.opcode != "convolution" or not ins.conv_is_matrix_product or not ins.conv_kernel_dims \
-            or ins.conv_kernel_dims[0] >= len(rhs.instruction.dims):
+            or any(d >= len(kernel) for d in ins.conv_kernel_dims):
         return 0
-    features = rhs.instruction.dims[ins.conv_kernel_dims[0]]
-    product = elements(lhs.instruction.dims) * elements(rhs.instruction.dims)
-    per_batch = elements(ins.dims) * features ** 2
-    return product // per_batch if per_batch and product % per_batch == 0 and product > per_batch else 0
+    features, spatial = kernel[ins.conv_kernel_dims[0]], [kernel[d] for d in ins.conv_kernel_dims[1:]]
+    product, out = elements(lhs.instruction.dims) * elements(rhs.instruction.dims), elements(ins.dims)
+    batches = set()
+    for split in itertools.product((True, False), repeat=len(spatial)):
+        batch = elements(tuple(n for n, batched in zip(spatial, split) if batched))
+        contracted = features * elements(tuple(n for n, batched in zip(spatial, split) if not batched))
+        if product == batch * out * contracted ** 2:
+            batches.add(batch)
+    return batches.pop() if len(batches) == 1 and min(batches) > 1 else 0
 
 
 def _broadcast_operands(graph: Graph):
