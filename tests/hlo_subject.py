@@ -23,11 +23,12 @@ HLO_SUBJECT = {"materialised_attention": "attention", "opaque_kernel": "kernel",
 def hlo_shows(subject: str, instructions: list) -> bool:
     """Whether the instructions hold the subject ("attention", "kernel" or "reduction")."""
     if subject == "attention":  # scores q·kᵀ ([.., S, S] from a dot, or the convolution XLA:TPU makes of one), then
-        # the softmax over them: its elementwise work (x - max, exp, / sum), or the fusion XLA names for it
-        square = lambda i: len(i.dims) >= 3 and i.dims[-1] == i.dims[-2] >= 128  # noqa: E731
-        scores = {i.dims for i in instructions if i.opcode in ("dot", "convolution") and square(i)}
-        return bool(scores) and any(i.opcode in ("exponential", "subtract", "divide") and i.dims in scores
-                                    or "softmax" in i.name for i in instructions)
+        # the softmax over them: its elementwise work (x - max, exp, / sum), or the fusion XLA names for it; a
+        # convolution's result may hold a batch dimension after the S×S (grouped heads), so dimensions in any order
+        square = lambda i: len(i.dims) >= 3 and any(a == b >= 128 for a, b in zip(i.dims, i.dims[1:]))  # noqa: E731
+        scores = {tuple(sorted(i.dims)) for i in instructions if i.opcode in ("dot", "convolution") and square(i)}
+        return bool(scores) and any(i.opcode in ("exponential", "subtract", "divide") and tuple(sorted(i.dims))
+                                    in scores or "softmax" in i.name for i in instructions)
     if subject == "kernel":  # a Mosaic (Pallas TPU) or Triton kernel; XLA's own custom calls (AllocateBuffer,
         # LuDecompositionBlock, ...), host callbacks and lax.linalg's routines are no kernel of the user's
         return any(i.opcode == "custom-call" and _KERNEL_TARGET.search(i.custom_call_target.lower())

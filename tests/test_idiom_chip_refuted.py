@@ -61,7 +61,7 @@ def test_a_tiny_scan_on_a_tpu_is_not_told_to_unroll(capture, tmp_path):
     top = found[0]
     assert top.key == "scan_tiny_body" and top.fix.startswith("Not advised here: on a TPU v5e unrolling"), top.fix
     assert "docs/reference/measurements.md#scan-tiny-body-on-a-tpu" in top.fix and "one program" in top.fix
-    assert "jax.lax.associative_scan" in top.fix
+    assert "jax.lax.associative_scan" in top.fix and "to 0.577 ms a step" in top.fix  # its timing on the chip
     assert not [f.key for f in found if "unroll=" in f.fix and "Expected:" in f.fix]
 
 
@@ -93,7 +93,7 @@ def test_only_what_the_chip_measured_is_withheld(idiom, params, setting):
 
 @pytest.mark.parametrize("idiom, gain", [("select_computes_both_branches", (0.6, 0.8)),
                                          ("params_stacked_each_step", (0.25, 0.5)),
-                                         ("repeated_kv_heads", (0.25, 0.45)),
+                                         ("repeated_kv_heads", (0.15, 0.25)),
                                          ("large_constant_in_program", (0.4, 0.6))])
 def test_gains_the_chip_measured_smaller_are_set_from_the_measurement(idiom, gain):
     assert IDIOMS[idiom].gain == gain and IDIOMS[idiom].measured.startswith("docs/reference/measurements.md#")

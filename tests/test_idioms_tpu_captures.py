@@ -186,3 +186,45 @@ def test_a_large_result_read_back_for_a_numpy_argmax_is_sized_by_the_programs_ou
     change = IDIOMS["reduced_on_host"].change_text(match)
     assert change.startswith("take the argmax on the device: return jnp.argmax(y, axis=-1) from predict"), change
     assert not matches(program("blind3_eval_21k", "fixed"), "reduced_on_host")
+
+
+def test_a_scatter_whose_indices_xla_tpu_sorts_on_every_run_is_found_with_the_sort(program):
+    """XLA:TPU sorts the indices of a scatter-add not declared sorted (a sort made for the same op) and then marks the
+    scatter sorted: where the indices are a constant of the program, the scatters and that sort are the stake."""
+    (match,) = matches(program("segment_pool", "before-a"), "scatter_unsorted_indices")
+    assert "sort.1" in match.ops and 85 < match.stake_percent < 95, (match.ops, match.stake_percent)
+    assert "XLA sorts them on every run" in match.what
+    assert not matches(program("segment_pool", "fixed"), "scatter_unsorted_indices")
+    # a gather's gradient (autodiff's scatter, of ids made per batch or fixed): no scatter of the program's own
+    assert not matches(program("list_to_array", "fixed"), "scatter_unsorted_indices")
+    assert not matches(program("onehot_embed", "fixed"), "scatter_unsorted_indices")
+
+
+def test_an_integer_matmul_xla_tpu_writes_as_a_convolution_is_found(program):
+    (match,) = matches(program("cooccurrence_int_matmul", "before-a"), "integer_matmul")
+    assert match.stake_percent > 99 and match.facts["flops_per_run"] == 2 * 4096 ** 3, match.what
+    assert not matches(program("cooccurrence_int_matmul", "fixed"), "integer_matmul")
+
+
+def test_batched_matmuls_xla_tpu_writes_as_convolutions_keep_their_batch(program):
+    """XLA:TPU writes a batched matmul as a base-dilated convolution: its batch is what the shapes leave, so key and
+    value heads repeated 8 times in a batch of 256 are repeats, and weights broadcast 128 times to a batch of 128 a
+    tile (withheld there: XLA reads it in place)."""
+    (repeated,) = matches(program("gqa_repeat_kv", "before-a"), "repeated_kv_heads")
+    assert repeated.params["repeat"] == 8 and 70 < repeated.stake_percent < 75, repeated.what
+    assert not matches(program("gqa_repeat_kv", "fixed"), "repeated_kv_heads")
+    (tiled,) = matches(program("tiled_adapter_weights", "before-a"), "weights_tiled_per_example")
+    assert tiled.params["batch"] == 128 and tiled.params["tile_written"] is False, tiled.what
+    assert not matches(program("tiled_adapter_weights", "fixed"), "weights_tiled_per_example")
+    assert not matches(program("gqa_repeat_kv", "before-a"), "weights_tiled_per_example")
+    # a weight gradient that contracts a spatial dimension too (a ViT's, against a broadcast of its pooled gradient)
+    # has no batch: no split of its shapes holds one
+    assert not matches(program("vit_nnx_train", "noremat"), "repeated_kv_heads")
+
+
+def test_arguments_xla_tpu_stacks_by_dynamic_update_slices_are_found(program):
+    """XLA:TPU writes jnp.stack of the step's 32 layer arguments as a chain of dynamic-update-slices (31 of them
+    reading their argument as asynchronous slices joined by a ConcatBitcast), not a concatenate."""
+    (match,) = matches(program("stacked_layers_scan", "before-a"), "params_stacked_each_step")
+    assert match.facts["stacked_arrays"] == 32 and 10 < match.stake_percent < 14, match.what
+    assert not matches(program("stacked_layers_scan", "fixed"), "params_stacked_each_step")

@@ -465,7 +465,7 @@ def _leading_change(shape: str, first: str) -> int | None:
        "jax.jit compiles one program per value of a static argument (static_argnums, static_argnames), keyed by its "
        "hash: a learning rate, a step count or a new object passed there every call makes every call trace and "
        "compile again with the same shapes; as a traced argument one compiled program serves every value",
-       gain=(0.8, 1.0),
+       gain=(0.8, 1.0), measured="docs/reference/measurements.md#static-argument-per-value",
        alternatives=("where the value must stay static (it sets a shape or a Python branch), round it to a few values "
                      "(a schedule's stages) so the compiles stop after the first of each: premise, one compile per "
                      "value kept",))

@@ -575,6 +575,37 @@ def _argument(graph: Graph, site: Site | None, entry: str) -> bool:
     return site is not None and site.instruction.opcode == "parameter"
 
 
+def _argument_read(graph: Graph, site: Site | None, entry: str, depth: int = 4) -> str | None:
+    """The program's argument a value is, where it is one: through fusion boundaries and re-typing ops, and through
+    the asynchronous slices XLA:TPU reads an argument in and the ConcatBitcast that joins them back."""
+    site = graph.origin(site)
+    if site is None or depth <= 0:
+        return None
+    ins = site.instruction
+    if ins.opcode == "custom-call" and ins.custom_call_target == "ConcatBitcast" and ins.operands:
+        parts = {_argument_read(graph, graph.operand(site, k), entry, depth - 1) for k in range(len(ins.operands))}
+        return parts.pop() if len(parts) == 1 else None
+    if ins.opcode in ("async-done", "async-start") and ins.operands:
+        return _argument_read(graph, graph.operand(site, 0), entry, depth - 1)
+    return ins.name if _argument(graph, site, entry) else None
+
+
+def _stacked_by_updates(graph: Graph) -> list[tuple[list[Site], list[str]]]:
+    """XLA:TPU's stack of arguments: no concatenate but a chain of dynamic-update-slices, outside any loop, each
+    writing one of the program's arguments into the same buffer: per buffer shape, its updates and the arguments."""
+    entry, chains = graph.module.entry, {}
+    for site in graph.sites():
+        ins = site.instruction
+        if ins.opcode != "dynamic-update-slice" or nbytes(ins) < 1 << 20 or graph.loop_of(site.computation):
+            continue
+        argument = _argument_read(graph, graph.operand(site, 1), entry)
+        if argument is not None:
+            sites, arguments = chains.setdefault(ins.shape_text.split("{")[0], ([], []))
+            sites.append(site)
+            arguments.append(argument)
+    return [(sites, arguments) for sites, arguments in chains.values() if len(set(arguments)) >= 2]
+
+
 def _reads_stack(graph: Graph, user: Site) -> bool:
     """A reader of stacked weights, or the tuple of a while loop's state that carries them into the loop."""
     if user.instruction.opcode == "tuple":
@@ -631,6 +662,23 @@ def params_stacked_each_step(program: Program) -> list[Match]:
                 + (f", at {line}" if line else ""),
                 module=module_key, ops=ops, line=line, function=function, params={"count": len(sources)},
                 facts={"stacked_arrays": len(sources), "stacked_bytes": nbytes(ins),
+                       "runs": program.runs.get((module_key, ops[0]), 0)}))
+        for sites, arguments in _stacked_by_updates(graph):
+            if not any(_reads_stack(graph, u) for site in sites for u in graph.users(_top_level(graph, site))):
+                continue
+            ops, stake = timed_stake(program, graph, sites)
+            if not ops or stake < STACKED_MIN_STAKE_PERCENT:
+                continue
+            stack = sites[0].instruction
+            line, function = next((program.line_of(graph, s) for s in sites if program.line_of(graph, s)[0]),
+                                  ("", ""))
+            out.append(Match(
+                "params_stacked_each_step", stake,
+                f"{len(sites)} dynamic-update-slices write {len(set(arguments))} of the program's arguments into "
+                f"{stack.shape_text.split('{')[0]} ({nbytes(stack) / 2**20:.3g} MiB) on every call (XLA:TPU's "
+                "stack of them)" + (f", at {line}" if line else ""),
+                module=module_key, ops=ops, line=line, function=function, params={"count": len(set(arguments))},
+                facts={"stacked_arrays": len(set(arguments)), "stacked_bytes": nbytes(stack),
                        "runs": program.runs.get((module_key, ops[0]), 0)}))
     return out
 

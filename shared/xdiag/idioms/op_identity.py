@@ -742,7 +742,8 @@ def _loop_time_ms(program: Program, graph, loop_site) -> tuple[float, list[str]]
 
 LINEAR_RECURRENCE = ("where the recurrence is linear (h = a * h + b), jax.lax.associative_scan over the whole "
                      "sequence: log2(n) vectorised passes instead of n trips")
-"""The change for a linear recurrence, whichever way its loop is written: not yet timed on the chip."""
+"""The change for a linear recurrence, whichever way its loop is written; on a TPU the withheld unroll's finding
+names the chip's measurement of it (the recogniser cannot tell a linear recurrence from the HLO: no gain predicted)."""
 
 
 @idiom("scan_tiny_body", "op_identity",
@@ -761,7 +762,8 @@ LINEAR_RECURRENCE = ("where the recurrence is linear (h = a * h + b), jax.lax.as
                                   "as written and 9.47 ms with unroll=128 "
                                   "(docs/reference/measurements.md#scan-tiny-body-on-a-tpu; one program measured): "
                                   "a TPU runs the trips on the chip, with no launch per op for unrolling to save. The "
-                                  "change to time instead, before and after: " + LINEAR_RECURRENCE),))
+                                  "change to time instead, before and after: " + LINEAR_RECURRENCE + " (on the "
+                                  "chip it took that moving average from 5.99 to 0.577 ms a step)"),))
 def scan_tiny_body(program: Program) -> list[Match]:
     out = []
     for graph in program.graphs:
@@ -828,6 +830,21 @@ def _adds(graph, site) -> bool:
     return root is not None and root.opcode == "add"
 
 
+def _sorted_for(graph: Graph, scatter: Site) -> Site | None:
+    """The sort XLA adds before a scatter whose indices are not declared sorted (XLA:TPU sorts them on every run,
+    then scatters them as sorted): the sort its indices come from, made for the same framework op, where the program
+    wrote the scatter (not autodiff's, the gradient of a gather: transpose(...)) and its indices are a constant of
+    the program, so that sorting them once, outside the step, is the change (ids made per call XLA sorts anyway)."""
+    made = graph.origin(graph.operand(scatter, 1))
+    if made is None or made.instruction.opcode != "get-tuple-element" or "transpose(" in scatter.instruction.op_name:
+        return None
+    sort = graph.operand(made, 0)
+    if sort is None or sort.instruction.opcode != "sort" or sort.instruction.op_name != scatter.instruction.op_name:
+        return None
+    keys = graph.origin(graph.operand(sort, 0))
+    return sort if keys is not None and keys.instruction.opcode == "constant" else None
+
+
 @idiom("scatter_unsorted_indices", "op_identity",
        "A scatter-add whose indices are not declared sorted holds the step",
        "sort the segment ids once where the data is prepared (order = jnp.argsort(ids); ids, rows = ids[order], "
@@ -838,7 +855,7 @@ def _adds(graph, site) -> bool:
        "output, serialised or made atomic; with the indices sorted and declared so, the updates to one row are "
        "contiguous and can be summed before they are written. That a sort per call, where the ids change every "
        "step, costs less than it saves is a premise",
-       gain=(0.2, 0.6),
+       gain=(0.2, 0.6), measured="docs/reference/measurements.md#scatter-unsorted-indices",
        alternatives=(f"for at most {ONE_HOT_MAX_SEGMENTS} segments, a one-hot matmul on the matrix unit: "
                      "jax.nn.one_hot(ids, num_segments, dtype=rows.dtype).T @ rows (its premise: segments × rows × "
                      "width multiply-adds cost less than the scatter)",))
@@ -846,23 +863,33 @@ def scatter_unsorted_indices(program: Program) -> list[Match]:
     out = []
     for graph in program.graphs:
         module_key = program.module_key(graph.module)
-        sites = [s for s in graph.sites() if s.instruction.opcode == "scatter" and not s.instruction.indices_are_sorted
-                 and _adds(graph, s) and (module_key, graph.timed_op(s)) in program.op_ms]
+        sites, sorts = [], []
+        for site in graph.sites():
+            if site.instruction.opcode != "scatter" or not _adds(graph, site) or \
+                    (module_key, graph.timed_op(site)) not in program.op_ms:
+                continue
+            sort = _sorted_for(graph, site)
+            if not site.instruction.indices_are_sorted or sort is not None:
+                sites.append(site)
+                sorts += [sort] if sort is not None else []
         if not sites:
             continue
-        ops = list(dict.fromkeys(graph.timed_op(s) for s in sites))
+        ops = list(dict.fromkeys(graph.timed_op(s) for s in sites + sorts))
         stake = program.step_percent(program.time_ms(graph.module, ops))
         if stake < SCATTER_MIN_STAKE_PERCENT:
             continue
         top = max(sites, key=lambda s: program.op_ms[(module_key, graph.timed_op(s))])
+        scatters, sorted_by = len({graph.timed_op(s) for s in sites}), len({s.instruction.name for s in sorts})
         indices, updates = graph.operand(top, 1), graph.operand(top, 2)
         line, function = program.line_of(graph, top)
         segments = top.instruction.dims[0] if top.instruction.dims else 0
         shape = lambda s: s.instruction.shape_text.split("{")[0] if s is not None else "?"  # noqa: E731
         out.append(Match(
             "scatter_unsorted_indices", stake,
-            f"{len(ops)} scatter-add{'s' if len(ops) > 1 else ''} (such as {shape(updates)} added into "
-            f"{shape(top)} at {shape(indices)} indices, indices_are_sorted=false)"
+            f"{scatters} scatter-add{'s' if scatters > 1 else ''} (such as {shape(updates)} added into "
+            f"{shape(top)} at {shape(indices)} indices, "
+            + (f"not declared sorted: XLA sorts them on every run, {sorted_by} sort{'s' if sorted_by > 1 else ''})"
+               if sorts else "indices_are_sorted=false)")
             + (f" at {line}" if line else "") + f": {stake:g}% of the step",
             module=module_key, ops=ops[:16], line=line, function=function,
             params={"segments": segments or "n"},
@@ -885,7 +912,7 @@ SVD_MIN_STAKE_PERCENT = 10.0
        "many times the cost of a QR or Cholesky factorisation of the same matrix (on a TPU, several times more "
        "again); a matrix of full column rank needs no singular values to be solved. The premise is that rank: a "
        "rank-deficient or near-singular matrix is what the SVD's cut-off is for",
-       gain=(0.5, 0.9),
+       gain=(0.5, 0.9), measured="docs/reference/measurements.md#svd-for-least-squares",
        alternatives=("for a well-conditioned a, the normal equations: c = jax.scipy.linalg.cho_factor(a.T @ a); "
                      "x = jax.scipy.linalg.cho_solve(c, a.T @ b) (they square the condition number)",))
 def svd_for_least_squares(program: Program) -> list[Match]:
@@ -937,7 +964,7 @@ INTEGER_TYPES = frozenset({"s16", "u16", "s32", "u32", "s64", "u64"})
        "preferred_element_type=jnp.int32",
        "the matrix units multiply bfloat16 (and int8) operands; a matmul of wider integers is lowered to multiplies "
        "and adds on the vector units, at a small fraction of the matrix unit's rate",
-       gain=(0.5, 0.9))
+       gain=(0.5, 0.9), measured="docs/reference/measurements.md#integer-matmul")
 def integer_matmul(program: Program) -> list[Match]:
     """Dots whose operands are 16-, 32- or 64-bit integers (not int8, which TPU and GPU matrix units take)."""
     out: dict[tuple[str, str], Match] = {}
@@ -945,21 +972,22 @@ def integer_matmul(program: Program) -> list[Match]:
         module_key = program.module_key(graph.module)
         for site in graph.sites():
             ins = site.instruction
-            if ins.opcode != "dot" or len(ins.operands) != 2:
+            # XLA:TPU writes a dot as a convolution that is a matrix product
+            if not (ins.opcode == "dot" or ins.opcode == "convolution" and ins.conv_is_matrix_product) \
+                    or len(ins.operands) != 2:
                 continue
             operands = [graph.operand(site, k) for k in (0, 1)]
             if any(o is None or o.instruction.dtype not in INTEGER_TYPES for o in operands):
                 continue
             lhs, rhs = (o.instruction for o in operands)
-            contracted = elements(tuple(lhs.dims[d] for d in ins.lhs_contracting if d < len(lhs.dims)))
-            flops = 2.0 * elements(ins.dims) * contracted
+            flops = matmul_flops(graph, site)
             line, function = program.line_of(graph, site)
             ops, stake = timed_stake(program, graph, [site])
             if not ops or stake < INTEGER_MATMUL_MIN_STAKE_PERCENT or (module_key, line or ops[0]) in out:
                 continue
             out[(module_key, line or ops[0])] = Match(
                 "integer_matmul", stake,
-                f"dot {lhs.shape_text.split('{')[0]} × {rhs.shape_text.split('{')[0]} → "
+                f"{opcode_name(ins)} {lhs.shape_text.split('{')[0]} × {rhs.shape_text.split('{')[0]} → "
                 f"{ins.shape_text.split('{')[0]} ({flops / 1e9:.3g} GFLOP a run) multiplies {lhs.dtype} integers"
                 + (f" at {line}" if line else ""),
                 module=module_key, ops=ops, line=line, function=function,

@@ -33,6 +33,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import dataclass
 
@@ -1207,7 +1208,7 @@ PAIRWISE_CHANGE = {
        "broadcasting (N, 1, D) against (1, M, D) makes N·M·D elementwise values on the vector units before the sum "
        "over D keeps N·M of them; the same sums are one (N, D) × (D, M) matmul, which reads N·D + M·D and writes "
        "N·M elements",
-       gain=(0.6, 1.0))
+       gain=(0.6, 1.0), measured="docs/reference/measurements.md#pairwise-broadcast-reduce")
 def pairwise_broadcast_reduce(program: Program) -> list[Match]:
     """A sum over D of the products (or squared differences) of an (N, D) and an (M, D) array broadcast to
     N×M×D: a matmul, or the expansion of a squared distance into one."""
@@ -1528,7 +1529,7 @@ def _itemsize(ins) -> float:
        "the broadcast multiply makes B·N·K·M elementwise products on the vector units before the sum over K keeps "
        "B·N·M of them; a batched matmul computes the same sums on the matrix unit reading B·N·K + B·K·M and writing "
        "B·N·M elements",
-       gain=(0.6, 1.0))
+       gain=(0.9, 1.0), measured="docs/reference/measurements.md#contraction-as-multiply-reduce")
 def contraction_as_multiply_reduce(program: Program) -> list[Match]:
     """A sum over K of the products of a (B, N, K) and a (B, K, M) array broadcast against each other to B×N×K×M
     (in any order of dimensions): the counts say which, B ≥ 2 (with B = 1 it is pairwise_broadcast_reduce's)."""
@@ -1605,16 +1606,44 @@ class BroadcastOperand:
     copies: int
 
 
+def _matmul_batch(graph: Graph, site: Site) -> int:
+    """A batched matmul's batch size: a dot's batch dimensions; for a convolution that is a matrix product (XLA:TPU
+    writes a batched matmul's batch as kernel spatial dimensions its window spans whole over a base-dilated input, a
+    contraction as ones it spans whole to one output position, and the profile keeps no dimension numbers beyond the
+    kernel's), the one split of the kernel's spatial dimensions into batch and contracted that its shapes hold:
+    |lhs|·|rhs| = batch · |out| · K², K the kernel's input features times its contracted spatial sizes. 0 where it has
+    no batch, or no single split holds."""
+    ins = site.instruction
+    lhs, rhs = graph.operand(site, 0), graph.operand(site, 1)
+    if lhs is None or rhs is None:
+        return 0
+    if ins.opcode == "dot":
+        dims = lhs.instruction.dims
+        return elements(tuple(dims[d] for d in ins.lhs_batch if d < len(dims))) if ins.lhs_batch else 0
+    kernel = rhs.instruction.dims
+    if ins.opcode != "convolution" or not ins.conv_is_matrix_product or not ins.conv_kernel_dims \
+            or any(d >= len(kernel) for d in ins.conv_kernel_dims):
+        return 0
+    features, spatial = kernel[ins.conv_kernel_dims[0]], [kernel[d] for d in ins.conv_kernel_dims[1:]]
+    product, out = elements(lhs.instruction.dims) * elements(rhs.instruction.dims), elements(ins.dims)
+    batches = set()
+    for split in itertools.product((True, False), repeat=len(spatial)):
+        batch = elements(tuple(n for n, batched in zip(spatial, split) if batched))
+        contracted = features * elements(tuple(n for n, batched in zip(spatial, split) if not batched))
+        if product == batch * out * contracted ** 2:
+            batches.add(batch)
+    return batches.pop() if len(batches) == 1 and min(batches) > 1 else 0
+
+
 def _broadcast_operands(graph: Graph):
-    """Every batched dot's operand made by broadcasting a smaller array whole a number of times."""
+    """Every batched matmul's operand made by broadcasting a smaller array whole a number of times."""
     for site in graph.sites():
         ins = site.instruction
-        if ins.opcode != "dot" or len(ins.operands) != 2 or not ins.lhs_batch:
+        if ins.opcode not in MATMUL_OPCODES or len(ins.operands) != 2:
             continue
-        lhs = graph.operand(site, 0)
-        if lhs is None:
+        batch = _matmul_batch(graph, site)
+        if not batch:
             continue
-        batch = elements(tuple(lhs.instruction.dims[d] for d in ins.lhs_batch if d < len(lhs.instruction.dims)))
         for position in (0, 1):
             operand = graph.operand(site, position)
             made = _broadcast_into(graph, operand)
@@ -1673,8 +1702,8 @@ def weights_tiled_per_example(program: Program) -> list[Match]:
             out[(module_key, line or ops[0])] = Match(
                 "weights_tiled_per_example", stake,
                 f"{ins.opcode} {graph.operand(site, 0).instruction.shape_text.split('{')[0]} × "
-                f"{graph.operand(site, 1).instruction.shape_text.split('{')[0]} with {len(ins.lhs_batch)} batch "
-                f"dimension(s) of {batch}, whose {'rhs' if position else 'lhs'} is {weights} "
+                f"{graph.operand(site, 1).instruction.shape_text.split('{')[0]} over a batch of {batch}, whose "
+                f"{'rhs' if position else 'lhs'} is {weights} "
                 f"({weight_bytes / 2**20:.3g} MiB) broadcast {batch} times along the batch: the same weights "
                 f"read once per example, {done / needed:.3g}× the bytes the matmul needs"
                 + (f", at {line}" if line else ""),
@@ -1699,7 +1728,7 @@ def weights_tiled_per_example(program: Program) -> list[Match]:
        "repeating the key and value heads writes (and the attention matmuls then read) a copy of the keys and "
        "values for every query head of a group; a grouped einsum reads each key and value head once, and the "
        "matmul is the same size",
-       gain=(0.25, 0.45), measured="docs/reference/measurements.md#repeated-kv-heads",
+       gain=(0.15, 0.25), measured="docs/reference/measurements.md#repeated-kv-heads",
        alternatives=("jax.nn.dot_product_attention(q, k, v) takes fewer key/value heads than query heads (a "
                      "multiple) without repeating them",))
 def repeated_kv_heads(program: Program) -> list[Match]:
