@@ -650,10 +650,8 @@ def _one_per_call(program: Program, puts: HostEvents) -> HostEvents:
         owner[index[held]] = mine[before[held]]
     alone = np.flatnonzero(owner < 0)
     taken = np.unique(owner[owner >= 0])
-    return HostEvents(np.concatenate([puts.names[alone], calls.names[taken]]),
-                      *(np.concatenate([getattr(puts, f)[alone], getattr(calls, f)[taken]])
-                        for f in ("start_ps", "end_ps", "thread"))).take(
-        np.argsort(np.concatenate([puts.start_ps[alone], calls.start_ps[taken]]), kind="stable"))
+    events = HostEvents.joined([puts.take(alone), calls.take(taken)])
+    return events.take(np.argsort(events.start_ps, kind="stable"))
 
 
 def _caller(program: Program, frames: HostEvents, start: int, end: int) -> tuple[str, str]:
