@@ -6,6 +6,7 @@ from __future__ import annotations
 import tracemalloc
 from pathlib import Path
 
+from xdiag.idioms import IDIOMS
 from xdiag.idioms.host_structure import PYTHON_TRACER_EVENT
 from xdiag.idioms.program import HostEvents, Program
 from xdiag.profile.reader import read_session_in_process
@@ -42,3 +43,13 @@ def test_joined_events_keep_each_events_name():
     assert joined.start_ps.tolist() == first.start_ps.tolist() + second.start_ps.tolist()
     assert joined.where(lambda name: "host_sync" in name).names.tolist() == [
         name for name in first.names.tolist() + second.names.tolist() if "host_sync" in name]
+
+
+def test_the_read_and_transfer_recognisers_gather_the_python_frames_only_to_name_a_line():
+    """Their reads are Python-tracer events of their own names: every frame of the capture (a million on the bench's
+    CPU capture) is gathered only where a match needs the line that holds it."""
+    program = Program(read_session_in_process([PROFILE]))
+    assert float(program.step.get("steps") or 0) > 0  # both look at the steps' events
+    assert IDIOMS["per_element_transfers"].recognise(program) == []
+    assert IDIOMS["read_each_step"].recognise(program) == []
+    assert PYTHON_TRACER_EVENT.pattern not in program.__dict__.get("host_events_read", {})

@@ -674,14 +674,13 @@ def per_element_transfers(program: Program) -> list[Match]:
     steps = float(program.step.get("steps") or 0)
     if steps <= 0:
         return []
-    frames = program.host_events(PYTHON_TRACER_EVENT)
     # The program run most is one that only stages or re-types an array (jnp.asarray's copy of one element): where
     # the device marks steps per execution, those steps are the elements, not the user's step (a loop of the user's
     # own jitted calls, each read back, is python_loop_of_calls)
     calls = calls_per_step_of(program)
     elements_as_steps = bool(calls) and calls[0][0].split("(")[0] in SETUP_OPS
     # A function run eagerly puts its Python scalars and constants op by op: those puts are eager_ops' own cost
-    reads = ("read", frames.where(READ_EVENT.search))
+    reads = ("read", program.host_events(READ_EVENT))  # Python-tracer events: the frames themselves only if found
     kinds = (reads,) if _eager(program, calls) else \
         (("put", _one_per_call(program, program.host_events(HOST_PUT_EVENT))), reads)
     found = []
@@ -707,8 +706,8 @@ def per_element_transfers(program: Program) -> list[Match]:
     largest = max(bursts, key=lambda b: b[1] - b[0])
     # The frame that holds the pass's middle half: a copy of the step before or after can join a pass at its ends
     quarter = (largest[1] - largest[0]) // 4
-    line, function = _caller(program, frames, int(events.start_ps[largest[0] + quarter]),
-                             int(events.end_ps[largest[1] - quarter]))
+    line, function = _caller(program, program.host_events(PYTHON_TRACER_EVENT),
+                             int(events.start_ps[largest[0] + quarter]), int(events.end_ps[largest[1] - quarter]))
     each_us = 1e3 * burst_ms / max(sum(b[1] - b[0] + 1 for b in bursts), 1)
     where = f" at {line}" if line else ""
     if kind == "put":
@@ -788,8 +787,7 @@ def read_each_step(program: Program) -> list[Match]:
         return []
     # A read of a value (float(loss), np.asarray of a metric): a benchmark's block_until_ready per step is a
     # measurement's wait, not a read the program needs
-    frames = program.host_events(PYTHON_TRACER_EVENT)
-    waits = _in_steps(program, frames.where(READ_EVENT.search))
+    waits = _in_steps(program, program.host_events(READ_EVENT))
     waits = waits.take(np.flatnonzero(outermost(np.ones(len(waits), bool), waits.thread, waits.start_ps,
                                                 waits.end_ps)))
     # every step reads, but for one at the capture's edge (its read fell outside the capture)
@@ -803,7 +801,8 @@ def read_each_step(program: Program) -> list[Match]:
     if step_at_work <= 0 or 100 * min(host_work + copy_work, device) / step_at_work < MIN_OVERLAP_PERCENT:
         return []
     reads = len(waits) / steps
-    line, function = _caller(program, frames, int(waits.start_ps[0]), int(waits.end_ps[0]))
+    line, function = _caller(program, program.host_events(PYTHON_TRACER_EVENT), int(waits.start_ps[0]),
+                             int(waits.end_ps[0]))
     name = str(waits.names[0]).rsplit(" ", 1)[-1]
     read = {"__float__": "float()", "__int__": "int()", "__index__": "int()", "__bool__": "bool()", "item": ".item()",
             "tolist": ".tolist()", "__array__": "np.asarray()", "device_get": "jax.device_get"}.get(name, name)
