@@ -291,3 +291,36 @@ def test_kernels_run_inside_a_cuda_graph_keep_their_own_names(h200_profiles):
     library = {k for k in kernels if k.endswith("_cublas")}
     assert library and all(k in names or _KERNEL_SUFFIX.sub(r".\1", k) in names for k in kernels - library)
     assert not names & library and {f"custom-call.{n}" for n in range(14)} <= names
+
+
+@pytest.mark.parametrize("case", ["apart", "touching", "nested", "negative", "backwards", "empty_base", "no_layers"])
+def test_coverage_of_unions_with_layers_is_the_coverage_of_the_unions_built(case):
+    """covered_by_unions (a device's ops, then its collectives, loops and copies joined to them one layer at a time)
+    answers what merging each union and covering the windows with it answers, without building the unions: on
+    intervals apart, touching, nested, before 0, ending before they start, and windows that overlap, nest or run
+    backwards."""
+    from xdiag.analysis.intervals import covered_by_merged, covered_by_unions, merge_intervals, union_with
+
+    rng = np.random.default_rng(len(case))
+    starts = np.cumsum(rng.integers(5, 50, 300)).astype(np.int64)
+    ends = starts + {"apart": 3, "touching": 5}.get(case, 0) + rng.integers(0, 4, 300) * (case != "touching")
+    if case == "nested":
+        ends = starts + rng.integers(0, 400, 300)
+    elif case == "negative":
+        starts, ends = starts - 5_000, starts - 5_000 + 2
+    elif case == "backwards":
+        ends = starts + rng.integers(-8, 8, 300)
+    layers = [(s, s + rng.integers(-8 if case == "backwards" else 0, 60, len(s))) for s in
+              (np.sort(rng.integers(-100, 8_000, k)) for k in (0, 7, 40, 0))]
+    if case == "no_layers":
+        layers = [(starts[:0], ends[:0])] * 3
+    base = merge_intervals(starts[:0], ends[:0]) if case == "empty_base" else merge_intervals(starts, ends)
+    win_s = np.sort(rng.integers(-6_000, 9_000, 60))
+    win_e = win_s + rng.integers(-50, 3_000, 60)
+    built, expected = base, [covered_by_merged(base, win_s, win_e)]
+    for layer in layers:
+        built = union_with(built, *layer)
+        expected.append(covered_by_merged(built, win_s, win_e))
+    got = covered_by_unions(base, layers, win_s, win_e)
+    assert [g.tolist() for g in got] == [e.tolist() for e in expected], case
+    assert any(e.any() for e in expected)
