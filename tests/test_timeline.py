@@ -241,6 +241,20 @@ def _merged_one_at_a_time(starts, ends) -> tuple[list[int], list[int]]:
     return out_s, out_e
 
 
+def _intervals(case: str, rng: np.random.Generator, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """`size` intervals in order of start: apart, touching, nested, before 0 or ending before they start (by `case`;
+    any other case: apart or touching at random)."""
+    starts = np.cumsum(rng.integers(5, 50, size)).astype(np.int64)
+    ends = starts + {"apart": 3, "touching": 5}.get(case, 0) + rng.integers(0, 4, size) * (case != "touching")
+    if case == "nested":
+        ends = starts + rng.integers(0, 400, size)
+    elif case == "negative":
+        starts, ends = starts - 5_000, starts - 5_000 + 2
+    elif case == "backwards":
+        ends = starts + rng.integers(-8, 8, size)
+    return starts, ends
+
+
 @pytest.mark.parametrize("case", ["apart", "touching", "nested", "negative", "unsorted", "empty"])
 def test_merge_and_union_shortcuts_answer_as_merging_everything_again(case):
     """merge_intervals where no interval reaches the next (a TPU line's ops, one after another) and union_with of
@@ -249,13 +263,8 @@ def test_merge_and_union_shortcuts_answer_as_merging_everything_again(case):
     from xdiag.analysis.intervals import merge_intervals, union_with
 
     rng = np.random.default_rng(len(case))
-    starts = np.cumsum(rng.integers(5, 50, 200)).astype(np.int64)
-    ends = starts + {"apart": 3, "touching": 5}.get(case, 0) + rng.integers(0, 4, 200) * (case != "touching")
-    if case == "nested":
-        ends = starts + rng.integers(0, 400, 200)
-    elif case == "negative":
-        starts, ends = starts - 5_000, starts - 5_000 + 2
-    elif case == "unsorted":
+    starts, ends = _intervals(case, rng, 200)
+    if case == "unsorted":
         order = rng.permutation(200)
         starts, ends = starts[order], ends[order]
     elif case == "empty":
@@ -302,14 +311,7 @@ def test_coverage_of_unions_with_layers_is_the_coverage_of_the_unions_built(case
     from xdiag.analysis.intervals import covered_by_merged, covered_by_unions, merge_intervals, union_with
 
     rng = np.random.default_rng(len(case))
-    starts = np.cumsum(rng.integers(5, 50, 300)).astype(np.int64)
-    ends = starts + {"apart": 3, "touching": 5}.get(case, 0) + rng.integers(0, 4, 300) * (case != "touching")
-    if case == "nested":
-        ends = starts + rng.integers(0, 400, 300)
-    elif case == "negative":
-        starts, ends = starts - 5_000, starts - 5_000 + 2
-    elif case == "backwards":
-        ends = starts + rng.integers(-8, 8, 300)
+    starts, ends = _intervals(case, rng, 300)
     layers = [(s, s + rng.integers(-8 if case == "backwards" else 0, 60, len(s))) for s in
               (np.sort(rng.integers(-100, 8_000, k)) for k in (0, 7, 40, 0))]
     if case == "no_layers":
