@@ -326,3 +326,26 @@ def test_coverage_of_unions_with_layers_is_the_coverage_of_the_unions_built(case
     got = covered_by_unions(base, layers, win_s, win_e)
     assert [g.tolist() for g in got] == [e.tolist() for e in expected], case
     assert any(e.any() for e in expected)
+
+
+@pytest.mark.parametrize("in_order", [True, False])
+def test_each_op_is_named_by_the_module_span_it_starts_in(in_order):
+    """A TPU op's module is the 'XLA Modules' span it starts in (the last to start at or before it), "" before the
+    first and past a span's end: the same whether a line's ops come in time order (each span's run of rows found by
+    a search per span) or not."""
+    from xdiag.analysis.op_table import _modules_at
+
+    rng = np.random.default_rng(int(in_order))
+    for _ in range(300):
+        span_starts = np.sort(rng.integers(0, 100, int(rng.integers(1, 6)))).astype(np.int64)
+        span_ends = span_starts + rng.integers(-5, 40, len(span_starts))
+        span_names = np.array([f"jit_{int(k)}" for k in rng.integers(0, 3, len(span_starts))], dtype=object)
+        starts = np.sort(rng.integers(-10, 150, int(rng.integers(2, 40)))).astype(np.int64)
+        if not in_order:
+            starts = rng.permutation(starts)
+        expected = []
+        for t in starts.tolist():
+            at = [j for j, s in enumerate(span_starts.tolist()) if s <= t]
+            expected.append(span_names[at[-1]] if at and t < span_ends[at[-1]] else "")
+        modules = _modules_at((span_starts, span_ends, span_names), starts)
+        assert [modules.values[c] for c in modules.codes.tolist()] == expected
