@@ -5,10 +5,12 @@ from __future__ import annotations
 import os
 import random
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 from xdiag.errors import ProfileError
+from xdiag.profile import reader
 from xdiag.profile.locate import locate_session
 from xdiag.profile.session import read_session
 
@@ -594,3 +596,19 @@ def test_integer_rows_of_every_kind_factorise_as_tuples_do(chunk_rows, monkeypat
     unique, first = np.unique(codes, return_index=True)
     assert np.array_equal(columns.first_rows(codes, 45)[unique], first)
     assert (columns.first_rows(codes, 45)[40:] == -1).all()
+
+
+def test_the_malloc_settings_start_no_process(monkeypatch):
+    """`one_malloc_arena` and `return_freed_memory_to_the_os` load glibc by its soname: ctypes.util.find_library runs
+    `ldconfig -p` in a child process each time it is asked (4-7 ms)."""
+    started = []
+    real_popen = subprocess.Popen
+
+    def spawned(*args, **kwargs):
+        started.append(args[0] if args else kwargs.get("args"))
+        return real_popen(*args, **kwargs)
+
+    monkeypatch.setattr(subprocess, "Popen", spawned)
+    reader.return_freed_memory_to_the_os()
+    reader.one_malloc_arena()
+    assert started == []

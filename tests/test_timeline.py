@@ -241,6 +241,20 @@ def _merged_one_at_a_time(starts, ends) -> tuple[list[int], list[int]]:
     return out_s, out_e
 
 
+def _intervals(case: str, rng: np.random.Generator, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """`size` intervals in order of start: apart, touching, nested, before 0 or ending before they start (by `case`;
+    any other case: apart or touching at random)."""
+    starts = np.cumsum(rng.integers(5, 50, size)).astype(np.int64)
+    ends = starts + {"apart": 3, "touching": 5}.get(case, 0) + rng.integers(0, 4, size) * (case != "touching")
+    if case == "nested":
+        ends = starts + rng.integers(0, 400, size)
+    elif case == "negative":
+        starts, ends = starts - 5_000, starts - 5_000 + 2
+    elif case == "backwards":
+        ends = starts + rng.integers(-8, 8, size)
+    return starts, ends
+
+
 @pytest.mark.parametrize("case", ["apart", "touching", "nested", "negative", "unsorted", "empty"])
 def test_merge_and_union_shortcuts_answer_as_merging_everything_again(case):
     """merge_intervals where no interval reaches the next (a TPU line's ops, one after another) and union_with of
@@ -249,13 +263,8 @@ def test_merge_and_union_shortcuts_answer_as_merging_everything_again(case):
     from xdiag.analysis.intervals import merge_intervals, union_with
 
     rng = np.random.default_rng(len(case))
-    starts = np.cumsum(rng.integers(5, 50, 200)).astype(np.int64)
-    ends = starts + {"apart": 3, "touching": 5}.get(case, 0) + rng.integers(0, 4, 200) * (case != "touching")
-    if case == "nested":
-        ends = starts + rng.integers(0, 400, 200)
-    elif case == "negative":
-        starts, ends = starts - 5_000, starts - 5_000 + 2
-    elif case == "unsorted":
+    starts, ends = _intervals(case, rng, 200)
+    if case == "unsorted":
         order = rng.permutation(200)
         starts, ends = starts[order], ends[order]
     elif case == "empty":
@@ -291,3 +300,52 @@ def test_kernels_run_inside_a_cuda_graph_keep_their_own_names(h200_profiles):
     library = {k for k in kernels if k.endswith("_cublas")}
     assert library and all(k in names or _KERNEL_SUFFIX.sub(r".\1", k) in names for k in kernels - library)
     assert not names & library and {f"custom-call.{n}" for n in range(14)} <= names
+
+
+@pytest.mark.parametrize("case", ["apart", "touching", "nested", "negative", "backwards", "empty_base", "no_layers"])
+def test_coverage_of_unions_with_layers_is_the_coverage_of_the_unions_built(case):
+    """covered_by_unions (a device's ops, then its collectives, loops and copies joined to them one layer at a time)
+    answers what merging each union and covering the windows with it answers, without building the unions: on
+    intervals apart, touching, nested, before 0, ending before they start, and windows that overlap, nest or run
+    backwards."""
+    from xdiag.analysis.intervals import covered_by_merged, covered_by_unions, merge_intervals, union_with
+
+    rng = np.random.default_rng(len(case))
+    starts, ends = _intervals(case, rng, 300)
+    layers = [(s, s + rng.integers(-8 if case == "backwards" else 0, 60, len(s))) for s in
+              (np.sort(rng.integers(-100, 8_000, k)) for k in (0, 7, 40, 0))]
+    if case == "no_layers":
+        layers = [(starts[:0], ends[:0])] * 3
+    base = merge_intervals(starts[:0], ends[:0]) if case == "empty_base" else merge_intervals(starts, ends)
+    win_s = np.sort(rng.integers(-6_000, 9_000, 60))
+    win_e = win_s + rng.integers(-50, 3_000, 60)
+    built, expected = base, [covered_by_merged(base, win_s, win_e)]
+    for layer in layers:
+        built = union_with(built, *layer)
+        expected.append(covered_by_merged(built, win_s, win_e))
+    got = covered_by_unions(base, layers, win_s, win_e)
+    assert [g.tolist() for g in got] == [e.tolist() for e in expected], case
+    assert any(e.any() for e in expected)
+
+
+@pytest.mark.parametrize("in_order", [True, False])
+def test_each_op_is_named_by_the_module_span_it_starts_in(in_order):
+    """A TPU op's module is the 'XLA Modules' span it starts in (the last to start at or before it), "" before the
+    first and past a span's end: the same whether a line's ops come in time order (each span's run of rows found by
+    a search per span) or not."""
+    from xdiag.analysis.op_table import _modules_at
+
+    rng = np.random.default_rng(int(in_order))
+    for _ in range(300):
+        span_starts = np.sort(rng.integers(0, 100, int(rng.integers(1, 6)))).astype(np.int64)
+        span_ends = span_starts + rng.integers(-5, 40, len(span_starts))
+        span_names = np.array([f"jit_{int(k)}" for k in rng.integers(0, 3, len(span_starts))], dtype=object)
+        starts = np.sort(rng.integers(-10, 150, int(rng.integers(2, 40)))).astype(np.int64)
+        if not in_order:
+            starts = rng.permutation(starts)
+        expected = []
+        for t in starts.tolist():
+            at = [j for j, s in enumerate(span_starts.tolist()) if s <= t]
+            expected.append(span_names[at[-1]] if at and t < span_ends[at[-1]] else "")
+        modules = _modules_at((span_starts, span_ends, span_names), starts)
+        assert [modules.values[c] for c in modules.codes.tolist()] == expected

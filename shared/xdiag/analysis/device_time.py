@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from xdiag.analysis.categories import TRANSFER_OP_CATEGORIES
-from xdiag.analysis.intervals import covered_by_merged, merge_intervals, union_with
+from xdiag.analysis.intervals import covered_by_unions, merge_intervals
 from xdiag.analysis.op_table import OpTable
 
 @dataclass
@@ -41,16 +41,9 @@ def partition_device(ops: OpTable, win_s: np.ndarray, win_e: np.ndarray) -> Devi
          np.concatenate([ops.end_ps[is_container], ops.end_ps[tail]])),
         (ops.start_ps[is_transfer], ops.end_ps[is_transfer]),
     ]
-    totals = []
-    union = merge_intervals(*layers[0])
-    for starts, ends in layers:
-        if totals:  # each layer joins the union of the ones before it
-            before, union = union, union_with(union, starts, ends)
-            if union is before:  # nothing joined (union_with answers the same intervals): the same coverage
-                totals.append(totals[-1])
-                continue
-        totals.append(covered_by_merged(union, win_s, win_e))
-    strong_ps, with_collective, with_weak, everything = totals
+    # each layer joins the union of the ones before it
+    strong_ps, with_collective, with_weak, everything = covered_by_unions(merge_intervals(*layers[0]), layers[1:],
+                                                                          win_s, win_e)
     return DevicePartition(
         compute=strong_ps + (with_weak - with_collective),
         collective=with_collective - strong_ps,

@@ -101,12 +101,21 @@ class HostThreads:
 
     def names(self, pattern: re.Pattern, stat: str | None = None) -> np.ndarray:
         """The names of the events `select(pattern, stat)` returns, in the same order."""
-        names = []
+        codes, vocabulary = self.name_codes(pattern, stat)
+        return vocabulary[codes]
+
+    def name_codes(self, pattern: re.Pattern, stat: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(codes, vocabulary): the names of the events `select(pattern, stat)` returns, in the same order, as
+        vocabulary[codes]; a name is in the vocabulary once per line that holds it (a few distinct names, many
+        events: each looked up, and tested by a caller, once per line, not once per event)."""
+        codes, vocabulary, size = [], [], 0
         for number, _, _, ids in self._matching(pattern, stat):
-            unique, inverse = np.unique(ids, return_inverse=True)  # a few distinct names, many events: look up each once
+            unique, inverse = np.unique(ids, return_inverse=True)
             event_names = self._lines[number][0].event_names
-            names.append(np.array([event_names.get(int(i), "") for i in unique], dtype=object)[inverse])
-        return np.concatenate(names) if names else np.empty(0, dtype=object)
+            vocabulary += [event_names.get(int(i), "") for i in unique]
+            codes.append(inverse.astype(np.int64) + size)
+            size += len(unique)
+        return (np.concatenate(codes) if codes else np.empty(0, np.int64)), np.array(vocabulary, dtype=object)
 
     def union(self, pattern: re.Pattern) -> tuple[np.ndarray, np.ndarray]:
         """merge_intervals of the matching events, built line by line: each line's events merge on their own

@@ -62,10 +62,16 @@ def covered(starts: np.ndarray, ends: np.ndarray, win_s: np.ndarray, win_e: np.n
 
 def covered_by_merged(merged: tuple[np.ndarray, np.ndarray], win_s: np.ndarray, win_e: np.ndarray) -> np.ndarray:
     """covered() of intervals already merged (merge_intervals' answer)."""
-    ms, me = merged
     win_s, win_e = np.asarray(win_s, dtype=np.int64), np.asarray(win_e, dtype=np.int64)
-    if len(ms) == 0:
+    if len(merged[0]) == 0:
         return np.zeros(len(win_s), dtype=np.int64)
+    upto = _covered_before(merged)
+    return upto(win_e) - upto(win_s)
+
+
+def _covered_before(merged: tuple[np.ndarray, np.ndarray]):
+    """For merged intervals (at least one): t -> how much of them lies before each t."""
+    ms, me = merged
     prefix = np.concatenate([[0], np.cumsum(me - ms)])
 
     def upto(t: np.ndarray) -> np.ndarray:
@@ -74,7 +80,48 @@ def covered_by_merged(merged: tuple[np.ndarray, np.ndarray], win_s: np.ndarray, 
         inside = np.minimum(t, me[safe]) - ms[safe]
         return np.where(idx >= 0, prefix[safe] + np.clip(inside, 0, None), 0)
 
-    return upto(win_e) - upto(win_s)
+    return upto
+
+
+def covered_by_unions(base: tuple[np.ndarray, np.ndarray], layers: list[tuple[np.ndarray, np.ndarray]],
+                      win_s: np.ndarray, win_e: np.ndarray) -> list[np.ndarray]:
+    """covered_by_merged of `base` (merged), then of its union with each layer (starts, ends) in turn, the layers
+    before it included: the union never built. Each window's coverage by base ∪ V is its coverage by base, plus by
+    V, less by their overlap, each from prefix sums: base (a device's ops) runs to millions of intervals, and
+    merging a few loops or copies into it sorted and scanned them all again per layer (0.1 s of the 87.6 MiB TPU
+    v5e capture's step breakdown, of its 0.14 s)."""
+    win_s, win_e = np.asarray(win_s, dtype=np.int64), np.asarray(win_e, dtype=np.int64)
+    extra = (np.empty(0, np.int64), np.empty(0, np.int64))
+    merged = [extra]
+    for starts, ends in layers:
+        merged.append(union_with(extra, starts, ends) if len(extra[0]) else merge_intervals(starts, ends))
+        extra = merged[-1]
+    # The sums hold for sorted, disjoint intervals that end where or after they start: merge_intervals' answer, but
+    # where an interval ends before it starts or before 0 (the union then is what merging them again makes)
+    if not len(base[0]) or not all(_is_merged(*intervals) for intervals in (base, *merged)):
+        unions = [base]
+        for starts, ends in layers:
+            unions.append(union_with(unions[-1], starts, ends))
+        return [covered_by_merged(union, win_s, win_e) for union in unions]
+    in_base = _covered_before(base)
+    covered_base = in_base(win_e) - in_base(win_s)
+    out = [covered_base]
+    for vs, ve in merged[1:]:
+        if not len(vs):
+            out.append(covered_base)
+            continue
+        # How much of base lies in V before t: V's intervals wholly before t, then the one t is in
+        overlap_prefix = np.concatenate([[0], np.cumsum(in_base(ve) - in_base(vs))])
+
+        def overlap_before(t: np.ndarray) -> np.ndarray:
+            idx = np.searchsorted(vs, t, side="right") - 1
+            safe = np.clip(idx, 0, None)
+            inside = in_base(np.minimum(t, ve[safe])) - in_base(vs[safe])
+            return np.where(idx >= 0, overlap_prefix[safe] + inside, 0)
+
+        out.append(covered_base + covered_by_merged((vs, ve), win_s, win_e)
+                   - (overlap_before(win_e) - overlap_before(win_s)))
+    return out
 
 
 def outermost(mask: np.ndarray, line: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:

@@ -249,12 +249,23 @@ def _module_name(text: str) -> str:
 def _modules_at(spans: tuple[np.ndarray, np.ndarray, np.ndarray], starts: np.ndarray) -> _Text:
     """Each op's module: the 'XLA Modules' span it starts in, "" outside every span."""
     span_starts, span_ends, span_names = spans
+    names = _text_of_objects(span_names)
+    outside = len(names.values)
+    if len(starts) > 1 and (starts[1:] >= starts[:-1]).all():
+        # One line's ops in time order: each span's ops are a run of rows, found by a search per span, not per op
+        first = np.searchsorted(starts, span_starts, side="left")  # the span's first op
+        past = np.append(first[1:], len(starts))  # where the next span's ops begin
+        inside = np.clip(np.minimum(np.searchsorted(starts, span_ends, side="left"), past) - first, 0, None)
+        runs = np.empty(2 * len(first) + 1, np.int64)
+        runs[0], runs[1::2], runs[2::2] = first[0] if len(first) else len(starts), inside, past - first - inside
+        values = np.full(len(runs), outside, dtype=names.codes.dtype)
+        values[1::2] = names.codes
+        return _Text(np.repeat(values, runs), names.values + [""])
     span = np.searchsorted(span_starts, starts, side="right") - 1
     before_first = span < 0
     np.clip(span, 0, None, out=span)
-    names = _text_of_objects(span_names)
     codes = names.codes[span]
-    codes[before_first | (starts >= span_ends[span])] = len(names.values)
+    codes[before_first | (starts >= span_ends[span])] = outside
     return _Text(codes, names.values + [""])
 
 

@@ -772,10 +772,8 @@ def _one_per_call(program: Program, puts: HostEvents) -> HostEvents:
         owner[index[held]] = mine[before[held]]
     alone = np.flatnonzero(owner < 0)
     taken = np.unique(owner[owner >= 0])
-    return HostEvents(np.concatenate([puts.names[alone], calls.names[taken]]),
-                      *(np.concatenate([getattr(puts, f)[alone], getattr(calls, f)[taken]])
-                        for f in ("start_ps", "end_ps", "thread"))).take(
-        np.argsort(np.concatenate([puts.start_ps[alone], calls.start_ps[taken]]), kind="stable"))
+    events = HostEvents.joined([puts.take(alone), calls.take(taken)])
+    return events.take(np.argsort(events.start_ps, kind="stable"))
 
 
 def _caller(program: Program, frames: HostEvents, start: int, end: int) -> tuple[str, str]:
@@ -798,14 +796,13 @@ def per_element_transfers(program: Program) -> list[Match]:
     steps = float(program.step.get("steps") or 0)
     if steps <= 0:
         return []
-    frames = program.host_events(PYTHON_TRACER_EVENT)
     # The program run most is one that only stages or re-types an array (jnp.asarray's copy of one element): where
     # the device marks steps per execution, those steps are the elements, not the user's step (a loop of the user's
     # own jitted calls, each read back, is python_loop_of_calls)
     calls = calls_per_step_of(program)
     elements_as_steps = bool(calls) and calls[0][0].split("(")[0] in SETUP_OPS
     # A function run eagerly puts its Python scalars and constants op by op: those puts are eager_ops' own cost
-    reads = ("read", frames.where(READ_EVENT.search))
+    reads = ("read", program.host_events(READ_EVENT))  # Python-tracer events: the frames themselves only if found
     kinds = (reads,) if _eager(program, calls) else \
         (("put", _one_per_call(program, program.host_events(HOST_PUT_EVENT))), reads)
     found = []
@@ -831,8 +828,8 @@ def per_element_transfers(program: Program) -> list[Match]:
     largest = max(bursts, key=lambda b: b[1] - b[0])
     # The frame that holds the pass's middle half: a copy of the step before or after can join a pass at its ends
     quarter = (largest[1] - largest[0]) // 4
-    line, function = _caller(program, frames, int(events.start_ps[largest[0] + quarter]),
-                             int(events.end_ps[largest[1] - quarter]))
+    line, function = _caller(program, program.host_events(PYTHON_TRACER_EVENT),
+                             int(events.start_ps[largest[0] + quarter]), int(events.end_ps[largest[1] - quarter]))
     each_us = 1e3 * burst_ms / max(sum(b[1] - b[0] + 1 for b in bursts), 1)
     where = f" at {line}" if line else ""
     if kind == "put":
@@ -899,13 +896,13 @@ def _read_call(name: str) -> str:
     return READ_CALLS.get(method, method)
 
 
-def _step_reads(program: Program, frames: HostEvents) -> HostEvents | None:
+def _step_reads(program: Program) -> HostEvents | None:
     """The reads of a device value in the steps (the outermost READ_EVENT frames), where every step reads, but for one
     at the capture's edge (its read fell outside the capture), and at most MAX_READS_PER_STEP times; else None."""
     steps = float(program.step.get("steps") or 0)
     # A read of a value (float(loss), np.asarray of a metric): a benchmark's block_until_ready per step is a
     # measurement's wait, not a read the program needs
-    waits = _in_steps(program, frames.where(READ_EVENT.search))
+    waits = _in_steps(program, program.host_events(READ_EVENT))
     waits = waits.take(np.flatnonzero(outermost(np.ones(len(waits), bool), waits.thread, waits.start_ps,
                                                 waits.end_ps)))
     if steps <= 0 or not max(1.0, min(0.9 * steps, steps - 1)) <= len(waits) <= MAX_READS_PER_STEP * steps:
@@ -934,8 +931,7 @@ def read_each_step(program: Program) -> list[Match]:
     device = 100.0 - idle
     if steps <= 0 or dispatches >= MIN_CALLS_PER_STEP:
         return []
-    frames = program.host_events(PYTHON_TRACER_EVENT)
-    waits = _step_reads(program, frames)
+    waits = _step_reads(program)
     if waits is None:
         return []
     # The copies as long as their own work, the step as long as it would be with them so (the profiler's recording
@@ -946,7 +942,8 @@ def read_each_step(program: Program) -> list[Match]:
     if step_at_work <= 0 or 100 * min(host_work + copy_work, device) / step_at_work < MIN_OVERLAP_PERCENT:
         return []
     reads = len(waits) / steps
-    line, function = _caller(program, frames, int(waits.start_ps[0]), int(waits.end_ps[0]))
+    line, function = _caller(program, program.host_events(PYTHON_TRACER_EVENT), int(waits.start_ps[0]),
+                             int(waits.end_ps[0]))
     read = _read_call(waits.names[0])
     # Overlapped, a step takes the longest of the three; the others' time leaves it
     stake = round(100 * (sum(parts.values()) - max(parts.values())) / step_at_work, 2)
@@ -1033,10 +1030,10 @@ def reduced_on_host(program: Program) -> list[Match]:
     """Every step reads a large array a jitted call returned (np.asarray, jax.device_get) and runs a NumPy reduction
     over it (argmax, max, sum, a sort or partition for the top k) before the next call: the copy and the host's pass
     hold the step, where the device could reduce it and return a small result."""
-    frames = program.host_events(PYTHON_TRACER_EVENT)
-    reads = _step_reads(program, frames)
+    reads = _step_reads(program)
     if reads is None:
         return []
+    frames = program.host_events(PYTHON_TRACER_EVENT)
     calls = program.host_events(JITTED_CALL_EVENT)
     calls = calls.take(np.flatnonzero(outermost(np.ones(len(calls), bool), calls.thread, calls.start_ps, calls.end_ps)))
     # The host's work after each read lasts until its thread next launches, waits for or copies device work

@@ -25,9 +25,11 @@ from xdiag.profile.space import HloModule, Session
 
 @dataclass
 class HostEvents:
-    """Host-thread events of one name pattern, over every host: name, start, end and thread of each, by start."""
+    """Host-thread events of one name pattern, over every host: name, start, end and thread of each, by start. Each
+    event's name is vocabulary[code]: the Python tracer's events run to millions, their distinct names to hundreds."""
 
-    names: np.ndarray
+    codes: np.ndarray
+    vocabulary: np.ndarray  # object: the names
     start_ps: np.ndarray
     end_ps: np.ndarray
     thread: np.ndarray  # (host, thread) as one number: events nest only within one thread
@@ -35,18 +37,30 @@ class HostEvents:
     def __len__(self) -> int:
         return len(self.start_ps)
 
+    @property
+    def names(self) -> np.ndarray:
+        return self.vocabulary[self.codes]
+
     def take(self, index: np.ndarray) -> HostEvents:
-        return HostEvents(self.names[index], self.start_ps[index], self.end_ps[index], self.thread[index])
+        return HostEvents(self.codes[index], self.vocabulary, self.start_ps[index], self.end_ps[index],
+                          self.thread[index])
 
     def named(self, test: Callable[[str], bool]) -> np.ndarray:
-        """Per event: test(its name), each distinct name tested once (the Python tracer's events run to millions)."""
-        if not len(self.names):
-            return np.zeros(0, dtype=bool)
-        unique, inverse = np.unique(self.names.astype(str), return_inverse=True)
-        return np.array([bool(test(name)) for name in unique], dtype=bool)[inverse]
+        """Per event: test(its name), each name of the vocabulary tested once."""
+        verdicts = np.fromiter((bool(test(name)) for name in self.vocabulary), bool, len(self.vocabulary))
+        return verdicts[self.codes]
 
     def where(self, test: Callable[[str], bool]) -> HostEvents:
         return self.take(np.flatnonzero(self.named(test)))
+
+    @staticmethod
+    def joined(parts: list[HostEvents]) -> HostEvents:
+        """The parts' events one after another, in the parts' order."""
+        offsets = np.cumsum([0] + [len(part.vocabulary) for part in parts])
+        return HostEvents(np.concatenate([part.codes + offset for part, offset in zip(parts, offsets)]),
+                          np.concatenate([part.vocabulary for part in parts]),
+                          *(np.concatenate([getattr(part, f) for part in parts])
+                            for f in ("start_ps", "end_ps", "thread")))
 
 
 class Program:
@@ -119,12 +133,12 @@ class Program:
             if threads.host in summarized:
                 continue
             selected = threads.select(pattern)
-            parts.append((threads.names(pattern), selected.start_ps, selected.end_ps,
-                          selected.line.astype(np.int64) + (number << 32)))
+            parts.append(HostEvents(*threads.name_codes(pattern), selected.start_ps, selected.end_ps,
+                                    selected.line.astype(np.int64) + (number << 32)))
         if not parts:
             empty = np.empty(0, np.int64)
-            return HostEvents(np.empty(0, object), empty, empty, empty)
-        events = HostEvents(*(np.concatenate(column) for column in zip(*parts)))
+            return HostEvents(empty, np.empty(0, object), empty, empty, empty)
+        events = HostEvents.joined(parts)
         return events.take(np.argsort(events.start_ps, kind="stable"))
 
     @cached_property

@@ -13,7 +13,6 @@ import collections
 import concurrent.futures
 import contextlib
 import ctypes
-import ctypes.util
 import gc
 import mmap
 import os
@@ -60,13 +59,18 @@ Progress = Callable[[str, int, int], None]
 """progress(what, done_bytes, total_bytes)"""
 
 
+GLIBC = "libc.so.6"
+"""glibc's soname, loaded by name: ctypes.util.find_library("c") runs `ldconfig -p` in a child process each time it is
+asked, 4-7 ms (`xdiag analyze` asked twice, three times where it waits for XProf's views, its converter twice)."""
+
+
 def return_freed_memory_to_the_os() -> None:
     """glibc's malloc keeps freed memory for reuse; the read frees each line's int64 decoder output once it is
     packed, between the packed columns it keeps, so that memory would stay in the process for good (a third of
     the 200 MiB bench profile's memory after the read). malloc_trim hands its free pages back. Only where the C
     library is glibc."""
     try:
-        trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+        trim = ctypes.CDLL(GLIBC).malloc_trim
     except (OSError, AttributeError):
         return
     trim(ctypes.c_size_t(0))
@@ -83,7 +87,7 @@ def one_malloc_arena() -> None:
     117-124 MiB, in the same CPU time (8 runs alternating). A setting of the whole process, for a process of
     xdiag's own; it holds for the threads started after it. Only where the C library is glibc."""
     try:
-        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
+        mallopt = ctypes.CDLL(GLIBC).mallopt
     except (OSError, AttributeError):
         return
     mallopt(ctypes.c_int(M_ARENA_MAX), ctypes.c_int(1))
