@@ -776,7 +776,8 @@ def float32_operand_rounded_by_matmul(program: Program) -> list[Match]:
             continue
         halved = program.step_percent(sum(program.op_ms.get((module_key, op), 0.0) * share / 2
                                           for op, share in ops.items()))
-        names = [re.sub(r"\.\d+$", "", name) for name in arguments]
+        # the argument as the user's code names it (its pytree path, which JAX keeps as the parameter's op name)
+        names = [argument.op_name or re.sub(r"\.\d+$", "", name) for name, argument in arguments.items()]
         largest = max(arguments.values(), key=nbytes)
         shape = largest.shape_text.split("{")[0]
         line, function = max(lines, key=lines.get) if lines else ("", "")
