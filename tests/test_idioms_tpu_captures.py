@@ -232,7 +232,9 @@ def test_arguments_xla_tpu_stacks_by_dynamic_update_slices_are_found(program):
 
 def test_an_argument_is_named_by_its_pytree_path_not_by_its_hlo_parameter(program):
     """A decode step's float32 weights are named as the user's code names them (params['layers'][7]['qkv'], the path
-    JAX keeps as the parameter's op name), not by the HLO parameter's mangled name (params__layers___7___qkv__)."""
+    JAX keeps as the parameter's op name), not by the HLO parameter's mangled name (params__layers___7___qkv__); the
+    weights of one tree are cast as one tree, not array by array."""
     (match,) = matches(program("blind4_decode_policy", "before-a"), "float32_operand_rounded_by_matmul")
     assert "params['layers'][7]['qkv']" in match.params["arguments"] and "__" not in match.params["arguments"]
-    assert "params['layers'][7]['qkv'].astype(jnp.bfloat16)" in IDIOMS[match.idiom].change_text(match, {"platform": "TPU"})
+    change = IDIOMS[match.idiom].change_text(match, {"platform": "TPU"})
+    assert "params = jax.tree.map(lambda w: w.astype(jnp.bfloat16) if w.dtype == jnp.float32 else w, params)" in change

@@ -278,7 +278,7 @@ def _label(ins: HloInstruction) -> str:
        "program. The premise, which the profile cannot show, is that those flags are 0 on these steps",
        gain=(0.85, 1.0), measured="docs/reference/measurements.md#masked-frozen-gradients",
        alternatives=(
-           "differentiate only the trained leaves: jax.grad(lambda trained: loss_fn({**params, **trained}, x, y))"
+           "differentiate only the trained leaves: jax.grad(lambda trained: loss_fn(dict(params, **trained), x, y))"
            "(trained), with the frozen leaves closed over (the same saving, a larger edit of the step)",
            "where the freeze never changes between steps, pass the flags as Python floats (a static argument of "
            "jax.jit) so XLA can drop the products by zero and the work behind them (one compile per freeze "

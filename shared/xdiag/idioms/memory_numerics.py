@@ -708,9 +708,29 @@ def _updated_by_step(graph: Graph, argument: HloInstruction) -> bool:
                and graph.origin(o).instruction is not argument for o in outputs)
 
 
+def _pytree_root(names: list[str]) -> str | None:
+    """The arguments' common pytree root (params of params['layers'][7]['qkv'] and params['embed']), if they share one."""
+    roots = {re.split(r"[\[.]", name, maxsplit=1)[0] for name in names}
+    return roots.pop() if len(roots) == 1 and all("[" in name for name in names) else None
+
+
+def _arguments_text(names: list[str]) -> str:
+    root = _pytree_root(names) if len(names) > 1 else None
+    if root:  # a model's weights: the change is one cast of the whole tree, not one per array
+        return f"the float32 weights of {root} ({', '.join(names[:3])}{', …' if len(names) > 3 else ''})"
+    return " and ".join(names[:4])
+
+
+def _cast_text(names: list[str]) -> str:
+    root = _pytree_root(names) if len(names) > 1 else None
+    if root:
+        return f"{root} = jax.tree.map(lambda w: w.astype(jnp.bfloat16) if w.dtype == jnp.float32 else w, {root})"
+    return f"{names[0]}.astype(jnp.bfloat16)"
+
+
 @idiom("float32_operand_rounded_by_matmul", "memory_numerics",
        "A matmul bound by reading a large float32 argument, which it rounds to bfloat16 anyway",
-       "store {arguments} as bfloat16 where {verb} made, once, outside {function} ({example}.astype(jnp.bfloat16) "
+       "store {arguments} as bfloat16 where {verb} made, once, outside {function} ({cast} "
        "before the step, not inside it), and multiply in bfloat16 with a float32 result at {line} "
        "(jnp.matmul({example}, other.astype(jnp.bfloat16), preferred_element_type=jnp.float32), other being the "
        "matmul's other operand), so the matmul reads 2 bytes an element instead of 4 and jnp's type promotion does "
@@ -728,7 +748,7 @@ def _updated_by_step(graph: Graph, argument: HloInstruction) -> bool:
        variants=(Variant((("platform", ("GPU",)),),
                          "if {arguments} {hold} only values bfloat16 represents exactly (a 0/1 mask or adjacency, "
                          "integers up to 256), store {them} as bfloat16 where {verb} made, once, outside {function} "
-                         "({example}.astype(jnp.bfloat16) before the step), so the matmul at {line} reads 2 bytes an "
+                         "({cast} before the step), so the matmul at {line} reads 2 bytes an "
                          "element instead of 4; otherwise keep float32: at precision DEFAULT a GPU multiplies "
                          "float32 in TF32, whose 10 bits of mantissa bfloat16's 7 would cut (the gain on a GPU is a "
                          "premise: one TPU program measured it)"),))
@@ -791,7 +811,8 @@ def float32_operand_rounded_by_matmul(program: Program) -> list[Match]:
             + f": {stake:g}% of the step, of which half the argument's bytes are {halved:g}%",
             module=module_key, ops=list(ops)[:16], line=line, function=function,
             needed_percent=round(stake - halved, 2),
-            params={"arguments": " and ".join(names[:4]), "example": names[0], "verb": "they are" if several
+            params={"arguments": _arguments_text(names), "example": names[0], "cast": _cast_text(names),
+                    "verb": "they are" if several
                     else "it is", "hold": "hold" if several else "holds", "them": "them" if several else "it",
                     "function": f"the jitted {function}" if function else "the jitted step"},
             facts={"argument_shape": shape, "argument_mib": round(nbytes(largest) / 2**20, 1),
