@@ -421,6 +421,8 @@ profile's layouts do not record: only the lanes are judged here.)"""
 UNALIGNED_MIN_WASTE = 0.3
 """The share of an op's largest array that must be padding for the padding to be what the op spends its time on."""
 UNALIGNED_MIN_STAKE_PERCENT = 10.0
+"""The share of the step the padded lanes themselves take (each op's time times its padding share) below which the
+padding is not worth a finding: the ops' whole time would count work the real lanes need."""
 
 
 def padded_lanes(instruction) -> tuple[int, int] | None:
@@ -487,7 +489,7 @@ def unaligned_minor_dims(program: Program) -> list[Match]:
             if line[0]:
                 lines[line] = lines.get(line, 0.0) + ms
         stake = program.step_percent(padded)
-        if not ops or stake < UNALIGNED_MIN_STAKE_PERCENT:
+        if not ops or program.step_percent(padded - real) < UNALIGNED_MIN_STAKE_PERCENT:
             continue
         _, value, (minor, to) = worst
         line, function = max(lines, key=lines.get) if lines else ("", "")
