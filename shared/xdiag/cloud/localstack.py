@@ -27,10 +27,13 @@ tests), a reaper stops the stack when the owner dies without stopping it.
 
 What the stack holds outlives it, in `<state_dir>/data/`: fake-gcs-server keeps the bucket's objects on its filesystem
 backend (`data/storage/`), and Firestore's documents are exported to `data/firestore-exports/` every 10 s (by the
-timer) and by `stop()`, and imported at the next start (the emulator keeps them in memory only). `xdiag down; xdiag up`
-loses nothing; a Firestore emulator killed outright loses at most the writes since its last export, which the sweeper
-finds missing (files in the bucket without their analysis) and repairs. `restart_down()` (what `xdiag up` does where a stack is up)
-starts again only the services that are down, each on its own port.
+timer) and by `stop()`, and imported at the next start (the emulator keeps them in memory only). One export runs at a
+time, written apart (`data/firestore-export-staging/`) and moved among the exports only once complete, so the one
+imported is whole; the emulator loads it before it listens, so no export is taken of a half-imported Firestore.
+`xdiag down; xdiag up` loses nothing; a Firestore
+emulator killed outright loses at most the writes since its last export, which the sweeper finds missing (files in the
+bucket without their analysis) and repairs. `restart_down()` (what `xdiag up` does where a stack is up) starts again
+only the services that are down, each on its own port.
 
 What it runs and its settings are in `xdiag.cloud.stack_config`; whether they are installed, in
 `xdiag.cloud.stack_prerequisites`; its services as process groups (spawn, wait, signal), in
@@ -39,6 +42,7 @@ What it runs and its settings are in `xdiag.cloud.stack_config`; whether they ar
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import secrets
@@ -54,6 +58,9 @@ from xdiag.cloud.stack_config import (
     DEFAULT_STATE_DIR,
     EMULATOR_JVM_OPTIONS,
     FIRESTORE_EXPORT_INTERVAL_S,
+    FIRESTORE_EXPORT_LOCK,
+    FIRESTORE_EXPORT_STAGING,
+    FIRESTORE_EXPORT_TIMEOUT_S,
     FIRESTORE_EXPORTS,
     FUNCTIONS,
     HOST,
@@ -74,8 +81,11 @@ from xdiag.sharing.routes import SHARE_KEY_ENV
 
 
 def latest_firestore_export(exports: Path) -> Path | None:
-    """The metadata file of the newest complete Firestore export in `exports` (what `--import-data` takes)."""
-    found = sorted(exports.glob("*/*.overall_export_metadata"), key=lambda p: p.stat().st_mtime) if exports.is_dir() else []
+    """The metadata file of the newest Firestore export in `exports` (what `--import-data` takes). Each export there
+    is complete: `LocalStack.export_firestore` moves one in only once the emulator has written all of it."""
+    if not exports.is_dir():
+        return None
+    found = sorted(exports.glob("*/*.overall_export_metadata"), key=lambda p: p.stat().st_mtime_ns)
     return found[-1] if found else None
 
 
@@ -271,24 +281,45 @@ class LocalStack(StackProcesses):
         return down
 
     def export_firestore(self) -> Path | None:
-        """Firestore's documents to a new export under the data dir (the emulator keeps them in memory only); the
-        older exports go. Returns the export's metadata file, or None where the emulator did not answer."""
+        """Firestore's documents to a new export under the data dir (the emulator keeps them in memory only), which
+        replaces the older ones. Returns the export's metadata file, or None where the emulator did not answer.
+
+        One export at a time (the timer's, `stop()`'s: a lock in the data dir), each written into a folder of its own
+        and moved among the exports only once the emulator answered: the emulator names an export by the second, so
+        two exports of one second wrote one folder, and one cut short left part of the documents beside the other's
+        metadata, which the next start imported as if whole."""
         exports = self.data_dir / FIRESTORE_EXPORTS
-        exports.mkdir(parents=True, exist_ok=True)
+        staging = self.data_dir / FIRESTORE_EXPORT_STAGING
         try:
-            status, body = http(
-                "POST", f"http://{HOST}:{self.ports['firestore']}/emulator/v1/projects/{self.settings.project}:export",
-                {"database": f"projects/{self.settings.project}/databases/(default)", "export_directory": str(exports)},
-                timeout=60)
-        except OSError:
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            lock = open(self.data_dir / FIRESTORE_EXPORT_LOCK, "a")
+        except OSError:  # the data dir is unwritable
             return None
-        if status != 200:
-            return None
-        newest = latest_firestore_export(exports)
-        for metadata in exports.glob("*/*.overall_export_metadata"):  # complete older ones (never one being written)
-            if newest is not None and metadata.parent != newest.parent:
-                shutil.rmtree(metadata.parent, ignore_errors=True)
-        return newest
+        with lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released by the kernel where its holder is killed
+            shutil.rmtree(staging, ignore_errors=True)  # what an export cut short left (its holder is gone)
+            folder = staging / secrets.token_hex(4)
+            try:
+                folder.mkdir(parents=True)
+                exports.mkdir(exist_ok=True)
+                status, _ = http(
+                    "POST",
+                    f"http://{HOST}:{self.ports['firestore']}/emulator/v1/projects/{self.settings.project}:export",
+                    {"database": f"projects/{self.settings.project}/databases/(default)",
+                     "export_directory": str(folder)},
+                    timeout=FIRESTORE_EXPORT_TIMEOUT_S)
+                written = list(folder.glob("*/*.overall_export_metadata"))  # the emulator writes it last
+                if status != 200 or len(written) != 1:
+                    return None
+                complete = exports / f"export-{time.time_ns()}"
+                written[0].parent.rename(complete)
+            except OSError:  # the emulator did not answer; the data dir is full or unwritable
+                return None
+            for older in exports.iterdir():
+                if older != complete:
+                    shutil.rmtree(older, ignore_errors=True)
+            shutil.rmtree(staging, ignore_errors=True)
+            return complete / written[0].name
 
     def _spawn_function(self, spec: FunctionSpec) -> None:
         source = Path(self.settings.functions_dir) / f"{spec.name}.py"

@@ -39,7 +39,10 @@ A JAVA_TOOL_OPTIONS of the caller's comes after these, so it wins."""
 TEMPORARY_DIR = "tmp"  # under the state dir: each function's TMPDIR, removed by stop()
 DATA_DIR = "data"  # under the state dir: what outlives the stack (the bucket's files, Firestore's exports)
 FIRESTORE_EXPORTS = "firestore-exports"  # under the data dir: the newest export of Firestore's documents
+FIRESTORE_EXPORT_STAGING = "firestore-export-staging"  # under the data dir: the export being written, until complete
+FIRESTORE_EXPORT_LOCK = "firestore-export.lock"  # under the data dir: held (flock) by the one export at a time
 FIRESTORE_EXPORT_INTERVAL_S = 10.0  # at most one export per this long (and per timer tick): each costs the emulator CPU
+FIRESTORE_EXPORT_TIMEOUT_S = 120.0  # an export's answer waited for this long (16 MB of documents: under 1 s)
 
 
 class StackError(RuntimeError):
