@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from xdiag.cloud import localstack
 from xdiag.cloud.localstack import LocalStack, latest_firestore_export
 from xdiag.cloud.stack_config import DATA_DIR, FIRESTORE_EXPORTS, StackSettings
 
@@ -195,3 +196,21 @@ def test_an_export_cut_short_in_the_second_of_the_last_complete_one_is_not_what_
     assert len(cloud.state.list(ballast)) == 2000
     assert {key: doc["status"] for key, doc in cloud.state.list("analyses")} == analyses
 
+
+def test_a_stop_whose_firestore_export_fails_says_so_and_the_next_start_has_the_last_export(stack_dir, monkeypatch):
+    """Failed before: `xdiag down` stopped a Firestore emulator that did not answer its export and said nothing; what
+    was written since the timer's last export was gone at the next `xdiag up`. (This test stops the module's stack.)"""
+    cloud = _cloud(stack_dir)
+    marker = f"marker-{uuid.uuid4().hex[:6]}"
+    cloud.state.set(marker, "exported", {"at": time.time()})
+    stack = LocalStack.attach(stack_dir)
+    assert stack.export_firestore() is not None
+    cloud.state.set(marker, "not-exported", {"at": time.time()})
+    monkeypatch.setattr(localstack, "FIRESTORE_EXPORT_TIMEOUT_S", 2.0, raising=False)
+    stack.freeze("firestore")  # a hung emulator: it takes the export's connection and never answers
+    left = stack.stop()
+    assert len(left) == 1 and "Firestore's documents were not exported" in left[0], left
+    assert "the next start has those of" in left[0], left
+    up = _up(stack_dir)
+    assert up.returncode == 0, up.stderr
+    assert [key for key, _ in _cloud(stack_dir).state.list(marker)] == ["exported"]

@@ -20,7 +20,8 @@ free port of 127.0.0.1 and in its own process group:
 Its state (ports, process groups, the environment that reaches it) is `<state_dir>/stack.json`; logs are in
 `<state_dir>/logs/`; each function's temporary files (TMPDIR) are in `<state_dir>/tmp/<function>/`. `stop()`
 (`xdiag down`, `make down`) signals each process group (the emulators' launchers leave their Java child running
-when only the launcher is signalled), waits for every member to exit, checks that nothing listens on the stack's
+when only the launcher is signalled; the functions and the timer first, then Firestore is exported, then the
+emulators), waits for every member to exit, checks that nothing listens on the stack's
 ports any more, and then removes the functions' temporary files (what a killed instance could not: XProf's
 private copies of device profiles among them). Started with an owner process (the
 tests), a reaper stops the stack when the owner dies without stopping it.
@@ -30,7 +31,7 @@ backend (`data/storage/`), and Firestore's documents are exported to `data/fires
 timer) and by `stop()`, and imported at the next start (the emulator keeps them in memory only). One export runs at a
 time, written apart (`data/firestore-export-staging/`) and moved among the exports only once complete, so the one
 imported is whole; the emulator loads it before it listens, so no export is taken of a half-imported Firestore.
-`xdiag down; xdiag up` loses nothing; a Firestore
+`xdiag down; xdiag up` loses nothing (where Firestore does not answer the export, `stop()` says so); a Firestore
 emulator killed outright loses at most the writes since its last export, which the sweeper finds missing (files in the
 bucket without their analysis) and repairs. `restart_down()` (what `xdiag up` does where a stack is up) starts again
 only the services that are down, each on its own port.
@@ -57,6 +58,7 @@ from xdiag.cloud.stack_config import (
     DATA_DIR,
     DEFAULT_STATE_DIR,
     EMULATOR_JVM_OPTIONS,
+    EMULATORS,
     FIRESTORE_EXPORT_INTERVAL_S,
     FIRESTORE_EXPORT_LOCK,
     FIRESTORE_EXPORT_STAGING,
@@ -376,11 +378,21 @@ class LocalStack(StackProcesses):
         self._wait(lambda: listening(self.ports[name]), f"function {name}", name, time.monotonic() + timeout_s)
 
     def stop(self) -> list[str]:
-        """Stops every process group of the stack; returns the ports still listening (none, normally)."""
+        """Stops every process group of the stack; returns what did not stop cleanly (nothing, normally): the ports
+        still listening, and Firestore's documents where the emulator, up, did not export them.
+
+        What writes to Firestore (the functions, the timer) stops first, then its documents are exported, then the
+        emulators stop: the export the next start imports holds every write, and no other export is cut short."""
         me = os.getpid()
-        if "firestore" in self.processes and self.running("firestore"):
-            self.export_firestore()  # the emulator keeps its documents in memory: the next start imports them
-        self.kill([name for name, process in self.processes.items() if process["pid"] != me], signal.SIGTERM)
+        others = [name for name, process in self.processes.items() if process["pid"] != me]
+        self.kill([name for name in others if name not in EMULATORS], signal.SIGTERM)
+        left = []
+        if "firestore" in self.processes and self.running("firestore") and self.export_firestore() is None:
+            newest = latest_firestore_export(self.data_dir / FIRESTORE_EXPORTS)
+            has = f"those of {time.strftime('%H:%M:%S', time.localtime(newest.stat().st_mtime))}" if newest else "none"
+            left.append(f"Firestore's documents were not exported (the emulator did not answer; see "
+                        f"{self.processes['firestore']['log']}): the next start has {has}")
+        self.kill([name for name in others if name in EMULATORS], signal.SIGTERM)
         until = time.monotonic() + 10
         busy = [name for name, port in self.ports.items() if listening(port)]
         while busy and time.monotonic() < until:
@@ -390,7 +402,7 @@ class LocalStack(StackProcesses):
         self.processes = {}
         if not busy:
             shutil.rmtree(self.state_dir / TEMPORARY_DIR, ignore_errors=True)
-        return [f"{name} on {HOST}:{self.ports[name]}" for name in busy]
+        return left + [f"{name} on {HOST}:{self.ports[name]} still listening" for name in busy]
 
 
 def _reap(state_dir: str, owner_pid: int) -> None:

@@ -77,7 +77,8 @@ FUNCTIONS = (
     FunctionSpec("sweep", (TOPIC_SWEEPS,), concurrency=1),  # the timer's ticks: one sweep at a time
     FunctionSpec("control_plane", (), threads=8, signature="http"),
 )
-SERVICE_ORDER = ("pubsub", "firestore", "storage", *(spec.name for spec in FUNCTIONS), "timer")
+EMULATORS = ("pubsub", "firestore", "storage")  # the services that hold the stack's state (the others write to them)
+SERVICE_ORDER = (*EMULATORS, *(spec.name for spec in FUNCTIONS), "timer")
 """The order services (re)start in: fake-gcs-server publishes on a Pub/Sub topic, which must exist first."""
 
 
