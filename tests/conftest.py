@@ -123,8 +123,8 @@ def running_local_stack(tmp_path_factory, settings=None):
                 os.environ[key] = value
         if stack.state_file.exists():  # the services as they are now (a test may have restarted some: `xdiag up`)
             stack = LocalStack.attach(stack.state_dir)
-        busy = stack.stop()
-        assert not busy, f"still listening after the stack stopped: {busy}"
+        left = stack.stop()
+        assert not left, f"the stack did not stop cleanly: {left}"
 
 
 @pytest.fixture(scope="session")

@@ -9,12 +9,15 @@ with files and no analysis is announced again once its newest file is 19 s old.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from xdiag.cloud import localstack
 from xdiag.cloud.localstack import LocalStack, latest_firestore_export
 from xdiag.cloud.stack_config import DATA_DIR, FIRESTORE_EXPORTS, StackSettings
 
@@ -141,3 +144,73 @@ def test_an_object_name_that_climbs_out_of_the_bucket_writes_nothing_outside_its
     assert not (outside / victim).exists(), "the object was written outside the emulator's folder"
     assert status >= 400
     assert not list(Path(stack_dir).rglob(victim))  # nor anywhere in the stack's own folder
+
+
+def _export_files(data_dir: Path) -> dict[Path, tuple[int, int]]:
+    """Every document file of every Firestore export under the data dir (finished or being written): mtime, size."""
+    found = {}
+    for path in (p for top in data_dir.glob("firestore*") for p in top.rglob("output-*")):
+        with contextlib.suppress(FileNotFoundError):  # an older export being removed
+            found[path] = (path.stat().st_mtime_ns, path.stat().st_size)
+    return found
+
+
+def _second_of(export_path: Path) -> str:
+    """The second the emulator named an export by (`firestore_export_<epoch s>`: two exports of one second share it)."""
+    return next(part for part in reversed(export_path.parts) if part.startswith("firestore_export_")).split(".")[0]
+
+
+def test_an_export_cut_short_in_the_second_of_the_last_complete_one_is_not_what_up_imports(stack_dir):
+    """Failed before: the Firestore emulator names an export by the second, and every export went to one folder: the
+    timer's export, begun in the second of the one `xdiag down` had just made and cut short by the emulator's stop,
+    rewrote that export's documents file, so the folder held the complete export's metadata beside a part of the
+    documents, and `xdiag up` imported 1 analysis of 6 (56 of 3,000 documents here). The race is forced: the second
+    export is cut (SIGKILL) while it writes, and only when the emulator gave it the second of the first."""
+    cloud = _cloud(stack_dir)
+    ballast = f"ballast-{uuid.uuid4().hex[:6]}"  # enough that writing an export takes a while (16 MB)
+    assert all(cloud.state.create_many(ballast, [(f"{i:05d}", {"pad": "x" * 8000}) for i in range(2000)]))
+    analyses = {key: doc["status"] for key, doc in cloud.state.list("analyses")}
+    stack = LocalStack.attach(stack_dir)
+    stack.kill("timer")  # its own exports would come between these two
+    data_dir = stack_dir / DATA_DIR
+    for _attempt in range(5):
+        while time.time() % 1 > 0.1:  # both exports in one second, where the first is quick enough
+            time.sleep(0.005)
+        complete = stack.export_firestore()  # `xdiag down`'s
+        assert complete is not None
+        before = _export_files(data_dir)
+        with ThreadPoolExecutor(1) as pool:
+            second = pool.submit(stack.export_firestore)  # the timer's, at the bad moment
+            while not (writing := [p for p, seen in _export_files(data_dir).items() if before.get(p) != seen]):
+                assert not second.done() or second.result() is None, "the second export was not seen writing"
+                time.sleep(0.001)
+            if _second_of(writing[0]) == _second_of(complete):
+                stack.kill("firestore")  # the stop's signal, while the second export writes
+                assert second.result() is None, "the second export finished before the stop"
+                break
+    else:
+        pytest.fail("the emulator never named two exports by one second in 5 attempts")
+    up = _up(stack_dir)
+    assert up.returncode == 0 and "restarted firestore, timer" in up.stderr, up.stderr
+    cloud = _cloud(stack_dir)
+    assert len(cloud.state.list(ballast)) == 2000
+    assert {key: doc["status"] for key, doc in cloud.state.list("analyses")} == analyses
+
+
+def test_a_stop_whose_firestore_export_fails_says_so_and_the_next_start_has_the_last_export(stack_dir, monkeypatch):
+    """Failed before: `xdiag down` stopped a Firestore emulator that did not answer its export and said nothing; what
+    was written since the timer's last export was gone at the next `xdiag up`. (This test stops the module's stack.)"""
+    cloud = _cloud(stack_dir)
+    marker = f"marker-{uuid.uuid4().hex[:6]}"
+    cloud.state.set(marker, "exported", {"at": time.time()})
+    stack = LocalStack.attach(stack_dir)
+    assert stack.export_firestore() is not None
+    cloud.state.set(marker, "not-exported", {"at": time.time()})
+    monkeypatch.setattr(localstack, "FIRESTORE_EXPORT_TIMEOUT_S", 2.0, raising=False)
+    stack.freeze("firestore")  # a hung emulator: it takes the export's connection and never answers
+    left = stack.stop()
+    assert len(left) == 1 and "Firestore's documents were not exported" in left[0], left
+    assert "the next start has those of" in left[0], left
+    up = _up(stack_dir)
+    assert up.returncode == 0, up.stderr
+    assert [key for key, _ in _cloud(stack_dir).state.list(marker)] == ["exported"]

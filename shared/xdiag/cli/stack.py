@@ -69,7 +69,8 @@ def up(
 
 @app.command()
 def down(stack_dir: Annotated[Path, STACK_DIR] = Path(".xdiag-stack")) -> None:
-    """Stop the local stack: every process group it started (the emulators' Java children too)."""
+    """Stop the local stack: every process group it started (the emulators' Java children too), Firestore's documents
+    exported first (the next `xdiag up` imports them)."""
     from xdiag.cloud.localstack import LocalStack
     from xdiag.cloud.stack_config import StackError
 
@@ -78,9 +79,9 @@ def down(stack_dir: Annotated[Path, STACK_DIR] = Path(".xdiag-stack")) -> None:
     except StackError as exc:
         err.print(str(exc), highlight=False, soft_wrap=True)
         return
-    busy = stack.stop()
-    if busy:
-        fail(f"still listening after the stop: {', '.join(busy)}", 1)
+    left = stack.stop()
+    if left:
+        fail(f"local stack stopped, but: {'; '.join(left)}", 1)
     err.print("local stack stopped; nothing of it is listening", highlight=False, soft_wrap=True)
 
 

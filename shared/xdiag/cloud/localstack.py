@@ -20,17 +20,21 @@ free port of 127.0.0.1 and in its own process group:
 Its state (ports, process groups, the environment that reaches it) is `<state_dir>/stack.json`; logs are in
 `<state_dir>/logs/`; each function's temporary files (TMPDIR) are in `<state_dir>/tmp/<function>/`. `stop()`
 (`xdiag down`, `make down`) signals each process group (the emulators' launchers leave their Java child running
-when only the launcher is signalled), waits for every member to exit, checks that nothing listens on the stack's
+when only the launcher is signalled; the functions and the timer first, then Firestore is exported, then the
+emulators), waits for every member to exit, checks that nothing listens on the stack's
 ports any more, and then removes the functions' temporary files (what a killed instance could not: XProf's
 private copies of device profiles among them). Started with an owner process (the
 tests), a reaper stops the stack when the owner dies without stopping it.
 
 What the stack holds outlives it, in `<state_dir>/data/`: fake-gcs-server keeps the bucket's objects on its filesystem
 backend (`data/storage/`), and Firestore's documents are exported to `data/firestore-exports/` every 10 s (by the
-timer) and by `stop()`, and imported at the next start (the emulator keeps them in memory only). `xdiag down; xdiag up`
-loses nothing; a Firestore emulator killed outright loses at most the writes since its last export, which the sweeper
-finds missing (files in the bucket without their analysis) and repairs. `restart_down()` (what `xdiag up` does where a stack is up)
-starts again only the services that are down, each on its own port.
+timer) and by `stop()`, and imported at the next start (the emulator keeps them in memory only). One export runs at a
+time, written apart (`data/firestore-export-staging/`) and moved among the exports only once complete, so the one
+imported is whole; the emulator loads it before it listens, so no export is taken of a half-imported Firestore.
+`xdiag down; xdiag up` loses nothing (where Firestore does not answer the export, `stop()` says so); a Firestore
+emulator killed outright loses at most the writes since its last export, which the sweeper finds missing (files in the
+bucket without their analysis) and repairs. `restart_down()` (what `xdiag up` does where a stack is up) starts again
+only the services that are down, each on its own port.
 
 What it runs and its settings are in `xdiag.cloud.stack_config`; whether they are installed, in
 `xdiag.cloud.stack_prerequisites`; its services as process groups (spawn, wait, signal), in
@@ -39,6 +43,7 @@ What it runs and its settings are in `xdiag.cloud.stack_config`; whether they ar
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import secrets
@@ -53,7 +58,11 @@ from xdiag.cloud.stack_config import (
     DATA_DIR,
     DEFAULT_STATE_DIR,
     EMULATOR_JVM_OPTIONS,
+    EMULATORS,
     FIRESTORE_EXPORT_INTERVAL_S,
+    FIRESTORE_EXPORT_LOCK,
+    FIRESTORE_EXPORT_STAGING,
+    FIRESTORE_EXPORT_TIMEOUT_S,
     FIRESTORE_EXPORTS,
     FUNCTIONS,
     HOST,
@@ -74,8 +83,11 @@ from xdiag.sharing.routes import SHARE_KEY_ENV
 
 
 def latest_firestore_export(exports: Path) -> Path | None:
-    """The metadata file of the newest complete Firestore export in `exports` (what `--import-data` takes)."""
-    found = sorted(exports.glob("*/*.overall_export_metadata"), key=lambda p: p.stat().st_mtime) if exports.is_dir() else []
+    """The metadata file of the newest Firestore export in `exports` (what `--import-data` takes). Each export there
+    is complete: `LocalStack.export_firestore` moves one in only once the emulator has written all of it."""
+    if not exports.is_dir():
+        return None
+    found = sorted(exports.glob("*/*.overall_export_metadata"), key=lambda p: p.stat().st_mtime_ns)
     return found[-1] if found else None
 
 
@@ -271,24 +283,45 @@ class LocalStack(StackProcesses):
         return down
 
     def export_firestore(self) -> Path | None:
-        """Firestore's documents to a new export under the data dir (the emulator keeps them in memory only); the
-        older exports go. Returns the export's metadata file, or None where the emulator did not answer."""
+        """Firestore's documents to a new export under the data dir (the emulator keeps them in memory only), which
+        replaces the older ones. Returns the export's metadata file, or None where the emulator did not answer.
+
+        One export at a time (the timer's, `stop()`'s: a lock in the data dir), each written into a folder of its own
+        and moved among the exports only once the emulator answered: the emulator names an export by the second, so
+        two exports of one second wrote one folder, and one cut short left part of the documents beside the other's
+        metadata, which the next start imported as if whole."""
         exports = self.data_dir / FIRESTORE_EXPORTS
-        exports.mkdir(parents=True, exist_ok=True)
+        staging = self.data_dir / FIRESTORE_EXPORT_STAGING
         try:
-            status, body = http(
-                "POST", f"http://{HOST}:{self.ports['firestore']}/emulator/v1/projects/{self.settings.project}:export",
-                {"database": f"projects/{self.settings.project}/databases/(default)", "export_directory": str(exports)},
-                timeout=60)
-        except OSError:
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            lock = open(self.data_dir / FIRESTORE_EXPORT_LOCK, "a")
+        except OSError:  # the data dir is unwritable
             return None
-        if status != 200:
-            return None
-        newest = latest_firestore_export(exports)
-        for metadata in exports.glob("*/*.overall_export_metadata"):  # complete older ones (never one being written)
-            if newest is not None and metadata.parent != newest.parent:
-                shutil.rmtree(metadata.parent, ignore_errors=True)
-        return newest
+        with lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released by the kernel where its holder is killed
+            shutil.rmtree(staging, ignore_errors=True)  # what an export cut short left (its holder is gone)
+            folder = staging / secrets.token_hex(4)
+            try:
+                folder.mkdir(parents=True)
+                exports.mkdir(exist_ok=True)
+                status, _ = http(
+                    "POST",
+                    f"http://{HOST}:{self.ports['firestore']}/emulator/v1/projects/{self.settings.project}:export",
+                    {"database": f"projects/{self.settings.project}/databases/(default)",
+                     "export_directory": str(folder)},
+                    timeout=FIRESTORE_EXPORT_TIMEOUT_S)
+                written = list(folder.glob("*/*.overall_export_metadata"))  # the emulator writes it last
+                if status != 200 or len(written) != 1:
+                    return None
+                complete = exports / f"export-{time.time_ns()}"
+                written[0].parent.rename(complete)
+            except OSError:  # the emulator did not answer; the data dir is full or unwritable
+                return None
+            for older in exports.iterdir():
+                if older != complete:
+                    shutil.rmtree(older, ignore_errors=True)
+            shutil.rmtree(staging, ignore_errors=True)
+            return complete / written[0].name
 
     def _spawn_function(self, spec: FunctionSpec) -> None:
         source = Path(self.settings.functions_dir) / f"{spec.name}.py"
@@ -345,11 +378,21 @@ class LocalStack(StackProcesses):
         self._wait(lambda: listening(self.ports[name]), f"function {name}", name, time.monotonic() + timeout_s)
 
     def stop(self) -> list[str]:
-        """Stops every process group of the stack; returns the ports still listening (none, normally)."""
+        """Stops every process group of the stack; returns what did not stop cleanly (nothing, normally): the ports
+        still listening, and Firestore's documents where the emulator, up, did not export them.
+
+        What writes to Firestore (the functions, the timer) stops first, then its documents are exported, then the
+        emulators stop: the export the next start imports holds every write, and no other export is cut short."""
         me = os.getpid()
-        if "firestore" in self.processes and self.running("firestore"):
-            self.export_firestore()  # the emulator keeps its documents in memory: the next start imports them
-        self.kill([name for name, process in self.processes.items() if process["pid"] != me], signal.SIGTERM)
+        others = [name for name, process in self.processes.items() if process["pid"] != me]
+        self.kill([name for name in others if name not in EMULATORS], signal.SIGTERM)
+        left = []
+        if "firestore" in self.processes and self.running("firestore") and self.export_firestore() is None:
+            newest = latest_firestore_export(self.data_dir / FIRESTORE_EXPORTS)
+            has = f"those of {time.strftime('%H:%M:%S', time.localtime(newest.stat().st_mtime))}" if newest else "none"
+            left.append(f"Firestore's documents were not exported (the emulator did not answer; see "
+                        f"{self.processes['firestore']['log']}): the next start has {has}")
+        self.kill([name for name in others if name in EMULATORS], signal.SIGTERM)
         until = time.monotonic() + 10
         busy = [name for name, port in self.ports.items() if listening(port)]
         while busy and time.monotonic() < until:
@@ -359,7 +402,7 @@ class LocalStack(StackProcesses):
         self.processes = {}
         if not busy:
             shutil.rmtree(self.state_dir / TEMPORARY_DIR, ignore_errors=True)
-        return [f"{name} on {HOST}:{self.ports[name]}" for name in busy]
+        return left + [f"{name} on {HOST}:{self.ports[name]} still listening" for name in busy]
 
 
 def _reap(state_dir: str, owner_pid: int) -> None:

@@ -39,7 +39,10 @@ A JAVA_TOOL_OPTIONS of the caller's comes after these, so it wins."""
 TEMPORARY_DIR = "tmp"  # under the state dir: each function's TMPDIR, removed by stop()
 DATA_DIR = "data"  # under the state dir: what outlives the stack (the bucket's files, Firestore's exports)
 FIRESTORE_EXPORTS = "firestore-exports"  # under the data dir: the newest export of Firestore's documents
+FIRESTORE_EXPORT_STAGING = "firestore-export-staging"  # under the data dir: the export being written, until complete
+FIRESTORE_EXPORT_LOCK = "firestore-export.lock"  # under the data dir: held (flock) by the one export at a time
 FIRESTORE_EXPORT_INTERVAL_S = 10.0  # at most one export per this long (and per timer tick): each costs the emulator CPU
+FIRESTORE_EXPORT_TIMEOUT_S = 120.0  # an export's answer waited for this long (16 MB of documents: under 1 s)
 
 
 class StackError(RuntimeError):
@@ -74,7 +77,8 @@ FUNCTIONS = (
     FunctionSpec("sweep", (TOPIC_SWEEPS,), concurrency=1),  # the timer's ticks: one sweep at a time
     FunctionSpec("control_plane", (), threads=8, signature="http"),
 )
-SERVICE_ORDER = ("pubsub", "firestore", "storage", *(spec.name for spec in FUNCTIONS), "timer")
+EMULATORS = ("pubsub", "firestore", "storage")  # the services that hold the stack's state (the others write to them)
+SERVICE_ORDER = (*EMULATORS, *(spec.name for spec in FUNCTIONS), "timer")
 """The order services (re)start in: fake-gcs-server publishes on a Pub/Sub topic, which must exist first."""
 
 
