@@ -14,6 +14,7 @@ from xdiag.profile.reader import read_session_in_process
 
 from tests.fix_trial_captures import unpack_capture
 from tests.idiom_capture import capture_programs
+from tests.test_idioms_ops import line_of, matches
 
 PROGRAMS = {
     # name -> (body that defines run(), the idiom it holds or None)
@@ -81,16 +82,6 @@ def chip(tmp_path_factory):
             read[(name, label)] = Program(read_session_in_process([unpack_capture(name, label, work)]))
         return read[(name, label)]
     return load
-
-
-def matches(path: Path, idiom: str):
-    """The idiom's matches in the capture, from its recogniser (whatever the platforms the catalogue offers it on)."""
-    return IDIOMS[idiom].recognise(Program(read_session_in_process([path])))
-
-
-def line_of(path: Path, name: str, text: str) -> str:
-    script = (path.parents[4] / f"{name}.py").read_text().splitlines()
-    return f"{name}.py:{next(n for n, line in enumerate(script, 1) if text in line)}"
 
 
 @pytest.mark.parametrize("name", sorted(PROGRAMS))

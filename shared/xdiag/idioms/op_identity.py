@@ -1160,7 +1160,7 @@ def _long_grouped_window(graph: Graph, site: Site) -> tuple[int, int, int] | Non
 
 
 @idiom("long_window_convolution", "op_identity",
-       "A grouped convolution slides a window thousands of taps long: every tap a multiply-add per output",
+       "A grouped convolution slides a long window: every tap a multiply-add per output",
        "convolve by FFT at {line}: with n the signal's length and L >= n + {taps} - 1 (a power of two), y = "
        "jnp.fft.irfft(jnp.fft.rfft(x, n=L, axis=-1) * jnp.fft.rfft(h, n=L, axis=-1), n=L, axis=-1)[..., :n] along "
        "the time axis, h each channel's filter (jax.lax.conv_general_dilated correlates: h is its kernel reversed "
@@ -1169,7 +1169,7 @@ def _long_grouped_window(graph: Graph, site: Site) -> tuple[int, int, int] | Non
        "output reading only a few input features per tap, which the matrix unit cannot batch into a matmul; by FFT "
        "each channel's filter is two real FFTs, a product and an inverse, O(n log n) instead of O(n·k). The premise "
        "is a long window: on a TPU v5e the FFT took 0.7% of the direct convolution's time at 2,048 taps; windows of "
-       "a few dozen taps were not timed and are faster direct",
+       "a few dozen taps were not timed (direct is likely faster there: a premise)",
        gain=(0.9, 1.0), measured="docs/reference/measurements.md#long-window-convolution",
        alternatives=("jax.scipy.signal.fftconvolve(x, h, mode=\"full\", axes=(-1,))[..., :n] at the same line (on a "
                      "TPU v5e 94% shorter where the rfft product was 99%: it pads to n + k - 1, no power of two)",))
@@ -1299,11 +1299,11 @@ def _fft_points(graph: Graph, matmuls: list[Site]) -> int:
        "jnp.matmul(x, cos_t, precision=jax.lax.Precision.HIGHEST); im = jnp.matmul(x, sin_t, "
        "precision=jax.lax.Precision.HIGHEST) "
        "(the real and imaginary parts of jnp.fft.rfft(x, axis=-1)), instead of the jnp.fft call",
-       "XLA:TPU has no FFT unit: it lowers a transform into stages of small matmuls (a few to 128 wide) at precision "
-       "HIGHEST with relayout copies between them, which keep the matrix unit mostly idle; one dense matmul with a "
-       "table of n × (n/2 + 1) coefficients does more multiply-adds but runs as one wide pass. The premise is a short "
-       "transform of real input: on a TPU v5e 1,024-point spectra took 57.4% less as two matmuls, and jnp.fft.rfft "
-       "in place of fft saved nothing; the table's n² grows past what an n log n transform needs for long ones",
+       "XLA:TPU lowers a transform into stages of small matmuls (a few to 128 wide) at precision HIGHEST with "
+       "relayout copies between them; one dense matmul with a table of n × (n/2 + 1) coefficients does more "
+       "multiply-adds but runs as one wide pass. The premise is a short transform of real input: on a TPU v5e a step "
+       "of 1,024-point spectra took 57.4% less time with two matmuls, and jnp.fft.rfft in place of fft saved nothing; "
+       "the table's n² outgrows an n log n transform for long ones",
        gain=(0.8, 0.9), measured="docs/reference/measurements.md#fft-lowered-to-matmuls",
        alternatives=("the same matmuls at the default precision (drop precision=HIGHEST) where the spectrum "
                      "tolerates bfloat16 rounding of the input: one pass instead of six (not timed)",),
