@@ -116,10 +116,12 @@ def test_jnp_searchsorted_default_method_names_its_table_trips_and_compare_all(c
 
 def test_an_ffts_highest_matmuls_on_a_tpu_are_not_the_programs_precision(chip):
     """jnp.fft.fft, which XLA:TPU runs as stages of float32 matmuls at precision HIGHEST: the precision finding names
-    only the matmul the program wrote with precision=HIGHEST (the mel filterbank's), not the FFT's line."""
+    only the matmul the program wrote with precision=HIGHEST (the mel filterbank's), not the FFT's line, and no
+    stage's table is read as a structured matrix standing in for a sum."""
     audio = chip("blind4_audio_tagging", "before-a")
     (precision,) = IDIOMS["precision_highest_matmul"].recognise(audio)
     assert precision.line.endswith("blind4_audio_tagging.py:71") and precision.stake_percent < 5, precision.what
+    assert not IDIOMS["structured_matmul"].recognise(audio)  # nor are the FFT's coefficient tables a lookup's
     (fft,) = IDIOMS["fft_lowered_to_matmuls"].recognise(audio)
     assert fft.line.endswith("blind4_audio_tagging.py:64") and fft.facts["points"] == 1024 and fft.stake_percent > 60
     assert "n = 1024; " in IDIOMS["fft_lowered_to_matmuls"].change_text(fft)

@@ -26,7 +26,7 @@ from xdiag.idioms.catalogue import Match, Variant, idiom
 from xdiag.idioms.hlo_graph import Graph, Site, elements, nbytes, opcode_name
 from xdiag.idioms.program import Program, calls_per_step_of
 from xdiag.profile.space import HloInstruction
-from xdiag.idioms.work_not_needed import matmul_flops, timed_stake, value_readers
+from xdiag.idioms.work_not_needed import FFT_LOWERING, matmul_flops, timed_stake, value_readers
 
 ROUTINES = re.compile(r"(?:^|[/(])(inv|solve|slogdet|det|cholesky|lu|qr|eigh|svd|triangular_solve|"
                       r"lu_pivots_to_permutation|cho_solve|lu_solve)(?=[)/]|$)")
@@ -541,10 +541,6 @@ def membership_all_pairs(program: Program) -> list[Match]:
                    "reduced_by": reducer}))
     return out
 
-
-FFT_LOWERING = re.compile(r"(?:^|/)(?:jit\()?(?:fft|rfft|irfft|ifft|fftn|rfftn|irfftn|ifftn|fft2|rfft2)(?=[)/]|$)")
-"""An op's framework path that names jnp.fft's functions or lax's fft primitive: XLA:TPU lowers the transform into
-float32 matmuls at precision HIGHEST (with copies between its stages), which the program did not write."""
 
 PRECISION_PASSES = {"TPU": 6.0, "GPU": 3.0}
 """How many times longer a float32 matmul takes at precision HIGHEST than at the default, by platform. XLA:TPU runs
