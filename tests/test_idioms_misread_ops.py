@@ -1,7 +1,7 @@
-"""Ops that are not what they look like (xdiag.idioms.op_identity): a grouped convolution whose window is thousands of
-taps long, jnp.searchsorted's default binary search as a loop of gathers, and an FFT that XLA:TPU runs as stages of
-HIGHEST-precision matmuls, which is no precision the program asked for. The CPU programs hold each idiom and its
-change; what only XLA:TPU writes (an FFT's matmuls) is read from the chip's committed captures."""
+"""Ops that are not what they look like (xdiag.idioms.op_identity): a grouped convolution whose window is hundreds or
+thousands of taps long, jnp.searchsorted's default binary search as a loop of gathers, and an FFT that XLA:TPU runs as
+stages of HIGHEST-precision matmuls, which is no precision the program asked for. The CPU programs hold each idiom
+and its change; what only XLA:TPU writes (an FFT's matmuls) is read from the chip's committed captures."""
 
 from __future__ import annotations
 
@@ -9,12 +9,10 @@ from pathlib import Path
 
 import pytest
 from xdiag.idioms import IDIOMS
-from xdiag.idioms.program import Program
-from xdiag.profile.reader import read_session_in_process
 
-from tests.fix_trial_captures import unpack_capture
 from tests.idiom_capture import capture_programs
 from tests.test_idioms_ops import line_of, matches
+from tests.test_idioms_tpu_captures import program  # noqa: F401  (a fixture: the chip's captures, read once)
 
 PROGRAMS = {
     # name -> (body that defines run(), the idiom it holds or None)
@@ -72,18 +70,6 @@ def captured(tmp_path_factory) -> dict[str, Path]:
     return capture_programs({name: body for name, (body, _) in PROGRAMS.items()}, tmp_path_factory.mktemp("misread"))
 
 
-@pytest.fixture(scope="module")
-def chip(tmp_path_factory):
-    """(program, label) -> its TPU v5e capture as the recognisers read it, read once."""
-    work, read = tmp_path_factory.mktemp("misread_chip"), {}
-
-    def load(name: str, label: str) -> Program:
-        if (name, label) not in read:
-            read[(name, label)] = Program(read_session_in_process([unpack_capture(name, label, work)]))
-        return read[(name, label)]
-    return load
-
-
 @pytest.mark.parametrize("name", sorted(PROGRAMS))
 def test_each_idiom_holds_where_the_program_has_it_and_only_there(name, captured):
     expected = PROGRAMS[name][1]
@@ -114,11 +100,11 @@ def test_jnp_searchsorted_default_method_names_its_table_trips_and_compare_all(c
     assert IDIOMS["searchsorted_binary_search"].platforms == ("TPU", "GPU")
 
 
-def test_an_ffts_highest_matmuls_on_a_tpu_are_not_the_programs_precision(chip):
+def test_an_ffts_highest_matmuls_on_a_tpu_are_not_the_programs_precision(program):
     """jnp.fft.fft, which XLA:TPU runs as stages of float32 matmuls at precision HIGHEST: the precision finding names
     only the matmul the program wrote with precision=HIGHEST (the mel filterbank's), not the FFT's line, and no
     stage's table is read as a structured matrix standing in for a sum."""
-    audio = chip("blind4_audio_tagging", "before-a")
+    audio = program("blind4_audio_tagging", "before-a")
     (precision,) = IDIOMS["precision_highest_matmul"].recognise(audio)
     assert precision.line.endswith("blind4_audio_tagging.py:71") and precision.stake_percent < 5, precision.what
     assert not IDIOMS["structured_matmul"].recognise(audio)  # nor are the FFT's coefficient tables a lookup's
@@ -127,5 +113,5 @@ def test_an_ffts_highest_matmuls_on_a_tpu_are_not_the_programs_precision(chip):
     assert "n = 1024; " in IDIOMS["fft_lowered_to_matmuls"].change_text(fft)
     assert IDIOMS["fft_lowered_to_matmuls"].platforms == ("TPU",)
     # the spectrum as two matmuls holds no FFT; a 4,096-point FFT (a long convolution's) is past the premise
-    assert not IDIOMS["fft_lowered_to_matmuls"].recognise(chip("blind4_audio_tagging", "dft"))
-    assert not IDIOMS["fft_lowered_to_matmuls"].recognise(chip("blind4_dna_longconv", "fixed"))
+    assert not IDIOMS["fft_lowered_to_matmuls"].recognise(program("blind4_audio_tagging", "dft"))
+    assert not IDIOMS["fft_lowered_to_matmuls"].recognise(program("blind4_dna_longconv", "fixed"))
