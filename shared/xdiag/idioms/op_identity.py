@@ -26,7 +26,7 @@ from xdiag.idioms.catalogue import Match, Variant, idiom
 from xdiag.idioms.hlo_graph import Graph, Site, elements, nbytes, opcode_name
 from xdiag.idioms.program import Program, calls_per_step_of
 from xdiag.profile.space import HloInstruction
-from xdiag.idioms.work_not_needed import matmul_flops, timed_stake, value_readers
+from xdiag.idioms.work_not_needed import FFT_LOWERING, matmul_flops, timed_stake, value_readers
 
 ROUTINES = re.compile(r"(?:^|[/(])(inv|solve|slogdet|det|cholesky|lu|qr|eigh|svd|triangular_solve|"
                       r"lu_pivots_to_permutation|cho_solve|lu_solve)(?=[)/]|$)")
@@ -557,6 +557,8 @@ def _highest_f32(graph, site) -> bool:
         return False
     if routines_of(ins.op_name) or LEAST_SQUARES.search(ins.op_name or ""):
         return False  # the precision JAX's linear-algebra routines choose for their own products
+    if FFT_LOWERING.search(ins.op_name or ""):
+        return False  # XLA:TPU's lowering of an FFT runs its matmuls at HIGHEST: no precision the program set
     operands = [graph.operand(site, k) for k in range(min(len(ins.operands), 2))]
     return any(o is not None and o.instruction.dtype == "f32" for o in operands)
 
@@ -1124,3 +1126,207 @@ def _busiest_line(program: Program, graph: Graph, module_key: str, sites: Iterab
         if line[0]:
             by_line[line] = by_line.get(line, 0.0) + program.op_ms.get((module_key, graph.timed_op(site)), 0.0)
     return max(by_line, key=by_line.get) if by_line else ("", "")
+
+
+LONG_WINDOW_MIN_TAPS = 256
+"""A convolution window this long or longer is one an FFT can do in far fewer operations (n·log n per channel
+against n·taps); the chip measured 2,048 taps, where the FFT took 0.7% of the direct convolution's time."""
+GROUPED_MAX_FEATURES = 16
+"""At most this many input features per group (1: depthwise): each output reads so few values per tap that the
+matrix unit has almost nothing to contract, and the taps run as multiply-adds on the vector units."""
+LONG_WINDOW_MIN_STAKE_PERCENT = 5.0
+
+
+def _long_grouped_window(graph: Graph, site: Site) -> tuple[int, int, int] | None:
+    """A convolution that slides a window of at least LONG_WINDOW_MIN_TAPS taps, each output reading at most
+    GROUPED_MAX_FEATURES input features per tap: (taps, input features per group, output channels); else None."""
+    ins = site.instruction
+    if ins.opcode != "convolution" or ins.conv_is_matrix_product or len(ins.conv_kernel_dims) < 2:
+        return None
+    kernel = graph.operand(site, 1)
+    if kernel is None or max(ins.conv_kernel_dims) >= len(kernel.instruction.dims):
+        return None
+    dims = kernel.instruction.dims
+    per_group = dims[ins.conv_kernel_dims[0]]
+    taps = elements(tuple(dims[d] for d in ins.conv_kernel_dims[1:]))
+    channels = elements(tuple(n for d, n in enumerate(dims) if d not in ins.conv_kernel_dims))
+    if taps < LONG_WINDOW_MIN_TAPS or per_group > GROUPED_MAX_FEATURES or channels <= per_group:
+        return None
+    return taps, per_group, channels
+
+
+@idiom("long_window_convolution", "op_identity",
+       "A grouped convolution slides a long window: every tap a multiply-add per output",
+       "convolve by FFT at {line}: with n the signal's length and L >= n + {taps} - 1 (a power of two), y = "
+       "jnp.fft.irfft(jnp.fft.rfft(x, n=L, axis=-1) * jnp.fft.rfft(h, n=L, axis=-1), n=L, axis=-1)[..., :n] along "
+       "the time axis, h each channel's filter (jax.lax.conv_general_dilated correlates: h is its kernel reversed "
+       "along the window), instead of the convolution with feature_group_count",
+       "a grouped (depthwise) convolution with a window of k taps does channels × length × k multiply-adds, each "
+       "output reading only a few input features per tap, which the matrix unit cannot batch into a matmul; by FFT "
+       "each channel's filter is two real FFTs, a product and an inverse, O(n log n) instead of O(n·k). The premise "
+       "is a long window: on a TPU v5e the FFT took 0.7% of the direct convolution's time at 2,048 taps; windows of "
+       "a few dozen taps were not timed (direct is likely faster there: a premise)",
+       gain=(0.9, 1.0), measured="docs/reference/measurements.md#long-window-convolution",
+       alternatives=("jax.scipy.signal.fftconvolve(x, h, mode=\"full\", axes=(-1,))[..., :n] at the same line (on a "
+                     "TPU v5e 94% shorter where the rfft product was 99%: it pads to n + k - 1, no power of two)",))
+def long_window_convolution(program: Program) -> list[Match]:
+    """Convolutions whose windows are long and whose groups are narrow (depthwise), summed per program."""
+    out = []
+    for graph in program.graphs:
+        module_key = program.module_key(graph.module)
+        found = [(site, shape) for site in graph.sites() if (shape := _long_grouped_window(graph, site)) is not None]
+        if not found:
+            continue
+        ops, stake = timed_stake(program, graph, [site for site, _ in found])
+        if stake < LONG_WINDOW_MIN_STAKE_PERCENT:
+            continue
+        example, (taps, per_group, channels) = max(found, key=lambda f: program.op_ms.get(
+            (module_key, graph.timed_op(f[0])), 0.0))
+        macs = elements(example.instruction.dims) * per_group * taps
+        line, function = _busiest_line(program, graph, module_key, [site for site, _ in found])
+        if not line:  # XLA:CPU keeps no metadata on the convolution it rewrites: the op reading it names the line
+            line, function = _busiest_line(program, graph, module_key, [
+                Site(site.computation, user) for site, _ in found
+                for user in site.computation.users.get(site.instruction.name, [])])
+        out.append(Match(
+            "long_window_convolution", stake,
+            f"{len(found)} convolution{'s' if len(found) > 1 else ''} with a window of {taps:,} taps over "
+            f"{channels:,} channels, {per_group} input feature{'s' if per_group > 1 else ''} per group (such as "
+            f"{graph.computes(example).replace('a matmul of', 'a convolution of', 1)}): {macs:.3g} multiply-adds a "
+            "run" + (f", at {line}" if line else "") + f": {stake:g}% of the step",
+            module=module_key, ops=ops[:16], line=line, function=function,
+            params={"taps": taps},
+            facts={"taps": taps, "features_per_group": per_group, "channels": channels, "multiply_adds_per_run": macs}))
+    return out
+
+
+SEARCHSORTED_SCAN = "_searchsorted_scan_impl"
+"""The function of jnp.searchsorted's default method ("scan"), which its ops' framework paths name: a binary search
+as a while loop of dependent gathers."""
+COMPARE_ALL_MAX_TABLE = 1024
+"""Up to this many sorted entries method="compare_all" (each query compared with every entry, one vectorised pass)
+is the change; the chip measured 255 (38.3 ms against 372.7); past it the compares grow with the table, and
+method="sort" (the queries co-sorted with the table, 103.1 ms there) is named instead."""
+SEARCHSORTED_MIN_STAKE_PERCENT = 5.0
+
+
+@idiom("searchsorted_binary_search", "op_identity",
+       "jnp.searchsorted's default binary search runs as a loop of dependent gathers",
+       "{change}",
+       "jnp.searchsorted's default method (\"scan\") is a binary search written as a while loop of log2(n) trips, "
+       "each a gather from the sorted table that waits for the previous one; on an accelerator gathers from scattered "
+       "addresses are slow and the trips run in series. method=\"compare_all\" compares each query with every entry "
+       "in one vectorised op (n compares a query: the premise is a short table); method=\"sort\" co-sorts the "
+       "queries with the table",
+       gain=(0.9, 1.0), measured="docs/reference/measurements.md#searchsorted-binary-search",
+       platforms=("TPU", "GPU"),
+       variants=(Variant((("short_table", (False,)),),
+                         "search with method=\"sort\" at {line}: jnp.searchsorted(table, x, side=..., method="
+                         "\"sort\") co-sorts the {queries:,} queries with the {table:,} entries in one sort, instead "
+                         "of the default method's {trips} trips of dependent gathers (compare_all would compare each "
+                         "query with every entry)"),))
+def searchsorted_binary_search(program: Program) -> list[Match]:
+    """The while loops jnp.searchsorted's scan method makes, with what their trips gather from, per program."""
+    out = []
+    for graph in program.graphs:
+        module_key = program.module_key(graph.module)
+        loops = [site for site in graph.sites() if site.instruction.opcode == "while"
+                 and SEARCHSORTED_SCAN in site.instruction.op_name]
+        if not loops:
+            continue
+        ms, ops = 0.0, []
+        for loop in loops:
+            loop_ms, loop_ops = _loop_time_ms(program, graph, loop)
+            ms, ops = ms + loop_ms, ops + loop_ops
+        stake = program.step_percent(ms)
+        if stake < SEARCHSORTED_MIN_STAKE_PERCENT:
+            continue
+        inside = {name for loop in loops for name in loop.instruction.called}
+        gathers = [site for site in graph.sites() if site.instruction.opcode == "gather" and (
+            site.computation.name in inside or graph.loop_of(site.computation) in [lp.instruction for lp in loops])]
+        tables = [graph.origin(graph.operand(site, 0)) or graph.operand(site, 0) for site in gathers]
+        table = max((t.instruction.dims[-1] for t in tables if t is not None and t.instruction.dims), default=0)
+        queries = max((elements(site.instruction.dims) for site in gathers), default=0)
+        trips = max(loop.instruction.trip_count for loop in loops)
+        line, function = _busiest_line(program, graph, module_key, loops)
+        at = line or "the line that calls it"
+        change = (f"search with method=\"compare_all\" at {at}: jnp.searchsorted(table, x, side=..., method="
+                  f"\"compare_all\") compares each of the {queries:,} queries with all {table:,} entries of the "
+                  "sorted table in one vectorised op, instead of the default method's "
+                  f"{trips or 'log2(n)'} trips of dependent gathers (for tables past {COMPARE_ALL_MAX_TABLE:,} "
+                  "entries, method=\"sort\")")
+        out.append(Match(
+            "searchsorted_binary_search", stake,
+            f"jnp.searchsorted's default method: {len(loops)} while loop{'s' if len(loops) > 1 else ''} of "
+            f"{trips:,} trips, each gathering {queries:,} entries from a sorted table of {table:,}"
+            + (f" at {line}" if line else "") + f": {stake:g}% of the step",
+            module=module_key, ops=ops[:16], line=line, function=function,
+            params={"change": change, "short_table": 0 < table <= COMPARE_ALL_MAX_TABLE, "table": table,
+                    "queries": queries, "trips": trips},
+            facts={"table_entries": table, "queries": queries, "trips": trips}))
+    return out
+
+
+FFT_MIN_STAKE_PERCENT = 10.0
+FFT_MATMUL_MAX_POINTS = 1024
+"""Transforms up to this many points are taken as matmuls with tables: the chip measured 1,024 (57.4% shorter); a
+table's n² coefficients outgrow an n log n transform for longer ones, untimed."""
+
+
+def _fft_points(graph: Graph, matmuls: list[Site]) -> int:
+    """The transform's length from XLA:TPU's lowering: it runs an n-point FFT as stages of square matmuls (f × f
+    tables), one per factor of n laid along the input's minor dimensions (1,024 as 128 × 8)."""
+    factors = {k.instruction.dims[0] for site in matmuls if (k := graph.operand(site, 1)) is not None
+               and len(k.instruction.dims) >= 2 and k.instruction.dims[0] == k.instruction.dims[1]}
+    points = 0
+    for site in matmuls:
+        lhs = graph.operand(site, 0)
+        dims = lhs.instruction.dims if lhs is not None else ()
+        minor = [d for d in dims[-2:] if d in factors] if len(dims) >= 3 else list(dims[-1:])
+        points = max(points, elements(tuple(minor)) if minor else 0)
+    return points
+
+
+@idiom("fft_lowered_to_matmuls", "op_identity",
+       "An FFT runs as XLA:TPU's chain of small HIGHEST-precision matmuls and relayouts",
+       "take the spectrum at {line} as two matmuls with cosine and sine tables of its {points:,} points, made once "
+       "with NumPy: n = {points}; k = np.arange(n)[:, None] * np.arange(n // 2 + 1)[None, :] % n; cos_t = "
+       "np.cos(2 * np.pi * k / n).astype(np.float32); sin_t = -np.sin(2 * np.pi * k / n).astype(np.float32); re = "
+       "jnp.matmul(x, cos_t, precision=jax.lax.Precision.HIGHEST); im = jnp.matmul(x, sin_t, "
+       "precision=jax.lax.Precision.HIGHEST) "
+       "(the real and imaginary parts of jnp.fft.rfft(x, axis=-1)), instead of the jnp.fft call",
+       "XLA:TPU lowers a transform into stages of small matmuls (a few to 128 wide) at precision HIGHEST with "
+       "relayout copies between them; one dense matmul with a table of n × (n/2 + 1) coefficients does more "
+       "multiply-adds but runs as one wide pass. The premise is a short transform of real input: on a TPU v5e a step "
+       "of 1,024-point spectra took 57.4% less time with two matmuls, and jnp.fft.rfft in place of fft saved nothing; "
+       "the table's n² outgrows an n log n transform for long ones",
+       gain=(0.8, 0.9), measured="docs/reference/measurements.md#fft-lowered-to-matmuls",
+       alternatives=("the same matmuls at the default precision (drop precision=HIGHEST) where the spectrum "
+                     "tolerates bfloat16 rounding of the input: one pass instead of six (not timed)",),
+       platforms=("TPU",))
+def fft_lowered_to_matmuls(program: Program) -> list[Match]:
+    """The timed ops of jnp.fft's lowering (matmuls and the copies between them), per program."""
+    out = []
+    for graph in program.graphs:
+        module_key = program.module_key(graph.module)
+        sites = [site for site in graph.sites() if FFT_LOWERING.search(site.instruction.op_name or "")]
+        matmuls = [site for site in sites if site.instruction.opcode in ("dot", "convolution")]
+        if not matmuls:
+            continue
+        ops, stake = timed_stake(program, graph, sites)
+        if stake < FFT_MIN_STAKE_PERCENT:
+            continue
+        points = _fft_points(graph, matmuls)
+        if not 0 < points <= FFT_MATMUL_MAX_POINTS:
+            continue
+        matmul_ops = {graph.timed_op(site) for site in matmuls}
+        example = max(matmuls, key=lambda s: program.op_ms.get((module_key, graph.timed_op(s)), 0.0))
+        line, function = _busiest_line(program, graph, module_key, sites)
+        out.append(Match(
+            "fft_lowered_to_matmuls", stake,
+            f"a {points:,}-point FFT lowered to {len(matmul_ops)} matmul ops (such as {graph.computes(example)}) and "
+            f"{len(ops) - len(matmul_ops)} other ops, copies between its stages among them"
+            + (f", at {line}" if line else "") + f": {stake:g}% of the step",
+            module=module_key, ops=ops[:16], line=line, function=function, params={"points": points},
+            facts={"points": points, "matmul_ops": len(matmul_ops), "other_ops": len(ops) - len(matmul_ops)}))
+    return out

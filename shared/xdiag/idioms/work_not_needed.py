@@ -48,6 +48,9 @@ from xdiag.idioms.program import Program, calls_per_step_of
 
 MIN_STAKE_PERCENT = 1.0
 """A match staking less of the step than this is noise."""
+FFT_LOWERING = re.compile(r"(?:^|/)(?:jit\()?(?:fft|rfft|irfft|ifft|fftn|rfftn|irfftn|ifftn|fft2|rfft2)(?=[)/]|$)")
+"""An op's framework path that names jnp.fft's functions or lax's fft primitive: XLA:TPU lowers the transform into
+float32 matmuls at precision HIGHEST (with copies between its stages), which the program did not write."""
 LOOKUP_CHANGE = {
     "one_hot": "replace the one-hot matmul at {line} with a row lookup: table[ids] (jnp.take(table, ids, axis=0)) "
                "instead of jax.nn.one_hot(ids, {values}) @ table; its gradient is then a scatter-add of {rows} rows "
@@ -85,6 +88,8 @@ def structured_matmul(program: Program) -> list[Match]:
     found: dict[tuple[str, str, str], Match] = {}
     for graph in program.graphs:
         for site in _matmul_sites(graph):
+            if FFT_LOWERING.search(site.instruction.op_name or ""):
+                continue  # an FFT's stages: their coefficient tables are no matrix the program wrote
             for position in (0, 1):
                 operand = graph.operand(site, position)
                 kind = graph.mask_kind(operand)
