@@ -45,7 +45,7 @@ from xdiag.analysis.host_vocabulary import (
 )
 from xdiag.analysis.intervals import PS_PER_MS, covered, outermost
 from xdiag.analysis.op_table import module_spans
-from xdiag.analysis.source_lines import python_frame, short_path
+from xdiag.analysis.source_lines import is_library, python_frame, short_path
 from xdiag.analysis.xprof.common import natural_order
 from xdiag.idioms.catalogue import Match, idiom
 from xdiag.idioms.hlo_graph import DTYPE_BYTES, elements, nbytes
@@ -106,14 +106,18 @@ def _entry_shapes(module: HloModule | None) -> list[str]:
        "{change}",
        "each call from Python pays a dispatch, and each value read back stops the host until the device is done, so "
        "the device idles between calls; one compiled loop runs the same work back to back",
-       gain=(0.7, 1.0))
+       gain=(0.7, 1.0), measured="docs/reference/measurements.md#python-loop-of-calls")
 def python_loop_of_calls(program: Program) -> list[Match]:
     step = program.step
     idle = float(step.get("device_idle_percent") or 0.0)
     calls = [(k, n) for k, n in calls_per_step_of(program) if k.split("(")[0] not in SETUP_OPS]
     if not calls or idle < MIN_IDLE_PERCENT:
         return []
-    key, per_step = calls[0]
+    # The looped program, not a one-op program run as often beside it (an eager `x.sum()` of its output per trip)
+    key, per_step = next((c for c in calls if c[1] >= 0.9 * calls[0][1] and not _single_op(_module(program, c[0]))),
+                         calls[0])
+    # Each trip's eager one-op programs (a reduction of its output read back) are dispatches of the loop's trips too
+    beside = sum(n for k, n in calls if k != key and 0.5 <= n <= 1.5 * per_step and _single_op(_module(program, k)))
     dispatches = float(step.get("dispatches_per_step_mean") or 0.0)
     syncs = float(step.get("syncs_per_step_mean") or 0.0)
     launch = float(step.get("dispatch_percent") or 0.0) + float(step.get("host_sync_percent") or 0.0)
@@ -125,7 +129,7 @@ def python_loop_of_calls(program: Program) -> list[Match]:
     one_row = any(re.fullmatch(r"[a-z0-9]+\[1,\d+(,\d+)*\]", s) for s in shapes)  # a request of one row
     # Without step marks each call is read as a step of its own. A training loop's step is one call too: what marks
     # a loop of calls is a call whose device work is shorter than what its launch and wait cost, or one row a call.
-    one_call_steps = dispatches <= 1.5 and per_step <= 1.5 and launch >= MIN_IDLE_PERCENT and \
+    one_call_steps = dispatches <= 1.5 + beside and per_step <= 1.5 and launch >= MIN_IDLE_PERCENT and \
         float(step.get("steps") or 0) >= 2 * MIN_CALLS_PER_STEP and (device_us <= TINY_CALL_US or one_row)
     if not one_call_steps and (per_step < MIN_CALLS_PER_STEP or dispatches < MIN_CALLS_PER_STEP):
         return []
@@ -137,7 +141,17 @@ def python_loop_of_calls(program: Program) -> list[Match]:
     reads_text = "one blocking read" if syncs == 1 else f"{syncs:.3g} blocking reads"
     counted = (f"{per_step:.3g} calls and {syncs:.3g} reads of a value per step" if not one_call_steps else
                f"{float(step.get('steps') or 0):.0f} calls in the capture, each read as a step")
-    if one_row:
+    stacked = _stacked_outputs(program, module) if one_call_steps else None
+    if stacked is not None:
+        count, shape = stacked
+        line, function = _call_line(module, name.removeprefix("jit_")) or (line, function)
+        change = (f"write the Python loop that calls {name} at {line} ({counted}) as one jax.lax.scan inside a "
+                  f"jitted function: (carry, _), outs = jax.lax.scan(body, carry, None, length=n), body calling "
+                  f"{name.removeprefix('jit_')} once and returning its per-trip outputs, which the scan stacks (the "
+                  f"loop stacks them itself after it: jnp.stack of {count} {shape})"
+                  + ("; the value read back every trip (an int() or float() of a reduction, for a log) summed in the "
+                     "carry or over the stacked outputs and read once, after the scan" if reads else ""))
+    elif one_row:
         change = (f"make one call of {name} on the whole batch instead of one call per row: stack the inputs "
                   f"(jnp.stack) and call jax.vmap({function or name.removeprefix('jit_')}) on them, or write "
                   f"{function or 'the function'} for a batch")
@@ -169,6 +183,33 @@ def python_loop_of_calls(program: Program) -> list[Match]:
         params={"change": change, "calls": round(per_step, 1)},
         facts={"calls_per_step": round(per_step, 1), "dispatches_per_step": dispatches, "syncs_per_step": syncs,
                "device_idle_percent": idle})]
+
+
+def _stacked_outputs(program: Program, looped: HloModule | None) -> tuple[int, str] | None:
+    """(trips, per-trip shape) where a program stacks at least MIN_CALLS_PER_STEP arrays of one shape that the looped
+    program returns (jnp.stack of the loop's per-trip outputs, run eagerly after it): the loop is a scan's."""
+    if looped is None:
+        return None
+    entry = looped.computations.get(looped.entry)
+    returned = entry.instructions[-1].shape_text if entry is not None and entry.instructions else ""
+    for module in program.session.hlo_modules:
+        shapes = _entry_shapes(module)
+        if module is not looped and module.name == "jit_stack" and len(shapes) >= MIN_CALLS_PER_STEP and \
+                len(set(shapes)) == 1 and re.search(re.escape(shapes[0]) + r"[{,)]", returned):
+            return len(shapes), shapes[0]
+    return None
+
+
+def _call_line(module: HloModule | None, function: str) -> tuple[str, str] | None:
+    """The user's line ("file:line") that calls the jitted `function`, and its function: the frame the program's
+    Python stacks hold just outside it; None where they hold none."""
+    for path, number, name, parent in (module.stack_frames if module is not None else ()):
+        if name.rsplit(".", 1)[-1] != function or not 0 < parent <= len(module.stack_frames):
+            continue
+        caller = module.stack_frames[parent - 1]
+        if caller[2].rsplit(".", 1)[-1] != function and not is_library(caller[0]):
+            return f"{short_path(caller[0])}:{caller[1]}", caller[2]
+    return None
 
 
 def _eager(program: Program, calls: list[tuple[str, float]]) -> list[tuple[str, float]]:
