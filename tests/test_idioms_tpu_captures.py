@@ -266,3 +266,14 @@ def test_a_step_that_casts_its_float32_weights_stakes_the_whole_tree_and_the_con
     change = idiom.change_text(match, {"platform": "TPU"})
     assert "params = jax.tree.map(lambda w: w.astype(jnp.bfloat16)" in change and "20 arrays" in change
     assert not matches(program("blind4_decode_policy", "fixed"), "float32_operand_rounded_by_matmul")
+
+
+def test_a_large_mask_shipped_every_call_and_only_added_to_the_scores_is_built_from_its_ids_instead(program):
+    """A batcher's 128 MiB float32 attention bias is passed from NumPy on every call and only added to each layer's
+    scores (broadcast over the heads); integer ids of its leading shape are shipped with it: the change builds it in
+    the jitted function from them, staked by the device's wait for the bias's bytes. Built there, nothing is found."""
+    (match,) = matches(program("blind4_packed_encoder", "before-a"), "mask_uploaded_each_step")
+    assert match.facts["mask_shape"] == "f32[32,1024,1024]" and match.facts["made_of"][0] == "s32[32,1024]"
+    assert 30 < match.stake_percent < 33 and "4 elementwise ops (add) making f32[32,8,1024,1024]" in match.what
+    assert "build it inside the jitted function" in match.params["change"]
+    assert not matches(program("blind4_packed_encoder", "fixed"), "mask_uploaded_each_step")
