@@ -238,3 +238,42 @@ def test_an_argument_is_named_by_its_pytree_path_not_by_its_hlo_parameter(progra
     assert "params['layers'][7]['qkv']" in match.params["arguments"] and "__" not in match.params["arguments"]
     change = IDIOMS[match.idiom].change_text(match, {"platform": "TPU"})
     assert "params = jax.tree.map(lambda w: w.astype(jnp.bfloat16) if w.dtype == jnp.float32 else w, params)" in change
+
+
+def test_a_loop_of_calls_marked_one_call_a_step_with_an_eager_read_each_trip_is_changed_to_a_scan(program):
+    """A rollout's Python loop: each trip calls the jitted step and reads `int(done.sum())` back (an eager one-op
+    program of its output and a sync), the capture marks each call a step, and the trips' outputs are stacked after
+    the loop: one jax.lax.scan, at the line that calls the step; the scan's capture is no loop of calls."""
+    (match,) = matches(program("blind4_ppo_rollout", "before-a"), "python_loop_of_calls")
+    assert match.module == "jit_transition" and match.stake_percent > 95
+    assert match.line == "programs/blind4_ppo_rollout.py:115"
+    change = match.params["change"]
+    assert "jax.lax.scan" in change and "jnp.stack of 64 " in change and "read once, after the scan" in change
+    assert not matches(program("blind4_ppo_rollout", "fixed"), "python_loop_of_calls")
+
+
+def test_a_step_that_casts_its_float32_weights_stakes_the_whole_tree_and_the_convert_of_its_own(program):
+    """A decode step casts its float32 parameters to bfloat16 itself (jax.tree.map at its top): XLA:TPU fuses most
+    casts into the matmuls, two of which often share one op (an MLP's up and down, each half its bytes), and converts
+    the embedding in an op of its own; the stake counts every such matmul and that convert, and the change casts the
+    whole tree once."""
+    idiom = IDIOMS["float32_operand_rounded_by_matmul"]
+    (match,) = matches(program("blind4_decode_policy", "before-a"), "float32_operand_rounded_by_matmul")
+    assert match.facts["matmuls"] >= 11 and match.facts["converts"] == 1 and match.facts["arguments"] >= 20
+    assert "converts params['embed'] to bfloat16 itself" in match.what
+    low, high = idiom.predicted_percent(match)
+    assert 33.9 / 1.5 < (low + high) / 2 < 33.9 * 1.5  # the chip: 33.9% shorter steps, the tree cast once at load
+    change = idiom.change_text(match, {"platform": "TPU"})
+    assert "params = jax.tree.map(lambda w: w.astype(jnp.bfloat16)" in change and "20 arrays" in change
+    assert not matches(program("blind4_decode_policy", "fixed"), "float32_operand_rounded_by_matmul")
+
+
+def test_a_large_mask_shipped_every_call_and_only_added_to_the_scores_is_built_from_its_ids_instead(program):
+    """A batcher's 128 MiB float32 attention bias is passed from NumPy on every call and only added to each layer's
+    scores (broadcast over the heads); integer ids of its leading shape are shipped with it: the change builds it in
+    the jitted function from them, staked by the device's wait for the bias's bytes. Built there, nothing is found."""
+    (match,) = matches(program("blind4_packed_encoder", "before-a"), "mask_uploaded_each_step")
+    assert match.facts["mask_shape"] == "f32[32,1024,1024]" and match.facts["made_of"][0] == "s32[32,1024]"
+    assert 30 < match.stake_percent < 33 and "4 elementwise ops (add) making f32[32,8,1024,1024]" in match.what
+    assert "build it inside the jitted function" in match.params["change"]
+    assert not matches(program("blind4_packed_encoder", "fixed"), "mask_uploaded_each_step")

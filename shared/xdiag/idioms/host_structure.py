@@ -20,6 +20,9 @@
   a sort for the top k), where the device could reduce it and return the small result.
 - weights_uploaded_each_step: the weights a step's matmuls multiply by are passed as host (NumPy) arrays and copied
   to the device on every call.
+- mask_uploaded_each_step: a large mask or additive bias is passed as a host array on every call and used only
+  element by element against a larger array (attention scores), where the jitted function could build it from the
+  ids it is made of.
 - boolean_mask_in_loop: a Python loop indexes an array with a boolean mask on every trip, so each trip reads the
   mask back to the host, uploads its indices and dispatches its ops one by one; jax.jit refuses the index.
 
@@ -45,10 +48,10 @@ from xdiag.analysis.host_vocabulary import (
 )
 from xdiag.analysis.intervals import PS_PER_MS, covered, outermost
 from xdiag.analysis.op_table import module_spans
-from xdiag.analysis.source_lines import python_frame, short_path
+from xdiag.analysis.source_lines import is_library, python_frame, short_path
 from xdiag.analysis.xprof.common import natural_order
 from xdiag.idioms.catalogue import Match, idiom
-from xdiag.idioms.hlo_graph import DTYPE_BYTES, elements, nbytes
+from xdiag.idioms.hlo_graph import DTYPE_BYTES, Site, elements, nbytes, opcode_name
 from xdiag.idioms.program import HostEvents, Program, calls_per_step_of
 from xdiag.profile.space import HloInstruction, HloModule
 
@@ -106,14 +109,18 @@ def _entry_shapes(module: HloModule | None) -> list[str]:
        "{change}",
        "each call from Python pays a dispatch, and each value read back stops the host until the device is done, so "
        "the device idles between calls; one compiled loop runs the same work back to back",
-       gain=(0.7, 1.0))
+       gain=(0.7, 1.0), measured="docs/reference/measurements.md#python-loop-of-calls")
 def python_loop_of_calls(program: Program) -> list[Match]:
     step = program.step
     idle = float(step.get("device_idle_percent") or 0.0)
     calls = [(k, n) for k, n in calls_per_step_of(program) if k.split("(")[0] not in SETUP_OPS]
     if not calls or idle < MIN_IDLE_PERCENT:
         return []
-    key, per_step = calls[0]
+    # The looped program, not a one-op program run as often beside it (an eager `x.sum()` of its output per trip)
+    key, per_step = next((c for c in calls if c[1] >= 0.9 * calls[0][1] and not _single_op(_module(program, c[0]))),
+                         calls[0])
+    # Each trip's eager one-op programs (a reduction of its output read back) are dispatches of the loop's trips too
+    beside = sum(n for k, n in calls if k != key and 0.5 <= n <= 1.5 * per_step and _single_op(_module(program, k)))
     dispatches = float(step.get("dispatches_per_step_mean") or 0.0)
     syncs = float(step.get("syncs_per_step_mean") or 0.0)
     launch = float(step.get("dispatch_percent") or 0.0) + float(step.get("host_sync_percent") or 0.0)
@@ -125,7 +132,7 @@ def python_loop_of_calls(program: Program) -> list[Match]:
     one_row = any(re.fullmatch(r"[a-z0-9]+\[1,\d+(,\d+)*\]", s) for s in shapes)  # a request of one row
     # Without step marks each call is read as a step of its own. A training loop's step is one call too: what marks
     # a loop of calls is a call whose device work is shorter than what its launch and wait cost, or one row a call.
-    one_call_steps = dispatches <= 1.5 and per_step <= 1.5 and launch >= MIN_IDLE_PERCENT and \
+    one_call_steps = dispatches <= 1.5 + beside and per_step <= 1.5 and launch >= MIN_IDLE_PERCENT and \
         float(step.get("steps") or 0) >= 2 * MIN_CALLS_PER_STEP and (device_us <= TINY_CALL_US or one_row)
     if not one_call_steps and (per_step < MIN_CALLS_PER_STEP or dispatches < MIN_CALLS_PER_STEP):
         return []
@@ -137,7 +144,17 @@ def python_loop_of_calls(program: Program) -> list[Match]:
     reads_text = "one blocking read" if syncs == 1 else f"{syncs:.3g} blocking reads"
     counted = (f"{per_step:.3g} calls and {syncs:.3g} reads of a value per step" if not one_call_steps else
                f"{float(step.get('steps') or 0):.0f} calls in the capture, each read as a step")
-    if one_row:
+    stacked = _stacked_outputs(program, module) if one_call_steps else None
+    if stacked is not None:
+        count, shape = stacked
+        line, function = _call_line(module, name.removeprefix("jit_")) or (line, function)
+        change = (f"write the Python loop that calls {name} at {line} ({counted}) as one jax.lax.scan inside a "
+                  f"jitted function: (carry, _), outs = jax.lax.scan(body, carry, None, length=n), body calling "
+                  f"{name.removeprefix('jit_')} once and returning its per-trip outputs, which the scan stacks (the "
+                  f"loop stacks them itself after it: jnp.stack of {count} {shape})"
+                  + ("; the value read back every trip (an int() or float() of a reduction, for a log) summed in the "
+                     "carry or over the stacked outputs and read once, after the scan" if reads else ""))
+    elif one_row:
         change = (f"make one call of {name} on the whole batch instead of one call per row: stack the inputs "
                   f"(jnp.stack) and call jax.vmap({function or name.removeprefix('jit_')}) on them, or write "
                   f"{function or 'the function'} for a batch")
@@ -169,6 +186,33 @@ def python_loop_of_calls(program: Program) -> list[Match]:
         params={"change": change, "calls": round(per_step, 1)},
         facts={"calls_per_step": round(per_step, 1), "dispatches_per_step": dispatches, "syncs_per_step": syncs,
                "device_idle_percent": idle})]
+
+
+def _stacked_outputs(program: Program, looped: HloModule | None) -> tuple[int, str] | None:
+    """(trips, per-trip shape) where a program stacks at least MIN_CALLS_PER_STEP arrays of one shape that the looped
+    program returns (jnp.stack of the loop's per-trip outputs, run eagerly after it): the loop is a scan's."""
+    if looped is None:
+        return None
+    entry = looped.computations.get(looped.entry)
+    returned = entry.instructions[-1].shape_text if entry is not None and entry.instructions else ""
+    for module in program.session.hlo_modules:
+        shapes = _entry_shapes(module)
+        if module is not looped and module.name == "jit_stack" and len(shapes) >= MIN_CALLS_PER_STEP and \
+                len(set(shapes)) == 1 and re.search(re.escape(shapes[0]) + r"[{,)]", returned):
+            return len(shapes), shapes[0]
+    return None
+
+
+def _call_line(module: HloModule | None, function: str) -> tuple[str, str] | None:
+    """The user's line ("file:line") that calls the jitted `function`, and its function: the frame the program's
+    Python stacks hold just outside it; None where they hold none."""
+    for path, number, name, parent in (module.stack_frames if module is not None else ()):
+        if name.rsplit(".", 1)[-1] != function or not 0 < parent <= len(module.stack_frames):
+            continue
+        caller = module.stack_frames[parent - 1]
+        if caller[2].rsplit(".", 1)[-1] != function and not is_library(caller[0]):
+            return f"{short_path(caller[0])}:{caller[1]}", caller[2]
+    return None
 
 
 def _eager(program: Program, calls: list[tuple[str, float]]) -> list[tuple[str, float]]:
@@ -1144,16 +1188,8 @@ def weights_uploaded_each_step(program: Program) -> list[Match]:
     weight_bytes = sum(nbytes(w) for w in weights.values())
     if not weights or weight_bytes < MIN_UPLOADED_WEIGHT_BYTES:
         return []
-    calls_of = _program_calls(program, module)
-    shipped = program.host_events(SHIPPED_EVENT)
-    shipped = shipped.take(np.flatnonzero(_within_any(shipped, calls_of)))
-    shipped_bytes = 0
+    calls_of, shipped, counts, shipped_bytes = _shipped_in_calls(program, module)
     if len(shipped):  # the runtime names each copy's type and shape: the weights' own shapes shipped on every call
-        counts: dict[str, int] = {}
-        for name in shipped.names.astype(str):
-            found = SHIPPED_EVENT.search(name)
-            counts[f"{found['dtype']}[{found['shape']}]"] = counts.get(f"{found['dtype']}[{found['shape']}]", 0) + 1
-            shipped_bytes += _shipped_bytes(found)
         needed: dict[str, int] = {}
         for w in weights.values():
             needed[w.shape_text.split("{")[0]] = needed.get(w.shape_text.split("{")[0], 0) + 1
@@ -1206,6 +1242,129 @@ def weights_uploaded_each_step(program: Program) -> list[Match]:
                   if wait is not None else {})})]
 
 
+def _shipped_in_calls(program: Program, module: HloModule) -> tuple[HostEvents, HostEvents, dict[str, int], int]:
+    """The module's jitted calls, the host-buffer copies the runtime makes inside them (named with their type and
+    shape; none on a CPU), how many of each type and shape, and their bytes."""
+    calls_of = _program_calls(program, module)
+    shipped = program.host_events(SHIPPED_EVENT)
+    shipped = shipped.take(np.flatnonzero(_within_any(shipped, calls_of)))
+    counts: dict[str, int] = {}
+    total = 0
+    for name in shipped.names.astype(str):
+        found = SHIPPED_EVENT.search(name)
+        counts[f"{found['dtype']}[{found['shape']}]"] = counts.get(f"{found['dtype']}[{found['shape']}]", 0) + 1
+        total += _shipped_bytes(found)
+    return calls_of, shipped, counts, total
+
+
+MIN_UPLOADED_MASK_BYTES = 16 << 20
+"""A mask shipped per call at least this large: its copy, not its launch, is what the call waits for."""
+MASK_USES = frozenset({"add", "subtract", "multiply", "select", "maximum", "minimum", "compare", "and", "or", "not"})
+"""What reads a mask or an additive bias: one element of it per element of the array it masks."""
+
+
+def _mask_argument(graph, parameter: HloInstruction) -> tuple[list[Site], str] | None:
+    """The ops that read an argument, where each uses it only element by element against a larger array (a mask or
+    an additive bias broadcast over it): (those ops, the largest array they make); None where anything else reads
+    it (a matmul, a gather, a reduction: it is data, not a mask)."""
+    entry = graph.module.computations[graph.module.entry]
+    uses = list(graph.users(Site(entry, parameter)))
+    if not uses or any(u.instruction.opcode not in MASK_USES for u in uses):
+        return None
+    widest = max(uses, key=lambda u: elements(u.instruction.dims))
+    if elements(widest.instruction.dims) <= elements(parameter.dims):
+        return None
+    return uses, widest.instruction.shape_text.split("{")[0]
+
+
+@idiom("mask_uploaded_each_step", "host_structure",
+       "A large mask is copied from the host to the device on every step",
+       "{change}",
+       "a jitted call given a NumPy array copies it to the device before the program can start, on every call: a "
+       "mask or bias of one value per pair of positions is the square of what it is made from, and built inside the "
+       "jitted function it is a few fused compares that never cross the host link",
+       gain=(0.5, 0.75), measured="docs/reference/measurements.md#mask-uploaded-each-step",
+       alternatives=("where the mask must come from the host, pass it as bool (jnp.where(mask, 0.0, -1e9) inside "
+                     "the jitted function makes the bias): a quarter of a float32 mask's bytes; its premise that the "
+                     "copy, not the device's work, is what the call waits for",
+                     "where the mask is the same on every step, put it on the device once, before the loop "
+                     "(jax.device_put(mask)), and pass that array"),
+       platforms=("TPU", "GPU"))
+def mask_uploaded_each_step(program: Program) -> list[Match]:
+    """The step's program takes a large argument from a host array on every call and uses it only element by element
+    against a larger array (an attention mask or bias broadcast over heads), where it could be built on the device
+    from what it is made of."""
+    calls = [(k, n) for k, n in calls_per_step_of(program) if k.split("(")[0] not in SETUP_OPS]
+    module = _module(program, calls[0][0]) if calls else None
+    if module is None:
+        return []
+    calls_of, shipped, counts, shipped_bytes = _shipped_in_calls(program, module)
+    if not len(calls_of) or not shipped_bytes:
+        return []
+    graph = next(g for g in program.graphs if g.module is module)
+    entry = module.computations[module.entry]
+    out = []
+    for parameter in (i for i in entry.instructions if i.opcode == "parameter"):
+        shape = parameter.shape_text.split("{")[0]
+        if nbytes(parameter) < MIN_UPLOADED_MASK_BYTES or counts.get(shape, 0) < len(calls_of) or \
+                parameter.parameter_number in _weight_parameters(program, module):
+            continue
+        found = _mask_argument(graph, parameter)
+        wait = _device_wait_percent(program, module, calls_of)
+        if found is None or wait is None:
+            continue
+        uses, widest = found
+        share = min(nbytes(parameter) * len(calls_of) / shipped_bytes, 1.0)
+        stake = round(min(wait * share, 100.0), 2)
+        if stake < MIN_MASK_STAKE_PERCENT:
+            continue
+        first = next((i for i in range(len(calls_of)) if len(program.step_windows[0])
+                      and calls_of.end_ps[i] >= program.step_windows[0][0]), 0)
+        line, function = _caller(program, program.host_events(PYTHON_TRACER_EVENT), int(calls_of.start_ps[first]),
+                                 int(calls_of.end_ps[first]))
+        use_line, use_function = next((program.line_of(graph, u) for u in uses if program.line_of(graph, u)[0]),
+                                      ("", ""))
+        name = parameter.op_name or re.sub(r"\.\d+$", "", parameter.name)
+        # Integer arguments shipped with it whose shape its leading dimensions share: what such a mask is made from
+        # (ids per position, compared pairwise)
+        leading = shape.split("]")[0].rsplit(",", 1)[0] + "]"
+        sources = [s for s in _entry_shapes(module) if s != shape and s.split("[")[0][0] in "su"
+                   and "[" + s.split("[", 1)[1] == "[" + leading.split("[", 1)[1] and counts.get(s, 0) >= len(calls_of)]
+        mib = nbytes(parameter) / 2 ** 20
+        opcodes = ", ".join(sorted({opcode_name(u.instruction) for u in uses}))
+        made_of = (f" from the {sources[0]} argument{'s' if len(sources) > 1 else ''} shipped with it (ids per "
+                   f"position, {_shape_bytes(sources[0]) * len(sources) / 2 ** 10:,.0f} KiB)" if sources else "")
+        stem = module.name.removeprefix("jit_")
+        change = (f"stop passing the {shape} {name} to {stem}" + (f" at {line}" if line else "")
+                  + f"; pass what it is made of instead and build it inside the jitted function{made_of}, e.g. "
+                  f"same = ids[:, :, None] == ids[:, None, :]; {name} = jnp.where(same, 0.0, -1e9), so "
+                  f"{mib:,.0f} MiB stop crossing the host link every step")
+        out.append(Match(
+            "mask_uploaded_each_step", stake,
+            f"the program {module.name} takes {name} ({shape}, {mib:,.0f} MiB) from a host array on every call "
+            f"({len(calls_of)} calls in the capture)" + (f" at {line}" if line else "")
+            + f", and uses it only element by element: {len(uses)} elementwise ops ({opcodes}) making {widest}"
+            + (f" at {use_line}" if use_line else "")
+            + f"; the device waits {wait:.3g}% of the loop's time for its calls' arguments, {100 * share:.3g}% of "
+            f"whose bytes are this array",
+            module=module.name, line=line or use_line, function=function or use_function,
+            params={"change": change},
+            facts={"mask_shape": shape, "mask_mib": round(mib, 1), "device_wait_percent": round(wait, 2),
+                   "mask_share_of_shipped_percent": round(100 * share, 1), "made_of": sources[:2],
+                   "loop_step_ms": round(_loop_step_ms(program, module, calls_of), 4)}))
+    return out
+
+
+MIN_MASK_STAKE_PERCENT = 5.0
+"""A mask's copies holding less of the loop than this are not what it waits for."""
+
+
+def _shape_bytes(shape: str) -> int:
+    """The bytes of an array written like 's32[32,1024]'."""
+    dtype, dims = shape.split("[", 1)
+    return DTYPE_BYTES.get(dtype, 4) * int(np.prod([int(d) for d in dims.rstrip("]").split(",") if d]))
+
+
 def _program_calls(program: Program, module: HloModule) -> HostEvents:
     """The Python calls of the module's jitted function in the capture, outermost ones (the runtime nests a call's
     events in one of the same name)."""
@@ -1217,7 +1376,7 @@ def _program_calls(program: Program, module: HloModule) -> HostEvents:
 
 def _shipped_bytes(found: re.Match) -> int:
     """The bytes of one copy the runtime names with its type and shape."""
-    return DTYPE_BYTES.get(found["dtype"], 4) * int(np.prod([int(d) for d in found["shape"].split(",") if d]))
+    return _shape_bytes(f"{found['dtype']}[{found['shape']}]")
 
 
 def _device_wait_percent(program: Program, module: HloModule, calls: HostEvents) -> float | None:

@@ -719,7 +719,8 @@ def _pytree_root(names: list[str]) -> str | None:
 def _arguments_text(names: list[str]) -> str:
     root = _pytree_root(names) if len(names) > 1 else None
     if root:  # a model's weights: the change is one cast of the whole tree, not one per array
-        return f"the float32 weights of {root} ({', '.join(names[:3])}{', …' if len(names) > 3 else ''})"
+        more = ", …" if len(names) > 3 else ""
+        return f"the float32 weights of {root} ({len(names)} arrays: {', '.join(names[:3])}{more})"
     return " and ".join(names[:4])
 
 
@@ -728,6 +729,19 @@ def _cast_text(names: list[str]) -> str:
     if root:
         return f"{root} = jax.tree.map(lambda w: w.astype(jnp.bfloat16) if w.dtype == jnp.float32 else w, {root})"
     return f"{names[0]}.astype(jnp.bfloat16)"
+
+
+def _converted_apart(graph: Graph, site: Site | None, timed: str) -> str | None:
+    """The timed op, other than `timed`, that converts the value a matmul reads on its way from an argument (the
+    step's own cast of its weights, which XLA did not fuse into the matmul); None where the matmul reads the
+    argument itself."""
+    for _ in range(16):
+        if site is None:
+            return None
+        if site.instruction.opcode == "convert" and graph.timed_op(site) != timed:
+            return graph.timed_op(site)
+        site = graph.producer(site)
+    return None
 
 
 @idiom("float32_operand_rounded_by_matmul", "memory_numerics",
@@ -764,7 +778,9 @@ def float32_operand_rounded_by_matmul(program: Program) -> list[Match]:
     out = []
     for graph in program.graphs:
         module_key = program.module_key(graph.module)
-        ops: dict[str, float] = {}  # timed op -> the share of its bytes the float32 argument is
+        ops: dict[str, float] = {}  # timed op -> the share of its bytes the float32 arguments are
+        read: set[tuple[str, str]] = set()  # (timed op, argument) already counted
+        converts: dict[str, str] = {}  # timed op that only converts such an argument to bfloat16 -> the argument
         arguments: dict[str, HloInstruction] = {}
         lines: dict[tuple[str, str], float] = {}
         for site in graph.sites():
@@ -775,42 +791,58 @@ def float32_operand_rounded_by_matmul(program: Program) -> list[Match]:
             timed = graph.timed_op(site)
             row = rows.get((module_key, timed)) or {}
             op_bytes = row.get("hbm_bytes_per_run") or row.get("bytes_per_run") or 0
-            if row.get("bound") != "memory" or not op_bytes or timed in ops or (module_key, timed) in promoted:
+            if row.get("bound") != "memory" or not op_bytes or (module_key, timed) in promoted:
                 continue
             for k in (0, 1):
                 origin = graph.origin(graph.operand(site, k))
                 argument = origin.instruction if origin is not None else None
                 if argument is None or argument.opcode != "parameter" or argument.dtype != "f32" or \
                         origin.computation.name != graph.module.entry or nbytes(argument) < WIDE_OPERAND_MIN_BYTES or \
-                        _updated_by_step(graph, argument):
+                        _updated_by_step(graph, argument) or (timed, argument.name) in read:
                     continue
-                share = nbytes(argument) / op_bytes
-                if share < WIDE_OPERAND_MIN_SHARE:
-                    continue
-                ops[timed] = min(share, 1.0)
+                read.add((timed, argument.name))
+                apart = _converted_apart(graph, graph.operand(site, k), timed)
+                if apart is not None:
+                    # The step converts the argument in an op of its own: the matmul reads the bfloat16 copy, and
+                    # the convert (a float32 read and a bfloat16 write, every step) is what storing it saves
+                    converts.setdefault(apart, argument.op_name or re.sub(r"\.\d+$", "", argument.name))
+                    arguments.setdefault(argument.name, argument)
+                    break
+                # One op may read several such arguments (two matmuls XLA fuses): their shares add up
+                ops[timed] = ops.get(timed, 0.0) + nbytes(argument) / op_bytes
                 arguments.setdefault(argument.name, argument)
                 line = program.line_of(graph, site)
                 if line[0]:
                     lines[line] = lines.get(line, 0.0) + program.op_ms.get((module_key, timed), 0.0)
                 break
-        stake = program.step_percent(program.time_ms(graph.module, list(ops)))
+        ops = {op: min(share, 1.0) for op, share in ops.items() if share >= WIDE_OPERAND_MIN_SHARE}
+        converted_ms = program.time_ms(graph.module, sorted(converts))
+        stake = program.step_percent(program.time_ms(graph.module, list(ops)) + converted_ms)
         if not ops or stake < WIDE_OPERAND_MIN_STAKE_PERCENT:
             continue
         halved = program.step_percent(sum(program.op_ms.get((module_key, op), 0.0) * share / 2
-                                          for op, share in ops.items()))
+                                          for op, share in ops.items()) + converted_ms)
         # the argument as the user's code names it (its pytree path, which JAX keeps as the parameter's op name)
         names = [argument.op_name or re.sub(r"\.\d+$", "", name) for name, argument in arguments.items()]
         largest = max(arguments.values(), key=nbytes)
         shape = largest.shape_text.split("{")[0]
         line, function = max(lines, key=lines.get) if lines else ("", "")
         several = len(names) > 1
+        root = _pytree_root(names) if len(names) > 3 else None  # a model's weights: named by their tree
+        largest_name = largest.op_name or re.sub(r"\.\d+$", "", largest.name)
         share = sum(ops.values()) / len(ops)
         out.append(Match(
             "float32_operand_rounded_by_matmul", stake,
             f"{len(ops)} memory-bound matmul{'s' if len(ops) > 1 else ''} at precision DEFAULT read the float32 "
-            f"argument{'s' if several else ''} {', '.join(names[:4])} ({shape}, {nbytes(largest) / 2**20:,.0f} MiB), "
+            + (f"arguments of {root}, {len(names)} arrays ({', '.join(names[:3])}, …; the largest {largest_name}, "
+               if root else f"argument{'s' if several else ''} {', '.join(names[:4])} (")
+            + f"{shape}, {nbytes(largest) / 2**20:,.0f} MiB), "
             f"{100 * share:.0f}% of their HBM bytes" + (f", at {line}" if line else "")
-            + f": {stake:g}% of the step, of which half the argument's bytes are {halved:g}%",
+            + (f", and the step converts {', '.join(sorted(set(converts.values()))[:3])} to bfloat16 itself on every "
+               f"call, in {len(converts)} op{'s of their' if len(converts) > 1 else ' of its'} own "
+               f"({program.step_percent(converted_ms):g}% of the step)" if converts else "")
+            + f": {stake:g}% of the step, of which half the argument's bytes"
+            + (" and the converts" if converts else "") + f" are {halved:g}%",
             module=module_key, ops=list(ops)[:16], line=line, function=function,
             needed_percent=round(stake - halved, 2),
             params={"arguments": _arguments_text(names), "example": names[0], "cast": _cast_text(names),
@@ -818,5 +850,6 @@ def float32_operand_rounded_by_matmul(program: Program) -> list[Match]:
                     else "it is", "hold": "hold" if several else "holds", "them": "them" if several else "it",
                     "function": f"the jitted {function}" if function else "the jitted step"},
             facts={"argument_shape": shape, "argument_mib": round(nbytes(largest) / 2**20, 1),
-                   "argument_share_of_bytes": round(share, 3), "matmuls": len(ops)}))
+                   "argument_share_of_bytes": round(share, 3), "matmuls": len(ops), "arguments": len(names),
+                   "converts": len(converts)}))
     return out

@@ -30,6 +30,7 @@ SUPERSEDES = {
     "per_element_transfers": ("memory_transfers", "transfer", "dispatch_overhead", "host_sync", "input_bound",
                               "device_idle", "low_utilization"),
     "weights_uploaded_each_step": ("memory_transfers", "transfer", "input_bound", "device_idle", "low_utilization"),
+    "mask_uploaded_each_step": ("memory_transfers", "transfer", "input_bound", "device_idle", "low_utilization"),
     # a value read each step serialises host, copies and device; it does not explain a step with too little work for
     # the device. Its stake times the copies by their own work, where the traced span is mostly the profiler's
     "read_each_step": ("host_sync", "input_bound", "device_idle", "memory_transfers"),
