@@ -176,3 +176,15 @@ def test_ops_far_below_their_roof_that_are_no_matmuls_are_named_for_what_they_ar
     finding = roofline.low_kernel_efficiency(Facts(health_snapshot(results), results), [])
     assert finding is not None and MATRIX_UNIT_ADVICE not in finding.fix.lower(), finding.fix
     assert "no matmuls (reduction)" in finding.fix and "vector units (VPU)" in finding.fix
+
+
+def test_a_match_whose_change_is_withheld_does_not_by_itself_keep_a_step_from_optimal(reports):
+    """jnp.tile of a linear layer's weights along the batch, which XLA:TPU reads in place: the match holds nearly the
+    whole step, but its change is withheld on a TPU (the chip measured no gain), and nothing else is amiss: the
+    report has nothing to change, so its verdict is OPTIMAL, not NEEDS_ATTENTION over a finding that says "Not
+    advised here"."""
+    analysis = reports("tiled_adapter_weights", "before-a")
+    anatomy = json.loads((Path(analysis.output_uri) / "tools" / "get_program_anatomy.json").read_text())
+    (match,) = [m for m in anatomy["summary"]["idioms"] if m["idiom"] == "weights_tiled_per_example"]
+    assert match["stake_percent"] > 90 and not match["params"]["tile_written"]
+    assert analysis.diagnosis.status == Status.OPTIMAL, analysis.diagnosis.summary

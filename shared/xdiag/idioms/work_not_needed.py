@@ -1699,6 +1699,9 @@ def weights_tiled_per_example(program: Program) -> list[Match]:
             needed = x_bytes + weight_bytes + nbytes(ins)
             weights = source.instruction.shape_text.split("{")[0]
             spec = "bnk,km->bnm" if position == 1 else "km,bmn->bkn"
+            # the tile is an op of its own that takes time: written out, not read in place by the matmul
+            written = graph.timed_op(tiled) != graph.timed_op(site) and \
+                program.time_ms(graph.module, [graph.timed_op(tiled)]) > 0
             out[(module_key, line or ops[0])] = Match(
                 "weights_tiled_per_example", stake,
                 f"{ins.opcode} {graph.operand(site, 0).instruction.shape_text.split('{')[0]} × "
@@ -1709,12 +1712,11 @@ def weights_tiled_per_example(program: Program) -> list[Match]:
                 + (f", at {line}" if line else ""),
                 module=module_key, ops=ops, line=line, function=function,
                 needed_percent=_needed_percent(program, graph, ops[0], flops=0.0, hbm_bytes=needed),
-                work_ratio=round(done / needed, 1),
+                # a tile XLA:TPU reads in place costs no bytes of the device's memory per copy: the chip measured
+                # no gain from sharing it, so the copies' bytes are no work the report can count
+                work_ratio=None if program.platform == "TPU" and not written else round(done / needed, 1),
                 params={"spec": spec, "weights": weights, "batch": batch,
-                        "tiled": operand.instruction.shape_text.split("{")[0],
-                        # the tile is an op of its own that takes time: written out, not read in place by the matmul
-                        "tile_written": graph.timed_op(tiled) != graph.timed_op(site) and
-                        program.time_ms(graph.module, [graph.timed_op(tiled)]) > 0},
+                        "tiled": operand.instruction.shape_text.split("{")[0], "tile_written": written},
                 facts={"batch": batch, "weight_bytes": weight_bytes, "tiled_bytes": weight_bytes * batch})
     return list(out.values())
 
