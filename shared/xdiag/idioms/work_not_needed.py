@@ -75,12 +75,40 @@ def _matmul_sites(graph: Graph):
             yield site
 
 
+def _contracted(graph: Graph, site: Site, position: int) -> int | None:
+    """The size of the dimension the matmul contracts (the one-hot's values, the table's rows), from its dimension
+    numbers: a dot's lhs contracting dimension, a convolution's kernel input features; None where neither is read."""
+    ins = site.instruction
+    if ins.opcode == "convolution" and ins.conv_kernel_dims:
+        kernel = graph.operand(site, 1)
+        dims = kernel.instruction.dims if kernel is not None else ()
+        return dims[ins.conv_kernel_dims[0]] if ins.conv_kernel_dims[0] < len(dims) else None
+    if ins.opcode == "dot" and ins.lhs_contracting:
+        lhs = graph.operand(site, 0)
+        dims = lhs.instruction.dims if lhs is not None else ()
+        return dims[ins.lhs_contracting[0]] if ins.lhs_contracting[0] < len(dims) else None
+    return None
+
+
+GATHER_NS_PER_ROW_TPU = 29.26e6 / (2048 * 2048)
+"""On a TPU v5e a gather from a table took this long per looked-up element: 29.26 ms for 2,048 × 2,048 token ids
+(docs/reference/measurements.md#membership-by-all-pairs). A one-hot matmul that takes less per looked-up row is
+faster there than the lookup that would replace it (the same program's 393-row one-hot matmul took 3.31 ms)."""
+
+
 @idiom("structured_matmul", "work_not_needed",
        "A dense matmul stands in for a lookup, running sum or broadcast",
        "{change}",
        "a matrix built from iotas or one constant holds no information the matmul needs: a lookup, a running sum or a "
        "sum moves each element once, where the matmul multiplies every element by every row of the matrix",
-       gain=(0.7, 1.0))
+       gain=(0.7, 1.0),
+       variants=(Variant((("platform", ("TPU",)), ("kind", ("one_hot",)), ("faster_than_a_gather", (True,))),
+                         withheld="on a TPU v5e a gather took about 7 ns per looked-up element (29.26 ms for 4.19 M "
+                                  "token ids, docs/reference/measurements.md#membership-by-all-pairs), where this "
+                                  "one-hot matmul takes {ns_per_row:.2g} ns per looked-up row: the matrix unit picks "
+                                  "rows of a table of {values} faster than a lookup reads them (there a one-hot "
+                                  "matmul over 393 rows of 128 took 3.31 ms and the gathers 29.26 and 33.25 ms; one "
+                                  "program measured)"),))
 def structured_matmul(program: Program) -> list[Match]:
     found: dict[tuple[str, str, str], Match] = {}
     for graph in program.graphs:
@@ -98,7 +126,7 @@ def structured_matmul(program: Program) -> list[Match]:
                     continue
                 built = matrix.instruction
                 shape = operand.instruction if operand is not None else built
-                values = max(shape.dims) if shape.dims else 0
+                values = _contracted(graph, site, position) or (max(shape.dims) if shape.dims else 0)
                 rows = elements(shape.dims) // max(values, 1)
                 if values < 64:  # a small mask costs little whatever it stands for
                     continue
@@ -137,6 +165,15 @@ def structured_matmul(program: Program) -> list[Match]:
     out: list[Match] = []
     for match in found.values():
         kind = match.params["kind"]
+        runs = program.runs.get((match.module, match.ops[0]), 0) if match.ops else 0
+        if runs and match.params["rows"]:
+            ns = 1e6 * program.profiled_step_ms * match.stake_percent / 100 / (runs * match.params["rows"])
+            match.params["ns_per_row"] = round(ns, 3)
+            match.params["faster_than_a_gather"] = kind == "one_hot" and ns < GATHER_NS_PER_ROW_TPU
+            if program.platform == "TPU" and match.params["faster_than_a_gather"]:
+                # the lookup the result needs was measured slower there than this matmul: its multiply-adds are
+                # no work the report can count against the result's
+                match.work_ratio = match.needed_percent = None
         match.what = (f"{match.facts['matmul']} multiplies by " + LOOKUP_WHAT[kind].format(**match.params)
                       + (f" at {match.line}" if match.line else ""))
         match.params["change"] = LOOKUP_CHANGE[kind].format(line=match.line or "the line that builds it",
