@@ -254,3 +254,18 @@ def test_an_argument_is_named_by_its_pytree_path_not_by_its_hlo_parameter(progra
     assert "params['layers'][7]['qkv']" in match.params["arguments"] and "__" not in match.params["arguments"]
     change = IDIOMS[match.idiom].change_text(match, {"platform": "TPU"})
     assert "params = jax.tree.map(lambda w: w.astype(jnp.bfloat16) if w.dtype == jnp.float32 else w, params)" in change
+
+
+def test_a_catalogues_embeddings_recomputed_on_every_request_are_found_with_the_tower_call(program):
+    """Each call scores 256 requests against a fixed catalogue of 196,608 items, running the item tower over the
+    whole catalogue inside the jitted step (30.1% of the step on the chip; computed once outside, the step took
+    30.0% less). The requests (the argument with the results' 256 rows) and the user tower are the rest."""
+    (match,) = matches(program("blind4_candidate_retrieval", "before-a"), "call_invariant_compute")
+    assert match.facts["arguments"] == ["params['item']", "item_x"]
+    assert match.facts["other_arguments"] == ["params['user']", "user_x"]
+    assert match.facts["results"][0] == "f32[196608,128]" and match.facts["matmuls"] == 3
+    assert 29 < match.stake_percent < 31 and "multiply_reduce_fusion" in match.ops
+    assert match.function == "tower" and match.line.endswith("blind4_candidate_retrieval.py:49")
+    change = IDIOMS["call_invariant_compute"].change_text(match)
+    assert "jax.jit(tower)(params['item'], item_x)" in change and "the jitted retrieve" in change
+    assert not matches(program("blind4_candidate_retrieval", "fixed"), "call_invariant_compute")
