@@ -188,3 +188,15 @@ def test_a_match_whose_change_is_withheld_does_not_by_itself_keep_a_step_from_op
     (match,) = [m for m in anatomy["summary"]["idioms"] if m["idiom"] == "weights_tiled_per_example"]
     assert match["stake_percent"] > 90 and not match["params"]["tile_written"]
     assert analysis.diagnosis.status == Status.OPTIMAL, analysis.diagnosis.summary
+
+
+def test_a_finding_that_names_only_a_kind_of_remedy_ranks_after_one_with_a_measured_change(reports):
+    """A request step whose top-k over 196,608 scores runs far below the bandwidth roof (67% of the step: "use another
+    algorithm or kernel", no change to make) and whose item tower, recomputed over a fixed catalogue on every call,
+    holds 30%: the change measured to save 30% comes first, the larger stake with no change after it."""
+    findings = reports("blind4_candidate_retrieval", "before-a").diagnosis.findings
+    keys = [f.key for f in findings]
+    assert keys[0] == "call_invariant_compute" and "memory_bound" in keys, keys
+    memory = findings[keys.index("memory_bound")]
+    assert memory.fix.startswith("The kernel, not the bytes, sets the time") and memory.priority == "P0"
+    assert findings[0].priority == "P1" and findings[0].fix.startswith("First, ")
