@@ -779,11 +779,12 @@ def _call_site(program: Program, graph: Graph, site: Site) -> tuple[str, str, st
        alternatives=("where those arguments change now and then (weights reloaded, items added), recompute the "
                      "result only then (for the new items only), not on every call",))
 def call_invariant_compute(program: Program) -> list[Match]:
-    """Per program, the matmuls (and the ops around them) computed only from arguments it does not update and not
-    from others the result reads (a fixed catalogue's embeddings, where the requests are the other arguments),
-    holding at least CALL_INVARIANT_MIN_STAKE_PERCENT of the step. Arguments that share their leading dimension with
-    a result's (the requests a result has a row for) are taken to change with each call; a program whose results
-    have no dimension gives no such sign and is left alone. An op that fuses such matmuls with others (XLA:CPU and
+    """Per program that updates none of its arguments (no training step: what it does not update includes its next
+    batch), the matmuls (and the ops around them) computed only from some of its arguments and not from others the
+    result reads (a fixed catalogue's embeddings, where the requests are the other arguments), holding at least
+    CALL_INVARIANT_MIN_STAKE_PERCENT of the step. Arguments that share their leading dimension with a result's (the
+    requests a result has a row for) are taken to change with each call; a program whose results have no dimension
+    gives no such sign and is left alone. An op that fuses such matmuls with others (XLA:CPU and
     XLA:GPU fuse a tower into the matmul that reads it) stakes their share of its matmuls' FLOPs of its time."""
     out = []
     for graph in program.graphs:
@@ -798,8 +799,10 @@ def call_invariant_compute(program: Program) -> list[Match]:
             continue
         reads = _arguments_read(graph)
         result_reads = reads[(entry.name, root.name)]
-        unchanged = {name for name in result_reads if not graph.updated_by_step(entry.by_name[name])
-                     and not (entry.by_name[name].dims and entry.by_name[name].dims[0] in batch)}
+        if any(graph.updated_by_step(entry.by_name[name]) for name in result_reads):
+            continue  # a training step (params in, new params out): what it does not update includes its next batch
+        unchanged = {name for name in result_reads
+                     if not (entry.by_name[name].dims and entry.by_name[name].dims[0] in batch)}
         key = program.module_key(graph.module)
         timed = [Site(entry, ins) for ins in entry.instructions
                  if ins.opcode not in ("parameter", "constant", "tuple", "get-tuple-element")
