@@ -269,3 +269,6 @@ def test_a_catalogues_embeddings_recomputed_on_every_request_are_found_with_the_
     change = IDIOMS["call_invariant_compute"].change_text(match)
     assert "jax.jit(tower)(params['item'], item_x)" in change and "the jitted retrieve" in change
     assert not matches(program("blind4_candidate_retrieval", "fixed"), "call_invariant_compute")
+    # a training step's blurred batch reads the images alone, but the images are the step's batch: it updates its
+    # parameters, so what it does not update is no sign of what stays the same between calls
+    assert not matches(program("where_branches", "before-a"), "call_invariant_compute")
