@@ -35,6 +35,17 @@ def catalogue(step: str, items: int = 8192, requests: int = 16) -> str:
     return textwrap.dedent(CATALOGUE.format(items=items, requests=requests)) + textwrap.dedent(step)
 
 
+RETRIEVE = """
+    @jax.jit
+    def retrieve(user_params, item_params, user_x, item_x):
+        users = tower(user_params, user_x)
+        items = tower(item_params, item_x)
+        return jax.lax.top_k(users @ items.T, 10)
+    run = lambda: retrieve(user_params, item_params, user_x, item_x)
+    """
+"""The request step as a recommender writes it: both towers inside the jitted function."""
+
+
 PROGRAMS = {
     # name -> (the program's body, the idiom it holds or None, the text of the line(s) its change is at)
     "chain_order": ("""
@@ -128,14 +139,7 @@ PROGRAMS = {
             return jnp.argmax(logits, axis=-1), jnp.exp(logits.max(-1) - jax.nn.logsumexp(logits, axis=-1))
         run = lambda: predict(logits)
     """, None, ()),
-    "catalogue_tower": (catalogue("""
-        @jax.jit
-        def retrieve(user_params, item_params, user_x, item_x):
-            users = tower(user_params, user_x)
-            items = tower(item_params, item_x)
-            return jax.lax.top_k(users @ items.T, 10)
-        run = lambda: retrieve(user_params, item_params, user_x, item_x)
-    """), "call_invariant_compute", ("items = tower(item_params, item_x)",)),
+    "catalogue_tower": (catalogue(RETRIEVE), "call_invariant_compute", ("items = tower(item_params, item_x)",)),
     "catalogue_embedded_once": (catalogue("""
         @jax.jit
         def retrieve(user_params, user_x, item_emb):
@@ -152,14 +156,7 @@ PROGRAMS = {
             return jax.lax.top_k(users @ items.T, 10), jax.tree.map(lambda w, g: w - 1e-3 * g, item_params, grads)
         run = lambda: step(user_params, item_params, user_x, item_x)
     """), None, ()),
-    "catalogue_small": (catalogue(items=16, requests=4096, step="""
-        @jax.jit
-        def retrieve(user_params, item_params, user_x, item_x):
-            users = tower(user_params, user_x)
-            items = tower(item_params, item_x)
-            return jax.lax.top_k(users @ items.T, 10)
-        run = lambda: retrieve(user_params, item_params, user_x, item_x)
-    """), None, ()),
+    "catalogue_small": (catalogue(RETRIEVE, items=16, requests=4096), None, ()),
 }
 WORK_IDIOMS = {"matmul_chain_order", "diagonal_of_product", "pairwise_broadcast_reduce", "forward_computed_twice",
                "softmax_for_argmax", "call_invariant_compute"}

@@ -87,13 +87,7 @@ def _moved_output(graph: Graph, site: Site) -> tuple[list[Site], list[Site], Sit
 def transposed_outputs(program: Program) -> list[Match]:
     found = []
     for graph in program.graphs:
-        entry = graph.module.computations.get(graph.module.entry)
-        root = entry.by_name.get(entry.root) if entry is not None else None
-        if root is None:
-            continue
-        outputs = [Site(entry, root)] if root.opcode != "tuple" else [
-            s for s in (graph.operand(Site(entry, root), k) for k in range(len(root.operands))) if s is not None]
-        chains = [(output, *_moved_output(graph, output)) for output in outputs]
+        chains = [(output, *_moved_output(graph, output)) for output in graph.outputs()]
         returned = {}  # how many outputs each value reaches: a value returned in several layouts is copied for each
         for _, _, _, source in chains:
             if source is not None:
