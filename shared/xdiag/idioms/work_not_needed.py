@@ -772,9 +772,9 @@ def _call_site(program: Program, graph: Graph, site: Site) -> tuple[str, str, st
        "Each call recomputes a large part from arguments the step does not update",
        "compute {part} at {line} once, outside {jitted}, where {arguments} are made ({example}), and pass {results} "
        "to {jitted} in place of {arguments}, so each call reads it instead of recomputing it",
-       "that part of the step reads only {arguments}, which the step does not update; where they are the same on "
-       "every call (the premise: weights and a catalogue fixed while the requests change, which the profile cannot "
-       "see), its result is the same too, and computed once it costs nothing per call",
+       "that part of the step reads only some of its arguments, none of which the step updates; where they are the "
+       "same on every call (the premise: weights and a catalogue fixed while the requests change, which the profile "
+       "cannot see), its result is the same too, and computed once it costs nothing per call",
        gain=(0.9, 1.0), measured="docs/reference/measurements.md#call-invariant-compute",
        alternatives=("where those arguments change now and then (weights reloaded, items added), recompute the "
                      "result only then (for the new items only), not on every call",))
