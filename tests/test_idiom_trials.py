@@ -176,3 +176,27 @@ def test_ops_far_below_their_roof_that_are_no_matmuls_are_named_for_what_they_ar
     finding = roofline.low_kernel_efficiency(Facts(health_snapshot(results), results), [])
     assert finding is not None and MATRIX_UNIT_ADVICE not in finding.fix.lower(), finding.fix
     assert "no matmuls (reduction)" in finding.fix and "vector units (VPU)" in finding.fix
+
+
+def test_a_match_whose_change_is_withheld_does_not_by_itself_keep_a_step_from_optimal(reports):
+    """jnp.tile of a linear layer's weights along the batch, which XLA:TPU reads in place: the match holds nearly the
+    whole step, but its change is withheld on a TPU (the chip measured no gain), and nothing else is amiss: the
+    report has nothing to change, so its verdict is OPTIMAL, not NEEDS_ATTENTION over a finding that says "Not
+    advised here"."""
+    analysis = reports("tiled_adapter_weights", "before-a")
+    anatomy = json.loads((Path(analysis.output_uri) / "tools" / "get_program_anatomy.json").read_text())
+    (match,) = [m for m in anatomy["summary"]["idioms"] if m["idiom"] == "weights_tiled_per_example"]
+    assert match["stake_percent"] > 90 and not match["params"]["tile_written"]
+    assert analysis.diagnosis.status == Status.OPTIMAL, analysis.diagnosis.summary
+
+
+def test_a_finding_that_names_only_a_kind_of_remedy_ranks_after_one_with_a_measured_change(reports):
+    """A request step whose top-k over 196,608 scores runs far below the bandwidth roof (67% of the step: "use another
+    algorithm or kernel", no change to make) and whose item tower, recomputed over a fixed catalogue on every call,
+    holds 30%: the change measured to save 30% comes first, the larger stake with no change after it."""
+    findings = reports("blind4_candidate_retrieval", "before-a").diagnosis.findings
+    keys = [f.key for f in findings]
+    assert keys[0] == "call_invariant_compute" and "memory_bound" in keys, keys
+    memory = findings[keys.index("memory_bound")]
+    assert memory.fix.startswith("The kernel, not the bytes, sets the time") and memory.priority == "P0"
+    assert findings[0].priority == "P1" and findings[0].fix.startswith("First, ")

@@ -4,15 +4,47 @@ pairwise distances built by broadcasting, a loss computed apart from its gradien
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import pytest
 from xdiag.cloud.embedded import analyze_session
 from xdiag.idioms import IDIOMS, recognise
+from xdiag.idioms.program import Program
 from xdiag.profile.locate import locate_session
 from xdiag.profile.reader import read_session_in_process
 
 from tests.idiom_capture import capture_programs
+
+CATALOGUE = """
+    def dense(key, sizes):
+        keys = jax.random.split(key, len(sizes) - 1)
+        return [jax.random.normal(k, (a, b)) / a ** 0.5 for k, a, b in zip(keys, sizes[:-1], sizes[1:])]
+    def tower(layers, x):
+        for w in layers:
+            x = jax.nn.relu(x @ w)
+        return x / jnp.linalg.norm(x, axis=-1, keepdims=True)
+    user_params, item_params = dense(jax.random.key(0), [32, 256, 32]), dense(jax.random.key(1), [64, 256, 256, 32])
+    user_x = jax.random.normal(jax.random.key(2), ({requests}, 32))
+    item_x = jax.random.normal(jax.random.key(3), ({items}, 64))
+"""
+
+
+def catalogue(step: str, items: int = 8192, requests: int = 16) -> str:
+    """A two-tower retrieval program: `requests` requests scored against a catalogue of `items` items by `step`."""
+    return textwrap.dedent(CATALOGUE.format(items=items, requests=requests)) + textwrap.dedent(step)
+
+
+RETRIEVE = """
+    @jax.jit
+    def retrieve(user_params, item_params, user_x, item_x):
+        users = tower(user_params, user_x)
+        items = tower(item_params, item_x)
+        return jax.lax.top_k(users @ items.T, 10)
+    run = lambda: retrieve(user_params, item_params, user_x, item_x)
+    """
+"""The request step as a recommender writes it: both towers inside the jitted function."""
+
 
 PROGRAMS = {
     # name -> (the program's body, the idiom it holds or None, the text of the line(s) its change is at)
@@ -107,9 +139,27 @@ PROGRAMS = {
             return jnp.argmax(logits, axis=-1), jnp.exp(logits.max(-1) - jax.nn.logsumexp(logits, axis=-1))
         run = lambda: predict(logits)
     """, None, ()),
+    "catalogue_tower": (catalogue(RETRIEVE), "call_invariant_compute", ("items = tower(item_params, item_x)",)),
+    "catalogue_embedded_once": (catalogue("""
+        @jax.jit
+        def retrieve(user_params, user_x, item_emb):
+            return jax.lax.top_k(tower(user_params, user_x) @ item_emb.T, 10)
+        item_emb = jax.jit(tower)(item_params, item_x)
+        run = lambda: retrieve(user_params, user_x, item_emb)
+    """), None, ()),
+    "catalogue_trained": (catalogue("""
+        @jax.jit
+        def step(user_params, item_params, user_x, item_x):
+            users = tower(user_params, user_x)
+            items = tower(item_params, item_x)
+            loss, grads = jax.value_and_grad(lambda p: jnp.sum(users @ tower(p, item_x).T))(item_params)
+            return jax.lax.top_k(users @ items.T, 10), jax.tree.map(lambda w, g: w - 1e-3 * g, item_params, grads)
+        run = lambda: step(user_params, item_params, user_x, item_x)
+    """), None, ()),
+    "catalogue_small": (catalogue(RETRIEVE, items=16, requests=4096), None, ()),
 }
 WORK_IDIOMS = {"matmul_chain_order", "diagonal_of_product", "pairwise_broadcast_reduce", "forward_computed_twice",
-               "softmax_for_argmax"}
+               "softmax_for_argmax", "call_invariant_compute"}
 WITH_IDIOM = sorted(name for name, (_, expected, _) in PROGRAMS.items() if expected)
 TRIAL_PROGRAMS = Path(__file__).resolve().parents[1] / "bench" / "fix_trials" / "programs"
 TRIALS = {"two_hop_propagate": "matmul_chain_order", "mahalanobis_diag": "diagonal_of_product",
@@ -241,3 +291,17 @@ def test_each_trial_program_holds_its_idiom_before_its_change_and_not_after(prog
     assert "# as written" in source[line - 1], (before[0].line, source[line - 1])  # the line the change edits
     after = {m.idiom for m in recognise(read_session_in_process([trials[f"{program}.fixed"]]))}
     assert not after & WORK_IDIOMS, after
+
+
+def test_a_part_from_unchanged_arguments_is_left_alone_where_small_or_updated(captured, monkeypatch):
+    """A catalogue of 16 items against 4,096 requests: its tower is a small share of the step and is found only
+    where the threshold is lifted. A training step that returns new item weights recomputes the catalogue from
+    arguments it updates: no part of it is the same on the next call."""
+    import xdiag.idioms.work_not_needed as work
+
+    small = Program(read_session_in_process([captured["catalogue_small"]]))
+    assert not work.call_invariant_compute(small)
+    monkeypatch.setattr(work, "CALL_INVARIANT_MIN_STAKE_PERCENT", 0.0)
+    (found,) = work.call_invariant_compute(small)
+    assert found.facts["arguments"] == ["item_params", "item_x"] and found.stake_percent < 10
+    assert not work.call_invariant_compute(Program(read_session_in_process([captured["catalogue_trained"]])))

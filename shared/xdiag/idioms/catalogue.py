@@ -76,7 +76,7 @@ class Variant:
 
     when: tuple[tuple[str, tuple[Any, ...]], ...]
     change: str = ""
-    withheld: str = ""
+    withheld: str = ""  # {line}, {function} and the match's params fill it, as they fill `change`
 
     def holds(self, on: Mapping[str, Any]) -> bool:
         return all(on.get(name) in values for name, values in self.when)
@@ -116,15 +116,20 @@ class Idiom:
         return next((v for v in self.variants if v.holds(on)), None)
 
     def withheld(self, match: Match, setting: Mapping[str, Any] | None = None) -> str:
-        """The premise that withholds the change here, or ""."""
+        """The premise that withholds the change here (the match's params filling it, as they fill the change), or
+        ""."""
         chosen = self.variant(match, setting)
-        return chosen.withheld if chosen is not None else ""
+        return chosen.withheld.format(**self._text_values(match)) if chosen is not None else ""
 
     def change_text(self, match: Match, setting: Mapping[str, Any] | None = None) -> str:
         chosen = self.variant(match, setting)
-        values = {"line": match.line or "the line that builds it", "function": match.function or "the function",
-                  **{k: v for k, v in match.params.items()}}
-        return (chosen.change if chosen is not None and chosen.change else self.change).format(**values)
+        return (chosen.change if chosen is not None and chosen.change else self.change).format(
+            **self._text_values(match))
+
+    @staticmethod
+    def _text_values(match: Match) -> dict[str, Any]:
+        return {"line": match.line or "the line that builds it", "function": match.function or "the function",
+                **match.params}
 
 
 IDIOMS: dict[str, Idiom] = {}

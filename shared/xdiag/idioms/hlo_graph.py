@@ -244,6 +244,21 @@ class Graph:
             min(len(site.instruction.operands), most))) if o is not None]
         return joiner.join(shapes)
 
+    def outputs(self) -> list[Site]:
+        """The values the program returns: the entry's root, or each element of the tuple it is."""
+        entry = self.module.computations.get(self.module.entry)
+        root = entry.by_name.get(entry.root) if entry is not None else None
+        if root is None:
+            return []
+        return [Site(entry, root)] if root.opcode != "tuple" else [
+            s for s in (self.operand(Site(entry, root), k) for k in range(len(root.operands))) if s is not None]
+
+    def updated_by_step(self, argument: HloInstruction) -> bool:
+        """Whether the program returns a new array of the argument's shape and type (a weight the optimizer updates,
+        a cache the step writes): the caller passes the new one on the next call."""
+        return any(o.instruction.dims == argument.dims and o.instruction.dtype == argument.dtype
+                   and self.origin(o).instruction is not argument for o in self.outputs())
+
     def loop_invariant(self, site: Site | None) -> Site | None:
         """Where a value inside a while loop's body is an element of the loop's state that every trip passes on
         unchanged (weights a loop reads on every trip): the body's get-tuple-element of it; else None."""

@@ -14,7 +14,7 @@ from xdiag.cost.hlo import shape_bytes
 from xdiag.idioms.catalogue import Match, Variant, idiom
 from xdiag.idioms.hlo_graph import Graph, Site, elements, nbytes
 from xdiag.idioms.op_identity import promoted_matmul
-from xdiag.idioms.program import Program
+from xdiag.idioms.program import Program, jitted_function
 from xdiag.idioms.work_not_needed import loop_invariant_compute, timed_stake
 from xdiag.profile.space import HloInstruction
 
@@ -87,13 +87,7 @@ def _moved_output(graph: Graph, site: Site) -> tuple[list[Site], list[Site], Sit
 def transposed_outputs(program: Program) -> list[Match]:
     found = []
     for graph in program.graphs:
-        entry = graph.module.computations.get(graph.module.entry)
-        root = entry.by_name.get(entry.root) if entry is not None else None
-        if root is None:
-            continue
-        outputs = [Site(entry, root)] if root.opcode != "tuple" else [
-            s for s in (graph.operand(Site(entry, root), k) for k in range(len(root.operands))) if s is not None]
-        chains = [(output, *_moved_output(graph, output)) for output in outputs]
+        chains = [(output, *_moved_output(graph, output)) for output in graph.outputs()]
         returned = {}  # how many outputs each value reaches: a value returned in several layouts is copied for each
         for _, _, _, source in chains:
             if source is not None:
@@ -184,12 +178,6 @@ def argument_copies_of(program: Program) -> dict[str, Any] | None:
             "arguments": distinct[:12], "argument_count": len(distinct), "shape": shape, "programs": programs}
 
 
-def _jitted_function(module_name: str) -> str:
-    """The jitted function an HLO module compiles, as the user named it (jit_decode -> the jitted decode)."""
-    name = re.sub(r"^p?jit_|\(\d+\)$", "", module_name)
-    return f"the jitted {name}" if name else "the jitted step"
-
-
 @idiom("argument_copies", "memory_numerics",
        "The step copies arguments it could update in place: they are not donated",
        "donate the arguments of {program} that hold {arguments}: their positions in donate_argnums (or their names in "
@@ -215,7 +203,7 @@ def argument_copies(program: Program) -> list[Match]:
         f"{len(copies['ops'])} copies of the program's arguments ({named}; each {copies['shape']}) take {share:g}% of "
         f"op time: no output of {module} aliases these arguments (they are not donated)",
         module=module, ops=copies["ops"],
-        params={"program": _jitted_function(module), "arguments": ", ".join(arguments)},
+        params={"program": jitted_function(module), "arguments": ", ".join(arguments)},
         facts={"share_of_op_time_percent": share, "arguments": ", ".join(arguments),
                "argument_count": count, "shape": copies["shape"]})]
 
@@ -697,19 +685,6 @@ def _default_precision(ins: HloInstruction) -> bool:
     return not ins.operand_precision or max(ins.operand_precision) == 0
 
 
-def _updated_by_step(graph: Graph, argument: HloInstruction) -> bool:
-    """Whether the program returns a new array of the argument's shape and type (a weight the optimizer updates):
-    its storage type is the update's, not the matmul's to choose."""
-    entry = graph.module.computations.get(graph.module.entry)
-    root = entry.by_name.get(entry.root) if entry is not None else None
-    if root is None:
-        return False
-    outputs = [Site(entry, root)] if root.opcode != "tuple" else [
-        s for s in (graph.operand(Site(entry, root), k) for k in range(len(root.operands))) if s is not None]
-    return any(o.instruction.dims == argument.dims and o.instruction.dtype == argument.dtype
-               and graph.origin(o).instruction is not argument for o in outputs)
-
-
 def _pytree_root(names: list[str]) -> str | None:
     """The arguments' common pytree root (params of params['layers'][7]['qkv'] and params['embed']), if they share one."""
     roots = {re.split(r"[\[.]", name, maxsplit=1)[0] for name in names}
@@ -798,7 +773,7 @@ def float32_operand_rounded_by_matmul(program: Program) -> list[Match]:
                 argument = origin.instruction if origin is not None else None
                 if argument is None or argument.opcode != "parameter" or argument.dtype != "f32" or \
                         origin.computation.name != graph.module.entry or nbytes(argument) < WIDE_OPERAND_MIN_BYTES or \
-                        _updated_by_step(graph, argument) or (timed, argument.name) in read:
+                        graph.updated_by_step(argument) or (timed, argument.name) in read:
                     continue
                 read.add((timed, argument.name))
                 apart = _converted_apart(graph, graph.operand(site, k), timed)

@@ -201,3 +201,9 @@ def calls_per_step_of(program: Program) -> list[tuple[str, float]]:
         if module:  # ops no program names (a trace's bare kernels) are no call of one
             runs[module] = max(runs.get(module, 0), count)
     return sorted(((m, n / steps) for m, n in runs.items()), key=lambda kv: -kv[1])
+
+
+def jitted_function(module_name: str) -> str:
+    """The jitted function an HLO module compiles, as the user named it (jit_decode -> the jitted decode)."""
+    name = re.sub(r"^p?jit_|\(\d+\)$", "", module_name)
+    return f"the jitted {name}" if name else "the jitted step"

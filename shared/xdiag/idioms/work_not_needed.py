@@ -9,6 +9,8 @@
   where selecting the rows first computes only those.
 - loop_invariant_compute: a loop body recomputes, on every trip, a value built only from what the loop passes on
   unchanged, where computing it once before the loop does.
+- call_invariant_compute: a jitted step computes, on every call, a large part (a tower over a fixed catalogue) from
+  arguments it does not update and not from the others its result reads, where computing it once outside does.
 - select_computes_both_branches: jnp.where with one scalar flag picks between two costly arrays, so both are computed
   on every step and one thrown away, where jax.lax.cond computes the one picked.
 - loop_copies_carried_buffer: a loop updates a buffer it carries in place and also reads the buffer as it was before
@@ -39,11 +41,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from xdiag.analysis.source_lines import source_of_stack
+from xdiag.analysis.source_lines import Frame, source_of_stack
 from xdiag.cost.hlo import conv_flops
 from xdiag.idioms.catalogue import Match, Variant, idiom
 from xdiag.idioms.hlo_graph import (DEPTH, DTYPE_BYTES, MATMUL_OPCODES, SHAPE_ONLY, Graph, Site, elements, nbytes,
-                                    opcode_name)
+                                    opcode_name, plain_shape)
 from xdiag.idioms.program import Program, calls_per_step_of
 
 MIN_STAKE_PERCENT = 1.0
@@ -78,12 +80,40 @@ def _matmul_sites(graph: Graph):
             yield site
 
 
+def _contracted(graph: Graph, site: Site, position: int) -> int | None:
+    """The size of the dimension the matmul contracts (the one-hot's values, the table's rows), from its dimension
+    numbers: a dot's lhs contracting dimension, a convolution's kernel input features; None where neither is read."""
+    ins = site.instruction
+    if ins.opcode == "convolution" and ins.conv_kernel_dims:
+        kernel = graph.operand(site, 1)
+        dims = kernel.instruction.dims if kernel is not None else ()
+        return dims[ins.conv_kernel_dims[0]] if ins.conv_kernel_dims[0] < len(dims) else None
+    if ins.opcode == "dot" and ins.lhs_contracting:
+        lhs = graph.operand(site, 0)
+        dims = lhs.instruction.dims if lhs is not None else ()
+        return dims[ins.lhs_contracting[0]] if ins.lhs_contracting[0] < len(dims) else None
+    return None
+
+
+GATHER_NS_PER_ROW_TPU = 29.26e6 / (2048 * 2048)
+"""On a TPU v5e a gather from a table took this long per looked-up element: 29.26 ms for 2,048 × 2,048 token ids
+(docs/reference/measurements.md#membership-by-all-pairs). A one-hot matmul that takes less per looked-up row is
+faster there than the lookup that would replace it (the same program's 393-row one-hot matmul took 3.31 ms)."""
+
+
 @idiom("structured_matmul", "work_not_needed",
        "A dense matmul stands in for a lookup, running sum or broadcast",
        "{change}",
        "a matrix built from iotas or one constant holds no information the matmul needs: a lookup, a running sum or a "
        "sum moves each element once, where the matmul multiplies every element by every row of the matrix",
-       gain=(0.7, 1.0))
+       gain=(0.7, 1.0),
+       variants=(Variant((("platform", ("TPU",)), ("kind", ("one_hot",)), ("faster_than_a_gather", (True,))),
+                         withheld="on a TPU v5e a gather took about 7 ns per looked-up element (29.26 ms for 4.19 M "
+                                  "token ids, docs/reference/measurements.md#membership-by-all-pairs), where this "
+                                  "one-hot matmul takes {ns_per_row:.2g} ns per looked-up row: the matrix unit picks "
+                                  "rows of a table of {values} faster than a lookup reads them (there a one-hot "
+                                  "matmul over 393 rows of 128 took 3.31 ms and the gathers 29.26 and 33.25 ms; one "
+                                  "program measured)"),))
 def structured_matmul(program: Program) -> list[Match]:
     found: dict[tuple[str, str, str], Match] = {}
     for graph in program.graphs:
@@ -103,7 +133,7 @@ def structured_matmul(program: Program) -> list[Match]:
                     continue
                 built = matrix.instruction
                 shape = operand.instruction if operand is not None else built
-                values = max(shape.dims) if shape.dims else 0
+                values = _contracted(graph, site, position) or (max(shape.dims) if shape.dims else 0)
                 rows = elements(shape.dims) // max(values, 1)
                 if values < 64:  # a small mask costs little whatever it stands for
                     continue
@@ -142,6 +172,15 @@ def structured_matmul(program: Program) -> list[Match]:
     out: list[Match] = []
     for match in found.values():
         kind = match.params["kind"]
+        runs = program.runs.get((match.module, match.ops[0]), 0) if match.ops else 0
+        if runs and match.params["rows"]:
+            ns = 1e6 * program.profiled_step_ms * match.stake_percent / 100 / (runs * match.params["rows"])
+            match.params["ns_per_row"] = round(ns, 3)
+            match.params["faster_than_a_gather"] = kind == "one_hot" and ns < GATHER_NS_PER_ROW_TPU
+            if program.platform == "TPU" and match.params["faster_than_a_gather"]:
+                # the lookup the result needs was measured slower there than this matmul: its multiply-adds are
+                # no work the report can count against the result's
+                match.work_ratio = match.needed_percent = None
         match.what = (f"{match.facts['matmul']} multiplies by " + LOOKUP_WHAT[kind].format(**match.params)
                       + (f" at {match.line}" if match.line else ""))
         match.params["change"] = LOOKUP_CHANGE[kind].format(line=match.line or "the line that builds it",
@@ -614,6 +653,228 @@ def loop_invariant_compute(program: Program) -> list[Match]:
         if match.stake_percent >= MIN_STAKE_PERCENT:
             found.append(match)
     return found
+
+
+CALL_INVARIANT_MIN_STAKE_PERCENT = 10.0
+"""A part of the step built only from arguments it does not update, holding less of the step than this, is left
+alone: computed once outside, it would save too little to be worth a second function."""
+CALLS = ("while", "conditional", "call")
+"""Ops that run computations of their own, timed by those computations' ops."""
+
+
+def _post_order(computation) -> list:
+    """The computation's instructions, each after its operands."""
+    order, seen = [], set()
+    for start in computation.instructions:
+        stack = [(start, False)]
+        while stack:
+            ins, done = stack.pop()
+            if done:
+                order.append(ins)
+            elif ins.name not in seen:
+                seen.add(ins.name)
+                stack.append((ins, True))
+                stack.extend((computation.by_name[o], False) for o in ins.operands
+                             if o in computation.by_name and o not in seen)
+    return order
+
+
+Reads = dict[tuple[str, str], frozenset[str]]
+
+
+def _arguments_read(graph: Graph) -> Reads:
+    """For each instruction of the program's entry and of the fusions it calls, the arguments its value is computed
+    from (the entry's parameters, each element of a tupled one apart); none for a constant or an iota."""
+    entry = graph.module.computations[graph.module.entry]
+    reads: Reads = {}
+
+    def walk(computation, caller: Site | None) -> None:
+        for ins in _post_order(computation):
+            source = computation.by_name.get(ins.operands[0]) if ins.operands else None
+            if caller is not None and ins.opcode == "parameter":
+                outer = graph.operand(caller, ins.parameter_number)
+                value = reads.get((outer.computation.name, outer.instruction.name), frozenset()) if outer else \
+                    frozenset()
+            elif caller is None and (ins.opcode == "parameter" or (
+                    ins.opcode == "get-tuple-element" and source is not None and source.opcode == "parameter")):
+                value = frozenset({ins.name})
+            else:
+                value = frozenset().union(*(reads.get((computation.name, o), frozenset()) for o in ins.operands))
+            reads[(computation.name, ins.name)] = value
+            if ins.opcode == "fusion" and ins.called and ins.called[0] in graph.module.computations:
+                walk(graph.module.computations[ins.called[0]], Site(computation, ins))
+
+    walk(entry, None)
+    return reads
+
+
+def _fused_matmuls(graph: Graph, site: Site) -> list[Site]:
+    """The matmuls an op runs: itself, or those of the fusion it is (and of the fusions nested in it)."""
+    ins = site.instruction
+    if ins.opcode in MATMUL_OPCODES:
+        return [site]
+    if ins.opcode != "fusion" or not ins.called or ins.called[0] not in graph.module.computations:
+        return []
+    inner = graph.module.computations[ins.called[0]]
+    return [m for i in inner.instructions for m in _fused_matmuls(graph, Site(inner, i))]
+
+
+def _timed_ops(program: Program, graph: Graph, site: Site) -> list[str]:
+    """The ops the profile times for an instruction of the entry: its own, or those of the computations a loop, a
+    conditional or a call runs."""
+    if site.instruction.opcode not in CALLS:
+        return [graph.timed_op(site)]
+    key, out = program.module_key(graph.module), []
+    for name in site.instruction.called:
+        called = graph.module.computations.get(name)
+        for ins in called.instructions if called is not None else ():
+            out.extend(_timed_ops(program, graph, Site(called, ins)))
+    return [op for op in dict.fromkeys(out) if (key, op) in program.op_ms]
+
+
+def _argument_names(graph: Graph, names) -> list[str]:
+    """The arguments as the user's code names them (their pytree paths), a tree's leaves under their common path
+    (params['item'] for params['item'][0]['w'] and params['item'][2]['b'])."""
+    entry = graph.module.computations[graph.module.entry]
+    position = {ins.name: k for k, ins in enumerate(entry.instructions)}  # parameters in the function's order
+    paths = list(dict.fromkeys(entry.by_name[n].op_name or re.sub(r"\.\d+$", "", n)
+                               for n in sorted(names, key=lambda n: (_argument_number(entry, n), position[n]))))
+    trees: dict[str, list[list[str]]] = {}
+    for path in paths:
+        root, *keys = re.split(r"(?=\[)", path)
+        trees.setdefault(root, []).append(keys)
+    out = []
+    for root, leaves in trees.items():
+        common = 0
+        while all(len(k) > common and k[common] == leaves[0][common] for k in leaves):
+            common += 1
+        out.append(root + "".join(leaves[0][:common]) if len(leaves) > 1 else root + "".join(leaves[0]))
+    return out
+
+
+def _argument_number(entry, name: str) -> tuple[int, int]:
+    """An argument's position among the jitted function's (a tupled one's element: its tuple's, then its index)."""
+    ins = entry.by_name[name]
+    if ins.opcode == "get-tuple-element":
+        return entry.by_name[ins.operands[0]].parameter_number, ins.tuple_index
+    return ins.parameter_number, 0
+
+
+def _call_site(program: Program, graph: Graph, site: Site) -> tuple[str, str, str]:
+    """(the line of the jitted function that calls the code computing this op, the function it calls there, the
+    jitted function's name) from the op's Python stack; the function is "" where the jitted function's own line
+    computes it."""
+    jitted = re.sub(r"^p?jit_|\(\d+\)$", "", graph.module.name)
+    stack = graph.module.stack(_matmul_inside(graph, site).instruction)
+    for k, (file, line, function) in enumerate(stack):
+        if function == jitted:
+            return (f"{Frame(file, line, function).short}", stack[k - 1][2] if k > 0 else "", jitted)
+    line, _ = program.line_of(graph, _matmul_inside(graph, site))
+    return line, "", jitted
+
+
+@idiom("call_invariant_compute", "work_not_needed",
+       "Each call recomputes a large part from arguments the step does not update",
+       "compute {part} at {line} once, outside {jitted}, where {arguments} are made ({example}), and pass {results} "
+       "to {jitted} in place of {arguments}, so each call reads it instead of recomputing it",
+       "that part of the step reads only some of its arguments, none of which the step updates; where they are the "
+       "same on every call (the premise: weights and a catalogue fixed while the requests change, which the profile "
+       "cannot see), its result is the same too, and computed once it costs nothing per call",
+       gain=(0.9, 1.0), measured="docs/reference/measurements.md#call-invariant-compute",
+       alternatives=("where those arguments change now and then (weights reloaded, items added), recompute the "
+                     "result only then (for the new items only), not on every call",))
+def call_invariant_compute(program: Program) -> list[Match]:
+    """Per program that updates none of its arguments (no training step: what it does not update includes its next
+    batch), the matmuls (and the ops around them) computed only from some of its arguments and not from others the
+    result reads (a fixed catalogue's embeddings, where the requests are the other arguments), holding at least
+    CALL_INVARIANT_MIN_STAKE_PERCENT of the step. Arguments that share their leading dimension with a result's (the
+    requests a result has a row for) are taken to change with each call; a program whose results have no dimension
+    gives no such sign and is left alone. An op that fuses such matmuls with others (XLA:CPU and
+    XLA:GPU fuse a tower into the matmul that reads it) stakes their share of its matmuls' FLOPs of its time."""
+    out = []
+    for graph in program.graphs:
+        entry = graph.module.computations.get(graph.module.entry)
+        root = entry.by_name.get(entry.root) if entry is not None else None
+        if root is None:
+            continue
+        shapes_out = [d for _, d in root.tuple_shapes] if root.tuple_shapes else \
+            [o.instruction.dims for o in graph.outputs()]
+        batch = {dims[0] for dims in shapes_out if dims}
+        if not batch:
+            continue
+        reads = _arguments_read(graph)
+        result_reads = reads[(entry.name, root.name)]
+        if any(graph.updated_by_step(entry.by_name[name]) for name in result_reads):
+            continue  # a training step (params in, new params out): what it does not update includes its next batch
+        unchanged = {name for name in result_reads
+                     if not (entry.by_name[name].dims and entry.by_name[name].dims[0] in batch)}
+        key = program.module_key(graph.module)
+        timed = [Site(entry, ins) for ins in entry.instructions
+                 if ins.opcode not in ("parameter", "constant", "tuple", "get-tuple-element")
+                 and any(program.op_ms.get((key, op)) for op in _timed_ops(program, graph, Site(entry, ins)))]
+        matmuls = [m for t in timed for m in _fused_matmuls(graph, t)]
+
+        def reads_of(site: Site) -> frozenset[str]:
+            return reads.get((site.computation.name, site.instruction.name), frozenset())
+
+        parts = {r for r in reads.values() if r and r <= unchanged and result_reads - r}
+        claimed: set[str] = set()
+        for part in sorted((p for p in parts if not any(p < q for q in parts)), key=len, reverse=True):
+            if not any(reads_of(m) and reads_of(m) <= part for m in matmuls):
+                continue
+            ops, ms, within = [], 0.0, []
+            for site in timed:
+                if site.instruction.name in claimed:
+                    continue
+                inner = [m for m in _fused_matmuls(graph, site) if reads_of(m) <= part and reads_of(m)]
+                whole = bool(reads_of(site)) and reads_of(site) <= part
+                if not whole and not inner:
+                    continue
+                flops = sum(matmul_flops(graph, m) for m in _fused_matmuls(graph, site))
+                share = 1.0 if whole or not flops else sum(matmul_flops(graph, m) for m in inner) / flops
+                site_ops = _timed_ops(program, graph, site)
+                ops.extend(site_ops)
+                ms += share * program.time_ms(graph.module, site_ops)
+                within.extend((site, m) for m in inner)
+            stake = program.step_percent(ms)
+            if not within or stake < CALL_INVARIANT_MIN_STAKE_PERCENT:
+                continue
+            claimed.update(site.instruction.name for site, _ in within)
+            inside = {name for (computation, name), r in reads.items() if computation == entry.name and r
+                      and r <= part}
+            results = list(dict.fromkeys(  # what the rest of the step reads of the part, its arguments apart
+                o for ins in entry.instructions if ins.name not in inside for o in ins.operands
+                if o in inside and graph.origin(Site(entry, entry.by_name[o])).instruction.name not in
+                reads.get((entry.name, graph.origin(Site(entry, entry.by_name[o])).instruction.name), ())))
+            shapes = [plain_shape(entry.by_name[r]) for r in results if entry.by_name[r].dtype != "tuple"]
+            fused = not shapes  # the part's result is made inside the op that reads it
+            _, heaviest = max(within, key=lambda pair: matmul_flops(graph, pair[1]))
+            call_line, callee, jitted = _call_site(program, graph, heaviest)
+            line, function = program.line_of(graph, heaviest)
+            arguments = _argument_names(graph, part)
+            others = _argument_names(graph, result_reads - part)
+            listed = " and ".join([", ".join(arguments[:-1]), arguments[-1]] if len(arguments) > 1 else arguments)
+            ops = list(dict.fromkeys(ops))
+            out.append(Match(
+                "call_invariant_compute", stake,
+                f"{len(within)} matmul(s) of the jitted {jitted} ({graph.computes(heaviest)} the largest) and the ops "
+                f"around them compute from {listed} alone"
+                + (f" (the call of {callee} at {call_line})" if callee else f" at {call_line}" if call_line else "")
+                + f": {stake:g}% of the step"
+                + (", by their share of the FLOPs of the matmuls XLA fused them with" if fused else "")
+                + f". The step also reads {', '.join(others[:4])}"
+                + ("" if fused else f", and of this part only {', '.join(shapes[:3])}")
+                + f"; it returns no new value of {listed}",
+                module=key, ops=ops[:16], line=call_line or line, function=function,
+                params={"part": f"{callee}({', '.join(arguments)})" if callee else
+                        f"what {jitted} computes from {listed}",
+                        "jitted": f"the jitted {jitted}", "arguments": listed,
+                        "example": f"jax.jit({callee})({', '.join(arguments)})" if callee else
+                        f"jax.jit(f)({', '.join(arguments)}) of a function f holding those lines",
+                        "results": f"the result ({', '.join(shapes[:3])})" if shapes else "the result"},
+                facts={"arguments": arguments[:8], "other_arguments": others[:8], "results": shapes[:4],
+                       "matmuls": len(within)}))
+    return out
 
 
 BRANCH_WALK_MAX = 4096
@@ -1704,6 +1965,9 @@ def weights_tiled_per_example(program: Program) -> list[Match]:
             needed = x_bytes + weight_bytes + nbytes(ins)
             weights = source.instruction.shape_text.split("{")[0]
             spec = "bnk,km->bnm" if position == 1 else "km,bmn->bkn"
+            # the tile is an op of its own that takes time: written out, not read in place by the matmul
+            written = graph.timed_op(tiled) != graph.timed_op(site) and \
+                program.time_ms(graph.module, [graph.timed_op(tiled)]) > 0
             out[(module_key, line or ops[0])] = Match(
                 "weights_tiled_per_example", stake,
                 f"{ins.opcode} {graph.operand(site, 0).instruction.shape_text.split('{')[0]} × "
@@ -1714,12 +1978,11 @@ def weights_tiled_per_example(program: Program) -> list[Match]:
                 + (f", at {line}" if line else ""),
                 module=module_key, ops=ops, line=line, function=function,
                 needed_percent=_needed_percent(program, graph, ops[0], flops=0.0, hbm_bytes=needed),
-                work_ratio=round(done / needed, 1),
+                # a tile XLA:TPU reads in place costs no bytes of the device's memory per copy: the chip measured
+                # no gain from sharing it, so the copies' bytes are no work the report can count
+                work_ratio=None if program.platform == "TPU" and not written else round(done / needed, 1),
                 params={"spec": spec, "weights": weights, "batch": batch,
-                        "tiled": operand.instruction.shape_text.split("{")[0],
-                        # the tile is an op of its own that takes time: written out, not read in place by the matmul
-                        "tile_written": graph.timed_op(tiled) != graph.timed_op(site) and
-                        program.time_ms(graph.module, [graph.timed_op(tiled)]) > 0},
+                        "tiled": operand.instruction.shape_text.split("{")[0], "tile_written": written},
                 facts={"batch": batch, "weight_bytes": weight_bytes, "tiled_bytes": weight_bytes * batch})
     return list(out.values())
 

@@ -98,6 +98,12 @@ def below_roof_fix(ctx: Context, ops: list[dict], top: dict) -> str:
     return text
 
 
+def below_roof_names_a_change(ops: list[dict], top: dict) -> bool:
+    """Whether below_roof_fix names a change to make (a library kernel's parameters, a scan's other lowering) rather
+    than only a kind of remedy (another algorithm or kernel)."""
+    return bool(library_kernel_fix(top)) or any(_is_windowed_scan(o) for o in ops)
+
+
 WINDOWED_SCAN_MARKS = ("reduce_window", "reduce-window", "cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp")
 """What names a cumulative op that XLA lowers to a sliding-window reduce-window (the framework op or the opcode)."""
 

@@ -7,12 +7,14 @@ Gemini prompt): the field order is the key order.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar, Self
 
 from xdiag.analysis.breakdown import CATEGORIES
 from xdiag.analysis.roofline import MEMORY_BOUND_FINDING_MIN_PERCENT, memory_bound_rows
+from xdiag.idioms import IDIOMS, Match
 from xdiag.idioms.memory_numerics import recompute_not_needed
+from xdiag.investigators.advice import context
 from xdiag.model import ToolResult
 from xdiag.profile.trace_json import XPROF_CHROME
 
@@ -34,7 +36,8 @@ UNNEEDED_WORK_RATIO_MAX = 4.0
 UNNEEDED_WORK_MIN_PERCENT = 2.0
 """The share of the step such work must hold to count."""
 IDIOM_MIN_PERCENT = 10.0
-"""The share of the step any idiom's match must hold to rule OPTIMAL out (its change is a finding)."""
+"""The share of the step any idiom's match must hold to rule OPTIMAL out (its change is a finding); a match whose
+change is withheld where the program runs ("Not advised here") offers nothing to change and rules nothing out."""
 MEMORY_BOUND_KIND_WORDS = {"at_bandwidth_roof": "near the HBM bandwidth roof",
                            "below_bandwidth_roof": "far below the HBM bandwidth roof"}
 """get_hlo_op_profile's memory_bound_kind in the words a reader reads."""
@@ -333,11 +336,20 @@ def health_snapshot(results: dict[str, ToolResult]) -> HealthSnapshot:
                        for m in _summary(results, "get_program_anatomy").get("idioms") or []
                        if isinstance(m, dict) and ((m.get("work_ratio") or 0) > UNNEEDED_WORK_RATIO_MAX
                                                    and (m.get("stake_percent") or 0) >= UNNEEDED_WORK_MIN_PERCENT
-                                                   or (m.get("stake_percent") or 0) >= IDIOM_MIN_PERCENT)],
+                                                   or (m.get("stake_percent") or 0) >= IDIOM_MIN_PERCENT)
+                       and not _withheld(m, results)],
     )
     snapshot.unhealthy_because = _unhealthy_reasons(snapshot)
     snapshot.healthy = not snapshot.unhealthy_because
     return snapshot
+
+
+def _withheld(record: dict[str, Any], results: dict[str, ToolResult]) -> bool:
+    """Whether an idiom match's change is withheld on the program's platform, vendor and framework: the finding
+    says why it is not advised, and there is nothing to change."""
+    match = Match.from_record(record)
+    setting = asdict(context(_summary(results, "get_device_information")))
+    return match is not None and bool(IDIOMS[match.idiom].withheld(match, setting))
 
 
 def _unhealthy_reasons(s: HealthSnapshot) -> list[str]:

@@ -194,6 +194,7 @@ def with_levers(found: list[Hypothesis], facts: Facts) -> None:
             continue
         lead = offers[0]
         h.predicted = lead.gain_percent or h.predicted
+        h.names_no_change = False  # the lever is the change
         h.fix = sentence(levers.lead_sentence(lead) + levers.alternatives_sentence(offers[1:3])
                          + (" Beyond these: " + h.fix if h.fix else ""))
         h.evidence.append(evidence("get_program_anatomy", "lever", lead.lever.key,

@@ -31,6 +31,8 @@ class Hypothesis:
     no_host_line: str = ""  # why it names none, for a host finding whose events no recorded user frame holds
     predicted: tuple[float, float] | None = None  # the step-time gain its fix's first change is predicted to realise
     withheld: bool = False  # its fix offers no change: the levers that fit were withheld (their premises fail)
+    names_no_change: bool = False  # its fix names a kind of remedy, no change to make ("use another algorithm or
+    # kernel"): it ranks after every finding that names one, and says what to look at next
 
     @property
     def priority(self) -> str:

@@ -35,10 +35,10 @@ def realisable(h: Hypothesis) -> float:
 
 def by_realisable_gain(found: list[Hypothesis]) -> list[Hypothesis]:
     """The findings by what their first change is expected to save, largest first; a finding with no change to make
-    comes after every finding that has one (it says what to measure next). Findings whose score is a risk level keep
-    their places."""
+    (its change withheld, or only a kind of remedy named) comes after every finding that has one (it says what to
+    measure next). Findings whose score is a risk level keep their places."""
     order = iter(sorted((h for h in found if h.key not in NOT_TIME_FINDINGS),
-                        key=lambda h: (h.withheld, -realisable(h))))
+                        key=lambda h: (h.withheld, h.names_no_change, -realisable(h))))
     return [h if h.key in NOT_TIME_FINDINGS else next(order) for h in found]
 
 

@@ -195,7 +195,7 @@ def _memory_bound_hypothesis(ops: dict[str, Any], low_share: float, low_ops: lis
         if extra >= 20 and not advice.library_kernel_fix(top):
             fix += "; and " + advice.fuse_passes(ctx)
         bounded = bool(ops.get("memory_bound_kind_bandwidth_is_upper_bound"))
-        return Hypothesis(
+        found = Hypothesis(
             "memory_bound", recoverable * compute / 100, "Memory-bound ops run far below the HBM bandwidth roof",
             whats, ev,
             _to_roof_gain(below_share, kind_bandwidth, to_roof, compute, step_ms, bounded)
@@ -203,6 +203,10 @@ def _memory_bound_hypothesis(ops: dict[str, Any], low_share: float, low_ops: lis
                f"{extra:.0f}% of op time." if extra > to_roof else ""),
             sentence(fix), follow_up=follow_up, extra_evidence=neighborhood_evidence,
             ops=staked)
+        # "use another algorithm or kernel" is no change to make: a finding that names one (an idiom's, a lever's)
+        # comes first, the more so where the op is a library's own (a sort, a top-k) the user cannot tune
+        found.names_no_change = not advice.below_roof_names_a_change(low_ops, top)
+        return found
     if kind == "at_bandwidth_roof" and ops.get("memory_bound_rereads_in_loops"):
         ceiling = 100 * intensity / ridge if intensity is not None and ridge else None
         recoverable = share * (1 - (ceiling or 0) / 100)
