@@ -1128,9 +1128,11 @@ def _busiest_line(program: Program, graph: Graph, module_key: str, sites: Iterab
     return max(by_line, key=by_line.get) if by_line else ("", "")
 
 
-LONG_WINDOW_MIN_TAPS = 256
-"""A convolution window this long or longer is one an FFT can do in far fewer operations (n·log n per channel
-against n·taps); the chip measured 2,048 taps, where the FFT took 0.7% of the direct convolution's time."""
+LONG_WINDOW_MIN_TAPS = 512
+"""A convolution window this long or longer is one an FFT does faster (n·log n per channel against n·taps): on the
+chip, 8 sequences of 2,048 steps in 256 channels filtered directly took 0.151, 0.244, 1.766 and 6.446 ms at 16, 64,
+256 and 512 taps, by FFT 1.79-1.85 ms at each (docs/reference/measurements.md#long-window-convolution): even at 256
+taps, faster from 512; at 2,048 taps in a whole program the FFT took 0.7% of the direct convolution's time."""
 GROUPED_MAX_FEATURES = 16
 """At most this many input features per group (1: depthwise): each output reads so few values per tap that the
 matrix unit has almost nothing to contract, and the taps run as multiply-adds on the vector units."""
@@ -1164,8 +1166,8 @@ def _long_grouped_window(graph: Graph, site: Site) -> tuple[int, int, int] | Non
        "a grouped (depthwise) convolution with a window of k taps does channels × length × k multiply-adds, each "
        "output reading only a few input features per tap, which the matrix unit cannot batch into a matmul; by FFT "
        "each channel's filter is two real FFTs, a product and an inverse, O(n log n) instead of O(n·k). The premise "
-       "is a long window: on a TPU v5e the FFT took 0.7% of the direct convolution's time at 2,048 taps; windows of "
-       "a few dozen taps were not timed (direct is likely faster there: a premise)",
+       "is a long window: on a TPU v5e the FFT took 0.7% of the direct convolution's time at 2,048 taps and 28% at "
+       "512; at 256 taps the two were even, and the direct convolution was 7-12× faster at 16 and 64",
        gain=(0.9, 1.0), measured="docs/reference/measurements.md#long-window-convolution",
        alternatives=("jax.scipy.signal.fftconvolve(x, h, mode=\"full\", axes=(-1,))[..., :n] at the same line (on a "
                      "TPU v5e 94% shorter where the rfft product was 99%: it pads to n + k - 1, no power of two)",))
@@ -1203,10 +1205,12 @@ def long_window_convolution(program: Program) -> list[Match]:
 SEARCHSORTED_SCAN = "_searchsorted_scan_impl"
 """The function of jnp.searchsorted's default method ("scan"), which its ops' framework paths name: a binary search
 as a while loop of dependent gathers."""
-COMPARE_ALL_MAX_TABLE = 1024
+COMPARE_ALL_MAX_TABLE = 4096
 """Up to this many sorted entries method="compare_all" (each query compared with every entry, one vectorised pass)
-is the change; the chip measured 255 (38.3 ms against 372.7); past it the compares grow with the table, and
-method="sort" (the queries co-sorted with the table, 103.1 ms there) is named instead."""
+is the change: on the chip it was the fastest method at 255, 1,024 and 4,096 entries (16 features of 16,384 values:
+0.153, 0.509 and 1.835 ms, against 21.0-34.2 ms for the default scan and 3.1-3.4 ms for "sort"; in a whole program
+at 255 entries 38.3 ms against 372.7); its compares grow with the table, so past the longest measured method="sort"
+is named instead (a premise)."""
 SEARCHSORTED_MIN_STAKE_PERCENT = 5.0
 
 
@@ -1269,8 +1273,10 @@ def searchsorted_binary_search(program: Program) -> list[Match]:
 
 FFT_MIN_STAKE_PERCENT = 10.0
 FFT_MATMUL_MAX_POINTS = 1024
-"""Transforms up to this many points are taken as matmuls with tables: the chip measured 1,024 (57.4% shorter); a
-table's n² coefficients outgrow an n log n transform for longer ones, untimed."""
+"""Transforms up to this many points are taken as matmuls with tables: on the chip two HIGHEST matmuls took 53-55%
+less time than jnp.fft.rfft at 256 and 1,024 points (40,960 frames: 0.913 against 1.960 ms; 3.189 against 7.010),
+17% less at 2,048 and 62% more at 4,096, where the table's n² coefficients outgrow the n log n transform; in a whole
+program of 1,024-point spectra, 57.4% shorter."""
 
 
 def _fft_points(graph: Graph, matmuls: list[Site]) -> int:
