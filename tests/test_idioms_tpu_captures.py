@@ -309,3 +309,14 @@ def test_a_catalogues_embeddings_recomputed_on_every_request_are_found_with_the_
     # a training step's blurred batch reads the images alone, but the images are the step's batch: it updates its
     # parameters, so what it does not update is no sign of what stays the same between calls
     assert not matches(program("where_branches", "before-a"), "call_invariant_compute")
+
+
+def test_a_stack_of_2x2_inverses_is_their_closed_form_not_another_factorisation(program):
+    """XLA:TPU runs jnp.linalg.inv over 262,144 stacked 2×2 matrices as its batched LU custom call, pivot gathers and
+    blocked triangular solves: the closed form, not a solve in place of the inverse, is the change."""
+    before = program("blind5_splat_project", "before-a")
+    (match,) = matches(before, "tiny_matrix_decomposition")
+    assert match.facts["matrices"] == 262144 and match.params["order"] == 2 and match.stake_percent > 90
+    assert match.line.endswith("blind5_splat_project.py:49") and match.params["routines"] == "jnp.linalg.inv"
+    assert not matches(before, "linear_algebra")
+    assert not matches(program("blind5_splat_project", "fixed"), "tiny_matrix_decomposition")
