@@ -320,3 +320,12 @@ def test_a_stack_of_2x2_inverses_is_their_closed_form_not_another_factorisation(
     assert match.line.endswith("blind5_splat_project.py:49") and match.params["routines"] == "jnp.linalg.inv"
     assert not matches(before, "linear_algebra")
     assert not matches(program("blind5_splat_project", "fixed"), "tiny_matrix_decomposition")
+
+
+def test_pairwise_squared_distances_hold_where_xla_tpu_writes_the_difference_as_an_add(program):
+    """XLA:TPU folds the negation of a constant side into it and writes (a − b) as a + (−b), the add still named for
+    the framework's sub: the squared distances are the expansion's to remove all the same."""
+    (match,) = matches(program("blind5_gp_predict", "before-a"), "pairwise_broadcast_reduce")
+    assert match.facts["kind"] == "squared distance" and match.stake_percent > 85
+    assert match.params["pairs"] == "f32[4096,8192,64]" and match.line.endswith("blind5_gp_predict.py:29")
+    assert not matches(program("blind5_gp_predict", "fixed"), "pairwise_broadcast_reduce")
