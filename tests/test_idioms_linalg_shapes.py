@@ -1,6 +1,7 @@
 """JAX's linear algebra where the matrices' shapes or the loop around it decide the change, on programs captured
 here on the CPU: a decomposition over a stack of tiny matrices, whose closed form is the change
-(xdiag.idioms.op_identity: tiny_matrix_decomposition), not another factorisation (linear_algebra)."""
+(xdiag.idioms.op_identity: tiny_matrix_decomposition), not another factorisation (linear_algebra); and a solve in a
+loop that rebuilds its matrix every trip, where no factorisation can be hoisted (linear_algebra's Cholesky change)."""
 
 from __future__ import annotations
 
@@ -41,12 +42,27 @@ PROGRAMS = {
         run = lambda: apply(m)
     """, {"linear_algebra"}),
 }
+LOOP = """
+    a0 = jax.random.normal(jax.random.key(0), (256, 256))
+    a0 = a0 @ a0.T / 256 + jnp.eye(256)
+    b = jnp.ones((256, 8))
+    @jax.jit
+    def advance(x, t):
+        def one(i, state):
+            x, t = state
+            a = {matrix}
+            return jnp.linalg.solve(a, x), t + 1.0
+        return jax.lax.fori_loop(0, 4, one, (x, t))
+    run = lambda: advance(b, jnp.float32(0.0))
+"""
+SOLVES = {"rebuilt_each_trip": LOOP.format(matrix="a0 + t * jnp.eye(256)"), "same_each_trip": LOOP.format(matrix="a0")}
 OURS = ("tiny_matrix_decomposition", "linear_algebra")
 
 
 @pytest.fixture(scope="module")
 def captured(tmp_path_factory) -> dict[str, Path]:
-    return capture_programs({name: body for name, (body, _) in PROGRAMS.items()}, tmp_path_factory.mktemp("linalg"))
+    return capture_programs({**{name: body for name, (body, _) in PROGRAMS.items()}, **SOLVES},
+                            tmp_path_factory.mktemp("linalg"))
 
 
 @pytest.mark.parametrize("name", sorted(PROGRAMS))
@@ -68,3 +84,14 @@ def test_the_report_leads_with_the_closed_form(captured, tmp_path):
     findings = analyze_session(locate_session(captured["stacked_2x2_inverse"]), tmp_path / "r").diagnosis.findings
     assert findings[0].key == "tiny_matrix_decomposition", [(f.key, f.fix[:100]) for f in findings]
     assert findings[0].fix.startswith("First, write the 2×2 inverse") and "Expected:" in findings[0].fix
+
+
+def test_a_matrix_rebuilt_from_the_loops_state_is_solved_by_cholesky_not_factored_once(captured):
+    (match,) = matches(captured["rebuilt_each_trip"], "linear_algebra")
+    assert match.facts["rebuilt_each_trip"] and "rebuilds the matrix from its state every trip" in match.what
+    change = IDIOMS["linear_algebra"].change_text(match)
+    assert change.startswith("solve by Cholesky at ") and 'assume_a="pos"' in change and "symmetric positive" in change
+    assert match.line.endswith(line_of(captured["rebuilt_each_trip"], "rebuilt_each_trip", "jnp.linalg.solve"))
+    (same,) = matches(captured["same_each_trip"], "linear_algebra")  # its factorisation is one to keep
+    assert not same.facts["rebuilt_each_trip"]
+    assert IDIOMS["linear_algebra"].change_text(same).startswith("factor the matrix once")

@@ -329,3 +329,12 @@ def test_pairwise_squared_distances_hold_where_xla_tpu_writes_the_difference_as_
     assert match.facts["kind"] == "squared distance" and match.stake_percent > 85
     assert match.params["pairs"] == "f32[4096,8192,64]" and match.line.endswith("blind5_gp_predict.py:29")
     assert not matches(program("blind5_gp_predict", "fixed"), "pairwise_broadcast_reduce")
+
+
+def test_a_matrix_the_loop_rebuilds_from_its_clock_is_solved_by_cholesky(program):
+    """An implicit step's matrix is made each trip from the loop's scalar clock: XLA:TPU's LU custom call reads it
+    inside the loop's body, so nothing can be factored once; the Cholesky solve is the change."""
+    (match,) = matches(program("blind5_heat_columns", "before-a"), "linear_algebra")
+    assert match.facts["rebuilt_each_trip"] and match.stake_percent > 90
+    assert IDIOMS["linear_algebra"].change_text(match).startswith("solve by Cholesky at programs/blind5_heat_columns.py")
+    assert not matches(program("blind5_heat_columns", "cholesky"), "linear_algebra")

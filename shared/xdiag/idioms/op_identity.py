@@ -54,12 +54,16 @@ def linear_algebra(program: Program) -> list[Match]:
     ops: list[str] = []
     lines: dict[tuple[str, str], float] = {}
     module = ""
+    rebuilt = False  # an LU factorisation in a loop of a matrix made from the loop's changing state: none to hoist
     for graph in program.graphs:
         key = program.module_key(graph.module)
         for site in graph.sites():
             found = routines_of(site.instruction.op_name)
             if not found & PRIMITIVES:
                 continue
+            rebuilt = rebuilt or ("lu" in found and site.instruction.opcode in ("custom-call", "cholesky") and
+                                  graph.loop_of(site.computation) is not None and
+                                  graph.depends_on_carried(site, scalars=True))
             timed = graph.timed_op(site)
             if timed in ops or (key, timed) not in program.op_ms:
                 continue
@@ -94,6 +98,12 @@ def linear_algebra(program: Program) -> list[Match]:
                   "c = jax.scipy.linalg.cho_factor(a) (symmetric positive-definite), logdet = 2 * "
                   "jnp.sum(jnp.log(jnp.diag(c[0]))), x = jax.scipy.linalg.cho_solve(c, b), instead of a separate "
                   "jnp.linalg.slogdet and jnp.linalg.solve")
+    elif "solve" in routines and "cholesky" not in routines and rebuilt:
+        calls_per_step = 0.0  # the loop's trips, not calls, run the factorisation again: each trip's matrix differs
+        change = (f"solve by Cholesky at {line or 'the line that solves'}: jax.scipy.linalg.solve(a, b, "
+                  "assume_a=\"pos\") (or jax.scipy.linalg.cho_solve(jax.scipy.linalg.cho_factor(a), b)) instead of "
+                  "jnp.linalg.solve(a, b), its premise that the matrix is symmetric positive definite: the loop rebuilds the matrix from its state every trip, so no factorisation "
+                  "can be kept, and a Cholesky factorisation does half an LU's work with no pivoting")
     elif "solve" in routines and calls_per_step > 1.5:  # jnp.linalg.solve factors its matrix on every call
         # ... and each call is dispatched on its own: one solve of all right-hand sides also ends the device's idle
         # time between the calls
@@ -113,10 +123,12 @@ def linear_algebra(program: Program) -> list[Match]:
         f"{ops_share:g}% of "
         f"the step" + (f", in {calls_per_step:.3g} calls of {module.split('(')[0]} per step, the device idle "
                        f"{program.step.get('device_idle_percent')}% of it between them" if calls_per_step > 1.5
-                       else "") + (f", from {line}" if line else ""),
+                       else "") + (", in a loop that rebuilds the matrix from its state every trip" if rebuilt
+                                   else "") + (f", from {line}" if line else ""),
         module=module, ops=ops[:16], line=line, function=function,
         params={"change": change, "routines": named},
-        facts={"routines_ms": {r: round(v, 3) for r, v in routines.items()}, "op_count": len(ops)})]
+        facts={"routines_ms": {r: round(v, 3) for r, v in routines.items()}, "op_count": len(ops),
+               "rebuilt_each_trip": rebuilt})]
 
 
 TINY_ORDER_MAX = 4
