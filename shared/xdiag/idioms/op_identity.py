@@ -102,8 +102,9 @@ def linear_algebra(program: Program) -> list[Match]:
         calls_per_step = 0.0  # the loop's trips, not calls, run the factorisation again: each trip's matrix differs
         change = (f"solve by Cholesky at {line or 'the line that solves'}: jax.scipy.linalg.solve(a, b, "
                   "assume_a=\"pos\") (or jax.scipy.linalg.cho_solve(jax.scipy.linalg.cho_factor(a), b)) instead of "
-                  "jnp.linalg.solve(a, b), its premise that the matrix is symmetric positive definite: the loop rebuilds the matrix from its state every trip, so no factorisation "
-                  "can be kept, and a Cholesky factorisation does half an LU's work with no pivoting")
+                  "jnp.linalg.solve(a, b), its premise that the matrix is symmetric positive definite: the loop "
+                  "rebuilds the matrix from its state every trip, so no factorisation can be kept, and a Cholesky "
+                  "factorisation does half an LU's work with no pivoting")
     elif "solve" in routines and calls_per_step > 1.5:  # jnp.linalg.solve factors its matrix on every call
         # ... and each call is dispatched on its own: one solve of all right-hand sides also ends the device's idle
         # time between the calls
@@ -193,7 +194,8 @@ def tiny_matrix_decomposition(program: Program) -> list[Match]:
         for site in graph.sites():
             named = routines_of(site.instruction.op_name)
             timed = graph.timed_op(site)
-            if not named & PRIMITIVES or (key, timed) not in program.op_ms or program.line_of(graph, site) not in stacks:
+            if not named & PRIMITIVES or (key, timed) not in program.op_ms or \
+                    program.line_of(graph, site) not in stacks:
                 continue
             ms = ops.setdefault(timed, program.op_ms[(key, timed)])
             for routine in named - {"lu_pivots_to_permutation"}:
