@@ -309,3 +309,33 @@ def test_a_catalogues_embeddings_recomputed_on_every_request_are_found_with_the_
     # a training step's blurred batch reads the images alone, but the images are the step's batch: it updates its
     # parameters, so what it does not update is no sign of what stays the same between calls
     assert not matches(program("where_branches", "before-a"), "call_invariant_compute")
+
+
+def test_a_stack_of_2x2_inverses_is_their_closed_form_not_another_factorisation(program):
+    """XLA:TPU runs jnp.linalg.inv over 262,144 stacked 2×2 matrices as its batched LU custom call, pivot gathers and
+    blocked triangular solves: the closed form, not a solve in place of the inverse, is the change."""
+    before = program("blind5_splat_project", "before-a")
+    (match,) = matches(before, "tiny_matrix_decomposition")
+    assert match.facts["matrices"] == 262144 and match.params["order"] == 2 and match.stake_percent > 90
+    assert match.line.endswith("blind5_splat_project.py:49") and match.params["routines"] == "jnp.linalg.inv"
+    assert not matches(before, "linear_algebra")
+    assert not matches(program("blind5_splat_project", "fixed"), "tiny_matrix_decomposition")
+
+
+def test_pairwise_squared_distances_hold_where_xla_tpu_writes_the_difference_as_an_add(program):
+    """XLA:TPU folds the negation of a constant side into it and writes (a − b) as a + (−b), the add still named for
+    the framework's sub: the squared distances are the expansion's to remove all the same."""
+    (match,) = matches(program("blind5_gp_predict", "before-a"), "pairwise_broadcast_reduce")
+    assert match.facts["kind"] == "squared distance" and match.stake_percent > 85
+    assert match.params["pairs"] == "f32[4096,8192,64]" and match.line.endswith("blind5_gp_predict.py:29")
+    assert not matches(program("blind5_gp_predict", "fixed"), "pairwise_broadcast_reduce")
+
+
+def test_a_matrix_the_loop_rebuilds_from_its_clock_is_solved_by_cholesky(program):
+    """An implicit step's matrix is made each trip from the loop's scalar clock: XLA:TPU's LU custom call reads it
+    inside the loop's body, so nothing can be factored once; the Cholesky solve is the change."""
+    (match,) = matches(program("blind5_heat_columns", "before-a"), "linear_algebra")
+    assert match.facts["rebuilt_each_trip"] and match.stake_percent > 90
+    change = IDIOMS["linear_algebra"].change_text(match)
+    assert change.startswith("solve by Cholesky at programs/blind5_heat_columns.py:43"), change
+    assert not matches(program("blind5_heat_columns", "cholesky"), "linear_algebra")

@@ -296,17 +296,17 @@ class Graph:
             name = caller.computation.name
         return None
 
-    def carried(self, body: HloComputation) -> frozenset[int]:
+    def carried(self, body: HloComputation, scalars: bool = False) -> frozenset[int]:
         """The elements of a while loop's state each trip computes from the trip before (a recurrence: a hidden
-        state, a token): not passed on unchanged, not a scalar counter, not a buffer the trips only write into
-        (dynamic-update-slice, as lax.map stacks its outputs)."""
+        state, a token): not passed on unchanged, not a scalar counter (unless `scalars`: a counter, a clock), not a
+        buffer the trips only write into (dynamic-update-slice, as lax.map stacks its outputs)."""
         root = body.by_name.get(body.root)
         if root is None or root.opcode != "tuple":
             return frozenset()
         out = set()
         for index, name in enumerate(root.operands):
             value = body.by_name.get(name)
-            if value is None or not value.dims:
+            if value is None or not (value.dims or scalars):
                 continue
             origin = self.origin(Site(body, value))
             if origin is not None and origin.instruction.opcode == "get-tuple-element" and \
@@ -317,10 +317,10 @@ class Graph:
             out.add(index)
         return frozenset(out)
 
-    def depends_on_carried(self, site: Site, depth: int = 64) -> bool:
+    def depends_on_carried(self, site: Site, depth: int = 64, scalars: bool = False) -> bool:
         """Whether an instruction of a loop body reads, through the body's instructions, an element of the loop's
-        state that the trip before computed (`carried`)."""
-        carried = self.carried(site.computation)
+        state that the trip before computed (`carried`; with `scalars`, a counter or clock among them)."""
+        carried = self.carried(site.computation, scalars)
         if not carried:
             return False
         frontier, seen = list(site.instruction.operands), set()

@@ -54,12 +54,16 @@ def linear_algebra(program: Program) -> list[Match]:
     ops: list[str] = []
     lines: dict[tuple[str, str], float] = {}
     module = ""
+    rebuilt = False  # an LU factorisation in a loop of a matrix made from the loop's changing state: none to hoist
     for graph in program.graphs:
         key = program.module_key(graph.module)
         for site in graph.sites():
             found = routines_of(site.instruction.op_name)
             if not found & PRIMITIVES:
                 continue
+            rebuilt = rebuilt or ("lu" in found and site.instruction.opcode in ("custom-call", "cholesky") and
+                                  graph.loop_of(site.computation) is not None and
+                                  graph.depends_on_carried(site, scalars=True))
             timed = graph.timed_op(site)
             if timed in ops or (key, timed) not in program.op_ms:
                 continue
@@ -73,8 +77,8 @@ def linear_algebra(program: Program) -> list[Match]:
                 lines[line] = lines.get(line, 0.0) + ms
     stake = program.step_percent(sum(program.op_ms[(module, op)] for op in ops if (module, op) in program.op_ms)) \
         if ops else 0.0
-    if stake < MIN_STAKE_PERCENT:
-        return []
+    if stake < MIN_STAKE_PERCENT or any(m.module == module for m in tiny_matrix_decomposition(program)):
+        return []  # a stack of tiny matrices: their closed form, not another factorisation, removes the time
     ops_share = stake
     line, function = max(lines, key=lines.get) if lines else ("", "")
     named = sorted(routines, key=lambda r: -routines[r])
@@ -94,6 +98,13 @@ def linear_algebra(program: Program) -> list[Match]:
                   "c = jax.scipy.linalg.cho_factor(a) (symmetric positive-definite), logdet = 2 * "
                   "jnp.sum(jnp.log(jnp.diag(c[0]))), x = jax.scipy.linalg.cho_solve(c, b), instead of a separate "
                   "jnp.linalg.slogdet and jnp.linalg.solve")
+    elif "solve" in routines and "cholesky" not in routines and rebuilt:
+        calls_per_step = 0.0  # the loop's trips, not calls, run the factorisation again: each trip's matrix differs
+        change = (f"solve by Cholesky at {line or 'the line that solves'}: jax.scipy.linalg.solve(a, b, "
+                  "assume_a=\"pos\") (or jax.scipy.linalg.cho_solve(jax.scipy.linalg.cho_factor(a), b)) instead of "
+                  "jnp.linalg.solve(a, b), its premise that the matrix is symmetric positive definite: the loop "
+                  "rebuilds the matrix from its state every trip, so no factorisation can be kept, and a Cholesky "
+                  "factorisation does half an LU's work with no pivoting")
     elif "solve" in routines and calls_per_step > 1.5:  # jnp.linalg.solve factors its matrix on every call
         # ... and each call is dispatched on its own: one solve of all right-hand sides also ends the device's idle
         # time between the calls
@@ -113,10 +124,100 @@ def linear_algebra(program: Program) -> list[Match]:
         f"{ops_share:g}% of "
         f"the step" + (f", in {calls_per_step:.3g} calls of {module.split('(')[0]} per step, the device idle "
                        f"{program.step.get('device_idle_percent')}% of it between them" if calls_per_step > 1.5
-                       else "") + (f", from {line}" if line else ""),
+                       else "") + (", in a loop that rebuilds the matrix from its state every trip" if rebuilt
+                                   else "") + (f", from {line}" if line else ""),
         module=module, ops=ops[:16], line=line, function=function,
         params={"change": change, "routines": named},
-        facts={"routines_ms": {r: round(v, 3) for r, v in routines.items()}, "op_count": len(ops)})]
+        facts={"routines_ms": {r: round(v, 3) for r, v in routines.items()}, "op_count": len(ops),
+               "rebuilt_each_trip": rebuilt})]
+
+
+TINY_ORDER_MAX = 4
+"""Matrices this small have a closed-form inverse, determinant and factors: a few multiply-adds per matrix."""
+TINY_BATCH_MIN = 1024
+"""At least this many stacked matrices: the decomposition's per-matrix blocks, not its one launch, hold the time."""
+
+
+def tiny_matrix_stack(graph: Graph, site: Site) -> tuple[int, int] | None:
+    """(n, matrices) where a linear-algebra op (a library custom call, a triangular solve, a Cholesky) reads a stack
+    of at least TINY_BATCH_MIN n × n matrices with n ≤ TINY_ORDER_MAX; None otherwise."""
+    ins = site.instruction
+    if ins.opcode not in ("custom-call", "triangular-solve", "cholesky") or not routines_of(ins.op_name) & PRIMITIVES:
+        return None
+    for index in range(len(ins.operands)):
+        operand = graph.operand(site, index)
+        dims = operand.instruction.dims if operand is not None else ()
+        if len(dims) >= 3 and dims[-1] == dims[-2] <= TINY_ORDER_MAX and elements(dims[:-2]) >= TINY_BATCH_MIN:
+            return dims[-1], elements(dims[:-2])
+    return None
+
+
+CLOSED_FORMS = {
+    2: "for [[a, b], [c, d]] the inverse is [[d, -b], [-c, a]] / (a * d - b * c) (for a symmetric [[a, b], [b, c]]: "
+       "det = a * c - b * b, entries c / det, -b / det, a / det), elementwise over the stack",
+    3: "for rows r0, r1, r2 the inverse's columns are jnp.cross(r1, r2), jnp.cross(r2, r0), jnp.cross(r0, r1) over "
+       "det = jnp.sum(r0 * jnp.cross(r1, r2), -1) (the cofactors), elementwise over the stack",
+    4: "the 4 × 4 cofactors written out (or two 2 × 2 blocks by the Schur complement), elementwise over the stack; "
+       "its premise is that the matrices are well conditioned, as no pivoting guards it",
+}
+
+
+@idiom("tiny_matrix_decomposition", "op_identity",
+       "A decomposition runs over a stack of tiny matrices that a closed form inverts",
+       "write the {order}×{order} inverse (or solve) in closed form at {line} instead of {routines} over the "
+       "stacked matrices: {closed_form}",
+       "a batched LU, Cholesky or triangular solve runs as blocked library kernels sized for large matrices, each "
+       "tiny matrix one padded block of its loop; its closed form is a few multiply-adds per matrix, fused with the "
+       "ops around it",
+       gain=(0.95, 1.0), measured="docs/reference/measurements.md#tiny-matrix-decomposition",
+       alternatives=("for the eigenvalues of a symmetric 2×2 [[a, b], [b, c]], mid ± jnp.sqrt(mid * mid - "
+                     "(a * c - b * b)) with mid = (a + c) / 2, elementwise",))
+def tiny_matrix_decomposition(program: Program) -> list[Match]:
+    cache = program.__dict__.setdefault("tiny_matrix_decomposition", {})
+    if "matches" in cache:  # linear_algebra asks too: read once
+        return cache["matches"]
+    found: list[Match] = []
+    for graph in program.graphs:
+        key = program.module_key(graph.module)
+        stacks: dict[tuple[str, str], tuple[int, int]] = {}
+        called: dict[tuple[str, str], str] = {}
+        for site in graph.sites():
+            stack = tiny_matrix_stack(graph, site)
+            if stack is not None:  # the outermost routine its path names is the one the user called
+                called[program.line_of(graph, site)] = ROUTINES.findall(site.instruction.op_name)[0]
+                stacks[program.line_of(graph, site)] = max(stack, stacks.get(program.line_of(graph, site), (0, 0)))
+        if not stacks:
+            continue
+        # the routines' ops at the stacks' lines: the decomposition, its pivots' gathers and the solves after it
+        ops: dict[str, float] = {}
+        routines: dict[str, float] = {}
+        for site in graph.sites():
+            named = routines_of(site.instruction.op_name)
+            timed = graph.timed_op(site)
+            if not named & PRIMITIVES or (key, timed) not in program.op_ms or \
+                    program.line_of(graph, site) not in stacks:
+                continue
+            ms = ops.setdefault(timed, program.op_ms[(key, timed)])
+            for routine in named - {"lu_pivots_to_permutation"}:
+                routines[routine] = routines.get(routine, 0.0) + ms
+        stake = program.step_percent(sum(ops.values()))
+        if stake < MIN_STAKE_PERCENT:
+            continue
+        line, function = max(stacks, key=lambda k: stacks[k][1])
+        order, matrices = stacks[(line, function)]
+        named = sorted(routines, key=lambda r: -routines[r])
+        user = called[(line, function)]
+        found.append(Match(
+            "tiny_matrix_decomposition", stake,
+            f"JAX's {', '.join(named[:5])} over a stack of {matrices:,} {order}×{order} matrices ({len(ops)} ops: "
+            f"library custom calls and triangular solves) hold {stake:g}% of the step"
+            + (f", from {line}" if line else ""),
+            module=key, ops=sorted(ops, key=lambda op: -ops[op])[:16], line=line, function=function,
+            params={"order": order, "routines": ("jax.lax.linalg." if user in PRIMITIVES else "jnp.linalg.") + user,
+                    "closed_form": CLOSED_FORMS[order]},
+            facts={"matrices": matrices, "order": order, "op_count": len(ops)}))
+    cache["matches"] = found
+    return found
 
 
 PROMOTED_MIN_BYTES = 1 << 20

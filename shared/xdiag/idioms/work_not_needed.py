@@ -1443,10 +1443,17 @@ def _operand_from(graph: Graph, reader: Site, value: Site) -> str:
     return ""
 
 
+def _is_difference(site: Site) -> bool:
+    """A subtraction, or the add XLA:TPU writes for one: a − b as a + (−b), the negation folded into b's constant or
+    its fusion, the add still named for the framework's sub."""
+    ins = site.instruction
+    return ins.opcode == "subtract" or (ins.opcode == "add" and (ins.op_name or "").rsplit("/", 1)[-1] == "sub")
+
+
 def _broadcast_pair(graph: Graph, site: Site | None, reduced: int) -> tuple[int, int] | None:
     """Where an elementwise op combines two arrays broadcast against each other, (N, D) against (M, D) to
     N×M×D, and the reduction after it runs over the D of `reduced` elements: (N, M); else None."""
-    if site is None or site.instruction.opcode not in ("subtract", "multiply") or \
+    if site is None or not (site.instruction.opcode == "multiply" or _is_difference(site)) or \
             len(site.instruction.operands) != 2 or reduced < 2:
         return None
     made = elements(site.instruction.dims)
@@ -1497,7 +1504,7 @@ def pairwise_broadcast_reduce(program: Program) -> list[Match]:
             if pair is None and value.instruction.operands[0] == value.instruction.operands[1]:
                 difference = graph.origin(graph.operand(value, 0))
                 pair = _broadcast_pair(graph, difference, reduced) if difference is not None and \
-                    difference.instruction.opcode == "subtract" else None
+                    _is_difference(difference) else None
                 elementwise.append(difference)
                 kind = "squared distance"
             if pair is None:
