@@ -218,8 +218,8 @@ def ops_holding(program: Program, test: Callable[[Graph, Site], bool]) -> dict[s
             if ms <= 0:
                 continue
             held = out.setdefault(key, Held(graph))
-            if held.example is None or ms > held.example_ms or ms == held.example_ms and site.instruction.opcode in (
-                    "dot", "convolution", "reduce"):
+            if held.example is None or ms > held.example_ms or ms == held.example_ms and (site.instruction.opcode in (
+                    "dot", "convolution", "reduce") or held.example.instruction.dtype == "pred"):  # a value, not a test
                 held.example, held.example_ms = site, ms
             line = program.line_of(graph, site)
             if line[0]:
@@ -266,21 +266,25 @@ def _holds_two_sum(computation, ins) -> bool:
     return first is not None and first.opcode == "add" and first.dtype == "f32" and ins.operands[1] in first.operands
 
 
+def _splits_f64(computation, ins) -> bool:
+    """Whether an instruction is XLA:TPU's split of a float64 value into float32 words (the same rewrite splits a
+    complex64 value into its float32 real and imaginary parts: no float64 there)."""
+    return ins.opcode == "custom-call" and ins.custom_call_target in X64_SPLIT and any(
+        computation.by_name[o].dtype in F64_TYPES for o in ins.operands if o in computation.by_name)
+
+
 def _emulating_f64(graph: Graph) -> Callable[[Graph, Site], bool]:
     """The instructions of a program XLA:TPU rewrote from float64 that compute on float32 pairs: the ops (a fusion, a
-    loop body's op) that sum pairs (TwoSum) or split a float64 value (X64Split), and every op reading their results in the
-    same computation, into a loop's body through the elements of its carry they reach; float32 work beside them in a
-    loop (the random bits a float64 simulation draws in float32) is not."""
+    loop body's op) that sum pairs (TwoSum) or split a float64 value (X64Split), and every op reading their results
+    in the same computation, into a loop's body through the elements of its carry they reach; float32 work beside
+    them in a loop (the random bits a float64 simulation draws in float32) is not."""
     module = graph.module
     entry = module.computations.get(module.entry)
     if entry is None:
         return lambda g, site: False
-    # the same rewrite splits a complex64 value into its float32 real and imaginary parts: no float64 there
-    splits = [i.name for i in entry.instructions if i.opcode == "custom-call" and i.custom_call_target in X64_SPLIT
-              and any(entry.by_name[o].dtype in F64_TYPES for o in i.operands if o in entry.by_name)]
-    rewritten = splits or any(i.opcode == "custom-call" and i.custom_call_target == X64_COMBINE and i.dtype in F64_TYPES
-                              for i in entry.instructions)
-    if not rewritten:
+    splits = [site for site in graph.sites() if _splits_f64(site.computation, site.instruction)]
+    if not splits and not any(i.opcode == "custom-call" and i.custom_call_target == X64_COMBINE
+                              and i.dtype in F64_TYPES for i in entry.instructions):
         return lambda g, site: False
 
     def level(site: Site) -> Site:
@@ -295,13 +299,9 @@ def _emulating_f64(graph: Graph) -> Callable[[Graph, Site], bool]:
         return site
 
     seeds: dict[str, set[str]] = {}
-    for site in graph.sites():
-        ins = site.instruction
-        if _holds_two_sum(site.computation, ins) or ins.opcode == "custom-call" and ins.custom_call_target in X64_SPLIT \
-                and any(site.computation.by_name[o].dtype in F64_TYPES for o in ins.operands
-                        if o in site.computation.by_name):
-            at = level(site)
-            seeds.setdefault(at.computation.name, set()).add(at.instruction.name)
+    for site in splits + [site for site in graph.sites() if _holds_two_sum(site.computation, site.instruction)]:
+        at = level(site)
+        seeds.setdefault(at.computation.name, set()).add(at.instruction.name)
     tainted: dict[str, set[str]] = {}
     carried: dict[str, set[int]] = {}  # loop body -> the carry's elements that hold pairs
     pending = list(seeds)
