@@ -7,15 +7,21 @@
   program passes per parameter leaf (a 0/1 "trainable" flag) before the update, so the gradients of leaves whose flag
   is 0 are thrown away, where jax.lax.stop_gradient on the frozen part's output never computes them.
 
-Both read the HLO's shapes, what feeds what, and the transformation each op's name records (vmap, jvp, transpose).
+- repeated_call_in_gradient: one function called twice on the same inputs inside what jax.grad differentiates (a
+  loss written as two helper terms that each call the encoder): XLA merges the forward, but each call has its own
+  backward pass, where calling it once and passing its result to both gives one.
+
+Each reads the HLO's shapes, what feeds what, and the transformation each op's name records (vmap, jvp, transpose).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 
+from xdiag.analysis.source_lines import Frame
 from xdiag.idioms.catalogue import Match, Variant, idiom
-from xdiag.idioms.hlo_graph import Graph, Site, elements
+from xdiag.idioms.hlo_graph import MATMUL_OPCODES, PLUMBING, Graph, Site, elements
 from xdiag.idioms.program import Program
 from xdiag.idioms.work_not_needed import (MIN_STAKE_PERCENT, _from_iotas_only, _holds_matmul, _matmul_sites,
                                          timed_stake)
@@ -341,4 +347,127 @@ def masked_frozen_gradients(program: Program) -> list[Match]:
             params={"frozen": named, "trained": ", ".join(trained)},
             facts={"flagged_gradients": len(flagged), "frozen_candidates": frozen, "flags": flags,
                    "trained": trained}))
+    return found
+
+
+FORWARD = "jvp("
+"""What JAX writes into the name of every op it differentiates; the reverse pass's ops hold BACKWARD as well."""
+TWIN_SHARE_MIN = 0.8
+"""The share of a repeated call's backward matmuls that must match the kept call's, shape for shape: the same
+function called on other data (another layer's weights at another line) matches few of them."""
+Stack = tuple[tuple[str, int, str], ...]
+
+
+def _call_pairs(stacks: Iterable[Stack]) -> dict[tuple[tuple[str, str], Stack], set[tuple[str, int, str]]]:
+    """(callee's file and function, the frames above its callers) -> the frames that call it: where two stacks of the
+    reverse pass differ in one frame only, below which they run the same function (the same function called from two
+    places of one caller's code, or from two helpers that one caller calls)."""
+    stacks = list(stacks)
+    out: dict[tuple[tuple[str, str], Stack], set[tuple[str, int, str]]] = {}
+    for i, a in enumerate(stacks):
+        for b in stacks[i + 1:]:
+            if len(a) != len(b):
+                continue
+            differ = [k for k in range(len(a)) if a[k] != b[k]]
+            if len(differ) != 1 or differ[0] == 0:
+                continue
+            k = differ[0]
+            callee = (a[k - 1][0], a[k - 1][2])
+            if (b[k - 1][0], b[k - 1][2]) == callee:
+                out.setdefault((callee, a[k + 1:]), set()).update({a[k], b[k]})
+    return out
+
+
+def _matmul_signature(graph: Graph, site: Site) -> tuple:
+    """A matmul's or convolution's dimensions, of its result and operands (not their types: XLA:TPU stores one
+    call's operand in bfloat16 where it keeps the other's in float32)."""
+    operands = [graph.operand(site, k) for k in range(2)]
+    return (site.instruction.opcode, site.instruction.dims, *(o.instruction.dims if o is not None else None
+                                                              for o in operands))
+
+
+@idiom("repeated_call_in_gradient", "work_not_needed",
+       "A function is called twice on the same inputs inside what is differentiated: its backward pass runs twice",
+       "call {callee} once and pass its result to both places that use it: {calls} each call {callee} on the same "
+       "arguments; in {outer} (at {outer_line}) compute out = {callee}(...) once, before them, and give out to both "
+       "in place of their own call",
+       "XLA merges the two calls' identical forward ops into one, but reverse-mode differentiation has already given "
+       "each call its own backward pass, and the two passes' matmuls read different cotangents, which no compiler "
+       "pass adds together: the backward work is done twice. One call gets one backward pass, its cotangent the sum "
+       "of both uses'",
+       gain=(0.9, 1.0), measured="docs/reference/measurements.md#repeated-call-in-gradient")
+def repeated_call_in_gradient(program: Program) -> list[Match]:
+    """The reverse pass's matmuls and convolutions traced from one function called at two places (their Python stacks
+    differ in the calling frame only), shape for shape the same under both calls, where the forward ops of one call
+    are gone: XLA merged them into the other call's, so the calls computed the same values. The stake is the time of
+    the reverse-pass ops of the calls whose forward was merged away (one copy of the backward pass)."""
+    found = []
+    for graph in program.graphs:
+        module_key = program.module_key(graph.module)
+        traced: list[tuple[Site, Stack, bool]] = []
+        for site in graph.sites():
+            ins = site.instruction
+            if ins.opcode in PLUMBING or FORWARD not in ins.op_name:
+                continue
+            stack = tuple(graph.module.stack(ins))
+            if stack:
+                traced.append((site, stack, BACKWARD in ins.op_name))
+        backward_stacks = {stack for _, stack, backward in traced if backward}
+        for (callee, outer), calls in _call_pairs(backward_stacks).items():
+            depth = len(outer)
+
+            def call_of(stack: Stack) -> tuple[str, int, str] | None:
+                k = len(stack) - depth - 1
+                if k < 1 or stack[k + 1:] != outer or (stack[k - 1][0], stack[k - 1][2]) != callee:
+                    return None
+                return stack[k] if stack[k] in calls else None
+            forward: dict[tuple, int] = {}
+            signatures: dict[tuple, list[tuple]] = {}
+            heavy: dict[str, set] = {}
+            light: dict[str, set] = {}
+            for site, stack, backward in traced:
+                call = call_of(stack)
+                if call is None:
+                    continue
+                is_matmul = site.instruction.opcode in MATMUL_OPCODES
+                if not backward:  # its elementwise ops' linearisation may stay apart; its matmuls are what merge
+                    forward[call] = forward.get(call, 0) + is_matmul
+                    continue
+                if is_matmul:
+                    signatures.setdefault(call, []).append(_matmul_signature(graph, site))
+                (heavy if is_matmul else light).setdefault(graph.timed_op(site), set()).add(call)
+            kept = [c for c in calls if forward.get(c)]
+            repeated = [c for c in calls if not forward.get(c) and signatures.get(c)]
+            if not kept or not repeated:
+                continue
+            reference = Counter(signatures.get(kept[0], []))
+            if any(sum((Counter(signatures[c]) & reference).values()) < TWIN_SHARE_MIN * len(signatures[c])
+                   for c in repeated):
+                continue
+            ops = [op for op in dict.fromkeys([*heavy, *light])
+                   if len(heavy.get(op) or light[op]) == 1 and (heavy.get(op) or light[op]) <= set(repeated)]
+            ms = sum(program.op_ms.get((module_key, op), 0.0) for op in ops)
+            stake = program.step_percent(ms)
+            if stake < MIN_STAKE_PERCENT:
+                continue
+            matmuls = sum(len(signatures[c]) for c in repeated)
+            sites = sorted(calls, key=lambda c: c[1])
+            lines = [Frame(file, line, function).short for file, line, function in sites]
+            outer_line = Frame(*outer[0]).short if outer else ""
+            example = max((site for site, stack, backward in traced if backward and call_of(stack) in repeated
+                           and site.instruction.opcode in MATMUL_OPCODES),
+                          key=lambda s: program.op_ms.get((module_key, graph.timed_op(s)), 0.0))
+            first = next(c for c in repeated)
+            found.append(Match(
+                "repeated_call_in_gradient", stake,
+                f"{callee[1]} is called at {' and '.join(lines)} ({', '.join(f for _, _, f in sites)}) on the same "
+                f"inputs: XLA kept one forward pass of it, but its reverse pass runs once per call, {matmuls} "
+                f"matmuls and convolutions again with the same shapes (such as {graph.computes(example)}): "
+                f"{stake:g}% of the step",
+                module=module_key, ops=ops, line=Frame(*first).short, function=first[2],
+                needed_percent=None, work_ratio=None,
+                params={"callee": callee[1], "calls": " and ".join(f"{f} (at {line})" for (_, _, f), line
+                                                                   in zip(sites, lines)),
+                        "outer": outer[0][2] if outer else "the caller", "outer_line": outer_line},
+                facts={"calls": len(calls), "repeated_matmuls": matmuls, "call_lines": lines}))
     return found

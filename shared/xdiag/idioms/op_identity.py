@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from xdiag.idioms.catalogue import Match, Variant, idiom
-from xdiag.idioms.hlo_graph import Graph, Site, elements, nbytes, opcode_name
+from xdiag.idioms.hlo_graph import SHAPE_ONLY, Graph, Site, elements, nbytes, opcode_name
 from xdiag.idioms.program import Program, calls_per_step_of
 from xdiag.profile.space import HloInstruction
 from xdiag.idioms.work_not_needed import FFT_LOWERING, matmul_flops, timed_stake, value_readers
@@ -319,8 +319,8 @@ def ops_holding(program: Program, test: Callable[[Graph, Site], bool]) -> dict[s
             if ms <= 0:
                 continue
             held = out.setdefault(key, Held(graph))
-            if held.example is None or ms > held.example_ms or ms == held.example_ms and site.instruction.opcode in (
-                    "dot", "convolution", "reduce"):
+            if held.example is None or ms > held.example_ms or ms == held.example_ms and (site.instruction.opcode in (
+                    "dot", "convolution", "reduce") or held.example.instruction.dtype == "pred"):  # a value, not a test
                 held.example, held.example_ms = site, ms
             line = program.line_of(graph, site)
             if line[0]:
@@ -353,48 +353,106 @@ def _is_f64(instruction) -> bool:
     return instruction.dtype == "f64" or any(t == "f64" for t, _ in instruction.tuple_shapes)
 
 
+LOOP_OPCODES = ("while", "conditional", "call")
+"""Ops whose called computations' ops the profile times one by one (a fusion's, a reduction's, are timed as it)."""
+
+
+def _holds_two_sum(computation, ins) -> bool:
+    """Whether an instruction is the second step of the float32 pair sum XLA:TPU's float64 rewrite emits (Knuth's
+    TwoSum: s = a + b, then s - a recovers b's rounded part): a float32 subtract whose first operand is an add of its
+    second operand."""
+    if ins.opcode != "subtract" or ins.dtype != "f32" or len(ins.operands) != 2:
+        return False
+    first = computation.by_name.get(ins.operands[0])
+    return first is not None and first.opcode == "add" and first.dtype == "f32" and ins.operands[1] in first.operands
+
+
+def _splits_f64(computation, ins) -> bool:
+    """Whether an instruction is XLA:TPU's split of a float64 value into float32 words (the same rewrite splits a
+    complex64 value into its float32 real and imaginary parts: no float64 there)."""
+    return ins.opcode == "custom-call" and ins.custom_call_target in X64_SPLIT and any(
+        computation.by_name[o].dtype in F64_TYPES for o in ins.operands if o in computation.by_name)
+
+
 def _emulating_f64(graph: Graph) -> Callable[[Graph, Site], bool]:
-    """The instructions of a program XLA:TPU rewrote from float64 that compute on float32 pairs: those inside the
-    entry's ops that read what an X64Split makes, or whose results an X64Combine reads (the float64 outputs' every
-    producer), loop bodies and fusions included."""
-    entry = graph.module.computations.get(graph.module.entry)
+    """The instructions of a program XLA:TPU rewrote from float64 that compute on float32 pairs: the ops (a fusion, a
+    loop body's op) that sum pairs (TwoSum) or split a float64 value (X64Split), and every op reading their results
+    in the same computation, into a loop's body through the elements of its carry they reach; float32 work beside
+    them in a loop (the random bits a float64 simulation draws in float32) is not."""
+    module = graph.module
+    entry = module.computations.get(module.entry)
     if entry is None:
         return lambda g, site: False
-    # the same rewrite splits a complex64 value into its float32 real and imaginary parts: no float64 there
-    splits = [i.name for i in entry.instructions if i.opcode == "custom-call" and i.custom_call_target in X64_SPLIT
-              and any(entry.by_name[o].dtype in F64_TYPES for o in i.operands if o in entry.by_name)]
-    combines = [i for i in entry.instructions if i.opcode == "custom-call" and i.custom_call_target == X64_COMBINE
-                and i.dtype in F64_TYPES]
-    reached: set[str] = set()
-    frontier = [operand for c in combines for operand in c.operands]
-    while frontier:  # every producer of a float64 result
-        name = frontier.pop()
-        if name not in reached and name in entry.by_name:
-            reached.add(name)
-            frontier.extend(entry.by_name[name].operands)
-    frontier = [u.name for name in splits for u in entry.users.get(name, [])]
-    while frontier:  # every reader of a float64 argument's pair
-        name = frontier.pop()
-        if name not in reached:
-            reached.add(name)
-            frontier.extend(u.name for u in entry.users.get(name, []))
-    if not reached:
+    splits = [site for site in graph.sites() if _splits_f64(site.computation, site.instruction)]
+    if not splits and not any(i.opcode == "custom-call" and i.custom_call_target == X64_COMBINE
+                              and i.dtype in F64_TYPES for i in entry.instructions):
         return lambda g, site: False
-    at_entry: dict[str, str | None] = {entry.name: None}
 
-    def entry_op(computation: str) -> str | None:
-        """The entry's instruction that runs a computation (a fusion's, a loop body's), or None for the entry."""
-        if computation not in at_entry:
-            caller = graph.callers.get(computation)
-            at_entry[computation] = "" if caller is None else (
-                caller.instruction.name if caller.computation.name == entry.name else entry_op(caller.computation.name))
-        return at_entry[computation]
+    def level(site: Site) -> Site:
+        """The op the site belongs to in the computation whose ops are timed one by one (the entry, a loop body)."""
+        seen = set()
+        while site.computation.name not in seen:
+            seen.add(site.computation.name)
+            caller = graph.callers.get(site.computation.name)
+            if caller is None or caller.instruction.opcode in LOOP_OPCODES:
+                return site
+            site = caller
+        return site
+
+    seeds: dict[str, set[str]] = {}
+    for site in splits + [site for site in graph.sites() if _holds_two_sum(site.computation, site.instruction)]:
+        at = level(site)
+        seeds.setdefault(at.computation.name, set()).add(at.instruction.name)
+    tainted: dict[str, set[str]] = {}
+    carried: dict[str, set[int]] = {}  # loop body -> the carry's elements that hold pairs
+    pending = list(seeds)
+    while pending:
+        name = pending.pop()
+        computation = module.computations.get(name)
+        if computation is None:
+            continue
+        reached = tainted.setdefault(name, set())
+        parameters = {i.name for i in computation.instructions if i.opcode == "parameter"}
+        frontier = [n for n in seeds.get(name, ()) if n not in reached]
+        frontier += [i.name for i in computation.instructions if i.opcode == "get-tuple-element"
+                     and i.operands and i.operands[0] in parameters and i.tuple_index in carried.get(name, ())
+                     and i.name not in reached]
+        while frontier:
+            current = frontier.pop()
+            if current in reached:
+                continue
+            reached.add(current)
+            frontier.extend(u.name for u in computation.users.get(current, []))
+        root = computation.by_name.get(computation.root)
+        caller = graph.callers.get(name)
+        if root is not None and root.opcode == "tuple" and caller is not None and caller.instruction.opcode == "while":
+            back = {k for k, operand in enumerate(root.operands) if operand in reached} - carried.get(name, set())
+            if back:  # the next trip's carry
+                carried.setdefault(name, set()).update(back)
+                pending.append(name)
+        for ins in computation.instructions:
+            if ins.opcode != "while" or ins.name not in reached or len(ins.called) < 2 or not ins.operands:
+                continue
+            body = ins.called[0]  # a while calls (body, condition)
+            operand = computation.by_name.get(ins.operands[0])
+            elements = ({k for k, o in enumerate(operand.operands) if o in reached} if operand is not None
+                        and operand.opcode == "tuple" else set(range(len(ins.tuple_shapes))))
+            if body and elements - carried.get(body, set()):
+                carried.setdefault(body, set()).update(elements)
+                pending.append(body)
+    for name, reached in tainted.items():  # a carried pair's first value, written out for the loop (zeros)
+        computation = module.computations[name]
+        for ins in computation.instructions:
+            operand = computation.by_name.get(ins.operands[0]) if ins.opcode == "while" and ins.operands else None
+            if operand is not None and operand.opcode == "tuple" and ins.called:
+                reached.update(o for k, o in enumerate(operand.operands) if k in carried.get(ins.called[0], ())
+                               and o in computation.by_name and computation.by_name[o].opcode in SHAPE_ONLY)
 
     def test(g: Graph, site: Site) -> bool:
         if site.instruction.opcode in ("parameter", "get-tuple-element", "tuple", "constant", "custom-call"):
             return False
-        name = entry_op(site.computation.name)
-        return (site.instruction.name if name is None else name) in reached
+        at = level(site)  # a loop's own op is its trips' bookkeeping: its body's ops are judged one by one
+        return at.instruction.opcode != "while" and at.instruction.name in tainted.get(at.computation.name, ())
     return test
 
 
@@ -725,7 +783,7 @@ def _random_scope(graph, site) -> str:
 
 def _hash_ops(graph) -> tuple[set[str], set[str], dict[str, str]]:
     """The timed ops that compute threefry's rounds on 32-bit words (xors of jax.random's paths, or JAX's threefry
-    kernel on a GPU), the loop bodies that hold them, and the jax.random path of each."""
+    kernel on a GPU), the jax.random loops that hold them, and the jax.random path of each."""
     xors: dict[str, int] = {}
     scope: dict[str, str] = {}
     for site in graph.sites():
@@ -744,8 +802,10 @@ def _hash_ops(graph) -> tuple[set[str], set[str], dict[str, str]]:
     hashes = {op for op, n in xors.items() if n >= HASH_XORS}
     loops = set()
     for site in graph.sites():
-        if site.instruction.name in hashes and graph.loop_of(site.computation) is not None:
-            loops.add(graph.loop_of(site.computation).name)
+        loop = graph.loop_of(site.computation)
+        # the hash's own rolled rounds; a loop of the program's that draws bits each trip does other work beside them
+        if site.instruction.name in hashes and loop is not None and RANDOM_SCOPE.search(loop.op_name):
+            loops.add(loop.name)
     return hashes, loops, scope
 
 
