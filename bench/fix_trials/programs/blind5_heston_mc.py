@@ -7,6 +7,8 @@ final spots; the running estimate averages the steps' prices. It returns the ste
 Variants:
   fixed      the paths simulated in float32
   f64mean    the paths simulated in float32, the payoff averages and the running prices kept in float64
+  rbg        the shocks drawn with the rbg generator (a report's first change, timed as written: another stream)
+  fixed_rbg  fixed and rbg together
 """
 import jax
 
@@ -18,7 +20,7 @@ import numpy as np  # noqa: E402
 from _size import size  # noqa: E402
 
 FRAMEWORK, PHASE = "jax", "simulation (finance, Monte Carlo pricing)"
-VARIANTS = ["before", "fixed", "f64mean"]
+VARIANTS = ["before", "fixed", "f64mean", "rbg", "fixed_rbg"]
 RTOL = 2e-3
 TRACE_STEPS = 1
 PATHS, WEEKS, STRIKES = size(262144, 256), size(52, 20), 64
@@ -26,11 +28,11 @@ SPOT, RATE, KAPPA, THETA, XI, RHO, V0 = 100.0, 0.03, 1.5, 0.04, 0.5, -0.7, 0.04
 
 
 def build(variant):
-    dtype = jnp.float32 if variant in ("fixed", "f64mean") else jnp.float64  # EDIT
+    dtype = jnp.float32 if variant in ("fixed", "f64mean", "fixed_rbg") else jnp.float64  # EDIT
     acc_dtype = jnp.float64 if variant == "f64mean" else dtype  # EDIT
     dt = 1.0 / WEEKS
     strikes = jnp.linspace(70.0, 130.0, STRIKES, dtype=dtype)
-    base = jax.random.key(2024)
+    base = jax.random.key(2024, impl="rbg" if variant.endswith("rbg") else None)  # EDIT
 
     @jax.jit
     def price(n, running):
