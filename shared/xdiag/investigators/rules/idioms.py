@@ -78,7 +78,9 @@ def hypothesis(match: Match, facts: Facts) -> Hypothesis:
         impact = saving(step_ms, match.stake_percent) + "."
     else:
         low, high = predicted
-        measured = (f" On a TPU v5e this change recovered {idiom.gain[0]:.0%}–{idiom.gain[1]:.0%} of such a stake "
+        # The measurements were taken on a TPU v5e; on another platform the range rests on them as a premise
+        chip = "On a TPU v5e" if setting.get("platform") == "TPU" else "Measured on another platform,"
+        measured = (f" {chip} this change recovered {idiom.gain[0]:.0%}–{idiom.gain[1]:.0%} of such a stake "
                     f"({idiom.measured})." if idiom.measured else "")
         fix = (f"First, {idiom.change_text(match, setting)}. Expected: {low:g}–{high:g}% shorter steps "
                f"({idiom.gain[0]:g}–{idiom.gain[1]:g} of the {recoverable:.3g}% of the step it stakes"
