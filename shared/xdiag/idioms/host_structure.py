@@ -25,6 +25,8 @@
   ids it is made of.
 - boolean_mask_in_loop: a Python loop indexes an array with a boolean mask on every trip, so each trip reads the
   mask back to the host, uploads its indices and dispatches its ops one by one; jax.jit refuses the index.
+- eager_loop_reads_each_trip: a Python loop runs its ops eagerly, one dispatch each, and reads a value back with int()
+  or float() on every trip, where one jitted function computes every trip's values at once.
 
 Their stake is the whole time the structure costs (the device's idle share of the step, or the compiles'), not the
 slice the breakdown files as dispatch: a loop moved into one program drops its dispatches, waits and idle together.
@@ -137,8 +139,8 @@ def python_loop_of_calls(program: Program) -> list[Match]:
     if not one_call_steps and (per_step < MIN_CALLS_PER_STEP or dispatches < MIN_CALLS_PER_STEP):
         return []
     line, function = _function_line(program, module)
-    if _eager(program, calls):
-        return []  # eager_ops
+    if _eager(program, calls) or eager_loop_reads_each_trip(program):
+        return []  # eager_ops, or a loop of eager ops with a read each trip: the loop is the one-op programs'
     reads = syncs >= per_step / 2 and syncs >= 0.5
     name = key.split("(")[0]
     reads_text = "one blocking read" if syncs == 1 else f"{syncs:.3g} blocking reads"
@@ -1421,6 +1423,8 @@ def _within_any(events: HostEvents, frames: HostEvents) -> np.ndarray:
     out = np.zeros(len(events), dtype=bool)
     for thread in np.unique(events.thread):
         mine = np.flatnonzero(frames.thread == thread)
+        if not len(mine):
+            continue  # no frame on this thread holds any of its events
         order = mine[np.argsort(frames.start_ps[mine], kind="stable")]
         index = np.flatnonzero(events.thread == thread)
         at = np.searchsorted(frames.start_ps[order], events.start_ps[index], side="right") - 1
@@ -1467,6 +1471,58 @@ def _comprehension(name: str) -> bool:
     return _frame_line(name)[1].startswith("<")
 
 
+@dataclass
+class FrameLoop:
+    """A user's loop seen from the Python tracer's frames: the user frames that hold a repeated event (each a loop, or
+    the function whose body loops), how many of the events each holds, the loops' time and the time of the calls of
+    the function they run in."""
+
+    user: HostEvents  # the user's frames around the events
+    loops: np.ndarray  # indices into `user`: each loop's frame
+    trips: np.ndarray  # per loop: the events it holds
+    loop_ps: float
+    step_ps: float
+    steps: int  # the calls of the function the loops run in
+    step_function: str
+    loop_name: str
+
+
+def _frame_loop(program: Program, frames: HostEvents, events: HostEvents, min_trips: float) -> FrameLoop | None:
+    """The user's loops that hold `events` (at least min_trips each on average), timed from the first event to the
+    last (one trip's share added for the time before the first), within the function that runs them."""
+    user = frames.where(program.is_user_frame)
+    user = user.take(np.flatnonzero(_contains_any(user, events)))  # the frames around the events alone
+    holder = _innermost_holders(user, events)
+    loops, trips = np.unique(holder[holder >= 0], return_counts=True)
+    if not len(loops) or trips.mean() < min_trips:
+        return None
+    loop_name = str(user.names[loops[0]])
+    # The function the loop runs in: the comprehension's caller, or the function whose body loops
+    steps = _innermost_holders(user.where(lambda n: not _comprehension(n)), user.take(loops)) \
+        if _comprehension(loop_name) else np.arange(len(loops))
+    outer = user.where(lambda n: not _comprehension(n)) if _comprehension(loop_name) else user.take(loops)
+    loop_ps = 0.0
+    for i, n in zip(loops, trips):
+        mine = np.flatnonzero(holder == i)
+        span = float(events.end_ps[mine].max() - events.start_ps[mine].min()) * n / max(n - 1, 1)
+        loop_ps += float(user.end_ps[i] - user.start_ps[i]) if _comprehension(loop_name) else \
+            min(span, float(user.end_ps[i] - user.start_ps[i]))
+    held = np.unique(steps[steps >= 0])
+    step_ps = float((outer.end_ps[held] - outer.start_ps[held]).sum()) if len(held) else 0.0
+    if step_ps <= 0:
+        return None
+    return FrameLoop(user, loops, trips, loop_ps, step_ps, len(held), _frame_line(str(outer.names[held[0]]))[1],
+                     loop_name)
+
+
+def _calls_per_trip(program: Program, loop: FrameLoop, count: float) -> dict[str, float]:
+    """The jitted functions the loops call (outermost calls), by the name the call carries, per trip, most first."""
+    calls = _outermost(program.host_events(JITTED_CALL_EVENT))
+    calls = calls.take(np.flatnonzero(_within_any(calls, loop.user.take(loop.loops))))
+    names, counts = np.unique(calls.names.astype(str), return_counts=True)
+    return {str(names[k]): counts[k] / count for k in np.argsort(-counts, kind="stable")}
+
+
 @idiom("boolean_mask_in_loop", "host_structure",
        "A Python loop indexes an array with a boolean mask on every trip, reading the mask back to the host",
        "{change}",
@@ -1487,37 +1543,17 @@ def boolean_mask_in_loop(program: Program) -> list[Match]:
     if program.platform == "CPU":  # the device's memory is the host's: NumPy reads the mask with no copy or sync
         read |= _contains_any(masks, frames.where(NUMPY_READ_FRAME.search))
     masks = masks.take(np.flatnonzero(read))
-    user = frames.where(program.is_user_frame)
-    user = user.take(np.flatnonzero(_contains_any(user, masks)))  # the frames around the indexes alone
-    holder = _innermost_holders(user, masks)
-    loops, trips = np.unique(holder[holder >= 0], return_counts=True)
-    if not len(loops) or trips.mean() < MIN_MASK_TRIPS:
+    loop = _frame_loop(program, frames, masks, MIN_MASK_TRIPS)
+    if loop is None:
         return []
-    loop_name = str(user.names[loops[0]])
     # The indexing line where the gather's program recorded it (its trace's stack), else the loop's frame
     line, function = _function_line(program, _module(program, "jit_gather"))
     if not line:
-        line, function = _frame_line(loop_name)
-    # The function the loop runs in: the comprehension's caller, or the function whose body loops
-    steps = _innermost_holders(user.where(lambda n: not _comprehension(n)), user.take(loops)) \
-        if _comprehension(loop_name) else np.arange(len(loops))
-    outer = user.where(lambda n: not _comprehension(n)) if _comprehension(loop_name) else user.take(loops)
-    loop_ps = 0.0
-    for k, (i, n) in enumerate(zip(loops, trips)):
-        mine = np.flatnonzero(holder == i)
-        span = float(masks.end_ps[mine].max() - masks.start_ps[mine].min()) * n / max(n - 1, 1)
-        loop_ps += float(user.end_ps[i] - user.start_ps[i]) if _comprehension(loop_name) else \
-            min(span, float(user.end_ps[i] - user.start_ps[i]))
-    held = np.unique(steps[steps >= 0])
-    step_ps = float((outer.end_ps[held] - outer.start_ps[held]).sum()) if len(held) else 0.0
-    if step_ps <= 0:
-        return []
-    step_function = _frame_line(str(outer.names[held[0]]))[1]
+        line, function = _frame_line(loop.loop_name)
+    user, loops, trips, loop_ps, step_ps = loop.user, loop.loops, loop.trips, loop.loop_ps, loop.step_ps
+    step_function = loop.step_function
     count = float(trips.sum())
-    in_loops = _within_any(_outermost(program.host_events(JITTED_CALL_EVENT)), user.take(loops))
-    jitted = _outermost(program.host_events(JITTED_CALL_EVENT)).take(np.flatnonzero(in_loops))
-    names, counts = np.unique(jitted.names.astype(str), return_counts=True)
-    per_trip = {str(names[k]): counts[k] / count for k in np.argsort(-counts, kind="stable")}
+    per_trip = _calls_per_trip(program, loop, count)
     executions = _outermost(program.host_events(EXECUTE_EVENT))  # one execution's helper events nest in it
     dispatches = float(_within_any(executions, user.take(loops)).sum()) / count
     puts = float(_within_any(program.host_events(HOST_PUT_EVENT), user.take(loops)).sum()) / count
@@ -1558,8 +1594,92 @@ def boolean_mask_in_loop(program: Program) -> list[Match]:
         f"{puts:.3g} arrays are put on the device and {dispatches:.3g} programs are dispatched "
         f"({', '.join('jit_' + n.removeprefix('PjitFunction(').rstrip(')') for n in list(per_trip)[:5])}); "
         f"the loop takes "
-        f"{loop_ps / PS_PER_MS / len(held):,.4g} ms of the {step_ps / PS_PER_MS / len(held):,.4g} ms a call of "
+        f"{loop_ps / PS_PER_MS / loop.steps:,.4g} ms of the {step_ps / PS_PER_MS / loop.steps:,.4g} ms a call of "
         f"{step_function or 'its function'} takes",
         line=line, function=function, params={"change": change, "groups": groups},
         facts={"mask_reads_per_call": round(count / len(loops), 1), "dispatches_per_trip": round(dispatches, 1),
-               "puts_per_trip": round(puts, 1), "loop_step_ms": round(step_ps / PS_PER_MS / len(held), 3)})]
+               "puts_per_trip": round(puts, 1), "loop_step_ms": round(step_ps / PS_PER_MS / loop.steps, 3)})]
+
+
+SCALAR_READ_FRAME = re.compile(r"^\$array\.py:\d+ (__int__|__float__|__bool__|__index__|__complex__|item|tolist)$")
+"""A jax.Array converted to a Python value (int(x), float(x), x.item()), as the Python tracer names it: the host waits
+for the device and copies the value back."""
+READ_CALLS = {"__int__": "int()", "__float__": "float()", "__bool__": "bool()", "__index__": "an index",
+              "__complex__": "complex()", "item": ".item()", "tolist": ".tolist()"}
+MIN_READ_TRIPS = 4.0
+"""Values read back per call of the function looping over them, before the loop's structure is the cost."""
+COMPARES = ("equal", "not_equal", "less", "less_equal", "greater", "greater_equal")
+"""One-op programs comparing an array with the loop's value (pred == c): every value's compare is one broadcast."""
+
+
+@idiom("eager_loop_reads_each_trip", "host_structure",
+       "A Python loop runs its ops one by one and reads a value back to the host on every trip",
+       "{change}",
+       "each trip dispatches its ops from Python one at a time, as one-op programs, and each int() or float() waits "
+       "for the device and copies the value back, so the device idles between the trips' small programs; computing "
+       "every trip's values in one jitted function is one dispatch and one read for the whole loop, its premise that "
+       "no trip reads a value an earlier trip computed",
+       gain=(0.9, 1.0), measured="docs/reference/measurements.md#eager-loop-reads-each-trip",
+       alternatives=("a jax.lax.fori_loop or jax.lax.scan over the trips inside one jitted function, the values "
+                     "collected in the carry and read once after it: for trips that do depend on each other",))
+def eager_loop_reads_each_trip(program: Program) -> list[Match]:
+    """A user's loop whose trips run one-op programs (ops called eagerly) and convert a value to a Python number
+    (the Python tracer's frames): a sync and several dispatches per trip."""
+    frames = program.host_events(PYTHON_TRACER_EVENT)
+    reads = _outermost(frames.where(SCALAR_READ_FRAME.search))
+    reads = reads.take(np.flatnonzero(~_within_any(reads, frames.where(BOOLEAN_INDEX_FRAME.search))))
+    if len(reads) < MIN_READ_TRIPS:
+        return []
+    loop = _frame_loop(program, frames, reads, MIN_READ_TRIPS)
+    if loop is None:
+        return []
+    count = float(loop.trips.sum())
+    calls = {k.removeprefix("PjitFunction(").rstrip(")"): n for k, n in _calls_per_trip(program, loop, count).items()}
+    one_op = {k: n for k, n in calls.items()
+              if f"jit_{k}" not in SETUP_OPS and _single_op(_module(program, f"jit_{k}"))}
+    # The trips are the ops' own, run eagerly: at least one one-op program per read, of two kinds or more, and at
+    # least twice the calls of larger programs (a jitted body called per trip is python_loop_of_calls')
+    eager = sum(one_op.values())
+    if len(one_op) < 2 or eager < 1.0 or eager < 2 * (sum(calls.values()) - eager):
+        return []
+    # Each kind of op runs at least once a trip: the least run one counts the trips
+    trips = max(round(count * min(one_op.values()) / len(loop.loops)), 1)
+    reads_per_trip = count / len(loop.loops) / trips
+    busiest = max(one_op, key=one_op.get)
+    line, function = _function_line(program, _module(program, f"jit_{busiest}"))
+    if not line:
+        line, function = _frame_line(loop.loop_name)
+    at = f"the loop at {line}" + (f" in {loop.step_function}" if loop.step_function else "")
+    ops_per_trip = eager * count / len(loop.loops) / trips
+    kinds = sorted({SCALAR_READ_FRAME.search(str(n)).group(1) for n in reads.names})
+    read_as = " or ".join(READ_CALLS[k] for k in kinds)
+    compared = next((k for k in COMPARES if k in one_op), None)
+    shapes = _entry_shapes(_module(program, f"jit_{compared}")) if compared else []
+    against_value = compared is not None and len(shapes) == 2 and shapes[1].endswith("[]") and "[]" not in shapes[0]
+    if against_value:
+        rank = shapes[0].count(",") + 1
+        axes = ", ".join(str(a) for a in range(rank)) + ("," if rank == 1 else "")
+        change = (f"compute every trip of {at} at once, in one jitted function: compare against all {trips} values "
+                  f"on a new last axis, x[..., None] == jnp.arange({trips}) for x of {shapes[0]}, reduce over the "
+                  f"array's own axes, jnp.sum(..., axis=({axes})), for one count per value, and read the {trips} "
+                  f"results back once with np.asarray after the call, instead of "
+                  f"{reads_per_trip:.3g} {read_as} reads and {ops_per_trip:.3g} eager ops per trip")
+    else:
+        change = (f"compute every trip of {at} at once, in one jitted function: write one trip's body as a function "
+                  f"of the loop's value and call jax.vmap(body)(jnp.arange({trips})) under @jax.jit, then read the "
+                  f"{trips} results back once with np.asarray after the call, instead of {reads_per_trip:.3g} "
+                  f"{read_as} reads and one dispatch per op on every trip")
+    operand = shapes[0] if against_value else \
+        next((s[0] for k in one_op if (s := _entry_shapes(_module(program, f"jit_{k}")))), "")
+    per_call = loop.step_ps / PS_PER_MS / loop.steps
+    return [Match(
+        "eager_loop_reads_each_trip", round(float(min(100.0 * loop.loop_ps / loop.step_ps, 100.0)), 2),
+        f"{at} runs {trips} trips per call, each dispatching {ops_per_trip:.3g} one-op programs "
+        f"({', '.join('jit_' + k for k in list(one_op)[:5])})" + (f" on {operand}" if operand else "")
+        + (f", comparing it with the loop's value ({shapes[1]})" if against_value else "")
+        + f", and converting {reads_per_trip:.3g} values to Python numbers ({read_as}: a wait for the device and a "
+        f"copy back each); the loop takes {loop.loop_ps / PS_PER_MS / loop.steps:,.4g} ms of the "
+        f"{per_call:,.4g} ms a call of {loop.step_function or 'its function'} takes",
+        line=line, function=function, params={"change": change, "trips": trips},
+        facts={"trips_per_call": trips, "reads_per_trip": round(reads_per_trip, 2),
+               "one_op_programs_per_trip": round(ops_per_trip, 1), "loop_step_ms": round(per_call, 3)})]

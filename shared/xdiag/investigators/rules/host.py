@@ -224,7 +224,8 @@ def device_idle(facts: Facts, found: list[Hypothesis]) -> Hypothesis | None:
 
 
 HOST_TIME_FINDINGS = ("low_utilization", "dispatch_overhead", "host_sync", "input_bound", "device_idle",
-                      "python_loop_of_calls", "eager_ops", "callback_in_step", "boolean_mask_in_loop")
+                      "python_loop_of_calls", "eager_ops", "callback_in_step", "boolean_mask_in_loop",
+                      "eager_loop_reads_each_trip")
 """Findings whose time is the host's: what the profiler's host tracers add to the traced program lands in them."""
 TRACED_CALLS_PER_MS_MIN = 20.0
 """Python function events per millisecond of step (one every 50 µs) from which the Python tracer's own cost, paid on

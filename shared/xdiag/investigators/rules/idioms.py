@@ -44,6 +44,11 @@ SUPERSEDES = {
     "boolean_mask_in_loop": ("eager_ops", "python_loop_of_calls", "per_element_transfers", "read_each_step",
                              "dispatch_overhead", "host_sync", "low_utilization", "input_bound", "device_idle",
                              "warm_up", "memory_transfers", "transfer", "unfused_kernels"),
+    # a loop of eager ops reading a value back each trip: its dispatches, syncs and copies are the loop's, and
+    # jax.jit alone fails on its int() reads
+    "eager_loop_reads_each_trip": ("eager_ops", "python_loop_of_calls", "per_element_transfers", "read_each_step",
+                                   "dispatch_overhead", "host_sync", "low_utilization", "input_bound", "device_idle",
+                                   "warm_up", "memory_transfers", "transfer", "unfused_kernels"),
 }
 """Host-structure idioms, and the findings whose measured slice is part of the time the idiom's change removes."""
 COVERED_BY_OPS = ("memory_bound", "low_kernel_efficiency", "layout_copies", "unfused_data_movement",
