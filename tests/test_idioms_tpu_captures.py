@@ -204,6 +204,21 @@ def test_a_loop_of_eager_ops_with_an_int_read_each_trip_is_computed_for_every_va
     assert not matches(program("blind5_seg_eval", "fixed"), "eager_loop_reads_each_trip")
 
 
+def test_a_graph_kept_as_numpy_and_shipped_to_every_call_is_put_on_the_device_once(program):
+    """A node-feature matrix and an edge list, NumPy arrays passed to the jitted predict on every call: read by a
+    matmul's left side and by gathers, they are neither weights nor a mask; the device waits for their copies."""
+    (match,) = matches(program("blind5_gnn_inference", "before-a"), "data_uploaded_each_step")
+    assert match.facts["data_arguments"] == ["f32[169343,128]", "s32[2,1166243]"]
+    assert match.facts["data_share_of_shipped_percent"] == 100 and 50 < match.stake_percent < 57
+    assert "feats" in match.what and "edge_index" in match.what
+    change = IDIOMS["data_uploaded_each_step"].change_text(match)
+    assert "feats = jnp.asarray(feats, jnp.float32); edge_index = jnp.asarray(edge_index, jnp.int32)" in change
+    assert not matches(program("blind5_gnn_inference", "before-a"), "weights_uploaded_each_step")
+    assert not matches(program("blind5_gnn_inference", "fixed"), "data_uploaded_each_step")
+    (cast,) = matches(program("blind5_gnn_inference", "precast"), "data_uploaded_each_step")  # cast, still shipped
+    assert cast.stake_percent < match.stake_percent / 3
+
+
 def test_a_large_result_read_back_for_a_numpy_argmax_is_sized_by_the_programs_output_and_timed_by_its_frames(program):
     """On a TPU the read (np.asarray: jax.Array.__array__) copies the whole output across the host link and NumPy's
     argmax (an array method in C, `$<unknown> argmax`) follows it on the same thread: both are the stake; the device's

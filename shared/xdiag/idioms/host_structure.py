@@ -23,6 +23,8 @@
 - mask_uploaded_each_step: a large mask or additive bias is passed as a host array on every call and used only
   element by element against a larger array (attention scores), where the jitted function could build it from the
   ids it is made of.
+- data_uploaded_each_step: large arrays the step's program reads (a graph, a dataset) are passed as host arrays on
+  every call, converted and copied again each time, where put on the device once they stay there.
 - boolean_mask_in_loop: a Python loop indexes an array with a boolean mask on every trip, so each trip reads the
   mask back to the host, uploads its indices and dispatches its ops one by one; jax.jit refuses the index.
 - eager_loop_reads_each_trip: a Python loop runs its ops eagerly, one dispatch each, and reads a value back with int()
@@ -1217,11 +1219,7 @@ def weights_uploaded_each_step(program: Program) -> list[Match]:
     if wait is not None:
         stake = max(stake, wait * share)
     stake = round(min(stake, 100.0), 2)
-    # The first call the steps hold; where calls run ahead of the device (none ends inside a step), the first
-    first = next((i for i in range(len(calls_of)) if len(program.step_windows[0])
-                  and calls_of.end_ps[i] >= program.step_windows[0][0]), 0 if len(calls_of) else None)
-    line, function = (_caller(program, program.host_events(PYTHON_TRACER_EVENT), int(calls_of.start_ps[first]),
-                              int(calls_of.end_ps[first])) if first is not None else ("", ""))
+    line, function = _calling_line(program, calls_of)
     mib = uploaded / 2 ** 20
     shapes = ", ".join(dict.fromkeys(w.shape_text.split("{")[0] for w in weights.values()))
     where = f" at {line}" if line else ""
@@ -1257,6 +1255,17 @@ def _shipped_in_calls(program: Program, module: HloModule) -> tuple[HostEvents, 
         counts[f"{found['dtype']}[{found['shape']}]"] = counts.get(f"{found['dtype']}[{found['shape']}]", 0) + 1
         total += _shipped_bytes(found)
     return calls_of, shipped, counts, total
+
+
+def _calling_line(program: Program, calls_of: HostEvents) -> tuple[str, str]:
+    """The user's line and function around the program's first call the steps hold (where calls run ahead of the
+    device, none ending inside a step, the first call); ("", "") where the capture holds no call."""
+    if not len(calls_of):
+        return "", ""
+    first = next((i for i in range(len(calls_of)) if len(program.step_windows[0])
+                  and calls_of.end_ps[i] >= program.step_windows[0][0]), 0)
+    return _caller(program, program.host_events(PYTHON_TRACER_EVENT), int(calls_of.start_ps[first]),
+                   int(calls_of.end_ps[first]))
 
 
 MIN_UPLOADED_MASK_BYTES = 16 << 20
@@ -1320,10 +1329,7 @@ def mask_uploaded_each_step(program: Program) -> list[Match]:
         stake = round(min(wait * share, 100.0), 2)
         if stake < MIN_MASK_STAKE_PERCENT:
             continue
-        first = next((i for i in range(len(calls_of)) if len(program.step_windows[0])
-                      and calls_of.end_ps[i] >= program.step_windows[0][0]), 0)
-        line, function = _caller(program, program.host_events(PYTHON_TRACER_EVENT), int(calls_of.start_ps[first]),
-                                 int(calls_of.end_ps[first]))
+        line, function = _calling_line(program, calls_of)
         use_line, use_function = next((program.line_of(graph, u) for u in uses if program.line_of(graph, u)[0]),
                                       ("", ""))
         name = parameter.op_name or re.sub(r"\.\d+$", "", parameter.name)
@@ -1355,6 +1361,73 @@ def mask_uploaded_each_step(program: Program) -> list[Match]:
                    "mask_share_of_shipped_percent": round(100 * share, 1), "made_of": sources[:2],
                    "loop_step_ms": round(_loop_step_ms(program, module, calls_of), 4)}))
     return out
+
+
+MIN_UPLOADED_DATA_BYTES = 16 << 20
+"""Data arguments shipped per call at least this large together (each of at least MIN_UPLOADED_WEIGHT_BYTES): their
+copy, not the launch, is what the call waits for."""
+JNP_TYPES = {"f64": "float64", "f32": "float32", "bf16": "bfloat16", "f16": "float16", "s64": "int64", "s32": "int32",
+             "s16": "int16", "s8": "int8", "u8": "uint8", "u32": "uint32", "pred": "bool_"}
+
+
+@idiom("data_uploaded_each_step", "host_structure",
+       "Large data arrays are copied from the host to the device on every call",
+       "{change}",
+       "a jitted call given NumPy arrays converts them to the program's types and copies them to the device before "
+       "the program can start, on every call; arrays put on the device once stay in its memory between calls, and "
+       "each call then only launches the program; its premise that the arrays are the same on every call (a graph, a "
+       "dataset, a table the process keeps)",
+       gain=(0.9, 1.0), measured="docs/reference/measurements.md#data-uploaded-each-step",
+       alternatives=("where each step's arrays are new (a batch), put the next one on the device while this step runs "
+                     "(jax.device_put of the next batch before this step's result is read: double buffering)",
+                     "casting the arrays on the host once (x.astype(np.float32)) saves only the conversion: they are "
+                     "still copied on every call"),
+       platforms=("TPU", "GPU"))
+def data_uploaded_each_step(program: Program) -> list[Match]:
+    """The step's program takes large arguments from host arrays on every call that are neither the weights its
+    matmuls multiply by (weights_uploaded_each_step) nor a mask used element by element (mask_uploaded_each_step):
+    the data it reads, shipped again with every call."""
+    calls = [(k, n) for k, n in calls_per_step_of(program) if k.split("(")[0] not in SETUP_OPS]
+    module = _module(program, calls[0][0]) if calls else None
+    if module is None:
+        return []
+    calls_of, _, counts, shipped_bytes = _shipped_in_calls(program, module)
+    if not len(calls_of) or not shipped_bytes:
+        return []
+    graph = next(g for g in program.graphs if g.module is module)
+    weights = _weight_parameters(program, module)
+    entry = module.computations[module.entry]
+    data = [i for i in entry.instructions if i.opcode == "parameter" and i.parameter_number not in weights
+            and nbytes(i) >= MIN_UPLOADED_WEIGHT_BYTES and counts.get(i.shape_text.split("{")[0], 0) >= len(calls_of)
+            and _mask_argument(graph, i) is None]
+    uploaded = sum(nbytes(i) for i in data)
+    wait = _device_wait_percent(program, module, calls_of) if uploaded >= MIN_UPLOADED_DATA_BYTES else None
+    if wait is None:
+        return []
+    share = min(uploaded * len(calls_of) / shipped_bytes, 1.0)
+    stake = round(min(wait * share, 100.0), 2)
+    if stake < MIN_MASK_STAKE_PERCENT:
+        return []
+    line, function = _calling_line(program, calls_of)
+    names = [i.op_name or re.sub(r"\.\d+$", "", i.name) for i in data]
+    shapes = [i.shape_text.split("{")[0] for i in data]
+    puts = "; ".join(f"{n} = jnp.asarray({n}, jnp.{JNP_TYPES.get(i.dtype, i.dtype)})" for n, i in zip(names, data))
+    mib = uploaded / 2 ** 20
+    stem = module.name.removeprefix("jit_")
+    change = (f"put {', '.join(names)} on the device once, at start-up before the loop ({puts}, in the program's own "
+              f"types: a float64 or int64 host array is converted once, not on every call), and pass those device arrays to {stem}"
+              + (f" at {line}" if line else "") + f", so {mib:,.0f} MiB stop crossing the host link on every call")
+    return [Match(
+        "data_uploaded_each_step", stake,
+        f"the program {module.name} takes {len(data)} large argument{'s' if len(data) > 1 else ''} "
+        f"({', '.join(f'{n} {s}' for n, s in zip(names, shapes))}; {mib:,.0f} MiB) from host arrays on every call "
+        f"({len(calls_of)} calls in the capture)" + (f" at {line}" if line else "")
+        + f"; the device waits {wait:.3g}% of the loop's time for its calls' arguments, {100 * share:.3g}% of whose "
+        f"bytes are these arrays",
+        module=module.name, line=line, function=function, params={"change": change},
+        facts={"data_arguments": shapes, "uploaded_mib_per_call": round(mib, 1), "device_wait_percent": round(wait, 2),
+               "data_share_of_shipped_percent": round(100 * share, 1),
+               "loop_step_ms": round(_loop_step_ms(program, module, calls_of), 4)})]
 
 
 MIN_MASK_STAKE_PERCENT = 5.0

@@ -31,6 +31,10 @@ SUPERSEDES = {
                               "device_idle", "low_utilization"),
     "weights_uploaded_each_step": ("memory_transfers", "transfer", "input_bound", "device_idle", "low_utilization"),
     "mask_uploaded_each_step": ("memory_transfers", "transfer", "input_bound", "device_idle", "low_utilization"),
+    # a jitted call's own argument copies are booked as its dispatch: with a few calls per step, the dispatch
+    # finding's share is these copies, not op-by-op launches
+    "data_uploaded_each_step": ("memory_transfers", "transfer", "input_bound", "device_idle", "low_utilization",
+                                "dispatch_overhead"),
     # a value read each step serialises host, copies and device; it does not explain a step with too little work for
     # the device. Its stake times the copies by their own work, where the traced span is mostly the profiler's
     "read_each_step": ("host_sync", "input_bound", "device_idle", "memory_transfers"),
