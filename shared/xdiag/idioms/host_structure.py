@@ -1415,7 +1415,8 @@ def data_uploaded_each_step(program: Program) -> list[Match]:
     mib = uploaded / 2 ** 20
     stem = module.name.removeprefix("jit_")
     change = (f"put {', '.join(names)} on the device once, at start-up before the loop ({puts}, in the program's own "
-              f"types: a float64 or int64 host array is converted once, not on every call), and pass those device arrays to {stem}"
+              f"types: a float64 or int64 host array is converted once, not on every call), and pass those device "
+              f"arrays to {stem}"
               + (f" at {line}" if line else "") + f", so {mib:,.0f} MiB stop crossing the host link on every call")
     return [Match(
         "data_uploaded_each_step", stake,
