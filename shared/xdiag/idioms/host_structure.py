@@ -1268,6 +1268,17 @@ def _calling_line(program: Program, calls_of: HostEvents) -> tuple[str, str]:
                    int(calls_of.end_ps[first]))
 
 
+def _step_program_shipped(program: Program) -> tuple[HloModule, HostEvents, dict[str, int], int] | None:
+    """The program the steps call most, its calls, and the host-buffer copies made inside them (how many of each type
+    and shape, their bytes); None where no call ships a named copy."""
+    calls = [(k, n) for k, n in calls_per_step_of(program) if k.split("(")[0] not in SETUP_OPS]
+    module = _module(program, calls[0][0]) if calls else None
+    if module is None:
+        return None
+    calls_of, _, counts, shipped_bytes = _shipped_in_calls(program, module)
+    return (module, calls_of, counts, shipped_bytes) if len(calls_of) and shipped_bytes else None
+
+
 MIN_UPLOADED_MASK_BYTES = 16 << 20
 """A mask shipped per call at least this large: its copy, not its launch, is what the call waits for."""
 MASK_USES = frozenset({"add", "subtract", "multiply", "select", "maximum", "minimum", "compare", "and", "or", "not"})
@@ -1305,13 +1316,10 @@ def mask_uploaded_each_step(program: Program) -> list[Match]:
     """The step's program takes a large argument from a host array on every call and uses it only element by element
     against a larger array (an attention mask or bias broadcast over heads), where it could be built on the device
     from what it is made of."""
-    calls = [(k, n) for k, n in calls_per_step_of(program) if k.split("(")[0] not in SETUP_OPS]
-    module = _module(program, calls[0][0]) if calls else None
-    if module is None:
+    found = _step_program_shipped(program)
+    if found is None:
         return []
-    calls_of, shipped, counts, shipped_bytes = _shipped_in_calls(program, module)
-    if not len(calls_of) or not shipped_bytes:
-        return []
+    module, calls_of, counts, shipped_bytes = found
     graph = next(g for g in program.graphs if g.module is module)
     entry = module.computations[module.entry]
     out = []
@@ -1387,13 +1395,10 @@ def data_uploaded_each_step(program: Program) -> list[Match]:
     """The step's program takes large arguments from host arrays on every call that are neither the weights its
     matmuls multiply by (weights_uploaded_each_step) nor a mask used element by element (mask_uploaded_each_step):
     the data it reads, shipped again with every call."""
-    calls = [(k, n) for k, n in calls_per_step_of(program) if k.split("(")[0] not in SETUP_OPS]
-    module = _module(program, calls[0][0]) if calls else None
-    if module is None:
+    found = _step_program_shipped(program)
+    if found is None:
         return []
-    calls_of, _, counts, shipped_bytes = _shipped_in_calls(program, module)
-    if not len(calls_of) or not shipped_bytes:
-        return []
+    module, calls_of, counts, shipped_bytes = found
     graph = next(g for g in program.graphs if g.module is module)
     weights = _weight_parameters(program, module)
     entry = module.computations[module.entry]
@@ -1401,7 +1406,10 @@ def data_uploaded_each_step(program: Program) -> list[Match]:
             and nbytes(i) >= MIN_UPLOADED_WEIGHT_BYTES and counts.get(i.shape_text.split("{")[0], 0) >= len(calls_of)
             and _mask_argument(graph, i) is None]
     uploaded = sum(nbytes(i) for i in data)
-    wait = _device_wait_percent(program, module, calls_of) if uploaded >= MIN_UPLOADED_DATA_BYTES else None
+    # Arrays the host builds between the calls (NumPy preprocessing each batch) are new on every call: that is
+    # host_preprocessing's, and putting them on the device once is no change to make
+    wait = _device_wait_percent(program, module, calls_of) if uploaded >= MIN_UPLOADED_DATA_BYTES and \
+        not host_preprocessing(program) else None
     if wait is None:
         return []
     share = min(uploaded * len(calls_of) / shipped_bytes, 1.0)
