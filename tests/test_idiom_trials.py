@@ -178,6 +178,22 @@ def test_ops_far_below_their_roof_that_are_no_matmuls_are_named_for_what_they_ar
     assert "no matmuls (reduction)" in finding.fix and "vector units (VPU)" in finding.fix
 
 
+def test_a_calls_own_argument_copies_are_not_read_as_op_by_op_dispatch(reports):
+    """A graph's 92 MiB of NumPy arrays passed to one jitted call per step: the runtime's copies of them run inside
+    the call and are booked as its dispatch (26% of the step), but they are bytes crossing the host link, not
+    launches: no "op-by-op dispatch" finding (put the whole step under jax.jit) rests on them."""
+    from xdiag.investigators.health import health_snapshot
+    from xdiag.investigators.rules import host
+    from xdiag.investigators.rules.registry import Facts
+    from xdiag.model import ToolResult
+
+    tools = Path(reports("blind5_gnn_inference", "before-a").output_uri) / "tools"
+    results = {p.stem: ToolResult.model_validate_json(p.read_text()) for p in tools.glob("*.json")}
+    facts = Facts(health_snapshot(results), results)
+    assert facts.step["dispatch_copy_percent"] >= 0.95 * facts.breakdown["dispatch"] > 20
+    assert host.dispatch_overhead(facts, []) is None
+
+
 def test_a_match_whose_change_is_withheld_does_not_by_itself_keep_a_step_from_optimal(reports):
     """jnp.tile of a linear layer's weights along the batch, which XLA:TPU reads in place: the match holds nearly the
     whole step, but its change is withheld on a TPU (the chip measured no gain), and nothing else is amiss: the

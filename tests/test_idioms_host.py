@@ -34,6 +34,10 @@ GROUPS = """
         x = jax.random.normal(jax.random.key(0), (4096, 64))
         labels = jax.random.permutation(jax.random.key(1), jnp.arange(4096) % 16)
 """
+SEGMENTS = """
+        pred = jax.random.randint(jax.random.key(0), (64, 64), 0, 8)
+        labels = jax.random.randint(jax.random.key(1), (64, 64), 0, 8)
+"""
 PROGRAMS = {
     # name -> (body defining run(), the idiom it holds or None, the text of the line its report names)
     "jit_per_call": (LAYER + """
@@ -76,8 +80,21 @@ PROGRAMS = {
         totals = jax.jit(lambda x, labels: jax.ops.segment_sum(x, labels, num_segments=16))
         run = lambda: totals(x, labels)
     """, None, None),
+    "counts_per_class": (SEGMENTS + """
+        def run():
+            inter = np.zeros(8, np.int64)
+            for c in range(8):
+                p, l = pred == c, labels == c
+                inter[c] += int(jnp.sum(p & l))
+            return inter
+    """, "eager_loop_reads_each_trip", "p, l = pred == c, labels == c"),
+    "counts_at_once": (SEGMENTS + """
+        classes = jnp.arange(8)
+        counts = jax.jit(lambda p, l: jnp.sum((p[..., None] == classes) & (l[..., None] == classes), axis=(0, 1)))
+        run = lambda: np.asarray(counts(pred, labels))
+    """, None, None),
 }
-MINE = {"static_argument_per_value", "weights_uploaded_each_step", "boolean_mask_in_loop"}
+MINE = {"static_argument_per_value", "weights_uploaded_each_step", "boolean_mask_in_loop", "eager_loop_reads_each_trip"}
 NEIGHBOURS = {"recompile_per_shape", "python_loop_of_calls", "eager_ops", "callback_in_step", "host_preprocessing",
               "per_element_transfers", "read_each_step"}
 
@@ -119,6 +136,8 @@ def test_the_report_leads_with_the_idioms_change_at_the_users_line(name, capture
         assert "static_argnums" in top.fix and "jnp.float32(lr)" in top.fix, top.fix
     elif idiom == "boolean_mask_in_loop":
         assert "jax.ops.segment_sum(x, labels, num_segments=16)" in top.fix and "a sum of the rows" in top.fix, top.fix
+    elif idiom == "eager_loop_reads_each_trip":
+        assert "x[..., None] == jnp.arange(8)" in top.fix and "axis=(0, 1)" in top.fix, top.fix
     elif idiom == "weights_uploaded_each_step":
         assert "jax.device_put(params)" in top.fix and "4 weight arrays (4 MiB)" in top.fix, top.fix
 

@@ -213,6 +213,34 @@ def test_a_loop_of_boolean_mask_indexes_reads_each_mask_back_and_is_changed_to_o
     assert not matches(program("blind3_proto_episode", "fixed"), "boolean_mask_in_loop")
 
 
+def test_a_loop_of_eager_ops_with_an_int_read_each_trip_is_computed_for_every_value_at_once(program):
+    """Per class c: pred == c, labels == c, &, | and two jnp.sums run eagerly, each sum read with int(): the capture's
+    steps split at the reads (one a trip), so the loop is timed from the Python tracer's frames, its trips by its
+    least-run op and the change compares against jnp.arange on a new axis."""
+    (match,) = matches(program("blind5_seg_eval", "before-a"), "eager_loop_reads_each_trip")
+    assert match.facts["trips_per_call"] == 60 and match.facts["reads_per_trip"] == 2
+    assert match.facts["one_op_programs_per_trip"] == 6 and 95 < match.stake_percent <= 100
+    assert "s32[8,256,256]" in match.what and "int()" in match.what and "blind5_seg_eval.py:" in match.line
+    change = IDIOMS["eager_loop_reads_each_trip"].change_text(match)
+    assert "x[..., None] == jnp.arange(60)" in change and "axis=(0, 1, 2)" in change and "np.asarray" in change
+    assert not matches(program("blind5_seg_eval", "fixed"), "eager_loop_reads_each_trip")
+
+
+def test_a_graph_kept_as_numpy_and_shipped_to_every_call_is_put_on_the_device_once(program):
+    """A node-feature matrix and an edge list, NumPy arrays passed to the jitted predict on every call: read by a
+    matmul's left side and by gathers, they are neither weights nor a mask; the device waits for their copies."""
+    (match,) = matches(program("blind5_gnn_inference", "before-a"), "data_uploaded_each_step")
+    assert match.facts["data_arguments"] == ["f32[169343,128]", "s32[2,1166243]"]
+    assert match.facts["data_share_of_shipped_percent"] == 100 and 50 < match.stake_percent < 57
+    assert "feats" in match.what and "edge_index" in match.what
+    change = IDIOMS["data_uploaded_each_step"].change_text(match)
+    assert "feats = jnp.asarray(feats, jnp.float32); edge_index = jnp.asarray(edge_index, jnp.int32)" in change
+    assert not matches(program("blind5_gnn_inference", "before-a"), "weights_uploaded_each_step")
+    assert not matches(program("blind5_gnn_inference", "fixed"), "data_uploaded_each_step")
+    (cast,) = matches(program("blind5_gnn_inference", "precast"), "data_uploaded_each_step")  # cast, still shipped
+    assert cast.stake_percent < match.stake_percent / 3
+
+
 def test_a_large_result_read_back_for_a_numpy_argmax_is_sized_by_the_programs_output_and_timed_by_its_frames(program):
     """On a TPU the read (np.asarray: jax.Array.__array__) copies the whole output across the host link and NumPy's
     argmax (an array method in C, `$<unknown> argmax`) follows it on the same thread: both are the stake; the device's

@@ -39,6 +39,7 @@ class StepRow:
     device: str | None = None  # the device whose own step this is; None: the host's step over its devices
     host_transfer_ms: float = 0.0  # of ms["transfer"]: host<->device copies seen only on the host's lines
     after_read_ms: float = 0.0  # of ms["host_other"]: host work that begins where a read of device data ends
+    call_copy_ms: float = 0.0  # of ms["dispatch"]: the copies of a jitted call's own arguments, inside its dispatch
 
 
 def _counts(starts: np.ndarray, win_s: np.ndarray, win_e: np.ndarray) -> np.ndarray:
@@ -102,6 +103,9 @@ def _timeline_rows(
         extra[LAYER_CATEGORY.get(layer, layer)] += union - explained
         explained = union
     after_read = _gaps_after(merged, signals.read_ends, win_s, win_e)
+    # The dispatch layer holds a call's own argument copies: what of its time they cover, no more than it booked
+    call_copies = np.minimum(covered_by_merged(merge_intervals(*signals.call_copies), win_s, win_e),
+                             extra["dispatch"])
     counts = {name: _counts(starts, win_s, win_e) for name, starts in signals.counted.items()}
     op_counts = _counts(ops.start_ps, win_s, win_e)
     rows = []
@@ -121,6 +125,7 @@ def _timeline_rows(
                 dispatches=int(counts["dispatches"][i]), compiles=int(counts["compiles"][i]),
                 syncs=int(counts["syncs"][i]), callbacks=int(counts["callbacks"][i]), device=device,
                 host_transfer_ms=extra["transfer"][i] / PS_PER_MS, after_read_ms=after_read[i] / PS_PER_MS,
+                call_copy_ms=call_copies[i] / PS_PER_MS,
             )
         )
     return rows, device_rows
@@ -177,6 +182,7 @@ def summarize_steps(rows: list[StepRow]) -> dict:
     shares = {f"{c}_percent": round(100 * sum(r.ms[c] for r in rows) / total, 2) for c in CATEGORIES}
     host_transfer = round(100 * sum(r.host_transfer_ms for r in rows) / total, 2)
     after_read = round(100 * sum(r.after_read_ms for r in rows) / total, 2)
+    call_copies = round(100 * sum(r.call_copy_ms for r in rows) / total, 2)
     # Copies the device's op lines do not show (the host re-tiles and DMAs them) leave the device's cores idle.
     idle = 100 - shares["compute_percent"] - shares["collective_percent"] - (shares["transfer_percent"] - host_transfer)
     return {
@@ -191,6 +197,7 @@ def summarize_steps(rows: list[StepRow]) -> dict:
         **shares,
         "host_transfer_percent": host_transfer,
         "host_after_read_percent": after_read,
+        "dispatch_copy_percent": call_copies,
         "device_idle_percent": round(max(idle, 0.0), 2),
         "ops_per_step_mean": round(float(np.mean([r.ops for r in rows])), 2),
         "dispatches_per_step_mean": round(float(np.mean([r.dispatches for r in rows])), 2),

@@ -57,6 +57,9 @@ class HostSignals:
     layers: dict[str, tuple[np.ndarray, np.ndarray]]  # HOST_LAYERS -> (starts, ends)
     counted: dict[str, np.ndarray]  # dispatches / compiles / syncs / callbacks -> starts of counted events
     read_ends: np.ndarray  # ends of the blocking reads that mostly copied data (not waited for the device)
+    call_copies: tuple[np.ndarray, np.ndarray] = (np.empty(0, np.int64), np.empty(0, np.int64))
+    """(starts, ends) of the copies of a jitted call's own arguments (DevicePut inside PjitFunction): booked as the
+    call's dispatch, they are its arguments' bytes, not its launch"""
 
     @classmethod
     def of(cls, events: HostThreads | None, callback_s: np.ndarray, callback_e: np.ndarray,
@@ -117,6 +120,7 @@ class HostSignals:
                 "callbacks": callback_calls if len(callback_calls) >= len(python_callbacks) else python_callbacks,
             },
             read_ends=_copying_read_ends(sync, copies),
+            call_copies=(transfer.start_ps[~outside], transfer.end_ps[~outside]),
         )
 
 

@@ -23,8 +23,12 @@
 - mask_uploaded_each_step: a large mask or additive bias is passed as a host array on every call and used only
   element by element against a larger array (attention scores), where the jitted function could build it from the
   ids it is made of.
+- data_uploaded_each_step: large arrays the step's program reads (a graph, a dataset) are passed as host arrays on
+  every call, converted and copied again each time, where put on the device once they stay there.
 - boolean_mask_in_loop: a Python loop indexes an array with a boolean mask on every trip, so each trip reads the
   mask back to the host, uploads its indices and dispatches its ops one by one; jax.jit refuses the index.
+- eager_loop_reads_each_trip: a Python loop runs its ops eagerly, one dispatch each, and reads a value back with int()
+  or float() on every trip, where one jitted function computes every trip's values at once.
 
 Their stake is the whole time the structure costs (the device's idle share of the step, or the compiles'), not the
 slice the breakdown files as dispatch: a loop moved into one program drops its dispatches, waits and idle together.
@@ -137,8 +141,8 @@ def python_loop_of_calls(program: Program) -> list[Match]:
     if not one_call_steps and (per_step < MIN_CALLS_PER_STEP or dispatches < MIN_CALLS_PER_STEP):
         return []
     line, function = _function_line(program, module)
-    if _eager(program, calls):
-        return []  # eager_ops
+    if _eager(program, calls) or eager_loop_reads_each_trip(program):
+        return []  # eager_ops, or a loop of eager ops with a read each trip: the loop is the one-op programs'
     reads = syncs >= per_step / 2 and syncs >= 0.5
     name = key.split("(")[0]
     reads_text = "one blocking read" if syncs == 1 else f"{syncs:.3g} blocking reads"
@@ -1215,11 +1219,7 @@ def weights_uploaded_each_step(program: Program) -> list[Match]:
     if wait is not None:
         stake = max(stake, wait * share)
     stake = round(min(stake, 100.0), 2)
-    # The first call the steps hold; where calls run ahead of the device (none ends inside a step), the first
-    first = next((i for i in range(len(calls_of)) if len(program.step_windows[0])
-                  and calls_of.end_ps[i] >= program.step_windows[0][0]), 0 if len(calls_of) else None)
-    line, function = (_caller(program, program.host_events(PYTHON_TRACER_EVENT), int(calls_of.start_ps[first]),
-                              int(calls_of.end_ps[first])) if first is not None else ("", ""))
+    line, function = _calling_line(program, calls_of)
     mib = uploaded / 2 ** 20
     shapes = ", ".join(dict.fromkeys(w.shape_text.split("{")[0] for w in weights.values()))
     where = f" at {line}" if line else ""
@@ -1255,6 +1255,28 @@ def _shipped_in_calls(program: Program, module: HloModule) -> tuple[HostEvents, 
         counts[f"{found['dtype']}[{found['shape']}]"] = counts.get(f"{found['dtype']}[{found['shape']}]", 0) + 1
         total += _shipped_bytes(found)
     return calls_of, shipped, counts, total
+
+
+def _calling_line(program: Program, calls_of: HostEvents) -> tuple[str, str]:
+    """The user's line and function around the program's first call the steps hold (where calls run ahead of the
+    device, none ending inside a step, the first call); ("", "") where the capture holds no call."""
+    if not len(calls_of):
+        return "", ""
+    first = next((i for i in range(len(calls_of)) if len(program.step_windows[0])
+                  and calls_of.end_ps[i] >= program.step_windows[0][0]), 0)
+    return _caller(program, program.host_events(PYTHON_TRACER_EVENT), int(calls_of.start_ps[first]),
+                   int(calls_of.end_ps[first]))
+
+
+def _step_program_shipped(program: Program) -> tuple[HloModule, HostEvents, dict[str, int], int] | None:
+    """The program the steps call most, its calls, and the host-buffer copies made inside them (how many of each type
+    and shape, their bytes); None where no call ships a named copy."""
+    calls = [(k, n) for k, n in calls_per_step_of(program) if k.split("(")[0] not in SETUP_OPS]
+    module = _module(program, calls[0][0]) if calls else None
+    if module is None:
+        return None
+    calls_of, _, counts, shipped_bytes = _shipped_in_calls(program, module)
+    return (module, calls_of, counts, shipped_bytes) if len(calls_of) and shipped_bytes else None
 
 
 MIN_UPLOADED_MASK_BYTES = 16 << 20
@@ -1294,13 +1316,10 @@ def mask_uploaded_each_step(program: Program) -> list[Match]:
     """The step's program takes a large argument from a host array on every call and uses it only element by element
     against a larger array (an attention mask or bias broadcast over heads), where it could be built on the device
     from what it is made of."""
-    calls = [(k, n) for k, n in calls_per_step_of(program) if k.split("(")[0] not in SETUP_OPS]
-    module = _module(program, calls[0][0]) if calls else None
-    if module is None:
+    found = _step_program_shipped(program)
+    if found is None:
         return []
-    calls_of, shipped, counts, shipped_bytes = _shipped_in_calls(program, module)
-    if not len(calls_of) or not shipped_bytes:
-        return []
+    module, calls_of, counts, shipped_bytes = found
     graph = next(g for g in program.graphs if g.module is module)
     entry = module.computations[module.entry]
     out = []
@@ -1318,10 +1337,7 @@ def mask_uploaded_each_step(program: Program) -> list[Match]:
         stake = round(min(wait * share, 100.0), 2)
         if stake < MIN_MASK_STAKE_PERCENT:
             continue
-        first = next((i for i in range(len(calls_of)) if len(program.step_windows[0])
-                      and calls_of.end_ps[i] >= program.step_windows[0][0]), 0)
-        line, function = _caller(program, program.host_events(PYTHON_TRACER_EVENT), int(calls_of.start_ps[first]),
-                                 int(calls_of.end_ps[first]))
+        line, function = _calling_line(program, calls_of)
         use_line, use_function = next((program.line_of(graph, u) for u in uses if program.line_of(graph, u)[0]),
                                       ("", ""))
         name = parameter.op_name or re.sub(r"\.\d+$", "", parameter.name)
@@ -1353,6 +1369,74 @@ def mask_uploaded_each_step(program: Program) -> list[Match]:
                    "mask_share_of_shipped_percent": round(100 * share, 1), "made_of": sources[:2],
                    "loop_step_ms": round(_loop_step_ms(program, module, calls_of), 4)}))
     return out
+
+
+MIN_UPLOADED_DATA_BYTES = 16 << 20
+"""Data arguments shipped per call at least this large together (each of at least MIN_UPLOADED_WEIGHT_BYTES): their
+copy, not the launch, is what the call waits for."""
+JNP_TYPES = {"f64": "float64", "f32": "float32", "bf16": "bfloat16", "f16": "float16", "s64": "int64", "s32": "int32",
+             "s16": "int16", "s8": "int8", "u8": "uint8", "u32": "uint32", "pred": "bool_"}
+
+
+@idiom("data_uploaded_each_step", "host_structure",
+       "Large data arrays are copied from the host to the device on every call",
+       "{change}",
+       "a jitted call given NumPy arrays converts them to the program's types and copies them to the device before "
+       "the program can start, on every call; arrays put on the device once stay in its memory between calls, and "
+       "each call then only launches the program; its premise that the arrays are the same on every call (a graph, a "
+       "dataset, a table the process keeps)",
+       gain=(0.9, 1.0), measured="docs/reference/measurements.md#data-uploaded-each-step",
+       alternatives=("where each step's arrays are new (a batch), put the next one on the device while this step runs "
+                     "(jax.device_put of the next batch before this step's result is read: double buffering)",
+                     "casting the arrays on the host once (x.astype(np.float32)) saves only the conversion: they are "
+                     "still copied on every call"),
+       platforms=("TPU", "GPU"))
+def data_uploaded_each_step(program: Program) -> list[Match]:
+    """The step's program takes large arguments from host arrays on every call that are neither the weights its
+    matmuls multiply by (weights_uploaded_each_step) nor a mask used element by element (mask_uploaded_each_step):
+    the data it reads, shipped again with every call."""
+    found = _step_program_shipped(program)
+    if found is None:
+        return []
+    module, calls_of, counts, shipped_bytes = found
+    graph = next(g for g in program.graphs if g.module is module)
+    weights = _weight_parameters(program, module)
+    entry = module.computations[module.entry]
+    data = [i for i in entry.instructions if i.opcode == "parameter" and i.parameter_number not in weights
+            and nbytes(i) >= MIN_UPLOADED_WEIGHT_BYTES and counts.get(i.shape_text.split("{")[0], 0) >= len(calls_of)
+            and _mask_argument(graph, i) is None]
+    uploaded = sum(nbytes(i) for i in data)
+    # Arrays the host builds between the calls (NumPy preprocessing each batch) are new on every call: that is
+    # host_preprocessing's, and putting them on the device once is no change to make
+    wait = _device_wait_percent(program, module, calls_of) if uploaded >= MIN_UPLOADED_DATA_BYTES and \
+        not host_preprocessing(program) else None
+    if wait is None:
+        return []
+    share = min(uploaded * len(calls_of) / shipped_bytes, 1.0)
+    stake = round(min(wait * share, 100.0), 2)
+    if stake < MIN_MASK_STAKE_PERCENT:
+        return []
+    line, function = _calling_line(program, calls_of)
+    names = [i.op_name or re.sub(r"\.\d+$", "", i.name) for i in data]
+    shapes = [i.shape_text.split("{")[0] for i in data]
+    puts = "; ".join(f"{n} = jnp.asarray({n}, jnp.{JNP_TYPES.get(i.dtype, i.dtype)})" for n, i in zip(names, data))
+    mib = uploaded / 2 ** 20
+    stem = module.name.removeprefix("jit_")
+    change = (f"put {', '.join(names)} on the device once, at start-up before the loop ({puts}, in the program's own "
+              f"types: a float64 or int64 host array is converted once, not on every call), and pass those device "
+              f"arrays to {stem}"
+              + (f" at {line}" if line else "") + f", so {mib:,.0f} MiB stop crossing the host link on every call")
+    return [Match(
+        "data_uploaded_each_step", stake,
+        f"the program {module.name} takes {len(data)} large argument{'s' if len(data) > 1 else ''} "
+        f"({', '.join(f'{n} {s}' for n, s in zip(names, shapes))}; {mib:,.0f} MiB) from host arrays on every call "
+        f"({len(calls_of)} calls in the capture)" + (f" at {line}" if line else "")
+        + f"; the device waits {wait:.3g}% of the loop's time for its calls' arguments, {100 * share:.3g}% of whose "
+        f"bytes are these arrays",
+        module=module.name, line=line, function=function, params={"change": change},
+        facts={"data_arguments": shapes, "uploaded_mib_per_call": round(mib, 1), "device_wait_percent": round(wait, 2),
+               "data_share_of_shipped_percent": round(100 * share, 1),
+               "loop_step_ms": round(_loop_step_ms(program, module, calls_of), 4)})]
 
 
 MIN_MASK_STAKE_PERCENT = 5.0
@@ -1421,6 +1505,8 @@ def _within_any(events: HostEvents, frames: HostEvents) -> np.ndarray:
     out = np.zeros(len(events), dtype=bool)
     for thread in np.unique(events.thread):
         mine = np.flatnonzero(frames.thread == thread)
+        if not len(mine):
+            continue  # no frame on this thread holds any of its events
         order = mine[np.argsort(frames.start_ps[mine], kind="stable")]
         index = np.flatnonzero(events.thread == thread)
         at = np.searchsorted(frames.start_ps[order], events.start_ps[index], side="right") - 1
@@ -1467,6 +1553,58 @@ def _comprehension(name: str) -> bool:
     return _frame_line(name)[1].startswith("<")
 
 
+@dataclass
+class FrameLoop:
+    """A user's loop seen from the Python tracer's frames: the user frames that hold a repeated event (each a loop, or
+    the function whose body loops), how many of the events each holds, the loops' time and the time of the calls of
+    the function they run in."""
+
+    user: HostEvents  # the user's frames around the events
+    loops: np.ndarray  # indices into `user`: each loop's frame
+    trips: np.ndarray  # per loop: the events it holds
+    loop_ps: float
+    step_ps: float
+    steps: int  # the calls of the function the loops run in
+    step_function: str
+    loop_name: str
+
+
+def _frame_loop(program: Program, frames: HostEvents, events: HostEvents, min_trips: float) -> FrameLoop | None:
+    """The user's loops that hold `events` (at least min_trips each on average), timed from the first event to the
+    last (one trip's share added for the time before the first), within the function that runs them."""
+    user = frames.where(program.is_user_frame)
+    user = user.take(np.flatnonzero(_contains_any(user, events)))  # the frames around the events alone
+    holder = _innermost_holders(user, events)
+    loops, trips = np.unique(holder[holder >= 0], return_counts=True)
+    if not len(loops) or trips.mean() < min_trips:
+        return None
+    loop_name = str(user.names[loops[0]])
+    # The function the loop runs in: the comprehension's caller, or the function whose body loops
+    steps = _innermost_holders(user.where(lambda n: not _comprehension(n)), user.take(loops)) \
+        if _comprehension(loop_name) else np.arange(len(loops))
+    outer = user.where(lambda n: not _comprehension(n)) if _comprehension(loop_name) else user.take(loops)
+    loop_ps = 0.0
+    for i, n in zip(loops, trips):
+        mine = np.flatnonzero(holder == i)
+        span = float(events.end_ps[mine].max() - events.start_ps[mine].min()) * n / max(n - 1, 1)
+        loop_ps += float(user.end_ps[i] - user.start_ps[i]) if _comprehension(loop_name) else \
+            min(span, float(user.end_ps[i] - user.start_ps[i]))
+    held = np.unique(steps[steps >= 0])
+    step_ps = float((outer.end_ps[held] - outer.start_ps[held]).sum()) if len(held) else 0.0
+    if step_ps <= 0:
+        return None
+    return FrameLoop(user, loops, trips, loop_ps, step_ps, len(held), _frame_line(str(outer.names[held[0]]))[1],
+                     loop_name)
+
+
+def _calls_per_trip(program: Program, loop: FrameLoop, count: float) -> dict[str, float]:
+    """The jitted functions the loops call (outermost calls), by the name the call carries, per trip, most first."""
+    calls = _outermost(program.host_events(JITTED_CALL_EVENT))
+    calls = calls.take(np.flatnonzero(_within_any(calls, loop.user.take(loop.loops))))
+    names, counts = np.unique(calls.names.astype(str), return_counts=True)
+    return {str(names[k]): counts[k] / count for k in np.argsort(-counts, kind="stable")}
+
+
 @idiom("boolean_mask_in_loop", "host_structure",
        "A Python loop indexes an array with a boolean mask on every trip, reading the mask back to the host",
        "{change}",
@@ -1487,37 +1625,17 @@ def boolean_mask_in_loop(program: Program) -> list[Match]:
     if program.platform == "CPU":  # the device's memory is the host's: NumPy reads the mask with no copy or sync
         read |= _contains_any(masks, frames.where(NUMPY_READ_FRAME.search))
     masks = masks.take(np.flatnonzero(read))
-    user = frames.where(program.is_user_frame)
-    user = user.take(np.flatnonzero(_contains_any(user, masks)))  # the frames around the indexes alone
-    holder = _innermost_holders(user, masks)
-    loops, trips = np.unique(holder[holder >= 0], return_counts=True)
-    if not len(loops) or trips.mean() < MIN_MASK_TRIPS:
+    loop = _frame_loop(program, frames, masks, MIN_MASK_TRIPS)
+    if loop is None:
         return []
-    loop_name = str(user.names[loops[0]])
     # The indexing line where the gather's program recorded it (its trace's stack), else the loop's frame
     line, function = _function_line(program, _module(program, "jit_gather"))
     if not line:
-        line, function = _frame_line(loop_name)
-    # The function the loop runs in: the comprehension's caller, or the function whose body loops
-    steps = _innermost_holders(user.where(lambda n: not _comprehension(n)), user.take(loops)) \
-        if _comprehension(loop_name) else np.arange(len(loops))
-    outer = user.where(lambda n: not _comprehension(n)) if _comprehension(loop_name) else user.take(loops)
-    loop_ps = 0.0
-    for k, (i, n) in enumerate(zip(loops, trips)):
-        mine = np.flatnonzero(holder == i)
-        span = float(masks.end_ps[mine].max() - masks.start_ps[mine].min()) * n / max(n - 1, 1)
-        loop_ps += float(user.end_ps[i] - user.start_ps[i]) if _comprehension(loop_name) else \
-            min(span, float(user.end_ps[i] - user.start_ps[i]))
-    held = np.unique(steps[steps >= 0])
-    step_ps = float((outer.end_ps[held] - outer.start_ps[held]).sum()) if len(held) else 0.0
-    if step_ps <= 0:
-        return []
-    step_function = _frame_line(str(outer.names[held[0]]))[1]
+        line, function = _frame_line(loop.loop_name)
+    user, loops, trips, loop_ps, step_ps = loop.user, loop.loops, loop.trips, loop.loop_ps, loop.step_ps
+    step_function = loop.step_function
     count = float(trips.sum())
-    in_loops = _within_any(_outermost(program.host_events(JITTED_CALL_EVENT)), user.take(loops))
-    jitted = _outermost(program.host_events(JITTED_CALL_EVENT)).take(np.flatnonzero(in_loops))
-    names, counts = np.unique(jitted.names.astype(str), return_counts=True)
-    per_trip = {str(names[k]): counts[k] / count for k in np.argsort(-counts, kind="stable")}
+    per_trip = _calls_per_trip(program, loop, count)
     executions = _outermost(program.host_events(EXECUTE_EVENT))  # one execution's helper events nest in it
     dispatches = float(_within_any(executions, user.take(loops)).sum()) / count
     puts = float(_within_any(program.host_events(HOST_PUT_EVENT), user.take(loops)).sum()) / count
@@ -1558,8 +1676,92 @@ def boolean_mask_in_loop(program: Program) -> list[Match]:
         f"{puts:.3g} arrays are put on the device and {dispatches:.3g} programs are dispatched "
         f"({', '.join('jit_' + n.removeprefix('PjitFunction(').rstrip(')') for n in list(per_trip)[:5])}); "
         f"the loop takes "
-        f"{loop_ps / PS_PER_MS / len(held):,.4g} ms of the {step_ps / PS_PER_MS / len(held):,.4g} ms a call of "
+        f"{loop_ps / PS_PER_MS / loop.steps:,.4g} ms of the {step_ps / PS_PER_MS / loop.steps:,.4g} ms a call of "
         f"{step_function or 'its function'} takes",
         line=line, function=function, params={"change": change, "groups": groups},
         facts={"mask_reads_per_call": round(count / len(loops), 1), "dispatches_per_trip": round(dispatches, 1),
-               "puts_per_trip": round(puts, 1), "loop_step_ms": round(step_ps / PS_PER_MS / len(held), 3)})]
+               "puts_per_trip": round(puts, 1), "loop_step_ms": round(step_ps / PS_PER_MS / loop.steps, 3)})]
+
+
+SCALAR_READ_FRAME = re.compile(r"^\$array\.py:\d+ (__int__|__float__|__bool__|__index__|__complex__|item|tolist)$")
+"""A jax.Array converted to a Python value (int(x), float(x), x.item()), as the Python tracer names it: the host waits
+for the device and copies the value back."""
+READ_CALLS = {"__int__": "int()", "__float__": "float()", "__bool__": "bool()", "__index__": "an index",
+              "__complex__": "complex()", "item": ".item()", "tolist": ".tolist()"}
+MIN_READ_TRIPS = 4.0
+"""Values read back per call of the function looping over them, before the loop's structure is the cost."""
+COMPARES = ("equal", "not_equal", "less", "less_equal", "greater", "greater_equal")
+"""One-op programs comparing an array with the loop's value (pred == c): every value's compare is one broadcast."""
+
+
+@idiom("eager_loop_reads_each_trip", "host_structure",
+       "A Python loop runs its ops one by one and reads a value back to the host on every trip",
+       "{change}",
+       "each trip dispatches its ops from Python one at a time, as one-op programs, and each int() or float() waits "
+       "for the device and copies the value back, so the device idles between the trips' small programs; computing "
+       "every trip's values in one jitted function is one dispatch and one read for the whole loop, its premise that "
+       "no trip reads a value an earlier trip computed",
+       gain=(0.9, 1.0), measured="docs/reference/measurements.md#eager-loop-reads-each-trip",
+       alternatives=("a jax.lax.fori_loop or jax.lax.scan over the trips inside one jitted function, the values "
+                     "collected in the carry and read once after it: for trips that do depend on each other",))
+def eager_loop_reads_each_trip(program: Program) -> list[Match]:
+    """A user's loop whose trips run one-op programs (ops called eagerly) and convert a value to a Python number
+    (the Python tracer's frames): a sync and several dispatches per trip."""
+    frames = program.host_events(PYTHON_TRACER_EVENT)
+    reads = _outermost(frames.where(SCALAR_READ_FRAME.search))
+    reads = reads.take(np.flatnonzero(~_within_any(reads, frames.where(BOOLEAN_INDEX_FRAME.search))))
+    if len(reads) < MIN_READ_TRIPS:
+        return []
+    loop = _frame_loop(program, frames, reads, MIN_READ_TRIPS)
+    if loop is None:
+        return []
+    count = float(loop.trips.sum())
+    calls = {k.removeprefix("PjitFunction(").rstrip(")"): n for k, n in _calls_per_trip(program, loop, count).items()}
+    one_op = {k: n for k, n in calls.items()
+              if f"jit_{k}" not in SETUP_OPS and _single_op(_module(program, f"jit_{k}"))}
+    # The trips are the ops' own, run eagerly: at least one one-op program per read, of two kinds or more, and at
+    # least twice the calls of larger programs (a jitted body called per trip is python_loop_of_calls')
+    eager = sum(one_op.values())
+    if len(one_op) < 2 or eager < 1.0 or eager < 2 * (sum(calls.values()) - eager):
+        return []
+    # Each kind of op runs at least once a trip: the least run one counts the trips
+    trips = max(round(count * min(one_op.values()) / len(loop.loops)), 1)
+    reads_per_trip = count / len(loop.loops) / trips
+    busiest = max(one_op, key=one_op.get)
+    line, function = _function_line(program, _module(program, f"jit_{busiest}"))
+    if not line:
+        line, function = _frame_line(loop.loop_name)
+    at = f"the loop at {line}" + (f" in {loop.step_function}" if loop.step_function else "")
+    ops_per_trip = eager * count / len(loop.loops) / trips
+    kinds = sorted({SCALAR_READ_FRAME.search(str(n)).group(1) for n in reads.names})
+    read_as = " or ".join(READ_CALLS[k] for k in kinds)
+    compared = next((k for k in COMPARES if k in one_op), None)
+    shapes = _entry_shapes(_module(program, f"jit_{compared}")) if compared else []
+    against_value = compared is not None and len(shapes) == 2 and shapes[1].endswith("[]") and "[]" not in shapes[0]
+    if against_value:
+        rank = shapes[0].count(",") + 1
+        axes = ", ".join(str(a) for a in range(rank)) + ("," if rank == 1 else "")
+        change = (f"compute every trip of {at} at once, in one jitted function: compare against all {trips} values "
+                  f"on a new last axis, x[..., None] == jnp.arange({trips}) for x of {shapes[0]}, reduce over the "
+                  f"array's own axes, jnp.sum(..., axis=({axes})), for one count per value, and read the {trips} "
+                  f"results back once with np.asarray after the call, instead of "
+                  f"{reads_per_trip:.3g} {read_as} reads and {ops_per_trip:.3g} eager ops per trip")
+    else:
+        change = (f"compute every trip of {at} at once, in one jitted function: write one trip's body as a function "
+                  f"of the loop's value and call jax.vmap(body)(jnp.arange({trips})) under @jax.jit, then read the "
+                  f"{trips} results back once with np.asarray after the call, instead of {reads_per_trip:.3g} "
+                  f"{read_as} reads and one dispatch per op on every trip")
+    operand = shapes[0] if against_value else \
+        next((s[0] for k in one_op if (s := _entry_shapes(_module(program, f"jit_{k}")))), "")
+    per_call = loop.step_ps / PS_PER_MS / loop.steps
+    return [Match(
+        "eager_loop_reads_each_trip", round(float(min(100.0 * loop.loop_ps / loop.step_ps, 100.0)), 2),
+        f"{at} runs {trips} trips per call, each dispatching {ops_per_trip:.3g} one-op programs "
+        f"({', '.join('jit_' + k for k in list(one_op)[:5])})" + (f" on {operand}" if operand else "")
+        + (f", comparing it with the loop's value ({shapes[1]})" if against_value else "")
+        + f", and converting {reads_per_trip:.3g} values to Python numbers ({read_as}: a wait for the device and a "
+        f"copy back each); the loop takes {loop.loop_ps / PS_PER_MS / loop.steps:,.4g} ms of the "
+        f"{per_call:,.4g} ms a call of {loop.step_function or 'its function'} takes",
+        line=line, function=function, params={"change": change, "trips": trips},
+        facts={"trips_per_call": trips, "reads_per_trip": round(reads_per_trip, 2),
+               "one_op_programs_per_trip": round(ops_per_trip, 1), "loop_step_ms": round(per_call, 3)})]

@@ -91,7 +91,8 @@ HOST_EVENT_FINDINGS = {"host_sync": "user_callers", "dispatch_overhead": "user_c
                        "recompilation": "user_callers", "input_bound": "user_frames",
                        "python_loop_of_calls": "user_callers", "eager_ops": "user_callers",
                        "recompile_per_shape": "user_callers", "callback_in_step": "user_callers",
-                       "static_argument_per_value": "user_callers", "boolean_mask_in_loop": "user_callers"}
+                       "static_argument_per_value": "user_callers", "boolean_mask_in_loop": "user_callers",
+                       "eager_loop_reads_each_trip": "user_callers"}
 """Host-side findings whose rule reads the host's events (aggregate_xplane_events), and the frames that hold their
 time: the user's innermost frame around each wait, dispatch or compile; for host-bound input, the user's innermost
 frames themselves (the Python that runs while the device idles)."""

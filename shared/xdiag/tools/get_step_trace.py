@@ -30,7 +30,8 @@ def get_step_trace(session: Session) -> ToolOutput:
     steps that end once dispatched, and steps that wait for the work the earlier ones queued) step_time_spread_is,
     step_time_spread_because, run_ahead_steps, run_ahead_step_ms_mean, blocking_steps, blocking_step_ms_mean;
     <category>_percent for compute/collective/transfer/compile/warm_up/host_sync/dispatch/host_other,
-    host_transfer_percent (the part of transfer seen only on the host's lines), device_idle_percent,
+    host_transfer_percent (the part of transfer seen only on the host's lines), dispatch_copy_percent (the part of
+    dispatch that is a jitted call's own argument copies, host arrays passed to it), device_idle_percent,
     {ops,dispatches,compiles,syncs,callbacks}_per_step_mean, steps_with_compiles; per-device spread (active_devices,
     device_busy_percent_{mean,min,max} with least/most_busy_device, device_<part>_percent_mean);
     transfer_only_devices; window_busy_percent (busy over each device's whole window, as XProf's duty cycle),

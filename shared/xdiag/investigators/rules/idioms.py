@@ -31,6 +31,10 @@ SUPERSEDES = {
                               "device_idle", "low_utilization"),
     "weights_uploaded_each_step": ("memory_transfers", "transfer", "input_bound", "device_idle", "low_utilization"),
     "mask_uploaded_each_step": ("memory_transfers", "transfer", "input_bound", "device_idle", "low_utilization"),
+    # a jitted call's own argument copies are booked as its dispatch: with a few calls per step, the dispatch
+    # finding's share is these copies, not op-by-op launches
+    "data_uploaded_each_step": ("memory_transfers", "transfer", "input_bound", "device_idle", "low_utilization",
+                                "dispatch_overhead"),
     # a value read each step serialises host, copies and device; it does not explain a step with too little work for
     # the device. Its stake times the copies by their own work, where the traced span is mostly the profiler's
     "read_each_step": ("host_sync", "input_bound", "device_idle", "memory_transfers"),
@@ -44,6 +48,11 @@ SUPERSEDES = {
     "boolean_mask_in_loop": ("eager_ops", "python_loop_of_calls", "per_element_transfers", "read_each_step",
                              "dispatch_overhead", "host_sync", "low_utilization", "input_bound", "device_idle",
                              "warm_up", "memory_transfers", "transfer", "unfused_kernels"),
+    # a loop of eager ops reading a value back each trip: its dispatches, syncs and copies are the loop's, and
+    # jax.jit alone fails on its int() reads
+    "eager_loop_reads_each_trip": ("eager_ops", "python_loop_of_calls", "per_element_transfers", "read_each_step",
+                                   "dispatch_overhead", "host_sync", "low_utilization", "input_bound", "device_idle",
+                                   "warm_up", "memory_transfers", "transfer", "unfused_kernels"),
 }
 """Host-structure idioms, and the findings whose measured slice is part of the time the idiom's change removes."""
 COVERED_BY_OPS = ("memory_bound", "low_kernel_efficiency", "layout_copies", "unfused_data_movement",
