@@ -17,8 +17,8 @@ VARIANTS = ["before", "fixed", "lu"]
 TRACE_STEPS = 2
 RTOL = 2e-3
 
-N = size(1536, 48)        # observed sensor readings
-G = size(8, 3)            # length-scales scored per call
+N = size(1024, 48)        # observed sensor readings
+G = size(4, 3)            # length-scales scored per call
 NOISE = 0.3               # observation noise variance
 
 

@@ -1,6 +1,5 @@
 """Charged-particle tracking in a magnetic-mirror trap: a million test ions are pushed with the Boris scheme through
-an analytic mirror field plus a radial electric field; one call advances the ensemble by 16 substeps. Positions and
-velocities are kept as (N, 3) arrays, one row per particle.
+an analytic mirror field plus a radial electric field; one call advances the ensemble by 16 substeps.
 
 Variants:
   fixed: positions and velocities are kept as (3, N) arrays, one row per component.

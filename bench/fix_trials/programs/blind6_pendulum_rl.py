@@ -1,6 +1,5 @@
 """Policy evaluation for a swing-up controller: a batch of pendulums is simulated for one episode under a
-deterministic MLP policy and the episode returns are collected. The dynamics are the classic NumPy pendulum
-environment; the policy network runs under jax.jit.
+deterministic MLP policy and the episode returns are collected.
 
 Variants:
   fixed: the pendulum dynamics are written in jax.numpy and the whole episode runs in one jitted lax.scan.

@@ -16,8 +16,8 @@ FRAMEWORK, PHASE = "jax", "training (recommendation, CTR)"
 VARIANTS = ["before", "fixed", "rows_no_donate"]
 TRACE_STEPS = 3
 
-ROWS = size(2_000_000, 997)
-DIM = 64
+ROWS = size(1_000_000, 997)
+DIM = size(128, 16)
 FIELDS = 26
 BATCH = size(8192, 32)
 HIDDEN = size(512, 32)

@@ -16,8 +16,8 @@ VARIANTS = ["before", "fixed", "reduce_window"]
 TRACE_STEPS = 3
 RTOL = 2e-3
 
-ASSETS = size(2048, 16)
-DAYS = size(4096, 96)
+ASSETS = size(1024, 16)
+DAYS = size(2520, 96)
 WINDOW = size(64, 8)
 
 

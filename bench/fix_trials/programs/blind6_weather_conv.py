@@ -1,6 +1,5 @@
 """Precipitation nowcasting on a regional lat-lon grid: a small fully-convolutional network maps the last few
-radar/temperature/wind fields to the next precipitation field, trained with MSE and hand-written SGD. Each 3x3
-convolution is written as patch extraction followed by a matrix product with the flattened kernel.
+radar/temperature/wind fields to the next precipitation field, trained with MSE and hand-written SGD.
 
 Variants:
   fixed: each 3x3 convolution is one jax.lax.conv_general_dilated call.
