@@ -6,6 +6,7 @@ line is read from the workload's file, so a test names the statement, not a numb
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -200,6 +201,25 @@ def test_a_findings_source_lines_are_the_users_and_its_fix_says_where(capture, a
     if fused:
         assert any(_example_line(f).startswith(fused) for s in finding.source_lines for f in s.fused_lines)
     assert f"Where: {first.line}" in finding.fix
+
+
+@pytest.mark.parametrize("capture", ["tpu_v5e/widening_convert", "h200/widening_convert", "tpu_v5e/lstm_scan"])
+def test_each_line_of_a_fix_says_what_its_busiest_op_computes(capture, analysed):
+    """Issue 71: no finding rests on a bottleneck class alone; its lines say what their ops compute, in the op
+    profile's own facts (the framework op and the shapes), so a fallback finding still says what the program does."""
+    analysis = analysed(capture)
+    rows = {r["op"]: r for r in json.loads((Path(analysis.output_uri) / "tools" / "get_hlo_op_profile.json")
+                                           .read_text())["detail"]["ops"]}
+    key = FINDING_LINES[capture][0]
+    finding = next(f for f in analysis.diagnosis.findings if f.key == key)
+    for line in finding.source_lines:
+        cited = [rows[op] for op in line.ops if op in rows]
+        busiest = max(cited, key=lambda r: r["share_of_op_time_percent"])
+        assert busiest["op"] == line.ops[0]
+        shape = busiest["shape"].split("{")[0]
+        assert line.computes.endswith(shape) and "{" not in line.computes
+        assert busiest["framework_op"].rsplit("/", 1)[-1] in line.computes
+        assert f"({line.computes})" in finding.fix
 
 
 def test_the_top_finding_names_the_users_line_and_the_kernel_beside_it(analysed):

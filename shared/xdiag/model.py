@@ -156,6 +156,7 @@ class SourceLine(BaseModel):
     host_ms: float | None = None  # a host-side line (a Python frame): the host time it holds; share_percent is then
     # of the profiled steps' time
     code: str = ""  # the line's code, where the analysis' line view read it (its file at hand, the version profiled)
+    computes: str = ""  # what its busiest cited op computes, from the op profile: "gather: f32[1024,2520] → ..."
 
 
 class Finding(BaseModel):

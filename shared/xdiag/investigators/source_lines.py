@@ -73,16 +73,36 @@ def finding_source_lines(finding: Finding, rows: dict[str, dict], by_line: dict[
                                             library=source.get("library", "") if own else "",
                                             share_percent=round(held[key], 2))
         found.ops.append(name)
+        busiest = rows[found.ops[0]]
+        if float(row.get("share_of_op_time_percent") or 0.0) > float(busiest.get("share_of_op_time_percent") or 0.0):
+            found.ops.insert(0, found.ops.pop())
+        found.computes = op_computes(rows[found.ops[0]])
         found.fused_lines += [f for f in source.get("fused_lines") or [] if f not in found.fused_lines and f != key]
     for found in lines.values():
         found.fused_lines = found.fused_lines[:MAX_LINES]
     return sorted(lines.values(), key=lambda s: -s.share_percent)[:MAX_LINES]
 
 
+_LAYOUT = re.compile(r"\{[^{}]*\}")
+
+
+def op_computes(row: dict) -> str:
+    """What an op profile row computes, in its own facts: the framework op its HLO names (the last part of its
+    path, `jit(step)/gather` → gather) and its operands' and result's shapes, layouts left out; "" without shapes."""
+    shape = _LAYOUT.sub("", str(row.get("shape") or ""))
+    if not shape:
+        return ""
+    kind = str(row.get("framework_op") or "").rsplit("/", 1)[-1] or str(row.get("opcode") or "")
+    operands = ", ".join(_LAYOUT.sub("", str(s)) for s in (row.get("operand_shapes") or [])[:3])
+    return (f"{kind}: " if kind else "") + (f"{operands} → " if operands else "") + shape
+
+
 def where_to_change(lines: list[SourceLine]) -> str:
-    """The sentence a fix gains: which line to change (the library's kernel beside it)."""
+    """The sentence a fix gains: which line to change (the library's kernel beside it), and what its busiest op
+    computes there."""
     named = [f"{s.line}" + (f" ({s.function})" if s.function else "") + (f", in {s.library}" if s.library else "")
-             + f": {s.share_percent:g}% of op time" + (f", fusing {', '.join(s.fused_lines)}" if s.fused_lines else "")
+             + f": {s.share_percent:g}% of op time" + (f" ({s.computes})" if s.computes else "")
+             + (f", fusing {', '.join(s.fused_lines)}" if s.fused_lines else "")
              for s in lines]
     return "Where: " + "; ".join(named) + "."
 
