@@ -1592,7 +1592,7 @@ def convolution_as_patches_matmul(program: Program) -> list[Match]:
         out.append(Match(
             "convolution_as_patches_matmul", stake,
             f"{len(patches)} convolution{'s' if len(patches) > 1 else ''} with a constant one-hot kernel (one output "
-            f"channel per tap of a {' × '.join(map(str, window))} window and input feature) write image patches, such as "
+            f"channel per tap of a {' × '.join(map(str, window))} window and input feature) write{'' if len(patches) > 1 else 's'} image patches, such as "
             f"{graph.operand(site, 0).instruction.shape_text.split('{')[0]} → {site.instruction.shape_text.split('{')[0]}"
             + (f" at {line}" if line else "") + ", read by a matmul with the flattened kernel"
             + (f" at {matmul_line}" if matmul_line and matmul_line != line else "")
