@@ -389,3 +389,31 @@ def test_a_matrix_the_loop_rebuilds_from_its_clock_is_solved_by_cholesky(program
     change = IDIOMS["linear_algebra"].change_text(match)
     assert change.startswith("solve by Cholesky at programs/blind5_heat_columns.py:43"), change
     assert not matches(program("blind5_heat_columns", "cholesky"), "linear_algebra")
+
+
+def test_an_eigendecomposition_read_only_for_a_solve_and_its_log_determinant_is_a_cholesky_factor(program):
+    """XLA:TPU runs jnp.linalg.eigh of 4 vmapped kernel matrices as its QDWH and Jacobi solver; the program reads the
+    vectors only in products with a vector, the values divided into them and their logs summed: a Cholesky factor."""
+    (match,) = matches(program("blind6_gp_select", "before-a"), "eigendecomposition_for_solve")
+    assert match.facts["order"] == 1024 and match.facts["matrices"] == 4 and match.stake_percent > 95
+    assert match.params["solves"] and match.params["logdet"] and "4 matrices of order 1,024" in match.what
+    assert match.line.endswith("blind6_gp_select.py:41")
+    change = IDIOMS["eigendecomposition_for_solve"].change_text(match)
+    assert "jax.scipy.linalg.cho_solve((chol, True), y)" in change and "jnp.log(jnp.diagonal(chol))" in change
+    assert not matches(program("blind6_gp_select", "before-a"), "decomposition_for_one_value")
+    assert not matches(program("blind6_gp_select", "fixed"), "eigendecomposition_for_solve")
+
+
+def test_a_convolution_written_as_patches_and_a_matmul_is_one_convolution(program):
+    """jax.lax.conv_general_dilated_patches is a convolution with a one-hot kernel built from iotas, which XLA:TPU runs
+    dense against that kernel; a matmul reads its 9x-channel patches, and the gradient is another such convolution."""
+    (match,) = matches(program("blind6_weather_conv", "before-a"), "convolution_as_patches_matmul")
+    assert match.facts["patch_convolutions"] == 4 and match.facts["gradient_convolutions"] == 3
+    assert match.facts["window"] == [3, 3] and match.facts["patches"] == [8, 128, 256, 576]
+    assert "bf16[8,128,256,64] → bf16[8,128,256,576]" in match.what and match.stake_percent > 95
+    assert match.line.endswith("blind6_weather_conv.py:28") and "blind6_weather_conv.py:29" in match.what
+    change = IDIOMS["convolution_as_patches_matmul"].change_text(match)
+    assert 'jax.lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))' in change
+    assert "(3, 3, 64, 64)" in change
+    for after in ("fixed", "shifted_matmuls"):
+        assert not matches(program("blind6_weather_conv", after), "convolution_as_patches_matmul")

@@ -14,6 +14,10 @@ library function their HLO records, and the numeric type they really run in.
   value, N × K compares on the vector units, where a table of the listed values answers each element once.
 - complex_matmul: a complex matmul, 4 real matmuls (3 in XLA:TPU's Gauss form), where one operand may be real or
   purely imaginary (a real matrix cast to complex, or times -1j): then 2 real matmuls give the product.
+- eigendecomposition_for_solve: a full symmetric eigendecomposition read only to solve a system and take its
+  log-determinant, which a Cholesky factor gives.
+- convolution_as_patches_matmul: image patches (a convolution with a constant one-hot kernel) and a matmul with the
+  flattened kernel, which one convolution with the kernel does.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from xdiag.idioms.catalogue import Match, Variant, idiom
-from xdiag.idioms.hlo_graph import SHAPE_ONLY, Graph, Site, elements, nbytes, opcode_name
+from xdiag.idioms.hlo_graph import MATMUL_OPCODES, SHAPE_ONLY, Graph, Site, elements, nbytes, opcode_name
 from xdiag.idioms.program import Program, calls_per_step_of
 from xdiag.profile.space import HloInstruction
 from xdiag.idioms.work_not_needed import FFT_LOWERING, matmul_flops, timed_stake, value_readers
@@ -1246,14 +1250,7 @@ def decomposition_for_one_value(program: Program) -> list[Match]:
                 if extreme:
                     kept.add(extreme)
                 others = others or not extreme
-        entry = graph.module.entry_computation
-        root = entry.by_name.get(entry.root)
-        outputs = [] if root is None else [Site(entry, root)] if root.opcode != "tuple" else [
-            graph.operand(Site(entry, root), k) for k in range(len(root.operands))]
-        # the decomposition's values are the program's own outputs: they are read whole
-        returned = any((value := _source(graph, output)) is not None and _inside(value.instruction)
-                       for output in outputs)
-        if not kept or others or returned:
+        if not kept or others or _returned(graph):
             continue
         routine = "svd" if any("svd" in routines_of(s.instruction.op_name) for s in inside) else "eigh"
         line, function = _busiest_line(program, graph, module_key, inside)
@@ -1279,6 +1276,12 @@ def decomposition_for_one_value(program: Program) -> list[Match]:
     return out
 
 
+def _returned(graph: Graph) -> bool:
+    """Whether a decomposition's values are the program's own outputs: then they are read whole."""
+    return any((value := _source(graph, output)) is not None and _inside(value.instruction)
+               for output in graph.outputs())
+
+
 def _busiest_line(program: Program, graph: Graph, module_key: str, sites: Iterable[Site]) -> tuple[str, str]:
     """The user's (line, function) that holds the most op time among these sites; ("", "") where none has a line."""
     by_line: dict[tuple[str, str], float] = {}
@@ -1287,6 +1290,99 @@ def _busiest_line(program: Program, graph: Graph, module_key: str, sites: Iterab
         if line[0]:
             by_line[line] = by_line.get(line, 0.0) + program.op_ms.get((module_key, graph.timed_op(site)), 0.0)
     return max(by_line, key=by_line.get) if by_line else ("", "")
+
+
+SOLVE_READERS = {"dot": "product", "convolution": "product", "multiply": "product", "divide": "divide", "log": "log"}
+"""What a solve and a log-determinant do with an eigendecomposition's outputs: the vectors multiplied with a vector
+(V.T @ y, then V @ z: a matmul, or XLA's multiply and reduce), the values divided into it and their logs summed."""
+
+
+def _eigh_readers(graph: Graph, inside: list[Site]) -> tuple[set[str], list[Site], list[Site]]:
+    """What the program's own ops outside eigh do with its outputs (SOLVE_READERS' kinds, "other" for anything else),
+    those ops, and the decomposition's ops whose values they read (its outputs)."""
+    kinds: set[str] = set()
+    readers: list[Site] = []
+    outputs: list[Site] = []
+    for site in inside:
+        if all(_inside(user) for user in site.computation.users.get(site.instruction.name, [])):
+            continue  # read only inside the decomposition
+        for reader in graph.users(site):
+            ins = reader.instruction
+            if _inside(ins) or ins.opcode in PASSING or not ins.op_name:
+                continue  # XLA's own ops carry no framework op
+            kinds.add(SOLVE_READERS.get(ins.opcode, "other"))
+            readers.append(reader)
+            outputs.append(site)
+    return kinds, readers, outputs
+
+
+def _eigh_matrices(outputs: list[Site]) -> tuple[int, int]:
+    """(order, how many matrices) of the eigenvectors an eigh returns: the largest float array of shape (..., n, n)
+    among its outputs; (0, 0) where none is."""
+    shapes = [dims for site in outputs for dtype, dims in (site.instruction.tuple_shapes or (
+        (site.instruction.dtype, site.instruction.dims),)) if dtype.startswith(("f", "c")) and len(dims) >= 2
+        and dims[-1] == dims[-2]]
+    if not shapes:
+        return 0, 0
+    dims = max(shapes, key=elements)
+    return dims[-1], elements(dims[:-2])
+
+
+@idiom("eigendecomposition_for_solve", "op_identity",
+       "A full eigendecomposition is computed to solve a system and take its log-determinant",
+       "{change}",
+       "jnp.linalg.eigh computes every eigenvalue and eigenvector with an iterative solver (on a TPU, QDWH and "
+       "Jacobi rounds of QR and Cholesky factorisations), hundreds of matrix products' worth of work; a solve and a "
+       "log-determinant need one Cholesky factorisation, n³/3 multiply-adds, and two triangular solves. The premise is "
+       "a symmetric positive-definite matrix (a kernel or covariance matrix with noise on its diagonal), which the log "
+       "of its eigenvalues already assumes",
+       gain=(0.97, 1.0), measured="docs/reference/measurements.md#eigendecomposition-for-solve",
+       alternatives=("jnp.linalg.slogdet(k)[1] and jnp.linalg.solve(k, y) at the same line: an LU factorisation with "
+                     "pivoting, with no premise that the matrix is positive definite (on a TPU v5e 97.4% faster than "
+                     "eigh where the Cholesky factor was 99.2%)",))
+def eigendecomposition_for_solve(program: Program) -> list[Match]:
+    """Symmetric eigendecompositions whose outputs the program reads only to solve a system and sum the logs of the
+    eigenvalues: the vectors in products with a vector, the values divided into them and their logs summed."""
+    out = []
+    for graph in program.graphs:
+        module_key = program.module_key(graph.module)
+        inside = [s for s in graph.sites() if "eigh" in routines_of(s.instruction.op_name)]
+        if not inside:
+            continue
+        ops, stake = timed_stake(program, graph, inside)
+        if stake < DECOMPOSITION_MIN_STAKE_PERCENT:
+            continue
+        kinds, readers, outputs = _eigh_readers(graph, inside)
+        solves, logdet = {"product", "divide"} <= kinds, "log" in kinds
+        if not (solves or logdet) or "other" in kinds or _returned(graph):
+            continue
+        order, matrices = _eigh_matrices(outputs)
+        line, function = _busiest_line(program, graph, module_key, inside)
+        at = line or "the line that decomposes the matrix"
+        steps = ["chol = jnp.linalg.cholesky(k)"]
+        replaced = ["w, v = jnp.linalg.eigh(k)"]
+        if solves:
+            steps.append("alpha = jax.scipy.linalg.cho_solve((chol, True), y)")
+            replaced.append("v @ ((v.T @ y) / w)")
+        if logdet:
+            steps.append("logdet = 2.0 * jnp.sum(jnp.log(jnp.diagonal(chol)))")
+            replaced.append("jnp.sum(jnp.log(w))")
+        change = (f"factor the matrix by Cholesky at {at} instead of decomposing it with jnp.linalg.eigh: "
+                  f"{'; '.join(steps)}, in place of {', '.join(replaced[:-1])} and {replaced[-1]}"
+                  + (" (jnp.diagonal(chol, axis1=-2, axis2=-1) for a stack of matrices)" if logdet else ""))
+        uses = " and ".join(
+            (["its eigenvectors only in products with a vector and its eigenvalues divided into them (a solve)"]
+             if solves else []) + (["the sum of its eigenvalues' logs (a log-determinant)"] if logdet else []))
+        out.append(Match(
+            "eigendecomposition_for_solve", stake,
+            f"{len(ops):,} ops of the eigendecomposition JAX's eigh computes" + (f" at {line}" if line else "")
+            + (f", of {matrices:,} matri{'x' if matrices == 1 else 'ces'} of order {order:,}," if order else "")
+            + f" hold {stake:g}% of the step, and the program reads {uses}",
+            module=module_key, ops=ops[:16], line=line, function=function,
+            params={"change": change, "solves": solves, "logdet": logdet},
+            facts={"op_count": len(ops), "order": order, "matrices": matrices,
+                   "readers": sorted({reader.instruction.opcode for reader in readers})}))
+    return out
 
 
 LONG_WINDOW_MIN_TAPS = 512
@@ -1360,6 +1456,153 @@ def long_window_convolution(program: Program) -> list[Match]:
             module=module_key, ops=ops[:16], line=line, function=function,
             params={"taps": taps},
             facts={"taps": taps, "features_per_group": per_group, "channels": channels, "multiply_adds_per_run": macs}))
+    return out
+
+
+SELECTION_KERNEL_MAX_OPS = 64
+"""How many ops a walk back from a convolution's kernel follows: an identity of the window's taps broadcast over the
+input's features and re-laid out (forward, or reversed for the gradient) is a few dozen."""
+PATCHES_MIN_STAKE_PERCENT = 5.0
+SPECS = {1: ("NWC", "WIO", "NCW"), 2: ("NHWC", "HWIO", "NCHW"), 3: ("NDHWC", "DHWIO", "NCDHW")}
+"""Per window rank: the channels-last input spec, the kernel spec of a (window..., in, out) kernel, the channels-first
+input spec."""
+
+
+def _selection_kernel(graph: Graph, site: Site) -> bool:
+    """Whether a convolution's kernel is built inside the program from iotas compared equal and constants alone, from
+    no argument: a one-hot kernel that only moves each input element to an output channel (the identity of a window's
+    taps that jax.lax.conv_general_dilated_patches convolves with, and its reverse in the gradient)."""
+    frontier, seen, compared = [graph.operand(site, 1)], set(), False
+    while frontier:
+        current = frontier.pop()
+        if current is None or len(seen) > SELECTION_KERNEL_MAX_OPS:
+            return False
+        ins = current.instruction
+        if (current.computation.name, ins.name) in seen:
+            continue
+        seen.add((current.computation.name, ins.name))
+        if ins.opcode == "parameter":  # a fusion's: its caller's operand; any other: an argument or a loop's state
+            caller = graph.callers.get(current.computation.name)
+            if caller is None or caller.instruction.opcode != "fusion":
+                return False
+            frontier.append(graph.operand(caller, ins.parameter_number))
+        elif ins.opcode == "fusion":
+            frontier.append(graph.producer(current))
+        elif ins.opcode not in ("iota", "constant"):
+            operands = [graph.operand(current, k) for k in range(len(ins.operands))]
+            compared = compared or ins.opcode == "compare" and ins.comparison == "EQ" and any(
+                (origin := graph.origin(o)) is not None and origin.instruction.opcode == "iota" for o in operands)
+            frontier.extend(operands)
+    return compared
+
+
+def _sliding(site: Site) -> bool:
+    ins = site.instruction
+    return ins.opcode == "convolution" and not ins.conv_is_matrix_product and len(ins.conv_kernel_dims) >= 2
+
+
+def _patches_shape(graph: Graph, site: Site) -> dict | None:
+    """The window, input features and layout of a convolution that makes patches: its output features are its
+    input's times the window's taps (each output channel one tap of one input feature); None otherwise."""
+    kernel, lhs = graph.operand(site, 1), graph.operand(site, 0)
+    if kernel is None or lhs is None:
+        return None
+    dims, kernel_dims = kernel.instruction.dims, site.instruction.conv_kernel_dims
+    if max(kernel_dims) >= len(dims):
+        return None
+    window = tuple(dims[d] for d in kernel_dims[1:])
+    taps = elements(window)
+    outputs = elements(tuple(n for d, n in enumerate(dims) if d not in kernel_dims))
+    features = outputs // taps if taps > 1 and outputs % taps == 0 else 0
+    inputs, made = lhs.instruction.dims, site.instruction.dims
+    if not features or dims[kernel_dims[0]] not in (1, features) or len(inputs) != len(made):
+        return None
+    position = next((k for k in range(len(made)) if made[k] == outputs and inputs[k] == features), None)
+    if position is None or position not in (1, len(made) - 1):
+        return None
+    spatial = [(a, b) for k, (a, b) in enumerate(zip(inputs, made)) if k not in (0, position)]
+    if len(spatial) != len(window) or len(window) not in SPECS:
+        return None
+    padding = ('"SAME"' if all(a == b for a, b in spatial) else
+               '"VALID"' if all(b == a - k + 1 for (a, b), k in zip(spatial, window)) else "")
+    return {"window": window, "features": features, "channels_last": position == len(made) - 1,
+            "padding": padding, "patches": made}
+
+
+@idiom("convolution_as_patches_matmul", "op_identity",
+       "A convolution is written as image patches and a matmul with the flattened kernel",
+       "convolve with the kernel itself at {line}: {call}, w the kernel as {kernel}, instead of "
+       "jax.lax.conv_general_dilated_patches(x, {window}, ...) and a matmul of the patches with the kernel flattened "
+       "to ({rows}, {out})",
+       "jax.lax.conv_general_dilated_patches is itself a convolution, one group per input feature, with a constant "
+       "one-hot kernel: it writes a patch tensor as many times the input's size as the window has taps (XLA:TPU runs it as a dense convolution "
+       "against that kernel), the matmul reads it back, and its gradient is another such convolution over a "
+       "patch-sized gradient; one convolution with the kernel reads the input once and writes only its output",
+       gain=(0.9, 1.0), measured="docs/reference/measurements.md#convolution-as-patches-matmul",
+       alternatives=("a sum of matmuls of shifted slices of the padded input, one per tap of the window "
+                     "(sum(xp[:, i:i + h, j:j + w] @ w[i, j] for i in range(3) for j in range(3)) for a 3 × 3 window, "
+                     "xp = jnp.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)))): no patch tensor, but every slice copied and "
+                     "one narrow matmul per tap (on a TPU v5e 91.5% faster than the patches where one convolution "
+                     "was 95.3%)",))
+def convolution_as_patches_matmul(program: Program) -> list[Match]:
+    """Convolutions with a constant one-hot kernel whose patches a matmul reads, with the gradient's convolutions of
+    the same kind, per program: staked by every op on their lines and the matmuls' (the lines the change rewrites)."""
+    out = []
+    for graph in program.graphs:
+        module_key = program.module_key(graph.module)
+        selecting = [site for site in graph.sites() if _sliding(site) and _selection_kernel(graph, site)]
+        patches: list[tuple[Site, dict, list[Site]]] = []
+        for site in selecting:
+            shape = _patches_shape(graph, site)
+            if shape is None:
+                continue
+            made = site  # the op that holds the patches: the conv, or the fusion it is the result of
+            while (caller := graph.callers.get(made.computation.name)) is not None and \
+                    caller.instruction.opcode == "fusion" and made.instruction.name == made.computation.root:
+                made = caller
+            readers = [r for r in graph.users(made) if r.instruction.opcode in MATMUL_OPCODES and
+                       (r.instruction.opcode == "dot" or r.instruction.conv_is_matrix_product)]
+            if readers:
+                patches.append((site, shape, readers))
+        if not patches:
+            continue
+        lines = {program.line_of(graph, s) for s, _, readers in patches for s in (s, *readers)} - {("", "")}
+        staked = [s for s in graph.sites() if program.line_of(graph, s) in lines] if lines else \
+            selecting + [r for _, _, readers in patches for r in readers]
+        ops, stake = timed_stake(program, graph, [s for s in staked if (module_key, graph.timed_op(s)) in program.op_ms])
+        if stake < PATCHES_MIN_STAKE_PERCENT:
+            continue
+        site, shape, readers = max(patches, key=lambda p: elements(p[1]["patches"]))
+        window, features = shape["window"], shape["features"]
+        last = shape["channels_last"]
+        channels = readers[0].instruction.dims[-1 if last else 1]
+        spec, kernel_spec, first = SPECS[len(window)]
+        dn = (spec, kernel_spec, spec) if last else (first, kernel_spec, first)
+        strides = "(" + ", ".join("1" for _ in window) + ("," if len(window) == 1 else "") + ")"
+        window_text = "(" + ", ".join(map(str, window)) + ("," if len(window) == 1 else "") + ")"
+        call = (f"jax.lax.conv_general_dilated(x, w, {strides}, {shape['padding']}, dimension_numbers="
+                f"({', '.join(repr(s).replace(chr(39), chr(34)) for s in dn)}))" if shape["padding"] else
+                f"jax.lax.conv_general_dilated(x, w, window_strides, padding, dimension_numbers=("
+                f"{', '.join(repr(s).replace(chr(39), chr(34)) for s in dn)})) with the patches call's own window "
+                "strides and padding")
+        line, function = program.line_of(graph, site)
+        matmul_line = program.line_of(graph, readers[0])[0]
+        backward = len(selecting) - len(patches)
+        taps = elements(window)
+        out.append(Match(
+            "convolution_as_patches_matmul", stake,
+            f"{len(patches)} convolution{'s' if len(patches) > 1 else ''} with a constant one-hot kernel (one output "
+            f"channel per tap of a {' × '.join(map(str, window))} window and input feature) write{'' if len(patches) > 1 else 's'} image patches, such as "
+            f"{graph.operand(site, 0).instruction.shape_text.split('{')[0]} → {site.instruction.shape_text.split('{')[0]}"
+            + (f" at {line}" if line else "") + ", read by a matmul with the flattened kernel"
+            + (f" at {matmul_line}" if matmul_line and matmul_line != line else "")
+            + (f", and {backward} more such convolution{'s' if backward > 1 else ''} in the gradient" if backward > 0
+               else "") + f": {stake:g}% of the step",
+            module=module_key, ops=ops[:16], line=line, function=function,
+            params={"call": call, "window": window_text, "taps": taps, "rows": taps * features, "out": channels,
+                    "kernel": "(" + ", ".join(map(str, (*window, features, channels))) + ")"},
+            facts={"patch_convolutions": len(patches), "gradient_convolutions": max(backward, 0),
+                   "window": list(window), "features": features, "patches": list(shape["patches"])}))
     return out
 
 
