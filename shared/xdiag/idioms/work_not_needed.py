@@ -2320,7 +2320,7 @@ def _call_line(graph: Graph, ops: list[Site], within: Site) -> str:
                      "cache and start the loop at the first prompt token, each trip feeding the buffer's token t - 1 "
                      "and writing the prompt's own next token or the predicted one (jnp.where(t < prompt_length, "
                      "buf[:, t], next_token)): one position per trip still, but the prompt's positions one trip "
-                     "each (measured about half the prefill's gain)",))
+                     "each (measured 68% shorter steps where the prefill gave 82%)",))
 def decode_recomputes_prefix(program: Program) -> list[Match]:
     """A while loop whose body reads a buffer it carries whole (the tokens so far), runs matmuls over all its
     positions, keeps one position of the result by a dynamic slice at a computed index, and writes what it computes
