@@ -417,3 +417,29 @@ def test_a_convolution_written_as_patches_and_a_matmul_is_one_convolution(progra
     assert "(3, 3, 64, 64)" in change
     for after in ("fixed", "shifted_matmuls"):
         assert not matches(program("blind6_weather_conv", after), "convolution_as_patches_matmul")
+
+
+def test_a_decoding_loop_that_reruns_the_model_over_its_buffer_is_a_cache_not_rows_to_batch(program):
+    """A fori_loop whose every trip runs the whole transformer over the 256-position token buffer it carries, keeps
+    one position by a dynamic slice at the loop's index and writes the next token into the buffer: a key/value
+    cache is the change; the trips read what the trips before wrote, so no batching of them over rows holds."""
+    before = program("blind6_lm_decode", "before-a")
+    (match,) = matches(before, "decode_recomputes_prefix")
+    assert match.params["positions"] == 256 and match.facts["trips"] == 128 and match.facts["buffer"] == "s32[8,256]"
+    assert match.stake_percent > 95 and match.facts["matmul_ops"] >= 16
+    assert match.line.endswith("blind6_lm_decode.py:83") and match.facts["picked_at"].endswith("blind6_lm_decode.py:84")
+    assert not matches(before, "loop_invariant_weights")
+    for after in ("fixed", "cache_stream"):  # one position per trip against the cache
+        assert not matches(program("blind6_lm_decode", after), "decode_recomputes_prefix")
+
+
+def test_every_overlapping_window_gathered_and_summed_is_rolling_sums_from_cumulative_sums(program):
+    """r[:, arange(n)[:, None] + arange(64)]: XLA:TPU builds the indices from two iotas (with jnp's wrap of negative
+    indices and the clamp into bounds), passes them through AssumeGatherIndicesInBound and writes the 614 MiB copy
+    of every window, which the mean's and the variance's reductions read over the window axis."""
+    (match,) = matches(program("blind6_rolling_zscore", "before-a"), "rolling_windows_gathered")
+    assert match.params["window"] == 64 and match.params["axis"] == 1 and match.params["length"] == 2520
+    assert match.facts["copy"] == "f32[1024,2457,64]" and match.facts["summed_by"] == 2 and match.stake_percent > 95
+    assert match.line.endswith("blind6_rolling_zscore.py:28") and match.params["sum1"] == "c1[:, 64:] - c1[:, :-64]"
+    for after in ("fixed", "reduce_window"):
+        assert not matches(program("blind6_rolling_zscore", after), "rolling_windows_gathered")

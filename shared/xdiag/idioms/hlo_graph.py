@@ -299,7 +299,8 @@ class Graph:
     def carried(self, body: HloComputation, scalars: bool = False) -> frozenset[int]:
         """The elements of a while loop's state each trip computes from the trip before (a recurrence: a hidden
         state, a token): not passed on unchanged, not a scalar counter (unless `scalars`: a counter, a clock), not a
-        buffer the trips only write into (dynamic-update-slice, as lax.map stacks its outputs)."""
+        buffer the trips only write into (dynamic-update-slice, as lax.map stacks its outputs). A buffer a trip writes a
+        slice of and also reads (a decode loop's tokens, each trip reading those the trips before wrote) is one."""
         root = body.by_name.get(body.root)
         if root is None or root.opcode != "tuple":
             return frozenset()
@@ -312,10 +313,29 @@ class Graph:
             if origin is not None and origin.instruction.opcode == "get-tuple-element" and \
                     origin.instruction.tuple_index == index:
                 continue  # passed on unchanged
-            if origin is not None and origin.instruction.opcode == "dynamic-update-slice":
-                continue  # a buffer each trip writes a slice of
+            if origin is not None and origin.instruction.opcode == "dynamic-update-slice" and \
+                    not self.state_reads(body, index):
+                continue  # a buffer each trip only writes a slice of
             out.add(index)
         return frozenset(out)
+
+    def state_reads(self, body: HloComputation, index: int) -> list[Site]:
+        """The instructions of a loop body (and of the fusions it calls) that read an element of the loop's state
+        as the trip found it, other than the in-place updates that write a slice into it (a dynamic-update-slice
+        whose buffer operand it is)."""
+        out = []
+        for element in body.instructions:
+            state = body.by_name.get(element.operands[0]) if element.operands else None
+            if element.opcode != "get-tuple-element" or element.tuple_index != index or state is None or \
+                    state.opcode != "parameter":
+                continue
+            for user in self.users(Site(body, element)):
+                buffer = self.origin(self.operand(user, 0))
+                if user.instruction.opcode == "dynamic-update-slice" and buffer is not None and \
+                        buffer.instruction is element:
+                    continue
+                out.append(user)
+        return out
 
     def depends_on_carried(self, site: Site, depth: int = 64, scalars: bool = False) -> bool:
         """Whether an instruction of a loop body reads, through the body's instructions, an element of the loop's

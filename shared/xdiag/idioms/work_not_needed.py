@@ -31,6 +31,10 @@
   jax.vmap over copies of it) into a batched matmul, so each example reads its own copy of the weights.
 - repeated_kv_heads: key and value heads repeated to the query heads before attention (grouped-query attention),
   where a grouped einsum reads each key and value head once.
+- decode_recomputes_prefix: a decoding loop runs the model over every position of the token buffer it carries on
+  every trip to use one position, where a key/value cache computes one position per trip.
+- rolling_windows_gathered: every overlapping window gathered into a copy (x[:, arange(n)[:, None] + arange(W)])
+  and summed over the window, where differences of cumulative sums give the rolling sums in a few passes.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from xdiag.analysis.source_lines import Frame, source_of_stack
+from xdiag.analysis.source_lines import Frame, short_path, source_of_stack
 from xdiag.cost.hlo import conv_flops
 from xdiag.idioms.catalogue import Match, Variant, idiom
 from xdiag.idioms.hlo_graph import (DEPTH, DTYPE_BYTES, MATMUL_OPCODES, SHAPE_ONLY, Graph, Site, elements, nbytes,
@@ -2227,3 +2231,310 @@ def _band_width(graph: Graph, select: Site, sides: tuple[int, int], fill_positio
 def opcode_text(site: Site) -> str:
     return "a matmul" if site.instruction.opcode == "dot" or site.instruction.conv_is_matrix_product else \
         site.instruction.opcode
+
+
+PREFIX_MIN_POSITIONS = 16
+"""A loop that reruns its model over fewer positions than this recomputes little per trip."""
+
+
+def _body_op(graph: Graph, site: Site, body) -> Site | None:
+    """The instruction of a loop body that runs this one: itself, or the body's fusion that holds it."""
+    seen = set()
+    while site.computation is not body and site.computation.name not in seen:
+        seen.add(site.computation.name)
+        caller = graph.callers.get(site.computation.name)
+        if caller is None:
+            return None
+        site = caller
+    return site if site.computation is body else None
+
+
+def _upstream(computation, start: str) -> set[str]:
+    """Every instruction of the computation whose value `start` reads, directly or through others."""
+    out, frontier = set(), [start]
+    while frontier:
+        ins = computation.by_name.get(frontier.pop())
+        for name in ins.operands if ins is not None else ():
+            if name not in out:
+                out.add(name)
+                frontier.append(name)
+    return out
+
+
+def _position_pick(graph: Graph, site: Site) -> tuple[int, int] | None:
+    """(axis, positions) where a dynamic-slice keeps one position of an axis of at least PREFIX_MIN_POSITIONS at an
+    index the program computes (not a constant): h[:, t - 1] at a loop's index; None otherwise."""
+    ins = site.instruction
+    source = graph.operand(site, 0)
+    if ins.opcode != "dynamic-slice" or source is None or len(source.instruction.dims) != len(ins.dims):
+        return None
+    for axis, (kept, whole) in enumerate(zip(ins.dims, source.instruction.dims)):
+        start = graph.origin(graph.operand(site, 1 + axis))
+        if kept == 1 and whole >= PREFIX_MIN_POSITIONS and start is not None and \
+                start.instruction.opcode != "constant":
+            return axis, whole
+    return None
+
+
+def _loop_bodies(graph: Graph):
+    """(while loop, its body) for each while loop of the module."""
+    for site in graph.sites():
+        if site.instruction.opcode == "while" and site.instruction.called:
+            body = graph.module.computations.get(site.instruction.called[0])
+            if body is not None:
+                yield site.instruction, body
+
+
+def _call_line(graph: Graph, ops: list[Site], within: Site) -> str:
+    """The line of the function that holds `within` from which the ops were called (the model's call in a loop's
+    body), the one most of them name; "" where none does."""
+    own = graph.module.stack(within.instruction)
+    if not own:
+        return ""
+    file, _, function = own[0]
+    lines: dict[int, int] = {}
+    for op in ops:
+        for frame_file, line, frame_function in graph.module.stack(_matmul_inside(graph, op).instruction):
+            if frame_file == file and frame_function == function:
+                lines[line] = lines.get(line, 0) + 1
+                break
+    return f"{short_path(file)}:{max(lines, key=lines.get)}" if lines else ""
+
+
+@idiom("decode_recomputes_prefix", "work_not_needed",
+       "A decoding loop reruns the model over every position on every trip to add one token",
+       "keep a key/value cache instead of running the model over the whole {positions}-position buffer at {line} on "
+       "every trip: run the prompt through it once before the loop (the prefill), writing each attention layer's "
+       "keys and values into a cache of {positions} positions (jnp.zeros((batch, {positions}, heads, head_dim)) "
+       "per layer, jax.lax.dynamic_update_slice_in_dim(cache, k, start, axis=1)), then run the loop's model on the "
+       "newest token alone (jax.lax.dynamic_slice_in_dim(buf, t - 1, 1, axis=1) at position t - 1), writing its keys "
+       "and values into the caches at t - 1 and attending to the cached positions up to it (the mask "
+       "jnp.arange({positions}) <= t - 1), the caches carried in the fori_loop's state: each trip computes one "
+       "position instead of {positions}",
+       "every trip runs the whole model over every position of the buffer to use one of them: the positions before it "
+       "are the same on every trip (a causal model's keys, values and MLP at a position depend only on the tokens up "
+       "to it), so a cache of their keys and values leaves one position's projections and MLP per trip, and its "
+       "attention to the cached ones",
+       gain=(0.75, 0.95), measured="docs/reference/measurements.md#decode-recomputes-prefix",
+       alternatives=("where a batched prefill is not wanted (prompts the loop should feed as it goes), keep the "
+                     "cache and start the loop at the first prompt token, each trip feeding the buffer's token t - 1 "
+                     "and writing the prompt's own next token or the predicted one (jnp.where(t < prompt_length, "
+                     "buf[:, t], next_token)): one position per trip still, but the prompt's positions one trip "
+                     "each (measured 68% shorter steps where the prefill gave 82%)",))
+def decode_recomputes_prefix(program: Program) -> list[Match]:
+    """A while loop whose body reads a buffer it carries whole (the tokens so far), runs matmuls over all its
+    positions, keeps one position of the result by a dynamic slice at a computed index, and writes what it computes
+    from that position into the buffer by a dynamic-update-slice: each trip reads what the trips before wrote, and
+    recomputes every earlier position."""
+    out: list[Match] = []
+    for graph in program.graphs:
+        module_key = program.module_key(graph.module)
+        for loop, body in _loop_bodies(graph):
+            for index in range(len(body.by_name[body.root].operands) if body.root in body.by_name else 0):
+                update = _in_place_update(graph, body, index)
+                reads = graph.state_reads(body, index) if update is not None else []
+                if update is None or update.instruction.opcode != "dynamic-update-slice" or not reads:
+                    continue
+                updating = _body_op(graph, update, body)
+                read_ops = {op.instruction.name for op in (_body_op(graph, r, body) for r in reads) if op is not None}
+                computed = set(read_ops).union(*(_downstream(body, name) for name in read_ops))
+                for site in graph.sites():
+                    pick = _position_pick(graph, site)
+                    picking = _body_op(graph, site, body) if pick is not None else None
+                    # the array it keeps a position of, as the body makes it: computed from the buffer, not the
+                    # buffer itself (the old slot .at[t].set reads)
+                    sliced = graph.origin(graph.operand(site, 0)) if picking is not None else None
+                    made = _body_op(graph, sliced, body) if sliced is not None else None
+                    if made is None or made.instruction.name in read_ops or made.instruction.name not in computed \
+                            or updating is None or updating.instruction.name not in \
+                            _downstream(body, picking.instruction.name) | {picking.instruction.name}:
+                        continue
+                    # the ops between the buffer's read and the kept position: the model over every position
+                    before = _upstream(body, made.instruction.name) | {made.instruction.name}
+                    over_all = [Site(body, body.by_name[name]) for name in body.by_name
+                                if name in computed and name in before]
+                    matmuls = [op for op in over_all if _holds_matmul(graph, op.instruction)]
+                    ops, stake = timed_stake(program, graph, over_all)
+                    ops = [op for op in ops if (module_key, op) in program.op_ms]
+                    if not matmuls or stake < MIN_STAKE_PERCENT:
+                        continue
+                    _, positions = pick
+                    largest = max(matmuls, key=lambda m: program.time_ms(graph.module, [m.instruction.name]))
+                    line = _call_line(graph, matmuls, picking) or program.line_of(graph, site)[0]
+                    pick_line, function = program.line_of(graph, site)
+                    buffer = body.by_name[body.root].operands[index]
+                    trips = loop.trip_count
+                    out.append(Match(
+                        "decode_recomputes_prefix", stake,
+                        f"{_loop_at(program, graph, loop)} runs {trips or 'its'} trips, and each reads the "
+                        f"{plain_shape(body.by_name[buffer])} buffer it carries whole, runs {len(matmuls)} matmul "
+                        f"op(s) over all {positions} positions of it (the longest: {graph.computes(largest)}"
+                        f"), then keeps one position (a dynamic slice at the loop's index"
+                        + (f", at {pick_line}" if pick_line else "") + ") to write one slice of the buffer: every "
+                        f"trip recomputes every earlier position; those ops hold {stake:g}% of the step",
+                        module=module_key, ops=ops[:16], line=line, function=function,
+                        needed_percent=round(stake / positions, 3), work_ratio=float(positions),
+                        params={"positions": positions, "trips": trips or "its"},
+                        facts={"positions": positions, "trips": trips, "matmul_ops": len(matmuls),
+                               "buffer": plain_shape(body.by_name[buffer]), "picked_at": pick_line},
+                        cites=[loop.name]))
+                    break
+    return out
+
+
+WINDOW_MIN = 4
+"""Windows shorter than this cost a few reads of each element at most."""
+INDEX_ARITHMETIC = frozenset({"add", "subtract", "multiply", "select", "clamp", "compare", "pad", "slice",
+                              "concatenate", "maximum", "minimum", "and", "or", "not", "negate"})
+"""Ops that build gather indices from positions (an offset, jnp's wrap of negative indices, the clamp into bounds)
+without reading data."""
+
+
+def _iota_extents(graph: Graph, site: Site | None, depth: int = 3 * DEPTH) -> list[int] | None:
+    """The lengths of the iotas (along their own dimension) an integer array is built from, where it is built from
+    iotas and constants alone, through index arithmetic and the index pass-throughs XLA:TPU adds to a gather
+    (AssumeGatherIndicesInBound); None where any part of it is read from data."""
+    if site is None or depth <= 0:
+        return None
+    ins = site.instruction
+    if ins.opcode == "iota":
+        return [ins.dims[ins.dimensions[0]]] if ins.dimensions and ins.dimensions[0] < len(ins.dims) else None
+    if ins.opcode == "constant":
+        return []
+    back = graph.producer(site)
+    if back is not None:
+        return _iota_extents(graph, back, depth - 1)
+    passes = ins.opcode == "custom-call" and len(ins.operands) == 1 and ins.dtype.startswith(("s", "u"))
+    if not passes and ins.opcode not in INDEX_ARITHMETIC:
+        return None
+    out: list[int] = []
+    for k in range(len(ins.operands)):
+        found = _iota_extents(graph, graph.operand(site, k), depth - 1)
+        if found is None:
+            return None
+        out.extend(found)
+    return out
+
+
+def _sums_over(graph: Graph, site: Site, dims: tuple[int, ...], axis: int) -> bool:
+    """Whether an op (or one its fusion holds) sums an array of these dimensions over `axis`."""
+    ins = site.instruction
+    called = graph.module.computations.get(ins.called[0]) if ins.opcode == "fusion" and ins.called else None
+    for inner in (called.instructions if called is not None else [ins]):
+        if inner.opcode != "reduce" or axis not in inner.dimensions or not inner.called:
+            continue
+        where = Site(called, inner) if called is not None else site
+        operand = graph.operand(where, 0)
+        reducer = graph.module.computations.get(inner.called[0])
+        root = reducer.by_name.get(reducer.root) if reducer is not None else None
+        if operand is not None and tuple(operand.instruction.dims) == dims and root is not None and \
+                root.opcode == "add":
+            return True
+    return False
+
+
+def _written_as(graph: Graph, site: Site) -> Site:
+    """The value as the ops after it read it: through the re-shapes and transposes after it to its fusion's root,
+    and out of that fusion (and any fusion holding it) as the fusion's own result."""
+    seen = set()
+    while (site.computation.name, site.instruction.name) not in seen:
+        seen.add((site.computation.name, site.instruction.name))
+        users = site.computation.users.get(site.instruction.name, [])
+        if len(users) == 1 and users[0].opcode in SHAPE_ONLY:
+            site = Site(site.computation, users[0])
+        elif site.instruction.name == site.computation.root:
+            caller = graph.callers.get(site.computation.name)
+            if caller is None or caller.instruction.opcode != "fusion":
+                break
+            site = caller
+        else:
+            break
+    return site
+
+
+def _slice_text(name: str, ndim: int, axis: int, part: str) -> str:
+    return f"{name}[{':, ' * axis}{part}{', ...' if axis < ndim - 1 else ''}]"
+
+
+@idiom("rolling_windows_gathered", "work_not_needed",
+       "Every overlapping window is gathered into a copy to sum it",
+       "compute the rolling sums at {line} from differences of cumulative sums instead of gathering every window "
+       "of {window} (indices jnp.arange(n)[:, None] + jnp.arange({window})): c1 = jnp.pad(jnp.cumsum(x, axis={axis}), "
+       "{pad}) and c2 = jnp.pad(jnp.cumsum(x * x, axis={axis}), {pad}) (a leading zero), the window sums "
+       "s1 = {sum1} and s2 = {sum2}, then mean = s1 / {window} and var = s2 / {window} - mean ** 2 (the standard "
+       "deviation jnp.sqrt(jnp.maximum(var, 0.0))): a few passes over the {length} positions instead of a "
+       "{copy_mib:.3g} MiB copy holding each element {window} times",
+       "the gather writes each element once for every window that holds it, and the reductions read that copy "
+       "again; the sums of consecutive windows differ by one element in and one out, which a cumulative sum gives "
+       "from one pass over the input",
+       gain=(0.7, 0.87), measured="docs/reference/measurements.md#rolling-windows-gathered",
+       alternatives=("jax.lax.reduce_window(x, 0.0, jax.lax.add, window_dimensions, (1,) * x.ndim, 'VALID') with "
+                     "the window along the same axis gives each window's sum with no gathered copy and no "
+                     "cancellation between large cumulative sums (its premise where the series is long and its "
+                     "mean far from zero in float32); it still adds each window's elements (measured a point "
+                     "behind the cumulative sums)",))
+def rolling_windows_gathered(program: Program) -> list[Match]:
+    """A gather whose indices are built from two iotas alone (positions plus offsets: x[:, idx] with idx =
+    arange(n)[:, None] + arange(W)), writing a copy with a window axis of W, that ops then sum over that axis."""
+    out: list[Match] = []
+    for graph in program.graphs:
+        module_key = program.module_key(graph.module)
+        for site in graph.sites():
+            ins = site.instruction
+            source, indices = graph.operand(site, 0), graph.operand(site, 1)
+            if ins.opcode != "gather" or source is None or indices is None:
+                continue
+            extents = _iota_extents(graph, indices)
+            if not extents or len(set(extents)) < 2 or elements(ins.dims) <= elements(source.instruction.dims):
+                continue  # not a copy holding each element more than once
+            # the copy as its readers see it (XLA:TPU writes it transposed and re-shapes it back with a bitcast)
+            readers = list(graph.users(_written_as(graph, site)))
+            found = None
+            for window in sorted(set(extents)):
+                starts = [e for e in extents if e != window]
+                if window < WINDOW_MIN or window not in ins.dims or not starts:
+                    continue
+                axis_in_copy = ins.dims.index(window)
+                summing = [r for r in readers if any(
+                    _sums_over(graph, s, ins.dims, axis_in_copy) for s in (r, graph.callers.get(r.computation.name))
+                    if s is not None)]
+                if summing:
+                    found = (window, max(starts), summing)
+                    break
+            if found is None:
+                continue
+            window, starts, summing = found
+            axis = next((k for k, d in enumerate(source.instruction.dims) if d == starts + window - 1), None)
+            if axis is None:
+                continue
+            length = source.instruction.dims[axis]
+            ndim = len(source.instruction.dims)
+            ops, stake = timed_stake(program, graph, [site, *summing])
+            ops = [op for op in ops if (module_key, op) in program.op_ms]
+            if stake < MIN_STAKE_PERCENT:
+                continue
+            line, function = program.line_of(graph, site)
+            runs = program.runs.get((module_key, graph.timed_op(site)), 1)
+            # the result needs the input read once and its window statistics (as many) written
+            needed = program.roof_ms(hbm_bytes=runs * 2 * nbytes(source.instruction))
+            pad = "(" + ", ".join("(1, 0)" if k == axis else "(0, 0)" for k in range(ndim)) + ")"
+            copy_mib = nbytes(ins) / 2**20
+            out.append(Match(
+                "rolling_windows_gathered", stake,
+                f"a gather whose indices are built from iotas alone (starts 0..{starts - 1} plus offsets "
+                f"0..{window - 1}) "
+                f"copies every overlapping window of {window} along the {length}-long axis {axis} of "
+                f"{plain_shape(source.instruction)}: {plain_shape(ins)} ({copy_mib:.3g} MiB, "
+                f"{elements(ins.dims) / max(elements(source.instruction.dims), 1):.3g}× its input), which "
+                f"{len(summing)} op(s) then sum over the window" + (f", at {line}" if line else ""),
+                module=module_key, ops=ops[:16], line=line, function=function,
+                needed_percent=program.step_percent(needed) if needed is not None else None,
+                work_ratio=float(window),
+                params={"window": window, "axis": axis, "length": length, "pad": pad, "copy_mib": copy_mib,
+                        "sum1": _slice_text("c1", ndim, axis, f"{window}:") + " - "
+                        + _slice_text("c1", ndim, axis, f":-{window}"),
+                        "sum2": _slice_text("c2", ndim, axis, f"{window}:") + " - "
+                        + _slice_text("c2", ndim, axis, f":-{window}")},
+                facts={"window": window, "windows": starts, "copy": plain_shape(ins), "copy_bytes": nbytes(ins),
+                       "summed_by": len(summing)}))
+    return out
