@@ -443,3 +443,35 @@ def test_every_overlapping_window_gathered_and_summed_is_rolling_sums_from_cumul
     assert match.line.endswith("blind6_rolling_zscore.py:28") and match.params["sum1"] == "c1[:, 64:] - c1[:, :-64]"
     for after in ("fixed", "reduce_window"):
         assert not matches(program("blind6_rolling_zscore", after), "rolling_windows_gathered")
+
+
+def test_particles_kept_as_an_axis_of_3_components_are_split_into_one_array_each(program):
+    """XLA:TPU lays a (1,048,576, 3) state with its axis of 3 in the tile's 8 rows, and the takes, stacks and cross
+    products around it work on single-component slices padded the same way; transposed to (3, 1,048,576) the axis is
+    the rows again and the step the same, so the split into 1-D arrays per component is the change, not a layout."""
+    before = program("blind6_particles", "before-a")
+    (match,) = matches(before, "components_as_short_axis")
+    assert match.params["shape"] == "f32[1048576,3]" and match.params["k"] == 3 and match.stake_percent > 90
+    assert match.facts["tile_dimension"] == "rows" and match.facts["component_takes"] >= 3
+    assert match.line.endswith("blind6_particles.py:40")
+    assert "x, y, z = tuple(pos.T)" in IDIOMS["components_as_short_axis"].change_text(match)
+    assert not matches(before, "unaligned_minor_dims")
+    (transposed,) = matches(program("blind6_particles", "fixed"), "components_as_short_axis")
+    assert transposed.params["shape"] == "f32[3,1048576]" and transposed.facts["tile_dimension"] == "rows"
+    assert not matches(program("blind6_particles", "components"), "components_as_short_axis")
+
+
+def test_a_table_differentiated_through_its_lookup_is_updated_by_its_rows(program):
+    """The gradient of table[ids] with respect to a (1,000,000, 128) table: the reverse pass scatter-adds the looked-up
+    rows into a broadcast zero of the table's shape, and the update reads the table and that gradient whole; with the
+    rows differentiated and added into the table (donated or not) neither is left."""
+    before = program("blind6_rec_embed", "before-a")
+    (match,) = matches(before, "dense_lookup_gradient")
+    assert match.params["shape"] == "f32[1000000,128]" and match.params["table"] == "carry[0]['table']"
+    assert match.facts["looked_up_rows"] == 8192 * 26 and 20 < match.stake_percent < 35
+    assert match.line.endswith("blind6_rec_embed.py:44") and match.params["update_at"].endswith("rec_embed.py:63")
+    for label in ("fixed", "rows_no_donate"):
+        assert not matches(program("blind6_rec_embed", label), "dense_lookup_gradient")
+    # a token classifier's table[ids] of a (32,768, 1,024) trained table, the step not donating it: the same gradient
+    (other,) = matches(program("onehot_embed", "fixed"), "dense_lookup_gradient")
+    assert other.params["shape"] == "f32[32768,1024]" and other.line.endswith("onehot_embed.py:20")

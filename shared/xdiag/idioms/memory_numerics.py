@@ -12,7 +12,7 @@ from xdiag.analysis.recompute import rematerialised_time
 from xdiag.analysis.xprof.common import natural_order
 from xdiag.cost.hlo import shape_bytes
 from xdiag.idioms.catalogue import Match, Variant, idiom
-from xdiag.idioms.hlo_graph import Graph, Site, elements, nbytes
+from xdiag.idioms.hlo_graph import DTYPE_BYTES, MATMUL_OPCODES, Graph, Site, elements, nbytes, plain_shape
 from xdiag.idioms.op_identity import promoted_matmul
 from xdiag.idioms.program import Program, jitted_function
 from xdiag.idioms.work_not_needed import loop_invariant_compute, timed_stake
@@ -459,10 +459,12 @@ def unaligned_minor_dims(program: Program) -> list[Match]:
     out = []
     for graph in program.graphs:
         module_key = program.module_key(graph.module)
-        timed = [Site(c, i) for c in graph.module.computations.values() for i in c.instructions
-                 if graph.timed_op(Site(c, i)) == i.name and program.op_ms.get((module_key, i.name), 0.0) > 0]
+        # ops whose padding is a short axis of per-element components are that idiom's: its change splits them
+        claimed = {op for m in components_as_short_axis(program) if m.module == module_key for op in m.ops}
         ops, real, padded, worst, lines = [], 0.0, 0.0, None, {}
-        for site in timed:
+        for site in _timed_sites(program, graph):
+            if site.instruction.name in claimed:
+                continue
             value = _largest(graph, site)
             lanes = padded_lanes(value) if value is not None else None
             if lanes is None or 1 - lanes[0] / lanes[1] < UNALIGNED_MIN_WASTE:
@@ -492,6 +494,165 @@ def unaligned_minor_dims(program: Program) -> list[Match]:
             needed_percent=program.step_percent(real), work_ratio=round(padded / real, 2) if real else None,
             params={"dims": f"the dimension of {minor}", "example": shape, "rounded": rounded, "padded": str(to)},
             facts={"minor_dim": minor, "padded_to": to, "ops_with_padding": len(ops)}))
+    return out
+
+
+def _timed_sites(program: Program, graph: Graph) -> list[Site]:
+    """The instructions the profile times (a fusion, not what it fuses) that ran in the capture."""
+    module_key = program.module_key(graph.module)
+    return [Site(c, i) for c in graph.module.computations.values() for i in c.instructions
+            if graph.timed_op(Site(c, i)) == i.name and program.op_ms.get((module_key, i.name), 0.0) > 0]
+
+
+COMPONENTS_MAX = 8
+"""An axis this short holds each element's components (a position's x, y, z; a quaternion's 4; a colour's 3)."""
+COMPONENT_ELEMENTS_MIN = 1 << 16
+"""Elements along the array's other axes for it to be a population of small vectors, not a small matrix."""
+COMPONENTS_MIN_STAKE_PERCENT = 10.0
+COMPONENT_TAKES_MIN = 2
+"""Slices of single components the ops must hold: the program computes component by component on the axis."""
+
+
+def component_axis(instruction: HloInstruction) -> tuple[int, int, str, int] | None:
+    """(axis, its size, the tile dimension it lies in, what that dimension pads it to) of an array value whose short
+    axis of components lies in one of a TPU tile's two dimensions by the value's layout: the minor one (128 lanes)
+    or the second-minor one (8 rows of 32-bit values, 16 of 16-bit), where it is padded; None otherwise."""
+    dims = instruction.dims
+    if instruction.dtype in ("tuple", "token") or len(dims) < 2:
+        return None
+    order = instruction.layout if len(instruction.layout) == len(dims) else tuple(reversed(range(len(dims))))
+    rows = 8 * max(4 // DTYPE_BYTES.get(instruction.dtype, 4), 1)
+    for axis, tile, padded_to in ((order[0], "lanes", LANES), (order[1], "rows", rows)):
+        size = dims[axis]
+        if 2 <= size <= COMPONENTS_MAX and size % padded_to and elements(dims) // size >= COMPONENT_ELEMENTS_MIN:
+            return axis, size, tile, padded_to
+    return None
+
+
+def _held_values(graph: Graph, site: Site) -> list[Site]:
+    """A timed op, its operands and every instruction its fusion holds (nested fusions' too)."""
+    out = [site] + [o for o in (graph.operand(site, k) for k in range(len(site.instruction.operands))) if o]
+    pending = list(site.instruction.called) if site.instruction.opcode == "fusion" else []
+    while pending:
+        body = graph.module.computations.get(pending.pop())
+        for ins in body.instructions if body is not None else []:
+            out.append(Site(body, ins))
+            if ins.opcode == "fusion":
+                pending.extend(ins.called)
+    return out
+
+
+def _component_use(graph: Graph, site: Site) -> str | None:
+    """What an instruction does to a short axis of components: 'take' (a slice of one component), 'stack' (a pad
+    or concatenate that builds the axis from single components), 'reduce' (a reduction over it); else None."""
+    ins = site.instruction
+    operand = graph.operand(site, 0)
+    if operand is None:
+        return None
+    if ins.opcode in ("slice", "dynamic-slice"):
+        axis = component_axis(operand.instruction)
+        return "take" if axis is not None and ins.dims[axis[0]] == 1 else None
+    axis = component_axis(ins)
+    if ins.opcode in ("pad", "concatenate") and axis is not None and operand.instruction.dims[axis[0]] == 1:
+        return "stack"
+    source = component_axis(operand.instruction)
+    if ins.opcode == "reduce" and source is not None and source[0] in ins.dimensions:
+        return "reduce"
+    return None
+
+
+def _carries_components(graph: Graph) -> bool:
+    """Whether the program's state holds a short axis of components: an element of a loop's state each trip
+    computes anew, or an argument the program returns updated (particles' positions from one step to the next)."""
+    for site in graph.sites():
+        ins = site.instruction
+        if ins.opcode not in ("parameter", "get-tuple-element") or component_axis(ins) is None:
+            continue
+        if ins.opcode == "parameter" and site.computation.name == graph.module.entry and graph.updated_by_step(ins):
+            return True
+        state = graph.operand(site, 0) if ins.opcode == "get-tuple-element" else None
+        if state is not None and state.instruction.opcode == "parameter" and \
+                graph.loop_of(site.computation) is not None and ins.tuple_index in graph.carried(site.computation):
+            return True
+    return False
+
+
+COMPONENTS_OTHER_WORK = frozenset({*MATMUL_OPCODES, "custom-call", "sort", "rng-bit-generator", "while",
+                                   "triangular-solve", "cholesky"})
+"""Ops whose time is their own work (a matmul, a library call, a sort, random bits), not passes over padding."""
+
+
+@idiom("components_as_short_axis", "memory_numerics",
+       "Each element's few components are kept as a short axis of one array, which the TPU's tiles pad",
+       "keep each of the {k} components its own 1-D array of {n:,} elements instead of the {shape} arrays read at "
+       "{line}: split them once, outside the jitted step (x, y, z = tuple(pos.T) for a (n, 3) pos), carry the {k} "
+       "arrays through the step and its loops as a tuple, and write the arithmetic per component: a jnp.take or "
+       "[:, i] of one component becomes its array, a jnp.stack of components the tuple, a sum over the axis "
+       "a + b + c, and a jnp.cross written out, (ay * bz - az * by, az * bx - ax * bz, ax * by - ay * bx); stack "
+       "them once at the end where the caller needs the {shape} array",
+       "a TPU lays an array in tiles of 8 rows (of 32-bit values) by 128 lanes over its layout's two minor "
+       "dimensions: a short axis of components lies in one of them whichever layout XLA picks and is padded to 8 "
+       "rows or 128 lanes, and each component sliced out of it is an array of one row or lane padded the same way, "
+       "so the slices, the stacks back and every elementwise pass work on mostly padding, where a 1-D array of the "
+       "elements fills every tile; transposing the array, components first, changes nothing there: the short axis "
+       "is then the rows (on a TPU v5e that layout ran the same step)",
+       gain=(0.8, 1.0), measured="docs/reference/measurements.md#components-as-short-axis", platforms=("TPU",))
+def components_as_short_axis(program: Program) -> list[Match]:
+    """Per program whose state (a loop's, or the arguments it updates) holds an array with a short axis of
+    per-element components (2 to 8 of them over at least 65,536 elements) in a tile dimension, and that slices
+    single components out of such arrays and stacks them back: the timed ops that hold such arrays, but for those
+    whose time is other work (a matmul, a library call, a sort, random bits). The stake is those ops' whole time."""
+    cache = program.__dict__.setdefault("components_as_short_axis", {})
+    if "matches" in cache:  # unaligned_minor_dims asks too: read once
+        return cache["matches"]
+    out = []
+    for graph in program.graphs:
+        module_key = program.module_key(graph.module)
+        ops, uses, lines, widest = [], {"take": 0, "stack": 0, "reduce": 0}, {}, None
+        for site in _timed_sites(program, graph):
+            held = _held_values(graph, site)
+            if any(v.instruction.opcode in COMPONENTS_OTHER_WORK for v in held):
+                continue
+            axes = [(v.instruction, component_axis(v.instruction)) for v in held]
+            axes = [(ins, axis) for ins, axis in axes if axis is not None]
+            if not axes:
+                continue
+            ops.append(site.instruction.name)
+            for value in held:
+                use = _component_use(graph, value)
+                if use is not None:
+                    uses[use] += 1
+            ins, axis = max(axes, key=lambda pair: nbytes(pair[0]))
+            if widest is None or nbytes(ins) > nbytes(widest[0]):
+                widest = (ins, axis)
+            line = program.line_of(graph, site)
+            if line[0]:
+                lines[line] = lines.get(line, 0.0) + program.op_ms[(module_key, site.instruction.name)]
+        stake = program.step_percent(program.time_ms(graph.module, ops))
+        if uses["take"] < COMPONENT_TAKES_MIN or not uses["stack"] or stake < COMPONENTS_MIN_STAKE_PERCENT or \
+                not _carries_components(graph):
+            continue
+        value, (axis, k, tile, padded_to) = widest
+        n = elements(value.dims) // k
+        shape = plain_shape(value)
+        ranked = sorted(lines, key=lambda lf: -lines[lf])
+        line, function = ranked[0] if ranked else ("", "")
+        done = [f"{uses[u]} {name if uses[u] > 1 else one}" for u, name, one in (
+            ("take", "slices of one component", "slice of one component"),
+            ("stack", "stacks of single components back into the axis", "stack of single components into the axis"),
+            ("reduce", "reductions over it", "reduction over it")) if uses[u]]
+        out.append(Match(
+            "components_as_short_axis", stake,
+            f"{len(ops)} ops hold {shape} arrays whose axis of {k} (each element's components) lies in the TPU "
+            f"tile's {padded_to} {tile} by their layout ({100 * (1 - k / padded_to):.0f}% padding), with "
+            f"{', '.join(done)}" + (f", most of their time at {', '.join(lf[0] for lf in ranked[:3])}" if ranked
+                                    else "") + f": {stake:g}% of the step",
+            module=module_key, ops=ops, line=line, function=function,
+            params={"k": k, "n": n, "shape": shape, "padded_to": f"{padded_to} {tile}"},
+            facts={"components": k, "elements": n, "tile_dimension": tile, "padded_to": padded_to,
+                   "component_takes": uses["take"], "component_stacks": uses["stack"],
+                   "component_reductions": uses["reduce"], "ops_on_components": len(ops)}))
+    cache["matches"] = out
     return out
 
 
