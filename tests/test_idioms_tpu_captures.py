@@ -475,3 +475,35 @@ def test_a_table_differentiated_through_its_lookup_is_updated_by_its_rows(progra
     # a token classifier's table[ids] of a (32,768, 1,024) trained table, the step not donating it: the same gradient
     (other,) = matches(program("onehot_embed", "fixed"), "dense_lookup_gradient")
     assert other.params["shape"] == "f32[32768,1024]" and other.line.endswith("onehot_embed.py:20")
+
+
+def test_the_kernel_gradient_of_a_3x3_convolution_is_no_long_window(program):
+    """XLA writes dL/dw of a 3x3 convolution as the activations convolved with the output's gradient: a window of
+    128x256 taps that slides over 3x3 positions into the kernel. That is no long filter the program applies, and
+    the kernel's forward and input-gradient convolutions slide 3x3 windows."""
+    fixed = program("blind6_weather_conv", "fixed")
+    gradients = [s.instruction for g in fixed.graphs for s in g.sites() if s.instruction.opcode == "convolution"
+                 and s.instruction.conv_output_spatial == (3, 3)]
+    assert len(gradients) == 4 and all(ins.dims[:2] == (3, 3) for ins in gradients)
+    assert not matches(fixed, "long_window_convolution")
+
+
+def test_a_gaussian_process_kernel_factored_by_cholesky_is_no_attention(program):
+    """exp(-d²/2l²) of a 1024x1024 matrix a product made, read by a blocked Cholesky whose 128x128 blocks are
+    [4, 8, 128, 128] arrays: square matrices, but no softmax along keys and no product with values. Attention's
+    scores, its softmax and the product after it are what the anatomy's attention needs in the HLO."""
+    from xdiag.analysis.anatomy import components
+    from xdiag.analysis.attention_hlo import attention_key_lengths
+    from xdiag.analysis.op_stats import op_stats
+
+    def component_keys(capture: Program) -> dict[str, float]:
+        stats = op_stats(capture.session)
+        total = sum(s.total_ps for s in stats)
+        return {c.key: c.share_percent for c in components([s.row(total) for s in stats])}
+
+    gp = program("blind6_gp_select", "fixed")
+    assert not any(attention_key_lengths(g.module) for g in gp.graphs)
+    assert "materialised_attention" not in component_keys(gp)
+    lm = program("remat_linen_lm", "before-a")
+    assert 512 in {s for g in lm.graphs for s in attention_key_lengths(g.module)}
+    assert component_keys(lm)["materialised_attention"] > 10

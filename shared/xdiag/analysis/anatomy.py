@@ -21,6 +21,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from xdiag.analysis.attention_hlo import SCORES_MIN
+
 COMPONENTS = {
     "ragged_paged_attention": "ragged paged attention (Pallas kernel)",
     "paged_attention": "paged attention (Pallas kernel)",
@@ -46,8 +48,6 @@ PALLAS_COMPONENTS = frozenset({"ragged_paged_attention", "paged_attention", "gro
 ATTENTION_COMPONENTS = frozenset({"ragged_paged_attention", "paged_attention", "fused_attention",
                                   "materialised_attention"})
 
-SCORES_MIN = 128
-"""The least sequence length whose S×S scores count as materialised attention (smaller ones fit on chip)."""
 RECURRENT_OP_US_MAX = 20.0
 """Ops in a loop body at most this long per execution are the steps of a recurrence, not layers of a scanned stack."""
 
@@ -83,6 +83,17 @@ def scores_shape(row: dict) -> tuple[int, ...] | None:
         if len(dims) >= 3 and dims[-1] == dims[-2] >= SCORES_MIN and (len(dims) >= 4 or named):
             return dims
     return None
+
+
+def attention_scores(row: dict) -> tuple[int, ...] | None:
+    """The op's S×S scores where they are an attention's: where its program's HLO was read (the row's
+    attention_key_lengths), S must be the key length of an attention that HLO computes (scores from a product, a
+    softmax along the keys, a product with values); a square matrix a Cholesky factor or a kernel's exp reads is
+    none. Where no HLO was read (a PyTorch trace's recorded shapes), the shapes alone."""
+    scores = scores_shape(row)
+    if scores is None or "attention_key_lengths" not in row:
+        return scores
+    return scores if scores[-1] in row["attention_key_lengths"] else None
 
 
 def head_dim(row: dict, seq: int) -> int | None:
@@ -159,7 +170,7 @@ def component_of(row: dict) -> tuple[str, str | None]:
         return "host_callback", None
     if pallas:
         return "custom_kernel", op.split(".")[0]
-    if category != "convolution" and "conv" not in fop.lower() and scores_shape(row) is not None:
+    if category != "convolution" and "conv" not in fop.lower() and attention_scores(row) is not None:
         return "materialised_attention", None
     if opcode == "while" or (("/while/body" in fop or row.get("in_loop_body"))
                              and (row.get("avg_us") or 1e9) <= RECURRENT_OP_US_MAX and category != "collective"):
@@ -272,7 +283,7 @@ def components(rows: Iterable[dict]) -> list[Component]:
         if key == "paged_attention":
             c.pages_per_sequence = c.pages_per_sequence or pages_per_sequence(row)
         if key == "materialised_attention":
-            scores = scores_shape(row)
+            scores = attention_scores(row)
             c.scores_shape = c.scores_shape or scores
             if scores:
                 if (dim := head_dim(row, scores[-1])) is not None:

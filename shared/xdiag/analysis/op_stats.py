@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from xdiag.analysis.attention_hlo import attention_key_lengths
 from xdiag.analysis.categories import COPY_OP_CATEGORIES, categorize
 from xdiag.analysis.op_table import op_table, profile_op_costs
 from xdiag.analysis.roofline import TRANSFER_RATE_REASON, eight_bit_operands, roofline
@@ -142,6 +143,9 @@ class OpStat:
                        flops_unknown_because=self.cost.get("flops_unknown_because", CUSTOM_CODE_REASON))
             if self.cost["opcode"] == "custom-call":
                 row.update(bandwidth_floor(self.cost["bytes"], self.count, self.total_ps))
+        if self.cost and "attention_key_lengths" in self.cost:
+            # Present where the op's HLO was read: the attentions its program computes (an empty list: none).
+            row["attention_key_lengths"] = self.cost["attention_key_lengths"]
         if self.cost:
             for key in ("loop", "loop_trip_count"):  # the innermost while it runs in, and that loop's trip count
                 if self.cost.get(key):
@@ -180,11 +184,16 @@ def op_stats(session: Session) -> list[OpStat]:
         for code in np.argsort(np.where(first_row < 0, never, first_row), kind="stable").tolist():
             first_code.setdefault(int(rank[code]), code)
         shared_names = _names_with_several_programs(session)
+        attention_keys: dict[int, list[int]] = {}  # per module read: the key lengths of the attentions its HLO computes
         for k, key in enumerate(unique):
             module_name, pid_text, name = key.split("\x00", 2)
             pid = int(pid_text)
             module = session.module_for(module_name, None if pid == NO_VALUE else pid) if module_name else None
             cost = instruction_cost(module, name) if module else None
+            if cost is not None:
+                if id(module) not in attention_keys:
+                    attention_keys[id(module)] = sorted(attention_key_lengths(module))
+                cost = {**cost, "attention_key_lengths": attention_keys[id(module)]}
             recorded = profile_costs.get((module_name, name))
             if recorded and cost and cost["opcode"] == "custom-call" and (not recorded["flops"] or cost["library_kernel"]):
                 # XLA's cost model cannot see into a custom call and records 0 FLOPs for it, or the kernel author's

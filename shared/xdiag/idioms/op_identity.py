@@ -1407,7 +1407,14 @@ def _long_grouped_window(graph: Graph, site: Site) -> tuple[int, int, int] | Non
         return None
     dims = kernel.instruction.dims
     per_group = dims[ins.conv_kernel_dims[0]]
-    taps = elements(tuple(dims[d] for d in ins.conv_kernel_dims[1:]))
+    window = tuple(dims[d] for d in ins.conv_kernel_dims[1:])
+    if len(ins.conv_output_spatial) == len(window) and all(
+            slides < size for slides, size in zip(ins.conv_output_spatial, window)):
+        # The window spans the input and slides over a few positions: the gradient of a small kernel (XLA writes
+        # dL/dw of a 3x3 convolution as the activations convolved with the output's gradient, whose spatial extent
+        # is the window, into a 3x3 result), not a long filter the program applies.
+        return None
+    taps = elements(window)
     channels = elements(tuple(n for d, n in enumerate(dims) if d not in ins.conv_kernel_dims))
     if taps < LONG_WINDOW_MIN_TAPS or per_group > GROUPED_MAX_FEATURES or channels <= per_group:
         return None

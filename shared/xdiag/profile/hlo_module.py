@@ -46,6 +46,15 @@ def _conv_kernel_dims(ins) -> tuple[int, ...]:
     return (numbers.kernel_input_feature_dimension, *numbers.kernel_spatial_dimensions)
 
 
+def _conv_output_spatial(ins) -> tuple[int, ...]:
+    """A convolution's output positions along each of its spatial dimensions (its window's slides); () for others."""
+    if ins.opcode != "convolution" or not ins.HasField("convolution_dimension_numbers"):
+        return ()
+    dims = ins.shape.dimensions
+    spatial = ins.convolution_dimension_numbers.output_spatial_dimensions
+    return tuple(int(dims[d]) for d in spatial) if all(d < len(dims) for d in spatial) else ()
+
+
 def _conv_is_matrix_product(ins, by_id: dict) -> bool:
     """A convolution whose windows never slide: each spatial dimension contracted whole (the kernel as large as
     the input, one output position), pointwise (a kernel of 1, every position kept), or a batch (a window as large
@@ -442,6 +451,7 @@ def hlo_module(proto_bytes: bytes, host: str, fallback_id: int, notes: list[str]
                     custom_call_target=ins.custom_call_target,
                     conv_kernel_dims=_conv_kernel_dims(ins),
                     conv_is_matrix_product=_conv_is_matrix_product(ins, by_id),
+                    conv_output_spatial=_conv_output_spatial(ins),
                     fusion_backend_kind=_fusion_backend_kind(ins),
                     memory_space=shape.layout.memory_space,
                     kernel_cost_estimate=_kernel_cost_estimate(ins),

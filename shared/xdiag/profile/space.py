@@ -280,6 +280,7 @@ class HloInstruction:
     attention_scores: tuple[int, ...] = ()  # fused attention custom calls (cuDNN): the score matrix's dims [B,H,Sq,Sk]
     attention_causal: bool = False  # ... and whether its mask is causal (flash kernels skip the masked half)
     conv_is_matrix_product: bool = False  # a convolution whose windows never slide (XLA:TPU's fused matmuls)
+    conv_output_spatial: tuple[int, ...] = ()  # a convolution's output positions along each spatial dimension
     kernel_position_mask: bool = False  # a Mosaic (Pallas TPU) kernel whose body builds index iotas: a positional mask
     stack_frame_id: int = 0  # its innermost Python frame in the module's stack_frames (1-based), 0 where none is recorded
     trip_count: int = 0  # a while loop: how many times it runs its body, read from the loop (hlo_module); 0 unknown

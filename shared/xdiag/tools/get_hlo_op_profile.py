@@ -48,7 +48,9 @@ def get_hlo_op_profile(session: Session, top_n: int = 20) -> ToolOutput:
     (device_model, peak_tflops, peak_hbm_gb_per_s, ridge_flop_per_byte, flops_source, bandwidth_source,
     peak_warnings). detail: ops [top_n rows, each with
     arithmetic intensity, achieved GFLOP/s and GB/s, handed_on_share_of_bytes and handed_on_array where some of its
-    bytes pass between two kernels only, and on TPU/GPU bound, roof, roofline efficiency and not_a_measurement;
+    bytes pass between two kernels only, attention_key_lengths where its program's HLO was read (the key lengths of
+    the attentions that HLO computes: scores, a softmax along the keys, a product with values; empty: none), and on
+    TPU/GPU bound, roof, roofline efficiency and not_a_measurement;
     roof_basis (8-bit or f32 operands' own peak), operands_on_chip_inferred (bytes no HBM could carry in its time:
     no HBM rate shown), fed_by_async_copies (its operands prefetched into VMEM by a streaming program),
     prefetched_hbm_bytes_per_run (a prefetch wait: the array it brought across HBM), and for a custom kernel no cost
