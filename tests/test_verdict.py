@@ -247,3 +247,16 @@ def test_a_cause_outranks_only_the_findings_whose_ops_read_what_it_writes():
     assert [h.key for h in ranked] == ["widening", "memory_bound", "layout_copies", "unfused"]
     assert "reduce.1" in cause.whats_happening and "reduce.1" in symptom.whats_happening
     assert cause.score == 49.4 and stranger.score == 30.0
+
+
+def test_an_unmeasured_op_in_the_verdict_is_named_by_what_it_computes_at_the_users_line(tmp_path):
+    """A user cannot find `custom-call.56` in their program: the health check's reason names each op whose
+    efficiency is not measured by what its HLO says it computes, at the line it records (a Cholesky solve on a TPU
+    v5e, whose LAPACK-style custom calls carry no FLOPs)."""
+    from tests.fix_trial_captures import unpack_capture
+
+    capture = unpack_capture("blind6_gp_select", "fixed", tmp_path)
+    reasons = analyze_session(locate_session(capture), tmp_path / "out").diagnosis
+    text = " ".join(f.whats_happening for f in reasons.findings)
+    assert "cholesky at programs/blind6_gp_select.py:45" in text and "triangular_solve at" in text
+    assert "custom-call." not in text

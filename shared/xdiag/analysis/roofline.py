@@ -359,9 +359,9 @@ def roofline_summary(rows: list[dict], ridge_flop_per_byte: float | None = None,
         "dominant_ops": [f"{o['op']} ({o['module']})" for o in dominant[:3]],
         "dominant_ops_matmul_precision": next((o["matmul_precision"] for o in dominant if o.get("matmul_precision")),
                                               None),
-        "dominant_ops_unmeasured": ([f"{o['op']} ({o['share_of_op_time_percent']}% of op time): {_unmeasured_why(o)}"
+        "dominant_ops_unmeasured": ([f"{_named(o)} ({o['share_of_op_time_percent']}% of op time): {_unmeasured_why(o)}"
                                      for o in dominant if not _measured(o)]
-                                    + [f"{o['op']} ({round(o['share_of_op_time_percent'] - measured_share(o), 2)}% of "
+                                    + [f"{_named(o)} ({round(o['share_of_op_time_percent'] - measured_share(o), 2)}% of "
                                        f"op time, the runs not costed): rates over {o['rates_over']}"
                                        for o in measured if o.get("rates_over")])[:5],
         "flagged_op_rows": sum(1 for o in rows if o.get("not_a_measurement")),
@@ -383,6 +383,14 @@ def dominant_rows(rows: list[dict]) -> list[dict]:
         dominant.append(row)
         covered += row["share_of_op_time_percent"]
     return dominant
+
+
+def _named(row: dict) -> str:
+    """An op as its user can find it: what its HLO says it computes (the framework op, `cholesky`) at the user's line
+    it records; an HLO instruction's name (`custom-call.56`) only where it records no line (a kernel XLA added)."""
+    line = (row.get("source") or {}).get("line")
+    kind = str(row.get("framework_op") or "").rsplit("/", 1)[-1] or row.get("opcode")
+    return f"{kind} at {line}" if line and kind else row["op"]
 
 
 def _measured(row: dict) -> bool:
