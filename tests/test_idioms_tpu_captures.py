@@ -475,3 +475,15 @@ def test_a_table_differentiated_through_its_lookup_is_updated_by_its_rows(progra
     # a token classifier's table[ids] of a (32,768, 1,024) trained table, the step not donating it: the same gradient
     (other,) = matches(program("onehot_embed", "fixed"), "dense_lookup_gradient")
     assert other.params["shape"] == "f32[32768,1024]" and other.line.endswith("onehot_embed.py:20")
+
+
+def test_a_gradient_taken_by_forward_mode_is_one_reverse_pass(program):
+    """-jax.jacfwd(energy)(pos) of a scalar pair energy over a (3, 256) position array: 768 tangents of an identity
+    basis through the forward-mode (768, 256, 256) pair arrays, one number each; with jax.value_and_grad, or with
+    jax.jacrev (one cotangent), no basis of 768 is left."""
+    (match,) = matches(program("blind7_md_forces", "before-a"), "gradient_by_forward_mode")
+    assert match.facts["tangents"] == 768 and match.facts["basis"] == "pred[768,3,256]" and match.stake_percent > 95
+    assert match.line.endswith("blind7_md_forces.py:37") and match.function == "pair_energy"
+    assert "jax.value_and_grad(pair_energy)(x)" in match.params["change"]
+    for after in ("fixed", "jacrev"):
+        assert not matches(program("blind7_md_forces", after), "gradient_by_forward_mode")
