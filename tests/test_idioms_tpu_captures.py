@@ -507,3 +507,15 @@ def test_a_gaussian_process_kernel_factored_by_cholesky_is_no_attention(program)
     lm = program("remat_linen_lm", "before-a")
     assert 512 in {s for g in lm.graphs for s in attention_key_lengths(g.module)}
     assert component_keys(lm)["materialised_attention"] > 10
+
+
+def test_a_gradient_taken_by_forward_mode_is_one_reverse_pass(program):
+    """-jax.jacfwd(energy)(pos) of a scalar pair energy over a (3, 256) position array: 768 tangents of an identity
+    basis through the forward-mode (768, 256, 256) pair arrays, one number each; with jax.value_and_grad, or with
+    jax.jacrev (one cotangent), no basis of 768 is left."""
+    (match,) = matches(program("blind7_md_forces", "before-a"), "gradient_by_forward_mode")
+    assert match.facts["tangents"] == 768 and match.facts["basis"] == "pred[768,3,256]" and match.stake_percent > 95
+    assert match.line.endswith("blind7_md_forces.py:37") and match.function == "pair_energy"
+    assert "jax.value_and_grad(pair_energy)(x)" in match.params["change"]
+    for after in ("fixed", "jacrev"):
+        assert not matches(program("blind7_md_forces", after), "gradient_by_forward_mode")

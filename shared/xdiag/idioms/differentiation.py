@@ -3,6 +3,9 @@
 - full_jacobian_for_products: a whole Jacobian or Hessian built over an identity basis of n tangents (jax.jacfwd,
   jax.jacrev, jax.hessian) and read only by products with vectors, where one Jacobian-vector or Hessian-vector
   product (jax.jvp, jax.vjp) computes the same numbers with one tangent.
+- gradient_by_forward_mode: the Jacobian of a scalar function (a gradient) taken by forward mode (jax.jacfwd): one
+  tangent per input element, n of them batched, each giving one scalar, where one reverse pass (jax.grad,
+  jax.value_and_grad) gives all n with the function's value besides.
 - masked_frozen_gradients: weight gradients computed through the backward pass and then multiplied by a scalar the
   program passes per parameter leaf (a 0/1 "trainable" flag) before the update, so the gradients of leaves whose flag
   is 0 are thrown away, where jax.lax.stop_gradient on the frozen part's output never computes them.
@@ -178,6 +181,66 @@ def full_jacobian_for_products(program: Program) -> list[Match]:
         key = (match.module, match.line or match.ops[0])
         if key not in best or best[key].stake_percent < match.stake_percent:
             best[key] = match
+    return list(best.values())
+
+
+@idiom("gradient_by_forward_mode", "work_not_needed",
+       "A gradient is taken by forward mode, one tangent per input element",
+       "{change}",
+       "jax.jacfwd pushes one tangent per input element through the function (n of them, batched by vmap); for a "
+       "scalar function each tangent yields one number of the gradient, where one reverse pass (jax.grad) yields "
+       "all n for about the cost of one more evaluation, and jax.value_and_grad returns the value with it",
+       gain=(0.9, 0.97), measured="docs/reference/measurements.md#gradient-by-forward-mode")
+def gradient_by_forward_mode(program: Program) -> list[Match]:
+    """A vector of n numbers, one per tangent of an identity basis of n (the argument's elements), computed by
+    forward-mode (jvp) ops that carry the n tangents: the Jacobian of a scalar function, a gradient. The ops between
+    the basis and the vector that carry the n tangents are the stake; one reverse pass needs about two of them."""
+    best: dict[tuple[str, str], Match] = {}
+    for graph in program.graphs:
+        module_key = program.module_key(graph.module)
+        for basis, n in _identity_bases(graph):
+            top = _top_level(graph, basis)
+            if top is None:
+                continue
+            computation = top.computation
+            downstream = _reachable(computation, top.instruction.name, forward=True)
+            for name in downstream:
+                gradient = computation.by_name[name]
+                if gradient.tuple_shapes or tuple(gradient.dims) != (n,):
+                    continue
+                batched = [computation.by_name[k] for k in
+                           sorted(downstream & _reachable(computation, name, forward=False))]
+                sites = [Site(computation, i) for i in batched
+                         if n in _all_dims(i) and i.opcode != "get-tuple-element"]
+                names = " ".join(i.op_name for i in batched)
+                # forward mode only (jax.jacrev of a scalar has no basis of n; a Hessian's output is n x n), and
+                # tangents that carry work: some op holds more than one number per tangent
+                if "jvp(" not in names or BACKWARD in names or \
+                        not any(elements(i.dims) > n for i in batched if not i.tuple_shapes):
+                    continue
+                ops, stake = timed_stake(program, graph, sites)
+                if stake < MIN_STAKE_PERCENT:
+                    continue
+                line, _ = program.line_of(graph, _inner_site(graph, top))
+                heaviest = max(sites, key=lambda s: program.time_ms(graph.module, [s.instruction.name]))
+                function = _function_of(program, graph, heaviest) or "f"
+                basis_shape = basis.instruction.shape_text.split("{")[0]
+                change = (f"at {line or 'the line that calls jax.jacfwd'}, take the gradient of the scalar "
+                          f"{function} in one reverse pass: value, grad = jax.value_and_grad({function})(x) instead "
+                          f"of jax.jacfwd({function})(x), and use value where {function}(x) is evaluated again; the "
+                          f"{n} forward tangents become one backward pass")
+                match = Match(
+                    "gradient_by_forward_mode", stake,
+                    f"a gradient f32[{n}] (one number per tangent) built by {len(ops)} forward-mode ops batched over "
+                    f"an identity basis of {n} tangents ({basis_shape}, an equality of iotas)"
+                    + (f" at {line}" if line else ""),
+                    module=module_key, ops=ops, line=line, function=function,
+                    needed_percent=round(2 * stake / n, 2), work_ratio=n / 2,
+                    params={"change": change, "function": function, "tangents": n},
+                    facts={"tangents": n, "basis": basis_shape, "batched_ops": len(ops)})
+                key = (module_key, line or ops[0])
+                if key not in best or best[key].stake_percent < stake:
+                    best[key] = match
     return list(best.values())
 
 
