@@ -288,6 +288,31 @@ def test_batched_matmuls_xla_tpu_writes_as_convolutions_keep_their_batch(program
     assert not matches(program("vit_nnx_train", "noremat"), "repeated_kv_heads")
 
 
+def test_repeated_kv_heads_under_one_query_contractions_written_as_multiply_reduce(program):
+    """Decoding one query per sequence, XLA:TPU writes the attention's contractions as a multiply and a sum: the
+    key/value cache repeated 8 times to the query heads (the keys' repeat made inside the scores' sum, the values'
+    written out) is still the repeat, and the change groups the queries by the 2 key/value heads."""
+    (repeated,) = matches(program("blind7_gqa_decode", "before-a"), "repeated_kv_heads")
+    assert repeated.params == {"repeat": 8, "form": "multiply_reduce", "axis": 1, "kv_heads": 2, "head_dim": 128}
+    assert repeated.line.endswith(".py:53") and "bf16[16,2,4096,128] →" in repeated.what, repeated.what
+    assert 80 < repeated.stake_percent < 95 and repeated.needed_percent < 10, repeated.what
+    assert not matches(program("blind7_gqa_decode", "fixed"), "repeated_kv_heads")
+    assert not matches(program("blind7_gqa_decode", "expanded_cache"), "repeated_kv_heads")
+
+
+def test_a_linear_recurrence_in_a_tiny_scan_is_told_to_scan_associatively(program):
+    """h = a * h + b by jax.lax.scan over 4,096 trips, forward and its gradient backward: each loop passes on the
+    state it found multiplied by one value and added to another (the backward's through a select and a sum), so the
+    change is jax.lax.associative_scan at the scan's line, the loops of that line one match."""
+    (match,) = matches(program("blind7_lru_scan", "before-a"), "scan_tiny_body")
+    assert match.params["linear"] and not match.params["independent"] and match.facts["loops"] >= 2, match.what
+    assert match.line.endswith(".py:42") and 75 < match.stake_percent < 85, match.what
+    change = IDIOMS["scan_tiny_body"].change_text(match, {"platform": "TPU"})
+    assert change.startswith("evaluate the recurrence at ") and "jax.lax.associative_scan(combine, (a, b)" in change
+    assert not IDIOMS["scan_tiny_body"].withheld(match, {"platform": "TPU"})
+    assert not matches(program("blind7_lru_scan", "fixed"), "scan_tiny_body")
+
+
 def test_arguments_xla_tpu_stacks_by_dynamic_update_slices_are_found(program):
     """XLA:TPU writes jnp.stack of the step's 32 layer arguments as a chain of dynamic-update-slices (31 of them
     reading their argument as asynchronous slices joined by a ConcatBitcast), not a concatenate."""

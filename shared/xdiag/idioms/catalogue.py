@@ -77,6 +77,9 @@ class Variant:
     when: tuple[tuple[str, tuple[Any, ...]], ...]
     change: str = ""
     withheld: str = ""  # {line}, {function} and the match's params fill it, as they fill `change`
+    gain: tuple[float, float] | None = None  # where the chip measured this variant's change on its own: the share of
+    # the stake it recovered, and where (a variant that holds on the match's params alone; the idiom's otherwise)
+    measured: str = ""
 
     def holds(self, on: Mapping[str, Any]) -> bool:
         return all(on.get(name) in values for name, values in self.when)
@@ -102,13 +105,20 @@ class Idiom:
         """The share of the step the change can give back: the stake less what the result needs."""
         return max(match.stake_percent - (match.needed_percent or 0.0), 0.0)
 
+    def measured_gain(self, match: Match) -> tuple[tuple[float, float] | None, str]:
+        """The share of the stake the change recovered on the chip, and where that was measured: the first variant
+        holding on the match's params that was measured on its own, else the idiom's."""
+        chosen = next((v for v in self.variants if v.gain is not None and v.holds(match.params)), None)
+        return (chosen.gain, chosen.measured) if chosen is not None else (self.gain, self.measured)
+
     def predicted_percent(self, match: Match) -> tuple[float, float] | None:
         """The step-time gain the change is predicted to realise (low, high), in percent of the step; None where it
         was not measured."""
-        if self.gain is None:
+        gain, _ = self.measured_gain(match)
+        if gain is None:
             return None
         gap = self.recoverable(match)
-        return round(gap * self.gain[0], 1), round(min(gap * self.gain[1], match.stake_percent), 1)
+        return round(gap * gain[0], 1), round(min(gap * gain[1], match.stake_percent), 1)
 
     def variant(self, match: Match, setting: Mapping[str, Any] | None = None) -> Variant | None:
         """The first variant that holds for the match on the program's setting (platform, vendor, framework)."""

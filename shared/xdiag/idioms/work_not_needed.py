@@ -1998,6 +1998,35 @@ def weights_tiled_per_example(program: Program) -> list[Match]:
     return list(out.values())
 
 
+MAX_HEAD_REPEAT = 64
+"""Query heads per key/value head beyond this are no grouped-query attention's (a broadcast along a longer new
+dimension is a contraction's own, written as a multiply and a sum)."""
+
+
+def _repeats_into_multiply_reduce(graph: Graph):
+    """(the sum, the repeat broadcast, its source, the broadcast's result, copies) for each sum of a product one of
+    whose factors is an array of a MiB or more repeated 2–MAX_HEAD_REPEAT times along one new dimension after its
+    first (written out by an op of its own, or made inside the sum's fusion)."""
+    for site in graph.sites():
+        ins = site.instruction
+        if ins.opcode != "reduce" or len(ins.operands) != 2 or _reducer(graph, ins) != "add":
+            continue
+        product = graph.origin(graph.operand(site, 0))
+        if product is None or product.instruction.opcode != "multiply":
+            continue
+        for k in (0, 1):
+            made = _broadcast_into(graph, graph.operand(product, k))
+            source = graph.operand(made, 0) if made is not None else None
+            if source is None:
+                continue
+            out_dims, kept = made.instruction.dims, tuple(made.instruction.dimensions)
+            new = [d for d in range(len(out_dims)) if d not in kept]
+            if len(new) != 1 or kept != tuple(d for d in range(len(out_dims)) if d != new[0]) or new[0] == 0 \
+                    or not 2 <= out_dims[new[0]] <= MAX_HEAD_REPEAT or nbytes(source.instruction) < 1 << 20:
+                continue
+            yield site, made, source, made, out_dims[new[0]]
+
+
 @idiom("repeated_kv_heads", "work_not_needed",
        "Key and value heads are repeated to the query heads before attention (grouped-query attention)",
        "contract the grouped heads at {line} without repeating them: reshape the queries to (batch, seq, "
@@ -2009,39 +2038,69 @@ def weights_tiled_per_example(program: Program) -> list[Match]:
        "matmul is the same size",
        gain=(0.15, 0.25), measured="docs/reference/measurements.md#repeated-kv-heads",
        alternatives=("jax.nn.dot_product_attention(q, k, v) takes fewer key/value heads than query heads (a "
-                     "multiple) without repeating them",))
+                     "multiple) without repeating them",),
+       variants=(Variant((("form", ("multiply_reduce",)),),
+                         change="contract the grouped heads at {line} without repeating them: group the queries "
+                                "per key/value head, qg = q.reshape(q.shape[0], {kv_heads}, {repeat}, {head_dim}), "
+                                "and contract them with the cache directly, s = jnp.einsum('bgrd,bgtd->bgrt', qg, k) "
+                                "and jnp.einsum('bgrt,bgtd->bgrd', p, v).reshape(q.shape) for the values, instead of "
+                                "jnp.repeat(k, {repeat}, axis={axis}) (and v) before the attention, so the cache is "
+                                "read once for its {repeat} query heads and never copied",
+                         gain=(0.9, 1.0), measured="docs/reference/measurements.md#repeated-kv-heads-decode"),))
 def repeated_kv_heads(program: Program) -> list[Match]:
     """Batched dots one of whose operands is a broadcast of a smaller array along part of the batch dimensions
     (r copies, 2 ≤ r < the batch): keys or values repeated to the query heads of their group. A broadcast along the
-    whole batch is weights_tiled_per_example's."""
+    whole batch is weights_tiled_per_example's. With one query per sequence (decoding) XLA writes the attention's
+    contractions as a multiply and a sum: there the repeat is a broadcast inserting one short dimension after the
+    heads of an array of a MiB or more, that such a multiply reads."""
     out: dict[str, Match] = {}
     for graph in program.graphs:
         module_key = program.module_key(graph.module)
-        for found in _broadcast_operands(graph):
-            repeat, operand, source = found.copies, found.operand, found.source
-            if not 2 <= repeat < found.batch or found.batch % repeat or nbytes(operand.instruction) < 1 << 20:
-                continue
-            ops, _ = timed_stake(program, graph, [found.dot, found.broadcast])
-            line, function = program.line_of(graph, found.broadcast)
+        found_here = [(f.dot, f.broadcast, f.source, f.operand, f.copies, "dot") for f in _broadcast_operands(graph)
+                      if 2 <= f.copies < f.batch and not f.batch % f.copies and nbytes(f.operand.instruction) >= 1 << 20]
+        found_here += [(*found, "multiply_reduce") for found in _repeats_into_multiply_reduce(graph)]
+        for reader, broadcast, source, operand, repeat, form in found_here:
+            ops, _ = timed_stake(program, graph, [reader, broadcast])
+            line, function = program.line_of(graph, broadcast)
             match = out.get(module_key)
             if match is None:
+                dims = source.instruction.dims
+                axis = next(d for d in range(len(operand.instruction.dims)) if d not in broadcast.instruction.dimensions) \
+                    if form == "multiply_reduce" else 0
+                params = {"repeat": repeat, "form": form}
+                if form == "multiply_reduce":
+                    params.update(axis=axis - 1, kv_heads=dims[axis - 1], head_dim=dims[-1])
                 match = out[module_key] = Match(
                     "repeated_kv_heads", 0.0, "", module=module_key, line=line, function=function,
-                    params={"repeat": repeat}, facts={"repeat": repeat, "repeated": [], "copy_bytes": 0})
+                    params=params, facts={"repeat": repeat, "repeated": [], "copy_bytes": 0})
             fresh = [op for op in ops if op not in match.ops]
             match.ops.extend(fresh)
             match.stake_percent = min(match.stake_percent + program.step_percent(
                 program.time_ms(graph.module, fresh)), 100.0)
+            if form == "multiply_reduce":
+                if broadcast.instruction.name in match.facts.setdefault("read", {}):
+                    continue  # one repeat read by both the scores' sum and another
+                # the grouped contraction still reads each repeated array once a run: what the result needs
+                source = graph.origin(source) or source  # the array as stored, before a cast inside the sum
+                match.facts["read"][broadcast.instruction.name] = nbytes(source.instruction) * program.runs.get(
+                    (module_key, graph.timed_op(broadcast)), 1)
             match.facts["repeated"].append(
                 f"{source.instruction.shape_text.split('{')[0]} → {operand.instruction.shape_text.split('{')[0]}")
-            match.facts["copy_bytes"] += nbytes(operand.instruction)
+            if graph.timed_op(broadcast) != graph.timed_op(reader):  # written out, not made inside the reader
+                match.facts["copy_bytes"] += nbytes(operand.instruction)
     matches = []
     for match in out.values():
         if match.stake_percent < MIN_STAKE_PERCENT:
             continue
+        read = match.facts.pop("read", None)
+        if read:
+            needed_ms = program.roof_ms(hbm_bytes=sum(read.values()))
+            match.needed_percent = program.step_percent(needed_ms) if needed_ms is not None else None
         repeat = match.params["repeat"]
         match.work_ratio = float(repeat)
-        match.what = (f"{len(match.facts['repeated'])} operand(s) of batched attention matmuls repeated {repeat} "
+        match.what = (f"{len(match.facts['repeated'])} operand(s) of batched attention matmuls"
+                      + (" (written by XLA as a multiply and a sum, one query per sequence)"
+                         if match.params["form"] == "multiply_reduce" else "") + f" repeated {repeat} "
                       f"times along a batch dimension ({'; '.join(match.facts['repeated'][:2])}): "
                       f"{match.facts['copy_bytes'] / 2**20:.3g} MiB of copies of key/value heads, each head read "
                       f"{repeat}× where once does" + (f", at {match.line}" if match.line else ""))

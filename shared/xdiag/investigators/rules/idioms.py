@@ -89,10 +89,11 @@ def hypothesis(match: Match, facts: Facts) -> Hypothesis:
         low, high = predicted
         # The measurements were taken on a TPU v5e; on another platform the range rests on them as a premise
         chip = "On a TPU v5e" if setting.get("platform") == "TPU" else "Measured on another platform,"
-        measured = (f" {chip} this change recovered {idiom.gain[0]:.0%}–{idiom.gain[1]:.0%} of such a stake "
-                    f"({idiom.measured})." if idiom.measured else "")
+        gain, where = idiom.measured_gain(match)
+        measured = (f" {chip} this change recovered {gain[0]:.0%}–{gain[1]:.0%} of such a stake ({where})."
+                    if where else "")
         fix = (f"First, {idiom.change_text(match, setting)}. Expected: {low:g}–{high:g}% shorter steps "
-               f"({idiom.gain[0]:g}–{idiom.gain[1]:g} of the {recoverable:.3g}% of the step it stakes"
+               f"({gain[0]:g}–{gain[1]:g} of the {recoverable:.3g}% of the step it stakes"
                + (", less what the result needs" if match.needed_percent else "") + ")." + measured)
         impact = saving(step_ms, high) + f" (predicted {low:g}–{high:g}%)."
     if idiom.alternatives and not withheld:
