@@ -11,6 +11,7 @@ from xdiag.idioms.hlo_graph import elements
 from xdiag.idioms.program import Program
 from xdiag.profile.reader import read_session_in_process
 
+from tests.conftest import TESTS
 from tests.fix_trial_captures import CAPTURES, unpack_capture
 
 
@@ -456,6 +457,10 @@ def test_a_decoding_loop_that_reruns_the_model_over_its_buffer_is_a_cache_not_ro
     assert not matches(before, "loop_invariant_weights")
     for after in ("fixed", "cache_stream"):  # one position per trip against the cache
         assert not matches(program("blind6_lm_decode", after), "decode_recomputes_prefix")
+    # A decode loop that keeps a cache also reads its whole carried buffer (the cache) in every trip's attention and
+    # writes one position of it; its weights are applied to one new position per sequence, never to every position.
+    cached = Program(read_session_in_process([TESTS / "profiles" / "tpu_v5e" / "kv_decode_b64.xplane.pb"]))
+    assert not matches(cached, "decode_recomputes_prefix")
 
 
 def test_every_overlapping_window_gathered_and_summed_is_rolling_sums_from_cumulative_sums(program):

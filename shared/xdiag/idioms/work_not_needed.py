@@ -2415,9 +2415,12 @@ def decode_recomputes_prefix(program: Program) -> list[Match]:
                     matmuls = [op for op in over_all if _holds_matmul(graph, op.instruction)]
                     ops, stake = timed_stake(program, graph, over_all)
                     ops = [op for op in ops if (module_key, op) in program.op_ms]
-                    if not matmuls or stake < MIN_STAKE_PERCENT:
-                        continue
                     _, positions = pick
+                    # the model's own weights applied to every position: a decode loop that keeps a key/value
+                    # cache also reads its whole buffer (the cache), but only its attention does, one query a trip
+                    if not matmuls or stake < MIN_STAKE_PERCENT or \
+                            not any(_weight_rows(graph, op) >= positions for op in matmuls):
+                        continue
                     largest = max(matmuls, key=lambda m: program.time_ms(graph.module, [m.instruction.name]))
                     line = _call_line(graph, matmuls, picking) or program.line_of(graph, site)[0]
                     pick_line, function = program.line_of(graph, site)
@@ -2439,6 +2442,18 @@ def decode_recomputes_prefix(program: Program) -> list[Match]:
                         cites=[loop.name]))
                     break
     return out
+
+
+def _weight_rows(graph: Graph, site: Site) -> float:
+    """How many rows a matmul applies a weight to, where one operand of the matmul (inside its fusion) is a value the
+    loop passes on unchanged (the model's weights): its FLOPs over twice the weight's elements; 0 where no operand
+    is."""
+    inner = _matmul_inside(graph, site)
+    for k in range(len(inner.instruction.operands)):
+        weights = graph.loop_invariant(graph.operand(inner, k))
+        if weights is not None and weights.instruction.dims:
+            return matmul_flops(graph, inner) / (2.0 * elements(weights.instruction.dims))
+    return 0.0
 
 
 WINDOW_MIN = 4
